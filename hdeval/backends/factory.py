@@ -1,0 +1,75 @@
+"""Named backend factories. Each imports its SDK only when used."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hdeval.backends.base import Backend
+from hdeval.errors import ConfigError
+
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """Which LLM to use.
+
+    ``model`` is one of: ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for
+    options), ``local`` (the embedded default model, needs the ``local`` extra),
+    ``llamacpp:/path/model.gguf``, or a model name served by an OpenAI-compatible API.
+    """
+
+    model: str
+    base_url: str | None = None
+    timeout: float = 60.0  # seconds per request; not part of the cache key
+    max_retries: int = 6  # not part of the cache key
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"model": self.model, "base_url": self.base_url}
+
+
+def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> str:
+    """Default LLM resolution: ``--llm``/``HDEVAL_LLM``; else OpenAI when ``OPENAI_API_KEY`` is
+    set; else the embedded local model when the ``local`` extra is installed; else an error."""
+    env = os.environ if env is None else env
+    if explicit:
+        return explicit
+    if env.get("HDEVAL_LLM"):
+        return env["HDEVAL_LLM"]
+    if env.get("OPENAI_API_KEY"):
+        return DEFAULT_OPENAI_MODEL
+    if importlib.util.find_spec("llama_cpp") is not None:
+        return "local"
+    raise ConfigError(
+        "no LLM configured: pass --llm MODEL (or set HDEVAL_LLM), "
+        "or export OPENAI_API_KEY to use the OpenAI API, "
+        "or install the local model with pip install -e '.[local]'"
+    )
+
+
+def make_backend(spec: LLMSpec) -> Backend:
+    model = spec.model
+    if model == "fake" or model.startswith("fake:"):
+        from hdeval.backends.fake import FakeBackend
+
+        return FakeBackend.from_spec(model)
+    if model == "local" or model.startswith("llamacpp:"):
+        try:
+            from hdeval.backends.llama_cpp import LlamaCppBackend
+        except ImportError as exc:  # pragma: no cover - depends on the extra
+            raise ConfigError(
+                f"--llm {model} needs llama-cpp-python: pip install -e '.[local]' ({exc})"
+            ) from exc
+        return LlamaCppBackend.from_spec(model)
+    from hdeval.backends.openai_compat import OpenAICompatBackend
+
+    return OpenAICompatBackend(
+        model=model,
+        base_url=spec.base_url,
+        api_key=os.environ.get("OPENAI_API_KEY"),
+        timeout=spec.timeout,
+        max_retries=spec.max_retries,
+    )

@@ -1,0 +1,54 @@
+"""Exceptions raised by the library. Only ``cli.py`` turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class HdevalError(Exception):
+    """Base class: a problem the user can fix, with a one-line message saying what and where."""
+
+    exit_code = 1
+
+
+class ConfigError(HdevalError):
+    """An option, task file or artifact setting is wrong."""
+
+    exit_code = 2
+
+
+class DataError(HdevalError):
+    """A data file is missing or a sample in it is malformed."""
+
+    exit_code = 2
+
+
+class PromptError(HdevalError):
+    """A prompt template is missing or refers to an unknown placeholder."""
+
+
+class BackendError(HdevalError):
+    """The LLM could not be reached or kept failing after retries.
+
+    Every call that finished before the error is already in the cache, so a rerun resumes.
+    """
+
+    exit_code = 3
+
+
+class DecompositionError(HdevalError):
+    """The LLM kept returning unusable sub-criteria for one criterion."""
+
+
+class ScoringError(HdevalError):
+    """Too many criterion scores could not be parsed."""
+
+
+class BudgetExceeded(HdevalError):
+    """A run reached ``--max-calls`` before it was done; what finished is cached."""
+
+    exit_code = 4
+
+
+class ArtifactError(HdevalError):
+    """An artifact directory is missing files, was modified, or comes from an incompatible version."""
+
+    exit_code = 2
