@@ -73,3 +73,10 @@ def make_backend(spec: LLMSpec) -> Backend:
         timeout=spec.timeout,
         max_retries=spec.max_retries,
     )
+
+
+DEFAULT_LOCAL_NOTICE = (
+    "note: --llm local uses SmolLM2-135M, a tiny model for trying the pipeline, not for real "
+    "judgments; use --llm llamacpp:/path/to/model.gguf or an OpenAI-compatible server "
+    "(--llm MODEL --base-url URL) for real work"
+)

@@ -1,0 +1,246 @@
+"""``hdeval data``: get the built-in tasks' human-judgment data, see where it is, import your own.
+
+``cli.py`` attaches this group with ``cli.add_command(data)``. Only terminal work lives here;
+the logic is in :mod:`hdeval.datasets`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from hdeval import datasets
+from hdeval.datasets import (
+    DATASETS,
+    DEFAULT_SOURCE_URL,
+    DEFAULT_TIMEOUT,
+    SOURCE_URL_ENV,
+    ColumnMap,
+    DownloadEvent,
+)
+from hdeval.data import data_candidates, find_data
+from hdeval.errors import HdevalError
+from hdeval.tasks import load_task
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errors_to_exit(fn: F) -> F:
+    """A library error becomes one line on stderr and its exit code; no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HdevalError as exc:
+            click.echo("error: " + str(exc), err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group("data")
+def data() -> None:
+    """Get, inspect and import human-judgment data (JSONL in hdeval's sample schema)."""
+
+
+class _Reporter:
+    """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = click.get_text_stream("stderr").isatty()
+        self.open_line = False
+
+    def __call__(self, ev: DownloadEvent) -> None:
+        if ev.kind == "bytes":
+            if self.tty:
+                total = f" of {ev.total_bytes / 1e6:.1f}" if ev.total_bytes else ""
+                click.echo(f"\r  {ev.done_bytes / 1e6:.1f}{total} MB", err=True, nl=False)
+                self.open_line = True
+            return
+        if self.open_line:
+            click.echo("", err=True)
+            self.open_line = False
+        if ev.kind == "start":
+            click.echo(f"{ev.dataset}: downloading {ev.url}", err=True)
+        elif ev.kind == "warning":
+            click.echo(f"warning: {ev.dataset}: {ev.message}", err=True)
+
+
+@data.command("download")
+@click.argument("tasks", nargs=-1, type=click.Choice(list(DATASETS)))
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to write <task>.jsonl into. Default: the per-user data dir that train searches.",
+)
+@click.option(
+    "--source-url",
+    envvar=SOURCE_URL_ENV,
+    default=None,
+    metavar="URL",
+    help=(
+        "Base URL in UniEval's reproduce/data/ layout (a mirror; file:// works too). "
+        f"Env: {SOURCE_URL_ENV}. Default: {DEFAULT_SOURCE_URL}"
+    ),
+)
+@click.option(
+    "--strict-count/--no-strict-count",
+    default=None,
+    help=(
+        "Fail unless each file has the official UniEval row count "
+        "(summeval 1600, topical_chat 360, sfres 1181, sfhot 875). "
+        "Default: on for the official source, off for a mirror (a different count is then "
+        "accepted with a warning)."
+    ),
+)
+@click.option("--force", is_flag=True, help="Download again even when a valid file is present.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the server before giving up.",
+)
+@_errors_to_exit
+def download_cmd(
+    tasks: tuple[str, ...],
+    dest: Path | None,
+    source_url: str | None,
+    strict_count: bool | None,
+    force: bool,
+    timeout: float,
+) -> None:
+    """Download the public human-judgment files and convert them for TASKS (default: all four).
+
+    The files are the ones UniEval publishes (github.com/maszhongming/UniEval,
+    reproduce/data/): SummEval, Topical-Chat (USR), SFRES and SFHOT. Each is converted to
+    hdeval's sample schema, checked to load, and only then renamed into place, so an
+    interrupted run leaves no partial file. A file that is already present and valid is
+    kept and nothing is fetched (use --force to fetch again).
+
+    Row counts: from the official source every file must have UniEval's row count. From a
+    mirror (--source-url) a different count is accepted with a warning, since a mirror
+    may hold a subset; pass --strict-count to require the official counts there too.
+    """
+    results = datasets.download_datasets(
+        list(tasks),
+        dest=dest,
+        source_url=source_url,
+        strict_count=strict_count,
+        force=force,
+        timeout=timeout,
+        progress=_Reporter(),
+    )
+    for r in results:
+        state = "downloaded" if r.downloaded else "already present"
+        click.echo(f"{r.dataset}: {r.rows} rows, {state}: {r.path}")
+        _note_search_path(r.dataset, r.path)
+
+
+def _note_search_path(name: str, path: Path) -> None:
+    """Say when train would not read ``path``: --dest outside its search path, or a file
+    under $HDEVAL_DATA_DIR (searched first) shadowing it."""
+    task = load_task(name)
+    cands = [c.resolve() for c in data_candidates(task)]
+    if path.resolve() not in cands:
+        click.echo(
+            f"note: train does not look in {path.parent}; set HDEVAL_DATA_DIR={path.parent} "
+            f"or pass --data {path}",
+            err=True,
+        )
+        return
+    used = find_data(task, None)
+    if used.resolve() != path.resolve():
+        click.echo(f"note: train will read {used} (searched first), not {path}", err=True)
+
+
+@data.command("list")
+@_errors_to_exit
+def list_cmd() -> None:
+    """Show, per built-in task, where its data file is looked for and what is there.
+
+    Candidates are listed in search order; `train` reads the first one that exists.
+    """
+    for st in datasets.data_status():
+        official = f"; official rows {st.official_rows}" if st.official_rows else ""
+        click.echo(f"{st.task.name}: aspects {', '.join(st.task.aspect_keys)}{official}")
+        used = st.used
+        for c in st.candidates:
+            mark = "*" if c is used else " "
+            if not c.present:
+                state = "missing"
+            elif c.problem:
+                state = "present, does not load: " + _shorten(c.problem)
+            else:
+                state = f"present, {c.rows} rows"
+            click.echo(f"  {mark} {c.path}  ({state})")
+        if used is None:
+            click.echo(f"    no file; run `hdeval data download {st.task.name}`")
+    click.echo("(* = the file train uses)")
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@data.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--task", "task_name", required=True, help="Built-in task name or a task .toml path.")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="JSONL file to write (atomically; nothing is written on error).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "tsv", "json", "jsonl"]), default=None,
+              help="Input format. Default: from the file extension.")
+@click.option("--id-col", default=None, help="Column with unique ids. Default: 'id' if present, else <task>-<row:05d>.")
+@click.option("--source-col", default=None, help="Column with the source/input text. Default: 'source'.")
+@click.option("--context-col", default=None, help="Column with extra context (e.g. a fact). Default: 'context'.")
+@click.option("--output-col", default=None, help="Column with the text under evaluation. Default: 'output'.")
+@click.option("--reference-col", default=None, help="Column with a reference text. Default: 'reference'.")
+@click.option("--doc-col", default=None,
+              help="Column grouping outputs of the same input. Default: 'doc_id', else a hash of the source text.")
+@click.option("--system-col", default=None, help="Column naming the system that wrote the output. Default: 'system'.")
+@click.option("--score-col", "score_cols", multiple=True, metavar="ASPECT=COLUMN",
+              help="Column holding an aspect's human score; repeatable. Default: the column named like the aspect.")
+@click.option("--unscored", is_flag=True, help="Import without human scores (data to score, not to train on).")
+@_errors_to_exit
+def import_cmd(
+    file: Path,
+    task_name: str,
+    out: Path,
+    fmt: str | None,
+    id_col: str | None,
+    source_col: str | None,
+    context_col: str | None,
+    output_col: str | None,
+    reference_col: str | None,
+    doc_col: str | None,
+    system_col: str | None,
+    score_cols: tuple[str, ...],
+    unscored: bool,
+) -> None:
+    """Convert FILE (CSV, TSV, JSON list or JSONL) into hdeval's sample schema for a task.
+
+    Every row is checked before anything is written; problems are reported with their row
+    number (1-based, header not counted; the file line too for CSV/JSONL). Text fields the
+    task shows must be non-empty, and scores numeric and inside the task's range.
+    """
+    task = load_task(task_name)
+    columns = ColumnMap(
+        id=id_col,
+        source=source_col,
+        context=context_col,
+        output=output_col,
+        reference=reference_col,
+        doc=doc_col,
+        system=system_col,
+        scores=datasets.parse_score_columns(score_cols, task),
+    )
+    rows = datasets.import_table(file, task, columns, fmt=fmt, unscored=unscored)
+    n = datasets.write_samples(out, rows, task, unscored=unscored)
+    docs = len({r["doc_id"] for r in rows})
+    click.echo(f"imported {n} rows ({docs} doc_ids) for task {task.name}: {out}")

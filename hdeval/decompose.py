@@ -1,0 +1,129 @@
+"""Criteria decomposition (paper 2.1, App. G.1): one criterion -> validated sub-criteria."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Sequence
+
+from hdeval.backends.base import Backend, CompletionRequest, Message
+from hdeval.errors import DecompositionError
+from hdeval.prompts import Template, decomposition_messages
+from hdeval.types import CriteriaTree, Criterion, Task
+
+DECOMPOSE_MAX_TOKENS = 1024
+ATTEMPTS = 3
+_KEY_MAX = 24
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+    return s[:_KEY_MAX].rstrip("_")
+
+
+def decomposition_request(
+    template: Template, task: Task, tree: CriteriaTree, criterion: Criterion, max_children: int
+) -> CompletionRequest:
+    return CompletionRequest(
+        messages=decomposition_messages(template, task, tree, criterion, max_children),
+        temperature=0.0,
+        max_tokens=DECOMPOSE_MAX_TOKENS,
+        json_mode=True,
+    )
+
+
+def parse_subcriteria(
+    text: str, parent: Criterion, tree: CriteriaTree, max_children: int, taken: set[str]
+) -> list[Criterion]:
+    """Validate a reply; raise ValueError saying what is wrong (fed back to the LLM).
+
+    More than ``max_children`` items are cut to the first ``max_children``.
+    ``taken`` holds keys already used in the tree (and by siblings decomposed alongside).
+    """
+    body = text.strip()
+    fence = re.search(r"```(?:json)?\s*(.*?)```", body, re.S)
+    if fence:
+        body = fence.group(1).strip()
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        raise ValueError("the reply holds no JSON object")
+    try:
+        data = json.loads(body[start : end + 1])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the reply is not valid JSON ({exc.msg})") from exc
+    items = data.get("subcriteria") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ValueError('"subcriteria" must be a non-empty list')
+    out: list[Criterion] = []
+    local: set[str] = set()
+    for i, item in enumerate(items[:max_children], 1):
+        if not isinstance(item, dict):
+            raise ValueError(f"sub-criterion #{i} is not an object")
+        name = str(item.get("name") or "").strip()
+        definition = str(item.get("definition") or "").strip()
+        key = slug(str(item.get("key") or name))
+        if not key or not name or not definition:
+            raise ValueError(f"sub-criterion #{i} needs a non-empty key, name and definition")
+        full = f"{parent.key}/{key}"
+        if key in local or full in taken or full in tree:
+            raise ValueError(f"sub-criterion key {key!r} is used twice")
+        local.add(key)
+        out.append(Criterion(full, name, definition, parent.key, parent.layer + 1))
+    return out
+
+
+def decompose(
+    backend: Backend,
+    template: Template,
+    task: Task,
+    tree: CriteriaTree,
+    criterion: Criterion,
+    max_children: int,
+    taken: set[str] | None = None,
+    attempts: int = ATTEMPTS,
+) -> list[Criterion]:
+    """Ask for sub-criteria; a malformed reply is answered with what was wrong and asked
+    again (a new, deterministic request, so it is cached too); then a clear error."""
+    request = decomposition_request(template, task, tree, criterion, max_children)
+    problem = ""
+    for _ in range(attempts):
+        completion = backend.complete(request)
+        try:
+            return parse_subcriteria(completion.text, criterion, tree, max_children, taken or set())
+        except ValueError as exc:
+            problem = str(exc)
+            request = CompletionRequest(
+                messages=request.messages
+                + (
+                    Message("assistant", completion.text),
+                    Message(
+                        "user",
+                        f"That reply was not usable: {problem}. Reply again with only the JSON "
+                        f"object, at most {max_children} sub-criteria, each with a unique key.",
+                    ),
+                ),
+                temperature=request.temperature,
+                max_tokens=request.max_tokens,
+                json_mode=request.json_mode,
+            )
+    raise DecompositionError(
+        f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "
+        f"(last: {problem})"
+    )
+
+
+def decompose_nodes(
+    backend: Backend,
+    template: Template,
+    task: Task,
+    tree: CriteriaTree,
+    nodes: Sequence[Criterion],
+    max_children: int,
+) -> CriteriaTree:
+    """Decompose ``nodes`` in order and return the tree with their children added."""
+    taken: set[str] = set(tree.keys)
+    for node in nodes:
+        children = decompose(backend, template, task, tree, node, max_children, taken)
+        taken.update(c.key for c in children)
+        tree = tree.with_children(node.key, children)
+    return tree

@@ -1,0 +1,52 @@
+"""The one place LLM requests run concurrently."""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Callable, Sequence, TypeVar
+
+from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.progress import Progress
+
+T = TypeVar("T")
+
+
+def run_requests(
+    backend: Backend,
+    requests: Sequence[CompletionRequest],
+    concurrency: int,
+    progress: Progress | None = None,
+) -> list[Completion]:
+    """Complete ``requests`` with at most ``concurrency`` in flight; results in input order.
+
+    Requests are submitted in order, so a single-worker backend (a local model) sees all
+    criteria of one sample back to back and can reuse its KV cache. The first error
+    (backend unreachable, budget reached, Ctrl-C) cancels what has not started and is
+    raised; every completion that finished before it is already in the cache.
+    """
+
+    def one(req: CompletionRequest) -> Completion:
+        c = backend.complete(req)
+        if progress is not None:
+            progress.advance(1, cached=c.cached)
+        return c
+
+    return map_concurrent(one, requests, concurrency)
+
+
+def map_concurrent(fn: Callable[..., T], items: Sequence, concurrency: int) -> list[T]:
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    if concurrency == 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="hdeval")
+    try:
+        futures = [pool.submit(fn, x) for x in items]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in futures:
+            if f.done() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+    finally:
+        # On error or Ctrl-C: drop queued work, let running calls finish and be cached.
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,358 @@
+"""The HD-Eval training loop (paper Algorithm 1): decompose, score, aggregate, prune; per layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select_kind
+from hdeval.backends.base import Backend
+from hdeval.backends.factory import LLMSpec, make_backend, resolve_llm
+from hdeval.cache import CachedBackend
+from hdeval.data import Split, find_data, limit_samples, read_samples, split_samples
+from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
+from hdeval.errors import ConfigError, ScoringError
+from hdeval.evaluator import Evaluator
+from hdeval.metrics import correlations, metric_table
+from hdeval.paths import default_cache_dir
+from hdeval.progress import Progress
+from hdeval.prompts import load_templates
+from hdeval.prune import prune
+from hdeval.scoring import score_criteria, score_requests
+from hdeval.tasks import load_task, select_aspects
+from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training run. Unknown fields are rejected."""
+
+    task: str  # built-in task name or path to a task .toml
+    data: str | None = None  # JSONL of samples; default: the task's file in HDEVAL_DATA_DIR / user data dir
+    aspects: tuple[str, ...] | None = None  # train on a subset of the task's aspects
+    layers: int = 3  # depth of the criteria tree (1 = the aspects only)
+    children: int = 4  # max sub-criteria per decomposed criterion
+    top_k: int = 4  # criteria expanded per layer from layer 3 on (attribution pruning)
+    aggregator: str = "auto"  # lr | dt | rf | nn | auto
+    llm: str | None = None  # see hdeval.backends.factory.resolve_llm
+    base_url: str | None = None  # OpenAI-compatible server, e.g. http://localhost:8000/v1
+    timeout: float = 60.0  # seconds per LLM request
+    max_retries: int = 6  # retries per LLM request on 429/5xx/timeouts
+    concurrency: int = 8  # LLM requests in flight
+    cache_dir: str | None = None  # default: HDEVAL_CACHE_DIR or the per-user cache dir
+    seed: int = 0  # split, model and CV randomness
+    test_frac: float = 0.5  # share of samples held out for testing
+    train_frac: float = 0.5  # share of all samples used for training
+    limit: int | None = None  # use only N samples (whole documents, seeded) for quick runs
+    max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
+    max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown training option(s): {', '.join(unknown)}")
+        if isinstance(options.get("aspects"), str):
+            options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
+        return cls(**options)
+
+    def validate(self) -> None:
+        checks = [
+            (self.layers >= 1, f"--layers must be at least 1, got {self.layers}"),
+            (self.children >= 1, f"--children must be at least 1, got {self.children}"),
+            (self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}"),
+            (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
+            (self.aggregator in KINDS + ("auto",),
+             f"unknown aggregator {self.aggregator!r}: choose from {', '.join(KINDS)} or auto"),
+            (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
+            (self.timeout > 0, "--timeout must be positive"),
+            (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+    def public(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["aspects"] = list(self.aspects) if self.aspects else None
+        return d
+
+
+@dataclass
+class Prepared:
+    task: Task
+    samples: list[Sample]  # the samples used (train + test), in file order
+    split: Split
+    data_path: Path
+
+
+def prepare(config: TrainConfig) -> Prepared:
+    """Validate options, load the task and every sample, split. No LLM call happens here."""
+    config.validate()
+    task = select_aspects(load_task(config.task), list(config.aspects) if config.aspects else None)
+    path = find_data(task, config.data)
+    samples = read_samples(path, task, require_scores=True)
+    samples = limit_samples(samples, config.limit, config.seed)
+    split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    keep = set(split.train_ids) | set(split.test_ids)
+    return Prepared(task, [s for s in samples if s.id in keep], split, path)
+
+
+def llm_spec(config: TrainConfig) -> LLMSpec:
+    return LLMSpec(resolve_llm(config.llm), config.base_url, config.timeout, config.max_retries)
+
+
+def open_backend(config: TrainConfig, backend: Backend | None = None) -> CachedBackend:
+    """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
+    if isinstance(backend, CachedBackend):
+        return backend
+    if backend is None:
+        backend = make_backend(llm_spec(config))
+    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+    return CachedBackend(backend, cache_dir, config.max_calls)
+
+
+@dataclass
+class LayerReport:
+    layer: int
+    added: list[str]
+    aggregator: str
+    cv_train: dict[str, Any]
+    test: dict[str, Any]
+    failure_rate: float
+    selection_scores: dict[str, float] = field(default_factory=dict)
+    importance: dict[str, float] = field(default_factory=dict)
+    expand_next: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def train(
+    config: TrainConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    backend: Backend | None = None,
+    **options: Any,
+) -> Evaluator:
+    """Train an HD-Eval evaluator; see :class:`TrainConfig` for the options.
+
+    ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
+    """
+    if config is None:
+        config = TrainConfig.from_options(**options)
+    elif options:
+        config = dataclasses.replace(config, **options)
+    progress = progress or Progress()
+    prep = prepare(config)
+    # An injected backend is recorded by what the caller named it (or its identity).
+    spec = llm_spec(config) if backend is None else LLMSpec(config.llm or backend.identity, config.base_url)
+    llm = open_backend(config, backend)
+    try:
+        return _run(config, prep, llm, spec, progress)
+    finally:
+        llm.close()
+
+
+def _run(
+    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMSpec, progress: Progress
+) -> Evaluator:
+    task, samples, split = prep.task, prep.samples, prep.split
+    templates = load_templates()
+    ids = [s.id for s in samples]
+    pos = {s: i for i, s in enumerate(ids)}
+    tr = np.array([pos[s] for s in split.train_ids])
+    te = np.array([pos[s] for s in split.test_ids])
+    aspects = list(task.aspect_keys)
+    Y = np.array([[s.scores[a] for a in aspects] for s in samples])
+    doc_groups = [samples[i].doc_id for i in tr]
+    progress.message(
+        f"task {task.name}: {len(samples)} samples from {prep.data_path} "
+        f"({len(tr)} train, {len(te)} test), LLM {llm.identity}"
+    )
+
+    tree = CriteriaTree.from_aspects(task.aspects)
+    matrix = ScoreMatrix.empty(ids)
+    reports: list[LayerReport] = []
+    layer_metrics: dict[str, Any] = {}
+    expand: Sequence[str] = ()
+    agg: Aggregator | None = None
+    for layer in range(1, config.layers + 1):
+        if layer > 1:
+            nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
+            progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
+            before = len(tree)
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children)
+            progress.advance(len(nodes))
+            progress.end_stage()
+            if len(tree) == before:
+                break
+        new = tree.layer(layer)
+        progress.stage(
+            f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
+        )
+        m = score_criteria(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
+        progress.end_stage()
+        _check_failures(m, layer, config.max_failure_rate)
+        matrix = matrix.hstack(m)
+        X = matrix.values
+        selection: dict[str, float] = {}
+        kind = config.aggregator
+        template = Aggregator.for_task("lr", task, config.seed)
+        if kind == "auto":
+            kind, selection = select_kind(template, X[tr], Y[tr], doc_groups)
+        template.kind = kind
+        cv_pred = cross_val_predictions(kind, template, X[tr], Y[tr], doc_groups)
+        agg = Aggregator.for_task(kind, task, config.seed).fit(X[tr], Y[tr])
+        test = metric_table(Y[te], agg.predict(X[te]), aspects)
+        report = LayerReport(
+            layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
+            m.failure_rate, selection,
+        )
+        if 2 <= layer < config.layers:
+            pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, [c.key for c in new],
+                       doc_groups, config.top_k)
+            report.importance, report.expand_next = pr.importance, list(pr.selected)
+            expand = pr.selected
+        reports.append(report)
+        layer_metrics[str(layer)] = test
+        progress.message(_layer_summary(report, aspects))
+
+    assert agg is not None
+    metrics = {
+        "split": {"train": len(tr), "test": len(te)},
+        "final": layer_metrics[str(reports[-1].layer)],
+        "layers": layer_metrics,
+        "cv_train": {str(r.layer): r.cv_train for r in reports},
+        "direct_layer1": _direct_layer1(matrix, Y[te], te, aspects),
+        "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
+        "failure_rate": matrix.failure_rate,
+        "usage": _usage(llm),
+    }
+    table = pd.DataFrame(matrix.values, columns=matrix.criterion_keys)
+    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
+    table.insert(0, "split", [split_of[s] for s in ids])
+    table.insert(0, "sample_id", ids)
+    for j, a in enumerate(aspects):
+        table[f"human:{a}"] = Y[:, j]
+    return Evaluator(
+        task, tree, agg, matrix.criterion_keys, templates, spec, llm.identity, metrics,
+        {
+            "seed": config.seed,
+            "split": split.to_dict(),
+            "config": {k: v for k, v in config.public().items() if k not in ("cache_dir",)},
+            "layers": [r.to_dict() for r in reports],
+            "data_file": str(prep.data_path),
+        },
+        table,
+    )
+
+
+def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
+    rate = m.failure_rate
+    if rate > threshold:
+        ex = m.failures[0]
+        raise ScoringError(
+            f"layer {layer}: {rate:.0%} of criterion scores could not be read (threshold "
+            f"{threshold:.0%}), e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; "
+            "the replies are cached; check the LLM or raise --max-failure-rate"
+        )
+
+
+def _direct_layer1(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[str]) -> dict:
+    """G-Eval-style baseline: each aspect's own layer-1 score, no aggregator."""
+    pred = matrix.columns(aspects)[te]
+    return metric_table(y, pred, aspects)
+
+
+def _mean_all(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[str]) -> dict:
+    """'w/o aggregator' baseline: the plain mean of all criterion scores."""
+    with np.errstate(all="ignore"):
+        mean = np.nanmean(matrix.values[te], axis=1) if matrix.values.size else np.zeros(len(te))
+    return metric_table(y, np.repeat(mean[:, None], len(aspects), axis=1), aspects)
+
+
+def _usage(llm: CachedBackend) -> dict[str, int]:
+    s = llm.stats
+    return {"calls": s.calls, "cache_hits": s.hits, "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens}
+
+
+def _fmt(x: float | None) -> str:
+    return "  n/a" if x is None else f"{x:5.3f}"
+
+
+def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
+    lines = [
+        f"layer {r.layer}: +{len(r.added)} criteria, aggregator {r.aggregator}, "
+        f"failed scores {r.failure_rate:.1%}, CV-train spearman {_fmt(r.cv_train['average']['spearman'])}"
+    ]
+    for a in aspects + ["average"]:
+        t = r.test[a]
+        lines.append(f"  {a:<18} test pearson {_fmt(t['pearson'])}  spearman {_fmt(t['spearman'])}")
+    if r.expand_next:
+        lines.append(f"  expand next: {', '.join(r.expand_next)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- dry run
+@dataclass
+class LayerPlan:
+    layer: int
+    decompose_calls: int
+    score_calls: int
+    cached: int | None  # None when the requests are not known before earlier layers run
+    upper_bound: bool
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
+    """What a run would cost, without calling the LLM. Token counts are estimates (chars/4).
+
+    Layer 1 and the layer-2 decompositions are known exactly; later layers depend on LLM
+    replies, so their counts are upper bounds (every decomposition yields ``children``).
+    """
+    prep = prepare(config)
+    llm = open_backend(config, backend)
+    try:
+        templates = load_templates()
+        task, samples = prep.task, prep.samples
+        tree = CriteriaTree.from_aspects(task.aspects)
+        l1 = score_requests(templates["score"], task, tree, tree.layer(1), samples)
+        per_prompt = sum(_chars(r) for r in l1) / max(1, len(l1)) / 4
+        plans = [LayerPlan(1, 0, len(l1), sum(llm.is_cached(r) for r in l1), False,
+                           int(sum(_chars(r) for r in l1) / 4), len(l1) * 2)]
+        n_prev = len(tree.layer(1))
+        for layer in range(2, config.layers + 1):
+            nodes = n_prev if layer == 2 else min(config.top_k, n_prev)
+            n_new = nodes * config.children
+            score = n_new * len(samples)
+            cached: int | None = None
+            if layer == 2:
+                dec = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+                       for c in tree.layer(1)]
+                cached = sum(llm.is_cached(r) for r in dec) if score == 0 else None
+                dec_tokens = int(sum(_chars(r) for r in dec) / 4)
+            else:
+                dec_tokens = int(nodes * (plans[-1].prompt_tokens / max(1, plans[-1].score_calls)))
+            plans.append(LayerPlan(
+                layer, nodes, score, cached, True,
+                int(score * (per_prompt + 40)) + dec_tokens,
+                score * 2 + nodes * DECOMPOSE_MAX_TOKENS // 4,
+            ))
+            n_prev = n_new
+        return prep, plans, llm.identity
+    finally:
+        llm.close()
+
+
+def _chars(req) -> int:
+    return sum(len(m.content) for m in req.messages)
