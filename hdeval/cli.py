@@ -217,8 +217,12 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
 @click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="Scored JSONL to write.")
 @click.option("--quiet", "-q", is_flag=True)
+@click.option("--explain", is_flag=True,
+              help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
+@click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
 @llm_options
-def apply(artifact: str, input_file: str, output: str, quiet: bool, llm: str | None, base_url: str | None,
+def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: bool, top: int,
+          llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
@@ -269,6 +273,11 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, llm: str | N
             if s.id in fail:
                 row["failures"] = fail[s.id]
             rows.append(row)
+        if explain:
+            from hdeval.explain import explain_samples
+
+            for row, expl in zip(rows, explain_samples(ev, res, top=top)):
+                row["explanation"] = expl
         write_jsonl(output, rows)
         u = res.usage
         click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
@@ -336,12 +345,19 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
 
 
 def _register_optional() -> None:
-    # Command groups that live in their own modules.
-    try:
-        from hdeval.cli_data import data
-    except ImportError:
-        return
-    cli.add_command(data)
+    # Commands that live in their own modules (each owns one capability).
+    import importlib
+
+    for module, names in (("hdeval.cli_data", ("data",)), ("hdeval.cli_report", ("report", "explain"))):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        for name in names:
+            if hasattr(mod, name):
+                cli.add_command(getattr(mod, name))
 
 
 _register_optional()
