@@ -2,22 +2,9 @@
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str):
-    # Lazy so that `import hdeval` stays cheap and the CLI starts fast.
-    if name == "train":
-        from hdeval.train import train
-
-        return train
-    if name == "Evaluator":
-        from hdeval.evaluator import Evaluator
-
-        return Evaluator
-    if name == "TrainConfig":
-        from hdeval.train import TrainConfig
-
-        return TrainConfig
-    raise AttributeError(name)
-
+# Imported eagerly: `hdeval.train` is both a submodule and the function, and a lazy
+# attribute would be shadowed by the submodule once anything imported it.
+from hdeval.evaluator import Evaluator  # noqa: E402
+from hdeval.train import TrainConfig, train  # noqa: E402
 
 __all__ = ["Evaluator", "TrainConfig", "train", "__version__"]

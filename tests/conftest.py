@@ -1,0 +1,103 @@
+"""Shared fixtures: no test reaches the network; cache and data dirs live in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path | None:
+    env = os.environ.get("HDEVAL_DATA_DIR")
+    if env and Path(env).is_dir():
+        return Path(env)
+    return None
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    d = shared_data_dir()
+    if d is None:
+        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory, monkeypatch):
+    # A test never uses the developer's real cache, data dir, API key or default LLM.
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.delenv("HDEVAL_CACHE_DIR", raising=False)
+    monkeypatch.delenv("HDEVAL_LLM", raising=False)
+    monkeypatch.delenv("HDEVAL_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def slice_jsonl(src: Path, dest: Path, n: int) -> Path:
+    """The first ``n`` lines of a shared data file (a small real slice)."""
+    with src.open(encoding="utf-8") as fh:
+        lines = [next(fh) for _ in range(n)]
+    dest.write_text("".join(lines), encoding="utf-8")
+    return dest
+
+
+def toy_rows(n_docs: int = 12, per_doc: int = 3, aspects=("clarity", "accuracy")) -> list[dict]:
+    rows = []
+    for d in range(n_docs):
+        for k in range(per_doc):
+            rows.append(
+                {
+                    "id": f"toy-{d:02d}-{k}",
+                    "doc_id": f"doc-{d:02d}",
+                    "source": f"Question number {d}: how do plants make {{food}}?" + " more" * d,
+                    "output": f"Answer {k}: plants use light." + " words" * (k * 5 + d),
+                    "scores": {a: float(1 + (d + k + i) % 5) for i, a in enumerate(aspects)},
+                }
+            )
+    return rows
+
+
+TOY_TASK = """
+name = "toy_qa"
+description = "Question answering: a system answered a question."
+output_label = "Answer"
+
+[[fields]]
+key = "source"
+label = "Question"
+
+[[fields]]
+key = "output"
+label = "Answer"
+
+[[aspects]]
+key = "clarity"
+name = "Clarity"
+definition = "How clear the answer is."
+range = [1, 5]
+
+[[aspects]]
+key = "accuracy"
+name = "Accuracy"
+definition = "How correct the answer is."
+range = [1, 5]
+"""
+
+
+@pytest.fixture
+def toy(tmp_path) -> tuple[Path, Path]:
+    """A custom task file and a matching JSONL of 36 samples over 12 documents."""
+    task = tmp_path / "toy_task.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    data = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
+    return task, data
