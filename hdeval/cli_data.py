@@ -39,6 +39,11 @@ def _errors_to_exit(fn: F) -> F:
         except HdevalError as exc:
             click.echo("error: " + str(exc), err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # Downloads and imports write under temp names and rename at the end, so an
+            # interrupt leaves nothing partial behind.
+            click.echo("\ninterrupted: no partial file was written; rerun to continue", err=True)
+            sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
 
@@ -52,7 +57,7 @@ class _Reporter:
     """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
 
     def __init__(self) -> None:
-        self.tty = click.get_text_stream("stderr").isatty()
+        self.tty = sys.stderr.isatty()
         self.open_line = False
 
     def __call__(self, ev: DownloadEvent) -> None:
@@ -127,6 +132,10 @@ def download_cmd(
     Row counts: from the official source every file must have UniEval's row count. From a
     mirror (--source-url) a different count is accepted with a warning, since a mirror
     may hold a subset; pass --strict-count to require the official counts there too.
+
+    UniEval's files carry the texts and the averaged scores. What the curated data in
+    hdeval's shared/data adds from other sources (SFRES/SFHOT system labels, Topical-Chat
+    per-annotator ratings, SummEval's eleven references) is left empty.
     """
     results = datasets.download_datasets(
         list(tasks),

@@ -450,7 +450,12 @@ def download_dataset(
             with raw_tmp.open("r", encoding="utf-8") as fh:
                 records = json.load(fh)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"{url}: not a valid JSON file ({exc})") from None
+            # A server that streams without Content-Length and drops the connection ends
+            # up here, so the message mentions that possibility.
+            raise DataError(
+                f"{url}: not a valid JSON file ({exc}); if the download was cut off, "
+                "run the command again"
+            ) from None
         rows = convert_records(name, records, where=url)
 
         warning = None
@@ -463,7 +468,10 @@ def download_dataset(
                     msg + "; nothing was written (use --no-strict-count to accept a mirror "
                     "that holds a different number of rows)"
                 )
-            warning = msg + " (accepted: not the official source); results on it are not comparable with the paper's"
+            warning = (
+                msg + " (accepted: not the official source); results on it are not "
+                "comparable with the paper's"
+            )
             report(DownloadEvent("warning", name, url=url, message=warning))
 
         write_jsonl(out_tmp, rows)
