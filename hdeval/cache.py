@@ -59,6 +59,9 @@ class CachedBackend:
         self.stats = UsageStats()
         self._lock = threading.Lock()
         self._reserved = 0
+        # keys being fetched right now: a second thread asking for the same request (two
+        # samples with identical text) waits for the first instead of paying for it again
+        self._inflight: dict[str, threading.Event] = {}
 
     def key(self, request: CompletionRequest) -> str:
         return request_key(self.identity, request)
@@ -66,15 +69,39 @@ class CachedBackend:
     def is_cached(self, request: CompletionRequest) -> bool:
         return self.store is not None and self.key(request) in self.store
 
+    def _lookup(self, key: str) -> Completion | None:
+        hit = self.store.get(key) if self.store is not None else None
+        if hit is None:
+            return None
+        with self._lock:
+            self.stats.hits += 1
+        c = Completion.from_dict(json.loads(hit))
+        return Completion(**{**c.__dict__, "cached": True})
+
     def complete(self, request: CompletionRequest) -> Completion:
         key = self.key(request)
-        if self.store is not None:
-            hit = self.store.get(key)
+        while True:
+            hit = self._lookup(key)
             if hit is not None:
+                return hit
+            if self.store is None:
+                break
+            with self._lock:
+                pending = self._inflight.get(key)
+                if pending is None:
+                    self._inflight[key] = threading.Event()
+                    break
+            # another thread is fetching this very request: take its cached reply, or
+            # (if it failed) try ourselves
+            pending.wait()
+        try:
+            return self._fetch(key, request)
+        finally:
+            if self.store is not None:
                 with self._lock:
-                    self.stats.hits += 1
-                c = Completion.from_dict(json.loads(hit))
-                return Completion(**{**c.__dict__, "cached": True})
+                    self._inflight.pop(key).set()
+
+    def _fetch(self, key: str, request: CompletionRequest) -> Completion:
         with self._lock:
             if self.max_calls is not None and self._reserved >= self.max_calls:
                 raise BudgetExceeded(
