@@ -109,12 +109,14 @@ def llm_spec(config: TrainConfig) -> LLMSpec:
     return LLMSpec(resolve_llm(config.llm), config.base_url, config.timeout, config.max_retries)
 
 
-def open_backend(config: TrainConfig, backend: Backend | None = None) -> CachedBackend:
+def open_backend(
+    config: TrainConfig, backend: Backend | None = None, offline: bool = False
+) -> CachedBackend:
     """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
     if isinstance(backend, CachedBackend):
         return backend
     if backend is None:
-        backend = make_backend(llm_spec(config))
+        backend = make_backend(llm_spec(config), offline=offline)
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
     return CachedBackend(backend, cache_dir, config.max_calls)
 
@@ -321,7 +323,7 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     replies, so their counts are upper bounds (every decomposition yields ``children``).
     """
     prep = prepare(config)
-    llm = open_backend(config, backend)
+    llm = open_backend(config, backend, offline=True)
     try:
         templates = load_templates()
         task, samples = prep.task, prep.samples

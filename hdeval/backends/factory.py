@@ -50,7 +50,9 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
     )
 
 
-def make_backend(spec: LLMSpec) -> Backend:
+def make_backend(spec: LLMSpec, offline: bool = False) -> Backend:
+    """Build the backend ``spec`` names. ``offline``: it will only be asked for its identity
+    and cache keys (``--dry-run``), so a missing API key is no error."""
     model = spec.model
     if model == "fake" or model.startswith("fake:"):
         from hdeval.backends.fake import FakeBackend
@@ -69,7 +71,7 @@ def make_backend(spec: LLMSpec) -> Backend:
     return OpenAICompatBackend(
         model=model,
         base_url=spec.base_url,
-        api_key=os.environ.get("OPENAI_API_KEY"),
+        api_key=os.environ.get("OPENAI_API_KEY") or ("dry-run-sends-nothing" if offline else None),
         timeout=spec.timeout,
         max_retries=spec.max_retries,
     )

@@ -1,0 +1,104 @@
+"""Cost before spending: --dry-run counts, --max-calls, default LLM resolution, apply's needs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hdeval.backends.factory import DEFAULT_OPENAI_MODEL, resolve_llm
+from hdeval.backends.fake import FakeBackend
+from hdeval.cli import cli
+from hdeval.errors import ConfigError
+from hdeval.train import TrainConfig, plan, train
+
+
+def test_dry_run_counts_equal_a_real_run_and_call_nothing(toy, tmp_path):
+    task, data = toy
+    cfg = TrainConfig(task=str(task), data=str(data), layers=3, children=3, top_k=2,
+                      aggregator="lr", cache_dir=str(tmp_path / "c"))
+    probe = FakeBackend()
+    _, plans, _ = plan(cfg, backend=probe)
+    assert probe.calls == 0
+    predicted = sum(p.decompose_calls + p.score_calls for p in plans)
+    assert [p.score_calls for p in plans] == [36 * 2, 36 * 2 * 3, 36 * 2 * 3]
+    real = FakeBackend()
+    train(cfg, backend=real)
+    assert real.calls == predicted
+    # after the run, the layer-1 calls show up as cached
+    _, again, _ = plan(cfg, backend=FakeBackend())
+    assert again[0].cached == again[0].score_calls
+
+
+def test_dry_run_cli_prints_cost_and_no_artifact(toy, tmp_path):
+    task, data = toy
+    r = CliRunner().invoke(cli, ["train", "--task", str(task), "--data", str(data), "--llm", "fake",
+                                 "--dry-run", "--price-in", "0.15", "--price-out", "0.6",
+                                 "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "estimated cost" in r.stdout and "LLM calls" in r.stdout
+    assert not (tmp_path / "a").exists()
+
+
+def test_max_calls_cli_stops_with_clear_message(toy, tmp_path):
+    task, data = toy
+    args = ["train", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "2",
+            "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a")]
+    r = CliRunner().invoke(cli, args + ["--max-calls", "30"])
+    assert r.exit_code == 4
+    assert "error: stopped at --max-calls 30" in r.stderr
+    assert not (tmp_path / "a").exists()
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+
+
+def test_default_llm_resolution_branches(monkeypatch):
+    assert resolve_llm("my-model", {"OPENAI_API_KEY": "k"}) == "my-model"
+    assert resolve_llm(None, {"HDEVAL_LLM": "fake", "OPENAI_API_KEY": "k"}) == "fake"
+    assert resolve_llm(None, {"OPENAI_API_KEY": "k"}) == DEFAULT_OPENAI_MODEL
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "llama_cpp" else real_find(name, *a))
+    assert resolve_llm(None, {}) == "local"
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real_find(name, *a))
+    with pytest.raises(ConfigError) as e:
+        resolve_llm(None, {})
+    msg = str(e.value)
+    assert "--llm" in msg and "OPENAI_API_KEY" in msg and ".[local]" in msg
+
+
+def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):
+    task, data = toy
+    ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="dt",
+               cache_dir=str(tmp_path / "c"))
+    path = ev.save(tmp_path / "art")
+    manifest = json.loads((path / "manifest.json").read_text())
+    needed = manifest["needed_criteria"]
+    assert needed == ev.needed_criteria
+    assert 0 < len(needed) <= len(manifest["features"])
+    from hdeval.data import read_samples
+    from hdeval.evaluator import Evaluator
+
+    samples = read_samples(data, ev.task)[:5]
+    fake = FakeBackend()
+    res = Evaluator.load(path).score(samples, backend=fake, concurrency=1)
+    assert fake.calls == 5 * len(needed)
+    # unused criteria do not change the prediction: scoring all of them gives the same result
+    full = ev.aggregator.predict(
+        all_criteria_matrix(ev, samples, tmp_path)
+    )
+    import numpy as np
+
+    np.testing.assert_allclose(res.predictions, full)
+
+
+def all_criteria_matrix(ev, samples, tmp_path):
+    from hdeval.scoring import score_criteria
+    import numpy as np
+
+    m = score_criteria(FakeBackend(), ev.templates["score"], ev.task, ev.tree,
+                       [ev.tree[k] for k in ev.feature_keys], samples, concurrency=1)
+    return np.asarray(m.values)
