@@ -287,7 +287,11 @@ class Evaluator:
                 f"{path}: {TREE} no longer has the criteria the aggregator was trained on; "
                 "edit only names and definitions, or retrain"
             )
-        untrusted = [t for t in sio.get_untrusted_types(file=path / MODEL) if t not in TRUSTED_TYPES]
+        try:
+            found = sio.get_untrusted_types(file=path / MODEL)
+        except Exception as exc:  # not a skops zip at all: a pickle, a truncated file ...
+            raise ArtifactError(f"{path / MODEL}: not a readable skops file ({exc})") from exc
+        untrusted = [t for t in found if t not in TRUSTED_TYPES]
         if untrusted:
             raise ArtifactError(
                 f"{path / MODEL} contains types hdeval does not trust: {', '.join(untrusted)}"
