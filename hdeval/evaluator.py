@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pandas as pd
@@ -174,13 +175,18 @@ class Evaluator:
 
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
+        llm = {**self.llm.to_manifest(), "identity": self.llm_identity}
+        llm["base_url"] = _public_url(llm.get("base_url"))
+        extra = dict(self.manifest_extra)
+        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
+            extra["config"] = {**extra["config"], "base_url": _public_url(extra["config"]["base_url"])}
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "hdeval_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "task": self.task.to_dict(),
-            "llm": {**self.llm.to_manifest(), "identity": self.llm_identity},
+            "llm": llm,
             "aggregator": {
                 "kind": self.aggregator.kind,
                 "aspects": self.aggregator.aspects,
@@ -192,7 +198,7 @@ class Evaluator:
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
             "versions": package_versions(),
-            **self.manifest_extra,
+            **extra,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -317,6 +323,14 @@ class Evaluator:
         ev.path = path
         ev.manifest_data = manifest
         return ev
+
+
+def _public_url(url: str | None) -> str | None:
+    """``url`` without ``user:password@``: artifacts get shared, the credentials must not."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _write_json(path: Path, data: Any) -> None:
