@@ -76,7 +76,8 @@ def load_templates(directory: Path | None = None) -> dict[str, Template]:
     return {n: load_template(n, directory) for n in PROMPT_NAMES}
 
 
-_TAG = re.compile(r"<(/?)sample>", re.I)
+# Whitespace inside the brackets counts: a model reads "</sample >" or "< /sample>" as a tag.
+_TAG = re.compile(r"<\s*(/?)\s*sample\s*>", re.I)
 
 
 def _neutralise(text: str) -> str:
