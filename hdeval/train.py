@@ -22,7 +22,7 @@ from hdeval.evaluator import Evaluator
 from hdeval.metrics import correlations, metric_table
 from hdeval.paths import default_cache_dir
 from hdeval.progress import Progress
-from hdeval.prompts import load_templates
+from hdeval.prompts import load_templates, sample_block
 from hdeval.prune import prune
 from hdeval.scoring import score_criteria, score_requests
 from hdeval.tasks import load_task, select_aspects
@@ -329,25 +329,23 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
         task, samples = prep.task, prep.samples
         tree = CriteriaTree.from_aspects(task.aspects)
         l1 = score_requests(templates["score"], task, tree, tree.layer(1), samples)
-        per_prompt = sum(_chars(r) for r in l1) / max(1, len(l1)) / 4
-        plans = [LayerPlan(1, 0, len(l1), sum(llm.is_cached(r) for r in l1), False,
-                           int(sum(_chars(r) for r in l1) / 4), len(l1) * 2)]
+        # Identical requests (samples with the same text) cost one call: count distinct keys.
+        distinct = {llm.key(r): r for r in l1}
+        n_distinct = len({sample_block(task, s) for s in samples})
+        per_prompt = sum(_chars(r) for r in distinct.values()) / max(1, len(distinct)) / 4
+        plans = [LayerPlan(1, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
+                           int(per_prompt * len(distinct)), len(distinct) * 2)]
+        dec = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+               for c in tree.layer(1)]
+        dec_prompt = sum(_chars(r) for r in dec) / len(dec) / 4
         n_prev = len(tree.layer(1))
         for layer in range(2, config.layers + 1):
             nodes = n_prev if layer == 2 else min(config.top_k, n_prev)
             n_new = nodes * config.children
-            score = n_new * len(samples)
-            cached: int | None = None
-            if layer == 2:
-                dec = [decomposition_request(templates["decompose"], task, tree, c, config.children)
-                       for c in tree.layer(1)]
-                cached = sum(llm.is_cached(r) for r in dec) if score == 0 else None
-                dec_tokens = int(sum(_chars(r) for r in dec) / 4)
-            else:
-                dec_tokens = int(nodes * (plans[-1].prompt_tokens / max(1, plans[-1].score_calls)))
+            score = n_new * n_distinct
             plans.append(LayerPlan(
-                layer, nodes, score, cached, True,
-                int(score * (per_prompt + 40)) + dec_tokens,
+                layer, nodes, score, None, True,
+                int(score * (per_prompt + 40) + nodes * dec_prompt),  # +40: the parent's lines
                 score * 2 + nodes * DECOMPOSE_MAX_TOKENS // 4,
             ))
             n_prev = n_new

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hdeval.backends.factory import DEFAULT_OPENAI_MODEL, resolve_llm
+from conftest import write_jsonl
 from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
 from hdeval.errors import ConfigError
@@ -30,6 +31,23 @@ def test_dry_run_counts_equal_a_real_run_and_call_nothing(toy, tmp_path):
     # after the run, the layer-1 calls show up as cached
     _, again, _ = plan(cfg, backend=FakeBackend())
     assert again[0].cached == again[0].score_calls
+
+
+def test_dry_run_counts_identical_samples_once(data_dir, tmp_path):
+    # Real data repeats texts (sfres: 1181 rows, 1143 distinct); a repeat costs no call.
+    from conftest import slice_jsonl
+
+    data = slice_jsonl(data_dir / "sfres.jsonl", tmp_path / "sfres.jsonl", 118)
+    rows = [json.loads(l) for l in data.read_text().splitlines()]
+    rows += [{**rows[0], "id": "twin-a"}, {**rows[5], "id": "twin-b"}]
+    write_jsonl(data, rows)
+    cfg = TrainConfig(task="sfres", data=str(data), layers=2, aggregator="lr",
+                      cache_dir=str(tmp_path / "c"))
+    _, plans, _ = plan(cfg, backend=FakeBackend())
+    real = FakeBackend()
+    train(cfg, backend=real)
+    assert plans[0].score_calls < 120 * 3
+    assert real.calls == sum(p.decompose_calls + p.score_calls for p in plans)
 
 
 def test_dry_run_cli_prints_cost_and_no_artifact(toy, tmp_path):
