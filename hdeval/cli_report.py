@@ -1,0 +1,150 @@
+"""``hdeval report`` and ``hdeval explain``: readable explanations of a trained evaluator.
+
+Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the numbers come from
+:mod:`hdeval.explain` and :mod:`hdeval.report`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from hdeval.cli import TerminalProgress, _notice_local, llm_options, run_command
+from hdeval.errors import DataError
+
+
+@click.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+              help="Directory for report.html and report.json. Default: ARTIFACT/report.")
+@click.option("--max-samples", default=200, show_default=True, type=int,
+              help="Held-out samples explained with SHAP (bounds the cost).")
+@click.option("--background", default=100, show_default=True, type=int,
+              help="Training rows used as SHAP background (lr/nn aggregators).")
+@click.option("--repeats", default=5, show_default=True, type=int, help="Shuffles per permutation importance.")
+@click.option("--curve-points", default=20, show_default=True, type=int,
+              help="Refits for the criteria-efficiency curve (criteria counts spread evenly).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Sampling and shuffling randomness.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
+           curve_points: int, seed: int, quiet: bool) -> None:
+    """Write an HTML + JSON report: criteria tree with importance, permutation importance,
+    SHAP per aspect, held-out correlation per layer, criteria-efficiency curve.
+
+    \b
+    Example:
+      hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
+      hdeval report artifacts/summeval-nn -o out/ --max-samples 100
+    """
+    from hdeval.evaluator import Evaluator
+    from hdeval.report import write_report
+
+    def go() -> None:
+        ev = Evaluator.load(artifact)
+        for w in ev.warnings:
+            click.echo(f"warning: {w}", err=True)
+        files = write_report(
+            ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
+            curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
+        )
+        click.echo(f"report written to {files.html} (numbers in {files.json.name})")
+
+    run_command(go)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--sample", "sample_id", required=True, help="Id of the sample to explain.")
+@click.option("--data", required=True, type=click.Path(dir_okay=False), help="JSONL file holding the sample.")
+@click.option("--top", default=5, show_default=True, type=int, help="Criteria shown per aspect.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@llm_options
+def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm: str | None,
+            base_url: str | None, concurrency: int, timeout: float, max_retries: int,
+            cache_dir: str | None, max_calls: int | None) -> None:
+    """Explain one sample's scores: per aspect the prediction, the base value and the
+    criteria that moved it most (SHAP values), with their criterion scores.
+
+    \b
+    Example:
+      hdeval explain artifacts/summeval-rf --sample summeval-0042 --data new.jsonl
+    """
+    from hdeval.backends.factory import LLMSpec, make_backend
+    from hdeval.cache import CachedBackend
+    from hdeval.data import read_samples
+    from hdeval.evaluator import Evaluator
+    from hdeval.explain import explain_samples
+    from hdeval.paths import default_cache_dir
+
+    def go() -> None:
+        if top < 1:
+            raise DataError(f"--top must be at least 1, got {top}")
+        ev = Evaluator.load(artifact)
+        for w in ev.warnings:
+            click.echo(f"warning: {w}", err=True)
+        samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
+        if not samples:
+            raise DataError(f"no sample with id {sample_id!r} in {data}")
+        spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
+        _notice_local(spec.model)
+        backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
+        if backend.identity != ev.llm_identity:
+            click.echo(f"warning: scoring with {backend.identity}, but the evaluator was trained with "
+                       f"{ev.llm_identity}; scores may not match its metrics", err=True)
+        try:
+            res = ev.score(samples[:1], backend=backend, concurrency=concurrency,
+                           progress=TerminalProgress(quiet))
+        finally:
+            backend.close()
+        expl = explain_samples(ev, res, top=top)[0]
+        _print_explanation(ev, samples[0], res, expl)
+
+    run_command(go)
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> None:
+    """Per aspect: prediction, base value, top criteria with SHAP and score, then the rest."""
+    click.echo(f"sample {sample.id}  (artifact {ev.path}, aggregator {ev.aggregator.kind}, "
+               f"LLM {ev.llm_identity})")
+    failed = {f.criterion_key: f.reason for f in res.criteria.failures}
+    for aspect, e in expl.items():
+        a = ev.task.aspect(aspect)
+        line = f"\n{aspect}: predicted {e['clipped_prediction']:.3f} (range {a.low:g}-{a.high:g})"
+        if not math.isclose(e["clipped_prediction"], e["prediction"], abs_tol=1e-9):
+            line += f", unclipped {e['prediction']:.3f}"
+        if aspect in sample.scores:
+            line += f"; human {sample.scores[aspect]:g}"
+        click.echo(line)
+        click.echo(f"  base value (average prediction)     {e['base_value']:8.3f}")
+        width = max([len(t["criterion"]) for t in e["top"]] + [30])
+        click.echo(f"  {'criterion':<{width}}  {'score':>6}  {'SHAP':>7}  name")
+        for t in e["top"]:
+            score = "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
+            click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {_signed(t['shap']):>7}  {t['name']}")
+        n_other = len(ev.feature_keys) - len(e["top"])
+        if n_other > 0:
+            click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {_signed(e['other_shap']):>7}")
+        click.echo(f"  = base {e['base_value']:.3f} + SHAP {_signed(e['prediction'] - e['base_value'])}"
+                   f" = {e['prediction']:.3f}")
+    if failed:
+        click.echo(f"\n{len(failed)} criterion score(s) could not be read and were imputed "
+                   "with the training median: " + ", ".join(sorted(failed)))
+
+
+def _ensure_registered() -> None:
+    # hdeval.cli registers these commands when it imports this module; if this module was
+    # imported first, that import saw it half-initialised, so register here as well.
+    from hdeval.cli import cli
+
+    for command in (report, explain):
+        if command.name not in cli.commands:
+            cli.add_command(command)
+
+
+_ensure_registered()
