@@ -212,6 +212,36 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
 
 
+def load_artifact(path: str):
+    """Load an artifact and show its warnings (e.g. an edited tree.json)."""
+    from hdeval.evaluator import Evaluator
+
+    ev = Evaluator.load(path)
+    for w in ev.warnings:
+        click.echo(f"warning: {w}", err=True)
+    return ev
+
+
+def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
+                        max_retries: int, cache_dir: str | None, max_calls: int | None,
+                        concurrency: int, quiet: bool):
+    """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
+    from hdeval.backends.factory import LLMSpec, make_backend
+    from hdeval.cache import CachedBackend
+    from hdeval.paths import default_cache_dir
+
+    spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
+    _notice_local(spec.model)
+    backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
+    if backend.identity != ev.llm_identity:
+        click.echo(f"warning: scoring with {backend.identity}, but the evaluator was trained with "
+                   f"{ev.llm_identity}; scores may not match its metrics", err=True)
+    try:
+        return ev.score(samples, backend=backend, concurrency=concurrency, progress=TerminalProgress(quiet))
+    finally:
+        backend.close()
+
+
 @cli.command()
 @click.argument("artifact", type=click.Path())
 @click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
@@ -231,31 +261,17 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
     Example:
       hdeval apply artifacts/summeval-nn new.jsonl -o scored.jsonl
     """
-    from hdeval.backends.factory import LLMSpec, make_backend
-    from hdeval.cache import CachedBackend
     from hdeval.data import read_samples, write_jsonl
-    from hdeval.evaluator import Evaluator
-    from hdeval.paths import default_cache_dir
 
     def go() -> None:
-        ev = Evaluator.load(artifact)
-        for w in ev.warnings:
-            click.echo(f"warning: {w}", err=True)
+        ev = load_artifact(artifact)
         samples = read_samples(input_file, ev.task, require_scores=False)
-        spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
-        _notice_local(spec.model)
-        backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
-        if backend.identity != ev.llm_identity:
-            click.echo(f"warning: scoring with {backend.identity}, but the evaluator was trained with "
-                       f"{ev.llm_identity}; scores may not match its metrics", err=True)
         needed = len(ev.needed_criteria)
         click.echo(f"{len(samples)} samples, {needed} of {len(ev.feature_keys)} criteria used by the "
                    f"aggregator: {needed} LLM calls per sample", err=True)
-        try:
-            res = ev.score(samples, backend=backend, concurrency=concurrency,
-                           progress=TerminalProgress(quiet))
-        finally:
-            backend.close()
+        res = score_with_artifact(ev, samples, llm=llm, base_url=base_url, timeout=timeout,
+                                  max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
+                                  concurrency=concurrency, quiet=quiet)
         fail = {}
         for f in res.criteria.failures:
             fail.setdefault(f.sample_id, []).append({"criterion": f.criterion_key, "reason": f.reason})

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from hdeval.cli import TerminalProgress, _notice_local, llm_options, run_command
+from hdeval.cli import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
 from hdeval.errors import DataError
 
 
@@ -38,13 +38,10 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.evaluator import Evaluator
     from hdeval.report import write_report
 
     def go() -> None:
-        ev = Evaluator.load(artifact)
-        for w in ev.warnings:
-            click.echo(f"warning: {w}", err=True)
+        ev = load_artifact(artifact)
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
             curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
@@ -71,33 +68,19 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
     Example:
       hdeval explain artifacts/summeval-rf --sample summeval-0042 --data new.jsonl
     """
-    from hdeval.backends.factory import LLMSpec, make_backend
-    from hdeval.cache import CachedBackend
     from hdeval.data import read_samples
-    from hdeval.evaluator import Evaluator
     from hdeval.explain import explain_samples
-    from hdeval.paths import default_cache_dir
 
     def go() -> None:
         if top < 1:
             raise DataError(f"--top must be at least 1, got {top}")
-        ev = Evaluator.load(artifact)
-        for w in ev.warnings:
-            click.echo(f"warning: {w}", err=True)
+        ev = load_artifact(artifact)
         samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
         if not samples:
             raise DataError(f"no sample with id {sample_id!r} in {data}")
-        spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
-        _notice_local(spec.model)
-        backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
-        if backend.identity != ev.llm_identity:
-            click.echo(f"warning: scoring with {backend.identity}, but the evaluator was trained with "
-                       f"{ev.llm_identity}; scores may not match its metrics", err=True)
-        try:
-            res = ev.score(samples[:1], backend=backend, concurrency=concurrency,
-                           progress=TerminalProgress(quiet))
-        finally:
-            backend.close()
+        res = score_with_artifact(ev, samples[:1], llm=llm, base_url=base_url, timeout=timeout,
+                                  max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
+                                  concurrency=concurrency, quiet=quiet)
         expl = explain_samples(ev, res, top=top)[0]
         _print_explanation(ev, samples[0], res, expl)
 
