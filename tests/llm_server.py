@@ -28,17 +28,30 @@ servers that do not support them; ``server.require_key`` makes it answer 401 to 
 
 Every request is recorded (``server.requests``: headers, raw body, parsed JSON), so tests can
 count calls and check where the API key was sent.
+
+:class:`FaultServer` (at the end) answers like hdeval's FakeBackend, so ``hdeval train`` can
+run against it, and injects faults by configuration (:class:`FaultMix`): 429 with and without
+Retry-After, 500/502/503, hangs, dropped connections, truncated and malformed bodies, prose or
+out-of-range scores, decomposition replies that are not JSON or empty. It logs every reply's
+outcome, refuses requests past a limit and stops by itself after a lifetime.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import socket
+import sys
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Union
+from typing import Any, Callable, Protocol, Union
+
+from hdeval.backends.base import Completion, CompletionRequest, Message
+from hdeval.backends.fake import FakeBackend
 
 HOST = "127.0.0.1"  # never anything else: tests must not be reachable from the network
 
@@ -339,3 +352,265 @@ def closed_port_url() -> tuple[str, socket.socket]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((HOST, 0))
     return f"http://{HOST}:{sock.getsockname()[1]}/v1", sock
+
+
+# == fault injection ===========================================================================
+#
+# ``FaultServer`` answers like an LLM (fault-free replies come from hdeval's deterministic
+# FakeBackend, so a run through it builds the same tree as ``--llm fake``) and injects faults
+# by configuration (:class:`FaultMix`). Which request gets which fault is a pure function of
+# (seed, request body, how often that body was seen before), so a run's fault pattern does
+# not depend on thread scheduling and a failing test replays exactly. Every reply is logged
+# with its outcome, so tests can tell a completion the client received from a 200 it never
+# saw (a hang past its timeout, a truncated body).
+
+#: transport faults: the client never gets a usable completion and must retry
+TRANSPORT_FAULTS = ("429", "429-retry-after", "500", "502", "503", "hang", "drop", "truncate", "malformed")
+#: scoring replies that arrive fine (HTTP 200) but hold no usable score: cached, become NaN
+SCORE_GARBAGE = ("prose", "out-of-range")
+#: decomposition replies that arrive fine but hold no usable JSON: cached, asked again
+DECOMPOSE_GARBAGE = ("bad-json", "empty")
+ALL_FAULTS = TRANSPORT_FAULTS + SCORE_GARBAGE + DECOMPOSE_GARBAGE
+
+
+def request_kind(body: Any) -> str:
+    """``decompose`` (the prompt asks for the ``"subcriteria"`` JSON) or ``score``."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    text = "\n".join(str(m.get("content", "")) for m in messages or [] if isinstance(m, dict))
+    return "decompose" if '"subcriteria"' in text else "score"
+
+
+def completion_request(body: dict[str, Any]) -> CompletionRequest:
+    """The hdeval request an OpenAI request body was made from (inverse of the backend's
+    ``_params``), so a test can compute the cache key of a request the server saw."""
+    fmt = body.get("response_format")
+    return CompletionRequest(
+        messages=tuple(Message(m["role"], m["content"]) for m in body["messages"]),
+        temperature=float(body.get("temperature", 0.0)),
+        max_tokens=int(body.get("max_tokens", 16)),
+        top_logprobs=int(body["top_logprobs"]) if body.get("logprobs") and body.get("top_logprobs") else None,
+        seed=body.get("seed"),
+        json_mode=isinstance(fmt, dict) and fmt.get("type") == "json_object",
+    )
+
+
+def completion_body(c: Completion, model: str = "test-model") -> dict[str, Any]:
+    """An hdeval Completion as the chat.completion body an OpenAI server would send."""
+    lp = None
+    if c.top_logprobs:
+        lp = [[(t.token, t.logprob) for t in pos] for pos in c.top_logprobs if pos]
+    usage = {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+             "total_tokens": c.prompt_tokens + c.completion_tokens}
+    return chat_completion(c.text, logprobs=lp or None, usage=usage, model=model)
+
+
+def _unit(*parts: Any) -> float:
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class FaultMix:
+    """``rate`` of requests get a fault, drawn uniformly from ``faults`` (those that apply
+    to the request's kind: garbage scores only to scoring requests, garbage JSON only to
+    decompositions). ``retry_after`` is the header value of ``429-retry-after``; ``hang``
+    is how long a hung request waits (make it longer than the client's timeout)."""
+
+    rate: float
+    faults: tuple[str, ...] = TRANSPORT_FAULTS
+    seed: int = 0
+    retry_after: str = "1"
+    hang: float = 3.0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults) - set(ALL_FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {ALL_FAULTS}")
+
+    def pick(self, body: bytes, kind: str, seen_before: int) -> str | None:
+        """The fault for the ``seen_before``-th repeat of ``body``, or None."""
+        if _unit(self.seed, "rate", body, seen_before) >= self.rate:
+            return None
+        usable = [f for f in self.faults
+                  if f in TRANSPORT_FAULTS
+                  or (kind == "score" and f in SCORE_GARBAGE)
+                  or (kind == "decompose" and f in DECOMPOSE_GARBAGE)]
+        if not usable:
+            return None
+        return usable[int(_unit(self.seed, "which", body, seen_before) * len(usable))]
+
+
+class FaultPicker(Protocol):
+    """What :class:`FaultServer` asks which fault (if any) a request gets; :class:`FaultMix`
+    is one, a test may script its own."""
+
+    def pick(self, body: bytes, kind: str, seen_before: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One logged reply: ``outcome`` is ``ok`` for a complete completion the client received
+    (as far as the server can tell), else the fault name, ``401``, ``limit`` (past
+    ``max_requests``) or ``stopped`` (held by :meth:`FaultServer.pause`)."""
+
+    body: bytes
+    kind: str
+    outcome: str
+    at: float  # time.monotonic() when the reply was chosen
+
+
+class FaultServer(LLMServer):
+    """An OpenAI-compatible server that answers like hdeval's FakeBackend, with faults.
+
+    ``faults``: a :class:`FaultMix` (or other :class:`FaultPicker`) or None (fault-free); it
+    may be swapped between runs (the port, and so the client's identity and cache keys, stay
+    the same); ``delay``: seconds before every reply
+    (to make a run last long enough to be killed); ``max_requests`` and ``lifetime`` bound
+    every test: past ``max_requests`` each request gets a non-retryable 400, and after
+    ``lifetime`` seconds the server stops by itself. ``on_request(n)`` is called with the
+    running request count before each reply (tests use it to kill a client mid-run);
+    :meth:`pause` makes it stop answering. ``require_key``: a wrong key gets a 401 that
+    echoes the key it was sent (the worst case for a client's error messages).
+    """
+
+    def __init__(
+        self,
+        faults: FaultPicker | None = None,
+        *,
+        delay: float = 0.0,
+        max_requests: int = 20_000,
+        lifetime: float = 300.0,
+        on_request: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.faults = faults
+        self.delay = delay
+        self.max_requests = max_requests
+        self.lifetime = lifetime
+        self.on_request = on_request
+        self.fake = FakeBackend()
+        self.log: list[Answer] = []
+        self._running = threading.Event()  # cleared by pause(): new requests wait unanswered
+        self._running.set()
+        self._seen: Counter[bytes] = Counter()
+        self._timer: threading.Timer | None = None
+        self.default = self._answer
+
+    # -- answering ----------------------------------------------------------------------------
+
+    def _answer(self, req: RecordedRequest) -> Reply:
+        if req.path.rstrip("/") != "/v1/chat/completions" or not isinstance(req.json, dict):
+            return Reply.error(404, f"no route {req.method} {req.path}")
+        kind = request_kind(req.json)
+        with self._lock:
+            n = len(self.requests)
+            seen = self._seen[req.body]
+            self._seen[req.body] += 1
+        if self.on_request is not None:
+            self.on_request(n)
+        if not self._running.is_set():
+            # a frozen server: the client waits on its timeout; the test kills it meanwhile
+            self._running.wait(self.lifetime)
+            return self._logged(req, kind, "stopped", Reply.error(503, "server was paused"))
+        if n > self.max_requests:
+            return self._logged(req, kind, "limit", Reply.error(400, f"test server request limit {self.max_requests} reached"))
+        sent = req.headers.get("authorization", "")
+        if self.require_key is not None and sent != f"Bearer {self.require_key}":
+            # echo the key as some servers do: the worst case for a client's error messages
+            presented = sent.removeprefix("Bearer ")
+            return self._logged(req, kind, "401", Reply.error(401, f"Incorrect API key provided: {presented}"))
+        fault = self.faults.pick(req.body, kind, seen) if self.faults is not None else None
+        completion = self.fake.complete(completion_request(req.json))
+        body = completion_body(completion, str(req.json.get("model", "test-model")))
+        reply = self._fault_reply(fault, body, kind) if fault else Reply.json(body)
+        if self.delay:
+            reply = Reply(reply.status, reply.body, reply.headers, reply.delay + self.delay, reply.drop, reply.truncate)
+        return self._logged(req, kind, fault or "ok", reply)
+
+    def _fault_reply(self, fault: str, body: dict[str, Any], kind: str) -> Reply:
+        # the timing knobs of a FaultMix; a scripted picker gets the defaults
+        mix = self.faults if isinstance(self.faults, FaultMix) else FaultMix(0.0)
+        if fault == "429":
+            return Reply.rate_limited()
+        if fault == "429-retry-after":
+            return Reply.rate_limited(retry_after=mix.retry_after)
+        if fault in ("500", "502", "503"):
+            return Reply.error(int(fault), f"injected {fault}")
+        if fault == "hang":
+            return Reply.json(body, delay=mix.hang)
+        if fault == "drop":
+            return Reply.disconnect()
+        if fault == "truncate":
+            data = json.dumps(body).encode()
+            return Reply(body=data, headers={"Content-Type": "application/json"}, truncate=len(data) // 2)
+        if fault == "malformed":
+            # an HTML error page from a proxy, or a JSON body cut short: both answered 200
+            html = len(json.dumps(body)) % 2 == 0
+            return Reply.raw(b"<html><body>502 Bad Gateway</body></html>" if html else b'{"choices": [{"mess')
+        if fault == "prose":
+            return Reply.ok("This utterance reads well and I would rate it fairly highly overall.",
+                            logprobs=[[("This", -0.02), ("The", -4.0), ("I", -5.0)]])
+        if fault == "out-of-range":
+            return Reply.ok("9", logprobs=[[("9", -0.01), ("10", -5.0), ("7", -6.0)]])
+        if fault == "bad-json":
+            return Reply.ok('Sure! Here are the sub-criteria: {"subcriteria": [{"key": "clarity", "name": ')
+        if fault == "empty":
+            return Reply.ok("")
+        raise ValueError(fault)  # pragma: no cover - FaultMix validates names
+
+    def _logged(self, req: RecordedRequest, kind: str, outcome: str, reply: Reply) -> Reply:
+        with self._lock:
+            self.log.append(Answer(req.body, kind, outcome, time.monotonic()))
+        return reply
+
+    def pause(self) -> None:
+        """Leave every request from now on unanswered (until :meth:`resume`, at most
+        ``lifetime``), as a server that stopped responding."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Answer again; requests held by :meth:`pause` get a 503."""
+        self._running.set()
+
+    # -- reading the log ----------------------------------------------------------------------
+
+    def outcomes(self) -> Counter[str]:
+        with self._lock:
+            return Counter(a.outcome for a in self.log)
+
+    def ok_bodies(self) -> Counter[bytes]:
+        """How often each request body was answered with a usable 200 (garbage included:
+        garbage is a completion the client receives and caches)."""
+        usable = {"ok", *SCORE_GARBAGE, *DECOMPOSE_GARBAGE}
+        with self._lock:
+            return Counter(a.body for a in self.log if a.outcome in usable)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> "FaultServer":
+        super().start()
+        assert self._httpd is not None
+        report = self._httpd.handle_error
+
+        def handle_error(request: Any, client_address: Any) -> None:
+            # a client that gave up (timeout) or that we cut off makes the handler's write
+            # fail: expected here, so not worth a traceback in the test output
+            exc = sys.exc_info()[1]
+            if not isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+                report(request, client_address)
+
+        self._httpd.handle_error = handle_error  # type: ignore[method-assign]
+        # never outlive a test that forgot to stop us (or hung): stop after ``lifetime``
+        self._timer = threading.Timer(self.lifetime, self.stop)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.cancel()
+        self._running.set()  # release paused handlers
+        super().stop()
+
+    def __enter__(self) -> "FaultServer":
+        return self.start()
