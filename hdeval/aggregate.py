@@ -7,7 +7,6 @@ Pure scikit-learn: no LLM, no disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np

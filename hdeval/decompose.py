@@ -108,7 +108,8 @@ def decompose(
             )
     raise DecompositionError(
         f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "
-        f"(last: {problem})"
+        f"(last: {problem}); the replies are cached, so a rerun with the same LLM fails the same "
+        "way: use a model that follows JSON instructions (--llm), or fewer --layers"
     )
 
 

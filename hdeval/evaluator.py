@@ -29,7 +29,7 @@ from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria
 from hdeval.tasks import task_from_dict
-from hdeval.types import CriteriaTree, Failure, Sample, ScoreMatrix, Task
+from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
 
 FORMAT = "hdeval-artifact"
 FORMAT_VERSION = 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,7 +18,7 @@ from hdeval.data import Split, find_data, limit_samples, read_samples, split_sam
 from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.errors import ConfigError, ScoringError
 from hdeval.evaluator import Evaluator
-from hdeval.metrics import correlations, metric_table
+from hdeval.metrics import metric_table
 from hdeval.paths import default_cache_dir
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import diskcache
+
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,3 +103,33 @@ def toy(tmp_path) -> tuple[Path, Path]:
     task.write_text(TOY_TASK, encoding="utf-8")
     data = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
     return task, data
+
+
+def view(ev) -> dict[str, str]:
+    """What must not change between runs of one training: tree, metrics (but call counts),
+    score table. Strings, because NaN != NaN in a dict compare."""
+    metrics = {k: v for k, v in ev.metrics.items() if k != "usage"}
+    return {
+        "tree": json.dumps(ev.tree.to_dict(), sort_keys=True),
+        "metrics": json.dumps(metrics, sort_keys=True),
+        "scores": ev.score_table.to_csv(index=False),
+    }
+
+
+def artifact_view(path: Path) -> dict[str, str]:
+    """:func:`view` of a saved artifact directory."""
+    metrics = json.loads((path / "metrics.json").read_text())
+    metrics.pop("usage")
+    return {
+        "tree": json.dumps(json.loads((path / "tree.json").read_text()), sort_keys=True),
+        "metrics": json.dumps(metrics, sort_keys=True),
+        "scores": (path / "scores.csv").read_text(),
+    }
+
+
+def cache_entries(cache_dir: Path) -> dict:
+    """Every cache entry parsed as a completion: a corrupt one fails here."""
+    from hdeval.backends.base import Completion
+
+    with diskcache.Cache(str(cache_dir)) as c:
+        return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}

@@ -8,7 +8,6 @@ same artifact as an uninterrupted run. Set ``HDEVAL_TEST_SEED`` to replay a kill
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -21,12 +20,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-import diskcache
 import pytest
 from llm_server import Answer, FaultServer
 
-from hdeval.backends.base import Completion
-from hdeval.evaluator import Evaluator
+from conftest import artifact_view, cache_entries, view
 from hdeval.train import train
 
 MODEL = "test-model"
@@ -55,30 +52,6 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def view(ev: Evaluator) -> dict[str, str]:
-    """What must not change between runs: tree, metrics (but call counts), score table."""
-    metrics = {k: v for k, v in ev.metrics.items() if k != "usage"}
-    return {
-        "tree": json.dumps(ev.tree.to_dict(), sort_keys=True),
-        "metrics": json.dumps(metrics, sort_keys=True),  # a string: NaN != NaN in a dict compare
-        "scores": ev.score_table.to_csv(index=False),
-    }
-
-
-def artifact_view(path: Path) -> dict[str, str]:
-    metrics = json.loads((path / "metrics.json").read_text())
-    metrics.pop("usage")
-    return {
-        "tree": json.dumps(json.loads((path / "tree.json").read_text()), sort_keys=True),
-        "metrics": json.dumps(metrics, sort_keys=True),
-        "scores": (path / "scores.csv").read_text(),
-    }
-
-
-def cache_entries(cache_dir: Path) -> dict[str, Completion]:
-    """Every entry, parsed as a completion: a corrupt one fails here."""
-    with diskcache.Cache(str(cache_dir)) as c:
-        return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
 
 
 def calls_made(stderr: str) -> int:

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-import diskcache
 import pytest
 from click.testing import CliRunner
 from llm_server import (
@@ -30,7 +29,7 @@ from llm_server import (
     completion_request,
 )
 
-from hdeval.backends.base import Completion
+from conftest import artifact_view, cache_entries, view
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache import request_key
 from hdeval.cli import cli
@@ -64,30 +63,6 @@ def run(server: FaultServer, cache_dir: Path, **options: Any) -> Evaluator:
                  backend=backend(server))
 
 
-def view(ev: Evaluator) -> dict[str, str]:
-    """What must not change between runs: tree, metrics (but call counts), score table."""
-    metrics = {k: v for k, v in ev.metrics.items() if k != "usage"}
-    return {
-        "tree": json.dumps(ev.tree.to_dict(), sort_keys=True),
-        "metrics": json.dumps(metrics, sort_keys=True),  # a string: NaN != NaN in a dict compare
-        "scores": ev.score_table.to_csv(index=False),
-    }
-
-
-def artifact_view(path: Path) -> dict[str, str]:
-    metrics = json.loads((path / "metrics.json").read_text())
-    metrics.pop("usage")
-    return {
-        "tree": json.dumps(json.loads((path / "tree.json").read_text()), sort_keys=True),
-        "metrics": json.dumps(metrics, sort_keys=True),
-        "scores": (path / "scores.csv").read_text(),
-    }
-
-
-def cache_entries(cache_dir: Path) -> dict[str, Completion]:
-    """Every entry, parsed: a corrupt one fails here."""
-    with diskcache.Cache(str(cache_dir)) as c:
-        return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
 
 
 def keys_of(answers: list[Answer], identity: str) -> set[str]:
