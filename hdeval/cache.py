@@ -63,6 +63,11 @@ class CachedBackend:
         # samples with identical text) waits for the first instead of paying for it again
         self._inflight: dict[str, threading.Event] = {}
 
+    @property
+    def max_concurrency(self) -> int | None:
+        """The inner backend's limit on useful parallel calls (a local model: 1)."""
+        return getattr(self.inner, "max_concurrency", None)
+
     def key(self, request: CompletionRequest) -> str:
         return request_key(self.identity, request)
 

@@ -21,6 +21,26 @@ def slug(text: str) -> str:
     return s[:_KEY_MAX].rstrip("_")
 
 
+def reply_schema(max_children: int) -> str:
+    """The JSON schema of a decomposition reply (lets a local model's grammar enforce it)."""
+    item = {
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "maxLength": _KEY_MAX},
+            "name": {"type": "string"},
+            "definition": {"type": "string"},
+        },
+        "required": ["key", "name", "definition"],
+    }
+    schema = {
+        "type": "object",
+        "properties": {"subcriteria": {"type": "array", "items": item, "minItems": 1,
+                                       "maxItems": max_children}},
+        "required": ["subcriteria"],
+    }
+    return json.dumps(schema, sort_keys=True)
+
+
 def decomposition_request(
     template: Template, task: Task, tree: CriteriaTree, criterion: Criterion, max_children: int
 ) -> CompletionRequest:
@@ -29,6 +49,7 @@ def decomposition_request(
         temperature=0.0,
         max_tokens=DECOMPOSE_MAX_TOKENS,
         json_mode=True,
+        json_schema=reply_schema(max_children),
     )
 
 
@@ -105,6 +126,7 @@ def decompose(
                 temperature=request.temperature,
                 max_tokens=request.max_tokens,
                 json_mode=request.json_mode,
+                json_schema=request.json_schema,
             )
     raise DecompositionError(
         f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "

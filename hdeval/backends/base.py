@@ -22,10 +22,15 @@ class CompletionRequest:
     top_logprobs: int | None = None  # ask for this many alternatives per generated token
     seed: int | None = None
     json_mode: bool = False
+    # A JSON schema for the reply. Backends that can constrain decoding to it (llama.cpp
+    # grammars) do; others ask for plain JSON and rely on the caller's validation.
+    json_schema: str | None = None  # canonical JSON text, so the request stays hashable
 
     def key_fields(self) -> dict[str, Any]:
         """Decoding parameters that change the output (cache key material)."""
+        extra = {"json_schema": self.json_schema} if self.json_schema is not None else {}
         return {
+            **extra,
             "messages": [[m.role, m.content] for m in self.messages],
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,

