@@ -133,3 +133,19 @@ def cache_entries(cache_dir: Path) -> dict:
 
     with diskcache.Cache(str(cache_dir)) as c:
         return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
+
+
+@pytest.fixture
+def fake_calls(monkeypatch) -> list[int]:
+    """Counts LLM calls made by any FakeBackend in this process (CLI runs included)."""
+    from hdeval.backends.fake import FakeBackend
+
+    calls: list[int] = []
+    real = FakeBackend.complete
+
+    def counting(self, request):
+        calls.append(1)
+        return real(self, request)
+
+    monkeypatch.setattr(FakeBackend, "complete", counting)
+    return calls

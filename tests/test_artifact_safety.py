@@ -21,7 +21,6 @@ import skops.io as sio
 from click.testing import CliRunner, Result
 from sklearn.preprocessing import FunctionTransformer
 
-from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
 from hdeval.evaluator import FORMAT_VERSION, MANIFEST, MODEL, TRUSTED_TYPES, sha256_file
 from hdeval.train import train
@@ -57,18 +56,6 @@ def samples(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def fake_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts LLM calls made by any FakeBackend in this process."""
-    calls: list[int] = []
-    real = FakeBackend.complete
-
-    def counting(self: FakeBackend, request):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(self, request)
-
-    monkeypatch.setattr(FakeBackend, "complete", counting)
-    return calls
 
 
 def apply(artifact: Path, samples: Path, tmp_path: Path) -> Result:

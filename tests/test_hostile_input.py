@@ -149,17 +149,6 @@ def big_file(path: Path, n: int, broken: dict[int, str]) -> Path:
     return path
 
 
-@pytest.fixture
-def counted_fake(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = FakeBackend.complete
-
-    def counting(self: FakeBackend, request):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(self, request)
-
-    monkeypatch.setattr(FakeBackend, "complete", counting)
-    return calls
 
 
 @pytest.fixture
@@ -178,7 +167,7 @@ BROKEN = {17: "bad json", 4242: "missing field", 7000: "not a number", 9999: "ou
 
 @pytest.mark.parametrize("llm", ["fake", "server"])
 def test_ten_thousand_lines_with_a_few_broken_are_rejected_before_any_call(
-    llm: str, tmp_path: Path, counted_fake: list[int], server: FaultServer
+    llm: str, tmp_path: Path, fake_calls: list[int], server: FaultServer
 ) -> None:
     data = big_file(tmp_path / "big.jsonl", 10_000, BROKEN)
     cache, out = tmp_path / "cache", tmp_path / "artifact"
@@ -193,12 +182,12 @@ def test_ten_thousand_lines_with_a_few_broken_are_rejected_before_any_call(
     assert "not valid JSON" in line and "'output'" in line and "outside the task's range" in line
     assert "'good', not a finite number" in line
     # nothing was asked of any LLM, nothing cached, nothing written
-    assert counted_fake == [] and server.calls == 0
+    assert fake_calls == [] and server.calls == 0
     assert not cache.exists() or not any(cache.iterdir())
     assert not out.exists()
 
 
-def test_many_broken_lines_are_listed_up_to_a_cap(tmp_path: Path, counted_fake: list[int]) -> None:
+def test_many_broken_lines_are_listed_up_to_a_cap(tmp_path: Path, fake_calls: list[int]) -> None:
     broken = {n: "missing field" for n in range(100, 10_000, 160)}  # 63 broken lines
     data = big_file(tmp_path / "big.jsonl", 10_000, broken)
     result = train_cli(data, tmp_path / "cache", tmp_path / "artifact", "--llm", "fake")
@@ -207,4 +196,4 @@ def test_many_broken_lines_are_listed_up_to_a_cap(tmp_path: Path, counted_fake: 
     listed = [int(n) for n in re.findall(r"line (\d+):", line)]
     assert listed == sorted(broken)[:MAX_REPORTED_ERRORS]
     assert f"{len(broken)} bad line(s)" in line and f"(and {len(broken) - MAX_REPORTED_ERRORS} more)" in line
-    assert counted_fake == []
+    assert fake_calls == []
