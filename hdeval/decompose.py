@@ -58,8 +58,9 @@ def parse_subcriteria(
 ) -> list[Criterion]:
     """Validate a reply; raise ValueError saying what is wrong (fed back to the LLM).
 
-    More than ``max_children`` items are cut to the first ``max_children``.
-    ``taken`` holds keys already used in the tree (and by siblings decomposed alongside).
+    Keys are made unique across the tree (a clashing key gets a number); a repeated
+    sub-criterion (same name and definition) is kept once; more than ``max_children`` are
+    cut to the first ``max_children``. ``taken`` holds keys already in use.
     """
     body = text.strip()
     fence = re.search(r"```(?:json)?\s*(.*?)```", body, re.S)
@@ -77,7 +78,10 @@ def parse_subcriteria(
         raise ValueError('"subcriteria" must be a non-empty list')
     out: list[Criterion] = []
     local: set[str] = set()
-    for i, item in enumerate(items[:max_children], 1):
+    seen_text: set[tuple[str, str]] = set()
+    for i, item in enumerate(items, 1):
+        if len(out) == max_children:
+            break
         if not isinstance(item, dict):
             raise ValueError(f"sub-criterion #{i} is not an object")
         name = str(item.get("name") or "").strip()
@@ -85,11 +89,17 @@ def parse_subcriteria(
         key = slug(str(item.get("key") or name))
         if not key or not name or not definition:
             raise ValueError(f"sub-criterion #{i} needs a non-empty key, name and definition")
-        full = f"{parent.key}/{key}"
-        if key in local or full in taken or full in tree:
-            raise ValueError(f"sub-criterion key {key!r} is used twice")
+        text = (name.lower(), definition.lower())
+        if text in seen_text:
+            continue  # the same criterion twice (small models repeat themselves): keep one
+        seen_text.add(text)
+        # A key clash between different criteria is only a naming problem: number it.
+        base, n = key, 2
+        while key in local or f"{parent.key}/{key}" in taken or f"{parent.key}/{key}" in tree:
+            key = f"{base[: _KEY_MAX - 3]}_{n}"
+            n += 1
         local.add(key)
-        out.append(Criterion(full, name, definition, parent.key, parent.layer + 1))
+        out.append(Criterion(f"{parent.key}/{key}", name, definition, parent.key, parent.layer + 1))
     return out
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import socket
 import sys
 import threading
@@ -384,13 +385,23 @@ def completion_request(body: dict[str, Any]) -> CompletionRequest:
     """The hdeval request an OpenAI request body was made from (inverse of the backend's
     ``_params``), so a test can compute the cache key of a request the server saw."""
     fmt = body.get("response_format")
+    json_mode = isinstance(fmt, dict) and fmt.get("type") == "json_object"
+    schema = None
+    if json_mode:
+        # The reply schema of a decomposition request stays on the client (the OpenAI backend
+        # asks for plain JSON) but is part of the cache key: rebuild it from the prompt's cap.
+        from hdeval.decompose import reply_schema
+
+        cap = re.search(r"at most (\d+) sub-criteria", body["messages"][-1]["content"])
+        schema = reply_schema(int(cap.group(1))) if cap else None
     return CompletionRequest(
         messages=tuple(Message(m["role"], m["content"]) for m in body["messages"]),
         temperature=float(body.get("temperature", 0.0)),
         max_tokens=int(body.get("max_tokens", 16)),
         top_logprobs=int(body["top_logprobs"]) if body.get("logprobs") and body.get("top_logprobs") else None,
         seed=body.get("seed"),
-        json_mode=isinstance(fmt, dict) and fmt.get("type") == "json_object",
+        json_mode=json_mode,
+        json_schema=schema,
     )
 
 
@@ -420,7 +431,7 @@ class FaultMix:
     faults: tuple[str, ...] = TRANSPORT_FAULTS
     seed: int = 0
     retry_after: str = "1"
-    hang: float = 3.0
+    hang: float = 4.5
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(ALL_FAULTS)

@@ -55,13 +55,24 @@ def test_count_is_capped():
     ("not json at all", "no JSON object"),
     ('{"subcriteria": []}', "non-empty list"),
     ('{"subcriteria": [{"key": "a", "name": "", "definition": "d"}]}', "non-empty key, name and definition"),
-    ('{"subcriteria": [{"key": "a", "name": "A", "definition": "d"}, {"key": "A", "name": "B", "definition": "d"}]}',
-     "used twice"),
 ])
 def test_malformed_replies_are_rejected(reply, problem):
     task, tree, node = _setup()
     with pytest.raises(ValueError, match=problem):
         parse_subcriteria(reply, node, tree, 4, set())
+
+
+def test_clashing_keys_are_numbered_and_repeats_dropped():
+    task, tree, node = _setup()
+    reply = json.dumps({"subcriteria": [
+        {"key": "order", "name": "Order", "definition": "Ideas in order."},
+        {"key": "Order", "name": "Order of events", "definition": "Events in time order."},
+        {"key": "order", "name": "Order", "definition": "Ideas in order."},
+        {"key": "flow", "name": "Flow", "definition": "Sentences connect."},
+    ]})
+    kids = parse_subcriteria(reply, node, tree, 4, {"coherence/flow"})
+    assert [k.key for k in kids] == ["coherence/order", "coherence/order_2", "coherence/flow_2"]
+    assert len({k.key for k in kids}) == 3
 
 
 def test_malformed_reply_is_retried_with_feedback_then_succeeds():
