@@ -94,6 +94,10 @@ class Aggregator:
             random_state,
         )
 
+    def clone(self, kind: str | None = None) -> "Aggregator":
+        """An unfitted copy with the same settings (optionally another ``kind``)."""
+        return Aggregator(kind or self.kind, self.aspects, self.ranges, self.groups, self.random_state)
+
     def _cols(self, group: Sequence[str]) -> list[int]:
         return [self.aspects.index(a) for a in group]
 
@@ -154,14 +158,12 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
 
 
 def cross_val_predictions(
-    kind: str, task_agg: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str]
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str]
 ) -> np.ndarray:
     """Out-of-fold predictions on the training split (the "cross-validated train" figure)."""
     pred = np.zeros_like(Y, dtype=float)
-    for tr, va in cv_folds(groups, task_agg.random_state):
-        agg = Aggregator(kind, task_agg.aspects, task_agg.ranges, task_agg.groups, task_agg.random_state)
-        agg.fit(X[tr], Y[tr])
-        pred[va] = agg.predict(X[va])
+    for tr, va in cv_folds(groups, template.random_state):
+        pred[va] = template.clone().fit(X[tr], Y[tr]).predict(X[va])
     return pred
 
 
@@ -169,6 +171,6 @@ def select_kind(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS
 ) -> tuple[str, dict[str, float]]:
     """``--aggregator auto``: the kind with the best cross-validated mean Spearman."""
-    scores = {k: mean_spearman(Y, cross_val_predictions(k, template, X, Y, groups)) for k in kinds}
+    scores = {k: mean_spearman(Y, cross_val_predictions(template.clone(k), X, Y, groups)) for k in kinds}
     best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
     return best, scores

@@ -333,8 +333,7 @@ def efficiency_curve(
     points = []
     for k in curve_sizes(len(order), max_points):
         keep = sorted(pos[c] for c in order[:k])
-        agg = Aggregator(aggregator.kind, aggregator.aspects, aggregator.ranges, aggregator.groups,
-                         aggregator.random_state).fit(train.X[:, keep], train.Y)
+        agg = aggregator.clone().fit(train.X[:, keep], train.Y)
         pred = agg.predict(test.X[:, keep])
         points.append(EfficiencyPoint(k, list(order[:k]), metric_table(test.Y, pred, aggregator.aspects)))
     return points

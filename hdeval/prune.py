@@ -73,10 +73,7 @@ def prune(
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
     for tr, va in cv_folds(doc_groups, agg_template.random_state):
-        agg = Aggregator(
-            agg_template.kind, agg_template.aspects, agg_template.ranges, agg_template.groups,
-            agg_template.random_state,
-        ).fit(X[tr], Y[tr])
+        agg = agg_template.clone().fit(X[tr], Y[tr])
         imp = aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
         for a, values in imp.items():
             per_aspect[a] += values[cand_idx]

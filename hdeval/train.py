@@ -206,12 +206,11 @@ def _run(
         X = matrix.values
         selection: dict[str, float] = {}
         kind = config.aggregator
-        template = Aggregator.for_task("lr", task, config.seed)
         if kind == "auto":
-            kind, selection = select_kind(template, X[tr], Y[tr], doc_groups)
-        template.kind = kind
-        cv_pred = cross_val_predictions(kind, template, X[tr], Y[tr], doc_groups)
-        agg = Aggregator.for_task(kind, task, config.seed).fit(X[tr], Y[tr])
+            kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], doc_groups)
+        template = Aggregator.for_task(kind, task, config.seed)
+        cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
+        agg = template.clone().fit(X[tr], Y[tr])
         test = metric_table(Y[te], agg.predict(X[te]), aspects)
         report = LayerReport(
             layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
