@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from hdeval.data import data_candidates, read_samples, write_jsonl
-from hdeval.errors import ConfigError, DataError, HdevalError
+from hdeval.errors import ConfigError, DataError, DownloadError
 from hdeval.paths import user_data_dir
 from hdeval.tasks import load_task
 from hdeval.types import Task
@@ -44,15 +44,6 @@ SOURCE_URL_ENV = "HDEVAL_DATA_SOURCE_URL"
 DEFAULT_TIMEOUT = 60.0
 _CHUNK = 64 * 1024
 _MAX_REPORTED_ERRORS = 20
-
-
-class DownloadError(HdevalError):
-    """A data file could not be fetched completely (HTTP error, unreachable, cut off).
-
-    Nothing is written in that case, so running the command again is always safe.
-    """
-
-    exit_code = 3
 
 
 # --------------------------------------------------------------------------- registry

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from hdeval.backends.base import Backend, CompletionRequest, Message
 from hdeval.errors import DecompositionError
+from hdeval.progress import Progress
 from hdeval.prompts import Template, decomposition_messages
 from hdeval.types import CriteriaTree, Criterion, Task
 
@@ -152,11 +153,17 @@ def decompose_nodes(
     tree: CriteriaTree,
     nodes: Sequence[Criterion],
     max_children: int,
+    progress: Progress | None = None,
 ) -> CriteriaTree:
     """Decompose ``nodes`` in order and return the tree with their children added."""
     taken: set[str] = set(tree.keys)
+    is_cached = getattr(backend, "is_cached", None)  # only a CachedBackend can tell
     for node in nodes:
+        first = decomposition_request(template, task, tree, node, max_children)
+        cached = bool(is_cached and is_cached(first))
         children = decompose(backend, template, task, tree, node, max_children, taken)
         taken.update(c.key for c in children)
         tree = tree.with_children(node.key, children)
+        if progress is not None:
+            progress.advance(1, cached=cached)
     return tree

@@ -34,6 +34,15 @@ class BackendError(HdevalError):
     exit_code = 3
 
 
+class DownloadError(HdevalError):
+    """A data file could not be fetched completely (HTTP error, unreachable, cut off).
+
+    Nothing is written in that case, so running the command again is always safe.
+    """
+
+    exit_code = 3
+
+
 class DecompositionError(HdevalError):
     """The LLM kept returning unusable sub-criteria for one criterion."""
 

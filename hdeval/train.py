@@ -190,8 +190,7 @@ def _run(
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
             progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
             before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children)
-            progress.advance(len(nodes))
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
             progress.end_stage()
             if len(tree) == before:
                 break
