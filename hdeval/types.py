@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -144,10 +143,6 @@ class CriteriaTree:
     def keys(self) -> list[str]:
         return [c.key for c in self._items]
 
-    @property
-    def depth(self) -> int:
-        return max((c.layer for c in self._items), default=0)
-
     def layer(self, n: int) -> list[Criterion]:
         return [c for c in self._items if c.layer == n]
 
@@ -167,10 +162,6 @@ class CriteriaTree:
             p = self.parent(p.key)
         return out[::-1]
 
-    def root(self, key: str) -> Criterion:
-        anc = self.ancestors(key)
-        return anc[0] if anc else self._index[key]
-
     def leaves(self) -> list[Criterion]:
         parents = {c.parent_key for c in self._items}
         return [c for c in self._items if c.key not in parents]
@@ -179,9 +170,6 @@ class CriteriaTree:
         if key not in self._index:
             raise KeyError(key)
         return CriteriaTree(list(self._items) + list(children))
-
-    def upto(self, layer: int) -> "CriteriaTree":
-        return CriteriaTree(c for c in self._items if c.layer <= layer)
 
     def to_dict(self) -> dict[str, Any]:
         return {"criteria": [c.to_dict() for c in self._items]}
@@ -236,17 +224,6 @@ class ScoreMatrix:
         idx = [self.criterion_keys.index(k) for k in keys]
         return self.values[:, idx]
 
-    def rows(self, ids: Sequence[str]) -> "ScoreMatrix":
-        pos = {s: i for i, s in enumerate(self.sample_ids)}
-        idx = [pos[s] for s in ids]
-        keep = set(ids)
-        return ScoreMatrix(
-            list(ids),
-            list(self.criterion_keys),
-            self.values[idx],
-            [f for f in self.failures if f.sample_id in keep],
-        )
-
     def hstack(self, other: "ScoreMatrix") -> "ScoreMatrix":
         if other.sample_ids != self.sample_ids:
             raise ValueError("cannot join score matrices over different samples")
@@ -261,7 +238,3 @@ class ScoreMatrix:
     def failure_rate(self) -> float:
         n = self.values.size
         return float(np.isnan(self.values).sum()) / n if n else 0.0
-
-
-def is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
