@@ -37,7 +37,7 @@ import pandas as pd
 from hdeval.aggregate import Aggregator
 from hdeval.errors import ArtifactError, DataError
 from hdeval.metrics import metric_table
-from hdeval.prune import N_REPEATS
+from hdeval.prune import N_REPEATS, aspect_importance
 from hdeval.types import CriteriaTree
 
 if TYPE_CHECKING:  # only for annotations: evaluator imports nothing from here either way
@@ -216,32 +216,10 @@ def permutation_importances(
     aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndarray, Y: np.ndarray,
     n_repeats: int = N_REPEATS, random_state: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """Per aspect, each criterion's permutation importance: the mean drop in R^2 of the
-    aspect's (unclipped) pipeline output when the criterion's column is shuffled.
-
-    The same numbers as :func:`hdeval.prune.aspect_importance` (the measure training prunes
-    with: same shuffles, same scores), but one prediction per shuffle serves every aspect of
-    a multi-output pipeline instead of one per aspect.
-    """
-    from sklearn.inspection import permutation_importance
-    from sklearn.metrics import r2_score
-
-    X, Y = np.asarray(X, float), np.asarray(Y, float)
-    out: dict[str, dict[str, float]] = {}
-    for group, pipe in zip(aggregator.groups, aggregator.models_):
-        cols = [aggregator.aspects.index(a) for a in group]
-        y = Y[:, cols] if len(cols) > 1 else Y[:, cols[0]]
-
-        def scores(est: Any, Xp: np.ndarray, yp: np.ndarray, group: list[str] = group) -> dict[str, float]:
-            pred = np.asarray(est.predict(Xp)).reshape(len(Xp), -1)
-            yy = np.asarray(yp).reshape(len(Xp), -1)
-            return {a: r2_score(yy[:, j], pred[:, j]) for j, a in enumerate(group)}
-
-        res = permutation_importance(pipe, X, y, scoring=scores, n_repeats=n_repeats,
-                                     random_state=random_state)
-        for a in group:
-            out[a] = {k: float(v) for k, v in zip(feature_keys, res[a].importances_mean)}
-    return {a: out[a] for a in aggregator.aspects}
+    """Per aspect, each criterion's permutation importance (mean drop in R^2 of the aspect's
+    unclipped pipeline output): the measure training prunes with, keyed by criterion."""
+    imp = aspect_importance(aggregator, X, Y, n_repeats, random_state)
+    return {a: {k: float(v) for k, v in zip(feature_keys, imp[a])} for a in aggregator.aspects}
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ class PruneResult:
     selected: tuple[str, ...] = ()
 
 
-def _scorer(col: int | None):
-    def score(estimator, X, y):
-        pred = np.asarray(estimator.predict(X))
-        if col is not None:
-            return r2_score(y[:, col], pred[:, col])
-        return r2_score(y, pred)
+def _group_scorer(group: Sequence[str]):
+    """R^2 of every aspect of a (possibly multi-output) pipeline from one prediction."""
+
+    def score(estimator, X, y) -> dict[str, float]:
+        pred = np.asarray(estimator.predict(X)).reshape(len(X), -1)
+        yy = np.asarray(y).reshape(len(X), -1)
+        return {a: r2_score(yy[:, j], pred[:, j]) for j, a in enumerate(group)}
 
     return score
 
@@ -38,23 +39,21 @@ def aspect_importance(
     n_repeats: int = N_REPEATS,
     random_state: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Permutation importance (mean drop in R^2) of every feature for every aspect of a
-    fitted aggregator, on the data given (held-out data, never the test split)."""
+    """Permutation importance (mean drop in R^2 of the unclipped pipeline output) of every
+    feature for every aspect of a fitted aggregator, on the data given (held-out data,
+    never the test split when pruning). One prediction per shuffle serves every aspect of a
+    multi-output group."""
+    X, Y = np.asarray(X, float), np.asarray(Y, float)
     out = {}
     for group, model in zip(agg.groups, agg.models_):
         cols = [agg.aspects.index(a) for a in group]
         y = Y[:, cols] if len(cols) > 1 else Y[:, cols[0]]
-        for j, aspect in enumerate(group):
-            res = permutation_importance(
-                model,
-                X,
-                y,
-                scoring=_scorer(j if len(cols) > 1 else None),
-                n_repeats=n_repeats,
-                random_state=random_state,
-            )
-            out[aspect] = np.asarray(res.importances_mean)
-    return out
+        res = permutation_importance(
+            model, X, y, scoring=_group_scorer(group), n_repeats=n_repeats, random_state=random_state
+        )
+        for a in group:
+            out[a] = np.asarray(res[a].importances_mean)
+    return {a: out[a] for a in agg.aspects}
 
 
 def prune(
