@@ -1,0 +1,64 @@
+"""Golden runs: refactors must not change what training produces.
+
+Each case trains with the fake backend on a slice of a real dataset and compares digests of
+``tree.json``, ``scores.csv`` and ``metrics.json`` (usage/call counts removed) with the
+digests recorded in ``tests/golden/digests.json``. The digests hold no data, only hashes.
+
+A change that is *meant* to alter training output updates the digests in the same commit
+(``HDEVAL_GOLDEN_UPDATE=1 pytest tests/test_golden.py``) and says why in its message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import artifact_view, slice_jsonl
+from hdeval.cli import main as _main  # noqa: F401  (the CLI entry point must import)
+
+GOLDEN = Path(__file__).parent / "golden" / "digests.json"
+
+# task, slice rows, layers, aggregator
+CASES = [
+    ("summeval", 48, 3, "lr"),
+    ("topical_chat", 36, 3, "rf"),
+    ("sfres", 60, 3, "dt"),
+    ("sfhot", 60, 2, "lr"),
+]
+
+
+def _digests(path: Path) -> dict[str, str]:
+    return {k: hashlib.sha256(v.encode()).hexdigest() for k, v in artifact_view(path).items()}
+
+
+def _train(task: str, n: int, layers: int, agg: str, data_dir: Path, tmp_path: Path) -> Path:
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    data = slice_jsonl(data_dir / f"{task}.jsonl", tmp_path / f"{task}.jsonl", n)
+    out = tmp_path / "art"
+    r = CliRunner().invoke(cli, [
+        "train", "--task", task, "--data", str(data), "--llm", "fake", "--layers", str(layers),
+        "--children", "3", "--top-k", "2", "--aggregator", agg, "--cache-dir", str(tmp_path / "cache"),
+        "-o", str(out), "-q",
+    ], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("task, n, layers, agg", CASES)
+def test_training_output_is_unchanged(task, n, layers, agg, data_dir, tmp_path):
+    got = _digests(_train(task, n, layers, agg, data_dir, tmp_path))
+    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
+    name = f"{task}-{n}-{layers}-{agg}"
+    if os.environ.get("HDEVAL_GOLDEN_UPDATE"):
+        recorded[name] = got
+        GOLDEN.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+        return
+    assert name in recorded, f"no golden digests for {name}: run with HDEVAL_GOLDEN_UPDATE=1"
+    assert got == recorded[name]
