@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hdeval.backends.base import Backend
 from hdeval.errors import ConfigError
@@ -50,32 +50,67 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
     )
 
 
-def make_backend(spec: LLMSpec, offline: bool = False) -> Backend:
-    """Build the backend ``spec`` names. ``offline``: it will only be asked for its identity
-    and cache keys (``--dry-run``), so a missing API key is no error."""
-    model = spec.model
-    if model == "fake" or model.startswith("fake:"):
-        from hdeval.backends.fake import FakeBackend
+# ------------------------------------------------------------------ the registry
+# A backend factory takes the config and ``offline`` and returns a Backend. Each factory
+# imports its SDK itself, so an unused backend costs nothing and a missing extra is named.
+Factory = Callable[[Any, bool], Backend]
 
-        return FakeBackend.from_spec(model)
-    if model == "local" or model.startswith("llamacpp:"):
-        try:
-            from hdeval.backends.llama_cpp import LlamaCppBackend
-        except ImportError as exc:  # pragma: no cover - depends on the extra
-            raise ConfigError(
-                f"--llm {model} needs llama-cpp-python: pip install -e '.[local]' ({exc})"
-            ) from exc
-        return LlamaCppBackend.from_spec(model)
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    matches: Callable[[str], bool]  # does this backend serve the model string?
+    factory: Factory
+    runtime: str = ""  # the package it needs, named in the error when it is missing
+    extra: str | None = None  # the pip extra that provides it
+
+
+def _fake(config: Any, offline: bool) -> Backend:
+    from hdeval.backends.fake import FakeBackend
+
+    return FakeBackend.from_spec(config.model)
+
+
+def _llama_cpp(config: Any, offline: bool) -> Backend:
+    from hdeval.backends.llama_cpp import LlamaCppBackend
+
+    return LlamaCppBackend.from_spec(config.model)
+
+
+def _openai(config: Any, offline: bool) -> Backend:
     from hdeval.backends.openai_compat import OpenAICompatBackend
 
     return OpenAICompatBackend(
-        model=model,
-        base_url=spec.base_url,
+        model=config.model,
+        base_url=config.base_url,
         api_key=os.environ.get("OPENAI_API_KEY") or ("dry-run-sends-nothing" if offline else None),
-        timeout=spec.timeout,
-        max_retries=spec.max_retries,
+        timeout=config.timeout,
+        max_retries=config.max_retries,
     )
 
+
+# Checked in order; the last entry serves every other model name.
+BACKENDS: list[BackendEntry] = [
+    BackendEntry("fake", lambda m: m == "fake" or m.startswith("fake:"), _fake),
+    BackendEntry("llama_cpp", lambda m: m == "local" or m.startswith("llamacpp:"), _llama_cpp, "llama-cpp-python", "local"),
+    BackendEntry("openai", lambda m: True, _openai),
+]
+
+
+def backend_entry(model: str) -> BackendEntry:
+    return next(e for e in BACKENDS if e.matches(model))
+
+
+def make_backend(spec: Any, offline: bool = False) -> Backend:
+    """Build the backend ``spec.model`` names (``spec``: an :class:`~hdeval.config.LLMConfig`
+    or anything with its fields). ``offline``: it will only be asked for its identity and cache
+    keys (``--dry-run``), so a missing API key is no error."""
+    entry = backend_entry(spec.model)
+    try:
+        return entry.factory(spec, offline)
+    except ImportError as exc:
+        hint = f": pip install -e '.[{entry.extra}]'" if entry.extra else ""
+        raise ConfigError(f"--llm {spec.model} needs {entry.runtime}{hint} ({exc})") from exc
 
 
 # The notice printed once when the bundled 135M model is used (kept here, not in the

@@ -1,0 +1,88 @@
+"""Typed configuration shared by every command and method. Documented once, here.
+
+``LLMConfig`` says which LLM to use and how to talk to it; :func:`hdeval.llm.open_llm` turns it
+into the one cached backend a run uses. Unknown fields are rejected, so a typo in an option name
+is an error rather than a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from hdeval.errors import ConfigError
+
+# The defaults, in one place: the CLI's options and the Python API read them from here.
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_MAX_RETRIES = 6
+DEFAULT_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Which LLM answers, and how requests to it are made.
+
+    Only ``model`` and ``base_url`` decide *what* is answered (they enter the backend identity and
+    so the cache key); the other fields only decide how requests are sent.
+    """
+
+    # ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for options), ``local`` (the
+    # embedded default model, needs the ``local`` extra), ``llamacpp:/path/model.gguf``, or a model
+    # name served by an OpenAI-compatible API. None: resolved by :func:`resolve_llm` (HDEVAL_LLM,
+    # else OpenAI when OPENAI_API_KEY is set, else the local model when installed).
+    model: str | None = None
+    # OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), http://localhost:11434/v1 (Ollama).
+    base_url: str | None = None
+    timeout: float = DEFAULT_TIMEOUT  # seconds per request (not part of the cache key)
+    max_retries: int = DEFAULT_MAX_RETRIES  # retries on 429/5xx/timeouts (not part of the cache key)
+    concurrency: int = DEFAULT_CONCURRENCY  # requests in flight
+    cache_dir: str | None = None  # reply cache; None: HDEVAL_CACHE_DIR or the per-user cache dir
+    max_calls: int | None = None  # stop cleanly before making more new (uncached) calls than this
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "LLMConfig":
+        """Build from keyword options (e.g. the CLI's); an unknown name is a ConfigError."""
+        unknown = sorted(set(options) - cls.field_names())
+        if unknown:
+            raise ConfigError(f"unknown LLM option(s): {', '.join(unknown)}")
+        return cls(**{k: v for k, v in options.items() if v is not None or k in ("model", "base_url")})
+
+    def validate(self) -> None:
+        checks = [
+            (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
+            (self.timeout > 0, f"--timeout must be positive, got {self.timeout}"),
+            (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
+            (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+    def replace(self, **changes: Any) -> "LLMConfig":
+        return dataclasses.replace(self, **changes)
+
+    def resolved(self, env: Mapping[str, str] | None = None) -> "LLMConfig":
+        """The same config with ``model`` resolved to a concrete name."""
+        from hdeval.backends.factory import resolve_llm
+
+        return self.replace(model=resolve_llm(self.model, env))
+
+    def to_manifest(self) -> dict[str, Any]:
+        """What an artifact records: the model and server, never a key or credentials."""
+        from hdeval.urls import public_url
+
+        return {"model": self.model, "base_url": public_url(self.base_url)}
+
+
+def split_options(options: dict[str, Any]) -> tuple[LLMConfig, dict[str, Any]]:
+    """Separate the LLM fields (``llm`` is the CLI's name for ``model``) from the rest."""
+    llm_fields = LLMConfig.field_names() - {"model"}
+    mine = {k: options.pop(k) for k in list(options) if k in llm_fields}
+    if "llm" in options:
+        mine["model"] = options.pop("llm")
+    return LLMConfig.from_options(**mine), options

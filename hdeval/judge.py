@@ -1,0 +1,200 @@
+"""Asking the LLM: the one cell filler, the reply parsers, and the structured-reply helper.
+
+Every method ends the same way: the LLM fills a samples x columns matrix (HD-Eval: criterion
+scores; PairEval: win probabilities against comparison examples; DnA: per-aspect scores of two
+responses) and an estimator maps it to the human judgments. :func:`fill_matrix` is the one place
+where prompt cells become LLM requests and replies become numbers; :func:`ask_json` is the one
+place where a structured (JSON) reply is validated and re-asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+
+from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
+from hdeval.errors import HdevalError
+from hdeval.progress import Progress
+from hdeval.runner import run_requests
+from hdeval.types import Failure, ScoreMatrix
+
+T = TypeVar("T")
+
+# A parser turns the completions of one cell into (value, None) or (NaN, reason).
+Parser = Callable[[Sequence[Completion]], "tuple[float, str | None]"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the matrix: the sample (row), the column, and the request(s) that fill it.
+
+    A cell may need several requests (PairEval asks each pair in both orders); its parser sees
+    their completions in the same order.
+    """
+
+    sample_id: str
+    column: str
+    requests: tuple[CompletionRequest, ...]
+
+
+def fill_matrix(
+    llm: Backend,
+    cells: Sequence[Cell],
+    parse: Parser,
+    concurrency: int = 8,
+    progress: Progress | None = None,
+) -> ScoreMatrix:
+    """Run every cell's requests (in the given order) and parse them into a matrix.
+
+    Rows and columns appear in the order they first occur in ``cells``. Requests are sent in
+    cell order, so callers put the cells of one sample together (sample-major) and a local model
+    reuses the shared prompt prefix. Identical requests cost one call (the cache joins them). An
+    unusable reply becomes NaN plus a :class:`Failure`; it never raises.
+    """
+    rows = list(dict.fromkeys(c.sample_id for c in cells))
+    cols = list(dict.fromkeys(c.column for c in cells))
+    flat = [r for c in cells for r in c.requests]
+    completions = run_requests(llm, flat, concurrency, progress)
+    row_of = {s: i for i, s in enumerate(rows)}
+    col_of = {k: j for j, k in enumerate(cols)}
+    values = np.full((len(rows), len(cols)), np.nan)
+    failures: list[Failure] = []
+    k = 0
+    for c in cells:
+        got = completions[k : k + len(c.requests)]
+        k += len(c.requests)
+        value, reason = parse(got)
+        if reason is None and not math.isfinite(value):
+            reason = f"the parser gave a non-finite value ({value!r})"
+        if reason is not None:
+            value = math.nan
+            failures.append(Failure(c.sample_id, c.column, reason))
+        values[row_of[c.sample_id], col_of[c.column]] = value
+    return ScoreMatrix(rows, cols, values, failures)
+
+
+# ---------------------------------------------------------------------- parsers
+def digit_score(scale: tuple[int, int]) -> Parser:
+    """A 1-request cell read as a score on ``scale`` (probability-weighted digits, else the
+    first integer in the text): see :func:`hdeval.scoring.parse_score`."""
+    from hdeval.scoring import parse_score
+
+    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
+        return parse_score(completions[0], scale)
+
+    return parse
+
+
+def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
+    """P(``target``) normalised over the two label words, from the first generated token.
+
+    Tokens are compared without surrounding white space (" A" is "A"). Without logprobs, or when
+    neither label is among the first token's alternatives, the reply text decides: 1.0 when it
+    starts with (or only names) ``target``, 0.0 for ``other``; a reply naming neither, or both
+    with no way to tell, is a failure.
+    """
+    if completion.top_logprobs:
+        first = completion.top_logprobs[0]
+        p_t = p_o = 0.0
+        for alt in first:
+            tok = alt.token.strip()
+            lp = alt.logprob
+            if not isinstance(lp, (int, float)) or math.isnan(lp):
+                continue
+            p = math.exp(min(0.0, lp))  # a logprob above 0 is a server error: cap at p = 1
+            if tok == target:
+                p_t += p
+            elif tok == other:
+                p_o += p
+        if p_t + p_o > 0:
+            return p_t / (p_t + p_o), None
+    text = (completion.text or "").strip()[:2000]
+    lead = _LEAD_LABEL.match(text)
+    if lead and lead.group(1) in (target, other):
+        return (1.0 if lead.group(1) == target else 0.0), None
+    words = set(re.findall(r"[A-Za-z]+", text))
+    if (target in words) != (other in words):
+        return (1.0 if target in words else 0.0), None
+    shown = " ".join(text.split())[:60]
+    return math.nan, f"the reply names neither {target!r} nor {other!r} alone: {shown!r}"
+
+
+# A reply that opens with a label standing alone: "A", "B.", "(A)", "A:\nbecause ..."
+_LEAD_LABEL = re.compile(r"\(?([A-Za-z]+)\)?\s*(?:[.:,;!\n]|$)")
+_PAIR = re.compile(r"(?<![\d.])(\d{1,2}(?:\.\d+)?)(?![\d])")
+
+
+def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tuple[float, float] | None, str | None]:
+    """Two scores from one reply: the first line holding two numbers in ``scale`` ("8 7",
+    "8, 7", "Scores: 8 and 7"; ASCII digits only). None and a reason when no line does."""
+    low, high = scale
+    text = (completion.text or "")[:4000]
+    for line in text.splitlines():
+        nums = [float(m.group(1)) for m in _PAIR.finditer(line)]
+        nums = [v for v in nums if low <= v <= high]
+        if len(nums) >= 2:
+            return (nums[0], nums[1]), None
+    shown = " ".join(text.split())[:60]
+    return None, f"the reply does not hold two scores in {low:g}-{high:g} on one line: {shown!r}"
+
+
+# ---------------------------------------------------------------------- structured replies
+class UnusableReply(HdevalError):
+    """The LLM's structured replies stayed unusable after every attempt."""
+
+    def __init__(self, attempts: int, problem: str):
+        super().__init__(f"{attempts} replies were unusable (last: {problem})")
+        self.attempts = attempts
+        self.problem = problem
+
+
+def extract_json(text: str) -> Any:
+    """The JSON object in a reply (inside a ``` fence, or the outermost braces)."""
+    body = (text or "").strip()
+    fence = re.search(r"```(?:json)?\s*(.*?)```", body, re.S)
+    if fence:
+        body = fence.group(1).strip()
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        raise ValueError("the reply holds no JSON object")
+    try:
+        return json.loads(body[start : end + 1])
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the reply is not valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise ValueError("the reply's JSON is nested too deeply") from exc
+
+
+def ask_json(
+    llm: Backend,
+    request: CompletionRequest,
+    validate: Callable[[Any], T],
+    feedback: Callable[[str], str],
+    attempts: int = 3,
+) -> T:
+    """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
+
+    ``validate`` takes the parsed JSON and returns the value or raises ``ValueError`` saying what
+    is wrong. A re-ask is a *new* request (the old reply plus ``feedback(problem)`` as the next
+    user turn): deterministic, so it is cached like any other. After ``attempts`` unusable
+    replies, :class:`UnusableReply` names the last problem.
+    """
+    problem = ""
+    for _ in range(attempts):
+        completion = llm.complete(request)
+        try:
+            return validate(extract_json(completion.text))
+        except ValueError as exc:
+            problem = str(exc)
+            request = dataclasses.replace(
+                request,
+                messages=request.messages
+                + (Message("assistant", completion.text), Message("user", feedback(problem))),
+            )
+    raise UnusableReply(attempts, problem)

@@ -1,0 +1,28 @@
+"""The one way a run gets its LLM: ``open_llm(config) -> CachedBackend``."""
+
+from __future__ import annotations
+
+from hdeval.backends.base import Backend
+from hdeval.backends.factory import make_backend
+from hdeval.cache import CachedBackend
+from hdeval.config import LLMConfig
+from hdeval.paths import default_cache_dir
+
+
+def open_llm(
+    config: LLMConfig, backend: Backend | None = None, offline: bool = False
+) -> CachedBackend:
+    """The cached backend ``config`` names (its model resolved if unset).
+
+    ``backend`` lets tests and the Python API inject their own LLM (it is still cached and
+    budgeted); a :class:`CachedBackend` is returned as it is. ``offline``: the backend will only be
+    asked for its identity and cache keys (``--dry-run``), so a missing API key is no error.
+    Close the result when done (it holds the cache open).
+    """
+    if isinstance(backend, CachedBackend):
+        return backend
+    config.validate()
+    if backend is None:
+        backend = make_backend(config.resolved(), offline=offline)
+    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+    return CachedBackend(backend, cache_dir, config.max_calls)

@@ -1,0 +1,25 @@
+"""URLs that may be written down or shown: never with credentials, a query or a fragment."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+
+def public_url(url: str | None) -> str | None:
+    """``url`` without ``user:password@``, query string or fragment.
+
+    Artifacts get shared and messages get pasted: a password in the authority or a key in the
+    query (``?api-key=...``) must not travel with them. The password may itself contain ``/``,
+    ``#`` or ``?``, which confuses URL parsing, so the authority is cut at the *last* ``@``
+    before anything else is parsed.
+    """
+    if not url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    at = rest.rfind("@")
+    if at >= 0:
+        rest = rest[at + 1:]
+    parts = urlsplit(f"{scheme}://{rest}" if sep else rest)
+    return urlunsplit(parts._replace(query="", fragment=""))
