@@ -51,6 +51,7 @@ def decomposition_request(
         max_tokens=DECOMPOSE_MAX_TOKENS,
         json_mode=True,
         json_schema=reply_schema(max_children),
+        kind="decompose",
     )
 
 
@@ -138,6 +139,7 @@ def decompose(
                 max_tokens=request.max_tokens,
                 json_mode=request.json_mode,
                 json_schema=request.json_schema,
+                kind=request.kind,
             )
     raise DecompositionError(
         f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "

@@ -29,6 +29,7 @@ def scoring_request(
         temperature=0.0,
         max_tokens=SCORE_MAX_TOKENS,
         top_logprobs=TOP_LOGPROBS,
+        kind="score",
     )
 
 

@@ -374,14 +374,12 @@ DECOMPOSE_GARBAGE = ("bad-json", "empty")
 ALL_FAULTS = TRANSPORT_FAULTS + SCORE_GARBAGE + DECOMPOSE_GARBAGE
 
 
-def request_kind(body: Any) -> str:
-    """``decompose`` (the prompt asks for the ``"subcriteria"`` JSON) or ``score``."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    text = "\n".join(str(m.get("content", "")) for m in messages or [] if isinstance(m, dict))
-    return "decompose" if '"subcriteria"' in text else "score"
+def request_kind(req: "RecordedRequest") -> str:
+    """The prompt kind hdeval's OpenAI backend names in its ``X-Hdeval-Kind`` header."""
+    return req.headers.get("x-hdeval-kind", "")
 
 
-def completion_request(body: dict[str, Any]) -> CompletionRequest:
+def completion_request(body: dict[str, Any], kind: str = "") -> CompletionRequest:
     """The hdeval request an OpenAI request body was made from (inverse of the backend's
     ``_params``), so a test can compute the cache key of a request the server saw."""
     fmt = body.get("response_format")
@@ -402,6 +400,7 @@ def completion_request(body: dict[str, Any]) -> CompletionRequest:
         seed=body.get("seed"),
         json_mode=json_mode,
         json_schema=schema,
+        kind=kind,
     )
 
 
@@ -512,7 +511,7 @@ class FaultServer(LLMServer):
     def _answer(self, req: RecordedRequest) -> Reply:
         if req.path.rstrip("/") != "/v1/chat/completions" or not isinstance(req.json, dict):
             return Reply.error(404, f"no route {req.method} {req.path}")
-        kind = request_kind(req.json)
+        kind = request_kind(req)
         with self._lock:
             n = len(self.requests)
             seen = self._seen[req.body]
@@ -531,7 +530,7 @@ class FaultServer(LLMServer):
             presented = sent.removeprefix("Bearer ")
             return self._logged(req, kind, "401", Reply.error(401, f"Incorrect API key provided: {presented}"))
         fault = self.faults.pick(req.body, kind, seen) if self.faults is not None else None
-        completion = self.fake.complete(completion_request(req.json))
+        completion = self.fake.complete(completion_request(req.json, kind))
         body = completion_body(completion, str(req.json.get("model", "test-model")))
         reply = self._fault_reply(fault, body, kind) if fault else Reply.json(body)
         if self.delay:

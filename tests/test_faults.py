@@ -115,7 +115,7 @@ def fresh(server: FaultServer) -> Iterator[FaultServer]:
 def test_server_refuses_past_its_request_limit_and_stops_by_itself() -> None:
     from hdeval.backends.base import CompletionRequest, Message
 
-    req = CompletionRequest((Message("user", "<sample>\nx\n</sample>\nScore:"),))
+    req = CompletionRequest((Message("user", "<sample>\nx\n</sample>\nScore:"),), kind="score")
     with FaultServer(max_requests=2, lifetime=1.0) as s:
         b = OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=2, max_retries=0)
         b.complete(req)

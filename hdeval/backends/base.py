@@ -25,6 +25,9 @@ class CompletionRequest:
     # A JSON schema for the reply. Backends that can constrain decoding to it (llama.cpp
     # grammars) do; others ask for plain JSON and rely on the caller's validation.
     json_schema: str | None = None  # canonical JSON text, so the request stays hashable
+    # Which prompt this is ("score", "decompose", ...): lets the fake LLM and test servers pick
+    # a responder without reading the wording. Metadata only: not part of the cache key.
+    kind: str = field(default="", compare=False)
 
     def key_fields(self) -> dict[str, Any]:
         """Decoding parameters that change the output (cache key material)."""

@@ -1,10 +1,12 @@
 """A deterministic, offline backend for tests and examples.
 
-It answers the two kinds of hdeval prompts: decomposition requests (recognised by the
-``"subcriteria"`` JSON schema they ask for) get a JSON list of sub-criteria; scoring requests
-get a digit with a probability distribution over the digits 1-5 as top logprobs. Scores are a
-deterministic function of the sample text and the criterion, loosely tied to simple text
-features so that trained aggregators have something to learn.
+A request names its prompt kind (``CompletionRequest.kind``); the fake answers it with the
+*responder* registered for that kind (``RESPONDERS``, or ones passed in), never by reading the
+prompt's wording to guess what it is. Each method registers responders for its own prompts.
+HD-Eval's: decomposition requests get a JSON list of sub-criteria; scoring requests get a digit
+with a probability distribution over the digits 1-5 as top logprobs. Scores are a deterministic
+function of the sample text and the criterion, loosely tied to simple text features so that
+trained aggregators have something to learn.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import re
 import threading
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
 
@@ -31,6 +34,21 @@ def _unit(*parts: str) -> float:
     return _h(*parts) / 2**64
 
 
+# A responder answers one kind of prompt: (request, the fake's options) -> Completion.
+Responder = Callable[[CompletionRequest, "FakeBackend"], Completion]
+RESPONDERS: dict[str, Responder] = {}
+
+
+def responder(kind: str) -> Callable[[Responder], Responder]:
+    """Register the fake LLM's answer to prompts of ``kind`` (a decorator)."""
+
+    def register(fn: Responder) -> Responder:
+        RESPONDERS[kind] = fn
+        return fn
+
+    return register
+
+
 @dataclass
 class FakeBackend:
     """``garbage``: share of scoring replies that are unparseable prose;
@@ -40,6 +58,8 @@ class FakeBackend:
     logprobs: bool = True
     calls: int = 0
     requests: list[CompletionRequest] = field(default_factory=list)
+    # None: the registered RESPONDERS (read at call time, so later registrations count)
+    responders: Mapping[str, Responder] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -71,14 +91,18 @@ class FakeBackend:
         with self._lock:
             self.calls += 1
             self.requests.append(request)
-        prompt = "\n".join(m.content for m in request.messages)
-        n_prompt = max(1, len(prompt) // 4)
-        if '"subcriteria"' in prompt:
-            text = self._decompose(prompt)
-            return Completion(text, None, n_prompt, max(1, len(text) // 4))
-        return self._score(prompt, request, n_prompt)
+        table = RESPONDERS if self.responders is None else self.responders
+        answer = table.get(request.kind)
+        if answer is None:
+            from hdeval.errors import BackendError
 
-    def _decompose(self, prompt: str) -> str:
+            raise BackendError(
+                f"the fake LLM has no responder for prompt kind {request.kind!r} "
+                f"(known: {', '.join(sorted(table)) or 'none'})"
+            )
+        return answer(request, self)
+
+    def decompose_reply(self, prompt: str) -> str:
         m = _MAX_CHILDREN.search(prompt)
         n = int(m.group(1)) if m else 3
         crit = _CRITERION.search(prompt)
@@ -97,7 +121,7 @@ class FakeBackend:
             )
         return json.dumps({"subcriteria": subs})
 
-    def _score(self, prompt: str, request: CompletionRequest, n_prompt: int) -> Completion:
+    def score_reply(self, prompt: str, request: CompletionRequest, n_prompt: int) -> Completion:
         sample = _SAMPLE.search(prompt)
         body = sample.group(1) if sample else prompt
         criterion = prompt[sample.end():] if sample else ""
@@ -123,3 +147,21 @@ class FakeBackend:
             )[: request.top_logprobs]
             top = (tuple(alts),)
         return Completion(str(best), top, n_prompt, 1)
+
+
+def _prompt(request: CompletionRequest) -> tuple[str, int]:
+    prompt = "\n".join(m.content for m in request.messages)
+    return prompt, max(1, len(prompt) // 4)
+
+
+@responder("decompose")
+def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completion:
+    prompt, n_prompt = _prompt(request)
+    text = fake.decompose_reply(prompt)
+    return Completion(text, None, n_prompt, max(1, len(text) // 4))
+
+
+@responder("score")
+def _hdeval_score(request: CompletionRequest, fake: FakeBackend) -> Completion:
+    prompt, n_prompt = _prompt(request)
+    return fake.score_reply(prompt, request, n_prompt)

@@ -93,6 +93,9 @@ def _is_openai(url: str) -> bool:
     return (urlsplit(url).hostname or "").lower() == "api.openai.com"
 
 
+KIND_HEADER = "X-Hdeval-Kind"
+
+
 class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
 
@@ -249,6 +252,10 @@ class OpenAICompatBackend:
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
+        if request.kind:
+            # which hdeval prompt this is: lets test servers answer without reading the wording
+            # (and shows up in a proxy's logs); it carries nothing about the user or the data
+            params["extra_headers"] = {KIND_HEADER: request.kind}
         return params
 
     def _attempt(self, request: CompletionRequest, logprobs: bool) -> Completion:

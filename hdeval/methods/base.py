@@ -1,0 +1,135 @@
+"""The method seam: how a way of building an evaluator plugs into train / apply / report.
+
+A :class:`Method` fits on the training split and returns a :class:`Fitted` evaluator; a fitted
+evaluator scores new samples with an LLM and writes its state into an artifact directory. The
+artifact module (``hdeval.artifact``) owns the directory, manifest, checksums and safe loading;
+a method only says which files it writes and how it reads them back. ``METHODS`` is a plain
+registry from the name recorded in the manifest to the method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from hdeval.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hdeval.artifact import ArtifactReader, ArtifactWriter
+    from hdeval.backends.base import Backend
+    from hdeval.progress import Progress
+    from hdeval.types import Sample, ScoreMatrix, Task
+
+
+@dataclass
+class ScoreResult:
+    """What scoring new samples returns, whatever the method."""
+
+    sample_ids: list[str]
+    aspects: list[str]
+    predictions: np.ndarray  # samples x aspects, in each aspect's range
+    criteria: "ScoreMatrix"  # the LLM-filled columns behind the predictions (NaN = failed / unused)
+    usage: dict[str, int] = field(default_factory=dict)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
+
+    def correlations(self, samples: Sequence["Sample"]) -> dict[str, Any] | None:
+        """Held-out style correlations when every sample carries human scores."""
+        from hdeval.metrics import metric_table
+
+        if not samples or not all(all(a in s.scores for a in self.aspects) for s in samples):
+            return None
+        y = np.array([[s.scores[a] for a in self.aspects] for s in samples])
+        return metric_table(y, self.predictions, self.aspects)
+
+
+class Fitted(Protocol):
+    """A trained evaluator of some method."""
+
+    method: str  # the registry name, recorded in the manifest
+    task: "Task"
+    metrics: dict[str, Any]
+
+    def method_args(self) -> dict[str, Any]:
+        """The method's own arguments, recorded in the manifest (how to rebuild it)."""
+        ...
+
+    def columns_needed(self) -> list[str]:
+        """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
+        ...
+
+    def score(
+        self, samples: Sequence["Sample"], llm: "Backend", concurrency: int = 8,
+        progress: "Progress | None" = None,
+    ) -> ScoreResult:
+        """Score new samples with ``llm`` (a cached backend)."""
+        ...
+
+    def write(self, out: "ArtifactWriter") -> dict[str, Any]:
+        """Write the method's files into the artifact; return its manifest section."""
+        ...
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its name, the sample shapes it accepts, and how to read it back."""
+
+    name: str
+    summary: str
+    shapes: tuple[str, ...]  # "pointwise" and/or "pairwise"
+    load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    _load_builtin()
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}"
+        ) from None
+
+
+def method_names() -> list[str]:
+    _load_builtin()
+    return sorted(METHODS)
+
+
+def _load_builtin() -> None:
+    # The built-in methods register themselves on import; importing them here (not at the top)
+    # keeps `hdeval --help` free of scikit-learn.
+    import hdeval.methods.direct  # noqa: F401
+    import hdeval.methods.hdeval  # noqa: F401
+
+
+def check_shape(method: Method, task: "Task") -> None:
+    shape = getattr(task, "shape", "pointwise")
+    if shape not in method.shapes:
+        raise ConfigError(
+            f"method {method.name!r} does not support {shape} tasks yet (task {task.name!r}); "
+            f"it takes {' or '.join(method.shapes)} data"
+        )
+
+
+def usage_of(llm: Any) -> dict[str, int]:
+    """Calls, cache hits and tokens of a cached backend ({} for another backend)."""
+    st = getattr(llm, "stats", None)
+    if st is None:
+        return {}
+    return {"calls": st.calls, "cache_hits": st.hits, "prompt_tokens": st.prompt_tokens,
+            "completion_tokens": st.completion_tokens}
+
+
