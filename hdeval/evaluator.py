@@ -1,39 +1,33 @@
-"""The trained evaluator artifact: save, verify + load, and score new samples."""
+"""The HD-Eval evaluator: criteria tree + fitted aggregator; scores new samples, reads/writes its files.
+
+The artifact directory itself (manifest, checksums, safe loading, atomic save) belongs to
+:mod:`hdeval.artifact`; this module only says which files HD-Eval writes and checks that what
+it reads back is consistent.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
-import shutil
-import tempfile
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pandas as pd
 
-from hdeval import __version__
 from hdeval.aggregate import Aggregator
+from hdeval.artifact import (  # noqa: F401  (FORMAT_VERSION, MANIFEST, sha256_file: public names)
+    FORMAT_VERSION, MANIFEST, ArtifactReader, ArtifactWriter, load_artifact, save_artifact, sha256_file,
+)
 from hdeval.backends.base import Backend
-from hdeval.backends.factory import LLMSpec, make_backend
 from hdeval.cache import CachedBackend
+from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.metrics import metric_table
-from hdeval.paths import default_cache_dir
+from hdeval.methods.base import ScoreResult, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria
 from hdeval.tasks import task_from_dict
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
 
-FORMAT = "hdeval-artifact"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 TREE = "tree.json"
 MODEL = "aggregator.skops"
 SCORES = "scores.csv"
@@ -46,53 +40,14 @@ TRUSTED_TYPES = (
     "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
     "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
 )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def package_versions() -> dict[str, str]:
-    import sklearn
-    import skops
-
-    return {
-        "hdeval": __version__,
-        "python": platform.python_version(),
-        "scikit-learn": sklearn.__version__,
-        "numpy": np.__version__,
-        "pandas": pd.__version__,
-        "skops": skops.__version__,
-    }
-
-
-@dataclass
-class ScoreResult:
-    """What :meth:`Evaluator.score` returns."""
-
-    sample_ids: list[str]
-    aspects: list[str]
-    predictions: np.ndarray  # samples x aspects, clipped to each aspect's range
-    criteria: ScoreMatrix  # the criterion scores that were obtained (NaN = failed / not needed)
-    usage: dict[str, int] = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
-
-    def correlations(self, samples: Sequence[Sample]) -> dict[str, Any] | None:
-        """Held-out style correlations when every sample carries human scores."""
-        if not samples or not all(all(a in s.scores for a in self.aspects) for s in samples):
-            return None
-        y = np.array([[s.scores[a] for a in self.aspects] for s in samples])
-        return metric_table(y, self.predictions, self.aspects)
+# manifest keys an HD-Eval artifact keeps besides the generic ones
+_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
 
 
 class Evaluator:
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
+
+    method = "hdeval"
 
     def __init__(
         self,
@@ -101,7 +56,7 @@ class Evaluator:
         aggregator: Aggregator,
         feature_keys: Sequence[str],
         templates: Mapping[str, Template],
-        llm: LLMSpec,
+        llm: LLMConfig,
         llm_identity: str,
         metrics: dict[str, Any],
         manifest_extra: dict[str, Any] | None = None,
@@ -119,6 +74,7 @@ class Evaluator:
         self.score_table = score_table
         self.warnings: list[str] = []
         self.path: Path | None = None
+        self.manifest_data: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ scoring
     @property
@@ -141,9 +97,9 @@ class Evaluator:
             raise DataError("no samples to score")
         own = backend is None
         if backend is None:
-            backend = CachedBackend(
-                make_backend(self.llm), cache_dir if cache_dir is not None else default_cache_dir()
-            )
+            from hdeval.llm import open_llm
+
+            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
         try:
             needed = self.needed_criteria
             criteria = [self.tree[k] for k in needed]
@@ -161,32 +117,33 @@ class Evaluator:
                     X[:, j] = m.values[:, m.criterion_keys.index(k)]
             full = ScoreMatrix([s.id for s in samples], list(self.feature_keys), X, m.failures)
             pred = self.aggregator.predict(X)
-            usage = {}
-            if isinstance(backend, CachedBackend):
-                st = backend.stats
-                usage = {
-                    "calls": st.calls, "cache_hits": st.hits,
-                    "prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
-                }
+            usage = usage_of(backend)
             return ScoreResult([s.id for s in samples], list(self.aggregator.aspects), pred, full, usage)
         finally:
             if own and isinstance(backend, CachedBackend):
                 backend.close()
 
+    # ------------------------------------------------------------------ the method seam
+    def method_args(self) -> dict[str, Any]:
+        config = self.manifest_extra.get("config") or {}
+        keys = ("layers", "children", "top_k", "aggregator")
+        return {k: config[k] for k in keys if k in config}
+
+    def columns_needed(self) -> list[str]:
+        return self.needed_criteria
+
+    def llm_manifest(self) -> dict[str, Any]:
+        return {**self.llm.to_manifest(), "identity": self.llm_identity}
+
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
-        llm = {**self.llm.to_manifest(), "identity": self.llm_identity}
-        llm["base_url"] = _public_url(llm.get("base_url"))
+        """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
+        from hdeval.urls import public_url
+
         extra = dict(self.manifest_extra)
         if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": _public_url(extra["config"]["base_url"])}
+            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "hdeval_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "task": self.task.to_dict(),
-            "llm": llm,
             "aggregator": {
                 "kind": self.aggregator.kind,
                 "aspects": self.aggregator.aspects,
@@ -197,93 +154,49 @@ class Evaluator:
             "features": self.feature_keys,
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
-            "versions": package_versions(),
             **extra,
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Write the artifact to ``path`` atomically (a temp dir renamed into place)."""
-        import skops.io as sio
+    def write(self, out: ArtifactWriter) -> dict[str, Any]:
+        for name, t in self.templates.items():
+            out.text(f"prompts/{name}.toml", t.source)
+        out.json(TREE, self.tree.to_dict())
+        out.skops(MODEL, self.aggregator.models_)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return self.manifest()
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            (tmp / "prompts").mkdir()
-            for name, t in self.templates.items():
-                (tmp / "prompts" / f"{name}.toml").write_text(t.source, encoding="utf-8")
-            _write_json(tmp / TREE, self.tree.to_dict())
-            sio.dump(self.aggregator.models_, tmp / MODEL)
-            _write_json(tmp / METRICS, self.metrics)
-            if self.score_table is not None:
-                self.score_table.to_csv(tmp / SCORES, index=False)
-            manifest = self.manifest()
-            manifest["files"] = {
-                str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
-            }
-            _write_json(tmp / MANIFEST, manifest)
-            if path.exists():
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
-                os.replace(path, old)
-                os.replace(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        self.path = path
-        return path
+    def save(self, path: str | Path) -> Path:
+        """Write the artifact to ``path`` atomically (see :func:`hdeval.artifact.save_artifact`)."""
+        self.path = save_artifact(self, path, self.llm_manifest())
+        return self.path
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, path: str | Path) -> "Evaluator":
         """Verify checksums and versions, then load with safe deserialisation only."""
-        import skops.io as sio
+        ev = load_artifact(path)
+        if not isinstance(ev, cls):
+            raise ArtifactError(f"{path} holds a {ev.method!r} evaluator, not an HD-Eval one")
+        return ev
 
-        path = Path(path)
-        if not path.is_dir():
-            raise ArtifactError(f"{path} is not an artifact directory")
-        mpath = path / MANIFEST
-        if not mpath.is_file():
-            raise ArtifactError(f"{path} is not an hdeval artifact: {MANIFEST} is missing")
-        manifest = _read_json(mpath)
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ArtifactError(f"{mpath} is not an hdeval artifact manifest")
-        version = manifest.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ArtifactError(
-                f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact format "
-                f"{version}); this hdeval {__version__} reads format {FORMAT_VERSION} or older: upgrade hdeval"
-            )
-        files = manifest.get("files") or {}
-        warnings: list[str] = []
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
+        """Rebuild from a verified artifact; check that its parts fit together."""
+        path, manifest = art.path, art.manifest
+        files = manifest["files"]
         for name in (MODEL, TREE, METRICS, "prompts/score.toml"):
             if name not in files:
-                raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
-        for name, digest in files.items():
-            f = path / name
-            if not f.is_file():
-                raise ArtifactError(f"{path}: {name} is missing")
-            if sha256_file(f) != digest:
-                if name == TREE:
-                    # The tree is meant to be readable and editable; its structure must still
-                    # match what the aggregator was fitted on (checked below).
-                    warnings.append(
-                        f"{TREE} was edited after training: criteria wording differs, so scores "
-                        "may differ from the recorded metrics"
-                    )
-                    continue
-                raise ArtifactError(
-                    f"{path}: {name} does not match its checksum in {MANIFEST} (modified or truncated)"
-                )
+                raise ArtifactError(f"{path / 'manifest.json'}: no checksum recorded for {name}")
         try:
-            task = task_from_dict(manifest["task"], where=str(mpath))
-            tree = CriteriaTree.from_dict(_read_json(path / TREE))
-            templates = {
-                p.stem: parse_template(p.stem, p.read_text(encoding="utf-8"), str(p))
-                for p in sorted((path / "prompts").glob("*.toml"))
-            }
+            task = task_from_dict(manifest["task"], where=str(path / "manifest.json"))
+            tree = CriteriaTree.from_dict(art.json(TREE))
+            templates = {}
+            for name in sorted(files):
+                if name.startswith("prompts/") and name.endswith(".toml"):
+                    stem = Path(name).stem
+                    templates[stem] = parse_template(stem, art.text(name), str(path / name))
             features = list(manifest["features"])
             agg_meta = manifest["aggregator"]
         except (KeyError, TypeError, ValueError) as exc:
@@ -293,52 +206,25 @@ class Evaluator:
                 f"{path}: {TREE} no longer has the criteria the aggregator was trained on; "
                 "edit only names and definitions, or retrain"
             )
+        models = art.skops(MODEL, TRUSTED_TYPES)
         try:
-            found = sio.get_untrusted_types(file=path / MODEL)
-        except Exception as exc:  # not a skops zip at all: a pickle, a truncated file ...
-            raise ArtifactError(f"{path / MODEL}: not a readable skops file ({exc})") from exc
-        untrusted = [t for t in found if t not in TRUSTED_TYPES]
-        if untrusted:
-            raise ArtifactError(
-                f"{path / MODEL} contains types hdeval does not trust: {', '.join(untrusted)}"
+            agg = Aggregator(
+                agg_meta["kind"], agg_meta["aspects"], [tuple(r) for r in agg_meta["ranges"]],
+                agg_meta["groups"], agg_meta.get("random_state", 0),
             )
-        try:
-            models = sio.load(path / MODEL, trusted=list(TRUSTED_TYPES))
-        except Exception as exc:  # skops raises many kinds on a corrupt file
-            raise ArtifactError(f"{path / MODEL}: cannot load aggregator ({exc})") from exc
-        agg = Aggregator(
-            agg_meta["kind"], agg_meta["aspects"], [tuple(r) for r in agg_meta["ranges"]],
-            agg_meta["groups"], agg_meta.get("random_state", 0),
-        )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: malformed aggregator section ({exc})") from exc
         agg.models_ = models
         agg.n_features_in_ = len(features)
         llm = manifest.get("llm") or {}
         ev = cls(
             task, tree, agg, features, templates,
-            LLMSpec(llm.get("model", ""), llm.get("base_url")), llm.get("identity", ""),
-            _read_json(path / METRICS),
-            {k: v for k, v in manifest.items() if k in ("seed", "split", "config", "layers")},
+            LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+            llm.get("identity", ""),
+            art.json(METRICS),
+            {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
-        ev.warnings = warnings
+        ev.warnings = list(art.warnings)
         ev.path = path
         ev.manifest_data = manifest
         return ev
-
-
-def _public_url(url: str | None) -> str | None:
-    """``url`` without ``user:password@``: artifacts get shared, the credentials must not."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc

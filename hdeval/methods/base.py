@@ -64,10 +64,10 @@ class Fitted(Protocol):
         ...
 
     def score(
-        self, samples: Sequence["Sample"], llm: "Backend", concurrency: int = 8,
-        progress: "Progress | None" = None,
+        self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
+        concurrency: int = 8, progress: "Progress | None" = None,
     ) -> ScoreResult:
-        """Score new samples with ``llm`` (a cached backend)."""
+        """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
         ...
 
     def write(self, out: "ArtifactWriter") -> dict[str, Any]:
@@ -83,6 +83,7 @@ class Method:
     summary: str
     shapes: tuple[str, ...]  # "pointwise" and/or "pairwise"
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
+    editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
 
 
 METHODS: dict[str, Method] = {}

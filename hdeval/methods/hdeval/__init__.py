@@ -1,0 +1,20 @@
+"""HD-Eval (Liu et al., 2024): hierarchical criteria decomposition + a learned white-box aggregator."""
+
+from __future__ import annotations
+
+from hdeval.methods.base import Method, register
+
+
+def _load(reader):
+    from hdeval.evaluator import Evaluator
+
+    return Evaluator.from_artifact(reader)
+
+
+METHOD = register(Method(
+    name="hdeval",
+    summary="criteria tree decomposed by the LLM, scored per criterion, learned aggregator (HD-Eval)",
+    shapes=("pointwise",),
+    load=_load,
+    editable=("tree.json",),
+))
