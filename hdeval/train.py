@@ -5,21 +5,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select_kind
 from hdeval.backends.base import Backend
-from hdeval.backends.factory import LLMSpec, make_backend, resolve_llm
 from hdeval.cache import CachedBackend
+from hdeval.config import LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_samples, split_samples
 from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.errors import ConfigError, ScoringError
 from hdeval.evaluator import Evaluator
+from hdeval.llm import open_llm
+from hdeval.methods.base import FitContext, check_shape, get_method
 from hdeval.metrics import metric_table
-from hdeval.paths import default_cache_dir
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.prune import prune
@@ -33,6 +34,9 @@ class TrainConfig:
     """Every option of a training run. Unknown fields are rejected."""
 
     task: str  # built-in task name or path to a task .toml
+    method: str = "hdeval"  # hdeval | direct | ... (see `hdeval methods`)
+    # options of the chosen method that are not fields here, e.g. {"comparisons": 3}
+    method_options: Mapping[str, Any] | None = None
     data: str | None = None  # JSONL of samples; default: the task's file in HDEVAL_DATA_DIR / user data dir
     aspects: tuple[str, ...] | None = None  # train on a subset of the task's aspects
     layers: int = 3  # depth of the criteria tree (1 = the aspects only)
@@ -104,20 +108,17 @@ def prepare(config: TrainConfig) -> Prepared:
     return Prepared(task, [s for s in samples if s.id in keep], split, path)
 
 
-def llm_spec(config: TrainConfig) -> LLMSpec:
-    return LLMSpec(resolve_llm(config.llm), config.base_url, config.timeout, config.max_retries)
+def llm_config(config: TrainConfig) -> LLMConfig:
+    """The run's LLM settings as the one typed config every command uses."""
+    return LLMConfig(config.llm, config.base_url, config.timeout, config.max_retries,
+                     config.concurrency, config.cache_dir, config.max_calls)
 
 
 def open_backend(
     config: TrainConfig, backend: Backend | None = None, offline: bool = False
 ) -> CachedBackend:
     """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
-    if isinstance(backend, CachedBackend):
-        return backend
-    if backend is None:
-        backend = make_backend(llm_spec(config), offline=offline)
-    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
-    return CachedBackend(backend, cache_dir, config.max_calls)
+    return open_llm(llm_config(config), backend, offline)
 
 
 @dataclass
@@ -152,18 +153,26 @@ def train(
     elif options:
         config = dataclasses.replace(config, **options)
     progress = progress or Progress()
+    method = get_method(config.method)
+    method.check_options(config.method_options or {})
     prep = prepare(config)
+    check_shape(method, prep.task)
     # An injected backend is recorded by what the caller named it (or its identity).
-    spec = llm_spec(config) if backend is None else LLMSpec(config.llm or backend.identity, config.base_url)
+    spec = llm_config(config).resolved() if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     llm = open_backend(config, backend)
     try:
-        return _run(config, prep, llm, spec, progress)
+        return method.fit(FitContext(config, prep, llm, spec, progress))
     finally:
         llm.close()
 
 
+def run_hdeval(ctx: FitContext) -> Evaluator:
+    """HD-Eval's fit (the method seam calls this)."""
+    return _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress)
+
+
 def _run(
-    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMSpec, progress: Progress
+    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
     templates = load_templates()

@@ -75,15 +75,41 @@ class Fitted(Protocol):
         ...
 
 
+@dataclass
+class FitContext:
+    """Everything a method's ``fit`` gets: the run's options, the data already split, the LLM."""
+
+    config: Any  # hdeval.train.TrainConfig
+    prep: Any  # hdeval.train.Prepared: task, samples (train + test, file order), split, data path
+    llm: Any  # the run's CachedBackend
+    llm_config: Any  # the resolved LLMConfig recorded in the artifact
+    progress: "Progress"
+
+    def option(self, name: str, default: Any) -> Any:
+        """A method-specific option (``--method-opt``-style), with its default."""
+        return (self.config.method_options or {}).get(name, default)
+
+
 @dataclass(frozen=True)
 class Method:
-    """A registered method: its name, the sample shapes it accepts, and how to read it back."""
+    """A registered method: its name, the sample shapes it accepts, how to fit it, how to read
+    it back, and the method-specific options it takes (name -> default)."""
 
     name: str
     summary: str
     shapes: tuple[str, ...]  # "pointwise" and/or "pairwise"
+    fit: Callable[[FitContext], Fitted]
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
     editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise ConfigError(
+                f"method {self.name!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
+            )
 
 
 METHODS: dict[str, Method] = {}

@@ -5,6 +5,12 @@ from __future__ import annotations
 from hdeval.methods.base import Method, register
 
 
+def _fit(ctx):
+    from hdeval.train import run_hdeval
+
+    return run_hdeval(ctx)
+
+
 def _load(reader):
     from hdeval.evaluator import Evaluator
 
@@ -15,6 +21,7 @@ METHOD = register(Method(
     name="hdeval",
     summary="criteria tree decomposed by the LLM, scored per criterion, learned aggregator (HD-Eval)",
     shapes=("pointwise",),
+    fit=_fit,
     load=_load,
     editable=("tree.json",),
 ))
