@@ -319,7 +319,7 @@ def tasks_cmd() -> None:
             found = next((p for p in data_candidates(task) if p.is_file()), None)
             status = f"data: {found}" if found else (
                 "data: not found (set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download`)")
-            click.echo(f"{name}: {task.description}")
+            click.echo(f"{name} ({task.shape}): {task.description}")
             for a in task.aspects:
                 click.echo(f"  - {a.key} [{a.low:g}-{a.high:g}]: {a.definition}")
             click.echo(f"  {status}")

@@ -189,8 +189,10 @@ def list_cmd() -> None:
             else:
                 state = f"present, {c.rows} rows"
             click.echo(f"  {mark} {c.path}  ({state})")
-        if used is None:
+        if used is None and st.task.name in datasets.DATASETS:
             click.echo(f"    no file; run `hdeval data download {st.task.name}`")
+        elif used is None:
+            click.echo(f"    no file; no download source; set HDEVAL_DATA_DIR to a folder holding {st.task.data_file}")
     click.echo("(* = the file train uses)")
 
 

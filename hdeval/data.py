@@ -8,11 +8,11 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
-from hdeval.types import Sample, Task
+from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
 
 MAX_REPORTED_ERRORS = 20
 
@@ -53,6 +53,8 @@ def read_samples(
     user fixes a file in one pass; nothing is returned unless the whole file is valid.
     ``require_scores``: every sample must carry a human score for each aspect (training).
     """
+    if task.shape != "pointwise":
+        raise ConfigError(f"task {task.name} is {task.shape}: read its data with read_pairs")
     path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
     errors: list[str] = []
@@ -151,6 +153,19 @@ def _sample_from_row(
     )
 
 
+class Grouped(Protocol):
+    """What the split needs of a sample: its id and the source document it belongs to."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def doc_id(self) -> str: ...
+
+
+S = TypeVar("S", bound=Grouped)
+
+
 @dataclass(frozen=True)
 class Split:
     train_ids: tuple[str, ...]
@@ -160,8 +175,8 @@ class Split:
         return {"train": list(self.train_ids), "test": list(self.test_ids)}
 
 
-def _docs_in_seeded_order(samples: Sequence[Sample], seed: int) -> list[list[Sample]]:
-    groups: dict[str, list[Sample]] = {}
+def _docs_in_seeded_order(samples: Sequence[S], seed: int) -> list[list[S]]:
+    groups: dict[str, list[S]] = {}
     for s in samples:
         groups.setdefault(s.doc_id, []).append(s)
     docs = sorted(groups)
@@ -169,13 +184,13 @@ def _docs_in_seeded_order(samples: Sequence[Sample], seed: int) -> list[list[Sam
     return [groups[d] for d in docs]
 
 
-def limit_samples(samples: Sequence[Sample], limit: int | None, seed: int) -> list[Sample]:
+def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]:
     """``--limit N``: whole source documents in seeded order until N samples are taken."""
     if limit is None or limit >= len(samples):
         return list(samples)
     if limit < 1:
         raise ConfigError("--limit must be at least 1")
-    out: list[Sample] = []
+    out: list[S] = []
     for group in _docs_in_seeded_order(samples, seed):
         out.extend(group)
         if len(out) >= limit:
@@ -183,7 +198,7 @@ def limit_samples(samples: Sequence[Sample], limit: int | None, seed: int) -> li
     return out[:limit]
 
 
-def split_samples(samples: Sequence[Sample], test_frac: float, train_frac: float, seed: int) -> Split:
+def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: float, seed: int) -> Split:
     """Deterministic split grouped by ``doc_id``: no source document is on both sides.
 
     ``test_frac`` of the samples are held out; ``train_frac`` of all samples are used for
@@ -199,8 +214,8 @@ def split_samples(samples: Sequence[Sample], test_frac: float, train_frac: float
     if len(docs) < 2:
         raise DataError("need samples from at least 2 source documents (doc_id) to split train/test")
     n = len(samples)
-    test: list[Sample] = []
-    train: list[Sample] = []
+    test: list[Grouped] = []
+    train: list[Grouped] = []
     i = 0
     while i < len(docs) - 1 and len(test) < test_frac * n:
         test.extend(docs[i])
@@ -216,6 +231,174 @@ def split_samples(samples: Sequence[Sample], test_frac: float, train_frac: float
         tuple(sorted((s.id for s in train), key=order.__getitem__)),
         tuple(sorted((s.id for s in test), key=order.__getitem__)),
     )
+
+
+# --------------------------------------------------------------------------- pairwise
+
+#: sample fields a pairwise row may show besides its two outputs
+_PAIR_SHOWN = ("source", "context", "reference")
+
+
+def read_task_samples(
+    path: str | Path, task: Task, require_labels: bool = True
+) -> list[Sample] | list[PairSample]:
+    """Read ``path`` with the reader of the task's shape (scores / labels required)."""
+    if task.shape == "pairwise":
+        return read_pairs(path, task, require_labels=require_labels)
+    return read_samples(path, task, require_scores=require_labels)
+
+
+def read_pairs(
+    path: str | Path,
+    task: Task,
+    where: Mapping[str, Any] | None = None,
+    require_labels: bool = True,
+    skipped: list[int] | None = None,
+) -> list[PairSample]:
+    """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie).
+
+    Errors are reported as by :func:`read_samples`: every broken line (up to a cap) with its
+    line number and field, in one :class:`DataError`, and nothing is returned unless the
+    whole file is valid. ``where`` (added to the task's own ``where``) keeps only matching
+    rows; rows it drops are not checked beyond being JSON objects. With the task's
+    ``skip_empty``, rows whose shown text or a response is an empty string are left out and
+    their line numbers appended to ``skipped``; a missing or non-text field is still an error.
+    ``require_labels``: every pair must carry a human label (training).
+    """
+    path = Path(path)
+    row_filter = dict(task.where)
+    for key, value in (where or {}).items():
+        row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    errors: list[str] = []
+    n_errors = 0
+    pairs: list[PairSample] = []
+    seen: dict[str, int] = {}
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise DataError(f"cannot open data file {path}: {exc}") from exc
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            pair = None
+            try:
+                row = json.loads(raw.decode("utf-8"))
+                problem = None if isinstance(row, dict) else "not a JSON object"
+            except UnicodeDecodeError:
+                problem = "not UTF-8 text"
+            except json.JSONDecodeError as exc:
+                problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
+            if problem is None:
+                if not _matches(row, row_filter):
+                    continue
+                problem, pair = _pair_from_row(row, lineno, task, require_labels)
+                if problem is None and pair is None:
+                    if skipped is not None:
+                        skipped.append(lineno)
+                    continue
+            if pair is not None and pair.id in seen:
+                problem = f"id {pair.id!r} already used on line {seen[pair.id]}"
+            if problem is not None or pair is None:
+                n_errors += 1
+                if len(errors) < MAX_REPORTED_ERRORS:
+                    errors.append(f"line {lineno}: {problem}")
+                continue
+            seen[pair.id] = lineno
+            pairs.append(pair)
+    if n_errors:
+        more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
+        raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more)
+    if not pairs:
+        which = f" matching where {_show_where(row_filter)}" if row_filter else ""
+        raise DataError(f"{path}: no pairs{which}")
+    return pairs
+
+
+def _pair_from_row(
+    row: dict, lineno: int, task: Task, require_labels: bool
+) -> tuple[str | None, PairSample | None]:
+    """(problem, None) for a bad row, (None, None) for a row skipped by ``skip_empty``."""
+    sid = row.get("id")
+    if sid is None or (isinstance(sid, str) and not sid.strip()):
+        return "missing field 'id'", None
+    empty = False
+    fields: dict[str, str] = {}
+    shown = [(f.key, f.label) for f in task.fields if f.key != "output"]
+    label_of_output = next(f.label for f in task.fields if f.key == "output")
+    for key, label in shown + [("output_a", f"{label_of_output} A"), ("output_b", f"{label_of_output} B")]:
+        value = row.get(key)
+        if not isinstance(value, str):
+            what = "missing" if value is None else "not text"
+            return f"field {key!r} ({label}) is {what} (task {task.name} needs it)", None
+        if not value.strip():
+            if not task.skip_empty:
+                return f"field {key!r} ({label}) is empty (task {task.name} needs it)", None
+            empty = True
+        fields[key] = value
+    for extra in _PAIR_SHOWN:
+        if extra not in fields and isinstance(row.get(extra), str):
+            fields[extra] = row[extra]
+    label = row.get("label")
+    if label is None:
+        if require_labels:
+            return "field 'label' is missing (a, b or tie; needed to train)", None
+    elif label not in PAIR_LABELS:
+        return f"field 'label' is {label!r}, not one of a, b, tie", None
+    meta = row.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        return "field 'meta' must be an object or null", None
+    systems = []
+    for key in ("system_a", "system_b"):
+        value = row.get(key)
+        if value is not None and not isinstance(value, str):
+            return f"field {key!r} must be text or null, got {value!r}", None
+        systems.append(value)
+    if empty:
+        return None, None
+    doc = row.get("doc_id")
+    output_a, output_b = fields.pop("output_a"), fields.pop("output_b")
+    return None, PairSample(
+        id=str(sid),
+        doc_id=str(doc) if doc not in (None, "") else str(sid),
+        fields=fields,
+        output_a=output_a,
+        output_b=output_b,
+        label=label,
+        system_a=systems[0],
+        system_b=systems[1],
+        meta=dict(meta or {}),
+        line=lineno,
+    )
+
+
+def _lookup(row: Mapping[str, Any], key: str) -> Any:
+    meta = row.get("meta")
+    if isinstance(meta, Mapping) and key in meta:
+        return meta[key]
+    return row.get(key)
+
+
+def _matches(row: Mapping[str, Any], row_filter: Mapping[str, tuple[Any, ...]]) -> bool:
+    return all(_lookup(row, k) in values for k, values in row_filter.items())
+
+
+def _show_where(row_filter: Mapping[str, tuple[Any, ...]]) -> str:
+    return ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in row_filter.items())
+
+
+def filter_samples(samples: Sequence[S], where: Mapping[str, Any]) -> list[S]:
+    """Samples whose ``meta.<key>`` (else attribute ``key``, else shown field ``key``) is the
+    given value, or one of the listed values, for every key of ``where``."""
+    row_filter = {k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in where.items()}
+
+    def view(s: Any) -> dict[str, Any]:
+        d = dict(getattr(s, "fields", {}) or {})
+        d.update({k: getattr(s, k) for k in row_filter if hasattr(s, k)})
+        d["meta"] = getattr(s, "meta", None)
+        return d
+
+    return [s for s in samples if _matches(view(s), row_filter)]
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

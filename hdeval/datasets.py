@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from hdeval.data import data_candidates, read_samples, write_jsonl
+from hdeval.data import data_candidates, read_samples, read_task_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError, DownloadError
 from hdeval.paths import user_data_dir
-from hdeval.tasks import load_task
+from hdeval.tasks import builtin_tasks, load_task
 from hdeval.types import Task
 
 #: UniEval's published meta-evaluation files. Not pinned to a commit because the issue asks
@@ -333,7 +333,7 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
     if not path.is_file():
         return None, "missing"
     try:
-        n = len(read_samples(path, task))
+        n = len(read_task_samples(path, task))
     except DataError as exc:
         return None, str(exc)
     if expected is not None and n != expected:
@@ -507,6 +507,12 @@ def download_datasets(
     """
     chosen = list(dict.fromkeys(names)) if names else list(DATASETS)
     unknown = [n for n in chosen if n not in DATASETS]
+    local = [n for n in unknown if n in builtin_tasks()]
+    if local:
+        raise ConfigError(
+            f"{', '.join(local)}: no download source; set HDEVAL_DATA_DIR to a folder holding "
+            f"{', '.join(load_task(n).data_file for n in local)} (downloadable: {', '.join(DATASETS)})"
+        )
     if unknown:
         raise ConfigError(
             f"unknown dataset(s) {', '.join(unknown)}: choose from {', '.join(DATASETS)}"
@@ -549,10 +555,11 @@ class TaskDataStatus:
 
 
 def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
-    """Per built-in task: each candidate path (:func:`hdeval.data.data_candidates`), whether
-    a file is there, and its row count when it loads."""
+    """Per built-in task (all of them by default, with or without a download source): each
+    candidate path (:func:`hdeval.data.data_candidates`), whether a file is there, and its
+    row count when it loads."""
     out = []
-    for name in names or list(DATASETS):
+    for name in names or list(builtin_tasks()):
         task = load_task(name)
         cands = []
         for path in data_candidates(task):
@@ -741,6 +748,8 @@ def import_table(
     group together in train/test splits; with no source, each row is its own doc.
     ``unscored``: import without human scores (for scoring with a trained evaluator).
     """
+    if task.shape != "pointwise":
+        raise ConfigError(f"task {task.name} is {task.shape}: data import handles pointwise tasks only")
     path = Path(path)
     cols = columns or ColumnMap()
     header, records = _read_table(path, fmt or _guess_format(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ from hdeval.paths import resource_dir
 from hdeval.types import Aspect, Task, TaskField
 
 SAMPLE_FIELDS = ("source", "context", "output", "reference")
-_TOP_KEYS = {"name", "description", "output_label", "data_file", "fields", "aspects"}
+_TOP_KEYS = {
+    "name", "description", "output_label", "data_file", "fields", "aspects", "shape", "where", "skip_empty",
+}
+SHAPES = ("pointwise", "pairwise")
 
 
 def builtin_tasks() -> dict[str, Path]:
@@ -97,6 +101,15 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
                 high=float(rng[1]),
             )
         )
+    shape = raw.get("shape", "pointwise")
+    if shape not in SHAPES:
+        raise ConfigError(f"{where}: shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+    skip_empty = raw.get("skip_empty", False)
+    if not isinstance(skip_empty, bool):
+        raise ConfigError(f"{where}: skip_empty must be true or false, got {skip_empty!r}")
+    row_filter = parse_where(raw.get("where"), where)
+    if shape == "pointwise" and (row_filter or skip_empty):
+        raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
     return Task(
         name=name,
         description=str(need(raw, "description", "the task")),
@@ -104,7 +117,29 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         fields=tuple(fields),
         aspects=tuple(aspects),
         data_file=str(raw.get("data_file") or f"{name}.jsonl"),
+        shape=shape,
+        where=row_filter,
+        skip_empty=skip_empty,
     )
+
+
+def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """A ``where`` table, e.g. ``{ subset = "eli5" }`` or ``{ subset = ["a", "b"] }``: a row is
+    kept when, for every key, its value (``meta.<key>``, else the top-level field) is one of
+    the listed values."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: where must be a non-empty table such as {{ subset = \"eli5\" }}")
+    out = []
+    for key, value in raw.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise ConfigError(
+                f"{where}: where.{key} must be a string, number or boolean, or a non-empty list of them"
+            )
+        out.append((str(key), tuple(values)))
+    return tuple(out)
 
 
 def select_aspects(task: Task, aspects: list[str] | None) -> Task:
@@ -118,4 +153,4 @@ def select_aspects(task: Task, aspects: list[str] | None) -> Task:
             f"choose from {', '.join(task.aspect_keys)}"
         )
     keep = tuple(a for a in task.aspects if a.key in aspects)
-    return Task(task.name, task.description, task.output_label, task.fields, keep, task.data_file)
+    return dataclasses.replace(task, aspects=keep)

@@ -100,6 +100,8 @@ def prepare(config: TrainConfig) -> Prepared:
     """Validate options, load the task and every sample, split. No LLM call happens here."""
     config.validate()
     task = select_aspects(load_task(config.task), list(config.aspects) if config.aspects else None)
+    if task.shape != "pointwise":
+        raise ConfigError(f"task {task.name} is {task.shape}; HD-Eval on {task.shape} data is not available yet")
     path = find_data(task, config.data)
     samples = read_samples(path, task, require_scores=True)
     samples = limit_samples(samples, config.limit, config.seed)

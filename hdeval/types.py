@@ -41,6 +41,13 @@ class Task:
     fields: tuple[TaskField, ...]
     aspects: tuple[Aspect, ...]
     data_file: str = ""
+    #: ``pointwise`` (one output with human scores) or ``pairwise`` (two outputs and a
+    #: human preference label); see hdeval.data.read_samples / read_pairs
+    shape: str = "pointwise"
+    #: row filter from the task file's ``where`` table: (key, accepted values) pairs
+    where: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: pairwise only: skip rows whose shown text or a response is an empty string
+    skip_empty: bool = False
 
     def aspect(self, key: str) -> Aspect:
         for a in self.aspects:
@@ -53,7 +60,7 @@ class Task:
         return tuple(a.key for a in self.aspects)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
             "output_label": self.output_label,
@@ -64,6 +71,14 @@ class Task:
                 for a in self.aspects
             ],
         }
+        # Only non-default keys, so manifests of pointwise tasks stay byte-identical.
+        if self.shape != "pointwise":
+            d["shape"] = self.shape
+        if self.where:
+            d["where"] = {k: list(v) if len(v) > 1 else v[0] for k, v in self.where}
+        if self.skip_empty:
+            d["skip_empty"] = True
+        return d
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,32 @@ class Sample:
     fields: Mapping[str, str]
     scores: Mapping[str, float] = field(default_factory=dict)
     system: str | None = None
+    line: int = 0
+
+    def text(self, key: str) -> str:
+        return self.fields.get(key) or ""
+
+
+PAIR_LABELS = ("a", "b", "tie")
+
+
+@dataclass(frozen=True)
+class PairSample:
+    """Two outputs for the same input and (optionally) the human preference between them.
+
+    ``fields`` holds the shown inputs (``source``, ``context``, ...), not the two outputs;
+    ``label`` is ``a``, ``b`` or ``tie`` (None when unlabelled, e.g. pairs to be judged).
+    """
+
+    id: str
+    doc_id: str
+    fields: Mapping[str, str]
+    output_a: str
+    output_b: str
+    label: str | None = None
+    system_a: str | None = None
+    system_b: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
     line: int = 0
 
     def text(self, key: str) -> str:

@@ -31,4 +31,5 @@ def test_wheel_carries_prompts_and_tasks_and_the_cli_finds_them(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert str(site / "hdeval" / "_resources" / "tasks") in out.stdout
-    assert "summeval:" in out.stdout and "informativeness [1-6]" in out.stdout
+    assert "summeval (pointwise):" in out.stdout and "informativeness [1-6]" in out.stdout
+    assert "llmbar (pairwise):" in out.stdout
