@@ -14,7 +14,7 @@ from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select_ki
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
-from hdeval.data import Split, find_data, limit_samples, read_samples, split_samples
+from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.errors import ConfigError, ScoringError
 from hdeval.evaluator import Evaluator
@@ -100,10 +100,11 @@ def prepare(config: TrainConfig) -> Prepared:
     """Validate options, load the task and every sample, split. No LLM call happens here."""
     config.validate()
     task = select_aspects(load_task(config.task), list(config.aspects) if config.aspects else None)
-    if task.shape != "pointwise":
-        raise ConfigError(f"task {task.name} is {task.shape}; HD-Eval on {task.shape} data is not available yet")
+    method = get_method(config.method)
+    method.check_options(config.method_options or {})
+    check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
     path = find_data(task, config.data)
-    samples = read_samples(path, task, require_scores=True)
+    samples = read_task_samples(path, task, require_labels=True)
     samples = limit_samples(samples, config.limit, config.seed)
     split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
     keep = set(split.train_ids) | set(split.test_ids)
@@ -155,10 +156,8 @@ def train(
     elif options:
         config = dataclasses.replace(config, **options)
     progress = progress or Progress()
-    method = get_method(config.method)
-    method.check_options(config.method_options or {})
     prep = prepare(config)
-    check_shape(method, prep.task)
+    method = get_method(config.method)
     # An injected backend is recorded by what the caller named it (or its identity).
     spec = llm_config(config).resolved() if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     llm = open_backend(config, backend)

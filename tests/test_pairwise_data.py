@@ -313,7 +313,8 @@ def test_train_on_pairwise_task_is_a_clear_error_before_any_llm_call(tmp_path):
                  "--cache-dir", str(cache), "-o", str(tmp_path / "art"), *extra)
         assert r.exit_code == 2
         errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-        assert errors == ["error: task faireval is pairwise; HD-Eval on pairwise data is not available yet"]
+        assert errors == ["error: method 'hdeval' does not support pairwise tasks yet (task 'faireval'); "
+                          "it takes pointwise data"]
     assert not cache.exists() and not (tmp_path / "art").exists()
 
 
