@@ -3,22 +3,53 @@
 Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser
 fix costs no new calls. Each completion is committed to SQLite (diskcache) the moment it
 arrives: a run killed at any point keeps every call it paid for.
+
+The cache directory is untrusted (it may be shared, copied or planted): keys and values are
+plain text only (sha256 hex keys, JSON completions). :class:`JSONDisk` never pickles or
+unpickles; a value that is not a JSON completion, is too large, or points outside the
+directory is a cache miss plus a :class:`CacheWarning`, never an exception or code run.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
+import os
+import re
+import shutil
+import sqlite3
 import threading
-from dataclasses import dataclass
+import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import diskcache
+from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.errors import BudgetExceeded
+from hdeval.errors import BudgetExceeded, CacheError
 
 CACHE_SCHEMA = 1
+DBNAME = "cache.db"
+# A cached completion is a few KB; anything larger than this is not one of ours (and is not
+# read into memory or parsed).
+MAX_ENTRY_CHARS = 4 * 2**20
+# Free space to ask for when the disk fills up: SQLite needs room for its write-ahead log.
+FREE_SPACE_HINT = "100 MB"
+
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+# diskcache's own value-file names: two levels of hex directories, then 28 hex digits
+_VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val\Z")
+# What diskcache itself keeps in the Settings table; anything else was not written by it
+_KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
+# Every setting is ours, whatever an existing database says (diskcache applies stored
+# ``sqlite_*`` settings as PRAGMAs); and no eviction: diskcache's default drops the oldest
+# replies past 1 GB, and those were paid for.
+_STORE_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "eviction_policy": "none"}
 
 
 def request_key(identity: str, request: CompletionRequest) -> str:
@@ -33,6 +64,268 @@ def request_key(identity: str, request: CompletionRequest) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+class CacheWarning(UserWarning):
+    """A cache entry could not be used (not a JSON completion, pickled, too large): it was
+    treated as a miss and the LLM is asked again."""
+
+
+class UnreadableEntry(ValueError):
+    """One cache entry is not a completion hdeval can read. ``foreign``: hdeval never writes
+    entries of this kind (a pickled value or key, a key that is not a sha256)."""
+
+    def __init__(self, reason: str, foreign: bool = False):
+        super().__init__(reason)
+        self.foreign = foreign
+
+
+class CacheCorrupted(CacheError):
+    """The cache database is damaged (``hdeval cache repair`` or ``clear`` deal with it)."""
+
+
+class EntryTooLarge(ValueError):
+    """A completion too large to store (it is still returned, just not cached)."""
+
+
+class JSONDisk(diskcache.Disk):
+    """diskcache serialisation that stores only text and never calls pickle.
+
+    Keys must be ``str``; values must be ``str`` (JSON text) and are stored the way the
+    default Disk stores strings (inline below ``min_file_size``, else a ``.val`` file), so a
+    cache written by an older hdeval (which stored ``json.dumps`` strings) reads unchanged.
+    Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
+    """
+
+    def put(self, key: Any) -> tuple[Any, bool]:
+        if type(key) is not str:
+            raise TypeError("hdeval cache keys are str")
+        return key, True
+
+    def get(self, key: Any, raw: bool) -> Any:
+        if raw and type(key) is str:
+            return key
+        raise UnreadableEntry("a key hdeval does not write (pickled or binary)", foreign=True)
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
+        if read or type(value) is not str:
+            raise TypeError("hdeval cache values are str (JSON text)")
+        if len(value) > MAX_ENTRY_CHARS:
+            raise EntryTooLarge(f"a completion of {len(value)} characters is too large to cache")
+        return super().store(value, False, key=key)
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> str:
+        return read_value(self._directory, mode, filename, value)
+
+    def remove(self, file_path: Any) -> None:
+        # diskcache deletes the file a row names when the row is replaced or cleared: a
+        # planted row naming ../../something must not make hdeval delete it
+        try:
+            _value_path(self._directory, file_path)
+        except UnreadableEntry:
+            return
+        super().remove(file_path)
+
+
+def _value_path(directory: str | Path, filename: Any) -> str:
+    """The full path of a value file, if ``filename`` is one diskcache would have made and it
+    resolves inside ``directory``; :class:`UnreadableEntry` otherwise."""
+    if not isinstance(filename, str) or not _VALUE_FILE.match(filename):
+        raise UnreadableEntry(f"a value file name hdeval does not write: {str(filename)[:80]!r}", foreign=True)
+    root = os.path.realpath(directory)
+    full = os.path.realpath(os.path.join(root, filename))
+    if not full.startswith(root + os.sep):
+        raise UnreadableEntry("a value file outside the cache directory", foreign=True)
+    return full
+
+
+def read_value(directory: str | Path, mode: int, filename: Any, value: Any) -> str:
+    """The text of one stored value, read with bounds; :class:`UnreadableEntry` otherwise."""
+    if mode == MODE_RAW:
+        if type(value) is not str:
+            raise UnreadableEntry("a binary or numeric value (hdeval stores only JSON text)", foreign=True)
+        if len(value) > MAX_ENTRY_CHARS:
+            raise UnreadableEntry(f"a value of {len(value)} characters (more than hdeval writes)")
+        return value
+    if mode != MODE_TEXT:
+        # MODE_PICKLE or MODE_BINARY: hdeval never writes these; never unpickle them
+        raise UnreadableEntry("a pickled or binary value (hdeval stores only JSON text)", foreign=True)
+    full = _value_path(directory, filename)
+    try:
+        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(4 * MAX_ENTRY_CHARS + 1)  # UTF-8: at most 4 bytes a character
+    except OSError as exc:
+        raise UnreadableEntry(f"its value file cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnreadableEntry("its value file is not UTF-8 text") from None
+    if len(text) > MAX_ENTRY_CHARS:
+        raise UnreadableEntry("its value file is larger than hdeval writes")
+    return text
+
+
+def _count(x: Any) -> bool:
+    return x is None or (type(x) is int and 0 <= x < 2**53)
+
+
+def parse_completion(text: str) -> Completion:
+    """A cached completion from its JSON text; :class:`UnreadableEntry` if it is not one."""
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError):
+        raise UnreadableEntry("its value is not JSON") from None
+    if not isinstance(d, dict) or not isinstance(d.get("text"), str):
+        raise UnreadableEntry("its value is not a JSON completion (no text)")
+    lp = d.get("top_logprobs")
+    if lp is not None:
+        ok = isinstance(lp, list) and all(
+            isinstance(pos, list) and all(
+                isinstance(t, dict) and isinstance(t.get("token"), str)
+                and type(t.get("logprob")) in (int, float) and not math.isnan(t["logprob"])
+                for t in pos)
+            for pos in lp)
+        if not ok:
+            raise UnreadableEntry("its value has malformed top_logprobs")
+    if not all(_count(d.get(k)) for k in ("prompt_tokens", "completion_tokens", "prompt_tokens_evaluated")):
+        raise UnreadableEntry("its value has malformed token counts")
+    return Completion.from_dict(d)
+
+
+# --------------------------------------------------------------------------- opening
+_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_BUSY, _SQLITE_LOCKED = 11, 26, 5, 6
+
+
+def _kind(exc: BaseException) -> str:
+    """'full', 'readonly', 'corrupt', 'busy' or 'other' for a storage error."""
+    if isinstance(exc, diskcache.Timeout):
+        return "busy"
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return "full"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return "readonly"
+        return "other"
+    code = getattr(exc, "sqlite_errorcode", None)
+    code = code & 0xFF if isinstance(code, int) else None
+    msg = str(exc).lower()
+    if code == _SQLITE_FULL or "disk is full" in msg:
+        return "full"
+    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in msg or "read-only" in msg:
+        return "readonly"
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in msg or "malformed" in msg:
+        return "corrupt"
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in msg:
+        return "busy"
+    if code == _SQLITE_CANTOPEN or "unable to open" in msg:
+        return "readonly"
+    return "other"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _free(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free / 1e6:.0f} MB free"
+    except OSError:
+        return "free space unknown"
+
+
+def storage_error(directory: str | Path, exc: BaseException, writing: bool = False) -> CacheError:
+    """A one-line :class:`CacheError` for a failure of the store in ``directory``."""
+    d = Path(directory)
+    db = d / DBNAME
+    kind = _kind(exc)
+    if kind == "corrupt":
+        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d)}")
+    if kind == "full":
+        done = "every call finished before this one is cached" if writing else "every finished call is cached"
+        return CacheError(
+            f"the disk holding the LLM reply cache {d} is full ({_free(d)}): {done}; free at least "
+            f"{FREE_SPACE_HINT} there (or move {d} to a bigger disk and pass --cache-dir) and rerun the same command to resume")
+    if kind == "readonly":
+        return CacheError(
+            f"cannot write the LLM reply cache in {d} ({_reason(exc)}): pass --cache-dir (or set "
+            f"HDEVAL_CACHE_DIR) to a writable directory")
+    if kind == "busy":
+        return CacheError(
+            f"the LLM reply cache {db} stayed locked by another process ({_reason(exc)}); "
+            f"rerun when it is done, or pass another --cache-dir")
+    return CacheError(f"the LLM reply cache in {d} failed ({_reason(exc)}); pass another --cache-dir "
+                      f"or check it with `hdeval cache check --cache-dir {d}`")
+
+
+def _move_aside(directory: Path) -> str:
+    """How to get a bad database out of the way (its write-ahead log goes with it: a new
+    database next to an old ``-wal`` file would replay it)."""
+    db = directory / DBNAME
+    logs = [DBNAME + s for s in ("-wal", "-shm") if (directory / (DBNAME + s)).exists()]
+    also = f" (and {' and '.join(logs)} likewise)" if logs else ""
+    return (f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
+            f"or move it aside with `mv {db} {db}.bad`{also}")
+
+
+def _ro_connect(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+
+
+def _precheck(directory: Path) -> None:
+    """Before diskcache opens (and writes to) an existing database: it is a database, and its
+    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs)."""
+    db = directory / DBNAME
+    if not db.is_file():
+        return
+    try:
+        con = _ro_connect(db)
+    except sqlite3.Error:
+        return  # cannot even open it read-only: diskcache's own open says why
+    try:
+        rows = con.execute("SELECT key FROM Settings").fetchall()
+    except sqlite3.Error as exc:
+        if _kind(exc) == "corrupt":
+            raise storage_error(directory, exc) from None
+        return  # no Settings table yet (an empty file) or not readable: diskcache decides
+    finally:
+        con.close()
+    unknown = sorted(str(k)[:40] for (k,) in rows if k not in _KNOWN_SETTINGS)
+    if unknown:
+        raise CacheError(
+            f"the LLM reply cache {db} has settings hdeval and diskcache never write ({', '.join(unknown[:3])}): "
+            f"not opening it; {_move_aside(directory)}")
+
+
+def _writable_or_raise(directory: Path) -> None:
+    probe = directory
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise CacheError(f"the LLM reply cache directory {directory} cannot be created: {probe} is a file; "
+                         f"pass --cache-dir (or set HDEVAL_CACHE_DIR) to a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise CacheError(f"cannot write the LLM reply cache in {directory} ({probe} is read-only): pass "
+                         f"--cache-dir (or set HDEVAL_CACHE_DIR) to a writable directory")
+
+
+def open_store(cache_dir: str | Path) -> diskcache.Cache:
+    """Open (or create) the cache in ``cache_dir`` with :class:`JSONDisk`; one-line
+    :class:`CacheError` if it is corrupted, read-only or on a full disk."""
+    directory = Path(cache_dir)
+    _writable_or_raise(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(directory, exc) from None
+    _precheck(directory)
+    try:
+        return diskcache.Cache(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+    except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+        raise storage_error(directory, exc) from None
+
+
 @dataclass
 class UsageStats:
     calls: int = 0  # requests that reached the backend and succeeded
@@ -40,6 +333,7 @@ class UsageStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     prompt_tokens_evaluated: int = 0
+    unreadable: int = 0  # cache entries that were not a readable completion (asked again)
 
     def summary(self) -> str:
         return (
@@ -49,19 +343,33 @@ class UsageStats:
 
 
 class CachedBackend:
-    """Wraps a backend with a disk cache, usage accounting and an optional call budget."""
+    """Wraps a backend with a disk cache, usage accounting and an optional call budget.
+
+    Unreadable entries are misses, counted in ``stats.unreadable`` and described in
+    ``warnings`` (and one :class:`CacheWarning` per backend). When the store cannot be written
+    (a full disk), the reply just paid for is still returned (and kept in memory for this
+    run), and the next call that would have to be paid for raises the one-line
+    :class:`CacheError` instead, so no more money goes into replies that cannot be saved.
+    """
+
+    MAX_WARNINGS = 20
 
     def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None):
         self.inner = inner
         self.identity = inner.identity
-        self.store = diskcache.Cache(str(cache_dir)) if cache_dir is not None else None
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.store = open_store(cache_dir) if cache_dir is not None else None
         self.max_calls = max_calls
         self.stats = UsageStats()
+        self.warnings: list[str] = []
         self._lock = threading.Lock()
         self._reserved = 0
         # keys being fetched right now: a second thread asking for the same request (two
         # samples with identical text) waits for the first instead of paying for it again
         self._inflight: dict[str, threading.Event] = {}
+        # replies that could not be written (disk full): still served for this run
+        self._unsaved: dict[str, Completion] = {}
+        self._write_error: CacheError | None = None
 
     @property
     def max_concurrency(self) -> int | None:
@@ -72,15 +380,48 @@ class CachedBackend:
         return request_key(self.identity, request)
 
     def is_cached(self, request: CompletionRequest) -> bool:
-        return self.store is not None and self.key(request) in self.store
+        return self._read(self.key(request)) is not None
+
+    def _warn(self, key: str, reason: str) -> None:
+        with self._lock:
+            self.stats.unreadable += 1
+            first = self.stats.unreadable == 1
+            if len(self.warnings) < self.MAX_WARNINGS:
+                self.warnings.append(f"cache entry {key[:12]}... in {self.cache_dir} ignored: {reason}")
+        if first:
+            warnings.warn(
+                f"the LLM reply cache {self.cache_dir} holds an entry hdeval cannot use ({reason}); "
+                f"it is asked again (`hdeval cache check --cache-dir {self.cache_dir}` lists them)",
+                CacheWarning, stacklevel=4)
+
+    def _read(self, key: str) -> Completion | None:
+        with self._lock:
+            unsaved = self._unsaved.get(key)
+        if unsaved is not None:
+            return unsaved
+        if self.store is None:
+            return None
+        try:
+            text = self.store.get(key)
+        except UnreadableEntry as exc:
+            self._warn(key, str(exc))
+            return None
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise storage_error(self.cache_dir, exc) from None
+        if text is None:
+            return None
+        try:
+            return parse_completion(text)
+        except UnreadableEntry as exc:
+            self._warn(key, str(exc))
+            return None
 
     def _lookup(self, key: str) -> Completion | None:
-        hit = self.store.get(key) if self.store is not None else None
-        if hit is None:
+        c = self._read(key)
+        if c is None:
             return None
         with self._lock:
             self.stats.hits += 1
-        c = Completion.from_dict(json.loads(hit))
         return Completion(**{**c.__dict__, "cached": True})
 
     def complete(self, request: CompletionRequest) -> Completion:
@@ -108,6 +449,8 @@ class CachedBackend:
 
     def _fetch(self, key: str, request: CompletionRequest) -> Completion:
         with self._lock:
+            if self._write_error is not None:
+                raise self._write_error
             if self.max_calls is not None and self._reserved >= self.max_calls:
                 raise BudgetExceeded(
                     f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
@@ -121,7 +464,7 @@ class CachedBackend:
                 self._reserved -= 1
             raise
         if self.store is not None:
-            self.store.set(key, json.dumps(result.to_dict()))
+            self._save(key, result)
         with self._lock:
             self.stats.calls += 1
             self.stats.prompt_tokens += result.prompt_tokens
@@ -129,6 +472,21 @@ class CachedBackend:
             if result.prompt_tokens_evaluated is not None:
                 self.stats.prompt_tokens_evaluated += result.prompt_tokens_evaluated
         return result
+
+    def _save(self, key: str, result: Completion) -> None:
+        try:
+            self.store.set(key, json.dumps(result.to_dict()))
+        except EntryTooLarge as exc:
+            with self._lock:
+                self._unsaved[key] = result
+                if len(self.warnings) < self.MAX_WARNINGS:
+                    self.warnings.append(f"not cached: {exc}")
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            err = storage_error(self.cache_dir, exc, writing=True)
+            with self._lock:
+                self._unsaved[key] = result
+                if self._write_error is None:
+                    self._write_error = err
 
     def close(self) -> None:
         if self.store is not None:
@@ -139,15 +497,191 @@ def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
     path = Path(cache_dir)
     if not path.exists():
         return {"path": str(path), "entries": 0, "bytes": 0}
-    with diskcache.Cache(str(path)) as c:
-        entries = len(c)
-        size = int(c.volume())
+    with open_store(path) as c:
+        try:
+            entries = len(c)
+            size = int(c.volume())
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise storage_error(path, exc) from None
     return {"path": str(path), "entries": entries, "bytes": size}
 
 
 def clear_cache(cache_dir: str | Path) -> int:
+    """Delete every cached reply; the number deleted.
+
+    A corrupted database cannot be asked what it holds: then the database file (and its
+    write-ahead log) is deleted and ``-1`` returned. Value files are left alone in that case
+    (they may belong to a copy kept aside by ``repair``) and nothing else in the directory
+    is ever touched.
+    """
     path = Path(cache_dir)
     if not path.exists():
         return 0
-    with diskcache.Cache(str(path)) as c:
-        return int(c.clear())
+    try:
+        with open_store(path) as c:
+            try:
+                return int(c.clear())
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise storage_error(path, exc) from None
+    except CacheCorrupted:
+        for suffix in ("", "-wal", "-shm"):
+            f = path / (DBNAME + suffix)
+            if f.is_file() and not f.is_symlink():
+                f.unlink()
+        return -1
+
+
+# --------------------------------------------------------------------------- check / repair
+@dataclass
+class CheckReport:
+    path: str
+    readable: int = 0
+    unreadable: int = 0  # hdeval-shaped entries whose value cannot be used
+    foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
+    database_error: str | None = None  # the database could not be read (in part or at all)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.database_error is None and not self.unreadable and not self.foreign
+
+
+def _rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
+    """Every Cache row that can still be read, in rowid order; damaged stretches are skipped
+    (row by row) and noted in ``report.database_error``."""
+    cols = "rowid, key, raw, mode, filename, value"
+    page = 256
+    try:
+        hi = con.execute("SELECT max(rowid) FROM Cache").fetchone()[0] or 0
+    except sqlite3.Error as exc:
+        report.database_error = _reason(exc)
+        return
+    last = 0
+    while last < hi:
+        try:
+            rows = con.execute(f"SELECT {cols} FROM Cache WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                               (last, page)).fetchall()
+        except sqlite3.Error as exc:
+            report.database_error = _reason(exc)
+            for r in range(last + 1, min(last + page, hi) + 1):
+                try:
+                    row = con.execute(f"SELECT {cols} FROM Cache WHERE rowid = ?", (r,)).fetchone()
+                except sqlite3.Error:
+                    report.unreadable += 1
+                    continue
+                if row is not None:
+                    yield row
+            last += page
+            continue
+        if not rows:
+            break
+        yield from rows
+        last = rows[-1][0]
+
+
+def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None = None) -> CheckReport:
+    """Read every entry of the database ``db`` (value files relative to ``directory``) without
+    writing to it; ``on_good(key, json_text)`` for each readable, valid one."""
+    report = CheckReport(str(directory))
+    if not db.is_file():
+        return report
+    try:
+        con = _ro_connect(db)
+    except sqlite3.Error as exc:
+        report.database_error = _reason(exc)
+        return report
+    try:
+        try:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            report.database_error = _reason(exc)
+            return report
+        for _rowid, key, raw, mode, filename, value in _rows(con, report):
+            try:
+                if raw != 1 or type(key) is not str or not _KEY.match(key):
+                    raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
+                text = read_value(directory, mode, filename, value)
+                parse_completion(text)
+            except UnreadableEntry as exc:
+                if exc.foreign:
+                    report.foreign += 1
+                else:
+                    report.unreadable += 1
+                if len(report.examples) < 5:
+                    shown = key[:12] + "..." if isinstance(key, str) else f"(a {type(key).__name__} key)"
+                    report.examples.append(f"{shown}: {exc}")
+                continue
+            report.readable += 1
+            if on_good is not None:
+                on_good(key, text)
+        if report.database_error is None:
+            try:
+                status = con.execute("PRAGMA quick_check").fetchone()[0]
+                if status != "ok":
+                    report.database_error = f"integrity check: {status}"
+            except sqlite3.Error as exc:
+                report.database_error = _reason(exc)
+    finally:
+        con.close()
+    return report
+
+
+def check_cache(cache_dir: str | Path) -> CheckReport:
+    """Count readable, unreadable and foreign entries; writes nothing."""
+    directory = Path(cache_dir)
+    return _scan(directory, directory / DBNAME)
+
+
+@dataclass
+class RepairReport:
+    path: str
+    copied: int
+    unreadable: int
+    foreign: int
+    kept_as: str
+    database_error: str | None
+
+
+def repair_cache(cache_dir: str | Path) -> RepairReport:
+    """Move the database aside as ``cache.db.corrupt-<timestamp>`` (never deleted) and copy
+    every readable, valid entry into a fresh one."""
+    directory = Path(cache_dir)
+    db = directory / DBNAME
+    if not db.is_file():
+        raise CacheError(f"no cache database at {db}: nothing to repair")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = directory / f"{DBNAME}.corrupt-{stamp}"
+    n = 1
+    while any((directory / (aside.name + s)).exists() for s in ("", "-wal", "-shm")):
+        n += 1
+        aside = directory / f"{DBNAME}.corrupt-{stamp}-{n}"
+    try:
+        for suffix in ("", "-wal", "-shm"):  # the log belongs to the database: keep them paired
+            src = directory / (DBNAME + suffix)
+            if src.exists():
+                os.rename(src, directory / (aside.name + suffix))
+    except OSError as exc:
+        raise storage_error(directory, exc) from None
+    store = open_store(directory)
+    batch: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        with store.transact():
+            for key, text in batch:
+                store.set(key, text)
+        batch.clear()
+
+    def copy(key: str, text: str) -> None:
+        batch.append((key, text))
+        if len(batch) >= 500:
+            flush()
+
+    try:
+        report = _scan(directory, aside, copy)
+        flush()
+    except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+        raise storage_error(directory, exc, writing=True) from None
+    finally:
+        store.close()
+    return RepairReport(str(directory), report.readable, report.unreadable, report.foreign,
+                        str(aside), report.database_error)

@@ -34,6 +34,13 @@ class BackendError(HdevalError):
     exit_code = 3
 
 
+class CacheError(HdevalError):
+    """The LLM reply cache cannot be opened or written (corrupted, read-only, disk full).
+
+    The message names the cache file or directory and what to do; nothing in it is deleted.
+    """
+
+
 class DownloadError(HdevalError):
     """A data file could not be fetched completely (HTTP error, unreachable, cut off).
 

@@ -128,10 +128,12 @@ def artifact_view(path: Path) -> dict[str, str]:
 
 
 def cache_entries(cache_dir: Path) -> dict:
-    """Every cache entry parsed as a completion: a corrupt one fails here."""
+    """Every cache entry parsed as a completion: a corrupt one fails here (and nothing in the
+    cache is ever unpickled, as in hdeval itself)."""
     from hdeval.backends.base import Completion
+    from hdeval.cache import JSONDisk
 
-    with diskcache.Cache(str(cache_dir)) as c:
+    with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
         return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
 
 

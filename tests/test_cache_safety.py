@@ -1,0 +1,389 @@
+"""The cache directory is untrusted and can break: planted pickles, corrupted databases,
+read-only locations and full disks give a miss or one clear line, never code or a traceback,
+and never lose a reply that was paid for."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import warnings
+from pathlib import Path
+
+import diskcache
+import pytest
+from click.testing import CliRunner
+
+from conftest import cache_entries
+from hdeval.backends.base import Completion, CompletionRequest, Message
+from hdeval.backends.fake import FakeBackend
+from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, check_cache, request_key
+from hdeval.cli import cli
+from hdeval.errors import CacheError
+from hdeval.train import train
+
+
+def _req(text: str = "hello") -> CompletionRequest:
+    return CompletionRequest((Message("user", text),))
+
+
+def _key(text: str = "hello") -> str:
+    return request_key(FakeBackend().identity, _req(text))
+
+
+class Payload:
+    """What an attacker plants: unpickling it creates ``marker``."""
+
+    def __init__(self, marker: Path, pad: int = 0):
+        self.marker = str(marker)
+        self.pad = "x" * pad  # a large payload is stored in a .val file instead of inline
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def _error_line(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def _train_args(toy, cache: Path, out: Path) -> list[str]:
+    task, data = toy
+    return ["train", "--task", str(task), "--data", str(data), "--layers", "1", "--aggregator", "lr",
+            "--llm", "fake", "--cache-dir", str(cache), "-o", str(out), "-q"]
+
+
+# --------------------------------------------------------------------------- planted entries
+@pytest.mark.parametrize("pad", [0, 40_000], ids=["inline", "value-file"])
+def test_planted_pickle_never_runs_and_the_llm_is_asked_again(tmp_path, pad):
+    cache, marker = tmp_path / "cache", tmp_path / "pwned"
+    # planted exactly as an attacker with write access to a shared cache dir would
+    with diskcache.Cache(str(cache)) as c:
+        c.set(_key(), Payload(marker, pad))
+    # the payload is live: diskcache's default reader runs it
+    with diskcache.Cache(str(cache)) as c:
+        c.get(_key())
+    assert marker.exists()
+    marker.unlink()
+
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    with pytest.warns(CacheWarning, match="asked again"):
+        got = cb.complete(_req())
+    assert not marker.exists()
+    assert fake.calls == 1 and not got.cached and got.text
+    assert cb.stats.unreadable == 1 and "pickled" in cb.warnings[0]
+    # the fresh reply replaced the planted one
+    again = cb.complete(_req())
+    assert again.cached and again.text == got.text and fake.calls == 1
+    cb.close()
+    assert not marker.exists()
+
+
+def _plant_raw(cache: Path, key: str, mode: int, filename, value) -> None:
+    """Write a Cache row directly, as a hostile or broken writer could."""
+    with diskcache.Cache(str(cache)):
+        pass
+    con = sqlite3.connect(cache / "cache.db")
+    con.execute("INSERT INTO Cache(key, raw, store_time, access_time, mode, filename, value) "
+                "VALUES (?, 1, 0, 0, ?, ?, ?)", (key, mode, filename, value))
+    con.commit()
+    con.close()
+
+
+NOT_COMPLETIONS = {
+    "not-json": (1, None, "{not json"),
+    "json-list": (1, None, json.dumps(["text"])),
+    "text-not-str": (1, None, json.dumps({"text": 5})),
+    "bad-logprob": (1, None, json.dumps({"text": "4", "top_logprobs": [[{"token": "4", "logprob": "x"}]]})),
+    "huge-tokens": (1, None, '{"text": "4", "prompt_tokens": 1e999}'),
+    "deep-nesting": (1, None, "[" * 100_000),
+    "too-large": (1, None, json.dumps({"text": "x" * (MAX_ENTRY_CHARS + 1)})),
+    "binary": (1, None, b"\x80\x04 not text"),
+    "path-escape": (3, "../../../../etc/passwd", None),
+    "absolute-path": (3, "/etc/passwd", None),
+    "missing-file": (3, "ab/cd/0123456789abcdef0123456789ab.val", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_COMPLETIONS))
+def test_a_value_that_is_not_a_completion_is_a_miss_with_a_warning(tmp_path, case):
+    cache = tmp_path / "cache"
+    _plant_raw(cache, _key(), *NOT_COMPLETIONS[case])
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    with pytest.warns(CacheWarning):
+        got = cb.complete(_req())
+    assert fake.calls == 1 and not got.cached
+    assert cb.stats.unreadable == 1
+    assert cb.complete(_req()).cached  # replaced by the fresh reply
+    cb.close()
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["dotdot", "absolute"])
+def test_a_planted_file_name_never_makes_hdeval_delete_outside_the_cache(tmp_path, relative):
+    """diskcache deletes the file a row names when the row is replaced or cleared."""
+    cache, victim = tmp_path / "cache", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    name = "../victim.txt" if relative else str(victim)
+    _plant_raw(cache, _key(), 3, name, None)
+    cb = CachedBackend(FakeBackend(), cache)
+    with pytest.warns(CacheWarning):
+        cb.complete(_req())  # the fresh reply replaces the planted row
+    cb.close()
+    _plant_raw(cache, "d" * 64, 3, name, None)
+    assert _cli("cache", "clear", "--cache-dir", str(cache), "--yes").exit_code == 0
+    assert victim.read_text() == "precious"
+
+
+def test_a_cache_written_by_an_older_hdeval_still_hits(tmp_path):
+    """Old hdeval stored json.dumps strings with diskcache's default Disk: inline below 32 KB,
+    in a .val file above. Both read unchanged, with no call made."""
+    cache = tmp_path / "cache"
+    short = Completion("4", prompt_tokens=3, completion_tokens=1)
+    long = Completion("x" * 40_000, prompt_tokens=5, completion_tokens=9)
+    with diskcache.Cache(str(cache)) as c:
+        c.set(_key("a"), json.dumps(short.to_dict()))
+        c.set(_key("b"), json.dumps(long.to_dict()))
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert cb.complete(_req("a")) == short
+        assert cb.complete(_req("b")) == long
+    assert fake.calls == 0 and cb.stats.hits == 2
+    cb.close()
+    report = check_cache(cache)
+    assert (report.readable, report.unreadable, report.foreign, report.ok) == (2, 0, 0, True)
+
+
+def test_check_and_repair_keep_every_readable_entry_and_drop_planted_ones(toy, tmp_path, fake_calls):
+    cache, marker = tmp_path / "cache", tmp_path / "pwned"
+    assert _cli(*_train_args(toy, cache, tmp_path / "a1")).exit_code == 0
+    paid = len(fake_calls)
+    good = cache_entries(cache)
+    with diskcache.Cache(str(cache)) as c:
+        c.set("f" * 64, Payload(marker))  # foreign: a pickle
+        c.set(("not", "ours"), "x")  # foreign: a pickled key
+    _plant_raw(cache, "e" * 64, 1, None, "{broken")  # unreadable
+
+    res = _cli("cache", "check", "--cache-dir", str(cache))
+    assert res.exit_code == 1
+    assert f"{len(good)} readable, 1 unreadable, 2 foreign" in res.stdout
+    assert "cache repair" in _error_line(res)
+
+    res = _cli("cache", "repair", "--cache-dir", str(cache))
+    assert res.exit_code == 0, res.output
+    assert f"copied {len(good)} readable entries" in res.stdout
+    assert "1 unreadable and 2 foreign" in res.stdout
+    aside = [p for p in cache.glob("cache.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1 and f"kept as {aside[0]}" in res.stdout
+    assert cache_entries(cache) == good
+    assert not marker.exists()
+    assert _cli("cache", "check", "--cache-dir", str(cache)).exit_code == 0
+    # nothing paid for was lost: the same run makes no call
+    assert _cli(*_train_args(toy, cache, tmp_path / "a2")).exit_code == 0
+    assert len(fake_calls) == paid
+
+
+# --------------------------------------------------------------------------- corrupted database
+def test_corrupted_database_is_one_line_naming_it_and_clear_still_works(toy, tmp_path, fake_calls):
+    cache = tmp_path / "cache"
+    assert _cli(*_train_args(toy, cache, tmp_path / "a1")).exit_code == 0
+    paid = len(fake_calls)
+    db = cache / "cache.db"
+    garbage = os.urandom(64 * 1024)
+    db.write_bytes(garbage)
+
+    res = _cli(*_train_args(toy, cache, tmp_path / "a2"))
+    assert res.exit_code != 0
+    line = _error_line(res)
+    assert str(db) in line and f"mv {db} {db}.bad" in line and "hdeval cache repair" in line
+    assert len(fake_calls) == paid  # stopped before any LLM call
+    assert not (tmp_path / "a2").exists()
+
+    for cmd in ("stats", "check"):
+        res = _cli("cache", cmd, "--cache-dir", str(cache))
+        assert res.exit_code != 0 and str(db) in _error_line(res)
+
+    res = _cli("cache", "clear", "--cache-dir", str(cache), "--yes")
+    assert res.exit_code == 0, res.output
+    assert "corrupted" in res.stdout and not db.exists()
+    assert _cli(*_train_args(toy, cache, tmp_path / "a3")).exit_code == 0
+    assert _cli("cache", "check", "--cache-dir", str(cache)).exit_code == 0
+
+
+def test_planted_settings_are_refused_and_repair_keeps_the_entries(tmp_path):
+    """diskcache turns every stored ``sqlite_*`` setting into a PRAGMA when it opens a cache."""
+    cache = tmp_path / "cache"
+    cb = CachedBackend(FakeBackend(), cache)
+    reply = cb.complete(_req())
+    cb.close()
+    con = sqlite3.connect(cache / "cache.db")
+    con.execute("INSERT INTO Settings VALUES ('sqlite_writable_schema', 1)")
+    con.commit()
+    con.close()
+    with pytest.raises(CacheError, match="sqlite_writable_schema") as exc:
+        CachedBackend(FakeBackend(), cache)
+    assert str(cache / "cache.db") in str(exc.value) and "cache repair" in str(exc.value)
+    res = _cli("cache", "repair", "--cache-dir", str(cache))
+    assert res.exit_code == 0 and "copied 1 readable" in res.stdout, res.output
+    fake = FakeBackend()
+    assert CachedBackend(fake, cache).complete(_req()) == reply and fake.calls == 0
+
+
+def test_repair_of_a_garbage_database_keeps_it_aside(tmp_path):
+    cache = tmp_path / "cache"
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete(_req())
+    cb.close()
+    garbage = os.urandom(64 * 1024)
+    (cache / "cache.db").write_bytes(garbage)
+    res = _cli("cache", "repair", "--cache-dir", str(cache))
+    assert res.exit_code == 0, res.output
+    assert "copied 0 readable entries" in res.stdout and "damaged" in res.stdout
+    kept = [p for p in cache.glob("cache.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(kept) == 1 and kept[0].read_bytes() == garbage and str(kept[0]) in res.stdout
+    assert check_cache(cache).ok  # a fresh, working cache
+    assert CachedBackend(FakeBackend(), cache).complete(_req()).text
+
+
+def test_repair_recovers_what_a_partly_overwritten_database_still_holds(tmp_path):
+    cache = tmp_path / "cache"
+    cb = CachedBackend(FakeBackend(), cache)
+    replies = {_key(f"q{i} " + "x" * 500): cb.complete(_req(f"q{i} " + "x" * 500)) for i in range(400)}
+    cb.close()
+    db = cache / "cache.db"
+    assert not (cache / "cache.db-wal").exists() or (cache / "cache.db-wal").stat().st_size == 0
+    size = db.stat().st_size
+    with db.open("r+b") as fh:  # a few pages in the middle overwritten
+        fh.seek(size // 2)
+        fh.write(os.urandom(3 * 4096))
+    report = check_cache(cache)
+    assert report.database_error and not report.ok
+    res = _cli("cache", "repair", "--cache-dir", str(cache))
+    assert res.exit_code == 0, res.output
+    recovered = cache_entries(cache)
+    assert 0 < len(recovered) < len(replies)
+    assert all(recovered[k] == replies[k] for k in recovered)
+
+
+# --------------------------------------------------------------------------- read-only, full disk
+def test_read_only_cache_dir_fails_before_any_call(toy, tmp_path, fake_calls, monkeypatch):
+    """A directory that cannot be created (read-only file system), simulated because the
+    tests may run as root (who can write anywhere)."""
+    cache = tmp_path / "ro" / "cache"
+    real = os.mkdir
+
+    def mkdir(path, *a, **kw):
+        if str(path).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    res = _cli(*_train_args(toy, cache, tmp_path / "a1"))
+    assert res.exit_code != 0
+    line = _error_line(res)
+    assert str(cache) in line and "--cache-dir" in line and "Read-only" in line
+    assert fake_calls == []
+
+
+def test_existing_cache_on_read_only_storage_fails_before_any_call(toy, tmp_path, fake_calls, monkeypatch):
+    cache = tmp_path / "cache"
+    assert _cli(*_train_args(toy, cache, tmp_path / "a1")).exit_code == 0
+    paid = len(fake_calls)
+    real = sqlite3.connect
+
+    def read_only(database, *a, **kw):  # what SQLite sees on a read-only mount
+        if str(database).startswith(str(cache)):
+            kw.pop("uri", None)
+            return real(f"{Path(database).as_uri()}?mode=ro", *a, uri=True, **kw)
+        return real(database, *a, **kw)
+
+    monkeypatch.setattr(diskcache.core.sqlite3, "connect", read_only)
+    res = _cli(*_train_args(toy, cache, tmp_path / "a2"))
+    assert res.exit_code != 0
+    line = _error_line(res)
+    assert str(cache) in line and "--cache-dir" in line and "writable" in line
+    assert len(fake_calls) == paid
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores permissions")
+def test_read_only_directory_for_a_normal_user(toy, tmp_path, fake_calls):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        res = _cli(*_train_args(toy, ro / "cache", tmp_path / "a1"))
+    finally:
+        ro.chmod(0o755)
+    assert res.exit_code != 0 and str(ro / "cache") in _error_line(res)
+    assert fake_calls == []
+
+
+FULL = {
+    "ENOSPC": lambda: OSError(errno.ENOSPC, "No space left on device"),
+    "SQLITE_FULL": lambda: sqlite3.OperationalError("database or disk is full"),
+}
+
+
+def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
+    """From the ``n+1``-th write on, the store's set fails as on a full disk."""
+    real = diskcache.Cache.set
+    writes: list[int] = []
+
+    def set_(self, key, value, *a, **kw):
+        if len(writes) >= n:
+            raise FULL[kind]()
+        writes.append(1)
+        return real(self, key, value, *a, **kw)
+
+    monkeypatch.setattr(diskcache.Cache, "set", set_)
+    return writes
+
+
+@pytest.mark.parametrize("kind", sorted(FULL))
+def test_full_disk_returns_the_paid_reply_then_stops_before_paying_again(tmp_path, kind):
+    fake = FakeBackend()
+    with pytest.MonkeyPatch.context() as mp:
+        _fill_disk_after(mp, 1, kind)
+        cb = CachedBackend(fake, tmp_path / "cache")
+        saved = cb.complete(_req("a"))
+        unsaved = cb.complete(_req("b"))  # paid for, could not be written: still returned
+        assert unsaved.text and fake.calls == 2
+        assert cb.complete(_req("b")).text == unsaved.text and fake.calls == 2  # served from memory
+        with pytest.raises(CacheError) as exc:
+            cb.complete(_req("c"))
+        assert fake.calls == 2  # no money spent on a reply that could not be saved
+        msg = str(exc.value)
+        assert "\n" not in msg and "full" in msg and str(tmp_path / "cache") in msg
+        assert "cached" in msg and "free at least" in msg and "rerun" in msg
+        cb.close()
+    assert [c.text for c in cache_entries(tmp_path / "cache").values()] == [saved.text]
+
+
+def test_full_disk_during_train_stops_with_one_line_and_the_rerun_resumes(toy, tmp_path, fake_calls):
+    cache = tmp_path / "cache"
+    args = _train_args(toy, cache, tmp_path / "a1") + ["--concurrency", "1"]
+    assert _cli(*_train_args(toy, tmp_path / "ref", tmp_path / "ref-art"), "--concurrency", "1").exit_code == 0
+    total = len(fake_calls)
+    fake_calls.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        _fill_disk_after(mp, 30, "SQLITE_FULL")
+        res = _cli(*args)
+    assert res.exit_code != 0
+    line = _error_line(res)
+    assert str(cache) in line and "full" in line and "cached" in line and "rerun" in line
+    assert len(fake_calls) == 31 and not (tmp_path / "a1").exists()
+    assert len(cache_entries(cache)) == 30
+    fake_calls.clear()
+    res = _cli(*args)
+    assert res.exit_code == 0, res.output
+    assert len(fake_calls) == total - 30
