@@ -117,6 +117,24 @@ def llm_options(f):
     return f
 
 
+def method_options(f):
+    """``--method`` and every method-specific option, declared once from the method registry."""
+    from hdeval.methods.base import all_options, method_names
+
+    for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+        flag = "--" + name.replace("_", "-")
+        where = f"[{', '.join(owners)}] "
+        if isinstance(opt.default, bool):
+            f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None,
+                             help=f"{where}{opt.help} (default: {'on' if opt.default else 'off'})")(f)
+        else:
+            kind = click.Choice(opt.choices) if opt.choices else type(opt.default)
+            f = click.option(flag, name, default=None, type=kind,
+                             help=f"{where}{opt.help} (default: {opt.default})")(f)
+    return click.option("--method", default="hdeval", show_default=True, type=click.Choice(method_names()),
+                        help="How the evaluator is built: see `hdeval methods`.")(f)
+
+
 def _notice_local(model: str | None) -> None:
     from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
 
@@ -146,6 +164,7 @@ def _notice_local(model: str | None) -> None:
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@method_options
 @llm_options
 def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
           quiet: bool, **options: Any) -> None:
@@ -166,7 +185,8 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         ev = run_train(config, progress=progress)
-        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.aggregator.kind}"
+        kind = ev.aggregator.kind if hasattr(ev, "aggregator") else ev.method
+        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
         ev.save(path)
         u = ev.metrics["usage"]
         click.echo(
@@ -212,10 +232,10 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
 
 
 def load_artifact(path: str):
-    """Load an artifact and show its warnings (e.g. an edited tree.json)."""
-    from hdeval.evaluator import Evaluator
+    """Load an artifact of any method and show its warnings (e.g. an edited tree.json)."""
+    from hdeval.artifact import load_artifact as load
 
-    ev = Evaluator.load(path)
+    ev = load(path)
     for w in ev.warnings:
         click.echo(f"warning: {w}", err=True)
     return ev
@@ -305,6 +325,18 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
         click.echo(f"wrote {len(rows)} scored samples to {output}")
 
     run_command(go)
+
+
+@cli.command("methods")
+def methods_cmd() -> None:
+    """List the methods `hdeval train --method` can build, with their own options."""
+    from hdeval.methods.base import METHODS, method_names
+
+    for name in method_names():
+        m = METHODS[name]
+        click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
+        for opt_name, opt in m.options.items():
+            click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
 
 
 @cli.command("tasks")

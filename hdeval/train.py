@@ -58,6 +58,15 @@ class TrainConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
+        from hdeval.methods.base import all_options
+
+        given = dict(options.pop("method_options", None) or {})
+        for name in all_options():
+            if name in options:
+                value = options.pop(name)
+                if value is not None:  # None: not given on the command line
+                    given[name] = value
+        options["method_options"] = given
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:

@@ -75,6 +75,15 @@ class Fitted(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Option:
+    """A method-specific training option; the CLI offers it as ``--name`` (``_`` -> ``-``)."""
+
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
 @dataclass
 class FitContext:
     """Everything a method's ``fit`` gets: the run's options, the data already split, the LLM."""
@@ -85,9 +94,12 @@ class FitContext:
     llm_config: Any  # the resolved LLMConfig recorded in the artifact
     progress: "Progress"
 
-    def option(self, name: str, default: Any) -> Any:
-        """A method-specific option (``--method-opt``-style), with its default."""
-        return (self.config.method_options or {}).get(name, default)
+    def option(self, name: str) -> Any:
+        """A method-specific option: the value given, else the method's default."""
+        given = self.config.method_options or {}
+        if name in given:
+            return given[name]
+        return get_method(self.config.method).options[name].default
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,7 @@ class Method:
     fit: Callable[[FitContext], Fitted]
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
     editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Option] = field(default_factory=dict)
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(self.options))
@@ -140,6 +152,16 @@ def _load_builtin() -> None:
     # keeps `hdeval --help` free of scikit-learn.
     import hdeval.methods.direct  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
+
+
+def all_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every method-specific option, with the methods that take it (for the CLI)."""
+    _load_builtin()
+    out: dict[str, tuple[Option, list[str]]] = {}
+    for name in sorted(METHODS):
+        for opt_name, opt in METHODS[name].options.items():
+            out.setdefault(opt_name, (opt, []))[1].append(name)
+    return out
 
 
 def check_shape(method: Method, task: "Task") -> None:

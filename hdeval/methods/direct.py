@@ -1,1 +1,181 @@
-"""Placeholder replaced below."""
+"""``direct``: each human aspect scored directly by the LLM (the G-Eval-style baseline).
+
+No decomposition and no learned aggregator: the LLM's 1-5 score for an aspect (probability-
+weighted over the digit tokens) is the prediction, mapped linearly onto the aspect's range so the
+output reads on the human scale (a monotone map: correlations are those of the raw score). It is
+what HD-Eval's ``direct_layer1`` figure reports, as a method of its own, so it can be applied,
+compared and benchmarked like the others with the same LLM and the same prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.config import LLMConfig
+from hdeval.errors import ArtifactError, DataError
+from hdeval.methods.base import FitContext, Method, ScoreResult, register, usage_of
+from hdeval.progress import Progress
+from hdeval.prompts import Template, load_templates, parse_template
+from hdeval.scoring import SCALE, score_criteria
+from hdeval.tasks import task_from_dict
+from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
+
+METRICS = "metrics.json"
+SCORES = "scores.csv"
+PROMPT = "prompts/score.toml"
+
+
+def to_range(values: np.ndarray, task: Task) -> np.ndarray:
+    """Map 1-5 LLM scores (samples x aspects) linearly onto each aspect's range."""
+    low, high = SCALE
+    lo = np.array([a.range[0] for a in task.aspects])
+    hi = np.array([a.range[1] for a in task.aspects])
+    return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
+
+
+class DirectEvaluator:
+    """The task's aspects scored directly; nothing learned."""
+
+    method = "direct"
+
+    def __init__(self, task: Task, template: Template, llm: LLMConfig, llm_identity: str,
+                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table=None):
+        self.task = task
+        self.template = template
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.extra = dict(extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Path | None = None
+
+    @property
+    def tree(self) -> CriteriaTree:
+        return CriteriaTree.from_aspects(self.task.aspects)
+
+    def method_args(self) -> dict[str, Any]:
+        return {}
+
+    def columns_needed(self) -> list[str]:
+        return list(self.task.aspect_keys)
+
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+              progress: Progress | None = None) -> ScoreResult:
+        samples = list(samples)
+        if not samples:
+            raise DataError("no samples to score")
+        own = backend is None
+        if own:
+            from hdeval.llm import open_llm
+
+            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        try:
+            tree = self.tree
+            if progress is not None:
+                progress.stage(f"scoring {len(samples)} samples x {len(tree)} aspects", len(samples) * len(tree))
+            m = score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples,
+                               concurrency, progress)
+            if progress is not None:
+                progress.end_stage()
+            pred = to_range(m.values, self.task)
+            return ScoreResult(m.sample_ids, list(self.task.aspect_keys), pred, m, usage_of(backend))
+        finally:
+            if own:
+                backend.close()
+
+    def llm_manifest(self) -> dict[str, Any]:
+        return {**self.llm.to_manifest(), "identity": self.llm_identity}
+
+    def save(self, path: str | Path) -> Path:
+        from hdeval.artifact import save_artifact
+
+        self.path = save_artifact(self, path, self.llm_manifest())
+        return self.path
+
+    def write(self, out: ArtifactWriter) -> dict[str, Any]:
+        out.text(PROMPT, self.template.source)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {"score": self.template.digest}, **self.extra}
+
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader) -> "DirectEvaluator":
+        m = art.manifest
+        for name in (PROMPT, METRICS):
+            if name not in m["files"]:
+                raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
+        try:
+            task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
+            llm = m.get("llm") or {}
+            ev = cls(task, parse_template("score", art.text(PROMPT), str(art.path / PROMPT)),
+                     LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                     str(llm.get("identity", "")), art.json(METRICS),
+                     {k: m[k] for k in ("seed", "split", "config") if k in m})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
+        ev.warnings = list(art.warnings)
+        ev.path = art.path
+        return ev
+
+
+def fit(ctx: FitContext) -> DirectEvaluator:
+    import pandas as pd
+
+    from hdeval.metrics import metric_table
+
+    task, samples, split = ctx.prep.task, ctx.prep.samples, ctx.prep.split
+    template = load_templates()["score"]
+    ctx.progress.message(
+        f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} "
+        f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {ctx.llm.identity}"
+    )
+    ev = DirectEvaluator(task, template, ctx.llm_config, ctx.llm.identity, {})
+    res = ev.score(samples, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
+    rate = res.criteria.failure_rate
+    if rate > ctx.config.max_failure_rate:
+        from hdeval.errors import ScoringError
+
+        ex = res.criteria.failures[0]
+        raise ScoringError(
+            f"{rate:.0%} of aspect scores could not be read (threshold {ctx.config.max_failure_rate:.0%}), "
+            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
+        )
+    pos = {s: i for i, s in enumerate(res.sample_ids)}
+    te = np.array([pos[s] for s in split.test_ids])
+    aspects = list(task.aspect_keys)
+    Y = np.array([[s.scores[a] for a in aspects] for s in samples])
+    usage = usage_of(ctx.llm)
+    ev.metrics = {
+        "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
+        "final": metric_table(Y[te], res.predictions[te], aspects),
+        "failure_rate": rate,
+        "usage": usage,
+    }
+    table = pd.DataFrame(res.criteria.values, columns=res.criteria.criterion_keys)
+    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
+    table.insert(0, "split", [split_of[s] for s in res.sample_ids])
+    table.insert(0, "sample_id", res.sample_ids)
+    for j, a in enumerate(aspects):
+        table[f"human:{a}"] = Y[:, j]
+    ev.score_table = table
+    ev.extra = {
+        "seed": ctx.config.seed,
+        "split": split.to_dict(),
+        "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"},
+    }
+    return ev
+
+
+METHOD = register(Method(
+    name="direct",
+    summary="each aspect scored directly by the LLM, nothing learned (G-Eval-style baseline)",
+    shapes=("pointwise",),
+    fit=fit,
+    load=DirectEvaluator.from_artifact,
+))
