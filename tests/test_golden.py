@@ -35,7 +35,8 @@ def _digests(path: Path) -> dict[str, str]:
     return {k: hashlib.sha256(v.encode()).hexdigest() for k, v in artifact_view(path).items()}
 
 
-def _train(task: str, n: int, layers: int, agg: str, data_dir: Path, tmp_path: Path) -> Path:
+def _train(task: str, n: int, layers: int, agg: str, data_dir: Path, tmp_path: Path,
+           llm: tuple[str, ...] = ("--llm", "fake"), env: dict | None = None) -> Path:
     from click.testing import CliRunner
 
     from hdeval.cli import cli
@@ -43,10 +44,10 @@ def _train(task: str, n: int, layers: int, agg: str, data_dir: Path, tmp_path: P
     data = slice_jsonl(data_dir / f"{task}.jsonl", tmp_path / f"{task}.jsonl", n)
     out = tmp_path / "art"
     r = CliRunner().invoke(cli, [
-        "train", "--task", task, "--data", str(data), "--llm", "fake", "--layers", str(layers),
+        "train", "--task", task, "--data", str(data), *llm, "--layers", str(layers),
         "--children", "3", "--top-k", "2", "--aggregator", agg, "--cache-dir", str(tmp_path / "cache"),
         "-o", str(out), "-q",
-    ], catch_exceptions=False)
+    ], env=env, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return out
 
@@ -62,3 +63,16 @@ def test_training_output_is_unchanged(task, n, layers, agg, data_dir, tmp_path):
         return
     assert name in recorded, f"no golden digests for {name}: run with HDEVAL_GOLDEN_UPDATE=1"
     assert got == recorded[name]
+
+
+def test_the_test_server_answers_exactly_like_the_fake_llm(data_dir, tmp_path):
+    """The OpenAI-compatible path (HTTP, the real client, the server's responders chosen by the
+    X-Hdeval-Kind header) trains the very same evaluator as the in-process fake."""
+    from llm_server import FaultServer
+
+    task, n, layers, agg = CASES[-1]
+    recorded = json.loads(GOLDEN.read_text())[f"{task}-{n}-{layers}-{agg}"]
+    with FaultServer(lifetime=300) as server:
+        out = _train(task, n, layers, agg, data_dir, tmp_path,
+                     ("--llm", "test-model", "--base-url", server.url), {"OPENAI_API_KEY": "sk-test"})
+    assert _digests(out) == recorded
