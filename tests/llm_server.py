@@ -35,7 +35,9 @@ count calls and check where the API key was sent.
 :class:`FaultServer` (at the end) answers like hdeval's FakeBackend, so ``hdeval train`` can
 run against it, and injects faults by configuration (:class:`FaultMix`): 429 with and without
 Retry-After, 500/502/503, hangs, dropped connections, truncated and malformed bodies, prose or
-out-of-range scores, decomposition replies that are not JSON or empty. It logs every reply's
+out-of-range scores, decomposition replies that are not JSON or empty, hostile score values
+(``SCORE_HOSTILE``), refusals of one request and oversized replies (``REQUEST_FAULTS``), and
+bodies dripping a byte per second (``SLOW_FAULTS``). It logs every reply's
 outcome, refuses requests past a limit and stops by itself after a lifetime.
 """
 
