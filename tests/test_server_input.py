@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -250,17 +251,22 @@ def test_a_password_with_slash_hash_question_mark_never_shows() -> None:
 
 
 def test_cli_never_prints_a_piece_of_the_password(tmp_path) -> None:
-    from click.testing import CliRunner
-
-    from hdeval.cli import cli
+    import os
+    import subprocess
+    import sys
 
     url = f"http://u:{PASSWORD}@127.0.0.1:9/v1"
-    result = CliRunner().invoke(cli, ["train", "--task", "sfres", "--llm", "m", "--base-url", url,
-                                      "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a")])
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    leaked = [f for f in FRAGMENTS if f in result.output + result.stderr]
-    assert not leaked, result.output + result.stderr
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run(
+        [sys.executable, "-m", "hdeval.cli", "train", "--task", "sfres", "--llm", "m", "--base-url", url,
+         "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == ConfigError.exit_code, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --base-url")
+    leaked = [f for f in FRAGMENTS if f in result.stdout + result.stderr]
+    assert not leaked, result.stderr
 
 
 # -- the reply schema goes to the server ------------------------------------------------------
