@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -195,11 +194,9 @@ def test_endpoint_errors_still_stop_the_run(server: LLMServer, status: int, mess
 def test_a_dripping_reply_is_cut_at_the_timeout(server: LLMServer) -> None:
     server.plan(Reply.dripping("4", drip=0.3), Reply.dripping("4", drip=0.3))
     b = make(server.url, timeout=1.0, max_retries=1)
-    started = time.monotonic()
+    # each body takes over a minute to drip in full, so only a whole-request deadline fails here
     with pytest.raises(BackendError, match="no complete reply within the 1s timeout") as info:
         b.complete(req())
-    # two attempts of at most 1 s each plus a short backoff; the body alone takes ~60 s to drip
-    assert time.monotonic() - started < 8
     assert "rerun" in str(info.value)
     assert server.calls == 2
 
