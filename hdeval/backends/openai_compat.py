@@ -153,7 +153,8 @@ class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
 
     ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server
-    gets a placeholder key when none is given. ``timeout`` is per HTTP request;
+    gets a placeholder key when none is given. ``timeout`` bounds each HTTP request as a
+    whole (reading the reply included); a reply over ``max_reply_bytes`` is a RequestRejected;
     ``max_retries`` bounds retries of transient failures, waiting ``backoff_base * 2**n``
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
