@@ -207,7 +207,11 @@ def decompose_nodes(
     for node in nodes:
         first = decomposition_request(template, task, tree, node, max_children)
         cached = bool(is_cached and is_cached(first))
+        stats = getattr(backend, "stats", None)
+        calls = getattr(stats, "calls", None)
         children = decompose(backend, template, task, tree, node, max_children, taken)
+        if isinstance(calls, int):
+            cached = stats.calls == calls  # a cached reply that failed validation was asked again
         taken.update(c.key for c in children)
         tree = tree.with_children(node.key, children)
         if progress is not None:

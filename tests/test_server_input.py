@@ -313,3 +313,50 @@ def test_a_decomposition_the_server_rejects_names_the_criterion() -> None:
     with pytest.raises(DecompositionError) as info:
         decompose(Refusing(), load_templates()["decompose"], task, tree, node, 3)
     assert f"criterion {node.key!r}" in str(info.value) and "maximum context length" in str(info.value)
+
+
+def test_a_rerun_re_asks_cached_invalid_decompositions_and_progress_says_so(tmp_path) -> None:
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.decompose import decompose_nodes
+    from hdeval.errors import DecompositionError
+    from hdeval.progress import Progress
+    from hdeval.prompts import load_templates
+    from hdeval.tasks import load_task
+    from hdeval.types import CriteriaTree
+
+    class Flaky(FakeBackend):
+        broken = True
+        asked = 0
+
+        def complete(self, request: CompletionRequest) -> Completion:
+            self.asked += 1
+            if self.broken:
+                return Completion('{"subcriteria": [{"key": "a", "name": "The summary should be a 1-5 scale, and a')
+            return super().complete(request)
+
+    class Record(Progress):
+        def __init__(self) -> None:
+            self.cached: list[bool] = []
+
+        def advance(self, n: int = 1, cached: bool = False) -> None:
+            self.cached.append(cached)
+
+    task = load_task("sfres")
+    tree = CriteriaTree.from_aspects(task.aspects)
+    node = tree.layer(1)[0]
+    inner = Flaky()
+    llm = CachedBackend(inner, tmp_path / "cache")
+    template = load_templates()["decompose"]
+    with pytest.raises(DecompositionError, match="rerun asks again"):
+        decompose_nodes(llm, template, task, tree, [node], 3)
+    assert inner.asked == 3
+    inner.broken = False  # the fix: another model, a server enforcing the schema
+    progress = Record()
+    grown = decompose_nodes(llm, template, task, tree, [node], 3, progress)
+    assert len(grown.children(node.key)) == 3
+    assert inner.asked == 4 and progress.cached == [False]  # asked once more, not replayed
+    assert len(llm.store) == 4  # the three invalid replies are kept for inspection
+    again = Record()
+    decompose_nodes(llm, template, task, tree, [node], 3, again)
+    assert inner.asked == 4 and again.cached == [True]
+    llm.close()
