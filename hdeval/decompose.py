@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Sequence
 
-from hdeval.backends.base import Backend, CompletionRequest, Message
-from hdeval.errors import DecompositionError
+from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
+from hdeval.errors import DecompositionError, RequestRejected
 from hdeval.progress import Progress
 from hdeval.prompts import Template, decomposition_messages
 from hdeval.types import CriteriaTree, Criterion, Task
@@ -15,6 +16,12 @@ from hdeval.types import CriteriaTree, Criterion, Task
 DECOMPOSE_MAX_TOKENS = 1024
 ATTEMPTS = 3
 _KEY_MAX = 24
+# Schema bounds: a weak model looping inside a string ("a 1-5 scale, and a 1-5 scale, ...")
+# is cut at these lengths by a server that constrains decoding, long before the token limit.
+_NAME_MAX = 80
+_DEFINITION_MAX = 300
+# how many cached replies that failed validation one attempt walks past before asking anew
+_MAX_REASKS = 50
 
 
 def slug(text: str) -> str:
@@ -23,21 +30,25 @@ def slug(text: str) -> str:
 
 
 def reply_schema(max_children: int) -> str:
-    """The JSON schema of a decomposition reply (lets a local model's grammar enforce it)."""
+    """The JSON schema of a decomposition reply: a local model's grammar enforces it, and
+    OpenAI-compatible servers get it as ``response_format`` ``json_schema``. String lengths and
+    the item count are bounded so a constrained model cannot loop up to the token limit."""
     item = {
         "type": "object",
         "properties": {
             "key": {"type": "string", "maxLength": _KEY_MAX},
-            "name": {"type": "string"},
-            "definition": {"type": "string"},
+            "name": {"type": "string", "maxLength": _NAME_MAX},
+            "definition": {"type": "string", "maxLength": _DEFINITION_MAX},
         },
         "required": ["key", "name", "definition"],
+        "additionalProperties": False,
     }
     schema = {
         "type": "object",
         "properties": {"subcriteria": {"type": "array", "items": item, "minItems": 1,
                                        "maxItems": max_children}},
         "required": ["subcriteria"],
+        "additionalProperties": False,
     }
     return json.dumps(schema, sort_keys=True)
 
@@ -116,36 +127,71 @@ def decompose(
     attempts: int = ATTEMPTS,
 ) -> list[Criterion]:
     """Ask for sub-criteria; a malformed reply is answered with what was wrong and asked
-    again (a new, deterministic request, so it is cached too); then a clear error."""
-    request = decomposition_request(template, task, tree, criterion, max_children)
+    again (a new, deterministic request, so it is cached too); then a clear error.
+
+    A reply that failed validation stays cached (for inspection) but is not the last word:
+    when every attempt of the chain failed and some replies came from the cache (a rerun),
+    the chain runs once more asking anew wherever it meets a cached invalid reply (the same
+    request under the next ``attempt`` number: the LLM sees the same prompt). So a rerun after
+    a fix (another model, a server that now constrains its output) can succeed, and a chain
+    that recovered through feedback replays from the cache at no cost."""
     problem = ""
-    for _ in range(attempts):
-        completion = backend.complete(request)
-        try:
-            return parse_subcriteria(completion.text, criterion, tree, max_children, taken or set())
-        except ValueError as exc:
-            problem = str(exc)
-            request = CompletionRequest(
-                messages=request.messages
-                + (
-                    Message("assistant", completion.text),
-                    Message(
-                        "user",
-                        f"That reply was not usable: {problem}. Reply again with only the JSON "
-                        f"object, at most {max_children} sub-criteria, each with a unique key.",
+    for reask in (False, True):
+        request = decomposition_request(template, task, tree, criterion, max_children)
+        from_cache = False
+        for _ in range(attempts):
+            try:
+                completion = _ask(backend, request, criterion, tree, max_children, taken or set(), reask)
+            except RequestRejected as exc:
+                raise DecompositionError(
+                    f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"
+                ) from None
+            from_cache = from_cache or completion.cached
+            try:
+                return parse_subcriteria(completion.text, criterion, tree, max_children, taken or set())
+            except ValueError as exc:
+                problem = str(exc)
+                request = CompletionRequest(
+                    messages=request.messages
+                    + (
+                        Message("assistant", completion.text),
+                        Message(
+                            "user",
+                            f"That reply was not usable: {problem}. Reply again with only the JSON "
+                            f"object, at most {max_children} sub-criteria, each with a unique key.",
+                        ),
                     ),
-                ),
-                temperature=request.temperature,
-                max_tokens=request.max_tokens,
-                json_mode=request.json_mode,
-                json_schema=request.json_schema,
-                kind=request.kind,
-            )
+                    temperature=request.temperature,
+                    max_tokens=request.max_tokens,
+                    json_mode=request.json_mode,
+                    json_schema=request.json_schema,
+                    kind=request.kind,
+                )
+        if not from_cache:
+            break
     raise DecompositionError(
         f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "
-        f"(last: {problem}); the replies are cached, so a rerun with the same LLM fails the same "
-        "way: use a model that follows JSON instructions (--llm), or fewer --layers"
+        f"(last: {problem}); the replies are kept in the cache for inspection and a rerun asks "
+        "again: use a model that follows JSON instructions (--llm), or fewer --layers"
     )
+
+
+def _ask(
+    backend: Backend, request: CompletionRequest, criterion: Criterion, tree: CriteriaTree,
+    max_children: int, taken: set[str], reask: bool,
+) -> Completion:
+    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number
+    that is either fresh from the LLM or cached and valid (cached invalid ones are walked past)."""
+    completion = backend.complete(request)
+    for n in range(1, _MAX_REASKS + 1):
+        if not reask or not completion.cached:
+            return completion
+        try:
+            parse_subcriteria(completion.text, criterion, tree, max_children, set(taken))
+            return completion
+        except ValueError:
+            completion = backend.complete(dataclasses.replace(request, attempt=n))
+    return completion
 
 
 def decompose_nodes(
@@ -163,7 +209,11 @@ def decompose_nodes(
     for node in nodes:
         first = decomposition_request(template, task, tree, node, max_children)
         cached = bool(is_cached and is_cached(first))
+        stats = getattr(backend, "stats", None)
+        calls = getattr(stats, "calls", None)
         children = decompose(backend, template, task, tree, node, max_children, taken)
+        if isinstance(calls, int):
+            cached = stats.calls == calls  # a cached reply that failed validation was asked again
         taken.update(c.key for c in children)
         tree = tree.with_children(node.key, children)
         if progress is not None:

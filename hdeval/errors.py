@@ -41,6 +41,13 @@ class CacheError(HdevalError):
     """
 
 
+class RequestRejected(BackendError):
+    """The server could not answer this one request (too long for the model's context, refused
+    by a content filter, an invalid prompt; or a reply past the size cap), while others may
+    well succeed. Scoring records it as that cell's failure and goes on; nothing is cached.
+    """
+
+
 class DownloadError(HdevalError):
     """A data file could not be fetched completely (HTTP error, unreachable, cut off).
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar, Union
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.errors import RequestRejected
 from hdeval.progress import Progress
 
 T = TypeVar("T")
@@ -16,8 +17,14 @@ def run_requests(
     requests: Sequence[CompletionRequest],
     concurrency: int,
     progress: Progress | None = None,
-) -> list[Completion]:
+    *,
+    keep_rejected: bool = False,
+) -> list[Union[Completion, RequestRejected]]:
     """Complete ``requests`` with at most ``concurrency`` in flight; results in input order.
+
+    With ``keep_rejected``, a request the server rejected on its own account
+    (:class:`RequestRejected`: too long, filtered) is returned in its place as the exception
+    object and the others go on; without it, it is raised like any other error.
 
     Requests are submitted in order, so a single-worker backend (a local model) sees all
     criteria of one sample back to back and can reuse its KV cache. The first error
@@ -29,10 +36,15 @@ def run_requests(
     if cap:
         concurrency = min(concurrency, cap)  # a local model runs one call at a time anyway
 
-    def one(req: CompletionRequest) -> Completion:
-        c = backend.complete(req)
+    def one(req: CompletionRequest) -> Union[Completion, RequestRejected]:
+        try:
+            c: Union[Completion, RequestRejected] = backend.complete(req)
+        except RequestRejected as exc:
+            if not keep_rejected:
+                raise
+            c = exc
         if progress is not None:
-            progress.advance(1, cached=c.cached)
+            progress.advance(1, cached=getattr(c, "cached", False))
         return c
 
     return map_concurrent(one, requests, concurrency)

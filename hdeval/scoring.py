@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.errors import RequestRejected
 from hdeval.prompts import Template, scoring_messages
 from hdeval.progress import Progress
 from hdeval.runner import run_requests
@@ -18,7 +19,11 @@ SCALE = (1, 5)
 TOP_LOGPROBS = 10
 SCORE_MAX_TOKENS = 8
 _MIN_DIGIT_MASS = 0.05  # below this the digits are not what the model meant to say
-_INT = re.compile(r"-?\d+")
+# ASCII digits only: ``\d`` would also match an Arabic-Indic "٤" or a superscript "²"
+_INT = re.compile(r"-?[0-9]+")
+_DIGITS = re.compile(r"[0-9]{1,3}")
+_MAX_DIGITS = 6
+_NAMED_REJECTIONS = 5  # requests the server rejected, named one per line; the rest counted  # a longer number is out of any scale; int() of 5000 digits raises
 
 
 def scoring_request(
@@ -40,26 +45,34 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
     position that offers digits (as G-Eval does). Without: the first integer in the reply.
     """
     low, high = scale
+    text = completion.text if isinstance(completion.text, str) else ""
     if completion.top_logprobs:
         for position in completion.top_logprobs:
             mass = 0.0
             total = 0.0
             for alt in position:
-                tok = alt.token.strip()
-                if tok.isdigit() and low <= int(tok) <= high:
-                    p = math.exp(alt.logprob)
-                    mass += p
-                    total += p * int(tok)
+                tok = alt.token.strip() if isinstance(alt.token, str) else ""
+                if not _DIGITS.fullmatch(tok) or not low <= int(tok) <= high:
+                    continue
+                lp = alt.logprob
+                if not isinstance(lp, (int, float)) or math.isnan(lp) or lp > 1e-6:
+                    return math.nan, f"unreadable logprob {lp!r} for token {tok!r} in reply: {_clip(text)}"
+                p = math.exp(max(min(lp, 0.0), -1e4))
+                mass += p
+                total += p * int(tok)
             if mass >= _MIN_DIGIT_MASS:
                 return total / mass, None
-            if any(alt.token.strip() for alt in position):
+            if any(isinstance(alt.token, str) and alt.token.strip() for alt in position):
                 break  # the first real token is not a digit: fall back to the text
-    m = _INT.search(completion.text or "")
+    m = _INT.search(text)
     if m is None:
-        return math.nan, f"no score in reply: {_clip(completion.text)}"
-    value = int(m.group())
+        return math.nan, f"no score in reply: {_clip(text)}"
+    digits = m.group().lstrip("-").lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:
+        return math.nan, f"score with {len(digits)} digits outside {low}-{high}: {_clip(text)}"
+    value = -int(digits) if m.group().startswith("-") else int(digits)
     if not low <= value <= high:
-        return math.nan, f"score {value} outside {low}-{high}: {_clip(completion.text)}"
+        return math.nan, f"score {value} outside {low}-{high}: {_clip(text)}"
     return float(value), None
 
 
@@ -89,17 +102,30 @@ def score_criteria(
     concurrency: int = 8,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
-    """Score every sample on every criterion. Unusable replies become NaN + a Failure."""
+    """Score every sample on every criterion. Unusable replies, and requests the server
+    rejected on their own account (too long, filtered), become NaN + a Failure."""
     requests = score_requests(template, task, tree, criteria, samples)
-    completions = run_requests(backend, requests, concurrency, progress)
+    completions = run_requests(backend, requests, concurrency, progress, keep_rejected=True)
     values = np.full((len(samples), len(criteria)), np.nan)
     failures: list[Failure] = []
+    rejected: list[Failure] = []
     k = 0
     for i, s in enumerate(samples):
         for j, c in enumerate(criteria):
-            value, reason = parse_score(completions[k])
+            done = completions[k]
             k += 1
+            if isinstance(done, RequestRejected):
+                value, reason = math.nan, " ".join(str(done).split())[:300]  # one bounded line
+                rejected.append(Failure(s.id, c.key, reason))
+            else:
+                value, reason = parse_score(done)
             values[i, j] = value
             if reason is not None:
                 failures.append(Failure(s.id, c.key, reason))
+    if rejected and progress is not None:
+        # name them: the user may want to shorten or drop these samples
+        for f in rejected[:_NAMED_REJECTIONS]:
+            progress.message(f"sample {f.sample_id} on {f.criterion_key}: {f.reason} (recorded as a failed score)")
+        if len(rejected) > _NAMED_REJECTIONS:
+            progress.message(f"... and {len(rejected) - _NAMED_REJECTIONS} more requests the server rejected")
     return ScoreMatrix([s.id for s in samples], [c.key for c in criteria], values, failures)

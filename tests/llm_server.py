@@ -17,7 +17,10 @@ Planned replies (see :class:`Reply` for the building blocks):
 - ``Reply.raw(b"...", status=200)``: arbitrary bytes (malformed bodies);
 - ``Reply.disconnect()``: close the connection without answering;
 - ``Reply.truncated(...)``: send headers and half the body, then close;
-- ``Reply.hang(seconds)`` or ``delay=`` on any reply: wait before answering (timeouts).
+- ``Reply.hang(seconds)`` or ``delay=`` on any reply: wait before answering (timeouts);
+- ``Reply.dripping(...)``: headers at once, then the body one byte every ``drip`` seconds;
+- ``Reply.huge(n)``: an ``n``-byte body, with or without Content-Length;
+- ``Reply.redirect(status, location)``: a 301/302/307 with a Location header.
 
 A planned entry may also be a callable ``(RecordedRequest) -> Reply`` and ``server.default``
 may be replaced by one, for replies that depend on the request. The default answers a
@@ -32,7 +35,9 @@ count calls and check where the API key was sent.
 :class:`FaultServer` (at the end) answers like hdeval's FakeBackend, so ``hdeval train`` can
 run against it, and injects faults by configuration (:class:`FaultMix`): 429 with and without
 Retry-After, 500/502/503, hangs, dropped connections, truncated and malformed bodies, prose or
-out-of-range scores, decomposition replies that are not JSON or empty. It logs every reply's
+out-of-range scores, decomposition replies that are not JSON or empty, hostile score values
+(``SCORE_HOSTILE``), refusals of one request and oversized replies (``REQUEST_FAULTS``), and
+bodies dripping a byte per second (``SLOW_FAULTS``). It logs every reply's
 outcome, refuses requests past a limit and stops by itself after a lifetime.
 """
 
@@ -77,7 +82,9 @@ class Reply:
 
     ``body`` is sent as is (bytes) or JSON-encoded (anything else); ``delay`` seconds pass
     before answering; ``drop`` closes the connection without a reply; ``truncate`` sends the
-    headers (with the full Content-Length) and only that many body bytes, then closes.
+    headers (with the full Content-Length) and only that many body bytes, then closes;
+    ``drip`` sends the body one byte every ``drip`` seconds (until the client gives up or the
+    server stops); ``no_length`` sends no Content-Length and closes after the body.
     """
 
     status: int = 200
@@ -86,6 +93,8 @@ class Reply:
     delay: float = 0.0
     drop: bool = False
     truncate: int | None = None
+    drip: float = 0.0
+    no_length: bool = False
 
     # -- building blocks ------------------------------------------------------------------
 
@@ -146,6 +155,24 @@ class Reply:
     def hang(cls, seconds: float) -> "Reply":
         """Answer normally, but only after ``seconds`` (to provoke client timeouts)."""
         return cls.ok(delay=seconds)
+
+    @classmethod
+    def dripping(cls, text: str = "4", drip: float = 1.0) -> "Reply":
+        """A valid reply whose body trickles in a byte every ``drip`` seconds: each read is
+        quick, so only a deadline on the whole request ends it."""
+        return cls(body=json.dumps(chat_completion(text)).encode(), drip=drip)
+
+    @classmethod
+    def huge(cls, size: int, *, with_length: bool = True) -> "Reply":
+        """A ``size``-byte body (a JSON string padding a completion), announced by
+        Content-Length or, with ``with_length=False``, only ended by closing the connection."""
+        head = b'{"choices": [{"message": {"role": "assistant", "content": "4"}}], "pad": "'
+        data = head + b"x" * max(0, size - len(head) - 2) + b'"}'
+        return cls(body=data, no_length=not with_length)
+
+    @classmethod
+    def redirect(cls, status: int, location: str) -> "Reply":
+        return cls(status=status, body=b"", headers={"Location": location})
 
 
 Planned = Union[Reply, Callable[[RecordedRequest], Reply]]
@@ -208,6 +235,7 @@ class LLMServer:
         self.logprobs = True  # give top logprobs when the request asks for them
         self.reject_logprobs = False  # answer 400 to requests that ask for logprobs
         self.require_key: str | None = None  # answer 401 unless "Authorization: Bearer <key>"
+        self.sent_bytes = 0  # bytes of no-length bodies sent in full (the client read them all)
         self.default: Callable[[RecordedRequest], Reply] = self._default_reply
         self._planned: list[Planned] = []
         self._lock = threading.Lock()
@@ -304,8 +332,31 @@ class LLMServer:
                 headers = {"Content-Type": "application/json", **reply.headers}
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                if reply.no_length:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                else:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if reply.drip:
+                    try:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i : i + 1])
+                            self.wfile.flush()
+                            if server._stopping.wait(reply.drip):
+                                break
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the client gave up: what a bounded client does
+                    self.close_connection = True
+                    return
+                if reply.no_length:
+                    try:
+                        for i in range(0, len(data), 65536):
+                            self.wfile.write(data[i : i + 65536])
+                        server.sent_bytes += len(data)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 if reply.truncate is not None:
                     self.wfile.write(data[: reply.truncate])
                     self.wfile.flush()
@@ -371,7 +422,17 @@ TRANSPORT_FAULTS = ("429", "429-retry-after", "500", "502", "503", "hang", "drop
 SCORE_GARBAGE = ("prose", "out-of-range")
 #: decomposition replies that arrive fine but hold no usable JSON: cached, asked again
 DECOMPOSE_GARBAGE = ("bad-json", "empty")
-ALL_FAULTS = TRANSPORT_FAULTS + SCORE_GARBAGE + DECOMPOSE_GARBAGE
+#: scoring replies (HTTP 200) with hostile values: a superscript or Arabic-Indic digit, a
+#: logprob of 1000 / Infinity / NaN, a 5000-digit number, a content that is not a string, a
+#: token count of 1e999; cached, each a recorded failure (or for usage, a count of 0)
+SCORE_HOSTILE = ("superscript", "arabic-digit", "logprob-1000", "logprob-inf", "logprob-nan",
+                 "long-number", "not-a-string", "usage-1e999")
+#: answers about one request: 400 context_length_exceeded / content filter, 413; and a reply
+#: past the client's size cap. Not cached; a recorded failure of that cell, the run goes on
+REQUEST_FAULTS = ("context-length", "content-filter", "413", "huge")
+#: a body dripping a byte per second (only a deadline on the whole request ends it)
+SLOW_FAULTS = ("drip",)
+ALL_FAULTS = TRANSPORT_FAULTS + SCORE_GARBAGE + DECOMPOSE_GARBAGE + SCORE_HOSTILE + REQUEST_FAULTS + SLOW_FAULTS
 
 
 def request_kind(req: "RecordedRequest") -> str:
@@ -383,11 +444,13 @@ def completion_request(body: dict[str, Any], kind: str = "") -> CompletionReques
     """The hdeval request an OpenAI request body was made from (inverse of the backend's
     ``_params``), so a test can compute the cache key of a request the server saw."""
     fmt = body.get("response_format")
-    json_mode = isinstance(fmt, dict) and fmt.get("type") == "json_object"
+    json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
     schema = None
-    if json_mode:
-        # The reply schema of a decomposition request stays on the client (the OpenAI backend
-        # asks for plain JSON) but is part of the cache key: rebuild it from the prompt's cap.
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = json.dumps(fmt["json_schema"]["schema"], sort_keys=True)
+    elif json_mode:
+        # after a server rejected json_schema, the schema stays on the client (plain JSON is
+        # asked for) but is part of the cache key: rebuild it from the prompt's cap
         from hdeval.decompose import reply_schema
 
         cap = re.search(r"at most (\d+) sub-criteria", body["messages"][-1]["content"])
@@ -414,6 +477,37 @@ def completion_body(c: Completion, model: str = "test-model") -> dict[str, Any]:
     return chat_completion(c.text, logprobs=lp or None, usage=usage, model=model)
 
 
+def _hostile_body(fault: str) -> bytes:
+    """A chat completion (HTTP 200) carrying one hostile value, as raw JSON text (so it can
+    hold what ``json.dumps`` would not write: 1e999, a bare Infinity)."""
+    def completion(content: str, logprobs: str = "null", usage: str = '{"prompt_tokens": 12, "completion_tokens": 1}') -> bytes:
+        return (f'{{"id": "x", "object": "chat.completion", "choices": [{{"index": 0, "message": {{"role": '
+                f'"assistant", "content": {content}}}, "logprobs": {logprobs}, "finish_reason": "stop"}}], '
+                f'"usage": {usage}}}').encode()
+
+    def lp(token: str, value: str) -> str:
+        alt = f'{{"token": {json.dumps(token)}, "logprob": {value}}}'
+        return f'{{"content": [{{"token": {json.dumps(token)}, "logprob": {value}, "top_logprobs": [{alt}]}}]}}'
+
+    if fault == "superscript":
+        return completion('"\u00b2"', lp("\u00b2", "-0.01"))
+    if fault == "arabic-digit":
+        return completion('"\u0664"', lp("\u0664", "-0.01"))
+    if fault == "logprob-1000":
+        return completion('"4"', lp("4", "1000"))
+    if fault == "logprob-inf":
+        return completion('"4"', lp("4", "Infinity"))
+    if fault == "logprob-nan":
+        return completion('"4"', lp("4", "NaN"))
+    if fault == "long-number":
+        return completion('"' + "5" * 5000 + '"')
+    if fault == "not-a-string":
+        return completion('{"score": 4}')
+    if fault == "usage-1e999":
+        return completion('"4"', lp("4", "-0.01"), '{"prompt_tokens": 1e999, "completion_tokens": -5}')
+    raise ValueError(fault)
+
+
 def _unit(*parts: Any) -> float:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
@@ -424,13 +518,16 @@ class FaultMix:
     """``rate`` of requests get a fault, drawn uniformly from ``faults`` (those that apply
     to the request's kind: garbage scores only to scoring requests, garbage JSON only to
     decompositions). ``retry_after`` is the header value of ``429-retry-after``; ``hang``
-    is how long a hung request waits (make it longer than the client's timeout)."""
+    is how long a hung request waits (make it longer than the client's timeout); ``huge``
+    the size of a "huge" body, ``drip`` the seconds between the bytes of a "drip" body."""
 
     rate: float
     faults: tuple[str, ...] = TRANSPORT_FAULTS
     seed: int = 0
     retry_after: str = "1"
     hang: float = 4.5
+    huge: int = 5 * 2**20  # bytes of a "huge" reply: past the client's 4 MB cap
+    drip: float = 1.0  # seconds between the bytes of a "drip" reply
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(ALL_FAULTS)
@@ -442,8 +539,8 @@ class FaultMix:
         if _unit(self.seed, "rate", body, seen_before) >= self.rate:
             return None
         usable = [f for f in self.faults
-                  if f in TRANSPORT_FAULTS
-                  or (kind == "score" and f in SCORE_GARBAGE)
+                  if f in TRANSPORT_FAULTS or f in REQUEST_FAULTS or f in SLOW_FAULTS
+                  or (kind == "score" and f in SCORE_GARBAGE + SCORE_HOSTILE)
                   or (kind == "decompose" and f in DECOMPOSE_GARBAGE)]
         if not usable:
             return None
@@ -566,6 +663,24 @@ class FaultServer(LLMServer):
             return Reply.ok('Sure! Here are the sub-criteria: {"subcriteria": [{"key": "clarity", "name": ')
         if fault == "empty":
             return Reply.ok("")
+        if fault in SCORE_HOSTILE:
+            return Reply.raw(_hostile_body(fault))
+        if fault == "context-length":
+            return Reply.json({"error": {
+                "message": "This model's maximum context length is 128 tokens. However, your messages "
+                           "resulted in 9000 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}},
+                status=400)
+        if fault == "content-filter":
+            return Reply.json({"error": {
+                "message": "The response was filtered due to the prompt triggering the content management policy.",
+                "type": None, "param": "prompt", "code": "content_filter"}}, status=400)
+        if fault == "413":
+            return Reply.error(413, "request entity too large")
+        if fault == "huge":
+            return Reply.huge(mix.huge)
+        if fault == "drip":
+            return Reply(body=json.dumps(body).encode(), drip=mix.drip)
         raise ValueError(fault)  # pragma: no cover - FaultMix validates names
 
     def _logged(self, req: RecordedRequest, kind: str, outcome: str, reply: Reply) -> Reply:
@@ -591,7 +706,7 @@ class FaultServer(LLMServer):
     def ok_bodies(self) -> Counter[bytes]:
         """How often each request body was answered with a usable 200 (garbage included:
         garbage is a completion the client receives and caches)."""
-        usable = {"ok", *SCORE_GARBAGE, *DECOMPOSE_GARBAGE}
+        usable = {"ok", *SCORE_GARBAGE, *DECOMPOSE_GARBAGE, *SCORE_HOSTILE}
         with self._lock:
             return Counter(a.body for a in self.log if a.outcome in usable)
 

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+#: a token count beyond this is not a count (``1e999``, a 5000-digit number): read as 0
+MAX_TOKEN_COUNT = 10**12
+#: a reply's top alternatives beyond these bounds are dropped when read back
+MAX_POSITIONS = 4096
+MAX_ALTERNATIVES = 64
 
 
 @dataclass(frozen=True)
@@ -28,10 +35,16 @@ class CompletionRequest:
     # Which prompt this is ("score", "decompose", ...): lets the fake LLM and test servers pick
     # a responder without reading the wording. Metadata only: not part of the cache key.
     kind: str = field(default="", compare=False)
+    # Asking the same thing again: never sent to the LLM, only part of the cache key, so a
+    # caller can re-ask a request whose cached reply it found unusable (a decomposition reply
+    # that failed validation) and keep that reply cached for inspection. 0 leaves keys as they were.
+    attempt: int = 0
 
     def key_fields(self) -> dict[str, Any]:
         """Decoding parameters that change the output (cache key material)."""
-        extra = {"json_schema": self.json_schema} if self.json_schema is not None else {}
+        extra: dict[str, Any] = {"json_schema": self.json_schema} if self.json_schema is not None else {}
+        if self.attempt:
+            extra["attempt"] = self.attempt
         return {
             **extra,
             "messages": [[m.role, m.content] for m in self.messages],
@@ -63,22 +76,81 @@ class Completion:
     cached: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: an unreadable (NaN) logprob is stored as null and reads back as NaN."""
         d = asdict(self)
         d.pop("cached")
+        if d["top_logprobs"] is not None:
+            d["top_logprobs"] = [[{"token": t["token"], "logprob": None if math.isnan(t["logprob"]) else t["logprob"]}
+                                  for t in pos] for pos in d["top_logprobs"]]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Completion":
-        lp = d.get("top_logprobs")
+        """Read a stored completion with bounds: a text that is not a string reads as "" (the
+        scorer then records a failure), an unreadable logprob is NaN (a failure too), a token count that
+        is not a sane non-negative integer reads as 0. Raises ValueError only when ``d`` is not
+        a mapping at all."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a stored completion must be a JSON object, not {type(d).__name__}")
+        text = d.get("text")
+        evaluated = d.get("prompt_tokens_evaluated")
         return cls(
-            text=d["text"],
-            top_logprobs=None
-            if lp is None
-            else tuple(tuple(TokenLogprob(t["token"], float(t["logprob"])) for t in pos) for pos in lp),
-            prompt_tokens=int(d.get("prompt_tokens") or 0),
-            completion_tokens=int(d.get("completion_tokens") or 0),
-            prompt_tokens_evaluated=d.get("prompt_tokens_evaluated"),
+            text=text if isinstance(text, str) else "",
+            top_logprobs=read_top_logprobs(d.get("top_logprobs")),
+            prompt_tokens=token_count(d.get("prompt_tokens")),
+            completion_tokens=token_count(d.get("completion_tokens")),
+            prompt_tokens_evaluated=None if evaluated is None else token_count(evaluated),
         )
+
+
+def token_count(value: Any) -> int:
+    """A token count from untrusted input: a non-negative integer up to MAX_TOKEN_COUNT (an
+    int, an integral finite float, or a short string of ASCII digits); anything else is 0."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            return 0
+        n = int(value)
+    elif isinstance(value, str) and 0 < len(value.strip()) <= 13 and value.strip().isascii() and value.strip().isdigit():
+        n = int(value.strip())
+    else:
+        return 0
+    return n if 0 <= n <= MAX_TOKEN_COUNT else 0
+
+
+def read_logprob(value: Any) -> float:
+    """A log-probability from untrusted input, NaN when it is not one (a non-number, NaN,
+    +Infinity, anything above 0: ``1000`` would overflow ``exp``); the scorer turns a NaN into a
+    recorded failure. -Infinity and anything below -10000 read as -10000 (p = 0); a tiny
+    positive value (rounding, up to 1e-6) reads as 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        lp = float(value)
+    except (OverflowError, ValueError):  # an int too large for a float
+        return math.nan
+    if math.isnan(lp) or lp > 1e-6:
+        return math.nan
+    return min(max(lp, -1e4), 0.0)
+
+
+def read_top_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
+    """Stored top alternatives (a list of positions, each a list of ``{"token", "logprob"}``),
+    bounded: an alternative without a string token is dropped, an unreadable logprob is NaN."""
+    if not isinstance(lp, (list, tuple)):
+        return None
+    positions = []
+    for pos in lp[:MAX_POSITIONS]:
+        alts = []
+        for t in pos[:MAX_ALTERNATIVES] if isinstance(pos, (list, tuple)) else ():
+            if not isinstance(t, dict) or not isinstance(t.get("token"), str):
+                continue
+            alts.append(TokenLogprob(t["token"], read_logprob(t.get("logprob"))))
+        positions.append(tuple(alts))
+    return tuple(positions)
 
 
 @runtime_checkable

@@ -3,7 +3,15 @@
 This is the one place in hdeval that retries: the ``openai`` client runs with its own retries
 off, and tenacity here retries rate limits, server errors, dropped connections, timeouts and
 malformed bodies with capped, jittered exponential backoff (or the server's ``Retry-After``).
-Anything else becomes a one-line :class:`~hdeval.errors.BackendError` at once.
+Anything else becomes a one-line :class:`~hdeval.errors.BackendError` at once, except a 4xx
+that is about one request (too long for the context, a content filter, an invalid prompt; 413,
+422): that is a :class:`~hdeval.errors.RequestRejected`, which scoring records as that cell's
+failure while the run goes on.
+
+``timeout`` bounds a whole HTTP request (the client's own timeout is per read, so a server
+dripping a byte a second would never trip it), and a reply body past ``max_reply_bytes`` is a
+RequestRejected for that request, read no further and never cached. Redirects are not
+followed but reported, with the Location's credentials stripped.
 
 The API key never leaves the ``Authorization`` header: not in ``identity`` (the cache key),
 not in error messages.
@@ -24,8 +32,16 @@ from urllib.parse import urlsplit, urlunsplit
 import openai
 import tenacity
 
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
-from hdeval.errors import BackendError, ConfigError
+from hdeval.backends.base import (
+    MAX_ALTERNATIVES,
+    MAX_POSITIONS,
+    Completion,
+    CompletionRequest,
+    TokenLogprob,
+    read_logprob,
+    token_count,
+)
+from hdeval.errors import BackendError, ConfigError, RequestRejected
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +50,18 @@ PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key bu
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 
+MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
+
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 _MAX_DETAIL = 200  # characters of a server's error message kept in ours
+# A 400 whose message or code says it is about this request's content, not about the
+# endpoint, the model or the parameters every request shares: the failure of one cell.
+_REQUEST_PROBLEM = re.compile(
+    r"context[ _-]?length|context[ _-]?window|context size|maximum context|too long|too many tokens"
+    r"|max(imum)?[ _-]?tokens? .*exceed|exceeds? .*(context|token|limit)|content[ _-]?(filter|policy|management)"
+    r"|safety|flagged|invalid[ _-]prompt|prompt is invalid",
+    re.I,
+)
 
 
 class _Transient(Exception):
@@ -52,6 +78,10 @@ class _Transient(Exception):
 
 class _LogprobsRejected(Exception):
     """The server answered 400 to the ``logprobs`` parameter."""
+
+
+class _SchemaRejected(Exception):
+    """The server answered 400 to ``response_format: {"type": "json_schema", ...}``."""
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -83,10 +113,36 @@ def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = N
 
 
 def _display_url(url: str) -> str:
-    """The URL without user:password and without a trailing slash (for identity and messages)."""
+    """The URL without user:password and without a trailing slash (for identity and messages).
+
+    A password holding an unescaped ``/``, ``?`` or ``#`` ends the host part early, so
+    everything up to the last ``@`` is dropped then: better to show too little than a piece
+    of a password (such a URL is refused by :func:`_check_url` anyway)."""
     parts = urlsplit(url.strip())
-    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        netloc = parts.netloc.rpartition("@")[2]
+    elif "@" in url:
+        return f"{parts.scheme}://***@{url.rpartition('@')[2]}".rstrip("/")
+    else:
+        netloc = parts.netloc
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
+
+
+def _check_url(url: str) -> None:
+    """Refuse a base URL the HTTP client would misread, without quoting any of it (it may
+    hold a password)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--base-url must be an http:// or https:// URL, got {_display_url(url)!r}")
+    if "@" not in parts.netloc and "@" in url:
+        raise ConfigError(
+            "--base-url has an '@' after its host part: if it holds user:password, percent-encode "
+            "'/', '?', '#' and '@' in them (%2F, %3F, %23, %40)"
+        )
+    try:
+        parts.port
+    except ValueError:
+        raise ConfigError(f"--base-url {_display_url(url)!r} has an invalid port") from None
 
 
 def _is_openai(url: str) -> bool:
@@ -100,7 +156,8 @@ class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
 
     ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server
-    gets a placeholder key when none is given. ``timeout`` is per HTTP request;
+    gets a placeholder key when none is given. ``timeout`` bounds each HTTP request as a
+    whole (reading the reply included); a reply over ``max_reply_bytes`` is a RequestRejected;
     ``max_retries`` bounds retries of transient failures, waiting ``backoff_base * 2**n``
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
@@ -118,14 +175,16 @@ class OpenAICompatBackend:
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
         if max_retries < 0:
             raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
+        if not timeout > 0:
+            raise ConfigError(f"--timeout must be above 0 seconds, got {timeout}")
         url = (base_url or OPENAI_BASE_URL).strip()
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-            raise ConfigError(f"--base-url must be an http:// or https:// URL, got {_display_url(url)!r}")
+        _check_url(url)
         if not api_key:
             if base_url is None or _is_openai(url):
                 raise ConfigError(
@@ -141,9 +200,12 @@ class OpenAICompatBackend:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.max_malformed_retries = max_malformed_retries
+        self.max_reply_bytes = max_reply_bytes
         self._key = api_key
         # flips to False (never back) the first time the server rejects the logprobs parameter
         self._logprobs_supported = True
+        # likewise for response_format json_schema: then plain json_object is asked for
+        self._schema_supported = True
         self._lock = threading.Lock()
         # An explicit base_url keeps the client from reading OPENAI_BASE_URL, which would send
         # requests somewhere other than what ``identity`` (and so the cache key) names.
@@ -152,6 +214,9 @@ class OpenAICompatBackend:
             base_url=url.rstrip("/"),
             timeout=timeout,
             max_retries=0,  # retries happen here, once, not also inside the client
+            # a redirect is reported, not followed: following turns a POST into a GET and the
+            # user sees a puzzling 404/405 from wherever it led
+            http_client=openai.DefaultHttpxClient(follow_redirects=False),
         )
 
     def __repr__(self) -> str:  # the default repr would show nothing secret, but be explicit
@@ -170,15 +235,26 @@ class OpenAICompatBackend:
         Raises :class:`BackendError` with a one-line message when the server refuses the request
         or keeps failing.
         """
-        want_logprobs = bool(request.top_logprobs) and self._logprobs_supported
-        try:
-            return self._complete_with_retries(request, want_logprobs)
-        except _LogprobsRejected:
-            with self._lock:
-                if self._logprobs_supported:
-                    log.info("%s rejected the logprobs parameter; not asking for logprobs again", self.base_url)
-                self._logprobs_supported = False
-            return self._complete_with_retries(request, False)
+        while True:
+            want_logprobs = bool(request.top_logprobs) and self._logprobs_supported
+            try:
+                return self._complete_with_retries(request, want_logprobs)
+            except _LogprobsRejected:
+                with self._lock:
+                    if self._logprobs_supported:
+                        log.info("%s rejected the logprobs parameter; not asking for logprobs again", self.base_url)
+                    self._logprobs_supported = False
+            except _SchemaRejected:
+                with self._lock:
+                    if self._schema_supported:
+                        log.info("%s rejected response_format json_schema; asking for plain JSON from now on",
+                                 self.base_url)
+                    self._schema_supported = False
+
+    @property
+    def schema_supported(self) -> bool:
+        """False once the server rejected ``response_format`` ``json_schema``; not sent again."""
+        return self._schema_supported
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -247,7 +323,13 @@ class OpenAICompatBackend:
         }
         if request.seed is not None:
             params["seed"] = request.seed
-        if request.json_mode:
+        if request.json_schema is not None and self._schema_supported:
+            # OpenAI structured outputs; vLLM and llama.cpp's server constrain decoding to it
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": json.loads(request.json_schema), "strict": True},
+            }
+        elif request.json_mode or request.json_schema is not None:
             params["response_format"] = {"type": "json_object"}
         if logprobs:
             params["logprobs"] = True
@@ -259,13 +341,68 @@ class OpenAICompatBackend:
         return params
 
     def _attempt(self, request: CompletionRequest, logprobs: bool) -> Completion:
+        """One HTTP request, bounded as a whole by ``timeout``.
+
+        The client's timeout only bounds each read, so the request runs in a worker thread and
+        is given up at the deadline; the worker notices at its next chunk and closes the
+        connection (a worker stuck in one read ends at that read's timeout)."""
+        params = self._params(request, logprobs)
+        schema_sent = params.get("response_format", {}).get("type") == "json_schema"
+        deadline = time.monotonic() + self.timeout
+        outcome: dict[str, Any] = {}
+        finished = threading.Event()
+        cancelled = threading.Event()
+
+        def fetch() -> None:
+            try:
+                outcome["body"] = self._read_reply(params, logprobs, schema_sent, deadline, cancelled)
+            except BaseException as exc:  # handed to the waiting thread
+                outcome["error"] = exc
+            finally:
+                finished.set()
+
+        threading.Thread(target=fetch, name="hdeval-http", daemon=True).start()
+        if not finished.wait(self.timeout):
+            cancelled.set()
+            raise _Transient(f"no complete reply within the {self.timeout:g}s timeout")
+        if "error" in outcome:
+            raise outcome["error"]
+        return self._parse(outcome["body"], logprobs)
+
+    def _read_reply(self, params: dict[str, Any], logprobs: bool, schema_sent: bool, deadline: float,
+                    cancelled: threading.Event) -> bytes:
+        too_late = _Transient(f"no complete reply within the {self.timeout:g}s timeout")
+        too_large = RequestRejected(
+            f"the reply from {self.base_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
+            "completion; not read further"
+        )
         try:
-            # raw response: we parse the body ourselves so a malformed one is a retryable
-            # fault rather than a half-built object or a str from the client's lenient parser
-            raw = self._client.chat.completions.with_raw_response.create(**self._params(request, logprobs))
-            body = raw.content
+            # streamed: we read the body ourselves, so a malformed one is a retryable fault
+            # rather than a half-built object, and we can stop at the deadline or the size cap
+            with self._client.chat.completions.with_streaming_response.create(**params) as raw:
+                length = raw.headers.get("content-length", "")
+                if length.isdigit() and len(length) < 20 and int(length) > self.max_reply_bytes:
+                    raise too_large
+                chunks: list[bytes] = []
+                size = 0
+                try:
+                    for chunk in raw.iter_bytes():
+                        if cancelled.is_set() or time.monotonic() > deadline:
+                            raise too_late
+                        size += len(chunk)
+                        if size > self.max_reply_bytes:
+                            raise too_large
+                        chunks.append(chunk)
+                except Exception as exc:  # the HTTP library's own errors, by name (httpx or httpx2)
+                    names = {c.__name__ for c in type(exc).__mro__}
+                    if "TimeoutException" in names:
+                        raise too_late from None
+                    if names & {"HTTPError", "StreamError"}:
+                        raise _Transient(f"connection error ({_one_line(f'{type(exc).__name__}: {exc}')})") from None
+                    raise
+                return b"".join(chunks)
         except openai.APITimeoutError:
-            raise _Transient(f"no reply within the {self.timeout:g}s timeout") from None
+            raise too_late from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             # by name: the client's HTTP library is httpx or httpx2 depending on its version
@@ -274,19 +411,30 @@ class OpenAICompatBackend:
             detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
             raise _Transient(f"connection error ({_one_line(detail)})") from None
         except openai.APIStatusError as exc:
-            raise self._status_error(exc, logprobs) from None
-        return self._parse(body, logprobs)
+            raise self._status_error(exc, logprobs, schema_sent) from None
 
-    def _status_error(self, exc: openai.APIStatusError, logprobs: bool) -> Exception:
-        """Map an HTTP error to a retryable fault, a logprobs fallback or a final BackendError."""
+    def _status_error(self, exc: openai.APIStatusError, logprobs: bool, schema_sent: bool = False) -> Exception:
+        """Map an HTTP error to a retryable fault, a logprobs or schema fallback, a rejection of
+        this one request, or a final BackendError."""
         status = exc.status_code
+        if 300 <= status < 400:
+            location = exc.response.headers.get("location", "")
+            where = f" to {_one_line(_display_url(location))}" if location else ""
+            return BackendError(self._redact(
+                f"the server at {self.base_url} redirects (HTTP {status}){where}; hdeval does not follow "
+                "redirects: give the final address as --base-url"))
         detail = _error_detail(exc)
+        said = f"{detail} {exc.body}".lower()
         if status >= 500 or status in _RETRY_STATUSES:
             what = "rate limited" if status == 429 else "server error"
             return _Transient(f"{what} (HTTP {status}): {detail}",
                               retry_after=retry_after_seconds(exc.response.headers))
-        if logprobs and status in (400, 422) and "logprob" in f"{detail} {exc.body}".lower():
+        if logprobs and status in (400, 422) and "logprob" in said:
             return _LogprobsRejected()
+        if schema_sent and status in (400, 422) and ("response_format" in said or "json_schema" in said):
+            return _SchemaRejected()
+        if status in (413, 422) or (status == 400 and _REQUEST_PROBLEM.search(said)):
+            return RequestRejected(self._redact(f"the server rejected this request (HTTP {status}): {detail}"))
         if status == 401:
             msg = (f"the server at {self.base_url} rejected the API key (HTTP 401); "
                    "check OPENAI_API_KEY, or unset it for a local server that needs none")
@@ -309,19 +457,19 @@ class OpenAICompatBackend:
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):  # some servers send content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
         text = content if isinstance(content, str) else ""
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        prompt_tokens = _int(usage.get("prompt_tokens"))
+        prompt_tokens = token_count(usage.get("prompt_tokens"))
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return Completion(
             text=text,
-            top_logprobs=_parse_logprobs(choice.get("logprobs")) if logprobs else None,
+            top_logprobs=_parse_logprobs(choice.get("logprobs")) if logprobs and isinstance(choice, dict) else None,
             prompt_tokens=prompt_tokens,
-            completion_tokens=_int(usage.get("completion_tokens")),
+            completion_tokens=token_count(usage.get("completion_tokens")),
             # the server reports prompt tokens it served from its prompt cache
-            prompt_tokens_evaluated=prompt_tokens - _int(cached) if cached is not None else None,
+            prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
         )
 
     def _redact(self, text: str) -> str:
@@ -337,18 +485,17 @@ def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
     if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
         return None
     positions = []
-    for pos in lp["content"]:
+    for pos in lp["content"][:MAX_POSITIONS]:
         if not isinstance(pos, dict):
             continue
         alts = pos.get("top_logprobs") or [pos]  # no alternatives: the chosen token is all we know
         parsed = []
-        for alt in alts:
+        for alt in alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else ():
             if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
                 continue
-            try:
-                parsed.append(TokenLogprob(alt["token"], float(alt["logprob"])))
-            except (KeyError, TypeError, ValueError):
-                continue
+            # an unreadable logprob (1000, Infinity, NaN, a string) is kept as NaN: the scorer
+            # records a failure rather than a score computed from what is left
+            parsed.append(TokenLogprob(alt["token"], read_logprob(alt.get("logprob"))))
         positions.append(tuple(parsed))
     return tuple(positions) if positions else None
 
@@ -370,9 +517,3 @@ def _one_line(text: str) -> str:
     text = re.sub(r"\s+", " ", text).strip()
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
