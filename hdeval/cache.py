@@ -181,7 +181,10 @@ def parse_completion(text: str) -> Completion:
         ok = isinstance(lp, list) and all(
             isinstance(pos, list) and all(
                 isinstance(t, dict) and isinstance(t.get("token"), str)
-                and type(t.get("logprob")) in (int, float) and not math.isnan(t["logprob"])
+                # null: a logprob the server sent unreadable (NaN, Infinity), kept as delivered
+                # so the replay records the same failure instead of paying for it again
+                and (t.get("logprob") is None
+                     or (type(t.get("logprob")) in (int, float) and not math.isnan(t["logprob"])))
                 for t in pos)
             for pos in lp)
         if not ok:

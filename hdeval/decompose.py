@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
-from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
+from hdeval.backends.base import Backend, CompletionRequest
 from hdeval.errors import DecompositionError, RequestRejected
+from hdeval.judge import UnusableReply, ask_json, extract_json
 from hdeval.progress import Progress
 from hdeval.prompts import Template, decomposition_messages
 from hdeval.types import CriteriaTree, Criterion, Task
@@ -21,7 +21,6 @@ _KEY_MAX = 24
 _NAME_MAX = 80
 _DEFINITION_MAX = 300
 # how many cached replies that failed validation one attempt walks past before asking anew
-_MAX_REASKS = 50
 
 
 def slug(text: str) -> str:
@@ -75,17 +74,13 @@ def parse_subcriteria(
     sub-criterion (same name and definition) is kept once; more than ``max_children`` are
     cut to the first ``max_children``. ``taken`` holds keys already in use.
     """
-    body = text.strip()
-    fence = re.search(r"```(?:json)?\s*(.*?)```", body, re.S)
-    if fence:
-        body = fence.group(1).strip()
-    start, end = body.find("{"), body.rfind("}")
-    if start < 0 or end <= start:
-        raise ValueError("the reply holds no JSON object")
-    try:
-        data = json.loads(body[start : end + 1])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the reply is not valid JSON ({exc.msg})") from exc
+    return validate_subcriteria(extract_json(text), parent, tree, max_children, taken)
+
+
+def validate_subcriteria(
+    data: Any, parent: Criterion, tree: CriteriaTree, max_children: int, taken: set[str]
+) -> list[Criterion]:
+    """:func:`parse_subcriteria` on an already parsed JSON reply."""
     items = data.get("subcriteria") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError('"subcriteria" must be a non-empty list')
@@ -126,72 +121,29 @@ def decompose(
     taken: set[str] | None = None,
     attempts: int = ATTEMPTS,
 ) -> list[Criterion]:
-    """Ask for sub-criteria; a malformed reply is answered with what was wrong and asked
-    again (a new, deterministic request, so it is cached too); then a clear error.
-
-    A reply that failed validation stays cached (for inspection) but is not the last word:
-    when every attempt of the chain failed and some replies came from the cache (a rerun),
-    the chain runs once more asking anew wherever it meets a cached invalid reply (the same
-    request under the next ``attempt`` number: the LLM sees the same prompt). So a rerun after
-    a fix (another model, a server that now constrains its output) can succeed, and a chain
-    that recovered through feedback replays from the cache at no cost."""
-    problem = ""
-    for reask in (False, True):
-        request = decomposition_request(template, task, tree, criterion, max_children)
-        from_cache = False
-        for _ in range(attempts):
-            try:
-                completion = _ask(backend, request, criterion, tree, max_children, taken or set(), reask)
-            except RequestRejected as exc:
-                raise DecompositionError(
-                    f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"
-                ) from None
-            from_cache = from_cache or completion.cached
-            try:
-                return parse_subcriteria(completion.text, criterion, tree, max_children, taken or set())
-            except ValueError as exc:
-                problem = str(exc)
-                request = CompletionRequest(
-                    messages=request.messages
-                    + (
-                        Message("assistant", completion.text),
-                        Message(
-                            "user",
-                            f"That reply was not usable: {problem}. Reply again with only the JSON "
-                            f"object, at most {max_children} sub-criteria, each with a unique key.",
-                        ),
-                    ),
-                    temperature=request.temperature,
-                    max_tokens=request.max_tokens,
-                    json_mode=request.json_mode,
-                    json_schema=request.json_schema,
-                    kind=request.kind,
-                )
-        if not from_cache:
-            break
-    raise DecompositionError(
-        f"could not decompose criterion {criterion.key!r}: {attempts} replies were unusable "
-        f"(last: {problem}); the replies are kept in the cache for inspection and a rerun asks "
-        "again: use a model that follows JSON instructions (--llm), or fewer --layers"
-    )
-
-
-def _ask(
-    backend: Backend, request: CompletionRequest, criterion: Criterion, tree: CriteriaTree,
-    max_children: int, taken: set[str], reask: bool,
-) -> Completion:
-    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number
-    that is either fresh from the LLM or cached and valid (cached invalid ones are walked past)."""
-    completion = backend.complete(request)
-    for n in range(1, _MAX_REASKS + 1):
-        if not reask or not completion.cached:
-            return completion
-        try:
-            parse_subcriteria(completion.text, criterion, tree, max_children, set(taken))
-            return completion
-        except ValueError:
-            completion = backend.complete(dataclasses.replace(request, attempt=n))
-    return completion
+    """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
+    with what was wrong and asked again (a new, deterministic request, so it is cached too); a
+    rerun re-asks replies that were cached invalid; then a clear error."""
+    request = decomposition_request(template, task, tree, criterion, max_children)
+    used = set(taken or set())
+    try:
+        return ask_json(
+            backend, request,
+            lambda data: validate_subcriteria(data, criterion, tree, max_children, set(used)),
+            lambda problem: (f"That reply was not usable: {problem}. Reply again with only the JSON "
+                             f"object, at most {max_children} sub-criteria, each with a unique key."),
+            attempts,
+        )
+    except RequestRejected as exc:
+        raise DecompositionError(
+            f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"
+        ) from None
+    except UnusableReply as exc:
+        raise DecompositionError(
+            f"could not decompose criterion {criterion.key!r}: {exc.attempts} replies were unusable "
+            f"(last: {exc.problem}); the replies are kept in the cache for inspection and a rerun asks "
+            "again: use a model that follows JSON instructions (--llm), or fewer --layers"
+        ) from None
 
 
 def decompose_nodes(

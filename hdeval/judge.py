@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
-from hdeval.errors import HdevalError
+from hdeval.errors import HdevalError, RequestRejected
 from hdeval.progress import Progress
 from hdeval.runner import run_requests
 from hdeval.types import Failure, ScoreMatrix
@@ -55,28 +55,45 @@ def fill_matrix(
     Rows and columns appear in the order they first occur in ``cells``. Requests are sent in
     cell order, so callers put the cells of one sample together (sample-major) and a local model
     reuses the shared prompt prefix. Identical requests cost one call (the cache joins them). An
-    unusable reply becomes NaN plus a :class:`Failure`; it never raises.
+    unusable reply, or a request the server rejected on its own account (too long for the
+    context, filtered: named on ``progress``), becomes NaN plus a :class:`Failure`; errors that
+    concern the whole run (unreachable server, budget, Ctrl-C) are raised.
     """
     rows = list(dict.fromkeys(c.sample_id for c in cells))
     cols = list(dict.fromkeys(c.column for c in cells))
     flat = [r for c in cells for r in c.requests]
-    completions = run_requests(llm, flat, concurrency, progress)
+    completions = run_requests(llm, flat, concurrency, progress, keep_rejected=True)
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)
     failures: list[Failure] = []
+    rejected: list[Failure] = []
     k = 0
     for c in cells:
         got = completions[k : k + len(c.requests)]
         k += len(c.requests)
-        value, reason = parse(got)
-        if reason is None and not math.isfinite(value):
-            reason = f"the parser gave a non-finite value ({value!r})"
+        refused = next((g for g in got if isinstance(g, RequestRejected)), None)
+        if refused is not None:
+            value, reason = math.nan, " ".join(str(refused).split())[:300]  # one bounded line
+            rejected.append(Failure(c.sample_id, c.column, reason))
+        else:
+            value, reason = parse(got)
+            if reason is None and not math.isfinite(value):
+                reason = f"the parser gave a non-finite value ({value!r})"
         if reason is not None:
             value = math.nan
             failures.append(Failure(c.sample_id, c.column, reason))
         values[row_of[c.sample_id], col_of[c.column]] = value
+    if rejected and progress is not None:
+        # name them: the user may want to shorten or drop these samples
+        for f in rejected[:_NAMED_REJECTIONS]:
+            progress.message(f"sample {f.sample_id} on {f.criterion_key}: {f.reason} (recorded as a failed score)")
+        if len(rejected) > _NAMED_REJECTIONS:
+            progress.message(f"... and {len(rejected) - _NAMED_REJECTIONS} more requests the server rejected")
     return ScoreMatrix(rows, cols, values, failures)
+
+
+_NAMED_REJECTIONS = 5
 
 
 # ---------------------------------------------------------------------- parsers
@@ -184,17 +201,53 @@ def ask_json(
     is wrong. A re-ask is a *new* request (the old reply plus ``feedback(problem)`` as the next
     user turn): deterministic, so it is cached like any other. After ``attempts`` unusable
     replies, :class:`UnusableReply` names the last problem.
+
+    A reply that failed validation stays cached (for inspection) but is not the last word: when
+    every attempt failed and some replies came from the cache (a rerun), the chain runs once more
+    asking anew wherever it meets a cached invalid reply (the same request under the next
+    ``attempt`` number: the LLM sees the same prompt). So a rerun after a fix (another model, a
+    server that now constrains its output) can succeed, while a chain that recovered through
+    feedback replays from the cache at no cost. A request the server rejects
+    (:class:`~hdeval.errors.RequestRejected`) is raised to the caller.
     """
+
+    def check(text: str) -> T:
+        return validate(extract_json(text))
+
     problem = ""
-    for _ in range(attempts):
-        completion = llm.complete(request)
-        try:
-            return validate(extract_json(completion.text))
-        except ValueError as exc:
-            problem = str(exc)
-            request = dataclasses.replace(
-                request,
-                messages=request.messages
-                + (Message("assistant", completion.text), Message("user", feedback(problem))),
-            )
+    for reask in (False, True):
+        req = request
+        from_cache = False
+        for _ in range(attempts):
+            completion = _reply(llm, req, check, reask)
+            from_cache = from_cache or completion.cached
+            try:
+                return check(completion.text)
+            except ValueError as exc:
+                problem = str(exc)
+                req = dataclasses.replace(
+                    req,
+                    messages=req.messages
+                    + (Message("assistant", completion.text), Message("user", feedback(problem))),
+                )
+        if not from_cache:
+            break
     raise UnusableReply(attempts, problem)
+
+
+_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
+
+
+def _reply(llm: Backend, request: CompletionRequest, check: Callable[[str], Any], reask: bool) -> Completion:
+    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that
+    is either fresh from the LLM or cached and valid (cached invalid ones are walked past)."""
+    completion = llm.complete(request)
+    for n in range(1, _MAX_REASKS + 1):
+        if not reask or not completion.cached:
+            return completion
+        try:
+            check(completion.text)
+            return completion
+        except ValueError:
+            completion = llm.complete(dataclasses.replace(request, attempt=n))
+    return completion

@@ -9,11 +9,9 @@ from typing import Sequence
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.errors import RequestRejected
 from hdeval.prompts import Template, scoring_messages
 from hdeval.progress import Progress
-from hdeval.runner import run_requests
-from hdeval.types import CriteriaTree, Criterion, Failure, Sample, ScoreMatrix, Task
+from hdeval.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
 
 SCALE = (1, 5)
 TOP_LOGPROBS = 10
@@ -22,8 +20,7 @@ _MIN_DIGIT_MASS = 0.05  # below this the digits are not what the model meant to 
 # ASCII digits only: ``\d`` would also match an Arabic-Indic "٤" or a superscript "²"
 _INT = re.compile(r"-?[0-9]+")
 _DIGITS = re.compile(r"[0-9]{1,3}")
-_MAX_DIGITS = 6
-_NAMED_REJECTIONS = 5  # requests the server rejected, named one per line; the rest counted  # a longer number is out of any scale; int() of 5000 digits raises
+_MAX_DIGITS = 6  # a longer number is out of any scale; int() of 5000 digits raises
 
 
 def scoring_request(
@@ -102,30 +99,14 @@ def score_criteria(
     concurrency: int = 8,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
-    """Score every sample on every criterion. Unusable replies, and requests the server
-    rejected on their own account (too long, filtered), become NaN + a Failure."""
-    requests = score_requests(template, task, tree, criteria, samples)
-    completions = run_requests(backend, requests, concurrency, progress, keep_rejected=True)
-    values = np.full((len(samples), len(criteria)), np.nan)
-    failures: list[Failure] = []
-    rejected: list[Failure] = []
-    k = 0
-    for i, s in enumerate(samples):
-        for j, c in enumerate(criteria):
-            done = completions[k]
-            k += 1
-            if isinstance(done, RequestRejected):
-                value, reason = math.nan, " ".join(str(done).split())[:300]  # one bounded line
-                rejected.append(Failure(s.id, c.key, reason))
-            else:
-                value, reason = parse_score(done)
-            values[i, j] = value
-            if reason is not None:
-                failures.append(Failure(s.id, c.key, reason))
-    if rejected and progress is not None:
-        # name them: the user may want to shorten or drop these samples
-        for f in rejected[:_NAMED_REJECTIONS]:
-            progress.message(f"sample {f.sample_id} on {f.criterion_key}: {f.reason} (recorded as a failed score)")
-        if len(rejected) > _NAMED_REJECTIONS:
-            progress.message(f"... and {len(rejected) - _NAMED_REJECTIONS} more requests the server rejected")
-    return ScoreMatrix([s.id for s in samples], [c.key for c in criteria], values, failures)
+    """Score every sample on every criterion (sample-major), through the one cell filler.
+    Unusable replies, and requests the server rejected on their own account (too long,
+    filtered), become NaN + a Failure."""
+    from hdeval.judge import Cell, digit_score, fill_matrix
+
+    cells = [Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria]
+    m = fill_matrix(backend, cells, digit_score(SCALE), concurrency, progress)
+    if not cells:  # keep the columns of an empty matrix
+        return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],
+                           np.zeros((len(samples), len(criteria))))
+    return m

@@ -12,6 +12,7 @@ from hdeval.train import train
 
 
 def _req(**kw):
+    kw.setdefault("kind", "score")  # the fake LLM answers by kind; kind is not key material
     return CompletionRequest((Message("user", "hello"),), **kw)
 
 

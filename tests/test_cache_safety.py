@@ -25,7 +25,7 @@ from hdeval.train import train
 
 
 def _req(text: str = "hello") -> CompletionRequest:
-    return CompletionRequest((Message("user", text),))
+    return CompletionRequest((Message("user", text),), kind="score")
 
 
 def _key(text: str = "hello") -> str:
