@@ -27,6 +27,8 @@ from hdeval.scoring import score_criteria, score_requests
 from hdeval.tasks import load_task, select_aspects
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
 
+MAX_SEED = 2**32 - 1
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -73,6 +75,10 @@ class TrainConfig:
             (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
             (self.timeout > 0, "--timeout must be positive"),
             (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
+            (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
+            # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
+            (0 <= self.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED}, got {self.seed}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}"),
         ]
         for ok, msg in checks:
             if not ok:
