@@ -16,7 +16,7 @@ from hdeval.backends.factory import LLMSpec, make_backend, resolve_llm
 from hdeval.cache import CachedBackend
 from hdeval.data import Split, find_data, limit_samples, read_samples, split_samples
 from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
-from hdeval.errors import ConfigError, ScoringError
+from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.evaluator import Evaluator
 from hdeval.metrics import metric_table
 from hdeval.paths import default_cache_dir
@@ -105,7 +105,10 @@ def prepare(config: TrainConfig) -> Prepared:
     path = find_data(task, config.data)
     samples = read_samples(path, task, require_scores=True)
     samples = limit_samples(samples, config.limit, config.seed)
-    split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    try:
+        split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    except DataError as exc:  # too few samples or documents: say which file
+        raise DataError(f"{path}: {exc}") from exc
     keep = set(split.train_ids) | set(split.test_ids)
     return Prepared(task, [s for s in samples if s.id in keep], split, path)
 

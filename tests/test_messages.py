@@ -133,14 +133,14 @@ def test_too_few_training_samples_fail_before_any_call(
     data = write_jsonl(tmp_path / "few.jsonl", toy_rows(n_docs, per_doc=1))
     for agg in ("lr", "auto"):
         msg = one_error_line(train_on(task_file, data, "--aggregator", agg, "--layers", "2", *extra))
-        assert "training sample" in msg and "at least 2" in msg, msg
+        assert "few.jsonl: " in msg and "training sample" in msg and "at least 2" in msg, msg
     assert fake_calls == []
 
 
 def test_one_document_says_how_many_are_needed(tmp_path: Path, task_file: Path, fake_calls: list[int]) -> None:
     data = write_jsonl(tmp_path / "one.jsonl", toy_rows(1, per_doc=3))
     msg = one_error_line(train_on(task_file, data))
-    assert "at least 2 source documents" in msg and "found 1" in msg
+    assert "one.jsonl: " in msg and "at least 2 source documents" in msg and "found 1" in msg
     assert fake_calls == []
 
 
