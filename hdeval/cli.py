@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from hdeval.errors import HdevalError
 from hdeval.progress import Progress
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
+TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the same command to resume"
 
 
 class TerminalProgress(Progress):
@@ -81,16 +83,37 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread. A KeyboardInterrupt, so every cleanup that Ctrl-C
+    gets (queued LLM calls dropped, running ones finished and cached, temp files removed)
+    runs for it too."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def run_command(fn: Callable[[], Any]) -> Any:
-    """Turn library errors into one line on stderr and an exit code."""
+    """Turn library errors into one line on stderr and an exit code; Ctrl-C and SIGTERM into
+    one line saying that what finished is cached (exit 130 and 143, as the shell reports)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return fn()
     except HdevalError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo(f"\n{INTERRUPTED}", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        if previous is not None:  # a second SIGTERM from here on ends the process the usual way
+            signal.signal(signal.SIGTERM, previous)
+            previous = None
+        click.echo(f"\n{TERMINATED if terminated else INTERRUPTED}", err=True)
+        sys.exit(128 + signal.SIGTERM if terminated else 130)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -241,6 +264,20 @@ def load_artifact(path: str):
     return ev
 
 
+def _check_llm_options(*, concurrency: int, timeout: float, max_retries: int, max_calls: int | None) -> None:
+    """The LLM options of ``apply`` and ``explain`` (``train`` checks its own in TrainConfig)."""
+    from hdeval.errors import ConfigError
+
+    for ok, msg in (
+        (concurrency >= 1, f"--concurrency must be at least 1, got {concurrency}"),
+        (timeout > 0, f"--timeout must be positive, got {timeout}"),
+        (max_retries >= 0, f"--max-retries must be 0 or more, got {max_retries}"),
+        (max_calls is None or max_calls >= 0, f"--max-calls must be 0 or more, got {max_calls}"),
+    ):
+        if not ok:
+            raise ConfigError(msg)
+
+
 def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
                         max_retries: int, cache_dir: str | None, max_calls: int | None,
                         concurrency: int, quiet: bool):
@@ -249,6 +286,7 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
     from hdeval.cache import CachedBackend
     from hdeval.paths import default_cache_dir
 
+    _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
     spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
     _notice_local(spec.model)
     backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
@@ -283,6 +321,7 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
     from hdeval.data import read_samples, write_jsonl
 
     def go() -> None:
+        _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
         ev = load_artifact(artifact)
         samples = read_samples(input_file, ev.task, require_scores=False)
         needed = len(ev.needed_criteria)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
@@ -15,6 +16,10 @@ from hdeval.paths import user_data_dir
 from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
 
 MAX_REPORTED_ERRORS = 20
+BOM = "\ufeff"
+_INVALID_BYTE = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" shows a non-UTF-8 byte
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
 def data_candidates(task: Task) -> list[Path]:
@@ -69,11 +74,25 @@ def read_samples(
             errors.append(f"line {lineno}: {msg}")
 
     try:
-        fh = path.open("r", encoding="utf-8")
+        # Invalid bytes become lone surrogates (U+DC80-U+DCFF) so each is reported with its
+        # line; newline="" keeps line ends as they are, so byte offsets stay exact.
+        fh = path.open("r", encoding="utf-8", errors="surrogateescape", newline="")
     except OSError as exc:
         raise DataError(f"cannot open data file {path}: {exc}") from exc
+    offset = 0  # bytes of the file before the current line
     with fh:
         for lineno, line in enumerate(fh, 1):
+            start = offset
+            offset += len(line.encode("utf-8", "surrogateescape"))
+            if lineno == 1 and line.startswith(BOM):
+                line = line[1:]  # a byte-order mark, as spreadsheet exports write (data import accepts it too)
+                start += len(BOM.encode("utf-8"))
+            bad_byte = _INVALID_BYTE.search(line)
+            if bad_byte:
+                col = len(line[: bad_byte.start()].encode("utf-8", "surrogateescape"))
+                bad(lineno, f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} "
+                            f"of the line, offset {start + col} in the file)")
+                continue
             if not line.strip():
                 continue
             try:
@@ -81,8 +100,16 @@ def read_samples(
             except json.JSONDecodeError as exc:
                 bad(lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
                 continue
-            except UnicodeDecodeError:
-                bad(lineno, "not UTF-8 text")
+            except RecursionError:
+                bad(lineno, "not usable JSON (nested too deeply)")
+                continue
+            except ValueError as exc:  # e.g. an integer with more digits than Python converts
+                bad(lineno, f"not usable JSON ({exc})")
+                continue
+            where = _lone_surrogate(row)
+            if where is not None:
+                bad(lineno, f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff "
+                            "without its pair), which is not text")
                 continue
             if not isinstance(row, dict):
                 bad(lineno, "not a JSON object")
@@ -103,6 +130,27 @@ def read_samples(
     if not samples:
         raise DataError(f"{path}: no samples")
     return samples
+
+
+def _lone_surrogate(row: object) -> str | None:
+    """Where a JSON ``\\ud800``-style escape left a lone surrogate (it cannot be encoded as
+    UTF-8, so a prompt or the cache would fail on it later), e.g. ``field 'output'``; None if
+    there is none. Iterative: a row may be nested as deep as the JSON parser allows."""
+    stack: list[tuple[str, object]] = [("", row)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return f"field {where!r}" if where else "the line"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                name = f"{where}.{k}" if where else k
+                if _SURROGATE.search(k):
+                    return f"a key in {where!r}" if where else "a key"
+                stack.append((name, v))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 def _sample_from_row(
@@ -212,7 +260,10 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
         )
     docs = _docs_in_seeded_order(samples, seed)
     if len(docs) < 2:
-        raise DataError("need samples from at least 2 source documents (doc_id) to split train/test")
+        raise DataError(
+            f"need samples from at least 2 source documents (doc_id) to split train/test, found "
+            f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit"
+        )
     n = len(samples)
     test: list[Grouped] = []
     train: list[Grouped] = []
@@ -224,8 +275,13 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
         if len(train) >= train_frac * n - 1e-9:
             break
         train.extend(group)
-    if not train:
-        raise DataError("the split left no training samples; raise --limit or lower --test-frac")
+    if len(train) < MIN_TRAIN_SAMPLES:
+        # Checked here, before any LLM call: cross-validation would fail only after scoring.
+        raise DataError(
+            f"the split left {len(train)} training sample(s) (of {n} in {len(docs)} documents, "
+            f"{len(test)} held out); training needs at least {MIN_TRAIN_SAMPLES}: use more data, "
+            "raise --limit or --train-frac, or lower --test-frac"
+        )
     order = {s.id: k for k, s in enumerate(samples)}
     return Split(
         tuple(sorted((s.id for s in train), key=order.__getitem__)),

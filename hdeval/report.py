@@ -8,6 +8,7 @@ Computation lives in :mod:`hdeval.explain`; this module assembles, plots and wri
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import json
@@ -228,6 +229,19 @@ def _pyplot() -> Any:
     return plt
 
 
+def _literal_text(plot: Callable[..., bytes]) -> Callable[..., bytes]:
+    """Draw ``plot`` with mathtext off: criterion and aspect names are the user's (or the
+    LLM's) text, and a name like ``price $x^$`` must show as written, not be parsed as TeX
+    (an unbalanced one made matplotlib raise)."""
+
+    @functools.wraps(plot)
+    def draw(*args: Any, **kwargs: Any) -> bytes:
+        with _pyplot().rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return draw
+
+
 def _png(fig: Any) -> bytes:
     """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
     plt = _pyplot()
@@ -251,6 +265,7 @@ def _labeler(ev: "Evaluator", limit: int | None = LABEL_CHARS) -> Labeler:
     return label
 
 
+@_literal_text
 def _barh(values: Mapping[str, float], label: Labeler, title: str, xlabel: str, color: str) -> bytes:
     plt = _pyplot()
     items = sorted(values.items(), key=lambda kv: -kv[1])[:TOP_BARS]
@@ -267,6 +282,7 @@ def _barh(values: Mapping[str, float], label: Labeler, title: str, xlabel: str, 
     return _png(fig)
 
 
+@_literal_text
 def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
     """Grouped bars: held-out Pearson and Spearman per aspect for each layer and the baselines."""
     plt = _pyplot()
@@ -297,6 +313,7 @@ def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
     return _png(fig)
 
 
+@_literal_text
 def plot_beeswarm(r: ShapResult, label: Labeler) -> bytes:
     """shap's summary (beeswarm) plot; colours are the raw criterion scores."""
     import shap
@@ -313,6 +330,7 @@ def plot_beeswarm(r: ShapResult, label: Labeler) -> bytes:
     return _png(fig)
 
 
+@_literal_text
 def plot_efficiency(points: Sequence[EfficiencyPoint], aspects: Sequence[str]) -> bytes:
     """Held-out correlation against the number of criteria kept."""
     plt = _pyplot()

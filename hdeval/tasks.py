@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,10 @@ _TOP_KEYS = {
     "name", "description", "output_label", "data_file", "fields", "aspects", "shape", "where", "skip_empty",
 }
 SHAPES = ("pointwise", "pairwise")
+MAX_NAME = 100
+# A task name becomes part of file and directory names (artifacts/<name>-<kind>, <name>.jsonl):
+# never a path separator, never "." or ".." or a hidden name.
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
 
 
 def builtin_tasks() -> dict[str, Path]:
@@ -46,7 +52,8 @@ def load_task(name_or_path: str | Path) -> Task:
 
 def parse_task_file(path: Path) -> Task:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: an editor may put a byte-order mark in front
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read task file ({exc})") from exc
     except tomllib.TOMLDecodeError as exc:
@@ -55,48 +62,93 @@ def parse_task_file(path: Path) -> Task:
 
 
 def task_from_dict(raw: dict[str, Any], where: str) -> Task:
+    """A task from a task file's (or an artifact manifest's) table; every value is type-checked,
+    so a wrong one is a :class:`ConfigError` naming ``where`` and the field, never a crash later."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the task must be a table, got {_kind(raw)}")
     unknown = set(raw) - _TOP_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
 
-    def need(d: dict, key: str, ctx: str) -> Any:
-        if key not in d or d[key] in ("", None, []):
+    def text(d: dict, key: str, ctx: str, required: bool = True) -> str | None:
+        value = d.get(key)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str):
+            what = "needs" if value is None else f"has {_kind(value)} as"
+            raise ConfigError(f"{where}: {ctx} {what} {key!r}; it must be non-empty text")
+        if not value.strip():
+            if not required:
+                return None
             raise ConfigError(f"{where}: {ctx} needs a non-empty {key!r}")
-        return d[key]
+        return value
 
-    name = str(need(raw, "name", "the task"))
+    def tables(key: str, allowed: set[str]) -> list[dict]:
+        value = raw.get(key)
+        if not isinstance(value, list) or not value:
+            got = "it is missing" if value is None else f"got {_kind(value)}"
+            raise ConfigError(
+                f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least one; {got}"
+            )
+        for i, t in enumerate(value, 1):
+            if not isinstance(t, dict):
+                raise ConfigError(f"{where}: {key} #{i} must be a table ([[{key}]]), got {_kind(t)} {t!r}")
+            extra = set(t) - allowed
+            if extra:
+                raise ConfigError(f"{where}: {key} #{i} has unknown key(s) {', '.join(sorted(map(str, extra)))}")
+        return value
+
+    name = text(raw, "name", "the task")
+    assert name is not None
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', '.' or '-', "
+            "starting with a letter, digit or '_' (it names files and directories)"
+        )
+    data_file = text(raw, "data_file", "the task", required=False) or f"{name}.jsonl"
+    if not _NAME.fullmatch(data_file):
+        raise ConfigError(
+            f"{where}: data_file {data_file!r} must be a plain file name (no directory part), "
+            "looked up in HDEVAL_DATA_DIR and the user data dir"
+        )
     fields = []
-    for i, f in enumerate(need(raw, "fields", "the task"), 1):
-        key = str(need(f, "key", f"fields #{i}"))
+    for i, f in enumerate(tables("fields", {"key", "label"}), 1):
+        key = text(f, "key", f"fields #{i}")
         if key not in SAMPLE_FIELDS:
             raise ConfigError(
                 f"{where}: fields #{i} key {key!r} is not a sample field ({', '.join(SAMPLE_FIELDS)})"
             )
-        fields.append(TaskField(key, str(need(f, "label", f"fields #{i}"))))
+        if key in {x.key for x in fields}:
+            raise ConfigError(f"{where}: fields #{i}: field {key!r} is listed twice")
+        fields.append(TaskField(key, text(f, "label", f"fields #{i}") or ""))
     if "output" not in {f.key for f in fields}:
         raise ConfigError(f"{where}: fields must include the 'output' field (the text under evaluation)")
     aspects = []
     seen: set[str] = set()
-    for i, a in enumerate(need(raw, "aspects", "the task"), 1):
-        key = str(need(a, "key", f"aspects #{i}"))
+    for i, a in enumerate(tables("aspects", {"key", "name", "definition", "range"}), 1):
+        key = text(a, "key", f"aspects #{i}")
+        assert key is not None
         if key in seen:
             raise ConfigError(f"{where}: aspect {key!r} is defined twice")
         if "/" in key or not key.strip():
             raise ConfigError(f"{where}: aspect key {key!r} must be a non-empty name without '/'")
         seen.add(key)
-        rng = need(a, "range", f"aspect {key!r}")
+        rng = a.get("range")
         if (
             not isinstance(rng, list)
             or len(rng) != 2
-            or not all(isinstance(x, (int, float)) for x in rng)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng)
             or rng[0] >= rng[1]
         ):
-            raise ConfigError(f"{where}: aspect {key!r} range must be [low, high] with low < high")
+            raise ConfigError(
+                f"{where}: aspect {key!r} range must be [low, high], two finite numbers with low < high; "
+                f"got {rng!r}"
+            )
         aspects.append(
             Aspect(
                 key=key,
-                name=str(a.get("name") or key.capitalize()),
-                definition=str(need(a, "definition", f"aspect {key!r}")),
+                name=text(a, "name", f"aspect {key!r}", required=False) or key.capitalize(),
+                definition=text(a, "definition", f"aspect {key!r}") or "",
                 low=float(rng[0]),
                 high=float(rng[1]),
             )
@@ -112,11 +164,11 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
     return Task(
         name=name,
-        description=str(need(raw, "description", "the task")),
-        output_label=str(raw.get("output_label") or "Output"),
+        description=text(raw, "description", "the task") or "",
+        output_label=text(raw, "output_label", "the task", required=False) or "Output",
         fields=tuple(fields),
         aspects=tuple(aspects),
-        data_file=str(raw.get("data_file") or f"{name}.jsonl"),
+        data_file=data_file,
         shape=shape,
         where=row_filter,
         skip_empty=skip_empty,
@@ -140,6 +192,12 @@ def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]
             )
         out.append((str(key), tuple(values)))
     return tuple(out)
+
+
+def _kind(value: Any) -> str:
+    """How a TOML value's type reads in a message."""
+    return {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list",
+            dict: "a table"}.get(type(value), type(value).__name__)
 
 
 def select_aspects(task: Task, aspects: list[str] | None) -> Task:

@@ -16,7 +16,7 @@ from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
-from hdeval.errors import ConfigError, ScoringError
+from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.evaluator import Evaluator
 from hdeval.llm import open_llm
 from hdeval.methods.base import FitContext, check_shape, get_method
@@ -27,6 +27,8 @@ from hdeval.prune import prune
 from hdeval.scoring import score_criteria, score_requests
 from hdeval.tasks import load_task, select_aspects
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
+
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ class TrainConfig:
             (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
             (self.timeout > 0, "--timeout must be positive"),
             (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
+            (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
+            # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
+            (0 <= self.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED}, got {self.seed}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -115,7 +121,10 @@ def prepare(config: TrainConfig) -> Prepared:
     path = find_data(task, config.data)
     samples = read_task_samples(path, task, require_labels=True)
     samples = limit_samples(samples, config.limit, config.seed)
-    split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    try:
+        split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    except DataError as exc:  # too few samples or documents: say which file
+        raise DataError(f"{path}: {exc}") from exc
     keep = set(split.train_ids) | set(split.test_ids)
     return Prepared(task, [s for s in samples if s.id in keep], split, path)
 
