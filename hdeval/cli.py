@@ -138,7 +138,9 @@ def run_command(fn: Callable[[], Any]) -> Any:
     seen: dict = {}
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("always")
+            warnings.simplefilter("always")  # count every one; show each once, below
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", quiet)  # hidden by Python's defaults too
             warnings.showwarning = functools.partial(_count_warning, seen)
             return fn()
     except HdevalError as exc:

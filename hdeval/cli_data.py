@@ -36,6 +36,7 @@ def _errors_to_exit(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except HdevalError as exc:
+            _Reporter.end_line()
             click.echo("error: " + str(exc), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -55,21 +56,28 @@ def data() -> None:
 class _Reporter:
     """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
 
+    #: a byte counter is drawn on the terminal without a newline yet (shared, so an error
+    #: message can start on a fresh line)
+    open_line = False
+
     def __init__(self, announce: bool = True) -> None:
         self.tty = sys.stderr.isatty()
-        self.open_line = False
         self.announce = announce
+
+    @classmethod
+    def end_line(cls) -> None:
+        if cls.open_line:
+            click.echo("", err=True)
+            cls.open_line = False
 
     def __call__(self, ev: DownloadEvent) -> None:
         if ev.kind == "bytes":
             if self.tty:
                 total = f" of {ev.total_bytes / 1e6:.1f}" if ev.total_bytes else ""
                 click.echo(f"\r  {ev.done_bytes / 1e6:.1f}{total} MB", err=True, nl=False)
-                self.open_line = True
+                _Reporter.open_line = True
             return
-        if self.open_line:
-            click.echo("", err=True)
-            self.open_line = False
+        _Reporter.end_line()
         if ev.kind == "start" and self.announce:
             click.echo(f"{ev.dataset}: downloading {ev.url}", err=True)
         elif ev.kind == "warning":
@@ -99,8 +107,7 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
     except DownloadError as exc:
         raise DownloadError(missing_data_message(task, why=f"downloading it failed: {exc}")) from None
     finally:
-        if reporter.open_line:
-            click.echo("", err=True)
+        _Reporter.end_line()
 
 
 @data.command("download")

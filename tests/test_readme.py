@@ -374,3 +374,21 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
     # 18 training rows for 2 + 8 criteria, 18 held out: both are too few and said so.
     assert "warning: 18 training samples for" in r.stderr and "may overfit" in r.stderr
     assert "warning: only 18 held-out samples" in r.stderr
+
+
+def test_download_error_starts_on_a_fresh_line_after_the_byte_counter(monkeypatch) -> None:
+    from hdeval import cli_data
+    from hdeval.datasets import DownloadEvent
+    from hdeval.errors import DownloadError
+
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    cli_data._Reporter()(DownloadEvent("bytes", "sfres", done_bytes=2_000_000))
+
+    @cli_data._errors_to_exit
+    def fail() -> None:
+        raise DownloadError("connection closed")
+
+    with pytest.raises(SystemExit):
+        fail()
+    assert tty.getvalue().endswith(" MB\nerror: connection closed\n")
