@@ -60,12 +60,27 @@ class TerminalProgress(Progress):
         self.label, self.total, self.done, self.hits = "", 0, 0, 0
         self.t0 = time.monotonic()
         self._last = 0.0
+        self._stop: threading.Event | None = None
 
     def stage(self, label: str, total: int) -> None:
+        self._stop_ticker()
         with self._lock:
             self.label, self.total, self.done, self.hits = label, total, 0, 0
             self.t0 = time.monotonic()
         self._draw(force=True)
+        if not self.tty and not self.quiet and self.interval > 0:
+            # A line every interval even while one slow call (a local model) is running.
+            self._stop = threading.Event()
+            threading.Thread(target=self._tick, args=(self._stop,), daemon=True).start()
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            self._draw(stop=stop)
+
+    def _stop_ticker(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
 
     def advance(self, n: int = 1, cached: bool = False) -> None:
         with self._lock:
@@ -74,6 +89,7 @@ class TerminalProgress(Progress):
         self._draw()
 
     def end_stage(self) -> None:
+        self._stop_ticker()
         self._draw(force=True, final=True)
 
     def message(self, text: str) -> None:
@@ -94,11 +110,13 @@ class TerminalProgress(Progress):
                 extra += f", ETA {_duration((self.total - self.done) / rate)}"
         return f"{self.label}: {self.done}/{self.total} done ({self.hits} cached){extra}"
 
-    def _draw(self, force: bool = False, final: bool = False) -> None:
+    def _draw(self, force: bool = False, final: bool = False, stop: threading.Event | None = None) -> None:
         global _line_open
         if self.quiet:
             return
         with self._lock:
+            if stop is not None and stop.is_set():
+                return  # a ticker of a stage that has ended
             now = time.monotonic()
             if not force and now - self._last < (0.2 if self.tty else self.interval):
                 return

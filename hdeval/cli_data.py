@@ -21,8 +21,9 @@ from hdeval.datasets import (
     SOURCE_URL_ENV,
     ColumnMap,
     DownloadEvent,
+    data_candidates,
+    load_task,
 )
-from hdeval.datasets import data_candidates, load_task
 from hdeval.errors import DataError, DownloadError, HdevalError
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -392,3 +392,28 @@ def test_download_error_starts_on_a_fresh_line_after_the_byte_counter(monkeypatc
     with pytest.raises(SystemExit):
         fail()
     assert tty.getvalue().endswith(" MB\nerror: connection closed\n")
+
+
+def test_progress_off_a_terminal_ticks_while_a_call_is_running(monkeypatch) -> None:
+    # One slow call (a local model) must not silence the log: a line comes every interval.
+    import threading
+
+    from hdeval.cli import TerminalProgress
+
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    p = TerminalProgress(interval=0.01)
+    p.stage("layer 2: decomposing 4 criteria", 4)
+    p.advance()
+    seen = threading.Event()
+    for _ in range(3000):  # waits for the ticker, up to 30 s; asserts no duration
+        if buf.getvalue().count("1/4 done") >= 2:
+            seen.set()
+            break
+        threading.Event().wait(0.01)
+    p.end_stage()
+    assert seen.is_set(), buf.getvalue()
+    assert buf.getvalue().splitlines()[-1].startswith("layer 2: decomposing 4 criteria: 1/4 done")
+    n = len(buf.getvalue().splitlines())
+    threading.Event().wait(0.1)
+    assert len(buf.getvalue().splitlines()) == n  # the ticker stopped with the stage
