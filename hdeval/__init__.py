@@ -1,10 +1,37 @@
 """hdeval: train aligned LLM evaluators with hierarchical criteria decomposition (HD-Eval)."""
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
 __version__ = "0.1.0"
 
-# Imported eagerly: `hdeval.train` is both a submodule and the function, and a lazy
-# attribute would be shadowed by the submodule once anything imported it.
-from hdeval.evaluator import Evaluator  # noqa: E402
-from hdeval.train import TrainConfig, train  # noqa: E402
-
 __all__ = ["Evaluator", "TrainConfig", "train", "__version__"]
+
+# The public names load on first use, so `hdeval --help` does not pay for scikit-learn,
+# pandas and numpy (module __getattr__, PEP 562).
+_LAZY = {"Evaluator": "hdeval.evaluator", "TrainConfig": "hdeval.train", "train": "hdeval.train"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hdeval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    # `hdeval.train` is both a submodule and the function. Importing the submodule would bind
+    # the module to the attribute `train`; keep the attribute the function, as it always was
+    # (the submodule stays reachable as sys.modules["hdeval.train"]).
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "train" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import os
 import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,24 +24,65 @@ INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same co
 TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the same command to resume"
 
 
-class TerminalProgress(Progress):
-    """Progress on stderr: a redrawn line on a terminal, a few plain lines otherwise."""
+#: Seconds between progress lines when stderr is not a terminal (logs, nohup, `| tee`, CI).
+PROGRESS_INTERVAL_ENV = "HDEVAL_PROGRESS_INTERVAL"
+DEFAULT_PROGRESS_INTERVAL = 10.0
 
-    def __init__(self, quiet: bool = False):
+# True while a redrawn progress line on a terminal has no newline yet: whatever is printed
+# next must start on a fresh line.
+_line_open = False
+
+
+def _end_open_line() -> None:
+    global _line_open
+    if _line_open:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+        _line_open = False
+
+
+def progress_interval() -> float:
+    raw = os.environ.get(PROGRESS_INTERVAL_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_PROGRESS_INTERVAL
+    return value if math.isfinite(value) and value >= 0 else DEFAULT_PROGRESS_INTERVAL
+
+
+class TerminalProgress(Progress):
+    """Progress on stderr: a redrawn line on a terminal; otherwise plain lines at the start and
+    end of each stage and, between them, one every HDEVAL_PROGRESS_INTERVAL seconds (10)."""
+
+    def __init__(self, quiet: bool = False, interval: float | None = None):
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
+        self.interval = progress_interval() if interval is None else interval
         self._lock = threading.Lock()
         self.label, self.total, self.done, self.hits = "", 0, 0, 0
         self.t0 = time.monotonic()
         self._last = 0.0
-        self._next_pct = 0.0
+        self._stop: threading.Event | None = None
 
     def stage(self, label: str, total: int) -> None:
+        self._stop_ticker()
         with self._lock:
             self.label, self.total, self.done, self.hits = label, total, 0, 0
             self.t0 = time.monotonic()
-            self._next_pct = 0.0
         self._draw(force=True)
+        if not self.tty and not self.quiet and self.interval > 0:
+            # A line every interval even while one slow call (a local model) is running.
+            self._stop = threading.Event()
+            threading.Thread(target=self._tick, args=(self._stop,), daemon=True).start()
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            self._draw(stop=stop)
+
+    def _stop_ticker(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
 
     def advance(self, n: int = 1, cached: bool = False) -> None:
         with self._lock:
@@ -46,41 +91,65 @@ class TerminalProgress(Progress):
         self._draw()
 
     def end_stage(self) -> None:
+        self._stop_ticker()
         self._draw(force=True, final=True)
 
     def message(self, text: str) -> None:
         if not self.quiet:
+            with self._lock:
+                _end_open_line()
             click.echo(text, err=True)
 
-    def _draw(self, force: bool = False, final: bool = False) -> None:
+    def line(self) -> str:
+        """``label: done/total done (hits cached), rate, ETA`` for the current stage."""
+        elapsed = time.monotonic() - self.t0
+        fresh = self.done - self.hits
+        extra = ""
+        if fresh > 0 and elapsed > 0:
+            rate = fresh / elapsed
+            extra = f", {rate:.2f} calls/s" if rate < 10 else f", {rate:.0f} calls/s"
+            if self.done < self.total:
+                extra += f", ETA {_duration((self.total - self.done) / rate)}"
+        return f"{self.label}: {self.done}/{self.total} done ({self.hits} cached){extra}"
+
+    def _draw(self, force: bool = False, final: bool = False, stop: threading.Event | None = None) -> None:
+        global _line_open
         if self.quiet:
             return
         with self._lock:
+            if stop is not None and stop.is_set():
+                return  # a ticker of a stage that has ended
             now = time.monotonic()
-            pct = self.done / self.total if self.total else 1.0
-            if not force and now - self._last < 0.2 and self.tty:
+            if not force and now - self._last < (0.2 if self.tty else self.interval):
                 return
-            if not self.tty and not force and pct < self._next_pct:
-                return
-            self._next_pct = pct + 0.25
             self._last = now
-            elapsed = now - self.t0
-            fresh = self.done - self.hits
-            eta = ""
-            if 0 < fresh and self.done < self.total:
-                rate = elapsed / fresh
-                eta = f", ETA {_duration(rate * (self.total - self.done))}"
-            line = f"{self.label}: {self.done}/{self.total} done ({self.hits} cached){eta}"
+            line = self.line()
             if self.tty:
                 sys.stderr.write("\r\033[K" + line + ("\n" if final else ""))
-                sys.stderr.flush()
-            elif final or force:
+                _line_open = not final
+            else:
                 sys.stderr.write(line + "\n")
+            sys.stderr.flush()
 
 
 def _duration(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _count_warning(seen: dict, message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    key = (category.__name__, text[:160])
+    seen[key] = seen.get(key, 0) + 1
+
+
+def _show_warnings(seen: dict) -> None:
+    """Python warnings from libraries (scikit-learn, ...): one summarised line each."""
+    if seen:
+        _end_open_line()
+    for (category, text), n in seen.items():
+        click.echo(f"warning: {text} ({category}{f', {n} times' if n > 1 else ''})", err=True)
+    seen.clear()
 
 
 class Terminated(KeyboardInterrupt):
@@ -94,14 +163,23 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def run_command(fn: Callable[[], Any]) -> Any:
-    """Turn library errors into one line on stderr and an exit code; Ctrl-C and SIGTERM into
-    one line saying that what finished is cached (exit 130 and 143, as the shell reports)."""
+    """Turn library errors into one line on stderr and an exit code; library warnings into one
+    summarised line each (never raw); Ctrl-C and SIGTERM into one line saying that what finished
+    is cached (exit 130 and 143, as the shell reports)."""
+    seen: dict = {}
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return fn()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # count every one; show each once, below
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", quiet)  # hidden by Python's defaults too
+            warnings.showwarning = functools.partial(_count_warning, seen)
+            return fn()
     except HdevalError as exc:
+        _show_warnings(seen)
+        _end_open_line()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
@@ -109,11 +187,20 @@ def run_command(fn: Callable[[], Any]) -> Any:
         if previous is not None:  # a second SIGTERM from here on ends the process the usual way
             signal.signal(signal.SIGTERM, previous)
             previous = None
+        _show_warnings(seen)
+        _line_open_reset()
         click.echo(f"\n{TERMINATED if terminated else INTERRUPTED}", err=True)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        _show_warnings(seen)
+
+
+def _line_open_reset() -> None:
+    # Ctrl-C: the message below starts with its own newline.
+    global _line_open
+    _line_open = False
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -187,10 +274,12 @@ def _notice_local(model: str | None) -> None:
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
+              help="Never download a built-in task's data (by default it is fetched on first use).")
 @method_options
 @llm_options
 def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
-          quiet: bool, **options: Any) -> None:
+          quiet: bool, offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -201,8 +290,19 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
     from hdeval.train import TrainConfig, plan, train as run_train
 
     def go() -> None:
+        from hdeval.cli_data import fetch_missing_task_data
+
         config = TrainConfig.from_options(**options)
+        if config.data is None:
+            fetch_missing_task_data(config.task, offline=offline)
         if dry_run:
+            if _resolved(config.llm) is None:
+                from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
+
+                # Counting calls and tokens needs no LLM; price the default one.
+                click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
+                           "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
+                config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
             _print_plan(*plan(config), price_in=price_in, price_out=price_out)
             return
         progress = TerminalProgress(quiet)
@@ -211,16 +311,41 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
         kind = ev.aggregator.kind if hasattr(ev, "aggregator") else ev.method
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
         ev.save(path)
-        u = ev.metrics["usage"]
-        click.echo(
-            f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
-            f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-        avg = ev.metrics["final"]["average"]
-        click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-                   f"kendall {avg['kendall']}")
-        click.echo(f"artifact written to {path}")
+        _print_train_summary(ev, path)
 
     run_command(go)
+
+
+def _print_train_summary(ev, path: Path) -> None:
+    """Usage, the final evaluator against the direct baseline, sample-size warnings, next step."""
+    m = ev.metrics
+    u = m["usage"]
+    click.echo(
+        f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
+        f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
+    layers = ev.manifest_extra.get("layers") or [{}]
+    final_layer = layers[-1].get("layer", "?")
+    avg = m["final"]["average"]
+    click.echo(f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
+               f"{len(ev.feature_keys)} criteria")
+    click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
+               f"kendall {avg['kendall']}")
+    direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
+    if direct is not None and avg["spearman"] is not None:
+        diff = avg["spearman"] - direct
+        click.echo(f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
+                   f"the trained evaluator is {diff:+.3f}")
+    n_train, n_test = m["split"]["train"], m["split"]["test"]
+    n_crit = len(ev.feature_keys)
+    if n_train < 2 * n_crit:
+        click.echo(f"warning: {n_train} training samples for {n_crit} criteria: the aggregator may "
+                   "overfit; use more data (--limit, --train-frac) or fewer criteria (--layers, --top-k)",
+                   err=True)
+    if n_test < 30:
+        click.echo(f"warning: only {n_test} held-out samples: the correlations above are noisy "
+                   "(use more data or a larger --test-frac)", err=True)
+    click.echo(f"artifact written to {path}")
+    click.echo(f"next: hdeval report {path}")
 
 
 def _resolved(llm: str | None) -> str | None:

@@ -21,10 +21,10 @@ from hdeval.datasets import (
     SOURCE_URL_ENV,
     ColumnMap,
     DownloadEvent,
+    data_candidates,
+    load_task,
 )
-from hdeval.data import data_candidates, find_data
-from hdeval.errors import HdevalError
-from hdeval.tasks import load_task
+from hdeval.errors import DataError, DownloadError, HdevalError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +37,7 @@ def _errors_to_exit(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except HdevalError as exc:
+            _Reporter.end_line()
             click.echo("error: " + str(exc), err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -56,24 +57,58 @@ def data() -> None:
 class _Reporter:
     """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
 
-    def __init__(self) -> None:
+    #: a byte counter is drawn on the terminal without a newline yet (shared, so an error
+    #: message can start on a fresh line)
+    open_line = False
+
+    def __init__(self, announce: bool = True) -> None:
         self.tty = sys.stderr.isatty()
-        self.open_line = False
+        self.announce = announce
+
+    @classmethod
+    def end_line(cls) -> None:
+        if cls.open_line:
+            click.echo("", err=True)
+            cls.open_line = False
 
     def __call__(self, ev: DownloadEvent) -> None:
         if ev.kind == "bytes":
             if self.tty:
                 total = f" of {ev.total_bytes / 1e6:.1f}" if ev.total_bytes else ""
                 click.echo(f"\r  {ev.done_bytes / 1e6:.1f}{total} MB", err=True, nl=False)
-                self.open_line = True
+                _Reporter.open_line = True
             return
-        if self.open_line:
-            click.echo("", err=True)
-            self.open_line = False
-        if ev.kind == "start":
+        _Reporter.end_line()
+        if ev.kind == "start" and self.announce:
             click.echo(f"{ev.dataset}: downloading {ev.url}", err=True)
         elif ev.kind == "warning":
             click.echo(f"warning: {ev.dataset}: {ev.message}", err=True)
+
+
+def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
+    """``train`` on a built-in task whose data file is nowhere: download it first, with a
+    one-line notice (the same code path as ``hdeval data download``). ``offline``: refuse, and
+    name the ways forward."""
+    if task_name not in DATASETS:
+        return
+    task = load_task(task_name)
+    if any(c.is_file() for c in data_candidates(task)):
+        return
+    from hdeval.data import missing_data_message
+    from hdeval.paths import user_data_dir
+
+    if offline:
+        raise DataError(missing_data_message(task, why="not downloading it (--offline)"))
+    url = datasets.dataset_url(datasets.resolve_source_url(), task_name)
+    click.echo(f"note: no data for {task_name} yet: downloading it once from {url} into "
+               f"{user_data_dir()} (--offline refuses)", err=True)
+    reporter = _Reporter(announce=False)
+    try:
+        datasets.download_datasets([task_name], progress=reporter)
+    except DownloadError as exc:
+        raise DownloadError(missing_data_message(task, why=f"downloading it failed: {exc}")) from None
+    finally:
+        _Reporter.end_line()
 
 
 @data.command("download")
@@ -164,6 +199,8 @@ def _note_search_path(name: str, path: Path) -> None:
             err=True,
         )
         return
+    from hdeval.data import find_data
+
     used = find_data(task, None)
     if used.resolve() != path.resolve():
         click.echo(f"note: train will read {used} (searched first), not {path}", err=True)
@@ -255,3 +292,8 @@ def import_cmd(
     n = datasets.write_samples(out, rows, task, unscored=unscored)
     docs = len({r["doc_id"] for r in rows})
     click.echo(f"imported {n} rows ({docs} doc_ids) for task {task.name}: {out}")
+    have = datasets.scored_aspects(rows, task)
+    if not unscored and len(have) < len(task.aspect_keys):
+        absent = [a for a in task.aspect_keys if a not in have]
+        click.echo(f"note: scores for {', '.join(have)} only (no column for {', '.join(absent)}); "
+                   f"train on this file with --aspects {','.join(have)}", err=True)

