@@ -24,14 +24,12 @@ MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
 def data_candidates(task: Task) -> list[Path]:
-    """Where a task's file is looked for, in order. A task from a user's .toml carries its
-    ``data_file`` resolved against the task file's folder (:func:`hdeval.tasks.load_task`):
-    that path comes first, then its file name in the folders below."""
+    """Where a task's file is looked for, in order: beside the task's .toml file (a user's
+    task, see :func:`hdeval.tasks.load_task`), then in HDEVAL_DATA_DIR, then the per-user dir."""
     out = []
-    own = Path(task.data_file)
-    if own.is_absolute():
-        out.append(own)
-    name = own.name
+    name = Path(task.data_file).name
+    if task.source_dir:
+        out.append(Path(task.source_dir) / name)
     env = os.environ.get("HDEVAL_DATA_DIR")
     if env:
         out.append(Path(env) / name)
@@ -57,7 +55,7 @@ def missing_data_message(task: Task, cands: Sequence[Path] | None = None, why: s
     cands = data_candidates(task) if cands is None else cands
     name = Path(task.data_file).name
     ways = f"pass --data FILE.jsonl, or set HDEVAL_DATA_DIR to a folder holding {name}"
-    if task.name in builtin_tasks() and not Path(task.data_file).is_absolute():
+    if task.name in builtin_tasks() and not task.source_dir:
         ways += (f", or run `hdeval data download {task.name}` (from a local copy: add "
                  "--source-url file:///path/to/reproduce/data/ or set HDEVAL_DATA_SOURCE_URL)")
     return (f"no data for task {task.name}: looked in {', '.join(str(c) for c in cands)}"

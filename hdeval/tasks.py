@@ -47,7 +47,7 @@ def load_task(name_or_path: str | Path) -> Task:
         task = parse_task_file(path)
         # A user's task finds its data_file (default <name>.jsonl) beside the task file
         # first, from any working directory; see hdeval.data.data_candidates.
-        return replace(task, data_file=str(path.parent.resolve() / task.data_file))
+        return replace(task, source_dir=str(path.parent.resolve()))
     raise ConfigError(
         f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
         "or pass the path of a task .toml file"

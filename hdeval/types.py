@@ -41,6 +41,9 @@ class Task:
     fields: tuple[TaskField, ...]
     aspects: tuple[Aspect, ...]
     data_file: str = ""
+    #: the folder of the task's .toml file ("" for built-in tasks): its data_file is looked
+    #: for there first. Where the file lay on the trainer's machine: never written to artifacts.
+    source_dir: str = field(default="", compare=False)
     #: ``pointwise`` (one output with human scores) or ``pairwise`` (two outputs and a
     #: human preference label); see hdeval.data.read_samples / read_pairs
     shape: str = "pointwise"

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-import numpy as np
-
 from hdeval.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from hdeval.artifact import ArtifactReader, ArtifactWriter
     from hdeval.backends.base import Backend
     from hdeval.progress import Progress
@@ -29,7 +29,7 @@ class ScoreResult:
 
     sample_ids: list[str]
     aspects: list[str]
-    predictions: np.ndarray  # samples x aspects, in each aspect's range
+    predictions: "np.ndarray"  # samples x aspects, in each aspect's range
     criteria: "ScoreMatrix"  # the LLM-filled columns behind the predictions (NaN = failed / unused)
     usage: dict[str, int] = field(default_factory=dict)
 
@@ -40,6 +40,8 @@ class ScoreResult:
 
     def correlations(self, samples: Sequence["Sample"]) -> dict[str, Any] | None:
         """Held-out style correlations when every sample carries human scores."""
+        import numpy as np
+
         from hdeval.metrics import metric_table
 
         if not samples or not all(all(a in s.scores for a in self.aspects) for s in samples):
@@ -148,8 +150,8 @@ def method_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    # The built-in methods register themselves on import; importing them here (not at the top)
-    # keeps `hdeval --help` free of scikit-learn.
+    # The built-in methods register themselves on import. Their packages hold registration
+    # only (implementations load when a method is used), so `hdeval --help` stays light.
     import hdeval.methods.direct  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
 

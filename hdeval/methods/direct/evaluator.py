@@ -17,12 +17,12 @@ import numpy as np
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import FitContext, Method, ScoreResult, register, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates, parse_template
 from hdeval.scoring import SCALE, score_criteria
 from hdeval.tasks import task_from_dict
-from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
+from hdeval.types import CriteriaTree, Sample, Task
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
@@ -170,12 +170,3 @@ def fit(ctx: FitContext) -> DirectEvaluator:
         "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"},
     }
     return ev
-
-
-METHOD = register(Method(
-    name="direct",
-    summary="each aspect scored directly by the LLM, nothing learned (G-Eval-style baseline)",
-    shapes=("pointwise",),
-    fit=fit,
-    load=DirectEvaluator.from_artifact,
-))
