@@ -652,8 +652,12 @@ def _check_order(path: Path, files: dict, features: list[str], aspects: list[str
             header = next(csv.reader(io.StringIO(line)))
         except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
             raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
-        cols = [c for c in header if c not in ("sample_id", "split") and not c.startswith("human:")]
-        humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
+        if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
+            cols = header[2:2 + len(features)]
+            humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
+        else:
+            cols = [c for c in header if not c.startswith("human:")]
+            humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
         if cols != features:
             raise ArtifactError(f"{mpath}: 'features' are not in the order the aggregator was trained on "
                                 f"(the columns of {SCORES}); the manifest was edited")

@@ -198,6 +198,34 @@ def test_interrupt_between_the_two_renames_keeps_the_old_artifact(
     assert created(artifact) != before and siblings(artifact) == []
 
 
+def test_interrupt_right_after_the_exchange_keeps_the_new_artifact(
+    trained: Evaluator, artifact: Path, monkeypatch
+) -> None:
+    import hdeval.evaluator as evaluator
+
+    before = created(artifact)
+    real = evaluator._exchange
+
+    def exchange(a, b):
+        if not real(a, b):
+            pytest.skip("this system cannot swap directories atomically (no renameat2)")
+        raise KeyboardInterrupt  # stop just after the swap
+
+    monkeypatch.setattr(evaluator, "_exchange", exchange)
+    with pytest.raises(KeyboardInterrupt):
+        trained.save(artifact, force=True)
+    assert created(artifact) != before and Evaluator.load(artifact).feature_keys == trained.feature_keys
+    assert siblings(artifact) == []  # the previous artifact, swapped aside, was removed
+
+
+def test_symlinked_output_is_refused(trained: Evaluator, artifact: Path, tmp_path: Path) -> None:
+    link = tmp_path / "latest"
+    link.symlink_to(artifact)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        trained.save(link, force=True)
+    assert link.is_symlink() and Evaluator.load(link).feature_keys == trained.feature_keys
+
+
 def _killed_save(artifact: Path, cache: Path, toy, how: str) -> subprocess.CompletedProcess:
     """Run a replacing save in a child that dies (os._exit: no finally, no cleanup) at a point."""
     task, data = toy
