@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ev = train(task="summeval", data=str(data), llm=args.llm, limit=args.limit, layers=args.layers,
                        children=args.children, aggregator="lr", concurrency=concurrency,
                        cache_dir=str(cache_dir), backend=raw, progress=StageLog())
-            ev.save(args.out)
+            ev.save(args.out, force=True)  # its own artifact from an earlier run; never a user directory
             print(f"  saved to {args.out} ({time.monotonic() - t0:.0f}s; held-out spearman "
                   f"{ev.metrics['final']['average']['spearman']}, direct layer-1 "
                   f"{ev.metrics['direct_layer1']['average']['spearman']})")
