@@ -39,7 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.backends.factory import LLMSpec, make_backend
+from hdeval.backends.factory import make_backend
+from hdeval.config import LLMConfig
 from hdeval.cache import CachedBackend
 from hdeval.data import read_samples
 from hdeval.evaluator import Evaluator
@@ -128,10 +129,10 @@ def make_llm(llm: str, decompose_with: str, threads: int | None) -> Backend:
 
         scorer: Backend = LlamaCppBackend.from_spec(llm, n_threads=threads)
     else:
-        scorer = make_backend(LLMSpec(llm))
+        scorer = make_backend(LLMConfig(llm))
     if decompose_with == "same" or llm.startswith("fake"):
         return scorer
-    return SplitBackend(scorer, make_backend(LLMSpec("fake")))
+    return SplitBackend(scorer, make_backend(LLMConfig("fake")))
 
 
 def table(rows: list[tuple[str, list[Shift]]], aspects: Sequence[str]) -> str:
@@ -195,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ev = train(task="summeval", data=str(data), llm=args.llm, limit=args.limit, layers=args.layers,
                        children=args.children, aggregator="lr", concurrency=concurrency,
                        cache_dir=str(cache_dir), backend=raw, progress=StageLog())
-            ev.save(args.out)
+            ev.save(args.out, force=True)  # its own artifact from an earlier run; never a user directory
             print(f"  saved to {args.out} ({time.monotonic() - t0:.0f}s; held-out spearman "
                   f"{ev.metrics['final']['average']['spearman']}, direct layer-1 "
                   f"{ev.metrics['direct_layer1']['average']['spearman']})")

@@ -9,18 +9,22 @@ and sizes are bounded.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import platform
 import shutil
+import stat
+import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from hdeval import __version__
-from hdeval.errors import ArtifactError, HdevalError
+from hdeval.errors import ArtifactError, ConfigError, HdevalError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted
@@ -29,8 +33,14 @@ FORMAT = "hdeval-artifact"
 # 2: the manifest names its method; format 1 (HD-Eval only) is still read.
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-MAX_FILE_BYTES = 512 * 1024 * 1024  # no artifact file of ours comes near this
-MAX_JSON_BYTES = 64 * 1024 * 1024
+# Bounds on what is read from an artifact (it is data from whoever sent it).
+MAX_ENTRIES = 10_000  # files + directories inside an artifact
+MAX_FILES = 1_000  # entries in the manifest's ``files``
+MAX_JSON_BYTES = 64 << 20  # manifest, tree, metrics, prompts: any text file
+MAX_FILE_BYTES = 2 << 30  # a model or score table
+# Names next to an artifact directory NAME used while it is replaced (see ``save_artifact``).
+ASIDE = ".hdeval-old"  # .NAME.hdeval-old: the previous artifact, between two renames
+NEW = ".hdeval-new-"  # .NAME.hdeval-new-PID: the artifact being written
 
 
 def sha256_file(path: Path) -> str:
@@ -97,17 +107,24 @@ class ArtifactReader:
         return str(self.manifest.get("method") or "hdeval")
 
     def file(self, name: str) -> Path:
+        """The regular file ``name`` inside the artifact (never a link, never outside)."""
         p = self.path / _safe_name(name)
-        if p.is_symlink() or not p.is_file():
-            raise ArtifactError(f"{self.path}: {name} is missing or not a regular file")
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise ArtifactError(f"{self.path}: {name} is larger than any hdeval artifact file")
+        try:
+            st = os.lstat(p)
+        except OSError:
+            raise ArtifactError(f"{self.path}: {name} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{self.path}: {name} is not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ArtifactError(f"{self.path}: {name} is {st.st_size} bytes, more than an artifact may hold")
         return p
 
-    def text(self, name: str, limit: int = MAX_JSON_BYTES) -> str:
+    def text(self, name: str, limit: int | None = None) -> str:
+        limit = MAX_JSON_BYTES if limit is None else limit
         p = self.file(name)
         if p.stat().st_size > limit:
-            raise ArtifactError(f"{p}: too large ({p.stat().st_size} bytes)")
+            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the {limit} "
+                                "an artifact text file may hold")
         try:
             return p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -137,35 +154,62 @@ class ArtifactReader:
             raise ArtifactError(f"{p}: cannot load ({exc})") from exc
 
 
-def _safe_name(name: str) -> str:
+def _safe_name(name: Any) -> str:
     """A relative POSIX path inside the artifact: no absolute path, no '..', no backslash."""
-    p = PurePosixPath(name)
-    if not name or "\\" in name or p.is_absolute() or any(part in ("..", "") for part in p.parts):
-        raise ArtifactError(f"artifact file name {name!r} points outside the artifact directory")
-    return str(p)
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        raise ArtifactError(f"bad artifact file name {name!r}")
+    rel = PurePosixPath(name)
+    if rel.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
+        raise ArtifactError(f"artifact file {name!r} is outside the artifact directory")
+    return str(rel)
+
+
+def _refuse_links(path: Path) -> None:
+    """Refuse any symbolic link (or more entries than an artifact has) inside ``path``."""
+    n = 0
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            n += 1
+            full = Path(root) / name
+            if n > MAX_ENTRIES:
+                raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
+            if full.is_symlink():
+                raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
+                                    "an artifact holds only regular files")
 
 
 def is_artifact(path: Path) -> bool:
-    """Whether ``path`` is a directory whose manifest says it is an hdeval artifact."""
-    m = path / MANIFEST
+    """Whether ``path`` is a real directory whose manifest says it is an hdeval artifact."""
     try:
-        if not path.is_dir() or path.is_symlink() or m.is_symlink() or not m.is_file():
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
             return False
-        if m.stat().st_size > MAX_JSON_BYTES:
+        st = os.lstat(path / MANIFEST)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
             return False
-        data = json.loads(m.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        manifest = json.loads((path / MANIFEST).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-def save_artifact(fitted: "Fitted", path: str | Path, llm: dict[str, Any]) -> Path:
-    """Write ``fitted`` to ``path`` atomically: files go to a temporary sibling directory that is
-    renamed into place, so a reader never sees half an artifact. ``llm``: the manifest's LLM
-    section (model, base_url without credentials, identity)."""
+# ---------------------------------------------------------------------- saving
+def save_artifact(fitted: "Fitted", path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
+    """Write ``fitted`` to ``path`` atomically.
+
+    ``path`` may be new, an empty directory, or (with ``force``) an existing hdeval artifact;
+    any other directory is refused, ``force`` or not. The new artifact is written next to
+    ``path`` and swapped in, so whenever the process stops, ``path`` holds either the old or the
+    new artifact (see :func:`recover_artifact`). ``llm``: the manifest's LLM section (model,
+    base_url without credentials, identity).
+    """
     path = Path(path)
+    check_destination(path, force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    _clean_leftovers(path)
+    tmp = path.with_name(f".{path.name}{NEW}{os.getpid()}")
+    if tmp.exists() or tmp.is_symlink():
+        _remove_tree(tmp)
+    tmp.mkdir()
     try:
         section = fitted.write(ArtifactWriter(tmp))
         manifest = {
@@ -184,21 +228,154 @@ def save_artifact(fitted: "Fitted", path: str | Path, llm: dict[str, Any]) -> Pa
             p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
         write_json(tmp / MANIFEST, manifest)
-        _swap_into_place(tmp, path)
+        if path.is_dir() and not is_artifact(path):  # an empty directory (checked above)
+            path.rmdir()
+        if not path.exists():
+            os.replace(tmp, path)
+        elif _exchange(tmp, path):
+            _remove_tree(tmp)  # now the previous artifact
+        else:
+            aside = _aside(path)
+            if aside.exists():
+                _remove_tree(aside)
+            os.replace(path, aside)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(aside, path)  # put the previous artifact back
+                raise
+            _remove_tree(aside)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)
     return path
 
 
-def _swap_into_place(tmp: Path, path: Path) -> None:
+def check_destination(path: str | Path, force: bool = False) -> None:
+    """Raise unless :meth:`Evaluator.save` may write ``path``; creates and deletes nothing of
+    the user's. Call it before paying for a run: it also checks that the location is writable."""
+    path = Path(path)
+    full = Path(os.path.abspath(path))
+    cwd = Path(os.getcwd())
+    if full == full.parent or full == cwd or full in cwd.parents:
+        raise ConfigError(f"refusing to write the artifact to {path}: it is the current directory or "
+                          "holds it; give a directory of its own, e.g. -o artifacts/NAME")
+    recover_artifact(path)
+    if path.is_symlink():
+        raise ConfigError(f"refusing to write the artifact to {path}: it is a symbolic link; give the real path")
     if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
+        if not path.is_dir():
+            raise ConfigError(f"cannot write the artifact to {path}: it exists and is not a directory")
+        if is_artifact(path):
+            if not force:
+                raise ConfigError(f"{path} already holds an hdeval artifact: pass --force to replace it, "
+                                  "or choose another output directory")
+        elif any(path.iterdir()):
+            raise ConfigError(f"refusing to write the artifact to {path}: it is a non-empty directory that "
+                              f"is not an hdeval artifact (no {MANIFEST} saying so); --force does not change "
+                              "that: choose a new directory")
+    check_writable(full.parent)
+
+
+def check_writable(directory: str | Path) -> None:
+    """Raise a one-line ConfigError unless files can be created in ``directory`` (or in the
+    nearest existing folder above it, where the missing ones would be created)."""
+    d = Path(os.path.abspath(directory))
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not d.is_dir():
+        raise ConfigError(f"cannot write to {directory}: {d} is not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=".hdeval-probe-", dir=d)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise ConfigError(f"cannot write to {d}: {exc.strerror or exc}") from None
+
+
+def _aside(path: Path) -> Path:
+    return path.with_name(f".{path.name}{ASIDE}")
+
+
+def recover_artifact(path: str | Path) -> None:
+    """Put back an artifact a replacing ``save`` had renamed aside when it was killed."""
+    path = Path(os.path.abspath(path))
+    if path == path.parent:
+        return
+    aside = _aside(path)
+    if os.path.lexists(path) or not is_artifact(aside):
+        return
+    try:
+        os.rename(aside, path)
+    except OSError as exc:
+        raise ArtifactError(f"{path} was being replaced when a run stopped and the previous artifact "
+                            f"is in {aside}; cannot rename it back ({exc.strerror or exc}): do so by hand") from None
+
+
+def _clean_leftovers(path: Path) -> None:
+    """Remove what a killed ``save`` of ``path`` left next to it (only hdeval's own names)."""
+    aside = _aside(path)
+    if path.is_dir() and aside.is_dir() and not aside.is_symlink() and (is_artifact(aside) or not any(aside.iterdir())):
+        _remove_tree(aside)
+    prefix = f".{path.name}{NEW}"
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for e in entries:
+        pid = e.name[len(prefix):]
+        if e.name.startswith(prefix) and pid.isdigit() and pid.isascii() and int(pid) != os.getpid() \
+                and e.is_dir(follow_symlinks=False) and not _alive(int(pid)):
+            _remove_tree(Path(e.path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a directory hdeval wrote, its manifest last (so a half-deleted one is still
+    recognisable as an artifact, or empty)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    for child in path.iterdir():
+        if child.name == MANIFEST:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where the
+    system or file system cannot, so the caller falls back to two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactReader:
@@ -208,8 +385,10 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
     from its checksum: that is a warning, and the method checks its structure itself.
     """
     path = Path(path)
+    recover_artifact(path)
     if not path.is_dir():
         raise ArtifactError(f"{path} is not an artifact directory")
+    _refuse_links(path)
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise ArtifactError(f"{path} is not an hdeval artifact: {MANIFEST} is missing")
@@ -224,11 +403,17 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
             f"{version}); this hdeval {__version__} reads format {FORMAT_VERSION} or older: upgrade hdeval"
         )
     files = manifest.get("files")
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise ArtifactError(f"{mpath}: no valid 'files' checksum table")
+    if not isinstance(files, dict) or len(files) > MAX_FILES:
+        raise ArtifactError(f"{mpath}: 'files' must map at most {MAX_FILES} file names to checksums")
     reader.manifest = manifest
     for name, digest in files.items():
-        f = reader.file(name)  # refuses paths outside the directory and symlinks
+        if not isinstance(digest, str):
+            raise ArtifactError(f"{mpath}: the checksum of {name} is not a string")
+        try:
+            _safe_name(name)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{mpath}: {exc} (in 'files')") from None
+        f = reader.file(name)  # a regular file, not a link, within the size bound
         if sha256_file(f) != digest:
             if name in editable:
                 reader.warnings.append(
@@ -247,6 +432,7 @@ def load_artifact(path: str | Path) -> "Fitted":
     from hdeval.methods.base import get_method
 
     path = Path(path)
+    recover_artifact(path)
     probe = ArtifactReader(path, {}, [])
     head = probe.json(MANIFEST) if (path / MANIFEST).is_file() else {}
     name = head.get("method", "hdeval") if isinstance(head, dict) else "hdeval"

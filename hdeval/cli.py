@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -17,7 +19,7 @@ from typing import Any, Callable
 import click
 
 from hdeval import __version__
-from hdeval.errors import HdevalError
+from hdeval.errors import ConfigError, HdevalError
 from hdeval.progress import Progress
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
@@ -270,6 +272,8 @@ def _notice_local(model: str | None) -> None:
               help="Stop when a larger share of criterion scores cannot be read.")
 @click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
               help="Artifact directory. Default: artifacts/<task>-<aggregator>.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing artifact at --out (never a directory that is not an artifact).")
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
@@ -279,7 +283,7 @@ def _notice_local(model: str | None) -> None:
 @method_options
 @llm_options
 def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
-          quiet: bool, offline: bool, **options: Any) -> None:
+          force: bool, quiet: bool, offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -305,12 +309,16 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
                 config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
             _print_plan(*plan(config), price_in=price_in, price_out=price_out)
             return
+        _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         ev = run_train(config, progress=progress)
-        kind = ev.aggregator.kind if hasattr(ev, "aggregator") else ev.method
+        kind = ev.aggregator.kind if ev.method == "hdeval" else ev.method
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
-        ev.save(path)
+        try:
+            ev.save(path, force=force)
+        except HdevalError as exc:
+            raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
         _print_train_summary(ev, path)
 
     run_command(go)
@@ -346,6 +354,26 @@ def _print_train_summary(ev, path: Path) -> None:
                    "(use more data or a larger --test-frac)", err=True)
     click.echo(f"artifact written to {path}")
     click.echo(f"next: hdeval report {path}")
+
+
+def _check_outputs(config, out: str | None, force: bool) -> None:
+    """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
+    --force, the working directory, an unwritable place). Without --out, every default the
+    run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
+    from hdeval.aggregate import KINDS
+    from hdeval.artifact import check_destination
+    from hdeval.tasks import load_task
+
+    if out:
+        check_destination(out, force=force)
+        return
+    name = load_task(config.task).name
+    if config.method != "hdeval":
+        kinds: tuple[str, ...] = (config.method,)
+    else:
+        kinds = KINDS if config.aggregator == "auto" else (config.aggregator,)
+    for kind in kinds:
+        check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
 def _resolved(llm: str | None) -> str | None:
@@ -403,31 +431,157 @@ def _check_llm_options(*, concurrency: int, timeout: float, max_retries: int, ma
             raise ConfigError(msg)
 
 
+def _from_command_line(name: str) -> bool:
+    """Whether option ``name`` was typed on the command line (not taken from the environment)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is None or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin.isatty()
+
+
+def _artifact_llm(ev, llm: str | None, base_url: str | None) -> tuple[str, str | None]:
+    """The model and server to score with: the artifact's, unless --llm/--base-url are typed
+    on the command line (HDEVAL_LLM/HDEVAL_BASE_URL do not silently swap an artifact's LLM).
+    A server named only by the artifact gets no key and no sample before the user agrees."""
+    if _from_command_line("llm") and llm:
+        # another model: the server is whatever the user gave for it (option or environment)
+        return llm, base_url
+    if llm and llm != ev.llm.model:
+        click.echo(f"note: ignoring HDEVAL_LLM={llm} from the environment: apply uses the artifact's LLM "
+                   f"({ev.llm.model}); pass --llm to use another", err=True)
+    if base_url and _from_command_line("base_url"):
+        return ev.llm.model, base_url
+    url = ev.llm.base_url
+    if base_url and url and base_url.rstrip("/") == url.rstrip("/"):
+        return ev.llm.model, url  # the user's environment names the artifact's server
+    if base_url:
+        click.echo("note: ignoring HDEVAL_BASE_URL from the environment: apply uses the artifact's "
+                   "server; pass --base-url to use another", err=True)
+    if not url:
+        return ev.llm.model, None
+    what = "your samples and OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else "your samples"
+    if _stdin_is_tty():
+        if click.confirm(f"the artifact asks to send {what} to {url}; do that?", default=False, err=True):
+            return ev.llm.model, url
+        raise ConfigError(f"not sending anything to {url}; pass --base-url URL to choose the server")
+    raise ConfigError(f"the artifact names the LLM server {url}: hdeval sends {what} there only if you say "
+                      f"so; pass --base-url {url} (or another server)")
+
+
 def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
                         max_retries: int, cache_dir: str | None, max_calls: int | None,
                         concurrency: int, quiet: bool):
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
-    from hdeval.backends.factory import LLMSpec, make_backend
-    from hdeval.cache import CachedBackend
-    from hdeval.paths import default_cache_dir
+    from hdeval.config import LLMConfig
+    from hdeval.llm import open_llm
+    from hdeval.urls import public_identity
 
     _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    spec = LLMSpec(llm or ev.llm.model, base_url or ev.llm.base_url, timeout, max_retries)
-    _notice_local(spec.model)
-    backend = CachedBackend(make_backend(spec), cache_dir or default_cache_dir(), max_calls)
-    if backend.identity != ev.llm_identity:
-        click.echo(f"warning: scoring with {backend.identity}, but the evaluator was trained with "
-                   f"{ev.llm_identity}; scores may not match its metrics", err=True)
+    model, url = _artifact_llm(ev, llm, base_url)
+    config = LLMConfig(model, url, timeout, max_retries, concurrency, cache_dir, max_calls)
+    _notice_local(model)
+    backend = open_llm(config)
+    if public_identity(backend.identity, url) != ev.llm_identity:
+        click.echo(f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
+                   f"trained with {ev.llm_identity}; scores may not match its metrics", err=True)
     try:
         return ev.score(samples, backend=backend, concurrency=concurrency, progress=TerminalProgress(quiet))
     finally:
         backend.close()
 
 
+OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+def _output_format(output: str) -> str:
+    """The format ``apply -o`` writes, from the extension; checked before any LLM call."""
+    if output == "-":
+        return "jsonl"
+    fmt = OUTPUT_FORMATS.get(Path(output).suffix.lower())
+    if fmt is None:
+        raise ConfigError(f"cannot tell the output format of {output}: use -o with .jsonl, .csv or "
+                          ".parquet, or -o - for JSONL on stdout")
+    if fmt == "parquet":
+        import importlib.util
+
+        if not any(importlib.util.find_spec(m) for m in ("pyarrow", "fastparquet")):
+            raise ConfigError(f"writing {output} needs a parquet library: pip install pyarrow")
+    from hdeval.artifact import check_writable
+
+    check_writable(Path(os.path.abspath(output)).parent)
+    return fmt
+
+
+def _flat(row: dict) -> dict:
+    """One scored row as flat columns (``scores.<aspect>``, ``criteria.<key>``, ...)."""
+    out: dict = {}
+    for k, v in row.items():
+        if k in ("scores", "criteria", "human") and isinstance(v, dict):
+            out.update({f"{k}.{a}": x for a, x in v.items()})
+        elif isinstance(v, (dict, list)):
+            out[k] = json.dumps(v, ensure_ascii=False)
+        else:
+            out[k] = v
+    return out
+
+
+def _write_output(output: str, fmt: str, rows: list[dict]) -> None:
+    """Write the scored rows atomically (temp file renamed into place) or to stdout."""
+    if output == "-":
+        for r in rows:
+            click.echo(json.dumps(r, ensure_ascii=False))
+        return
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if fmt == "jsonl":
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                for r in rows:
+                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        else:
+            os.close(fd)
+            import pandas as pd
+
+            frame = pd.DataFrame([_flat(r) for r in rows])
+            if fmt == "csv":
+                frame.to_csv(tmp, index=False)
+            else:
+                frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _input_tasks(path: str) -> set[str]:
+    """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+    found: set[str] = set()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("task"), str):
+                    found.add(row["task"])
+    except (OSError, UnicodeDecodeError):
+        pass
+    return found
+
+
 @cli.command()
 @click.argument("artifact", type=click.Path())
 @click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="Scored JSONL to write.")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where to write the scores: .jsonl, .csv or .parquet (by extension); - for JSONL on stdout.")
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
@@ -442,13 +596,20 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
     \b
     Example:
       hdeval apply artifacts/summeval-nn new.jsonl -o scored.jsonl
+      hdeval apply artifacts/summeval-nn new.jsonl -o - | jq .scores
     """
-    from hdeval.data import read_samples, write_jsonl
+    from hdeval.data import read_samples
 
     def go() -> None:
         _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+        fmt = _output_format(output)
+        to_stdout = output == "-"
         ev = load_artifact(artifact)
         samples = read_samples(input_file, ev.task, require_scores=False)
+        other = sorted(_input_tasks(input_file) - {ev.task.name})
+        if other:
+            click.echo(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
+                       f"trained on task {ev.task.name}; its scores will mean little there", err=True)
         needed = len(ev.needed_criteria)
         click.echo(f"{len(samples)} samples, {needed} of {len(ev.feature_keys)} criteria used by the "
                    f"aggregator: {needed} LLM calls per sample", err=True)
@@ -477,16 +638,17 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
 
             for row, expl in zip(rows, explain_samples(ev, res, top=top)):
                 row["explanation"] = expl
-        write_jsonl(output, rows)
+        _write_output(output, fmt, rows)
         u = res.usage
         click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
                    f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
         corr = res.correlations(samples)
         if corr is not None:
-            click.echo("correlation with the human scores in the input:")
+            click.echo("correlation with the human scores in the input:", err=to_stdout)
             for a, row in corr.items():
-                click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}")
-        click.echo(f"wrote {len(rows)} scored samples to {output}")
+                click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}",
+                           err=to_stdout)
+        click.echo(f"wrote {len(rows)} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
 
     run_command(go)
 

@@ -7,12 +7,14 @@ Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the numb
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import click
 
 from hdeval.cli import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
-from hdeval.errors import DataError
+from hdeval.errors import ArtifactError, DataError
 
 
 @click.command()
@@ -42,6 +44,7 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
 
     def go() -> None:
         ev = load_artifact(artifact)
+        _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
             curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
@@ -49,6 +52,24 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
         click.echo(f"report written to {files.html} (numbers in {files.json.name})")
 
     run_command(go)
+
+
+def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
+    """The report must not be written through a symbolic link: not its files, and not any
+    directory between the artifact and the output when the output lies inside the artifact
+    (a hostile artifact could point ``report`` anywhere)."""
+    for name in ("report.html", "report.json"):
+        if (out / name).is_symlink():
+            raise ArtifactError(f"refusing to write the report: {out / name} is a symbolic link")
+    base = Path(os.path.abspath(artifact))
+    target = Path(os.path.abspath(out))
+    if target == base or base not in target.parents:
+        return
+    step = base
+    for part in target.relative_to(base).parts:
+        step = step / part
+        if step.is_symlink():
+            raise ArtifactError(f"refusing to write the report: {step} inside the artifact is a symbolic link")
 
 
 @click.command()

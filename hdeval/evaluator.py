@@ -7,6 +7,9 @@ it reads back is consistent.
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -14,9 +17,7 @@ import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import Aggregator
-from hdeval.artifact import (  # noqa: F401  (FORMAT_VERSION, MANIFEST, sha256_file: public names)
-    FORMAT_VERSION, MANIFEST, ArtifactReader, ArtifactWriter, load_artifact, save_artifact, sha256_file,
-)
+from hdeval.artifact import ArtifactReader, ArtifactWriter, load_artifact, save_artifact
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
@@ -40,6 +41,13 @@ TRUSTED_TYPES = (
     "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
     "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
 )
+ESTIMATORS = {
+    "lr": "LinearRegression",
+    "dt": "DecisionTreeRegressor",
+    "rf": "RandomForestRegressor",
+    "nn": "MLPRegressor",
+}
+MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
 
@@ -133,7 +141,9 @@ class Evaluator:
         return self.needed_criteria
 
     def llm_manifest(self) -> dict[str, Any]:
-        return {**self.llm.to_manifest(), "identity": self.llm_identity}
+        from hdeval.urls import public_identity
+
+        return {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
 
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
@@ -167,9 +177,11 @@ class Evaluator:
             self.score_table.to_csv(out.path(SCORES), index=False)
         return self.manifest()
 
-    def save(self, path: str | Path) -> Path:
-        """Write the artifact to ``path`` atomically (see :func:`hdeval.artifact.save_artifact`)."""
-        self.path = save_artifact(self, path, self.llm_manifest())
+    def save(self, path: str | Path, force: bool = False) -> Path:
+        """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
+        with ``force``, and a directory that is not an artifact never (see
+        :func:`hdeval.artifact.save_artifact`)."""
+        self.path = save_artifact(self, path, self.llm_manifest(), force=force)
         return self.path
 
     # ------------------------------------------------------------------ loading
@@ -194,33 +206,50 @@ class Evaluator:
             tree = CriteriaTree.from_dict(art.json(TREE))
             templates = {}
             for name in sorted(files):
-                if name.startswith("prompts/") and name.endswith(".toml"):
-                    stem = Path(name).stem
-                    templates[stem] = parse_template(stem, art.text(name), str(path / name))
+                member = Path(name)
+                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
+                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
             features = list(manifest["features"])
             agg_meta = manifest["aggregator"]
-        except (KeyError, TypeError, ValueError) as exc:
+            if not isinstance(agg_meta, dict):
+                raise TypeError("'aggregator' is not an object")
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
+        mpath = path / "manifest.json"
+        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
+            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
         if sorted(tree.keys) != sorted(features):
             raise ArtifactError(
                 f"{path}: {TREE} no longer has the criteria the aggregator was trained on; "
                 "edit only names and definitions, or retrain"
             )
+        agg_aspects, ranges, groups, kind = _check_aggregator_meta(agg_meta, task, mpath)
+        _check_order(path, files, features, agg_aspects, tree, mpath)
         models = art.skops(MODEL, TRUSTED_TYPES)
-        try:
-            agg = Aggregator(
-                agg_meta["kind"], agg_meta["aspects"], [tuple(r) for r in agg_meta["ranges"]],
-                agg_meta["groups"], agg_meta.get("random_state", 0),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{path}: malformed aggregator section ({exc})") from exc
+        _check_models(models, kind, groups, len(features), path / MODEL)
+        random_state = agg_meta.get("random_state", 0)
+        agg = Aggregator(kind, agg_aspects, ranges, groups, random_state if isinstance(random_state, int) else 0)
         agg.models_ = models
         agg.n_features_in_ = len(features)
+        needed = manifest.get("needed_criteria")
+        if needed is not None:
+            if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
+                raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among 'features'")
+            try:
+                computed = [k for k, used in zip(features, agg.used_features()) if used]
+            except Exception as exc:  # a model without the attributes it should have
+                raise ArtifactError(f"{path / MODEL}: unusable aggregator ({exc})") from exc
+            if computed != needed:
+                raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the aggregator uses")
         llm = manifest.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
+        ):
+            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
         ev = cls(
             task, tree, agg, features, templates,
             LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-            llm.get("identity", ""),
+            llm.get("identity") or "",
             art.json(METRICS),
             {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
@@ -228,3 +257,94 @@ class Evaluator:
         ev.path = path
         ev.manifest_data = manifest
         return ev
+
+
+def _check_aggregator_meta(meta: dict, task: Task, mpath: Path) -> tuple[list[str], list[tuple[float, float]], list[list[str]], str]:
+    """The manifest's aggregator section, checked against the task it names."""
+    kind = meta.get("kind")
+    if kind not in ESTIMATORS:
+        raise ArtifactError(f"{mpath}: unknown aggregator kind {kind!r}")
+    aspects, ranges, groups = meta.get("aspects"), meta.get("ranges"), meta.get("groups")
+    if not isinstance(aspects, list) or list(aspects) != list(task.aspect_keys):
+        raise ArtifactError(f"{mpath}: aggregator aspects {aspects!r} are not the task's aspects "
+                            f"{list(task.aspect_keys)!r} in order")
+    if not isinstance(ranges, list) or len(ranges) != len(aspects):
+        raise ArtifactError(f"{mpath}: aggregator 'ranges' must give one [low, high] per aspect")
+    out_ranges = []
+    for a, r in zip(aspects, ranges):
+        ok = (isinstance(r, list) and len(r) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r))
+        if not ok or tuple(float(x) for x in r) != tuple(float(x) for x in task.aspect(a).range):
+            raise ArtifactError(f"{mpath}: aggregator range {r!r} of aspect {a!r} differs from the task's "
+                                f"{list(task.aspect(a).range)!r}")
+        out_ranges.append((float(r[0]), float(r[1])))
+    if not isinstance(groups, list) or not all(
+            isinstance(g, list) and g and all(isinstance(a, str) for a in g) for g in groups):
+        raise ArtifactError(f"{mpath}: aggregator 'groups' must be lists of aspect names")
+    flat = [a for g in groups for a in g]
+    if sorted(flat) != sorted(aspects):
+        raise ArtifactError(f"{mpath}: aggregator 'groups' {groups!r} must hold each aspect exactly once")
+    for g in groups:
+        if len({task.aspect(a).range for a in g}) != 1:
+            raise ArtifactError(f"{mpath}: aggregator group {g!r} mixes aspects with different score ranges")
+    return list(aspects), out_ranges, [list(g) for g in groups], kind
+
+
+def _check_order(path: Path, files: dict, features: list[str], aspects: list[str], tree: CriteriaTree,
+                 mpath: Path) -> None:
+    """The aggregator's columns are positional: ``features`` must be in the trained order.
+
+    The checksummed ``scores.csv`` header records it (criterion columns, then ``human:``
+    aspect columns); without that table, the order the training builds (layer by layer,
+    in tree order) is the reference.
+    """
+    if SCORES in files:
+        try:
+            with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+                line = fh.readline(MAX_HEADER_BYTES)
+            header = next(csv.reader(io.StringIO(line)))
+        except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+            raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+        if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
+            cols = header[2:2 + len(features)]
+            humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
+        else:
+            cols = [c for c in header if not c.startswith("human:")]
+            humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
+        if cols != features:
+            raise ArtifactError(f"{mpath}: 'features' are not in the order the aggregator was trained on "
+                                f"(the columns of {SCORES}); the manifest was edited")
+        if humans != aspects:
+            raise ArtifactError(f"{mpath}: the aspects are not in the order the aggregator was trained on "
+                                f"(the human: columns of {SCORES}); the manifest was edited")
+        return
+    layered = [c.key for n in sorted({c.layer for c in tree}) for c in tree.layer(n)]
+    if features not in (tree.keys, layered):
+        raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
+
+
+def _check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:
+    """One fitted pipeline per aspect group, of the recorded kind, with the right widths."""
+    from sklearn.pipeline import Pipeline
+
+    if not isinstance(models, list) or len(models) != len(groups):
+        raise ArtifactError(f"{where}: holds {type(models).__name__} instead of one model per aspect group "
+                            f"({len(groups)})")
+    for g, m in zip(groups, models):
+        if not isinstance(m, Pipeline) or "model" not in m.named_steps:
+            raise ArtifactError(f"{where}: the model for {', '.join(g)} is not an hdeval pipeline")
+        est = m.named_steps["model"]
+        if type(est).__name__ != ESTIMATORS[kind]:
+            raise ArtifactError(f"{where}: the model for {', '.join(g)} is a {type(est).__name__}, "
+                                f"but the manifest says aggregator {kind!r}")
+        width = getattr(m, "n_features_in_", None)
+        if width != n_features:
+            raise ArtifactError(f"{where}: the model for {', '.join(g)} takes {width} criterion scores, "
+                                f"but the manifest lists {n_features} features")
+        try:
+            out = np.asarray(m.predict(np.zeros((1, n_features)))).reshape(1, -1)
+        except Exception as exc:  # any failure of an unusable model
+            raise ArtifactError(f"{where}: the model for {', '.join(g)} cannot predict ({exc})") from None
+        if out.shape[1] != len(g):
+            raise ArtifactError(f"{where}: the model for {', '.join(g)} predicts {out.shape[1]} value(s) "
+                                f"for {len(g)} aspect(s)")

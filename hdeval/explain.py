@@ -41,7 +41,8 @@ from hdeval.prune import N_REPEATS, aspect_importance
 from hdeval.types import CriteriaTree
 
 if TYPE_CHECKING:  # only for annotations: evaluator imports nothing from here either way
-    from hdeval.evaluator import Evaluator, ScoreResult
+    from hdeval.evaluator import Evaluator
+    from hdeval.methods.base import ScoreResult
 
 #: The explainer used for each aggregator kind (see the module docstring).
 EXPLAINERS = {"dt": "tree", "rf": "tree", "lr": "linear", "nn": "permutation"}

@@ -23,3 +23,14 @@ def public_url(url: str | None) -> str | None:
         rest = rest[at + 1:]
     parts = urlsplit(f"{scheme}://{rest}" if sep else rest)
     return urlunsplit(parts._replace(query="", fragment=""))
+
+
+def public_identity(identity: str, url: str | None) -> str:
+    """A backend identity without the query or fragment of ``url`` (which it may quote)."""
+    if not url or not identity:
+        return identity
+    parts = urlsplit(url)
+    for secret in (parts.query and "?" + parts.query, parts.fragment and "#" + parts.fragment):
+        if secret:
+            identity = identity.replace(secret, "")
+    return identity.replace(parts.netloc, parts.netloc.rpartition("@")[2]) if "@" in parts.netloc else identity

@@ -22,7 +22,8 @@ from click.testing import CliRunner, Result
 from sklearn.preprocessing import FunctionTransformer
 
 from hdeval.cli import cli
-from hdeval.evaluator import FORMAT_VERSION, MANIFEST, MODEL, TRUSTED_TYPES, sha256_file
+from hdeval.artifact import FORMAT_VERSION, MANIFEST, sha256_file
+from hdeval.evaluator import MODEL, TRUSTED_TYPES
 from hdeval.train import train
 
 MARKER = "hdeval-untrusted-code-ran"  # a file the hostile payloads below would create

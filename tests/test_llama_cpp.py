@@ -46,7 +46,8 @@ if _why:
     pytest.skip(_why, allow_module_level=True)
 
 from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.factory import LLMSpec, make_backend
+from hdeval.backends.factory import make_backend
+from hdeval.config import LLMConfig
 from hdeval.backends.llama_cpp import (
     DEFAULT_MODEL_NOTICE,
     LlamaCppBackend,
@@ -200,7 +201,7 @@ def test_missing_gguf_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="/nonexistent.gguf"):
         LlamaCppBackend.from_spec("llamacpp:/nonexistent.gguf")
     with pytest.raises(ConfigError, match="/nonexistent.gguf"):
-        make_backend(LLMSpec("llamacpp:/nonexistent.gguf"))
+        make_backend(LLMConfig("llamacpp:/nonexistent.gguf"))
     with pytest.raises(ConfigError, match="expected 'local'"):
         LlamaCppBackend.from_spec("llamacpp:")
 
@@ -245,7 +246,7 @@ def test_identity_names_the_file_and_its_digest(backend: LlamaCppBackend, tmp_pa
 
 
 def test_identity_is_stable_across_instances(backend: LlamaCppBackend) -> None:
-    other = make_backend(LLMSpec("local"))
+    other = make_backend(LLMConfig("local"))
     try:
         assert isinstance(other, LlamaCppBackend)
         assert other.identity == backend.identity

@@ -222,7 +222,7 @@ def test_report_default_dir_is_inside_the_artifact(artifact: Callable[[str], Pat
 def test_shap_additivity(kind: str, artifact: Callable[[str], Path]) -> None:
     """base value + sum(SHAP) == the unclipped pipeline prediction, per sample and aspect;
     explain_samples reports the same numbers (top + the rest)."""
-    from hdeval.evaluator import ScoreResult
+    from hdeval.methods.base import ScoreResult
     from hdeval.explain import explain_samples, shap_explain
     from hdeval.types import ScoreMatrix
 

@@ -85,8 +85,12 @@ def test_key_is_nowhere_after_train_apply_and_dry_run(key: str, server: FaultSer
     new = work / "new.jsonl"
     new.write_text("".join(data_file().read_text(encoding="utf-8").splitlines(keepends=True)[-5:]))
     before = server.calls
+    refused = run_cli(["apply", str(artifact), str(new), "-o", str(work / "scored.jsonl"),
+                       "--cache-dir", str(cache)], work, env)  # the URL comes only from the artifact
+    assert refused.returncode != 0 and "--base-url" in refused.stderr and server.calls == before
+    outputs.append(refused)
     applied = run_cli(["apply", str(artifact), str(new), "-o", str(work / "scored.jsonl"),
-                       "--cache-dir", str(cache)], work, env)  # LLM and URL come from the artifact
+                       "--cache-dir", str(cache), "--base-url", server.url], work, env)  # the user names it
     assert applied.returncode == 0, applied.stderr
     assert server.calls > before  # new samples: the key was needed again
     outputs.append(applied)

@@ -13,24 +13,6 @@ from hdeval.errors import ConfigError
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
 
-@dataclass(frozen=True)
-class LLMSpec:
-    """Which LLM to use.
-
-    ``model`` is one of: ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for
-    options), ``local`` (the embedded default model, needs the ``local`` extra),
-    ``llamacpp:/path/model.gguf``, or a model name served by an OpenAI-compatible API.
-    """
-
-    model: str
-    base_url: str | None = None
-    timeout: float = 60.0  # seconds per request; not part of the cache key
-    max_retries: int = 6  # not part of the cache key
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {"model": self.model, "base_url": self.base_url}
-
-
 def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> str:
     """Default LLM resolution: ``--llm``/``HDEVAL_LLM``; else OpenAI when ``OPENAI_API_KEY`` is
     set; else the embedded local model when the ``local`` extra is installed; else an error."""
