@@ -417,10 +417,10 @@ def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Pa
 
 
 def test_no_credentials_or_query_in_the_manifest(trained: Evaluator, tmp_path: Path) -> None:
-    from hdeval.backends.factory import LLMSpec
+    from hdeval.config import LLMConfig
 
     url = "http://gw-user:pw-SECRET1@127.0.0.1:9/v1?api-key=SECRET2&x=1#SECRET3"
-    trained.llm = LLMSpec("m", url)
+    trained.llm = LLMConfig("m", url)
     trained.llm_identity = "openai:m@http://127.0.0.1:9/v1?api-key=SECRET2&x=1#SECRET3"
     trained.manifest_extra["config"] = {**trained.manifest_extra["config"], "base_url": url}
     path = trained.save(tmp_path / "art-url")
