@@ -306,12 +306,13 @@ class Evaluator:
             models = sio.load(path / MODEL, trusted=list(TRUSTED_TYPES))
         except Exception as exc:  # skops raises many kinds on a corrupt file
             raise ArtifactError(f"{path / MODEL}: cannot load aggregator ({exc})") from exc
-        agg = Aggregator(
-            agg_meta["kind"], agg_meta["aspects"], [tuple(r) for r in agg_meta["ranges"]],
-            agg_meta["groups"], agg_meta.get("random_state", 0),
-        )
-        agg.models_ = models
-        agg.n_features_in_ = len(features)
+        try:
+            agg = Aggregator.from_fitted(
+                agg_meta["kind"], agg_meta["aspects"], agg_meta["ranges"], agg_meta["groups"],
+                agg_meta.get("random_state", 0), models, len(features),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: malformed aggregator in {MANIFEST} ({exc})") from exc
         llm = manifest.get("llm") or {}
         ev = cls(
             task, tree, agg, features, templates,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+from sklearn.base import clone
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import r2_score
 
@@ -45,15 +46,15 @@ def aspect_importance(
     multi-output group."""
     X, Y = np.asarray(X, float), np.asarray(Y, float)
     out = {}
-    for group, model in zip(agg.groups, agg.models_):
-        cols = [agg.aspects.index(a) for a in group]
+    for group, model in zip(agg.groups_, agg.models_):
+        cols = [agg.aspects_.index(a) for a in group]
         y = Y[:, cols] if len(cols) > 1 else Y[:, cols[0]]
         res = permutation_importance(
             model, X, y, scoring=_group_scorer(group), n_repeats=n_repeats, random_state=random_state
         )
         for a in group:
             out[a] = np.asarray(res[a].importances_mean)
-    return {a: out[a] for a in agg.aspects}
+    return {a: out[a] for a in agg.aspects_}
 
 
 def prune(
@@ -72,7 +73,7 @@ def prune(
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
     for tr, va in cv_folds(doc_groups, agg_template.random_state):
-        agg = agg_template.clone().fit(X[tr], Y[tr])
+        agg = clone(agg_template).fit(X[tr], Y[tr])
         imp = aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
         for a, values in imp.items():
             per_aspect[a] += values[cand_idx]

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
 
 from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select_kind
 from hdeval.backends.base import Backend
@@ -209,7 +210,7 @@ def _run(
             kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], doc_groups)
         template = Aggregator.for_task(kind, task, config.seed)
         cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
-        agg = template.clone().fit(X[tr], Y[tr])
+        agg = clone(template).fit(X[tr], Y[tr])
         test = metric_table(Y[te], agg.predict(X[te]), aspects)
         report = LayerReport(
             layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
