@@ -20,6 +20,7 @@ class PruneResult:
     importance: dict[str, float]  # candidate key -> importance summed over aspects
     per_aspect: dict[str, dict[str, float]] = field(default_factory=dict)
     selected: tuple[str, ...] = ()
+    n_positive: int = 0  # candidates with importance > 0 (only these may be expanded)
 
 
 def _group_scorer(group: Sequence[str]):
@@ -68,7 +69,10 @@ def prune(
     n_repeats: int = N_REPEATS,
 ) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
-    sum over aspects; select the ``top_k`` candidates (ties broken by tree order)."""
+    sum over aspects; select up to ``top_k`` candidates with positive importance, most
+    important first (ties broken by tree order). A criterion whose shuffling does not hurt
+    held-out predictions is not worth decomposing, so fewer than ``top_k`` (even none) may
+    be selected."""
     cand_idx = [list(feature_keys).index(c) for c in candidates]
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
@@ -81,10 +85,12 @@ def prune(
     per_aspect = {a: v / max(n, 1) for a, v in per_aspect.items()}
     total = sum(per_aspect.values())
     importance = {c: float(total[i]) for i, c in enumerate(candidates)}
-    order = sorted(range(len(candidates)), key=lambda i: (-total[i], i))
+    positive = [i for i in range(len(candidates)) if importance[candidates[i]] > 0]
+    order = sorted(positive, key=lambda i: (-total[i], i))
     selected = tuple(candidates[i] for i in order[:top_k])
     return PruneResult(
         importance,
         {a: {c: float(v[i]) for i, c in enumerate(candidates)} for a, v in per_aspect.items()},
         selected,
+        len(positive),
     )

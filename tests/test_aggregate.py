@@ -12,11 +12,14 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import hdeval.aggregate as aggregate
 from hdeval.aggregate import (
     Aggregator,
     cross_val_predictions,
     cv_folds,
+    select,
     select_kind,
+    tune,
 )
 from hdeval.errors import ConfigError
 from hdeval.metrics import mean_spearman
@@ -160,3 +163,105 @@ def test_from_fitted_rebuilds_a_loaded_aggregator_that_clones_to_the_same_model(
         np.testing.assert_array_equal(clone(loaded).fit(X, Y).predict(X), fitted.predict(X))
     with pytest.raises(ValueError):
         Aggregator.from_fitted("lr", ASPECTS, RANGES, [["fluency"]], 0, fitted.models_, X.shape[1])
+
+
+# --------------------------------------------------------------------------- nn tuning (#12.1)
+SMALL_GRID = {"alpha": (10.0, 0.1), "hidden_layer_sizes": ((8,), (16, 8))}
+
+
+@pytest.fixture
+def small_grid(monkeypatch):
+    """A four-point grid: the tests check how the grid is searched, not what it finds."""
+    monkeypatch.setattr(aggregate, "NN_GRID", SMALL_GRID)
+
+
+def test_tune_chooses_the_best_grid_point_by_grouped_cv_and_is_deterministic(small_grid):
+    X, Y, docs = _data(n_docs=12, per_doc=3)
+    chosen, score, grid = tune(_task_agg("nn"), X, Y, docs)
+    n_points = len(SMALL_GRID["alpha"]) * len(SMALL_GRID["hidden_layer_sizes"])
+    assert len(grid) == n_points and score == max(grid.values())
+    # the chosen point's own CV score is the best, and the first such point in grid order wins
+    name = f"alpha={chosen.alpha:g},hidden={'x'.join(map(str, chosen.hidden_layer_sizes))}"
+    assert grid[name] == score and list(grid).index(name) == [v for v in grid.values()].index(score)
+    assert chosen.get_params()["aspects"] == ASPECTS  # only the nn parameters changed
+    again, score2, grid2 = tune(_task_agg("nn"), X, Y, docs)
+    assert (again.get_params(), score2, grid2) == (chosen.get_params(), score, grid)
+
+
+def test_tune_leaves_kinds_without_hyper_parameters_alone():
+    X, Y, docs = _data()
+    t = _task_agg("lr")
+    same, score, grid = tune(t, X, Y, docs)
+    assert same is t and grid == {}
+    assert score == mean_spearman(Y, cross_val_predictions(t, X, Y, docs))
+
+
+def test_auto_selection_scores_nn_with_its_tuned_parameters(small_grid):
+    X, Y, docs = _data(n_docs=12, per_doc=3)
+    best, scores, grid = select(_task_agg("lr"), X, Y, docs)
+    assert set(scores) == {"lr", "dt", "rf", "nn"} and scores["nn"] == max(grid.values())
+    assert best.kind == max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
+
+
+# --------------------------------------------------------------------------- pruning (#12.4)
+def test_pruning_expands_only_criteria_with_positive_importance():
+    from hdeval.prune import prune
+
+    X, Y, docs = _data()
+    X = np.nan_to_num(X, nan=3.0)
+    X[:, 4] = 2.0  # a constant criterion: shuffling it changes nothing, importance exactly 0
+    keys = [f"c{i}" for i in range(X.shape[1])]
+    res = prune(_task_agg("lr"), X, Y, keys, ["c4", "c0", "c3"], docs, top_k=3)
+    assert res.importance["c4"] == 0.0
+    assert res.importance["c0"] > 0 and res.importance["c3"] > 0
+    assert res.selected == ("c0", "c3") or res.selected == ("c3", "c0")
+    assert res.n_positive == 2
+    # top_k stays the upper bound, most important first
+    top1 = prune(_task_agg("lr"), X, Y, keys, ["c4", "c0", "c3"], docs, top_k=1)
+    assert top1.selected == (max(("c0", "c3"), key=res.importance.get),)
+    none = prune(_task_agg("lr"), X, Y, keys, ["c4"], docs, top_k=2)
+    assert none.selected == () and none.n_positive == 0
+
+
+# --------------------------------------------------------------------------- training (#12.2, #12.5)
+def test_subtree_means_average_each_aspect_with_its_own_descendants_only():
+    from hdeval.train import subtree_means
+    from hdeval.types import CriteriaTree, Criterion, ScoreMatrix
+
+    tree = CriteriaTree([
+        Criterion("a", "A", "", None, 1), Criterion("b", "B", "", None, 1),
+        Criterion("a/x", "X", "", "a", 2), Criterion("a/x/y", "Y", "", "a/x", 3),
+        Criterion("b/z", "Z", "", "b", 2),
+    ])
+    keys = ["a", "b", "a/x", "b/z", "a/x/y"]
+    values = np.array([[1.0, 5.0, 2.0, 3.0, 6.0],
+                       [2.0, 4.0, np.nan, 4.0, 2.0]])
+    m = ScoreMatrix(["s1", "s2"], keys, values)
+    got = subtree_means(tree, m, ["a", "b"])
+    np.testing.assert_allclose(got, [[3.0, 4.0], [2.0, 4.0]])  # NaN (failed score) ignored
+
+
+def test_training_records_sklearn_warnings_in_the_layer_report_not_the_terminal(toy, monkeypatch, small_grid):
+    import warnings
+
+    from hdeval.progress import Progress
+    from hdeval.train import train
+
+    task, data = toy
+    monkeypatch.setattr(aggregate, "NN_MAX_ITER", 1)  # no MLP converges in one iteration
+    messages: list[str] = []
+
+    class Collect(Progress):
+        def message(self, text):
+            messages.append(text)
+
+    with warnings.catch_warnings(record=True) as leaked:
+        warnings.simplefilter("always")
+        ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="nn",
+                   cache_dir=str(toy[0].parent / "cache"), progress=Collect())
+    assert not [w for w in leaked if "sklearn" in w.filename or "Convergence" in w.category.__name__]
+    notes = ev.manifest_extra["layers"][0]["notes"]
+    assert any(n.startswith("ConvergenceWarning: ") for n in notes), notes
+    assert any("note: ConvergenceWarning" in m for m in messages)
+    assert ev.manifest_extra["layers"][0]["params"]["alpha"] in SMALL_GRID["alpha"]
+    assert "mean_subtree" in ev.metrics and any("own-subtree mean" in m for m in messages)
