@@ -228,9 +228,8 @@ class Evaluator:
         models = art.skops(MODEL, TRUSTED_TYPES)
         _check_models(models, kind, groups, len(features), path / MODEL)
         random_state = agg_meta.get("random_state", 0)
-        agg = Aggregator(kind, agg_aspects, ranges, groups, random_state if isinstance(random_state, int) else 0)
-        agg.models_ = models
-        agg.n_features_in_ = len(features)
+        agg = Aggregator.from_fitted(kind, agg_aspects, ranges, groups,
+                                     random_state if isinstance(random_state, int) else 0, models, len(features))
         needed = manifest.get("needed_criteria")
         if needed is not None:
             if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):

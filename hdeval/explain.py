@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
 
 from hdeval.aggregate import Aggregator
 from hdeval.errors import ArtifactError, DataError
@@ -312,7 +313,7 @@ def efficiency_curve(
     points = []
     for k in curve_sizes(len(order), max_points):
         keep = sorted(pos[c] for c in order[:k])
-        agg = aggregator.clone().fit(train.X[:, keep], train.Y)
+        agg = clone(aggregator).fit(train.X[:, keep], train.Y)
         pred = agg.predict(test.X[:, keep])
         points.append(EfficiencyPoint(k, list(order[:k]), metric_table(test.Y, pred, aggregator.aspects)))
     return points

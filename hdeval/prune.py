@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+from sklearn.base import clone
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import r2_score
 
@@ -19,6 +20,7 @@ class PruneResult:
     importance: dict[str, float]  # candidate key -> importance summed over aspects
     per_aspect: dict[str, dict[str, float]] = field(default_factory=dict)
     selected: tuple[str, ...] = ()
+    n_positive: int = 0  # candidates with importance > 0 (only these may be expanded)
 
 
 def _group_scorer(group: Sequence[str]):
@@ -45,15 +47,15 @@ def aspect_importance(
     multi-output group."""
     X, Y = np.asarray(X, float), np.asarray(Y, float)
     out = {}
-    for group, model in zip(agg.groups, agg.models_):
-        cols = [agg.aspects.index(a) for a in group]
+    for group, model in zip(agg.groups_, agg.models_):
+        cols = [agg.aspects_.index(a) for a in group]
         y = Y[:, cols] if len(cols) > 1 else Y[:, cols[0]]
         res = permutation_importance(
             model, X, y, scoring=_group_scorer(group), n_repeats=n_repeats, random_state=random_state
         )
         for a in group:
             out[a] = np.asarray(res[a].importances_mean)
-    return {a: out[a] for a in agg.aspects}
+    return {a: out[a] for a in agg.aspects_}
 
 
 def prune(
@@ -67,12 +69,15 @@ def prune(
     n_repeats: int = N_REPEATS,
 ) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
-    sum over aspects; select the ``top_k`` candidates (ties broken by tree order)."""
+    sum over aspects; select up to ``top_k`` candidates with positive importance, most
+    important first (ties broken by tree order). A criterion whose shuffling does not hurt
+    held-out predictions is not worth decomposing, so fewer than ``top_k`` (even none) may
+    be selected."""
     cand_idx = [list(feature_keys).index(c) for c in candidates]
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
     for tr, va in cv_folds(doc_groups, agg_template.random_state):
-        agg = agg_template.clone().fit(X[tr], Y[tr])
+        agg = clone(agg_template).fit(X[tr], Y[tr])
         imp = aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
         for a, values in imp.items():
             per_aspect[a] += values[cand_idx]
@@ -80,10 +85,12 @@ def prune(
     per_aspect = {a: v / max(n, 1) for a, v in per_aspect.items()}
     total = sum(per_aspect.values())
     importance = {c: float(total[i]) for i, c in enumerate(candidates)}
-    order = sorted(range(len(candidates)), key=lambda i: (-total[i], i))
+    positive = [i for i in range(len(candidates)) if importance[candidates[i]] > 0]
+    order = sorted(positive, key=lambda i: (-total[i], i))
     selected = tuple(candidates[i] for i in order[:top_k])
     return PruneResult(
         importance,
         {a: {c: float(v[i]) for i, c in enumerate(candidates)} for a, v in per_aspect.items()},
         selected,
+        len(positive),
     )

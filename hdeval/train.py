@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.base import clone
 
-from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select_kind
+from hdeval.aggregate import KINDS, Aggregator, cross_val_predictions, select, tune
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
@@ -153,6 +155,10 @@ class LayerReport:
     selection_scores: dict[str, float] = field(default_factory=dict)
     importance: dict[str, float] = field(default_factory=dict)
     expand_next: list[str] = field(default_factory=list)
+    tuning: dict[str, float] = field(default_factory=dict)  # nn: CV mean Spearman per grid point
+    params: dict[str, Any] = field(default_factory=dict)  # nn: the chosen alpha and width
+    positive_importance: int | None = None  # pruning: candidates with importance > 0
+    notes: list[str] = field(default_factory=list)  # e.g. scikit-learn warnings, recorded here
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -216,6 +222,8 @@ def _run(
     for layer in range(1, config.layers + 1):
         if layer > 1:
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
+            if not nodes:  # pruning found no criterion worth expanding
+                break
             progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
             before = len(tree)
             tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
@@ -231,23 +239,33 @@ def _run(
         _check_failures(m, layer, config.max_failure_rate)
         matrix = matrix.hstack(m)
         X = matrix.values
-        selection: dict[str, float] = {}
-        kind = config.aggregator
-        if kind == "auto":
-            kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], doc_groups)
-        template = Aggregator.for_task(kind, task, config.seed)
-        cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
-        agg = template.clone().fit(X[tr], Y[tr])
-        test = metric_table(Y[te], agg.predict(X[te]), aspects)
-        report = LayerReport(
-            layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
-            m.failure_rate, selection,
-        )
-        if 2 <= layer < config.layers:
-            pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, [c.key for c in new],
-                       doc_groups, config.top_k)
-            report.importance, report.expand_next = pr.importance, list(pr.selected)
-            expand = pr.selected
+        # scikit-learn warnings (e.g. an MLP that did not converge) never reach the terminal
+        # raw: they are recorded as notes in the layer report.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            selection: dict[str, float] = {}
+            tuning: dict[str, float] = {}
+            kind = config.aggregator
+            template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
+            if kind == "auto":
+                template, selection, tuning = select(template, X[tr], Y[tr], doc_groups)
+            elif kind == "nn":
+                template, _, tuning = tune(template, X[tr], Y[tr], doc_groups)
+            kind = template.kind
+            cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
+            agg = clone(template).fit(X[tr], Y[tr])
+            test = metric_table(Y[te], agg.predict(X[te]), aspects)
+            report = LayerReport(
+                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
+                m.failure_rate, selection, tuning=tuning, params=_nn_params(template),
+            )
+            if 2 <= layer < config.layers:
+                pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, [c.key for c in new],
+                           doc_groups, config.top_k)
+                report.importance, report.expand_next = pr.importance, list(pr.selected)
+                report.positive_importance = pr.n_positive
+                expand = pr.selected
+        report.notes = warning_notes(caught)
         reports.append(report)
         layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
@@ -260,9 +278,11 @@ def _run(
         "cv_train": {str(r.layer): r.cv_train for r in reports},
         "direct_layer1": _direct_layer1(matrix, Y[te], te, aspects),
         "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
+        "mean_subtree": _mean_subtree(tree, matrix, Y[te], te, aspects),
         "failure_rate": matrix.failure_rate,
         "usage": _usage(llm),
     }
+    progress.message(_baseline_summary(metrics))
     table = pd.DataFrame(matrix.values, columns=matrix.criterion_keys)
     split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
     table.insert(0, "split", [split_of[s] for s in ids])
@@ -306,6 +326,42 @@ def _mean_all(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[
     return metric_table(y, np.repeat(mean[:, None], len(aspects), axis=1), aspects)
 
 
+def warning_notes(caught: Sequence[warnings.WarningMessage]) -> list[str]:
+    """Recorded warnings as short notes: one per distinct (category, message), with a count."""
+    counts: dict[str, int] = {}
+    for w in caught:
+        text = f"{w.category.__name__}: {' '.join(str(w.message).split())}"
+        counts[text] = counts.get(text, 0) + 1
+    return [t if n == 1 else f"{t} ({n} times)" for t, n in counts.items()]
+
+
+def _nn_params(agg: Aggregator) -> dict[str, Any]:
+    if agg.kind != "nn":
+        return {}
+    return {"alpha": agg.alpha, "hidden_layer_sizes": list(agg.hidden_layer_sizes)}
+
+
+def subtree_means(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str]) -> np.ndarray:
+    """Per aspect, the mean of its own subtree's scores (the aspect and all its descendants
+    that were scored), NaN ignored: samples x aspects."""
+    keys = list(matrix.criterion_keys)
+    out = np.full((matrix.values.shape[0], len(aspects)), np.nan)
+    for j, a in enumerate(aspects):
+        cols = [i for i, k in enumerate(keys)
+                if k == a or (k in tree and any(c.key == a for c in tree.ancestors(k)))]
+        if cols:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows stay NaN
+                out[:, j] = np.nanmean(matrix.values[:, cols], axis=1)
+    return out
+
+
+def _mean_subtree(tree: CriteriaTree, matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray,
+                  aspects: list[str]) -> dict:
+    """The stronger 'w/o aggregator' baseline: each aspect predicted by its own subtree mean."""
+    return metric_table(y, subtree_means(tree, matrix, aspects)[te], aspects)
+
+
 def _usage(llm: CachedBackend) -> dict[str, int]:
     s = llm.stats
     return {"calls": s.calls, "cache_hits": s.hits, "prompt_tokens": s.prompt_tokens,
@@ -316,16 +372,36 @@ def _fmt(x: float | None) -> str:
     return "  n/a" if x is None else f"{x:5.3f}"
 
 
+def _baseline_summary(metrics: dict[str, Any]) -> str:
+    """The evaluator next to the baselines, the stronger 'w/o aggregator' one first."""
+    def sp(key: str) -> str:
+        return _fmt((metrics.get(key) or {}).get("average", {}).get("spearman"))
+
+    return (f"held-out average spearman: evaluator {sp('final')} | baselines: own-subtree mean "
+            f"{sp('mean_subtree')}, mean of all criteria {sp('mean_all_criteria')}, "
+            f"direct layer-1 score {sp('direct_layer1')}")
+
+
 def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
     lines = [
         f"layer {r.layer}: +{len(r.added)} criteria, aggregator {r.aggregator}, "
         f"failed scores {r.failure_rate:.1%}, CV-train spearman {_fmt(r.cv_train['average']['spearman'])}"
     ]
+    if r.params:
+        hidden = "x".join(str(h) for h in r.params["hidden_layer_sizes"])
+        lines.append(f"  nn chosen by grouped CV: alpha {r.params['alpha']:g}, hidden layers {hidden}")
     for a in aspects + ["average"]:
         t = r.test[a]
         lines.append(f"  {a:<18} test pearson {_fmt(t['pearson'])}  spearman {_fmt(t['spearman'])}")
-    if r.expand_next:
-        lines.append(f"  expand next: {', '.join(r.expand_next)}")
+    if r.positive_importance is not None:
+        n = len(r.importance)
+        if r.expand_next:
+            lines.append(f"  expand next: {', '.join(r.expand_next)} ({r.positive_importance} of {n} "
+                         "candidates had positive importance)")
+        else:
+            lines.append(f"  expand next: none (no candidate of {n} had positive importance)")
+    for note in r.notes:
+        lines.append(f"  note: {note}")
     return "\n".join(lines)
 
 
