@@ -152,6 +152,7 @@ def _load_builtin() -> None:
     # keeps `hdeval --help` free of scikit-learn.
     import hdeval.methods.direct  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
+    import hdeval.methods.paireval  # noqa: F401
 
 
 def all_options() -> dict[str, tuple[Option, list[str]]]:
