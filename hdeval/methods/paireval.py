@@ -731,6 +731,9 @@ def _label_completion(request: CompletionRequest, fake: FakeBackend, labels: tup
     return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
 
 
+FAKE_FIRST_BIAS = 0.4
+
+
 @responder("pair")
 def _fake_pair(request: CompletionRequest, fake: FakeBackend) -> Completion:
     user = request.messages[-1].content
@@ -740,7 +743,8 @@ def _fake_pair(request: CompletionRequest, fake: FakeBackend) -> Completion:
         return Completion("?", None, 1, 1)
     qa = fake_quality(blocks[0], blocks[1], question)
     qb = fake_quality(blocks[2], blocks[3], question)
-    return _label_completion(request, fake, LABELS, 1 / (1 + math.exp(-8 * (qa - qb))))
+    # a mild preference for what is shown first, as real LLMs have: the swap has something to undo
+    return _label_completion(request, fake, LABELS, 1 / (1 + math.exp(-8 * (qa - qb) - FAKE_FIRST_BIAS)))
 
 
 @responder("yesno")
