@@ -471,9 +471,6 @@ class PairEvaluator(_Dialogue):
 
 
 def fit_paireval(ctx: FitContext) -> PairEvaluator:
-    from hdeval.aggregate import Aggregator, select_kind
-    from hdeval.metrics import metric_table
-
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     # Every check before the first call.
     history_fields(task)
@@ -487,13 +484,21 @@ def fit_paireval(ctx: FitContext) -> PairEvaluator:
     else:
         train = [by_id[i] for i in split.train_ids]
         pool = draw_comparisons(train, n, config.seed, task, "the training split", own_docs=True)
-    template = load_template("pair")
+    return fit_with_pool(ctx, pool, n, swap, source or "train")
+
+
+def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvaluator:
+    """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
+    from hdeval.aggregate import Aggregator, select_kind
+    from hdeval.metrics import metric_table
+
+    task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
+    by_id = {s.id: s for s in samples}
     ctx.progress.message(
         f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), {n} comparison examples from "
-        f"{source or 'the training split'}, LLM {ctx.llm.identity}"
+        f"{len(split.test_ids)} test), {n} comparison examples from {source}, LLM {ctx.llm.identity}"
     )
-    ev = PairEvaluator(task, template, pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
+    ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
     rate = judged.failure_rate
     if rate > config.max_failure_rate:
@@ -521,7 +526,7 @@ def fit_paireval(ctx: FitContext) -> PairEvaluator:
         "direct": metric_table(Y[te], X[te], aspects),
         "aggregator": kind,
         "selection_scores": selection,
-        "comparisons": {"n": n, "swap": swap, "source": "file" if source else "train",
+        "comparisons": {"n": n, "swap": swap, "source": source if source in ("train", "test") else "file",
                         "ids": [e.id for e in pool]},
         "position_consistency": judged.position()["consistency"],
         "position_bias": judged.position()["bias"],
@@ -530,7 +535,7 @@ def fit_paireval(ctx: FitContext) -> PairEvaluator:
         "usage": usage_of(ctx.llm),
     }
     ev.score_table = _score_table(ids, cols, split, Y, aspects)
-    ev.extra = {**_run_extra(ctx), "comparison_source": source or "train"}
+    ev.extra = {**_run_extra(ctx), "comparison_source": source}
     return ev
 
 
@@ -743,8 +748,12 @@ def _fake_pair(request: CompletionRequest, fake: FakeBackend) -> Completion:
         return Completion("?", None, 1, 1)
     qa = fake_quality(blocks[0], blocks[1], question)
     qb = fake_quality(blocks[2], blocks[3], question)
-    # a mild preference for what is shown first, as real LLMs have: the swap has something to undo
-    return _label_completion(request, fake, LABELS, 1 / (1 + math.exp(-8 * (qa - qb) - FAKE_FIRST_BIAS)))
+    # a mild preference for what is shown first, as real LLMs have: the swap has something to
+    # undo; and a pair-specific whim, so judgments are not perfectly transitive and the choice of
+    # comparison examples matters (as it does with a real LLM)
+    whim = 0.15 * (_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
+    return _label_completion(request, fake, LABELS,
+                             1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS)))
 
 
 @responder("yesno")
