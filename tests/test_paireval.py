@@ -342,3 +342,54 @@ def test_requests_are_sample_major(dialogue):
         shown = Example.of(task, s).response
         block = fake.requests[i * per:(i + 1) * per]
         assert all(f"<sample>\n{shown}\n</sample>" in r.messages[-1].content for r in block)
+
+
+# ---------------------------------------------------------------- inside HD-Eval (--scorer pairwise)
+def test_hdeval_with_pairwise_scorer_train_apply_rerun(dialogue, tmp_path):
+    from hdeval.methods.paireval import PairwiseScorer
+
+    task, data = dialogue
+    cache, out = str(tmp_path / "c"), tmp_path / "art"
+    res = run("train", "--task", str(task), "--data", str(data), "--method", "hdeval", "--scorer", "pairwise",
+              "--comparisons", "2", "--layers", "2", "--children", "2", "--aggregator", "lr", "--llm", "fake",
+              "--cache-dir", cache, "-o", str(out), "-q")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["scorer"] == {"kind": "pairwise", "comparisons": 2, "swap": True}
+    assert (out / "prompts" / "pair.toml").is_file() and len(json.loads((out / "comparisons.json").read_text())) == 3
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["position_consistency"] <= 1
+    table = (out / "scores.csv").read_text().splitlines()[0].split(",")
+    assert "overall" in table and any("/" in k for k in table)  # layer-1 and layer-2 criteria
+    ev = load_artifact(out)
+    assert isinstance(ev.scorer, PairwiseScorer) and ev.scorer.n == 2
+    new = write_jsonl(tmp_path / "new.jsonl", [
+        {"id": f"n{i}", "doc_id": f"new-{i}", "source": f"hi, how was day {i}?", "output": f"great, thanks {i}"}
+        for i in range(3)])
+    first = run("apply", str(out), str(new), "-o", str(tmp_path / "s1.jsonl"), "--cache-dir", cache, "-q")
+    assert first.exit_code == 0, first.output
+    assert "LLM calls made: 0," not in first.stderr
+    again = run("apply", str(out), str(new), "-o", str(tmp_path / "s2.jsonl"), "--cache-dir", cache, "-q")
+    assert "LLM calls made: 0," in again.stderr  # the recorded comparison examples: all cached
+    assert (tmp_path / "s1.jsonl").read_text() == (tmp_path / "s2.jsonl").read_text()
+    rows = [json.loads(l) for l in (tmp_path / "s1.jsonl").read_text().splitlines()]
+    assert all(v is None or 0 <= v <= 1 for r in rows for v in r["criteria"].values())
+
+
+def test_hdeval_pairwise_scorer_is_order_free(dialogue, tmp_path):
+    task, data = dialogue
+    fake = FakeBackend(responders={**RESPONDERS, "pair": fixed(0.9)})
+    ev = train(task=str(task), data=str(data), method="hdeval", scorer="pairwise", layers=1, aggregator="lr",
+               backend=fake, cache_dir=str(tmp_path / "c"))
+    assert np.allclose(ev.score_table[["overall", "engagingness"]].to_numpy(), 0.5, rtol=0, atol=1e-12)
+    assert ev.metrics["position_consistency"] == 0.0 and ev.metrics["position_bias"] == pytest.approx(0.8)
+
+
+def test_hdeval_pairwise_scorer_bad_input(dialogue, tmp_path, fake_calls):
+    task, data = dialogue
+    base = ("train", "--task", str(task), "--data", str(data), "--method", "hdeval", "--scorer", "pairwise",
+            "--llm", "fake", "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art"))
+    one_line_error(run(*base, "--comparisons", "0"), "--comparisons", "at least 1")
+    one_line_error(run(*base, "--comparisons", "9"), "--comparisons 9", "5 available")
+    one_line_error(run(*base, "--dry-run"), "--dry-run", "pairwise")
+    assert not fake_calls and not (tmp_path / "art").exists()

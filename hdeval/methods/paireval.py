@@ -114,13 +114,13 @@ def yesno_question(aspect: Aspect) -> str:
             f"Is the above response good on {aspect.name.lower()}?")
 
 
-def pair_request(template: Template, task: Task, aspect: Aspect, a: Example, b: Example) -> CompletionRequest:
+def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
     messages = template.render({
         "task_description": task.description,
         "response_label": response_label(task),
         "history_a": a.history, "response_a": a.response,
         "history_b": b.history, "response_b": b.response,
-        "question": pair_question(aspect),
+        "question": question,
     })
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
                              kind="pair")
@@ -228,7 +228,7 @@ class PairScores:
         fails: list[Failure] = []
         first_reason: dict[tuple[str, str], str] = {}
         for f in self.failures:
-            first_reason.setdefault((f.sample_id, f.criterion_key.split("|")[0]), f.reason)
+            first_reason.setdefault((f.sample_id, f.criterion_key.rsplit("|", 2)[0]), f.reason)
         for i, s in enumerate(self.sample_ids):
             for j, a in enumerate(self.aspects):
                 if math.isnan(values[i, j]):
@@ -265,29 +265,34 @@ class _quiet:
 
 
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
-                n: int, swap: bool, concurrency: int = 8, progress: Progress | None = None) -> PairScores:
-    """Ask every pair (sample-major: all aspects and comparisons of one target together)."""
-    aspects = list(task.aspects)
+                n: int, swap: bool, concurrency: int = 8, progress: Progress | None = None,
+                columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
+    """Ask every pair (sample-major: all columns and comparisons of one target together).
+
+    ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
+    stage of its own (False when the caller has one open)."""
+    cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
     cells: list[Cell] = []
     for s in samples:
         target = Example.of(task, s)
         mine = comparisons_for(target, pool, n)
-        for a in aspects:
+        for key, question in cols:
             for ci in mine:
-                cells.append(Cell(s.id, f"{a.key}|{ci}|first", (pair_request(template, task, a, target, pool[ci]),)))
+                cells.append(Cell(s.id, f"{key}|{ci}|first",
+                                  (pair_request(template, task, question, target, pool[ci]),)))
                 if swap:
-                    cells.append(Cell(s.id, f"{a.key}|{ci}|second",
-                                      (pair_request(template, task, a, pool[ci], target),)))
-    if progress is not None:
-        progress.stage(f"comparing {len(samples)} samples x {len(aspects)} aspects x {n} examples"
+                    cells.append(Cell(s.id, f"{key}|{ci}|second",
+                                      (pair_request(template, task, question, pool[ci], target),)))
+    if progress is not None and stage:
+        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples"
                        f"{' x 2 orders' if swap else ''}", len(cells))
     m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
-    if progress is not None:
+    if progress is not None and stage:
         progress.end_stage()
-    shape = (len(samples), len(aspects), len(pool))
+    shape = (len(samples), len(cols), len(pool))
     first, second = np.full(shape, np.nan), np.full(shape, np.nan)
     row = {sid: i for i, sid in enumerate(m.sample_ids)}
-    ak = {a.key: j for j, a in enumerate(aspects)}
+    ak = {key: j for j, (key, _) in enumerate(cols)}
     for c, key in enumerate(m.criterion_keys):
         aspect, ci, order = key.rsplit("|", 2)
         if order == "first":
@@ -295,8 +300,90 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
         else:
             second[:, ak[aspect], int(ci)] = 1.0 - m.values[:, c]  # P(target's label "B")
     ordered = [row[s.id] for s in samples]
-    return PairScores([s.id for s in samples], [a.key for a in aspects], first[ordered], second[ordered],
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first[ordered], second[ordered],
                       list(m.failures), len(cells), swap)
+
+
+# ---------------------------------------------------------------------- inside HD-Eval
+def criterion_question(tree: Any, criterion: Any) -> str:
+    from hdeval.prompts import hierarchy_text
+
+    return (f"{hierarchy_text(tree, criterion)}\nJudge the two responses only on the criterion "
+            f"\"{criterion.name}\". Which response is better on it?")
+
+
+class _EveryK(Progress):
+    """Forwards one step to ``inner`` per ``k`` requests (HD-Eval counts cells, not pairs)."""
+
+    def __init__(self, inner: Progress, k: int):
+        self.inner, self.k, self.seen = inner, max(1, k), 0
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        before = self.seen // self.k
+        self.seen += n
+        if self.seen // self.k > before:
+            self.inner.advance(self.seen // self.k - before, cached=cached)
+
+
+class PairwiseScorer:
+    """HD-Eval's criterion scorer replaced by PairEval (``--scorer pairwise``): a criterion's
+    column is the target's win probability against the comparison examples on that criterion,
+    both orders averaged. Same call signature as :func:`hdeval.scoring.score_criteria`."""
+
+    kind = "pairwise"
+
+    def __init__(self, template: Template, pool: list[Example], n: int, swap: bool):
+        self.template, self.pool, self.n, self.swap = template, list(pool), n, swap
+        self.judged: list[PairScores] = []  # every call's judgments (position statistics)
+
+    def __call__(self, llm: Any, _score_template: Any, task: Task, tree: Any, criteria: Sequence[Any],
+                 samples: Sequence[Sample], concurrency: int = 8, progress: Progress | None = None) -> ScoreMatrix:
+        history_fields(task)
+        cols = [(c.key, criterion_question(tree, c)) for c in criteria]
+        step = None if progress is None else _EveryK(progress, self.n * (2 if self.swap else 1))
+        judged = pair_scores(llm, self.template, task, samples, self.pool, self.n, self.swap, concurrency,
+                             step, columns=cols, stage=False)
+        self.judged.append(judged)
+        return judged.columns()
+
+    def position(self) -> dict[str, Any]:
+        if not self.judged:
+            return {"consistency": None, "bias": None, "comparisons": 0}
+        first = np.concatenate([j.first.reshape(-1) for j in self.judged])
+        second = np.concatenate([j.second.reshape(-1) for j in self.judged])
+        both = PairScores([], [], first[None, None, :], second[None, None, :], [], 0, self.swap)
+        return both.position()
+
+    def manifest(self) -> dict[str, Any]:
+        return {"kind": self.kind, "comparisons": self.n, "swap": self.swap}
+
+    def write(self, out: ArtifactWriter) -> None:
+        out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader, spec: Any, templates: dict[str, Template]) -> "PairwiseScorer":
+        if not isinstance(spec, dict) or spec.get("kind") != cls.kind:
+            raise ArtifactError(f"{art.path}: unknown scorer {spec!r}")
+        if "pair" not in templates or COMPARISONS not in art.manifest.get("files", {}):
+            raise ArtifactError(f"{art.path}: a pairwise scorer needs prompts/pair.toml and {COMPARISONS}")
+        pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
+        n, swap = spec.get("comparisons"), spec.get("swap")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool) or not isinstance(swap, bool):
+            raise ArtifactError(f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples")
+        return cls(templates["pair"], pool, n, swap)
+
+
+def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
+    """The criterion scorer ``--method hdeval --scorer ...`` asks for (None: the digit scorer)."""
+    if ctx.option("scorer") != "pairwise":
+        return None
+    task, split = ctx.prep.task, ctx.prep.split
+    history_fields(task)
+    n = check_comparisons(ctx.option("comparisons"))
+    by_id = {s.id: s for s in ctx.prep.samples}
+    pool = draw_comparisons([by_id[i] for i in split.train_ids], n, ctx.config.seed, task,
+                            "the training split", own_docs=True)
+    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.option("swap")))
 
 
 # ---------------------------------------------------------------------- shared evaluator parts
@@ -693,7 +780,8 @@ def export_training(samples: Sequence[Sample], task: Task, seed: int = 0,
         r = other(s.doc_id, h.doc_id)
         neg = Example(f"{h.id}+{r.id}", h.doc_id, Example.of(task, h).history, Example.of(task, r).response)
         first = bool(rng.integers(2))
-        req = pair_request(template, task, overall, pos, neg) if first else pair_request(template, task, overall, neg, pos)
+        q = pair_question(overall)
+        req = pair_request(template, task, q, pos, neg) if first else pair_request(template, task, q, neg, pos)
         label = "A" if first else "B"
         rows.append({
             "messages": [{"role": m.role, "content": m.content} for m in req.messages]
