@@ -355,6 +355,8 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     if (config.method_options or {}).get("scorer") == "pairwise":
         raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
                           "--comparisons x 2 calls per layer")
+    if config.method in ("paireval", "direct-yesno"):
+        return prep, [_plan_requests(config, prep, backend)], _offline_identity(config, backend)
     llm = open_backend(config, backend, offline=True)
     try:
         templates = load_templates()
@@ -382,6 +384,29 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
             ))
             n_prev = n_new
         return prep, plans, llm.identity
+    finally:
+        llm.close()
+
+
+def _plan_requests(config: TrainConfig, prep: Prepared, backend: Backend | None) -> LayerPlan:
+    """A method whose every request is known before the run (PairEval, DIRECTEVAL): exact counts."""
+    from hdeval.methods.paireval import MAX_TOKENS, planned_requests
+
+    reqs = planned_requests(config, prep)
+    llm = open_backend(config, backend, offline=True)
+    try:
+        distinct = {llm.key(r): r for r in reqs}  # identical pairs cost one call
+        cached = sum(llm.is_cached(r) for r in distinct.values())
+        return LayerPlan(1, 0, len(distinct), cached, False, sum(_chars(r) for r in distinct.values()) // 4,
+                         len(distinct) * MAX_TOKENS)
+    finally:
+        llm.close()
+
+
+def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
+    llm = open_backend(config, backend, offline=True)
+    try:
+        return llm.identity
     finally:
         llm.close()
 

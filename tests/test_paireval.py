@@ -393,3 +393,26 @@ def test_hdeval_pairwise_scorer_bad_input(dialogue, tmp_path, fake_calls):
     one_line_error(run(*base, "--comparisons", "9"), "--comparisons 9", "5 available")
     one_line_error(run(*base, "--dry-run"), "--dry-run", "pairwise")
     assert not fake_calls and not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize("method, extra, calls", [
+    # at most 36 samples x 2 aspects x 3 comparisons x 2 orders: a pair of two comparison
+    # examples (each also a training target) comes up from both sides and is one call
+    ("paireval", (), None),
+    ("paireval", ("--no-swap", "--comparisons", "2"), 36 * 2 * 2),
+    ("direct-yesno", (), 36 * 2),
+])
+def test_dry_run_counts_exactly_what_training_calls(method, extra, calls, dialogue, tmp_path, fake_calls):
+    task, data = dialogue
+    base = ("train", "--task", str(task), "--data", str(data), "--method", method, "--llm", "fake",
+            "--aggregator", "lr", "--cache-dir", str(tmp_path / "c"), *extra)
+    dry = run(*base, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert not fake_calls
+    planned = int(dry.stdout.split("total: <= ")[1].split()[0])
+    assert planned == calls if calls is not None else 0 < planned < 36 * 2 * 3 * 2
+    res = run(*base, "-o", str(tmp_path / "art"), "-q")
+    assert res.exit_code == 0, res.output
+    assert len(fake_calls) == planned
+    again = run(*base, "--dry-run")
+    assert f"({planned} already cached)" in again.stdout

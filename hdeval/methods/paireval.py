@@ -264,14 +264,9 @@ class _quiet:
         return self._w.__exit__(*exc)
 
 
-def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
-                n: int, swap: bool, concurrency: int = 8, progress: Progress | None = None,
-                columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
-    """Ask every pair (sample-major: all columns and comparisons of one target together).
-
-    ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
-    stage of its own (False when the caller has one open)."""
-    cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
+def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,
+               swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
+    """One cell per target x column x comparison x order, sample-major."""
     cells: list[Cell] = []
     for s in samples:
         target = Example.of(task, s)
@@ -283,6 +278,18 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
                 if swap:
                     cells.append(Cell(s.id, f"{key}|{ci}|second",
                                       (pair_request(template, task, question, pool[ci], target),)))
+    return cells
+
+
+def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
+                n: int, swap: bool, concurrency: int = 8, progress: Progress | None = None,
+                columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
+    """Ask every pair (sample-major: all columns and comparisons of one target together).
+
+    ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
+    stage of its own (False when the caller has one open)."""
+    cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
+    cells = pair_cells(template, task, samples, pool, n, swap, cols)
     if progress is not None and stage:
         progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples"
                        f"{' x 2 orders' if swap else ''}", len(cells))
@@ -558,8 +565,13 @@ class PairEvaluator(_Dialogue):
 
 
 def fit_paireval(ctx: FitContext) -> PairEvaluator:
+    pool, n, swap, source = choose_comparisons(ctx)  # every check before the first call
+    return fit_with_pool(ctx, pool, n, swap, source)
+
+
+def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
+    """The run's comparison examples, N, swap and where the examples come from."""
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
-    # Every check before the first call.
     history_fields(task)
     n = check_comparisons(ctx.option("comparisons"))
     swap = bool(ctx.option("swap"))
@@ -571,7 +583,19 @@ def fit_paireval(ctx: FitContext) -> PairEvaluator:
     else:
         train = [by_id[i] for i in split.train_ids]
         pool = draw_comparisons(train, n, config.seed, task, "the training split", own_docs=True)
-    return fit_with_pool(ctx, pool, n, swap, source or "train")
+    return pool, n, swap, source or "train"
+
+
+def planned_requests(config: Any, prep: Any) -> list[CompletionRequest]:
+    """Every request a ``paireval`` / ``direct-yesno`` training run makes (for ``--dry-run``)."""
+    task, samples = prep.task, prep.samples
+    if config.method == "direct-yesno":
+        history_fields(task)
+        t = load_template("yesno")
+        return [yesno_request(t, task, a, Example.of(task, s)) for s in samples for a in task.aspects]
+    pool, n, swap, _ = choose_comparisons(FitContext(config, prep, None, None, Progress()))
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    return [r for c in pair_cells(load_template("pair"), task, samples, pool, n, swap, cols) for r in c.requests]
 
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvaluator:
