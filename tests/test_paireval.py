@@ -416,3 +416,25 @@ def test_dry_run_counts_exactly_what_training_calls(method, extra, calls, dialog
     assert len(fake_calls) == planned
     again = run(*base, "--dry-run")
     assert f"({planned} already cached)" in again.stdout
+
+
+@pytest.mark.parametrize("bad", [
+    {"not": "a list"},
+    [{"id": "x", "doc_id": "d", "history": "h"}],          # a field missing
+    [{"id": "x", "doc_id": "d", "history": "h", "response": 5}],
+])
+def test_a_malformed_comparisons_file_is_refused_on_load(bad, dialogue, tmp_path):
+    from hdeval.artifact import sha256_file
+    from hdeval.errors import ArtifactError
+
+    task, data = dialogue
+    ev = train(task=str(task), data=str(data), method="paireval", llm="fake", aggregator="lr",
+               cache_dir=str(tmp_path / "c"), comparisons=1)
+    path = ev.save(tmp_path / "art")
+    target = path / "comparisons.json"
+    target.write_text(json.dumps(bad))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["comparisons.json"] = sha256_file(target)  # a consistent, hostile artifact
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="comparisons.json"):
+        load_artifact(path)
