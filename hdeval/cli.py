@@ -787,7 +787,8 @@ def _register_optional() -> None:
     # Commands that live in their own modules (each owns one capability).
     import importlib
 
-    for module, names in (("hdeval.cli_data", ("data",)), ("hdeval.cli_report", ("report", "explain"))):
+    for module, names in (("hdeval.cli_data", ("data",)), ("hdeval.cli_report", ("report", "explain")),
+                         ("hdeval.cli_paireval", ("paireval",))):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -56,6 +56,7 @@ class Evaluator:
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     method = "hdeval"
+    scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
 
     def __init__(
         self,
@@ -113,7 +114,7 @@ class Evaluator:
             criteria = [self.tree[k] for k in needed]
             if progress is not None:
                 progress.stage(f"scoring {len(samples)} samples x {len(criteria)} criteria", len(samples) * len(criteria))
-            m = score_criteria(
+            m = (self.scorer or score_criteria)(
                 backend, self.templates["score"], self.task, self.tree, criteria, samples,
                 concurrency, progress,
             )
@@ -164,6 +165,7 @@ class Evaluator:
             "features": self.feature_keys,
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
+            **({"scorer": self.scorer.manifest()} if self.scorer is not None else {}),
             **extra,
         }
 
@@ -175,6 +177,8 @@ class Evaluator:
         out.json(METRICS, self.metrics)
         if self.score_table is not None:
             self.score_table.to_csv(out.path(SCORES), index=False)
+        if self.scorer is not None:
+            self.scorer.write(out)
         return self.manifest()
 
     def save(self, path: str | Path, force: bool = False) -> Path:
@@ -252,6 +256,10 @@ class Evaluator:
             art.json(METRICS),
             {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
+        if manifest.get("scorer") is not None:
+            from hdeval.methods.paireval import PairwiseScorer
+
+            ev.scorer = PairwiseScorer.from_artifact(art, manifest["scorer"], templates)
         ev.warnings = list(art.warnings)
         ev.path = path
         ev.manifest_data = manifest

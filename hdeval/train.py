@@ -193,14 +193,27 @@ def train(
 
 def run_hdeval(ctx: FitContext) -> Evaluator:
     """HD-Eval's fit (the method seam calls this)."""
-    return _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress)
+    from hdeval.methods.paireval import hdeval_scorer
+
+    scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
+    ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer)
+    if scorer is not None:
+        ev.scorer = scorer
+        position = scorer.position()
+        ev.metrics["position_consistency"] = position["consistency"]
+        ev.metrics["position_bias"] = position["bias"]
+    return ev
 
 
 def _run(
-    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress
+    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress,
+    scorer: Any = None,
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
     templates = load_templates()
+    score = score_criteria if scorer is None else scorer
+    if scorer is not None:
+        templates["pair"] = scorer.template
     ids = [s.id for s in samples]
     pos = {s: i for i, s in enumerate(ids)}
     tr = np.array([pos[s] for s in split.train_ids])
@@ -234,7 +247,7 @@ def _run(
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
         )
-        m = score_criteria(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
+        m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
         _check_failures(m, layer, config.max_failure_rate)
         matrix = matrix.hstack(m)
@@ -424,6 +437,11 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     replies, so their counts are upper bounds (every decomposition yields ``children``).
     """
     prep = prepare(config)
+    if (config.method_options or {}).get("scorer") == "pairwise":
+        raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
+                          "--comparisons x 2 calls per layer")
+    if config.method in ("paireval", "direct-yesno"):
+        return prep, [_plan_requests(config, prep, backend)], _offline_identity(config, backend)
     llm = open_backend(config, backend, offline=True)
     try:
         templates = load_templates()
@@ -451,6 +469,29 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
             ))
             n_prev = n_new
         return prep, plans, llm.identity
+    finally:
+        llm.close()
+
+
+def _plan_requests(config: TrainConfig, prep: Prepared, backend: Backend | None) -> LayerPlan:
+    """A method whose every request is known before the run (PairEval, DIRECTEVAL): exact counts."""
+    from hdeval.methods.paireval import MAX_TOKENS, planned_requests
+
+    reqs = planned_requests(config, prep)
+    llm = open_backend(config, backend, offline=True)
+    try:
+        distinct = {llm.key(r): r for r in reqs}  # identical pairs cost one call
+        cached = sum(llm.is_cached(r) for r in distinct.values())
+        return LayerPlan(1, 0, len(distinct), cached, False, sum(_chars(r) for r in distinct.values()) // 4,
+                         len(distinct) * MAX_TOKENS)
+    finally:
+        llm.close()
+
+
+def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
+    llm = open_backend(config, backend, offline=True)
+    try:
+        return llm.identity
     finally:
         llm.close()
 

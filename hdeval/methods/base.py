@@ -154,6 +154,7 @@ def _load_builtin() -> None:
     # only (implementations load when a method is used), so `hdeval --help` stays light.
     import hdeval.methods.direct  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
+    import hdeval.methods.paireval  # noqa: F401
 
 
 def all_options() -> dict[str, tuple[Option, list[str]]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hdeval.methods.base import Method, register
+from hdeval.methods.base import Method, Option, register
 
 
 def _fit(ctx):
@@ -24,4 +24,11 @@ METHOD = register(Method(
     fit=_fit,
     load=_load,
     editable=("tree.json",),
+    options={
+        "scorer": Option("digit", "HD-Eval: how criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "
+                                  "probability against comparison examples, both orders)",
+                         choices=("digit", "pairwise")),
+        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
+        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
+    },
 ))

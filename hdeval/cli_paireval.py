@@ -1,0 +1,46 @@
+"""``hdeval paireval ...``: PairEval helpers beyond train / apply.
+
+Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the work is in
+:mod:`hdeval.methods.paireval`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from hdeval.cli import run_command
+
+
+@click.group("paireval")
+def paireval() -> None:
+    """PairEval helpers (train it with `hdeval train --method paireval`)."""
+
+
+@paireval.command("export-training")
+@click.option("--data", required=True, type=click.Path(dir_okay=False),
+              help="Dialogue corpus JSONL in the task's schema (history fields + 'output', the real follow-up).")
+@click.option("--task", default="dailydialog_grade", show_default=True,
+              help="Built-in task or task .toml saying which fields are the history and how they are labelled.")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Training pairs JSONL to write.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Negatives and positions randomness.")
+def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
+    """Write chat-format fine-tuning pairs (PairEval Sec. 3.3): the real follow-up against a random
+    response from another conversation, positions randomised, the label word as the target.
+
+    \b
+    Example:
+      hdeval paireval export-training --data corpus.jsonl -o pairs.jsonl
+    """
+    from hdeval.data import read_samples, write_jsonl
+    from hdeval.methods.paireval import export_training, history_fields
+    from hdeval.tasks import load_task
+
+    def go() -> None:
+        t = load_task(task)
+        history_fields(t)
+        samples = read_samples(data, t, require_scores=False)
+        rows = export_training(samples, t, seed)
+        write_jsonl(out, rows)
+        click.echo(f"wrote {len(rows)} training pairs to {out}")
+
+    run_command(go)
