@@ -151,6 +151,7 @@ def _load_builtin() -> None:
     # The built-in methods register themselves on import; importing them here (not at the top)
     # keeps `hdeval --help` free of scikit-learn.
     import hdeval.methods.direct  # noqa: F401
+    import hdeval.methods.dna  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
 
 
