@@ -125,8 +125,8 @@ class Settings:
 
 def settings_of(ctx: FitContext) -> Settings:
     return Settings(mode=ctx.option("dna_mode"), aspect_source=ctx.option("aspect_source"),
-                    k=ctx.option("k"), tie_margin=float(ctx.option("tie_margin")),
-                    swap=bool(ctx.option("swap"))).check()
+                    k=ctx.option("k"), tie_margin=ctx.option("tie_margin"),
+                    swap=ctx.option("swap")).check()
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -397,7 +397,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         def weigh(p: PairSample):
             specs = aspects[p.id]
             keys = [s.key for s in specs]
-            listing = "".join(f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
+            listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
+                              else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
             req = _req(tpl_w, {"task_description": task.description, "question": question_block(task, p),
                                "aspects": listing, "aspect_keys": json.dumps(keys, ensure_ascii=False)},
                        400, json_mode=True)
@@ -677,6 +678,19 @@ class DnaEvaluator:
             rows.append(row)
         return rows
 
+    def summary_line(self) -> str:
+        """One line for the CLI: the held-out agreement with the human labels."""
+        t = self.metrics.get("test", {})
+        parts = []
+        for key in (self.metrics.get("primary"), "learned"):
+            a = t.get(key)
+            if a:
+                parts.append(f"{key} w/o ties {a['wo_ties']}, w/ ties {a['w_ties']}")
+        pc = self.metrics.get("position_consistency")
+        if pc is not None:
+            parts.append(f"position consistency {pc}")
+        return "held-out agreement with human labels: " + "; ".join(parts)
+
     def llm_manifest(self) -> dict[str, Any]:
         return {**self.llm.to_manifest(), "identity": self.llm_identity}
 
@@ -865,21 +879,6 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     return ev
 
 
-def summary_line(ev: DnaEvaluator) -> str:
-    """One line for the CLI: the held-out agreement with the human labels."""
-    t = ev.metrics.get("test", {})
-    parts = []
-    for key in (ev.metrics.get("primary"), "learned"):
-        a = t.get(key)
-        if a:
-            parts.append(f"{key} w/o ties {a['wo_ties']}, w/ ties {a['w_ties']}")
-    pc = ev.metrics.get("position_consistency")
-    if pc is not None:
-        parts.append(f"position consistency {pc}")
-    return "held-out agreement with human labels: " + "; ".join(parts)
-
-
-DnaEvaluator.summary_line = summary_line  # type: ignore[attr-defined]
 
 
 METHOD = register(Method(
