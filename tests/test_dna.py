@@ -369,6 +369,13 @@ def test_bad_options_and_shapes_are_clear_errors(faireval40, tmp_path):
     assert r.exit_code == 2 and "vote" in r.output
 
 
+def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):
+    r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
+             "--llm", "fake", "--cache-dir", tmp_path / "cache")
+    assert r.exit_code == 2 and "decompose" not in r.stdout
+    assert r.stderr.strip() == "error: --dry-run plans HD-Eval runs only; method 'dna' has no plan yet"
+
+
 def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):
     base = _train(tmp_path, faireval40)
     wide = _train(tmp_path, faireval40, tie_margin=0.5)
