@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from hdeval.cli import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
-from hdeval.errors import DataError
+from hdeval.errors import ConfigError, DataError
 
 
 @click.command()
@@ -42,6 +42,9 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
 
     def go() -> None:
         ev = load_artifact(artifact)
+        if not hasattr(ev, "aggregator"):
+            raise ConfigError(f"hdeval report reads HD-Eval artifacts; {artifact} was made by method "
+                              f"{ev.method!r}: its numbers are in metrics.json")
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
             curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),

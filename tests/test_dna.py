@@ -225,6 +225,14 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     assert r1["prediction"] == decide(r1["totals"]["a"], r1["totals"]["b"])
 
 
+def test_report_on_a_dna_artifact_is_a_clear_error_not_a_traceback(faireval40, tmp_path):
+    path = _train(tmp_path, faireval40).save(tmp_path / "art")
+    r = _cli("report", path)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval artifacts; {path} was made by method "
+                                "'dna': its numbers are in metrics.json")
+
+
 def test_edited_learned_weights_are_refused(faireval40, tmp_path):
     path = _train(tmp_path, faireval40).save(tmp_path / "art")
     f = path / "learned.json"
