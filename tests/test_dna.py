@@ -124,6 +124,8 @@ def test_learned_model_refuses_malformed_numbers():
         Learned.from_dict({"aspects": ["x"], "classes": ["a", "b"], "coef": [[1.0, 2.0]], "intercept": [0]}, "l.json")
     with pytest.raises(ArtifactError, match="malformed learned aggregator"):
         Learned.from_dict({"aspects": ["x"], "classes": ["a", "maybe"], "coef": [[1.0]], "intercept": [0]}, "l.json")
+    with pytest.raises(ArtifactError, match="malformed learned aggregator"):  # cannot say a or b
+        Learned.from_dict({"aspects": ["x"], "classes": ["a", "tie"], "coef": [[1.0]], "intercept": [0]}, "l.json")
     ok = Learned.from_dict({"aspects": ["x"], "classes": ["a", "b"], "coef": [[-1.0]], "intercept": [0]}, "l.json")
     assert ok.predict(np.array([[2.0], [-2.0]])) == ["a", "b"]  # negative coef: A ahead -> a
 
@@ -375,6 +377,16 @@ def test_bad_options_and_shapes_are_clear_errors(faireval40, tmp_path):
     assert r.exit_code == 2 and "method 'dna' does not support pointwise tasks" in r.stderr
     r = _cli("train", "--task", "faireval", "--method", "dna", "--dna-mode", "vote", "--llm", "fake")
     assert r.exit_code == 2 and "vote" in r.output
+
+
+def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
+    rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}" + " why" * i,
+             "output_a": "answer " + "word " * i, "output_b": "reply " + "text " * (12 - i),
+             "label": "a" if i % 3 else "tie"} for i in range(12)]
+    ev = _train(tmp_path, write_jsonl(tmp_path / "at.jsonl", rows))
+    assert ev.metrics["learned"] == {"skipped": "the training split's usable pairs lack an a or a b label"}
+    assert "learned" not in ev.metrics["test"] and ev.metrics["test"]["llm_weights"]["n"] == 6
+    assert "learned.json" not in json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())["files"]
 
 
 def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):

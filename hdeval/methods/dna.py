@@ -219,7 +219,8 @@ class Learned:
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed learned aggregator ({exc})") from None
         rows = 1 if len(classes) == 2 else len(classes)
-        if (not set(classes) <= set(PAIR_LABELS) or len(classes) < 2 or coef.shape != (rows, len(aspects))
+        if (not set(classes) <= set(PAIR_LABELS) or not {"a", "b"} <= set(classes)
+                or coef.shape != (rows, len(aspects))
                 or intercept.shape != (rows,) or not np.all(np.isfinite(coef))
                 or not np.all(np.isfinite(intercept))):
             raise ArtifactError(f"{where}: malformed learned aggregator (shapes or labels do not fit)")
@@ -566,7 +567,11 @@ def _merge(ids: list[str], parts: Sequence[ScoreMatrix]) -> ScoreMatrix:
 
 
 def _cell(m: ScoreMatrix, sid: str, key: str) -> float:
-    return float(m.values[m.sample_ids.index(sid), m.criterion_keys.index(key)])
+    index = m.__dict__.get("_dna_index")  # row / column positions, built once per matrix
+    if index is None:
+        index = ({s: i for i, s in enumerate(m.sample_ids)}, {k: j for j, k in enumerate(m.criterion_keys)})
+        m.__dict__["_dna_index"] = index
+    return float(m.values[index[0][sid], index[1][key]])
 
 
 def _order_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], sfx: str) -> tuple[np.ndarray, np.ndarray]:
@@ -807,9 +812,8 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         ok = ~np.isnan(res.diffs[tr]).any(axis=1)
         rows = tr[ok]
         y = [pairs[i].label for i in rows]
-        classes = sorted(set(y))
-        if len(classes) < 2:
-            learned_info = {"skipped": "the training split has fewer than two human labels"}
+        if not {"a", "b"} <= set(y):
+            learned_info = {"skipped": "the training split's usable pairs lack an a or a b label"}
         else:
             X = res.diffs[rows]
             model = fit_learned(X, y, ctx.config.seed)
