@@ -406,3 +406,20 @@ def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):
     assert list(t1["prediction"][diff <= 0.5].unique()) == ["tie"]
     assert (t1["prediction"][diff > 0.5] == t0["prediction"][diff > 0.5]).all()
     assert (diff <= 0.5).any() and (diff > 0.5).any()
+
+
+def test_dna_over_an_openai_compatible_server_with_faults_matches_the_fake(data_dir, tmp_path):
+    from llm_server import FaultMix, FaultServer
+
+    data = slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval16.jsonl", 16)
+    ref = _train(tmp_path, data)
+    with FaultServer(FaultMix(0.2, ("429-retry-after", "500", "503"), seed=5, retry_after="0")) as server:
+        r = _cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "test-model",
+                 "--base-url", server.url, "--cache-dir", tmp_path / "cache-http", "--max-retries", "8",
+                 "--out", tmp_path / "art", "-q")
+        assert r.exit_code == 0, r.output
+        log = list(server.log)
+    assert {a.kind for a in log} == {"dna_weights", "dna_score"}
+    assert any(a.outcome != "ok" for a in log)  # faults were injected and survived
+    m = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    assert m["test"] == ref.metrics["test"] and m["learned"] == ref.metrics["learned"]
