@@ -331,6 +331,15 @@ def _print_train_summary(ev, path: Path) -> None:
     click.echo(
         f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
         f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
+    if ev.method != "hdeval":
+        if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
+            click.echo(ev.summary_line())
+        else:
+            avg = m["final"]["average"]
+            click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
+                       f"kendall {avg['kendall']}")
+        click.echo(f"artifact written to {path}")
+        return
     layers = ev.manifest_extra.get("layers") or [{}]
     final_layer = layers[-1].get("layer", "?")
     avg = m["final"]["average"]

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from hdeval.cli import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
-from hdeval.errors import ArtifactError, DataError
+from hdeval.errors import ArtifactError, ConfigError, DataError
 
 
 @click.command()
@@ -44,6 +44,9 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
 
     def go() -> None:
         ev = load_artifact(artifact)
+        if ev.method != "hdeval":
+            raise ConfigError(f"hdeval report reads HD-Eval artifacts; {artifact} was made by method "
+                              f"{ev.method!r}: its numbers are in metrics.json")
         _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,

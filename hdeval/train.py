@@ -436,6 +436,8 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     Layer 1 and the layer-2 decompositions are known exactly; later layers depend on LLM
     replies, so their counts are upper bounds (every decomposition yields ``children``).
     """
+    if config.method != "hdeval":  # the plan below counts HD-Eval's requests; it would mislead
+        raise ConfigError(f"--dry-run plans HD-Eval runs only; method {config.method!r} has no plan yet")
     prep = prepare(config)
     if (config.method_options or {}).get("scorer") == "pairwise":
         raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "

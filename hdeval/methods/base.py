@@ -153,6 +153,7 @@ def _load_builtin() -> None:
     # The built-in methods register themselves on import. Their packages hold registration
     # only (implementations load when a method is used), so `hdeval --help` stays light.
     import hdeval.methods.direct  # noqa: F401
+    import hdeval.methods.dna  # noqa: F401
     import hdeval.methods.hdeval  # noqa: F401
     import hdeval.methods.paireval  # noqa: F401
 

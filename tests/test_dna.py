@@ -1,0 +1,425 @@
+"""Decompose and Aggregate (`--method dna`) on pairwise data: the aggregation arithmetic, the
+validated aspect / weight replies, end-to-end runs on slices of LLMBar and FairEval with the fake
+LLM, artifacts scoring new pairs, the baselines, swap, and bad input before any LLM call."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import slice_jsonl, write_jsonl
+from hdeval.artifact import load_artifact
+from hdeval.backends.base import Completion
+from hdeval.backends.fake import RESPONDERS, FakeBackend
+from hdeval.cli import cli
+from hdeval.data import read_pairs
+from hdeval.errors import ArtifactError, ConfigError, ScoringError
+from hdeval.methods.dna import (
+    Learned,
+    _read_cot,
+    agreement,
+    decide,
+    validate_aspects,
+    validate_weights,
+    weighted_totals,
+)
+from hdeval.tasks import load_task
+from hdeval.train import train
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def faireval40(data_dir, tmp_path):
+    return slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval40.jsonl", 40)
+
+
+@pytest.fixture
+def llmbar40(data_dir, tmp_path):
+    # the first 40 rows of LLMBar plus 20 from the Adversarial part, so both labels occur
+    src = (data_dir / "llmbar.jsonl").read_text(encoding="utf-8").splitlines()
+    p = tmp_path / "llmbar60.jsonl"
+    p.write_text("\n".join(src[:40] + src[200:220]) + "\n", encoding="utf-8")
+    return p
+
+
+def _train(tmp_path, data, task="faireval", backend=None, **options):
+    return train(task=task, data=str(data), method="dna", llm="fake", cache_dir=str(tmp_path / "cache"),
+                 backend=backend, method_options=options)
+
+
+# --------------------------------------------------------------------------- the arithmetic
+
+
+def test_weighted_sum_and_decision_with_hand_computed_totals():
+    # A: .5*8 + .25*6 + .25*4 = 6.5 ; B: .5*6 + .25*7 + .25*6 = 6.25
+    ta, tb = weighted_totals([8, 6, 4], [6, 7, 6], [0.5, 0.25, 0.25])
+    assert (ta, tb) == (6.5, 6.25)
+    assert decide(ta, tb) == "a"
+    assert decide(tb, ta) == "b"
+    assert decide(ta, tb, tie_margin=0.25) == "tie"  # |diff| <= margin is a tie
+    assert decide(ta, tb, tie_margin=0.2) == "a"
+    assert decide(5.0, 5.0) == "tie"  # equal totals, no margin
+
+
+def test_agreement_with_and_without_ties_by_hand():
+    human = ["a", "b", "tie", "a", "b", None]
+    pred = ["a", "tie", "tie", "b", None, "a"]
+    pred_ab = ["a", "b", "a", "b", None, "a"]
+    got = agreement(human, pred, pred_ab)
+    # w/ ties: 4 predicted labelled pairs, right on p1 and p3 -> 0.5
+    # w/o ties: non-tie human pairs with a prediction: p1 (a=a), p2 (b=b), p4 (b!=a) -> 2/3
+    assert got["w_ties"] == 0.5 and got["wo_ties"] == round(2 / 3, 6)
+    assert got["n"] == 4 and got["n_wo_ties"] == 3 and got["failed"] == 1
+    assert got["confusion"] == {"a": {"a": 1, "b": 1}, "b": {"failed": 1, "tie": 1}, "tie": {"tie": 1}}
+
+
+def test_weights_are_validated_and_normalised():
+    check = validate_weights(["x", "y", "z"])
+    assert np.allclose(check({"weights": {"x": 50, "y": 30, "z": 20}}), [0.5, 0.3, 0.2])
+    assert np.allclose(check({"weights": {"x": 1, "y": 1, "z": 2}}), [0.25, 0.25, 0.5])  # need not sum to 100
+    for bad, fragment in [
+        ({"weights": {"x": 50, "y": 50}}, "no weight for z"),
+        ({"weights": {"x": 50, "y": -10, "z": 60}}, "weight of y is negative"),
+        ({"weights": {"x": "40%", "y": 30, "z": 30}}, "weight of x is not a number"),
+        ({"weights": {"x": 0, "y": 0, "z": 0}}, "add up to 0"),
+        ({"weights": {"x": 1, "y": 1, "z": 1, "w": 1}}, "unknown aspect key(s) w"),
+        ({"x": 1}, 'needs the form {"weights"'),
+    ]:
+        with pytest.raises(ValueError, match=None) as e:
+            check(bad)
+        assert fragment in str(e.value)
+
+
+def test_dynamic_aspects_are_validated():
+    check = validate_aspects(2)
+    got = check({"aspects": [{"name": " Clarity\n", "definition": "Clear."}, {"name": "Depth", "definition": "Deep."}]})
+    assert [a.name for a in got] == ["Clarity", "Depth"]
+    for bad, fragment in [
+        ({"aspects": [{"name": "a", "definition": "d"}]}, "expected exactly 2 aspects, got 1"),
+        ({"aspects": [{"name": "a", "definition": "d"}, {"name": "A", "definition": "e"}]}, "listed twice"),
+        ({"aspects": [{"name": "", "definition": "d"}, {"name": "b", "definition": "e"}]}, "aspect 1: 'name'"),
+        ({"aspects": [{"name": "a"}, {"name": "b", "definition": "e"}]}, "aspect 1: 'definition'"),
+        ({"aspect": []}, 'needs the form {"aspects"'),
+    ]:
+        with pytest.raises(ValueError) as e:
+            check(bad)
+        assert fragment in str(e.value)
+
+
+def test_chain_of_thought_reads_the_last_line_only():
+    assert _read_cot(Completion("A has 9 points, B 10 points.\nScores: 3 7")) == ((3.0, 7.0), None)
+    got, why = _read_cot(Completion("Scores: 3 7\nOn reflection they are close."))
+    assert got is None and "last line" in why
+
+
+def test_learned_model_refuses_malformed_numbers():
+    with pytest.raises(ArtifactError, match="malformed learned aggregator"):
+        Learned.from_dict({"aspects": ["x"], "classes": ["a", "b"], "coef": [[1.0, 2.0]], "intercept": [0]}, "l.json")
+    with pytest.raises(ArtifactError, match="malformed learned aggregator"):
+        Learned.from_dict({"aspects": ["x"], "classes": ["a", "maybe"], "coef": [[1.0]], "intercept": [0]}, "l.json")
+    with pytest.raises(ArtifactError, match="malformed learned aggregator"):  # cannot say a or b
+        Learned.from_dict({"aspects": ["x"], "classes": ["a", "tie"], "coef": [[1.0]], "intercept": [0]}, "l.json")
+    ok = Learned.from_dict({"aspects": ["x"], "classes": ["a", "b"], "coef": [[-1.0]], "intercept": [0]}, "l.json")
+    assert ok.predict(np.array([[2.0], [-2.0]])) == ["a", "b"]  # negative coef: A ahead -> a
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_path):
+    out = tmp_path / "art"
+    args = ["train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
+            "--cache-dir", tmp_path / "cache", "--out", out, "-q"]
+    r = _cli(*args)
+    assert r.exit_code == 0, r.output
+    assert "held-out agreement with human labels: llm_weights w/o ties" in r.stdout
+    assert "learned w/o ties" in r.stdout
+    m = json.loads((out / "metrics.json").read_text())
+    # 20 test pairs, 4 predefined aspects: 20 weight prompts + 4 x 40 scoring prompts, each one call
+    assert m["usage"]["calls"] == 40 + 4 * 40
+    for split in ("test", "train"):
+        for key in ("llm_weights", "learned"):
+            a = m[split][key]
+            assert 0 <= a["w_ties"] <= 1 and 0 <= a["wo_ties"] <= 1
+            assert sum(sum(c.values()) for c in a["confusion"].values()) == m["split"][split]
+    assert set(m["mean_weights"]) == {"helpfulness", "relevance", "accuracy", "level_of_detail"}
+    assert math.isclose(sum(m["mean_weights"].values()), 1.0, abs_tol=1e-5)
+    assert m["learned"]["classes"] == ["a", "b", "tie"]  # FairEval has ties
+    assert set(m["learned"]["coefficients"]["a"]) == set(m["mean_weights"])
+    assert m["failure_rate"] == 0.0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["method"] == "dna" and manifest["method_args"]["mode"] == "dna"
+    assert {"prompts/dna_weights.toml", "prompts/dna_score.toml", "learned.json"} <= set(manifest["files"])
+    r2 = _cli(*args)
+    assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
+
+
+def test_llmbar_slice_has_no_ties_so_learned_model_has_two_classes(llmbar40, tmp_path):
+    ev = _train(tmp_path, llmbar40, task="llmbar")
+    m = ev.metrics
+    assert m["learned"]["classes"] == ["a", "b"]
+    assert "tie" not in m["test"]["learned"]["confusion"]
+    assert m["test"]["llm_weights"]["n_wo_ties"] == m["split"]["test"]
+    assert set(m["mean_weights"]) == set(load_task("llmbar").aspect_keys)
+
+
+def test_dynamic_aspects_are_per_instance_and_learned_is_skipped(faireval40, tmp_path):
+    fake = FakeBackend()
+    ev = _train(tmp_path, faireval40, backend=fake, aspect_source="dynamic", k=3)
+    m = ev.metrics
+    assert "dynamic aspects differ per instance" in m["learned"]["skipped"]
+    assert "learned" not in m["test"]
+    assert all(set(v) == {"mean", "instances"} for v in m["mean_weights"].values())
+    assert sum(v["instances"] for v in m["mean_weights"].values()) == 40 * 3
+    # the aspect prompt shows the question alone, never the responses
+    pairs = read_pairs(faireval40, load_task("faireval"))
+    asked = [r for r in fake.requests if r.kind == "dna_aspects"]
+    assert len(asked) == 40
+    for req in asked:
+        text = "\n".join(x.content for x in req.messages)
+        assert not any(p.output_a[:80] in text or p.output_b[:80] in text for p in pairs)
+    assert not any(p.output_a[:80] in "\n".join(x.content for x in r.messages)
+                   for r in fake.requests if r.kind == "dna_weights" for p in pairs)
+
+
+def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40)
+    path = ev.save(tmp_path / "art")
+    new = write_jsonl(tmp_path / "new.jsonl", [
+        {"id": "n1", "source": "How do I boil an egg?", "output_a": "Put it in boiling water for nine minutes, "
+         "then cool it in cold water so the shell peels easily.", "output_b": "Eggs.", "label": None},
+        {"id": "n2", "source": "Name a prime.", "output_a": "4", "output_b": "7 is a prime number.", "label": "b"},
+    ])
+    art = load_artifact(path)
+    assert art.method == "dna" and art.learned is not None
+    pairs = read_pairs(new, art.task, require_labels=False)
+    fake = FakeBackend()
+    from hdeval.llm import open_llm
+    from hdeval.config import LLMConfig
+
+    llm = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "cache2")), fake)
+    try:
+        res = art.score(pairs, backend=llm)
+        assert fake.calls == 2 + 2 * 4
+        rows = art.output_rows(pairs, res)
+        again = art.score(pairs, backend=llm)
+        assert fake.calls == 2 + 2 * 4  # all from the cache
+    finally:
+        llm.close()
+    assert again.labels == res.labels
+    assert [r["id"] for r in rows] == ["n1", "n2"]
+    r1, r2 = rows
+    assert r1["prediction"] in ("a", "b", "tie") and r1["learned_prediction"] in ("a", "b", "tie")
+    assert "human" not in r1 and r2["human"] == "b"
+    assert [x["aspect"] for x in r1["aspects"]] == ["Helpfulness", "Relevance", "Accuracy", "Level of detail"]
+    w = [x["weight"] for x in r1["aspects"]]
+    assert math.isclose(sum(w), 1.0, abs_tol=1e-5)
+    # the totals are the weighted sums of the per-aspect scores shown
+    ta = sum(x["weight"] * x["a"] for x in r1["aspects"])
+    assert math.isclose(r1["totals"]["a"], ta, abs_tol=1e-4)
+    assert r1["prediction"] == decide(r1["totals"]["a"], r1["totals"]["b"])
+
+
+def test_report_on_a_dna_artifact_is_a_clear_error_not_a_traceback(faireval40, tmp_path):
+    path = _train(tmp_path, faireval40).save(tmp_path / "art")
+    r = _cli("report", path)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval artifacts; {path} was made by method "
+                                "'dna': its numbers are in metrics.json")
+
+
+def test_edited_learned_weights_are_refused(faireval40, tmp_path):
+    path = _train(tmp_path, faireval40).save(tmp_path / "art")
+    f = path / "learned.json"
+    f.write_text(f.read_text().replace("a", "b", 1))
+    with pytest.raises(ArtifactError, match="learned.json does not match its checksum"):
+        load_artifact(path)
+
+
+def test_swap_asks_both_orders_and_reports_position_consistency(faireval40, tmp_path):
+    fake = FakeBackend()
+    ev = _train(tmp_path, faireval40, backend=fake, swap=True)
+    m = ev.metrics
+    assert m["usage"]["calls"] == 40 + 2 * 4 * 40
+    # the fake favours the first-shown response on some aspects: not every pair keeps its winner
+    assert 0 < m["position_consistency"] < 1
+    assert "position_consistency" in m["test"]
+    scored = [r for r in fake.requests if r.kind == "dna_score"]
+    a0 = read_pairs(faireval40, load_task("faireval"))[0]
+    firsts = ["Response A:\n" + a0.output_a[:50] in r.messages[1].content for r in scored]
+    swapped = ["Response A:\n" + a0.output_b[:50] in r.messages[1].content for r in scored]
+    assert sum(firsts) == sum(swapped) == 4
+    art = load_artifact(ev.save(tmp_path / "art"))
+    assert art.settings.swap and "helpfulness:a~swap" in art.columns_needed()
+
+
+@pytest.mark.parametrize("mode, kinds", [
+    ("direct", {"dna_direct"}),
+    ("cot", {"dna_cot"}),
+    ("prompt-agg", {"dna_weights", "dna_score", "dna_prompt_agg"}),
+])
+def test_baselines_use_their_own_prompts(faireval40, tmp_path, mode, kinds):
+    fake = FakeBackend()
+    ev = _train(tmp_path, faireval40, backend=fake, dna_mode=mode)
+    assert {r.kind for r in fake.requests} == kinds
+    primary = mode.replace("-", "_")
+    assert ev.metrics["primary"] == primary and ev.metrics["test"][primary]["n"] == 20
+    if mode == "prompt-agg":
+        assert "learned" in ev.metrics["test"]  # aspect scores exist, so the learned variant does too
+    else:
+        assert "no aspect scores" in ev.metrics["learned"]["skipped"]
+        assert "mean_weights" not in ev.metrics
+    art = load_artifact(ev.save(tmp_path / "art"))
+    assert art.settings.mode == mode
+
+
+# --------------------------------------------------------------------------- unusable replies
+
+
+def _responders(**over):
+    table = dict(RESPONDERS)
+    table.update(over)
+    return table
+
+
+def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(faireval40, tmp_path):
+    pairs = read_pairs(faireval40, load_task("faireval"))
+    doomed = pairs[3].fields["source"]
+    good = RESPONDERS["dna_weights"]
+
+    def weights(request, fake):
+        text = request.messages[1].content
+        if doomed in text:
+            return Completion('{"weights": {"helpfulness": -5}}')  # never usable
+        if len(request.messages) == 2:
+            return Completion("Sure! helpfulness matters most.")  # first try: no JSON
+        return good(request, fake)
+
+    fake = FakeBackend(responders=_responders(dna_weights=weights))
+    ev = _train(tmp_path, faireval40, backend=fake)
+    asked = [r for r in fake.requests if r.kind == "dna_weights"]
+    retry = [r for r in asked if len(r.messages) == 4 and doomed not in r.messages[1].content]
+    assert retry and "holds no JSON object" in retry[0].messages[3].content
+    assert len([r for r in asked if doomed in r.messages[1].content]) == 3  # attempts, then give up
+    m = ev.metrics
+    assert m["failed_pairs"] == 1 and m["failure_rate"] == 1 / 40
+    row = [r for r in ev.output_rows(pairs, ev.score(pairs, backend=FakeBackend(responders=_responders(
+        dna_weights=weights)))) if r["id"] == pairs[3].id][0]
+    assert row["prediction"] is None and "weights:" in row["failures"][0]
+    assert "3 replies were unusable (last: no weight for relevance, accuracy, level_of_detail)" in row["failures"][0]
+
+
+def test_malformed_dynamic_aspects_are_reasked_then_the_run_stops_above_the_failure_rate(faireval40, tmp_path):
+    def aspects(request, fake):
+        return Completion('{"aspects": [{"name": "only one", "definition": "x"}]}')
+
+    fake = FakeBackend(responders=_responders(dna_aspects=aspects))
+    with pytest.raises(ScoringError) as e:
+        _train(tmp_path, faireval40, backend=fake, aspect_source="dynamic")
+    msg = str(e.value)
+    assert "100% of pairs could not be judged (threshold 20%)" in msg
+    assert "expected exactly 4 aspects, got 1" in msg and "replies are cached" in msg
+    asked = [r for r in fake.requests if r.kind == "dna_aspects"]
+    assert len(asked) == 40 * 3
+    retries = [r for r in asked if len(r.messages) > 2]
+    assert len(retries) == 40 * 2 and all("expected exactly 4 aspects, got 1" in r.messages[-1].content
+                                          for r in retries)
+    assert not any(r.kind == "dna_score" for r in fake.requests)
+
+
+def test_unreadable_scores_are_failures_not_crashes(faireval40, tmp_path):
+    good = RESPONDERS["dna_score"]
+
+    def score(request, fake):
+        if "Aspect: Accuracy" in request.messages[1].content and "time management" in request.messages[1].content:
+            return Completion("Both are fine.")
+        return good(request, fake)
+
+    ev = _train(tmp_path, faireval40, backend=FakeBackend(responders=_responders(dna_score=score)))
+    assert ev.metrics["failed_pairs"] == 1 and ev.metrics["score_failures"] == 2  # its :a and :b cells
+
+
+# --------------------------------------------------------------------------- bad input and options
+
+
+@pytest.mark.parametrize("over, fragment", [
+    ({"output_b": None}, "line 2: field 'output_b' (Response B) is missing"),
+    ({"label": "both"}, "line 2: field 'label' is 'both', not one of a, b, tie"),
+    ({"output_a": ""}, "line 2: field 'output_a' (Response A) is empty"),
+])
+def test_bad_pairwise_input_is_one_error_line_before_any_llm_call(tmp_path, over, fragment):
+    rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}", "output_a": f"answer a{i}",
+             "output_b": f"answer b{i}", "label": "ab"[i % 2]} for i in range(6)]
+    rows[1].update(over)
+    data = write_jsonl(tmp_path / "bad.jsonl", rows)
+    r = _cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "fake",
+             "--cache-dir", tmp_path / "cache", "--out", tmp_path / "art")
+    assert r.exit_code == 2
+    errors = r.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and fragment in errors[0]
+    assert str(data) in errors[0]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "art").exists()
+
+
+def test_bad_options_and_shapes_are_clear_errors(faireval40, tmp_path):
+    with pytest.raises(ConfigError, match="--k must be a whole number from 1 to 10, got 0"):
+        _train(tmp_path, faireval40, k=0)
+    with pytest.raises(ConfigError, match="--tie-margin must be 0 or more"):
+        _train(tmp_path, faireval40, tie_margin=-1.0)
+    r = _cli("train", "--task", "summeval", "--method", "dna", "--llm", "fake", "--cache-dir", tmp_path / "c")
+    assert r.exit_code == 2 and "method 'dna' does not support pointwise tasks" in r.stderr
+    r = _cli("train", "--task", "faireval", "--method", "dna", "--dna-mode", "vote", "--llm", "fake")
+    assert r.exit_code == 2 and "vote" in r.output
+
+
+def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
+    rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}" + " why" * i,
+             "output_a": "answer " + "word " * i, "output_b": "reply " + "text " * (12 - i),
+             "label": "a" if i % 3 else "tie"} for i in range(12)]
+    ev = _train(tmp_path, write_jsonl(tmp_path / "at.jsonl", rows))
+    assert ev.metrics["learned"] == {"skipped": "the training split's usable pairs lack an a or a b label"}
+    assert "learned" not in ev.metrics["test"] and ev.metrics["test"]["llm_weights"]["n"] == 6
+    assert "learned.json" not in json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())["files"]
+
+
+def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):
+    r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
+             "--llm", "fake", "--cache-dir", tmp_path / "cache")
+    assert r.exit_code == 2 and "decompose" not in r.stdout
+    assert r.stderr.strip() == "error: --dry-run plans HD-Eval runs only; method 'dna' has no plan yet"
+
+
+def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):
+    base = _train(tmp_path, faireval40)
+    wide = _train(tmp_path, faireval40, tie_margin=0.5)
+    assert wide.metrics["usage"]["calls"] == 0  # same prompts: all cached
+    t0 = base.score_table
+    t1 = wide.score_table
+    diff = (t0["total_a"] - t0["total_b"]).abs()
+    assert list(t1["prediction"][diff <= 0.5].unique()) == ["tie"]
+    assert (t1["prediction"][diff > 0.5] == t0["prediction"][diff > 0.5]).all()
+    assert (diff <= 0.5).any() and (diff > 0.5).any()
+
+
+def test_dna_over_an_openai_compatible_server_with_faults_matches_the_fake(data_dir, tmp_path):
+    from llm_server import FaultMix, FaultServer
+
+    data = slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval16.jsonl", 16)
+    ref = _train(tmp_path, data)
+    with FaultServer(FaultMix(0.2, ("429-retry-after", "500", "503"), seed=5, retry_after="0")) as server:
+        r = _cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "test-model",
+                 "--base-url", server.url, "--cache-dir", tmp_path / "cache-http", "--max-retries", "8",
+                 "--out", tmp_path / "art", "-q")
+        assert r.exit_code == 0, r.output
+        log = list(server.log)
+    assert {a.kind for a in log} == {"dna_weights", "dna_score"}
+    assert any(a.outcome != "ok" for a in log)  # faults were injected and survived
+    m = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    assert m["test"] == ref.metrics["test"] and m["learned"] == ref.metrics["learned"]
