@@ -607,41 +607,31 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
       hdeval apply artifacts/summeval-nn new.jsonl -o scored.jsonl
       hdeval apply artifacts/summeval-nn new.jsonl -o - | jq .scores
     """
-    from hdeval.data import read_samples
+    from hdeval.data import read_task_samples
 
     def go() -> None:
         _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
         fmt = _output_format(output)
         to_stdout = output == "-"
         ev = load_artifact(artifact)
-        samples = read_samples(input_file, ev.task, require_scores=False)
+        if explain and ev.method != "hdeval":
+            raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
+        samples = read_task_samples(input_file, ev.task, require_labels=False)
         other = sorted(_input_tasks(input_file) - {ev.task.name})
         if other:
             click.echo(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
                        f"trained on task {ev.task.name}; its scores will mean little there", err=True)
-        needed = len(ev.needed_criteria)
-        click.echo(f"{len(samples)} samples, {needed} of {len(ev.feature_keys)} criteria used by the "
-                   f"aggregator: {needed} LLM calls per sample", err=True)
+        needed = ev.columns_needed()
+        if ev.method == "hdeval":
+            click.echo(f"{len(samples)} samples, {len(needed)} of {len(ev.feature_keys)} criteria used by the "
+                       f"aggregator: {len(needed)} LLM calls per sample", err=True)
+        else:
+            click.echo(f"{len(samples)} samples; method {ev.method}: {len(needed)} LLM-filled column(s) "
+                       "per sample", err=True)
         res = score_with_artifact(ev, samples, llm=llm, base_url=base_url, timeout=timeout,
                                   max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
                                   concurrency=concurrency, quiet=quiet)
-        fail = {}
-        for f in res.criteria.failures:
-            fail.setdefault(f.sample_id, []).append({"criterion": f.criterion_key, "reason": f.reason})
-        rows = []
-        for i, s in enumerate(samples):
-            row = {
-                "id": s.id, "doc_id": s.doc_id, "system": s.system,
-                "scores": {a: round(float(res.predictions[i, j]), 6) for j, a in enumerate(res.aspects)},
-                "criteria": {k: (None if math.isnan(v) else round(float(v), 6))
-                             for k, v in zip(res.criteria.criterion_keys, res.criteria.values[i])
-                             if k in ev.needed_criteria},
-            }
-            if s.scores:
-                row["human"] = dict(s.scores)
-            if s.id in fail:
-                row["failures"] = fail[s.id]
-            rows.append(row)
+        rows = ev.output_rows(samples, res)
         if explain:
             from hdeval.explain import explain_samples
 
@@ -651,6 +641,9 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
         u = res.usage
         click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
                    f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
+        agreement = res.agreement(samples) if hasattr(res, "agreement") else None
+        if agreement:
+            click.echo(f"agreement with the human labels in the input: {json.dumps(agreement)}", err=to_stdout)
         corr = res.correlations(samples)
         if corr is not None:
             click.echo("correlation with the human scores in the input:", err=to_stdout)

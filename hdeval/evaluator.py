@@ -22,7 +22,7 @@ from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import ScoreResult, usage_of
+from hdeval.methods.base import ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria
@@ -140,6 +140,10 @@ class Evaluator:
 
     def columns_needed(self) -> list[str]:
         return self.needed_criteria
+
+    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes: only the criteria the aggregator uses are shown."""
+        return score_rows(samples, result, self.needed_criteria)
 
     def llm_manifest(self) -> dict[str, Any]:
         from hdeval.urls import public_identity

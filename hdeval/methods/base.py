@@ -177,6 +177,38 @@ def check_shape(method: Method, task: "Task") -> None:
         )
 
 
+def score_rows(samples: Sequence["Sample"], result: ScoreResult, columns: Sequence[str] | None = None,
+               names: tuple[str, str] = ("criteria", "criterion")) -> list[dict[str, Any]]:
+    """The JSON lines ``apply`` writes for pointwise samples: id, predicted aspect ``scores``,
+    the LLM-filled ``columns`` (all, or those named), ``human`` scores when the input had them,
+    and the recorded ``failures``. ``names``: what the columns and one column are called."""
+    import math
+
+    many, one = names
+    keep = None if columns is None else set(columns)
+    fail: dict[str, list[dict[str, str]]] = {}
+    for f in result.criteria.failures:
+        fail.setdefault(f.sample_id, []).append({one: f.criterion_key, "reason": f.reason})
+    pos = {sid: i for i, sid in enumerate(result.sample_ids)}
+    m = result.criteria
+    row_of = {sid: i for i, sid in enumerate(m.sample_ids)}
+    rows = []
+    for s in samples:
+        i = pos[s.id]
+        row: dict[str, Any] = {
+            "id": s.id, "doc_id": s.doc_id, "system": s.system,
+            "scores": {a: round(float(result.predictions[i, j]), 6) for j, a in enumerate(result.aspects)},
+            many: {k: (None if math.isnan(v) else round(float(v), 6))
+                   for k, v in zip(m.criterion_keys, m.values[row_of[s.id]]) if keep is None or k in keep},
+        }
+        if s.scores:
+            row["human"] = dict(s.scores)
+        if s.id in fail:
+            row["failures"] = fail[s.id]
+        rows.append(row)
+    return rows
+
+
 def usage_of(llm: Any) -> dict[str, int]:
     """Calls, cache hits and tokens of a cached backend ({} for another backend)."""
     st = getattr(llm, "stats", None)

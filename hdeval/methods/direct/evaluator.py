@@ -17,7 +17,7 @@ import numpy as np
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import FitContext, ScoreResult, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates, parse_template
 from hdeval.scoring import SCALE, score_criteria
@@ -88,13 +88,19 @@ class DirectEvaluator:
             if own:
                 backend.close()
 
-    def llm_manifest(self) -> dict[str, Any]:
-        return {**self.llm.to_manifest(), "identity": self.llm_identity}
+    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes (the aspect scores are the columns)."""
+        return score_rows(samples, result)
 
-    def save(self, path: str | Path) -> Path:
+    def llm_manifest(self) -> dict[str, Any]:
+        from hdeval.urls import public_identity
+
+        return {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
+
+    def save(self, path: str | Path, force: bool = False) -> Path:
         from hdeval.artifact import save_artifact
 
-        self.path = save_artifact(self, path, self.llm_manifest())
+        self.path = save_artifact(self, path, self.llm_manifest(), force=force)
         return self.path
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
-from hdeval.methods.base import FitContext, Method, Option, ScoreResult, register, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
@@ -50,8 +50,7 @@ from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
 SCALE10 = (1.0, 10.0)
-MODES = ("dna", "direct", "cot", "prompt-agg")
-SOURCES = ("predefined", "dynamic")
+from hdeval.methods.dna import MODES, SOURCES  # noqa: E402  (the package holds the option choices)
 METRICS = "metrics.json"
 SCORES = "scores.csv"
 LEARNED = "learned.json"
@@ -885,21 +884,6 @@ def fit(ctx: FitContext) -> DnaEvaluator:
 
 
 
-METHOD = register(Method(
-    name="dna",
-    summary="Decompose and Aggregate on pairs: LLM aspects, weights and per-aspect scores, "
-            "external weighted sum (+ learned aggregation)",
-    shapes=("pairwise",),
-    fit=fit,
-    load=DnaEvaluator.from_artifact,
-    options={
-        "dna_mode": Option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES),
-        "aspect_source": Option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES),
-        "k": Option(4, "aspects the LLM proposes per instance with --aspect-source dynamic"),
-        "tie_margin": Option(0.0, "totals this close are a tie"),
-        "swap": Option(False, "ask every pairwise prompt in both orders and average"),
-    },
-))
 
 
 # ----------------------------------------------------------------------------- the fake LLM

@@ -44,7 +44,7 @@ from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext, Method, Option, ScoreResult, register, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template, sample_block
 from hdeval.tasks import task_from_dict
@@ -421,27 +421,7 @@ class _Dialogue:
 
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes: predictions, the LLM-filled columns, failures, humans."""
-        fail: dict[str, list[dict[str, str]]] = {}
-        for f in result.criteria.failures:
-            fail.setdefault(f.sample_id, []).append({"column": f.criterion_key, "reason": f.reason})
-        pos = {s: i for i, s in enumerate(result.sample_ids)}
-        cols = result.criteria
-        col_row = {sid: i for i, sid in enumerate(cols.sample_ids)}
-        rows = []
-        for s in samples:
-            i = pos[s.id]
-            row: dict[str, Any] = {
-                "id": s.id, "doc_id": s.doc_id, "system": s.system,
-                "scores": {a: round(float(result.predictions[i, j]), 6) for j, a in enumerate(result.aspects)},
-                "columns": {k: (None if math.isnan(v) else round(float(v), 6))
-                            for k, v in zip(cols.criterion_keys, cols.values[col_row[s.id]])},
-            }
-            if s.scores:
-                row["human"] = dict(s.scores)
-            if s.id in fail:
-                row["failures"] = fail[s.id]
-            rows.append(row)
-        return rows
+        return score_rows(samples, result, names=("columns", "column"))
 
 
 def _score_table(ids: list[str], columns: ScoreMatrix, split, Y: np.ndarray, aspects: list[str]):
@@ -650,19 +630,6 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     return ev
 
 
-PAIREVAL = register(Method(
-    name="paireval",
-    summary="PairEval: win probability against comparison examples from other conversations, both orders",
-    shapes=("pointwise",),
-    fit=fit_paireval,
-    load=PairEvaluator.from_artifact,
-    options={
-        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
-        "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
-                                      "from, instead of the training split"),
-        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
-    },
-))
 
 
 # ---------------------------------------------------------------------- direct-yesno
@@ -767,13 +734,6 @@ def fit_yesno(ctx: FitContext) -> YesNoEvaluator:
     return ev
 
 
-YESNO = register(Method(
-    name="direct-yesno",
-    summary="DIRECTEVAL (PairEval's baseline): P(\"Yes\") that the response is good, per aspect",
-    shapes=("pointwise",),
-    fit=fit_yesno,
-    load=YesNoEvaluator.from_artifact,
-))
 
 
 # ---------------------------------------------------------------------- fine-tuning data

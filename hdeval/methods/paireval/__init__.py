@@ -1,0 +1,46 @@
+"""PairEval (Park et al., 2024) and DIRECTEVAL, its same-LLM baseline.
+
+Registration only (the method's name, options and where its code is): the implementation in
+:mod:`.impl` is imported when the method is used, so listing methods (``hdeval --help``) loads no
+numerical library. Its public names are reachable from this package too (``from
+hdeval.methods.paireval import ...``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hdeval.methods.base import Method, Option, register
+
+
+def _impl():
+    return importlib.import_module("hdeval.methods.paireval.impl")
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(_impl(), name)
+
+
+PAIREVAL = register(Method(
+    name="paireval",
+    summary="PairEval: win probability against comparison examples from other conversations, both orders",
+    shapes=("pointwise",),
+    fit=lambda ctx: _impl().fit_paireval(ctx),
+    load=lambda art: _impl().PairEvaluator.from_artifact(art),
+    options={
+        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
+        "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
+                                      "from, instead of the training split"),
+        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
+    },
+))
+
+
+YESNO = register(Method(
+    name="direct-yesno",
+    summary="DIRECTEVAL (PairEval's baseline): P(\"Yes\") that the response is good, per aspect",
+    shapes=("pointwise",),
+    fit=lambda ctx: _impl().fit_yesno(ctx),
+    load=lambda art: _impl().YesNoEvaluator.from_artifact(art),
+))
