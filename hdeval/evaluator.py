@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import Aggregator
-from hdeval.artifact import ArtifactReader, ArtifactWriter, load_artifact, save_artifact
+from hdeval.artifact import ArtifactReader, ArtifactWriter, load_artifact
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import ScoreResult, score_rows, usage_of
+from hdeval.methods.base import Saving, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria
@@ -52,7 +52,7 @@ MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
 
 
-class Evaluator:
+class Evaluator(Saving):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     method = "hdeval"
@@ -145,11 +145,6 @@ class Evaluator:
         """The JSON lines ``apply`` writes: only the criteria the aggregator uses are shown."""
         return score_rows(samples, result, self.needed_criteria)
 
-    def llm_manifest(self) -> dict[str, Any]:
-        from hdeval.urls import public_identity
-
-        return {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
-
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
         """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
@@ -184,13 +179,6 @@ class Evaluator:
         if self.scorer is not None:
             self.scorer.write(out)
         return self.manifest()
-
-    def save(self, path: str | Path, force: bool = False) -> Path:
-        """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
-        with ``force``, and a directory that is not an artifact never (see
-        :func:`hdeval.artifact.save_artifact`)."""
-        self.path = save_artifact(self, path, self.llm_manifest(), force=force)
-        return self.path
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -77,6 +77,26 @@ class Fitted(Protocol):
         ...
 
 
+class Saving:
+    """What every fitted evaluator shares: its LLM section of the manifest (no credentials,
+    query or key) and an atomic :func:`~hdeval.artifact.save_artifact`. Needs ``llm``
+    (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
+
+    def llm_manifest(self) -> dict[str, Any]:
+        from hdeval.urls import public_identity
+
+        llm, identity = self.llm, self.llm_identity  # type: ignore[attr-defined]
+        return {**llm.to_manifest(), "identity": public_identity(identity, llm.base_url)}
+
+    def save(self, path: Any, force: bool = False) -> Any:
+        """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
+        with ``force``, and a directory that is not an artifact never."""
+        from hdeval.artifact import save_artifact
+
+        self.path = save_artifact(self, path, self.llm_manifest(), force=force)  # type: ignore[arg-type]
+        return self.path
+
+
 @dataclass(frozen=True)
 class Option:
     """A method-specific training option; the CLI offers it as ``--name`` (``_`` -> ``-``)."""

@@ -17,7 +17,7 @@ import numpy as np
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import FitContext, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates, parse_template
 from hdeval.scoring import SCALE, score_criteria
@@ -37,7 +37,7 @@ def to_range(values: np.ndarray, task: Task) -> np.ndarray:
     return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
 
 
-class DirectEvaluator:
+class DirectEvaluator(Saving):
     """The task's aspects scored directly; nothing learned."""
 
     method = "direct"
@@ -91,17 +91,6 @@ class DirectEvaluator:
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes (the aspect scores are the columns)."""
         return score_rows(samples, result)
-
-    def llm_manifest(self) -> dict[str, Any]:
-        from hdeval.urls import public_identity
-
-        return {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
-
-    def save(self, path: str | Path, force: bool = False) -> Path:
-        from hdeval.artifact import save_artifact
-
-        self.path = save_artifact(self, path, self.llm_manifest(), force=force)
-        return self.path
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         out.text(PROMPT, self.template.source)

@@ -42,7 +42,7 @@ from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
-from hdeval.methods.base import FitContext, ScoreResult, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
@@ -587,7 +587,7 @@ def _mean_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], swap: bool) -> t
 
 
 # ----------------------------------------------------------------------------- fitted
-class DnaEvaluator:
+class DnaEvaluator(Saving):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"
@@ -694,15 +694,6 @@ class DnaEvaluator:
         if pc is not None:
             parts.append(f"position consistency {pc}")
         return "held-out agreement with human labels: " + "; ".join(parts)
-
-    def llm_manifest(self) -> dict[str, Any]:
-        return {**self.llm.to_manifest(), "identity": self.llm_identity}
-
-    def save(self, path: str | Path) -> Path:
-        from hdeval.artifact import save_artifact
-
-        self.path = save_artifact(self, path, self.llm_manifest())
-        return self.path
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         for role, t in self.templates.items():

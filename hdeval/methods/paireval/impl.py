@@ -44,7 +44,7 @@ from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template, sample_block
 from hdeval.tasks import task_from_dict
@@ -394,7 +394,7 @@ def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
 
 
 # ---------------------------------------------------------------------- shared evaluator parts
-class _Dialogue:
+class _Dialogue(Saving):
     method = ""
     task: Task
     llm: LLMConfig
@@ -402,15 +402,6 @@ class _Dialogue:
 
     def columns_needed(self) -> list[str]:
         return list(self.task.aspect_keys)
-
-    def llm_manifest(self) -> dict[str, Any]:
-        return {**self.llm.to_manifest(), "identity": self.llm_identity}
-
-    def save(self, path: str | Path) -> Path:
-        from hdeval.artifact import save_artifact
-
-        self.path = save_artifact(self, path, self.llm_manifest())
-        return self.path
 
     def _backend(self, backend, cache_dir):
         if backend is not None:
@@ -517,7 +508,7 @@ class PairEvaluator(_Dialogue):
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
         from hdeval.aggregate import Aggregator
-        from hdeval.evaluator import TRUSTED_TYPES
+        from hdeval.evaluator import TRUSTED_TYPES, _check_models
 
         m = art.manifest
         try:
@@ -528,12 +519,11 @@ class PairEvaluator(_Dialogue):
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool) or not isinstance(swap, bool):
                 raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
             spec = m["aggregator"]
-            agg = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
+            template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)
-            if not isinstance(models, list) or len(models) != len(agg.groups):
-                raise ValueError(f"{MODEL} does not hold one model per aspect group")
-            agg.models_ = models
-            agg.n_features_in_ = len(task.aspects)
+            _check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)
+            agg = Aggregator.from_fitted(template.kind, template.aspects, template.ranges, template.groups,
+                                         template.random_state, models, len(task.aspects))
             ev = cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
                      n, swap, agg, llm, identity, art.json(METRICS),
                      {k: m[k] for k in ("seed", "split", "config") if k in m})
