@@ -436,8 +436,9 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     Layer 1 and the layer-2 decompositions are known exactly; later layers depend on LLM
     replies, so their counts are upper bounds (every decomposition yields ``children``).
     """
-    if config.method != "hdeval":  # the plan below counts HD-Eval's requests; it would mislead
-        raise ConfigError(f"--dry-run plans HD-Eval runs only; method {config.method!r} has no plan yet")
+    if config.method not in ("hdeval", "direct", "paireval", "direct-yesno"):
+        # the plans below count these methods' requests; for another one they would mislead
+        raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")
     prep = prepare(config)
     if (config.method_options or {}).get("scorer") == "pairwise":
         raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
@@ -460,7 +461,8 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
                for c in tree.layer(1)]
         dec_prompt = sum(_chars(r) for r in dec) / len(dec) / 4
         n_prev = len(tree.layer(1))
-        for layer in range(2, config.layers + 1):
+        last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
+        for layer in range(2, last + 1):
             nodes = n_prev if layer == 2 else min(config.top_k, n_prev)
             n_new = nodes * config.children
             score = n_new * n_distinct

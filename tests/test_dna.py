@@ -157,7 +157,7 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["method"] == "dna" and manifest["method_args"]["mode"] == "dna"
     assert {"prompts/dna_weights.toml", "prompts/dna_score.toml", "learned.json"} <= set(manifest["files"])
-    r2 = _cli(*args)
+    r2 = _cli(*args, "--force")  # the same -o: an existing artifact is replaced only with --force
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
 
 
@@ -393,7 +393,7 @@ def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):
     r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
              "--llm", "fake", "--cache-dir", tmp_path / "cache")
     assert r.exit_code == 2 and "decompose" not in r.stdout
-    assert r.stderr.strip() == "error: --dry-run plans HD-Eval runs only; method 'dna' has no plan yet"
+    assert r.stderr.strip() == "error: --dry-run has no plan for method 'dna' yet"
 
 
 def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):

@@ -180,3 +180,22 @@ def test_registry_routes_model_names_and_builds_lazily():
     assert backend_entry("llamacpp:/x.gguf").name == "local"
     assert backend_entry("gpt-4o-mini").name == "openai"
     assert make_backend(LLMConfig(model="fake")).identity == "fake:v1"
+
+
+def test_direct_method_dry_run_counts_the_calls_it_makes(toy, tmp_path, fake_calls):
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    task, data = toy
+    base = ["train", "--task", str(task), "--data", str(data), "--method", "direct", "--llm", "fake",
+            "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art"), "-q"]
+    dry = CliRunner().invoke(cli, [*base, "--dry-run"], catch_exceptions=False)
+    assert dry.exit_code == 0, dry.output
+    planned = int(dry.stdout.split("total: <= ")[1].split()[0])
+    assert not fake_calls
+    r = CliRunner().invoke(cli, base, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert len(fake_calls) == planned == 36 * 2  # 36 samples x 2 aspects, no decomposition
+    manifest = (tmp_path / "art" / "manifest.json").read_text()
+    assert '"method": "direct"' in manifest
