@@ -43,7 +43,7 @@ from hdeval.backends.factory import make_backend
 from hdeval.config import LLMConfig
 from hdeval.cache import CachedBackend
 from hdeval.data import read_samples
-from hdeval.evaluator import Evaluator
+from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.progress import Progress
 from hdeval.scoring import score_criteria
 from hdeval.train import train

@@ -13,7 +13,7 @@ __all__ = ["Evaluator", "TrainConfig", "train", "__version__"]
 
 # The public names load on first use, so `hdeval --help` does not pay for scikit-learn,
 # pandas and numpy (module __getattr__, PEP 562).
-_LAZY = {"Evaluator": "hdeval.evaluator", "TrainConfig": "hdeval.train", "train": "hdeval.train"}
+_LAZY = {"Evaluator": "hdeval.methods.hdeval.evaluator", "TrainConfig": "hdeval.train", "train": "hdeval.train"}
 
 
 def __getattr__(name: str) -> Any:

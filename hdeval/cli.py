@@ -633,7 +633,7 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
                                   concurrency=concurrency, quiet=quiet)
         rows = ev.output_rows(samples, res)
         if explain:
-            from hdeval.explain import explain_samples
+            from hdeval.methods.hdeval.explain import explain_samples
 
             for row, expl in zip(rows, explain_samples(ev, res, top=top)):
                 row["explanation"] = expl

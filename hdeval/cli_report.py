@@ -1,7 +1,7 @@
 """``hdeval report`` and ``hdeval explain``: readable explanations of a trained evaluator.
 
 Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the numbers come from
-:mod:`hdeval.explain` and :mod:`hdeval.report`.
+:mod:`hdeval.methods.hdeval.explain` and :mod:`hdeval.methods.hdeval.report`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.report import write_report
+    from hdeval.methods.hdeval.report import write_report
 
     def go() -> None:
         ev = load_artifact(artifact)
@@ -93,7 +93,7 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
       hdeval explain artifacts/summeval-rf --sample summeval-0042 --data new.jsonl
     """
     from hdeval.data import read_samples
-    from hdeval.explain import explain_samples
+    from hdeval.methods.hdeval.explain import explain_samples
 
     def go() -> None:
         if top < 1:

@@ -451,7 +451,7 @@ def completion_request(body: dict[str, Any], kind: str = "") -> CompletionReques
     elif json_mode:
         # after a server rejected json_schema, the schema stays on the client (plain JSON is
         # asked for) but is part of the cache key: rebuild it from the prompt's cap
-        from hdeval.decompose import reply_schema
+        from hdeval.methods.hdeval.decompose import reply_schema
 
         cap = re.search(r"at most (\d+) sub-criteria", body["messages"][-1]["content"])
         schema = reply_schema(int(cap.group(1))) if cap else None

@@ -205,7 +205,7 @@ def test_auto_selection_scores_nn_with_its_tuned_parameters(small_grid):
 
 # --------------------------------------------------------------------------- pruning (#12.4)
 def test_pruning_expands_only_criteria_with_positive_importance():
-    from hdeval.prune import prune
+    from hdeval.methods.hdeval.prune import prune
 
     X, Y, docs = _data()
     X = np.nan_to_num(X, nan=3.0)
@@ -225,7 +225,7 @@ def test_pruning_expands_only_criteria_with_positive_importance():
 
 # --------------------------------------------------------------------------- training (#12.2, #12.5)
 def test_subtree_means_average_each_aspect_with_its_own_descendants_only():
-    from hdeval.train import subtree_means
+    from hdeval.methods.hdeval.loop import subtree_means
     from hdeval.types import CriteriaTree, Criterion, ScoreMatrix
 
     tree = CriteriaTree([

@@ -23,7 +23,7 @@ from sklearn.preprocessing import FunctionTransformer
 
 from hdeval.cli import cli
 from hdeval.artifact import FORMAT_VERSION, MANIFEST, sha256_file
-from hdeval.evaluator import MODEL, TRUSTED_TYPES
+from hdeval.methods.hdeval.evaluator import MODEL, TRUSTED_TYPES
 from hdeval.train import train
 
 MARKER = "hdeval-untrusted-code-ran"  # a file the hostile payloads below would create

@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 from hdeval.cli import cli
 from hdeval.errors import ArtifactError, ConfigError
 from hdeval.artifact import ASIDE, MANIFEST, NEW, sha256_file
-from hdeval.evaluator import MODEL, Evaluator
+from hdeval.methods.hdeval.evaluator import MODEL, Evaluator
 from hdeval.train import train
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import slice_jsonl, write_jsonl
 from hdeval.cli import cli
-from hdeval.evaluator import Evaluator
+from hdeval.methods.hdeval.evaluator import Evaluator
 
 
 def run(*args: str, env: dict | None = None):

@@ -107,7 +107,7 @@ def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):
     assert needed == ev.needed_criteria
     assert 0 < len(needed) <= len(manifest["features"])
     from hdeval.data import read_samples
-    from hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.evaluator import Evaluator
 
     samples = read_samples(data, ev.task)[:5]
     fake = FakeBackend()

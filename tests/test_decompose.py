@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hdeval.backends.base import Completion
-from hdeval.decompose import decompose, parse_subcriteria
+from hdeval.methods.hdeval.decompose import decompose, parse_subcriteria
 from hdeval.errors import DecompositionError
 from hdeval.prompts import load_templates
 from hdeval.tasks import load_task

@@ -34,7 +34,7 @@ from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache import request_key
 from hdeval.cli import cli
 from hdeval.errors import BackendError, DecompositionError, ScoringError
-from hdeval.evaluator import Evaluator
+from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.train import train
 
 MODEL = "test-model"
@@ -405,7 +405,7 @@ def test_a_request_the_server_rejects_is_that_cells_failure_and_the_run_goes_on(
     assert any(ids[7] in line and "larger than" in line for line in lines), result.stderr
     import pandas as pd
 
-    from hdeval.evaluator import SCORES
+    from hdeval.methods.hdeval.evaluator import SCORES
 
     table = pd.read_csv(out / SCORES)
     criteria = [c for c in table.columns if c not in ("sample_id", "split") and not c.startswith("human:")]

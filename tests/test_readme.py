@@ -417,3 +417,19 @@ def test_progress_off_a_terminal_ticks_while_a_call_is_running(monkeypatch) -> N
     n = len(buf.getvalue().splitlines())
     threading.Event().wait(0.1)
     assert len(buf.getvalue().splitlines()) == n  # the ticker stopped with the stage
+
+
+DIRECT = "hdeval train --task summeval --method direct --llm fake --limit 64 -o artifacts/summeval-direct"
+
+
+@needs_shared
+def test_readme_direct_baseline_and_methods_list(fresh: Path) -> None:
+    in_readme(DIRECT)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
+    r = ok(hdeval(DIRECT, fresh, env))
+    assert "held-out average: pearson" in r.stdout
+    manifest = json.loads((fresh / "artifacts" / "summeval-direct" / "manifest.json").read_text())
+    assert manifest["method"] == "direct"
+    listed = ok(hdeval("hdeval methods", fresh, env)).stdout
+    for name in ("hdeval", "direct", "paireval", "direct-yesno", "dna"):
+        assert f"\n{name} (" in "\n" + listed

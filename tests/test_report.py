@@ -1,4 +1,4 @@
-"""Reports and explanations (hdeval.explain, hdeval.report, `hdeval report` / `explain` /
+"""Reports and explanations (hdeval.methods.hdeval.explain, hdeval.methods.hdeval.report, `hdeval report` / `explain` /
 `apply --explain`) on small evaluators trained with the offline fake backend."""
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def artifact(workdir: Path, cache_dir: str, two_group_task: Path) -> Callable[[s
 
 
 def _rows(path: Path, split: str):
-    from hdeval.evaluator import Evaluator
-    from hdeval.explain import score_table, split_rows
+    from hdeval.methods.hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.explain import score_table, split_rows
 
     ev = Evaluator.load(path)
     return ev, split_rows(ev, score_table(ev), split)
@@ -126,7 +126,7 @@ def test_report_has_every_section_and_only_embedded_pngs(rf_report: Path) -> Non
 
 def test_report_numbers_match_the_aggregator(rf_report: Path, artifact: Callable[[str], Path]) -> None:
     from hdeval.metrics import metric_table
-    from hdeval.prune import aspect_importance
+    from hdeval.methods.hdeval.prune import aspect_importance
 
     data = json.loads((rf_report / "report.json").read_text(encoding="utf-8"))
     ev, test = _rows(artifact("rf"), "test")
@@ -205,7 +205,7 @@ def test_report_renders_in_headless_chromium(rf_report: Path, tmp_path: Path) ->
 
 
 def test_report_default_dir_is_inside_the_artifact(artifact: Callable[[str], Path]) -> None:
-    from hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.evaluator import Evaluator
 
     path = artifact("lr-2g")
     res = _cli("report", str(path), "--max-samples", "10", "--background", "20", "--curve-points", "3", "-q")
@@ -223,7 +223,7 @@ def test_shap_additivity(kind: str, artifact: Callable[[str], Path]) -> None:
     """base value + sum(SHAP) == the unclipped pipeline prediction, per sample and aspect;
     explain_samples reports the same numbers (top + the rest)."""
     from hdeval.methods.base import ScoreResult
-    from hdeval.explain import explain_samples, shap_explain
+    from hdeval.methods.hdeval.explain import explain_samples, shap_explain
     from hdeval.types import ScoreMatrix
 
     ev, test = _rows(artifact(kind), "test")
@@ -262,7 +262,7 @@ def test_shap_additivity(kind: str, artifact: Callable[[str], Path]) -> None:
 def test_linear_explainer_equals_model_agnostic(artifact: Callable[[str], Path]) -> None:
     """For lr the exact linear explainer gives what the permutation explainer estimates
     (exactly, for an additive model) on the same background."""
-    from hdeval.explain import shap_explain
+    from hdeval.methods.hdeval.explain import shap_explain
 
     ev, test = _rows(artifact("lr"), "test")
     _, train = _rows(artifact("lr"), "train")

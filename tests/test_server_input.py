@@ -18,7 +18,7 @@ from llm_server import SCORE_HOSTILE, LLMServer, Reply, _hostile_body
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache import CachedBackend
-from hdeval.decompose import reply_schema
+from hdeval.methods.hdeval.decompose import reply_schema
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 from hdeval.scoring import parse_score
 
@@ -295,7 +295,7 @@ def test_the_schema_is_bounded() -> None:
 
 
 def test_a_decomposition_the_server_rejects_names_the_criterion() -> None:
-    from hdeval.decompose import decompose
+    from hdeval.methods.hdeval.decompose import decompose
     from hdeval.errors import DecompositionError
     from hdeval.prompts import load_templates
     from hdeval.tasks import load_task
@@ -317,7 +317,7 @@ def test_a_decomposition_the_server_rejects_names_the_criterion() -> None:
 
 def test_a_rerun_re_asks_cached_invalid_decompositions_and_progress_says_so(tmp_path) -> None:
     from hdeval.backends.fake import FakeBackend
-    from hdeval.decompose import decompose_nodes
+    from hdeval.methods.hdeval.decompose import decompose_nodes
     from hdeval.errors import DecompositionError
     from hdeval.progress import Progress
     from hdeval.prompts import load_templates

@@ -6,13 +6,13 @@ from hdeval.methods.base import Method, Option, register
 
 
 def _fit(ctx):
-    from hdeval.train import run_hdeval
+    from hdeval.methods.hdeval.loop import run_hdeval
 
     return run_hdeval(ctx)
 
 
 def _load(reader):
-    from hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.evaluator import Evaluator
 
     return Evaluator.from_artifact(reader)
 

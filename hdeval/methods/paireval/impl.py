@@ -508,7 +508,7 @@ class PairEvaluator(_Dialogue):
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
         from hdeval.aggregate import Aggregator
-        from hdeval.evaluator import TRUSTED_TYPES, _check_models
+        from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, _check_models
 
         m = art.manifest
         try:

@@ -2,7 +2,7 @@
 (the same numbers, plus matplotlib plots embedded as base64 PNG data URIs; no scripts, no
 external resources, so it opens offline and can be mailed around).
 
-Computation lives in :mod:`hdeval.explain`; this module assembles, plots and writes.
+Computation lives in :mod:`hdeval.methods.hdeval.explain`; this module assembles, plots and writes.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ import numpy as np
 
 from hdeval import __version__
 from hdeval.errors import ArtifactError, ConfigError
-from hdeval.explain import (
+from hdeval.methods.hdeval.explain import (
     MAX_SAMPLES, N_BACKGROUND, EfficiencyPoint, NodeImportance, ShapResult, efficiency_curve,
     importance_order, permutation_importances, score_table, shap_explain, split_rows, subsample,
     tree_importance,
 )
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
-from hdeval.prune import N_REPEATS
+from hdeval.methods.hdeval.prune import N_REPEATS
 
 if TYPE_CHECKING:
-    from hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.evaluator import Evaluator
 
 REPORT_FORMAT = "hdeval-report"
 REPORT_VERSION = 1

@@ -38,11 +38,11 @@ from sklearn.base import clone
 from hdeval.aggregate import Aggregator
 from hdeval.errors import ArtifactError, DataError
 from hdeval.metrics import metric_table
-from hdeval.prune import N_REPEATS, aspect_importance
+from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
 from hdeval.types import CriteriaTree
 
 if TYPE_CHECKING:  # only for annotations: evaluator imports nothing from here either way
-    from hdeval.evaluator import Evaluator
+    from hdeval.methods.hdeval.evaluator import Evaluator
     from hdeval.methods.base import ScoreResult
 
 #: The explainer used for each aggregator kind (see the module docstring).
