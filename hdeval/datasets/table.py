@@ -1,0 +1,384 @@
+"""Import a user's CSV/TSV/JSON/JSONL with a column mapping into the sample schema
+(:func:`import_table`, :func:`write_samples`)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from hdeval.datasets.download import _MAX_REPORTED_ERRORS, read_samples, write_jsonl
+from hdeval.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from hdeval.types import Task
+
+
+# --------------------------------------------------------------------------- import
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which column of the user's file feeds which sample field.
+
+    ``None`` means "the column named like the field, if the file has one": ``id``,
+    ``source``, ``context``, ``output``, ``reference``, ``doc_id``, ``system``, and for
+    scores the aspect key (in JSON also ``scores.<aspect>``, so our own schema imports as
+    is). A column named explicitly must exist.
+    """
+
+    id: str | None = None
+    source: str | None = None
+    context: str | None = None
+    output: str | None = None
+    reference: str | None = None
+    doc: str | None = None
+    system: str | None = None
+    scores: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_score_columns(items: Sequence[str], task: Task) -> dict[str, str]:
+    """``["coherence=coh", ...]`` (``--score-col``) -> ``{"coherence": "coh"}``."""
+    out: dict[str, str] = {}
+    for item in items:
+        aspect, sep, column = item.partition("=")
+        aspect, column = aspect.strip(), column.strip()
+        if not sep or not aspect or not column:
+            raise ConfigError(f"--score-col {item!r}: expected ASPECT=COLUMN")
+        if aspect not in task.aspect_keys:
+            raise ConfigError(
+                f"--score-col {item!r}: task {task.name} has no aspect {aspect!r} "
+                f"(aspects: {', '.join(task.aspect_keys)})"
+            )
+        if aspect in out:
+            raise ConfigError(f"--score-col: aspect {aspect!r} is mapped twice")
+        out[aspect] = column
+    return out
+
+
+@dataclass(frozen=True)
+class _Record:
+    number: int  # 1-based data row (header not counted)
+    line: int | None  # file line where the row starts (CSV/JSONL)
+    values: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"row {self.number}" + (f" (line {self.line})" if self.line is not None else "")
+
+
+_FORMATS = ("csv", "tsv", "json", "jsonl")
+
+
+def _guess_format(path: Path) -> str:
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in _FORMATS:
+        return suffix
+    if suffix == "ndjson":
+        return "jsonl"
+    raise ConfigError(
+        f"{path}: cannot tell the format from the extension; pass --format "
+        f"({', '.join(_FORMATS)})"
+    )
+
+
+def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
+    """(CSV header or None, records). JSON values keep their types; CSV cells are text."""
+    try:
+        # Bytes, decoded here: no newline translation (CSV cells may hold \r\n), and
+        # utf-8-sig because spreadsheet programs put a byte-order mark in front of exports.
+        text = path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"input file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+
+    if fmt in ("csv", "tsv"):
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if fmt == "tsv" else ",")
+        try:
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"{path}: empty file (no header row)")
+            header = [h.strip() for h in header]
+            dups = sorted({h for h in header if header.count(h) > 1})
+            if dups:
+                raise DataError(f"{path}: header names column(s) {', '.join(map(repr, dups))} twice")
+            records = []
+            start = reader.line_num + 1
+            for cells in reader:
+                line, start = start, reader.line_num + 1
+                if not any(c.strip() for c in cells):
+                    continue  # blank line
+                n = len(records) + 1
+                if len(cells) != len(header):
+                    raise DataError(
+                        f"{path}: row {n} (line {line}) has {len(cells)} cells, "
+                        f"the header has {len(header)}"
+                    )
+                records.append(_Record(n, line, dict(zip(header, cells))))
+        except csv.Error as exc:
+            raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
+        return header, records
+
+    if fmt == "jsonl":
+        records = []
+        # split("\n"), not splitlines(): JSON strings may hold a raw U+2028, which
+        # splitlines() would treat as a line break.
+        for lineno, raw in enumerate(text.split("\n"), 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}: line {lineno}: not a JSON object")
+            records.append(_Record(len(records) + 1, lineno, obj))
+        return None, records
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+            "for one object per line use a .jsonl name or --format jsonl"
+        ) from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of objects")
+    records = []
+    for i, obj in enumerate(data, 1):
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: row {i}: not a JSON object")
+        records.append(_Record(i, None, obj))
+    return None, records
+
+
+_MISSING = object()
+
+
+def _lookup(values: Mapping[str, Any], column: str) -> Any:
+    """A column's value; in JSON a dotted name also reaches into objects (``scores.coherence``)."""
+    if column in values:
+        return values[column]
+    cur: Any = values
+    for part in column.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+def import_table(
+    path: str | Path,
+    task: Task,
+    columns: ColumnMap | None = None,
+    fmt: str | None = None,
+    unscored: bool = False,
+) -> list[dict]:
+    """Convert a user's CSV/TSV/JSON/JSONL into rows of the sample schema for ``task``.
+
+    Every row is checked first and all problems (up to 20) are raised together in one
+    :class:`DataError`, each with its row number (1-based, header not counted; the file line
+    as well for CSV and JSONL): missing column (named, with the file), non-numeric or
+    out-of-range score (row, column, range), empty text in a field the task shows.
+
+    Ids come from the id column or are generated as ``<task>-<row:05d>``. ``doc_id`` comes
+    from the doc column, else from a hash of the source text so outputs of the same source
+    group together in train/test splits; with no source, each row is its own doc.
+    ``unscored``: import without human scores (for scoring with a trained evaluator).
+    """
+    if task.shape != "pointwise":
+        raise ConfigError(f"task {task.name} is {task.shape}: data import handles pointwise tasks only")
+    path = Path(path)
+    cols = columns or ColumnMap()
+    header, records = _read_table(path, fmt or _guess_format(path))
+    if not records:
+        raise DataError(f"{path}: no data rows")
+
+    def exists(column: str) -> bool:
+        if header is not None:
+            return column in header
+        return any(_lookup(r.values, column) is not _MISSING for r in records)
+
+    def resolve(explicit: str | None, default: str | Sequence[str], option: str, needed: bool) -> str | None:
+        if explicit is not None:
+            if not exists(explicit):
+                raise DataError(
+                    f"{path}: no column {explicit!r} (given by {option}); "
+                    f"columns: {_columns_hint(header, records)}"
+                )
+            return explicit
+        defaults = [default] if isinstance(default, str) else list(default)
+        for d in defaults:
+            if exists(d):
+                return d
+        if needed:
+            raise DataError(
+                f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
+                f"column with {option}; columns: {_columns_hint(header, records)}"
+            )
+        return None
+
+    needed_fields = {f.key for f in task.fields}
+    text_cols: dict[str, str | None] = {
+        key: resolve(getattr(cols, key), key, f"--{key}-col", key in needed_fields)
+        for key in ("source", "context", "output", "reference")
+    }
+    id_col = resolve(cols.id, "id", "--id-col", False)
+    doc_col = resolve(cols.doc, "doc_id", "--doc-col", False)
+    system_col = resolve(cols.system, "system", "--system-col", False)
+    score_cols: dict[str, str] = {}
+    # Naming score columns (--score-col) imports a subset of the aspects: an aspect neither
+    # named nor found under its own name is left out (training then needs --aspects).
+    subset = bool(cols.scores)
+    for aspect in task.aspect_keys:
+        col = resolve(
+            cols.scores.get(aspect),
+            [aspect, f"scores.{aspect}"],
+            f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
+            not unscored and not subset,
+        )
+        if col is not None:
+            score_cols[aspect] = col
+
+    errors: list[str] = []
+    n_errors = 0
+    rows: list[dict] = []
+    seen: dict[str, int] = {}
+    for rec in records:
+        problems: list[str] = []
+        texts: dict[str, str | None] = {}
+        for key, col in text_cols.items():
+            value = _lookup(rec.values, col) if col else None
+            if value is _MISSING:
+                value = None
+            if value is not None and not isinstance(value, str):
+                problems.append(f"column {col!r} ({key}) is {type(value).__name__}, not text")
+                continue
+            if value is None or not value.strip():
+                if key in needed_fields:
+                    problems.append(f"empty text in column {col!r} ({key})")
+                value = None
+            texts[key] = value
+
+        sid = _scalar(rec.values, id_col)
+        if id_col and sid is None:
+            problems.append(f"empty id in column {id_col!r}")
+        sid = sid or f"{task.name}-{rec.number:05d}"
+        if sid in seen:
+            problems.append(f"id {sid!r} already used in row {seen[sid]}")
+
+        scores: dict[str, float] = {}
+        if not unscored:
+            for aspect, col in score_cols.items():
+                value, problem = _score(_lookup(rec.values, col), task, aspect, col)
+                if problem:
+                    problems.append(problem)
+                elif value is not None:
+                    scores[aspect] = value
+
+        if problems:
+            n_errors += len(problems)
+            errors.extend(f"{rec.where}: {p}" for p in problems)
+            continue
+        seen[sid] = rec.number
+        source = texts.get("source")
+        doc = _scalar(rec.values, doc_col)
+        if doc is None:
+            # Same source text -> same doc, so a split never puts one article on both sides.
+            doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
+        rows.append(
+            {
+                "id": sid,
+                "task": task.name,
+                "source": source,
+                "context": texts.get("context"),
+                "output": texts.get("output"),
+                "reference": texts.get("reference"),
+                "system": _scalar(rec.values, system_col),
+                "doc_id": doc,
+                "scores": scores,
+                "annotations": None,
+            }
+        )
+    if n_errors:
+        shown = errors[:_MAX_REPORTED_ERRORS]
+        more = f" (and {n_errors - len(shown)} more)" if n_errors > len(shown) else ""
+        raise DataError(f"{path}: {n_errors} problem(s): " + "; ".join(shown) + more)
+    return rows
+
+
+def _columns_hint(header: list[str] | None, records: Sequence[_Record]) -> str:
+    names = header if header is not None else list(dict.fromkeys(k for r in records[:50] for k in r.values))
+    return ", ".join(names) if names else "(none)"
+
+
+def _scalar(values: Mapping[str, Any], column: str | None) -> str | None:
+    """An id/doc/system cell as text; numbers are accepted (JSON ids are often ints)."""
+    if column is None:
+        return None
+    value = _lookup(values, column)
+    if value is _MISSING or value is None or isinstance(value, (dict, list, bool)):
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | None, str | None]:
+    label = f"column {column!r} (aspect {aspect})"
+    if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
+        return None, f"no score in {label}"
+    if isinstance(value, bool):
+        return None, f"{label}: {value!r} is not a number"
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None, f"{label}: {value.strip()!r} is not a number"
+    elif isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        return None, f"{label}: {value!r} is not a number"
+    if not math.isfinite(number):
+        return None, f"{label}: {value!r} is not a finite number"
+    a = task.aspect(aspect)
+    if not a.low <= number <= a.high:
+        return None, f"{label} = {number:g} is outside the task's range [{a.low:g}, {a.high:g}]"
+    return number, None
+
+
+def scored_aspects(rows: Sequence[dict], task: Task) -> list[str]:
+    """The task's aspects every row has a score for (an import may hold a subset)."""
+    return [a for a in task.aspect_keys if all(a in (r.get("scores") or {}) for r in rows)]
+
+
+def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: bool = False) -> int:
+    """Write ``rows`` to ``path`` only if they load back with ``read_samples``; returns the count.
+
+    The rows go to a temp file beside ``path`` first (atomically, via ``write_jsonl``) and
+    are renamed into place after the check, so a failure never leaves a file at ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        write_jsonl(tmp, rows)
+        try:
+            n = len(read_samples(tmp, task, require_scores=not unscored,
+                                 aspects=None if unscored else scored_aspects(rows, task)))
+        except DataError as exc:
+            # Same lines as the file the user asked for; name that one, not the temp file.
+            raise DataError(str(exc).replace(str(tmp), str(path))) from None
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise DataError(f"cannot write {path}: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
