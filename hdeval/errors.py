@@ -1,4 +1,4 @@
-"""Exceptions raised by the library. Only ``cli.py`` turns them into messages and exit codes."""
+"""Exceptions raised by the library. Only ``hdeval.cli`` turns them into messages and exit codes."""
 
 from __future__ import annotations
 

@@ -403,7 +403,7 @@ def test_report_does_not_write_through_a_symlink(artifact: Path, tmp_path: Path)
 
 
 def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Path) -> None:
-    from hdeval.cli_report import _refuse_symlinked_output
+    from hdeval.cli.report import _refuse_symlinked_output
 
     out = tmp_path / "out"
     out.mkdir()
@@ -465,7 +465,7 @@ def test_apply_sends_nothing_to_a_server_only_the_artifact_names(server, artifac
 
 @pytest.mark.parametrize("answer", ["n", "y"])
 def test_apply_asks_on_a_terminal(answer: str, server, artifact: Path, toy, tmp_path: Path, monkeypatch) -> None:
-    import hdeval.cli as cli_mod
+    import hdeval.cli.common as cli_mod
 
     monkeypatch.setattr(cli_mod, "_stdin_is_tty", lambda: True)
     point_at(artifact, server.url)

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hdeval import datasets
-from hdeval.cli_data import data
+from hdeval.cli.data import data
 from hdeval.data import read_samples
 from hdeval.datasets import DATASETS, DownloadError
 from hdeval.errors import DataError

@@ -377,7 +377,7 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
 
 
 def test_download_error_starts_on_a_fresh_line_after_the_byte_counter(monkeypatch) -> None:
-    from hdeval import cli_data
+    from hdeval.cli import data as cli_data
     from hdeval.datasets import DownloadEvent
     from hdeval.errors import DownloadError
 

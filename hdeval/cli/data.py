@@ -1,6 +1,6 @@
 """``hdeval data``: get the built-in tasks' human-judgment data, see where it is, import your own.
 
-``cli.py`` attaches this group with ``cli.add_command(data)``. Only terminal work lives here;
+``hdeval.cli`` attaches this group with ``cli.add_command(data)``. Only terminal work lives here;
 the logic is in :mod:`hdeval.datasets`.
 """
 

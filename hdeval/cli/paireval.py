@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from hdeval.cli import run_command
+from hdeval.cli.common import run_command
 
 
 @click.group("paireval")

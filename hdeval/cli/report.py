@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from hdeval.cli import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
+from hdeval.cli.common import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
 from hdeval.errors import ArtifactError, ConfigError, DataError
 
 
@@ -142,16 +142,3 @@ def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> 
     if failed:
         click.echo(f"\n{len(failed)} criterion score(s) could not be read and were imputed "
                    "with the training median: " + ", ".join(sorted(failed)))
-
-
-def _ensure_registered() -> None:
-    # hdeval.cli registers these commands when it imports this module; if this module was
-    # imported first, that import saw it half-initialised, so register here as well.
-    from hdeval.cli import cli
-
-    for command in (report, explain):
-        if command.name not in cli.commands:
-            cli.add_command(command)
-
-
-_ensure_registered()

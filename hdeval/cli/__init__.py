@@ -1,0 +1,43 @@
+"""Command line: parse options -> one library call -> output. All terminal I/O lives here.
+
+One module per command group; :mod:`hdeval.cli.common` holds the one error boundary
+(:func:`run_command`) and the options every command shares.
+"""
+
+from __future__ import annotations
+
+import click
+
+from hdeval import __version__
+from hdeval.cli.common import (  # noqa: F401  (used by the command modules and tests)
+    TerminalProgress, llm_options, load_artifact, method_options, run_command, score_with_artifact,
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hdeval")
+def cli() -> None:
+    """hdeval: train aligned LLM evaluators from human ratings (HD-Eval, PairEval, DnA)."""
+
+
+def _register() -> None:
+    from hdeval.cli.admin import cache, methods_cmd, tasks_cmd
+    from hdeval.cli.apply import apply
+    from hdeval.cli.data import data
+    from hdeval.cli.paireval import paireval
+    from hdeval.cli.report import explain, report
+    from hdeval.cli.train import train
+
+    for command in (train, apply, report, explain, methods_cmd, tasks_cmd, data, cache, paireval):
+        cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="hdeval")
+
+
+if __name__ == "__main__":
+    main()

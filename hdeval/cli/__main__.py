@@ -1,0 +1,5 @@
+"""``python -m hdeval.cli``: the same as the ``hdeval`` command."""
+
+from hdeval.cli import main
+
+main()

@@ -1,0 +1,141 @@
+"""``hdeval methods``, ``hdeval tasks`` and ``hdeval cache``: what is there, and the reply cache."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from hdeval.cli.common import run_command
+
+@click.command("methods")
+def methods_cmd() -> None:
+    """List the methods `hdeval train --method` can build, with their own options."""
+    from hdeval.methods.base import METHODS, method_names
+
+    for name in method_names():
+        m = METHODS[name]
+        click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
+        for opt_name, opt in m.options.items():
+            click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
+
+
+@click.command("tasks")
+def tasks_cmd() -> None:
+    """List the built-in tasks, their aspects and whether their data is found."""
+    from hdeval.data import data_candidates
+    from hdeval.tasks import builtin_tasks, load_task
+
+    def go() -> None:
+        for name in builtin_tasks():
+            task = load_task(name)
+            found = next((p for p in data_candidates(task) if p.is_file()), None)
+            status = f"data: {found}" if found else (
+                "data: not found (set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download`)")
+            click.echo(f"{name} ({task.shape}): {task.description}")
+            for a in task.aspects:
+                click.echo(f"  - {a.key} [{a.low:g}-{a.high:g}]: {a.definition}")
+            click.echo(f"  {status}")
+
+    run_command(go)
+
+
+@click.group()
+def cache() -> None:
+    """Inspect, check, repair or clear the LLM reply cache."""
+
+
+@cache.command("stats")
+@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+def cache_stats_cmd(cache_dir: str | None) -> None:
+    """Show the number of cached replies and their size."""
+    from hdeval.cache import cache_stats
+    from hdeval.paths import default_cache_dir
+
+    def go() -> None:
+        st = cache_stats(cache_dir or default_cache_dir())
+        click.echo(f"cache {st['path']}: {st['entries']} entries, {int(st['bytes']) / 1e6:.2f} MB")
+
+    run_command(go)
+
+
+@cache.command("clear")
+@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
+    """Delete every cached reply (they cost money to make again)."""
+    from hdeval.cache import DBNAME, CacheCorrupted, cache_stats, clear_cache
+    from hdeval.paths import default_cache_dir
+
+    def go() -> None:
+        path = Path(cache_dir or default_cache_dir())
+        try:
+            question = f"delete {cache_stats(path)['entries']} cached LLM replies in {path}?"
+        except CacheCorrupted:
+            question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
+                        f"entries); delete it?")
+        if not yes and not click.confirm(question, default=False):
+            click.echo("nothing deleted")
+            return
+        n = clear_cache(path)
+        if n < 0:
+            click.echo(f"deleted the corrupted {path / DBNAME}; the next run starts an empty cache")
+        else:
+            click.echo(f"deleted {n} cached replies from {path}")
+
+    run_command(go)
+
+
+@cache.command("check")
+@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+def cache_check_cmd(cache_dir: str | None) -> None:
+    """Read every entry: count readable, unreadable and foreign ones (writes nothing).
+
+    Exits 1 when the database or any entry is unreadable, or it holds entries hdeval never
+    writes (e.g. pickled values); `hdeval cache repair` keeps only the readable ones.
+    """
+    from hdeval.cache import DBNAME, check_cache
+    from hdeval.paths import default_cache_dir
+
+    def go() -> None:
+        path = Path(cache_dir or default_cache_dir())
+        r = check_cache(path)
+        click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
+                   f"{r.foreign} foreign (not written by hdeval) entries")
+        for e in r.examples:
+            click.echo(f"  {e}")
+        if r.database_error is not None:
+            click.echo(f"error: the database {path / DBNAME} is damaged ({r.database_error}); "
+                       f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
+        elif not r.ok:
+            click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
+                       f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
+                       err=True)
+        if not r.ok:
+            sys.exit(1)
+
+    run_command(go)
+
+
+@cache.command("repair")
+@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+def cache_repair_cmd(cache_dir: str | None) -> None:
+    """Copy every readable entry into a fresh cache; keep the old database aside.
+
+    The old database is renamed cache.db.corrupt-<timestamp> (never deleted). Run it while no
+    other hdeval command uses this cache.
+    """
+    from hdeval.cache import repair_cache
+    from hdeval.paths import default_cache_dir
+
+    def go() -> None:
+        r = repair_cache(cache_dir or default_cache_dir())
+        damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
+        click.echo(f"repaired {r.path}: copied {r.copied} readable entries into a fresh cache; "
+                   f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}")
+        click.echo(f"the old database is kept as {r.kept_as} (delete it when you no longer need it)")
+
+    run_command(go)
+
+

@@ -1,0 +1,168 @@
+"""``hdeval train``: options -> TrainConfig -> one library call -> artifact + summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hdeval.cli.common import (
+    TerminalProgress, _notice_local, _resolved, llm_options, method_options, run_command,
+)
+from hdeval.errors import HdevalError
+
+@click.command()
+@click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
+@click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
+@click.option("--layers", default=3, show_default=True, type=int, help="Depth of the criteria tree.")
+@click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
+@click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
+@click.option("--aggregator", default="auto", show_default=True,
+              help="lr, dt, rf, nn, or auto (best cross-validated Spearman on the training split).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
+@click.option("--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train.")
+@click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) for a quick run.")
+@click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
+              help="Stop when a larger share of criterion scores cannot be read.")
+@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+              help="Artifact directory. Default: artifacts/<task>-<aggregator>.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing artifact at --out (never a directory that is not an artifact).")
+@click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
+@click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
+@click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
+              help="Never download a built-in task's data (by default it is fetched on first use).")
+@method_options
+@llm_options
+def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
+          force: bool, quiet: bool, offline: bool, **options: Any) -> None:
+    """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
+
+    \b
+    Example:
+      hdeval train --task summeval --layers 3 --llm gpt-4o-mini
+      hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
+    """
+    from hdeval.train import TrainConfig, plan, train as run_train
+
+    def go() -> None:
+        from hdeval.cli.data import fetch_missing_task_data
+
+        config = TrainConfig.from_options(**options)
+        if config.data is None:
+            fetch_missing_task_data(config.task, offline=offline)
+        if dry_run:
+            if _resolved(config.llm) is None:
+                from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
+
+                # Counting calls and tokens needs no LLM; price the default one.
+                click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
+                           "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
+                config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
+            _print_plan(*plan(config), price_in=price_in, price_out=price_out)
+            return
+        _check_outputs(config, out, force)  # before any LLM call: never after paying for them
+        progress = TerminalProgress(quiet)
+        _notice_local(_resolved(config.llm))
+        ev = run_train(config, progress=progress)
+        kind = ev.aggregator.kind if ev.method == "hdeval" else ev.method
+        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
+        try:
+            ev.save(path, force=force)
+        except HdevalError as exc:
+            raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
+        _print_train_summary(ev, path)
+
+    run_command(go)
+
+
+def _print_train_summary(ev, path: Path) -> None:
+    """Usage, the final evaluator against the direct baseline, sample-size warnings, next step."""
+    m = ev.metrics
+    u = m["usage"]
+    click.echo(
+        f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
+        f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
+    if ev.method != "hdeval":
+        if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
+            click.echo(ev.summary_line())
+        else:
+            avg = m["final"]["average"]
+            click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
+                       f"kendall {avg['kendall']}")
+        click.echo(f"artifact written to {path}")
+        return
+    layers = ev.manifest_extra.get("layers") or [{}]
+    final_layer = layers[-1].get("layer", "?")
+    avg = m["final"]["average"]
+    click.echo(f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
+               f"{len(ev.feature_keys)} criteria")
+    click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
+               f"kendall {avg['kendall']}")
+    direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
+    if direct is not None and avg["spearman"] is not None:
+        diff = avg["spearman"] - direct
+        click.echo(f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
+                   f"the trained evaluator is {diff:+.3f}")
+    n_train, n_test = m["split"]["train"], m["split"]["test"]
+    n_crit = len(ev.feature_keys)
+    if n_train < 2 * n_crit:
+        click.echo(f"warning: {n_train} training samples for {n_crit} criteria: the aggregator may "
+                   "overfit; use more data (--limit, --train-frac) or fewer criteria (--layers, --top-k)",
+                   err=True)
+    if n_test < 30:
+        click.echo(f"warning: only {n_test} held-out samples: the correlations above are noisy "
+                   "(use more data or a larger --test-frac)", err=True)
+    click.echo(f"artifact written to {path}")
+    click.echo(f"next: hdeval report {path}")
+
+
+def _check_outputs(config, out: str | None, force: bool) -> None:
+    """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
+    --force, the working directory, an unwritable place). Without --out, every default the
+    run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
+    from hdeval.aggregate import KINDS
+    from hdeval.artifact import check_destination
+    from hdeval.tasks import load_task
+
+    if out:
+        check_destination(out, force=force)
+        return
+    name = load_task(config.task).name
+    if config.method != "hdeval":
+        kinds: tuple[str, ...] = (config.method,)
+    else:
+        kinds = KINDS if config.aggregator == "auto" else (config.aggregator,)
+    for kind in kinds:
+        check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
+
+
+def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None) -> None:
+    click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
+               f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
+    click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
+    tot_calls = tot_p = tot_c = 0
+    for p in plans:
+        calls = p.decompose_calls + p.score_calls
+        tot_calls += calls
+        tot_p += p.prompt_tokens
+        tot_c += p.completion_tokens
+        bound = "<=" if p.upper_bound else "  "
+        cached = "?" if p.cached is None else str(p.cached)
+        click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
+                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+    known_cached = sum(p.cached or 0 for p in plans)
+    click.echo(f"total: <= {tot_calls} LLM calls ({known_cached} already cached), "
+               f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
+    if price_in is not None or price_out is not None:
+        cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)
+        click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
+
+
