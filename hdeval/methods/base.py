@@ -229,6 +229,28 @@ def score_rows(samples: Sequence["Sample"], result: ScoreResult, columns: Sequen
     return rows
 
 
+def score_table(ids: Sequence[str], columns: "ScoreMatrix", split: Any, Y: "np.ndarray",
+                aspects: Sequence[str]):
+    """The ``scores.csv`` every pointwise method writes: sample id, split, the LLM-filled columns
+    (in the order the estimator takes them), then ``human:<aspect>``."""
+    import pandas as pd
+
+    table = pd.DataFrame(columns.values, columns=columns.criterion_keys)
+    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
+    table.insert(0, "split", [split_of[s] for s in ids])
+    table.insert(0, "sample_id", list(ids))
+    for j, a in enumerate(aspects):
+        table[f"human:{a}"] = Y[:, j]
+    return table
+
+
+def run_record(ctx: "FitContext") -> dict[str, Any]:
+    """What a run records in the manifest besides the method's own state: seed, split ids and
+    the options (never the cache dir, a path on the trainer's machine)."""
+    return {"seed": ctx.config.seed, "split": ctx.prep.split.to_dict(),
+            "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
+
+
 def usage_of(llm: Any) -> dict[str, int]:
     """Calls, cache hits and tokens of a cached backend ({} for another backend)."""
     st = getattr(llm, "stats", None)

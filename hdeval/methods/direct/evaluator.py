@@ -17,7 +17,7 @@ import numpy as np
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import FitContext, Saving, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, score_rows, score_table, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates, parse_template
 from hdeval.scoring import SCALE, score_criteria
@@ -120,8 +120,6 @@ class DirectEvaluator(Saving):
 
 
 def fit(ctx: FitContext) -> DirectEvaluator:
-    import pandas as pd
-
     from hdeval.metrics import metric_table
 
     task, samples, split = ctx.prep.task, ctx.prep.samples, ctx.prep.split
@@ -152,16 +150,6 @@ def fit(ctx: FitContext) -> DirectEvaluator:
         "failure_rate": rate,
         "usage": usage,
     }
-    table = pd.DataFrame(res.criteria.values, columns=res.criteria.criterion_keys)
-    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
-    table.insert(0, "split", [split_of[s] for s in res.sample_ids])
-    table.insert(0, "sample_id", res.sample_ids)
-    for j, a in enumerate(aspects):
-        table[f"human:{a}"] = Y[:, j]
-    ev.score_table = table
-    ev.extra = {
-        "seed": ctx.config.seed,
-        "split": split.to_dict(),
-        "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"},
-    }
+    ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
+    ev.extra = run_record(ctx)
     return ev

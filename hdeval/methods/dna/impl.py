@@ -42,7 +42,7 @@ from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
-from hdeval.methods.base import FitContext, Saving, ScoreResult, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
@@ -868,8 +868,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         table["learned_prediction"] = res.learned_labels
     table["human"] = [p.label for p in pairs]
     ev.score_table = table
-    ev.extra = {"seed": ctx.config.seed, "split": split.to_dict(),
-                "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
+    ev.extra = run_record(ctx)
     return ev
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 from sklearn.base import clone
 
 from hdeval.aggregate import Aggregator, cross_val_predictions, select, tune
@@ -20,7 +19,7 @@ from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
-from hdeval.methods.base import FitContext
+from hdeval.methods.base import FitContext, score_table
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
@@ -157,12 +156,7 @@ def _run(
         "usage": _usage(llm),
     }
     progress.message(_baseline_summary(metrics))
-    table = pd.DataFrame(matrix.values, columns=matrix.criterion_keys)
-    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
-    table.insert(0, "split", [split_of[s] for s in ids])
-    table.insert(0, "sample_id", ids)
-    for j, a in enumerate(aspects):
-        table[f"human:{a}"] = Y[:, j]
+    table = score_table(ids, matrix, split, Y, aspects)
     return Evaluator(
         task, tree, agg, matrix.criterion_keys, templates, spec, llm.identity, metrics,
         {

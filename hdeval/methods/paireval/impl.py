@@ -44,7 +44,7 @@ from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext, Saving, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, score_rows, score_table, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template, sample_block
 from hdeval.tasks import task_from_dict
@@ -415,23 +415,6 @@ class _Dialogue(Saving):
         return score_rows(samples, result, names=("columns", "column"))
 
 
-def _score_table(ids: list[str], columns: ScoreMatrix, split, Y: np.ndarray, aspects: list[str]):
-    import pandas as pd
-
-    table = pd.DataFrame(columns.values, columns=columns.criterion_keys)
-    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
-    table.insert(0, "split", [split_of[s] for s in ids])
-    table.insert(0, "sample_id", ids)
-    for j, a in enumerate(aspects):
-        table[f"human:{a}"] = Y[:, j]
-    return table
-
-
-def _run_extra(ctx: FitContext) -> dict[str, Any]:
-    return {"seed": ctx.config.seed, "split": ctx.prep.split.to_dict(),
-            "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
-
-
 def _task_and_llm(art: ArtifactReader, names: Sequence[str]) -> tuple[Task, LLMConfig, str]:
     m = art.manifest
     for name in names:
@@ -615,8 +598,8 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         "failure_rate": rate,
         "usage": usage_of(ctx.llm),
     }
-    ev.score_table = _score_table(ids, cols, split, Y, aspects)
-    ev.extra = {**_run_extra(ctx), "comparison_source": source}
+    ev.score_table = score_table(ids, cols, split, Y, aspects)
+    ev.extra = {**run_record(ctx), "comparison_source": source}
     return ev
 
 
@@ -719,8 +702,8 @@ def fit_yesno(ctx: FitContext) -> YesNoEvaluator:
         "failure_rate": rate,
         "usage": usage_of(ctx.llm),
     }
-    ev.score_table = _score_table(ids, res.criteria, split, Y, aspects)
-    ev.extra = _run_extra(ctx)
+    ev.score_table = score_table(ids, res.criteria, split, Y, aspects)
+    ev.extra = run_record(ctx)
     return ev
 
 
