@@ -97,6 +97,53 @@ class Saving:
         return self.path
 
 
+class SimpleFitted(Saving):
+    """The state most fitted evaluators share: the task, the prompt template, the LLM, held-out
+    metrics, the run record for the manifest and the score table of the training run."""
+
+    method = ""
+
+    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
+                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
+        self.task = task
+        self.template = template
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.extra = dict(extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Any = None
+
+    def columns_needed(self) -> list[str]:
+        return list(self.task.aspect_keys)
+
+    def open_backend(self, backend: Any, cache_dir: Any) -> tuple[Any, bool]:
+        """``backend`` as given, or the evaluator's own LLM opened now (then: True, close it)."""
+        if backend is not None:
+            return backend, False
+        from hdeval.llm import open_llm
+
+        return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
+
+
+def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["Task", Any, str]:
+    """The task and LLM an artifact records, after checking that ``required`` files are listed."""
+    from hdeval.config import LLMConfig
+    from hdeval.errors import ArtifactError
+    from hdeval.tasks import task_from_dict
+
+    m = art.manifest
+    for name in required:
+        if name not in m["files"]:
+            raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
+    task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
+    llm = m.get("llm") or {}
+    if not isinstance(llm, dict):
+        raise TypeError("'llm' is not an object")
+    return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
+
+
 @dataclass(frozen=True)
 class Option:
     """A method-specific training option; the CLI offers it as ``--name`` (``_`` -> ``-``)."""

@@ -9,19 +9,18 @@ compared and benchmarked like the others with the same LLM and the same prompts.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, score_rows, score_table, usage_of
+from hdeval.methods.base import (
+    FitContext, ScoreResult, SimpleFitted, read_task_and_llm, run_record, score_rows, score_table, usage_of,
+)
 from hdeval.progress import Progress
-from hdeval.prompts import Template, load_templates, parse_template
+from hdeval.prompts import load_templates, parse_template
 from hdeval.scoring import SCALE, score_criteria
-from hdeval.tasks import task_from_dict
 from hdeval.types import CriteriaTree, Sample, Task
 
 METRICS = "metrics.json"
@@ -37,22 +36,10 @@ def to_range(values: np.ndarray, task: Task) -> np.ndarray:
     return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
 
 
-class DirectEvaluator(Saving):
+class DirectEvaluator(SimpleFitted):
     """The task's aspects scored directly; nothing learned."""
 
     method = "direct"
-
-    def __init__(self, task: Task, template: Template, llm: LLMConfig, llm_identity: str,
-                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table=None):
-        self.task = task
-        self.template = template
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     @property
     def tree(self) -> CriteriaTree:
@@ -61,19 +48,12 @@ class DirectEvaluator(Saving):
     def method_args(self) -> dict[str, Any]:
         return {}
 
-    def columns_needed(self) -> list[str]:
-        return list(self.task.aspect_keys)
-
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
               progress: Progress | None = None) -> ScoreResult:
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        own = backend is None
-        if own:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             tree = self.tree
             if progress is not None:
@@ -102,16 +82,10 @@ class DirectEvaluator(Saving):
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DirectEvaluator":
         m = art.manifest
-        for name in (PROMPT, METRICS):
-            if name not in m["files"]:
-                raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
         try:
-            task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
-            llm = m.get("llm") or {}
-            ev = cls(task, parse_template("score", art.text(PROMPT), str(art.path / PROMPT)),
-                     LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                     str(llm.get("identity", "")), art.json(METRICS),
-                     {k: m[k] for k in ("seed", "split", "config") if k in m})
+            task, llm, identity = read_task_and_llm(art, (PROMPT, METRICS))
+            ev = cls(task, parse_template("score", art.text(PROMPT), str(art.path / PROMPT)), llm, identity,
+                     art.json(METRICS), {k: m[k] for k in ("seed", "split", "config") if k in m})
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
         ev.warnings = list(art.warnings)

@@ -44,10 +44,11 @@ from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, score_rows, score_table, usage_of
+from hdeval.methods.base import (
+    FitContext, ScoreResult, SimpleFitted, read_task_and_llm, run_record, score_rows, score_table, usage_of,
+)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template, sample_block
-from hdeval.tasks import task_from_dict
 from hdeval.types import Aspect, Failure, Sample, ScoreMatrix, Task
 
 RESPONSE_FIELD = "output"
@@ -394,35 +395,10 @@ def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
 
 
 # ---------------------------------------------------------------------- shared evaluator parts
-class _Dialogue(Saving):
-    method = ""
-    task: Task
-    llm: LLMConfig
-    llm_identity: str
-
-    def columns_needed(self) -> list[str]:
-        return list(self.task.aspect_keys)
-
-    def _backend(self, backend, cache_dir):
-        if backend is not None:
-            return backend, False
-        from hdeval.llm import open_llm
-
-        return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
-
+class _Dialogue(SimpleFitted):
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes: predictions, the LLM-filled columns, failures, humans."""
         return score_rows(samples, result, names=("columns", "column"))
-
-
-def _task_and_llm(art: ArtifactReader, names: Sequence[str]) -> tuple[Task, LLMConfig, str]:
-    m = art.manifest
-    for name in names:
-        if name not in m["files"]:
-            raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
-    task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
-    llm = m.get("llm") or {}
-    return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity", ""))
 
 
 # ---------------------------------------------------------------------- paireval
@@ -435,19 +411,11 @@ class PairEvaluator(_Dialogue):
     def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
                  agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
                  extra: dict[str, Any] | None = None, score_table=None):
-        self.task = task
-        self.template = template
+        super().__init__(task, template, llm, llm_identity, metrics, extra, score_table)
         self.pool = list(pool)
         self.n = n
         self.swap = swap
         self.agg = agg
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     def method_args(self) -> dict[str, Any]:
         return {"comparisons": self.n, "swap": self.swap}
@@ -458,7 +426,7 @@ class PairEvaluator(_Dialogue):
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self._backend(backend, cache_dir)
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
                                concurrency, progress)
@@ -468,7 +436,7 @@ class PairEvaluator(_Dialogue):
 
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
               progress: Progress | None = None) -> ScoreResult:
-        backend, own = self._backend(backend, cache_dir)
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             cols = self.judge(samples, backend, concurrency=concurrency, progress=progress).columns()
             return ScoreResult(cols.sample_ids, list(self.task.aspect_keys), self.agg.predict(cols.values),
@@ -495,7 +463,7 @@ class PairEvaluator(_Dialogue):
 
         m = art.manifest
         try:
-            task, llm, identity = _task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
+            task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
             pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
             args = m.get("method_args") or {}
             n, swap = args["comparisons"], args["swap"]
@@ -611,18 +579,6 @@ class YesNoEvaluator(_Dialogue):
 
     method = "direct-yesno"
 
-    def __init__(self, task: Task, template: Template, llm: LLMConfig, llm_identity: str,
-                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table=None):
-        self.task = task
-        self.template = template
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
-
     def method_args(self) -> dict[str, Any]:
         return {}
 
@@ -637,7 +593,7 @@ class YesNoEvaluator(_Dialogue):
         if not samples:
             raise DataError("no samples to score")
         history_fields(self.task)
-        backend, own = self._backend(backend, cache_dir)
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             cells = []
             for s in samples:
@@ -666,7 +622,7 @@ class YesNoEvaluator(_Dialogue):
     def from_artifact(cls, art: ArtifactReader) -> "YesNoEvaluator":
         m = art.manifest
         try:
-            task, llm, identity = _task_and_llm(art, (YESNO_PROMPT, METRICS))
+            task, llm, identity = read_task_and_llm(art, (YESNO_PROMPT, METRICS))
             ev = cls(task, parse_template("yesno", art.text(YESNO_PROMPT), str(art.path / YESNO_PROMPT)),
                      llm, identity, art.json(METRICS), {k: m[k] for k in ("seed", "split", "config") if k in m})
         except (KeyError, TypeError, ValueError) as exc:
