@@ -163,10 +163,12 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def run_command(fn: Callable[[], Any]) -> Any:
-    """Turn library errors into one line on stderr and an exit code; library warnings into one
-    summarised line each (never raw); Ctrl-C and SIGTERM into one line saying that what finished
-    is cached (exit 130 and 143, as the shell reports)."""
+def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
+                before_error: Callable[[], None] | None = None) -> Any:
+    """The one error boundary: library errors become one line on stderr and an exit code;
+    library warnings one summarised line each (never raw); Ctrl-C and SIGTERM one line saying
+    what was kept (``interrupted``; exit 130 and 143, as the shell reports). ``before_error``
+    ends whatever a command drew on the terminal (a byte counter) before the message."""
     seen: dict = {}
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -181,6 +183,8 @@ def run_command(fn: Callable[[], Any]) -> Any:
     except HdevalError as exc:
         _show_warnings(seen)
         _end_open_line()
+        if before_error is not None:
+            before_error()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
@@ -190,7 +194,7 @@ def run_command(fn: Callable[[], Any]) -> Any:
             previous = None
         _show_warnings(seen)
         _line_open_reset()
-        click.echo(f"\n{TERMINATED if terminated else INTERRUPTED}", err=True)
+        click.echo(f"\n{TERMINATED if terminated else interrupted}", err=True)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     finally:
         if previous is not None:

@@ -24,27 +24,22 @@ from hdeval.datasets import (
     data_candidates,
     load_task,
 )
-from hdeval.errors import DataError, DownloadError, HdevalError
+from hdeval.cli.common import run_command
+from hdeval.errors import DataError, DownloadError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _errors_to_exit(fn: F) -> F:
-    """A library error becomes one line on stderr and its exit code; no traceback."""
+    """Run a data command inside the one error boundary (:func:`hdeval.cli.common.run_command`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HdevalError as exc:
-            _Reporter.end_line()
-            click.echo("error: " + str(exc), err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            # Downloads and imports write under temp names and rename at the end, so an
-            # interrupt leaves nothing partial behind.
-            click.echo("\ninterrupted: no partial file was written; rerun to continue", err=True)
-            sys.exit(130)
+        # Downloads and imports write under temp names and rename at the end, so an interrupt
+        # leaves nothing partial behind.
+        return run_command(lambda: fn(*args, **kwargs),
+                           interrupted="interrupted: no partial file was written; rerun to continue",
+                           before_error=_Reporter.end_line)
 
     return wrapper  # type: ignore[return-value]
 
