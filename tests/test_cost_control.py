@@ -72,6 +72,25 @@ def test_max_calls_cli_stops_with_clear_message(toy, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_a_stage_cut_short_by_an_error_stops_printing_progress(toy, tmp_path, monkeypatch):
+    # Off a terminal a ticker thread prints a progress line every interval; a stage ended by
+    # an error (here --max-calls) must not leave it running to print into whatever comes next.
+    import threading
+
+    from hdeval.cli.common import TICKER_THREAD
+
+    monkeypatch.setenv("HDEVAL_PROGRESS_INTERVAL", "0.05")
+    task, data = toy
+    r = CliRunner().invoke(cli, ["train", "--task", str(task), "--data", str(data), "--llm", "fake",
+                                 "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a"),
+                                 "--max-calls", "30"])
+    assert r.exit_code == 4
+    tickers = [t for t in threading.enumerate() if t.name == TICKER_THREAD]
+    for t in tickers:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in tickers)
+
+
 def test_default_llm_resolution_branches(monkeypatch):
     assert resolve_llm("my-model", {"OPENAI_API_KEY": "k"}) == "my-model"
     assert resolve_llm(None, {"HDEVAL_LLM": "fake", "OPENAI_API_KEY": "k"}) == "fake"

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +52,9 @@ def progress_interval() -> float:
     return value if math.isfinite(value) and value >= 0 else DEFAULT_PROGRESS_INTERVAL
 
 
+TICKER_THREAD = "hdeval-progress"
+
+
 class TerminalProgress(Progress):
     """Progress on stderr: a redrawn line on a terminal; otherwise plain lines at the start and
     end of each stage and, between them, one every HDEVAL_PROGRESS_INTERVAL seconds (10)."""
@@ -64,6 +68,7 @@ class TerminalProgress(Progress):
         self.t0 = time.monotonic()
         self._last = 0.0
         self._stop: threading.Event | None = None
+        _LIVE.add(self)
 
     def stage(self, label: str, total: int) -> None:
         self._stop_ticker()
@@ -74,7 +79,7 @@ class TerminalProgress(Progress):
         if not self.tty and not self.quiet and self.interval > 0:
             # A line every interval even while one slow call (a local model) is running.
             self._stop = threading.Event()
-            threading.Thread(target=self._tick, args=(self._stop,), daemon=True).start()
+            threading.Thread(target=self._tick, args=(self._stop,), name=TICKER_THREAD, daemon=True).start()
 
     def _tick(self, stop: threading.Event) -> None:
         while not stop.wait(self.interval):
@@ -133,6 +138,16 @@ class TerminalProgress(Progress):
             sys.stderr.flush()
 
 
+# Every TerminalProgress made in this process: run_command stops their tickers when a command
+# ends, however it ends, so a stage cut short by an error never goes on printing.
+_LIVE: "weakref.WeakSet[TerminalProgress]" = weakref.WeakSet()
+
+
+def _stop_all_tickers() -> None:
+    for progress in list(_LIVE):
+        progress._stop_ticker()
+
+
 def _duration(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -181,6 +196,7 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
             warnings.showwarning = functools.partial(_count_warning, seen)
             return fn()
     except HdevalError as exc:
+        _stop_all_tickers()
         _show_warnings(seen)
         _end_open_line()
         if before_error is not None:
@@ -188,6 +204,7 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
+        _stop_all_tickers()
         terminated = isinstance(exc, Terminated)
         if previous is not None:  # a second SIGTERM from here on ends the process the usual way
             signal.signal(signal.SIGTERM, previous)
@@ -197,6 +214,7 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
         click.echo(f"\n{TERMINATED if terminated else interrupted}", err=True)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     finally:
+        _stop_all_tickers()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         _show_warnings(seen)
