@@ -25,7 +25,7 @@ from hdeval.backends import batch as batch_mod
 from hdeval.backends.batch import STATE_FILE, BatchAPI, read_jobs
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cli import cli
-from hdeval.errors import CacheError, ConfigError
+from hdeval.errors import BackendError, BudgetExceeded, CacheError
 from hdeval.train import train
 
 MODEL = "m"
@@ -341,3 +341,69 @@ def test_a_server_id_that_is_not_an_id_never_reaches_a_url(server: BatchServer) 
         api.retrieve("../files/x")
     assert "not an id" in str(err.value)
     assert server.calls == 0
+
+
+# -- the HTTP side --------------------------------------------------------------------------------
+def test_the_key_goes_only_in_the_authorization_header(toy, server: BatchServer, tmp_path: Path) -> None:
+    _api_train(toy, server, tmp_path / "c")
+    batch_requests = [r for r in server.requests if "/chat/completions" not in r.path]
+    assert {r.path.split("?")[0].rstrip("/").rsplit("/", 1)[0] for r in batch_requests} >= {"/v1", "/v1/batches"}
+    for r in batch_requests:
+        assert r.headers["authorization"] == "Bearer sk-batch-test"
+        assert "sk-batch-test" not in r.path and b"sk-batch-test" not in r.body
+        assert all("sk-batch-test" not in v for k, v in r.headers.items() if k != "authorization")
+    assert "sk-batch-test" not in (tmp_path / "c" / STATE_FILE).read_text()
+
+
+def test_a_redirect_is_reported_not_followed(toy, server: BatchServer, tmp_path: Path) -> None:
+    server.plan(Reply.redirect(307, "http://127.0.0.1:1/v1/files"))
+    with pytest.raises(BackendError) as err:
+        _api_train(toy, server, tmp_path / "c")
+    assert "redirects (HTTP 307)" in str(err.value) and "does not follow redirects" in str(err.value)
+    assert server.calls == 1 and server.creates == 0
+
+
+def test_a_job_the_server_forgot_says_which_file_names_it(toy, server: BatchServer, tmp_path: Path,
+                                                         monkeypatch) -> None:
+    real = BatchAPI.create
+
+    def create_then_die(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        raise Killed()
+
+    monkeypatch.setattr(BatchAPI, "create", create_then_die)
+    with pytest.raises(Killed):
+        _api_train(toy, server, tmp_path / "c")
+    monkeypatch.setattr(BatchAPI, "create", real)
+    jobs = read_jobs(tmp_path / "c" / STATE_FILE)
+    jobs[0].id = "batch_99"
+    batch_mod.write_jobs(tmp_path / "c" / STATE_FILE, jobs)
+    with pytest.raises(BackendError) as err:
+        _api_train(toy, server, tmp_path / "c")
+    assert "HTTP 404" in str(err.value) and f"batch batch_99 is named in {tmp_path / 'c' / STATE_FILE}" in str(err.value)
+    assert server.creates == 1
+
+
+def test_max_calls_stops_before_submitting_more(toy, server: BatchServer, tmp_path: Path) -> None:
+    with pytest.raises(BudgetExceeded) as err:
+        _api_train(toy, server, tmp_path / "c", max_calls=50)
+    assert "--batch would submit 72 new requests, more than the 50 left under --max-calls 50" in str(err.value)
+    assert server.calls == 0 and not (tmp_path / "c" / STATE_FILE).exists()
+
+
+def test_apply_with_batch_scores_like_apply_without(toy, server: BatchServer, tmp_path: Path) -> None:
+    task, data = toy
+    assert _train(toy, server, tmp_path / "c-train", tmp_path / "art", "--layers", "1").exit_code == 0
+
+    def apply(cache: str, out: str, *extra: str):
+        r = CliRunner().invoke(cli, ["apply", str(tmp_path / "art"), str(data), "-o", str(tmp_path / out),
+                                     "--base-url", server.url, "--cache-dir", str(tmp_path / cache), *extra],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.stderr
+        return r
+
+    apply("c-normal", "normal.jsonl")
+    creates = server.creates
+    r = apply("c-batch", "batched.jsonl", "--batch")
+    assert server.creates == creates + 1 and "batch batch_" in r.stderr
+    assert (tmp_path / "batched.jsonl").read_text() == (tmp_path / "normal.jsonl").read_text()

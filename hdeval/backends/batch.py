@@ -51,6 +51,7 @@ MAX_FILE_BYTES = 190 * 10**6
 MAX_REPLY_BYTES = 2 * 2**20  # a batch or file object is a few KB
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_RESULT_BYTES = 2 * 2**30  # one output or error file
+DOWNLOAD_SECONDS = 3600.0  # one output or error file, as a whole
 MAX_LIST_PAGES = 20  # looking for a job by its input file
 STATE_FILE = "batches.json"
 MAX_STATE_BYTES = 64 * 2**20
@@ -156,9 +157,12 @@ class BatchAPI:
         path = f"files/{_check_id(file_id, 'file id')}/content"
 
         def read(response: httpx2.Response) -> None:
+            deadline = time.monotonic() + max(self.timeout, DOWNLOAD_SECONDS)
             size = 0
             with open(dest, "wb") as fh:
                 for chunk in response.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise _Transient(f"the file did not arrive within {max(self.timeout, DOWNLOAD_SECONDS):g}s")
                     size += len(chunk)
                     if size > MAX_RESULT_BYTES:
                         raise BackendError(f"the Batch API's file {file_id} is larger than "
@@ -173,8 +177,11 @@ class BatchAPI:
         out: dict[str, Any] = {}
 
         def read(response: httpx2.Response) -> None:
+            deadline = time.monotonic() + self.timeout  # the client's timeout bounds each read only
             chunks, size = [], 0
             for chunk in response.iter_bytes():
+                if time.monotonic() > deadline:
+                    raise _Transient(f"no complete reply within the {self.timeout:g}s timeout")
                 size += len(chunk)
                 if size > MAX_REPLY_BYTES:
                     raise _Transient(f"a reply larger than {MAX_REPLY_BYTES // 1024} KB")
@@ -470,7 +477,12 @@ class BatchCachedBackend(CachedBackend):
             for job in list(pending):
                 if job.id is None:  # recorded, then killed before the server named it
                     self._create(job)
-                status = self.api.retrieve(job.id)
+                try:
+                    status = self.api.retrieve(job.id)
+                except BackendError as exc:
+                    raise BackendError(f"{exc} (batch {job.id} is named in {self.state_path}: if the server "
+                                       "no longer has it, move that file aside and its requests are "
+                                       "submitted again)") from None
                 state = status.get("status") if isinstance(status.get("status"), str) else "unknown"
                 counts = status.get("request_counts") if isinstance(status.get("request_counts"), dict) else {}
                 done, total, failed = (_count(counts.get(x)) for x in ("completed", "total", "failed"))
