@@ -27,11 +27,9 @@ def open_llm(
         backend = make_backend(config.resolved(), offline=offline)
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
     if config.batch:
-        from hdeval.backends.batch import open_batch
+        from hdeval.backends.batch import check_batch, open_batch
 
-        batched = open_batch(backend, config, cache_dir)  # checks the backend first
-        if offline:  # a dry run: nothing is submitted
-            batched.close()
-            return CachedBackend(backend, cache_dir, config.max_calls)
-        return batched
+        check_batch(backend, config.model)
+        if not offline:  # a dry run submits nothing
+            return open_batch(backend, config, cache_dir)
     return CachedBackend(backend, cache_dir, config.max_calls)

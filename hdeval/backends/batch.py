@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx2
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache import CachedBackend, request_key
+from hdeval.cache import CachedBackend
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
 
@@ -622,14 +622,21 @@ def _summarise(reasons: dict[str, str]) -> str:
     return "; ".join(f"{n} x {r}" for r, n in top)
 
 
-def open_batch(inner: Backend, config: Any, cache_dir: str | Path) -> BatchCachedBackend:
-    """The ``--batch`` backend for ``config`` (an LLMConfig) over ``inner``; a one-line
-    :class:`ConfigError` when ``inner`` is not an OpenAI-compatible backend."""
-    from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY, OpenAICompatBackend
+def check_batch(inner: Backend, model: str | None) -> None:
+    """A one-line :class:`ConfigError` unless ``inner`` is an OpenAI-compatible backend."""
+    from hdeval.backends.openai_compat import OpenAICompatBackend
 
     if not isinstance(inner, OpenAICompatBackend):
         raise ConfigError(f"--batch needs an OpenAI-compatible backend (--llm MODEL, with --base-url for "
-                          f"another server), not --llm {config.model}")
+                          f"another server), not --llm {model}")
+
+
+def open_batch(inner: Backend, config: Any, cache_dir: str | Path) -> BatchCachedBackend:
+    """The ``--batch`` backend for ``config`` (an LLMConfig) over ``inner`` (checked by
+    :func:`check_batch`)."""
+    from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY
+
+    check_batch(inner, config.model)
     # the server the backend talks to (an injected backend's when the config names none)
     url = (config.base_url or inner.base_url or OPENAI_BASE_URL).strip()
     key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
@@ -637,5 +644,5 @@ def open_batch(inner: Backend, config: Any, cache_dir: str | Path) -> BatchCache
     return BatchCachedBackend(inner, cache_dir, config.max_calls, api=api)
 
 
-__all__ = ["BatchAPI", "BatchCachedBackend", "BatchReport", "Job", "open_batch", "read_jobs", "request_key",
+__all__ = ["BatchAPI", "BatchCachedBackend", "BatchReport", "Job", "check_batch", "open_batch", "read_jobs",
            "write_jobs"]
