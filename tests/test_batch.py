@@ -407,3 +407,23 @@ def test_apply_with_batch_scores_like_apply_without(toy, server: BatchServer, tm
     r = apply("c-batch", "batched.jsonl", "--batch")
     assert server.creates == creates + 1 and "batch batch_" in r.stderr
     assert (tmp_path / "batched.jsonl").read_text() == (tmp_path / "normal.jsonl").read_text()
+
+
+@pytest.mark.parametrize("limit, expect", [("requests", [30, 30, 12]), ("bytes", None)])
+def test_a_stage_is_split_within_the_apis_file_limits(toy, server: BatchServer, tmp_path: Path, monkeypatch,
+                                                      limit: str, expect) -> None:
+    ref = _api_train(toy, server, tmp_path / "ref")
+    line_size = max(len(line) + 1 for line in server.files["file-0"].splitlines())
+    first = server.creates
+    if limit == "requests":
+        monkeypatch.setattr(batch_mod, "MAX_FILE_REQUESTS", 30)
+    else:
+        monkeypatch.setattr(batch_mod, "MAX_FILE_BYTES", 10 * line_size)
+    ev = _api_train(toy, server, tmp_path / "c")
+    inputs = [server.files[j["input_file_id"]] for j in list(server.jobs.values())[first:]]
+    sizes = [len(f.splitlines()) for f in inputs]
+    if expect is not None:
+        assert sizes == expect
+    else:
+        assert all(len(f) <= 10 * line_size for f in inputs) and sum(sizes) == 72 and len(sizes) >= 6
+    assert ev.metrics["final"] == ref.metrics["final"]
