@@ -427,3 +427,14 @@ def test_a_stage_is_split_within_the_apis_file_limits(toy, server: BatchServer, 
     else:
         assert all(len(f) <= 10 * line_size for f in inputs) and sum(sizes) == 72 and len(sizes) >= 6
     assert ev.metrics["final"] == ref.metrics["final"]
+
+
+def test_a_server_without_the_batch_api_is_a_clear_error(toy, tmp_path: Path) -> None:
+    from llm_server import FaultServer
+
+    with FaultServer() as plain:  # chat completions only, like vLLM or Ollama
+        with pytest.raises(BackendError) as err:
+            _api_train(toy, plain, tmp_path / "c")  # type: ignore[arg-type]
+    assert "answered HTTP 404" in str(err.value)
+    assert str(err.value).endswith("does this server offer the Batch API? run without --batch")
+    assert not (tmp_path / "c" / STATE_FILE).exists()

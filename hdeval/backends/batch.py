@@ -219,7 +219,9 @@ class BatchAPI:
 
                             wait = retry_after_seconds(response.headers)
                             raise _Transient(f"HTTP {status}: {detail}")
-                        raise BackendError(self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}"))
+                        hint = ("; does this server offer the Batch API? run without --batch"
+                                if status in (404, 405) and not path.startswith("batches/") else "")
+                        raise BackendError(self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}"))
                     read(response)
                     return
             except _Transient as exc:
@@ -451,7 +453,12 @@ class BatchCachedBackend(CachedBackend):
         a killed process) created: the server is asked first, except for a file just uploaded."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
         for attempt in range(self.api.max_retries + 1):
-            found = self.api.find(job.input_file_id) if attempt or look_first else None
+            found = None
+            if attempt or look_first:
+                try:
+                    found = self.api.find(job.input_file_id)
+                except BackendError:  # a server that cannot list its jobs: none to adopt
+                    found = None
             try:
                 made = found or self.api.create(job.input_file_id, meta)
             except BackendError:
