@@ -39,6 +39,9 @@ class LLMConfig:
     concurrency: int = DEFAULT_CONCURRENCY  # requests in flight
     cache_dir: str | None = None  # reply cache; None: HDEVAL_CACHE_DIR or the per-user cache dir
     max_calls: int | None = None  # stop cleanly before making more new (uncached) calls than this
+    # send each scoring stage's uncached requests through the OpenAI Batch API (half the price,
+    # results within 24 h; OpenAI-compatible backends only): see hdeval.backends.batch
+    batch: bool = False
 
     @classmethod
     def field_names(cls) -> frozenset[str]:

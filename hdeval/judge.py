@@ -62,6 +62,9 @@ def fill_matrix(
     rows = list(dict.fromkeys(c.sample_id for c in cells))
     cols = list(dict.fromkeys(c.column for c in cells))
     flat = [r for c in cells for r in c.requests]
+    prefetch = getattr(llm, "prefetch", None)
+    if callable(prefetch):  # --batch: the stage's uncached requests go as batch jobs first
+        prefetch(flat, progress)
     completions = run_requests(llm, flat, concurrency, progress, keep_rejected=True)
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}

@@ -51,6 +51,7 @@ class TrainConfig:
     limit: int | None = None  # use only N samples (whole documents, seeded) for quick runs
     max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
     max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
+    batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
@@ -126,7 +127,7 @@ def prepare(config: TrainConfig) -> Prepared:
 def llm_config(config: TrainConfig) -> LLMConfig:
     """The run's LLM settings as the one typed config every command uses."""
     return LLMConfig(config.llm, config.base_url, config.timeout, config.max_retries,
-                     config.concurrency, config.cache_dir, config.max_calls)
+                     config.concurrency, config.cache_dir, config.max_calls, config.batch)
 
 
 def open_backend(

@@ -7,8 +7,8 @@ import json
 import click
 
 from hdeval.cli.common import (
-    _check_llm_options, _input_tasks, _output_format, _write_output, llm_options, load_artifact,
-    run_command, score_with_artifact,
+    _check_llm_options, _input_tasks, _output_format, _write_output, batch_option, llm_options,
+    load_artifact, run_command, score_with_artifact,
 )
 from hdeval.errors import ConfigError
 
@@ -22,10 +22,11 @@ from hdeval.errors import ConfigError
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
 @click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
 @llm_options
+@batch_option
 def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: bool, top: int,
           llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
-          max_calls: int | None) -> None:
+          max_calls: int | None, batch: bool) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
 
     \b
@@ -56,7 +57,7 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
                        "per sample", err=True)
         res = score_with_artifact(ev, samples, llm=llm, base_url=base_url, timeout=timeout,
                                   max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                                  concurrency=concurrency, quiet=quiet)
+                                  concurrency=concurrency, quiet=quiet, batch=bool(batch))
         rows = ev.output_rows(samples, res)
         if explain:
             from hdeval.methods.hdeval.explain import explain_samples

@@ -244,6 +244,14 @@ def llm_options(f):
     return f
 
 
+def batch_option(f):
+    """``--batch`` (train, apply): scoring requests through the OpenAI Batch API."""
+    return click.option("--batch", is_flag=True,
+                        help="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
+                             "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
+                             "servers only).")(f)
+
+
 def method_options(f):
     """``--method`` and every method-specific option, declared once from the method registry."""
     from hdeval.methods.base import all_options, method_names
@@ -345,7 +353,7 @@ def _artifact_llm(ev, llm: str | None, base_url: str | None) -> tuple[str, str |
 
 def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
                         max_retries: int, cache_dir: str | None, max_calls: int | None,
-                        concurrency: int, quiet: bool):
+                        concurrency: int, quiet: bool, batch: bool = False):
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
     from hdeval.config import LLMConfig
     from hdeval.llm import open_llm
@@ -353,7 +361,7 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
 
     _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
     model, url = _artifact_llm(ev, llm, base_url)
-    config = LLMConfig(model, url, timeout, max_retries, concurrency, cache_dir, max_calls)
+    config = LLMConfig(model, url, timeout, max_retries, concurrency, cache_dir, max_calls, bool(batch))
     _notice_local(model)
     backend = open_llm(config)
     if public_identity(backend.identity, url) != ev.llm_identity:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from hdeval.cli.common import (
-    TerminalProgress, _notice_local, _resolved, llm_options, method_options, run_command,
+    TerminalProgress, _notice_local, _resolved, batch_option, llm_options, method_options, run_command,
 )
 from hdeval.errors import HdevalError
 
@@ -41,6 +41,7 @@ from hdeval.errors import HdevalError
               help="Never download a built-in task's data (by default it is fetched on first use).")
 @method_options
 @llm_options
+@batch_option
 def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
           force: bool, quiet: bool, offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
@@ -66,7 +67,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
                 click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
                            "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
                 config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
-            _print_plan(*plan(config), price_in=price_in, price_out=price_out)
+            _print_plan(*plan(config), price_in=price_in, price_out=price_out, batch=config.batch)
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
@@ -144,7 +145,8 @@ def _check_outputs(config, out: str | None, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
-def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None) -> None:
+def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
+                batch: bool = False) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
     click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
@@ -164,5 +166,11 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
     if price_in is not None or price_out is not None:
         cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)
         click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
+        if batch:
+            # the Batch API bills half the per-token price; the few decomposition calls of
+            # layers 2+ are not batched, so this is a lower bound on a batched run's cost
+            dec_calls = sum(p.decompose_calls for p in plans)
+            note = f"; the {dec_calls} decomposition calls are sent normally, at the full price" if dec_calls else ""
+            click.echo(f"with --batch: about {cost / 2:.2f} (the Batch API's half price per token{note})")
 
 

@@ -1,0 +1,655 @@
+"""The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price.
+
+:func:`hdeval.judge.fill_matrix` knows every request of a scoring stage before it sends one;
+when its LLM has a ``prefetch`` method (a :class:`BatchCachedBackend`, which ``open_llm`` makes
+for ``--batch``), the uncached ones are first written as JSONL (``custom_id`` = the cache key,
+``body`` = what the chat completions call would send), uploaded to ``/v1/files`` (purpose
+``batch``), run as one ``/v1/batches`` job per chunk within the API's limits (50,000 requests
+and 200 MB a file), polled, and every result line written into the same cache under the same
+key. The stage then runs as usual and finds them all cached; the rest of hdeval is unchanged.
+
+Nothing paid for is lost or paid twice: the jobs (and the keys each holds) are kept in
+``batches.json`` in the cache directory, written before a job is created and updated when the
+server names it, so a killed process rerun with the same command resumes polling the same job
+(a job the server created but never named back is found by its input file). A job that ends
+expired, failed or cancelled gives what it finished (output and error files); the requests
+left are reported and resubmitted once, and whatever still has no result goes through the
+normal API when the stage runs.
+
+Everything the server returns is untrusted: replies and files are read with bounds, ids are
+checked before they go into a URL, result lines are parsed one by one (a malformed one is a
+recorded failure of that request), redirects are never followed, and the API key goes only in
+the ``Authorization`` header. ``batches.json`` is untrusted too: bounded and validated on read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import httpx2
+
+from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.cache import CachedBackend
+from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
+from hdeval.progress import Progress
+
+POLL_ENV = "HDEVAL_BATCH_POLL_INTERVAL"  # seconds between status checks of a batch job
+DEFAULT_POLL = 30.0
+ENDPOINT = "/v1/chat/completions"
+COMPLETION_WINDOW = "24h"
+# The API's limits per input file: 50,000 requests and 200 MB (a little kept in reserve)
+MAX_FILE_REQUESTS = 50_000
+MAX_FILE_BYTES = 190 * 10**6
+MAX_REPLY_BYTES = 2 * 2**20  # a batch or file object is a few KB
+MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
+MAX_RESULT_BYTES = 2 * 2**30  # one output or error file
+DOWNLOAD_SECONDS = 3600.0  # one output or error file, as a whole
+MAX_LIST_PAGES = 20  # looking for a job by its input file
+STATE_FILE = "batches.json"
+MAX_STATE_BYTES = 64 * 2**20
+STATE_VERSION = 1
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+RESUBMIT_ROUNDS = 1  # requests a finished job left without a result are resubmitted this often
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+_RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
+_MAX_DETAIL = 200
+
+
+def poll_interval() -> float:
+    """Seconds between status checks: ``$HDEVAL_BATCH_POLL_INTERVAL`` or 30."""
+    raw = os.environ.get(POLL_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_POLL
+    return value if 0 <= value < 86_400 else DEFAULT_POLL
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
+
+
+def _check_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        shown = _one_line(repr(value))[:60]
+        raise BackendError(f"the Batch API answered a {what} that is not an id: {shown}")
+    return value
+
+
+# ----------------------------------------------------------------------------- HTTP
+class BatchAPI:
+    """``/v1/files`` and ``/v1/batches`` of an OpenAI-compatible server, over httpx2 (the HTTP
+    client the ``openai`` package uses). Transient failures (429, 5xx, dropped connections,
+    timeouts) are retried ``max_retries`` times with capped backoff; anything else is a
+    one-line :class:`BackendError`."""
+
+    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 6, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.display_url = display_url or base_url
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._key = api_key
+        self._client = httpx2.Client(
+            base_url=base_url.rstrip("/") + "/",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            follow_redirects=False,  # a redirect is reported, never followed
+        )
+
+    def __repr__(self) -> str:
+        return f"BatchAPI({self.display_url!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- the endpoints ------------------------------------------------------------------
+    def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
+        """Upload a batch input file; its id."""
+        reply = self._json("POST", "files", data={"purpose": "batch"},
+                           files={"file": (name, jsonl, "application/jsonl")})
+        return _check_id(reply.get("id"), "file id")
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        """Create one batch job (tried once: a retry could create a second paid job; the
+        caller looks for the job by its input file instead)."""
+        body = {"input_file_id": input_file_id, "endpoint": ENDPOINT,
+                "completion_window": COMPLETION_WINDOW, "metadata": metadata}
+        return self._json("POST", "batches", json_body=body, retries=0)
+
+    def retrieve(self, batch_id: str) -> dict[str, Any]:
+        return self._json("GET", f"batches/{_check_id(batch_id, 'batch id')}")
+
+    def find(self, input_file_id: str) -> dict[str, Any] | None:
+        """The job whose input is ``input_file_id``, if the server lists one."""
+        after: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            params = {"limit": "100", **({"after": after} if after else {})}
+            page = self._json("GET", "batches", params=params)
+            data = page.get("data")
+            if not isinstance(data, list):
+                return None
+            for job in data:
+                if isinstance(job, dict) and job.get("input_file_id") == input_file_id:
+                    return job
+            last = data[-1].get("id") if data and isinstance(data[-1], dict) else None
+            if not page.get("has_more") or not isinstance(last, str) or not _ID.match(last):
+                return None
+            after = last
+        return None
+
+    def download(self, file_id: str, dest: Path) -> None:
+        """A file's content into ``dest`` (at most MAX_RESULT_BYTES)."""
+        path = f"files/{_check_id(file_id, 'file id')}/content"
+
+        def read(response: httpx2.Response) -> None:
+            deadline = time.monotonic() + max(self.timeout, DOWNLOAD_SECONDS)
+            size = 0
+            with open(dest, "wb") as fh:
+                for chunk in response.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise _Transient(f"the file did not arrive within {max(self.timeout, DOWNLOAD_SECONDS):g}s")
+                    size += len(chunk)
+                    if size > MAX_RESULT_BYTES:
+                        raise BackendError(f"the Batch API's file {file_id} is larger than "
+                                           f"{MAX_RESULT_BYTES // 2**20} MB; not read further")
+                    fh.write(chunk)
+
+        self._request("GET", path, read)
+
+    # -- one call with retries ----------------------------------------------------------
+    def _json(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+              data: dict | None = None, files: dict | None = None, retries: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+
+        def read(response: httpx2.Response) -> None:
+            deadline = time.monotonic() + self.timeout  # the client's timeout bounds each read only
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                if time.monotonic() > deadline:
+                    raise _Transient(f"no complete reply within the {self.timeout:g}s timeout")
+                size += len(chunk)
+                if size > MAX_REPLY_BYTES:
+                    raise _Transient(f"a reply larger than {MAX_REPLY_BYTES // 1024} KB")
+                chunks.append(chunk)
+            try:
+                parsed = json.loads(b"".join(chunks))
+            except (ValueError, RecursionError):
+                raise _Transient("a reply that is not JSON") from None
+            if not isinstance(parsed, dict):
+                raise _Transient("a reply that is not a JSON object")
+            out.update(parsed)
+
+        self._request(method, path, read, json_body=json_body, params=params, data=data, files=files,
+                      retries=retries)
+        return out
+
+    def _request(self, method: str, path: str, read: Callable[[httpx2.Response], None], *, json_body: Any = None,
+                 params: dict | None = None, data: dict | None = None, files: dict | None = None,
+                 retries: int | None = None) -> None:
+        retries = self.max_retries if retries is None else retries
+        where = f"{method} {self.display_url}/{path.split('?')[0]}"
+        for attempt in range(retries + 1):
+            wait: float | None = None
+            try:
+                with self._client.stream(method, path, json=json_body, params=params, data=data,
+                                         files=files) as response:
+                    status = response.status_code
+                    if 300 <= status < 400:
+                        raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
+                                           "follow redirects: give the final address as --base-url")
+                    if status >= 400:
+                        detail = self._detail(response)
+                        if status >= 500 or status in _RETRY_STATUSES:
+                            from hdeval.backends.openai_compat import retry_after_seconds
+
+                            wait = retry_after_seconds(response.headers)
+                            raise _Transient(f"HTTP {status}: {detail}")
+                        hint = ("; does this server offer the Batch API? run without --batch"
+                                if status in (404, 405) and not path.startswith("batches/") else "")
+                        raise BackendError(self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}"))
+                    read(response)
+                    return
+            except _Transient as exc:
+                problem = exc.args[0]
+            except httpx2.TransportError as exc:
+                problem = _one_line(f"{type(exc).__name__}: {exc}")
+            if attempt >= retries:
+                raise BackendError(self._redact(
+                    f"the Batch API ({where}) kept failing after {attempt + 1} attempt(s), last: {problem}; "
+                    "every finished result is cached and the jobs are kept in the cache directory, so "
+                    "rerunning the same command resumes"))
+            if wait is None:
+                wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
+            self._sleep(min(wait, self.backoff_cap))
+
+    def _detail(self, response: httpx2.Response) -> str:
+        raw = b""
+        for chunk in response.iter_bytes():
+            raw += chunk
+            if len(raw) > 16384:
+                break
+        try:
+            body = json.loads(raw)
+            err = body.get("error", body) if isinstance(body, dict) else body
+            msg = err.get("message") if isinstance(err, dict) else err
+            return _one_line(str(msg)) if msg else _one_line(raw[:200].decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            return _one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
+
+    def _redact(self, text: str) -> str:
+        if self._key and len(self._key) >= 4:
+            text = text.replace(self._key, "***")
+        return text
+
+
+class _Transient(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------- the jobs file
+@dataclass
+class Job:
+    """One submitted input file: its job id once the server named it, and the keys it holds."""
+
+    identity: str
+    input_file_id: str
+    keys: list[str]
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"identity": self.identity, "input_file_id": self.input_file_id, "id": self.id, "keys": self.keys}
+
+
+def read_jobs(path: Path) -> list[Job]:
+    """The jobs in ``batches.json`` (none when it does not exist); a one-line
+    :class:`CacheError` naming the file and entry when it is not one hdeval wrote."""
+    def bad(why: str) -> CacheError:
+        return CacheError(f"{path}: {why}: not a batch list hdeval wrote; move it aside to go on "
+                          "(requests of jobs it names would then be submitted again)")
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(MAX_STATE_BYTES + 1)
+    if len(raw) > MAX_STATE_BYTES:
+        raise bad(f"larger than {MAX_STATE_BYTES // 2**20} MB")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise bad("not JSON") from None
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION or not isinstance(data.get("batches"), list):
+        raise bad(f"no version {STATE_VERSION} 'batches' list")
+    jobs = []
+    for i, e in enumerate(data["batches"]):
+        where = f"batches[{i}]"
+        if not isinstance(e, dict):
+            raise bad(f"{where} is not an object")
+        if not isinstance(e.get("identity"), str) or len(e["identity"]) > 2000:
+            raise bad(f"{where}.identity is not a string")
+        if not isinstance(e.get("input_file_id"), str) or not _ID.match(e["input_file_id"]):
+            raise bad(f"{where}.input_file_id is not an id")
+        if e.get("id") is not None and (not isinstance(e["id"], str) or not _ID.match(e["id"])):
+            raise bad(f"{where}.id is not an id")
+        keys = e.get("keys")
+        if not isinstance(keys, list) or not keys or len(keys) > MAX_FILE_REQUESTS or not all(
+                isinstance(k, str) and _KEY.match(k) for k in keys):
+            raise bad(f"{where}.keys is not a list of request hashes")
+        jobs.append(Job(e["identity"], e["input_file_id"], list(keys), e.get("id")))
+    return jobs
+
+
+def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
+    """Replace ``batches.json`` atomically (a temporary file renamed into place)."""
+    blob = json.dumps({"version": STATE_VERSION, "batches": [j.to_dict() for j in jobs]}, separators=(",", ":"))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CacheError(f"cannot write {path} ({exc.strerror or exc}): the batch jobs could not be "
+                         "recorded; free space or pass another --cache-dir") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# ----------------------------------------------------------------------------- the backend
+@dataclass
+class BatchReport:
+    """What the last :meth:`BatchCachedBackend.prefetch` did."""
+
+    submitted: int = 0  # requests sent in new jobs (resubmissions included)
+    resumed: list[str] = field(default_factory=list)  # ids of jobs found running from an earlier process
+    received: int = 0  # results written into the cache
+    failures: dict[str, str] = field(default_factory=dict)  # key -> why it has no result
+    left: int = 0  # requests with no result after every round (sent through the normal API)
+
+
+class BatchCachedBackend(CachedBackend):
+    """A :class:`CachedBackend` that fills the cache through the Batch API before a stage.
+
+    ``inner`` is an :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`: it builds
+    each request body (``_params``) and reads each result (``_parse``) exactly as for a normal
+    call, so a batched reply is cached exactly as a normal one would be. Requests the batch
+    left without a result are sent the normal way by :meth:`complete`.
+    """
+
+    def __init__(self, inner: Backend, cache_dir: str | Path, max_calls: int | None = None, *,
+                 api: BatchAPI, poll: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(inner, cache_dir, max_calls)
+        self.api = api
+        self.poll = poll_interval() if poll is None else poll
+        self.sleep = sleep
+        self.state_path = Path(cache_dir) / STATE_FILE
+        self.last = BatchReport()
+        self._fresh: set[str] = set()  # keys the batch just filled: not "cache hits" when read
+
+    def close(self) -> None:
+        try:
+            self.api.close()
+        finally:
+            super().close()
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        key = self.key(request)
+        if key in self._fresh:
+            self._fresh.discard(key)
+            got = self._read(key)
+            if got is not None:
+                return got  # paid for through the batch (counted then), not a cache hit
+        return super().complete(request)
+
+    # -- the stage ----------------------------------------------------------------------
+    def prefetch(self, requests: Sequence[CompletionRequest], progress: Progress | None = None) -> BatchReport:
+        """Get every uncached request of ``requests`` into the cache through batch jobs."""
+        progress = progress or Progress()
+        report = self.last = BatchReport()
+        want: dict[str, CompletionRequest] = {}
+        for r in requests:
+            k = self.key(r)
+            if k not in want and self._read(k) is None:
+                want[k] = r
+        if not want:
+            return report
+        for round_ in range(RESUBMIT_ROUNDS + 1):
+            jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
+            active = [j for j in jobs if any(k in want for k in j.keys)]
+            covered = {k for j in active for k in j.keys}
+            for j in active:
+                if j.id is not None:
+                    report.resumed.append(j.id)
+            new = [k for k in want if k not in covered]
+            if active:
+                n = sum(len(j.keys) for j in active)
+                progress.message(f"resuming {len(active)} batch job(s) of an earlier run ({n} requests; "
+                                 "nothing is submitted again)")
+            if new:
+                self._check_budget(len(new))
+                active += self._submit([(k, want[k]) for k in new], progress)
+                report.submitted += len(new)
+            self._wait_and_collect(active, want, report, progress)
+            left = [k for k in want if self._read(k) is None]
+            if not left:
+                return report
+            reasons = _summarise({k: report.failures.get(k, "no result") for k in left})
+            if round_ < RESUBMIT_ROUNDS:
+                progress.message(f"{len(left)} of {len(want)} requests have no batch result ({reasons}); "
+                                 "resubmitting only those")
+            else:
+                report.left = len(left)
+                progress.message(f"{len(left)} requests still have no batch result ({reasons}); they are "
+                                 "sent through the normal API")
+            want = {k: want[k] for k in left}
+        return report
+
+    def _check_budget(self, n: int) -> None:
+        if self.max_calls is None:
+            return
+        with self._lock:
+            left = self.max_calls - self._reserved
+        if n > left:
+            raise BudgetExceeded(
+                f"--batch would submit {n} new requests, more than the {max(0, left)} left under --max-calls "
+                f"{self.max_calls}: every finished call is cached; rerun with a higher limit to continue")
+
+    def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
+        logprobs_ok = getattr(self.inner, "logprobs_supported", True)
+        jobs = []
+        for chunk in _chunks([(k, _line(self.inner, k, r, logprobs_ok)) for k, r in items]):
+            keys = [k for k, _ in chunk]
+            file_id = self.api.upload(b"".join(line for _, line in chunk))
+            job = Job(self.identity, file_id, keys)
+            self._record(job)  # before the job exists: a kill from here on cannot lose it
+            self._create(job, look_first=False)
+            progress.message(f"batch {job.id}: submitted {len(keys)} requests")
+            jobs.append(job)
+        return jobs
+
+    def _create(self, job: Job, look_first: bool = True) -> None:
+        """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or
+        a killed process) created: the server is asked first, except for a file just uploaded."""
+        meta = {"hdeval": "1", "requests": str(len(job.keys))}
+        for attempt in range(self.api.max_retries + 1):
+            found = None
+            if attempt or look_first:
+                try:
+                    found = self.api.find(job.input_file_id)
+                except BackendError:  # a server that cannot list its jobs: none to adopt
+                    found = None
+            try:
+                made = found or self.api.create(job.input_file_id, meta)
+            except BackendError:
+                if attempt >= self.api.max_retries:
+                    raise
+                self.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
+                continue
+            job.id = _check_id(made.get("id"), "batch id")
+            self._record(job)
+            return
+
+    def _record(self, job: Job, drop: bool = False) -> None:
+        """Add, update or (``drop``) remove one job in ``batches.json``."""
+        others = [j for j in read_jobs(self.state_path)
+                  if not (j.identity == job.identity and j.input_file_id == job.input_file_id)]
+        write_jobs(self.state_path, others if drop else others + [job])
+
+    def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest], report: BatchReport,
+                          progress: Progress) -> None:
+        pending = list(jobs)
+        shown: dict[str, tuple] = {}
+        while pending:
+            for job in list(pending):
+                if job.id is None:  # recorded, then killed before the server named it
+                    self._create(job)
+                try:
+                    status = self.api.retrieve(job.id)
+                except BackendError as exc:
+                    raise BackendError(f"{exc} (batch {job.id} is named in {self.state_path}: if the server "
+                                       "no longer has it, move that file aside and its requests are "
+                                       "submitted again)") from None
+                state = status.get("status") if isinstance(status.get("status"), str) else "unknown"
+                counts = status.get("request_counts") if isinstance(status.get("request_counts"), dict) else {}
+                done, total, failed = (_count(counts.get(x)) for x in ("completed", "total", "failed"))
+                line = (state, done, total, failed)
+                if shown.get(job.id) != line:
+                    shown[job.id] = line
+                    extra = f", {failed} failed" if failed else ""
+                    progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({_one_line(state)[:40]})")
+                if state in TERMINAL:
+                    self._collect(job, status, want, report)
+                    pending.remove(job)
+            if pending:
+                self.sleep(self.poll)
+
+    def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest],
+                 report: BatchReport) -> None:
+        keys = set(job.keys)
+        seen: set[str] = set()
+        unreadable: list[str] = []  # lines that name no request of this job
+        for name in ("output_file_id", "error_file_id"):
+            file_id = status.get(name)
+            if file_id is None or file_id == "":
+                continue
+            for n, line in enumerate(self._lines(_check_id(file_id, name)), 1):
+                problem = self._take(line, keys, seen, want, report, f"{name.split('_')[0]} file line {n}")
+                if problem:
+                    unreadable.append(problem)
+        missing = keys - seen
+        if missing:
+            if unreadable:
+                why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
+            else:
+                why = _job_error(status) or f"no result (the batch ended {_one_line(str(status.get('status')))[:20]})"
+            for k in missing:
+                report.failures.setdefault(k, why)
+        self._record(job, drop=True)  # its results are in the cache, its failures reported
+
+    def _lines(self, file_id: str) -> Iterator[bytes]:
+        with tempfile.TemporaryDirectory(prefix="hdeval-batch-", dir=self.cache_dir) as d:
+            path = Path(d) / "result.jsonl"
+            self.api.download(file_id, path)
+            with open(path, "rb") as fh:
+                while True:
+                    line = fh.readline(MAX_LINE_BYTES + 1)
+                    if not line:
+                        return
+                    if len(line) > MAX_LINE_BYTES:
+                        while line and not line.endswith(b"\n"):  # skip the rest of this line
+                            line = fh.readline(MAX_LINE_BYTES + 1)
+                        yield b"<a line longer than the limit>"
+                        continue
+                    if line.strip():
+                        yield line
+
+    def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
+              report: BatchReport, where: str) -> str | None:
+        """One result line: a completion into the cache, or a recorded failure; what is wrong
+        with a line that names no request of this job."""
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            return f"{where}: not JSON"
+        key = row.get("custom_id") if isinstance(row, dict) else None
+        if not isinstance(key, str) or key not in keys or key in seen:
+            return f"{where}: no custom_id of this job"
+        seen.add(key)
+        response = row.get("response")
+        code = response.get("status_code") if isinstance(response, dict) else None
+        body = response.get("body") if isinstance(response, dict) else None
+        if code != 200 or not isinstance(body, dict):
+            err = row.get("error") if isinstance(row.get("error"), dict) else None
+            if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+                err = body["error"]
+            msg = _one_line(str(err.get("message") or err.get("code") or "")) if err else ""
+            report.failures[key] = f"HTTP {code}: {msg}" if code else (msg or f"{where}: no response")
+            return None
+        request = want.get(key)
+        try:
+            completion = self.inner._parse(json.dumps(body).encode(), request is None or bool(request.top_logprobs))
+        except Exception as exc:  # the backend's parse failure: this request's, recorded
+            report.failures[key] = f"{where}: {_one_line(str(exc))[:120] or 'not a chat completion'}"
+            return None
+        self._save(key, completion)
+        with self._lock:
+            self._reserved += 1
+            self.stats.calls += 1
+            self.stats.prompt_tokens += completion.prompt_tokens
+            self.stats.completion_tokens += completion.completion_tokens
+            if completion.prompt_tokens_evaluated is not None:
+                self.stats.prompt_tokens_evaluated += completion.prompt_tokens_evaluated
+        self._fresh.add(key)
+        report.received += 1
+        return None
+
+
+def _line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool) -> bytes:
+    body = inner._params(request, bool(request.top_logprobs) and logprobs_ok)
+    body.pop("extra_headers", None)  # a batch line has no headers
+    return (json.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body},
+                       ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _chunks(lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
+    """Consecutive runs within the API's per-file limits."""
+    chunk: list[tuple[str, bytes]] = []
+    size = 0
+    for key, line in lines:
+        if len(line) > MAX_FILE_BYTES:
+            raise ConfigError(f"one request is {len(line) // 10**6} MB, over the Batch API's file limit; "
+                              "run without --batch")
+        if chunk and (len(chunk) >= MAX_FILE_REQUESTS or size + len(line) > MAX_FILE_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((key, line))
+        size += len(line)
+    if chunk:
+        yield chunk
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and 0 <= value < 10**9 else 0
+
+
+def _job_error(status: dict[str, Any]) -> str:
+    errors = status.get("errors")
+    data = errors.get("data") if isinstance(errors, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return f"the batch failed: {_one_line(str(data[0].get('message') or data[0].get('code') or ''))[:150]}"
+    return ""
+
+
+def _summarise(reasons: dict[str, str]) -> str:
+    counts: dict[str, int] = {}
+    for r in reasons.values():
+        counts[r] = counts.get(r, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
+    return "; ".join(f"{n} x {r}" for r, n in top)
+
+
+def check_batch(inner: Backend, model: str | None) -> None:
+    """A one-line :class:`ConfigError` unless ``inner`` is an OpenAI-compatible backend."""
+    from hdeval.backends.openai_compat import OpenAICompatBackend
+
+    if not isinstance(inner, OpenAICompatBackend):
+        raise ConfigError(f"--batch needs an OpenAI-compatible backend (--llm MODEL, with --base-url for "
+                          f"another server), not --llm {model}")
+
+
+def open_batch(inner: Backend, config: Any, cache_dir: str | Path) -> BatchCachedBackend:
+    """The ``--batch`` backend for ``config`` (an LLMConfig) over ``inner`` (checked by
+    :func:`check_batch`)."""
+    from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY
+
+    check_batch(inner, config.model)
+    # the server the backend talks to (an injected backend's when the config names none)
+    url = (config.base_url or inner.base_url or OPENAI_BASE_URL).strip()
+    key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
+    api = BatchAPI(url, key, display_url=inner.base_url, timeout=config.timeout, max_retries=config.max_retries)
+    return BatchCachedBackend(inner, cache_dir, config.max_calls, api=api)
+
+
+__all__ = ["BatchAPI", "BatchCachedBackend", "BatchReport", "Job", "check_batch", "open_batch", "read_jobs",
+           "write_jobs"]
