@@ -72,7 +72,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         ev = run_train(config, progress=progress)
-        kind = ev.aggregator.kind if ev.method == "hdeval" else ev.method
+        kind = getattr(ev, "aggregator_kind", None) or (ev.aggregator.kind if ev.method == "hdeval" else ev.method)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
         try:
             ev.save(path, force=force)
@@ -90,7 +90,7 @@ def _print_train_summary(ev, path: Path) -> None:
     click.echo(
         f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
         f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-    if ev.method != "hdeval":
+    if ev.method != "hdeval" or hasattr(ev, "summary_line"):  # pairwise HD-Eval: agreement, not correlation
         if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
             click.echo(ev.summary_line())
         else:
