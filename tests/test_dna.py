@@ -227,12 +227,46 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     assert r1["prediction"] == decide(r1["totals"]["a"], r1["totals"]["b"])
 
 
-def test_report_on_a_dna_artifact_is_a_clear_error_not_a_traceback(faireval40, tmp_path):
-    path = _train(tmp_path, faireval40).save(tmp_path / "art")
+def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40)
+    path = ev.save(tmp_path / "art")
+    r = _cli("report", path)
+    assert r.exit_code == 0, r.output
+    assert "LLM weights per aspect (mean over instances):" in r.stdout
+    assert "learned aggregation (logistic regression on per-aspect differences A - B):" in r.stdout
+    data = json.loads((path / "report" / "report.json").read_text())
+    assert data["llm_weights"] == ev.metrics["mean_weights"]
+    for k, w in ev.metrics["mean_weights"].items():
+        assert any(line.split()[:2] == [k, f"{w:.3f}"] for line in r.stdout.splitlines())
+    share = data["learned"]["weight_share"]
+    assert set(share) == set(ev.task.aspect_keys) and math.isclose(sum(share.values()), 1.0, abs_tol=1e-5)
+    coef = np.abs(ev.learned.coef).sum(axis=0)
+    assert math.isclose(share["accuracy"], coef[ev.learned.aspects.index("accuracy")] / coef.sum(), abs_tol=1e-5)
+    assert data["learned"]["coefficients"] == ev.metrics["learned"]["coefficients"]
+    assert "<pre>" in (path / "report" / "report.html").read_text()
+
+
+def test_report_on_a_dynamic_dna_artifact_shows_mean_weights_per_proposed_aspect(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40, aspect_source="dynamic", k=3)
+    r = _cli("report", ev.save(tmp_path / "art"))
+    assert r.exit_code == 0, r.output
+    assert "LLM weights (mean over the instances that proposed the aspect):" in r.stdout
+    name, w = next(iter(ev.metrics["mean_weights"].items()))
+    assert f"{w['mean']:.3f}  ({w['instances']} instances)" in r.stdout and name in r.stdout
+    assert "dynamic aspects differ per instance" in r.stdout
+
+
+def test_report_on_a_method_without_one_is_a_clear_error(tmp_path):
+    rows = [{"id": f"s{i}", "doc_id": f"d{i // 2}", "source": f"text {i}", "output": "summary " * (i + 1),
+             "scores": {"coherence": 1 + i % 5, "consistency": 2, "fluency": 3, "relevance": 1 + i % 3}}
+            for i in range(12)]
+    data = write_jsonl(tmp_path / "s.jsonl", rows)
+    path = train(task="summeval", data=str(data), method="direct", llm="fake",
+                 cache_dir=str(tmp_path / "cache")).save(tmp_path / "art")
     r = _cli("report", path)
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval artifacts; {path} was made by method "
-                                "'dna': its numbers are in metrics.json")
+    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval and DnA artifacts; {path} was made by "
+                                "method 'direct': its numbers are in metrics.json")
 
 
 def test_edited_learned_weights_are_refused(faireval40, tmp_path):

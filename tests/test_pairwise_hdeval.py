@@ -231,3 +231,21 @@ def test_bad_pairwise_input_is_one_error_line_before_any_llm_call(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("error: ") and str(data) in errors[0]
     assert "line 3: field 'label' is 'both', not one of a, b, tie" in errors[0]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "art").exists()
+
+
+def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40, layers=2, aggregator="lr")
+    path = ev.save(tmp_path / "art")
+    r = _cli("report", path, "-o", tmp_path / "rep")
+    assert r.exit_code == 0, r.output
+    assert "criteria tree (importance = drop in held-out agreement" in r.stdout
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    nodes = {n["key"]: n for n in data["tree"]}
+    assert set(nodes) == set(ev.tree.keys)
+    for c in ev.tree.layer(1):
+        kids = ev.tree.children(c.key)
+        assert kids and abs(nodes[c.key]["rolled_up"] - (ev.metrics["importance"][c.key] + sum(
+            ev.metrics["importance"][k.key] for k in kids))) < 1e-5
+        line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [c.key])
+        assert f"{ev.metrics['importance'][c.key]:.3f}" in line
+    assert data["layers"] == ev.metrics["layers"]
