@@ -423,11 +423,42 @@ def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
     assert "learned.json" not in json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())["files"]
 
 
-def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):
+@pytest.mark.parametrize("options, stages", [
+    ({}, ["weights", "aspect scores (4 per pair x 1 order(s))"]),
+    ({"swap": True}, ["weights", "aspect scores (4 per pair x 2 order(s))"]),
+    ({"aspect_source": "dynamic", "k": 3}, ["aspects", "weights", "aspect scores (3 per pair x 1 order(s))"]),
+    ({"dna_mode": "cot", "swap": True}, ["cot x 2 order(s)"]),
+    ({"dna_mode": "prompt-agg"}, ["weights", "aspect scores (4 per pair x 1 order(s))",
+                                  "prompt aggregation x 1 order(s)"]),
+])
+def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path, options, stages):
+    from hdeval.train import TrainConfig, plan
+
+    cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
+                      cache_dir=str(tmp_path / "cache"), method_options=options)
+    probe = FakeBackend()
+    _, before, _ = plan(cfg, backend=probe)
+    assert probe.calls == 0 and [p.stage for p in before] == stages
+    assert all(p.cached in (0, None) and p.prompt_tokens > 0 and p.completion_tokens > 0 for p in before)
+    ev = _train(tmp_path, faireval40, **options)
+    assert sum(p.score_calls for p in before) == ev.metrics["usage"]["calls"]
+    _, after, _ = plan(cfg, backend=FakeBackend())
+    # requests known before the run are now all cached; those that depend on replies stay unknown
+    assert all(p.cached is None or p.cached == p.score_calls for p in after)
+    assert any(p.cached == p.score_calls for p in after)
+
+
+def test_dry_run_cli_prints_the_dna_stages_and_writes_nothing(faireval40, tmp_path):
     r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
-             "--llm", "fake", "--cache-dir", tmp_path / "cache")
-    assert r.exit_code == 2 and "decompose" not in r.stdout
-    assert r.stderr.strip() == "error: --dry-run has no plan for method 'dna' yet"
+             "--llm", "fake", "--cache-dir", tmp_path / "cache", "--price-in", "1", "--price-out", "2")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["stage", "calls", "cached", "est.prompt-tok", "est.completion-tok"]
+    assert lines[2].split()[:3] == ["weights", "40", "0"]
+    assert lines[3].split()[:8] == ["aspect", "scores", "(4", "per", "pair", "x", "1", "order(s))"]
+    assert lines[3].split()[8:10] == ["160", "0"]
+    assert "total: <= 200 LLM calls (0 already cached)" in r.stdout and "estimated cost" in r.stdout
+    assert "decompose" not in r.stdout and not (tmp_path / "artifacts").exists()
 
 
 def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):

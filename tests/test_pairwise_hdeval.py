@@ -249,3 +249,22 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
         line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [c.key])
         assert f"{ev.metrics['importance'][c.key]:.3f}" in line
     assert data["layers"] == ev.metrics["layers"]
+
+
+def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval40, tmp_path):
+    from hdeval.train import TrainConfig, plan
+
+    cfg = TrainConfig(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
+                      cache_dir=str(tmp_path / "cache"))
+    probe = FakeBackend()
+    _, plans, _ = plan(cfg, backend=probe)
+    assert probe.calls == 0
+    assert [(p.layer, p.decompose_calls, p.score_calls, p.cached) for p in plans] == [
+        (1, 0, 40 * 2 * 4, 0), (2, 4, 40 * 2 * 16, None)]
+    ev = _train(tmp_path, faireval40, layers=2, aggregator="lr")
+    assert ev.metrics["usage"]["calls"] == sum(p.decompose_calls + p.score_calls for p in plans)
+    _, again, _ = plan(cfg, backend=FakeBackend())
+    assert again[0].cached == 40 * 2 * 4
+    with pytest.raises(ConfigError, match="--scorer pairwise does not apply to a pairwise task"):
+        plan(TrainConfig(task="faireval", data=str(faireval40), llm="fake", method_options={"scorer": "pairwise"},
+                         cache_dir=str(tmp_path / "cache")), backend=FakeBackend())

@@ -147,7 +147,12 @@ def _check_outputs(config, out: str | None, force: bool) -> None:
 def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
-    click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
+    staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
+    if staged:
+        width = max(len(p.stage) for p in plans)
+        click.echo(f"{'stage':<{width}}  {'calls':>9}  cached  est.prompt-tok  est.completion-tok")
+    else:
+        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
     tot_calls = tot_p = tot_c = 0
     for p in plans:
         calls = p.decompose_calls + p.score_calls
@@ -156,6 +161,9 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         tot_c += p.completion_tokens
         bound = "<=" if p.upper_bound else "  "
         cached = "?" if p.cached is None else str(p.cached)
+        if staged:
+            click.echo(f"{p.stage:<{width}}  {calls:>9}  {cached:>6}  {p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+            continue
         click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
                    f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
     known_cached = sum(p.cached or 0 for p in plans)

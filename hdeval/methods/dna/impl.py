@@ -358,6 +358,21 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
+def weights_request(template: Template, task: Task, p: PairSample, specs: Sequence[AspectSpec]) -> CompletionRequest:
+    """Stage 2: a percentage weight per aspect from the question alone."""
+    listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
+                      else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
+    return _req(template, {"task_description": task.description, "question": question_block(task, p),
+                           "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
+                400, json_mode=True)
+
+
+def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool) -> CompletionRequest:
+    """Stage 3: both responses scored 1-10 on one aspect, in the given order."""
+    return _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
+                           "aspect_name": spec.name, "aspect_definition": spec.definition}, 8)
+
+
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
               pairs: Sequence[PairSample], concurrency: int = 8,
               progress: Progress | None = None) -> PairScoreResult:
@@ -397,11 +412,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         def weigh(p: PairSample):
             specs = aspects[p.id]
             keys = [s.key for s in specs]
-            listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
-                              else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
-            req = _req(tpl_w, {"task_description": task.description, "question": question_block(task, p),
-                               "aspects": listing, "aspect_keys": json.dumps(keys, ensure_ascii=False)},
-                       400, json_mode=True)
+            req = weights_request(tpl_w, task, p, specs)
             try:
                 return ask_json(llm, req, validate_weights(keys), _feedback), None
             except UnusableReply as exc:
@@ -438,9 +449,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             for i, spec in enumerate(aspects[p.id]):
                 base = _col(spec, i, settings.dynamic)
                 cols.append(base)
-                add(p.id, base, lambda sw, p=p, spec=spec: _req(tpl_s, {
-                    "task_description": task.description, "pair": pair_block(task, p, sw),
-                    "aspect_name": spec.name, "aspect_definition": spec.definition}, 8))
+                add(p.id, base, lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw))
             base_cols[p.id] = cols
     else:
         role = settings.mode
@@ -874,6 +883,85 @@ def fit(ctx: FitContext) -> DnaEvaluator:
 
 
 
+
+
+# ----------------------------------------------------------------------------- dry run
+# Completion tokens a stage's reply is estimated to take (its max_tokens bounds the real figure).
+_PLAN_COMPLETION = {"aspects": 40, "weights": 8, "score": 2, "direct": 2, "cot": 300, "prompt_agg": 2}
+
+
+def plan_dna(config, prep, backend=None) -> list:
+    """DnA's calls per stage without calling the LLM (``hdeval train --method dna --dry-run``).
+
+    Stages whose requests are known before the run (predefined aspects' weights and scores, the
+    direct and chain-of-thought baselines, dynamic aspects) are counted exactly, identical
+    requests once, with how many are cached. With dynamic aspects the weights and scores depend on
+    the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
+    unusable JSON replies are not counted.
+    """
+    from hdeval.methods.base import get_method
+    from hdeval.train import LayerPlan, open_backend, prompt_chars
+
+    opts = {**{k: o.default for k, o in get_method("dna").options.items()}, **(config.method_options or {})}
+    settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
+                        tie_margin=opts["tie_margin"], swap=opts["swap"]).check()
+    task, pairs = prep.task, list(prep.samples)
+    templates = load_dna_templates(settings.prompt_roles)
+    orders = (False, True) if settings.swap else (False,)
+    llm = open_backend(config, backend, offline=True)
+    plans: list = []
+
+    def exact(n: int, stage: str, role: str, reqs: list) -> None:
+        distinct = {llm.key(r): r for r in reqs}
+        plans.append(LayerPlan(n, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
+                               sum(prompt_chars(r) for r in distinct.values()) // 4,
+                               len(distinct) * _PLAN_COMPLETION[role], stage=stage))
+
+    def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
+        plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),
+                               calls * _PLAN_COMPLETION[role], stage=stage))
+
+    try:
+        if not settings.uses_aspects:
+            role = settings.mode
+            exact(1, f"{role} x {len(orders)} order(s)", role, [
+                _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
+                     512 if role == "cot" else 8)  # as run_pairs asks
+                for p in pairs for sw in orders])
+            return plans
+        fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
+
+        def weights_req(p: PairSample, specs: list[AspectSpec]) -> CompletionRequest:
+            return weights_request(templates["weights"], task, p, specs)
+
+        def score_req(p: PairSample, spec: AspectSpec, sw: bool) -> CompletionRequest:
+            return score_request(templates["score"], task, p, spec, sw)
+
+        n_orders = len(orders)
+        if settings.dynamic:
+            exact(1, "aspects", "aspects", [
+                _req(templates["aspects"], {"task_description": task.description,
+                                            "question": question_block(task, p), "k": str(settings.k)},
+                     600, json_mode=True) for p in pairs])
+            # the proposed aspects are not known yet: size a weights / score prompt with generic ones
+            generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
+            w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
+            s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
+            estimated(2, "weights", "weights", len(pairs), w_chars)
+            estimated(3, f"aspect scores ({settings.k} per pair x {n_orders} order(s))", "score",
+                      len(pairs) * settings.k * n_orders, s_chars)
+        else:
+            exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
+            exact(2, f"aspect scores ({len(fixed)} per pair x {n_orders} order(s))", "score",
+                  [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders])
+        if settings.mode == "prompt-agg":
+            chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
+                settings.k if settings.dynamic else len(fixed))
+            estimated(len(plans) + 1, f"prompt aggregation x {n_orders} order(s)", "prompt_agg",
+                      len(pairs) * n_orders, chars)
+        return plans
+    finally:
+        llm.close()
 
 
 # ----------------------------------------------------------------------------- the fake LLM

@@ -85,6 +85,18 @@ def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteri
             ScoreMatrix(ids, keys, m.values[1::2], fails["b"]))
 
 
+def plan_pairwise(config, prep, backend=None) -> list:
+    """The dry run: HD-Eval's plan over every response as a sample (2 per pair), so layer 1 is
+    exact (identical responses once, cached ones shown) and later layers are upper bounds."""
+    import dataclasses
+
+    from hdeval.methods.hdeval.loop import plan_hdeval
+
+    if (config.method_options or {}).get("scorer", "digit") != "digit":
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
+    return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
+
+
 # ----------------------------------------------------------------------------- fit
 @dataclass
 class PairLayerReport:
