@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import slice_jsonl, write_jsonl
 from hdeval.artifact import load_artifact
-from hdeval.backends.base import Completion
+from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.cli import cli
 from hdeval.data import read_pairs
@@ -488,3 +488,68 @@ def test_dna_over_an_openai_compatible_server_with_faults_matches_the_fake(data_
     assert any(a.outcome != "ok" for a in log)  # faults were injected and survived
     m = json.loads((tmp_path / "art" / "metrics.json").read_text())
     assert m["test"] == ref.metrics["test"] and m["learned"] == ref.metrics["learned"]
+
+
+# --------------------------------------------------------------------------- logprob-weighted scores
+
+
+def _lp(*alts):
+    return tuple(TokenLogprob(t, math.log(p)) for t, p in alts)
+
+
+def test_aspect_scores_are_weighted_by_the_score_tokens_logprobs():
+    from hdeval.methods.dna.impl import _read_pair_weighted
+
+    c = Completion("7 4", (_lp(("7", 0.6), ("8", 0.3), ("6", 0.1)), _lp((" ", 0.99), (",", 0.01)),
+                           _lp(("4", 0.5), ("5", 0.5))))
+    (a, b), why = _read_pair_weighted(c)
+    assert why is None and math.isclose(a, 0.6 * 7 + 0.3 * 8 + 0.1 * 6) and math.isclose(b, 4.5)
+    # a leading-space token and the two-digit 10 as one token
+    c = Completion("10 3", (_lp(("10", 0.8), ("9", 0.2)), _lp((" 3", 0.9), (" 2", 0.1))))
+    (a, b), _ = _read_pair_weighted(c)
+    assert math.isclose(a, 9.8) and math.isclose(b, 2.9)
+
+
+@pytest.mark.parametrize("completion", [
+    Completion("7 4"),  # no logprobs
+    Completion("10 4", (_lp(("1", 0.9), ("9", 0.1)), _lp(("0", 1.0)), _lp((" ", 1.0)), _lp(("4", 1.0)))),  # 10 split
+    Completion("7 4", (_lp(("6", 0.9), ("7", 0.1)), _lp((" ", 1.0)), _lp(("4", 1.0)))),  # tokens disagree with text
+    Completion("7 4", (_lp(("7", 0.9)), _lp((" ", 1.0)), (TokenLogprob("4", float("nan")),))),  # unreadable
+])
+def test_logprobs_that_do_not_line_up_fall_back_to_the_reply_text(completion):
+    from hdeval.methods.dna.impl import _read_pair_weighted
+
+    assert _read_pair_weighted(completion) == ((7.0 if completion.text.startswith("7") else 10.0, 4.0), None)
+
+
+def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, tmp_path):
+    good = RESPONDERS["dna_score"]
+
+    def score(request, fake):
+        c = good(request, fake)
+        if not request.top_logprobs:
+            return c
+        sa, sb = (int(x) for x in c.text.split())
+        first = _lp((str(sa), 0.5), (str(max(1, sa - 1)), 0.5)) if sa > 1 else _lp(("1", 1.0))
+        return Completion(c.text, (first, _lp((" ", 1.0)), _lp((str(sb), 1.0))), c.prompt_tokens, 3)
+
+    fake = FakeBackend(responders=_responders(dna_score=score))
+    on = _train(tmp_path, faireval40, backend=fake)
+    asked = [r for r in fake.requests if r.kind == "dna_score"]
+    assert asked and all(r.top_logprobs == 10 for r in asked)
+    t = on.score_table
+    half = t["helpfulness:a"] % 1
+    assert set(half.round(6)) <= {0.0, 0.5} and (half == 0.5).any()  # a weighted score between two digits
+    assert (t["helpfulness:b"] % 1 == 0).all()
+    fake_off = FakeBackend(responders=_responders(dna_score=score))
+    off = _train(tmp_path, faireval40, backend=fake_off, logprob_scores=False)
+    assert not any(r.top_logprobs for r in fake_off.requests if r.kind == "dna_score")
+    assert (off.score_table["helpfulness:a"] % 1 == 0).all()
+    assert off.method_args()["logprobs"] is False and on.method_args()["logprobs"] is True
+    # an artifact written before the option (no "logprobs" in method_args) scores from the text
+    path = on.save(tmp_path / "art")
+    mf = path / "manifest.json"
+    m = json.loads(mf.read_text())
+    del m["method_args"]["logprobs"]
+    mf.write_text(json.dumps(m))
+    assert load_artifact(path).settings.logprobs is False
