@@ -249,6 +249,11 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
         line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [c.key])
         assert f"{ev.metrics['importance'][c.key]:.3f}" in line
     assert data["layers"] == ev.metrics["layers"]
+    r = _cli("explain", path, "--sample", "faireval-q1", "--data", faireval40, "--cache-dir", tmp_path / "c2")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.strip() == (f"error: hdeval explain reads pointwise HD-Eval artifacts; {path} judges pairs: "
+                                "hdeval apply shows each pair's criterion scores, hdeval report their importance")
+    assert not (tmp_path / "c2").exists()
 
 
 def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval40, tmp_path):

@@ -108,6 +108,9 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
         if top < 1:
             raise DataError(f"--top must be at least 1, got {top}")
         ev = load_artifact(artifact)
+        if ev.task.shape == "pairwise":
+            raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
+                              "hdeval apply shows each pair's criterion scores, hdeval report their importance")
         samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
         if not samples:
             raise DataError(f"no sample with id {sample_id!r} in {data}")
