@@ -174,6 +174,7 @@ class LayerPlan:
     upper_bound: bool
     prompt_tokens: int
     completion_tokens: int
+    stage: str = ""  # a method whose steps are not criteria layers names them (dna)
 
 
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
@@ -182,10 +183,18 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     Layer 1 and the layer-2 decompositions are known exactly; later layers depend on LLM
     replies, so their counts are upper bounds (every decomposition yields ``children``).
     """
-    if config.method not in ("hdeval", "direct", "paireval", "direct-yesno"):
+    if config.method not in ("hdeval", "direct", "paireval", "direct-yesno", "dna"):
         # the plans below count these methods' requests; for another one they would mislead
         raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")
     prep = prepare(config)
+    if config.method == "dna":
+        from hdeval.methods.dna.impl import plan_dna
+
+        return prep, plan_dna(config, prep, backend), _offline_identity(config, backend)
+    if config.method == "hdeval" and prep.task.shape == "pairwise":
+        from hdeval.methods.hdeval.pairwise import plan_pairwise
+
+        return prep, plan_pairwise(config, prep, backend), _offline_identity(config, backend)
     if (config.method_options or {}).get("scorer") == "pairwise":
         raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
                           "--comparisons x 2 calls per layer")

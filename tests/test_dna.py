@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import slice_jsonl, write_jsonl
 from hdeval.artifact import load_artifact
-from hdeval.backends.base import Completion
+from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.cli import cli
 from hdeval.data import read_pairs
@@ -227,12 +227,46 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     assert r1["prediction"] == decide(r1["totals"]["a"], r1["totals"]["b"])
 
 
-def test_report_on_a_dna_artifact_is_a_clear_error_not_a_traceback(faireval40, tmp_path):
-    path = _train(tmp_path, faireval40).save(tmp_path / "art")
+def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40)
+    path = ev.save(tmp_path / "art")
+    r = _cli("report", path)
+    assert r.exit_code == 0, r.output
+    assert "LLM weights per aspect (mean over instances):" in r.stdout
+    assert "learned aggregation (logistic regression on per-aspect differences A - B):" in r.stdout
+    data = json.loads((path / "report" / "report.json").read_text())
+    assert data["llm_weights"] == ev.metrics["mean_weights"]
+    for k, w in ev.metrics["mean_weights"].items():
+        assert any(line.split()[:2] == [k, f"{w:.3f}"] for line in r.stdout.splitlines())
+    share = data["learned"]["weight_share"]
+    assert set(share) == set(ev.task.aspect_keys) and math.isclose(sum(share.values()), 1.0, abs_tol=1e-5)
+    coef = np.abs(ev.learned.coef).sum(axis=0)
+    assert math.isclose(share["accuracy"], coef[ev.learned.aspects.index("accuracy")] / coef.sum(), abs_tol=1e-5)
+    assert data["learned"]["coefficients"] == ev.metrics["learned"]["coefficients"]
+    assert "<pre>" in (path / "report" / "report.html").read_text()
+
+
+def test_report_on_a_dynamic_dna_artifact_shows_mean_weights_per_proposed_aspect(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40, aspect_source="dynamic", k=3)
+    r = _cli("report", ev.save(tmp_path / "art"))
+    assert r.exit_code == 0, r.output
+    assert "LLM weights (mean over the instances that proposed the aspect):" in r.stdout
+    name, w = next(iter(ev.metrics["mean_weights"].items()))
+    assert f"{w['mean']:.3f}  ({w['instances']} instances)" in r.stdout and name in r.stdout
+    assert "dynamic aspects differ per instance" in r.stdout
+
+
+def test_report_on_a_method_without_one_is_a_clear_error(tmp_path):
+    rows = [{"id": f"s{i}", "doc_id": f"d{i // 2}", "source": f"text {i}", "output": "summary " * (i + 1),
+             "scores": {"coherence": 1 + i % 5, "consistency": 2, "fluency": 3, "relevance": 1 + i % 3}}
+            for i in range(12)]
+    data = write_jsonl(tmp_path / "s.jsonl", rows)
+    path = train(task="summeval", data=str(data), method="direct", llm="fake",
+                 cache_dir=str(tmp_path / "cache")).save(tmp_path / "art")
     r = _cli("report", path)
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval artifacts; {path} was made by method "
-                                "'dna': its numbers are in metrics.json")
+    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval and DnA artifacts; {path} was made by "
+                                "method 'direct': its numbers are in metrics.json")
 
 
 def test_edited_learned_weights_are_refused(faireval40, tmp_path):
@@ -389,11 +423,42 @@ def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
     assert "learned.json" not in json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())["files"]
 
 
-def test_dry_run_does_not_show_hd_eval_costs_for_dna(faireval40, tmp_path):
+@pytest.mark.parametrize("options, stages", [
+    ({}, ["weights", "aspect scores (4 per pair x 1 order(s))"]),
+    ({"swap": True}, ["weights", "aspect scores (4 per pair x 2 order(s))"]),
+    ({"aspect_source": "dynamic", "k": 3}, ["aspects", "weights", "aspect scores (3 per pair x 1 order(s))"]),
+    ({"dna_mode": "cot", "swap": True}, ["cot x 2 order(s)"]),
+    ({"dna_mode": "prompt-agg"}, ["weights", "aspect scores (4 per pair x 1 order(s))",
+                                  "prompt aggregation x 1 order(s)"]),
+])
+def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path, options, stages):
+    from hdeval.train import TrainConfig, plan
+
+    cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
+                      cache_dir=str(tmp_path / "cache"), method_options=options)
+    probe = FakeBackend()
+    _, before, _ = plan(cfg, backend=probe)
+    assert probe.calls == 0 and [p.stage for p in before] == stages
+    assert all(p.cached in (0, None) and p.prompt_tokens > 0 and p.completion_tokens > 0 for p in before)
+    ev = _train(tmp_path, faireval40, **options)
+    assert sum(p.score_calls for p in before) == ev.metrics["usage"]["calls"]
+    _, after, _ = plan(cfg, backend=FakeBackend())
+    # requests known before the run are now all cached; those that depend on replies stay unknown
+    assert all(p.cached is None or p.cached == p.score_calls for p in after)
+    assert any(p.cached == p.score_calls for p in after)
+
+
+def test_dry_run_cli_prints_the_dna_stages_and_writes_nothing(faireval40, tmp_path):
     r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
-             "--llm", "fake", "--cache-dir", tmp_path / "cache")
-    assert r.exit_code == 2 and "decompose" not in r.stdout
-    assert r.stderr.strip() == "error: --dry-run has no plan for method 'dna' yet"
+             "--llm", "fake", "--cache-dir", tmp_path / "cache", "--price-in", "1", "--price-out", "2")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1].split() == ["stage", "calls", "cached", "est.prompt-tok", "est.completion-tok"]
+    assert lines[2].split()[:3] == ["weights", "40", "0"]
+    assert lines[3].split()[:8] == ["aspect", "scores", "(4", "per", "pair", "x", "1", "order(s))"]
+    assert lines[3].split()[8:10] == ["160", "0"]
+    assert "total: <= 200 LLM calls (0 already cached)" in r.stdout and "estimated cost" in r.stdout
+    assert "decompose" not in r.stdout and not (tmp_path / "artifacts").exists()
 
 
 def test_tie_margin_turns_close_totals_into_ties(faireval40, tmp_path):
@@ -423,3 +488,68 @@ def test_dna_over_an_openai_compatible_server_with_faults_matches_the_fake(data_
     assert any(a.outcome != "ok" for a in log)  # faults were injected and survived
     m = json.loads((tmp_path / "art" / "metrics.json").read_text())
     assert m["test"] == ref.metrics["test"] and m["learned"] == ref.metrics["learned"]
+
+
+# --------------------------------------------------------------------------- logprob-weighted scores
+
+
+def _lp(*alts):
+    return tuple(TokenLogprob(t, math.log(p)) for t, p in alts)
+
+
+def test_aspect_scores_are_weighted_by_the_score_tokens_logprobs():
+    from hdeval.methods.dna.impl import _read_pair_weighted
+
+    c = Completion("7 4", (_lp(("7", 0.6), ("8", 0.3), ("6", 0.1)), _lp((" ", 0.99), (",", 0.01)),
+                           _lp(("4", 0.5), ("5", 0.5))))
+    (a, b), why = _read_pair_weighted(c)
+    assert why is None and math.isclose(a, 0.6 * 7 + 0.3 * 8 + 0.1 * 6) and math.isclose(b, 4.5)
+    # a leading-space token and the two-digit 10 as one token
+    c = Completion("10 3", (_lp(("10", 0.8), ("9", 0.2)), _lp((" 3", 0.9), (" 2", 0.1))))
+    (a, b), _ = _read_pair_weighted(c)
+    assert math.isclose(a, 9.8) and math.isclose(b, 2.9)
+
+
+@pytest.mark.parametrize("completion", [
+    Completion("7 4"),  # no logprobs
+    Completion("10 4", (_lp(("1", 0.9), ("9", 0.1)), _lp(("0", 1.0)), _lp((" ", 1.0)), _lp(("4", 1.0)))),  # 10 split
+    Completion("7 4", (_lp(("6", 0.9), ("7", 0.1)), _lp((" ", 1.0)), _lp(("4", 1.0)))),  # tokens disagree with text
+    Completion("7 4", (_lp(("7", 0.9)), _lp((" ", 1.0)), (TokenLogprob("4", float("nan")),))),  # unreadable
+])
+def test_logprobs_that_do_not_line_up_fall_back_to_the_reply_text(completion):
+    from hdeval.methods.dna.impl import _read_pair_weighted
+
+    assert _read_pair_weighted(completion) == ((7.0 if completion.text.startswith("7") else 10.0, 4.0), None)
+
+
+def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, tmp_path):
+    good = RESPONDERS["dna_score"]
+
+    def score(request, fake):
+        c = good(request, fake)
+        if not request.top_logprobs:
+            return c
+        sa, sb = (int(x) for x in c.text.split())
+        first = _lp((str(sa), 0.5), (str(max(1, sa - 1)), 0.5)) if sa > 1 else _lp(("1", 1.0))
+        return Completion(c.text, (first, _lp((" ", 1.0)), _lp((str(sb), 1.0))), c.prompt_tokens, 3)
+
+    fake = FakeBackend(responders=_responders(dna_score=score))
+    on = _train(tmp_path, faireval40, backend=fake)
+    asked = [r for r in fake.requests if r.kind == "dna_score"]
+    assert asked and all(r.top_logprobs == 10 for r in asked)
+    t = on.score_table
+    half = t["helpfulness:a"] % 1
+    assert set(half.round(6)) <= {0.0, 0.5} and (half == 0.5).any()  # a weighted score between two digits
+    assert (t["helpfulness:b"] % 1 == 0).all()
+    fake_off = FakeBackend(responders=_responders(dna_score=score))
+    off = _train(tmp_path, faireval40, backend=fake_off, logprob_scores=False)
+    assert not any(r.top_logprobs for r in fake_off.requests if r.kind == "dna_score")
+    assert (off.score_table["helpfulness:a"] % 1 == 0).all()
+    assert off.method_args()["logprobs"] is False and on.method_args()["logprobs"] is True
+    # an artifact written before the option (no "logprobs" in method_args) scores from the text
+    path = on.save(tmp_path / "art")
+    mf = path / "manifest.json"
+    m = json.loads(mf.read_text())
+    del m["method_args"]["logprobs"]
+    mf.write_text(json.dumps(m))
+    assert load_artifact(path).settings.logprobs is False

@@ -307,13 +307,14 @@ def _run(*args, env=None):
 
 
 def test_train_on_pairwise_task_is_a_clear_error_before_any_llm_call(tmp_path):
+    # a method that takes only pointwise data (hdeval and dna take pairs: test_pairwise_hdeval.py)
     cache = tmp_path / "cache"
     for extra in ([], ["--dry-run"]):
-        r = _run("train", "--task", "faireval", "--data", str(tmp_path / "absent.jsonl"), "--llm", "fake",
-                 "--cache-dir", str(cache), "-o", str(tmp_path / "art"), *extra)
+        r = _run("train", "--task", "faireval", "--method", "paireval", "--data", str(tmp_path / "absent.jsonl"),
+                 "--llm", "fake", "--cache-dir", str(cache), "-o", str(tmp_path / "art"), *extra)
         assert r.exit_code == 2
         errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-        assert errors == ["error: method 'hdeval' does not support pairwise tasks yet (task 'faireval'); "
+        assert errors == ["error: method 'paireval' does not support pairwise tasks yet (task 'faireval'); "
                           "it takes pointwise data"]
     assert not cache.exists() and not (tmp_path / "art").exists()
 

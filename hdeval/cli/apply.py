@@ -43,6 +43,9 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
         ev = load_artifact(artifact)
         if explain and ev.method != "hdeval":
             raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
+        if explain and ev.task.shape == "pairwise":
+            raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
+                              "criteria and their importance: hdeval report)")
         samples = read_task_samples(input_file, ev.task, require_labels=False)
         other = sorted(_input_tasks(input_file) - {ev.task.name})
         if other:
@@ -50,8 +53,9 @@ def apply(artifact: str, input_file: str, output: str, quiet: bool, explain: boo
                        f"trained on task {ev.task.name}; its scores will mean little there", err=True)
         needed = ev.columns_needed()
         if ev.method == "hdeval":
+            per = ev.calls_per_sample() if hasattr(ev, "calls_per_sample") else len(needed)  # pairs: 2 per criterion
             click.echo(f"{len(samples)} samples, {len(needed)} of {len(ev.feature_keys)} criteria used by the "
-                       f"aggregator: {len(needed)} LLM calls per sample", err=True)
+                       f"aggregator: {per} LLM calls per sample", err=True)
         else:
             click.echo(f"{len(samples)} samples; method {ev.method}: {len(needed)} LLM-filled column(s) "
                        "per sample", err=True)

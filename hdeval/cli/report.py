@@ -44,10 +44,19 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
 
     def go() -> None:
         ev = load_artifact(artifact)
-        if ev.method != "hdeval":
-            raise ConfigError(f"hdeval report reads HD-Eval artifacts; {artifact} was made by method "
+        pairs = ev.method == "dna" or (ev.method == "hdeval" and ev.task.shape == "pairwise")
+        if ev.method != "hdeval" and not pairs:
+            raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
                               f"{ev.method!r}: its numbers are in metrics.json")
         _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
+        if pairs:  # weights / tree with importance, from the artifact alone
+            from hdeval.methods.pair_report import write_pair_report
+
+            page, lines = write_pair_report(ev, out)
+            for line in lines:
+                click.echo(line)
+            click.echo(f"report written to {page} (numbers in report.json)")
+            return
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
             curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
@@ -99,6 +108,9 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
         if top < 1:
             raise DataError(f"--top must be at least 1, got {top}")
         ev = load_artifact(artifact)
+        if ev.task.shape == "pairwise":
+            raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
+                              "hdeval apply shows each pair's criterion scores, hdeval report their importance")
         samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
         if not samples:
             raise DataError(f"no sample with id {sample_id!r} in {data}")

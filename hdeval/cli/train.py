@@ -73,7 +73,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         ev = run_train(config, progress=progress)
-        kind = ev.aggregator.kind if ev.method == "hdeval" else ev.method
+        kind = getattr(ev, "aggregator_kind", None) or (ev.aggregator.kind if ev.method == "hdeval" else ev.method)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
         try:
             ev.save(path, force=force)
@@ -91,7 +91,7 @@ def _print_train_summary(ev, path: Path) -> None:
     click.echo(
         f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
         f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-    if ev.method != "hdeval":
+    if ev.method != "hdeval" or hasattr(ev, "summary_line"):  # pairwise HD-Eval: agreement, not correlation
         if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
             click.echo(ev.summary_line())
         else:
@@ -149,7 +149,12 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
                 batch: bool = False) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
-    click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
+    staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
+    if staged:
+        width = max(len(p.stage) for p in plans)
+        click.echo(f"{'stage':<{width}}  {'calls':>9}  cached  est.prompt-tok  est.completion-tok")
+    else:
+        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
     tot_calls = tot_p = tot_c = 0
     for p in plans:
         calls = p.decompose_calls + p.score_calls
@@ -158,6 +163,9 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         tot_c += p.completion_tokens
         bound = "<=" if p.upper_bound else "  "
         cached = "?" if p.cached is None else str(p.cached)
+        if staged:
+            click.echo(f"{p.stage:<{width}}  {calls:>9}  {cached:>6}  {p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+            continue
         click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
                    f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
     known_cached = sum(p.cached or 0 for p in plans)

@@ -38,5 +38,7 @@ METHOD = register(Method(
         "k": Option(4, "aspects the LLM proposes per instance with --aspect-source dynamic"),
         "tie_margin": Option(0.0, "totals this close are a tie"),
         "swap": Option(False, "ask every pairwise prompt in both orders and average"),
+        "logprob_scores": Option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
+                                       "server returns them (else the reply text)"),
     },
 ))

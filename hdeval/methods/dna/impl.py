@@ -12,8 +12,10 @@ The paper's stages (Sec. 3), each its own prompt in ``prompts/``:
 4. **Aggregation**: an external weighted sum per response; the higher total wins, totals within
    ``--tie-margin`` are a tie.
 
-Deviations from the paper: scores are read from the reply text, not logprob-weighted (a
-two-number reply has no single score token); a pair whose aspects, weights or any aspect score
+Deviations from the paper: each aspect score is the probability-weighted mean over the score
+tokens offered at its number's position where the server returns top logprobs and they line up
+with the reply (``--logprob-scores``, on by default; the paper reads the reply text, which is the
+fallback); a pair whose aspects, weights or any aspect score
 stays unusable is a recorded failure (no prediction) rather than guessed. ``--swap`` asks every
 pairwise prompt in both orders, averages the scores and reports position consistency.
 
@@ -27,6 +29,7 @@ and reported next to the LLM's own weights.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -50,6 +53,7 @@ from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
 SCALE10 = (1.0, 10.0)
+TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
 from hdeval.methods.dna import MODES, SOURCES  # noqa: E402  (the package holds the option choices)
 METRICS = "metrics.json"
 SCORES = "scores.csv"
@@ -69,6 +73,9 @@ class Settings:
     k: int = 4
     tie_margin: float = 0.0
     swap: bool = False
+    # aspect scores weighted by their tokens' top logprobs (False: the reply text, as artifacts
+    # written before this option record nothing and were scored that way)
+    logprobs: bool = False
 
     def check(self, where: str = "option") -> "Settings":
         problems = [
@@ -81,6 +88,7 @@ class Settings:
              and math.isfinite(self.tie_margin) and self.tie_margin >= 0,
              f"--tie-margin must be 0 or more, got {self.tie_margin!r}"),
             (isinstance(self.swap, bool), f"--swap must be true or false, got {self.swap!r}"),
+            (isinstance(self.logprobs, bool), f"--logprob-scores must be true or false, got {self.logprobs!r}"),
         ]
         for ok, msg in problems:
             if not ok:
@@ -106,14 +114,15 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "aspect_source": self.aspect_source, "k": self.k,
-                "tie_margin": self.tie_margin, "swap": self.swap}
+                "tie_margin": self.tie_margin, "swap": self.swap, "logprobs": self.logprobs}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Settings":
         if not isinstance(d, dict):
             raise ArtifactError(f"{where}: method_args is not an object")
         try:
-            s = cls(**{k: d[k] for k in ("mode", "aspect_source", "k", "tie_margin", "swap")})
+            s = cls(**{k: d[k] for k in ("mode", "aspect_source", "k", "tie_margin", "swap")},
+                    logprobs=d.get("logprobs", False))
         except KeyError as exc:
             raise ArtifactError(f"{where}: method_args lacks {exc}") from None
         try:
@@ -125,7 +134,7 @@ class Settings:
 def settings_of(ctx: FitContext) -> Settings:
     return Settings(mode=ctx.option("dna_mode"), aspect_source=ctx.option("aspect_source"),
                     k=ctx.option("k"), tie_margin=ctx.option("tie_margin"),
-                    swap=ctx.option("swap")).check()
+                    swap=ctx.option("swap"), logprobs=ctx.option("logprob_scores")).check()
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -358,6 +367,24 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
+def weights_request(template: Template, task: Task, p: PairSample, specs: Sequence[AspectSpec]) -> CompletionRequest:
+    """Stage 2: a percentage weight per aspect from the question alone."""
+    listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
+                      else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
+    return _req(template, {"task_description": task.description, "question": question_block(task, p),
+                           "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
+                400, json_mode=True)
+
+
+def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool,
+                  logprobs: bool = False) -> CompletionRequest:
+    """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
+    the top alternatives of every reply token asked for too)."""
+    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
+                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8)
+    return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
+
+
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
               pairs: Sequence[PairSample], concurrency: int = 8,
               progress: Progress | None = None) -> PairScoreResult:
@@ -397,11 +424,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         def weigh(p: PairSample):
             specs = aspects[p.id]
             keys = [s.key for s in specs]
-            listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
-                              else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
-            req = _req(tpl_w, {"task_description": task.description, "question": question_block(task, p),
-                               "aspects": listing, "aspect_keys": json.dumps(keys, ensure_ascii=False)},
-                       400, json_mode=True)
+            req = weights_request(tpl_w, task, p, specs)
             try:
                 return ask_json(llm, req, validate_weights(keys), _feedback), None
             except UnusableReply as exc:
@@ -438,9 +461,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             for i, spec in enumerate(aspects[p.id]):
                 base = _col(spec, i, settings.dynamic)
                 cols.append(base)
-                add(p.id, base, lambda sw, p=p, spec=spec: _req(tpl_s, {
-                    "task_description": task.description, "pair": pair_block(task, p, sw),
-                    "aspect_name": spec.name, "aspect_definition": spec.definition}, 8))
+                add(p.id, base, lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw,
+                                                                          settings.logprobs))
             base_cols[p.id] = cols
     else:
         role = settings.mode
@@ -450,7 +472,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 "task_description": task.description, "pair": pair_block(task, p, sw)},
                 512 if role == "cot" else 8))
             base_cols[p.id] = ["overall"]
-    reader = _read_cot if settings.mode == "cot" else _read_pair
+    reader = (_read_cot if settings.mode == "cot"
+              else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
     n_req = len(cells_first)
     if progress is not None:
         progress.stage(f"pairwise scoring: {len(scorable)} pairs, {n_req} prompts", 2 * n_req)
@@ -528,6 +551,62 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
 def _read_pair(c: Completion):
     return score_pair(c, SCALE10)
+
+
+_WHOLE = re.compile(r"[0-9]{1,2}")
+_MIN_SCORE_MASS = 0.05  # below this the score tokens are not what the model meant to say
+
+
+def _read_pair_weighted(c: Completion):
+    """Two 1-10 scores, each the probability-weighted mean over the score tokens offered at the
+    position of its number (as G-Eval weights a single score), where the reply's top logprobs
+    line up with its text; otherwise, or for a number spread over several tokens, the reply text
+    as :func:`_read_pair` reads it. The paper reads the reply text only.
+
+    The generated token at a position is its most likely alternative (temperature 0). A number
+    counts only when that token is the whole number (no digit before or after it), and the two
+    numbers found so must be the two the text gives. Alternatives are whole numbers 1-10; with a
+    tokenizer that splits "10" into "1" "0", a "1" alternative is read as 1.
+    """
+    got, why = score_pair(c, SCALE10)
+    if got is None or not c.top_logprobs:
+        return got, why
+    chosen: list[str] = []
+    for position in c.top_logprobs[:64]:
+        alts = [a for a in position if isinstance(a.token, str) and isinstance(a.logprob, (int, float))
+                and math.isfinite(a.logprob)]
+        if not alts:
+            return got, None
+        chosen.append(max(alts, key=lambda a: a.logprob).token)
+    numbers = []
+    for i, tok in enumerate(chosen):
+        t = tok.strip()
+        before = chosen[i - 1] if i else ""
+        after = chosen[i + 1] if i + 1 < len(chosen) else ""
+        if (_WHOLE.fullmatch(t) and not (before[-1:].isdigit() and tok[:1].isdigit())
+                and not (tok[-1:].isdigit() and after[:1].isdigit())):
+            numbers.append(i)
+    if len(numbers) < 2:
+        return got, None
+    values = []
+    for i, expected in zip(numbers[:2], got):
+        if float(chosen[i].strip()) != expected:
+            return got, None  # the tokens do not line up with the text
+        mass = total = 0.0
+        for alt in c.top_logprobs[i]:
+            t = alt.token.strip() if isinstance(alt.token, str) else ""
+            lp = alt.logprob
+            if not _WHOLE.fullmatch(t) or not 1 <= int(t) <= 10:
+                continue
+            if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
+                return got, None
+            p = math.exp(max(lp, -1e4))
+            mass += p
+            total += p * int(t)
+        if mass < _MIN_SCORE_MASS:
+            return got, None
+        values.append(total / mass)
+    return (values[0], values[1]), None
 
 
 _SCORES_LINE = re.compile(r"scores?\s*:", re.I)
@@ -874,6 +953,86 @@ def fit(ctx: FitContext) -> DnaEvaluator:
 
 
 
+
+
+# ----------------------------------------------------------------------------- dry run
+# Completion tokens a stage's reply is estimated to take (its max_tokens bounds the real figure).
+_PLAN_COMPLETION = {"aspects": 40, "weights": 8, "score": 2, "direct": 2, "cot": 300, "prompt_agg": 2}
+
+
+def plan_dna(config, prep, backend=None) -> list:
+    """DnA's calls per stage without calling the LLM (``hdeval train --method dna --dry-run``).
+
+    Stages whose requests are known before the run (predefined aspects' weights and scores, the
+    direct and chain-of-thought baselines, dynamic aspects) are counted exactly, identical
+    requests once, with how many are cached. With dynamic aspects the weights and scores depend on
+    the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
+    unusable JSON replies are not counted.
+    """
+    from hdeval.methods.base import get_method
+    from hdeval.train import LayerPlan, open_backend, prompt_chars
+
+    opts = {**{k: o.default for k, o in get_method("dna").options.items()}, **(config.method_options or {})}
+    settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
+                        tie_margin=opts["tie_margin"], swap=opts["swap"],
+                        logprobs=opts["logprob_scores"]).check()
+    task, pairs = prep.task, list(prep.samples)
+    templates = load_dna_templates(settings.prompt_roles)
+    orders = (False, True) if settings.swap else (False,)
+    llm = open_backend(config, backend, offline=True)
+    plans: list = []
+
+    def exact(n: int, stage: str, role: str, reqs: list) -> None:
+        distinct = {llm.key(r): r for r in reqs}
+        plans.append(LayerPlan(n, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
+                               sum(prompt_chars(r) for r in distinct.values()) // 4,
+                               len(distinct) * _PLAN_COMPLETION[role], stage=stage))
+
+    def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
+        plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),
+                               calls * _PLAN_COMPLETION[role], stage=stage))
+
+    try:
+        if not settings.uses_aspects:
+            role = settings.mode
+            exact(1, f"{role} x {len(orders)} order(s)", role, [
+                _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
+                     512 if role == "cot" else 8)  # as run_pairs asks
+                for p in pairs for sw in orders])
+            return plans
+        fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
+
+        def weights_req(p: PairSample, specs: list[AspectSpec]) -> CompletionRequest:
+            return weights_request(templates["weights"], task, p, specs)
+
+        def score_req(p: PairSample, spec: AspectSpec, sw: bool) -> CompletionRequest:
+            return score_request(templates["score"], task, p, spec, sw, settings.logprobs)
+
+        n_orders = len(orders)
+        if settings.dynamic:
+            exact(1, "aspects", "aspects", [
+                _req(templates["aspects"], {"task_description": task.description,
+                                            "question": question_block(task, p), "k": str(settings.k)},
+                     600, json_mode=True) for p in pairs])
+            # the proposed aspects are not known yet: size a weights / score prompt with generic ones
+            generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
+            w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
+            s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
+            estimated(2, "weights", "weights", len(pairs), w_chars)
+            estimated(3, f"aspect scores ({settings.k} per pair x {n_orders} order(s))", "score",
+                      len(pairs) * settings.k * n_orders, s_chars)
+        else:
+            exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
+            exact(2, f"aspect scores ({len(fixed)} per pair x {n_orders} order(s))", "score",
+                  [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders])
+        if settings.mode == "prompt-agg":
+            chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
+                settings.k if settings.dynamic else len(fixed))
+            estimated(len(plans) + 1, f"prompt aggregation x {n_orders} order(s)", "prompt_agg",
+                      len(pairs) * n_orders, chars)
+        return plans
+    finally:
+        llm.close()
 
 
 # ----------------------------------------------------------------------------- the fake LLM

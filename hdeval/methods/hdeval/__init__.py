@@ -6,12 +6,21 @@ from hdeval.methods.base import Method, Option, register
 
 
 def _fit(ctx):
+    if ctx.prep.task.shape == "pairwise":  # both responses scored per criterion, a classifier
+        from hdeval.methods.hdeval.pairwise import run_pairwise
+
+        return run_pairwise(ctx)
     from hdeval.methods.hdeval.loop import run_hdeval
 
     return run_hdeval(ctx)
 
 
 def _load(reader):
+    task = reader.manifest.get("task")
+    if isinstance(task, dict) and task.get("shape") == "pairwise":
+        from hdeval.methods.hdeval.pairwise import PairEvaluator
+
+        return PairEvaluator.from_artifact(reader)
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     return Evaluator.from_artifact(reader)
@@ -20,7 +29,7 @@ def _load(reader):
 METHOD = register(Method(
     name="hdeval",
     summary="criteria tree decomposed by the LLM, scored per criterion, learned aggregator (HD-Eval)",
-    shapes=("pointwise",),
+    shapes=("pointwise", "pairwise"),
     fit=_fit,
     load=_load,
     editable=("tree.json",),

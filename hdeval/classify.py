@@ -1,0 +1,144 @@
+"""Classifiers over per-criterion score differences (A minus B) for pairwise preference labels.
+
+HD-Eval on pairwise data (``hdeval train --method hdeval`` on a pairwise task) maps the
+differences between the two responses' criterion scores to the human label a / b / tie. The
+kinds are those of :mod:`hdeval.aggregate` as classifiers (kept apart from its regressors):
+``lr`` logistic regression, ``dt`` a decision tree, ``rf`` a random forest, ``nn`` a small ReLU
+MLP with the aggregators' strong L2 penalty. Every model is a pipeline: median imputation (a
+failed LLM score is NaN) -> standardiser -> classifier. Pure scikit-learn: no LLM, no disk.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.impute import SimpleImputer
+from sklearn.inspection import permutation_importance
+from sklearn.linear_model import LogisticRegression
+from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.tree import DecisionTreeClassifier
+
+from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds
+from hdeval.errors import ConfigError
+
+CLASSIFIERS = {
+    "lr": "LogisticRegression",
+    "dt": "DecisionTreeClassifier",
+    "rf": "RandomForestClassifier",
+    "nn": "MLPClassifier",
+}
+N_REPEATS = 5
+
+
+def make_classifier(kind: str, random_state: int = 0) -> Pipeline:
+    if kind == "lr":
+        model = LogisticRegression(max_iter=2000, random_state=random_state)
+    elif kind == "dt":
+        # a fully grown tree memorises a few dozen pairs; a shallow one stays readable
+        model = DecisionTreeClassifier(max_depth=4, min_samples_leaf=3, random_state=random_state)
+    elif kind == "rf":
+        model = RandomForestClassifier(min_samples_leaf=2, random_state=random_state, n_jobs=1)
+    elif kind == "nn":
+        model = MLPClassifier(hidden_layer_sizes=NN_HIDDEN, alpha=NN_ALPHA, activation="relu",
+                              max_iter=NN_MAX_ITER, random_state=random_state)
+    else:
+        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
+    return Pipeline([
+        ("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
+        ("scale", StandardScaler()),
+        ("model", model),
+    ])
+
+
+def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]]:
+    """(labels, labels forced to a or b): the second compares P(a) with P(b) when the model
+    knows ties (the "without ties" figure never credits a tie)."""
+    X = np.asarray(X, float)
+    if len(X) == 0:
+        return [], []
+    labels = [str(x) for x in model.predict(X)]
+    classes = [str(c) for c in model.classes_]
+    if "tie" not in classes:
+        return labels, list(labels)
+    p = model.predict_proba(X)
+    ia, ib = classes.index("a"), classes.index("b")
+    return labels, ["a" if row[ia] >= row[ib] else "b" for row in p]
+
+
+def used_features(model: Pipeline, n_features: int) -> np.ndarray:
+    """Boolean mask of the differences the classifier actually uses (a tree may ignore some)."""
+    est = model.named_steps["model"]
+    if hasattr(est, "feature_importances_"):
+        return np.asarray(est.feature_importances_) > 0
+    if hasattr(est, "coef_"):
+        return np.any(np.atleast_2d(est.coef_) != 0, axis=0)
+    return np.ones(n_features, bool)
+
+
+def _fits(y: Sequence[str]) -> bool:
+    return len(set(y)) >= 2
+
+
+def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
+                   random_state: int) -> tuple[list[str | None], list[str | None]]:
+    """Out-of-fold predictions on the training split, folds grouped by doc_id (None where a
+    fold's training part holds a single label and nothing can be fitted)."""
+    y = list(y)
+    pred: list[str | None] = [None] * len(y)
+    pred_ab: list[str | None] = [None] * len(y)
+    for tr, va in cv_folds(groups, random_state):
+        ytr = [y[i] for i in tr]
+        if not _fits(ytr):
+            continue
+        model = make_classifier(kind, random_state).fit(X[tr], ytr)
+        for i, a, b in zip(va, *predict_labels(model, X[va])):
+            pred[i], pred_ab[i] = a, b
+    return pred, pred_ab
+
+
+def cv_accuracy(pred: Sequence[str | None], y: Sequence[str]) -> float:
+    got = [(p, t) for p, t in zip(pred, y) if p is not None]
+    return sum(p == t for p, t in got) / len(got) if got else 0.0
+
+
+def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int,
+                      kinds: Sequence[str] = KINDS) -> tuple[str, dict[str, float]]:
+    """``--aggregator auto``: the kind with the best cross-validated agreement (3-way
+    accuracy) on the training split; ties go to the earlier (simpler) kind."""
+    scores = {k: round(cv_accuracy(cv_predictions(k, X, y, groups, random_state)[0], y), 6) for k in kinds}
+    best = max(kinds, key=lambda k: (scores[k], -list(kinds).index(k)))
+    return best, scores
+
+
+def prune_importance(kind: str, X: np.ndarray, y: Sequence[str], candidates: Sequence[int],
+                     groups: Sequence[str], random_state: int,
+                     n_repeats: int = N_REPEATS) -> np.ndarray:
+    """Permutation importance of the ``candidates`` columns: the drop in held-out agreement
+    (accuracy) when a column is shuffled, fitted on the training folds and measured on the
+    held-out fold, averaged over folds (never the test split)."""
+    y = np.asarray(list(y), dtype=object)
+    total = np.zeros(len(candidates))
+    n = 0
+    for tr, va in cv_folds(groups, random_state):
+        if not _fits(list(y[tr])) or len(va) == 0:
+            continue
+        model = make_classifier(kind, random_state).fit(X[tr], list(y[tr]))
+        res = permutation_importance(model, X[va], list(y[va]), scoring="accuracy",
+                                     n_repeats=n_repeats, random_state=random_state)
+        total += np.asarray(res.importances_mean)[list(candidates)]
+        n += 1
+    return total / max(n, 1)
+
+
+def heldout_importance(model: Pipeline, X: np.ndarray, y: Sequence[str], random_state: int,
+                       n_repeats: int = N_REPEATS) -> np.ndarray:
+    """Permutation importance of every column of a fitted classifier on (held-out) rows."""
+    if len(X) == 0:
+        return np.zeros(X.shape[1])
+    res = permutation_importance(model, X, list(y), scoring="accuracy",
+                                 n_repeats=n_repeats, random_state=random_state)
+    return np.asarray(res.importances_mean)

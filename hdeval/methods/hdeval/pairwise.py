@@ -1,0 +1,553 @@
+"""HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task).
+
+The criteria tree is built exactly as for pointwise tasks (the task's aspects, decomposed by
+the LLM layer by layer with the same prompt and code). Each response of a pair is scored on every
+criterion with the pointwise criterion prompt (``prompts/score.toml``: the question as the shown
+fields, the response as the output, a 1-5 digit, logprob-weighted where the server gives
+logprobs); each response is shown alone, so there is no position bias to swap away. The feature
+of a pair is score(A) - score(B) per criterion, and the aggregator is a classifier over those
+differences predicting the human label a / b (/ tie): the kinds of :mod:`hdeval.classify`,
+chosen by grouped cross-validated agreement with ``--aggregator auto``. Permutation importance
+(the drop in the classifier's held-out agreement, folds grouped by doc_id inside the training
+split) picks the criteria to decompose next. Metrics: agreement with the human labels with and
+without ties and confusion counts, per layer, on the held-out split.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.classify import (
+    CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
+    select_classifier, used_features,
+)
+from hdeval.config import LLMConfig
+from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
+from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
+from hdeval.methods.hdeval.decompose import decompose_nodes
+from hdeval.methods.hdeval.evaluator import MAX_HEADER_BYTES, TRUSTED_TYPES
+from hdeval.progress import Progress
+from hdeval.prompts import Template, load_templates, parse_template
+from hdeval.scoring import score_criteria
+from hdeval.tasks import task_from_dict
+from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
+
+TREE = "tree.json"
+MODEL = "classifier.skops"
+SCORES = "scores.csv"
+METRICS = "metrics.json"
+_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
+
+
+# ----------------------------------------------------------------------------- agreement
+def agreement(human: Sequence[str | None], pred: Sequence[str | None],
+              pred_ab: Sequence[str | None]) -> dict[str, Any]:
+    """The paper's two numbers plus confusion counts (the same definition as ``--method dna``)."""
+    from hdeval.methods.dna.impl import agreement as dna_agreement
+
+    return dna_agreement(human, pred, pred_ab)
+
+
+# ----------------------------------------------------------------------------- scoring both sides
+def side_samples(pairs: Sequence[PairSample]) -> list[Sample]:
+    """Each response of each pair as a pointwise sample (the question fields, the response as
+    ``output``), A then B per pair so a pair's prompts stay together. Ids ``<pair id>#a``/``#b``."""
+    out = []
+    for p in pairs:
+        for side, text, system in (("a", p.output_a, p.system_a), ("b", p.output_b, p.system_b)):
+            out.append(Sample(f"{p.id}#{side}", p.doc_id, {**dict(p.fields), "output": text}, {}, system, p.line))
+    return out
+
+
+def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteria: Sequence[Criterion],
+                pairs: Sequence[PairSample], concurrency: int,
+                progress: Progress | None) -> tuple[ScoreMatrix, ScoreMatrix]:
+    """(scores of A, scores of B): pairs x criteria; a failed score is NaN with a Failure naming
+    the pair and ``<criterion>:a`` or ``:b``."""
+    ids = [p.id for p in pairs]
+    m = score_criteria(llm, template, task, tree, criteria, side_samples(pairs), concurrency, progress)
+    keys = [c.key for c in criteria]
+    fails: dict[str, list[Failure]] = {"a": [], "b": []}
+    for f in m.failures:
+        pid, _, side = f.sample_id.rpartition("#")
+        fails[side].append(Failure(pid, f"{f.criterion_key}:{side}", f.reason))
+    return (ScoreMatrix(ids, keys, m.values[0::2], fails["a"]),
+            ScoreMatrix(ids, keys, m.values[1::2], fails["b"]))
+
+
+def plan_pairwise(config, prep, backend=None) -> list:
+    """The dry run: HD-Eval's plan over every response as a sample (2 per pair), so layer 1 is
+    exact (identical responses once, cached ones shown) and later layers are upper bounds."""
+    import dataclasses
+
+    from hdeval.methods.hdeval.loop import plan_hdeval
+
+    if (config.method_options or {}).get("scorer", "digit") != "digit":
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
+    return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
+
+
+# ----------------------------------------------------------------------------- fit
+@dataclass
+class PairLayerReport:
+    layer: int
+    added: list[str]
+    aggregator: str
+    cv_train: dict[str, Any]
+    test: dict[str, Any]
+    failure_rate: float
+    selection_scores: dict[str, float] = field(default_factory=dict)
+    importance: dict[str, float] = field(default_factory=dict)
+    expand_next: list[str] = field(default_factory=list)
+    positive_importance: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self)
+
+
+def check_pairwise_options(ctx: FitContext) -> None:
+    """What a pairwise HD-Eval run refuses before any LLM call."""
+    if ctx.option("scorer") != "digit":
+        raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
+                          f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
+                          "with the criterion prompt: leave --scorer out")
+    given = ctx.config.method_options or {}
+    for name in ("comparisons", "swap"):
+        if name in given:
+            raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
+                              f"({ctx.prep.task.name}) shows each response alone and does not take it")
+    labels = {ctx.prep.samples[i].label for i in _positions(ctx.prep.samples, ctx.prep.split.train_ids)}
+    if not {"a", "b"} <= labels:
+        raise DataError(f"{ctx.prep.data_path}: the training split's labels are {sorted(labels)}; the "
+                        "classifier needs pairs labelled a and pairs labelled b (use more data or another --seed)")
+
+
+def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
+    pos = {s.id: i for i, s in enumerate(samples)}
+    return np.array([pos[s] for s in ids], dtype=int)
+
+
+def run_pairwise(ctx: FitContext) -> "PairEvaluator":
+    from hdeval.methods.hdeval.loop import warning_notes
+
+    check_pairwise_options(ctx)
+    config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
+    task, pairs, split = prep.task, list(prep.samples), prep.split
+    templates = load_templates()
+    ids = [p.id for p in pairs]
+    tr, te = _positions(pairs, split.train_ids), _positions(pairs, split.test_ids)
+    y = [p.label for p in pairs]
+    ytr, yte = [y[i] for i in tr], [y[i] for i in te]
+    groups = [pairs[i].doc_id for i in tr]
+    progress.message(
+        f"task {task.name}: {len(pairs)} pairs from {prep.data_path} ({len(tr)} train, {len(te)} test), "
+        f"both responses scored per criterion, LLM {llm.identity}")
+
+    tree = CriteriaTree.from_aspects(task.aspects)
+    side_a, side_b = ScoreMatrix.empty(ids), ScoreMatrix.empty(ids)
+    reports: list[PairLayerReport] = []
+    expand: Sequence[str] = ()
+    model = None
+    kind = config.aggregator
+    for layer in range(1, config.layers + 1):
+        if layer > 1:
+            nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
+            if not nodes:
+                break
+            progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
+            before = len(tree)
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
+            progress.end_stage()
+            if len(tree) == before:
+                break
+        new = tree.layer(layer)
+        progress.stage(f"layer {layer}: scoring {len(pairs)} pairs x 2 responses x {len(new)} criteria",
+                       2 * len(pairs) * len(new))
+        sa, sb = score_sides(llm, templates["score"], task, tree, new, pairs, config.concurrency, progress)
+        progress.end_stage()
+        rate = _check_failures(sa, sb, layer, config.max_failure_rate)
+        side_a, side_b = side_a.hstack(sa), side_b.hstack(sb)
+        X = side_a.values - side_b.values
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            selection: dict[str, float] = {}
+            kind = config.aggregator
+            if kind == "auto":
+                kind, selection = select_classifier(X[tr], ytr, groups, config.seed)
+            cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
+            model = make_classifier(kind, config.seed).fit(X[tr], ytr)
+            pred, pred_ab = predict_labels(model, X[te])
+            report = PairLayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
+                                     agreement(yte, pred, pred_ab), rate, selection)
+            if 2 <= layer < config.layers:
+                keys = side_a.criterion_keys
+                cand = [keys.index(c.key) for c in new]
+                imp = prune_importance(kind, X[tr], ytr, cand, groups, config.seed)
+                report.importance = {c.key: round(float(v), 6) for c, v in zip(new, imp)}
+                positive = [i for i in range(len(new)) if imp[i] > 0]
+                order = sorted(positive, key=lambda i: (-imp[i], i))
+                expand = [new[i].key for i in order[:config.top_k]]
+                report.expand_next, report.positive_importance = list(expand), len(positive)
+        report.notes = warning_notes(caught)
+        reports.append(report)
+        progress.message(_layer_summary(report))
+
+    assert model is not None
+    X = side_a.values - side_b.values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        imp = heldout_importance(model, X[te], yte, config.seed)
+    metrics: dict[str, Any] = {
+        "method": "hdeval", "shape": "pairwise",
+        "split": {"train": len(tr), "test": len(te)},
+        "final": reports[-1].test,
+        "final_layer": reports[-1].layer,
+        "aggregator": kind,
+        "classes": [str(c) for c in model.classes_],
+        "layers": {str(r.layer): r.test for r in reports},
+        "cv_train": {str(r.layer): r.cv_train for r in reports},
+        "direct_layer1": _direct_layer1(side_a, side_b, task, te, yte),
+        "importance": {k: round(float(v), 6) for k, v in zip(side_a.criterion_keys, imp)},
+        "failure_rate": round(_rate(side_a, side_b), 6),
+        "usage": usage_of(llm),
+        "notes": ("agreement: 'w_ties' 3-way accuracy; 'wo_ties' on pairs whose human label is not a tie, "
+                  "the prediction forced to a or b; 'importance' is the drop in held-out agreement when a "
+                  "criterion's difference is shuffled"),
+    }
+    progress.message(
+        f"held-out agreement: evaluator w/o ties {metrics['final']['wo_ties']}, w/ ties {metrics['final']['w_ties']} "
+        f"| baseline (equal-weight sum of layer-1 differences) w/o ties {metrics['direct_layer1']['wo_ties']}, "
+        f"w/ ties {metrics['direct_layer1']['w_ties']}")
+    table = _score_table(ids, side_a, side_b, split, y)
+    extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path)}
+    return PairEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
+                         llm.identity, metrics, extra, table)
+
+
+def _rate(a: ScoreMatrix, b: ScoreMatrix) -> float:
+    n = a.values.size + b.values.size
+    return float(np.isnan(a.values).sum() + np.isnan(b.values).sum()) / n if n else 0.0
+
+
+def _check_failures(a: ScoreMatrix, b: ScoreMatrix, layer: int, threshold: float) -> float:
+    rate = _rate(a, b)
+    if rate > threshold:
+        ex = (a.failures + b.failures)[0]
+        raise ScoringError(
+            f"layer {layer}: {rate:.0%} of criterion scores could not be read (threshold {threshold:.0%}), "
+            f"e.g. pair {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached; "
+            "check the LLM or raise --max-failure-rate")
+    return rate
+
+
+def _direct_layer1(a: ScoreMatrix, b: ScoreMatrix, task: Task, te: np.ndarray,
+                   yte: Sequence[str]) -> dict[str, Any]:
+    """Baseline without a learned aggregator: the plain sum of the layer-1 (aspect) differences;
+    equal sums are a tie (counted as a miss without ties)."""
+    cols = [a.criterion_keys.index(k) for k in task.aspect_keys]
+    d = np.nansum(a.values[te][:, cols] - b.values[te][:, cols], axis=1)
+    pred = ["tie" if x == 0 else ("a" if x > 0 else "b") for x in d]
+    return agreement(yte, pred, [None if p == "tie" else p for p in pred])
+
+
+def _score_table(ids, a: ScoreMatrix, b: ScoreMatrix, split, y) -> pd.DataFrame:
+    """``scores.csv``: pair id, split, ``<criterion>:a`` for every feature in order, then
+    ``<criterion>:b``, then the human label."""
+    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
+    cols: dict[str, Any] = {"pair_id": list(ids), "split": [split_of[s] for s in ids]}
+    for j, k in enumerate(a.criterion_keys):
+        cols[f"{k}:a"] = a.values[:, j]
+    for j, k in enumerate(b.criterion_keys):
+        cols[f"{k}:b"] = b.values[:, j]
+    cols["human"] = list(y)
+    return pd.DataFrame(cols)
+
+
+def _fmt(x: Any) -> str:
+    return "  n/a" if x is None else f"{x:5.3f}"
+
+
+def _layer_summary(r: PairLayerReport) -> str:
+    lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
+             f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
+             f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
+    if r.positive_importance is not None:
+        if r.expand_next:
+            lines.append(f"  expand next: {', '.join(r.expand_next)} ({r.positive_importance} of "
+                         f"{len(r.importance)} candidates had positive importance)")
+        else:
+            lines.append(f"  expand next: none (no candidate of {len(r.importance)} had positive importance)")
+    lines += [f"  note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- fitted
+@dataclass
+class PairHdevalResult(ScoreResult):
+    """Predictions for pairs: ``predictions`` holds P(label) per class (columns ``p_<class>``);
+    ``criteria`` the differences A - B per feature (NaN = unused or failed)."""
+
+    labels: list[str] = field(default_factory=list)
+    labels_ab: list[str] = field(default_factory=list)
+    side_a: ScoreMatrix | None = None
+    side_b: ScoreMatrix | None = None
+
+    def correlations(self, samples):  # pairs have labels, not scores
+        return None
+
+    def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
+        human = [s.label for s in samples]
+        if all(h is None for h in human):
+            return None
+        return {"hdeval": agreement(human, self.labels, self.labels_ab)}
+
+
+class PairEvaluator(Saving):
+    """Criteria tree + a classifier on per-criterion score differences of two responses."""
+
+    method = "hdeval"
+
+    def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
+                 templates: dict[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
+                 manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
+        self.task = task
+        self.tree = tree
+        self.model = model
+        self.kind = kind
+        self.feature_keys = list(feature_keys)
+        self.templates = dict(templates)
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.manifest_extra = dict(manifest_extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Path | None = None
+
+    @property
+    def aggregator_kind(self) -> str:
+        return self.kind
+
+    @property
+    def classes(self) -> list[str]:
+        return [str(c) for c in self.model.classes_]
+
+    @property
+    def needed_criteria(self) -> list[str]:
+        mask = used_features(self.model, len(self.feature_keys))
+        return [k for k, used in zip(self.feature_keys, mask) if used]
+
+    def method_args(self) -> dict[str, Any]:
+        config = self.manifest_extra.get("config") or {}
+        return {k: config[k] for k in ("layers", "children", "top_k", "aggregator") if k in config}
+
+    def columns_needed(self) -> list[str]:
+        return self.needed_criteria
+
+    def calls_per_sample(self) -> int:
+        return 2 * len(self.needed_criteria)
+
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
+              progress: Progress | None = None) -> PairHdevalResult:
+        """Score both responses of new pairs on the criteria the classifier uses (cached), predict."""
+        pairs = list(samples)
+        if not pairs:
+            raise DataError("no pairs to score")
+        if not all(isinstance(p, PairSample) for p in pairs):
+            raise DataError("this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
+                            "output_b), not single outputs")
+        own = backend is None
+        if own:
+            from hdeval.llm import open_llm
+
+            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        try:
+            criteria = [self.tree[k] for k in self.needed_criteria]
+            if progress is not None:
+                progress.stage(f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
+                               2 * len(pairs) * len(criteria))
+            sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
+                                 concurrency, progress)
+            if progress is not None:
+                progress.end_stage()
+            usage = usage_of(backend)
+        finally:
+            if own:
+                backend.close()
+        ids = [p.id for p in pairs]
+        A = np.full((len(pairs), len(self.feature_keys)), np.nan)
+        B = A.copy()
+        for j, k in enumerate(self.feature_keys):
+            if k in sa.criterion_keys:
+                A[:, j] = sa.values[:, sa.criterion_keys.index(k)]
+                B[:, j] = sb.values[:, sb.criterion_keys.index(k)]
+        X = A - B
+        labels, labels_ab = predict_labels(self.model, X)
+        proba = self.model.predict_proba(X)
+        return PairHdevalResult(
+            ids, [f"p_{c}" for c in self.classes], proba,
+            ScoreMatrix(ids, list(self.feature_keys), X, sa.failures + sb.failures), usage,
+            labels=labels, labels_ab=labels_ab,
+            side_a=ScoreMatrix(ids, list(self.feature_keys), A), side_b=ScoreMatrix(ids, list(self.feature_keys), B))
+
+    def output_rows(self, samples: Sequence[PairSample], result: PairHdevalResult) -> list[dict[str, Any]]:
+        """One JSON line per pair: the prediction, class probabilities, and per criterion the
+        classifier uses both responses' scores."""
+        needed = self.needed_criteria
+        fails: dict[str, list[dict[str, str]]] = {}
+        for f in result.criteria.failures:
+            fails.setdefault(f.sample_id, []).append({"criterion": f.criterion_key, "reason": f.reason})
+        rows = []
+        for i, p in enumerate(samples):
+            row: dict[str, Any] = {
+                "id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
+                "probabilities": {c.removeprefix("p_"): round(float(x), 6)
+                                  for c, x in zip(result.aspects, result.predictions[i])},
+                "criteria": {k: {"a": _num(result.side_a.values[i, j]), "b": _num(result.side_b.values[i, j])}
+                             for j, k in enumerate(self.feature_keys) if k in needed},
+            }
+            if p.id in fails:
+                row["failures"] = fails[p.id]
+            if p.label is not None:
+                row["human"] = p.label
+            rows.append(row)
+        return rows
+
+    def summary_line(self) -> str:
+        m = self.metrics
+        f, d = m.get("final") or {}, m.get("direct_layer1") or {}
+        return (f"final evaluator: layer {m.get('final_layer')}, classifier {self.kind}, {len(self.feature_keys)} "
+                f"criteria; held-out agreement with human labels: w/o ties {f.get('wo_ties')}, w/ ties "
+                f"{f.get('w_ties')} (equal-weight sum of the layer-1 differences: w/o ties {d.get('wo_ties')}, "
+                f"w/ ties {d.get('w_ties')})")
+
+    # ------------------------------------------------------------------ saving / loading
+    def write(self, out: ArtifactWriter) -> dict[str, Any]:
+        from hdeval.urls import public_url
+
+        for name, t in self.templates.items():
+            out.text(f"prompts/{name}.toml", t.source)
+        out.json(TREE, self.tree.to_dict())
+        out.skops(MODEL, self.model)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        extra = dict(self.manifest_extra)
+        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
+            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
+        return {
+            "shape": "pairwise",
+            "classifier": {"kind": self.kind, "classes": self.classes},
+            "features": self.feature_keys,
+            "needed_criteria": self.needed_criteria,
+            "prompts": {n: t.digest for n, t in self.templates.items()},
+            **extra,
+        }
+
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
+        path, manifest = art.path, art.manifest
+        mpath = path / "manifest.json"
+        files = manifest["files"]
+        for name in (MODEL, TREE, METRICS, "prompts/score.toml"):
+            if name not in files:
+                raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
+        try:
+            task = task_from_dict(manifest["task"], where=str(mpath))
+            tree = CriteriaTree.from_dict(art.json(TREE))
+            templates = {}
+            for name in sorted(files):
+                member = Path(name)
+                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
+                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
+            features = list(manifest["features"])
+            meta = manifest["classifier"]
+            kind, classes = meta["kind"], list(meta["classes"])
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
+        if task.shape != "pairwise":
+            raise ArtifactError(f"{mpath}: a pairwise HD-Eval artifact needs a pairwise task")
+        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
+            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
+        if sorted(tree.keys) != sorted(features):
+            raise ArtifactError(f"{path}: {TREE} no longer has the criteria the classifier was trained on; "
+                                "edit only names and definitions, or retrain")
+        if kind not in CLASSIFIERS:
+            raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
+        if (not all(isinstance(c, str) for c in classes) or not set(classes) <= set(PAIR_LABELS)
+                or not {"a", "b"} <= set(classes) or len(set(classes)) != len(classes)):
+            raise ArtifactError(f"{mpath}: classifier classes {classes!r} must be a, b and optionally tie")
+        _check_order(path, files, features, mpath)
+        model = art.skops(MODEL, TRUSTED_TYPES)
+        _check_model(model, kind, classes, len(features), path / MODEL)
+        needed = manifest.get("needed_criteria")
+        computed = [k for k, u in zip(features, used_features(model, len(features))) if u]
+        if needed is not None and needed != computed:
+            raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the classifier uses")
+        llm = manifest.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+                isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
+            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
+        if "score" not in templates:
+            raise ArtifactError(f"{mpath}: no prompts/score.toml")
+        ev = cls(task, tree, model, kind, features, templates,
+                 LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                 llm.get("identity") or "", art.json(METRICS),
+                 {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})
+        ev.warnings = list(art.warnings)
+        ev.path = path
+        return ev
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else round(float(x), 6)
+
+
+def _check_order(path: Path, files: dict, features: list[str], mpath: Path) -> None:
+    """The classifier's columns are positional: the checksummed ``scores.csv`` header records
+    the trained order (``<criterion>:a`` columns); an edited manifest cannot permute them."""
+    if SCORES not in files:
+        return
+    try:
+        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+            line = fh.readline(MAX_HEADER_BYTES)
+        header = next(csv.reader(io.StringIO(line)))
+    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+    cols = [c[:-2] for c in header[2:2 + len(features)] if c.endswith(":a")]
+    if cols != features:
+        raise ArtifactError(f"{mpath}: 'features' are not in the order the classifier was trained on "
+                            f"(the columns of {SCORES}); the manifest was edited")
+
+
+def _check_model(model: Any, kind: str, classes: list[str], n_features: int, where: Path) -> None:
+    from sklearn.pipeline import Pipeline
+
+    if not isinstance(model, Pipeline) or "model" not in model.named_steps:
+        raise ArtifactError(f"{where}: not an hdeval classifier pipeline")
+    est = model.named_steps["model"]
+    if type(est).__name__ != CLASSIFIERS[kind]:
+        raise ArtifactError(f"{where}: holds a {type(est).__name__}, but the manifest says classifier {kind!r}")
+    if getattr(model, "n_features_in_", None) != n_features:
+        raise ArtifactError(f"{where}: the classifier takes {getattr(model, 'n_features_in_', None)} "
+                            f"differences, but the manifest lists {n_features} features")
+    try:
+        got = [str(c) for c in model.classes_]
+        model.predict_proba(np.zeros((1, n_features)))
+    except Exception as exc:  # any failure of an unusable model
+        raise ArtifactError(f"{where}: the classifier cannot predict ({exc})") from None
+    if got != classes:
+        raise ArtifactError(f"{where}: the classifier's classes {got} are not the manifest's {classes}")

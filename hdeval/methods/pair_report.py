@@ -1,0 +1,142 @@
+"""``hdeval report`` for artifacts that judge pairs: DnA (``--method dna``) and HD-Eval on a
+pairwise task. Reads only what the artifact holds (no LLM, no refit) and returns the numbers
+(``report.json``) and the same as readable lines (printed, and ``report.html`` as escaped text).
+
+- DnA: the LLM's weight per aspect (the mean over instances; per proposed aspect name with
+  dynamic aspects), and for learned aggregation its coefficients per aspect and each aspect's
+  share of the absolute coefficients (every aspect is scored on the same 1-10 scale, so the
+  shares compare with the LLM's weights); held-out agreement.
+- HD-Eval on pairs: the criteria tree with each criterion's held-out permutation importance
+  (the drop in agreement when its difference is shuffled) and rolled-up importance (itself plus
+  its descendants), whether the classifier uses it; agreement per layer.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hdeval.errors import ConfigError
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _agreement_line(name: str, a: dict[str, Any] | None) -> str:
+    if not a:
+        return f"  {name:<22} n/a"
+    return f"  {name:<22} w/o ties {_f(a.get('wo_ties'))}  w/ ties {_f(a.get('w_ties'))}  (n {a.get('n')})"
+
+
+def dna_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
+    m = ev.metrics
+    s = ev.settings
+    data: dict[str, Any] = {"method": "dna", "mode": s.mode, "aspect_source": s.aspect_source,
+                            "llm_weights": m.get("mean_weights"), "test": m.get("test"),
+                            "position_consistency": m.get("position_consistency")}
+    lines = [f"DnA artifact {ev.path}: mode {s.mode}, aspects {s.aspect_source}, LLM {ev.llm_identity}"]
+    weights = m.get("mean_weights")
+    if weights:
+        if s.dynamic:
+            lines.append("LLM weights (mean over the instances that proposed the aspect):")
+            for name, w in weights.items():
+                lines.append(f"  {name:<28} {w['mean']:.3f}  ({w['instances']} instances)")
+        else:
+            lines.append("LLM weights per aspect (mean over instances):")
+            for k in [k for k in ev.task.aspect_keys if k in weights]:
+                lines.append(f"  {k:<28} {weights[k]:.3f}")
+    learned = ev.learned
+    if learned is not None:
+        coef = np.abs(learned.coef).sum(axis=0)
+        share = coef / coef.sum() if coef.sum() > 0 else coef
+        rows = list(learned.classes[1:]) if len(learned.classes) == 2 else list(learned.classes)
+        data["learned"] = {
+            "classes": learned.classes,
+            "coefficients": {c: dict(zip(learned.aspects, r.round(6).tolist())) for c, r in zip(rows, learned.coef)},
+            "intercept": learned.intercept.round(6).tolist(),
+            "weight_share": dict(zip(learned.aspects, share.round(6).tolist())),
+        }
+        lines.append("learned aggregation (logistic regression on per-aspect differences A - B):")
+        lines.append(f"  {'aspect':<28} {'share':>6}  " + "  ".join(f"coef->{c:<5}" for c in rows))
+        for j, a in enumerate(learned.aspects):
+            llm = weights.get(a) if weights and not s.dynamic else None
+            extra = f"   (LLM weight {llm:.3f})" if isinstance(llm, (int, float)) else ""
+            lines.append(f"  {a:<28} {share[j]:6.3f}  " + "  ".join(f"{r[j]:+11.3f}" for r in learned.coef)
+                         + extra)
+        if len(learned.classes) == 2:
+            lines.append(f"  (a positive coefficient pushes towards {learned.classes[1]!r})")
+    elif isinstance(m.get("learned"), dict) and m["learned"].get("skipped"):
+        data["learned"] = {"skipped": m["learned"]["skipped"]}
+        lines.append(m["learned"]["skipped"])
+    lines.append("held-out agreement with the human labels:")
+    for key, a in (m.get("test") or {}).items():
+        if isinstance(a, dict):
+            lines.append(_agreement_line(key, a))
+    if m.get("position_consistency") is not None:
+        lines.append(f"  position consistency   {_f(m['position_consistency'])}")
+    return data, lines
+
+
+def pairwise_hdeval_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
+    m = ev.metrics
+    imp = m.get("importance") or {}
+    used = set(ev.needed_criteria)
+    tree = ev.tree
+
+    def rolled(key: str) -> float:
+        return float(imp.get(key, 0.0)) + sum(rolled(c.key) for c in tree.children(key))
+
+    nodes = []
+    lines = [f"HD-Eval artifact {ev.path} on pairs: classifier {ev.kind} over score(A) - score(B), "
+             f"{len(ev.feature_keys)} criteria, classes {', '.join(ev.classes)}, LLM {ev.llm_identity}",
+             "criteria tree (importance = drop in held-out agreement when the criterion's difference is "
+             "shuffled; rolled up = itself + descendants):",
+             f"  {'criterion':<48} {'importance':>10} {'rolled up':>10}  used"]
+
+    def walk(key: str, depth: int) -> None:
+        c = tree[key]
+        node = {"key": key, "name": c.name, "layer": c.layer, "parent": c.parent_key,
+                "importance": imp.get(key), "rolled_up": round(rolled(key), 6), "used": key in used}
+        nodes.append(node)
+        label = ("  " * depth + key)[:48]
+        lines.append(f"  {label:<48} {_f(node['importance']):>10} {node['rolled_up']:>10.3f}  "
+                     f"{'yes' if node['used'] else 'no'}")
+        for ch in tree.children(key):
+            walk(ch.key, depth + 1)
+
+    for root in tree.layer(1):
+        walk(root.key, 0)
+    lines.append("held-out agreement with the human labels per layer:")
+    for layer, a in (m.get("layers") or {}).items():
+        lines.append(_agreement_line(f"layer {layer}", a))
+    lines.append(_agreement_line("layer-1 sum (baseline)", m.get("direct_layer1")))
+    data = {"method": "hdeval", "shape": "pairwise", "classifier": ev.kind, "classes": ev.classes,
+            "tree": nodes, "layers": m.get("layers"), "direct_layer1": m.get("direct_layer1")}
+    return data, lines
+
+
+def pair_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
+    if ev.method == "dna":
+        return dna_report(ev)
+    return pairwise_hdeval_report(ev)
+
+
+def write_pair_report(ev: Any, out_dir: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Write ``report.json`` and ``report.html`` (default dir: ``<artifact>/report``); return the
+    HTML path and the text lines."""
+    data, lines = pair_report(ev)
+    out = Path(out_dir) if out_dir else Path(ev.path) / "report"
+    page = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>hdeval report</title></head>"
+            f"<body><pre>{html.escape(chr(10).join(lines))}</pre></body></html>\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "report.html").write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
+    return out / "report.html", lines
