@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hdeval.errors import ConfigError
+from hdeval.errors import BudgetExceeded, ConfigError
 from hdeval.metrics import METRICS
 from hdeval.progress import Progress
 
@@ -316,7 +316,13 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         config = _config(spec, method, agg, frac, seed, left)
         label = f"{method}{'' if agg is None else ' ' + agg}, train-frac {frac:g}, seed {seed}"
         progress.message(f"run {n}/{len(plan)}: {label}")
-        fitted = train(config, progress=_Quiet(progress), backend=backend)
+        try:
+            fitted = train(config, progress=_Quiet(progress), backend=backend)
+        except BudgetExceeded:
+            # the run saw only what was left of the sweep's budget: name the budget the user gave
+            raise BudgetExceeded(
+                f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
+                "every finished call is cached; rerun with a larger --max-calls to continue") from None
         prep = preps[(method, agg, frac, seed)]
         task = fitted.task
         doc_of = {s.id: s.doc_id for s in prep.samples}

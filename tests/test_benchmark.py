@@ -309,3 +309,12 @@ def test_benchmark_bad_options_are_one_line_errors_before_any_call(
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert fake_calls == [] and not out.exists()
+
+
+def test_max_calls_is_a_budget_for_the_whole_sweep(tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out, "--max-calls", "60")
+    # the first run (direct) makes fewer than 60 calls; the second stops when the sweep has made 60
+    assert r.exit_code == 4 and len(fake_calls) == 60
+    assert r.stderr.startswith("error: stopped at --max-calls 60 (the whole sweep's budget) in run 2/12 ")
+    assert not out.exists()  # nothing half-done; the 40 replies are cached for the rerun
