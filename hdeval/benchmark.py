@@ -31,7 +31,10 @@ FORMAT = "hdeval-benchmark"
 FORMAT_VERSION = 1
 RESULTS, TABLE, HTML = "results.json", "results.md", "report.html"
 OUTPUTS = (RESULTS, TABLE, HTML)
-METHODS = ("direct", "hdeval")  # the methods whose held-out predictions the benchmark reads
+# the methods whose held-out predictions the benchmark reads, baselines first (their calls are
+# the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
+METHODS = ("direct", "direct-yesno", "hdeval", "paireval")
+LEARNED = ("hdeval", "paireval")
 N_RESAMPLES = 1000
 LEVEL = 0.95
 MAX_RESULTS_BYTES = 64 << 20  # a results.json this big is not one this module wrote
@@ -198,8 +201,9 @@ class HeldOut:
 def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     """The test rows of a trained evaluator's score table (``scores.csv``: the LLM-filled
     columns and the human scores of every sample, marked train/test) and what the evaluator
-    predicts for them, without any LLM call: HD-Eval's aggregator on its criterion columns,
-    ``direct``'s aspect scores mapped onto each aspect's range."""
+    predicts for them, without any LLM call: HD-Eval's and PairEval's aggregator on their
+    LLM-filled columns; ``direct``'s and ``direct-yesno``'s aspect scores mapped onto each
+    aspect's range."""
     table = fitted.score_table
     if table is None and getattr(fitted, "path", None) is not None:
         import pandas as pd
@@ -212,10 +216,15 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
     if fitted.method == "hdeval":
         pred = fitted.aggregator.predict(test[list(fitted.feature_keys)].to_numpy(float))
+    elif fitted.method == "paireval":  # the columns between split and human:, in the order fitted
+        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]
+        pred = fitted.agg.predict(test[cols].to_numpy(float))
     elif fitted.method == "direct":
         from hdeval.methods.direct.evaluator import to_range
 
         pred = to_range(test[aspects].to_numpy(float), fitted.task)
+    elif fitted.method == "direct-yesno":
+        pred = fitted.to_range(test[aspects].to_numpy(float))
     else:
         raise ConfigError(f"benchmark reads held-out predictions of {', '.join(METHODS)}, not {fitted.method!r}")
     ids = [str(s) for s in test["sample_id"]]
@@ -258,13 +267,13 @@ class BenchmarkSpec:
                 raise ConfigError(f"benchmark sets {name} itself")
 
     def runs(self) -> list[tuple[str, str | None, float, int]]:
-        """(method, aggregator or None for direct, train_frac, seed) of every run, direct first
-        (its layer-1 calls are HD-Eval's too)."""
+        """(method, aggregator or None for a method without one, train_frac, seed) of every run,
+        baselines first (direct's calls are HD-Eval's layer 1)."""
         out = []
         for seed in range(self.seeds):
             for frac in self.train_fracs:
-                for method in sorted(self.methods, key=lambda m: m != "direct"):
-                    for agg in (self.aggregators if method == "hdeval" else (None,)):
+                for method in sorted(self.methods, key=METHODS.index):
+                    for agg in (self.aggregators if method in LEARNED else (None,)):
                         out.append((method, agg, frac, seed))
         return out
 
@@ -385,7 +394,8 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
     m = fitted.metrics
     rec: dict[str, Any] = {
         "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": getattr(getattr(fitted, "aggregator", None), "kind", None),
+        "fitted_aggregator": getattr(getattr(fitted, "aggregator", None) or getattr(fitted, "agg", None),
+                                     "kind", None),
         "n_train": m["split"]["train"], "n_test": m["split"]["test"],
         "usage": dict(m.get("usage") or {}),
         "dataset": metric_table(ho.y, ho.pred, ho.aspects),
@@ -427,7 +437,7 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
             base = held.get(("direct", None, frac, r["seed"]))
             if base is not None and method != "direct":
                 if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
-                    raise ConfigError("direct and hdeval runs of one seed have different test splits")
+                    raise ConfigError(f"the direct and {method} runs of seed {r['seed']} have different test splits")
                 entry["vs_direct"] = paired_bootstrap(ho.y, ho.pred, base.pred, ho.doc_ids,
                                                       n_resamples=spec.resamples, seed=r["seed"])
             boot.append(entry)

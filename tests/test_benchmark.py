@@ -318,3 +318,24 @@ def test_max_calls_is_a_budget_for_the_whole_sweep(tmp_path: Path, fake_calls: l
     assert r.exit_code == 4 and len(fake_calls) == 60
     assert r.stderr.startswith("error: stopped at --max-calls 60 (the whole sweep's budget) in run 2/12 ")
     assert not out.exists()  # nothing half-done; the 40 replies are cached for the rerun
+
+
+def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path: Path) -> None:
+    # The held-out figures the benchmark computes from each evaluator's score table are the ones
+    # its own training reported (metrics.json "final"), for every method it runs.
+    from hdeval.benchmark import BenchmarkSpec, run_benchmark
+    from hdeval.train import train
+
+    task, data = _toy(tmp_path)
+    options = dict(data=str(data), llm="fake", layers=1, cache_dir=str(tmp_path / "c"))
+    spec = BenchmarkSpec(str(task), ("direct", "direct-yesno", "hdeval", "paireval"), ("lr",), 1, (0.5,), 20,
+                         options)
+    res = run_benchmark(spec)
+    assert [(r["method"], r["aggregator"]) for r in res["runs"]] == [
+        ("direct", None), ("direct-yesno", None), ("hdeval", "lr"), ("paireval", "lr")]
+    for run in res["runs"]:
+        extra = {"aggregator": "lr"} if run["aggregator"] else {}
+        fitted = train(task=str(task), method=run["method"], seed=0, train_frac=0.5, **options, **extra)
+        assert run["dataset"] == fitted.metrics["final"], run["method"]
+    assert all("vs_direct" in s["bootstrap"][0] for s in res["settings"][1:])
+    assert res["calls"] == sum(c["calls"] for c in res["cost"].values()) > 0

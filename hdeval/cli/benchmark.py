@@ -17,9 +17,11 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
               help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
-@click.option("--methods", default="direct,hdeval", show_default=True, help="Comma-separated: direct, hdeval.")
+@click.option("--methods", default="direct,hdeval", show_default=True,
+              help="Comma-separated: direct, direct-yesno, hdeval, paireval (PairEval and direct-yesno need "
+                   "a dialogue task: a history besides the response).")
 @click.option("--aggregators", default="lr", show_default=True,
-              help="Comma-separated HD-Eval aggregators: lr, dt, rf, nn, auto.")
+              help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
 @click.option("--train-fracs", default="0.5", show_default=True, help="Comma-separated training fractions.")
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
