@@ -262,6 +262,11 @@ class BenchmarkSpec:
             raise ConfigError(f"--train-fracs must be numbers in (0, 1), got {list(self.train_fracs)}")
         if self.resamples < 1:
             raise ConfigError(f"--resamples must be at least 1, got {self.resamples}")
+        for flag, values in (("--methods", self.methods), ("--aggregators", self.aggregators),
+                             ("--train-fracs", self.train_fracs)):
+            twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if twice:  # a setting run twice would count as two seeds
+                raise ConfigError(f"{flag} lists {', '.join(twice)} more than once")
         for name in ("method", "aggregator", "seed", "train_frac", "task"):
             if name in self.options:
                 raise ConfigError(f"benchmark sets {name} itself")

@@ -300,6 +300,7 @@ def test_benchmark_asks_for_force_before_replacing_results(tmp_path: Path) -> No
     (("--train-fracs", "0.5,x"), "--train-fracs must be comma-separated numbers"),
     (("--train-fracs", "1.5"), "--train-fracs must be numbers in (0, 1)"),
     (("--seeds", "0"), "--seeds must be at least 1"),
+    (("--aggregators", "lr,rf,lr"), "--aggregators lists lr more than once"),
     (("--preset", "nope"), "unknown preset 'nope' for task toy_qa: known presets: solo, clear"),
 ])
 def test_benchmark_bad_options_are_one_line_errors_before_any_call(
