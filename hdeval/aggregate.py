@@ -75,10 +75,12 @@ def make_regressor(
 
 
 def aspect_groups(task: Task) -> list[list[str]]:
-    """Aspects grouped by identical score range, in task order."""
-    groups: dict[tuple[float, float], list[str]] = {}
+    """Aspects grouped by identical score range, in task order; an aspect the task lists in
+    ``own_regressor`` (a preset's, e.g. Topical-Chat groundedness) is a group of its own."""
+    groups: dict[Any, list[str]] = {}
+    own = set(getattr(task, "own_regressor", ()))
     for a in task.aspects:
-        groups.setdefault(a.range, []).append(a.key)
+        groups.setdefault(("own", a.key) if a.key in own else a.range, []).append(a.key)
     return list(groups.values())
 
 

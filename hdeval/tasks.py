@@ -22,6 +22,7 @@ from hdeval.types import Aspect, Task, TaskField
 SAMPLE_FIELDS = ("source", "context", "output", "reference")
 _TOP_KEYS = {
     "name", "description", "output_label", "data_file", "fields", "aspects", "shape", "where", "skip_empty",
+    "own_regressor", "presets",
 }
 SHAPES = ("pointwise", "pairwise")
 MAX_NAME = 100
@@ -166,6 +167,9 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     row_filter = parse_where(raw.get("where"), where)
     if shape == "pointwise" and (row_filter or skip_empty):
         raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
+    keys = [a.key for a in aspects]
+    own = _aspect_list(raw.get("own_regressor", []), keys, f"{where}: own_regressor", empty_ok=True)
+    presets = parse_presets(raw.get("presets"), keys, where)
     return Task(
         name=name,
         description=text(raw, "description", "the task") or "",
@@ -176,7 +180,55 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         shape=shape,
         where=row_filter,
         skip_empty=skip_empty,
+        own_regressor=own,
+        presets=presets,
     )
+
+
+def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:
+    """A list of distinct aspect keys of the task, or a ConfigError naming ``ctx``."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (not value and not empty_ok):
+        raise ConfigError(f"{ctx} must be a {'' if empty_ok else 'non-empty '}list of aspect keys, got {value!r}")
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise ConfigError(f"{ctx} names unknown aspect(s) {', '.join(unknown)}: the task's aspects are "
+                          f"{', '.join(known)}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{ctx} lists an aspect twice: {value!r}")
+    return tuple(value)
+
+
+def parse_presets(raw: Any, known: list[str], where: str) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
+    """``[presets.NAME]`` tables: ``aspects`` (the aspects trained on) and ``own_regressor`` (those
+    of them fitted alone, e.g. the paper's Topical-Chat groundedness)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: presets must be [presets.NAME] tables, got {_kind(raw)}")
+    out = []
+    for name, table in raw.items():
+        ctx = f"{where}: presets.{name}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{ctx} must be a table, got {_kind(table)}")
+        extra = set(table) - {"aspects", "own_regressor"}
+        if extra:
+            raise ConfigError(f"{ctx} has unknown key(s) {', '.join(sorted(map(str, extra)))} "
+                              "(a preset has aspects and own_regressor)")
+        aspects = _aspect_list(table.get("aspects"), known, f"{ctx}.aspects")
+        own = _aspect_list(table.get("own_regressor", []), list(aspects), f"{ctx}.own_regressor", empty_ok=True)
+        out.append((str(name), aspects, own))
+    return tuple(out)
+
+
+def apply_preset(task: Task, name: str) -> Task:
+    """``--preset NAME``: the aspects (and own regressors) a task file's ``[presets.NAME]`` names."""
+    known = {p[0]: p for p in task.presets}
+    if name not in known:
+        choices = f"known presets: {', '.join(known)}" if known else "it defines none"
+        raise ConfigError(f"unknown preset {name!r} for task {task.name}: {choices}")
+    _, aspects, own = known[name]
+    keep = tuple(a for a in task.aspects if a.key in aspects)
+    return dataclasses.replace(task, aspects=keep, own_regressor=own)
 
 
 def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -215,4 +267,5 @@ def select_aspects(task: Task, aspects: list[str] | None) -> Task:
             f"choose from {', '.join(task.aspect_keys)}"
         )
     keep = tuple(a for a in task.aspects if a.key in aspects)
-    return dataclasses.replace(task, aspects=keep)
+    own = tuple(a for a in task.own_regressor if a in aspects)
+    return dataclasses.replace(task, aspects=keep, own_regressor=own)

@@ -16,7 +16,7 @@ from hdeval.errors import ConfigError, DataError
 from hdeval.llm import open_llm
 from hdeval.methods.base import FitContext, check_shape, get_method
 from hdeval.progress import Progress
-from hdeval.tasks import load_task, select_aspects
+from hdeval.tasks import apply_preset, load_task, select_aspects
 from hdeval.types import Sample, Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +35,7 @@ class TrainConfig:
     method_options: Mapping[str, Any] | None = None
     data: str | None = None  # JSONL of samples; default: the task's file in HDEVAL_DATA_DIR / user data dir
     aspects: tuple[str, ...] | None = None  # train on a subset of the task's aspects
+    preset: str | None = None  # a task file's [presets.NAME]: its aspects, some with their own regressor
     layers: int = 3  # depth of the criteria tree (1 = the aspects only)
     children: int = 4  # max sub-criteria per decomposed criterion
     top_k: int = 4  # criteria expanded per layer from layer 3 on (attribution pruning)
@@ -109,7 +110,12 @@ class Prepared:
 def prepare(config: TrainConfig) -> Prepared:
     """Validate options, load the task and every sample, split. No LLM call happens here."""
     config.validate()
-    task = select_aspects(load_task(config.task), list(config.aspects) if config.aspects else None)
+    task = load_task(config.task)
+    if config.preset:
+        if config.aspects:
+            raise ConfigError("--preset and --aspects cannot be combined: the preset chooses the aspects")
+        task = apply_preset(task, config.preset)
+    task = select_aspects(task, list(config.aspects) if config.aspects else None)
     method = get_method(config.method)
     method.check_options(config.method_options or {})
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help

@@ -51,6 +51,11 @@ class Task:
     where: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     #: pairwise only: skip rows whose shown text or a response is an empty string
     skip_empty: bool = False
+    #: aspects fitted by a regressor of their own, never jointly with others of the same range
+    own_regressor: tuple[str, ...] = ()
+    #: the task file's ``[presets.NAME]`` tables: (name, aspects, own_regressor); see
+    #: hdeval.tasks.apply_preset. What a run selected is recorded, the menu is not.
+    presets: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = field(default=(), compare=False)
 
     def aspect(self, key: str) -> Aspect:
         for a in self.aspects:
@@ -81,6 +86,8 @@ class Task:
             d["where"] = {k: list(v) if len(v) > 1 else v[0] for k, v in self.where}
         if self.skip_empty:
             d["skip_empty"] = True
+        if self.own_regressor:
+            d["own_regressor"] = list(self.own_regressor)
         return d
 
 

@@ -433,3 +433,22 @@ def test_readme_direct_baseline_and_methods_list(fresh: Path) -> None:
     listed = ok(hdeval("hdeval methods", fresh, env)).stdout
     for name in ("hdeval", "direct", "paireval", "direct-yesno", "dna"):
         assert f"\n{name} (" in "\n" + listed
+
+
+BENCHMARK = ("hdeval benchmark --task sfhot --preset paper --methods direct,hdeval --aggregators lr,rf --seeds 2 "
+             "--train-fracs 0.25,0.5 --limit 60 --layers 2 --llm fake -o bench")
+
+
+@needs_shared
+def test_readme_benchmark(fresh: Path, tmp_path: Path) -> None:
+    in_readme(BENCHMARK)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
+    r = ok(hdeval(BENCHMARK, fresh, env))
+    results = json.loads((fresh / "bench" / "results.json").read_text())
+    assert results["aspects"] == ["naturalness"]  # the paper's SFHOT setting
+    assert len(results["settings"]) == 6 and results["calls"] > 0
+    assert "benchmark written to bench" in r.stdout and (fresh / "bench" / "report.html").is_file()
+    # The same sweep again, from the cache: replacing needs --force, and then makes no call.
+    assert hdeval(BENCHMARK, fresh, env).returncode == 2
+    ok(hdeval(BENCHMARK + " --force", fresh, env))
+    assert json.loads((fresh / "bench" / "results.json").read_text())["calls"] == 0

@@ -18,6 +18,8 @@ from hdeval.errors import HdevalError
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
               help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
 @click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
+@click.option("--preset", default=None,
+              help="A task's named setting, e.g. paper (the aspects the HD-Eval paper reports).")
 @click.option("--layers", default=3, show_default=True, type=int, help="Depth of the criteria tree.")
 @click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
 @click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")

@@ -1,0 +1,649 @@
+"""``hdeval benchmark``: the paper's analyses as one sweep over methods, aggregators, seeds and
+training fractions, every run through the ordinary training code and one shared LLM cache
+(a sweep pays only for calls no earlier run made).
+
+The statistics are small pure functions (:func:`avg_spearman`, :func:`bootstrap_ci`,
+:func:`paired_bootstrap`, :func:`summary_level_correlation`, :func:`ranking_exact_match`);
+:func:`run_benchmark` computes ``results.json``'s content, :func:`write_benchmark` writes it
+with ``results.md`` and ``report.html``. Library code: nothing here prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from hdeval.errors import BudgetExceeded, ConfigError
+from hdeval.metrics import METRICS
+from hdeval.progress import Progress
+
+FORMAT = "hdeval-benchmark"
+FORMAT_VERSION = 1
+RESULTS, TABLE, HTML = "results.json", "results.md", "report.html"
+OUTPUTS = (RESULTS, TABLE, HTML)
+# the methods whose held-out predictions the benchmark reads, baselines first (their calls are
+# the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
+METHODS = ("direct", "direct-yesno", "hdeval", "paireval")
+LEARNED = ("hdeval", "paireval")
+N_RESAMPLES = 1000
+LEVEL = 0.95
+MAX_RESULTS_BYTES = 64 << 20  # a results.json this big is not one this module wrote
+
+Statistic = Callable[[np.ndarray, np.ndarray], float]
+
+
+# --------------------------------------------------------------------------- statistics
+def _as2d(a: Any) -> np.ndarray:
+    a = np.asarray(a, float)
+    return a.reshape(len(a), -1)
+
+
+def _spearman(y: np.ndarray, p: np.ndarray) -> float:
+    """Spearman's rho of two 1-D arrays over their finite pairs; NaN when undefined."""
+    from scipy.stats import rankdata
+
+    ok = np.isfinite(y) & np.isfinite(p)
+    y, p = y[ok], p[ok]
+    if len(y) < 3 or np.ptp(y) == 0 or np.ptp(p) == 0:
+        return float("nan")
+    ry, rp = rankdata(y), rankdata(p)
+    ry -= ry.mean()
+    rp -= rp.mean()
+    return float((ry * rp).sum() / math.sqrt((ry * ry).sum() * (rp * rp).sum()))
+
+
+def avg_spearman(y: np.ndarray, pred: np.ndarray) -> float:
+    """Dataset-level Spearman per column (aspect), averaged over the columns where it is
+    defined (as ``metrics.json``'s ``average``); NaN when none is."""
+    y, pred = _as2d(y), _as2d(pred)
+    vals = [v for v in (_spearman(y[:, j], pred[:, j]) for j in range(y.shape[1])) if math.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _doc_rows(groups: Sequence[str]) -> list[np.ndarray]:
+    """Row indices of each document, in first-seen order."""
+    rows: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        rows.setdefault(str(g), []).append(i)
+    return [np.array(r) for r in rows.values()]
+
+
+def _resamples(groups: Sequence[str], n_resamples: int, seed: int):
+    """Row indices of ``n_resamples`` bootstrap samples of whole documents (seeded)."""
+    docs = _doc_rows(groups)
+    rng = np.random.default_rng(seed)
+    for _ in range(n_resamples):
+        yield np.concatenate([docs[d] for d in rng.integers(0, len(docs), len(docs))])
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return None, None
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def bootstrap_ci(y: Any, pred: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
+                 n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """``statistic(y, pred)`` and its percentile bootstrap interval over documents (``groups``:
+    the doc_id of each row; a resample draws whole documents with replacement)."""
+    y, pred = _as2d(y), _as2d(pred)
+    stats = np.array([statistic(y[i], pred[i]) for i in _resamples(groups, n_resamples, seed)])
+    lo, hi = _interval(stats, level)
+    return {"estimate": _num(statistic(y, pred)), "low": _num(lo), "high": _num(hi), "level": level,
+            "resamples": n_resamples}
+
+
+def paired_bootstrap(y: Any, pred: Any, base: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
+                     n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """``statistic(y, pred) - statistic(y, base)`` on the same resampled documents: the
+    difference, its percentile interval, and a two-sided bootstrap p-value (twice the smaller
+    share of resampled differences on either side of 0, with the +1 correction; 1 when the
+    two are the same)."""
+    y, pred, base = _as2d(y), _as2d(pred), _as2d(base)
+    diffs = np.array([statistic(y[i], pred[i]) - statistic(y[i], base[i])
+                      for i in _resamples(groups, n_resamples, seed)])
+    lo, hi = _interval(diffs, level)
+    d = diffs[np.isfinite(diffs)]
+    p = None
+    if len(d):
+        below, above = (np.sum(d <= 0) + 1) / (len(d) + 1), (np.sum(d >= 0) + 1) / (len(d) + 1)
+        p = min(1.0, 2 * min(below, above))
+    return {"difference": _num(statistic(y, pred) - statistic(y, base)), "low": _num(lo), "high": _num(hi),
+            "p_value": _num(p), "level": level, "resamples": n_resamples}
+
+
+def _doc_correlation(y: np.ndarray, p: np.ndarray, metric: str) -> float:
+    """One document's correlation; NaN unless both sides vary (2 outputs are enough)."""
+    from scipy import stats
+
+    ok = np.isfinite(y) & np.isfinite(p)
+    y, p = y[ok], p[ok]
+    if len(y) < 2 or np.ptp(y) == 0 or np.ptp(p) == 0:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if metric == "pearson":
+            return float(stats.pearsonr(y, p)[0])
+        if metric == "spearman":
+            return float(stats.spearmanr(y, p)[0])
+        return float(stats.kendalltau(y, p)[0])
+
+
+def summary_level_correlation(y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman") -> dict[str, Any]:
+    """Summary-level correlation (as G-Eval reports SummEval): the correlation between human
+    and predicted scores of the outputs of each document, averaged over the documents where
+    it is defined (both sides vary). ``{"value": mean or None, "documents": count used}``."""
+    y, pred = np.asarray(y, float).ravel(), np.asarray(pred, float).ravel()
+    vals = [_doc_correlation(y[r], pred[r], metric) for r in _doc_rows(groups)]
+    vals = [v for v in vals if math.isfinite(v)]
+    return {"value": _num(float(np.mean(vals))) if vals else None, "documents": len(vals)}
+
+
+def ranking_exact_match(y: Any, pred: Any, groups: Sequence[str]) -> dict[str, Any]:
+    """Share of documents whose outputs the prediction ranks exactly in the human order: every
+    pair of outputs with different human scores is ordered the same way (a predicted tie is a
+    miss; pairs the humans tied are not judged). Documents with fewer than two different human
+    scores are skipped. ``{"value": share or None, "documents": count judged}``."""
+    y, pred = np.asarray(y, float).ravel(), np.asarray(pred, float).ravel()
+    judged = hits = 0
+    for r in _doc_rows(groups):
+        yy, pp = y[r], pred[r]
+        ok = np.isfinite(yy)
+        yy, pp = yy[ok], pp[ok]
+        if len(np.unique(yy)) < 2:
+            continue
+        judged += 1
+        dy = np.sign(yy[:, None] - yy[None, :])
+        dp = np.sign(pp[:, None] - pp[None, :])
+        human = dy != 0
+        hits += bool(np.all(dp[human] == dy[human]))  # a NaN prediction never matches
+    return {"value": _num(hits / judged) if judged else None, "documents": judged}
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else round(float(x), 6)
+
+
+def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean and sample standard deviation of the defined values (std 0 for one value)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": _num(np.mean(vals)), "std": _num(np.std(vals, ddof=1) if len(vals) > 1 else 0.0),
+            "n": len(vals)}
+
+
+# --------------------------------------------------------------------------- held-out predictions
+@dataclass
+class HeldOut:
+    """A trained evaluator's predictions on its test split, with the human scores."""
+
+    sample_ids: list[str]
+    doc_ids: list[str]
+    aspects: list[str]
+    y: np.ndarray
+    pred: np.ndarray
+
+
+def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
+    """The test rows of a trained evaluator's score table (``scores.csv``: the LLM-filled
+    columns and the human scores of every sample, marked train/test) and what the evaluator
+    predicts for them, without any LLM call: HD-Eval's and PairEval's aggregator on their
+    LLM-filled columns; ``direct``'s and ``direct-yesno``'s aspect scores mapped onto each
+    aspect's range."""
+    table = fitted.score_table
+    if table is None and getattr(fitted, "path", None) is not None:
+        import pandas as pd
+
+        table = pd.read_csv(Path(fitted.path) / "scores.csv")
+    if table is None:
+        raise ConfigError(f"the {fitted.method} evaluator has no score table to read held-out rows from")
+    aspects = list(fitted.task.aspect_keys)
+    test = table[table["split"] == "test"]
+    y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
+    if fitted.method == "hdeval":
+        pred = fitted.aggregator.predict(test[list(fitted.feature_keys)].to_numpy(float))
+    elif fitted.method == "paireval":  # the columns between split and human:, in the order fitted
+        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]
+        pred = fitted.agg.predict(test[cols].to_numpy(float))
+    elif fitted.method == "direct":
+        from hdeval.methods.direct.evaluator import to_range
+
+        pred = to_range(test[aspects].to_numpy(float), fitted.task)
+    elif fitted.method == "direct-yesno":
+        pred = fitted.to_range(test[aspects].to_numpy(float))
+    else:
+        raise ConfigError(f"benchmark reads held-out predictions of {', '.join(METHODS)}, not {fitted.method!r}")
+    ids = [str(s) for s in test["sample_id"]]
+    return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, _as2d(pred))
+
+
+# --------------------------------------------------------------------------- the sweep
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """What to sweep. ``options``: TrainConfig fields shared by every run (llm, cache_dir,
+    layers, limit, preset, test_frac, ...)."""
+
+    task: str
+    methods: tuple[str, ...] = METHODS
+    aggregators: tuple[str, ...] = ("lr",)
+    seeds: int = 1
+    train_fracs: tuple[float, ...] = (0.5,)
+    resamples: int = N_RESAMPLES
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from hdeval.aggregate import KINDS
+
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ConfigError(f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
+                              f"benchmark runs {', '.join(METHODS)}")
+        bad = [a for a in self.aggregators if a not in KINDS + ("auto",)]
+        if bad or not self.aggregators:
+            raise ConfigError(f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
+                              f"{', '.join(KINDS)}, auto")
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {self.seeds}")
+        if not self.train_fracs or not all(0 < f < 1 for f in self.train_fracs):
+            raise ConfigError(f"--train-fracs must be numbers in (0, 1), got {list(self.train_fracs)}")
+        if self.resamples < 1:
+            raise ConfigError(f"--resamples must be at least 1, got {self.resamples}")
+        for flag, values in (("--methods", self.methods), ("--aggregators", self.aggregators),
+                             ("--train-fracs", self.train_fracs)):
+            twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if twice:  # a setting run twice would count as two seeds
+                raise ConfigError(f"{flag} lists {', '.join(twice)} more than once")
+        for name in ("method", "aggregator", "seed", "train_frac", "task"):
+            if name in self.options:
+                raise ConfigError(f"benchmark sets {name} itself")
+
+    def runs(self) -> list[tuple[str, str | None, float, int]]:
+        """(method, aggregator or None for a method without one, train_frac, seed) of every run,
+        baselines first (direct's calls are HD-Eval's layer 1)."""
+        out = []
+        for seed in range(self.seeds):
+            for frac in self.train_fracs:
+                for method in sorted(self.methods, key=METHODS.index):
+                    for agg in (self.aggregators if method in LEARNED else (None,)):
+                        out.append((method, agg, frac, seed))
+        return out
+
+
+class _Quiet(Progress):
+    """Forwards a run's progress bars but not its per-layer summaries (the sweep reports runs)."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+
+    def stage(self, label: str, total: int) -> None:
+        self.inner.stage(label, total)
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        self.inner.advance(n, cached)
+
+    def end_stage(self) -> None:
+        self.inner.end_stage()
+
+
+def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
+    from hdeval.train import TrainConfig
+
+    opts = dict(spec.options)
+    opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
+    if agg is not None:
+        opts["aggregator"] = agg
+    return TrainConfig.from_options(**opts)
+
+
+def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None) -> dict[str, Any]:
+    """Train every combination of ``spec`` and return ``results.json``'s content. Every
+    configuration is checked (options, data, splits) before the first LLM call."""
+    from hdeval.train import prepare, train
+
+    spec.validate()
+    progress = progress or Progress()
+    plan = spec.runs()
+    budget = spec.options.get("max_calls")
+    preps = {}
+    for method, agg, frac, seed in plan:  # fail before paying for anything
+        preps[(method, agg, frac, seed)] = prepare(_config(spec, method, agg, frac, seed, budget))
+    runs: list[dict[str, Any]] = []
+    held: dict[tuple[str, str | None, float, int], HeldOut] = {}
+    task = None
+    for n, (method, agg, frac, seed) in enumerate(plan, 1):
+        spent = sum(r["usage"].get("calls", 0) for r in runs)
+        left = None if budget is None else max(0, budget - spent)
+        config = _config(spec, method, agg, frac, seed, left)
+        label = f"{method}{'' if agg is None else ' ' + agg}, train-frac {frac:g}, seed {seed}"
+        progress.message(f"run {n}/{len(plan)}: {label}")
+        try:
+            fitted = train(config, progress=_Quiet(progress), backend=backend)
+        except BudgetExceeded:
+            # the run saw only what was left of the sweep's budget: name the budget the user gave
+            raise BudgetExceeded(
+                f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
+                "every finished call is cached; rerun with a larger --max-calls to continue") from None
+        prep = preps[(method, agg, frac, seed)]
+        task = fitted.task
+        doc_of = {s.id: s.doc_id for s in prep.samples}
+        ho = held_out(fitted, doc_of)
+        held[(method, agg, frac, seed)] = ho
+        runs.append(_run_record(fitted, ho, method, agg, frac, seed))
+    assert task is not None
+    settings = _settings(spec, runs, held)
+    cost: dict[str, dict[str, int]] = {}
+    for r in runs:
+        c = cost.setdefault(r["method"], {"runs": 0, "calls": 0, "cache_hits": 0, "prompt_tokens": 0,
+                                          "completion_tokens": 0})
+        c["runs"] += 1
+        for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
+            c[k] += int(r["usage"].get(k, 0))
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "task": task.name,
+        "aspects": list(task.aspect_keys),
+        "own_regressor": list(task.own_regressor),
+        "spec": {"methods": list(spec.methods), "aggregators": list(spec.aggregators), "seeds": spec.seeds,
+                 "train_fracs": list(spec.train_fracs), "resamples": spec.resamples,
+                 "options": {k: v for k, v in spec.options.items() if k != "cache_dir"}},
+        "definitions": DEFINITIONS,
+        "runs": runs,
+        "settings": settings,
+        "cost": cost,
+        "calls": sum(c["calls"] for c in cost.values()),
+    }
+
+
+DEFINITIONS = {
+    "dataset": "Pearson/Spearman/Kendall between predicted and human scores over all test samples, per "
+               "aspect; average = mean over aspects (as the paper and metrics.json).",
+    "summary_level": "Per doc_id, the correlation of the outputs' predicted and human scores; mean over "
+                     "the documents where both vary (as G-Eval reports SummEval).",
+    "ranking": "exact_match: share of documents whose outputs are ranked exactly in the human order "
+               "(pairs the humans tied are not judged); kendall_per_document: mean per-document Kendall tau.",
+    "bootstrap": "Documents of the test split resampled with replacement (seeded): 95% percentile interval "
+                 "of the average dataset-level Spearman, and of its difference to the direct method on the "
+                 "same resamples, with a two-sided bootstrap p-value. One entry per seed.",
+    "seeds": "mean and sample std over seeds (each seed: its own split and model randomness).",
+    "layers": "HD-Eval's per-layer proxy aggregators (layer k = without the layers after k) and the "
+              "'w/o aggregator' baselines, from each artifact's metrics.json.",
+}
+
+
+def _per_aspect(ho: HeldOut, fn: Callable[..., dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    table = {a: fn(ho.y[:, j], ho.pred[:, j], ho.doc_ids, **kw) for j, a in enumerate(ho.aspects)}
+    vals = [t["value"] for t in table.values() if t["value"] is not None]
+    table["average"] = {"value": _num(np.mean(vals)) if vals else None,
+                        "documents": min((t["documents"] for t in table.values()), default=0)}
+    return table
+
+
+def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: float, seed: int) -> dict[str, Any]:
+    from hdeval.metrics import metric_table
+
+    m = fitted.metrics
+    rec: dict[str, Any] = {
+        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+        "fitted_aggregator": getattr(getattr(fitted, "aggregator", None) or getattr(fitted, "agg", None),
+                                     "kind", None),
+        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
+        "usage": dict(m.get("usage") or {}),
+        "dataset": metric_table(ho.y, ho.pred, ho.aspects),
+        "summary_level": {metric: _per_aspect(ho, summary_level_correlation, metric=metric) for metric in METRICS},
+        "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
+                    "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
+    }
+    if method == "hdeval":
+        rec["criteria"] = len(fitted.feature_keys)
+        rec["layers"] = m.get("layers") or {}
+        rec["baselines"] = {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}
+    return rec
+
+
+def _avg(table: Mapping[str, Any], metric: str) -> float | None:
+    return (table.get("average") or {}).get(metric)
+
+
+def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, HeldOut]) -> list[dict[str, Any]]:
+    """Per (method, aggregator, train_frac): mean/std over seeds, bootstraps, layer ablation."""
+    out = []
+    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
+    for method, agg, frac in keys:
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+        aspects = [a for a in mine[0]["dataset"] if a != "average"]
+        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "seeds": [r["seed"] for r in mine]}
+        s["dataset"] = {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
+                        for a in aspects + ["average"]}
+        s["summary_level"] = {m: {a: mean_std([r["summary_level"][m][a]["value"] for r in mine])
+                                  for a in aspects + ["average"]} for m in METRICS}
+        s["ranking"] = {k: {a: mean_std([r["ranking"][k][a]["value"] for r in mine]) for a in aspects + ["average"]}
+                        for k in ("exact_match", "kendall_per_document")}
+        boot = []
+        for r in mine:
+            ho = held[(method, agg, frac, r["seed"])]
+            entry: dict[str, Any] = {"seed": r["seed"], "average_spearman": bootstrap_ci(
+                ho.y, ho.pred, ho.doc_ids, n_resamples=spec.resamples, seed=r["seed"])}
+            base = held.get(("direct", None, frac, r["seed"]))
+            if base is not None and method != "direct":
+                if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
+                    raise ConfigError(f"the direct and {method} runs of seed {r['seed']} have different test splits")
+                entry["vs_direct"] = paired_bootstrap(ho.y, ho.pred, base.pred, ho.doc_ids,
+                                                      n_resamples=spec.resamples, seed=r["seed"])
+            boot.append(entry)
+        s["bootstrap"] = boot
+        if method == "hdeval":
+            layers = sorted({k for r in mine for k in r["layers"]}, key=int)
+            s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
+            names = sorted({k for r in mine for k in r["baselines"]})
+            s["baselines"] = {k: mean_std([_avg(r["baselines"].get(k) or {}, "spearman") for r in mine])
+                              for k in names}
+        s["usage"] = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
+                      for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
+        out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- output
+def is_benchmark_output(path: Path) -> bool:
+    """Whether ``path`` holds a results.json this command wrote (its format says so)."""
+    f = path / RESULTS
+    try:
+        if f.is_symlink() or not f.is_file() or f.stat().st_size > MAX_RESULTS_BYTES:
+            return False
+        data = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def check_output_dir(out: str | Path, force: bool = False) -> None:
+    """Raise unless the benchmark may write ``out``: a new or empty directory, or (with
+    ``force``) a previous benchmark's output, whose three files are replaced and nothing else
+    touched. Any other non-empty directory is refused, ``force`` or not."""
+    from hdeval.artifact import check_writable
+
+    path = Path(out)
+    if path.is_symlink():
+        raise ConfigError(f"refusing to write the benchmark to {path}: it is a symbolic link; give the real path")
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"cannot write the benchmark to {path}: it exists and is not a directory")
+        if is_benchmark_output(path):
+            if not force:
+                raise ConfigError(f"{path} already holds a benchmark ({RESULTS}): pass --force to replace "
+                                  "its results, or choose another output directory")
+        elif any(path.iterdir()):
+            raise ConfigError(f"refusing to write the benchmark to {path}: it is a non-empty directory that is "
+                              f"not a benchmark output (no {RESULTS} of format {FORMAT}); --force does not "
+                              "change that: choose a new directory")
+        for name in OUTPUTS:
+            if (path / name).is_symlink() or (path / name).is_dir():
+                raise ConfigError(f"refusing to replace {path / name}: it is not a file this command wrote")
+    check_writable(path if path.is_dir() else Path(os.path.abspath(path)).parent)
+
+
+def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False) -> list[Path]:
+    """Write results.json, results.md and report.html into ``out`` (each atomically: a temp
+    file renamed into place; the page and table are rendered before anything is written)."""
+    check_output_dir(out, force)
+    path = Path(out)
+    texts = {
+        RESULTS: json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
+        TABLE: render_markdown(results),
+        HTML: render_html(results),
+    }
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in (TABLE, HTML, RESULTS):  # results.json last: it marks the directory as ours
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
+            try:
+                os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file, not mkstemp's 0600
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(texts[name])
+                os.replace(tmp, path / name)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            written.append(path / name)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the benchmark to {path}: {exc.strerror or exc}") from None
+    return written
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _ms(d: Mapping[str, Any] | None) -> str:
+    if not d or d.get("mean") is None:
+        return "n/a"
+    return f"{d['mean']:.3f} ± {d['std']:.3f}" if d.get("n", 0) > 1 else f"{d['mean']:.3f}"
+
+
+def _name(s: Mapping[str, Any]) -> str:
+    return s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+    aspects = list(results["aspects"])
+    seeds = results["spec"]["seeds"]
+    lines = [f"# Benchmark: {results['task']} ({', '.join(aspects)})", "",
+             f"Held-out dataset-level Spearman, mean ± std over {seeds} seed(s); CI: 95% paired bootstrap "
+             f"over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+    head = ["method", "train frac", *aspects, "average", "summary-level", "rank exact-match", "95% CI",
+            "Δ vs direct [95% CI], p", "calls"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in results["settings"]:
+        b = s["bootstrap"][0]
+        ci = b["average_spearman"]
+        vs = b.get("vs_direct")
+        delta = (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
+                 if vs and vs["difference"] is not None else "")
+        row = [_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
+               _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
+               _ms(s["ranking"]["exact_match"]["average"]), f"[{_f(ci['low'])}, {_f(ci['high'])}]", delta,
+               str(s["usage"]["calls"])]
+        lines.append("| " + " | ".join(row) + " |")
+    ablation = [s for s in results["settings"] if s.get("layers")]
+    if ablation:
+        layer_keys = sorted({k for s in ablation for k in s["layers"]}, key=int)
+        base_keys = sorted({k for s in ablation for k in s["baselines"]})
+        head = ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys]
+        lines += ["", "Layer ablation (held-out average Spearman; layers 1-k = without the later layers) and "
+                  "'w/o aggregator' baselines:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for s in ablation:
+            lines.append("| " + " | ".join([_name(s), f"{s['train_frac']:g}",
+                                            *[_ms(s["layers"].get(k)) for k in layer_keys],
+                                            *[_ms(s["baselines"].get(k)) for k in base_keys]]) + " |")
+    lines += ["", "Cost per method (all runs; cached calls are free):", "",
+              "| method | runs | LLM calls | cache hits | prompt tokens | completion tokens |", "|---|---|---|---|---|---|"]
+    for m, c in results["cost"].items():
+        lines.append(f"| {m} | {c['runs']} | {c['calls']} | {c['cache_hits']} | {c['prompt_tokens']} | "
+                     f"{c['completion_tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- report.html
+def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    from hdeval.methods.hdeval.report import _png, _pyplot
+
+    plt = _pyplot()
+    out = []
+    settings = list(results["settings"])
+    aspects = list(results["aspects"])
+    with plt.rc_context({"text.parse_math": False}):
+        # data-efficiency curve
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for name in dict.fromkeys(_name(s) for s in settings):
+            pts = sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings if _name(s) == name)
+            pts = [(x, d) for x, d in pts if d["mean"] is not None]
+            if pts:
+                ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
+                            marker="o", capsize=3, label=name)
+        ax.set_xlabel("training fraction")
+        ax.set_ylabel("held-out average Spearman")
+        ax.legend(fontsize=8)
+        out.append(("Data efficiency (mean ± std over seeds)", _png(fig)))
+        # per-aspect bars at the largest training fraction
+        top = max(s["train_frac"] for s in settings)
+        chosen = [s for s in settings if s["train_frac"] == top]
+        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(aspects) * max(1, len(chosen)) / 2), 3.6))
+        width = 0.8 / max(1, len(chosen))
+        for k, s in enumerate(chosen):
+            d = [s["dataset"][a]["spearman"] for a in aspects]
+            ax.bar(np.arange(len(aspects)) + k * width, [x["mean"] or 0 for x in d], width,
+                   yerr=[x["std"] or 0 for x in d], capsize=3, label=_name(s))
+        ax.set_xticks(np.arange(len(aspects)) + width * (len(chosen) - 1) / 2, aspects)
+        ax.set_ylabel("held-out Spearman")
+        ax.legend(fontsize=8)
+        out.append((f"Per aspect at training fraction {top:g} (error bars: std over seeds)", _png(fig)))
+        # layer ablation
+        abl = [s for s in chosen if s.get("layers")]
+        if abl:
+            fig, ax = plt.subplots(figsize=(6, 3.6))
+            for s in abl:
+                ks = sorted(s["layers"], key=int)
+                ax.errorbar([int(k) for k in ks], [s["layers"][k]["mean"] or 0 for k in ks],
+                            yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3, label=_name(s))
+            ax.set_xlabel("layers used (1-k)")
+            ax.set_ylabel("held-out average Spearman")
+            ax.legend(fontsize=8)
+            out.append((f"Layer ablation at training fraction {top:g}", _png(fig)))
+    return out
+
+
+def render_html(results: Mapping[str, Any]) -> str:
+    """A self-contained page: the markdown table as text and the plots as embedded PNGs."""
+    figs = "".join(
+        f"<h2>{html.escape(title)}</h2><img alt=\"{html.escape(title)}\" "
+        f"src=\"data:image/png;base64,{base64.b64encode(png).decode('ascii')}\">"
+        for title, png in _plots(results)
+    )
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>hdeval benchmark: "
+            f"{html.escape(str(results['task']))}</title></head><body>"
+            f"<h1>hdeval benchmark: {html.escape(str(results['task']))}</h1>"
+            f"<pre>{html.escape(render_markdown(results))}</pre>{figs}</body></html>\n")

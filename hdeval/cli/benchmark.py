@@ -1,0 +1,82 @@
+"""``hdeval benchmark``: a sweep of training runs from one cache -> results.json, results.md, report.html."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from hdeval.cli.common import TerminalProgress, _notice_local, _resolved, llm_options, run_command
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@click.command()
+@click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
+@click.option("--methods", default="direct,hdeval", show_default=True,
+              help="Comma-separated: direct, direct-yesno, hdeval, paireval (PairEval and direct-yesno need "
+                   "a dialogue task: a history besides the response).")
+@click.option("--aggregators", default="lr", show_default=True,
+              help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
+@click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
+@click.option("--train-fracs", default="0.5", show_default=True, help="Comma-separated training fractions.")
+@click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
+@click.option("--preset", default=None, help="A task's named setting, e.g. paper.")
+@click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
+@click.option("--layers", default=3, show_default=True, type=int, help="Depth of HD-Eval's criteria tree.")
+@click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
+@click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
+@click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) per run.")
+@click.option("--resamples", default=1000, show_default=True, type=int, help="Bootstrap resamples.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output directory: results.json, results.md, report.html.")
+@click.option("--force", is_flag=True, help="Replace a previous benchmark's results in --out.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
+              help="Never download a built-in task's data (by default it is fetched on first use).")
+@llm_options
+def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
+              out: str, force: bool, quiet: bool, offline: bool, **options: Any) -> None:
+    """Train every combination of methods, aggregators, seeds and training fractions (one shared
+    LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
+
+    \b
+    Example:
+      hdeval benchmark --task sfhot --methods direct,hdeval --aggregators lr,nn --seeds 3 \\
+          --train-fracs 0.1,0.5 --llm fake -o bench/
+    """
+    from hdeval.benchmark import BenchmarkSpec, check_output_dir, run_benchmark, write_benchmark
+    from hdeval.errors import ConfigError
+
+    def go() -> None:
+        from hdeval.cli.data import fetch_missing_task_data
+
+        try:
+            fracs = tuple(float(f) for f in _csv(train_fracs))
+        except ValueError:
+            raise ConfigError(f"--train-fracs must be comma-separated numbers, got {train_fracs!r}") from None
+        given = {k: v for k, v in options.items() if v is not None}
+        spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given)
+        spec.validate()
+        check_output_dir(out, force)  # before any LLM call
+        if options.get("data") is None:
+            fetch_missing_task_data(task, offline=offline)
+        progress = TerminalProgress(quiet)
+        _notice_local(_resolved(options.get("llm")))
+        results = run_benchmark(spec, progress=progress)
+        write_benchmark(results, out, force=force)
+        for m, c in results["cost"].items():
+            click.echo(f"{m}: {c['runs']} run(s), LLM calls made: {c['calls']}, cache hits: {c['cache_hits']}, "
+                       f"tokens: {c['prompt_tokens']} prompt + {c['completion_tokens']} completion", err=True)
+        for s in results["settings"]:
+            avg = s["dataset"]["average"]["spearman"]
+            name = s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
+            mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
+            click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} held-out average spearman {mean}")
+        click.echo(f"benchmark written to {out} (results.json, results.md, report.html)")
+
+    run_command(go)

@@ -1,0 +1,342 @@
+"""`hdeval benchmark` and `--preset`: the statistics on hand-computed cases, the paper presets
+(an aspect fitted by its own regressor), and an end-to-end sweep with the fake LLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import TOY_TASK, toy_rows, write_jsonl
+
+from hdeval.benchmark import (
+    avg_spearman, bootstrap_ci, paired_bootstrap, ranking_exact_match, summary_level_correlation,
+)
+from hdeval.cli import cli
+from hdeval.errors import ConfigError
+
+PRESETS = """
+[presets.solo]
+aspects = ["clarity", "accuracy"]
+own_regressor = ["accuracy"]
+
+[presets.clear]
+aspects = ["clarity"]
+"""
+
+
+def _noisy(n_docs: int = 40, per_doc: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    groups = [f"d{d}" for d in range(n_docs) for _ in range(per_doc)]
+    y = rng.normal(size=(len(groups), 2))
+    return y, groups, rng
+
+
+# ------------------------------------------------------------------ bootstrap
+def test_paired_bootstrap_of_identical_methods_finds_no_difference() -> None:
+    y, groups, rng = _noisy()
+    pred = y + rng.normal(size=y.shape)
+    r = paired_bootstrap(y, pred, pred.copy(), groups, n_resamples=200, seed=1)
+    assert r["difference"] == 0 and r["low"] <= 0 <= r["high"]
+    assert r["p_value"] == 1.0
+
+
+def test_paired_bootstrap_of_a_constant_shift_excludes_zero() -> None:
+    y, groups, rng = _noisy()
+    pred = rng.normal(size=y.shape)
+    mean_pred = lambda yy, pp: float(np.mean(pp))  # noqa: E731
+    r = paired_bootstrap(y, pred + 0.5, pred, groups, statistic=mean_pred, n_resamples=200, seed=0)
+    assert r["difference"] == pytest.approx(0.5) and r["low"] == pytest.approx(0.5) == r["high"]
+    assert r["p_value"] < 0.02  # every resampled difference is on one side
+
+
+def test_paired_bootstrap_tells_a_better_evaluator_from_a_random_one() -> None:
+    y, groups, rng = _noisy(60)
+    good = y + 0.5 * rng.normal(size=y.shape)
+    random = rng.normal(size=y.shape)
+    r = paired_bootstrap(y, good, random, groups, n_resamples=300, seed=0)
+    assert r["difference"] == pytest.approx(avg_spearman(y, good) - avg_spearman(y, random), abs=1e-6)
+    assert 0 < r["low"] <= r["difference"] <= r["high"] and r["p_value"] < 0.01
+    assert paired_bootstrap(y, random, good, groups, n_resamples=300, seed=0)["high"] < 0
+
+
+def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
+    # Documents of 3 rows and 1 row: a resample of two documents has 2, 4 or 6 rows, never 3 or 5.
+    y = np.arange(4.0)
+    groups = ["a", "a", "a", "b"]
+    sizes = lambda yy, pp: float(len(yy))  # noqa: E731
+    r = bootstrap_ci(y, y, groups, statistic=sizes, n_resamples=200, seed=3)
+    assert r["estimate"] == 4 and {r["low"], r["high"]} <= {2.0, 4.0, 6.0} and r["low"] < r["high"]
+    y2, g2, rng = _noisy()
+    p2 = y2 + rng.normal(size=y2.shape)
+    once, again = bootstrap_ci(y2, p2, g2, n_resamples=100, seed=7), bootstrap_ci(y2, p2, g2, n_resamples=100, seed=7)
+    assert once == again and once != bootstrap_ci(y2, p2, g2, n_resamples=100, seed=8)
+    assert once["low"] <= once["estimate"] <= once["high"]
+
+
+def test_avg_spearman_matches_the_metrics_module() -> None:
+    from hdeval.metrics import metric_table
+
+    y, _, rng = _noisy()
+    pred = y + rng.normal(size=y.shape)
+    pred[3, 0] = np.nan  # a failed score: that pair is left out, as metrics.json does
+    assert avg_spearman(y, pred) == pytest.approx(metric_table(y, pred, ["a", "b"])["average"]["spearman"], abs=1e-6)
+
+
+# ------------------------------------------------------------------ summary level and ranking
+def test_summary_level_correlation_on_a_hand_computed_table() -> None:
+    #        doc1: y 1 2 3, pred 1 3 2 -> spearman .5, pearson .5, kendall 1/3
+    #        doc2: y 1 2, pred 2 1     -> -1 for all three
+    #        doc3: humans tie          -> undefined, left out
+    y = [1, 2, 3, 1, 2, 2, 2]
+    pred = [1, 3, 2, 2, 1, 1, 2]
+    groups = ["d1", "d1", "d1", "d2", "d2", "d3", "d3"]
+    assert summary_level_correlation(y, pred, groups, "spearman") == {"value": -0.25, "documents": 2}
+    assert summary_level_correlation(y, pred, groups, "pearson") == {"value": -0.25, "documents": 2}
+    assert summary_level_correlation(y, pred, groups, "kendall")["value"] == pytest.approx(-1 / 3, abs=1e-6)
+    assert summary_level_correlation([1, 1], [1, 2], ["x", "x"]) == {"value": None, "documents": 0}
+
+
+def test_ranking_exact_match_on_a_hand_computed_table() -> None:
+    rows = [  # (doc, human, predicted)
+        ("a", 1, 0.1), ("a", 2, 0.2), ("a", 3, 0.3),  # exact order: hit
+        ("b", 3, 1.0), ("b", 1, 2.0),  # reversed: miss
+        ("c", 2, 5.0), ("c", 2, 4.0), ("c", 1, 1.0),  # humans tie the first two: not judged; hit
+        ("d", 1, 1.0), ("d", 1, 2.0),  # all tied: document skipped
+        ("e", 1, 3.0), ("e", 2, 3.0),  # predicted tie of an ordered pair: miss
+    ]
+    groups, y, pred = zip(*rows)
+    assert ranking_exact_match(y, pred, groups) == {"value": 0.5, "documents": 4}
+
+
+# ------------------------------------------------------------------ presets
+def _toy(tmp_path: Path, extra: str = PRESETS, same_range: bool = True) -> tuple[Path, Path]:
+    task = tmp_path / "toy_task.toml"
+    task.write_text(TOY_TASK + extra, encoding="utf-8")
+    return task, write_jsonl(tmp_path / "toy.jsonl", toy_rows())
+
+
+def test_builtin_paper_presets_select_the_papers_aspects() -> None:
+    from hdeval.aggregate import aspect_groups
+    from hdeval.tasks import apply_preset, load_task
+
+    tc = apply_preset(load_task("topical_chat"), "paper")
+    assert tc.aspect_keys == ("naturalness", "coherence", "engagingness", "groundedness")
+    assert tc.own_regressor == ("groundedness",)
+    assert aspect_groups(tc) == [["naturalness", "coherence", "engagingness"], ["groundedness"]]
+    for name in ("sfhot", "sfres"):
+        assert apply_preset(load_task(name), "paper").aspect_keys == ("naturalness",)
+    assert len(load_task("topical_chat").aspect_keys) == 6  # the full task stays the default
+
+
+def test_own_regressor_fits_that_aspect_alone(tmp_path: Path) -> None:
+    # Both toy aspects share the range 1-5, so without the preset one random forest fits them
+    # jointly; with it, accuracy's model is fitted on accuracy alone (as the paper does for
+    # Topical-Chat's groundedness) and predicts exactly what a forest fitted on it alone does.
+    from sklearn.base import clone
+
+    from hdeval.aggregate import make_regressor
+    from hdeval.artifact import load_artifact
+    from hdeval.train import train
+
+    task, data = _toy(tmp_path)
+    common = dict(task=str(task), data=str(data), llm="fake", layers=1, aggregator="rf",
+                  cache_dir=str(tmp_path / "c"))
+    joint = train(**common)
+    solo = train(preset="solo", **common)
+    assert joint.aggregator.groups_ == [["clarity", "accuracy"]]
+    assert solo.aggregator.groups_ == [["clarity"], ["accuracy"]]
+    model, column = solo.aggregator.model_for("accuracy")
+    assert column is None and model is not solo.aggregator.model_for("clarity")[0]
+    table = solo.score_table
+    train_rows = table[table["split"] == "train"]
+    X = train_rows[solo.feature_keys].to_numpy(float)
+    alone = clone(make_regressor("rf", solo.aggregator.random_state)).fit(X, train_rows["human:accuracy"])
+    Xall = table[solo.feature_keys].to_numpy(float)
+    assert np.allclose(solo.aggregator.predict(Xall)[:, 1], np.clip(alone.predict(Xall), 1, 5))
+    assert not np.allclose(joint.aggregator.predict(Xall)[:, 1], solo.aggregator.predict(Xall)[:, 1])
+    # The artifact records the setting and loads back with the same grouping.
+    solo.save(tmp_path / "art")
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["task"]["own_regressor"] == ["accuracy"] and manifest["config"]["preset"] == "solo"
+    assert load_artifact(tmp_path / "art").aggregator.groups_ == [["clarity"], ["accuracy"]]
+
+
+def test_preset_on_the_command_line_and_its_errors(tmp_path: Path) -> None:
+    task, data = _toy(tmp_path)
+    base = ["train", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "1", "-q",
+            "--cache-dir", str(tmp_path / "c")]
+    r = CliRunner().invoke(cli, base + ["--preset", "clear", "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["aggregator"]["aspects"] == ["clarity"]
+    r = CliRunner().invoke(cli, base + ["--preset", "nope", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 2
+    assert r.stderr == "error: unknown preset 'nope' for task toy_qa: known presets: solo, clear\n"
+    r = CliRunner().invoke(cli, base + ["--preset", "clear", "--aspects", "clarity", "-o", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "--preset and --aspects cannot be combined" in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('[presets.p]\naspects = ["clarity", "fluency"]\n', "presets.p.aspects names unknown aspect(s) fluency"),
+    ('[presets.p]\naspects = []\n', "presets.p.aspects must be a non-empty list of aspect keys"),
+    ('[presets.p]\naspects = ["clarity"]\nown_regressor = ["accuracy"]\n',
+     "presets.p.own_regressor names unknown aspect(s) accuracy"),
+    ('[presets.p]\naspects = ["clarity"]\nweights = 1\n', "presets.p has unknown key(s) weights"),
+    ('[presets]\np = 3\n', "presets.p must be a table, got a number"),
+])
+def test_bad_preset_tables_name_the_file_and_the_field(tmp_path: Path, extra: str, message: str) -> None:
+    from hdeval.tasks import load_task
+
+    task, _ = _toy(tmp_path, extra)
+    with pytest.raises(ConfigError) as exc:
+        load_task(str(task))
+    assert str(exc.value).startswith(f"{task}: ") and message in str(exc.value)
+
+
+# ------------------------------------------------------------------ the benchmark command
+def _bench(tmp_path: Path, out: Path, *extra: str):
+    task, data = tmp_path / "toy_task.toml", tmp_path / "toy.jsonl"
+    if not task.exists():
+        _toy(tmp_path)
+    args = ["benchmark", "--task", str(task), "--data", str(data), "--methods", "direct,hdeval",
+            "--aggregators", "lr,rf", "--seeds", "2", "--train-fracs", "0.25,0.5", "--layers", "2",
+            "--limit", "33", "--resamples", "50", "--llm", "fake", "--cache-dir", str(tmp_path / "cache"),
+            "-q", "-o", str(out), *extra]
+    return CliRunner().invoke(cli, args)
+
+
+def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out)
+    assert r.exit_code == 0, r.output
+    assert fake_calls, "the first run calls the LLM"
+    res = json.loads((out / "results.json").read_text())
+    assert res["format"] == "hdeval-benchmark" and res["task"] == "toy_qa"
+    assert res["aspects"] == ["clarity", "accuracy"] and res["spec"]["resamples"] == 50
+    assert "cache_dir" not in res["spec"]["options"]  # a path on this machine
+    assert set(res["definitions"]) >= {"dataset", "summary_level", "ranking", "bootstrap", "seeds", "layers"}
+    # runs: 2 seeds x 2 fractions x (direct + hdeval lr + hdeval rf)
+    assert len(res["runs"]) == 12
+    for run in res["runs"]:
+        assert run["n_test"] > 0 and set(run["dataset"]) == {"clarity", "accuracy", "average"}
+        for metric in ("pearson", "spearman", "kendall"):
+            assert set(run["summary_level"][metric]) == {"clarity", "accuracy", "average"}
+        assert set(run["ranking"]) == {"exact_match", "kendall_per_document"}
+        assert 0 <= run["ranking"]["exact_match"]["average"]["value"] <= 1
+        if run["method"] == "hdeval":
+            assert set(run["layers"]) == {"1", "2"}
+            assert set(run["baselines"]) == {"direct_layer1", "mean_all_criteria", "mean_subtree"}
+            # the held-out predictions read back from the score table are the ones metrics.json scored
+            assert run["dataset"] == run["layers"]["2"]
+    # settings: mean/std over seeds, bootstrap per seed with the difference to direct
+    assert [(s["method"], s["aggregator"], s["train_frac"]) for s in res["settings"]] == [
+        ("direct", None, 0.25), ("hdeval", "lr", 0.25), ("hdeval", "rf", 0.25),
+        ("direct", None, 0.5), ("hdeval", "lr", 0.5), ("hdeval", "rf", 0.5)]
+    for s in res["settings"]:
+        avg = s["dataset"]["average"]["spearman"]
+        assert avg["n"] == 2 and avg["std"] >= 0
+        seeds = [run for run in res["runs"] if (run["method"], run["aggregator"], run["train_frac"])
+                 == (s["method"], s["aggregator"], s["train_frac"])]
+        assert avg["mean"] == pytest.approx(np.mean([x["dataset"]["average"]["spearman"] for x in seeds]), abs=1e-5)
+        assert set(s["summary_level"]) == {"pearson", "spearman", "kendall"} and "exact_match" in s["ranking"]
+        assert [b["seed"] for b in s["bootstrap"]] == [0, 1]
+        for b in s["bootstrap"]:
+            ci = b["average_spearman"]
+            assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
+            if s["method"] == "direct":
+                assert "vs_direct" not in b
+            else:
+                vs = b["vs_direct"]
+                assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+        if s["method"] == "hdeval":
+            assert set(s["layers"]) == {"1", "2"} and {"mean_all_criteria", "mean_subtree"} <= set(s["baselines"])
+    assert set(res["cost"]) == {"direct", "hdeval"} and res["cost"]["hdeval"]["runs"] == 8
+    assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
+    assert res["cost"]["direct"]["prompt_tokens"] > 0
+    md = (out / "results.md").read_text()
+    assert "| method | train frac | clarity | accuracy | average |" in md and "| hdeval-rf | 0.5 |" in md
+    assert "Layer ablation" in md and "| direct |" in md
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "<script" not in page
+    # Again, from the cache: not one call, the same numbers.
+    fake_calls.clear()
+    (out / "notes.txt").write_text("mine")
+    r = _bench(tmp_path, out, "--force")
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "results.json").read_text())
+    assert fake_calls == [] and again["calls"] == 0 and again["cost"]["hdeval"]["cache_hits"] > 0
+    assert [x["dataset"] for x in again["runs"]] == [x["dataset"] for x in res["runs"]]
+    strip = lambda settings: [{k: v for k, v in s.items() if k != "usage"} for s in settings]  # noqa: E731
+    assert strip(again["settings"]) == strip(res["settings"])  # same figures, bootstrap included
+    assert (out / "notes.txt").read_text() == "mine"  # --force replaces its own files only
+
+
+def test_benchmark_refuses_an_output_it_did_not_write(tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("keep")
+    for extra in ((), ("--force",)):
+        r = _bench(tmp_path, out, *extra)
+        assert r.exit_code == 2 and r.stderr.startswith("error: refusing to write the benchmark to")
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"] and fake_calls == []
+
+
+def test_benchmark_asks_for_force_before_replacing_results(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"format": "hdeval-benchmark"}))
+    r = _bench(tmp_path, out)
+    assert r.exit_code == 2 and "already holds a benchmark" in r.stderr and "--force" in r.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--methods", "direct,magic"), "--methods: unknown or unsupported magic"),
+    (("--aggregators", "svm"), "--aggregators: unknown svm"),
+    (("--train-fracs", "0.5,x"), "--train-fracs must be comma-separated numbers"),
+    (("--train-fracs", "1.5"), "--train-fracs must be numbers in (0, 1)"),
+    (("--seeds", "0"), "--seeds must be at least 1"),
+    (("--aggregators", "lr,rf,lr"), "--aggregators lists lr more than once"),
+    (("--preset", "nope"), "unknown preset 'nope' for task toy_qa: known presets: solo, clear"),
+])
+def test_benchmark_bad_options_are_one_line_errors_before_any_call(
+        tmp_path: Path, fake_calls: list[int], extra: tuple[str, ...], message: str) -> None:
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out, *extra)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert fake_calls == [] and not out.exists()
+
+
+def test_max_calls_is_a_budget_for_the_whole_sweep(tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out, "--max-calls", "60")
+    # the first run (direct) makes fewer than 60 calls; the second stops when the sweep has made 60
+    assert r.exit_code == 4 and len(fake_calls) == 60
+    assert r.stderr.startswith("error: stopped at --max-calls 60 (the whole sweep's budget) in run 2/12 ")
+    assert not out.exists()  # nothing half-done; the 40 replies are cached for the rerun
+
+
+def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path: Path) -> None:
+    # The held-out figures the benchmark computes from each evaluator's score table are the ones
+    # its own training reported (metrics.json "final"), for every method it runs.
+    from hdeval.benchmark import BenchmarkSpec, run_benchmark
+    from hdeval.train import train
+
+    task, data = _toy(tmp_path)
+    options = dict(data=str(data), llm="fake", layers=1, cache_dir=str(tmp_path / "c"))
+    spec = BenchmarkSpec(str(task), ("direct", "direct-yesno", "hdeval", "paireval"), ("lr",), 1, (0.5,), 20,
+                         options)
+    res = run_benchmark(spec)
+    assert [(r["method"], r["aggregator"]) for r in res["runs"]] == [
+        ("direct", None), ("direct-yesno", None), ("hdeval", "lr"), ("paireval", "lr")]
+    for run in res["runs"]:
+        extra = {"aggregator": "lr"} if run["aggregator"] else {}
+        fitted = train(task=str(task), method=run["method"], seed=0, train_frac=0.5, **options, **extra)
+        assert run["dataset"] == fitted.metrics["final"], run["method"]
+    assert all("vs_direct" in s["bootstrap"][0] for s in res["settings"][1:])
+    assert res["calls"] == sum(c["calls"] for c in res["cost"].values()) > 0
