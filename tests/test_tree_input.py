@@ -100,6 +100,21 @@ def test_more_layers_expand_only_unlocked_leaves_and_keep_locked_ones(toy, tmp_p
     assert len(ev.feature_keys) == 7 + len(added)
 
 
+def test_an_unlocked_aspect_without_sub_criteria_is_decomposed_at_layer_2(toy, tmp_path: Path) -> None:
+    # the human-in-the-loop case: sub-criteria written for clarity, accuracy left to the LLM
+    tree = write(tmp_path / "tree.json", {"criteria": TREE2["criteria"][:4]})
+    fake = FakeBackend()
+    ev = run(toy, tmp_path, tree=str(tree), layers=2, backend=fake)
+    assert decomposed(fake) == ["accuracy"]
+    assert [c.key for c in ev.tree.children("clarity")] == ["clarity/wording", "clarity/order"]
+    assert ev.tree.children("accuracy") and kinds(fake)["score"] == 36 * (2 + 2 + len(ev.tree.children("accuracy")))
+    # locked, it stays a leaf: nothing is decomposed
+    locked = [dict(c, locked=True) if c["key"] == "accuracy" else c for c in TREE2["criteria"][:4]]
+    fake = FakeBackend()
+    ev = run(toy, tmp_path, tree=str(write(tmp_path / "locked.json", {"criteria": locked})), layers=2, backend=fake)
+    assert kinds(fake)["decompose"] == 0 and ev.tree.children("accuracy") == []
+
+
 def test_a_one_layer_tree_decomposes_its_unlocked_aspects_only(toy, tmp_path: Path) -> None:
     tree = write(tmp_path / "tree.json", {"criteria": [
         crit("clarity", locked=True), crit("accuracy", name="Correctness", definition="Are the facts right?")]})
@@ -262,6 +277,10 @@ def test_dry_run_prices_both_llms_and_counts_a_given_tree_exactly(toy, tmp_path:
     assert "LLM fake:v1, decomposition LLM fake:v1:logprobs=0" in r.stdout
     rows = [line.split() for line in r.stdout.splitlines() if re.match(r"\s+\d+\s", line)]
     assert [(row[0], row[1], row[2]) for row in rows] == [("1", "0", "72"), ("2", "0", "180")]  # 36 x 5
+    part = write(tmp_path / "part.json", {"criteria": TREE2["criteria"][:4]})  # accuracy: no sub-criteria
+    r = cli_train(toy, tmp_path, "--dry-run", "--tree", str(part), "--layers", "2")
+    rows = [line.split() for line in r.stdout.splitlines() if re.match(r"\s+\d+\s", line)]
+    assert rows[1][:3] == ["2", "1", "<="] and rows[1][3] == str(36 * 2 + 36 * 4)  # 2 given + <= 4 new
     r = cli_train(toy, tmp_path, *base, "--layers", "3", "--decompose-price-in", "100",
                   "--decompose-price-out", "200")
     assert r.exit_code == 0, r.output

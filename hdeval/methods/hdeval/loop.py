@@ -102,20 +102,18 @@ def _run(
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
     for layer in range(1, config.layers + 1):
-        if layer > depth:
-            if layer == 2:
-                nodes = [c for c in tree.layer(1) if c.key not in locked]
-            else:
-                nodes = [tree[k] for k in expand]
-            if not nodes:  # pruning found no criterion worth expanding (or all are locked)
+        if layer > 1:
+            nodes = _to_decompose(tree, layer, depth, locked, expand)
+            if not nodes and layer > depth:  # pruning found no criterion worth expanding
                 break
-            progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
-            before = len(tree)
-            _share_budget(dec, llm, config.max_calls)
-            tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
-            progress.end_stage()
-            if len(tree) == before:
-                break
+            if nodes:
+                progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
+                before = len(tree)
+                _share_budget(dec, llm, config.max_calls)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
+                progress.end_stage()
+                if len(tree) == before and layer > depth:
+                    break
         new = tree.layer(layer)
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
@@ -188,6 +186,18 @@ def _run(
         },
         table,
     )
+
+
+def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
+                  expand: Sequence[str]) -> list:
+    """The criteria decomposed before layer ``layer`` is scored. Layer 2: every aspect without
+    sub-criteria that is not locked (all of them without --tree). Deeper: the ones pruning
+    picked, but only below the given tree's last layer (its layers are taken as given)."""
+    if layer == 2:
+        return [c for c in tree.layer(1) if c.key not in locked and not tree.children(c.key)]
+    if layer > depth:
+        return [tree[k] for k in expand]
+    return []
 
 
 def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
@@ -359,33 +369,39 @@ def _plan(config: TrainConfig, prep: Prepared, llm: CachedBackend, dec: CachedBa
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
     n_distinct = len({sample_block(task, s) for s in samples})
-    plans = []
+    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+                for c in tree.layer(1)]
+    dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
+    plans: list[LayerPlan] = []
     per_prompt = 0.0
-    for layer in range(1, depth + 1):
-        reqs = score_requests(templates["score"], task, tree, tree.layer(layer), samples)
+    candidates = 0  # criteria of the previous layer pruning may pick for expansion
+    last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
+    for layer in range(1, last + 1):
+        if layer == 2:  # every aspect without sub-criteria that is not locked
+            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
+        elif layer > depth:  # at most --top-k picked by pruning
+            nodes = min(config.top_k, candidates)
+        else:
+            nodes = 0
+        if layer > depth and not nodes:
+            break
+        # the given tree's criteria on this layer are known: count their requests exactly
+        known = tree.layer(layer) if layer <= depth else []
+        reqs = score_requests(templates["score"], task, tree, known, samples) if known else []
         # Identical requests (samples with the same text) cost one call: count distinct keys.
         distinct = {llm.key(r): r for r in reqs}
-        per_prompt = sum(prompt_chars(r) for r in distinct.values()) / max(1, len(distinct)) / 4
-        plans.append(LayerPlan(layer, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()),
-                               False, int(per_prompt * len(distinct)), len(distinct) * 2))
-    last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
-    if last <= depth:
-        return plans
-    expandable = [c for c in tree.layer(depth) if c.key not in locked]
-    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.children)
-                for c in (expandable or tree.layer(1))]
-    dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
-    # layer 2 expands every (unlocked) aspect; pruning picks at most --top-k after that
-    n_prev = len(expandable) if depth == 1 else min(config.top_k, len(expandable))
-    for layer in range(depth + 1, last + 1):
-        nodes = n_prev if layer == depth + 1 else min(config.top_k, n_prev)
+        known_chars = sum(prompt_chars(r) for r in distinct.values())
+        if distinct:
+            per_prompt = known_chars / len(distinct) / 4
         n_new = nodes * config.children
-        score = n_new * n_distinct
+        score = len(distinct) + n_new * n_distinct
         dec_p, dec_c = int(nodes * dec_prompt), nodes * DECOMPOSE_MAX_TOKENS // 4
+        cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
         plans.append(LayerPlan(
-            layer, nodes, score, None, True,
-            int(score * (per_prompt + 40) + nodes * dec_prompt),  # +40: the parent's lines
+            layer, nodes, score, cached, nodes > 0,
+            # +40: the parent's lines in a new criterion's prompt
+            int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
             score * 2 + dec_c, dec_p, dec_c,
         ))
-        n_prev = n_new
+        candidates = sum(1 for c in known if c.key not in locked) + n_new
     return plans
