@@ -145,6 +145,17 @@ def test_decompose_llm_gets_the_decompositions_and_the_scoring_llm_the_scores(to
     assert ev.metrics["usage"]["calls"] == scorer.calls + decomposer.calls
 
 
+def test_the_decompose_llm_server_is_recorded_without_credentials(toy, tmp_path: Path) -> None:
+    url = "http://gw-user:SECRET1@127.0.0.1:9/v1?api-key=SECRET2"
+    ev = run(toy, tmp_path, layers=2, backend=FakeBackend(), decompose_llm="big-model", decompose_base_url=url,
+             decompose_backend=FakeBackend(logprobs=False))
+    text = (ev.save(tmp_path / "art") / "manifest.json").read_text()
+    assert "SECRET" not in text and "gw-user" not in text
+    m = json.loads(text)
+    assert m["decompose_llm"]["model"] == "big-model"
+    assert m["decompose_llm"]["base_url"] == m["config"]["decompose_base_url"] == "http://127.0.0.1:9/v1"
+
+
 def test_one_max_calls_budget_for_both_llms(toy, tmp_path: Path) -> None:
     scorer, decomposer = FakeBackend(), FakeBackend(logprobs=False)
     with pytest.raises(BudgetExceeded):

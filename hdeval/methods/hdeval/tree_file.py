@@ -149,7 +149,8 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
             layer = 1
             if key not in aspects:
                 raise ValueError(f"{at}.key: {key!r} has no parent but is not an aspect trained "
-                                 f"({', '.join(aspects)}); a subset of the task's aspects needs --aspects")
+                                 f"({', '.join(aspects)}): layer 1 holds exactly the aspects trained "
+                                 "(the task's, or those of --aspects)")
         else:
             if not isinstance(parent_key, str) or parent_key not in index:
                 raise ValueError(f"{at}.parent: {parent_key!r} is not the key of a criterion listed before it")
