@@ -86,6 +86,8 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
+        if config.decompose_llm == "local" and _resolved(config.llm) != "local":
+            _notice_local("local")
         ev = run_train(config, progress=progress)
         kind = ev.aggregator.kind if ev.method == "hdeval" else ev.method
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
