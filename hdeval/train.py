@@ -12,7 +12,7 @@ from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
-from hdeval.errors import ConfigError, DataError
+from hdeval.errors import ConfigError, DataError, HdevalError
 from hdeval.llm import open_llm
 from hdeval.methods.base import FitContext, check_shape, get_method
 from hdeval.progress import Progress
@@ -53,6 +53,10 @@ class TrainConfig:
     max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
     max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
     batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
+    # HD-Eval: the LLM that decomposes criteria (None: the scoring LLM) and its server
+    decompose_llm: str | None = None
+    decompose_base_url: str | None = None
+    tree: str | None = None  # HD-Eval: start from this criteria tree (tree.json or an artifact dir)
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
@@ -92,6 +96,11 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.decompose_base_url and not self.decompose_llm:
+            raise ConfigError("--decompose-base-url needs --decompose-llm MODEL (the model that server runs)")
+        for name, value in (("--tree", self.tree), ("--decompose-llm", self.decompose_llm)):
+            if value and self.method != "hdeval":
+                raise ConfigError(f"{name} is an option of --method hdeval, not {self.method}")
 
     def public(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -105,6 +114,7 @@ class Prepared:
     samples: list[Sample]  # the samples used (train + test), in file order
     split: Split
     data_path: Path
+    tree: Any = None  # HD-Eval --tree: the GivenTree to start from (checked against the task)
 
 
 def prepare(config: TrainConfig) -> Prepared:
@@ -119,6 +129,15 @@ def prepare(config: TrainConfig) -> Prepared:
     method = get_method(config.method)
     method.check_options(config.method_options or {})
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
+    given = None
+    if config.tree:  # before the data and any LLM call: a bad tree file costs nothing
+        from hdeval.methods.hdeval.tree_file import read_tree
+
+        given = read_tree(config.tree, task)
+        if given.depth > config.layers:
+            raise ConfigError(f"{config.tree}: the tree has {given.depth} layers but --layers is "
+                              f"{config.layers}: pass --layers {given.depth} to score it as given, or more "
+                              "to expand it")
     path = find_data(task, config.data)
     samples = read_task_samples(path, task, require_labels=True)
     samples = limit_samples(samples, config.limit, config.seed)
@@ -127,7 +146,7 @@ def prepare(config: TrainConfig) -> Prepared:
     except DataError as exc:  # too few samples or documents: say which file
         raise DataError(f"{path}: {exc}") from exc
     keep = set(split.train_ids) | set(split.test_ids)
-    return Prepared(task, [s for s in samples if s.id in keep], split, path)
+    return Prepared(task, [s for s in samples if s.id in keep], split, path, given)
 
 
 def llm_config(config: TrainConfig) -> LLMConfig:
@@ -143,16 +162,42 @@ def open_backend(
     return open_llm(llm_config(config), backend, offline)
 
 
+def decompose_llm_config(config: TrainConfig) -> LLMConfig | None:
+    """The decomposing LLM's settings (``--decompose-llm``), or None: the scoring LLM decomposes.
+    Same cache dir and budget settings; its own identity, so its own cache keys."""
+    if not config.decompose_llm:
+        return None
+    return LLMConfig(config.decompose_llm, config.decompose_base_url, config.timeout, config.max_retries,
+                     config.concurrency, config.cache_dir, config.max_calls)
+
+
+def open_decompose_backend(
+    config: TrainConfig, llm: CachedBackend, backend: Backend | None = None, offline: bool = False
+) -> CachedBackend:
+    """The cached backend that decomposes: ``llm`` itself unless ``--decompose-llm`` (or an
+    injected ``backend``) names another. Opened before any call, so a decompose LLM that cannot
+    be opened (no key, no model file, no runtime) stops the run before anything is paid for."""
+    dc = decompose_llm_config(config)
+    if dc is None and backend is None:
+        return llm
+    try:
+        return open_llm(dc or llm_config(config), backend, offline)
+    except HdevalError as exc:
+        raise ConfigError(f"--decompose-llm {config.decompose_llm or getattr(backend, 'identity', '')}: {exc}") from None
+
+
 def train(
     config: TrainConfig | None = None,
     *,
     progress: Progress | None = None,
     backend: Backend | None = None,
+    decompose_backend: Backend | None = None,
     **options: Any,
 ) -> "Fitted":
     """Train an HD-Eval evaluator; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
+    ``backend`` / ``decompose_backend``: LLMs to use instead of the ones the options name.
     """
     if config is None:
         config = TrainConfig.from_options(**options)
@@ -165,7 +210,12 @@ def train(
     spec = llm_config(config).resolved() if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     llm = open_backend(config, backend)
     try:
-        return method.fit(FitContext(config, prep, llm, spec, progress))
+        dec = open_decompose_backend(config, llm, decompose_backend)
+        try:
+            return method.fit(FitContext(config, prep, llm, spec, progress, decompose_llm=dec))
+        finally:
+            if dec is not llm:
+                dec.close()
     finally:
         llm.close()
 
@@ -178,9 +228,11 @@ class LayerPlan:
     score_calls: int
     cached: int | None  # None when the requests are not known before earlier layers run
     upper_bound: bool
-    prompt_tokens: int
+    prompt_tokens: int  # all of the layer's calls (decomposition included)
     completion_tokens: int
     stage: str = ""  # a method whose steps are not criteria layers names them (dna)
+    decompose_prompt_tokens: int = 0  # of which decomposition (priced apart: --decompose-llm)
+    decompose_completion_tokens: int = 0
 
 
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
@@ -229,6 +281,10 @@ def _plan_requests(config: TrainConfig, prep: Prepared, backend: Backend | None)
 def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
     llm = open_backend(config, backend, offline=True)
     try:
+        dec = open_decompose_backend(config, llm, offline=True)
+        if dec is not llm:
+            dec.close()
+            return f"{llm.identity}, decomposition LLM {dec.identity}"
         return llm.identity
     finally:
         llm.close()

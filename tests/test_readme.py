@@ -452,3 +452,46 @@ def test_readme_benchmark(fresh: Path, tmp_path: Path) -> None:
     assert hdeval(BENCHMARK, fresh, env).returncode == 2
     ok(hdeval(BENCHMARK + " --force", fresh, env))
     assert json.loads((fresh / "bench" / "results.json").read_text())["calls"] == 0
+
+
+TREE_WORKFLOW = [
+    "hdeval train --task summeval --layers 1 --limit 64 --llm fake -o artifacts/summeval-l1",
+    "cp artifacts/summeval-l1/tree.json my_tree.json",
+    "hdeval train --task summeval --tree my_tree.json --layers 3 --limit 64 --llm fake "
+    "--decompose-llm fake:logprobs=0 -o artifacts/summeval-edited",
+    "hdeval train --task summeval --tree artifacts/summeval-demo --layers 2 --limit 64 --llm fake:logprobs=0 "
+    "-o artifacts/summeval-rescored",
+]
+
+
+@needs_shared
+def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
+    in_readme(*TREE_WORKFLOW)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(fresh / "cache"))
+    ok(hdeval(TREE_WORKFLOW[0], fresh, env))
+    # the person's edit: sub-criteria for coherence, written and locked; fluency locked as it is
+    tree = json.loads((fresh / "artifacts" / "summeval-l1" / "tree.json").read_text())
+    for c in tree["criteria"]:
+        c["locked"] = c["key"] == "fluency"
+    tree["criteria"] += [
+        {"key": f"coherence/{k}", "name": k.title(), "definition": f"Is the summary's {k} sound?",
+         "parent": "coherence", "locked": True} for k in ("order", "focus")]
+    (fresh / "my_tree.json").write_text(json.dumps(tree), encoding="utf-8")
+    r = ok(hdeval(TREE_WORKFLOW[2], fresh, env))
+    assert "criteria from my_tree.json (6, 3 locked): coherence, consistency, fluency (locked)" in r.stdout
+    made = json.loads((fresh / "artifacts" / "summeval-edited" / "tree.json").read_text())["criteria"]
+    by_key = {c["key"]: c for c in made}
+    assert by_key["coherence/order"]["name"] == "Order"  # the person's criteria, kept as written
+    parents = {c["parent"] for c in made if c["key"] not in {t["key"] for t in tree["criteria"]}}
+    # layer 2: the unlocked aspects without children; locked ones never get any
+    assert {"consistency", "relevance"} <= parents and not parents & {"fluency", "coherence/order",
+                                                                     "coherence/focus"}
+    manifest = json.loads((fresh / "artifacts" / "summeval-edited" / "manifest.json").read_text())
+    assert manifest["decompose_llm"]["identity"] == "fake:v1:logprobs=0"
+    # rescoring the demo's tree with another LLM: no decomposition, the same criteria
+    ok(hdeval(OFFLINE_DEMO[0], fresh, env))
+    r = ok(hdeval(TREE_WORKFLOW[3], fresh, env))
+    assert "criteria added by decomposition: 0" in r.stdout
+    demo = json.loads((fresh / "artifacts" / "summeval-demo" / "tree.json").read_text())
+    again = json.loads((fresh / "artifacts" / "summeval-rescored" / "tree.json").read_text())
+    assert again == demo

@@ -35,23 +35,37 @@ from hdeval.errors import HdevalError
               help="Artifact directory. Default: artifacts/<task>-<aggregator>.")
 @click.option("--force", is_flag=True,
               help="Replace an existing artifact at --out (never a directory that is not an artifact).")
+@click.option("--tree", default=None,
+              help="Start from this criteria tree (a tree.json, e.g. an artifact's, edited or not; or an "
+                   "HD-Eval artifact directory): its layers are scored as given, --layers beyond them expand "
+                   "it; criteria with \"locked\": true are never expanded.")
+@click.option("--decompose-llm", default=None,
+              help="The LLM that decomposes criteria (same forms as --llm). Default: the scoring LLM.")
+@click.option("--decompose-base-url", default=None,
+              help="OpenAI-compatible server of --decompose-llm.")
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
+@click.option("--decompose-price-in", default=None, type=float,
+              help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).")
+@click.option("--decompose-price-out", default=None, type=float,
+              help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
 @method_options
 @llm_options
 @batch_option
-def train(dry_run: bool, price_in: float | None, price_out: float | None, out: str | None,
-          force: bool, quiet: bool, offline: bool, **options: Any) -> None:
+def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
+          decompose_price_out: float | None, out: str | None, force: bool, quiet: bool, offline: bool,
+          **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
     Example:
       hdeval train --task summeval --layers 3 --llm gpt-4o-mini
       hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
+      hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
     """
     from hdeval.train import TrainConfig, plan, train as run_train
 
@@ -69,11 +83,14 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, out: s
                 click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
                            "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
                 config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
-            _print_plan(*plan(config), price_in=price_in, price_out=price_out, batch=config.batch)
+            _print_plan(*plan(config), price_in=price_in, price_out=price_out, batch=config.batch,
+                        decompose_prices=(decompose_price_in, decompose_price_out))
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
+        if config.decompose_llm == "local" and _resolved(config.llm) != "local":
+            _notice_local("local")
         ev = run_train(config, progress=progress)
         kind = getattr(ev, "aggregator_kind", None) or (ev.aggregator.kind if ev.method == "hdeval" else ev.method)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
@@ -107,6 +124,9 @@ def _print_train_summary(ev, path: Path) -> None:
     avg = m["final"]["average"]
     click.echo(f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
                f"{len(ev.feature_keys)} criteria")
+    given = ev.manifest_extra.get("tree_input")
+    if given:
+        _print_given_tree(given, ev.tree.keys)
     click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
                f"kendall {avg['kendall']}")
     direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
@@ -125,6 +145,20 @@ def _print_train_summary(ev, path: Path) -> None:
                    "(use more data or a larger --test-frac)", err=True)
     click.echo(f"artifact written to {path}")
     click.echo(f"next: hdeval report {path}")
+
+
+def _print_given_tree(given: dict, keys: list[str]) -> None:
+    """Which criteria came from the --tree file (and which were locked), which were added."""
+    from_file = set(given["criteria"])
+    locked = set(given["locked"])
+    added = [k for k in keys if k not in from_file]
+    listed = _some([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
+    click.echo(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}")
+    click.echo(f"criteria added by decomposition: {len(added)}" + (f": {_some(added)}" if added else ""))
+
+
+def _some(names: list[str], n: int = 20) -> str:
+    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
 
 
 def _check_outputs(config, out: str | None, force: bool) -> None:
@@ -148,7 +182,8 @@ def _check_outputs(config, out: str | None, force: bool) -> None:
 
 
 def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
-                batch: bool = False) -> None:
+                batch: bool = False,
+                decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
@@ -173,14 +208,30 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
     known_cached = sum(p.cached or 0 for p in plans)
     click.echo(f"total: <= {tot_calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
-    if price_in is not None or price_out is not None:
-        cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)
-        click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
-        if batch:
-            # the Batch API bills half the per-token price; the few decomposition calls of
-            # layers 2+ are not batched, so this is a lower bound on a batched run's cost
-            dec_calls = sum(p.decompose_calls for p in plans)
-            note = f"; the {dec_calls} decomposition calls are sent normally, at the full price" if dec_calls else ""
-            click.echo(f"with --batch: about {cost / 2:.2f} (the Batch API's half price per token{note})")
+    dec_in, dec_out = decompose_prices
+    if dec_in is None and dec_out is None:
+        if price_in is not None or price_out is not None:
+            cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)
+            click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
+            if batch:
+                # the Batch API bills half the per-token price; the few decomposition calls of
+                # layers 2+ are not batched, so this is a lower bound on a batched run's cost
+                dec_calls = sum(p.decompose_calls for p in plans)
+                note = f"; the {dec_calls} decomposition calls are sent normally, at the full price" if dec_calls else ""
+                click.echo(f"with --batch: about {cost / 2:.2f} (the Batch API's half price per token{note})")
+        return
+    # the decomposing LLM priced apart: its tokens at its prices, the rest at the scoring ones
+    dec_in = price_in if dec_in is None else dec_in
+    dec_out = price_out if dec_out is None else dec_out
+    dec_p = sum(p.decompose_prompt_tokens for p in plans)
+    dec_c = sum(p.decompose_completion_tokens for p in plans)
+    score_cost = (tot_p - dec_p) / 1e6 * (price_in or 0) + (tot_c - dec_c) / 1e6 * (price_out or 0)
+    dec_cost = dec_p / 1e6 * (dec_in or 0) + dec_c / 1e6 * (dec_out or 0)
+    click.echo(f"estimated cost: at most {score_cost + dec_cost:.2f}: scoring {score_cost:.2f} (at "
+               f"{price_in or 0}/{price_out or 0} per 1M tokens), decomposition {dec_cost:.2f} (at "
+               f"{dec_in or 0}/{dec_out or 0} per 1M tokens)")
+    if batch:
+        click.echo(f"with --batch: about {score_cost / 2 + dec_cost:.2f} (scoring at the Batch API's half price; "
+                   "decomposition calls are sent normally, at the full price)")
 
 

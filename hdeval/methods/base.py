@@ -162,6 +162,7 @@ class FitContext:
     llm: Any  # the run's CachedBackend
     llm_config: Any  # the resolved LLMConfig recorded in the artifact
     progress: "Progress"
+    decompose_llm: Any = None  # HD-Eval: the CachedBackend that decomposes (None or llm: the same)
 
     def option(self, name: str) -> Any:
         """A method-specific option: the value given, else the method's default."""

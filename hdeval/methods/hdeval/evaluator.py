@@ -49,7 +49,7 @@ ESTIMATORS = {
 }
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
-_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
+_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input")
 
 
 class Evaluator(Saving):

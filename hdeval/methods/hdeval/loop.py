@@ -56,7 +56,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     from hdeval.methods.paireval import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
-    ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer)
+    ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer, ctx.decompose_llm)
     if scorer is not None:
         ev.scorer = scorer
         position = scorer.position()
@@ -67,9 +67,10 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
 
 def _run(
     config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress,
-    scorer: Any = None,
+    scorer: Any = None, dec: CachedBackend | None = None,
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
+    dec = llm if dec is None else dec  # the LLM that decomposes (--decompose-llm)
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
     if scorer is not None:
@@ -84,9 +85,17 @@ def _run(
     progress.message(
         f"task {task.name}: {len(samples)} samples from {prep.data_path} "
         f"({len(tr)} train, {len(te)} test), LLM {llm.identity}"
+        + (f", decomposing with {dec.identity}" if dec is not llm else "")
     )
 
-    tree = CriteriaTree.from_aspects(task.aspects)
+    # --tree: its layers are taken as given (scored, never decomposed); expansion starts below
+    # its last layer, and a locked criterion is never expanded.
+    given = prep.tree
+    tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
+    depth = given.depth if given is not None else 1
+    locked = given.locked if given is not None else frozenset()
+    if given is not None:
+        progress.message(_given_summary(given))
     matrix = ScoreMatrix.empty(ids)
     reports: list[LayerReport] = []
     layer_metrics: dict[str, Any] = {}
@@ -94,19 +103,22 @@ def _run(
     agg: Aggregator | None = None
     for layer in range(1, config.layers + 1):
         if layer > 1:
-            nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
-            if not nodes:  # pruning found no criterion worth expanding
+            nodes = _to_decompose(tree, layer, depth, locked, expand)
+            if not nodes and layer > depth:  # pruning found no criterion worth expanding
                 break
-            progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
-            before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
-            progress.end_stage()
-            if len(tree) == before:
-                break
+            if nodes:
+                progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
+                before = len(tree)
+                _share_budget(dec, llm, config.max_calls)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
+                progress.end_stage()
+                if len(tree) == before and layer > depth:
+                    break
         new = tree.layer(layer)
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
         )
+        _share_budget(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
         _check_failures(m, layer, config.max_failure_rate)
@@ -132,8 +144,10 @@ def _run(
                 layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
                 m.failure_rate, selection, tuning=tuning, params=_nn_params(template),
             )
-            if 2 <= layer < config.layers:
-                pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, [c.key for c in new],
+            # candidates for expansion: the last given layer's and later layers' unlocked criteria
+            candidates = [c.key for c in new if c.key not in locked]
+            if 2 <= layer < config.layers and layer >= depth and candidates:
+                pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
                            doc_groups, config.top_k)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
@@ -153,8 +167,10 @@ def _run(
         "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
         "mean_subtree": _mean_subtree(tree, matrix, Y[te], te, aspects),
         "failure_rate": matrix.failure_rate,
-        "usage": _usage(llm),
+        "usage": _usage(llm, dec),
     }
+    if dec is not llm:
+        metrics["usage_decompose"] = _usage(dec)
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
     return Evaluator(
@@ -162,12 +178,26 @@ def _run(
         {
             "seed": config.seed,
             "split": split.to_dict(),
-            "config": {k: v for k, v in config.public().items() if k not in ("cache_dir",)},
+            "config": _public_config(config),
             "layers": [r.to_dict() for r in reports],
             "data_file": str(prep.data_path),
+            "decompose_llm": _decompose_record(config, spec, dec, llm),
+            **({"tree_input": given.manifest()} if given is not None else {}),
         },
         table,
     )
+
+
+def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
+                  expand: Sequence[str]) -> list:
+    """The criteria decomposed before layer ``layer`` is scored. Layer 2: every aspect without
+    sub-criteria that is not locked (all of them without --tree). Deeper: the ones pruning
+    picked, but only below the given tree's last layer (its layers are taken as given)."""
+    if layer == 2:
+        return [c for c in tree.layer(1) if c.key not in locked and not tree.children(c.key)]
+    if layer > depth:
+        return [tree[k] for k in expand]
+    return []
 
 
 def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
@@ -230,10 +260,49 @@ def _mean_subtree(tree: CriteriaTree, matrix: ScoreMatrix, y: np.ndarray, te: np
     return metric_table(y, subtree_means(tree, matrix, aspects)[te], aspects)
 
 
-def _usage(llm: CachedBackend) -> dict[str, int]:
-    s = llm.stats
-    return {"calls": s.calls, "cache_hits": s.hits, "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens}
+def _usage(llm: CachedBackend, *more: CachedBackend) -> dict[str, int]:
+    """Calls, cache hits and tokens of ``llm`` (and of each other backend in ``more``)."""
+    stats = [llm.stats] + [b.stats for b in more if b is not llm]
+    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
+            "prompt_tokens": sum(s.prompt_tokens for s in stats),
+            "completion_tokens": sum(s.completion_tokens for s in stats)}
+
+
+def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | None) -> None:
+    """One --max-calls for both LLMs: stages run one at a time, so before each stage the LLM it
+    uses may make what the other has not spent."""
+    if max_calls is not None and active is not other:
+        active.max_calls = max(0, max_calls - other.stats.calls)
+
+
+def _public_config(config: TrainConfig) -> dict[str, Any]:
+    from hdeval.urls import public_url
+
+    out = {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
+    if out.get("decompose_base_url"):
+        out["decompose_base_url"] = public_url(out["decompose_base_url"])
+    return out
+
+
+def _decompose_record(config: TrainConfig, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
+    """The decomposing LLM as the artifact records it: model, server and identity, no key."""
+    from hdeval.urls import public_identity, public_url
+
+    if dec is llm:
+        model, url = spec.model, spec.base_url
+    else:
+        model, url = config.decompose_llm or dec.identity, config.decompose_base_url
+    return {"model": model, "base_url": public_url(url), "identity": public_identity(dec.identity, url),
+            "same_as_scoring": dec is llm}
+
+
+def _given_summary(given: Any) -> str:
+    """Which criteria came from the --tree file (shown before training and in the summary)."""
+    keys = given.tree.keys
+    shown = ", ".join(k + (" (locked)" if k in given.locked else "") for k in keys[:12])
+    more = f", ... {len(keys) - 12} more" if len(keys) > 12 else ""
+    return (f"tree from {given.source}: {len(keys)} criteria on {given.depth} layer(s), "
+            f"{len(given.locked)} locked: {shown}{more}")
 
 
 def _fmt(x: float | None) -> str:
@@ -274,34 +343,65 @@ def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
 
 
 def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = None) -> list[LayerPlan]:
-    """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`)."""
+    """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
+
+    With ``--tree``, every layer of the given tree is known: its requests are counted exactly.
+    """
+    from hdeval.train import open_decompose_backend
+
     llm = open_backend(config, backend, offline=True)
     try:
-        templates = load_templates()
-        task, samples = prep.task, prep.samples
-        tree = CriteriaTree.from_aspects(task.aspects)
-        l1 = score_requests(templates["score"], task, tree, tree.layer(1), samples)
-        # Identical requests (samples with the same text) cost one call: count distinct keys.
-        distinct = {llm.key(r): r for r in l1}
-        n_distinct = len({sample_block(task, s) for s in samples})
-        per_prompt = sum(prompt_chars(r) for r in distinct.values()) / max(1, len(distinct)) / 4
-        plans = [LayerPlan(1, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
-                           int(per_prompt * len(distinct)), len(distinct) * 2)]
-        dec = [decomposition_request(templates["decompose"], task, tree, c, config.children)
-               for c in tree.layer(1)]
-        dec_prompt = sum(prompt_chars(r) for r in dec) / len(dec) / 4
-        n_prev = len(tree.layer(1))
-        last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
-        for layer in range(2, last + 1):
-            nodes = n_prev if layer == 2 else min(config.top_k, n_prev)
-            n_new = nodes * config.children
-            score = n_new * n_distinct
-            plans.append(LayerPlan(
-                layer, nodes, score, None, True,
-                int(score * (per_prompt + 40) + nodes * dec_prompt),  # +40: the parent's lines
-                score * 2 + nodes * DECOMPOSE_MAX_TOKENS // 4,
-            ))
-            n_prev = n_new
-        return plans
+        dec = open_decompose_backend(config, llm, offline=True)
+        try:
+            return _plan(config, prep, llm, dec)
+        finally:
+            if dec is not llm:
+                dec.close()
     finally:
         llm.close()
+
+
+def _plan(config: TrainConfig, prep: Prepared, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:
+    templates = load_templates()
+    task, samples = prep.task, prep.samples
+    given = prep.tree
+    tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
+    depth = given.depth if given is not None else 1
+    locked = given.locked if given is not None else frozenset()
+    n_distinct = len({sample_block(task, s) for s in samples})
+    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+                for c in tree.layer(1)]
+    dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
+    plans: list[LayerPlan] = []
+    per_prompt = 0.0
+    candidates = 0  # criteria of the previous layer pruning may pick for expansion
+    last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
+    for layer in range(1, last + 1):
+        if layer == 2:  # every aspect without sub-criteria that is not locked
+            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
+        elif layer > depth:  # at most --top-k picked by pruning
+            nodes = min(config.top_k, candidates)
+        else:
+            nodes = 0
+        if layer > depth and not nodes:
+            break
+        # the given tree's criteria on this layer are known: count their requests exactly
+        known = tree.layer(layer) if layer <= depth else []
+        reqs = score_requests(templates["score"], task, tree, known, samples) if known else []
+        # Identical requests (samples with the same text) cost one call: count distinct keys.
+        distinct = {llm.key(r): r for r in reqs}
+        known_chars = sum(prompt_chars(r) for r in distinct.values())
+        if distinct:
+            per_prompt = known_chars / len(distinct) / 4
+        n_new = nodes * config.children
+        score = len(distinct) + n_new * n_distinct
+        dec_p, dec_c = int(nodes * dec_prompt), nodes * DECOMPOSE_MAX_TOKENS // 4
+        cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
+        plans.append(LayerPlan(
+            layer, nodes, score, cached, nodes > 0,
+            # +40: the parent's lines in a new criterion's prompt
+            int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
+            score * 2 + dec_c, dec_p, dec_c,
+        ))
+        candidates = sum(1 for c in known if c.key not in locked) + n_new
+    return plans
