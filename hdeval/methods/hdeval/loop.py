@@ -401,7 +401,7 @@ def _plan(config: TrainConfig, prep: Prepared, llm: CachedBackend, dec: CachedBa
             layer, nodes, score, cached, nodes > 0,
             # +40: the parent's lines in a new criterion's prompt
             int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
-            score * 2 + dec_c, dec_p, dec_c,
+            score * 2 + dec_c, decompose_prompt_tokens=dec_p, decompose_completion_tokens=dec_c,
         ))
         candidates = sum(1 for c in known if c.key not in locked) + n_new
     return plans
