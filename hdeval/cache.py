@@ -404,7 +404,10 @@ class CachedBackend:
         self._queue: list[tuple[int, str, str, Completion]] = []
         self._queued = 0
         self._written = 0
-        self._wcond = threading.Condition(self._lock)
+        # its own lock: request threads and the writer never queue on the lock that guards
+        # stats, the budget and in-flight requests. Lock order: _wlock before _lock.
+        self._wlock = threading.Lock()
+        self._wcond = threading.Condition(self._wlock)
         self._writer: threading.Thread | None = None
         self._closing = False
         self._mine = threading.local()  # .last: the number of this thread's latest write
@@ -439,8 +442,9 @@ class CachedBackend:
                 CacheWarning, stacklevel=4)
 
     def _read(self, key: str) -> Completion | None:
-        with self._lock:
-            unsaved = self._pending.get(key) or self._unsaved.get(key)
+        # no lock: one dict lookup is atomic, and an entry leaves _pending only once it is
+        # on disk or in _unsaved
+        unsaved = self._pending.get(key) or self._unsaved.get(key)
         if unsaved is not None:
             return unsaved
         if self._store is None:
@@ -498,11 +502,13 @@ class CachedBackend:
                     self._inflight.pop(key).set()
 
     def _fetch(self, key: str, request: CompletionRequest) -> Completion:
+        last = getattr(self._mine, "last", 0)
+        if self._written < last:
+            with self._wlock:
+                # this thread's previous reply is on disk (or known not to be) before it pays again
+                while self._written < last and self._writer is not None and self._writer.is_alive():
+                    self._wcond.wait(0.5)
         with self._lock:
-            # this thread's previous reply is on disk (or known not to be) before it pays again
-            last = getattr(self._mine, "last", 0)
-            while self._written < last and self._writer is not None and self._writer.is_alive():
-                self._wcond.wait(0.5)
             if self._write_error is not None:
                 raise self._write_error
             if self.max_calls is not None and self._reserved >= self.max_calls:
@@ -530,7 +536,7 @@ class CachedBackend:
     def _save(self, key: str, result: Completion) -> None:
         """Queue ``result`` for the writer; it is served from memory until committed."""
         text = json.dumps(result.to_dict())
-        with self._lock:
+        with self._wlock:
             if not self._closing:
                 self._queued += 1
                 self._mine.last = self._queued
@@ -549,7 +555,7 @@ class CachedBackend:
         """The writer thread: commit whatever is queued, one transaction per batch, until
         closed and drained."""
         while True:
-            with self._lock:
+            with self._wlock:
                 if not self._queue and not self._closing:
                     self._wcond.wait(self.WRITER_IDLE)
                 if not self._queue:  # closed, or idle: end (the next write starts a new writer)
@@ -565,10 +571,10 @@ class CachedBackend:
             try:
                 self._write_batch(batch)
             except BaseException as exc:  # noqa: BLE001 - never leave waiters hanging
-                with self._lock:
+                with self._wlock, self._lock:
                     for _n, key, _text, result in batch:
+                        self._unsaved[key] = result  # before it leaves _pending: never in neither
                         self._pending.pop(key, None)
-                        self._unsaved[key] = result
                     if self._write_error is None:
                         self._write_error = storage_error(self.cache_dir, exc, writing=True)
                     self._written = max(self._written, batch[-1][0])
@@ -597,13 +603,14 @@ class CachedBackend:
                     store.set(key, text)
                 except (EntryTooLarge, OSError, sqlite3.Error, diskcache.Timeout) as exc:
                     failed[key] = exc
-        with self._lock:
+        with self._wlock, self._lock:
             for _n, key, _text, result in batch:
-                self._pending.pop(key, None)
                 exc = failed.get(key)
+                if exc is not None:
+                    self._unsaved[key] = result  # before it leaves _pending: never in neither
+                self._pending.pop(key, None)
                 if exc is None:
                     continue
-                self._unsaved[key] = result
                 if isinstance(exc, EntryTooLarge):
                     if len(self.warnings) < self.MAX_WARNINGS:
                         self.warnings.append(f"not cached: {exc}")
@@ -614,7 +621,7 @@ class CachedBackend:
 
     def flush(self) -> None:
         """Wait until every completion finished so far is written (or known unwritable)."""
-        with self._lock:
+        with self._wlock:
             target = self._queued
             while self._written < target and self._writer is not None and self._writer.is_alive():
                 self._wcond.wait(0.5)
@@ -626,7 +633,7 @@ class CachedBackend:
 
     def close(self) -> None:
         """Write out everything queued, stop the writer and close the store (idempotent)."""
-        with self._lock:
+        with self._wlock:
             self._closing = True
             self._wcond.notify_all()
             writer = self._writer

@@ -169,8 +169,10 @@ class OpenAICompatBackend:
     ``max_retries`` bounds retries of transient failures, waiting ``backoff_base * 2**n``
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
-    from many threads at once; ``concurrency`` sizes the connection pool (the connections kept
-    alive between calls) to the number of threads that will call it.
+    from many threads at once: each request takes an idle one-connection HTTP client from a
+    pool that grows to the number of requests in flight (``concurrency`` of them, as sized by
+    the caller), so threads never queue on one shared connection pool's lock (whose upkeep
+    also grows with its number of connections).
     """
 
     def __init__(
@@ -226,16 +228,10 @@ class OpenAICompatBackend:
             "Accept": "application/json",
             "User-Agent": f"hdeval/{__version__}",
         }
-        pool = max(1, int(concurrency))
-        self._client = httpx2.Client(
-            timeout=httpx2.Timeout(timeout),
-            # every calling thread keeps its connection alive between calls; room beyond that
-            # for calls given up at their deadline whose worker still holds a connection
-            limits=httpx2.Limits(max_connections=2 * pool + 8, max_keepalive_connections=pool),
-            # a redirect is reported, not followed: following turns a POST into a GET and the
-            # user sees a puzzling 404/405 from wherever it led
-            follow_redirects=False,
-        )
+        self.concurrency = max(1, int(concurrency))
+        self._idle: list[httpx2.Client] = []  # clients not in use (list pop/append are atomic)
+        self._clients: list[httpx2.Client] = []  # every client made, closed by close()
+        self._tls: Any = None  # one TLS context for all clients (building one costs ~0.1 s)
 
     def __repr__(self) -> str:  # the default repr would show nothing secret, but be explicit
         return f"OpenAICompatBackend({self.identity!r})"
@@ -275,8 +271,32 @@ class OpenAICompatBackend:
         return self._schema_supported
 
     def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._client.close()
+        """Close every HTTP connection."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+            self._idle.clear()
+        for client in clients:
+            client.close()
+
+    def _checkout(self) -> httpx2.Client:
+        """An idle HTTP client (one keep-alive connection each), or a new one."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        with self._lock:
+            if self._tls is None:
+                self._tls = httpx2.create_ssl_context()
+            client = httpx2.Client(
+                timeout=httpx2.Timeout(self.timeout),
+                limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1),
+                verify=self._tls,
+                # a redirect is reported, not followed: following turns a POST into a GET and
+                # the user sees a puzzling 404/405 from wherever it led
+                follow_redirects=False,
+            )
+            self._clients.append(client)
+        return client
 
     # -- retries --------------------------------------------------------------------------
 
@@ -398,10 +418,11 @@ class OpenAICompatBackend:
             f"the reply from {self.base_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
             "completion; not read further"
         )
+        client = self._checkout()
         try:
             # streamed: we read the body ourselves, so a malformed one is a retryable fault
             # rather than a half-built object, and we can stop at the deadline or the size cap
-            with self._client.stream("POST", self._url, content=body, headers=headers) as raw:
+            with client.stream("POST", self._url, content=body, headers=headers) as raw:
                 ok = 200 <= raw.status_code < 300
                 # an error's body only feeds a one-line message: the first 64 KB are plenty
                 cap = self.max_reply_bytes if ok else _MAX_ERROR_BYTES
@@ -431,6 +452,11 @@ class OpenAICompatBackend:
         except (httpx2.HTTPError, httpx2.StreamError) as exc:
             # dropped connections, truncated bodies, protocol errors, undecodable encodings
             raise _Transient(f"connection error ({_one_line(f'{type(exc).__name__}: {exc}')})") from None
+        finally:
+            # back only once this worker is done with it (a call given up at its deadline
+            # keeps its client until its read ends)
+            if not client.is_closed:
+                self._idle.append(client)
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
