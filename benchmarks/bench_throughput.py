@@ -12,21 +12,35 @@ thread, the cache writes and the final flush on close included).
     python benchmarks/bench_throughput.py                      # c in 1 8 64, L in 50 200 ms
     python benchmarks/bench_throughput.py --concurrency 64 --latency-ms 50 --requests 3000
 
-Results (2 shared cores, 1,000 requests, 100 at c = 1; see the commit history for the runs):
+Results (2 cores shared with six other engineers' test runs: load average 3-5 for the
+baseline, 12-22 for the later runs, so wall-clock figures are pessimistic and noisy; the CPU
+per call is the steadier figure; 1,000 requests per run, 100 at c = 1):
 
-Baseline (openai SDK request building, a diskcache ``set`` per call on the request path):
-
-| c | L ms | calls/s | ideal c/L | ratio | client CPU ms/call |
+| c | L ms | baseline calls/s (ratio) | lean client (ratio) | + cache writer (ratio) | + per-request clients, split locks (ratio) |
 |---|---|---|---|---|---|
-| 1 | 50 | 16.2 | 20 | 0.81 | 9.26 |
-| 8 | 50 | 132.0 | 160 | 0.82 | 3.08 |
-| 64 | 50 | 246.1 | 1280 | 0.19 | 3.11 |
-| 1 | 200 | 4.8 | 5 | 0.97 | 3.45 |
-| 8 | 200 | 38.3 | 40 | 0.96 | 2.98 |
-| 64 | 200 | 204.0 | 320 | 0.64 | 2.88 |
+| 1 | 50 | 16.2 (0.81) | 14.8 (0.74) | 15.5 (0.78) | 15.1 (0.76) |
+| 8 | 50 | 132.0 (0.82) | 122.6 (0.77) | 112.7 (0.70) | 120.0 (0.75) |
+| 64 | 50 | 246.1 (0.19) | 251.3 (0.20) | 238.4 (0.19) | 323.3 (0.25) |
+| 1 | 200 | 4.8 (0.97) | 4.8 (0.95) | 4.8 (0.96) | 4.7 (0.95) |
+| 8 | 200 | 38.3 (0.96) | 37.8 (0.95) | 37.7 (0.94) | 37.7 (0.94) |
+| 64 | 200 | 204.0 (0.64) | 177.1 (0.55) | 247.8 (0.77) | 233.9 (0.73) |
+| load average | | 3-5 | 12-14 | 12 | 21-23 |
 
-(load average 3-5 from other work on the same 2 cores while measuring; the server used
-0.2-0.5 ms of CPU per call.)
+Client CPU per call (ms, c = 8 / 64 at L = 50): baseline 3.08 / 3.11, lean client 1.70 / 2.03,
++ cache writer 1.70 / 2.41, final 1.90 / 2.36 (the server: 0.15-0.6 ms per call).
+
+Where it saturates: at c = 64 the client is CPU-bound under the GIL. Single-threaded, per call:
+the httpx2/httpcore2/h11 request and response handling of a pre-built body ~0.85-0.95 ms CPU,
+the cache (sha256 key, SQLite lookup, the writer's share of a batched commit) ~0.3-0.6 ms, the
+per-attempt thread that enforces the whole-request deadline ~0.1 ms, JSON body and reply
+~0.05 ms; with 64 threads the GIL hand-offs after every socket call add the rest (a
+per-thread cProfile shows the time in poll/send/settimeout, i.e. waiting to get the GIL back).
+At ~2 ms of GIL-serialised CPU per call the ceiling is ~500 calls/s on a free core, well below
+the 640 calls/s that 0.5 x c/L needs at c = 64, L = 50 ms; on these loaded cores the process
+got less than one core. The issue's targets (>= 0.9 x c/L up to c = 64 at 200 ms, >= 0.5 at
+c = 64, 50 ms) are met at c <= 8 only. Removing the deadline thread (a watchdog that shuts the
+socket instead) and the per-call HTTP library overhead (a leaner HTTP/1.1 client) are the next
+levers.
 """
 
 from __future__ import annotations

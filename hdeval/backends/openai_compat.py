@@ -1,10 +1,10 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp ...).
 
 Requests go out lean: the JSON body is built once per request (:meth:`OpenAICompatBackend._params`)
-and POSTed through one pooled ``httpx2`` client (the HTTP library the ``openai`` package itself
-uses; its request building cost more CPU than everything else per call, see
-benchmarks/bench_throughput.py), and replies are parsed by one function
-(:meth:`OpenAICompatBackend._parse`).
+and POSTed with ``httpx2`` (the HTTP library the ``openai`` package itself uses; the SDK's
+request building cost more CPU than everything else per call, see
+benchmarks/bench_throughput.py) over keep-alive connections, one per request in flight, and
+replies are parsed by one function (:meth:`OpenAICompatBackend._parse`).
 
 This is the one place in hdeval that retries: tenacity here retries rate limits, server
 errors, dropped connections, timeouts and malformed bodies with capped, jittered exponential
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import tenacity
 
+from hdeval import __version__
 from hdeval.backends.base import (
     MAX_ALTERNATIVES,
     MAX_POSITIONS,
@@ -47,7 +48,6 @@ from hdeval.backends.base import (
     read_logprob,
     token_count,
 )
-from hdeval import __version__
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 
 log = logging.getLogger(__name__)
@@ -170,9 +170,9 @@ class OpenAICompatBackend:
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
     from many threads at once: each request takes an idle one-connection HTTP client from a
-    pool that grows to the number of requests in flight (``concurrency`` of them, as sized by
-    the caller), so threads never queue on one shared connection pool's lock (whose upkeep
-    also grows with its number of connections).
+    pool that grows to the number of requests in flight, of which at most ``concurrency`` (the
+    number of calling threads) stay open between calls, so threads never queue on one shared
+    connection pool's lock (whose upkeep also grows with its number of connections).
     """
 
     def __init__(
@@ -455,8 +455,15 @@ class OpenAICompatBackend:
         finally:
             # back only once this worker is done with it (a call given up at its deadline
             # keeps its client until its read ends)
-            if not client.is_closed:
+            if client.is_closed:
+                pass
+            elif len(self._idle) < self.concurrency:
                 self._idle.append(client)
+            else:  # more than the callers need (after calls given up at their deadline)
+                with self._lock:
+                    if client in self._clients:
+                        self._clients.remove(client)
+                client.close()
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
