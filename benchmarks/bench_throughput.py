@@ -16,18 +16,22 @@ Results (2 cores shared with six other engineers' test runs: load average 3-5 fo
 baseline, 12-22 for the later runs, so wall-clock figures are pessimistic and noisy; the CPU
 per call is the steadier figure; 1,000 requests per run, 100 at c = 1):
 
-| c | L ms | baseline calls/s (ratio) | lean client (ratio) | + cache writer (ratio) | + per-request clients, split locks (ratio) |
-|---|---|---|---|---|---|
-| 1 | 50 | 16.2 (0.81) | 14.8 (0.74) | 15.5 (0.78) | 15.1 (0.76) |
-| 8 | 50 | 132.0 (0.82) | 122.6 (0.77) | 112.7 (0.70) | 120.0 (0.75) |
-| 64 | 50 | 246.1 (0.19) | 251.3 (0.20) | 238.4 (0.19) | 323.3 (0.25) |
-| 1 | 200 | 4.8 (0.97) | 4.8 (0.95) | 4.8 (0.96) | 4.7 (0.95) |
-| 8 | 200 | 38.3 (0.96) | 37.8 (0.95) | 37.7 (0.94) | 37.7 (0.94) |
-| 64 | 200 | 204.0 (0.64) | 177.1 (0.55) | 247.8 (0.77) | 233.9 (0.73) |
-| load average | | 3-5 | 12-14 | 12 | 21-23 |
+| c | L ms | baseline calls/s (ratio) | lean client (ratio) | + cache writer (ratio) | + per-request clients, split locks (ratio) | final rerun (ratio) |
+|---|---|---|---|---|---|---|
+| 1 | 50 | 16.2 (0.81) | 14.8 (0.74) | 15.5 (0.78) | 15.1 (0.76) | 17.4 (0.87) |
+| 8 | 50 | 132.0 (0.82) | 122.6 (0.77) | 112.7 (0.70) | 120.0 (0.75) | 139.4 (0.87) |
+| 64 | 50 | 246.1 (0.19) | 251.3 (0.20) | 238.4 (0.19) | 323.3 (0.25) | 495.4 (0.39) |
+| 1 | 200 | 4.8 (0.97) | 4.8 (0.95) | 4.8 (0.96) | 4.7 (0.95) | 4.9 (0.97) |
+| 8 | 200 | 38.3 (0.96) | 37.8 (0.95) | 37.7 (0.94) | 37.7 (0.94) | 38.4 (0.96) |
+| 64 | 200 | 204.0 (0.64) | 177.1 (0.55) | 247.8 (0.77) | 233.9 (0.73) | 230.0 (0.72) |
+| load average | | 3-5 | 12-14 | 12 | 21-23 | 5-6 |
 
 Client CPU per call (ms, c = 8 / 64 at L = 50): baseline 3.08 / 3.11, lean client 1.70 / 2.03,
-+ cache writer 1.70 / 2.41, final 1.90 / 2.36 (the server: 0.15-0.6 ms per call).
++ cache writer 1.70 / 2.41, + per-request clients 1.90 / 2.36, final rerun 2.00 / 1.81 (the
+server: 0.15-0.6 ms per call). At the same load as the baseline, c = 64 and L = 50 ms doubled
+(246 -> 495 calls/s). c = 64 at L = 200 ms stayed near 230: a 1,000-request run lasts ~4 s there,
+and opening 64 connections (and one TLS context) while 64 threads start is a larger share of
+it (a likely cause, not profiled separately; more requests per run would show it).
 
 Where it saturates: at c = 64 the client is CPU-bound under the GIL. Single-threaded, per call:
 the httpx2/httpcore2/h11 request and response handling of a pre-built body ~0.85-0.95 ms CPU,
