@@ -1,8 +1,15 @@
 """The one cache every LLM call goes through.
 
 Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser
-fix costs no new calls. Each completion is committed to SQLite (diskcache) the moment it
-arrives: a run killed at any point keeps every call it paid for.
+fix costs no new calls. Each completion is handed to one writer thread the moment it arrives
+and committed to SQLite (diskcache) with whatever else finished meanwhile, in one transaction
+(a ``set`` per call from every thread made them queue on SQLite's write lock, holding a
+concurrency slot each). Until committed, a completion is served from memory, so lookups and
+in-flight de-duplication see it. A thread waits for its own previous write to be committed
+before it pays for another call, so at most one finished call per thread is ever uncommitted,
+and only for the few milliseconds of one commit; ``close()`` (and an ``atexit`` hook, so
+Ctrl-C and normal exits too) writes everything still queued. Only a SIGKILL or power loss in
+those milliseconds can lose a call, and the rerun asks for it again.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
 plain text only (sha256 hex keys, JSON completions). :class:`JSONDisk` never pickles or
@@ -12,6 +19,7 @@ directory is a cache miss plus a :class:`CacheWarning`, never an exception or co
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import json
@@ -23,6 +31,7 @@ import sqlite3
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -345,6 +354,19 @@ class UsageStats:
         )
 
 
+# every CachedBackend whose writer thread runs: what it holds is written out at interpreter exit
+_OPEN: "weakref.WeakSet[CachedBackend]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for backend in list(_OPEN):
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - at exit there is nobody left to tell
+            pass
+
+
 class CachedBackend:
     """Wraps a backend with a disk cache, usage accounting and an optional call budget.
 
@@ -356,12 +378,14 @@ class CachedBackend:
     """
 
     MAX_WARNINGS = 20
+    WRITE_BATCH = 256  # completions committed in one transaction at most
+    WRITER_IDLE = 2.0  # seconds without writes after which the writer thread ends (restarted on demand)
 
     def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None):
         self.inner = inner
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.store = open_store(cache_dir) if cache_dir is not None else None
+        self._store = open_store(cache_dir) if cache_dir is not None else None
         self.max_calls = max_calls
         self.stats = UsageStats()
         self.warnings: list[str] = []
@@ -370,9 +394,29 @@ class CachedBackend:
         # keys being fetched right now: a second thread asking for the same request (two
         # samples with identical text) waits for the first instead of paying for it again
         self._inflight: dict[str, threading.Event] = {}
+        self._finished = 0  # fetches ended (their reply saved, or failed)
         # replies that could not be written (disk full): still served for this run
         self._unsaved: dict[str, Completion] = {}
         self._write_error: CacheError | None = None
+        # the writer: completions waiting to be committed, served from ``_pending`` meanwhile;
+        # writes are numbered, ``_written`` is the highest number the writer has dealt with
+        self._pending: dict[str, Completion] = {}
+        self._queue: list[tuple[int, str, str, Completion]] = []
+        self._queued = 0
+        self._written = 0
+        # its own lock: request threads and the writer never queue on the lock that guards
+        # stats, the budget and in-flight requests. Lock order: _wlock before _lock.
+        self._wlock = threading.Lock()
+        self._wcond = threading.Condition(self._wlock)
+        self._writer: threading.Thread | None = None
+        self._closing = False
+        self._mine = threading.local()  # .last: the number of this thread's latest write
+
+    @property
+    def store(self) -> diskcache.Cache | None:
+        """The disk store, with every completion finished so far written to it."""
+        self.flush()
+        return self._store
 
     @property
     def max_concurrency(self) -> int | None:
@@ -398,14 +442,15 @@ class CachedBackend:
                 CacheWarning, stacklevel=4)
 
     def _read(self, key: str) -> Completion | None:
-        with self._lock:
-            unsaved = self._unsaved.get(key)
+        # no lock: one dict lookup is atomic, and an entry leaves _pending only once it is
+        # on disk or in _unsaved
+        unsaved = self._pending.get(key) or self._unsaved.get(key)
         if unsaved is not None:
             return unsaved
-        if self.store is None:
+        if self._store is None:
             return None
         try:
-            text = self.store.get(key)
+            text = self._store.get(key)
         except UnreadableEntry as exc:
             self._warn(key, str(exc))
             return None
@@ -430,14 +475,19 @@ class CachedBackend:
     def complete(self, request: CompletionRequest) -> Completion:
         key = self.key(request)
         while True:
+            finished = self._finished
             hit = self._lookup(key)
             if hit is not None:
                 return hit
-            if self.store is None:
+            if self._store is None:
                 break
             with self._lock:
                 pending = self._inflight.get(key)
                 if pending is None:
+                    if self._finished != finished:
+                        # a fetch ended between our lookup and now: it may have been this
+                        # very request (paid, and saved since), so look again
+                        continue
                     self._inflight[key] = threading.Event()
                     break
             # another thread is fetching this very request: take its cached reply, or
@@ -446,11 +496,18 @@ class CachedBackend:
         try:
             return self._fetch(key, request)
         finally:
-            if self.store is not None:
+            if self._store is not None:
                 with self._lock:
+                    self._finished += 1
                     self._inflight.pop(key).set()
 
     def _fetch(self, key: str, request: CompletionRequest) -> Completion:
+        last = getattr(self._mine, "last", 0)
+        if self._written < last:
+            with self._wlock:
+                # this thread's previous reply is on disk (or known not to be) before it pays again
+                while self._written < last and self._writer is not None and self._writer.is_alive():
+                    self._wcond.wait(0.5)
         with self._lock:
             if self._write_error is not None:
                 raise self._write_error
@@ -466,7 +523,7 @@ class CachedBackend:
             with self._lock:
                 self._reserved -= 1
             raise
-        if self.store is not None:
+        if self._store is not None:
             self._save(key, result)
         with self._lock:
             self.stats.calls += 1
@@ -477,23 +534,115 @@ class CachedBackend:
         return result
 
     def _save(self, key: str, result: Completion) -> None:
+        """Queue ``result`` for the writer; it is served from memory until committed."""
+        text = json.dumps(result.to_dict())
+        with self._wlock:
+            if not self._closing:
+                self._queued += 1
+                self._mine.last = self._queued
+                self._pending[key] = result
+                self._queue.append((self._queued, key, text, result))
+                self._wcond.notify_all()
+                if self._writer is None:
+                    self._writer = threading.Thread(target=self._write_loop, name="hdeval-cache-writer",
+                                                    daemon=True)
+                    _OPEN.add(self)
+                    self._writer.start()
+                return
+        self._write_batch([(0, key, text, result)])  # a call finishing after close(): written here
+
+    def _write_loop(self) -> None:
+        """The writer thread: commit whatever is queued, one transaction per batch, until
+        closed and drained."""
+        while True:
+            with self._wlock:
+                if not self._queue and not self._closing:
+                    self._wcond.wait(self.WRITER_IDLE)
+                if not self._queue:  # closed, or idle: end (the next write starts a new writer)
+                    self._writer = None
+                    _OPEN.discard(self)
+                    if self._store is not None:
+                        # diskcache keeps a connection per thread: close this one, so the
+                        # last close checkpoints the write-ahead log into the database
+                        self._store.close()
+                    return
+                batch = self._queue[: self.WRITE_BATCH]
+                del self._queue[: self.WRITE_BATCH]
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:  # noqa: BLE001 - never leave waiters hanging
+                with self._wlock, self._lock:
+                    for _n, key, _text, result in batch:
+                        self._unsaved[key] = result  # before it leaves _pending: never in neither
+                        self._pending.pop(key, None)
+                    if self._write_error is None:
+                        self._write_error = storage_error(self.cache_dir, exc, writing=True)
+                    self._written = max(self._written, batch[-1][0])
+                    self._wcond.notify_all()
+
+    def _write_batch(self, batch: list[tuple[int, str, str, Completion]]) -> None:
+        """Commit ``batch`` in one transaction; if the store fails, each entry on its own, so
+        every one that can be written is. Entries that cannot be written stay served from
+        memory for this run, and a storage failure stops the next paid call."""
+        store = self._store
+        assert store is not None
+        failed: dict[str, BaseException] = {}
         try:
-            self.store.set(key, json.dumps(result.to_dict()))
-        except EntryTooLarge as exc:
-            with self._lock:
-                self._unsaved[key] = result
-                if len(self.warnings) < self.MAX_WARNINGS:
-                    self.warnings.append(f"not cached: {exc}")
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            err = storage_error(self.cache_dir, exc, writing=True)
-            with self._lock:
-                self._unsaved[key] = result
-                if self._write_error is None:
-                    self._write_error = err
+            with store.transact():
+                for _n, key, text, _result in batch:
+                    try:
+                        store.set(key, text)
+                    except EntryTooLarge as exc:  # raised before any SQL: the transaction goes on
+                        failed[key] = exc
+        except diskcache.Timeout as exc:  # another process held the lock all along: so would it now
+            failed = {key: exc for _n, key, _text, _result in batch}
+        except (OSError, sqlite3.Error):
+            failed = {}
+            for _n, key, text, _result in batch:
+                try:
+                    store.set(key, text)
+                except (EntryTooLarge, OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                    failed[key] = exc
+        with self._wlock, self._lock:
+            for _n, key, _text, result in batch:
+                exc = failed.get(key)
+                if exc is not None:
+                    self._unsaved[key] = result  # before it leaves _pending: never in neither
+                self._pending.pop(key, None)
+                if exc is None:
+                    continue
+                if isinstance(exc, EntryTooLarge):
+                    if len(self.warnings) < self.MAX_WARNINGS:
+                        self.warnings.append(f"not cached: {exc}")
+                elif self._write_error is None:
+                    self._write_error = storage_error(self.cache_dir, exc, writing=True)
+            self._written = max(self._written, batch[-1][0])
+            self._wcond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every completion finished so far is written (or known unwritable)."""
+        with self._wlock:
+            target = self._queued
+            while self._written < target and self._writer is not None and self._writer.is_alive():
+                self._wcond.wait(0.5)
+            rest = list(self._queue) if self._writer is None else []
+            if rest:
+                self._queue.clear()
+        if rest:  # no writer to write them (it cannot be, short of a bug): write them here
+            self._write_batch(rest)
 
     def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
+        """Write out everything queued, stop the writer and close the store (idempotent)."""
+        with self._wlock:
+            self._closing = True
+            self._wcond.notify_all()
+            writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join()
+        self.flush()
+        _OPEN.discard(self)
+        if self._store is not None:
+            self._store.close()
 
 
 def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:

@@ -1,8 +1,14 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp ...).
 
-This is the one place in hdeval that retries: the ``openai`` client runs with its own retries
-off, and tenacity here retries rate limits, server errors, dropped connections, timeouts and
-malformed bodies with capped, jittered exponential backoff (or the server's ``Retry-After``).
+Requests go out lean: the JSON body is built once per request (:meth:`OpenAICompatBackend._params`)
+and POSTed with ``httpx2`` (the HTTP library the ``openai`` package itself uses; the SDK's
+request building cost more CPU than everything else per call, see
+benchmarks/bench_throughput.py) over keep-alive connections, one per request in flight, and
+replies are parsed by one function (:meth:`OpenAICompatBackend._parse`).
+
+This is the one place in hdeval that retries: tenacity here retries rate limits, server
+errors, dropped connections, timeouts and malformed bodies with capped, jittered exponential
+backoff (or the server's ``Retry-After``).
 Anything else becomes a one-line :class:`~hdeval.errors.BackendError` at once, except a 4xx
 that is about one request (too long for the context, a content filter, an invalid prompt; 413,
 422): that is a :class:`~hdeval.errors.RequestRejected`, which scoring records as that cell's
@@ -29,9 +35,10 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-import openai
+import httpx2
 import tenacity
 
+from hdeval import __version__
 from hdeval.backends.base import (
     MAX_ALTERNATIVES,
     MAX_POSITIONS,
@@ -54,6 +61,7 @@ MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 _MAX_DETAIL = 200  # characters of a server's error message kept in ours
+_MAX_ERROR_BYTES = 64 * 1024  # of an error reply's body: enough for its message
 # A 400 whose message or code says it is about this request's content, not about the
 # endpoint, the model or the parameters every request shares: the failure of one cell.
 _REQUEST_PROBLEM = re.compile(
@@ -161,7 +169,10 @@ class OpenAICompatBackend:
     ``max_retries`` bounds retries of transient failures, waiting ``backoff_base * 2**n``
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
-    from many threads at once.
+    from many threads at once: each request takes an idle one-connection HTTP client from a
+    pool that grows to the number of requests in flight, of which at most ``concurrency`` (the
+    number of calling threads) stay open between calls, so threads never queue on one shared
+    connection pool's lock (whose upkeep also grows with its number of connections).
     """
 
     def __init__(
@@ -176,6 +187,7 @@ class OpenAICompatBackend:
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        concurrency: int = 8,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
@@ -207,17 +219,19 @@ class OpenAICompatBackend:
         # likewise for response_format json_schema: then plain json_object is asked for
         self._schema_supported = True
         self._lock = threading.Lock()
-        # An explicit base_url keeps the client from reading OPENAI_BASE_URL, which would send
-        # requests somewhere other than what ``identity`` (and so the cache key) names.
-        self._client = openai.OpenAI(
-            api_key=api_key,
-            base_url=url.rstrip("/"),
-            timeout=timeout,
-            max_retries=0,  # retries happen here, once, not also inside the client
-            # a redirect is reported, not followed: following turns a POST into a GET and the
-            # user sees a puzzling 404/405 from wherever it led
-            http_client=openai.DefaultHttpxClient(follow_redirects=False),
-        )
+        # The URL is the one ``identity`` (and so the cache key) names: nothing is read from
+        # OPENAI_BASE_URL or other environment settings that would send requests elsewhere.
+        self._url = url.rstrip("/") + "/chat/completions"
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",  # the one place the key goes
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": f"hdeval/{__version__}",
+        }
+        self.concurrency = max(1, int(concurrency))
+        self._idle: list[httpx2.Client] = []  # clients not in use (list pop/append are atomic)
+        self._clients: list[httpx2.Client] = []  # every client made, closed by close()
+        self._tls: Any = None  # one TLS context for all clients (building one costs ~0.1 s)
 
     def __repr__(self) -> str:  # the default repr would show nothing secret, but be explicit
         return f"OpenAICompatBackend({self.identity!r})"
@@ -257,18 +271,47 @@ class OpenAICompatBackend:
         return self._schema_supported
 
     def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._client.close()
+        """Close every HTTP connection."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+            self._idle.clear()
+        for client in clients:
+            client.close()
+
+    def _checkout(self) -> httpx2.Client:
+        """An idle HTTP client (one keep-alive connection each), or a new one."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        with self._lock:
+            if self._tls is None:
+                self._tls = httpx2.create_ssl_context()
+            client = httpx2.Client(
+                timeout=httpx2.Timeout(self.timeout),
+                limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1),
+                verify=self._tls,
+                # a redirect is reported, not followed: following turns a POST into a GET and
+                # the user sees a puzzling 404/405 from wherever it led
+                follow_redirects=False,
+            )
+            self._clients.append(client)
+        return client
 
     # -- retries --------------------------------------------------------------------------
 
     def _complete_with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         malformed = 0
+        params = self._params(request, logprobs)
+        schema_sent = params.get("response_format", {}).get("type") == "json_schema"
+        # built once, sent as is by every attempt
+        body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        headers = {**self._headers, KIND_HEADER: request.kind} if request.kind else self._headers
 
         def attempt() -> Completion:
             nonlocal malformed
             try:
-                return self._attempt(request, logprobs)
+                return self._attempt(body, headers, logprobs, schema_sent)
             except _Transient as exc:
                 malformed += exc.malformed
                 raise
@@ -315,6 +358,9 @@ class OpenAICompatBackend:
     # -- one HTTP request -----------------------------------------------------------------
 
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
+        """The request body (a JSON object) for ``request``; ``logprobs``: ask for them.
+
+        The one body builder: the prompt kind goes in a header, not here."""
         params: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
@@ -334,20 +380,16 @@ class OpenAICompatBackend:
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
-        if request.kind:
-            # which hdeval prompt this is: lets test servers answer without reading the wording
-            # (and shows up in a proxy's logs); it carries nothing about the user or the data
-            params["extra_headers"] = {KIND_HEADER: request.kind}
         return params
 
-    def _attempt(self, request: CompletionRequest, logprobs: bool) -> Completion:
-        """One HTTP request, bounded as a whole by ``timeout``.
+    def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
+        """One HTTP request (``body`` with ``headers``; the ``X-Hdeval-Kind`` header names
+        which hdeval prompt this is, so test servers answer without reading the wording; it
+        carries nothing about the user or the data), bounded as a whole by ``timeout``.
 
         The client's timeout only bounds each read, so the request runs in a worker thread and
         is given up at the deadline; the worker notices at its next chunk and closes the
         connection (a worker stuck in one read ends at that read's timeout)."""
-        params = self._params(request, logprobs)
-        schema_sent = params.get("response_format", {}).get("type") == "json_schema"
         deadline = time.monotonic() + self.timeout
         outcome: dict[str, Any] = {}
         finished = threading.Event()
@@ -355,7 +397,7 @@ class OpenAICompatBackend:
 
         def fetch() -> None:
             try:
-                outcome["body"] = self._read_reply(params, logprobs, schema_sent, deadline, cancelled)
+                outcome["body"] = self._read_reply(body, headers, logprobs, schema_sent, deadline, cancelled)
             except BaseException as exc:  # handed to the waiting thread
                 outcome["error"] = exc
             finally:
@@ -369,66 +411,77 @@ class OpenAICompatBackend:
             raise outcome["error"]
         return self._parse(outcome["body"], logprobs)
 
-    def _read_reply(self, params: dict[str, Any], logprobs: bool, schema_sent: bool, deadline: float,
-                    cancelled: threading.Event) -> bytes:
+    def _read_reply(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool,
+                    deadline: float, cancelled: threading.Event) -> bytes:
         too_late = _Transient(f"no complete reply within the {self.timeout:g}s timeout")
         too_large = RequestRejected(
             f"the reply from {self.base_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
             "completion; not read further"
         )
+        client = self._checkout()
         try:
             # streamed: we read the body ourselves, so a malformed one is a retryable fault
             # rather than a half-built object, and we can stop at the deadline or the size cap
-            with self._client.chat.completions.with_streaming_response.create(**params) as raw:
+            with client.stream("POST", self._url, content=body, headers=headers) as raw:
+                ok = 200 <= raw.status_code < 300
+                # an error's body only feeds a one-line message: the first 64 KB are plenty
+                cap = self.max_reply_bytes if ok else _MAX_ERROR_BYTES
                 length = raw.headers.get("content-length", "")
-                if length.isdigit() and len(length) < 20 and int(length) > self.max_reply_bytes:
+                if ok and length.isdigit() and len(length) < 20 and int(length) > cap:
                     raise too_large
                 chunks: list[bytes] = []
                 size = 0
-                try:
-                    for chunk in raw.iter_bytes():
-                        if cancelled.is_set() or time.monotonic() > deadline:
-                            raise too_late
-                        size += len(chunk)
-                        if size > self.max_reply_bytes:
+                for chunk in raw.iter_bytes():
+                    if cancelled.is_set() or time.monotonic() > deadline:
+                        raise too_late
+                    size += len(chunk)
+                    if size > cap:
+                        if ok:
                             raise too_large
-                        chunks.append(chunk)
-                except Exception as exc:  # the HTTP library's own errors, by name (httpx or httpx2)
-                    names = {c.__name__ for c in type(exc).__mro__}
-                    if "TimeoutException" in names:
-                        raise too_late from None
-                    if names & {"HTTPError", "StreamError"}:
-                        raise _Transient(f"connection error ({_one_line(f'{type(exc).__name__}: {exc}')})") from None
-                    raise
-                return b"".join(chunks)
-        except openai.APITimeoutError:
+                        chunks.append(chunk[: max(0, cap - (size - len(chunk)))])
+                        break
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+                if not ok:
+                    raise self._status_error(raw.status_code, raw.headers, data, logprobs, schema_sent)
+                return data
+        except httpx2.TimeoutException:
             raise too_late from None
-        except openai.APIConnectionError as exc:
-            cause = exc.__cause__
-            # by name: the client's HTTP library is httpx or httpx2 depending on its version
-            if type(cause).__name__ == "ConnectError":
-                raise _Transient(_one_line(str(cause) or "connection failed"), unreachable=True) from None
-            detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-            raise _Transient(f"connection error ({_one_line(detail)})") from None
-        except openai.APIStatusError as exc:
-            raise self._status_error(exc, logprobs, schema_sent) from None
+        except httpx2.ConnectError as exc:
+            raise _Transient(_one_line(str(exc) or "connection failed"), unreachable=True) from None
+        except (httpx2.HTTPError, httpx2.StreamError) as exc:
+            # dropped connections, truncated bodies, protocol errors, undecodable encodings
+            raise _Transient(f"connection error ({_one_line(f'{type(exc).__name__}: {exc}')})") from None
+        finally:
+            # back only once this worker is done with it (a call given up at its deadline
+            # keeps its client until its read ends)
+            if client.is_closed:
+                pass
+            elif len(self._idle) < self.concurrency:
+                self._idle.append(client)
+            else:  # more than the callers need (after calls given up at their deadline)
+                with self._lock:
+                    if client in self._clients:
+                        self._clients.remove(client)
+                client.close()
 
-    def _status_error(self, exc: openai.APIStatusError, logprobs: bool, schema_sent: bool = False) -> Exception:
-        """Map an HTTP error to a retryable fault, a logprobs or schema fallback, a rejection of
-        this one request, or a final BackendError."""
-        status = exc.status_code
+    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
+                      schema_sent: bool = False) -> Exception:
+        """Map an HTTP error (its status, headers and the start of its body) to a retryable
+        fault, a logprobs or schema fallback, a rejection of this one request, or a final
+        BackendError."""
         if 300 <= status < 400:
-            location = exc.response.headers.get("location", "")
+            location = headers.get("location", "")
             where = f" to {_one_line(_display_url(location))}" if location else ""
             return BackendError(self._redact(
                 f"the server at {self.base_url} redirects (HTTP {status}){where}; hdeval does not follow "
                 "redirects: give the final address as --base-url"))
-        detail = _error_detail(exc)
-        said = f"{detail} {exc.body}".lower()
+        error, detail = _error_detail(status, body)
+        said = f"{detail} {error}".lower()
         if status >= 500 or status in _RETRY_STATUSES:
             what = "rate limited" if status == 429 else "server error"
             return _Transient(f"{what} (HTTP {status}): {detail}",
-                              retry_after=retry_after_seconds(exc.response.headers))
+                              retry_after=retry_after_seconds(headers))
         if logprobs and status in (400, 422) and "logprob" in said:
             return _LogprobsRejected()
         if schema_sent and status in (400, 422) and ("response_format" in said or "json_schema" in said):
@@ -500,17 +553,25 @@ def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
     return tuple(positions) if positions else None
 
 
-def _error_detail(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        msg = err.get("message") if isinstance(err, dict) else err
+def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
+    """The error an HTTP error body carries (its ``error`` member when it is a JSON object, else
+    the JSON value or the text) and a one-line description of it."""
+    text = body.decode("utf-8", "replace").strip()
+    error: Any = text
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    else:
+        error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    if isinstance(error, dict):
+        msg = error.get("message")
         if msg:
-            return _one_line(str(msg))
-        return _one_line(json.dumps(body))  # e.g. FastAPI's {"detail": ...}
-    if isinstance(body, str) and body.strip():
-        return _one_line(body)
-    return _one_line(exc.message)
+            return error, _one_line(str(msg))
+        return error, _one_line(json.dumps(error))  # e.g. FastAPI's {"detail": ...}
+    if isinstance(error, str) and error.strip():
+        return error, _one_line(error)
+    return error, f"Error code: {status}"
 
 
 def _one_line(text: str) -> str:
