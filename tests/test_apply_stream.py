@@ -134,6 +134,20 @@ def test_chunk_boundaries_change_no_row_and_no_summary(method: str, toy, tmp_pat
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("name", ["scored.jsonl", "scored.csv"])
+def test_the_output_has_the_permissions_of_any_file_the_user_writes(name: str, toy_artifact: Path,
+                                                                    tmp_path: Path) -> None:
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        assert apply(toy_artifact, new_samples(tmp_path), tmp_path / name, tmp_path / "c").exit_code == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644  # not mkstemp's private 0o600
+
+
 def test_csv_and_stdout_stream_the_same_rows_whatever_the_chunks(toy_artifact: Path, tmp_path: Path) -> None:
     import pandas as pd
 

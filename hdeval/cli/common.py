@@ -461,6 +461,9 @@ class OutputWriter:
             os.fsync(self._fh.fileno())
             self._fh.close()
             final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
             os.replace(final, self.path)
             self._done = True
         except OSError as exc:
