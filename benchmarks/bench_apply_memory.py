@@ -5,7 +5,7 @@ samples (SummEval rows cycled, each output made unique so every sample is new wo
 LLM and its cache), and runs ``hdeval apply`` on each in its own process with a fresh cache,
 reading that process's peak RSS from ``resource.getrusage(RUSAGE_CHILDREN)``. Memory is flat
 when the peak does not grow with N (the ids seen for duplicate checks and the per-row numbers
-of the closing correlations do grow, by about a hundred bytes per sample).
+of the closing correlations do grow, by a few hundred bytes per sample).
 
     HDEVAL_DATA_DIR=../shared/data python benchmarks/bench_apply_memory.py
     python benchmarks/bench_apply_memory.py --sizes 2000,20000 --layers 1 --format csv
