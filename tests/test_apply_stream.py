@@ -226,6 +226,22 @@ def test_running_out_of_calls_in_a_later_chunk_keeps_the_old_output_and_the_paid
     assert out.read_text() != "previous results\n"
 
 
+def test_a_failed_apply_leaves_no_progress_ticker_behind(toy_artifact: Path, tmp_path: Path) -> None:
+    """A stage cut short by an error must not go on printing progress lines into whatever runs next."""
+    import threading
+
+    def tickers() -> set:
+        return {t for t in threading.enumerate() if "_tick" in t.name}
+
+    before = tickers()
+    result = apply(toy_artifact, new_samples(tmp_path), tmp_path / "s.jsonl", tmp_path / "c", "--max-calls", "100",
+                   chunk=7)
+    assert result.exit_code != 0 and "chunk 2/" in result.stderr
+    for t in tickers() - before:
+        t.join(timeout=30)  # told to stop: it ends at once
+        assert not t.is_alive()
+
+
 def test_ctrl_c_in_a_later_chunk_leaves_no_output(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
     from hdeval.methods.hdeval.evaluator import Evaluator
 

@@ -61,7 +61,7 @@ def shard_of(sample_id: str, n: int) -> int:
 class _ChunkProgress(Progress):
     """The scorer's progress with the chunk it belongs to in the label."""
 
-    def __init__(self, inner: Progress):
+    def __init__(self, inner: TerminalProgress):
         self.inner = inner
         self.prefix = ""
 
@@ -205,7 +205,7 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
                        "per sample", err=True)
         summary = _Summary()
         n_chunks = max(1, math.ceil(mine / size))
-        progress = _ChunkProgress(TerminalProgress(quiet))
+        progress = _ChunkProgress(TerminalProgress(quiet))  # .inner: a TerminalProgress
         with OutputWriter(output, fmt) as out:
             backend = None
             try:
@@ -230,6 +230,7 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
                     summary.add(samples, res)
                 u = usage_of(backend) if backend is not None else {}
             finally:
+                progress.inner.close()
                 if backend is not None:
                     backend.close()
             out.commit()

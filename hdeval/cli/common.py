@@ -95,6 +95,10 @@ class TerminalProgress(Progress):
         self._stop_ticker()
         self._draw(force=True, final=True)
 
+    def close(self) -> None:
+        """Stop the ticker of a stage an error cut short, without drawing (the error line follows)."""
+        self._stop_ticker()
+
     def message(self, text: str) -> None:
         if not self.quiet:
             with self._lock:
