@@ -380,3 +380,27 @@ def test_an_empty_shard_is_an_empty_file_that_merges(toy_artifact: Path, tmp_pat
     assert apply(toy_artifact, data, tmp_path / "p1.jsonl", cache, "--shard", "1/2").exit_code == 0
     assert run("merge-shards", tmp_path / "m.jsonl", tmp_path / "p2.jsonl", tmp_path / "p1.jsonl").exit_code == 0
     assert (tmp_path / "m.jsonl").read_bytes() == (tmp_path / "all.jsonl").read_bytes()
+
+
+def test_score_with_artifact_stops_its_ticker_when_scoring_fails(toy_artifact: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """``explain``/``report`` score through score_with_artifact: a failure there leaves no ticker either."""
+    import threading
+
+    from hdeval.cli.common import load_artifact, score_with_artifact
+    from hdeval.errors import ScoringError
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    def fail_mid_stage(self, samples, backend=None, cache_dir=None, concurrency=8, progress=None):
+        progress.stage("scoring", 10)
+        raise ScoringError("the LLM broke")
+
+    monkeypatch.setattr(Evaluator, "score", fail_mid_stage)
+    before = {t for t in threading.enumerate() if "_tick" in t.name}
+    with pytest.raises(ScoringError):
+        score_with_artifact(load_artifact(str(toy_artifact)), [], llm=None, base_url=None, timeout=5,
+                            max_retries=0, cache_dir=str(tmp_path / "c"), max_calls=None, concurrency=1,
+                            quiet=False)
+    for t in {t for t in threading.enumerate() if "_tick" in t.name} - before:
+        t.join(timeout=30)
+        assert not t.is_alive()

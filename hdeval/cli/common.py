@@ -335,9 +335,11 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
     backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
                                 cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency)
+    progress = TerminalProgress(quiet)
     try:
-        return ev.score(samples, backend=backend, concurrency=concurrency, progress=TerminalProgress(quiet))
+        return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
     finally:
+        progress.close()
         backend.close()
 
 
