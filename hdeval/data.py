@@ -9,7 +9,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
@@ -71,13 +71,24 @@ def read_samples(
     user fixes a file in one pass; nothing is returned unless the whole file is valid.
     ``require_scores``: every sample must carry a human score for each aspect (training).
     """
+    return list(iter_samples(path, task, require_scores, aspects))
+
+
+def iter_samples(
+    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None
+) -> Iterator[Sample]:
+    """:func:`read_samples` one sample at a time, holding only the ids seen (for duplicates).
+
+    Samples are yielded only while no line has been bad; after the first bad line the rest of
+    the file is still checked, and the :class:`DataError` listing every bad line is raised at
+    the end, as :func:`read_samples` raises it."""
     if task.shape != "pointwise":
         raise ConfigError(f"task {task.name} is {task.shape}: read its data with read_pairs")
     path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
     errors: list[str] = []
     n_errors = 0
-    samples: list[Sample] = []
+    n_samples = 0
     seen: dict[str, int] = {}
     unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
 
@@ -141,7 +152,9 @@ def read_samples(
                 bad(lineno, f"id {sample.id!r} already used on line {seen[sample.id]}")
                 continue
             seen[sample.id] = lineno
-            samples.append(sample)
+            n_samples += 1
+            if not n_errors:
+                yield sample
     if n_errors:
         more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
         hint = ""
@@ -150,9 +163,8 @@ def read_samples(
             hint = (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every "
                     f"line has, pass --aspects {','.join(have)}")
         raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more + hint)
-    if not samples:
+    if not n_samples:
         raise DataError(f"{path}: no samples")
-    return samples
 
 
 def _lone_surrogate(row: object) -> str | None:
@@ -327,6 +339,29 @@ def read_task_samples(
     return read_samples(path, task, require_scores=require_labels)
 
 
+def iter_task_chunks(
+    path: str | Path, task: Task, require_labels: bool = True, size: int = 1000
+) -> Iterator[list[Sample] | list[PairSample]]:
+    """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
+    holds one chunk (and the ids seen). Every line is validated as there; a bad line raises
+    the same :class:`DataError` when the scan reaches the end of the file, and no chunk after
+    the first bad line is yielded."""
+    if size < 1:
+        raise ConfigError(f"chunk size must be at least 1, got {size}")
+    if task.shape == "pairwise":
+        it: Iterator[Any] = iter_pairs(path, task, require_labels=require_labels)
+    else:
+        it = iter_samples(path, task, require_scores=require_labels)
+    chunk: list[Any] = []
+    for s in it:
+        chunk.append(s)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def read_pairs(
     path: str | Path,
     task: Task,
@@ -344,13 +379,25 @@ def read_pairs(
     their line numbers appended to ``skipped``; a missing or non-text field is still an error.
     ``require_labels``: every pair must carry a human label (training).
     """
+    return list(iter_pairs(path, task, where, require_labels, skipped))
+
+
+def iter_pairs(
+    path: str | Path,
+    task: Task,
+    where: Mapping[str, Any] | None = None,
+    require_labels: bool = True,
+    skipped: list[int] | None = None,
+) -> Iterator[PairSample]:
+    """:func:`read_pairs` one pair at a time (yielded only while no line has been bad; the
+    error listing every bad line is raised at the end), as :func:`iter_samples`."""
     path = Path(path)
     row_filter = dict(task.where)
     for key, value in (where or {}).items():
         row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     errors: list[str] = []
     n_errors = 0
-    pairs: list[PairSample] = []
+    n_pairs = 0
     seen: dict[str, int] = {}
     try:
         fh = path.open("rb")
@@ -384,14 +431,15 @@ def read_pairs(
                     errors.append(f"line {lineno}: {problem}")
                 continue
             seen[pair.id] = lineno
-            pairs.append(pair)
+            n_pairs += 1
+            if not n_errors:
+                yield pair
     if n_errors:
         more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
         raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more)
-    if not pairs:
+    if not n_pairs:
         which = f" matching where {_show_where(row_filter)}" if row_filter else ""
         raise DataError(f"{path}: no pairs{which}")
-    return pairs
 
 
 def _pair_from_row(

@@ -58,6 +58,9 @@ class FakeBackend:
     logprobs: bool = True
     calls: int = 0
     requests: list[CompletionRequest] = field(default_factory=list)
+    # keep every request in ``requests`` (for tests); ``--llm fake`` does not, so a long apply's
+    # memory is the tool's own, as with a real backend
+    record: bool = True
     # None: the registered RESPONDERS (read at call time, so later registrations count)
     responders: Mapping[str, Responder] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -85,12 +88,13 @@ class FakeBackend:
                 from hdeval.errors import ConfigError
 
                 raise ConfigError(f"unknown fake backend option {name!r} in --llm {spec}")
-        return cls(**kwargs)
+        return cls(record=False, **kwargs)
 
     def complete(self, request: CompletionRequest) -> Completion:
         with self._lock:
             self.calls += 1
-            self.requests.append(request)
+            if self.record:
+                self.requests.append(request)
         table = RESPONDERS if self.responders is None else self.responders
         answer = table.get(request.kind)
         if answer is None:

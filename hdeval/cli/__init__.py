@@ -22,14 +22,14 @@ def cli() -> None:
 
 def _register() -> None:
     from hdeval.cli.admin import cache, methods_cmd, tasks_cmd
-    from hdeval.cli.apply import apply
+    from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
     from hdeval.cli.data import data
     from hdeval.cli.paireval import paireval
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
 
-    for command in (train, apply, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
+    for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
                     benchmark):
         cli.add_command(command)
 

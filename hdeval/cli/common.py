@@ -100,6 +100,10 @@ class TerminalProgress(Progress):
         self._stop_ticker()
         self._draw(force=True, final=True)
 
+    def close(self) -> None:
+        """Stop the ticker of a stage an error cut short, without drawing (the error line follows)."""
+        self._stop_ticker()
+
     def message(self, text: str) -> None:
         if not self.quiet:
             with self._lock:
@@ -355,6 +359,20 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
                         max_retries: int, cache_dir: str | None, max_calls: int | None,
                         concurrency: int, quiet: bool, batch: bool = False):
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
+    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch)
+    progress = TerminalProgress(quiet)
+    try:
+        return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
+    finally:
+        progress.close()
+        backend.close()
+
+
+def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: float, max_retries: int,
+                      cache_dir: str | None, max_calls: int | None, concurrency: int, batch: bool = False):
+    """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
+    warns on a mismatch. The caller closes it (``apply`` scores chunk after chunk with one)."""
     from hdeval.config import LLMConfig
     from hdeval.llm import open_llm
     from hdeval.urls import public_identity
@@ -367,10 +385,7 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
     if public_identity(backend.identity, url) != ev.llm_identity:
         click.echo(f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
                    f"trained with {ev.llm_identity}; scores may not match its metrics", err=True)
-    try:
-        return ev.score(samples, backend=backend, concurrency=concurrency, progress=TerminalProgress(quiet))
-    finally:
-        backend.close()
+    return backend
 
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -410,33 +425,116 @@ def _flat(row: dict) -> dict:
 
 def _write_output(output: str, fmt: str, rows: list[dict]) -> None:
     """Write the scored rows atomically (temp file renamed into place) or to stdout."""
-    if output == "-":
-        for r in rows:
-            click.echo(json.dumps(r, ensure_ascii=False))
-        return
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        if fmt == "jsonl":
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                for r in rows:
-                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        else:
-            os.close(fd)
-            import pandas as pd
+    with OutputWriter(output, fmt) as out:
+        out.write(rows)
+        out.commit()
 
-            frame = pd.DataFrame([_flat(r) for r in rows])
-            if fmt == "csv":
-                frame.to_csv(tmp, index=False)
-            else:
-                frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+class OutputWriter:
+    """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
+    beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
+    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary files and never touches an
+    existing file at the destination. ``-``: JSONL on stdout, each chunk as it comes.
+
+    JSONL is written as it comes; CSV rows are spooled as JSON lines first (the header is the
+    union of every row's columns, known only at the end) and converted a chunk at a time;
+    parquet is built in memory from the spool at the end (the scored rows, not the samples)."""
+
+    CONVERT_ROWS = 1000  # rows per DataFrame when converting the spool to CSV
+
+    def __init__(self, output: str, fmt: str):
+        self.output, self.fmt = output, fmt
+        self.rows = 0
+        self._tmp: list[str] = []
+        self._fh: Any = None
+        self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
+        self._done = False
+        if output == "-":
+            return
+        self.path = Path(output)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        self._tmp.append(tmp)
+        self._fh = os.fdopen(fd, "w", encoding="utf-8")
+
+    def __enter__(self) -> "OutputWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.discard()
+
+    def write(self, rows: list[dict]) -> None:
+        if self.output == "-":
+            for r in rows:
+                click.echo(json.dumps(r, ensure_ascii=False))
+            sys.stdout.flush()
+            self.rows += len(rows)
+            return
+        try:
+            for r in rows:
+                if self.fmt != "jsonl":
+                    r = _flat(r)
+                    self._columns.update(dict.fromkeys(r))
+                self._fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        self.rows += len(rows)
+
+    def commit(self) -> None:
+        """Put the output in place (the one moment the destination changes)."""
+        if self.output == "-":
+            self._done = True
+            return
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
+            os.replace(final, self.path)
+            self._done = True
+        except OSError as exc:
+            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        finally:
+            self.discard()
+
+    def _convert(self, spool: str) -> str:
+        import pandas as pd
+
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._tmp.append(tmp)
+        columns = list(self._columns)
+        with open(spool, encoding="utf-8") as fh:
+            if self.fmt == "parquet":  # buffers the rows (not the samples): see `hdeval apply --help`
+                pd.DataFrame([json.loads(line) for line in fh], columns=columns).to_parquet(tmp, index=False)
+                return tmp
+            first, batch = True, []
+            for line in fh:
+                batch.append(json.loads(line))
+                if len(batch) >= self.CONVERT_ROWS:
+                    pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
+                    first, batch = False, []
+            if batch or first:
+                pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
+        return tmp
+
+    def discard(self) -> None:
+        """Remove the temporary files (after a commit, whatever is left of them)."""
+        if self._fh is not None and not self._fh.closed:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+        for tmp in self._tmp:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self._tmp.clear()
 
 
 def _input_tasks(path: str) -> set[str]:

@@ -1,0 +1,406 @@
+"""``apply`` streams and shards (issue #15 item 3).
+
+* The input is validated whole before any LLM call, then read, scored and written a chunk at a
+  time; the output appears only at the end (renamed into place), so a bad line, a failure or a
+  stop in a later chunk leaves no output, no temporary file, and an existing file untouched.
+* Chunk boundaries change nothing: rows, CSV and the closing correlations/agreement are the
+  same with 7 samples per chunk as with one chunk, for every method.
+* ``--shard K/N`` scores the samples whose stable id hash falls in shard K; ``merge-shards``
+  joins the N outputs into exactly the unsharded output, and refuses incomplete or mixed sets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from conftest import toy_rows, write_jsonl
+from hdeval.cli import cli
+from hdeval.cli.apply import CHUNK_ENV, shard_of
+from hdeval.train import train
+
+DIALOGUE = """
+name = "toy_chat"
+description = "Dialogue: a system wrote the next response."
+output_label = "Response"
+
+[[fields]]
+key = "source"
+label = "Dialogue history"
+
+[[fields]]
+key = "output"
+label = "Response"
+
+[[aspects]]
+key = "overall"
+name = "Overall quality"
+definition = "How good the response is."
+range = [1, 5]
+"""
+
+
+def run(*args: str, chunk: int | None = None) -> Result:
+    env = {CHUNK_ENV: str(chunk)} if chunk is not None else {}
+    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
+
+
+def one_error(result: Result, *fragments: str) -> str:
+    assert isinstance(result.exception, SystemExit), result.exception  # not a crash
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def summary(result: Result) -> list[str]:
+    """The closing lines that describe the scores (correlations / agreement), not the counts."""
+    return [line for line in result.output.splitlines()
+            if "pearson" in line or "agreement" in line or "correlation" in line]
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
+@pytest.fixture
+def toy_artifact(toy, tmp_path: Path) -> Path:
+    task, data = toy
+    ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr",
+               cache_dir=str(tmp_path / "train-cache"))
+    return ev.save(tmp_path / "art")
+
+
+def new_samples(tmp_path: Path, n_docs: int = 12, aspects=("clarity", "accuracy")) -> Path:
+    """36 samples with human scores (a fresh input; the cache of training does not cover it)."""
+    rows = toy_rows(n_docs=n_docs, aspects=aspects)
+    for r in rows:
+        r["id"] = "new-" + r["id"]
+        r["output"] += " (again)"
+    return write_jsonl(tmp_path / "new.jsonl", rows)
+
+
+def apply(artifact: Path, data: Path, out: Path | str, cache: Path, *extra: str, chunk: int | None = None) -> Result:
+    return run("apply", artifact, data, "-o", out, "--cache-dir", cache, *extra, chunk=chunk)
+
+
+# ------------------------------------------------------------------ chunking changes nothing
+def _pairs(n: int = 24) -> list[dict]:
+    return [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}" + " why" * i,
+             "output_a": "answer " + "word " * i, "output_b": "reply " + "text " * (12 - i % 12),
+             "label": ("a", "b")[i % 2]} for i in range(n)]
+
+
+def _method_case(method: str, toy, tmp_path: Path) -> tuple[Path, Path]:
+    """(artifact, new input) for ``method``, trained on a toy task with the fake LLM."""
+    cache = str(tmp_path / "train-cache")
+    if method == "dna":
+        ev = train(task="faireval", data=str(write_jsonl(tmp_path / "pairs.jsonl", _pairs())), method="dna",
+                   llm="fake", cache_dir=cache)
+        new = [{**r, "id": "n" + r["id"], "output_a": r["output_a"] + " more"} for r in _pairs(20)]
+        return ev.save(tmp_path / "art"), write_jsonl(tmp_path / "new.jsonl", new)
+    if method in ("paireval", "direct-yesno"):
+        task = tmp_path / "chat.toml"
+        task.write_text(DIALOGUE, encoding="utf-8")
+        rows = toy_rows(aspects=("overall",))
+        data = write_jsonl(tmp_path / "chat.jsonl", rows)
+        options = {"comparisons": 2} if method == "paireval" else {}
+        ev = train(task=str(task), data=str(data), method=method, llm="fake", aggregator="lr", cache_dir=cache,
+                   **options)
+        return ev.save(tmp_path / "art"), new_samples(tmp_path, n_docs=10, aspects=("overall",))
+    task, data = toy
+    ev = train(task=str(task), data=str(data), method=method, llm="fake", aggregator="lr", cache_dir=cache,
+               **({"layers": 2} if method == "hdeval" else {}))
+    return ev.save(tmp_path / "art"), new_samples(tmp_path, n_docs=10)
+
+
+@pytest.mark.parametrize("method", ["hdeval", "direct", "direct-yesno", "paireval", "dna"])
+def test_chunk_boundaries_change_no_row_and_no_summary(method: str, toy, tmp_path: Path) -> None:
+    artifact, data = _method_case(method, toy, tmp_path)
+    whole = apply(artifact, data, tmp_path / "whole.jsonl", tmp_path / "c")
+    assert whole.exit_code == 0, whole.output
+    chunked = apply(artifact, data, tmp_path / "chunked.jsonl", tmp_path / "c", chunk=7)
+    assert chunked.exit_code == 0, chunked.output
+    assert "chunk 3/" in chunked.stderr and "chunk 1/" not in whole.stderr
+    assert (tmp_path / "chunked.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    rows = [json.loads(line) for line in (tmp_path / "whole.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [json.loads(line)["id"] for line in data.read_text().splitlines()]
+    assert summary(whole) and summary(chunked) == summary(whole)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["scored.jsonl", "scored.csv"])
+def test_the_output_has_the_permissions_of_any_file_the_user_writes(name: str, toy_artifact: Path,
+                                                                    tmp_path: Path) -> None:
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        assert apply(toy_artifact, new_samples(tmp_path), tmp_path / name, tmp_path / "c").exit_code == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644  # not mkstemp's private 0o600
+
+
+def test_csv_and_stdout_stream_the_same_rows_whatever_the_chunks(toy_artifact: Path, tmp_path: Path) -> None:
+    import pandas as pd
+
+    data = new_samples(tmp_path)
+    one = apply(toy_artifact, data, tmp_path / "one.csv", tmp_path / "c")
+    many = apply(toy_artifact, data, tmp_path / "many.csv", tmp_path / "c", chunk=5)
+    assert one.exit_code == 0 and many.exit_code == 0, many.output
+    assert (tmp_path / "many.csv").read_text() == (tmp_path / "one.csv").read_text()
+    frame = pd.read_csv(tmp_path / "many.csv")
+    assert len(frame) == 36 and {"id", "scores.clarity", "human.accuracy"} <= set(frame.columns)
+    out = apply(toy_artifact, data, "-", tmp_path / "c", chunk=5)
+    assert out.exit_code == 0, out.output
+    assert apply(toy_artifact, data, tmp_path / "s.jsonl", tmp_path / "c").exit_code == 0
+    assert out.stdout == (tmp_path / "s.jsonl").read_text()
+    assert "correlation with the human scores" in out.stderr  # not on stdout, among the rows
+
+
+# ------------------------------------------------------------------ nothing half-done
+def test_a_bad_line_in_a_later_chunk_writes_nothing_and_calls_nothing(toy_artifact: Path, tmp_path: Path,
+                                                                        fake_calls: list[int]) -> None:
+    lines = new_samples(tmp_path).read_text().splitlines()
+    broken = json.loads(lines[29])
+    broken["scores"] = {"clarity": 9}  # outside [1, 5]
+    lines[29] = json.dumps(broken)
+    data = tmp_path / "broken.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "scored.jsonl"
+    out.write_text("previous results\n")
+    one_error(apply(toy_artifact, data, out, tmp_path / "c", chunk=7), "line 30", "scores.clarity")
+    assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
+    assert fake_calls == []  # validated whole before anything was paid for
+    fresh = tmp_path / "fresh.jsonl"
+    one_error(apply(toy_artifact, data, fresh, tmp_path / "c", chunk=7), "line 30")
+    assert not fresh.exists()
+
+
+def test_a_file_that_goes_bad_while_it_is_streamed_leaves_no_output(toy_artifact: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """The first pass saw a good file; by the time the stream reaches line 30 it is not."""
+    import hdeval.cli.apply as apply_mod
+
+    data = new_samples(tmp_path)
+    good = data.read_text()
+    real = apply_mod._count
+
+    def count_then_break(*args):
+        got = real(*args)
+        lines = good.splitlines()
+        lines[29] = "{not json"
+        data.write_text("\n".join(lines) + "\n")
+        return got
+
+    monkeypatch.setattr(apply_mod, "_count", count_then_break)
+    out = tmp_path / "scored.jsonl"
+    out.write_text("previous results\n")
+    one_error(apply(toy_artifact, data, out, tmp_path / "c", chunk=7), "line 30", "not valid JSON")
+    assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_running_out_of_calls_in_a_later_chunk_keeps_the_old_output_and_the_paid_calls(
+        fmt: str, toy_artifact: Path, tmp_path: Path, fake_calls: list[int]) -> None:
+    data = new_samples(tmp_path)
+    out = tmp_path / f"scored.{fmt}"
+    out.write_text("previous results\n")
+    cache = tmp_path / "c"
+    result = apply(toy_artifact, data, out, cache, "--max-calls", "100", chunk=7)
+    assert result.exit_code != 0 and "--max-calls" in result.stderr + str(result.exception), result.output
+    assert "chunk 2/" in result.stderr  # it failed after a chunk had been written to the temp file
+    assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
+    paid = len(fake_calls)
+    assert 70 < paid <= 100
+    again = apply(toy_artifact, data, out, cache, chunk=7)
+    assert again.exit_code == 0, again.output
+    assert f"cache hits: {paid}" in again.stderr  # nothing paid for was lost
+    assert out.read_text() != "previous results\n"
+
+
+def test_a_failed_apply_leaves_no_progress_ticker_behind(toy_artifact: Path, tmp_path: Path) -> None:
+    """A stage cut short by an error must not go on printing progress lines into whatever runs next."""
+    import threading
+
+    def tickers() -> set:
+        return {t for t in threading.enumerate() if "_tick" in t.name}
+
+    before = tickers()
+    result = apply(toy_artifact, new_samples(tmp_path), tmp_path / "s.jsonl", tmp_path / "c", "--max-calls", "100",
+                   chunk=7)
+    assert result.exit_code != 0 and "chunk 2/" in result.stderr
+    for t in tickers() - before:
+        t.join(timeout=30)  # told to stop: it ends at once
+        assert not t.is_alive()
+
+
+def test_ctrl_c_in_a_later_chunk_leaves_no_output(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    real, seen = Evaluator.score, []
+
+    def stop_on_third(self, samples, *a, **k):
+        seen.append(len(samples))
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return real(self, samples, *a, **k)
+
+    monkeypatch.setattr(Evaluator, "score", stop_on_third)
+    out = tmp_path / "scored.jsonl"
+    result = apply(toy_artifact, new_samples(tmp_path), out, tmp_path / "c", chunk=7)
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    assert seen == [7, 7, 7] and not out.exists() and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------ shards
+def test_shard_hash_is_stable_and_spreads_ids() -> None:
+    # pinned: the same on every machine and Python (SHA-256 of the id, not Python's salted hash)
+    assert [shard_of(f"id-{i}", 3) for i in range(8)] == [shard_of(f"id-{i}", 3) for i in range(8)]
+    assert [shard_of(f"id-{i}", 3) for i in range(8)] == PINNED
+    counts = [sum(shard_of(f"s{i}", 4) == k for i in range(4000)) for k in (1, 2, 3, 4)]
+    assert all(800 < c < 1200 for c in counts), counts
+
+
+PINNED = [1, 3, 2, 2, 2, 1, 3, 2]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_shards_merged_equal_the_unsharded_apply(n: int, toy_artifact: Path, tmp_path: Path) -> None:
+    data = new_samples(tmp_path)
+    cache = tmp_path / "c"
+    assert apply(toy_artifact, data, tmp_path / "all.jsonl", cache).exit_code == 0
+    assert apply(toy_artifact, data, tmp_path / "all.csv", cache).exit_code == 0
+    parts, counts = [], []
+    for k in range(1, n + 1):
+        part = tmp_path / f"part{k}.jsonl"
+        result = apply(toy_artifact, data, part, cache, "--shard", f"{k}/{n}", chunk=4)
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in part.read_text().splitlines()]
+        assert rows and all(r["shard"]["k"] == k and shard_of(r["id"], n) == k for r in rows)
+        assert f"of 36 samples in shard {k}/{n}" in result.stderr
+        counts.append(len(rows))
+        parts.append(part)
+    assert sum(counts) == 36
+    merged = run("merge-shards", tmp_path / "merged.jsonl", *reversed(parts))
+    assert merged.exit_code == 0, merged.output
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "all.jsonl").read_bytes()
+    assert run("merge-shards", tmp_path / "merged.csv", *parts).exit_code == 0
+    assert (tmp_path / "merged.csv").read_text() == (tmp_path / "all.csv").read_text()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", ["0/2", "3/2", "2", "a/b", "1/0", "-1/2", "1/2/3", ""])
+def test_bad_shard_values_are_one_error_before_any_call(value: str, toy_artifact: Path, tmp_path: Path,
+                                                        fake_calls: list[int]) -> None:
+    out = tmp_path / "part.jsonl"
+    one_error(apply(toy_artifact, new_samples(tmp_path), out, tmp_path / "c", "--shard", value),
+              "--shard must be K/N", repr(value))
+    assert fake_calls == [] and not out.exists()
+
+
+def test_shard_output_must_be_jsonl(toy_artifact: Path, tmp_path: Path, fake_calls: list[int]) -> None:
+    one_error(apply(toy_artifact, new_samples(tmp_path), tmp_path / "p.csv", tmp_path / "c", "--shard", "1/2"),
+              "-o FILE.jsonl")
+    assert fake_calls == []
+
+
+@pytest.fixture
+def two_shards(toy_artifact: Path, tmp_path: Path) -> tuple[Path, Path]:
+    data = new_samples(tmp_path)
+    parts = []
+    for k in (1, 2):
+        part = tmp_path / f"part{k}.jsonl"
+        assert apply(toy_artifact, data, part, tmp_path / "c", "--shard", f"{k}/2").exit_code == 0
+        parts.append(part)
+    return parts[0], parts[1]
+
+
+def _edit(path: Path, dest: Path, fn) -> Path:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return write_jsonl(dest, fn(rows))
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("missing", "shard(s) 2/2 missing"),
+    ("twice", "shard 1/2 given twice"),
+    ("unsharded", "not a row written by `hdeval apply --shard K/N`"),
+    ("moved row", "belongs to shard"),
+    ("reordered", "not in input order"),
+    ("mixed n", "different splits"),
+    ("duplicate id", "not in input order"),
+    ("not json", "not valid JSON"),
+])
+def test_merge_refuses_incomplete_or_mixed_shards_and_writes_nothing(case: str, fragment: str, two_shards,
+                                                                    toy_artifact: Path, tmp_path: Path) -> None:
+    p1, p2 = two_shards
+    third = tmp_path / "third.jsonl"
+    if case == "mixed n":
+        assert apply(toy_artifact, new_samples(tmp_path), third, tmp_path / "c", "--shard", "1/3").exit_code == 0
+    files = {
+        "missing": lambda: [p1],
+        "twice": lambda: [p1, p1, p2],
+        "unsharded": lambda: [_edit(p1, tmp_path / "u.jsonl", lambda rs: [{k: v for k, v in r.items() if k != "shard"}
+                                                                        for r in rs]), p2],
+        "moved row": lambda: [_edit(p1, tmp_path / "m.jsonl", lambda rs: rs + [{**json.loads(
+            p2.read_text().splitlines()[0]), "shard": {**rs[0]["shard"], "line": 999}}]), p2],
+        "reordered": lambda: [_edit(p1, tmp_path / "r.jsonl", lambda rs: rs[::-1]), p2],
+        "mixed n": lambda: [p1, p2, third],
+        "duplicate id": lambda: [_edit(p1, tmp_path / "d.jsonl", lambda rs: rs + rs[-1:]), p2],
+        "not json": lambda: [p1, _append(p2, "{oops\n")],
+    }[case]()
+    out = tmp_path / "merged.jsonl"
+    out.write_text("previous\n")
+    one_error(run("merge-shards", out, *files), fragment)
+    assert out.read_text() == "previous\n" and leftovers(tmp_path) == []
+
+
+def _append(path: Path, text: str) -> Path:
+    with path.open("a") as fh:
+        fh.write(text)
+    return path
+
+
+def test_an_empty_shard_is_an_empty_file_that_merges(toy_artifact: Path, tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
+    mine = [r for r in rows if shard_of(r["id"], 2) == 1][:3]  # every sample in shard 1 of 2
+    data = write_jsonl(tmp_path / "few.jsonl", mine)
+    cache = tmp_path / "c"
+    assert apply(toy_artifact, data, tmp_path / "all.jsonl", cache).exit_code == 0
+    r2 = apply(toy_artifact, data, tmp_path / "p2.jsonl", cache, "--shard", "2/2")
+    assert r2.exit_code == 0 and "0 of 3 samples in shard 2/2" in r2.stderr
+    assert (tmp_path / "p2.jsonl").read_text() == ""
+    assert apply(toy_artifact, data, tmp_path / "p1.jsonl", cache, "--shard", "1/2").exit_code == 0
+    assert run("merge-shards", tmp_path / "m.jsonl", tmp_path / "p2.jsonl", tmp_path / "p1.jsonl").exit_code == 0
+    assert (tmp_path / "m.jsonl").read_bytes() == (tmp_path / "all.jsonl").read_bytes()
+
+
+def test_score_with_artifact_stops_its_ticker_when_scoring_fails(toy_artifact: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """``explain``/``report`` score through score_with_artifact: a failure there leaves no ticker either."""
+    import threading
+
+    from hdeval.cli.common import load_artifact, score_with_artifact
+    from hdeval.errors import ScoringError
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    def fail_mid_stage(self, samples, backend=None, cache_dir=None, concurrency=8, progress=None):
+        progress.stage("scoring", 10)
+        raise ScoringError("the LLM broke")
+
+    monkeypatch.setattr(Evaluator, "score", fail_mid_stage)
+    before = {t for t in threading.enumerate() if "_tick" in t.name}
+    with pytest.raises(ScoringError):
+        score_with_artifact(load_artifact(str(toy_artifact)), [], llm=None, base_url=None, timeout=5,
+                            max_retries=0, cache_dir=str(tmp_path / "c"), max_calls=None, concurrency=1,
+                            quiet=False)
+    for t in {t for t in threading.enumerate() if "_tick" in t.name} - before:
+        t.join(timeout=30)
+        assert not t.is_alive()
