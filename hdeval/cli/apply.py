@@ -98,9 +98,10 @@ class _Summary:
         if hasattr(res, "agreement"):
             self.last = res
             self.human_labels.extend(s.label for s in samples)
-            self.learned = self.learned and res.learned_labels is not None
+            # DnA results carry learned labels too; pairwise HD-Eval results only their own
+            self.learned = self.learned and getattr(res, "learned_labels", None) is not None
             for name, values in self.labels.items():
-                values.extend(getattr(res, name) or ())
+                values.extend(getattr(res, name, None) or ())
             return
         self.aspects = list(res.aspects)
         if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
@@ -113,9 +114,12 @@ class _Summary:
         if self.last is None:
             return None
         lab = self.labels
-        res = dataclasses.replace(self.last, labels=lab["labels"], labels_ab=lab["labels_ab"],
-                                  learned_labels=lab["learned_labels"] if self.learned else None,
-                                  learned_ab=lab["learned_ab"] if self.learned else None)
+        fields = {f.name for f in dataclasses.fields(self.last)}
+        kept = {"labels": lab["labels"], "labels_ab": lab["labels_ab"]}
+        if "learned_labels" in fields:
+            kept.update(learned_labels=lab["learned_labels"] if self.learned else None,
+                        learned_ab=lab["learned_ab"] if self.learned else None)
+        res = dataclasses.replace(self.last, **kept)
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
     def correlations(self) -> dict | None:
