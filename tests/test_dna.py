@@ -130,6 +130,18 @@ def test_learned_model_refuses_malformed_numbers():
     assert ok.predict(np.array([[2.0], [-2.0]])) == ["a", "b"]  # negative coef: A ahead -> a
 
 
+def test_a_fold_that_learned_ties_and_one_side_forces_that_side():
+    # Cross-validation on data with ties can train a fold on "b" and "tie" only; its forced
+    # a-or-b answer (the "without ties" figure) is the one side it knows, not a crash.
+    from hdeval.methods.dna.impl import fit_learned
+
+    X = np.array([[-2.0], [-1.5], [0.1], [0.0], [-1.0], [0.2]])
+    fold = fit_learned(X, ["b", "b", "tie", "tie", "b", "tie"], seed=0)
+    assert fold.classes == ["b", "tie"]
+    assert fold.predict_ab(np.array([[3.0], [-3.0]])) == ["b", "b"]
+    assert set(fold.predict(np.array([[3.0], [-3.0]]))) <= {"b", "tie"}
+
+
 # --------------------------------------------------------------------------- end to end
 
 
