@@ -99,9 +99,10 @@ def _pairs(n: int = 24) -> list[dict]:
 def _method_case(method: str, toy, tmp_path: Path) -> tuple[Path, Path]:
     """(artifact, new input) for ``method``, trained on a toy task with the fake LLM."""
     cache = str(tmp_path / "train-cache")
-    if method == "dna":
-        ev = train(task="faireval", data=str(write_jsonl(tmp_path / "pairs.jsonl", _pairs())), method="dna",
-                   llm="fake", cache_dir=cache)
+    if method in ("dna", "pairwise-hdeval"):
+        options = {"method": "dna"} if method == "dna" else {"method": "hdeval", "layers": 1, "aggregator": "lr"}
+        ev = train(task="faireval", data=str(write_jsonl(tmp_path / "pairs.jsonl", _pairs())), llm="fake",
+                   cache_dir=cache, **options)
         new = [{**r, "id": "n" + r["id"], "output_a": r["output_a"] + " more"} for r in _pairs(20)]
         return ev.save(tmp_path / "art"), write_jsonl(tmp_path / "new.jsonl", new)
     if method in ("paireval", "direct-yesno"):
@@ -119,7 +120,7 @@ def _method_case(method: str, toy, tmp_path: Path) -> tuple[Path, Path]:
     return ev.save(tmp_path / "art"), new_samples(tmp_path, n_docs=10)
 
 
-@pytest.mark.parametrize("method", ["hdeval", "direct", "direct-yesno", "paireval", "dna"])
+@pytest.mark.parametrize("method", ["hdeval", "direct", "direct-yesno", "paireval", "dna", "pairwise-hdeval"])
 def test_chunk_boundaries_change_no_row_and_no_summary(method: str, toy, tmp_path: Path) -> None:
     artifact, data = _method_case(method, toy, tmp_path)
     whole = apply(artifact, data, tmp_path / "whole.jsonl", tmp_path / "c")
