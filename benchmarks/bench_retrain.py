@@ -1,0 +1,110 @@
+"""How long a retrain takes when every LLM call is already in the cache (issue #15.4).
+
+Runs ``hdeval train --llm fake`` twice into temporary directories with its own cache
+directory: first uncached (every call made, by the fake LLM), then fully cached (the same
+command again: no call made, so the run is the tool's own work: reading the cache and
+fitting the aggregators). Prints the wall time and peak RSS of each run (separate
+processes, measured with ``os.wait4``), then profiles a third, cached run with cProfile and
+prints its top functions by cumulative time.
+
+``--compare DIR`` also runs the cached train (timed, not profiled) with the hdeval package
+found in DIR (e.g. ``git archive <commit> | tar -x -C DIR``), side by side with this
+checkout, so before/after ratios come from the same machine load.
+
+    python benchmarks/bench_retrain.py                       # summeval, 3 layers, auto
+    python benchmarks/bench_retrain.py --aggregator lr --limit 400
+    python benchmarks/bench_retrain.py --compare /tmp/hdeval-base --no-profile
+
+Data: ``$HDEVAL_DATA_DIR`` (or ``--data-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_train(args: argparse.Namespace, work: Path, out_name: str, src: Path,
+              profile: Path | None = None) -> tuple[float, float]:
+    """One ``hdeval train`` in a child process: (wall seconds, peak RSS in MB)."""
+    cmd = [sys.executable]
+    if profile is not None:
+        cmd += ["-m", "cProfile", "-o", str(profile)]
+    cmd += ["-m", "hdeval.cli", "train", "--task", args.task, "--layers", str(args.layers),
+            "--llm", "fake", "--aggregator", args.aggregator, "--cache-dir", str(work / "cache"),
+            "-o", str(work / out_name), "-q"]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    env = dict(os.environ, PYTHONPATH=str(src), HDEVAL_DATA_DIR=str(args.data_dir))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"train failed ({proc.returncode}):\n{out.decode(errors='replace')[-3000:]}")
+    return wall, usage.ru_maxrss / 1024  # ru_maxrss is in KB on Linux
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="summeval")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--aggregator", default="auto")
+    ap.add_argument("--limit", type=int, default=None, help="Only N samples (default: all).")
+    ap.add_argument("--data-dir", type=Path, default=os.environ.get("HDEVAL_DATA_DIR"))
+    ap.add_argument("--src", type=Path, default=REPO,
+                    help="Run the hdeval package in this directory (default: this checkout).")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="Also time the cached run with the hdeval package in this directory.")
+    ap.add_argument("--no-profile", action="store_true", help="Skip the profiled cached run.")
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    if args.data_dir is None or not (args.data_dir / f"{args.task}.jsonl").is_file():
+        sys.exit("set HDEVAL_DATA_DIR (or --data-dir) to a directory with the task's .jsonl")
+
+    print(f"hdeval from {args.src}")
+    print(f"task {args.task}, {args.layers} layers, --aggregator {args.aggregator}, "
+          f"{'all' if not args.limit else args.limit} samples, {os.cpu_count()} CPUs")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-retrain-") as tmp:
+        work = Path(tmp)
+        rows.append(("uncached", *run_train(args, work, "a", args.src)))
+        print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+        rows.append(("cached", *run_train(args, work, "b", args.src)))
+        print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+        if args.compare is not None:
+            rows.append((f"cached ({args.compare.name})", *run_train(args, work, "c", args.compare)))
+            print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+            print(f"cached ratio this/compare: {rows[1][1] / rows[2][1]:.2f}")
+        if not args.no_profile:
+            prof = work / "cached.prof"
+            wall, rss = run_train(args, work, "d", args.src, profile=prof)
+            print(f"{'cached, profiled':<18} {wall:8.1f} s {rss:8.0f} MB\n")
+            stats = pstats.Stats(str(prof))
+            total = stats.total_tt  # type: ignore[attr-defined]
+            print(f"cProfile of the cached run, top {args.top} by cumulative time "
+                  f"(total {total:.1f} s; share = cumulative / total):")
+            stats.sort_stats("cumulative")
+            width = 0
+            entries = []
+            for func in stats.fcn_list[: args.top]:  # type: ignore[attr-defined]
+                cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
+                name = f"{Path(func[0]).name}:{func[1]}({func[2]})"
+                entries.append((ct, nc, name))
+                width = max(width, len(name))
+            for ct, nc, name in entries:
+                print(f"  {ct:8.1f} s {100 * ct / total:5.1f}% {nc:9d} calls  {name}")
+
+
+if __name__ == "__main__":
+    main()
