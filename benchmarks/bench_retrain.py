@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_train(args: argparse.Namespace, work: Path, out_name: str, src: Path,
-              profile: Path | None = None) -> tuple[float, float]:
+              profile: Path | None = None, jobs: str | None = None) -> tuple[float, float]:
     """One ``hdeval train`` in a child process: (wall seconds, peak RSS in MB)."""
     cmd = [sys.executable]
     if profile is not None:
@@ -44,6 +44,8 @@ def run_train(args: argparse.Namespace, work: Path, out_name: str, src: Path,
     if args.limit:
         cmd += ["--limit", str(args.limit)]
     env = dict(os.environ, PYTHONPATH=str(src), HDEVAL_DATA_DIR=str(args.data_dir))
+    if jobs is not None:
+        env["HDEVAL_JOBS"] = jobs
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = proc.stdout.read() if proc.stdout else b""
@@ -66,6 +68,8 @@ def main() -> None:
                     help="Run the hdeval package in this directory (default: this checkout).")
     ap.add_argument("--compare", type=Path, default=None,
                     help="Also time the cached run with the hdeval package in this directory.")
+    ap.add_argument("--serial", action="store_true",
+                    help="Also time the cached run with HDEVAL_JOBS=1 (no worker processes).")
     ap.add_argument("--no-profile", action="store_true", help="Skip the profiled cached run.")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
@@ -86,6 +90,10 @@ def main() -> None:
             rows.append((f"cached ({args.compare.name})", *run_train(args, work, "c", args.compare)))
             print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
             print(f"cached ratio this/compare: {rows[1][1] / rows[2][1]:.2f}")
+        if args.serial:
+            rows.append(("cached, 1 job", *run_train(args, work, "s", args.src, jobs="1")))
+            print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+            print(f"cached ratio default jobs / 1 job: {rows[1][1] / rows[-1][1]:.2f}")
         if not args.no_profile:
             prof = work / "cached.prof"
             wall, rss = run_train(args, work, "d", args.src, profile=prof)

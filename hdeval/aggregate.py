@@ -50,7 +50,13 @@ JOBS_BACKEND = "loky"
 
 
 def default_jobs() -> int:
-    """Worker processes for model fitting: the CPUs this process may use, at most ``MAX_JOBS``."""
+    """Worker processes for model fitting: ``HDEVAL_JOBS`` if set (1: no worker processes),
+    else the CPUs this process may use, at most ``MAX_JOBS``."""
+    env = os.environ.get("HDEVAL_JOBS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ConfigError(f"HDEVAL_JOBS must be a whole number >= 1, not {env!r}")
+        return int(env)
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux

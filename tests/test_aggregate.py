@@ -329,3 +329,25 @@ def test_a_training_run_gives_the_same_metrics_with_one_or_two_workers(toy, monk
     for metrics, _ in runs:
         metrics.pop("usage")  # the second run answers from the cache
     assert json.dumps(runs[0], sort_keys=True) == json.dumps(runs[1], sort_keys=True)
+
+
+def test_hdeval_jobs_sets_the_number_of_workers_and_bad_values_fail_clearly(monkeypatch):
+    monkeypatch.setenv("HDEVAL_JOBS", "3")
+    assert aggregate.default_jobs() == 3
+    monkeypatch.delenv("HDEVAL_JOBS")
+    assert 1 <= aggregate.default_jobs() <= aggregate.MAX_JOBS
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("HDEVAL_JOBS", bad)
+        with pytest.raises(ConfigError, match="HDEVAL_JOBS must be a whole number >= 1"):
+            aggregate.default_jobs()
+
+
+def test_a_bad_hdeval_jobs_stops_training_before_any_llm_call(toy, monkeypatch, fake_calls):
+    from hdeval.train import train
+
+    task, data = toy
+    monkeypatch.setenv("HDEVAL_JOBS", "many")
+    with pytest.raises(ConfigError, match="HDEVAL_JOBS"):
+        train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
+              cache_dir=str(toy[0].parent / "cache"))
+    assert fake_calls == []

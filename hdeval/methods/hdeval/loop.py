@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, cross_val_predictions, select_cv, tune_cv
+from hdeval.aggregate import Aggregator, cross_val_predictions, default_jobs, select_cv, tune_cv
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
@@ -70,6 +70,7 @@ def _run(
     scorer: Any = None,
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
+    default_jobs()  # a bad HDEVAL_JOBS fails here, before any LLM call
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
     if scorer is not None:
