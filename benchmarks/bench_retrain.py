@@ -5,7 +5,8 @@ directory: first uncached (every call made, by the fake LLM), then fully cached 
 command again: no call made, so the run is the tool's own work: reading the cache and
 fitting the aggregators). Prints the wall time and peak RSS of each run (separate
 processes, measured with ``os.wait4``), then profiles a third, cached run with cProfile and
-prints its top functions by cumulative time.
+prints its top functions by cumulative time (that run with ``HDEVAL_JOBS=1``, so the fitting
+happens in the profiled process).
 
 ``--compare DIR`` also runs the cached train (timed, not profiled) with the hdeval package
 found in DIR (e.g. ``git archive <commit> | tar -x -C DIR``), side by side with this
@@ -14,6 +15,7 @@ checkout, so before/after ratios come from the same machine load.
     python benchmarks/bench_retrain.py                       # summeval, 3 layers, auto
     python benchmarks/bench_retrain.py --aggregator lr --limit 400
     python benchmarks/bench_retrain.py --compare /tmp/hdeval-base --no-profile
+    python benchmarks/bench_retrain.py --cache-dir /tmp/c --cached-only --serial  # cache filled
 
 Data: ``$HDEVAL_DATA_DIR`` (or ``--data-dir``).
 """
@@ -33,13 +35,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_train(args: argparse.Namespace, work: Path, out_name: str, src: Path,
-              profile: Path | None = None, jobs: str | None = None) -> tuple[float, float]:
-    """One ``hdeval train`` in a child process: (wall seconds, peak RSS in MB)."""
+              profile: Path | None = None, jobs: str | None = None) -> tuple[float, float, float]:
+    """One ``hdeval train`` in a child process: (wall seconds, CPU seconds, peak RSS in MB).
+    CPU and RSS come from ``os.wait4`` (the child plus the worker processes it reaped): on a
+    shared machine the CPU time is the steadier figure."""
     cmd = [sys.executable]
     if profile is not None:
         cmd += ["-m", "cProfile", "-o", str(profile)]
     cmd += ["-m", "hdeval.cli", "train", "--task", args.task, "--layers", str(args.layers),
-            "--llm", "fake", "--aggregator", args.aggregator, "--cache-dir", str(work / "cache"),
+            "--llm", "fake", "--aggregator", args.aggregator, "--cache-dir", str(args.cache_dir or work / "cache"),
             "-o", str(work / out_name), "-q"]
     if args.limit:
         cmd += ["--limit", str(args.limit)]
@@ -54,7 +58,11 @@ def run_train(args: argparse.Namespace, work: Path, out_name: str, src: Path,
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         sys.exit(f"train failed ({proc.returncode}):\n{out.decode(errors='replace')[-3000:]}")
-    return wall, usage.ru_maxrss / 1024  # ru_maxrss is in KB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # maxrss: KB on Linux
+
+
+def show(row: tuple[str, float, float, float]) -> None:
+    print(f"{row[0]:<20} wall {row[1]:7.1f} s  CPU {row[2]:7.1f} s  peak RSS {row[3]:6.0f} MB", flush=True)
 
 
 def main() -> None:
@@ -70,9 +78,15 @@ def main() -> None:
                     help="Also time the cached run with the hdeval package in this directory.")
     ap.add_argument("--serial", action="store_true",
                     help="Also time the cached run with HDEVAL_JOBS=1 (no worker processes).")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="Use (and keep) this cache directory instead of a temporary one.")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="Skip the uncached run (with --cache-dir holding a finished run's calls).")
     ap.add_argument("--no-profile", action="store_true", help="Skip the profiled cached run.")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
+    if args.cached_only and args.cache_dir is None:
+        sys.exit("--cached-only needs --cache-dir (a cache a finished run filled)")
     if args.data_dir is None or not (args.data_dir / f"{args.task}.jsonl").is_file():
         sys.exit("set HDEVAL_DATA_DIR (or --data-dir) to a directory with the task's .jsonl")
 
@@ -82,22 +96,26 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-retrain-") as tmp:
         work = Path(tmp)
-        rows.append(("uncached", *run_train(args, work, "a", args.src)))
-        print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+        if not args.cached_only:
+            rows.append(("uncached", *run_train(args, work, "a", args.src)))
+            show(rows[-1])
         rows.append(("cached", *run_train(args, work, "b", args.src)))
-        print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
+        show(rows[-1])
+        cached = rows[-1]
         if args.compare is not None:
             rows.append((f"cached ({args.compare.name})", *run_train(args, work, "c", args.compare)))
-            print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
-            print(f"cached ratio this/compare: {rows[1][1] / rows[2][1]:.2f}")
+            show(rows[-1])
+            print(f"cached this/compare: wall {cached[1] / rows[-1][1]:.2f}, CPU {cached[2] / rows[-1][2]:.2f}")
         if args.serial:
             rows.append(("cached, 1 job", *run_train(args, work, "s", args.src, jobs="1")))
-            print(f"{rows[-1][0]:<18} {rows[-1][1]:8.1f} s {rows[-1][2]:8.0f} MB", flush=True)
-            print(f"cached ratio default jobs / 1 job: {rows[1][1] / rows[-1][1]:.2f}")
+            show(rows[-1])
+            print(f"cached default jobs / 1 job: wall {cached[1] / rows[-1][1]:.2f}, "
+                  f"CPU {cached[2] / rows[-1][2]:.2f}")
         if not args.no_profile:
             prof = work / "cached.prof"
-            wall, rss = run_train(args, work, "d", args.src, profile=prof)
-            print(f"{'cached, profiled':<18} {wall:8.1f} s {rss:8.0f} MB\n")
+            # one job: cProfile sees only its own process, not the fitting in worker processes
+            show(("cached, profiled", *run_train(args, work, "d", args.src, profile=prof, jobs="1")))
+            print()
             stats = pstats.Stats(str(prof))
             total = stats.total_tt  # type: ignore[attr-defined]
             print(f"cProfile of the cached run, top {args.top} by cumulative time "
