@@ -322,7 +322,7 @@ def test_a_training_run_gives_the_same_metrics_with_one_or_two_workers(toy, monk
     task, data = toy
     runs = []
     for n in (1, 2):
-        monkeypatch.setattr(aggregate, "default_jobs", lambda n=n: n)
+        monkeypatch.setenv("HDEVAL_JOBS", str(n))
         ev = train(task=str(task), data=str(data), llm="fake", layers=3, aggregator="auto",
                    children=2, top_k=2, cache_dir=str(toy[0].parent / "cache"))
         runs.append((ev.metrics, ev.manifest_extra["layers"]))
@@ -334,8 +334,10 @@ def test_a_training_run_gives_the_same_metrics_with_one_or_two_workers(toy, monk
 def test_hdeval_jobs_sets_the_number_of_workers_and_bad_values_fail_clearly(monkeypatch):
     monkeypatch.setenv("HDEVAL_JOBS", "3")
     assert aggregate.default_jobs() == 3
-    monkeypatch.delenv("HDEVAL_JOBS")
+    monkeypatch.setenv("HDEVAL_JOBS", "auto")
     assert 1 <= aggregate.default_jobs() <= aggregate.MAX_JOBS
+    monkeypatch.delenv("HDEVAL_JOBS")
+    assert aggregate.default_jobs() == 1  # opt-in: no worker processes unless asked
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv("HDEVAL_JOBS", bad)
         with pytest.raises(ConfigError, match="HDEVAL_JOBS must be a whole number >= 1"):
