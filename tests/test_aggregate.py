@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -265,3 +266,90 @@ def test_training_records_sklearn_warnings_in_the_layer_report_not_the_terminal(
     assert any("note: ConvergenceWarning" in m for m in messages)
     assert ev.manifest_extra["layers"][0]["params"]["alpha"] in SMALL_GRID["alpha"]
     assert "mean_subtree" in ev.metrics and any("own-subtree mean" in m for m in messages)
+
+
+# --------------------------------------------------------------------------- fitting speed (#15.4)
+def test_parallel_fitting_gives_exactly_the_serial_results(small_grid):
+    """Folds, kinds, grid points and pruning folds run as parallel jobs; every fit is seeded,
+    so the numbers must not depend on the number of workers."""
+    from hdeval.aggregate import select_cv
+    from hdeval.methods.hdeval.prune import prune
+
+    X, Y, docs = _data(n_docs=12, per_doc=3)
+    serial = select_cv(_task_agg("lr"), X, Y, docs, n_jobs=1)
+    parallel = select_cv(_task_agg("lr"), X, Y, docs, n_jobs=2)
+    assert serial[0].get_params() == parallel[0].get_params()
+    assert serial[1] == parallel[1] and serial[2] == parallel[2]
+    np.testing.assert_array_equal(serial[3], parallel[3])
+    keys = [f"c{i}" for i in range(X.shape[1])]
+    p1 = prune(_task_agg("rf"), X, Y, keys, keys[2:], docs, top_k=2, n_jobs=1)
+    p2 = prune(_task_agg("rf"), X, Y, keys, keys[2:], docs, top_k=2, n_jobs=2)
+    assert p1 == p2
+
+
+def test_selection_returns_the_chosen_templates_cross_validated_predictions(small_grid):
+    """Training reuses these instead of cross-validating the chosen kind a second time: they
+    must be exactly what cross-validating it again would give."""
+    from hdeval.aggregate import select_cv, tune_cv
+
+    X, Y, docs = _data(n_docs=12, per_doc=3)
+    for kinds in (("lr", "dt", "rf", "nn"), ("dt", "rf")):
+        best, scores, _, oof = select_cv(_task_agg("lr"), X, Y, docs, kinds)
+        np.testing.assert_array_equal(oof, _manual_oof(best, X, Y, docs))
+        assert scores[best.kind] == mean_spearman(Y, oof)
+    chosen, score, _, oof = tune_cv(_task_agg("nn"), X, Y, docs)
+    np.testing.assert_array_equal(oof, _manual_oof(chosen, X, Y, docs))
+    assert score == mean_spearman(Y, oof)
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_warnings_raised_in_worker_jobs_reach_the_caller_in_call_order(n_jobs):
+    import warnings
+
+    from hdeval.aggregate import run_jobs
+
+    calls = [(warnings.warn, (f"job {i}", UserWarning)) for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run_jobs(calls, n_jobs) == [None, None, None]
+    assert [str(w.message) for w in caught] == ["job 0", "job 1", "job 2"]
+    assert all(w.category is UserWarning for w in caught)
+
+
+def test_a_training_run_gives_the_same_metrics_with_one_or_two_workers(toy, monkeypatch, small_grid):
+    from hdeval.train import train
+
+    task, data = toy
+    runs = []
+    for n in (1, 2):
+        monkeypatch.setenv("HDEVAL_JOBS", str(n))
+        ev = train(task=str(task), data=str(data), llm="fake", layers=3, aggregator="auto",
+                   children=2, top_k=2, cache_dir=str(toy[0].parent / "cache"))
+        runs.append((ev.metrics, ev.manifest_extra["layers"]))
+    for metrics, _ in runs:
+        metrics.pop("usage")  # the second run answers from the cache
+    assert json.dumps(runs[0], sort_keys=True) == json.dumps(runs[1], sort_keys=True)
+
+
+def test_hdeval_jobs_sets_the_number_of_workers_and_bad_values_fail_clearly(monkeypatch):
+    monkeypatch.setenv("HDEVAL_JOBS", "3")
+    assert aggregate.default_jobs() == 3
+    monkeypatch.setenv("HDEVAL_JOBS", "auto")
+    assert 1 <= aggregate.default_jobs() <= aggregate.MAX_JOBS
+    monkeypatch.delenv("HDEVAL_JOBS")
+    assert aggregate.default_jobs() == 1  # opt-in: no worker processes unless asked
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("HDEVAL_JOBS", bad)
+        with pytest.raises(ConfigError, match="HDEVAL_JOBS must be a whole number >= 1"):
+            aggregate.default_jobs()
+
+
+def test_a_bad_hdeval_jobs_stops_training_before_any_llm_call(toy, monkeypatch, fake_calls):
+    from hdeval.train import train
+
+    task, data = toy
+    monkeypatch.setenv("HDEVAL_JOBS", "many")
+    with pytest.raises(ConfigError, match="HDEVAL_JOBS"):
+        train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
+              cache_dir=str(toy[0].parent / "cache"))
+    assert fake_calls == []

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, cross_val_predictions, select, tune
+from hdeval.aggregate import Aggregator, cross_val_predictions, default_jobs, select_cv, tune_cv
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
@@ -71,6 +71,7 @@ def _run(
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
     dec = llm if dec is None else dec  # the LLM that decomposes (--decompose-llm)
+    default_jobs()  # a bad HDEVAL_JOBS fails here, before any LLM call
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
     if scorer is not None:
@@ -132,12 +133,14 @@ def _run(
             tuning: dict[str, float] = {}
             kind = config.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
+            # model selection already cross-validated the chosen template: reuse its predictions
             if kind == "auto":
-                template, selection, tuning = select(template, X[tr], Y[tr], doc_groups)
+                template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups)
             elif kind == "nn":
-                template, _, tuning = tune(template, X[tr], Y[tr], doc_groups)
+                template, _, tuning, cv_pred = tune_cv(template, X[tr], Y[tr], doc_groups)
+            else:
+                cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
             kind = template.kind
-            cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
             agg = clone(template).fit(X[tr], Y[tr])
             test = metric_table(Y[te], agg.predict(X[te]), aspects)
             report = LayerReport(

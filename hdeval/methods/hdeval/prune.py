@@ -10,7 +10,7 @@ from sklearn.base import clone
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import r2_score
 
-from hdeval.aggregate import Aggregator, cv_folds
+from hdeval.aggregate import Aggregator, cv_folds, run_jobs
 
 N_REPEATS = 5
 
@@ -58,6 +58,13 @@ def aspect_importance(
     return {a: out[a] for a in agg.aspects_}
 
 
+def _fold_importance(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, tr: np.ndarray,
+                     va: np.ndarray, n_repeats: int) -> dict[str, np.ndarray]:
+    """One pruning fold: fit on its training rows, importance on its held-out rows."""
+    agg = clone(agg_template).fit(X[tr], Y[tr])
+    return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
+
+
 def prune(
     agg_template: Aggregator,
     X: np.ndarray,
@@ -67,6 +74,7 @@ def prune(
     doc_groups: Sequence[str],
     top_k: int,
     n_repeats: int = N_REPEATS,
+    n_jobs: int | None = None,
 ) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
     sum over aspects; select up to ``top_k`` candidates with positive importance, most
@@ -76,9 +84,9 @@ def prune(
     cand_idx = [list(feature_keys).index(c) for c in candidates]
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
-    for tr, va in cv_folds(doc_groups, agg_template.random_state):
-        agg = clone(agg_template).fit(X[tr], Y[tr])
-        imp = aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
+    folds = cv_folds(doc_groups, agg_template.random_state)
+    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats)) for tr, va in folds]
+    for imp in run_jobs(calls, n_jobs):  # the folds in parallel, summed in fold order
         for a, values in imp.items():
             per_aspect[a] += values[cand_idx]
         n += 1
