@@ -948,6 +948,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     table["prediction"] = res.labels
     if res.learned_labels is not None:
         table["learned_prediction"] = res.learned_labels
+        table["learned_prediction_ab"] = res.learned_ab  # forced to a or b: the w/o-ties figure
     table["human"] = [p.label for p in pairs]
     ev.score_table = table
     ev.extra = run_record(ctx)
