@@ -33,8 +33,13 @@ RESULTS, TABLE, HTML = "results.json", "results.md", "report.html"
 OUTPUTS = (RESULTS, TABLE, HTML)
 # the methods whose held-out predictions the benchmark reads, baselines first (their calls are
 # the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
-METHODS = ("direct", "direct-yesno", "hdeval", "paireval")
+METHODS = ("direct", "direct-yesno", "dna-direct", "hdeval", "paireval", "dna")
 LEARNED = ("hdeval", "paireval")
+# benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
+# baseline (overall scores from the same LLM, no aspects)
+ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
+PAIR_LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
 N_RESAMPLES = 1000
 LEVEL = 0.95
 MAX_RESULTS_BYTES = 64 << 20  # a results.json this big is not one this module wrote
@@ -204,13 +209,7 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     predicts for them, without any LLM call: HD-Eval's and PairEval's aggregator on their
     LLM-filled columns; ``direct``'s and ``direct-yesno``'s aspect scores mapped onto each
     aspect's range."""
-    table = fitted.score_table
-    if table is None and getattr(fitted, "path", None) is not None:
-        import pandas as pd
-
-        table = pd.read_csv(Path(fitted.path) / "scores.csv")
-    if table is None:
-        raise ConfigError(f"the {fitted.method} evaluator has no score table to read held-out rows from")
+    table = _score_table(fitted)
     aspects = list(fitted.task.aspect_keys)
     test = table[table["split"] == "test"]
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
@@ -229,6 +228,94 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
         raise ConfigError(f"benchmark reads held-out predictions of {', '.join(METHODS)}, not {fitted.method!r}")
     ids = [str(s) for s in test["sample_id"]]
     return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, _as2d(pred))
+
+
+def _score_table(fitted: Any):
+    table = fitted.score_table
+    if table is None and getattr(fitted, "path", None) is not None:
+        import pandas as pd
+
+        table = pd.read_csv(Path(fitted.path) / "scores.csv")
+    if table is None:
+        raise ConfigError(f"the {fitted.method} evaluator has no score table to read held-out rows from")
+    return table
+
+
+@dataclass
+class PairHeldOut:
+    """A trained pairwise evaluator's labels for its test pairs, with the human labels.
+    ``predictions``: variant -> (label a/b/tie or None when failed, label forced to a or b);
+    ``evaluator`` always (DnA: its LLM-weights totals; HD-Eval: its classifier), ``learned``
+    for DnA's logistic regression on aspect-score differences when it was fitted."""
+
+    sample_ids: list[str]
+    doc_ids: list[str]
+    human: list[str | None]
+    predictions: dict[str, tuple[list[str | None], list[str | None]]]
+
+
+def _pair_label(x: Any) -> str | None:
+    return x if isinstance(x, str) and x in PAIR_LABEL_CODES else None  # NaN / None / empty: failed
+
+
+def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
+    """The test rows of a pairwise evaluator's score table and its labels for them, without any
+    LLM call: DnA's ``prediction`` column (forced to a or b by its ``total_a`` / ``total_b``, equal
+    totals giving no side, as DnA does) and ``learned_prediction`` / ``learned_prediction_ab``;
+    HD-Eval's classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
+    table = _score_table(fitted)
+    test = table[table["split"] == "test"]
+    human = [_pair_label(x) for x in test["human"]]
+    preds: dict[str, tuple[list[str | None], list[str | None]]] = {}
+    if fitted.method == "dna":
+        pred = [_pair_label(x) for x in test["prediction"]]
+        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
+        preds["evaluator"] = (pred, [None if p is None or a == b else ("a" if a > b else "b")
+                                     for p, a, b in zip(pred, ta, tb)])
+        if "learned_prediction" in test and "learned_prediction_ab" in test:
+            preds["learned"] = ([_pair_label(x) for x in test["learned_prediction"]],
+                                [_pair_label(x) for x in test["learned_prediction_ab"]])
+    elif fitted.method == "hdeval":
+        from hdeval.classify import predict_labels
+
+        keys = list(fitted.feature_keys)
+        diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
+        labels, labels_ab = predict_labels(fitted.model, diff)
+        preds["evaluator"] = (list(labels), list(labels_ab))
+    else:
+        raise ConfigError(f"benchmark reads held-out pair labels of dna and hdeval, not {fitted.method!r}")
+    ids = [str(s) for s in test["pair_id"]]
+    return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds)
+
+
+def _codes(labels: Sequence[str | None]) -> np.ndarray:
+    return np.array([PAIR_LABEL_CODES.get(x, np.nan) if x is not None else np.nan for x in labels], float)
+
+
+def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray, np.ndarray]:
+    """(human codes, n x 2 predicted codes: label, label forced to a or b) for the bootstrap
+    statistics; a = 0, b = 1, tie = 2, none = NaN."""
+    pred, ab = ho.predictions[variant]
+    return _codes(ho.human), np.column_stack([_codes(pred), _codes(ab)])
+
+
+def agreement_w_ties(y: np.ndarray, p: np.ndarray) -> float:
+    """:func:`hdeval.methods.dna.impl.agreement`'s ``w_ties`` on label codes (see
+    :func:`pair_arrays`): accuracy over the labelled pairs with a prediction."""
+    y, p = np.asarray(y, float).ravel(), _as2d(p)
+    ok = np.isfinite(y) & np.isfinite(p[:, 0])
+    return float(np.mean(p[ok, 0] == y[ok])) if ok.any() else float("nan")
+
+
+def agreement_wo_ties(y: np.ndarray, p: np.ndarray) -> float:
+    """``wo_ties`` on label codes: over the pairs with a prediction whose human label is not a
+    tie, the prediction forced to a or b (no side counts as a miss)."""
+    y, p = np.asarray(y, float).ravel(), _as2d(p)
+    ok = np.isfinite(y) & np.isfinite(p[:, 0]) & (y != PAIR_LABEL_CODES["tie"])
+    return float(np.mean(p[ok, 1] == y[ok])) if ok.any() else float("nan")
+
+
+PAIR_STATISTICS: dict[str, Statistic] = {"wo_ties": agreement_wo_ties, "w_ties": agreement_w_ties}
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -303,6 +390,9 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     from hdeval.train import TrainConfig
 
     opts = dict(spec.options)
+    method, fixed = ENTRIES.get(method, (method, {}))
+    if fixed:
+        opts["method_options"] = {**(opts.get("method_options") or {}), **fixed}
     opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
     if agg is not None:
         opts["aggregator"] = agg
@@ -315,6 +405,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     from hdeval.train import prepare, train
 
     spec.validate()
+    shape = check_shapes(spec)
     progress = progress or Progress()
     plan = spec.runs()
     budget = spec.options.get("max_calls")
@@ -322,7 +413,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     for method, agg, frac, seed in plan:  # fail before paying for anything
         preps[(method, agg, frac, seed)] = prepare(_config(spec, method, agg, frac, seed, budget))
     runs: list[dict[str, Any]] = []
-    held: dict[tuple[str, str | None, float, int], HeldOut] = {}
+    held: dict[tuple[str, str | None, float, int], Any] = {}
     task = None
     for n, (method, agg, frac, seed) in enumerate(plan, 1):
         spent = sum(r["usage"].get("calls", 0) for r in runs)
@@ -340,11 +431,16 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         prep = preps[(method, agg, frac, seed)]
         task = fitted.task
         doc_of = {s.id: s.doc_id for s in prep.samples}
-        ho = held_out(fitted, doc_of)
-        held[(method, agg, frac, seed)] = ho
-        runs.append(_run_record(fitted, ho, method, agg, frac, seed))
+        if shape == "pairwise":
+            pho = held_out_pairs(fitted, doc_of)
+            held[(method, agg, frac, seed)] = pho
+            runs.append(_pair_run_record(fitted, pho, method, agg, frac, seed))
+        else:
+            ho = held_out(fitted, doc_of)
+            held[(method, agg, frac, seed)] = ho
+            runs.append(_run_record(fitted, ho, method, agg, frac, seed))
     assert task is not None
-    settings = _settings(spec, runs, held)
+    settings = _pair_settings(spec, runs, held) if shape == "pairwise" else _settings(spec, runs, held)
     cost: dict[str, dict[str, int]] = {}
     for r in runs:
         c = cost.setdefault(r["method"], {"runs": 0, "calls": 0, "cache_hits": 0, "prompt_tokens": 0,
@@ -356,6 +452,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "task": task.name,
+        "shape": shape,
         "aspects": list(task.aspect_keys),
         "own_regressor": list(task.own_regressor),
         "spec": {"methods": list(spec.methods), "aggregators": list(spec.aggregators), "seeds": spec.seeds,
@@ -369,6 +466,22 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     }
 
 
+def check_shapes(spec: BenchmarkSpec) -> str:
+    """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
+    error before anything is read or called."""
+    from hdeval.methods.base import get_method
+    from hdeval.tasks import load_task
+
+    shape = load_task(spec.task).shape
+    fits = [m for m in METHODS if shape in get_method(ENTRIES.get(m, (m,))[0]).shapes]
+    wrong = [m for m in spec.methods if m not in fits]
+    if wrong:
+        raise ConfigError(f"--methods: {', '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not run on "
+                          f"{shape} tasks (task {spec.task}); "
+                          f"for a {shape} task choose from {', '.join(fits)}")
+    return shape
+
+
 DEFINITIONS = {
     "dataset": "Pearson/Spearman/Kendall between predicted and human scores over all test samples, per "
                "aspect; average = mean over aspects (as the paper and metrics.json).",
@@ -380,6 +493,12 @@ DEFINITIONS = {
                  "of the average dataset-level Spearman, and of its difference to the direct method on the "
                  "same resamples, with a two-sided bootstrap p-value. One entry per seed.",
     "seeds": "mean and sample std over seeds (each seed: its own split and model randomness).",
+    "agreement": "pairwise tasks: w_ties = 3-way accuracy (a/b/tie) over the test pairs with a prediction; "
+                 "wo_ties = accuracy on the pairs whose human label is not a tie, the prediction forced to "
+                 "a or b (as metrics.json and `agreement` of --method dna). 'evaluator' is the method's own "
+                 "prediction (DnA: its LLM weights; HD-Eval: its classifier), 'learned' DnA's logistic "
+                 "regression on aspect-score differences. The pairwise bootstrap resamples test documents "
+                 "for both figures and takes the difference to dna-direct when it is among --methods.",
     "layers": "HD-Eval's per-layer proxy aggregators (layer k = without the layers after k) and the "
               "'w/o aggregator' baselines, from each artifact's metrics.json.",
 }
@@ -453,6 +572,57 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
             names = sorted({k for r in mine for k in r["baselines"]})
             s["baselines"] = {k: mean_std([_avg(r["baselines"].get(k) or {}, "spearman") for r in mine])
                               for k in names}
+        s["usage"] = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
+                      for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
+        out.append(s)
+    return out
+
+
+def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
+                     seed: int) -> dict[str, Any]:
+    from hdeval.methods.dna.impl import agreement
+
+    m = fitted.metrics
+    return {
+        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+        "fitted_aggregator": getattr(fitted, "kind", None) if method == "hdeval" else None,
+        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
+        "usage": dict(m.get("usage") or {}),
+        "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()},
+    }
+
+
+def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
+                   held: Mapping[tuple, PairHeldOut]) -> list[dict[str, Any]]:
+    """Per (method, aggregator, train_frac): agreement mean/std over seeds and, per seed, the
+    bootstrap over test documents (with the difference to dna-direct when it ran)."""
+    out = []
+    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
+    for method, agg, frac in keys:
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+        variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
+        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "seeds": [r["seed"] for r in mine]}
+        s["agreement"] = {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
+                              for k in PAIR_STATISTICS} for v in variants}
+        boot = []
+        for r in mine:
+            ho = held[(method, agg, frac, r["seed"])]
+            y, p = pair_arrays(ho)
+            entry: dict[str, Any] = {"seed": r["seed"], "agreement": {
+                k: bootstrap_ci(y, p, ho.doc_ids, statistic=f, n_resamples=spec.resamples, seed=r["seed"])
+                for k, f in PAIR_STATISTICS.items()}}
+            base = held.get((PAIR_BASELINE, None, frac, r["seed"]))
+            if base is not None and method != PAIR_BASELINE:
+                if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
+                    raise ConfigError(f"the {PAIR_BASELINE} and {method} runs of seed {r['seed']} have "
+                                      "different test splits")
+                _, bp = pair_arrays(base)
+                entry["vs_" + PAIR_BASELINE.replace("-", "_")] = {
+                    k: paired_bootstrap(y, p, bp, ho.doc_ids, statistic=f, n_resamples=spec.resamples,
+                                        seed=r["seed"]) for k, f in PAIR_STATISTICS.items()}
+            boot.append(entry)
+        s["bootstrap"] = boot
         s["usage"] = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
                       for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
         out.append(s)
@@ -549,6 +719,8 @@ def _name(s: Mapping[str, Any]) -> str:
 
 def render_markdown(results: Mapping[str, Any]) -> str:
     """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+    if results.get("shape") == "pairwise":
+        return _render_pairwise(results)
     aspects = list(results["aspects"])
     seeds = results["spec"]["seeds"]
     lines = [f"# Benchmark: {results['task']} ({', '.join(aspects)})", "",
@@ -579,16 +751,47 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             lines.append("| " + " | ".join([_name(s), f"{s['train_frac']:g}",
                                             *[_ms(s["layers"].get(k)) for k in layer_keys],
                                             *[_ms(s["baselines"].get(k)) for k in base_keys]]) + " |")
-    lines += ["", "Cost per method (all runs; cached calls are free):", "",
-              "| method | runs | LLM calls | cache hits | prompt tokens | completion tokens |", "|---|---|---|---|---|---|"]
+    return "\n".join(lines + _cost_lines(results)) + "\n"
+
+
+def _cost_lines(results: Mapping[str, Any]) -> list[str]:
+    lines = ["", "Cost per method (all runs; cached calls are free):", "",
+             "| method | runs | LLM calls | cache hits | prompt tokens | completion tokens |", "|---|---|---|---|---|---|"]
     for m, c in results["cost"].items():
         lines.append(f"| {m} | {c['runs']} | {c['calls']} | {c['cache_hits']} | {c['prompt_tokens']} | "
                      f"{c['completion_tokens']} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _render_pairwise(results: Mapping[str, Any]) -> str:
+    seeds = results["spec"]["seeds"]
+    lines = [f"# Benchmark: {results['task']} (pairwise)", "",
+             f"Held-out agreement with the human labels, mean ± std over {seeds} seed(s): w/o ties (the "
+             "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
+             "DnA's logistic regression on aspect-score differences next to its LLM weights. CI: 95% "
+             f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+    base = "vs_" + PAIR_BASELINE.replace("-", "_")
+    head = ["method", "train frac", "w/o ties", "w/ ties", "learned w/o ties", "learned w/ ties",
+            "95% CI w/o ties", f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", "calls"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in results["settings"]:
+        b = s["bootstrap"][0]
+        ci = b["agreement"]["wo_ties"]
+        vs = (b.get(base) or {}).get("wo_ties")
+        delta = (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
+                 if vs and vs["difference"] is not None else "")
+        ev, learned = s["agreement"].get("evaluator") or {}, s["agreement"].get("learned") or {}
+        row = [_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
+               _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
+               f"[{_f(ci['low'])}, {_f(ci['high'])}]", delta, str(s["usage"]["calls"])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines + _cost_lines(results)) + "\n"
 
 
 # --------------------------------------------------------------------------- report.html
 def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    if results.get("shape") == "pairwise":
+        return []  # pairwise benchmarks: the tables only (no plots yet)
     from hdeval.methods.hdeval.report import _png, _pyplot
 
     plt = _pyplot()

@@ -340,3 +340,167 @@ def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path
         assert run["dataset"] == fitted.metrics["final"], run["method"]
     assert all("vs_direct" in s["bootstrap"][0] for s in res["settings"][1:])
     assert res["calls"] == sum(c["calls"] for c in res["cost"].values()) > 0
+
+
+# ------------------------------------------------------------------ pairwise tasks (dna, hdeval)
+_WORDS = ("time plan focus rest sleep task list goal habit break water walk read note call mail code test "
+          "data model value table chart range sample answer detail reason step method tool").split()
+
+
+def _pair_rows(n_docs: int = 24) -> list[dict]:
+    """FairEval-shaped pairs (question, two answers, human a / b / tie); the first four documents
+    hold two pairs each, so the bootstrap resamples documents, not pairs. The longer, less
+    repetitive answer tends to win, as the fake LLM's judge thinks."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for d in range(n_docs):
+        for k in range(2 if d < 4 else 1):
+            la, lb = (int(x) for x in rng.integers(3, 60, 2))
+            a = " ".join(rng.choice(_WORDS, la))
+            b = " ".join(rng.choice(_WORDS[: 6 + (d % 5)], lb))
+            label = "tie" if abs(la - lb) < 9 else ("a" if la > lb else "b")
+            if rng.random() < 0.15:  # humans disagree with the obvious choice now and then
+                label = {"a": "b", "b": "a", "tie": "a"}[label]
+            rows.append({"id": f"p{d}-{k}", "doc_id": f"q{d}", "source": f"Question {d}: how to {_WORDS[d]}?",
+                         "output_a": a, "output_b": b, "label": label})
+    return rows
+
+
+def _pair_bench(tmp_path: Path, out: Path, *extra: str, methods: str = "dna-direct,dna,hdeval"):
+    data = tmp_path / "pairs.jsonl"
+    if not data.exists():
+        write_jsonl(data, _pair_rows())
+    args = ["benchmark", "--task", "faireval", "--data", str(data), "--methods", methods, "--aggregators", "lr",
+            "--seeds", "2", "--layers", "1", "--resamples", "50", "--llm", "fake",
+            "--cache-dir", str(tmp_path / "cache"), "-q", "-o", str(out), *extra]
+    return CliRunner().invoke(cli, args)
+
+
+def _by_hand(human, pred, pred_ab) -> dict[str, float | None]:
+    """agreement with / without ties counted by hand (failed = no prediction: left out)."""
+    judged = [(h, p, q) for h, p, q in zip(human, pred, pred_ab) if isinstance(p, str)]
+    no_tie = [(h, q) for h, _, q in judged if h != "tie"]
+    return {"w_ties": round(sum(h == p for h, p, _ in judged) / len(judged), 6) if judged else None,
+            "wo_ties": round(sum(h == q for h, q in no_tie) / len(no_tie), 6) if no_tie else None}
+
+
+def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> None:
+    from hdeval.benchmark import PairHeldOut, agreement_w_ties, agreement_wo_ties, pair_arrays
+
+    ho = PairHeldOut(list("123456"), list("xxyyzw"), ["a", "b", "tie", "a", "b", "a"],
+                     {"evaluator": (["a", "tie", "tie", "b", None, "a"], ["a", "b", "a", "b", None, "a"])})
+    y, p = pair_arrays(ho)
+    # w/ ties: 5 predicted pairs, right on 1, 3, 6 -> 3/5; w/o ties: pairs 1, 2, 4, 6 (not tie,
+    # predicted), forced a/b right on 1, 2, 6 -> 3/4
+    assert agreement_w_ties(y, p) == pytest.approx(0.6) and agreement_wo_ties(y, p) == pytest.approx(0.75)
+    from hdeval.methods.dna import agreement
+
+    want = agreement(ho.human, *ho.predictions["evaluator"])
+    assert (want["w_ties"], want["wo_ties"]) == (0.6, 0.75)
+
+
+def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fake_calls: list[int]) -> None:
+    from hdeval.train import train
+
+    out = tmp_path / "bench"
+    r = _pair_bench(tmp_path, out)
+    assert r.exit_code == 0, r.output
+    assert fake_calls, "the first run calls the LLM"
+    assert "held-out agreement w/o ties" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["shape"] == "pairwise" and res["task"] == "faireval" and "agreement" in res["definitions"]
+    # runs: 2 seeds x (the dna-direct baseline, hdeval lr, dna)
+    assert [(x["method"], x["aggregator"], x["seed"]) for x in res["runs"]] == [
+        ("dna-direct", None, 0), ("hdeval", "lr", 0), ("dna", None, 0),
+        ("dna-direct", None, 1), ("hdeval", "lr", 1), ("dna", None, 1)]
+    for run in res["runs"]:
+        # the held-out agreement read from each evaluator's score table, by hand, is the benchmark's
+        # and the one its own training reported in metrics.json
+        method, extra = ("dna", {"method_options": {"dna_mode": "direct"}}) if run["method"] == "dna-direct" \
+            else (run["method"], {"aggregator": "lr"} if run["method"] == "hdeval" else {})
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method=method, llm="fake", layers=1,
+                       seed=run["seed"], train_frac=0.5, cache_dir=str(tmp_path / "cache"), **extra)
+        test = fitted.score_table[fitted.score_table["split"] == "test"]
+        assert run["n_test"] == len(test) > 0
+        human = list(test["human"])
+        got = run["agreement"]
+        if method == "dna":
+            pred = list(test["prediction"])
+            forced = [None if a == b else ("a" if a > b else "b") for a, b in zip(test["total_a"], test["total_b"])]
+            mine = _by_hand(human, pred, forced)
+            primary = fitted.metrics["primary"]
+            assert {k: got["evaluator"][k] for k in mine} == mine
+            assert got["evaluator"] == fitted.metrics["test"][primary]
+            if run["method"] == "dna":  # the learned aggregation next to the LLM weights
+                learned = _by_hand(human, list(test["learned_prediction"]), list(test["learned_prediction_ab"]))
+                assert {k: got["learned"][k] for k in learned} == learned
+                assert got["learned"] == fitted.metrics["test"]["learned"]
+            else:
+                assert set(got) == {"evaluator"}
+        else:
+            keys = fitted.feature_keys
+            diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
+            pred = [str(x) for x in fitted.model.predict(diff)]
+            classes = list(fitted.model.classes_)
+            proba = fitted.model.predict_proba(diff)
+            forced = [("a" if p[classes.index("a")] >= p[classes.index("b")] else "b") for p in proba]
+            assert {k: got["evaluator"][k] for k in ("w_ties", "wo_ties")} == _by_hand(human, pred, forced)
+            assert got["evaluator"] == fitted.metrics["final"] and run["fitted_aggregator"] == "lr"
+        assert run["usage"]["calls"] + run["usage"]["cache_hits"] > 0
+    # settings: mean/std over seeds; a bootstrap per seed, with the difference to dna-direct
+    assert [s["method"] for s in res["settings"]] == ["dna-direct", "hdeval", "dna"]
+    for s in res["settings"]:
+        mine = [x for x in res["runs"] if x["method"] == s["method"]]
+        for variant, figures in s["agreement"].items():
+            for k in ("w_ties", "wo_ties"):
+                vals = [x["agreement"][variant][k] for x in mine]
+                assert figures[k]["n"] == 2 and figures[k]["mean"] == pytest.approx(np.mean(vals), abs=1e-5)
+        assert set(s["agreement"]) == ({"evaluator", "learned"} if s["method"] == "dna" else {"evaluator"})
+        for b, run in zip(s["bootstrap"], mine):
+            for k in ("w_ties", "wo_ties"):
+                ci = b["agreement"][k]
+                assert ci["estimate"] == pytest.approx(run["agreement"]["evaluator"][k], abs=1e-6)
+                assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
+            if s["method"] == "dna-direct":
+                assert "vs_dna_direct" not in b
+            else:
+                base = next(x for x in res["runs"] if x["method"] == "dna-direct" and x["seed"] == run["seed"])
+                for k in ("w_ties", "wo_ties"):
+                    vs = b["vs_dna_direct"][k]
+                    assert vs["difference"] == pytest.approx(
+                        run["agreement"]["evaluator"][k] - base["agreement"]["evaluator"][k], abs=1e-5)
+                    assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+    assert set(res["cost"]) == {"dna-direct", "hdeval", "dna"}
+    assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
+    assert all(c["prompt_tokens"] > 0 for c in res["cost"].values())
+    md = (out / "results.md").read_text()
+    assert "| method | train frac | w/o ties | w/ ties | learned w/o ties |" in md
+    assert "| dna | 0.5 |" in md and "| hdeval-lr | 0.5 |" in md and "Cost per method" in md
+    page = (out / "report.html").read_text()
+    assert "data:image/png" not in page and "learned w/o ties" in page  # pairwise: tables, no plots
+    # Again, from the cache: not one call, the same figures.
+    fake_calls.clear()
+    r = _pair_bench(tmp_path, out, "--force")
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "results.json").read_text())
+    assert fake_calls == [] and again["calls"] == 0
+    strip = lambda settings: [{k: v for k, v in s.items() if k != "usage"} for s in settings]  # noqa: E731
+    assert strip(again["settings"]) == strip(res["settings"])
+
+
+@pytest.mark.parametrize("task, methods, message", [
+    ("faireval", "direct,dna", "--methods: direct does not run on pairwise tasks (task faireval); for a "
+                               "pairwise task choose from dna-direct, hdeval, dna"),
+    ("faireval", "paireval,direct-yesno,hdeval", "--methods: paireval, direct-yesno do not run on pairwise"),
+    ("toy", "hdeval,dna-direct", "--methods: dna-direct does not run on pointwise tasks"),
+])
+def test_benchmark_methods_of_the_other_shape_are_a_one_line_error_before_any_call(
+        tmp_path: Path, fake_calls: list[int], task: str, methods: str, message: str) -> None:
+    out = tmp_path / "bench"
+    if task == "toy":
+        r = _bench(tmp_path, out, "--methods", methods)
+    else:
+        r = _pair_bench(tmp_path, out, methods=methods)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert fake_calls == [] and not out.exists()

@@ -454,6 +454,25 @@ def test_readme_benchmark(fresh: Path, tmp_path: Path) -> None:
     assert json.loads((fresh / "bench" / "results.json").read_text())["calls"] == 0
 
 
+PAIR_BENCHMARK = ("hdeval benchmark --task faireval --methods dna-direct,dna,hdeval --seeds 2 --layers 2 --limit 40 "
+                  "--llm fake -o bench-pairs")
+
+
+@needs_shared
+def test_readme_pairwise_benchmark(fresh: Path, tmp_path: Path) -> None:
+    in_readme(PAIR_BENCHMARK)
+    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
+    r = ok(hdeval(PAIR_BENCHMARK, fresh, env))
+    results = json.loads((fresh / "bench-pairs" / "results.json").read_text())
+    assert results["shape"] == "pairwise" and results["calls"] > 0
+    assert [s["method"] for s in results["settings"]] == ["dna-direct", "hdeval", "dna"]
+    dna = results["settings"][2]
+    assert "learned" in dna["agreement"] and "vs_dna_direct" in dna["bootstrap"][0]
+    assert "held-out agreement w/o ties" in r.stdout
+    ok(hdeval(PAIR_BENCHMARK + " --force", fresh, env))
+    assert json.loads((fresh / "bench-pairs" / "results.json").read_text())["calls"] == 0
+
+
 TREE_WORKFLOW = [
     "hdeval train --task summeval --layers 1 --limit 64 --llm fake -o artifacts/summeval-l1",
     "cp artifacts/summeval-l1/tree.json my_tree.json",

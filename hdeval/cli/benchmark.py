@@ -19,7 +19,8 @@ def _csv(value: str) -> tuple[str, ...]:
               help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
 @click.option("--methods", default="direct,hdeval", show_default=True,
               help="Comma-separated: direct, direct-yesno, hdeval, paireval (PairEval and direct-yesno need "
-                   "a dialogue task: a history besides the response).")
+                   "a dialogue task: a history besides the response); on a pairwise task: dna, dna-direct "
+                   "(DnA's --dna-mode direct baseline), hdeval.")
 @click.option("--aggregators", default="lr", show_default=True,
               help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
@@ -49,7 +50,7 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
       hdeval benchmark --task sfhot --methods direct,hdeval --aggregators lr,nn --seeds 3 \\
           --train-fracs 0.1,0.5 --llm fake -o bench/
     """
-    from hdeval.benchmark import BenchmarkSpec, check_output_dir, run_benchmark, write_benchmark
+    from hdeval.benchmark import BenchmarkSpec, check_output_dir, check_shapes, run_benchmark, write_benchmark
     from hdeval.errors import ConfigError
 
     def go() -> None:
@@ -62,6 +63,7 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         given = {k: v for k, v in options.items() if v is not None}
         spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given)
         spec.validate()
+        check_shapes(spec)
         check_output_dir(out, force)  # before any LLM call
         if options.get("data") is None:
             fetch_missing_task_data(task, offline=offline)
@@ -73,10 +75,12 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
             click.echo(f"{m}: {c['runs']} run(s), LLM calls made: {c['calls']}, cache hits: {c['cache_hits']}, "
                        f"tokens: {c['prompt_tokens']} prompt + {c['completion_tokens']} completion", err=True)
         for s in results["settings"]:
-            avg = s["dataset"]["average"]["spearman"]
+            pairwise = results.get("shape") == "pairwise"
+            avg = s["agreement"]["evaluator"]["wo_ties"] if pairwise else s["dataset"]["average"]["spearman"]
             name = s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
             mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
-            click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} held-out average spearman {mean}")
+            what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
+            click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
         click.echo(f"benchmark written to {out} (results.json, results.md, report.html)")
 
     run_command(go)
