@@ -52,7 +52,28 @@ MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input")
 
 
-class Evaluator(Saving):
+class TreeEvaluator(Saving):
+    """What the pointwise and the pairwise HD-Eval evaluators both hold: the task, the criteria
+    tree, the feature order, the prompts, the LLM and the run's metrics and score table."""
+
+    def __init__(self, task: Task, tree: CriteriaTree, feature_keys: Sequence[str],
+                 templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
+                 metrics: dict[str, Any], manifest_extra: dict[str, Any] | None = None,
+                 score_table: pd.DataFrame | None = None):
+        self.task = task
+        self.tree = tree
+        self.feature_keys = list(feature_keys)
+        self.templates = dict(templates)
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.manifest_extra = dict(manifest_extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Path | None = None
+
+
+class Evaluator(TreeEvaluator):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     method = "hdeval"
@@ -71,18 +92,9 @@ class Evaluator(Saving):
         manifest_extra: dict[str, Any] | None = None,
         score_table: pd.DataFrame | None = None,
     ):
-        self.task = task
-        self.tree = tree
+        super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
+                         score_table)
         self.aggregator = aggregator
-        self.feature_keys = list(feature_keys)
-        self.templates = dict(templates)
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.manifest_extra = dict(manifest_extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
         self.manifest_data: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ scoring

@@ -33,9 +33,9 @@ from hdeval.classify import (
 )
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
-from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
-from hdeval.methods.hdeval.evaluator import MAX_HEADER_BYTES, TRUSTED_TYPES
+from hdeval.methods.hdeval.evaluator import MAX_HEADER_BYTES, TRUSTED_TYPES, TreeEvaluator
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates, parse_template
 from hdeval.scoring import score_criteria
@@ -315,7 +315,7 @@ class PairHdevalResult(ScoreResult):
         return {"hdeval": agreement(human, self.labels, self.labels_ab)}
 
 
-class PairEvaluator(Saving):
+class PairEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
     method = "hdeval"
@@ -323,19 +323,10 @@ class PairEvaluator(Saving):
     def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
                  templates: dict[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
                  manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
-        self.task = task
-        self.tree = tree
+        super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
+                         score_table)
         self.model = model
         self.kind = kind
-        self.feature_keys = list(feature_keys)
-        self.templates = dict(templates)
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.manifest_extra = dict(manifest_extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     @property
     def aggregator_kind(self) -> str:
