@@ -333,6 +333,12 @@ def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
     for a in aspects + ["average"]:
         t = r.test[a]
         lines.append(f"  {a:<18} test pearson {_fmt(t['pearson'])}  spearman {_fmt(t['spearman'])}")
+    return "\n".join(lines + pruning_lines(r))
+
+
+def pruning_lines(r: Any) -> list[str]:
+    """A layer summary's closing lines, pointwise or pairwise: what pruning chose and the notes."""
+    lines = []
     if r.positive_importance is not None:
         n = len(r.importance)
         if r.expand_next:
@@ -340,9 +346,7 @@ def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
                          "candidates had positive importance)")
         else:
             lines.append(f"  expand next: none (no candidate of {n} had positive importance)")
-    for note in r.notes:
-        lines.append(f"  note: {note}")
-    return "\n".join(lines)
+    return lines + [f"  note: {note}" for note in r.notes]
 
 
 def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = None) -> list[LayerPlan]:

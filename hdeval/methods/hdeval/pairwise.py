@@ -281,17 +281,12 @@ def _fmt(x: Any) -> str:
 
 
 def _layer_summary(r: PairLayerReport) -> str:
+    from hdeval.methods.hdeval.loop import pruning_lines
+
     lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
              f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
              f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
-    if r.positive_importance is not None:
-        if r.expand_next:
-            lines.append(f"  expand next: {', '.join(r.expand_next)} ({r.positive_importance} of "
-                         f"{len(r.importance)} candidates had positive importance)")
-        else:
-            lines.append(f"  expand next: none (no candidate of {len(r.importance)} had positive importance)")
-    lines += [f"  note: {n}" for n in r.notes]
-    return "\n".join(lines)
+    return "\n".join(lines + pruning_lines(r))
 
 
 # ----------------------------------------------------------------------------- fitted
