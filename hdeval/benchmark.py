@@ -461,6 +461,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         "definitions": DEFINITIONS,
         "runs": runs,
         "settings": settings,
+        **({} if shape == "pairwise" else {"criteria_efficiency": criteria_efficiency(settings, runs)}),
         "cost": cost,
         "calls": sum(c["calls"] for c in cost.values()),
     }
@@ -501,6 +502,10 @@ DEFINITIONS = {
                  "for both figures and takes the difference to dna-direct when it is among --methods.",
     "layers": "HD-Eval's per-layer proxy aggregators (layer k = without the layers after k) and the "
               "'w/o aggregator' baselines, from each artifact's metrics.json.",
+    "criteria_efficiency": "held-out average Spearman against the number of criteria the evaluator uses "
+                           "(mean/std over seeds): HD-Eval a point per layer (its layer-k proxy aggregator "
+                           "uses the criteria of layers 1..k, counted from its layer reports), direct one "
+                           "point at its criteria count (the aspects).",
 }
 
 
@@ -527,11 +532,46 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
     }
+    if method == "direct":
+        rec["criteria"] = len(ho.aspects)  # one question per aspect
     if method == "hdeval":
         rec["criteria"] = len(fitted.feature_keys)
         rec["layers"] = m.get("layers") or {}
+        rec["criteria_per_layer"] = criteria_per_layer(fitted)
         rec["baselines"] = {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}
     return rec
+
+
+def criteria_per_layer(fitted: Any) -> dict[str, int]:
+    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
+    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
+    out: dict[str, int] = {}
+    total = 0
+    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
+        total += len(report.get("added") or [])
+        out[str(int(report["layer"]))] = total
+    return out
+
+
+def criteria_efficiency(settings: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Held-out average Spearman against the number of criteria an evaluator uses: per HD-Eval
+    setting a point per layer (its layer-k proxy aggregator; criteria and Spearman as mean/std
+    over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
+    out = []
+    for s in settings:
+        if s["method"] not in ("direct", "hdeval"):
+            continue
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"])
+                == (s["method"], s["aggregator"], s["train_frac"])]
+        if s["method"] == "direct":
+            points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
+                       "spearman": s["dataset"]["average"]["spearman"]}]
+        else:
+            points = [{"layer": int(k), "criteria": mean_std([r["criteria_per_layer"].get(k) for r in mine]),
+                       "spearman": s["layers"][k]} for k in s["layers"]]
+        out.append({"method": s["method"], "aggregator": s["aggregator"], "train_frac": s["train_frac"],
+                    "points": points})
+    return out
 
 
 def _avg(table: Mapping[str, Any], metric: str) -> float | None:
@@ -751,7 +791,23 @@ def render_markdown(results: Mapping[str, Any]) -> str:
             lines.append("| " + " | ".join([_name(s), f"{s['train_frac']:g}",
                                             *[_ms(s["layers"].get(k)) for k in layer_keys],
                                             *[_ms(s["baselines"].get(k)) for k in base_keys]]) + " |")
+    if results.get("criteria_efficiency"):
+        lines += ["", "Criteria efficiency (held-out average Spearman against the number of criteria the evaluator "
+                  "uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):", "",
+                  "| method | train frac | layer | criteria | average Spearman |", "|---|---|---|---|---|"]
+        for line in results["criteria_efficiency"]:
+            for pt in line["points"]:
+                lines.append(f"| {_name(line)} | {line['train_frac']:g} | "
+                             f"{'' if pt['layer'] is None else pt['layer']} | {_ms1(pt['criteria'])} | "
+                             f"{_ms(pt['spearman'])} |")
     return "\n".join(lines + _cost_lines(results)) + "\n"
+
+
+def _ms1(d: Mapping[str, Any] | None) -> str:
+    """A count's mean ± std over seeds (no std when every seed agrees)."""
+    if not d or d.get("mean") is None:
+        return "n/a"
+    return f"{d['mean']:g}" if not d.get("std") else f"{d['mean']:.1f} ± {d['std']:.1f}"
 
 
 def _cost_lines(results: Mapping[str, Any]) -> list[str]:
@@ -836,6 +892,22 @@ def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
             ax.set_ylabel("held-out average Spearman")
             ax.legend(fontsize=8)
             out.append((f"Layer ablation at training fraction {top:g}", _png(fig)))
+        # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
+        chosen_eff = [ln for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
+        eff = [(ln, [p for p in ln["points"] if p["criteria"]["mean"] is not None
+                       and p["spearman"]["mean"] is not None]) for ln in chosen_eff]
+        if any(pts for _, pts in eff):
+            fig, ax = plt.subplots(figsize=(6, 3.6))
+            for ln, pts in eff:
+                if pts:
+                    ax.errorbar([p["criteria"]["mean"] for p in pts], [p["spearman"]["mean"] for p in pts],
+                                yerr=[p["spearman"]["std"] or 0 for p in pts], marker="o" if len(pts) > 1 else "s",
+                                capsize=3, label=_name(ln))
+            ax.set_xlabel("criteria used")
+            ax.set_ylabel("held-out average Spearman")
+            ax.legend(fontsize=8)
+            out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
+                        "direct: the aspects)", _png(fig)))
     return out
 
 

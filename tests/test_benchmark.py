@@ -232,6 +232,10 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
             assert set(run["baselines"]) == {"direct_layer1", "mean_all_criteria", "mean_subtree"}
             # the held-out predictions read back from the score table are the ones metrics.json scored
             assert run["dataset"] == run["layers"]["2"]
+            # criteria per layer: layer 1 = the 2 aspects, the last layer = every criterion the aggregator uses
+            assert run["criteria_per_layer"]["1"] == 2 < run["criteria_per_layer"]["2"] == run["criteria"]
+        else:
+            assert run["criteria"] == 2  # direct: one question per aspect
     # settings: mean/std over seeds, bootstrap per seed with the difference to direct
     assert [(s["method"], s["aggregator"], s["train_frac"]) for s in res["settings"]] == [
         ("direct", None, 0.25), ("hdeval", "lr", 0.25), ("hdeval", "rf", 0.25),
@@ -254,14 +258,37 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
                 assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
         if s["method"] == "hdeval":
             assert set(s["layers"]) == {"1", "2"} and {"mean_all_criteria", "mean_subtree"} <= set(s["baselines"])
+    # criteria efficiency: a line per setting, direct a point at the aspects, HD-Eval a point per layer
+    # with the criteria and the layer's Spearman averaged over the seeds
+    eff = res["criteria_efficiency"]
+    assert [(e["method"], e["aggregator"], e["train_frac"]) for e in eff] == [
+        (s["method"], s["aggregator"], s["train_frac"]) for s in res["settings"]]
+    for e, s in zip(eff, res["settings"]):
+        seeds = [x for x in res["runs"] if (x["method"], x["aggregator"], x["train_frac"])
+                 == (e["method"], e["aggregator"], e["train_frac"])]
+        if e["method"] == "direct":
+            assert e["points"] == [{"layer": None, "criteria": {"mean": 2.0, "std": 0.0, "n": 2},
+                                    "spearman": s["dataset"]["average"]["spearman"]}]
+            continue
+        assert [p["layer"] for p in e["points"]] == [1, 2]
+        for p in e["points"]:
+            counts = [x["criteria_per_layer"][str(p["layer"])] for x in seeds]
+            spear = [x["layers"][str(p["layer"])]["average"]["spearman"] for x in seeds]
+            assert p["criteria"]["mean"] == pytest.approx(np.mean(counts)) and p["criteria"]["n"] == 2
+            assert p["spearman"] == s["layers"][str(p["layer"])]
+            assert p["spearman"]["mean"] == pytest.approx(np.mean(spear), abs=1e-5)
+        assert e["points"][0]["criteria"]["mean"] == 2 < e["points"][1]["criteria"]["mean"]
     assert set(res["cost"]) == {"direct", "hdeval"} and res["cost"]["hdeval"]["runs"] == 8
     assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
     assert res["cost"]["direct"]["prompt_tokens"] > 0
     md = (out / "results.md").read_text()
     assert "| method | train frac | clarity | accuracy | average |" in md and "| hdeval-rf | 0.5 |" in md
     assert "Layer ablation" in md and "| direct |" in md
+    assert "| method | train frac | layer | criteria | average Spearman |" in md and "| direct | 0.5 |  | 2 |" in md
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3 and "<script" not in page
+    # data efficiency, per-aspect bars, layer ablation, criteria efficiency
+    assert page.count("data:image/png;base64,") == 4 and "<script" not in page
+    assert "Criteria efficiency at training fraction 0.5" in page
     # Again, from the cache: not one call, the same numbers.
     fake_calls.clear()
     (out / "notes.txt").write_text("mine")
