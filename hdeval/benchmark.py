@@ -39,6 +39,7 @@ LEARNED = ("hdeval", "paireval")
 # baseline (overall scores from the same LLM, no aspects)
 ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
 PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
+PAIR_VS = "vs_" + PAIR_BASELINE.replace("-", "_")
 PAIR_LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
 N_RESAMPLES = 1000
 LEVEL = 0.95
@@ -499,7 +500,8 @@ DEFINITIONS = {
                  "a or b (as metrics.json and `agreement` of --method dna). 'evaluator' is the method's own "
                  "prediction (DnA: its LLM weights; HD-Eval: its classifier), 'learned' DnA's logistic "
                  "regression on aspect-score differences. The pairwise bootstrap resamples test documents "
-                 "for both figures and takes the difference to dna-direct when it is among --methods.",
+                 "for both figures and takes the difference to dna-direct when it is among --methods; "
+                 "for DnA's learned aggregation the same under 'learned', on the same resamples.",
     "layers": "HD-Eval's per-layer proxy aggregators (layer k = without the layers after k) and the "
               "'w/o aggregator' baselines, from each artifact's metrics.json.",
     "criteria_efficiency": "held-out average Spearman against the number of criteria the evaluator uses "
@@ -653,14 +655,24 @@ def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
                 k: bootstrap_ci(y, p, ho.doc_ids, statistic=f, n_resamples=spec.resamples, seed=r["seed"])
                 for k, f in PAIR_STATISTICS.items()}}
             base = held.get((PAIR_BASELINE, None, frac, r["seed"]))
+            bp = None
             if base is not None and method != PAIR_BASELINE:
                 if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
                     raise ConfigError(f"the {PAIR_BASELINE} and {method} runs of seed {r['seed']} have "
                                       "different test splits")
                 _, bp = pair_arrays(base)
-                entry["vs_" + PAIR_BASELINE.replace("-", "_")] = {
-                    k: paired_bootstrap(y, p, bp, ho.doc_ids, statistic=f, n_resamples=spec.resamples,
-                                        seed=r["seed"]) for k, f in PAIR_STATISTICS.items()}
+                entry[PAIR_VS] = {k: paired_bootstrap(y, p, bp, ho.doc_ids, statistic=f, n_resamples=spec.resamples,
+                                                      seed=r["seed"]) for k, f in PAIR_STATISTICS.items()}
+            if "learned" in ho.predictions:  # DnA's learned aggregation, on the same resamples
+                _, lp = pair_arrays(ho, "learned")
+                learned: dict[str, Any] = {"agreement": {
+                    k: bootstrap_ci(y, lp, ho.doc_ids, statistic=f, n_resamples=spec.resamples, seed=r["seed"])
+                    for k, f in PAIR_STATISTICS.items()}}
+                if bp is not None:
+                    learned[PAIR_VS] = {k: paired_bootstrap(y, lp, bp, ho.doc_ids, statistic=f,
+                                                            n_resamples=spec.resamples, seed=r["seed"])
+                                        for k, f in PAIR_STATISTICS.items()}
+                entry["learned"] = learned
             boot.append(entry)
         s["bootstrap"] = boot
         s["usage"] = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
@@ -819,6 +831,11 @@ def _cost_lines(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _delta(vs: Mapping[str, Any] | None) -> str:
+    return (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
+            if vs and vs["difference"] is not None else "")
+
+
 def _render_pairwise(results: Mapping[str, Any]) -> str:
     seeds = results["spec"]["seeds"]
     lines = [f"# Benchmark: {results['task']} (pairwise)", "",
@@ -826,31 +843,79 @@ def _render_pairwise(results: Mapping[str, Any]) -> str:
              "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
              "DnA's logistic regression on aspect-score differences next to its LLM weights. CI: 95% "
              f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
-    base = "vs_" + PAIR_BASELINE.replace("-", "_")
+    base = PAIR_VS
     head = ["method", "train frac", "w/o ties", "w/ ties", "learned w/o ties", "learned w/ ties",
-            "95% CI w/o ties", f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", "calls"]
+            "95% CI w/o ties", f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p",
+            f"learned Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", "calls"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in results["settings"]:
         b = s["bootstrap"][0]
         ci = b["agreement"]["wo_ties"]
         vs = (b.get(base) or {}).get("wo_ties")
-        delta = (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
-                 if vs and vs["difference"] is not None else "")
+        lvs = ((b.get("learned") or {}).get(base) or {}).get("wo_ties")
         ev, learned = s["agreement"].get("evaluator") or {}, s["agreement"].get("learned") or {}
         row = [_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
                _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
-               f"[{_f(ci['low'])}, {_f(ci['high'])}]", delta, str(s["usage"]["calls"])]
+               f"[{_f(ci['low'])}, {_f(ci['high'])}]", _delta(vs), _delta(lvs), str(s["usage"]["calls"])]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines + _cost_lines(results)) + "\n"
 
 
 # --------------------------------------------------------------------------- report.html
+def pair_curves(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    """The pairwise plots' lines: (label, setting, agreement variant) per setting and variant
+    (DnA's learned aggregation is a line of its own, "dna (learned)")."""
+    out = []
+    for s in results["settings"]:
+        for variant in s["agreement"]:
+            out.append((_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant))
+    return out
+
+
+def _pair_plots(results: Mapping[str, Any], plt: Any, png: Callable[[Any], bytes]) -> list[tuple[str, bytes]]:
+    """Agreement w/o and w/ ties per method at the largest training fraction (error bars: std
+    over seeds) and, with several training fractions, the data-efficiency curve of both."""
+    out = []
+    curves = pair_curves(results)
+    kinds = (("wo_ties", "w/o ties"), ("w_ties", "w/ ties"))
+    top = max(s["train_frac"] for s in results["settings"])
+    chosen = [(label, s, v) for label, s, v in curves if s["train_frac"] == top]
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(chosen) + 2), 3.6))
+    width = 0.8 / max(1, len(chosen))
+    for k, (label, s, v) in enumerate(chosen):
+        d = [s["agreement"][v][key] for key, _ in kinds]
+        ax.bar(np.arange(len(kinds)) + k * width, [x["mean"] or 0 for x in d], width,
+               yerr=[x["std"] or 0 for x in d], capsize=3, label=label)
+    ax.set_xticks(np.arange(len(kinds)) + width * (len(chosen) - 1) / 2, [t for _, t in kinds])
+    ax.set_ylabel("held-out agreement")
+    ax.legend(fontsize=8)
+    out.append((f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
+                png(fig)))
+    if len({s["train_frac"] for s in results["settings"]}) > 1:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+        for ax, (key, title) in zip(axes, kinds):
+            for label in dict.fromkeys(label for label, _, _ in curves):
+                pts = sorted(((s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label),
+                             key=lambda t: t[0])
+                pts = [(x, d) for x, d in pts if d["mean"] is not None]
+                if pts:
+                    ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
+                                marker="o", capsize=3, label=label)
+            ax.set_title(title)
+            ax.set_xlabel("training fraction")
+        axes[0].set_ylabel("held-out agreement")
+        axes[0].legend(fontsize=8)
+        out.append(("Data efficiency (agreement, mean ± std over seeds)", png(fig)))
+    return out
+
+
 def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
-    if results.get("shape") == "pairwise":
-        return []  # pairwise benchmarks: the tables only (no plots yet)
     from hdeval.methods.hdeval.report import _png, _pyplot
 
     plt = _pyplot()
+    if results.get("shape") == "pairwise":
+        with plt.rc_context({"text.parse_math": False}):
+            return _pair_plots(results, plt, _png)
     out = []
     settings = list(results["settings"])
     aspects = list(results["aspects"])

@@ -497,14 +497,29 @@ def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path:
                     assert vs["difference"] == pytest.approx(
                         run["agreement"]["evaluator"][k] - base["agreement"]["evaluator"][k], abs=1e-5)
                     assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+            if s["method"] == "dna":  # the learned aggregation's bootstrap, next to the LLM weights'
+                base = next(x for x in res["runs"] if x["method"] == "dna-direct" and x["seed"] == run["seed"])
+                for k in ("w_ties", "wo_ties"):
+                    ci = b["learned"]["agreement"][k]
+                    assert ci["estimate"] == pytest.approx(run["agreement"]["learned"][k], abs=1e-6)
+                    assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
+                    vs = b["learned"]["vs_dna_direct"][k]
+                    assert vs["difference"] == pytest.approx(
+                        run["agreement"]["learned"][k] - base["agreement"]["evaluator"][k], abs=1e-5)
+                    assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+            else:
+                assert "learned" not in b
     assert set(res["cost"]) == {"dna-direct", "hdeval", "dna"}
     assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
     assert all(c["prompt_tokens"] > 0 for c in res["cost"].values())
     md = (out / "results.md").read_text()
     assert "| method | train frac | w/o ties | w/ ties | learned w/o ties |" in md
     assert "| dna | 0.5 |" in md and "| hdeval-lr | 0.5 |" in md and "Cost per method" in md
+    assert "learned Δ w/o ties vs dna-direct" in md
     page = (out / "report.html").read_text()
-    assert "data:image/png" not in page and "learned w/o ties" in page  # pairwise: tables, no plots
+    # one training fraction: the agreement bars only (no data-efficiency curve)
+    assert page.count("data:image/png;base64,") == 1 and "learned w/o ties" in page
+    assert "Agreement with the human labels at training fraction 0.5" in page and "<script" not in page
     # Again, from the cache: not one call, the same figures.
     fake_calls.clear()
     r = _pair_bench(tmp_path, out, "--force")
