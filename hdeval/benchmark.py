@@ -332,6 +332,8 @@ class BenchmarkSpec:
     train_fracs: tuple[float, ...] = (0.5,)
     resamples: int = N_RESAMPLES
     options: Mapping[str, Any] = field(default_factory=dict)
+    # per benchmark method (as in --methods): its method options, e.g. {"paireval": {"comparisons": 3}}
+    method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> None:
         from hdeval.aggregate import KINDS
@@ -355,9 +357,11 @@ class BenchmarkSpec:
             twice = sorted({str(v) for v in values if list(values).count(v) > 1})
             if twice:  # a setting run twice would count as two seeds
                 raise ConfigError(f"{flag} lists {', '.join(twice)} more than once")
-        for name in ("method", "aggregator", "seed", "train_frac", "task"):
+        for name in ("method", "aggregator", "seed", "train_frac", "task", "method_options"):
             if name in self.options:
-                raise ConfigError(f"benchmark sets {name} itself")
+                raise ConfigError(f"benchmark sets {name} itself" + (
+                    " (give --method-option METHOD.NAME=VALUE)" if name == "method_options" else ""))
+        check_method_options(self.method_options, self.methods)
 
     def runs(self) -> list[tuple[str, str | None, float, int]]:
         """(method, aggregator or None for a method without one, train_frac, seed) of every run,
@@ -369,6 +373,104 @@ class BenchmarkSpec:
                     for agg in (self.aggregators if method in LEARNED else (None,)):
                         out.append((method, agg, frac, seed))
         return out
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _option_of(entry: str, name: str) -> tuple[Any, str]:
+    """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
+    (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
+    from hdeval.methods.base import get_method
+
+    if entry not in METHODS:
+        raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
+                          f"{', '.join(METHODS)}")
+    base, fixed = ENTRIES.get(entry, (entry, {}))
+    key = name.replace("-", "_")
+    options = get_method(base).options
+    if key not in options:
+        known = ", ".join(sorted(k for k in options if k not in fixed)) or "none"
+        raise ConfigError(f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})")
+    if key in fixed:
+        raise ConfigError(f"--method-option {entry}.{name}: {entry} is {base} with {key} = {fixed[key]} "
+                          "(benchmark sets it)")
+    return options[key], key
+
+
+def parse_method_option(item: str) -> tuple[str, str, Any]:
+    """``METHOD.NAME=VALUE`` -> (method, option name, value typed as the option's default:
+    true/false, a whole number, a number or text, one of its choices). One-line errors."""
+    head, eq, raw = item.partition("=")
+    entry, dot, name = head.strip().partition(".")
+    if not eq or not dot or not entry or not name.strip():
+        raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3")
+    opt, key = _option_of(entry, name.strip())
+    raw = raw.strip()
+    where = f"--method-option {entry}.{name.strip()}"
+    default = opt.default
+    if opt.choices:
+        if raw not in opt.choices:
+            raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(opt.choices)}")
+        return entry, key, raw
+    if isinstance(default, bool):
+        if raw.lower() not in _TRUE + _FALSE:
+            raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+        return entry, key, raw.lower() in _TRUE
+    if isinstance(default, int):
+        try:
+            return entry, key, int(raw)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a whole number, got {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a number, got {raw!r}")
+        return entry, key, value
+    return entry, key, raw
+
+
+def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}; an option
+    given twice is an error (the later one would silently win)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        entry, key, value = parse_method_option(item)
+        if key in out.get(entry, {}):
+            raise ConfigError(f"--method-option {entry}.{key} is given more than once")
+        out.setdefault(entry, {})[key] = value
+    return out
+
+
+def check_method_options(method_options: Mapping[str, Mapping[str, Any]], methods: Sequence[str]) -> None:
+    """Every method's options name a method among ``methods`` and one of its options, and hold
+    values the method accepts (DnA's settings and PairEval's comparison count are checked here,
+    before any run, not when that method's first run starts)."""
+    for entry, opts in method_options.items():
+        for key in opts:
+            _option_of(entry, key)
+        if entry not in methods:
+            raise ConfigError(f"--method-option {entry}.{next(iter(opts), '')}: {entry} is not among --methods "
+                              f"({', '.join(methods)})")
+        base, fixed = ENTRIES.get(entry, (entry, {}))
+        merged = {**opts, **fixed}
+        try:
+            if base == "dna":
+                from hdeval.methods.base import get_method
+                from hdeval.methods.dna.impl import Settings
+
+                o = {k: v.default for k, v in get_method("dna").options.items()} | merged
+                Settings(mode=o["dna_mode"], aspect_source=o["aspect_source"], k=o["k"],
+                         tie_margin=o["tie_margin"], swap=o["swap"], logprobs=o["logprob_scores"]).check()
+            if "comparisons" in merged:
+                from hdeval.methods.paireval.impl import check_comparisons
+
+                check_comparisons(merged["comparisons"])
+        except ConfigError as exc:
+            raise ConfigError(f"--method-option {entry}: {exc}") from None
 
 
 class _Quiet(Progress):
@@ -391,9 +493,10 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     from hdeval.train import TrainConfig
 
     opts = dict(spec.options)
+    given = dict(spec.method_options.get(method) or {})
     method, fixed = ENTRIES.get(method, (method, {}))
-    if fixed:
-        opts["method_options"] = {**(opts.get("method_options") or {}), **fixed}
+    if fixed or given:
+        opts["method_options"] = {**given, **fixed}
     opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
     if agg is not None:
         opts["aggregator"] = agg
@@ -458,7 +561,8 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         "own_regressor": list(task.own_regressor),
         "spec": {"methods": list(spec.methods), "aggregators": list(spec.aggregators), "seeds": spec.seeds,
                  "train_fracs": list(spec.train_fracs), "resamples": spec.resamples,
-                 "options": {k: v for k, v in spec.options.items() if k != "cache_dir"}},
+                 "options": {k: v for k, v in spec.options.items() if k != "cache_dir"},
+                 "method_options": {m: dict(o) for m, o in spec.method_options.items()}},
         "definitions": DEFINITIONS,
         "runs": runs,
         "settings": settings,
@@ -588,6 +692,7 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
         mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
         aspects = [a for a in mine[0]["dataset"] if a != "average"]
         s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "method_options": dict(spec.method_options.get(method) or {}),
                              "seeds": [r["seed"] for r in mine]}
         s["dataset"] = {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
                         for a in aspects + ["average"]}
@@ -644,6 +749,7 @@ def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
         mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
         variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
         s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "method_options": dict(spec.method_options.get(method) or {}),
                              "seeds": [r["seed"] for r in mine]}
         s["agreement"] = {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
                               for k in PAIR_STATISTICS} for v in variants}

@@ -546,3 +546,89 @@ def test_benchmark_methods_of_the_other_shape_are_a_one_line_error_before_any_ca
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert fake_calls == [] and not out.exists()
+
+
+# ------------------------------------------------------------------ method options, pairwise plots
+def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
+        tmp_path: Path, fake_calls: list[int]) -> None:
+    from hdeval.benchmark import pair_curves
+
+    out = tmp_path / "bench"
+    # a tie margin no two totals are apart by: every DnA prediction is a tie, so its agreement with
+    # ties is the share of human ties among the test pairs, countable by hand
+    extra = ("--train-fracs", "0.25,0.5", "--seeds", "1", "--method-option", "dna.tie_margin=100",
+             "--method-option", "dna.swap=false")
+    r = _pair_bench(tmp_path, out, *extra, methods="dna-direct,dna")
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["spec"]["method_options"] == {"dna": {"tie_margin": 100.0, "swap": False}}
+    assert [(s["method"], s["train_frac"], s["method_options"]) for s in res["settings"]] == [
+        ("dna-direct", 0.25, {}), ("dna", 0.25, {"tie_margin": 100.0, "swap": False}),
+        ("dna-direct", 0.5, {}), ("dna", 0.5, {"tie_margin": 100.0, "swap": False})]
+    rows = _pair_rows()
+    human = {row["id"]: row["label"] for row in rows}
+    from hdeval.train import train
+
+    for run in res["runs"]:
+        if run["method"] != "dna":
+            continue
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake", layers=1,
+                       seed=0, train_frac=run["train_frac"], cache_dir=str(tmp_path / "cache"),
+                       method_options={"tie_margin": 100.0, "swap": False})
+        test = fitted.score_table[fitted.score_table["split"] == "test"]
+        assert set(test["prediction"]) == {"tie"}
+        ties = sum(human[i] == "tie" for i in test["pair_id"])
+        assert run["agreement"]["evaluator"]["w_ties"] == round(ties / len(test), 6)
+    # the plots' numbers: agreement bars per line at the largest fraction and a data-efficiency curve
+    # per line, "dna (learned)" a line of its own; all of them the settings' mean/std over seeds
+    assert [label for label, _, _ in pair_curves(res)] == ["dna-direct", "dna", "dna (learned)"] * 2
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "Data efficiency (agreement" in page
+    # the same sweep again: the cache answers everything
+    fake_calls.clear()
+    r = _pair_bench(tmp_path, out, *extra, "--force", methods="dna-direct,dna")
+    assert r.exit_code == 0, r.output
+    assert fake_calls == [] and json.loads((out / "results.json").read_text())["calls"] == 0
+
+
+def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
+    # paireval.comparisons=1: the benchmark's run is the one `train --comparisons 1` makes
+    from hdeval.benchmark import BenchmarkSpec, parse_method_options, run_benchmark
+    from hdeval.train import train
+
+    task, data = _toy(tmp_path)
+    options = dict(data=str(data), llm="fake", layers=1, limit=24, cache_dir=str(tmp_path / "c"))
+    spec = BenchmarkSpec(str(task), ("paireval",), ("lr",), 1, (0.5,), 20, options,
+                         parse_method_options(["paireval.comparisons=1"]))
+    res = run_benchmark(spec)
+    assert res["settings"][0]["method_options"] == {"comparisons": 1}
+    one = train(task=str(task), method="paireval", aggregator="lr", method_options={"comparisons": 1}, **options)
+    three = train(task=str(task), method="paireval", aggregator="lr", **options)
+    assert res["runs"][0]["dataset"] == one.metrics["final"] != three.metrics["final"]
+    assert res["runs"][0]["usage"]["calls"] + res["runs"][0]["usage"]["cache_hits"] \
+        < three.metrics["usage"]["calls"] + three.metrics["usage"]["cache_hits"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (("paireval.comparisons",), "--method-option 'paireval.comparisons': expected METHOD.NAME=VALUE"),
+    (("magic.k=1",), "--method-option magic.k: unknown method 'magic'"),
+    (("hdeval.tie_margin=1",), "--method-option hdeval.tie_margin: hdeval takes no option 'tie_margin' (its "
+                               "options: comparisons, scorer, swap)"),
+    (("dna.k=two",), "--method-option dna.k: expected a whole number, got 'two'"),
+    (("dna.tie_margin=nan",), "--method-option dna.tie_margin: expected a number, got 'nan'"),
+    (("dna.swap=maybe",), "--method-option dna.swap: expected true or false, got 'maybe'"),
+    (("dna.aspect_source=random",), "--method-option dna.aspect_source: 'random' is not one of predefined"),
+    (("dna.tie_margin=-1",), "--method-option dna: --tie-margin must be 0 or more, got -1.0"),
+    (("hdeval.comparisons=0",), "--method-option hdeval: --comparisons must be a whole number of at least 1"),
+    (("dna-direct.dna_mode=cot",), "--method-option dna-direct.dna_mode: dna-direct is dna with dna_mode = direct"),
+    (("dna.k=2", "dna.k=3"), "--method-option dna.k is given more than once"),
+    (("paireval.comparisons=2",), "--method-option paireval.comparisons: paireval is not among --methods "
+                                  "(dna-direct, dna, hdeval)"),
+])
+def test_bad_method_options_are_one_line_errors_before_any_call(
+        tmp_path: Path, fake_calls: list[int], options: tuple[str, ...], message: str) -> None:
+    out = tmp_path / "bench"
+    r = _pair_bench(tmp_path, out, *[a for o in options for a in ("--method-option", o)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert fake_calls == [] and not out.exists()

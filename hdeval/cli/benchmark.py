@@ -32,6 +32,9 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
 @click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
 @click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) per run.")
+@click.option("--method-option", "method_option", multiple=True, metavar="METHOD.NAME=VALUE",
+              help="A method's option for its runs (repeatable), e.g. paireval.comparisons=3, "
+                   "dna.tie_margin=0.5; `hdeval train --help` lists each method's options.")
 @click.option("--resamples", default=1000, show_default=True, type=int, help="Bootstrap resamples.")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Output directory: results.json, results.md, report.html.")
@@ -41,7 +44,8 @@ def _csv(value: str) -> tuple[str, ...]:
               help="Never download a built-in task's data (by default it is fetched on first use).")
 @llm_options
 def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
-              out: str, force: bool, quiet: bool, offline: bool, **options: Any) -> None:
+              method_option: tuple[str, ...], out: str, force: bool, quiet: bool, offline: bool,
+              **options: Any) -> None:
     """Train every combination of methods, aggregators, seeds and training fractions (one shared
     LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
 
@@ -50,7 +54,9 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
       hdeval benchmark --task sfhot --methods direct,hdeval --aggregators lr,nn --seeds 3 \\
           --train-fracs 0.1,0.5 --llm fake -o bench/
     """
-    from hdeval.benchmark import BenchmarkSpec, check_output_dir, check_shapes, run_benchmark, write_benchmark
+    from hdeval.benchmark import (
+        BenchmarkSpec, check_output_dir, check_shapes, parse_method_options, run_benchmark, write_benchmark,
+    )
     from hdeval.errors import ConfigError
 
     def go() -> None:
@@ -61,7 +67,8 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         except ValueError:
             raise ConfigError(f"--train-fracs must be comma-separated numbers, got {train_fracs!r}") from None
         given = {k: v for k, v in options.items() if v is not None}
-        spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given)
+        spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given,
+                             parse_method_options(method_option))
         spec.validate()
         check_shapes(spec)
         check_output_dir(out, force)  # before any LLM call
