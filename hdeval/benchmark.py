@@ -15,6 +15,7 @@ import html
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ FORMAT = "hdeval-benchmark"
 FORMAT_VERSION = 1
 RESULTS, TABLE, HTML = "results.json", "results.md", "report.html"
 OUTPUTS = (RESULTS, TABLE, HTML)
+RUNS = "runs"  # --keep-artifacts: each run's artifact in runs/<setting>-seed<k>/
 # the methods whose held-out predictions the benchmark reads, baselines first (their calls are
 # the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
 METHODS = ("direct", "direct-yesno", "dna-direct", "hdeval", "paireval", "dna")
@@ -363,6 +365,10 @@ class BenchmarkSpec:
                     " (give --method-option METHOD.NAME=VALUE)" if name == "method_options" else ""))
         check_method_options(self.method_options, self.methods)
 
+    def artifact_names(self) -> list[str]:
+        """The directory under ``runs/`` of every run's artifact (--keep-artifacts)."""
+        return [artifact_name(*run) for run in self.runs()]
+
     def runs(self) -> list[tuple[str, str | None, float, int]]:
         """(method, aggregator or None for a method without one, train_frac, seed) of every run,
         baselines first (direct's calls are HD-Eval's layer 1)."""
@@ -473,6 +479,11 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
             raise ConfigError(f"--method-option {entry}: {exc}") from None
 
 
+def artifact_name(method: str, agg: str | None, frac: float, seed: int) -> str:
+    """``<setting>-seed<k>``: e.g. ``hdeval-lr-frac0.5-seed0``, ``dna-direct-frac0.5-seed1``."""
+    return f"{method}{'' if agg is None else '-' + agg}-frac{frac:g}-seed{seed}"
+
+
 class _Quiet(Progress):
     """Forwards a run's progress bars but not its per-layer summaries (the sweep reports runs)."""
 
@@ -503,9 +514,13 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     return TrainConfig.from_options(**opts)
 
 
-def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None) -> dict[str, Any]:
+def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
+                  artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train every combination of ``spec`` and return ``results.json``'s content. Every
-    configuration is checked (options, data, splits) before the first LLM call."""
+    configuration is checked (options, data, splits) before the first LLM call. ``artifacts``
+    (--keep-artifacts): a dict that receives each run's fitted evaluator under its
+    :func:`artifact_name` (each run's record names it as ``artifact``), for
+    :func:`write_benchmark` to save."""
     from hdeval.train import prepare, train
 
     spec.validate()
@@ -543,6 +558,10 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
             ho = held_out(fitted, doc_of)
             held[(method, agg, frac, seed)] = ho
             runs.append(_run_record(fitted, ho, method, agg, frac, seed))
+        if artifacts is not None:
+            name = artifact_name(method, agg, frac, seed)
+            artifacts[name] = fitted
+            runs[-1]["artifact"] = f"{RUNS}/{name}"
     assert task is not None
     settings = _pair_settings(spec, runs, held) if shape == "pairwise" else _settings(spec, runs, held)
     cost: dict[str, dict[str, int]] = {}
@@ -800,11 +819,30 @@ def is_benchmark_output(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def check_output_dir(out: str | Path, force: bool = False) -> None:
+_ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def _previous_artifacts(path: Path) -> set[str]:
+    """The run artifacts (``runs/<name>``, one level, nothing else) a previous benchmark's
+    results.json lists as written by it (its ``artifacts``)."""
+    if not is_benchmark_output(path):
+        return set()
+    try:
+        data = json.loads((path / RESULTS).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return set()
+    listed = data.get("artifacts")
+    return {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)} \
+        if isinstance(listed, list) else set()
+
+
+def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[str] = ()) -> None:
     """Raise unless the benchmark may write ``out``: a new or empty directory, or (with
     ``force``) a previous benchmark's output, whose three files are replaced and nothing else
-    touched. Any other non-empty directory is refused, ``force`` or not."""
-    from hdeval.artifact import check_writable
+    touched. Any other non-empty directory is refused, ``force`` or not. ``artifacts``
+    (--keep-artifacts): the ``runs/<name>`` directories to write; one that exists is replaced
+    only when the previous benchmark's results.json lists it as its own and it is an artifact."""
+    from hdeval.artifact import check_destination, check_writable, is_artifact
 
     path = Path(out)
     if path.is_symlink():
@@ -823,22 +861,49 @@ def check_output_dir(out: str | Path, force: bool = False) -> None:
         for name in OUTPUTS:
             if (path / name).is_symlink() or (path / name).is_dir():
                 raise ConfigError(f"refusing to replace {path / name}: it is not a file this command wrote")
+        runs = path / RUNS
+        if artifacts and (runs.is_symlink() or (runs.exists() and not runs.is_dir())):
+            raise ConfigError(f"refusing to write run artifacts into {runs}: it is not a directory this "
+                              "command wrote")
+        if artifacts and runs.is_dir():
+            ours = _previous_artifacts(path)
+            for name in artifacts:
+                target = runs / name
+                if target.exists() or target.is_symlink():
+                    if f"{RUNS}/{name}" not in ours or target.is_symlink() or not is_artifact(target):
+                        raise ConfigError(f"refusing to replace {target}: the previous benchmark in {path} did "
+                                          "not write it; move it away or choose another output directory")
+                    check_destination(target, force=True)
     check_writable(path if path.is_dir() else Path(os.path.abspath(path)).parent)
 
 
-def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False) -> list[Path]:
+def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False,
+                    artifacts: Mapping[str, Any] | None = None) -> list[Path]:
     """Write results.json, results.md and report.html into ``out`` (each atomically: a temp
-    file renamed into place; the page and table are rendered before anything is written)."""
-    check_output_dir(out, force)
+    file renamed into place; the page and table are rendered before anything is written).
+    ``artifacts`` (from :func:`run_benchmark`): each run's evaluator saved to ``runs/<name>``
+    first (each atomically, as ``train -o``), so results.json, written last, lists only
+    artifacts that are complete."""
+    names = list(artifacts or {})
+    check_output_dir(out, force, names)
     path = Path(out)
+    # the artifacts this directory holds from the benchmark: the new ones and any an earlier
+    # sweep wrote and this one did not replace (so a later --force may replace them too)
+    from hdeval.artifact import is_artifact
+
+    kept = sorted({a for a in _previous_artifacts(path) if is_artifact(path / a)} | {f"{RUNS}/{n}" for n in names})
+    if kept:
+        results = {**results, "artifacts": kept}
     texts = {
         RESULTS: json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
         TABLE: render_markdown(results),
         HTML: render_html(results),
     }
+    written = []
     try:
         path.mkdir(parents=True, exist_ok=True)
-        written = []
+        for name in names:
+            written.append(artifacts[name].save(path / RUNS / name, force=True))  # type: ignore[index]
         for name in (TABLE, HTML, RESULTS):  # results.json last: it marks the directory as ours
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
             try:

@@ -632,3 +632,69 @@ def test_bad_method_options_are_one_line_errors_before_any_call(
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert fake_calls == [] and not out.exists()
+
+
+# ------------------------------------------------------------------ --keep-artifacts
+def _keep_bench(tmp_path: Path, out: Path, *extra: str):
+    task, data = tmp_path / "toy_task.toml", tmp_path / "toy.jsonl"
+    if not task.exists():
+        _toy(tmp_path)
+    args = ["benchmark", "--task", str(task), "--data", str(data), "--methods", "direct,hdeval", "--aggregators",
+            "lr", "--layers", "1", "--limit", "33", "--resamples", "20", "--llm", "fake",
+            "--cache-dir", str(tmp_path / "cache"), "-q", "-o", str(out), *extra]
+    return CliRunner().invoke(cli, args)
+
+
+def test_keep_artifacts_saves_each_run_and_replaces_only_its_own(tmp_path: Path, fake_calls: list[int]) -> None:
+    from hdeval.artifact import load_artifact
+
+    out = tmp_path / "bench"
+    r = _keep_bench(tmp_path, out, "--keep-artifacts")
+    assert r.exit_code == 0, r.output
+    assert "2 run artifact(s) in runs/" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    names = ["runs/direct-frac0.5-seed0", "runs/hdeval-lr-frac0.5-seed0"]
+    assert [x["artifact"] for x in res["runs"]] == names and res["artifacts"] == names
+    for run in res["runs"]:  # each artifact is the evaluator the run measured
+        ev = load_artifact(out / run["artifact"])
+        assert ev.method == run["method"] and ev.metrics["final"] == run["dataset"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [n.split("/")[1] for n in names]
+    # again with --force: from the cache, the artifacts replaced, a file of the user's in runs/ kept
+    (out / "runs" / "notes.txt").write_text("mine")
+    fake_calls.clear()
+    r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
+    assert r.exit_code == 0, r.output
+    assert fake_calls == [] and (out / "runs" / "notes.txt").read_text() == "mine"
+    assert load_artifact(out / names[1]).method == "hdeval"
+    # a sweep without --keep-artifacts leaves them and still lists them as the benchmark's ...
+    r = _keep_bench(tmp_path, out, "--force")
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "results.json").read_text())
+    assert again["artifacts"] == names and "artifact" not in again["runs"][0]
+    # ... so a later --keep-artifacts --force may replace them
+    r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
+    assert r.exit_code == 0, r.output
+
+
+def test_keep_artifacts_never_replaces_a_directory_it_did_not_write(tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "bench"
+    assert _keep_bench(tmp_path, out).exit_code == 0  # a benchmark output without run artifacts
+    mine = out / "runs" / "hdeval-lr-frac0.5-seed0"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    fake_calls.clear()
+    r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: refusing to replace {mine}: the previous benchmark in {out} did not write it; "
+                        "move it away or choose another output directory\n")
+    assert fake_calls == [] and (mine / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["hdeval-lr-frac0.5-seed0"]
+    # runs/ as a symbolic link: refused too
+    (mine / "notes.txt").unlink()
+    mine.rmdir()
+    (out / "runs").rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "runs").symlink_to(tmp_path / "elsewhere")
+    r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
+    assert r.exit_code == 2 and "refusing to write run artifacts into" in r.stderr
+    assert fake_calls == [] and list((tmp_path / "elsewhere").iterdir()) == []

@@ -39,13 +39,15 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="Output directory: results.json, results.md, report.html.")
 @click.option("--force", is_flag=True, help="Replace a previous benchmark's results in --out.")
+@click.option("--keep-artifacts", is_flag=True,
+              help="Also save each run's trained evaluator under --out/runs/<setting>-seed<k>/.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
 @llm_options
 def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
-              method_option: tuple[str, ...], out: str, force: bool, quiet: bool, offline: bool,
-              **options: Any) -> None:
+              method_option: tuple[str, ...], out: str, force: bool, keep_artifacts: bool, quiet: bool,
+              offline: bool, **options: Any) -> None:
     """Train every combination of methods, aggregators, seeds and training fractions (one shared
     LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
 
@@ -71,13 +73,14 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
                              parse_method_options(method_option))
         spec.validate()
         check_shapes(spec)
-        check_output_dir(out, force)  # before any LLM call
+        check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
         if options.get("data") is None:
             fetch_missing_task_data(task, offline=offline)
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(options.get("llm")))
-        results = run_benchmark(spec, progress=progress)
-        write_benchmark(results, out, force=force)
+        artifacts: dict[str, Any] | None = {} if keep_artifacts else None
+        results = run_benchmark(spec, progress=progress, artifacts=artifacts)
+        write_benchmark(results, out, force=force, artifacts=artifacts)
         for m, c in results["cost"].items():
             click.echo(f"{m}: {c['runs']} run(s), LLM calls made: {c['calls']}, cache hits: {c['cache_hits']}, "
                        f"tokens: {c['prompt_tokens']} prompt + {c['completion_tokens']} completion", err=True)
@@ -88,6 +91,7 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
             mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
             what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
             click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
-        click.echo(f"benchmark written to {out} (results.json, results.md, report.html)")
+        kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
+        click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
 
     run_command(go)
