@@ -678,7 +678,8 @@ def criteria_per_layer(fitted: Any) -> dict[str, int]:
     return out
 
 
-def criteria_efficiency(settings: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
+                        runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Held-out average Spearman against the number of criteria an evaluator uses: per HD-Eval
     setting a point per layer (its layer-k proxy aggregator; criteria and Spearman as mean/std
     over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
