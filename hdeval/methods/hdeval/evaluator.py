@@ -11,7 +11,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,67 @@ class TreeEvaluator(Saving):
         self.score_table = score_table
         self.warnings: list[str] = []
         self.path: Path | None = None
+
+    # ------------------------------------------------------------------ loading
+    @staticmethod
+    def read_start(art: ArtifactReader, model_file: str, fitted: str,
+                   section: Callable[[dict[str, Any]], Any]) -> "StoredTree":
+        """What both evaluators read first from a verified artifact: the files every HD-Eval
+        artifact lists (``model_file`` among them), the task, the tree, the prompts and the
+        feature order, checked against each other. ``section(manifest)`` reads the evaluator's
+        own part of the manifest under the same malformed-artifact guard; ``fitted`` names the
+        model ("aggregator", "classifier") in messages."""
+        path, manifest = art.path, art.manifest
+        mpath = path / "manifest.json"
+        files = manifest["files"]
+        for name in (model_file, TREE, METRICS, "prompts/score.toml"):
+            if name not in files:
+                raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
+        try:
+            task = task_from_dict(manifest["task"], where=str(mpath))
+            tree = CriteriaTree.from_dict(art.json(TREE))
+            templates = {}
+            for name in sorted(files):
+                member = Path(name)
+                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
+                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
+            features = list(manifest["features"])
+            own = section(manifest)
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
+        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
+            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
+        if sorted(tree.keys) != sorted(features):
+            raise ArtifactError(
+                f"{path}: {TREE} no longer has the criteria the {fitted} was trained on; "
+                "edit only names and definitions, or retrain"
+            )
+        return StoredTree(task, tree, templates, features, own)
+
+    @staticmethod
+    def read_llm(manifest: dict[str, Any], mpath: Path) -> tuple[LLMConfig, str]:
+        """The artifact's LLM (model, base_url) and its identity."""
+        llm = manifest.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
+        ):
+            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
+        return LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), llm.get("identity") or ""
+
+    def loaded_from(self, art: ArtifactReader) -> None:
+        """Remember where the evaluator was loaded from and what loading warned about."""
+        self.warnings = list(art.warnings)
+        self.path = art.path
+
+
+class StoredTree(NamedTuple):
+    """The parts :meth:`TreeEvaluator.read_start` read from an artifact."""
+
+    task: Task
+    tree: CriteriaTree
+    templates: dict[str, Template]
+    features: list[str]
+    section: Any  # what the evaluator's ``section`` function returned
 
 
 class Evaluator(TreeEvaluator):
@@ -206,31 +267,8 @@ class Evaluator(TreeEvaluator):
         """Rebuild from a verified artifact; check that its parts fit together."""
         path, manifest = art.path, art.manifest
         files = manifest["files"]
-        for name in (MODEL, TREE, METRICS, "prompts/score.toml"):
-            if name not in files:
-                raise ArtifactError(f"{path / 'manifest.json'}: no checksum recorded for {name}")
-        try:
-            task = task_from_dict(manifest["task"], where=str(path / "manifest.json"))
-            tree = CriteriaTree.from_dict(art.json(TREE))
-            templates = {}
-            for name in sorted(files):
-                member = Path(name)
-                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
-                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
-            features = list(manifest["features"])
-            agg_meta = manifest["aggregator"]
-            if not isinstance(agg_meta, dict):
-                raise TypeError("'aggregator' is not an object")
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
         mpath = path / "manifest.json"
-        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
-            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
-        if sorted(tree.keys) != sorted(features):
-            raise ArtifactError(
-                f"{path}: {TREE} no longer has the criteria the aggregator was trained on; "
-                "edit only names and definitions, or retrain"
-            )
+        task, tree, templates, features, agg_meta = cls.read_start(art, MODEL, "aggregator", _aggregator_section)
         agg_aspects, ranges, groups, kind = _check_aggregator_meta(agg_meta, task, mpath)
         _check_order(path, files, features, agg_aspects, tree, mpath)
         models = art.skops(MODEL, TRUSTED_TYPES)
@@ -248,15 +286,9 @@ class Evaluator(TreeEvaluator):
                 raise ArtifactError(f"{path / MODEL}: unusable aggregator ({exc})") from exc
             if computed != needed:
                 raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the aggregator uses")
-        llm = manifest.get("llm") or {}
-        if not isinstance(llm, dict) or not all(
-            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
-        ):
-            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
+        llm, identity = cls.read_llm(manifest, mpath)
         ev = cls(
-            task, tree, agg, features, templates,
-            LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-            llm.get("identity") or "",
+            task, tree, agg, features, templates, llm, identity,
             art.json(METRICS),
             {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
@@ -264,10 +296,16 @@ class Evaluator(TreeEvaluator):
             from hdeval.methods.paireval import PairwiseScorer
 
             ev.scorer = PairwiseScorer.from_artifact(art, manifest["scorer"], templates)
-        ev.warnings = list(art.warnings)
-        ev.path = path
+        ev.loaded_from(art)
         ev.manifest_data = manifest
         return ev
+
+
+def _aggregator_section(manifest: dict[str, Any]) -> dict[str, Any]:
+    meta = manifest["aggregator"]
+    if not isinstance(meta, dict):
+        raise TypeError("'aggregator' is not an object")
+    return meta
 
 
 def _check_aggregator_meta(meta: dict, task: Task, mpath: Path) -> tuple[list[str], list[tuple[float, float]], list[list[str]], str]:
