@@ -182,6 +182,37 @@ def test_scoring_single_outputs_with_a_pairwise_artifact_is_a_clear_error(fairev
         ev.score([], backend=FakeBackend())
 
 
+def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy, faireval40, tmp_path):
+    from hdeval.artifact import open_artifact
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    pair = _train(tmp_path, faireval40, layers=1, aggregator="lr").save(tmp_path / "pair")
+    task, data = toy
+    point = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
+                  cache_dir=str(tmp_path / "cache")).save(tmp_path / "point")
+    direct = train(task=str(task), data=str(data), method="direct", llm="fake",
+                   cache_dir=str(tmp_path / "cache")).save(tmp_path / "direct")
+    hint = "load it with hdeval.artifact.load_artifact(path) or score with hdeval apply"
+    cases = [
+        (lambda: Evaluator.load(pair), f"{pair} holds a pairwise HD-Eval evaluator, and Evaluator reads "
+                                       "pointwise HD-Eval ones only"),
+        (lambda: PairEvaluator.load(point), f"{point} holds a pointwise HD-Eval evaluator, and PairEvaluator "
+                                            "reads pairwise HD-Eval ones only"),
+        (lambda: Evaluator.load(direct), f"{direct} holds a pointwise 'direct' evaluator, and Evaluator reads"),
+        (lambda: Evaluator.from_artifact(open_artifact(pair)), f"{pair} holds a pairwise HD-Eval evaluator"),
+        (lambda: PairEvaluator.from_artifact(open_artifact(point)), f"{point} holds a pointwise HD-Eval"),
+        (lambda: Evaluator.from_artifact(open_artifact(direct)), f"{direct} holds a pointwise 'direct'"),
+    ]
+    for load, start in cases:
+        with pytest.raises(ArtifactError) as err:
+            load()
+        msg = str(err.value)
+        assert msg.startswith(start) and msg.endswith(hint) and "\n" not in msg, msg
+    # each loads with its own loader, and with the generic one
+    assert isinstance(PairEvaluator.load(pair), PairEvaluator) and isinstance(load_artifact(pair), PairEvaluator)
+    assert isinstance(Evaluator.load(point), Evaluator) and load_artifact(direct).method == "direct"
+
+
 def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
     path = _train(tmp_path, faireval40, layers=2, aggregator="lr").save(tmp_path / "art")
     mf = path / "manifest.json"

@@ -73,8 +73,27 @@ class TreeEvaluator(Saving):
         self.path: Path | None = None
 
     # ------------------------------------------------------------------ loading
-    @staticmethod
-    def read_start(art: ArtifactReader, model_file: str, fitted: str,
+    shape = "pointwise"  # the task shape this evaluator's artifacts have
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Verify checksums and versions, then load with safe deserialisation only; an artifact
+        of another method or shape is a one-line error (``load_artifact`` loads any)."""
+        ev = load_artifact(path)
+        if not isinstance(ev, cls):
+            raise cls.not_mine(path, ev.method, getattr(ev.task, "shape", "pointwise"))
+        return ev
+
+    @classmethod
+    def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
+        """The error for an artifact of another method or shape than this evaluator's."""
+        what = "HD-Eval" if method == "hdeval" else f"{method!r}"
+        return ArtifactError(f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
+                             "HD-Eval ones only: load it with hdeval.artifact.load_artifact(path) or "
+                             "score with hdeval apply")
+
+    @classmethod
+    def read_start(cls, art: ArtifactReader, model_file: str, fitted: str,
                    section: Callable[[dict[str, Any]], Any]) -> "StoredTree":
         """What both evaluators read first from a verified artifact: the files every HD-Eval
         artifact lists (``model_file`` among them), the task, the tree, the prompts and the
@@ -83,6 +102,10 @@ class TreeEvaluator(Saving):
         model ("aggregator", "classifier") in messages."""
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
+        raw_task = manifest.get("task")
+        shape = raw_task.get("shape", "pointwise") if isinstance(raw_task, dict) else None
+        if art.method != "hdeval" or (shape != cls.shape and shape in ("pointwise", "pairwise")):
+            raise cls.not_mine(path, art.method, shape if isinstance(shape, str) else "pointwise")
         files = manifest["files"]
         for name in (model_file, TREE, METRICS, "prompts/score.toml"):
             if name not in files:
@@ -254,14 +277,6 @@ class Evaluator(TreeEvaluator):
         return self.manifest()
 
     # ------------------------------------------------------------------ loading
-    @classmethod
-    def load(cls, path: str | Path) -> "Evaluator":
-        """Verify checksums and versions, then load with safe deserialisation only."""
-        ev = load_artifact(path)
-        if not isinstance(ev, cls):
-            raise ArtifactError(f"{path} holds a {ev.method!r} evaluator, not an HD-Eval one")
-        return ev
-
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
         """Rebuild from a verified artifact; check that its parts fit together."""

@@ -313,6 +313,7 @@ class PairEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
     method = "hdeval"
+    shape = "pairwise"
 
     def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
                  templates: dict[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
@@ -447,8 +448,6 @@ class PairEvaluator(TreeEvaluator):
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
         task, tree, templates, features, (kind, classes) = cls.read_start(art, MODEL, "classifier", _classifier_section)
-        if task.shape != "pairwise":
-            raise ArtifactError(f"{mpath}: a pairwise HD-Eval artifact needs a pairwise task")
         if kind not in CLASSIFIERS:
             raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
         if (not all(isinstance(c, str) for c in classes) or not set(classes) <= set(PAIR_LABELS)
