@@ -517,3 +517,13 @@ def test_the_batch_lock_is_released_however_the_holder_ends(toy, server: BatchSe
     with batch_mod.batch_lock(tmp_path / "c2"):  # free again
         pass
     assert _api_train(toy, server, tmp_path / "c2").metrics["usage"]["calls"] == 72 and server.creates == 2
+
+
+def test_a_lock_file_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / batch_mod.LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CacheError) as err:
+        with batch_mod.batch_lock(tmp_path / "c"):
+            pass
+    assert str(err.value).startswith(f"cannot lock the batch lock file {tmp_path / 'c' / batch_mod.LOCK_FILE} (")
+    assert not (tmp_path / "elsewhere").exists()

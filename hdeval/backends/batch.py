@@ -346,13 +346,10 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
     does the system when the process dies however it ends; the file itself stays (empty)."""
     path = Path(cache_dir) / LOCK_FILE
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        raise CacheError(f"cannot open the batch lock file {path} ({exc.strerror or exc}); pass another "
-                         "--cache-dir") from None
+    fd = -1
     try:
         try:
+            fd = os.open(path, flags, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CacheError(f"another hdeval process is running a batch in the cache directory {cache_dir} "
@@ -362,7 +359,8 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
                              "--cache-dir") from None
         yield path
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 # ----------------------------------------------------------------------------- the backend
