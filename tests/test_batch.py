@@ -235,12 +235,8 @@ def _then_die(real):
 def test_a_run_killed_after_submitting_resumes_the_same_job(toy, server: BatchServer, tmp_path: Path,
                                                             monkeypatch) -> None:
     real = BatchAPI.create
-
-    def create_then_die(self, *args, **kwargs):
-        real(self, *args, **kwargs)  # the server has the job (and will charge for it) ...
-        raise Killed()  # ... and the process dies before hearing its id
-
-    monkeypatch.setattr(BatchAPI, "create", create_then_die)
+    # the server has the job (and will charge for it) and the process dies before hearing its id
+    monkeypatch.setattr(BatchAPI, "create", _then_die(real))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     assert server.creates == 1
@@ -250,12 +246,7 @@ def test_a_run_killed_after_submitting_resumes_the_same_job(toy, server: BatchSe
 
     # killed again while polling, now that the job's id is known
     real_retrieve = BatchAPI.retrieve
-
-    def poll_then_die(self, *args, **kwargs):
-        real_retrieve(self, *args, **kwargs)
-        raise Killed()
-
-    monkeypatch.setattr(BatchAPI, "retrieve", poll_then_die)
+    monkeypatch.setattr(BatchAPI, "retrieve", _then_die(real_retrieve))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     assert read_jobs(tmp_path / "c" / STATE_FILE)[0].id == "batch_0"
@@ -375,12 +366,7 @@ def test_a_redirect_is_reported_not_followed(toy, server: BatchServer, tmp_path:
 def test_a_job_the_server_forgot_says_which_file_names_it(toy, server: BatchServer, tmp_path: Path,
                                                          monkeypatch) -> None:
     real = BatchAPI.create
-
-    def create_then_die(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        raise Killed()
-
-    monkeypatch.setattr(BatchAPI, "create", create_then_die)
+    monkeypatch.setattr(BatchAPI, "create", _then_die(real))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     monkeypatch.setattr(BatchAPI, "create", real)
