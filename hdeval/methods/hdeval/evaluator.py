@@ -72,6 +72,26 @@ class TreeEvaluator(Saving):
         self.warnings: list[str] = []
         self.path: Path | None = None
 
+    # ------------------------------------------------------------------ saving
+    def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
+        """The files both evaluators write: prompts, tree, the fitted model, metrics, score table."""
+        for name, t in self.templates.items():
+            out.text(f"prompts/{name}.toml", t.source)
+        out.json(TREE, self.tree.to_dict())
+        out.skops(model_file, model)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+
+    def public_extra(self) -> dict[str, Any]:
+        """The run record for the manifest, its server address without credentials."""
+        from hdeval.urls import public_url
+
+        extra = dict(self.manifest_extra)
+        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
+            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
+        return extra
+
     # ------------------------------------------------------------------ loading
     shape = "pointwise"  # the task shape this evaluator's artifacts have
 
@@ -244,11 +264,6 @@ class Evaluator(TreeEvaluator):
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
         """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
-        from hdeval.urls import public_url
-
-        extra = dict(self.manifest_extra)
-        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return {
             "aggregator": {
                 "kind": self.aggregator.kind,
@@ -261,17 +276,11 @@ class Evaluator(TreeEvaluator):
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
             **({"scorer": self.scorer.manifest()} if self.scorer is not None else {}),
-            **extra,
+            **self.public_extra(),
         }
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        for name, t in self.templates.items():
-            out.text(f"prompts/{name}.toml", t.source)
-        out.json(TREE, self.tree.to_dict())
-        out.skops(MODEL, self.aggregator.models_)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
+        self.write_files(out, MODEL, self.aggregator.models_)
         if self.scorer is not None:
             self.scorer.write(out)
         return self.manifest()
@@ -363,12 +372,7 @@ def _check_order(path: Path, files: dict, features: list[str], aspects: list[str
     in tree order) is the reference.
     """
     if SCORES in files:
-        try:
-            with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-                line = fh.readline(MAX_HEADER_BYTES)
-            header = next(csv.reader(io.StringIO(line)))
-        except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-            raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+        header = scores_header(path)
         if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
             cols = header[2:2 + len(features)]
             humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
@@ -385,6 +389,16 @@ def _check_order(path: Path, files: dict, features: list[str], aspects: list[str
     layered = [c.key for n in sorted({c.layer for c in tree}) for c in tree.layer(n)]
     if features not in (tree.keys, layered):
         raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
+
+
+def scores_header(path: Path) -> list[str]:
+    """The column names of the artifact's ``scores.csv`` (its first line, bounded)."""
+    try:
+        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+            line = fh.readline(MAX_HEADER_BYTES)
+        return next(csv.reader(io.StringIO(line)))
+    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
 
 
 def _check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:

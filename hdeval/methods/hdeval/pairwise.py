@@ -15,8 +15,6 @@ without ties and confusion counts, per layer, on the held-out split.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -35,7 +33,7 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
-from hdeval.methods.hdeval.evaluator import MAX_HEADER_BYTES, TRUSTED_TYPES, TreeEvaluator
+from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
@@ -422,25 +420,14 @@ class PairEvaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        from hdeval.urls import public_url
-
-        for name, t in self.templates.items():
-            out.text(f"prompts/{name}.toml", t.source)
-        out.json(TREE, self.tree.to_dict())
-        out.skops(MODEL, self.model)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        extra = dict(self.manifest_extra)
-        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
+        self.write_files(out, MODEL, self.model)
         return {
             "shape": "pairwise",
             "classifier": {"kind": self.kind, "classes": self.classes},
             "features": self.feature_keys,
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
-            **extra,
+            **self.public_extra(),
         }
 
     @classmethod
@@ -481,12 +468,7 @@ def _check_order(path: Path, files: dict, features: list[str], mpath: Path) -> N
     the trained order (``<criterion>:a`` columns); an edited manifest cannot permute them."""
     if SCORES not in files:
         return
-    try:
-        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-            line = fh.readline(MAX_HEADER_BYTES)
-        header = next(csv.reader(io.StringIO(line)))
-    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+    header = scores_header(path)
     cols = [c[:-2] for c in header[2:2 + len(features)] if c.endswith(":a")]
     if cols != features:
         raise ArtifactError(f"{mpath}: 'features' are not in the order the classifier was trained on "
