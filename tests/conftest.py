@@ -11,6 +11,17 @@ import diskcache
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# a news article and a good and a bad summary of it: real prompts for the local-model tests
+ARTICLE = (
+    "The city council of Riverton voted on Tuesday to build a new public library on the site of "
+    "the old bus depot. Construction is expected to start next spring and to cost 12 million "
+    "dollars, paid for by a bond approved by voters last year. The mayor said the library would "
+    "include a children's wing, a maker space and longer opening hours than the current branch."
+)
+SUMMARIES = (
+    "Riverton will build a new library on the old bus depot site, starting next spring, for 12 million dollars.",
+    "the mayor library bus. voted Tuesday council the spring 12 of dollars build",
+)
 
 
 def pytest_configure(config) -> None:
@@ -35,6 +46,46 @@ def data_dir() -> Path:
     if d is None:
         pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder")
     return d
+
+
+def data_file() -> Path:
+    """The shared ``sfres.jsonl`` (skips the test when HDEVAL_DATA_DIR does not hold it)."""
+    env = os.environ.get("HDEVAL_DATA_DIR")
+    if not env or not (Path(env) / "sfres.jsonl").is_file():
+        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder (needs sfres.jsonl)")
+    return Path(env) / "sfres.jsonl"
+
+
+@pytest.fixture
+def faireval40(data_dir, tmp_path):
+    return slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval40.jsonl", 40)
+
+
+@pytest.fixture
+def llmbar60(data_dir, tmp_path):
+    # the first 40 rows of LLMBar plus 20 from the Adversarial part, so both labels occur
+    src = (data_dir / "llmbar.jsonl").read_text(encoding="utf-8").splitlines()
+    p = tmp_path / "llmbar60.jsonl"
+    p.write_text("\n".join(src[:40] + src[200:220]) + "\n", encoding="utf-8")
+    return p
+
+
+def run_cli(*args):
+    """``hdeval ARGS`` in-process (each argument as text); exceptions become the result's."""
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(result, *fragments: str) -> None:
+    """The command failed with exactly one ``error:`` line holding every fragment."""
+    assert result.exit_code != 0, result.output
+    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
 
 
 @pytest.fixture(autouse=True)

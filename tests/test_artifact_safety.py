@@ -21,19 +21,13 @@ import skops.io as sio
 from click.testing import CliRunner, Result
 from sklearn.preprocessing import FunctionTransformer
 
+from conftest import data_file
 from hdeval.cli import cli
 from hdeval.artifact import FORMAT_VERSION, MANIFEST, sha256_file
 from hdeval.methods.hdeval.evaluator import MODEL, TRUSTED_TYPES
 from hdeval.train import train
 
 MARKER = "hdeval-untrusted-code-ran"  # a file the hostile payloads below would create
-
-
-def data_file() -> Path:
-    env = os.environ.get("HDEVAL_DATA_DIR")
-    if not env or not (Path(env) / "sfres.jsonl").is_file():
-        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder (needs sfres.jsonl)")
-    return Path(env) / "sfres.jsonl"
 
 
 @pytest.fixture(scope="module")

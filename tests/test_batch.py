@@ -223,15 +223,20 @@ class Killed(BaseException):
     """A kill of the process, simulated: nothing in hdeval catches it."""
 
 
+def _then_die(real):
+    """``real`` (a BatchAPI method), then a simulated kill: the server did it, the process never heard."""
+    def call_then_die(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        raise Killed()
+
+    return call_then_die
+
+
 def test_a_run_killed_after_submitting_resumes_the_same_job(toy, server: BatchServer, tmp_path: Path,
                                                             monkeypatch) -> None:
     real = BatchAPI.create
-
-    def create_then_die(self, *args, **kwargs):
-        real(self, *args, **kwargs)  # the server has the job (and will charge for it) ...
-        raise Killed()  # ... and the process dies before hearing its id
-
-    monkeypatch.setattr(BatchAPI, "create", create_then_die)
+    # the server has the job (and will charge for it) and the process dies before hearing its id
+    monkeypatch.setattr(BatchAPI, "create", _then_die(real))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     assert server.creates == 1
@@ -241,12 +246,7 @@ def test_a_run_killed_after_submitting_resumes_the_same_job(toy, server: BatchSe
 
     # killed again while polling, now that the job's id is known
     real_retrieve = BatchAPI.retrieve
-
-    def poll_then_die(self, *args, **kwargs):
-        real_retrieve(self, *args, **kwargs)
-        raise Killed()
-
-    monkeypatch.setattr(BatchAPI, "retrieve", poll_then_die)
+    monkeypatch.setattr(BatchAPI, "retrieve", _then_die(real_retrieve))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     assert read_jobs(tmp_path / "c" / STATE_FILE)[0].id == "batch_0"
@@ -366,12 +366,7 @@ def test_a_redirect_is_reported_not_followed(toy, server: BatchServer, tmp_path:
 def test_a_job_the_server_forgot_says_which_file_names_it(toy, server: BatchServer, tmp_path: Path,
                                                          monkeypatch) -> None:
     real = BatchAPI.create
-
-    def create_then_die(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        raise Killed()
-
-    monkeypatch.setattr(BatchAPI, "create", create_then_die)
+    monkeypatch.setattr(BatchAPI, "create", _then_die(real))
     with pytest.raises(Killed):
         _api_train(toy, server, tmp_path / "c")
     monkeypatch.setattr(BatchAPI, "create", real)
@@ -438,3 +433,83 @@ def test_a_server_without_the_batch_api_is_a_clear_error(toy, tmp_path: Path) ->
     assert "answered HTTP 404" in str(err.value)
     assert str(err.value).endswith("does this server offer the Batch API? run without --batch")
     assert not (tmp_path / "c" / STATE_FILE).exists()
+
+
+# -- one batch per cache directory at a time --------------------------------------------------------
+def test_a_second_batch_in_the_same_cache_dir_is_refused_while_the_first_runs(toy, server: BatchServer,
+                                                                              tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "c"
+    lock = cache / batch_mod.LOCK_FILE
+    real = BatchAPI.retrieve
+    second: list[Any] = []
+
+    def poll_and_start_another(self, *args, **kwargs):
+        if not second:  # while the first run's job runs, a second run on the same cache directory
+            second.append(None)
+            with pytest.raises(CacheError) as err:
+                _api_train(toy, server, cache)
+            second[0] = err.value
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchAPI, "retrieve", poll_and_start_another)
+    first = _api_train(toy, server, cache)
+    msg = str(second[0])
+    assert msg == (f"another hdeval process is running a batch in the cache directory {cache} (it holds {lock}): "
+                   "wait until it ends, or pass another --cache-dir")
+    assert server.creates == 1 and len(server.batched) == 72  # the second run submitted nothing
+    assert first.metrics["usage"]["calls"] == 72
+    # the lock went with the first run: a rerun finds everything cached and submits nothing
+    monkeypatch.setattr(BatchAPI, "retrieve", real)
+    again = _api_train(toy, server, cache)
+    assert server.creates == 1 and again.metrics["usage"]["calls"] == 0
+
+
+def test_the_batch_lock_is_released_however_the_holder_ends(toy, server: BatchServer, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "c"
+    cache.mkdir()
+    # another process takes the lock and keeps it until it is killed
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hdeval.backends.batch import batch_lock\n"
+         f"with batch_lock({str(cache)!r}):\n    print('locked', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = _train(toy, server, cache, tmp_path / "out", "--layers", "1", "--batch")
+        assert r.exit_code == 1
+        assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
+            f"error: another hdeval process is running a batch in the cache directory {cache} "
+            f"(it holds {cache / batch_mod.LOCK_FILE}): wait until it ends, or pass another --cache-dir"]
+        assert server.calls == 0 and not (tmp_path / "out").exists() and not (cache / STATE_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # killed: the system released its lock
+    r = _train(toy, server, cache, tmp_path / "out", "--layers", "1", "--batch")
+    assert r.exit_code == 0, r.stderr
+    assert server.creates == 1
+
+    # a run that dies inside its batch releases the lock too, and the next run resumes its job
+    real = BatchAPI.retrieve
+    monkeypatch.setattr(BatchAPI, "retrieve", _then_die(real))
+    with pytest.raises(Killed):
+        _api_train(toy, server, tmp_path / "c2")
+    monkeypatch.setattr(BatchAPI, "retrieve", real)
+    with batch_mod.batch_lock(tmp_path / "c2"):  # free again
+        pass
+    assert _api_train(toy, server, tmp_path / "c2").metrics["usage"]["calls"] == 72 and server.creates == 2
+
+
+def test_a_lock_file_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / batch_mod.LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CacheError) as err:
+        with batch_mod.batch_lock(tmp_path / "c"):
+            pass
+    assert str(err.value).startswith(f"cannot lock the batch lock file {tmp_path / 'c' / batch_mod.LOCK_FILE} (")
+    assert not (tmp_path / "elsewhere").exists()

@@ -7,21 +7,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conftest import slice_jsonl, write_jsonl
+from conftest import one_line_error, slice_jsonl, write_jsonl
 from hdeval.cli import cli
 from hdeval.methods.hdeval.evaluator import Evaluator
 
 
 def run(*args: str, env: dict | None = None):
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-
-
-def one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code != 0, result.output
-    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("task, n", [("summeval", 48), ("topical_chat", 36), ("sfres", 40), ("sfhot", 40)])

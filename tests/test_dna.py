@@ -9,13 +9,11 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from conftest import slice_jsonl, write_jsonl
+from conftest import run_cli, slice_jsonl, write_jsonl
 from hdeval.artifact import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
-from hdeval.cli import cli
 from hdeval.data import read_pairs
 from hdeval.errors import ArtifactError, ConfigError, ScoringError
 from hdeval.methods.dna import (
@@ -29,24 +27,6 @@ from hdeval.methods.dna import (
 )
 from hdeval.tasks import load_task
 from hdeval.train import train
-
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture
-def faireval40(data_dir, tmp_path):
-    return slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval40.jsonl", 40)
-
-
-@pytest.fixture
-def llmbar40(data_dir, tmp_path):
-    # the first 40 rows of LLMBar plus 20 from the Adversarial part, so both labels occur
-    src = (data_dir / "llmbar.jsonl").read_text(encoding="utf-8").splitlines()
-    p = tmp_path / "llmbar60.jsonl"
-    p.write_text("\n".join(src[:40] + src[200:220]) + "\n", encoding="utf-8")
-    return p
 
 
 def _train(tmp_path, data, task="faireval", backend=None, **options):
@@ -149,7 +129,7 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     out = tmp_path / "art"
     args = ["train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
             "--cache-dir", tmp_path / "cache", "--out", out, "-q"]
-    r = _cli(*args)
+    r = run_cli(*args)
     assert r.exit_code == 0, r.output
     assert "held-out agreement with human labels: llm_weights w/o ties" in r.stdout
     assert "learned w/o ties" in r.stdout
@@ -169,12 +149,12 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["method"] == "dna" and manifest["method_args"]["mode"] == "dna"
     assert {"prompts/dna_weights.toml", "prompts/dna_score.toml", "learned.json"} <= set(manifest["files"])
-    r2 = _cli(*args, "--force")  # the same -o: an existing artifact is replaced only with --force
+    r2 = run_cli(*args, "--force")  # the same -o: an existing artifact is replaced only with --force
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
 
 
-def test_llmbar_slice_has_no_ties_so_learned_model_has_two_classes(llmbar40, tmp_path):
-    ev = _train(tmp_path, llmbar40, task="llmbar")
+def test_llmbar_slice_has_no_ties_so_learned_model_has_two_classes(llmbar60, tmp_path):
+    ev = _train(tmp_path, llmbar60, task="llmbar")
     m = ev.metrics
     assert m["learned"]["classes"] == ["a", "b"]
     assert "tie" not in m["test"]["learned"]["confusion"]
@@ -242,7 +222,7 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
 def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval40, tmp_path):
     ev = _train(tmp_path, faireval40)
     path = ev.save(tmp_path / "art")
-    r = _cli("report", path)
+    r = run_cli("report", path)
     assert r.exit_code == 0, r.output
     assert "LLM weights per aspect (mean over instances):" in r.stdout
     assert "learned aggregation (logistic regression on per-aspect differences A - B):" in r.stdout
@@ -260,7 +240,7 @@ def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval
 
 def test_report_on_a_dynamic_dna_artifact_shows_mean_weights_per_proposed_aspect(faireval40, tmp_path):
     ev = _train(tmp_path, faireval40, aspect_source="dynamic", k=3)
-    r = _cli("report", ev.save(tmp_path / "art"))
+    r = run_cli("report", ev.save(tmp_path / "art"))
     assert r.exit_code == 0, r.output
     assert "LLM weights (mean over the instances that proposed the aspect):" in r.stdout
     name, w = next(iter(ev.metrics["mean_weights"].items()))
@@ -275,7 +255,7 @@ def test_report_on_a_method_without_one_is_a_clear_error(tmp_path):
     data = write_jsonl(tmp_path / "s.jsonl", rows)
     path = train(task="summeval", data=str(data), method="direct", llm="fake",
                  cache_dir=str(tmp_path / "cache")).save(tmp_path / "art")
-    r = _cli("report", path)
+    r = run_cli("report", path)
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval and DnA artifacts; {path} was made by "
                                 "method 'direct': its numbers are in metrics.json")
@@ -405,7 +385,7 @@ def test_bad_pairwise_input_is_one_error_line_before_any_llm_call(tmp_path, over
              "output_b": f"answer b{i}", "label": "ab"[i % 2]} for i in range(6)]
     rows[1].update(over)
     data = write_jsonl(tmp_path / "bad.jsonl", rows)
-    r = _cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "fake",
+    r = run_cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "fake",
              "--cache-dir", tmp_path / "cache", "--out", tmp_path / "art")
     assert r.exit_code == 2
     errors = r.stderr.strip().splitlines()
@@ -419,9 +399,9 @@ def test_bad_options_and_shapes_are_clear_errors(faireval40, tmp_path):
         _train(tmp_path, faireval40, k=0)
     with pytest.raises(ConfigError, match="--tie-margin must be 0 or more"):
         _train(tmp_path, faireval40, tie_margin=-1.0)
-    r = _cli("train", "--task", "summeval", "--method", "dna", "--llm", "fake", "--cache-dir", tmp_path / "c")
+    r = run_cli("train", "--task", "summeval", "--method", "dna", "--llm", "fake", "--cache-dir", tmp_path / "c")
     assert r.exit_code == 2 and "method 'dna' does not support pointwise tasks" in r.stderr
-    r = _cli("train", "--task", "faireval", "--method", "dna", "--dna-mode", "vote", "--llm", "fake")
+    r = run_cli("train", "--task", "faireval", "--method", "dna", "--dna-mode", "vote", "--llm", "fake")
     assert r.exit_code == 2 and "vote" in r.output
 
 
@@ -461,7 +441,7 @@ def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path
 
 
 def test_dry_run_cli_prints_the_dna_stages_and_writes_nothing(faireval40, tmp_path):
-    r = _cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
+    r = run_cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--dry-run",
              "--llm", "fake", "--cache-dir", tmp_path / "cache", "--price-in", "1", "--price-out", "2")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
@@ -491,7 +471,7 @@ def test_dna_over_an_openai_compatible_server_with_faults_matches_the_fake(data_
     data = slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval16.jsonl", 16)
     ref = _train(tmp_path, data)
     with FaultServer(FaultMix(0.2, ("429-retry-after", "500", "503"), seed=5, retry_after="0")) as server:
-        r = _cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "test-model",
+        r = run_cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "test-model",
                  "--base-url", server.url, "--cache-dir", tmp_path / "cache-http", "--max-retries", "8",
                  "--out", tmp_path / "art", "-q")
         assert r.exit_code == 0, r.output

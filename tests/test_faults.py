@@ -11,7 +11,6 @@ resumes; in both cases the cache holds exactly the completions the server delive
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,7 +28,7 @@ from llm_server import (
     completion_request,
 )
 
-from conftest import artifact_view, cache_entries, view
+from conftest import artifact_view, cache_entries, data_file, view
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache import request_key
 from hdeval.cli import cli
@@ -43,13 +42,6 @@ SLICE = {"task": "sfres", "limit": 40, "layers": 2, "aggregator": "lr", "concurr
 # with probability 0.3**7: rare, and the test below copes with it either way
 MAX_RETRIES = 6
 CLIENT_TIMEOUT = 3.0  # "hang" waits 4.5 s so it always times out; 3 s leaves a busy CI box time for real replies
-
-
-def data_file() -> Path:
-    env = os.environ.get("HDEVAL_DATA_DIR")
-    if not env or not (Path(env) / "sfres.jsonl").is_file():
-        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder (needs sfres.jsonl)")
-    return Path(env) / "sfres.jsonl"
 
 
 def backend(server: FaultServer) -> OpenAICompatBackend:

@@ -10,7 +10,6 @@ single LLM call is made.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from llm_server import FaultServer
 
+from conftest import data_file
 from hdeval.backends.base import Message
 from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
@@ -118,13 +118,6 @@ def test_requests_sent_to_the_llm_keep_the_instructions(setting: tuple) -> None:
 
 
 # -- bad input at scale ---------------------------------------------------------------------
-
-
-def data_file() -> Path:
-    env = os.environ.get("HDEVAL_DATA_DIR")
-    if not env or not (Path(env) / "sfres.jsonl").is_file():
-        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder (needs sfres.jsonl)")
-    return Path(env) / "sfres.jsonl"
 
 
 def big_file(path: Path, n: int, broken: dict[int, str]) -> Path:

@@ -45,6 +45,7 @@ _why = _probe_runs()
 if _why:
     pytest.skip(_why, allow_module_level=True)
 
+from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.factory import make_backend
 from hdeval.config import LLMConfig
@@ -59,17 +60,6 @@ from hdeval.prompts import load_template
 from hdeval.scoring import parse_score, scoring_request
 from hdeval.tasks import load_task
 from hdeval.types import CriteriaTree, Sample
-
-ARTICLE = (
-    "The city council of Riverton voted on Tuesday to build a new public library on the site of "
-    "the old bus depot. Construction is expected to start next spring and to cost 12 million "
-    "dollars, paid for by a bond approved by voters last year. The mayor said the library would "
-    "include a children's wing, a maker space and longer opening hours than the current branch."
-)
-SUMMARIES = (
-    "Riverton will build a new library on the old bus depot site, starting next spring, for 12 million dollars.",
-    "the mayor library bus. voted Tuesday council the spring 12 of dollars build",
-)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import toy_rows, write_jsonl
+from conftest import one_line_error, toy_rows, write_jsonl
 from hdeval.artifact import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
@@ -26,14 +26,6 @@ from hdeval.train import train
 
 def run(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code != 0, result.output
-    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def lines(src: Path, dest: Path, start: int, stop: int) -> Path:

@@ -9,12 +9,10 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from conftest import slice_jsonl, write_jsonl
+from conftest import run_cli, write_jsonl
 from hdeval.artifact import load_artifact
 from hdeval.backends.fake import FakeBackend
-from hdeval.cli import cli
 from hdeval.config import LLMConfig
 from hdeval.data import read_pairs, read_samples
 from hdeval.errors import ArtifactError, ConfigError, DataError
@@ -22,23 +20,6 @@ from hdeval.llm import open_llm
 from hdeval.methods.hdeval.pairwise import PairEvaluator
 from hdeval.tasks import load_task
 from hdeval.train import train
-
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture
-def faireval40(data_dir, tmp_path):
-    return slice_jsonl(data_dir / "faireval.jsonl", tmp_path / "faireval40.jsonl", 40)
-
-
-@pytest.fixture
-def llmbar60(data_dir, tmp_path):
-    src = (data_dir / "llmbar.jsonl").read_text(encoding="utf-8").splitlines()
-    p = tmp_path / "llmbar60.jsonl"
-    p.write_text("\n".join(src[:40] + src[200:220]) + "\n", encoding="utf-8")
-    return p
 
 
 def _train(tmp_path, data, task="faireval", backend=None, **options):
@@ -59,7 +40,7 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
     out = tmp_path / "art"
     args = ["train", "--task", "faireval", "--data", faireval40, "--method", "hdeval", "--layers", 3,
             "--llm", "fake", "--cache-dir", tmp_path / "cache", "--out", out, "-q"]
-    r = _cli(*args)
+    r = run_cli(*args)
     assert r.exit_code == 0, r.output
     assert "held-out agreement with human labels: w/o ties" in r.stdout
     assert "equal-weight sum of the layer-1 differences" in r.stdout
@@ -78,7 +59,7 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
     assert set(m["importance"]) == set(manifest["features"])
     # 40 pairs x 2 responses x 4 aspects, 4 decompositions, then 80 x 16 layer-2 criteria, ...
     assert m["usage"]["calls"] >= 80 * 4 + 4 + 80 * 16
-    r2 = _cli(*args, "--force")
+    r2 = run_cli(*args, "--force")
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
 
 
@@ -150,7 +131,7 @@ def test_apply_scores_new_pairs_and_a_second_apply_makes_no_calls(faireval40, tm
     path = _train(tmp_path, faireval40).save(tmp_path / "art")
     new = _new_pairs(tmp_path)
     args = ["apply", path, new, "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "cache2", "-q"]
-    r = _cli(*args)
+    r = run_cli(*args)
     assert r.exit_code == 0, r.output
     ev = load_artifact(path)
     n = len(ev.needed_criteria)
@@ -163,10 +144,10 @@ def test_apply_scores_new_pairs_and_a_second_apply_makes_no_calls(faireval40, tm
     assert abs(sum(rows[0]["probabilities"].values()) - 1) < 1e-5
     assert set(rows[0]["criteria"]) == set(ev.needed_criteria)
     assert all(set(v) == {"a", "b"} for v in rows[0]["criteria"].values())
-    r2 = _cli(*args[:3], "-o", tmp_path / "out2.jsonl", *args[5:])
+    r2 = run_cli(*args[:3], "-o", tmp_path / "out2.jsonl", *args[5:])
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
     assert (tmp_path / "out2.jsonl").read_text() == (tmp_path / "out.jsonl").read_text()
-    r3 = _cli("apply", path, new, "-o", tmp_path / "x.jsonl", "--explain", "--cache-dir", tmp_path / "cache2")
+    r3 = run_cli("apply", path, new, "-o", tmp_path / "x.jsonl", "--explain", "--cache-dir", tmp_path / "cache2")
     assert r3.exit_code == 2 and "--explain reads pointwise HD-Eval artifacts" in r3.stderr
     assert not (tmp_path / "x.jsonl").exists()
 
@@ -180,6 +161,37 @@ def test_scoring_single_outputs_with_a_pairwise_artifact_is_a_clear_error(fairev
         ev.score(samples, backend=FakeBackend())
     with pytest.raises(DataError, match="no pairs to score"):
         ev.score([], backend=FakeBackend())
+
+
+def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy, faireval40, tmp_path):
+    from hdeval.artifact import open_artifact
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    pair = _train(tmp_path, faireval40, layers=1, aggregator="lr").save(tmp_path / "pair")
+    task, data = toy
+    point = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
+                  cache_dir=str(tmp_path / "cache")).save(tmp_path / "point")
+    direct = train(task=str(task), data=str(data), method="direct", llm="fake",
+                   cache_dir=str(tmp_path / "cache")).save(tmp_path / "direct")
+    hint = "load it with hdeval.artifact.load_artifact(path) or score with hdeval apply"
+    cases = [
+        (lambda: Evaluator.load(pair), f"{pair} holds a pairwise HD-Eval evaluator, and Evaluator reads "
+                                       "pointwise HD-Eval ones only"),
+        (lambda: PairEvaluator.load(point), f"{point} holds a pointwise HD-Eval evaluator, and PairEvaluator "
+                                            "reads pairwise HD-Eval ones only"),
+        (lambda: Evaluator.load(direct), f"{direct} holds a pointwise 'direct' evaluator, and Evaluator reads"),
+        (lambda: Evaluator.from_artifact(open_artifact(pair)), f"{pair} holds a pairwise HD-Eval evaluator"),
+        (lambda: PairEvaluator.from_artifact(open_artifact(point)), f"{point} holds a pointwise HD-Eval"),
+        (lambda: Evaluator.from_artifact(open_artifact(direct)), f"{direct} holds a pointwise 'direct'"),
+    ]
+    for load, start in cases:
+        with pytest.raises(ArtifactError) as err:
+            load()
+        msg = str(err.value)
+        assert msg.startswith(start) and msg.endswith(hint) and "\n" not in msg, msg
+    # each loads with its own loader, and with the generic one
+    assert isinstance(PairEvaluator.load(pair), PairEvaluator) and isinstance(load_artifact(pair), PairEvaluator)
+    assert isinstance(Evaluator.load(point), Evaluator) and load_artifact(direct).method == "direct"
 
 
 def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
@@ -224,7 +236,7 @@ def test_bad_pairwise_input_is_one_error_line_before_any_llm_call(tmp_path):
              "output_b": f"answer b{i}", "label": "ab"[i % 2]} for i in range(6)]
     rows[2]["label"] = "both"
     data = write_jsonl(tmp_path / "bad.jsonl", rows)
-    r = _cli("train", "--task", "faireval", "--data", data, "--llm", "fake",
+    r = run_cli("train", "--task", "faireval", "--data", data, "--llm", "fake",
              "--cache-dir", tmp_path / "cache", "--out", tmp_path / "art")
     assert r.exit_code == 2
     errors = r.stderr.strip().splitlines()
@@ -236,7 +248,7 @@ def test_bad_pairwise_input_is_one_error_line_before_any_llm_call(tmp_path):
 def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
     ev = _train(tmp_path, faireval40, layers=2, aggregator="lr")
     path = ev.save(tmp_path / "art")
-    r = _cli("report", path, "-o", tmp_path / "rep")
+    r = run_cli("report", path, "-o", tmp_path / "rep")
     assert r.exit_code == 0, r.output
     assert "criteria tree (importance = drop in held-out agreement" in r.stdout
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
@@ -249,7 +261,7 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
         line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [c.key])
         assert f"{ev.metrics['importance'][c.key]:.3f}" in line
     assert data["layers"] == ev.metrics["layers"]
-    r = _cli("explain", path, "--sample", "faireval-q1", "--data", faireval40, "--cache-dir", tmp_path / "c2")
+    r = run_cli("explain", path, "--sample", "faireval-q1", "--data", faireval40, "--cache-dir", tmp_path / "c2")
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.stderr.strip() == (f"error: hdeval explain reads pointwise HD-Eval artifacts; {path} judges pairs: "
                                 "hdeval apply shows each pair's criterion scores, hdeval report their importance")

@@ -21,17 +21,11 @@ import pytest
 from click.testing import CliRunner
 from llm_server import FaultServer, Reply
 
+from conftest import data_file
 from hdeval.cli import cli
 
 MODEL = "test-model"
 TIMEOUT = 120
-
-
-def data_file() -> Path:
-    env = os.environ.get("HDEVAL_DATA_DIR")
-    if not env or not (Path(env) / "sfres.jsonl").is_file():
-        pytest.skip("HDEVAL_DATA_DIR is not set to the shared data folder (needs sfres.jsonl)")
-    return Path(env) / "sfres.jsonl"
 
 
 @pytest.fixture

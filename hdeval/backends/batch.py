@@ -24,12 +24,14 @@ the ``Authorization`` header. ``batches.json`` is untrusted too: bounded and val
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
 import re
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -54,6 +56,7 @@ MAX_RESULT_BYTES = 2 * 2**30  # one output or error file
 DOWNLOAD_SECONDS = 3600.0  # one output or error file, as a whole
 MAX_LIST_PAGES = 20  # looking for a job by its input file
 STATE_FILE = "batches.json"
+LOCK_FILE = "batches.lock"  # held (flock) by the one process running a batch in a cache directory
 MAX_STATE_BYTES = 64 * 2**20
 STATE_VERSION = 1
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -335,6 +338,31 @@ def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
             os.unlink(tmp)
 
 
+@contextmanager
+def batch_lock(cache_dir: Path) -> Iterator[Path]:
+    """Hold the exclusive lock on ``<cache_dir>/batches.lock`` (``flock``, not waiting): one
+    process at a time reads and updates ``batches.json`` and runs its jobs, so two runs sharing a
+    cache directory never submit the same requests twice. Closing the file releases it, and so
+    does the system when the process dies however it ends; the file itself stays (empty)."""
+    path = Path(cache_dir) / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = -1
+    try:
+        try:
+            fd = os.open(path, flags, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CacheError(f"another hdeval process is running a batch in the cache directory {cache_dir} "
+                             f"(it holds {path}): wait until it ends, or pass another --cache-dir") from None
+        except OSError as exc:
+            raise CacheError(f"cannot lock the batch lock file {path} ({exc.strerror or exc}); pass another "
+                             "--cache-dir") from None
+        yield path
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 # ----------------------------------------------------------------------------- the backend
 @dataclass
 class BatchReport:
@@ -394,6 +422,15 @@ class BatchCachedBackend(CachedBackend):
                 want[k] = r
         if not want:
             return report
+        with batch_lock(self.cache_dir):
+            try:
+                # a batch another process ended just before this one took the lock cached these already
+                want = {k: r for k, r in want.items() if self._read(k) is None}
+                return self._prefetch(want, report, progress) if want else report
+            finally:
+                self.flush()  # every result committed before another process may take the lock
+
+    def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport, progress: Progress) -> BatchReport:
         for round_ in range(RESUBMIT_ROUNDS + 1):
             jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
             active = [j for j in jobs if any(k in want for k in j.keys)]

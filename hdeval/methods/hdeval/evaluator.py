@@ -11,7 +11,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,110 @@ class TreeEvaluator(Saving):
         self.score_table = score_table
         self.warnings: list[str] = []
         self.path: Path | None = None
+
+    # ------------------------------------------------------------------ saving
+    def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
+        """The files both evaluators write: prompts, tree, the fitted model, metrics, score table."""
+        for name, t in self.templates.items():
+            out.text(f"prompts/{name}.toml", t.source)
+        out.json(TREE, self.tree.to_dict())
+        out.skops(model_file, model)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+
+    def public_extra(self) -> dict[str, Any]:
+        """The run record for the manifest, its server address without credentials."""
+        from hdeval.urls import public_url
+
+        extra = dict(self.manifest_extra)
+        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
+            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
+        return extra
+
+    # ------------------------------------------------------------------ loading
+    shape = "pointwise"  # the task shape this evaluator's artifacts have
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Verify checksums and versions, then load with safe deserialisation only; an artifact
+        of another method or shape is a one-line error (``load_artifact`` loads any)."""
+        ev = load_artifact(path)
+        if not isinstance(ev, cls):
+            raise cls.not_mine(path, ev.method, getattr(ev.task, "shape", "pointwise"))
+        return ev
+
+    @classmethod
+    def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
+        """The error for an artifact of another method or shape than this evaluator's."""
+        what = "HD-Eval" if method == "hdeval" else f"{method!r}"
+        return ArtifactError(f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
+                             "HD-Eval ones only: load it with hdeval.artifact.load_artifact(path) or "
+                             "score with hdeval apply")
+
+    @classmethod
+    def read_start(cls, art: ArtifactReader, model_file: str, fitted: str,
+                   section: Callable[[dict[str, Any]], Any]) -> "StoredTree":
+        """What both evaluators read first from a verified artifact: the files every HD-Eval
+        artifact lists (``model_file`` among them), the task, the tree, the prompts and the
+        feature order, checked against each other. ``section(manifest)`` reads the evaluator's
+        own part of the manifest under the same malformed-artifact guard; ``fitted`` names the
+        model ("aggregator", "classifier") in messages."""
+        path, manifest = art.path, art.manifest
+        mpath = path / "manifest.json"
+        raw_task = manifest.get("task")
+        shape = raw_task.get("shape", "pointwise") if isinstance(raw_task, dict) else None
+        if art.method != "hdeval" or (shape != cls.shape and shape in ("pointwise", "pairwise")):
+            raise cls.not_mine(path, art.method, shape if isinstance(shape, str) else "pointwise")
+        files = manifest["files"]
+        for name in (model_file, TREE, METRICS, "prompts/score.toml"):
+            if name not in files:
+                raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
+        try:
+            task = task_from_dict(manifest["task"], where=str(mpath))
+            tree = CriteriaTree.from_dict(art.json(TREE))
+            templates = {}
+            for name in sorted(files):
+                member = Path(name)
+                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
+                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
+            features = list(manifest["features"])
+            own = section(manifest)
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
+        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
+            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
+        if sorted(tree.keys) != sorted(features):
+            raise ArtifactError(
+                f"{path}: {TREE} no longer has the criteria the {fitted} was trained on; "
+                "edit only names and definitions, or retrain"
+            )
+        return StoredTree(task, tree, templates, features, own)
+
+    @staticmethod
+    def read_llm(manifest: dict[str, Any], mpath: Path) -> tuple[LLMConfig, str]:
+        """The artifact's LLM (model, base_url) and its identity."""
+        llm = manifest.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
+        ):
+            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
+        return LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), llm.get("identity") or ""
+
+    def loaded_from(self, art: ArtifactReader) -> None:
+        """Remember where the evaluator was loaded from and what loading warned about."""
+        self.warnings = list(art.warnings)
+        self.path = art.path
+
+
+class StoredTree(NamedTuple):
+    """The parts :meth:`TreeEvaluator.read_start` read from an artifact."""
+
+    task: Task
+    tree: CriteriaTree
+    templates: dict[str, Template]
+    features: list[str]
+    section: Any  # what the evaluator's ``section`` function returned
 
 
 class Evaluator(TreeEvaluator):
@@ -160,11 +264,6 @@ class Evaluator(TreeEvaluator):
     # ------------------------------------------------------------------ saving
     def manifest(self) -> dict[str, Any]:
         """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
-        from hdeval.urls import public_url
-
-        extra = dict(self.manifest_extra)
-        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return {
             "aggregator": {
                 "kind": self.aggregator.kind,
@@ -177,60 +276,23 @@ class Evaluator(TreeEvaluator):
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
             **({"scorer": self.scorer.manifest()} if self.scorer is not None else {}),
-            **extra,
+            **self.public_extra(),
         }
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        for name, t in self.templates.items():
-            out.text(f"prompts/{name}.toml", t.source)
-        out.json(TREE, self.tree.to_dict())
-        out.skops(MODEL, self.aggregator.models_)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
+        self.write_files(out, MODEL, self.aggregator.models_)
         if self.scorer is not None:
             self.scorer.write(out)
         return self.manifest()
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path) -> "Evaluator":
-        """Verify checksums and versions, then load with safe deserialisation only."""
-        ev = load_artifact(path)
-        if not isinstance(ev, cls):
-            raise ArtifactError(f"{path} holds a {ev.method!r} evaluator, not an HD-Eval one")
-        return ev
-
-    @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
         """Rebuild from a verified artifact; check that its parts fit together."""
         path, manifest = art.path, art.manifest
         files = manifest["files"]
-        for name in (MODEL, TREE, METRICS, "prompts/score.toml"):
-            if name not in files:
-                raise ArtifactError(f"{path / 'manifest.json'}: no checksum recorded for {name}")
-        try:
-            task = task_from_dict(manifest["task"], where=str(path / "manifest.json"))
-            tree = CriteriaTree.from_dict(art.json(TREE))
-            templates = {}
-            for name in sorted(files):
-                member = Path(name)
-                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
-                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
-            features = list(manifest["features"])
-            agg_meta = manifest["aggregator"]
-            if not isinstance(agg_meta, dict):
-                raise TypeError("'aggregator' is not an object")
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
         mpath = path / "manifest.json"
-        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
-            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
-        if sorted(tree.keys) != sorted(features):
-            raise ArtifactError(
-                f"{path}: {TREE} no longer has the criteria the aggregator was trained on; "
-                "edit only names and definitions, or retrain"
-            )
+        task, tree, templates, features, agg_meta = cls.read_start(art, MODEL, "aggregator", _aggregator_section)
         agg_aspects, ranges, groups, kind = _check_aggregator_meta(agg_meta, task, mpath)
         _check_order(path, files, features, agg_aspects, tree, mpath)
         models = art.skops(MODEL, TRUSTED_TYPES)
@@ -248,15 +310,9 @@ class Evaluator(TreeEvaluator):
                 raise ArtifactError(f"{path / MODEL}: unusable aggregator ({exc})") from exc
             if computed != needed:
                 raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the aggregator uses")
-        llm = manifest.get("llm") or {}
-        if not isinstance(llm, dict) or not all(
-            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
-        ):
-            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
+        llm, identity = cls.read_llm(manifest, mpath)
         ev = cls(
-            task, tree, agg, features, templates,
-            LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-            llm.get("identity") or "",
+            task, tree, agg, features, templates, llm, identity,
             art.json(METRICS),
             {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
@@ -264,10 +320,16 @@ class Evaluator(TreeEvaluator):
             from hdeval.methods.paireval import PairwiseScorer
 
             ev.scorer = PairwiseScorer.from_artifact(art, manifest["scorer"], templates)
-        ev.warnings = list(art.warnings)
-        ev.path = path
+        ev.loaded_from(art)
         ev.manifest_data = manifest
         return ev
+
+
+def _aggregator_section(manifest: dict[str, Any]) -> dict[str, Any]:
+    meta = manifest["aggregator"]
+    if not isinstance(meta, dict):
+        raise TypeError("'aggregator' is not an object")
+    return meta
 
 
 def _check_aggregator_meta(meta: dict, task: Task, mpath: Path) -> tuple[list[str], list[tuple[float, float]], list[list[str]], str]:
@@ -310,12 +372,7 @@ def _check_order(path: Path, files: dict, features: list[str], aspects: list[str
     in tree order) is the reference.
     """
     if SCORES in files:
-        try:
-            with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-                line = fh.readline(MAX_HEADER_BYTES)
-            header = next(csv.reader(io.StringIO(line)))
-        except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-            raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+        header = scores_header(path)
         if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
             cols = header[2:2 + len(features)]
             humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
@@ -332,6 +389,16 @@ def _check_order(path: Path, files: dict, features: list[str], aspects: list[str
     layered = [c.key for n in sorted({c.layer for c in tree}) for c in tree.layer(n)]
     if features not in (tree.keys, layered):
         raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
+
+
+def scores_header(path: Path) -> list[str]:
+    """The column names of the artifact's ``scores.csv`` (its first line, bounded)."""
+    try:
+        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+            line = fh.readline(MAX_HEADER_BYTES)
+        return next(csv.reader(io.StringIO(line)))
+    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
 
 
 def _check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:

@@ -15,8 +15,6 @@ without ties and confusion counts, per layer, on the held-out split.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -35,11 +33,10 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
-from hdeval.methods.hdeval.evaluator import MAX_HEADER_BYTES, TRUSTED_TYPES, TreeEvaluator
+from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.progress import Progress
-from hdeval.prompts import Template, load_templates, parse_template
+from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
-from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
 
 TREE = "tree.json"
@@ -314,6 +311,7 @@ class PairEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
     method = "hdeval"
+    shape = "pairwise"
 
     def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
                  templates: dict[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
@@ -422,80 +420,43 @@ class PairEvaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        from hdeval.urls import public_url
-
-        for name, t in self.templates.items():
-            out.text(f"prompts/{name}.toml", t.source)
-        out.json(TREE, self.tree.to_dict())
-        out.skops(MODEL, self.model)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        extra = dict(self.manifest_extra)
-        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
+        self.write_files(out, MODEL, self.model)
         return {
             "shape": "pairwise",
             "classifier": {"kind": self.kind, "classes": self.classes},
             "features": self.feature_keys,
             "needed_criteria": self.needed_criteria,
             "prompts": {n: t.digest for n, t in self.templates.items()},
-            **extra,
+            **self.public_extra(),
         }
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
-        files = manifest["files"]
-        for name in (MODEL, TREE, METRICS, "prompts/score.toml"):
-            if name not in files:
-                raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
-        try:
-            task = task_from_dict(manifest["task"], where=str(mpath))
-            tree = CriteriaTree.from_dict(art.json(TREE))
-            templates = {}
-            for name in sorted(files):
-                member = Path(name)
-                if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
-                    templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
-            features = list(manifest["features"])
-            meta = manifest["classifier"]
-            kind, classes = meta["kind"], list(meta["classes"])
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
-        if task.shape != "pairwise":
-            raise ArtifactError(f"{mpath}: a pairwise HD-Eval artifact needs a pairwise task")
-        if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
-            raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
-        if sorted(tree.keys) != sorted(features):
-            raise ArtifactError(f"{path}: {TREE} no longer has the criteria the classifier was trained on; "
-                                "edit only names and definitions, or retrain")
+        task, tree, templates, features, (kind, classes) = cls.read_start(art, MODEL, "classifier", _classifier_section)
         if kind not in CLASSIFIERS:
             raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
         if (not all(isinstance(c, str) for c in classes) or not set(classes) <= set(PAIR_LABELS)
                 or not {"a", "b"} <= set(classes) or len(set(classes)) != len(classes)):
             raise ArtifactError(f"{mpath}: classifier classes {classes!r} must be a, b and optionally tie")
-        _check_order(path, files, features, mpath)
+        _check_order(path, manifest["files"], features, mpath)
         model = art.skops(MODEL, TRUSTED_TYPES)
         _check_model(model, kind, classes, len(features), path / MODEL)
         needed = manifest.get("needed_criteria")
         computed = [k for k, u in zip(features, used_features(model, len(features))) if u]
         if needed is not None and needed != computed:
             raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the classifier uses")
-        llm = manifest.get("llm") or {}
-        if not isinstance(llm, dict) or not all(
-                isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-            raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
-        if "score" not in templates:
-            raise ArtifactError(f"{mpath}: no prompts/score.toml")
-        ev = cls(task, tree, model, kind, features, templates,
-                 LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                 llm.get("identity") or "", art.json(METRICS),
+        llm, identity = cls.read_llm(manifest, mpath)
+        ev = cls(task, tree, model, kind, features, templates, llm, identity, art.json(METRICS),
                  {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})
-        ev.warnings = list(art.warnings)
-        ev.path = path
+        ev.loaded_from(art)
         return ev
+
+
+def _classifier_section(manifest: dict[str, Any]) -> tuple[str, list[str]]:
+    meta = manifest["classifier"]
+    return meta["kind"], list(meta["classes"])
 
 
 def _num(x: float) -> float | None:
@@ -507,12 +468,7 @@ def _check_order(path: Path, files: dict, features: list[str], mpath: Path) -> N
     the trained order (``<criterion>:a`` columns); an edited manifest cannot permute them."""
     if SCORES not in files:
         return
-    try:
-        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-            line = fh.readline(MAX_HEADER_BYTES)
-        header = next(csv.reader(io.StringIO(line)))
-    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+    header = scores_header(path)
     cols = [c[:-2] for c in header[2:2 + len(features)] if c.endswith(":a")]
     if cols != features:
         raise ArtifactError(f"{mpath}: 'features' are not in the order the classifier was trained on "
