@@ -21,7 +21,6 @@ from hdeval.backends.fake import FakeBackend
 from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, check_cache, request_key
 from hdeval.cli import cli
 from hdeval.errors import CacheError
-from hdeval.train import train
 
 
 def _req(text: str = "hello") -> CompletionRequest:
