@@ -514,6 +514,31 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     return TrainConfig.from_options(**opts)
 
 
+def _check_fit(config: Any, prep: Any, label: str) -> None:
+    """The checks a run's fit makes before its first call, made for every run before the
+    sweep's first call (an earlier run must not pay for a sweep that then stops): PairEval's and
+    HD-Eval ``--scorer pairwise``'s comparison examples (the file, enough conversations in the
+    training split) and that scorer on a pairwise task."""
+    from hdeval.errors import HdevalError
+    from hdeval.methods.base import FitContext
+
+    ctx = FitContext(config, prep, None, None, Progress())
+    try:
+        if config.method == "paireval":
+            from hdeval.methods.paireval.impl import choose_comparisons
+
+            choose_comparisons(ctx)
+        elif config.method == "hdeval" and ctx.option("scorer") != "digit":
+            if prep.task.shape == "pairwise":
+                raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): "
+                                  "leave hdeval.scorer out")
+            from hdeval.methods.paireval.impl import hdeval_scorer
+
+            hdeval_scorer(ctx)
+    except HdevalError as exc:
+        raise type(exc)(f"{label}: {exc}") from None
+
+
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
                   artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train every combination of ``spec`` and return ``results.json``'s content. Every
@@ -530,7 +555,9 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     budget = spec.options.get("max_calls")
     preps = {}
     for method, agg, frac, seed in plan:  # fail before paying for anything
-        preps[(method, agg, frac, seed)] = prepare(_config(spec, method, agg, frac, seed, budget))
+        config = _config(spec, method, agg, frac, seed, budget)
+        preps[(method, agg, frac, seed)] = prep = prepare(config)
+        _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
     runs: list[dict[str, Any]] = []
     held: dict[tuple[str, str | None, float, int], Any] = {}
     task = None

@@ -698,3 +698,33 @@ def test_keep_artifacts_never_replaces_a_directory_it_did_not_write(tmp_path: Pa
     r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
     assert r.exit_code == 2 and "refusing to write run artifacts into" in r.stderr
     assert fake_calls == [] and list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("methods, options, message", [
+    ("direct,paireval", ("paireval.comparisons=40",), "paireval run (train-frac 0.5, seed 0): --comparisons 40 is "
+                                                     "more than the"),
+    ("direct,paireval", ("paireval.comparison_data=MISSING",), "paireval run (train-frac 0.5, seed 0): comparison "
+                                                               "file MISSING does not exist"),
+    ("direct,hdeval", ("hdeval.scorer=pairwise", "hdeval.comparisons=40"),
+     "hdeval run (train-frac 0.5, seed 0): --comparisons 40 is more than the"),
+])
+def test_a_method_option_its_fit_refuses_stops_the_sweep_before_any_call(
+        tmp_path: Path, fake_calls: list[int], methods: str, options: tuple[str, ...], message: str) -> None:
+    # the direct run comes first: a paireval / hdeval run that cannot start must not let it pay first
+    out, missing = tmp_path / "bench", str(tmp_path / "missing.jsonl")
+    opts = [a for o in options for a in ("--method-option", o.replace("MISSING", missing))]
+    r = _keep_bench(tmp_path, out, "--methods", methods, *opts)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.replace(missing, "MISSING")
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+    assert fake_calls == [] and not out.exists()
+
+
+def test_a_scorer_the_pairwise_task_refuses_stops_the_sweep_before_any_call(
+        tmp_path: Path, fake_calls: list[int]) -> None:
+    out = tmp_path / "bench"
+    r = _pair_bench(tmp_path, out, "--method-option", "hdeval.scorer=pairwise")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: hdeval run (train-frac 0.5, seed 0): --scorer pairwise ")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert fake_calls == [] and not out.exists()
