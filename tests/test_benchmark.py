@@ -728,3 +728,43 @@ def test_a_scorer_the_pairwise_task_refuses_stops_the_sweep_before_any_call(
     assert r.stderr.startswith("error: hdeval run (train-frac 0.5, seed 0): --scorer pairwise ")
     assert len(r.stderr.strip().splitlines()) == 1
     assert fake_calls == [] and not out.exists()
+
+
+class _Saves:
+    method = "direct"
+
+    def save(self, path: Path, force: bool = False) -> Path:
+        path.mkdir(parents=True)
+        (path / "manifest.json").write_text("{}")
+        return path
+
+
+class _DiskFull:
+    def save(self, path: Path, force: bool = False) -> Path:
+        import errno
+        import os
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("previous", ["none", "empty", "benchmark"])
+def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous: str) -> None:
+    # the disk fills while the run artifacts are saved: the ones this write saved are taken back,
+    # so the directory is as before (absent, or the previous benchmark) and a rerun may write it
+    import hdeval.benchmark as bm
+
+    monkeypatch.setattr(bm, "render_markdown", lambda results: "table\n")
+    monkeypatch.setattr(bm, "render_html", lambda results: "<html></html>\n")
+    out = tmp_path / "bench"
+    results = {"format": bm.FORMAT, "runs": []}
+    if previous == "benchmark":
+        bm.write_benchmark(results, out)
+    elif previous == "empty":
+        out.mkdir()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as exc:
+        bm.write_benchmark(results, out, force=True, artifacts={"a-seed0": _Saves(), "b-seed0": _DiskFull()})
+    assert str(exc.value) == f"cannot write the benchmark to {out}: No space left on device"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    bm.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
