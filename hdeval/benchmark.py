@@ -481,7 +481,8 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
 
 def artifact_name(method: str, agg: str | None, frac: float, seed: int) -> str:
     """``<setting>-seed<k>``: e.g. ``hdeval-lr-frac0.5-seed0``, ``dna-direct-frac0.5-seed1``."""
-    return f"{method}{'' if agg is None else '-' + agg}-frac{frac:g}-seed{seed}"
+    short = f"{frac:g}"  # the exact value when 6 significant digits would merge two fractions
+    return f"{method}{'' if agg is None else '-' + agg}-frac{short if float(short) == frac else repr(frac)}-seed{seed}"
 
 
 class _Quiet(Progress):

@@ -768,3 +768,11 @@ def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_w
     assert str(exc.value) == f"cannot write the benchmark to {out}: No space left on device"
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     bm.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
+
+
+def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
+    # two fractions equal in 6 significant digits: one run's artifact must not replace the other's
+    from hdeval.benchmark import BenchmarkSpec
+
+    spec = BenchmarkSpec("faireval", ("dna",), ("lr",), 1, (0.1234567, 0.1234568, 0.5))
+    assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]
