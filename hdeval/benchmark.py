@@ -409,7 +409,7 @@ def parse_method_option(item: str) -> tuple[str, str, Any]:
     true/false, a whole number, a number or text, one of its choices). One-line errors."""
     head, eq, raw = item.partition("=")
     entry, dot, name = head.strip().partition(".")
-    if not eq or not dot or not entry or not name.strip():
+    if not eq or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head.strip()):
         raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3")
     opt, key = _option_of(entry, name.strip())
     raw = raw.strip()

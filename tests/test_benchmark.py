@@ -611,6 +611,7 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("options, message", [
     (("paireval.comparisons",), "--method-option 'paireval.comparisons': expected METHOD.NAME=VALUE"),
+    (("dn\na.k=1",), "--method-option 'dn\\na.k=1': expected METHOD.NAME=VALUE"),  # still one line
     (("magic.k=1",), "--method-option magic.k: unknown method 'magic'"),
     (("hdeval.tie_margin=1",), "--method-option hdeval.tie_margin: hdeval takes no option 'tie_margin' (its "
                                "options: comparisons, scorer, swap)"),
