@@ -20,6 +20,7 @@ directory is a cache miss plus a :class:`CacheWarning`, never an exception or co
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import json
@@ -34,7 +35,7 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
@@ -379,6 +380,7 @@ class CachedBackend:
 
     MAX_WARNINGS = 20
     WRITE_BATCH = 256  # completions committed in one transaction at most
+    LOOKUP_CHUNK = 500  # keys per query of stored_keys() (old SQLite builds allow 999 parameters)
     WRITER_IDLE = 2.0  # seconds without writes after which the writer thread ends (restarted on demand)
 
     def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None):
@@ -417,6 +419,10 @@ class CachedBackend:
         self._writer: threading.Thread | None = None
         self._closing = False
         self._mine = threading.local()  # .last: the number of this thread's latest write
+        # lookahead(): keys of requests about to be made, and which of them the store lacked
+        # when looked up in bulk (a key leaves ``_absent`` when this process saves its reply)
+        self._keys: dict[CompletionRequest, str] = {}
+        self._absent: set[str] = set()
 
     @property
     def store(self) -> diskcache.Cache | None:
@@ -430,7 +436,60 @@ class CachedBackend:
         return getattr(self.inner, "max_concurrency", None)
 
     def key(self, request: CompletionRequest) -> str:
+        if self._keys:  # inside lookahead(): computed already
+            try:
+                key = self._keys.get(request)
+            except TypeError:  # an unhashable request (messages in a list): compute it
+                key = None
+            if key is not None:
+                return key
         return request_key(self.identity, request)
+
+    def stored_keys(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` have an entry in the store, in one query per ``LOOKUP_CHUNK``
+        keys (entries are not read: an unreadable one still counts here)."""
+        if self._store is None:
+            return set()
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        try:
+            for i in range(0, len(keys), self.LOOKUP_CHUNK):
+                chunk = keys[i : i + self.LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._store._sql(f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk)
+                found.update(k for (k,) in rows if type(k) is str)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise storage_error(self.cache_dir, exc) from None
+        return found
+
+    @contextlib.contextmanager
+    def lookahead(self, requests: Sequence[CompletionRequest]) -> Iterator[None]:
+        """Around a batch of calls (``fill_matrix``): the cache keys of all ``requests`` are
+        computed once, and the store is asked in bulk (:meth:`stored_keys`) which it lacks;
+        inside, :meth:`complete` reuses those keys and skips its per-call store lookup for
+        the keys found missing. Replies come and go as without it: memory (replies queued or
+        unsaved) is still looked at first, and a reply this process saves meanwhile drops its
+        key from the missing ones before it can leave memory. Only an entry another process
+        writes during the batch goes unseen (as one written just after a single lookup would)."""
+        if self._store is None or not requests:
+            yield
+            return
+        try:
+            keys = {r: request_key(self.identity, r) for r in requests}
+        except TypeError:  # an unhashable request: no lookahead, each call looks up alone
+            yield
+            return
+        absent = set(keys.values()) - self.stored_keys(keys.values())
+        with self._wlock:
+            self._keys.update(keys)
+            self._absent |= absent
+        try:
+            yield
+        finally:
+            with self._wlock:
+                for r in keys:
+                    self._keys.pop(r, None)
+                self._absent -= absent
 
     def is_cached(self, request: CompletionRequest) -> bool:
         return self._read(self.key(request)) is not None
@@ -453,7 +512,7 @@ class CachedBackend:
         unsaved = self._pending.get(key) or self._unsaved.get(key)
         if unsaved is not None:
             return unsaved
-        if self._store is None:
+        if self._store is None or key in self._absent:
             return None
         try:
             text = self._store.get(key)
@@ -543,6 +602,7 @@ class CachedBackend:
         """Queue ``result`` for the writer; it is served from memory until committed."""
         text = json.dumps(result.to_dict())
         with self._wlock:
+            self._absent.discard(key)  # while still in flight: no reader can miss it meanwhile
             if not self._closing:
                 self._queued += 1
                 self._mine.last = self._queued
