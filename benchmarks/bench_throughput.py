@@ -90,6 +90,14 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def _load() -> str:
+    """The 1-minute load average (the machine may be shared: wall-clock figures depend on it)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
+
+
 class LatencyServer:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -150,8 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     offset = 0
     try:
-        print("| c | L ms | requests | calls/s | ideal c/L | ratio | client CPU ms/call | server CPU ms/call |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| c | L ms | requests | calls/s | ideal c/L | ratio | client CPU ms/call | server CPU ms/call "
+              "| load average |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for latency in args.latency_ms:
             for c in args.concurrency:
                 n = args.requests_c1 if c == 1 else args.requests
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 offset += n
                 rows.append(r)
                 print(f"| {c} | {latency:g} | {n} | {r['rate']:.1f} | {r['ideal']:.0f} | {r['ratio']:.2f} "
-                      f"| {r['cpu_ms']:.2f} | {r['server_cpu_ms']:.2f} |", flush=True)
+                      f"| {r['cpu_ms']:.2f} | {r['server_cpu_ms']:.2f} | {_load()} |", flush=True)
     finally:
         server.stop()
 

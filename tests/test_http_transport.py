@@ -10,6 +10,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
@@ -287,3 +288,17 @@ def test_a_compression_bomb_is_cut_at_the_size_cap(server: LLMServer) -> None:
     server.plan(Reply(body=gzip.compress(b" " * (8 * 2**20)), headers={"Content-Encoding": "gzip"}))
     with pytest.raises(RequestRejected, match="larger than"):
         make(server.url).complete(req())
+
+
+def test_a_reply_dripping_until_the_server_closes_is_ended_by_the_watchdog(server: LLMServer) -> None:
+    # no Content-Length: the body ends when the server closes, and http.client hands the
+    # socket over to the response; the watchdog must still reach it
+    body = json.dumps(chat_completion("4")).encode()
+    assert len(body) > 250  # dripping in full takes over 50 s
+    server.plan(Reply(body=body, drip=0.2, no_length=True))
+    before = openai_compat._WATCHDOG.fired
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="no complete reply within the 0.8s timeout"):
+        make(server.url, timeout=0.8, max_retries=0).complete(req())
+    assert time.monotonic() - t0 < 20  # cut at the deadline, not read to the server's end
+    assert openai_compat._WATCHDOG.fired == before + 1

@@ -18,8 +18,8 @@ that is about one request (too long for the context, a content filter, an invali
 failure while the run goes on.
 
 ``timeout`` bounds a whole HTTP request (a socket timeout is per read, so a server dripping a
-byte a second would never trip it: one watchdog thread per backend shuts the socket of a
-request past its deadline), and a reply body past ``max_reply_bytes`` is a RequestRejected
+byte a second would never trip it: one watchdog thread for the whole process shuts the
+socket of a request past its deadline), and a reply body past ``max_reply_bytes`` is a RequestRejected
 for that request, read no further and never cached. Redirects are not
 followed but reported, with the Location's credentials stripped.
 
@@ -176,13 +176,16 @@ _READ_CHUNK = 64 * 1024
 class _Watch:
     """One request the watchdog keeps an eye on."""
 
-    __slots__ = ("token", "deadline", "conn", "bucket", "fired")
+    __slots__ = ("token", "deadline", "conn", "sock", "bucket", "fired")
 
     def __init__(self, token: int, deadline: float, conn: http.client.HTTPConnection,
                  bucket: "dict[int, _Watch]") -> None:
         self.token = token
         self.deadline = deadline
         self.conn = conn
+        # the connected socket: http.client hands it to the response (conn.sock = None) when
+        # the reply ends with the connection, and the body is still read from it then
+        self.sock: socket.socket | None = None
         self.bucket = bucket  # the watchdog's requests of the same timeout
         self.fired: bool | None = None  # set by release()
 
@@ -269,7 +272,7 @@ class _Watchdog:
 
     def _fire(self, w: _Watch) -> None:
         self.fired += 1
-        sock = w.conn.sock
+        sock = w.sock if w.sock is not None else w.conn.sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -445,22 +448,20 @@ class OpenAICompatBackend:
     def _checkout(self) -> http.client.HTTPConnection:
         """An idle keep-alive connection, or a new (not yet connected) one. A redirect is never
         followed (``http.client`` does not): it is reported, see :meth:`_status_error`."""
-        while True:
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                break
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            pass
+        else:
             sock = conn.sock
-            if sock is None:
-                return conn  # closed after its last reply: connects again on use
-            try:
-                # an idle keep-alive socket with something to read has been closed by the server
-                stale = bool(select.select([sock], [], [], 0)[0])
-            except (OSError, ValueError):
-                stale = True
-            if not stale:
-                return conn
-            conn.close()
+            if sock is not None:  # (None: closed after its last reply; connects again on use)
+                try:
+                    # an idle keep-alive socket with something to read was closed by the server
+                    stale = bool(select.select([sock], [], [], 0)[0])
+                except (OSError, ValueError):
+                    stale = True
+                if stale:
+                    conn.close()
             return conn
         with self._lock:
             if self._proxy is not None:
@@ -583,6 +584,7 @@ class OpenAICompatBackend:
             try:
                 if conn.sock is None:
                     conn.connect()
+                watch.sock = conn.sock
             except (socket.timeout, TimeoutError):
                 raise self._too_late() from None
             except (OSError, http.client.HTTPException) as exc:
