@@ -409,13 +409,15 @@ class CachedBackend:
         # its own lock: request threads and the writer never queue on the lock that guards
         # stats, the budget and in-flight requests. Lock order: _wlock before _lock.
         self._wlock = threading.Lock()
-        # two conditions on that lock: the writer waits for work on ``_work`` (woken alone,
-        # once per queued reply), request threads and flush() wait for commits on ``_wcond``
-        # (woken together, once per committed batch). One condition for both woke every
-        # thread waiting for its commit on every queued reply: at --concurrency 64 that
-        # herd was a quarter of the client's GIL time.
+        # The writer waits for work on ``_work`` (woken alone, once per queued reply);
+        # flush() waits for commits on ``_wcond``; a request thread waiting for its previous
+        # reply's commit waits on its own event in ``_commit_waiters`` (write number -> event),
+        # set by the writer once that number is committed. One condition for all of them woke
+        # every waiting thread on every queued reply and every commit, and they then queued
+        # on this lock: at --concurrency 64 that herd was a quarter of the client's GIL time.
         self._wcond = threading.Condition(self._wlock)
         self._work = threading.Condition(self._wlock)
+        self._commit_waiters: dict[int, threading.Event] = {}
         self._writer: threading.Thread | None = None
         self._closing = False
         self._mine = threading.local()  # .last: the number of this thread's latest write
@@ -569,10 +571,7 @@ class CachedBackend:
     def _fetch(self, key: str, request: CompletionRequest) -> Completion:
         last = getattr(self._mine, "last", 0)
         if self._written < last:
-            with self._wlock:
-                # this thread's previous reply is on disk (or known not to be) before it pays again
-                while self._written < last and self._writer is not None and self._writer.is_alive():
-                    self._wcond.wait(0.5)
+            self._await_commit(last)
         with self._lock:
             if self._write_error is not None:
                 raise self._write_error
@@ -597,6 +596,29 @@ class CachedBackend:
             if result.prompt_tokens_evaluated is not None:
                 self.stats.prompt_tokens_evaluated += result.prompt_tokens_evaluated
         return result
+
+    def _await_commit(self, number: int) -> None:
+        """Wait until write ``number`` (this thread's previous reply) is on disk, or known
+        not to be, before this thread pays for another call."""
+        done = getattr(self._mine, "committed", None)
+        if done is None:
+            done = self._mine.committed = threading.Event()
+        while True:
+            with self._wlock:
+                if self._written >= number or self._writer is None or not self._writer.is_alive():
+                    self._commit_waiters.pop(number, None)
+                    return
+                done.clear()
+                self._commit_waiters[number] = done
+            done.wait(0.5)  # set by the writer; the timeout re-checks a writer that died
+
+    def _wake_committed(self) -> None:
+        """After ``_written`` moved (``_wlock`` held): wake the threads whose write is done."""
+        self._wcond.notify_all()
+        waiters = self._commit_waiters
+        if waiters:
+            for n in [n for n in waiters if n <= self._written]:
+                waiters.pop(n).set()
 
     def _save(self, key: str, result: Completion) -> None:
         """Queue ``result`` for the writer; it is served from memory until committed."""
@@ -644,7 +666,7 @@ class CachedBackend:
                     if self._write_error is None:
                         self._write_error = storage_error(self.cache_dir, exc, writing=True)
                     self._written = max(self._written, batch[-1][0])
-                    self._wcond.notify_all()
+                    self._wake_committed()
 
     def _write_batch(self, batch: list[tuple[int, str, str, Completion]]) -> None:
         """Commit ``batch`` in one transaction; if the store fails, each entry on its own, so
@@ -683,7 +705,7 @@ class CachedBackend:
                 elif self._write_error is None:
                     self._write_error = storage_error(self.cache_dir, exc, writing=True)
             self._written = max(self._written, batch[-1][0])
-            self._wcond.notify_all()
+            self._wake_committed()
 
     def flush(self) -> None:
         """Wait until every completion finished so far is written (or known unwritable)."""

@@ -196,3 +196,29 @@ def test_a_queued_reply_wakes_the_writer_not_every_thread_waiting_for_a_commit(t
     assert slow_writes["done"] == 20
     # the write held open, then the rest in one batch, then close(): never one per reply
     assert len(commit_wakes) <= 3
+
+
+def test_a_thread_pays_again_only_once_its_previous_reply_is_committed(tmp_path, slow_writes):
+    """The thread waits on its own event, set by the writer when its write is committed."""
+    fake = FakeBackend()
+    cb = CachedBackend(fake, tmp_path / "cache")
+    done = []
+
+    def two_calls() -> None:
+        cb.complete(_req("first"))
+        cb.complete(_req("second"))  # must wait: "first" is not on disk yet
+        done.append(True)
+
+    t = threading.Thread(target=two_calls)
+    t.start()
+    for _ in range(1000):  # until the thread waits for its commit (bounded, not timed)
+        if cb._commit_waiters:
+            break
+        t.join(0.01)
+    assert list(cb._commit_waiters) == [1]
+    assert fake.calls == 1 and not done  # it did not pay for "second" before "first" was saved
+    slow_writes["open"].set()
+    t.join(10)
+    assert done and fake.calls == 2 and not cb._commit_waiters
+    cb.close()
+    assert len(cache_entries(tmp_path / "cache")) == 2
