@@ -425,6 +425,7 @@ class CachedBackend:
         # when looked up in bulk (a key leaves ``_absent`` when this process saves its reply)
         self._keys: dict[CompletionRequest, str] = {}
         self._absent: set[str] = set()
+        self._save_logs: list[set[str]] = []  # keys saved while a lookahead asks the store
 
     @property
     def store(self) -> diskcache.Cache | None:
@@ -481,8 +482,20 @@ class CachedBackend:
         except TypeError:  # an unhashable request: no lookahead, each call looks up alone
             yield
             return
-        absent = set(keys.values()) - self.stored_keys(keys.values())
+        # The store answers for one moment, and replies keep arriving meanwhile: a reply
+        # queued before that moment (not yet committed) or saved since may be on disk, and
+        # out of memory, by the time the answer is registered. Those keys are not "missing".
+        saved: set[str] = set()
         with self._wlock:
+            saved.update(self._pending)
+            self._save_logs.append(saved)
+        try:
+            absent = set(keys.values()) - self.stored_keys(keys.values())
+        finally:
+            with self._wlock:
+                self._save_logs.remove(saved)
+        with self._wlock:
+            absent -= saved
             self._keys.update(keys)
             self._absent |= absent
         try:
@@ -625,6 +638,8 @@ class CachedBackend:
         text = json.dumps(result.to_dict())
         with self._wlock:
             self._absent.discard(key)  # while still in flight: no reader can miss it meanwhile
+            for log in self._save_logs:
+                log.add(key)
             if not self._closing:
                 self._queued += 1
                 self._mine.last = self._queued

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import diskcache
 import pytest
 
@@ -90,3 +92,39 @@ def test_lookahead_without_a_store_or_with_unhashable_requests_changes_nothing(t
         assert cached.complete(odd).text
     assert fake.calls == 2
     cached.close()
+
+
+@pytest.mark.parametrize("when", ["queued before the bulk query", "saved during it"])
+def test_a_reply_committed_while_the_store_is_asked_in_bulk_is_not_paid_twice(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """A reply lands on disk (and leaves memory) between the bulk query and the registration
+    of its answer: its key must not be taken for a missing one."""
+    fake = FakeBackend()
+    r = _req("answered meanwhile")
+    held = threading.Event()
+    real_set = diskcache.Cache.set
+
+    def set_(store, *a, **kw):  # a commit waits until the bulk query has answered
+        held.wait(10)
+        return real_set(store, *a, **kw)
+
+    monkeypatch.setattr(diskcache.Cache, "set", set_)
+
+    class Racing(CachedBackend):
+        def stored_keys(self, keys):
+            found = super().stored_keys(keys)  # the store's answer, before the reply lands
+            if when == "saved during it":
+                other = threading.Thread(target=self.complete, args=(r,))
+                other.start()
+                other.join(10)
+            held.set()
+            self.flush()  # committed: no longer served from memory
+            return found
+
+    cb = Racing(fake, tmp_path / "cache")
+    if when == "queued before the bulk query":
+        cb.complete(r)  # paid and queued, not on disk yet
+    with cb.lookahead([r]):
+        again = cb.complete(r)
+    assert fake.calls == 1 and again.cached
+    cb.close()
