@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import GroupKFold, KFold, ParameterGrid, cross_val_predict
@@ -23,6 +25,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeRegressor
 from sklearn.utils.validation import check_is_fitted
+from threadpoolctl import ThreadpoolController
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -39,10 +42,16 @@ N_FOLDS = 5
 # alpha 1e-4 overfits a few hundred training rows; benchmarks/bench_mlp.py measured alpha
 # 1e-2..10 and early stopping on a random 10% split, both worse on held-out data than this
 # strongly regularised grid). Larger alpha first, so ties go to the stronger regularisation.
+# Solver (issue #15.4): L-BFGS on the full training rows reaches the penalised optimum that
+# 300 adam epochs stopped short of; bench_mlp.py (simulated judge, 3 seeds) measured it at
+# equal or higher held-out Spearman than adam on summeval, topical_chat and sfhot (mean
+# +0.009, +0.019, +0.047) for under a sixth of the CPU, and with it (64, 32) never beat (32,):
+# the grid has only the one width.
 NN_ALPHA = 10.0
 NN_HIDDEN = (32,)
-NN_GRID = {"alpha": (30.0, 10.0, 3.0, 1.0), "hidden_layer_sizes": ((32,), (64, 32))}
-NN_MAX_ITER = 300  # adam epochs; if it has not converged by then, training records a note
+NN_SOLVER = "lbfgs"
+NN_GRID = {"alpha": (30.0, 10.0, 3.0, 1.0), "hidden_layer_sizes": ((32,),)}
+NN_MAX_ITER = 300  # solver iterations; if it has not converged by then, training records a note
 # With HDEVAL_JOBS=auto, model fitting runs its independent fits (folds x kinds x grid points,
 # pruning folds) in up to this many worker processes; results do not depend on the number
 # (each fit is seeded).
@@ -69,6 +78,21 @@ def default_jobs() -> int:
     return int(env)
 
 
+_THREADPOOLS: ThreadpoolController | None = None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """BLAS and OpenMP limited to one thread while models are fitted. The matrices are a few
+    hundred rows: threads only add hand-over and spinning, which on 2 shared cores measured up
+    to 40x the CPU of an L-BFGS MLP fit. (Worker processes are already limited by joblib.)"""
+    global _THREADPOOLS
+    if _THREADPOOLS is None:  # found once (about 4 ms); every library it needs is loaded by now
+        _THREADPOOLS = ThreadpoolController()
+    with _THREADPOOLS.limit(limits=1):
+        yield
+
+
 def recorded(fn: Any, *args: Any) -> tuple[Any, list[tuple]]:
     """``fn(*args)`` and the warnings it raised (as picklable tuples), for ``run_jobs``."""
     with warnings.catch_warnings(record=True) as caught:
@@ -84,7 +108,8 @@ def run_jobs(calls: Sequence[tuple[Any, tuple]], n_jobs: int | None = None) -> l
     warnings sees the same ones whatever ``n_jobs`` is (a worker's would otherwise be lost)."""
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     if n_jobs == 1 or len(calls) <= 1:
-        done = [recorded(fn, *args) for fn, args in calls]
+        with one_thread():
+            done = [recorded(fn, *args) for fn, args in calls]
     else:
         done = Parallel(n_jobs=min(n_jobs, len(calls)), backend=JOBS_BACKEND)(
             delayed(recorded)(fn, *args) for fn, args in calls
@@ -112,6 +137,7 @@ def make_regressor(
             hidden_layer_sizes=tuple(hidden_layer_sizes),
             alpha=alpha,
             activation="relu",
+            solver=NN_SOLVER,
             max_iter=NN_MAX_ITER,
             early_stopping=False,
             random_state=random_state,
@@ -235,11 +261,12 @@ class Aggregator(RegressorMixin, BaseEstimator):
         self.aspects_, self.groups_, self.ranges_ = self._layout(Y.shape[1])
         params = {"alpha": self.alpha, "hidden_layer_sizes": self.hidden_layer_sizes}
         models = []
-        for g in self.groups_:
-            y = Y[:, self._cols(g)]
-            model = make_regressor(self.kind, self.random_state, **params)
-            model.fit(X, y[:, 0] if y.shape[1] == 1 else y)
-            models.append(model)
+        with one_thread():
+            for g in self.groups_:
+                y = Y[:, self._cols(g)]
+                model = make_regressor(self.kind, self.random_state, **params)
+                _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
+                models.append(model)
         self.models_ = models
         return self
 
@@ -277,6 +304,31 @@ class Aggregator(RegressorMixin, BaseEstimator):
             else:
                 used[:] = True
         return used
+
+
+def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
+    """``model.fit``, with the MLP's L-BFGS convergence warnings (which name the iteration
+    count and a URL, so every fit's differs) reworded to one short warning per cause: a
+    layer's notes then count them instead of listing each."""
+    est = model.named_steps["model"]
+    if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
+        model.fit(X, y)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, y)
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            text = str(w.message)
+            if "LIMIT" in text:
+                why = f"stopped at its iteration limit ({est.max_iter}) before converging"
+            elif "ABNORMAL" in text:
+                why = "stopped where its line search could not improve the fit any further"
+            else:
+                why = "did not report convergence"
+            warnings.warn(f"nn aggregator (L-BFGS) {why}", ConvergenceWarning, stacklevel=2)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _validate(est: Aggregator, X, *Y, reset: bool):
