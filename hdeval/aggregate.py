@@ -351,35 +351,66 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
 
 
 def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray,
-                 test: np.ndarray) -> np.ndarray:
-    return clone(template).fit(X[train], Y[train]).predict(X[test])
+                 test: np.ndarray, keep: bool = False) -> Any:
+    """One fold's held-out predictions (and, with ``keep``, the fitted fold model too, with
+    the warnings its fit raised in ``fit_warnings_``: a caller reusing the model instead of
+    fitting it again re-issues them, so a layer's notes count what they counted before)."""
+    if not keep:
+        return clone(template).fit(X[train], Y[train]).predict(X[test])
+    agg, caught = recorded(clone(template).fit, X[train], Y[train])
+    for message, category, filename, lineno in caught:
+        warnings.warn_explicit(message, category, filename, lineno)
+    agg.fit_warnings_ = caught
+    return agg.predict(X[test]), agg
 
 
 def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-              n_jobs: int | None = None) -> list[np.ndarray]:
+              n_jobs: int | None = None, keep: bool = False,
+              ) -> tuple[list[np.ndarray], list[list[Aggregator]] | None]:
     """``cross_val_predictions`` of every template, every fold of every template in one batch
-    of parallel jobs (the same fits as ``cross_val_predict``, so the same predictions)."""
+    of parallel jobs (the same fits as ``cross_val_predict``, so the same predictions).
+    With ``keep``, and when the fits run in this process, also every template's fitted fold
+    models (in ``cv_folds`` order); else None (worker processes would have to send them back)."""
     X, Y = np.asarray(X), np.asarray(Y)
+    n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     folds = [cv_folds(groups, t.random_state) for t in templates]
-    calls = [(_fit_predict, (t, X, Y, tr, va)) for t, fs in zip(templates, folds) for tr, va in fs]
+    keep = keep and (n_jobs == 1 or sum(len(fs) for fs in folds) <= 1)
+    calls = [(_fit_predict, (t, X, Y, tr, va, keep)) for t, fs in zip(templates, folds) for tr, va in fs]
     done = iter(run_jobs(calls, n_jobs))
     out = []
+    models: list[list[Aggregator]] = []
     for fs in folds:
         pred: np.ndarray | None = None
+        models.append([])
         for _, va in fs:
-            p = np.asarray(next(done))
+            p = next(done)
+            if keep:
+                p, fitted = p
+                models[-1].append(fitted)
+            p = np.asarray(p)
             if pred is None:
                 pred = np.zeros((len(X), *p.shape[1:]), dtype=p.dtype)
             pred[va] = p
         out.append(pred)
-    return out
+    return out, (models if keep else None)
+
+
+def _give(fold_models: list | None, models: list[list[Aggregator]] | None, index: int) -> None:
+    """Hand the chosen template's fold models to a caller that asked (``fold_models=[]``)."""
+    if fold_models is not None and models is not None:
+        fold_models[:] = models[index]
 
 
 def cross_val_predictions(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
+    fold_models: list | None = None,
 ) -> np.ndarray:
-    """Out-of-fold predictions on the training split (the "cross-validated train" figure)."""
-    return _oof_many([template], X, Y, groups, n_jobs)[0]
+    """Out-of-fold predictions on the training split (the "cross-validated train" figure).
+    ``fold_models``: a list to receive the fitted fold models (``cv_folds`` order), for
+    pruning to reuse; left empty when the fits ran in worker processes."""
+    preds, models = _oof_many([template], X, Y, groups, n_jobs, keep=fold_models is not None)
+    _give(fold_models, models, 0)
+    return preds[0]
 
 
 def _grid(template: Aggregator) -> list[tuple[Aggregator, dict[str, Any] | None]]:
@@ -408,12 +439,21 @@ def _best_point(
 
 
 def tune_cv(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
+    fold_models: list | None = None,
 ) -> tuple[Aggregator, float, dict[str, float], np.ndarray]:
     """``tune``, plus the chosen template's out-of-fold predictions (already computed to
-    choose it: no need to cross-validate it again)."""
+    choose it: no need to cross-validate it again). ``fold_models``: as in
+    ``cross_val_predictions``, the chosen grid point's."""
     grid = _grid(template)
-    return _best_point(template, grid, _oof_many([t for t, _ in grid], X, Y, groups, n_jobs), Y)
+    preds, models = _oof_many([t for t, _ in grid], X, Y, groups, n_jobs, keep=fold_models is not None)
+    best = _best_point(template, grid, preds, Y)
+    _give(fold_models, models, _index(preds, best[3]))
+    return best
+
+
+def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
+    return next(i for i, p in enumerate(preds) if p is chosen)
 
 
 def tune(
@@ -450,14 +490,15 @@ def select(
 
 def select_cv(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
-    n_jobs: int | None = None,
+    n_jobs: int | None = None, fold_models: list | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
     """``select``, plus the chosen template's out-of-fold predictions. Every fold of every
-    kind and grid point is one job of a single parallel batch."""
+    kind and grid point is one job of a single parallel batch. ``fold_models``: as in
+    ``cross_val_predictions``, the chosen template's."""
     bases = {k: clone(template).set_params(kind=k) for k in kinds}
     per_kind = {k: _grid(bases[k]) for k in kinds}
     flat = [t for k in kinds for t, _ in per_kind[k]]
-    preds = _oof_many(flat, X, Y, groups, n_jobs)
+    preds, models = _oof_many(flat, X, Y, groups, n_jobs, keep=fold_models is not None)
     tuned = {}
     at = 0
     for k in kinds:
@@ -467,4 +508,5 @@ def select_cv(
     scores = {k: t[1] for k, t in tuned.items()}
     best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
     grid = tuned["nn"][2] if "nn" in tuned else {}
+    _give(fold_models, models, _index(preds, tuned[best][3]))
     return tuned[best][0], scores, grid, tuned[best][3]
