@@ -25,7 +25,9 @@ Measured (issue #15.4; 2 cores shared with 3 other engineers, all 1,600 SummEval
     side by side, 11:05 UTC, load average 2.2-2.6 (``--cached-only --compare``):
     cached, after (L-BFGS nn, 1 BLAS thread, pruning reuse, bulk reads)  wall 28.5 s  CPU 28.2 s  366 MB
     cached, before (main at 148ffb8)                                     wall 73.7 s  CPU 73.1 s  665 MB
-    -> 0.39x CPU and wall. The same "before" measured 94.9 s CPU (176 s wall) at load 5-6
+    after, again at 11:25 UTC (load 0.2-0.9): 33-34 s CPU and wall in one process;
+    HDEVAL_JOBS=2: wall 26.4 s, CPU 39.6 s (1.16x the CPU for a 1.3x shorter run)
+    -> 0.39x CPU and wall side by side. The same "before" measured 94.9 s CPU (176 s wall) at load 5-6
        (10:10 UTC; uncached 126 s CPU, 184 s wall): OpenBLAS threads spinning on 640-row
        matrices made its CPU grow with the load; one thread while fitting removes that.
 
