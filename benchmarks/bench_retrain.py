@@ -18,6 +18,27 @@ checkout, so before/after ratios come from the same machine load.
     python benchmarks/bench_retrain.py --cache-dir /tmp/c --cached-only --serial  # cache filled
 
 Data: ``$HDEVAL_DATA_DIR`` (or ``--data-dir``).
+
+Measured (issue #15.4; 2 cores shared with 3 other engineers, all 1,600 SummEval samples,
+3 layers, ``--aggregator auto``, default ``HDEVAL_JOBS`` = one process; one filled cache):
+
+    side by side, 11:05 UTC, load average 2.2-2.6 (``--cached-only --compare``):
+    cached, after (L-BFGS nn, 1 BLAS thread, pruning reuse, bulk reads)  wall 28.5 s  CPU 28.2 s  366 MB
+    cached, before (main at 148ffb8)                                     wall 73.7 s  CPU 73.1 s  665 MB
+    after, again at 11:25 UTC (load 0.2-0.9): 33-34 s CPU and wall in one process;
+    HDEVAL_JOBS=2: wall 26.4 s, CPU 39.6 s (1.16x the CPU for a 1.3x shorter run)
+    -> 0.39x CPU and wall side by side. The same "before" measured 94.9 s CPU (176 s wall) at load 5-6
+       (10:10 UTC; uncached 126 s CPU, 184 s wall): OpenBLAS threads spinning on 640-row
+       matrices made its CPU grow with the load; one thread while fitting removes that.
+
+    where the cached run's CPU goes, after (in-process timers, unprofiled): model selection
+    20.8 s (rf 12.5 s: 100-tree forests, 5 folds x 3 layers, kept bit-identical; nn 7 s:
+    4 alphas x 5 folds x 3 layers), cache reads and parsing 4.9 s (57,600 lookups; 7.8 s of
+    it in run_requests before bulk reads, 3.2 s after), pruning 0.6 s (was 7 s profiled: five
+    refits of the chosen kind plus every column shuffled), the rest reading data and writing
+    the artifact. Before, under cProfile: 88% in run_jobs, the adam MLP alone 66% (121 fits
+    x 300 epochs, none converged). cProfile inflates L-BFGS's Python callbacks about 3x, so
+    read the profile below for shares of the call chain, not for totals.
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import GroupKFold, KFold, ParameterGrid, cross_val_predict
@@ -23,6 +25,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeRegressor
 from sklearn.utils.validation import check_is_fitted
+from threadpoolctl import ThreadpoolController
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -39,10 +42,16 @@ N_FOLDS = 5
 # alpha 1e-4 overfits a few hundred training rows; benchmarks/bench_mlp.py measured alpha
 # 1e-2..10 and early stopping on a random 10% split, both worse on held-out data than this
 # strongly regularised grid). Larger alpha first, so ties go to the stronger regularisation.
+# Solver (issue #15.4): L-BFGS on the full training rows reaches the penalised optimum that
+# 300 adam epochs stopped short of; bench_mlp.py (simulated judge, 3 seeds) measured it at
+# equal or higher held-out Spearman than adam on summeval, topical_chat and sfhot (mean
+# +0.009, +0.019, +0.047) for under a sixth of the CPU, and with it (64, 32) never beat (32,):
+# the grid has only the one width.
 NN_ALPHA = 10.0
 NN_HIDDEN = (32,)
-NN_GRID = {"alpha": (30.0, 10.0, 3.0, 1.0), "hidden_layer_sizes": ((32,), (64, 32))}
-NN_MAX_ITER = 300  # adam epochs; if it has not converged by then, training records a note
+NN_SOLVER = "lbfgs"
+NN_GRID = {"alpha": (30.0, 10.0, 3.0, 1.0), "hidden_layer_sizes": ((32,),)}
+NN_MAX_ITER = 300  # solver iterations; if it has not converged by then, training records a note
 # With HDEVAL_JOBS=auto, model fitting runs its independent fits (folds x kinds x grid points,
 # pruning folds) in up to this many worker processes; results do not depend on the number
 # (each fit is seeded).
@@ -69,6 +78,21 @@ def default_jobs() -> int:
     return int(env)
 
 
+_THREADPOOLS: ThreadpoolController | None = None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """BLAS and OpenMP limited to one thread while models are fitted. The matrices are a few
+    hundred rows: threads only add hand-over and spinning, which on 2 shared cores measured up
+    to 40x the CPU of an L-BFGS MLP fit. (Worker processes are already limited by joblib.)"""
+    global _THREADPOOLS
+    if _THREADPOOLS is None:  # found once (about 4 ms); every library it needs is loaded by now
+        _THREADPOOLS = ThreadpoolController()
+    with _THREADPOOLS.limit(limits=1):
+        yield
+
+
 def recorded(fn: Any, *args: Any) -> tuple[Any, list[tuple]]:
     """``fn(*args)`` and the warnings it raised (as picklable tuples), for ``run_jobs``."""
     with warnings.catch_warnings(record=True) as caught:
@@ -84,7 +108,8 @@ def run_jobs(calls: Sequence[tuple[Any, tuple]], n_jobs: int | None = None) -> l
     warnings sees the same ones whatever ``n_jobs`` is (a worker's would otherwise be lost)."""
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     if n_jobs == 1 or len(calls) <= 1:
-        done = [recorded(fn, *args) for fn, args in calls]
+        with one_thread():
+            done = [recorded(fn, *args) for fn, args in calls]
     else:
         done = Parallel(n_jobs=min(n_jobs, len(calls)), backend=JOBS_BACKEND)(
             delayed(recorded)(fn, *args) for fn, args in calls
@@ -112,6 +137,7 @@ def make_regressor(
             hidden_layer_sizes=tuple(hidden_layer_sizes),
             alpha=alpha,
             activation="relu",
+            solver=NN_SOLVER,
             max_iter=NN_MAX_ITER,
             early_stopping=False,
             random_state=random_state,
@@ -235,11 +261,12 @@ class Aggregator(RegressorMixin, BaseEstimator):
         self.aspects_, self.groups_, self.ranges_ = self._layout(Y.shape[1])
         params = {"alpha": self.alpha, "hidden_layer_sizes": self.hidden_layer_sizes}
         models = []
-        for g in self.groups_:
-            y = Y[:, self._cols(g)]
-            model = make_regressor(self.kind, self.random_state, **params)
-            model.fit(X, y[:, 0] if y.shape[1] == 1 else y)
-            models.append(model)
+        with one_thread():
+            for g in self.groups_:
+                y = Y[:, self._cols(g)]
+                model = make_regressor(self.kind, self.random_state, **params)
+                _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
+                models.append(model)
         self.models_ = models
         return self
 
@@ -279,6 +306,31 @@ class Aggregator(RegressorMixin, BaseEstimator):
         return used
 
 
+def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
+    """``model.fit``, with the MLP's L-BFGS convergence warnings (which name the iteration
+    count and a URL, so every fit's differs) reworded to one short warning per cause: a
+    layer's notes then count them instead of listing each."""
+    est = model.named_steps["model"]
+    if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
+        model.fit(X, y)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, y)
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            text = str(w.message)
+            if "LIMIT" in text:
+                why = f"stopped at its iteration limit ({est.max_iter}) before converging"
+            elif "ABNORMAL" in text:
+                why = "stopped where its line search could not improve the fit any further"
+            else:
+                why = "did not report convergence"
+            warnings.warn(f"nn aggregator (L-BFGS) {why}", ConvergenceWarning, stacklevel=2)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _validate(est: Aggregator, X, *Y, reset: bool):
     """scikit-learn's input validation (NaN allowed in X, never in Y); sets (``fit``, with
     ``Y``) or checks (``predict``, no ``Y``) ``n_features_in_``."""
@@ -299,35 +351,66 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
 
 
 def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray,
-                 test: np.ndarray) -> np.ndarray:
-    return clone(template).fit(X[train], Y[train]).predict(X[test])
+                 test: np.ndarray, keep: bool = False) -> Any:
+    """One fold's held-out predictions (and, with ``keep``, the fitted fold model too, with
+    the warnings its fit raised in ``fit_warnings_``: a caller reusing the model instead of
+    fitting it again re-issues them, so a layer's notes count what they counted before)."""
+    if not keep:
+        return clone(template).fit(X[train], Y[train]).predict(X[test])
+    agg, caught = recorded(clone(template).fit, X[train], Y[train])
+    for message, category, filename, lineno in caught:
+        warnings.warn_explicit(message, category, filename, lineno)
+    agg.fit_warnings_ = caught
+    return agg.predict(X[test]), agg
 
 
 def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-              n_jobs: int | None = None) -> list[np.ndarray]:
+              n_jobs: int | None = None, keep: bool = False,
+              ) -> tuple[list[np.ndarray], list[list[Aggregator]] | None]:
     """``cross_val_predictions`` of every template, every fold of every template in one batch
-    of parallel jobs (the same fits as ``cross_val_predict``, so the same predictions)."""
+    of parallel jobs (the same fits as ``cross_val_predict``, so the same predictions).
+    With ``keep``, and when the fits run in this process, also every template's fitted fold
+    models (in ``cv_folds`` order); else None (worker processes would have to send them back)."""
     X, Y = np.asarray(X), np.asarray(Y)
+    n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     folds = [cv_folds(groups, t.random_state) for t in templates]
-    calls = [(_fit_predict, (t, X, Y, tr, va)) for t, fs in zip(templates, folds) for tr, va in fs]
+    keep = keep and (n_jobs == 1 or sum(len(fs) for fs in folds) <= 1)
+    calls = [(_fit_predict, (t, X, Y, tr, va, keep)) for t, fs in zip(templates, folds) for tr, va in fs]
     done = iter(run_jobs(calls, n_jobs))
     out = []
+    models: list[list[Aggregator]] = []
     for fs in folds:
         pred: np.ndarray | None = None
+        models.append([])
         for _, va in fs:
-            p = np.asarray(next(done))
+            p = next(done)
+            if keep:
+                p, fitted = p
+                models[-1].append(fitted)
+            p = np.asarray(p)
             if pred is None:
                 pred = np.zeros((len(X), *p.shape[1:]), dtype=p.dtype)
             pred[va] = p
         out.append(pred)
-    return out
+    return out, (models if keep else None)
+
+
+def _give(fold_models: list | None, models: list[list[Aggregator]] | None, index: int) -> None:
+    """Hand the chosen template's fold models to a caller that asked (``fold_models=[]``)."""
+    if fold_models is not None and models is not None:
+        fold_models[:] = models[index]
 
 
 def cross_val_predictions(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
+    fold_models: list | None = None,
 ) -> np.ndarray:
-    """Out-of-fold predictions on the training split (the "cross-validated train" figure)."""
-    return _oof_many([template], X, Y, groups, n_jobs)[0]
+    """Out-of-fold predictions on the training split (the "cross-validated train" figure).
+    ``fold_models``: a list to receive the fitted fold models (``cv_folds`` order), for
+    pruning to reuse; left empty when the fits ran in worker processes."""
+    preds, models = _oof_many([template], X, Y, groups, n_jobs, keep=fold_models is not None)
+    _give(fold_models, models, 0)
+    return preds[0]
 
 
 def _grid(template: Aggregator) -> list[tuple[Aggregator, dict[str, Any] | None]]:
@@ -356,12 +439,21 @@ def _best_point(
 
 
 def tune_cv(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
+    fold_models: list | None = None,
 ) -> tuple[Aggregator, float, dict[str, float], np.ndarray]:
     """``tune``, plus the chosen template's out-of-fold predictions (already computed to
-    choose it: no need to cross-validate it again)."""
+    choose it: no need to cross-validate it again). ``fold_models``: as in
+    ``cross_val_predictions``, the chosen grid point's."""
     grid = _grid(template)
-    return _best_point(template, grid, _oof_many([t for t, _ in grid], X, Y, groups, n_jobs), Y)
+    preds, models = _oof_many([t for t, _ in grid], X, Y, groups, n_jobs, keep=fold_models is not None)
+    best = _best_point(template, grid, preds, Y)
+    _give(fold_models, models, _index(preds, best[3]))
+    return best
+
+
+def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
+    return next(i for i, p in enumerate(preds) if p is chosen)
 
 
 def tune(
@@ -398,14 +490,15 @@ def select(
 
 def select_cv(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
-    n_jobs: int | None = None,
+    n_jobs: int | None = None, fold_models: list | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
     """``select``, plus the chosen template's out-of-fold predictions. Every fold of every
-    kind and grid point is one job of a single parallel batch."""
+    kind and grid point is one job of a single parallel batch. ``fold_models``: as in
+    ``cross_val_predictions``, the chosen template's."""
     bases = {k: clone(template).set_params(kind=k) for k in kinds}
     per_kind = {k: _grid(bases[k]) for k in kinds}
     flat = [t for k in kinds for t, _ in per_kind[k]]
-    preds = _oof_many(flat, X, Y, groups, n_jobs)
+    preds, models = _oof_many(flat, X, Y, groups, n_jobs, keep=fold_models is not None)
     tuned = {}
     at = 0
     for k in kinds:
@@ -415,4 +508,5 @@ def select_cv(
     scores = {k: t[1] for k, t in tuned.items()}
     best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
     grid = tuned["nn"][2] if "nn" in tuned else {}
+    _give(fold_models, models, _index(preds, tuned[best][3]))
     return tuned[best][0], scores, grid, tuned[best][3]

@@ -748,6 +748,55 @@ class CachedBackend:
         if self._store is not None:
             self._store.close()
 
+    # ---- bulk reads (issue #15.4: a fully cached retrain looked up 57,600 replies one by one)
+
+    def _bulk_skip(self, key: str) -> bool:
+        """Keys ``complete`` treats otherwise than as a plain cache hit (see the batch backend)."""
+        return False
+
+    def lookup_many(self, requests: Sequence[CompletionRequest]) -> list[Completion | None]:
+        """What ``complete`` would answer from the cache for each request (marked ``cached``
+        and counted as a hit), read with one query per ``LOOKUP_CHUNK`` keys; None where
+        ``complete`` must run: not cached, or an entry it would reject (it reads that one again
+        and warns about it once)."""
+        keys = [self.key(r) for r in requests]
+        found: dict[str, Completion] = {}
+        todo = []
+        for key in dict.fromkeys(keys):
+            if self._bulk_skip(key):
+                continue
+            mem = self._pending.get(key) or self._unsaved.get(key)
+            if mem is not None:
+                found[key] = mem
+            elif key not in self._absent:  # inside lookahead(): known missing, not asked again
+                todo.append(key)
+        if self._store is not None and todo:
+            now = time.time()
+            for i in range(0, len(todo), self.LOOKUP_CHUNK):
+                chunk = todo[i : i + self.LOOKUP_CHUNK]
+                try:  # the query diskcache's get() runs, for many keys (raw: str keys)
+                    rows = self._store._sql(
+                        "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "
+                        f"({','.join('?' * len(chunk))}) AND (expire_time IS NULL OR expire_time > ?)",
+                        (*chunk, now)).fetchall()
+                except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                    raise storage_error(self.cache_dir, exc) from None
+                for key, mode, filename, value in rows:
+                    try:
+                        found[key] = parse_completion(read_value(self._store.directory, mode, filename, value))
+                    except UnreadableEntry:
+                        pass
+        out: list[Completion | None] = []
+        hits: dict[str, Completion] = {}
+        for key in keys:
+            c = found.get(key)
+            if c is not None and key not in hits:
+                hits[key] = Completion(**{**c.__dict__, "cached": True})
+            out.append(hits.get(key))
+        with self._lock:
+            self.stats.hits += sum(c is not None for c in out)
+        return out
+
 
 def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
     path = Path(cache_dir)

@@ -79,9 +79,9 @@ def test_more_layers_expand_only_unlocked_leaves_and_keep_locked_ones(toy, tmp_p
     seen: list[list[str]] = []
     real = loop.prune
 
-    def prune_all(template, X, Y, keys, candidates, groups, top_k):
+    def prune_all(template, X, Y, keys, candidates, groups, top_k, **kw):
         seen.append(list(candidates))
-        r = real(template, X, Y, keys, candidates, groups, top_k)
+        r = real(template, X, Y, keys, candidates, groups, top_k, **kw)
         return type(r)(r.importance, r.per_aspect, tuple(candidates)[:top_k], len(candidates))
 
     monkeypatch.setattr(loop, "prune", prune_all)  # every candidate is worth expanding

@@ -401,6 +401,9 @@ class BatchCachedBackend(CachedBackend):
         finally:
             super().close()
 
+    def _bulk_skip(self, key: str) -> bool:
+        return key in self._fresh  # paid for through the batch: complete() says so, not a hit
+
     def complete(self, request: CompletionRequest) -> Completion:
         key = self.key(request)
         if key in self._fresh:

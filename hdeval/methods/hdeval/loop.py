@@ -133,13 +133,19 @@ def _run(
             tuning: dict[str, float] = {}
             kind = config.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
-            # model selection already cross-validated the chosen template: reuse its predictions
+            # candidates for expansion: the last given layer's and later layers' unlocked criteria
+            candidates = [c.key for c in new if c.key not in locked]
+            pruning = 2 <= layer < config.layers and layer >= depth and bool(candidates)
+            # model selection already cross-validated the chosen template: reuse its
+            # predictions, and (pruning uses the same folds) its fold models
+            folds: list | None = [] if pruning else None
             if kind == "auto":
-                template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups)
+                template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
+                                                                 fold_models=folds)
             elif kind == "nn":
-                template, _, tuning, cv_pred = tune_cv(template, X[tr], Y[tr], doc_groups)
+                template, _, tuning, cv_pred = tune_cv(template, X[tr], Y[tr], doc_groups, fold_models=folds)
             else:
-                cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups)
+                cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups, fold_models=folds)
             kind = template.kind
             agg = clone(template).fit(X[tr], Y[tr])
             test = metric_table(Y[te], agg.predict(X[te]), aspects)
@@ -147,11 +153,9 @@ def _run(
                 layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
                 m.failure_rate, selection, tuning=tuning, params=_nn_params(template),
             )
-            # candidates for expansion: the last given layer's and later layers' unlocked criteria
-            candidates = [c.key for c in new if c.key not in locked]
-            if 2 <= layer < config.layers and layer >= depth and candidates:
+            if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.top_k)
+                           doc_groups, config.top_k, fold_models=folds or None)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
                 expand = pr.selected

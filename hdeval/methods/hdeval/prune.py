@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -34,24 +35,43 @@ def _group_scorer(group: Sequence[str]):
     return score
 
 
+class _OnColumns:
+    """A fitted pipeline seen through some columns of ``X`` (the others held at their values),
+    so permutation importance shuffles only those columns. scikit-learn shuffles every column
+    with the same seed, so a column's importance does not depend on which others are asked."""
+
+    def __init__(self, model, X: np.ndarray, columns: Sequence[int]):
+        self.model, self.X, self.columns = model, X, list(columns)
+
+    def fit(self, X, y):  # permutation_importance asks for an estimator; this one is fitted
+        raise NotImplementedError("a view of a fitted pipeline")
+
+    def predict(self, Xc: np.ndarray) -> np.ndarray:
+        full = self.X.copy()
+        full[:, self.columns] = Xc
+        return self.model.predict(full)
+
+
 def aspect_importance(
     agg: Aggregator,
     X: np.ndarray,
     Y: np.ndarray,
     n_repeats: int = N_REPEATS,
     random_state: int = 0,
+    columns: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Permutation importance (mean drop in R^2 of the unclipped pipeline output) of every
-    feature for every aspect of a fitted aggregator, on the data given (held-out data,
-    never the test split when pruning). One prediction per shuffle serves every aspect of a
-    multi-output group."""
+    feature (or only of ``columns``, in that order: the same values) for every aspect of a
+    fitted aggregator, on the data given (held-out data, never the test split when pruning).
+    One prediction per shuffle serves every aspect of a multi-output group."""
     X, Y = np.asarray(X, float), np.asarray(Y, float)
     out = {}
     for group, model in zip(agg.groups_, agg.models_):
         cols = [agg.aspects_.index(a) for a in group]
         y = Y[:, cols] if len(cols) > 1 else Y[:, cols[0]]
+        est, Xs = (model, X) if columns is None else (_OnColumns(model, X, columns), X[:, list(columns)])
         res = permutation_importance(
-            model, X, y, scoring=_group_scorer(group), n_repeats=n_repeats, random_state=random_state
+            est, Xs, y, scoring=_group_scorer(group), n_repeats=n_repeats, random_state=random_state
         )
         for a in group:
             out[a] = np.asarray(res[a].importances_mean)
@@ -59,10 +79,17 @@ def aspect_importance(
 
 
 def _fold_importance(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, tr: np.ndarray,
-                     va: np.ndarray, n_repeats: int) -> dict[str, np.ndarray]:
-    """One pruning fold: fit on its training rows, importance on its held-out rows."""
-    agg = clone(agg_template).fit(X[tr], Y[tr])
-    return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state)
+                     va: np.ndarray, n_repeats: int, columns: Sequence[int] | None = None,
+                     fitted: Aggregator | None = None) -> dict[str, np.ndarray]:
+    """One pruning fold: fit on its training rows (unless model selection's fold model is
+    given), importance of ``columns`` on its held-out rows."""
+    if fitted is None:
+        agg = clone(agg_template).fit(X[tr], Y[tr])
+    else:  # what fitting it again would have warned
+        agg = fitted
+        for message, category, filename, lineno in getattr(fitted, "fit_warnings_", ()):
+            warnings.warn_explicit(message, category, filename, lineno)
+    return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state, columns)
 
 
 def prune(
@@ -75,20 +102,27 @@ def prune(
     top_k: int,
     n_repeats: int = N_REPEATS,
     n_jobs: int | None = None,
+    fold_models: Sequence[Aggregator] | None = None,
 ) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
     sum over aspects; select up to ``top_k`` candidates with positive importance, most
     important first (ties broken by tree order). A criterion whose shuffling does not hurt
     held-out predictions is not worth decomposing, so fewer than ``top_k`` (even none) may
-    be selected."""
+    be selected. Only the candidates are shuffled. ``fold_models``: the template already
+    fitted on each fold of ``cv_folds(doc_groups, ...)`` (model selection's, same X and Y),
+    used instead of fitting again."""
     cand_idx = [list(feature_keys).index(c) for c in candidates]
     per_aspect = {a: np.zeros(len(candidates)) for a in agg_template.aspects}
     n = 0
     folds = cv_folds(doc_groups, agg_template.random_state)
-    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats)) for tr, va in folds]
+    if fold_models is not None and len(fold_models) != len(folds):
+        raise ValueError(f"{len(fold_models)} fold models for {len(folds)} folds")
+    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats, cand_idx,
+                                 None if fold_models is None else fold_models[i]))
+             for i, (tr, va) in enumerate(folds)]
     for imp in run_jobs(calls, n_jobs):  # the folds in parallel, summed in fold order
         for a, values in imp.items():
-            per_aspect[a] += values[cand_idx]
+            per_aspect[a] += values
         n += 1
     per_aspect = {a: v / max(n, 1) for a, v in per_aspect.items()}
     total = sum(per_aspect.values())
