@@ -256,7 +256,10 @@ def test_a_cached_stage_runs_without_the_llm_or_threads_and_a_mixed_one_asks_onl
     cb.close()
     fake = FakeBackend()
     cb = CachedBackend(fake, tmp_path / "c")
-    monkeypatch.setattr(runner, "ThreadPoolExecutor", None)  # a fully cached stage never needs one
+    def no_threads(*args, **kwargs):
+        raise AssertionError("a fully cached stage started the threads")
+
+    monkeypatch.setattr(runner, "map_concurrent", no_threads)
     progress = Counting()
     assert runner.run_requests(cb, reqs[:4], 3, progress) == expected
     assert fake.calls == 0 and (progress.done, progress.hits) == (4, 4)
