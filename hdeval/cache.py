@@ -20,6 +20,7 @@ directory is a cache miss plus a :class:`CacheWarning`, never an exception or co
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hashlib
 import json
@@ -34,7 +35,7 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
@@ -379,6 +380,7 @@ class CachedBackend:
 
     MAX_WARNINGS = 20
     WRITE_BATCH = 256  # completions committed in one transaction at most
+    LOOKUP_CHUNK = 500  # keys per query of stored_keys() (old SQLite builds allow 999 parameters)
     WRITER_IDLE = 2.0  # seconds without writes after which the writer thread ends (restarted on demand)
 
     def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None):
@@ -407,10 +409,23 @@ class CachedBackend:
         # its own lock: request threads and the writer never queue on the lock that guards
         # stats, the budget and in-flight requests. Lock order: _wlock before _lock.
         self._wlock = threading.Lock()
+        # The writer waits for work on ``_work`` (woken alone, once per queued reply);
+        # flush() waits for commits on ``_wcond``; a request thread waiting for its previous
+        # reply's commit waits on its own event in ``_commit_waiters`` (write number -> event),
+        # set by the writer once that number is committed. One condition for all of them woke
+        # every waiting thread on every queued reply and every commit, and they then queued
+        # on this lock: at --concurrency 64 that herd was a quarter of the client's GIL time.
         self._wcond = threading.Condition(self._wlock)
+        self._work = threading.Condition(self._wlock)
+        self._commit_waiters: dict[int, threading.Event] = {}
         self._writer: threading.Thread | None = None
         self._closing = False
         self._mine = threading.local()  # .last: the number of this thread's latest write
+        # lookahead(): keys of requests about to be made, and which of them the store lacked
+        # when looked up in bulk (a key leaves ``_absent`` when this process saves its reply)
+        self._keys: dict[CompletionRequest, str] = {}
+        self._absent: set[str] = set()
+        self._save_logs: list[set[str]] = []  # keys saved while a lookahead asks the store
 
     @property
     def store(self) -> diskcache.Cache | None:
@@ -424,7 +439,72 @@ class CachedBackend:
         return getattr(self.inner, "max_concurrency", None)
 
     def key(self, request: CompletionRequest) -> str:
+        if self._keys:  # inside lookahead(): computed already
+            try:
+                key = self._keys.get(request)
+            except TypeError:  # an unhashable request (messages in a list): compute it
+                key = None
+            if key is not None:
+                return key
         return request_key(self.identity, request)
+
+    def stored_keys(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` have an entry in the store, in one query per ``LOOKUP_CHUNK``
+        keys (entries are not read: an unreadable one still counts here)."""
+        if self._store is None:
+            return set()
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        try:
+            for i in range(0, len(keys), self.LOOKUP_CHUNK):
+                chunk = keys[i : i + self.LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._store._sql(f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk)
+                found.update(k for (k,) in rows if type(k) is str)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise storage_error(self.cache_dir, exc) from None
+        return found
+
+    @contextlib.contextmanager
+    def lookahead(self, requests: Sequence[CompletionRequest]) -> Iterator[None]:
+        """Around a batch of calls (``fill_matrix``): the cache keys of all ``requests`` are
+        computed once, and the store is asked in bulk (:meth:`stored_keys`) which it lacks;
+        inside, :meth:`complete` reuses those keys and skips its per-call store lookup for
+        the keys found missing. Replies come and go as without it: memory (replies queued or
+        unsaved) is still looked at first, and a reply this process saves meanwhile drops its
+        key from the missing ones before it can leave memory. Only an entry another process
+        writes during the batch goes unseen (as one written just after a single lookup would)."""
+        if self._store is None or not requests:
+            yield
+            return
+        try:
+            keys = {r: request_key(self.identity, r) for r in requests}
+        except TypeError:  # an unhashable request: no lookahead, each call looks up alone
+            yield
+            return
+        # The store answers for one moment, and replies keep arriving meanwhile: a reply
+        # queued before that moment (not yet committed) or saved since may be on disk, and
+        # out of memory, by the time the answer is registered. Those keys are not "missing".
+        saved: set[str] = set()
+        with self._wlock:
+            saved.update(self._pending)
+            self._save_logs.append(saved)
+        try:
+            absent = set(keys.values()) - self.stored_keys(keys.values())
+        finally:
+            with self._wlock:
+                self._save_logs.remove(saved)
+        with self._wlock:
+            absent -= saved
+            self._keys.update(keys)
+            self._absent |= absent
+        try:
+            yield
+        finally:
+            with self._wlock:
+                for r in keys:
+                    self._keys.pop(r, None)
+                self._absent -= absent
 
     def is_cached(self, request: CompletionRequest) -> bool:
         return self._read(self.key(request)) is not None
@@ -447,7 +527,7 @@ class CachedBackend:
         unsaved = self._pending.get(key) or self._unsaved.get(key)
         if unsaved is not None:
             return unsaved
-        if self._store is None:
+        if self._store is None or key in self._absent:
             return None
         try:
             text = self._store.get(key)
@@ -504,10 +584,7 @@ class CachedBackend:
     def _fetch(self, key: str, request: CompletionRequest) -> Completion:
         last = getattr(self._mine, "last", 0)
         if self._written < last:
-            with self._wlock:
-                # this thread's previous reply is on disk (or known not to be) before it pays again
-                while self._written < last and self._writer is not None and self._writer.is_alive():
-                    self._wcond.wait(0.5)
+            self._await_commit(last)
         with self._lock:
             if self._write_error is not None:
                 raise self._write_error
@@ -533,16 +610,42 @@ class CachedBackend:
                 self.stats.prompt_tokens_evaluated += result.prompt_tokens_evaluated
         return result
 
+    def _await_commit(self, number: int) -> None:
+        """Wait until write ``number`` (this thread's previous reply) is on disk, or known
+        not to be, before this thread pays for another call."""
+        done = getattr(self._mine, "committed", None)
+        if done is None:
+            done = self._mine.committed = threading.Event()
+        while True:
+            with self._wlock:
+                if self._written >= number or self._writer is None or not self._writer.is_alive():
+                    self._commit_waiters.pop(number, None)
+                    return
+                done.clear()
+                self._commit_waiters[number] = done
+            done.wait(0.5)  # set by the writer; the timeout re-checks a writer that died
+
+    def _wake_committed(self) -> None:
+        """After ``_written`` moved (``_wlock`` held): wake the threads whose write is done."""
+        self._wcond.notify_all()
+        waiters = self._commit_waiters
+        if waiters:
+            for n in [n for n in waiters if n <= self._written]:
+                waiters.pop(n).set()
+
     def _save(self, key: str, result: Completion) -> None:
         """Queue ``result`` for the writer; it is served from memory until committed."""
         text = json.dumps(result.to_dict())
         with self._wlock:
+            self._absent.discard(key)  # while still in flight: no reader can miss it meanwhile
+            for log in self._save_logs:
+                log.add(key)
             if not self._closing:
                 self._queued += 1
                 self._mine.last = self._queued
                 self._pending[key] = result
                 self._queue.append((self._queued, key, text, result))
-                self._wcond.notify_all()
+                self._work.notify()
                 if self._writer is None:
                     self._writer = threading.Thread(target=self._write_loop, name="hdeval-cache-writer",
                                                     daemon=True)
@@ -557,7 +660,7 @@ class CachedBackend:
         while True:
             with self._wlock:
                 if not self._queue and not self._closing:
-                    self._wcond.wait(self.WRITER_IDLE)
+                    self._work.wait(self.WRITER_IDLE)
                 if not self._queue:  # closed, or idle: end (the next write starts a new writer)
                     self._writer = None
                     _OPEN.discard(self)
@@ -578,7 +681,7 @@ class CachedBackend:
                     if self._write_error is None:
                         self._write_error = storage_error(self.cache_dir, exc, writing=True)
                     self._written = max(self._written, batch[-1][0])
-                    self._wcond.notify_all()
+                    self._wake_committed()
 
     def _write_batch(self, batch: list[tuple[int, str, str, Completion]]) -> None:
         """Commit ``batch`` in one transaction; if the store fails, each entry on its own, so
@@ -617,7 +720,7 @@ class CachedBackend:
                 elif self._write_error is None:
                     self._write_error = storage_error(self.cache_dir, exc, writing=True)
             self._written = max(self._written, batch[-1][0])
-            self._wcond.notify_all()
+            self._wake_committed()
 
     def flush(self) -> None:
         """Wait until every completion finished so far is written (or known unwritable)."""
@@ -635,6 +738,7 @@ class CachedBackend:
         """Write out everything queued, stop the writer and close the store (idempotent)."""
         with self._wlock:
             self._closing = True
+            self._work.notify_all()
             self._wcond.notify_all()
             writer = self._writer
         if writer is not None and writer is not threading.current_thread():
@@ -645,7 +749,6 @@ class CachedBackend:
             self._store.close()
 
     # ---- bulk reads (issue #15.4: a fully cached retrain looked up 57,600 replies one by one)
-    BULK_KEYS = 500  # keys per query (SQLite allows 999 parameters in old builds)
 
     def _bulk_skip(self, key: str) -> bool:
         """Keys ``complete`` treats otherwise than as a plain cache hit (see the batch backend)."""
@@ -653,7 +756,7 @@ class CachedBackend:
 
     def lookup_many(self, requests: Sequence[CompletionRequest]) -> list[Completion | None]:
         """What ``complete`` would answer from the cache for each request (marked ``cached``
-        and counted as a hit), read with one query per ``BULK_KEYS`` keys; None where
+        and counted as a hit), read with one query per ``LOOKUP_CHUNK`` keys; None where
         ``complete`` must run: not cached, or an entry it would reject (it reads that one again
         and warns about it once)."""
         keys = [self.key(r) for r in requests]
@@ -665,12 +768,12 @@ class CachedBackend:
             mem = self._pending.get(key) or self._unsaved.get(key)
             if mem is not None:
                 found[key] = mem
-            else:
+            elif key not in self._absent:  # inside lookahead(): known missing, not asked again
                 todo.append(key)
         if self._store is not None and todo:
             now = time.time()
-            for i in range(0, len(todo), self.BULK_KEYS):
-                chunk = todo[i : i + self.BULK_KEYS]
+            for i in range(0, len(todo), self.LOOKUP_CHUNK):
+                chunk = todo[i : i + self.LOOKUP_CHUNK]
                 try:  # the query diskcache's get() runs, for many keys (raw: str keys)
                     rows = self._store._sql(
                         "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "

@@ -9,6 +9,7 @@ place where a structured (JSON) reply is validated and re-asked.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -65,7 +66,9 @@ def fill_matrix(
     prefetch = getattr(llm, "prefetch", None)
     if callable(prefetch):  # --batch: the stage's uncached requests go as batch jobs first
         prefetch(flat, progress)
-    completions = run_requests(llm, flat, concurrency, progress, keep_rejected=True)
+    lookahead = getattr(llm, "lookahead", None)  # a CachedBackend: keys and misses in bulk
+    with lookahead(flat) if callable(lookahead) else contextlib.nullcontext():
+        completions = run_requests(llm, flat, concurrency, progress, keep_rejected=True)
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)

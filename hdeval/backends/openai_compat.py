@@ -1,12 +1,15 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, llama.cpp ...).
 
 Requests go out lean: the JSON body is built once per request (:meth:`OpenAICompatBackend._params`)
-and POSTed with ``httpx2`` (the HTTP library the ``openai`` package itself uses; the SDK's
-request building cost more CPU than everything else per call, see
-benchmarks/bench_throughput.py) over keep-alive connections, one per request in flight, and
-replies are parsed by one function (:meth:`OpenAICompatBackend._parse`).
+and POSTed with the standard library's ``http.client`` over HTTP/1.1 keep-alive connections,
+one per request in flight, and replies are parsed by one function
+(:meth:`OpenAICompatBackend._parse`). (The ``openai`` SDK's request building, then ``httpx2``'s
+per-request handling, cost more client CPU than everything else per call: 0.56 ms for
+``httpx2`` against 0.15 ms for ``http.client``; see benchmarks/bench_throughput.py.) Proxies
+named by ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` (``http://`` ones; ``NO_PROXY``
+honoured) are used as ``httpx2`` used them; TLS trusts what ``httpx2`` trusts.
 
-This is the one place in hdeval that retries: tenacity here retries rate limits, server
+This is the one place in hdeval that retries: one loop here retries rate limits, server
 errors, dropped connections, timeouts and malformed bodies with capped, jittered exponential
 backoff (or the server's ``Retry-After``).
 Anything else becomes a one-line :class:`~hdeval.errors.BackendError` at once, except a 4xx
@@ -14,9 +17,10 @@ that is about one request (too long for the context, a content filter, an invali
 422): that is a :class:`~hdeval.errors.RequestRejected`, which scoring records as that cell's
 failure while the run goes on.
 
-``timeout`` bounds a whole HTTP request (the client's own timeout is per read, so a server
-dripping a byte a second would never trip it), and a reply body past ``max_reply_bytes`` is a
-RequestRejected for that request, read no further and never cached. Redirects are not
+``timeout`` bounds a whole HTTP request (a socket timeout is per read, so a server dripping a
+byte a second would never trip it: one watchdog thread for the whole process shuts the
+socket of a request past its deadline), and a reply body past ``max_reply_bytes`` is a RequestRejected
+for that request, read no further and never cached. Redirects are not
 followed but reported, with the Location's credentials stripped.
 
 The API key never leaves the ``Authorization`` header: not in ``identity`` (the cache key),
@@ -25,18 +29,25 @@ not in error messages.
 
 from __future__ import annotations
 
+import base64
 import email.utils
+import http.client
+import itertools
 import json
 import logging
+import math
 import random
 import re
+import select
+import socket
 import threading
 import time
+import urllib.request
+import zlib
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx2
-import tenacity
 
 from hdeval import __version__
 from hdeval.backends.base import (
@@ -159,6 +170,138 @@ def _is_openai(url: str) -> bool:
 
 KIND_HEADER = "X-Hdeval-Kind"
 
+_READ_CHUNK = 64 * 1024
+
+
+class _Watch:
+    """One request the watchdog keeps an eye on."""
+
+    __slots__ = ("token", "deadline", "conn", "sock", "bucket", "fired")
+
+    def __init__(self, token: int, deadline: float, conn: http.client.HTTPConnection,
+                 bucket: "dict[int, _Watch]") -> None:
+        self.token = token
+        self.deadline = deadline
+        self.conn = conn
+        # the connected socket: http.client hands it to the response (conn.sock = None) when
+        # the reply ends with the connection, and the body is still read from it then
+        self.sock: socket.socket | None = None
+        self.bucket = bucket  # the watchdog's requests of the same timeout
+        self.fired: bool | None = None  # set by release()
+
+
+class _Watchdog:
+    """Ends HTTP requests that pass their deadline: one thread for every request in flight in
+    the process (a thread per attempt cost a thread start and two more GIL hand-offs per call).
+
+    A request registers with :meth:`watch` before its first socket call and unregisters with
+    :meth:`release`; at the deadline the watchdog shuts its socket down (never closes it: the
+    file descriptor stays the requester's), which ends a blocked connect, send or read at once,
+    and :meth:`release` then says it fired. Requests are kept per timeout, so within one
+    timeout deadlines arrive in the order requests registered: the watchdog looks only at the
+    oldest of each, and registering wakes it only when it would otherwise sleep past the new
+    deadline (when idle, or for a shorter timeout). Releasing takes no lock. The thread ends
+    after ``IDLE`` seconds with nothing to watch and starts again on demand.
+    """
+
+    IDLE = 2.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._buckets: dict[float, dict[int, _Watch]] = {}  # timeout -> insertion (= deadline) order
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._wake = math.inf  # when the watchdog wakes next on its own
+        self.fired = 0  # requests ended at their deadline
+
+    def watch(self, conn: http.client.HTTPConnection, timeout: float) -> _Watch:
+        """Watch a request on ``conn`` that must end within ``timeout`` seconds from now."""
+        with self._cond:
+            bucket = self._buckets.get(timeout)
+            if bucket is None:
+                bucket = self._buckets[timeout] = {}
+            w = _Watch(next(self._tokens), time.monotonic() + timeout, conn, bucket)
+            bucket[w.token] = w
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hdeval-http-watchdog", daemon=True)
+                self._thread.start()
+            elif w.deadline < self._wake:
+                self._cond.notify()
+        return w
+
+    def release(self, w: _Watch) -> bool:
+        """Stop watching ``w``; True if the watchdog got to it first (its socket is shut).
+        Calling it again gives the same answer."""
+        if w.fired is None:
+            if w.bucket.pop(w.token, None) is not None:  # atomic: no lock on the common path
+                w.fired = False
+            else:
+                with self._cond:  # the watchdog shuts the socket while holding this: done now
+                    w.fired = True
+        return w.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                earliest = math.inf
+                for timeout, bucket in list(self._buckets.items()):
+                    while True:
+                        token = next(iter(bucket), None)  # one atomic step: releases pop unlocked
+                        if token is None:
+                            break
+                        w = bucket.get(token)
+                        if w is None:
+                            continue  # released meanwhile
+                        if w.deadline > now:
+                            earliest = min(earliest, w.deadline)
+                            break
+                        if bucket.pop(token, None) is not None:  # else: released in time
+                            self._fire(w)
+                    if not bucket:
+                        del self._buckets[timeout]
+                if earliest == math.inf:
+                    self._wake = math.inf
+                    self._cond.wait(self.IDLE)
+                    if not self._buckets:
+                        self._thread = None
+                        return
+                else:
+                    self._wake = earliest
+                    self._cond.wait(earliest - now)
+
+    def _fire(self, w: _Watch) -> None:
+        self.fired += 1
+        sock = w.sock if w.sock is not None else w.conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``, with ``NO_PROXY`` honoured), as httpx2 picked it; None for none."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    if urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return None
+    if "://" not in proxy:
+        proxy = "http://" + proxy
+    return proxy
+
+
+def _basic(user: str | None, password: str | None) -> str:
+    pair = f"{unquote(user or '')}:{unquote(password or '')}".encode("utf-8")
+    return "Basic " + base64.b64encode(pair).decode("ascii")
+
 
 class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
@@ -169,10 +312,10 @@ class OpenAICompatBackend:
     ``max_retries`` bounds retries of transient failures, waiting ``backoff_base * 2**n``
     seconds plus jitter (capped at ``backoff_cap``) or what ``Retry-After`` asks (capped at
     60 s). Malformed bodies are retried at most ``max_malformed_retries`` times. Safe to call
-    from many threads at once: each request takes an idle one-connection HTTP client from a
-    pool that grows to the number of requests in flight, of which at most ``concurrency`` (the
+    from many threads at once: each request takes an idle keep-alive connection from a pool
+    that grows to the number of requests in flight, of which at most ``concurrency`` (the
     number of calling threads) stay open between calls, so threads never queue on one shared
-    connection pool's lock (whose upkeep also grows with its number of connections).
+    connection pool's lock.
     """
 
     def __init__(
@@ -222,16 +365,36 @@ class OpenAICompatBackend:
         # The URL is the one ``identity`` (and so the cache key) names: nothing is read from
         # OPENAI_BASE_URL or other environment settings that would send requests elsewhere.
         self._url = url.rstrip("/") + "/chat/completions"
+        parts = urlsplit(self._url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if self._https else 80)
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._headers = {
             "Authorization": f"Bearer {api_key}",  # the one place the key goes
             "Content-Type": "application/json",
             "Accept": "application/json",
             "User-Agent": f"hdeval/{__version__}",
         }
+        if parts.username is not None or parts.password is not None:
+            # a gateway's user:password in the URL is Basic auth instead (as httpx2 sent it)
+            self._headers["Authorization"] = _basic(parts.username, parts.password)
+        self._proxy = _proxy_for(self._url)
+        if self._proxy is not None and urlsplit(self._proxy).scheme != "http":
+            raise ConfigError(
+                f"the proxy the environment names for {self.base_url} ({_display_url(self._proxy)}) is not "
+                "an http:// proxy, the only kind hdeval speaks; unset it or add the host to NO_PROXY")
+        if self._proxy is not None and not self._https:
+            # a plain-HTTP request through a proxy names the whole URL (credentials left out)
+            self._target = urlunsplit((parts.scheme, self._host_port(), parts.path or "/", parts.query, ""))
+            proxy = urlsplit(self._proxy)
+            if proxy.username is not None:
+                self._headers["Proxy-Authorization"] = _basic(proxy.username, proxy.password)
         self.concurrency = max(1, int(concurrency))
-        self._idle: list[httpx2.Client] = []  # clients not in use (list pop/append are atomic)
-        self._clients: list[httpx2.Client] = []  # every client made, closed by close()
-        self._tls: Any = None  # one TLS context for all clients (building one costs ~0.1 s)
+        self._idle: list[http.client.HTTPConnection] = []  # not in use (list pop/append are atomic)
+        self._conns: list[http.client.HTTPConnection] = []  # every connection made, closed by close()
+        self._tls: Any = None  # one TLS context for all connections (building one costs ~0.1 s)
+        self._watchdog = _WATCHDOG
 
     def __repr__(self) -> str:  # the default repr would show nothing secret, but be explicit
         return f"OpenAICompatBackend({self.identity!r})"
@@ -273,30 +436,65 @@ class OpenAICompatBackend:
     def close(self) -> None:
         """Close every HTTP connection."""
         with self._lock:
-            clients, self._clients = self._clients, []
+            conns, self._conns = self._conns, []
             self._idle.clear()
-        for client in clients:
-            client.close()
+        for conn in conns:
+            conn.close()
 
-    def _checkout(self) -> httpx2.Client:
-        """An idle HTTP client (one keep-alive connection each), or a new one."""
+    def _host_port(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{host}:{self._port}"
+
+    def _checkout(self) -> http.client.HTTPConnection:
+        """An idle keep-alive connection, or a new (not yet connected) one. A redirect is never
+        followed (``http.client`` does not): it is reported, see :meth:`_status_error`."""
         try:
-            return self._idle.pop()
+            conn = self._idle.pop()
         except IndexError:
             pass
+        else:
+            sock = conn.sock
+            if sock is not None:  # (None: closed after its last reply; connects again on use)
+                try:
+                    # an idle keep-alive socket with something to read was closed by the server
+                    stale = bool(select.select([sock], [], [], 0)[0])
+                except (OSError, ValueError):
+                    stale = True
+                if stale:
+                    conn.close()
+            return conn
         with self._lock:
-            if self._tls is None:
-                self._tls = httpx2.create_ssl_context()
-            client = httpx2.Client(
-                timeout=httpx2.Timeout(self.timeout),
-                limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1),
-                verify=self._tls,
-                # a redirect is reported, not followed: following turns a POST into a GET and
-                # the user sees a puzzling 404/405 from wherever it led
-                follow_redirects=False,
-            )
-            self._clients.append(client)
-        return client
+            if self._proxy is not None:
+                proxy = urlsplit(self._proxy)
+                where: tuple[str, int] = (proxy.hostname or "", proxy.port or 80)
+            else:
+                where = (self._host, self._port)
+            if self._https:
+                if self._tls is None:
+                    self._tls = httpx2.create_ssl_context()
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    *where, timeout=self.timeout, context=self._tls)
+            else:
+                conn = http.client.HTTPConnection(*where, timeout=self.timeout)
+            if self._proxy is not None:
+                proxy = urlsplit(self._proxy)
+                auth = ({"Proxy-Authorization": _basic(proxy.username, proxy.password)}
+                        if proxy.username is not None else {})
+                if self._https:
+                    conn.set_tunnel(self._host, self._port, headers=auth)
+            self._conns.append(conn)
+        return conn
+
+    def _checkin(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
+        if not reusable:
+            conn.close()  # the object is reused: it connects again on its next request
+        if len(self._idle) < self.concurrency:
+            self._idle.append(conn)
+        else:  # more than the callers need
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
 
     # -- retries --------------------------------------------------------------------------
 
@@ -308,52 +506,39 @@ class OpenAICompatBackend:
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         headers = {**self._headers, KIND_HEADER: request.kind} if request.kind else self._headers
 
-        def attempt() -> Completion:
-            nonlocal malformed
+        # the retry loop (it was tenacity's Retrying: the same policy; this call's own CPU
+        # around a successful first attempt fell from 25 to 9 us)
+        attempts = 0
+        while True:
+            attempts += 1
             try:
                 return self._attempt(body, headers, logprobs, schema_sent)
             except _Transient as exc:
                 malformed += exc.malformed
-                raise
+                if attempts > self.max_retries or malformed > self.max_malformed_retries:
+                    last = exc
+                    break
+                wait = self._wait(exc, attempts)
+                log.info("retrying %s in %.1fs (attempt %d): %s", self.base_url, wait, attempts,
+                         self._redact(str(exc)))
+                time.sleep(wait)
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+        if last.unreachable:
+            msg = (f"cannot reach LLM server at {self.base_url} ({last.message}) after {tries}; "
+                   f"is it running? {RESUME_HINT}")
+        else:
+            msg = f"LLM server at {self.base_url} kept failing after {tries}, last error: {last.message}; {RESUME_HINT}"
+        raise BackendError(self._redact(msg)) from None
 
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_Transient),
-            stop=tenacity.stop_any(
-                tenacity.stop_after_attempt(self.max_retries + 1),
-                lambda _state: malformed > self.max_malformed_retries,
-            ),
-            wait=self._wait,
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
-        try:
-            return retrying(attempt)
-        except _Transient as exc:
-            n = retrying.statistics.get("attempt_number", 1)
-            tries = f"{n} attempt{'s' if n != 1 else ''}"
-            if exc.unreachable:
-                msg = (f"cannot reach LLM server at {self.base_url} ({exc.message}) after {tries}; "
-                       f"is it running? {RESUME_HINT}")
-            else:
-                msg = f"LLM server at {self.base_url} kept failing after {tries}, last error: {exc.message}; {RESUME_HINT}"
-            raise BackendError(self._redact(msg)) from None
-
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, _Transient) and exc.retry_after is not None:
+    def _wait(self, exc: _Transient, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (from 1): what the server's
+        ``Retry-After`` asks (capped), else capped exponential backoff with jitter, which
+        spreads the retries of --concurrency threads that failed together."""
+        if exc.retry_after is not None:
             return min(exc.retry_after, RETRY_AFTER_CAP)
-        # computed here rather than with tenacity.wait_exponential_jitter, whose arguments were
-        # renamed across tenacity versions; jitter spreads the retries of --concurrency
-        # threads that failed together
-        exponent = min(state.attempt_number - 1, 32)  # bounded so a huge max_retries cannot overflow
+        exponent = min(attempt - 1, 32)  # bounded so a huge max_retries cannot overflow
         backoff = self.backoff_base * 2.0**exponent + random.uniform(0, self.backoff_base)
         return min(backoff, self.backoff_cap)
-
-    def _log_retry(self, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.info("retrying %s in %.1fs (attempt %d): %s", self.base_url, wait, state.attempt_number,
-                 self._redact(str(exc)))
 
     # -- one HTTP request -----------------------------------------------------------------
 
@@ -385,85 +570,80 @@ class OpenAICompatBackend:
     def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request (``body`` with ``headers``; the ``X-Hdeval-Kind`` header names
         which hdeval prompt this is, so test servers answer without reading the wording; it
-        carries nothing about the user or the data), bounded as a whole by ``timeout``.
+        carries nothing about the user or the data), bounded as a whole by ``timeout``."""
+        return self._parse(self._read_reply(body, headers, logprobs, schema_sent), logprobs)
 
-        The client's timeout only bounds each read, so the request runs in a worker thread and
-        is given up at the deadline; the worker notices at its next chunk and closes the
-        connection (a worker stuck in one read ends at that read's timeout)."""
-        deadline = time.monotonic() + self.timeout
-        outcome: dict[str, Any] = {}
-        finished = threading.Event()
-        cancelled = threading.Event()
-
-        def fetch() -> None:
-            try:
-                outcome["body"] = self._read_reply(body, headers, logprobs, schema_sent, deadline, cancelled)
-            except BaseException as exc:  # handed to the waiting thread
-                outcome["error"] = exc
-            finally:
-                finished.set()
-
-        threading.Thread(target=fetch, name="hdeval-http", daemon=True).start()
-        if not finished.wait(self.timeout):
-            cancelled.set()
-            raise _Transient(f"no complete reply within the {self.timeout:g}s timeout")
-        if "error" in outcome:
-            raise outcome["error"]
-        return self._parse(outcome["body"], logprobs)
-
-    def _read_reply(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool,
-                    deadline: float, cancelled: threading.Event) -> bytes:
-        too_late = _Transient(f"no complete reply within the {self.timeout:g}s timeout")
-        too_large = RequestRejected(
-            f"the reply from {self.base_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
-            "completion; not read further"
-        )
-        client = self._checkout()
+    def _read_reply(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> bytes:
+        """POST ``body`` on a pooled connection and read the reply body, bounded in size and,
+        through the watchdog, in time (each socket call is also bounded by ``timeout``)."""
+        conn = self._checkout()
+        watch = self._watchdog.watch(conn, self.timeout)
+        deadline = watch.deadline
+        reusable = False
         try:
-            # streamed: we read the body ourselves, so a malformed one is a retryable fault
-            # rather than a half-built object, and we can stop at the deadline or the size cap
-            with client.stream("POST", self._url, content=body, headers=headers) as raw:
-                ok = 200 <= raw.status_code < 300
-                # an error's body only feeds a one-line message: the first 64 KB are plenty
-                cap = self.max_reply_bytes if ok else _MAX_ERROR_BYTES
-                length = raw.headers.get("content-length", "")
-                if ok and length.isdigit() and len(length) < 20 and int(length) > cap:
-                    raise too_large
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in raw.iter_bytes():
-                    if cancelled.is_set() or time.monotonic() > deadline:
-                        raise too_late
-                    size += len(chunk)
-                    if size > cap:
-                        if ok:
-                            raise too_large
-                        chunks.append(chunk[: max(0, cap - (size - len(chunk)))])
-                        break
-                    chunks.append(chunk)
-                data = b"".join(chunks)
-                if not ok:
-                    raise self._status_error(raw.status_code, raw.headers, data, logprobs, schema_sent)
-                return data
-        except httpx2.TimeoutException:
-            raise too_late from None
-        except httpx2.ConnectError as exc:
-            raise _Transient(_one_line(str(exc) or "connection failed"), unreachable=True) from None
-        except (httpx2.HTTPError, httpx2.StreamError) as exc:
+            try:
+                if conn.sock is None:
+                    conn.connect()
+                watch.sock = conn.sock
+            except (socket.timeout, TimeoutError):
+                raise self._too_late() from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise _Transient(_one_line(str(exc) or type(exc).__name__), unreachable=True) from None
+            conn.request("POST", self._target, body=body, headers=headers)
+            raw = conn.getresponse()
+            ok = 200 <= raw.status < 300
+            # an error's body only feeds a one-line message: the first 64 KB are plenty
+            cap = self.max_reply_bytes if ok else _MAX_ERROR_BYTES
+            if ok and raw.length is not None and raw.length > cap:
+                raise self._too_large()
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                # streamed: we read the body ourselves, so a malformed one is a retryable fault
+                # rather than a half-built object, and we stop at the deadline or the size cap
+                chunk = raw.read(min(_READ_CHUNK, cap + 1 - size))
+                if not chunk:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._too_late()
+                size += len(chunk)
+                if size > cap:
+                    if ok:
+                        raise self._too_large()
+                    chunks.append(chunk[: max(0, cap - (size - len(chunk)))])
+                    break
+                chunks.append(chunk)
+            if self._watchdog.release(watch):  # its socket was shut: what was read may be cut short
+                raise self._too_late()
+            data = _decode(b"".join(chunks), raw.getheader("content-encoding"), cap)
+            if ok and len(data) > cap:
+                raise self._too_large()
+            reusable = raw.isclosed() and not raw.will_close
+            if not ok:
+                raise self._status_error(raw.status, raw.headers, data, logprobs, schema_sent)
+            return data
+        except (_Transient, RequestRejected, BackendError, _LogprobsRejected, _SchemaRejected):
+            raise
+        except (socket.timeout, TimeoutError):
+            raise self._too_late() from None
+        except (OSError, http.client.HTTPException, ValueError, zlib.error) as exc:
+            if self._watchdog.release(watch):
+                raise self._too_late() from None
             # dropped connections, truncated bodies, protocol errors, undecodable encodings
             raise _Transient(f"connection error ({_one_line(f'{type(exc).__name__}: {exc}')})") from None
         finally:
-            # back only once this worker is done with it (a call given up at its deadline
-            # keeps its client until its read ends)
-            if client.is_closed:
-                pass
-            elif len(self._idle) < self.concurrency:
-                self._idle.append(client)
-            else:  # more than the callers need (after calls given up at their deadline)
-                with self._lock:
-                    if client in self._clients:
-                        self._clients.remove(client)
-                client.close()
+            if self._watchdog.release(watch):  # shut at its deadline: not reusable
+                reusable = False
+            self._checkin(conn, reusable)
+
+    def _too_late(self) -> _Transient:
+        return _Transient(f"no complete reply within the {self.timeout:g}s timeout")
+
+    def _too_large(self) -> RequestRejected:
+        return RequestRejected(
+            f"the reply from {self.base_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
+            "completion; not read further"
+        )
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
@@ -531,6 +711,23 @@ class OpenAICompatBackend:
         if self._key and self._key != PLACEHOLDER_KEY and len(self._key) >= 4:
             text = text.replace(self._key, "***")
         return text
+
+
+def _decode(data: bytes, encoding: str | None, cap: int) -> bytes:
+    """A reply body undone from its ``Content-Encoding`` (hdeval asks for none, but a proxy may
+    still compress), inflated to at most ``cap + 1`` bytes."""
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return data
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ValueError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
+    # 47: gzip or zlib header; deflate sent raw (no header) as some servers do: -15
+    for wbits in ((47, -15) if encoding == "deflate" else (47,)):
+        try:
+            return zlib.decompressobj(wbits).decompress(data, cap + 1)
+        except zlib.error:
+            continue
+    raise ValueError(f"a {encoding} reply that does not decompress")
 
 
 def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:

@@ -1,0 +1,304 @@
+"""The OpenAI-compatible backend's own HTTP/1.1 transport (``http.client``): the one watchdog
+that ends overdue requests, keep-alive reuse, proxies from the environment, and compressed
+replies."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import http.client
+import json
+import socket
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+from llm_server import LLMServer, Reply, chat_completion, closed_port_url
+
+from hdeval.backends import openai_compat
+from hdeval.backends.base import CompletionRequest, Message
+from hdeval.backends.openai_compat import OpenAICompatBackend, _Watchdog
+from hdeval.errors import BackendError, ConfigError
+
+KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with LLMServer() as s:
+        yield s
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch
+
+
+def make(url: str, **kwargs: object) -> OpenAICompatBackend:
+    options: dict = {"api_key": KEY, "timeout": 10.0, "max_retries": 1, "backoff_base": 0.01}
+    options.update(kwargs)
+    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+
+
+def req(text: str = "Rate this text.") -> CompletionRequest:
+    return CompletionRequest(messages=(Message("user", text),), kind="score")
+
+
+# -- the watchdog ---------------------------------------------------------------------------
+
+
+class _Silent:
+    """A TCP server that accepts and reads, and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                conn, _ = self.sock.accept()
+                self.conns.append(conn)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_the_watchdog_ends_a_read_that_would_block_far_past_the_deadline() -> None:
+    silent = _Silent()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
+        conn.connect()
+        dog = _Watchdog()
+        watch = dog.watch(conn, 0.2)
+        # without the watchdog this recv waits for the 60 s socket timeout (and raises it)
+        assert conn.sock.recv(1) == b""  # the socket was shut down: end of stream
+        assert dog.release(watch) is True
+        assert dog.release(watch) is True  # the same answer again
+        assert dog.fired == 1
+        conn.close()
+    finally:
+        silent.close()
+
+
+def test_a_request_released_in_time_is_left_alone() -> None:
+    silent = _Silent()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
+        conn.connect()
+        dog = _Watchdog()
+        slow = dog.watch(conn, 0.2)
+        quick = dog.watch(conn, 60.0)
+        assert dog.release(quick) is False
+        assert conn.sock.recv(1) == b""  # the 0.2 s one still fires
+        assert dog.release(slow) is True and dog.fired == 1
+        conn.close()
+    finally:
+        silent.close()
+
+
+def test_a_shorter_timeout_registered_later_still_fires_first() -> None:
+    """Requests are kept per timeout; a later request with a shorter timeout must wake the
+    watchdog that sleeps until the earlier, longer deadline."""
+    silent = _Silent()
+    try:
+        long_conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
+        short_conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
+        long_conn.connect()
+        short_conn.connect()
+        dog = _Watchdog()
+        long_watch = dog.watch(long_conn, 50.0)
+        short_watch = dog.watch(short_conn, 0.2)
+        assert short_conn.sock.recv(1) == b""  # ended long before the 50 s deadline
+        assert dog.release(short_watch) is True
+        assert dog.release(long_watch) is False
+        long_conn.close()
+        short_conn.close()
+    finally:
+        silent.close()
+
+
+def test_a_reply_dripping_within_its_content_length_is_ended_by_the_watchdog(server: LLMServer) -> None:
+    # each byte comes well within the socket timeout, and http.client reads a body with a
+    # Content-Length to its end in one call: only the watchdog stops it
+    server.plan(Reply.dripping("4", drip=0.2))
+    before = openai_compat._WATCHDOG.fired
+    with pytest.raises(BackendError, match="no complete reply within the 0.8s timeout"):
+        make(server.url, timeout=0.8, max_retries=0).complete(req())
+    assert openai_compat._WATCHDOG.fired == before + 1
+
+
+def test_an_unreachable_server_is_still_named_as_such() -> None:
+    url, holder = closed_port_url()
+    try:
+        with pytest.raises(BackendError, match="cannot reach LLM server"):
+            make(url, max_retries=0).complete(req())
+    finally:
+        holder.close()
+
+
+# -- keep-alive -----------------------------------------------------------------------------
+
+
+def test_connections_are_kept_alive_and_reused(server: LLMServer) -> None:
+    b = make(server.url)
+    for i in range(5):
+        assert b.complete(req(f"text {i}")).text == "4"
+    assert len(b._conns) == 1  # one connection served all five, one after another
+    b.close()
+
+
+def test_a_connection_the_server_closed_is_not_reused(server: LLMServer) -> None:
+    b = make(server.url, max_retries=0)  # a reused dead socket would fail the next call
+    server.plan(Reply.huge(1000, with_length=False))  # said "Connection: close" with this reply
+    assert b.complete(req("first")).text == "4"
+    assert b.complete(req("second")).text == "4"
+    assert server.calls == 2
+    b.close()
+
+
+def test_an_idle_connection_the_server_dropped_silently_is_not_reused() -> None:
+    """A keep-alive server that closes an idle connection without saying so beforehand (an
+    idle timeout): the next request must not go out on the dead socket."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    closed = threading.Event()
+    data = json.dumps(chat_completion("2")).encode()
+    reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+             + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += conn.recv(65536)
+                head, _, rest = got.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                conn.sendall(reply)  # keep-alive by HTTP/1.1 default, then closed anyway
+            closed.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        b = make(f"http://127.0.0.1:{port}/v1", max_retries=0)
+        assert b.complete(req("first")).text == "2"
+        assert closed.wait(10)
+        assert b.complete(req("second")).text == "2"  # on a new connection
+        b.close()
+    finally:
+        listener.close()
+
+
+# -- proxies, compression -------------------------------------------------------------------
+
+
+class _Proxy:
+    """A stand-in HTTP proxy on 127.0.0.1: records each request line and headers, answers
+    with a chat completion itself."""
+
+    def __init__(self) -> None:
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+                data = json.dumps(chat_completion("3")).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_http_proxy_from_the_environment_gets_the_whole_url(no_proxy_env) -> None:
+    proxy = _Proxy()
+    try:
+        no_proxy_env.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://proxy-user:proxy-pw@"))
+        b = make("http://llm.example:8000/v1")  # never resolved: the request goes to the proxy
+        assert b.complete(req()).text == "3"
+        ((path, headers),) = proxy.seen
+        assert path == "http://llm.example:8000/v1/chat/completions"
+        assert headers["proxy-authorization"] == "Basic " + base64.b64encode(b"proxy-user:proxy-pw").decode()
+        assert headers["authorization"] == f"Bearer {KEY}"
+        b.close()
+    finally:
+        proxy.close()
+
+
+def test_no_proxy_is_honoured(server: LLMServer, no_proxy_env) -> None:
+    proxy, holder = closed_port_url()
+    try:
+        no_proxy_env.setenv("HTTP_PROXY", proxy)
+        no_proxy_env.setenv("NO_PROXY", "127.0.0.1")
+        assert make(server.url).complete(req()).text == "4"
+        assert server.requests[0].path == "/v1/chat/completions"
+    finally:
+        holder.close()
+
+
+def test_a_proxy_hdeval_cannot_speak_is_a_config_error(no_proxy_env) -> None:
+    no_proxy_env.setenv("HTTPS_PROXY", "socks5://user:secret-pw@127.0.0.1:1080")
+    with pytest.raises(ConfigError, match="not an http:// proxy") as info:
+        make("https://llm.example/v1")
+    assert "secret-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_reply_is_read(server: LLMServer, encoding: str) -> None:
+    data = json.dumps(chat_completion("5")).encode()
+    packed = gzip.compress(data) if encoding == "gzip" else zlib.compress(data)
+    server.plan(Reply(body=packed, headers={"Content-Encoding": encoding}))
+    assert make(server.url).complete(req()).text == "5"
+
+
+def test_a_compression_bomb_is_cut_at_the_size_cap(server: LLMServer) -> None:
+    from hdeval.errors import RequestRejected
+
+    server.plan(Reply(body=gzip.compress(b" " * (8 * 2**20)), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(RequestRejected, match="larger than"):
+        make(server.url).complete(req())
+
+
+def test_a_reply_dripping_until_the_server_closes_is_ended_by_the_watchdog(server: LLMServer) -> None:
+    # no Content-Length: the body ends when the server closes, and http.client hands the
+    # socket over to the response; the watchdog must still reach it
+    body = json.dumps(chat_completion("4")).encode()
+    assert len(body) > 250  # dripping in full takes over 50 s
+    server.plan(Reply(body=body, drip=0.2, no_length=True))
+    before = openai_compat._WATCHDOG.fired
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="no complete reply within the 0.8s timeout"):
+        make(server.url, timeout=0.8, max_retries=0).complete(req())
+    assert time.monotonic() - t0 < 20  # cut at the deadline, not read to the server's end
+    assert openai_compat._WATCHDOG.fired == before + 1
