@@ -84,30 +84,51 @@ def map_concurrent(fn: Callable[..., T], items: Sequence, concurrency: int) -> l
     taken = itertools.count()  # next() on it is atomic: each index goes to one thread
     stop = threading.Event()
 
+    # Threads still running, counted by the threads themselves: waiting on Thread.join() is
+    # not safe here, since a Ctrl-C or SIGTERM that interrupts join() on Python 3.11 marks the
+    # joined thread as stopped while it still runs (bpo-45274), and a finished LLM call that
+    # thread was making would then be dropped at exit instead of cached.
+    running = [0]
+    ended = threading.Condition()
+
     def work() -> None:
-        while not stop.is_set():
-            i = next(taken)
-            if i >= n:
-                return
-            try:
-                results[i] = fn(items[i])
-            except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
-                errors.append((i, exc))
-                stop.set()
-                return
+        try:
+            while not stop.is_set():
+                i = next(taken)
+                if i >= n:
+                    return
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
+                    errors.append((i, exc))
+                    stop.set()
+                    return
+        finally:
+            with ended:
+                running[0] -= 1
+                ended.notify_all()
+
+    def wait_all() -> None:
+        with ended:
+            while running[0]:
+                ended.wait()
 
     threads = [threading.Thread(target=work, name=f"hdeval_{k}") for k in range(min(concurrency, n))]
     try:
         for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+            with ended:
+                running[0] += 1
+            try:
+                t.start()
+            except Exception:  # the thread never started (an interrupt means it did)
+                with ended:
+                    running[0] -= 1
+                raise
+        wait_all()
     finally:
         # On error or Ctrl-C: start nothing new, let running calls finish and be cached.
         stop.set()
-        for t in threads:
-            if t.is_alive():
-                t.join()
+        wait_all()
     if errors:
         raise min(errors, key=lambda e: e[0])[1]
     return results

@@ -68,3 +68,49 @@ def test_ctrl_c_in_a_call_is_raised_in_the_caller() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         map_concurrent(call, list(range(10)), 4)
+
+
+def test_an_interrupt_while_waiting_lets_every_running_call_finish() -> None:
+    """SIGTERM/Ctrl-C reach the calling thread while it waits: every call already running
+    must be finished (so its reply is cached) before the interrupt leaves map_concurrent.
+    Waiting with Thread.join() lost one: on Python 3.11 an interrupted join() marks the thread
+    it waited for as stopped while it still runs (bpo-45274), so it was never waited for."""
+    import signal
+    import time
+
+    class Interrupt(KeyboardInterrupt):
+        pass
+
+    def raise_interrupt(signum, frame):
+        raise Interrupt()
+
+    both = threading.Barrier(3)
+    release = threading.Event()
+    finished: list[str] = []
+
+    def call(x: int) -> int:
+        both.wait(5)
+        release.wait(5)
+        if threading.current_thread().name == "hdeval_0":  # the thread main waits for first
+            time.sleep(0.5)
+        finished.append(threading.current_thread().name)
+        return x
+
+    def interrupter() -> None:
+        both.wait(5)
+        time.sleep(0.2)  # the main thread is waiting by now
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        time.sleep(0.1)
+        release.set()
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
+    helper = threading.Thread(target=interrupter)
+    helper.start()
+    try:
+        with pytest.raises(Interrupt):
+            map_concurrent(call, [0, 1], 2)
+        assert sorted(finished) == ["hdeval_0", "hdeval_1"]  # both calls ended before the raise
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+        helper.join()
