@@ -1,15 +1,9 @@
-"""The one cache every LLM call goes through.
+"""The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
-Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser
-fix costs no new calls. Each completion is handed to one writer thread the moment it arrives
-and committed to SQLite (diskcache) with whatever else finished meanwhile, in one transaction
-(a ``set`` per call from every thread made them queue on SQLite's write lock, holding a
-concurrency slot each). Until committed, a completion is served from memory, so lookups and
-in-flight de-duplication see it. A thread waits for its own previous write to be committed
-before it pays for another call, so at most one finished call per thread is ever uncommitted,
-and only for the few milliseconds of one commit; ``close()`` (and an ``atexit`` hook, so
-Ctrl-C and normal exits too) writes everything still queued. Only a SIGKILL or power loss in
-those milliseconds can lose a call, and the rerun asks for it again.
+Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser fix
+costs no new calls. The store is diskcache, used through its public API, written by one
+writer: a reply is committed (with whatever else finished meanwhile, in one transaction)
+before its call returns, so a SIGKILL can lose only the replies of the commit in progress.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
 plain text only (sha256 hex keys, JSON completions). :class:`JSONDisk` never pickles or
@@ -19,8 +13,7 @@ directory is a cache miss plus a :class:`CacheWarning`, never an exception or co
 
 from __future__ import annotations
 
-import atexit
-import contextlib
+import asyncio
 import errno
 import hashlib
 import json
@@ -29,11 +22,10 @@ import os
 import re
 import shutil
 import sqlite3
-import threading
 import time
 import warnings
-import weakref
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -41,7 +33,9 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.errors import BudgetExceeded, CacheError
+from hdeval.config import DEFAULT_CONCURRENCY
+from hdeval.errors import BudgetExceeded, CacheError, RequestRejected, RetriesExhausted
+from hdeval.progress import Progress
 
 CACHE_SCHEMA = 1
 DBNAME = "cache.db"
@@ -348,6 +342,14 @@ class UsageStats:
     prompt_tokens_evaluated: int = 0
     unreadable: int = 0  # cache entries that were not a readable completion (asked again)
 
+    def add(self, c: Completion) -> None:
+        """Count one paid call."""
+        self.calls += 1
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+        if c.prompt_tokens_evaluated is not None:
+            self.prompt_tokens_evaluated += c.prompt_tokens_evaluated
+
     def summary(self) -> str:
         return (
             f"LLM calls made: {self.calls}, cache hits: {self.hits}, "
@@ -355,179 +357,116 @@ class UsageStats:
         )
 
 
-# every CachedBackend whose writer thread runs: what it holds is written out at interpreter exit
-_OPEN: "weakref.WeakSet[CachedBackend]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for backend in list(_OPEN):
-        try:
-            backend.close()
-        except Exception:  # noqa: BLE001 - at exit there is nobody left to tell
-            pass
-
-
 class CachedBackend:
-    """Wraps a backend with a disk cache, usage accounting and an optional call budget.
+    """The one LLM client: every call goes through :meth:`acomplete_many` (or its synchronous
+    doors :meth:`complete_many` and :meth:`complete`), which owns the cache lookup, the Batch
+    API strategy (``batch``), concurrency (one semaphore), the call budget (``max_calls``,
+    shared by every stage that uses this client) and progress.
 
-    Unreadable entries are misses, counted in ``stats.unreadable`` and described in
-    ``warnings`` (and one :class:`CacheWarning` per backend). When the store cannot be written
-    (a full disk), the reply just paid for is still returned (and kept in memory for this
-    run), and the next call that would have to be paid for raises the one-line
-    :class:`CacheError` instead, so no more money goes into replies that cannot be saved.
+    A reply is committed to the store by the one writer (a batch of replies per transaction,
+    on the store's own thread) before its call returns and before its concurrency slot is
+    given back, so at most ``concurrency`` paid replies are ever uncommitted, for the
+    milliseconds of one commit. Identical requests cost one call. Unreadable entries are
+    misses, counted in ``stats.unreadable`` and described in ``warnings`` (and one
+    :class:`CacheWarning`). When the store cannot be written (a full disk), the reply just paid
+    for is still returned (and kept in memory for this run), and the next call that would have
+    to be paid for raises the one-line :class:`CacheError` instead.
     """
 
     MAX_WARNINGS = 20
-    WRITE_BATCH = 256  # completions committed in one transaction at most
-    LOOKUP_CHUNK = 500  # keys per query of stored_keys() (old SQLite builds allow 999 parameters)
-    WRITER_IDLE = 2.0  # seconds without writes after which the writer thread ends (restarted on demand)
+    WRITE_BATCH = 256  # replies committed in one transaction at most
+    # requests in a row that exhaust their retries with no success between them: the server is
+    # down (fewer are each that cell's recorded failure)
+    STOP_STREAK = 3
 
-    def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None):
+    def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None, *,
+                 concurrency: int = DEFAULT_CONCURRENCY, batch: Any = None):
         self.inner = inner
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._store = open_store(cache_dir) if cache_dir is not None else None
         self.max_calls = max_calls
+        cap = getattr(inner, "max_concurrency", None)  # a local model runs one call at a time
+        self.concurrency = max(1, min(concurrency, cap) if cap else concurrency)
+        self.batch = batch
         self.stats = UsageStats()
         self.warnings: list[str] = []
-        self._lock = threading.Lock()
         self._reserved = 0
-        # keys being fetched right now: a second thread asking for the same request (two
-        # samples with identical text) waits for the first instead of paying for it again
-        self._inflight: dict[str, threading.Event] = {}
-        self._finished = 0  # fetches ended (their reply saved, or failed)
-        # replies that could not be written (disk full): still served for this run
-        self._unsaved: dict[str, Completion] = {}
+        self._streak = 0
+        # everything below is touched on the LLM loop only
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._unsaved: dict[str, Completion] = {}  # replies that could not be written
+        self._saved: set[str] = set()  # keys this client committed (a later lookup must see them)
         self._write_error: CacheError | None = None
-        # the writer: completions waiting to be committed, served from ``_pending`` meanwhile;
-        # writes are numbered, ``_written`` is the highest number the writer has dealt with
-        self._pending: dict[str, Completion] = {}
-        self._queue: list[tuple[int, str, str, Completion]] = []
-        self._queued = 0
-        self._written = 0
-        # its own lock: request threads and the writer never queue on the lock that guards
-        # stats, the budget and in-flight requests. Lock order: _wlock before _lock.
-        self._wlock = threading.Lock()
-        # The writer waits for work on ``_work`` (woken alone, once per queued reply);
-        # flush() waits for commits on ``_wcond``; a request thread waiting for its previous
-        # reply's commit waits on its own event in ``_commit_waiters`` (write number -> event),
-        # set by the writer once that number is committed. One condition for all of them woke
-        # every waiting thread on every queued reply and every commit, and they then queued
-        # on this lock: at --concurrency 64 that herd was a quarter of the client's GIL time.
-        self._wcond = threading.Condition(self._wlock)
-        self._work = threading.Condition(self._wlock)
-        self._commit_waiters: dict[int, threading.Event] = {}
-        self._writer: threading.Thread | None = None
-        self._closing = False
-        self._mine = threading.local()  # .last: the number of this thread's latest write
-        # lookahead(): keys of requests about to be made, and which of them the store lacked
-        # when looked up in bulk (a key leaves ``_absent`` when this process saves its reply)
-        self._keys: dict[CompletionRequest, str] = {}
-        self._absent: set[str] = set()
-        self._save_logs: list[set[str]] = []  # keys saved while a lookahead asks the store
+        self._queue: list[tuple[str, str, Completion, asyncio.Future]] = []
+        self._writer: asyncio.Future | None = None
+        self._sem: asyncio.Semaphore | None = None
+        # the one thread that touches the store (diskcache keeps a connection per thread)
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self._store is not None else None
+        self._pool: ThreadPoolExecutor | None = None  # a synchronous backend's calls run here
 
     @property
     def store(self) -> diskcache.Cache | None:
-        """The disk store, with every completion finished so far written to it."""
-        self.flush()
+        """The disk store (every call returned so far is committed to it)."""
         return self._store
 
     @property
     def max_concurrency(self) -> int | None:
-        """The inner backend's limit on useful parallel calls (a local model: 1)."""
         return getattr(self.inner, "max_concurrency", None)
 
     def key(self, request: CompletionRequest) -> str:
-        if self._keys:  # inside lookahead(): computed already
-            try:
-                key = self._keys.get(request)
-            except TypeError:  # an unhashable request (messages in a list): compute it
-                key = None
-            if key is not None:
-                return key
         return request_key(self.identity, request)
 
-    def stored_keys(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` have an entry in the store, in one query per ``LOOKUP_CHUNK``
-        keys (entries are not read: an unreadable one still counts here)."""
-        if self._store is None:
-            return set()
-        keys = list(dict.fromkeys(keys))
-        found: set[str] = set()
-        try:
-            for i in range(0, len(keys), self.LOOKUP_CHUNK):
-                chunk = keys[i : i + self.LOOKUP_CHUNK]
-                marks = ",".join("?" * len(chunk))
-                rows = self._store._sql(f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({marks})", chunk)
-                found.update(k for (k,) in rows if type(k) is str)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise storage_error(self.cache_dir, exc) from None
-        return found
-
-    @contextlib.contextmanager
-    def lookahead(self, requests: Sequence[CompletionRequest]) -> Iterator[None]:
-        """Around a batch of calls (``fill_matrix``): the cache keys of all ``requests`` are
-        computed once, and the store is asked in bulk (:meth:`stored_keys`) which it lacks;
-        inside, :meth:`complete` reuses those keys and skips its per-call store lookup for
-        the keys found missing. Replies come and go as without it: memory (replies queued or
-        unsaved) is still looked at first, and a reply this process saves meanwhile drops its
-        key from the missing ones before it can leave memory. Only an entry another process
-        writes during the batch goes unseen (as one written just after a single lookup would)."""
-        if self._store is None or not requests:
-            yield
-            return
-        try:
-            keys = {r: request_key(self.identity, r) for r in requests}
-        except TypeError:  # an unhashable request: no lookahead, each call looks up alone
-            yield
-            return
-        # The store answers for one moment, and replies keep arriving meanwhile: a reply
-        # queued before that moment (not yet committed) or saved since may be on disk, and
-        # out of memory, by the time the answer is registered. Those keys are not "missing".
-        saved: set[str] = set()
-        with self._wlock:
-            saved.update(self._pending)
-            self._save_logs.append(saved)
-        try:
-            absent = set(keys.values()) - self.stored_keys(keys.values())
-        finally:
-            with self._wlock:
-                self._save_logs.remove(saved)
-        with self._wlock:
-            absent -= saved
-            self._keys.update(keys)
-            self._absent |= absent
-        try:
-            yield
-        finally:
-            with self._wlock:
-                for r in keys:
-                    self._keys.pop(r, None)
-                self._absent -= absent
+    def flush(self) -> None:
+        """Nothing to do: a call returns once its reply is committed."""
 
     def is_cached(self, request: CompletionRequest) -> bool:
-        return self._read(self.key(request)) is not None
+        key = self.key(request)
+        return key in self._unsaved or self._read(key) is not None
 
+    # ---- synchronous doors ----------------------------------------------------------------
+    def complete(self, request: CompletionRequest) -> Completion:
+        from hdeval import aio
+
+        return aio.run(self.acomplete(request))
+
+    def complete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
+                      keep_rejected: bool = False, concurrency: int | None = None) -> list:
+        from hdeval import aio
+
+        halt: list[bool] = []
+        return aio.run(self.acomplete_many(requests, progress, keep_rejected=keep_rejected,
+                                           concurrency=concurrency, halt=halt),
+                       on_interrupt=lambda: halt.append(True))
+
+    def close(self) -> None:
+        """Close the store and the client's threads (idempotent)."""
+        if self.batch is not None:
+            self.batch.close()
+        if self._io is not None:
+            io, self._io = self._io, None
+            if self._store is not None:
+                io.submit(self._store.close).result()  # the store thread's own connection
+            io.shutdown()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self._store is not None:
+            self._store.close()
+
+    # ---- the store (on its thread) -------------------------------------------------------------
     def _warn(self, key: str, reason: str) -> None:
-        with self._lock:
-            self.stats.unreadable += 1
-            first = self.stats.unreadable == 1
-            if len(self.warnings) < self.MAX_WARNINGS:
-                self.warnings.append(f"cache entry {key[:12]}... in {self.cache_dir} ignored: {reason}")
-        if first:
+        self.stats.unreadable += 1
+        if len(self.warnings) < self.MAX_WARNINGS:
+            self.warnings.append(f"cache entry {key[:12]}... in {self.cache_dir} ignored: {reason}")
+        if self.stats.unreadable == 1:
             warnings.warn(
                 f"the LLM reply cache {self.cache_dir} holds an entry hdeval cannot use ({reason}); "
                 f"it is asked again (`hdeval cache check --cache-dir {self.cache_dir}` lists them)",
-                CacheWarning, stacklevel=4)
+                CacheWarning, stacklevel=2)
 
     def _read(self, key: str) -> Completion | None:
-        # no lock: one dict lookup is atomic, and an entry leaves _pending only once it is
-        # on disk or in _unsaved
-        unsaved = self._pending.get(key) or self._unsaved.get(key)
-        if unsaved is not None:
-            return unsaved
-        if self._store is None or key in self._absent:
+        if self._store is None:
             return None
         try:
             text = self._store.get(key)
@@ -544,258 +483,238 @@ class CachedBackend:
             self._warn(key, str(exc))
             return None
 
-    def _lookup(self, key: str) -> Completion | None:
-        c = self._read(key)
-        if c is None:
-            return None
-        with self._lock:
-            self.stats.hits += 1
-        return Completion(**{**c.__dict__, "cached": True})
+    def _read_many(self, keys: Iterable[str]) -> dict[str, Completion]:
+        found = {}
+        for key in keys:
+            c = self._read(key)
+            if c is not None:
+                found[key] = c
+        return found
 
-    def complete(self, request: CompletionRequest) -> Completion:
-        key = self.key(request)
-        while True:
-            finished = self._finished
-            hit = self._lookup(key)
-            if hit is not None:
-                return hit
-            if self._store is None:
-                break
-            with self._lock:
-                pending = self._inflight.get(key)
-                if pending is None:
-                    if self._finished != finished:
-                        # a fetch ended between our lookup and now: it may have been this
-                        # very request (paid, and saved since), so look again
-                        continue
-                    self._inflight[key] = threading.Event()
-                    break
-            # another thread is fetching this very request: take its cached reply, or
-            # (if it failed) try ourselves
-            pending.wait()
-        try:
-            return self._fetch(key, request)
-        finally:
-            if self._store is not None:
-                with self._lock:
-                    self._finished += 1
-                    self._inflight.pop(key).set()
-
-    def _fetch(self, key: str, request: CompletionRequest) -> Completion:
-        last = getattr(self._mine, "last", 0)
-        if self._written < last:
-            self._await_commit(last)
-        with self._lock:
-            if self._write_error is not None:
-                raise self._write_error
-            if self.max_calls is not None and self._reserved >= self.max_calls:
-                raise BudgetExceeded(
-                    f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
-                    "rerun with a higher limit to continue"
-                )
-            self._reserved += 1
-        try:
-            result = self.inner.complete(request)
-        except BaseException:
-            with self._lock:
-                self._reserved -= 1
-            raise
-        if self._store is not None:
-            self._save(key, result)
-        with self._lock:
-            self.stats.calls += 1
-            self.stats.prompt_tokens += result.prompt_tokens
-            self.stats.completion_tokens += result.completion_tokens
-            if result.prompt_tokens_evaluated is not None:
-                self.stats.prompt_tokens_evaluated += result.prompt_tokens_evaluated
-        return result
-
-    def _await_commit(self, number: int) -> None:
-        """Wait until write ``number`` (this thread's previous reply) is on disk, or known
-        not to be, before this thread pays for another call."""
-        done = getattr(self._mine, "committed", None)
-        if done is None:
-            done = self._mine.committed = threading.Event()
-        while True:
-            with self._wlock:
-                if self._written >= number or self._writer is None or not self._writer.is_alive():
-                    self._commit_waiters.pop(number, None)
-                    return
-                done.clear()
-                self._commit_waiters[number] = done
-            done.wait(0.5)  # set by the writer; the timeout re-checks a writer that died
-
-    def _wake_committed(self) -> None:
-        """After ``_written`` moved (``_wlock`` held): wake the threads whose write is done."""
-        self._wcond.notify_all()
-        waiters = self._commit_waiters
-        if waiters:
-            for n in [n for n in waiters if n <= self._written]:
-                waiters.pop(n).set()
-
-    def _save(self, key: str, result: Completion) -> None:
-        """Queue ``result`` for the writer; it is served from memory until committed."""
-        text = json.dumps(result.to_dict())
-        with self._wlock:
-            self._absent.discard(key)  # while still in flight: no reader can miss it meanwhile
-            for log in self._save_logs:
-                log.add(key)
-            if not self._closing:
-                self._queued += 1
-                self._mine.last = self._queued
-                self._pending[key] = result
-                self._queue.append((self._queued, key, text, result))
-                self._work.notify()
-                if self._writer is None:
-                    self._writer = threading.Thread(target=self._write_loop, name="hdeval-cache-writer",
-                                                    daemon=True)
-                    _OPEN.add(self)
-                    self._writer.start()
-                return
-        self._write_batch([(0, key, text, result)])  # a call finishing after close(): written here
-
-    def _write_loop(self) -> None:
-        """The writer thread: commit whatever is queued, one transaction per batch, until
-        closed and drained."""
-        while True:
-            with self._wlock:
-                if not self._queue and not self._closing:
-                    self._work.wait(self.WRITER_IDLE)
-                if not self._queue:  # closed, or idle: end (the next write starts a new writer)
-                    self._writer = None
-                    _OPEN.discard(self)
-                    if self._store is not None:
-                        # diskcache keeps a connection per thread: close this one, so the
-                        # last close checkpoints the write-ahead log into the database
-                        self._store.close()
-                    return
-                batch = self._queue[: self.WRITE_BATCH]
-                del self._queue[: self.WRITE_BATCH]
-            try:
-                self._write_batch(batch)
-            except BaseException as exc:  # noqa: BLE001 - never leave waiters hanging
-                with self._wlock, self._lock:
-                    for _n, key, _text, result in batch:
-                        self._unsaved[key] = result  # before it leaves _pending: never in neither
-                        self._pending.pop(key, None)
-                    if self._write_error is None:
-                        self._write_error = storage_error(self.cache_dir, exc, writing=True)
-                    self._written = max(self._written, batch[-1][0])
-                    self._wake_committed()
-
-    def _write_batch(self, batch: list[tuple[int, str, str, Completion]]) -> None:
-        """Commit ``batch`` in one transaction; if the store fails, each entry on its own, so
-        every one that can be written is. Entries that cannot be written stay served from
-        memory for this run, and a storage failure stops the next paid call."""
+    def _write_batch(self, items: list[tuple[str, str]]) -> dict[str, BaseException]:
+        """Commit ``items`` in one transaction; if the store fails, each on its own, so every
+        one that can be written is. The keys that could not be written, and why."""
         store = self._store
         assert store is not None
         failed: dict[str, BaseException] = {}
         try:
             with store.transact():
-                for _n, key, text, _result in batch:
+                for key, text in items:
                     try:
                         store.set(key, text)
                     except EntryTooLarge as exc:  # raised before any SQL: the transaction goes on
                         failed[key] = exc
         except diskcache.Timeout as exc:  # another process held the lock all along: so would it now
-            failed = {key: exc for _n, key, _text, _result in batch}
+            failed = {key: exc for key, _ in items}
         except (OSError, sqlite3.Error):
             failed = {}
-            for _n, key, text, _result in batch:
+            for key, text in items:
                 try:
                     store.set(key, text)
                 except (EntryTooLarge, OSError, sqlite3.Error, diskcache.Timeout) as exc:
                     failed[key] = exc
-        with self._wlock, self._lock:
-            for _n, key, _text, result in batch:
-                exc = failed.get(key)
-                if exc is not None:
-                    self._unsaved[key] = result  # before it leaves _pending: never in neither
-                self._pending.pop(key, None)
-                if exc is None:
-                    continue
-                if isinstance(exc, EntryTooLarge):
-                    if len(self.warnings) < self.MAX_WARNINGS:
-                        self.warnings.append(f"not cached: {exc}")
-                elif self._write_error is None:
-                    self._write_error = storage_error(self.cache_dir, exc, writing=True)
-            self._written = max(self._written, batch[-1][0])
-            self._wake_committed()
+        return failed
 
-    def flush(self) -> None:
-        """Wait until every completion finished so far is written (or known unwritable)."""
-        with self._wlock:
-            target = self._queued
-            while self._written < target and self._writer is not None and self._writer.is_alive():
-                self._wcond.wait(0.5)
-            rest = list(self._queue) if self._writer is None else []
-            if rest:
-                self._queue.clear()
-        if rest:  # no writer to write them (it cannot be, short of a bug): write them here
-            self._write_batch(rest)
+    # ---- the call path (on the LLM loop) ---------------------------------------------------------
+    async def acomplete(self, request: CompletionRequest) -> Completion:
+        """One request (never through the Batch API); a rejection is raised."""
+        (got,) = await self.acomplete_many([request], use_batch=False)
+        return got
 
-    def close(self) -> None:
-        """Write out everything queued, stop the writer and close the store (idempotent)."""
-        with self._wlock:
-            self._closing = True
-            self._work.notify_all()
-            self._wcond.notify_all()
-            writer = self._writer
-        if writer is not None and writer is not threading.current_thread():
-            writer.join()
-        self.flush()
-        _OPEN.discard(self)
-        if self._store is not None:
-            self._store.close()
+    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
+                             keep_rejected: bool = False, concurrency: int | None = None,
+                             use_batch: bool = True, halt: list | None = None) -> list:
+        """Complete ``requests``; results in input order.
 
-    # ---- bulk reads (issue #15.4: a fully cached retrain looked up 57,600 replies one by one)
-
-    def _bulk_skip(self, key: str) -> bool:
-        """Keys ``complete`` treats otherwise than as a plain cache hit (see the batch backend)."""
-        return False
-
-    def lookup_many(self, requests: Sequence[CompletionRequest]) -> list[Completion | None]:
-        """What ``complete`` would answer from the cache for each request (marked ``cached``
-        and counted as a hit), read with one query per ``LOOKUP_CHUNK`` keys; None where
-        ``complete`` must run: not cached, or an entry it would reject (it reads that one again
-        and warns about it once)."""
+        Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the
+        rest go through the Batch API first; what is still missing is asked with at most
+        ``concurrency`` in flight, in order (a local model sees one sample's requests back to
+        back). With ``keep_rejected``, a request the server refused on its own account
+        (:class:`RequestRejected`, and a request that kept failing while others succeed) is
+        returned in its place as the exception. Any other error (server down, budget, Ctrl-C)
+        starts nothing new, lets the calls running finish (and be cached), and is raised.
+        """
+        loop = asyncio.get_running_loop()
         keys = [self.key(r) for r in requests]
-        found: dict[str, Completion] = {}
-        todo = []
-        for key in dict.fromkeys(keys):
-            if self._bulk_skip(key):
-                continue
-            mem = self._pending.get(key) or self._unsaved.get(key)
-            if mem is not None:
-                found[key] = mem
-            elif key not in self._absent:  # inside lookahead(): known missing, not asked again
-                todo.append(key)
-        if self._store is not None and todo:
-            now = time.time()
-            for i in range(0, len(todo), self.LOOKUP_CHUNK):
-                chunk = todo[i : i + self.LOOKUP_CHUNK]
-                try:  # the query diskcache's get() runs, for many keys (raw: str keys)
-                    rows = self._store._sql(
-                        "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "
-                        f"({','.join('?' * len(chunk))}) AND (expire_time IS NULL OR expire_time > ?)",
-                        (*chunk, now)).fetchall()
-                except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-                    raise storage_error(self.cache_dir, exc) from None
-                for key, mode, filename, value in rows:
-                    try:
-                        found[key] = parse_completion(read_value(self._store.directory, mode, filename, value))
-                    except UnreadableEntry:
-                        pass
-        out: list[Completion | None] = []
-        hits: dict[str, Completion] = {}
-        for key in keys:
-            c = found.get(key)
-            if c is not None and key not in hits:
-                hits[key] = Completion(**{**c.__dict__, "cached": True})
-            out.append(hits.get(key))
-        with self._lock:
-            self.stats.hits += sum(c is not None for c in out)
+        out: list[Any] = [None] * len(requests)
+        found: dict[str, Completion] = {k: self._unsaved[k] for k in keys if k in self._unsaved}
+        want = [k for k in dict.fromkeys(keys) if k not in found]
+        if self._io is not None and want:
+            found.update(await loop.run_in_executor(self._io, self._read_many, want))
+        fresh: dict[str, Completion] = {}  # paid for through the Batch API just now
+        if self.batch is not None and use_batch and self._io is not None:
+            miss = {k: r for k, r in zip(keys, requests) if k not in found}
+            if miss:
+                fresh = await self.batch.prefetch(self, miss, progress, halt)
+            else:
+                await self.batch.tidy(self, progress)
+        todo: list[int] = []
+        first: dict[str, int] = {}
+        later: list[int] = []
+        for i, k in enumerate(keys):
+            if k in found:
+                out[i] = replace(found[k], cached=True)
+            elif k in fresh and k not in first:
+                first[k] = i
+                out[i] = fresh[k]
+            elif k in first:
+                later.append(i)
+            else:
+                first[k] = i
+                todo.append(i)
+        hits = sum(1 for k in keys if k in found)
+        self.stats.hits += hits
+        if progress is not None and len(todo) < len(requests) - len(later):
+            progress.advance(len(requests) - len(todo) - len(later), cached=True)
+        errors: list[tuple[int, BaseException]] = []
+        pending = iter(todo)
+
+        async def work() -> None:
+            for i in pending:
+                if errors or halt:
+                    return
+                try:
+                    got: Any = await self._fetch(keys[i], requests[i])
+                except RequestRejected as exc:
+                    if not keep_rejected:
+                        errors.append((i, exc))
+                        return
+                    got = exc
+                except BaseException as exc:  # noqa: BLE001 - raised below, once the others ended
+                    errors.append((i, exc))
+                    return
+                out[i] = got
+                if progress is not None:
+                    progress.advance(1, cached=getattr(got, "cached", False))
+
+        n = min(concurrency or self.concurrency, self.concurrency, len(todo))
+        if n:
+            await asyncio.gather(*(work() for _ in range(n)))
+        if errors:
+            raise min(errors, key=lambda e: e[0])[1]
+        if halt:
+            raise KeyboardInterrupt
+        for i in later:  # the same request again: one call served both
+            got = out[first[keys[i]]]
+            if isinstance(got, Completion):
+                got = replace(got, cached=True)
+                self.stats.hits += 1
+            out[i] = got
+            if progress is not None:
+                progress.advance(1, cached=True)
         return out
+
+    async def _fetch(self, key: str, request: CompletionRequest) -> Completion:
+        """``request``'s reply: joined to the same request in flight, re-read if this client
+        committed it since the lookup, else paid for."""
+        running = self._inflight.get(key)
+        if running is not None:
+            try:
+                got = await asyncio.shield(running)
+            except BaseException:  # noqa: BLE001 - that call failed: try ourselves
+                pass
+            else:
+                self.stats.hits += 1
+                return replace(got, cached=True)
+        if key in self._unsaved:
+            self.stats.hits += 1
+            return replace(self._unsaved[key], cached=True)
+        if key in self._saved and self._io is not None:
+            got = await asyncio.get_running_loop().run_in_executor(self._io, self._read, key)
+            if got is not None:
+                self.stats.hits += 1
+                return replace(got, cached=True)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            got = await self._call(key, request)
+        except BaseException:
+            fut.cancel()
+            raise
+        finally:
+            self._inflight.pop(key, None)
+        fut.set_result(got)
+        return got
+
+    async def _call(self, key: str, request: CompletionRequest) -> Completion:
+        if self._write_error is not None:
+            raise self._write_error
+        if self.max_calls is not None and self._reserved >= self.max_calls:
+            raise BudgetExceeded(
+                f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
+                "rerun with a higher limit to continue"
+            )
+        self._reserved += 1
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.concurrency)
+        try:
+            async with self._sem:
+                result = await self._ask(request)
+                if self._store is not None:
+                    await self._commit(key, result)
+        except RetriesExhausted as exc:
+            self._reserved -= 1
+            self._streak += 1
+            if self._streak < self.STOP_STREAK and self.stats.calls > 0:
+                raise RequestRejected(f"{exc} (while other requests succeed: this one is recorded as failed, "
+                                      "and the next run asks again)") from None
+            raise
+        except BaseException:
+            self._reserved -= 1
+            raise
+        self._streak = 0
+        self.stats.add(result)
+        return result
+
+    async def _ask(self, request: CompletionRequest) -> Completion:
+        acomplete = getattr(self.inner, "acomplete", None)
+        if acomplete is not None:
+            return await acomplete(request)
+        if self._pool is None:  # a synchronous backend (a local model, the fake): in threads
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hdeval-llm")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.inner.complete, request)
+
+    async def commit(self, key: str, result: Completion) -> None:
+        """Store ``result`` under ``key`` through the one writer (the Batch API strategy's way
+        in); returns once it is committed (or known unwritable, then kept in memory)."""
+        await self._commit(key, result)
+
+    async def _commit(self, key: str, result: Completion) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((key, json.dumps(result.to_dict()), result, fut))
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_loop())
+        await asyncio.shield(fut)
+
+    async def _write_loop(self) -> None:
+        """The one writer: whatever is queued, one transaction at a time, until nothing is."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch = self._queue[: self.WRITE_BATCH]
+                del self._queue[: self.WRITE_BATCH]
+                try:
+                    if self._io is None:
+                        raise CacheError(f"the LLM reply cache {self.cache_dir} is closed")
+                    failed = await loop.run_in_executor(self._io, self._write_batch, [(k, t) for k, t, _, _ in batch])
+                except BaseException as exc:  # noqa: BLE001 - never leave a call waiting
+                    failed = {k: exc for k, _, _, _ in batch}
+                for key, _text, result, fut in batch:
+                    exc = failed.get(key)
+                    if exc is None:
+                        self._saved.add(key)
+                    else:
+                        self._unsaved[key] = result
+                        if isinstance(exc, EntryTooLarge):
+                            if len(self.warnings) < self.MAX_WARNINGS:
+                                self.warnings.append(f"not cached: {exc}")
+                        elif self._write_error is None:
+                            self._write_error = (exc if isinstance(exc, CacheError)
+                                                 else storage_error(self.cache_dir, exc, writing=True))
+                    if not fut.done():
+                        fut.set_result(None)
+        finally:
+            self._writer = None
 
 
 def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:

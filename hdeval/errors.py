@@ -48,6 +48,12 @@ class RequestRejected(BackendError):
     """
 
 
+class RetriesExhausted(BackendError):
+    """One request kept failing through every retry (rate limits, server errors, timeouts). While
+    other requests succeed, the client records it as that cell's failure (not cached, so the
+    next run asks again); only a server that fails request after request stops the run."""
+
+
 class DownloadError(HdevalError):
     """A data file could not be fetched completely (HTTP error, unreachable, cut off).
 

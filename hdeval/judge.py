@@ -9,20 +9,21 @@ place where a structured (JSON) reply is validated and re-asked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
+from hdeval.cache import CachedBackend
 from hdeval.errors import HdevalError, RequestRejected
 from hdeval.progress import Progress
-from hdeval.runner import run_requests
 from hdeval.types import Failure, ScoreMatrix
 
 T = TypeVar("T")
@@ -48,12 +49,14 @@ def fill_matrix(
     llm: Backend,
     cells: Sequence[Cell],
     parse: Parser,
-    concurrency: int = 8,
+    concurrency: int | None = None,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
     """Run every cell's requests (in the given order) and parse them into a matrix.
 
-    Rows and columns appear in the order they first occur in ``cells``. Requests are sent in
+    Rows and columns appear in the order they first occur in ``cells``. ``llm``'s client
+    (:meth:`~hdeval.cache.CachedBackend.complete_many`) runs the requests: cache, Batch API,
+    at most ``concurrency`` (default: the client's) in flight, progress. Requests are sent in
     cell order, so callers put the cells of one sample together (sample-major) and a local model
     reuses the shared prompt prefix. Identical requests cost one call (the cache joins them). An
     unusable reply, or a request the server rejected on its own account (too long for the
@@ -63,12 +66,8 @@ def fill_matrix(
     rows = list(dict.fromkeys(c.sample_id for c in cells))
     cols = list(dict.fromkeys(c.column for c in cells))
     flat = [r for c in cells for r in c.requests]
-    prefetch = getattr(llm, "prefetch", None)
-    if callable(prefetch):  # --batch: the stage's uncached requests go as batch jobs first
-        prefetch(flat, progress)
-    lookahead = getattr(llm, "lookahead", None)  # a CachedBackend: keys and misses in bulk
-    with lookahead(flat) if callable(lookahead) else contextlib.nullcontext():
-        completions = run_requests(llm, flat, concurrency, progress, keep_rejected=True)
+    with _client(llm) as client:
+        completions = client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency)
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)
@@ -100,6 +99,19 @@ def fill_matrix(
 
 
 _NAMED_REJECTIONS = 5
+
+
+@contextlib.contextmanager
+def _client(llm: Backend) -> Iterator[CachedBackend]:
+    """``llm``'s client; a bare backend (tests, the Python API) gets one without a cache."""
+    if isinstance(llm, CachedBackend):
+        yield llm
+        return
+    client = CachedBackend(llm, None)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 # ---------------------------------------------------------------------- parsers
@@ -216,6 +228,60 @@ def ask_json(
     feedback replays from the cache at no cost. A request the server rejects
     (:class:`~hdeval.errors.RequestRejected`) is raised to the caller.
     """
+    from hdeval import aio
+
+    with _client(llm) as client:
+        return aio.run(aask_json(client, request, validate, feedback, attempts))
+
+
+def ask_json_many(
+    llm: Backend,
+    asks: Sequence[tuple[CompletionRequest, Callable[[Any], Any], Callable[[str], str]]],
+    concurrency: int | None = None,
+) -> list[Any]:
+    """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` (default:
+    the client's) at a time; each result is the value or the :class:`UnusableReply`. Any other
+    error starts no new chain, lets the running ones finish (so what they paid is cached), and
+    is raised."""
+    from hdeval import aio
+
+    halt: list[bool] = []
+
+    async def run_all(client: CachedBackend) -> list[Any]:
+        gate = asyncio.Semaphore(min(concurrency or client.concurrency, client.concurrency))
+        errors: list[BaseException] = []
+
+        async def one(ask: tuple) -> Any:
+            async with gate:
+                if errors or halt:
+                    return None
+                try:
+                    return await aask_json(client, *ask)
+                except UnusableReply as exc:
+                    return exc
+                except BaseException as exc:  # noqa: BLE001 - raised once the others ended
+                    errors.append(exc)
+                    return None
+
+        got = await asyncio.gather(*(one(a) for a in asks))
+        if errors:
+            raise errors[0]
+        if halt:
+            raise KeyboardInterrupt
+        return list(got)
+
+    with _client(llm) as client:
+        return aio.run(run_all(client), on_interrupt=lambda: halt.append(True))
+
+
+async def aask_json(
+    client: CachedBackend,
+    request: CompletionRequest,
+    validate: Callable[[Any], T],
+    feedback: Callable[[str], str],
+    attempts: int = 3,
+) -> T:
+    """:func:`ask_json` on the LLM loop."""
 
     def check(text: str) -> T:
         return validate(extract_json(text))
@@ -225,7 +291,7 @@ def ask_json(
         req = request
         from_cache = False
         for _ in range(attempts):
-            completion = _reply(llm, req, check, reask)
+            completion = await _reply(client, req, check, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
@@ -244,10 +310,11 @@ def ask_json(
 _MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
 
 
-def _reply(llm: Backend, request: CompletionRequest, check: Callable[[str], Any], reask: bool) -> Completion:
+async def _reply(client: CachedBackend, request: CompletionRequest, check: Callable[[str], Any],
+                 reask: bool) -> Completion:
     """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that
     is either fresh from the LLM or cached and valid (cached invalid ones are walked past)."""
-    completion = llm.complete(request)
+    completion = await client.acomplete(request)
     for n in range(1, _MAX_REASKS + 1):
         if not reask or not completion.cached:
             return completion
@@ -255,5 +322,5 @@ def _reply(llm: Backend, request: CompletionRequest, check: Callable[[str], Any]
             check(completion.text)
             return completion
         except ValueError:
-            completion = llm.complete(dataclasses.replace(request, attempt=n))
+            completion = await client.acomplete(dataclasses.replace(request, attempt=n))
     return completion

@@ -17,7 +17,8 @@ def open_llm(
     ``backend`` lets tests and the Python API inject their own LLM (it is still cached and
     budgeted); a :class:`CachedBackend` is returned as it is. ``offline``: the backend will only be
     asked for its identity and cache keys (``--dry-run``), so a missing API key is no error.
-    ``config.batch``: a :class:`~hdeval.backends.batch.BatchCachedBackend` (the OpenAI Batch API).
+    ``config.batch``: the client sends uncached requests of a stage through the OpenAI Batch API
+    (:class:`~hdeval.backends.batch.BatchStrategy`).
     Close the result when done (it holds the cache open).
     """
     if isinstance(backend, CachedBackend):
@@ -26,10 +27,11 @@ def open_llm(
     if backend is None:
         backend = make_backend(config.resolved(), offline=offline)
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+    strategy = None
     if config.batch:
-        from hdeval.backends.batch import check_batch, open_batch
+        from hdeval.backends.batch import BatchStrategy, check_batch
 
         check_batch(backend, config.model)
         if not offline:  # a dry run submits nothing
-            return open_batch(backend, config, cache_dir)
-    return CachedBackend(backend, cache_dir, config.max_calls)
+            strategy = BatchStrategy(backend, cache_dir, config)
+    return CachedBackend(backend, cache_dir, config.max_calls, concurrency=config.concurrency, batch=strategy)

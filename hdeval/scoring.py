@@ -96,7 +96,7 @@ def score_criteria(
     tree: CriteriaTree,
     criteria: Sequence[Criterion],
     samples: Sequence[Sample],
-    concurrency: int = 8,
+    concurrency: int | None = None,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
     """Score every sample on every criterion (sample-major), through the one cell filler.

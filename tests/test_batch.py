@@ -149,6 +149,7 @@ def server() -> Iterator[BatchServer]:
 @pytest.fixture(autouse=True)
 def _no_waiting(monkeypatch) -> None:
     monkeypatch.setenv(batch_mod.POLL_ENV, "0")
+    monkeypatch.setattr(batch_mod, "MIN_POLL", 0.0)
 
 
 def _train(toy, server: BatchServer, cache: Path, out: Path, *extra: str):
@@ -513,3 +514,48 @@ def test_a_lock_file_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> N
             pass
     assert str(err.value).startswith(f"cannot lock the batch lock file {tmp_path / 'c' / batch_mod.LOCK_FILE} (")
     assert not (tmp_path / "elsewhere").exists()
+
+
+# -- stuck states (#22.12, #22.15) ---------------------------------------------------------------
+def test_a_poll_interval_of_zero_is_bounded(monkeypatch) -> None:
+    monkeypatch.undo()
+    monkeypatch.setenv(batch_mod.POLL_ENV, "0")
+    assert batch_mod.poll_interval() >= 1.0
+    monkeypatch.setenv(batch_mod.POLL_ENV, "5")
+    assert batch_mod.poll_interval() == 5.0
+
+
+def test_a_finished_job_with_a_bad_output_file_id_is_dropped_and_its_requests_asked_again(
+        toy, server: BatchServer, tmp_path: Path) -> None:
+    real = server._retrieve
+
+    def bad_output(bid: str) -> Reply:
+        reply = real(bid)
+        if isinstance(reply.body, dict) and reply.body.get("status") == "completed" and bid == "batch_0":
+            reply.body["output_file_id"] = "../../etc/passwd"
+        return reply
+
+    server._retrieve = bad_output  # type: ignore[method-assign]
+    cache = tmp_path / "c"
+    ev = _api_train(toy, server, cache)  # the job is dropped; its requests go again (batch, then normal)
+    assert read_jobs(cache / STATE_FILE) == []
+    assert not any("etc/passwd" in r.path for r in server.requests)
+    assert ev.metrics["usage"]["calls"] == 72
+    again = _api_train(toy, server, cache)  # not stuck: everything is cached
+    assert again.metrics["usage"]["calls"] == 0
+
+
+def test_a_job_whose_requests_were_answered_without_batch_is_dropped(toy, server: BatchServer, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    cache = tmp_path / "c"
+    real = BatchAPI.create
+    monkeypatch.setattr(BatchAPI, "create", _then_die(real))
+    with pytest.raises(Killed):
+        _api_train(toy, server, cache)
+    monkeypatch.setattr(BatchAPI, "create", real)
+    assert len(read_jobs(cache / STATE_FILE)) == 1
+    task, data = toy
+    train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache),
+          backend=_backend(server))  # the same requests, answered the normal way
+    _api_train(toy, server, cache)  # nothing to submit; the stale job goes
+    assert read_jobs(cache / STATE_FILE) == []

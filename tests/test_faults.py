@@ -157,15 +157,22 @@ def test_transport_faults_leave_the_result_unchanged_and_the_cache_exact(
     start = len(server.log)
     ev = None
     stops: list[str] = []
-    for _ in range(5):  # a request failing 7 times in a row stops the run; a rerun resumes
+    for _ in range(5):
         try:
             ev = run(server, cache)
-            break
-        except BackendError as exc:
+        except BackendError as exc:  # requests failing one after another stop the run
             msg = str(exc)
             assert "\n" not in msg and "rerun" in msg and server.url in msg, msg
             stops.append(msg)
-    assert ev is not None, f"five runs stopped: {stops}"
+            continue
+        # a request that failed 7 times in a row while others succeeded is its cell's recorded
+        # failure (#22.14), not cached: the rerun asks for it, and only for it
+        answered = server.log[start:]
+        if not {a.body for a in answered} - {a.body for a in delivered(answered)}:
+            break
+        stops.append("a request kept failing: recorded as its cell's failure")
+        ev = None
+    assert ev is not None, f"five runs did not finish cleanly: {stops}"
     answers = server.log[start:]
     seen = Counter(a.outcome for a in answers)
     # every fault kind of the mix really happened (else this test would prove less than it says)

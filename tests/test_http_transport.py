@@ -1,12 +1,11 @@
-"""The OpenAI-compatible backend's own HTTP/1.1 transport (``http.client``): the one watchdog
-that ends overdue requests, keep-alive reuse, proxies from the environment, and compressed
-replies."""
+"""The OpenAI-compatible backend's HTTP path (the SDK over hdeval's bounded transport): the
+whole-request deadline, dead keep-alive connections, proxies from the environment, and
+compressed replies."""
 
 from __future__ import annotations
 
 import base64
 import gzip
-import http.client
 import json
 import socket
 import threading
@@ -18,9 +17,8 @@ from typing import Iterator
 import pytest
 from llm_server import LLMServer, Reply, chat_completion, closed_port_url
 
-from hdeval.backends import openai_compat
 from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend, _Watchdog
+from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.errors import BackendError, ConfigError
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -50,94 +48,14 @@ def req(text: str = "Rate this text.") -> CompletionRequest:
     return CompletionRequest(messages=(Message("user", text),), kind="score")
 
 
-# -- the watchdog ---------------------------------------------------------------------------
+# -- the deadline ----------------------------------------------------------------------------
 
 
-class _Silent:
-    """A TCP server that accepts and reads, and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        try:
-            while True:
-                conn, _ = self.sock.accept()
-                self.conns.append(conn)
-        except OSError:
-            return
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
-
-def test_the_watchdog_ends_a_read_that_would_block_far_past_the_deadline() -> None:
-    silent = _Silent()
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
-        conn.connect()
-        dog = _Watchdog()
-        watch = dog.watch(conn, 0.2)
-        # without the watchdog this recv waits for the 60 s socket timeout (and raises it)
-        assert conn.sock.recv(1) == b""  # the socket was shut down: end of stream
-        assert dog.release(watch) is True
-        assert dog.release(watch) is True  # the same answer again
-        assert dog.fired == 1
-        conn.close()
-    finally:
-        silent.close()
-
-
-def test_a_request_released_in_time_is_left_alone() -> None:
-    silent = _Silent()
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
-        conn.connect()
-        dog = _Watchdog()
-        slow = dog.watch(conn, 0.2)
-        quick = dog.watch(conn, 60.0)
-        assert dog.release(quick) is False
-        assert conn.sock.recv(1) == b""  # the 0.2 s one still fires
-        assert dog.release(slow) is True and dog.fired == 1
-        conn.close()
-    finally:
-        silent.close()
-
-
-def test_a_shorter_timeout_registered_later_still_fires_first() -> None:
-    """Requests are kept per timeout; a later request with a shorter timeout must wake the
-    watchdog that sleeps until the earlier, longer deadline."""
-    silent = _Silent()
-    try:
-        long_conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
-        short_conn = http.client.HTTPConnection("127.0.0.1", silent.port, timeout=60)
-        long_conn.connect()
-        short_conn.connect()
-        dog = _Watchdog()
-        long_watch = dog.watch(long_conn, 50.0)
-        short_watch = dog.watch(short_conn, 0.2)
-        assert short_conn.sock.recv(1) == b""  # ended long before the 50 s deadline
-        assert dog.release(short_watch) is True
-        assert dog.release(long_watch) is False
-        long_conn.close()
-        short_conn.close()
-    finally:
-        silent.close()
-
-
-def test_a_reply_dripping_within_its_content_length_is_ended_by_the_watchdog(server: LLMServer) -> None:
-    # each byte comes well within the socket timeout, and http.client reads a body with a
-    # Content-Length to its end in one call: only the watchdog stops it
+def test_a_reply_dripping_within_its_content_length_is_ended_at_the_deadline(server: LLMServer) -> None:
+    # each byte comes well within a per-read timeout: only the deadline on the whole request stops it
     server.plan(Reply.dripping("4", drip=0.2))
-    before = openai_compat._WATCHDOG.fired
     with pytest.raises(BackendError, match="no complete reply within the 0.8s timeout"):
         make(server.url, timeout=0.8, max_retries=0).complete(req())
-    assert openai_compat._WATCHDOG.fired == before + 1
 
 
 def test_an_unreachable_server_is_still_named_as_such() -> None:
@@ -150,14 +68,6 @@ def test_an_unreachable_server_is_still_named_as_such() -> None:
 
 
 # -- keep-alive -----------------------------------------------------------------------------
-
-
-def test_connections_are_kept_alive_and_reused(server: LLMServer) -> None:
-    b = make(server.url)
-    for i in range(5):
-        assert b.complete(req(f"text {i}")).text == "4"
-    assert len(b._conns) == 1  # one connection served all five, one after another
-    b.close()
 
 
 def test_a_connection_the_server_closed_is_not_reused(server: LLMServer) -> None:
@@ -290,15 +200,12 @@ def test_a_compression_bomb_is_cut_at_the_size_cap(server: LLMServer) -> None:
         make(server.url).complete(req())
 
 
-def test_a_reply_dripping_until_the_server_closes_is_ended_by_the_watchdog(server: LLMServer) -> None:
-    # no Content-Length: the body ends when the server closes, and http.client hands the
-    # socket over to the response; the watchdog must still reach it
+def test_a_reply_dripping_until_the_server_closes_is_ended_at_the_deadline(server: LLMServer) -> None:
+    # no Content-Length: the body ends when the server closes
     body = json.dumps(chat_completion("4")).encode()
     assert len(body) > 250  # dripping in full takes over 50 s
     server.plan(Reply(body=body, drip=0.2, no_length=True))
-    before = openai_compat._WATCHDOG.fired
     t0 = time.monotonic()
     with pytest.raises(BackendError, match="no complete reply within the 0.8s timeout"):
         make(server.url, timeout=0.8, max_retries=0).complete(req())
     assert time.monotonic() - t0 < 20  # cut at the deadline, not read to the server's end
-    assert openai_compat._WATCHDOG.fired == before + 1

@@ -194,34 +194,13 @@ class Counting:
         self.hits += n if cached else 0
 
 
-def test_bulk_lookup_answers_exactly_what_complete_answers_from_the_cache(tmp_path):
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import CachedBackend
-
-    reqs = _reqs(5)
-    writer = CachedBackend(FakeBackend(), tmp_path / "c")
-    paid = [writer.complete(r) for r in reqs[:3]]
-    assert [c is not None for c in writer.lookup_many(reqs)] == [True] * 3 + [False] * 2  # written or not yet
-    writer.close()
-    fake = FakeBackend()
-    cb = CachedBackend(fake, tmp_path / "c")
-    got = cb.lookup_many(reqs + [reqs[1]])  # a repeated request is a hit each time, as in complete()
-    assert [g is not None for g in got] == [True, True, True, False, False, True]
-    assert all(g.cached for g in got if g is not None)
-    assert got[:3] == paid and got[5] == paid[1]
-    assert cb.stats.hits == 4 and fake.calls == 0
-    assert [cb.complete(r) for r in reqs[:3]] == got[:3]
-    cb.close()
-
-
-def test_bulk_lookup_leaves_unusable_and_expired_entries_to_complete_which_warns_once(tmp_path):
+def test_unusable_and_expired_entries_are_asked_again_and_warned_about_once(tmp_path):
     import sqlite3
 
     import diskcache
 
     from hdeval.backends.fake import FakeBackend
     from hdeval.cache import CachedBackend, CacheWarning, request_key
-    from hdeval.runner import run_requests
 
     reqs = _reqs(3)
     fake = FakeBackend()
@@ -236,37 +215,8 @@ def test_bulk_lookup_leaves_unusable_and_expired_entries_to_complete_which_warns
     con.commit()
     con.close()
     cb = CachedBackend(fake, tmp_path / "c")
-    assert cb.lookup_many(reqs) == [None, None, None]
-    assert cb.stats.unreadable == 0 and cb.stats.hits == 0
     with pytest.warns(CacheWarning):
-        out = run_requests(cb, reqs, 1)  # one thread: complete() may re-read a miss when another thread finished meanwhile
+        out = cb.complete_many(reqs)
     assert fake.calls == 3 and not any(c.cached for c in out)
     assert cb.stats.unreadable == 2  # each unusable entry counted once, not once per lookup
-    cb.close()
-
-
-def test_a_cached_stage_runs_without_the_llm_or_threads_and_a_mixed_one_asks_only_the_misses(tmp_path, monkeypatch):
-    from hdeval import runner
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import CachedBackend
-
-    reqs = _reqs(6)
-    cb = CachedBackend(FakeBackend(), tmp_path / "c")
-    expected = runner.run_requests(cb, reqs[:4], 3)
-    cb.close()
-    fake = FakeBackend()
-    cb = CachedBackend(fake, tmp_path / "c")
-    def no_threads(*args, **kwargs):
-        raise AssertionError("a fully cached stage started the threads")
-
-    monkeypatch.setattr(runner, "map_concurrent", no_threads)
-    progress = Counting()
-    assert runner.run_requests(cb, reqs[:4], 3, progress) == expected
-    assert fake.calls == 0 and (progress.done, progress.hits) == (4, 4)
-    monkeypatch.undo()
-    progress = Counting()
-    out = runner.run_requests(cb, reqs, 3, progress)
-    assert out[:4] == expected and [c.cached for c in out] == [True] * 4 + [False] * 2
-    assert fake.calls == 2 and (progress.done, progress.hits) == (6, 4)
-    assert cb.stats.hits == 8 and cb.stats.calls == 2
     cb.close()

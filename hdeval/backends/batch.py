@@ -1,7 +1,7 @@
 """The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price.
 
 :func:`hdeval.judge.fill_matrix` knows every request of a scoring stage before it sends one;
-when its LLM has a ``prefetch`` method (a :class:`BatchCachedBackend`, which ``open_llm`` makes
+when its LLM client has a batch strategy (a :class:`BatchStrategy`, which ``open_llm`` makes
 for ``--batch``), the uncached ones are first written as JSONL (``custom_id`` = the cache key,
 ``body`` = what the chat completions call would send), uploaded to ``/v1/files`` (purpose
 ``batch``), run as one ``/v1/batches`` job per chunk within the API's limits (50,000 requests
@@ -39,7 +39,6 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx2
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache import CachedBackend
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
 
@@ -68,14 +67,17 @@ _RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
 _MAX_DETAIL = 200
 
 
+MIN_POLL = 1.0  # a job takes minutes to hours: polling faster only loads the server
+
+
 def poll_interval() -> float:
-    """Seconds between status checks: ``$HDEVAL_BATCH_POLL_INTERVAL`` or 30."""
+    """Seconds between status checks: ``$HDEVAL_BATCH_POLL_INTERVAL`` (at least ``MIN_POLL``) or 30."""
     raw = os.environ.get(POLL_ENV, "")
     try:
         value = float(raw)
     except ValueError:
         return DEFAULT_POLL
-    return value if 0 <= value < 86_400 else DEFAULT_POLL
+    return max(value, MIN_POLL) if 0 <= value < 86_400 else DEFAULT_POLL
 
 
 def _one_line(text: str) -> str:
@@ -366,7 +368,7 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
 # ----------------------------------------------------------------------------- the backend
 @dataclass
 class BatchReport:
-    """What the last :meth:`BatchCachedBackend.prefetch` did."""
+    """What the last :meth:`BatchStrategy.prefetch` did."""
 
     submitted: int = 0  # requests sent in new jobs (resubmissions included)
     resumed: list[str] = field(default_factory=list)  # ids of jobs found running from an earlier process
@@ -375,64 +377,116 @@ class BatchReport:
     left: int = 0  # requests with no result after every round (sent through the normal API)
 
 
-class BatchCachedBackend(CachedBackend):
-    """A :class:`CachedBackend` that fills the cache through the Batch API before a stage.
+class BatchStrategy:
+    """The Batch API as the client's strategy for a stage's uncached requests.
 
-    ``inner`` is an :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`: it builds
-    each request body (``_params``) and reads each result (``_parse``) exactly as for a normal
-    call, so a batched reply is cached exactly as a normal one would be. Requests the batch
-    left without a result are sent the normal way by :meth:`complete`.
+    :meth:`CachedBackend.acomplete_many <hdeval.cache.CachedBackend.acomplete_many>` hands it
+    the misses; it runs them as batch jobs (in a worker thread: the jobs file, the lock and the
+    polling are synchronous) and commits each result through the client's one writer, under
+    the key a normal call would use. ``inner`` (an
+    :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`) builds each body (``_params``)
+    and reads each result (``_parse``) exactly as for a normal call. What the batch leaves
+    without a result is sent the normal way by the client.
     """
 
-    def __init__(self, inner: Backend, cache_dir: str | Path, max_calls: int | None = None, *,
-                 api: BatchAPI, poll: float | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(inner, cache_dir, max_calls)
+    def __init__(self, inner: Backend, cache_dir: str | Path, config: Any = None, *, api: BatchAPI | None = None,
+                 poll: float | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.inner = inner
+        self.identity = inner.identity
+        self.cache_dir = Path(cache_dir)
+        if api is None:
+            from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY
+
+            url = (getattr(config, "base_url", None) or _sdk_url(inner) or OPENAI_BASE_URL).strip()
+            key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
+            api = BatchAPI(url, key, display_url=getattr(inner, "shown_url", None),
+                           timeout=getattr(config, "timeout", 60.0), max_retries=getattr(config, "max_retries", 6))
         self.api = api
         self.poll = poll_interval() if poll is None else poll
         self.sleep = sleep
-        self.state_path = Path(cache_dir) / STATE_FILE
+        self.state_path = self.cache_dir / STATE_FILE
         self.last = BatchReport()
-        self._fresh: set[str] = set()  # keys the batch just filled: not "cache hits" when read
+        self._client: Any = None
+        self._loop: Any = None
+        self._halt: list | None = None
+        self._received: dict[str, Completion] = {}
 
     def close(self) -> None:
-        try:
-            self.api.close()
-        finally:
-            super().close()
+        self.api.close()
 
-    def _bulk_skip(self, key: str) -> bool:
-        return key in self._fresh  # paid for through the batch: complete() says so, not a hit
+    async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Progress | None = None,
+                       halt: list | None = None) -> dict[str, Completion]:
+        """Get the requests of ``want`` (key -> request, none of them cached) into the cache
+        through batch jobs; the replies received, by key (paid for, not cache hits)."""
+        import asyncio
 
-    def complete(self, request: CompletionRequest) -> Completion:
-        key = self.key(request)
-        if key in self._fresh:
-            self._fresh.discard(key)
-            got = self._read(key)
-            if got is not None:
-                return got  # paid for through the batch (counted then), not a cache hit
-        return super().complete(request)
+        self._client, self._loop, self._halt, self._received = client, asyncio.get_running_loop(), halt, {}
+        await self._loop.run_in_executor(None, self._stage, want, progress or Progress())
+        return self._received
+
+    async def tidy(self, client: Any, progress: Progress | None = None) -> None:
+        """With nothing to submit: drop jobs whose requests are all answered (unless another
+        process holds the batch lock: it tidies up itself)."""
+        import asyncio
+
+        if not self.state_path.exists():
+            return
+        self._client, self._received = client, {}
+
+        def run() -> None:
+            try:
+                with batch_lock(self.cache_dir):
+                    self._drop_answered({}, progress or Progress())
+            except CacheError:
+                pass
+
+        await asyncio.get_running_loop().run_in_executor(None, run)
+
+    def _read(self, key: str) -> Completion | None:
+        return self._received.get(key) or self._client._read(key)
+
+    def _save(self, key: str, completion: Completion) -> None:
+        """Count and commit one result through the client's writer (from the worker thread)."""
+        import asyncio
+
+        async def paid() -> None:
+            self._client._reserved += 1
+            self._client.stats.add(completion)
+            await self._client.commit(key, completion)
+
+        asyncio.run_coroutine_threadsafe(paid(), self._loop).result()
+        self._received[key] = completion
+
+    def _wait(self) -> None:
+        """Sleep until the next status check; an interrupt of the caller ends the wait."""
+        end = time.monotonic() + self.poll
+        while True:
+            if self._halt:
+                raise KeyboardInterrupt
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.sleep(min(left, 0.5))
+
+    def _stage(self, want: dict[str, CompletionRequest], progress: Progress) -> BatchReport:
+        report = self.last = BatchReport()
+        with batch_lock(self.cache_dir):
+            self._drop_answered(want, progress)
+            # a batch another process ended just before this one took the lock cached these already
+            want = {k: r for k, r in want.items() if self._read(k) is None}
+            return self._prefetch(want, report, progress) if want else report
+
+    def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
+        """Jobs no request of this stage needs whose every request is answered (by a run
+        without --batch since): nothing left to collect, so out of batches.json."""
+        for job in read_jobs(self.state_path):
+            if job.identity == self.identity and not any(k in want for k in job.keys) \
+                    and all(self._read(k) is not None for k in job.keys):
+                self._record(job, drop=True)
+                progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
+                                 f"already; dropped from {self.state_path}")
 
     # -- the stage ----------------------------------------------------------------------
-    def prefetch(self, requests: Sequence[CompletionRequest], progress: Progress | None = None) -> BatchReport:
-        """Get every uncached request of ``requests`` into the cache through batch jobs."""
-        progress = progress or Progress()
-        report = self.last = BatchReport()
-        want: dict[str, CompletionRequest] = {}
-        for r in requests:
-            k = self.key(r)
-            if k not in want and self._read(k) is None:
-                want[k] = r
-        if not want:
-            return report
-        with batch_lock(self.cache_dir):
-            try:
-                # a batch another process ended just before this one took the lock cached these already
-                want = {k: r for k, r in want.items() if self._read(k) is None}
-                return self._prefetch(want, report, progress) if want else report
-            finally:
-                self.flush()  # every result committed before another process may take the lock
-
     def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport, progress: Progress) -> BatchReport:
         for round_ in range(RESUBMIT_ROUNDS + 1):
             jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
@@ -466,14 +520,14 @@ class BatchCachedBackend(CachedBackend):
         return report
 
     def _check_budget(self, n: int) -> None:
-        if self.max_calls is None:
+        limit = self._client.max_calls
+        if limit is None:
             return
-        with self._lock:
-            left = self.max_calls - self._reserved
+        left = limit - self._client._reserved
         if n > left:
             raise BudgetExceeded(
                 f"--batch would submit {n} new requests, more than the {max(0, left)} left under --max-calls "
-                f"{self.max_calls}: every finished call is cached; rerun with a higher limit to continue")
+                f"{limit}: every finished call is cached; rerun with a higher limit to continue")
 
     def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
         logprobs_ok = getattr(self.inner, "logprobs_supported", True)
@@ -542,7 +596,7 @@ class BatchCachedBackend(CachedBackend):
                     self._collect(job, status, want, report)
                     pending.remove(job)
             if pending:
-                self.sleep(self.poll)
+                self._wait()
 
     def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest],
                  report: BatchReport) -> None:
@@ -553,7 +607,14 @@ class BatchCachedBackend(CachedBackend):
             file_id = status.get(name)
             if file_id is None or file_id == "":
                 continue
-            for n, line in enumerate(self._lines(_check_id(file_id, name)), 1):
+            try:
+                file_id = _check_id(file_id, name)
+            except BackendError as exc:
+                # never into a URL; the job has nothing else to give: out of batches.json, so the
+                # next run is not stuck on it, and its requests are asked again
+                unreadable.append(str(exc))
+                continue
+            for n, line in enumerate(self._lines(file_id), 1):
                 problem = self._take(line, keys, seen, want, report, f"{name.split('_')[0]} file line {n}")
                 if problem:
                     unreadable.append(problem)
@@ -613,14 +674,6 @@ class BatchCachedBackend(CachedBackend):
             report.failures[key] = f"{where}: {_one_line(str(exc))[:120] or 'not a chat completion'}"
             return None
         self._save(key, completion)
-        with self._lock:
-            self._reserved += 1
-            self.stats.calls += 1
-            self.stats.prompt_tokens += completion.prompt_tokens
-            self.stats.completion_tokens += completion.completion_tokens
-            if completion.prompt_tokens_evaluated is not None:
-                self.stats.prompt_tokens_evaluated += completion.prompt_tokens_evaluated
-        self._fresh.add(key)
         report.received += 1
         return None
 
@@ -678,18 +731,10 @@ def check_batch(inner: Backend, model: str | None) -> None:
                           f"another server), not --llm {model}")
 
 
-def open_batch(inner: Backend, config: Any, cache_dir: str | Path) -> BatchCachedBackend:
-    """The ``--batch`` backend for ``config`` (an LLMConfig) over ``inner`` (checked by
-    :func:`check_batch`)."""
-    from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY
-
-    check_batch(inner, config.model)
-    # the server the backend talks to (an injected backend's when the config names none)
-    url = (config.base_url or inner.base_url or OPENAI_BASE_URL).strip()
-    key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
-    api = BatchAPI(url, key, display_url=inner.base_url, timeout=config.timeout, max_retries=config.max_retries)
-    return BatchCachedBackend(inner, cache_dir, config.max_calls, api=api)
+def _sdk_url(inner: Any) -> str | None:
+    """The server an injected backend talks to (with its credentials and query, which go to the
+    server and never into a message)."""
+    return getattr(inner, "_url", None) or getattr(inner, "base_url", None)
 
 
-__all__ = ["BatchAPI", "BatchCachedBackend", "BatchReport", "Job", "check_batch", "open_batch", "read_jobs",
-           "write_jobs"]
+__all__ = ["BatchAPI", "BatchReport", "BatchStrategy", "Job", "check_batch", "read_jobs", "write_jobs"]

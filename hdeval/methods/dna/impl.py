@@ -44,11 +44,10 @@ from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
-from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
+from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix, score_pair
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
-from hdeval.runner import map_concurrent
 from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
@@ -407,16 +406,13 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             def propose(p: PairSample):
                 req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
                                  "k": str(settings.k)}, 600, json_mode=True)
-                try:
-                    return ask_json(llm, req, validate_aspects(settings.k), _feedback), None
-                except UnusableReply as exc:
-                    return None, f"aspects: {exc}"
+                return req, validate_aspects(settings.k), _feedback
 
             if progress is not None:
                 progress.message(f"asking for {settings.k} aspects per pair ({len(pairs)} pairs)")
-            for p, (got, why) in zip(pairs, map_concurrent(propose, pairs, concurrency)):
-                if got is None:
-                    fail(p.id, why)
+            for p, got in zip(pairs, ask_json_many(llm, [propose(p) for p in pairs], concurrency)):
+                if isinstance(got, UnusableReply):
+                    fail(p.id, f"aspects: {got}")
                 else:
                     aspects[p.id] = got
         else:
@@ -426,19 +422,14 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
         def weigh(p: PairSample):
             specs = aspects[p.id]
-            keys = [s.key for s in specs]
-            req = weights_request(tpl_w, task, p, specs)
-            try:
-                return ask_json(llm, req, validate_weights(keys), _feedback), None
-            except UnusableReply as exc:
-                return None, f"weights: {exc}"
+            return weights_request(tpl_w, task, p, specs), validate_weights([s.key for s in specs]), _feedback
 
         with_aspects = [p for p in pairs if p.id in aspects]
         if progress is not None:
             progress.message(f"asking for aspect weights ({len(with_aspects)} pairs)")
-        for p, (got, why) in zip(with_aspects, map_concurrent(weigh, with_aspects, concurrency)):
-            if got is None:
-                fail(p.id, why)
+        for p, got in zip(with_aspects, ask_json_many(llm, [weigh(p) for p in with_aspects], concurrency)):
+            if isinstance(got, UnusableReply):
+                fail(p.id, f"weights: {got}")
             else:
                 weights[p.id] = got
 
