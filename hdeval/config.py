@@ -17,6 +17,10 @@ from hdeval.errors import ConfigError
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 6
 DEFAULT_CONCURRENCY = 8
+# A request that takes longer than this is not coming: an "inf" or 1e10 timeout is a typo
+MAX_TIMEOUT = 3600.0
+MAX_RETRIES = 100
+MAX_CONCURRENCY = 1024
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,16 @@ class LLMConfig:
         return cls(**{k: v for k, v in options.items() if v is not None or k in ("model", "base_url")})
 
     def validate(self) -> None:
+        """The one check of the LLM options (the CLI, the Python API and benchmark all build an
+        LLMConfig): a one-line ConfigError naming the option."""
         checks = [
             (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
-            (self.timeout > 0, f"--timeout must be positive, got {self.timeout}"),
+            (self.concurrency <= MAX_CONCURRENCY, f"--concurrency must be at most {MAX_CONCURRENCY}, got {self.concurrency}"),
+            (0 < self.timeout <= MAX_TIMEOUT,  # NaN fails too
+             f"--timeout must be above 0 and at most {MAX_TIMEOUT:g} seconds, got {self.timeout:g}"),
             (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
-            (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
+            (self.max_retries <= MAX_RETRIES, f"--max-retries must be at most {MAX_RETRIES}, got {self.max_retries}"),
+            (self.max_calls is None or self.max_calls >= 0, f"--max-calls must be 0 or more, got {self.max_calls}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from hdeval.aggregate import KINDS
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
-from hdeval.config import LLMConfig
+from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.errors import ConfigError, DataError, HdevalError
 from hdeval.llm import open_llm
@@ -42,9 +42,10 @@ class TrainConfig:
     aggregator: str = "auto"  # lr | dt | rf | nn | auto
     llm: str | None = None  # see hdeval.backends.factory.resolve_llm
     base_url: str | None = None  # OpenAI-compatible server, e.g. http://localhost:8000/v1
-    timeout: float = 60.0  # seconds per LLM request
-    max_retries: int = 6  # retries per LLM request on 429/5xx/timeouts
-    concurrency: int = 8  # LLM requests in flight
+    # the LLM settings as LLMConfig declares them (llm_config() builds it; it validates them)
+    timeout: float = DEFAULT_TIMEOUT
+    max_retries: int = DEFAULT_MAX_RETRIES
+    concurrency: int = DEFAULT_CONCURRENCY
     cache_dir: str | None = None  # default: HDEVAL_CACHE_DIR or the per-user cache dir
     seed: int = 0  # split, model and CV randomness
     test_frac: float = 0.5  # share of samples held out for testing
@@ -82,13 +83,9 @@ class TrainConfig:
             (self.layers >= 1, f"--layers must be at least 1, got {self.layers}"),
             (self.children >= 1, f"--children must be at least 1, got {self.children}"),
             (self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}"),
-            (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
             (self.aggregator in KINDS + ("auto",),
              f"unknown aggregator {self.aggregator!r}: choose from {', '.join(KINDS)} or auto"),
             (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
-            (self.timeout > 0, "--timeout must be positive"),
-            (self.max_calls is None or self.max_calls >= 0, "--max-calls must be 0 or more"),
-            (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
             # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
             (0 <= self.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED}, got {self.seed}"),
             (self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}"),
@@ -96,6 +93,7 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        llm_config(self).validate()
         if self.decompose_base_url and not self.decompose_llm:
             raise ConfigError("--decompose-base-url needs --decompose-llm MODEL (the model that server runs)")
         for name, value in (("--tree", self.tree), ("--decompose-llm", self.decompose_llm)):

@@ -237,9 +237,13 @@ def llm_options(f):
     f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None,
                      help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
                           "http://localhost:11434/v1 (Ollama).")(f)
-    f = click.option("--concurrency", default=8, show_default=True, type=int, help="LLM requests in flight.")(f)
-    f = click.option("--timeout", default=60.0, show_default=True, type=float, help="Seconds per LLM request.")(f)
-    f = click.option("--max-retries", default=6, show_default=True, type=int,
+    from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+
+    f = click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, type=int,
+                     help="LLM requests in flight.")(f)
+    f = click.option("--timeout", default=DEFAULT_TIMEOUT, show_default=True, type=float,
+                     help="Seconds per LLM request.")(f)
+    f = click.option("--max-retries", default=DEFAULT_MAX_RETRIES, show_default=True, type=int,
                      help="Retries per request on 429/5xx/timeouts.")(f)
     f = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False),
                      help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.")(f)
@@ -301,17 +305,11 @@ def load_artifact(path: str):
 
 
 def _check_llm_options(*, concurrency: int, timeout: float, max_retries: int, max_calls: int | None) -> None:
-    """The LLM options of ``apply`` and ``explain`` (``train`` checks its own in TrainConfig)."""
-    from hdeval.errors import ConfigError
+    """The LLM options of ``apply`` and ``explain``, checked before any file is read: by
+    LLMConfig's one validator."""
+    from hdeval.config import LLMConfig
 
-    for ok, msg in (
-        (concurrency >= 1, f"--concurrency must be at least 1, got {concurrency}"),
-        (timeout > 0, f"--timeout must be positive, got {timeout}"),
-        (max_retries >= 0, f"--max-retries must be 0 or more, got {max_retries}"),
-        (max_calls is None or max_calls >= 0, f"--max-calls must be 0 or more, got {max_calls}"),
-    ):
-        if not ok:
-            raise ConfigError(msg)
+    LLMConfig(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls).validate()
 
 
 def _from_command_line(name: str) -> bool:
