@@ -85,6 +85,12 @@ def _one_line(text: str) -> str:
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
 
+def _shown_url(url: str) -> str:
+    from hdeval.urls import public_url
+
+    return (public_url(url) or "").rstrip("/")
+
+
 def _check_id(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         shown = _one_line(repr(value))[:60]
@@ -102,13 +108,16 @@ class BatchAPI:
     def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None, timeout: float = 60.0,
                  max_retries: int = 6, backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.display_url = display_url or base_url
+        self.display_url = display_url or _shown_url(base_url)
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._sleep = sleep
         self._key = api_key
+        from hdeval.backends.openai_compat import Redactor
+
+        self._redactor = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
         self._client = httpx2.Client(
             base_url=base_url.rstrip("/") + "/",
             headers={"Authorization": f"Bearer {api_key}"},
@@ -257,9 +266,7 @@ class BatchAPI:
             return _one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
 
     def _redact(self, text: str) -> str:
-        if self._key and len(self._key) >= 4:
-            text = text.replace(self._key, "***")
-        return text
+        return self._redactor(text)
 
 
 class _Transient(Exception):

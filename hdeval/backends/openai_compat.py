@@ -59,6 +59,7 @@ PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key bu
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
+POOL_SIZE = 8  # requests in flight per SDK client (see OpenAICompatBackend.client)
 # Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
 KIND_HEADER = "X-Hdeval-Kind"
 KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
@@ -395,7 +396,8 @@ class OpenAICompatBackend:
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         self._logprobs_supported = True  # False (never back) once the server rejects logprobs
         self._schema_supported = True  # likewise for response_format json_schema
-        self._sdk: Any = None  # made on the loop, on first use
+        self._sdks: list[Any] = []  # made on the loop, on first use
+        self._turn = 0
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
@@ -411,18 +413,27 @@ class OpenAICompatBackend:
         return self._schema_supported
 
     def client(self) -> openai.AsyncOpenAI:
-        """The SDK client (on the loop that calls it; its connections belong to that loop)."""
-        if self._sdk is None:
-            http = http_client(self.timeout, self._proxy, self.max_reply_bytes, max(self.concurrency, 8))
-            common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
-                                          http_client=http, default_headers=self._headers)
-            if self._azure:
-                query = {k: v for k, v in self._query.items() if k != "api-version"}
-                self._sdk = openai.AsyncAzureOpenAI(base_url=self._sdk_url, api_version=self._query["api-version"],
-                                                    default_query=query or None, **common)
-            else:
-                self._sdk = openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None, **common)
-        return self._sdk
+        """An SDK client (on the loop that calls it; its connections belong to that loop).
+
+        One client per ``POOL_SIZE`` requests in flight, taken in turn: httpcore's pool looks at
+        every connection it holds on each request (a socket check per idle one), which at 64
+        connections in one pool cost more CPU than the rest of a call."""
+        if not self._sdks:
+            shards = -(-self.concurrency // POOL_SIZE)
+            for _ in range(shards):
+                http = http_client(self.timeout, self._proxy, self.max_reply_bytes, POOL_SIZE)
+                common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
+                                              http_client=http, default_headers=self._headers)
+                if self._azure:
+                    query = {k: v for k, v in self._query.items() if k != "api-version"}
+                    self._sdks.append(openai.AsyncAzureOpenAI(
+                        base_url=self._sdk_url, api_version=self._query["api-version"], default_query=query or None,
+                        **common))
+                else:
+                    self._sdks.append(openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None,
+                                                         **common))
+        self._turn = (self._turn + 1) % len(self._sdks)
+        return self._sdks[self._turn]
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
@@ -448,15 +459,15 @@ class OpenAICompatBackend:
                 self._schema_supported = False
 
     def close(self) -> None:
-        """Close the SDK client's connections."""
-        if self._sdk is not None:
+        """Close the SDK clients' connections."""
+        if self._sdks:
             from hdeval import aio
 
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
-        if self._sdk is not None:
-            sdk, self._sdk = self._sdk, None
+        sdks, self._sdks = self._sdks, []
+        for sdk in sdks:
             await sdk.close()
 
     # -- the request ------------------------------------------------------------------------
@@ -534,10 +545,9 @@ class OpenAICompatBackend:
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
         try:
-            response = await asyncio.wait_for(
-                self.client().post("/chat/completions", content=body, cast_to=httpx2.Response,
-                                   options={"headers": dict(headers)} if headers else {}),
-                self.timeout)
+            async with _deadline(self.timeout):
+                response = await self.client().post("/chat/completions", content=body, cast_to=httpx2.Response,
+                                                    options={"headers": dict(headers)} if headers else {})
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
@@ -617,6 +627,23 @@ class OpenAICompatBackend:
             # the server reports prompt tokens it served from its prompt cache
             prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
         )
+
+
+if hasattr(asyncio, "timeout"):
+    _deadline = asyncio.timeout
+else:  # Python 3.10: the same bound, one task more per call
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def _deadline(seconds: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)  # type: ignore[union-attr]
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise asyncio.TimeoutError() from None
+        finally:
+            handle.cancel()
 
 
 def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
