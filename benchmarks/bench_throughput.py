@@ -13,60 +13,17 @@ thread, the cache writes and the final flush on close included), and the 1-minut
     python benchmarks/bench_throughput.py                      # c in 1 8 64, L in 50 200 ms
     python benchmarks/bench_throughput.py --concurrency 64 --latency-ms 50 --requests 3000
 
-Results. Before and after issue #15's second round, in one interleaved run (for each row the
-base checkout 148ffb8, then this one, each with this script; 2 cores shared with three other
-engineers, load average in the table; 3,000 requests per run, 100 at c = 1; the client CPU
-per call is the steadier figure):
-
-| c | L ms | before calls/s (ratio) | after calls/s (ratio) | before CPU ms/call | after CPU ms/call | load average |
-|---|---|---|---|---|---|---|
-| 1 | 50 | 17.5 (0.88) | 17.9 (0.90) | 3.27 | 1.93 | 5.4 / 5.2 |
-| 8 | 50 | 131.8 (0.82) | 145.3 (0.91) | 1.88 | 0.65 | 5.4 / 4.9 |
-| 64 | 50 | 439.7 (0.34) | 950.2 (0.74) | 2.05 | 0.51 | 5.2 / 5.1 |
-| 1 | 200 | 4.8 (0.97) | 4.9 (0.97) | 3.21 | 1.60 | 4.4 / 4.0 |
-| 8 | 200 | 38.6 (0.96) | 39.0 (0.97) | 1.87 | 0.57 | 3.6 / 3.5 |
-| 64 | 200 | 279.5 (0.87) | 298.9 (0.93) | 1.42 | 0.52 | 3.5 / 3.5 |
-
-Other runs of the final code at c = 64, L = 50 ms: 940-1,025 calls/s (0.74-0.80), 0.36-0.53 ms
-CPU per call, at load 4-7. The issue's targets (>= 0.9 x c/L up to c = 64 at 200 ms, >= 0.5 at
-c = 64, 50 ms) are met. (At c = 1 the CPU per call includes opening the cache and the
-connection, spread over only 100 calls, and a commit per call.) The first round (the ``openai``
-SDK replaced by posting pre-built JSON through httpx2, cache writes moved to one batched
-writer) had taken c = 64, L = 50 ms from 246 to 495 calls/s and 3.1 to 1.8-2.4 ms per call.
-
-What the second round changed, in the order the profiles (py-spy's GIL view and yappi's CPU
-clock, c = 64, L = 50 ms) pointed at it:
-
-1. httpx2/httpcore2/h11 -> the standard library's ``http.client`` on pooled keep-alive
-   connections: 0.56 -> 0.15 ms CPU per request, single-threaded against this server.
-2. The per-attempt thread that enforced the whole-request deadline (66 us to start and join
-   a thread, plus GIL hand-offs) -> one process-wide watchdog that shuts overdue sockets.
-3. The cache writer woke every thread waiting for its previous reply's commit on every queued
-   reply (one condition for all): a quarter of the GIL samples. Now the writer is woken alone,
-   and each waiting thread by its own commit.
-4. tenacity's ``Retrying`` per call -> a plain loop with the same policy (25 -> 9 us per call).
-5. ``fill_matrix`` looks its batch up in bulk (``CachedBackend.lookahead``): each cache key is
-   computed once and the requests found missing skip their per-call store read.
-6. ``map_concurrent`` without a future per item (28 -> 6.5 us per item).
-
-Where it saturates now: the process is CPU-bound at about 0.4-0.5 ms per call, so on a free core
-the ceiling is ~2,000-2,500 calls/s; with the server answering at once (L = 1 ms, load 7) c = 64
-and c = 128 reached 1,330-1,570 calls/s. At c = 64, L = 50 ms the GIL is held only part of the
-time, and what keeps the ratio near 0.75 rather than 1 is latency added to each call: 64
-threads and the writer waking up on 2 loaded cores, and each thread waiting for its previous
-reply's commit (the rule that keeps every finished call on disk) before its next call. Where
-the GIL time goes (py-spy, c = 64): ``http.client`` writing requests and parsing replies
-(headers through ``email.parser``) ~30%, the cache writer's commits and wake-ups ~25%, JSON
-encoding of the ~2.5 KB prompt (the body, and the cache key) ~15%, dispatch ~5%.
-Single-threaded per call: HTTP 0.15 ms, cache key 13 us, saving a reply ~25 us, retry loop and
-watchdog ~10 us. The next levers would be one selector-driven I/O thread for all connections
-(no GIL hand-off per socket call) and a leaner HTTP response parser; neither is needed for the
-targets.
+With ``--baseline REV`` each row is run twice, interleaved: first with the hdeval of git
+revision REV (extracted to a temporary directory, in a subprocess), then with this checkout,
+e.g. ``--baseline b877c61`` for the hand-written ``http.client`` transport the asyncio client
+(AsyncOpenAI + tenacity) replaced. Figures and their load averages go in the commit message
+that changes the client, not here.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -77,7 +34,8 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # this checkout's hdeval, not an installed one
+ROOT_ENV = "HDEVAL_BENCH_ROOT"  # (--baseline) the hdeval tree the subprocess imports
+sys.path.insert(0, os.environ.get(ROOT_ENV) or str(HERE.parent))  # this checkout's hdeval, not an installed one
 
 from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
 from hdeval.config import LLMConfig  # noqa: E402
@@ -131,7 +89,7 @@ class LatencyServer:
         return f"{self.url}/lat/{latency_ms:g}/v1"
 
     def cpu(self) -> float:
-        return _cpu_seconds(self.proc.pid)
+        return _cpu_seconds(self.proc.pid) if self.proc is not None else float("nan")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -170,7 +128,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=1000, help="unique requests per run (c > 1)")
     p.add_argument("--requests-c1", type=int, default=100,
                    help="unique requests per run at c = 1 (1,000 at 200 ms would take 200 s)")
+    p.add_argument("--baseline", metavar="REV", help="also run each row with the hdeval of git revision REV")
+    p.add_argument("--one", nargs=4, type=float, metavar=("C", "L", "N", "OFFSET"), help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.one:  # a row in a subprocess (--baseline), against the parent's server
+        c, latency, n, offset = args.one
+        server = LatencyServer.__new__(LatencyServer)
+        server.url, server.proc = args.server, None
+        print(json.dumps(run_one(server, int(c), latency, int(n), int(offset))))
+        return
+    baseline = _extract(args.baseline) if args.baseline else None
     server = LatencyServer()
     rows = []
     offset = 0
@@ -181,13 +149,37 @@ def main(argv: list[str] | None = None) -> None:
         for latency in args.latency_ms:
             for c in args.concurrency:
                 n = args.requests_c1 if c == 1 else args.requests
-                r = run_one(server, c, latency, n, offset)
+                runs = []
+                if baseline is not None:
+                    runs.append((args.baseline, _in_subprocess(baseline, server, c, latency, n, offset)))
+                    offset += n
+                runs.append(("this", run_one(server, c, latency, n, offset)))
                 offset += n
-                rows.append(r)
-                print(f"| {c} | {latency:g} | {n} | {r['rate']:.1f} | {r['ideal']:.0f} | {r['ratio']:.2f} "
-                      f"| {r['cpu_ms']:.2f} | {r['server_cpu_ms']:.2f} | {_load()} |", flush=True)
+                for label, r in runs:
+                    rows.append(r)
+                    print(f"| {c} | {latency:g} | {n} | {r['rate']:.1f} | {r['ideal']:.0f} | {r['ratio']:.2f} "
+                          f"| {r['cpu_ms']:.2f} | {r['server_cpu_ms']:.2f} | {_load()} |"
+                          + (f" {label}" if baseline is not None else ""), flush=True)
     finally:
         server.stop()
+        if baseline is not None:
+            shutil.rmtree(baseline, ignore_errors=True)
+
+
+def _extract(rev: str) -> str:
+    """The ``hdeval`` package of git revision ``rev``, in a temporary directory."""
+    root = tempfile.mkdtemp(prefix="hdeval-baseline-")
+    archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "hdeval"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+    return root
+
+
+def _in_subprocess(root: str, server: "LatencyServer", c: int, latency: float, n: int, offset: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--one", str(c), str(latency), str(n), str(offset),
+                          "--server", server.url], env={**os.environ, ROOT_ENV: root}, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
