@@ -183,17 +183,6 @@ def _reqs(n: int):
             for i in range(n)]
 
 
-class Counting:
-    """Progress that records what it was told."""
-
-    def __init__(self):
-        self.done = self.hits = 0
-
-    def advance(self, n=1, cached=False):
-        self.done += n
-        self.hits += n if cached else 0
-
-
 def test_unusable_and_expired_entries_are_asked_again_and_warned_about_once(tmp_path):
     import sqlite3
 
