@@ -33,9 +33,11 @@ def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
     """
     from hdeval.data import read_samples, write_jsonl
     from hdeval.methods.paireval import export_training, history_fields
+    from hdeval.run.output import check_output
     from hdeval.tasks import load_task
 
     def go() -> None:
+        check_output(out, [data, task])
         t = load_task(task)
         history_fields(t)
         samples = read_samples(data, t, require_scores=False)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hdeval.errors import ConfigError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
-from hdeval.run.output import OutputWriter, output_format
+from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.shards import SHARD_FIELD, parse_shard, shard_chunks, shard_of
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
@@ -170,6 +170,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    check_output(output, [input_file, artifact if isinstance(artifact, (str, Path)) else None])
     which = parse_shard(shard) if shard is not None else None
     fmt = output_format(output)
     if which is not None and fmt != "jsonl":

@@ -10,7 +10,7 @@ import re
 from typing import Iterator
 
 from hdeval.errors import ConfigError, DataError
-from hdeval.run.output import OutputWriter, output_format
+from hdeval.run.output import OutputWriter, check_output, output_format
 
 #: The field ``apply --shard`` adds to each row for ``merge-shards`` (which removes it again).
 SHARD_FIELD = "shard"
@@ -109,6 +109,7 @@ class ShardFile:
 
 def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int, int]:
     """Join the shard outputs into ``output`` in input order, atomically; (rows, N)."""
+    check_output(output, list(shards), option="OUTPUT")
     fmt = output_format(output)
     files = [ShardFile(p) for p in shards]
     gens = [f.rows() for f in files]
