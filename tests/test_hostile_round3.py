@@ -116,3 +116,105 @@ def test_item4_data_import_and_merge_shards_refuse_their_inputs(toy_artifact: Pa
     shard_text = part.read_bytes()
     one_error(run("merge-shards", part, part), "input")
     assert part.read_bytes() == shard_text
+
+
+# ---------------------------------------------------------------- item 5: merge-shards checks the set
+@pytest.fixture
+def shard_run(toy_artifact: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(part1, part2, the unsharded output) of one input scored by one artifact."""
+    data = new_samples(tmp_path)
+    cache = tmp_path / "c"
+    assert run("apply", toy_artifact, data, "-o", tmp_path / "all.jsonl", "--cache-dir", cache).exit_code == 0
+    parts = []
+    for k in (1, 2):
+        part = tmp_path / f"part{k}.jsonl"
+        assert run("apply", toy_artifact, data, "--shard", f"{k}/2", "-o", part, "--cache-dir", cache).exit_code == 0
+        parts.append(part)
+    return parts[0], parts[1], tmp_path / "all.jsonl"
+
+
+def merge_refused(tmp_path: Path, *shards, fragment: str) -> None:
+    out = tmp_path / "merged.jsonl"
+    out.write_text("previous\n")
+    one_error(run("merge-shards", out, *shards), fragment)
+    assert out.read_text() == "previous\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]
+
+
+def test_item5_a_complete_set_merges_into_exactly_the_unsharded_rows(shard_run, tmp_path: Path) -> None:
+    p1, p2, whole = shard_run
+    result = run("merge-shards", tmp_path / "m.jsonl", p2, p1)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "m.jsonl").read_bytes() == whole.read_bytes()  # the closing records are dropped
+    assert "merged 18 rows of 2 shard(s)" in result.stderr
+
+
+def test_item5_an_empty_shard_of_a_failed_run_is_refused(shard_run, tmp_path: Path) -> None:
+    p1, p2, _ = shard_run
+    failed = tmp_path / "failed.jsonl"
+    failed.write_text("")  # `> part2.jsonl` of a run that died before writing
+    merge_refused(tmp_path, p1, failed, fragment="empty")
+
+
+def test_item5_dev_null_as_a_shard_is_refused(shard_run, tmp_path: Path) -> None:
+    p1, _, _ = shard_run
+    merge_refused(tmp_path, p1, "/dev/null", fragment="not a regular file")
+
+
+def test_item5_a_shard_missing_its_last_row_is_refused(shard_run, tmp_path: Path) -> None:
+    p1, p2, _ = shard_run
+    lines = p2.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:-2] + lines[-1:]))  # last scored row gone, closing record kept
+    merge_refused(tmp_path, p1, cut, fragment="closing record says")
+    cut.write_text("".join(lines[:-1]))  # cut short: no closing record
+    merge_refused(tmp_path, p1, cut, fragment="no closing record")
+
+
+def test_item5_shards_of_two_artifacts_or_inputs_are_refused(shard_run, toy, tmp_path: Path) -> None:
+    p1, p2, _ = shard_run
+    task, data = toy
+    other = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="dt",
+                  cache_dir=str(tmp_path / "train-cache")).save(tmp_path / "art2")
+    q2 = tmp_path / "other2.jsonl"
+    assert run("apply", other, tmp_path / "new.jsonl", "--shard", "2/2", "-o", q2,
+               "--cache-dir", tmp_path / "c").exit_code == 0
+    merge_refused(tmp_path, p1, q2, fragment="different artifacts")
+    edited = new_samples(tmp_path, name="edited.jsonl")
+    edited.write_text(edited.read_text() + "\n")  # same samples, another file
+    r2 = tmp_path / "edited2.jsonl"
+    assert run("apply", tmp_path / "art", edited, "--shard", "2/2", "-o", r2,
+               "--cache-dir", tmp_path / "c").exit_code == 0
+    merge_refused(tmp_path, p1, r2, fragment="different inputs")
+
+
+def test_item5_a_crafted_shard_count_does_not_allocate(shard_run, tmp_path: Path) -> None:
+    p1, _, _ = shard_run
+    *rows, closing = [json.loads(line) for line in p1.read_text().splitlines()]
+    big = 10**15
+    crafted = write_jsonl(tmp_path / "big.jsonl", [{**r, "shard": {**r["shard"], "n": big}} for r in rows]
+                          + [{"shard": {**closing["shard"], "n": big}}])
+    merge_refused(tmp_path, crafted, fragment="not a shard")
+    # within the bound, a huge N with two files names a few missing shards without listing all
+    n = 999_999_999
+    within = write_jsonl(tmp_path / "n.jsonl", [{"shard": {**closing["shard"], "k": 1, "n": n, "rows": 0}}])
+    merge_refused(tmp_path, within, fragment="missing")
+
+
+# ---------------------------------------------------------------- item 11: input lines are bounded
+def test_item11_apply_reads_dev_zero_with_a_bound(toy_artifact: Path, tmp_path: Path,
+                                                  fake_calls: list[int]) -> None:
+    one_error(run("apply", toy_artifact, "/dev/zero", "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c"),
+              "/dev/zero", "line 1", "longer than")
+    assert fake_calls == [] and not (tmp_path / "s.jsonl").exists()
+
+
+def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    import hdeval.data as data_mod
+
+    monkeypatch.setattr(data_mod, "MAX_LINE_BYTES", 4096)
+    data = new_samples(tmp_path)
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:2]) + "[" * 10_000 + "\n" + "".join(lines[2:]))
+    one_error(run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c"),
+              str(data), "line 3", "longer than")

@@ -12,11 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from hdeval.errors import ConfigError
+from hdeval.errors import ConfigError, DataError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
-from hdeval.run.shards import SHARD_FIELD, parse_shard, shard_chunks, shard_of
+from hdeval.run.shards import (
+    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
+)
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
 CHUNK_ENV = "HDEVAL_APPLY_CHUNK"
@@ -124,18 +126,20 @@ def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -
 
 def _input_tasks(path: str) -> set[str]:
     """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+    from hdeval.data import bounded_lines
+
     found: set[str] = set()
     try:
         with open(path, encoding="utf-8") as fh:
-            for line in fh:
+            for line in bounded_lines(fh, path):
                 try:
                     row = json.loads(line)
                 except ValueError:
                     continue
                 if isinstance(row, dict) and isinstance(row.get("task"), str):
                     found.add(row["task"])
-    except (OSError, UnicodeDecodeError):
-        pass
+    except (OSError, UnicodeDecodeError, DataError):
+        pass  # the reading pass reports a bad file
     return found
 
 
@@ -191,6 +195,10 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
                           "criteria and their importance: hdeval report)")
     total, mine = _count(input_file, ev, size, which)
+    closing = None
+    if which is not None:
+        closing = closing_record(which[0], which[1], mine, file_sha256(input_file),
+                                 artifact_sha256(artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)))
     other = sorted(_input_tasks(input_file) - {ev.task.name})
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
@@ -230,6 +238,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
                 summary.add(samples, res)
+            if closing is not None:
+                out.write([closing], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:

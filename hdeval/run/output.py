@@ -126,12 +126,14 @@ class OutputWriter:
     def __exit__(self, *exc: Any) -> None:
         self.discard()
 
-    def write(self, rows: list[dict]) -> None:
+    def write(self, rows: list[dict], counted: bool = True) -> None:
+        """Append rows; ``counted=False`` for a line that is not a scored row (a shard's closing
+        record), left out of :attr:`rows`."""
         if self.output == "-":
             for r in rows:
                 sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
             sys.stdout.flush()
-            self.rows += len(rows)
+            self.rows += len(rows) if counted else 0
             return
         try:
             for r in rows:
@@ -141,7 +143,7 @@ class OutputWriter:
                 self._fh.write(json.dumps(r, ensure_ascii=False) + "\n")
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self.rows += len(rows)
+        self.rows += len(rows) if counted else 0
 
     def commit(self) -> None:
         """Put the output in place (the one moment the destination changes)."""
