@@ -218,3 +218,43 @@ def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_p
     data.write_text("".join(lines[:2]) + "[" * 10_000 + "\n" + "".join(lines[2:]))
     one_error(run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c"),
               str(data), "line 3", "longer than")
+
+
+# ---------------------------------------------------------------- item 7: apply's failure rate
+@pytest.fixture
+def refusing_server():
+    from llm_server import FaultServer, Reply
+
+    with FaultServer(lifetime=120) as s:
+        s.default = lambda req: Reply.error(400, "this request was refused by the content policy")
+        yield s
+
+
+@pytest.mark.parametrize("how", ["refused", "too large"])
+def test_item7_apply_whose_every_request_fails_exits_non_zero(how: str, refusing_server, toy_artifact: Path,
+                                                               tmp_path: Path) -> None:
+    from llm_server import Reply
+
+    if how == "too large":
+        refusing_server.default = lambda req: Reply.huge(80 << 20)
+    data = new_samples(tmp_path, n_docs=2)
+    out = tmp_path / "s.jsonl"
+    out.write_text("previous\n")
+    args = ["apply", toy_artifact, data, "-o", out, "--cache-dir", tmp_path / "c", "--llm", "test-model",
+            "--base-url", refusing_server.url, "--max-retries", "0"]
+    line = one_error(run(*args, env={"OPENAI_API_KEY": "sk-test"}), "could not be read", "--max-failure-rate")
+    assert "100%" in line and refusing_server.calls > 0
+    assert out.read_text() == "previous\n"  # no imputed scores in place of the old results
+    # the user may accept it knowingly: every score imputed, and the rate said at the end
+    result = run(*args, "--max-failure-rate", "1", env={"OPENAI_API_KEY": "sk-test"})
+    assert result.exit_code == 0, result.output
+    assert "failed LLM-filled scores:" in result.stderr and "(100.0%" in result.stderr
+
+
+def test_item7_apply_prints_its_failure_rate_and_checks_the_option(toy_artifact: Path, tmp_path: Path) -> None:
+    data = new_samples(tmp_path, n_docs=2)
+    result = run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    assert "failed LLM-filled scores: 0 of " in result.stderr
+    one_error(run("apply", toy_artifact, data, "-o", tmp_path / "t.jsonl", "--max-failure-rate", "1.5"),
+              "--max-failure-rate must be between 0 and 1")

@@ -31,10 +31,13 @@ def _echo_err(text: str) -> None:
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
 @click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
+@click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
+              help="Fail, writing nothing, when a larger share of the LLM-filled scores cannot be read "
+                   "(requests refused, replies too large or not understood).")
 @llm_options
 @batch_option
 def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet: bool, explain: bool, top: int,
-          llm: str | None, base_url: str | None,
+          max_failure_rate: float, llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None, batch: bool) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
@@ -61,7 +64,7 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
             res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
                              base_url=base_url, concurrency=concurrency, timeout=timeout,
                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                             batch=bool(batch), llm_given=_from_command_line("llm"),
+                             batch=bool(batch), max_failure_rate=max_failure_rate, llm_given=_from_command_line("llm"),
                              base_url_given=_from_command_line("base_url"), confirm=common._confirm(),
                              progress=progress, notify=_echo_err)
         finally:
@@ -69,6 +72,8 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
         u = res.usage
         click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
                    f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
+        click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
+                   f"threshold {max_failure_rate:.0%})", err=True)
         if res.agreement:
             click.echo(f"agreement with the human labels in the input: {json.dumps(res.agreement)}", err=to_stdout)
         if res.correlations is not None:

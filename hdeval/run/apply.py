@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from hdeval.errors import ConfigError, DataError
+from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
@@ -154,12 +154,34 @@ class ApplyResult:
     usage: dict = field(default_factory=dict)
     agreement: dict | None = None
     correlations: dict | None = None
+    failed: int = 0  # LLM-filled cells (sample x column) that could not be read
+    cells: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.cells if self.cells else 0.0
+
+
+def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
+    """(cells that failed, cells, an example reason) of one chunk's LLM-filled columns."""
+    import numpy as np
+
+    m = res.criteria
+    keys = [k for k in needed if k in m.criterion_keys] or list(m.criterion_keys)
+    values = m.columns(keys)
+    failed = int(np.isnan(values).sum())
+    example = None
+    if failed and m.failures:
+        f = m.failures[0]
+        example = f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"
+    return failed, int(values.size), example
 
 
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
                concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6, cache_dir: str | None = None,
-               max_calls: int | None = None, batch: bool = False, llm_given: bool | None = None,
+               max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
                progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
@@ -169,11 +191,16 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     and written a chunk at a time. A failure or stop leaves no output and an existing file
     untouched; finished LLM calls are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
-    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``."""
+    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``.
+    More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
+    too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
+    read as real ones."""
     from hdeval.data import iter_task_chunks
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {max_failure_rate}")
     check_output(output, [input_file, artifact if isinstance(artifact, (str, Path)) else None])
     which = parse_shard(shard) if shard is not None else None
     fmt = output_format(output)
@@ -212,6 +239,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     else:
         notify(f"{count}; method {ev.method}: {len(needed)} LLM-filled column(s) per sample")
     summary = _Summary()
+    failed = cells = 0
+    example: str | None = None
     n_chunks = max(1, math.ceil(mine / size))
     chunk_progress = _ChunkProgress(progress or Progress())
     with OutputWriter(output, fmt) as out:
@@ -238,12 +267,20 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
                 summary.add(samples, res)
+                f, c, e = _failed_cells(res, needed)
+                failed, cells, example = failed + f, cells + c, example or e
             if closing is not None:
                 out.write([closing], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
                 backend.close()
+        if cells and failed / cells > max_failure_rate:
+            raise ScoringError(
+                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+                "that were read are cached; check the LLM or raise --max-failure-rate")
         out.commit()
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=summary.correlations())
+                       agreement=summary.agreement(), correlations=summary.correlations(),
+                       failed=failed, cells=cells)
