@@ -258,3 +258,72 @@ def test_item7_apply_prints_its_failure_rate_and_checks_the_option(toy_artifact:
     assert "failed LLM-filled scores: 0 of " in result.stderr
     one_error(run("apply", toy_artifact, data, "-o", tmp_path / "t.jsonl", "--max-failure-rate", "1.5"),
               "--max-failure-rate must be between 0 and 1")
+
+
+# ---------------------------------------------------------------- item 6: a planted SQLite object is refused
+PLANTED = {
+    "trigger": ("CREATE TRIGGER poison AFTER INSERT ON Cache BEGIN UPDATE Cache SET value = "
+                "'{\"text\":\"5\"}' WHERE rowid = NEW.rowid; END", "trigger 'poison'"),
+    "trigger under diskcache's name": (
+        "DROP TRIGGER Settings_count_insert; CREATE TRIGGER Settings_count_insert AFTER INSERT ON Cache "
+        "BEGIN DELETE FROM Cache WHERE rowid = NEW.rowid; END", "trigger 'Settings_count_insert'"),
+    "view": ("CREATE VIEW replies AS SELECT key, value FROM Cache", "view 'replies'"),
+    "table": ("CREATE TABLE stolen (key TEXT)", "table 'stolen'"),
+    "index": ("CREATE INDEX by_value ON Cache (value)", "index 'by_value'"),
+}
+
+
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_item6_a_cache_with_a_planted_sqlite_object_is_refused_and_named(kind: str, toy_artifact: Path,
+                                                                         tmp_path: Path, fake_calls) -> None:
+    import sqlite3
+
+    cache = tmp_path / "shared-cache"
+    data = new_samples(tmp_path, n_docs=2)
+    assert run("apply", toy_artifact, data, "-o", tmp_path / "a.jsonl", "--cache-dir", cache).exit_code == 0
+    assert run("cache", "check", "--cache-dir", cache).exit_code == 0  # as the cache made it: clean
+    sql, name = PLANTED[kind]
+    con = sqlite3.connect(cache / "cache.db")
+    con.executescript(sql)
+    con.close()
+    paid = len(fake_calls)
+    more = new_samples(tmp_path, n_docs=4, name="more.jsonl")
+    one_error(run("apply", toy_artifact, more, "-o", tmp_path / "b.jsonl", "--cache-dir", cache),
+              str(cache / "cache.db"), name, "cache repair")
+    assert len(fake_calls) == paid and not (tmp_path / "b.jsonl").exists()  # nothing paid into it
+    check = run("cache", "check", "--cache-dir", cache)
+    assert check.exit_code == 1 and name in check.stdout and "never creates" in check.stderr
+    # the way out the message gives works: the readable entries in a fresh database
+    assert run("cache", "repair", "--cache-dir", cache).exit_code == 0
+    assert run("cache", "check", "--cache-dir", cache).exit_code == 0
+
+
+# ---------------------------------------------------------------- item 13: read-only cache, read-only commands
+def test_item13_check_and_stats_on_read_only_storage(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    import sqlite3
+
+    cache = tmp_path / "ro-cache"
+    data = new_samples(tmp_path, n_docs=2)
+    assert run("apply", toy_artifact, data, "-o", tmp_path / "a.jsonl", "--cache-dir", cache).exit_code == 0
+    entries = int(run("cache", "stats", "--cache-dir", cache).stdout.split(": ")[1].split()[0])
+    assert entries > 0
+    real_connect, real_access = sqlite3.connect, os.access
+
+    def connect(database, *a, **kw):  # what SQLite says for a WAL database on a read-only mount
+        if str(cache) in str(database) and "immutable=1" not in str(database):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(database, *a, **kw)
+
+    def access(path, mode, *a, **kw):
+        if str(path).startswith(str(cache)) and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *a, **kw)
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    monkeypatch.setattr(os, "access", access)
+    check = run("cache", "check", "--cache-dir", cache)
+    assert check.exit_code == 0, check.output
+    assert "damaged" not in check.output and f"{entries} readable" in check.stdout
+    stats = run("cache", "stats", "--cache-dir", cache)
+    assert stats.exit_code == 0, stats.output
+    assert "cannot write" not in stats.output and f"{entries} entries" in stats.stdout
