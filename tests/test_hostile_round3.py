@@ -327,3 +327,33 @@ def test_item13_check_and_stats_on_read_only_storage(toy_artifact: Path, tmp_pat
     stats = run("cache", "stats", "--cache-dir", cache)
     assert stats.exit_code == 0, stats.output
     assert "cannot write" not in stats.output and f"{entries} entries" in stats.stdout
+
+
+# ---------------------------------------------------------------- item 9: deeply nested replies
+@pytest.mark.parametrize("body", ["bare", "as content", "as json content"])
+def test_item9_a_reply_of_brackets_is_a_recorded_failure_not_a_traceback(body: str, refusing_server,
+                                                                         toy_artifact: Path, tmp_path: Path) -> None:
+    from llm_server import Reply
+
+    brackets = "[" * 200_000
+    refusing_server.default = {
+        "bare": lambda req: Reply.raw(brackets.encode()),
+        "as content": lambda req: Reply.ok(brackets),
+        "as json content": lambda req: Reply.ok("{" + brackets + "}"),
+    }[body]
+    data = new_samples(tmp_path, n_docs=1)
+    result = run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c",
+                 "--llm", "test-model", "--base-url", refusing_server.url, "--max-retries", "0",
+                 env={"OPENAI_API_KEY": "sk-test"})
+    assert isinstance(result.exception, SystemExit) or result.exception is None, result.exception
+    assert "Traceback" not in result.output and "RecursionError" not in result.output
+    assert result.exit_code != 0  # nothing readable: past the failure threshold, one line
+    one_error(result)
+
+
+def test_item9_json_extraction_is_bounded() -> None:
+    from hdeval.judge import extract_json
+
+    for text in ("{" + "[" * 200_000 + "}", "{" + '{"a":' * 100_000 + "1" + "}" * 100_001):
+        with pytest.raises(ValueError):
+            extract_json(text)
