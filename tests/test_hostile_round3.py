@@ -357,3 +357,63 @@ def test_item9_json_extraction_is_bounded() -> None:
     for text in ("{" + "[" * 200_000 + "}", "{" + '{"a":' * 100_000 + "1" + "}" * 100_001):
         with pytest.raises(ValueError):
             extract_json(text)
+
+
+# ---------------------------------------------------------------- item 8: lone surrogates in criterion text
+LONE = "\ud800"
+
+
+def test_item8_a_tree_file_with_a_lone_surrogate_is_one_line(toy, tmp_path: Path) -> None:
+    task, data = toy
+    crit = lambda key, definition: {"key": key, "name": key.title(), "definition": definition,  # noqa: E731
+                                    "parent": None, "layer": 1}
+    tree = tmp_path / "tree.json"
+    # json.dumps writes the surrogate as the escape "\ud800", as a hostile file would
+    tree.write_text(json.dumps({"criteria": [crit("clarity", f"How clear{LONE} it is."),
+                                             crit("accuracy", "How accurate it is.")]}), encoding="utf-8")
+    result = run("train", "--task", task, "--data", data, "--llm", "fake", "--aggregator", "lr", "-q",
+                 "--cache-dir", tmp_path / "c", "--tree", tree, "--layers", "2", "-o", tmp_path / "art")
+    one_error(result, str(tree), "criteria[0].definition", "lone surrogate")
+    assert not (tmp_path / "art").exists()
+
+
+def test_item8_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusable(toy, tmp_path: Path) -> None:
+    from hdeval.backends.base import Completion
+    from hdeval.backends.fake import RESPONDERS, FakeBackend
+    from hdeval.errors import HdevalError
+
+    task, data = toy
+
+    def decompose(request, fake):  # the escape as a model writes it in its JSON reply
+        return Completion('{"subcriteria": [{"key": "a", "name": "A", "definition": "Bad \\ud800 text."},'
+                          ' {"key": "b", "name": "B", "definition": "Fine text."}]}')
+
+    fake = FakeBackend(responders={**RESPONDERS, "decompose": decompose})
+    with pytest.raises(HdevalError) as caught:  # not UnicodeEncodeError from the cache key
+        train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr", backend=fake,
+              cache_dir=str(tmp_path / "c"))
+    assert "lone surrogate" in str(caught.value)
+    retries = [r for r in fake.requests if r.kind == "decompose" and len(r.messages) > 2]
+    assert retries and all("lone surrogate" in r.messages[-1].content for r in retries)  # said what to fix
+
+
+def test_item8_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(tmp_path: Path) -> None:
+    from test_dna import RESPONDERS, _responders
+    from test_apply_stream import _pairs
+
+    from hdeval.backends.base import Completion
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.errors import ScoringError
+
+    def aspects(request, fake):
+        items = [{"name": f"aspect {i}" + ("\\ud800" if i == 0 else ""), "definition": "How good it is."}
+                 for i in range(4)]
+        return Completion(json.dumps({"aspects": items}).replace("\\\\ud800", "\\ud800"))
+
+    assert RESPONDERS  # the real responders answer every other kind
+    fake = FakeBackend(responders=_responders(dna_aspects=aspects))
+    data = write_jsonl(tmp_path / "pairs.jsonl", _pairs())
+    with pytest.raises(ScoringError) as caught:
+        train(task="faireval", data=str(data), method="dna", llm="fake", backend=fake,
+              cache_dir=str(tmp_path / "c"), method_options={"aspect_source": "dynamic"})
+    assert "lone surrogate" in str(caught.value) and "could not be judged" in str(caught.value)
