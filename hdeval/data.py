@@ -103,7 +103,8 @@ def iter_samples(
     the file is still checked, and the :class:`DataError` listing every bad line is raised at
     the end, as :func:`read_samples` raises it."""
     if task.shape != "pointwise":
-        raise ConfigError(f"task {task.name} is {task.shape}: read its data with read_pairs")
+        raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
+                          "reads single responses: use a pointwise task (see `hdeval tasks`)")
     path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
     errors: list[str] = []

@@ -417,3 +417,40 @@ def test_item8_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(t
         train(task="faireval", data=str(data), method="dna", llm="fake", backend=fake,
               cache_dir=str(tmp_path / "c"), method_options={"aspect_source": "dynamic"})
     assert "lone surrogate" in str(caught.value) and "could not be judged" in str(caught.value)
+
+
+# ---------------------------------------------------------------- item 15: messages that say what to do
+def test_item15_export_training_on_a_pairwise_task_says_what_to_pass(tmp_path: Path) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"id": "p1", "doc_id": "q1", "source": "q", "output_a": "a",
+                                                      "output_b": "b", "label": "a"}])
+    line = one_error(run("paireval", "export-training", "--data", corpus, "--task", "faireval",
+                         "-o", tmp_path / "pairs.jsonl"), "--task dailydialog_grade")
+    assert "read_pairs" not in line and not (tmp_path / "pairs.jsonl").exists()
+
+
+@pytest.mark.parametrize("model, fragment", [("/dev/zero", "not a regular file"), ("DIR", "is a directory"),
+                                             ("NOTGGUF", "not a GGUF model file"),
+                                             ("/nonexistent.gguf", "not found")])
+def test_item15_llamacpp_says_what_is_wrong_with_the_model_path(model: str, fragment: str, toy,
+                                                                tmp_path: Path) -> None:
+    from hdeval.paths import check_model_file
+    from hdeval.errors import ConfigError
+
+    if model == "DIR":
+        model = str(tmp_path)
+    elif model == "NOTGGUF":
+        model = str(tmp_path / "weights.gguf")
+        Path(model).write_bytes(b"\x00" * 64)
+    with pytest.raises(ConfigError, match=fragment):
+        check_model_file(Path(model))
+    task, data = toy
+    line = one_error(run("train", "--task", task, "--data", data, "--llm", f"llamacpp:{model}", "--aggregator",
+                         "lr", "--layers", "1", "--cache-dir", tmp_path / "c", "-o", tmp_path / "art"))
+    assert model in line
+    try:
+        from hdeval.backends.factory import local_runtime
+
+        local_runtime()
+    except ConfigError:
+        return  # no llama.cpp runtime installed: that is what the line says first
+    assert fragment in line
