@@ -57,5 +57,5 @@ def check_model_file(path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
-        raise ConfigError(f"{path} is not a GGUF model file (it does not start with 'GGUF'): --llm llamacpp: "
-                          "needs a llama.cpp model in GGUF format")
+        raise ConfigError(f"cannot load GGUF model {path}: not a GGUF model file (it does not start with 'GGUF'); "
+                          "--llm llamacpp: needs a llama.cpp model in GGUF format")
