@@ -25,8 +25,9 @@ def _echo_err(text: str) -> None:
                    "end (parquet holds the scored rows in memory until then).")
 @click.option("--shard", default=None, metavar="K/N",
               help="Score only shard K of N (by a stable hash of each sample's id, the same on every "
-                   "machine); rows carry a 'shard' field; join the N outputs with `hdeval merge-shards`. "
-                   "Needs -o FILE.jsonl or -o -.")
+                   "machine); rows carry a 'shard' field and the last line is a closing record (row count, "
+                   "the input's and the artifact's sha256); join the N outputs with `hdeval merge-shards`, "
+                   "which checks them. Needs -o FILE.jsonl or -o -.")
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
@@ -96,7 +97,8 @@ def merge_shards(output: str, shards: tuple[str, ...]) -> None:
     the 'shard' field: the same rows an unsharded apply writes. OUTPUT is .jsonl, .csv or
     .parquet (by extension) or - for JSONL on stdout, written atomically. Refused, writing
     nothing: a shard missing or given twice, files of different N, an id in two files, a row
-    not written by apply --shard.
+    not written by apply --shard, a file without its closing record (empty, cut short, not a
+    regular file) or whose row count differs from it, shards of different inputs or artifacts.
 
     \b
     Example:
