@@ -201,7 +201,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {max_failure_rate}")
-    check_output(output, [input_file, artifact if isinstance(artifact, (str, Path)) else None])
+    check_output(output, [input_file])
     which = parse_shard(shard) if shard is not None else None
     fmt = output_format(output)
     if which is not None and fmt != "jsonl":
@@ -216,6 +216,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
             notify(f"warning: {w}")
     else:
         ev = artifact
+    # after loading: a directory that is no artifact is reported as that, not as an output clash
+    check_output(output, [artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)])
     if explain and ev.method != "hdeval":
         raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
     if explain and ev.task.shape == "pairwise":
