@@ -274,7 +274,7 @@ def import_cmd(
     """
     from hdeval.run.output import check_output
 
-    check_output(out, [file, task_name])
+    check_output(out, [file, task_name if task_name.endswith(".toml") else None])
     task = load_task(task_name)
     columns = ColumnMap(
         id=id_col,

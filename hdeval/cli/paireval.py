@@ -38,7 +38,7 @@ def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
     from hdeval.tasks import load_task
 
     def go() -> None:
-        check_output(out, [data, task])
+        check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
         t = load_task(task)
         if t.shape != "pointwise":
             raise ConfigError(f"--task {task} judges pairs of responses; export-training builds pairs from a "
