@@ -155,4 +155,6 @@ def test_a_request_rejection_is_still_one_cells_failure_through_the_client(serve
     server.plan(Reply.error(413, "too large"))
     cb = CachedBackend(OpenAICompatBackend("m", base_url=server.url, api_key=KEY, max_retries=0), None)
     got = cb.complete_many([req("a"), req("b")], keep_rejected=True)
-    assert isinstance(got[0], RequestRejected) and got[1].text == "4"
+    rejected = [g for g in got if isinstance(g, RequestRejected)]  # either may get the planned 413
+    assert len(rejected) == 1 and "HTTP 413" in str(rejected[0])
+    assert [g.text for g in got if not isinstance(g, RequestRejected)] == ["4"]
