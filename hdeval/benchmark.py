@@ -303,7 +303,7 @@ def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray
 
 
 def agreement_w_ties(y: np.ndarray, p: np.ndarray) -> float:
-    """:func:`hdeval.methods.dna.impl.agreement`'s ``w_ties`` on label codes (see
+    """:func:`hdeval.metrics.pair_agreement`'s ``w_ties`` on label codes (see
     :func:`pair_arrays`): accuracy over the labelled pairs with a prediction."""
     y, p = np.asarray(y, float).ravel(), _as2d(p)
     ok = np.isfinite(y) & np.isfinite(p[:, 0])
@@ -387,7 +387,7 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
     """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
     (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
 
     if entry not in METHODS:
         raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
@@ -465,7 +465,7 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         merged = {**opts, **fixed}
         try:
             if base == "dna":
-                from hdeval.methods.base import get_method
+                from hdeval.methods.registry import get_method
                 from hdeval.methods.dna.impl import Settings
 
                 o = {k: v.default for k, v in get_method("dna").options.items()} | merged
@@ -622,7 +622,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
 def check_shapes(spec: BenchmarkSpec) -> str:
     """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
     error before anything is read or called."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
     shape = load_task(spec.task).shape
@@ -775,7 +775,7 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
 
 def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
                      seed: int) -> dict[str, Any]:
-    from hdeval.methods.dna.impl import agreement
+    from hdeval.metrics import pair_agreement as agreement
 
     m = fitted.metrics
     return {

@@ -3,8 +3,8 @@
 A :class:`Method` fits on the training split and returns a :class:`Fitted` evaluator; a fitted
 evaluator scores new samples with an LLM and writes its state into an artifact directory. The
 artifact module (``hdeval.artifact``) owns the directory, manifest, checksums and safe loading;
-a method only says which files it writes and how it reads them back. ``METHODS`` is a plain
-registry from the name recorded in the manifest to the method.
+a method only says which files it writes and how it reads them back. The registry
+(:mod:`hdeval.methods.registry`) sits above the methods: it finds them and loads artifacts.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class FitContext:
         given = self.config.method_options or {}
         if name in given:
             return given[name]
-        return get_method(self.config.method).options[name].default
+        return METHODS[self.config.method].options[name].default
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,15 @@ class Method:
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
     editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
     options: Mapping[str, Option] = field(default_factory=dict)
+    # the dry run: (run options, prepared data, injected backend or None) -> one LayerPlan per
+    # layer or stage, without calling the LLM; None: the method has no plan
+    plan: Callable[[Any, Any, Any], list] | None = None
+    # run options of TrainConfig only this method reads (e.g. "tree"): given to another method,
+    # they are an error rather than silently ignored
+    run_options: tuple[str, ...] = ()
+    # before any data is read or call made: (run options, task) -> what the method keeps in
+    # Prepared.given (e.g. a checked starting tree), or None
+    prepare: Callable[[Any, "Task"], Any] | None = None
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(self.options))
@@ -194,46 +203,9 @@ class Method:
             )
 
 
+# name -> method, filled by hdeval.methods.registry (which imports the methods; this module
+# never does, so a method can import its base without a circle)
 METHODS: dict[str, Method] = {}
-
-
-def register(method: Method) -> Method:
-    METHODS[method.name] = method
-    return method
-
-
-def get_method(name: str) -> Method:
-    _load_builtin()
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}"
-        ) from None
-
-
-def method_names() -> list[str]:
-    _load_builtin()
-    return sorted(METHODS)
-
-
-def _load_builtin() -> None:
-    # The built-in methods register themselves on import. Their packages hold registration
-    # only (implementations load when a method is used), so `hdeval --help` stays light.
-    import hdeval.methods.direct  # noqa: F401
-    import hdeval.methods.dna  # noqa: F401
-    import hdeval.methods.hdeval  # noqa: F401
-    import hdeval.methods.paireval  # noqa: F401
-
-
-def all_options() -> dict[str, tuple[Option, list[str]]]:
-    """Every method-specific option, with the methods that take it (for the CLI)."""
-    _load_builtin()
-    out: dict[str, tuple[Option, list[str]]] = {}
-    for name in sorted(METHODS):
-        for opt_name, opt in METHODS[name].options.items():
-            out.setdefault(opt_name, (opt, []))[1].append(name)
-    return out
 
 
 def check_shape(method: Method, task: "Task") -> None:

@@ -45,6 +45,7 @@ from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _feedback, _one_line, _read_cot, _read_pair,
                                        _read_pair_weighted, _side, validate_aspects, validate_weights)
@@ -152,39 +153,6 @@ def weighted_totals(scores_a: Sequence[float], scores_b: Sequence[float],
     """The external weighted sum of each response's aspect scores (weights sum to 1)."""
     w = np.asarray(weights, float)
     return float(np.dot(w, np.asarray(scores_a, float))), float(np.dot(w, np.asarray(scores_b, float)))
-
-
-def agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
-    """The paper's two numbers on labelled pairs, plus confusion counts.
-
-    ``w_ties``: 3-way accuracy over the pairs with a prediction. ``wo_ties``: accuracy on the
-    pairs whose human label is not a tie, the prediction forced to a or b (``pred_ab``; equal
-    totals give no side and count as a miss). Pairs without a prediction (failures) are left out
-    of both and counted in ``failed``.
-    """
-    confusion: dict[str, dict[str, int]] = {}
-    n = hit = n_ab = hit_ab = failed = 0
-    for h, p, q in zip(human, pred, pred_ab):
-        if h is None:
-            continue
-        confusion.setdefault(h, {})
-        key = p if p is not None else "failed"
-        confusion[h][key] = confusion[h].get(key, 0) + 1
-        if p is None:
-            failed += 1
-            continue
-        n += 1
-        hit += p == h
-        if h != "tie":
-            n_ab += 1
-            hit_ab += q == h
-    return {
-        "w_ties": round(hit / n, 6) if n else None,
-        "wo_ties": round(hit_ab / n_ab, 6) if n_ab else None,
-        "n": n, "n_wo_ties": n_ab, "failed": failed,
-        "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
-    }
 
 
 # ----------------------------------------------------------------------------- learned
@@ -825,10 +793,10 @@ def plan_dna(config, prep, backend=None) -> list:
     the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
     unusable JSON replies are not counted.
     """
-    from hdeval.methods.base import get_method
-    from hdeval.train import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.dna import METHOD
+    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
 
-    opts = {**{k: o.default for k, o in get_method("dna").options.items()}, **(config.method_options or {})}
+    opts = {**{k: o.default for k, o in METHOD.options.items()}, **(config.method_options or {})}
     settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
                         tie_margin=opts["tie_margin"], swap=opts["swap"],
                         logprobs=opts["logprob_scores"]).check()

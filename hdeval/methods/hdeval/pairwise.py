@@ -31,6 +31,7 @@ from hdeval.classify import (
 )
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
 from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
@@ -44,15 +45,6 @@ MODEL = "classifier.skops"
 SCORES = "scores.csv"
 METRICS = "metrics.json"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
-
-
-# ----------------------------------------------------------------------------- agreement
-def agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
-    """The paper's two numbers plus confusion counts (the same definition as ``--method dna``)."""
-    from hdeval.methods.dna.impl import agreement as dna_agreement
-
-    return dna_agreement(human, pred, pred_ab)
 
 
 # ----------------------------------------------------------------------------- scoring both sides
