@@ -193,25 +193,16 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
         size = chunk_size()
         to_stdout = output == "-"
         ev = load_artifact(artifact)
-        if explain and ev.method != "hdeval":
-            raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
-        if explain and ev.task.shape == "pairwise":
-            raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
-                              "criteria and their importance: hdeval report)")
+        refusal = ev.explain_refusal(artifact) if explain else None
+        if refusal:
+            raise ConfigError(refusal)
         total, mine = _count(input_file, ev, size, which)
         other = sorted(_input_tasks(input_file) - {ev.task.name})
         if other:
             click.echo(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
                        f"trained on task {ev.task.name}; its scores will mean little there", err=True)
-        needed = ev.columns_needed()
         count = f"{mine} samples" if which is None else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
-        if ev.method == "hdeval":
-            per = ev.calls_per_sample() if hasattr(ev, "calls_per_sample") else len(needed)  # pairs: 2 per criterion
-            click.echo(f"{count}, {len(needed)} of {len(ev.feature_keys)} criteria used by the "
-                       f"aggregator: {per} LLM calls per sample", err=True)
-        else:
-            click.echo(f"{count}; method {ev.method}: {len(needed)} LLM-filled column(s) "
-                       "per sample", err=True)
+        click.echo(count + ev.cost_line(), err=True)
         summary = _Summary()
         n_chunks = max(1, math.ceil(mine / size))
         progress = _ChunkProgress(TerminalProgress(quiet))  # .inner: a TerminalProgress

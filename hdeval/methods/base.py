@@ -88,6 +88,38 @@ class Saving:
         llm, identity = self.llm, self.llm_identity  # type: ignore[attr-defined]
         return {**llm.to_manifest(), "identity": public_identity(identity, llm.base_url)}
 
+    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
+    reports = False  # `hdeval report` can draw this evaluator (see write_report)
+
+    def artifact_suffix(self) -> str:
+        """What names the default artifact directory ``artifacts/<task>-<suffix>``."""
+        return self.method  # type: ignore[attr-defined]
+
+    def calls_per_sample(self) -> int:
+        """LLM calls scoring one new sample takes (``apply`` prices with it)."""
+        return len(self.columns_needed())  # type: ignore[attr-defined]
+
+    def cost_line(self) -> str:
+        """What ``apply`` says after the sample count about the calls each sample needs."""
+        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"  # type: ignore[attr-defined]
+
+    def summary_line(self) -> str:
+        """The held-out figure after training, in one line."""
+        avg = self.metrics["final"]["average"]  # type: ignore[attr-defined]
+        return f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""
+        return [(self.summary_line(), False), (f"artifact written to {path}", False)]
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
+        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"  # type: ignore[attr-defined]
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
+        raise NotImplementedError
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
@@ -193,6 +225,9 @@ class Method:
     # before any data is read or call made: (run options, task) -> what the method keeps in
     # Prepared.given (e.g. a checked starting tree), or None
     prepare: Callable[[Any, "Task"], Any] | None = None
+    # the suffixes a run may give its default artifact directory artifacts/<task>-<suffix>
+    # (checked before any call); None: the method's name
+    artifact_suffixes: Callable[[Any], tuple[str, ...]] | None = None
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(self.options))

@@ -584,6 +584,14 @@ class DnaEvaluator(Saving):
             rows.append(row)
         return rows
 
+    reports = True
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out)
+        return page, "report.json", lines
+
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""
         t = self.metrics.get("test", {})

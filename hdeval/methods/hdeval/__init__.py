@@ -46,6 +46,12 @@ def _plan(config, prep, backend):
     return plan_hdeval(config, prep, backend)
 
 
+def _artifact_suffixes(config):
+    from hdeval.aggregate import KINDS
+
+    return KINDS if config.aggregator == "auto" else (config.aggregator,)
+
+
 def _load(reader):
     task = reader.manifest.get("task")
     if isinstance(task, dict) and task.get("shape") == "pairwise":
@@ -66,6 +72,7 @@ METHOD = Method(
     editable=("tree.json",),
     plan=_plan,
     prepare=_prepare,
+    artifact_suffixes=_artifact_suffixes,
     run_options=("tree", "decompose_llm"),
     options={
         "scorer": Option("digit", "HD-Eval: how criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "

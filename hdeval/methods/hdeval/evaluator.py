@@ -80,6 +80,10 @@ class TreeEvaluator(Saving):
             extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return extra
 
+    def cost_line(self) -> str:
+        return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
+                f"aggregator: {self.calls_per_sample()} LLM calls per sample")
+
     # ------------------------------------------------------------------ loading
     shape = "pointwise"  # the task shape this evaluator's artifacts have
 
@@ -197,6 +201,25 @@ class Evaluator(TreeEvaluator):
                          score_table)
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
+
+    reports = True
+
+    def artifact_suffix(self) -> str:
+        return self.aggregator.kind
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        return None
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        from hdeval.methods.hdeval.summary import summary_lines
+
+        return summary_lines(self, path)
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.hdeval.report import write_report
+
+        files = write_report(self, out, progress=progress, **options)
+        return files.html, files.json.name, []
 
     # ------------------------------------------------------------------ scoring
     @property

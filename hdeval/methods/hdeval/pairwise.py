@@ -313,9 +313,7 @@ class PairEvaluator(TreeEvaluator):
         self.model = model
         self.kind = kind
 
-    @property
-    def aggregator_kind(self) -> str:
-        return self.kind
+    reports = True
 
     @property
     def classes(self) -> list[str]:
@@ -335,6 +333,19 @@ class PairEvaluator(TreeEvaluator):
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
+
+    def artifact_suffix(self) -> str:
+        return self.kind
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        return (f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
+                "criteria and their importance: hdeval report)")
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out)
+        return page, "report.json", lines
 
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
               progress: Progress | None = None) -> PairHdevalResult:
