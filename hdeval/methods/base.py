@@ -120,6 +120,23 @@ class Saving:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
         raise NotImplementedError
 
+    # ---- held-out figures for `benchmark`, read from the score table without any LLM call
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
+        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")  # type: ignore[attr-defined]
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """Pairwise: variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
+        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")  # type: ignore[attr-defined]
+
+    def fitted_aggregator(self) -> str | None:
+        """The kind of the learned aggregator or classifier (None: nothing learned)."""
+        return None
+
+    def benchmark_record(self) -> dict[str, Any]:
+        """What a benchmark run records besides the shared figures (e.g. criteria per layer)."""
+        return {}
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
@@ -228,6 +245,9 @@ class Method:
     # the suffixes a run may give its default artifact directory artifacts/<task>-<suffix>
     # (checked before any call); None: the method's name
     artifact_suffixes: Callable[[Any], tuple[str, ...]] | None = None
+    # the checks fit makes before its first call, callable without an LLM (benchmark makes them
+    # for every run before the sweep's first call): FitContext -> None, raising HdevalError
+    check_fit: Callable[[FitContext], None] | None = None
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(self.options))

@@ -41,6 +41,12 @@ class DirectEvaluator(SimpleFitted):
 
     method = "direct"
 
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return to_range(test[list(self.task.aspect_keys)].to_numpy(float), self.task)
+
+    def benchmark_record(self) -> dict[str, Any]:
+        return {"criteria": len(self.task.aspects)}  # one question per aspect
+
     @property
     def tree(self) -> CriteriaTree:
         return CriteriaTree.from_aspects(self.task.aspects)

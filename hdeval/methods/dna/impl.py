@@ -586,6 +586,21 @@ class DnaEvaluator(Saving):
 
     reports = True
 
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
+        give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
+        def label(x: Any) -> str | None:  # NaN / None / empty: failed
+            return x if isinstance(x, str) and x in ("a", "b", "tie") else None
+
+        pred = [label(x) for x in test["prediction"]]
+        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
+        out = {"evaluator": (pred, [None if p is None or a == b else ("a" if a > b else "b")
+                                    for p, a, b in zip(pred, ta, tb)])}
+        if "learned_prediction" in test and "learned_prediction_ab" in test:
+            out["learned"] = ([label(x) for x in test["learned_prediction"]],
+                              [label(x) for x in test["learned_prediction_ab"]])
+        return out
+
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.pair_report import write_pair_report
 

@@ -52,6 +52,19 @@ def _artifact_suffixes(config):
     return KINDS if config.aggregator == "auto" else (config.aggregator,)
 
 
+def _check_fit(ctx):
+    if ctx.option("scorer") == "digit":
+        return
+    if ctx.prep.task.shape == "pairwise":
+        from hdeval.errors import ConfigError
+
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({ctx.prep.task.name}): "
+                          "leave hdeval.scorer out")
+    from hdeval.methods.comparisons import hdeval_scorer
+
+    hdeval_scorer(ctx)
+
+
 def _load(reader):
     task = reader.manifest.get("task")
     if isinstance(task, dict) and task.get("shape") == "pairwise":
@@ -73,6 +86,7 @@ METHOD = Method(
     plan=_plan,
     prepare=_prepare,
     artifact_suffixes=_artifact_suffixes,
+    check_fit=_check_fit,
     run_options=("tree", "decompose_llm"),
     options={
         "scorer": Option("digit", "HD-Eval: how criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "

@@ -207,6 +207,18 @@ class Evaluator(TreeEvaluator):
     def artifact_suffix(self) -> str:
         return self.aggregator.kind
 
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return self.aggregator.predict(test[list(self.feature_keys)].to_numpy(float))
+
+    def fitted_aggregator(self) -> str | None:
+        return self.aggregator.kind
+
+    def benchmark_record(self) -> dict[str, Any]:
+        m = self.metrics
+        return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {},
+                "criteria_per_layer": criteria_per_layer(self),
+                "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
+
     def explain_refusal(self, artifact: Any) -> str | None:
         return None
 
@@ -419,3 +431,14 @@ def scores_header(path: Path) -> list[str]:
         return next(csv.reader(io.StringIO(line)))
     except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
         raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+
+
+def criteria_per_layer(fitted: Any) -> dict[str, int]:
+    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
+    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
+    out: dict[str, int] = {}
+    total = 0
+    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
+        total += len(report.get("added") or [])
+        out[str(int(report["layer"]))] = total
+    return out

@@ -337,6 +337,18 @@ class PairEvaluator(TreeEvaluator):
     def artifact_suffix(self) -> str:
         return self.kind
 
+    def fitted_aggregator(self) -> str | None:
+        return self.kind
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
+        from hdeval.classify import predict_labels
+
+        keys = list(self.feature_keys)
+        diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
+        labels, labels_ab = predict_labels(self.model, diff)
+        return {"evaluator": (list(labels), list(labels_ab))}
+
     def explain_refusal(self, artifact: Any) -> str | None:
         return (f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
                 "criteria and their importance: hdeval report)")

@@ -29,6 +29,7 @@ PAIREVAL = Method(
     fit=lambda ctx: _impl().fit_paireval(ctx),
     load=lambda art: _impl().PairEvaluator.from_artifact(art),
     plan=lambda config, prep, backend: _impl().plan_requests(config, prep, backend),
+    check_fit=lambda ctx: _impl().choose_comparisons(ctx),  # the comparison examples can be drawn
     options={
         "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
         "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "

@@ -111,6 +111,13 @@ class PairEvaluator(_Dialogue):
         self.swap = swap
         self.agg = agg
 
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]  # between split and human:
+        return self.agg.predict(test[cols].to_numpy(float))
+
+    def fitted_aggregator(self) -> str | None:
+        return self.agg.kind
+
     def method_args(self) -> dict[str, Any]:
         return {"comparisons": self.n, "swap": self.swap}
 
@@ -290,6 +297,9 @@ class YesNoEvaluator(_Dialogue):
 
     def method_args(self) -> dict[str, Any]:
         return {}
+
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return self.to_range(test[list(self.task.aspect_keys)].to_numpy(float))
 
     def to_range(self, p: np.ndarray) -> np.ndarray:
         lo = np.array([a.low for a in self.task.aspects])
