@@ -17,7 +17,7 @@ SMALL_TEST = 50
 #: Models below this many parameters answer criteria questions barely above chance.
 TINY_PARAMS = 1e9
 
-_SIZE = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)\s*([mMbB])(?![a-zA-Z])")
+_SIZE = re.compile(r"(?<![0-9A-Za-z.])([0-9]+(?:\.[0-9]+)?)([mMbB])(?![0-9A-Za-z])")
 
 
 @dataclass
@@ -49,7 +49,8 @@ class Banner:
 def model_size(identity: str) -> float | None:
     """Parameters named in a model's identity ("SmolLM2-135M" -> 1.35e8), if any."""
     best = None
-    for num, unit in _SIZE.findall(identity or ""):
+    name = (identity or "").split("#")[0]  # after "#" is a file digest: hex, not a size
+    for num, unit in _SIZE.findall(name):
         value = float(num) * (1e6 if unit in "mM" else 1e9)
         best = value if best is None else max(best, value)
     return best
@@ -60,6 +61,10 @@ def llm_line(banner: Banner, identity: str | None) -> None:
     if ident.startswith("fake"):
         banner.add("LLM", f"{ident}: the offline fake LLM answers with seeded noise; these numbers "
                           "test the pipeline and say nothing about any real evaluator", warn=True)
+        return
+    if ident == "local":  # the embedded runtime's default model is the bundled SmolLM2-135M
+        banner.add("LLM", "local: the embedded model (SmolLM2-135M unless another GGUF was given) is for "
+                          "trying the pipeline; expect scores close to chance", warn=True)
         return
     size = model_size(ident)
     if size is not None and size < TINY_PARAMS:
