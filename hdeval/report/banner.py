@@ -112,17 +112,17 @@ def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | 
 
 
 def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[str, float | None],
-                  measure: str) -> None:
+                  measure: str, label: str = "strongest baseline") -> None:
     """The strongest baseline against the evaluator, on the same held-out measure."""
     known = {k: v for k, v in baselines.items() if isinstance(v, (int, float))}
     if not known:
-        banner.add("strongest baseline", "none recorded in this artifact")
+        banner.add(label, "none recorded in this artifact")
         return
     name, value = max(known.items(), key=lambda kv: kv[1])
     if not isinstance(evaluator, (int, float)):
-        banner.add("strongest baseline", f"{name}: {measure} {value:.3f}")
+        banner.add(label, f"{name}: {measure} {value:.3f}")
         return
     diff = evaluator - value
     text = f"{name}: {measure} {value:.3f}; the evaluator {evaluator:.3f} ({diff:+.3f})"
-    banner.add("strongest baseline", text + ("" if diff > 0 else ": the evaluator does not beat it"),
+    banner.add(label, text + ("" if diff > 0 else ": the evaluator does not beat it"),
                warn=diff <= 0)

@@ -119,7 +119,7 @@ def confusion(matrix: Mapping[str, Mapping[str, int]], title: str) -> bytes:
 @styled
 def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLORS[0],
          limit: int = 20, sort: bool = True, reference: Mapping[str, float] | None = None,
-         reference_label: str = "") -> bytes:
+         reference_label: str = "", label: str = "") -> bytes:
     """Horizontal bars (weights, importance, per-aspect differences); ``reference`` adds a
     second bar per name (e.g. the LLM's weight next to the learned share)."""
     plt = pyplot()
@@ -131,7 +131,7 @@ def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLO
     y = list(range(len(items)))
     h = 0.4 if reference else 0.7
     ax.barh([i + (h / 2 if reference else 0) for i in y], [_num(v) for _, v in items], h, color=color,
-            label=xlabel if reference else None)
+            label=(label or xlabel) if reference else None)
     if reference:
         ax.barh([i - h / 2 for i in y], [_num(reference.get(k)) for k, _ in items], h, color=COLORS[1],
                 label=reference_label)
