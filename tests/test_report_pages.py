@@ -225,6 +225,7 @@ def test_benchmark_report_has_html_tables_a_banner_and_no_markdown(data_dir, tmp
                 "--seeds", "1", "--resamples", "20", "--llm", "fake", "--cache-dir", tmp_path / "cache", "-q",
                 "-o", out)
     assert r.exit_code == 0, r.output
+    _url(r.stdout, out / "report.html")
     page = (out / "report.html").read_text(encoding="utf-8")
     md = (out / "results.md").read_text(encoding="utf-8")
     assert "| method |" in md and "|---|" not in page and "| method |" not in page and "<pre>" not in page

@@ -361,7 +361,9 @@ def verdict(ev: "Evaluator", data: Mapping[str, Any]) -> Banner:
              "mean_subtree": "mean of each aspect's subtree"}
     extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
     tables = {names.get(k, k): m.get(k) for k in names} | {str(k): v for k, v in extra.items()}
-    avg = {k: (t.get("average") or {}).get("spearman") for k, t in tables.items() if isinstance(t, Mapping)}
+    # a baseline another version records as one number is taken as its average Spearman
+    avg = {k: (t.get("average") or {}).get("spearman") if isinstance(t, Mapping) else t for k, t in tables.items()
+           if isinstance(t, (Mapping, int, float)) and not isinstance(t, bool)}
     final = ((data["correlations"].get("final_recomputed") or {}).get("average") or {}).get("spearman")
     banner.baseline_line(b, final, avg, "held-out average Spearman")
     return b
