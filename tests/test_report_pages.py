@@ -186,7 +186,7 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     r = run_cli("train", "--task", "faireval", "--data", data, "--method", "dna", "--llm", "fake", "--swap",
                 "--cache-dir", tmp_path / "cache", "--out", art, "-q")
     assert r.exit_code == 0, r.output
-    r = run_cli("report", art, "-o", tmp_path / "rep")
+    r = run_cli("report", art, "-o", tmp_path / "rep", "--cache-dir", tmp_path / "cache")
     assert r.exit_code == 0, r.output
     page_path = tmp_path / "rep" / "report.html"
     _url(r.stdout, page_path)
@@ -214,7 +214,21 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     for aspect in ("helpfulness", "accuracy"):
         assert re.search(rf'<td class="txt">{aspect}</td><td class="num">{table.loc[pid, aspect + ":a"]:.2f}</td>'
                          rf'<td class="num">{table.loc[pid, aspect + ":b"]:.2f}</td>', block)
-    assert "raw replies are not shown in DnA reports" in page
+    # each aspect's raw reply: the one the cache holds for that pair's prompt (A shown first)
+    from hdeval.artifact import load_artifact
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.data import read_pairs
+    from hdeval.methods.dna.impl import AspectSpec, score_request
+
+    ev = load_artifact(art)
+    pair = next(p for p in read_pairs(data, ev.task) if p.id == pid)
+    a = ev.task.aspect("accuracy")
+    reply = FakeBackend().complete(score_request(ev.templates["score"], ev.task, pair,
+                                                 AspectSpec(a.key, a.name, a.definition), False,
+                                                 ev.settings.logprobs)).text
+    assert re.search(rf'<td class="txt">accuracy</td>(<td class="num">[^<]*</td>){{3}}'
+                     rf'<td class="reply">{re.escape(str(escape(reply)))}</td>', block)
+    assert str(escape(HOSTILE)) in block and "Response B" in block
 
 
 # --------------------------------------------------------------------------- benchmark

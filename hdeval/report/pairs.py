@@ -135,17 +135,20 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
         wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
         ids = [str(test["pair_id"][i]) for i in wrong]
         items = _read_pairs(ev, ids, sample_view.data_path(ev, data_file))
-        note = ("raw replies are not shown in DnA reports yet; the per-aspect scores below are what the "
-                "LLM's replies were read as")
         if items is None:
-            note += "; the training data file is not available, so the pairs' text is not shown (--data)"
+            replies = sample_view.Replies(note="the training data file is not available, so the pairs' text "
+                                               "and the raw replies are not shown (give it with --data)")
+        else:
+            replies = sample_view.dna_replies(ev, [items[i] for i in ids if i in items], cache_dir)
+        note = replies.note
         A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
         for i, pid in zip(wrong, ids):
             samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i],
                             "extra": ({"learned verdict": test["learned_prediction"][i]}
                                       if "learned_prediction" in test.columns else {}),
                             "fields": _pair_fields(ev, (items or {}).get(pid)),
-                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j]} for j, k in enumerate(keys)]})
+                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
+                                          "reply": replies.texts.get((pid, k))} for j, k in enumerate(keys)]})
     elif ev.path:
         note = "the artifact holds no scores.csv: no per-pair view"
     if m.get("position_consistency") is not None:
@@ -153,7 +156,7 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                      "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
     return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (DnA)", method=f"DnA, mode {s.mode}, "
                   f"aspects {s.aspect_source}", ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs,
-                  samples=samples, samples_note=note, reply_columns=False,
+                  samples=samples, samples_note=note, reply_columns=False, one_reply=True,
                   max_samples=sample_view.TOP_SAMPLES)
 
 
@@ -234,4 +237,5 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
     return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (HD-Eval on pairs)",
                   method=f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria",
                   ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs, samples=samples,
-                  samples_note=note, reply_columns=True, max_samples=sample_view.TOP_SAMPLES)
+                  samples_note=note, reply_columns=True, one_reply=False,
+                  max_samples=sample_view.TOP_SAMPLES)

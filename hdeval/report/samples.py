@@ -139,3 +139,29 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
         note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
                 "or another prompt version): raw replies are not shown")
     return Replies(texts, note), items
+
+
+def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> Replies:
+    """DnA's raw replies to its per-aspect prompt (one prompt scores both responses), in the
+    order the pair was shown first, for predefined aspects; keyed (pair id, aspect)."""
+    from hdeval.cache import request_key
+    from hdeval.methods.dna.impl import AspectSpec, score_request
+    from hdeval.paths import default_cache_dir
+
+    s = ev.settings
+    if not s.uses_aspects or s.dynamic or "score" not in (ev.templates or {}):
+        return Replies(note="raw replies are shown for DnA with predefined aspects only; the per-aspect "
+                            "scores below are what the LLM's replies were read as")
+    keyed: dict[str, tuple[str, str]] = {}
+    for p in pairs:
+        for a in ev.task.aspects:
+            req = score_request(ev.templates["score"], ev.task, p, AspectSpec(a.key, a.name, a.definition), False,
+                                s.logprobs)
+            keyed[request_key(ev.llm_identity, req)] = (p.id, a.key)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    found, note = read_only_lookup(cache, list(keyed))
+    texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
+    if note is None and keyed and not texts:
+        note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
+                "or another prompt version): raw replies are not shown")
+    return Replies(texts, note)
