@@ -60,6 +60,17 @@ def _url(stdout: str, page: Path) -> None:
     assert f"open: {page.resolve().as_uri()}" in stdout.splitlines()
 
 
+def _renders(page: Path, tmp_path: Path) -> None:
+    """The page draws in a real browser (headless Chromium), when one is installed."""
+    import shutil
+
+    if not (shutil.which("chromium") or Path("/usr/bin/chromium").exists()):
+        return  # tests/test_report.py skips its rendering test with the install hint
+    from test_report import _screenshot_is_not_blank
+
+    _screenshot_is_not_blank(page, tmp_path)
+
+
 # --------------------------------------------------------------------------- the banner's rules
 def test_banner_warns_about_fake_and_tiny_llms_overfitting_and_a_small_test_set() -> None:
     assert model_size("llamacpp:SmolLM2-135M-Instruct.Q4_1.gguf#8b3c5b1f00") == pytest.approx(1.35e8)
@@ -178,6 +189,7 @@ def test_pairwise_hdeval_report_has_agreement_plots_and_wrong_verdicts_with_raw_
     assert "Response A" in block and str(escape(HOSTILE)) in block
     replies = re.findall(r'<td class="reply">([^<]*)</td>', block)
     assert len(replies) == 2 * 20 and all(t.strip() and t != "—" for t in replies)
+    _renders(page_path, tmp_path)
 
 
 def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdicts(data_dir, tmp_path):
@@ -229,6 +241,7 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     assert re.search(rf'<td class="txt">accuracy</td>(<td class="num">[^<]*</td>){{3}}'
                      rf'<td class="reply">{re.escape(str(escape(reply)))}</td>', block)
     assert str(escape(HOSTILE)) in block and "Response B" in block
+    _renders(page_path, tmp_path)
 
 
 # --------------------------------------------------------------------------- benchmark
@@ -245,6 +258,7 @@ def test_benchmark_report_has_html_tables_a_banner_and_no_markdown(data_dir, tmp
     assert "| method |" in md and "|---|" not in page and "| method |" not in page and "<pre>" not in page
     assert page.count("<table>") == md.count("| method |") == 2
     assert "<th class=\"txt\">method</th>" in page and "<td class=\"txt\">dna-direct</td>" in page
+    _renders(out / "report.html", tmp_path)
     ban = _banner(page)
     assert "offline fake LLM" in ban and "strongest baseline" in ban and "dna-direct" in ban
     assert len(_images(page)) == 1
