@@ -262,3 +262,31 @@ def test_benchmark_report_has_html_tables_a_banner_and_no_markdown(data_dir, tmp
     ban = _banner(page)
     assert "offline fake LLM" in ban and "strongest baseline" in ban and "dna-direct" in ban
     assert len(_images(page)) == 1
+
+
+# --------------------------------------------------------------------------- the reply cache, read-only
+def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_are_skipped(tmp_path):
+    import sqlite3
+
+    from hdeval.backends.base import CompletionRequest, Message
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.cache import DBNAME, CachedBackend
+    from hdeval.report.samples import read_only_lookup
+
+    cache = tmp_path / "cache"
+    llm = CachedBackend(FakeBackend(), cache)
+    reqs = [CompletionRequest(messages=(Message("user", f"Score {i}: <b>x</b>"),), kind="score")
+            for i in range(3)]
+    texts = [llm.complete(r).text for r in reqs]
+    keys = [llm.key(r) for r in reqs]
+    llm.close()
+    con = sqlite3.connect(cache / DBNAME)
+    con.execute("UPDATE Cache SET mode = 4 WHERE key = ?", (keys[1],))  # a pickled value: never unpickled
+    con.commit()
+    con.close()
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    found, note = read_only_lookup(cache, [keys[0], keys[1], keys[2], "0" * 64])
+    assert note is None and found == {keys[0]: texts[0], keys[2]: texts[2]}
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+    found, note = read_only_lookup(tmp_path / "missing", keys)
+    assert found == {} and "is not available" in note and not (tmp_path / "missing").exists()

@@ -42,8 +42,13 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
         return {}, f"the LLM reply cache {directory} is not available, so raw replies are not shown " \
                    "(give the cache the run used with --cache-dir)"
     out: dict[str, str] = {}
+    # With no write-ahead log beside it, the file is all there is: open it immutable, which
+    # creates no -wal/-shm files in the user's cache. With one (a run is writing, or crashed),
+    # read-only through the log, so its committed replies are seen too.
+    wal = db.with_name(db.name + "-wal").exists()
     try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True,
+                              timeout=10)
     except sqlite3.Error as exc:
         return {}, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
     try:
