@@ -290,3 +290,22 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
     found, note = read_only_lookup(tmp_path / "missing", keys)
     assert found == {} and "is not available" in note and not (tmp_path / "missing").exists()
+
+
+def test_counts_are_ticked_as_integers(monkeypatch):
+    """Layers and criteria counts are whole numbers: no 1.5 on their axes."""
+    import hdeval.report.plots as plots
+
+    figs = []
+
+    def keep(fig):
+        fig.canvas.draw()
+        figs.append([t.get_position()[0] for t in fig.axes[0].get_xticklabels() if t.get_text()])
+        plots.pyplot().close(fig)
+        return b""
+
+    monkeypatch.setattr(plots, "png", keep)
+    layers = {str(k): {"w_ties": 0.4 + k / 20, "wo_ties": 0.5 + k / 20} for k in (1, 2, 3)}
+    plots.layer_agreement(layers, {"w_ties": 0.3, "wo_ties": 0.35}, "baseline")
+    ticks = figs[0]
+    assert len(ticks) >= 2 and all(float(x).is_integer() for x in ticks), ticks
