@@ -168,10 +168,7 @@ def _read_pairs(ev: Any, ids: Sequence[str], path: Path | None) -> dict[str, Any
     if path is None:
         return None
     try:
-        from hdeval.data import read_pairs
-
-        wanted = set(ids)
-        return {p.id: p for p in read_pairs(path, ev.task) if p.id in wanted}
+        return sample_view.read_items(ev, ids, path)
     except Exception:  # noqa: BLE001 - an unreadable file only costs this view its text
         return None
 

@@ -97,6 +97,19 @@ def _config(ev: Any) -> Mapping[str, Any]:
     return config if isinstance(config, Mapping) else {}
 
 
+def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
+    """The samples (or pairs) with these ids, read a chunk at a time (validated as training
+    reads them) and stopping once all are found: a report does not hold a large file."""
+    from hdeval.data import iter_task_chunks
+
+    want, out = set(wanted), {}
+    for chunk in iter_task_chunks(data, ev.task, require_labels=False):
+        out.update((s.id, s) for s in chunk if s.id in want)
+        if len(out) == len(want):
+            break
+    return out
+
+
 def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data: Path | None,
                   cache_dir: str | Path | None, pairs: bool) -> tuple[Replies, dict[str, Any]]:
     """The raw replies to HD-Eval's criterion prompts for ``wanted`` ids (pairs: both sides,
@@ -109,14 +122,7 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
         return Replies(note="the training data file is not available, so the samples' text and the raw "
                             "replies are not shown (give it with --data)"), {}
     try:
-        if pairs:
-            from hdeval.data import read_pairs
-
-            items = {p.id: p for p in read_pairs(data, ev.task) if p.id in set(wanted)}
-        else:
-            from hdeval.data import read_samples
-
-            items = {s.id: s for s in read_samples(data, ev.task, require_scores=False) if s.id in set(wanted)}
+        items = read_items(ev, wanted, data)
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
         return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the samples' text and raw replies "
                             "are not shown"), {}
