@@ -41,6 +41,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.constraints import Scale
 from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
@@ -53,6 +54,8 @@ from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
 SCALE10 = (1.0, 10.0)
+# the answer of every scoring prompt but chain-of-thought: "<score A> <score B>"
+TWO_SCORES = Scale(1, 10, count=2)
 TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
 from hdeval.methods.dna import MODES, SOURCES  # noqa: E402  (the package holds the option choices)
 METRICS = "metrics.json"
@@ -262,9 +265,10 @@ def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
     return {r: load_template(PROMPT_FILES[r]) for r in roles}
 
 
-def _req(template: Template, values: dict[str, str], max_tokens: int, json_mode: bool = False) -> CompletionRequest:
+def _req(template: Template, values: dict[str, str], max_tokens: int, json_mode: bool = False,
+         answer: Scale | None = None) -> CompletionRequest:
     return CompletionRequest(template.render(values), temperature=0.0, max_tokens=max_tokens,
-                             json_mode=json_mode, kind=template.name)
+                             json_mode=json_mode, answer=answer, kind=template.name)
 
 
 def _feedback(problem: str) -> str:
@@ -384,7 +388,7 @@ def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpe
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
     req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8)
+                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8, answer=TWO_SCORES)
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
 
 
@@ -473,7 +477,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         for p in scorable:
             add(p.id, "overall", lambda sw, p=p: _req(tpl_o, {
                 "task_description": task.description, "pair": pair_block(task, p, sw)},
-                512 if role == "cot" else 8))
+                512 if role == "cot" else 8, answer=None if role == "cot" else TWO_SCORES))
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
@@ -503,7 +507,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
                 req = _req(tpl_p, {"task_description": task.description,
-                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8)
+                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
+                           answer=TWO_SCORES)
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
@@ -1001,7 +1006,7 @@ def plan_dna(config, prep, backend=None) -> list:
             role = settings.mode
             exact(1, f"{role} x {len(orders)} order(s)", role, [
                 _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
-                     512 if role == "cot" else 8)  # as run_pairs asks
+                     512 if role == "cot" else 8, answer=None if role == "cot" else TWO_SCORES)  # as run_pairs asks
                 for p in pairs for sw in orders])
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
