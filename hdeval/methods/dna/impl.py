@@ -265,10 +265,31 @@ def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
     return {r: load_template(PROMPT_FILES[r]) for r in roles}
 
 
-def _req(template: Template, values: dict[str, str], max_tokens: int, json_mode: bool = False,
+def _req(template: Template, values: dict[str, str], max_tokens: int, json_schema: str | None = None,
          answer: Scale | None = None) -> CompletionRequest:
     return CompletionRequest(template.render(values), temperature=0.0, max_tokens=max_tokens,
-                             json_mode=json_mode, answer=answer, kind=template.name)
+                             json_mode=json_schema is not None, json_schema=json_schema, answer=answer,
+                             kind=template.name)
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": sorted(properties),
+            "additionalProperties": False}
+
+
+def aspects_schema(k: int) -> str:
+    """The reply of stage 1 (dynamic aspects): a local model's grammar enforces it, a server
+    gets it as structured outputs. Lengths are bounded so a constrained model cannot loop."""
+    item = _object({"name": {"type": "string", "maxLength": 100},
+                    "definition": {"type": "string", "maxLength": 600}})
+    return json.dumps(_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
+                      sort_keys=True)
+
+
+def weights_schema(keys: Sequence[str]) -> str:
+    """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
+    return json.dumps(_object({"weights": _object({k: {"type": "number"} for k in keys})}), sort_keys=True,
+                      ensure_ascii=False)
 
 
 def _feedback(problem: str) -> str:
@@ -380,7 +401,7 @@ def weights_request(template: Template, task: Task, p: PairSample, specs: Sequen
                       else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
     return _req(template, {"task_description": task.description, "question": question_block(task, p),
                            "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
-                400, json_mode=True)
+                400, json_schema=weights_schema([s.key for s in specs]))
 
 
 def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool,
@@ -410,7 +431,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
             def propose(p: PairSample):
                 req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
-                                 "k": str(settings.k)}, 600, json_mode=True)
+                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
                 try:
                     return ask_json(llm, req, validate_aspects(settings.k), _feedback), None
                 except UnusableReply as exc:
@@ -1022,7 +1043,7 @@ def plan_dna(config, prep, backend=None) -> list:
             exact(1, "aspects", "aspects", [
                 _req(templates["aspects"], {"task_description": task.description,
                                             "question": question_block(task, p), "k": str(settings.k)},
-                     600, json_mode=True) for p in pairs])
+                     600, json_schema=aspects_schema(settings.k)) for p in pairs])
             # the proposed aspects are not known yet: size a weights / score prompt with generic ones
             generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
