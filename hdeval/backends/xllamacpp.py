@@ -50,6 +50,7 @@ from hdeval.backends.llama_cpp import (
     local_identity,
 )
 from hdeval.errors import BackendError, ConfigError
+from hdeval.paths import check_model_file
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
 # Host-memory cache of evicted prompt states (llama.cpp's default is 8 GiB).
@@ -78,8 +79,7 @@ class XLlamaCppBackend:
         is_default_model: bool = False,
     ) -> None:
         path = Path(model_path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"GGUF model file not found: {path}")
+        check_model_file(path)
         try:
             import xllamacpp
         except ImportError as exc:
