@@ -15,6 +15,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext
@@ -82,7 +83,7 @@ def pair_request(template: Template, task: Task, question: str, a: Example, b: E
         "question": question,
     })
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             kind="pair")
+                             answer=Labels(LABELS), kind="pair")
 
 
 # ---------------------------------------------------------------------- comparison examples

@@ -356,7 +356,7 @@ class PairEvaluator(TreeEvaluator):
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.pair_report import write_pair_report
 
-        page, lines = write_pair_report(self, out)
+        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
 
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,

@@ -40,6 +40,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.constraints import Labels
 from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
@@ -81,7 +82,7 @@ def yesno_request(template: Template, task: Task, aspect: Aspect, target: Exampl
         "question": yesno_question(aspect),
     })
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             kind="yesno")
+                             answer=Labels(YES_NO), kind="yesno")
 
 
 def _p_yes(completions: Sequence[Completion]) -> tuple[float, str | None]:
