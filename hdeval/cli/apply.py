@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -147,7 +148,7 @@ def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -
 @click.command()
 @click.argument("artifact", type=click.Path())
 @click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Where to write the scores: .jsonl, .csv or .parquet (by extension); - for JSONL on stdout. "
                    "Written a chunk at a time to a temporary file beside it and renamed into place at the "
                    "end (parquet holds the scored rows in memory until then).")
@@ -155,13 +156,21 @@ def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -
               help="Score only shard K of N (by a stable hash of each sample's id, the same on every "
                    "machine); rows carry a 'shard' field; join the N outputs with `hdeval merge-shards`. "
                    "Needs -o FILE.jsonl or -o -.")
+@click.option("--export-requests", "export_file", default=None, metavar="REQUESTS.jsonl",
+              type=click.Path(dir_okay=False),
+              help="Score nothing: write the requests not cached yet as OpenAI batch-format JSONL "
+                   "(custom_id = the cache key) for any engine that reads it (vLLM's batch runner, Ray "
+                   "Data LLM, a provider's batch API), then exit. Import the answers with `hdeval cache "
+                   "import RESULTS --requests REQUESTS.jsonl` and rerun: no calls for them. "
+                   "OpenAI-compatible backends (--llm MODEL, --base-url URL).")
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
 @click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
 @llm_options
 @batch_option
-def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet: bool, explain: bool, top: int,
+def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
+          quiet: bool, explain: bool, top: int,
           llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None, batch: bool) -> None:
@@ -179,6 +188,7 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
       hdeval apply artifacts/summeval-nn new.jsonl --shard 1/2 -o part1.jsonl   # machine 1
       hdeval apply artifacts/summeval-nn new.jsonl --shard 2/2 -o part2.jsonl   # machine 2
       hdeval merge-shards scored.jsonl part1.jsonl part2.jsonl
+      hdeval apply artifacts/summeval-nn new.jsonl --llm M --base-url URL --export-requests requests.jsonl
     """
     from hdeval.data import iter_task_chunks
     from hdeval.methods.base import usage_of
@@ -186,6 +196,11 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
     def go() -> None:
         _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
         which = parse_shard(shard) if shard is not None else None
+        if export_file is not None:
+            return _export(artifact, input_file, export_file, which, output, explain, batch, llm, base_url,
+                           timeout, max_retries, cache_dir, concurrency)
+        if output is None:
+            raise ConfigError("apply needs --output FILE (or -o - for stdout), or --export-requests FILE")
         fmt = _output_format(output)
         if which is not None and fmt != "jsonl":
             raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
@@ -258,6 +273,41 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
         click.echo(f"wrote {out.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
 
     run_command(go)
+
+
+def _export(artifact: str, input_file: str, export_file: str, which: tuple[int, int] | None, output: str | None,
+            explain: bool, batch: bool, llm: str | None, base_url: str | None, timeout: float, max_retries: int,
+            cache_dir: str | None, concurrency: int) -> None:
+    """``apply --export-requests``: the uncached requests into a file, no call made."""
+    from hdeval.data import iter_task_chunks
+    from hdeval.request_files import export_requests
+
+    for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
+        if given is not None:
+            raise ConfigError(f"--export-requests scores nothing: drop {name}")
+    from hdeval.artifact import check_writable
+
+    check_writable(Path(os.path.abspath(export_file)).parent)
+    size = chunk_size()
+    ev = load_artifact(artifact)
+    _count(input_file, ev, size, which)  # every bad line reported before anything is written
+    # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
+    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                cache_dir=cache_dir, max_calls=0, concurrency=concurrency)
+    try:
+        chunks = _shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False, size=size), which, size)
+        done = export_requests(ev, chunks, backend, export_file)
+    finally:
+        backend.close()
+    n = len(done.written)
+    if not n:
+        click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o", err=True)
+        return
+    where = f" --cache-dir {cache_dir}" if cache_dir else ""
+    click.echo(f"wrote {n} requests not cached yet to {export_file}; answer them with any engine that reads "
+               f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}{where}` "
+               "and rerun apply (a method whose later stage depends on these replies exports that stage "
+               "on the next --export-requests)", err=True)
 
 
 def _shard_chunks(chunks: Iterator[list], which: tuple[int, int] | None, size: int) -> Iterator[list]:
