@@ -19,7 +19,8 @@ from click.testing import CliRunner, Result
 
 from conftest import toy_rows, write_jsonl
 from hdeval.cli import cli
-from hdeval.cli.apply import CHUNK_ENV, shard_of
+from hdeval.run.apply import CHUNK_ENV
+from hdeval.run.shards import shard_of
 from hdeval.train import train
 
 DIALOGUE = """
@@ -188,7 +189,7 @@ def test_a_bad_line_in_a_later_chunk_writes_nothing_and_calls_nothing(toy_artifa
 def test_a_file_that_goes_bad_while_it_is_streamed_leaves_no_output(toy_artifact: Path, tmp_path: Path,
                                                                      monkeypatch) -> None:
     """The first pass saw a good file; by the time the stream reaches line 30 it is not."""
-    import hdeval.cli.apply as apply_mod
+    import hdeval.run.apply as apply_mod
 
     data = new_samples(tmp_path)
     good = data.read_text()
