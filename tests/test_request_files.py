@@ -203,3 +203,15 @@ def test_a_request_file_not_written_by_export_is_refused(exported, tmp_path) -> 
     result = run("cache", "import", tmp_path / "good.jsonl", "--requests", forged, "--cache-dir", cache)
     one_line_error(result, str(forged), "line 2")
     assert not cache.exists() or cache_entries(cache) == {}
+
+
+def test_apply_needs_an_output_or_an_export(art, new, tmp_path) -> None:
+    one_line_error(run("apply", art, new, "--cache-dir", tmp_path / "c"), "--output", "--export-requests")
+
+
+@pytest.mark.parametrize("extra", [["-o", "x.jsonl"], ["--explain"], ["--batch"]])
+def test_export_refuses_options_that_score(art, server, new, tmp_path, extra) -> None:
+    result = run("apply", art, new, "--export-requests", tmp_path / "r.jsonl", "--cache-dir", tmp_path / "c",
+                 *llm(server), *extra)
+    one_line_error(result, "--export-requests scores nothing", extra[0].replace("-o", "--output"))
+    assert not (tmp_path / "r.jsonl").exists()
