@@ -155,7 +155,10 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     from hdeval.run.artifact_llm import open_artifact_llm
     from hdeval.run.shards import parse_shard, shard_chunks
 
+    from hdeval.run.output import check_output
+
     which = parse_shard(shard) if shard is not None else None
+    check_output(export_file, [input_file, artifact], option="--export-requests")
     check_writable(Path(os.path.abspath(export_file)).parent)
     size = chunk_size()
     ev = load_artifact(artifact)

@@ -26,8 +26,9 @@ def _echo_err(text: str) -> None:
                    "end (parquet holds the scored rows in memory until then).")
 @click.option("--shard", default=None, metavar="K/N",
               help="Score only shard K of N (by a stable hash of each sample's id, the same on every "
-                   "machine); rows carry a 'shard' field; join the N outputs with `hdeval merge-shards`. "
-                   "Needs -o FILE.jsonl or -o -.")
+                   "machine); rows carry a 'shard' field and the last line is a closing record (row count, "
+                   "the input's and the artifact's sha256); join the N outputs with `hdeval merge-shards`, "
+                   "which checks them. Needs -o FILE.jsonl or -o -.")
 @click.option("--export-requests", "export_file", default=None, metavar="REQUESTS.jsonl",
               type=click.Path(dir_okay=False),
               help="Score nothing: write the requests not cached yet as OpenAI batch-format JSONL "
@@ -39,11 +40,13 @@ def _echo_err(text: str) -> None:
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
 @click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
+@click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
+              help="Fail, writing nothing, when a larger share of the LLM-filled scores cannot be read "
+                   "(requests refused, replies too large or not understood).")
 @llm_options
 @batch_option
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
-          quiet: bool, explain: bool, top: int,
-          llm: str | None, base_url: str | None,
+          quiet: bool, explain: bool, top: int, max_failure_rate: float, llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None, batch: bool) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
@@ -75,7 +78,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
             res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
                              base_url=base_url, concurrency=concurrency, timeout=timeout,
                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                             batch=bool(batch), llm_given=_from_command_line("llm"),
+                             batch=bool(batch), max_failure_rate=max_failure_rate, llm_given=_from_command_line("llm"),
                              base_url_given=_from_command_line("base_url"), confirm=common._confirm(),
                              progress=progress, notify=_echo_err)
         finally:
@@ -83,6 +86,8 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
         u = res.usage
         click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
                    f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
+        click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
+                   f"threshold {max_failure_rate:.0%})", err=True)
         if res.agreement:
             click.echo(f"agreement with the human labels in the input: {json.dumps(res.agreement)}", err=to_stdout)
         if res.correlations is not None:
@@ -126,7 +131,8 @@ def merge_shards(output: str, shards: tuple[str, ...]) -> None:
     the 'shard' field: the same rows an unsharded apply writes. OUTPUT is .jsonl, .csv or
     .parquet (by extension) or - for JSONL on stdout, written atomically. Refused, writing
     nothing: a shard missing or given twice, files of different N, an id in two files, a row
-    not written by apply --shard.
+    not written by apply --shard, a file without its closing record (empty, cut short, not a
+    regular file) or whose row count differs from it, shards of different inputs or artifacts.
 
     \b
     Example:

@@ -156,7 +156,7 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     from hdeval.artifact import load_artifact
     from hdeval.run.apply import _count
     from hdeval.run.artifact_llm import check_llm_options
-    from hdeval.run.output import OutputWriter, output_format
+    from hdeval.run.output import OutputWriter, check_output, output_format
 
     ray = _ray()
     if type(workers) is not int or workers < 1:
@@ -166,6 +166,7 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     if type(batch_size) is not int or batch_size < 1:
         raise ConfigError(f"batch_size must be a whole number, at least 1; got {batch_size!r}")
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    check_output(output, [str(input_file) if "://" not in str(input_file) else None, artifact])
     fmt = output_format(output)
     ev = load_artifact(artifact)  # a broken artifact stops here, before any worker starts
     _count(str(input_file), ev, 1000, None)  # every bad line reported before anything is paid for

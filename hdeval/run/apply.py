@@ -12,11 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from hdeval.errors import ConfigError
+from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
-from hdeval.run.output import OutputWriter, output_format
-from hdeval.run.shards import SHARD_FIELD, parse_shard, shard_chunks, shard_of
+from hdeval.run.output import OutputWriter, check_output, output_format
+from hdeval.run.shards import (
+    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
+)
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
 CHUNK_ENV = "HDEVAL_APPLY_CHUNK"
@@ -124,18 +126,20 @@ def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -
 
 def _input_tasks(path: str) -> set[str]:
     """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+    from hdeval.data import bounded_lines
+
     found: set[str] = set()
     try:
         with open(path, encoding="utf-8") as fh:
-            for line in fh:
+            for line in bounded_lines(fh, path):
                 try:
                     row = json.loads(line)
                 except ValueError:
                     continue
                 if isinstance(row, dict) and isinstance(row.get("task"), str):
                     found.add(row["task"])
-    except (OSError, UnicodeDecodeError):
-        pass
+    except (OSError, UnicodeDecodeError, DataError):
+        pass  # the reading pass reports a bad file
     return found
 
 
@@ -150,12 +154,34 @@ class ApplyResult:
     usage: dict = field(default_factory=dict)
     agreement: dict | None = None
     correlations: dict | None = None
+    failed: int = 0  # LLM-filled cells (sample x column) that could not be read
+    cells: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.cells if self.cells else 0.0
+
+
+def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
+    """(cells that failed, cells, an example reason) of one chunk's LLM-filled columns."""
+    import numpy as np
+
+    m = res.criteria
+    keys = [k for k in needed if k in m.criterion_keys] or list(m.criterion_keys)
+    values = m.columns(keys)
+    failed = int(np.isnan(values).sum())
+    example = None
+    if failed and m.failures:
+        f = m.failures[0]
+        example = f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"
+    return failed, int(values.size), example
 
 
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
                concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6, cache_dir: str | None = None,
-               max_calls: int | None = None, batch: bool = False, llm_given: bool | None = None,
+               max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
                progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
@@ -165,11 +191,17 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     and written a chunk at a time. A failure or stop leaves no output and an existing file
     untouched; finished LLM calls are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
-    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``."""
+    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``.
+    More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
+    too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
+    read as real ones."""
     from hdeval.data import iter_task_chunks
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {max_failure_rate}")
+    check_output(output, [input_file])
     which = parse_shard(shard) if shard is not None else None
     fmt = output_format(output)
     if which is not None and fmt != "jsonl":
@@ -184,12 +216,18 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
             notify(f"warning: {w}")
     else:
         ev = artifact
+    # after loading: a directory that is no artifact is reported as that, not as an output clash
+    check_output(output, [artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)])
     if explain and ev.method != "hdeval":
         raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
     if explain and ev.task.shape == "pairwise":
         raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
                           "criteria and their importance: hdeval report)")
     total, mine = _count(input_file, ev, size, which)
+    closing = None
+    if which is not None:
+        closing = closing_record(which[0], which[1], mine, file_sha256(input_file),
+                                 artifact_sha256(artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)))
     other = sorted(_input_tasks(input_file) - {ev.task.name})
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
@@ -203,6 +241,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     else:
         notify(f"{count}; method {ev.method}: {len(needed)} LLM-filled column(s) per sample")
     summary = _Summary()
+    failed = cells = 0
+    example: str | None = None
     n_chunks = max(1, math.ceil(mine / size))
     chunk_progress = _ChunkProgress(progress or Progress())
     with OutputWriter(output, fmt) as out:
@@ -229,10 +269,20 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
                 summary.add(samples, res)
+                f, c, e = _failed_cells(res, needed)
+                failed, cells, example = failed + f, cells + c, example or e
+            if closing is not None:
+                out.write([closing], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
                 backend.close()
+        if cells and failed / cells > max_failure_rate:
+            raise ScoringError(
+                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+                "that were read are cached; check the LLM or raise --max-failure-rate")
         out.commit()
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=summary.correlations())
+                       agreement=summary.agreement(), correlations=summary.correlations(),
+                       failed=failed, cells=cells)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -12,6 +13,42 @@ from typing import Any
 from hdeval.errors import ConfigError
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+def check_output(output: str | Path, inputs: list[str | Path | None], option: str = "-o") -> None:
+    """Refuse an output that would destroy what the run reads, before anything is read or paid:
+    a path that is (or links to) an input file or lies inside an input directory (an artifact),
+    and a FIFO, device or socket, which an atomic rename would replace by a regular file
+    (``-`` is the way to write to stdout)."""
+    if str(output) == "-":
+        return
+    try:
+        st = os.stat(output)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError(f"{option} {output}: {exc.strerror or exc}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{option} {output} is a directory; name a file")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{option} {output} is not a regular file (a FIFO, device or socket); name a file, "
+                          "or use - to write to stdout")
+    real = os.path.realpath(output)
+    for given in inputs:
+        if given is None or str(given) == "-":
+            continue
+        try:
+            ist = os.stat(given)
+        except OSError:
+            continue  # a missing input is reported where it is read
+        if stat.S_ISDIR(ist.st_mode):
+            base = os.path.realpath(given)
+            if os.path.commonpath([base, real]) == base:
+                raise ConfigError(f"{option} {output} is inside {given}, which this command reads; "
+                                  "write the output elsewhere")
+        elif st is not None and os.path.samestat(st, ist):
+            raise ConfigError(f"{option} {output} is the input file {given}: writing it would destroy the input; "
+                              "write the output elsewhere")
 
 
 def output_format(output: str) -> str:
@@ -89,12 +126,14 @@ class OutputWriter:
     def __exit__(self, *exc: Any) -> None:
         self.discard()
 
-    def write(self, rows: list[dict]) -> None:
+    def write(self, rows: list[dict], counted: bool = True) -> None:
+        """Append rows; ``counted=False`` for a line that is not a scored row (a shard's closing
+        record), left out of :attr:`rows`."""
         if self.output == "-":
             for r in rows:
                 sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
             sys.stdout.flush()
-            self.rows += len(rows)
+            self.rows += len(rows) if counted else 0
             return
         try:
             for r in rows:
@@ -104,7 +143,7 @@ class OutputWriter:
                 self._fh.write(json.dumps(r, ensure_ascii=False) + "\n")
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self.rows += len(rows)
+        self.rows += len(rows) if counted else 0
 
     def commit(self) -> None:
         """Put the output in place (the one moment the destination changes)."""

@@ -5,17 +5,47 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
+import os
 import re
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Iterator
 
 from hdeval.errors import ConfigError, DataError
-from hdeval.run.output import OutputWriter, output_format
+from hdeval.run.output import OutputWriter, check_output, output_format
 
 #: The field ``apply --shard`` adds to each row for ``merge-shards`` (which removes it again).
 SHARD_FIELD = "shard"
 #: Rows the merge hands the writer at a time.
 MERGE_ROWS = 1000
+#: The most shards ``--shard`` accepts (9 digits), and so the most a shard output may claim.
+MAX_SHARDS = 999_999_999
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def artifact_sha256(path: str | Path | None) -> str:
+    """The artifact's identity for shard outputs: its manifest holds every file's checksum."""
+    from hdeval.artifact import MANIFEST
+
+    if path is None:
+        return "0" * 64  # an evaluator never saved: shards of it merge only with each other
+    return file_sha256(Path(path) / MANIFEST)
+
+
+def closing_record(k: int, n: int, rows: int, input_sha256: str, artifact_sha256: str) -> dict:
+    """The last line of a shard output: what ``merge-shards`` checks the set against (it is not
+    a scored row and never reaches the merged output)."""
+    return {SHARD_FIELD: {"k": k, "n": n, "rows": rows, "input_sha256": input_sha256,
+                          "artifact_sha256": artifact_sha256}}
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -63,19 +93,38 @@ class ShardFile:
         self.k: int | None = None
         self.n: int | None = None
         self.last_line = 0
+        self.count = 0
+        self.closing: dict | None = None
 
     def rows(self) -> Iterator[tuple[int, str, dict]]:
-        """(input line, id, row without the shard field) in the order of the file."""
+        """(input line, id, row without the shard field) in the order of the file; at the end,
+        the closing record checked against what came before it."""
+        from hdeval.data import bounded_lines
+
         with self.fh:
             try:
-                for text in self.fh:
+                for text in bounded_lines(self.fh, self.path, start=self.lineno):
                     self.lineno += 1
-                    if text.strip():
-                        yield self._check(text)
+                    if not text.strip():
+                        continue
+                    if self.closing is not None:
+                        raise DataError(f"{self.path}: line {self.lineno}: a row after the closing record: "
+                                        "not one shard output (were files concatenated?)")
+                    got = self._check(text)
+                    if got is not None:
+                        self.count += 1
+                        yield got
             except UnicodeDecodeError:
                 raise DataError(f"{self.path}: line {self.lineno + 1}: not UTF-8 text") from None
+        if self.closing is None:
+            what = "empty" if self.lineno == 0 else "no closing record"
+            raise DataError(f"{self.path}: {what}: not a complete output of `hdeval apply --shard K/N` "
+                            "(a failed or unfinished run, or a cut file?); rerun that shard")
+        if self.closing["rows"] != self.count:
+            raise DataError(f"{self.path}: {self.count} rows, but its closing record says "
+                            f"{self.closing['rows']}: rows were lost or added; rerun that shard")
 
-    def _check(self, text: str) -> tuple[int, str, dict]:
+    def _check(self, text: str) -> tuple[int, str, dict] | None:
         where = f"{self.path}: line {self.lineno}"
         try:
             row = json.loads(text)
@@ -87,17 +136,15 @@ class ShardFile:
             raise DataError(f"{where}: not a JSON object")
         info = row.pop(SHARD_FIELD, None)
         sid = row.get("id")
+        if not row and isinstance(info, dict) and "rows" in info:
+            self._closing(info, where)
+            return None
         ok = isinstance(info, dict) and all(type(info.get(f)) is int for f in ("k", "n", "line"))
         if not ok or not isinstance(sid, str):
             raise DataError(f"{where}: no '{SHARD_FIELD}' field with k, n and line, or no text 'id': not a row "
                             "written by `hdeval apply --shard K/N`")
         k, n, line = info["k"], info["n"], info["line"]
-        if not 1 <= k <= n:
-            raise DataError(f"{where}: shard {k}/{n} is not a shard")
-        if self.k is None:
-            self.k, self.n = k, n
-        elif (k, n) != (self.k, self.n):
-            raise DataError(f"{where}: row of shard {k}/{n} in a file of shard {self.k}/{self.n}")
+        self._same_shard(k, n, where)
         if shard_of(sid, n) != k:
             raise DataError(f"{where}: id {sid!r} belongs to shard {shard_of(sid, n)}/{n}, not {k}/{n}")
         if line <= self.last_line:
@@ -106,10 +153,32 @@ class ShardFile:
         self.last_line = line
         return line, sid, row
 
+    def _same_shard(self, k: int, n: int, where: str) -> None:
+        if not 1 <= k <= n <= MAX_SHARDS:
+            raise DataError(f"{where}: shard {k}/{n} is not a shard (N is 1 to {MAX_SHARDS})")
+        if self.k is None:
+            self.k, self.n = k, n
+        elif (k, n) != (self.k, self.n):
+            raise DataError(f"{where}: row of shard {k}/{n} in a file of shard {self.k}/{self.n}")
+
+    def _closing(self, info: dict[str, Any], where: str) -> None:
+        ints = all(type(info.get(f)) is int for f in ("k", "n", "rows"))
+        digests = all(isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
+                      for f in ("input_sha256", "artifact_sha256"))
+        if not ints or not digests or info["rows"] < 0 or len(info) != 5:
+            raise DataError(f"{where}: a closing record without k, n, rows and the two digests: not written by "
+                            "`hdeval apply --shard K/N`")
+        self._same_shard(info["k"], info["n"], where)
+        self.closing = info
+
 
 def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int, int]:
     """Join the shard outputs into ``output`` in input order, atomically; (rows, N)."""
+    check_output(output, list(shards), option="OUTPUT")
     fmt = output_format(output)
+    for p in shards:
+        if os.path.exists(p) and not os.path.isfile(p):
+            raise DataError(f"{p} is not a regular file: not a shard output of `hdeval apply --shard K/N`")
     files = [ShardFile(p) for p in shards]
     gens = [f.rows() for f in files]
     heads: list[tuple[int, int, str, dict]] = []
@@ -140,30 +209,36 @@ def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int,
             if nxt is not None:
                 heapq.heappush(heads, (nxt[0], i, nxt[1], nxt[2]))
         out.write(batch)
+        _check_same_run(files)
         out.commit()
-    n = next(f.n for f in files if f.n is not None) if any(f.n for f in files) else len(files)
-    return out.rows, n
+    return out.rows, files[0].n or 0
 
 
 def check_shard_set(files: list[ShardFile]) -> None:
-    """Every shard 1..N exactly once (a file with no rows stands for a shard with no samples)."""
-    ns = {f.n for f in files if f.n is not None}
+    """Every shard 1..N exactly once (each file names its shard in its first line)."""
+    ns = {f.n for f in files}
     if len(ns) > 1:
         raise DataError("the files are shards of different splits: " + ", ".join(
-            f"{f.path} is {f.k}/{f.n}" for f in files if f.n is not None))
-    if not ns:
-        return  # every file empty: nothing to merge
+            f"{f.path} is {f.k}/{f.n}" for f in files))
     n = ns.pop()
     by_k: dict[int, str] = {}
     for f in files:
-        if f.k is not None:
-            if f.k in by_k:
-                raise DataError(f"shard {f.k}/{n} given twice: {by_k[f.k]} and {f.path}")
-            by_k[f.k] = f.path
-    empty = sum(f.k is None for f in files)
-    missing = [k for k in range(1, n + 1) if k not in by_k]
-    if len(missing) > empty:
-        raise DataError(f"shard(s) {', '.join(f'{k}/{n}' for k in missing)} missing: pass the outputs of all "
-                        f"{n} shards ({len(files)} file(s) given)")
-    if len(files) > n:
-        raise DataError(f"{len(files)} files given for {n} shards: {len(files) - n} too many")
+        if f.k in by_k:
+            raise DataError(f"shard {f.k}/{n} given twice: {by_k[f.k]} and {f.path}")
+        by_k[f.k] = f.path  # type: ignore[index]
+    if len(files) < n:
+        # N may be large: name the first few missing shards, found without enumerating all N
+        missing = list(itertools.islice((k for k in range(1, n + 1) if k not in by_k), 10))
+        more = ", ..." if n - len(files) > len(missing) else ""
+        raise DataError(f"shard(s) {', '.join(f'{k}/{n}' for k in missing)}{more} missing: pass the outputs of "
+                        f"all {n} shards ({len(files)} file(s) given)")
+
+
+def _check_same_run(files: list[ShardFile]) -> None:
+    """The shards scored one input with one artifact (known once each file is read to its end)."""
+    first = files[0]
+    for f in files[1:]:
+        for field, what in (("input_sha256", "inputs"), ("artifact_sha256", "artifacts")):
+            if f.closing[field] != first.closing[field]:  # type: ignore[index]
+                raise DataError(f"{first.path} and {f.path} are shards of different {what}: merge the shards "
+                                "of one run")
