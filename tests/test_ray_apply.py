@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 from hdeval.cli import cli
-from hdeval.errors import ConfigError, DataError, HdevalError
+from hdeval.errors import ConfigError, DataError, HdevalError, ScoringError
 from hdeval.train import train
-from llm_server import FaultServer
+from llm_server import FaultMix, FaultServer
 
 MODEL = "test-model"
 
@@ -151,3 +151,12 @@ def test_options_checked(art, new, tmp_path) -> None:
                          ({"concurrency": 0}, "concurrency")):
         with pytest.raises(ConfigError, match=what):
             apply_on_ray(art, new, str(tmp_path / "out.jsonl"), **kwargs)
+
+
+def test_unreadable_scores_past_the_threshold_write_nothing(art, new, tmp_path) -> None:
+    """As apply's --max-failure-rate: every reply prose, so every score unreadable."""
+    with FaultServer(FaultMix(1.0, ("prose",)), lifetime=600) as server:
+        with pytest.raises(ScoringError, match=r"could not be read .*no output written"):
+            apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, llm=MODEL,
+                         base_url=server.url, max_retries=0, cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "out.jsonl").exists()

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from hdeval.errors import ConfigError, DataError
+from hdeval.errors import ConfigError, DataError, ScoringError
 
 #: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
 WORKER_FIELD = "{worker}"
@@ -92,7 +92,8 @@ class ArtifactScorer:
 
     Input batches need a ``text`` column (one JSONL line per row); a ``line`` column, if
     present, names rows in error messages. Output batches have ``id`` and ``row`` (the JSON line
-    apply writes)."""
+    apply writes), and on a batch's first row ``failed`` and ``cells``, its unreadable and total
+    LLM-filled scores (0 on the other rows), with ``failure`` an example reason."""
 
     def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
                  cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
@@ -125,12 +126,22 @@ class ArtifactScorer:
             if s is not None:
                 samples.append(s)
         if not samples:
-            return {"id": np.array([], dtype=object), "row": np.array([], dtype=object)}
+            return {"id": np.array([], dtype=object), "row": np.array([], dtype=object),
+                    "failed": np.array([], dtype=np.int64), "cells": np.array([], dtype=np.int64),
+                    "failure": np.array([], dtype=object)}
+        from hdeval.run.apply import _failed_cells
+
         res = self.ev.score(samples, backend=self.backend, concurrency=self.concurrency, progress=Progress())
         rows = self.ev.output_rows(samples, res)
         self.backend.flush()  # every reply this batch paid for is on disk before the batch is handed on
+        # the batch's unreadable LLM-filled scores, on its first row: the driver sums them for
+        # apply's --max-failure-rate check
+        failed, cells, example = _failed_cells(res, self.ev.columns_needed())
+        zeros = [0] * (len(rows) - 1)
         return {"id": np.array([s.id for s in samples], dtype=object),
-                "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object)}
+                "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object),
+                "failed": np.array([failed, *zeros], dtype=np.int64), "cells": np.array([cells, *zeros], dtype=np.int64),
+                "failure": np.array([example or "", *([""] * len(zeros))], dtype=object)}
 
     def __del__(self) -> None:
         backend = getattr(self, "backend", None)
@@ -141,8 +152,8 @@ class ArtifactScorer:
 def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
                  batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
                  cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
-                 max_retries: int = 6, max_calls: int | None = None, num_cpus: float = 0.5,
-                 notify: Callable[[str], None] | None = None) -> int:
+                 max_retries: int = 6, max_calls: int | None = None, max_failure_rate: float = 0.2,
+                 num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.
 
@@ -166,6 +177,8 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     if type(batch_size) is not int or batch_size < 1:
         raise ConfigError(f"batch_size must be a whole number, at least 1; got {batch_size!r}")
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"max_failure_rate must be between 0 and 1, got {max_failure_rate}")
     check_output(output, [str(input_file) if "://" not in str(input_file) else None, artifact])
     fmt = output_format(output)
     ev = load_artifact(artifact)  # a broken artifact stops here, before any worker starts
@@ -183,9 +196,19 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
         fn_constructor_kwargs={"llm": llm, "base_url": base_url, "cache_dir": cache_dir,
                                "concurrency": concurrency, "timeout": timeout, "max_retries": max_retries,
                                "max_calls": max_calls})
+    failed = cells = 0
+    example = ""
     with OutputWriter(output, fmt) as out:
         for batch in scored.iter_batches(batch_size=batch_size, batch_format="numpy"):
             out.write([json.loads(text) for text in batch["row"]])
+            failed += int(batch["failed"].sum())
+            cells += int(batch["cells"].sum())
+            example = example or next((str(e) for e in batch["failure"] if e), "")
+        if cells and failed / cells > max_failure_rate:  # as apply: nothing written
+            raise ScoringError(
+                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+                "that were read are cached; check the LLM or raise max_failure_rate")
         out.commit()
     return out.rows
 
