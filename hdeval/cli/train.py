@@ -170,6 +170,7 @@ def _print_train_summary(ev, path: Path) -> None:
             click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
                        f"kendall {avg['kendall']}")
         click.echo(f"artifact written to {path}")
+        click.echo(f"next: hdeval report {path}")
         return
     layers = ev.manifest_extra.get("layers") or [{}]
     final_layer = layers[-1].get("layer", "?")
