@@ -266,6 +266,30 @@ def test_help_imports_no_heavy_library() -> None:
     assert "LOADED []" in r.stdout, r.stdout[-500:]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--data", "missing.jsonl", "-o", "new"], "error: data file not found: missing.jsonl"),
+    (["-o", "notart"], "error: refusing to write the artifact to notart: it is a non-empty directory"),
+])
+def test_a_mistyped_path_is_reported_before_the_heavy_libraries_load(tmp_path: Path, args, message) -> None:
+    (tmp_path / "notart").mkdir()
+    (tmp_path / "notart" / "mine.txt").write_text("keep")
+    argv = ["train", "--task", str(REPO / "examples" / "qa_task.toml"), "--llm", "fake", *args]
+    code = (
+        "import sys\n"
+        "import hdeval.cli\n"
+        "try:\n"
+        f"    hdeval.cli.cli({argv!r}, prog_name='hdeval')\n"
+        "except SystemExit as e:\n"
+        "    print('EXIT', e.code)\n"
+        "print('LOADED', sorted(m for m in ('sklearn', 'shap', 'matplotlib', 'pandas') if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert r.stderr.startswith(message), r.stderr
+    assert "EXIT 2" in r.stdout and "LOADED []" in r.stdout, r.stdout
+    assert (tmp_path / "notart" / "mine.txt").read_text() == "keep" and not (tmp_path / "new").exists()
+
+
 def test_public_api_names_still_load() -> None:
     code = ("import hdeval.train\nfrom hdeval import train, TrainConfig, Evaluator\n"
             "print(callable(train), TrainConfig.__name__, Evaluator.__name__)")

@@ -71,10 +71,10 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
     """
-    from hdeval.train import TrainConfig, plan, train as run_train
-
     def go() -> None:
+        _check_paths_early(options.get("data"), None if dry_run else out, force)
         from hdeval.cli.data import fetch_missing_task_data
+        from hdeval.train import TrainConfig, plan, train as run_train
 
         config = TrainConfig.from_options(**options)
         if config.data is None:
@@ -111,6 +111,19 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         _print_train_summary(ev, path)
 
     run_command(go)
+
+
+def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
+    """The mistakes of a typed path, found before the scientific libraries load (seconds on a
+    busy machine); the full checks follow once the task is known."""
+    from hdeval.errors import DataError
+
+    if data is not None and not Path(data).is_file():
+        raise DataError(f"data file not found: {data}")
+    if out:
+        from hdeval.artifact import check_destination
+
+        check_destination(out, force=force)
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
