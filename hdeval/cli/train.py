@@ -142,7 +142,10 @@ def _ask_before_a_long_local_run(config) -> None:
 
     if not is_embedded(_resolved(config.llm)):
         return
-    _prep, plans, identity = plan(config)
+    try:
+        _prep, plans, identity = plan(config)
+    except ConfigError:
+        return  # a method the dry run cannot count yet: nothing to estimate from (it says so on --dry-run)
     seconds, line = _estimate(config, plans, identity)
     if seconds is None or seconds <= LONG_RUN_SECONDS:
         return
