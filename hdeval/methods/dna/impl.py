@@ -50,7 +50,7 @@ from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
 from hdeval.tasks import task_from_dict
-from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
+from hdeval.types import LONE_SURROGATE_PROBLEM, PAIR_LABELS, PairSample, ScoreMatrix, Task, has_lone_surrogate
 
 SCALE10 = (1.0, 10.0)
 TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
@@ -299,6 +299,8 @@ def validate_aspects(k: int):
                 raise ValueError(f"aspect {i}: 'name' must be a short non-empty string")
             if not isinstance(definition, str) or not definition.strip() or len(definition) > 600:
                 raise ValueError(f"aspect {i}: 'definition' must be a non-empty string of at most 600 characters")
+            if has_lone_surrogate(name + definition):
+                raise ValueError(f"aspect {i} {LONE_SURROGATE_PROBLEM}")
             name = _one_line(name, 100)
             if name.lower() in seen:
                 raise ValueError(f"aspect {i}: {name!r} is listed twice")
