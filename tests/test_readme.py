@@ -267,7 +267,6 @@ def test_help_imports_no_heavy_library() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--data", "missing.jsonl", "-o", "new"], "error: data file not found: missing.jsonl"),
     (["-o", "notart"], "error: refusing to write the artifact to notart: it is a non-empty directory"),
 ])
 def test_a_mistyped_path_is_reported_before_the_heavy_libraries_load(tmp_path: Path, args, message) -> None:

@@ -114,12 +114,9 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
 
 
 def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
-    """The mistakes of a typed path, found before the scientific libraries load (seconds on a
-    busy machine); the full checks follow once the task is known."""
-    from hdeval.errors import DataError
-
-    if data is not None and not Path(data).is_file():
-        raise DataError(f"data file not found: {data}")
+    """A refused -o, found before the scientific libraries load (seconds on a busy machine); the
+    full checks follow once the task is known. (A missing --data waits: an option that does not
+    fit the task is the first thing to say.)"""
     if out:
         from hdeval.artifact import check_destination
 
