@@ -235,7 +235,8 @@ def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval
     coef = np.abs(ev.learned.coef).sum(axis=0)
     assert math.isclose(share["accuracy"], coef[ev.learned.aspects.index("accuracy")] / coef.sum(), abs_tol=1e-5)
     assert data["learned"]["coefficients"] == ev.metrics["learned"]["coefficients"]
-    assert "<pre>" in (path / "report" / "report.html").read_text()
+    page = (path / "report" / "report.html").read_text()
+    assert "<h2>Weights</h2>" in page and "<h2>Confusion matrix (llm weights)</h2>" in page
 
 
 def test_report_on_a_dynamic_dna_artifact_shows_mean_weights_per_proposed_aspect(faireval40, tmp_path):
