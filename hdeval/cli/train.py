@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import click
 from hdeval.cli.common import (
     TerminalProgress, _notice_local, _resolved, batch_option, llm_options, method_options, run_command,
 )
-from hdeval.errors import HdevalError
+from hdeval.errors import ConfigError, HdevalError
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
@@ -50,6 +52,8 @@ from hdeval.errors import HdevalError
               help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).")
 @click.option("--decompose-price-out", default=None, type=float,
               help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).")
+@click.option("--yes", "-y", is_flag=True,
+              help="Start a run on the embedded model estimated at over an hour without asking.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
@@ -57,8 +61,8 @@ from hdeval.errors import HdevalError
 @llm_options
 @batch_option
 def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
-          decompose_price_out: float | None, out: str | None, force: bool, quiet: bool, offline: bool,
-          **options: Any) -> None:
+          decompose_price_out: float | None, out: str | None, force: bool, yes: bool, quiet: bool,
+          offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -67,10 +71,10 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
     """
-    from hdeval.train import TrainConfig, plan, train as run_train
-
     def go() -> None:
+        _check_paths_early(options.get("data"), None if dry_run else out, force)
         from hdeval.cli.data import fetch_missing_task_data
+        from hdeval.train import TrainConfig, plan, train as run_train
 
         config = TrainConfig.from_options(**options)
         if config.data is None:
@@ -83,15 +87,21 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
                 click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
                            "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
                 config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
-            _print_plan(*plan(config), price_in=price_in, price_out=price_out, batch=config.batch,
+            prep, plans, identity = plan(config)
+            _print_plan(prep, plans, identity, price_in=price_in, price_out=price_out, batch=config.batch,
                         decompose_prices=(decompose_price_in, decompose_price_out))
+            click.echo(_estimate(config, plans, identity)[1])
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         if config.decompose_llm == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
+        if not yes:
+            _ask_before_a_long_local_run(config)
+        started = time.monotonic()
         ev = run_train(config, progress=progress)
+        _record_rate(config, ev, time.monotonic() - started)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
         try:
             ev.save(path, force=force)
@@ -100,6 +110,61 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         _print_train_summary(ev, path)
 
     run_command(go)
+
+
+def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
+    """A refused -o, found before the scientific libraries load (seconds on a busy machine); the
+    full checks follow once the task is known. (A missing --data waits: an option that does not
+    fit the task is the first thing to say.)"""
+    if out:
+        from hdeval.artifact import check_destination
+
+        check_destination(out, force=force)
+
+
+def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
+    from hdeval.estimate import estimate_plan
+    from hdeval.train import llm_config
+
+    spec = llm_config(config).resolved()
+    return estimate_plan(plans, identity, spec, config.cache_dir)
+
+
+def _ask_before_a_long_local_run(config) -> None:
+    """A many-hour run on the embedded model is rarely what a user meant: ask (or, with no
+    terminal to ask on, refuse) before starting one."""
+    from hdeval.estimate import LONG_RUN_SECONDS, is_embedded
+    from hdeval.train import plan
+
+    if not is_embedded(_resolved(config.llm)):
+        return
+    try:
+        _prep, plans, identity = plan(config)
+    except ConfigError:
+        return  # a method the dry run cannot count yet: nothing to estimate from (it says so on --dry-run)
+    seconds, line = _estimate(config, plans, identity)
+    if seconds is None or seconds <= LONG_RUN_SECONDS:
+        return
+    what = f"this run on the embedded model is {line.removeprefix('estimated time: ')}"
+    if sys.stdin.isatty():
+        if click.confirm(f"{what}. Start it?", default=False, err=True):
+            return
+        raise ConfigError("not started (a smaller run: --limit N, --layers 2; a faster LLM: --llm)")
+    raise ConfigError(f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
+                      "or faster (--llm with a server)")
+
+
+def _record_rate(config, ev, seconds: float) -> None:
+    from hdeval.estimate import record_rate, scoring_identity
+    from hdeval.train import _offline_identity
+
+    usage = (ev.metrics or {}).get("usage") or {}
+    if usage.get("calls", 0) and not config.batch:  # a batch run's time is the queue's, not the LLM's
+        try:
+            identity = scoring_identity(_offline_identity(config, None))
+        except HdevalError:
+            return
+        record_rate(config.cache_dir, identity, usage["calls"], usage.get("prompt_tokens", 0), seconds)
 
 
 def _print_train_summary(ev, path: Path) -> None:

@@ -110,7 +110,10 @@ class Saving:
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
         """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""
-        return [(self.summary_line(), False), (f"artifact written to {path}", False)]
+        lines = [(self.summary_line(), False), (f"artifact written to {path}", False)]
+        if self.reports:
+            lines.append((f"next: hdeval report {path}", False))
+        return lines
 
     def explain_refusal(self, artifact: Any) -> str | None:
         """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
