@@ -1,0 +1,94 @@
+"""Simulated judges for testing statistics: the truth is known, the noise is ours.
+
+Each synthetic sample carries a hidden latent quality in its text (``[[q=...]]``); humans rate
+the latent plus their own noise, and the simulated judge reads the latent plus noise we choose:
+per criterion, a halo shared by all criteria of one sample, and criteria that are pure noise.
+The fake LLM's numbers mean nothing; these mean exactly what we built into them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.fake import RESPONDERS, FakeBackend
+
+_LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
+
+
+def unit_normal(*parts: str) -> float:
+    """A deterministic standard normal draw keyed by ``parts`` (the same request, the same noise)."""
+    h = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    u1 = (int.from_bytes(h[:8], "big") + 1) / (2**64 + 1)
+    u2 = int.from_bytes(h[8:16], "big") / 2**64
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+def latents(text: str) -> list[float]:
+    return [float(x) for x in _LATENT.findall(text)]
+
+
+def _prompt(request: CompletionRequest) -> str:
+    return "\n".join(m.content for m in request.messages)
+
+
+# ------------------------------------------------------------------ pairwise (DnA)
+def pairwise_rows(n: int = 120, seed: int = 0, tie_band: float = 0.6, human_noise: float = 0.3) -> list[dict]:
+    """``n`` pairs, one per question; the human label is the sign of the latent difference plus
+    noise, a tie when it is within ``tie_band``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        qa, qb = rng.uniform(2, 9, size=2)
+        d = qa - qb + rng.normal(0, human_noise)
+        label = "tie" if abs(d) <= tie_band else ("a" if d > 0 else "b")
+        rows.append({
+            "id": f"sim-{i:03d}", "task": "faireval", "doc_id": f"q{i:03d}",
+            "source": f"Question number {i}: explain something.", "context": None,
+            "output_a": f"Answer one [[q={qa:.3f}]] with some words.",
+            "output_b": f"Answer two [[q={qb:.3f}]] with other words.",
+            "system_a": "x", "system_b": "y", "label": label, "annotations": None, "meta": None,
+        })
+    return rows
+
+
+def write_pairs(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False) -> FakeBackend:
+    """A DnA judge: each aspect score is the response's latent plus noise, rounded to 1-10, and
+    written in ``fmt`` (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a
+    request carrying a JSON schema is answered with ``{"score_a": .., "score_b": ..}``."""
+
+    def scores(request: CompletionRequest) -> tuple[int, int]:
+        prompt = _prompt(request)
+        q = latents(prompt)
+        aspect = re.search(r"^Aspect: (.+?):", prompt, re.M)
+        key = aspect.group(1) if aspect else "overall"
+        a_first = prompt.find("Answer one") < prompt.find("Answer two")
+        first, second = (q[0], q[1]) if len(q) >= 2 else (5.0, 5.0)
+        out = []
+        for side, lat in (("1", first), ("2", second)):
+            v = lat + noise * unit_normal(key, side, prompt[-400:], str(a_first))
+            out.append(int(min(10, max(1, round(v)))))
+        return out[0], out[1]
+
+    def reply(request: CompletionRequest, fake) -> Completion:
+        a, b = scores(request)
+        if json_replies and request.json_schema:
+            text = json.dumps({"score_a": a, "score_b": b})
+        else:
+            text = fmt.format(a=a, b=b)
+        return Completion(text, None, len(_prompt(request)) // 4, 4)
+
+    import hdeval.methods.dna.impl  # noqa: F401  (registers the fake's aspect and weight responders)
+
+    return FakeBackend(logprobs=False, responders={**RESPONDERS, "dna_score": reply, "dna_direct": reply})
