@@ -42,3 +42,18 @@ def test_ambiguous_replies_are_recorded_failures_not_numbers(tmp_path):
     # three numbers, nothing saying which two are the scores: every pair fails, none is guessed
     with pytest.raises(ScoringError, match="numbers, not two scores"):
         _agreement(tmp_path, "{a} {b} 10", "amb")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dna", "direct", "prompt-agg"])
+def test_dna_asks_for_its_scores_by_schema_and_reads_the_json_reply(tmp_path, mode):
+    from hdeval.methods.dna.replies import PAIR_SCHEMA
+
+    data = write_pairs(tmp_path / "pairs.jsonl", pairwise_rows(40, seed=5))
+    # a server that enforces the schema: the JSON reply, never the prompt's "7 4" line
+    backend = pair_backend("this text is not read", noise=1.0, json_replies=True)
+    ev = train(task="faireval", data=str(data), method="dna", llm="fake", cache_dir=str(tmp_path / "c"),
+               backend=backend, method_options={"dna_mode": mode})
+    scored = [r for r in backend.requests if r.kind in ("dna_score", "dna_direct", "dna_prompt_agg")]
+    assert scored and all(r.json_schema == PAIR_SCHEMA for r in scored)
+    assert ev.metrics["failure_rate"] == 0.0

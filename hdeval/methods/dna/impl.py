@@ -47,7 +47,8 @@ from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _feedback, _one_line, _read_cot, _read_pair,
-                                       _read_pair_weighted, _side, validate_aspects, validate_weights)
+                                       _read_pair_weighted, _side, structured_pair, validate_aspects,
+                                       validate_weights)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
@@ -315,9 +316,16 @@ def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpe
                   logprobs: bool = False) -> CompletionRequest:
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
-    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8)
+    req = structured_pair(_req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
+                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8))
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
+
+
+def overall_request(template: Template, task: Task, p: PairSample, swapped: bool, role: str) -> CompletionRequest:
+    """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
+    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)},
+               512 if role == "cot" else 8)
+    return req if role == "cot" else structured_pair(req)
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
@@ -403,9 +411,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         role = settings.mode
         tpl_o = templates[role]
         for p in scorable:
-            add(p.id, "overall", lambda sw, p=p: _req(tpl_o, {
-                "task_description": task.description, "pair": pair_block(task, p, sw)},
-                512 if role == "cot" else 8))
+            add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
@@ -434,8 +440,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 first, second = (sb, sa) if swapped else (sa, sb)
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                req = _req(tpl_p, {"task_description": task.description,
-                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8)
+                req = structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8))
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
@@ -852,8 +858,7 @@ def plan_dna(config, prep, backend=None) -> list:
         if not settings.uses_aspects:
             role = settings.mode
             exact(1, f"{role} x {len(orders)} order(s)", role, [
-                _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
-                     512 if role == "cot" else 8)  # as run_pairs asks
+                overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
                 for p in pairs for sw in orders])
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
