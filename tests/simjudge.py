@@ -92,3 +92,89 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
     import hdeval.methods.dna.impl  # noqa: F401  (registers the fake's aspect and weight responders)
 
     return FakeBackend(logprobs=False, responders={**RESPONDERS, "dna_score": reply, "dna_direct": reply})
+
+
+# ------------------------------------------------------------------ pointwise (HD-Eval)
+def pointwise_rows(n_docs: int = 40, per_doc: int = 3, seed: int = 0, human_noise: float = 0.35,
+                   aspects=("clarity", "accuracy")) -> list[dict]:
+    """Samples whose human score on every aspect is a hidden latent quality plus rater noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n_docs):
+        for k in range(per_doc):
+            q = float(rng.uniform(1, 5))
+            rows.append({
+                "id": f"sim-{d:02d}-{k}", "doc_id": f"doc-{d:02d}",
+                "source": f"Question number {d}: how do plants make food?",
+                "output": f"Answer {k} [[q={q:.3f}]]: plants use light.",
+                "scores": {a: float(np.clip(q + rng.normal(0, human_noise), 1, 5)) for a in aspects},
+            })
+    return rows
+
+
+_CRITERION_NAME = re.compile(r'only on the criterion "([^"\n]*)"')
+
+
+def criterion_depth(name: str) -> int:
+    """The fake decomposer names a child "<parent name>: <facet>": depth = parts of the name."""
+    return name.count(":") + 1
+
+
+def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
+                      noise_criteria: tuple[str, ...] = ()) -> FakeBackend:
+    """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
+    criterion of the sample plus its own noise. Deeper criteria are pure noise (the judge's
+    deeper questions carry no signal) unless ``deep_signal``; a criterion whose name ends in
+    one of ``noise_criteria`` is pure noise at any depth."""
+
+    def reply(request: CompletionRequest, fake) -> Completion:
+        prompt = _prompt(request)
+        q = latents(prompt)
+        m = _CRITERION_NAME.search(prompt)
+        name = m.group(1) if m else ""
+        sample = prompt[prompt.rfind("<sample>\n"):]  # the system text names the tags too
+        sample = sample[:sample.find("</sample>")]
+        informative = (criterion_depth(name) == 1 or deep_signal) and not any(
+            name.lower().endswith(n) for n in noise_criteria)
+        if informative and q:
+            v = q[0] + halo * unit_normal("halo", sample) + noise * unit_normal("crit", name, sample)
+        else:
+            v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
+        return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)
+
+    return FakeBackend(logprobs=False, responders={**RESPONDERS, "score": reply})
+
+
+TOY_TASK = """
+name = "sim_qa"
+description = "Question answering: a system answered a question."
+output_label = "Answer"
+
+[[fields]]
+key = "source"
+label = "Question"
+
+[[fields]]
+key = "output"
+label = "Answer"
+
+[[aspects]]
+key = "clarity"
+name = "Clarity"
+definition = "How clear the answer is."
+range = [1, 5]
+
+[[aspects]]
+key = "accuracy"
+name = "Accuracy"
+definition = "How correct the answer is."
+range = [1, 5]
+"""
+
+
+def write_pointwise(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
+    task = tmp / "sim_qa.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    data = tmp / "sim_qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return task, data
