@@ -41,6 +41,7 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.cache_guard import refuse_foreign_schema, ro_connect
 from hdeval.errors import BudgetExceeded, CacheError
 
 CACHE_SCHEMA = 1
@@ -283,7 +284,7 @@ def _move_aside(directory: Path) -> str:
 
 
 def _ro_connect(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    return ro_connect(db)  # works on a read-only file system too
 
 
 def _precheck(directory: Path) -> None:
@@ -333,6 +334,7 @@ def open_store(cache_dir: str | Path) -> diskcache.Cache:
     except OSError as exc:
         raise storage_error(directory, exc) from None
     _precheck(directory)
+    refuse_foreign_schema(directory)  # a planted trigger would rewrite every reply stored from here on
     try:
         return diskcache.Cache(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:

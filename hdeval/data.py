@@ -17,6 +17,26 @@ from hdeval.tasks import builtin_tasks
 from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
 
 MAX_REPORTED_ERRORS = 20
+#: The longest line a JSONL reader accepts (bytes, or characters of a text file): a sample is
+#: far smaller; a file with no line ends (``/dev/zero``, a binary file) must not fill memory.
+MAX_LINE_BYTES = 16 << 20
+
+
+def bounded_lines(fh: Any, path: str | Path, limit: int | None = None, start: int = 0) -> Iterator[Any]:
+    """The lines of ``fh`` (text or binary), each read with a bound (``MAX_LINE_BYTES`` unless
+    given): a longer line is one :class:`DataError` naming the file and line. ``start``: lines
+    already read."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    lineno = start
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > limit:
+            raise DataError(f"{path}: line {lineno}: longer than {limit:,} bytes: not a JSONL file of samples "
+                            "(one JSON object per line)?")
+        yield line
 BOM = "\ufeff"
 _INVALID_BYTE = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" shows a non-UTF-8 byte
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -83,7 +103,8 @@ def iter_samples(
     the file is still checked, and the :class:`DataError` listing every bad line is raised at
     the end, as :func:`read_samples` raises it."""
     if task.shape != "pointwise":
-        raise ConfigError(f"task {task.name} is {task.shape}: read its data with read_pairs")
+        raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
+                          "reads single responses: use a pointwise task (see `hdeval tasks`)")
     path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
     errors: list[str] = []
@@ -106,7 +127,7 @@ def iter_samples(
         raise DataError(f"cannot open data file {path}: {exc}") from exc
     offset = 0  # bytes of the file before the current line
     with fh:
-        for lineno, line in enumerate(fh, 1):
+        for lineno, line in enumerate(bounded_lines(fh, path), 1):
             start = offset
             offset += len(line.encode("utf-8", "surrogateescape"))
             if lineno == 1 and line.startswith(BOM):
@@ -404,7 +425,7 @@ def iter_pairs(
     except OSError as exc:
         raise DataError(f"cannot open data file {path}: {exc}") from exc
     with fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(bounded_lines(fh, path), 1):
             if not raw.strip():
                 continue
             pair = None

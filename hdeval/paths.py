@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -31,3 +32,30 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env)
     return _xdg("XDG_CACHE_HOME", ".cache") / "hdeval"
+
+
+def check_model_file(path: Path) -> None:
+    """Raise a one-line ConfigError unless ``path`` is a GGUF model file: saying what is wrong
+    (missing, a directory, a device, not GGUF) instead of letting a runtime read /dev/zero."""
+    from hdeval.errors import ConfigError
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"GGUF model file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} is a directory, not a model file: give the .gguf file in it "
+                          "(--llm llamacpp:/path/to/model.gguf)")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path} is not a regular file (a device, FIFO or socket), not a model file: "
+                          "--llm llamacpp: needs a .gguf file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise ConfigError(f"cannot load GGUF model {path}: not a GGUF model file (it does not start with 'GGUF'); "
+                          "--llm llamacpp: needs a llama.cpp model in GGUF format")

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+# A JSON "\ud800" escape decodes to a lone surrogate, which cannot be encoded as UTF-8: no
+# prompt, request or cache key can carry it, so text from outside is refused where it comes in.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE_PROBLEM = "holds a lone surrogate (a \\ud800-style escape): not usable text"
+
+
+def has_lone_surrogate(text: str) -> bool:
+    return bool(_LONE_SURROGATE.search(text))
 
 
 @dataclass(frozen=True)

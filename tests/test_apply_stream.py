@@ -19,7 +19,8 @@ from click.testing import CliRunner, Result
 
 from conftest import toy_rows, write_jsonl
 from hdeval.cli import cli
-from hdeval.cli.apply import CHUNK_ENV, shard_of
+from hdeval.run.apply import CHUNK_ENV
+from hdeval.run.shards import shard_of
 from hdeval.train import train
 
 DIALOGUE = """
@@ -188,7 +189,7 @@ def test_a_bad_line_in_a_later_chunk_writes_nothing_and_calls_nothing(toy_artifa
 def test_a_file_that_goes_bad_while_it_is_streamed_leaves_no_output(toy_artifact: Path, tmp_path: Path,
                                                                      monkeypatch) -> None:
     """The first pass saw a good file; by the time the stream reaches line 30 it is not."""
-    import hdeval.cli.apply as apply_mod
+    import hdeval.run.apply as apply_mod
 
     data = new_samples(tmp_path)
     good = data.read_text()
@@ -284,8 +285,9 @@ def test_shards_merged_equal_the_unsharded_apply(n: int, toy_artifact: Path, tmp
         part = tmp_path / f"part{k}.jsonl"
         result = apply(toy_artifact, data, part, cache, "--shard", f"{k}/{n}", chunk=4)
         assert result.exit_code == 0, result.output
-        rows = [json.loads(line) for line in part.read_text().splitlines()]
+        *rows, closing = [json.loads(line) for line in part.read_text().splitlines()]
         assert rows and all(r["shard"]["k"] == k and shard_of(r["id"], n) == k for r in rows)
+        assert closing["shard"]["rows"] == len(rows) and "id" not in closing
         assert f"of 36 samples in shard {k}/{n}" in result.stderr
         counts.append(len(rows))
         parts.append(part)
@@ -325,8 +327,9 @@ def two_shards(toy_artifact: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _edit(path: Path, dest: Path, fn) -> Path:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return write_jsonl(dest, fn(rows))
+    """``fn`` applied to the scored rows; the closing record stays last, as written."""
+    *rows, closing = [json.loads(line) for line in path.read_text().splitlines()]
+    return write_jsonl(dest, fn(rows) + [closing])
 
 
 @pytest.mark.parametrize("case, fragment", [
@@ -355,7 +358,7 @@ def test_merge_refuses_incomplete_or_mixed_shards_and_writes_nothing(case: str, 
         "reordered": lambda: [_edit(p1, tmp_path / "r.jsonl", lambda rs: rs[::-1]), p2],
         "mixed n": lambda: [p1, p2, third],
         "duplicate id": lambda: [_edit(p1, tmp_path / "d.jsonl", lambda rs: rs + rs[-1:]), p2],
-        "not json": lambda: [p1, _append(p2, "{oops\n")],
+        "not json": lambda: [p1, _insert_before_last(p2, "{oops\n")],
     }[case]()
     out = tmp_path / "merged.jsonl"
     out.write_text("previous\n")
@@ -363,13 +366,13 @@ def test_merge_refuses_incomplete_or_mixed_shards_and_writes_nothing(case: str, 
     assert out.read_text() == "previous\n" and leftovers(tmp_path) == []
 
 
-def _append(path: Path, text: str) -> Path:
-    with path.open("a") as fh:
-        fh.write(text)
+def _insert_before_last(path: Path, text: str) -> Path:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + text + lines[-1])
     return path
 
 
-def test_an_empty_shard_is_an_empty_file_that_merges(toy_artifact: Path, tmp_path: Path) -> None:
+def test_an_empty_shard_is_its_closing_record_alone_and_merges(toy_artifact: Path, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
     mine = [r for r in rows if shard_of(r["id"], 2) == 1][:3]  # every sample in shard 1 of 2
     data = write_jsonl(tmp_path / "few.jsonl", mine)
@@ -377,7 +380,7 @@ def test_an_empty_shard_is_an_empty_file_that_merges(toy_artifact: Path, tmp_pat
     assert apply(toy_artifact, data, tmp_path / "all.jsonl", cache).exit_code == 0
     r2 = apply(toy_artifact, data, tmp_path / "p2.jsonl", cache, "--shard", "2/2")
     assert r2.exit_code == 0 and "0 of 3 samples in shard 2/2" in r2.stderr
-    assert (tmp_path / "p2.jsonl").read_text() == ""
+    assert [json.loads(line)["shard"]["rows"] for line in (tmp_path / "p2.jsonl").read_text().splitlines()] == [0]
     assert apply(toy_artifact, data, tmp_path / "p1.jsonl", cache, "--shard", "1/2").exit_code == 0
     assert run("merge-shards", tmp_path / "m.jsonl", tmp_path / "p2.jsonl", tmp_path / "p1.jsonl").exit_code == 0
     assert (tmp_path / "m.jsonl").read_bytes() == (tmp_path / "all.jsonl").read_bytes()

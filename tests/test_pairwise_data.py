@@ -248,7 +248,7 @@ def test_skip_empty_leaves_out_empty_text_but_not_missing_fields(tmp_path):
 def test_pointwise_reader_refuses_a_pairwise_task(tmp_path):
     task = pair_task(tmp_path)
     p = write_jsonl(tmp_path / "p.jsonl", [_pair(1)])
-    with pytest.raises(ConfigError, match="task pairs is pairwise: read its data with read_pairs"):
+    with pytest.raises(ConfigError, match="task pairs judges pairs of responses .* use a pointwise task"):
         read_samples(p, task)
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.errors import BackendError, ConfigError
+from hdeval.paths import check_model_file
 
 # The longest built-in scoring prompts are about 1,100 (SummEval) and 1,200 (Topical-Chat)
 # SmolLM2 tokens; 4096 leaves room for deeper criteria and users' longer inputs while keeping
@@ -178,8 +179,7 @@ class LlamaCppBackend:
         is_default_model: bool = False,
     ) -> None:
         path = Path(model_path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"GGUF model file not found: {path}")
+        check_model_file(path)
         try:
             from llama_cpp import Llama
         except ImportError as exc:

@@ -685,7 +685,7 @@ class OpenAICompatBackend:
             data = json.loads(body)
             choice = data["choices"][0]
             message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):  # RecursionError: "[[[[..." bodies
             snippet = _one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
         content = message.get("content") if isinstance(message, dict) else None

@@ -49,6 +49,7 @@ from hdeval.backends.llama_cpp import (
     constrained_digits,
 )
 from hdeval.errors import BackendError, ConfigError
+from hdeval.paths import check_model_file
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
 # Raw top logprobs asked for at the first scoring position. With 100 of them, a digit that
@@ -82,8 +83,7 @@ class XLlamaCppBackend:
         is_default_model: bool = False,
     ) -> None:
         path = Path(model_path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"GGUF model file not found: {path}")
+        check_model_file(path)
         try:
             import xllamacpp
         except ImportError as exc:

@@ -49,12 +49,12 @@ def cache() -> None:
 @cache.command("stats")
 @click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
 def cache_stats_cmd(cache_dir: str | None) -> None:
-    """Show the number of cached replies and their size."""
-    from hdeval.cache import cache_stats
+    """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
+    from hdeval.cache_guard import read_stats
     from hdeval.paths import default_cache_dir
 
     def go() -> None:
-        st = cache_stats(cache_dir or default_cache_dir())
+        st = read_stats(cache_dir or default_cache_dir())
         click.echo(f"cache {st['path']}: {st['entries']} entries, {int(st['bytes']) / 1e6:.2f} MB")
 
     run_command(go)
@@ -92,27 +92,46 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
 def cache_check_cmd(cache_dir: str | None) -> None:
     """Read every entry: count readable, unreadable and foreign ones (writes nothing).
 
-    Exits 1 when the database or any entry is unreadable, or it holds entries hdeval never
-    writes (e.g. pickled values); `hdeval cache repair` keeps only the readable ones.
+    Exits 1 when the database or any entry is unreadable, it holds entries hdeval never
+    writes (e.g. pickled values), or SQLite objects the cache never creates (triggers, views,
+    tables, indexes); `hdeval cache repair` keeps only the readable entries. A shared cache is
+    trusted to hold true replies: a planted valid entry cannot be told from a real one.
     """
+    import sqlite3
+
     from hdeval.cache import DBNAME, check_cache
+    from hdeval.cache_guard import foreign_objects, on_read_only_storage
     from hdeval.paths import default_cache_dir
 
     def go() -> None:
         path = Path(cache_dir or default_cache_dir())
         r = check_cache(path)
+        try:
+            planted = foreign_objects(path / DBNAME)
+        except sqlite3.Error:
+            planted = []  # unreadable: reported below as the database error
         click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
                    f"{r.foreign} foreign (not written by hdeval) entries")
         for e in r.examples:
             click.echo(f"  {e}")
-        if r.database_error is not None:
+        for obj in planted:
+            click.echo(f"  {obj}: not created by the cache")
+        if planted:
+            click.echo(f"error: the database {path / DBNAME} holds {len(planted)} SQLite object(s) the cache never "
+                       f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
+                       f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
+                       "database", err=True)
+        elif r.database_error is not None and on_read_only_storage(path):
+            click.echo(f"error: cannot read the database {path / DBNAME} on read-only storage "
+                       f"({r.database_error}); check a writable copy of {path}", err=True)
+        elif r.database_error is not None:
             click.echo(f"error: the database {path / DBNAME} is damaged ({r.database_error}); "
                        f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
         elif not r.ok:
             click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
                        f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
                        err=True)
-        if not r.ok:
+        if not r.ok or planted:
             sys.exit(1)
 
     run_command(go)

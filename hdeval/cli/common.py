@@ -4,22 +4,19 @@ declared once, loading an artifact and scoring with its LLM, writing outputs."""
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from hdeval.errors import ConfigError, HdevalError
+from hdeval.errors import HdevalError
 from hdeval.progress import Progress
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
@@ -300,20 +297,6 @@ def load_artifact(path: str):
     return ev
 
 
-def _check_llm_options(*, concurrency: int, timeout: float, max_retries: int, max_calls: int | None) -> None:
-    """The LLM options of ``apply`` and ``explain`` (``train`` checks its own in TrainConfig)."""
-    from hdeval.errors import ConfigError
-
-    for ok, msg in (
-        (concurrency >= 1, f"--concurrency must be at least 1, got {concurrency}"),
-        (timeout > 0, f"--timeout must be positive, got {timeout}"),
-        (max_retries >= 0, f"--max-retries must be 0 or more, got {max_retries}"),
-        (max_calls is None or max_calls >= 0, f"--max-calls must be 0 or more, got {max_calls}"),
-    ):
-        if not ok:
-            raise ConfigError(msg)
-
-
 def _from_command_line(name: str) -> bool:
     """Whether option ``name`` was typed on the command line (not taken from the environment)."""
     from click.core import ParameterSource
@@ -326,231 +309,26 @@ def _stdin_is_tty() -> bool:
     return sys.stdin.isatty()
 
 
-def _artifact_llm(ev, llm: str | None, base_url: str | None) -> tuple[str, str | None]:
-    """The model and server to score with: the artifact's, unless --llm/--base-url are typed
-    on the command line (HDEVAL_LLM/HDEVAL_BASE_URL do not silently swap an artifact's LLM).
-    A server named only by the artifact gets no key and no sample before the user agrees."""
-    if _from_command_line("llm") and llm:
-        # another model: the server is whatever the user gave for it (option or environment)
-        return llm, base_url
-    if llm and llm != ev.llm.model:
-        click.echo(f"note: ignoring HDEVAL_LLM={llm} from the environment: apply uses the artifact's LLM "
-                   f"({ev.llm.model}); pass --llm to use another", err=True)
-    if base_url and _from_command_line("base_url"):
-        return ev.llm.model, base_url
-    url = ev.llm.base_url
-    if base_url and url and base_url.rstrip("/") == url.rstrip("/"):
-        return ev.llm.model, url  # the user's environment names the artifact's server
-    if base_url:
-        click.echo("note: ignoring HDEVAL_BASE_URL from the environment: apply uses the artifact's "
-                   "server; pass --base-url to use another", err=True)
-    if not url:
-        return ev.llm.model, None
-    what = "your samples and OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else "your samples"
-    if _stdin_is_tty():
-        if click.confirm(f"the artifact asks to send {what} to {url}; do that?", default=False, err=True):
-            return ev.llm.model, url
-        raise ConfigError(f"not sending anything to {url}; pass --base-url URL to choose the server")
-    raise ConfigError(f"the artifact names the LLM server {url}: hdeval sends {what} there only if you say "
-                      f"so; pass --base-url {url} (or another server)")
+def _confirm() -> Callable[[str], bool] | None:
+    """Ask the artifact-LLM question on a terminal; with no one to answer, the library refuses."""
+    if not _stdin_is_tty():
+        return None
+    return lambda question: click.confirm(question, default=False, err=True)
 
 
 def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
                         max_retries: int, cache_dir: str | None, max_calls: int | None,
                         concurrency: int, quiet: bool, batch: bool = False):
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
+    from hdeval.run.artifact_llm import open_artifact_llm
+
     backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch)
+                                cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch,
+                                llm_given=_from_command_line("llm"), base_url_given=_from_command_line("base_url"),
+                                confirm=_confirm(), notify=lambda text: click.echo(text, err=True))
     progress = TerminalProgress(quiet)
     try:
         return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
     finally:
         progress.close()
         backend.close()
-
-
-def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: float, max_retries: int,
-                      cache_dir: str | None, max_calls: int | None, concurrency: int, batch: bool = False):
-    """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
-    warns on a mismatch. The caller closes it (``apply`` scores chunk after chunk with one)."""
-    from hdeval.config import LLMConfig
-    from hdeval.llm import open_llm
-    from hdeval.urls import public_identity
-
-    _check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    model, url = _artifact_llm(ev, llm, base_url)
-    config = LLMConfig(model, url, timeout, max_retries, concurrency, cache_dir, max_calls, bool(batch))
-    _notice_local(model)
-    backend = open_llm(config)
-    if public_identity(backend.identity, url) != ev.llm_identity:
-        click.echo(f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
-                   f"trained with {ev.llm_identity}; scores may not match its metrics", err=True)
-    return backend
-
-
-OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-
-
-def _output_format(output: str) -> str:
-    """The format ``apply -o`` writes, from the extension; checked before any LLM call."""
-    if output == "-":
-        return "jsonl"
-    fmt = OUTPUT_FORMATS.get(Path(output).suffix.lower())
-    if fmt is None:
-        raise ConfigError(f"cannot tell the output format of {output}: use -o with .jsonl, .csv or "
-                          ".parquet, or -o - for JSONL on stdout")
-    if fmt == "parquet":
-        import importlib.util
-
-        if not any(importlib.util.find_spec(m) for m in ("pyarrow", "fastparquet")):
-            raise ConfigError(f"writing {output} needs a parquet library: pip install pyarrow")
-    from hdeval.artifact import check_writable
-
-    check_writable(Path(os.path.abspath(output)).parent)
-    return fmt
-
-
-def _flat(row: dict) -> dict:
-    """One scored row as flat columns (``scores.<aspect>``, ``criteria.<key>``, ...)."""
-    out: dict = {}
-    for k, v in row.items():
-        if k in ("scores", "criteria", "human") and isinstance(v, dict):
-            out.update({f"{k}.{a}": x for a, x in v.items()})
-        elif isinstance(v, (dict, list)):
-            out[k] = json.dumps(v, ensure_ascii=False)
-        else:
-            out[k] = v
-    return out
-
-
-def _write_output(output: str, fmt: str, rows: list[dict]) -> None:
-    """Write the scored rows atomically (temp file renamed into place) or to stdout."""
-    with OutputWriter(output, fmt) as out:
-        out.write(rows)
-        out.commit()
-
-
-class OutputWriter:
-    """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
-    beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
-    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary files and never touches an
-    existing file at the destination. ``-``: JSONL on stdout, each chunk as it comes.
-
-    JSONL is written as it comes; CSV rows are spooled as JSON lines first (the header is the
-    union of every row's columns, known only at the end) and converted a chunk at a time;
-    parquet is built in memory from the spool at the end (the scored rows, not the samples)."""
-
-    CONVERT_ROWS = 1000  # rows per DataFrame when converting the spool to CSV
-
-    def __init__(self, output: str, fmt: str):
-        self.output, self.fmt = output, fmt
-        self.rows = 0
-        self._tmp: list[str] = []
-        self._fh: Any = None
-        self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
-        self._done = False
-        if output == "-":
-            return
-        self.path = Path(output)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self._tmp.append(tmp)
-        self._fh = os.fdopen(fd, "w", encoding="utf-8")
-
-    def __enter__(self) -> "OutputWriter":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.discard()
-
-    def write(self, rows: list[dict]) -> None:
-        if self.output == "-":
-            for r in rows:
-                click.echo(json.dumps(r, ensure_ascii=False))
-            sys.stdout.flush()
-            self.rows += len(rows)
-            return
-        try:
-            for r in rows:
-                if self.fmt != "jsonl":
-                    r = _flat(r)
-                    self._columns.update(dict.fromkeys(r))
-                self._fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self.rows += len(rows)
-
-    def commit(self) -> None:
-        """Put the output in place (the one moment the destination changes)."""
-        if self.output == "-":
-            self._done = True
-            return
-        try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
-            os.replace(final, self.path)
-            self._done = True
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        finally:
-            self.discard()
-
-    def _convert(self, spool: str) -> str:
-        import pandas as pd
-
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(fd)
-        self._tmp.append(tmp)
-        columns = list(self._columns)
-        with open(spool, encoding="utf-8") as fh:
-            if self.fmt == "parquet":  # buffers the rows (not the samples): see `hdeval apply --help`
-                pd.DataFrame([json.loads(line) for line in fh], columns=columns).to_parquet(tmp, index=False)
-                return tmp
-            first, batch = True, []
-            for line in fh:
-                batch.append(json.loads(line))
-                if len(batch) >= self.CONVERT_ROWS:
-                    pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
-                    first, batch = False, []
-            if batch or first:
-                pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
-        return tmp
-
-    def discard(self) -> None:
-        """Remove the temporary files (after a commit, whatever is left of them)."""
-        if self._fh is not None and not self._fh.closed:
-            try:
-                self._fh.close()
-            except OSError:
-                pass
-        for tmp in self._tmp:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self._tmp.clear()
-
-
-def _input_tasks(path: str) -> set[str]:
-    """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
-    found: set[str] = set()
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("task"), str):
-                    found.add(row["task"])
-    except (OSError, UnicodeDecodeError):
-        pass
-    return found
-
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from hdeval.cli.common import run_command
+from hdeval.errors import ConfigError
 
 
 @click.group("paireval")
@@ -33,10 +34,16 @@ def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
     """
     from hdeval.data import read_samples, write_jsonl
     from hdeval.methods.paireval import export_training, history_fields
+    from hdeval.run.output import check_output
     from hdeval.tasks import load_task
 
     def go() -> None:
+        check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
         t = load_task(task)
+        if t.shape != "pointwise":
+            raise ConfigError(f"--task {task} judges pairs of responses; export-training builds pairs from a "
+                              "dialogue corpus with one real follow-up per conversation: pass a dialogue task "
+                              "such as --task dailydialog_grade (see `hdeval tasks`)")
         history_fields(t)
         samples = read_samples(data, t, require_scores=False)
         rows = export_training(samples, t, seed)

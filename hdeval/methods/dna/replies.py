@@ -14,6 +14,7 @@ import numpy as np
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.judge import score_pair
+from hdeval.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
 
 SCALE10 = (1.0, 10.0)
 
@@ -69,6 +70,8 @@ def validate_aspects(k: int):
                 raise ValueError(f"aspect {i}: 'name' must be a short non-empty string")
             if not isinstance(definition, str) or not definition.strip() or len(definition) > 600:
                 raise ValueError(f"aspect {i}: 'definition' must be a non-empty string of at most 600 characters")
+            if has_lone_surrogate(name + definition):
+                raise ValueError(f"aspect {i} {LONE_SURROGATE_PROBLEM}")
             name = _one_line(name, 100)
             if name.lower() in seen:
                 raise ValueError(f"aspect {i}: {name!r} is listed twice")

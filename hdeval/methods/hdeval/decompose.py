@@ -11,7 +11,7 @@ from hdeval.errors import DecompositionError, RequestRejected
 from hdeval.judge import UnusableReply, ask_json, extract_json
 from hdeval.progress import Progress
 from hdeval.prompts import Template, decomposition_messages
-from hdeval.types import CriteriaTree, Criterion, Task
+from hdeval.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
 
 DECOMPOSE_MAX_TOKENS = 1024
 ATTEMPTS = 3
@@ -97,6 +97,8 @@ def validate_subcriteria(
         key = slug(str(item.get("key") or name))
         if not key or not name or not definition:
             raise ValueError(f"sub-criterion #{i} needs a non-empty key, name and definition")
+        if has_lone_surrogate(name + definition):
+            raise ValueError(f"sub-criterion #{i} {LONE_SURROGATE_PROBLEM}")
         text = (name.lower(), definition.lower())
         if text in seen_text:
             continue  # the same criterion twice (small models repeat themselves): keep one

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError, HdevalError
-from hdeval.types import CriteriaTree, Criterion, Task
+from hdeval.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
 
 MAX_TREE_BYTES = 1 << 20
 MAX_CRITERIA = 500
@@ -101,6 +101,8 @@ def _text(value: Any, at: str, limit: int, control: re.Pattern[str]) -> str:
         raise ValueError(f"{at}: longer than {limit} characters")
     if control.search(value):
         raise ValueError(f"{at}: holds a control character")
+    if has_lone_surrogate(value):
+        raise ValueError(f"{at}: {LONE_SURROGATE_PROBLEM}")
     return value.strip()
 
 

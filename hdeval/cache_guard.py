@@ -1,0 +1,135 @@
+"""What the cache's SQLite file may hold, and reading it without writing.
+
+A shared cache directory is input from outside: a trigger, view, table or index the cache did
+not create could rewrite or drop every reply the user pays for, so such a file is refused
+before the cache writes to it. The schema the cache creates is taken from diskcache itself (a
+throw-away database per process), so a diskcache upgrade does not make every cache foreign."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sqlite3
+import tempfile
+from pathlib import Path
+
+from hdeval.errors import CacheError
+
+DBNAME = "cache.db"
+# Tables SQLite makes itself (ANALYZE, AUTOINCREMENT); no statement can create them by name.
+_SQLITE_INTERNAL = re.compile(r"sqlite_(stat\d|sequence)\Z")
+_SHOWN = 5  # foreign objects named in a message
+
+
+def _norm(sql: str | None) -> str | None:
+    return None if sql is None else " ".join(sql.split())
+
+
+@functools.lru_cache(maxsize=1)
+def expected_schema() -> frozenset[tuple[str, str, str, str | None]]:
+    """(type, name, table, sql) of everything diskcache creates, under any eviction policy."""
+    import diskcache
+
+    with tempfile.TemporaryDirectory(prefix="hdeval-schema-") as tmp:
+        diskcache.Cache(tmp, eviction_policy="none").close()
+        con = sqlite3.connect(os.path.join(tmp, DBNAME))
+        try:
+            for policy in diskcache.EVICTION_POLICY.values():
+                if policy.get("init"):
+                    con.execute(policy["init"])
+            rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        finally:
+            con.close()
+    return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
+
+
+def ro_connect(db: Path) -> sqlite3.Connection:
+    """A read-only connection that also works on a read-only file system: there SQLite cannot
+    make the shared-memory file a WAL database needs even to read, so the file is opened as
+    immutable (nothing can change it while it cannot be written)."""
+    from hdeval.cache import _kind
+
+    uri = db.resolve().as_uri()
+    try:
+        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=10)
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return con
+    except sqlite3.Error as exc:
+        if _kind(exc) != "readonly":
+            raise
+        wal = db.with_name(db.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise  # replies still in the write-ahead log: an immutable read would miss them
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=10)
+
+
+def foreign_objects(db: Path) -> list[str]:
+    """What the SQLite file ``db`` holds that the cache never creates, e.g. ``trigger t on
+    Cache``; an empty list for a missing file or a clean one. Reads only."""
+    if not db.is_file():
+        return []
+    con = ro_connect(db)
+    try:
+        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    finally:
+        con.close()
+    known = expected_schema()
+    found = []
+    for t, n, tb, sql in rows:
+        if (t, n, tb, _norm(sql)) in known or (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n))):
+            continue
+        name = str(n)[:60]
+        found.append(f"{t} {name!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else ""))
+    return found
+
+
+def refuse_foreign_schema(directory: str | Path) -> None:
+    """Before the cache opens (and writes to) an existing database: one-line CacheError if it
+    holds a trigger, view, table or index the cache never creates."""
+    directory = Path(directory)
+    db = directory / DBNAME
+    try:
+        found = foreign_objects(db)
+    except sqlite3.Error:
+        return  # unreadable: the cache's own open says why
+    if found:
+        more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+        raise CacheError(
+            f"the LLM reply cache {db} holds SQLite objects the cache never creates ({', '.join(found[:_SHOWN])}"
+            f"{more}): not opening it, as they could rewrite or drop the replies you pay for; "
+            f"`hdeval cache repair --cache-dir {directory}` copies its readable entries into a fresh database "
+            "(check them: a planted entry cannot be told from a real one), or pass another --cache-dir")
+
+
+def read_stats(directory: str | Path) -> dict[str, int | str]:
+    """Entries and bytes of the cache in ``directory``, read without writing anything (works
+    on a read-only copy or mount); the same figures diskcache's ``len`` and ``volume`` give."""
+    from hdeval.cache import _kind, _reason, storage_error
+
+    path = Path(directory)
+    db = path / DBNAME
+    if not db.is_file():
+        return {"path": str(path), "entries": 0, "bytes": 0}
+    try:
+        con = ro_connect(db)
+        try:
+            entries = con.execute("SELECT count(*) FROM Cache").fetchone()[0]
+            pages = con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
+            row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        if _kind(exc) == "corrupt":
+            raise storage_error(path, exc) from None
+        raise CacheError(f"cannot read the LLM reply cache {db} ({_reason(exc)})") from None
+    size = row[0] if row and isinstance(row[0], int) else 0
+    return {"path": str(path), "entries": int(entries), "bytes": int(pages + size)}
+
+
+def on_read_only_storage(directory: str | Path) -> bool:
+    """Whether files cannot be written in ``directory`` (a read-only mount or folder)."""
+    try:
+        return not os.access(directory, os.W_OK) or bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

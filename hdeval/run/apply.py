@@ -1,0 +1,288 @@
+"""Streaming ``apply``: score a JSONL file with any method's artifact a chunk at a time (memory
+holds one chunk), optionally one shard of N, into an atomically written output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from hdeval.errors import ConfigError, DataError, ScoringError
+from hdeval.progress import Progress
+from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
+from hdeval.run.output import OutputWriter, check_output, output_format
+from hdeval.run.shards import (
+    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
+)
+
+#: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
+CHUNK_ENV = "HDEVAL_APPLY_CHUNK"
+DEFAULT_CHUNK = 1000
+
+
+def chunk_size() -> int:
+    raw = os.environ.get(CHUNK_ENV, "")
+    if not raw:
+        return DEFAULT_CHUNK
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{CHUNK_ENV} must be a whole number of samples, at least 1; got {raw!r}")
+    return value
+
+
+class _ChunkProgress(Progress):
+    """The scorer's progress with the chunk it belongs to in the label."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+        self.prefix = ""
+
+    def stage(self, label: str, total: int) -> None:
+        self.inner.stage(self.prefix + label, total)
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        self.inner.advance(n, cached)
+
+    def end_stage(self) -> None:
+        self.inner.end_stage()
+
+    def message(self, text: str) -> None:
+        self.inner.message(text)
+
+
+class _Summary:
+    """What the closing summary needs, kept per row (numbers and labels, not samples):
+    the predictions and human scores for correlations, or the labels for pairs' agreement."""
+
+    def __init__(self) -> None:
+        self.aspects: list[str] | None = None
+        self.pred: list[Any] = []
+        self.human: list[Any] = []
+        self.all_human = True
+        self.last: Any = None  # a pairwise result: the labels below replace its own at the end
+        self.labels: dict[str, list] = {"labels": [], "labels_ab": [], "learned_labels": [], "learned_ab": []}
+        self.learned = True
+        self.human_labels: list[str | None] = []
+
+    def add(self, samples: list, res: Any) -> None:
+        import numpy as np
+
+        if hasattr(res, "agreement"):
+            self.last = res
+            self.human_labels.extend(s.label for s in samples)
+            # DnA results carry learned labels too; pairwise HD-Eval results only their own
+            self.learned = self.learned and getattr(res, "learned_labels", None) is not None
+            for name, values in self.labels.items():
+                values.extend(getattr(res, name, None) or ())
+            return
+        self.aspects = list(res.aspects)
+        if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
+            self.pred.append(np.asarray(res.predictions, float))
+            self.human.append(np.array([[s.scores[a] for a in self.aspects] for s in samples], float))
+        else:
+            self.all_human, self.pred, self.human = False, [], []
+
+    def agreement(self) -> dict | None:
+        if self.last is None:
+            return None
+        lab = self.labels
+        fields = {f.name for f in dataclasses.fields(self.last)}
+        kept = {"labels": lab["labels"], "labels_ab": lab["labels_ab"]}
+        if "learned_labels" in fields:
+            kept.update(learned_labels=lab["learned_labels"] if self.learned else None,
+                        learned_ab=lab["learned_ab"] if self.learned else None)
+        res = dataclasses.replace(self.last, **kept)
+        return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
+
+    def correlations(self) -> dict | None:
+        import numpy as np
+
+        from hdeval.metrics import metric_table
+
+        if self.last is not None or not self.all_human or not self.pred:
+            return None
+        return metric_table(np.concatenate(self.human), np.concatenate(self.pred), self.aspects)
+
+
+def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -> tuple[int, int]:
+    """Validate the whole input before any LLM call (every bad line reported at once, as
+    before streaming); return (samples in the file, samples in this shard)."""
+    from hdeval.data import iter_task_chunks
+
+    total = mine = 0
+    for chunk in iter_task_chunks(input_file, ev.task, require_labels=False, size=size):
+        total += len(chunk)
+        mine += len(chunk) if shard is None else sum(shard_of(s.id, shard[1]) == shard[0] for s in chunk)
+    return total, mine
+
+
+def _input_tasks(path: str) -> set[str]:
+    """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+    from hdeval.data import bounded_lines
+
+    found: set[str] = set()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in bounded_lines(fh, path):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("task"), str):
+                    found.add(row["task"])
+    except (OSError, UnicodeDecodeError, DataError):
+        pass  # the reading pass reports a bad file
+    return found
+
+
+@dataclass
+class ApplyResult:
+    """What an apply did: rows written, samples in the input and in this shard, LLM usage,
+    and how the scores agree with any human scores or labels the input carried."""
+
+    rows: int
+    total: int
+    scored: int
+    usage: dict = field(default_factory=dict)
+    agreement: dict | None = None
+    correlations: dict | None = None
+    failed: int = 0  # LLM-filled cells (sample x column) that could not be read
+    cells: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.cells if self.cells else 0.0
+
+
+def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
+    """(cells that failed, cells, an example reason) of one chunk's LLM-filled columns."""
+    import numpy as np
+
+    m = res.criteria
+    keys = [k for k in needed if k in m.criterion_keys] or list(m.criterion_keys)
+    values = m.columns(keys)
+    failed = int(np.isnan(values).sum())
+    example = None
+    if failed and m.failures:
+        f = m.failures[0]
+        example = f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"
+    return failed, int(values.size), example
+
+
+def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
+               explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
+               concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6, cache_dir: str | None = None,
+               max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               llm_given: bool | None = None,
+               base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
+               progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
+    """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
+    (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
+
+    The input is validated first (every bad line reported, nothing paid for), then read, scored
+    and written a chunk at a time. A failure or stop leaves no output and an existing file
+    untouched; finished LLM calls are cached, so a rerun resumes. ``shard="K/N"`` scores one
+    shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
+    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``.
+    More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
+    too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
+    read as real ones."""
+    from hdeval.data import iter_task_chunks
+    from hdeval.methods.base import usage_of
+
+    check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {max_failure_rate}")
+    check_output(output, [input_file])
+    which = parse_shard(shard) if shard is not None else None
+    fmt = output_format(output)
+    if which is not None and fmt != "jsonl":
+        raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
+                          f"not {output} (merge-shards writes .csv or .parquet)")
+    size = chunk_size()
+    if isinstance(artifact, (str, Path)):
+        from hdeval.artifact import load_artifact
+
+        ev = load_artifact(artifact)
+        for w in ev.warnings:
+            notify(f"warning: {w}")
+    else:
+        ev = artifact
+    # after loading: a directory that is no artifact is reported as that, not as an output clash
+    check_output(output, [artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)])
+    if explain and ev.method != "hdeval":
+        raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
+    if explain and ev.task.shape == "pairwise":
+        raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
+                          "criteria and their importance: hdeval report)")
+    total, mine = _count(input_file, ev, size, which)
+    closing = None
+    if which is not None:
+        closing = closing_record(which[0], which[1], mine, file_sha256(input_file),
+                                 artifact_sha256(artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)))
+    other = sorted(_input_tasks(input_file) - {ev.task.name})
+    if other:
+        notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
+               f"trained on task {ev.task.name}; its scores will mean little there")
+    needed = ev.columns_needed()
+    count = f"{mine} samples" if which is None else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
+    if ev.method == "hdeval":
+        per = ev.calls_per_sample() if hasattr(ev, "calls_per_sample") else len(needed)  # pairs: 2 per criterion
+        notify(f"{count}, {len(needed)} of {len(ev.feature_keys)} criteria used by the "
+               f"aggregator: {per} LLM calls per sample")
+    else:
+        notify(f"{count}; method {ev.method}: {len(needed)} LLM-filled column(s) per sample")
+    summary = _Summary()
+    failed = cells = 0
+    example: str | None = None
+    n_chunks = max(1, math.ceil(mine / size))
+    chunk_progress = _ChunkProgress(progress or Progress())
+    with OutputWriter(output, fmt) as out:
+        backend = None
+        try:
+            if mine:
+                backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
+                                            max_retries=max_retries, cache_dir=cache_dir,
+                                            max_calls=max_calls, concurrency=concurrency,
+                                            batch=bool(batch), llm_given=llm_given,
+                                            base_url_given=base_url_given, confirm=confirm, notify=notify)
+            for k, samples in enumerate(shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False,
+                                                                      size=size), which, size), 1):
+                chunk_progress.prefix = f"chunk {k}/{n_chunks}: " if n_chunks > 1 else ""
+                res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
+                rows = ev.output_rows(samples, res)
+                if explain:
+                    from hdeval.methods.hdeval.explain import explain_samples
+
+                    for row, expl in zip(rows, explain_samples(ev, res, top=top)):
+                        row["explanation"] = expl
+                if which is not None:
+                    for row, s in zip(rows, samples):
+                        row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
+                out.write(rows)
+                summary.add(samples, res)
+                f, c, e = _failed_cells(res, needed)
+                failed, cells, example = failed + f, cells + c, example or e
+            if closing is not None:
+                out.write([closing], counted=False)
+            usage = usage_of(backend) if backend is not None else {}
+        finally:
+            if backend is not None:
+                backend.close()
+        if cells and failed / cells > max_failure_rate:
+            raise ScoringError(
+                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+                "that were read are cached; check the LLM or raise --max-failure-rate")
+        out.commit()
+    return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
+                       agreement=summary.agreement(), correlations=summary.correlations(),
+                       failed=failed, cells=cells)

@@ -1,0 +1,244 @@
+"""``--shard K/N``: which samples a shard scores, and merging the N shard outputs back into
+exactly the rows an unsharded run writes."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from hdeval.errors import ConfigError, DataError
+from hdeval.run.output import OutputWriter, check_output, output_format
+
+#: The field ``apply --shard`` adds to each row for ``merge-shards`` (which removes it again).
+SHARD_FIELD = "shard"
+#: Rows the merge hands the writer at a time.
+MERGE_ROWS = 1000
+#: The most shards ``--shard`` accepts (9 digits), and so the most a shard output may claim.
+MAX_SHARDS = 999_999_999
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def artifact_sha256(path: str | Path | None) -> str:
+    """The artifact's identity for shard outputs: its manifest holds every file's checksum."""
+    from hdeval.artifact import MANIFEST
+
+    if path is None:
+        return "0" * 64  # an evaluator never saved: shards of it merge only with each other
+    return file_sha256(Path(path) / MANIFEST)
+
+
+def closing_record(k: int, n: int, rows: int, input_sha256: str, artifact_sha256: str) -> dict:
+    """The last line of a shard output: what ``merge-shards`` checks the set against (it is not
+    a scored row and never reaches the merged output)."""
+    return {SHARD_FIELD: {"k": k, "n": n, "rows": rows, "input_sha256": input_sha256,
+                          "artifact_sha256": artifact_sha256}}
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N) with 1 <= K <= N."""
+    m = re.fullmatch(r"\s*(\d{1,9})\s*/\s*(\d{1,9})\s*", text)
+    k, n = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not m or n < 1 or not 1 <= k <= n:
+        raise ConfigError(f"--shard must be K/N with 1 <= K <= N (e.g. --shard 2/4), got {text!r}")
+    return k, n
+
+
+def shard_of(sample_id: str, n: int) -> int:
+    """The shard (1..n) a sample id belongs to: a stable hash (SHA-256), the same on every
+    machine, Python version and run (not Python's salted ``hash``)."""
+    digest = hashlib.sha256(sample_id.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % n + 1
+
+
+def shard_chunks(chunks: Iterator[list], which: tuple[int, int] | None, size: int) -> Iterator[list]:
+    """The chunks of this shard's samples, ``size`` at a time."""
+    if which is None:
+        yield from chunks
+        return
+    k, n = which
+    buf: list = []
+    for chunk in chunks:
+        buf.extend(s for s in chunk if shard_of(s.id, n) == k)
+        while len(buf) >= size:
+            yield buf[:size]
+            buf = buf[size:]
+    if buf:
+        yield buf
+
+
+class ShardFile:
+    """One shard output of ``apply --shard``, read a row at a time with its checks."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self.fh = open(path, encoding="utf-8")
+        except OSError as exc:
+            raise DataError(f"cannot open shard output {path}: {exc.strerror or exc}") from None
+        self.lineno = 0
+        self.k: int | None = None
+        self.n: int | None = None
+        self.last_line = 0
+        self.count = 0
+        self.closing: dict | None = None
+
+    def rows(self) -> Iterator[tuple[int, str, dict]]:
+        """(input line, id, row without the shard field) in the order of the file; at the end,
+        the closing record checked against what came before it."""
+        from hdeval.data import bounded_lines
+
+        with self.fh:
+            try:
+                for text in bounded_lines(self.fh, self.path, start=self.lineno):
+                    self.lineno += 1
+                    if not text.strip():
+                        continue
+                    if self.closing is not None:
+                        raise DataError(f"{self.path}: line {self.lineno}: a row after the closing record: "
+                                        "not one shard output (were files concatenated?)")
+                    got = self._check(text)
+                    if got is not None:
+                        self.count += 1
+                        yield got
+            except UnicodeDecodeError:
+                raise DataError(f"{self.path}: line {self.lineno + 1}: not UTF-8 text") from None
+        if self.closing is None:
+            what = "empty" if self.lineno == 0 else "no closing record"
+            raise DataError(f"{self.path}: {what}: not a complete output of `hdeval apply --shard K/N` "
+                            "(a failed or unfinished run, or a cut file?); rerun that shard")
+        if self.closing["rows"] != self.count:
+            raise DataError(f"{self.path}: {self.count} rows, but its closing record says "
+                            f"{self.closing['rows']}: rows were lost or added; rerun that shard")
+
+    def _check(self, text: str) -> tuple[int, str, dict] | None:
+        where = f"{self.path}: line {self.lineno}"
+        try:
+            row = json.loads(text)
+        except ValueError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise DataError(f"{where}: not usable JSON (nested too deeply)") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: not a JSON object")
+        info = row.pop(SHARD_FIELD, None)
+        sid = row.get("id")
+        if not row and isinstance(info, dict) and "rows" in info:
+            self._closing(info, where)
+            return None
+        ok = isinstance(info, dict) and all(type(info.get(f)) is int for f in ("k", "n", "line"))
+        if not ok or not isinstance(sid, str):
+            raise DataError(f"{where}: no '{SHARD_FIELD}' field with k, n and line, or no text 'id': not a row "
+                            "written by `hdeval apply --shard K/N`")
+        k, n, line = info["k"], info["n"], info["line"]
+        self._same_shard(k, n, where)
+        if shard_of(sid, n) != k:
+            raise DataError(f"{where}: id {sid!r} belongs to shard {shard_of(sid, n)}/{n}, not {k}/{n}")
+        if line <= self.last_line:
+            raise DataError(f"{where}: input line {line} after line {self.last_line}: rows are not in input "
+                            "order (was the file edited or concatenated?)")
+        self.last_line = line
+        return line, sid, row
+
+    def _same_shard(self, k: int, n: int, where: str) -> None:
+        if not 1 <= k <= n <= MAX_SHARDS:
+            raise DataError(f"{where}: shard {k}/{n} is not a shard (N is 1 to {MAX_SHARDS})")
+        if self.k is None:
+            self.k, self.n = k, n
+        elif (k, n) != (self.k, self.n):
+            raise DataError(f"{where}: row of shard {k}/{n} in a file of shard {self.k}/{self.n}")
+
+    def _closing(self, info: dict[str, Any], where: str) -> None:
+        ints = all(type(info.get(f)) is int for f in ("k", "n", "rows"))
+        digests = all(isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
+                      for f in ("input_sha256", "artifact_sha256"))
+        if not ints or not digests or info["rows"] < 0 or len(info) != 5:
+            raise DataError(f"{where}: a closing record without k, n, rows and the two digests: not written by "
+                            "`hdeval apply --shard K/N`")
+        self._same_shard(info["k"], info["n"], where)
+        self.closing = info
+
+
+def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int, int]:
+    """Join the shard outputs into ``output`` in input order, atomically; (rows, N)."""
+    check_output(output, list(shards), option="OUTPUT")
+    fmt = output_format(output)
+    for p in shards:
+        if os.path.exists(p) and not os.path.isfile(p):
+            raise DataError(f"{p} is not a regular file: not a shard output of `hdeval apply --shard K/N`")
+    files = [ShardFile(p) for p in shards]
+    gens = [f.rows() for f in files]
+    heads: list[tuple[int, int, str, dict]] = []
+    for i, g in enumerate(gens):
+        first = next(g, None)
+        if first is not None:
+            heads.append((first[0], i, first[1], first[2]))
+    check_shard_set(files)
+    heapq.heapify(heads)
+    seen: dict[str, str] = {}
+    last_line, last_file = 0, ""
+    with OutputWriter(output, fmt) as out:
+        batch: list[dict] = []
+        while heads:
+            line, i, sid, row = heapq.heappop(heads)
+            if line == last_line:
+                raise DataError(f"{files[i].path} and {last_file} both hold input line {line}: "
+                                "shards of different runs?")
+            if sid in seen:
+                raise DataError(f"id {sid!r} is in {seen[sid]} and {files[i].path}")
+            seen[sid] = files[i].path
+            last_line, last_file = line, files[i].path
+            batch.append(row)
+            if len(batch) >= MERGE_ROWS:
+                out.write(batch)
+                batch = []
+            nxt = next(gens[i], None)
+            if nxt is not None:
+                heapq.heappush(heads, (nxt[0], i, nxt[1], nxt[2]))
+        out.write(batch)
+        _check_same_run(files)
+        out.commit()
+    return out.rows, files[0].n or 0
+
+
+def check_shard_set(files: list[ShardFile]) -> None:
+    """Every shard 1..N exactly once (each file names its shard in its first line)."""
+    ns = {f.n for f in files}
+    if len(ns) > 1:
+        raise DataError("the files are shards of different splits: " + ", ".join(
+            f"{f.path} is {f.k}/{f.n}" for f in files))
+    n = ns.pop()
+    by_k: dict[int, str] = {}
+    for f in files:
+        if f.k in by_k:
+            raise DataError(f"shard {f.k}/{n} given twice: {by_k[f.k]} and {f.path}")
+        by_k[f.k] = f.path  # type: ignore[index]
+    if len(files) < n:
+        # N may be large: name the first few missing shards, found without enumerating all N
+        missing = list(itertools.islice((k for k in range(1, n + 1) if k not in by_k), 10))
+        more = ", ..." if n - len(files) > len(missing) else ""
+        raise DataError(f"shard(s) {', '.join(f'{k}/{n}' for k in missing)}{more} missing: pass the outputs of "
+                        f"all {n} shards ({len(files)} file(s) given)")
+
+
+def _check_same_run(files: list[ShardFile]) -> None:
+    """The shards scored one input with one artifact (known once each file is read to its end)."""
+    first = files[0]
+    for f in files[1:]:
+        for field, what in (("input_sha256", "inputs"), ("artifact_sha256", "artifacts")):
+            if f.closing[field] != first.closing[field]:  # type: ignore[index]
+                raise DataError(f"{first.path} and {f.path} are shards of different {what}: merge the shards "
+                                "of one run")
