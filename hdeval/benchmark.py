@@ -10,8 +10,6 @@ with ``results.md`` and ``report.html``. Library code: nothing here prints.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import os
@@ -1001,50 +999,56 @@ def _name(s: Mapping[str, Any]) -> str:
     return s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+Table = tuple[str, list[str], list[list[str]]]  # (the sentence above it, header, rows)
+
+
+def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
+    """The title and the tables both results.md and report.html show (mean ± std over seeds)."""
     if results.get("shape") == "pairwise":
-        return _render_pairwise(results)
+        return _pairwise_tables(results)
     aspects = list(results["aspects"])
     seeds = results["spec"]["seeds"]
-    lines = [f"# Benchmark: {results['task']} ({', '.join(aspects)})", "",
-             f"Held-out dataset-level Spearman, mean ± std over {seeds} seed(s); CI: 95% paired bootstrap "
-             f"over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+    title = f"Benchmark: {results['task']} ({', '.join(aspects)})"
+    intro = (f"Held-out dataset-level Spearman, mean ± std over {seeds} seed(s); CI: 95% paired bootstrap "
+             f"over documents ({results['spec']['resamples']} resamples) on seed 0's test split.")
     head = ["method", "train frac", *aspects, "average", "summary-level", "rank exact-match", "95% CI",
             "Δ vs direct [95% CI], p", "calls"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for s in results["settings"]:
         b = s["bootstrap"][0]
         ci = b["average_spearman"]
-        vs = b.get("vs_direct")
-        delta = (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
-                 if vs and vs["difference"] is not None else "")
-        row = [_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
-               _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
-               _ms(s["ranking"]["exact_match"]["average"]), f"[{_f(ci['low'])}, {_f(ci['high'])}]", delta,
-               str(s["usage"]["calls"])]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append([_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
+                     _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
+                     _ms(s["ranking"]["exact_match"]["average"]), f"[{_f(ci['low'])}, {_f(ci['high'])}]",
+                     _delta(b.get("vs_direct")), str(s["usage"]["calls"])])
+    tables: list[Table] = [(intro, head, rows)]
     ablation = [s for s in results["settings"] if s.get("layers")]
     if ablation:
         layer_keys = sorted({k for s in ablation for k in s["layers"]}, key=int)
         base_keys = sorted({k for s in ablation for k in s["baselines"]})
-        head = ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys]
-        lines += ["", "Layer ablation (held-out average Spearman; layers 1-k = without the later layers) and "
-                  "'w/o aggregator' baselines:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for s in ablation:
-            lines.append("| " + " | ".join([_name(s), f"{s['train_frac']:g}",
-                                            *[_ms(s["layers"].get(k)) for k in layer_keys],
-                                            *[_ms(s["baselines"].get(k)) for k in base_keys]]) + " |")
+        tables.append(("Layer ablation (held-out average Spearman; layers 1-k = without the later layers) and "
+                       "'w/o aggregator' baselines:",
+                       ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys],
+                       [[_name(s), f"{s['train_frac']:g}", *[_ms(s["layers"].get(k)) for k in layer_keys],
+                         *[_ms(s["baselines"].get(k)) for k in base_keys]] for s in ablation]))
     if results.get("criteria_efficiency"):
-        lines += ["", "Criteria efficiency (held-out average Spearman against the number of criteria the evaluator "
-                  "uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):", "",
-                  "| method | train frac | layer | criteria | average Spearman |", "|---|---|---|---|---|"]
-        for line in results["criteria_efficiency"]:
-            for pt in line["points"]:
-                lines.append(f"| {_name(line)} | {line['train_frac']:g} | "
-                             f"{'' if pt['layer'] is None else pt['layer']} | {_ms1(pt['criteria'])} | "
-                             f"{_ms(pt['spearman'])} |")
-    return "\n".join(lines + _cost_lines(results)) + "\n"
+        tables.append(("Criteria efficiency (held-out average Spearman against the number of criteria the "
+                       "evaluator uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):",
+                       ["method", "train frac", "layer", "criteria", "average Spearman"],
+                       [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
+                         _ms1(pt["criteria"]), _ms(pt["spearman"])]
+                        for line in results["criteria_efficiency"] for pt in line["points"]]))
+    return title, tables + [_cost_table(results)]
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+    title, tables = benchmark_tables(results)
+    lines = [f"# {title}"]
+    for intro, head, rows in tables:
+        lines += ["", intro, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _ms1(d: Mapping[str, Any] | None) -> str:
@@ -1054,13 +1058,11 @@ def _ms1(d: Mapping[str, Any] | None) -> str:
     return f"{d['mean']:g}" if not d.get("std") else f"{d['mean']:.1f} ± {d['std']:.1f}"
 
 
-def _cost_lines(results: Mapping[str, Any]) -> list[str]:
-    lines = ["", "Cost per method (all runs; cached calls are free):", "",
-             "| method | runs | LLM calls | cache hits | prompt tokens | completion tokens |", "|---|---|---|---|---|---|"]
-    for m, c in results["cost"].items():
-        lines.append(f"| {m} | {c['runs']} | {c['calls']} | {c['cache_hits']} | {c['prompt_tokens']} | "
-                     f"{c['completion_tokens']} |")
-    return lines
+def _cost_table(results: Mapping[str, Any]) -> Table:
+    return ("Cost per method (all runs; cached calls are free):",
+            ["method", "runs", "LLM calls", "cache hits", "prompt tokens", "completion tokens"],
+            [[str(m), str(c["runs"]), str(c["calls"]), str(c["cache_hits"]), str(c["prompt_tokens"]),
+              str(c["completion_tokens"])] for m, c in results["cost"].items()])
 
 
 def _delta(vs: Mapping[str, Any] | None) -> str:
@@ -1068,154 +1070,29 @@ def _delta(vs: Mapping[str, Any] | None) -> str:
             if vs and vs["difference"] is not None else "")
 
 
-def _render_pairwise(results: Mapping[str, Any]) -> str:
+def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
     seeds = results["spec"]["seeds"]
-    lines = [f"# Benchmark: {results['task']} (pairwise)", "",
-             f"Held-out agreement with the human labels, mean ± std over {seeds} seed(s): w/o ties (the "
+    intro = (f"Held-out agreement with the human labels, mean ± std over {seeds} seed(s): w/o ties (the "
              "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
              "DnA's logistic regression on aspect-score differences next to its LLM weights. CI: 95% "
-             f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+             f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.")
     base = PAIR_VS
     head = ["method", "train frac", "w/o ties", "w/ ties", "learned w/o ties", "learned w/ ties",
             "95% CI w/o ties", f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p",
             f"learned Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", "calls"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for s in results["settings"]:
         b = s["bootstrap"][0]
         ci = b["agreement"]["wo_ties"]
         vs = (b.get(base) or {}).get("wo_ties")
         lvs = ((b.get("learned") or {}).get(base) or {}).get("wo_ties")
         ev, learned = s["agreement"].get("evaluator") or {}, s["agreement"].get("learned") or {}
-        row = [_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
-               _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
-               f"[{_f(ci['low'])}, {_f(ci['high'])}]", _delta(vs), _delta(lvs), str(s["usage"]["calls"])]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines + _cost_lines(results)) + "\n"
+        rows.append([_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
+                     _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
+                     f"[{_f(ci['low'])}, {_f(ci['high'])}]", _delta(vs), _delta(lvs), str(s["usage"]["calls"])])
+    return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), _cost_table(results)]
 
 
 # --------------------------------------------------------------------------- report.html
-def pair_curves(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    """The pairwise plots' lines: (label, setting, agreement variant) per setting and variant
-    (DnA's learned aggregation is a line of its own, "dna (learned)")."""
-    out = []
-    for s in results["settings"]:
-        for variant in s["agreement"]:
-            out.append((_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant))
-    return out
-
-
-def _pair_plots(results: Mapping[str, Any], plt: Any, png: Callable[[Any], bytes]) -> list[tuple[str, bytes]]:
-    """Agreement w/o and w/ ties per method at the largest training fraction (error bars: std
-    over seeds) and, with several training fractions, the data-efficiency curve of both."""
-    out = []
-    curves = pair_curves(results)
-    kinds = (("wo_ties", "w/o ties"), ("w_ties", "w/ ties"))
-    top = max(s["train_frac"] for s in results["settings"])
-    chosen = [(label, s, v) for label, s, v in curves if s["train_frac"] == top]
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(chosen) + 2), 3.6))
-    width = 0.8 / max(1, len(chosen))
-    for k, (label, s, v) in enumerate(chosen):
-        d = [s["agreement"][v][key] for key, _ in kinds]
-        ax.bar(np.arange(len(kinds)) + k * width, [x["mean"] or 0 for x in d], width,
-               yerr=[x["std"] or 0 for x in d], capsize=3, label=label)
-    ax.set_xticks(np.arange(len(kinds)) + width * (len(chosen) - 1) / 2, [t for _, t in kinds])
-    ax.set_ylabel("held-out agreement")
-    ax.legend(fontsize=8)
-    out.append((f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
-                png(fig)))
-    if len({s["train_frac"] for s in results["settings"]}) > 1:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-        for ax, (key, title) in zip(axes, kinds):
-            for label in dict.fromkeys(label for label, _, _ in curves):
-                pts = sorted(((s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label),
-                             key=lambda t: t[0])
-                pts = [(x, d) for x, d in pts if d["mean"] is not None]
-                if pts:
-                    ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                                marker="o", capsize=3, label=label)
-            ax.set_title(title)
-            ax.set_xlabel("training fraction")
-        axes[0].set_ylabel("held-out agreement")
-        axes[0].legend(fontsize=8)
-        out.append(("Data efficiency (agreement, mean ± std over seeds)", png(fig)))
-    return out
-
-
-def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
-    from hdeval.methods.hdeval.report import _png, _pyplot
-
-    plt = _pyplot()
-    if results.get("shape") == "pairwise":
-        with plt.rc_context({"text.parse_math": False}):
-            return _pair_plots(results, plt, _png)
-    out = []
-    settings = list(results["settings"])
-    aspects = list(results["aspects"])
-    with plt.rc_context({"text.parse_math": False}):
-        # data-efficiency curve
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        for name in dict.fromkeys(_name(s) for s in settings):
-            pts = sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings if _name(s) == name)
-            pts = [(x, d) for x, d in pts if d["mean"] is not None]
-            if pts:
-                ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                            marker="o", capsize=3, label=name)
-        ax.set_xlabel("training fraction")
-        ax.set_ylabel("held-out average Spearman")
-        ax.legend(fontsize=8)
-        out.append(("Data efficiency (mean ± std over seeds)", _png(fig)))
-        # per-aspect bars at the largest training fraction
-        top = max(s["train_frac"] for s in settings)
-        chosen = [s for s in settings if s["train_frac"] == top]
-        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(aspects) * max(1, len(chosen)) / 2), 3.6))
-        width = 0.8 / max(1, len(chosen))
-        for k, s in enumerate(chosen):
-            d = [s["dataset"][a]["spearman"] for a in aspects]
-            ax.bar(np.arange(len(aspects)) + k * width, [x["mean"] or 0 for x in d], width,
-                   yerr=[x["std"] or 0 for x in d], capsize=3, label=_name(s))
-        ax.set_xticks(np.arange(len(aspects)) + width * (len(chosen) - 1) / 2, aspects)
-        ax.set_ylabel("held-out Spearman")
-        ax.legend(fontsize=8)
-        out.append((f"Per aspect at training fraction {top:g} (error bars: std over seeds)", _png(fig)))
-        # layer ablation
-        abl = [s for s in chosen if s.get("layers")]
-        if abl:
-            fig, ax = plt.subplots(figsize=(6, 3.6))
-            for s in abl:
-                ks = sorted(s["layers"], key=int)
-                ax.errorbar([int(k) for k in ks], [s["layers"][k]["mean"] or 0 for k in ks],
-                            yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3, label=_name(s))
-            ax.set_xlabel("layers used (1-k)")
-            ax.set_ylabel("held-out average Spearman")
-            ax.legend(fontsize=8)
-            out.append((f"Layer ablation at training fraction {top:g}", _png(fig)))
-        # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
-        chosen_eff = [ln for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
-        eff = [(ln, [p for p in ln["points"] if p["criteria"]["mean"] is not None
-                       and p["spearman"]["mean"] is not None]) for ln in chosen_eff]
-        if any(pts for _, pts in eff):
-            fig, ax = plt.subplots(figsize=(6, 3.6))
-            for ln, pts in eff:
-                if pts:
-                    ax.errorbar([p["criteria"]["mean"] for p in pts], [p["spearman"]["mean"] for p in pts],
-                                yerr=[p["spearman"]["std"] or 0 for p in pts], marker="o" if len(pts) > 1 else "s",
-                                capsize=3, label=_name(ln))
-            ax.set_xlabel("criteria used")
-            ax.set_ylabel("held-out average Spearman")
-            ax.legend(fontsize=8)
-            out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
-                        "direct: the aspects)", _png(fig)))
-    return out
-
-
-def render_html(results: Mapping[str, Any]) -> str:
-    """A self-contained page: the markdown table as text and the plots as embedded PNGs."""
-    figs = "".join(
-        f"<h2>{html.escape(title)}</h2><img alt=\"{html.escape(title)}\" "
-        f"src=\"data:image/png;base64,{base64.b64encode(png).decode('ascii')}\">"
-        for title, png in _plots(results)
-    )
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>hdeval benchmark: "
-            f"{html.escape(str(results['task']))}</title></head><body>"
-            f"<h1>hdeval benchmark: {html.escape(str(results['task']))}</h1>"
-            f"<pre>{html.escape(render_markdown(results))}</pre>{figs}</body></html>\n")
+# The page (tables, plots, banner) is drawn by the reports' package; results.json holds its numbers.
+from hdeval.report.bench import pair_curves, render_html  # noqa: E402,F401

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.backends.constraints import Scale
 from hdeval.prompts import Template, scoring_messages
 from hdeval.progress import Progress
 from hdeval.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
@@ -30,6 +31,7 @@ def scoring_request(
         temperature=0.0,
         max_tokens=SCORE_MAX_TOKENS,
         top_logprobs=TOP_LOGPROBS,
+        answer=Scale(*SCALE),
         kind="score",
     )
 

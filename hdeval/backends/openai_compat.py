@@ -50,6 +50,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import httpx2
 
 from hdeval import __version__
+from hdeval.backends.constraints import constraint_of, to_openai_params  # [answer constraint]
 from hdeval.backends.base import (
     MAX_ALTERNATIVES,
     MAX_POSITIONS,
@@ -554,14 +555,8 @@ class OpenAICompatBackend:
         }
         if request.seed is not None:
             params["seed"] = request.seed
-        if request.json_schema is not None and self._schema_supported:
-            # OpenAI structured outputs; vLLM and llama.cpp's server constrain decoding to it
-            params["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "reply", "schema": json.loads(request.json_schema), "strict": True},
-            }
-        elif request.json_mode or request.json_schema is not None:
-            params["response_format"] = {"type": "json_object"}
+        # [answer constraint] the request's constraint as body fields (backends/constraints.py)
+        params.update(to_openai_params(constraint_of(request), self._schema_supported))
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs

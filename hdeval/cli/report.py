@@ -29,11 +29,19 @@ from hdeval.errors import ArtifactError, ConfigError, DataError
 @click.option("--curve-points", default=20, show_default=True, type=int,
               help="Refits for the criteria-efficiency curve (criteria counts spread evenly).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling and shuffling randomness.")
+@click.option("--data", default=None, type=click.Path(dir_okay=False),
+              help="The training data, for the per-sample view's text and raw replies. Default: the file "
+                   "the artifact was trained on, if it is still there.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="The LLM reply cache the training used (read, never written), for the raw replies. "
+                   "Default: HDEVAL_CACHE_DIR or the per-user cache.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
-           curve_points: int, seed: int, quiet: bool) -> None:
-    """Write an HTML + JSON report: criteria tree with importance, permutation importance,
-    SHAP per aspect, held-out correlation per layer, criteria-efficiency curve.
+           curve_points: int, seed: int, data: str | None, cache_dir: str | None, quiet: bool) -> None:
+    """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
+    per layer, criteria tree with importance, permutation importance, SHAP per aspect,
+    criteria-efficiency curve, and the samples the evaluator got most wrong with the LLM's
+    raw replies. Prints the page as a file:// URL to open in a browser.
 
     \b
     Example:
@@ -41,6 +49,7 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
     from hdeval.methods.hdeval.report import write_report
+    from hdeval.report import file_url
 
     def go() -> None:
         ev = load_artifact(artifact)
@@ -52,16 +61,19 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
         if pairs:  # weights / tree with importance, from the artifact alone
             from hdeval.methods.pair_report import write_pair_report
 
-            page, lines = write_pair_report(ev, out)
+            page, lines = write_pair_report(ev, out, data=data, cache_dir=cache_dir)
             for line in lines:
                 click.echo(line)
             click.echo(f"report written to {page} (numbers in report.json)")
+            click.echo(f"open: {file_url(page)}")
             return
         files = write_report(
             ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
             curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
+            data=data, cache_dir=cache_dir,
         )
         click.echo(f"report written to {files.html} (numbers in {files.json.name})")
+        click.echo(f"open: {file_url(files.html)}")
 
     run_command(go)
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.constraints import Scale
 from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
@@ -55,6 +56,8 @@ from hdeval.runner import map_concurrent
 from hdeval.tasks import task_from_dict
 from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
+# the answer of every scoring prompt but chain-of-thought: "<score A> <score B>"
+TWO_SCORES = Scale(1, 10, count=2)
 TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
 from hdeval.methods.dna import MODES, SOURCES  # noqa: E402  (the package holds the option choices)
 METRICS = "metrics.json"
@@ -264,9 +267,31 @@ def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
     return {r: load_template(PROMPT_FILES[r]) for r in roles}
 
 
-def _req(template: Template, values: dict[str, str], max_tokens: int, json_mode: bool = False) -> CompletionRequest:
+def _req(template: Template, values: dict[str, str], max_tokens: int, json_schema: str | None = None,
+         answer: Scale | None = None) -> CompletionRequest:
     return CompletionRequest(template.render(values), temperature=0.0, max_tokens=max_tokens,
-                             json_mode=json_mode, kind=template.name)
+                             json_mode=json_schema is not None, json_schema=json_schema, answer=answer,
+                             kind=template.name)
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": sorted(properties),
+            "additionalProperties": False}
+
+
+def aspects_schema(k: int) -> str:
+    """The reply of stage 1 (dynamic aspects): a local model's grammar enforces it, a server
+    gets it as structured outputs. Lengths are bounded so a constrained model cannot loop."""
+    item = _object({"name": {"type": "string", "maxLength": 100},
+                    "definition": {"type": "string", "maxLength": 600}})
+    return json.dumps(_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
+                      sort_keys=True)
+
+
+def weights_schema(keys: Sequence[str]) -> str:
+    """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
+    return json.dumps(_object({"weights": _object({k: {"type": "number"} for k in keys})}), sort_keys=True,
+                      ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -309,7 +334,7 @@ def weights_request(template: Template, task: Task, p: PairSample, specs: Sequen
                       else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
     return _req(template, {"task_description": task.description, "question": question_block(task, p),
                            "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
-                400, json_mode=True)
+                400, json_schema=weights_schema([s.key for s in specs]))
 
 
 def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool,
@@ -317,15 +342,17 @@ def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpe
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
     req = structured_pair(_req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8))
+                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8,
+                                          answer=TWO_SCORES))
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
 
 
 def overall_request(template: Template, task: Task, p: PairSample, swapped: bool, role: str) -> CompletionRequest:
     """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
-    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)},
-               512 if role == "cot" else 8)
-    return req if role == "cot" else structured_pair(req)
+    if role == "cot":
+        return _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512)
+    return structured_pair(_req(template, {"task_description": task.description,
+                                           "pair": pair_block(task, p, swapped)}, 8, answer=TWO_SCORES))
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
@@ -346,7 +373,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
             def propose(p: PairSample):
                 req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
-                                 "k": str(settings.k)}, 600, json_mode=True)
+                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
                 try:
                     return ask_json(llm, req, validate_aspects(settings.k), _feedback), None
                 except UnusableReply as exc:
@@ -441,7 +468,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
                 req = structured_pair(_req(tpl_p, {"task_description": task.description,
-                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8))
+                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
+                                                   answer=TWO_SCORES))
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
@@ -874,7 +902,7 @@ def plan_dna(config, prep, backend=None) -> list:
             exact(1, "aspects", "aspects", [
                 _req(templates["aspects"], {"task_description": task.description,
                                             "question": question_block(task, p), "k": str(settings.k)},
-                     600, json_mode=True) for p in pairs])
+                     600, json_schema=aspects_schema(settings.k)) for p in pairs])
             # the proposed aspects are not known yet: size a weights / score prompt with generic ones
             generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])

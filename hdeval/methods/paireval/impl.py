@@ -40,6 +40,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.constraints import Labels
 from hdeval.backends.fake import FakeBackend, _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
@@ -124,7 +125,7 @@ def pair_request(template: Template, task: Task, question: str, a: Example, b: E
         "question": question,
     })
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             kind="pair")
+                             answer=Labels(LABELS), kind="pair")
 
 
 def yesno_request(template: Template, task: Task, aspect: Aspect, target: Example) -> CompletionRequest:
@@ -135,7 +136,7 @@ def yesno_request(template: Template, task: Task, aspect: Aspect, target: Exampl
         "question": yesno_question(aspect),
     })
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             kind="yesno")
+                             answer=Labels(YES_NO), kind="yesno")
 
 
 # ---------------------------------------------------------------------- comparison examples
