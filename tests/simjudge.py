@@ -91,7 +91,9 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
 
     import hdeval.methods.dna.impl  # noqa: F401  (registers the fake's aspect and weight responders)
 
-    return FakeBackend(logprobs=False, responders={**RESPONDERS, "dna_score": reply, "dna_direct": reply})
+    # a server that does not honour answer constraints: replies go out in ``fmt`` as written
+    return FakeBackend(logprobs=False, honour_constraints=False,
+                       responders={**RESPONDERS, "dna_score": reply, "dna_direct": reply})
 
 
 # ------------------------------------------------------------------ pointwise (HD-Eval)

@@ -994,19 +994,24 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     return Completion(text, None, n, max(1, len(text) // 4))
 
 
+def _fake_two(request: CompletionRequest, sa: int, sb: int) -> str:
+    """The two scores as the request asks for them: by schema when it has one, else "7 4"."""
+    return json.dumps({"score_a": sa, "score_b": sb}) if request.json_schema else f"{sa} {sb}"
+
+
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
     prompt, n = _fake_prompt(request)
     m = _FAKE_ASPECT.search(prompt)
     sa, sb = _fake_pair_scores(request, m.group(1) if m else "aspect")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_direct")
 def _fake_direct(request: CompletionRequest, fake) -> Completion:
     _, n = _fake_prompt(request)
     sa, sb = _fake_pair_scores(request, "overall")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_cot")
@@ -1028,4 +1033,4 @@ def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total
     sb = sum(w * b for w, _, b in rows) / total
-    return Completion(f"{min(10, max(1, round(sa)))} {min(10, max(1, round(sb)))}", None, n, 2)
+    return Completion(_fake_two(request, min(10, max(1, round(sa))), min(10, max(1, round(sb)))), None, n, 2)
