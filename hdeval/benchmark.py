@@ -38,6 +38,7 @@ LEARNED = ("hdeval", "paireval")
 # benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
 # baseline (overall scores from the same LLM, no aspects)
 ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
 PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
 PAIR_VS = "vs_" + PAIR_BASELINE.replace("-", "_")
 PAIR_LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
@@ -214,19 +215,7 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     aspects = list(fitted.task.aspect_keys)
     test = table[table["split"] == "test"]
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
-    if fitted.method == "hdeval":
-        pred = fitted.aggregator.predict(test[list(fitted.feature_keys)].to_numpy(float))
-    elif fitted.method == "paireval":  # the columns between split and human:, in the order fitted
-        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]
-        pred = fitted.agg.predict(test[cols].to_numpy(float))
-    elif fitted.method == "direct":
-        from hdeval.methods.direct.evaluator import to_range
-
-        pred = to_range(test[aspects].to_numpy(float), fitted.task)
-    elif fitted.method == "direct-yesno":
-        pred = fitted.to_range(test[aspects].to_numpy(float))
-    else:
-        raise ConfigError(f"benchmark reads held-out predictions of {', '.join(METHODS)}, not {fitted.method!r}")
+    pred = fitted.held_out_predictions(table, test)
     ids = [str(s) for s in test["sample_id"]]
     return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, _as2d(pred))
 
@@ -267,24 +256,7 @@ def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
     table = _score_table(fitted)
     test = table[table["split"] == "test"]
     human = [_pair_label(x) for x in test["human"]]
-    preds: dict[str, tuple[list[str | None], list[str | None]]] = {}
-    if fitted.method == "dna":
-        pred = [_pair_label(x) for x in test["prediction"]]
-        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
-        preds["evaluator"] = (pred, [None if p is None or a == b else ("a" if a > b else "b")
-                                     for p, a, b in zip(pred, ta, tb)])
-        if "learned_prediction" in test and "learned_prediction_ab" in test:
-            preds["learned"] = ([_pair_label(x) for x in test["learned_prediction"]],
-                                [_pair_label(x) for x in test["learned_prediction_ab"]])
-    elif fitted.method == "hdeval":
-        from hdeval.classify import predict_labels
-
-        keys = list(fitted.feature_keys)
-        diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
-        labels, labels_ab = predict_labels(fitted.model, diff)
-        preds["evaluator"] = (list(labels), list(labels_ab))
-    else:
-        raise ConfigError(f"benchmark reads held-out pair labels of dna and hdeval, not {fitted.method!r}")
+    preds = fitted.held_out_labels(test)
     ids = [str(s) for s in test["pair_id"]]
     return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds)
 
@@ -301,7 +273,7 @@ def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray
 
 
 def agreement_w_ties(y: np.ndarray, p: np.ndarray) -> float:
-    """:func:`hdeval.methods.dna.impl.agreement`'s ``w_ties`` on label codes (see
+    """:func:`hdeval.metrics.pair_agreement`'s ``w_ties`` on label codes (see
     :func:`pair_arrays`): accuracy over the labelled pairs with a prediction."""
     y, p = np.asarray(y, float).ravel(), _as2d(p)
     ok = np.isfinite(y) & np.isfinite(p[:, 0])
@@ -385,7 +357,7 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
     """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
     (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
 
     if entry not in METHODS:
         raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
@@ -463,7 +435,7 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         merged = {**opts, **fixed}
         try:
             if base == "dna":
-                from hdeval.methods.base import get_method
+                from hdeval.methods.registry import get_method
                 from hdeval.methods.dna.impl import Settings
 
                 o = {k: v.default for k, v in get_method("dna").options.items()} | merged
@@ -520,20 +492,13 @@ def _check_fit(config: Any, prep: Any, label: str) -> None:
     training split) and that scorer on a pairwise task."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
+    from hdeval.methods.registry import get_method
 
     ctx = FitContext(config, prep, None, None, Progress())
+    check = get_method(config.method).check_fit
     try:
-        if config.method == "paireval":
-            from hdeval.methods.paireval.impl import choose_comparisons
-
-            choose_comparisons(ctx)
-        elif config.method == "hdeval" and ctx.option("scorer") != "digit":
-            if prep.task.shape == "pairwise":
-                raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): "
-                                  "leave hdeval.scorer out")
-            from hdeval.methods.paireval.impl import hdeval_scorer
-
-            hdeval_scorer(ctx)
+        if check is not None:
+            check(ctx)
     except HdevalError as exc:
         raise type(exc)(f"{label}: {exc}") from None
 
@@ -620,7 +585,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
 def check_shapes(spec: BenchmarkSpec) -> str:
     """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
     error before anything is read or called."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
     shape = load_task(spec.task).shape
@@ -674,8 +639,7 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
     m = fitted.metrics
     rec: dict[str, Any] = {
         "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": getattr(getattr(fitted, "aggregator", None) or getattr(fitted, "agg", None),
-                                     "kind", None),
+        "fitted_aggregator": fitted.fitted_aggregator(),
         "n_train": m["split"]["train"], "n_test": m["split"]["test"],
         "usage": dict(m.get("usage") or {}),
         "dataset": metric_table(ho.y, ho.pred, ho.aspects),
@@ -683,25 +647,8 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
     }
-    if method == "direct":
-        rec["criteria"] = len(ho.aspects)  # one question per aspect
-    if method == "hdeval":
-        rec["criteria"] = len(fitted.feature_keys)
-        rec["layers"] = m.get("layers") or {}
-        rec["criteria_per_layer"] = criteria_per_layer(fitted)
-        rec["baselines"] = {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}
+    rec.update(fitted.benchmark_record())
     return rec
-
-
-def criteria_per_layer(fitted: Any) -> dict[str, int]:
-    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
-    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
-    out: dict[str, int] = {}
-    total = 0
-    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
-        total += len(report.get("added") or [])
-        out[str(int(report["layer"]))] = total
-    return out
 
 
 def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
@@ -711,11 +658,11 @@ def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
     over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
     out = []
     for s in settings:
-        if s["method"] not in ("direct", "hdeval"):
+        if s["method"] != BASELINE and "layers" not in s:  # no criteria count to plot
             continue
         mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"])
                 == (s["method"], s["aggregator"], s["train_frac"])]
-        if s["method"] == "direct":
+        if s["method"] == BASELINE:
             points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
                        "spearman": s["dataset"]["average"]["spearman"]}]
         else:
@@ -751,15 +698,15 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
             ho = held[(method, agg, frac, r["seed"])]
             entry: dict[str, Any] = {"seed": r["seed"], "average_spearman": bootstrap_ci(
                 ho.y, ho.pred, ho.doc_ids, n_resamples=spec.resamples, seed=r["seed"])}
-            base = held.get(("direct", None, frac, r["seed"]))
-            if base is not None and method != "direct":
+            base = held.get((BASELINE, None, frac, r["seed"]))
+            if base is not None and method != BASELINE:
                 if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
                     raise ConfigError(f"the direct and {method} runs of seed {r['seed']} have different test splits")
                 entry["vs_direct"] = paired_bootstrap(ho.y, ho.pred, base.pred, ho.doc_ids,
                                                       n_resamples=spec.resamples, seed=r["seed"])
             boot.append(entry)
         s["bootstrap"] = boot
-        if method == "hdeval":
+        if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
             names = sorted({k for r in mine for k in r["baselines"]})
@@ -773,12 +720,12 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
 
 def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
                      seed: int) -> dict[str, Any]:
-    from hdeval.methods.dna.impl import agreement
+    from hdeval.metrics import pair_agreement as agreement
 
     m = fitted.metrics
     return {
         "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": getattr(fitted, "kind", None) if method == "hdeval" else None,
+        "fitted_aggregator": fitted.fitted_aggregator(),
         "n_train": m["split"]["train"], "n_test": m["split"]["test"],
         "usage": dict(m.get("usage") or {}),
         "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()},

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, slice_jsonl, write_jsonl
-from hdeval.artifact import load_artifact
+from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.data import read_pairs

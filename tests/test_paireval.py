@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import one_line_error, toy_rows, write_jsonl
-from hdeval.artifact import load_artifact
+from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.cli import cli

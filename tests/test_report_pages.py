@@ -227,7 +227,7 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
         assert re.search(rf'<td class="txt">{aspect}</td><td class="num">{table.loc[pid, aspect + ":a"]:.2f}</td>'
                          rf'<td class="num">{table.loc[pid, aspect + ":b"]:.2f}</td>', block)
     # each aspect's raw reply: the one the cache holds for that pair's prompt (A shown first)
-    from hdeval.artifact import load_artifact
+    from hdeval.methods.registry import load_artifact
     from hdeval.backends.fake import FakeBackend
     from hdeval.data import read_pairs
     from hdeval.methods.dna.impl import AspectSpec, score_request

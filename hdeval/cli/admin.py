@@ -12,10 +12,10 @@ from hdeval.cli.common import run_command
 @click.command("methods")
 def methods_cmd() -> None:
     """List the methods `hdeval train --method` can build, with their own options."""
-    from hdeval.methods.base import METHODS, method_names
+    from hdeval.methods.registry import loaded_methods, method_names
 
     for name in method_names():
-        m = METHODS[name]
+        m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.items():
             click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")

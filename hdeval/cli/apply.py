@@ -98,7 +98,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
         click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
 
     def _export() -> None:
-        from hdeval.request_files import export_apply_requests
+        from hdeval.run.export_requests import export_apply_requests
 
         for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
             if given is not None:

@@ -48,32 +48,21 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.methods.hdeval.report import write_report
     from hdeval.report import file_url
 
     def go() -> None:
         ev = load_artifact(artifact)
-        pairs = ev.method == "dna" or (ev.method == "hdeval" and ev.task.shape == "pairwise")
-        if ev.method != "hdeval" and not pairs:
+        if not ev.reports:
             raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
                               f"{ev.method!r}: its numbers are in metrics.json")
         _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
-        if pairs:  # weights / tree with importance, from the artifact alone
-            from hdeval.methods.pair_report import write_pair_report
-
-            page, lines = write_pair_report(ev, out, data=data, cache_dir=cache_dir)
-            for line in lines:
-                click.echo(line)
-            click.echo(f"report written to {page} (numbers in report.json)")
-            click.echo(f"open: {file_url(page)}")
-            return
-        files = write_report(
-            ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
-            curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
-            data=data, cache_dir=cache_dir,
-        )
-        click.echo(f"report written to {files.html} (numbers in {files.json.name})")
-        click.echo(f"open: {file_url(files.html)}")
+        page, numbers, lines = ev.write_report(
+            out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
+            n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
+        for line in lines:
+            click.echo(line)
+        click.echo(f"report written to {page} (numbers in {numbers})")
+        click.echo(f"open: {file_url(page)}")
 
     run_command(go)
 

@@ -92,8 +92,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         if config.decompose_llm == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
         ev = run_train(config, progress=progress)
-        kind = getattr(ev, "aggregator_kind", None) or (ev.aggregator.kind if ev.method == "hdeval" else ev.method)
-        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
+        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
         try:
             ev.save(path, force=force)
         except HdevalError as exc:
@@ -104,79 +103,29 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
 
 
 def _print_train_summary(ev, path: Path) -> None:
-    """Usage, the final evaluator against the direct baseline, sample-size warnings, next step."""
-    m = ev.metrics
-    u = m["usage"]
+    """Usage, then the method's own summary of what was trained."""
+    u = ev.metrics["usage"]
     click.echo(
         f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
         f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-    if ev.method != "hdeval" or hasattr(ev, "summary_line"):  # pairwise HD-Eval: agreement, not correlation
-        if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
-            click.echo(ev.summary_line())
-        else:
-            avg = m["final"]["average"]
-            click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-                       f"kendall {avg['kendall']}")
-        click.echo(f"artifact written to {path}")
-        return
-    layers = ev.manifest_extra.get("layers") or [{}]
-    final_layer = layers[-1].get("layer", "?")
-    avg = m["final"]["average"]
-    click.echo(f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
-               f"{len(ev.feature_keys)} criteria")
-    given = ev.manifest_extra.get("tree_input")
-    if given:
-        _print_given_tree(given, ev.tree.keys)
-    click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-               f"kendall {avg['kendall']}")
-    direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
-    if direct is not None and avg["spearman"] is not None:
-        diff = avg["spearman"] - direct
-        click.echo(f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
-                   f"the trained evaluator is {diff:+.3f}")
-    n_train, n_test = m["split"]["train"], m["split"]["test"]
-    n_crit = len(ev.feature_keys)
-    if n_train < 2 * n_crit:
-        click.echo(f"warning: {n_train} training samples for {n_crit} criteria: the aggregator may "
-                   "overfit; use more data (--limit, --train-frac) or fewer criteria (--layers, --top-k)",
-                   err=True)
-    if n_test < 30:
-        click.echo(f"warning: only {n_test} held-out samples: the correlations above are noisy "
-                   "(use more data or a larger --test-frac)", err=True)
-    click.echo(f"artifact written to {path}")
-    click.echo(f"next: hdeval report {path}")
-
-
-def _print_given_tree(given: dict, keys: list[str]) -> None:
-    """Which criteria came from the --tree file (and which were locked), which were added."""
-    from_file = set(given["criteria"])
-    locked = set(given["locked"])
-    added = [k for k in keys if k not in from_file]
-    listed = _some([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
-    click.echo(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}")
-    click.echo(f"criteria added by decomposition: {len(added)}" + (f": {_some(added)}" if added else ""))
-
-
-def _some(names: list[str], n: int = 20) -> str:
-    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
+    for line, to_err in ev.summary_lines(path):
+        click.echo(line, err=to_err)
 
 
 def _check_outputs(config, out: str | None, force: bool) -> None:
     """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
     --force, the working directory, an unwritable place). Without --out, every default the
     run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
-    from hdeval.aggregate import KINDS
     from hdeval.artifact import check_destination
+    from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
     if out:
         check_destination(out, force=force)
         return
     name = load_task(config.task).name
-    if config.method != "hdeval":
-        kinds: tuple[str, ...] = (config.method,)
-    else:
-        kinds = KINDS if config.aggregator == "auto" else (config.aggregator,)
+    method = get_method(config.method)
+    kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)
     for kind in kinds:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 

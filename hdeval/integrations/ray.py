@@ -99,7 +99,7 @@ class ArtifactScorer:
                  cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
                  max_retries: int = 6, max_calls: int | None = None,
                  notify: Callable[[str], None] | None = None):
-        from hdeval.artifact import load_artifact
+        from hdeval.methods.registry import load_artifact
         from hdeval.run.artifact_llm import open_artifact_llm, stderr_notify
 
         self.ev = load_artifact(artifact)  # verified once per worker: digests, trusted types
@@ -164,7 +164,7 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     ``num_cpus``: what Ray reserves per worker; below 1 so that workers filling every CPU of a
     small cluster still leave room for the read task (at 1, 2 workers on 2 CPUs could wait for
     it forever)."""
-    from hdeval.artifact import load_artifact
+    from hdeval.methods.registry import load_artifact
     from hdeval.run.apply import _count
     from hdeval.run.artifact_llm import check_llm_options
     from hdeval.run.output import OutputWriter, check_output, output_format

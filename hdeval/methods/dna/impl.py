@@ -46,6 +46,7 @@ from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _feedback, _one_line, _read_cot, _read_pair,
                                        _read_pair_weighted, _side, structured_pair, validate_aspects,
@@ -156,39 +157,6 @@ def weighted_totals(scores_a: Sequence[float], scores_b: Sequence[float],
     """The external weighted sum of each response's aspect scores (weights sum to 1)."""
     w = np.asarray(weights, float)
     return float(np.dot(w, np.asarray(scores_a, float))), float(np.dot(w, np.asarray(scores_b, float)))
-
-
-def agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
-    """The paper's two numbers on labelled pairs, plus confusion counts.
-
-    ``w_ties``: 3-way accuracy over the pairs with a prediction. ``wo_ties``: accuracy on the
-    pairs whose human label is not a tie, the prediction forced to a or b (``pred_ab``; equal
-    totals give no side and count as a miss). Pairs without a prediction (failures) are left out
-    of both and counted in ``failed``.
-    """
-    confusion: dict[str, dict[str, int]] = {}
-    n = hit = n_ab = hit_ab = failed = 0
-    for h, p, q in zip(human, pred, pred_ab):
-        if h is None:
-            continue
-        confusion.setdefault(h, {})
-        key = p if p is not None else "failed"
-        confusion[h][key] = confusion[h].get(key, 0) + 1
-        if p is None:
-            failed += 1
-            continue
-        n += 1
-        hit += p == h
-        if h != "tie":
-            n_ab += 1
-            hit_ab += q == h
-    return {
-        "w_ties": round(hit / n, 6) if n else None,
-        "wo_ties": round(hit_ab / n_ab, 6) if n_ab else None,
-        "n": n, "n_wo_ties": n_ab, "failed": failed,
-        "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
-    }
 
 
 # ----------------------------------------------------------------------------- learned
@@ -650,6 +618,29 @@ class DnaEvaluator(Saving):
             rows.append(row)
         return rows
 
+    reports = True
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
+        give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
+        def label(x: Any) -> str | None:  # NaN / None / empty: failed
+            return x if isinstance(x, str) and x in ("a", "b", "tie") else None
+
+        pred = [label(x) for x in test["prediction"]]
+        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
+        out = {"evaluator": (pred, [None if p is None or a == b else ("a" if a > b else "b")
+                                    for p, a, b in zip(pred, ta, tb)])}
+        if "learned_prediction" in test and "learned_prediction_ab" in test:
+            out["learned"] = ([label(x) for x in test["learned_prediction"]],
+                              [label(x) for x in test["learned_prediction_ab"]])
+        return out
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
+        return page, "report.json", lines
+
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""
         t = self.metrics.get("test", {})
@@ -859,10 +850,10 @@ def plan_dna(config, prep, backend=None) -> list:
     the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
     unusable JSON replies are not counted.
     """
-    from hdeval.methods.base import get_method
-    from hdeval.train import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.dna import METHOD
+    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
 
-    opts = {**{k: o.default for k, o in get_method("dna").options.items()}, **(config.method_options or {})}
+    opts = {**{k: o.default for k, o in METHOD.options.items()}, **(config.method_options or {})}
     settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
                         tie_margin=opts["tie_margin"], swap=opts["swap"],
                         logprobs=opts["logprob_scores"]).check()

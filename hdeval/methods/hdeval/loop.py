@@ -27,7 +27,7 @@ from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
-from hdeval.train import LayerPlan, Prepared, TrainConfig, open_backend, prompt_chars
+from hdeval.methods.run import LayerPlan, open_backend, open_decompose_backend, prompt_chars
 from hdeval.types import CriteriaTree, ScoreMatrix
 
 
@@ -53,7 +53,7 @@ class LayerReport:
 
 def run_hdeval(ctx: FitContext) -> Evaluator:
     """HD-Eval's fit (the method seam calls this)."""
-    from hdeval.methods.paireval import hdeval_scorer
+    from hdeval.methods.comparisons import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
     ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer, ctx.decompose_llm)
@@ -66,7 +66,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
 
 
 def _run(
-    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress,
+    config: Any, prep: Any, llm: CachedBackend, spec: LLMConfig, progress: Progress,
     scorer: Any = None, dec: CachedBackend | None = None,
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
@@ -91,7 +91,7 @@ def _run(
 
     # --tree: its layers are taken as given (scored, never decomposed); expansion starts below
     # its last layer, and a locked criterion is never expanded.
-    given = prep.tree
+    given = prep.given
     tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
@@ -349,7 +349,7 @@ def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | 
         active.max_calls = max(0, max_calls - other.stats.calls)
 
 
-def _public_config(config: TrainConfig) -> dict[str, Any]:
+def _public_config(config: Any) -> dict[str, Any]:
     from hdeval.urls import public_url
 
     out = {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
@@ -358,7 +358,7 @@ def _public_config(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def _decompose_record(config: TrainConfig, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
+def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
     """The decomposing LLM as the artifact records it: model, server and identity, no key."""
     from hdeval.urls import public_identity, public_url
 
@@ -420,12 +420,11 @@ def pruning_lines(r: Any) -> list[str]:
     return lines + [f"  note: {note}" for note in r.notes]
 
 
-def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = None) -> list[LayerPlan]:
+def plan_hdeval(config: Any, prep: Any, backend: Backend | None = None) -> list[LayerPlan]:
     """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
 
     With ``--tree``, every layer of the given tree is known: its requests are counted exactly.
     """
-    from hdeval.train import open_decompose_backend
 
     llm = open_backend(config, backend, offline=True)
     try:
@@ -439,10 +438,10 @@ def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = N
         llm.close()
 
 
-def _plan(config: TrainConfig, prep: Prepared, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:
+def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:
     templates = load_templates()
     task, samples = prep.task, prep.samples
-    given = prep.tree
+    given = prep.given
     tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
