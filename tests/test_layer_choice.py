@@ -8,7 +8,7 @@ import json
 import pytest
 
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
-from hdeval.artifact import load_artifact
+from hdeval.methods.registry import load_artifact
 from hdeval.data import read_samples
 from hdeval.train import train
 
