@@ -524,9 +524,11 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
         c = good(request, fake)
         if not request.top_logprobs:
             return c
-        sa, sb = (int(x) for x in c.text.split())
+        got = json.loads(c.text)  # asked by schema: '{"score_a": 7, "score_b": 4}'
+        sa, sb = got["score_a"], got["score_b"]
         first = _lp((str(sa), 0.5), (str(max(1, sa - 1)), 0.5)) if sa > 1 else _lp(("1", 1.0))
-        return Completion(c.text, (first, _lp((" ", 1.0)), _lp((str(sb), 1.0))), c.prompt_tokens, 3)
+        return Completion(c.text, (_lp(('{"score_a": ', 1.0)), first, _lp((', "score_b": ', 1.0)),
+                                   _lp((str(sb), 1.0)), _lp(("}", 1.0))), c.prompt_tokens, 5)
 
     fake = FakeBackend(responders=_responders(dna_score=score))
     on = _train(tmp_path, faireval40, backend=fake)

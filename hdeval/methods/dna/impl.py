@@ -49,7 +49,8 @@ from hdeval.judge import Cell, UnusableReply, ask_json, fill_matrix, score_pair
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
 from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _feedback, _one_line, _read_cot, _read_pair,
-                                       _read_pair_weighted, _side, validate_aspects, validate_weights)
+                                       _read_pair_weighted, _side, structured_pair, validate_aspects,
+                                       validate_weights)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.runner import map_concurrent
@@ -308,9 +309,18 @@ def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpe
                   logprobs: bool = False) -> CompletionRequest:
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
-    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8, answer=TWO_SCORES)
+    req = structured_pair(_req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
+                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8,
+                                          answer=TWO_SCORES))
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
+
+
+def overall_request(template: Template, task: Task, p: PairSample, swapped: bool, role: str) -> CompletionRequest:
+    """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
+    if role == "cot":
+        return _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512)
+    return structured_pair(_req(template, {"task_description": task.description,
+                                           "pair": pair_block(task, p, swapped)}, 8, answer=TWO_SCORES))
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
@@ -396,9 +406,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         role = settings.mode
         tpl_o = templates[role]
         for p in scorable:
-            add(p.id, "overall", lambda sw, p=p: _req(tpl_o, {
-                "task_description": task.description, "pair": pair_block(task, p, sw)},
-                512 if role == "cot" else 8, answer=None if role == "cot" else TWO_SCORES))
+            add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
@@ -427,9 +435,9 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 first, second = (sb, sa) if swapped else (sa, sb)
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                req = _req(tpl_p, {"task_description": task.description,
-                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
-                           answer=TWO_SCORES)
+                req = structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
+                                                   answer=TWO_SCORES))
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
@@ -869,8 +877,7 @@ def plan_dna(config, prep, backend=None) -> list:
         if not settings.uses_aspects:
             role = settings.mode
             exact(1, f"{role} x {len(orders)} order(s)", role, [
-                _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
-                     512 if role == "cot" else 8, answer=None if role == "cot" else TWO_SCORES)  # as run_pairs asks
+                overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
                 for p in pairs for sw in orders])
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
@@ -978,19 +985,24 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     return Completion(text, None, n, max(1, len(text) // 4))
 
 
+def _fake_two(request: CompletionRequest, sa: int, sb: int) -> str:
+    """The two scores as the request asks for them: by schema when it has one, else "7 4"."""
+    return json.dumps({"score_a": sa, "score_b": sb}) if request.json_schema else f"{sa} {sb}"
+
+
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
     prompt, n = _fake_prompt(request)
     m = _FAKE_ASPECT.search(prompt)
     sa, sb = _fake_pair_scores(request, m.group(1) if m else "aspect")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_direct")
 def _fake_direct(request: CompletionRequest, fake) -> Completion:
     _, n = _fake_prompt(request)
     sa, sb = _fake_pair_scores(request, "overall")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_cot")
@@ -1012,4 +1024,4 @@ def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total
     sb = sum(w * b for w, _, b in rows) / total
-    return Completion(f"{min(10, max(1, round(sa)))} {min(10, max(1, round(sb)))}", None, n, 2)
+    return Completion(_fake_two(request, min(10, max(1, round(sa))), min(10, max(1, round(sb)))), None, n, 2)

@@ -3,6 +3,8 @@ pairwise reply (its text, its top logprobs, or the last line of a chain of thoug
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -10,11 +12,30 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import Completion
+from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.judge import score_pair
 from hdeval.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
 
 SCALE10 = (1.0, 10.0)
+
+# The reply of a pairwise score prompt as a schema servers can enforce (OpenAI-compatible
+# ``response_format``, a local model's grammar): one whole 1-10 score per response, named by side,
+# so no reader has to guess which number belongs to which response. The text reader stays the
+# fallback for servers that ignore it.
+PAIR_SCHEMA = json.dumps({
+    "type": "object",
+    "properties": {"score_a": {"type": "integer", "minimum": 1, "maximum": 10},
+                   "score_b": {"type": "integer", "minimum": 1, "maximum": 10}},
+    "required": ["score_a", "score_b"],
+    "additionalProperties": False,
+}, sort_keys=True)
+_PAIR_JSON_TOKENS = 24  # '{"score_a": 10, "score_b": 10}' with room for a tokenizer's spaces
+
+
+def structured_pair(request: CompletionRequest) -> CompletionRequest:
+    """``request`` asking for its two scores as :data:`PAIR_SCHEMA` JSON."""
+    return dataclasses.replace(request, json_schema=PAIR_SCHEMA,
+                               max_tokens=max(request.max_tokens or 0, _PAIR_JSON_TOKENS))
 
 
 def _feedback(problem: str) -> str:

@@ -102,6 +102,7 @@ def _run(
     layer_metrics: dict[str, Any] = {}
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
+    fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
     for layer in range(1, config.layers + 1):
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
@@ -160,14 +161,18 @@ def _run(
                 report.positive_importance = pr.n_positive
                 expand = pr.selected
         report.notes = warning_notes(caught)
+        fitted.append((layer, X.shape[1], agg))
         reports.append(report)
         layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
 
     assert agg is not None
+    choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
+    kept_layer, n_cols, agg = next(f for f in fitted if f[0] == choice["kept_layer"])
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
-        "final": layer_metrics[str(reports[-1].layer)],
+        "final": layer_metrics[str(kept_layer)],
+        "selection": choice,
         "layers": layer_metrics,
         "cv_train": {str(r.layer): r.cv_train for r in reports},
         "direct_layer1": _direct_layer1(matrix, Y[te], te, aspects),
@@ -178,10 +183,14 @@ def _run(
     }
     if dec is not llm:
         metrics["usage_decompose"] = _usage(dec)
+    progress.message(_selection_summary(choice))
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
+    # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
+    # the score table and the layer reports keep every explored criterion
+    kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
     return Evaluator(
-        task, tree, agg, matrix.criterion_keys, templates, spec, llm.identity, metrics,
+        task, kept_tree, agg, matrix.criterion_keys[:n_cols], templates, spec, llm.identity, metrics,
         {
             "seed": config.seed,
             "split": split.to_dict(),
@@ -193,6 +202,64 @@ def _run(
         },
         table,
     )
+
+
+# A deeper layer costs more LLM calls per sample and is kept only when its cross-validated
+# training Spearman beats the shallower best by more than this (fold noise on ~100 rows).
+LAYER_MARGIN = 0.01
+
+
+def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray,
+                 tr: np.ndarray, aspects: list[str], depth: int = 1) -> dict[str, Any]:
+    """The evaluator to keep, decided on the training split only: each layer's grouped
+    cross-validated average Spearman, and the unfitted baselines on the training rows (they
+    learn nothing, so their training figure is honest). Test rows decide nothing here. A tree
+    given with --tree is kept whole: only layers from its last one on compete."""
+    cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
+    eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
+    best = eligible[0].layer
+    for r in eligible[1:]:
+        here, there = cv[r.layer], cv[best]
+        if here is not None and (there is None or here > there + LAYER_MARGIN):
+            best = r.layer
+    baselines = {
+        "mean_subtree": metric_table(Y[tr], subtree_means(tree, matrix, aspects)[tr], aspects),
+        "mean_all_criteria": _mean_all(matrix, Y[tr], tr, aspects),
+        "direct_layer1": _direct_layer1(matrix, Y[tr], tr, aspects),
+    }
+    train_sp = {k: v["average"]["spearman"] for k, v in baselines.items()}
+    named = [k for k, v in train_sp.items() if v is not None]
+    strongest = max(named, key=lambda k: train_sp[k]) if named else None
+    deepest = reports[-1].layer
+    if best == deepest:
+        reason = (f"layer {best} has the best cross-validated training Spearman"
+                  if len(eligible) > 1 else "the only layer that could be kept")
+    else:
+        reason = (f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is not beaten "
+                  f"by more than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {_fmt(cv[deepest]).strip()})")
+    out: dict[str, Any] = {
+        "kept_layer": best,
+        "by": "grouped cross-validation on the training split (average Spearman)",
+        "reason": reason,
+        "cv_train_spearman": {str(k): v for k, v in cv.items()},
+        "baselines_train_spearman": train_sp,
+        "strongest_baseline": strongest,
+    }
+    if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
+        # a baseline is no fitted model an artifact stores: said, not silently dropped
+        out["baseline_beats_evaluator"] = True
+    return out
+
+
+def _selection_summary(choice: dict[str, Any]) -> str:
+    s = choice.get("strongest_baseline")
+    line = f"kept evaluator: layer {choice['kept_layer']} ({choice['reason']})"
+    if s is not None:
+        line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
+                 f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")
+        if choice.get("baseline_beats_evaluator"):
+            line += "; it beats the kept evaluator's cross-validated figure: consider it instead"
+    return line
 
 
 def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
@@ -321,7 +388,7 @@ def _baseline_summary(metrics: dict[str, Any]) -> str:
     def sp(key: str) -> str:
         return _fmt((metrics.get(key) or {}).get("average", {}).get("spearman"))
 
-    return (f"held-out average spearman: evaluator {sp('final')} | baselines: own-subtree mean "
+    return (f"held-out average spearman: kept evaluator {sp('final')} | baselines: own-subtree mean "
             f"{sp('mean_subtree')}, mean of all criteria {sp('mean_all_criteria')}, "
             f"direct layer-1 score {sp('direct_layer1')}")
 
