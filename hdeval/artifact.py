@@ -21,13 +21,10 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hdeval import __version__
-from hdeval.errors import ArtifactError, ConfigError, HdevalError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hdeval.methods.base import Fitted
+from hdeval.errors import ArtifactError, ConfigError
 
 FORMAT = "hdeval-artifact"
 # 2: the manifest names its method; format 1 (HD-Eval only) is still read.
@@ -193,7 +190,7 @@ def is_artifact(path: Path) -> bool:
 
 
 # ---------------------------------------------------------------------- saving
-def save_artifact(fitted: "Fitted", path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
+def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
     """Write ``fitted`` to ``path`` atomically.
 
     ``path`` may be new, an empty directory, or (with ``force``) an existing hdeval artifact;
@@ -425,22 +422,3 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
                 f"{path}: {name} does not match its checksum in {MANIFEST} (modified or truncated)"
             )
     return reader
-
-
-def load_artifact(path: str | Path) -> "Fitted":
-    """Open, verify and rebuild the fitted evaluator of whatever method wrote ``path``."""
-    from hdeval.methods.base import get_method
-
-    path = Path(path)
-    recover_artifact(path)
-    probe = ArtifactReader(path, {}, [])
-    head = probe.json(MANIFEST) if (path / MANIFEST).is_file() else {}
-    name = head.get("method", "hdeval") if isinstance(head, dict) else "hdeval"
-    if not isinstance(name, str):
-        raise ArtifactError(f"{path / MANIFEST}: 'method' is not a name")
-    try:
-        method = get_method(name)
-    except HdevalError as exc:
-        raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
-    reader = open_artifact(path, editable=method.editable)
-    return method.load(reader)

@@ -10,8 +10,6 @@ with ``results.md`` and ``report.html``. Library code: nothing here prints.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import os
@@ -40,6 +38,7 @@ LEARNED = ("hdeval", "paireval")
 # benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
 # baseline (overall scores from the same LLM, no aspects)
 ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
 PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
 PAIR_VS = "vs_" + PAIR_BASELINE.replace("-", "_")
 PAIR_LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
@@ -216,19 +215,7 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     aspects = list(fitted.task.aspect_keys)
     test = table[table["split"] == "test"]
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
-    if fitted.method == "hdeval":
-        pred = fitted.aggregator.predict(test[list(fitted.feature_keys)].to_numpy(float))
-    elif fitted.method == "paireval":  # the columns between split and human:, in the order fitted
-        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]
-        pred = fitted.agg.predict(test[cols].to_numpy(float))
-    elif fitted.method == "direct":
-        from hdeval.methods.direct.evaluator import to_range
-
-        pred = to_range(test[aspects].to_numpy(float), fitted.task)
-    elif fitted.method == "direct-yesno":
-        pred = fitted.to_range(test[aspects].to_numpy(float))
-    else:
-        raise ConfigError(f"benchmark reads held-out predictions of {', '.join(METHODS)}, not {fitted.method!r}")
+    pred = fitted.held_out_predictions(table, test)
     ids = [str(s) for s in test["sample_id"]]
     return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, _as2d(pred))
 
@@ -269,24 +256,7 @@ def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
     table = _score_table(fitted)
     test = table[table["split"] == "test"]
     human = [_pair_label(x) for x in test["human"]]
-    preds: dict[str, tuple[list[str | None], list[str | None]]] = {}
-    if fitted.method == "dna":
-        pred = [_pair_label(x) for x in test["prediction"]]
-        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
-        preds["evaluator"] = (pred, [None if p is None or a == b else ("a" if a > b else "b")
-                                     for p, a, b in zip(pred, ta, tb)])
-        if "learned_prediction" in test and "learned_prediction_ab" in test:
-            preds["learned"] = ([_pair_label(x) for x in test["learned_prediction"]],
-                                [_pair_label(x) for x in test["learned_prediction_ab"]])
-    elif fitted.method == "hdeval":
-        from hdeval.classify import predict_labels
-
-        keys = list(fitted.feature_keys)
-        diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
-        labels, labels_ab = predict_labels(fitted.model, diff)
-        preds["evaluator"] = (list(labels), list(labels_ab))
-    else:
-        raise ConfigError(f"benchmark reads held-out pair labels of dna and hdeval, not {fitted.method!r}")
+    preds = fitted.held_out_labels(test)
     ids = [str(s) for s in test["pair_id"]]
     return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds)
 
@@ -303,7 +273,7 @@ def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray
 
 
 def agreement_w_ties(y: np.ndarray, p: np.ndarray) -> float:
-    """:func:`hdeval.methods.dna.impl.agreement`'s ``w_ties`` on label codes (see
+    """:func:`hdeval.metrics.pair_agreement`'s ``w_ties`` on label codes (see
     :func:`pair_arrays`): accuracy over the labelled pairs with a prediction."""
     y, p = np.asarray(y, float).ravel(), _as2d(p)
     ok = np.isfinite(y) & np.isfinite(p[:, 0])
@@ -387,7 +357,7 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
     """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
     (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
 
     if entry not in METHODS:
         raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
@@ -465,7 +435,7 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         merged = {**opts, **fixed}
         try:
             if base == "dna":
-                from hdeval.methods.base import get_method
+                from hdeval.methods.registry import get_method
                 from hdeval.methods.dna.impl import Settings
 
                 o = {k: v.default for k, v in get_method("dna").options.items()} | merged
@@ -522,20 +492,13 @@ def _check_fit(config: Any, prep: Any, label: str) -> None:
     training split) and that scorer on a pairwise task."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
+    from hdeval.methods.registry import get_method
 
     ctx = FitContext(config, prep, None, None, Progress())
+    check = get_method(config.method).check_fit
     try:
-        if config.method == "paireval":
-            from hdeval.methods.paireval.impl import choose_comparisons
-
-            choose_comparisons(ctx)
-        elif config.method == "hdeval" and ctx.option("scorer") != "digit":
-            if prep.task.shape == "pairwise":
-                raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): "
-                                  "leave hdeval.scorer out")
-            from hdeval.methods.paireval.impl import hdeval_scorer
-
-            hdeval_scorer(ctx)
+        if check is not None:
+            check(ctx)
     except HdevalError as exc:
         raise type(exc)(f"{label}: {exc}") from None
 
@@ -622,7 +585,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
 def check_shapes(spec: BenchmarkSpec) -> str:
     """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
     error before anything is read or called."""
-    from hdeval.methods.base import get_method
+    from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
     shape = load_task(spec.task).shape
@@ -676,8 +639,7 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
     m = fitted.metrics
     rec: dict[str, Any] = {
         "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": getattr(getattr(fitted, "aggregator", None) or getattr(fitted, "agg", None),
-                                     "kind", None),
+        "fitted_aggregator": fitted.fitted_aggregator(),
         "n_train": m["split"]["train"], "n_test": m["split"]["test"],
         "usage": dict(m.get("usage") or {}),
         "dataset": metric_table(ho.y, ho.pred, ho.aspects),
@@ -685,25 +647,8 @@ def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: fl
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
     }
-    if method == "direct":
-        rec["criteria"] = len(ho.aspects)  # one question per aspect
-    if method == "hdeval":
-        rec["criteria"] = len(fitted.feature_keys)
-        rec["layers"] = m.get("layers") or {}
-        rec["criteria_per_layer"] = criteria_per_layer(fitted)
-        rec["baselines"] = {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}
+    rec.update(fitted.benchmark_record())
     return rec
-
-
-def criteria_per_layer(fitted: Any) -> dict[str, int]:
-    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
-    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
-    out: dict[str, int] = {}
-    total = 0
-    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
-        total += len(report.get("added") or [])
-        out[str(int(report["layer"]))] = total
-    return out
 
 
 def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
@@ -713,11 +658,11 @@ def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
     over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
     out = []
     for s in settings:
-        if s["method"] not in ("direct", "hdeval"):
+        if s["method"] != BASELINE and "layers" not in s:  # no criteria count to plot
             continue
         mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"])
                 == (s["method"], s["aggregator"], s["train_frac"])]
-        if s["method"] == "direct":
+        if s["method"] == BASELINE:
             points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
                        "spearman": s["dataset"]["average"]["spearman"]}]
         else:
@@ -753,15 +698,15 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
             ho = held[(method, agg, frac, r["seed"])]
             entry: dict[str, Any] = {"seed": r["seed"], "average_spearman": bootstrap_ci(
                 ho.y, ho.pred, ho.doc_ids, n_resamples=spec.resamples, seed=r["seed"])}
-            base = held.get(("direct", None, frac, r["seed"]))
-            if base is not None and method != "direct":
+            base = held.get((BASELINE, None, frac, r["seed"]))
+            if base is not None and method != BASELINE:
                 if base.sample_ids != ho.sample_ids:  # same seed, same split: never expected
                     raise ConfigError(f"the direct and {method} runs of seed {r['seed']} have different test splits")
                 entry["vs_direct"] = paired_bootstrap(ho.y, ho.pred, base.pred, ho.doc_ids,
                                                       n_resamples=spec.resamples, seed=r["seed"])
             boot.append(entry)
         s["bootstrap"] = boot
-        if method == "hdeval":
+        if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
             names = sorted({k for r in mine for k in r["baselines"]})
@@ -775,12 +720,12 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
 
 def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
                      seed: int) -> dict[str, Any]:
-    from hdeval.methods.dna.impl import agreement
+    from hdeval.metrics import pair_agreement as agreement
 
     m = fitted.metrics
     return {
         "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": getattr(fitted, "kind", None) if method == "hdeval" else None,
+        "fitted_aggregator": fitted.fitted_aggregator(),
         "n_train": m["split"]["train"], "n_test": m["split"]["test"],
         "usage": dict(m.get("usage") or {}),
         "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()},
@@ -1001,50 +946,56 @@ def _name(s: Mapping[str, Any]) -> str:
     return s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+Table = tuple[str, list[str], list[list[str]]]  # (the sentence above it, header, rows)
+
+
+def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
+    """The title and the tables both results.md and report.html show (mean ± std over seeds)."""
     if results.get("shape") == "pairwise":
-        return _render_pairwise(results)
+        return _pairwise_tables(results)
     aspects = list(results["aspects"])
     seeds = results["spec"]["seeds"]
-    lines = [f"# Benchmark: {results['task']} ({', '.join(aspects)})", "",
-             f"Held-out dataset-level Spearman, mean ± std over {seeds} seed(s); CI: 95% paired bootstrap "
-             f"over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+    title = f"Benchmark: {results['task']} ({', '.join(aspects)})"
+    intro = (f"Held-out dataset-level Spearman, mean ± std over {seeds} seed(s); CI: 95% paired bootstrap "
+             f"over documents ({results['spec']['resamples']} resamples) on seed 0's test split.")
     head = ["method", "train frac", *aspects, "average", "summary-level", "rank exact-match", "95% CI",
             "Δ vs direct [95% CI], p", "calls"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for s in results["settings"]:
         b = s["bootstrap"][0]
         ci = b["average_spearman"]
-        vs = b.get("vs_direct")
-        delta = (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], p={_f(vs['p_value'])}"
-                 if vs and vs["difference"] is not None else "")
-        row = [_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
-               _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
-               _ms(s["ranking"]["exact_match"]["average"]), f"[{_f(ci['low'])}, {_f(ci['high'])}]", delta,
-               str(s["usage"]["calls"])]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append([_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
+                     _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
+                     _ms(s["ranking"]["exact_match"]["average"]), f"[{_f(ci['low'])}, {_f(ci['high'])}]",
+                     _delta(b.get("vs_direct")), str(s["usage"]["calls"])])
+    tables: list[Table] = [(intro, head, rows)]
     ablation = [s for s in results["settings"] if s.get("layers")]
     if ablation:
         layer_keys = sorted({k for s in ablation for k in s["layers"]}, key=int)
         base_keys = sorted({k for s in ablation for k in s["baselines"]})
-        head = ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys]
-        lines += ["", "Layer ablation (held-out average Spearman; layers 1-k = without the later layers) and "
-                  "'w/o aggregator' baselines:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for s in ablation:
-            lines.append("| " + " | ".join([_name(s), f"{s['train_frac']:g}",
-                                            *[_ms(s["layers"].get(k)) for k in layer_keys],
-                                            *[_ms(s["baselines"].get(k)) for k in base_keys]]) + " |")
+        tables.append(("Layer ablation (held-out average Spearman; layers 1-k = without the later layers) and "
+                       "'w/o aggregator' baselines:",
+                       ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys],
+                       [[_name(s), f"{s['train_frac']:g}", *[_ms(s["layers"].get(k)) for k in layer_keys],
+                         *[_ms(s["baselines"].get(k)) for k in base_keys]] for s in ablation]))
     if results.get("criteria_efficiency"):
-        lines += ["", "Criteria efficiency (held-out average Spearman against the number of criteria the evaluator "
-                  "uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):", "",
-                  "| method | train frac | layer | criteria | average Spearman |", "|---|---|---|---|---|"]
-        for line in results["criteria_efficiency"]:
-            for pt in line["points"]:
-                lines.append(f"| {_name(line)} | {line['train_frac']:g} | "
-                             f"{'' if pt['layer'] is None else pt['layer']} | {_ms1(pt['criteria'])} | "
-                             f"{_ms(pt['spearman'])} |")
-    return "\n".join(lines + _cost_lines(results)) + "\n"
+        tables.append(("Criteria efficiency (held-out average Spearman against the number of criteria the "
+                       "evaluator uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):",
+                       ["method", "train frac", "layer", "criteria", "average Spearman"],
+                       [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
+                         _ms1(pt["criteria"]), _ms(pt["spearman"])]
+                        for line in results["criteria_efficiency"] for pt in line["points"]]))
+    return title, tables + [_cost_table(results)]
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """``results.md``: tables a person pastes into a paper (mean ± std over seeds)."""
+    title, tables = benchmark_tables(results)
+    lines = [f"# {title}"]
+    for intro, head, rows in tables:
+        lines += ["", intro, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _ms1(d: Mapping[str, Any] | None) -> str:
@@ -1054,13 +1005,11 @@ def _ms1(d: Mapping[str, Any] | None) -> str:
     return f"{d['mean']:g}" if not d.get("std") else f"{d['mean']:.1f} ± {d['std']:.1f}"
 
 
-def _cost_lines(results: Mapping[str, Any]) -> list[str]:
-    lines = ["", "Cost per method (all runs; cached calls are free):", "",
-             "| method | runs | LLM calls | cache hits | prompt tokens | completion tokens |", "|---|---|---|---|---|---|"]
-    for m, c in results["cost"].items():
-        lines.append(f"| {m} | {c['runs']} | {c['calls']} | {c['cache_hits']} | {c['prompt_tokens']} | "
-                     f"{c['completion_tokens']} |")
-    return lines
+def _cost_table(results: Mapping[str, Any]) -> Table:
+    return ("Cost per method (all runs; cached calls are free):",
+            ["method", "runs", "LLM calls", "cache hits", "prompt tokens", "completion tokens"],
+            [[str(m), str(c["runs"]), str(c["calls"]), str(c["cache_hits"]), str(c["prompt_tokens"]),
+              str(c["completion_tokens"])] for m, c in results["cost"].items()])
 
 
 def _delta(vs: Mapping[str, Any] | None) -> str:
@@ -1068,154 +1017,29 @@ def _delta(vs: Mapping[str, Any] | None) -> str:
             if vs and vs["difference"] is not None else "")
 
 
-def _render_pairwise(results: Mapping[str, Any]) -> str:
+def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
     seeds = results["spec"]["seeds"]
-    lines = [f"# Benchmark: {results['task']} (pairwise)", "",
-             f"Held-out agreement with the human labels, mean ± std over {seeds} seed(s): w/o ties (the "
+    intro = (f"Held-out agreement with the human labels, mean ± std over {seeds} seed(s): w/o ties (the "
              "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
              "DnA's logistic regression on aspect-score differences next to its LLM weights. CI: 95% "
-             f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.", ""]
+             f"bootstrap over documents ({results['spec']['resamples']} resamples) on seed 0's test split.")
     base = PAIR_VS
     head = ["method", "train frac", "w/o ties", "w/ ties", "learned w/o ties", "learned w/ ties",
             "95% CI w/o ties", f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p",
             f"learned Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", "calls"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for s in results["settings"]:
         b = s["bootstrap"][0]
         ci = b["agreement"]["wo_ties"]
         vs = (b.get(base) or {}).get("wo_ties")
         lvs = ((b.get("learned") or {}).get(base) or {}).get("wo_ties")
         ev, learned = s["agreement"].get("evaluator") or {}, s["agreement"].get("learned") or {}
-        row = [_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
-               _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
-               f"[{_f(ci['low'])}, {_f(ci['high'])}]", _delta(vs), _delta(lvs), str(s["usage"]["calls"])]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines + _cost_lines(results)) + "\n"
+        rows.append([_name(s), f"{s['train_frac']:g}", _ms(ev.get("wo_ties")), _ms(ev.get("w_ties")),
+                     _ms(learned.get("wo_ties")) if learned else "", _ms(learned.get("w_ties")) if learned else "",
+                     f"[{_f(ci['low'])}, {_f(ci['high'])}]", _delta(vs), _delta(lvs), str(s["usage"]["calls"])])
+    return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), _cost_table(results)]
 
 
 # --------------------------------------------------------------------------- report.html
-def pair_curves(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    """The pairwise plots' lines: (label, setting, agreement variant) per setting and variant
-    (DnA's learned aggregation is a line of its own, "dna (learned)")."""
-    out = []
-    for s in results["settings"]:
-        for variant in s["agreement"]:
-            out.append((_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant))
-    return out
-
-
-def _pair_plots(results: Mapping[str, Any], plt: Any, png: Callable[[Any], bytes]) -> list[tuple[str, bytes]]:
-    """Agreement w/o and w/ ties per method at the largest training fraction (error bars: std
-    over seeds) and, with several training fractions, the data-efficiency curve of both."""
-    out = []
-    curves = pair_curves(results)
-    kinds = (("wo_ties", "w/o ties"), ("w_ties", "w/ ties"))
-    top = max(s["train_frac"] for s in results["settings"])
-    chosen = [(label, s, v) for label, s, v in curves if s["train_frac"] == top]
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(chosen) + 2), 3.6))
-    width = 0.8 / max(1, len(chosen))
-    for k, (label, s, v) in enumerate(chosen):
-        d = [s["agreement"][v][key] for key, _ in kinds]
-        ax.bar(np.arange(len(kinds)) + k * width, [x["mean"] or 0 for x in d], width,
-               yerr=[x["std"] or 0 for x in d], capsize=3, label=label)
-    ax.set_xticks(np.arange(len(kinds)) + width * (len(chosen) - 1) / 2, [t for _, t in kinds])
-    ax.set_ylabel("held-out agreement")
-    ax.legend(fontsize=8)
-    out.append((f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
-                png(fig)))
-    if len({s["train_frac"] for s in results["settings"]}) > 1:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-        for ax, (key, title) in zip(axes, kinds):
-            for label in dict.fromkeys(label for label, _, _ in curves):
-                pts = sorted(((s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label),
-                             key=lambda t: t[0])
-                pts = [(x, d) for x, d in pts if d["mean"] is not None]
-                if pts:
-                    ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                                marker="o", capsize=3, label=label)
-            ax.set_title(title)
-            ax.set_xlabel("training fraction")
-        axes[0].set_ylabel("held-out agreement")
-        axes[0].legend(fontsize=8)
-        out.append(("Data efficiency (agreement, mean ± std over seeds)", png(fig)))
-    return out
-
-
-def _plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
-    from hdeval.methods.hdeval.report import _png, _pyplot
-
-    plt = _pyplot()
-    if results.get("shape") == "pairwise":
-        with plt.rc_context({"text.parse_math": False}):
-            return _pair_plots(results, plt, _png)
-    out = []
-    settings = list(results["settings"])
-    aspects = list(results["aspects"])
-    with plt.rc_context({"text.parse_math": False}):
-        # data-efficiency curve
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        for name in dict.fromkeys(_name(s) for s in settings):
-            pts = sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings if _name(s) == name)
-            pts = [(x, d) for x, d in pts if d["mean"] is not None]
-            if pts:
-                ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                            marker="o", capsize=3, label=name)
-        ax.set_xlabel("training fraction")
-        ax.set_ylabel("held-out average Spearman")
-        ax.legend(fontsize=8)
-        out.append(("Data efficiency (mean ± std over seeds)", _png(fig)))
-        # per-aspect bars at the largest training fraction
-        top = max(s["train_frac"] for s in settings)
-        chosen = [s for s in settings if s["train_frac"] == top]
-        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(aspects) * max(1, len(chosen)) / 2), 3.6))
-        width = 0.8 / max(1, len(chosen))
-        for k, s in enumerate(chosen):
-            d = [s["dataset"][a]["spearman"] for a in aspects]
-            ax.bar(np.arange(len(aspects)) + k * width, [x["mean"] or 0 for x in d], width,
-                   yerr=[x["std"] or 0 for x in d], capsize=3, label=_name(s))
-        ax.set_xticks(np.arange(len(aspects)) + width * (len(chosen) - 1) / 2, aspects)
-        ax.set_ylabel("held-out Spearman")
-        ax.legend(fontsize=8)
-        out.append((f"Per aspect at training fraction {top:g} (error bars: std over seeds)", _png(fig)))
-        # layer ablation
-        abl = [s for s in chosen if s.get("layers")]
-        if abl:
-            fig, ax = plt.subplots(figsize=(6, 3.6))
-            for s in abl:
-                ks = sorted(s["layers"], key=int)
-                ax.errorbar([int(k) for k in ks], [s["layers"][k]["mean"] or 0 for k in ks],
-                            yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3, label=_name(s))
-            ax.set_xlabel("layers used (1-k)")
-            ax.set_ylabel("held-out average Spearman")
-            ax.legend(fontsize=8)
-            out.append((f"Layer ablation at training fraction {top:g}", _png(fig)))
-        # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
-        chosen_eff = [ln for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
-        eff = [(ln, [p for p in ln["points"] if p["criteria"]["mean"] is not None
-                       and p["spearman"]["mean"] is not None]) for ln in chosen_eff]
-        if any(pts for _, pts in eff):
-            fig, ax = plt.subplots(figsize=(6, 3.6))
-            for ln, pts in eff:
-                if pts:
-                    ax.errorbar([p["criteria"]["mean"] for p in pts], [p["spearman"]["mean"] for p in pts],
-                                yerr=[p["spearman"]["std"] or 0 for p in pts], marker="o" if len(pts) > 1 else "s",
-                                capsize=3, label=_name(ln))
-            ax.set_xlabel("criteria used")
-            ax.set_ylabel("held-out average Spearman")
-            ax.legend(fontsize=8)
-            out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
-                        "direct: the aspects)", _png(fig)))
-    return out
-
-
-def render_html(results: Mapping[str, Any]) -> str:
-    """A self-contained page: the markdown table as text and the plots as embedded PNGs."""
-    figs = "".join(
-        f"<h2>{html.escape(title)}</h2><img alt=\"{html.escape(title)}\" "
-        f"src=\"data:image/png;base64,{base64.b64encode(png).decode('ascii')}\">"
-        for title, png in _plots(results)
-    )
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>hdeval benchmark: "
-            f"{html.escape(str(results['task']))}</title></head><body>"
-            f"<h1>hdeval benchmark: {html.escape(str(results['task']))}</h1>"
-            f"<pre>{html.escape(render_markdown(results))}</pre>{figs}</body></html>\n")
+# The page (tables, plots, banner) is drawn by the reports' package; results.json holds its numbers.
+from hdeval.report.bench import pair_curves, render_html  # noqa: E402,F401

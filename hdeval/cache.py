@@ -422,6 +422,34 @@ class CachedBackend:
     def flush(self) -> None:
         """Nothing to do: a call returns once its reply is committed."""
 
+    def stored(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` have a reply this client would serve without a call: in the store
+        (diskcache's public ``key in cache``, on the store's thread) or kept in memory because the
+        store could not take them. Whether an entry is readable is not checked here."""
+        keys = list(dict.fromkeys(keys))
+        found = {k for k in keys if k in self._unsaved}
+        rest = [k for k in keys if k not in found]
+        if rest and self._io is not None:
+            found.update(self._io.submit(self._stored_now, rest).result())
+        return found
+
+    async def astored(self, keys: Iterable[str]) -> set[str]:
+        """:meth:`stored` from the LLM loop (the store is read on its own thread)."""
+        keys = list(dict.fromkeys(keys))
+        found = {k for k in keys if k in self._unsaved}
+        rest = [k for k in keys if k not in found]
+        if rest and self._io is not None:
+            found.update(await asyncio.get_running_loop().run_in_executor(self._io, self._stored_now, rest))
+        return found
+
+    def _stored_now(self, keys: Sequence[str]) -> set[str]:
+        store = self._store
+        assert store is not None
+        try:
+            return {k for k in keys if k in store}
+        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+            raise storage_error(self.cache_dir, exc) from None
+
     def is_cached(self, request: CompletionRequest) -> bool:
         key = self.key(request)
         return key in self._unsaved or self._read(key) is not None

@@ -149,34 +149,114 @@ def label_probability(completion: Completion, target: str, other: str) -> tuple[
                 p_o += p
         if p_t + p_o > 0:
             return p_t / (p_t + p_o), None
-    text = (completion.text or "").strip()[:2000]
+    text = (completion.text if isinstance(completion.text, str) else "").strip()[:2000]
+    # "yes" is "Yes", but a lone "a" is an article, not the label "A"
+    fold = (lambda w: w.lower()) if min(len(target), len(other)) > 1 else (lambda w: w)
+    t, o = fold(target), fold(other)
     lead = _LEAD_LABEL.match(text)
-    if lead and lead.group(1) in (target, other):
-        return (1.0 if lead.group(1) == target else 0.0), None
-    words = set(re.findall(r"[A-Za-z]+", text))
-    if (target in words) != (other in words):
-        return (1.0 if target in words else 0.0), None
+    if lead and fold(lead.group(1)) in (t, o):
+        return (1.0 if fold(lead.group(1)) == t else 0.0), None
+    words = {fold(w) for w in re.findall(r"[A-Za-z]+", text)}
+    if (t in words) != (o in words):
+        return (1.0 if t in words else 0.0), None
     shown = " ".join(text.split())[:60]
+    if t in words:
+        return math.nan, f"ambiguous reply: it names both {target!r} and {other!r}: {shown!r}"
     return math.nan, f"the reply names neither {target!r} nor {other!r} alone: {shown!r}"
 
 
 # A reply that opens with a label standing alone: "A", "B.", "(A)", "A:\nbecause ..."
 _LEAD_LABEL = re.compile(r"\(?([A-Za-z]+)\)?\s*(?:[.:,;!\n]|$)")
-_PAIR = re.compile(r"(?<![\d.])(\d{1,2}(?:\.\d+)?)(?![\d])")
+_MAX_REPLY = 4000  # characters of a reply any parser reads: a longer one is not a score
+_NUMBER = re.compile(r"(?:(?<![0-9A-Za-z])-)?(?<![0-9.])[0-9]+(?:\.[0-9]+)?(?![0-9])")
+# "7/10", "8 out of 10": the denominator names the scale, it is not a score
+_DENOMINATOR = re.compile(r"(?:/|\bout\s+of\b)\s*[0-9]+(?:\.0+)?(?![0-9.])", re.I)
+# "(1-10)", "1 to 10", "on a 1-5 scale": the scale's bounds, not a score
+_SCALE_MENTION = re.compile(r"(?<![0-9.])[0-9]+\s*(?:-|\u2013|to)\s*[0-9]+(?:\s*scale)?(?![0-9.])", re.I)
+# one side's score named by its label: "R1: 8", "Assistant 2: 6", "Response A = 7", "score_b: 4"
+_SIDE_SCORE = re.compile(
+    r"\b(?:r|response|assistant|answer|output|candidate|score)[\s_-]*([12ab])\b"
+    r"(?:'s)?(?:\s+score)?\s*[:=\-\u2013]?\s*([0-9]+(?:\.[0-9]+)?)(?![0-9])", re.I)
+# a side named without a score ("Assistant 1 explains more"): a name, not a number
+_SIDE_NAME = re.compile(r"\b(?:response|assistant|answer|output|candidate)[\s_-]*[12]\b|\bR[12]\b", re.I)
+_SCORES_LABEL = re.compile(r"^\s*\**\s*scores?\s*\**\s*:", re.I)
+
+
+def _numbers(text: str) -> list[float]:
+    text = _SCALE_MENTION.sub(" ", _DENOMINATOR.sub(" ", _SIDE_NAME.sub(" ", text)))
+    out = []
+    for m in _NUMBER.finditer(text):
+        digits = m.group().lstrip("-").split(".")[0].lstrip("0")
+        out.append(math.inf if len(digits) > 6 else float(m.group()))  # int() of 5000 digits raises
+    return out
 
 
 def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tuple[float, float] | None, str | None]:
-    """Two scores from one reply: the first line holding two numbers in ``scale`` ("8 7",
-    "8, 7", "Scores: 8 and 7"; ASCII digits only). None and a reason when no line does."""
+    """Two scores from one reply, or None and a reason when the reply does not say them plainly.
+
+    Read in this order: a JSON object with one key per side (``{"a": 7, "b": 4}``,
+    ``{"response_1": 7, "response_2": 4}``); scores named by their side (``R1: 8; R2: 9``,
+    ``Assistant 1: 8`` / ``Assistant 2: 6``, ``Response A: 7``); otherwise exactly two numbers
+    in the reply (``7 4``, ``7/10 4/10``, ``8 out of 10 and 6 out of 10``; the scale's bounds
+    and denominators are not scores). A reply naming one side twice with different scores,
+    holding more than two numbers, or a score outside ``scale`` is ambiguous: a failure, never
+    a guess. ASCII digits only.
+    """
     low, high = scale
-    text = (completion.text or "")[:4000]
-    for line in text.splitlines():
-        nums = [float(m.group(1)) for m in _PAIR.finditer(line)]
-        nums = [v for v in nums if low <= v <= high]
-        if len(nums) >= 2:
-            return (nums[0], nums[1]), None
+    text = completion.text if isinstance(completion.text, str) else ""
+    text = text[:_MAX_REPLY]
     shown = " ".join(text.split())[:60]
-    return None, f"the reply does not hold two scores in {low:g}-{high:g} on one line: {shown!r}"
+
+    def checked(a: float, b: float) -> tuple[tuple[float, float] | None, str | None]:
+        for v in (a, b):
+            if not low <= v <= high:
+                what = "a number too long to be a score," if math.isinf(v) else f"score {v:g}"
+                return None, f"{what} outside {low:g}-{high:g}: {shown!r}"
+        return (a, b), None
+
+    if "{" in text:
+        try:
+            obj = extract_json(text)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            return _json_pair(obj, checked, shown)
+    sides: dict[str, set[float]] = {"1": set(), "2": set()}
+    for m in _SIDE_SCORE.finditer(text):
+        sides["1" if m.group(1).lower() in "1a" else "2"].add(float(m.group(2)))
+    if sides["1"] or sides["2"]:
+        if len(sides["1"]) == 1 and len(sides["2"]) == 1:
+            return checked(sides["1"].pop(), sides["2"].pop())
+        return None, f"the reply does not give exactly one score per response: {shown!r}"
+    nums = _numbers(text)
+    if len(nums) != 2:
+        # a chain of reasoning may end in a labelled line: "Scores: 7 4"
+        labelled = [ln for ln in text.splitlines() if _SCORES_LABEL.match(ln)]
+        if len(labelled) == 1 and len(_numbers(labelled[0])) == 2:
+            nums = _numbers(labelled[0])
+        else:
+            what = "no two scores" if len(nums) < 2 else f"{len(nums)} numbers, not two scores"
+            return None, f"the reply holds {what} in {low:g}-{high:g}: {shown!r}"
+    return checked(nums[0], nums[1])
+
+
+def _json_pair(obj: dict, checked, shown: str):
+    """The two sides of a JSON reply: one key ending in a/1, one in b/2 (``score_a``, ``R1``)."""
+    sides: dict[str, list[Any]] = {"1": [], "2": []}
+    for key, value in list(obj.items())[:20]:
+        k = re.sub(r"[^a-z0-9]", "", str(key).lower())
+        if k[-1:] in ("a", "1"):
+            sides["1"].append(value)
+        elif k[-1:] in ("b", "2"):
+            sides["2"].append(value)
+    if len(sides["1"]) != 1 or len(sides["2"]) != 1:
+        return None, f"the JSON reply does not name one score per response: {shown!r}"
+    vals = []
+    for v in (sides["1"][0], sides["2"][0]):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None, f"the JSON reply's scores are not numbers: {shown!r}"
+        vals.append(float(v))
+    return checked(*vals)
 
 
 # ---------------------------------------------------------------------- structured replies

@@ -1,10 +1,11 @@
-"""Correlation metrics between predicted and human scores. Pure numpy/scipy."""
+"""Agreement of predictions with human judgments: correlations of scores, agreement of pair labels.
+Pure numpy/scipy."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -54,3 +55,36 @@ def mean_spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     vals = [correlations(y_true[:, j], y_pred[:, j])["spearman"] for j in range(y_true.shape[1])]
     vals = [v for v in vals if v is not None]
     return float(np.mean(vals)) if vals else float("-inf")
+
+
+def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
+              pred_ab: Sequence[str | None]) -> dict[str, Any]:
+    """The paper's two numbers on labelled pairs, plus confusion counts.
+
+    ``w_ties``: 3-way accuracy over the pairs with a prediction. ``wo_ties``: accuracy on the
+    pairs whose human label is not a tie, the prediction forced to a or b (``pred_ab``; equal
+    totals give no side and count as a miss). Pairs without a prediction (failures) are left out
+    of both and counted in ``failed``.
+    """
+    confusion: dict[str, dict[str, int]] = {}
+    n = hit = n_ab = hit_ab = failed = 0
+    for h, p, q in zip(human, pred, pred_ab):
+        if h is None:
+            continue
+        confusion.setdefault(h, {})
+        key = p if p is not None else "failed"
+        confusion[h][key] = confusion[h].get(key, 0) + 1
+        if p is None:
+            failed += 1
+            continue
+        n += 1
+        hit += p == h
+        if h != "tie":
+            n_ab += 1
+            hit_ab += q == h
+    return {
+        "w_ties": round(hit / n, 6) if n else None,
+        "wo_ties": round(hit_ab / n_ab, 6) if n_ab else None,
+        "n": n, "n_wo_ties": n_ab, "failed": failed,
+        "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
+    }

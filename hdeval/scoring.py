@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.backends.constraints import Scale
 from hdeval.prompts import Template, scoring_messages
 from hdeval.progress import Progress
 from hdeval.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
@@ -20,7 +21,6 @@ _MIN_DIGIT_MASS = 0.05  # below this the digits are not what the model meant to 
 # ASCII digits only: ``\d`` would also match an Arabic-Indic "٤" or a superscript "²"
 _INT = re.compile(r"-?[0-9]+")
 _DIGITS = re.compile(r"[0-9]{1,3}")
-_MAX_DIGITS = 6  # a longer number is out of any scale; int() of 5000 digits raises
 
 
 def scoring_request(
@@ -31,6 +31,7 @@ def scoring_request(
         temperature=0.0,
         max_tokens=SCORE_MAX_TOKENS,
         top_logprobs=TOP_LOGPROBS,
+        answer=Scale(*SCALE),
         kind="score",
     )
 
@@ -61,15 +62,28 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
                 return total / mass, None
             if any(isinstance(alt.token, str) and alt.token.strip() for alt in position):
                 break  # the first real token is not a digit: fall back to the text
-    m = _INT.search(text)
-    if m is None:
+    return _text_score(text, low, high)
+
+
+def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
+    """The one score a reply's text gives: every number in it, less the scale's bounds and
+    denominators ("3 out of 5", "4/5", "on a 1-5 scale"), must be the same value in ``scale``.
+    Two different numbers are ambiguous, a failure rather than the first one."""
+    from hdeval.judge import _numbers
+
+    text = text[:10_000]  # bounded: a score reply is a few tokens
+    values = set(_numbers(text))
+    if not values:
         return math.nan, f"no score in reply: {_clip(text)}"
-    digits = m.group().lstrip("-").lstrip("0") or "0"
-    if len(digits) > _MAX_DIGITS:
-        return math.nan, f"score with {len(digits)} digits outside {low}-{high}: {_clip(text)}"
-    value = -int(digits) if m.group().startswith("-") else int(digits)
+    if math.inf in values:
+        digits = max((len(m.group().lstrip("-").lstrip("0")) for m in _INT.finditer(text)), default=0)
+        return math.nan, f"score with {digits} digits outside {low}-{high}: {_clip(text)}"
+    if len(values) > 1:
+        shown = ", ".join(f"{v:g}" for v in sorted(values)[:5])
+        return math.nan, f"ambiguous reply: several scores ({shown}): {_clip(text)}"
+    value = values.pop()
     if not low <= value <= high:
-        return math.nan, f"score {value} outside {low}-{high}: {_clip(text)}"
+        return math.nan, f"score {value:g} outside {low}-{high}: {_clip(text)}"
     return float(value), None
 
 

@@ -1,4 +1,5 @@
-"""The HD-Eval training loop (paper Algorithm 1): decompose, score, aggregate, prune; per layer."""
+"""A training run of any method, and its dry run: the options, the task and data, the split and
+the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) do the rest."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from hdeval.aggregate import KINDS
 from hdeval.backends.base import Backend
-from hdeval.cache import CachedBackend
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
-from hdeval.errors import ConfigError, DataError, HdevalError
-from hdeval.llm import open_llm
-from hdeval.methods.base import FitContext, check_shape, get_method
+from hdeval.errors import ConfigError, DataError
+from hdeval.methods.base import FitContext, check_shape
+from hdeval.methods.run import (  # noqa: F401  (the run helpers, reachable from here as before)
+    LayerPlan, decompose_llm_config, llm_config, open_backend, open_decompose_backend, prompt_chars,
+)
+from hdeval.methods.registry import get_method
 from hdeval.progress import Progress
 from hdeval.tasks import apply_preset, load_task, select_aspects
 from hdeval.types import Sample, Task
@@ -61,7 +64,7 @@ class TrainConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
-        from hdeval.methods.base import all_options
+        from hdeval.methods.registry import all_options
 
         given = dict(options.pop("method_options", None) or {})
         for name in all_options():
@@ -96,9 +99,13 @@ class TrainConfig:
         llm_config(self).validate()
         if self.decompose_base_url and not self.decompose_llm:
             raise ConfigError("--decompose-base-url needs --decompose-llm MODEL (the model that server runs)")
-        for name, value in (("--tree", self.tree), ("--decompose-llm", self.decompose_llm)):
-            if value and self.method != "hdeval":
-                raise ConfigError(f"{name} is an option of --method hdeval, not {self.method}")
+        from hdeval.methods.registry import get_method, method_names
+
+        for name in ("tree", "decompose_llm"):
+            owners = [m for m in method_names() if name in get_method(m).run_options]
+            if getattr(self, name) and self.method not in owners:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} is an option of --method {' or '.join(owners)}, not {self.method}")
 
     def public(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -112,7 +119,7 @@ class Prepared:
     samples: list[Sample]  # the samples used (train + test), in file order
     split: Split
     data_path: Path
-    tree: Any = None  # HD-Eval --tree: the GivenTree to start from (checked against the task)
+    given: Any = None  # what the method's prepare() returned (HD-Eval: the --tree to start from)
 
 
 def prepare(config: TrainConfig) -> Prepared:
@@ -127,15 +134,7 @@ def prepare(config: TrainConfig) -> Prepared:
     method = get_method(config.method)
     method.check_options(config.method_options or {})
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
-    given = None
-    if config.tree:  # before the data and any LLM call: a bad tree file costs nothing
-        from hdeval.methods.hdeval.tree_file import read_tree
-
-        given = read_tree(config.tree, task)
-        if given.depth > config.layers:
-            raise ConfigError(f"{config.tree}: the tree has {given.depth} layers but --layers is "
-                              f"{config.layers}: pass --layers {given.depth} to score it as given, or more "
-                              "to expand it")
+    given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
     samples = read_task_samples(path, task, require_labels=True)
     samples = limit_samples(samples, config.limit, config.seed)
@@ -147,43 +146,6 @@ def prepare(config: TrainConfig) -> Prepared:
     return Prepared(task, [s for s in samples if s.id in keep], split, path, given)
 
 
-def llm_config(config: TrainConfig) -> LLMConfig:
-    """The run's LLM settings as the one typed config every command uses."""
-    return LLMConfig(config.llm, config.base_url, config.timeout, config.max_retries,
-                     config.concurrency, config.cache_dir, config.max_calls, config.batch)
-
-
-def open_backend(
-    config: TrainConfig, backend: Backend | None = None, offline: bool = False
-) -> CachedBackend:
-    """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
-    return open_llm(llm_config(config), backend, offline)
-
-
-def decompose_llm_config(config: TrainConfig) -> LLMConfig | None:
-    """The decomposing LLM's settings (``--decompose-llm``), or None: the scoring LLM decomposes.
-    Same cache dir and budget settings; its own identity, so its own cache keys."""
-    if not config.decompose_llm:
-        return None
-    return LLMConfig(config.decompose_llm, config.decompose_base_url, config.timeout, config.max_retries,
-                     config.concurrency, config.cache_dir, config.max_calls)
-
-
-def open_decompose_backend(
-    config: TrainConfig, llm: CachedBackend, backend: Backend | None = None, offline: bool = False
-) -> CachedBackend:
-    """The cached backend that decomposes: ``llm`` itself unless ``--decompose-llm`` (or an
-    injected ``backend``) names another. Opened before any call, so a decompose LLM that cannot
-    be opened (no key, no model file, no runtime) stops the run before anything is paid for."""
-    dc = decompose_llm_config(config)
-    if dc is None and backend is None:
-        return llm
-    try:
-        return open_llm(dc or llm_config(config), backend, offline)
-    except HdevalError as exc:
-        raise ConfigError(f"--decompose-llm {config.decompose_llm or getattr(backend, 'identity', '')}: {exc}") from None
-
-
 def train(
     config: TrainConfig | None = None,
     *,
@@ -192,7 +154,7 @@ def train(
     decompose_backend: Backend | None = None,
     **options: Any,
 ) -> "Fitted":
-    """Train an HD-Eval evaluator; see :class:`TrainConfig` for the options.
+    """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
     ``backend`` / ``decompose_backend``: LLMs to use instead of the ones the options name.
@@ -219,61 +181,17 @@ def train(
 
 
 # ---------------------------------------------------------------------- dry run
-@dataclass
-class LayerPlan:
-    layer: int
-    decompose_calls: int
-    score_calls: int
-    cached: int | None  # None when the requests are not known before earlier layers run
-    upper_bound: bool
-    prompt_tokens: int  # all of the layer's calls (decomposition included)
-    completion_tokens: int
-    stage: str = ""  # a method whose steps are not criteria layers names them (dna)
-    decompose_prompt_tokens: int = 0  # of which decomposition (priced apart: --decompose-llm)
-    decompose_completion_tokens: int = 0
-
-
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
     """What a run would cost, without calling the LLM. Token counts are estimates (chars/4).
 
-    Layer 1 and the layer-2 decompositions are known exactly; later layers depend on LLM
-    replies, so their counts are upper bounds (every decomposition yields ``children``).
+    Each method counts its own requests (``Method.plan``); where they depend on earlier
+    replies (HD-Eval's later layers) its counts are upper bounds.
     """
-    if config.method not in ("hdeval", "direct", "paireval", "direct-yesno", "dna"):
-        # the plans below count these methods' requests; for another one they would mislead
+    method = get_method(config.method)
+    if method.plan is None:  # a count made for another method would mislead
         raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")
     prep = prepare(config)
-    if config.method == "dna":
-        from hdeval.methods.dna.impl import plan_dna
-
-        return prep, plan_dna(config, prep, backend), _offline_identity(config, backend)
-    if config.method == "hdeval" and prep.task.shape == "pairwise":
-        from hdeval.methods.hdeval.pairwise import plan_pairwise
-
-        return prep, plan_pairwise(config, prep, backend), _offline_identity(config, backend)
-    if (config.method_options or {}).get("scorer") == "pairwise":
-        raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
-                          "--comparisons x 2 calls per layer")
-    if config.method in ("paireval", "direct-yesno"):
-        return prep, [_plan_requests(config, prep, backend)], _offline_identity(config, backend)
-    from hdeval.methods.hdeval.loop import plan_hdeval
-
-    return prep, plan_hdeval(config, prep, backend), _offline_identity(config, backend)
-
-
-def _plan_requests(config: TrainConfig, prep: Prepared, backend: Backend | None) -> LayerPlan:
-    """A method whose every request is known before the run (PairEval, DIRECTEVAL): exact counts."""
-    from hdeval.methods.paireval import MAX_TOKENS, planned_requests
-
-    reqs = planned_requests(config, prep)
-    llm = open_backend(config, backend, offline=True)
-    try:
-        distinct = {llm.key(r): r for r in reqs}  # identical pairs cost one call
-        cached = sum(llm.is_cached(r) for r in distinct.values())
-        return LayerPlan(1, 0, len(distinct), cached, False, sum(prompt_chars(r) for r in distinct.values()) // 4,
-                         len(distinct) * MAX_TOKENS)
-    finally:
-        llm.close()
+    return prep, method.plan(config, prep, backend), _offline_identity(config, backend)
 
 
 def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
@@ -288,6 +206,3 @@ def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
         llm.close()
 
 
-def prompt_chars(req) -> int:
-    """Characters of a request's messages (token estimates are chars / 4)."""
-    return sum(len(m.content) for m in req.messages)

@@ -36,6 +36,20 @@ def pytest_configure(config) -> None:
         os.environ["HDEVAL_DATA_DIR"] = os.path.abspath(env)
 
 
+# The default run (`python -m pytest`, addopts `-m "not slow"`) takes minutes on 2 cores; these
+# take the rest of CI's time: end-to-end runs on the real data sets, and the embedded model.
+REAL_DATA_FIXTURES = frozenset({"data_dir", "faireval40", "llmbar60"})
+EMBEDDED_MODEL_MODULES = frozenset({"test_xllamacpp", "test_llama_cpp"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        module = getattr(item.module, "__name__", "") if hasattr(item, "module") else ""
+        if names & REAL_DATA_FIXTURES or (module in EMBEDDED_MODEL_MODULES and "backend" in names):
+            item.add_marker(pytest.mark.slow)
+
+
 def shared_data_dir() -> Path | None:
     env = os.environ.get("HDEVAL_DATA_DIR")
     if env and Path(env).is_dir():

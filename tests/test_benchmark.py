@@ -139,7 +139,7 @@ def test_own_regressor_fits_that_aspect_alone(tmp_path: Path) -> None:
     from sklearn.base import clone
 
     from hdeval.aggregate import make_regressor
-    from hdeval.artifact import load_artifact
+    from hdeval.methods.registry import load_artifact
     from hdeval.train import train
 
     task, data = _toy(tmp_path)
@@ -647,7 +647,7 @@ def _keep_bench(tmp_path: Path, out: Path, *extra: str):
 
 
 def test_keep_artifacts_saves_each_run_and_replaces_only_its_own(tmp_path: Path, fake_calls: list[int]) -> None:
-    from hdeval.artifact import load_artifact
+    from hdeval.methods.registry import load_artifact
 
     out = tmp_path / "bench"
     r = _keep_bench(tmp_path, out, "--keep-artifacts")

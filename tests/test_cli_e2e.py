@@ -37,8 +37,12 @@ def test_train_then_apply_on_real_slices(task, n, data_dir, tmp_path):
     assert manifest["llm"]["identity"] == "fake:v1"
     assert set(manifest["split"]) == {"train", "test"}
     assert manifest["prompts"]["score"] and manifest["files"]["aggregator.skops"]
+    # every aspect was decomposed into 4; the artifact keeps the layers chosen on training data
+    layers = manifest["layers"]
+    assert len(layers[1]["added"]) == 4 * len(layers[0]["added"])
+    kept = metrics["selection"]["kept_layer"]
     tree = json.loads((out / "tree.json").read_text())["criteria"]
-    assert sum(c["layer"] == 2 for c in tree) == 4 * sum(c["layer"] == 1 for c in tree)
+    assert {c["layer"] for c in tree} == set(range(1, kept + 1))
 
     # apply to the same samples with human scores stripped
     rows = [json.loads(l) for l in data.read_text().splitlines()[:10]]

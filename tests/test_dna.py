@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, slice_jsonl, write_jsonl
-from hdeval.artifact import load_artifact
+from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.data import read_pairs
@@ -235,7 +235,8 @@ def test_report_on_a_dna_artifact_shows_llm_weights_and_learned_weights(faireval
     coef = np.abs(ev.learned.coef).sum(axis=0)
     assert math.isclose(share["accuracy"], coef[ev.learned.aspects.index("accuracy")] / coef.sum(), abs_tol=1e-5)
     assert data["learned"]["coefficients"] == ev.metrics["learned"]["coefficients"]
-    assert "<pre>" in (path / "report" / "report.html").read_text()
+    page = (path / "report" / "report.html").read_text()
+    assert "<h2>Weights</h2>" in page and "<h2>Confusion matrix (llm weights)</h2>" in page
 
 
 def test_report_on_a_dynamic_dna_artifact_shows_mean_weights_per_proposed_aspect(faireval40, tmp_path):
@@ -328,7 +329,8 @@ def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(fai
             return Completion("Sure! helpfulness matters most.")  # first try: no JSON
         return good(request, fake)
 
-    fake = FakeBackend(responders=_responders(dna_weights=weights))
+    # replies a server that does not honour the JSON constraint could send
+    fake = FakeBackend(responders=_responders(dna_weights=weights), honour_constraints=False)
     ev = _train(tmp_path, faireval40, backend=fake)
     asked = [r for r in fake.requests if r.kind == "dna_weights"]
     retry = [r for r in asked if len(r.messages) == 4 and doomed not in r.messages[1].content]
@@ -337,7 +339,7 @@ def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(fai
     m = ev.metrics
     assert m["failed_pairs"] == 1 and m["failure_rate"] == 1 / 40
     row = [r for r in ev.output_rows(pairs, ev.score(pairs, backend=FakeBackend(responders=_responders(
-        dna_weights=weights)))) if r["id"] == pairs[3].id][0]
+        dna_weights=weights), honour_constraints=False))) if r["id"] == pairs[3].id][0]
     assert row["prediction"] is None and "weights:" in row["failures"][0]
     assert "3 replies were unusable (last: no weight for relevance, accuracy, level_of_detail)" in row["failures"][0]
 
@@ -368,7 +370,8 @@ def test_unreadable_scores_are_failures_not_crashes(faireval40, tmp_path):
             return Completion("Both are fine.")
         return good(request, fake)
 
-    ev = _train(tmp_path, faireval40, backend=FakeBackend(responders=_responders(dna_score=score)))
+    ev = _train(tmp_path, faireval40, backend=FakeBackend(responders=_responders(dna_score=score),
+                                                          honour_constraints=False))
     assert ev.metrics["failed_pairs"] == 1 and ev.metrics["score_failures"] == 2  # its :a and :b cells
 
 
@@ -521,9 +524,11 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
         c = good(request, fake)
         if not request.top_logprobs:
             return c
-        sa, sb = (int(x) for x in c.text.split())
+        got = json.loads(c.text)  # asked by schema: '{"score_a": 7, "score_b": 4}'
+        sa, sb = got["score_a"], got["score_b"]
         first = _lp((str(sa), 0.5), (str(max(1, sa - 1)), 0.5)) if sa > 1 else _lp(("1", 1.0))
-        return Completion(c.text, (first, _lp((" ", 1.0)), _lp((str(sb), 1.0))), c.prompt_tokens, 3)
+        return Completion(c.text, (_lp(('{"score_a": ', 1.0)), first, _lp((', "score_b": ', 1.0)),
+                                   _lp((str(sb), 1.0)), _lp(("}", 1.0))), c.prompt_tokens, 5)
 
     fake = FakeBackend(responders=_responders(dna_score=score))
     on = _train(tmp_path, faireval40, backend=fake)

@@ -97,10 +97,27 @@ def test_label_probability(top, text, want):
     assert reason is None and p == pytest.approx(want)
 
 
-@pytest.mark.parametrize("text", ["I cannot decide", "A and B are both fine", ""])
-def test_label_probability_failure_when_the_reply_names_neither_or_both(text):
+@pytest.mark.parametrize("text", ["I cannot decide", ""])
+def test_label_probability_failure_when_the_reply_names_neither(text):
     p, reason = label_probability(Completion(text), "A", "B")
     assert math.isnan(p) and "neither" in reason
+
+
+@pytest.mark.parametrize("text, labels", [
+    ("A and B are both fine", ("A", "B")),
+    ("Yes and no", ("Yes", "No")),
+    ("Maybe yes, maybe no", ("Yes", "No")),
+])
+def test_label_probability_a_reply_naming_both_labels_is_an_ambiguous_failure(text, labels):
+    p, reason = label_probability(Completion(text), *labels)
+    assert math.isnan(p) and "ambiguous" in reason and "both" in reason
+
+
+@pytest.mark.parametrize("text, want", [("yes", 1.0), ("NO.", 0.0), ("Yes", 1.0)])
+def test_yes_no_labels_are_read_in_any_case(text, want):
+    # "a" is an article, so A/B stay case-sensitive; Yes/No are words in any case
+    assert label_probability(Completion(text), "Yes", "No") == (want, None)
+    assert math.isnan(label_probability(Completion("a"), "A", "B")[0])
 
 
 def test_label_probability_survives_hostile_logprobs():
@@ -114,16 +131,39 @@ def test_label_probability_survives_hostile_logprobs():
     ("8 7", (8.0, 7.0)),
     ("9 6.5\nAssistant 1 explains more.", (9.0, 6.5)),
     ("Here are the scores:\n7, 8", (7.0, 8.0)),
-    ("Scores: 12, 7, 3", (7.0, 3.0)),  # 12 is outside 1-10
+    # the formats judges write (the DnA paper's own is "R1: 8; R2: 9")
+    ("R1: 8; R2: 9", (8.0, 9.0)),
+    ("Assistant 1: 8\nAssistant 2: 6", (8.0, 6.0)),
+    ("Response 1: 8; Response 2: 6", (8.0, 6.0)),
+    ("Response A: 3\nResponse B: 10", (3.0, 10.0)),
+    ("7/10 4/10", (7.0, 4.0)),
+    ("8 out of 10 and 6 out of 10", (8.0, 6.0)),
+    ("On a 1-10 scale: 5 and 9", (5.0, 9.0)),
+    ('{"score_a": 7, "score_b": 4}', (7.0, 4.0)),
+    ('```json\n{"response_1": 2, "response_2": 9.5}\n```', (2.0, 9.5)),
+    ("I weighed both.\nScores: 6 7", (6.0, 7.0)),
 ])
 def test_score_pair(text, want):
     got, reason = score_pair(Completion(text), (1, 10))
     assert reason is None and got == want
 
 
-def test_score_pair_failure():
-    got, reason = score_pair(Completion("only 5"), (1, 10))
-    assert got is None and "two scores" in reason
+@pytest.mark.parametrize("text, why", [
+    ("only 5", "two scores"),
+    ("Scores: 12, 7, 3", "3 numbers"),            # never a guess at which two were meant
+    ("11 4", "outside"),
+    ("-2 4", "outside"),
+    ("R1: 8; R1: 9; R2: 4", "one score per response"),
+    ("R1: 8", "one score per response"),
+    ('{"a": 7}', "one score per response"),
+    ('{"a": "seven", "b": 4}', "not numbers"),
+    ('{"a": true, "b": 4}', "not numbers"),
+    ("Response 1 gets 8 and response 2 gets 6 or 7", "numbers"),
+    ("9" * 3000 + " 4", "too long"),
+])
+def test_score_pair_ambiguous_or_out_of_scale_is_a_failure(text, why):
+    got, reason = score_pair(Completion(text), (1, 10))
+    assert got is None and why in reason and len(reason) < 200
 
 
 # ---------------------------------------------------------------- ask_json

@@ -47,12 +47,14 @@ if _why:
 
 from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message
+from hdeval.backends.constraints import Scale
 from hdeval.backends.factory import make_backend
 from hdeval.config import LLMConfig
 from hdeval.backends.llama_cpp import (
     DEFAULT_MODEL_NOTICE,
     LlamaCppBackend,
     default_model_path,
+    local_identity,
     model_identity,
 )
 from hdeval.errors import ConfigError
@@ -152,11 +154,10 @@ def test_concurrent_callers_get_the_sequential_results(backend: LlamaCppBackend,
     assert sum(c.prompt_tokens_evaluated for c in parallel) < sum(c.prompt_tokens for c in parallel)
 
 
-def test_a_model_that_does_not_answer_a_digit_still_gives_a_score(backend: LlamaCppBackend) -> None:
-    # Nothing asks for a score: the digits hold almost no probability and the greedy reply
-    # no digit, so the answer is the first token constrained to the scale (issue #14 item 4).
+def test_a_prompt_that_does_not_ask_for_a_digit_still_gets_one_under_a_scale(backend: LlamaCppBackend) -> None:
+    # The prompt asks for a story; the request's constraint says a 1-5 digit, so that is the reply.
     req = CompletionRequest(messages=(Message("user", "Write a long story about a dragon."),),
-                            max_tokens=8, top_logprobs=10)
+                            max_tokens=8, top_logprobs=10, answer=Scale(1, 5))
     c = backend.complete(req)
     top = c.top_logprobs[0]
     assert sorted(a.token for a in top) == ["1", "2", "3", "4", "5"]
@@ -235,8 +236,8 @@ def test_a_file_that_is_not_a_gguf_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_identity_names_the_file_and_its_digest(backend: LlamaCppBackend, tmp_path: Path) -> None:
-    assert backend.identity == model_identity(default_model_path())
-    name, _, digest = backend.identity.partition("#")
+    assert backend.identity == local_identity(default_model_path())
+    name, _, digest = model_identity(default_model_path()).partition("#")
     assert name == "llamacpp:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert len(digest) == 16 and int(digest, 16) >= 0
     assert str(default_model_path().parent) not in backend.identity  # no user path in keys

@@ -17,6 +17,9 @@ def test_wheel_carries_prompts_and_tasks_and_the_cli_finds_them(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in ("prompts/score.toml", "prompts/decompose.toml", "tasks/summeval.toml", "tasks/sfhot.toml"):
         assert f"hdeval/_resources/{f}" in names
+    # the reports' templates and style ship inside the package
+    for f in ("base.html.j2", "macros.html.j2", "style.css", "hdeval.html.j2", "pairs.html.j2", "benchmark.html.j2"):
+        assert f"hdeval/report/templates/{f}" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     # Run from an unrelated directory with the unpacked wheel first on sys.path, as an
@@ -24,7 +27,11 @@ def test_wheel_carries_prompts_and_tasks_and_the_cli_finds_them(tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import hdeval, hdeval.paths as p; "
         "assert hdeval.__file__.startswith(sys.argv[1]), hdeval.__file__; "
-        "print(p.resource_dir('tasks')); sys.argv = ['hdeval', 'tasks']; "
+        "print(p.resource_dir('tasks')); "
+        "from hdeval.report import render, banner; b = banner.Banner(); banner.llm_line(b, 'fake:v1'); "
+        "page = render('benchmark.html.j2', title='t', banner=b, tables=[], figures=[], definitions={}); "
+        "assert 'offline fake LLM' in page and 'font-family' in page, page[:200]; "
+        "sys.argv = ['hdeval', 'tasks']; "
         "from hdeval.cli import main; main()"
     )
     out = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, write_jsonl
-from hdeval.artifact import load_artifact
+from hdeval.methods.registry import load_artifact
 from hdeval.backends.fake import FakeBackend
 from hdeval.config import LLMConfig
 from hdeval.data import read_pairs, read_samples
@@ -173,7 +173,7 @@ def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy
                   cache_dir=str(tmp_path / "cache")).save(tmp_path / "point")
     direct = train(task=str(task), data=str(data), method="direct", llm="fake",
                    cache_dir=str(tmp_path / "cache")).save(tmp_path / "direct")
-    hint = "load it with hdeval.artifact.load_artifact(path) or score with hdeval apply"
+    hint = "load it with hdeval.methods.registry.load_artifact(path) or score with hdeval apply"
     cases = [
         (lambda: Evaluator.load(pair), f"{pair} holds a pairwise HD-Eval evaluator, and Evaluator reads "
                                        "pointwise HD-Eval ones only"),

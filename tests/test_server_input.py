@@ -257,7 +257,8 @@ def test_cli_never_prints_a_piece_of_the_password(tmp_path) -> None:
     url = f"http://u:{PASSWORD}@127.0.0.1:9/v1"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     result = subprocess.run(
-        [sys.executable, "-m", "hdeval.cli", "train", "--task", "sfres", "--llm", "m", "--base-url", url,
+        [sys.executable, "-m", "hdeval.cli", "train", "--task", str(Path(__file__).resolve().parent.parent / "examples" / "qa_task.toml"),
+         "--llm", "m", "--base-url", url,
          "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "a")],
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )

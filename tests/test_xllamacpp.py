@@ -22,7 +22,8 @@ from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.factory import local_runtime, make_backend, resolve_llm
 from hdeval.config import LLMConfig
-from hdeval.backends.llama_cpp import default_model_path, model_identity
+from hdeval.backends.constraints import Labels, Scale
+from hdeval.backends.llama_cpp import DECODING_TAG, default_model_path, local_identity, model_identity
 from hdeval.backends.xllamacpp import XLlamaCppBackend
 from hdeval.errors import BackendError, ConfigError
 from hdeval.prompts import load_template
@@ -54,8 +55,10 @@ def test_local_uses_xllamacpp_by_default_and_shares_the_cache_identity(backend, 
     assert local_runtime() == "xllamacpp"
     assert resolve_llm(None, {}) == "local"
     assert backend.is_default_model and backend.max_concurrency == 1
-    # the same GGUF has the same identity under either runtime: cached replies carry over
-    assert backend.identity == model_identity(default_model_path())
+    # the same GGUF has the same identity under either runtime: cached replies carry over;
+    # it names the decoding too, so replies cached before answers were constrained are not served
+    assert backend.identity == local_identity(default_model_path())
+    assert backend.identity == model_identity(default_model_path()) + DECODING_TAG
     assert backend.identity.startswith("llamacpp:SmolLM2-135M-Instruct.Q4_1.gguf#")
 
 
@@ -95,18 +98,37 @@ def test_prefix_reuse_evaluates_fewer_tokens_with_the_same_scores(backend) -> No
         assert parse_score(a)[0] == pytest.approx(parse_score(b)[0], abs=0.05)
 
 
-def test_a_model_that_does_not_answer_a_digit_still_gives_a_score(backend) -> None:
-    # Nothing asks for a score: the digits hold almost no probability and the greedy reply
-    # no digit, so the answer is the first token constrained to the scale (issue #14 item 4).
-    req = CompletionRequest(messages=(Message("user", "Write a long story about a dragon."),),
-                            max_tokens=8, top_logprobs=10)
-    c = backend.complete(req)
+def test_a_prompt_that_does_not_ask_for_a_digit_still_gets_one_under_a_scale(backend) -> None:
+    # The prompt asks for a story; the request's constraint says a 1-5 digit, so that is the reply.
+    msgs = (Message("user", "Write a long story about a dragon."),)
+    c = backend.complete(CompletionRequest(msgs, max_tokens=8, top_logprobs=10, answer=Scale(1, 5)))
     top = c.top_logprobs[0]
     assert sorted(a.token for a in top) == ["1", "2", "3", "4", "5"]
     assert sum(math.exp(a.logprob) for a in top) == pytest.approx(1.0, abs=1e-6)
     assert c.text == top[0].token
     score, reason = parse_score(c)
     assert reason is None and 1.0 <= score <= 5.0
+    # without a constraint nothing is guessed from top_logprobs: the model writes its story
+    free = backend.complete(CompletionRequest(msgs, max_tokens=8, top_logprobs=3))
+    assert len(free.text) > 1 and free.completion_tokens > 1
+    assert free.top_logprobs is not None and all(len(p) <= 3 for p in free.top_logprobs)
+
+
+@pytest.mark.parametrize("words", [("A", "B"), ("Yes", "No")])
+def test_label_words_come_back_as_one_word_with_both_probabilities(backend, words) -> None:
+    msgs = (Message("user", "Tell me about the weather in a long paragraph."),)  # no label asked for
+    c = backend.complete(CompletionRequest(msgs, max_tokens=2, top_logprobs=10, answer=Labels(words)))
+    assert c.text in words
+    top = c.top_logprobs[0]
+    assert sorted(a.token for a in top) == sorted(words) and top[0].token == c.text
+    assert sum(math.exp(a.logprob) for a in top) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_two_scores_on_a_ten_point_scale_are_generated_under_the_grammar(backend) -> None:
+    msgs = (Message("user", "Write a haiku about rain."),)  # nothing asks for scores
+    c = backend.complete(CompletionRequest(msgs, max_tokens=8, answer=Scale(1, 10, count=2)))
+    a, b = c.text.split(" ")
+    assert 1 <= int(a) <= 10 and 1 <= int(b) <= 10 and c.top_logprobs is None
 
 
 def test_a_json_schema_constrains_the_reply(backend) -> None:

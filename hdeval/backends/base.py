@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from hdeval.backends.constraints import Answer
+
 #: a token count beyond this is not a count (``1e999``, a 5000-digit number): read as 0
 MAX_TOKEN_COUNT = 10**12
 #: a reply's top alternatives beyond these bounds are dropped when read back
@@ -39,6 +41,12 @@ class CompletionRequest:
     # caller can re-ask a request whose cached reply it found unusable (a decomposition reply
     # that failed validation) and keep that reply cached for inspection. 0 leaves keys as they were.
     attempt: int = 0
+    # What the reply may be when it is not JSON: a scale (``Scale(1, 5)``) or label words
+    # (``Labels(("A", "B"))``). Backends that can constrain decoding do (the local models, by a
+    # grammar); see backends/constraints.py. Not in the key: an OpenAI-compatible server is sent
+    # nothing for it, so the prompt alone decides its answer there and users' caches stay valid;
+    # the local backends, whose answers it changes, carry a decoding version in their identity.
+    answer: Answer | None = None
 
     def key_fields(self) -> dict[str, Any]:
         """Decoding parameters that change the output (cache key material)."""

@@ -41,10 +41,10 @@ import httpx2
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
+from hdeval.request_files import ENDPOINT, request_line as _line, result_outcome
 
 POLL_ENV = "HDEVAL_BATCH_POLL_INTERVAL"  # seconds between status checks of a batch job
 DEFAULT_POLL = 30.0
-ENDPOINT = "/v1/chat/completions"
 COMPLETION_WINDOW = "24h"
 # The API's limits per input file: 50,000 requests and 200 MB (a little kept in reserve)
 MAX_FILE_REQUESTS = 50_000
@@ -664,15 +664,9 @@ class BatchStrategy:
         if not isinstance(key, str) or key not in keys or key in seen:
             return f"{where}: no custom_id of this job"
         seen.add(key)
-        response = row.get("response")
-        code = response.get("status_code") if isinstance(response, dict) else None
-        body = response.get("body") if isinstance(response, dict) else None
-        if code != 200 or not isinstance(body, dict):
-            err = row.get("error") if isinstance(row.get("error"), dict) else None
-            if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
-                err = body["error"]
-            msg = _one_line(str(err.get("message") or err.get("code") or "")) if err else ""
-            report.failures[key] = f"HTTP {code}: {msg}" if code else (msg or f"{where}: no response")
+        body, why = result_outcome(row)
+        if body is None:
+            report.failures[key] = why if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
         try:
@@ -683,13 +677,6 @@ class BatchStrategy:
         self._save(key, completion)
         report.received += 1
         return None
-
-
-def _line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool) -> bytes:
-    body = inner._params(request, bool(request.top_logprobs) and logprobs_ok)
-    body.pop("extra_headers", None)  # a batch line has no headers
-    return (json.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body},
-                       ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def _chunks(lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:

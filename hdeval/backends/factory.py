@@ -112,7 +112,34 @@ BACKENDS: list[BackendEntry] = [
 ]
 
 
+PROVIDER_GROUP = "hdeval.providers"  # plug-ins' entry points: a BackendEntry (or a callable returning them)
+_plugins_loaded = False
+
+
+def _load_providers() -> None:
+    """Plug-in providers go before the last entry, which serves every other model name."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PROVIDER_GROUP):
+        try:
+            found = ep.load()
+            found = found() if callable(found) and not isinstance(found, BackendEntry) else found
+        except Exception as exc:  # a broken plug-in names itself
+            raise ConfigError(f"LLM provider plug-in {ep.name!r} ({ep.value}) could not be loaded: "
+                              f"{type(exc).__name__}: {exc}") from None
+        for entry in (found if isinstance(found, (list, tuple)) else [found]):
+            if not isinstance(entry, BackendEntry):
+                raise ConfigError(f"LLM provider plug-in {ep.name!r} ({ep.value}) gave "
+                                  f"{type(entry).__name__}, not a hdeval.backends.factory.BackendEntry")
+            BACKENDS.insert(len(BACKENDS) - 1, entry)
+
+
 def backend_entry(model: str) -> BackendEntry:
+    _load_providers()
     return next(e for e in BACKENDS if e.matches(model))
 
 

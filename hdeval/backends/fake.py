@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.constraints import constraint_of, obeys
 
 _MAX_CHILDREN = re.compile(r"at most (\d+) sub-criteria")
 _CRITERION = re.compile(r"^Criterion to decompose: (.+?) \(key: ([^)]+)\)", re.M)
@@ -51,7 +52,8 @@ def responder(kind: str) -> Callable[[Responder], Responder]:
 
 @dataclass
 class FakeBackend:
-    """``garbage``: share of scoring replies that are unparseable prose;
+    """``garbage``: share of scoring replies that are unparseable prose (such a fake does not
+    honour answer constraints, as a server asked only by the prompt does not);
     ``logprobs``: whether top logprobs come back; ``children``: cap on sub-criteria."""
 
     garbage: float = 0.0
@@ -63,6 +65,9 @@ class FakeBackend:
     record: bool = True
     # None: the registered RESPONDERS (read at call time, so later registrations count)
     responders: Mapping[str, Responder] | None = None
+    # False: replies go out as the responders write them, like a server that does not honour
+    # answer constraints (tests of replies the methods cannot read)
+    honour_constraints: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -104,7 +109,18 @@ class FakeBackend:
                 f"the fake LLM has no responder for prompt kind {request.kind!r} "
                 f"(known: {', '.join(sorted(table)) or 'none'})"
             )
-        return answer(request, self)
+        reply = answer(request, self)
+        constraint = constraint_of(request)
+        # The fake decodes under the request's constraint as the local models do, so a
+        # responder that breaks it is a bug to report, not a reply. ``garbage`` models an LLM
+        # that does not honour constraints (an OpenAI-compatible server asked for a digit),
+        # whose unusable replies the methods must record as failures.
+        if self.honour_constraints and not self.garbage and not obeys(constraint, reply.text):
+            from hdeval.errors import BackendError
+
+            raise BackendError(f"the fake LLM's {request.kind!r} responder broke the request's answer "
+                               f"constraint {constraint!r}: {reply.text[:60]!r}")
+        return reply
 
     def decompose_reply(self, prompt: str) -> str:
         m = _MAX_CHILDREN.search(prompt)

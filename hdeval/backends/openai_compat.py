@@ -40,6 +40,7 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from hdeval import __version__
+from hdeval.backends.constraints import constraint_of, to_openai_params  # [answer constraint]
 from hdeval.backends.base import (
     MAX_ALTERNATIVES,
     MAX_POSITIONS,
@@ -482,14 +483,6 @@ class OpenAICompatBackend:
         }
         if request.seed is not None:
             params["seed"] = request.seed
-        if request.json_schema is not None and self._schema_supported:
-            # OpenAI structured outputs; vLLM and llama.cpp's server constrain decoding to it
-            params["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "reply", "schema": json.loads(request.json_schema), "strict": True},
-            }
-        elif request.json_mode or request.json_schema is not None:
-            params["response_format"] = {"type": "json_object"}
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
@@ -499,7 +492,11 @@ class OpenAICompatBackend:
         return params
 
     def _extra_params(self, request: CompletionRequest) -> dict[str, Any]:
-        return {}
+        """Further body fields for ``request``: its answer constraint mapped to OpenAI
+        parameters (structured outputs for a JSON schema, ``json_object`` for JSON; nothing for a
+        scale or labels, so the body, and the cache key, stay as without one)."""
+        # [answer constraint] the request's constraint as body fields (backends/constraints.py)
+        return to_openai_params(constraint_of(request), self._schema_supported)
 
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)

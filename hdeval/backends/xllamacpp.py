@@ -5,21 +5,20 @@ own server in-process: ``Server.handle_chat_completions`` takes an OpenAI-style 
 and returns the reply dict, with no HTTP round trip. Installing it takes seconds, where
 llama-cpp-python compiles llama.cpp from source (4.5-28 minutes measured on 2 cores; see
 ``benchmarks/bench_local_runtime.py``). The same GGUF file gives the same cache identity
-under either runtime (see :func:`hdeval.backends.llama_cpp.model_identity`).
+under either runtime (see :func:`hdeval.backends.llama_cpp.local_identity`).
 
 What the server gives and how hdeval uses it:
 
 * prompt caching: each slot keeps its KV cache and reuses the longest common prefix with
   the next prompt, so scoring all criteria of one sample back to back evaluates the sample
   once (``timings.prompt_n`` is reported as ``prompt_tokens_evaluated``);
-* logprobs: a scoring request asks for the first token's top :data:`SCORE_TOP_N` raw
-  logprobs. Digits missing from them are read from a second request whose first token is
-  constrained to the scale by a grammar (``root ::= [1-5]``); it costs one token, because
-  the whole prompt is in the slot's cache. When the digits together hold less than the
-  parser's threshold, the model is not answering with a score: hdeval reads its greedy
-  text, and if that holds no score either, the constrained digit distribution is the
-  answer, so a weak model still gives a score (issue #14, item 4);
-* JSON-schema constrained output (``response_format: json_schema``) for decomposition.
+* answer constraints (``hdeval.backends.constraints``): a request whose answer is one word of a
+  few (a 1-5 digit, "A"/"B", "Yes"/"No") is one call whose first token is constrained by a
+  grammar, read at temperature 1 with no truncation, so the reported probabilities are the
+  model's own renormalised over the allowed words (G-Eval's weighted score; PairEval's P("A"));
+  the reply is the likeliest word. Longer answers (two scores "7 4") are generated greedily
+  under the grammar; JSON through ``response_format``. A request without a constraint is free
+  text, whatever else it asks for.
 
 The server also opens an HTTP listener on 127.0.0.1 and a random port (it cannot be turned
 off); hdeval never uses it and protects it with a random API key, so no other process on
@@ -34,31 +33,28 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.backends.base import (
+    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_logprob,
+)
+from hdeval.backends.constraints import (
+    Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
+)
 from hdeval.backends.llama_cpp import (
     DEFAULT_N_CTX,
     DEFAULT_SEED,
     N_CTX_ENV,
-    SCORE_DIGITS,
     THREADS_ENV,
     _available_cores,
     _int_from_env,
     default_model_path,
-    min_digit_mass,
-    model_identity,
-    constrained_digits,
+    local_identity,
 )
 from hdeval.errors import BackendError, ConfigError
 from hdeval.paths import check_model_file
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
-# Raw top logprobs asked for at the first scoring position. With 100 of them, a digit that
-# is missing has probability below 1/100, so five missing digits hold less than the
-# parser's 0.05: "no digit in the top 100" means "the model is not answering a digit".
-SCORE_TOP_N = 100
 # Host-memory cache of evicted prompt states (llama.cpp's default is 8 GiB).
 CACHE_RAM_MIB = 256
-_DIGIT_GRAMMAR = "root ::= [" + SCORE_DIGITS[0] + "-" + SCORE_DIGITS[-1] + "]"
 _INSTALL_HINT = "pip install -e '.[local]'"
 
 
@@ -93,7 +89,7 @@ class XLlamaCppBackend:
         self.reuse = reuse
         self.is_default_model = is_default_model
         self.seed = seed
-        self.identity = model_identity(path)
+        self.identity = local_identity(path)
         self.max_concurrency = self.n_parallel = max(1, int(n_parallel))
         # Half the cores by default, as for llama-cpp-python (see LlamaCppBackend).
         self.n_threads = n_threads = n_threads or max(1, _available_cores() // 2)
@@ -139,11 +135,11 @@ class XLlamaCppBackend:
     # -- public API -------------------------------------------------------------------
 
     def complete(self, request: CompletionRequest) -> Completion:
-        """Score from first-token logprobs, or generate text; see the module docstring."""
-        scoring = bool(request.top_logprobs) and not request.json_mode and request.json_schema is None
-        if scoring:
-            return self._score(request)
-        return self._generate(request)
+        """Answer under the request's constraint; see the module docstring."""
+        constraint = constraint_of(request)
+        if isinstance(constraint, (Scale, Labels)) and constraint.single_token:
+            return self._choose(request, constraint)
+        return self._generate(request, constraint)
 
     def close(self) -> None:
         """Stop the server and free the model now rather than at garbage collection."""
@@ -189,90 +185,35 @@ class XLlamaCppBackend:
             )
         return f"llama.cpp error: {str(err.get('message', err))[:300]}"
 
-    def _generate(self, request: CompletionRequest) -> Completion:
+    def _generate(self, request: CompletionRequest, constraint: Constraint | None) -> Completion:
         body: dict[str, Any] = {
             "max_tokens": int(request.max_tokens),
             "temperature": max(0.0, float(request.temperature)),
             "seed": self.seed if request.seed is None else int(request.seed),
             "repeat_penalty": 1.0,
+            **to_llama_params(constraint),
         }
-        if request.json_schema is not None:
-            import json
-
-            schema = json.loads(request.json_schema) if isinstance(request.json_schema, str) else request.json_schema
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
-        elif request.json_mode:
-            body["response_format"] = {"type": "json_object"}
+        n = int(request.top_logprobs or 0)
+        if n > 0:
+            body.update(logprobs=True, top_logprobs=min(n, MAX_ALTERNATIVES))
         reply, prompt_tokens, evaluated = self._call(request.messages, **body)
         usage = reply.get("usage") if isinstance(reply.get("usage"), Mapping) else {}
         return Completion(
             text=_message_text(reply),
-            top_logprobs=None,
+            top_logprobs=_positions(reply) if n > 0 else None,
             prompt_tokens=prompt_tokens,
             completion_tokens=_nonneg_int(usage.get("completion_tokens")),
             prompt_tokens_evaluated=evaluated,
         )
 
-    def _score(self, request: CompletionRequest) -> Completion:
-        n = int(request.top_logprobs or 0)
+    def _choose(self, request: CompletionRequest, constraint: Scale | Labels) -> Completion:
+        """One word of ``constraint``: the first token is constrained by its grammar and the
+        probabilities are read after sampling at temperature 1 with no truncation, so they are
+        the model's own renormalised over the allowed tokens. A token that begins one word gives
+        that word its probability; they are renormalised over the words (they sum to 1)."""
+        words = constraint.words
         reply, prompt_tokens, evaluated = self._call(
             request.messages,
-            max_tokens=1,
-            temperature=0.0,
-            seed=self.seed,
-            logprobs=True,
-            top_logprobs=max(SCORE_TOP_N, n),
-        )
-        first = _first_position(reply, "top_logprobs", "logprob")
-        digits: dict[str, float] = {}
-        others: dict[str, float] = {}
-        for token, lp in first:
-            key = token.strip()
-            if key in SCORE_DIGITS:
-                digits[key] = float(_logaddexp(digits[key], lp)) if key in digits else lp
-            elif len(others) < n and token not in others:
-                others[token] = lp
-        cond: dict[str, float] | None = None
-        if len(digits) < len(SCORE_DIGITS):
-            cond, more = self._constrained(request.messages)
-            evaluated += more
-            if digits:
-                # Anchor the constrained (conditional) distribution on the digits the raw
-                # top list holds, to get the missing digits' raw logprobs.
-                shift = _logsumexp(list(digits.values())) - _logsumexp([cond[d] for d in digits])
-                for d in SCORE_DIGITS:
-                    digits.setdefault(d, cond[d] + shift)
-        mass = math.exp(_logsumexp(list(digits.values()))) if digits else 0.0
-        text = first[0][0] if first else ""
-        completion_tokens = 1
-        if mass < min_digit_mass():
-            # Not a digit answer: read the greedy reply like a server's text, and fall back
-            # to the constrained first token only when that holds no score either.
-            gen, _, more = self._call(
-                request.messages, max_tokens=int(request.max_tokens), temperature=0.0, seed=self.seed
-            )
-            evaluated += more
-            text = _until_first_digit(_message_text(gen))
-            completion_tokens = max(1, _nonneg_int((gen.get("usage") or {}).get("completion_tokens"), 1))
-            if not any(ch in SCORE_DIGITS for ch in text):
-                if cond is None:
-                    cond, more = self._constrained(request.messages)
-                    evaluated += more
-                text, top = constrained_digits(cond)
-                return Completion(text=text, top_logprobs=(top,), prompt_tokens=prompt_tokens,
-                                  completion_tokens=1, prompt_tokens_evaluated=evaluated)
-        out = {**others, **digits}
-        top = tuple(TokenLogprob(t, lp) for t, lp in sorted(out.items(), key=lambda kv: -kv[1]))
-        return Completion(text=text, top_logprobs=(top,), prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, prompt_tokens_evaluated=evaluated)
-
-    def _constrained(self, messages: Sequence[Message]) -> tuple[dict[str, float], int]:
-        """log P(digit | the first token is a digit of the scale), from a request whose first
-        token is constrained by a grammar. The probabilities are read after sampling, at
-        temperature 1 with no truncation, so they are the model's own, renormalised over
-        the digits; they are renormalised here again in case the sampler reports others."""
-        reply, _, evaluated = self._call(
-            messages,
             max_tokens=1,
             temperature=1.0,
             top_k=0,
@@ -280,21 +221,23 @@ class XLlamaCppBackend:
             min_p=0.0,
             samplers=["temperature"],
             seed=self.seed,
-            grammar=_DIGIT_GRAMMAR,
+            grammar=to_gbnf(constraint),
             logprobs=True,
-            top_logprobs=2 * len(SCORE_DIGITS),
+            top_logprobs=min(MAX_ALTERNATIVES, 4 * len(words) + 4),
             post_sampling_probs=True,
         )
         probs: dict[str, float] = {}
         for token, p in _first_position(reply, "top_probs", "prob"):
-            key = token.strip()
-            if key in SCORE_DIGITS and p > 0.0:
-                probs[key] = probs.get(key, 0.0) + p
+            word = first_token_word(constraint, token)
+            if word is not None and p > 0.0:
+                probs[word] = probs.get(word, 0.0) + p
         total = sum(probs.values())
         if total <= 0.0:
-            raise BackendError("llama.cpp returned no digit probabilities for a constrained score")
-        # A digit the sampler did not report is treated as (nearly) impossible.
-        return {d: math.log(probs[d] / total) if d in probs else -1e4 for d in SCORE_DIGITS}, evaluated
+            raise BackendError("llama.cpp returned no probabilities for the allowed answers")
+        ranked = sorted(probs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
+        top = tuple(TokenLogprob(w, math.log(p / total)) for w, p in ranked)
+        return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
+                          prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
 
 
 # -- reply parsing (bounded; the reply is treated as untrusted like any server's) --------
@@ -337,20 +280,16 @@ def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple
     return out
 
 
-def _until_first_digit(text: str) -> str:
-    """The reply up to and including its first score digit, as the llama-cpp-python backend
-    stops greedy decoding there."""
-    for i, ch in enumerate(text):
-        if ch in SCORE_DIGITS:
-            return text[: i + 1]
-    return text
-
-
-def _logaddexp(a: float, b: float) -> float:
-    m = max(a, b)
-    return m + math.log(math.exp(a - m) + math.exp(b - m))
-
-
-def _logsumexp(values: Sequence[float]) -> float:
-    m = max(values)
-    return m + math.log(sum(math.exp(v - m) for v in values))
+def _positions(reply: Mapping) -> tuple[tuple[TokenLogprob, ...], ...] | None:
+    """Every generated position's top alternatives (raw logprobs), bounded."""
+    lp = _choice(reply).get("logprobs")
+    content = lp.get("content") if isinstance(lp, Mapping) else None
+    if not isinstance(content, list):
+        return None
+    out = []
+    for pos in content[:MAX_POSITIONS]:
+        alts = pos.get("top_logprobs") if isinstance(pos, Mapping) else None
+        out.append(tuple(TokenLogprob(a["token"], read_logprob(a.get("logprob")))
+                         for a in (alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else [])
+                         if isinstance(a, Mapping) and isinstance(a.get("token"), str)))
+    return tuple(out)

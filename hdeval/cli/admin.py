@@ -12,10 +12,10 @@ from hdeval.cli.common import run_command
 @click.command("methods")
 def methods_cmd() -> None:
     """List the methods `hdeval train --method` can build, with their own options."""
-    from hdeval.methods.base import METHODS, method_names
+    from hdeval.methods.registry import loaded_methods, method_names
 
     for name in method_names():
-        m = METHODS[name]
+        m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.items():
             click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
@@ -158,3 +158,46 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     run_command(go)
 
 
+
+
+@cache.command("import")
+@click.argument("results", metavar="RESULTS.jsonl", type=click.Path(dir_okay=False))
+@click.option("--requests", "requests_file", required=True, metavar="REQUESTS.jsonl",
+              type=click.Path(dir_okay=False),
+              help="The request file `hdeval apply --export-requests` wrote (its custom_ids are the "
+                   "only ones accepted).")
+@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
+    """Import an engine's answers to an exported request file into the cache.
+
+    RESULTS.jsonl is in the OpenAI batch output format (one line per request:
+    custom_id, response.status_code, response.body a chat completion), as vLLM's batch runner,
+    Ray Data LLM or a provider's batch API write it. The whole file is checked first (a line
+    that is not JSON, too long, of the wrong shape, or names a custom_id the request file does
+    not hold or one already answered is refused with its line number) and then written in one
+    transaction: a bad file imports nothing. Rerun the same apply afterwards: it makes no calls
+    for the imported requests.
+
+    \b
+    Example:
+      hdeval apply ART new.jsonl --llm MODEL --base-url URL --export-requests requests.jsonl
+      (answer requests.jsonl with any engine that reads the OpenAI batch format)
+      hdeval cache import results.jsonl --requests requests.jsonl
+      hdeval apply ART new.jsonl --llm MODEL --base-url URL -o scored.jsonl
+    """
+    from hdeval.paths import default_cache_dir
+    from hdeval.request_files import import_results, result_parser
+
+    def go() -> None:
+        where = cache_dir or default_cache_dir()
+        report = import_results(results, requests_file, where, result_parser())
+        click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
+        if report.failed:
+            first = next(iter(report.failed.values()))
+            click.echo(f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "
+                       f"{first}); apply sends those to the LLM, or export again", err=True)
+        if report.missing:
+            click.echo(f"warning: {report.missing} request(s) of {requests_file} have no line in {results}; "
+                       "apply sends those to the LLM, or export again", err=True)
+
+    run_command(go)

@@ -10,6 +10,7 @@ import click
 
 from hdeval.cli import common
 from hdeval.cli.common import TerminalProgress, _from_command_line, batch_option, llm_options, run_command
+from hdeval.errors import ConfigError
 
 
 def _echo_err(text: str) -> None:
@@ -19,7 +20,7 @@ def _echo_err(text: str) -> None:
 @click.command()
 @click.argument("artifact", type=click.Path())
 @click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Where to write the scores: .jsonl, .csv or .parquet (by extension); - for JSONL on stdout. "
                    "Written a chunk at a time to a temporary file beside it and renamed into place at the "
                    "end (parquet holds the scored rows in memory until then).")
@@ -28,6 +29,13 @@ def _echo_err(text: str) -> None:
                    "machine); rows carry a 'shard' field and the last line is a closing record (row count, "
                    "the input's and the artifact's sha256); join the N outputs with `hdeval merge-shards`, "
                    "which checks them. Needs -o FILE.jsonl or -o -.")
+@click.option("--export-requests", "export_file", default=None, metavar="REQUESTS.jsonl",
+              type=click.Path(dir_okay=False),
+              help="Score nothing: write the requests not cached yet as OpenAI batch-format JSONL "
+                   "(custom_id = the cache key) for any engine that reads it (vLLM's batch runner, Ray "
+                   "Data LLM, a provider's batch API), then exit. Import the answers with `hdeval cache "
+                   "import RESULTS --requests REQUESTS.jsonl` and rerun: no calls for them. "
+                   "OpenAI-compatible backends (--llm MODEL, --base-url URL).")
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
@@ -37,8 +45,8 @@ def _echo_err(text: str) -> None:
                    "(requests refused, replies too large or not understood).")
 @llm_options
 @batch_option
-def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet: bool, explain: bool, top: int,
-          max_failure_rate: float, llm: str | None, base_url: str | None,
+def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
+          quiet: bool, explain: bool, top: int, max_failure_rate: float, llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None, batch: bool) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
@@ -55,10 +63,15 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
       hdeval apply artifacts/summeval-nn new.jsonl --shard 1/2 -o part1.jsonl   # machine 1
       hdeval apply artifacts/summeval-nn new.jsonl --shard 2/2 -o part2.jsonl   # machine 2
       hdeval merge-shards scored.jsonl part1.jsonl part2.jsonl
+      hdeval apply artifacts/summeval-nn new.jsonl --llm M --base-url URL --export-requests requests.jsonl
     """
     from hdeval.run.apply import apply_file
 
     def go() -> None:
+        if export_file is not None:
+            return _export()
+        if output is None:
+            raise ConfigError("apply needs --output FILE (or -o - for stdout), or --export-requests FILE")
         to_stdout = output == "-"
         progress = TerminalProgress(quiet)
         try:
@@ -83,6 +96,27 @@ def apply(artifact: str, input_file: str, output: str, shard: str | None, quiet:
                 click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}",
                            err=to_stdout)
         click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
+
+    def _export() -> None:
+        from hdeval.run.export_requests import export_apply_requests
+
+        for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
+            if given is not None:
+                raise ConfigError(f"--export-requests scores nothing: drop {name}")
+        n = export_apply_requests(artifact, input_file, export_file, shard=shard, llm=llm, base_url=base_url,
+                                  concurrency=concurrency, timeout=timeout, max_retries=max_retries,
+                                  cache_dir=cache_dir, llm_given=_from_command_line("llm"),
+                                  base_url_given=_from_command_line("base_url"), confirm=common._confirm(),
+                                  notify=_echo_err)
+        if not n:
+            click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o",
+                       err=True)
+            return
+        where = f" --cache-dir {cache_dir}" if cache_dir else ""
+        click.echo(f"wrote {n} requests not cached yet to {export_file}; answer them with any engine that reads "
+                   f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}"
+                   f"{where}` and rerun apply (a method whose later stage depends on these replies exports "
+                   "that stage on the next --export-requests)", err=True)
 
     run_command(go)
 

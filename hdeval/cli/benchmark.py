@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -93,5 +94,8 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
             click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
         kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
         click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
+        from hdeval.report import file_url
+
+        click.echo(f"open: {file_url(Path(out) / 'report.html')}")
 
     run_command(go)

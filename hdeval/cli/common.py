@@ -259,7 +259,7 @@ def batch_option(f):
 
 def method_options(f):
     """``--method`` and every method-specific option, declared once from the method registry."""
-    from hdeval.methods.base import all_options, method_names
+    from hdeval.methods.registry import all_options, method_names
 
     for name, (opt, owners) in sorted(all_options().items(), reverse=True):
         flag = "--" + name.replace("_", "-")
@@ -293,7 +293,7 @@ def _resolved(llm: str | None) -> str | None:
 
 def load_artifact(path: str):
     """Load an artifact of any method and show its warnings (e.g. an edited tree.json)."""
-    from hdeval.artifact import load_artifact as load
+    from hdeval.methods.registry import load_artifact as load
 
     ev = load(path)
     for w in ev.warnings:

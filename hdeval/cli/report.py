@@ -29,39 +29,40 @@ from hdeval.errors import ArtifactError, ConfigError, DataError
 @click.option("--curve-points", default=20, show_default=True, type=int,
               help="Refits for the criteria-efficiency curve (criteria counts spread evenly).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling and shuffling randomness.")
+@click.option("--data", default=None, type=click.Path(dir_okay=False),
+              help="The training data, for the per-sample view's text and raw replies. Default: the file "
+                   "the artifact was trained on, if it is still there.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="The LLM reply cache the training used (read, never written), for the raw replies. "
+                   "Default: HDEVAL_CACHE_DIR or the per-user cache.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
-           curve_points: int, seed: int, quiet: bool) -> None:
-    """Write an HTML + JSON report: criteria tree with importance, permutation importance,
-    SHAP per aspect, held-out correlation per layer, criteria-efficiency curve.
+           curve_points: int, seed: int, data: str | None, cache_dir: str | None, quiet: bool) -> None:
+    """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
+    per layer, criteria tree with importance, permutation importance, SHAP per aspect,
+    criteria-efficiency curve, and the samples the evaluator got most wrong with the LLM's
+    raw replies. Prints the page as a file:// URL to open in a browser.
 
     \b
     Example:
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.methods.hdeval.report import write_report
+    from hdeval.report import file_url
 
     def go() -> None:
         ev = load_artifact(artifact)
-        pairs = ev.method == "dna" or (ev.method == "hdeval" and ev.task.shape == "pairwise")
-        if ev.method != "hdeval" and not pairs:
+        if not ev.reports:
             raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
                               f"{ev.method!r}: its numbers are in metrics.json")
         _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
-        if pairs:  # weights / tree with importance, from the artifact alone
-            from hdeval.methods.pair_report import write_pair_report
-
-            page, lines = write_pair_report(ev, out)
-            for line in lines:
-                click.echo(line)
-            click.echo(f"report written to {page} (numbers in report.json)")
-            return
-        files = write_report(
-            ev, out, max_samples=max_samples, n_background=background, n_repeats=repeats,
-            curve_points=curve_points, random_state=seed, progress=TerminalProgress(quiet),
-        )
-        click.echo(f"report written to {files.html} (numbers in {files.json.name})")
+        page, numbers, lines = ev.write_report(
+            out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
+            n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
+        for line in lines:
+            click.echo(line)
+        click.echo(f"report written to {page} (numbers in {numbers})")
+        click.echo(f"open: {file_url(page)}")
 
     run_command(go)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import click
 from hdeval.cli.common import (
     TerminalProgress, _notice_local, _resolved, batch_option, llm_options, method_options, run_command,
 )
-from hdeval.errors import HdevalError
+from hdeval.errors import ConfigError, HdevalError
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
@@ -50,6 +52,8 @@ from hdeval.errors import HdevalError
               help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).")
 @click.option("--decompose-price-out", default=None, type=float,
               help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).")
+@click.option("--yes", "-y", is_flag=True,
+              help="Start a run on the embedded model estimated at over an hour without asking.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
@@ -57,8 +61,8 @@ from hdeval.errors import HdevalError
 @llm_options
 @batch_option
 def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
-          decompose_price_out: float | None, out: str | None, force: bool, quiet: bool, offline: bool,
-          **options: Any) -> None:
+          decompose_price_out: float | None, out: str | None, force: bool, yes: bool, quiet: bool,
+          offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -67,10 +71,10 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
     """
-    from hdeval.train import TrainConfig, plan, train as run_train
-
     def go() -> None:
+        _check_paths_early(options.get("data"), None if dry_run else out, force)
         from hdeval.cli.data import fetch_missing_task_data
+        from hdeval.train import TrainConfig, plan, train as run_train
 
         config = TrainConfig.from_options(**options)
         if config.data is None:
@@ -83,17 +87,22 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
                 click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
                            "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
                 config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
-            _print_plan(*plan(config), price_in=price_in, price_out=price_out, batch=config.batch,
+            prep, plans, identity = plan(config)
+            _print_plan(prep, plans, identity, price_in=price_in, price_out=price_out, batch=config.batch,
                         decompose_prices=(decompose_price_in, decompose_price_out))
+            click.echo(_estimate(config, plans, identity)[1])
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         if config.decompose_llm == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
+        if not yes:
+            _ask_before_a_long_local_run(config)
+        started = time.monotonic()
         ev = run_train(config, progress=progress)
-        kind = getattr(ev, "aggregator_kind", None) or (ev.aggregator.kind if ev.method == "hdeval" else ev.method)
-        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{kind}"
+        _record_rate(config, ev, time.monotonic() - started)
+        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
         try:
             ev.save(path, force=force)
         except HdevalError as exc:
@@ -103,80 +112,85 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
     run_command(go)
 
 
+def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
+    """A refused -o, found before the scientific libraries load (seconds on a busy machine); the
+    full checks follow once the task is known. (A missing --data waits: an option that does not
+    fit the task is the first thing to say.)"""
+    if out:
+        from hdeval.artifact import check_destination
+
+        check_destination(out, force=force)
+
+
+def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
+    from hdeval.estimate import estimate_plan
+    from hdeval.train import llm_config
+
+    spec = llm_config(config).resolved()
+    return estimate_plan(plans, identity, spec, config.cache_dir)
+
+
+def _ask_before_a_long_local_run(config) -> None:
+    """A many-hour run on the embedded model is rarely what a user meant: ask (or, with no
+    terminal to ask on, refuse) before starting one."""
+    from hdeval.estimate import LONG_RUN_SECONDS, is_embedded
+    from hdeval.train import plan
+
+    if not is_embedded(_resolved(config.llm)):
+        return
+    try:
+        _prep, plans, identity = plan(config)
+    except ConfigError:
+        return  # a method the dry run cannot count yet: nothing to estimate from (it says so on --dry-run)
+    seconds, line = _estimate(config, plans, identity)
+    if seconds is None or seconds <= LONG_RUN_SECONDS:
+        return
+    what = f"this run on the embedded model is {line.removeprefix('estimated time: ')}"
+    if sys.stdin.isatty():
+        if click.confirm(f"{what}. Start it?", default=False, err=True):
+            return
+        raise ConfigError("not started (a smaller run: --limit N, --layers 2; a faster LLM: --llm)")
+    raise ConfigError(f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
+                      "or faster (--llm with a server)")
+
+
+def _record_rate(config, ev, seconds: float) -> None:
+    from hdeval.estimate import record_rate, scoring_identity
+    from hdeval.train import _offline_identity
+
+    usage = (ev.metrics or {}).get("usage") or {}
+    if usage.get("calls", 0) and not config.batch:  # a batch run's time is the queue's, not the LLM's
+        try:
+            identity = scoring_identity(_offline_identity(config, None))
+        except HdevalError:
+            return
+        record_rate(config.cache_dir, identity, usage["calls"], usage.get("prompt_tokens", 0), seconds)
+
+
 def _print_train_summary(ev, path: Path) -> None:
-    """Usage, the final evaluator against the direct baseline, sample-size warnings, next step."""
-    m = ev.metrics
-    u = m["usage"]
+    """Usage, then the method's own summary of what was trained."""
+    u = ev.metrics["usage"]
     click.echo(
         f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
         f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-    if ev.method != "hdeval" or hasattr(ev, "summary_line"):  # pairwise HD-Eval: agreement, not correlation
-        if hasattr(ev, "summary_line"):  # a method whose held-out figure is not a correlation
-            click.echo(ev.summary_line())
-        else:
-            avg = m["final"]["average"]
-            click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-                       f"kendall {avg['kendall']}")
-        click.echo(f"artifact written to {path}")
-        return
-    layers = ev.manifest_extra.get("layers") or [{}]
-    final_layer = layers[-1].get("layer", "?")
-    avg = m["final"]["average"]
-    click.echo(f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
-               f"{len(ev.feature_keys)} criteria")
-    given = ev.manifest_extra.get("tree_input")
-    if given:
-        _print_given_tree(given, ev.tree.keys)
-    click.echo(f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-               f"kendall {avg['kendall']}")
-    direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
-    if direct is not None and avg["spearman"] is not None:
-        diff = avg["spearman"] - direct
-        click.echo(f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
-                   f"the trained evaluator is {diff:+.3f}")
-    n_train, n_test = m["split"]["train"], m["split"]["test"]
-    n_crit = len(ev.feature_keys)
-    if n_train < 2 * n_crit:
-        click.echo(f"warning: {n_train} training samples for {n_crit} criteria: the aggregator may "
-                   "overfit; use more data (--limit, --train-frac) or fewer criteria (--layers, --top-k)",
-                   err=True)
-    if n_test < 30:
-        click.echo(f"warning: only {n_test} held-out samples: the correlations above are noisy "
-                   "(use more data or a larger --test-frac)", err=True)
-    click.echo(f"artifact written to {path}")
-    click.echo(f"next: hdeval report {path}")
-
-
-def _print_given_tree(given: dict, keys: list[str]) -> None:
-    """Which criteria came from the --tree file (and which were locked), which were added."""
-    from_file = set(given["criteria"])
-    locked = set(given["locked"])
-    added = [k for k in keys if k not in from_file]
-    listed = _some([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
-    click.echo(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}")
-    click.echo(f"criteria added by decomposition: {len(added)}" + (f": {_some(added)}" if added else ""))
-
-
-def _some(names: list[str], n: int = 20) -> str:
-    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
+    for line, to_err in ev.summary_lines(path):
+        click.echo(line, err=to_err)
 
 
 def _check_outputs(config, out: str | None, force: bool) -> None:
     """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
     --force, the working directory, an unwritable place). Without --out, every default the
     run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
-    from hdeval.aggregate import KINDS
     from hdeval.artifact import check_destination
+    from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
     if out:
         check_destination(out, force=force)
         return
     name = load_task(config.task).name
-    if config.method != "hdeval":
-        kinds: tuple[str, ...] = (config.method,)
-    else:
-        kinds = KINDS if config.aggregator == "auto" else (config.aggregator,)
+    method = get_method(config.method)
+    kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)
     for kind in kinds:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 

@@ -1,5 +1,2 @@
-"""The methods hdeval hosts, each behind the seam in :mod:`hdeval.methods.base`."""
-
-from hdeval.methods.base import METHODS, Fitted, Method, ScoreResult, get_method, method_names
-
-__all__ = ["METHODS", "Fitted", "Method", "ScoreResult", "get_method", "method_names"]
+"""The methods hdeval hosts: each package under here is one method behind the seam in
+:mod:`hdeval.methods.base`; :mod:`hdeval.methods.registry` finds them and loads artifacts."""

@@ -3,8 +3,8 @@
 A :class:`Method` fits on the training split and returns a :class:`Fitted` evaluator; a fitted
 evaluator scores new samples with an LLM and writes its state into an artifact directory. The
 artifact module (``hdeval.artifact``) owns the directory, manifest, checksums and safe loading;
-a method only says which files it writes and how it reads them back. ``METHODS`` is a plain
-registry from the name recorded in the manifest to the method.
+a method only says which files it writes and how it reads them back. The registry
+(:mod:`hdeval.methods.registry`) sits above the methods: it finds them and loads artifacts.
 """
 
 from __future__ import annotations
@@ -88,6 +88,58 @@ class Saving:
         llm, identity = self.llm, self.llm_identity  # type: ignore[attr-defined]
         return {**llm.to_manifest(), "identity": public_identity(identity, llm.base_url)}
 
+    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
+    reports = False  # `hdeval report` can draw this evaluator (see write_report)
+
+    def artifact_suffix(self) -> str:
+        """What names the default artifact directory ``artifacts/<task>-<suffix>``."""
+        return self.method  # type: ignore[attr-defined]
+
+    def calls_per_sample(self) -> int:
+        """LLM calls scoring one new sample takes (``apply`` prices with it)."""
+        return len(self.columns_needed())  # type: ignore[attr-defined]
+
+    def cost_line(self) -> str:
+        """What ``apply`` says after the sample count about the calls each sample needs."""
+        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"  # type: ignore[attr-defined]
+
+    def summary_line(self) -> str:
+        """The held-out figure after training, in one line."""
+        avg = self.metrics["final"]["average"]  # type: ignore[attr-defined]
+        return f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""
+        lines = [(self.summary_line(), False), (f"artifact written to {path}", False)]
+        if self.reports:
+            lines.append((f"next: hdeval report {path}", False))
+        return lines
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
+        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"  # type: ignore[attr-defined]
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
+        raise NotImplementedError
+
+    # ---- held-out figures for `benchmark`, read from the score table without any LLM call
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
+        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")  # type: ignore[attr-defined]
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """Pairwise: variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
+        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")  # type: ignore[attr-defined]
+
+    def fitted_aggregator(self) -> str | None:
+        """The kind of the learned aggregator or classifier (None: nothing learned)."""
+        return None
+
+    def benchmark_record(self) -> dict[str, Any]:
+        """What a benchmark run records besides the shared figures (e.g. criteria per layer)."""
+        return {}
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
@@ -169,7 +221,7 @@ class FitContext:
         given = self.config.method_options or {}
         if name in given:
             return given[name]
-        return get_method(self.config.method).options[name].default
+        return METHODS[self.config.method].options[name].default
 
 
 @dataclass(frozen=True)
@@ -184,6 +236,21 @@ class Method:
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
     editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
     options: Mapping[str, Option] = field(default_factory=dict)
+    # the dry run: (run options, prepared data, injected backend or None) -> one LayerPlan per
+    # layer or stage, without calling the LLM; None: the method has no plan
+    plan: Callable[[Any, Any, Any], list] | None = None
+    # run options of TrainConfig only this method reads (e.g. "tree"): given to another method,
+    # they are an error rather than silently ignored
+    run_options: tuple[str, ...] = ()
+    # before any data is read or call made: (run options, task) -> what the method keeps in
+    # Prepared.given (e.g. a checked starting tree), or None
+    prepare: Callable[[Any, "Task"], Any] | None = None
+    # the suffixes a run may give its default artifact directory artifacts/<task>-<suffix>
+    # (checked before any call); None: the method's name
+    artifact_suffixes: Callable[[Any], tuple[str, ...]] | None = None
+    # the checks fit makes before its first call, callable without an LLM (benchmark makes them
+    # for every run before the sweep's first call): FitContext -> None, raising HdevalError
+    check_fit: Callable[[FitContext], None] | None = None
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(self.options))
@@ -194,46 +261,9 @@ class Method:
             )
 
 
+# name -> method, filled by hdeval.methods.registry (which imports the methods; this module
+# never does, so a method can import its base without a circle)
 METHODS: dict[str, Method] = {}
-
-
-def register(method: Method) -> Method:
-    METHODS[method.name] = method
-    return method
-
-
-def get_method(name: str) -> Method:
-    _load_builtin()
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}"
-        ) from None
-
-
-def method_names() -> list[str]:
-    _load_builtin()
-    return sorted(METHODS)
-
-
-def _load_builtin() -> None:
-    # The built-in methods register themselves on import. Their packages hold registration
-    # only (implementations load when a method is used), so `hdeval --help` stays light.
-    import hdeval.methods.direct  # noqa: F401
-    import hdeval.methods.dna  # noqa: F401
-    import hdeval.methods.hdeval  # noqa: F401
-    import hdeval.methods.paireval  # noqa: F401
-
-
-def all_options() -> dict[str, tuple[Option, list[str]]]:
-    """Every method-specific option, with the methods that take it (for the CLI)."""
-    _load_builtin()
-    out: dict[str, tuple[Option, list[str]]] = {}
-    for name in sorted(METHODS):
-        for opt_name, opt in METHODS[name].options.items():
-            out.setdefault(opt_name, (opt, []))[1].append(name)
-    return out
 
 
 def check_shape(method: Method, task: "Task") -> None:

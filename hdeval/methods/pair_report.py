@@ -1,6 +1,7 @@
 """``hdeval report`` for artifacts that judge pairs: DnA (``--method dna``) and HD-Eval on a
 pairwise task. Reads only what the artifact holds (no LLM, no refit) and returns the numbers
-(``report.json``) and the same as readable lines (printed, and ``report.html`` as escaped text).
+(``report.json``) and the same as readable lines (printed); ``report.html`` shows them with
+plots, a verdict banner and the wrong verdicts (page layout in :mod:`hdeval.report`).
 
 - DnA: the LLM's weight per aspect (the mean over instances; per proposed aspect name with
   dynamic aspects), and for learned aggregation its coefficients per aspect and each aspect's
@@ -13,7 +14,6 @@ pairwise task. Reads only what the artifact holds (no LLM, no refit) and returns
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -126,16 +126,20 @@ def pair_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
     return pairwise_hdeval_report(ev)
 
 
-def write_pair_report(ev: Any, out_dir: str | Path | None = None) -> tuple[Path, list[str]]:
+def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Path | None = None,
+                      cache_dir: str | Path | None = None) -> tuple[Path, list[str]]:
     """Write ``report.json`` and ``report.html`` (default dir: ``<artifact>/report``); return the
-    HTML path and the text lines."""
-    data, lines = pair_report(ev)
+    HTML path and the text lines. ``data`` and ``cache_dir`` find the wrong verdicts' text and
+    the LLM's raw replies (default: the training data the manifest names, the default cache)."""
+    data_json, lines = pair_report(ev)
     out = Path(out_dir) if out_dir else Path(ev.path) / "report"
-    page = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>hdeval report</title></head>"
-            f"<body><pre>{html.escape(chr(10).join(lines))}</pre></body></html>\n")
+    from hdeval.report.pairs import dna_page, hdeval_page
+
+    page = (dna_page if ev.method == "dna" else hdeval_page)(ev, data_json, data, cache_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "report.json").write_text(json.dumps(data_json, indent=1, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
         (out / "report.html").write_text(page, encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc

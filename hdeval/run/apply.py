@@ -209,7 +209,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                           f"not {output} (merge-shards writes .csv or .parquet)")
     size = chunk_size()
     if isinstance(artifact, (str, Path)):
-        from hdeval.artifact import load_artifact
+        from hdeval.methods.registry import load_artifact
 
         ev = load_artifact(artifact)
         for w in ev.warnings:
@@ -218,11 +218,9 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         ev = artifact
     # after loading: a directory that is no artifact is reported as that, not as an output clash
     check_output(output, [artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)])
-    if explain and ev.method != "hdeval":
-        raise ConfigError(f"--explain reads HD-Eval artifacts; {artifact} was made by method {ev.method!r}")
-    if explain and ev.task.shape == "pairwise":
-        raise ConfigError(f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
-                          "criteria and their importance: hdeval report)")
+    refusal = ev.explain_refusal(artifact) if explain else None
+    if refusal:
+        raise ConfigError(refusal)
     total, mine = _count(input_file, ev, size, which)
     closing = None
     if which is not None:
@@ -234,12 +232,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                f"trained on task {ev.task.name}; its scores will mean little there")
     needed = ev.columns_needed()
     count = f"{mine} samples" if which is None else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
-    if ev.method == "hdeval":
-        per = ev.calls_per_sample() if hasattr(ev, "calls_per_sample") else len(needed)  # pairs: 2 per criterion
-        notify(f"{count}, {len(needed)} of {len(ev.feature_keys)} criteria used by the "
-               f"aggregator: {per} LLM calls per sample")
-    else:
-        notify(f"{count}; method {ev.method}: {len(needed)} LLM-filled column(s) per sample")
+    notify(count + ev.cost_line())
     summary = _Summary()
     failed = cells = 0
     example: str | None = None

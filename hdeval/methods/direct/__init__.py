@@ -6,7 +6,7 @@ so listing methods (``hdeval --help``) loads no numerical library.
 
 from __future__ import annotations
 
-from hdeval.methods.base import Method, register
+from hdeval.methods.base import Method
 
 
 def _fit(ctx):
@@ -15,16 +15,25 @@ def _fit(ctx):
     return fit(ctx)
 
 
+def _plan(config, prep, backend):
+    from hdeval.methods.direct.evaluator import plan
+
+    return plan(config, prep, backend)
+
+
 def _load(reader):
     from hdeval.methods.direct.evaluator import DirectEvaluator
 
     return DirectEvaluator.from_artifact(reader)
 
 
-METHOD = register(Method(
+METHOD = Method(
     name="direct",
     summary="each aspect scored directly by the LLM, nothing learned (G-Eval-style baseline)",
     shapes=("pointwise",),
     fit=_fit,
     load=_load,
-))
+    plan=_plan,
+)
+
+METHODS = (METHOD,)  # what hdeval.methods.registry registers

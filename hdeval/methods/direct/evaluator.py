@@ -41,6 +41,12 @@ class DirectEvaluator(SimpleFitted):
 
     method = "direct"
 
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return to_range(test[list(self.task.aspect_keys)].to_numpy(float), self.task)
+
+    def benchmark_record(self) -> dict[str, Any]:
+        return {"criteria": len(self.task.aspects)}  # one question per aspect
+
     @property
     def tree(self) -> CriteriaTree:
         return CriteriaTree.from_aspects(self.task.aspects)
@@ -127,3 +133,22 @@ def fit(ctx: FitContext) -> DirectEvaluator:
     ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
     ev.extra = run_record(ctx)
     return ev
+
+
+def plan(config: Any, prep: Any, backend: Any = None) -> list:
+    """The dry run: one request per sample and aspect (identical prompts cost one call)."""
+    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
+    from hdeval.scoring import score_requests
+
+    task = prep.task
+    tree = CriteriaTree.from_aspects(task.aspects)
+    reqs = score_requests(load_templates()["score"], task, tree, tree.layer(1), prep.samples)
+    llm = open_backend(config, backend, offline=True)
+    try:
+        distinct = {llm.key(r): r for r in reqs}
+        chars = sum(prompt_chars(r) for r in distinct.values())
+        per_prompt = chars / len(distinct) / 4 if distinct else 0.0
+        cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
+        return [LayerPlan(1, 0, len(distinct), cached, False, int(per_prompt * len(distinct)), len(distinct) * 2)]
+    finally:
+        llm.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hdeval.methods.base import Method, Option, register
+from hdeval.methods.base import Method, Option
 
 
 def _impl():
@@ -25,13 +25,14 @@ def __getattr__(name: str) -> Any:
 MODES = ("dna", "direct", "cot", "prompt-agg")
 SOURCES = ("predefined", "dynamic")
 
-METHOD = register(Method(
+METHOD = Method(
     name="dna",
     summary="Decompose and Aggregate on pairs: LLM aspects, weights and per-aspect scores, "
             "external weighted sum (+ learned aggregation)",
     shapes=("pairwise",),
     fit=lambda ctx: _impl().fit(ctx),
     load=lambda art: _impl().DnaEvaluator.from_artifact(art),
+    plan=lambda config, prep, backend: _impl().plan_dna(config, prep, backend),
     options={
         "dna_mode": Option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES),
         "aspect_source": Option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES),
@@ -41,4 +42,6 @@ METHOD = register(Method(
         "logprob_scores": Option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
                                        "server returns them (else the reply text)"),
     },
-))
+)
+
+METHODS = (METHOD,)  # what hdeval.methods.registry registers

@@ -41,17 +41,23 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.constraints import Scale
 from hdeval.backends.fake import _unit, responder
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix, score_pair
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, Saving, ScoreResult, run_record, usage_of
+from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _feedback, _one_line, _read_cot, _read_pair,
+                                       _read_pair_weighted, _side, structured_pair, validate_aspects,
+                                       validate_weights)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, parse_template
 from hdeval.tasks import task_from_dict
-from hdeval.types import LONE_SURROGATE_PROBLEM, PAIR_LABELS, PairSample, ScoreMatrix, Task, has_lone_surrogate
+from hdeval.types import PAIR_LABELS, PairSample, ScoreMatrix, Task
 
-SCALE10 = (1.0, 10.0)
+# the answer of every scoring prompt but chain-of-thought: "<score A> <score B>"
+TWO_SCORES = Scale(1, 10, count=2)
 TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
 from hdeval.methods.dna import MODES, SOURCES  # noqa: E402  (the package holds the option choices)
 METRICS = "metrics.json"
@@ -152,39 +158,6 @@ def weighted_totals(scores_a: Sequence[float], scores_b: Sequence[float],
     return float(np.dot(w, np.asarray(scores_a, float))), float(np.dot(w, np.asarray(scores_b, float)))
 
 
-def agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
-    """The paper's two numbers on labelled pairs, plus confusion counts.
-
-    ``w_ties``: 3-way accuracy over the pairs with a prediction. ``wo_ties``: accuracy on the
-    pairs whose human label is not a tie, the prediction forced to a or b (``pred_ab``; equal
-    totals give no side and count as a miss). Pairs without a prediction (failures) are left out
-    of both and counted in ``failed``.
-    """
-    confusion: dict[str, dict[str, int]] = {}
-    n = hit = n_ab = hit_ab = failed = 0
-    for h, p, q in zip(human, pred, pred_ab):
-        if h is None:
-            continue
-        confusion.setdefault(h, {})
-        key = p if p is not None else "failed"
-        confusion[h][key] = confusion[h].get(key, 0) + 1
-        if p is None:
-            failed += 1
-            continue
-        n += 1
-        hit += p == h
-        if h != "tie":
-            n_ab += 1
-            hit_ab += q == h
-    return {
-        "w_ties": round(hit / n, 6) if n else None,
-        "wo_ties": round(hit_ab / n_ab, 6) if n_ab else None,
-        "n": n, "n_wo_ties": n_ab, "failed": failed,
-        "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
-    }
-
-
 # ----------------------------------------------------------------------------- learned
 @dataclass
 class Learned:
@@ -261,80 +234,31 @@ def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
     return {r: load_template(PROMPT_FILES[r]) for r in roles}
 
 
-def _req(template: Template, values: dict[str, str], max_tokens: int, json_mode: bool = False) -> CompletionRequest:
+def _req(template: Template, values: dict[str, str], max_tokens: int, json_schema: str | None = None,
+         answer: Scale | None = None) -> CompletionRequest:
     return CompletionRequest(template.render(values), temperature=0.0, max_tokens=max_tokens,
-                             json_mode=json_mode, kind=template.name)
+                             json_mode=json_schema is not None, json_schema=json_schema, answer=answer,
+                             kind=template.name)
 
 
-def _feedback(problem: str) -> str:
-    return (f"That reply could not be used: {problem}. Reply again with only the JSON object "
-            "in the requested form.")
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": sorted(properties),
+            "additionalProperties": False}
 
 
-@dataclass(frozen=True)
-class AspectSpec:
-    key: str
-    name: str
-    definition: str
+def aspects_schema(k: int) -> str:
+    """The reply of stage 1 (dynamic aspects): a local model's grammar enforces it, a server
+    gets it as structured outputs. Lengths are bounded so a constrained model cannot loop."""
+    item = _object({"name": {"type": "string", "maxLength": 100},
+                    "definition": {"type": "string", "maxLength": 600}})
+    return json.dumps(_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
+                      sort_keys=True)
 
 
-def _one_line(text: str, limit: int) -> str:
-    return " ".join(text.split())[:limit]
-
-
-def validate_aspects(k: int):
-    def check(obj: Any) -> list[AspectSpec]:
-        items = obj.get("aspects") if isinstance(obj, dict) else None
-        if not isinstance(items, list):
-            raise ValueError('the reply needs the form {"aspects": [{"name": ..., "definition": ...}]}')
-        if len(items) != k:
-            raise ValueError(f"expected exactly {k} aspects, got {len(items)}")
-        out: list[AspectSpec] = []
-        seen: set[str] = set()
-        for i, item in enumerate(items, 1):
-            name = item.get("name") if isinstance(item, dict) else None
-            definition = item.get("definition") if isinstance(item, dict) else None
-            if not isinstance(name, str) or not name.strip() or len(name) > 100:
-                raise ValueError(f"aspect {i}: 'name' must be a short non-empty string")
-            if not isinstance(definition, str) or not definition.strip() or len(definition) > 600:
-                raise ValueError(f"aspect {i}: 'definition' must be a non-empty string of at most 600 characters")
-            if has_lone_surrogate(name + definition):
-                raise ValueError(f"aspect {i} {LONE_SURROGATE_PROBLEM}")
-            name = _one_line(name, 100)
-            if name.lower() in seen:
-                raise ValueError(f"aspect {i}: {name!r} is listed twice")
-            seen.add(name.lower())
-            out.append(AspectSpec(name, name, _one_line(definition, 600)))
-        return out
-
-    return check
-
-
-def validate_weights(keys: Sequence[str]):
-    def check(obj: Any) -> np.ndarray:
-        w = obj.get("weights") if isinstance(obj, dict) else None
-        if not isinstance(w, dict):
-            raise ValueError('the reply needs the form {"weights": {"<aspect key>": <percentage>, ...}}')
-        missing = [k for k in keys if k not in w]
-        if missing:
-            raise ValueError(f"no weight for {', '.join(missing)}")
-        extra = sorted(str(k) for k in w if k not in keys)
-        if extra:
-            raise ValueError(f"unknown aspect key(s) {', '.join(extra)[:200]}")
-        vals = []
-        for key in keys:
-            x = w[key]
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise ValueError(f"the weight of {key} is not a number ({str(x)[:40]!r})")
-            if x < 0:
-                raise ValueError(f"the weight of {key} is negative ({x})")
-            vals.append(float(x))
-        total = sum(vals)
-        if total <= 0:
-            raise ValueError("the weights add up to 0")
-        return np.array(vals) / total
-
-    return check
+def weights_schema(keys: Sequence[str]) -> str:
+    """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
+    return json.dumps(_object({"weights": _object({k: {"type": "number"} for k in keys})}), sort_keys=True,
+                      ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------------- one run
@@ -377,16 +301,25 @@ def weights_request(template: Template, task: Task, p: PairSample, specs: Sequen
                       else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
     return _req(template, {"task_description": task.description, "question": question_block(task, p),
                            "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
-                400, json_mode=True)
+                400, json_schema=weights_schema([s.key for s in specs]))
 
 
 def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool,
                   logprobs: bool = False) -> CompletionRequest:
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
-    req = _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8)
+    req = structured_pair(_req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
+                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8,
+                                          answer=TWO_SCORES))
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
+
+
+def overall_request(template: Template, task: Task, p: PairSample, swapped: bool, role: str) -> CompletionRequest:
+    """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
+    if role == "cot":
+        return _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512)
+    return structured_pair(_req(template, {"task_description": task.description,
+                                           "pair": pair_block(task, p, swapped)}, 8, answer=TWO_SCORES))
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
@@ -407,7 +340,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
             def propose(p: PairSample):
                 req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
-                                 "k": str(settings.k)}, 600, json_mode=True)
+                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
                 return req, validate_aspects(settings.k), _feedback
 
             if progress is not None:
@@ -464,9 +397,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         role = settings.mode
         tpl_o = templates[role]
         for p in scorable:
-            add(p.id, "overall", lambda sw, p=p: _req(tpl_o, {
-                "task_description": task.description, "pair": pair_block(task, p, sw)},
-                512 if role == "cot" else 8))
+            add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
@@ -495,8 +426,9 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 first, second = (sb, sa) if swapped else (sa, sb)
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                req = _req(tpl_p, {"task_description": task.description,
-                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8)
+                req = structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
+                                                   answer=TWO_SCORES))
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
@@ -543,86 +475,6 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         ids, ["total_a", "total_b"], totals, matrix, usage_of(llm), labels=labels, labels_ab=labels_ab,
         pair_aspects=aspects, weights={k: [float(x) for x in v] for k, v in weights.items()},
         failures=failures, consistent=consistent, diffs=diffs)
-
-
-def _read_pair(c: Completion):
-    return score_pair(c, SCALE10)
-
-
-_WHOLE = re.compile(r"[0-9]{1,2}")
-_MIN_SCORE_MASS = 0.05  # below this the score tokens are not what the model meant to say
-
-
-def _read_pair_weighted(c: Completion):
-    """Two 1-10 scores, each the probability-weighted mean over the score tokens offered at the
-    position of its number (as G-Eval weights a single score), where the reply's top logprobs
-    line up with its text; otherwise, or for a number spread over several tokens, the reply text
-    as :func:`_read_pair` reads it. The paper reads the reply text only.
-
-    The generated token at a position is its most likely alternative (temperature 0). A number
-    counts only when that token is the whole number (no digit before or after it), and the two
-    numbers found so must be the two the text gives. Alternatives are whole numbers 1-10; with a
-    tokenizer that splits "10" into "1" "0", a "1" alternative is read as 1.
-    """
-    got, why = score_pair(c, SCALE10)
-    if got is None or not c.top_logprobs:
-        return got, why
-    chosen: list[str] = []
-    for position in c.top_logprobs[:64]:
-        alts = [a for a in position if isinstance(a.token, str) and isinstance(a.logprob, (int, float))
-                and math.isfinite(a.logprob)]
-        if not alts:
-            return got, None
-        chosen.append(max(alts, key=lambda a: a.logprob).token)
-    numbers = []
-    for i, tok in enumerate(chosen):
-        t = tok.strip()
-        before = chosen[i - 1] if i else ""
-        after = chosen[i + 1] if i + 1 < len(chosen) else ""
-        if (_WHOLE.fullmatch(t) and not (before[-1:].isdigit() and tok[:1].isdigit())
-                and not (tok[-1:].isdigit() and after[:1].isdigit())):
-            numbers.append(i)
-    if len(numbers) < 2:
-        return got, None
-    values = []
-    for i, expected in zip(numbers[:2], got):
-        if float(chosen[i].strip()) != expected:
-            return got, None  # the tokens do not line up with the text
-        mass = total = 0.0
-        for alt in c.top_logprobs[i]:
-            t = alt.token.strip() if isinstance(alt.token, str) else ""
-            lp = alt.logprob
-            if not _WHOLE.fullmatch(t) or not 1 <= int(t) <= 10:
-                continue
-            if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
-                return got, None
-            p = math.exp(max(lp, -1e4))
-            mass += p
-            total += p * int(t)
-        if mass < _MIN_SCORE_MASS:
-            return got, None
-        values.append(total / mass)
-    return (values[0], values[1]), None
-
-
-_SCORES_LINE = re.compile(r"scores?\s*:", re.I)
-
-
-def _read_cot(c: Completion):
-    """Chain-of-thought: the two scores on the last non-empty line (``Scores: 7 4``)."""
-    lines = [ln for ln in (c.text or "")[-4000:].splitlines() if ln.strip()]
-    if not lines:
-        return None, "the reply is empty"
-    last = lines[-1]
-    got, why = score_pair(Completion(last), SCALE10)
-    if got is None:
-        return None, f"the last line does not hold two scores in 1-10: {_one_line(last, 60)!r}"
-    return got, None
-
-
-def _side(parsed, i: int) -> tuple[float, str | None]:
-    got, why = parsed
-    return (math.nan, why) if got is None else (float(got[i]), None)
 
 
 def _merge(ids: list[str], parts: Sequence[ScoreMatrix]) -> ScoreMatrix:
@@ -756,6 +608,29 @@ class DnaEvaluator(Saving):
                 row["human"] = p.label
             rows.append(row)
         return rows
+
+    reports = True
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
+        give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
+        def label(x: Any) -> str | None:  # NaN / None / empty: failed
+            return x if isinstance(x, str) and x in ("a", "b", "tie") else None
+
+        pred = [label(x) for x in test["prediction"]]
+        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
+        out = {"evaluator": (pred, [None if p is None or a == b else ("a" if a > b else "b")
+                                    for p, a, b in zip(pred, ta, tb)])}
+        if "learned_prediction" in test and "learned_prediction_ab" in test:
+            out["learned"] = ([label(x) for x in test["learned_prediction"]],
+                              [label(x) for x in test["learned_prediction_ab"]])
+        return out
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
+        return page, "report.json", lines
 
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""
@@ -966,10 +841,10 @@ def plan_dna(config, prep, backend=None) -> list:
     the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
     unusable JSON replies are not counted.
     """
-    from hdeval.methods.base import get_method
-    from hdeval.train import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.dna import METHOD
+    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
 
-    opts = {**{k: o.default for k, o in get_method("dna").options.items()}, **(config.method_options or {})}
+    opts = {**{k: o.default for k, o in METHOD.options.items()}, **(config.method_options or {})}
     settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
                         tie_margin=opts["tie_margin"], swap=opts["swap"],
                         logprobs=opts["logprob_scores"]).check()
@@ -993,8 +868,7 @@ def plan_dna(config, prep, backend=None) -> list:
         if not settings.uses_aspects:
             role = settings.mode
             exact(1, f"{role} x {len(orders)} order(s)", role, [
-                _req(templates[role], {"task_description": task.description, "pair": pair_block(task, p, sw)},
-                     512 if role == "cot" else 8)  # as run_pairs asks
+                overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
                 for p in pairs for sw in orders])
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
@@ -1010,7 +884,7 @@ def plan_dna(config, prep, backend=None) -> list:
             exact(1, "aspects", "aspects", [
                 _req(templates["aspects"], {"task_description": task.description,
                                             "question": question_block(task, p), "k": str(settings.k)},
-                     600, json_mode=True) for p in pairs])
+                     600, json_schema=aspects_schema(settings.k)) for p in pairs])
             # the proposed aspects are not known yet: size a weights / score prompt with generic ones
             generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
@@ -1102,19 +976,24 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     return Completion(text, None, n, max(1, len(text) // 4))
 
 
+def _fake_two(request: CompletionRequest, sa: int, sb: int) -> str:
+    """The two scores as the request asks for them: by schema when it has one, else "7 4"."""
+    return json.dumps({"score_a": sa, "score_b": sb}) if request.json_schema else f"{sa} {sb}"
+
+
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
     prompt, n = _fake_prompt(request)
     m = _FAKE_ASPECT.search(prompt)
     sa, sb = _fake_pair_scores(request, m.group(1) if m else "aspect")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_direct")
 def _fake_direct(request: CompletionRequest, fake) -> Completion:
     _, n = _fake_prompt(request)
     sa, sb = _fake_pair_scores(request, "overall")
-    return Completion(f"{sa} {sb}", None, n, 2)
+    return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_cot")
@@ -1136,4 +1015,4 @@ def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total
     sb = sum(w * b for w, _, b in rows) / total
-    return Completion(f"{min(10, max(1, round(sa)))} {min(10, max(1, round(sb)))}", None, n, 2)
+    return Completion(_fake_two(request, min(10, max(1, round(sa))), min(10, max(1, round(sb)))), None, n, 2)

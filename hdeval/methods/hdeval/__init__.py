@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hdeval.methods.base import Method, Option, register
+from hdeval.methods.base import Method, Option
 
 
 def _fit(ctx):
@@ -13,6 +13,56 @@ def _fit(ctx):
     from hdeval.methods.hdeval.loop import run_hdeval
 
     return run_hdeval(ctx)
+
+
+def _prepare(config, task):
+    """``--tree``: read and check the starting tree before the data and any LLM call (a bad tree
+    file costs nothing)."""
+    if not config.tree:
+        return None
+    from hdeval.errors import ConfigError
+    from hdeval.methods.hdeval.tree_file import read_tree
+
+    given = read_tree(config.tree, task)
+    if given.depth > config.layers:
+        raise ConfigError(f"{config.tree}: the tree has {given.depth} layers but --layers is "
+                          f"{config.layers}: pass --layers {given.depth} to score it as given, or more "
+                          "to expand it")
+    return given
+
+
+def _plan(config, prep, backend):
+    if prep.task.shape == "pairwise":
+        from hdeval.methods.hdeval.pairwise import plan_pairwise
+
+        return plan_pairwise(config, prep, backend)
+    if (config.method_options or {}).get("scorer") == "pairwise":
+        from hdeval.errors import ConfigError
+
+        raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
+                          "--comparisons x 2 calls per layer")
+    from hdeval.methods.hdeval.loop import plan_hdeval
+
+    return plan_hdeval(config, prep, backend)
+
+
+def _artifact_suffixes(config):
+    from hdeval.aggregate import KINDS
+
+    return KINDS if config.aggregator == "auto" else (config.aggregator,)
+
+
+def _check_fit(ctx):
+    if ctx.option("scorer") == "digit":
+        return
+    if ctx.prep.task.shape == "pairwise":
+        from hdeval.errors import ConfigError
+
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({ctx.prep.task.name}): "
+                          "leave hdeval.scorer out")
+    from hdeval.methods.comparisons import hdeval_scorer
+
+    hdeval_scorer(ctx)
 
 
 def _load(reader):
@@ -26,13 +76,18 @@ def _load(reader):
     return Evaluator.from_artifact(reader)
 
 
-METHOD = register(Method(
+METHOD = Method(
     name="hdeval",
     summary="criteria tree decomposed by the LLM, scored per criterion, learned aggregator (HD-Eval)",
     shapes=("pointwise", "pairwise"),
     fit=_fit,
     load=_load,
     editable=("tree.json",),
+    plan=_plan,
+    prepare=_prepare,
+    artifact_suffixes=_artifact_suffixes,
+    check_fit=_check_fit,
+    run_options=("tree", "decompose_llm"),
     options={
         "scorer": Option("digit", "HD-Eval: how criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "
                                   "probability against comparison examples, both orders)",
@@ -40,4 +95,6 @@ METHOD = register(Method(
         "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
         "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
     },
-))
+)
+
+METHODS = (METHOD,)  # what hdeval.methods.registry registers

@@ -17,11 +17,13 @@ import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import Aggregator
-from hdeval.artifact import ArtifactReader, ArtifactWriter, load_artifact
+from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
+from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
+from hdeval.methods.aggregator_file import check_models as _check_models
 from hdeval.methods.base import Saving, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
@@ -33,20 +35,6 @@ TREE = "tree.json"
 MODEL = "aggregator.skops"
 SCORES = "scores.csv"
 METRICS = "metrics.json"
-# Types the aggregator file may contain beyond what skops trusts by default; anything
-# else in the file is refused before a byte of it is turned into objects.
-TRUSTED_TYPES = (
-    "numpy.dtype",
-    "sklearn.tree._tree.Tree",
-    "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
-    "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
-)
-ESTIMATORS = {
-    "lr": "LinearRegression",
-    "dt": "DecisionTreeRegressor",
-    "rf": "RandomForestRegressor",
-    "nn": "MLPRegressor",
-}
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input")
@@ -92,6 +80,10 @@ class TreeEvaluator(Saving):
             extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return extra
 
+    def cost_line(self) -> str:
+        return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
+                f"aggregator: {self.calls_per_sample()} LLM calls per sample")
+
     # ------------------------------------------------------------------ loading
     shape = "pointwise"  # the task shape this evaluator's artifacts have
 
@@ -99,17 +91,26 @@ class TreeEvaluator(Saving):
     def load(cls, path: str | Path) -> Any:
         """Verify checksums and versions, then load with safe deserialisation only; an artifact
         of another method or shape is a one-line error (``load_artifact`` loads any)."""
-        ev = load_artifact(path)
-        if not isinstance(ev, cls):
-            raise cls.not_mine(path, ev.method, getattr(ev.task, "shape", "pointwise"))
-        return ev
+        from hdeval.artifact import MANIFEST, ArtifactReader, open_artifact, recover_artifact
+
+        path = Path(path)
+        recover_artifact(path)
+        head = ArtifactReader(path, {}, []).json(MANIFEST) if (path / MANIFEST).is_file() else {}
+        head = head if isinstance(head, dict) else {}
+        method, task = head.get("method", "hdeval"), head.get("task")
+        shape = task.get("shape", "pointwise") if isinstance(task, dict) else "pointwise"
+        if not isinstance(method, str):
+            raise ArtifactError(f"{path / MANIFEST}: 'method' is not a name")
+        if method != "hdeval" or shape != cls.shape:
+            raise cls.not_mine(path, method, shape)
+        return cls.from_artifact(open_artifact(path, editable=(TREE,)))
 
     @classmethod
     def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
         """The error for an artifact of another method or shape than this evaluator's."""
         what = "HD-Eval" if method == "hdeval" else f"{method!r}"
         return ArtifactError(f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
-                             "HD-Eval ones only: load it with hdeval.artifact.load_artifact(path) or "
+                             "HD-Eval ones only: load it with hdeval.methods.registry.load_artifact(path) or "
                              "score with hdeval apply")
 
     @classmethod
@@ -200,6 +201,37 @@ class Evaluator(TreeEvaluator):
                          score_table)
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
+
+    reports = True
+
+    def artifact_suffix(self) -> str:
+        return self.aggregator.kind
+
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return self.aggregator.predict(test[list(self.feature_keys)].to_numpy(float))
+
+    def fitted_aggregator(self) -> str | None:
+        return self.aggregator.kind
+
+    def benchmark_record(self) -> dict[str, Any]:
+        m = self.metrics
+        return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {},
+                "criteria_per_layer": criteria_per_layer(self),
+                "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        return None
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        from hdeval.methods.hdeval.summary import summary_lines
+
+        return summary_lines(self, path)
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.hdeval.report import write_report
+
+        files = write_report(self, out, progress=progress, **options)
+        return files.html, files.json.name, []
 
     # ------------------------------------------------------------------ scoring
     @property
@@ -317,7 +349,7 @@ class Evaluator(TreeEvaluator):
             {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
         )
         if manifest.get("scorer") is not None:
-            from hdeval.methods.paireval import PairwiseScorer
+            from hdeval.methods.comparisons import PairwiseScorer
 
             ev.scorer = PairwiseScorer.from_artifact(art, manifest["scorer"], templates)
         ev.loaded_from(art)
@@ -401,28 +433,12 @@ def scores_header(path: Path) -> list[str]:
         raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
 
 
-def _check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:
-    """One fitted pipeline per aspect group, of the recorded kind, with the right widths."""
-    from sklearn.pipeline import Pipeline
-
-    if not isinstance(models, list) or len(models) != len(groups):
-        raise ArtifactError(f"{where}: holds {type(models).__name__} instead of one model per aspect group "
-                            f"({len(groups)})")
-    for g, m in zip(groups, models):
-        if not isinstance(m, Pipeline) or "model" not in m.named_steps:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} is not an hdeval pipeline")
-        est = m.named_steps["model"]
-        if type(est).__name__ != ESTIMATORS[kind]:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} is a {type(est).__name__}, "
-                                f"but the manifest says aggregator {kind!r}")
-        width = getattr(m, "n_features_in_", None)
-        if width != n_features:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} takes {width} criterion scores, "
-                                f"but the manifest lists {n_features} features")
-        try:
-            out = np.asarray(m.predict(np.zeros((1, n_features)))).reshape(1, -1)
-        except Exception as exc:  # any failure of an unusable model
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} cannot predict ({exc})") from None
-        if out.shape[1] != len(g):
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} predicts {out.shape[1]} value(s) "
-                                f"for {len(g)} aspect(s)")
+def criteria_per_layer(fitted: Any) -> dict[str, int]:
+    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
+    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
+    out: dict[str, int] = {}
+    total = 0
+    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
+        total += len(report.get("added") or [])
+        out[str(int(report["layer"]))] = total
+    return out

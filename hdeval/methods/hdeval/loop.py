@@ -27,7 +27,7 @@ from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
-from hdeval.train import LayerPlan, Prepared, TrainConfig, open_backend, prompt_chars
+from hdeval.methods.run import LayerPlan, open_backend, open_decompose_backend, prompt_chars
 from hdeval.types import CriteriaTree, ScoreMatrix
 
 
@@ -53,7 +53,7 @@ class LayerReport:
 
 def run_hdeval(ctx: FitContext) -> Evaluator:
     """HD-Eval's fit (the method seam calls this)."""
-    from hdeval.methods.paireval import hdeval_scorer
+    from hdeval.methods.comparisons import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
     ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer, ctx.decompose_llm)
@@ -66,7 +66,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
 
 
 def _run(
-    config: TrainConfig, prep: Prepared, llm: CachedBackend, spec: LLMConfig, progress: Progress,
+    config: Any, prep: Any, llm: CachedBackend, spec: LLMConfig, progress: Progress,
     scorer: Any = None, dec: CachedBackend | None = None,
 ) -> Evaluator:
     task, samples, split = prep.task, prep.samples, prep.split
@@ -91,7 +91,7 @@ def _run(
 
     # --tree: its layers are taken as given (scored, never decomposed); expansion starts below
     # its last layer, and a locked criterion is never expanded.
-    given = prep.tree
+    given = prep.given
     tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
@@ -102,6 +102,7 @@ def _run(
     layer_metrics: dict[str, Any] = {}
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
+    fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
     for layer in range(1, config.layers + 1):
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
@@ -160,14 +161,18 @@ def _run(
                 report.positive_importance = pr.n_positive
                 expand = pr.selected
         report.notes = warning_notes(caught)
+        fitted.append((layer, X.shape[1], agg))
         reports.append(report)
         layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
 
     assert agg is not None
+    choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
+    kept_layer, n_cols, agg = next(f for f in fitted if f[0] == choice["kept_layer"])
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
-        "final": layer_metrics[str(reports[-1].layer)],
+        "final": layer_metrics[str(kept_layer)],
+        "selection": choice,
         "layers": layer_metrics,
         "cv_train": {str(r.layer): r.cv_train for r in reports},
         "direct_layer1": _direct_layer1(matrix, Y[te], te, aspects),
@@ -178,10 +183,14 @@ def _run(
     }
     if dec is not llm:
         metrics["usage_decompose"] = _usage(dec)
+    progress.message(_selection_summary(choice))
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
+    # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
+    # the score table and the layer reports keep every explored criterion
+    kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
     return Evaluator(
-        task, tree, agg, matrix.criterion_keys, templates, spec, llm.identity, metrics,
+        task, kept_tree, agg, matrix.criterion_keys[:n_cols], templates, spec, llm.identity, metrics,
         {
             "seed": config.seed,
             "split": split.to_dict(),
@@ -193,6 +202,64 @@ def _run(
         },
         table,
     )
+
+
+# A deeper layer costs more LLM calls per sample and is kept only when its cross-validated
+# training Spearman beats the shallower best by more than this (fold noise on ~100 rows).
+LAYER_MARGIN = 0.01
+
+
+def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray,
+                 tr: np.ndarray, aspects: list[str], depth: int = 1) -> dict[str, Any]:
+    """The evaluator to keep, decided on the training split only: each layer's grouped
+    cross-validated average Spearman, and the unfitted baselines on the training rows (they
+    learn nothing, so their training figure is honest). Test rows decide nothing here. A tree
+    given with --tree is kept whole: only layers from its last one on compete."""
+    cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
+    eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
+    best = eligible[0].layer
+    for r in eligible[1:]:
+        here, there = cv[r.layer], cv[best]
+        if here is not None and (there is None or here > there + LAYER_MARGIN):
+            best = r.layer
+    baselines = {
+        "mean_subtree": metric_table(Y[tr], subtree_means(tree, matrix, aspects)[tr], aspects),
+        "mean_all_criteria": _mean_all(matrix, Y[tr], tr, aspects),
+        "direct_layer1": _direct_layer1(matrix, Y[tr], tr, aspects),
+    }
+    train_sp = {k: v["average"]["spearman"] for k, v in baselines.items()}
+    named = [k for k, v in train_sp.items() if v is not None]
+    strongest = max(named, key=lambda k: train_sp[k]) if named else None
+    deepest = reports[-1].layer
+    if best == deepest:
+        reason = (f"layer {best} has the best cross-validated training Spearman"
+                  if len(eligible) > 1 else "the only layer that could be kept")
+    else:
+        reason = (f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is not beaten "
+                  f"by more than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {_fmt(cv[deepest]).strip()})")
+    out: dict[str, Any] = {
+        "kept_layer": best,
+        "by": "grouped cross-validation on the training split (average Spearman)",
+        "reason": reason,
+        "cv_train_spearman": {str(k): v for k, v in cv.items()},
+        "baselines_train_spearman": train_sp,
+        "strongest_baseline": strongest,
+    }
+    if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
+        # a baseline is no fitted model an artifact stores: said, not silently dropped
+        out["baseline_beats_evaluator"] = True
+    return out
+
+
+def _selection_summary(choice: dict[str, Any]) -> str:
+    s = choice.get("strongest_baseline")
+    line = f"kept evaluator: layer {choice['kept_layer']} ({choice['reason']})"
+    if s is not None:
+        line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
+                 f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")
+        if choice.get("baseline_beats_evaluator"):
+            line += "; it beats the kept evaluator's cross-validated figure: consider it instead"
+    return line
 
 
 def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
@@ -282,7 +349,7 @@ def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | 
         active.max_calls = max(0, max_calls - other.stats.calls)
 
 
-def _public_config(config: TrainConfig) -> dict[str, Any]:
+def _public_config(config: Any) -> dict[str, Any]:
     from hdeval.urls import public_url
 
     out = {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
@@ -291,7 +358,7 @@ def _public_config(config: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def _decompose_record(config: TrainConfig, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
+def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
     """The decomposing LLM as the artifact records it: model, server and identity, no key."""
     from hdeval.urls import public_identity, public_url
 
@@ -321,7 +388,7 @@ def _baseline_summary(metrics: dict[str, Any]) -> str:
     def sp(key: str) -> str:
         return _fmt((metrics.get(key) or {}).get("average", {}).get("spearman"))
 
-    return (f"held-out average spearman: evaluator {sp('final')} | baselines: own-subtree mean "
+    return (f"held-out average spearman: kept evaluator {sp('final')} | baselines: own-subtree mean "
             f"{sp('mean_subtree')}, mean of all criteria {sp('mean_all_criteria')}, "
             f"direct layer-1 score {sp('direct_layer1')}")
 
@@ -353,12 +420,11 @@ def pruning_lines(r: Any) -> list[str]:
     return lines + [f"  note: {note}" for note in r.notes]
 
 
-def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = None) -> list[LayerPlan]:
+def plan_hdeval(config: Any, prep: Any, backend: Backend | None = None) -> list[LayerPlan]:
     """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
 
     With ``--tree``, every layer of the given tree is known: its requests are counted exactly.
     """
-    from hdeval.train import open_decompose_backend
 
     llm = open_backend(config, backend, offline=True)
     try:
@@ -372,10 +438,10 @@ def plan_hdeval(config: TrainConfig, prep: Prepared, backend: Backend | None = N
         llm.close()
 
 
-def _plan(config: TrainConfig, prep: Prepared, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:
+def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:
     templates = load_templates()
     task, samples = prep.task, prep.samples
-    given = prep.tree
+    given = prep.given
     tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()

@@ -31,6 +31,7 @@ from hdeval.classify import (
 )
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
 from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
@@ -44,15 +45,6 @@ MODEL = "classifier.skops"
 SCORES = "scores.csv"
 METRICS = "metrics.json"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
-
-
-# ----------------------------------------------------------------------------- agreement
-def agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
-    """The paper's two numbers plus confusion counts (the same definition as ``--method dna``)."""
-    from hdeval.methods.dna.impl import agreement as dna_agreement
-
-    return dna_agreement(human, pred, pred_ab)
 
 
 # ----------------------------------------------------------------------------- scoring both sides
@@ -321,9 +313,7 @@ class PairEvaluator(TreeEvaluator):
         self.model = model
         self.kind = kind
 
-    @property
-    def aggregator_kind(self) -> str:
-        return self.kind
+    reports = True
 
     @property
     def classes(self) -> list[str]:
@@ -343,6 +333,31 @@ class PairEvaluator(TreeEvaluator):
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
+
+    def artifact_suffix(self) -> str:
+        return self.kind
+
+    def fitted_aggregator(self) -> str | None:
+        return self.kind
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
+        from hdeval.classify import predict_labels
+
+        keys = list(self.feature_keys)
+        diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
+        labels, labels_ab = predict_labels(self.model, diff)
+        return {"evaluator": (list(labels), list(labels_ab))}
+
+    def explain_refusal(self, artifact: Any) -> str | None:
+        return (f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
+                "criteria and their importance: hdeval report)")
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
+        return page, "report.json", lines
 
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
               progress: Progress | None = None) -> PairHdevalResult:

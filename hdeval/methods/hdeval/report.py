@@ -2,22 +2,18 @@
 (the same numbers, plus matplotlib plots embedded as base64 PNG data URIs; no scripts, no
 external resources, so it opens offline and can be mailed around).
 
-Computation lives in :mod:`hdeval.methods.hdeval.explain`; this module assembles, plots and writes.
+Computation lives in :mod:`hdeval.methods.hdeval.explain`; the page and its plots in
+:mod:`hdeval.report.pointwise`; this module assembles the numbers and writes both files.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
-import html
-import io
 import json
 import math
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -39,7 +35,6 @@ REPORT_FORMAT = "hdeval-report"
 REPORT_VERSION = 1
 CURVE_POINTS = 20
 TOP_BARS = 15  # criteria shown per bar chart / beeswarm; the rest are in report.json
-LABEL_CHARS = 60
 
 DEFINITIONS = {
     "permutation_importance": (
@@ -216,326 +211,6 @@ def _clean(x: Any) -> Any:
     return x
 
 
-# --------------------------------------------------------------------------- plots
-def _pyplot() -> Any:
-    """pyplot on the Agg backend (no display needed). If the caller already imported pyplot
-    (a notebook), its backend is left alone: switching would close the caller's figures."""
-    if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
-
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _literal_text(plot: Callable[..., bytes]) -> Callable[..., bytes]:
-    """Draw ``plot`` with mathtext off: criterion and aspect names are the user's (or the
-    LLM's) text, and a name like ``price $x^$`` must show as written, not be parsed as TeX
-    (an unbalanced one made matplotlib raise)."""
-
-    @functools.wraps(plot)
-    def draw(*args: Any, **kwargs: Any) -> bytes:
-        with _pyplot().rc_context({"text.parse_math": False}):
-            return plot(*args, **kwargs)
-
-    return draw
-
-
-def _png(fig: Any) -> bytes:
-    """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
-    plt = _pyplot()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-Labeler = Callable[[str], str]
-
-
-def _labeler(ev: "Evaluator", limit: int | None = LABEL_CHARS) -> Labeler:
-    """"key — name" labels; plots cut them at ``limit`` characters to keep the axes legible."""
-
-    def label(key: str) -> str:
-        name = ev.tree[key].name if key in ev.tree else ""
-        text = f"{key} — {name}" if name and name != key else key
-        return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
-
-    return label
-
-
-@_literal_text
-def _barh(values: Mapping[str, float], label: Labeler, title: str, xlabel: str, color: str) -> bytes:
-    plt = _pyplot()
-    items = sorted(values.items(), key=lambda kv: -kv[1])[:TOP_BARS]
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.32 * max(len(items), 1)))
-    names = [label(k) for k, _ in items][::-1]
-    vals = [v for _, v in items][::-1]
-    ax.barh(range(len(vals)), vals, color=color)
-    ax.set_yticks(range(len(vals)), names, fontsize=10)
-    ax.axvline(0, color="#555", lw=0.8)
-    ax.set_xlabel(xlabel, fontsize=10)
-    ax.set_title(title, fontsize=12)
-    ax.tick_params(axis="x", labelsize=9)
-    ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
-
-
-@_literal_text
-def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
-    """Grouped bars: held-out Pearson and Spearman per aspect for each layer and the baselines."""
-    plt = _pyplot()
-    series = [(f"layer {k}", v) for k, v in sorted(corr.get("layers", {}).items(), key=lambda kv: int(kv[0]))]
-    if corr.get("direct_layer1"):
-        series.append(("direct layer-1 score", corr["direct_layer1"]))
-    if corr.get("mean_all_criteria"):
-        series.append(("mean of all criteria", corr["mean_all_criteria"]))
-    cols = list(aspects) + ["average"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    width = 0.8 / max(len(series), 1)
-    cmap = plt.get_cmap("tab10")
-    for ax, metric in zip(axes, ("pearson", "spearman")):
-        for s, (name, table) in enumerate(series):
-            vals = [np.nan if (table.get(c) or {}).get(metric) is None else table[c][metric] for c in cols]
-            ax.bar(np.arange(len(cols)) + (s - (len(series) - 1) / 2) * width, vals, width,
-                   label=name, color=cmap(s % 10))
-        ax.axhline(0, color="#555", lw=0.8)
-        ax.set_xticks(range(len(cols)), cols, fontsize=10, rotation=20, ha="right")
-        ax.set_title(f"held-out {metric.capitalize()}", fontsize=12)
-        ax.grid(axis="y", alpha=0.3)
-        ax.tick_params(axis="y", labelsize=9)
-    axes[0].set_ylabel("correlation with human scores", fontsize=10)
-    # Below the panels: inside, the legend would hide bars.
-    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=10, loc="lower center",
-               ncol=min(len(series), 5), bbox_to_anchor=(0.5, -0.08), frameon=False)
-    fig.tight_layout()
-    return _png(fig)
-
-
-@_literal_text
-def plot_beeswarm(r: ShapResult, label: Labeler) -> bytes:
-    """shap's summary (beeswarm) plot; colours are the raw criterion scores."""
-    import shap
-
-    plt = _pyplot()
-    n = min(TOP_BARS, len(r.feature_keys))
-    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.36 * (n + 1)))
-    expl = shap.Explanation(r.values, r.base_values, data=r.data,
-                            feature_names=[label(k) for k in r.feature_keys])
-    shap.plots.beeswarm(expl, max_display=n + 1 if len(r.feature_keys) > n else n, ax=ax, show=False,
-                        plot_size=None, color_bar_label="criterion score")
-    ax.set_title(f"{r.aspect}: SHAP values per held-out sample", fontsize=12)
-    ax.set_xlabel(f"SHAP value (effect on the {r.aspect} prediction)", fontsize=10)
-    return _png(fig)
-
-
-@_literal_text
-def plot_efficiency(points: Sequence[EfficiencyPoint], aspects: Sequence[str]) -> bytes:
-    """Held-out correlation against the number of criteria kept."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ks = [p.n_criteria for p in points]
-
-    def series(aspect: str, metric: str) -> list[float]:
-        return [np.nan if p.correlations[aspect][metric] is None else p.correlations[aspect][metric]
-                for p in points]
-
-    for a in aspects:
-        ax.plot(ks, series(a, "spearman"), lw=1, alpha=0.6, marker=".", label=f"{a} (Spearman)")
-    ax.plot(ks, series("average", "spearman"), lw=2.5, color="black", marker="o", label="average Spearman")
-    ax.plot(ks, series("average", "pearson"), lw=2, color="black", ls="--", label="average Pearson")
-    ax.axhline(0, color="#555", lw=0.8)
-    ax.set_xlabel("criteria kept, most important first (= LLM calls per sample)", fontsize=10)
-    ax.set_ylabel("held-out correlation", fontsize=10)
-    ax.set_title("Criteria efficiency", fontsize=12)
-    ax.tick_params(labelsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return _png(fig)
-
-
-# --------------------------------------------------------------------------- HTML
-CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}
-h1{margin-bottom:.2em}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
-.how{background:#f3f6fa;border-left:4px solid #4a7ab5;padding:.5em .8em;margin:.6em 0 1em}
-.warn{background:#fff4e5;border-left:4px solid #e69500;padding:.5em .8em}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
-td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th:first-child,td:first-child,.txt{text-align:left}th{background:#f0f0f0}
-img{max-width:100%;height:auto;display:block;margin:.6em 0}
-ul.tree{list-style:none;padding-left:1.2em;margin:.2em 0}ul.tree>li{margin:.35em 0}
-.key{font-family:ui-monospace,Menlo,Consolas,monospace;font-weight:600}
-.def{color:#555;font-size:.9em}.num{font-family:ui-monospace,Menlo,Consolas,monospace}
-.bar{display:inline-block;height:.7em;background:#4a7ab5;vertical-align:middle;margin-left:.4em}
-.bar.neg{background:#c0504d}
-dl.meta{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dl.meta dt{font-weight:600}
-dl.meta dd{margin:0}
-"""
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _f(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{_e(alt)}">'
-
-
-def _how(text: str) -> str:
-    return f'<p class="how"><b>How to read it.</b> {text}</p>'
-
-
-def _tree_html(nodes: Sequence[NodeImportance]) -> str:
-    children: dict[str | None, list[NodeImportance]] = {}
-    for n in nodes:
-        children.setdefault(n.parent, []).append(n)
-    top = max((abs(n.rolled_up) for n in nodes), default=0.0) or 1.0
-
-    def render(parent: str | None) -> str:
-        items = []
-        for n in children.get(parent, []):
-            width = int(round(120 * abs(n.rolled_up) / top))
-            bar = f'<span class="bar{" neg" if n.rolled_up < 0 else ""}" style="width:{width}px"></span>'
-            items.append(
-                f'<li><span class="key">{_e(n.key)}</span> — {_e(n.name)} '
-                f'<span class="num">(layer {n.layer}; importance {_f(n.importance)}, '
-                f'rolled up {_f(n.rolled_up)})</span>{bar}<br><span class="def">{_e(n.definition)}</span>'
-                + (render(n.key) if n.key in children else "") + "</li>"
-            )
-        return '<ul class="tree">' + "".join(items) + "</ul>"
-
-    return render(None)
-
-
-def _corr_table(corr: Mapping[str, Any], aspects: Sequence[str]) -> str:
-    rows = [(f"layer {k}", v) for k, v in sorted(corr.get("layers", {}).items(), key=lambda kv: int(kv[0]))]
-    rows += [("direct layer-1 score (baseline)", corr.get("direct_layer1")),
-             ("mean of all criteria (baseline)", corr.get("mean_all_criteria")),
-             ("final aggregator, recomputed now", corr.get("final_recomputed"))]
-    cols = list(aspects) + ["average"]
-    head = "<tr><th>held-out Pearson / Spearman</th>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>"
-    body = []
-    for name, table in rows:
-        if not table:
-            continue
-        cells = "".join(
-            f'<td class="num">{_f((table.get(c) or {}).get("pearson"))} / '
-            f'{_f((table.get(c) or {}).get("spearman"))}</td>' for c in cols)
-        body.append(f"<tr><td>{_e(name)}</td>{cells}</tr>")
-    return f"<table>{head}{''.join(body)}</table>"
-
-
-def _efficiency_table(points: Sequence[EfficiencyPoint], label: Labeler) -> str:
-    head = ("<tr><th>criteria kept</th><th class='txt'>added criteria</th><th>avg Pearson</th>"
-            "<th>avg Spearman</th></tr>")
-    body = []
-    prev = 0
-    for p in points:
-        added = ", ".join(label(k) for k in p.criteria[prev:p.n_criteria])
-        prev = p.n_criteria
-        avg = p.correlations["average"]
-        body.append(f'<tr><td class="num">{p.n_criteria}</td><td class="txt">{_e(added)}</td>'
-                    f'<td class="num">{_f(avg["pearson"])}</td><td class="num">{_f(avg["spearman"])}</td></tr>')
-    return f"<table>{head}{''.join(body)}</table>"
-
-
-def render_html(ev: "Evaluator", report: Report) -> str:
-    """The report as one HTML page; plots are embedded PNGs, so the page needs nothing else."""
-    d = report.data
-    art = d["artifact"]
-    aspects = [a["key"] for a in art["aspects"]] or list(ev.aggregator.aspects)
-    label = _labeler(ev)
-    perm = d["permutation_importance"]
-    sh = d["shap"]
-    corr = d["correlations"]
-    parts = [
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        # Offline by construction: nothing may load except the embedded images and this style.
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
-        "style-src 'unsafe-inline'\">",
-        f"<meta name=\"viewport\" content=\"width=device-width\"><title>hdeval report: {_e(art['task'])} "
-        f"({_e(art['aggregator'])})</title><style>{CSS}</style></head><body>",
-        f"<h1>hdeval report: {_e(art['task'])}</h1>",
-        '<dl class="meta">',
-        f"<dt>artifact</dt><dd>{_e(art['path'])}</dd>",
-        f"<dt>aggregator</dt><dd>{_e(art['aggregator'])}</dd>",
-        f"<dt>LLM</dt><dd>{_e(art['llm'])}</dd>",
-        f"<dt>criteria</dt><dd>{art['criteria']} in the tree, {art['needed_criteria']} used by the "
-        f"aggregator (LLM calls per sample)</dd>",
-        f"<dt>samples</dt><dd>{art['split']['train']} train, {art['split']['test']} held-out (test)</dd>",
-        f"<dt>report</dt><dd>hdeval {_e(d['hdeval_version'])}, {_e(d['created'])}; every number is "
-        "also in report.json</dd></dl>",
-    ]
-    for w in art["warnings"]:
-        parts.append(f'<p class="warn">warning: {_e(w)}</p>')
-
-    parts += [
-        "<h2>Held-out correlation by layer</h2>",
-        _how("Correlation of the evaluator's scores with human scores on the held-out samples, after "
-             "each layer of criteria was added (the layer ablation), against two baselines: the LLM's "
-             "direct score for the aspect and the plain mean of all criterion scores. Higher is better; "
-             "a layer that does not raise the bars did not help."),
-        _img(plot_correlations(corr, aspects), "held-out Pearson and Spearman per aspect and layer"),
-        _corr_table(corr, aspects),
-    ]
-
-    parts += [
-        "<h2>Criteria tree with importance</h2>",
-        _how(f"Each criterion the LLM scores, nested under the criterion it was decomposed from. "
-             f"<i>Importance</i>: {_e(DEFINITIONS['importance'])} <i>Rolled up</i>: "
-             f"{_e(DEFINITIONS['rolled_up_importance'])} The bar shows the rolled-up value "
-             "(red = negative)."),
-        _tree_html(report.nodes),
-    ]
-
-    parts += [
-        "<h2>Permutation importance per aspect</h2>",
-        _how(f"{_e(DEFINITIONS['permutation_importance'])} Measured on {perm['n_samples']} held-out "
-             f"samples, {perm['n_repeats']} shuffles each; the {TOP_BARS} most important criteria are drawn."),
-    ]
-    for a in aspects:
-        parts.append(_img(_barh(perm["per_aspect"][a], label, f"{a}: permutation importance (held-out)",
-                                "mean drop in R² when shuffled", "#4a7ab5"), f"permutation importance for {a}"))
-
-    parts += [
-        "<h2>SHAP per aspect</h2>",
-        _how(f"Each dot is one held-out sample ({sh['n_samples']} explained, explainer: {_e(sh['explainer'])}"
-             + (f", {sh['n_background']} background training rows" if sh["n_background"] else "")
-             + "): how far that criterion's score moved the aspect's prediction away from the base value "
-               "(the average prediction); colour is the criterion score (red high, blue low). The bar chart "
-               "is the mean absolute SHAP value. "
-             + _e(DEFINITIONS["shap"])),
-    ]
-    for a in aspects:
-        r = report.shap[a]
-        parts.append(f"<h3>{_e(a)} <span class=\"num\">(base value {_f(sh['per_aspect'][a]['base_value'])})"
-                     "</span></h3>")
-        parts.append(_img(plot_beeswarm(r, label), f"SHAP summary for {a}"))
-        parts.append(_img(_barh(sh["per_aspect"][a]["mean_abs"], label, f"{a}: mean |SHAP|",
-                                f"mean |SHAP value| (average effect on the {a} prediction)", "#c0504d"),
-                          f"mean absolute SHAP for {a}"))
-
-    parts += [
-        "<h2>Criteria efficiency</h2>",
-        _how("How many criteria (LLM calls per sample) can be dropped for how much loss: the x axis keeps "
-             "the k most important criteria; the y axis is the held-out correlation of an aggregator "
-             f"refitted with only those. {_e(DEFINITIONS['efficiency'])} Where the curve flattens, the "
-             "remaining criteria add little."),
-        _img(plot_efficiency(report.efficiency, aspects), "criteria efficiency curve"),
-        _efficiency_table(report.efficiency, _labeler(ev, None)),
-        "</body></html>",
-    ]
-    return "\n".join(parts)
-
-
 @dataclass(frozen=True)
 class ReportFiles:
     """Where :func:`write_report` wrote the report."""
@@ -544,16 +219,22 @@ class ReportFiles:
     json: Path
 
 
-def write_report(ev: "Evaluator", out_dir: str | Path | None = None, **options: Any) -> ReportFiles:
+def write_report(ev: "Evaluator", out_dir: str | Path | None = None, *, data: str | Path | None = None,
+                 cache_dir: str | Path | None = None, **options: Any) -> ReportFiles:
     """Build the report (see :func:`build_report` for ``options``) and write ``report.html``
-    and ``report.json`` to ``out_dir`` (default: ``<artifact>/report``)."""
+    and ``report.json`` to ``out_dir`` (default: ``<artifact>/report``). ``data`` and
+    ``cache_dir`` find the samples' text and the LLM's raw replies for the per-sample view
+    (default: the training data the manifest names, and the default cache)."""
     if out_dir is None:
         if ev.path is None:
             raise ConfigError("give an output directory: this evaluator was not loaded from disk")
         out_dir = ev.path / "report"
     out = Path(out_dir)
+    from hdeval.report.pointwise import disagreements, render_html
+
     report = build_report(ev, **options)
-    page = render_html(ev, report)
+    samples, note = disagreements(ev, data, cache_dir)
+    page = render_html(ev, report, samples, note)
     try:
         out.mkdir(parents=True, exist_ok=True)
         jpath, hpath = out / "report.json", out / "report.html"

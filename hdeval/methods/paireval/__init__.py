@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hdeval.methods.base import Method, Option, register
+from hdeval.methods.base import Method, Option
 
 
 def _impl():
@@ -22,25 +22,30 @@ def __getattr__(name: str) -> Any:
     return getattr(_impl(), name)
 
 
-PAIREVAL = register(Method(
+PAIREVAL = Method(
     name="paireval",
     summary="PairEval: win probability against comparison examples from other conversations, both orders",
     shapes=("pointwise",),
     fit=lambda ctx: _impl().fit_paireval(ctx),
     load=lambda art: _impl().PairEvaluator.from_artifact(art),
+    plan=lambda config, prep, backend: _impl().plan_requests(config, prep, backend),
+    check_fit=lambda ctx: _impl().choose_comparisons(ctx),  # the comparison examples can be drawn
     options={
         "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
         "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
                                       "from, instead of the training split"),
         "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
     },
-))
+)
 
 
-YESNO = register(Method(
+YESNO = Method(
     name="direct-yesno",
     summary="DIRECTEVAL (PairEval's baseline): P(\"Yes\") that the response is good, per aspect",
     shapes=("pointwise",),
     fit=lambda ctx: _impl().fit_yesno(ctx),
     load=lambda art: _impl().YesNoEvaluator.from_artifact(art),
-))
+    plan=lambda config, prep, backend: _impl().plan_requests(config, prep, backend),
+)
+
+METHODS = (PAIREVAL, YESNO,)  # what hdeval.methods.registry registers

@@ -1,0 +1,1 @@
+"""Running hdeval on engines it does not ship (each imported only when used)."""

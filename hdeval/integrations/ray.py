@@ -1,0 +1,216 @@
+"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``).
+
+:class:`ArtifactScorer` is a callable class for ``Dataset.map_batches``: each Ray worker loads
+and verifies the artifact once (in ``__init__``) and opens the same cached LLM a single-process
+``hdeval apply`` would (an OpenAI-compatible endpoint, or the fake), then scores the batches it
+is given. Batches are rows of JSONL text (a ``text`` column, as ``ray.data.read_text`` gives);
+each output row is the JSON line ``hdeval apply`` writes for that sample (a ``row`` column) with
+its ``id``. :func:`apply_on_ray` runs a whole file: the input validated on the driver first
+(every bad line reported, nothing paid for), the scores written in input order through the same
+atomic writer as ``apply``, so the output is byte-identical to a single process.
+
+Ray is imported only when used: the rest of hdeval never needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from hdeval.errors import ConfigError, DataError, ScoringError
+
+#: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
+WORKER_FIELD = "{worker}"
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        import ray.data  # noqa: F401 - the extra installs it; a bare ray would fail later, less clearly
+    except ImportError:
+        raise ConfigError('running on Ray needs the ray extra: pip install "hdeval[ray]"') from None
+    return ray
+
+
+def _worker_cache(cache_dir: str | None) -> str | None:
+    if cache_dir is None or WORKER_FIELD not in cache_dir:
+        return cache_dir
+    ray = _ray()
+    node = ray.get_runtime_context().get_node_id() or "local"
+    return cache_dir.replace(WORKER_FIELD, f"{node[:12]}-{os.getpid()}")
+
+
+class _Rows:
+    """JSONL text rows -> the samples apply would read from them (the data module's own row
+    checks; blank lines and rows a pairwise task filters out give no sample)."""
+
+    def __init__(self, task: Any):
+        from hdeval.data import BOM, _lone_surrogate, _matches
+
+        self.task = task
+        self.bom, self.lone, self.matches = BOM, _lone_surrogate, _matches
+        self.where = dict(task.where) if task.shape == "pairwise" else {}
+
+    def sample(self, text: str, where: str) -> Any:
+        from hdeval.data import _pair_from_row, _sample_from_row
+
+        text = text.removeprefix(self.bom)
+        if not text.strip():
+            return None
+        try:
+            row = json.loads(text)
+        except (ValueError, RecursionError):
+            raise DataError(f"{where}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: not a JSON object")
+        if self.task.shape == "pairwise":
+            if not self.matches(row, self.where):
+                return None
+            problem, sample = _pair_from_row(row, 0, self.task, require_labels=False)
+            if problem is None and sample is None:
+                return None  # skip_empty, as apply skips it
+        else:
+            lone = self.lone(row)
+            problem, sample = (f"{lone} holds a lone surrogate", None) if lone else _sample_from_row(
+                row, 0, self.task, list(self.task.aspect_keys), False)
+        if problem:
+            raise DataError(f"{where}: {problem}")
+        return sample
+
+
+class ArtifactScorer:
+    """Score batches of JSONL rows with an hdeval artifact, for ``Dataset.map_batches``.
+
+    ``artifact``: the artifact directory (readable on every node). ``llm``/``base_url``: as
+    ``hdeval apply --llm/--base-url``; None means the artifact's LLM (an artifact naming a server
+    needs ``base_url`` given, as apply asks). ``cache_dir``: the reply cache each worker opens;
+    workers on one machine share it (diskcache serves several processes), and ``{worker}`` in it
+    gives each worker its own. ``max_calls`` is each worker's budget. The API key, if any, is the
+    workers' ``OPENAI_API_KEY`` (pass it through Ray's ``runtime_env``; it is never printed).
+
+    Input batches need a ``text`` column (one JSONL line per row); a ``line`` column, if
+    present, names rows in error messages. Output batches have ``id`` and ``row`` (the JSON line
+    apply writes), and on a batch's first row ``failed`` and ``cells``, its unreadable and total
+    LLM-filled scores (0 on the other rows), with ``failure`` an example reason."""
+
+    def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
+                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
+                 max_retries: int = 6, max_calls: int | None = None,
+                 notify: Callable[[str], None] | None = None):
+        from hdeval.methods.registry import load_artifact
+        from hdeval.run.artifact_llm import open_artifact_llm, stderr_notify
+
+        self.ev = load_artifact(artifact)  # verified once per worker: digests, trusted types
+        self.concurrency = concurrency
+        self.rows = _Rows(self.ev.task)
+        self.backend = open_artifact_llm(
+            self.ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+            cache_dir=_worker_cache(cache_dir), max_calls=max_calls, concurrency=concurrency,
+            confirm=None, notify=notify or stderr_notify)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from hdeval.progress import Progress
+
+        if "text" not in batch:
+            raise DataError(f"hdeval's Ray scorer reads a 'text' column of JSONL lines; the batch has "
+                            f"{', '.join(sorted(batch)) or 'no columns'}")
+        lines = batch.get("line")
+        samples = []
+        for i, text in enumerate(batch["text"]):
+            where = f"line {int(lines[i])}" if lines is not None else f"row {i + 1} of a batch"
+            s = self.rows.sample(str(text), where)
+            if s is not None:
+                samples.append(s)
+        if not samples:
+            return {"id": np.array([], dtype=object), "row": np.array([], dtype=object),
+                    "failed": np.array([], dtype=np.int64), "cells": np.array([], dtype=np.int64),
+                    "failure": np.array([], dtype=object)}
+        from hdeval.run.apply import _failed_cells
+
+        res = self.ev.score(samples, backend=self.backend, concurrency=self.concurrency, progress=Progress())
+        rows = self.ev.output_rows(samples, res)
+        self.backend.flush()  # every reply this batch paid for is on disk before the batch is handed on
+        # the batch's unreadable LLM-filled scores, on its first row: the driver sums them for
+        # apply's --max-failure-rate check
+        failed, cells, example = _failed_cells(res, self.ev.columns_needed())
+        zeros = [0] * (len(rows) - 1)
+        return {"id": np.array([s.id for s in samples], dtype=object),
+                "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object),
+                "failed": np.array([failed, *zeros], dtype=np.int64), "cells": np.array([cells, *zeros], dtype=np.int64),
+                "failure": np.array([example or "", *([""] * len(zeros))], dtype=object)}
+
+    def __del__(self) -> None:
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            backend.close()
+
+
+def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
+                 batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
+                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
+                 max_retries: int = 6, max_calls: int | None = None, max_failure_rate: float = 0.2,
+                 num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
+    """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
+    workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.
+
+    Runs on the Ray cluster this process is connected to (``ray.init`` first; without it Ray
+    starts a local one). ``input_file`` must be readable by every worker (a shared filesystem or
+    an object store URI that ``ray.data.read_text`` reads). The input is validated here first,
+    then scored, and the output written in input order, atomically, as apply writes it.
+    ``num_cpus``: what Ray reserves per worker; below 1 so that workers filling every CPU of a
+    small cluster still leave room for the read task (at 1, 2 workers on 2 CPUs could wait for
+    it forever)."""
+    from hdeval.methods.registry import load_artifact
+    from hdeval.run.apply import _count
+    from hdeval.run.artifact_llm import check_llm_options
+    from hdeval.run.output import OutputWriter, check_output, output_format
+
+    ray = _ray()
+    if type(workers) is not int or workers < 1:
+        raise ConfigError(f"workers must be a whole number, at least 1; got {workers!r}")
+    if not isinstance(num_cpus, (int, float)) or not 0 < num_cpus <= 1024:
+        raise ConfigError(f"num_cpus must be a number above 0; got {num_cpus!r}")
+    if type(batch_size) is not int or batch_size < 1:
+        raise ConfigError(f"batch_size must be a whole number, at least 1; got {batch_size!r}")
+    check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"max_failure_rate must be between 0 and 1, got {max_failure_rate}")
+    check_output(output, [str(input_file) if "://" not in str(input_file) else None, artifact])
+    fmt = output_format(output)
+    ev = load_artifact(artifact)  # a broken artifact stops here, before any worker starts
+    _count(str(input_file), ev, 1000, None)  # every bad line reported before anything is paid for
+    if ev.llm.base_url and base_url is None and llm is None:
+        raise ConfigError(f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
+                          f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # rows come back in input order
+    ds = ray.data.read_text(str(Path(input_file).resolve()) if "://" not in str(input_file) else str(input_file))
+    scored = ds.map_batches(
+        ArtifactScorer, batch_size=batch_size, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
+        fn_constructor_args=(str(Path(artifact).resolve()),),
+        fn_constructor_kwargs={"llm": llm, "base_url": base_url, "cache_dir": cache_dir,
+                               "concurrency": concurrency, "timeout": timeout, "max_retries": max_retries,
+                               "max_calls": max_calls})
+    failed = cells = 0
+    example = ""
+    with OutputWriter(output, fmt) as out:
+        for batch in scored.iter_batches(batch_size=batch_size, batch_format="numpy"):
+            out.write([json.loads(text) for text in batch["row"]])
+            failed += int(batch["failed"].sum())
+            cells += int(batch["cells"].sum())
+            example = example or next((str(e) for e in batch["failure"] if e), "")
+        if cells and failed / cells > max_failure_rate:  # as apply: nothing written
+            raise ScoringError(
+                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+                "that were read are cached; check the LLM or raise max_failure_rate")
+        out.commit()
+    return out.rows
+
+
+__all__ = ["ArtifactScorer", "WORKER_FIELD", "apply_on_ray"]

@@ -1,0 +1,63 @@
+"""The fake LLM's answers to comparison prompts (kind ``pair``): a deterministic stand-in for
+which response is better, with a mild first-position bias for the swap to undo."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.fake import FakeBackend, _unit, responder
+
+LABELS = ("A", "B")
+
+_BLOCK = re.compile(r"<sample>\n?(.*?)\n?</sample>", re.S)
+_WORD = re.compile(r"\w+")
+
+
+def fake_quality(history: str, response: str, question: str) -> float:
+    """A deterministic stand-in for response quality in [0, 1]: longer, more varied responses
+    that pick up words of their own conversation do better; the weights depend on the question."""
+    words = _WORD.findall(response.lower())
+    if not words:
+        return 0.0
+    hist = set(_WORD.findall(history.lower()))
+    uniq = len(set(words)) / len(words)
+    length = math.tanh(len(words) / 20)
+    overlap = len(set(words) & hist) / len(set(words))
+    w = _unit("paireval-w", question)
+    return 0.45 * length + 0.35 * (w * uniq + (1 - w) * overlap) + 0.2 * _unit("paireval-noise", response, question)
+
+
+def _label_completion(request: CompletionRequest, fake: FakeBackend, labels: tuple[str, str], p: float) -> Completion:
+    n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
+    prompt = request.messages[-1].content
+    if fake.garbage and _unit("garbage", prompt) < fake.garbage:
+        return Completion("I cannot decide.", None, n_prompt, 4)
+    p = min(1 - 1e-6, max(1e-6, p))
+    top = None
+    if fake.logprobs and request.top_logprobs:
+        alts = sorted([TokenLogprob(labels[0], math.log(p)), TokenLogprob(labels[1], math.log(1 - p))],
+                      key=lambda t: -t.logprob)
+        top = (tuple(alts),)
+    return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
+
+
+FAKE_FIRST_BIAS = 0.4
+
+
+@responder("pair")
+def _fake_pair(request: CompletionRequest, fake: FakeBackend) -> Completion:
+    user = request.messages[-1].content
+    blocks = _BLOCK.findall(user)
+    question = user[user.rfind("</sample>"):]
+    if len(blocks) < 4:
+        return Completion("?", None, 1, 1)
+    qa = fake_quality(blocks[0], blocks[1], question)
+    qb = fake_quality(blocks[2], blocks[3], question)
+    # a mild preference for what is shown first, as real LLMs have: the swap has something to
+    # undo; and a pair-specific whim, so judgments are not perfectly transitive and the choice of
+    # comparison examples matters (as it does with a real LLM)
+    whim = 0.15 * (_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
+    return _label_completion(request, fake, LABELS,
+                             1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS)))

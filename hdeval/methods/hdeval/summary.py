@@ -1,0 +1,54 @@
+"""What ``hdeval train`` prints about a pointwise HD-Eval evaluator once it is saved: the final
+layer and aggregator, the criteria from a --tree file, the held-out figures against the direct
+baseline, and sample-size warnings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
+    """(text, to stderr) lines, in order."""
+    out: list[tuple[str, bool]] = []
+    m = ev.metrics
+    layers = ev.manifest_extra.get("layers") or [{}]
+    final_layer = layers[-1].get("layer", "?")
+    avg = m["final"]["average"]
+    out.append((f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
+                f"{len(ev.feature_keys)} criteria", False))
+    given = ev.manifest_extra.get("tree_input")
+    if given:
+        out += _given_tree(given, ev.tree.keys)
+    out.append((f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
+                f"kendall {avg['kendall']}", False))
+    direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
+    if direct is not None and avg["spearman"] is not None:
+        diff = avg["spearman"] - direct
+        out.append((f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
+                    f"the trained evaluator is {diff:+.3f}", False))
+    n_train, n_test = m["split"]["train"], m["split"]["test"]
+    n_crit = len(ev.feature_keys)
+    if n_train < 2 * n_crit:
+        out.append((f"warning: {n_train} training samples for {n_crit} criteria: the aggregator may "
+                    "overfit; use more data (--limit, --train-frac) or fewer criteria (--layers, --top-k)", True))
+    if n_test < 30:
+        out.append((f"warning: only {n_test} held-out samples: the correlations above are noisy "
+                    "(use more data or a larger --test-frac)", True))
+    out.append((f"artifact written to {path}", False))
+    out.append((f"next: hdeval report {path}", False))
+    return out
+
+
+def _given_tree(given: dict, keys: list[str]) -> list[tuple[str, bool]]:
+    """Which criteria came from the --tree file (and which were locked), which were added."""
+    from_file = set(given["criteria"])
+    locked = set(given["locked"])
+    added = [k for k in keys if k not in from_file]
+    listed = _some([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
+    return [(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}", False),
+            (f"criteria added by decomposition: {len(added)}" + (f": {_some(added)}" if added else ""), False)]
+
+
+def _some(names: list[str], n: int = 20) -> str:
+    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")

@@ -1,0 +1,69 @@
+"""What a method needs from a run besides its own code: the run's LLMs opened from its options,
+and the shape of a dry-run plan (:class:`LayerPlan`, one row per layer or stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hdeval.backends.base import Backend
+from hdeval.cache import CachedBackend
+from hdeval.config import LLMConfig
+from hdeval.errors import ConfigError, HdevalError
+from hdeval.llm import open_llm
+
+
+def llm_config(config: Any) -> LLMConfig:
+    """The run's LLM settings as the one typed config every command uses."""
+    return LLMConfig(config.llm, config.base_url, config.timeout, config.max_retries,
+                     config.concurrency, config.cache_dir, config.max_calls, config.batch)
+
+
+def open_backend(
+    config: Any, backend: Backend | None = None, offline: bool = False
+) -> CachedBackend:
+    """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
+    return open_llm(llm_config(config), backend, offline)
+
+
+def decompose_llm_config(config: Any) -> LLMConfig | None:
+    """The decomposing LLM's settings (``--decompose-llm``), or None: the scoring LLM decomposes.
+    Same cache dir and budget settings; its own identity, so its own cache keys."""
+    if not config.decompose_llm:
+        return None
+    return LLMConfig(config.decompose_llm, config.decompose_base_url, config.timeout, config.max_retries,
+                     config.concurrency, config.cache_dir, config.max_calls)
+
+
+def open_decompose_backend(
+    config: Any, llm: CachedBackend, backend: Backend | None = None, offline: bool = False
+) -> CachedBackend:
+    """The cached backend that decomposes: ``llm`` itself unless ``--decompose-llm`` (or an
+    injected ``backend``) names another. Opened before any call, so a decompose LLM that cannot
+    be opened (no key, no model file, no runtime) stops the run before anything is paid for."""
+    dc = decompose_llm_config(config)
+    if dc is None and backend is None:
+        return llm
+    try:
+        return open_llm(dc or llm_config(config), backend, offline)
+    except HdevalError as exc:
+        raise ConfigError(f"--decompose-llm {config.decompose_llm or getattr(backend, 'identity', '')}: {exc}") from None
+
+
+@dataclass
+class LayerPlan:
+    layer: int
+    decompose_calls: int
+    score_calls: int
+    cached: int | None  # None when the requests are not known before earlier layers run
+    upper_bound: bool
+    prompt_tokens: int  # all of the layer's calls (decomposition included)
+    completion_tokens: int
+    stage: str = ""  # a method whose steps are not criteria layers names them (dna)
+    decompose_prompt_tokens: int = 0  # of which decomposition (priced apart: --decompose-llm)
+    decompose_completion_tokens: int = 0
+
+
+def prompt_chars(req) -> int:
+    """Characters of a request's messages (token estimates are chars / 4)."""
+    return sum(len(m.content) for m in req.messages)

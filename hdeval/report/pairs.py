@@ -1,0 +1,242 @@
+"""The page of ``hdeval report`` for artifacts that judge pairs (DnA, HD-Eval on a pairwise
+task): banner, plots and the wrong verdicts, from the artifact (and, for the per-pair view, the
+training data and the reply cache, read-only). The numbers are :mod:`hdeval.methods.pair_report`'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from hdeval.report import banner as verdicts
+from hdeval.report import plots, render
+from hdeval.report import samples as sample_view
+
+PAIR_LABELS = ("a", "b", "tie")
+
+
+def _table(ev: Any) -> Any:
+    """The artifact's ``scores.csv`` (checked against the manifest's checksum when the artifact
+    was loaded), or None when it holds none."""
+    import pandas as pd
+
+    path = Path(ev.path) / "scores.csv" if ev.path else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        table = pd.read_csv(path, dtype={"pair_id": str, "split": str, "human": str, "prediction": str,
+                                         "learned_prediction": str}, keep_default_na=False)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return table if {"pair_id", "split", "human"} <= set(table.columns) else None
+
+
+def _scores(table: Any, columns: Sequence[str]) -> np.ndarray:
+    import pandas as pd
+
+    return np.column_stack([pd.to_numeric(table[c], errors="coerce").to_numpy(float) for c in columns]) \
+        if columns else np.empty((len(table), 0))
+
+
+def _differences(table: Any, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per human label (a, b): the mean score difference A - B of each key on the held-out pairs."""
+    out: dict[str, dict[str, float]] = {}
+    test = table[table["split"] == "test"]
+    diff = _scores(test, [f"{k}:a" for k in keys]) - _scores(test, [f"{k}:b" for k in keys])
+    for label in ("a", "b"):
+        rows = (test["human"] == label).to_numpy()
+        if rows.any():
+            col = diff[rows]
+            seen = (~np.isnan(col)).sum(axis=0)
+            # a key every pair failed on has no mean (nanmean would warn): NaN, drawn as no bar
+            sums = np.where(np.isnan(col), 0.0, col).sum(axis=0)
+            out[label] = {k: float(sums[j] / seen[j]) if seen[j] else float("nan") for j, k in enumerate(keys)}
+    return out
+
+
+def _difference_plot(diffs: Mapping[str, Mapping[str, float]], what: str) -> bytes | None:
+    if "a" not in diffs and "b" not in diffs:
+        return None
+    first = diffs.get("a") or diffs.get("b") or {}
+    return plots.barh(first, f"Held-out score difference A − B per {what}", "mean score(A) − score(B)",
+                      sort=False, label="pairs humans preferred A" if "a" in diffs else "pairs humans preferred B",
+                      reference=diffs.get("b") if "a" in diffs else None, reference_label="pairs humans preferred B")
+
+
+def _wrong(test: Any, predicted: Sequence[str]) -> list[int]:
+    """Positions of held-out pairs whose verdict differs from the human label (failed ones too)."""
+    human = list(test["human"])
+    return [i for i, (h, p) in enumerate(zip(human, predicted)) if h in PAIR_LABELS and p != h]
+
+
+def _pair_fields(ev: Any, pair: Any) -> list[tuple[str, str]]:
+    if pair is None:
+        return []
+    clip = sample_view.clip
+    out = [(f.label, clip(pair.fields.get(f.key), sample_view.MAX_FIELD_CHARS)) for f in ev.task.fields
+           if f.key != "output"]
+    return out + [("Response A", clip(pair.output_a, sample_view.MAX_FIELD_CHARS)),
+                  ("Response B", clip(pair.output_b, sample_view.MAX_FIELD_CHARS))]
+
+
+def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
+    m, s = ev.metrics, ev.settings
+    test_m = {k: v for k, v in (m.get("test") or {}).items() if isinstance(v, dict)}
+    b = verdicts.Banner()
+    verdicts.llm_line(b, ev.llm_identity)
+    split = m.get("split") or {}
+    learned = ev.learned
+    verdicts.split_line(b, split.get("train"), split.get("test"), len(learned.aspects) if learned is not None
+                        else None, features="aspects (the learned aggregation's features)", rows="pairs")
+    primary = m.get("primary") or "llm_weights"
+    main = (test_m.get(primary) or {}).get("wo_ties")
+    others = {f"{k} aggregation": v.get("wo_ties") for k, v in test_m.items() if k != primary}
+    extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
+    others |= {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
+    # DnA records no baseline of its own (dna-direct is another run); its other aggregation
+    # is the comparison it holds
+    verdicts.baseline_line(b, main, others, "held-out agreement w/o ties",
+                           label="strongest baseline" if extra else "compared with")
+    if m.get("position_consistency") is not None:
+        pc = m["position_consistency"]
+        b.add("position consistency", f"{pc:.3f} of the pairs get the same verdict with A and B swapped",
+              warn=pc < 0.8)
+    figs: list[tuple[str, bytes, str]] = []
+    if test_m:
+        figs.append(("Agreement with the human labels", plots.agreement_bars(
+            {k.replace("_", " "): v for k, v in test_m.items()}, "Held-out agreement"),
+            "Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
+            "humans did not tie with the verdict forced to A or B; with ties, 3-way. 'llm weights' is DnA's "
+            "weighted sum with the LLM's weights, 'learned' the logistic regression on aspect-score differences."))
+        for k, v in test_m.items():
+            if v.get("confusion"):
+                figs.append((f"Confusion matrix ({k.replace('_', ' ')})", plots.confusion(
+                    v["confusion"], f"{k.replace('_', ' ')}: human label × verdict"),
+                    "Rows: the human label; columns: the verdict; the diagonal is agreement. 'failed' counts "
+                    "pairs the LLM's replies gave no verdict for."))
+    weights = m.get("mean_weights")
+    if weights:
+        vals = {k: (w["mean"] if isinstance(w, Mapping) else w) for k, w in weights.items()}
+        share = (data.get("learned") or {}).get("weight_share") if not s.dynamic else None
+        figs.append(("Weights", plots.barh(vals, "Aspect weights", "weight (sums to 1 over the aspects)",
+                                           label="LLM weight (mean over instances)", reference=share,
+                                           reference_label="learned share of |coefficients|"),
+                     "The weight the LLM gave each aspect (mean over the instances), and, for the learned "
+                     "aggregation, each aspect's share of its absolute coefficients; both sum to 1, so they compare."))
+    table = _table(ev)
+    samples, note = [], None
+    if table is not None:
+        keys = [c[:-2] for c in table.columns if c.endswith(":a") and f"{c[:-2]}:b" in table.columns]
+        diff = _differences(table, keys)
+        fig = _difference_plot(diff, "aspect")
+        if fig:
+            figs.append(("Per-aspect differences", fig, "The mean of score(A) − score(B) per aspect on the "
+                         "held-out pairs, for the pairs humans preferred A and those they preferred B: an aspect "
+                         "that separates the two groups is one the LLM's scores agree with humans on."))
+        test = table[table["split"] == "test"].reset_index(drop=True)
+        predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
+        wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
+        ids = [str(test["pair_id"][i]) for i in wrong]
+        items = _read_pairs(ev, ids, sample_view.data_path(ev, data_file))
+        if items is None:
+            replies = sample_view.Replies(note="the training data file is not available, so the pairs' text "
+                                               "and the raw replies are not shown (give it with --data)")
+        else:
+            replies = sample_view.dna_replies(ev, [items[i] for i in ids if i in items], cache_dir)
+        note = replies.note
+        A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
+        for i, pid in zip(wrong, ids):
+            samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i],
+                            "extra": ({"learned verdict": test["learned_prediction"][i]}
+                                      if "learned_prediction" in test.columns else {}),
+                            "fields": _pair_fields(ev, (items or {}).get(pid)),
+                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
+                                          "reply": replies.texts.get((pid, k))} for j, k in enumerate(keys)]})
+    elif ev.path:
+        note = "the artifact holds no scores.csv: no per-pair view"
+    if m.get("position_consistency") is not None:
+        figs.append(("Position consistency", plots.share_bar(m["position_consistency"], "position consistency"),
+                     "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
+    return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (DnA)", method=f"DnA, mode {s.mode}, "
+                  f"aspects {s.aspect_source}", ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs,
+                  samples=samples, samples_note=note, reply_columns=False, one_reply=True,
+                  max_samples=sample_view.TOP_SAMPLES)
+
+
+def _read_pairs(ev: Any, ids: Sequence[str], path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        return sample_view.read_items(ev, ids, path)
+    except Exception:  # noqa: BLE001 - an unreadable file only costs this view its text
+        return None
+
+
+def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
+    from hdeval.classify import predict_labels
+
+    m = ev.metrics
+    b = verdicts.Banner()
+    verdicts.llm_line(b, ev.llm_identity)
+    split = m.get("split") or {}
+    verdicts.split_line(b, split.get("train"), split.get("test"), len(ev.feature_keys), rows="pairs")
+    verdicts.layer_line(b, m, list((m.get("layers") or {}).keys()))
+    extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
+    bases = {"equal-weight sum of the layer-1 differences": (m.get("direct_layer1") or {}).get("wo_ties")}
+    bases |= {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
+    verdicts.baseline_line(b, (m.get("final") or {}).get("wo_ties"), bases, "held-out agreement w/o ties")
+    figs: list[tuple[str, bytes, str]] = []
+    layers = m.get("layers") or {}
+    if layers:
+        figs.append(("Agreement by layer", plots.layer_agreement(layers, m.get("direct_layer1"),
+                                                                 "layer-1 sum"),
+                     "Held-out agreement with the human labels after each layer of criteria was added, with and "
+                     "without ties; dashed: the baseline that adds up the layer-1 score differences with equal weights."))
+    series = {"evaluator": m.get("final")} if m.get("final") else {}
+    if m.get("direct_layer1"):
+        series["layer-1 sum (baseline)"] = m["direct_layer1"]
+    if series:
+        figs.append(("Agreement with the human labels", plots.agreement_bars(series, "Held-out agreement"),
+                     "Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
+                     "humans did not tie with the verdict forced to A or B; with ties, 3-way."))
+    if (m.get("final") or {}).get("confusion"):
+        figs.append(("Confusion matrix", plots.confusion(m["final"]["confusion"], "human label × verdict"),
+                     "Rows: the human label; columns: the classifier's verdict; the diagonal is agreement."))
+    imp = m.get("importance") or {}
+    if imp:
+        figs.append(("Criterion weights (importance)", plots.barh(
+            {k: v for k, v in imp.items() if isinstance(v, (int, float))}, "Permutation importance per criterion",
+            "drop in held-out agreement when shuffled"),
+            "How much the classifier relies on each criterion's score difference: the drop in held-out "
+            "agreement when it is shuffled across pairs (0 or below: not relied on)."))
+    table = _table(ev)
+    samples, note = [], None
+    if table is not None:
+        roots = [c.key for c in ev.tree.layer(1)]
+        fig = _difference_plot(_differences(table, [k for k in roots if f"{k}:a" in table.columns]), "aspect")
+        if fig:
+            figs.append(("Per-aspect differences", fig, "The mean of score(A) − score(B) per layer-1 criterion "
+                         "(the task's aspects) on the held-out pairs, for the pairs humans preferred A and those "
+                         "they preferred B."))
+        test = table[table["split"] == "test"].reset_index(drop=True)
+        keys = list(ev.feature_keys)
+        A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
+        predicted, _ = predict_labels(ev.model, A - B)
+        wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
+        ids = [str(test["pair_id"][i]) for i in wrong]
+        replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file),
+                                                   cache_dir, pairs=True)
+        note = replies.note
+        for i, pid in zip(wrong, ids):
+            samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i], "extra": {},
+                            "fields": _pair_fields(ev, items.get(pid)),
+                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
+                                          "reply_a": replies.texts.get((f"{pid}#a", k)),
+                                          "reply_b": replies.texts.get((f"{pid}#b", k))}
+                                         for j, k in enumerate(keys)]})
+    return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (HD-Eval on pairs)",
+                  method=f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria",
+                  ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs, samples=samples,
+                  samples_note=note, reply_columns=True, one_reply=False,
+                  max_samples=sample_view.TOP_SAMPLES)

@@ -1,0 +1,178 @@
+"""The per-sample view: the held-out samples the evaluator got most wrong, with their criterion
+scores and, when the training data and the LLM reply cache are at hand, the LLM's raw reply to
+each criterion prompt. The cache is opened read-only: a report never writes to it."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+#: Samples shown in the per-sample view.
+TOP_SAMPLES = 10
+#: Characters of a reply or a sample field shown; the rest is cut (a report stays readable).
+MAX_REPLY_CHARS = 600
+MAX_FIELD_CHARS = 1200
+
+
+def clip(text: Any, limit: int) -> str:
+    t = text if isinstance(text, str) else ("" if text is None else str(text))
+    return t if len(t) <= limit else t[: limit - 1] + "…"
+
+
+@dataclass
+class Replies:
+    """Raw replies found for (sample id, criterion) and why some are not shown."""
+
+    texts: dict[tuple[str, str], str] = field(default_factory=dict)
+    note: str | None = None
+
+
+def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[str, str], str | None]:
+    """Raw reply text per cache key, read from the cache's SQLite file opened read-only (and
+    the value files through the cache's own bounded reader). A missing or unreadable cache is a
+    note, not an error: the rest of the report does not need it."""
+    from hdeval.cache import DBNAME, UnreadableEntry, parse_completion, read_value
+
+    directory = Path(cache_dir)
+    db = directory / DBNAME
+    if not db.is_file():
+        return {}, f"the LLM reply cache {directory} is not available, so raw replies are not shown " \
+                   "(give the cache the run used with --cache-dir)"
+    out: dict[str, str] = {}
+    # With no write-ahead log beside it, the file is all there is: open it immutable, which
+    # creates no -wal/-shm files in the user's cache. With one (a run is writing, or crashed),
+    # read-only through the log, so its committed replies are seen too.
+    wal = db.with_name(db.name + "-wal").exists()
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True,
+                              timeout=10)
+    except sqlite3.Error as exc:
+        return {}, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
+    try:
+        for key in dict.fromkeys(keys):
+            row = con.execute("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
+                              (key,)).fetchone()
+            if row is None:
+                continue
+            try:
+                out[key] = parse_completion(read_value(directory, row[0], row[1], row[2])).text or ""
+            except (UnreadableEntry, ValueError, TypeError):
+                continue
+    except sqlite3.Error as exc:
+        return out, f"the LLM reply cache {db} could not be read ({exc}): some raw replies are not shown"
+    finally:
+        con.close()
+    return out, None
+
+
+def data_path(ev: Any, given: str | Path | None) -> Path | None:
+    """The data file the replies are rebuilt from: the one given, else the training data the
+    manifest names, if it is still there."""
+    if given:
+        return Path(given)
+    config = _config(ev)
+    data = config.get("data")
+    if isinstance(data, str) and data and os.path.isfile(data):
+        return Path(data)
+    return None
+
+
+def _config(ev: Any) -> Mapping[str, Any]:
+    """The training config the manifest records (the evaluator's copy, else manifest.json, which
+    loading the artifact already checked)."""
+    for attr in ("manifest_data", "manifest_extra"):
+        config = (getattr(ev, attr, None) or {}).get("config")
+        if isinstance(config, Mapping):
+            return config
+    path = Path(ev.path) / "manifest.json" if getattr(ev, "path", None) else None
+    try:
+        import json
+
+        config = json.loads(path.read_text(encoding="utf-8")).get("config") if path else None
+    except (OSError, ValueError, AttributeError):
+        config = None
+    return config if isinstance(config, Mapping) else {}
+
+
+def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
+    """The samples (or pairs) with these ids, read a chunk at a time (validated as training
+    reads them) and stopping once all are found: a report does not hold a large file."""
+    from hdeval.data import iter_task_chunks
+
+    want, out = set(wanted), {}
+    for chunk in iter_task_chunks(data, ev.task, require_labels=False):
+        out.update((s.id, s) for s in chunk if s.id in want)
+        if len(out) == len(want):
+            break
+    return out
+
+
+def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data: Path | None,
+                  cache_dir: str | Path | None, pairs: bool) -> tuple[Replies, dict[str, Any]]:
+    """The raw replies to HD-Eval's criterion prompts for ``wanted`` ids (pairs: both sides,
+    ids ``<pair>#a`` / ``#b``), and the samples read (for their text)."""
+    from hdeval.cache import request_key
+    from hdeval.paths import default_cache_dir
+    from hdeval.scoring import scoring_request
+
+    if data is None:
+        return Replies(note="the training data file is not available, so the samples' text and the raw "
+                            "replies are not shown (give it with --data)"), {}
+    try:
+        items = read_items(ev, wanted, data)
+    except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
+        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the samples' text and raw replies "
+                            "are not shown"), {}
+    if getattr(ev, "scorer", None) is not None:
+        return Replies(note="this evaluator scores with --scorer pairwise; its raw replies are not shown"), items
+    template = (getattr(ev, "templates", None) or {}).get("score")
+    if template is None:
+        return Replies(note="the artifact holds no scoring prompt: raw replies are not shown"), items
+    if pairs:
+        from hdeval.methods.hdeval.pairwise import side_samples
+
+        sides = side_samples([items[i] for i in wanted if i in items])
+    else:
+        sides = [items[i] for i in wanted if i in items]
+    keyed: dict[str, tuple[str, str]] = {}
+    for s in sides:
+        for c in criteria:
+            if c in ev.tree:
+                req = scoring_request(template, ev.task, ev.tree, ev.tree[c], s)
+                keyed[request_key(ev.llm_identity, req)] = (s.id, c)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    found, note = read_only_lookup(cache, list(keyed))
+    texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
+    if note is None and keyed and not texts:
+        note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
+                "or another prompt version): raw replies are not shown")
+    return Replies(texts, note), items
+
+
+def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> Replies:
+    """DnA's raw replies to its per-aspect prompt (one prompt scores both responses), in the
+    order the pair was shown first, for predefined aspects; keyed (pair id, aspect)."""
+    from hdeval.cache import request_key
+    from hdeval.methods.dna.impl import AspectSpec, score_request
+    from hdeval.paths import default_cache_dir
+
+    s = ev.settings
+    if not s.uses_aspects or s.dynamic or "score" not in (ev.templates or {}):
+        return Replies(note="raw replies are shown for DnA with predefined aspects only; the per-aspect "
+                            "scores below are what the LLM's replies were read as")
+    keyed: dict[str, tuple[str, str]] = {}
+    for p in pairs:
+        for a in ev.task.aspects:
+            req = score_request(ev.templates["score"], ev.task, p, AspectSpec(a.key, a.name, a.definition), False,
+                                s.logprobs)
+            keyed[request_key(ev.llm_identity, req)] = (p.id, a.key)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    found, note = read_only_lookup(cache, list(keyed))
+    texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
+    if note is None and keyed and not texts:
+        note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
+                "or another prompt version): raw replies are not shown")
+    return Replies(texts, note)

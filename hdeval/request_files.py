@@ -1,0 +1,286 @@
+"""Engine-neutral request files: a run's uncached LLM requests written as OpenAI batch-format
+JSONL, and the result files an engine answers them with read back into the cache.
+
+A request line is ``{"custom_id": <cache key>, "method": "POST", "url": "/v1/chat/completions",
+"body": <the chat completion body the backend would send>}``; a result line is the OpenAI batch
+output format, ``{"custom_id": ..., "response": {"status_code": 200, "body": <chat completion>},
+"error": null}``. vLLM's batch runner, Ray Data LLM and a provider's batch API all read and write
+these, and the Batch API path (:mod:`hdeval.backends.batch`) uses the same two functions below.
+
+Result files come from outside and are untrusted: every line is read with a size bound and
+checked (JSON object, a custom_id this export asked for and only once, the response's types, a
+body the backend can read as a chat completion) before anything is written, and the whole file
+goes into the cache in one transaction, so a bad file imports nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.errors import CacheError, ConfigError, DataError
+
+ENDPOINT = "/v1/chat/completions"
+MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
+MAX_LINES = 10_000_000  # lines of one request or result file
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+_MAX_DETAIL = 200
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- writing
+def request_line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool = True) -> bytes:
+    """One batch input line for ``request``: the body ``inner`` (an OpenAI-compatible backend)
+    would send for it, under ``custom_id`` = its cache key."""
+    # the body the client sends (OpenAICompatBackend._params, answer constraint included); its
+    # headers (X-Hdeval-Kind) are sent apart, so a batch line has none
+    body = inner._params(request, bool(request.top_logprobs) and logprobs_ok)
+    return (json.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body},
+                       ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def result_outcome(row: Any) -> tuple[dict | None, str | None]:
+    """(chat completion body, None) for a successful result row; (None, why) otherwise."""
+    response = row.get("response") if isinstance(row, dict) else None
+    code = response.get("status_code") if isinstance(response, dict) else None
+    body = response.get("body") if isinstance(response, dict) else None
+    if code == 200 and isinstance(body, dict):
+        return body, None
+    err = row.get("error") if isinstance(row, dict) and isinstance(row.get("error"), dict) else None
+    if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+    msg = _one_line(str(err.get("message") or err.get("code") or "")) if err else ""
+    return None, (f"HTTP {_one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
+
+
+class StageExported(Exception):
+    """Raised out of a scoring stage whose uncached requests were written to the export file:
+    its replies are not there yet, so the stage (and what depends on it) cannot go on."""
+
+
+class RequestExport:
+    """The cached client's strategy for its misses while exporting (it takes the place of the
+    Batch API strategy, :class:`~hdeval.backends.batch.BatchStrategy`, for the export): each
+    stage's uncached requests are written to ``out`` and the stage is stopped
+    (:class:`StageExported`) instead of calling. A stage found wholly cached runs as usual, from
+    the cache. Open the client with ``max_calls=0``: then no reply is ever paid for, whatever
+    the scorer asks."""
+
+    def __init__(self, cached: Any, out: IO[bytes]):
+        from hdeval.backends.openai_compat import OpenAICompatBackend
+
+        if not isinstance(cached.inner, OpenAICompatBackend):  # the bodies are that backend's own
+            raise ConfigError(f"--export-requests writes OpenAI chat completion requests: it needs an "
+                              f"OpenAI-compatible backend (--llm MODEL, --base-url URL), not {cached.identity}")
+        self.cached = cached
+        self.out = out
+        self.written: set[str] = set()  # a request shared by two chunks is written once
+        self.stages = 0  # stages stopped for want of replies
+
+    def missing(self, want: dict[str, CompletionRequest], stored: set[str]) -> None:
+        """Write the requests of ``want`` (cache key -> request) not in ``stored``, and stop the
+        stage if there are any."""
+        missing = [k for k in want if k not in stored]
+        if not missing:
+            return
+        logprobs_ok = getattr(self.cached.inner, "logprobs_supported", True)
+        for k in missing:
+            if k not in self.written:
+                self.out.write(request_line(self.cached.inner, k, want[k], logprobs_ok))
+                self.written.add(k)
+        self.stages += 1
+        raise StageExported(len(missing))
+
+    # the strategy the client calls (CachedBackend.acomplete_many) with a stage's misses
+    async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Any = None,
+                       halt: Any = None) -> dict[str, Completion]:
+        self.missing(want, await client.astored(want))
+        return {}
+
+    async def tidy(self, client: Any, progress: Any = None) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Path) -> RequestExport:
+    """Write the uncached requests of scoring ``chunks`` with ``ev`` to ``path`` (a temporary
+    file beside it, renamed into place at the end: an export that fails leaves nothing).
+    ``cached``: the run's cached client, opened with ``max_calls=0`` so nothing is paid for;
+    the export is its strategy for misses while this runs."""
+    import tempfile
+
+    from hdeval.progress import Progress
+
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    previous = cached.batch
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            export = RequestExport(cached, fh)
+            cached.batch = export
+            for samples in chunks:
+                try:
+                    ev.score(samples, backend=cached, progress=Progress())
+                except StageExported:
+                    continue  # this chunk's later stages need the replies first
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        cached.batch = previous
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return export
+
+
+def _lines(path: Path, what: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSONL file, each at most MAX_LINE_BYTES; blank lines skipped."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    with fh:
+        n = 0
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            n += 1
+            if n > MAX_LINES:
+                raise DataError(f"{path}: more than {MAX_LINES} lines; split it")
+            if len(line) > MAX_LINE_BYTES:
+                raise DataError(f"{path}: line {n}: longer than {MAX_LINE_BYTES // 2**20} MB; not a "
+                                f"{what} line (nothing imported)")
+            if line.strip():
+                yield n, line
+
+
+def _json_object(path: Path, n: int, line: bytes, what: str) -> dict:
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: line {n}: not UTF-8 text (nothing imported)") from None
+    except (ValueError, RecursionError):
+        raise DataError(f"{path}: line {n}: not JSON (nothing imported)") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}: line {n}: not a JSON object (nothing imported)")
+    return row
+
+
+def read_request_file(path: str | Path) -> dict[str, bool]:
+    """The custom_ids of a request file hdeval wrote, each with whether it asked for logprobs."""
+    path = Path(path)
+    asked: dict[str, bool] = {}
+    for n, line in _lines(path, "request file"):
+        row = _json_object(path, n, line, "request file")
+        key, body = row.get("custom_id"), row.get("body")
+        if not isinstance(key, str) or not _KEY.match(key) or not isinstance(body, dict):
+            raise DataError(f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
+                            "`hdeval apply --export-requests` wrote (nothing imported)")
+        if key in asked:
+            raise DataError(f"{path}: line {n}: custom_id {key[:12]}... given twice (nothing imported)")
+        asked[key] = bool(body.get("logprobs"))
+    return asked
+
+
+@dataclass
+class ImportReport:
+    imported: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # custom_id -> why the engine gave no reply
+    missing: int = 0  # requests of the request file the result file does not answer
+
+
+def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tuple[dict[str, Completion], ImportReport]:
+    """Every completion of a result file, checked line by line; one-line :class:`DataError`
+    naming the file and line for anything that is not a result of one of ``asked``'s requests.
+    ``parser``: an OpenAI-compatible backend, which reads each body as it reads a direct reply."""
+    path = Path(results)
+    got: dict[str, Completion] = {}
+    report = ImportReport()
+    seen: dict[str, int] = {}
+    for n, line in _lines(path, "result file"):
+        where = f"{path}: line {n}"
+        row = _json_object(path, n, line, "result file")
+        key = row.get("custom_id")
+        if not isinstance(key, str):
+            raise DataError(f"{where}: no text custom_id (nothing imported)")
+        if key not in asked:
+            raise DataError(f"{where}: custom_id {_one_line(key)[:70]!r} is not a request of the request "
+                            "file (nothing imported)")
+        if key in seen:
+            raise DataError(f"{where}: custom_id {key[:12]}... already answered on line {seen[key]} "
+                            "(nothing imported)")
+        seen[key] = n
+        response = row.get("response")
+        if response is not None and not isinstance(response, dict):
+            raise DataError(f"{where}: response is not an object (nothing imported)")
+        if isinstance(response, dict):
+            if type(response.get("status_code")) is not int:
+                raise DataError(f"{where}: response.status_code is not a whole number (nothing imported)")
+            if response.get("body") is not None and not isinstance(response["body"], dict):
+                raise DataError(f"{where}: response.body is not an object (nothing imported)")
+        body, why = result_outcome(row)
+        if body is None:
+            report.failed[key] = why or "no response"
+            continue
+        try:
+            got[key] = parser._parse(json.dumps(body).encode(), asked[key])
+        except Exception as exc:  # the backend's own reading of a reply: not a chat completion
+            raise DataError(f"{where}: response.body is not a chat completion "
+                            f"({_one_line(str(exc))[:120]}) (nothing imported)") from None
+    report.missing = len(asked) - len(seen)
+    return got, report
+
+
+def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any) -> ImportReport:
+    """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
+    completion into the cache in ``cache_dir`` in one transaction: all or nothing."""
+    import diskcache
+
+    from hdeval.cache import open_store, storage_error
+
+    asked = read_request_file(requests)
+    got, report = read_results(results, asked, parser)
+    store = open_store(cache_dir)
+    try:
+        # one transaction: a failure part-way (a full disk) leaves the cache as it was
+        with store.transact():
+            for key, completion in got.items():
+                store.set(key, json.dumps(completion.to_dict()))
+    except (OSError, diskcache.Timeout) as exc:
+        raise storage_error(cache_dir, exc, writing=True) from None
+    except Exception as exc:  # sqlite3 errors, an entry too large
+        if isinstance(exc, (CacheError, ConfigError)):
+            raise
+        raise storage_error(cache_dir, exc, writing=True) from None
+    finally:
+        store.close()
+    report.imported = len(got)
+    return report
+
+
+def result_parser() -> Any:
+    """A reader of chat completion bodies: the OpenAI-compatible backend's own, built offline
+    (it is never asked to send anything)."""
+    from hdeval.backends.openai_compat import OpenAICompatBackend
+
+    return OpenAICompatBackend(model="import", base_url="http://127.0.0.1:9/v1", api_key="unused")

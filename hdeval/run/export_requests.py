@@ -1,0 +1,47 @@
+"""``apply --export-requests``: a run's uncached requests written as an OpenAI batch-format file,
+on apply's own validation, shards and artifact-LLM policy (the line format is
+:mod:`hdeval.request_files`, which the Batch API backend shares)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hdeval.request_files import export_requests
+
+
+def export_apply_requests(artifact: str | Path, input_file: str | Path, export_file: str | Path, *,
+                          shard: str | None = None, llm: str | None = None, base_url: str | None = None,
+                          concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6,
+                          cache_dir: str | None = None, **policy: Any) -> int:
+    """``apply --export-requests``: the requests scoring ``input_file`` with ``artifact`` still
+    needs (not cached), written to ``export_file``; how many. Nothing is paid for. ``policy``:
+    ``llm_given``, ``base_url_given``, ``confirm``, ``notify`` as for
+    :func:`hdeval.run.apply.apply_file`."""
+    from hdeval.artifact import check_writable
+    from hdeval.methods.registry import load_artifact
+    from hdeval.data import iter_task_chunks
+    from hdeval.run.apply import _count, chunk_size
+    from hdeval.run.artifact_llm import open_artifact_llm
+    from hdeval.run.shards import parse_shard, shard_chunks
+
+    from hdeval.run.output import check_output
+
+    which = parse_shard(shard) if shard is not None else None
+    check_output(export_file, [input_file, artifact], option="--export-requests")
+    check_writable(Path(os.path.abspath(export_file)).parent)
+    size = chunk_size()
+    ev = load_artifact(artifact)
+    _count(str(input_file), ev, size, which)  # every bad line reported before anything is written
+    # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
+    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                cache_dir=cache_dir, max_calls=0, concurrency=concurrency, **policy)
+    try:
+        chunks = shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False, size=size), which, size)
+        return len(export_requests(ev, chunks, backend, export_file).written)
+    finally:
+        backend.close()
+
+
+# ----------------------------------------------------------------------------- reading

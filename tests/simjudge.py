@@ -1,0 +1,182 @@
+"""Simulated judges for testing statistics: the truth is known, the noise is ours.
+
+Each synthetic sample carries a hidden latent quality in its text (``[[q=...]]``); humans rate
+the latent plus their own noise, and the simulated judge reads the latent plus noise we choose:
+per criterion, a halo shared by all criteria of one sample, and criteria that are pure noise.
+The fake LLM's numbers mean nothing; these mean exactly what we built into them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.fake import RESPONDERS, FakeBackend
+
+_LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
+
+
+def unit_normal(*parts: str) -> float:
+    """A deterministic standard normal draw keyed by ``parts`` (the same request, the same noise)."""
+    h = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    u1 = (int.from_bytes(h[:8], "big") + 1) / (2**64 + 1)
+    u2 = int.from_bytes(h[8:16], "big") / 2**64
+    return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+def latents(text: str) -> list[float]:
+    return [float(x) for x in _LATENT.findall(text)]
+
+
+def _prompt(request: CompletionRequest) -> str:
+    return "\n".join(m.content for m in request.messages)
+
+
+# ------------------------------------------------------------------ pairwise (DnA)
+def pairwise_rows(n: int = 120, seed: int = 0, tie_band: float = 0.6, human_noise: float = 0.3) -> list[dict]:
+    """``n`` pairs, one per question; the human label is the sign of the latent difference plus
+    noise, a tie when it is within ``tie_band``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        qa, qb = rng.uniform(2, 9, size=2)
+        d = qa - qb + rng.normal(0, human_noise)
+        label = "tie" if abs(d) <= tie_band else ("a" if d > 0 else "b")
+        rows.append({
+            "id": f"sim-{i:03d}", "task": "faireval", "doc_id": f"q{i:03d}",
+            "source": f"Question number {i}: explain something.", "context": None,
+            "output_a": f"Answer one [[q={qa:.3f}]] with some words.",
+            "output_b": f"Answer two [[q={qb:.3f}]] with other words.",
+            "system_a": "x", "system_b": "y", "label": label, "annotations": None, "meta": None,
+        })
+    return rows
+
+
+def write_pairs(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False) -> FakeBackend:
+    """A DnA judge: each aspect score is the response's latent plus noise, rounded to 1-10, and
+    written in ``fmt`` (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a
+    request carrying a JSON schema is answered with ``{"score_a": .., "score_b": ..}``."""
+
+    def scores(request: CompletionRequest) -> tuple[int, int]:
+        prompt = _prompt(request)
+        q = latents(prompt)
+        aspect = re.search(r"^Aspect: (.+?):", prompt, re.M)
+        key = aspect.group(1) if aspect else "overall"
+        a_first = prompt.find("Answer one") < prompt.find("Answer two")
+        first, second = (q[0], q[1]) if len(q) >= 2 else (5.0, 5.0)
+        out = []
+        for side, lat in (("1", first), ("2", second)):
+            v = lat + noise * unit_normal(key, side, prompt[-400:], str(a_first))
+            out.append(int(min(10, max(1, round(v)))))
+        return out[0], out[1]
+
+    def reply(request: CompletionRequest, fake) -> Completion:
+        a, b = scores(request)
+        if json_replies and request.json_schema:
+            text = json.dumps({"score_a": a, "score_b": b})
+        else:
+            text = fmt.format(a=a, b=b)
+        return Completion(text, None, len(_prompt(request)) // 4, 4)
+
+    import hdeval.methods.dna.impl  # noqa: F401  (registers the fake's aspect and weight responders)
+
+    # a server that does not honour answer constraints: replies go out in ``fmt`` as written
+    return FakeBackend(logprobs=False, honour_constraints=False,
+                       responders={**RESPONDERS, "dna_score": reply, "dna_direct": reply})
+
+
+# ------------------------------------------------------------------ pointwise (HD-Eval)
+def pointwise_rows(n_docs: int = 40, per_doc: int = 3, seed: int = 0, human_noise: float = 0.35,
+                   aspects=("clarity", "accuracy")) -> list[dict]:
+    """Samples whose human score on every aspect is a hidden latent quality plus rater noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n_docs):
+        for k in range(per_doc):
+            q = float(rng.uniform(1, 5))
+            rows.append({
+                "id": f"sim-{d:02d}-{k}", "doc_id": f"doc-{d:02d}",
+                "source": f"Question number {d}: how do plants make food?",
+                "output": f"Answer {k} [[q={q:.3f}]]: plants use light.",
+                "scores": {a: float(np.clip(q + rng.normal(0, human_noise), 1, 5)) for a in aspects},
+            })
+    return rows
+
+
+_CRITERION_NAME = re.compile(r'only on the criterion "([^"\n]*)"')
+
+
+def criterion_depth(name: str) -> int:
+    """The fake decomposer names a child "<parent name>: <facet>": depth = parts of the name."""
+    return name.count(":") + 1
+
+
+def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
+                      noise_criteria: tuple[str, ...] = ()) -> FakeBackend:
+    """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
+    criterion of the sample plus its own noise. Deeper criteria are pure noise (the judge's
+    deeper questions carry no signal) unless ``deep_signal``; a criterion whose name ends in
+    one of ``noise_criteria`` is pure noise at any depth."""
+
+    def reply(request: CompletionRequest, fake) -> Completion:
+        prompt = _prompt(request)
+        q = latents(prompt)
+        m = _CRITERION_NAME.search(prompt)
+        name = m.group(1) if m else ""
+        sample = prompt[prompt.rfind("<sample>\n"):]  # the system text names the tags too
+        sample = sample[:sample.find("</sample>")]
+        informative = (criterion_depth(name) == 1 or deep_signal) and not any(
+            name.lower().endswith(n) for n in noise_criteria)
+        if informative and q:
+            v = q[0] + halo * unit_normal("halo", sample) + noise * unit_normal("crit", name, sample)
+        else:
+            v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
+        return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)
+
+    return FakeBackend(logprobs=False, responders={**RESPONDERS, "score": reply})
+
+
+TOY_TASK = """
+name = "sim_qa"
+description = "Question answering: a system answered a question."
+output_label = "Answer"
+
+[[fields]]
+key = "source"
+label = "Question"
+
+[[fields]]
+key = "output"
+label = "Answer"
+
+[[aspects]]
+key = "clarity"
+name = "Clarity"
+definition = "How clear the answer is."
+range = [1, 5]
+
+[[aspects]]
+key = "accuracy"
+name = "Accuracy"
+definition = "How correct the answer is."
+range = [1, 5]
+"""
+
+
+def write_pointwise(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
+    task = tmp / "sim_qa.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    data = tmp / "sim_qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return task, data

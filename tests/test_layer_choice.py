@@ -1,0 +1,75 @@
+"""The kept HD-Eval evaluator is chosen on training data (issue #20 item 1), checked with a
+simulated judge whose deeper criteria carry no signal, and one whose deeper criteria do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simjudge import pointwise_backend, pointwise_rows, write_pointwise
+from hdeval.methods.registry import load_artifact
+from hdeval.data import read_samples
+from hdeval.train import train
+
+
+def _train(tmp_path, rows, backend, **kw):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    task, data = write_pointwise(tmp_path, rows)
+    return train(task=str(task), data=str(data), llm="fake", layers=3, cache_dir=str(tmp_path / "c"),
+                 backend=backend, **kw)
+
+
+def _sp(table):
+    return table["average"]["spearman"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregator", ["lr", "dt"])
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_deep_noise_judge_keeps_an_evaluator_no_worse_than_layer_one(tmp_path, seed, aggregator):
+    ev = _train(tmp_path, pointwise_rows(40, seed=seed), pointwise_backend(), aggregator=aggregator, seed=seed)
+    m = ev.metrics
+    assert len(m["layers"]) >= 2  # deeper layers were built and scored, then judged on training data
+    kept = m["selection"]["kept_layer"]
+    assert m["final"] == m["layers"][str(kept)]
+    assert _sp(m["final"]) >= _sp(m["layers"]["1"]) - 0.03
+    assert set(m["selection"]["cv_train_spearman"]) == set(m["layers"])
+    # the kept evaluator asks only for the criteria of its own layers
+    depth = {c.key: c.layer for c in ev.tree}
+    assert all(depth[k] <= kept for k in ev.needed_criteria)
+
+
+@pytest.mark.slow
+def test_deeper_layers_are_kept_when_their_criteria_carry_signal(tmp_path):
+    ev = _train(tmp_path, pointwise_rows(40, seed=0), pointwise_backend(noise=1.2, deep_signal=True),
+                aggregator="lr")
+    sel = ev.metrics["selection"]
+    assert sel["kept_layer"] >= 2, sel
+    assert any("/" in k for k in ev.needed_criteria)
+
+
+@pytest.mark.slow
+def test_test_rows_decide_nothing_and_the_choice_is_saved_and_said(tmp_path):
+    rows = pointwise_rows(40, seed=1)
+    ev = _train(tmp_path / "a", rows, pointwise_backend(), aggregator="lr", seed=1)
+    test_ids = set(ev.manifest_extra["split"]["test"])
+    flipped = [dict(r, scores={a: 6.0 - v for a, v in r["scores"].items()}) if r["id"] in test_ids else r
+               for r in rows]
+    other = _train(tmp_path / "b", flipped, pointwise_backend(), aggregator="lr", seed=1)
+    assert other.metrics["selection"] == ev.metrics["selection"]
+    assert other.feature_keys == ev.feature_keys
+
+    out = tmp_path / "art"
+    ev.save(out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["selection"]["kept_layer"] == ev.metrics["selection"]["kept_layer"]
+    assert metrics["selection"]["strongest_baseline"] in ("mean_subtree", "mean_all_criteria", "direct_layer1")
+    loaded = load_artifact(out)
+    assert loaded.feature_keys == ev.feature_keys
+    samples = read_samples(tmp_path / "a" / "sim_qa.jsonl", loaded.task)[:6]
+    backend = pointwise_backend()
+    got = loaded.score(samples, backend=backend)
+    assert (got.predictions == ev.score(samples, backend=pointwise_backend()).predictions).all()
+    asked = {r.messages[-1].content.rsplit('criterion "', 1)[1].split('"')[0] for r in backend.requests}
+    assert len(asked) == len(loaded.needed_criteria)  # only the kept layers' criteria are scored
