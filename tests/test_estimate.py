@@ -90,13 +90,13 @@ needs_local = pytest.mark.skipif(
 
 @needs_local
 def test_a_long_run_on_the_embedded_model_without_a_terminal_refuses_unless_yes(tmp_path: Path) -> None:
-    from hdeval.backends.llama_cpp import model_identity
+    from hdeval.backends.llama_cpp import local_identity
     from hdeval.backends.llama_cpp import default_model_path
 
     cache = tmp_path / "cache"
     cache.mkdir()
     # a rate as slow as a loaded machine's, recorded for the embedded model: no probe needed
-    ident = model_identity(default_model_path())
+    ident = local_identity(default_model_path())  # the backend identity rates are kept under
     (cache / estimate.RATES_FILE).write_text(json.dumps({ident: {"seconds_per_1k_tokens": 500.0, "calls": 50}}))
     r = hdeval("train", *QA, "--layers", "2", "--llm", "local", "-o", "art", cwd=tmp_path, cache=cache)
     assert r.returncode == 2, r.stderr
