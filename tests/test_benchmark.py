@@ -231,9 +231,11 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
             assert set(run["layers"]) == {"1", "2"}
             assert set(run["baselines"]) == {"direct_layer1", "mean_all_criteria", "mean_subtree"}
             # the held-out predictions read back from the score table are the ones metrics.json scored
-            assert run["dataset"] == run["layers"]["2"]
-            # criteria per layer: layer 1 = the 2 aspects, the last layer = every criterion the aggregator uses
-            assert run["criteria_per_layer"]["1"] == 2 < run["criteria_per_layer"]["2"] == run["criteria"]
+            # (of the layer kept on training data, which need not be the deepest)
+            kept = str(run["kept_layer"])
+            assert kept in run["layers"] and run["dataset"] == run["layers"][kept]
+            # criteria per layer: layer 1 = the 2 aspects, the kept layer = every criterion the aggregator uses
+            assert run["criteria_per_layer"]["1"] == 2 and run["criteria_per_layer"][kept] == run["criteria"]
         else:
             assert run["criteria"] == 2  # direct: one question per aspect
     # settings: mean/std over seeds, bootstrap per seed with the difference to direct

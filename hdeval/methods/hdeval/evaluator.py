@@ -215,7 +215,9 @@ class Evaluator(TreeEvaluator):
 
     def benchmark_record(self) -> dict[str, Any]:
         m = self.metrics
-        return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {},
+        # the layer chosen on training data (metrics' "selection"); the figures above are its
+        kept = (m.get("selection") or {}).get("kept_layer")
+        return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {}, "kept_layer": kept,
                 "criteria_per_layer": criteria_per_layer(self),
                 "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
 
