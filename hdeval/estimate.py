@@ -8,6 +8,8 @@ is the server's, and a guess would mislead.
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import json
 import math
 import os
@@ -81,7 +83,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def load_rate(cache_dir: str | os.PathLike | None, identity: str) -> Rate | None:
-    entry = _read(_rates_path(cache_dir)).get(identity)
+    entry = _read(_rates_path(cache_dir)).get(shown_identity(identity))
     if not isinstance(entry, dict):
         return None
     value, calls = entry.get("seconds_per_1k_tokens"), entry.get("calls")
@@ -113,7 +115,7 @@ def _write(cache_dir: str | os.PathLike | None, identity: str, entry: dict[str, 
     if not path.parent.is_dir():
         return
     data = _read(path)
-    data[identity] = {**entry, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    data[shown_identity(identity)] = {**entry, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp = path.with_name(f".{RATES_FILE}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
@@ -184,7 +186,7 @@ def estimate_plan(plans: Iterable[Any], identity: str, llm_spec: Any,
         return 0.0, "estimated time: none (every call is cached)"
     rate = rate_for(name, llm_spec, cache_dir)
     if rate is None:
-        return None, (f"estimated time: unknown for {name} until a run of it is recorded "
+        return None, (f"estimated time: unknown for {shown_identity(name)} until a run of it is recorded "
                       f"({calls} uncached calls; a server's speed is its own)")
     seconds = estimate_seconds(tokens, rate)
     bound = "at most " if upper else ""

@@ -103,7 +103,9 @@ class RequestExport:
     # the strategy the client calls (CachedBackend.acomplete_many) with a stage's misses
     async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Any = None,
                        halt: Any = None) -> dict[str, Completion]:
-        self.missing(want, await client.astored(want))
+        # the client passes only keys it could not read back (missing, or an unreadable entry):
+        # all of them need an answer
+        self.missing(want, set())
         return {}
 
     async def tidy(self, client: Any, progress: Any = None) -> None:
@@ -247,6 +249,11 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
             raise DataError(f"{where}: response.body is not a chat completion "
                             f"({_one_line(str(exc))[:120]}) (nothing imported)") from None
+        from hdeval.cache import MAX_ENTRY_CHARS
+
+        if len(json.dumps(got[key].to_dict())) > MAX_ENTRY_CHARS:
+            raise DataError(f"{where}: the reply is larger than the cache keeps "
+                            f"({MAX_ENTRY_CHARS // 2**20} MiB) (nothing imported)")
     report.missing = len(asked) - len(seen)
     return got, report
 

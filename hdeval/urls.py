@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -23,6 +24,15 @@ def public_url(url: str | None) -> str | None:
         rest = rest[at + 1:]
     parts = urlsplit(f"{scheme}://{rest}" if sep else rest)
     return urlunsplit(parts._replace(query="", fragment=""))
+
+
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s,]+")
+
+
+def shown_identity(identity: str) -> str:
+    """A backend identity fit to print or write down: every URL in it as :func:`public_url`.
+    The raw identity (which may quote a query such as ``?api-key=...``) is for cache keys only."""
+    return _URL.sub(lambda m: public_url(m.group(0)) or "", identity) if identity else identity
 
 
 def public_identity(identity: str, url: str | None) -> str:

@@ -127,3 +127,12 @@ def test_a_provider_plug_in_that_is_not_an_entry_is_one_line(plugin):
     plugin("hdeval.providers", "bad", "NOT_A_METHOD")
     with pytest.raises(ConfigError, match=r"LLM provider plug-in 'bad' \(hdeval_toy_plugin:NOT_A_METHOD\) gave int"):
         factory.backend_entry("fake")
+
+
+def test_a_bad_method_plug_in_fails_every_lookup_not_only_the_first(plugin):
+    # a notebook or a Ray worker asks the registry many times: the second lookup must not go on
+    # silently without the plug-in
+    plugin("hdeval.methods", "bad", "MISSING")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="could not be loaded"):
+            registry.get_method("dna")

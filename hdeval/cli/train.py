@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import dataclasses
 import sys
 import time
@@ -199,7 +201,7 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
                 batch: bool = False,
                 decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
-               f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {identity}")
+               f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
     if staged:
         width = max(len(p.stage) for p in plans)

@@ -37,7 +37,13 @@ def _load() -> None:
     for package in (direct, dna, hdeval, paireval):
         for method in package.METHODS:
             register(method)
-    _load_plugins()
+    try:
+        _load_plugins()
+    except BaseException:
+        # set early so a plug-in that asks for the registry while loading finds it; a plug-in that
+        # fails must fail every lookup, not only the first
+        _loaded = False
+        raise
 
 
 def _load_plugins() -> None:

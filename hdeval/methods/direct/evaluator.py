@@ -9,6 +9,8 @@ compared and benchmarked like the others with the same LLM and the same prompts.
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 from typing import Any, Sequence
 
 import numpy as np
@@ -106,7 +108,7 @@ def fit(ctx: FitContext) -> DirectEvaluator:
     template = load_templates()["score"]
     ctx.progress.message(
         f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} "
-        f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {ctx.llm.identity}"
+        f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {shown_identity(ctx.llm.identity)}"
     )
     ev = DirectEvaluator(task, template, ctx.llm_config, ctx.llm.identity, {})
     res = ev.score(samples, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)

@@ -29,6 +29,8 @@ and reported next to the LLM's own weights.
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import dataclasses
 import json
 import math
@@ -728,7 +730,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     templates = load_dna_templates(settings.prompt_roles)
     ctx.progress.message(
         f"task {task.name}: {len(pairs)} pairs from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {ctx.llm.identity}")
+        f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {shown_identity(ctx.llm.identity)}")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
     res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
     rate = res.failure_rate

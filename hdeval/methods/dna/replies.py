@@ -102,6 +102,8 @@ def validate_weights(keys: Sequence[str]):
                 raise ValueError(f"the weight of {key} is negative ({x})")
             vals.append(float(x))
         total = sum(vals)
+        if not math.isfinite(total):  # 1e308 + 1e308: normalising would give zeros
+            raise ValueError("the weights are too large to add up; give percentages")
         if total <= 0:
             raise ValueError("the weights add up to 0")
         return np.array(vals) / total

@@ -6,6 +6,8 @@ Also its dry-run plan. The generic parts of a run (options, data, split, the LLM
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
@@ -85,8 +87,8 @@ def _run(
     doc_groups = [samples[i].doc_id for i in tr]
     progress.message(
         f"task {task.name}: {len(samples)} samples from {prep.data_path} "
-        f"({len(tr)} train, {len(te)} test), LLM {llm.identity}"
-        + (f", decomposing with {dec.identity}" if dec is not llm else "")
+        f"({len(tr)} train, {len(te)} test), LLM {shown_identity(llm.identity)}"
+        + (f", decomposing with {shown_identity(dec.identity)}" if dec is not llm else "")
     )
 
     # --tree: its layers are taken as given (scored, never decomposed); expansion starts below

@@ -15,6 +15,8 @@ without ties and confusion counts, per layer, on the held-out split.
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -143,7 +145,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
     groups = [pairs[i].doc_id for i in tr]
     progress.message(
         f"task {task.name}: {len(pairs)} pairs from {prep.data_path} ({len(tr)} train, {len(te)} test), "
-        f"both responses scored per criterion, LLM {llm.identity}")
+        f"both responses scored per criterion, LLM {shown_identity(llm.identity)}")
 
     tree = CriteriaTree.from_aspects(task.aspects)
     side_a, side_b = ScoreMatrix.empty(ids), ScoreMatrix.empty(ids)

@@ -29,6 +29,8 @@ range, nothing learned.
 
 from __future__ import annotations
 
+from hdeval.urls import shown_identity
+
 import dataclasses
 import math
 import re
@@ -245,7 +247,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     by_id = {s.id: s for s in samples}
     ctx.progress.message(
         f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), {n} comparison examples from {source}, LLM {ctx.llm.identity}"
+        f"{len(split.test_ids)} test), {n} comparison examples from {source}, LLM {shown_identity(ctx.llm.identity)}"
     )
     ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)

@@ -1,0 +1,31 @@
+"""Regressions found by the review of the round-three merge: a URL query secret in what is
+printed, DnA weights that overflow, an oversized reply in an imported result file."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, run_cli
+
+
+def test_a_query_secret_in_the_base_url_is_never_printed_by_the_dry_run(tmp_path):
+    # the backend identity keeps the query (it is cache-key material); what is shown must not
+    r = run_cli("train", "--task", REPO / "examples" / "qa_task.toml", "--data", REPO / "examples" / "qa.jsonl",
+                "--llm", "mymodel", "--base-url", "http://127.0.0.1:9/v1?api_key=SECRETQ", "--layers", "1",
+                "--cache-dir", tmp_path / "c", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "127.0.0.1:9/v1" in r.output and "SECRETQ" not in r.output
+
+
+def test_shown_identity_drops_credentials_queries_and_fragments_of_every_url():
+    from hdeval.urls import shown_identity
+
+    raw = "openai:m@http://u:pw@h:9/v1?api_key=S1, decomposition LLM openai:x@https://g/v1?k=S2#S3"
+    assert shown_identity(raw) == "openai:m@http://h:9/v1, decomposition LLM openai:x@https://g/v1"
+
+
+def test_dna_weights_too_large_to_add_up_are_refused_not_zeroed():
+    from hdeval.methods.dna.replies import validate_weights
+
+    with pytest.raises(ValueError, match="too large"):
+        validate_weights(["a", "b"])({"weights": {"a": 1e308, "b": 1e308}})
