@@ -29,3 +29,17 @@ def test_dna_weights_too_large_to_add_up_are_refused_not_zeroed():
 
     with pytest.raises(ValueError, match="too large"):
         validate_weights(["a", "b"])({"weights": {"a": 1e308, "b": 1e308}})
+
+
+def test_export_requests_refuses_dna_whose_weights_are_asked_per_pair(faireval40, tmp_path):
+    # DnA asks each pair's weights as JSON with re-asks: an offline engine cannot answer that, and
+    # the export used to stop on its own --max-calls 0 with nothing written
+    art = tmp_path / "dna"
+    r = run_cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "c", "-o", art, "-q")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "requests.jsonl"
+    r = run_cli("apply", art, faireval40, "--llm", "m", "--base-url", "http://127.0.0.1:9/v1",
+                "--cache-dir", tmp_path / "c2", "--export-requests", out)
+    assert r.exit_code != 0 and "--export-requests cannot serve DnA" in r.output
+    assert not out.exists()

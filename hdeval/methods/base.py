@@ -115,6 +115,10 @@ class Saving:
             lines.append((f"next: hdeval report {path}", False))
         return lines
 
+    def export_refusal(self) -> str | None:
+        """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
+        return None
+
     def explain_refusal(self, artifact: Any) -> str | None:
         """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
         return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"  # type: ignore[attr-defined]

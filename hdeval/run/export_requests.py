@@ -33,6 +33,11 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     check_writable(Path(os.path.abspath(export_file)).parent)
     size = chunk_size()
     ev = load_artifact(artifact)
+    refusal = ev.export_refusal()
+    if refusal:
+        from hdeval.errors import ConfigError
+
+        raise ConfigError(refusal)
     _count(str(input_file), ev, size, which)  # every bad line reported before anything is written
     # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
     backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,

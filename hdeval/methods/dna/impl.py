@@ -613,6 +613,16 @@ class DnaEvaluator(Saving):
 
     reports = True
 
+    def export_refusal(self) -> str | None:
+        # weights and dynamic aspects are asked per pair as JSON with re-asks on a bad reply: a
+        # conversation an offline batch engine cannot hold
+        s = self.settings
+        if s.mode == "dna" or s.aspect_source == "dynamic":
+            return (f"--export-requests cannot serve DnA with mode {s.mode!r} and aspects {s.aspect_source!r} "
+                    "yet: its weights or aspects are asked per pair as JSON with re-asks; use --batch "
+                    "or an OpenAI-compatible server")
+        return None
+
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
         give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
