@@ -19,6 +19,8 @@ import numpy as np
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 
+from conftest import TOY_TASK as _TOY_TASK
+
 _LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
 
 
@@ -147,31 +149,8 @@ def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool =
     return FakeBackend(logprobs=False, responders={**RESPONDERS, "score": reply})
 
 
-TOY_TASK = """
-name = "sim_qa"
-description = "Question answering: a system answered a question."
-output_label = "Answer"
-
-[[fields]]
-key = "source"
-label = "Question"
-
-[[fields]]
-key = "output"
-label = "Answer"
-
-[[aspects]]
-key = "clarity"
-name = "Clarity"
-definition = "How clear the answer is."
-range = [1, 5]
-
-[[aspects]]
-key = "accuracy"
-name = "Accuracy"
-definition = "How correct the answer is."
-range = [1, 5]
-"""
+# the toy task of conftest under its own name, so the two kinds of data never share a cache entry
+TOY_TASK = _TOY_TASK.replace('name = "toy_qa"', 'name = "sim_qa"')
 
 
 def write_pointwise(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
