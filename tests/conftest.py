@@ -96,6 +96,17 @@ def run_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def one_error(result, *fragments: str) -> str:
+    """The one ``error:`` line of a refused CLI run (not a traceback), holding every fragment."""
+    assert isinstance(result.exception, SystemExit), result.exception  # not a crash
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
 def one_line_error(result, *fragments: str) -> None:
     """The command failed with exactly one ``error:`` line holding every fragment."""
     assert result.exit_code != 0, result.output

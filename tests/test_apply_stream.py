@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from conftest import toy_rows, write_jsonl
+from conftest import one_error, toy_rows, write_jsonl
 from hdeval.cli import cli
 from hdeval.run.apply import CHUNK_ENV
 from hdeval.run.shards import shard_of
@@ -49,14 +49,6 @@ def run(*args: str, chunk: int | None = None) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args], env=env)
 
 
-def one_error(result: Result, *fragments: str) -> str:
-    assert isinstance(result.exception, SystemExit), result.exception  # not a crash
-    assert result.exit_code != 0, result.output
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 def summary(result: Result) -> list[str]:

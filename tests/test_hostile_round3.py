@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from conftest import toy_rows, write_jsonl
+from conftest import one_error, toy_rows, write_jsonl
 from hdeval.cli import cli
 from hdeval.train import train
 
@@ -24,14 +24,6 @@ def run(*args, env: dict | None = None, input: str | None = None) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args], env=env, input=input)
 
 
-def one_error(result: Result, *fragments: str) -> str:
-    assert isinstance(result.exception, SystemExit), result.exception  # not a traceback
-    assert result.exit_code != 0, result.output
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture

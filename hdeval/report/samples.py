@@ -115,7 +115,6 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
     """The raw replies to HD-Eval's criterion prompts for ``wanted`` ids (pairs: both sides,
     ids ``<pair>#a`` / ``#b``), and the samples read (for their text)."""
     from hdeval.cache import request_key
-    from hdeval.paths import default_cache_dir
     from hdeval.scoring import scoring_request
 
     if data is None:
@@ -143,13 +142,20 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
             if c in ev.tree:
                 req = scoring_request(template, ev.task, ev.tree, ev.tree[c], s)
                 keyed[request_key(ev.llm_identity, req)] = (s.id, c)
+    return _replies(keyed, cache_dir), items
+
+
+def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) -> Replies:
+    """The cached reply texts of ``keyed`` (cache key -> (sample id, column)), read-only."""
+    from hdeval.paths import default_cache_dir
+
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     found, note = read_only_lookup(cache, list(keyed))
     texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
     if note is None and keyed and not texts:
         note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
                 "or another prompt version): raw replies are not shown")
-    return Replies(texts, note), items
+    return Replies(texts, note)
 
 
 def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> Replies:
@@ -157,7 +163,6 @@ def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> 
     order the pair was shown first, for predefined aspects; keyed (pair id, aspect)."""
     from hdeval.cache import request_key
     from hdeval.methods.dna.impl import AspectSpec, score_request
-    from hdeval.paths import default_cache_dir
 
     s = ev.settings
     if not s.uses_aspects or s.dynamic or "score" not in (ev.templates or {}):
@@ -169,10 +174,4 @@ def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> 
             req = score_request(ev.templates["score"], ev.task, p, AspectSpec(a.key, a.name, a.definition), False,
                                 s.logprobs)
             keyed[request_key(ev.llm_identity, req)] = (p.id, a.key)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    found, note = read_only_lookup(cache, list(keyed))
-    texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
-    if note is None and keyed and not texts:
-        note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
-                "or another prompt version): raw replies are not shown")
-    return Replies(texts, note)
+    return _replies(keyed, cache_dir)
