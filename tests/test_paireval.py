@@ -19,7 +19,7 @@ from hdeval.cli import cli
 from hdeval.data import read_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.judge import label_probability
-from hdeval.methods.paireval import PairEvaluator, YesNoEvaluator, export_training
+from hdeval.methods.paireval import PairEvalEvaluator, YesNoEvaluator, export_training
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -109,7 +109,7 @@ def test_train_load_apply_on_real_slices(task, n, new, data_dir, tmp_path, fake_
     recorded = json.loads((path / "comparisons.json").read_text())
     assert [r["id"] for r in recorded] == m["comparisons"]["ids"]
     loaded = load_artifact(path)
-    assert isinstance(loaded, PairEvaluator) and loaded.pool == ev.pool and loaded.n == 2
+    assert isinstance(loaded, PairEvalEvaluator) and loaded.pool == ev.pool and loaded.n == 2
 
     fresh = read_samples(lines(data_dir / f"{task}.jsonl", tmp_path / "new.jsonl", *new), loaded.task,
                          require_scores=False)

@@ -68,9 +68,9 @@ def _check_fit(ctx):
 def _load(reader):
     task = reader.manifest.get("task")
     if isinstance(task, dict) and task.get("shape") == "pairwise":
-        from hdeval.methods.hdeval.pairwise import PairEvaluator
+        from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
 
-        return PairEvaluator.from_artifact(reader)
+        return PairwiseTreeEvaluator.from_artifact(reader)
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     return Evaluator.from_artifact(reader)

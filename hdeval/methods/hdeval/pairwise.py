@@ -131,7 +131,7 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
     return np.array([pos[s] for s in ids], dtype=int)
 
 
-def run_pairwise(ctx: FitContext) -> "PairEvaluator":
+def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     from hdeval.methods.hdeval.loop import warning_notes
 
     check_pairwise_options(ctx)
@@ -224,7 +224,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
         f"w/ ties {metrics['direct_layer1']['w_ties']}")
     table = _score_table(ids, side_a, side_b, split, y)
     extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path)}
-    return PairEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
+    return PairwiseTreeEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
                          llm.identity, metrics, extra, table)
 
 
@@ -301,7 +301,7 @@ class PairHdevalResult(ScoreResult):
         return {"hdeval": agreement(human, self.labels, self.labels_ab)}
 
 
-class PairEvaluator(TreeEvaluator):
+class PairwiseTreeEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
     method = "hdeval"
@@ -448,7 +448,7 @@ class PairEvaluator(TreeEvaluator):
         }
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
+    def from_artifact(cls, art: ArtifactReader) -> "PairwiseTreeEvaluator":
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
         task, tree, templates, features, (kind, classes) = cls.read_start(art, MODEL, "classifier", _classifier_section)
@@ -469,6 +469,10 @@ class PairEvaluator(TreeEvaluator):
                  {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})
         ev.loaded_from(art)
         return ev
+
+
+# The name docs/python-api.md gave it before it said what it is; kept for code that uses it.
+PairEvaluator = PairwiseTreeEvaluator
 
 
 def _classifier_section(manifest: dict[str, Any]) -> tuple[str, list[str]]:

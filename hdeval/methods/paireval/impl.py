@@ -99,7 +99,7 @@ class _Dialogue(SimpleFitted):
 
 
 # ---------------------------------------------------------------------- paireval
-class PairEvaluator(_Dialogue):
+class PairEvalEvaluator(_Dialogue):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
@@ -161,7 +161,7 @@ class PairEvaluator(_Dialogue):
                 **self.extra}
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
+    def from_artifact(cls, art: ArtifactReader) -> "PairEvalEvaluator":
         from hdeval.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
@@ -189,7 +189,7 @@ class PairEvaluator(_Dialogue):
         return ev
 
 
-def fit_paireval(ctx: FitContext) -> PairEvaluator:
+def fit_paireval(ctx: FitContext) -> PairEvalEvaluator:
     pool, n, swap, source = choose_comparisons(ctx)  # every check before the first call
     return fit_with_pool(ctx, pool, n, swap, source)
 
@@ -238,7 +238,7 @@ def plan_requests(config: Any, prep: Any, backend: Any = None) -> list:
         llm.close()
 
 
-def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvaluator:
+def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
     """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
     from hdeval.aggregate import Aggregator, select_kind
     from hdeval.metrics import metric_table
@@ -249,7 +249,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} ({len(split.train_ids)} train, "
         f"{len(split.test_ids)} test), {n} comparison examples from {source}, LLM {shown_identity(ctx.llm.identity)}"
     )
-    ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
+    ev = PairEvalEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
     rate = judged.failure_rate
     if rate > config.max_failure_rate:
