@@ -96,6 +96,22 @@ def run_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def train_artifact(task: str, data: Path, tmp_path: Path, *args, llm=("--llm", "fake"),
+                   env: dict | None = None) -> Path:
+    """``hdeval train`` of ``task`` on ``data`` with ``llm`` (the fake one by default), a fresh
+    cache and ``args``, quiet; the artifact directory (the golden tests' one way to train)."""
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    out = tmp_path / "art"
+    r = CliRunner().invoke(cli, ["train", "--task", task, "--data", str(data), *llm, "--cache-dir",
+                                 str(tmp_path / "cache"), "-o", str(out), "-q", *(str(a) for a in args)],
+                           env=env, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
+
+
 def one_error(result, *fragments: str) -> str:
     """The one ``error:`` line of a refused CLI run (not a traceback), holding every fragment."""
     assert isinstance(result.exception, SystemExit), result.exception  # not a crash
