@@ -12,9 +12,10 @@ from typing import Any
 
 import click
 
-from hdeval.cli.common import (
-    TerminalProgress, _notice_local, _resolved, batch_option, llm_options, method_options, run_command,
-)
+from hdeval.cli.artifacts import _notice_local, _resolved
+from hdeval.cli.boundary import run_command
+from hdeval.cli.options import batch_option, llm_options, method_options
+from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError, HdevalError
 
 @click.command()
