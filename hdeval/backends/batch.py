@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx2
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
 from hdeval.request_files import ENDPOINT, request_line as _line, result_outcome
@@ -105,8 +106,9 @@ class BatchAPI:
     timeouts) are retried ``max_retries`` times with capped backoff; anything else is a
     one-line :class:`BackendError`."""
 
-    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 6, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
+                 backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.display_url = display_url or _shown_url(base_url)
         self.timeout = timeout

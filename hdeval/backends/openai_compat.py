@@ -50,6 +50,7 @@ from hdeval.backends.base import (
     read_logprob,
     token_count,
 )
+from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted
 from hdeval.urls import public_url
 
@@ -335,14 +336,14 @@ class OpenAICompatBackend:
         model: str,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float = 60.0,
-        max_retries: int = 6,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         *,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")

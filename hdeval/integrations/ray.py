@@ -96,8 +96,8 @@ class ArtifactScorer:
     LLM-filled scores (0 on the other rows), with ``failure`` an example reason."""
 
     def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
-                 max_retries: int = 6, max_calls: int | None = None,
+                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
+                 max_retries: int | None = None, max_calls: int | None = None,
                  notify: Callable[[str], None] | None = None):
         from hdeval.methods.registry import load_artifact
         from hdeval.run.artifact_llm import open_artifact_llm, stderr_notify
@@ -151,8 +151,8 @@ class ArtifactScorer:
 
 def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
                  batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
-                 max_retries: int = 6, max_calls: int | None = None, max_failure_rate: float = 0.2,
+                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
+                 max_retries: int | None = None, max_calls: int | None = None, max_failure_rate: float = 0.2,
                  num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.

@@ -67,7 +67,7 @@ class Fitted(Protocol):
 
     def score(
         self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
-        concurrency: int = 8, progress: "Progress | None" = None,
+        concurrency: int | None = None, progress: "Progress | None" = None,
     ) -> ScoreResult:
         """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
         ...

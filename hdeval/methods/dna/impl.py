@@ -325,7 +325,7 @@ def overall_request(template: Template, task: Task, p: PairSample, swapped: bool
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
-              pairs: Sequence[PairSample], concurrency: int = 8,
+              pairs: Sequence[PairSample], concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
     """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures."""
     ids = [p.id for p in pairs]
@@ -552,7 +552,7 @@ class DnaEvaluator(Saving):
         sfx = ["", SWAP] if s.swap else [""]
         return [f"{b}:{side}{x}" for b in bases for x in sfx for side in "ab"]
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
         samples = list(samples)
         if not samples:

@@ -361,7 +361,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairHdevalResult:
         """Score both responses of new pairs on the criteria the classifier uses (cached), predict."""
         pairs = list(samples)

@@ -124,7 +124,7 @@ class PairEvalEvaluator(_Dialogue):
     def method_args(self) -> dict[str, Any]:
         return {"comparisons": self.n, "swap": self.swap}
 
-    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairScores:
         """Every pair judgment behind the columns (what ``score`` averages)."""
         samples = list(samples)
@@ -138,7 +138,7 @@ class PairEvalEvaluator(_Dialogue):
             if own:
                 backend.close()
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
         backend, own = self.open_backend(backend, cache_dir)
         try:
@@ -309,7 +309,7 @@ class YesNoEvaluator(_Dialogue):
         hi = np.array([a.high for a in self.task.aspects])
         return lo + np.asarray(p, float) * (hi - lo)
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
         samples = list(samples)
         if not samples:
