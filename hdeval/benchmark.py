@@ -364,7 +364,7 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
                           f"{', '.join(METHODS)}")
     base, fixed = ENTRIES.get(entry, (entry, {}))
     key = name.replace("-", "_")
-    options = get_method(base).options
+    options = get_method(base).options.specs()
     if key not in options:
         known = ", ".join(sorted(k for k in options if k not in fixed)) or "none"
         raise ConfigError(f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})")
@@ -434,17 +434,9 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         base, fixed = ENTRIES.get(entry, (entry, {}))
         merged = {**opts, **fixed}
         try:
-            if base == "dna":
-                from hdeval.methods.registry import get_method
-                from hdeval.methods.dna.impl import Settings
+            from hdeval.methods.registry import get_method
 
-                o = {k: v.default for k, v in get_method("dna").options.items()} | merged
-                Settings(mode=o["dna_mode"], aspect_source=o["aspect_source"], k=o["k"],
-                         tie_margin=o["tie_margin"], swap=o["swap"], logprobs=o["logprob_scores"]).check()
-            if "comparisons" in merged:
-                from hdeval.methods.paireval.impl import check_comparisons
-
-                check_comparisons(merged["comparisons"])
+            get_method(base).build_options(merged)  # the method's own checks, as train makes them
         except ConfigError as exc:
             raise ConfigError(f"--method-option {entry}: {exc}") from None
 
@@ -472,15 +464,18 @@ class _Quiet(Progress):
 
 
 def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
+    from hdeval.methods.registry import all_options, get_method
     from hdeval.train import TrainConfig
 
-    opts = dict(spec.options)
     given = dict(spec.method_options.get(method) or {})
     method, fixed = ENTRIES.get(method, (method, {}))
+    # the sweep's options (--layers, ...) go to the methods that take them
+    takes = get_method(method).options.specs()
+    opts = {k: v for k, v in spec.options.items() if k in takes or k not in all_options()}
     if fixed or given:
         opts["method_options"] = {**given, **fixed}
     opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
-    if agg is not None:
+    if agg is not None and "aggregator" in takes:
         opts["aggregator"] = agg
     return TrainConfig.from_options(**opts)
 

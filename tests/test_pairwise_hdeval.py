@@ -275,8 +275,8 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
 def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval40, tmp_path):
     from hdeval.train import TrainConfig, plan
 
-    cfg = TrainConfig(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
-                      cache_dir=str(tmp_path / "cache"))
+    cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
+                                   cache_dir=str(tmp_path / "cache"))
     probe = FakeBackend()
     _, plans, _ = plan(cfg, backend=probe)
     assert probe.calls == 0
@@ -287,5 +287,5 @@ def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval4
     _, again, _ = plan(cfg, backend=FakeBackend())
     assert again[0].cached == 40 * 2 * 4
     with pytest.raises(ConfigError, match="--scorer pairwise does not apply to a pairwise task"):
-        plan(TrainConfig(task="faireval", data=str(faireval40), llm="fake", method_options={"scorer": "pairwise"},
+        plan(TrainConfig(task="faireval", data=str(faireval40), llm="fake", options={"scorer": "pairwise"},
                          cache_dir=str(tmp_path / "cache")), backend=FakeBackend())

@@ -17,7 +17,7 @@ def methods_cmd() -> None:
     for name in method_names():
         m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
-        for opt_name, opt in m.options.items():
+        for opt_name, opt in m.options.specs().items():
             click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
 
 

@@ -36,18 +36,35 @@ def batch_option(f):
 
 
 def method_options(f):
-    """``--method`` and every method-specific option, declared once from the method registry."""
+    """``--method`` and every method's options, declared from the methods' options models: one
+    flag per name, its help giving each method's own default."""
     from hdeval.methods.registry import all_options, method_names
 
-    for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+    for name, owners in sorted(all_options().items(), reverse=True):
         flag = "--" + name.replace("_", "-")
-        where = f"[{', '.join(owners)}] "
-        if isinstance(opt.default, bool):
-            f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None,
-                             help=f"{where}{opt.help} (default: {'on' if opt.default else 'off'})")(f)
+        first = owners[0][1]
+        text = f"[{', '.join(m for m, _ in owners)}] {first.help}{_defaults_help(owners)}"
+        if isinstance(first.default, bool):
+            f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(f)
         else:
-            kind = click.Choice(opt.choices) if opt.choices else type(opt.default)
-            f = click.option(flag, name, default=None, type=kind,
-                             help=f"{where}{opt.help} (default: {opt.default})")(f)
+            kind = click.Choice(first.choices) if first.choices else (
+                None if first.default is None else type(first.default))
+            f = click.option(flag, name, default=None, type=kind, help=text)(f)
     return click.option("--method", default="hdeval", show_default=True, type=click.Choice(method_names()),
                         help="How the evaluator is built: see `hdeval methods`.")(f)
+
+
+def _defaults_help(owners) -> str:
+    """`` (default: on for dna; off for hdeval, paireval)``: each method's own default, from its
+    options model; nothing for an option whose default is "not set" (its help says what then)."""
+    shown: dict[str, list[str]] = {}
+    for method, opt in owners:
+        if opt.default is None or opt.default == "":
+            continue
+        value = ("on" if opt.default else "off") if isinstance(opt.default, bool) else str(opt.default)
+        shown.setdefault(value, []).append(method)
+    if not shown:
+        return ""
+    if len(shown) == 1 and len(next(iter(shown.values()))) == len(owners):
+        return f" (default: {next(iter(shown))})"
+    return " (default: " + "; ".join(f"{v} for {', '.join(ms)}" for v, ms in shown.items()) + ")"

@@ -327,15 +327,15 @@ class PairwiseScorer:
 
 def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
     """The criterion scorer ``--method hdeval --scorer ...`` asks for (None: the digit scorer)."""
-    if ctx.option("scorer") != "pairwise":
+    if ctx.options.scorer != "pairwise":
         return None
     task, split = ctx.prep.task, ctx.prep.split
     history_fields(task)
-    n = check_comparisons(ctx.option("comparisons"))
+    n = check_comparisons(ctx.options.comparisons)
     by_id = {s.id: s for s in ctx.prep.samples}
     pool = draw_comparisons([by_id[i] for i in split.train_ids], n, ctx.config.seed, task,
                             "the training split", own_docs=True)
-    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.option("swap")))
+    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.options.swap))
 
 
 # The fake LLM's answers to these prompts (registered on import).

@@ -105,7 +105,7 @@ def _run(
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
-    for layer in range(1, config.layers + 1):
+    for layer in range(1, config.options.layers + 1):
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
             if not nodes and layer > depth:  # pruning found no criterion worth expanding
@@ -114,7 +114,7 @@ def _run(
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
                 _share_budget(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.options.children, progress)
                 progress.end_stage()
                 if len(tree) == before and layer > depth:
                     break
@@ -134,11 +134,11 @@ def _run(
             warnings.simplefilter("always")
             selection: dict[str, float] = {}
             tuning: dict[str, float] = {}
-            kind = config.aggregator
+            kind = config.options.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
-            pruning = 2 <= layer < config.layers and layer >= depth and bool(candidates)
+            pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
             # model selection already cross-validated the chosen template: reuse its
             # predictions, and (pruning uses the same folds) its fold models
             folds: list | None = [] if pruning else None
@@ -158,7 +158,7 @@ def _run(
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.top_k, fold_models=folds or None)
+                           doc_groups, config.options.top_k, fold_models=folds or None)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
                 expand = pr.selected
@@ -367,7 +367,7 @@ def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: Cac
     if dec is llm:
         model, url = spec.model, spec.base_url
     else:
-        model, url = config.decompose_llm or dec.identity, config.decompose_base_url
+        model, url = config.options.decompose_llm or dec.identity, config.options.decompose_base_url
     return {"model": model, "base_url": public_url(url), "identity": public_identity(dec.identity, url),
             "same_as_scoring": dec is llm}
 
@@ -448,18 +448,17 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
     n_distinct = len({sample_block(task, s) for s in samples})
-    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.options.children)
                 for c in tree.layer(1)]
     dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
     plans: list[LayerPlan] = []
     per_prompt = 0.0
     candidates = 0  # criteria of the previous layer pruning may pick for expansion
-    last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
-    for layer in range(1, last + 1):
+    for layer in range(1, config.options.layers + 1):
         if layer == 2:  # every aspect without sub-criteria that is not locked
             nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
         elif layer > depth:  # at most --top-k picked by pruning
-            nodes = min(config.top_k, candidates)
+            nodes = min(config.options.top_k, candidates)
         else:
             nodes = 0
         if layer > depth and not nodes:
@@ -472,7 +471,7 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
         known_chars = sum(prompt_chars(r) for r in distinct.values())
         if distinct:
             per_prompt = known_chars / len(distinct) / 4
-        n_new = nodes * config.children
+        n_new = nodes * config.options.children
         score = len(distinct) + n_new * n_distinct
         dec_p, dec_c = int(nodes * dec_prompt), nodes * DECOMPOSE_MAX_TOKENS // 4
         cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None

@@ -83,7 +83,7 @@ def plan_pairwise(config, prep, backend=None) -> list:
 
     from hdeval.methods.hdeval.loop import plan_hdeval
 
-    if (config.method_options or {}).get("scorer", "digit") != "digit":
+    if config.options.scorer != "digit":
         raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
     return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
 
@@ -111,11 +111,11 @@ class PairLayerReport:
 
 def check_pairwise_options(ctx: FitContext) -> None:
     """What a pairwise HD-Eval run refuses before any LLM call."""
-    if ctx.option("scorer") != "digit":
+    if ctx.options.scorer != "digit":
         raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
                           f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
                           "with the criterion prompt: leave --scorer out")
-    given = ctx.config.method_options or {}
+    given = ctx.options.changed()
     for name in ("comparisons", "swap"):
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
@@ -152,15 +152,15 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     reports: list[PairLayerReport] = []
     expand: Sequence[str] = ()
     model = None
-    kind = config.aggregator
-    for layer in range(1, config.layers + 1):
+    kind = config.options.aggregator
+    for layer in range(1, config.options.layers + 1):
         if layer > 1:
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
             if not nodes:
                 break
             progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
             before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.options.children, progress)
             progress.end_stage()
             if len(tree) == before:
                 break
@@ -175,7 +175,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             selection: dict[str, float] = {}
-            kind = config.aggregator
+            kind = config.options.aggregator
             if kind == "auto":
                 kind, selection = select_classifier(X[tr], ytr, groups, config.seed)
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
@@ -183,14 +183,14 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
             pred, pred_ab = predict_labels(model, X[te])
             report = PairLayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
                                      agreement(yte, pred, pred_ab), rate, selection)
-            if 2 <= layer < config.layers:
+            if 2 <= layer < config.options.layers:
                 keys = side_a.criterion_keys
                 cand = [keys.index(c.key) for c in new]
                 imp = prune_importance(kind, X[tr], ytr, cand, groups, config.seed)
                 report.importance = {c.key: round(float(v), 6) for c, v in zip(new, imp)}
                 positive = [i for i in range(len(new)) if imp[i] > 0]
                 order = sorted(positive, key=lambda i: (-imp[i], i))
-                expand = [new[i].key for i in order[:config.top_k]]
+                expand = [new[i].key for i in order[:config.options.top_k]]
                 report.expand_next, report.positive_importance = list(expand), len(positive)
         report.notes = warning_notes(caught)
         reports.append(report)

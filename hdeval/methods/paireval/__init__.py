@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hdeval.methods.base import Method, Option
+from hdeval.methods.base import Method
+from hdeval.methods.paireval.options import PairEvalOptions
 
 
 def _impl():
@@ -30,12 +31,7 @@ PAIREVAL = Method(
     load=lambda art: _impl().PairEvalEvaluator.from_artifact(art),
     plan=lambda config, prep, backend: _impl().plan_requests(config, prep, backend),
     check_fit=lambda ctx: _impl().choose_comparisons(ctx),  # the comparison examples can be drawn
-    options={
-        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
-        "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
-                                      "from, instead of the training split"),
-        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
-    },
+    options=PairEvalOptions,
 )
 
 

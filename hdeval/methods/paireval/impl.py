@@ -198,9 +198,9 @@ def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
     """The run's comparison examples, N, swap and where the examples come from."""
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     history_fields(task)
-    n = check_comparisons(ctx.option("comparisons"))
-    swap = bool(ctx.option("swap"))
-    source = ctx.option("comparison_data") or ""
+    n = check_comparisons(ctx.options.comparisons)
+    swap = bool(ctx.options.swap)
+    source = ctx.options.comparison_data or ""
     by_id = {s.id: s for s in samples}
     if source:
         pool = draw_comparisons(read_comparison_file(source, task), n, config.seed, task,
@@ -267,7 +267,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     Y = np.array([[by_id[s].scores[a] for a in aspects] for s in ids])
     X = cols.values
     groups = [by_id[ids[i]].doc_id for i in tr]
-    kind, selection = config.aggregator, {}
+    kind, selection = config.options.aggregator, {}
     if kind == "auto":
         kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], groups)
     ev.agg = Aggregator.for_task(kind, task, config.seed).fit(X[tr], Y[tr])
