@@ -48,10 +48,9 @@ if _why:
 from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.constraints import Scale
-from hdeval.backends.factory import make_backend
+from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE, make_backend
 from hdeval.config import LLMConfig
 from hdeval.backends.llama_cpp import (
-    DEFAULT_MODEL_NOTICE,
     LlamaCppBackend,
     default_model_path,
     local_identity,

@@ -51,7 +51,6 @@ N_CTX_ENV = "HDEVAL_LLAMACPP_N_CTX"
 THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
 
-from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402,F401 (re-export)
 _INSTALL_HINT = "pip install -e '.[local-llamacpp]'"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
@@ -129,7 +128,7 @@ class LlamaCppBackend:
 
     ``reuse=False`` re-evaluates every prompt from its first token (for benchmarks).
     ``is_default_model`` is True for the bundled SmolLM2; the CLI then shows
-    :data:`DEFAULT_MODEL_NOTICE` (the library itself never prints).
+    :data:`hdeval.backends.factory.DEFAULT_LOCAL_NOTICE` (the library itself never prints).
     llama.cpp state is not thread-safe, so calls run one at a time whatever the caller's
     thread pool (see ``_turn``); ``max_concurrency`` tells callers more threads gain nothing.
     """
