@@ -157,3 +157,15 @@ def test_benchmark_builds_the_same_options():
                                                   aggregator="lr").options
     dna = _config(BenchmarkSpec(task="faireval", methods=("dna-direct",)), "dna-direct", None, 0.5, 0, None)
     assert dna.options.dna_mode == "direct"
+
+
+def test_methods_lists_each_methods_own_defaults():
+    r = run_cli("methods")
+    assert r.exit_code == 0
+    blocks = {b.split(" ", 1)[0]: b for b in ("\n" + r.output).split("\n") if b and not b.startswith(" ")}
+    lines = r.output.splitlines()
+    start = {name: lines.index(block) for name, block in blocks.items()}
+    own = {name: lines[i + 1:min([j for j in start.values() if j > i] or [len(lines)])] for name, i in start.items()}
+    assert any(line.startswith("  --swap (default off):") for line in own["dna"])
+    assert any(line.startswith("  --swap (default on):") for line in own["paireval"])
+    assert any(line.startswith("  --tree: Start from") for line in own["hdeval"])  # no default: the help says

@@ -18,7 +18,8 @@ def methods_cmd() -> None:
         m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.specs().items():
-            click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
+            shown = opt.shown_default()
+            click.echo(f"  --{opt_name.replace('_', '-')}{'' if shown is None else f' (default {shown})'}: {opt.help}")
 
 
 @click.command("tasks")

@@ -59,10 +59,9 @@ def _defaults_help(owners) -> str:
     options model; nothing for an option whose default is "not set" (its help says what then)."""
     shown: dict[str, list[str]] = {}
     for method, opt in owners:
-        if opt.default is None or opt.default == "":
-            continue
-        value = ("on" if opt.default else "off") if isinstance(opt.default, bool) else str(opt.default)
-        shown.setdefault(value, []).append(method)
+        value = opt.shown_default()
+        if value is not None:
+            shown.setdefault(value, []).append(method)
     if not shown:
         return ""
     if len(shown) == 1 and len(next(iter(shown.values()))) == len(owners):

@@ -209,6 +209,12 @@ class Option:
     help: str
     choices: tuple[str, ...] | None = None
 
+    def shown_default(self) -> str | None:
+        """The default as help shows it (on/off for a flag); None for "not set" (the help says)."""
+        if self.default is None or self.default == "":
+            return None
+        return ("on" if self.default else "off") if isinstance(self.default, bool) else str(self.default)
+
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     """A field of a method's options model: its one default, its help, its allowed values. The
