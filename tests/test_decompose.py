@@ -7,6 +7,9 @@ import json
 import pytest
 
 from hdeval.backends.base import Completion
+from hdeval.backends.fake import FakeBackend
+from hdeval.methods.registry import load_artifact
+from hdeval.train import train
 from hdeval.methods.hdeval.decompose import decompose, parse_subcriteria
 from hdeval.errors import DecompositionError
 from hdeval.prompts import load_templates
@@ -184,3 +187,29 @@ def test_malformed_json_still_stops_with_one_error_even_after_degenerate_replies
     backend = Scripted([PARENT_COPY, "no", "never"])
     with pytest.raises(DecompositionError, match="'coherence'.*3 replies were unusable"):
         decompose(backend, load_templates()["decompose"], task, tree, node, 4)
+
+
+def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, tmp_path):
+    from hdeval.backends.fake import RESPONDERS
+
+    def clarity_is_degenerate(request, fake):
+        text = "\n".join(m.content for m in request.messages)
+        if "(key: clarity)" in text:  # every attempt: the parent again
+            return Completion(_reply(("clarity", "Clarity", "How clear the answer is, clearly.")))
+        return RESPONDERS["decompose"](request, fake)
+
+    task, data = toy
+    fake = FakeBackend(responders={**RESPONDERS, "decompose": clarity_is_degenerate})
+    ev = train(task=str(task), data=str(data), method="hdeval", layers=2, children=2, aggregator="lr",
+               backend=fake, cache_dir=str(tmp_path / "c"))
+    assert ev.tree.children("clarity") == [] and len(ev.tree.children("accuracy")) == 2
+    rejected = ev.manifest_extra["decomposition_rejections"]
+    assert rejected[-1] == {"criterion": "clarity", "unexpanded": True, "attempts": 3}
+    assert all(r["criterion"] == "clarity" for r in rejected)
+    path = ev.save(tmp_path / "art")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["decomposition_rejections"] == rejected
+    again = load_artifact(path)  # kept through a load and save
+    assert again.manifest_extra["decomposition_rejections"] == rejected
+    lines = [t for t, to_err in again.summary_lines(path) if to_err]
+    assert any("1 criteria left unexpanded" in t and "clarity" in t for t in lines)
