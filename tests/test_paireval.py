@@ -548,3 +548,25 @@ def test_all_vs_all_is_position_free_and_refuses_lone_documents(dialogue, tmp_pa
     with pytest.raises(ConfigError, match="1 of 13 documents have a single response.*'solo-doc'"):
         train(task=str(task), data=str(lone), method="paireval", llm="fake", all_vs_all=True,
               cache_dir=str(tmp_path / "c"))
+
+
+def test_apply_with_an_all_vs_all_artifact_scores_the_input_in_one_piece(dialogue, tmp_path, monkeypatch):
+    task, data = dialogue
+    out = tmp_path / "art"
+    ev = train(task=str(task), data=str(data), method="paireval", llm="fake", all_vs_all=True, aggregator="lr",
+               cache_dir=str(tmp_path / "c"))
+    ev.save(out)
+    new = write_jsonl(tmp_path / "new.jsonl", [
+        {"id": f"n{i}", "doc_id": f"d{i // 2}", "source": f"hi {i // 2}", "output": f"reply {i}"} for i in range(4)])
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s.jsonl"), "--cache-dir", str(tmp_path / "c"), "-q")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(l) for l in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert all(v is not None for r in rows for v in r["columns"].values())
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "3")  # d1 would be split across two chunks
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s2.jsonl"), "--cache-dir", str(tmp_path / "c"))
+    one_line_error(res, "all-vs-all", "in one piece", "at most 3 samples")
+    monkeypatch.delenv("HDEVAL_APPLY_CHUNK")
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s3.jsonl"), "--shard", "1/2",
+              "--cache-dir", str(tmp_path / "c"))
+    one_line_error(res, "all-vs-all", "no --shard")
+    assert not (tmp_path / "s2.jsonl").exists() and not (tmp_path / "s3.jsonl").exists()

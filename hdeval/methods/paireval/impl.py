@@ -114,6 +114,9 @@ class PairEvaluator(_Dialogue):
         self.swap = swap
         self.agg = agg
         self.all_vs_all = all_vs_all  # compared within each document, no recorded examples
+        # apply streams chunks and shards: a document split across them would compare fewer rows
+        self.whole_input = ("this all-vs-all PairEval artifact compares each response with the other "
+                            "responses of its document in the input") if all_vs_all else None
 
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]  # between split and human:
