@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 from hdeval.methods.base import Method
-from hdeval.methods.paireval.options import PairEvalOptions
+from hdeval.methods.paireval.options import SOURCES, PairEvalOptions  # noqa: F401  (impl reads SOURCES here)
 
 
 def _impl():
