@@ -15,7 +15,6 @@ import math
 import os
 import re
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -23,7 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from hdeval.errors import BudgetExceeded, ConfigError
-from hdeval.metrics import METRICS
+from hdeval.metrics import (
+    LABEL_CODES, METRICS, agreement_w_ties, agreement_wo_ties, as2d as _as2d, average_spearman as avg_spearman,
+    correlation, label_codes as _codes,
+)
 from hdeval.progress import Progress
 
 FORMAT = "hdeval-benchmark"
@@ -41,7 +43,6 @@ ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
 BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
 PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
 PAIR_VS = "vs_" + PAIR_BASELINE.replace("-", "_")
-PAIR_LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
 N_RESAMPLES = 1000
 LEVEL = 0.95
 MAX_RESULTS_BYTES = 64 << 20  # a results.json this big is not one this module wrote
@@ -50,33 +51,6 @@ Statistic = Callable[[np.ndarray, np.ndarray], float]
 
 
 # --------------------------------------------------------------------------- statistics
-def _as2d(a: Any) -> np.ndarray:
-    a = np.asarray(a, float)
-    return a.reshape(len(a), -1)
-
-
-def _spearman(y: np.ndarray, p: np.ndarray) -> float:
-    """Spearman's rho of two 1-D arrays over their finite pairs; NaN when undefined."""
-    from scipy.stats import rankdata
-
-    ok = np.isfinite(y) & np.isfinite(p)
-    y, p = y[ok], p[ok]
-    if len(y) < 3 or np.ptp(y) == 0 or np.ptp(p) == 0:
-        return float("nan")
-    ry, rp = rankdata(y), rankdata(p)
-    ry -= ry.mean()
-    rp -= rp.mean()
-    return float((ry * rp).sum() / math.sqrt((ry * ry).sum() * (rp * rp).sum()))
-
-
-def avg_spearman(y: np.ndarray, pred: np.ndarray) -> float:
-    """Dataset-level Spearman per column (aspect), averaged over the columns where it is
-    defined (as ``metrics.json``'s ``average``); NaN when none is."""
-    y, pred = _as2d(y), _as2d(pred)
-    vals = [v for v in (_spearman(y[:, j], pred[:, j]) for j in range(y.shape[1])) if math.isfinite(v)]
-    return float(np.mean(vals)) if vals else float("nan")
-
-
 def _doc_rows(groups: Sequence[str]) -> list[np.ndarray]:
     """Row indices of each document, in first-seen order."""
     rows: dict[str, list[int]] = {}
@@ -132,29 +106,12 @@ def paired_bootstrap(y: Any, pred: Any, base: Any, groups: Sequence[str], statis
             "p_value": _num(p), "level": level, "resamples": n_resamples}
 
 
-def _doc_correlation(y: np.ndarray, p: np.ndarray, metric: str) -> float:
-    """One document's correlation; NaN unless both sides vary (2 outputs are enough)."""
-    from scipy import stats
-
-    ok = np.isfinite(y) & np.isfinite(p)
-    y, p = y[ok], p[ok]
-    if len(y) < 2 or np.ptp(y) == 0 or np.ptp(p) == 0:
-        return float("nan")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if metric == "pearson":
-            return float(stats.pearsonr(y, p)[0])
-        if metric == "spearman":
-            return float(stats.spearmanr(y, p)[0])
-        return float(stats.kendalltau(y, p)[0])
-
-
 def summary_level_correlation(y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman") -> dict[str, Any]:
     """Summary-level correlation (as G-Eval reports SummEval): the correlation between human
     and predicted scores of the outputs of each document, averaged over the documents where
     it is defined (both sides vary). ``{"value": mean or None, "documents": count used}``."""
     y, pred = np.asarray(y, float).ravel(), np.asarray(pred, float).ravel()
-    vals = [_doc_correlation(y[r], pred[r], metric) for r in _doc_rows(groups)]
+    vals = [correlation(y[r], pred[r], metric, min_n=2) for r in _doc_rows(groups)]  # 2 outputs are enough
     vals = [v for v in vals if math.isfinite(v)]
     return {"value": _num(float(np.mean(vals))) if vals else None, "documents": len(vals)}
 
@@ -245,7 +202,7 @@ class PairHeldOut:
 
 
 def _pair_label(x: Any) -> str | None:
-    return x if isinstance(x, str) and x in PAIR_LABEL_CODES else None  # NaN / None / empty: failed
+    return x if isinstance(x, str) and x in LABEL_CODES else None  # NaN / None / empty: failed
 
 
 def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
@@ -261,31 +218,11 @@ def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
     return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds)
 
 
-def _codes(labels: Sequence[str | None]) -> np.ndarray:
-    return np.array([PAIR_LABEL_CODES.get(x, np.nan) if x is not None else np.nan for x in labels], float)
-
-
 def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray, np.ndarray]:
     """(human codes, n x 2 predicted codes: label, label forced to a or b) for the bootstrap
     statistics; a = 0, b = 1, tie = 2, none = NaN."""
     pred, ab = ho.predictions[variant]
     return _codes(ho.human), np.column_stack([_codes(pred), _codes(ab)])
-
-
-def agreement_w_ties(y: np.ndarray, p: np.ndarray) -> float:
-    """:func:`hdeval.metrics.pair_agreement`'s ``w_ties`` on label codes (see
-    :func:`pair_arrays`): accuracy over the labelled pairs with a prediction."""
-    y, p = np.asarray(y, float).ravel(), _as2d(p)
-    ok = np.isfinite(y) & np.isfinite(p[:, 0])
-    return float(np.mean(p[ok, 0] == y[ok])) if ok.any() else float("nan")
-
-
-def agreement_wo_ties(y: np.ndarray, p: np.ndarray) -> float:
-    """``wo_ties`` on label codes: over the pairs with a prediction whose human label is not a
-    tie, the prediction forced to a or b (no side counts as a miss)."""
-    y, p = np.asarray(y, float).ravel(), _as2d(p)
-    ok = np.isfinite(y) & np.isfinite(p[:, 0]) & (y != PAIR_LABEL_CODES["tie"])
-    return float(np.mean(p[ok, 1] == y[ok])) if ok.any() else float("nan")
 
 
 PAIR_STATISTICS: dict[str, Statistic] = {"wo_ties": agreement_wo_ties, "w_ties": agreement_w_ties}
