@@ -22,6 +22,22 @@ class HeldOut:
     aspects: list[str]
     y: np.ndarray
     pred: np.ndarray
+    # rows with an empty LLM-filled cell or no prediction: a failure whatever the method does
+    # with it (HD-Eval imputes, direct leaves it empty), so every method is compared without them
+    failed: np.ndarray | None = None
+
+    def rows(self, keep: np.ndarray) -> "HeldOut":
+        ids = [s for s, k in zip(self.sample_ids, keep) if k]
+        docs = [d for d, k in zip(self.doc_ids, keep) if k]
+        return HeldOut(ids, docs, self.aspects, self.y[keep], self.pred[keep], self.failed[keep]
+                       if self.failed is not None else None)
+
+
+def _llm_cells_missing(test: Any) -> np.ndarray:
+    """Per row, whether a cell the LLM fills (any column but ids, split and human scores) is empty."""
+    cols = [c for c in test.columns if c not in ("sample_id", "pair_id", "split", "human")
+            and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
+    return test[cols].isna().any(axis=1).to_numpy() if cols else np.zeros(len(test), bool)
 
 
 def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
@@ -36,7 +52,9 @@ def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
     pred = fitted.held_out_predictions(table, test)
     ids = [str(s) for s in test["sample_id"]]
-    return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, _as2d(pred))
+    pred = _as2d(pred)
+    failed = _llm_cells_missing(test) | ~np.isfinite(pred).all(axis=1)
+    return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, pred, failed)
 
 
 def _score_table(fitted: Any):
@@ -61,6 +79,16 @@ class PairHeldOut:
     doc_ids: list[str]
     human: list[str | None]
     predictions: dict[str, tuple[list[str | None], list[str | None]]]
+    failed: np.ndarray | None = None  # as HeldOut's: no label, or an empty LLM-filled cell
+    train_human: list[str | None] | None = None  # the training split's labels (majority baseline)
+
+    def rows(self, keep: np.ndarray) -> "PairHeldOut":
+        def pick(xs: Any) -> list:
+            return [x for x, k in zip(xs, keep) if k]
+
+        return PairHeldOut(pick(self.sample_ids), pick(self.doc_ids), pick(self.human),
+                           {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},
+                           self.failed[keep] if self.failed is not None else None, self.train_human)
 
 
 def _pair_label(x: Any) -> str | None:
@@ -77,7 +105,9 @@ def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
     human = [_pair_label(x) for x in test["human"]]
     preds = fitted.held_out_labels(test)
     ids = [str(s) for s in test["pair_id"]]
-    return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds)
+    failed = _llm_cells_missing(test) | np.array([p is None for p in preds["evaluator"][0]], bool)
+    train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
+    return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds, failed, train)
 
 
 def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray, np.ndarray]:

@@ -41,34 +41,65 @@ def _interval(values: np.ndarray, level: float) -> tuple[float | None, float | N
     return float(lo), float(hi)
 
 
+Case = tuple  # one seed's arrays: (y, pred, groups) or, paired, (y, pred, base, groups)
+
+
+def _pooled(cases: Sequence[Case], seeds: Sequence[int], n_resamples: int,
+            value: Callable[..., float]) -> tuple[float, np.ndarray]:
+    """``value`` (of one case's arrays) averaged over the cases (seeds), and the same average on
+    each of ``n_resamples`` joint resamples: every seed's test documents resampled within that
+    seed (its own seeded generator), so a seed's split is never mixed with another's."""
+    cases = [tuple(_as2d(a) for a in c[:-1]) + (c[-1],) for c in cases]
+    est = [value(*c[:-1]) for c in cases]
+    est = [v for v in est if math.isfinite(v)]
+    draws = zip(*(_resamples(c[-1], n_resamples, s) for c, s in zip(cases, seeds)))
+    stats = np.array([np.mean([value(*(a[i] for a in c[:-1])) for c, i in zip(cases, idx)]) for idx in draws])
+    return (float(np.mean(est)) if est else float("nan")), stats
+
+
+def pooled_bootstrap_ci(cases: Sequence[Case], statistic: Statistic = avg_spearman,
+                        n_resamples: int = N_RESAMPLES, seeds: Sequence[int] = (0,),
+                        level: float = LEVEL) -> dict[str, Any]:
+    """The mean over seeds of ``statistic(y, pred)`` with one percentile interval: each seed's
+    test documents resampled with replacement (``groups``: the doc_id of each row), the
+    statistic averaged over the seeds per resample. ``cases``: (y, pred, groups) per seed."""
+    est, stats = _pooled(cases, seeds, n_resamples, statistic)
+    lo, hi = _interval(stats, level)
+    return {"estimate": _num(est), "low": _num(lo), "high": _num(hi), "level": level, "resamples": n_resamples}
+
+
 def bootstrap_ci(y: Any, pred: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
                  n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
-    """``statistic(y, pred)`` and its percentile bootstrap interval over documents (``groups``:
-    the doc_id of each row; a resample draws whole documents with replacement)."""
-    y, pred = _as2d(y), _as2d(pred)
-    stats = np.array([statistic(y[i], pred[i]) for i in _resamples(groups, n_resamples, seed)])
-    lo, hi = _interval(stats, level)
-    return {"estimate": _num(statistic(y, pred)), "low": _num(lo), "high": _num(hi), "level": level,
-            "resamples": n_resamples}
+    """``statistic(y, pred)`` and its percentile bootstrap interval over documents (one seed)."""
+    return pooled_bootstrap_ci([(y, pred, groups)], statistic, n_resamples, [seed], level)
 
 
-def paired_bootstrap(y: Any, pred: Any, base: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
-                     n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
-    """``statistic(y, pred) - statistic(y, base)`` on the same resampled documents: the
-    difference, its percentile interval, and a two-sided bootstrap p-value (twice the smaller
-    share of resampled differences on either side of 0, with the +1 correction; 1 when the
-    two are the same)."""
-    y, pred, base = _as2d(y), _as2d(pred), _as2d(base)
-    diffs = np.array([statistic(y[i], pred[i]) - statistic(y[i], base[i])
-                      for i in _resamples(groups, n_resamples, seed)])
+def pooled_paired_bootstrap(cases: Sequence[Case], statistic: Statistic = avg_spearman,
+                            n_resamples: int = N_RESAMPLES, seeds: Sequence[int] = (0,),
+                            level: float = LEVEL) -> dict[str, Any]:
+    """``statistic(y, pred) - statistic(y, base)`` averaged over seeds, on the same resampled
+    documents (``cases``: (y, pred, base, groups) per seed): the difference, its percentile
+    interval, and a two-sided bootstrap p-value (twice the smaller share of resampled
+    differences on either side of 0, with the +1 correction; 1 when the two are the same).
+    ``p_floor``: the smallest p-value these resamples can give, 2 / (resamples + 1)."""
+    def diff(y: np.ndarray, pred: np.ndarray, base: np.ndarray) -> float:
+        return statistic(y, pred) - statistic(y, base)
+
+    est, diffs = _pooled(cases, seeds, n_resamples, diff)
     lo, hi = _interval(diffs, level)
     d = diffs[np.isfinite(diffs)]
     p = None
     if len(d):
         below, above = (np.sum(d <= 0) + 1) / (len(d) + 1), (np.sum(d >= 0) + 1) / (len(d) + 1)
         p = min(1.0, 2 * min(below, above))
-    return {"difference": _num(statistic(y, pred) - statistic(y, base)), "low": _num(lo), "high": _num(hi),
-            "p_value": _num(p), "level": level, "resamples": n_resamples}
+    return {"difference": _num(est), "low": _num(lo), "high": _num(hi), "p_value": _num(p),
+            "p_floor": _num(2 / (len(d) + 1)) if len(d) else None, "level": level, "resamples": n_resamples}
+
+
+def paired_bootstrap(y: Any, pred: Any, base: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
+                     n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
+    """:func:`pooled_paired_bootstrap` of one seed."""
+    return pooled_paired_bootstrap([(y, pred, base, groups)], statistic, n_resamples, [seed], level)
 
 
 def summary_level_correlation(y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman") -> dict[str, Any]:

@@ -10,7 +10,8 @@ from hdeval.progress import Progress
 from hdeval.benchmark.heldout import held_out, held_out_pairs
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, criteria_efficiency,
+    DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
+    pair_references,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
 
@@ -83,10 +84,11 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         preps[(method, agg, frac, seed)] = prep = prepare(config)
         _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
     runs: list[dict[str, Any]] = []
+    fits: list[Any] = []
     held: dict[tuple[str, str | None, float, int], Any] = {}
     task = None
     for n, (method, agg, frac, seed) in enumerate(plan, 1):
-        spent = sum(r["usage"].get("calls", 0) for r in runs)
+        spent = sum((f.metrics.get("usage") or {}).get("calls", 0) for f in fits)
         left = None if budget is None else max(0, budget - spent)
         config = _config(spec, method, agg, frac, seed, left)
         label = f"{method}{'' if agg is None else ' ' + agg}, train-frac {frac:g}, seed {seed}"
@@ -101,27 +103,27 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         prep = preps[(method, agg, frac, seed)]
         task = fitted.task
         doc_of = {s.id: s.doc_id for s in prep.samples}
-        if shape == "pairwise":
-            pho = held_out_pairs(fitted, doc_of)
-            held[(method, agg, frac, seed)] = pho
-            runs.append(_pair_run_record(fitted, pho, method, agg, frac, seed))
-        else:
-            ho = held_out(fitted, doc_of)
-            held[(method, agg, frac, seed)] = ho
-            runs.append(_run_record(fitted, ho, method, agg, frac, seed))
+        held[(method, agg, frac, seed)] = (held_out_pairs if shape == "pairwise" else held_out)(fitted, doc_of)
+        fits.append(fitted)
         if artifacts is not None:
-            name = artifact_name(method, agg, frac, seed)
-            artifacts[name] = fitted
-            runs[-1]["artifact"] = f"{RUNS}/{name}"
+            artifacts[artifact_name(method, agg, frac, seed)] = fitted
     assert task is not None
-    settings = _pair_settings(spec, runs, held) if shape == "pairwise" else _settings(spec, runs, held)
+    # every method is scored on the rows every run of its split scored (failures left out alike)
+    compared, rows = compare_rows(held)
+    record = _pair_run_record if shape == "pairwise" else _run_record
+    for fitted, key in zip(fits, plan):
+        runs.append(record(fitted, compared[key], *key, rows=rows[key]))
+        if artifacts is not None:
+            runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
+    settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
     cost: dict[str, dict[str, int]] = {}
     for r in runs:
-        c = cost.setdefault(r["method"], {"runs": 0, "calls": 0, "cache_hits": 0, "prompt_tokens": 0,
-                                          "completion_tokens": 0})
+        c = cost.setdefault(r["method"], {"runs": 0, "requests": 0, "calls": 0, "cache_hits": 0,
+                                          "prompt_tokens": 0, "completion_tokens": 0})
         c["runs"] += 1
         for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
             c[k] += int(r["usage"].get(k, 0))
+        c["requests"] = c["calls"] + c["cache_hits"]
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -136,7 +138,21 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         "definitions": DEFINITIONS,
         "runs": runs,
         "settings": settings,
+        **({"reference": pair_references(spec, runs, compared)} if shape == "pairwise" else {}),
+        "warnings": few_documents(runs),
         **({} if shape == "pairwise" else {"criteria_efficiency": criteria_efficiency(settings, runs)}),
         "cost": cost,
         "calls": sum(c["calls"] for c in cost.values()),
     }
+
+
+MIN_DOCUMENTS = 30  # fewer test documents than this and an interval over documents is rough
+
+
+def few_documents(runs: list[dict[str, Any]]) -> list[str]:
+    """One warning when a split compares fewer than :data:`MIN_DOCUMENTS` test documents."""
+    docs = [r["rows"]["documents_compared"] for r in runs]
+    if not docs or min(docs) >= MIN_DOCUMENTS:
+        return []
+    return [f"only {min(docs)} test document(s) compared (fewer than {MIN_DOCUMENTS}): intervals, differences "
+            "and p-values over so few documents are rough; use more data or a larger --test-frac"]
