@@ -158,6 +158,11 @@ def decompose_nodes(
     progress: Progress | None = None,
 ) -> CriteriaTree:
     """Decompose ``nodes`` in order and return the tree with their children added."""
+    from hdeval.request_files import export_first_requests
+
+    # while exporting (train --export-requests): each node's first request depends only on its
+    # ancestors, so all are known now and are written as one stage
+    export_first_requests(backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes])
     taken: set[str] = set(tree.keys)
     is_cached = getattr(backend, "is_cached", None)  # only a CachedBackend can tell
     for node in nodes:
