@@ -169,7 +169,7 @@ def _ask_before_a_long_local_run(config) -> None:
     seconds, line = _estimate(config, plans, identity)
     if seconds is None or seconds <= LONG_RUN_SECONDS:
         return
-    what = f"this run on the embedded model is {line.removeprefix('estimated time: ')}"
+    what = f"this run on the embedded model is {line.split(': ', 1)[-1]}"
     if sys.stdin.isatty():
         if click.confirm(f"{what}. Start it?", default=False, err=True):
             return
@@ -233,6 +233,10 @@ def _check_outputs(config, out: str | None, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
+def _n(x: int | None) -> str:
+    return "?" if x is None else str(x)
+
+
 def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
                 batch: bool = False,
                 decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
@@ -243,7 +247,7 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         width = max(len(p.stage) for p in plans)
         click.echo(f"{'stage':<{width}}  {'calls':>9}  cached  est.prompt-tok  est.completion-tok")
     else:
-        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
+        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok  requests")
     tot_calls = tot_p = tot_c = 0
     for p in plans:
         calls = p.decompose_calls + p.score_calls
@@ -256,7 +260,11 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
             click.echo(f"{p.stage:<{width}}  {calls:>9}  {cached:>6}  {p.prompt_tokens:>14}  {p.completion_tokens:>18}")
             continue
         click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
-                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{_n(p.requests):>8}")
+    if any(p.requests is not None for p in plans):
+        # the progress bar counts requests; the LLM is paid per distinct one (a call)
+        click.echo("requests: decompositions + one scoring request per sample and criterion, as the progress "
+                   "counts them; identical requests (samples with the same text) share one call")
     known_cached = sum(p.cached or 0 for p in plans)
     click.echo(f"total: <= {tot_calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")

@@ -62,6 +62,9 @@ class LayerPlan:
     stage: str = ""  # a method whose steps are not criteria layers names them (dna)
     decompose_prompt_tokens: int = 0  # of which decomposition (priced apart: --decompose-llm)
     decompose_completion_tokens: int = 0
+    # what the progress counts: decompositions + one scoring request per sample and criterion
+    # (identical requests, samples with the same text, share one call: score_calls can be fewer)
+    requests: int | None = None
 
 
 def prompt_chars(req) -> int:
