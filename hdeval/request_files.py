@@ -291,7 +291,7 @@ def read_request_file(path: str | Path) -> dict[str, bool]:
         key, body = row.get("custom_id"), row.get("body")
         if not isinstance(key, str) or not _KEY.match(key) or not isinstance(body, dict):
             raise DataError(f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
-                            "`hdeval apply --export-requests` wrote (nothing imported)")
+                            "`hdeval apply/train --export-requests` wrote (nothing imported)")
         if key in asked:
             raise DataError(f"{path}: line {n}: custom_id {key[:12]}... given twice (nothing imported)")
         asked[key] = bool(body.get("logprobs"))
