@@ -229,9 +229,10 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
             except BudgetExceeded:
                 # only a chain of requests each built from the last reply asks past the strategy
                 raise ConfigError(
-                    "--export-requests: this stage asks its requests one at a time, each built from the "
-                    "last reply (JSON with re-asks: a reply could not be used), which a batch engine "
-                    "cannot answer; run this stage without --export-requests, then export again") from None
+                    "--export-requests: this stage asks for JSON one request at a time, re-asking with "
+                    "each unusable reply (DnA's aspects and weights per pair; a decomposition whose "
+                    "reply could not be used), which a batch engine cannot answer; run this stage "
+                    "without --export-requests, then export again") from None
             else:
                 return  # every stage was cached: the training ran to its end; no file
         umask = os.umask(0)

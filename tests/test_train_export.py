@@ -126,3 +126,38 @@ def test_export_needs_an_openai_compatible_backend(toy, tmp_path: Path) -> None:
             "--export-requests", tmp_path / "r.jsonl")
     assert r.exit_code != 0 and "OpenAI-compatible" in r.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_decomposition_re_ask_is_refused_with_one_line(server, toy, tmp_path: Path) -> None:
+    llm = ["--llm", MODEL, "--base-url", server.url, "--layers", "2", "--cache-dir", tmp_path / "c"]
+    req, res = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    for garbage in (False, True):  # layer 1's scores, then layer 2's decompositions, unusable
+        r = run("train", *toy, *llm, "--export-requests", req)
+        assert r.exit_code == 0 and "wrote" in r.stderr, r.stderr
+        kinds = answer(req, res)
+        if garbage:
+            assert set(kinds) == {"decompose"}
+            rows = [json.loads(x) for x in res.read_text().splitlines()]
+            for row in rows:
+                row["response"]["body"]["choices"][0]["message"]["content"] = "no criteria here"
+            write_jsonl(res, rows)
+        assert run("cache", "import", res, "--requests", req, "--cache-dir", tmp_path / "c").exit_code == 0
+    written = req.read_bytes()
+    r = run("train", *toy, *llm, "--export-requests", req)
+    assert r.exit_code != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "one request at a time" in last and "without --export-requests" in last and "Traceback" not in r.stderr
+    assert req.read_bytes() == written  # the answered file is left as it was
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".requests.jsonl.")]  # no temporary left
+
+
+def test_dna_weights_asked_per_pair_are_refused_with_one_line(faireval40, tmp_path: Path) -> None:
+    r = run("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", MODEL,
+            "--base-url", "http://127.0.0.1:9/v1", "--cache-dir", tmp_path / "c", "-q",
+            "--export-requests", tmp_path / "r.jsonl")
+    # DnA asks each pair's aspects and weights as JSON with re-asks: refused in one line naming
+    # the way out, never the budget's "--max-calls 0", and no file written
+    assert r.exit_code != 0 and "Traceback" not in r.stderr and "max-calls" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "one request at a time" in last and "DnA" in last and "without --export-requests" in last
+    assert not (tmp_path / "r.jsonl").exists()
