@@ -185,6 +185,9 @@ def _check_export(config, export_file: str) -> None:
 
 
 def _print_exported(done, stage: str, cache_dir: str | None) -> None:
+    from hdeval.cli.common import _end_open_line
+
+    _end_open_line()  # a progress line redrawn on a terminal ends first
     where = f" --cache-dir {cache_dir}" if cache_dir else ""
     click.echo(f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
                f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
