@@ -161,3 +161,19 @@ def test_dna_weights_asked_per_pair_are_refused_with_one_line(faireval40, tmp_pa
     last = r.stderr.strip().splitlines()[-1]
     assert "one request at a time" in last and "DnA" in last and "without --export-requests" in last
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_python_api_raises_requests_exported(server, tmp_path: Path) -> None:
+    from hdeval.request_files import RequestsExported
+    from hdeval.train import train
+
+    task = tmp_path / "toy_task.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    data = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
+    req = tmp_path / "r.jsonl"
+    before = len(server.requests)
+    with pytest.raises(RequestsExported) as got:
+        train(task=str(task), data=str(data), llm=MODEL, base_url=server.url, layers=1, aggregator="lr",
+              cache_dir=str(tmp_path / "c"), export_requests=req)
+    assert got.value.path == req and got.value.count == len(req.read_text().splitlines()) == 36 * 2
+    assert len(server.requests) == before
