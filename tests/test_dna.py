@@ -25,6 +25,7 @@ from hdeval.methods.dna import (
     validate_weights,
     weighted_totals,
 )
+from hdeval.progress import Progress
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -550,3 +551,41 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
     del m["method_args"]["logprobs"]
     mf.write_text(json.dumps(m))
     assert load_artifact(path).settings.logprobs is False
+
+
+class _Stages(Progress):
+    """Records each stage's label, its announced total and the units actually advanced."""
+
+    def __init__(self):
+        self.stages: list[list] = []
+        self.lines: list[str] = []
+
+    def stage(self, label, total):
+        self.stages.append([label, total, 0])
+
+    def advance(self, n=1, cached=False):
+        self.stages[-1][2] += n
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg"}, {"dna_mode": "direct"}])
+def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faireval40, tmp_path, options):
+    from hdeval.train import TrainConfig, plan
+
+    cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
+                      cache_dir=str(tmp_path / "cache"), method_options=options)
+    _, planned, _ = plan(cfg, backend=FakeBackend())
+    rec = _Stages()
+    fake = FakeBackend()
+    train(cfg, progress=rec, backend=fake)
+    calls = {p.stage: p.score_calls for p in planned}
+    # every stage drawn as a bar is a dry-run stage, counting calls (not "prompts" read twice)
+    assert [s[0] for s in rec.stages] == [f"{p.stage}, 40 pairs, calls" for p in planned
+                                         if p.stage not in ("weights", "aspects")]
+    for label, total, done in rec.stages:
+        assert total == done == calls[label.split(", 40 pairs")[0]]
+    if "weights" in calls:
+        assert "weights: 40 calls, one per pair" in rec.lines
+    assert sum(calls.values()) == fake.calls

@@ -50,7 +50,7 @@ def plan_dna(config, prep, backend=None) -> list:
     try:
         if not settings.uses_aspects:
             role = settings.mode
-            exact(1, f"{role} x {len(orders)} order(s)", role, [
+            exact(1, settings.scoring_stage(1), role, [
                 overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
                 for p in pairs for sw in orders])
             return plans
@@ -73,16 +73,16 @@ def plan_dna(config, prep, backend=None) -> list:
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
             s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
             estimated(2, "weights", "weights", len(pairs), w_chars)
-            estimated(3, f"aspect scores ({settings.k} per pair x {n_orders} order(s))", "score",
+            estimated(3, settings.scoring_stage(settings.k), "score",
                       len(pairs) * settings.k * n_orders, s_chars)
         else:
             exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
-            exact(2, f"aspect scores ({len(fixed)} per pair x {n_orders} order(s))", "score",
+            exact(2, settings.scoring_stage(len(fixed)), "score",
                   [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders])
         if settings.mode == "prompt-agg":
             chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
                 settings.k if settings.dynamic else len(fixed))
-            estimated(len(plans) + 1, f"prompt aggregation x {n_orders} order(s)", "prompt_agg",
+            estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg",
                       len(pairs) * n_orders, chars)
         return plans
     finally:

@@ -80,7 +80,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 return req, validate_aspects(settings.k), _feedback
 
             if progress is not None:
-                progress.message(f"asking for {settings.k} aspects per pair ({len(pairs)} pairs)")
+                progress.message(f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
             for p, got in zip(pairs, ask_json_many(llm, [propose(p) for p in pairs], concurrency)):
                 if isinstance(got, UnusableReply):
                     fail(p.id, f"aspects: {got}")
@@ -97,7 +97,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
         with_aspects = [p for p in pairs if p.id in aspects]
         if progress is not None:
-            progress.message(f"asking for aspect weights ({len(with_aspects)} pairs)")
+            progress.message(f"weights: {len(with_aspects)} calls, one per pair")
         for p, got in zip(with_aspects, ask_json_many(llm, [weigh(p) for p in with_aspects], concurrency)):
             if isinstance(got, UnusableReply):
                 fail(p.id, f"weights: {got}")
@@ -137,11 +137,13 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
-    n_req = len(cells_first)
+    # one call answers both sides: the first pass pays and counts calls, the second reads the
+    # same replies back for the other side
+    per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
     if progress is not None:
-        progress.stage(f"pairwise scoring: {len(scorable)} pairs, {n_req} prompts", 2 * n_req)
+        progress.stage(f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", len(cells_first))
     m1 = fill_matrix(llm, cells_first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-    m2 = fill_matrix(llm, cells_second, lambda cs: _side(reader(cs[0]), 1), concurrency, progress)
+    m2 = fill_matrix(llm, cells_second, lambda cs: _side(reader(cs[0]), 1), concurrency)
     if progress is not None:
         progress.end_stage()
     matrix = _merge(ids, [m1, m2])
@@ -168,8 +170,12 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
+        if progress is not None:
+            progress.stage(f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", len(agg_a))
         m3 = fill_matrix(llm, agg_a, lambda cs: _side(_read_pair(cs[0]), 0), concurrency, progress)
-        m4 = fill_matrix(llm, agg_b, lambda cs: _side(_read_pair(cs[0]), 1), concurrency, progress)
+        m4 = fill_matrix(llm, agg_b, lambda cs: _side(_read_pair(cs[0]), 1), concurrency)
+        if progress is not None:
+            progress.end_stage()
         extra = _merge(ids, [m3, m4])
         for f in extra.failures:
             fail(f.sample_id, f"{f.criterion_key}: {f.reason}")

@@ -60,6 +60,20 @@ class Settings:
         roles = (["aspects"] if self.dynamic else []) + ["weights", "score"]
         return roles + (["prompt_agg"] if self.mode == "prompt-agg" else [])
 
+    @property
+    def orders(self) -> int:
+        return 2 if self.swap else 1
+
+    def scoring_stage(self, aspects_per_pair: int) -> str:
+        """The pairwise scoring stage's name, as the dry run lists it and progress shows it."""
+        if not self.uses_aspects:
+            return f"{self.mode} x {self.orders} order(s)"
+        return f"aspect scores ({aspects_per_pair} per pair x {self.orders} order(s))"
+
+    @property
+    def aggregation_stage(self) -> str:
+        return f"prompt aggregation x {self.orders} order(s)"
+
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "aspect_source": self.aspect_source, "k": self.k,
                 "tie_margin": self.tie_margin, "swap": self.swap, "logprobs": self.logprobs}
