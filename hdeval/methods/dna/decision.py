@@ -20,6 +20,32 @@ def decide(total_a: float, total_b: float, tie_margin: float = 0.0) -> str:
     return "a" if diff > 0 else "b"
 
 
+def learn_tie_margin(diffs: Sequence[float], human: Sequence[str]) -> tuple[float, dict[str, Any]]:
+    """The tie margin with the highest agreement with ties on labelled training pairs.
+
+    ``diffs``: total A minus total B of each training pair with a verdict; ``human``: their
+    labels. The candidates are 0 and every observed ``|diff|`` (agreement only changes there);
+    on a draw the smallest wins, so without human ties the margin stays 0.
+    """
+    d = np.abs(np.asarray(diffs, float))
+    h = np.asarray(list(human), dtype=object)
+    sides = np.where(np.asarray(diffs, float) > 0, "a", "b")
+    candidates = np.unique(np.concatenate([[0.0], d]))
+    # a pair within the margin is predicted a tie, else its side (the two hit counts below)
+    side_hit = sides == h
+    tie_hit = h == "tie"
+    hits = np.array([int(np.sum(np.where(d <= m, tie_hit, side_hit))) for m in candidates])
+    best = int(np.argmax(hits))  # the first maximum: the smallest margin
+    n = len(d)
+    info = {"value": float(candidates[best]), "from": "training split",
+            "how": "the candidate with the highest agreement with ties on the training pairs (the smallest "
+                   "on a draw); candidates: 0 and each training pair's |total A - total B|",
+            "candidates": len(candidates), "pairs": n, "human_ties": int(np.sum(tie_hit)),
+            "train_w_ties": round(hits[best] / n, 6) if n else None,
+            "train_w_ties_at_0": round(hits[0] / n, 6) if n else None}
+    return float(candidates[best]), info
+
+
 def weighted_totals(scores_a: Sequence[float], scores_b: Sequence[float],
                     weights: Sequence[float]) -> tuple[float, float]:
     """The external weighted sum of each response's aspect scores (weights sum to 1)."""

@@ -3,6 +3,7 @@ measure both on each split."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from hdeval.errors import ScoringError
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, run_record, usage_of
-from hdeval.methods.dna.decision import fit_learned
+from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult
@@ -29,6 +30,8 @@ def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.nd
     if res.consistent:
         got = [res.consistent[pairs[i].id] for i in idx if pairs[i].id in res.consistent]
         out["position_consistency"] = round(sum(got) / len(got), 6) if got else None
+        # the share of pairs whose verdict (a, b or tie at the margin) changes with the order shown
+        out["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
     return out
 
 
@@ -41,6 +44,13 @@ def _mean_weights(res: PairScoreResult, dynamic: bool, limit: int = 50) -> dict[
     if dynamic:
         return {k: {"mean": round(float(np.mean(v)), 6), "instances": len(v)} for k, v in ranked}
     return {k: round(float(np.mean(v)), 6) for k, v in ranked}
+
+
+def _margin_words(info: dict[str, Any]) -> str:
+    if info["from"] != "training split":
+        return "given"
+    return (f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
+            f"against {info['train_w_ties_at_0']} at 0")
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:
@@ -66,6 +76,18 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     tr = np.array([pos[s] for s in split.train_ids])
     te = np.array([pos[s] for s in split.test_ids])
     primary = "llm_weights" if settings.mode == "dna" else settings.mode.replace("-", "_")
+
+    # -- the tie margin: the user's, else learned on the training split's verdicts
+    if settings.tie_margin is None:
+        got = [i for i in tr if res.labels[i] is not None and pairs[i].label is not None]
+        margin, margin_info = learn_tie_margin([res.predictions[i, 0] - res.predictions[i, 1] for i in got],
+                                               [pairs[i].label for i in got])
+        settings = dataclasses.replace(settings, tie_margin=margin, tie_margin_from="training split")
+        ev.settings = settings
+        res.apply_margin(margin)
+    else:
+        margin_info = {"value": settings.tie_margin, "from": "given", "how": "set with --tie-margin"}
+    ctx.progress.message(f"tie margin {settings.tie_margin:g} ({_margin_words(margin_info)})")
 
     # -- learned aggregation on the training split (predefined aspects only)
     learned_info: dict[str, Any]
@@ -119,6 +141,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         "test": _split_metrics(res, pairs, te, primary),
         "train": _split_metrics(res, pairs, tr, primary),
         "learned": learned_info,
+        "tie_margin": margin_info,
         "failure_rate": round(rate, 6),
         "failed_pairs": sum(1 for lab in res.labels if lab is None),
         "score_failures": len(res.criteria.failures),
@@ -131,6 +154,11 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     if settings.swap:
         got = list(res.consistent.values())
         ev.metrics["position_consistency"] = round(sum(got) / len(got), 6) if got else None
+        ev.metrics["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
+    else:
+        ev.metrics["swap_flip_rate"] = None
+        ev.metrics["swap_flip_note"] = ("each pair was judged in one order only; --swap judges both orders "
+                                        "(twice the scoring calls) and measures the flip rate")
 
     split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
     table = pd.DataFrame(res.criteria.values, columns=res.criteria.criterion_keys)

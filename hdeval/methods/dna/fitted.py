@@ -164,7 +164,11 @@ class DnaEvaluator(Saving):
                 parts.append(f"{key} w/o ties {a['wo_ties']}, w/ ties {a['w_ties']}")
         pc = self.metrics.get("position_consistency")
         if pc is not None:
-            parts.append(f"position consistency {pc}")
+            parts.append(f"position consistency {pc}, swap flip rate {self.metrics.get('swap_flip_rate')}")
+        tm = self.metrics.get("tie_margin")
+        if isinstance(tm, dict):
+            how = "learned on the training split" if tm.get("from") == "training split" else "given"
+            parts.append(f"tie margin {tm.get('value')} ({how})")
         return "held-out agreement with human labels: " + "; ".join(parts)
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:

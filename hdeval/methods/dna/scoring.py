@@ -38,6 +38,15 @@ class PairScoreResult(ScoreResult):
     failures: dict[str, list[str]] = field(default_factory=dict)
     consistent: dict[str, bool] = field(default_factory=dict)  # with swap: same winner both orders
     diffs: np.ndarray | None = None  # predefined aspects: per-aspect A minus B (NaN = failed)
+    # with swap: each pair's totals (a, b) as shown first, then as shown swapped
+    order_totals: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+    def apply_margin(self, tie_margin: float) -> None:
+        """Re-decide every verdict that depends on the tie margin (the totals stay)."""
+        self.labels = [None if lab is None else decide(ta, tb, tie_margin)
+                       for lab, (ta, tb) in zip(self.labels, self.predictions)]
+        self.consistent = {pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
+                           for pid, (fa, fb, ra, rb) in self.order_totals.items()}
 
     def correlations(self, samples):  # pairs have labels, not scores: see agreement()
         return None
@@ -185,7 +194,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     totals = np.full((len(ids), 2), np.nan)
     labels: list[str | None] = []
     labels_ab: list[str | None] = []
-    consistent: dict[str, bool] = {}
+    order_totals: dict[str, tuple[float, float, float, float]] = {}
     for i, p in enumerate(pairs):
         if p.id in failures:
             labels.append(None)
@@ -198,13 +207,12 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         sa, sb = _mean_scores(matrix, p.id, cols, settings.swap)
         ta, tb = weighted_totals(sa, sb, w)
         totals[i] = (ta, tb)
-        labels.append(decide(ta, tb, settings.tie_margin))
+        labels.append("")  # decided below, by the tie margin
         labels_ab.append(None if ta == tb else ("a" if ta > tb else "b"))
         if settings.swap:
             fa, fb = _order_scores(matrix, p.id, cols, "")
             ra, rb = _order_scores(matrix, p.id, cols, SWAP)
-            consistent[p.id] = (decide(*weighted_totals(fa, fb, w), settings.tie_margin)
-                                == decide(*weighted_totals(ra, rb, w), settings.tie_margin))
+            order_totals[p.id] = (*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w))
     diffs = None
     if settings.uses_aspects and not settings.dynamic:
         keys = list(task.aspect_keys)
@@ -213,10 +221,13 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             if p.id not in failures:
                 sa, sb = _mean_scores(matrix, p.id, keys, settings.swap)
                 diffs[i] = sa - sb
-    return PairScoreResult(
+    res = PairScoreResult(
         ids, ["total_a", "total_b"], totals, matrix, usage_of(llm), labels=labels, labels_ab=labels_ab,
         pair_aspects=aspects, weights={k: [float(x) for x in v] for k, v in weights.items()},
-        failures=failures, consistent=consistent, diffs=diffs)
+        failures=failures, diffs=diffs, order_totals=order_totals)
+    # no margin yet (to be learned on the training split): decide at 0 until it is
+    res.apply_margin(settings.tie_margin or 0.0)
+    return res
 
 
 def _merge(ids: list[str], parts: Sequence[ScoreMatrix]) -> ScoreMatrix:

@@ -19,11 +19,14 @@ class Settings:
     mode: str = "dna"
     aspect_source: str = "predefined"
     k: int = 4
-    tie_margin: float = 0.0
+    tie_margin: float | None = None  # None: learned on the training split (learn_tie_margin)
     swap: bool = False
     # aspect scores weighted by their tokens' top logprobs (False: the reply text, as artifacts
     # written before this option record nothing and were scored that way)
     logprobs: bool = False
+    # where tie_margin came from: "given" (by the user; artifacts written before margins were
+    # learned record nothing and were given theirs) or "training split"
+    tie_margin_from: str = "given"
 
     def check(self, where: str = "option") -> "Settings":
         problems = [
@@ -32,8 +35,8 @@ class Settings:
              f"--aspect-source must be one of {', '.join(SOURCES)}, got {self.aspect_source!r}"),
             (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_K,
              f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}"),
-            (isinstance(self.tie_margin, (int, float)) and not isinstance(self.tie_margin, bool)
-             and math.isfinite(self.tie_margin) and self.tie_margin >= 0,
+            (self.tie_margin is None or isinstance(self.tie_margin, (int, float))
+             and not isinstance(self.tie_margin, bool) and math.isfinite(self.tie_margin) and self.tie_margin >= 0,
              f"--tie-margin must be 0 or more, got {self.tie_margin!r}"),
             (isinstance(self.swap, bool), f"--swap must be true or false, got {self.swap!r}"),
             (isinstance(self.logprobs, bool), f"--logprob-scores must be true or false, got {self.logprobs!r}"),
@@ -76,7 +79,8 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "aspect_source": self.aspect_source, "k": self.k,
-                "tie_margin": self.tie_margin, "swap": self.swap, "logprobs": self.logprobs}
+                "tie_margin": self.tie_margin, "tie_margin_from": self.tie_margin_from, "swap": self.swap,
+                "logprobs": self.logprobs}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Settings":
@@ -84,9 +88,13 @@ class Settings:
             raise ArtifactError(f"{where}: method_args is not an object")
         try:
             s = cls(**{k: d[k] for k in ("mode", "aspect_source", "k", "tie_margin", "swap")},
-                    logprobs=d.get("logprobs", False))
+                    logprobs=d.get("logprobs", False), tie_margin_from=d.get("tie_margin_from", "given"))
         except KeyError as exc:
             raise ArtifactError(f"{where}: method_args lacks {exc}") from None
+        # a fitted judge has decided its margin
+        if s.tie_margin is None or s.tie_margin_from not in ("given", "training split"):
+            raise ArtifactError(f"{where}: method_args holds no usable tie margin "
+                                f"({s.tie_margin!r} from {str(s.tie_margin_from)[:40]!r})")
         try:
             return s.check(where)
         except ConfigError as exc:
