@@ -32,7 +32,7 @@ from hdeval.errors import ConfigError, HdevalError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
 @click.option("--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train.")
-@click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) for a quick run.")
+@click.option("--limit", default=None, type=int, help="Use about N samples for a quick run: whole documents until at least N.")
 @click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
               help="Stop when a larger share of criterion scores cannot be read.")
 @click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
