@@ -47,7 +47,7 @@ def method_options(f):
         if isinstance(first.default, bool):
             f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(f)
         else:
-            kind = click.Choice(first.choices) if first.choices else (
+            kind = click.Choice(first.choices) if first.choices else first.kind or (
                 None if first.default is None else type(first.default))
             f = click.option(flag, name, default=None, type=kind, help=text)(f)
     return click.option("--method", default="hdeval", show_default=True, type=click.Choice(method_names()),

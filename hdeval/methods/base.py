@@ -208,6 +208,7 @@ class Option:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    kind: type | None = None  # the value's type where the default is None (the method decides)
 
     def shown_default(self) -> str | None:
         """The default as help shows it (on/off for a flag); None for "not set" (the help says)."""
@@ -216,10 +217,10 @@ class Option:
         return ("on" if self.default else "off") if isinstance(self.default, bool) else str(self.default)
 
 
-def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A field of a method's options model: its one default, its help, its allowed values. The
-    CLI offers it as ``--name`` (``_`` -> ``-``)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None, kind: type | None = None) -> Any:
+    """A field of a method's options model: its one default, its help, its allowed values, and
+    (where the default is None) the type of a given value. The CLI offers it as ``--name``."""
+    return field(default=default, metadata={"help": help, "choices": choices, "kind": kind})
 
 
 def flag(name: str) -> str:
@@ -237,8 +238,8 @@ class MethodOptions:
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
-        return {f.name: Option(f.default, f.metadata.get("help", ""), f.metadata.get("choices"))
-                for f in fields(cls)}
+        return {f.name: Option(f.default, f.metadata.get("help", ""), f.metadata.get("choices"),
+                               f.metadata.get("kind")) for f in fields(cls)}
 
     @classmethod
     def build(cls, given: Mapping[str, Any], method: str) -> "MethodOptions":
@@ -267,7 +268,7 @@ class MethodOptions:
 
 def _check_value(name: str, value: Any, spec: Option) -> None:
     """The value fits the option's default's kind (a whole number where the default is one, ...)."""
-    default, where = spec.default, flag(name)
+    default, where = spec.default if spec.kind is None else spec.kind(), flag(name)
     if spec.choices:
         if value not in spec.choices:
             raise ConfigError(f"{where} must be one of {', '.join(spec.choices)}, got {value!r}")
@@ -300,7 +301,7 @@ def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOpti
     """A plug-in's mapping name -> Option as an options model."""
     return make_dataclass(
         f"{method.title().replace('-', '')}Options",
-        [(name, Any, option(o.default, o.help, o.choices)) for name, o in options.items()],
+        [(name, Any, option(o.default, o.help, o.choices, o.kind)) for name, o in options.items()],
         bases=(MethodOptions,), frozen=True)
 
 
