@@ -205,6 +205,32 @@ def test_an_interrupt_stops_a_running_json_chain_before_its_next_re_ask(tmp_path
     assert request_key(fake.identity, _req("give json")) in cache_entries(tmp_path / "c")
 
 
+def test_a_cancelled_joiner_of_a_request_in_flight_does_not_pay_for_it_again(tmp_path) -> None:
+    import asyncio
+
+    from hdeval import aio
+
+    gate = threading.Event()
+    fake = Scripted(lambda t: gate.wait(10))
+    cb = CachedBackend(fake, tmp_path / "c")
+
+    async def scenario():
+        owner = asyncio.ensure_future(cb.acomplete(_req("same")))
+        await asyncio.sleep(0.1)  # the owner's call is running
+        joiner = asyncio.ensure_future(cb.acomplete(_req("same")))
+        await asyncio.sleep(0.1)  # the joiner waits for the owner's reply
+        joiner.cancel()
+        await asyncio.sleep(0.1)
+        gate.set()
+        got = await owner
+        return got, (await asyncio.gather(joiner, return_exceptions=True))[0]
+
+    got, joined = aio.run(scenario())
+    assert isinstance(joined, asyncio.CancelledError)
+    assert fake.asked == ["same"] and not got.cached
+    cb.close()
+
+
 def test_two_threads_asking_the_same_request_pay_once(tmp_path) -> None:
     gate = threading.Event()
     fake = Scripted(lambda t: gate.wait(10))
