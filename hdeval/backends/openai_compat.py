@@ -10,7 +10,8 @@ backoff, or the server's ``Retry-After`` when that is longer. A 4xx about one re
 filtered; 413, 422) is a :class:`~hdeval.errors.RequestRejected`; anything else a one-line
 :class:`~hdeval.errors.BackendError`.
 
-``timeout`` bounds a whole request (asyncio's timeout, not only each socket read). Every reply
+``timeout`` bounds each attempt of a request as a whole (asyncio's timeout, not only each socket
+read); every retry gets its own. Every reply
 body goes through :class:`BoundedTransport`, which stops reading past ``max_reply_bytes``
 (compressed or not), so no reply is read without bound, the SDK's error path included.
 Redirects are reported, never followed.
@@ -395,7 +396,7 @@ class OpenAICompatBackend:
     ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server
     gets a placeholder key when none is given. An Azure OpenAI host is spoken to with
     ``AsyncAzureOpenAI`` (its ``?api-version=`` from the URL's query). ``timeout`` bounds each
-    request as a whole; ``max_retries`` bounds retries of transient failures, waiting
+    attempt as a whole (every retry gets its own); ``max_retries`` bounds retries of transient failures, waiting
     ``backoff_base * 2**n`` seconds plus jitter (capped at ``backoff_cap``); malformed bodies
     are retried at most ``max_malformed_retries`` times. :meth:`acomplete` runs on
     :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
