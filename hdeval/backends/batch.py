@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
-from hdeval.request_files import ENDPOINT, request_line as _line, result_outcome
+from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 
 POLL_ENV = "HDEVAL_BATCH_POLL_INTERVAL"  # seconds between status checks of a batch job
 DEFAULT_POLL = 30.0
