@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hdeval.methods.base import Method, Option
+from hdeval.methods.hdeval import fake as _fake  # noqa: F401 - registers HD-Eval's fake responders
 
 
 def _fit(ctx):
