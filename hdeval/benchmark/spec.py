@@ -112,7 +112,7 @@ def parse_method_option(item: str) -> tuple[str, str, Any]:
     opt, key = _option_of(entry, name.strip())
     raw = raw.strip()
     where = f"--method-option {entry}.{name.strip()}"
-    default = opt.default
+    default = opt.default if opt.kind is None else opt.kind()
     if opt.choices:
         if raw not in opt.choices:
             raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(opt.choices)}")

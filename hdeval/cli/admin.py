@@ -18,7 +18,8 @@ def methods_cmd() -> None:
         m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.items():
-            click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
+            shown = "" if opt.default is None else f" (default {opt.default})"  # None: the help says
+            click.echo(f"  --{opt_name.replace('_', '-')}{shown}: {opt.help}")
 
 
 @click.command("tasks")

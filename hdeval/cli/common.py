@@ -279,9 +279,9 @@ def method_options(f):
             f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None,
                              help=f"{where}{opt.help} (default: {'on' if opt.default else 'off'})")(f)
         else:
-            kind = click.Choice(opt.choices) if opt.choices else type(opt.default)
-            f = click.option(flag, name, default=None, type=kind,
-                             help=f"{where}{opt.help} (default: {opt.default})")(f)
+            kind = click.Choice(opt.choices) if opt.choices else opt.kind or type(opt.default)
+            shown = "" if opt.default is None else f" (default: {opt.default})"
+            f = click.option(flag, name, default=None, type=kind, help=f"{where}{opt.help}{shown}")(f)
     return click.option("--method", default="hdeval", show_default=True, type=click.Choice(method_names()),
                         help="How the evaluator is built: see `hdeval methods`.")(f)
 
