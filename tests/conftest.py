@@ -54,6 +54,10 @@ def pytest_configure(config) -> None:
     # The test servers answer by prompt kind: the test-only switch that sends it as a header (a
     # real server never gets it). Set here, so module-scoped fixtures and subprocesses see it.
     os.environ["HDEVAL_TEST_KIND_HEADER"] = "1"
+    # A method registers its fake LLM's responders when its package is imported (the registry
+    # imports them all on first use); tests that use the fake directly with HD-Eval's "score" or
+    # "decompose" requests get HD-Eval's here.
+    import hdeval.methods.hdeval  # noqa: F401
     # `HDEVAL_DATA_DIR=../shared/data python -m pytest` (the README's command): resolve the
     # relative path once, against the directory pytest was started in, before any test starts
     # a subprocess in another working directory (which would resolve it there).

@@ -17,7 +17,7 @@ def llm_options(f):
     f = click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, type=int,
                      help="LLM requests in flight.")(f)
     f = click.option("--timeout", default=DEFAULT_TIMEOUT, show_default=True, type=float,
-                     help="Seconds per LLM request.")(f)
+                     help="Seconds per attempt of an LLM request (each retry gets its own).")(f)
     f = click.option("--max-retries", default=DEFAULT_MAX_RETRIES, show_default=True, type=int,
                      help="Retries per request on 429/5xx/timeouts.")(f)
     f = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False),
