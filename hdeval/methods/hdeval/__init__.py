@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-<<<<<<< HEAD
 from hdeval.methods.base import Method
-from hdeval.methods.hdeval.options import HDEvalOptions
-=======
-from hdeval.methods.base import Method, Option
 from hdeval.methods.hdeval import fake as _fake  # noqa: F401 - registers HD-Eval's fake responders
->>>>>>> client
+from hdeval.methods.hdeval.options import HDEvalOptions
 
 
 def _fit(ctx):
