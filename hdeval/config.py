@@ -78,12 +78,6 @@ class LLMConfig:
     def replace(self, **changes: Any) -> "LLMConfig":
         return dataclasses.replace(self, **changes)
 
-    def resolved(self, env: Mapping[str, str] | None = None) -> "LLMConfig":
-        """The same config with ``model`` resolved to a concrete name."""
-        from hdeval.backends.factory import resolve_llm
-
-        return self.replace(model=resolve_llm(self.model, env))
-
     def to_manifest(self) -> dict[str, Any]:
         """What an artifact records: the model and server, never a key or credentials."""
         from hdeval.urls import public_url

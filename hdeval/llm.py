@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from hdeval.backends.base import Backend
-from hdeval.backends.factory import make_backend
+from hdeval.backends.factory import make_backend, resolve_llm
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.paths import default_cache_dir
+
+
+def resolved(config: LLMConfig) -> LLMConfig:
+    """The same config with ``model`` resolved to a concrete name (``--llm``, ``HDEVAL_LLM``,
+    an API key, the embedded model)."""
+    return config.replace(model=resolve_llm(config.model))
 
 
 def open_llm(
@@ -25,7 +31,7 @@ def open_llm(
         return backend
     config.validate()
     if backend is None:
-        backend = make_backend(config.resolved(), offline=offline)
+        backend = make_backend(resolved(config), offline=offline)
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
     strategy = None
     if config.batch:

@@ -179,7 +179,9 @@ def train(
     prep = prepare(config)
     method = get_method(config.method)
     # An injected backend is recorded by what the caller named it (or its identity).
-    spec = llm_config(config).resolved() if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
+    from hdeval.llm import resolved
+
+    spec = resolved(llm_config(config)) if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     llm = open_backend(config, backend)
     try:
         dec = open_decompose_backend(config, llm, decompose_backend)

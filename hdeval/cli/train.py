@@ -136,9 +136,10 @@ def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
     from hdeval.estimate import estimate_plan
+    from hdeval.llm import resolved
     from hdeval.train import llm_config
 
-    spec = llm_config(config).resolved()
+    spec = resolved(llm_config(config))
     return estimate_plan(plans, identity, spec, config.cache_dir)
 
 
