@@ -207,6 +207,7 @@ class Option:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    kind: type | None = None  # the value's type where the default is None (the method decides)
 
 
 @dataclass

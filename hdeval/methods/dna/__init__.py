@@ -37,7 +37,8 @@ METHOD = Method(
         "dna_mode": Option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES),
         "aspect_source": Option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES),
         "k": Option(4, "aspects the LLM proposes per instance with --aspect-source dynamic"),
-        "tie_margin": Option(0.0, "totals this close are a tie"),
+        "tie_margin": Option(None, "totals this close are a tie (default: learned, the margin whose verdicts "
+                                   "agree best with the training split's human labels)", kind=float),
         "swap": Option(False, "ask every pairwise prompt in both orders and average"),
         "logprob_scores": Option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
                                        "server returns them (else the reply text)"),
