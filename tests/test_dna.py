@@ -431,7 +431,7 @@ def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path
     from hdeval.train import TrainConfig, plan
 
     cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
-                      cache_dir=str(tmp_path / "cache"), method_options=options)
+                      cache_dir=str(tmp_path / "cache"), options=options)
     probe = FakeBackend()
     _, before, _ = plan(cfg, backend=probe)
     assert probe.calls == 0 and [p.stage for p in before] == stages

@@ -62,7 +62,7 @@ class DnaEvaluator(Saving):
         sfx = ["", SWAP] if s.swap else [""]
         return [f"{b}:{side}{x}" for b in bases for x in sfx for side in "ab"]
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
         samples = list(samples)
         if not samples:

@@ -24,13 +24,9 @@ def plan_dna(config, prep, backend=None) -> list:
     the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
     unusable JSON replies are not counted.
     """
-    from hdeval.methods.dna import METHOD
     from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
 
-    opts = {**{k: o.default for k, o in METHOD.options.items()}, **(config.method_options or {})}
-    settings = Settings(mode=opts["dna_mode"], aspect_source=opts["aspect_source"], k=opts["k"],
-                        tie_margin=opts["tie_margin"], swap=opts["swap"],
-                        logprobs=opts["logprob_scores"]).check()
+    settings = config.options.settings()
     task, pairs = prep.task, list(prep.samples)
     templates = load_dna_templates(settings.prompt_roles)
     orders = (False, True) if settings.swap else (False,)

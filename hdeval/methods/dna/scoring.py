@@ -70,7 +70,7 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
 
 
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
-              pairs: Sequence[PairSample], concurrency: int = 8,
+              pairs: Sequence[PairSample], concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
     """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures."""
     ids = [p.id for p in pairs]

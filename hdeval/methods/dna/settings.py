@@ -102,6 +102,4 @@ class Settings:
 
 
 def settings_of(ctx: FitContext) -> Settings:
-    return Settings(mode=ctx.option("dna_mode"), aspect_source=ctx.option("aspect_source"),
-                    k=ctx.option("k"), tie_margin=ctx.option("tie_margin"),
-                    swap=ctx.option("swap"), logprobs=ctx.option("logprob_scores")).check()
+    return ctx.options.settings()
