@@ -553,6 +553,27 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
     assert load_artifact(path).settings.logprobs is False
 
 
+def test_apply_reports_agreement_only_when_the_input_has_labels(tmp_path):
+    # Unlabelled new pairs (the README's examples/new_pairs.jsonl) used to print an "agreement"
+    # line of nulls with n 0; labelled ones still get the agreement line.
+    from conftest import REPO
+
+    ex = REPO / "examples"
+    art = tmp_path / "art"
+    r = run_cli("train", "--task", ex / "pairs_task.toml", "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", art, "-q")
+    assert r.exit_code == 0, r.output
+    r = run_cli("apply", art, ex / "new_pairs.jsonl", "-o", tmp_path / "new.jsonl", "--cache-dir", tmp_path / "cache")
+    assert r.exit_code == 0, r.output
+    assert "agreement with the human labels" not in r.output
+    assert len((tmp_path / "new.jsonl").read_text().splitlines()) == 2
+    r = run_cli("apply", art, ex / "pairs.jsonl", "-o", tmp_path / "old.jsonl", "--cache-dir", tmp_path / "cache")
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("agreement with the human labels in the input: "))
+    got = json.loads(line.split(": ", 1)[1])
+    assert got["llm"]["n"] == 16 and got["learned"]["n"] == 16
+
+
 class _Stages(Progress):
     """Records each stage's label, its announced total and the units actually advanced."""
 

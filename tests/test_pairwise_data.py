@@ -339,6 +339,25 @@ def test_tasks_lists_every_task_with_its_shape():
     assert "summeval (pointwise):" in r.stdout
 
 
+def test_tasks_points_only_downloadable_tasks_at_data_download(monkeypatch):
+    # it used to tell every task without data to run `hdeval data download`, which fails for
+    # the nine built-in tasks that have no download source
+    monkeypatch.delenv("HDEVAL_DATA_DIR", raising=False)
+    r = _run("tasks")
+    assert r.exit_code == 0, r.output
+    status = {}
+    for line in r.stdout.splitlines():
+        if not line.startswith(" "):
+            name = line.split(" ", 1)[0]
+        elif line.startswith("  data: "):
+            status[name] = line
+    assert set(status) == set(POINTWISE_NEW) | set(PAIRWISE_NEW) | {"summeval", "topical_chat", "sfres", "sfhot"}
+    for name in ("summeval", "topical_chat", "sfres", "sfhot"):
+        assert status[name].endswith(f"or run `hdeval data download {name}`)"), status[name]
+    for name in (*POINTWISE_NEW, *PAIRWISE_NEW):
+        assert status[name] == "  data: not found (no download source: set HDEVAL_DATA_DIR or pass --data)"
+
+
 def test_data_list_and_download_on_tasks_without_a_source(tmp_path, monkeypatch):
     monkeypatch.delenv("HDEVAL_DATA_DIR", raising=False)
     r = _run("data", "list")

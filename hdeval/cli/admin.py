@@ -26,14 +26,17 @@ def methods_cmd() -> None:
 def tasks_cmd() -> None:
     """List the built-in tasks, their aspects and whether their data is found."""
     from hdeval.data import data_candidates
+    from hdeval.datasets import DATASETS
     from hdeval.tasks import builtin_tasks, load_task
 
     def go() -> None:
         for name in builtin_tasks():
             task = load_task(name)
             found = next((p for p in data_candidates(task) if p.is_file()), None)
-            status = f"data: {found}" if found else (
-                "data: not found (set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download`)")
+            # only the UniEval sets download: pointing the others at `data download` fails
+            way = (f"set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download {name}`" if name in DATASETS
+                   else "no download source: set HDEVAL_DATA_DIR or pass --data")
+            status = f"data: {found}" if found else f"data: not found ({way})"
             click.echo(f"{name} ({task.shape}): {task.description}")
             for a in task.aspects:
                 click.echo(f"  - {a.key} [{a.low:g}-{a.high:g}]: {a.definition}")

@@ -51,8 +51,10 @@ class PairScoreResult(ScoreResult):
     def correlations(self, samples):  # pairs have labels, not scores: see agreement()
         return None
 
-    def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any]:
+    def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
+        if all(h is None for h in human):  # unlabelled input (apply): nothing to agree with
+            return None
         out = {"llm": agreement(human, self.labels, self.labels_ab)}
         if self.learned_labels is not None:
             out["learned"] = agreement(human, self.learned_labels, self.learned_ab)
