@@ -16,6 +16,7 @@ from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
+from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
     SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
 )
@@ -156,6 +157,7 @@ class ApplyResult:
     correlations: dict | None = None
     failed: int = 0  # LLM-filled cells (sample x column) that could not be read
     cells: int = 0
+    trust: dict = field(default_factory=dict)  # run.trust.RowTrust.summary(): training rows, intervals
 
     @property
     def failure_rate(self) -> float:
@@ -181,7 +183,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
                concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6, cache_dir: str | None = None,
                max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
-               llm_given: bool | None = None,
+               max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
                progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
@@ -221,6 +223,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     refusal = ev.explain_refusal(artifact) if explain else None
     if refusal:
         raise ConfigError(refusal)
+    trust = RowTrust(ev, max_interval_width)
     total, mine = _count(input_file, ev, size, which)
     closing = None
     if which is not None:
@@ -252,6 +255,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 chunk_progress.prefix = f"chunk {k}/{n_chunks}: " if n_chunks > 1 else ""
                 res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
                 rows = ev.output_rows(samples, res)
+                trust.annotate(rows, samples, res)
                 if explain:
                     from hdeval.methods.hdeval.explain import explain_samples
 
@@ -276,6 +280,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
         out.commit()
+    if trust.warning():
+        notify(trust.warning())
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=summary.correlations(),
-                       failed=failed, cells=cells)
+                       agreement=summary.agreement(), correlations=trust.correlations(summary.correlations()),
+                       failed=failed, cells=cells, trust=trust.summary())

@@ -132,7 +132,7 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 
 
 def run_pairwise(ctx: FitContext) -> "PairEvaluator":
-    from hdeval.methods.hdeval.loop import warning_notes
+    from hdeval.methods.hdeval.loop import kept_warnings, warning_notes
 
     check_pairwise_options(ctx)
     config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
@@ -178,6 +178,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
             kind = config.aggregator
             if kind == "auto":
                 kind, selection = select_classifier(X[tr], ytr, groups, config.seed)
+            caught[:] = kept_warnings(caught, kind)  # only warnings about the kept classifier
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
             model = make_classifier(kind, config.seed).fit(X[tr], ytr)
             pred, pred_ab = predict_labels(model, X[te])
