@@ -261,7 +261,15 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
         out["baseline_beats_evaluator"] = True
+        out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
+
+
+# Why a stronger unfitted baseline is reported but not kept as the evaluator.
+BASELINE_NOT_KEPT = (
+    "a baseline is not kept as the evaluator: it is a plain mean of the LLM's 1-5 criterion scores, not a "
+    "prediction on each aspect's score range, so apply could neither give it on the human scale nor calibrate "
+    "its intervals; its held-out figure is in metrics.json next to the evaluator's")
 
 
 def _selection_summary(choice: dict[str, Any]) -> str:
@@ -271,7 +279,9 @@ def _selection_summary(choice: dict[str, Any]) -> str:
         line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
                  f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")
         if choice.get("baseline_beats_evaluator"):
-            line += "; it beats the kept evaluator's cross-validated figure: consider it instead"
+            line += (f"; it beats the kept evaluator's cross-validated figure "
+                     f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but "
+                     + BASELINE_NOT_KEPT)
     return line
 
 
