@@ -101,3 +101,12 @@ def test_a_baseline_that_beats_the_evaluator_is_named_and_why_it_is_not_kept_is_
     note = [t for t, err in lines if t.startswith("note: the simple baseline")]
     assert len(note) == 1 and "not kept as the evaluator" in note[0]
     assert any(t.startswith("final evaluator: layer 1 of 1 built") for t, _ in lines)
+
+
+def test_the_report_banner_names_the_layer_training_kept_and_why():
+    """The banner read a key training never wrote and said "the last one trained"."""
+    from hdeval.report.banner import Banner, layer_line
+
+    banner = Banner()
+    layer_line(banner, {"selection": {"kept_layer": 1, "reason": "layer 1 is not beaten"}}, ["1", "2", "3"])
+    assert [(line.label, line.text) for line in banner.lines] == [("layer kept", "layer 1: layer 1 is not beaten")]
