@@ -225,6 +225,9 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         raise ConfigError(refusal)
     trust = RowTrust(ev, max_interval_width)
     total, mine = _count(input_file, ev, size, which)
+    whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
+    if whole and (which is not None or mine > size):
+        raise ConfigError(f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)")
     closing = None
     if which is not None:
         closing = closing_record(which[0], which[1], mine, file_sha256(input_file),

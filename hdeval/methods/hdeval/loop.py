@@ -107,6 +107,7 @@ def _run(
     agg: Aggregator | None = None
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
     cv_preds: dict[int, np.ndarray] = {}  # layer -> out-of-fold training predictions (intervals)
+    rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.layers + 1):
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
@@ -116,7 +117,8 @@ def _run(
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
                 _share_budget(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress,
+                                       rejections)
                 progress.end_stage()
                 if len(tree) == before and layer > depth:
                     break
@@ -212,6 +214,7 @@ def _run(
             "data_file": str(prep.data_path),
             "decompose_llm": _decompose_record(config, spec, dec, llm),
             **({"tree_input": given.manifest()} if given is not None else {}),
+            **({"decomposition_rejections": rejections} if rejections else {}),
         },
         table,
     )
