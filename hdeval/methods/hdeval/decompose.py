@@ -251,6 +251,11 @@ def decompose_nodes(
 
     ``rejections`` collects every degenerate reply (see :func:`decompose`); a node whose replies
     all stayed degenerate gets an entry with ``"unexpanded": True`` and a warning line."""
+    from hdeval.request_files import export_first_requests
+
+    # while exporting (train --export-requests): each node's first request depends only on its
+    # ancestors, so all are known now and are written as one stage
+    export_first_requests(backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes])
     taken: set[str] = set(tree.keys)
     is_cached = getattr(backend, "is_cached", None)  # only a CachedBackend can tell
     found: list[dict[str, Any]] = [] if rejections is None else rejections
