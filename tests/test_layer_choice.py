@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
@@ -73,3 +74,39 @@ def test_test_rows_decide_nothing_and_the_choice_is_saved_and_said(tmp_path):
     assert (got.predictions == ev.score(samples, backend=pointwise_backend()).predictions).all()
     asked = {r.messages[-1].content.rsplit('criterion "', 1)[1].split('"')[0] for r in backend.requests}
     assert len(asked) == len(loaded.needed_criteria)  # only the kept layers' criteria are scored
+
+
+def test_a_baseline_that_beats_the_evaluator_is_named_and_why_it_is_not_kept_is_said(toy, tmp_path):
+    """Issue #20 item 1: mean_subtree may be recommended; the summary and metrics say plainly
+    why it is not the evaluator the artifact keeps."""
+    from hdeval.methods.hdeval.loop import BASELINE_NOT_KEPT, LayerReport, choose_layer
+    from hdeval.methods.hdeval.summary import summary_lines
+    from hdeval.types import ScoreMatrix
+
+    task_file, data = toy
+    ev = train(task=str(task_file), data=str(data), llm="fake", layers=1, aggregator="lr",
+               cache_dir=str(tmp_path / "c"))
+    aspects = list(ev.task.aspect_keys)
+    samples = read_samples(data, ev.task)
+    Y = np.array([[s.scores[a] for a in aspects] for s in samples])
+    # criterion scores that are the human scores: every baseline is perfect on training rows,
+    # and the evaluator's cross-validated figure is poor
+    matrix = ScoreMatrix([s.id for s in samples], aspects, Y.copy())
+    report = LayerReport(1, aspects, "lr", {"average": {"spearman": -0.2}}, {}, 0.0)
+    tr = np.arange(len(samples))
+    choice = choose_layer([report], ev.tree, matrix, Y, tr, aspects)
+    assert choice["baseline_beats_evaluator"] and choice["baseline_not_kept"] == BASELINE_NOT_KEPT
+    ev.metrics["selection"] = choice
+    lines = summary_lines(ev, tmp_path / "art")
+    note = [t for t, err in lines if t.startswith("note: the simple baseline")]
+    assert len(note) == 1 and "not kept as the evaluator" in note[0]
+    assert any(t.startswith("final evaluator: layer 1 of 1 built") for t, _ in lines)
+
+
+def test_the_report_banner_names_the_layer_training_kept_and_why():
+    """The banner read a key training never wrote and said "the last one trained"."""
+    from hdeval.report.banner import Banner, layer_line
+
+    banner = Banner()
+    layer_line(banner, {"selection": {"kept_layer": 1, "reason": "layer 1 is not beaten"}}, ["1", "2", "3"])
+    assert [(line.label, line.text) for line in banner.lines] == [("layer kept", "layer 1: layer 1 is not beaten")]

@@ -47,7 +47,7 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
     m = json.loads((out / "metrics.json").read_text())
     assert m["shape"] == "pairwise" and m["split"] == {"train": 20, "test": 20}
     assert m["classes"] == ["a", "b", "tie"]  # FairEval has ties
-    assert set(m["layers"]) == {"1", "2", "3"} and m["final"] == m["layers"]["3"]
+    assert set(m["layers"]) == {"1", "2", "3"} and m["final"] == m["layers"][str(m["selection"]["kept_layer"])]
     for a in list(m["layers"].values()) + [m["direct_layer1"]]:
         assert 0 <= a["w_ties"] <= 1 and 0 <= a["wo_ties"] <= 1
         assert sum(sum(c.values()) for c in a["confusion"].values()) == 20
@@ -61,6 +61,51 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
     assert m["usage"]["calls"] >= 80 * 4 + 4 + 80 * 16
     r2 = run_cli(*args, "--force")
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
+
+
+def test_the_kept_layer_is_chosen_on_training_agreement_and_test_labels_decide_nothing(faireval40, tmp_path):
+    """Issue #20 item 1 for pairs: the deepest layer is no longer kept by default."""
+    ev = _train(tmp_path / "a", faireval40, layers=3, top_k=2, aggregator="lr")
+    m, layers = ev.metrics, ev.manifest_extra["layers"]
+    sel = m["selection"]
+    cv = {r["layer"]: r["cv_train"]["w_ties"] for r in layers}
+    assert sel["cv_train_w_ties"] == {str(k): v for k, v in cv.items()}
+    best = 1
+    for k in sorted(cv)[1:]:
+        best = k if cv[k] > cv[best] + 0.01 else best
+    kept = sel["kept_layer"]
+    assert kept == best and m["final_layer"] == kept and m["final"] == m["layers"][str(kept)]
+    in_kept = [k for r in layers if r["layer"] <= kept for k in r["added"]]
+    assert ev.feature_keys == in_kept and sorted(ev.tree.keys) == sorted(in_kept)
+    assert set(m["importance"]) == set(in_kept)
+    # the kept layer and its classifier reload and score like the trained one
+    back = load_artifact(ev.save(tmp_path / "art"))
+    assert back.feature_keys == ev.feature_keys and back.metrics["selection"] == sel
+    # flipping every test label changes no choice: only training rows decide
+    test_ids = set(ev.manifest_extra["split"]["test"])
+    flip = {"a": "b", "b": "a", "tie": "tie"}
+    rows = [json.loads(line) for line in open(faireval40, encoding="utf-8")]
+    rows = [dict(r, label=flip[r["label"]]) if r["id"] in test_ids else r for r in rows]
+    other = _train(tmp_path / "b", write_jsonl(tmp_path / "flipped.jsonl", rows), layers=3, top_k=2,
+                   aggregator="lr")
+    assert other.metrics["selection"] == sel and other.feature_keys == ev.feature_keys
+    assert m["order_swap"]["pairs"] == len(test_ids) and 0 <= m["order_swap"]["verdict_changes"] <= 1
+
+
+def test_order_swap_counts_verdicts_that_change_when_a_and_b_trade_places():
+    from hdeval.classify import make_classifier
+    from hdeval.methods.hdeval.pairwise import order_swap
+
+    X = np.array([[-2.0], [-1.0], [0.0], [0.0], [1.0], [2.0], [3.0], [0.5]])
+    # a judge that prefers A even when the scores are level: its intercept is a position bias
+    biased = make_classifier("lr", 0).fit(X, ["b", "b", "a", "a", "a", "a", "a", "a"])
+    got = order_swap(biased, X)
+    first, second = biased.predict(X), biased.predict(-X)
+    expected = sum({"a": "b", "b": "a"}[p] != q for p, q in zip(first, second)) / len(X)
+    assert got["pairs"] == 8 and got["verdict_changes"] == pytest.approx(expected) and expected > 0
+    fair = make_classifier("lr", 0).fit(np.vstack([X, -X]), ["b", "b", "a", "a", "a", "a", "a", "a"] +
+                                        ["a", "a", "b", "b", "b", "b", "b", "b"])
+    assert order_swap(fair, np.array([[2.0], [-3.0]]))["verdict_changes"] == 0.0
 
 
 def test_each_response_is_scored_alone_and_the_feature_is_the_difference(faireval40, tmp_path):
@@ -107,7 +152,7 @@ def test_pruning_expands_only_criteria_with_positive_held_out_importance(faireva
     positive = {k for k, v in l2["importance"].items() if v > 0}
     assert set(l2["expand_next"]) <= positive and len(l2["expand_next"]) == min(2, len(positive))
     assert l2["expand_next"] == sorted(l2["expand_next"], key=lambda k: -l2["importance"][k])
-    parents = {c.parent_key for c in ev.tree.layer(3)}
+    parents = {k.rsplit("/", 1)[0] for k in layers[2]["added"]}  # the tree explored, whichever layer is kept
     assert parents == set(l2["expand_next"])
 
 

@@ -374,7 +374,9 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
                                  str(tmp_path / "c"), "-o", str(art)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     metrics = json.loads((art / "metrics.json").read_text())
-    assert re.search(r"final evaluator: layer 2, aggregator lr, \d+ criteria", r.stdout)
+    kept = metrics["selection"]["kept_layer"]  # the layer chosen on training data, not the deepest
+    assert re.search(rf"final evaluator: layer {kept} of 2 built, aggregator lr, \d+ criteria \(", r.stdout)
+    assert "90% prediction intervals (split conformal on training residuals)" in r.stdout
     direct = metrics["direct_layer1"]["average"]["spearman"]
     final = metrics["final"]["average"]["spearman"]
     assert f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; " \

@@ -46,10 +46,14 @@ def _echo_err(text: str) -> None:
 @click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
               help="Fail, writing nothing, when a larger share of the LLM-filled scores cannot be read "
                    "(requests refused, replies too large or not understood).")
+@click.option("--max-interval-width", default=0.5, show_default=True, type=float,
+              help="Flag a row needs_human when an aspect's prediction interval (the artifact's calibrated "
+                   "level, 90% by default) is wider than this share of the aspect's score range, or when "
+                   "one of its LLM scores could not be read.")
 @llm_options
 @batch_option
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
-          quiet: bool, explain: bool, top: int, max_failure_rate: float, llm: str | None, base_url: str | None,
+          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float, llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
           max_calls: int | None, batch: bool) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
@@ -81,7 +85,8 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
             res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
                              base_url=base_url, concurrency=concurrency, timeout=timeout,
                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                             batch=bool(batch), max_failure_rate=max_failure_rate, llm_given=_from_command_line("llm"),
+                             batch=bool(batch), max_failure_rate=max_failure_rate,
+                             max_interval_width=max_interval_width, llm_given=_from_command_line("llm"),
                              base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
                              progress=progress, notify=_echo_err)
         finally:
@@ -93,12 +98,25 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                    f"threshold {max_failure_rate:.0%})", err=True)
         if res.agreement:
             click.echo(f"agreement with the human labels in the input: {json.dumps(res.agreement)}", err=to_stdout)
+        t = res.trust
+        apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
         if res.correlations is not None:
-            click.echo("correlation with the human scores in the input:", err=to_stdout)
-            for a, row in res.correlations.items():
-                click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}",
-                           err=to_stdout)
+            click.echo(f"correlation with the human scores in the input{apart}:", err=to_stdout)
+            _correlations(res.correlations, to_stdout)
+        if t.get("correlations_training"):
+            click.echo(f"TRAINING ROWS ONLY ({t['in_training']} rows the evaluator was fitted on; not a held-out "
+                       "figure):", err=to_stdout)
+            _correlations(t["correlations_training"], to_stdout)
+        if t.get("interval_level") is not None:
+            click.echo(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
+                       f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
+                       "of the score range, or an unread LLM score)", err=to_stdout)
         click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
+
+    def _correlations(table: dict, err: bool) -> None:
+        for a, row in table.items():
+            click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}",
+                       err=err)
 
     def _export() -> None:
         from hdeval.run.export_requests import export_apply_requests

@@ -134,6 +134,9 @@ class ArtifactScorer:
 
         res = self.ev.score(samples, backend=self.backend, concurrency=self.concurrency, progress=Progress())
         rows = self.ev.output_rows(samples, res)
+        from hdeval.run.trust import RowTrust
+
+        RowTrust(self.ev).annotate(rows, samples, res)  # the per-row fields apply writes (default threshold)
         self.backend.flush()  # every reply this batch paid for is on disk before the batch is handed on
         # the batch's unreadable LLM-filled scores, on its first row: the driver sums them for
         # apply's --max-failure-rate check

@@ -115,6 +115,25 @@ class Saving:
             lines.append((f"next: hdeval report {path}", False))
         return lines
 
+    def training_ids(self) -> frozenset[str]:
+        """The ids of the samples this evaluator was trained on (the manifest's ``split``);
+        empty when the artifact records none. ``apply`` flags and reports them apart."""
+        rec = getattr(self, "manifest_extra", None) or getattr(self, "extra", None) or {}
+        split = rec.get("split") if isinstance(rec, dict) else None
+        train = split.get("train") if isinstance(split, dict) else None
+        return frozenset(x for x in train if isinstance(x, str)) if isinstance(train, list) else frozenset()
+
+    def interval_calibration(self) -> Any:
+        """Pointwise: the prediction-interval calibration in ``metrics["intervals"]``, checked
+        (:class:`hdeval.intervals.Calibration`), or None when the artifact has none."""
+        from hdeval.intervals import read_calibration
+
+        task = self.task  # type: ignore[attr-defined]
+        if getattr(task, "shape", "pointwise") != "pointwise":
+            return None
+        where = f"{getattr(self, 'path', None) or 'the artifact'}/metrics.json"
+        return read_calibration(self.metrics, list(task.aspect_keys), where)  # type: ignore[attr-defined]
+
     def export_refusal(self) -> str | None:
         """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
         return None

@@ -96,6 +96,9 @@ def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | 
     """The layer the evaluator kept, as the artifact records it (``layer_choice`` with a reason
     when training wrote one; else ``final_layer``; else the last layer trained)."""
     choice = metrics.get("layer_choice")
+    sel = metrics.get("selection")  # what HD-Eval's training writes (pointwise and pairwise)
+    if choice is None and isinstance(sel, Mapping):
+        choice = {"layer": sel.get("kept_layer"), "reason": sel.get("reason")}
     if isinstance(choice, Mapping) and choice.get("layer") is not None:
         reason = choice.get("reason")
         banner.add("layer kept", f"layer {choice['layer']}" + (f": {reason}" if reason else ""))

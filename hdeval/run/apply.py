@@ -16,6 +16,7 @@ from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
+from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
     SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
 )
@@ -156,6 +157,7 @@ class ApplyResult:
     correlations: dict | None = None
     failed: int = 0  # LLM-filled cells (sample x column) that could not be read
     cells: int = 0
+    trust: dict = field(default_factory=dict)  # run.trust.RowTrust.summary(): training rows, intervals
 
     @property
     def failure_rate(self) -> float:
@@ -181,7 +183,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
                concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
                cache_dir: str | None = None, max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
-               llm_given: bool | None = None,
+               max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
                progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
@@ -222,6 +224,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     refusal = ev.explain_refusal(artifact) if explain else None
     if refusal:
         raise ConfigError(refusal)
+    trust = RowTrust(ev, max_interval_width)
     total, mine = _count(input_file, ev, size, which)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
     if whole and (which is not None or mine > size):
@@ -256,6 +259,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 chunk_progress.prefix = f"chunk {k}/{n_chunks}: " if n_chunks > 1 else ""
                 res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
                 rows = ev.output_rows(samples, res)
+                trust.annotate(rows, samples, res)
                 if explain:
                     from hdeval.methods.hdeval.explain import explain_samples
 
@@ -280,6 +284,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
         out.commit()
+    if trust.warning():
+        notify(trust.warning())
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=summary.correlations(),
-                       failed=failed, cells=cells)
+                       agreement=summary.agreement(), correlations=trust.correlations(summary.correlations()),
+                       failed=failed, cells=cells, trust=trust.summary())

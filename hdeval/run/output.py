@@ -74,7 +74,7 @@ def _flat(row: dict) -> dict:
     """One scored row as flat columns (``scores.<aspect>``, ``criteria.<key>``, ...)."""
     out: dict = {}
     for k, v in row.items():
-        if k in ("scores", "criteria", "human") and isinstance(v, dict):
+        if k in ("scores", "criteria", "human", "lower", "upper") and isinstance(v, dict):
             out.update({f"{k}.{a}": x for a, x in v.items()})
         elif isinstance(v, (dict, list)):
             out[k] = json.dumps(v, ensure_ascii=False)

@@ -17,6 +17,7 @@ import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
+from hdeval.intervals import fitted_intervals
 from hdeval.methods.base import (
     FitContext, ScoreResult, SimpleFitted, read_task_and_llm, run_record, score_rows, score_table, usage_of,
 )
@@ -122,6 +123,7 @@ def fit(ctx: FitContext) -> DirectEvaluator:
             f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
         )
     pos = {s: i for i, s in enumerate(res.sample_ids)}
+    tr = np.array([pos[s] for s in split.train_ids])
     te = np.array([pos[s] for s in split.test_ids])
     aspects = list(task.aspect_keys)
     Y = np.array([[s.scores[a] for a in aspects] for s in samples])
@@ -131,6 +133,9 @@ def fit(ctx: FitContext) -> DirectEvaluator:
         "final": metric_table(Y[te], res.predictions[te], aspects),
         "failure_rate": rate,
         "usage": usage,
+        # nothing is fitted, so the training rows' residuals are as honest as held-out ones
+        "intervals": fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te, aspects,
+                                      [a.range for a in task.aspects], "the training split (nothing is fitted)"),
     }
     ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
     ev.extra = run_record(ctx)

@@ -21,6 +21,7 @@ from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
+from hdeval.intervals import fitted_intervals
 from hdeval.methods.base import FitContext, score_table
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
@@ -105,6 +106,7 @@ def _run(
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
+    cv_preds: dict[int, np.ndarray] = {}  # layer -> out-of-fold training predictions (intervals)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.options.layers + 1):
         progress.expect(_units_left(config, len(samples), tree, layer, depth, locked, expand))
@@ -153,6 +155,10 @@ def _run(
             else:
                 cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups, fold_models=folds)
             kind = template.kind
+            # selection fits every candidate kind: its warnings about models not kept (an nn
+            # that did not converge while lr was chosen) say nothing about this evaluator
+            caught[:] = kept_warnings(caught, kind)
+            cv_preds[layer] = cv_pred
             agg = clone(template).fit(X[tr], Y[tr])
             test = metric_table(Y[te], agg.predict(X[te]), aspects)
             report = LayerReport(
@@ -188,7 +194,12 @@ def _run(
     }
     if dec is not llm:
         metrics["usage_decompose"] = _usage(dec)
+    Xk = matrix.values[:, :n_cols]
+    metrics["intervals"] = fitted_intervals(
+        Y, cv_preds[kept_layer], tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
+        f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)")
     progress.message(_selection_summary(choice))
+    progress.message(interval_summary(metrics["intervals"]))
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
@@ -254,7 +265,15 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
         out["baseline_beats_evaluator"] = True
+        out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
+
+
+# Why a stronger unfitted baseline is reported but not kept as the evaluator.
+BASELINE_NOT_KEPT = (
+    "a baseline is not kept as the evaluator: it is a plain mean of the LLM's 1-5 criterion scores, not a "
+    "prediction on each aspect's score range, so apply could neither give it on the human scale nor calibrate "
+    "its intervals; its held-out figure is in metrics.json next to the evaluator's")
 
 
 def _selection_summary(choice: dict[str, Any]) -> str:
@@ -264,7 +283,9 @@ def _selection_summary(choice: dict[str, Any]) -> str:
         line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
                  f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")
         if choice.get("baseline_beats_evaluator"):
-            line += "; it beats the kept evaluator's cross-validated figure: consider it instead"
+            line += (f"; it beats the kept evaluator's cross-validated figure "
+                     f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but "
+                     + BASELINE_NOT_KEPT)
     return line
 
 
@@ -326,6 +347,22 @@ def _mean_all(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[
     with np.errstate(all="ignore"):
         mean = np.nanmean(matrix.values[te], axis=1) if matrix.values.size else np.zeros(len(te))
     return metric_table(y, np.repeat(mean[:, None], len(aspects), axis=1), aspects)
+
+
+def kept_warnings(caught: Sequence[warnings.WarningMessage], kind: str) -> list:
+    """The warnings that concern the kept model: a ConvergenceWarning comes from an MLP, so it
+    is dropped unless ``kind`` is nn."""
+    return [w for w in caught if kind == "nn" or w.category.__name__ != "ConvergenceWarning"]
+
+
+def interval_summary(iv: dict[str, Any]) -> str:
+    """One line: the intervals' level, half-width and held-out coverage."""
+    hw = ", ".join(f"{a} ±{w:.2f}" if w is not None else f"{a} unbounded" for a, w in iv["half_width"].items())
+    t = iv.get("test") or {}
+    cov, width = (t.get("coverage") or {}).get("average"), (t.get("mean_width") or {}).get("average")
+    held = (f"; held-out coverage {cov:.1%} of {t.get('rows')} rows, mean width {width:.2f}"
+            if cov is not None and width is not None else "")
+    return f"{iv['level']:.0%} prediction intervals (split conformal on training residuals): {hw}{held}"
 
 
 def warning_notes(caught: Sequence[warnings.WarningMessage]) -> list[str]:

@@ -132,7 +132,7 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
-    from hdeval.methods.hdeval.loop import warning_notes
+    from hdeval.methods.hdeval.loop import kept_warnings, warning_notes
 
     check_pairwise_options(ctx)
     config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
@@ -153,6 +153,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     expand: Sequence[str] = ()
     model = None
     kind = config.options.aggregator
+    fitted: dict[int, tuple[Any, str, int]] = {}  # layer -> (classifier, kind, columns it takes)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.options.layers + 1):
         if layer > 1:
@@ -180,6 +181,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
             kind = config.options.aggregator
             if kind == "auto":
                 kind, selection = select_classifier(X[tr], ytr, groups, config.seed)
+            caught[:] = kept_warnings(caught, kind)  # only warnings about the kept classifier
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
             model = make_classifier(kind, config.seed).fit(X[tr], ytr)
             pred, pred_ab = predict_labels(model, X[te])
@@ -196,25 +198,32 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
                 report.expand_next, report.positive_importance = list(expand), len(positive)
         report.notes = warning_notes(caught)
         reports.append(report)
+        fitted[layer] = (model, kind, X.shape[1])
         progress.message(_layer_summary(report))
 
     assert model is not None
-    X = side_a.values - side_b.values
+    choice = choose_pair_layer(reports)
+    kept = choice["kept_layer"]
+    model, kind, n_cols = fitted[kept]
+    progress.message(f"kept evaluator: layer {kept} ({choice['reason']})")
+    X = (side_a.values - side_b.values)[:, :n_cols]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         imp = heldout_importance(model, X[te], yte, config.seed)
     metrics: dict[str, Any] = {
         "method": "hdeval", "shape": "pairwise",
         "split": {"train": len(tr), "test": len(te)},
-        "final": reports[-1].test,
-        "final_layer": reports[-1].layer,
+        "final": next(r.test for r in reports if r.layer == kept),
+        "final_layer": kept,
+        "selection": choice,
         "aggregator": kind,
         "classes": [str(c) for c in model.classes_],
         "layers": {str(r.layer): r.test for r in reports},
         "cv_train": {str(r.layer): r.cv_train for r in reports},
         "direct_layer1": _direct_layer1(side_a, side_b, task, te, yte),
-        "importance": {k: round(float(v), 6) for k, v in zip(side_a.criterion_keys, imp)},
+        "importance": {k: round(float(v), 6) for k, v in zip(side_a.criterion_keys[:n_cols], imp)},
         "failure_rate": round(_rate(side_a, side_b), 6),
+        "order_swap": order_swap(model, X[te]),
         "usage": usage_of(llm),
         "notes": ("agreement: 'w_ties' 3-way accuracy; 'wo_ties' on pairs whose human label is not a tie, "
                   "the prediction forced to a or b; 'importance' is the drop in held-out agreement when a "
@@ -227,8 +236,50 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     table = _score_table(ids, side_a, side_b, split, y)
     extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path),
              **({"decomposition_rejections": rejections} if rejections else {})}
-    return PairwiseTreeEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
+    # the score table keeps every explored criterion; the kept classifier reads the first columns
+    kept_tree = tree if kept == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept)
+    return PairwiseTreeEvaluator(task, kept_tree, model, kind, side_a.criterion_keys[:n_cols], templates, ctx.llm_config,
                          llm.identity, metrics, extra, table)
+
+
+def order_swap(model: Any, X: np.ndarray) -> dict[str, Any]:
+    """How often the verdict changes when A and B swap places, on the test pairs. Each response
+    is scored alone, so the swapped pair's features are the negated differences and both orders
+    are judged without another call; a classifier with an intercept can still prefer a position."""
+    mirror = {"a": "b", "b": "a", "tie": "tie"}
+    if not len(X):
+        return {"pairs": 0, "verdict_changes": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first, _ = predict_labels(model, X)
+        second, _ = predict_labels(model, -X)
+    changed = sum(mirror[str(p)] != str(q) for p, q in zip(first, second))
+    return {"pairs": int(len(X)), "verdict_changes": round(changed / len(X), 6),
+            "how": "the test pairs with A and B swapped (negated differences): the share whose preferred "
+                   "response or tie changes"}
+
+
+def choose_pair_layer(reports: Sequence[PairLayerReport]) -> dict[str, Any]:
+    """The layer to keep, decided on the training split only, as for pointwise HD-Eval: the
+    best grouped cross-validated 3-way agreement (with ties); a deeper layer costs more calls
+    and must beat the shallower best by more than ``LAYER_MARGIN``. Test rows decide nothing."""
+    from hdeval.methods.hdeval.loop import LAYER_MARGIN
+
+    cv = {r.layer: r.cv_train.get("w_ties") for r in reports}
+    best = reports[0].layer
+    for r in reports[1:]:
+        here, there = cv[r.layer], cv[best]
+        if here is not None and (there is None or here > there + LAYER_MARGIN):
+            best = r.layer
+    deepest = reports[-1].layer
+    if best == deepest:
+        reason = ("the only layer" if len(reports) == 1
+                  else f"layer {best} has the best cross-validated training agreement with ties")
+    else:
+        reason = (f"layer {best}'s cross-validated training agreement with ties ({cv[best]}) is not beaten by "
+                  f"more than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {cv[deepest]})")
+    return {"kept_layer": best, "by": "grouped cross-validation on the training split (agreement with ties)",
+            "reason": reason, "cv_train_w_ties": {str(k): v for k, v in cv.items()}}
 
 
 def _rate(a: ScoreMatrix, b: ScoreMatrix) -> float:
@@ -436,7 +487,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         return (f"final evaluator: layer {m.get('final_layer')}, classifier {self.kind}, {len(self.feature_keys)} "
                 f"criteria; held-out agreement with human labels: w/o ties {f.get('wo_ties')}, w/ ties "
                 f"{f.get('w_ties')} (equal-weight sum of the layer-1 differences: w/o ties {d.get('wo_ties')}, "
-                f"w/ ties {d.get('w_ties')})")
+                f"w/ ties {d.get('w_ties')})" + _swap_text(m.get("order_swap")))
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
@@ -476,6 +527,12 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
 # The name docs/python-api.md gave it before it said what it is; kept for code that uses it.
 PairEvaluator = PairwiseTreeEvaluator
+
+
+def _swap_text(swap: Any) -> str:
+    if not isinstance(swap, dict) or swap.get("verdict_changes") is None:
+        return ""
+    return f"; verdict changes when A and B swap places: {swap['verdict_changes']:.1%} of {swap['pairs']} test pairs"
 
 
 def _classifier_section(manifest: dict[str, Any]) -> tuple[str, list[str]]:

@@ -160,7 +160,10 @@ def build_report(
             "mean_all_criteria": m.get("mean_all_criteria"),
             "final": m.get("final"),
             "final_recomputed": final,
+            "selection": m.get("selection"),
         },
+        # the calibration and its held-out coverage, as training recorded them
+        "intervals": m.get("intervals"),
         "efficiency": {
             "order_by": "permutation importance on the train split, summed over aspects",
             "order": order,

@@ -13,10 +13,11 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     m = ev.metrics
     layers = ev.manifest_extra.get("layers") or [{}]
-    final_layer = layers[-1].get("layer", "?")
+    sel = m.get("selection") or {}
+    final_layer = sel.get("kept_layer", layers[-1].get("layer", "?"))  # chosen on training data
     avg = m["final"]["average"]
-    out.append((f"final evaluator: layer {final_layer}, aggregator {ev.aggregator.kind}, "
-                f"{len(ev.feature_keys)} criteria", False))
+    out.append((f"final evaluator: layer {final_layer} of {len(layers)} built, aggregator {ev.aggregator.kind}, "
+                f"{len(ev.feature_keys)} criteria" + (f" ({sel['reason']})" if sel.get("reason") else ""), False))
     given = ev.manifest_extra.get("tree_input")
     if given:
         out += _given_tree(given, ev.tree.keys)
@@ -27,6 +28,15 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
         diff = avg["spearman"] - direct
         out.append((f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
                     f"the trained evaluator is {diff:+.3f}", False))
+    strongest = sel.get("strongest_baseline")
+    if strongest and sel.get("baseline_beats_evaluator"):
+        out.append((f"note: the simple baseline {strongest.replace('_', ' ')} beats the kept evaluator on "
+                    f"cross-validated training data; {sel.get('baseline_not_kept', '')}", True))
+    iv = m.get("intervals")
+    if iv:
+        from hdeval.methods.hdeval.loop import interval_summary
+
+        out.append((interval_summary(iv), False))
     n_train, n_test = m["split"]["train"], m["split"]["test"]
     n_crit = len(ev.feature_keys)
     if n_train < 2 * n_crit:

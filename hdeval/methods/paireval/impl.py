@@ -370,7 +370,8 @@ def plan_requests(config: Any, prep: Any, backend: Any = None) -> list:
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
     """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
-    from hdeval.aggregate import Aggregator, select_kind
+    from hdeval.aggregate import Aggregator, cross_val_predictions, select_kind
+    from hdeval.intervals import fitted_intervals
     from hdeval.metrics import metric_table
 
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
@@ -425,6 +426,10 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         "pair_judgments": judged.requests,
         "failure_rate": rate,
         "usage": usage_of(ctx.llm),
+        "intervals": fitted_intervals(  # calibrated on out-of-fold training predictions
+            Y, cross_val_predictions(Aggregator.for_task(kind, task, config.seed), X[tr], Y[tr], groups), tr,
+            ev.agg.predict(X[te]), te, aspects, [a.range for a in task.aspects],
+            "grouped cross-validation on the training split (by doc_id)"),
     }
     ev.score_table = score_table(ids, cols, split, Y, aspects)
     ev.extra = {**run_record(ctx), "comparison_source": source}

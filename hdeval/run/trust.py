@@ -1,0 +1,84 @@
+"""What ``apply`` adds to each row so a user knows how far to trust it: whether the sample was in
+the artifact's training split (``in_training``), and for pointwise scores the prediction
+interval (``lower``/``upper`` per aspect) with ``needs_human`` when it is too wide (or rests on
+an LLM score that could not be read). Also the summary that keeps training rows apart."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hdeval.intervals import DEFAULT_MAX_WIDTH, check_max_width, row_intervals
+
+__all__ = ["DEFAULT_MAX_WIDTH", "RowTrust"]
+
+
+class RowTrust:
+    """Built once per apply (before any call: a bad option or stored calibration fails first),
+    then ``annotate`` per chunk of rows; ``summary``/``warning``/``correlations`` at the end."""
+
+    def __init__(self, ev: Any, max_width: float = DEFAULT_MAX_WIDTH):
+        self.max_width = check_max_width(max_width)
+        self.train = ev.training_ids()
+        self.cal = ev.interval_calibration()
+        task = ev.task
+        self.aspects = list(task.aspect_keys)
+        self.ranges = [task.aspect(a).range for a in self.aspects] if self.cal is not None else []
+        self.level = self.cal.level if self.cal is not None else None
+        self.rows = self.in_training = self.needs_human = 0
+        # correlations kept apart: True = training rows, False = the rest
+        self.pred: dict[bool, list] = {True: [], False: []}
+        self.human: dict[bool, list] = {True: [], False: []}
+        self.all_human = True
+
+    def annotate(self, rows: list[dict], samples: Sequence[Any], res: Any) -> None:
+        import numpy as np
+
+        pos = {sid: i for i, sid in enumerate(res.sample_ids)}
+        pointwise = not hasattr(res, "agreement") and list(getattr(res, "aspects", [])) == self.aspects
+        ints = (row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width)
+                if self.cal is not None and pointwise else None)
+        for row, s in zip(rows, samples):
+            seen = s.id in self.train
+            row["in_training"] = seen
+            self.rows += 1
+            self.in_training += seen
+            if ints is not None:
+                iv = ints[pos[s.id]]
+                row["lower"], row["upper"] = iv["lower"], iv["upper"]
+                # a failed LLM score was imputed: the interval was calibrated on read scores
+                row["needs_human"] = iv["needs_human"] or bool(row.get("failures"))
+                self.needs_human += row["needs_human"]
+            if pointwise and self.all_human:
+                if all(a in s.scores for a in self.aspects):
+                    self.pred[seen].append(np.asarray(res.predictions[pos[s.id]], float))
+                    self.human[seen].append([s.scores[a] for a in self.aspects])
+                else:
+                    self.all_human = False
+
+    def _table(self, seen: bool) -> dict | None:
+        import numpy as np
+
+        from hdeval.metrics import metric_table
+
+        if not self.all_human or not self.pred[seen]:
+            return None
+        return metric_table(np.array(self.human[seen], float), np.array(self.pred[seen]), self.aspects)
+
+    def correlations(self, overall: dict | None) -> dict | None:
+        """The correlations to show as the apply's figure: ``overall`` when no row was in
+        training, else those of the rows that were not (None if every row was)."""
+        return overall if not self.in_training else self._table(False)
+
+    def warning(self) -> str | None:
+        if not self.in_training:
+            return None
+        return (f"warning: {self.in_training} of {self.rows} rows were in the artifact's training split (matched "
+                "by id; flagged in_training): figures on them are not held-out and are reported apart")
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
+        if self.in_training:
+            out["correlations_training"] = self._table(True)
+        if self.cal is not None:
+            out.update(interval_level=self.level, max_interval_width=self.max_width, needs_human=self.needs_human)
+        return out
