@@ -103,13 +103,12 @@ def _method_case(method: str, toy, tmp_path: Path) -> tuple[Path, Path]:
         task.write_text(DIALOGUE, encoding="utf-8")
         rows = toy_rows(aspects=("overall",))
         data = write_jsonl(tmp_path / "chat.jsonl", rows)
-        options = {"comparisons": 2} if method == "paireval" else {}
-        ev = train(task=str(task), data=str(data), method=method, llm="fake", aggregator="lr", cache_dir=cache,
-                   **options)
+        options = {"comparisons": 2, "aggregator": "lr"} if method == "paireval" else {}
+        ev = train(task=str(task), data=str(data), method=method, llm="fake", cache_dir=cache, **options)
         return ev.save(tmp_path / "art"), new_samples(tmp_path, n_docs=10, aspects=("overall",))
     task, data = toy
-    ev = train(task=str(task), data=str(data), method=method, llm="fake", aggregator="lr", cache_dir=cache,
-               **({"layers": 2} if method == "hdeval" else {}))
+    ev = train(task=str(task), data=str(data), method=method, llm="fake", cache_dir=cache,
+               **({"layers": 2, "aggregator": "lr"} if method == "hdeval" else {}))
     return ev.save(tmp_path / "art"), new_samples(tmp_path, n_docs=10)
 
 
