@@ -4,20 +4,22 @@ holds one chunk), optionally one shard of N, into an atomically written output."
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.shards import (
-    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
+    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_of,
 )
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
@@ -112,26 +114,72 @@ class _Summary:
         return metric_table(np.concatenate(self.human), np.concatenate(self.pred), self.aspects)
 
 
-def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -> tuple[int, int]:
-    """Validate the whole input before any LLM call (every bad line reported at once, as
-    before streaming); return (samples in the file, samples in this shard)."""
-    from hdeval.data import iter_task_chunks
+class _Input:
+    """One streaming read of the input: this shard's samples a chunk at a time, every line
+    validated as it is reached, the ids seen kept in an on-disk index (a duplicate id always
+    falls in the shard of its first use, so each shard checks its own ids against the whole
+    file). Once read: the samples in the file (``total``) and in this shard (``mine``)."""
 
-    total = mine = 0
-    for chunk in iter_task_chunks(input_file, ev.task, require_labels=False, size=size):
-        total += len(chunk)
-        mine += len(chunk) if shard is None else sum(shard_of(s.id, shard[1]) == shard[0] for s in chunk)
-    return total, mine
+    def __init__(self, path: str, ev: Any, size: int, shard: tuple[int, int] | None):
+        self.path, self.ev, self.size, self.shard = path, ev, size, shard
+        self.total = self.mine = 0
+
+    def _keep(self, sample_id: str) -> bool:
+        assert self.shard is not None
+        self.total += 1
+        return shard_of(sample_id, self.shard[1]) == self.shard[0]
+
+    def chunks(self, seen: Any) -> Iterator[list]:
+        from hdeval.data import iter_task_chunks
+
+        keep = self._keep if self.shard is not None else None
+        for chunk in iter_task_chunks(self.path, self.ev.task, require_labels=False, size=self.size,
+                                      seen=seen, keep=keep):
+            self.mine += len(chunk)
+            if self.shard is None:
+                self.total += len(chunk)
+            yield chunk
 
 
-def _input_tasks(path: str) -> set[str]:
-    """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None,
+           near: str | None = None) -> tuple[int, int]:
+    """Validate the whole input without scoring it (every bad line reported at once), for
+    callers that must before anything is written; (samples in the file, in this shard)."""
+    from hdeval.data import DiskIds
+
+    reading = _Input(input_file, ev, size, shard)
+    with DiskIds(near) as seen:
+        for _ in reading.chunks(seen):
+            pass
+    return reading.total, reading.mine
+
+
+def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
+    """(lines, sha256 if asked) of the file, read as bytes: no parse and no memory, for the
+    progress estimate and a shard's closing record."""
+    h = hashlib.sha256() if digest else None
+    lines, last = 0, b"\n"
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                lines += block.count(b"\n")
+                last = block[-1:]
+                if h is not None:
+                    h.update(block)
+    except OSError:
+        return 0, None  # the reading pass reports a file it cannot read
+    return lines + (last != b"\n"), h.hexdigest() if h is not None else None
+
+
+def _input_tasks(path: str, limit: int) -> set[str]:
+    """The ``task`` names the input's first ``limit`` lines declare (rows written by hdeval
+    carry one): a warning before anything is paid, so the head of the file stands for it."""
     from hdeval.data import bounded_lines
 
     found: set[str] = set()
     try:
         with open(path, encoding="utf-8") as fh:
-            for line in bounded_lines(fh, path):
+            for line in itertools.islice(bounded_lines(fh, path), limit):
                 try:
                     row = json.loads(line)
                 except ValueError:
@@ -195,7 +243,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones."""
-    from hdeval.data import iter_task_chunks
+    from hdeval.data import DiskIds
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
@@ -221,35 +269,37 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     refusal = ev.explain_refusal(artifact) if explain else None
     if refusal:
         raise ConfigError(refusal)
-    total, mine = _count(input_file, ev, size, which)
-    closing = None
-    if which is not None:
-        closing = closing_record(which[0], which[1], mine, file_sha256(input_file),
-                                 artifact_sha256(artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)))
-    other = sorted(_input_tasks(input_file) - {ev.task.name})
+    lines, input_sha = _scan_bytes(input_file, digest=which is not None)
+    other = sorted(_input_tasks(input_file, size) - {ev.task.name})
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
                f"trained on task {ev.task.name}; its scores will mean little there")
     needed = ev.columns_needed()
-    count = f"{mine} samples" if which is None else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
+    # the exact counts are known once the one reading pass is done (they close the run)
+    expect = lines if which is None else math.ceil(lines / which[1])
+    count = (f"up to {lines} samples" if which is None
+             else f"about {expect} of up to {lines} samples in shard {which[0]}/{which[1]}")
     notify(count + ev.cost_line())
     summary = _Summary()
     failed = cells = 0
     example: str | None = None
-    n_chunks = max(1, math.ceil(mine / size))
+    n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
-    with OutputWriter(output, fmt) as out:
+    reading = _Input(input_file, ev, size, which)
+    with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
+            os.path.abspath(output))) as seen:
         backend = None
         try:
-            if mine:
-                backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
-                                            max_retries=max_retries, cache_dir=cache_dir,
-                                            max_calls=max_calls, concurrency=concurrency,
-                                            batch=bool(batch), llm_given=llm_given,
-                                            base_url_given=base_url_given, confirm=confirm, notify=notify)
-            for k, samples in enumerate(shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False,
-                                                                      size=size), which, size), 1):
-                chunk_progress.prefix = f"chunk {k}/{n_chunks}: " if n_chunks > 1 else ""
+            for k, samples in enumerate(reading.chunks(seen), 1):
+                if backend is None:
+                    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
+                                                max_retries=max_retries, cache_dir=cache_dir,
+                                                max_calls=max_calls, concurrency=concurrency,
+                                                batch=bool(batch), llm_given=llm_given,
+                                                base_url_given=base_url_given, confirm=confirm, notify=notify)
+                if n_chunks > 1 or k > 1:
+                    shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
+                    chunk_progress.prefix = f"chunk {k}/{shown}: "
                 res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
                 rows = ev.output_rows(samples, res)
                 if explain:
@@ -264,8 +314,13 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 summary.add(samples, res)
                 f, c, e = _failed_cells(res, needed)
                 failed, cells, example = failed + f, cells + c, example or e
-            if closing is not None:
-                out.write([closing], counted=False)
+            mine, total = reading.mine, reading.total
+            notify((f"{mine} samples" if which is None else
+                    f"{mine} of {total} samples in shard {which[0]}/{which[1]}") + " read and scored")
+            if which is not None:
+                out.write([closing_record(which[0], which[1], mine, input_sha or file_sha256(input_file),
+                                          artifact_sha256(artifact if isinstance(artifact, (str, Path))
+                                                          else getattr(ev, "path", None)))], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
