@@ -459,6 +459,7 @@ class CachedBackend:
         self._inflight: dict[str, asyncio.Future] = {}
         self._unsaved: dict[str, Completion] = {}  # replies that could not be written
         self._saved: set[str] = set()  # keys this client committed (a later lookup must see them)
+        self._batches = 0  # acomplete_many calls running; _saved is needed only while one is
         self._write_error: CacheError | None = None
         self._queue: list[tuple[str, str | bytes, Completion, asyncio.Future]] = []
         self._writer: asyncio.Future | None = None
@@ -611,9 +612,22 @@ class CachedBackend:
         (got,) = await self.acomplete_many([request], use_batch=False)
         return got
 
-    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
-                             keep_rejected: bool = False, concurrency: int | None = None,
-                             use_batch: bool = True, halt: list | None = None) -> list:
+    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None,
+                             **options: Any) -> list:
+        """:meth:`_acomplete_many`; once no batch runs, the keys committed are forgotten: every
+        later lookup reads them from the store, and remembering them grew with the run (~150 B a
+        reply)."""
+        self._batches += 1
+        try:
+            return await self._acomplete_many(requests, progress, **options)
+        finally:
+            self._batches -= 1
+            if not self._batches:
+                self._saved.clear()
+
+    async def _acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
+                              keep_rejected: bool = False, concurrency: int | None = None,
+                              use_batch: bool = True, halt: list | None = None) -> list:
         """Complete ``requests``; results in input order.
 
         Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the

@@ -261,6 +261,11 @@ class DiskIds:
             return None
         return int(self._con.execute("SELECT line FROM ids WHERE id = ?", (key,)).fetchone()[0])
 
+    @property
+    def directory(self) -> str:
+        """The private temporary directory (removed with the index): room for other scratch files."""
+        return self._dir.name
+
     def close(self) -> None:
         self._con.close()
         self._dir.cleanup()

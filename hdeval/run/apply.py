@@ -61,13 +61,15 @@ class _ChunkProgress(Progress):
 
 
 class _Summary:
-    """What the closing summary needs, kept per row (numbers and labels, not samples):
-    the predictions and human scores for correlations, or the labels for pairs' agreement."""
+    """What the closing summary needs, kept per row (numbers and labels, not samples): the
+    predictions and human scores for correlations, appended to one file per aspect in
+    ``scratch`` (read back an aspect at a time at the end: in memory they grew 16 B per sample
+    and aspect), or the labels for pairs' agreement."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: str) -> None:
+        self.scratch = scratch
         self.aspects: list[str] | None = None
-        self.pred: list[Any] = []
-        self.human: list[Any] = []
+        self.rows = 0
         self.all_human = True
         self.last: Any = None  # a pairwise result: the labels below replace its own at the end
         self.labels: dict[str, list] = {"labels": [], "labels_ab": [], "learned_labels": [], "learned_ab": []}
@@ -87,10 +89,15 @@ class _Summary:
             return
         self.aspects = list(res.aspects)
         if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
-            self.pred.append(np.asarray(res.predictions, float))
-            self.human.append(np.array([[s.scores[a] for a in self.aspects] for s in samples], float))
+            pred = np.asarray(res.predictions, float)
+            human = np.array([[s.scores[a] for a in self.aspects] for s in samples], float)
+            for j in range(len(self.aspects)):
+                for name, values in (("pred", pred), ("human", human)):
+                    with open(self._column(name, j), "ab") as fh:
+                        fh.write(np.ascontiguousarray(values[:, j], "<f8").tobytes())
+            self.rows += len(samples)
         else:
-            self.all_human, self.pred, self.human = False, [], []
+            self.all_human = False
 
     def agreement(self) -> dict | None:
         if self.last is None:
@@ -104,14 +111,21 @@ class _Summary:
         res = dataclasses.replace(self.last, **kept)
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
+    def _column(self, name: str, j: int) -> str:
+        return os.path.join(self.scratch, f"{name}-{j}.f64")
+
     def correlations(self) -> dict | None:
+        """As :func:`hdeval.metrics.metric_table` on every row, one aspect in memory at a time."""
         import numpy as np
 
-        from hdeval.metrics import metric_table
+        from hdeval.metrics import average, correlations
 
-        if self.last is not None or not self.all_human or not self.pred:
+        if self.last is not None or not self.all_human or not self.rows or self.aspects is None:
             return None
-        return metric_table(np.concatenate(self.human), np.concatenate(self.pred), self.aspects)
+        table = {a: correlations(np.fromfile(self._column("human", j), "<f8"), np.fromfile(self._column("pred", j), "<f8"))
+                 for j, a in enumerate(self.aspects)}
+        table["average"] = average(table)
+        return table
 
 
 class _Input:
@@ -280,7 +294,6 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     count = (f"up to {lines} samples" if which is None
              else f"about {expect} of up to {lines} samples in shard {which[0]}/{which[1]}")
     notify(count + ev.cost_line())
-    summary = _Summary()
     failed = cells = 0
     example: str | None = None
     n_chunks = max(1, math.ceil(expect / size))
@@ -288,6 +301,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     reading = _Input(input_file, ev, size, which)
     with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
             os.path.abspath(output))) as seen:
+        summary = _Summary(seen.directory)
         backend = None
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
@@ -330,7 +344,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
+        agreement, correlations = summary.agreement(), summary.correlations()
         out.commit()
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=summary.correlations(),
-                       failed=failed, cells=cells)
+                       agreement=agreement, correlations=correlations, failed=failed, cells=cells)
