@@ -249,9 +249,10 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
-    The input is validated first (every bad line reported, nothing paid for), then read, scored
-    and written a chunk at a time. A failure or stop leaves no output and an existing file
-    untouched; finished LLM calls are cached, so a rerun resumes. ``shard="K/N"`` scores one
+    The input is read once, each chunk validated, scored and written in turn (ids checked for
+    duplicates through an on-disk index). A bad line, a failure or a stop leaves no output and an
+    existing file untouched (a bad line: every bad line of the file listed); finished LLM calls
+    are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
     information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``.
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
