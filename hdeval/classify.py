@@ -24,6 +24,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds
 from hdeval.errors import ConfigError
+from hdeval.metrics import agreement_w_ties, label_codes
 
 CLASSIFIERS = {
     "lr": "LogisticRegression",
@@ -101,8 +102,9 @@ def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[
 
 
 def cv_accuracy(pred: Sequence[str | None], y: Sequence[str]) -> float:
-    got = [(p, t) for p, t in zip(pred, y) if p is not None]
-    return sum(p == t for p, t in got) / len(got) if got else 0.0
+    """Agreement with ties over the predicted pairs; 0 when none was predicted (never chosen)."""
+    acc = agreement_w_ties(label_codes(y), label_codes(pred))
+    return acc if acc == acc else 0.0
 
 
 def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int,

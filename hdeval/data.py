@@ -368,7 +368,8 @@ def _docs_in_seeded_order(samples: Sequence[S], seed: int) -> list[list[S]]:
 
 
 def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]:
-    """``--limit N``: whole source documents in seeded order until N samples are taken."""
+    """``--limit N``: whole source documents in seeded order until at least N samples are taken
+    (the last document is never cut: its outputs are compared with each other)."""
     if limit is None or limit >= len(samples):
         return list(samples)
     if limit < 1:
@@ -378,7 +379,7 @@ def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]
         out.extend(group)
         if len(out) >= limit:
             break
-    return out[:limit]
+    return out
 
 
 def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: float, seed: int) -> Split:

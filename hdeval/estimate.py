@@ -190,5 +190,8 @@ def estimate_plan(plans: Iterable[Any], identity: str, llm_spec: Any,
                       f"({calls} uncached calls; a server's speed is its own)")
     seconds = estimate_seconds(tokens, rate)
     bound = "at most " if upper else ""
-    return seconds, (f"estimated time: {bound}{format_duration(seconds)} for {calls} uncached calls "
+    stages = sum(1 for p in plans if p.decompose_calls + p.score_calls)
+    # every stage (layer) the plan counts, not only the next one
+    whole = f"the whole run ({stages} stage{'s' if stages != 1 else ''})"
+    return seconds, (f"estimated time for {whole}: {bound}{format_duration(seconds)} for {calls} uncached calls "
                      f"(~{tokens} prompt tokens at {rate.seconds_per_1k_tokens:.2f} s per 1k, {rate.source})")

@@ -13,25 +13,50 @@ from scipy import stats
 METRICS = ("pearson", "spearman", "kendall")
 
 
-def _clean(x: float) -> float | None:
+def _clean(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+
+def _finite_pairs(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
+    y, p = np.asarray(y, float).ravel(), np.asarray(p, float).ravel()
+    ok = np.isfinite(y) & np.isfinite(p)
+    return y[ok], p[ok]
+
+
+def spearman(y: Any, p: Any, min_n: int = 3) -> float:
+    """Spearman's rho over the finite pairs of two 1-D arrays (the one implementation every
+    figure uses); NaN when fewer than ``min_n`` pairs remain or either side is constant. Ranks
+    correlated by hand rather than ``scipy.stats.spearmanr``: the bootstrap calls this
+    hundreds of thousands of times and scipy's checks dominate on small arrays."""
+    from scipy.stats import rankdata
+
+    y, p = _finite_pairs(y, p)
+    if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
+        return float("nan")
+    ry, rp = rankdata(y), rankdata(p)
+    ry -= ry.mean()
+    rp -= rp.mean()
+    return float((ry * rp).sum() / math.sqrt((ry * ry).sum() * (rp * rp).sum()))
+
+
+def correlation(y: Any, p: Any, metric: str, min_n: int = 3) -> float:
+    """``metric`` (pearson, spearman or kendall) over the finite pairs; NaN where undefined
+    (fewer than ``min_n`` pairs, a constant side)."""
+    if metric == "spearman":
+        return spearman(y, p, min_n)
+    y, p = _finite_pairs(y, p)
+    if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if metric == "pearson":
+            return float(stats.pearsonr(y, p)[0])
+        return float(stats.kendalltau(y, p)[0])
 
 
 def correlations(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float | None]:
     """Pearson, Spearman and Kendall tau; ``None`` where undefined (constant input, NaN)."""
-    y_true = np.asarray(y_true, float)
-    y_pred = np.asarray(y_pred, float)
-    ok = np.isfinite(y_true) & np.isfinite(y_pred)
-    y_true, y_pred = y_true[ok], y_pred[ok]
-    if len(y_true) < 3 or np.ptp(y_true) == 0 or np.ptp(y_pred) == 0:
-        return {m: None for m in METRICS}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return {
-            "pearson": _clean(stats.pearsonr(y_true, y_pred)[0]),
-            "spearman": _clean(stats.spearmanr(y_true, y_pred)[0]),
-            "kendall": _clean(stats.kendalltau(y_true, y_pred)[0]),
-        }
+    return {m: _clean(correlation(y_true, y_pred, m)) for m in METRICS}
 
 
 def metric_table(
@@ -52,9 +77,50 @@ def average(table: Mapping[str, Mapping[str, float | None]]) -> dict[str, float 
 
 
 def mean_spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    vals = [correlations(y_true[:, j], y_pred[:, j])["spearman"] for j in range(y_true.shape[1])]
+    """Spearman per column (rounded as ``metrics.json``), averaged over the columns where it is
+    defined; -inf when none is (a model-selection score: never chosen)."""
+    vals = [_clean(spearman(y_true[:, j], y_pred[:, j])) for j in range(y_true.shape[1])]
     vals = [v for v in vals if v is not None]
     return float(np.mean(vals)) if vals else float("-inf")
+
+
+def average_spearman(y: Any, pred: Any) -> float:
+    """Dataset-level Spearman per column (aspect), averaged over the columns where it is
+    defined (as ``metrics.json``'s ``average``, unrounded); NaN when none is."""
+    y, pred = as2d(y), as2d(pred)
+    vals = [v for v in (spearman(y[:, j], pred[:, j]) for j in range(y.shape[1])) if math.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def as2d(a: Any) -> np.ndarray:
+    """``a`` as a float array of one row per sample (a 1-D array becomes one column)."""
+    a = np.asarray(a, float)
+    return a.reshape(len(a), -1)
+
+
+# Pair labels as numbers for array statistics (the bootstrap); a failed label is NaN.
+LABEL_CODES = {"a": 0.0, "b": 1.0, "tie": 2.0}
+
+
+def label_codes(labels: Sequence[str | None]) -> np.ndarray:
+    return np.array([LABEL_CODES.get(x, np.nan) if isinstance(x, str) else np.nan for x in labels], float)
+
+
+def agreement_w_ties(y: Any, p: Any) -> float:
+    """3-way accuracy over the labelled pairs with a prediction, on label codes (``y`` the
+    human codes, ``p`` n x 2: the predicted label and the label forced to a or b); NaN when
+    no pair counts. The one implementation behind every agreement figure."""
+    y, p = np.asarray(y, float).ravel(), as2d(p)
+    ok = np.isfinite(y) & np.isfinite(p[:, 0])
+    return float(np.mean(p[ok, 0] == y[ok])) if ok.any() else float("nan")
+
+
+def agreement_wo_ties(y: Any, p: Any) -> float:
+    """Over the pairs with a prediction whose human label is not a tie, the prediction forced
+    to a or b (no side counts as a miss); NaN when no pair counts."""
+    y, p = np.asarray(y, float).ravel(), as2d(p)
+    ok = np.isfinite(y) & np.isfinite(p[:, 0]) & (y != LABEL_CODES["tie"])
+    return float(np.mean(p[ok, 1] == y[ok])) if ok.any() else float("nan")
 
 
 def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
@@ -67,24 +133,19 @@ def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
     of both and counted in ``failed``.
     """
     confusion: dict[str, dict[str, int]] = {}
-    n = hit = n_ab = hit_ab = failed = 0
-    for h, p, q in zip(human, pred, pred_ab):
+    for h, p in zip(human, pred):
         if h is None:
             continue
-        confusion.setdefault(h, {})
         key = p if p is not None else "failed"
+        confusion.setdefault(h, {})
         confusion[h][key] = confusion[h].get(key, 0) + 1
-        if p is None:
-            failed += 1
-            continue
-        n += 1
-        hit += p == h
-        if h != "tie":
-            n_ab += 1
-            hit_ab += q == h
+    y = label_codes(human)
+    p2 = np.column_stack([label_codes(pred), label_codes(pred_ab)]) if len(y) else np.zeros((0, 2))
+    judged = np.isfinite(y) & np.isfinite(p2[:, 0])
     return {
-        "w_ties": round(hit / n, 6) if n else None,
-        "wo_ties": round(hit_ab / n_ab, 6) if n_ab else None,
-        "n": n, "n_wo_ties": n_ab, "failed": failed,
+        "w_ties": _clean(agreement_w_ties(y, p2)),
+        "wo_ties": _clean(agreement_wo_ties(y, p2)),
+        "n": int(judged.sum()), "n_wo_ties": int((judged & (y != LABEL_CODES["tie"])).sum()),
+        "failed": int((np.isfinite(y) & ~np.isfinite(p2[:, 0])).sum()),
         "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
     }

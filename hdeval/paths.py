@@ -27,6 +27,13 @@ def user_data_dir() -> Path:
     return _xdg("XDG_DATA_HOME", ".local/share") / "hdeval" / "data"
 
 
+def user_model_dir() -> Path:
+    """Where the embedded model is kept after its first-use download (``HDEVAL_MODEL_DIR``
+    overrides)."""
+    env = os.environ.get("HDEVAL_MODEL_DIR")
+    return Path(env) if env else _xdg("XDG_DATA_HOME", ".local/share") / "hdeval" / "models"
+
+
 def default_cache_dir() -> Path:
     env = os.environ.get("HDEVAL_CACHE_DIR")
     if env:

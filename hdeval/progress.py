@@ -10,6 +10,10 @@ class Progress:
     def stage(self, label: str, total: int) -> None:
         """A stage of ``total`` units of work starts (e.g. scoring layer 2: 640 calls)."""
 
+    def expect(self, units: int) -> None:
+        """The run has at most ``units`` units of work left, the stages about to start included
+        (called before them; later stages may depend on replies, so it is an upper bound)."""
+
     def advance(self, n: int = 1, cached: bool = False) -> None:
         """``n`` units finished; ``cached`` when they were answered from the cache."""
 

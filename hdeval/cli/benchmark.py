@@ -32,7 +32,7 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--layers", default=3, show_default=True, type=int, help="Depth of HD-Eval's criteria tree.")
 @click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
 @click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
-@click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) per run.")
+@click.option("--limit", default=None, type=int, help="Use about N samples per run: whole documents until at least N (never part of one).")
 @click.option("--method-option", "method_option", multiple=True, metavar="METHOD.NAME=VALUE",
               help="A method's option for its runs (repeatable), e.g. paireval.comparisons=3, "
                    "dna.tie_margin=0.5; `hdeval train --help` lists each method's options.")
@@ -83,8 +83,11 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         results = run_benchmark(spec, progress=progress, artifacts=artifacts)
         write_benchmark(results, out, force=force, artifacts=artifacts)
         for m, c in results["cost"].items():
-            click.echo(f"{m}: {c['runs']} run(s), LLM calls made: {c['calls']}, cache hits: {c['cache_hits']}, "
-                       f"tokens: {c['prompt_tokens']} prompt + {c['completion_tokens']} completion", err=True)
+            click.echo(f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
+                       f"cache hits: {c['cache_hits']}), tokens: {c['prompt_tokens']} prompt + "
+                       f"{c['completion_tokens']} completion", err=True)
+        for w in results.get("warnings") or []:
+            click.echo(f"warning: {w}", err=True)
         for s in results["settings"]:
             pairwise = results.get("shape") == "pairwise"
             avg = s["agreement"]["evaluator"]["wo_ties"] if pairwise else s["dataset"]["average"]["spearman"]

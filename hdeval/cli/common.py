@@ -65,12 +65,20 @@ class TerminalProgress(Progress):
         self.t0 = time.monotonic()
         self._last = 0.0
         self._stop: threading.Event | None = None
+        self.left: int | None = None  # units of the run not yet started (Progress.expect)
+        self.later: int | None = None  # of which after the current stage
         _LIVE.add(self)
+
+    def expect(self, units: int) -> None:
+        with self._lock:
+            self.left = units
 
     def stage(self, label: str, total: int) -> None:
         self._stop_ticker()
         with self._lock:
             self.label, self.total, self.done, self.hits = label, total, 0, 0
+            if self.left is not None:
+                self.later = self.left = max(0, self.left - total)
             self.t0 = time.monotonic()
         self._draw(force=True)
         if not self.tty and not self.quiet and self.interval > 0:
@@ -117,6 +125,9 @@ class TerminalProgress(Progress):
             extra = f", {rate:.2f} calls/s" if rate < 10 else f", {rate:.0f} calls/s"
             if self.done < self.total:
                 extra += f", ETA {_duration((self.total - self.done) / rate)}"
+            if self.later:  # the whole run at this stage's rate; later stages' cache hits make it less
+                extra += (f"; whole run: at most {self.total - self.done + self.later} more requests, "
+                          f"ETA <= {_duration((self.total - self.done + self.later) / rate)}")
         return f"{self.label}: {self.done}/{self.total} done ({self.hits} cached){extra}"
 
     def _draw(self, force: bool = False, final: bool = False, stop: threading.Event | None = None) -> None:

@@ -32,7 +32,7 @@ from hdeval.errors import ConfigError, HdevalError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
 @click.option("--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train.")
-@click.option("--limit", default=None, type=int, help="Use only N samples (whole documents) for a quick run.")
+@click.option("--limit", default=None, type=int, help="Use about N samples for a quick run: whole documents until at least N.")
 @click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
               help="Stop when a larger share of criterion scores cannot be read.")
 @click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
@@ -54,6 +54,13 @@ from hdeval.errors import ConfigError, HdevalError
               help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).")
 @click.option("--decompose-price-out", default=None, type=float,
               help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).")
+@click.option("--export-requests", "export_file", default=None, metavar="REQUESTS.jsonl",
+              type=click.Path(dir_okay=False),
+              help="Pay for nothing: write the next stage's requests not cached yet as OpenAI batch-format "
+                   "JSONL (custom_id = the cache key) for any engine that reads it, then stop. Import the "
+                   "answers with `hdeval cache import RESULTS --requests REQUESTS.jsonl` and rerun the same "
+                   "command: it goes on to the next stage, and once every stage is cached it trains and saves "
+                   "the artifact. OpenAI-compatible backends (--llm MODEL, --base-url URL).")
 @click.option("--yes", "-y", is_flag=True,
               help="Start a run on the embedded model estimated at over an hour without asking.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
@@ -63,8 +70,8 @@ from hdeval.errors import ConfigError, HdevalError
 @llm_options
 @batch_option
 def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
-          decompose_price_out: float | None, out: str | None, force: bool, yes: bool, quiet: bool,
-          offline: bool, **options: Any) -> None:
+          decompose_price_out: float | None, out: str | None, force: bool, export_file: str | None, yes: bool,
+          quiet: bool, offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -72,6 +79,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task summeval --layers 3 --llm gpt-4o-mini
       hdeval train --task my_task.toml --data my.jsonl --llm fake --limit 64
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
+      hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
     def go() -> None:
         _check_paths_early(options.get("data"), None if dry_run else out, force)
@@ -81,6 +89,8 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         config = TrainConfig.from_options(**options)
         if config.data is None:
             fetch_missing_task_data(config.task, offline=offline)
+        if dry_run and export_file is not None:
+            raise ConfigError("--export-requests writes requests, --dry-run only counts them: drop one")
         if dry_run:
             if _resolved(config.llm) is None:
                 from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
@@ -95,14 +105,26 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
             click.echo(_estimate(config, plans, identity)[1])
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
+        if export_file is not None:
+            _check_export(config, export_file)
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         if config.decompose_llm == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
-        if not yes:
+        if not yes and export_file is None:
             _ask_before_a_long_local_run(config)
         started = time.monotonic()
-        ev = run_train(config, progress=progress)
+        if export_file is not None:
+            from hdeval.request_files import RequestsExported
+
+            try:
+                ev = run_train(config, progress=progress, export_requests=export_file)
+            except RequestsExported as done:
+                progress.close()
+                _print_exported(done, progress.label, config.cache_dir)
+                return
+        else:
+            ev = run_train(config, progress=progress)
         _record_rate(config, ev, time.monotonic() - started)
         path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
         try:
@@ -147,13 +169,30 @@ def _ask_before_a_long_local_run(config) -> None:
     seconds, line = _estimate(config, plans, identity)
     if seconds is None or seconds <= LONG_RUN_SECONDS:
         return
-    what = f"this run on the embedded model is {line.removeprefix('estimated time: ')}"
+    what = f"this run on the embedded model is {line.split(': ', 1)[-1]}"
     if sys.stdin.isatty():
         if click.confirm(f"{what}. Start it?", default=False, err=True):
             return
         raise ConfigError("not started (a smaller run: --limit N, --layers 2; a faster LLM: --llm)")
     raise ConfigError(f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
                       "or faster (--llm with a server)")
+
+
+def _check_export(config, export_file: str) -> None:
+    from hdeval.run.output import check_output
+
+    check_output(export_file, [config.data, config.task, config.tree], option="--export-requests")
+
+
+def _print_exported(done, stage: str, cache_dir: str | None) -> None:
+    from hdeval.cli.common import _end_open_line
+
+    _end_open_line()  # a progress line redrawn on a terminal ends first
+    where = f" --cache-dir {cache_dir}" if cache_dir else ""
+    click.echo(f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
+               f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
+               f"RESULTS.jsonl --requests {done.path}{where}` and rerun this same train command: it goes on "
+               "to the next stage (and, once every stage is cached, trains and saves the artifact)", err=True)
 
 
 def _record_rate(config, ev, seconds: float) -> None:
@@ -197,6 +236,10 @@ def _check_outputs(config, out: str | None, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
+def _n(x: int | None) -> str:
+    return "?" if x is None else str(x)
+
+
 def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
                 batch: bool = False,
                 decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
@@ -207,7 +250,7 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         width = max(len(p.stage) for p in plans)
         click.echo(f"{'stage':<{width}}  {'calls':>9}  cached  est.prompt-tok  est.completion-tok")
     else:
-        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok")
+        click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok  requests")
     tot_calls = tot_p = tot_c = 0
     for p in plans:
         calls = p.decompose_calls + p.score_calls
@@ -220,7 +263,11 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
             click.echo(f"{p.stage:<{width}}  {calls:>9}  {cached:>6}  {p.prompt_tokens:>14}  {p.completion_tokens:>18}")
             continue
         click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
-                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{_n(p.requests):>8}")
+    if any(p.requests is not None for p in plans):
+        # the progress bar counts requests; the LLM is paid per distinct one (a call)
+        click.echo("requests: decompositions + one scoring request per sample and criterion, as the progress "
+                   "counts them; identical requests (samples with the same text) share one call")
     known_cached = sum(p.cached or 0 for p in plans)
     click.echo(f"total: <= {tot_calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")

@@ -3,19 +3,16 @@ task's data is (:func:`download_datasets`, :func:`convert_records`, :func:`data_
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
 import re
-import socket
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
-from hdeval.errors import ConfigError, DataError, DownloadError
+from hdeval.errors import ConfigError, DataError, DownloadError  # noqa: F401 (re-exported by hdeval.datasets)
+from hdeval.fetch import fetch_to_file
 from hdeval.paths import user_data_dir
 
 if TYPE_CHECKING:
@@ -363,61 +360,6 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
     return n, None
 
 
-def _fetch(url: str, out: Path, timeout: float, on_bytes: Callable[[int, int | None], None]) -> None:
-    """Stream ``url`` into ``out``; raise :class:`DownloadError` unless every byte arrived."""
-    req = urllib.request.Request(url, headers={"User-Agent": "hdeval (hdeval data download)"})
-    try:
-        resp = urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise DownloadError(
-                f"{url}: not found (HTTP 404); check --source-url / ${SOURCE_URL_ENV}"
-            ) from None
-        raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
-    except (TimeoutError, socket.timeout):
-        raise DownloadError(f"{url}: no answer within {timeout:g} s") from None
-    except (ValueError, http.client.HTTPException, OSError) as exc:
-        raise DownloadError(f"cannot download {url}: {exc}") from None
-    with resp:
-        length = resp.headers.get("Content-Length")
-        total = int(length) if length and length.isdigit() else None
-        done = 0
-        # Write errors (disk full) are left to propagate as OSError: they are not the
-        # network's fault and the caller words them.
-        with out.open("wb") as fh:
-            while True:
-                try:
-                    # read(n) returns b"" when the peer closes early instead of raising,
-                    # so a cut-off body is caught by the length comparison below.
-                    chunk = resp.read(_CHUNK)
-                except http.client.IncompleteRead as exc:
-                    raise DownloadError(
-                        f"{url}: connection closed after {done + len(exc.partial)} bytes"
-                        + (f" of {total}" if total is not None else "")
-                        + "; nothing was written, run the command again"
-                    ) from None
-                except (TimeoutError, socket.timeout):
-                    raise DownloadError(
-                        f"{url}: stalled for {timeout:g} s after {done} bytes"
-                    ) from None
-                except (http.client.HTTPException, OSError) as exc:
-                    raise DownloadError(
-                        f"{url}: download failed after {done} bytes ({exc})"
-                    ) from None
-                if not chunk:
-                    break
-                fh.write(chunk)
-                done += len(chunk)
-                on_bytes(done, total)
-    if total is not None and done != total:
-        raise DownloadError(
-            f"{url}: connection closed after {done} of {total} bytes; "
-            "nothing was written, run the command again"
-        )
-
-
 def download_dataset(
     name: str,
     dest: Path,
@@ -451,13 +393,14 @@ def download_dataset(
     out_tmp = dest / f".{task.data_file}.partial-{os.getpid()}"
     try:
         report(DownloadEvent("start", name, url=url, path=target))
-        _fetch(
+        fetch_to_file(
             url,
             raw_tmp,
             timeout,
             lambda done, total: report(
                 DownloadEvent("bytes", name, url=url, done_bytes=done, total_bytes=total)
             ),
+            hint_404=f"check --source-url / ${SOURCE_URL_ENV}",
         )
         try:
             with raw_tmp.open("r", encoding="utf-8") as fh:

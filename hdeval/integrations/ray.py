@@ -213,4 +213,111 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     return out.rows
 
 
-__all__ = ["ArtifactScorer", "WORKER_FIELD", "apply_on_ray"]
+class RequestAnswerer:
+    """Answer batches of an exported request file's lines, for ``Dataset.map_batches``: a
+    training stage's (``hdeval train --export-requests``) or apply's requests, on Ray workers.
+
+    Each line's body (the chat completion body hdeval would send) goes to the OpenAI-compatible
+    endpoint ``base_url`` through the ``openai`` SDK (its retries and timeout); each worker
+    keeps ``concurrency`` requests in flight. The API key is the workers' ``OPENAI_API_KEY``
+    (pass it through Ray's ``runtime_env``; it is never printed). Input batches need a ``text``
+    column (``ray.data.read_text``); output batches have ``result``, one line of the OpenAI
+    batch output format per request: what ``hdeval cache import`` reads (and checks again)."""
+
+    def __init__(self, base_url: str, *, timeout: float = 60.0, max_retries: int = 6, concurrency: int = 8):
+        import openai
+
+        from hdeval.backends.openai_compat import _check_url
+
+        _check_url(base_url)
+        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or "unused",
+                                    timeout=timeout, max_retries=max_retries)
+        self.concurrency = concurrency
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numpy as np
+
+        if "text" not in batch:
+            raise DataError(f"hdeval's request answerer reads a 'text' column of request lines; the batch has "
+                            f"{', '.join(sorted(batch)) or 'no columns'}")
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            out = list(pool.map(self._one, (str(t) for t in batch["text"])))
+        return {"result": np.array(out, dtype=object)}
+
+    def _one(self, text: str) -> str:
+        import httpx2
+        import openai
+
+        from hdeval.request_files import MAX_LINE_BYTES
+
+        row = json.loads(text)  # a file the driver checked (read_request_file)
+        key, body = row["custom_id"], row["body"]
+        response: dict[str, Any] | None = None
+        error: dict[str, Any] | None = None
+        try:
+            reply = self.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
+            data = reply.content
+            if len(data) > MAX_LINE_BYTES:
+                error = {"message": f"a reply of {len(data)} bytes: larger than a result line may be"}
+            else:
+                response = {"status_code": reply.status_code, "body": json.loads(data)}
+        except openai.APIStatusError as exc:
+            response = {"status_code": exc.status_code, "body": None}
+            error = {"message": " ".join(str(exc).split())[:300]}
+        except (openai.APIError, ValueError) as exc:  # unreachable, timed out, not JSON
+            error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
+        return json.dumps({"custom_id": key, "response": response, "error": error}, ensure_ascii=False,
+                          separators=(",", ":"))
+
+
+def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, base_url: str, *,
+                           workers: int = 2, batch_size: int = 200, concurrency: int = 8,
+                           timeout: float = 60.0, max_retries: int = 6, num_cpus: float = 0.5) -> int:
+    """Answer an exported request file (``hdeval train --export-requests``, or apply's) on the Ray
+    cluster this process is connected to: ``workers`` :class:`RequestAnswerer` actors send the
+    bodies to ``base_url``; the OpenAI batch output lines are written to ``results_file`` (a
+    temporary file beside it, renamed into place at the end). Returns the lines written. Then
+    ``hdeval cache import RESULTS --requests REQUESTS`` and rerun the command that exported.
+    Ray schedules the work; ``requests_file`` must be readable by every worker."""
+    import tempfile
+
+    from hdeval.backends.openai_compat import _check_url
+    from hdeval.request_files import read_request_file
+
+    ray = _ray()
+    _check_url(base_url)
+    for name, value in (("workers", workers), ("batch_size", batch_size), ("concurrency", concurrency)):
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"{name} must be a whole number, at least 1; got {value!r}")
+    asked = read_request_file(requests_file)  # not a request file hdeval wrote: refused here, nothing sent
+    results = Path(results_file)
+    if not asked:
+        raise ConfigError(f"{requests_file} holds no request: nothing to answer")
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ds = ray.data.read_text(str(Path(requests_file).resolve())).map_batches(
+        RequestAnswerer, batch_size=batch_size, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
+        fn_constructor_args=(base_url,),
+        fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency})
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{results.name}.", suffix=".tmp", dir=results.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {results}: {exc.strerror or exc}") from None
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
+                for line in batch["result"]:
+                    fh.write(str(line) + "\n")
+                    n += 1
+        os.replace(tmp, results)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n
+
+
+__all__ = ["ArtifactScorer", "RequestAnswerer", "WORKER_FIELD", "answer_requests_on_ray", "apply_on_ray"]

@@ -62,8 +62,26 @@ class LayerPlan:
     stage: str = ""  # a method whose steps are not criteria layers names them (dna)
     decompose_prompt_tokens: int = 0  # of which decomposition (priced apart: --decompose-llm)
     decompose_completion_tokens: int = 0
+    # what the progress counts: decompositions + one scoring request per sample and criterion
+    # (identical requests, samples with the same text, share one call: score_calls can be fewer)
+    requests: int | None = None
 
 
 def prompt_chars(req) -> int:
     """Characters of a request's messages (token estimates are chars / 4)."""
     return sum(len(m.content) for m in req.messages)
+
+
+def fit_exporting(method: Any, ctx: Any, path: Any) -> Any:
+    """``train --export-requests FILE``: the method's fit with its LLMs exporting instead of
+    calling (:func:`hdeval.request_files.exporting_stages`). Returns the fitted evaluator when
+    every stage was cached; otherwise raises :class:`~hdeval.request_files.RequestsExported`
+    after writing the first uncached stage's requests."""
+    from hdeval.request_files import exporting_stages
+
+    config = ctx.config
+    for given, flag in ((config.batch, "--batch"), (config.max_calls is not None, "--max-calls")):
+        if given:  # both would let the run pay for something
+            raise ConfigError(f"--export-requests pays for nothing: drop {flag}")
+    with exporting_stages(path, [ctx.llm, ctx.decompose_llm or ctx.llm]):
+        return method.fit(ctx)

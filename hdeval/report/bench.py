@@ -157,6 +157,8 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
         features = max((r.get("criteria") or 0 for r in mine), default=0) or None
         verdicts.split_line(b, min(r["n_train"] for r in mine), min(r["n_test"] for r in mine), features,
                             rows="pairs" if results.get("shape") == "pairwise" else "rows")
+    for w in results.get("warnings") or []:
+        b.add("test documents", w, warn=True)
     pairwise = results.get("shape") == "pairwise"
     baseline = "dna-direct" if pairwise else "direct"
     top_settings = [s for s in results.get("settings") or []

@@ -285,6 +285,16 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     if refusal:
         raise ConfigError(refusal)
     lines, input_sha = _scan_bytes(input_file, digest=which is not None)
+    whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
+    if whole:
+        fits = which is None
+        if fits and lines > size:  # the line count bounds the samples: count them only past it
+            with DiskIds(None if output == "-" else os.path.dirname(os.path.abspath(output))) as ids:
+                chunks = _Input(input_file, ev, size + 1, None).chunks(ids)
+                fits = len(next(chunks, [])) <= size
+                chunks.close()
+        if not fits:
+            raise ConfigError(f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)")
     other = sorted(_input_tasks(input_file, size) - {ev.task.name})
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "

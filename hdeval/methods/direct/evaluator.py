@@ -151,6 +151,7 @@ def plan(config: Any, prep: Any, backend: Any = None) -> list:
         chars = sum(prompt_chars(r) for r in distinct.values())
         per_prompt = chars / len(distinct) / 4 if distinct else 0.0
         cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
-        return [LayerPlan(1, 0, len(distinct), cached, False, int(per_prompt * len(distinct)), len(distinct) * 2)]
+        return [LayerPlan(1, 0, len(distinct), cached, False, int(per_prompt * len(distinct)), len(distinct) * 2,
+                          requests=len(reqs))]
     finally:
         llm.close()

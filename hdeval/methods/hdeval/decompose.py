@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from typing import Any, Sequence
 
 from hdeval.backends.base import Backend, CompletionRequest
@@ -20,7 +21,20 @@ _KEY_MAX = 24
 # is cut at these lengths by a server that constrains decoding, long before the token limit.
 _NAME_MAX = 80
 _DEFINITION_MAX = 300
-# how many cached replies that failed validation one attempt walks past before asking anew
+# A sub-criterion that talks about the rating scale instead of a quality ("a 1-5 scale",
+# "on a scale of 1 to 10", "Likert"): rubric boilerplate a weak model copies from the prompt.
+_SCALE = re.compile(
+    r"\b\d+\s*(?:-|\u2013|to|/)\s*\d+\s*(?:-?\s*points?\s*)?(?:scale|rating|score)"
+    r"|\bscale\s+(?:of|from)\s+\d|\blikert\b",
+    re.I,
+)
+# The same three words three times over: a model looping inside one string.
+_LOOP_WORDS, _LOOP_REPEATS = 3, 3
+
+
+class DegenerateCriteria(ValueError):
+    """A reply's sub-criteria parse but are not usable criteria (a copy of the parent, a
+    near-duplicate sibling, rubric boilerplate): the LLM is asked again."""
 
 
 def slug(text: str) -> str:
@@ -77,16 +91,60 @@ def parse_subcriteria(
     return validate_subcriteria(extract_json(text), parent, tree, max_children, taken)
 
 
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
+
+
+def _boilerplate(text: str) -> str | None:
+    """Why ``text`` is not a quality but rubric boilerplate, or None."""
+    if _SCALE.search(text):
+        return "describes the rating scale, not a quality"
+    words = _norm(text).split()
+    grams = Counter(tuple(words[i:i + _LOOP_WORDS]) for i in range(len(words) - _LOOP_WORDS + 1))
+    gram, n = grams.most_common(1)[0] if grams else ((), 0)
+    if n >= _LOOP_REPEATS:
+        return f"repeats the phrase {' '.join(gram)!r} {n} times"
+    return None
+
+
+def quality_problem(name: str, definition: str, parent: Criterion, tree: CriteriaTree,
+                    siblings: Sequence[tuple[str, str, str]]) -> str | None:
+    """Why a sub-criterion is degenerate (the gate of #20 item 8), or None if it is usable.
+
+    ``siblings``: (name, normalised name, normalised definition) of the ones accepted before it."""
+    n_name, n_def = _norm(name), _norm(definition)
+    lineage = ([parent] + tree.ancestors(parent.key)) if parent.key in tree else [parent]
+    for up in lineage:
+        last = up.key.rsplit("/", 1)[-1]
+        # the name, not the key: "clarity" under "coherence/clarity" may be named "clarity of wording"
+        if n_name in (_norm(up.name), _norm(last.replace("_", " "))):
+            return f"repeats its parent {up.key!r} (same name)"
+        if n_def == _norm(up.definition):
+            return f"repeats its parent {up.key!r} (same definition)"
+    for other, o_name, o_def in siblings:
+        if n_name == o_name:
+            return f"has the same name as sibling {other!r}"
+        if n_def == o_def:
+            return f"has the same definition as sibling {other!r}"
+    why = _boilerplate(name) or _boilerplate(definition)
+    return f"is rubric boilerplate: it {why}" if why else None
+
+
 def validate_subcriteria(
     data: Any, parent: Criterion, tree: CriteriaTree, max_children: int, taken: set[str]
 ) -> list[Criterion]:
-    """:func:`parse_subcriteria` on an already parsed JSON reply."""
+    """:func:`parse_subcriteria` on an already parsed JSON reply.
+
+    Raises :class:`DegenerateCriteria` (a ``ValueError``) naming every sub-criterion that repeats
+    its parent, duplicates a sibling or is rubric boilerplate: the reply is re-asked."""
     items = data.get("subcriteria") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError('"subcriteria" must be a non-empty list')
     out: list[Criterion] = []
     local: set[str] = set()
     seen_text: set[tuple[str, str]] = set()
+    accepted: list[tuple[str, str, str]] = []
+    rejected: list[str] = []
     for i, item in enumerate(items, 1):
         if len(out) == max_children:
             break
@@ -103,6 +161,11 @@ def validate_subcriteria(
         if text in seen_text:
             continue  # the same criterion twice (small models repeat themselves): keep one
         seen_text.add(text)
+        why = quality_problem(name, definition, parent, tree, accepted)
+        if why:
+            rejected.append(f"sub-criterion #{i} {name[:60]!r} {why}")
+            continue
+        accepted.append((name, _norm(name), _norm(definition)))
         # A key clash between different criteria is only a naming problem: number it.
         base, n = key, 2
         while key in local or f"{parent.key}/{key}" in taken or f"{parent.key}/{key}" in tree:
@@ -110,6 +173,8 @@ def validate_subcriteria(
             n += 1
         local.add(key)
         out.append(Criterion(f"{parent.key}/{key}", name, definition, parent.key, parent.layer + 1))
+    if rejected:
+        raise DegenerateCriteria("; ".join(rejected))
     return out
 
 
@@ -122,25 +187,49 @@ def decompose(
     max_children: int,
     taken: set[str] | None = None,
     attempts: int = ATTEMPTS,
+    rejections: list[dict[str, Any]] | None = None,
 ) -> list[Criterion]:
     """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
     with what was wrong and asked again (a new, deterministic request, so it is cached too); a
-    rerun re-asks replies that were cached invalid; then a clear error."""
+    rerun re-asks replies that were cached invalid; then a clear error.
+
+    Degenerate sub-criteria (:func:`quality_problem`) are re-asked the same way; each rejection
+    is appended to ``rejections``. When the last reply is still degenerate, the criterion is left
+    unexpanded: an empty list (a weak model's garbage is never scored, and the run keeps what it
+    paid for)."""
     request = decomposition_request(template, task, tree, criterion, max_children)
     used = set(taken or set())
+    last: list[BaseException] = []
+
+    def validate(data: Any) -> list[Criterion]:
+        try:
+            return validate_subcriteria(data, criterion, tree, max_children, set(used))
+        except ValueError as exc:
+            last[:] = [exc]
+            if isinstance(exc, DegenerateCriteria) and rejections is not None:
+                entry = {"criterion": criterion.key, "rejected": str(exc)}
+                if entry not in rejections:  # a rerun walks past the same cached reply again
+                    rejections.append(entry)
+            raise
+
+    def feedback(problem: str) -> str:
+        ask = (f"That reply was not usable: {problem}. Reply again with only the JSON object, at most "
+               f"{max_children} sub-criteria, each with a unique key.")
+        if last and isinstance(last[0], DegenerateCriteria) and problem == str(last[0]):
+            ask += (f" Each sub-criterion must be a different, narrower quality of {criterion.name!r}: not "
+                    f"{criterion.name!r} itself, not a copy of another, and not a description of the rating scale.")
+        return ask
+
     try:
-        return ask_json(
-            backend, request,
-            lambda data: validate_subcriteria(data, criterion, tree, max_children, set(used)),
-            lambda problem: (f"That reply was not usable: {problem}. Reply again with only the JSON "
-                             f"object, at most {max_children} sub-criteria, each with a unique key."),
-            attempts,
-        )
+        return ask_json(backend, request, validate, feedback, attempts)
     except RequestRejected as exc:
         raise DecompositionError(
             f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"
         ) from None
     except UnusableReply as exc:
+        # only when the last reply parsed but was degenerate (malformed JSON fails before validate)
+        if last and isinstance(last[0], DegenerateCriteria) and exc.problem == str(last[0]):
+            return []  # the caller warns and records it: the node stays a leaf
         raise DecompositionError(
             f"could not decompose criterion {criterion.key!r}: {exc.attempts} replies were unusable "
             f"(last: {exc.problem}); the replies are kept in the cache for inspection and a rerun asks "
@@ -156,18 +245,37 @@ def decompose_nodes(
     nodes: Sequence[Criterion],
     max_children: int,
     progress: Progress | None = None,
+    rejections: list[dict[str, Any]] | None = None,
 ) -> CriteriaTree:
-    """Decompose ``nodes`` in order and return the tree with their children added."""
+    """Decompose ``nodes`` in order and return the tree with their children added.
+
+    ``rejections`` collects every degenerate reply (see :func:`decompose`); a node whose replies
+    all stayed degenerate gets an entry with ``"unexpanded": True`` and a warning line."""
+    from hdeval.request_files import export_first_requests
+
+    # while exporting (train --export-requests): each node's first request depends only on its
+    # ancestors, so all are known now and are written as one stage
+    export_first_requests(backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes])
     taken: set[str] = set(tree.keys)
     is_cached = getattr(backend, "is_cached", None)  # only a CachedBackend can tell
+    found: list[dict[str, Any]] = [] if rejections is None else rejections
     for node in nodes:
         first = decomposition_request(template, task, tree, node, max_children)
         cached = bool(is_cached and is_cached(first))
         stats = getattr(backend, "stats", None)
         calls = getattr(stats, "calls", None)
-        children = decompose(backend, template, task, tree, node, max_children, taken)
+        mark = len(found)
+        children = decompose(backend, template, task, tree, node, max_children, taken, rejections=found)
         if isinstance(calls, int):
             cached = stats.calls == calls  # a cached reply that failed validation was asked again
+        if not children:
+            why = found[-1]["rejected"] if len(found) > mark else "no usable sub-criteria"
+            found.append({"criterion": node.key, "unexpanded": True, "attempts": ATTEMPTS})
+            if progress is not None:
+                progress.message(
+                    f"warning: criterion {node.key!r} left unexpanded: {ATTEMPTS} decomposition replies were "
+                    f"degenerate (last: {why[:300]}); see decomposition_rejections in the manifest"
+                )
         taken.update(c.key for c in children)
         tree = tree.with_children(node.key, children)
         if progress is not None:

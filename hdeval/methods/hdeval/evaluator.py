@@ -37,7 +37,8 @@ SCORES = "scores.csv"
 METRICS = "metrics.json"
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
-_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input")
+_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input",
+               "decomposition_rejections")
 
 
 class TreeEvaluator(Saving):

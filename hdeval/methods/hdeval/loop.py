@@ -105,7 +105,9 @@ def _run(
     expand: Sequence[str] = ()
     agg: Aggregator | None = None
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
+    rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.layers + 1):
+        progress.expect(_units_left(config, len(samples), tree, layer, depth, locked, expand))
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
             if not nodes and layer > depth:  # pruning found no criterion worth expanding
@@ -114,7 +116,8 @@ def _run(
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
                 _share_budget(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress,
+                                       rejections)
                 progress.end_stage()
                 if len(tree) == before and layer > depth:
                     break
@@ -201,6 +204,7 @@ def _run(
             "data_file": str(prep.data_path),
             "decompose_llm": _decompose_record(config, spec, dec, llm),
             **({"tree_input": given.manifest()} if given is not None else {}),
+            **({"decomposition_rejections": rejections} if rejections else {}),
         },
         table,
     )
@@ -274,6 +278,30 @@ def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[
     if layer > depth:
         return [tree[k] for k in expand]
     return []
+
+
+def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
+                expand: Sequence[str]) -> int:
+    """At most how many progress units (decompositions, and one scoring request per sample and
+    criterion: what the dry run's "requests" counts) layers ``first`` on still need, with the
+    tree as it is before layer ``first``. Counted as :func:`_plan` counts."""
+    total = candidates = 0
+    for layer in range(first, config.layers + 1):
+        if layer == first and layer > 1:
+            nodes = len(_to_decompose(tree, layer, depth, locked, expand))
+        elif layer == 2:
+            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
+        elif layer > depth:
+            nodes = min(config.top_k, candidates)
+        else:
+            nodes = 0
+        if layer > depth and not nodes:
+            break
+        known = [c for c in tree.layer(layer)] if layer <= depth else []
+        new = nodes * config.children
+        total += nodes + n * (len(known) + new)
+        candidates = sum(1 for c in known if c.key not in locked) + new
+    return total
 
 
 def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
@@ -481,6 +509,7 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
             # +40: the parent's lines in a new criterion's prompt
             int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
             score * 2 + dec_c, decompose_prompt_tokens=dec_p, decompose_completion_tokens=dec_c,
+            requests=nodes + len(reqs) + n_new * len(samples),
         ))
         candidates = sum(1 for c in known if c.key not in locked) + n_new
     return plans

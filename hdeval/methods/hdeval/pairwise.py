@@ -46,7 +46,7 @@ TREE = "tree.json"
 MODEL = "classifier.skops"
 SCORES = "scores.csv"
 METRICS = "metrics.json"
-_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file")
+_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decomposition_rejections")
 
 
 # ----------------------------------------------------------------------------- scoring both sides
@@ -153,6 +153,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
     expand: Sequence[str] = ()
     model = None
     kind = config.aggregator
+    rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.layers + 1):
         if layer > 1:
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
@@ -160,7 +161,8 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
                 break
             progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
             before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress)
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress,
+                                   rejections)
             progress.end_stage()
             if len(tree) == before:
                 break
@@ -223,7 +225,8 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
         f"| baseline (equal-weight sum of layer-1 differences) w/o ties {metrics['direct_layer1']['wo_ties']}, "
         f"w/ ties {metrics['direct_layer1']['w_ties']}")
     table = _score_table(ids, side_a, side_b, split, y)
-    extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path)}
+    extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path),
+             **({"decomposition_rejections": rejections} if rejections else {})}
     return PairEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
                          llm.identity, metrics, extra, table)
 

@@ -35,6 +35,12 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     if n_test < 30:
         out.append((f"warning: only {n_test} held-out samples: the correlations above are noisy "
                     "(use more data or a larger --test-frac)", True))
+    left = [r["criterion"] for r in ev.manifest_extra.get("decomposition_rejections") or []
+            if isinstance(r, dict) and r.get("unexpanded")]
+    if left:
+        out.append((f"warning: {len(left)} criteria left unexpanded (every decomposition reply was degenerate): "
+                    f"{_some([str(k) for k in left])}; the rejected replies are in the manifest's "
+                    "decomposition_rejections", True))
     out.append((f"artifact written to {path}", False))
     out.append((f"next: hdeval report {path}", False))
     return out

@@ -22,6 +22,8 @@ def __getattr__(name: str) -> Any:
     return getattr(_impl(), name)
 
 
+SOURCES = ("train", "file", "references")  # where PairEval's comparison examples come from
+
 PAIREVAL = Method(
     name="paireval",
     summary="PairEval: win probability against comparison examples from other conversations, both orders",
@@ -35,6 +37,13 @@ PAIREVAL = Method(
         "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
                                       "from, instead of the training split"),
         "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
+        "comparison_source": Option("train", "PairEval: where the comparison examples come from: responses of "
+                                             "the training split, the --comparison-data corpus (implied by "
+                                             "--comparison-data), or the training documents' human-written "
+                                             "references (the data's 'reference' field)", SOURCES),
+        "all_vs_all": Option(False, "PairEval: compare each response with every other response of its own "
+                                    "document (the paper's exhaustive comparison) instead of comparison "
+                                    "examples"),
     },
 )
 

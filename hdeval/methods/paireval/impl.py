@@ -107,12 +107,16 @@ class PairEvaluator(_Dialogue):
 
     def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
                  agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
-                 extra: dict[str, Any] | None = None, score_table=None):
+                 extra: dict[str, Any] | None = None, score_table=None, all_vs_all: bool = False):
         super().__init__(task, template, llm, llm_identity, metrics, extra, score_table)
         self.pool = list(pool)
         self.n = n
         self.swap = swap
         self.agg = agg
+        self.all_vs_all = all_vs_all  # compared within each document, no recorded examples
+        # apply streams chunks and shards: a document split across them would compare fewer rows
+        self.whole_input = ("this all-vs-all PairEval artifact compares each response with the other "
+                            "responses of its document in the input") if all_vs_all else None
 
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]  # between split and human:
@@ -122,7 +126,18 @@ class PairEvaluator(_Dialogue):
         return self.agg.kind
 
     def method_args(self) -> dict[str, Any]:
+        if self.all_vs_all:
+            return {"all_vs_all": True, "swap": self.swap}
         return {"comparisons": self.n, "swap": self.swap}
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        lines = super().summary_lines(path)
+        c = self.metrics.get("comparisons") or {}
+        lines.insert(1, (f"comparisons: {comparison_text(c)}", False))
+        overlap = c.get("overlap_test")
+        if isinstance(overlap, dict):
+            lines.insert(2, (f"warning: {overlap_text(overlap)}", True))
+        return lines
 
     def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
               progress: Progress | None = None) -> PairScores:
@@ -132,6 +147,9 @@ class PairEvaluator(_Dialogue):
             raise DataError("no samples to score")
         backend, own = self.open_backend(backend, cache_dir)
         try:
+            if self.all_vs_all:
+                return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
+                                       progress)
             return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
                                concurrency, progress)
         finally:
@@ -151,7 +169,8 @@ class PairEvaluator(_Dialogue):
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         out.text(PAIR_PROMPT, self.template.source)
-        out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+        if not self.all_vs_all:
+            out.json(COMPARISONS, [e.to_dict() for e in self.pool])
         out.json(METRICS, self.metrics)
         out.skops(MODEL, self.agg.models_)
         if self.score_table is not None:
@@ -167,11 +186,19 @@ class PairEvaluator(_Dialogue):
 
         m = art.manifest
         try:
-            task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
-            pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
             args = m.get("method_args") or {}
-            n, swap = args["comparisons"], args["swap"]
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool) or not isinstance(swap, bool):
+            all_vs_all = args.get("all_vs_all", False) is True
+            if all_vs_all:  # compared within each document: no recorded examples
+                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, METRICS, MODEL))
+                pool, n, swap = [], 0, args["swap"]
+                if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
+                    raise ValueError("method_args of an all-vs-all artifact are 'all_vs_all' and 'swap' only")
+            else:
+                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
+                pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
+                n, swap = args["comparisons"], args["swap"]
+            if not all_vs_all and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool)
+                                   or not isinstance(swap, bool)):
                 raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
             spec = m["aggregator"]
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
@@ -181,7 +208,7 @@ class PairEvaluator(_Dialogue):
                                          template.random_state, models, len(task.aspects))
             ev = cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
                      n, swap, agg, llm, identity, art.json(METRICS),
-                     {k: m[k] for k in ("seed", "split", "config") if k in m})
+                     {k: m[k] for k in ("seed", "split", "config") if k in m}, all_vs_all=all_vs_all)
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
         ev.warnings = list(art.warnings)
@@ -194,21 +221,120 @@ def fit_paireval(ctx: FitContext) -> PairEvaluator:
     return fit_with_pool(ctx, pool, n, swap, source)
 
 
+REFERENCE_FIELD = "reference"
+ALL_VS_ALL = "all-vs-all"  # the source of an exhaustive run: every other response of the document
+
+
+def comparison_source(ctx: FitContext) -> str:
+    """``train``, ``file`` or ``references``: given, else ``file`` with --comparison-data."""
+    from hdeval.methods.paireval import SOURCES
+
+    given = ctx.config.method_options or {}
+    data = ctx.option("comparison_data") or ""
+    source = given.get("comparison_source") or ("file" if data else "train")
+    if source not in SOURCES:
+        raise ConfigError(f"--comparison-source must be one of {', '.join(SOURCES)}, got {source!r}")
+    if source == "file" and not data:
+        raise ConfigError("--comparison-source file needs --comparison-data FILE (a JSONL corpus in the task's schema)")
+    if data and source != "file":
+        raise ConfigError(f"--comparison-data {data} is read only with --comparison-source file, not {source}")
+    if ctx.option("all_vs_all"):
+        clash = [f"--{k.replace('_', '-')}" for k in ("comparison_source", "comparison_data", "comparisons")
+                 if given.get(k) not in (None, "")]
+        if clash:
+            raise ConfigError(f"--all-vs-all compares each response with the other responses of its own document: "
+                              f"{', '.join(clash)} do not apply")
+        return ALL_VS_ALL
+    return source
+
+
+def reference_examples(samples: Sequence[Sample]) -> list[Sample]:
+    """One sample per document whose response is the document's human-written reference."""
+    out: dict[str, Sample] = {}
+    for s in samples:
+        ref = s.fields.get(REFERENCE_FIELD)
+        if s.doc_id not in out and isinstance(ref, str) and ref.strip():
+            out[s.doc_id] = dataclasses.replace(s, id=f"{s.doc_id}:reference",
+                                                fields={**s.fields, RESPONSE_FIELD: ref}, scores={})
+    return list(out.values())
+
+
 def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
-    """The run's comparison examples, N, swap and where the examples come from."""
+    """The run's comparison examples, N, swap and where the examples come from (``train``, the
+    file's path, ``references`` or ``all-vs-all``, whose pool is empty)."""
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     history_fields(task)
-    n = check_comparisons(ctx.option("comparisons"))
     swap = bool(ctx.option("swap"))
-    source = ctx.option("comparison_data") or ""
+    source = comparison_source(ctx)
+    if source == ALL_VS_ALL:
+        check_documents(samples)
+        return [], 0, swap, source
+    n = check_comparisons(ctx.option("comparisons"))
     by_id = {s.id: s for s in samples}
-    if source:
-        pool = draw_comparisons(read_comparison_file(source, task), n, config.seed, task,
-                                f"the comparison file {source}", own_docs=False)
+    train = [by_id[i] for i in split.train_ids]
+    if source == "file":
+        path = ctx.option("comparison_data")
+        pool = draw_comparisons(read_comparison_file(path, task), n, config.seed, task,
+                                f"the comparison file {path}", own_docs=False)
+        return pool, n, swap, path
+    if source == "references":
+        refs = reference_examples(train)
+        if not refs:
+            raise ConfigError(f"--comparison-source references: no row of the training split has a "
+                              f"{REFERENCE_FIELD!r} text (task {task.name}); use --comparison-source train or "
+                              "--comparison-data FILE")
+        pool = draw_comparisons(refs, n, config.seed, task, "the training split's references", own_docs=True)
+        return pool, n, swap, source
+    pool = draw_comparisons(train, n, config.seed, task, "the training split", own_docs=True)
+    return pool, n, swap, "train"
+
+
+def check_documents(samples: Sequence[Sample]) -> None:
+    """All-vs-all needs at least two responses in every document."""
+    count: dict[str, int] = {}
+    for s in samples:
+        count[s.doc_id] = count.get(s.doc_id, 0) + 1
+    lone = [d for d, k in count.items() if k < 2]
+    if lone:
+        raise ConfigError(f"--all-vs-all compares responses of the same document: {len(lone)} of {len(count)} "
+                          f"documents have a single response (e.g. {lone[0]!r}); drop them or compare with "
+                          "comparison examples instead")
+
+
+def overlap_with_test(ctx: FitContext, pool: Sequence[Example], source: str) -> dict[str, Any] | None:
+    """How many comparison rows (and drawn examples) are test rows: same id or same response text."""
+    if source == ALL_VS_ALL:
+        return None
+    task, split = ctx.prep.task, ctx.prep.split
+    by_id = {s.id: s for s in ctx.prep.samples}
+    test_ids = set(split.test_ids)
+    test_texts = {Example.of(task, by_id[i]).response.strip() for i in split.test_ids}
+
+    def hit(e: Example) -> bool:
+        return e.id in test_ids or e.response.strip() in test_texts
+
+    if source in ("train", "references"):
+        rows = list(pool)
     else:
-        train = [by_id[i] for i in split.train_ids]
-        pool = draw_comparisons(train, n, config.seed, task, "the training split", own_docs=True)
-    return pool, n, swap, source or "train"
+        rows = [Example.of(task, s) for s in read_comparison_file(source, task)]
+    found = sum(hit(e) for e in rows)
+    if not found:
+        return None
+    return {"rows": found, "of": len(rows), "examples": sum(hit(e) for e in pool), "drawn": len(pool)}
+
+
+def overlap_text(o: dict[str, Any]) -> str:
+    return (f"{o['rows']} of the {o['of']} comparison rows ({o['examples']} of the {o['drawn']} examples drawn) "
+            "match test rows by id or response text: held-out scores may compare test responses with themselves")
+
+
+def comparison_text(c: dict[str, Any]) -> str:
+    """Where the comparison examples came from, for the summary and the progress line."""
+    if c.get("all_vs_all"):
+        return "every other response of the same document (all-vs-all)"
+    where = {"train": "responses of the training split", "references": "the training documents' references",
+             "file": f"the corpus {c.get('file', '')}".rstrip()}.get(c.get("source"), str(c.get("source")))
+    return f"{c.get('n')} comparison examples from {where}"
 
 
 def planned_requests(config: Any, prep: Any) -> list[CompletionRequest]:
@@ -218,9 +344,13 @@ def planned_requests(config: Any, prep: Any) -> list[CompletionRequest]:
         history_fields(task)
         t = load_template("yesno")
         return [yesno_request(t, task, a, Example.of(task, s)) for s in samples for a in task.aspects]
-    pool, n, swap, _ = choose_comparisons(FitContext(config, prep, None, None, Progress()))
+    pool, n, swap, source = choose_comparisons(FitContext(config, prep, None, None, Progress()))
     cols = [(a.key, pair_question(a)) for a in task.aspects]
-    return [r for c in pair_cells(load_template("pair"), task, samples, pool, n, swap, cols) for r in c.requests]
+    if source == ALL_VS_ALL:
+        cells = same_doc_cells(load_template("pair"), task, samples, swap, cols)
+    else:
+        cells = pair_cells(load_template("pair"), task, samples, pool, n, swap, cols)
+    return [r for c in cells for r in c.requests]
 
 
 def plan_requests(config: Any, prep: Any, backend: Any = None) -> list:
@@ -245,11 +375,23 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
 
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     by_id = {s.id: s for s in samples}
+    all_vs_all = source == ALL_VS_ALL
+    if all_vs_all:
+        compared: dict[str, Any] = {"all_vs_all": True, "swap": swap, "source": ALL_VS_ALL}
+    else:
+        compared = {"n": n, "swap": swap, "source": source if source in ("train", "test", "references") else "file",
+                    "ids": [e.id for e in pool]}
+    shown = {**compared, "file": source} if compared["source"] == "file" else compared
     ctx.progress.message(
         f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), {n} comparison examples from {source}, LLM {shown_identity(ctx.llm.identity)}"
+        f"{len(split.test_ids)} test), {comparison_text(shown)}, LLM {shown_identity(ctx.llm.identity)}"
     )
-    ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {})
+    overlap = overlap_with_test(ctx, pool, source)
+    if overlap is not None:
+        compared["overlap_test"] = overlap
+        ctx.progress.message(f"warning: {overlap_text(overlap)}")
+    ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {},
+                       all_vs_all=all_vs_all)
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
     rate = judged.failure_rate
     if rate > config.max_failure_rate:
@@ -277,8 +419,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         "direct": metric_table(Y[te], X[te], aspects),
         "aggregator": kind,
         "selection_scores": selection,
-        "comparisons": {"n": n, "swap": swap, "source": source if source in ("train", "test") else "file",
-                        "ids": [e.id for e in pool]},
+        "comparisons": compared,
         "position_consistency": judged.position()["consistency"],
         "position_bias": judged.position()["bias"],
         "pair_judgments": judged.requests,
@@ -290,6 +431,65 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     return ev
 
 
+
+
+# ---------------------------------------------------------------------- all-vs-all
+def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                   cols: Sequence[tuple[str, str]]) -> list[Cell]:
+    """The paper's exhaustive comparison: one cell per target x column x other response of the
+    target's document x order, sample-major. Column keys as :func:`pair_cells`' (``key|i|order``,
+    ``i`` the other response's place among the document's others)."""
+    shown = {s.id: Example.of(task, s) for s in samples}
+    docs: dict[str, list[str]] = {}
+    for s in samples:
+        docs.setdefault(s.doc_id, []).append(s.id)
+    cells: list[Cell] = []
+    for s in samples:
+        target = shown[s.id]
+        others = [shown[o] for o in docs[s.doc_id] if o != s.id]
+        for key, question in cols:
+            for ci, other in enumerate(others):
+                cells.append(Cell(s.id, f"{key}|{ci}|first", (pair_request(template, task, question, target, other),)))
+                if swap:
+                    cells.append(Cell(s.id, f"{key}|{ci}|second",
+                                      (pair_request(template, task, question, other, target),)))
+    return cells
+
+
+def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                    concurrency: int = 8, progress: Progress | None = None) -> PairScores:
+    """Every target against every other response of its document (both orders with ``swap``); a
+    response alone in its document gets no column and a failure saying why."""
+    samples = list(samples)
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    cells = same_doc_cells(template, task, samples, swap, cols)
+    if progress is not None:
+        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns with every other response of "
+                       f"their document{' x 2 orders' if swap else ''}", len(cells))
+    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
+    if progress is not None:
+        progress.end_stage()
+    width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
+    shape = (len(samples), len(cols), width)
+    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
+    failures: list[Failure] = list(m.failures) if m is not None else []
+    if m is not None:
+        row = {sid: i for i, sid in enumerate(m.sample_ids)}
+        ak = {key: j for j, (key, _) in enumerate(cols)}
+        ordered = [row.get(s.id) for s in samples]
+        for c, key in enumerate(m.criterion_keys):
+            aspect, ci, order = key.rsplit("|", 2)
+            values = np.array([m.values[r, c] if r is not None else np.nan for r in ordered])
+            if order == "first":
+                first[:, ak[aspect], int(ci)] = values
+            else:
+                second[:, ak[aspect], int(ci)] = 1.0 - values  # P(target's label "B")
+    compared = {c.sample_id for c in cells}
+    for s in samples:
+        if s.id not in compared:
+            failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document {s.doc_id!r} "
+                                 "in the input to compare with") for key, _ in cols]
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, failures, len(cells), swap)
 
 
 # ---------------------------------------------------------------------- direct-yesno

@@ -1,0 +1,120 @@
+"""A trained run's held-out predictions, read from its score table without any LLM call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from hdeval.errors import ConfigError
+from hdeval.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties, as2d as _as2d, label_codes as _codes
+from hdeval.benchmark.statistics import Statistic
+
+
+@dataclass
+class HeldOut:
+    """A trained evaluator's predictions on its test split, with the human scores."""
+
+    sample_ids: list[str]
+    doc_ids: list[str]
+    aspects: list[str]
+    y: np.ndarray
+    pred: np.ndarray
+    # rows with an empty LLM-filled cell or no prediction: a failure whatever the method does
+    # with it (HD-Eval imputes, direct leaves it empty), so every method is compared without them
+    failed: np.ndarray | None = None
+
+    def rows(self, keep: np.ndarray) -> "HeldOut":
+        ids = [s for s, k in zip(self.sample_ids, keep) if k]
+        docs = [d for d, k in zip(self.doc_ids, keep) if k]
+        return HeldOut(ids, docs, self.aspects, self.y[keep], self.pred[keep], self.failed[keep]
+                       if self.failed is not None else None)
+
+
+def _llm_cells_missing(test: Any) -> np.ndarray:
+    """Per row, whether a cell the LLM fills (any column but ids, split and human scores) is empty."""
+    cols = [c for c in test.columns if c not in ("sample_id", "pair_id", "split", "human")
+            and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
+    return test[cols].isna().any(axis=1).to_numpy() if cols else np.zeros(len(test), bool)
+
+
+def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
+    """The test rows of a trained evaluator's score table (``scores.csv``: the LLM-filled
+    columns and the human scores of every sample, marked train/test) and what the evaluator
+    predicts for them, without any LLM call: HD-Eval's and PairEval's aggregator on their
+    LLM-filled columns; ``direct``'s and ``direct-yesno``'s aspect scores mapped onto each
+    aspect's range."""
+    table = _score_table(fitted)
+    aspects = list(fitted.task.aspect_keys)
+    test = table[table["split"] == "test"]
+    y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
+    pred = fitted.held_out_predictions(table, test)
+    ids = [str(s) for s in test["sample_id"]]
+    pred = _as2d(pred)
+    failed = _llm_cells_missing(test) | ~np.isfinite(pred).all(axis=1)
+    return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, pred, failed)
+
+
+def _score_table(fitted: Any):
+    table = fitted.score_table
+    if table is None and getattr(fitted, "path", None) is not None:
+        import pandas as pd
+
+        table = pd.read_csv(Path(fitted.path) / "scores.csv")
+    if table is None:
+        raise ConfigError(f"the {fitted.method} evaluator has no score table to read held-out rows from")
+    return table
+
+
+@dataclass
+class PairHeldOut:
+    """A trained pairwise evaluator's labels for its test pairs, with the human labels.
+    ``predictions``: variant -> (label a/b/tie or None when failed, label forced to a or b);
+    ``evaluator`` always (DnA: its LLM-weights totals; HD-Eval: its classifier), ``learned``
+    for DnA's logistic regression on aspect-score differences when it was fitted."""
+
+    sample_ids: list[str]
+    doc_ids: list[str]
+    human: list[str | None]
+    predictions: dict[str, tuple[list[str | None], list[str | None]]]
+    failed: np.ndarray | None = None  # as HeldOut's: no label, or an empty LLM-filled cell
+    train_human: list[str | None] | None = None  # the training split's labels (majority baseline)
+
+    def rows(self, keep: np.ndarray) -> "PairHeldOut":
+        def pick(xs: Any) -> list:
+            return [x for x, k in zip(xs, keep) if k]
+
+        return PairHeldOut(pick(self.sample_ids), pick(self.doc_ids), pick(self.human),
+                           {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},
+                           self.failed[keep] if self.failed is not None else None, self.train_human)
+
+
+def _pair_label(x: Any) -> str | None:
+    return x if isinstance(x, str) and x in LABEL_CODES else None  # NaN / None / empty: failed
+
+
+def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
+    """The test rows of a pairwise evaluator's score table and its labels for them, without any
+    LLM call: DnA's ``prediction`` column (forced to a or b by its ``total_a`` / ``total_b``, equal
+    totals giving no side, as DnA does) and ``learned_prediction`` / ``learned_prediction_ab``;
+    HD-Eval's classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
+    table = _score_table(fitted)
+    test = table[table["split"] == "test"]
+    human = [_pair_label(x) for x in test["human"]]
+    preds = fitted.held_out_labels(test)
+    ids = [str(s) for s in test["pair_id"]]
+    failed = _llm_cells_missing(test) | np.array([p is None for p in preds["evaluator"][0]], bool)
+    train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
+    return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds, failed, train)
+
+
+def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray, np.ndarray]:
+    """(human codes, n x 2 predicted codes: label, label forced to a or b) for the bootstrap
+    statistics; a = 0, b = 1, tie = 2, none = NaN."""
+    pred, ab = ho.predictions[variant]
+    return _codes(ho.human), np.column_stack([_codes(pred), _codes(ab)])
+
+
+PAIR_STATISTICS: dict[str, Statistic] = {"wo_ties": agreement_wo_ties, "w_ties": agreement_w_ties}

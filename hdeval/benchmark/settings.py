@@ -1,0 +1,272 @@
+"""Per-run records and per-setting figures (mean/std over seeds, bootstraps, layer
+ablation, criteria efficiency): the content of results.json's ``runs`` and ``settings``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from hdeval.errors import ConfigError
+from hdeval.metrics import METRICS
+from hdeval.benchmark.heldout import PAIR_STATISTICS, HeldOut, PairHeldOut, pair_arrays
+from hdeval.benchmark.spec import BenchmarkSpec
+from hdeval.benchmark.statistics import (
+    _num, mean_std, pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
+)
+
+BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
+PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
+PAIR_VS = "vs_" + PAIR_BASELINE.replace("-", "_")
+
+
+DEFINITIONS = {
+    "dataset": "Pearson/Spearman/Kendall between predicted and human scores over all test samples, per "
+               "aspect; average = mean over aspects (as the paper and metrics.json).",
+    "summary_level": "Per doc_id, the correlation of the outputs' predicted and human scores; mean over "
+                     "the documents where both vary (as G-Eval reports SummEval).",
+    "ranking": "exact_match: share of documents whose outputs are ranked exactly in the human order "
+               "(pairs the humans tied are not judged); kendall_per_document: mean per-document Kendall tau.",
+    "rows": "every figure is taken on the test rows every method of the same seed and training fraction "
+            "scored ('compared'): a row with an empty LLM-filled cell or no prediction in any method's run "
+            "is left out for all of them (whatever a method does with it: HD-Eval imputes, direct leaves "
+            "it empty). failure_rate: a method's share of test rows it failed on.",
+    "bootstrap": "One estimate over all seeds: per resample, each seed's compared test documents are drawn "
+                 "with replacement (seeded, within that seed) and the statistic is averaged over the seeds; "
+                 "95% percentile interval of the average dataset-level Spearman (pairwise: both agreements), "
+                 "and of its difference to the baseline method on the same resamples, with a two-sided "
+                 "bootstrap p-value; p_floor = 2/(resamples+1) is the smallest it can be.",
+    "usage": "requests: the LLM requests a setting's runs asked for, each paid or answered from the cache "
+             "(what the method costs, whatever the cache held); calls: those this sweep paid for.",
+    "reference": "majority class (pairwise): the training split's most frequent label for every test pair "
+                 "(forced to a or b: the more frequent of the two), on the same compared rows.",
+    "seeds": "mean and sample std over seeds (each seed: its own split and model randomness).",
+    "agreement": "pairwise tasks: w_ties = 3-way accuracy (a/b/tie) over the test pairs with a prediction; "
+                 "wo_ties = accuracy on the pairs whose human label is not a tie, the prediction forced to "
+                 "a or b (as metrics.json and `agreement` of --method dna). 'evaluator' is the method's own "
+                 "prediction (DnA: its LLM weights; HD-Eval: its classifier), 'learned' DnA's logistic "
+                 "regression on aspect-score differences. The pairwise bootstrap resamples test documents "
+                 "for both figures and takes the difference to dna-direct when it is among --methods; "
+                 "for DnA's learned aggregation the same under 'learned', on the same resamples.",
+    "layers": "HD-Eval's per-layer proxy aggregators (layer k = without the layers after k) and the "
+              "'w/o aggregator' baselines, from each artifact's metrics.json.",
+    "criteria_efficiency": "held-out average Spearman against the number of criteria the evaluator uses "
+                           "(mean/std over seeds): HD-Eval a point per layer (its layer-k proxy aggregator "
+                           "uses the criteria of layers 1..k, counted from its layer reports), direct one "
+                           "point at its criteria count (the aspects).",
+}
+
+
+def _per_aspect(ho: HeldOut, fn: Callable[..., dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    table = {a: fn(ho.y[:, j], ho.pred[:, j], ho.doc_ids, **kw) for j, a in enumerate(ho.aspects)}
+    vals = [t["value"] for t in table.values() if t["value"] is not None]
+    table["average"] = {"value": _num(np.mean(vals)) if vals else None,
+                        "documents": min((t["documents"] for t in table.values()), default=0)}
+    return table
+
+
+def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tuple, dict[str, Any]]]:
+    """The rows every method is compared on: per (train_frac, seed), the test rows no run of that
+    split failed on. Returns each run's held-out predictions on those rows, and per run its
+    ``rows`` record (test rows, failed, failure_rate, compared, documents compared)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for key in held:
+        groups.setdefault((key[2], key[3]), []).append(key)
+    kept: dict[tuple, Any] = {}
+    rows: dict[tuple, dict[str, Any]] = {}
+    for (frac, seed), keys in groups.items():
+        first = held[keys[0]]
+        for k in keys[1:]:
+            if held[k].sample_ids != first.sample_ids:  # same seed, same split: never expected
+                raise ConfigError(f"the {keys[0][0]} and {k[0]} runs of seed {seed} have different test splits")
+        keep = ~np.logical_or.reduce([held[k].failed for k in keys])
+        for k in keys:
+            kept[k] = held[k].rows(keep)
+            n, bad = len(first.sample_ids), int(held[k].failed.sum())
+            rows[k] = {"test": n, "failed": bad, "failure_rate": _num(bad / n) if n else None,
+                       "compared": int(keep.sum()), "documents_compared": len(set(kept[k].doc_ids))}
+    return kept, rows
+
+
+def _usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    u = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
+         for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
+    return {"requests": u["calls"] + u["cache_hits"], **u}
+
+
+def _rows(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"compared": [r["rows"]["compared"] for r in mine],
+            "documents_compared": [r["rows"]["documents_compared"] for r in mine],
+            "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}
+
+
+def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: float, seed: int,
+                rows: Mapping[str, Any]) -> dict[str, Any]:
+    from hdeval.metrics import metric_table
+
+    m = fitted.metrics
+    rec: dict[str, Any] = {
+        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+        "fitted_aggregator": fitted.fitted_aggregator(),
+        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
+        "usage": dict(m.get("usage") or {}),
+        "rows": dict(rows),
+        "dataset": metric_table(ho.y, ho.pred, ho.aspects),
+        "summary_level": {metric: _per_aspect(ho, summary_level_correlation, metric=metric) for metric in METRICS},
+        "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
+                    "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
+    }
+    rec.update(fitted.benchmark_record())
+    return rec
+
+
+def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
+                        runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Held-out average Spearman against the number of criteria an evaluator uses: per HD-Eval
+    setting a point per layer (its layer-k proxy aggregator; criteria and Spearman as mean/std
+    over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
+    out = []
+    for s in settings:
+        if s["method"] != BASELINE and "layers" not in s:  # no criteria count to plot
+            continue
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"])
+                == (s["method"], s["aggregator"], s["train_frac"])]
+        if s["method"] == BASELINE:
+            points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
+                       "spearman": s["dataset"]["average"]["spearman"]}]
+        else:
+            points = [{"layer": int(k), "criteria": mean_std([r["criteria_per_layer"].get(k) for r in mine]),
+                       "spearman": s["layers"][k]} for k in s["layers"]]
+        out.append({"method": s["method"], "aggregator": s["aggregator"], "train_frac": s["train_frac"],
+                    "points": points})
+    return out
+
+
+def _avg(table: Mapping[str, Any], metric: str) -> float | None:
+    return (table.get("average") or {}).get(metric)
+
+
+def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, HeldOut]) -> list[dict[str, Any]]:
+    """Per (method, aggregator, train_frac): mean/std over seeds, bootstraps, layer ablation."""
+    out = []
+    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
+    for method, agg, frac in keys:
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+        aspects = [a for a in mine[0]["dataset"] if a != "average"]
+        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "method_options": dict(spec.method_options.get(method) or {}),
+                             "seeds": [r["seed"] for r in mine]}
+        s["dataset"] = {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
+                        for a in aspects + ["average"]}
+        s["summary_level"] = {m: {a: mean_std([r["summary_level"][m][a]["value"] for r in mine])
+                                  for a in aspects + ["average"]} for m in METRICS}
+        s["ranking"] = {k: {a: mean_std([r["ranking"][k][a]["value"] for r in mine]) for a in aspects + ["average"]}
+                        for k in ("exact_match", "kendall_per_document")}
+        seeds = [r["seed"] for r in mine]
+        hos = [held[(method, agg, frac, seed)] for seed in seeds]
+        boot: dict[str, Any] = {"average_spearman": pooled_bootstrap_ci(
+            [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, seeds=seeds)}
+        bases = [held.get((BASELINE, None, frac, seed)) for seed in seeds]
+        if method != BASELINE and all(b is not None for b in bases):
+            boot["vs_direct"] = pooled_paired_bootstrap(
+                [(ho.y, ho.pred, b.pred, ho.doc_ids) for ho, b in zip(hos, bases)],  # type: ignore[union-attr]
+                n_resamples=spec.resamples, seeds=seeds)
+        s["bootstrap"] = boot
+        s["rows"] = _rows(mine)
+        if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
+            layers = sorted({k for r in mine for k in r["layers"]}, key=int)
+            s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
+            names = sorted({k for r in mine for k in r["baselines"]})
+            s["baselines"] = {k: mean_std([_avg(r["baselines"].get(k) or {}, "spearman") for r in mine])
+                              for k in names}
+        s["usage"] = _usage(mine)
+        out.append(s)
+    return out
+
+
+def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
+                     seed: int, rows: Mapping[str, Any]) -> dict[str, Any]:
+    from hdeval.metrics import pair_agreement as agreement
+
+    m = fitted.metrics
+    return {
+        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+        "fitted_aggregator": fitted.fitted_aggregator(),
+        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
+        "usage": dict(m.get("usage") or {}),
+        "rows": dict(rows),
+        "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()},
+    }
+
+
+def _pair_boot(spec: BenchmarkSpec, hos: Sequence[PairHeldOut], seeds: Sequence[int], variant: str,
+               bases: Sequence[PairHeldOut | None]) -> dict[str, Any]:
+    """Both agreements of ``variant`` pooled over seeds, and their differences to the baseline's
+    when it ran in every seed, on the same resamples."""
+    arrays = [pair_arrays(ho, variant) for ho in hos]
+    out: dict[str, Any] = {"agreement": {
+        k: pooled_bootstrap_ci([(y, p, ho.doc_ids) for (y, p), ho in zip(arrays, hos)], statistic=f,
+                               n_resamples=spec.resamples, seeds=seeds)
+        for k, f in PAIR_STATISTICS.items()}}
+    if bases and all(b is not None for b in bases):
+        cases = [(y, p, pair_arrays(b)[1], ho.doc_ids) for (y, p), b, ho in zip(arrays, bases, hos)]
+        out[PAIR_VS] = {k: pooled_paired_bootstrap(cases, statistic=f, n_resamples=spec.resamples, seeds=seeds)
+                        for k, f in PAIR_STATISTICS.items()}
+    return out
+
+
+def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
+                   held: Mapping[tuple, PairHeldOut]) -> list[dict[str, Any]]:
+    """Per (method, aggregator, train_frac): agreement mean/std over seeds and the bootstrap
+    pooled over seeds (with the difference to dna-direct when it ran)."""
+    out = []
+    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
+    for method, agg, frac in keys:
+        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+        variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
+        seeds = [r["seed"] for r in mine]
+        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
+                             "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds}
+        s["agreement"] = {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
+                              for k in PAIR_STATISTICS} for v in variants}
+        hos = [held[(method, agg, frac, seed)] for seed in seeds]
+        bases = [] if method == PAIR_BASELINE else [held.get((PAIR_BASELINE, None, frac, seed)) for seed in seeds]
+        boot = _pair_boot(spec, hos, seeds, "evaluator", bases)
+        if all("learned" in ho.predictions for ho in hos):  # DnA's learned aggregation, on the same resamples
+            boot["learned"] = _pair_boot(spec, hos, seeds, "learned", bases)
+        s["bootstrap"] = boot
+        s["rows"] = _rows(mine)
+        s["usage"] = _usage(mine)
+        out.append(s)
+    return out
+
+
+def _majority(labels: Sequence[str | None], among: Sequence[str]) -> str | None:
+    counts = {c: sum(1 for x in labels if x == c) for c in among}
+    return max(among, key=lambda c: counts[c]) if any(counts.values()) else None  # ties: the earlier
+
+
+def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
+                    held: Mapping[tuple, PairHeldOut]) -> list[dict[str, Any]]:
+    """The majority-class baseline per training fraction: every test pair given the training
+    split's most frequent label (forced to a or b: the more frequent of those two), scored as
+    a method on the same compared rows and resamples."""
+    from hdeval.metrics import pair_agreement as agreement
+
+    out = []
+    for frac in dict.fromkeys(r["train_frac"] for r in runs):
+        seeds = list(dict.fromkeys(r["seed"] for r in runs if r["train_frac"] == frac))
+        hos = []
+        for seed in seeds:
+            ho = next(h for k, h in held.items() if k[2] == frac and k[3] == seed)
+            train = ho.train_human or []
+            label, forced = _majority(train, ("a", "b", "tie")), _majority(train, ("a", "b"))
+            hos.append(type(ho)(ho.sample_ids, ho.doc_ids, ho.human,
+                                {"evaluator": ([label] * len(ho.human), [forced] * len(ho.human))}))
+        per_seed = [agreement(h.human, *h.predictions["evaluator"]) for h in hos]
+        out.append({"method": "majority", "aggregator": None, "train_frac": frac, "seeds": seeds,
+                    "agreement": {"evaluator": {k: mean_std([a[k] for a in per_seed]) for k in PAIR_STATISTICS}},
+                    "bootstrap": _pair_boot(spec, hos, seeds, "evaluator", []),
+                    "rows": {"compared": [len(h.human) for h in hos],
+                             "documents_compared": [len(set(h.doc_ids)) for h in hos]}})
+    return out

@@ -1,0 +1,199 @@
+"""What a benchmark sweeps: the spec, its validation, method options from the command line,
+the run artifacts' names."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from hdeval.errors import ConfigError
+from hdeval.benchmark.statistics import N_RESAMPLES
+
+# the methods whose held-out predictions the benchmark reads, baselines first (their calls are
+# the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
+METHODS = ("direct", "direct-yesno", "dna-direct", "hdeval", "paireval", "dna")
+LEARNED = ("hdeval", "paireval")
+# benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
+# baseline (overall scores from the same LLM, no aspects)
+ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """What to sweep. ``options``: TrainConfig fields shared by every run (llm, cache_dir,
+    layers, limit, preset, test_frac, ...)."""
+
+    task: str
+    methods: tuple[str, ...] = METHODS
+    aggregators: tuple[str, ...] = ("lr",)
+    seeds: int = 1
+    train_fracs: tuple[float, ...] = (0.5,)
+    resamples: int = N_RESAMPLES
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # per benchmark method (as in --methods): its method options, e.g. {"paireval": {"comparisons": 3}}
+    method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from hdeval.aggregate import KINDS
+
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ConfigError(f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
+                              f"benchmark runs {', '.join(METHODS)}")
+        bad = [a for a in self.aggregators if a not in KINDS + ("auto",)]
+        if bad or not self.aggregators:
+            raise ConfigError(f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
+                              f"{', '.join(KINDS)}, auto")
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {self.seeds}")
+        if not self.train_fracs or not all(0 < f < 1 for f in self.train_fracs):
+            raise ConfigError(f"--train-fracs must be numbers in (0, 1), got {list(self.train_fracs)}")
+        if self.resamples < 1:
+            raise ConfigError(f"--resamples must be at least 1, got {self.resamples}")
+        for flag, values in (("--methods", self.methods), ("--aggregators", self.aggregators),
+                             ("--train-fracs", self.train_fracs)):
+            twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if twice:  # a setting run twice would count as two seeds
+                raise ConfigError(f"{flag} lists {', '.join(twice)} more than once")
+        for name in ("method", "aggregator", "seed", "train_frac", "task", "method_options"):
+            if name in self.options:
+                raise ConfigError(f"benchmark sets {name} itself" + (
+                    " (give --method-option METHOD.NAME=VALUE)" if name == "method_options" else ""))
+        check_method_options(self.method_options, self.methods)
+
+    def artifact_names(self) -> list[str]:
+        """The directory under ``runs/`` of every run's artifact (--keep-artifacts)."""
+        return [artifact_name(*run) for run in self.runs()]
+
+    def runs(self) -> list[tuple[str, str | None, float, int]]:
+        """(method, aggregator or None for a method without one, train_frac, seed) of every run,
+        baselines first (direct's calls are HD-Eval's layer 1)."""
+        out = []
+        for seed in range(self.seeds):
+            for frac in self.train_fracs:
+                for method in sorted(self.methods, key=METHODS.index):
+                    for agg in (self.aggregators if method in LEARNED else (None,)):
+                        out.append((method, agg, frac, seed))
+        return out
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _option_of(entry: str, name: str) -> tuple[Any, str]:
+    """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
+    (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
+    from hdeval.methods.registry import get_method
+
+    if entry not in METHODS:
+        raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
+                          f"{', '.join(METHODS)}")
+    base, fixed = ENTRIES.get(entry, (entry, {}))
+    key = name.replace("-", "_")
+    options = get_method(base).options
+    if key not in options:
+        known = ", ".join(sorted(k for k in options if k not in fixed)) or "none"
+        raise ConfigError(f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})")
+    if key in fixed:
+        raise ConfigError(f"--method-option {entry}.{name}: {entry} is {base} with {key} = {fixed[key]} "
+                          "(benchmark sets it)")
+    return options[key], key
+
+
+def parse_method_option(item: str) -> tuple[str, str, Any]:
+    """``METHOD.NAME=VALUE`` -> (method, option name, value typed as the option's default:
+    true/false, a whole number, a number or text, one of its choices). One-line errors."""
+    head, eq, raw = item.partition("=")
+    entry, dot, name = head.strip().partition(".")
+    if not eq or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head.strip()):
+        raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3")
+    opt, key = _option_of(entry, name.strip())
+    raw = raw.strip()
+    where = f"--method-option {entry}.{name.strip()}"
+    default = opt.default
+    if opt.choices:
+        if raw not in opt.choices:
+            raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(opt.choices)}")
+        return entry, key, raw
+    if isinstance(default, bool):
+        if raw.lower() not in _TRUE + _FALSE:
+            raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+        return entry, key, raw.lower() in _TRUE
+    if isinstance(default, int):
+        try:
+            return entry, key, int(raw)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a whole number, got {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a number, got {raw!r}")
+        return entry, key, value
+    return entry, key, raw
+
+
+def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}; an option
+    given twice is an error (the later one would silently win)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        entry, key, value = parse_method_option(item)
+        if key in out.get(entry, {}):
+            raise ConfigError(f"--method-option {entry}.{key} is given more than once")
+        out.setdefault(entry, {})[key] = value
+    return out
+
+
+def check_method_options(method_options: Mapping[str, Mapping[str, Any]], methods: Sequence[str]) -> None:
+    """Every method's options name a method among ``methods`` and one of its options, and hold
+    values the method accepts (DnA's settings and PairEval's comparison count are checked here,
+    before any run, not when that method's first run starts)."""
+    for entry, opts in method_options.items():
+        for key in opts:
+            _option_of(entry, key)
+        if entry not in methods:
+            raise ConfigError(f"--method-option {entry}.{next(iter(opts), '')}: {entry} is not among --methods "
+                              f"({', '.join(methods)})")
+        base, fixed = ENTRIES.get(entry, (entry, {}))
+        merged = {**opts, **fixed}
+        try:
+            if base == "dna":
+                from hdeval.methods.registry import get_method
+                from hdeval.methods.dna.impl import Settings
+
+                o = {k: v.default for k, v in get_method("dna").options.items()} | merged
+                Settings(mode=o["dna_mode"], aspect_source=o["aspect_source"], k=o["k"],
+                         tie_margin=o["tie_margin"], swap=o["swap"], logprobs=o["logprob_scores"]).check()
+            if "comparisons" in merged:
+                from hdeval.methods.paireval.impl import check_comparisons
+
+                check_comparisons(merged["comparisons"])
+        except ConfigError as exc:
+            raise ConfigError(f"--method-option {entry}: {exc}") from None
+
+
+def artifact_name(method: str, agg: str | None, frac: float, seed: int) -> str:
+    """``<setting>-seed<k>``: e.g. ``hdeval-lr-frac0.5-seed0``, ``dna-direct-frac0.5-seed1``."""
+    short = f"{frac:g}"  # the exact value when 6 significant digits would merge two fractions
+    return f"{method}{'' if agg is None else '-' + agg}-frac{short if float(short) == frac else repr(frac)}-seed{seed}"
+
+
+def check_shapes(spec: BenchmarkSpec) -> str:
+    """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
+    error before anything is read or called."""
+    from hdeval.methods.registry import get_method
+    from hdeval.tasks import load_task
+
+    shape = load_task(spec.task).shape
+    fits = [m for m in METHODS if shape in get_method(ENTRIES.get(m, (m,))[0]).shapes]
+    wrong = [m for m in spec.methods if m not in fits]
+    if wrong:
+        raise ConfigError(f"--methods: {', '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not run on "
+                          f"{shape} tasks (task {spec.task}); "
+                          f"for a {shape} task choose from {', '.join(fits)}")
+    return shape

@@ -1,0 +1,158 @@
+"""``run_benchmark``: every run of a spec through the ordinary training code and one shared
+LLM cache (a sweep pays only for calls no earlier run made), checked before the first call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hdeval.errors import BudgetExceeded
+from hdeval.progress import Progress
+from hdeval.benchmark.heldout import held_out, held_out_pairs
+from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
+from hdeval.benchmark.settings import (
+    DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
+    pair_references,
+)
+from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
+
+
+class _Quiet(Progress):
+    """Forwards a run's progress bars but not its per-layer summaries (the sweep reports runs)."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+
+    def stage(self, label: str, total: int) -> None:
+        self.inner.stage(label, total)
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        self.inner.advance(n, cached)
+
+    def end_stage(self) -> None:
+        self.inner.end_stage()
+
+
+def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
+    from hdeval.train import TrainConfig
+
+    opts = dict(spec.options)
+    given = dict(spec.method_options.get(method) or {})
+    method, fixed = ENTRIES.get(method, (method, {}))
+    if fixed or given:
+        opts["method_options"] = {**given, **fixed}
+    opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
+    if agg is not None:
+        opts["aggregator"] = agg
+    return TrainConfig.from_options(**opts)
+
+
+def _check_fit(config: Any, prep: Any, label: str) -> None:
+    """The checks a run's fit makes before its first call, made for every run before the
+    sweep's first call (an earlier run must not pay for a sweep that then stops): PairEval's and
+    HD-Eval ``--scorer pairwise``'s comparison examples (the file, enough conversations in the
+    training split) and that scorer on a pairwise task."""
+    from hdeval.errors import HdevalError
+    from hdeval.methods.base import FitContext
+    from hdeval.methods.registry import get_method
+
+    ctx = FitContext(config, prep, None, None, Progress())
+    check = get_method(config.method).check_fit
+    try:
+        if check is not None:
+            check(ctx)
+    except HdevalError as exc:
+        raise type(exc)(f"{label}: {exc}") from None
+
+
+def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
+                  artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train every combination of ``spec`` and return ``results.json``'s content. Every
+    configuration is checked (options, data, splits) before the first LLM call. ``artifacts``
+    (--keep-artifacts): a dict that receives each run's fitted evaluator under its
+    :func:`artifact_name` (each run's record names it as ``artifact``), for
+    :func:`write_benchmark` to save."""
+    from hdeval.train import prepare, train
+
+    spec.validate()
+    shape = check_shapes(spec)
+    progress = progress or Progress()
+    plan = spec.runs()
+    budget = spec.options.get("max_calls")
+    preps = {}
+    for method, agg, frac, seed in plan:  # fail before paying for anything
+        config = _config(spec, method, agg, frac, seed, budget)
+        preps[(method, agg, frac, seed)] = prep = prepare(config)
+        _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
+    runs: list[dict[str, Any]] = []
+    fits: list[Any] = []
+    held: dict[tuple[str, str | None, float, int], Any] = {}
+    task = None
+    for n, (method, agg, frac, seed) in enumerate(plan, 1):
+        spent = sum((f.metrics.get("usage") or {}).get("calls", 0) for f in fits)
+        left = None if budget is None else max(0, budget - spent)
+        config = _config(spec, method, agg, frac, seed, left)
+        label = f"{method}{'' if agg is None else ' ' + agg}, train-frac {frac:g}, seed {seed}"
+        progress.message(f"run {n}/{len(plan)}: {label}")
+        try:
+            fitted = train(config, progress=_Quiet(progress), backend=backend)
+        except BudgetExceeded:
+            # the run saw only what was left of the sweep's budget: name the budget the user gave
+            raise BudgetExceeded(
+                f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
+                "every finished call is cached; rerun with a larger --max-calls to continue") from None
+        prep = preps[(method, agg, frac, seed)]
+        task = fitted.task
+        doc_of = {s.id: s.doc_id for s in prep.samples}
+        held[(method, agg, frac, seed)] = (held_out_pairs if shape == "pairwise" else held_out)(fitted, doc_of)
+        fits.append(fitted)
+        if artifacts is not None:
+            artifacts[artifact_name(method, agg, frac, seed)] = fitted
+    assert task is not None
+    # every method is scored on the rows every run of its split scored (failures left out alike)
+    compared, rows = compare_rows(held)
+    record = _pair_run_record if shape == "pairwise" else _run_record
+    for fitted, key in zip(fits, plan):
+        runs.append(record(fitted, compared[key], *key, rows=rows[key]))
+        if artifacts is not None:
+            runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
+    settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
+    cost: dict[str, dict[str, int]] = {}
+    for r in runs:
+        c = cost.setdefault(r["method"], {"runs": 0, "requests": 0, "calls": 0, "cache_hits": 0,
+                                          "prompt_tokens": 0, "completion_tokens": 0})
+        c["runs"] += 1
+        for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
+            c[k] += int(r["usage"].get(k, 0))
+        c["requests"] = c["calls"] + c["cache_hits"]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "task": task.name,
+        "shape": shape,
+        "aspects": list(task.aspect_keys),
+        "own_regressor": list(task.own_regressor),
+        "spec": {"methods": list(spec.methods), "aggregators": list(spec.aggregators), "seeds": spec.seeds,
+                 "train_fracs": list(spec.train_fracs), "resamples": spec.resamples,
+                 "options": {k: v for k, v in spec.options.items() if k != "cache_dir"},
+                 "method_options": {m: dict(o) for m, o in spec.method_options.items()}},
+        "definitions": DEFINITIONS,
+        "runs": runs,
+        "settings": settings,
+        **({"reference": pair_references(spec, runs, compared)} if shape == "pairwise" else {}),
+        "warnings": few_documents(runs),
+        **({} if shape == "pairwise" else {"criteria_efficiency": criteria_efficiency(settings, runs)}),
+        "cost": cost,
+        "calls": sum(c["calls"] for c in cost.values()),
+    }
+
+
+MIN_DOCUMENTS = 30  # fewer test documents than this and an interval over documents is rough
+
+
+def few_documents(runs: list[dict[str, Any]]) -> list[str]:
+    """One warning when a split compares fewer than :data:`MIN_DOCUMENTS` test documents."""
+    docs = [r["rows"]["documents_compared"] for r in runs]
+    if not docs or min(docs) >= MIN_DOCUMENTS:
+        return []
+    return [f"only {min(docs)} test document(s) compared (fewer than {MIN_DOCUMENTS}): intervals, differences "
+            "and p-values over so few documents are rough; use more data or a larger --test-frac"]

@@ -1,0 +1,102 @@
+"""The dry run and the progress count the same thing, and both give the whole run's time
+(issue #21 item 5): "requests" are decompositions plus one scoring request per sample and
+criterion, what the progress bar counts; identical requests (samples with the same text) share
+one call, which is what the dry run's score-calls and the cost count."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import TOY_TASK, toy_rows, write_jsonl
+from hdeval.cli import cli
+from hdeval.cli.common import TerminalProgress
+from hdeval.progress import Progress
+from hdeval.train import TrainConfig, plan, train
+
+
+class Recorder(Progress):
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, int]] = []
+        self.expected: list[int] = []
+        self.done = 0
+        self.events: list[tuple[str, int]] = []
+
+    def expect(self, units: int) -> None:
+        self.expected.append(units)
+        self.events.append(("expect", units))
+
+    def stage(self, label: str, total: int) -> None:
+        self.stages.append((label, total))
+        self.events.append(("stage", total))
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        self.done += n
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> dict:
+    task = tmp_path / "toy_task.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    rows = toy_rows()
+    for r in rows[:6]:  # six samples with one text between them: their requests are identical
+        r["source"], r["output"] = rows[0]["source"], rows[0]["output"]
+    data = write_jsonl(tmp_path / "toy.jsonl", rows)
+    return dict(task=str(task), data=str(data), llm="fake", aggregator="lr", cache_dir=str(tmp_path / "c"))
+
+
+def test_dry_run_requests_are_what_the_progress_counts(toy) -> None:
+    config = TrainConfig.from_options(**toy, layers=1)
+    prep, plans, _ = plan(config)
+    rec = Recorder()
+    train(config, progress=rec)
+    (label, total), = rec.stages
+    assert plans[0].requests == total == rec.done == len(prep.samples) * 2
+    assert plans[0].score_calls < plans[0].requests  # the identical ones cost one call
+
+
+def test_the_dry_run_prints_requests_beside_calls(toy, tmp_path: Path) -> None:
+    args = ["train", "--task", toy["task"], "--data", toy["data"], "--llm", "fake", "--layers", "1",
+            "--cache-dir", toy["cache_dir"], "--dry-run"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    header = next(x for x in lines if x.startswith("layer"))
+    row = next(x for x in lines if x.lstrip().startswith("1 ")).split()
+    assert header.split()[-1] == "requests" and header.split()[2] == "score-calls"
+    assert int(row[-1]) == 36 * 2 and int(row[2]) < 36 * 2
+    assert any("as the progress counts them" in x for x in lines)
+    assert any(x.startswith("estimated time for the whole run (1 stage)") for x in lines)
+
+
+def test_progress_is_told_the_whole_run_and_the_dry_run_agrees(toy) -> None:
+    config = TrainConfig.from_options(**toy, layers=3, top_k=2)
+    _, plans, _ = plan(config)
+    rec = Recorder()
+    train(config, progress=rec)
+    assert rec.expected[0] == sum(p.requests for p in plans)  # the same upper bound, at the start
+    assert rec.done <= rec.expected[0]
+    # before each layer, what is left: never more than before, and at least what then ran
+    assert rec.expected == sorted(rec.expected, reverse=True)
+    for i, (kind, units) in enumerate(rec.events):
+        if kind == "expect":
+            assert units >= sum(n for k, n in rec.events[i:] if k == "stage")
+    assert len(rec.stages) >= 3  # layer 1 scored, layer 2 decomposed and scored
+
+
+def test_the_progress_line_gives_the_whole_run_eta() -> None:
+    p = TerminalProgress(quiet=True)
+    p.expect(1000)
+    p.stage("layer 1: scoring", 100)
+    p.advance(10)
+    p.t0 = time.monotonic() - 10  # 10 requests in 10 s: 1 per second
+    line = p.line()
+    assert "ETA 1m30s" in line  # this stage: 90 left
+    assert "whole run: at most 990 more requests, ETA <= 16m30s" in line
+    p.end_stage()
+    p.stage("layer 2: scoring", 900)  # no new expect: the rest of what was expected
+    assert p.later == 0 and "whole run" not in p.line()
+    p.close()
