@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 def run(args: argparse.Namespace) -> list[tuple[str, dict]]:
     rows = []
     for mode in ("dna", "direct", "cot"):
-        options = {"dna_mode": mode, "swap": args.swap, "tie_margin": args.tie_margin}
+        options = {"dna_mode": mode, "swap": args.swap} | (
+            {} if args.tie_margin is None else {"tie_margin": args.tie_margin})
         ev = train(task=args.task, method="dna", llm=args.llm, base_url=args.base_url, limit=args.limit,
                    seed=args.seed, cache_dir=args.cache_dir, method_options=options)
         m = ev.metrics
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="pairs (whole documents, seeded)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--swap", action="store_true")
-    ap.add_argument("--tie-margin", type=float, default=0.0)
+    ap.add_argument("--tie-margin", type=float, default=None, help="default: learned on the training split")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory")
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args(argv)
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None:
             tmp.cleanup()
     print(f"task {args.task}, LLM {args.llm}, limit {args.limit or 'all'}, seed {args.seed}, "
-          f"swap {args.swap}, tie margin {args.tie_margin}: held-out agreement with human labels")
+          f"swap {args.swap}, tie margin {'learned' if args.tie_margin is None else args.tie_margin}: "
+          "held-out agreement with human labels")
     if args.llm.startswith("fake"):
         print("NOTE: the fake LLM answers from text features and hashes; these numbers mean nothing "
               "about any real judge (they only show the pipeline runs).")

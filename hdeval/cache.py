@@ -715,8 +715,9 @@ class CachedBackend:
         if running is not None:
             try:
                 got = await asyncio.shield(running)
-            except BaseException:  # noqa: BLE001 - that call failed: try ourselves
-                pass
+            except BaseException:  # noqa: BLE001 - that call failed (its future is cancelled): try ourselves
+                if not running.cancelled():
+                    raise  # this joiner was cancelled itself: it must not pay for the call again
             else:
                 self.stats.hits += 1
                 return replace(got, cached=True)

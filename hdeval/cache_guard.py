@@ -20,6 +20,7 @@ DBNAME = "cache.db"
 # Tables SQLite makes itself (ANALYZE, AUTOINCREMENT); no statement can create them by name.
 _SQLITE_INTERNAL = re.compile(r"sqlite_(stat\d|sequence)\Z")
 _SHOWN = 5  # foreign objects named in a message
+BUSY_SECONDS = 10.0  # how long a read waits for another process's lock on the database
 
 
 def _norm(sql: str | None) -> str | None:
@@ -52,7 +53,7 @@ def ro_connect(db: Path) -> sqlite3.Connection:
 
     uri = db.resolve().as_uri()
     try:
-        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=10)
+        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_SECONDS)
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
         return con
     except sqlite3.Error as exc:
@@ -61,7 +62,7 @@ def ro_connect(db: Path) -> sqlite3.Connection:
         wal = db.with_name(db.name + "-wal")
         if wal.exists() and wal.stat().st_size > 0:
             raise  # replies still in the write-ahead log: an immutable read would miss them
-    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=10)
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_SECONDS)
 
 
 def foreign_objects(db: Path) -> list[str]:
@@ -89,9 +90,13 @@ def refuse_foreign_schema(directory: str | Path) -> None:
     holds a trigger, view, table or index the cache never creates."""
     directory = Path(directory)
     db = directory / DBNAME
+    from hdeval.cache import _kind, storage_error
+
     try:
         found = foreign_objects(db)
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
+            raise storage_error(directory, exc) from None
         return  # unreadable: the cache's own open says why
     if found:
         more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""

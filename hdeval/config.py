@@ -38,7 +38,7 @@ class LLMConfig:
     model: str | None = None
     # OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), http://localhost:11434/v1 (Ollama).
     base_url: str | None = None
-    timeout: float = DEFAULT_TIMEOUT  # seconds per request (not part of the cache key)
+    timeout: float = DEFAULT_TIMEOUT  # seconds per attempt of a request, retries each get their own (not in the key)
     max_retries: int = DEFAULT_MAX_RETRIES  # retries on 429/5xx/timeouts (not part of the cache key)
     concurrency: int = DEFAULT_CONCURRENCY  # requests in flight
     cache_dir: str | None = None  # reply cache; None: HDEVAL_CACHE_DIR or the per-user cache dir

@@ -343,8 +343,10 @@ def ask_json(
     """
     from hdeval import aio
 
+    halt: list[bool] = []
     with _client(llm) as client:
-        return aio.run(aask_json(client, request, validate, feedback, attempts))
+        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt),
+                       on_interrupt=lambda: halt.append(True))
 
 
 def ask_json_many(
@@ -369,7 +371,7 @@ def ask_json_many(
                 if errors or halt:
                     return None
                 try:
-                    return await aask_json(client, *ask)
+                    return await aask_json(client, *ask, halt=halt)
                 except UnusableReply as exc:
                     return exc
                 except BaseException as exc:  # noqa: BLE001 - raised once the others ended
@@ -393,18 +395,26 @@ async def aask_json(
     validate: Callable[[Any], T],
     feedback: Callable[[str], str],
     attempts: int = 3,
+    *,
+    halt: list | None = None,
 ) -> T:
-    """:func:`ask_json` on the LLM loop."""
+    """:func:`ask_json` on the LLM loop. Once ``halt`` is non-empty (Ctrl-C), the chain asks
+    nothing more: :class:`KeyboardInterrupt`."""
 
     def check(text: str) -> T:
         return validate(extract_json(text))
+
+    def ask(req: CompletionRequest) -> Any:
+        if halt:
+            raise KeyboardInterrupt
+        return client.acomplete(req)
 
     problem = ""
     for reask in (False, True):
         req = request
         from_cache = False
         for _ in range(attempts):
-            completion = await _reply(client, req, check, reask)
+            completion = await _reply(ask, req, check, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
@@ -423,11 +433,12 @@ async def aask_json(
 _MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
 
 
-async def _reply(client: CachedBackend, request: CompletionRequest, check: Callable[[str], Any],
+async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
                  reask: bool) -> Completion:
-    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that
-    is either fresh from the LLM or cached and valid (cached invalid ones are walked past)."""
-    completion = await client.acomplete(request)
+    """The reply to ``request`` (``ask``: the client's ``acomplete``); with ``reask``, the first one
+    under an ``attempt`` number that is either fresh from the LLM or cached and valid (cached
+    invalid ones are walked past)."""
+    completion = await ask(request)
     for n in range(1, _MAX_REASKS + 1):
         if not reask or not completion.cached:
             return completion
@@ -435,5 +446,5 @@ async def _reply(client: CachedBackend, request: CompletionRequest, check: Calla
             check(completion.text)
             return completion
         except ValueError:
-            completion = await client.acomplete(dataclasses.replace(request, attempt=n))
+            completion = await ask(dataclasses.replace(request, attempt=n))
     return completion

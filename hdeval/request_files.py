@@ -5,7 +5,8 @@ A request line is ``{"custom_id": <cache key>, "method": "POST", "url": "/v1/cha
 "body": <the chat completion body the backend would send>}``; a result line is the OpenAI batch
 output format, ``{"custom_id": ..., "response": {"status_code": 200, "body": <chat completion>},
 "error": null}``. vLLM's batch runner, Ray Data LLM and a provider's batch API all read and write
-these, and the Batch API path (:mod:`hdeval.backends.batch`) uses the same two functions below.
+these, and the Batch API path (:mod:`hdeval.backends.batch`) uses the same two functions
+(:mod:`hdeval.backends.request_lines`).
 
 Result files come from outside and are untrusted: every line is read with a size bound and
 checked (JSON object, a custom_id this export asked for and only once, the response's types, a
@@ -24,9 +25,9 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.request_lines import request_line, result_outcome
 from hdeval.errors import CacheError, ConfigError, DataError
 
-ENDPOINT = "/v1/chat/completions"
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_LINES = 10_000_000  # lines of one request or result file
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
@@ -36,31 +37,6 @@ _MAX_DETAIL = 200
 def _one_line(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
-
-
-# ----------------------------------------------------------------------------- writing
-def request_line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool = True) -> bytes:
-    """One batch input line for ``request``: the body ``inner`` (an OpenAI-compatible backend)
-    would send for it, under ``custom_id`` = its cache key."""
-    # the body the client sends (OpenAICompatBackend._params, answer constraint included); its
-    # headers (X-Hdeval-Kind) are sent apart, so a batch line has none
-    body = inner._params(request, bool(request.top_logprobs) and logprobs_ok)
-    return (json.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body},
-                       ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-
-
-def result_outcome(row: Any) -> tuple[dict | None, str | None]:
-    """(chat completion body, None) for a successful result row; (None, why) otherwise."""
-    response = row.get("response") if isinstance(row, dict) else None
-    code = response.get("status_code") if isinstance(response, dict) else None
-    body = response.get("body") if isinstance(response, dict) else None
-    if code == 200 and isinstance(body, dict):
-        return body, None
-    err = row.get("error") if isinstance(row, dict) and isinstance(row.get("error"), dict) else None
-    if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
-        err = body["error"]
-    msg = _one_line(str(err.get("message") or err.get("code") or "")) if err else ""
-    return None, (f"HTTP {_one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
 
 
 class StageExported(Exception):

@@ -8,7 +8,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from hdeval.aggregate import KINDS
 from hdeval.backends.base import Backend
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
@@ -17,7 +16,7 @@ from hdeval.methods.base import FitContext, check_shape
 from hdeval.methods.run import (  # noqa: F401  (the run helpers, reachable from here as before)
     LayerPlan, decompose_llm_config, llm_config, open_backend, open_decompose_backend, prompt_chars,
 )
-from hdeval.methods.registry import get_method
+from hdeval.methods.registry import all_options, get_method
 from hdeval.progress import Progress
 from hdeval.tasks import apply_preset, load_task, select_aspects
 from hdeval.types import Sample, Task
@@ -28,21 +27,27 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_SEED = 2**32 - 1
 
 
+# The manifest has always recorded these options flat, for every method, in this order among
+# the shared ones (readers such as HD-Eval's method_args find them there). A method without the
+# option records the value runs recorded before methods declared their own options: artifacts
+# stay byte-identical. This is the record's format, not a default any method uses.
+_RECORDED_FLAT = {"layers": 3, "children": 4, "top_k": 4, "aggregator": "auto"}
+_RECORDED_LAST = {"decompose_llm": None, "decompose_base_url": None, "tree": None}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every option of a training run. Unknown fields are rejected."""
+    """What every training run shares, plus the chosen method's options model. Unknown fields
+    are rejected; :meth:`from_options` takes every option by name."""
 
     task: str  # built-in task name or path to a task .toml
     method: str = "hdeval"  # hdeval | direct | ... (see `hdeval methods`)
-    # options of the chosen method that are not fields here, e.g. {"comparisons": 3}
-    method_options: Mapping[str, Any] | None = None
+    # the chosen method's options (its MethodOptions model; a mapping name -> value or None, its
+    # defaults, is built into that model here), e.g. {"layers": 2} for hdeval
+    options: Any = None
     data: str | None = None  # JSONL of samples; default: the task's file in HDEVAL_DATA_DIR / user data dir
     aspects: tuple[str, ...] | None = None  # train on a subset of the task's aspects
     preset: str | None = None  # a task file's [presets.NAME]: its aspects, some with their own regressor
-    layers: int = 3  # depth of the criteria tree (1 = the aspects only)
-    children: int = 4  # max sub-criteria per decomposed criterion
-    top_k: int = 4  # criteria expanded per layer from layer 3 on (attribution pruning)
-    aggregator: str = "auto"  # lr | dt | rf | nn | auto
     llm: str | None = None  # see hdeval.backends.factory.resolve_llm
     base_url: str | None = None  # OpenAI-compatible server, e.g. http://localhost:8000/v1
     # the LLM settings as LLMConfig declares them (llm_config() builds it; it validates them)
@@ -57,37 +62,39 @@ class TrainConfig:
     max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
     max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
     batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
-    # HD-Eval: the LLM that decomposes criteria (None: the scoring LLM) and its server
-    decompose_llm: str | None = None
-    decompose_base_url: str | None = None
-    tree: str | None = None  # HD-Eval: start from this criteria tree (tree.json or an artifact dir)
+
+    def __post_init__(self) -> None:
+        method = get_method(self.method)
+        if self.options is None or isinstance(self.options, Mapping):
+            object.__setattr__(self, "options", method.build_options(self.options))
+        elif type(self.options) is not method.options:
+            raise ConfigError(f"the options of method {self.method!r} are a {method.options.__name__}, "
+                              f"not a {type(self.options).__name__}")
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
-        from hdeval.methods.registry import all_options
-
+        """Every option by name, the CLI's way: the shared ones are fields, the rest go to the
+        chosen method's options model (``method_options``, a mapping, is merged in). None means
+        not given. A name no method takes, or one the chosen method does not, is a ConfigError."""
+        shared = {f.name for f in fields(cls)} - {"options"}
         given = dict(options.pop("method_options", None) or {})
-        for name in all_options():
-            if name in options:
-                value = options.pop(name)
-                if value is not None:  # None: not given on the command line
-                    given[name] = value
-        options["method_options"] = given
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
+        mine = {k: options.pop(k) for k in list(options) if k not in shared}
+        unknown = sorted(k for k in mine if k not in all_options())
         if unknown:
             raise ConfigError(f"unknown training option(s): {', '.join(unknown)}")
+        given.update({k: v for k, v in mine.items() if v is not None})
         if isinstance(options.get("aspects"), str):
             options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
-        return cls(**options)
+        return cls(options=given, **options)
+
+    def replace(self, **options: Any) -> "TrainConfig":
+        """This config with some options changed, by name (shared or the method's)."""
+        shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        mine = dataclasses.asdict(self.options) if "method" not in options else {}
+        return TrainConfig.from_options(**{**shared, **mine, **options})
 
     def validate(self) -> None:
         checks = [
-            (self.layers >= 1, f"--layers must be at least 1, got {self.layers}"),
-            (self.children >= 1, f"--children must be at least 1, got {self.children}"),
-            (self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}"),
-            (self.aggregator in KINDS + ("auto",),
-             f"unknown aggregator {self.aggregator!r}: choose from {', '.join(KINDS)} or auto"),
             (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
             # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
             (0 <= self.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED}, got {self.seed}"),
@@ -97,18 +104,21 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(msg)
         llm_config(self).validate()
-        if self.decompose_base_url and not self.decompose_llm:
-            raise ConfigError("--decompose-base-url needs --decompose-llm MODEL (the model that server runs)")
-        from hdeval.methods.registry import get_method, method_names
-
-        for name in ("tree", "decompose_llm"):
-            owners = [m for m in method_names() if name in get_method(m).run_options]
-            if getattr(self, name) and self.method not in owners:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(f"{flag} is an option of --method {' or '.join(owners)}, not {self.method}")
 
     def public(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """The run as the manifest records it (see _RECORDED_FLAT): the shared options, the
+        method's options that differ from its defaults under ``method_options``."""
+        opts = dataclasses.asdict(self.options)
+        flat = {**_RECORDED_FLAT, **_RECORDED_LAST}
+        d: dict[str, Any] = {"task": self.task, "method": self.method,
+                             "method_options": {k: v for k, v in self.options.changed().items() if k not in flat}}
+        for f in fields(self):
+            if f.name in ("task", "method", "options"):
+                continue
+            if f.name == "llm":  # the record's order: HD-Eval's tree options came before the LLM's
+                d.update({k: opts.get(k, v) for k, v in _RECORDED_FLAT.items()})
+            d[f.name] = getattr(self, f.name)
+        d.update({k: opts.get(k, v) for k, v in _RECORDED_LAST.items()})
         d["aspects"] = list(self.aspects) if self.aspects else None
         return d
 
@@ -132,7 +142,6 @@ def prepare(config: TrainConfig) -> Prepared:
         task = apply_preset(task, config.preset)
     task = select_aspects(task, list(config.aspects) if config.aspects else None)
     method = get_method(config.method)
-    method.check_options(config.method_options or {})
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
@@ -165,7 +174,7 @@ def train(
     if config is None:
         config = TrainConfig.from_options(**options)
     elif options:
-        config = dataclasses.replace(config, **options)
+        config = config.replace(**options)
     progress = progress or Progress()
     prep = prepare(config)
     method = get_method(config.method)

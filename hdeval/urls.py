@@ -44,3 +44,19 @@ def public_identity(identity: str, url: str | None) -> str:
         if secret:
             identity = identity.replace(secret, "")
     return identity.replace(parts.netloc, parts.netloc.rpartition("@")[2]) if "@" in parts.netloc else identity
+
+
+def keyed_identity(identity: str, url: str | None) -> str:
+    """The identity cache keys were made with, from ``identity`` as an artifact keeps it (see
+    :func:`public_identity`) and ``url``, the base URL the user gives again with its query
+    (Azure's ``?api-version=...``), which the artifact never holds. ``identity`` unchanged when
+    ``url`` has no query or names another server."""
+    if not url or not identity:
+        return identity
+    parts = urlsplit(url.strip())
+    if not parts.query and not parts.fragment:
+        return identity
+    bare = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"), "", ""))
+    if not identity.endswith("@" + bare):
+        return identity
+    return identity + (f"?{parts.query}" if parts.query else "") + (f"#{parts.fragment}" if parts.fragment else "")

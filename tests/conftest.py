@@ -54,6 +54,10 @@ def pytest_configure(config) -> None:
     # The test servers answer by prompt kind: the test-only switch that sends it as a header (a
     # real server never gets it). Set here, so module-scoped fixtures and subprocesses see it.
     os.environ["HDEVAL_TEST_KIND_HEADER"] = "1"
+    # A method registers its fake LLM's responders when its package is imported (the registry
+    # imports them all on first use); tests that use the fake directly with HD-Eval's "score" or
+    # "decompose" requests get HD-Eval's here.
+    import hdeval.methods.hdeval  # noqa: F401
     # `HDEVAL_DATA_DIR=../shared/data python -m pytest` (the README's command): resolve the
     # relative path once, against the directory pytest was started in, before any test starts
     # a subprocess in another working directory (which would resolve it there).
@@ -120,6 +124,22 @@ def run_cli(*args):
     from hdeval.cli import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def train_artifact(task: str, data: Path, tmp_path: Path, *args, llm=("--llm", "fake"),
+                   env: dict | None = None) -> Path:
+    """``hdeval train`` of ``task`` on ``data`` with ``llm`` (the fake one by default), a fresh
+    cache and ``args``, quiet; the artifact directory (the golden tests' one way to train)."""
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    out = tmp_path / "art"
+    r = CliRunner().invoke(cli, ["train", "--task", task, "--data", str(data), *llm, "--cache-dir",
+                                 str(tmp_path / "cache"), "-o", str(out), "-q", *(str(a) for a in args)],
+                           env=env, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
 
 
 def one_error(result, *fragments: str) -> str:

@@ -464,7 +464,7 @@ def test_apply_sends_nothing_to_a_server_only_the_artifact_names(server, artifac
 
 @pytest.mark.parametrize("answer", ["n", "y"])
 def test_apply_asks_on_a_terminal(answer: str, server, artifact: Path, toy, tmp_path: Path, monkeypatch) -> None:
-    import hdeval.cli.common as cli_mod
+    import hdeval.cli.artifacts as cli_mod
 
     monkeypatch.setattr(cli_mod, "_stdin_is_tty", lambda: True)
     point_at(artifact, server.url)

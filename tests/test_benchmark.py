@@ -375,7 +375,8 @@ def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path
         ("direct", None), ("direct-yesno", None), ("hdeval", "lr"), ("paireval", "lr")]
     for run in res["runs"]:
         extra = {"aggregator": "lr"} if run["aggregator"] else {}
-        fitted = train(task=str(task), method=run["method"], seed=0, train_frac=0.5, **options, **extra)
+        mine = {k: v for k, v in options.items() if k != "layers" or run["method"] == "hdeval"}
+        fitted = train(task=str(task), method=run["method"], seed=0, train_frac=0.5, **mine, **extra)
         assert run["dataset"] == fitted.metrics["final"], run["method"]
     assert all("vs_direct" in s["bootstrap"] for s in res["settings"][1:])
     assert res["calls"] == sum(c["calls"] for c in res["cost"].values()) > 0
@@ -456,8 +457,8 @@ def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path:
         # the held-out agreement read from each evaluator's score table, by hand, is the benchmark's
         # and the one its own training reported in metrics.json
         method, extra = ("dna", {"method_options": {"dna_mode": "direct"}}) if run["method"] == "dna-direct" \
-            else (run["method"], {"aggregator": "lr"} if run["method"] == "hdeval" else {})
-        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method=method, llm="fake", layers=1,
+            else (run["method"], {"aggregator": "lr", "layers": 1} if run["method"] == "hdeval" else {})
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method=method, llm="fake",
                        seed=run["seed"], train_frac=0.5, cache_dir=str(tmp_path / "cache"), **extra)
         test = fitted.score_table[fitted.score_table["split"] == "test"]
         assert run["n_test"] == len(test) > 0
@@ -526,7 +527,7 @@ def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path:
     assert ref["method"] == "majority" and ref["bootstrap"]["agreement"]["w_ties"]["resamples"] == 50
     by_hand = []
     for seed in (0, 1):
-        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake", layers=1,
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake",
                        seed=seed, train_frac=0.5, cache_dir=str(tmp_path / "cache"),
                        method_options={"dna_mode": "direct"})
         t = fitted.score_table
@@ -603,7 +604,7 @@ def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
     for run in res["runs"]:
         if run["method"] != "dna":
             continue
-        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake", layers=1,
+        fitted = train(task="faireval", data=str(tmp_path / "pairs.jsonl"), method="dna", llm="fake",
                        seed=0, train_frac=run["train_frac"], cache_dir=str(tmp_path / "cache"),
                        method_options={"tie_margin": 100.0, "swap": False})
         test = fitted.score_table[fitted.score_table["split"] == "test"]
@@ -633,8 +634,9 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
                          parse_method_options(["paireval.comparisons=1"]))
     res = run_benchmark(spec)
     assert res["settings"][0]["method_options"] == {"comparisons": 1}
-    one = train(task=str(task), method="paireval", aggregator="lr", method_options={"comparisons": 1}, **options)
-    three = train(task=str(task), method="paireval", aggregator="lr", **options)
+    mine = {k: v for k, v in options.items() if k != "layers"}  # the sweep gives --layers to HD-Eval only
+    one = train(task=str(task), method="paireval", aggregator="lr", method_options={"comparisons": 1}, **mine)
+    three = train(task=str(task), method="paireval", aggregator="lr", **mine)
     assert res["runs"][0]["dataset"] == one.metrics["final"] != three.metrics["final"]
     assert res["runs"][0]["usage"]["calls"] + res["runs"][0]["usage"]["cache_hits"] \
         < three.metrics["usage"]["calls"] + three.metrics["usage"]["cache_hits"]
@@ -645,7 +647,8 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
     (("dn\na.k=1",), "--method-option 'dn\\na.k=1': expected METHOD.NAME=VALUE"),  # still one line
     (("magic.k=1",), "--method-option magic.k: unknown method 'magic'"),
     (("hdeval.tie_margin=1",), "--method-option hdeval.tie_margin: hdeval takes no option 'tie_margin' (its "
-                               "options: comparisons, scorer, swap)"),
+                               "options: aggregator, children, comparisons, decompose_base_url, decompose_llm, "
+                               "layers, scorer, swap, top_k, tree)"),
     (("dna.k=two",), "--method-option dna.k: expected a whole number, got 'two'"),
     (("dna.tie_margin=nan",), "--method-option dna.tie_margin: expected a number, got 'nan'"),
     (("dna.swap=maybe",), "--method-option dna.swap: expected true or false, got 'maybe'"),
@@ -846,9 +849,10 @@ def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_repo
     # by hand from both score tables: the rows neither method has an empty cell in
     tables = {}
     for method in ("direct", "hdeval"):
+        own = {"layers": 2, "aggregator": "lr"} if method == "hdeval" else {}  # direct takes neither
         fitted = train(task=str(tmp_path / "toy_task.toml"), data=str(tmp_path / "toy.jsonl"), method=method,
-                       llm="fake:garbage=0.2", layers=2, limit=33, seed=0, train_frac=0.5, aggregator="lr",
-                       cache_dir=str(tmp_path / "cache"))
+                       llm="fake:garbage=0.2", limit=33, seed=0, train_frac=0.5, cache_dir=str(tmp_path / "cache"),
+                       **own)
         t = fitted.score_table
         test = t[t["split"] == "test"]
         cells = test[[c for c in test.columns if c not in ("sample_id", "split") and not c.startswith("human:")]]

@@ -386,3 +386,34 @@ def test_full_disk_during_train_stops_with_one_line_and_the_rerun_resumes(toy, t
     res = _cli(*args)
     assert res.exit_code == 0, res.output
     assert len(fake_calls) == total - 30
+
+
+def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_path, monkeypatch) -> None:
+    """The foreign-schema check cannot read a database another connection holds locked; it used to
+    skip the check, and once the lock went, the cache opened and wrote under the planted trigger."""
+    import sqlite3
+    import threading
+
+    import diskcache
+
+    from hdeval import cache_guard
+    from hdeval.cache import open_store
+    from hdeval.errors import CacheError
+
+    directory = tmp_path / "c"
+    diskcache.Cache(str(directory)).close()
+    holder = sqlite3.connect(directory / "cache.db", isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TRIGGER poison AFTER INSERT ON Cache BEGIN DELETE FROM Cache; END")
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("COMMIT")  # the lock is kept until the connection closes
+    monkeypatch.setattr(cache_guard, "BUSY_SECONDS", 0.2, raising=False)
+    release = threading.Timer(1.0, holder.close)
+    release.start()
+    try:
+        with pytest.raises(CacheError) as err:
+            open_store(directory).close()
+    finally:
+        release.join()
+    assert "locked" in str(err.value) and "\n" not in str(err.value)
+    assert cache_guard.foreign_objects(directory / "cache.db") == ["trigger 'poison' on 'Cache'"]

@@ -98,6 +98,7 @@ def test_replies_queued_at_exit_are_written_without_close(tmp_path, ending):
     writes are still queued (each is held 50 ms): the atexit hook writes them all."""
     script = textwrap.dedent(f"""
         import time, diskcache
+        import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
         from hdeval.backends.base import CompletionRequest, Message
         from hdeval.backends.fake import FakeBackend
         from hdeval.cache import CachedBackend

@@ -169,6 +169,68 @@ def test_an_interrupt_of_the_waiting_caller_lets_every_running_call_finish_and_b
     assert {request_key(fake.identity, _req(t)) for t in ("q0", "q1")} <= set(on_disk)
 
 
+@pytest.mark.parametrize("many", [False, True])
+def test_an_interrupt_stops_a_running_json_chain_before_its_next_re_ask(tmp_path, many: bool) -> None:
+    """Ctrl-C while the first reply of an ask_json chain is being fetched: that reply is cached,
+    and the chain asks nothing more (it used to go on re-asking until its attempts ran out)."""
+    from hdeval.judge import ask_json, ask_json_many
+
+    class Interrupt(KeyboardInterrupt):
+        pass
+
+    def raise_interrupt(signum, frame):
+        raise Interrupt()
+
+    def hook(text: str) -> None:
+        if text == "give json":
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+            time.sleep(0.3)  # the interrupt lands while this call runs
+
+    def validate(obj):
+        return obj
+
+    fake = Scripted(hook)  # answers a digit: never a JSON object, so every reply is re-asked
+    cb = CachedBackend(fake, tmp_path / "c", concurrency=2)
+    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
+    try:
+        with pytest.raises(Interrupt):
+            if many:
+                ask_json_many(cb, [(_req("give json"), validate, lambda p: f"fix: {p}")])
+            else:
+                ask_json(cb, _req("give json"), validate, lambda p: f"fix: {p}", attempts=3)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert fake.asked == ["give json"]
+    cb.close()
+    assert request_key(fake.identity, _req("give json")) in cache_entries(tmp_path / "c")
+
+
+def test_a_cancelled_joiner_of_a_request_in_flight_does_not_pay_for_it_again(tmp_path) -> None:
+    import asyncio
+
+    from hdeval import aio
+
+    gate = threading.Event()
+    fake = Scripted(lambda t: gate.wait(10))
+    cb = CachedBackend(fake, tmp_path / "c")
+
+    async def scenario():
+        owner = asyncio.ensure_future(cb.acomplete(_req("same")))
+        await asyncio.sleep(0.1)  # the owner's call is running
+        joiner = asyncio.ensure_future(cb.acomplete(_req("same")))
+        await asyncio.sleep(0.1)  # the joiner waits for the owner's reply
+        joiner.cancel()
+        await asyncio.sleep(0.1)
+        gate.set()
+        got = await owner
+        return got, (await asyncio.gather(joiner, return_exceptions=True))[0]
+
+    got, joined = aio.run(scenario())
+    assert isinstance(joined, asyncio.CancelledError)
+    assert fake.asked == ["same"] and not got.cached
+    cb.close()
+
+
 def test_two_threads_asking_the_same_request_pay_once(tmp_path) -> None:
     gate = threading.Event()
     fake = Scripted(lambda t: gate.wait(10))

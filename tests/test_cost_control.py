@@ -18,8 +18,8 @@ from hdeval.train import TrainConfig, plan, train
 
 def test_dry_run_counts_equal_a_real_run_and_call_nothing(toy, tmp_path):
     task, data = toy
-    cfg = TrainConfig(task=str(task), data=str(data), layers=3, children=3, top_k=2,
-                      aggregator="lr", cache_dir=str(tmp_path / "c"))
+    cfg = TrainConfig.from_options(task=str(task), data=str(data), layers=3, children=3, top_k=2,
+                                   aggregator="lr", cache_dir=str(tmp_path / "c"))
     probe = FakeBackend()
     _, plans, _ = plan(cfg, backend=probe)
     assert probe.calls == 0
@@ -30,7 +30,8 @@ def test_dry_run_counts_equal_a_real_run_and_call_nothing(toy, tmp_path):
     # layer 1 is paid in full; deeper layers expand only criteria whose importance is real, so the
     # dry run is an upper bound there (it says "at most")
     assert plans[0].decompose_calls + plans[0].score_calls <= real.calls <= predicted
-    one = TrainConfig(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(tmp_path / "c1"))
+    one = TrainConfig.from_options(task=str(task), data=str(data), layers=1, aggregator="lr",
+                                   cache_dir=str(tmp_path / "c1"))
     _, plans1, _ = plan(one, backend=FakeBackend())
     real1 = FakeBackend()
     train(one, backend=real1)
@@ -48,8 +49,8 @@ def test_dry_run_counts_identical_samples_once(data_dir, tmp_path):
     rows = [json.loads(l) for l in data.read_text().splitlines()]
     rows += [{**rows[0], "id": "twin-a"}, {**rows[5], "id": "twin-b"}]
     write_jsonl(data, rows)
-    cfg = TrainConfig(task="sfres", data=str(data), layers=2, aggregator="lr",
-                      cache_dir=str(tmp_path / "c"))
+    cfg = TrainConfig.from_options(task="sfres", data=str(data), layers=2, aggregator="lr",
+                                   cache_dir=str(tmp_path / "c"))
     _, plans, _ = plan(cfg, backend=FakeBackend())
     real = FakeBackend()
     train(cfg, backend=real)

@@ -25,6 +25,7 @@ from hdeval.methods.dna import (
     validate_weights,
     weighted_totals,
 )
+from hdeval.progress import Progress
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -430,7 +431,7 @@ def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path
     from hdeval.train import TrainConfig, plan
 
     cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
-                      cache_dir=str(tmp_path / "cache"), method_options=options)
+                      cache_dir=str(tmp_path / "cache"), options=options)
     probe = FakeBackend()
     _, before, _ = plan(cfg, backend=probe)
     assert probe.calls == 0 and [p.stage for p in before] == stages
@@ -550,3 +551,168 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
     del m["method_args"]["logprobs"]
     mf.write_text(json.dumps(m))
     assert load_artifact(path).settings.logprobs is False
+
+
+class _Stages(Progress):
+    """Records each stage's label, its announced total and the units actually advanced."""
+
+    def __init__(self):
+        self.stages: list[list] = []
+        self.lines: list[str] = []
+
+    def stage(self, label, total):
+        self.stages.append([label, total, 0])
+
+    def advance(self, n=1, cached=False):
+        self.stages[-1][2] += n
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg"}, {"dna_mode": "direct"}])
+def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faireval40, tmp_path, options):
+    from hdeval.train import TrainConfig, plan
+
+    cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
+                      cache_dir=str(tmp_path / "cache"), method_options=options)
+    _, planned, _ = plan(cfg, backend=FakeBackend())
+    rec = _Stages()
+    fake = FakeBackend()
+    train(cfg, progress=rec, backend=fake)
+    calls = {p.stage: p.score_calls for p in planned}
+    # every stage drawn as a bar is a dry-run stage, counting calls (not "prompts" read twice)
+    assert [s[0] for s in rec.stages] == [f"{p.stage}, 40 pairs, calls" for p in planned
+                                         if p.stage not in ("weights", "aspects")]
+    for label, total, done in rec.stages:
+        assert total == done == calls[label.split(", 40 pairs")[0]]
+    if "weights" in calls:
+        assert "weights: 40 calls, one per pair" in rec.lines
+    assert sum(calls.values()) == fake.calls
+
+
+# --------------------------------------------------------------------------- the tie margin (#20 item 6)
+
+
+def test_learned_tie_margin_is_the_best_training_candidate_with_hand_computed_counts():
+    from hdeval.methods.dna.decision import learn_tie_margin
+
+    # at 0: a, a, b right (3 of 5); at 0.2 the two human ties are predicted too (5 of 5)
+    margin, info = learn_tie_margin([0.1, -0.2, 0.5, 1.0, -1.5], ["tie", "tie", "a", "a", "b"])
+    assert margin == 0.2
+    assert (info["train_w_ties"], info["train_w_ties_at_0"], info["candidates"]) == (1.0, 0.6, 6)
+    assert info["from"] == "training split" and info["human_ties"] == 2
+    # no human ties: any margin can only lose, so it stays 0
+    assert learn_tie_margin([0.1, -0.2, 0.5], ["a", "b", "a"])[0] == 0.0
+    # a draw goes to the smallest margin: 0.3 and 0.4 both give 2 of 3
+    assert learn_tie_margin([0.3, 0.4, -1.0], ["tie", "a", "b"])[0] == 0.3
+
+
+def _sim_train(tmp_path, rows, name="sim", backend=None, **options):
+    from simjudge import pair_backend, write_pairs
+
+    data = write_pairs(tmp_path / f"{name}.jsonl", rows)
+    return train(task="faireval", data=str(data), method="dna", llm="fake", cache_dir=str(tmp_path / "cache"),
+                 backend=backend or pair_backend(), method_options=options)
+
+
+@pytest.mark.slow
+def test_learned_margin_predicts_the_close_pairs_humans_tie_and_beats_margin_zero(tmp_path):
+    # the simulated judge gives close totals where humans see close quality (and tie it)
+    from simjudge import pairwise_rows
+
+    rows = pairwise_rows(200, seed=0)
+    learned = _sim_train(tmp_path, rows)
+    at_zero = _sim_train(tmp_path, rows, tie_margin=0.0)
+    direct = _sim_train(tmp_path, rows, dna_mode="direct")
+    tm = learned.metrics["tie_margin"]
+    assert tm["from"] == "training split" and tm["value"] > 0 and tm["pairs"] == learned.metrics["split"]["train"]
+    assert tm["train_w_ties"] > tm["train_w_ties_at_0"]
+    assert learned.settings.tie_margin == tm["value"] and learned.settings.tie_margin_from == "training split"
+    got, zero = learned.metrics["test"]["llm_weights"], at_zero.metrics["test"]["llm_weights"]
+    # held out: ties are predicted where humans gave them, and agreement with ties rises
+    assert got["confusion"]["tie"].get("tie", 0) > zero["confusion"]["tie"].get("tie", 0)
+    assert got["w_ties"] >= zero["w_ties"] + 0.03
+    assert got["wo_ties"] == zero["wo_ties"]  # the forced a/b verdict does not depend on the margin
+    # the issue's bar: not below the direct baseline's agreement with ties
+    assert got["w_ties"] >= direct.metrics["test"]["direct"]["w_ties"]
+    assert at_zero.metrics["tie_margin"] == {"value": 0.0, "from": "given", "how": "set with --tie-margin"}
+    assert "tie margin" in learned.summary_line() and "learned on the training split" in learned.summary_line()
+
+
+@pytest.mark.slow
+def test_test_rows_never_decide_the_margin(tmp_path):
+    from simjudge import pairwise_rows
+
+    rows = pairwise_rows(120, seed=1)
+    first = _sim_train(tmp_path, rows, "first")
+    test_ids = set(first.score_table["pair_id"][first.score_table["split"] == "test"])
+    # every held-out label becomes a tie: a margin that looked at them would widen
+    changed = [dict(r, label="tie") if r["id"] in test_ids else r for r in rows]
+    second = _sim_train(tmp_path, changed, "second")
+    assert set(second.score_table["pair_id"][second.score_table["split"] == "test"]) == test_ids
+    assert second.metrics["tie_margin"] == first.metrics["tie_margin"]
+
+
+@pytest.mark.slow
+def test_the_artifact_records_and_applies_its_learned_margin(tmp_path):
+    from simjudge import pairwise_rows, write_pairs
+
+    rows = pairwise_rows(80, seed=2)
+    ev = _sim_train(tmp_path, rows)
+    art = ev.save(tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    margin = ev.metrics["tie_margin"]["value"]
+    assert manifest["method_args"]["tie_margin"] == margin > 0
+    assert manifest["method_args"]["tie_margin_from"] == "training split"
+    assert json.loads((art / "metrics.json").read_text())["tie_margin"]["from"] == "training split"
+    back = load_artifact(art)
+    assert back.settings.tie_margin == margin
+    from simjudge import pair_backend
+
+    pairs = read_pairs(write_pairs(tmp_path / "again.jsonl", rows), load_task("faireval"))
+    res = back.score(pairs, backend=pair_backend())
+    assert res.labels == list(ev.score_table["prediction"])  # apply decides ties as training did
+    # an artifact without a decided margin is refused with one line
+    manifest["method_args"]["tie_margin"] = None
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="no usable tie margin"):
+        load_artifact(art)
+
+
+def test_a_margin_the_user_gives_is_kept_and_recorded_as_given(faireval40, tmp_path):
+    ev = _train(tmp_path, faireval40, tie_margin=0.25)
+    assert ev.settings.tie_margin == 0.25 and ev.settings.tie_margin_from == "given"
+    assert ev.metrics["tie_margin"]["from"] == "given"
+    manifest = json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())
+    assert manifest["method_args"]["tie_margin"] == 0.25 and manifest["method_args"]["tie_margin_from"] == "given"
+    r = run_cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "cli", "--tie-margin", "-1")
+    assert r.exit_code == 2 and "--tie-margin must be 0 or more" in r.output
+
+
+# --------------------------------------------------------------------------- swap flip rate (#20 item 9)
+
+
+def _first_wins(request, fake):
+    # a judge that always prefers whatever it is shown first: every verdict flips with the order
+    return Completion(json.dumps({"score_a": 8, "score_b": 3}) if request.json_schema else "8 3", None, 10, 4)
+
+
+@pytest.mark.slow
+def test_swap_flip_rate_is_the_share_of_verdicts_that_change_with_the_order(tmp_path):
+    from simjudge import pair_backend, pairwise_rows
+
+    rows = pairwise_rows(60, seed=4)
+    steady = _sim_train(tmp_path, rows, "steady", backend=pair_backend(noise=0.0), swap=True, tie_margin=0.0)
+    assert steady.metrics["swap_flip_rate"] == 0.0 and steady.metrics["test"]["swap_flip_rate"] == 0.0
+    fickle = FakeBackend(responders={**RESPONDERS, "dna_score": _first_wins})
+    biased = _sim_train(tmp_path, rows, "biased", backend=fickle, swap=True, tie_margin=0.0)
+    m = biased.metrics
+    assert m["swap_flip_rate"] == 1.0 and m["test"]["swap_flip_rate"] == m["train"]["swap_flip_rate"] == 1.0
+    assert m["swap_flip_rate"] == round(1 - m["position_consistency"], 6)
+    assert "swap flip rate 1.0" in biased.summary_line()
+    # one order judged (the default, half the calls): no rate, and the run says why
+    one = _sim_train(tmp_path, rows, "one", backend=fickle, tie_margin=0.0)
+    assert one.metrics["swap_flip_rate"] is None and "--swap" in one.metrics["swap_flip_note"]
+    assert "swap_flip_rate" not in one.metrics["test"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import artifact_view, slice_jsonl
+from conftest import artifact_view, slice_jsonl, train_artifact
 from hdeval.cli import main as _main  # noqa: F401  (the CLI entry point must import)
 
 GOLDEN = Path(__file__).parent / "golden" / "digests.json"
@@ -37,19 +37,9 @@ def _digests(path: Path) -> dict[str, str]:
 
 def _train(task: str, n: int, layers: int, agg: str, data_dir: Path, tmp_path: Path,
            llm: tuple[str, ...] = ("--llm", "fake"), env: dict | None = None) -> Path:
-    from click.testing import CliRunner
-
-    from hdeval.cli import cli
-
     data = slice_jsonl(data_dir / f"{task}.jsonl", tmp_path / f"{task}.jsonl", n)
-    out = tmp_path / "art"
-    r = CliRunner().invoke(cli, [
-        "train", "--task", task, "--data", str(data), *llm, "--layers", str(layers),
-        "--children", "3", "--top-k", "2", "--aggregator", agg, "--cache-dir", str(tmp_path / "cache"),
-        "-o", str(out), "-q",
-    ], env=env, catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    return out
+    return train_artifact(task, data, tmp_path, "--layers", layers, "--children", 3, "--top-k", 2,
+                          "--aggregator", agg, llm=llm, env=env)
 
 
 @pytest.mark.parametrize("task, n, layers, agg", CASES)

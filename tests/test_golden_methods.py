@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import train_artifact
 
 GOLDEN = Path(__file__).parent / "golden" / "methods.json"
 
@@ -70,11 +70,7 @@ def _slice(src: Path, dst: Path, first: int, extra: tuple[int, int] | None) -> P
 def test_method_output_is_unchanged(name, data_dir, tmp_path):
     task, (first, extra), args = CASES[name]
     data = _slice(data_dir / f"{task}.jsonl", tmp_path / "data.jsonl", first, extra)
-    art = tmp_path / "art"
-    r = run_cli("train", "--task", task, "--data", data, "--llm", "fake", "--cache-dir", tmp_path / "cache",
-                "-o", art, "-q", *args)
-    assert r.exit_code == 0, r.output
-    got = _view(art, tmp_path)
+    got = _view(train_artifact(task, data, tmp_path, *args), tmp_path)
     recorded = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
     if os.environ.get("HDEVAL_GOLDEN_UPDATE"):
         recorded[name] = got

@@ -19,7 +19,7 @@ from hdeval.cli import cli
 from hdeval.data import read_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.judge import label_probability
-from hdeval.methods.paireval import PairEvaluator, YesNoEvaluator, export_training
+from hdeval.methods.paireval import PairEvalEvaluator, YesNoEvaluator, export_training
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -109,7 +109,7 @@ def test_train_load_apply_on_real_slices(task, n, new, data_dir, tmp_path, fake_
     recorded = json.loads((path / "comparisons.json").read_text())
     assert [r["id"] for r in recorded] == m["comparisons"]["ids"]
     loaded = load_artifact(path)
-    assert isinstance(loaded, PairEvaluator) and loaded.pool == ev.pool and loaded.n == 2
+    assert isinstance(loaded, PairEvalEvaluator) and loaded.pool == ev.pool and loaded.n == 2
 
     fresh = read_samples(lines(data_dir / f"{task}.jsonl", tmp_path / "new.jsonl", *new), loaded.task,
                          require_scores=False)
@@ -397,7 +397,7 @@ def test_hdeval_pairwise_scorer_bad_input(dialogue, tmp_path, fake_calls):
 def test_dry_run_counts_exactly_what_training_calls(method, extra, calls, dialogue, tmp_path, fake_calls):
     task, data = dialogue
     base = ("train", "--task", str(task), "--data", str(data), "--method", method, "--llm", "fake",
-            "--aggregator", "lr", "--cache-dir", str(tmp_path / "c"), *extra)
+            *(("--aggregator", "lr") if method == "paireval" else ()), "--cache-dir", str(tmp_path / "c"), *extra)
     dry = run(*base, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert not fake_calls

@@ -17,7 +17,7 @@ from hdeval.config import LLMConfig
 from hdeval.data import read_pairs, read_samples
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.llm import open_llm
-from hdeval.methods.hdeval.pairwise import PairEvaluator
+from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -116,7 +116,7 @@ def test_other_aggregator_kinds_work_as_classifiers_and_reload(faireval40, tmp_p
     ev = _train(tmp_path, faireval40, layers=1, aggregator=kind)
     assert ev.metrics["aggregator"] == kind
     back = load_artifact(ev.save(tmp_path / "art"))
-    assert isinstance(back, PairEvaluator) and back.kind == kind
+    assert isinstance(back, PairwiseTreeEvaluator) and back.kind == kind
     pairs = read_pairs(_new_pairs(tmp_path), back.task, require_labels=False)
     llm = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "cache")), FakeBackend())
     try:
@@ -177,11 +177,11 @@ def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy
     cases = [
         (lambda: Evaluator.load(pair), f"{pair} holds a pairwise HD-Eval evaluator, and Evaluator reads "
                                        "pointwise HD-Eval ones only"),
-        (lambda: PairEvaluator.load(point), f"{point} holds a pointwise HD-Eval evaluator, and PairEvaluator "
-                                            "reads pairwise HD-Eval ones only"),
+        (lambda: PairwiseTreeEvaluator.load(point), f"{point} holds a pointwise HD-Eval evaluator, and "
+                                                    "PairwiseTreeEvaluator reads pairwise HD-Eval ones only"),
         (lambda: Evaluator.load(direct), f"{direct} holds a pointwise 'direct' evaluator, and Evaluator reads"),
         (lambda: Evaluator.from_artifact(open_artifact(pair)), f"{pair} holds a pairwise HD-Eval evaluator"),
-        (lambda: PairEvaluator.from_artifact(open_artifact(point)), f"{point} holds a pointwise HD-Eval"),
+        (lambda: PairwiseTreeEvaluator.from_artifact(open_artifact(point)), f"{point} holds a pointwise HD-Eval"),
         (lambda: Evaluator.from_artifact(open_artifact(direct)), f"{direct} holds a pointwise 'direct'"),
     ]
     for load, start in cases:
@@ -190,7 +190,11 @@ def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy
         msg = str(err.value)
         assert msg.startswith(start) and msg.endswith(hint) and "\n" not in msg, msg
     # each loads with its own loader, and with the generic one
-    assert isinstance(PairEvaluator.load(pair), PairEvaluator) and isinstance(load_artifact(pair), PairEvaluator)
+    assert isinstance(PairwiseTreeEvaluator.load(pair), PairwiseTreeEvaluator)
+    assert isinstance(load_artifact(pair), PairwiseTreeEvaluator)
+    from hdeval.methods.hdeval.pairwise import PairEvaluator  # the name docs/python-api.md gave it
+
+    assert PairEvaluator is PairwiseTreeEvaluator
     assert isinstance(Evaluator.load(point), Evaluator) and load_artifact(direct).method == "direct"
 
 
@@ -215,7 +219,7 @@ def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
     with pytest.raises(ArtifactError, match="must be a, b and optionally tie"):
         load_artifact(path)
     mf.write_text(good)
-    assert isinstance(load_artifact(path), PairEvaluator)
+    assert isinstance(load_artifact(path), PairwiseTreeEvaluator)
 
 
 def test_pairwise_options_and_one_sided_labels_are_refused_before_any_call(faireval40, tmp_path):
@@ -271,8 +275,8 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
 def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval40, tmp_path):
     from hdeval.train import TrainConfig, plan
 
-    cfg = TrainConfig(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
-                      cache_dir=str(tmp_path / "cache"))
+    cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
+                                   cache_dir=str(tmp_path / "cache"))
     probe = FakeBackend()
     _, plans, _ = plan(cfg, backend=probe)
     assert probe.calls == 0
@@ -283,5 +287,5 @@ def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval4
     _, again, _ = plan(cfg, backend=FakeBackend())
     assert again[0].cached == 40 * 2 * 4
     with pytest.raises(ConfigError, match="--scorer pairwise does not apply to a pairwise task"):
-        plan(TrainConfig(task="faireval", data=str(faireval40), llm="fake", method_options={"scorer": "pairwise"},
+        plan(TrainConfig(task="faireval", data=str(faireval40), llm="fake", options={"scorer": "pairwise"},
                          cache_dir=str(tmp_path / "cache")), backend=FakeBackend())

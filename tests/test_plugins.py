@@ -24,7 +24,7 @@ PLUGIN = textwrap.dedent('''
     PLANNED = []
 
     def _plan(config, prep, backend):
-        PLANNED.append((config.method_options, len(prep.samples)))
+        PLANNED.append((config.options.toy_level, len(prep.samples)))
         return [LayerPlan(1, 0, 7 * len(prep.samples), 0, False, 11, 13, stage="toy stage")]
 
     def _fit(ctx):
@@ -84,20 +84,22 @@ def test_a_method_from_an_entry_point_is_listed_and_its_plan_is_the_dry_run(plug
 
     from hdeval.train import TrainConfig, plan
 
-    config = TrainConfig(task="summeval", method="toy", method_options={"toy_level": 5}, llm="fake",
+    config = TrainConfig(task="summeval", method="toy", options={"toy_level": 5}, llm="fake",
                          limit=64, cache_dir=str(tmp_path / "cache"))
     prep, layers, identity = plan(config)
     toy = sys.modules["hdeval_toy_plugin"]
-    assert toy.PLANNED == [({"toy_level": 5}, len(prep.samples))]
+    assert toy.PLANNED == [(5, len(prep.samples))]
     assert [(p.stage, p.score_calls) for p in layers] == [("toy stage", 7 * len(prep.samples))]
 
 
 def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     plugin("hdeval.methods", "toy", "METHOD")
-    from hdeval.train import TrainConfig, prepare
+    from hdeval.train import TrainConfig
 
     with pytest.raises(ConfigError, match=r"method 'toy' takes no option\(s\) comparisons \(its options: toy_level\)"):
-        prepare(TrainConfig(task="summeval", method="toy", method_options={"comparisons": 3}, llm="fake"))
+        TrainConfig.from_options(task="summeval", method="toy", comparisons=3, llm="fake")
+    with pytest.raises(ConfigError, match=r"--toy-level must be a whole number, got 'high'"):
+        TrainConfig(task="summeval", method="toy", options={"toy_level": "high"}, llm="fake")
 
 
 @pytest.mark.parametrize("target, message", [

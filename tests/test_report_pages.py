@@ -208,6 +208,9 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     m = json.loads((art / "metrics.json").read_text())
     assert "offline fake LLM" in ban and "position consistency" in ban
     assert f"{m['position_consistency']:.3f} of the pairs" in ban
+    assert f"swap flip rate {m['swap_flip_rate']:.3f}" in ban and "tie margin" in ban
+    assert f"swap flip rate         {m['swap_flip_rate']:.3f}" in r.stdout
+    assert f"tie margin {m['tie_margin']['value']} (learned on {m['split']['train']} training pairs" in r.stdout
     for h in ("Agreement with the human labels", "Confusion matrix (llm weights)", "Confusion matrix (learned)",
               "Weights", "Per-aspect differences", "Position consistency"):
         assert f"<h2>{h}</h2>" in page, h

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import httpx2
-
 from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
 from hdeval.progress import Progress
-from hdeval.request_files import ENDPOINT, request_line as _line, result_outcome
+from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 
 POLL_ENV = "HDEVAL_BATCH_POLL_INTERVAL"  # seconds between status checks of a batch job
 DEFAULT_POLL = 30.0
@@ -100,60 +99,60 @@ def _check_id(value: Any, what: str) -> str:
 
 # ----------------------------------------------------------------------------- HTTP
 class BatchAPI:
-    """``/v1/files`` and ``/v1/batches`` of an OpenAI-compatible server, over httpx2 (the HTTP
-    client the ``openai`` package uses). Transient failures (429, 5xx, dropped connections,
-    timeouts) are retried ``max_retries`` times with capped backoff; anything else is a
-    one-line :class:`BackendError`."""
+    """``/v1/files`` and ``/v1/batches`` of an OpenAI-compatible server, through the ``openai``
+    SDK's ``files`` and ``batches`` resources (a synchronous client: the jobs run in a worker
+    thread). Every reply is read raw and bounded, then parsed here (it is untrusted); the SDK's
+    own retries are off: transient failures (429, 5xx, dropped connections, timeouts) are retried
+    ``max_retries`` times with capped backoff; anything else is a one-line :class:`BackendError`."""
 
-    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 6, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
+                 backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        from hdeval.backends.openai_compat import OpenAICompatBackend, Redactor
+
         self.display_url = display_url or _shown_url(base_url)
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._sleep = sleep
-        self._key = api_key
-        from hdeval.backends.openai_compat import Redactor
-
         self._redactor = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
-        self._client = httpx2.Client(
-            base_url=base_url.rstrip("/") + "/",
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=timeout,
-            follow_redirects=False,  # a redirect is reported, never followed
-        )
+        # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
+        server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
+        self._sdk = server.sdk_client(sync=True, max_reply_bytes=MAX_RESULT_BYTES)
 
     def __repr__(self) -> str:
         return f"BatchAPI({self.display_url!r})"
 
     def close(self) -> None:
-        self._client.close()
+        self._sdk.close()
 
     # -- the endpoints ------------------------------------------------------------------
     def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""
-        reply = self._json("POST", "files", data={"purpose": "batch"},
-                           files={"file": (name, jsonl, "application/jsonl")})
+        reply = self._json("POST", "files", lambda api: api.files.with_streaming_response.create(
+            file=(name, jsonl, "application/jsonl"), purpose="batch"))
         return _check_id(reply.get("id"), "file id")
 
     def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
         """Create one batch job (tried once: a retry could create a second paid job; the
         caller looks for the job by its input file instead)."""
-        body = {"input_file_id": input_file_id, "endpoint": ENDPOINT,
-                "completion_window": COMPLETION_WINDOW, "metadata": metadata}
-        return self._json("POST", "batches", json_body=body, retries=0)
+        return self._json("POST", "batches", lambda api: api.batches.with_streaming_response.create(
+            input_file_id=input_file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW,
+            metadata=metadata), retries=0)
 
     def retrieve(self, batch_id: str) -> dict[str, Any]:
-        return self._json("GET", f"batches/{_check_id(batch_id, 'batch id')}")
+        batch_id = _check_id(batch_id, "batch id")
+        return self._json("GET", f"batches/{batch_id}",
+                          lambda api: api.batches.with_streaming_response.retrieve(batch_id))
 
     def find(self, input_file_id: str) -> dict[str, Any] | None:
         """The job whose input is ``input_file_id``, if the server lists one."""
         after: str | None = None
         for _ in range(MAX_LIST_PAGES):
-            params = {"limit": "100", **({"after": after} if after else {})}
-            page = self._json("GET", "batches", params=params)
+            page = self._json("GET", "batches", lambda api: api.batches.with_streaming_response.list(
+                limit=100, **({"after": after} if after else {})))
             data = page.get("data")
             if not isinstance(data, list):
                 return None
@@ -168,9 +167,9 @@ class BatchAPI:
 
     def download(self, file_id: str, dest: Path) -> None:
         """A file's content into ``dest`` (at most MAX_RESULT_BYTES)."""
-        path = f"files/{_check_id(file_id, 'file id')}/content"
+        file_id = _check_id(file_id, "file id")
 
-        def read(response: httpx2.Response) -> None:
+        def read(response: Any) -> None:
             deadline = time.monotonic() + max(self.timeout, DOWNLOAD_SECONDS)
             size = 0
             with open(dest, "wb") as fh:
@@ -183,14 +182,14 @@ class BatchAPI:
                                            f"{MAX_RESULT_BYTES // 2**20} MB; not read further")
                     fh.write(chunk)
 
-        self._request("GET", path, read)
+        self._request("GET", f"files/{file_id}/content",
+                      lambda api: api.files.with_streaming_response.content(file_id), read)
 
     # -- one call with retries ----------------------------------------------------------
-    def _json(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
-              data: dict | None = None, files: dict | None = None, retries: int | None = None) -> dict[str, Any]:
+    def _json(self, method: str, path: str, send: Callable[[Any], Any], retries: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
 
-        def read(response: httpx2.Response) -> None:
+        def read(response: Any) -> None:
             deadline = time.monotonic() + self.timeout  # the client's timeout bounds each read only
             chunks, size = [], 0
             for chunk in response.iter_bytes():
@@ -208,40 +207,45 @@ class BatchAPI:
                 raise _Transient("a reply that is not a JSON object")
             out.update(parsed)
 
-        self._request(method, path, read, json_body=json_body, params=params, data=data, files=files,
-                      retries=retries)
+        self._request(method, path, send, read, retries=retries)
         return out
 
-    def _request(self, method: str, path: str, read: Callable[[httpx2.Response], None], *, json_body: Any = None,
-                 params: dict | None = None, data: dict | None = None, files: dict | None = None,
+    def _request(self, method: str, path: str, send: Callable[[Any], Any], read: Callable[[Any], None], *,
                  retries: int | None = None) -> None:
+        """``send(sdk)`` (an SDK call's streaming-response context) and ``read`` its reply."""
+        import openai
+
+        from hdeval.backends.openai_compat import ReplyTooLarge, retry_after_seconds
+
         retries = self.max_retries if retries is None else retries
-        where = f"{method} {self.display_url}/{path.split('?')[0]}"
+        where = f"{method} {self.display_url}/{path}"
         for attempt in range(retries + 1):
             wait: float | None = None
             try:
-                with self._client.stream(method, path, json=json_body, params=params, data=data,
-                                         files=files) as response:
-                    status = response.status_code
-                    if 300 <= status < 400:
-                        raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
-                                           "follow redirects: give the final address as --base-url")
-                    if status >= 400:
-                        detail = self._detail(response)
-                        if status >= 500 or status in _RETRY_STATUSES:
-                            from hdeval.backends.openai_compat import retry_after_seconds
-
-                            wait = retry_after_seconds(response.headers)
-                            raise _Transient(f"HTTP {status}: {detail}")
-                        hint = ("; does this server offer the Batch API? run without --batch"
-                                if status in (404, 405) and not path.startswith("batches/") else "")
-                        raise BackendError(self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}"))
+                with send(self._sdk) as response:
                     read(response)
-                    return
+                return
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if 300 <= status < 400:
+                    raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
+                                       "follow redirects: give the final address as --base-url") from None
+                detail = _detail(exc.response.content)
+                if not (status >= 500 or status in _RETRY_STATUSES):
+                    hint = ("; does this server offer the Batch API? run without --batch"
+                            if status in (404, 405) and not path.startswith("batches/") else "")
+                    raise BackendError(self._redact(
+                        f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")) from None
+                wait = retry_after_seconds(exc.response.headers)
+                problem = f"HTTP {status}: {detail}"
             except _Transient as exc:
                 problem = exc.args[0]
-            except httpx2.TransportError as exc:
-                problem = _one_line(f"{type(exc).__name__}: {exc}")
+            except openai.APIConnectionError as exc:  # timeouts included
+                cause = exc.__cause__
+                if isinstance(cause, ReplyTooLarge):
+                    problem = f"a reply larger than {MAX_RESULT_BYTES // 2**20} MB"
+                else:
+                    problem = _one_line(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc))
             if attempt >= retries:
                 raise BackendError(self._redact(
                     f"the Batch API ({where}) kept failing after {attempt + 1} attempt(s), last: {problem}; "
@@ -251,22 +255,20 @@ class BatchAPI:
                 wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
             self._sleep(min(wait, self.backoff_cap))
 
-    def _detail(self, response: httpx2.Response) -> str:
-        raw = b""
-        for chunk in response.iter_bytes():
-            raw += chunk
-            if len(raw) > 16384:
-                break
-        try:
-            body = json.loads(raw)
-            err = body.get("error", body) if isinstance(body, dict) else body
-            msg = err.get("message") if isinstance(err, dict) else err
-            return _one_line(str(msg)) if msg else _one_line(raw[:200].decode("utf-8", "replace"))
-        except (ValueError, RecursionError):
-            return _one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
-
     def _redact(self, text: str) -> str:
         return self._redactor(text)
+
+
+def _detail(raw: bytes) -> str:
+    """One line from an error reply's body (already bounded by the transport)."""
+    raw = raw[:16384]
+    try:
+        body = json.loads(raw)
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message") if isinstance(err, dict) else err
+        return _one_line(str(msg)) if msg else _one_line(raw[:200].decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return _one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
 
 
 class _Transient(Exception):

@@ -2,29 +2,21 @@
 
 A request names its prompt kind (``CompletionRequest.kind``); the fake answers it with the
 *responder* registered for that kind (``RESPONDERS``, or ones passed in), never by reading the
-prompt's wording to guess what it is. Each method registers responders for its own prompts.
-HD-Eval's: decomposition requests get a JSON list of sub-criteria; scoring requests get a digit
-with a probability distribution over the digits 1-5 as top logprobs. Scores are a deterministic
-function of the sample text and the criterion, loosely tied to simple text features so that
-trained aggregators have something to learn.
+prompt's wording to guess what it is. Each method registers responders for its own prompts, in
+its own package, when it is imported (HD-Eval's in ``hdeval/methods/hdeval/fake.py``); this
+module knows no method.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import constraint_of, obeys
 
-_MAX_CHILDREN = re.compile(r"at most (\d+) sub-criteria")
-_CRITERION = re.compile(r"^Criterion to decompose: (.+?) \(key: ([^)]+)\)", re.M)
-_SAMPLE = re.compile(r"<sample>(.*?)</sample>", re.S)
 
 
 def _h(*parts: str) -> int:
@@ -107,7 +99,8 @@ class FakeBackend:
 
             raise BackendError(
                 f"the fake LLM has no responder for prompt kind {request.kind!r} "
-                f"(known: {', '.join(sorted(table)) or 'none'})"
+                f"(known: {', '.join(sorted(table)) or 'none'}; a method's package registers its own when "
+                "imported, e.g. hdeval.methods.hdeval)"
             )
         reply = answer(request, self)
         constraint = constraint_of(request)
@@ -121,67 +114,3 @@ class FakeBackend:
             raise BackendError(f"the fake LLM's {request.kind!r} responder broke the request's answer "
                                f"constraint {constraint!r}: {reply.text[:60]!r}")
         return reply
-
-    def decompose_reply(self, prompt: str) -> str:
-        m = _MAX_CHILDREN.search(prompt)
-        n = int(m.group(1)) if m else 3
-        crit = _CRITERION.search(prompt)
-        name, key = (crit.group(1), crit.group(2)) if crit else ("criterion", "c")
-        facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
-        start = _h(key) % len(facets)
-        subs = []
-        for i in range(n):
-            facet = facets[(start + i) % len(facets)]
-            subs.append(
-                {
-                    "key": facet,
-                    "name": f"{name}: {facet}",
-                    "definition": f"How well the text shows {facet} with respect to {name.lower()}.",
-                }
-            )
-        return json.dumps({"subcriteria": subs})
-
-    def score_reply(self, prompt: str, request: CompletionRequest, n_prompt: int) -> Completion:
-        sample = _SAMPLE.search(prompt)
-        body = sample.group(1) if sample else prompt
-        criterion = prompt[sample.end():] if sample else ""
-        if self.garbage and _unit("garbage", prompt) < self.garbage:
-            return Completion("I am not able to rate this text.", None, n_prompt, 8)
-        words = re.findall(r"\w+", body.lower())
-        uniq = len(set(words)) / max(1, len(words))
-        length = math.tanh(len(words) / 400)
-        w1, w2 = _unit("w1", criterion), _unit("w2", criterion)
-        noise = _unit("noise", body, criterion)
-        x = 0.45 * (w1 * uniq + (1 - w1) * length) + 0.35 * w2 * uniq + 0.2 * noise
-        score = 1.0 + 4.0 * min(1.0, max(0.0, x))
-        digits = [1, 2, 3, 4, 5]
-        weights = [math.exp(-((d - score) ** 2) / 0.6) for d in digits]
-        total = sum(weights)
-        probs = [w / total for w in weights]
-        best = digits[max(range(5), key=lambda i: probs[i])]
-        top = None
-        if self.logprobs and request.top_logprobs:
-            alts = sorted(
-                (TokenLogprob(str(d), math.log(max(p, 1e-12))) for d, p in zip(digits, probs)),
-                key=lambda t: -t.logprob,
-            )[: request.top_logprobs]
-            top = (tuple(alts),)
-        return Completion(str(best), top, n_prompt, 1)
-
-
-def _prompt(request: CompletionRequest) -> tuple[str, int]:
-    prompt = "\n".join(m.content for m in request.messages)
-    return prompt, max(1, len(prompt) // 4)
-
-
-@responder("decompose")
-def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = _prompt(request)
-    text = fake.decompose_reply(prompt)
-    return Completion(text, None, n_prompt, max(1, len(text) // 4))
-
-
-@responder("score")
-def _hdeval_score(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = _prompt(request)
-    return fake.score_reply(prompt, request, n_prompt)

@@ -10,7 +10,8 @@ backoff, or the server's ``Retry-After`` when that is longer. A 4xx about one re
 filtered; 413, 422) is a :class:`~hdeval.errors.RequestRejected`; anything else a one-line
 :class:`~hdeval.errors.BackendError`.
 
-``timeout`` bounds a whole request (asyncio's timeout, not only each socket read). Every reply
+``timeout`` bounds each attempt of a request as a whole (asyncio's timeout, not only each socket
+read); every retry gets its own. Every reply
 body goes through :class:`BoundedTransport`, which stops reading past ``max_reply_bytes``
 (compressed or not), so no reply is read without bound, the SDK's error path included.
 Redirects are reported, never followed.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import email.utils
 import json
 import logging
@@ -32,7 +34,7 @@ import re
 import time
 import urllib.request
 import zlib
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import httpx2
@@ -50,6 +52,7 @@ from hdeval.backends.base import (
     read_logprob,
     token_count,
 )
+from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted
 from hdeval.urls import public_url
 
@@ -60,7 +63,6 @@ PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key bu
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
-POOL_SIZE = 8  # requests in flight per SDK client (see OpenAICompatBackend.client)
 # Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
 KIND_HEADER = "X-Hdeval-Kind"
 KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
@@ -237,40 +239,51 @@ def _proxy_for(url: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------- the transport
-class _BoundedStream(httpx2.AsyncByteStream):
-    """A reply body read with a bound: past ``cap`` bytes (after undoing a gzip/deflate
+class _Bound:
+    """One reply body read with a bound: past ``cap`` bytes (after undoing a gzip/deflate
     encoding, itself bounded) a success raises :class:`ReplyTooLarge` and an error body is cut
     (an error only feeds a one-line message); the connection is then dropped, not drained."""
 
-    def __init__(self, inner: Any, cap: int, fail: bool, encoding: str) -> None:
-        self._inner = inner
+    def __init__(self, cap: int, fail: bool, encoding: str) -> None:
         self._cap = cap
         self._fail = fail
         self._encoding = encoding
+        self._size = 0
+        self._inflate: Any = None
+
+    def take(self, chunk: bytes) -> tuple[bytes, bool]:
+        """What to hand on of ``chunk``, and whether the body ends here."""
+        if self._encoding:
+            if self._inflate is None:
+                # 47: gzip or zlib header; deflate sent raw (no header) as some servers do: -15
+                raw = self._encoding == "deflate" and chunk[:1] and chunk[0] & 0x0F != 8
+                self._inflate = zlib.decompressobj(-15 if raw else 47)
+            try:
+                chunk = self._inflate.decompress(chunk, self._cap + 1 - self._size)
+            except zlib.error:
+                raise httpx2.DecodingError(f"a {self._encoding} reply that does not decompress") from None
+            if self._inflate.unconsumed_tail:
+                self._size = self._cap + 1  # more than the cap once inflated
+        self._size += len(chunk)
+        if self._size > self._cap:
+            if self._fail:
+                raise ReplyTooLarge("reply too large")
+            return chunk[: max(0, len(chunk) - (self._size - self._cap))], True
+        return chunk, False
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, bound: _Bound) -> None:
+        self._inner = inner
+        self._bound = bound
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        size = 0
-        inflate: Any = None
         try:
             async for chunk in self._inner:
-                if self._encoding:
-                    if inflate is None:
-                        # 47: gzip or zlib header; deflate sent raw (no header) as some servers do: -15
-                        raw = self._encoding == "deflate" and chunk[:1] and chunk[0] & 0x0F != 8
-                        inflate = zlib.decompressobj(-15 if raw else 47)
-                    try:
-                        chunk = inflate.decompress(chunk, self._cap + 1 - size)
-                    except zlib.error:
-                        raise httpx2.DecodingError(f"a {self._encoding} reply that does not decompress") from None
-                    if inflate.unconsumed_tail:
-                        size = self._cap + 1  # more than the cap once inflated
-                size += len(chunk)
-                if size > self._cap:
-                    if self._fail:
-                        raise ReplyTooLarge("reply too large")
-                    yield chunk[: max(0, len(chunk) - (size - self._cap))]
+                part, end = self._bound.take(chunk)
+                yield part
+                if end:
                     return
-                yield chunk
         finally:
             await self._inner.aclose()
 
@@ -278,8 +291,52 @@ class _BoundedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _BoundedSyncStream(httpx2.SyncByteStream):
+    def __init__(self, inner: Any, bound: _Bound) -> None:
+        self._inner = inner
+        self._bound = bound
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._inner:
+                part, end = self._bound.take(chunk)
+                yield part
+                if end:
+                    return
+        finally:
+            self._inner.close()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> tuple[list, _Bound] | None:
+    """The headers a bounded reply keeps and its :class:`_Bound`; None when it must be refused
+    unread (an encoding hdeval cannot read raises, a success announcing more than the cap)."""
+    ok = 200 <= response.status_code < 300
+    cap = max_reply_bytes if ok else _MAX_ERROR_BYTES
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("identity",):
+        encoding = ""
+    if encoding not in ("", "gzip", "x-gzip", "deflate"):
+        return None
+    length = response.headers.get("content-length", "")
+    if ok and not encoding and length.isdigit() and int(length) > cap:
+        return None
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length")]
+    return headers, _Bound(cap, ok, encoding.replace("x-", ""))
+
+
+def _refusal(response: httpx2.Response) -> Exception:
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        return httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
+    return ReplyTooLarge("reply too large")
+
+
 class BoundedTransport(httpx2.AsyncBaseTransport):
-    """httpx's transport, with every reply body bounded (see :class:`_BoundedStream`)."""
+    """httpx's transport, with every reply body bounded (see :class:`_Bound`)."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int) -> None:
         self._inner = inner
@@ -287,32 +344,48 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        ok = 200 <= response.status_code < 300
-        cap = self.max_reply_bytes if ok else _MAX_ERROR_BYTES
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        if encoding in ("identity",):
-            encoding = ""
-        if encoding not in ("", "gzip", "x-gzip", "deflate"):
+        kept = _bounded_reply(response, self.max_reply_bytes)
+        if kept is None:
             await response.aclose()
-            raise httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
-        length = response.headers.get("content-length", "")
-        if ok and not encoding and length.isdigit() and int(length) > cap:
-            await response.aclose()
-            raise ReplyTooLarge("reply too large")
-        headers = [(k, v) for k, v in response.headers.multi_items()
-                   if k.lower() not in ("content-encoding", "content-length")]
-        return httpx2.Response(response.status_code, headers=headers,
-                               stream=_BoundedStream(response.stream, cap, ok, encoding.replace("x-", "")),
+            raise _refusal(response)
+        return httpx2.Response(response.status_code, headers=kept[0], stream=_BoundedStream(response.stream, kept[1]),
                                extensions=response.extensions)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
-def http_client(timeout: float, proxy: str | None, max_reply_bytes: int, keepalive: int) -> httpx2.AsyncClient:
-    """The SDK's HTTP client: bounded replies, no redirects followed, the proxy chosen here."""
-    inner = httpx2.AsyncHTTPTransport(
-        proxy=proxy, limits=httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive))
+class BoundedSyncTransport(httpx2.BaseTransport):
+    """:class:`BoundedTransport` for a synchronous client (the Batch API's)."""
+
+    def __init__(self, inner: httpx2.BaseTransport, max_reply_bytes: int) -> None:
+        self._inner = inner
+        self.max_reply_bytes = max_reply_bytes
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = self._inner.handle_request(request)
+        kept = _bounded_reply(response, self.max_reply_bytes)
+        if kept is None:
+            response.close()
+            raise _refusal(response)
+        return httpx2.Response(response.status_code, headers=kept[0],
+                               stream=_BoundedSyncStream(response.stream, kept[1]), extensions=response.extensions)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def http_client(timeout: float, proxy: str | None, max_reply_bytes: int, keepalive: int,
+                verify: Any = True, sync: bool = False) -> Any:
+    """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
+    followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client
+    (loading the CA store costs 0.1 s)."""
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
+    if sync:
+        return httpx2.Client(transport=BoundedSyncTransport(
+            httpx2.HTTPTransport(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
+            trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
+    inner = httpx2.AsyncHTTPTransport(verify=verify, proxy=proxy, limits=limits)
     return httpx2.AsyncClient(transport=BoundedTransport(inner, max_reply_bytes), trust_env=False,
                               follow_redirects=False, timeout=httpx2.Timeout(timeout))
 
@@ -324,7 +397,7 @@ class OpenAICompatBackend:
     ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server
     gets a placeholder key when none is given. An Azure OpenAI host is spoken to with
     ``AsyncAzureOpenAI`` (its ``?api-version=`` from the URL's query). ``timeout`` bounds each
-    request as a whole; ``max_retries`` bounds retries of transient failures, waiting
+    attempt as a whole (every retry gets its own); ``max_retries`` bounds retries of transient failures, waiting
     ``backoff_base * 2**n`` seconds plus jitter (capped at ``backoff_cap``); malformed bodies
     are retried at most ``max_malformed_retries`` times. :meth:`acomplete` runs on
     :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
@@ -335,14 +408,14 @@ class OpenAICompatBackend:
         model: str,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float = 60.0,
-        max_retries: int = 6,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
         *,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
@@ -397,8 +470,9 @@ class OpenAICompatBackend:
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         self._logprobs_supported = True  # False (never back) once the server rejects logprobs
         self._schema_supported = True  # likewise for response_format json_schema
-        self._sdks: list[Any] = []  # made on the loop, on first use
-        self._turn = 0
+        self._sdks: list[Any] = []  # every SDK client made (on the loop, when needed)
+        self._idle: list[Any] = []  # those not serving a request now
+        self._tls: Any = None
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
@@ -414,27 +488,43 @@ class OpenAICompatBackend:
         return self._schema_supported
 
     def client(self) -> openai.AsyncOpenAI:
-        """An SDK client (on the loop that calls it; its connections belong to that loop).
+        """An SDK client (on the loop that calls it; its connections belong to that loop): an
+        idle one if there is one, else a new one."""
+        return self._idle[-1] if self._idle else self._new_client()
 
-        One client per ``POOL_SIZE`` requests in flight, taken in turn: httpcore's pool looks at
-        every connection it holds on each request (a socket check per idle one), which at 64
-        connections in one pool cost more CPU than the rest of a call."""
-        if not self._sdks:
-            shards = -(-self.concurrency // POOL_SIZE)
-            for _ in range(shards):
-                http = http_client(self.timeout, self._proxy, self.max_reply_bytes, POOL_SIZE)
-                common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
-                                              http_client=http, default_headers=self._headers)
-                if self._azure:
-                    query = {k: v for k, v in self._query.items() if k != "api-version"}
-                    self._sdks.append(openai.AsyncAzureOpenAI(
-                        base_url=self._sdk_url, api_version=self._query["api-version"], default_query=query or None,
-                        **common))
-                else:
-                    self._sdks.append(openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None,
-                                                         **common))
-        self._turn = (self._turn + 1) % len(self._sdks)
-        return self._sdks[self._turn]
+    def _new_client(self) -> openai.AsyncOpenAI:
+        sdk = self.sdk_client()
+        self._sdks.append(sdk)
+        return sdk
+
+    def sdk_client(self, sync: bool = False, max_reply_bytes: int | None = None) -> Any:
+        """A new SDK client for this server (``sync``: ``OpenAI``/``AzureOpenAI``, else their
+        async forms) with its own connections, its replies bounded by ``max_reply_bytes``
+        (default: this backend's), the SDK's own retries off."""
+        if self._tls is None:
+            self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
+        http = http_client(self.timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls, sync)
+        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
+                                      http_client=http, default_headers=self._headers)
+        if self._azure:
+            query = {k: v for k, v in self._query.items() if k != "api-version"}
+            azure = openai.AzureOpenAI if sync else openai.AsyncAzureOpenAI
+            return azure(base_url=self._sdk_url, api_version=self._query["api-version"],
+                         default_query=query or None, **common)
+        plain = openai.OpenAI if sync else openai.AsyncOpenAI
+        return plain(base_url=self._sdk_url, default_query=self._query or None, **common)
+
+    @contextlib.contextmanager
+    def _lease(self) -> Iterator[openai.AsyncOpenAI]:
+        """An SDK client for one request alone, given back after it: each client then holds one
+        connection, and httpcore's pool, which checks every connection it holds on each request
+        and each reply (a socket poll per idle one), has one to check. Shared pools of 8 cost
+        about half the CPU of a call."""
+        sdk = self._idle.pop() if self._idle else self._new_client()
+        try:
+            yield sdk
+        finally:
+            self._idle.append(sdk)
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
@@ -467,7 +557,7 @@ class OpenAICompatBackend:
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
-        sdks, self._sdks = self._sdks, []
+        sdks, self._sdks, self._idle = self._sdks, [], []
         for sdk in sdks:
             await sdk.close()
 
@@ -521,10 +611,22 @@ class OpenAICompatBackend:
             log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, state.next_action.sleep,
                      state.attempt_number, self._redact(str(state.outcome.exception())))
 
+        try:
+            # the first attempt outside tenacity (setting it up costs more than a call's own
+            # work); a failure is handed to it as its first attempt, so the policy is unchanged
+            return await self._attempt(body, headers, logprobs, schema_sent)
+        except _Transient as exc:
+            first: list[_Transient] = [exc]
+
+        async def attempt() -> Completion:
+            if first:
+                raise first.pop()
+            return await self._attempt(body, headers, logprobs, schema_sent)
+
         retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception_type(_Transient), reraise=True,
                                  before_sleep=before_sleep)
         try:
-            return await retrying(self._attempt, body, headers, logprobs, schema_sent)
+            return await retrying(attempt)
         except _Transient as last:
             tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
             if last.unreachable and self._proxy is not None:
@@ -542,9 +644,10 @@ class OpenAICompatBackend:
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
         try:
-            async with _deadline(self.timeout):
-                response = await self.client().post("/chat/completions", content=body, cast_to=httpx2.Response,
-                                                    options={"headers": dict(headers)} if headers else {})
+            with self._lease() as sdk:
+                async with _deadline(self.timeout):
+                    response = await sdk.post("/chat/completions", content=body, cast_to=httpx2.Response,
+                                              options={"headers": dict(headers)} if headers else {})
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
@@ -629,8 +732,6 @@ class OpenAICompatBackend:
 if hasattr(asyncio, "timeout"):
     _deadline = asyncio.timeout
 else:  # Python 3.10: the same bound, one task more per call
-    import contextlib
-
     @contextlib.asynccontextmanager
     async def _deadline(seconds: float) -> AsyncIterator[None]:
         task = asyncio.current_task()

@@ -92,7 +92,7 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
                           f"{', '.join(METHODS)}")
     base, fixed = ENTRIES.get(entry, (entry, {}))
     key = name.replace("-", "_")
-    options = get_method(base).options
+    options = get_method(base).options.specs()
     if key not in options:
         known = ", ".join(sorted(k for k in options if k not in fixed)) or "none"
         raise ConfigError(f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})")
@@ -112,7 +112,7 @@ def parse_method_option(item: str) -> tuple[str, str, Any]:
     opt, key = _option_of(entry, name.strip())
     raw = raw.strip()
     where = f"--method-option {entry}.{name.strip()}"
-    default = opt.default
+    default = opt.default if opt.kind is None else opt.kind()
     if opt.choices:
         if raw not in opt.choices:
             raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(opt.choices)}")
@@ -162,17 +162,9 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         base, fixed = ENTRIES.get(entry, (entry, {}))
         merged = {**opts, **fixed}
         try:
-            if base == "dna":
-                from hdeval.methods.registry import get_method
-                from hdeval.methods.dna.impl import Settings
+            from hdeval.methods.registry import get_method
 
-                o = {k: v.default for k, v in get_method("dna").options.items()} | merged
-                Settings(mode=o["dna_mode"], aspect_source=o["aspect_source"], k=o["k"],
-                         tie_margin=o["tie_margin"], swap=o["swap"], logprobs=o["logprob_scores"]).check()
-            if "comparisons" in merged:
-                from hdeval.methods.paireval.impl import check_comparisons
-
-                check_comparisons(merged["comparisons"])
+            get_method(base).build_options(merged)  # the method's own checks, as train makes them
         except ConfigError as exc:
             raise ConfigError(f"--method-option {entry}: {exc}") from None
 

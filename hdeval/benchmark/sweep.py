@@ -33,15 +33,18 @@ class _Quiet(Progress):
 
 
 def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
+    from hdeval.methods.registry import all_options, get_method
     from hdeval.train import TrainConfig
 
-    opts = dict(spec.options)
     given = dict(spec.method_options.get(method) or {})
     method, fixed = ENTRIES.get(method, (method, {}))
+    # the sweep's options (--layers, ...) go to the methods that take them
+    takes = get_method(method).options.specs()
+    opts = {k: v for k, v in spec.options.items() if k in takes or k not in all_options()}
     if fixed or given:
         opts["method_options"] = {**given, **fixed}
     opts.update(task=spec.task, method=method, train_frac=frac, seed=seed, max_calls=max_calls)
-    if agg is not None:
+    if agg is not None and "aggregator" in takes:
         opts["aggregator"] = agg
     return TrainConfig.from_options(**opts)
 

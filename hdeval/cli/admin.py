@@ -17,8 +17,9 @@ def methods_cmd() -> None:
     for name in method_names():
         m = loaded_methods()[name]
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
-        for opt_name, opt in m.options.items():
-            click.echo(f"  --{opt_name.replace('_', '-')} (default {opt.default}): {opt.help}")
+        for opt_name, opt in m.options.specs().items():
+            shown = opt.shown_default()
+            click.echo(f"  --{opt_name.replace('_', '-')}{'' if shown is None else f' (default {shown})'}: {opt.help}")
 
 
 @click.command("tasks")

@@ -8,8 +8,11 @@ import json
 
 import click
 
-from hdeval.cli import common
-from hdeval.cli.common import TerminalProgress, _from_command_line, batch_option, llm_options, run_command
+from hdeval.cli import artifacts
+from hdeval.cli.artifacts import _from_command_line
+from hdeval.cli.boundary import run_command
+from hdeval.cli.options import batch_option, llm_options
+from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError
 
 
@@ -79,7 +82,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                              base_url=base_url, concurrency=concurrency, timeout=timeout,
                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
                              batch=bool(batch), max_failure_rate=max_failure_rate, llm_given=_from_command_line("llm"),
-                             base_url_given=_from_command_line("base_url"), confirm=common._confirm(),
+                             base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
                              progress=progress, notify=_echo_err)
         finally:
             progress.close()
@@ -106,7 +109,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
         n = export_apply_requests(artifact, input_file, export_file, shard=shard, llm=llm, base_url=base_url,
                                   concurrency=concurrency, timeout=timeout, max_retries=max_retries,
                                   cache_dir=cache_dir, llm_given=_from_command_line("llm"),
-                                  base_url_given=_from_command_line("base_url"), confirm=common._confirm(),
+                                  base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
                                   notify=_echo_err)
         if not n:
             click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o",

@@ -35,9 +35,13 @@ from hdeval.errors import ArtifactError, ConfigError, DataError
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
               help="The LLM reply cache the training used (read, never written), for the raw replies. "
                    "Default: HDEVAL_CACHE_DIR or the per-user cache.")
+@click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None,
+              help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
+                   "the artifact does not keep: lets the per-sample view find the raw replies. Never written.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
-           curve_points: int, seed: int, data: str | None, cache_dir: str | None, quiet: bool) -> None:
+           curve_points: int, seed: int, data: str | None, cache_dir: str | None, base_url: str | None,
+           quiet: bool) -> None:
     """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
     per layer, criteria tree with importance, permutation importance, SHAP per aspect,
     criteria-efficiency curve, and the samples the evaluator got most wrong with the LLM's
@@ -56,6 +60,8 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
             raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
                               f"{ev.method!r}: its numbers are in metrics.json")
         _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
+        if base_url:
+            _with_base_url(ev, base_url)
         page, numbers, lines = ev.write_report(
             out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
             n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
@@ -65,6 +71,17 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
         click.echo(f"open: {file_url(page)}")
 
     run_command(go)
+
+
+def _with_base_url(ev: Any, base_url: str) -> None:
+    """Give the loaded evaluator (in memory only) the full base URL of the server it names."""
+    from hdeval.urls import public_url
+
+    named = (getattr(ev.llm, "base_url", None) or "").rstrip("/")
+    if (public_url(base_url.strip()) or "").rstrip("/") != named:
+        raise ConfigError(f"--base-url names another server than the artifact's ({named or 'none'}): give the "
+                          "URL its training run was given")
+    ev.llm = ev.llm.replace(base_url=base_url.strip())
 
 
 def _refuse_symlinked_output(artifact: Path, out: Path) -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 import click
 
-from hdeval.cli.common import (
-    TerminalProgress, _notice_local, _resolved, batch_option, llm_options, method_options, run_command,
-)
+from hdeval.cli.artifacts import _notice_local, _resolved
+from hdeval.cli.boundary import run_command
+from hdeval.cli.options import batch_option, llm_options, method_options
+from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError, HdevalError
 
 @click.command()
@@ -24,11 +25,6 @@ from hdeval.errors import ConfigError, HdevalError
 @click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
 @click.option("--preset", default=None,
               help="A task's named setting, e.g. paper (the aspects the HD-Eval paper reports).")
-@click.option("--layers", default=3, show_default=True, type=int, help="Depth of the criteria tree.")
-@click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
-@click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
-@click.option("--aggregator", default="auto", show_default=True,
-              help="lr, dt, rf, nn, or auto (best cross-validated Spearman on the training split).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
 @click.option("--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train.")
@@ -39,14 +35,6 @@ from hdeval.errors import ConfigError, HdevalError
               help="Artifact directory. Default: artifacts/<task>-<aggregator>.")
 @click.option("--force", is_flag=True,
               help="Replace an existing artifact at --out (never a directory that is not an artifact).")
-@click.option("--tree", default=None,
-              help="Start from this criteria tree (a tree.json, e.g. an artifact's, edited or not; or an "
-                   "HD-Eval artifact directory): its layers are scored as given, --layers beyond them expand "
-                   "it; criteria with \"locked\": true are never expanded.")
-@click.option("--decompose-llm", default=None,
-              help="The LLM that decomposes criteria (same forms as --llm). Default: the scoring LLM.")
-@click.option("--decompose-base-url", default=None,
-              help="OpenAI-compatible server of --decompose-llm.")
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
@@ -109,7 +97,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
             _check_export(config, export_file)
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
-        if config.decompose_llm == "local" and _resolved(config.llm) != "local":
+        if getattr(config.options, "decompose_llm", None) == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
         if not yes and export_file is None:
             _ask_before_a_long_local_run(config)
@@ -181,11 +169,12 @@ def _ask_before_a_long_local_run(config) -> None:
 def _check_export(config, export_file: str) -> None:
     from hdeval.run.output import check_output
 
-    check_output(export_file, [config.data, config.task, config.tree], option="--export-requests")
+    check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
+                 option="--export-requests")
 
 
 def _print_exported(done, stage: str, cache_dir: str | None) -> None:
-    from hdeval.cli.common import _end_open_line
+    from hdeval.cli.progress import _end_open_line
 
     _end_open_line()  # a progress line redrawn on a terminal ends first
     where = f" --cache-dir {cache_dir}" if cache_dir else ""

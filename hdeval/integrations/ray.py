@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import ConfigError, DataError, ScoringError
 
 #: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
@@ -96,8 +97,8 @@ class ArtifactScorer:
     LLM-filled scores (0 on the other rows), with ``failure`` an example reason."""
 
     def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
-                 max_retries: int = 6, max_calls: int | None = None,
+                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
+                 max_retries: int | None = None, max_calls: int | None = None,
                  notify: Callable[[str], None] | None = None):
         from hdeval.methods.registry import load_artifact
         from hdeval.run.artifact_llm import open_artifact_llm, stderr_notify
@@ -151,8 +152,8 @@ class ArtifactScorer:
 
 def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
                  batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int = 8, timeout: float = 60.0,
-                 max_retries: int = 6, max_calls: int | None = None, max_failure_rate: float = 0.2,
+                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
+                 max_retries: int | None = None, max_calls: int | None = None, max_failure_rate: float = 0.2,
                  num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.
@@ -224,7 +225,8 @@ class RequestAnswerer:
     column (``ray.data.read_text``); output batches have ``result``, one line of the OpenAI
     batch output format per request: what ``hdeval cache import`` reads (and checks again)."""
 
-    def __init__(self, base_url: str, *, timeout: float = 60.0, max_retries: int = 6, concurrency: int = 8):
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
+                 concurrency: int = DEFAULT_CONCURRENCY):
         import openai
 
         from hdeval.backends.openai_compat import _check_url
@@ -273,8 +275,9 @@ class RequestAnswerer:
 
 
 def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, base_url: str, *,
-                           workers: int = 2, batch_size: int = 200, concurrency: int = 8,
-                           timeout: float = 60.0, max_retries: int = 6, num_cpus: float = 0.5) -> int:
+                           workers: int = 2, batch_size: int = 200, concurrency: int = DEFAULT_CONCURRENCY,
+                           timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
+                           num_cpus: float = 0.5) -> int:
     """Answer an exported request file (``hdeval train --export-requests``, or apply's) on the Ray
     cluster this process is connected to: ``workers`` :class:`RequestAnswerer` actors send the
     bodies to ``base_url``; the OpenAI batch output lines are written to ``results_file`` (a

@@ -9,7 +9,7 @@ a method only says which files it writes and how it reads them back. The registr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from hdeval.errors import ConfigError
@@ -67,7 +67,7 @@ class Fitted(Protocol):
 
     def score(
         self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
-        concurrency: int = 8, progress: "Progress | None" = None,
+        concurrency: int | None = None, progress: "Progress | None" = None,
     ) -> ScoreResult:
         """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
         ...
@@ -202,11 +202,107 @@ def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["
 
 @dataclass(frozen=True)
 class Option:
-    """A method-specific training option; the CLI offers it as ``--name`` (``_`` -> ``-``)."""
+    """How one option is offered: its default, help and allowed values. A plug-in may still
+    declare its options as a mapping name -> Option (turned into a :class:`MethodOptions`)."""
 
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    kind: type | None = None  # the value's type where the default is None (the method decides)
+
+    def shown_default(self) -> str | None:
+        """The default as help shows it (on/off for a flag); None for "not set" (the help says)."""
+        if self.default is None or self.default == "":
+            return None
+        return ("on" if self.default else "off") if isinstance(self.default, bool) else str(self.default)
+
+
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None, kind: type | None = None) -> Any:
+    """A field of a method's options model: its one default, its help, its allowed values, and
+    (where the default is None) the type of a given value. The CLI offers it as ``--name``."""
+    return field(default=default, metadata={"help": help, "choices": choices, "kind": kind})
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """A method's options as one typed, frozen model. A method declares a subclass whose fields
+    (made with :func:`option`) are its options; :meth:`build` is the one way the CLI, the Python
+    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks."""
+
+    def validate(self) -> None:
+        """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
+
+    @classmethod
+    def specs(cls) -> dict[str, Option]:
+        return {f.name: Option(f.default, f.metadata.get("help", ""), f.metadata.get("choices"),
+                               f.metadata.get("kind")) for f in fields(cls)}
+
+    @classmethod
+    def build(cls, given: Mapping[str, Any], method: str) -> "MethodOptions":
+        """The model from options by name (None: not given); one line for a name the method does
+        not take or a value of the wrong kind."""
+        specs = cls.specs()
+        given = {k: v for k, v in given.items() if v is not None}
+        unknown = sorted(set(given) - set(specs))
+        if unknown:
+            known = ", ".join(sorted(specs)) or "none"
+            owned = "".join(f"; {flag(name)} is an option of --method {' or '.join(owners)}" for name in unknown
+                            if (owners := [m for m in sorted(METHODS) if name in METHODS[m].options.specs()]))
+            raise ConfigError(f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
+                              f"{owned}")
+        for name, value in given.items():
+            _check_value(name, value, specs[name])
+        built = cls(**given)
+        built.validate()
+        return built
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from the method's defaults (an option at its default is the
+        same as one not given)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+def _check_value(name: str, value: Any, spec: Option) -> None:
+    """The value fits the option's default's kind (a whole number where the default is one, ...)."""
+    default, where = spec.default if spec.kind is None else spec.kind(), flag(name)
+    if spec.choices:
+        if value not in spec.choices:
+            raise ConfigError(f"{where} must be one of {', '.join(spec.choices)}, got {value!r}")
+    elif isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be a whole number, got {value!r}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+    elif isinstance(default, str) or default is None:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be text, got {value!r}")
+
+
+def check_aggregator(kind: str) -> None:
+    """``--aggregator``: a learned aggregator's kind, or auto (the methods that learn one share it)."""
+    from hdeval.aggregate import KINDS
+
+    if kind not in KINDS + ("auto",):
+        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
+
+
+AGGREGATOR_HELP = "lr, dt, rf, nn, or auto (best cross-validated Spearman on the training split)."
+
+
+def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOptions]:
+    """A plug-in's mapping name -> Option as an options model."""
+    return make_dataclass(
+        f"{method.title().replace('-', '')}Options",
+        [(name, Any, option(o.default, o.help, o.choices, o.kind)) for name, o in options.items()],
+        bases=(MethodOptions,), frozen=True)
 
 
 @dataclass
@@ -220,18 +316,16 @@ class FitContext:
     progress: "Progress"
     decompose_llm: Any = None  # HD-Eval: the CachedBackend that decomposes (None or llm: the same)
 
-    def option(self, name: str) -> Any:
-        """A method-specific option: the value given, else the method's default."""
-        given = self.config.method_options or {}
-        if name in given:
-            return given[name]
-        return METHODS[self.config.method].options[name].default
+    @property
+    def options(self) -> Any:
+        """The chosen method's options model (``config.options``)."""
+        return self.config.options
 
 
 @dataclass(frozen=True)
 class Method:
     """A registered method: its name, the sample shapes it accepts, how to fit it, how to read
-    it back, and the method-specific options it takes (name -> default)."""
+    it back, and its options model."""
 
     name: str
     summary: str
@@ -239,13 +333,11 @@ class Method:
     fit: Callable[[FitContext], Fitted]
     load: Callable[["ArtifactReader"], Fitted]  # rebuild a fitted evaluator from an artifact
     editable: tuple[str, ...] = ()  # artifact files a person may edit (checksum mismatch = warning)
-    options: Mapping[str, Option] = field(default_factory=dict)
+    # the options model (a MethodOptions subclass); a plug-in may give a mapping name -> Option
+    options: Any = MethodOptions
     # the dry run: (run options, prepared data, injected backend or None) -> one LayerPlan per
     # layer or stage, without calling the LLM; None: the method has no plan
     plan: Callable[[Any, Any, Any], list] | None = None
-    # run options of TrainConfig only this method reads (e.g. "tree"): given to another method,
-    # they are an error rather than silently ignored
-    run_options: tuple[str, ...] = ()
     # before any data is read or call made: (run options, task) -> what the method keeps in
     # Prepared.given (e.g. a checked starting tree), or None
     prepare: Callable[[Any, "Task"], Any] | None = None
@@ -256,13 +348,13 @@ class Method:
     # for every run before the sweep's first call): FitContext -> None, raising HdevalError
     check_fit: Callable[[FitContext], None] | None = None
 
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            known = ", ".join(sorted(self.options)) or "none"
-            raise ConfigError(
-                f"method {self.name!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
-            )
+    def __post_init__(self) -> None:
+        if isinstance(self.options, Mapping):
+            object.__setattr__(self, "options", options_model(self.name, self.options))
+
+    def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
+        """This method's options model from options by name; ConfigError names a bad one."""
+        return self.options.build(given or {}, self.name)
 
 
 # name -> method, filled by hdeval.methods.registry (which imports the methods; this module

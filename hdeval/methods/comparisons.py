@@ -227,7 +227,7 @@ def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: 
 
 
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
-                n: int, swap: bool, concurrency: int = 8, progress: Progress | None = None,
+                n: int, swap: bool, concurrency: int | None = None, progress: Progress | None = None,
                 columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
     """Ask every pair (sample-major: all columns and comparisons of one target together).
 
@@ -289,7 +289,7 @@ class PairwiseScorer:
         self.judged: list[PairScores] = []  # every call's judgments (position statistics)
 
     def __call__(self, llm: Any, _score_template: Any, task: Task, tree: Any, criteria: Sequence[Any],
-                 samples: Sequence[Sample], concurrency: int = 8, progress: Progress | None = None) -> ScoreMatrix:
+                 samples: Sequence[Sample], concurrency: int | None = None, progress: Progress | None = None) -> ScoreMatrix:
         history_fields(task)
         cols = [(c.key, criterion_question(tree, c)) for c in criteria]
         step = None if progress is None else _EveryK(progress, self.n * (2 if self.swap else 1))
@@ -327,15 +327,15 @@ class PairwiseScorer:
 
 def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
     """The criterion scorer ``--method hdeval --scorer ...`` asks for (None: the digit scorer)."""
-    if ctx.option("scorer") != "pairwise":
+    if ctx.options.scorer != "pairwise":
         return None
     task, split = ctx.prep.task, ctx.prep.split
     history_fields(task)
-    n = check_comparisons(ctx.option("comparisons"))
+    n = check_comparisons(ctx.options.comparisons)
     by_id = {s.id: s for s in ctx.prep.samples}
     pool = draw_comparisons([by_id[i] for i in split.train_ids], n, ctx.config.seed, task,
                             "the training split", own_docs=True)
-    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.option("swap")))
+    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.options.swap))
 
 
 # The fake LLM's answers to these prompts (registered on import).

@@ -43,21 +43,31 @@ def _label_completion(request: CompletionRequest, fake: FakeBackend, labels: tup
     return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
 
 
+def label_responder(kind: str, labels: tuple[str, str], blocks: int):
+    """Registers, as the fake LLM's answer to prompts of ``kind`` showing at least ``blocks``
+    ``<sample>`` blocks, a label reply whose first label has the probability the decorated
+    function gives (from the blocks and the question after them)."""
+    def register(probability):
+        @responder(kind)
+        def answer(request: CompletionRequest, fake: FakeBackend) -> Completion:
+            user = request.messages[-1].content
+            shown = _BLOCK.findall(user)
+            if len(shown) < blocks:
+                return Completion("?", None, 1, 1)
+            return _label_completion(request, fake, labels, probability(shown, user[user.rfind("</sample>"):]))
+        return probability
+    return register
+
+
 FAKE_FIRST_BIAS = 0.4
 
 
-@responder("pair")
-def _fake_pair(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    user = request.messages[-1].content
-    blocks = _BLOCK.findall(user)
-    question = user[user.rfind("</sample>"):]
-    if len(blocks) < 4:
-        return Completion("?", None, 1, 1)
+@label_responder("pair", LABELS, 4)
+def _fake_pair(blocks: list[str], question: str) -> float:
     qa = fake_quality(blocks[0], blocks[1], question)
     qb = fake_quality(blocks[2], blocks[3], question)
     # a mild preference for what is shown first, as real LLMs have: the swap has something to
     # undo; and a pair-specific whim, so judgments are not perfectly transitive and the choice of
     # comparison examples matters (as it does with a real LLM)
     whim = 0.15 * (_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
-    return _label_completion(request, fake, LABELS,
-                             1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS)))
+    return 1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS))

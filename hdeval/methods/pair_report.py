@@ -38,7 +38,8 @@ def dna_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
     s = ev.settings
     data: dict[str, Any] = {"method": "dna", "mode": s.mode, "aspect_source": s.aspect_source,
                             "llm_weights": m.get("mean_weights"), "test": m.get("test"),
-                            "position_consistency": m.get("position_consistency")}
+                            "position_consistency": m.get("position_consistency"),
+                            "swap_flip_rate": m.get("swap_flip_rate"), "tie_margin": m.get("tie_margin")}
     lines = [f"DnA artifact {ev.path}: mode {s.mode}, aspects {s.aspect_source}, LLM {ev.llm_identity}"]
     weights = m.get("mean_weights")
     if weights:
@@ -79,6 +80,13 @@ def dna_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
             lines.append(_agreement_line(key, a))
     if m.get("position_consistency") is not None:
         lines.append(f"  position consistency   {_f(m['position_consistency'])}")
+    if m.get("swap_flip_rate") is not None:
+        lines.append(f"  swap flip rate         {_f(m['swap_flip_rate'])}  (verdicts that change with the order shown)")
+    tm = m.get("tie_margin")
+    if isinstance(tm, dict):
+        how = (f"learned on {tm.get('pairs')} training pairs: agreement with ties {_f(tm.get('train_w_ties'))} "
+               f"against {_f(tm.get('train_w_ties_at_0'))} at 0" if tm.get("from") == "training split" else "given")
+        lines.append(f"tie margin {tm.get('value')} ({how})")
     return data, lines
 
 

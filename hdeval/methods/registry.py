@@ -81,13 +81,14 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
-def all_options() -> dict[str, tuple[Option, list[str]]]:
-    """Every method-specific option, with the methods that take it (for the CLI)."""
+def all_options() -> dict[str, list[tuple[str, Option]]]:
+    """Every method's option name -> (method, how that method declares it), for the CLI: one
+    flag per name, whose help gives each method's own default."""
     _load()
-    out: dict[str, tuple[Option, list[str]]] = {}
+    out: dict[str, list[tuple[str, Option]]] = {}
     for name in sorted(METHODS):
-        for opt_name, opt in METHODS[name].options.items():
-            out.setdefault(opt_name, (opt, []))[1].append(name)
+        for opt_name, opt in METHODS[name].options.specs().items():
+            out.setdefault(opt_name, []).append((name, opt))
     return out
 
 

@@ -29,9 +29,11 @@ def open_backend(
 def decompose_llm_config(config: Any) -> LLMConfig | None:
     """The decomposing LLM's settings (``--decompose-llm``), or None: the scoring LLM decomposes.
     Same cache dir and budget settings; its own identity, so its own cache keys."""
-    if not config.decompose_llm:
+    # only a method whose options name a decomposing LLM (HD-Eval) has one
+    model = getattr(config.options, "decompose_llm", None)
+    if not model:
         return None
-    return LLMConfig(config.decompose_llm, config.decompose_base_url, config.timeout, config.max_retries,
+    return LLMConfig(model, config.options.decompose_base_url, config.timeout, config.max_retries,
                      config.concurrency, config.cache_dir, config.max_calls)
 
 
@@ -47,7 +49,7 @@ def open_decompose_backend(
     try:
         return open_llm(dc or llm_config(config), backend, offline)
     except HdevalError as exc:
-        raise ConfigError(f"--decompose-llm {config.decompose_llm or getattr(backend, 'identity', '')}: {exc}") from None
+        raise ConfigError(f"--decompose-llm {dc.model if dc else getattr(backend, 'identity', '')}: {exc}") from None
 
 
 @dataclass

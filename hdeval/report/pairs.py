@@ -100,8 +100,12 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                            label="strongest baseline" if extra else "compared with")
     if m.get("position_consistency") is not None:
         pc = m["position_consistency"]
-        b.add("position consistency", f"{pc:.3f} of the pairs get the same verdict with A and B swapped",
-              warn=pc < 0.8)
+        b.add("position consistency", f"{pc:.3f} of the pairs get the same verdict with A and B swapped "
+              f"(swap flip rate {m.get('swap_flip_rate', 1 - pc):.3f})", warn=pc < 0.8)
+    tm = m.get("tie_margin")
+    if isinstance(tm, Mapping) and isinstance(tm.get("value"), (int, float)):
+        b.add("tie margin", f"totals within {tm['value']:.3g} are a tie: " + (
+            f"learned on {tm.get('pairs')} training pairs" if tm.get("from") == "training split" else "given"))
     figs: list[tuple[str, bytes, str]] = []
     if test_m:
         figs.append(("Agreement with the human labels", plots.agreement_bars(

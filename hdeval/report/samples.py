@@ -141,8 +141,17 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
         for c in criteria:
             if c in ev.tree:
                 req = scoring_request(template, ev.task, ev.tree, ev.tree[c], s)
-                keyed[request_key(ev.llm_identity, req)] = (s.id, c)
+                keyed[request_key(_identity(ev), req)] = (s.id, c)
     return _replies(keyed, cache_dir), items
+
+
+def _identity(ev: Any) -> str:
+    """The identity the training run's cache keys were made with: the artifact's, plus the query
+    of the base URL when the caller set one on ``ev.llm`` (``hdeval report --base-url``), in
+    memory only."""
+    from hdeval.urls import keyed_identity
+
+    return keyed_identity(ev.llm_identity, getattr(getattr(ev, "llm", None), "base_url", None))
 
 
 def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) -> Replies:
@@ -173,5 +182,5 @@ def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> 
         for a in ev.task.aspects:
             req = score_request(ev.templates["score"], ev.task, p, AspectSpec(a.key, a.name, a.definition), False,
                                 s.logprobs)
-            keyed[request_key(ev.llm_identity, req)] = (p.id, a.key)
+            keyed[request_key(_identity(ev), req)] = (p.id, a.key)
     return _replies(keyed, cache_dir)

@@ -241,8 +241,8 @@ def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
 
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
-               concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6, cache_dir: str | None = None,
-               max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
+               cache_dir: str | None = None, max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
                llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
                progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
@@ -254,7 +254,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     existing file untouched (a bad line: every bad line of the file listed); finished LLM calls
     are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
-    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply``.
+    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply`` (None:
+    the configured default, :mod:`hdeval.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones."""

@@ -20,12 +20,14 @@ def stderr_notify(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def check_llm_options(*, concurrency: int, timeout: float, max_retries: int, max_calls: int | None) -> None:
+def check_llm_options(*, concurrency: int | None, timeout: float | None, max_retries: int | None,
+                      max_calls: int | None) -> None:
     """The LLM options of ``apply`` and ``explain``, checked before any file is read: by
-    LLMConfig's one validator."""
+    LLMConfig's one validator (None: the configured default)."""
     from hdeval.config import LLMConfig
 
-    LLMConfig(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls).validate()
+    LLMConfig.from_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries,
+                           max_calls=max_calls).validate()
 
 
 def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, base_url_given: bool,
@@ -59,8 +61,9 @@ def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, 
                       f"so; pass --base-url {url} (or another server)")
 
 
-def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: float, max_retries: int,
-                      cache_dir: str | None, max_calls: int | None, concurrency: int, batch: bool = False,
+def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: float | None,
+                      max_retries: int | None, cache_dir: str | None, max_calls: int | None,
+                      concurrency: int | None, batch: bool = False,
                       llm_given: bool | None = None, base_url_given: bool | None = None,
                       confirm: Callable[[str], bool] | None = None, notify: Notify = stderr_notify):
     """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
@@ -76,7 +79,9 @@ def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: flo
                               llm_given=llm is not None if llm_given is None else llm_given,
                               base_url_given=base_url is not None if base_url_given is None else base_url_given,
                               confirm=confirm, notify=notify)
-    config = LLMConfig(model, url, timeout, max_retries, concurrency, cache_dir, max_calls, bool(batch))
+    config = LLMConfig.from_options(model=model, base_url=url, timeout=timeout, max_retries=max_retries,
+                                    concurrency=concurrency, cache_dir=cache_dir, max_calls=max_calls,
+                                    batch=bool(batch))
     if model == "local":
         notify(DEFAULT_LOCAL_NOTICE)
     backend = open_llm(config)

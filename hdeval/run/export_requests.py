@@ -13,7 +13,7 @@ from hdeval.request_files import export_requests
 
 def export_apply_requests(artifact: str | Path, input_file: str | Path, export_file: str | Path, *,
                           shard: str | None = None, llm: str | None = None, base_url: str | None = None,
-                          concurrency: int = 8, timeout: float = 60.0, max_retries: int = 6,
+                          concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
                           cache_dir: str | None = None, **policy: Any) -> int:
     """``apply --export-requests``: the requests scoring ``input_file`` with ``artifact`` still
     needs (not cached), written to ``export_file``; how many. Nothing is paid for. ``policy``:

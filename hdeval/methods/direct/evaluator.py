@@ -56,7 +56,7 @@ class DirectEvaluator(SimpleFitted):
     def method_args(self) -> dict[str, Any]:
         return {}
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
         samples = list(samples)
         if not samples:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hdeval.methods.base import Method, Option
+from hdeval.methods.base import Method
+from hdeval.methods.dna.options import MODES, SOURCES, DnaOptions  # noqa: F401  (impl reads the choices here)
 
 
 def _impl():
@@ -22,9 +23,6 @@ def __getattr__(name: str) -> Any:
     return getattr(_impl(), name)
 
 
-MODES = ("dna", "direct", "cot", "prompt-agg")
-SOURCES = ("predefined", "dynamic")
-
 METHOD = Method(
     name="dna",
     summary="Decompose and Aggregate on pairs: LLM aspects, weights and per-aspect scores, "
@@ -33,15 +31,7 @@ METHOD = Method(
     fit=lambda ctx: _impl().fit(ctx),
     load=lambda art: _impl().DnaEvaluator.from_artifact(art),
     plan=lambda config, prep, backend: _impl().plan_dna(config, prep, backend),
-    options={
-        "dna_mode": Option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES),
-        "aspect_source": Option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES),
-        "k": Option(4, "aspects the LLM proposes per instance with --aspect-source dynamic"),
-        "tie_margin": Option(0.0, "totals this close are a tie"),
-        "swap": Option(False, "ask every pairwise prompt in both orders and average"),
-        "logprob_scores": Option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
-                                       "server returns them (else the reply text)"),
-    },
+    options=DnaOptions,
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers

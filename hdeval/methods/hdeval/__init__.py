@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hdeval.methods.base import Method, Option
+from hdeval.methods.base import Method
+from hdeval.methods.hdeval import fake as _fake  # noqa: F401 - registers HD-Eval's fake responders
+from hdeval.methods.hdeval.options import HDEvalOptions
 
 
 def _fit(ctx):
@@ -18,15 +20,16 @@ def _fit(ctx):
 def _prepare(config, task):
     """``--tree``: read and check the starting tree before the data and any LLM call (a bad tree
     file costs nothing)."""
-    if not config.tree:
+    opts = config.options
+    if not opts.tree:
         return None
     from hdeval.errors import ConfigError
     from hdeval.methods.hdeval.tree_file import read_tree
 
-    given = read_tree(config.tree, task)
-    if given.depth > config.layers:
-        raise ConfigError(f"{config.tree}: the tree has {given.depth} layers but --layers is "
-                          f"{config.layers}: pass --layers {given.depth} to score it as given, or more "
+    given = read_tree(opts.tree, task)
+    if given.depth > opts.layers:
+        raise ConfigError(f"{opts.tree}: the tree has {given.depth} layers but --layers is "
+                          f"{opts.layers}: pass --layers {given.depth} to score it as given, or more "
                           "to expand it")
     return given
 
@@ -36,7 +39,7 @@ def _plan(config, prep, backend):
         from hdeval.methods.hdeval.pairwise import plan_pairwise
 
         return plan_pairwise(config, prep, backend)
-    if (config.method_options or {}).get("scorer") == "pairwise":
+    if config.options.scorer == "pairwise":
         from hdeval.errors import ConfigError
 
         raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
@@ -49,11 +52,12 @@ def _plan(config, prep, backend):
 def _artifact_suffixes(config):
     from hdeval.aggregate import KINDS
 
-    return KINDS if config.aggregator == "auto" else (config.aggregator,)
+    kind = config.options.aggregator
+    return KINDS if kind == "auto" else (kind,)
 
 
 def _check_fit(ctx):
-    if ctx.option("scorer") == "digit":
+    if ctx.options.scorer == "digit":
         return
     if ctx.prep.task.shape == "pairwise":
         from hdeval.errors import ConfigError
@@ -68,9 +72,9 @@ def _check_fit(ctx):
 def _load(reader):
     task = reader.manifest.get("task")
     if isinstance(task, dict) and task.get("shape") == "pairwise":
-        from hdeval.methods.hdeval.pairwise import PairEvaluator
+        from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
 
-        return PairEvaluator.from_artifact(reader)
+        return PairwiseTreeEvaluator.from_artifact(reader)
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     return Evaluator.from_artifact(reader)
@@ -87,14 +91,7 @@ METHOD = Method(
     prepare=_prepare,
     artifact_suffixes=_artifact_suffixes,
     check_fit=_check_fit,
-    run_options=("tree", "decompose_llm"),
-    options={
-        "scorer": Option("digit", "HD-Eval: how criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "
-                                  "probability against comparison examples, both orders)",
-                         choices=("digit", "pairwise")),
-        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
-        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
-    },
+    options=HDEvalOptions,
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers

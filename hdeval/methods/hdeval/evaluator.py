@@ -248,7 +248,7 @@ class Evaluator(TreeEvaluator):
         samples: Iterable[Sample],
         backend: Backend | None = None,
         cache_dir: str | Path | None = None,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         progress: Progress | None = None,
     ) -> ScoreResult:
         """Score new samples on the tree's criteria with the trained prompts and LLM (cached)."""

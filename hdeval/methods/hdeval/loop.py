@@ -106,7 +106,7 @@ def _run(
     agg: Aggregator | None = None
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer in range(1, config.layers + 1):
+    for layer in range(1, config.options.layers + 1):
         progress.expect(_units_left(config, len(samples), tree, layer, depth, locked, expand))
         if layer > 1:
             nodes = _to_decompose(tree, layer, depth, locked, expand)
@@ -116,8 +116,8 @@ def _run(
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
                 _share_budget(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.children, progress,
-                                       rejections)
+                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.options.children,
+                                       progress, rejections)
                 progress.end_stage()
                 if len(tree) == before and layer > depth:
                     break
@@ -137,11 +137,11 @@ def _run(
             warnings.simplefilter("always")
             selection: dict[str, float] = {}
             tuning: dict[str, float] = {}
-            kind = config.aggregator
+            kind = config.options.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
-            pruning = 2 <= layer < config.layers and layer >= depth and bool(candidates)
+            pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
             # model selection already cross-validated the chosen template: reuse its
             # predictions, and (pruning uses the same folds) its fold models
             folds: list | None = [] if pruning else None
@@ -161,7 +161,7 @@ def _run(
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.top_k, fold_models=folds or None)
+                           doc_groups, config.options.top_k, fold_models=folds or None)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
                 expand = pr.selected
@@ -286,19 +286,19 @@ def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int,
     criterion: what the dry run's "requests" counts) layers ``first`` on still need, with the
     tree as it is before layer ``first``. Counted as :func:`_plan` counts."""
     total = candidates = 0
-    for layer in range(first, config.layers + 1):
+    for layer in range(first, config.options.layers + 1):
         if layer == first and layer > 1:
             nodes = len(_to_decompose(tree, layer, depth, locked, expand))
         elif layer == 2:
             nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
         elif layer > depth:
-            nodes = min(config.top_k, candidates)
+            nodes = min(config.options.top_k, candidates)
         else:
             nodes = 0
         if layer > depth and not nodes:
             break
         known = [c for c in tree.layer(layer)] if layer <= depth else []
-        new = nodes * config.children
+        new = nodes * config.options.children
         total += nodes + n * (len(known) + new)
         candidates = sum(1 for c in known if c.key not in locked) + new
     return total
@@ -395,7 +395,7 @@ def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: Cac
     if dec is llm:
         model, url = spec.model, spec.base_url
     else:
-        model, url = config.decompose_llm or dec.identity, config.decompose_base_url
+        model, url = config.options.decompose_llm or dec.identity, config.options.decompose_base_url
     return {"model": model, "base_url": public_url(url), "identity": public_identity(dec.identity, url),
             "same_as_scoring": dec is llm}
 
@@ -476,18 +476,17 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
     n_distinct = len({sample_block(task, s) for s in samples})
-    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.children)
+    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.options.children)
                 for c in tree.layer(1)]
     dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
     plans: list[LayerPlan] = []
     per_prompt = 0.0
     candidates = 0  # criteria of the previous layer pruning may pick for expansion
-    last = 1 if config.method == "direct" else config.layers  # direct: layer 1's requests only
-    for layer in range(1, last + 1):
+    for layer in range(1, config.options.layers + 1):
         if layer == 2:  # every aspect without sub-criteria that is not locked
             nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
         elif layer > depth:  # at most --top-k picked by pruning
-            nodes = min(config.top_k, candidates)
+            nodes = min(config.options.top_k, candidates)
         else:
             nodes = 0
         if layer > depth and not nodes:
@@ -500,7 +499,7 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
         known_chars = sum(prompt_chars(r) for r in distinct.values())
         if distinct:
             per_prompt = known_chars / len(distinct) / 4
-        n_new = nodes * config.children
+        n_new = nodes * config.options.children
         score = len(distinct) + n_new * n_distinct
         dec_p, dec_c = int(nodes * dec_prompt), nodes * DECOMPOSE_MAX_TOKENS // 4
         cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None

@@ -83,7 +83,7 @@ def plan_pairwise(config, prep, backend=None) -> list:
 
     from hdeval.methods.hdeval.loop import plan_hdeval
 
-    if (config.method_options or {}).get("scorer", "digit") != "digit":
+    if config.options.scorer != "digit":
         raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
     return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
 
@@ -111,11 +111,11 @@ class PairLayerReport:
 
 def check_pairwise_options(ctx: FitContext) -> None:
     """What a pairwise HD-Eval run refuses before any LLM call."""
-    if ctx.option("scorer") != "digit":
+    if ctx.options.scorer != "digit":
         raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
                           f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
                           "with the criterion prompt: leave --scorer out")
-    given = ctx.config.method_options or {}
+    given = ctx.options.changed()
     for name in ("comparisons", "swap"):
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
@@ -131,7 +131,7 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
     return np.array([pos[s] for s in ids], dtype=int)
 
 
-def run_pairwise(ctx: FitContext) -> "PairEvaluator":
+def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     from hdeval.methods.hdeval.loop import warning_notes
 
     check_pairwise_options(ctx)
@@ -152,17 +152,17 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
     reports: list[PairLayerReport] = []
     expand: Sequence[str] = ()
     model = None
-    kind = config.aggregator
+    kind = config.options.aggregator
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer in range(1, config.layers + 1):
+    for layer in range(1, config.options.layers + 1):
         if layer > 1:
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
             if not nodes:
                 break
             progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
             before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.children, progress,
-                                   rejections)
+            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.options.children,
+                                   progress, rejections)
             progress.end_stage()
             if len(tree) == before:
                 break
@@ -177,7 +177,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             selection: dict[str, float] = {}
-            kind = config.aggregator
+            kind = config.options.aggregator
             if kind == "auto":
                 kind, selection = select_classifier(X[tr], ytr, groups, config.seed)
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
@@ -185,14 +185,14 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
             pred, pred_ab = predict_labels(model, X[te])
             report = PairLayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
                                      agreement(yte, pred, pred_ab), rate, selection)
-            if 2 <= layer < config.layers:
+            if 2 <= layer < config.options.layers:
                 keys = side_a.criterion_keys
                 cand = [keys.index(c.key) for c in new]
                 imp = prune_importance(kind, X[tr], ytr, cand, groups, config.seed)
                 report.importance = {c.key: round(float(v), 6) for c, v in zip(new, imp)}
                 positive = [i for i in range(len(new)) if imp[i] > 0]
                 order = sorted(positive, key=lambda i: (-imp[i], i))
-                expand = [new[i].key for i in order[:config.top_k]]
+                expand = [new[i].key for i in order[:config.options.top_k]]
                 report.expand_next, report.positive_importance = list(expand), len(positive)
         report.notes = warning_notes(caught)
         reports.append(report)
@@ -227,7 +227,7 @@ def run_pairwise(ctx: FitContext) -> "PairEvaluator":
     table = _score_table(ids, side_a, side_b, split, y)
     extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path),
              **({"decomposition_rejections": rejections} if rejections else {})}
-    return PairEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
+    return PairwiseTreeEvaluator(task, tree, model, kind, side_a.criterion_keys, templates, ctx.llm_config,
                          llm.identity, metrics, extra, table)
 
 
@@ -304,7 +304,7 @@ class PairHdevalResult(ScoreResult):
         return {"hdeval": agreement(human, self.labels, self.labels_ab)}
 
 
-class PairEvaluator(TreeEvaluator):
+class PairwiseTreeEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
     method = "hdeval"
@@ -364,7 +364,7 @@ class PairEvaluator(TreeEvaluator):
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairHdevalResult:
         """Score both responses of new pairs on the criteria the classifier uses (cached), predict."""
         pairs = list(samples)
@@ -451,7 +451,7 @@ class PairEvaluator(TreeEvaluator):
         }
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
+    def from_artifact(cls, art: ArtifactReader) -> "PairwiseTreeEvaluator":
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
         task, tree, templates, features, (kind, classes) = cls.read_start(art, MODEL, "classifier", _classifier_section)
@@ -472,6 +472,10 @@ class PairEvaluator(TreeEvaluator):
                  {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})
         ev.loaded_from(art)
         return ev
+
+
+# The name docs/python-api.md gave it before it said what it is; kept for code that uses it.
+PairEvaluator = PairwiseTreeEvaluator
 
 
 def _classifier_section(manifest: dict[str, Any]) -> tuple[str, list[str]]:

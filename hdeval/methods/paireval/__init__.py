@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hdeval.methods.base import Method, Option
+from hdeval.methods.base import Method
+from hdeval.methods.paireval.options import SOURCES, PairEvalOptions  # noqa: F401  (impl reads SOURCES here)
 
 
 def _impl():
@@ -22,29 +23,15 @@ def __getattr__(name: str) -> Any:
     return getattr(_impl(), name)
 
 
-SOURCES = ("train", "file", "references")  # where PairEval's comparison examples come from
-
 PAIREVAL = Method(
     name="paireval",
     summary="PairEval: win probability against comparison examples from other conversations, both orders",
     shapes=("pointwise",),
     fit=lambda ctx: _impl().fit_paireval(ctx),
-    load=lambda art: _impl().PairEvaluator.from_artifact(art),
+    load=lambda art: _impl().PairEvalEvaluator.from_artifact(art),
     plan=lambda config, prep, backend: _impl().plan_requests(config, prep, backend),
     check_fit=lambda ctx: _impl().choose_comparisons(ctx),  # the comparison examples can be drawn
-    options={
-        "comparisons": Option(3, "PairEval: comparison examples each response is compared with"),
-        "comparison_data": Option("", "PairEval: JSONL (the task's schema) to draw comparison examples "
-                                      "from, instead of the training split"),
-        "swap": Option(True, "PairEval: also ask each pair in the swapped order and average"),
-        "comparison_source": Option("train", "PairEval: where the comparison examples come from: responses of "
-                                             "the training split, the --comparison-data corpus (implied by "
-                                             "--comparison-data), or the training documents' human-written "
-                                             "references (the data's 'reference' field)", SOURCES),
-        "all_vs_all": Option(False, "PairEval: compare each response with every other response of its own "
-                                    "document (the paper's exhaustive comparison) instead of comparison "
-                                    "examples"),
-    },
+    options=PairEvalOptions,
 )
 
 

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import math
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.fake import FakeBackend, responder
-from hdeval.methods.comparisons_fake import _BLOCK, _label_completion, fake_quality
+from hdeval.methods.comparisons_fake import fake_quality, label_responder
 
 YES_NO = ("Yes", "No")
 
 
-@responder("yesno")
-def _fake_yesno(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    user = request.messages[-1].content
-    blocks = _BLOCK.findall(user)
-    question = user[user.rfind("</sample>"):]
-    if len(blocks) < 2:
-        return Completion("?", None, 1, 1)
-    q = fake_quality(blocks[0], blocks[1], question)
-    return _label_completion(request, fake, YES_NO, 1 / (1 + math.exp(-6 * (q - 0.5))))
+@label_responder("yesno", YES_NO, 2)
+def _fake_yesno(blocks: list[str], question: str) -> float:
+    return 1 / (1 + math.exp(-6 * (fake_quality(blocks[0], blocks[1], question) - 0.5)))

@@ -99,7 +99,7 @@ class _Dialogue(SimpleFitted):
 
 
 # ---------------------------------------------------------------------- paireval
-class PairEvaluator(_Dialogue):
+class PairEvalEvaluator(_Dialogue):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
@@ -139,7 +139,7 @@ class PairEvaluator(_Dialogue):
             lines.insert(2, (f"warning: {overlap_text(overlap)}", True))
         return lines
 
-    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairScores:
         """Every pair judgment behind the columns (what ``score`` averages)."""
         samples = list(samples)
@@ -156,7 +156,7 @@ class PairEvaluator(_Dialogue):
             if own:
                 backend.close()
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
         backend, own = self.open_backend(backend, cache_dir)
         try:
@@ -180,7 +180,7 @@ class PairEvaluator(_Dialogue):
                 **self.extra}
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "PairEvaluator":
+    def from_artifact(cls, art: ArtifactReader) -> "PairEvalEvaluator":
         from hdeval.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
@@ -216,7 +216,7 @@ class PairEvaluator(_Dialogue):
         return ev
 
 
-def fit_paireval(ctx: FitContext) -> PairEvaluator:
+def fit_paireval(ctx: FitContext) -> PairEvalEvaluator:
     pool, n, swap, source = choose_comparisons(ctx)  # every check before the first call
     return fit_with_pool(ctx, pool, n, swap, source)
 
@@ -229,8 +229,8 @@ def comparison_source(ctx: FitContext) -> str:
     """``train``, ``file`` or ``references``: given, else ``file`` with --comparison-data."""
     from hdeval.methods.paireval import SOURCES
 
-    given = ctx.config.method_options or {}
-    data = ctx.option("comparison_data") or ""
+    given = ctx.options.changed()
+    data = ctx.options.comparison_data or ""
     source = given.get("comparison_source") or ("file" if data else "train")
     if source not in SOURCES:
         raise ConfigError(f"--comparison-source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -238,7 +238,7 @@ def comparison_source(ctx: FitContext) -> str:
         raise ConfigError("--comparison-source file needs --comparison-data FILE (a JSONL corpus in the task's schema)")
     if data and source != "file":
         raise ConfigError(f"--comparison-data {data} is read only with --comparison-source file, not {source}")
-    if ctx.option("all_vs_all"):
+    if ctx.options.all_vs_all:
         clash = [f"--{k.replace('_', '-')}" for k in ("comparison_source", "comparison_data", "comparisons")
                  if given.get(k) not in (None, "")]
         if clash:
@@ -264,16 +264,16 @@ def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
     file's path, ``references`` or ``all-vs-all``, whose pool is empty)."""
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     history_fields(task)
-    swap = bool(ctx.option("swap"))
+    swap = bool(ctx.options.swap)
     source = comparison_source(ctx)
     if source == ALL_VS_ALL:
         check_documents(samples)
         return [], 0, swap, source
-    n = check_comparisons(ctx.option("comparisons"))
+    n = check_comparisons(ctx.options.comparisons)
     by_id = {s.id: s for s in samples}
     train = [by_id[i] for i in split.train_ids]
     if source == "file":
-        path = ctx.option("comparison_data")
+        path = ctx.options.comparison_data
         pool = draw_comparisons(read_comparison_file(path, task), n, config.seed, task,
                                 f"the comparison file {path}", own_docs=False)
         return pool, n, swap, path
@@ -368,7 +368,7 @@ def plan_requests(config: Any, prep: Any, backend: Any = None) -> list:
         llm.close()
 
 
-def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvaluator:
+def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
     """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
     from hdeval.aggregate import Aggregator, select_kind
     from hdeval.metrics import metric_table
@@ -390,7 +390,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     if overlap is not None:
         compared["overlap_test"] = overlap
         ctx.progress.message(f"warning: {overlap_text(overlap)}")
-    ev = PairEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {},
+    ev = PairEvalEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {},
                        all_vs_all=all_vs_all)
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
     rate = judged.failure_rate
@@ -409,7 +409,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     Y = np.array([[by_id[s].scores[a] for a in aspects] for s in ids])
     X = cols.values
     groups = [by_id[ids[i]].doc_id for i in tr]
-    kind, selection = config.aggregator, {}
+    kind, selection = config.options.aggregator, {}
     if kind == "auto":
         kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], groups)
     ev.agg = Aggregator.for_task(kind, task, config.seed).fit(X[tr], Y[tr])
@@ -457,7 +457,7 @@ def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], sw
 
 
 def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], swap: bool,
-                    concurrency: int = 8, progress: Progress | None = None) -> PairScores:
+                    concurrency: int | None = None, progress: Progress | None = None) -> PairScores:
     """Every target against every other response of its document (both orders with ``swap``); a
     response alone in its document gets no column and a failure saying why."""
     samples = list(samples)
@@ -509,7 +509,7 @@ class YesNoEvaluator(_Dialogue):
         hi = np.array([a.high for a in self.task.aspects])
         return lo + np.asarray(p, float) * (hi - lo)
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int = 8,
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
         samples = list(samples)
         if not samples:

@@ -1,0 +1,74 @@
+"""What commands that score with an artifact share: loading it (showing its warnings), the LLM it
+is scored with (asking on a terminal before using a server only the artifact names), notices."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import click
+
+from hdeval.cli.progress import TerminalProgress
+from hdeval.errors import HdevalError
+
+def _notice_local(model: str | None) -> None:
+    from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
+
+    if model == "local":
+        click.echo(DEFAULT_LOCAL_NOTICE, err=True)
+
+
+def _resolved(llm: str | None) -> str | None:
+    from hdeval.backends.factory import resolve_llm
+
+    try:
+        return resolve_llm(llm)
+    except HdevalError:
+        return None
+
+
+def load_artifact(path: str):
+    """Load an artifact of any method and show its warnings (e.g. an edited tree.json)."""
+    from hdeval.methods.registry import load_artifact as load
+
+    ev = load(path)
+    for w in ev.warnings:
+        click.echo(f"warning: {w}", err=True)
+    return ev
+
+
+def _from_command_line(name: str) -> bool:
+    """Whether option ``name`` was typed on the command line (not taken from the environment)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is None or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin.isatty()
+
+
+def _confirm() -> Callable[[str], bool] | None:
+    """Ask the artifact-LLM question on a terminal; with no one to answer, the library refuses."""
+    if not _stdin_is_tty():
+        return None
+    return lambda question: click.confirm(question, default=False, err=True)
+
+
+def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
+                        max_retries: int, cache_dir: str | None, max_calls: int | None,
+                        concurrency: int, quiet: bool, batch: bool = False):
+    """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
+    from hdeval.run.artifact_llm import open_artifact_llm
+
+    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch,
+                                llm_given=_from_command_line("llm"), base_url_given=_from_command_line("base_url"),
+                                confirm=_confirm(), notify=lambda text: click.echo(text, err=True))
+    progress = TerminalProgress(quiet)
+    try:
+        return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
+    finally:
+        progress.close()
+        backend.close()

@@ -1,0 +1,86 @@
+"""The one error boundary of every command: library errors become one line and an exit code,
+library warnings one summarised line each, Ctrl-C and SIGTERM one line saying what was kept."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+import threading
+import warnings
+from typing import Any, Callable
+
+import click
+
+from hdeval.cli.progress import _end_open_line, _line_open_reset, _stop_all_tickers
+from hdeval.errors import HdevalError
+
+INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
+TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the same command to resume"
+
+
+def _count_warning(seen: dict, message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    key = (category.__name__, text[:160])
+    seen[key] = seen.get(key, 0) + 1
+
+
+def _show_warnings(seen: dict) -> None:
+    """Python warnings from libraries (scikit-learn, ...): one summarised line each."""
+    if seen:
+        _end_open_line()
+    for (category, text), n in seen.items():
+        click.echo(f"warning: {text} ({category}{f', {n} times' if n > 1 else ''})", err=True)
+    seen.clear()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread. A KeyboardInterrupt, so every cleanup that Ctrl-C
+    gets (queued LLM calls dropped, running ones finished and cached, temp files removed)
+    runs for it too."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
+                before_error: Callable[[], None] | None = None) -> Any:
+    """The one error boundary: library errors become one line on stderr and an exit code;
+    library warnings one summarised line each (never raw); Ctrl-C and SIGTERM one line saying
+    what was kept (``interrupted``; exit 130 and 143, as the shell reports). ``before_error``
+    ends whatever a command drew on the terminal (a byte counter) before the message."""
+    seen: dict = {}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # count every one; show each once, below
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", quiet)  # hidden by Python's defaults too
+            warnings.showwarning = functools.partial(_count_warning, seen)
+            return fn()
+    except HdevalError as exc:
+        _stop_all_tickers()
+        _show_warnings(seen)
+        _end_open_line()
+        if before_error is not None:
+            before_error()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt as exc:
+        _stop_all_tickers()
+        terminated = isinstance(exc, Terminated)
+        if previous is not None:  # a second SIGTERM from here on ends the process the usual way
+            signal.signal(signal.SIGTERM, previous)
+            previous = None
+        _show_warnings(seen)
+        _line_open_reset()
+        click.echo(f"\n{TERMINATED if terminated else interrupted}", err=True)
+        sys.exit(128 + signal.SIGTERM if terminated else 130)
+    finally:
+        _stop_all_tickers()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        _show_warnings(seen)

@@ -1,0 +1,176 @@
+"""Training DnA: score every pair once, fit the learned aggregator on the training split, and
+measure both on each split."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from hdeval.errors import ScoringError
+from hdeval.metrics import pair_agreement as agreement
+from hdeval.methods.base import FitContext, run_record, usage_of
+from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
+from hdeval.methods.dna.fitted import DnaEvaluator
+from hdeval.methods.dna.prompts import load_dna_templates
+from hdeval.methods.dna.scoring import PairScoreResult
+from hdeval.methods.dna.settings import settings_of
+from hdeval.types import PairSample
+from hdeval.urls import shown_identity
+
+
+def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.ndarray,
+                   primary: str) -> dict[str, Any]:
+    human = [pairs[i].label for i in idx]
+    out = {primary: agreement(human, [res.labels[i] for i in idx], [res.labels_ab[i] for i in idx])}
+    if res.learned_labels is not None:
+        out["learned"] = agreement(human, [res.learned_labels[i] for i in idx],
+                                   [res.learned_ab[i] for i in idx])
+    if res.consistent:
+        got = [res.consistent[pairs[i].id] for i in idx if pairs[i].id in res.consistent]
+        out["position_consistency"] = round(sum(got) / len(got), 6) if got else None
+        # the share of pairs whose verdict (a, b or tie at the margin) changes with the order shown
+        out["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
+    return out
+
+
+def _mean_weights(res: PairScoreResult, dynamic: bool, limit: int = 50) -> dict[str, Any]:
+    sums: dict[str, list[float]] = {}
+    for pid, w in res.weights.items():
+        for spec, x in zip(res.pair_aspects[pid], w):
+            sums.setdefault(spec.name.lower() if dynamic else spec.key, []).append(x)
+    ranked = sorted(sums.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
+    if dynamic:
+        return {k: {"mean": round(float(np.mean(v)), 6), "instances": len(v)} for k, v in ranked}
+    return {k: round(float(np.mean(v)), 6) for k, v in ranked}
+
+
+def _margin_words(info: dict[str, Any]) -> str:
+    if info["from"] != "training split":
+        return "given"
+    return (f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
+            f"against {info['train_w_ties_at_0']} at 0")
+
+
+def fit(ctx: FitContext) -> DnaEvaluator:
+    import pandas as pd
+
+    from hdeval.aggregate import cv_folds
+
+    settings = settings_of(ctx)
+    task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split
+    templates = load_dna_templates(settings.prompt_roles)
+    ctx.progress.message(
+        f"task {task.name}: {len(pairs)} pairs from {ctx.prep.data_path} ({len(split.train_ids)} train, "
+        f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {shown_identity(ctx.llm.identity)}")
+    ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
+    res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
+    rate = res.failure_rate
+    if rate > ctx.config.max_failure_rate:
+        pid = next(p.id for p, lab in zip(pairs, res.labels) if lab is None)
+        raise ScoringError(
+            f"{rate:.0%} of pairs could not be judged (threshold {ctx.config.max_failure_rate:.0%}), "
+            f"e.g. pair {pid}: {res.failures[pid][0]}; the replies are cached")
+    pos = {p.id: i for i, p in enumerate(pairs)}
+    tr = np.array([pos[s] for s in split.train_ids])
+    te = np.array([pos[s] for s in split.test_ids])
+    primary = "llm_weights" if settings.mode == "dna" else settings.mode.replace("-", "_")
+
+    # -- the tie margin: the user's, else learned on the training split's verdicts
+    if settings.tie_margin is None:
+        got = [i for i in tr if res.labels[i] is not None and pairs[i].label is not None]
+        margin, margin_info = learn_tie_margin([res.predictions[i, 0] - res.predictions[i, 1] for i in got],
+                                               [pairs[i].label for i in got])
+        settings = dataclasses.replace(settings, tie_margin=margin, tie_margin_from="training split")
+        ev.settings = settings
+        res.apply_margin(margin)
+    else:
+        margin_info = {"value": settings.tie_margin, "from": "given", "how": "set with --tie-margin"}
+    ctx.progress.message(f"tie margin {settings.tie_margin:g} ({_margin_words(margin_info)})")
+
+    # -- learned aggregation on the training split (predefined aspects only)
+    learned_info: dict[str, Any]
+    if res.diffs is None:
+        why = ("dynamic aspects differ per instance, so there is no fixed feature per aspect"
+               if settings.dynamic else f"mode {settings.mode} has no aspect scores")
+        learned_info = {"skipped": f"learned aggregation is not defined here: {why}"}
+    else:
+        ok = ~np.isnan(res.diffs[tr]).any(axis=1)
+        rows = tr[ok]
+        y = [pairs[i].label for i in rows]
+        if not {"a", "b"} <= set(y):
+            learned_info = {"skipped": "the training split's usable pairs lack an a or a b label"}
+        else:
+            X = res.diffs[rows]
+            model = fit_learned(X, y, ctx.config.seed)
+            model.aspects = list(task.aspect_keys)
+            ev.learned = model
+            groups = [pairs[i].doc_id for i in rows]
+            cv_pred: list[str | None] = [None] * len(rows)
+            cv_ab: list[str | None] = [None] * len(rows)
+            for a, b in cv_folds(groups, ctx.config.seed):
+                if len(set(y[j] for j in a)) < 2:
+                    continue
+                fold = fit_learned(X[a], [y[j] for j in a], ctx.config.seed)
+                for j, lab, lab_ab in zip(b, fold.predict(X[b]), fold.predict_ab(X[b])):
+                    cv_pred[j], cv_ab[j] = lab, lab_ab
+            coef = {c: dict(zip(model.aspects, row.round(6).tolist()))
+                    for c, row in zip(model.classes[1:] if len(model.classes) == 2 else model.classes,
+                                      model.coef)}
+            learned_info = {
+                "model": "logistic regression on per-aspect score differences (A - B)",
+                "classes": model.classes, "coefficients": coef,
+                "intercept": model.intercept.round(6).tolist(),
+                "trained_on": len(rows), "cv_train": agreement(y, cv_pred, cv_ab),
+                "other_kinds": "only logistic regression is fitted (the other aggregator kinds are not)",
+            }
+            if len(model.classes) == 2:
+                learned_info["note"] = f"coefficients push towards {model.classes[1]!r} when positive"
+            ok_all = ~np.isnan(res.diffs).any(axis=1)
+            res.learned_labels = [None] * len(pairs)
+            res.learned_ab = [None] * len(pairs)
+            for i, a, b in zip(np.flatnonzero(ok_all), model.predict(res.diffs[ok_all]),
+                               model.predict_ab(res.diffs[ok_all])):
+                res.learned_labels[i], res.learned_ab[i] = a, b
+
+    ev.metrics = {
+        "method": "dna", "mode": settings.mode, "aspect_source": settings.aspect_source if settings.uses_aspects else None,
+        "primary": primary,
+        "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
+        "test": _split_metrics(res, pairs, te, primary),
+        "train": _split_metrics(res, pairs, tr, primary),
+        "learned": learned_info,
+        "tie_margin": margin_info,
+        "failure_rate": round(rate, 6),
+        "failed_pairs": sum(1 for lab in res.labels if lab is None),
+        "score_failures": len(res.criteria.failures),
+        "usage": usage_of(ctx.llm),
+        "notes": ("agreement is over pairs with a prediction (failed pairs are counted in 'failed'); "
+                  "'wo_ties' forces a or b and counts equal totals as a miss"),
+    }
+    if settings.uses_aspects:
+        ev.metrics["mean_weights"] = _mean_weights(res, settings.dynamic)
+    if settings.swap:
+        got = list(res.consistent.values())
+        ev.metrics["position_consistency"] = round(sum(got) / len(got), 6) if got else None
+        ev.metrics["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
+    else:
+        ev.metrics["swap_flip_rate"] = None
+        ev.metrics["swap_flip_note"] = ("each pair was judged in one order only; --swap judges both orders "
+                                        "(twice the scoring calls) and measures the flip rate")
+
+    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
+    table = pd.DataFrame(res.criteria.values, columns=res.criteria.criterion_keys)
+    table.insert(0, "split", [split_of[s] for s in res.sample_ids])
+    table.insert(0, "pair_id", res.sample_ids)
+    table["total_a"] = res.predictions[:, 0]
+    table["total_b"] = res.predictions[:, 1]
+    table["prediction"] = res.labels
+    if res.learned_labels is not None:
+        table["learned_prediction"] = res.learned_labels
+        table["learned_prediction_ab"] = res.learned_ab  # forced to a or b: the w/o-ties figure
+    table["human"] = [p.label for p in pairs]
+    ev.score_table = table
+    ev.extra = run_record(ctx)
+    return ev

@@ -1,0 +1,219 @@
+"""The fitted DnA judge: what its artifact holds, how it scores new pairs and what it writes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.config import LLMConfig
+from hdeval.errors import ArtifactError, DataError
+from hdeval.methods.base import Saving, usage_of
+from hdeval.methods.dna.decision import Learned
+from hdeval.methods.dna.prompts import PROMPT_FILES
+from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
+from hdeval.methods.dna.settings import Settings
+from hdeval.progress import Progress
+from hdeval.prompts import Template, parse_template
+from hdeval.tasks import task_from_dict
+from hdeval.types import PairSample, Task
+
+METRICS = "metrics.json"
+SCORES = "scores.csv"
+LEARNED = "learned.json"
+
+
+class DnaEvaluator(Saving):
+    """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
+
+    method = "dna"
+
+    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: LLMConfig,
+                 llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
+                 extra: dict[str, Any] | None = None, score_table=None):
+        self.task = task
+        self.templates = templates
+        self.settings = settings
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.learned = learned
+        self.extra = dict(extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Path | None = None
+
+    def method_args(self) -> dict[str, Any]:
+        return self.settings.to_dict()
+
+    def columns_needed(self) -> list[str]:
+        s = self.settings
+        if not s.uses_aspects:
+            bases = ["overall"]
+        elif s.dynamic:
+            bases = [f"aspect{i + 1}" for i in range(s.k)]
+        else:
+            bases = list(self.task.aspect_keys)
+        if s.mode == "prompt-agg":
+            bases = bases + ["overall"]
+        sfx = ["", SWAP] if s.swap else [""]
+        return [f"{b}:{side}{x}" for b in bases for x in sfx for side in "ab"]
+
+    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
+              progress: Progress | None = None) -> PairScoreResult:
+        samples = list(samples)
+        if not samples:
+            raise DataError("no pairs to score")
+        if not all(isinstance(s, PairSample) for s in samples):
+            raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
+        own = backend is None
+        if own:
+            from hdeval.llm import open_llm
+
+            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        try:
+            res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
+            res.usage = usage_of(backend)
+        finally:
+            if own:
+                backend.close()
+        if self.learned is not None and res.diffs is not None:
+            ok = ~np.isnan(res.diffs).any(axis=1)
+            lab: list[str | None] = [None] * len(samples)
+            lab_ab: list[str | None] = [None] * len(samples)
+            if ok.any():
+                for i, a, b in zip(np.flatnonzero(ok), self.learned.predict(res.diffs[ok]),
+                                   self.learned.predict_ab(res.diffs[ok])):
+                    lab[i], lab_ab[i] = a, b
+            res.learned_labels, res.learned_ab = lab, lab_ab
+        return res
+
+    def output_rows(self, samples: Sequence[PairSample], result: PairScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes: one per pair."""
+        s = self.settings
+        rows = []
+        for i, p in enumerate(samples):
+            ta, tb = result.predictions[i]
+            row: dict[str, Any] = {"id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
+                                   "totals": None if math.isnan(ta) else {"a": round(float(ta), 6),
+                                                                          "b": round(float(tb), 6)}}
+            if result.learned_labels is not None:
+                row["learned_prediction"] = result.learned_labels[i]
+            if s.uses_aspects and p.id in result.pair_aspects:
+                w = result.weights.get(p.id)
+                items = []
+                for j, spec in enumerate(result.pair_aspects[p.id]):
+                    base = _col(spec, j, s.dynamic)
+                    sa, sb = (_mean_scores(result.criteria, p.id, [base], s.swap)
+                              if base + ":a" in result.criteria.criterion_keys else ([math.nan], [math.nan]))
+                    items.append({"aspect": spec.name, "weight": None if w is None else round(w[j], 6),
+                                  "a": _num(sa[0]), "b": _num(sb[0])})
+                row["aspects"] = items
+            if p.id in result.consistent:
+                row["position_consistent"] = result.consistent[p.id]
+            if p.id in result.failures:
+                row["failures"] = result.failures[p.id]
+            if p.label is not None:
+                row["human"] = p.label
+            rows.append(row)
+        return rows
+
+    reports = True
+
+    def export_refusal(self) -> str | None:
+        # weights and dynamic aspects are asked per pair as JSON with re-asks on a bad reply: a
+        # conversation an offline batch engine cannot hold
+        s = self.settings
+        if s.mode == "dna" or s.aspect_source == "dynamic":
+            return (f"--export-requests cannot serve DnA with mode {s.mode!r} and aspects {s.aspect_source!r} "
+                    "yet: its weights or aspects are asked per pair as JSON with re-asks; use --batch "
+                    "or an OpenAI-compatible server")
+        return None
+
+    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
+        """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
+        give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
+        def label(x: Any) -> str | None:  # NaN / None / empty: failed
+            return x if isinstance(x, str) and x in ("a", "b", "tie") else None
+
+        pred = [label(x) for x in test["prediction"]]
+        ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
+        out = {"evaluator": (pred, [None if p is None or a == b else ("a" if a > b else "b")
+                                    for p, a, b in zip(pred, ta, tb)])}
+        if "learned_prediction" in test and "learned_prediction_ab" in test:
+            out["learned"] = ([label(x) for x in test["learned_prediction"]],
+                              [label(x) for x in test["learned_prediction_ab"]])
+        return out
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        from hdeval.methods.pair_report import write_pair_report
+
+        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
+        return page, "report.json", lines
+
+    def summary_line(self) -> str:
+        """One line for the CLI: the held-out agreement with the human labels."""
+        t = self.metrics.get("test", {})
+        parts = []
+        for key in (self.metrics.get("primary"), "learned"):
+            a = t.get(key)
+            if a:
+                parts.append(f"{key} w/o ties {a['wo_ties']}, w/ ties {a['w_ties']}")
+        pc = self.metrics.get("position_consistency")
+        if pc is not None:
+            parts.append(f"position consistency {pc}, swap flip rate {self.metrics.get('swap_flip_rate')}")
+        tm = self.metrics.get("tie_margin")
+        if isinstance(tm, dict):
+            how = "learned on the training split" if tm.get("from") == "training split" else "given"
+            parts.append(f"tie margin {tm.get('value')} ({how})")
+        return "held-out agreement with human labels: " + "; ".join(parts)
+
+    def write(self, out: ArtifactWriter) -> dict[str, Any]:
+        for role, t in self.templates.items():
+            out.text(f"prompts/{PROMPT_FILES[role]}.toml", t.source)
+        out.json(METRICS, self.metrics)
+        if self.learned is not None:
+            out.json(LEARNED, self.learned.to_dict())
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {PROMPT_FILES[r]: t.digest for r, t in self.templates.items()}, **self.extra}
+
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":
+        m = art.manifest
+        where = str(art.path / "manifest.json")
+        settings = Settings.from_dict(m.get("method_args"), where)
+        files = m.get("files") or {}
+        needed = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles] + [METRICS]
+        for name in needed:
+            if name not in files:
+                raise ArtifactError(f"{where}: no checksum recorded for {name}")
+        try:
+            task = task_from_dict(m["task"], where=where)
+            templates = {r: parse_template(PROMPT_FILES[r], art.text(f"prompts/{PROMPT_FILES[r]}.toml"),
+                                           str(art.path / f"prompts/{PROMPT_FILES[r]}.toml"))
+                         for r in settings.prompt_roles}
+            learned = None
+            if LEARNED in files:
+                learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
+                if learned.aspects != list(task.aspect_keys):
+                    raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
+            llm = m.get("llm") or {}
+            ev = cls(task, templates, settings,
+                     LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                     str(llm.get("identity", "")), art.json(METRICS), learned,
+                     {k: m[k] for k in ("seed", "split", "config") if k in m})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
+        if task.shape != "pairwise":
+            raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")
+        ev.warnings = list(art.warnings)
+        ev.path = art.path
+        return ev
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else round(float(x), 6)

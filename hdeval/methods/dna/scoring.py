@@ -1,0 +1,266 @@
+"""One run of DnA's stages over pairs: aspects, weights, the pairwise score prompts, and their
+aggregation into a verdict per pair (unusable replies become recorded failures)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
+from hdeval.metrics import pair_agreement as agreement
+from hdeval.methods.base import ScoreResult, usage_of
+from hdeval.methods.dna.decision import decide, weighted_totals
+from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_schema, overall_request, pair_block,
+                                        question_block, score_request, weights_request)
+from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _read_pair_weighted, _side,
+                                        structured_pair, validate_aspects, validate_weights)
+from hdeval.methods.dna.settings import Settings
+from hdeval.progress import Progress
+from hdeval.prompts import Template
+from hdeval.types import PairSample, ScoreMatrix, Task
+
+SWAP = "~swap"  # column suffix of the scores asked in the swapped order
+
+
+@dataclass
+class PairScoreResult(ScoreResult):
+    """Scores of pairs: ``predictions`` holds each response's total (columns total_a, total_b)."""
+
+    labels: list[str | None] = field(default_factory=list)  # a / b / tie, None = failed
+    labels_ab: list[str | None] = field(default_factory=list)  # forced to a or b
+    learned_labels: list[str | None] | None = None
+    learned_ab: list[str | None] | None = None
+    pair_aspects: dict[str, list[AspectSpec]] = field(default_factory=dict)
+    weights: dict[str, list[float]] = field(default_factory=dict)
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    consistent: dict[str, bool] = field(default_factory=dict)  # with swap: same winner both orders
+    diffs: np.ndarray | None = None  # predefined aspects: per-aspect A minus B (NaN = failed)
+    # with swap: each pair's totals (a, b) as shown first, then as shown swapped
+    order_totals: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+    def apply_margin(self, tie_margin: float) -> None:
+        """Re-decide every verdict that depends on the tie margin (the totals stay)."""
+        self.labels = [None if lab is None else decide(ta, tb, tie_margin)
+                       for lab, (ta, tb) in zip(self.labels, self.predictions)]
+        self.consistent = {pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
+                           for pid, (fa, fb, ra, rb) in self.order_totals.items()}
+
+    def correlations(self, samples):  # pairs have labels, not scores: see agreement()
+        return None
+
+    def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any]:
+        human = [s.label for s in samples]
+        out = {"llm": agreement(human, self.labels, self.labels_ab)}
+        if self.learned_labels is not None:
+            out["learned"] = agreement(human, self.learned_labels, self.learned_ab)
+        return out
+
+    @property
+    def failure_rate(self) -> float:
+        return sum(1 for lab in self.labels if lab is None) / len(self.labels) if self.labels else 0.0
+
+
+def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
+    return f"aspect{i + 1}" if dynamic else spec.key
+
+
+def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
+              pairs: Sequence[PairSample], concurrency: int | None = None,
+              progress: Progress | None = None) -> PairScoreResult:
+    """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures."""
+    ids = [p.id for p in pairs]
+    failures: dict[str, list[str]] = {}
+
+    def fail(pid: str, reason: str) -> None:
+        failures.setdefault(pid, []).append(reason)
+
+    aspects: dict[str, list[AspectSpec]] = {}
+    weights: dict[str, np.ndarray] = {}
+    if settings.uses_aspects:
+        if settings.dynamic:
+            tpl = templates["aspects"]
+
+            def propose(p: PairSample):
+                req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
+                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
+                return req, validate_aspects(settings.k), _feedback
+
+            if progress is not None:
+                progress.message(f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
+            for p, got in zip(pairs, ask_json_many(llm, [propose(p) for p in pairs], concurrency)):
+                if isinstance(got, UnusableReply):
+                    fail(p.id, f"aspects: {got}")
+                else:
+                    aspects[p.id] = got
+        else:
+            fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
+            aspects = {p.id: fixed for p in pairs}
+        tpl_w = templates["weights"]
+
+        def weigh(p: PairSample):
+            specs = aspects[p.id]
+            return weights_request(tpl_w, task, p, specs), validate_weights([s.key for s in specs]), _feedback
+
+        with_aspects = [p for p in pairs if p.id in aspects]
+        if progress is not None:
+            progress.message(f"weights: {len(with_aspects)} calls, one per pair")
+        for p, got in zip(with_aspects, ask_json_many(llm, [weigh(p) for p in with_aspects], concurrency)):
+            if isinstance(got, UnusableReply):
+                fail(p.id, f"weights: {got}")
+            else:
+                weights[p.id] = got
+
+    # -- the pairwise prompts: (column base, pair, swapped) -> request
+    orders = (False, True) if settings.swap else (False,)
+    cells_first: list[Cell] = []  # cells read from the first number of the reply
+    cells_second: list[Cell] = []
+    base_cols: dict[str, list[str]] = {}
+
+    def add(pid: str, base: str, req_of) -> None:
+        for swapped in orders:
+            req = req_of(swapped)
+            sfx = SWAP if swapped else ""
+            # shown first is A (or B when swapped)
+            (cells_second if swapped else cells_first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
+            (cells_first if swapped else cells_second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
+
+    scorable = [p for p in pairs if p.id not in failures]
+    if settings.uses_aspects:
+        tpl_s = templates["score"]
+        for p in scorable:
+            cols = []
+            for i, spec in enumerate(aspects[p.id]):
+                base = _col(spec, i, settings.dynamic)
+                cols.append(base)
+                add(p.id, base, lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw,
+                                                                          settings.logprobs))
+            base_cols[p.id] = cols
+    else:
+        role = settings.mode
+        tpl_o = templates[role]
+        for p in scorable:
+            add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
+            base_cols[p.id] = ["overall"]
+    reader = (_read_cot if settings.mode == "cot"
+              else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
+    # one call answers both sides: the first pass pays and counts calls, the second reads the
+    # same replies back for the other side
+    per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
+    if progress is not None:
+        progress.stage(f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", len(cells_first))
+    m1 = fill_matrix(llm, cells_first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+    m2 = fill_matrix(llm, cells_second, lambda cs: _side(reader(cs[0]), 1), concurrency)
+    if progress is not None:
+        progress.end_stage()
+    matrix = _merge(ids, [m1, m2])
+    for f in matrix.failures:
+        fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+
+    # -- prompt aggregation: the aspect scores go back to the LLM
+    if settings.mode == "prompt-agg":
+        tpl_p = templates["prompt_agg"]
+        agg_a: list[Cell] = []
+        agg_b: list[Cell] = []
+        for p in scorable:
+            if p.id in failures:
+                continue
+            sa, sb = _mean_scores(matrix, p.id, base_cols[p.id], settings.swap)
+            specs, w = aspects[p.id], weights[p.id]
+            for swapped in orders:
+                first, second = (sb, sa) if swapped else (sa, sb)
+                lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
+                                f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
+                req = structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
+                                                   answer=TWO_SCORES))
+                sfx = SWAP if swapped else ""
+                (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
+                (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
+        if progress is not None:
+            progress.stage(f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", len(agg_a))
+        m3 = fill_matrix(llm, agg_a, lambda cs: _side(_read_pair(cs[0]), 0), concurrency, progress)
+        m4 = fill_matrix(llm, agg_b, lambda cs: _side(_read_pair(cs[0]), 1), concurrency)
+        if progress is not None:
+            progress.end_stage()
+        extra = _merge(ids, [m3, m4])
+        for f in extra.failures:
+            fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+        matrix = _merge(ids, [matrix, extra])
+
+    # -- aggregation
+    totals = np.full((len(ids), 2), np.nan)
+    labels: list[str | None] = []
+    labels_ab: list[str | None] = []
+    order_totals: dict[str, tuple[float, float, float, float]] = {}
+    for i, p in enumerate(pairs):
+        if p.id in failures:
+            labels.append(None)
+            labels_ab.append(None)
+            continue
+        if settings.mode == "dna":
+            cols, w = base_cols[p.id], weights[p.id]
+        else:
+            cols, w = ["overall"], np.ones(1)
+        sa, sb = _mean_scores(matrix, p.id, cols, settings.swap)
+        ta, tb = weighted_totals(sa, sb, w)
+        totals[i] = (ta, tb)
+        labels.append("")  # decided below, by the tie margin
+        labels_ab.append(None if ta == tb else ("a" if ta > tb else "b"))
+        if settings.swap:
+            fa, fb = _order_scores(matrix, p.id, cols, "")
+            ra, rb = _order_scores(matrix, p.id, cols, SWAP)
+            order_totals[p.id] = (*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w))
+    diffs = None
+    if settings.uses_aspects and not settings.dynamic:
+        keys = list(task.aspect_keys)
+        diffs = np.full((len(ids), len(keys)), np.nan)
+        for i, p in enumerate(pairs):
+            if p.id not in failures:
+                sa, sb = _mean_scores(matrix, p.id, keys, settings.swap)
+                diffs[i] = sa - sb
+    res = PairScoreResult(
+        ids, ["total_a", "total_b"], totals, matrix, usage_of(llm), labels=labels, labels_ab=labels_ab,
+        pair_aspects=aspects, weights={k: [float(x) for x in v] for k, v in weights.items()},
+        failures=failures, diffs=diffs, order_totals=order_totals)
+    # no margin yet (to be learned on the training split): decide at 0 until it is
+    res.apply_margin(settings.tie_margin or 0.0)
+    return res
+
+
+def _merge(ids: list[str], parts: Sequence[ScoreMatrix]) -> ScoreMatrix:
+    cols = list(dict.fromkeys(c for m in parts for c in m.criterion_keys))
+    values = np.full((len(ids), len(cols)), np.nan)
+    row = {s: i for i, s in enumerate(ids)}
+    col = {c: j for j, c in enumerate(cols)}
+    failures = []
+    for m in parts:
+        for r, sid in enumerate(m.sample_ids):
+            for c, key in enumerate(m.criterion_keys):
+                if not math.isnan(m.values[r, c]):
+                    values[row[sid], col[key]] = m.values[r, c]
+        failures += m.failures
+    return ScoreMatrix(ids, cols, values, failures)
+
+
+def _cell(m: ScoreMatrix, sid: str, key: str) -> float:
+    index = m.__dict__.get("_dna_index")  # row / column positions, built once per matrix
+    if index is None:
+        index = ({s: i for i, s in enumerate(m.sample_ids)}, {k: j for j, k in enumerate(m.criterion_keys)})
+        m.__dict__["_dna_index"] = index
+    return float(m.values[index[0][sid], index[1][key]])
+
+
+def _order_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], sfx: str) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([_cell(m, sid, f"{c}:a{sfx}") for c in cols]),
+            np.array([_cell(m, sid, f"{c}:b{sfx}") for c in cols]))
+
+
+def _mean_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], swap: bool) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _order_scores(m, sid, cols, "")
+    if swap:
+        ra, rb = _order_scores(m, sid, cols, SWAP)
+        a, b = (a + ra) / 2, (b + rb) / 2
+    return a, b

@@ -1,0 +1,105 @@
+"""DnA's options as one validated value (``Settings``), as the CLI gives them and an artifact
+records them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hdeval.errors import ArtifactError, ConfigError
+from hdeval.methods.base import FitContext
+from hdeval.methods.dna import MODES, SOURCES  # the package holds the option choices
+
+MAX_K = 10
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "dna"
+    aspect_source: str = "predefined"
+    k: int = 4
+    tie_margin: float | None = None  # None: learned on the training split (learn_tie_margin)
+    swap: bool = False
+    # aspect scores weighted by their tokens' top logprobs (False: the reply text, as artifacts
+    # written before this option record nothing and were scored that way)
+    logprobs: bool = False
+    # where tie_margin came from: "given" (by the user; artifacts written before margins were
+    # learned record nothing and were given theirs) or "training split"
+    tie_margin_from: str = "given"
+
+    def check(self, where: str = "option") -> "Settings":
+        problems = [
+            (self.mode in MODES, f"--dna-mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
+            (self.aspect_source in SOURCES,
+             f"--aspect-source must be one of {', '.join(SOURCES)}, got {self.aspect_source!r}"),
+            (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_K,
+             f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}"),
+            (self.tie_margin is None or isinstance(self.tie_margin, (int, float))
+             and not isinstance(self.tie_margin, bool) and math.isfinite(self.tie_margin) and self.tie_margin >= 0,
+             f"--tie-margin must be 0 or more, got {self.tie_margin!r}"),
+            (isinstance(self.swap, bool), f"--swap must be true or false, got {self.swap!r}"),
+            (isinstance(self.logprobs, bool), f"--logprob-scores must be true or false, got {self.logprobs!r}"),
+        ]
+        for ok, msg in problems:
+            if not ok:
+                raise ConfigError(msg if where == "option" else f"{where}: {msg}")
+        return self
+
+    @property
+    def uses_aspects(self) -> bool:
+        return self.mode in ("dna", "prompt-agg")
+
+    @property
+    def dynamic(self) -> bool:
+        return self.uses_aspects and self.aspect_source == "dynamic"
+
+    @property
+    def prompt_roles(self) -> list[str]:
+        if self.mode == "direct":
+            return ["direct"]
+        if self.mode == "cot":
+            return ["cot"]
+        roles = (["aspects"] if self.dynamic else []) + ["weights", "score"]
+        return roles + (["prompt_agg"] if self.mode == "prompt-agg" else [])
+
+    @property
+    def orders(self) -> int:
+        return 2 if self.swap else 1
+
+    def scoring_stage(self, aspects_per_pair: int) -> str:
+        """The pairwise scoring stage's name, as the dry run lists it and progress shows it."""
+        if not self.uses_aspects:
+            return f"{self.mode} x {self.orders} order(s)"
+        return f"aspect scores ({aspects_per_pair} per pair x {self.orders} order(s))"
+
+    @property
+    def aggregation_stage(self) -> str:
+        return f"prompt aggregation x {self.orders} order(s)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "aspect_source": self.aspect_source, "k": self.k,
+                "tie_margin": self.tie_margin, "tie_margin_from": self.tie_margin_from, "swap": self.swap,
+                "logprobs": self.logprobs}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "Settings":
+        if not isinstance(d, dict):
+            raise ArtifactError(f"{where}: method_args is not an object")
+        try:
+            s = cls(**{k: d[k] for k in ("mode", "aspect_source", "k", "tie_margin", "swap")},
+                    logprobs=d.get("logprobs", False), tie_margin_from=d.get("tie_margin_from", "given"))
+        except KeyError as exc:
+            raise ArtifactError(f"{where}: method_args lacks {exc}") from None
+        # a fitted judge has decided its margin
+        if s.tie_margin is None or s.tie_margin_from not in ("given", "training split"):
+            raise ArtifactError(f"{where}: method_args holds no usable tie margin "
+                                f"({s.tie_margin!r} from {str(s.tie_margin_from)[:40]!r})")
+        try:
+            return s.check(where)
+        except ConfigError as exc:
+            raise ArtifactError(str(exc)) from None
+
+
+def settings_of(ctx: FitContext) -> Settings:
+    return ctx.options.settings()

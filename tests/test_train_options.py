@@ -1,0 +1,172 @@
+"""Each method's options are one typed, frozen model with its defaults declared once; the CLI,
+the Python API and ``benchmark`` build it the same way, and ``train --help`` states every
+method's own default."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import one_error, run_cli
+from hdeval.errors import ConfigError
+from hdeval.methods.registry import all_options, get_method, method_names
+from hdeval.train import TrainConfig
+
+
+def test_every_method_has_a_frozen_options_model_whose_defaults_are_the_runs():
+    for name in method_names():
+        model = get_method(name).options
+        built = get_method(name).build_options()
+        assert dataclasses.is_dataclass(model) and type(built) is model
+        assert TrainConfig(task="summeval", method=name).options == built
+        if dataclasses.fields(model):
+            field = dataclasses.fields(model)[0].name
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(built, field, None)
+
+
+def test_the_python_api_routes_options_by_name_to_the_methods_model():
+    config = TrainConfig.from_options(task="summeval", llm="fake", layers=2, limit=64)
+    assert config.options.layers == 2 and config.options.children == 4 and config.limit == 64
+    paireval = TrainConfig.from_options(task="summeval", method="paireval", comparisons=5, swap=False)
+    assert (paireval.options.comparisons, paireval.options.swap) == (5, False)
+    # method_options (a mapping) is merged with options given by name
+    dna = TrainConfig.from_options(task="faireval", method="dna", method_options={"dna_mode": "cot"}, k=3)
+    assert (dna.options.dna_mode, dna.options.k, dna.options.swap) == ("cot", 3, False)
+    assert dna.replace(seed=3).options == dna.options  # replace keeps the method's options
+    assert dna.replace(k=5).options.k == 5
+
+
+def test_train_takes_method_options_by_name(tmp_path):
+    from hdeval import train
+
+    ev = train(task="examples/qa_task.toml", data="examples/qa.jsonl", llm="fake", layers=1,
+               aggregator="lr", cache_dir=str(tmp_path / "c"))
+    assert ev.metrics["final"]["average"]
+    assert ev.method_args() == {"layers": 1, "children": 4, "top_k": 4, "aggregator": "lr"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"method": "direct", "layers": 2}, "method 'direct' takes no option(s) layers (its options: none)"),
+    ({"method": "dna", "tree": "t.json"}, "method 'dna' takes no option(s) tree (its options: aspect_source, "),
+    ({"method": "paireval", "top_k": 2}, "method 'paireval' takes no option(s) top_k"),
+    ({"layrs": 2}, "unknown training option(s): layrs"),
+    ({"layers": "2"}, "--layers must be a whole number, got '2'"),
+    ({"swap": 1}, "--swap must be true or false, got 1"),
+    ({"method": "dna", "tie_margin": "wide"}, "--tie-margin must be a number, got 'wide'"),
+    ({"method": "dna", "k": 0}, "--k must be a whole number from 1 to"),
+    ({"method": "dna", "dna_mode": "best"}, "--dna-mode must be one of dna, direct, cot, prompt-agg, got 'best'"),
+    ({"layers": 0}, "--layers must be at least 1, got 0"),
+    ({"aggregator": "svm"}, "unknown aggregator 'svm': choose from lr, dt, rf, nn or auto"),
+    ({"method": "paireval", "comparisons": 0}, "--comparisons must be a whole number of at least 1, got 0"),
+    ({"decompose_base_url": "http://127.0.0.1:1/v1"}, "--decompose-base-url needs --decompose-llm"),
+])
+def test_a_bad_option_is_one_line_naming_it(options, message):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_options(task="summeval", **options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_an_option_of_another_method_before_anything_else(tmp_path):
+    r = run_cli("train", "--task", "examples/qa_task.toml", "--data", "examples/qa.jsonl", "--llm", "fake",
+                "--method", "direct", "--layers", "2", "--cache-dir", tmp_path / "c", "-o", tmp_path / "art")
+    one_error(r, "method 'direct' takes no option(s) layers")
+    assert not (tmp_path / "art").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_model_built_elsewhere_must_be_the_chosen_methods():
+    hdeval_options = get_method("hdeval").build_options({"layers": 2})
+    assert TrainConfig(task="summeval", options=hdeval_options).options.layers == 2
+    with pytest.raises(ConfigError, match="the options of method 'dna' are a DnaOptions, not a HDEvalOptions"):
+        TrainConfig(task="faireval", method="dna", options=hdeval_options)
+
+
+def test_the_manifest_records_the_options_as_before():
+    """The record's layout is the artifact format (golden files pin it): the tree options flat for
+    every method, the method's other options under method_options when they differ from its
+    defaults."""
+    hd = TrainConfig.from_options(task="summeval", layers=2, scorer="pairwise", swap=True).public()
+    assert list(hd)[:10] == ["task", "method", "method_options", "data", "aspects", "preset", "layers",
+                             "children", "top_k", "aggregator"]
+    assert list(hd)[-3:] == ["decompose_llm", "decompose_base_url", "tree"]
+    assert (hd["layers"], hd["method_options"]) == (2, {"scorer": "pairwise"})
+    dna = TrainConfig.from_options(task="faireval", method="dna", dna_mode="direct").public()
+    assert dna["method_options"] == {"dna_mode": "direct"}
+    assert (dna["layers"], dna["aggregator"], dna["tree"]) == (3, "auto", None)
+    paireval = TrainConfig.from_options(task="summeval", method="paireval", aggregator="lr").public()
+    assert (paireval["aggregator"], paireval["method_options"]) == ("lr", {})
+    assert json.loads(json.dumps(hd)) == hd
+
+
+def test_help_states_each_methods_own_default():
+    r = run_cli("train", "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "--swap / --no-swap [dna, hdeval, paireval]" in text
+    assert "(default: off for dna; on for hdeval, paireval)" in text
+    assert "--layers INTEGER [hdeval] Depth of the criteria tree (1 = the aspects only). (default: 3)" in text
+    # every option's help names its methods and each one's default as its model declares it
+    from hdeval.cli import cli
+
+    helps = {p.name: p.help for p in cli.commands["train"].params}
+    for name, owners in all_options().items():
+        head, _, defaults = helps[name].partition("(default: ")
+        assert head.startswith(f"[{', '.join(m for m, _ in owners)}] "), name
+        defaults = defaults.removesuffix(")")
+        per_method = {m: defaults for m, _ in owners}
+        for part in defaults.split("; ") if " for " in defaults else ():
+            value, _, methods = part.partition(" for ")
+            per_method.update({m: value for m in methods.split(", ")})
+        for method, spec in owners:
+            if isinstance(spec.default, bool):
+                shown = "on" if spec.default else "off"
+            elif spec.default in (None, ""):
+                continue
+            else:
+                shown = str(spec.default)
+            assert per_method[method] == shown, (name, method, defaults)
+
+
+def test_help_follows_the_models_defaults(monkeypatch):
+    """Changing a model's default changes the help: it is not written twice."""
+    from hdeval.cli.options import _defaults_help
+    from hdeval.methods.base import Option
+
+    owners = [(m, spec) for m, spec in all_options()["swap"]]
+    assert _defaults_help(owners) == " (default: off for dna; on for hdeval, paireval)"
+    flipped = [(m, Option(not spec.default, spec.help)) for m, spec in owners]
+    assert _defaults_help(flipped) == " (default: on for dna; off for hdeval, paireval)"
+    assert _defaults_help([("hdeval", Option(3, "x")), ("paireval", Option(3, "x"))]) == " (default: 3)"
+
+
+def test_benchmark_builds_the_same_options():
+    from hdeval.benchmark import BenchmarkSpec
+    from hdeval.benchmark.sweep import _config
+
+    spec = BenchmarkSpec(task="summeval", methods=("direct", "hdeval", "paireval"),
+                         options={"layers": 2, "limit": 40, "llm": "fake"},
+                         method_options={"paireval": {"comparisons": 4}})
+    hd = _config(spec, "hdeval", "rf", 0.5, 0, None)
+    assert hd.options == TrainConfig.from_options(task="summeval", layers=2, aggregator="rf").options
+    # the sweep's HD-Eval options reach only the methods that take them
+    direct = _config(spec, "direct", None, 0.5, 1, None)
+    assert direct.options == get_method("direct").build_options() and direct.limit == 40
+    pe = _config(spec, "paireval", "lr", 0.5, 0, None)
+    assert pe.options == TrainConfig.from_options(task="summeval", method="paireval", comparisons=4,
+                                                  aggregator="lr").options
+    dna = _config(BenchmarkSpec(task="faireval", methods=("dna-direct",)), "dna-direct", None, 0.5, 0, None)
+    assert dna.options.dna_mode == "direct"
+
+
+def test_methods_lists_each_methods_own_defaults():
+    r = run_cli("methods")
+    assert r.exit_code == 0
+    blocks = {b.split(" ", 1)[0]: b for b in ("\n" + r.output).split("\n") if b and not b.startswith(" ")}
+    lines = r.output.splitlines()
+    start = {name: lines.index(block) for name, block in blocks.items()}
+    own = {name: lines[i + 1:min([j for j in start.values() if j > i] or [len(lines)])] for name, i in start.items()}
+    assert any(line.startswith("  --swap (default off):") for line in own["dna"])
+    assert any(line.startswith("  --swap (default on):") for line in own["paireval"])
+    assert any(line.startswith("  --tree: Start from") for line in own["hdeval"])  # no default: the help says
