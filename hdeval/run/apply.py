@@ -171,6 +171,8 @@ def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None,
 def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
     """(lines, sha256 if asked) of the file, read as bytes: no parse and no memory, for the
     progress estimate and a shard's closing record."""
+    if not os.path.isfile(path):
+        return 0, None  # /dev/zero, a FIFO: never read unbounded; the bounded reading pass reports it
     h = hashlib.sha256() if digest else None
     lines, last = 0, b"\n"
     try:
