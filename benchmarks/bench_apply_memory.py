@@ -1,17 +1,19 @@
-"""Peak memory of ``hdeval apply`` against the number of samples (issue #15 item 3).
+"""Peak memory, time and cache size of ``hdeval apply`` against the number of samples
+(issues #15 item 3 and #23 items 3-4).
 
 Trains a small HD-Eval artifact on SummEval with the fake LLM, synthesises new inputs of N
 samples (SummEval rows cycled, each output made unique so every sample is new work for the
-LLM and its cache), and runs ``hdeval apply`` on each in its own process with a fresh cache,
-reading that process's peak RSS from ``resource.getrusage(RUSAGE_CHILDREN)``. Memory is flat
-when the peak does not grow with N (the ids seen for duplicate checks and the per-row numbers
-of the closing correlations do grow, by a few hundred bytes per sample).
+LLM and its cache), and runs ``hdeval apply`` on each in its own process with a fresh cache.
+For each run it prints the peak RSS (``wait4``'s ``ru_maxrss``), the peaks of its anonymous
+and file-backed parts (``/proc/PID/status`` polled every 0.1 s: file-backed pages are SQLite's
+memory map of the cache database), seconds per 1k samples, and the cache's bytes per sample.
 
-    HDEVAL_DATA_DIR=../shared/data python benchmarks/bench_apply_memory.py
+    HDEVAL_DATA_DIR=../shared/data python benchmarks/bench_apply_memory.py --sizes 20000,200000
     python benchmarks/bench_apply_memory.py --sizes 2000,20000 --layers 1 --format csv
 
-``--code DIR`` runs another checkout's hdeval (e.g. the pre-streaming main) on the same
-artifact and inputs, for a before/after table.
+``--code DIR[,DIR...]`` runs other checkouts' hdeval (e.g. ``git archive`` of the commit
+before a change) on the same artifact and inputs, interleaved per size: a before/after table
+from one invocation, under the same load.
 """
 
 from __future__ import annotations
@@ -28,10 +30,41 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Runs one command and prints the peak RSS (KiB on Linux) of it and its children.
-PEAK = ("import resource, subprocess, sys\n"
-        "rc = subprocess.run(sys.argv[1:]).returncode\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, rc)\n")
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("RssAnon", "RssFile"):
+                    out[key] = int(rest.split()[0])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def measure(cmd: list[str], env: dict) -> tuple[int, float, int, int, int, str]:
+    """(exit code, seconds, peak RSS, peak anonymous RSS, peak file-backed RSS (KiB), stderr)."""
+    t = time.monotonic()
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    anon = file = 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        got = _status_kib(proc.pid)
+        anon, file = max(anon, got.get("RssAnon", 0)), max(file, got.get("RssFile", 0))
+        time.sleep(0.1)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    return proc.returncode, time.monotonic() - t, usage.ru_maxrss, anon, file, err.read().decode(errors="replace")
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def data_dir(explicit: str | None) -> Path:
@@ -65,11 +98,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=160, help="training samples")
     ap.add_argument("--format", default="jsonl", choices=["jsonl", "csv", "parquet"])
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--code", default=str(REPO), help="checkout whose hdeval runs apply (default: this one)")
+    ap.add_argument("--code", default=str(REPO),
+                    help="checkout(s) whose hdeval runs apply, comma-separated (default: this one)")
     ap.add_argument("--workdir", default=None, help="keep the files here (default: a temp dir, removed)")
     args = ap.parse_args()
     src = data_dir(args.data_dir) / "summeval.jsonl"
     sizes = [int(s) for s in args.sizes.split(",")]
+    codes = [Path(c) for c in args.code.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-apply-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -84,28 +119,28 @@ def main() -> None:
                            check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             print(f"trained {art} ({args.layers} layer(s), {args.limit} samples) in {time.monotonic() - t:.0f} s")
         needed = len(json.loads((art / "manifest.json").read_text()).get("needed_criteria") or [])
-        print(f"apply with {args.code}, output .{args.format}, fresh cache per run"
-              + (f", {needed} LLM calls per sample" if needed else ""))
-        print(f"{'samples':>9} {'peak RSS MB':>12} {'seconds':>8} {'samples/s':>10}")
+        print(f"apply, output .{args.format}, fresh cache per run"
+              + (f", {needed} LLM calls per sample" if needed else "") + f"; load: {os.getloadavg()}")
+        print(f"{'code':<28} {'samples':>9} {'peak RSS MB':>12} {'anon MB':>8} {'file MB':>8} {'s/1k':>7} "
+              f"{'cache B/sample':>15}")
         for n in sizes:
             data = work / f"input-{n}.jsonl"
             if not data.exists():
                 synthesise(src, data, n)
-            cache = work / f"cache-{n}"
-            if cache.exists():
-                shutil.rmtree(cache)  # this script's own cache of an earlier run: every call new again
-            out = work / f"scored-{n}.{args.format}"
-            t = time.monotonic()
-            res = subprocess.run([sys.executable, "-c", PEAK,
-                                  *hdeval(Path(args.code), "apply", str(art), str(data), "-o", str(out),
-                                          "--llm", "fake", "--cache-dir", str(cache), "-q")],
-                                 env=env, capture_output=True, text=True)
-            wall = time.monotonic() - t
-            kib, rc = res.stdout.split()[-2:]
-            if rc != "0":
-                print(res.stderr[-2000:], file=sys.stderr)
-                sys.exit(f"apply on {n} samples failed (exit {rc})")
-            print(f"{n:>9} {int(kib) / 1024:>12.0f} {wall:>8.0f} {n / wall:>10.0f}", flush=True)
+            for code in codes:
+                cache = work / f"cache-{n}"
+                if cache.exists():
+                    shutil.rmtree(cache)  # this script's own cache of an earlier run: every call new again
+                out = work / f"scored-{n}.{args.format}"
+                rc, wall, peak, anon, file, err = measure(
+                    hdeval(code, "apply", str(art), str(data), "-o", str(out), "--llm", "fake",
+                           "--cache-dir", str(cache), "-q"), env)
+                if rc != 0:
+                    print(err[-2000:], file=sys.stderr)
+                    sys.exit(f"apply on {n} samples with {code} failed (exit {rc})")
+                print(f"{str(code)[-28:]:<28} {n:>9} {peak / 1024:>12.1f} {anon / 1024:>8.1f} {file / 1024:>8.1f} "
+                      f"{1000 * wall / n:>7.2f} {dir_bytes(cache) / n:>15.0f}", flush=True)
+                shutil.rmtree(cache)
 
 
 if __name__ == "__main__":

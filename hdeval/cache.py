@@ -24,6 +24,7 @@ import shutil
 import sqlite3
 import time
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,16 @@ DBNAME = "cache.db"
 MAX_ENTRY_CHARS = 4 * 2**20
 # Free space to ask for when the disk fills up: SQLite needs room for its write-ahead log.
 FREE_SPACE_HINT = "100 MB"
+
+# How a reply is stored since #23: VALUE_MAGIC, then raw DEFLATE (with the preset dictionary
+# below) of a compact JSON (short keys, a logprob as [token, logprob], zero counts left out) that
+# holds every field Completion.from_dict reads back, losslessly. ~90 bytes instead of ~350 for a
+# one-token reply with 5 logprobs. Entries of the older format (JSON text) read unchanged. The
+# dictionary is part of the format: changing it needs a new VALUE_MAGIC.
+VALUE_MAGIC = b"Z1"
+_ZDICT = b'{"t":"1","l":[[["1",-0.["2",-1.["3",-2.["4",-3.["5",-4.]]],"p":7,"c":1}'
+_COMPACT = {"prompt_tokens": "p", "completion_tokens": "c", "prompt_tokens_evaluated": "e"}
+_MISSING = {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_evaluated": None}
 
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 # diskcache's own value-file names: two levels of hex directories, then 28 hex digits
@@ -111,8 +122,12 @@ class JSONDisk(diskcache.Disk):
         raise UnreadableEntry("a key hdeval does not write (pickled or binary)", foreign=True)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
+        if not read and type(value) is bytes and value.startswith(VALUE_MAGIC):
+            if len(value) < self.min_file_size:
+                return super().store(value, False, key=key)  # inline in the row, as a blob
+            value = expand_value(value)  # a huge reply: a value file of JSON text, as before
         if read or type(value) is not str:
-            raise TypeError("hdeval cache values are str (JSON text)")
+            raise TypeError("hdeval cache values are str (JSON text) or compact replies")
         if len(value) > MAX_ENTRY_CHARS:
             raise EntryTooLarge(f"a completion of {len(value)} characters is too large to cache")
         return super().store(value, False, key=key)
@@ -142,9 +157,54 @@ def _value_path(directory: str | Path, filename: Any) -> str:
     return full
 
 
+def encode_completion(c: Completion) -> bytes:
+    """``c`` as the cache stores it (see VALUE_MAGIC)."""
+    d = c.to_dict()
+    compact: dict[str, Any] = {"t": d["text"]}
+    if d["top_logprobs"] is not None:
+        compact["l"] = [[[t["token"], t["logprob"]] for t in pos] for pos in d["top_logprobs"]]
+    # left out: the value a missing field reads back as (0, or None for prompt_tokens_evaluated)
+    compact.update({short: d[name] for name, short in _COMPACT.items() if d[name] != _MISSING[name]})
+    raw = json.dumps(compact, separators=(",", ":")).encode("ascii")
+    z = zlib.compressobj(9, zlib.DEFLATED, -15, zdict=_ZDICT)
+    return VALUE_MAGIC + z.compress(raw) + z.flush()
+
+
+def expand_value(blob: bytes) -> str:
+    """A compact stored reply as the JSON text of :meth:`Completion.to_dict` (what
+    :func:`parse_completion` then checks); :class:`UnreadableEntry` if it is not one, read with
+    bounds (a planted blob must not inflate to gigabytes)."""
+    z = zlib.decompressobj(-15, zdict=_ZDICT)
+    try:
+        raw = z.decompress(blob[len(VALUE_MAGIC):], MAX_ENTRY_CHARS)
+    except zlib.error:
+        raise UnreadableEntry("its compressed value is damaged") from None
+    if z.unconsumed_tail or not z.eof:
+        raise UnreadableEntry("its compressed value is cut short or larger than hdeval writes")
+    try:
+        c = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise UnreadableEntry("its compressed value is not JSON") from None
+    if not isinstance(c, dict):
+        raise UnreadableEntry("its compressed value is not a compact completion")
+    lp = c.get("l")
+    if lp is not None:
+        if not (isinstance(lp, list) and all(isinstance(pos, list) and all(
+                isinstance(t, list) and len(t) == 2 for t in pos) for pos in lp)):
+            raise UnreadableEntry("its compressed value has malformed top_logprobs")
+        lp = [[{"token": t[0], "logprob": t[1]} for t in pos] for pos in lp]
+    d = {"text": c.get("t"), "top_logprobs": lp}
+    d.update({name: c.get(short, _MISSING[name]) for name, short in _COMPACT.items()})
+    return json.dumps(d)
+
+
 def read_value(directory: str | Path, mode: int, filename: Any, value: Any) -> str:
     """The text of one stored value, read with bounds; :class:`UnreadableEntry` otherwise."""
     if mode == MODE_RAW:
+        if type(value) is bytes and value.startswith(VALUE_MAGIC):
+            if len(value) > MAX_ENTRY_CHARS:
+                raise UnreadableEntry(f"a value of {len(value)} bytes (more than hdeval writes)")
+            return expand_value(value)
         if type(value) is not str:
             raise UnreadableEntry("a binary or numeric value (hdeval stores only JSON text)", foreign=True)
         if len(value) > MAX_ENTRY_CHARS:
@@ -399,8 +459,9 @@ class CachedBackend:
         self._inflight: dict[str, asyncio.Future] = {}
         self._unsaved: dict[str, Completion] = {}  # replies that could not be written
         self._saved: set[str] = set()  # keys this client committed (a later lookup must see them)
+        self._batches = 0  # acomplete_many calls running; _saved is needed only while one is
         self._write_error: CacheError | None = None
-        self._queue: list[tuple[str, str, Completion, asyncio.Future]] = []
+        self._queue: list[tuple[str, str | bytes, Completion, asyncio.Future]] = []
         self._writer: asyncio.Future | None = None
         self._sem: asyncio.Semaphore | None = None
         # the one thread that touches the store (diskcache keeps a connection per thread)
@@ -521,7 +582,7 @@ class CachedBackend:
                 found[key] = c
         return found
 
-    def _write_batch(self, items: list[tuple[str, str]]) -> dict[str, BaseException]:
+    def _write_batch(self, items: list[tuple[str, str | bytes]]) -> dict[str, BaseException]:
         """Commit ``items`` in one transaction; if the store fails, each on its own, so every
         one that can be written is. The keys that could not be written, and why."""
         store = self._store
@@ -551,9 +612,22 @@ class CachedBackend:
         (got,) = await self.acomplete_many([request], use_batch=False)
         return got
 
-    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
-                             keep_rejected: bool = False, concurrency: int | None = None,
-                             use_batch: bool = True, halt: list | None = None) -> list:
+    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None,
+                             **options: Any) -> list:
+        """:meth:`_acomplete_many`; once no batch runs, the keys committed are forgotten: every
+        later lookup reads them from the store, and remembering them grew with the run (~150 B a
+        reply)."""
+        self._batches += 1
+        try:
+            return await self._acomplete_many(requests, progress, **options)
+        finally:
+            self._batches -= 1
+            if not self._batches:
+                self._saved.clear()
+
+    async def _acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
+                              keep_rejected: bool = False, concurrency: int | None = None,
+                              use_batch: bool = True, halt: list | None = None) -> list:
         """Complete ``requests``; results in input order.
 
         Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the
@@ -712,7 +786,7 @@ class CachedBackend:
 
     async def _commit(self, key: str, result: Completion) -> None:
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append((key, json.dumps(result.to_dict()), result, fut))
+        self._queue.append((key, encode_completion(result), result, fut))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write_loop())
         await asyncio.shield(fut)

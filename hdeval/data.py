@@ -9,7 +9,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
@@ -95,7 +95,8 @@ def read_samples(
 
 
 def iter_samples(
-    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None
+    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None,
+    seen: SeenIds | None = None, keep: Callable[[str], bool] | None = None,
 ) -> Iterator[Sample]:
     """:func:`read_samples` one sample at a time, holding only the ids seen (for duplicates).
 
@@ -110,7 +111,7 @@ def iter_samples(
     errors: list[str] = []
     n_errors = 0
     n_samples = 0
-    seen: dict[str, int] = {}
+    seen = DictIds() if seen is None else seen
     unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
 
     def bad(lineno: int, msg: str) -> None:
@@ -152,6 +153,9 @@ def iter_samples(
             except ValueError as exc:  # e.g. an integer with more digits than Python converts
                 bad(lineno, f"not usable JSON ({exc})")
                 continue
+            if keep is not None and _others(row, keep):
+                n_samples += 1  # another shard's, so the file is not empty
+                continue
             where = _lone_surrogate(row)
             if where is not None:
                 bad(lineno, f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff "
@@ -169,10 +173,10 @@ def iter_samples(
                 bad(lineno, problem)
                 continue
             assert sample is not None
-            if sample.id in seen:
-                bad(lineno, f"id {sample.id!r} already used on line {seen[sample.id]}")
+            first = seen.first_line(sample.id, lineno)
+            if first is not None:
+                bad(lineno, f"id {sample.id!r} already used on line {first}")
                 continue
-            seen[sample.id] = lineno
             n_samples += 1
             if not n_errors:
                 yield sample
@@ -207,6 +211,81 @@ def _lone_surrogate(row: object) -> str | None:
         elif isinstance(value, list):
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
     return None
+
+
+class SeenIds(Protocol):
+    """Where a reader keeps the ids it has seen, for the duplicate check."""
+
+    def first_line(self, sample_id: str, lineno: int) -> int | None:
+        """The line ``sample_id`` was first seen on, or None (and it is now seen on ``lineno``)."""
+
+
+class DictIds:
+    """Ids seen, in memory (a reader's default; ``apply`` keeps them on disk instead)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, int] = {}
+
+    def first_line(self, sample_id: str, lineno: int) -> int | None:
+        first = self.lines.setdefault(sample_id, lineno)
+        return None if first == lineno else first
+
+
+class DiskIds:
+    """Ids seen, in an SQLite file in a private temporary directory (in ``near`` when given;
+    removed by :meth:`close`): memory stays within SQLite's page cache however many ids there
+    are, where a dict costs ~170 bytes an id. Ids are stored as UTF-8 bytes (surrogates kept),
+    so any id a reader accepts is indexed."""
+
+    CACHE_KIB = 2048  # SQLite's page cache for the index: what it may hold in memory
+
+    def __init__(self, near: str | Path | None = None):
+        import sqlite3
+        import tempfile
+
+        try:
+            self._dir = tempfile.TemporaryDirectory(prefix=".hdeval-ids-", suffix=".tmp", dir=near)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the duplicate-id index in {near or tempfile.gettempdir()}: "
+                              f"{exc.strerror or exc}") from None
+        # a scratch index rebuilt by every run: no journal, no fsync
+        self._con = sqlite3.connect(os.path.join(self._dir.name, "ids.db"), isolation_level=None)
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{self.CACHE_KIB}", "temp_store=FILE"):
+            self._con.execute("PRAGMA " + pragma)
+        self._con.execute("CREATE TABLE ids (id BLOB PRIMARY KEY, line INTEGER) WITHOUT ROWID")
+        self._con.execute("BEGIN")
+
+    def first_line(self, sample_id: str, lineno: int) -> int | None:
+        key = sample_id.encode("utf-8", "surrogatepass")
+        if self._con.execute("INSERT OR IGNORE INTO ids VALUES (?, ?)", (key, lineno)).rowcount:
+            return None
+        return int(self._con.execute("SELECT line FROM ids WHERE id = ?", (key,)).fetchone()[0])
+
+    @property
+    def directory(self) -> str:
+        """The private temporary directory (removed with the index): room for other scratch files."""
+        return self._dir.name
+
+    def close(self) -> None:
+        self._con.close()
+        self._dir.cleanup()
+
+    def __enter__(self) -> "DiskIds":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _others(row: object, keep: Callable[[str], bool]) -> bool:
+    """A row whose id (as a sample would hold it) another reader keeps; rows without a usable
+    id are every reader's, so each reports them."""
+    if not isinstance(row, dict):
+        return False
+    sid = row.get("id")
+    if sid is None or (isinstance(sid, str) and not sid.strip()):
+        return False
+    return not keep(str(sid))
 
 
 def _sample_from_row(
@@ -362,18 +441,20 @@ def read_task_samples(
 
 
 def iter_task_chunks(
-    path: str | Path, task: Task, require_labels: bool = True, size: int = 1000
+    path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
+    seen: SeenIds | None = None, keep: Callable[[str], bool] | None = None,
 ) -> Iterator[list[Sample] | list[PairSample]]:
     """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
-    holds one chunk (and the ids seen). Every line is validated as there; a bad line raises
-    the same :class:`DataError` when the scan reaches the end of the file, and no chunk after
-    the first bad line is yielded."""
+    holds one chunk (and the ids seen, unless ``seen`` keeps them elsewhere). Every line is
+    validated as there; a bad line raises the same :class:`DataError` when the scan reaches the
+    end of the file, and no chunk after the first bad line is yielded. ``keep(id)`` False: the
+    row is another reader's (a shard): skipped unchecked beyond its JSON and id."""
     if size < 1:
         raise ConfigError(f"chunk size must be at least 1, got {size}")
     if task.shape == "pairwise":
-        it: Iterator[Any] = iter_pairs(path, task, require_labels=require_labels)
+        it: Iterator[Any] = iter_pairs(path, task, require_labels=require_labels, seen=seen, keep=keep)
     else:
-        it = iter_samples(path, task, require_scores=require_labels)
+        it = iter_samples(path, task, require_scores=require_labels, seen=seen, keep=keep)
     chunk: list[Any] = []
     for s in it:
         chunk.append(s)
@@ -410,6 +491,8 @@ def iter_pairs(
     where: Mapping[str, Any] | None = None,
     require_labels: bool = True,
     skipped: list[int] | None = None,
+    seen: SeenIds | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[PairSample]:
     """:func:`read_pairs` one pair at a time (yielded only while no line has been bad; the
     error listing every bad line is raised at the end), as :func:`iter_samples`."""
@@ -420,7 +503,7 @@ def iter_pairs(
     errors: list[str] = []
     n_errors = 0
     n_pairs = 0
-    seen: dict[str, int] = {}
+    seen = DictIds() if seen is None else seen
     try:
         fh = path.open("rb")
     except OSError as exc:
@@ -440,19 +523,22 @@ def iter_pairs(
             if problem is None:
                 if not _matches(row, row_filter):
                     continue
+                if keep is not None and _others(row, keep):
+                    n_pairs += 1  # another shard's, so the file holds pairs
+                    continue
                 problem, pair = _pair_from_row(row, lineno, task, require_labels)
                 if problem is None and pair is None:
                     if skipped is not None:
                         skipped.append(lineno)
                     continue
-            if pair is not None and pair.id in seen:
-                problem = f"id {pair.id!r} already used on line {seen[pair.id]}"
+            first = seen.first_line(pair.id, lineno) if pair is not None and problem is None else None
+            if first is not None:
+                problem = f"id {pair.id!r} already used on line {first}"  # type: ignore[union-attr]
             if problem is not None or pair is None:
                 n_errors += 1
                 if len(errors) < MAX_REPORTED_ERRORS:
                     errors.append(f"line {lineno}: {problem}")
                 continue
-            seen[pair.id] = lineno
             n_pairs += 1
             if not n_errors:
                 yield pair

@@ -334,7 +334,7 @@ def import_results(results: str | Path, requests: str | Path, cache_dir: str | P
     completion into the cache in ``cache_dir`` in one transaction: all or nothing."""
     import diskcache
 
-    from hdeval.cache import open_store, storage_error
+    from hdeval.cache import encode_completion, open_store, storage_error
 
     asked = read_request_file(requests)
     got, report = read_results(results, asked, parser)
@@ -343,7 +343,7 @@ def import_results(results: str | Path, requests: str | Path, cache_dir: str | P
         # one transaction: a failure part-way (a full disk) leaves the cache as it was
         with store.transact():
             for key, completion in got.items():
-                store.set(key, json.dumps(completion.to_dict()))
+                store.set(key, encode_completion(completion))
     except (OSError, diskcache.Timeout) as exc:
         raise storage_error(cache_dir, exc, writing=True) from None
     except Exception as exc:  # sqlite3 errors, an entry too large

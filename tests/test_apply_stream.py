@@ -159,41 +159,83 @@ def test_csv_and_stdout_stream_the_same_rows_whatever_the_chunks(toy_artifact: P
 
 
 # ------------------------------------------------------------------ nothing half-done
-def test_a_bad_line_in_a_later_chunk_writes_nothing_and_calls_nothing(toy_artifact: Path, tmp_path: Path,
-                                                                        fake_calls: list[int]) -> None:
-    lines = new_samples(tmp_path).read_text().splitlines()
-    broken = json.loads(lines[29])
+def _break_line(data: Path, index: int, dest: Path) -> Path:
+    lines = data.read_text().splitlines()
+    broken = json.loads(lines[index])
     broken["scores"] = {"clarity": 9}  # outside [1, 5]
-    lines[29] = json.dumps(broken)
-    data = tmp_path / "broken.jsonl"
-    data.write_text("\n".join(lines) + "\n")
+    lines[index] = json.dumps(broken)
+    dest.write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def test_a_bad_line_in_a_later_chunk_writes_nothing_and_loses_nothing_paid(toy_artifact: Path, tmp_path: Path,
+                                                                         fake_calls: list[int]) -> None:
+    """One reading pass: the chunks before a bad line are scored (their calls cached), then the
+    bad line stops the run with every bad line of the file listed and no output."""
+    good = new_samples(tmp_path)
+    data = _break_line(_break_line(good, 29, tmp_path / "broken.jsonl"), 31, tmp_path / "broken.jsonl")
     out = tmp_path / "scored.jsonl"
     out.write_text("previous results\n")
-    one_error(apply(toy_artifact, data, out, tmp_path / "c", chunk=7), "line 30", "scores.clarity")
+    cache = tmp_path / "c"
+    one_error(apply(toy_artifact, data, out, cache, chunk=7), "2 bad line(s)", "line 30", "line 32", "scores.clarity")
     assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
-    assert fake_calls == []  # validated whole before anything was paid for
+    paid = len(fake_calls)
+    assert paid > 0  # chunks 1-4 were scored before line 30 was reached
     fresh = tmp_path / "fresh.jsonl"
-    one_error(apply(toy_artifact, data, fresh, tmp_path / "c", chunk=7), "line 30")
-    assert not fresh.exists()
+    one_error(apply(toy_artifact, data, fresh, cache, chunk=7), "line 30")
+    assert not fresh.exists() and len(fake_calls) == paid  # the second try paid nothing again
+    fixed = apply(toy_artifact, good, out, cache, chunk=7)
+    assert fixed.exit_code == 0, fixed.output
+    assert f"cache hits: {paid}" in fixed.stderr  # what the failed run paid for was kept
+
+
+def test_a_bad_line_in_the_first_chunk_is_reported_before_any_call(toy_artifact: Path, tmp_path: Path,
+                                                                   fake_calls: list[int]) -> None:
+    data = _break_line(new_samples(tmp_path), 1, tmp_path / "broken.jsonl")
+    one_error(apply(toy_artifact, data, tmp_path / "s.jsonl", tmp_path / "c", chunk=7), "line 2")
+    assert fake_calls == [] and leftovers(tmp_path) == []
+
+
+def test_the_duplicate_id_index_is_on_disk_and_removed(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    """Duplicate ids are found through an index beside the output (not a dict of every id), which
+    is gone when the run ends, whether it succeeded or not."""
+    import hdeval.data as data_mod
+
+    rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
+    dup = write_jsonl(tmp_path / "dup.jsonl", rows + [{**rows[3], "output": "other"}])
+    made: list[str] = []
+    real = data_mod.DiskIds.__init__
+
+    def spy(self, near=None):
+        real(self, near)
+        made.append(self._dir.name)
+
+    monkeypatch.setattr(data_mod.DiskIds, "__init__", spy)
+    monkeypatch.setattr(data_mod.DictIds, "first_line", lambda *a: pytest.fail("ids held in memory"))
+    out_dir = tmp_path / "out"
+    one_error(apply(toy_artifact, dup, out_dir / "s.jsonl", tmp_path / "c", chunk=7),
+              f"line {len(rows) + 1}", f"id {rows[3]['id']!r} already used on line 4")
+    assert made and all(Path(d).parent == out_dir and not Path(d).exists() for d in made)
+    assert apply(toy_artifact, new_samples(tmp_path), out_dir / "s.jsonl", tmp_path / "c").exit_code == 0
+    assert not any(Path(d).exists() for d in made) and [p.name for p in out_dir.iterdir()] == ["s.jsonl"]
 
 
 def test_a_file_that_goes_bad_while_it_is_streamed_leaves_no_output(toy_artifact: Path, tmp_path: Path,
                                                                      monkeypatch) -> None:
-    """The first pass saw a good file; by the time the stream reaches line 30 it is not."""
-    import hdeval.run.apply as apply_mod
+    """The first chunk was good; by the time the stream reaches line 30 it is not."""
+    from hdeval.methods.hdeval.evaluator import Evaluator
 
     data = new_samples(tmp_path)
     good = data.read_text()
-    real = apply_mod._count
+    real = Evaluator.score
 
-    def count_then_break(*args):
-        got = real(*args)
+    def score_then_break(self, samples, *a, **k):
         lines = good.splitlines()
         lines[29] = "{not json"
         data.write_text("\n".join(lines) + "\n")
-        return got
+        return real(self, samples, *a, **k)
 
-    monkeypatch.setattr(apply_mod, "_count", count_then_break)
+    monkeypatch.setattr(Evaluator, "score", score_then_break)
     out = tmp_path / "scored.jsonl"
     out.write_text("previous results\n")
     one_error(apply(toy_artifact, data, out, tmp_path / "c", chunk=7), "line 30", "not valid JSON")
@@ -399,3 +441,41 @@ def test_score_with_artifact_stops_its_ticker_when_scoring_fails(toy_artifact: P
     for t in {t for t in threading.enumerate() if "_tick" in t.name} - before:
         t.join(timeout=30)
         assert not t.is_alive()
+
+
+def test_a_shard_checks_and_keeps_only_its_own_rows(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    """A shard builds samples only of its own rows; a row of another shard is checked there.
+    A duplicate id always falls in the shard of its first use, so that shard refuses it (the set
+    can then never merge); a line with no usable id (not JSON) is every shard's error."""
+    import hdeval.data as data_mod
+
+    rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
+    one = next(i for i, r in enumerate(rows) if shard_of(r["id"], 2) == 1)
+    two = next(i for i, r in enumerate(rows) if shard_of(r["id"], 2) == 2)
+    bad = [dict(r) for r in rows]
+    bad[two]["scores"] = {"clarity": 9}
+    bad.append({**rows[one], "output": "again"})
+    data = write_jsonl(tmp_path / "bad.jsonl", bad)
+    built: list[str] = []
+    real = data_mod._sample_from_row
+
+    def spy(row, *a, **k):
+        got = real(row, *a, **k)
+        built.append(str(row.get("id")))
+        return got
+
+    monkeypatch.setattr(data_mod, "_sample_from_row", spy)
+    r1 = apply(toy_artifact, data, tmp_path / "p1.jsonl", tmp_path / "c", "--shard", "1/2", chunk=5)
+    one_error(r1, f"line {len(bad)}", f"already used on line {one + 1}")
+    assert built and all(shard_of(i, 2) == 1 for i in built)
+    r2 = apply(toy_artifact, data, tmp_path / "p2.jsonl", tmp_path / "c", "--shard", "2/2", chunk=5)
+    one_error(r2, f"line {two + 1}", "scores.clarity")
+    assert not (tmp_path / "p1.jsonl").exists() and not (tmp_path / "p2.jsonl").exists()
+    del bad[two], bad[-1]
+    fixed = tmp_path / "bad.jsonl"
+    fixed.write_text("".join(json.dumps(r) + "\n" for r in bad[:5]) + "{not json\n"
+                     + "".join(json.dumps(r) + "\n" for r in bad[5:]))
+    for k in (1, 2):
+        one_error(apply(toy_artifact, fixed, tmp_path / f"p{k}.jsonl", tmp_path / "c", "--shard", f"{k}/2"),
+                  "line 6", "not valid JSON")
+    assert leftovers(tmp_path) == []

@@ -4,13 +4,15 @@ holds one chunk), optionally one shard of N, into an atomically written output."
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.progress import Progress
@@ -18,7 +20,7 @@ from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
-    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_chunks, shard_of,
+    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_of,
 )
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
@@ -60,20 +62,23 @@ class _ChunkProgress(Progress):
 
 
 class _Summary:
-    """What the closing summary needs, kept per row (numbers and labels, not samples):
-    the predictions and human scores for correlations, or the labels for pairs' agreement."""
+    """What the closing summary needs, kept per row (numbers and labels, not samples): the
+    predictions and human scores for correlations, appended to one file per aspect in
+    ``scratch`` (read back an aspect at a time at the end: in memory they grew 16 B per sample
+    and aspect), or the labels for pairs' agreement."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: str) -> None:
+        self.scratch = scratch
         self.aspects: list[str] | None = None
-        self.pred: list[Any] = []
-        self.human: list[Any] = []
+        self.rows = 0
         self.all_human = True
         self.last: Any = None  # a pairwise result: the labels below replace its own at the end
         self.labels: dict[str, list] = {"labels": [], "labels_ab": [], "learned_labels": [], "learned_ab": []}
         self.learned = True
         self.human_labels: list[str | None] = []
 
-    def add(self, samples: list, res: Any) -> None:
+    def add(self, samples: list, res: Any, keep: list[bool] | None = None) -> None:
+        """``keep``: which rows count for the correlations (pairs' agreement counts every row)."""
         import numpy as np
 
         if hasattr(res, "agreement"):
@@ -86,10 +91,16 @@ class _Summary:
             return
         self.aspects = list(res.aspects)
         if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
-            self.pred.append(np.asarray(res.predictions, float))
-            self.human.append(np.array([[s.scores[a] for a in self.aspects] for s in samples], float))
+            mask = np.ones(len(samples), bool) if keep is None else np.asarray(keep, bool)
+            pred = np.asarray(res.predictions, float)[mask]
+            human = np.array([[s.scores[a] for a in self.aspects] for s in samples], float).reshape(-1, len(self.aspects))[mask]
+            for j in range(len(self.aspects)):
+                for name, values in (("pred", pred), ("human", human)):
+                    with open(self._column(name, j), "ab") as fh:
+                        fh.write(np.ascontiguousarray(values[:, j], "<f8").tobytes())
+            self.rows += int(mask.sum())
         else:
-            self.all_human, self.pred, self.human = False, [], []
+            self.all_human = False
 
     def agreement(self) -> dict | None:
         if self.last is None:
@@ -103,36 +114,91 @@ class _Summary:
         res = dataclasses.replace(self.last, **kept)
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
+    def _column(self, name: str, j: int) -> str:
+        return os.path.join(self.scratch, f"{name}-{j}.f64")
+
     def correlations(self) -> dict | None:
+        """As :func:`hdeval.metrics.metric_table` on every row, one aspect in memory at a time."""
         import numpy as np
 
-        from hdeval.metrics import metric_table
+        from hdeval.metrics import average, correlations
 
-        if self.last is not None or not self.all_human or not self.pred:
+        if self.last is not None or not self.all_human or not self.rows or self.aspects is None:
             return None
-        return metric_table(np.concatenate(self.human), np.concatenate(self.pred), self.aspects)
+        table = {a: correlations(np.fromfile(self._column("human", j), "<f8"), np.fromfile(self._column("pred", j), "<f8"))
+                 for j, a in enumerate(self.aspects)}
+        table["average"] = average(table)
+        return table
 
 
-def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None) -> tuple[int, int]:
-    """Validate the whole input before any LLM call (every bad line reported at once, as
-    before streaming); return (samples in the file, samples in this shard)."""
-    from hdeval.data import iter_task_chunks
+class _Input:
+    """One streaming read of the input: this shard's samples a chunk at a time, every line
+    validated as it is reached, the ids seen kept in an on-disk index (a duplicate id always
+    falls in the shard of its first use, so each shard checks its own ids against the whole
+    file). Once read: the samples in the file (``total``) and in this shard (``mine``)."""
 
-    total = mine = 0
-    for chunk in iter_task_chunks(input_file, ev.task, require_labels=False, size=size):
-        total += len(chunk)
-        mine += len(chunk) if shard is None else sum(shard_of(s.id, shard[1]) == shard[0] for s in chunk)
-    return total, mine
+    def __init__(self, path: str, ev: Any, size: int, shard: tuple[int, int] | None):
+        self.path, self.ev, self.size, self.shard = path, ev, size, shard
+        self.total = self.mine = 0
+
+    def _keep(self, sample_id: str) -> bool:
+        assert self.shard is not None
+        self.total += 1
+        return shard_of(sample_id, self.shard[1]) == self.shard[0]
+
+    def chunks(self, seen: Any) -> Iterator[list]:
+        from hdeval.data import iter_task_chunks
+
+        keep = self._keep if self.shard is not None else None
+        for chunk in iter_task_chunks(self.path, self.ev.task, require_labels=False, size=self.size,
+                                      seen=seen, keep=keep):
+            self.mine += len(chunk)
+            if self.shard is None:
+                self.total += len(chunk)
+            yield chunk
 
 
-def _input_tasks(path: str) -> set[str]:
-    """The ``task`` names the input's rows declare (rows written by hdeval carry one)."""
+def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None,
+           near: str | None = None) -> tuple[int, int]:
+    """Validate the whole input without scoring it (every bad line reported at once), for
+    callers that must before anything is written; (samples in the file, in this shard)."""
+    from hdeval.data import DiskIds
+
+    reading = _Input(input_file, ev, size, shard)
+    with DiskIds(near) as seen:
+        for _ in reading.chunks(seen):
+            pass
+    return reading.total, reading.mine
+
+
+def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
+    """(lines, sha256 if asked) of the file, read as bytes: no parse and no memory, for the
+    progress estimate and a shard's closing record."""
+    if not os.path.isfile(path):
+        return 0, None  # /dev/zero, a FIFO: never read unbounded; the bounded reading pass reports it
+    h = hashlib.sha256() if digest else None
+    lines, last = 0, b"\n"
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                lines += block.count(b"\n")
+                last = block[-1:]
+                if h is not None:
+                    h.update(block)
+    except OSError:
+        return 0, None  # the reading pass reports a file it cannot read
+    return lines + (last != b"\n"), h.hexdigest() if h is not None else None
+
+
+def _input_tasks(path: str, limit: int) -> set[str]:
+    """The ``task`` names the input's first ``limit`` lines declare (rows written by hdeval
+    carry one): a warning before anything is paid, so the head of the file stands for it."""
     from hdeval.data import bounded_lines
 
     found: set[str] = set()
     try:
         with open(path, encoding="utf-8") as fh:
-            for line in bounded_lines(fh, path):
+            for line in itertools.islice(bounded_lines(fh, path), limit):
                 try:
                     row = json.loads(line)
                 except ValueError:
@@ -189,16 +255,17 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
-    The input is validated first (every bad line reported, nothing paid for), then read, scored
-    and written a chunk at a time. A failure or stop leaves no output and an existing file
-    untouched; finished LLM calls are cached, so a rerun resumes. ``shard="K/N"`` scores one
+    The input is read once, each chunk validated, scored and written in turn (ids checked for
+    duplicates through an on-disk index). A bad line, a failure or a stop leaves no output and an
+    existing file untouched (a bad line: every bad line of the file listed); finished LLM calls
+    are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
     information and warnings go to ``notify``; the LLM options are those of ``hdeval apply`` (None:
     the configured default, :mod:`hdeval.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones."""
-    from hdeval.data import iter_task_chunks
+    from hdeval.data import DiskIds
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
@@ -225,38 +292,47 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     if refusal:
         raise ConfigError(refusal)
     trust = RowTrust(ev, max_interval_width)
-    total, mine = _count(input_file, ev, size, which)
+    lines, input_sha = _scan_bytes(input_file, digest=which is not None)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
-    if whole and (which is not None or mine > size):
-        raise ConfigError(f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)")
-    closing = None
-    if which is not None:
-        closing = closing_record(which[0], which[1], mine, file_sha256(input_file),
-                                 artifact_sha256(artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)))
-    other = sorted(_input_tasks(input_file) - {ev.task.name})
+    if whole:
+        fits = which is None
+        if fits and lines > size:  # the line count bounds the samples: count them only past it
+            with DiskIds(None if output == "-" else os.path.dirname(os.path.abspath(output))) as ids:
+                chunks = _Input(input_file, ev, size + 1, None).chunks(ids)
+                fits = len(next(chunks, [])) <= size
+                chunks.close()
+        if not fits:
+            raise ConfigError(f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)")
+    other = sorted(_input_tasks(input_file, size) - {ev.task.name})
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
                f"trained on task {ev.task.name}; its scores will mean little there")
     needed = ev.columns_needed()
-    count = f"{mine} samples" if which is None else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
+    # the exact counts are known once the one reading pass is done (they close the run)
+    expect = lines if which is None else math.ceil(lines / which[1])
+    count = (f"up to {lines} samples" if which is None
+             else f"about {expect} of up to {lines} samples in shard {which[0]}/{which[1]}")
     notify(count + ev.cost_line())
-    summary = _Summary()
     failed = cells = 0
     example: str | None = None
-    n_chunks = max(1, math.ceil(mine / size))
+    n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
-    with OutputWriter(output, fmt) as out:
+    reading = _Input(input_file, ev, size, which)
+    with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
+            os.path.abspath(output))) as seen:
+        summary = _Summary(seen.directory)
         backend = None
         try:
-            if mine:
-                backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
-                                            max_retries=max_retries, cache_dir=cache_dir,
-                                            max_calls=max_calls, concurrency=concurrency,
-                                            batch=bool(batch), llm_given=llm_given,
-                                            base_url_given=base_url_given, confirm=confirm, notify=notify)
-            for k, samples in enumerate(shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False,
-                                                                      size=size), which, size), 1):
-                chunk_progress.prefix = f"chunk {k}/{n_chunks}: " if n_chunks > 1 else ""
+            for k, samples in enumerate(reading.chunks(seen), 1):
+                if backend is None:
+                    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
+                                                max_retries=max_retries, cache_dir=cache_dir,
+                                                max_calls=max_calls, concurrency=concurrency,
+                                                batch=bool(batch), llm_given=llm_given,
+                                                base_url_given=base_url_given, confirm=confirm, notify=notify)
+                if n_chunks > 1 or k > 1:
+                    shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
+                    chunk_progress.prefix = f"chunk {k}/{shown}: "
                 res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
                 rows = ev.output_rows(samples, res)
                 trust.annotate(rows, samples, res)
@@ -269,11 +345,17 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
-                summary.add(samples, res)
+                # the headline correlations are the held-out rows' (training rows: trust's own table)
+                summary.add(samples, res, keep=[not row["in_training"] for row in rows])
                 f, c, e = _failed_cells(res, needed)
                 failed, cells, example = failed + f, cells + c, example or e
-            if closing is not None:
-                out.write([closing], counted=False)
+            mine, total = reading.mine, reading.total
+            notify((f"{mine} samples" if which is None else
+                    f"{mine} of {total} samples in shard {which[0]}/{which[1]}") + " read and scored")
+            if which is not None:
+                out.write([closing_record(which[0], which[1], mine, input_sha or file_sha256(input_file),
+                                          artifact_sha256(artifact if isinstance(artifact, (str, Path))
+                                                          else getattr(ev, "path", None)))], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
@@ -283,9 +365,10 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
+        agreement, correlations = summary.agreement(), summary.correlations()
         out.commit()
     if trust.warning():
         notify(trust.warning())
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=summary.agreement(), correlations=trust.correlations(summary.correlations()),
-                       failed=failed, cells=cells, trust=trust.summary())
+                       agreement=agreement, correlations=correlations, failed=failed, cells=cells,
+                       trust=trust.summary())

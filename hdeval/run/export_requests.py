@@ -21,10 +21,10 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     :func:`hdeval.run.apply.apply_file`."""
     from hdeval.artifact import check_writable
     from hdeval.methods.registry import load_artifact
-    from hdeval.data import iter_task_chunks
-    from hdeval.run.apply import _count, chunk_size
+    from hdeval.data import DiskIds
+    from hdeval.run.apply import _count, _Input, chunk_size
     from hdeval.run.artifact_llm import open_artifact_llm
-    from hdeval.run.shards import parse_shard, shard_chunks
+    from hdeval.run.shards import parse_shard
 
     from hdeval.run.output import check_output
 
@@ -38,13 +38,15 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
         from hdeval.errors import ConfigError
 
         raise ConfigError(refusal)
-    _count(str(input_file), ev, size, which)  # every bad line reported before anything is written
+    near = os.path.dirname(os.path.abspath(export_file))
+    _count(str(input_file), ev, size, which, near)  # every bad line reported before anything is written
     # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
     backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
                                 cache_dir=cache_dir, max_calls=0, concurrency=concurrency, **policy)
     try:
-        chunks = shard_chunks(iter_task_chunks(input_file, ev.task, require_labels=False, size=size), which, size)
-        return len(export_requests(ev, chunks, backend, export_file).written)
+        with DiskIds(near) as seen:
+            chunks = _Input(str(input_file), ev, size, which).chunks(seen)
+            return len(export_requests(ev, chunks, backend, export_file).written)
     finally:
         backend.close()
 

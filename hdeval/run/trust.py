@@ -25,9 +25,10 @@ class RowTrust:
         self.ranges = [task.aspect(a).range for a in self.aspects] if self.cal is not None else []
         self.level = self.cal.level if self.cal is not None else None
         self.rows = self.in_training = self.needs_human = 0
-        # correlations kept apart: True = training rows, False = the rest
-        self.pred: dict[bool, list] = {True: [], False: []}
-        self.human: dict[bool, list] = {True: [], False: []}
+        # the training rows' numbers, for their correlations apart (bounded by the training split;
+        # the other rows' go to apply's on-disk summary, so memory does not grow with the input)
+        self.pred: list = []
+        self.human: list = []
         self.all_human = True
 
     def annotate(self, rows: list[dict], samples: Sequence[Any], res: Any) -> None:
@@ -49,25 +50,20 @@ class RowTrust:
                 row["needs_human"] = iv["needs_human"] or bool(row.get("failures"))
                 self.needs_human += row["needs_human"]
             if pointwise and self.all_human:
-                if all(a in s.scores for a in self.aspects):
-                    self.pred[seen].append(np.asarray(res.predictions[pos[s.id]], float))
-                    self.human[seen].append([s.scores[a] for a in self.aspects])
-                else:
+                if not all(a in s.scores for a in self.aspects):
                     self.all_human = False
+                elif seen:
+                    self.pred.append(np.asarray(res.predictions[pos[s.id]], float))
+                    self.human.append([s.scores[a] for a in self.aspects])
 
-    def _table(self, seen: bool) -> dict | None:
+    def _training_table(self) -> dict | None:
         import numpy as np
 
         from hdeval.metrics import metric_table
 
-        if not self.all_human or not self.pred[seen]:
+        if not self.all_human or not self.pred:
             return None
-        return metric_table(np.array(self.human[seen], float), np.array(self.pred[seen]), self.aspects)
-
-    def correlations(self, overall: dict | None) -> dict | None:
-        """The correlations to show as the apply's figure: ``overall`` when no row was in
-        training, else those of the rows that were not (None if every row was)."""
-        return overall if not self.in_training else self._table(False)
+        return metric_table(np.array(self.human, float), np.array(self.pred), self.aspects)
 
     def warning(self) -> str | None:
         if not self.in_training:
@@ -78,7 +74,7 @@ class RowTrust:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
         if self.in_training:
-            out["correlations_training"] = self._table(True)
+            out["correlations_training"] = self._training_table()
         if self.cal is not None:
             out.update(interval_level=self.level, max_interval_width=self.max_width, needs_human=self.needs_human)
         return out
