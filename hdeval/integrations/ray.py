@@ -232,11 +232,15 @@ class RequestAnswerer:
                  concurrency: int = DEFAULT_CONCURRENCY):
         import openai
 
-        from hdeval.backends.openai_compat import _check_url
+        from hdeval.backends.openai_compat import _check_url, _proxy_for, http_client
+        from hdeval.request_files import MAX_LINE_BYTES
 
         _check_url(base_url)
+        # the backends' HTTP client: a reply past a result line's size is dropped while read (the
+        # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
+        http = http_client(timeout, _proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
         self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or "unused",
-                                    timeout=timeout, max_retries=max_retries)
+                                    timeout=timeout, max_retries=max_retries, http_client=http)
         self.concurrency = concurrency
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
