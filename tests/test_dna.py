@@ -569,9 +569,16 @@ def test_apply_reports_agreement_only_when_the_input_has_labels(tmp_path):
     assert len((tmp_path / "new.jsonl").read_text().splitlines()) == 2
     r = run_cli("apply", art, ex / "pairs.jsonl", "-o", tmp_path / "old.jsonl", "--cache-dir", tmp_path / "cache")
     assert r.exit_code == 0, r.output
-    line = next(x for x in r.output.splitlines() if x.startswith("agreement with the human labels in the input: "))
-    got = json.loads(line.split(": ", 1)[1])
-    assert got["llm"]["n"] == 16 and got["learned"]["n"] == 16
+    # its own training file: the held-out pairs' agreement, the training pairs' apart
+    held = next(x for x in r.output.splitlines() if x.startswith("agreement with the human labels in the input (rows "
+                                                                  "not in the artifact's training split): "))
+    got = json.loads(held.split("): ", 1)[1])
+    trained = next(x for x in r.output.splitlines() if x.startswith("TRAINING ROWS ONLY ("))
+    apart = json.loads(trained.split("agreement ", 1)[1])
+    n_train = int(trained.split("(", 1)[1].split(" ", 1)[0])
+    assert 0 < n_train < 16
+    assert got["llm"]["n"] == got["learned"]["n"] == 16 - n_train
+    assert apart["llm"]["n"] == apart["learned"]["n"] == n_train
 
 
 class _Stages(Progress):

@@ -197,6 +197,26 @@ def test_apply_scores_new_pairs_and_a_second_apply_makes_no_calls(faireval40, tm
     assert not (tmp_path / "x.jsonl").exists()
 
 
+def test_apply_on_the_training_file_reports_the_training_pairs_agreement_apart(llmbar60, tmp_path):
+    """As for pointwise scores: the headline agreement is the held-out pairs' (the artifact's own
+    held-out figure), the training pairs' is reported apart and labelled."""
+    from hdeval.run.apply import apply_file
+
+    path = _train(tmp_path, llmbar60, task="llmbar", layers=1, aggregator="lr").save(tmp_path / "art")
+    ev = load_artifact(path)
+    train_ids = set(ev.manifest_extra["split"]["train"])
+    res = apply_file(path, str(llmbar60), str(tmp_path / "o.jsonl"), cache_dir=str(tmp_path / "cache"),
+                     notify=lambda _: None)
+    assert res.trust["in_training"] == len(train_ids) > 0
+    assert res.agreement["hdeval"]["n"] == 60 - len(train_ids)
+    assert res.agreement["hdeval"]["w_ties"] == ev.metrics["final"]["w_ties"]
+    assert res.trust["agreement_training"]["hdeval"]["n"] == len(train_ids)
+    r = run_cli("apply", path, llmbar60, "-o", tmp_path / "o2.jsonl", "--cache-dir", tmp_path / "cache")
+    assert r.exit_code == 0, r.output
+    assert "agreement with the human labels in the input (rows not in the artifact's training split)" in r.output
+    assert "TRAINING ROWS ONLY" in r.output
+
+
 def test_scoring_single_outputs_with_a_pairwise_artifact_is_a_clear_error(faireval40, tmp_path):
     ev = _train(tmp_path, faireval40, layers=1)
     rows = [{"id": "s1", "doc_id": "d", "source": "q", "output": "an answer"}]

@@ -96,10 +96,14 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                    f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
         click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
                    f"threshold {max_failure_rate:.0%})", err=True)
-        if res.agreement:
-            click.echo(f"agreement with the human labels in the input: {json.dumps(res.agreement)}", err=to_stdout)
         t = res.trust
         apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
+        if res.agreement:
+            click.echo(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}",
+                       err=to_stdout)
+        if t.get("agreement_training"):
+            click.echo(f"TRAINING ROWS ONLY ({t['in_training']} rows the evaluator was fitted on; not a held-out "
+                       f"figure): agreement {json.dumps(t['agreement_training'])}", err=to_stdout)
         if res.correlations is not None:
             click.echo(f"correlation with the human scores in the input{apart}:", err=to_stdout)
             _correlations(res.correlations, to_stdout)

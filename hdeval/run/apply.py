@@ -78,16 +78,17 @@ class _Summary:
         self.human_labels: list[str | None] = []
 
     def add(self, samples: list, res: Any, keep: list[bool] | None = None) -> None:
-        """``keep``: which rows count for the correlations (pairs' agreement counts every row)."""
+        """``keep``: which rows count (None: every row)."""
         import numpy as np
 
         if hasattr(res, "agreement"):
             self.last = res
-            self.human_labels.extend(s.label for s in samples)
+            kept = [True] * len(samples) if keep is None else keep
+            self.human_labels.extend(s.label for s, k in zip(samples, kept) if k)
             # DnA results carry learned labels too; pairwise HD-Eval results only their own
             self.learned = self.learned and getattr(res, "learned_labels", None) is not None
             for name, values in self.labels.items():
-                values.extend(getattr(res, name, None) or ())
+                values.extend(v for v, k in zip(getattr(res, name, None) or (), kept) if k)
             return
         self.aspects = list(res.aspects)
         if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
@@ -103,7 +104,7 @@ class _Summary:
             self.all_human = False
 
     def agreement(self) -> dict | None:
-        if self.last is None:
+        if self.last is None or not self.human_labels:
             return None
         lab = self.labels
         fields = {f.name for f in dataclasses.fields(self.last)}
@@ -321,6 +322,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
             os.path.abspath(output))) as seen:
         summary = _Summary(seen.directory)
+        training = _Summary(seen.directory)  # pairs only: the training pairs' agreement, apart
         backend = None
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
@@ -347,6 +349,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 out.write(rows)
                 # the headline correlations are the held-out rows' (training rows: trust's own table)
                 summary.add(samples, res, keep=[not row["in_training"] for row in rows])
+                if hasattr(res, "agreement"):
+                    training.add(samples, res, keep=[row["in_training"] for row in rows])
                 f, c, e = _failed_cells(res, needed)
                 failed, cells, example = failed + f, cells + c, example or e
             mine, total = reading.mine, reading.total
@@ -366,9 +370,13 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
         agreement, correlations = summary.agreement(), summary.correlations()
+        apart = training.agreement()
         out.commit()
     if trust.warning():
         notify(trust.warning())
+    trusted = trust.summary()
+    if apart is not None:
+        trusted["agreement_training"] = apart
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
                        agreement=agreement, correlations=correlations, failed=failed, cells=cells,
-                       trust=trust.summary())
+                       trust=trusted)
