@@ -259,6 +259,7 @@ class RequestAnswerer:
         import httpx2
         import openai
 
+        from hdeval.backends.openai_compat import ReplyTooLarge
         from hdeval.request_files import MAX_LINE_BYTES
 
         row = json.loads(text)  # a file the driver checked (read_request_file)
@@ -276,7 +277,10 @@ class RequestAnswerer:
             response = {"status_code": exc.status_code, "body": None}
             error = {"message": " ".join(str(exc).split())[:300]}
         except (openai.APIError, ValueError) as exc:  # unreachable, timed out, not JSON
-            error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
+            if isinstance(exc.__cause__, ReplyTooLarge):  # the SDK says only "Connection error."
+                error = {"message": f"a reply larger than a result line may be ({MAX_LINE_BYTES} bytes)"}
+            else:
+                error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
         return json.dumps({"custom_id": key, "response": response, "error": error}, ensure_ascii=False,
                           separators=(",", ":"))
 
