@@ -657,6 +657,10 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
     (("hdeval.comparisons=0",), "--method-option hdeval: --comparisons must be a whole number of at least 1"),
     (("dna-direct.dna_mode=cot",), "--method-option dna-direct.dna_mode: dna-direct is dna with dna_mode = direct"),
     (("dna.k=2", "dna.k=3"), "--method-option dna.k is given more than once"),
+    # options the sweep sets from its own flags: accepted, then overridden by --layers' default 3
+    (("hdeval.layers=2",), "--method-option hdeval.layers: benchmark sets layers for every run; give --layers"),
+    (("hdeval.aggregator=rf",), "--method-option hdeval.aggregator: benchmark sets aggregator for every run; "
+                                "give --aggregators"),
     (("paireval.comparisons=2",), "--method-option paireval.comparisons: paireval is not among --methods "
                                   "(dna-direct, dna, hdeval)"),
 ])

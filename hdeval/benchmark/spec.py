@@ -18,6 +18,8 @@ LEARNED = ("hdeval", "paireval")
 # benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
 # baseline (overall scores from the same LLM, no aspects)
 ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+# method options the benchmark gives every run from its own flags (the aggregator: the sweep's)
+SWEEP_FLAGS = {"aggregator": "--aggregators", "layers": "--layers", "children": "--children", "top_k": "--top-k"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
     if key in fixed:
         raise ConfigError(f"--method-option {entry}.{name}: {entry} is {base} with {key} = {fixed[key]} "
                           "(benchmark sets it)")
+    if key in SWEEP_FLAGS:  # the sweep's own value would silently win over this one
+        raise ConfigError(f"--method-option {entry}.{name}: benchmark sets {key} for every run; give "
+                          f"{SWEEP_FLAGS[key]}")
     return options[key], key
 
 
