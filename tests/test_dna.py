@@ -602,8 +602,8 @@ class _Stages(Progress):
 def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faireval40, tmp_path, options):
     from hdeval.train import TrainConfig, plan
 
-    cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
-                      cache_dir=str(tmp_path / "cache"), method_options=options)
+    cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), method="dna", llm="fake",
+                                   cache_dir=str(tmp_path / "cache"), **options)
     _, planned, _ = plan(cfg, backend=FakeBackend())
     rec = _Stages()
     fake = FakeBackend()
