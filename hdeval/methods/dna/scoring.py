@@ -69,6 +69,22 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
+def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
+                progress: Progress | None, label: str, fail) -> ScoreMatrix:
+    """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
+    and counts the calls and the second reads the same (now cached) replies for the other side."""
+    if progress is not None:
+        progress.stage(label, len(first))
+    m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+    m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
+    if progress is not None:
+        progress.end_stage()
+    matrix = _merge(ids, [m1, m2])
+    for f in matrix.failures:
+        fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+    return matrix
+
+
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
               pairs: Sequence[PairSample], concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
@@ -148,18 +164,9 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
-    # one call answers both sides: the first pass pays and counts calls, the second reads the
-    # same replies back for the other side
     per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
-    if progress is not None:
-        progress.stage(f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", len(cells_first))
-    m1 = fill_matrix(llm, cells_first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-    m2 = fill_matrix(llm, cells_second, lambda cs: _side(reader(cs[0]), 1), concurrency)
-    if progress is not None:
-        progress.end_stage()
-    matrix = _merge(ids, [m1, m2])
-    for f in matrix.failures:
-        fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+    matrix = _both_sides(llm, ids, cells_first, cells_second, reader, concurrency, progress,
+                         f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", fail)
 
     # -- prompt aggregation: the aspect scores go back to the LLM
     if settings.mode == "prompt-agg":
@@ -181,15 +188,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
-        if progress is not None:
-            progress.stage(f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", len(agg_a))
-        m3 = fill_matrix(llm, agg_a, lambda cs: _side(_read_pair(cs[0]), 0), concurrency, progress)
-        m4 = fill_matrix(llm, agg_b, lambda cs: _side(_read_pair(cs[0]), 1), concurrency)
-        if progress is not None:
-            progress.end_stage()
-        extra = _merge(ids, [m3, m4])
-        for f in extra.failures:
-            fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+        extra = _both_sides(llm, ids, agg_a, agg_b, _read_pair, concurrency, progress,
+                            f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", fail)
         matrix = _merge(ids, [matrix, extra])
 
     # -- aggregation
