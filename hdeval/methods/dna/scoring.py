@@ -69,6 +69,16 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
+def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
+    """At most how many calls :func:`run_pairs` draws as progress stages on ``n_pairs`` pairs
+    (the aspects and weights calls are not drawn): every pair scored on its aspects (k of them
+    when dynamic) in each order, then once more per order with prompt aggregation. Pairs that
+    failed earlier only make it less. The dry run lists these stages' calls, identical requests
+    once (so on data without repeated pairs, the same figure)."""
+    per_pair = (settings.k if settings.dynamic else n_aspects) if settings.uses_aspects else 1
+    return n_pairs * settings.orders * (per_pair + (settings.mode == "prompt-agg"))
+
+
 def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
