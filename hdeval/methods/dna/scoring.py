@@ -105,6 +105,16 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     def fail(pid: str, reason: str) -> None:
         failures.setdefault(pid, []).append(reason)
 
+    def ask_each(stage: str, todo: list[PairSample], build, into: dict, note: str) -> None:
+        # one JSON request per pair; an unusable reply fails that pair only
+        if progress is not None:
+            progress.message(note)
+        for p, got in zip(todo, ask_json_many(llm, [build(p) for p in todo], concurrency)):
+            if isinstance(got, UnusableReply):
+                fail(p.id, f"{stage}: {got}")
+            else:
+                into[p.id] = got
+
     aspects: dict[str, list[AspectSpec]] = {}
     weights: dict[str, np.ndarray] = {}
     if settings.uses_aspects:
@@ -116,13 +126,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                                  "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
                 return req, validate_aspects(settings.k), _feedback
 
-            if progress is not None:
-                progress.message(f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
-            for p, got in zip(pairs, ask_json_many(llm, [propose(p) for p in pairs], concurrency)):
-                if isinstance(got, UnusableReply):
-                    fail(p.id, f"aspects: {got}")
-                else:
-                    aspects[p.id] = got
+            ask_each("aspects", pairs, propose, aspects,
+                     f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
         else:
             fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
             aspects = {p.id: fixed for p in pairs}
@@ -133,13 +138,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             return weights_request(tpl_w, task, p, specs), validate_weights([s.key for s in specs]), _feedback
 
         with_aspects = [p for p in pairs if p.id in aspects]
-        if progress is not None:
-            progress.message(f"weights: {len(with_aspects)} calls, one per pair")
-        for p, got in zip(with_aspects, ask_json_many(llm, [weigh(p) for p in with_aspects], concurrency)):
-            if isinstance(got, UnusableReply):
-                fail(p.id, f"weights: {got}")
-            else:
-                weights[p.id] = got
+        ask_each("weights", with_aspects, weigh, weights, f"weights: {len(with_aspects)} calls, one per pair")
 
     # -- the pairwise prompts: (column base, pair, swapped) -> request
     orders = (False, True) if settings.swap else (False,)
