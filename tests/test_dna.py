@@ -598,7 +598,7 @@ def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faire
     from hdeval.train import TrainConfig, plan
 
     cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), method="dna", llm="fake",
-                                   cache_dir=str(tmp_path / "cache"), method_options=options)
+                                   cache_dir=str(tmp_path / "cache"), **options)
     _, planned, _ = plan(cfg, backend=FakeBackend())
     rec = _Stages()
     fake = FakeBackend()
