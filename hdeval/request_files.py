@@ -132,10 +132,7 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
                     continue  # this chunk's later stages need the replies first
             fh.flush()
             os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        _put_in_place(tmp, path)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
@@ -143,6 +140,15 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
         if os.path.exists(tmp):
             os.unlink(tmp)
     return export
+
+
+def _put_in_place(tmp: str, path: Path) -> None:
+    """Rename the finished temporary file onto ``path`` with the mode a plain open would give
+    (mkstemp makes it 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
 
 
 class RequestsExported(Exception):
@@ -211,10 +217,7 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
                     "without --export-requests, then export again") from None
             else:
                 return  # every stage was cached: the training ran to its end; no file
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        _put_in_place(tmp, path)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:

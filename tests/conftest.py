@@ -126,6 +126,25 @@ def run_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def calls_made(result) -> int:
+    """The number of LLM calls a CLI run reports on its "LLM calls made:" line."""
+    line = next(x for x in result.stderr.splitlines() if x.startswith("LLM calls made:"))
+    return int(line.split(":")[1].split(",")[0])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for one test module; workers import this checkout's hdeval
+    and never reach the network. Only the Ray test modules use it (they importorskip ray)."""
+    import ray
+
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, "HDEVAL_OFFLINE": "1"}})
+    yield
+    ray.shutdown()
+
+
 def train_artifact(task: str, data: Path, tmp_path: Path, *args, llm=("--llm", "fake"),
                    env: dict | None = None) -> Path:
     """``hdeval train`` of ``task`` on ``data`` with ``llm`` (the fake one by default), a fresh

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import run_cli, slice_jsonl, write_jsonl
+from conftest import REPO, run_cli, slice_jsonl, write_jsonl
 from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
@@ -556,8 +556,6 @@ def test_dna_run_asks_for_logprobs_and_uses_them_unless_turned_off(faireval40, t
 def test_apply_reports_agreement_only_when_the_input_has_labels(tmp_path):
     # Unlabelled new pairs (the README's examples/new_pairs.jsonl) used to print an "agreement"
     # line of nulls with n 0; labelled ones still get the agreement line.
-    from conftest import REPO
-
     ex = REPO / "examples"
     art = tmp_path / "art"
     r = run_cli("train", "--task", ex / "pairs_task.toml", "--method", "dna", "--llm", "fake",
@@ -587,6 +585,10 @@ class _Stages(Progress):
     def __init__(self):
         self.stages: list[list] = []
         self.lines: list[str] = []
+        self.expected: list[int] = []
+
+    def expect(self, units):
+        self.expected.append(units)
 
     def stage(self, label, total):
         self.stages.append([label, total, 0])
@@ -617,6 +619,25 @@ def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faire
     if "weights" in calls:
         assert "weights: 40 calls, one per pair" in rec.lines
     assert sum(calls.values()) == fake.calls
+
+
+@pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg", "swap": True},
+                                     {"dna_mode": "cot"}, {"aspect_source": "dynamic", "k": 3}])
+def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, options):
+    """The whole run's ETA (#21 item 5): before the first call the progress is told the calls of
+    every stage it will draw, the dry run's figure for those stages (the aspects and weights
+    calls are not drawn), and exactly what the stages then ran on replies that all parse."""
+    from hdeval.train import TrainConfig, plan
+
+    ex = REPO / "examples"
+    cfg = TrainConfig.from_options(task=str(ex / "pairs_task.toml"), data=str(ex / "pairs.jsonl"), method="dna",
+                                   llm="fake", cache_dir=str(tmp_path / "cache"), method_options=options)
+    _, planned, _ = plan(cfg, backend=FakeBackend())
+    rec = _Stages()
+    train(cfg, progress=rec, backend=FakeBackend())
+    drawn = sum(p.score_calls for p in planned if p.stage not in ("weights", "aspects"))
+    assert rec.expected == [drawn] and drawn > 0
+    assert drawn == sum(total for _, total, _ in rec.stages) == sum(done for _, _, done in rec.stages)
 
 
 # --------------------------------------------------------------------------- the tie margin (#20 item 6)

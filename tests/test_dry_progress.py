@@ -100,3 +100,27 @@ def test_the_progress_line_gives_the_whole_run_eta() -> None:
     p.stage("layer 2: scoring", 900)  # no new expect: the rest of what was expected
     assert p.later == 0 and "whole run" not in p.line()
     p.close()
+
+
+def _check_whole_run(rec: Recorder, first: int) -> None:
+    """Told ``first`` before any stage; each later expect is what is left, at least what then ran."""
+    assert rec.events[0] == ("expect", first)
+    assert rec.expected == sorted(rec.expected, reverse=True)
+    for i, (kind, units) in enumerate(rec.events):
+        if kind == "expect":
+            assert units >= sum(n for k, n in rec.events[i:] if k == "stage")
+
+
+def test_pairwise_hdeval_tells_the_progress_the_dry_runs_total(tmp_path: Path) -> None:
+    ex = Path(__file__).resolve().parent.parent / "examples"
+    config = TrainConfig.from_options(task=str(ex / "pairs_task.toml"), data=str(ex / "pairs.jsonl"), llm="fake",
+                                      aggregator="lr", layers=3, top_k=1, cache_dir=str(tmp_path / "c"))
+    _, plans, _ = plan(config)
+    rec = Recorder()
+    train(config, progress=rec)
+    total = sum(p.requests for p in plans)
+    assert total > 0
+    _check_whole_run(rec, total)
+    # layer 1 (16 pairs x 2 responses x 2 aspects), layer 2 decomposed and scored, layer 3 too
+    assert rec.stages[0][1] == 16 * 2 * 2 and len(rec.stages) == 5
+    assert rec.done <= total

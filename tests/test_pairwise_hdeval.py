@@ -292,7 +292,7 @@ def test_pairwise_options_and_one_sided_labels_are_refused_before_any_call(faire
     with pytest.raises(ConfigError, match="leave --scorer out"):
         _train(tmp_path, faireval40, backend=fake, method_options={"scorer": "pairwise"})
     with pytest.raises(ConfigError, match="--comparisons is a PairEval option"):
-        _train(tmp_path, faireval40, backend=fake, method_options={"comparisons": 3})
+        _train(tmp_path, faireval40, backend=fake, method_options={"comparisons": 5})
     rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}", "output_a": f"answer a{i}",
              "output_b": f"answer b{i}", "label": "a"} for i in range(8)]
     with pytest.raises(DataError, match="needs pairs labelled a and pairs labelled b"):

@@ -7,14 +7,13 @@ nothing) and the same endpoint, and bad input or a bad artifact stops before any
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import TOY_TASK, toy_rows, write_jsonl
+from conftest import TOY_TASK, calls_made, toy_rows, write_jsonl
 from hdeval.cli import cli
 from hdeval.errors import ConfigError, DataError, HdevalError, ScoringError
 from hdeval.train import train
@@ -28,18 +27,8 @@ pytest.importorskip("ray.data", reason='the Ray tests need Ray Data: pip install
 
 from hdeval.integrations.ray import ArtifactScorer, apply_on_ray  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    """One local cluster for the module; workers import this checkout's hdeval."""
-    here = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join([here, str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, "HDEVAL_OFFLINE": "1"}})
-    yield
-    ray.shutdown()
+# one local cluster for the module (conftest.ray_cluster)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +58,6 @@ def single(art: Path, data: Path, out: Path, cache: Path, *extra: str):
                                       *extra])
     assert result.exit_code == 0, result.stderr
     return result
-
-
-def calls_made(result) -> int:
-    line = next(x for x in result.stderr.splitlines() if x.startswith("LLM calls made:"))
-    return int(line.split(":")[1].split(",")[0])
 
 
 def test_output_identical_to_a_single_process(art, new, tmp_path) -> None:

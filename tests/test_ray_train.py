@@ -7,7 +7,6 @@ one a direct run trains. Ray schedules the work: hdeval adds no scheduler of its
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ pytest.importorskip("ray.data", reason='the Ray tests need Ray Data: pip install
 
 from hdeval.integrations.ray import answer_requests_on_ray  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 MODEL = "test-model"
 
 
@@ -35,16 +34,6 @@ class BatchServer(FaultServer):
         if not request_kind(req) and isinstance(req.json, dict):
             req.headers["x-hdeval-kind"] = "decompose" if isinstance(req.json.get("response_format"), dict) else "score"
         return super()._answer(req)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster():
-    here = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join([here, str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, "HDEVAL_OFFLINE": "1"}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

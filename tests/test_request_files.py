@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from conftest import cache_entries, one_line_error, toy_rows, write_jsonl
+from conftest import cache_entries, calls_made, one_line_error, toy_rows, write_jsonl
 from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
 from hdeval.train import train
@@ -73,11 +73,6 @@ def answer(requests: Path, results: Path) -> int:
                       "error": None})
     write_jsonl(results, lines)
     return len(lines)
-
-
-def calls_made(result: Result) -> int:
-    line = next(x for x in result.stderr.splitlines() if x.startswith("LLM calls made:"))
-    return int(line.split(":")[1].split(",")[0])
 
 
 def test_help_offers_export() -> None:

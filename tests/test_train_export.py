@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from conftest import TOY_TASK, artifact_view, toy_rows, write_jsonl
+from conftest import TOY_TASK, artifact_view, calls_made, toy_rows, write_jsonl
 from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
 from llm_server import FaultServer, completion_body, completion_request
@@ -53,11 +53,6 @@ def answer(requests: Path, results: Path) -> list[str]:
                       "response": {"status_code": 200, "body": completion_body(completion, req["body"]["model"])}})
     write_jsonl(results, lines)
     return kinds
-
-
-def calls_made(result: Result) -> int:
-    line = next(x for x in result.stderr.splitlines() if x.startswith("LLM calls made:"))
-    return int(line.split(":")[1].split(",")[0])
 
 
 def test_help_offers_export() -> None:

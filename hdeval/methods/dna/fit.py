@@ -14,7 +14,7 @@ from hdeval.methods.base import FitContext, run_record, usage_of
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
-from hdeval.methods.dna.scoring import PairScoreResult
+from hdeval.methods.dna.scoring import PairScoreResult, progress_units
 from hdeval.methods.dna.settings import settings_of
 from hdeval.types import PairSample
 from hdeval.urls import shown_identity
@@ -65,6 +65,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         f"task {task.name}: {len(pairs)} pairs from {ctx.prep.data_path} ({len(split.train_ids)} train, "
         f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {shown_identity(ctx.llm.identity)}")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
+    ctx.progress.expect(progress_units(settings, len(pairs), len(task.aspects)))  # the whole run's ETA
     res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
     rate = res.failure_rate
     if rate > ctx.config.max_failure_rate:

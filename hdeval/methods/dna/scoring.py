@@ -69,6 +69,32 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
+def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
+    """At most how many calls :func:`run_pairs` draws as progress stages on ``n_pairs`` pairs
+    (the aspects and weights calls are not drawn): every pair scored on its aspects (k of them
+    when dynamic) in each order, then once more per order with prompt aggregation. Pairs that
+    failed earlier only make it less. The dry run lists these stages' calls, identical requests
+    once (so on data without repeated pairs, the same figure)."""
+    per_pair = (settings.k if settings.dynamic else n_aspects) if settings.uses_aspects else 1
+    return n_pairs * settings.orders * (per_pair + (settings.mode == "prompt-agg"))
+
+
+def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
+                progress: Progress | None, label: str, fail) -> ScoreMatrix:
+    """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
+    and counts the calls and the second reads the same (now cached) replies for the other side."""
+    if progress is not None:
+        progress.stage(label, len(first))
+    m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+    m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
+    if progress is not None:
+        progress.end_stage()
+    matrix = _merge(ids, [m1, m2])
+    for f in matrix.failures:
+        fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+    return matrix
+
+
 def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
               pairs: Sequence[PairSample], concurrency: int | None = None,
               progress: Progress | None = None) -> PairScoreResult:
@@ -78,6 +104,16 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
     def fail(pid: str, reason: str) -> None:
         failures.setdefault(pid, []).append(reason)
+
+    def ask_each(stage: str, todo: list[PairSample], build, into: dict, note: str) -> None:
+        # one JSON request per pair; an unusable reply fails that pair only
+        if progress is not None:
+            progress.message(note)
+        for p, got in zip(todo, ask_json_many(llm, [build(p) for p in todo], concurrency)):
+            if isinstance(got, UnusableReply):
+                fail(p.id, f"{stage}: {got}")
+            else:
+                into[p.id] = got
 
     aspects: dict[str, list[AspectSpec]] = {}
     weights: dict[str, np.ndarray] = {}
@@ -90,13 +126,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                                  "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
                 return req, validate_aspects(settings.k), _feedback
 
-            if progress is not None:
-                progress.message(f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
-            for p, got in zip(pairs, ask_json_many(llm, [propose(p) for p in pairs], concurrency)):
-                if isinstance(got, UnusableReply):
-                    fail(p.id, f"aspects: {got}")
-                else:
-                    aspects[p.id] = got
+            ask_each("aspects", pairs, propose, aspects,
+                     f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
         else:
             fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
             aspects = {p.id: fixed for p in pairs}
@@ -107,13 +138,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             return weights_request(tpl_w, task, p, specs), validate_weights([s.key for s in specs]), _feedback
 
         with_aspects = [p for p in pairs if p.id in aspects]
-        if progress is not None:
-            progress.message(f"weights: {len(with_aspects)} calls, one per pair")
-        for p, got in zip(with_aspects, ask_json_many(llm, [weigh(p) for p in with_aspects], concurrency)):
-            if isinstance(got, UnusableReply):
-                fail(p.id, f"weights: {got}")
-            else:
-                weights[p.id] = got
+        ask_each("weights", with_aspects, weigh, weights, f"weights: {len(with_aspects)} calls, one per pair")
 
     # -- the pairwise prompts: (column base, pair, swapped) -> request
     orders = (False, True) if settings.swap else (False,)
@@ -148,18 +173,9 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
               else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
-    # one call answers both sides: the first pass pays and counts calls, the second reads the
-    # same replies back for the other side
     per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
-    if progress is not None:
-        progress.stage(f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", len(cells_first))
-    m1 = fill_matrix(llm, cells_first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-    m2 = fill_matrix(llm, cells_second, lambda cs: _side(reader(cs[0]), 1), concurrency)
-    if progress is not None:
-        progress.end_stage()
-    matrix = _merge(ids, [m1, m2])
-    for f in matrix.failures:
-        fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+    matrix = _both_sides(llm, ids, cells_first, cells_second, reader, concurrency, progress,
+                         f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", fail)
 
     # -- prompt aggregation: the aspect scores go back to the LLM
     if settings.mode == "prompt-agg":
@@ -181,15 +197,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
                 sfx = SWAP if swapped else ""
                 (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
                 (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
-        if progress is not None:
-            progress.stage(f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", len(agg_a))
-        m3 = fill_matrix(llm, agg_a, lambda cs: _side(_read_pair(cs[0]), 0), concurrency, progress)
-        m4 = fill_matrix(llm, agg_b, lambda cs: _side(_read_pair(cs[0]), 1), concurrency)
-        if progress is not None:
-            progress.end_stage()
-        extra = _merge(ids, [m3, m4])
-        for f in extra.failures:
-            fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
+        extra = _both_sides(llm, ids, agg_a, agg_b, _read_pair, concurrency, progress,
+                            f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", fail)
         matrix = _merge(ids, [matrix, extra])
 
     # -- aggregation

@@ -132,7 +132,7 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
-    from hdeval.methods.hdeval.loop import kept_warnings, warning_notes
+    from hdeval.methods.hdeval.loop import _units_left, kept_warnings, warning_notes
 
     check_pairwise_options(ctx)
     config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
@@ -156,6 +156,9 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     fitted: dict[int, tuple[Any, str, int]] = {}  # layer -> (classifier, kind, columns it takes)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer in range(1, config.options.layers + 1):
+        # the whole run's ETA: the pointwise count over both responses of each pair (as
+        # plan_pairwise counts), with no --tree (depth 1, nothing locked) and this run's expansion
+        progress.expect(_units_left(config, 2 * len(pairs), tree, layer, 1, frozenset(), expand))
         if layer > 1:
             nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
             if not nodes:
