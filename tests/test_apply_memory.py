@@ -18,7 +18,7 @@ from hdeval.run.apply import _Summary
 def test_the_closing_correlations_from_disk_equal_those_of_every_row_in_memory(tmp_path) -> None:
     rng = np.random.default_rng(0)
     aspects = ["coherence", "fluency", "relevance"]
-    summary = _Summary(str(tmp_path))
+    summary = _Summary(str(tmp_path), "held-out")
     human, pred = [], []
     for size in (7, 1000, 3, 250):
         h = rng.integers(1, 6, size=(size, 3)) / rng.integers(1, 4, size=(size, 3))
@@ -30,11 +30,11 @@ def test_the_closing_correlations_from_disk_equal_those_of_every_row_in_memory(t
     assert summary.correlations() == metric_table(np.concatenate(human), np.concatenate(pred), aspects)
     assert not [v for v in vars(summary).values() if isinstance(v, list) and v and not isinstance(v[0], str)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{k}-{j}.f64" for k in ("human", "pred") for j in range(3))
+        f"held-out-{k}-{j}.f64" for k in ("human", "pred") for j in range(3))
 
 
 def test_a_sample_without_human_scores_means_no_correlations(tmp_path) -> None:
-    summary = _Summary(str(tmp_path))
+    summary = _Summary(str(tmp_path), "held-out")
     summary.add([SimpleNamespace(scores={"a": 1.0}), SimpleNamespace(scores={})],
                 SimpleNamespace(aspects=["a"], predictions=np.ones((2, 1))))
     assert summary.correlations() is None

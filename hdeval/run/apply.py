@@ -67,8 +67,8 @@ class _Summary:
     ``scratch`` (read back an aspect at a time at the end: in memory they grew 16 B per sample
     and aspect), or the labels for pairs' agreement."""
 
-    def __init__(self, scratch: str) -> None:
-        self.scratch = scratch
+    def __init__(self, scratch: str, name: str) -> None:
+        self.scratch, self.name = scratch, name  # name: this summary's files in the shared scratch dir
         self.aspects: list[str] | None = None
         self.rows = 0
         self.all_human = True
@@ -116,7 +116,7 @@ class _Summary:
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
     def _column(self, name: str, j: int) -> str:
-        return os.path.join(self.scratch, f"{name}-{j}.f64")
+        return os.path.join(self.scratch, f"{self.name}-{name}-{j}.f64")
 
     def correlations(self) -> dict | None:
         """As :func:`hdeval.metrics.metric_table` on every row, one aspect in memory at a time."""
@@ -321,8 +321,9 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     reading = _Input(input_file, ev, size, which)
     with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
             os.path.abspath(output))) as seen:
-        summary = _Summary(seen.directory)
-        training = _Summary(seen.directory)  # pairs only: the training pairs' agreement, apart
+        # the headline figures are the held-out rows'; the training rows' are kept apart
+        summary = _Summary(seen.directory, "held-out")
+        training = _Summary(seen.directory, "training")
         backend = None
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
@@ -347,10 +348,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
-                # the headline correlations are the held-out rows' (training rows: trust's own table)
                 summary.add(samples, res, keep=[not row["in_training"] for row in rows])
-                if hasattr(res, "agreement"):
-                    training.add(samples, res, keep=[row["in_training"] for row in rows])
+                training.add(samples, res, keep=[row["in_training"] for row in rows])
                 f, c, e = _failed_cells(res, needed)
                 failed, cells, example = failed + f, cells + c, example or e
             mine, total = reading.mine, reading.total
@@ -370,13 +369,13 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
                 "that were read are cached; check the LLM or raise --max-failure-rate")
         agreement, correlations = summary.agreement(), summary.correlations()
-        apart = training.agreement()
+        apart = {"agreement_training": training.agreement(), "correlations_training": training.correlations()}
         out.commit()
     if trust.warning():
         notify(trust.warning())
     trusted = trust.summary()
-    if apart is not None:
-        trusted["agreement_training"] = apart
+    if trust.in_training:
+        trusted.update({k: v for k, v in apart.items() if v is not None})
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
                        agreement=agreement, correlations=correlations, failed=failed, cells=cells,
                        trust=trusted)

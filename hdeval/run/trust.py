@@ -1,7 +1,7 @@
 """What ``apply`` adds to each row so a user knows how far to trust it: whether the sample was in
 the artifact's training split (``in_training``), and for pointwise scores the prediction
 interval (``lower``/``upper`` per aspect) with ``needs_human`` when it is too wide (or rests on
-an LLM score that could not be read). Also the summary that keeps training rows apart."""
+an LLM score that could not be read). Also the counts of those rows and flags."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ __all__ = ["DEFAULT_MAX_WIDTH", "RowTrust"]
 
 class RowTrust:
     """Built once per apply (before any call: a bad option or stored calibration fails first),
-    then ``annotate`` per chunk of rows; ``summary``/``warning``/``correlations`` at the end."""
+    then ``annotate`` per chunk of rows; ``summary``/``warning`` at the end (apply's on-disk
+    summaries keep the training rows' figures apart)."""
 
     def __init__(self, ev: Any, max_width: float = DEFAULT_MAX_WIDTH):
         self.max_width = check_max_width(max_width)
@@ -25,15 +26,8 @@ class RowTrust:
         self.ranges = [task.aspect(a).range for a in self.aspects] if self.cal is not None else []
         self.level = self.cal.level if self.cal is not None else None
         self.rows = self.in_training = self.needs_human = 0
-        # the training rows' numbers, for their correlations apart (bounded by the training split;
-        # the other rows' go to apply's on-disk summary, so memory does not grow with the input)
-        self.pred: list = []
-        self.human: list = []
-        self.all_human = True
 
     def annotate(self, rows: list[dict], samples: Sequence[Any], res: Any) -> None:
-        import numpy as np
-
         pos = {sid: i for i, sid in enumerate(res.sample_ids)}
         pointwise = not hasattr(res, "agreement") and list(getattr(res, "aspects", [])) == self.aspects
         ints = (row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width)
@@ -49,21 +43,6 @@ class RowTrust:
                 # a failed LLM score was imputed: the interval was calibrated on read scores
                 row["needs_human"] = iv["needs_human"] or bool(row.get("failures"))
                 self.needs_human += row["needs_human"]
-            if pointwise and self.all_human:
-                if not all(a in s.scores for a in self.aspects):
-                    self.all_human = False
-                elif seen:
-                    self.pred.append(np.asarray(res.predictions[pos[s.id]], float))
-                    self.human.append([s.scores[a] for a in self.aspects])
-
-    def _training_table(self) -> dict | None:
-        import numpy as np
-
-        from hdeval.metrics import metric_table
-
-        if not self.all_human or not self.pred:
-            return None
-        return metric_table(np.array(self.human, float), np.array(self.pred), self.aspects)
 
     def warning(self) -> str | None:
         if not self.in_training:
@@ -73,8 +52,6 @@ class RowTrust:
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
-        if self.in_training:
-            out["correlations_training"] = self._training_table()
         if self.cal is not None:
             out.update(interval_level=self.level, max_interval_width=self.max_width, needs_human=self.needs_human)
         return out
