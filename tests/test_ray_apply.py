@@ -223,3 +223,17 @@ def test_unreadable_scores_past_the_threshold_write_nothing(art, new, tmp_path) 
             apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, llm=MODEL,
                          base_url=server.url, max_retries=0, cache_dir=str(tmp_path / "c"))
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_workers_error_is_raised_as_hdeval_s_own(art, new, tmp_path) -> None:
+    """An error in a worker (here its --max-calls budget) reaches the caller as the hdeval
+    error, with apply's one-line message, not Ray's wrapper and traceback; nothing written."""
+    from hdeval.errors import BudgetExceeded
+
+    with pytest.raises(BudgetExceeded) as caught:
+        apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, max_calls=1,
+                     cache_dir=str(tmp_path / "c"))
+    assert type(caught.value) is BudgetExceeded
+    text = str(caught.value)
+    assert "max-calls" in text and "\n" not in text and "ray::" not in text
+    assert not (tmp_path / "out.jsonl").exists()

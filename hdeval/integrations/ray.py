@@ -307,6 +307,8 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
                           f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # rows come back in input order
+    # a worker's hdeval error reaches the driver as itself (wrapped, its cause would not travel)
+    ctx.raise_original_map_exception = True
     path = str(Path(input_file).resolve())
     ds = ray.data.read_datasource(_source(ev.task, path, size))
     scored = ds.map_batches(
