@@ -146,6 +146,13 @@ class Saving:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
         raise NotImplementedError
 
+    def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
+        """For the report's per-sample view, the request whose cached reply is shown for each
+        (row id, column) of ``items`` (samples or pairs read back from the data), rebuilt as
+        training asked it; or no requests and a note saying why they cannot be rebuilt. Here,
+        not in the report, so the shared report pages know no method."""
+        return [], "this evaluator does not say which prompts it asked: raw replies are not shown"
+
     # ---- held-out figures for `benchmark`, read from the score table without any LLM call
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""

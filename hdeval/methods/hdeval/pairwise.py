@@ -418,6 +418,9 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
 
+    def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
+        return side_samples(items)  # both responses, ids <pair>#a / #b
+
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairHdevalResult:
         """Score both responses of new pairs on the criteria the classifier uses (cached), predict."""
