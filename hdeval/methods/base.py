@@ -146,7 +146,8 @@ class Saving:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
         raise NotImplementedError
 
-    def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
+    def reply_requests(self, items: Sequence[Any],
+                       columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
         """For the report's per-sample view, the request whose cached reply is shown for each
         (row id, column) of ``items`` (samples or pairs read back from the data), rebuilt as
         training asked it; or no requests and a note saying why they cannot be rebuilt. Here,

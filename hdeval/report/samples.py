@@ -158,4 +158,3 @@ def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) ->
         note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
                 "or another prompt version): raw replies are not shown")
     return Replies(texts, note)
-

@@ -9,6 +9,7 @@ from typing import Any
 
 from hdeval.errors import ArtifactError, ConfigError
 from hdeval.methods.base import FitContext
+
 MODES = ("dna", "direct", "cot", "prompt-agg")
 SOURCES = ("predefined", "dynamic")
 MAX_K = 10
