@@ -90,7 +90,7 @@ class TrainConfig:
     def replace(self, **options: Any) -> "TrainConfig":
         """This config with some options changed, by name (shared or the method's)."""
         shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
-        mine = dataclasses.asdict(self.options) if "method" not in options else {}
+        mine = self.options.given() if "method" not in options else {}  # omitted ones stay omitted
         return TrainConfig.from_options(**{**shared, **mine, **options})
 
     def validate(self) -> None:

@@ -170,3 +170,62 @@ def test_methods_lists_each_methods_own_defaults():
     assert any(line.startswith("  --swap (default off):") for line in own["dna"])
     assert any(line.startswith("  --swap (default on):") for line in own["paireval"])
     assert any(line.startswith("  --tree: Start from") for line in own["hdeval"])  # no default: the help says
+
+
+# ------------------------------------------------------------------ given at the default vs left out
+def _pairs(tmp_path):
+    from conftest import write_jsonl
+
+    rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}", "output_a": f"answer a{i} " * (i + 1),
+             "output_b": f"answer b{i}", "label": "ab"[i % 2]} for i in range(12)]
+    return write_jsonl(tmp_path / "pairs.jsonl", rows)
+
+
+@pytest.mark.parametrize("given, name", [(("--comparisons", "3"), "--comparisons"), (("--swap",), "--swap"),
+                                         (("--no-swap",), "--swap")])
+def test_pairwise_hdeval_refuses_a_paireval_option_given_at_its_default(given, name, tmp_path, fake_calls):
+    # 3 and on are PairEval's defaults: given explicitly, they are still an option HD-Eval does not take
+    out = tmp_path / "art"
+    r = run_cli("train", "--task", "faireval", "--data", _pairs(tmp_path), "--method", "hdeval", "--layers", "1",
+                "--llm", "fake", "--cache-dir", tmp_path / "c", "-o", out, *given)
+    one_error(r, f"{name} is a PairEval option", "faireval")
+    assert not fake_calls and not out.exists()
+
+
+def test_pairwise_hdeval_without_paireval_options_still_trains(tmp_path):
+    from hdeval.train import train
+
+    ev = train(task="faireval", data=str(_pairs(tmp_path)), method="hdeval", layers=1, llm="fake",
+               cache_dir=str(tmp_path / "c"))
+    assert ev.task.shape == "pairwise"
+    with pytest.raises(ConfigError, match="--comparisons is a PairEval option"):  # the Python API alike
+        train(task="faireval", data=str(_pairs(tmp_path)), method="hdeval", layers=1, llm="fake",
+              cache_dir=str(tmp_path / "c"), comparisons=3)
+
+
+def test_the_options_model_records_what_was_given_through_every_door():
+    import copy
+    import pickle
+
+    from hdeval.methods.hdeval.options import HDEvalOptions
+
+    c = TrainConfig.from_options(task="summeval", comparisons=3, layers=None)  # None: not given (the CLI's)
+    assert c.options.given() == {"comparisons": 3} and c.options.changed() == {}
+    assert c.options == TrainConfig(task="summeval").options  # equal values: equal models
+    assert TrainConfig(task="summeval").options.given() == {}
+    # replacing another option keeps what was left out left out, and what was given given
+    assert c.replace(seed=1).options.given() == {"comparisons": 3}
+    assert c.replace(layers=3).options.given() == {"layers": 3, "comparisons": 3}
+    assert c.replace(method="paireval").options.given() == {}
+    assert HDEvalOptions(layers=3).given() == {"layers": 3}  # the constructor, as build
+    for copied in (pickle.loads(pickle.dumps(c.options)), copy.deepcopy(c.options)):  # benchmark's workers
+        assert copied.given() == {"comparisons": 3}
+
+
+def test_benchmark_refuses_a_paireval_option_for_pairwise_hdeval_before_any_call(tmp_path, fake_calls):
+    out = tmp_path / "bench"
+    r = run_cli("benchmark", "--task", "faireval", "--data", _pairs(tmp_path), "--methods", "hdeval",
+                "--layers", "1", "--method-option", "hdeval.comparisons=3", "--llm", "fake",
+                "--cache-dir", tmp_path / "c", "-q", "-o", out)
+    one_error(r, "--comparisons is a PairEval option")
+    assert not fake_calls and not (out / "results.json").exists()

@@ -250,7 +250,16 @@ def flag(name: str) -> str:
 class MethodOptions:
     """A method's options as one typed, frozen model. A method declares a subclass whose fields
     (made with :func:`option`) are its options; :meth:`build` is the one way the CLI, the Python
-    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks."""
+    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks.
+    The model records which options were given (:meth:`given`): an option given at its default
+    is not one left out, and a method may refuse it."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "MethodOptions":
+        # __new__ sees the constructor's arguments; pickling and copying restore the record
+        self = super().__new__(cls)
+        names = [f.name for f in fields(cls)]
+        object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
+        return self
 
     def validate(self) -> None:
         """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
@@ -279,9 +288,15 @@ class MethodOptions:
         built.validate()
         return built
 
+    def given(self) -> dict[str, Any]:
+        """The options the caller gave (to :meth:`build`, or the constructor), at their default
+        or not, in field order."""
+        mine = getattr(self, "_given", frozenset())
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
+
     def changed(self) -> dict[str, Any]:
-        """The options that differ from the method's defaults (an option at its default is the
-        same as one not given)."""
+        """The options that differ from the method's defaults (what the manifest's
+        ``method_options`` records)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
 

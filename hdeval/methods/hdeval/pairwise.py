@@ -115,7 +115,7 @@ def check_pairwise_options(ctx: FitContext) -> None:
         raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
                           f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
                           "with the criterion prompt: leave --scorer out")
-    given = ctx.options.changed()
+    given = ctx.options.given()
     for name in ("comparisons", "swap"):
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "

@@ -229,7 +229,7 @@ def comparison_source(ctx: FitContext) -> str:
     """``train``, ``file`` or ``references``: given, else ``file`` with --comparison-data."""
     from hdeval.methods.paireval import SOURCES
 
-    given = ctx.options.changed()
+    given = ctx.options.given()
     data = ctx.options.comparison_data or ""
     source = given.get("comparison_source") or ("file" if data else "train")
     if source not in SOURCES:
