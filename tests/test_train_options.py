@@ -229,3 +229,34 @@ def test_benchmark_refuses_a_paireval_option_for_pairwise_hdeval_before_any_call
                 "--cache-dir", tmp_path / "c", "-q", "-o", out)
     one_error(r, "--comparisons is a PairEval option")
     assert not fake_calls and not (out / "results.json").exists()
+
+
+def test_a_method_declares_which_options_name_its_second_llm():
+    # shared code opens the second LLM from the options the method names, whatever they are called
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+    from typing import ClassVar
+
+    from hdeval.methods.base import MethodOptions, option
+    from hdeval.methods.run import decompose_llm_config
+
+    @dataclass(frozen=True)
+    class JudgeOptions(MethodOptions):
+        second_llm: ClassVar[tuple[str, str]] = ("judge_llm", "judge_base_url")
+        judge_llm: str | None = option(None, "the judging LLM", kind=str)
+        judge_base_url: str | None = option(None, "its server", kind=str)
+
+    @dataclass(frozen=True)
+    class Undeclared(MethodOptions):  # an option that happens to be called decompose_llm
+        decompose_llm: str | None = option(None, "not an LLM this method opens", kind=str)
+
+    run = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None)
+    judge = JudgeOptions.build({"judge_llm": "big", "judge_base_url": "http://127.0.0.1:9/v1"}, "judge")
+    dc = decompose_llm_config(SimpleNamespace(options=judge, **run))
+    assert (dc.model, dc.base_url, dc.timeout) == ("big", "http://127.0.0.1:9/v1", 5.0)
+    assert judge.second_llm_given() == ("big", "http://127.0.0.1:9/v1", "--judge-llm")
+    assert decompose_llm_config(SimpleNamespace(options=JudgeOptions(), **run)) is None
+    assert decompose_llm_config(SimpleNamespace(options=Undeclared(decompose_llm="x"), **run)) is None
+    hd = TrainConfig.from_options(task="summeval", decompose_llm="gpt-x")
+    assert decompose_llm_config(hd).model == "gpt-x"
+    assert decompose_llm_config(TrainConfig.from_options(task="summeval", method="dna")) is None

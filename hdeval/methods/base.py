@@ -10,7 +10,7 @@ a method only says which files it writes and how it reads them back. The registr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from hdeval.errors import ConfigError
 
@@ -254,6 +254,10 @@ class MethodOptions:
     The model records which options were given (:meth:`given`): an option given at its default
     is not one left out, and a method may refuse it."""
 
+    # the options naming a second LLM the method opens (its model, its server), e.g. HD-Eval's
+    # decomposing LLM: the run opens it from them without knowing their names
+    second_llm: ClassVar[tuple[str, str] | None] = None
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "MethodOptions":
         # __new__ sees the constructor's arguments; pickling and copying restore the record
         self = super().__new__(cls)
@@ -287,6 +291,14 @@ class MethodOptions:
         built = cls(**given)
         built.validate()
         return built
+
+    def second_llm_given(self) -> tuple[str, str | None, str] | None:
+        """(model, server, the model option's flag) of the second LLM these options name, or None:
+        the scoring LLM does that job too."""
+        if self.second_llm is None or not getattr(self, self.second_llm[0]):
+            return None
+        model, url = self.second_llm
+        return getattr(self, model), getattr(self, url), flag(model)
 
     def given(self) -> dict[str, Any]:
         """The options the caller gave (to :meth:`build`, or the constructor), at their default
