@@ -83,20 +83,18 @@ def test_a_model_built_elsewhere_must_be_the_chosen_methods():
         TrainConfig(task="faireval", method="dna", options=hdeval_options)
 
 
-def test_the_manifest_records_the_options_as_before():
-    """The record's layout is the artifact format (golden files pin it): the tree options flat for
-    every method, the method's other options under method_options when they differ from its
-    defaults."""
+def test_the_manifest_records_each_methods_own_options():
+    """The record's layout is the artifact format (golden files pin it): the shared options, and
+    every option of the method (given or not) under options; no other method's."""
     hd = TrainConfig.from_options(task="summeval", layers=2, scorer="pairwise", swap=True).public()
-    assert list(hd)[:10] == ["task", "method", "method_options", "data", "aspects", "preset", "layers",
-                             "children", "top_k", "aggregator"]
-    assert list(hd)[-3:] == ["decompose_llm", "decompose_base_url", "tree"]
-    assert (hd["layers"], hd["method_options"]) == (2, {"scorer": "pairwise"})
+    assert list(hd)[:6] == ["task", "method", "options", "data", "aspects", "preset"]
+    assert hd["options"] == {**dataclasses.asdict(get_method("hdeval").build_options()),
+                             "layers": 2, "scorer": "pairwise"}
     dna = TrainConfig.from_options(task="faireval", method="dna", dna_mode="direct").public()
-    assert dna["method_options"] == {"dna_mode": "direct"}
-    assert (dna["layers"], dna["aggregator"], dna["tree"]) == (3, "auto", None)
+    assert dna["options"] == {**dataclasses.asdict(get_method("dna").build_options()), "dna_mode": "direct"}
+    assert not {"layers", "aggregator", "tree", "decompose_llm", "method_options"} & set(dna)
     paireval = TrainConfig.from_options(task="summeval", method="paireval", aggregator="lr").public()
-    assert (paireval["aggregator"], paireval["method_options"]) == ("lr", {})
+    assert paireval["options"]["aggregator"] == "lr" and "layers" not in paireval["options"]
     assert json.loads(json.dumps(hd)) == hd
 
 
@@ -210,7 +208,7 @@ def test_the_options_model_records_what_was_given_through_every_door():
     from hdeval.methods.hdeval.options import HDEvalOptions
 
     c = TrainConfig.from_options(task="summeval", comparisons=3, layers=None)  # None: not given (the CLI's)
-    assert c.options.given() == {"comparisons": 3} and c.options.changed() == {}
+    assert c.options.given() == {"comparisons": 3}
     assert c.options == TrainConfig(task="summeval").options  # equal values: equal models
     assert TrainConfig(task="summeval").options.given() == {}
     # replacing another option keeps what was left out left out, and what was given given

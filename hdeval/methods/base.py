@@ -300,16 +300,21 @@ class MethodOptions:
         model, url = self.second_llm
         return getattr(self, model), getattr(self, url), flag(model)
 
+    def record(self) -> dict[str, Any]:
+        """Every option, given or not, as the manifest's ``config.options`` records it (the second
+        LLM's server without credentials or query)."""
+        from hdeval.urls import public_url
+
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.second_llm is not None and out.get(self.second_llm[1]):
+            out[self.second_llm[1]] = public_url(out[self.second_llm[1]])
+        return out
+
     def given(self) -> dict[str, Any]:
         """The options the caller gave (to :meth:`build`, or the constructor), at their default
         or not, in field order."""
         mine = getattr(self, "_given", frozenset())
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
-
-    def changed(self) -> dict[str, Any]:
-        """The options that differ from the method's defaults (what the manifest's
-        ``method_options`` records)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
 
 def _check_value(name: str, value: Any, spec: Option) -> None:
@@ -330,6 +335,24 @@ def _check_value(name: str, value: Any, spec: Option) -> None:
     elif isinstance(default, str) or default is None:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be text, got {value!r}")
+
+
+# Before artifact format 3 the manifest's config recorded HD-Eval's tree options flat for every
+# method (other methods got HD-Eval's defaults), and a method's other options that differed from
+# its defaults under "method_options".
+_FLAT_BEFORE_3 = ("layers", "children", "top_k", "aggregator", "decompose_llm", "decompose_base_url", "tree")
+
+
+def recorded_options(config: Any) -> dict[str, Any]:
+    """The method's options a manifest's ``config`` records: its ``options`` (format 3), or what
+    format 2 recorded of them (flat keys, then ``method_options``). {} when there is no record."""
+    if not isinstance(config, Mapping):
+        return {}
+    if isinstance(config.get("options"), Mapping):
+        return dict(config["options"])
+    old = {k: config[k] for k in _FLAT_BEFORE_3 if k in config}
+    changed = config.get("method_options")
+    return {**old, **changed} if isinstance(changed, Mapping) else old
 
 
 def check_aggregator(kind: str) -> None:
