@@ -11,7 +11,8 @@ from hdeval.methods.base import AGGREGATOR_HELP, MethodOptions, check_aggregator
 
 @dataclass(frozen=True)
 class HDEvalOptions(MethodOptions):
-    second_llm: ClassVar[tuple[str, str]] = ("decompose_llm", "decompose_base_url")  # the LLM that decomposes criteria
+    # the LLM that decomposes criteria, when another than the scoring one
+    second_llm: ClassVar[tuple[str, str]] = ("decompose_llm", "decompose_base_url")
 
     layers: int = option(3, "Depth of the criteria tree (1 = the aspects only).")
     children: int = option(4, "Max sub-criteria per decomposed criterion.")
