@@ -302,9 +302,10 @@ class Evaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ the method seam
     def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        keys = ("layers", "children", "top_k", "aggregator")
-        return {k: config[k] for k in keys if k in config}
+        from hdeval.methods.base import recorded_options
+
+        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
+        return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
 
     def columns_needed(self) -> list[str]:
         return self.needed_criteria

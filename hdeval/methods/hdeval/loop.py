@@ -408,12 +408,8 @@ def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | 
 
 
 def _public_config(config: Any) -> dict[str, Any]:
-    from hdeval.urls import public_url
-
-    out = {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
-    if out.get("decompose_base_url"):
-        out["decompose_base_url"] = public_url(out["decompose_base_url"])
-    return out
+    # the decomposing LLM's server is made public by the options' record
+    return {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
 
 
 def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
