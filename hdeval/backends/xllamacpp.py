@@ -3,8 +3,9 @@
 xllamacpp ships llama.cpp as prebuilt manylinux/macOS/Windows wheels and exposes llama.cpp's
 own server in-process: ``Server.handle_chat_completions`` takes an OpenAI-style request dict
 and returns the reply dict, with no HTTP round trip. Installing it takes seconds, where
-llama-cpp-python compiles llama.cpp from source (see ``benchmarks/bench_local_runtime.py``). The same GGUF file gives the same cache identity
-under either runtime (see :func:`hdeval.backends.llama_cpp.local_identity`).
+llama-cpp-python compiles llama.cpp from source (``benchmarks/bench_local_runtime.py``). The
+same GGUF file gives the same cache identity under either runtime
+(:func:`hdeval.backends.llama_cpp.local_identity`).
 
 What the server gives and how hdeval uses it:
 
