@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
 from hdeval.tasks import builtin_tasks
-from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
+from hdeval.types import PAIR_LABELS, PairSample, Sample, Task, has_lone_surrogate
 
 MAX_REPORTED_ERRORS = 20
 #: The longest line a JSONL reader accepts (bytes, or characters of a text file): a sample is
@@ -39,7 +39,6 @@ def bounded_lines(fh: Any, path: str | Path, limit: int | None = None, start: in
         yield line
 BOM = "\ufeff"
 _INVALID_BYTE = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" shows a non-UTF-8 byte
-_SURROGATE = re.compile("[\ud800-\udfff]")
 MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
@@ -209,12 +208,12 @@ def _lone_surrogate(row: object) -> str | None:
     while stack:
         where, value = stack.pop()
         if isinstance(value, str):
-            if _SURROGATE.search(value):
+            if has_lone_surrogate(value):
                 return f"field {where!r}" if where else "the line"
         elif isinstance(value, dict):
             for k, v in value.items():
                 name = f"{where}.{k}" if where else k
-                if _SURROGATE.search(k):
+                if has_lone_surrogate(k):
                     return f"a key in {where!r}" if where else "a key"
                 stack.append((name, v))
         elif isinstance(value, list):
