@@ -16,18 +16,15 @@ Every request is answered under its constraint (``hdeval.backends.constraints``)
   (two scores "7 4", a JSON schema, any JSON object), or free text without one; the top
   alternatives of every generated token when the request asks for them.
 
-KV-cache reuse: hdeval orders scoring calls sample-major and puts the long sample text first
-in the prompt, so consecutive prompts share a long prefix. The backend keeps the tokens that
-are in llama.cpp's KV cache, truncates the cache to the longest common prefix with the new
-prompt and evaluates only the rest. ``Completion.prompt_tokens_evaluated`` reports how many
-tokens that was.
+KV-cache reuse: hdeval orders scoring calls sample-major with the sample text first in the
+prompt, so only the part after the common prefix with the previous prompt is evaluated
+(``Completion.prompt_tokens_evaluated``; see ``_eval_prompt``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import math
 import os
@@ -42,6 +39,7 @@ from hdeval.backends.constraints import (
     Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
 )
 from hdeval.errors import BackendError, ConfigError
+from hdeval.fetch import sha256_file
 from hdeval.paths import check_model_file
 
 # The longest built-in scoring prompts are about 1,100 (SummEval) and 1,200 (Topical-Chat)
@@ -71,11 +69,7 @@ def file_digest(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 # Marks the local backends' decoding in their cache identity: since it honours each request's
