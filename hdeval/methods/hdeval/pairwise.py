@@ -36,16 +36,13 @@ from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
-from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
+from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
 from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
 
-TREE = "tree.json"
 MODEL = "classifier.skops"
-SCORES = "scores.csv"
-METRICS = "metrics.json"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decomposition_rejections")
 
 
