@@ -85,6 +85,15 @@ class TreeEvaluator(Saving):
         return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
                 f"aggregator: {self.calls_per_sample()} LLM calls per sample")
 
+    reports = True
+
+    def method_args(self) -> dict[str, Any]:
+        config = self.manifest_extra.get("config") or {}
+        return {k: config[k] for k in ("layers", "children", "top_k", "aggregator") if k in config}
+
+    def columns_needed(self) -> list[str]:
+        return self.needed_criteria
+
     # ------------------------------------------------------------------ loading
     shape = "pointwise"  # the task shape this evaluator's artifacts have
 
@@ -203,8 +212,6 @@ class Evaluator(TreeEvaluator):
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
 
-    reports = True
-
     def artifact_suffix(self) -> str:
         return self.aggregator.kind
 
@@ -284,14 +291,6 @@ class Evaluator(TreeEvaluator):
                 backend.close()
 
     # ------------------------------------------------------------------ the method seam
-    def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        keys = ("layers", "children", "top_k", "aggregator")
-        return {k: config[k] for k in keys if k in config}
-
-    def columns_needed(self) -> list[str]:
-        return self.needed_criteria
-
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes: only the criteria the aggregator uses are shown."""
         return score_rows(samples, result, self.needed_criteria)

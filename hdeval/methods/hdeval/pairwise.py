@@ -369,8 +369,6 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         self.model = model
         self.kind = kind
 
-    reports = True
-
     @property
     def classes(self) -> list[str]:
         return [str(c) for c in self.model.classes_]
@@ -379,13 +377,6 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def needed_criteria(self) -> list[str]:
         mask = used_features(self.model, len(self.feature_keys))
         return [k for k, used in zip(self.feature_keys, mask) if used]
-
-    def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        return {k: config[k] for k in ("layers", "children", "top_k", "aggregator") if k in config}
-
-    def columns_needed(self) -> list[str]:
-        return self.needed_criteria
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
