@@ -285,15 +285,18 @@ class Aggregator(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "models_")
         used = np.zeros(self.n_features_in_, bool)
         for model in self.models_:
-            est = model.named_steps["model"]
-            if hasattr(est, "feature_importances_"):
-                used |= np.asarray(est.feature_importances_) > 0
-            elif hasattr(est, "coef_"):
-                coef = np.atleast_2d(est.coef_)
-                used |= np.any(coef != 0, axis=0)
-            else:
-                used[:] = True
+            used |= used_features(model, self.n_features_in_)
         return used
+
+
+def used_features(model: Pipeline, n_features: int) -> np.ndarray:
+    """Boolean mask of the features one fitted pipeline's model uses (a tree may ignore some)."""
+    est = model.named_steps["model"]
+    if hasattr(est, "feature_importances_"):
+        return np.asarray(est.feature_importances_) > 0
+    if hasattr(est, "coef_"):
+        return np.any(np.atleast_2d(est.coef_) != 0, axis=0)
+    return np.ones(n_features, bool)
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:

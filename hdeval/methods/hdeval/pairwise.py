@@ -26,10 +26,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from hdeval.aggregate import used_features
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.classify import (
     CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
-    select_classifier, used_features,
+    select_classifier,
 )
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
