@@ -69,7 +69,7 @@ def file_digest(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    return sha256_file(path)
+    return sha256_file(path)  # size and mtime_ns only key the cache: a changed file is hashed again
 
 
 # Marks the local backends' decoding in their cache identity: since it honours each request's
