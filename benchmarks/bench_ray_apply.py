@@ -28,6 +28,10 @@ the timings say nothing about a quiet machine; rerun there), 600 samples, batche
       1       21.88     47.23            0.46       317           322            846           0.27      True
       2       21.94     39.67            0.55       322           325            838           0.28      True
 
+Again at load ~4.4 (still not quiet), the defaults (2000 samples, batches of 500):
+
+      1        2.65      6.13            0.43       318           329            876           0.26      True
+
 Each Ray worker holds Python, Ray and hdeval with the artifact loaded (~280 MB), so Ray's
 memory is the driver plus about that per worker and the read task, whatever the input size.
 """
