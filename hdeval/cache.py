@@ -6,7 +6,7 @@ writer: a reply is committed (with whatever else finished meanwhile, in one tran
 before its call returns, so a SIGKILL can lose only the replies of the commit in progress.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
-plain text only (sha256 hex keys, JSON completions). :class:`JSONDisk` never pickles or
+plain data only (a sha256 digest, a compact or JSON-text completion). :class:`JSONDisk` never pickles or
 unpickles; a value that is not a JSON completion, is too large, or points outside the
 directory is a cache miss plus a :class:`CacheWarning`, never an exception or code run.
 """
@@ -107,23 +107,39 @@ class EntryTooLarge(ValueError):
     """A completion too large to store (it is still returned, just not cached)."""
 
 
-class JSONDisk(diskcache.Disk):
-    """diskcache serialisation that stores only text and never calls pickle.
+class LegacyKey(str):
+    """A request hash as hdeval stored it before #23: its 64 hex characters as text (twice, in
+    the row and in diskcache's key index). :class:`ReplyStore` looks these up after a miss."""
 
-    Keys must be ``str``; values must be ``str`` (JSON text) and are stored the way the
-    default Disk stores strings (inline below ``min_file_size``, else a ``.val`` file), so a
-    cache written by an older hdeval (which stored ``json.dumps`` strings) reads unchanged.
-    Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
+
+def stored_key(key: str) -> Any:
+    """How the store holds the request hash ``key`` since #23: its 32 raw bytes (a BLOB), half
+    the size of the hex text; any other ``str`` key as text, as before."""
+    return sqlite3.Binary(bytes.fromhex(key)) if _KEY.match(key) else key
+
+
+class JSONDisk(diskcache.Disk):
+    """diskcache serialisation that stores only plain data and never calls pickle.
+
+    Keys must be ``str`` (a request hash is stored as its 32 bytes, see :func:`stored_key`, and
+    read back as hex); values must be ``str`` (JSON text) or compact replies, and are stored the
+    way the default Disk stores them (inline below ``min_file_size``, else a ``.val`` file), so a
+    cache written by an older hdeval (``json.dumps`` strings under hex text keys) reads
+    unchanged. Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
     """
 
     def put(self, key: Any) -> tuple[Any, bool]:
+        if type(key) is LegacyKey:
+            return str(key), True
         if type(key) is not str:
             raise TypeError("hdeval cache keys are str")
-        return key, True
+        return stored_key(key), True
 
     def get(self, key: Any, raw: bool) -> Any:
         if raw and type(key) is str:
             return key
+        if raw and type(key) is bytes and len(key) == 32:
+            return key.hex()
         raise UnreadableEntry("a key hdeval does not write (pickled or binary)", foreign=True)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
@@ -148,6 +164,41 @@ class JSONDisk(diskcache.Disk):
         except UnreadableEntry:
             return
         super().remove(file_path)
+
+
+_ABSENT = object()
+
+
+class ReplyStore(diskcache.Cache):
+    """The diskcache :class:`~diskcache.Cache` hdeval opens (:func:`open_store`): a request hash
+    not found in its compact form is looked up as a :class:`LegacyKey` too when the database
+    held such keys when it was opened, so a cache written before #23 keeps serving (a rerun on
+    it pays nothing). Entries are never rewritten in place: an older hdeval can still read
+    its own entries."""
+
+    legacy = False  # set by open_store: the database held text keys when opened
+
+    def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not (self.legacy and not args and not kwargs and type(key) is str and _KEY.match(key)):
+            return super().get(key, default, *args, **kwargs)
+        got = super().get(key, _ABSENT)
+        if got is _ABSENT:
+            got = super().get(LegacyKey(key), _ABSENT)
+        return default if got is _ABSENT else got
+
+    def __contains__(self, key: Any) -> bool:
+        if super().__contains__(key):
+            return True
+        return bool(self.legacy and type(key) is str and _KEY.match(key)
+                    and super().__contains__(LegacyKey(key)))
+
+    def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
+        done = super().set(key, value, *args, **kwargs)
+        if self.legacy and type(key) is str and _KEY.match(key):
+            # a request is stored again only when its entry could not be used (a damaged or
+            # planted one): the fresh reply replaces it, as it did before the compact key
+            super().delete(LegacyKey(key))
+        return done
 
 
 def _value_path(directory: str | Path, filename: Any) -> str:
@@ -346,22 +397,26 @@ def _ro_connect(db: Path) -> sqlite3.Connection:
     return ro_connect(db)  # works on a read-only file system too
 
 
-def _precheck(directory: Path) -> None:
+def _precheck(directory: Path) -> bool:
     """Before diskcache opens (and writes to) an existing database: it is a database, and its
-    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs)."""
+    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs).
+    True if it holds text keys (hdeval's before #23: see :class:`ReplyStore`)."""
     db = directory / DBNAME
     if not db.is_file():
-        return
+        return False
     try:
         con = _ro_connect(db)
     except sqlite3.Error:
-        return  # cannot even open it read-only: diskcache's own open says why
+        return True  # cannot even open it read-only: diskcache's own open says why
     try:
         rows = con.execute("SELECT key FROM Settings").fetchall()
+        # SQLite orders every text value before every BLOB: this is one step down the key
+        # index, not a scan of the table
+        legacy = con.execute("SELECT 1 FROM Cache WHERE key < x'' LIMIT 1").fetchone() is not None
     except sqlite3.Error as exc:
         if _kind(exc) == "corrupt":
             raise storage_error(directory, exc) from None
-        return  # no Settings table yet (an empty file) or not readable: diskcache decides
+        return True  # no tables yet (an empty file) or not readable: diskcache decides
     finally:
         con.close()
     unknown = sorted(str(k)[:40] for (k,) in rows if k not in _KNOWN_SETTINGS)
@@ -369,6 +424,7 @@ def _precheck(directory: Path) -> None:
         raise CacheError(
             f"the LLM reply cache {db} has settings hdeval and diskcache never write ({', '.join(unknown[:3])}): "
             f"not opening it; {_move_aside(directory)}")
+    return legacy
 
 
 def _writable_or_raise(directory: Path) -> None:
@@ -383,7 +439,7 @@ def _writable_or_raise(directory: Path) -> None:
                          f"--cache-dir (or set HDEVAL_CACHE_DIR) to a writable directory")
 
 
-def open_store(cache_dir: str | Path) -> diskcache.Cache:
+def open_store(cache_dir: str | Path) -> ReplyStore:
     """Open (or create) the cache in ``cache_dir`` with :class:`JSONDisk`; one-line
     :class:`CacheError` if it is corrupted, read-only or on a full disk."""
     directory = Path(cache_dir)
@@ -392,12 +448,14 @@ def open_store(cache_dir: str | Path) -> diskcache.Cache:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(directory, exc) from None
-    _precheck(directory)
+    legacy = _precheck(directory)
     refuse_foreign_schema(directory)  # a planted trigger would rewrite every reply stored from here on
     try:
-        return diskcache.Cache(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
+    store.legacy = legacy
+    return store
 
 
 @dataclass
@@ -932,6 +990,8 @@ def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None 
             return report
         for _rowid, key, raw, mode, filename, value in _rows(con, report):
             try:
+                if type(key) is bytes and len(key) == 32:
+                    key = key.hex()  # the compact form (since #23)
                 if raw != 1 or type(key) is not str or not _KEY.match(key):
                     raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
                 text = read_value(directory, mode, filename, value)

@@ -160,10 +160,13 @@ def test_a_planted_compact_value_is_a_miss_with_a_warning(tmp_path: Path, case: 
     assert check_cache(cache).ok
 
 
+@pytest.mark.parametrize("older", ["json-text", "compact-value"])
 def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(toy, tmp_path: Path,
-                                                                              fake_calls: list[int]) -> None:
-    """A cache filled by an hdeval before the compact format (every value JSON text) still serves
-    a rerun: 0 calls and the same rows, and the new entries of a mixed cache read alongside."""
+                                                                              fake_calls: list[int],
+                                                                              older: str) -> None:
+    """A cache filled by an hdeval before the compact key (hex text keys) still serves a rerun: 0
+    calls and the same rows. ``json-text``: values JSON text too (before the compact value);
+    ``compact-value``: compact values, as hdeval stored them until the compact key."""
     from hdeval.train import train
 
     task, data = toy
@@ -180,15 +183,20 @@ def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(t
 
     assert apply("first.jsonl").exit_code == 0
     paid = len(fake_calls)
-    # rewrite every entry as the older hdeval stored it: json.dumps text with the default Disk
+    # rewrite every entry as the older hdeval stored it, with the default Disk: the hex key as
+    # text, the value json.dumps text or the compact bytes
     with diskcache.Cache(str(cache), disk=JSONDisk) as c:
         entries = {k: json.loads(c[k]) for k in c.iterkeys()}
+        c.clear()
     assert 0 < len(entries) <= paid
     with diskcache.Cache(str(cache)) as c:
         for k, d in entries.items():
-            c.set(k, json.dumps(d))
+            c.set(k, json.dumps(d) if older == "json-text" else encode_completion(Completion.from_dict(d)))
+    con = sqlite3.connect(cache / "cache.db")
+    assert {r for (r,) in con.execute("SELECT DISTINCT typeof(key) FROM Cache")} == {"text"}
+    con.close()
     assert {row[0] for row in _stored_rows(cache)} == {1} and all(
-        isinstance(row[2], str) for row in _stored_rows(cache))
+        isinstance(row[2], str if older == "json-text" else bytes) for row in _stored_rows(cache))
     again = apply("second.jsonl")
     assert again.exit_code == 0, again.output
     assert len(fake_calls) == paid and f"LLM calls made: 0, cache hits: {len(entries)}," in again.stderr
