@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import sqlite3
+import struct
 import time
 import warnings
 import zlib
@@ -56,6 +57,16 @@ VALUE_MAGIC = b"Z1"
 _ZDICT = b'{"t":"1","l":[[["1",-0.["2",-1.["3",-2.["4",-3.["5",-4.]]],"p":7,"c":1}'
 _COMPACT = {"prompt_tokens": "p", "completion_tokens": "c", "prompt_tokens_evaluated": "e"}
 _MISSING = {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_evaluated": None}
+# The same fields packed, when that is shorter (a scoring reply: ~54 bytes instead of ~90, as
+# DEFLATE cannot shrink the 17 digits of a full-precision logprob below ~7.5 bytes). Only for
+# replies whose logprobs are all finite floats and whose counts are plain integers (anything
+# else stays VALUE_MAGIC, which keeps them exactly): a flags byte (_LOGPROBS, _TEXT_IS_TOP: the
+# text is the first top token, _EVALUATED), prompt, completion [and evaluated] token counts as
+# LEB128 varints, [the text as varint length + UTF-8], [varint positions, per position varint
+# tokens, per token varint length + UTF-8 + little-endian double].
+VALUE_MAGIC_PACKED = b"Z2"
+_LOGPROBS, _TEXT_IS_TOP, _EVALUATED = 1, 2, 4
+_DOUBLE = struct.Struct("<d")
 
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 # diskcache's own value-file names: two levels of hex directories, then 28 hex digits
@@ -143,7 +154,7 @@ class JSONDisk(diskcache.Disk):
         raise UnreadableEntry("a key hdeval does not write (pickled or binary)", foreign=True)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
-        if not read and type(value) is bytes and value.startswith(VALUE_MAGIC):
+        if not read and type(value) is bytes and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
             if len(value) < self.min_file_size:
                 return super().store(value, False, key=key)  # inline in the row, as a blob
             value = expand_value(value)  # a huge reply: a value file of JSON text, as before
@@ -214,8 +225,121 @@ def _value_path(directory: str | Path, filename: Any) -> str:
 
 
 def encode_completion(c: Completion) -> bytes:
-    """``c`` as the cache stores it (see VALUE_MAGIC)."""
+    """``c`` as the cache stores it: the shorter of VALUE_MAGIC_PACKED (when it can hold ``c``
+    exactly) and VALUE_MAGIC."""
     d = c.to_dict()
+    packed = _pack(d)
+    deflated = _deflate(d)
+    return packed if packed is not None and len(packed) <= len(deflated) else deflated
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a lone surrogate a server sent is kept, as the JSON form keeps it
+    data = text.encode("utf-8", "surrogatepass")
+    return _varint(len(data)) + data
+
+
+def _pack(d: dict[str, Any]) -> bytes | None:
+    """``d`` (a :meth:`Completion.to_dict`) as VALUE_MAGIC_PACKED, or None if that format cannot
+    hold it exactly."""
+    counts = [d["prompt_tokens"], d["completion_tokens"]]
+    flags = 0
+    if d["prompt_tokens_evaluated"] is not None:
+        flags |= _EVALUATED
+        counts.append(d["prompt_tokens_evaluated"])
+    if not all(type(n) is int and 0 <= n < 2**53 for n in counts) or type(d["text"]) is not str:
+        return None
+    lp = d["top_logprobs"]
+    body = bytearray()
+    if lp is not None:
+        flags |= _LOGPROBS
+        body += _varint(len(lp))
+        for pos in lp:
+            body += _varint(len(pos))
+            for t in pos:
+                v = t["logprob"]
+                if type(t["token"]) is not str or type(v) is not float or not math.isfinite(v):
+                    return None
+                body += _utf8(t["token"]) + _DOUBLE.pack(v)
+        if lp and lp[0] and lp[0][0]["token"] == d["text"]:
+            flags |= _TEXT_IS_TOP
+    head = bytearray(VALUE_MAGIC_PACKED) + bytes([flags])
+    for n in counts:
+        head += _varint(n)
+    if not flags & _TEXT_IS_TOP:
+        head += _utf8(d["text"])
+    return bytes(head + body)
+
+
+class _Reader:
+    """Bounded reading of a VALUE_MAGIC_PACKED blob: every read is checked against its end."""
+
+    def __init__(self, blob: bytes):
+        self.blob, self.at = blob, len(VALUE_MAGIC_PACKED)
+
+    def take(self, n: int) -> bytes:
+        if n > len(self.blob) - self.at:
+            raise UnreadableEntry("its packed value is cut short")
+        got = self.blob[self.at:self.at + n]
+        self.at += n
+        return got
+
+    def varint(self) -> int:
+        n = shift = 0
+        while True:
+            (b,) = self.take(1)
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n
+            shift += 7
+            if shift >= 56:
+                raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
+
+    def text(self) -> str:
+        try:
+            return self.take(self.varint()).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
+
+
+def _unpack(blob: bytes) -> str:
+    """A VALUE_MAGIC_PACKED blob as the JSON text of :meth:`Completion.to_dict`."""
+    r = _Reader(blob)
+    (flags,) = r.take(1)
+    if flags & ~(_LOGPROBS | _TEXT_IS_TOP | _EVALUATED) or (flags & _TEXT_IS_TOP and not flags & _LOGPROBS):
+        raise UnreadableEntry("its packed value has flags hdeval does not write")
+    d: dict[str, Any] = {"prompt_tokens": r.varint(), "completion_tokens": r.varint(),
+                         "prompt_tokens_evaluated": r.varint() if flags & _EVALUATED else None}
+    text = None if flags & _TEXT_IS_TOP else r.text()
+    lp = None
+    if flags & _LOGPROBS:
+        lp = []
+        for _ in range(r.varint()):  # each position and token takes bytes: a count cannot outrun the blob
+            pos = []
+            for _ in range(r.varint()):
+                token = r.text()
+                pos.append({"token": token, "logprob": _DOUBLE.unpack(r.take(8))[0]})
+            lp.append(pos)
+        if text is None:
+            if not (lp and lp[0]):
+                raise UnreadableEntry("its packed value has no top token to be its text")
+            text = lp[0][0]["token"]
+    if r.at != len(blob):
+        raise UnreadableEntry("its packed value has bytes after its end")
+    return json.dumps({"text": text, "top_logprobs": lp, **d})
+
+
+def _deflate(d: dict[str, Any]) -> bytes:
+    """``d`` (a :meth:`Completion.to_dict`) as VALUE_MAGIC."""
     compact: dict[str, Any] = {"t": d["text"]}
     if d["top_logprobs"] is not None:
         compact["l"] = [[[t["token"], t["logprob"]] for t in pos] for pos in d["top_logprobs"]]
@@ -230,6 +354,8 @@ def expand_value(blob: bytes) -> str:
     """A compact stored reply as the JSON text of :meth:`Completion.to_dict` (what
     :func:`parse_completion` then checks); :class:`UnreadableEntry` if it is not one, read with
     bounds (a planted blob must not inflate to gigabytes)."""
+    if blob.startswith(VALUE_MAGIC_PACKED):
+        return _unpack(blob)
     z = zlib.decompressobj(-15, zdict=_ZDICT)
     try:
         raw = z.decompress(blob[len(VALUE_MAGIC):], MAX_ENTRY_CHARS)
@@ -257,7 +383,7 @@ def expand_value(blob: bytes) -> str:
 def read_value(directory: str | Path, mode: int, filename: Any, value: Any) -> str:
     """The text of one stored value, read with bounds; :class:`UnreadableEntry` otherwise."""
     if mode == MODE_RAW:
-        if type(value) is bytes and value.startswith(VALUE_MAGIC):
+        if type(value) is bytes and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
             if len(value) > MAX_ENTRY_CHARS:
                 raise UnreadableEntry(f"a value of {len(value)} bytes (more than hdeval writes)")
             return expand_value(value)

@@ -12,6 +12,7 @@ import pytest
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
+from hdeval.cache import _deflate as _deflated
 from hdeval.cache import CachedBackend, JSONDisk, check_cache, encode_completion, open_store, repair_cache, request_key
 
 
@@ -33,11 +34,11 @@ def _keys(cache: Path) -> list[tuple[str, object]]:
 
 def _fill_old_way(cache: Path, texts: list[str]) -> None:
     """Entries as hdeval stored them before the compact key: the default Disk, the hex key as
-    text, the compact value."""
+    text, the deflated compact value."""
     fake = FakeBackend()
     with diskcache.Cache(str(cache)) as c:
         for t in texts:
-            c.set(_key(t), encode_completion(fake.complete(_req(t))))
+            c.set(_key(t), _deflated(fake.complete(_req(t)).to_dict()))
 
 
 def test_a_reply_is_stored_under_the_32_bytes_of_its_hash(tmp_path: Path) -> None:
