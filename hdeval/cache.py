@@ -197,6 +197,12 @@ class ReplyStore(diskcache.Cache):
             got = super().get(LegacyKey(key), _ABSENT)
         return default if got is _ABSENT else got
 
+    def __getitem__(self, key: Any) -> Any:
+        got = self.get(key, _ABSENT)
+        if got is _ABSENT:
+            raise KeyError(key)
+        return got
+
     def __contains__(self, key: Any) -> bool:
         if super().__contains__(key):
             return True

@@ -82,6 +82,11 @@ def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: P
     assert fake.calls == 1 and [c.cached for c in got] == [True, False, True]
     assert cb.stored([_key("new")]) == {_key("new")}
     cb.close()
+    with open_store(cache) as store:  # the store's own doors find both forms
+        assert all(store.get(_key(t)) == store[_key(t)] is not None for t in ("old 1", "new", "old 2"))
+        assert store.get(_key("absent")) is None and _key("absent") not in store
+        with pytest.raises(KeyError):
+            store[_key("absent")]
     # the old entries are left as they were (an older hdeval sharing the cache still reads them)
     assert sorted(t for t, _ in _keys(cache)) == ["blob", "text", "text"]
     again = CachedBackend(fake, cache)
