@@ -148,17 +148,6 @@ def _client(llm: Backend) -> Iterator[CachedBackend]:
 
 
 # ---------------------------------------------------------------------- parsers
-def digit_score(scale: tuple[int, int]) -> Parser:
-    """A 1-request cell read as a score on ``scale`` (probability-weighted digits, else the
-    first integer in the text): see :func:`hdeval.scoring.parse_score`."""
-    from hdeval.scoring import parse_score
-
-    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
-        return parse_score(completions[0], scale)
-
-    return parse
-
-
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
     """P(``target``) normalised over the two label words, from the first generated token.
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hdeval.methods.base import MethodOptions, option
-
-MODES = ("dna", "direct", "cot", "prompt-agg")
-SOURCES = ("predefined", "dynamic")
+from hdeval.methods.dna.settings import MODES, SOURCES, Settings
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,5 @@ class DnaOptions(MethodOptions):
 
     def settings(self):
         """The run's checked DnA settings (the implementation's own record of them)."""
-        from hdeval.methods.dna.settings import Settings
-
         return Settings(mode=self.dna_mode, aspect_source=self.aspect_source, k=self.k,
                         tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores).check()

@@ -115,7 +115,7 @@ def check_pairwise_options(ctx: FitContext) -> None:
         raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
                           f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
                           "with the criterion prompt: leave --scorer out")
-    given = ctx.options.changed()
+    given = ctx.options.given()
     for name in ("comparisons", "swap"):
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
@@ -384,8 +384,10 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         return [k for k, used in zip(self.feature_keys, mask) if used]
 
     def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        return {k: config[k] for k in ("layers", "children", "top_k", "aggregator") if k in config}
+        from hdeval.methods.base import recorded_options
+
+        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
+        return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
 
     def columns_needed(self) -> list[str]:
         return self.needed_criteria
@@ -417,6 +419,9 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
+
+    def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
+        return side_samples(items)  # both responses, ids <pair>#a / #b
 
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairHdevalResult:
