@@ -314,6 +314,7 @@ def ask_json(
     validate: Callable[[Any], T],
     feedback: Callable[[str], str],
     attempts: int = 3,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> T:
     """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
 
@@ -329,12 +330,15 @@ def ask_json(
     server that now constrains its output) can succeed, while a chain that recovered through
     feedback replays from the cache at no cost. A request the server rejects
     (:class:`~hdeval.errors.RequestRejected`) is raised to the caller.
+
+    ``final``: a last problem it accepts is an outcome, not a fault a fix could cure: the
+    chain's cached replies are the last word (:class:`UnusableReply` with no new call).
     """
     from hdeval import aio
 
     halt: list[bool] = []
     with _client(llm) as client:
-        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt),
+        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt, final=final),
                        on_interrupt=lambda: halt.append(True))
 
 
@@ -386,6 +390,7 @@ async def aask_json(
     attempts: int = 3,
     *,
     halt: list | None = None,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> T:
     """:func:`ask_json` on the LLM loop. Once ``halt`` is non-empty (Ctrl-C), the chain asks
     nothing more: :class:`KeyboardInterrupt`."""
@@ -402,19 +407,20 @@ async def aask_json(
     for reask in (False, True):
         req = request
         from_cache = False
+        last: ValueError | None = None
         for _ in range(attempts):
             completion = await _reply(ask, req, check, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
             except ValueError as exc:
-                problem = str(exc)
+                problem, last = str(exc), exc
                 req = dataclasses.replace(
                     req,
                     messages=req.messages
                     + (Message("assistant", completion.text), Message("user", feedback(problem))),
                 )
-        if not from_cache:
+        if not from_cache or (final is not None and last is not None and final(last)):
             break
     raise UnusableReply(attempts, problem)
 

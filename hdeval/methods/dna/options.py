@@ -15,8 +15,8 @@ class DnaOptions(MethodOptions):
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
     k: int = option(4, "aspects the LLM proposes per instance with --aspect-source dynamic")
     tie_margin: float | None = option(
-        None, "totals this close are a tie (default: learned, the margin whose verdicts agree best with the "
-              "training split's human labels)", kind=float)
+        None, "totals this close are a tie (default: learned on the training split, where humans tie pairs "
+              "more often than they side with the judge)", kind=float)
     swap: bool = option(False, "ask every pairwise prompt in both orders and average")
     logprob_scores: bool = option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
                                         "server returns them (else the reply text)")

@@ -85,6 +85,17 @@ class TreeEvaluator(Saving):
         return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
                 f"aggregator: {self.calls_per_sample()} LLM calls per sample")
 
+    reports = True
+
+    def method_args(self) -> dict[str, Any]:
+        from hdeval.methods.base import recorded_options
+
+        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
+        return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
+
+    def columns_needed(self) -> list[str]:
+        return self.needed_criteria
+
     def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list, str | None]:
         """The criterion prompts of ``items`` (the samples each criterion scored)."""
         template = self.templates.get("score")
@@ -215,8 +226,6 @@ class Evaluator(TreeEvaluator):
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
 
-    reports = True
-
     def artifact_suffix(self) -> str:
         return self.aggregator.kind
 
@@ -301,15 +310,6 @@ class Evaluator(TreeEvaluator):
                 backend.close()
 
     # ------------------------------------------------------------------ the method seam
-    def method_args(self) -> dict[str, Any]:
-        from hdeval.methods.base import recorded_options
-
-        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
-        return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
-
-    def columns_needed(self) -> list[str]:
-        return self.needed_criteria
-
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes: only the criteria the aggregator uses are shown."""
         return score_rows(samples, result, self.needed_criteria)

@@ -1,6 +1,6 @@
 """Explanations of a trained evaluator: SHAP values, permutation importance over the criteria
 tree, the criteria-efficiency curve, and per-sample explanations. Pure computation: no
-printing, no plotting (``report.py`` draws, ``cli_report.py`` prints).
+printing, no plotting (``report.py`` draws, ``hdeval.cli.report`` prints).
 
 What a SHAP value explains here
 -------------------------------
