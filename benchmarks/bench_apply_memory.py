@@ -6,9 +6,11 @@ samples (SummEval rows cycled, each output made unique so every sample is new wo
 LLM and its cache), and runs ``hdeval apply`` on each in its own process with a fresh cache.
 For each run it prints the peak RSS (``wait4``'s ``ru_maxrss``), the peaks of its anonymous
 and file-backed parts (``/proc/PID/status`` polled every 0.1 s: file-backed pages are SQLite's
-memory map of the cache database), seconds per 1k samples, and the cache's bytes per sample.
+memory map of the cache database), milliseconds per 1k samples, and the cache's bytes per
+sample; then, per checkout, how much each figure grew from the smallest size to the largest.
 
-    HDEVAL_DATA_DIR=../shared/data python benchmarks/bench_apply_memory.py --sizes 20000,200000
+    HDEVAL_DATA_DIR=../shared/data python benchmarks/bench_apply_memory.py   # 20k and 200k
+    python benchmarks/bench_apply_memory.py --million   # 1M as well (~3 h on a 2-core machine)
     python benchmarks/bench_apply_memory.py --sizes 2000,20000 --layers 1 --format csv
 
 ``--code DIR[,DIR...]`` runs other checkouts' hdeval (e.g. ``git archive`` of the commit
@@ -93,7 +95,8 @@ def hdeval(code: Path, *args: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="2000,100000", help="comma-separated sample counts")
+    ap.add_argument("--sizes", default="20000,200000", help="comma-separated sample counts")
+    ap.add_argument("--million", action="store_true", help="also 1,000,000 samples")
     ap.add_argument("--layers", type=int, default=1, help="depth of the artifact's criteria tree")
     ap.add_argument("--limit", type=int, default=160, help="training samples")
     ap.add_argument("--format", default="jsonl", choices=["jsonl", "csv", "parquet"])
@@ -103,7 +106,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="keep the files here (default: a temp dir, removed)")
     args = ap.parse_args()
     src = data_dir(args.data_dir) / "summeval.jsonl"
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")] + ([1_000_000] if args.million else [])
     codes = [Path(c) for c in args.code.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-apply-") as tmp:
         work = Path(args.workdir or tmp)
@@ -121,8 +124,9 @@ def main() -> None:
         needed = len(json.loads((art / "manifest.json").read_text()).get("needed_criteria") or [])
         print(f"apply, output .{args.format}, fresh cache per run"
               + (f", {needed} LLM calls per sample" if needed else "") + f"; load: {os.getloadavg()}")
-        print(f"{'code':<28} {'samples':>9} {'peak RSS MB':>12} {'anon MB':>8} {'file MB':>8} {'s/1k':>7} "
+        print(f"{'code':<28} {'samples':>9} {'peak RSS MB':>12} {'anon MB':>8} {'file MB':>8} {'ms/1k':>7} "
               f"{'cache B/sample':>15}")
+        rows: dict[Path, list[tuple[int, float, float, float]]] = {code: [] for code in codes}
         for n in sizes:
             data = work / f"input-{n}.jsonl"
             if not data.exists():
@@ -139,8 +143,15 @@ def main() -> None:
                     print(err[-2000:], file=sys.stderr)
                     sys.exit(f"apply on {n} samples with {code} failed (exit {rc})")
                 print(f"{str(code)[-28:]:<28} {n:>9} {peak / 1024:>12.1f} {anon / 1024:>8.1f} {file / 1024:>8.1f} "
-                      f"{1000 * wall / n:>7.2f} {dir_bytes(cache) / n:>15.0f}", flush=True)
+                      f"{1e6 * wall / n:>7.0f} {dir_bytes(cache) / n:>15.0f}", flush=True)
+                rows[code].append((n, peak / 1024, anon / 1024, file / 1024))
                 shutil.rmtree(cache)
+        if len(sizes) > 1:
+            for code, got in rows.items():
+                (n0, *first), (n1, *last) = got[0], got[-1]
+                grew = ", ".join(f"{what} {b - a:+.1f} MB" for what, a, b in zip(("peak RSS", "anon", "file"), first, last))
+                print(f"{str(code)[-28:]}: {n0} -> {n1} samples: {grew}")
+        print(f"load at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ writer: a reply is committed (with whatever else finished meanwhile, in one tran
 before its call returns, so a SIGKILL can lose only the replies of the commit in progress.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
-plain text only (sha256 hex keys, JSON completions). :class:`JSONDisk` never pickles or
+plain data only (a sha256 digest, a compact or JSON-text completion). :class:`JSONDisk` never pickles or
 unpickles; a value that is not a JSON completion, is too large, or points outside the
 directory is a cache miss plus a :class:`CacheWarning`, never an exception or code run.
 """
@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sqlite3
+import struct
 import time
 import warnings
 import zlib
@@ -53,6 +54,16 @@ VALUE_MAGIC = b"Z1"
 _ZDICT = b'{"t":"1","l":[[["1",-0.["2",-1.["3",-2.["4",-3.["5",-4.]]],"p":7,"c":1}'
 _COMPACT = {"prompt_tokens": "p", "completion_tokens": "c", "prompt_tokens_evaluated": "e"}
 _MISSING = {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_evaluated": None}
+# The same fields packed, when that is shorter (a scoring reply: ~54 bytes instead of ~90, as
+# DEFLATE cannot shrink the 17 digits of a full-precision logprob below ~7.5 bytes). Only for
+# replies whose logprobs are all finite floats and whose counts are plain integers (anything
+# else stays VALUE_MAGIC, which keeps them exactly): a flags byte (_LOGPROBS, _TEXT_IS_TOP: the
+# text is the first top token, _EVALUATED), prompt, completion [and evaluated] token counts as
+# LEB128 varints, [the text as varint length + UTF-8], [varint positions, per position varint
+# tokens, per token varint length + UTF-8 + little-endian double].
+VALUE_MAGIC_PACKED = b"Z2"
+_LOGPROBS, _TEXT_IS_TOP, _EVALUATED = 1, 2, 4
+_DOUBLE = struct.Struct("<d")
 
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 # diskcache's own value-file names: two levels of hex directories, then 28 hex digits
@@ -61,8 +72,13 @@ _VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val\Z")
 _KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
 # Every setting is ours, whatever an existing database says (diskcache applies stored
 # ``sqlite_*`` settings as PRAGMAs); and no eviction: diskcache's default drops the oldest
-# replies past 1 GB, and those were paid for.
-_STORE_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "eviction_policy": "none"}
+# replies past 1 GB, and those were paid for (cull_limit 0 also skips the expired-entry query
+# diskcache runs on every write: hdeval never sets an expiry).
+# Memory: the store is read one key at a time, so SQLite's default 64 MB memory map and 32 MB
+# page cache only grew the process with the cache file (apply's peak RSS rose with the input);
+# no map and a 4 MiB page cache (which holds the key index's interior pages) keep it flat.
+_STORE_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "eviction_policy": "none", "cull_limit": 0,
+                   "sqlite_mmap_size": 0, "sqlite_cache_size": 2**10}
 
 
 def request_key(identity: str, request: CompletionRequest) -> str:
@@ -95,27 +111,43 @@ class EntryTooLarge(ValueError):
     """A completion too large to store (it is still returned, just not cached)."""
 
 
-class JSONDisk(diskcache.Disk):
-    """diskcache serialisation that stores only text and never calls pickle.
+class LegacyKey(str):
+    """A request hash as hdeval stored it before #23: its 64 hex characters as text (twice, in
+    the row and in diskcache's key index). :class:`ReplyStore` looks these up after a miss."""
 
-    Keys must be ``str``; values must be ``str`` (JSON text) and are stored the way the
-    default Disk stores strings (inline below ``min_file_size``, else a ``.val`` file), so a
-    cache written by an older hdeval (which stored ``json.dumps`` strings) reads unchanged.
-    Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
+
+def stored_key(key: str) -> Any:
+    """How the store holds the request hash ``key`` since #23: its 32 raw bytes (a BLOB), half
+    the size of the hex text; any other ``str`` key as text, as before."""
+    return sqlite3.Binary(bytes.fromhex(key)) if _KEY.match(key) else key
+
+
+class JSONDisk(diskcache.Disk):
+    """diskcache serialisation that stores only plain data and never calls pickle.
+
+    Keys must be ``str`` (a request hash is stored as its 32 bytes, see :func:`stored_key`, and
+    read back as hex); values must be ``str`` (JSON text) or compact replies, and are stored the
+    way the default Disk stores them (inline below ``min_file_size``, else a ``.val`` file), so a
+    cache written by an older hdeval (``json.dumps`` strings under hex text keys) reads
+    unchanged. Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
     """
 
     def put(self, key: Any) -> tuple[Any, bool]:
+        if type(key) is LegacyKey:
+            return str(key), True
         if type(key) is not str:
             raise TypeError("hdeval cache keys are str")
-        return key, True
+        return stored_key(key), True
 
     def get(self, key: Any, raw: bool) -> Any:
         if raw and type(key) is str:
             return key
+        if raw and type(key) is bytes and len(key) == 32:
+            return key.hex()
         raise UnreadableEntry("a key hdeval does not write (pickled or binary)", foreign=True)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
-        if not read and type(value) is bytes and value.startswith(VALUE_MAGIC):
+        if not read and type(value) is bytes and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
             if len(value) < self.min_file_size:
                 return super().store(value, False, key=key)  # inline in the row, as a blob
             value = expand_value(value)  # a huge reply: a value file of JSON text, as before
@@ -138,6 +170,47 @@ class JSONDisk(diskcache.Disk):
         super().remove(file_path)
 
 
+_ABSENT = object()
+
+
+class ReplyStore(diskcache.Cache):
+    """The diskcache :class:`~diskcache.Cache` hdeval opens (:func:`open_store`): a request hash
+    not found in its compact form is looked up as a :class:`LegacyKey` too when the database
+    held such keys when it was opened, so a cache written before #23 keeps serving (a rerun on
+    it pays nothing). Entries are never rewritten in place: an older hdeval can still read
+    its own entries."""
+
+    legacy = False  # set by open_store: the database held text keys when opened
+
+    def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not (self.legacy and not args and not kwargs and type(key) is str and _KEY.match(key)):
+            return super().get(key, default, *args, **kwargs)
+        got = super().get(key, _ABSENT)
+        if got is _ABSENT:
+            got = super().get(LegacyKey(key), _ABSENT)
+        return default if got is _ABSENT else got
+
+    def __getitem__(self, key: Any) -> Any:
+        got = self.get(key, _ABSENT)
+        if got is _ABSENT:
+            raise KeyError(key)
+        return got
+
+    def __contains__(self, key: Any) -> bool:
+        if super().__contains__(key):
+            return True
+        return bool(self.legacy and type(key) is str and _KEY.match(key)
+                    and super().__contains__(LegacyKey(key)))
+
+    def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
+        done = super().set(key, value, *args, **kwargs)
+        if self.legacy and type(key) is str and _KEY.match(key):
+            # a request is stored again only when its entry could not be used (a damaged or
+            # planted one): the fresh reply replaces it, as it did before the compact key
+            super().delete(LegacyKey(key))
+        return done
+
+
 def _value_path(directory: str | Path, filename: Any) -> str:
     """The full path of a value file, if ``filename`` is one diskcache would have made and it
     resolves inside ``directory``; :class:`UnreadableEntry` otherwise."""
@@ -151,8 +224,121 @@ def _value_path(directory: str | Path, filename: Any) -> str:
 
 
 def encode_completion(c: Completion) -> bytes:
-    """``c`` as the cache stores it (see VALUE_MAGIC)."""
+    """``c`` as the cache stores it: the shorter of VALUE_MAGIC_PACKED (when it can hold ``c``
+    exactly) and VALUE_MAGIC."""
     d = c.to_dict()
+    packed = _pack(d)
+    deflated = _deflate(d)
+    return packed if packed is not None and len(packed) <= len(deflated) else deflated
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a lone surrogate a server sent is kept, as the JSON form keeps it
+    data = text.encode("utf-8", "surrogatepass")
+    return _varint(len(data)) + data
+
+
+def _pack(d: dict[str, Any]) -> bytes | None:
+    """``d`` (a :meth:`Completion.to_dict`) as VALUE_MAGIC_PACKED, or None if that format cannot
+    hold it exactly."""
+    counts = [d["prompt_tokens"], d["completion_tokens"]]
+    flags = 0
+    if d["prompt_tokens_evaluated"] is not None:
+        flags |= _EVALUATED
+        counts.append(d["prompt_tokens_evaluated"])
+    if not all(type(n) is int and 0 <= n < 2**53 for n in counts) or type(d["text"]) is not str:
+        return None
+    lp = d["top_logprobs"]
+    body = bytearray()
+    if lp is not None:
+        flags |= _LOGPROBS
+        body += _varint(len(lp))
+        for pos in lp:
+            body += _varint(len(pos))
+            for t in pos:
+                v = t["logprob"]
+                if type(t["token"]) is not str or type(v) is not float or not math.isfinite(v):
+                    return None
+                body += _utf8(t["token"]) + _DOUBLE.pack(v)
+        if lp and lp[0] and lp[0][0]["token"] == d["text"]:
+            flags |= _TEXT_IS_TOP
+    head = bytearray(VALUE_MAGIC_PACKED) + bytes([flags])
+    for n in counts:
+        head += _varint(n)
+    if not flags & _TEXT_IS_TOP:
+        head += _utf8(d["text"])
+    return bytes(head + body)
+
+
+class _Reader:
+    """Bounded reading of a VALUE_MAGIC_PACKED blob: every read is checked against its end."""
+
+    def __init__(self, blob: bytes):
+        self.blob, self.at = blob, len(VALUE_MAGIC_PACKED)
+
+    def take(self, n: int) -> bytes:
+        if n > len(self.blob) - self.at:
+            raise UnreadableEntry("its packed value is cut short")
+        got = self.blob[self.at:self.at + n]
+        self.at += n
+        return got
+
+    def varint(self) -> int:
+        n = shift = 0
+        while True:
+            (b,) = self.take(1)
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n
+            shift += 7
+            if shift >= 56:
+                raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
+
+    def text(self) -> str:
+        try:
+            return self.take(self.varint()).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
+
+
+def _unpack(blob: bytes) -> str:
+    """A VALUE_MAGIC_PACKED blob as the JSON text of :meth:`Completion.to_dict`."""
+    r = _Reader(blob)
+    (flags,) = r.take(1)
+    if flags & ~(_LOGPROBS | _TEXT_IS_TOP | _EVALUATED) or (flags & _TEXT_IS_TOP and not flags & _LOGPROBS):
+        raise UnreadableEntry("its packed value has flags hdeval does not write")
+    d: dict[str, Any] = {"prompt_tokens": r.varint(), "completion_tokens": r.varint(),
+                         "prompt_tokens_evaluated": r.varint() if flags & _EVALUATED else None}
+    text = None if flags & _TEXT_IS_TOP else r.text()
+    lp = None
+    if flags & _LOGPROBS:
+        lp = []
+        for _ in range(r.varint()):  # each position and token takes bytes: a count cannot outrun the blob
+            pos = []
+            for _ in range(r.varint()):
+                token = r.text()
+                pos.append({"token": token, "logprob": _DOUBLE.unpack(r.take(8))[0]})
+            lp.append(pos)
+        if text is None:
+            if not (lp and lp[0]):
+                raise UnreadableEntry("its packed value has no top token to be its text")
+            text = lp[0][0]["token"]
+    if r.at != len(blob):
+        raise UnreadableEntry("its packed value has bytes after its end")
+    return json.dumps({"text": text, "top_logprobs": lp, **d})
+
+
+def _deflate(d: dict[str, Any]) -> bytes:
+    """``d`` (a :meth:`Completion.to_dict`) as VALUE_MAGIC."""
     compact: dict[str, Any] = {"t": d["text"]}
     if d["top_logprobs"] is not None:
         compact["l"] = [[[t["token"], t["logprob"]] for t in pos] for pos in d["top_logprobs"]]
@@ -167,6 +353,8 @@ def expand_value(blob: bytes) -> str:
     """A compact stored reply as the JSON text of :meth:`Completion.to_dict` (what
     :func:`parse_completion` then checks); :class:`UnreadableEntry` if it is not one, read with
     bounds (a planted blob must not inflate to gigabytes)."""
+    if blob.startswith(VALUE_MAGIC_PACKED):
+        return _unpack(blob)
     z = zlib.decompressobj(-15, zdict=_ZDICT)
     try:
         raw = z.decompress(blob[len(VALUE_MAGIC):], MAX_ENTRY_CHARS)
@@ -194,7 +382,7 @@ def expand_value(blob: bytes) -> str:
 def read_value(directory: str | Path, mode: int, filename: Any, value: Any) -> str:
     """The text of one stored value, read with bounds; :class:`UnreadableEntry` otherwise."""
     if mode == MODE_RAW:
-        if type(value) is bytes and value.startswith(VALUE_MAGIC):
+        if type(value) is bytes and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
             if len(value) > MAX_ENTRY_CHARS:
                 raise UnreadableEntry(f"a value of {len(value)} bytes (more than hdeval writes)")
             return expand_value(value)
@@ -257,22 +445,26 @@ def _ro_connect(db: Path) -> sqlite3.Connection:
     return ro_connect(db)  # works on a read-only file system too
 
 
-def _precheck(directory: Path) -> None:
+def _precheck(directory: Path) -> bool:
     """Before diskcache opens (and writes to) an existing database: it is a database, and its
-    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs)."""
+    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs).
+    True if it holds text keys (hdeval's before #23: see :class:`ReplyStore`)."""
     db = directory / DBNAME
     if not db.is_file():
-        return
+        return False
     try:
         con = _ro_connect(db)
     except sqlite3.Error:
-        return  # cannot even open it read-only: diskcache's own open says why
+        return True  # cannot even open it read-only: diskcache's own open says why
     try:
         rows = con.execute("SELECT key FROM Settings").fetchall()
+        # SQLite orders every text value before every BLOB: this is one step down the key
+        # index, not a scan of the table
+        legacy = con.execute("SELECT 1 FROM Cache WHERE key < x'' LIMIT 1").fetchone() is not None
     except sqlite3.Error as exc:
         if _kind(exc) == "corrupt":
             raise storage_error(directory, exc) from None
-        return  # no Settings table yet (an empty file) or not readable: diskcache decides
+        return True  # no tables yet (an empty file) or not readable: diskcache decides
     finally:
         con.close()
     unknown = sorted(str(k)[:40] for (k,) in rows if k not in _KNOWN_SETTINGS)
@@ -280,6 +472,7 @@ def _precheck(directory: Path) -> None:
         raise CacheError(
             f"the LLM reply cache {db} has settings hdeval and diskcache never write ({', '.join(unknown[:3])}): "
             f"not opening it; {_move_aside(directory)}")
+    return legacy
 
 
 def _writable_or_raise(directory: Path) -> None:
@@ -294,7 +487,7 @@ def _writable_or_raise(directory: Path) -> None:
                          f"--cache-dir (or set HDEVAL_CACHE_DIR) to a writable directory")
 
 
-def open_store(cache_dir: str | Path) -> diskcache.Cache:
+def open_store(cache_dir: str | Path) -> ReplyStore:
     """Open (or create) the cache in ``cache_dir`` with :class:`JSONDisk`; one-line
     :class:`CacheError` if it is corrupted, read-only or on a full disk."""
     directory = Path(cache_dir)
@@ -303,12 +496,14 @@ def open_store(cache_dir: str | Path) -> diskcache.Cache:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(directory, exc) from None
-    _precheck(directory)
+    legacy = _precheck(directory)
     refuse_foreign_schema(directory)  # a planted trigger would rewrite every reply stored from here on
     try:
-        return diskcache.Cache(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
+    store.legacy = legacy
+    return store
 
 
 @dataclass
@@ -843,6 +1038,8 @@ def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None 
             return report
         for _rowid, key, raw, mode, filename, value in _rows(con, report):
             try:
+                if type(key) is bytes and len(key) == 32:
+                    key = key.hex()  # the compact form (since #23)
                 if raw != 1 or type(key) is not str or not _KEY.match(key):
                     raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
                 text = read_value(directory, mode, filename, value)

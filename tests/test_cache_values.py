@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from conftest import write_jsonl
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.fake import FakeBackend
+from hdeval.cache import _deflate as _deflated
 from hdeval.cache import (
-    MAX_ENTRY_CHARS, VALUE_MAGIC, _ZDICT, CachedBackend, CacheWarning, JSONDisk, check_cache, encode_completion,
-    request_key,
+    MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, _ZDICT, CachedBackend, CacheWarning, JSONDisk,
+    check_cache, encode_completion, request_key,
 )
 from hdeval.cli import cli
 
@@ -67,7 +68,7 @@ def test_a_reply_reads_back_exactly_from_its_compact_value(tmp_path: Path, name:
     assert cb.complete(_req("q")) == reply
     cb.close()
     (mode, filename, value), = _stored_rows(tmp_path / "c")
-    assert mode == 1 and filename is None and value.startswith(VALUE_MAGIC)  # a blob in the row
+    assert mode == 1 and filename is None and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED))  # a blob in the row
     again = CachedBackend(FakeBackend(), tmp_path / "c")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
@@ -82,6 +83,28 @@ def test_a_one_token_reply_with_five_logprobs_takes_a_quarter_of_its_json(tmp_pa
     old = len(json.dumps(reply.to_dict()))
     new = len(encode_completion(reply))
     assert old > 300 and new <= 100, (old, new)
+
+
+def test_a_scoring_reply_is_packed_in_60_bytes_and_other_replies_stay_exact() -> None:
+    """Five full-precision logprobs: DEFLATE of their digits took ~90 bytes, packed doubles ~54.
+    What the packed form does not hold (an unreadable logprob, kept as null) stays in the
+    deflated JSON form, and every reply reads back as it was."""
+    score = encode_completion(REPLIES["score"])
+    assert score.startswith(VALUE_MAGIC_PACKED) and len(score) <= 60, len(score)
+    assert len(score) < len(_deflated(REPLIES["score"].to_dict()))
+    odd = {
+        "null-logprob": {"text": "4", "top_logprobs": [[{"token": "4", "logprob": None}]], "prompt_tokens": 1,
+                         "completion_tokens": 1, "prompt_tokens_evaluated": None},
+    }
+    with _Tmp() as c:
+        for name, d in odd.items():
+            c.set(name * 4, encode_completion(Completion.from_dict(d)))
+            assert json.loads(c[name * 4]) == Completion.from_dict(d).to_dict()
+            assert c._sql("SELECT value FROM Cache WHERE key = ?", (name * 4,)).fetchone()[0].startswith(VALUE_MAGIC)
+        for name, reply in REPLIES.items():
+            c.set(name, encode_completion(reply))
+            back = json.loads(c[name])
+            assert back == reply.to_dict() and Completion.from_dict(back) == reply
 
 
 def test_a_nan_logprob_stays_a_recorded_failure() -> None:
@@ -136,6 +159,13 @@ PLANTED = {
     "bad-logprob-value": _deflate(b'{"t":"4","l":[[["4","x"]]]}'),
     "bad-count": _deflate(b'{"t":"4","p":-5}'),
     "other-magic": b"Z9" + _deflate(b'{"t":"4"}')[2:],
+    "packed-cut-short": encode_completion(REPLIES["score"])[:-3],
+    "packed-trailing": encode_completion(REPLIES["score"]) + b"\x00",
+    "packed-flags": VALUE_MAGIC_PACKED + b"\x80\x01\x01",
+    "packed-top-text-without-logprobs": VALUE_MAGIC_PACKED + b"\x02\x01\x01",
+    "packed-huge-number": VALUE_MAGIC_PACKED + b"\x00" + b"\xff" * 9 + b"\x01",
+    "packed-count-bomb": VALUE_MAGIC_PACKED + b"\x01\x01\x01\x01\xff\xff\xff\xff\x0f",
+    "packed-not-utf8": VALUE_MAGIC_PACKED + b"\x00\x01\x01\x02\xff\xfe",
 }
 
 
@@ -160,10 +190,13 @@ def test_a_planted_compact_value_is_a_miss_with_a_warning(tmp_path: Path, case: 
     assert check_cache(cache).ok
 
 
+@pytest.mark.parametrize("older", ["json-text", "compact-value"])
 def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(toy, tmp_path: Path,
-                                                                              fake_calls: list[int]) -> None:
-    """A cache filled by an hdeval before the compact format (every value JSON text) still serves
-    a rerun: 0 calls and the same rows, and the new entries of a mixed cache read alongside."""
+                                                                              fake_calls: list[int],
+                                                                              older: str) -> None:
+    """A cache filled by an hdeval before the compact key (hex text keys) still serves a rerun: 0
+    calls and the same rows. ``json-text``: values JSON text too (before the compact value);
+    ``compact-value``: compact values, as hdeval stored them until the compact key."""
     from hdeval.train import train
 
     task, data = toy
@@ -180,15 +213,20 @@ def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(t
 
     assert apply("first.jsonl").exit_code == 0
     paid = len(fake_calls)
-    # rewrite every entry as the older hdeval stored it: json.dumps text with the default Disk
+    # rewrite every entry as the older hdeval stored it, with the default Disk: the hex key as
+    # text, the value json.dumps text or the compact bytes
     with diskcache.Cache(str(cache), disk=JSONDisk) as c:
         entries = {k: json.loads(c[k]) for k in c.iterkeys()}
+        c.clear()
     assert 0 < len(entries) <= paid
     with diskcache.Cache(str(cache)) as c:
         for k, d in entries.items():
-            c.set(k, json.dumps(d))
+            c.set(k, json.dumps(d) if older == "json-text" else _deflated(d))
+    con = sqlite3.connect(cache / "cache.db")
+    assert {r for (r,) in con.execute("SELECT DISTINCT typeof(key) FROM Cache")} == {"text"}
+    con.close()
     assert {row[0] for row in _stored_rows(cache)} == {1} and all(
-        isinstance(row[2], str) for row in _stored_rows(cache))
+        isinstance(row[2], str if older == "json-text" else bytes) for row in _stored_rows(cache))
     again = apply("second.jsonl")
     assert again.exit_code == 0, again.output
     assert len(fake_calls) == paid and f"LLM calls made: 0, cache hits: {len(entries)}," in again.stderr

@@ -284,7 +284,10 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
     keys = [llm.key(r) for r in reqs]
     llm.close()
     con = sqlite3.connect(cache / DBNAME)
-    con.execute("UPDATE Cache SET mode = 4 WHERE key = ?", (keys[1],))  # a pickled value: never unpickled
+    # keys are stored as their 32 bytes: a pickled value (never unpickled), and one entry under
+    # the hex text key an hdeval before #23 wrote (still read)
+    con.execute("UPDATE Cache SET mode = 4 WHERE key = ?", (bytes.fromhex(keys[1]),))
+    con.execute("UPDATE Cache SET key = ? WHERE key = ?", (keys[2], bytes.fromhex(keys[2])))
     con.commit()
     con.close()
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}

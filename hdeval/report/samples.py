@@ -34,7 +34,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     """Raw reply text per cache key, read from the cache's SQLite file opened read-only (and
     the value files through the cache's own bounded reader). A missing or unreadable cache is a
     note, not an error: the rest of the report does not need it."""
-    from hdeval.cache import DBNAME, UnreadableEntry, parse_completion, read_value
+    from hdeval.cache import DBNAME, UnreadableEntry, parse_completion, read_value, stored_key
 
     directory = Path(cache_dir)
     db = directory / DBNAME
@@ -53,8 +53,9 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
         return {}, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
     try:
         for key in dict.fromkeys(keys):
-            row = con.execute("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
-                              (key,)).fetchone()
+            # the compact key, or the hex text an hdeval before #23 stored
+            row = con.execute("SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1",
+                              (stored_key(key), key)).fetchone()
             if row is None:
                 continue
             try:

@@ -1,0 +1,144 @@
+"""How the cache stores its keys and which SQLite settings it runs with (issue #23 item 3): a
+request hash is stored as its 32 raw bytes, a cache written with hex text keys keeps serving
+(its entries are never rewritten), and the store's memory does not grow with the cache file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import diskcache
+import pytest
+
+from hdeval.backends.base import CompletionRequest, Message
+from hdeval.backends.fake import FakeBackend
+from hdeval.cache import _deflate as _deflated
+from hdeval.cache import CachedBackend, JSONDisk, check_cache, encode_completion, open_store, repair_cache, request_key
+
+
+def _req(text: str) -> CompletionRequest:
+    return CompletionRequest((Message("user", text),), kind="score")
+
+
+def _key(text: str) -> str:
+    return request_key(FakeBackend().identity, _req(text))
+
+
+def _keys(cache: Path) -> list[tuple[str, object]]:
+    con = sqlite3.connect(cache / "cache.db")
+    try:
+        return con.execute("SELECT typeof(key), key FROM Cache ORDER BY rowid").fetchall()
+    finally:
+        con.close()
+
+
+def _fill_old_way(cache: Path, texts: list[str]) -> None:
+    """Entries as hdeval stored them before the compact key: the default Disk, the hex key as
+    text, the deflated compact value."""
+    fake = FakeBackend()
+    with diskcache.Cache(str(cache)) as c:
+        for t in texts:
+            c.set(_key(t), _deflated(fake.complete(_req(t)).to_dict()))
+
+
+def test_a_reply_is_stored_under_the_32_bytes_of_its_hash(tmp_path: Path) -> None:
+    cb = CachedBackend(FakeBackend(), tmp_path / "c")
+    cb.complete(_req("q"))
+    cb.close()
+    assert _keys(tmp_path / "c") == [("blob", bytes.fromhex(_key("q")))]
+    with open_store(tmp_path / "c") as store:
+        assert list(store.iterkeys()) == [_key("q")]  # read back as the hex the rest of hdeval uses
+    assert check_cache(tmp_path / "c").readable == 1
+
+
+def test_the_compact_key_makes_the_cache_smaller(tmp_path: Path) -> None:
+    fake = FakeBackend()
+    texts = [f"sample {i}" for i in range(3000)]
+    _fill_old_way(tmp_path / "old", texts)
+    with open_store(tmp_path / "new") as store:
+        with store.transact():
+            for t in texts:
+                store.set(_key(t), encode_completion(fake.complete(_req(t))))
+
+    def size(d: Path) -> int:
+        con = sqlite3.connect(d / "cache.db")
+        try:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return con.execute("PRAGMA page_count").fetchone()[0]
+        finally:
+            con.close()
+
+    # 64 hex characters twice (the row and diskcache's key index) become 32 bytes twice
+    assert size(tmp_path / "new") < 0.8 * size(tmp_path / "old")
+
+
+def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    _fill_old_way(cache, ["old 1", "old 2"])
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    assert cb.stored([_key("old 1"), _key("new"), _key("old 2")]) == {_key("old 1"), _key("old 2")}
+    got = cb.complete_many([_req("old 1"), _req("new"), _req("old 2")])
+    assert fake.calls == 1 and [c.cached for c in got] == [True, False, True]
+    assert cb.stored([_key("new")]) == {_key("new")}
+    cb.close()
+    with open_store(cache) as store:  # the store's own doors find both forms
+        assert all(store.get(_key(t)) == store[_key(t)] is not None for t in ("old 1", "new", "old 2"))
+        assert store.get(_key("absent")) is None and _key("absent") not in store
+        with pytest.raises(KeyError):
+            store[_key("absent")]
+    # the old entries are left as they were (an older hdeval sharing the cache still reads them)
+    assert sorted(t for t, _ in _keys(cache)) == ["blob", "text", "text"]
+    again = CachedBackend(fake, cache)
+    assert all(c.cached for c in again.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
+    again.close()
+    assert fake.calls == 1
+    assert check_cache(cache).readable == 3
+    report = repair_cache(cache)  # copies every readable entry, into the compact form
+    assert report.copied == 3 and sorted(t for t, _ in _keys(cache)) == ["blob"] * 3
+    final = CachedBackend(fake, cache)
+    assert all(c.cached for c in final.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
+    final.close()
+
+
+def test_a_damaged_old_entry_is_replaced_by_the_fresh_reply(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    _fill_old_way(cache, ["q"])
+    con = sqlite3.connect(cache / "cache.db")
+    con.execute("UPDATE Cache SET value = ?", (b"Z1\xff\xfe garbage",))
+    con.commit()
+    con.close()
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    with pytest.warns(UserWarning):
+        cb.complete(_req("q"))
+    cb.close()
+    assert fake.calls == 1 and [t for t, _ in _keys(cache)] == ["blob"]
+    assert check_cache(cache).ok
+
+
+@pytest.mark.parametrize("key", [b"\x01" * 16, b"\x01" * 33])
+def test_a_binary_key_of_another_length_is_foreign(tmp_path: Path, key: bytes) -> None:
+    cache = tmp_path / "c"
+    with open_store(cache) as store:
+        store.set(_key("q"), encode_completion(FakeBackend().complete(_req("q"))))
+    con = sqlite3.connect(cache / "cache.db")
+    con.execute("UPDATE Cache SET key = ?", (key,))
+    con.commit()
+    con.close()
+    report = check_cache(cache)
+    assert report.foreign == 1 and report.readable == 0
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c, pytest.raises(ValueError, match="does not write"):
+        list(c.iterkeys())
+
+
+def test_the_store_maps_no_memory_and_keeps_a_small_page_cache(tmp_path: Path) -> None:
+    """SQLite's memory map and page cache grew apply's RSS with the cache file (64 MB and 32 MB
+    by diskcache's defaults), whatever settings an existing database holds."""
+    cache = tmp_path / "c"
+    diskcache.Cache(str(cache)).close()  # a database holding diskcache's default settings
+    with open_store(cache) as store:
+        con = store._con  # the store's own connection: the PRAGMAs are per connection
+        assert con.execute("PRAGMA mmap_size").fetchone()[0] == 0
+        assert 0 < con.execute("PRAGMA cache_size").fetchone()[0] <= 2**10
+        assert store.eviction_policy == "none"  # a paid reply is never dropped
