@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from hdeval.errors import ConfigError
 

@@ -8,7 +8,6 @@ from hdeval.backends.base import CompletionRequest
 from hdeval.methods.dna.prompts import (_req, aspects_schema, load_dna_templates, overall_request,
                                         question_block, score_request, weights_request)
 from hdeval.methods.dna.replies import AspectSpec
-from hdeval.methods.dna.settings import Settings
 from hdeval.types import PairSample
 
 # Completion tokens a stage's reply is estimated to take (its max_tokens bounds the real figure).
