@@ -359,7 +359,7 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
 
 class BoundedSyncTransport(httpx2.BaseTransport):
-    """:class:`BoundedTransport` for a synchronous client (the Batch API's)."""
+    """:class:`BoundedTransport` for a synchronous client (Ray's workers')."""
 
     def __init__(self, inner: httpx2.BaseTransport, max_reply_bytes: int) -> None:
         self._inner = inner
@@ -500,22 +500,20 @@ class OpenAICompatBackend:
         self._sdks.append(sdk)
         return sdk
 
-    def sdk_client(self, sync: bool = False, max_reply_bytes: int | None = None) -> Any:
-        """A new SDK client for this server (``sync``: ``OpenAI``/``AzureOpenAI``, else their
-        async forms) with its own connections, its replies bounded by ``max_reply_bytes``
-        (default: this backend's), the SDK's own retries off."""
+    def sdk_client(self, max_reply_bytes: int | None = None) -> Any:
+        """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
+        host) with its own connections, its replies bounded by ``max_reply_bytes`` (default: this
+        backend's), the SDK's own retries off."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
-        http = http_client(self.timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls, sync)
+        http = http_client(self.timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
         common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
                                       http_client=http, default_headers=self._headers)
         if self._azure:
             query = {k: v for k, v in self._query.items() if k != "api-version"}
-            azure = openai.AzureOpenAI if sync else openai.AsyncAzureOpenAI
-            return azure(base_url=self._sdk_url, api_version=self._query["api-version"],
-                         default_query=query or None, **common)
-        plain = openai.OpenAI if sync else openai.AsyncOpenAI
-        return plain(base_url=self._sdk_url, default_query=self._query or None, **common)
+            return openai.AsyncAzureOpenAI(base_url=self._sdk_url, api_version=self._query["api-version"],
+                                           default_query=query or None, **common)
+        return openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None, **common)
 
     # _attempt leases an SDK client for one request alone and gives it back after it: each
     # client then holds one connection, and httpcore's pool, which checks every connection it
