@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import shutil
@@ -43,6 +44,11 @@ from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
 from hdeval.config import LLMConfig  # noqa: E402
 from hdeval.judge import Cell, fill_matrix  # noqa: E402
 from hdeval.llm import open_llm  # noqa: E402
+
+try:  # imported before any timing: a once-per-process cost, not one of the calls measured
+    importlib.import_module("hdeval.backends.openai_compat")
+except ImportError:
+    pass
 
 SYSTEM = ("You are an expert evaluator of text summaries. Rate the summary on the criterion "
           "given, on a scale from 1 to 5, and answer with the number only. ") * 3
