@@ -122,7 +122,7 @@ class BatchAPI:
         self._redactor = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
-        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES)
+        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
         self._used = False  # its connections (if any) belong to the LLM loop
 
     def __repr__(self) -> str:

@@ -378,7 +378,7 @@ class BoundedSyncTransport(httpx2.BaseTransport):
         self._inner.close()
 
 
-def http_client(timeout: float, proxy: str | None, max_reply_bytes: int, keepalive: int,
+def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
                 verify: Any = True, sync: bool = False) -> Any:
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client
@@ -500,14 +500,17 @@ class OpenAICompatBackend:
         self._sdks.append(sdk)
         return sdk
 
-    def sdk_client(self, max_reply_bytes: int | None = None) -> Any:
+    def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
         host) with its own connections, its replies bounded by ``max_reply_bytes`` (default: this
-        backend's), the SDK's own retries off."""
+        backend's), the SDK's own retries off. Its caller bounds each request as a whole (an
+        asyncio deadline); ``socket_timeout`` also bounds each connect, read and write (the Batch
+        API's hour-long downloads). Without it no per-operation timer is armed: anyio's were 5%
+        of a chat call's CPU, and the whole-request deadline already covers them."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
-        http = http_client(self.timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
-        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
+        http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
+        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=socket_timeout,
                                       http_client=http, default_headers=self._headers)
         if self._azure:
             query = {k: v for k, v in self._query.items() if k != "api-version"}
