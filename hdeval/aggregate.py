@@ -19,7 +19,7 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LinearRegression
-from sklearn.model_selection import GroupKFold, KFold, ParameterGrid, cross_val_predict
+from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
 from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
@@ -38,32 +38,23 @@ from hdeval.types import Task
 
 KINDS = ("lr", "dt", "rf", "nn")
 N_FOLDS = 5
-# The MLP's defaults and the grid ``tune`` searches (issue #12: the paper's (64, 32) MLP with
-# alpha 1e-4 overfits a few hundred training rows; benchmarks/bench_mlp.py measured alpha
-# 1e-2..10 and early stopping on a random 10% split, both worse on held-out data than this
-# strongly regularised grid). Larger alpha first, so ties go to the stronger regularisation.
-# Solver (issue #15.4): L-BFGS on the full training rows reaches the penalised optimum that
-# 300 adam epochs stopped short of; bench_mlp.py (simulated judge, 3 seeds) measured it at
-# equal or higher held-out Spearman than adam on summeval, topical_chat and sfhot (mean
-# +0.009, +0.019, +0.047) for under a sixth of the CPU, and with it (64, 32) never beat (32,):
-# the grid has only the one width.
+# The MLP's defaults and the grid ``tune`` searches: the paper's (64, 32) MLP overfits a few
+# hundred rows, so one narrow width, strong penalties and L-BFGS (benchmarks/bench_mlp.py).
+# Larger alpha first, so ties go to the stronger regularisation.
 NN_ALPHA = 10.0
 NN_HIDDEN = (32,)
 NN_SOLVER = "lbfgs"
 NN_GRID = {"alpha": (30.0, 10.0, 3.0, 1.0), "hidden_layer_sizes": ((32,),)}
 NN_MAX_ITER = 300  # solver iterations; if it has not converged by then, training records a note
-# With HDEVAL_JOBS=auto, model fitting runs its independent fits (folds x kinds x grid points,
-# pruning folds) in up to this many worker processes; results do not depend on the number
-# (each fit is seeded).
+# Worker processes with HDEVAL_JOBS=auto; results do not depend on the number (fits are seeded).
 MAX_JOBS = 4
 JOBS_BACKEND = "loky"
 
 
 def default_jobs() -> int:
     """Worker processes for model fitting: ``HDEVAL_JOBS`` (``auto``: the CPUs this process
-    may use, at most ``MAX_JOBS``); unset: 1, no worker processes. Opt-in because workers
-    outlive a killed process for a while (holding its output pipes) and, measured on 2
-    shared cores, cost about 17% more CPU for a 1.4x shorter wall time."""
+    may use, at most ``MAX_JOBS``); unset: 1, no worker processes. Opt-in: workers outlive
+    a killed process for a while (holding its output pipes) and cost more CPU in all."""
     env = os.environ.get("HDEVAL_JOBS", "").strip()
     if not env:
         return 1
@@ -83,11 +74,10 @@ _THREADPOOLS: ThreadpoolController | None = None
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """BLAS and OpenMP limited to one thread while models are fitted. The matrices are a few
-    hundred rows: threads only add hand-over and spinning, which on 2 shared cores measured up
-    to 40x the CPU of an L-BFGS MLP fit. (Worker processes are already limited by joblib.)"""
+    """BLAS and OpenMP limited to one thread while models are fitted: on matrices of a few
+    hundred rows threads only add hand-over and spinning (joblib already limits workers)."""
     global _THREADPOOLS
-    if _THREADPOOLS is None:  # found once (about 4 ms); every library it needs is loaded by now
+    if _THREADPOOLS is None:  # found once; every library it needs is loaded by now
         _THREADPOOLS = ThreadpoolController()
     with _THREADPOOLS.limit(limits=1):
         yield
@@ -295,15 +285,18 @@ class Aggregator(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "models_")
         used = np.zeros(self.n_features_in_, bool)
         for model in self.models_:
-            est = model.named_steps["model"]
-            if hasattr(est, "feature_importances_"):
-                used |= np.asarray(est.feature_importances_) > 0
-            elif hasattr(est, "coef_"):
-                coef = np.atleast_2d(est.coef_)
-                used |= np.any(coef != 0, axis=0)
-            else:
-                used[:] = True
+            used |= used_features(model, self.n_features_in_)
         return used
+
+
+def used_features(model: Pipeline, n_features: int) -> np.ndarray:
+    """Boolean mask of the features one fitted pipeline's model uses (a tree may ignore some)."""
+    est = model.named_steps["model"]
+    if hasattr(est, "feature_importances_"):
+        return np.asarray(est.feature_importances_) > 0
+    if hasattr(est, "coef_"):
+        return np.any(np.atleast_2d(est.coef_) != 0, axis=0)
+    return np.ones(n_features, bool)
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
@@ -476,23 +469,16 @@ def select_kind(
 ) -> tuple[str, dict[str, float]]:
     """``--aggregator auto``: the kind with the best cross-validated mean Spearman (``nn``
     scored with its tuned hyper-parameters)."""
-    best, scores, _ = select(template, X, Y, groups, kinds)
+    best, scores, _, _ = select_cv(template, X, Y, groups, kinds)
     return best.kind, scores
-
-
-def select(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
-    n_jobs: int | None = None,
-) -> tuple[Aggregator, dict[str, float], dict[str, float]]:
-    """The best of ``kinds`` (tuned): (its template, CV score per kind, nn grid scores)."""
-    return select_cv(template, X, Y, groups, kinds, n_jobs)[:3]
 
 
 def select_cv(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
     n_jobs: int | None = None, fold_models: list | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
-    """``select``, plus the chosen template's out-of-fold predictions. Every fold of every
+    """The best of ``kinds`` (tuned): (its template, CV score per kind, nn grid scores, its
+    out-of-fold predictions). Every fold of every
     kind and grid point is one job of a single parallel batch. ``fold_models``: as in
     ``cross_val_predictions``, the chosen template's."""
     bases = {k: clone(template).set_params(kind=k) for k in kinds}

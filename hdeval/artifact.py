@@ -27,8 +27,9 @@ from hdeval import __version__
 from hdeval.errors import ArtifactError, ConfigError
 
 FORMAT = "hdeval-artifact"
-# 2: the manifest names its method; format 1 (HD-Eval only) is still read.
-FORMAT_VERSION = 2
+# 2: the manifest names its method; 3: its run config records the method's own options under
+# "options" (format 2 recorded HD-Eval's flat for every method). Formats 1 and 2 are still read.
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 # Bounds on what is read from an artifact (it is data from whoever sent it).
 MAX_ENTRIES = 10_000  # files + directories inside an artifact
@@ -399,6 +400,10 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
             f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact format "
             f"{version}); this hdeval {__version__} reads format {FORMAT_VERSION} or older: upgrade hdeval"
         )
+    config = manifest.get("config", {})  # the run's options; methods read theirs from it
+    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
+        raise ArtifactError(f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} "
+                            "is not an object")
     files = manifest.get("files")
     if not isinstance(files, dict) or len(files) > MAX_FILES:
         raise ArtifactError(f"{mpath}: 'files' must map at most {MAX_FILES} file names to checksums")

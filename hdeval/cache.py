@@ -14,13 +14,11 @@ directory is a cache miss plus a :class:`CacheWarning`, never an exception or co
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import json
 import math
 import os
 import re
-import shutil
 import sqlite3
 import time
 import warnings
@@ -34,7 +32,8 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache_guard import refuse_foreign_schema, ro_connect
+from hdeval.cache_guard import (CacheCorrupted, _kind, _move_aside, _reason, refuse_foreign_schema, ro_connect,
+                                storage_error)
 from hdeval.config import DEFAULT_CONCURRENCY
 from hdeval.errors import BudgetExceeded, CacheError, RequestRejected, RetriesExhausted
 from hdeval.progress import Progress
@@ -44,8 +43,6 @@ DBNAME = "cache.db"
 # A cached completion is a few KB; anything larger than this is not one of ours (and is not
 # read into memory or parsed).
 MAX_ENTRY_CHARS = 4 * 2**20
-# Free space to ask for when the disk fills up: SQLite needs room for its write-ahead log.
-FREE_SPACE_HINT = "100 MB"
 
 # How a reply is stored since #23: VALUE_MAGIC, then raw DEFLATE (with the preset dictionary
 # below) of a compact JSON (short keys, a logprob as [token, logprob], zero counts left out) that
@@ -92,10 +89,6 @@ class UnreadableEntry(ValueError):
     def __init__(self, reason: str, foreign: bool = False):
         super().__init__(reason)
         self.foreign = foreign
-
-
-class CacheCorrupted(CacheError):
-    """The cache database is damaged (``hdeval cache repair`` or ``clear`` deal with it)."""
 
 
 class EntryTooLarge(ValueError):
@@ -260,83 +253,6 @@ def parse_completion(text: str) -> Completion:
 
 
 # --------------------------------------------------------------------------- opening
-_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
-_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_BUSY, _SQLITE_LOCKED = 11, 26, 5, 6
-
-
-def _kind(exc: BaseException) -> str:
-    """'full', 'readonly', 'corrupt', 'busy' or 'other' for a storage error."""
-    if isinstance(exc, diskcache.Timeout):
-        return "busy"
-    if isinstance(exc, OSError):
-        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            return "full"
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            return "readonly"
-        return "other"
-    code = getattr(exc, "sqlite_errorcode", None)
-    code = code & 0xFF if isinstance(code, int) else None
-    msg = str(exc).lower()
-    if code == _SQLITE_FULL or "disk is full" in msg:
-        return "full"
-    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in msg or "read-only" in msg:
-        return "readonly"
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in msg or "malformed" in msg:
-        return "corrupt"
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in msg:
-        return "busy"
-    if code == _SQLITE_CANTOPEN or "unable to open" in msg:
-        return "readonly"
-    return "other"
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _free(directory: Path) -> str:
-    try:
-        return f"{shutil.disk_usage(directory).free / 1e6:.0f} MB free"
-    except OSError:
-        return "free space unknown"
-
-
-def storage_error(directory: str | Path, exc: BaseException, writing: bool = False) -> CacheError:
-    """A one-line :class:`CacheError` for a failure of the store in ``directory``."""
-    d = Path(directory)
-    db = d / DBNAME
-    kind = _kind(exc)
-    if kind == "corrupt":
-        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d)}")
-    if kind == "full":
-        done = "every call finished before this one is cached" if writing else "every finished call is cached"
-        return CacheError(
-            f"the disk holding the LLM reply cache {d} is full ({_free(d)}): {done}; free at least "
-            f"{FREE_SPACE_HINT} there (or move {d} to a bigger disk and pass --cache-dir) and rerun the same command to resume")
-    if kind == "readonly":
-        return CacheError(
-            f"cannot write the LLM reply cache in {d} ({_reason(exc)}): pass --cache-dir (or set "
-            f"HDEVAL_CACHE_DIR) to a writable directory")
-    if kind == "busy":
-        return CacheError(
-            f"the LLM reply cache {db} stayed locked by another process ({_reason(exc)}); "
-            f"rerun when it is done, or pass another --cache-dir")
-    return CacheError(f"the LLM reply cache in {d} failed ({_reason(exc)}); pass another --cache-dir "
-                      f"or check it with `hdeval cache check --cache-dir {d}`")
-
-
-def _move_aside(directory: Path) -> str:
-    """How to get a bad database out of the way (its write-ahead log goes with it: a new
-    database next to an old ``-wal`` file would replay it)."""
-    db = directory / DBNAME
-    logs = [DBNAME + s for s in ("-wal", "-shm") if (directory / (DBNAME + s)).exists()]
-    also = f" (and {' and '.join(logs)} likewise)" if logs else ""
-    return (f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
-            f"or move it aside with `mv {db} {db}.bad`{also}")
-
-
 def _ro_connect(db: Path) -> sqlite3.Connection:
     return ro_connect(db)  # works on a read-only file system too
 

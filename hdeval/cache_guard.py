@@ -1,4 +1,5 @@
-"""What the cache's SQLite file may hold, and reading it without writing.
+"""What the cache's SQLite file may hold, reading it without writing, and the one-line error for
+a failure of the store.
 
 A shared cache directory is input from outside: a trigger, view, table or index the cache did
 not create could rewrite or drop every reply the user pays for, so such a file is refused
@@ -7,12 +8,16 @@ throw-away database per process), so a diskcache upgrade does not make every cac
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
+
+import diskcache
 
 from hdeval.errors import CacheError
 
@@ -21,6 +26,91 @@ DBNAME = "cache.db"
 _SQLITE_INTERNAL = re.compile(r"sqlite_(stat\d|sequence)\Z")
 _SHOWN = 5  # foreign objects named in a message
 BUSY_SECONDS = 10.0  # how long a read waits for another process's lock on the database
+# Free space to ask for when the disk fills up: SQLite needs room for its write-ahead log.
+FREE_SPACE_HINT = "100 MB"
+
+
+class CacheCorrupted(CacheError):
+    """The cache database is damaged (``hdeval cache repair`` or ``clear`` deal with it)."""
+
+
+# What a storage failure was, and the one-line error that says so. Here, not in cache.py, so the
+# read-only checks below and the client share them without importing each other.
+_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_BUSY, _SQLITE_LOCKED = 11, 26, 5, 6
+
+
+def _kind(exc: BaseException) -> str:
+    """'full', 'readonly', 'corrupt', 'busy' or 'other' for a storage error."""
+    if isinstance(exc, diskcache.Timeout):
+        return "busy"
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return "full"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return "readonly"
+        return "other"
+    code = getattr(exc, "sqlite_errorcode", None)
+    code = code & 0xFF if isinstance(code, int) else None
+    msg = str(exc).lower()
+    if code == _SQLITE_FULL or "disk is full" in msg:
+        return "full"
+    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in msg or "read-only" in msg:
+        return "readonly"
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in msg or "malformed" in msg:
+        return "corrupt"
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in msg:
+        return "busy"
+    if code == _SQLITE_CANTOPEN or "unable to open" in msg:
+        return "readonly"
+    return "other"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _free(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free / 1e6:.0f} MB free"
+    except OSError:
+        return "free space unknown"
+
+
+def storage_error(directory: str | Path, exc: BaseException, writing: bool = False) -> CacheError:
+    """A one-line :class:`CacheError` for a failure of the store in ``directory``."""
+    d = Path(directory)
+    db = d / DBNAME
+    kind = _kind(exc)
+    if kind == "corrupt":
+        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d)}")
+    if kind == "full":
+        done = "every call finished before this one is cached" if writing else "every finished call is cached"
+        return CacheError(
+            f"the disk holding the LLM reply cache {d} is full ({_free(d)}): {done}; free at least "
+            f"{FREE_SPACE_HINT} there (or move {d} to a bigger disk and pass --cache-dir) and rerun the same command to resume")
+    if kind == "readonly":
+        return CacheError(
+            f"cannot write the LLM reply cache in {d} ({_reason(exc)}): pass --cache-dir (or set "
+            f"HDEVAL_CACHE_DIR) to a writable directory")
+    if kind == "busy":
+        return CacheError(
+            f"the LLM reply cache {db} stayed locked by another process ({_reason(exc)}); "
+            f"rerun when it is done, or pass another --cache-dir")
+    return CacheError(f"the LLM reply cache in {d} failed ({_reason(exc)}); pass another --cache-dir "
+                      f"or check it with `hdeval cache check --cache-dir {d}`")
+
+
+def _move_aside(directory: Path) -> str:
+    """How to get a bad database out of the way (its write-ahead log goes with it: a new
+    database next to an old ``-wal`` file would replay it)."""
+    db = directory / DBNAME
+    logs = [DBNAME + s for s in ("-wal", "-shm") if (directory / (DBNAME + s)).exists()]
+    also = f" (and {' and '.join(logs)} likewise)" if logs else ""
+    return (f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
+            f"or move it aside with `mv {db} {db}.bad`{also}")
 
 
 def _norm(sql: str | None) -> str | None:
@@ -49,8 +139,6 @@ def ro_connect(db: Path) -> sqlite3.Connection:
     """A read-only connection that also works on a read-only file system: there SQLite cannot
     make the shared-memory file a WAL database needs even to read, so the file is opened as
     immutable (nothing can change it while it cannot be written)."""
-    from hdeval.cache import _kind
-
     uri = db.resolve().as_uri()
     try:
         con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_SECONDS)
@@ -90,8 +178,6 @@ def refuse_foreign_schema(directory: str | Path) -> None:
     holds a trigger, view, table or index the cache never creates."""
     directory = Path(directory)
     db = directory / DBNAME
-    from hdeval.cache import _kind, storage_error
-
     try:
         found = foreign_objects(db)
     except sqlite3.Error as exc:
@@ -110,8 +196,6 @@ def refuse_foreign_schema(directory: str | Path) -> None:
 def read_stats(directory: str | Path) -> dict[str, int | str]:
     """Entries and bytes of the cache in ``directory``, read without writing anything (works
     on a read-only copy or mount); the same figures diskcache's ``len`` and ``volume`` give."""
-    from hdeval.cache import _kind, _reason, storage_error
-
     path = Path(directory)
     db = path / DBNAME
     if not db.is_file():

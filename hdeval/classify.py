@@ -70,16 +70,6 @@ def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]
     return labels, ["a" if row[ia] >= row[ib] else "b" for row in p]
 
 
-def used_features(model: Pipeline, n_features: int) -> np.ndarray:
-    """Boolean mask of the differences the classifier actually uses (a tree may ignore some)."""
-    est = model.named_steps["model"]
-    if hasattr(est, "feature_importances_"):
-        return np.asarray(est.feature_importances_) > 0
-    if hasattr(est, "coef_"):
-        return np.any(np.atleast_2d(est.coef_) != 0, axis=0)
-    return np.ones(n_features, bool)
-
-
 def _fits(y: Sequence[str]) -> bool:
     return len(set(y)) >= 2
 

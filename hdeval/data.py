@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
 from hdeval.tasks import builtin_tasks
-from hdeval.types import PAIR_LABELS, PairSample, Sample, Task
+from hdeval.types import PAIR_LABELS, PairSample, Sample, Task, has_lone_surrogate
 
 MAX_REPORTED_ERRORS = 20
 #: The longest line a JSONL reader accepts (bytes, or characters of a text file): a sample is
@@ -39,7 +39,6 @@ def bounded_lines(fh: Any, path: str | Path, limit: int | None = None, start: in
         yield line
 BOM = "\ufeff"
 _INVALID_BYTE = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" shows a non-UTF-8 byte
-_SURROGATE = re.compile("[\ud800-\udfff]")
 MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
@@ -108,18 +107,10 @@ def iter_samples(
                           "reads single responses: use a pointwise task (see `hdeval tasks`)")
     path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
-    errors: list[str] = []
-    n_errors = 0
+    bad = _BadLines()
     n_samples = 0
     seen = DictIds() if seen is None else seen
     unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
-
-    def bad(lineno: int, msg: str) -> None:
-        nonlocal n_errors
-        n_errors += 1
-        if len(errors) < MAX_REPORTED_ERRORS:
-            errors.append(f"line {lineno}: {msg}")
-
     try:
         # Invalid bytes become lone surrogates (U+DC80-U+DCFF) so each is reported with its
         # line; newline="" keeps line ends as they are, so byte offsets stay exact.
@@ -137,7 +128,7 @@ def iter_samples(
             bad_byte = _INVALID_BYTE.search(line)
             if bad_byte:
                 col = len(line[: bad_byte.start()].encode("utf-8", "surrogateescape"))
-                bad(lineno, f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} "
+                bad.add(lineno, f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} "
                             f"of the line, offset {start + col} in the file)")
                 continue
             if not line.strip():
@@ -145,24 +136,24 @@ def iter_samples(
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                bad(lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
+                bad.add(lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
                 continue
             except RecursionError:
-                bad(lineno, "not usable JSON (nested too deeply)")
+                bad.add(lineno, "not usable JSON (nested too deeply)")
                 continue
             except ValueError as exc:  # e.g. an integer with more digits than Python converts
-                bad(lineno, f"not usable JSON ({exc})")
+                bad.add(lineno, f"not usable JSON ({exc})")
                 continue
             if keep is not None and _others(row, keep):
                 n_samples += 1  # another shard's, so the file is not empty
                 continue
             where = _lone_surrogate(row)
             if where is not None:
-                bad(lineno, f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff "
+                bad.add(lineno, f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff "
                             "without its pair), which is not text")
                 continue
             if not isinstance(row, dict):
-                bad(lineno, "not a JSON object")
+                bad.add(lineno, "not a JSON object")
                 continue
             if require_scores and isinstance(row.get("scores"), dict):
                 for key in aspect_keys:
@@ -170,26 +161,43 @@ def iter_samples(
                         unscored[key] = unscored.get(key, 0) + 1
             problem, sample = _sample_from_row(row, lineno, task, aspect_keys, require_scores)
             if problem:
-                bad(lineno, problem)
+                bad.add(lineno, problem)
                 continue
             assert sample is not None
             first = seen.first_line(sample.id, lineno)
             if first is not None:
-                bad(lineno, f"id {sample.id!r} already used on line {first}")
+                bad.add(lineno, f"id {sample.id!r} already used on line {first}")
                 continue
             n_samples += 1
-            if not n_errors:
+            if not bad.count:
                 yield sample
-    if n_errors:
-        more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
-        hint = ""
-        have = [a for a in aspect_keys if a not in unscored]
-        if unscored and have:
-            hint = (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every "
-                    f"line has, pass --aspects {','.join(have)}")
-        raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more + hint)
+    have = [a for a in aspect_keys if a not in unscored]
+    bad.raise_any(path, f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every "
+                  f"line has, pass --aspects {','.join(have)}" if unscored and have else "")
     if not n_samples:
         raise DataError(f"{path}: no samples")
+
+
+class _BadLines:
+    """A file's bad lines: all counted, the first ``MAX_REPORTED_ERRORS`` shown."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.count = 0
+
+    def add(self, lineno: int, msg: str) -> None:
+        self.count += 1
+        if len(self.shown) < MAX_REPORTED_ERRORS:
+            self.shown.append(f"line {lineno}: {msg}")
+
+    def raise_any(self, path: Path, hint: str = "") -> None:
+        if self.count:
+            more = f" (and {self.count - len(self.shown)} more)" if self.count > len(self.shown) else ""
+            raise DataError(f"{path}: {self.count} bad line(s): " + "; ".join(self.shown) + more + hint)
+
+
+def _no_id(sid: object) -> bool:
+    return sid is None or (isinstance(sid, str) and not sid.strip())
 
 
 def _lone_surrogate(row: object) -> str | None:
@@ -200,12 +208,12 @@ def _lone_surrogate(row: object) -> str | None:
     while stack:
         where, value = stack.pop()
         if isinstance(value, str):
-            if _SURROGATE.search(value):
+            if has_lone_surrogate(value):
                 return f"field {where!r}" if where else "the line"
         elif isinstance(value, dict):
             for k, v in value.items():
                 name = f"{where}.{k}" if where else k
-                if _SURROGATE.search(k):
+                if has_lone_surrogate(k):
                     return f"a key in {where!r}" if where else "a key"
                 stack.append((name, v))
         elif isinstance(value, list):
@@ -283,16 +291,14 @@ def _others(row: object, keep: Callable[[str], bool]) -> bool:
     if not isinstance(row, dict):
         return False
     sid = row.get("id")
-    if sid is None or (isinstance(sid, str) and not sid.strip()):
-        return False
-    return not keep(str(sid))
+    return not _no_id(sid) and not keep(str(sid))
 
 
 def _sample_from_row(
     row: dict, lineno: int, task: Task, aspect_keys: Sequence[str], require_scores: bool
 ) -> tuple[str | None, Sample | None]:
     sid = row.get("id")
-    if sid is None or (isinstance(sid, str) and not sid.strip()):
+    if _no_id(sid):
         return "missing field 'id'", None
     fields: dict[str, str] = {}
     for f in task.fields:
@@ -500,8 +506,7 @@ def iter_pairs(
     row_filter = dict(task.where)
     for key, value in (where or {}).items():
         row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    errors: list[str] = []
-    n_errors = 0
+    bad = _BadLines()
     n_pairs = 0
     seen = DictIds() if seen is None else seen
     try:
@@ -535,16 +540,12 @@ def iter_pairs(
             if first is not None:
                 problem = f"id {pair.id!r} already used on line {first}"  # type: ignore[union-attr]
             if problem is not None or pair is None:
-                n_errors += 1
-                if len(errors) < MAX_REPORTED_ERRORS:
-                    errors.append(f"line {lineno}: {problem}")
+                bad.add(lineno, str(problem))
                 continue
             n_pairs += 1
-            if not n_errors:
+            if not bad.count:
                 yield pair
-    if n_errors:
-        more = f" (and {n_errors - len(errors)} more)" if n_errors > len(errors) else ""
-        raise DataError(f"{path}: {n_errors} bad line(s): " + "; ".join(errors) + more)
+    bad.raise_any(path)
     if not n_pairs:
         which = f" matching where {_show_where(row_filter)}" if row_filter else ""
         raise DataError(f"{path}: no pairs{which}")
@@ -555,7 +556,7 @@ def _pair_from_row(
 ) -> tuple[str | None, PairSample | None]:
     """(problem, None) for a bad row, (None, None) for a row skipped by ``skip_empty``."""
     sid = row.get("id")
-    if sid is None or (isinstance(sid, str) and not sid.strip()):
+    if _no_id(sid):
         return "missing field 'id'", None
     empty = False
     fields: dict[str, str] = {}
@@ -620,20 +621,6 @@ def _matches(row: Mapping[str, Any], row_filter: Mapping[str, tuple[Any, ...]]) 
 
 def _show_where(row_filter: Mapping[str, tuple[Any, ...]]) -> str:
     return ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in row_filter.items())
-
-
-def filter_samples(samples: Sequence[S], where: Mapping[str, Any]) -> list[S]:
-    """Samples whose ``meta.<key>`` (else attribute ``key``, else shown field ``key``) is the
-    given value, or one of the listed values, for every key of ``where``."""
-    row_filter = {k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in where.items()}
-
-    def view(s: Any) -> dict[str, Any]:
-        d = dict(getattr(s, "fields", {}) or {})
-        d.update({k: getattr(s, k) for k in row_filter if hasattr(s, k)})
-        d["meta"] = getattr(s, "meta", None)
-        return d
-
-    return [s for s in samples if _matches(view(s), row_filter)]
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import socket
 import urllib.error
@@ -13,6 +14,15 @@ from typing import Callable
 from hdeval.errors import DownloadError
 
 _CHUNK = 64 * 1024
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 of a file, hex, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, int | None], None],

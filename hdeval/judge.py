@@ -148,17 +148,6 @@ def _client(llm: Backend) -> Iterator[CachedBackend]:
 
 
 # ---------------------------------------------------------------------- parsers
-def digit_score(scale: tuple[int, int]) -> Parser:
-    """A 1-request cell read as a score on ``scale`` (probability-weighted digits, else the
-    first integer in the text): see :func:`hdeval.scoring.parse_score`."""
-    from hdeval.scoring import parse_score
-
-    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
-        return parse_score(completions[0], scale)
-
-    return parse
-
-
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
     """P(``target``) normalised over the two label words, from the first generated token.
 
@@ -325,6 +314,7 @@ def ask_json(
     validate: Callable[[Any], T],
     feedback: Callable[[str], str],
     attempts: int = 3,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> T:
     """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
 
@@ -340,12 +330,15 @@ def ask_json(
     server that now constrains its output) can succeed, while a chain that recovered through
     feedback replays from the cache at no cost. A request the server rejects
     (:class:`~hdeval.errors.RequestRejected`) is raised to the caller.
+
+    ``final``: a last problem it accepts is an outcome, not a fault a fix could cure: the
+    chain's cached replies are the last word (:class:`UnusableReply` with no new call).
     """
     from hdeval import aio
 
     halt: list[bool] = []
     with _client(llm) as client:
-        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt),
+        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt, final=final),
                        on_interrupt=lambda: halt.append(True))
 
 
@@ -397,6 +390,7 @@ async def aask_json(
     attempts: int = 3,
     *,
     halt: list | None = None,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> T:
     """:func:`ask_json` on the LLM loop. Once ``halt`` is non-empty (Ctrl-C), the chain asks
     nothing more: :class:`KeyboardInterrupt`."""
@@ -413,19 +407,20 @@ async def aask_json(
     for reask in (False, True):
         req = request
         from_cache = False
+        last: ValueError | None = None
         for _ in range(attempts):
             completion = await _reply(ask, req, check, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
             except ValueError as exc:
-                problem = str(exc)
+                problem, last = str(exc), exc
                 req = dataclasses.replace(
                     req,
                     messages=req.messages
                     + (Message("assistant", completion.text), Message("user", feedback(problem))),
                 )
-        if not from_cache:
+        if not from_cache or (final is not None and last is not None and final(last)):
             break
     raise UnusableReply(attempts, problem)
 

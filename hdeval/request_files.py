@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
@@ -111,15 +112,10 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
     file beside it, renamed into place at the end: an export that fails leaves nothing).
     ``cached``: the run's cached client, opened with ``max_calls=0`` so nothing is paid for;
     the export is its strategy for misses while this runs."""
-    import tempfile
-
     from hdeval.progress import Progress
 
     path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    fd, tmp = _temp_beside(path)
     previous = cached.batch
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -140,6 +136,14 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
         if os.path.exists(tmp):
             os.unlink(tmp)
     return export
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temporary file beside ``path``, to be renamed onto it when complete."""
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _put_in_place(tmp: str, path: Path) -> None:
@@ -186,17 +190,12 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
     with uncached requests writes them to ``path`` (a temporary file beside it, renamed into
     place) and :class:`RequestsExported` is raised; a training whose every stage is cached runs
     to its end and writes no file. Nothing is paid for (``max_calls`` 0 meanwhile)."""
-    import tempfile
-
     from hdeval.errors import BudgetExceeded
 
     path = Path(path)
     clients = list({id(c): c for c in clients}.values())
     _check_replaceable(path, clients)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    fd, tmp = _temp_beside(path)
     before = [(c.batch, c.max_calls) for c in clients]
     written: set[str] = set()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,17 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
     return _text_score(text, low, high)
 
 
+def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tuple[float, str | None]]:
+    """A 1-request cell read as a score on ``scale`` (probability-weighted digits, else the
+    first integer in the text), the parser :func:`hdeval.judge.fill_matrix` takes: see
+    :func:`parse_score`."""
+
+    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
+        return parse_score(completions[0], scale)
+
+    return parse
+
+
 def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
     """The one score a reply's text gives: every number in it, less the scale's bounds and
     denominators ("3 out of 5", "4/5", "on a 1-5 scale"), must be the same value in ``scale``.
@@ -116,7 +127,7 @@ def score_criteria(
     """Score every sample on every criterion (sample-major), through the one cell filler.
     Unusable replies, and requests the server rejected on their own account (too long,
     filtered), become NaN + a Failure."""
-    from hdeval.judge import Cell, digit_score, fill_matrix_stream
+    from hdeval.judge import Cell, fill_matrix_stream
 
     if not samples or not criteria:  # keep the columns of an empty matrix
         return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],

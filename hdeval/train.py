@@ -3,7 +3,6 @@ the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -26,13 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MAX_SEED = 2**32 - 1
 
-
-# The manifest has always recorded these options flat, for every method, in this order among
-# the shared ones (readers such as HD-Eval's method_args find them there). A method without the
-# option records the value runs recorded before methods declared their own options: artifacts
-# stay byte-identical. This is the record's format, not a default any method uses.
-_RECORDED_FLAT = {"layers": 3, "children": 4, "top_k": 4, "aggregator": "auto"}
-_RECORDED_LAST = {"decompose_llm": None, "decompose_base_url": None, "tree": None}
 
 
 @dataclass(frozen=True)
@@ -90,7 +82,7 @@ class TrainConfig:
     def replace(self, **options: Any) -> "TrainConfig":
         """This config with some options changed, by name (shared or the method's)."""
         shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
-        mine = dataclasses.asdict(self.options) if "method" not in options else {}
+        mine = self.options.given() if "method" not in options else {}  # omitted ones stay omitted
         return TrainConfig.from_options(**{**shared, **mine, **options})
 
     def validate(self) -> None:
@@ -106,19 +98,13 @@ class TrainConfig:
         llm_config(self).validate()
 
     def public(self) -> dict[str, Any]:
-        """The run as the manifest records it (see _RECORDED_FLAT): the shared options, the
-        method's options that differ from its defaults under ``method_options``."""
-        opts = dataclasses.asdict(self.options)
-        flat = {**_RECORDED_FLAT, **_RECORDED_LAST}
-        d: dict[str, Any] = {"task": self.task, "method": self.method,
-                             "method_options": {k: v for k, v in self.options.changed().items() if k not in flat}}
+        """The run as the manifest records it (artifact format 3): the shared options, and every
+        option of the method under ``options`` (:meth:`MethodOptions.record`). Format 2's record
+        is read by :func:`hdeval.methods.base.recorded_options`."""
+        d: dict[str, Any] = {"task": self.task, "method": self.method, "options": self.options.record()}
         for f in fields(self):
-            if f.name in ("task", "method", "options"):
-                continue
-            if f.name == "llm":  # the record's order: HD-Eval's tree options came before the LLM's
-                d.update({k: opts.get(k, v) for k, v in _RECORDED_FLAT.items()})
-            d[f.name] = getattr(self, f.name)
-        d.update({k: opts.get(k, v) for k, v in _RECORDED_LAST.items()})
+            if f.name not in ("task", "method", "options"):
+                d[f.name] = getattr(self, f.name)
         d["aspects"] = list(self.aspects) if self.aspects else None
         return d
 

@@ -223,10 +223,6 @@ class CriteriaTree:
             p = self.parent(p.key)
         return out[::-1]
 
-    def leaves(self) -> list[Criterion]:
-        parents = {c.parent_key for c in self._items}
-        return [c for c in self._items if c.key not in parents]
-
     def with_children(self, key: str, children: Sequence[Criterion]) -> "CriteriaTree":
         if key not in self._index:
             raise KeyError(key)

@@ -18,7 +18,7 @@ from hdeval.aggregate import (
     Aggregator,
     cross_val_predictions,
     cv_folds,
-    select,
+    select_cv,
     select_kind,
     tune,
 )
@@ -199,7 +199,7 @@ def test_tune_leaves_kinds_without_hyper_parameters_alone():
 
 def test_auto_selection_scores_nn_with_its_tuned_parameters(small_grid):
     X, Y, docs = _data(n_docs=12, per_doc=3)
-    best, scores, grid = select(_task_agg("lr"), X, Y, docs)
+    best, scores, grid, _ = select_cv(_task_agg("lr"), X, Y, docs)
     assert set(scores) == {"lr", "dt", "rf", "nn"} and scores["nn"] == max(grid.values())
     assert best.kind == max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
 

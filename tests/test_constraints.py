@@ -17,7 +17,7 @@ from hdeval.backends.constraints import (
 from hdeval.backends.fake import FakeBackend
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache import request_key
-from hdeval.errors import BackendError
+from hdeval.errors import BackendError, ConfigError
 from hdeval.methods.hdeval.decompose import reply_schema
 
 MSGS = (Message("user", "Which is better?"),)
@@ -117,6 +117,14 @@ def test_a_scale_or_labels_leave_the_key_as_it_was() -> None:
 
 def _fake(reply: str, **kw) -> FakeBackend:
     return FakeBackend(responders={"k": lambda req, fake: Completion(reply)}, **kw)
+
+
+def test_the_fake_names_an_unknown_option_and_a_prompt_kind_it_cannot_answer() -> None:
+    with pytest.raises(ConfigError, match="unknown fake backend option 'bogus' in --llm fake:bogus=1"):
+        FakeBackend.from_spec("fake:bogus=1")
+    assert FakeBackend.from_spec("fake:garbage=0.5,logprobs=0").identity == "fake:v1:garbage=0.5,logprobs=0"
+    with pytest.raises(BackendError, match="no responder for prompt kind 'other' .known: k;"):
+        _fake("B").complete(CompletionRequest(MSGS, kind="other"))
 
 
 def test_the_fake_refuses_a_reply_that_breaks_the_constraint() -> None:

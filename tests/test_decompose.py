@@ -213,3 +213,68 @@ def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, 
     assert again.manifest_extra["decomposition_rejections"] == rejected
     lines = [t for t, to_err in again.summary_lines(path) if to_err]
     assert any("1 criteria left unexpanded" in t and "clarity" in t for t in lines)
+
+
+def _artifact_files(path):
+    out = {}
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path).as_posix()
+        if rel.endswith(".skops"):
+            continue  # a zip stamped with its write time; the manifest and metrics describe the model
+        if rel == "manifest.json":
+            m = json.loads(f.read_text())
+            for k in ("created", "hdeval_version", "versions", "files"):  # when and with what it ran
+                m.pop(k, None)
+            out[rel] = m
+        elif rel == "metrics.json":
+            m = json.loads(f.read_text())
+            m.pop("usage", None), m.pop("usage_decompose", None)  # this run's calls and cache hits
+            out[rel] = m
+        else:
+            out[rel] = f.read_bytes()
+    return out
+
+
+def test_a_rerun_takes_a_cached_degenerate_decomposition_as_final_and_pays_nothing(toy, tmp_path):
+    from hdeval.backends.fake import RESPONDERS
+
+    asked = []
+
+    def clarity_is_degenerate(request, fake):
+        text = "\n".join(m.content for m in request.messages)
+        if "(key: clarity)" in text:  # every attempt: the parent again
+            asked.append(request)
+            return Completion(_reply(("clarity", "Clarity", "How clear the answer is, clearly.")))
+        return RESPONDERS["decompose"](request, fake)
+
+    task, data = toy
+
+    def run(name):
+        fake = FakeBackend(responders={**RESPONDERS, "decompose": clarity_is_degenerate})
+        ev = train(task=str(task), data=str(data), method="hdeval", layers=2, children=2, aggregator="lr",
+                   backend=fake, cache_dir=str(tmp_path / "c"))
+        return fake, ev, ev.save(tmp_path / name)
+
+    first_fake, first, first_art = run("first")
+    assert len(asked) == 3 and first_fake.calls > 3  # the first run keeps its 3 attempts
+    assert first.tree.children("clarity") == []
+    again_fake, again, again_art = run("again")
+    assert again_fake.calls == 0 and len(asked) == 3  # the cached rejection is the outcome
+    assert again.manifest_extra["decomposition_rejections"] == first.manifest_extra["decomposition_rejections"]
+    assert _artifact_files(again_art) == _artifact_files(first_art)
+
+
+def test_a_rerun_still_reasks_a_cached_malformed_decomposition(tmp_path):
+    # malformed JSON is a fault a fix (another model, a constraining server) can cure: asked anew
+    from hdeval.cache import CachedBackend
+
+    task, tree, node = _setup()
+    cached = CachedBackend(Scripted(["no", "never", "nothing"]), tmp_path / "c")
+    with pytest.raises(DecompositionError):
+        decompose(cached, load_templates()["decompose"], task, tree, node, 4)
+    cached.close()
+    fixed = Scripted([GOOD])
+    cached = CachedBackend(fixed, tmp_path / "c")
+    kids = decompose(cached, load_templates()["decompose"], task, tree, node, 4)
+    cached.close()
+    assert [k.name for k in kids] == ["Logical order", "Flow"] and len(fixed.requests) == 1

@@ -643,18 +643,62 @@ def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, optio
 # --------------------------------------------------------------------------- the tie margin (#20 item 6)
 
 
-def test_learned_tie_margin_is_the_best_training_candidate_with_hand_computed_counts():
+def test_learned_tie_margin_covers_the_close_pairs_humans_tie_and_records_how():
     from hdeval.methods.dna.decision import learn_tie_margin
 
-    # at 0: a, a, b right (3 of 5); at 0.2 the two human ties are predicted too (5 of 5)
-    margin, info = learn_tie_margin([0.1, -0.2, 0.5, 1.0, -1.5], ["tie", "tie", "a", "a", "b"])
-    assert margin == 0.2
-    assert (info["train_w_ties"], info["train_w_ties_at_0"], info["candidates"]) == (1.0, 0.6, 6)
-    assert info["from"] == "training split" and info["human_ties"] == 2
+    # humans tie every pair within 0.4; beyond 1.0 the judge's side is right
+    close = [0.0, 0.05, -0.1, 0.15, -0.2, 0.25, -0.3, 0.35, -0.38, 0.4]
+    far = [s * (1 + 0.1 * i) for i in range(20) for s in ([1] if i % 2 else [-1])]
+    diffs = close + far
+    human = ["tie"] * len(close) + ["a" if d > 0 else "b" for d in far]
+    margin, info = learn_tie_margin(diffs, human, [f"d{i // 2}" for i in range(len(diffs))], seed=0)
+    assert margin == 0.4  # snapped down to the widest human tie below the crossing
+    assert (info["train_w_ties"], info["train_w_ties_at_0"]) == (1.0, round(21 / 30, 6))
+    assert info["from"] == "training split" and info["rule"] == "logistic crossing"
+    # folds keep a document's two pairs together; each fold's margin is learned without its pairs
+    assert info["cv_folds"] == 5 and 0.8 < info["cv_w_ties"] <= info["train_w_ties"] and info["human_ties"] == 10
     # no human ties: any margin can only lose, so it stays 0
     assert learn_tie_margin([0.1, -0.2, 0.5], ["a", "b", "a"])[0] == 0.0
-    # a draw goes to the smallest margin: 0.3 and 0.4 both give 2 of 3
-    assert learn_tie_margin([0.3, 0.4, -1.0], ["tie", "a", "b"])[0] == 0.3
+    # every training pair a human tie: every pair is predicted one
+    assert learn_tie_margin([0.1, -0.2, 0.5], ["tie"] * 3)[0] == 0.5
+    assert learn_tie_margin([], [])[0] == 0.0
+
+
+def _old_margin(diffs, human):
+    # the rule learn_tie_margin replaced: the best training agreement over 0 and every |diff|
+    cands = np.unique(np.concatenate([[0.0], np.abs(diffs)]))
+    return float(cands[int(np.argmax([_agree(diffs, human, m) for m in cands]))])
+
+
+def _agree(diffs, human, margin):
+    return float(np.mean(np.where(np.abs(diffs) <= margin, human == "tie",
+                                  np.where(diffs > 0, "a", "b") == human)))
+
+
+def test_learned_tie_margin_does_not_chase_the_training_splits_noise():
+    # DnA-like totals: 4 weighted aspect scores (latent + judge noise, rounded to 1-10); humans tie
+    # pairs of close latent quality. Over many training splits, the margin's training agreement
+    # must not flatter it much more than margin 0's, and held out it must not lose to the old rule.
+    from hdeval.methods.dna.decision import learn_tie_margin
+
+    new_gap, old_gap, new_test, old_test = [], [], [], []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        qa, qb = rng.uniform(2, 9, (2, 160))
+        d = qa - qb + rng.normal(0, 0.3, 160)
+        human = np.where(np.abs(d) <= 0.6, "tie", np.where(d > 0, "a", "b")).astype(object)
+        w = rng.dirichlet(np.ones(4), 160)
+        sa = np.clip(np.round(qa[:, None] + 0.8 * rng.normal(size=(160, 4))), 1, 10)
+        sb = np.clip(np.round(qb[:, None] + 0.8 * rng.normal(size=(160, 4))), 1, 10)
+        diffs = (w * (sa - sb)).sum(axis=1)
+        tr, te = slice(0, 80), slice(80, 160)
+        new, _ = learn_tie_margin(diffs[tr], human[tr], seed=seed)
+        old = _old_margin(diffs[tr], human[tr])
+        for m, gap, test in ((new, new_gap, new_test), (old, old_gap, old_test)):
+            test.append(_agree(diffs[te], human[te], m))
+            gap.append(_agree(diffs[tr], human[tr], m) - test[-1])
+    assert np.mean(new_gap) < np.mean(old_gap) - 0.01
+    assert np.mean(new_test) >= np.mean(old_test)
 
 
 def _sim_train(tmp_path, rows, name="sim", backend=None, **options):
@@ -707,7 +751,7 @@ def test_test_rows_never_decide_the_margin(tmp_path):
 def test_the_artifact_records_and_applies_its_learned_margin(tmp_path):
     from simjudge import pairwise_rows, write_pairs
 
-    rows = pairwise_rows(80, seed=2)
+    rows = pairwise_rows(100, seed=2)  # enough human ties (9 of 50 training pairs) for a margin
     ev = _sim_train(tmp_path, rows)
     art = ev.save(tmp_path / "art")
     manifest = json.loads((art / "manifest.json").read_text())
@@ -727,6 +771,27 @@ def test_the_artifact_records_and_applies_its_learned_margin(tmp_path):
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="no usable tie margin"):
         load_artifact(art)
+
+
+def test_an_artifact_whose_margin_the_previous_rule_chose_still_loads_and_applies(tmp_path):
+    # written by the code before the margin was learned by a logistic crossing (its metrics say
+    # "the candidate with the highest agreement..."): pairwise_rows(40, seed=2), the simulated judge
+    from hdeval.methods.pair_report import dna_report
+    from simjudge import pair_backend, pairwise_rows, write_pairs
+
+    art = REPO / "tests" / "golden" / "dna_artifact_margin_v1"
+    old = json.loads((art / "metrics.json").read_text())["tie_margin"]
+    assert "rule" not in old and "cv_w_ties" not in old  # the previous format
+    back = load_artifact(art)
+    assert back.settings.tie_margin == old["value"] > 0 and back.settings.tie_margin_from == "training split"
+    pairs = read_pairs(write_pairs(tmp_path / "again.jsonl", pairwise_rows(40, seed=2)), load_task("faireval"))
+    res = back.score(pairs, backend=pair_backend())
+    recorded = [line.split(",") for line in (art / "scores.csv").read_text().splitlines()]
+    column = recorded[0].index("prediction")
+    assert res.labels == [row[column] for row in recorded[1:]]  # ties decided as when it was trained
+    assert f"tie margin {old['value']} (learned on the training split)" in back.summary_line()
+    assert any(line.startswith(f"tie margin {old['value']} (learned on 20 training pairs")
+               for line in dna_report(back)[1])
 
 
 def test_a_margin_the_user_gives_is_kept_and_recorded_as_given(faireval40, tmp_path):

@@ -13,9 +13,9 @@ from hdeval.backends.factory import BACKENDS, backend_entry, make_backend
 from hdeval.config import LLMConfig, split_options
 from hdeval.errors import ConfigError
 from hdeval.judge import (
-    Cell, UnusableReply, ask_json, digit_score, extract_json, fill_matrix, label_probability,
-    score_pair,
+    Cell, UnusableReply, ask_json, extract_json, fill_matrix, label_probability, score_pair,
 )
+from hdeval.scoring import digit_score
 
 
 class Scripted:

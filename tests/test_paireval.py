@@ -570,3 +570,12 @@ def test_apply_with_an_all_vs_all_artifact_scores_the_input_in_one_piece(dialogu
               "--cache-dir", str(tmp_path / "c"))
     one_line_error(res, "all-vs-all", "no --shard")
     assert not (tmp_path / "s2.jsonl").exists() and not (tmp_path / "s3.jsonl").exists()
+
+
+def test_all_vs_all_refuses_comparisons_given_at_its_default(dialogue, tmp_path, fake_calls):
+    # 3 is --comparisons' default: given, it still asks for something all-vs-all does not do
+    task, data = dialogue
+    res = run("train", "--task", str(task), "--data", str(data), "--method", "paireval", "--llm", "fake",
+              "--all-vs-all", "--comparisons", "3", "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art"))
+    one_line_error(res, "--all-vs-all", "--comparisons do not apply")
+    assert not fake_calls and not (tmp_path / "art").exists()

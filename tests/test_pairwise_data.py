@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from conftest import write_jsonl
 from hdeval.cli import cli
 from hdeval.data import (
-    filter_samples,
     limit_samples,
     read_pairs,
     read_samples,
@@ -21,7 +20,7 @@ from hdeval.data import (
 from hdeval.datasets import download_datasets
 from hdeval.errors import ConfigError, DataError
 from hdeval.tasks import load_task, task_from_dict
-from hdeval.types import PairSample, Sample
+from hdeval.types import PairSample
 
 POINTWISE_NEW = {"convai2_usr": 300, "fed_turn": 375, "dailydialog_grade": 300, "convai2_grade": 600}
 PAIRWISE_NEW = {"llmbar": 419, "llmbar_adversarial": 319, "faireval": 80, "llmeval2": 2265, "llmeval2_eli5": 149}
@@ -181,7 +180,7 @@ def test_pairwise_file_facts(data_dir):
     eli5 = read_pairs(data_dir / "llmeval2.jsonl", load_task("llmeval2_eli5"))
     assert {p.meta["subset"] for p in eli5} == {"eli5"} and all(p.label != "tie" for p in eli5)
     bar = read_pairs(data_dir / "llmbar.jsonl", load_task("llmbar"))
-    assert len(filter_samples(bar, {"subset": "Natural"})) == 100
+    assert sum(p.meta.get("subset") == "Natural" for p in bar) == 100
 
 
 # --------------------------------------------------------------------------- bad pairwise input
@@ -268,18 +267,6 @@ def test_where_in_task_file_and_as_argument(tmp_path):
     assert [x.id for x in read_pairs(p, pair_task(tmp_path), where={"subset": "y", "label": "a"})] == ["p6"]
     with pytest.raises(DataError, match=r"no pairs matching where subset = 'zzz'"):
         read_pairs(p, pair_task(tmp_path, 'where = { subset = "zzz" }'))
-
-
-def test_filter_samples_reads_meta_then_attributes_then_fields():
-    pairs = [PairSample(f"p{i}", f"d{i}", {"source": "q"}, "a", "b", label="ab"[i % 2],
-                        meta={"subset": "eli5" if i < 2 else "shp"}) for i in range(4)]
-    assert [p.id for p in filter_samples(pairs, {"subset": "eli5"})] == ["p0", "p1"]
-    assert [p.id for p in filter_samples(pairs, {"subset": ["eli5", "shp"], "label": "b"})] == ["p1", "p3"]
-    points = [Sample("s1", "d1", {"source": "x", "output": "o"}, system="M1"),
-              Sample("s2", "d1", {"source": "y", "output": "o"}, system="M2")]
-    assert [s.id for s in filter_samples(points, {"system": "M2"})] == ["s2"]
-    assert [s.id for s in filter_samples(points, {"source": "x"})] == ["s1"]
-    assert filter_samples(points, {"subset": "eli5"}) == []
 
 
 # --------------------------------------------------------------------------- split

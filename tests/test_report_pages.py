@@ -295,6 +295,41 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
     assert found == {} and "is not available" in note and not (tmp_path / "missing").exists()
 
 
+def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_names(tmp_path):
+    """report/ knows no method: it asks the fitted evaluator which request is behind each (row,
+    column), so a method it has never heard of (a plug-in) is served as the built-in ones are,
+    and one that cannot say gets a note, not an error."""
+    from hdeval.backends.base import CompletionRequest, Message
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.cache import CachedBackend
+    from hdeval.methods.base import Saving
+    from hdeval.report import samples
+
+    def ask(row: str, column: str) -> CompletionRequest:
+        return CompletionRequest(messages=(Message("user", f"Score {row} on {column}"),), kind="score")
+
+    class PluginFitted(Saving):
+        method = "plugin"
+        llm_identity = FakeBackend().identity
+
+        def reply_requests(self, items, columns):
+            return [((row, c), ask(row, c)) for row in items for c in columns], None
+
+    cache = tmp_path / "cache"
+    llm = CachedBackend(FakeBackend(), cache)
+    text = llm.complete(ask("s1", "clarity")).text  # s2 was never asked
+    llm.close()
+    got = samples.replies(PluginFitted(), ["s1", "s2"], ["clarity"], cache)
+    assert got.note is None and got.texts == {("s1", "clarity"): text} and text
+
+    class Silent(Saving):  # a method that does not say how it asked
+        method = "silent"
+        llm_identity = FakeBackend().identity
+
+    got = samples.replies(Silent(), ["s1"], ["clarity"], cache)
+    assert got.texts == {} and "raw replies are not shown" in got.note
+
+
 def test_counts_are_ticked_as_integers(monkeypatch):
     """Layers and criteria counts are whole numbers: no 1.5 on their axes."""
     import hdeval.report.plots as plots

@@ -28,7 +28,7 @@ def test_the_identity_cache_keys_were_made_with_comes_back_from_the_url_with_its
 
 def test_the_per_sample_view_finds_a_query_servers_replies_given_its_url_again(data_dir, tmp_path: Path) -> None:
     from hdeval.methods.registry import load_artifact
-    from hdeval.report.pointwise import disagreements
+    from hdeval.methods.hdeval.report import disagreements
     from hdeval.scoring import scoring_request
     from hdeval.data import read_samples
 

@@ -14,7 +14,7 @@ from hdeval import scoring
 from hdeval.backends.fake import FakeBackend
 from hdeval.cache import CachedBackend
 from hdeval.data import read_task_samples
-from hdeval.judge import STREAM_WINDOW, Cell, digit_score, fill_matrix
+from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
 from hdeval.prompts import load_templates
 from hdeval.tasks import load_task
 from hdeval.types import CriteriaTree
@@ -74,7 +74,7 @@ def test_streamed_stage_equals_the_whole_stage_at_once(stage, tmp_path) -> None:
     try:
         cells = [Cell(s.id, c.key, (scoring.scoring_request(template, task, tree, c, s),))
                  for s in samples for c in crit]
-        whole = fill_matrix(one, cells, digit_score(scoring.SCALE))
+        whole = fill_matrix(one, cells, scoring.digit_score(scoring.SCALE))
         whole_stats = (one.stats.calls, one.stats.hits)
     finally:
         one.close()

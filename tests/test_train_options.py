@@ -83,20 +83,18 @@ def test_a_model_built_elsewhere_must_be_the_chosen_methods():
         TrainConfig(task="faireval", method="dna", options=hdeval_options)
 
 
-def test_the_manifest_records_the_options_as_before():
-    """The record's layout is the artifact format (golden files pin it): the tree options flat for
-    every method, the method's other options under method_options when they differ from its
-    defaults."""
+def test_the_manifest_records_each_methods_own_options():
+    """The record's layout is the artifact format (golden files pin it): the shared options, and
+    every option of the method (given or not) under options; no other method's."""
     hd = TrainConfig.from_options(task="summeval", layers=2, scorer="pairwise", swap=True).public()
-    assert list(hd)[:10] == ["task", "method", "method_options", "data", "aspects", "preset", "layers",
-                             "children", "top_k", "aggregator"]
-    assert list(hd)[-3:] == ["decompose_llm", "decompose_base_url", "tree"]
-    assert (hd["layers"], hd["method_options"]) == (2, {"scorer": "pairwise"})
+    assert list(hd)[:6] == ["task", "method", "options", "data", "aspects", "preset"]
+    assert hd["options"] == {**dataclasses.asdict(get_method("hdeval").build_options()),
+                             "layers": 2, "scorer": "pairwise"}
     dna = TrainConfig.from_options(task="faireval", method="dna", dna_mode="direct").public()
-    assert dna["method_options"] == {"dna_mode": "direct"}
-    assert (dna["layers"], dna["aggregator"], dna["tree"]) == (3, "auto", None)
+    assert dna["options"] == {**dataclasses.asdict(get_method("dna").build_options()), "dna_mode": "direct"}
+    assert not {"layers", "aggregator", "tree", "decompose_llm", "method_options"} & set(dna)
     paireval = TrainConfig.from_options(task="summeval", method="paireval", aggregator="lr").public()
-    assert (paireval["aggregator"], paireval["method_options"]) == ("lr", {})
+    assert paireval["options"]["aggregator"] == "lr" and "layers" not in paireval["options"]
     assert json.loads(json.dumps(hd)) == hd
 
 
@@ -170,3 +168,93 @@ def test_methods_lists_each_methods_own_defaults():
     assert any(line.startswith("  --swap (default off):") for line in own["dna"])
     assert any(line.startswith("  --swap (default on):") for line in own["paireval"])
     assert any(line.startswith("  --tree: Start from") for line in own["hdeval"])  # no default: the help says
+
+
+# ------------------------------------------------------------------ given at the default vs left out
+def _pairs(tmp_path):
+    from conftest import write_jsonl
+
+    rows = [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"question {i}", "output_a": f"answer a{i} " * (i + 1),
+             "output_b": f"answer b{i}", "label": "ab"[i % 2]} for i in range(12)]
+    return write_jsonl(tmp_path / "pairs.jsonl", rows)
+
+
+@pytest.mark.parametrize("given, name", [(("--comparisons", "3"), "--comparisons"), (("--swap",), "--swap"),
+                                         (("--no-swap",), "--swap")])
+def test_pairwise_hdeval_refuses_a_paireval_option_given_at_its_default(given, name, tmp_path, fake_calls):
+    # 3 and on are PairEval's defaults: given explicitly, they are still an option HD-Eval does not take
+    out = tmp_path / "art"
+    r = run_cli("train", "--task", "faireval", "--data", _pairs(tmp_path), "--method", "hdeval", "--layers", "1",
+                "--llm", "fake", "--cache-dir", tmp_path / "c", "-o", out, *given)
+    one_error(r, f"{name} is a PairEval option", "faireval")
+    assert not fake_calls and not out.exists()
+
+
+def test_pairwise_hdeval_without_paireval_options_still_trains(tmp_path):
+    from hdeval.train import train
+
+    ev = train(task="faireval", data=str(_pairs(tmp_path)), method="hdeval", layers=1, llm="fake",
+               cache_dir=str(tmp_path / "c"))
+    assert ev.task.shape == "pairwise"
+    with pytest.raises(ConfigError, match="--comparisons is a PairEval option"):  # the Python API alike
+        train(task="faireval", data=str(_pairs(tmp_path)), method="hdeval", layers=1, llm="fake",
+              cache_dir=str(tmp_path / "c"), comparisons=3)
+
+
+def test_the_options_model_records_what_was_given_through_every_door():
+    import copy
+    import pickle
+
+    from hdeval.methods.hdeval.options import HDEvalOptions
+
+    c = TrainConfig.from_options(task="summeval", comparisons=3, layers=None)  # None: not given (the CLI's)
+    assert c.options.given() == {"comparisons": 3}
+    assert c.options == TrainConfig(task="summeval").options  # equal values: equal models
+    assert TrainConfig(task="summeval").options.given() == {}
+    # replacing another option keeps what was left out left out, and what was given given
+    assert c.replace(seed=1).options.given() == {"comparisons": 3}
+    assert c.replace(layers=3).options.given() == {"layers": 3, "comparisons": 3}
+    assert c.replace(method="paireval").options.given() == {}
+    assert HDEvalOptions(layers=3).given() == {"layers": 3}  # the constructor, as build
+    for copied in (pickle.loads(pickle.dumps(c.options)), copy.deepcopy(c.options)):  # benchmark's workers
+        assert copied.given() == {"comparisons": 3}
+
+
+def test_benchmark_refuses_a_paireval_option_for_pairwise_hdeval_before_any_call(tmp_path, fake_calls):
+    out = tmp_path / "bench"
+    r = run_cli("benchmark", "--task", "faireval", "--data", _pairs(tmp_path), "--methods", "hdeval",
+                "--layers", "1", "--method-option", "hdeval.comparisons=3", "--llm", "fake",
+                "--cache-dir", tmp_path / "c", "-q", "-o", out)
+    one_error(r, "--comparisons is a PairEval option")
+    assert not fake_calls and not (out / "results.json").exists()
+
+
+def test_a_method_declares_which_options_name_its_second_llm():
+    # shared code opens the second LLM from the options the method names, whatever they are called
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+    from typing import ClassVar
+
+    from hdeval.methods.base import MethodOptions, option
+    from hdeval.methods.run import decompose_llm_config
+
+    @dataclass(frozen=True)
+    class JudgeOptions(MethodOptions):
+        second_llm: ClassVar[tuple[str, str]] = ("judge_llm", "judge_base_url")
+        judge_llm: str | None = option(None, "the judging LLM", kind=str)
+        judge_base_url: str | None = option(None, "its server", kind=str)
+
+    @dataclass(frozen=True)
+    class Undeclared(MethodOptions):  # an option that happens to be called decompose_llm
+        decompose_llm: str | None = option(None, "not an LLM this method opens", kind=str)
+
+    run = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None)
+    judge = JudgeOptions.build({"judge_llm": "big", "judge_base_url": "http://127.0.0.1:9/v1"}, "judge")
+    dc = decompose_llm_config(SimpleNamespace(options=judge, **run))
+    assert (dc.model, dc.base_url, dc.timeout) == ("big", "http://127.0.0.1:9/v1", 5.0)
+    assert judge.second_llm_given() == ("big", "http://127.0.0.1:9/v1", "--judge-llm")
+    assert decompose_llm_config(SimpleNamespace(options=JudgeOptions(), **run)) is None
+    assert decompose_llm_config(SimpleNamespace(options=Undeclared(decompose_llm="x"), **run)) is None
+    hd = TrainConfig.from_options(task="summeval", decompose_llm="gpt-x")
+    assert decompose_llm_config(hd).model == "gpt-x"
+    assert decompose_llm_config(TrainConfig.from_options(task="summeval", method="dna")) is None

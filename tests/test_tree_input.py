@@ -155,7 +155,7 @@ def test_the_decompose_llm_server_is_recorded_without_credentials(toy, tmp_path:
     assert "SECRET" not in text and "gw-user" not in text
     m = json.loads(text)
     assert m["decompose_llm"]["model"] == "big-model"
-    assert m["decompose_llm"]["base_url"] == m["config"]["decompose_base_url"] == "http://127.0.0.1:9/v1"
+    assert m["decompose_llm"]["base_url"] == m["config"]["options"]["decompose_base_url"] == "http://127.0.0.1:9/v1"
 
 
 def test_one_max_calls_budget_for_both_llms(toy, tmp_path: Path) -> None:
@@ -256,7 +256,7 @@ def test_cli_summary_names_the_criteria_from_the_file(toy, tmp_path: Path) -> No
     assert "criteria added by decomposition: 0" in r.stdout
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert manifest["tree_input"]["locked"] == ["clarity/wording", "accuracy/facts"]
-    assert manifest["config"]["tree"] == str(tree)
+    assert manifest["config"]["options"]["tree"] == str(tree)
 
 
 def test_cli_decompose_llm_on_a_server_gets_only_decompositions(toy, tmp_path: Path, monkeypatch) -> None:

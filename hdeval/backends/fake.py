@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import constraint_of, obeys
-
+from hdeval.errors import BackendError, ConfigError
 
 
 def _h(*parts: str) -> int:
@@ -82,8 +82,6 @@ class FakeBackend:
             elif name == "logprobs":
                 kwargs["logprobs"] = value not in ("0", "false", "no")
             else:
-                from hdeval.errors import ConfigError
-
                 raise ConfigError(f"unknown fake backend option {name!r} in --llm {spec}")
         return cls(record=False, **kwargs)
 
@@ -95,8 +93,6 @@ class FakeBackend:
         table = RESPONDERS if self.responders is None else self.responders
         answer = table.get(request.kind)
         if answer is None:
-            from hdeval.errors import BackendError
-
             raise BackendError(
                 f"the fake LLM has no responder for prompt kind {request.kind!r} "
                 f"(known: {', '.join(sorted(table)) or 'none'}; a method's package registers its own when "
@@ -109,8 +105,6 @@ class FakeBackend:
         # that does not honour constraints (an OpenAI-compatible server asked for a digit),
         # whose unusable replies the methods must record as failures.
         if self.honour_constraints and not self.garbage and not obeys(constraint, reply.text):
-            from hdeval.errors import BackendError
-
             raise BackendError(f"the fake LLM's {request.kind!r} responder broke the request's answer "
                                f"constraint {constraint!r}: {reply.text[:60]!r}")
         return reply

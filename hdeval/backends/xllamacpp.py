@@ -3,9 +3,9 @@
 xllamacpp ships llama.cpp as prebuilt manylinux/macOS/Windows wheels and exposes llama.cpp's
 own server in-process: ``Server.handle_chat_completions`` takes an OpenAI-style request dict
 and returns the reply dict, with no HTTP round trip. Installing it takes seconds, where
-llama-cpp-python compiles llama.cpp from source (4.5-28 minutes measured on 2 cores; see
-``benchmarks/bench_local_runtime.py``). The same GGUF file gives the same cache identity
-under either runtime (see :func:`hdeval.backends.llama_cpp.local_identity`).
+llama-cpp-python compiles llama.cpp from source (``benchmarks/bench_local_runtime.py``). The
+same GGUF file gives the same cache identity under either runtime
+(:func:`hdeval.backends.llama_cpp.local_identity`).
 
 What the server gives and how hdeval uses it:
 
@@ -39,16 +39,7 @@ from hdeval.backends.base import (
 from hdeval.backends.constraints import (
     Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
 )
-from hdeval.backends.llama_cpp import (
-    DEFAULT_N_CTX,
-    DEFAULT_SEED,
-    N_CTX_ENV,
-    THREADS_ENV,
-    _available_cores,
-    _int_from_env,
-    default_model_path,
-    local_identity,
-)
+from hdeval.backends.llama_cpp import DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec
 from hdeval.errors import BackendError, ConfigError
 from hdeval.paths import check_model_file
 
@@ -85,14 +76,8 @@ class XLlamaCppBackend:
         except ImportError as exc:
             raise ConfigError(f"the local backend needs xllamacpp: {_INSTALL_HINT} ({exc})") from exc
 
-        self.model_path = path
-        self.reuse = reuse
-        self.is_default_model = is_default_model
-        self.seed = seed
-        self.identity = local_identity(path)
+        n_threads = adopt_model(self, path, seed, reuse, is_default_model, n_threads)
         self.max_concurrency = self.n_parallel = max(1, int(n_parallel))
-        # Half the cores by default, as for llama-cpp-python (see LlamaCppBackend).
-        self.n_threads = n_threads = n_threads or max(1, _available_cores() // 2)
         self.n_ctx = n_ctx
         params = xllamacpp.CommonParams()
         params.model.path = str(path)
@@ -119,18 +104,9 @@ class XLlamaCppBackend:
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> "XLlamaCppBackend":
-        """``local`` (the bundled SmolLM2) or ``llamacpp:/path/model.gguf``; settings from
-        ``$HDEVAL_LLAMACPP_N_CTX``, ``$HDEVAL_LLAMACPP_THREADS``, ``$HDEVAL_LOCAL_PARALLEL``."""
-        kwargs.setdefault("n_ctx", _int_from_env(N_CTX_ENV, DEFAULT_N_CTX, 256))
-        if kwargs.get("n_threads") is None:
-            kwargs["n_threads"] = _int_from_env(THREADS_ENV, None, 1)
+        """As :func:`~hdeval.backends.llama_cpp.open_spec`, with ``$HDEVAL_LOCAL_PARALLEL`` slots."""
         kwargs.setdefault("n_parallel", _int_from_env(PARALLEL_ENV, 1, 1))
-        if spec == "local":
-            return cls(default_model_path(), is_default_model=True, **kwargs)
-        kind, _, path = spec.partition(":")
-        if kind != "llamacpp" or not path:
-            raise ConfigError(f"--llm {spec}: expected 'local' or 'llamacpp:/path/to/model.gguf'")
-        return cls(path, **kwargs)
+        return open_spec(cls, spec, kwargs)
 
     # -- public API -------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from hdeval.benchmark.heldout import (
 )
 from hdeval.benchmark.output import (
     FORMAT, FORMAT_VERSION, HTML, OUTPUTS, RESULTS, RUNS, TABLE, check_output_dir, is_benchmark_output,
-    write_benchmark,
+    render_html, write_benchmark,
 )
 from hdeval.benchmark.settings import (
     BASELINE, DEFINITIONS, PAIR_BASELINE, PAIR_VS, criteria_efficiency,
@@ -29,7 +29,7 @@ from hdeval.benchmark.tables import Table, benchmark_tables, render_markdown
 from hdeval.metrics import agreement_w_ties, agreement_wo_ties, average_spearman as avg_spearman
 
 # The page (tables, plots, banner) is drawn by the reports' package; results.json holds its numbers.
-from hdeval.report.bench import pair_curves, render_html
+from hdeval.report.bench import pair_curves
 
 
 __all__ = [

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hdeval.benchmark.tables import render_markdown
+from hdeval.benchmark.tables import benchmark_tables, render_markdown
 from hdeval.errors import ConfigError
-from hdeval.report.bench import render_html
+from hdeval.report import bench as page
 
 FORMAT = "hdeval-benchmark"
 FORMAT_VERSION = 1
@@ -20,6 +20,11 @@ RESULTS, TABLE, HTML = "results.json", "results.md", "report.html"
 OUTPUTS = (RESULTS, TABLE, HTML)
 RUNS = "runs"  # --keep-artifacts: each run's artifact in runs/<setting>-seed<k>/
 MAX_RESULTS_BYTES = 64 << 20  # a results.json this big is not one this module wrote
+
+
+def render_html(results: Mapping[str, Any]) -> str:
+    """report.html: the page the reports' package draws around the tables results.md shows."""
+    return page.render_html(results, *benchmark_tables(results))
 
 
 def is_benchmark_output(path: Path) -> bool:

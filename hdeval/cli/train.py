@@ -97,7 +97,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
             _check_export(config, export_file)
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
-        if getattr(config.options, "decompose_llm", None) == "local" and _resolved(config.llm) != "local":
+        if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
             _notice_local("local")
         if not yes and export_file is None:
             _ask_before_a_long_local_run(config)

@@ -1,17 +1,9 @@
-"""Getting human-judgment data onto a machine: download the public files, convert, import.
-
-Three jobs, one theme (turning someone else's file into rows of the sample schema in
-``shared/data/README.md``):
-
-* :func:`download_datasets` fetches the human-judgment files that UniEval publishes
-  (``maszhongming/UniEval``, ``reproduce/data/...``), converts them with
-  :func:`convert_records` and writes ``<task>.jsonl`` into the per-user data dir that
-  ``train`` searches (:func:`hdeval.paths.user_data_dir`).
-* :func:`data_status` says, per built-in task, where its file is looked for and what is there.
-* :func:`import_table` converts a user's CSV/TSV/JSON/JSONL with a column mapping.
-
-Library code: problems are raised as :class:`~hdeval.errors.HdevalError` subclasses and
-progress goes through a callback; nothing here prints.
+"""Getting human-judgment data onto a machine as rows of the sample schema
+(``shared/data/README.md``): :func:`download_datasets` fetches and converts UniEval's published
+files into the per-user data dir, :func:`data_status` says where each built-in task's file is
+looked for, :func:`import_table` converts a user's CSV/TSV/JSON/JSONL with a column mapping.
+Library code: errors are :class:`~hdeval.errors.HdevalError` subclasses, progress goes through a
+callback; nothing here prints.
 """
 
 from hdeval.datasets.download import (  # noqa: F401  (the public names)

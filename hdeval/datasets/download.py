@@ -27,34 +27,11 @@ def load_task(name: str | Path) -> Task:
     return load(name)
 
 
-def read_samples(path: str | Path, task: Task, **kwargs: Any) -> list:
-    from hdeval.data import read_samples as read
-
-    return read(path, task, **kwargs)
-
-
-def write_jsonl(path: str | Path, rows: Any) -> None:
-    from hdeval.data import write_jsonl as write
-
-    write(path, rows)
-
-
 def data_candidates(task: Task) -> list[Path]:
     from hdeval.data import data_candidates as candidates
 
     return candidates(task)
 
-
-def read_task_samples(path: str | Path, task: Task, **kwargs: Any) -> list:
-    from hdeval.data import read_task_samples as read
-
-    return read(path, task, **kwargs)
-
-
-def builtin_tasks() -> dict[str, Path]:
-    from hdeval.tasks import builtin_tasks as tasks
-
-    return tasks()
 
 #: UniEval's published meta-evaluation files. Not pinned to a commit because the issue asks
 #: for the main branch; the row counts below catch an upstream change of content size.
@@ -349,6 +326,8 @@ class DownloadResult:
 
 def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | None, str | None]:
     """(rows, None) when ``path`` loads with ``read_samples`` and has ``expected`` rows."""
+    from hdeval.data import read_task_samples
+
     if not path.is_file():
         return None, "missing"
     try:
@@ -370,6 +349,8 @@ def download_dataset(
     progress: ProgressFn | None = None,
 ) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
+    from hdeval.data import read_samples, write_jsonl
+
     ds = DATASETS[name]
     task = load_task(name)
     report = progress or (lambda e: None)
@@ -470,6 +451,8 @@ def download_datasets(
     and renamed only after it passed every check, so an interrupted run leaves no
     half-written file; datasets finished before an error stay, and a rerun resumes.
     """
+    from hdeval.tasks import builtin_tasks
+
     chosen = list(dict.fromkeys(names)) if names else list(DATASETS)
     unknown = [n for n in chosen if n not in DATASETS]
     local = [n for n in unknown if n in builtin_tasks()]
@@ -523,6 +506,8 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     """Per built-in task (all of them by default, with or without a download source): each
     candidate path (:func:`hdeval.data.data_candidates`), whether a file is there, and its
     row count when it loads."""
+    from hdeval.tasks import builtin_tasks
+
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from hdeval.datasets.download import _MAX_REPORTED_ERRORS, read_samples, write_jsonl
+from hdeval.datasets.download import _MAX_REPORTED_ERRORS
 from hdeval.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -366,6 +366,8 @@ def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: 
     The rows go to a temp file beside ``path`` first (atomically, via ``write_jsonl``) and
     are renamed into place after the check, so a failure never leaves a file at ``path``.
     """
+    from hdeval.data import read_samples, write_jsonl
+
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:

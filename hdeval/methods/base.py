@@ -10,7 +10,7 @@ a method only says which files it writes and how it reads them back. The registr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from hdeval.errors import ConfigError
 
@@ -146,6 +146,14 @@ class Saving:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
         raise NotImplementedError
 
+    def reply_requests(self, items: Sequence[Any],
+                       columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
+        """For the report's per-sample view, the request whose cached reply is shown for each
+        (row id, column) of ``items`` (samples or pairs read back from the data), rebuilt as
+        training asked it; or no requests and a note saying why they cannot be rebuilt. Here,
+        not in the report, so the shared report pages know no method."""
+        return [], "this evaluator does not say which prompts it asked: raw replies are not shown"
+
     # ---- held-out figures for `benchmark`, read from the score table without any LLM call
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
@@ -250,7 +258,20 @@ def flag(name: str) -> str:
 class MethodOptions:
     """A method's options as one typed, frozen model. A method declares a subclass whose fields
     (made with :func:`option`) are its options; :meth:`build` is the one way the CLI, the Python
-    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks."""
+    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks.
+    The model records which options were given (:meth:`given`): an option given at its default
+    is not one left out, and a method may refuse it."""
+
+    # the options naming a second LLM the method opens (its model, its server), e.g. HD-Eval's
+    # decomposing LLM: the run opens it from them without knowing their names
+    second_llm: ClassVar[tuple[str, str] | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "MethodOptions":
+        # __new__ sees the constructor's arguments; pickling and copying restore the record
+        self = super().__new__(cls)
+        names = [f.name for f in fields(cls)]
+        object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
+        return self
 
     def validate(self) -> None:
         """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
@@ -279,10 +300,29 @@ class MethodOptions:
         built.validate()
         return built
 
-    def changed(self) -> dict[str, Any]:
-        """The options that differ from the method's defaults (an option at its default is the
-        same as one not given)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+    def second_llm_given(self) -> tuple[str, str | None, str] | None:
+        """(model, server, the model option's flag) of the second LLM these options name, or None:
+        the scoring LLM does that job too."""
+        if self.second_llm is None or not getattr(self, self.second_llm[0]):
+            return None
+        model, url = self.second_llm
+        return getattr(self, model), getattr(self, url), flag(model)
+
+    def record(self) -> dict[str, Any]:
+        """Every option, given or not, as the manifest's ``config.options`` records it (the second
+        LLM's server without credentials or query)."""
+        from hdeval.urls import public_url
+
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.second_llm is not None and out.get(self.second_llm[1]):
+            out[self.second_llm[1]] = public_url(out[self.second_llm[1]])
+        return out
+
+    def given(self) -> dict[str, Any]:
+        """The options the caller gave (to :meth:`build`, or the constructor), at their default
+        or not, in field order."""
+        mine = getattr(self, "_given", frozenset())
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
 
 
 def _check_value(name: str, value: Any, spec: Option) -> None:
@@ -303,6 +343,24 @@ def _check_value(name: str, value: Any, spec: Option) -> None:
     elif isinstance(default, str) or default is None:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be text, got {value!r}")
+
+
+# Before artifact format 3 the manifest's config recorded HD-Eval's tree options flat for every
+# method (other methods got HD-Eval's defaults), and a method's other options that differed from
+# its defaults under "method_options".
+_FLAT_BEFORE_3 = ("layers", "children", "top_k", "aggregator", "decompose_llm", "decompose_base_url", "tree")
+
+
+def recorded_options(config: Any) -> dict[str, Any]:
+    """The method's options a manifest's ``config`` records: its ``options`` (format 3), or what
+    format 2 recorded of them (flat keys, then ``method_options``). {} when there is no record."""
+    if not isinstance(config, Mapping):
+        return {}
+    if isinstance(config.get("options"), Mapping):
+        return dict(config["options"])
+    old = {k: config[k] for k in _FLAT_BEFORE_3 if k in config}
+    changed = config.get("method_options")
+    return {**old, **changed} if isinstance(changed, Mapping) else old
 
 
 def check_aggregator(kind: str) -> None:

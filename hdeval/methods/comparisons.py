@@ -5,11 +5,13 @@ another."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -197,16 +199,11 @@ class PairScores:
                 "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
 
 
-class _quiet:
-    def __enter__(self):
-        import warnings
-
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():  # numpy's "mean of empty slice": a column nothing answered
         warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
+        yield
 
 
 def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,

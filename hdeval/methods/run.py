@@ -27,13 +27,14 @@ def open_backend(
 
 
 def decompose_llm_config(config: Any) -> LLMConfig | None:
-    """The decomposing LLM's settings (``--decompose-llm``), or None: the scoring LLM decomposes.
-    Same cache dir and budget settings; its own identity, so its own cache keys."""
-    # only a method whose options name a decomposing LLM (HD-Eval) has one
-    model = getattr(config.options, "decompose_llm", None)
-    if not model:
+    """The settings of the second LLM the method's options name (HD-Eval's ``--decompose-llm``),
+    or None: the scoring LLM does that job. Same cache dir and budget settings; its own identity,
+    so its own cache keys."""
+    second = config.options.second_llm_given()
+    if second is None:
         return None
-    return LLMConfig(model, config.options.decompose_base_url, config.timeout, config.max_retries,
+    model, url, _ = second
+    return LLMConfig(model, url, config.timeout, config.max_retries,
                      config.concurrency, config.cache_dir, config.max_calls)
 
 
@@ -49,7 +50,8 @@ def open_decompose_backend(
     try:
         return open_llm(dc or llm_config(config), backend, offline)
     except HdevalError as exc:
-        raise ConfigError(f"--decompose-llm {dc.model if dc else getattr(backend, 'identity', '')}: {exc}") from None
+        where = (config.options.second_llm_given() or (None, None, "--decompose-llm"))[2]
+        raise ConfigError(f"{where} {dc.model if dc else getattr(backend, 'identity', '')}: {exc}") from None
 
 
 @dataclass

@@ -3,7 +3,7 @@ plots (every plotted number is in results.json) and the verdict banner, in the r
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -180,10 +180,8 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     return b
 
 
-def render_html(results: Mapping[str, Any]) -> str:
-    """A self-contained page: banner, the results.md tables as HTML tables, the plots."""
-    from hdeval.benchmark import benchmark_tables
-
-    title, tables = benchmark_tables(results)
+def render_html(results: Mapping[str, Any], title: str, tables: Sequence[Any]) -> str:
+    """A self-contained page: banner, the caller's tables (results.md's) as HTML tables, the plots.
+    The tables come in from the benchmark, which sits above the reports."""
     return render("benchmark.html.j2", title=f"hdeval {title[0].lower()}{title[1:]}", banner=verdict(results),
                   tables=tables, figures=_all_plots(results), definitions=results.get("definitions") or {})

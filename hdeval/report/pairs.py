@@ -147,7 +147,7 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
             replies = sample_view.Replies(note="the training data file is not available, so the pairs' text "
                                                "and the raw replies are not shown (give it with --data)")
         else:
-            replies = sample_view.dna_replies(ev, [items[i] for i in ids if i in items], cache_dir)
+            replies = sample_view.replies(ev, [items[i] for i in ids if i in items], keys, cache_dir)
         note = replies.note
         A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
         for i, pid in zip(wrong, ids):
@@ -230,7 +230,7 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
         wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
         ids = [str(test["pair_id"][i]) for i in wrong]
         replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file),
-                                                   cache_dir, pairs=True)
+                                                   cache_dir)
         note = replies.note
         for i, pid in zip(wrong, ids):
             samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i], "extra": {},

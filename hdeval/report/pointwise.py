@@ -1,33 +1,26 @@
 """The page of the pointwise HD-Eval report (``report.html``) and its plots: the numbers come
-from :func:`hdeval.methods.hdeval.report.build_report`, the per-sample view from the artifact's
-score table, the training data and the reply cache (read-only)."""
+from :func:`hdeval.methods.hdeval.report.build_report` (with the per-sample view), handed in by
+the method, which sits above this page: nothing here imports a method. ``ev`` is the fitted
+pointwise evaluator (its task, tree and aggregator); the numbers' objects (``report.nodes``,
+``report.shap``, ``report.efficiency``) are :mod:`hdeval.methods.hdeval.explain`'s."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hdeval.methods.hdeval.explain import (
-    EfficiencyPoint, NodeImportance, ShapResult, score_table, split_rows,
-)
-from hdeval.methods.hdeval.report import DEFINITIONS, TOP_BARS, Report
 from hdeval.report import banner, fmt_num, render
-from hdeval.report import samples as sample_view
 from hdeval.report.banner import Banner
 from hdeval.report.plots import integer_ticks, png, pyplot, styled
-from hdeval.report.samples import TOP_SAMPLES
-
-if TYPE_CHECKING:
-    from hdeval.methods.hdeval.evaluator import Evaluator
 
 LABEL_CHARS = 60
+TOP_BARS = 15  # criteria shown per bar chart / beeswarm; the rest are in report.json
 
 Labeler = Callable[[str], str]
 
 
-def _labeler(ev: "Evaluator", limit: int | None = LABEL_CHARS) -> Labeler:
+def labeler(ev: Any, limit: int | None = LABEL_CHARS) -> Labeler:
     """"key — name" labels; plots cut them at ``limit`` characters to keep the axes legible."""
 
     def label(key: str) -> str:
@@ -87,7 +80,7 @@ def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
 
 
 @styled
-def plot_beeswarm(r: ShapResult, label: Labeler) -> bytes:
+def plot_beeswarm(r: Any, label: Labeler) -> bytes:
     """shap's summary (beeswarm) plot; colours are the raw criterion scores."""
     import shap
 
@@ -104,7 +97,7 @@ def plot_beeswarm(r: ShapResult, label: Labeler) -> bytes:
 
 
 @styled
-def plot_efficiency(points: Sequence[EfficiencyPoint], aspects: Sequence[str]) -> bytes:
+def plot_efficiency(points: Sequence[Any], aspects: Sequence[str]) -> bytes:
     """Held-out correlation against the number of criteria kept."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -142,7 +135,7 @@ def _corr_rows(corr: Mapping[str, Any], aspects: Sequence[str]) -> tuple[list[st
     return ["held-out Pearson / Spearman", *cols], body
 
 
-def _efficiency_rows(points: Sequence[EfficiencyPoint], label: Labeler) -> list[list[str]]:
+def _efficiency_rows(points: Sequence[Any], label: Labeler) -> list[list[str]]:
     body, prev = [], 0
     for p in points:
         added = ", ".join(label(k) for k in p.criteria[prev:p.n_criteria])
@@ -152,7 +145,7 @@ def _efficiency_rows(points: Sequence[EfficiencyPoint], label: Labeler) -> list[
     return body
 
 
-def verdict(ev: "Evaluator", data: Mapping[str, Any]) -> Banner:
+def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     """The banner: LLM, split against the criteria, layer kept, strongest baseline."""
     art, m = data["artifact"], ev.metrics or {}
     b = Banner()
@@ -171,47 +164,15 @@ def verdict(ev: "Evaluator", data: Mapping[str, Any]) -> Banner:
     return b
 
 
-def disagreements(ev: "Evaluator", data: str | Path | None = None, cache_dir: str | Path | None = None,
-                  top: int = TOP_SAMPLES) -> tuple[list[dict[str, Any]], str | None]:
-    """The held-out samples furthest from the human scores, with their criterion scores and
-    the LLM's raw replies (read-only from the cache, when it and the data are at hand)."""
-    table = score_table(ev)
-    test = split_rows(ev, table, "test")
-    aspects = list(ev.aggregator.aspects)
-    pred = np.asarray(ev.aggregator.predict(test.X), float)
-    span = np.array([max(ev.task.aspect(a).high - ev.task.aspect(a).low, 1e-9) for a in aspects])
-    err = np.nanmean(np.abs(pred - test.Y) / span, axis=1)
-    order = [int(i) for i in np.argsort(-np.nan_to_num(err, nan=-1.0), kind="stable")[:top]]
-    ids = [test.sample_ids[i] for i in order]
-    criteria = list(ev.feature_keys)
-    replies, items = sample_view.score_replies(ev, ids, criteria, sample_view.data_path(ev, data), cache_dir,
-                                               pairs=False)
-    label = _labeler(ev)
-    out = []
-    for i in order:
-        sid = test.sample_ids[i]
-        sample = items.get(sid)
-        fields = [(f.label, sample_view.clip(sample.fields.get(f.key), sample_view.MAX_FIELD_CHARS))
-                  for f in ev.task.fields] if sample is not None else []
-        out.append({
-            "id": sid, "error": float(err[i]), "fields": fields,
-            "aspects": [{"key": a, "human": float(test.Y[i, j]), "predicted": float(pred[i, j])}
-                        for j, a in enumerate(aspects)],
-            "criteria": [{"key": k, "label": label(k), "score": float(test.X[i, j]),
-                          "reply": replies.texts.get((sid, k))} for j, k in enumerate(criteria)],
-        })
-    return out, replies.note
-
-
-def render_html(ev: "Evaluator", report: Report, samples: Sequence[Mapping[str, Any]] = (),
+def render_html(ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (),
                 samples_note: str | None = None) -> str:
     """The report as one HTML page; plots are embedded PNGs, so the page needs nothing else."""
     d = report.data
     art = d["artifact"]
     aspects = [a["key"] for a in art["aspects"]] or list(ev.aggregator.aspects)
-    label = _labeler(ev)
+    label = labeler(ev)
     perm, sh, corr = d["permutation_importance"], d["shap"], d["correlations"]
-    children: dict[str | None, list[NodeImportance]] = {}
+    children: dict[str | None, list[Any]] = {}
     for n in report.nodes:
         children.setdefault(n.parent, []).append(n)
     top = max((abs(n.rolled_up) for n in report.nodes), default=0.0) or 1.0
@@ -229,12 +190,12 @@ def render_html(ev: "Evaluator", report: Report, samples: Sequence[Mapping[str, 
                 + (f", {sh['n_background']} background training rows" if sh["n_background"] else "")
                 + "): how far that criterion's score moved the aspect's prediction away from the base value "
                   "(the average prediction); colour is the criterion score (red high, blue low). The bar chart "
-                  "is the mean absolute SHAP value. " + DEFINITIONS["shap"])
+                  "is the mean absolute SHAP value. " + d["definitions"]["shap"])
     corr_head, corr_rows = _corr_rows(corr, aspects)
     return render(
         "hdeval.html.j2", art=art, banner=verdict(ev, d), version=d["hdeval_version"], created=d["created"],
-        definitions=DEFINITIONS, plots=plots, corr_head=corr_head, corr_rows=corr_rows, children=children,
+        definitions=d["definitions"], plots=plots, corr_head=corr_head, corr_rows=corr_rows, children=children,
         bar_width=lambda v: int(round(120 * abs(v) / top)), perm=perm, top_bars=TOP_BARS, shap_how=shap_how,
-        eff_rows=_efficiency_rows(report.efficiency, _labeler(ev, None)), samples=list(samples),
+        eff_rows=_efficiency_rows(report.efficiency, labeler(ev, None)), samples=list(samples),
         samples_note=samples_note,
     )

@@ -110,13 +110,10 @@ def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
     return out
 
 
-def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data: Path | None,
-                  cache_dir: str | Path | None, pairs: bool) -> tuple[Replies, dict[str, Any]]:
-    """The raw replies to HD-Eval's criterion prompts for ``wanted`` ids (pairs: both sides,
-    ids ``<pair>#a`` / ``#b``), and the samples read (for their text)."""
-    from hdeval.cache import request_key
-    from hdeval.scoring import scoring_request
-
+def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,
+                  cache_dir: str | Path | None) -> tuple[Replies, dict[str, Any]]:
+    """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
+    the samples or pairs read (for their text)."""
     if data is None:
         return Replies(note="the training data file is not available, so the samples' text and the raw "
                             "replies are not shown (give it with --data)"), {}
@@ -125,24 +122,20 @@ def score_replies(ev: Any, wanted: Sequence[str], criteria: Sequence[str], data:
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
         return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the samples' text and raw replies "
                             "are not shown"), {}
-    if getattr(ev, "scorer", None) is not None:
-        return Replies(note="this evaluator scores with --scorer pairwise; its raw replies are not shown"), items
-    template = (getattr(ev, "templates", None) or {}).get("score")
-    if template is None:
-        return Replies(note="the artifact holds no scoring prompt: raw replies are not shown"), items
-    if pairs:
-        from hdeval.methods.hdeval.pairwise import side_samples
+    return replies(ev, [items[i] for i in wanted if i in items], columns, cache_dir), items
 
-        sides = side_samples([items[i] for i in wanted if i in items])
-    else:
-        sides = [items[i] for i in wanted if i in items]
-    keyed: dict[str, tuple[str, str]] = {}
-    for s in sides:
-        for c in criteria:
-            if c in ev.tree:
-                req = scoring_request(template, ev.task, ev.tree, ev.tree[c], s)
-                keyed[request_key(_identity(ev), req)] = (s.id, c)
-    return _replies(keyed, cache_dir), items
+
+def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: str | Path | None) -> Replies:
+    """The LLM's cached replies to the prompts the evaluator says it asked about ``items``
+    (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
+    keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
+    from hdeval.cache import request_key
+
+    requests, note = ev.reply_requests(items, columns)
+    if note is not None:
+        return Replies(note=note)
+    identity = _identity(ev)
+    return _replies({request_key(identity, req): where for where, req in requests}, cache_dir)
 
 
 def _identity(ev: Any) -> str:
@@ -165,22 +158,3 @@ def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) ->
         note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
                 "or another prompt version): raw replies are not shown")
     return Replies(texts, note)
-
-
-def dna_replies(ev: Any, pairs: Sequence[Any], cache_dir: str | Path | None) -> Replies:
-    """DnA's raw replies to its per-aspect prompt (one prompt scores both responses), in the
-    order the pair was shown first, for predefined aspects; keyed (pair id, aspect)."""
-    from hdeval.cache import request_key
-    from hdeval.methods.dna.impl import AspectSpec, score_request
-
-    s = ev.settings
-    if not s.uses_aspects or s.dynamic or "score" not in (ev.templates or {}):
-        return Replies(note="raw replies are shown for DnA with predefined aspects only; the per-aspect "
-                            "scores below are what the LLM's replies were read as")
-    keyed: dict[str, tuple[str, str]] = {}
-    for p in pairs:
-        for a in ev.task.aspects:
-            req = score_request(ev.templates["score"], ev.task, p, AspectSpec(a.key, a.name, a.definition), False,
-                                s.logprobs)
-            keyed[request_key(_identity(ev), req)] = (p.id, a.key)
-    return _replies(keyed, cache_dir)

@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 from hdeval.methods.base import Method
-from hdeval.methods.dna.options import MODES, SOURCES, DnaOptions  # noqa: F401  (impl reads the choices here)
+from hdeval.methods.dna.options import MODES, SOURCES, DnaOptions  # noqa: F401  (public names)
 
 
 def _impl():

@@ -50,7 +50,7 @@ def _margin_words(info: dict[str, Any]) -> str:
     if info["from"] != "training split":
         return "given"
     return (f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
-            f"against {info['train_w_ties_at_0']} at 0")
+            f"(cross-validated {info.get('cv_w_ties')}) against {info['train_w_ties_at_0']} at 0")
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:
@@ -82,7 +82,8 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     if settings.tie_margin is None:
         got = [i for i in tr if res.labels[i] is not None and pairs[i].label is not None]
         margin, margin_info = learn_tie_margin([res.predictions[i, 0] - res.predictions[i, 1] for i in got],
-                                               [pairs[i].label for i in got])
+                                               [pairs[i].label for i in got], [pairs[i].doc_id for i in got],
+                                               ctx.config.seed)
         settings = dataclasses.replace(settings, tie_margin=margin, tie_margin_from="training split")
         ev.settings = settings
         res.apply_margin(margin)

@@ -13,7 +13,8 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.base import Saving, usage_of
 from hdeval.methods.dna.decision import Learned
-from hdeval.methods.dna.prompts import PROMPT_FILES
+from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
+from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
 from hdeval.progress import Progress
@@ -153,6 +154,17 @@ class DnaEvaluator(Saving):
 
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
+
+    def reply_requests(self, items: Sequence[PairSample], columns: Sequence[str]) -> tuple[list, str | None]:
+        """The per-aspect prompt (one prompt scores both responses), in the order the pair was
+        shown first; predefined aspects only (dynamic ones are not in the artifact)."""
+        s = self.settings
+        if not s.uses_aspects or s.dynamic or "score" not in (self.templates or {}):
+            return [], ("raw replies are shown for DnA with predefined aspects only; the per-aspect "
+                        "scores below are what the LLM's replies were read as")
+        return [((p.id, a.key), score_request(self.templates["score"], self.task, p,
+                                              AspectSpec(a.key, a.name, a.definition), False, s.logprobs))
+                for p in items for a in self.task.aspects if a.key in columns], None
 
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hdeval.methods.base import MethodOptions, option
-
-MODES = ("dna", "direct", "cot", "prompt-agg")
-SOURCES = ("predefined", "dynamic")
+from hdeval.methods.dna.settings import MODES, SOURCES, Settings
 
 
 @dataclass(frozen=True)
@@ -17,8 +15,8 @@ class DnaOptions(MethodOptions):
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
     k: int = option(4, "aspects the LLM proposes per instance with --aspect-source dynamic")
     tie_margin: float | None = option(
-        None, "totals this close are a tie (default: learned, the margin whose verdicts agree best with the "
-              "training split's human labels)", kind=float)
+        None, "totals this close are a tie (default: learned on the training split, where humans tie pairs "
+              "more often than they side with the judge)", kind=float)
     swap: bool = option(False, "ask every pairwise prompt in both orders and average")
     logprob_scores: bool = option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
                                         "server returns them (else the reply text)")
@@ -28,7 +26,5 @@ class DnaOptions(MethodOptions):
 
     def settings(self):
         """The run's checked DnA settings (the implementation's own record of them)."""
-        from hdeval.methods.dna.settings import Settings
-
         return Settings(mode=self.dna_mode, aspect_source=self.aspect_source, k=self.k,
                         tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores).check()

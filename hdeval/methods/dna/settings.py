@@ -9,8 +9,9 @@ from typing import Any
 
 from hdeval.errors import ArtifactError, ConfigError
 from hdeval.methods.base import FitContext
-from hdeval.methods.dna import MODES, SOURCES  # the package holds the option choices
 
+MODES = ("dna", "direct", "cot", "prompt-agg")
+SOURCES = ("predefined", "dynamic")
 MAX_K = 10
 
 

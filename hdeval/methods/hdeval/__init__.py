@@ -57,6 +57,10 @@ def _artifact_suffixes(config):
 
 
 def _check_fit(ctx):
+    if ctx.prep.task.shape == "pairwise" and ctx.options.scorer == "digit":
+        from hdeval.methods.hdeval.pairwise import check_pairwise_options
+
+        return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
     if ctx.options.scorer == "digit":
         return
     if ctx.prep.task.shape == "pairwise":

@@ -191,12 +191,13 @@ def decompose(
 ) -> list[Criterion]:
     """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
     with what was wrong and asked again (a new, deterministic request, so it is cached too); a
-    rerun re-asks replies that were cached invalid; then a clear error.
+    rerun re-asks replies that were cached malformed; then a clear error.
 
     Degenerate sub-criteria (:func:`quality_problem`) are re-asked the same way; each rejection
     is appended to ``rejections``. When the last reply is still degenerate, the criterion is left
     unexpanded: an empty list (a weak model's garbage is never scored, and the run keeps what it
-    paid for)."""
+    paid for). That outcome is final: a rerun replays the cached chain to the same empty list
+    and asks nothing (a degenerate reply was judged, not lost)."""
     request = decomposition_request(template, task, tree, criterion, max_children)
     used = set(taken or set())
     last: list[BaseException] = []
@@ -221,7 +222,8 @@ def decompose(
         return ask
 
     try:
-        return ask_json(backend, request, validate, feedback, attempts)
+        return ask_json(backend, request, validate, feedback, attempts,
+                        final=lambda exc: isinstance(exc, DegenerateCriteria))
     except RequestRejected as exc:
         raise DecompositionError(
             f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"

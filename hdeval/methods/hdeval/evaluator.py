@@ -27,7 +27,7 @@ from hdeval.methods.aggregator_file import check_models as _check_models
 from hdeval.methods.base import Saving, ScoreResult, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
-from hdeval.scoring import score_criteria
+from hdeval.scoring import score_criteria, scoring_request
 from hdeval.tasks import task_from_dict
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
 
@@ -84,6 +84,29 @@ class TreeEvaluator(Saving):
     def cost_line(self) -> str:
         return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
                 f"aggregator: {self.calls_per_sample()} LLM calls per sample")
+
+    reports = True
+
+    def method_args(self) -> dict[str, Any]:
+        from hdeval.methods.base import recorded_options
+
+        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
+        return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
+
+    def columns_needed(self) -> list[str]:
+        return self.needed_criteria
+
+    def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list, str | None]:
+        """The criterion prompts of ``items`` (the samples each criterion scored)."""
+        template = self.templates.get("score")
+        if template is None:
+            return [], "the artifact holds no scoring prompt: raw replies are not shown"
+        return [((s.id, c), scoring_request(template, self.task, self.tree, self.tree[c], s))
+                for s in self.scored_samples(items) for c in columns if c in self.tree], None
+
+    def scored_samples(self, items: Sequence[Any]) -> list[Sample]:
+        """The samples the criterion prompts were asked about, for data items of this shape."""
+        return list(items)
 
     # ------------------------------------------------------------------ loading
     shape = "pointwise"  # the task shape this evaluator's artifacts have
@@ -203,8 +226,6 @@ class Evaluator(TreeEvaluator):
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
 
-    reports = True
-
     def artifact_suffix(self) -> str:
         return self.aggregator.kind
 
@@ -224,6 +245,11 @@ class Evaluator(TreeEvaluator):
 
     def explain_refusal(self, artifact: Any) -> str | None:
         return None
+
+    def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list, str | None]:
+        if self.scorer is not None:
+            return [], "this evaluator scores with --scorer pairwise; its raw replies are not shown"
+        return super().reply_requests(items, columns)
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
         from hdeval.methods.hdeval.summary import summary_lines
@@ -284,14 +310,6 @@ class Evaluator(TreeEvaluator):
                 backend.close()
 
     # ------------------------------------------------------------------ the method seam
-    def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        keys = ("layers", "children", "top_k", "aggregator")
-        return {k: config[k] for k in keys if k in config}
-
-    def columns_needed(self) -> list[str]:
-        return self.needed_criteria
-
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes: only the criteria the aggregator uses are shown."""
         return score_rows(samples, result, self.needed_criteria)

@@ -1,6 +1,6 @@
 """Explanations of a trained evaluator: SHAP values, permutation importance over the criteria
 tree, the criteria-efficiency curve, and per-sample explanations. Pure computation: no
-printing, no plotting (``report.py`` draws, ``cli_report.py`` prints).
+printing, no plotting (``report.py`` draws, ``hdeval.cli.report`` prints).
 
 What a SHAP value explains here
 -------------------------------
@@ -24,6 +24,10 @@ Which explainer
 
 Imputation and standardisation act feature by feature, so attributions on the transformed
 inputs are attributions on the criteria themselves.
+
+``ev`` is the fitted pointwise :class:`~hdeval.methods.hdeval.evaluator.Evaluator`, typed
+``Any``: evaluator.py sits above this module (its report is built from here), so this module
+does not import it, not even for annotations.
 """
 
 from __future__ import annotations
@@ -41,8 +45,7 @@ from hdeval.metrics import metric_table
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
 from hdeval.types import CriteriaTree
 
-if TYPE_CHECKING:  # only for annotations: evaluator imports nothing from here either way
-    from hdeval.methods.hdeval.evaluator import Evaluator
+if TYPE_CHECKING:
     from hdeval.methods.base import ScoreResult
 
 #: The explainer used for each aggregator kind (see the module docstring).
@@ -66,7 +69,7 @@ class SplitRows:
     Y: np.ndarray  # samples x aspects: human scores
 
 
-def score_table(ev: "Evaluator") -> pd.DataFrame:
+def score_table(ev: Any) -> pd.DataFrame:
     """The training-time score table (``scores.csv``): criterion scores and human scores of
     every train and test sample. Validated: every feature and ``human:<aspect>`` column must
     be present and numeric."""
@@ -99,7 +102,7 @@ def score_table(ev: "Evaluator") -> pd.DataFrame:
     return table
 
 
-def split_rows(ev: "Evaluator", table: pd.DataFrame, split: str) -> SplitRows:
+def split_rows(ev: Any, table: pd.DataFrame, split: str) -> SplitRows:
     """Criterion scores and human scores of the rows of ``split`` ("train" or "test")."""
     rows = table[table["split"] == split]
     X = rows[list(ev.feature_keys)].to_numpy(float)
@@ -320,7 +323,7 @@ def efficiency_curve(
 
 
 # --------------------------------------------------------------------------- per sample
-def background_rows(ev: "Evaluator", n_background: int = N_BACKGROUND, random_state: int = 0) -> np.ndarray | None:
+def background_rows(ev: Any, n_background: int = N_BACKGROUND, random_state: int = 0) -> np.ndarray | None:
     """Up to ``n_background`` training rows of the score table, or None when the explainer of
     this aggregator needs none (trees)."""
     if explainer_for(ev.aggregator.kind) == "tree":
@@ -336,7 +339,7 @@ def _num(x: float) -> float | None:
 
 
 def explain_samples(
-    evaluator: "Evaluator",
+    evaluator: Any,
     result: "ScoreResult",
     top: int = 3,
     *,

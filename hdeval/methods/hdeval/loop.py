@@ -26,6 +26,7 @@ from hdeval.methods.base import FitContext, score_table
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
+from hdeval.methods.hdeval.summary import interval_summary
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
@@ -355,16 +356,6 @@ def kept_warnings(caught: Sequence[warnings.WarningMessage], kind: str) -> list:
     return [w for w in caught if kind == "nn" or w.category.__name__ != "ConvergenceWarning"]
 
 
-def interval_summary(iv: dict[str, Any]) -> str:
-    """One line: the intervals' level, half-width and held-out coverage."""
-    hw = ", ".join(f"{a} ±{w:.2f}" if w is not None else f"{a} unbounded" for a, w in iv["half_width"].items())
-    t = iv.get("test") or {}
-    cov, width = (t.get("coverage") or {}).get("average"), (t.get("mean_width") or {}).get("average")
-    held = (f"; held-out coverage {cov:.1%} of {t.get('rows')} rows, mean width {width:.2f}"
-            if cov is not None and width is not None else "")
-    return f"{iv['level']:.0%} prediction intervals (split conformal on training residuals): {hw}{held}"
-
-
 def warning_notes(caught: Sequence[warnings.WarningMessage]) -> list[str]:
     """Recorded warnings as short notes: one per distinct (category, message), with a count."""
     counts: dict[str, int] = {}
@@ -417,12 +408,8 @@ def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | 
 
 
 def _public_config(config: Any) -> dict[str, Any]:
-    from hdeval.urls import public_url
-
-    out = {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
-    if out.get("decompose_base_url"):
-        out["decompose_base_url"] = public_url(out["decompose_base_url"])
-    return out
+    # the decomposing LLM's server is made public by the options' record
+    return {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
 
 
 def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from hdeval.errors import ConfigError
 from hdeval.methods.base import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
@@ -10,6 +11,9 @@ from hdeval.methods.base import AGGREGATOR_HELP, MethodOptions, check_aggregator
 
 @dataclass(frozen=True)
 class HDEvalOptions(MethodOptions):
+    # the LLM that decomposes criteria, when another than the scoring one
+    second_llm: ClassVar[tuple[str, str]] = ("decompose_llm", "decompose_base_url")
+
     layers: int = option(3, "Depth of the criteria tree (1 = the aspects only).")
     children: int = option(4, "Max sub-criteria per decomposed criterion.")
     top_k: int = option(4, "Criteria expanded per layer from layer 3 on (attribution pruning).")

@@ -26,26 +26,24 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from hdeval.aggregate import used_features
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.classify import (
     CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
-    select_classifier, used_features,
+    select_classifier,
 )
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
-from hdeval.methods.hdeval.evaluator import TRUSTED_TYPES, TreeEvaluator, scores_header
+from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
 from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
 
-TREE = "tree.json"
 MODEL = "classifier.skops"
-SCORES = "scores.csv"
-METRICS = "metrics.json"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decomposition_rejections")
 
 
@@ -115,7 +113,7 @@ def check_pairwise_options(ctx: FitContext) -> None:
         raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
                           f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
                           "with the criterion prompt: leave --scorer out")
-    given = ctx.options.changed()
+    given = ctx.options.given()
     for name in ("comparisons", "swap"):
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
@@ -372,8 +370,6 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         self.model = model
         self.kind = kind
 
-    reports = True
-
     @property
     def classes(self) -> list[str]:
         return [str(c) for c in self.model.classes_]
@@ -382,13 +378,6 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def needed_criteria(self) -> list[str]:
         mask = used_features(self.model, len(self.feature_keys))
         return [k for k, used in zip(self.feature_keys, mask) if used]
-
-    def method_args(self) -> dict[str, Any]:
-        config = self.manifest_extra.get("config") or {}
-        return {k: config[k] for k in ("layers", "children", "top_k", "aggregator") if k in config}
-
-    def columns_needed(self) -> list[str]:
-        return self.needed_criteria
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
@@ -417,6 +406,9 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
         page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
         return page, "report.json", lines
+
+    def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
+        return side_samples(items)  # both responses, ids <pair>#a / #b
 
     def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> PairHdevalResult:

@@ -3,7 +3,9 @@
 external resources, so it opens offline and can be mailed around).
 
 Computation lives in :mod:`hdeval.methods.hdeval.explain`; the page and its plots in
-:mod:`hdeval.report.pointwise`; this module assembles the numbers and writes both files.
+:mod:`hdeval.report.pointwise`, below the method; this module assembles the numbers (and the
+per-sample view's) and writes both files. ``ev`` is the fitted pointwise
+:class:`~hdeval.methods.hdeval.evaluator.Evaluator`, which imports this module (not the reverse).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -27,14 +29,11 @@ from hdeval.methods.hdeval.explain import (
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.methods.hdeval.prune import N_REPEATS
-
-if TYPE_CHECKING:
-    from hdeval.methods.hdeval.evaluator import Evaluator
+from hdeval.report import samples as sample_view
 
 REPORT_FORMAT = "hdeval-report"
 REPORT_VERSION = 1
 CURVE_POINTS = 20
-TOP_BARS = 15  # criteria shown per bar chart / beeswarm; the rest are in report.json
 
 DEFINITIONS = {
     "permutation_importance": (
@@ -74,7 +73,7 @@ class Report:
 
 
 def build_report(
-    ev: "Evaluator",
+    ev: Any,
     *,
     max_samples: int = MAX_SAMPLES,
     n_background: int = N_BACKGROUND,
@@ -214,6 +213,39 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def disagreements(ev: Any, data: str | Path | None = None, cache_dir: str | Path | None = None,
+                  top: int = sample_view.TOP_SAMPLES) -> tuple[list[dict[str, Any]], str | None]:
+    """The held-out samples furthest from the human scores, with their criterion scores and
+    the LLM's raw replies (read-only from the cache, when it and the data are at hand)."""
+    from hdeval.report.pointwise import labeler
+
+    table = score_table(ev)
+    test = split_rows(ev, table, "test")
+    aspects = list(ev.aggregator.aspects)
+    pred = np.asarray(ev.aggregator.predict(test.X), float)
+    span = np.array([max(ev.task.aspect(a).high - ev.task.aspect(a).low, 1e-9) for a in aspects])
+    err = np.nanmean(np.abs(pred - test.Y) / span, axis=1)
+    order = [int(i) for i in np.argsort(-np.nan_to_num(err, nan=-1.0), kind="stable")[:top]]
+    ids = [test.sample_ids[i] for i in order]
+    criteria = list(ev.feature_keys)
+    replies, items = sample_view.score_replies(ev, ids, criteria, sample_view.data_path(ev, data), cache_dir)
+    label = labeler(ev)
+    out = []
+    for i in order:
+        sid = test.sample_ids[i]
+        sample = items.get(sid)
+        fields = [(f.label, sample_view.clip(sample.fields.get(f.key), sample_view.MAX_FIELD_CHARS))
+                  for f in ev.task.fields] if sample is not None else []
+        out.append({
+            "id": sid, "error": float(err[i]), "fields": fields,
+            "aspects": [{"key": a, "human": float(test.Y[i, j]), "predicted": float(pred[i, j])}
+                        for j, a in enumerate(aspects)],
+            "criteria": [{"key": k, "label": label(k), "score": float(test.X[i, j]),
+                          "reply": replies.texts.get((sid, k))} for j, k in enumerate(criteria)],
+        })
+    return out, replies.note
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """Where :func:`write_report` wrote the report."""
@@ -222,7 +254,7 @@ class ReportFiles:
     json: Path
 
 
-def write_report(ev: "Evaluator", out_dir: str | Path | None = None, *, data: str | Path | None = None,
+def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path | None = None,
                  cache_dir: str | Path | None = None, **options: Any) -> ReportFiles:
     """Build the report (see :func:`build_report` for ``options``) and write ``report.html``
     and ``report.json`` to ``out_dir`` (default: ``<artifact>/report``). ``data`` and
@@ -233,7 +265,7 @@ def write_report(ev: "Evaluator", out_dir: str | Path | None = None, *, data: st
             raise ConfigError("give an output directory: this evaluator was not loaded from disk")
         out_dir = ev.path / "report"
     out = Path(out_dir)
-    from hdeval.report.pointwise import disagreements, render_html
+    from hdeval.report.pointwise import render_html
 
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)

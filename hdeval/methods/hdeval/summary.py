@@ -34,8 +34,6 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
                     f"cross-validated training data; {sel.get('baseline_not_kept', '')}", True))
     iv = m.get("intervals")
     if iv:
-        from hdeval.methods.hdeval.loop import interval_summary
-
         out.append((interval_summary(iv), False))
     n_train, n_test = m["split"]["train"], m["split"]["test"]
     n_crit = len(ev.feature_keys)
@@ -68,3 +66,13 @@ def _given_tree(given: dict, keys: list[str]) -> list[tuple[str, bool]]:
 
 def _some(names: list[str], n: int = 20) -> str:
     return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
+
+
+def interval_summary(iv: dict[str, Any]) -> str:
+    """One line: the intervals' level, half-width and held-out coverage."""
+    hw = ", ".join(f"{a} ±{w:.2f}" if w is not None else f"{a} unbounded" for a, w in iv["half_width"].items())
+    t = iv.get("test") or {}
+    cov, width = (t.get("coverage") or {}).get("average"), (t.get("mean_width") or {}).get("average")
+    held = (f"; held-out coverage {cov:.1%} of {t.get('rows')} rows, mean width {width:.2f}"
+            if cov is not None and width is not None else "")
+    return f"{iv['level']:.0%} prediction intervals (split conformal on training residuals): {hw}{held}"

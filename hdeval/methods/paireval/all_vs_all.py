@@ -1,0 +1,72 @@
+"""The paper's exhaustive comparison: every response against every other response of its own
+document, both orders with ``swap``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from hdeval.judge import Cell, fill_matrix
+from hdeval.methods.comparisons import Example, PairScores, _p_first_label, pair_question, pair_request
+from hdeval.progress import Progress
+from hdeval.prompts import Template
+from hdeval.types import Failure, Sample, Task
+
+
+def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                   cols: Sequence[tuple[str, str]]) -> list[Cell]:
+    """The paper's exhaustive comparison: one cell per target x column x other response of the
+    target's document x order, sample-major. Column keys as :func:`pair_cells`' (``key|i|order``,
+    ``i`` the other response's place among the document's others)."""
+    shown = {s.id: Example.of(task, s) for s in samples}
+    docs: dict[str, list[str]] = {}
+    for s in samples:
+        docs.setdefault(s.doc_id, []).append(s.id)
+    cells: list[Cell] = []
+    for s in samples:
+        target = shown[s.id]
+        others = [shown[o] for o in docs[s.doc_id] if o != s.id]
+        for key, question in cols:
+            for ci, other in enumerate(others):
+                cells.append(Cell(s.id, f"{key}|{ci}|first", (pair_request(template, task, question, target, other),)))
+                if swap:
+                    cells.append(Cell(s.id, f"{key}|{ci}|second",
+                                      (pair_request(template, task, question, other, target),)))
+    return cells
+
+
+def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                    concurrency: int | None = None, progress: Progress | None = None) -> PairScores:
+    """Every target against every other response of its document (both orders with ``swap``); a
+    response alone in its document gets no column and a failure saying why."""
+    samples = list(samples)
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    cells = same_doc_cells(template, task, samples, swap, cols)
+    if progress is not None:
+        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns with every other response of "
+                       f"their document{' x 2 orders' if swap else ''}", len(cells))
+    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
+    if progress is not None:
+        progress.end_stage()
+    width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
+    shape = (len(samples), len(cols), width)
+    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
+    failures: list[Failure] = list(m.failures) if m is not None else []
+    if m is not None:
+        row = {sid: i for i, sid in enumerate(m.sample_ids)}
+        ak = {key: j for j, (key, _) in enumerate(cols)}
+        ordered = [row.get(s.id) for s in samples]
+        for c, key in enumerate(m.criterion_keys):
+            aspect, ci, order = key.rsplit("|", 2)
+            values = np.array([m.values[r, c] if r is not None else np.nan for r in ordered])
+            if order == "first":
+                first[:, ak[aspect], int(ci)] = values
+            else:
+                second[:, ak[aspect], int(ci)] = 1.0 - values  # P(target's label "B")
+    compared = {c.sample_id for c in cells}
+    for s in samples:
+        if s.id not in compared:
+            failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document {s.doc_id!r} "
+                                 "in the input to compare with") for key, _ in cols]
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, failures, len(cells), swap)

@@ -1,0 +1,147 @@
+"""PairEval's fitted evaluator (win probabilities against the recorded comparison examples,
+mapped by a learned aggregator) and what it shares with DIRECTEVAL's: the artifact's file names
+and the rows ``apply`` writes."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.config import LLMConfig
+from hdeval.errors import ArtifactError, ConfigError, DataError
+from hdeval.methods.base import ScoreResult, SimpleFitted, read_task_and_llm, score_rows, usage_of
+from hdeval.methods.comparisons import COMPARISONS, Example, PairScores, _parse_examples, pair_scores
+from hdeval.methods.paireval.all_vs_all import same_doc_scores
+from hdeval.methods.paireval.sources import comparison_text, overlap_text
+from hdeval.progress import Progress
+from hdeval.prompts import Template, parse_template
+from hdeval.types import Sample, Task
+
+PAIR_PROMPT = "prompts/pair.toml"
+YESNO_PROMPT = "prompts/yesno.toml"
+METRICS = "metrics.json"
+SCORES = "scores.csv"
+MODEL = "aggregator.skops"
+
+
+class _Dialogue(SimpleFitted):
+    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes: predictions, the LLM-filled columns, failures, humans."""
+        return score_rows(samples, result, names=("columns", "column"))
+
+
+class PairEvalEvaluator(_Dialogue):
+    """Win probabilities against recorded comparison examples, one column per aspect, mapped to
+    the human aspects by a fitted aggregator."""
+
+    method = "paireval"
+
+    def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
+                 agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
+                 extra: dict[str, Any] | None = None, score_table=None, all_vs_all: bool = False):
+        super().__init__(task, template, llm, llm_identity, metrics, extra, score_table)
+        self.pool = list(pool)
+        self.n = n
+        self.swap = swap
+        self.agg = agg
+        self.all_vs_all = all_vs_all  # compared within each document, no recorded examples
+        # apply streams chunks and shards: a document split across them would compare fewer rows
+        self.whole_input = ("this all-vs-all PairEval artifact compares each response with the other "
+                            "responses of its document in the input") if all_vs_all else None
+
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]  # between split and human:
+        return self.agg.predict(test[cols].to_numpy(float))
+
+    def fitted_aggregator(self) -> str | None:
+        return self.agg.kind
+
+    def method_args(self) -> dict[str, Any]:
+        if self.all_vs_all:
+            return {"all_vs_all": True, "swap": self.swap}
+        return {"comparisons": self.n, "swap": self.swap}
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        lines = super().summary_lines(path)
+        c = self.metrics.get("comparisons") or {}
+        lines.insert(1, (f"comparisons: {comparison_text(c)}", False))
+        overlap = c.get("overlap_test")
+        if isinstance(overlap, dict):
+            lines.insert(2, (f"warning: {overlap_text(overlap)}", True))
+        return lines
+
+    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
+              progress: Progress | None = None) -> PairScores:
+        """Every pair judgment behind the columns (what ``score`` averages)."""
+        samples = list(samples)
+        if not samples:
+            raise DataError("no samples to score")
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            if self.all_vs_all:
+                return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
+                                       progress)
+            return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
+                               concurrency, progress)
+        finally:
+            if own:
+                backend.close()
+
+    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
+              progress: Progress | None = None) -> ScoreResult:
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            cols = self.judge(samples, backend, concurrency=concurrency, progress=progress).columns()
+            return ScoreResult(cols.sample_ids, list(self.task.aspect_keys), self.agg.predict(cols.values),
+                               cols, usage_of(backend))
+        finally:
+            if own:
+                backend.close()
+
+    def write(self, out: ArtifactWriter) -> dict[str, Any]:
+        out.text(PAIR_PROMPT, self.template.source)
+        if not self.all_vs_all:
+            out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+        out.json(METRICS, self.metrics)
+        out.skops(MODEL, self.agg.models_)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {"pair": self.template.digest},
+                "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},
+                **self.extra}
+
+    @classmethod
+    def from_artifact(cls, art: ArtifactReader) -> "PairEvalEvaluator":
+        from hdeval.aggregate import Aggregator
+        from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
+
+        m = art.manifest
+        try:
+            args = m.get("method_args") or {}
+            all_vs_all = args.get("all_vs_all", False) is True
+            if all_vs_all:  # compared within each document: no recorded examples
+                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, METRICS, MODEL))
+                pool, n, swap = [], 0, args["swap"]
+                if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
+                    raise ValueError("method_args of an all-vs-all artifact are 'all_vs_all' and 'swap' only")
+            else:
+                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
+                pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
+                n, swap = args["comparisons"], args["swap"]
+            if not all_vs_all and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool)
+                                   or not isinstance(swap, bool)):
+                raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
+            spec = m["aggregator"]
+            template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
+            models = art.skops(MODEL, TRUSTED_TYPES)
+            check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)
+            agg = Aggregator.from_fitted(template.kind, template.aspects, template.ranges, template.groups,
+                                         template.random_state, models, len(task.aspects))
+            ev = cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
+                     n, swap, agg, llm, identity, art.json(METRICS),
+                     {k: m[k] for k in ("seed", "split", "config") if k in m}, all_vs_all=all_vs_all)
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
+        ev.warnings = list(art.warnings)
+        ev.path = art.path
+        return ev

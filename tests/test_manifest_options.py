@@ -1,0 +1,132 @@
+"""The manifest records each method's own options under ``config.options`` (artifact format 3);
+artifacts of format 2, which recorded HD-Eval's tree options flat for every method and a
+method's other changed options under ``method_options``, still load, apply, report and start a
+new run (``--tree``) exactly as the same run's format-3 artifact does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TOY_TASK, run_cli, toy_rows, write_jsonl
+from hdeval.methods.registry import load_artifact
+from hdeval.train import train
+
+# The `config` sections the format-2 writer (hdeval before format 3) put in these runs'
+# manifests, the run's temporary directory written as <tmp>.
+V2_CONFIGS = Path(__file__).parent / "golden" / "manifest_v2_configs.json"
+
+TOY_DIALOGUE = TOY_TASK.replace('name = "toy_qa"', 'name = "toy_dialogue"').replace(
+    'output_label = "Answer"', 'output_label = "Response"')
+
+
+def _pairs() -> list[dict]:
+    return [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"Question {i}: how to rest?",
+             "output_a": "Sleep well and take breaks. " * (1 + i % 4), "output_b": "Rest." * (1 + i % 3),
+             "label": ("a", "b", "tie")[i % 3]} for i in range(18)]
+
+
+# name: (task (a built-in name, or TOML text written to <tmp>/task.toml), rows, train options)
+CASES = {
+    "hdeval": (TOY_TASK, toy_rows(), {"layers": 2, "children": 2, "aggregator": "lr"}),
+    "paireval": (TOY_DIALOGUE, toy_rows(), {"method": "paireval", "comparisons": 2, "aggregator": "lr"}),
+    "dna": ("faireval", _pairs(), {"method": "dna", "swap": True}),
+    "hdeval-pairwise": ("faireval", _pairs(), {"layers": 1, "children": 2}),
+}
+
+
+def train_case(name: str, tmp: Path) -> Path:
+    """Train one case with the fake LLM; its artifact's path."""
+    task, rows, options = CASES[name]
+    if "\n" in task:
+        (tmp / "task.toml").write_text(task, encoding="utf-8")
+        task = str(tmp / "task.toml")
+    data = write_jsonl(tmp / "data.jsonl", rows)
+    ev = train(task=task, data=str(data), llm="fake", cache_dir=str(tmp / "cache"), **options)
+    return ev.save(tmp / "art")
+
+
+def _as_v2(new: Path, old: Path, tmp: Path, name: str) -> None:
+    """``old``: ``new`` with the manifest the format-2 writer gave the same run."""
+    shutil.copytree(new, old)
+    v2 = json.loads(V2_CONFIGS.read_text(encoding="utf-8"))[name]
+    m = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
+    m["format_version"] = 2
+    m["config"] = json.loads(json.dumps(v2).replace("<tmp>", str(tmp)))
+    (old / "manifest.json").write_text(json.dumps(m, indent=2), encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_manifest_records_the_methods_own_options_only(name, tmp_path):
+    from hdeval.methods.registry import get_method
+
+    m = json.loads((train_case(name, tmp_path) / "manifest.json").read_text())
+    assert m["format_version"] == 3
+    config = m["config"]
+    method = get_method(m["method"])
+    # every option of the method, at its default or not; no other method's, none flat
+    assert set(config["options"]) == set(method.options.specs())
+    for k, v in CASES[name][2].items():
+        assert k == "method" or config["options"][k] == v
+    for other in ("layers", "children", "top_k", "aggregator", "decompose_llm", "tree", "method_options"):
+        assert other not in config
+    v2 = json.loads(V2_CONFIGS.read_text())[name]
+    shared = {k: v for k, v in v2.items() if k not in ("method_options", "layers", "children", "top_k",
+                                                       "aggregator", "decompose_llm", "decompose_base_url", "tree")}
+    assert {k: v for k, v in config.items() if k != "options"} == json.loads(
+        json.dumps(shared).replace("<tmp>", str(tmp_path)))  # the shared options as before
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_format_2_artifact_loads_applies_and_reports_as_format_3_does(name, tmp_path, fake_calls):
+    new = train_case(name, tmp_path)
+    old = tmp_path / "old"
+    _as_v2(new, old, tmp_path, name)
+    a, b = load_artifact(new), load_artifact(old)
+    assert type(a) is type(b) and a.method_args() == b.method_args()
+    assert b.method_args() == json.loads((old / "manifest.json").read_text())["method_args"]
+    fake_calls.clear()
+    outs = []
+    for art in (new, old):
+        out = tmp_path / f"{art.name}.jsonl"
+        r = run_cli("apply", art, tmp_path / "data.jsonl", "-o", out, "--cache-dir", tmp_path / "cache", "-q")
+        assert r.exit_code == 0, r.output
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] and not fake_calls  # the same rows, and every reply from the cache
+    if a.reports:
+        pages = []
+        for art in (new, old):
+            r = run_cli("report", art, "-q", "--cache-dir", tmp_path / "cache")
+            assert r.exit_code == 0, r.output
+            page = json.loads((art / "report" / "report.json").read_text().replace(str(art), "<art>"))
+            page.pop("created", None)  # when the report was made
+            pages.append(page)
+        assert pages[0] == pages[1]
+
+
+def test_a_new_run_starts_from_a_format_2_artifacts_tree_as_from_a_format_3_one(tmp_path):
+    new = train_case("hdeval", tmp_path)
+    old = tmp_path / "old"
+    _as_v2(new, old, tmp_path, "hdeval")
+    runs = [train(task=str(tmp_path / "task.toml"), data=str(tmp_path / "data.jsonl"), llm="fake", layers=3,
+                  children=2, aggregator="lr", tree=str(art), cache_dir=str(tmp_path / "cache")) for art in (new, old)]
+    assert runs[0].metrics["final"] == runs[1].metrics["final"]
+    assert runs[0].tree.to_dict() == runs[1].tree.to_dict()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["config"].update(options=["layers", 2]), "'config.options' is not an object"),
+    (lambda m: m.update(config="layers=2"), "'config' is not an object"),
+])
+def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
+    from hdeval.errors import ArtifactError
+
+    art = train_case("hdeval", tmp_path)
+    m = json.loads((art / "manifest.json").read_text())
+    edit(m)
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(art)
