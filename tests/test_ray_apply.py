@@ -7,7 +7,6 @@ nothing) and the same endpoint, and bad input or a bad artifact stops before any
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ def test_scorer_in_a_users_own_pipeline(art, new, tmp_path) -> None:
     assert got == expected
 
 
-def test_bad_input_stops_before_any_worker(art, tmp_path) -> None:
+def test_bad_input_in_the_first_chunk_pays_for_nothing(art, tmp_path) -> None:
     rows = toy_rows(n_docs=2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "id": rows[0]["id"]}) + "\n",
@@ -115,6 +114,86 @@ def test_bad_input_stops_before_any_worker(art, tmp_path) -> None:
         apply_on_ray(art, bad, str(tmp_path / "out.jsonl"), cache_dir=str(tmp_path / "c"))
     assert not (tmp_path / "out.jsonl").exists()
     assert not (tmp_path / "c").exists()  # no worker opened a cache: nothing was scored
+
+
+def _break(data: Path, dest: Path, *indexes: int) -> Path:
+    lines = data.read_text().splitlines()
+    for i in indexes:
+        lines[i] = json.dumps({**json.loads(lines[i]), "scores": {"clarity": 9}})  # outside [1, 5]
+    dest.write_text("\n".join(lines) + "\n")
+    return dest
+
+
+def test_bad_lines_in_a_later_chunk_are_apply_s_error_and_write_nothing(art, new, tmp_path, monkeypatch) -> None:
+    """One reading pass, as apply: the same one-line error (every bad line, file:line), no
+    output, an existing file untouched, and nothing after the first bad line paid for (what
+    was, is cached: a subset of what the chunks before it cost)."""
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "7")
+    bad = _break(new, tmp_path / "bad.jsonl", 19, 21)
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous results\n")
+    result = CliRunner().invoke(cli, ["apply", str(art), str(bad), "-o", str(out), "--cache-dir", str(tmp_path / "c1")])
+    assert result.exit_code != 0
+    expected = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert len(expected) == 1 and "2 bad line(s): line 20" in expected[0] and "line 22" in expected[0]
+    with pytest.raises(DataError) as caught:
+        apply_on_ray(art, bad, str(out), workers=2, batch_size=5, cache_dir=str(tmp_path / "c2"))
+    assert f"error: {caught.value}" == expected[0]
+    assert out.read_text() == "previous results\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    head = tmp_path / "head.jsonl"
+    head.write_text("".join(line + "\n" for line in new.read_text().splitlines()[:14]))
+    single(art, head, tmp_path / "head-out.jsonl", tmp_path / "c3")  # chunks 1 and 2: before line 20
+    from conftest import cache_entries
+
+    paid = set(cache_entries(tmp_path / "c2")) if (tmp_path / "c2").exists() else set()
+    assert paid <= set(cache_entries(tmp_path / "c3"))
+
+
+def test_the_driver_does_not_read_the_input(art, new, tmp_path, monkeypatch) -> None:
+    """No second, validating pass: the one reading pass is the Ray read task's."""
+    import hdeval.data as data_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("the driver parsed a row of the input")
+
+    monkeypatch.setattr(data_mod, "_sample_from_row", refuse)
+    monkeypatch.setattr(data_mod, "iter_task_chunks", refuse)
+    assert apply_on_ray(art, new, str(tmp_path / "ray.jsonl"), workers=2, batch_size=9,
+                        cache_dir=str(tmp_path / "c")) == 30
+
+
+@pytest.mark.parametrize("extra, kwargs", [(["--max-interval-width", "1"], {"max_interval_width": 1.0}),
+                                           (["--explain", "--top", "2"], {"explain": True, "top": 2})])
+def test_apply_options_give_the_single_process_output(art, new, tmp_path, extra, kwargs) -> None:
+    single(art, new, tmp_path / "default.jsonl", tmp_path / "c1")
+    single(art, new, tmp_path / "one.jsonl", tmp_path / "c1", *extra)
+    # the option changes the output (or this test would prove nothing)
+    assert (tmp_path / "one.jsonl").read_bytes() != (tmp_path / "default.jsonl").read_bytes()
+    apply_on_ray(art, new, str(tmp_path / "ray.jsonl"), workers=2, batch_size=7, cache_dir=str(tmp_path / "c2"),
+                 **kwargs)
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+
+
+def test_options_it_cannot_honour_are_refused_in_one_line(art, new, tmp_path) -> None:
+    from test_paireval import TOY_DIALOGUE
+
+    for kwargs, what in (({"max_interval_width": 0}, "interval"), ({"max_interval_width": "wide"}, "interval")):
+        with pytest.raises(ConfigError, match=what):
+            apply_on_ray(art, new, str(tmp_path / "out.jsonl"), cache_dir=str(tmp_path / "c"), **kwargs)
+    with pytest.raises(ConfigError, match="shared filesystem"):
+        apply_on_ray(art, "s3://bucket/new.jsonl", str(tmp_path / "out.jsonl"))
+    task = tmp_path / "dialogue.toml"
+    task.write_text(TOY_DIALOGUE, encoding="utf-8")
+    rows = toy_rows(aspects=("overall", "engagingness"))
+    for r in rows:
+        r["scores"]["engagingness"] = 1 + r["scores"]["engagingness"] % 3  # the task's range, [1, 3]
+    data = write_jsonl(tmp_path / "dialogue.jsonl", rows)
+    pair = train(task=str(task), data=str(data), llm="fake", method="paireval", aggregator="lr",
+                 cache_dir=str(tmp_path / "tc"), all_vs_all=True).save(tmp_path / "pair")
+    with pytest.raises(ConfigError, match="all-vs-all PairEval .* apply_on_ray scores it in batches apart"):
+        apply_on_ray(pair, data, str(tmp_path / "out.jsonl"), cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "c").exists()
 
 
 def test_a_tampered_artifact_is_refused(art, new, tmp_path) -> None:
@@ -143,4 +222,18 @@ def test_unreadable_scores_past_the_threshold_write_nothing(art, new, tmp_path) 
         with pytest.raises(ScoringError, match=r"could not be read .*no output written"):
             apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, llm=MODEL,
                          base_url=server.url, max_retries=0, cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_workers_error_is_raised_as_hdeval_s_own(art, new, tmp_path) -> None:
+    """An error in a worker (here its --max-calls budget) reaches the caller as the hdeval
+    error, with apply's one-line message, not Ray's wrapper and traceback; nothing written."""
+    from hdeval.errors import BudgetExceeded
+
+    with pytest.raises(BudgetExceeded) as caught:
+        apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, max_calls=1,
+                     cache_dir=str(tmp_path / "c"))
+    assert type(caught.value) is BudgetExceeded
+    text = str(caught.value)
+    assert "max-calls" in text and "\n" not in text and "ray::" not in text
     assert not (tmp_path / "out.jsonl").exists()

@@ -131,6 +131,44 @@ def test_export_refuses_a_bad_input_line_before_writing(art, server, tmp_path) -
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_export_reads_the_input_once(art, server, new, tmp_path, monkeypatch) -> None:
+    """One pass, as apply: each row is parsed into a sample once (no separate validating pass)."""
+    import hdeval.data as data_mod
+
+    built: list[str] = []
+    real = data_mod._sample_from_row
+
+    def spy(row, *a, **k):
+        built.append(str(row.get("id")))
+        return real(row, *a, **k)
+
+    monkeypatch.setattr(data_mod, "_sample_from_row", spy)
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "5")
+    result = run("apply", art, new, "--export-requests", tmp_path / "r.jsonl", "--cache-dir", tmp_path / "c",
+                 *llm(server))
+    assert result.exit_code == 0, result.stderr
+    ids = [json.loads(line)["id"] for line in new.read_text().splitlines()]
+    assert built == ids
+
+
+def test_export_bad_line_in_a_later_chunk_leaves_the_old_file(art, server, new, tmp_path, monkeypatch) -> None:
+    """The streaming trade-off apply makes: chunks before a bad line are exported into a
+    temporary file, then the bad line (with every other, file:line) stops the export and the
+    temporary file goes; an existing export file is left as it was."""
+    rows = [json.loads(line) for line in new.read_text().splitlines()]
+    rows.append({**rows[0], "output": "again"})  # a duplicate id on the last line
+    bad = write_jsonl(tmp_path / "bad.jsonl", rows)
+    out = tmp_path / "r.jsonl"
+    out.write_text("an earlier export\n")
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "5")
+    sent = len(server.requests)
+    result = run("apply", art, bad, "--export-requests", out, "--cache-dir", tmp_path / "c", *llm(server))
+    one_line_error(result, f"{bad}: 1 bad line(s): line {len(rows)}", "already used on line 1")
+    assert out.read_text() == "an earlier export\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(server.requests) == sent  # exporting sends nothing
+
+
 @pytest.fixture
 def exported(art, server, new, tmp_path) -> tuple[Path, list[str], Path]:
     """(request file, its lines' result lines as text, cache dir) of an export of ``new``."""

@@ -5,9 +5,11 @@ and verifies the artifact once (in ``__init__``) and opens the same cached LLM a
 ``hdeval apply`` would (an OpenAI-compatible endpoint, or the fake), then scores the batches it
 is given. Batches are rows of JSONL text (a ``text`` column, as ``ray.data.read_text`` gives);
 each output row is the JSON line ``hdeval apply`` writes for that sample (a ``row`` column) with
-its ``id``. :func:`apply_on_ray` runs a whole file: the input validated on the driver first
-(every bad line reported, nothing paid for), the scores written in input order through the same
-atomic writer as ``apply``, so the output is byte-identical to a single process.
+its ``id``. :func:`apply_on_ray` runs a whole file in one reading pass, as ``apply`` does: one
+Ray read task reads and validates it a chunk at a time (apply's own reader, duplicate ids
+through its on-disk index) while the workers score the chunks already read, and the scores are
+written in input order through the same atomic writer as ``apply``, so the output is
+byte-identical to a single process.
 
 Ray is imported only when used: the rest of hdeval never needs it.
 """
@@ -17,13 +19,83 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from hdeval.errors import ConfigError, DataError, ScoringError
+from hdeval.errors import ConfigError, DataError, HdevalError, ScoringError
+from hdeval.intervals import DEFAULT_MAX_WIDTH
 
 #: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
 WORKER_FIELD = "{worker}"
+#: The column :func:`apply_on_ray`'s reader fills with samples it has validated (Ray carries them).
+SAMPLE_COLUMN = "_hdeval_sample"
+
+
+def _mark(exc: BaseException) -> None:
+    """Keep an hdeval error's own message: Ray Data appends its retry advice to ``args`` on the
+    way to the driver, which :func:`_reraise` puts back."""
+    if getattr(exc, "hdeval_args", None) is None:
+        exc.hdeval_args = exc.args  # type: ignore[attr-defined]
+
+
+def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
+    """Raise the hdeval error a Ray task raised (wrapped by Ray) as itself, with its own
+    one-line message (``shown``: (resolved input path, the path the caller gave) to name the
+    file as the caller did); anything else is left to the caller to raise."""
+    from hdeval.errors import HdevalError
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        args = getattr(cause, "hdeval_args", None)
+        # Ray's wrapper is an instance of the error's class too, but prints Ray's traceback
+        if isinstance(cause, HdevalError) and args is not None and not type(cause).__module__.startswith("ray."):
+            if shown is not None:
+                args = tuple(a.replace(shown[0], shown[1]) if isinstance(a, str) else a for a in args)
+            cause.args = args
+            raise cause.with_traceback(None) from None
+        cause = getattr(cause, "cause", None) or cause.__cause__
+
+
+def _read_samples(task: Any, path: str, size: int) -> Any:
+    """The read task of :func:`apply_on_ray`: ``path`` read once as apply reads it, ``size``
+    samples a block; a bad line stops the blocks and raises apply's error (every bad line)."""
+    import numpy as np
+    from ray.data.block import BlockAccessor
+
+    from hdeval.data import DiskIds
+    from hdeval.errors import HdevalError
+    from hdeval.run.apply import _Input
+
+    try:
+        with DiskIds() as seen:
+            for chunk in _Input(path, SimpleNamespace(task=task), size, None).chunks(seen):
+                column = np.empty(len(chunk), dtype=object)
+                column[:] = chunk
+                yield BlockAccessor.batch_to_block({SAMPLE_COLUMN: column})
+    except HdevalError as exc:
+        _mark(exc)
+        raise
+
+
+def _source(task: Any, path: str, size: int) -> Any:
+    """A Ray Data datasource of one read task (one sequential pass: the duplicate-id index and
+    the line numbers need the file in order)."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class _InputFile(Datasource):
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                           data_context: Any = None) -> list:
+            meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=[path], exec_stats=None)
+            return [ReadTask(lambda: _read_samples(task, path, size), meta)]
+
+    return _InputFile()
 
 
 def _ray() -> Any:
@@ -90,6 +162,8 @@ class ArtifactScorer:
     workers on one machine share it (diskcache serves several processes), and ``{worker}`` in it
     gives each worker its own. ``max_calls`` is each worker's budget. The API key, if any, is the
     workers' ``OPENAI_API_KEY`` (pass it through Ray's ``runtime_env``; it is never printed).
+    ``max_interval_width``, ``explain`` and ``top``: as ``apply``'s options. The LLM is opened at
+    the first batch, so a worker that is given none opens no cache.
 
     Input batches need a ``text`` column (one JSONL line per row); a ``line`` column, if
     present, names rows in error messages. Output batches have ``id`` and ``row`` (the JSON line
@@ -99,23 +173,35 @@ class ArtifactScorer:
     def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
                  cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
                  max_retries: int | None = None, max_calls: int | None = None,
+                 max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
                  notify: Callable[[str], None] | None = None):
         from hdeval.methods.registry import load_artifact
-        from hdeval.run.artifact_llm import open_artifact_llm, stderr_notify
+        from hdeval.run.artifact_llm import stderr_notify
+        from hdeval.run.trust import RowTrust
 
         self.ev = load_artifact(artifact)  # verified once per worker: digests, trusted types
+        refusal = self.ev.explain_refusal(artifact) if explain else None
+        if refusal:
+            raise ConfigError(refusal)
+        self.trust = RowTrust(self.ev, max_interval_width)  # a bad width fails here, before any call
+        self.explain, self.top = explain, top
         self.concurrency = concurrency
         self.rows = _Rows(self.ev.task)
-        self.backend = open_artifact_llm(
-            self.ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-            cache_dir=_worker_cache(cache_dir), max_calls=max_calls, concurrency=concurrency,
-            confirm=None, notify=notify or stderr_notify)
+        self.backend: Any = None
+        self.llm_options = dict(llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                cache_dir=_worker_cache(cache_dir), max_calls=max_calls, concurrency=concurrency,
+                                confirm=None, notify=notify or stderr_notify)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        import numpy as np
+        try:
+            return self._score(batch)
+        except HdevalError as exc:
+            _mark(exc)  # the driver raises it with its own message
+            raise
 
-        from hdeval.progress import Progress
-
+    def _samples(self, batch: dict[str, Any]) -> list:
+        if SAMPLE_COLUMN in batch:  # apply_on_ray's reader validated them
+            return list(batch[SAMPLE_COLUMN])
         if "text" not in batch:
             raise DataError(f"hdeval's Ray scorer reads a 'text' column of JSONL lines; the batch has "
                             f"{', '.join(sorted(batch)) or 'no columns'}")
@@ -126,17 +212,31 @@ class ArtifactScorer:
             s = self.rows.sample(str(text), where)
             if s is not None:
                 samples.append(s)
+        return samples
+
+    def _score(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from hdeval.progress import Progress
+        from hdeval.run.artifact_llm import open_artifact_llm
+
+        samples = self._samples(batch)
         if not samples:
             return {"id": np.array([], dtype=object), "row": np.array([], dtype=object),
                     "failed": np.array([], dtype=np.int64), "cells": np.array([], dtype=np.int64),
                     "failure": np.array([], dtype=object)}
         from hdeval.run.apply import _failed_cells
 
+        if self.backend is None:
+            self.backend = open_artifact_llm(self.ev, **self.llm_options)
         res = self.ev.score(samples, backend=self.backend, concurrency=self.concurrency, progress=Progress())
         rows = self.ev.output_rows(samples, res)
-        from hdeval.run.trust import RowTrust
+        self.trust.annotate(rows, samples, res)  # the per-row fields apply writes
+        if self.explain:
+            from hdeval.methods.hdeval.explain import explain_samples
 
-        RowTrust(self.ev).annotate(rows, samples, res)  # the per-row fields apply writes (default threshold)
+            for row, expl in zip(rows, explain_samples(self.ev, res, top=self.top)):
+                row["explanation"] = expl
         self.backend.flush()  # every reply this batch paid for is on disk before the batch is handed on
         # the batch's unreadable LLM-filled scores, on its first row: the driver sums them for
         # apply's --max-failure-rate check
@@ -157,21 +257,27 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
                  batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
                  cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
                  max_retries: int | None = None, max_calls: int | None = None, max_failure_rate: float = 0.2,
+                 max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
                  num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.
+    ``max_failure_rate``, ``max_interval_width``, ``explain`` and ``top`` are apply's options.
 
     Runs on the Ray cluster this process is connected to (``ray.init`` first; without it Ray
-    starts a local one). ``input_file`` must be readable by every worker (a shared filesystem or
-    an object store URI that ``ray.data.read_text`` reads). The input is validated here first,
-    then scored, and the output written in input order, atomically, as apply writes it.
+    starts a local one). The artifact and ``input_file`` must be readable by every node (a shared
+    filesystem). The input is read once, as apply reads it: one Ray read task validates it a chunk
+    (``HDEVAL_APPLY_CHUNK``, 1000 samples) at a time while the workers score the chunks read, so a
+    bad line anywhere leaves no output, with every bad line named; as in apply, chunks before a
+    bad line may have been scored (their replies cached: a rerun does not pay for them again),
+    none after it. The output is written in input order, atomically, as apply writes it.
     ``num_cpus``: what Ray reserves per worker; below 1 so that workers filling every CPU of a
     small cluster still leave room for the read task (at 1, 2 workers on 2 CPUs could wait for
     it forever)."""
     from hdeval.methods.registry import load_artifact
-    from hdeval.run.apply import _count
+    from hdeval.run.apply import chunk_size
     from hdeval.run.artifact_llm import check_llm_options
     from hdeval.run.output import OutputWriter, check_output, output_format
+    from hdeval.run.trust import RowTrust
 
     ray = _ray()
     if type(workers) is not int or workers < 1:
@@ -183,31 +289,48 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"max_failure_rate must be between 0 and 1, got {max_failure_rate}")
-    check_output(output, [str(input_file) if "://" not in str(input_file) else None, artifact])
+    if "://" in str(input_file):  # apply's reader opens files; read_text would skip its checks
+        raise ConfigError(f"apply_on_ray reads a file every node can open, not {input_file}: copy it to a "
+                          "shared filesystem, or score it with ArtifactScorer in a pipeline of your own")
+    check_output(output, [str(input_file), artifact])
     fmt = output_format(output)
+    size = chunk_size()
     ev = load_artifact(artifact)  # a broken artifact stops here, before any worker starts
-    _count(str(input_file), ev, 1000, None)  # every bad line reported before anything is paid for
+    if getattr(ev, "whole_input", None):  # rows compared with each other: batches would change scores
+        raise ConfigError(f"{ev.whole_input}: apply_on_ray scores it in batches apart; use hdeval apply")
+    refusal = ev.explain_refusal(artifact) if explain else None
+    if refusal:
+        raise ConfigError(refusal)
+    RowTrust(ev, max_interval_width)  # a bad width is refused before any worker starts
     if ev.llm.base_url and base_url is None and llm is None:
         raise ConfigError(f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
                           f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # rows come back in input order
-    ds = ray.data.read_text(str(Path(input_file).resolve()) if "://" not in str(input_file) else str(input_file))
+    # a worker's hdeval error reaches the driver as itself (wrapped, its cause would not travel)
+    ctx.raise_original_map_exception = True
+    path = str(Path(input_file).resolve())
+    ds = ray.data.read_datasource(_source(ev.task, path, size))
     scored = ds.map_batches(
         ArtifactScorer, batch_size=batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
         fn_constructor_args=(str(Path(artifact).resolve()),),
         fn_constructor_kwargs={"llm": llm, "base_url": base_url, "cache_dir": cache_dir,
                                "concurrency": concurrency, "timeout": timeout, "max_retries": max_retries,
-                               "max_calls": max_calls})
+                               "max_calls": max_calls, "max_interval_width": max_interval_width,
+                               "explain": explain, "top": top})
     failed = cells = 0
     example = ""
     with OutputWriter(output, fmt) as out:
-        for batch in scored.iter_batches(batch_size=batch_size, batch_format="numpy"):
-            out.write([json.loads(text) for text in batch["row"]])
-            failed += int(batch["failed"].sum())
-            cells += int(batch["cells"].sum())
-            example = example or next((str(e) for e in batch["failure"] if e), "")
+        try:
+            for batch in scored.iter_batches(batch_size=batch_size, batch_format="numpy"):
+                out.write([json.loads(text) for text in batch["row"]])
+                failed += int(batch["failed"].sum())
+                cells += int(batch["cells"].sum())
+                example = example or next((str(e) for e in batch["failure"] if e), "")
+        except Exception as exc:  # Ray wraps a task's error: raise the hdeval error as apply would
+            _reraise(exc, (path, str(input_file)))
+            raise
         if cells and failed / cells > max_failure_rate:  # as apply: nothing written
             raise ScoringError(
                 f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "

@@ -159,19 +159,6 @@ class _Input:
             yield chunk
 
 
-def _count(input_file: str, ev: Any, size: int, shard: tuple[int, int] | None,
-           near: str | None = None) -> tuple[int, int]:
-    """Validate the whole input without scoring it (every bad line reported at once), for
-    callers that must before anything is written; (samples in the file, in this shard)."""
-    from hdeval.data import DiskIds
-
-    reading = _Input(input_file, ev, size, shard)
-    with DiskIds(near) as seen:
-        for _ in reading.chunks(seen):
-            pass
-    return reading.total, reading.mine
-
-
 def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
     """(lines, sha256 if asked) of the file, read as bytes: no parse and no memory, for the
     progress estimate and a shard's closing record."""

@@ -4,6 +4,7 @@ on apply's own validation, shards and artifact-LLM policy (the line format is
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     from hdeval.artifact import check_writable
     from hdeval.methods.registry import load_artifact
     from hdeval.data import DiskIds
-    from hdeval.run.apply import _count, _Input, chunk_size
+    from hdeval.run.apply import _Input, chunk_size
     from hdeval.run.artifact_llm import open_artifact_llm
     from hdeval.run.shards import parse_shard
 
@@ -39,16 +40,20 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
 
         raise ConfigError(refusal)
     near = os.path.dirname(os.path.abspath(export_file))
-    _count(str(input_file), ev, size, which, near)  # every bad line reported before anything is written
-    # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
-    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                cache_dir=cache_dir, max_calls=0, concurrency=concurrency, **policy)
-    try:
-        with DiskIds(near) as seen:
-            chunks = _Input(str(input_file), ev, size, which).chunks(seen)
-            return len(export_requests(ev, chunks, backend, export_file).written)
-    finally:
-        backend.close()
+    # one reading pass, as apply's: each chunk validated (ids through the on-disk index) as it is
+    # exported; a bad line anywhere raises at the end of the pass and the export file is not written
+    with DiskIds(near) as seen:
+        chunks = _Input(str(input_file), ev, size, which).chunks(seen)
+        first = next(chunks, None)  # as apply: a bad first chunk is reported before the LLM is opened
+        # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
+        backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                    cache_dir=cache_dir, max_calls=0, concurrency=concurrency, **policy)
+        try:
+            read = itertools.chain([first] if first is not None else [], chunks)
+            return len(export_requests(ev, read, backend, export_file).written)
+        finally:
+            chunks.close()
+            backend.close()
 
 
 # ----------------------------------------------------------------------------- reading
