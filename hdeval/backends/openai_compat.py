@@ -35,7 +35,7 @@ import time
 import urllib.request
 import zlib
 from typing import Any, AsyncIterator, Iterator, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
@@ -467,9 +467,16 @@ class OpenAICompatBackend:
             raise ConfigError(
                 f"the proxy the environment names for {self.shown_url} ({_shown(self._proxy)}) is not an "
                 "http:// proxy, the only kind hdeval speaks; unset it or add the host to NO_PROXY")
-        self._azure = (parts.hostname or "").lower().endswith(AZURE_HOSTS)
+        # Azure's v1 API (.../openai/v1) speaks the plain OpenAI protocol, with no api-version
+        v1 = parts.path.rstrip("/").endswith("/openai/v1")
+        self._azure = (parts.hostname or "").lower().endswith(AZURE_HOSTS) and not v1
         if self._azure and "api-version" not in self._query:
-            raise ConfigError(f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to it")
+            raise ConfigError(f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
+                              "it, or use its v1 API (.../openai/v1)")
+        self._chat_path = "/chat/completions"
+        if self._azure and "/deployments" not in parts.path:
+            # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
+            self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         self._logprobs_supported = True  # False (never back) once the server rejects logprobs
         self._schema_supported = True  # likewise for response_format json_schema
@@ -643,7 +650,7 @@ class OpenAICompatBackend:
         sdk = self._idle.pop() if self._idle else self._new_client()  # (a lease, see above)
         try:
             async with _deadline(self.timeout):
-                response = await sdk.post("/chat/completions", content=body, cast_to=httpx2.Response,
+                response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
                                           options={"headers": dict(headers)} if headers else {})
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
