@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ from typing import Any
 
 from hdeval import __version__
 from hdeval.errors import ArtifactError, ConfigError
+from hdeval.fetch import sha256_file
 
 FORMAT = "hdeval-artifact"
 # 2: the manifest names its method; 3: its run config records the method's own options under
@@ -39,14 +39,6 @@ MAX_FILE_BYTES = 2 << 30  # a model or score table
 # Names next to an artifact directory NAME used while it is replaced (see ``save_artifact``).
 ASIDE = ".hdeval-old"  # .NAME.hdeval-old: the previous artifact, between two renames
 NEW = ".hdeval-new-"  # .NAME.hdeval-new-PID: the artifact being written
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def package_versions() -> dict[str, str]:

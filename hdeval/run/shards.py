@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hdeval.errors import ConfigError, DataError
+from hdeval.fetch import sha256_file
 from hdeval.run.output import OutputWriter, check_output, output_format
 
 #: The field ``apply --shard`` adds to each row for ``merge-shards`` (which removes it again).
@@ -24,12 +25,7 @@ MAX_SHARDS = 999_999_999
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+file_sha256 = sha256_file  # the name apply and merge-shards know
 
 
 def artifact_sha256(path: str | Path | None) -> str:
