@@ -16,13 +16,17 @@ thread, the cache writes and the final flush on close included), and the 1-minut
 With ``--baseline REV`` each row is run twice, interleaved: first with the hdeval of git
 revision REV (extracted to a temporary directory, in a subprocess), then with this checkout,
 e.g. ``--baseline b877c61`` for the hand-written ``http.client`` transport the asyncio client
-(AsyncOpenAI + tenacity) replaced. Figures and their load averages go in the commit message
-that changes the client, not here.
+(AsyncOpenAI + tenacity) replaced. With ``--bare`` each row is also run with the bare SDK (one
+``openai.AsyncOpenAI``, ``c`` tasks calling ``chat.completions.create`` with the same body, no
+cache), and what hdeval adds on top of it is printed as a difference in CPU per call. Figures
+and their load averages go in the commit message that changes the client, not here.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
 import json
 import os
 import shutil
@@ -30,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +44,11 @@ from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
 from hdeval.config import LLMConfig  # noqa: E402
 from hdeval.judge import Cell, fill_matrix  # noqa: E402
 from hdeval.llm import open_llm  # noqa: E402
+
+try:  # imported before any timing: a once-per-process cost, not one of the calls measured
+    importlib.import_module("hdeval.backends.openai_compat")
+except ImportError:
+    pass
 
 SYSTEM = ("You are an expert evaluator of text summaries. Rate the summary on the criterion "
           "given, on a scale from 1 to 5, and answer with the number only. ") * 3
@@ -121,6 +129,38 @@ def run_one(server: LatencyServer, c: int, latency_ms: float, n: int, offset: in
             "cpu_ms": 1000.0 * cpu / n, "server_cpu_ms": 1000.0 * server_cpu / n}
 
 
+def run_bare(server: LatencyServer, c: int, latency_ms: float, n: int, offset: int) -> dict:
+    """The same requests through the bare SDK: one ``AsyncOpenAI`` (its defaults, its own
+    retries off) and ``c`` tasks, each awaiting ``chat.completions.create`` in turn."""
+    import openai
+
+    requests = [bench_request(offset + i) for i in range(n)]
+
+    async def drive() -> None:
+        sdk = openai.AsyncOpenAI(base_url=server.base_url(latency_ms), api_key="not-needed", max_retries=0,
+                                 timeout=30.0)
+        todo = iter(requests)
+
+        async def worker() -> None:
+            for r in todo:
+                await sdk.chat.completions.create(
+                    model="m", messages=[{"role": m.role, "content": m.content} for m in r.messages],
+                    temperature=r.temperature, max_tokens=r.max_tokens, logprobs=True, top_logprobs=r.top_logprobs)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(c)))
+        finally:
+            await sdk.close()
+
+    server_cpu0 = server.cpu()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    asyncio.run(drive())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    ideal = c / (latency_ms / 1000.0)
+    return {"c": c, "L": latency_ms, "n": n, "rate": n / wall, "ideal": ideal, "ratio": n / wall / ideal,
+            "cpu_ms": 1000.0 * cpu / n, "server_cpu_ms": 1000.0 * (server.cpu() - server_cpu0) / n}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
@@ -129,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests-c1", type=int, default=100,
                    help="unique requests per run at c = 1 (1,000 at 200 ms would take 200 s)")
     p.add_argument("--baseline", metavar="REV", help="also run each row with the hdeval of git revision REV")
+    p.add_argument("--bare", action="store_true",
+                   help="also run each row with the bare AsyncOpenAI SDK and print hdeval's added CPU per call")
     p.add_argument("--one", nargs=4, type=float, metavar=("C", "L", "N", "OFFSET"), help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -141,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     baseline = _extract(args.baseline) if args.baseline else None
     server = LatencyServer()
     rows = []
+    added: list[str] = []  # (--bare) hdeval's CPU per call minus the bare SDK's, per row
     offset = 0
     try:
         print("| c | L ms | requests | calls/s | ideal c/L | ratio | client CPU ms/call | server CPU ms/call "
@@ -155,11 +198,20 @@ def main(argv: list[str] | None = None) -> None:
                     offset += n
                 runs.append(("this", run_one(server, c, latency, n, offset)))
                 offset += n
+                if args.bare:
+                    runs.append(("bare AsyncOpenAI", run_bare(server, c, latency, n, offset)))
+                    offset += n
                 for label, r in runs:
                     rows.append(r)
                     print(f"| {c} | {latency:g} | {n} | {r['rate']:.1f} | {r['ideal']:.0f} | {r['ratio']:.2f} "
                           f"| {r['cpu_ms']:.2f} | {r['server_cpu_ms']:.2f} | {_load()} |"
-                          + (f" {label}" if baseline is not None else ""), flush=True)
+                          + (f" {label}" if len(runs) > 1 else ""), flush=True)
+                if args.bare:
+                    ours, bare = dict(runs)["this"], dict(runs)["bare AsyncOpenAI"]
+                    added.append(f"c={c} L={latency:g} ms: hdeval {ours['cpu_ms']:.2f} - bare SDK "
+                                 f"{bare['cpu_ms']:.2f} = {ours['cpu_ms'] - bare['cpu_ms']:+.2f} ms CPU per call")
+        for line in added:
+            print(line)
     finally:
         server.stop()
         if baseline is not None:

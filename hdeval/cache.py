@@ -900,7 +900,9 @@ class CachedBackend:
         self._queue.append((key, encode_completion(result), result, fut))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write_loop())
-        await asyncio.shield(fut)
+        # no shield needed: a cancelled waiter cancels only its future; the reply stays queued
+        # and is written all the same
+        await fut
 
     async def _write_loop(self) -> None:
         """The one writer: whatever is queued, one transaction at a time, until nothing is."""

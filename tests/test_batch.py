@@ -10,7 +10,9 @@ failures, expiry and malformed result lines per request key.
 
 from __future__ import annotations
 
+import asyncio
 import email.parser
+import threading
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -226,8 +228,8 @@ class Killed(BaseException):
 
 def _then_die(real):
     """``real`` (a BatchAPI method), then a simulated kill: the server did it, the process never heard."""
-    def call_then_die(self, *args, **kwargs):
-        real(self, *args, **kwargs)
+    async def call_then_die(self, *args, **kwargs):
+        await real(self, *args, **kwargs)
         raise Killed()
 
     return call_then_die
@@ -339,7 +341,7 @@ def test_a_bad_jobs_file_is_a_one_line_error(tmp_path: Path, content: bytes, why
 def test_a_server_id_that_is_not_an_id_never_reaches_a_url(server: BatchServer) -> None:
     api = BatchAPI(server.url, "k", max_retries=0)
     with pytest.raises(Exception) as err:
-        api.retrieve("../files/x")
+        asyncio.run(api.retrieve("../files/x"))
     assert "not an id" in str(err.value)
     assert server.calls == 0
 
@@ -444,13 +446,16 @@ def test_a_second_batch_in_the_same_cache_dir_is_refused_while_the_first_runs(to
     real = BatchAPI.retrieve
     second: list[Any] = []
 
-    def poll_and_start_another(self, *args, **kwargs):
+    def start_another() -> None:
+        with pytest.raises(CacheError) as err:
+            _api_train(toy, server, cache)
+        second[0] = err.value
+
+    async def poll_and_start_another(self, *args, **kwargs):
         if not second:  # while the first run's job runs, a second run on the same cache directory
             second.append(None)
-            with pytest.raises(CacheError) as err:
-                _api_train(toy, server, cache)
-            second[0] = err.value
-        return real(self, *args, **kwargs)
+            await asyncio.to_thread(start_another)  # another thread: the LLM loop stays free for it
+        return await real(self, *args, **kwargs)
 
     monkeypatch.setattr(BatchAPI, "retrieve", poll_and_start_another)
     first = _api_train(toy, server, cache)
@@ -559,3 +564,41 @@ def test_a_job_whose_requests_were_answered_without_batch_is_dropped(toy, server
           backend=_backend(server))  # the same requests, answered the normal way
     _api_train(toy, server, cache)  # nothing to submit; the stale job goes
     assert read_jobs(cache / STATE_FILE) == []
+
+
+def test_the_batch_jobs_run_on_the_llm_loop_with_every_other_call(toy, server: BatchServer, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Every Batch API request is made on the one LLM loop (AsyncOpenAI's files/batches), not
+    on a synchronous client in a worker thread; the results are the same as without --batch."""
+    from hdeval import aio
+
+    real = BatchAPI._request
+    threads: list[bool] = []
+
+    async def on_which_thread(self, *args, **kwargs):
+        threads.append(threading.current_thread() is aio._thread)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchAPI, "_request", on_which_thread)
+    ev = _api_train(toy, server, tmp_path / "c")
+    assert threads and all(threads), threads
+    assert ev.metrics["usage"]["calls"] == 72 and server.creates == 1
+
+
+@pytest.mark.parametrize("reply, why", [
+    # each read is quick, so only a deadline on the request as a whole ends it
+    (Reply(body=json.dumps({"id": "batch_0", "object": "batch", "status": "completed",
+                            "pad": "x" * 40}).encode(), drip=0.05), "no complete reply within the 0.5s timeout"),
+    (Reply.huge(3 * 2**20), "a reply larger than 2048 KB"),
+    (Reply.raw(b"[" * 100_000), "a reply that is not JSON"),
+])
+def test_a_hostile_batch_api_reply_is_bounded_and_a_one_line_error(server: BatchServer, reply: Reply,
+                                                                   why: str) -> None:
+    server.plan(reply, reply)
+    api = BatchAPI(server.url, "sk-hostile", timeout=0.5, max_retries=1, backoff_base=0.01, backoff_cap=0.01)
+    with pytest.raises(BackendError) as err:
+        asyncio.run(api.retrieve("batch_0"))
+    msg = str(err.value)
+    assert msg.startswith(f"the Batch API (GET {server.url}/batches/batch_0) kept failing after 2 attempt(s), "
+                          f"last: {why};") and "\n" not in msg and "sk-hostile" not in msg
+    assert server.calls == 2

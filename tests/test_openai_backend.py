@@ -349,3 +349,43 @@ def test_concurrent_calls_share_one_backend(server: LLMServer) -> None:
     assert [r.text for r in results] == [str(len(t) % 5 + 1) for t in texts]
     assert server.calls == 24 + 4
     assert threading.active_count() < 50
+
+
+# -- Azure OpenAI --------------------------------------------------------------------------------
+
+
+def _as_azure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the loopback test server stands in for an Azure host (no name resolves there here)
+    from hdeval.backends import openai_compat
+
+    monkeypatch.setattr(openai_compat, "AZURE_HOSTS", ("127.0.0.1",))
+
+
+def test_azure_resource_url_gets_the_deployment_path(server: LLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_azure(monkeypatch)
+    with pytest.raises(BackendError):  # the test server routes only /v1/chat/completions
+        make(server.url.rstrip("/") + "?api-version=2024-06-01", max_retries=0).complete(req())
+    r = server.requests[0]
+    assert r.path.split("?")[0] == "/v1/deployments/test-model/chat/completions"
+    assert "api-version=2024-06-01" in r.path
+    assert r.headers.get("api-key") == KEY and "authorization" not in r.headers
+
+
+def test_azure_deployment_url_is_used_as_given(server: LLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_azure(monkeypatch)
+    url = server.url.rstrip("/").removesuffix("/v1") + "/v1/deployments/mine?api-version=2024-06-01"
+    with pytest.raises(BackendError):
+        make(url, max_retries=0).complete(req())
+    assert server.requests[0].path.split("?")[0] == "/v1/deployments/mine/chat/completions"
+
+
+def test_azure_needs_api_version_except_on_its_v1_api(server: LLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_azure(monkeypatch)
+    base = server.url.rstrip("/").removesuffix("/v1")
+    with pytest.raises(ConfigError, match="api-version"):
+        make(base + "/openai")
+    with pytest.raises(BackendError):
+        make(base + "/openai/v1", max_retries=0).complete(req())
+    r = server.requests[0]
+    assert r.path.split("?")[0] == "/openai/v1/chat/completions"
+    assert r.headers["authorization"] == f"Bearer {KEY}"

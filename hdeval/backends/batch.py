@@ -24,6 +24,7 @@ the ``Authorization`` header. ``batches.json`` is untrusted too: bounded and val
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -34,7 +35,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -100,15 +101,16 @@ def _check_id(value: Any, what: str) -> str:
 # ----------------------------------------------------------------------------- HTTP
 class BatchAPI:
     """``/v1/files`` and ``/v1/batches`` of an OpenAI-compatible server, through the ``openai``
-    SDK's ``files`` and ``batches`` resources (a synchronous client: the jobs run in a worker
-    thread). Every reply is read raw and bounded, then parsed here (it is untrusted); the SDK's
-    own retries are off: transient failures (429, 5xx, dropped connections, timeouts) are retried
+    SDK's ``files`` and ``batches`` resources on an ``AsyncOpenAI`` client, on the LLM loop
+    (:mod:`hdeval.aio`) with every other call. Every reply is read raw and bounded, then parsed
+    here (it is untrusted), each request bounded as a whole by an asyncio timeout; the SDK's own
+    retries are off: transient failures (429, 5xx, dropped connections, timeouts) are retried
     ``max_retries`` times with capped backoff; anything else is a one-line :class:`BackendError`."""
 
     def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
                  backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         from hdeval.backends.openai_compat import OpenAICompatBackend, Redactor
 
         self.display_url = display_url or _shown_url(base_url)
@@ -120,38 +122,44 @@ class BatchAPI:
         self._redactor = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
-        self._sdk = server.sdk_client(sync=True, max_reply_bytes=MAX_RESULT_BYTES)
+        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
+        self._used = False  # its connections (if any) belong to the LLM loop
 
     def __repr__(self) -> str:
         return f"BatchAPI({self.display_url!r})"
 
     def close(self) -> None:
-        self._sdk.close()
+        """Close the client's connections (on the loop they belong to)."""
+        if self._used:
+            from hdeval import aio
+
+            self._used = False
+            aio.run(self._sdk.close())
 
     # -- the endpoints ------------------------------------------------------------------
-    def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
+    async def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""
-        reply = self._json("POST", "files", lambda api: api.files.with_streaming_response.create(
+        reply = await self._json("POST", "files", lambda api: api.files.with_streaming_response.create(
             file=(name, jsonl, "application/jsonl"), purpose="batch"))
         return _check_id(reply.get("id"), "file id")
 
-    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+    async def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
         """Create one batch job (tried once: a retry could create a second paid job; the
         caller looks for the job by its input file instead)."""
-        return self._json("POST", "batches", lambda api: api.batches.with_streaming_response.create(
+        return await self._json("POST", "batches", lambda api: api.batches.with_streaming_response.create(
             input_file_id=input_file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW,
             metadata=metadata), retries=0)
 
-    def retrieve(self, batch_id: str) -> dict[str, Any]:
+    async def retrieve(self, batch_id: str) -> dict[str, Any]:
         batch_id = _check_id(batch_id, "batch id")
-        return self._json("GET", f"batches/{batch_id}",
-                          lambda api: api.batches.with_streaming_response.retrieve(batch_id))
+        return await self._json("GET", f"batches/{batch_id}",
+                                lambda api: api.batches.with_streaming_response.retrieve(batch_id))
 
-    def find(self, input_file_id: str) -> dict[str, Any] | None:
+    async def find(self, input_file_id: str) -> dict[str, Any] | None:
         """The job whose input is ``input_file_id``, if the server lists one."""
         after: str | None = None
         for _ in range(MAX_LIST_PAGES):
-            page = self._json("GET", "batches", lambda api: api.batches.with_streaming_response.list(
+            page = await self._json("GET", "batches", lambda api: api.batches.with_streaming_response.list(
                 limit=100, **({"after": after} if after else {})))
             data = page.get("data")
             if not isinstance(data, list):
@@ -165,36 +173,32 @@ class BatchAPI:
             after = last
         return None
 
-    def download(self, file_id: str, dest: Path) -> None:
+    async def download(self, file_id: str, dest: Path) -> None:
         """A file's content into ``dest`` (at most MAX_RESULT_BYTES)."""
         file_id = _check_id(file_id, "file id")
 
-        def read(response: Any) -> None:
-            deadline = time.monotonic() + max(self.timeout, DOWNLOAD_SECONDS)
+        async def read(response: Any) -> None:
             size = 0
             with open(dest, "wb") as fh:
-                for chunk in response.iter_bytes():
-                    if time.monotonic() > deadline:
-                        raise _Transient(f"the file did not arrive within {max(self.timeout, DOWNLOAD_SECONDS):g}s")
+                async for chunk in response.iter_bytes():
                     size += len(chunk)
                     if size > MAX_RESULT_BYTES:
                         raise BackendError(f"the Batch API's file {file_id} is larger than "
                                            f"{MAX_RESULT_BYTES // 2**20} MB; not read further")
                     fh.write(chunk)
 
-        self._request("GET", f"files/{file_id}/content",
-                      lambda api: api.files.with_streaming_response.content(file_id), read)
+        await self._request("GET", f"files/{file_id}/content",
+                            lambda api: api.files.with_streaming_response.content(file_id), read,
+                            seconds=max(self.timeout, DOWNLOAD_SECONDS))
 
     # -- one call with retries ----------------------------------------------------------
-    def _json(self, method: str, path: str, send: Callable[[Any], Any], retries: int | None = None) -> dict[str, Any]:
+    async def _json(self, method: str, path: str, send: Callable[[Any], Any],
+                    retries: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
 
-        def read(response: Any) -> None:
-            deadline = time.monotonic() + self.timeout  # the client's timeout bounds each read only
+        async def read(response: Any) -> None:
             chunks, size = [], 0
-            for chunk in response.iter_bytes():
-                if time.monotonic() > deadline:
-                    raise _Transient(f"no complete reply within the {self.timeout:g}s timeout")
+            async for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > MAX_REPLY_BYTES:
                     raise _Transient(f"a reply larger than {MAX_REPLY_BYTES // 1024} KB")
@@ -207,24 +211,31 @@ class BatchAPI:
                 raise _Transient("a reply that is not a JSON object")
             out.update(parsed)
 
-        self._request(method, path, send, read, retries=retries)
+        await self._request(method, path, send, read, retries=retries)
         return out
 
-    def _request(self, method: str, path: str, send: Callable[[Any], Any], read: Callable[[Any], None], *,
-                 retries: int | None = None) -> None:
-        """``send(sdk)`` (an SDK call's streaming-response context) and ``read`` its reply."""
+    async def _request(self, method: str, path: str, send: Callable[[Any], Any],
+                       read: Callable[[Any], Awaitable[None]], *, retries: int | None = None,
+                       seconds: float | None = None) -> None:
+        """``send(sdk)`` (an SDK call's streaming-response context) and ``read`` its reply, the
+        two bounded as a whole by ``seconds`` (default: the timeout)."""
         import openai
 
-        from hdeval.backends.openai_compat import ReplyTooLarge, retry_after_seconds
+        from hdeval.backends.openai_compat import ReplyTooLarge, _deadline, retry_after_seconds
 
         retries = self.max_retries if retries is None else retries
+        seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
+        self._used = True
         for attempt in range(retries + 1):
             wait: float | None = None
             try:
-                with send(self._sdk) as response:
-                    read(response)
+                async with _deadline(seconds):
+                    async with send(self._sdk) as response:
+                        await read(response)
                 return
+            except (asyncio.TimeoutError, openai.APITimeoutError):
+                problem = f"no complete reply within the {seconds:g}s timeout"
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if 300 <= status < 400:
@@ -253,7 +264,7 @@ class BatchAPI:
                     "rerunning the same command resumes"))
             if wait is None:
                 wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
-            self._sleep(min(wait, self.backoff_cap))
+            await self._sleep(min(wait, self.backoff_cap))
 
     def _redact(self, text: str) -> str:
         return self._redactor(text)
@@ -390,16 +401,16 @@ class BatchStrategy:
     """The Batch API as the client's strategy for a stage's uncached requests.
 
     :meth:`CachedBackend.acomplete_many <hdeval.cache.CachedBackend.acomplete_many>` hands it
-    the misses; it runs them as batch jobs (in a worker thread: the jobs file, the lock and the
-    polling are synchronous) and commits each result through the client's one writer, under
-    the key a normal call would use. ``inner`` (an
+    the misses; it runs them as batch jobs on the LLM loop (the jobs file and the lock are
+    quick local file operations, done in place) and commits each result through the client's
+    one writer, under the key a normal call would use. ``inner`` (an
     :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`) builds each body (``_params``)
     and reads each result (``_parse``) exactly as for a normal call. What the batch leaves
     without a result is sent the normal way by the client.
     """
 
     def __init__(self, inner: Backend, cache_dir: str | Path, config: Any = None, *, api: BatchAPI | None = None,
-                 poll: float | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 poll: float | None = None, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.inner = inner
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir)
@@ -416,9 +427,9 @@ class BatchStrategy:
         self.state_path = self.cache_dir / STATE_FILE
         self.last = BatchReport()
         self._client: Any = None
-        self._loop: Any = None
         self._halt: list | None = None
         self._received: dict[str, Completion] = {}
+        self._commits: list[Awaitable[None]] = []  # results handed to the writer, not yet awaited
 
     def close(self) -> None:
         self.api.close()
@@ -427,46 +438,50 @@ class BatchStrategy:
                        halt: list | None = None) -> dict[str, Completion]:
         """Get the requests of ``want`` (key -> request, none of them cached) into the cache
         through batch jobs; the replies received, by key (paid for, not cache hits)."""
-        import asyncio
-
-        self._client, self._loop, self._halt, self._received = client, asyncio.get_running_loop(), halt, {}
-        await self._loop.run_in_executor(None, self._stage, want, progress or Progress())
+        self._client, self._halt, self._received = client, halt, {}
+        try:
+            await self._stage(want, progress or Progress())
+        finally:
+            await self._committed()
         return self._received
 
     async def tidy(self, client: Any, progress: Progress | None = None) -> None:
         """With nothing to submit: drop jobs whose requests are all answered (unless another
         process holds the batch lock: it tidies up itself)."""
-        import asyncio
-
         if not self.state_path.exists():
             return
         self._client, self._received = client, {}
+        try:
+            with batch_lock(self.cache_dir):
+                await self._drop_answered({}, progress or Progress())
+        except CacheError:
+            pass
 
-        def run() -> None:
-            try:
-                with batch_lock(self.cache_dir):
-                    self._drop_answered({}, progress or Progress())
-            except CacheError:
-                pass
+    async def _unanswered(self, keys: Sequence[str]) -> list[str]:
+        """Those of ``keys`` with no readable reply: neither received now nor in the cache (read
+        on the store's own thread, all at once)."""
+        rest = [k for k in keys if k not in self._received]
+        io = self._client._io
+        if rest and io is not None:
+            found = await asyncio.get_running_loop().run_in_executor(io, self._client._read_many, rest)
+            rest = [k for k in rest if k not in found]
+        return rest
 
-        await asyncio.get_running_loop().run_in_executor(None, run)
-
-    def _read(self, key: str) -> Completion | None:
-        return self._received.get(key) or self._client._read(key)
+    async def _committed(self) -> None:
+        """Wait until every result handed to the writer is committed."""
+        commits, self._commits = self._commits, []
+        if commits:
+            await asyncio.gather(*commits)
 
     def _save(self, key: str, completion: Completion) -> None:
-        """Count and commit one result through the client's writer (from the worker thread)."""
-        import asyncio
-
-        async def paid() -> None:
-            self._client._reserved += 1
-            self._client.stats.add(completion)
-            await self._client.commit(key, completion)
-
-        asyncio.run_coroutine_threadsafe(paid(), self._loop).result()
+        """Count one result and hand it to the client's writer; :meth:`_committed` waits for it
+        (a result file's lines then share transactions instead of one commit each)."""
+        self._client._reserved += 1
+        self._client.stats.add(completion)
+        self._commits.append(asyncio.ensure_future(self._client.commit(key, completion)))
         self._received[key] = completion
 
-    def _wait(self) -> None:
+    async def _wait(self) -> None:
         """Sleep until the next status check; an interrupt of the caller ends the wait."""
         end = time.monotonic() + self.poll
         while True:
@@ -475,28 +490,30 @@ class BatchStrategy:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            self.sleep(min(left, 0.5))
+            await self.sleep(min(left, 0.5))
 
-    def _stage(self, want: dict[str, CompletionRequest], progress: Progress) -> BatchReport:
+    async def _stage(self, want: dict[str, CompletionRequest], progress: Progress) -> BatchReport:
         report = self.last = BatchReport()
         with batch_lock(self.cache_dir):
-            self._drop_answered(want, progress)
+            await self._drop_answered(want, progress)
             # a batch another process ended just before this one took the lock cached these already
-            want = {k: r for k, r in want.items() if self._read(k) is None}
-            return self._prefetch(want, report, progress) if want else report
+            left = set(await self._unanswered(list(want)))
+            want = {k: r for k, r in want.items() if k in left}
+            return await self._prefetch(want, report, progress) if want else report
 
-    def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
+    async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         """Jobs no request of this stage needs whose every request is answered (by a run
         without --batch since): nothing left to collect, so out of batches.json."""
         for job in read_jobs(self.state_path):
             if job.identity == self.identity and not any(k in want for k in job.keys) \
-                    and all(self._read(k) is not None for k in job.keys):
+                    and not await self._unanswered(job.keys):
                 self._record(job, drop=True)
                 progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
                                  f"already; dropped from {self.state_path}")
 
     # -- the stage ----------------------------------------------------------------------
-    def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport, progress: Progress) -> BatchReport:
+    async def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport,
+                        progress: Progress) -> BatchReport:
         for round_ in range(RESUBMIT_ROUNDS + 1):
             jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
             active = [j for j in jobs if any(k in want for k in j.keys)]
@@ -511,10 +528,10 @@ class BatchStrategy:
                                  "nothing is submitted again)")
             if new:
                 self._check_budget(len(new))
-                active += self._submit([(k, want[k]) for k in new], progress)
+                active += await self._submit([(k, want[k]) for k in new], progress)
                 report.submitted += len(new)
-            self._wait_and_collect(active, want, report, progress)
-            left = [k for k in want if self._read(k) is None]
+            await self._wait_and_collect(active, want, report, progress)
+            left = await self._unanswered(list(want))
             if not left:
                 return report
             reasons = _summarise({k: report.failures.get(k, "no result") for k in left})
@@ -538,20 +555,20 @@ class BatchStrategy:
                 f"--batch would submit {n} new requests, more than the {max(0, left)} left under --max-calls "
                 f"{limit}: every finished call is cached; rerun with a higher limit to continue")
 
-    def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
+    async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
         logprobs_ok = getattr(self.inner, "logprobs_supported", True)
         jobs = []
         for chunk in _chunks([(k, _line(self.inner, k, r, logprobs_ok)) for k, r in items]):
             keys = [k for k, _ in chunk]
-            file_id = self.api.upload(b"".join(line for _, line in chunk))
+            file_id = await self.api.upload(b"".join(line for _, line in chunk))
             job = Job(self.identity, file_id, keys)
             self._record(job)  # before the job exists: a kill from here on cannot lose it
-            self._create(job, look_first=False)
+            await self._create(job, look_first=False)
             progress.message(f"batch {job.id}: submitted {len(keys)} requests")
             jobs.append(job)
         return jobs
 
-    def _create(self, job: Job, look_first: bool = True) -> None:
+    async def _create(self, job: Job, look_first: bool = True) -> None:
         """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or
         a killed process) created: the server is asked first, except for a file just uploaded."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
@@ -559,15 +576,15 @@ class BatchStrategy:
             found = None
             if attempt or look_first:
                 try:
-                    found = self.api.find(job.input_file_id)
+                    found = await self.api.find(job.input_file_id)
                 except BackendError:  # a server that cannot list its jobs: none to adopt
                     found = None
             try:
-                made = found or self.api.create(job.input_file_id, meta)
+                made = found or await self.api.create(job.input_file_id, meta)
             except BackendError:
                 if attempt >= self.api.max_retries:
                     raise
-                self.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
+                await self.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
                 continue
             job.id = _check_id(made.get("id"), "batch id")
             self._record(job)
@@ -579,16 +596,16 @@ class BatchStrategy:
                   if not (j.identity == job.identity and j.input_file_id == job.input_file_id)]
         write_jobs(self.state_path, others if drop else others + [job])
 
-    def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest], report: BatchReport,
-                          progress: Progress) -> None:
+    async def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest], report: BatchReport,
+                                progress: Progress) -> None:
         pending = list(jobs)
         shown: dict[str, tuple] = {}
         while pending:
             for job in list(pending):
                 if job.id is None:  # recorded, then killed before the server named it
-                    self._create(job)
+                    await self._create(job)
                 try:
-                    status = self.api.retrieve(job.id)
+                    status = await self.api.retrieve(job.id)
                 except BackendError as exc:
                     raise BackendError(f"{exc} (batch {job.id} is named in {self.state_path}: if the server "
                                        "no longer has it, move that file aside and its requests are "
@@ -602,13 +619,13 @@ class BatchStrategy:
                     extra = f", {failed} failed" if failed else ""
                     progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({_one_line(state)[:40]})")
                 if state in TERMINAL:
-                    self._collect(job, status, want, report)
+                    await self._collect(job, status, want, report)
                     pending.remove(job)
             if pending:
-                self._wait()
+                await self._wait()
 
-    def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest],
-                 report: BatchReport) -> None:
+    async def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest],
+                       report: BatchReport) -> None:
         keys = set(job.keys)
         seen: set[str] = set()
         unreadable: list[str] = []  # lines that name no request of this job
@@ -623,10 +640,13 @@ class BatchStrategy:
                 # next run is not stuck on it, and its requests are asked again
                 unreadable.append(str(exc))
                 continue
-            for n, line in enumerate(self._lines(file_id), 1):
-                problem = self._take(line, keys, seen, want, report, f"{name.split('_')[0]} file line {n}")
-                if problem:
-                    unreadable.append(problem)
+            with tempfile.TemporaryDirectory(prefix="hdeval-batch-", dir=self.cache_dir) as d:
+                path = Path(d) / "result.jsonl"
+                await self.api.download(file_id, path)
+                for n, line in enumerate(_lines(path), 1):
+                    problem = self._take(line, keys, seen, want, report, f"{name.split('_')[0]} file line {n}")
+                    if problem:
+                        unreadable.append(problem)
         missing = keys - seen
         if missing:
             if unreadable:
@@ -635,24 +655,10 @@ class BatchStrategy:
                 why = _job_error(status) or f"no result (the batch ended {_one_line(str(status.get('status')))[:20]})"
             for k in missing:
                 report.failures.setdefault(k, why)
-        self._record(job, drop=True)  # its results are in the cache, its failures reported
-
-    def _lines(self, file_id: str) -> Iterator[bytes]:
-        with tempfile.TemporaryDirectory(prefix="hdeval-batch-", dir=self.cache_dir) as d:
-            path = Path(d) / "result.jsonl"
-            self.api.download(file_id, path)
-            with open(path, "rb") as fh:
-                while True:
-                    line = fh.readline(MAX_LINE_BYTES + 1)
-                    if not line:
-                        return
-                    if len(line) > MAX_LINE_BYTES:
-                        while line and not line.endswith(b"\n"):  # skip the rest of this line
-                            line = fh.readline(MAX_LINE_BYTES + 1)
-                        yield b"<a line longer than the limit>"
-                        continue
-                    if line.strip():
-                        yield line
+        # its results are committed, its failures reported: only then out of batches.json (a
+        # kill before this resumes the job, and the results already cached cost nothing)
+        await self._committed()
+        self._record(job, drop=True)
 
     def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
               report: BatchReport, where: str) -> str | None:
@@ -679,6 +685,23 @@ class BatchStrategy:
         self._save(key, completion)
         report.received += 1
         return None
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The non-blank lines of a downloaded result file, each at most MAX_LINE_BYTES (a longer
+    one is replaced by a placeholder that names no request)."""
+    with open(path, "rb") as fh:
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE_BYTES:
+                while line and not line.endswith(b"\n"):  # skip the rest of this line
+                    line = fh.readline(MAX_LINE_BYTES + 1)
+                yield b"<a line longer than the limit>"
+                continue
+            if line.strip():
+                yield line
 
 
 def _chunks(lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:

@@ -35,7 +35,7 @@ import time
 import urllib.request
 import zlib
 from typing import Any, AsyncIterator, Iterator, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
@@ -310,9 +310,10 @@ class _BoundedSyncStream(httpx2.SyncByteStream):
         self._inner.close()
 
 
-def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> tuple[list, _Bound] | None:
-    """The headers a bounded reply keeps and its :class:`_Bound`; None when it must be refused
-    unread (an encoding hdeval cannot read raises, a success announcing more than the cap)."""
+def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> _Bound | None:
+    """The :class:`_Bound` of a reply, its encoding and length headers dropped (the bound
+    decodes and cuts the body); None when it must be refused unread (an encoding hdeval cannot
+    read raises, a success announcing more than the cap)."""
     ok = 200 <= response.status_code < 300
     cap = max_reply_bytes if ok else _MAX_ERROR_BYTES
     encoding = response.headers.get("content-encoding", "").strip().lower()
@@ -323,9 +324,11 @@ def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> tuple[lis
     length = response.headers.get("content-length", "")
     if ok and not encoding and length.isdigit() and int(length) > cap:
         return None
-    headers = [(k, v) for k, v in response.headers.multi_items()
-               if k.lower() not in ("content-encoding", "content-length")]
-    return headers, _Bound(cap, ok, encoding.replace("x-", ""))
+    # in place: building a new Response per reply cost more than the rest of the bound
+    for name in ("content-encoding", "content-length"):
+        if name in response.headers:
+            del response.headers[name]
+    return _Bound(cap, ok, encoding.replace("x-", ""))
 
 
 def _refusal(response: httpx2.Response) -> Exception:
@@ -344,19 +347,19 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        kept = _bounded_reply(response, self.max_reply_bytes)
-        if kept is None:
+        bound = _bounded_reply(response, self.max_reply_bytes)
+        if bound is None:
             await response.aclose()
             raise _refusal(response)
-        return httpx2.Response(response.status_code, headers=kept[0], stream=_BoundedStream(response.stream, kept[1]),
-                               extensions=response.extensions)
+        response.stream = _BoundedStream(response.stream, bound)
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
 class BoundedSyncTransport(httpx2.BaseTransport):
-    """:class:`BoundedTransport` for a synchronous client (the Batch API's)."""
+    """:class:`BoundedTransport` for a synchronous client (Ray's workers')."""
 
     def __init__(self, inner: httpx2.BaseTransport, max_reply_bytes: int) -> None:
         self._inner = inner
@@ -364,18 +367,18 @@ class BoundedSyncTransport(httpx2.BaseTransport):
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self._inner.handle_request(request)
-        kept = _bounded_reply(response, self.max_reply_bytes)
-        if kept is None:
+        bound = _bounded_reply(response, self.max_reply_bytes)
+        if bound is None:
             response.close()
             raise _refusal(response)
-        return httpx2.Response(response.status_code, headers=kept[0],
-                               stream=_BoundedSyncStream(response.stream, kept[1]), extensions=response.extensions)
+        response.stream = _BoundedSyncStream(response.stream, bound)
+        return response
 
     def close(self) -> None:
         self._inner.close()
 
 
-def http_client(timeout: float, proxy: str | None, max_reply_bytes: int, keepalive: int,
+def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
                 verify: Any = True, sync: bool = False) -> Any:
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client
@@ -464,9 +467,16 @@ class OpenAICompatBackend:
             raise ConfigError(
                 f"the proxy the environment names for {self.shown_url} ({_shown(self._proxy)}) is not an "
                 "http:// proxy, the only kind hdeval speaks; unset it or add the host to NO_PROXY")
-        self._azure = (parts.hostname or "").lower().endswith(AZURE_HOSTS)
+        # Azure's v1 API (.../openai/v1) speaks the plain OpenAI protocol, with no api-version
+        v1 = parts.path.rstrip("/").endswith("/openai/v1")
+        self._azure = (parts.hostname or "").lower().endswith(AZURE_HOSTS) and not v1
         if self._azure and "api-version" not in self._query:
-            raise ConfigError(f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to it")
+            raise ConfigError(f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
+                              "it, or use its v1 API (.../openai/v1)")
+        self._chat_path = "/chat/completions"
+        if self._azure and "/deployments" not in parts.path:
+            # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
+            self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         self._logprobs_supported = True  # False (never back) once the server rejects logprobs
         self._schema_supported = True  # likewise for response_format json_schema
@@ -497,34 +507,28 @@ class OpenAICompatBackend:
         self._sdks.append(sdk)
         return sdk
 
-    def sdk_client(self, sync: bool = False, max_reply_bytes: int | None = None) -> Any:
-        """A new SDK client for this server (``sync``: ``OpenAI``/``AzureOpenAI``, else their
-        async forms) with its own connections, its replies bounded by ``max_reply_bytes``
-        (default: this backend's), the SDK's own retries off."""
+    def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
+        """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
+        host) with its own connections, its replies bounded by ``max_reply_bytes`` (default: this
+        backend's), the SDK's own retries off. Its caller bounds each request as a whole (an
+        asyncio deadline); ``socket_timeout`` also bounds each connect, read and write (the Batch
+        API's hour-long downloads). Without it no per-operation timer is armed: anyio's were 5%
+        of a chat call's CPU, and the whole-request deadline already covers them."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
-        http = http_client(self.timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls, sync)
-        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=self.timeout,
+        http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
+        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=socket_timeout,
                                       http_client=http, default_headers=self._headers)
         if self._azure:
             query = {k: v for k, v in self._query.items() if k != "api-version"}
-            azure = openai.AzureOpenAI if sync else openai.AsyncAzureOpenAI
-            return azure(base_url=self._sdk_url, api_version=self._query["api-version"],
-                         default_query=query or None, **common)
-        plain = openai.OpenAI if sync else openai.AsyncOpenAI
-        return plain(base_url=self._sdk_url, default_query=self._query or None, **common)
+            return openai.AsyncAzureOpenAI(base_url=self._sdk_url, api_version=self._query["api-version"],
+                                           default_query=query or None, **common)
+        return openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None, **common)
 
-    @contextlib.contextmanager
-    def _lease(self) -> Iterator[openai.AsyncOpenAI]:
-        """An SDK client for one request alone, given back after it: each client then holds one
-        connection, and httpcore's pool, which checks every connection it holds on each request
-        and each reply (a socket poll per idle one), has one to check. Shared pools of 8 cost
-        about half the CPU of a call."""
-        sdk = self._idle.pop() if self._idle else self._new_client()
-        try:
-            yield sdk
-        finally:
-            self._idle.append(sdk)
+    # _attempt leases an SDK client for one request alone and gives it back after it: each
+    # client then holds one connection, and httpcore's pool, which checks every connection it
+    # holds on each request and each reply (a socket poll per idle one), has one to check.
+    # Shared pools of 8 cost about half the CPU of a call.
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
@@ -643,11 +647,11 @@ class OpenAICompatBackend:
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
+        sdk = self._idle.pop() if self._idle else self._new_client()  # (a lease, see above)
         try:
-            with self._lease() as sdk:
-                async with _deadline(self.timeout):
-                    response = await sdk.post("/chat/completions", content=body, cast_to=httpx2.Response,
-                                              options={"headers": dict(headers)} if headers else {})
+            async with _deadline(self.timeout):
+                response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
+                                          options={"headers": dict(headers)} if headers else {})
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
@@ -661,6 +665,8 @@ class OpenAICompatBackend:
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({_one_line(what)})", unreachable=unreachable) from None
+        finally:
+            self._idle.append(sdk)
         return self._parse(data, logprobs)
 
     def _too_large(self) -> RequestRejected:
