@@ -409,7 +409,7 @@ async def aask_json(
         from_cache = False
         last: ValueError | None = None
         for _ in range(attempts):
-            completion = await _reply(ask, req, check, reask)
+            completion = await _reply(ask, req, check, reask, final)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
@@ -429,10 +429,11 @@ _MAX_REASKS = 50  # a cache holding more invalid replies for one request than th
 
 
 async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
-                 reask: bool) -> Completion:
+                 reask: bool, final: Callable[[ValueError], bool] | None = None) -> Completion:
     """The reply to ``request`` (``ask``: the client's ``acomplete``); with ``reask``, the first one
-    under an ``attempt`` number that is either fresh from the LLM or cached and valid (cached
-    invalid ones are walked past)."""
+    under an ``attempt`` number that is either fresh from the LLM or cached and valid or
+    ``final`` (cached invalid ones are walked past). A cached final reply is an earlier re-ask's
+    outcome: walking past it would pay for a new one on every rerun."""
     completion = await ask(request)
     for n in range(1, _MAX_REASKS + 1):
         if not reask or not completion.cached:
@@ -440,6 +441,8 @@ async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionReq
         try:
             check(completion.text)
             return completion
-        except ValueError:
+        except ValueError as exc:
+            if final is not None and final(exc):
+                return completion
             completion = await ask(dataclasses.replace(request, attempt=n))
     return completion

@@ -106,6 +106,9 @@ class TrainConfig:
             if f.name not in ("task", "method", "options"):
                 d[f.name] = getattr(self, f.name)
         d["aspects"] = list(self.aspects) if self.aspects else None
+        from hdeval.urls import public_url
+
+        d["base_url"] = public_url(self.base_url)  # an artifact is shared: no user, password or query
         return d
 
 

@@ -278,3 +278,41 @@ def test_a_rerun_still_reasks_a_cached_malformed_decomposition(tmp_path):
     kids = decompose(cached, load_templates()["decompose"], task, tree, node, 4)
     cached.close()
     assert [k.name for k in kids] == ["Logical order", "Flow"] and len(fixed.requests) == 1
+
+
+def test_a_cure_that_ends_degenerate_is_final_for_the_next_rerun(tmp_path):
+    # run 1 ends malformed; run 2 (a changed server) re-asks and ends degenerate, an outcome;
+    # run 3 replays both chains from the cache and pays nothing (it used to walk past the
+    # cached degenerate re-asks and pay for a fresh one on every rerun)
+    from hdeval.cache import CachedBackend
+
+    task, tree, node = _setup()
+    degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))
+    for replies, fails in ((["no", "never", "nothing"], True), ([degenerate] * 3, False), ([], False)):
+        llm = Scripted(replies)
+        cached = CachedBackend(llm, tmp_path / "c")
+        try:
+            if fails:
+                with pytest.raises(DecompositionError):
+                    decompose(cached, load_templates()["decompose"], task, tree, node, 4)
+            else:
+                assert decompose(cached, load_templates()["decompose"], task, tree, node, 4) == []
+        finally:
+            cached.close()
+        assert len(llm.requests) == len(replies)
+
+
+def test_a_fixed_server_still_cures_a_chain_that_ends_malformed_after_a_degenerate_reply(tmp_path):
+    from hdeval.cache import CachedBackend
+
+    task, tree, node = _setup()
+    degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))
+    cached = CachedBackend(Scripted([degenerate, "no", "nothing"]), tmp_path / "c")
+    with pytest.raises(DecompositionError):
+        decompose(cached, load_templates()["decompose"], task, tree, node, 4)
+    cached.close()
+    fixed = Scripted([GOOD])
+    cached = CachedBackend(fixed, tmp_path / "c")
+    kids = decompose(cached, load_templates()["decompose"], task, tree, node, 4)
+    cached.close()
+    assert [k.name for k in kids] == ["Logical order", "Flow"] and len(fixed.requests) == 1

@@ -130,3 +130,41 @@ def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
     (art / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match=message):
         load_artifact(art)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"layers": "x"}, "--layers must be a whole number, got 'x'"),
+    ({"layers": {"a": [1, 2]}}, "--layers must be a whole number"),
+    ({"aggregator": ["lr"]}, "--aggregator must be"),
+    ({"top_k": 0}, "--top-k must be at least 1"),
+    ({"decompose_llm": {"model": 1}}, "--decompose-llm must be text"),
+    ({"tree": "x" * 10 + "\n" * 3, "layers": True}, "--layers must be a whole number, got True"),
+])
+@pytest.mark.parametrize("route", ["load", "class-load", "apply"])
+def test_a_hostile_options_record_is_refused_in_one_line(options, message, route, tmp_path):
+    """The record feeds method_args (re-saved with the artifact) and the report: a wrong-typed
+    value is refused where the artifact is opened, naming the manifest and the option."""
+    from hdeval.errors import ArtifactError
+    from hdeval.methods.hdeval.evaluator import Evaluator
+
+    art = train_case("hdeval", tmp_path)
+    m = json.loads((art / "manifest.json").read_text())
+    m["config"]["options"].update(options)
+    (art / "manifest.json").write_text(json.dumps(m))
+    if route == "apply":
+        r = run_cli("apply", art, tmp_path / "data.jsonl", "-o", tmp_path / "out.jsonl", "-q")
+        assert r.exit_code != 0 and not (tmp_path / "out.jsonl").exists()
+        assert f"{art / 'manifest.json'}: config.options: " in r.output and message in r.output
+        return
+    with pytest.raises(ArtifactError, match="config.options: " + __import__("re").escape(message)):
+        (load_artifact if route == "load" else Evaluator.load)(art)
+
+
+@pytest.mark.parametrize("name", ["dna", "paireval"])
+def test_a_format_2_record_of_another_methods_options_is_not_refused(name, tmp_path):
+    # format 2 recorded HD-Eval's tree options flat for every method: not this method's options
+    new = train_case(name, tmp_path)
+    _as_v2(new, tmp_path / "old", tmp_path, name)
+    m = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    assert "layers" in m["config"]
+    assert type(load_artifact(tmp_path / "old")) is type(load_artifact(new))

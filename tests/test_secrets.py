@@ -147,3 +147,27 @@ def test_credentials_in_the_base_url_stay_out_of_the_artifact(server: FaultServe
     assert manifest["llm"]["base_url"] == server.url
     assert leaks(tmp_path, password) == []
     assert password not in result.output
+
+
+@pytest.mark.parametrize("method", ["dna", "paireval", "direct"])
+def test_credentials_in_the_base_url_stay_out_of_every_methods_artifact(method: str, server: FaultServer,
+                                                                       tmp_path: Path) -> None:
+    """The manifest's run record (``config.base_url``) of the methods other than HD-Eval kept
+    the URL as typed, user and password included."""
+    from conftest import TOY_TASK, toy_rows, write_jsonl
+    from test_manifest_options import TOY_DIALOGUE, _pairs
+
+    password = f"pw-{secrets.token_hex(12)}"
+    server.require_key = None
+    url = server.url.replace("http://", f"http://gateway-user:{password}@")
+    (tmp_path / "task.toml").write_text(TOY_DIALOGUE if method == "paireval" else TOY_TASK, encoding="utf-8")
+    task, rows = ("faireval", _pairs()) if method == "dna" else (str(tmp_path / "task.toml"), toy_rows())
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    artifact = tmp_path / "artifact"
+    result = CliRunner().invoke(cli, [
+        "train", "--task", task, "--data", str(data), "--method", method, "--llm", MODEL, "--base-url", url,
+        "--cache-dir", str(tmp_path / "cache"), "-o", str(artifact), "-q"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["config"]["base_url"] == server.url
+    assert leaks(artifact, password) == []

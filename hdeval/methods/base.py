@@ -363,6 +363,20 @@ def recorded_options(config: Any) -> dict[str, Any]:
     return {**old, **changed} if isinstance(changed, Mapping) else old
 
 
+def check_recorded_options(options: type[MethodOptions], config: Any, where: str, method: str) -> None:
+    """An artifact's record of the method's options holds values the method takes, or a one-line
+    ArtifactError: the record is re-saved (``method_args``) and reported, so a hostile one is
+    refused where the artifact is opened. Names the method does not take are left alone: format 2
+    recorded HD-Eval's for every method."""
+    from hdeval.errors import ArtifactError
+
+    specs = options.specs()
+    try:
+        options.build({k: v for k, v in recorded_options(config).items() if k in specs}, method)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: config.options: {exc}") from None
+
+
 def check_aggregator(kind: str) -> None:
     """``--aggregator``: a learned aggregator's kind, or auto (the methods that learn one share it)."""
     from hdeval.aggregate import KINDS

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hdeval.errors import ArtifactError, ConfigError, HdevalError
-from hdeval.methods.base import METHODS, Method, Option
+from hdeval.methods.base import METHODS, Method, Option, check_recorded_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted
@@ -108,6 +108,7 @@ def load_artifact(path: str | Path) -> "Fitted":
     except HdevalError as exc:
         raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
     reader = open_artifact(path, editable=method.editable)
+    check_recorded_options(method.options, reader.manifest.get("config"), str(path / MANIFEST), name)
     return method.load(reader)
 
 

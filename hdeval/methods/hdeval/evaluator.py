@@ -127,7 +127,12 @@ class TreeEvaluator(Saving):
             raise ArtifactError(f"{path / MANIFEST}: 'method' is not a name")
         if method != "hdeval" or shape != cls.shape:
             raise cls.not_mine(path, method, shape)
-        return cls.from_artifact(open_artifact(path, editable=(TREE,)))
+        art = open_artifact(path, editable=(TREE,))
+        from hdeval.methods.base import check_recorded_options
+        from hdeval.methods.hdeval.options import HDEvalOptions
+
+        check_recorded_options(HDEvalOptions, art.manifest.get("config"), str(path / MANIFEST), method)
+        return cls.from_artifact(art)
 
     @classmethod
     def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
