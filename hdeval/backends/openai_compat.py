@@ -512,8 +512,8 @@ class OpenAICompatBackend:
         host) with its own connections, its replies bounded by ``max_reply_bytes`` (default: this
         backend's), the SDK's own retries off. Its caller bounds each request as a whole (an
         asyncio deadline); ``socket_timeout`` also bounds each connect, read and write (the Batch
-        API's hour-long downloads). Without it no per-operation timer is armed: anyio's were 5%
-        of a chat call's CPU, and the whole-request deadline already covers them."""
+        API's hour-long downloads). Without it no per-operation timer is armed: the whole-request
+        deadline already covers them, and each timer costs CPU on every call."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
         http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
@@ -524,11 +524,6 @@ class OpenAICompatBackend:
             return openai.AsyncAzureOpenAI(base_url=self._sdk_url, api_version=self._query["api-version"],
                                            default_query=query or None, **common)
         return openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None, **common)
-
-    # _attempt leases an SDK client for one request alone and gives it back after it: each
-    # client then holds one connection, and httpcore's pool, which checks every connection it
-    # holds on each request and each reply (a socket poll per idle one), has one to check.
-    # Shared pools of 8 cost about half the CPU of a call.
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
@@ -647,7 +642,10 @@ class OpenAICompatBackend:
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
-        sdk = self._idle.pop() if self._idle else self._new_client()  # (a lease, see above)
+        # an SDK client for this request alone, given back after it: each then holds one
+        # connection, so httpcore's pool, which checks every connection it holds on each request
+        # and reply, has one to check
+        sdk = self._idle.pop() if self._idle else self._new_client()
         try:
             async with _deadline(self.timeout):
                 response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
