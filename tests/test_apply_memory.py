@@ -132,3 +132,28 @@ def test_the_closing_correlations_peak_at_about_50_bytes_a_row_not_80(tmp_path) 
     assert table is not None and table["coherence"]["spearman"] is not None
     assert peak / n < 56, f"{peak / n:.1f} bytes a row"
 
+
+def test_the_duplicate_id_index_holds_at_most_about_half_a_mebibyte_in_memory(tmp_path) -> None:
+    """SQLite's page cache of the on-disk id index is the memory it keeps: full by ~20k ids, so
+    the index stops growing apply's peak there (at 2 MiB it grew it up to ~100k ids)."""
+    import ctypes
+    import ctypes.util
+
+    import pytest
+
+    from hdeval.data import DiskIds
+
+    name = ctypes.util.find_library("sqlite3")
+    try:
+        lib = ctypes.CDLL(name or "libsqlite3.so.0")
+        used = lib.sqlite3_memory_used
+    except (OSError, AttributeError):
+        pytest.skip("no shared SQLite library to ask its memory use")
+    used.restype = ctypes.c_int64
+    with DiskIds(tmp_path) as ids:
+        before = used()
+        for i in range(60_000):
+            assert ids.first_line(f"sample-{i:08x}-{i * 7919 % 60_000}", i + 1) is None
+        grown = used() - before
+        assert ids.first_line("sample-00000005-39595", 99) == 6  # still an index: the first line is known
+    assert grown < 800 * 1024, f"{grown / 1024:.0f} KiB"
