@@ -45,8 +45,8 @@ def _rank_correlation(ry: np.ndarray, rp: np.ndarray) -> float:
 
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Average ranks from 1, ties sharing their mean: the values of ``scipy.stats.rankdata``
-    (half-integers, exact), from one sort and two binary searches, so ~32 bytes a row at the
-    peak where rankdata takes ~57 (apply's closing figures rank every row)."""
+    (half-integers, exact), from one sort and two binary searches: fewer copies of the column
+    than rankdata makes (apply's closing figures rank every row)."""
     order = np.argsort(x)
     xs = x[order]
     ends = np.searchsorted(xs, xs, "left")  # a value's tie group is [left, right)
@@ -92,8 +92,8 @@ def correlations(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float | No
 def streamed_correlations(column: Callable[[str], np.ndarray]) -> dict[str, float | None]:
     """:func:`correlations` of ``column("human")`` and ``column("pred")``, each column read
     (a fresh array) when a figure needs it and dropped after, the rank statistics on ranks or
-    order codes made one column at a time: the same figures with about 50 bytes a row at the
-    peak where :func:`correlations` on two held columns takes about 80."""
+    order codes made one column at a time: the same figures in less memory than
+    :func:`correlations` on two held columns (apply's closing figures on every row)."""
     y, p = column("human"), column("pred")
     ok = np.isfinite(y) & np.isfinite(p)
     every = bool(ok.all())
