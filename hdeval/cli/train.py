@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
-
 import dataclasses
 import sys
 import time
@@ -17,6 +15,8 @@ from hdeval.cli.boundary import run_command
 from hdeval.cli.options import batch_option, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError, HdevalError
+from hdeval.urls import shown_identity
+
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
@@ -70,7 +70,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
     def go() -> None:
-        _check_paths_early(options.get("data"), None if dry_run else out, force)
+        _check_paths_early(None if dry_run else out, force)
         from hdeval.cli.data import fetch_missing_task_data
         from hdeval.train import TrainConfig, plan, train as run_train
 
@@ -94,7 +94,10 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
             return
         _check_outputs(config, out, force)  # before any LLM call: never after paying for them
         if export_file is not None:
-            _check_export(config, export_file)
+            from hdeval.run.output import check_output
+
+            check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
+                         option="--export-requests")
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
@@ -124,10 +127,9 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
     run_command(go)
 
 
-def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
-    """A refused -o, found before the scientific libraries load (seconds on a busy machine); the
-    full checks follow once the task is known. (A missing --data waits: an option that does not
-    fit the task is the first thing to say.)"""
+def _check_paths_early(out: str | None, force: bool) -> None:
+    """A refused -o, found before the scientific libraries load; the full checks follow once the
+    task is known (a missing --data waits: an option that does not fit the task is said first)."""
     if out:
         from hdeval.artifact import check_destination
 
@@ -165,13 +167,6 @@ def _ask_before_a_long_local_run(config) -> None:
         raise ConfigError("not started (a smaller run: --limit N, --layers 2; a faster LLM: --llm)")
     raise ConfigError(f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
                       "or faster (--llm with a server)")
-
-
-def _check_export(config, export_file: str) -> None:
-    from hdeval.run.output import check_output
-
-    check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                 option="--export-requests")
 
 
 def _print_exported(done, stage: str, cache_dir: str | None) -> None:
