@@ -1,18 +1,9 @@
-"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``).
-
-:class:`ArtifactScorer` is a callable class for ``Dataset.map_batches``: each Ray worker loads
-and verifies the artifact once (in ``__init__``) and opens the same cached LLM a single-process
-``hdeval apply`` would (an OpenAI-compatible endpoint, or the fake), then scores the batches it
-is given. Batches are rows of JSONL text (a ``text`` column, as ``ray.data.read_text`` gives);
-each output row is the JSON line ``hdeval apply`` writes for that sample (a ``row`` column) with
-its ``id``. :func:`apply_on_ray` runs a whole file in one reading pass, as ``apply`` does: one
-Ray read task reads and validates it a chunk at a time (apply's own reader, duplicate ids
-through its on-disk index) while the workers score the chunks already read, and the scores are
-written in input order through the same atomic writer as ``apply``, so the output is
-byte-identical to a single process.
-
-Ray is imported only when used: the rest of hdeval never needs it.
-"""
+"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``): :class:`ArtifactScorer`
+for ``Dataset.map_batches`` (each worker loads and verifies the artifact once and opens the cached
+LLM ``hdeval apply`` would), :func:`apply_on_ray` for a whole file (apply's own reader in one Ray
+read task, the scores written in input order through apply's atomic writer, so the output is
+byte-identical to a single process), and :class:`RequestAnswerer` for exported request files.
+Ray is imported only when used: the rest of hdeval never needs it."""
 
 from __future__ import annotations
 
@@ -43,8 +34,6 @@ def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
     """Raise the hdeval error a Ray task raised (wrapped by Ray) as itself, with its own
     one-line message (``shown``: (resolved input path, the path the caller gave) to name the
     file as the caller did); anything else is left to the caller to raise."""
-    from hdeval.errors import HdevalError
-
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -66,7 +55,6 @@ def _read_samples(task: Any, path: str, size: int) -> Any:
     from ray.data.block import BlockAccessor
 
     from hdeval.data import DiskIds
-    from hdeval.errors import HdevalError
     from hdeval.run.apply import _Input
 
     try:
