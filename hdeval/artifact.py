@@ -176,7 +176,6 @@ def is_artifact(path: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-# ---------------------------------------------------------------------- saving
 def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
     """Write ``fitted`` to ``path`` atomically. ``path`` may be new, an empty directory, or (with
     ``force``) an existing hdeval artifact; any other directory is refused, ``force`` or not. The

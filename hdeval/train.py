@@ -179,7 +179,6 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
         llm.close()
 
 
-# ---------------------------------------------------------------------- dry run
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
     """What a run would cost, without calling the LLM; token counts are estimates (chars/4). Each
     method counts its own requests (``Method.plan``); where they depend on earlier replies (HD-Eval's

@@ -41,9 +41,6 @@ DEFAULT_TIMEOUT = 60.0
 _MAX_REPORTED_ERRORS = 20
 
 
-# --------------------------------------------------------------------------- registry
-
-
 @dataclass(frozen=True)
 class UpstreamDataset:
     """One built-in task's public source file."""
@@ -75,9 +72,6 @@ def is_official_source(base_url: str) -> bool:
 
 def dataset_url(base_url: str, name: str) -> str:
     return resolve_source_url(base_url) + DATASETS[name].path
-
-
-# --------------------------------------------------------------------------- conversion
 
 
 def _slug(text: str) -> str:
@@ -219,9 +213,6 @@ def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
             raise DataError(f"{where}: record {i}: id {r['id']!r} occurs twice")
         seen.add(r["id"])
     return rows
-
-
-# --------------------------------------------------------------------------- download
 
 
 @dataclass(frozen=True)
@@ -372,9 +363,6 @@ def download_datasets(names: Sequence[str] | None = None, dest: str | Path | Non
     folder = Path(dest) if dest is not None else user_data_dir()
     return [download_dataset(n, folder, base, strict, force=force, timeout=timeout, progress=progress)
             for n in chosen]
-
-
-# --------------------------------------------------------------------------- status
 
 
 @dataclass(frozen=True)
