@@ -16,6 +16,7 @@ from hdeval.datasets import (
     load_task,
 )
 from hdeval.cli.boundary import run_command
+from hdeval.cli.progress import _end_open_line, _set_line_open
 from hdeval.errors import DataError, DownloadError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,8 +30,7 @@ def _errors_to_exit(fn: F) -> F:
         # Downloads and imports write under temp names and rename at the end, so an interrupt
         # leaves nothing partial behind.
         return run_command(lambda: fn(*args, **kwargs),
-                           interrupted="interrupted: no partial file was written; rerun to continue",
-                           before_error=_Reporter.end_line)
+                           interrupted="interrupted: no partial file was written; rerun to continue")
 
     return wrapper  # type: ignore[return-value]
 
@@ -41,30 +41,21 @@ def data() -> None:
 
 
 class _Reporter:
-    """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
-
-    #: a byte counter is drawn on the terminal without a newline yet (shared, so an error
-    #: message can start on a fresh line)
-    open_line = False
+    """Draws download progress on stderr: a byte counter on a terminal (its line left open, as a
+    redrawn progress line is, so that what follows starts on a fresh line), lines otherwise."""
 
     def __init__(self, announce: bool = True) -> None:
         self.tty = sys.stderr.isatty()
         self.announce = announce
-
-    @classmethod
-    def end_line(cls) -> None:
-        if cls.open_line:
-            click.echo("", err=True)
-            cls.open_line = False
 
     def __call__(self, ev: DownloadEvent) -> None:
         if ev.kind == "bytes":
             if self.tty:
                 total = f" of {ev.total_bytes / 1e6:.1f}" if ev.total_bytes else ""
                 click.echo(f"\r  {ev.done_bytes / 1e6:.1f}{total} MB", err=True, nl=False)
-                _Reporter.open_line = True
+                _set_line_open(True)
             return
-        _Reporter.end_line()
+        _end_open_line()
         if ev.kind == "start" and self.announce:
             click.echo(f"{ev.dataset}: downloading {ev.url}", err=True)
         elif ev.kind == "warning":
@@ -94,7 +85,7 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
     except DownloadError as exc:
         raise DownloadError(missing_data_message(task, why=f"downloading it failed: {exc}")) from None
     finally:
-        _Reporter.end_line()
+        _end_open_line()
 
 
 @data.command("download")
