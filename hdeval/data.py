@@ -441,23 +441,25 @@ def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, 
         yield chunk
 
 
-def read_pairs(path: str | Path, task: Task, require_labels: bool = True,
-               skipped: list[int] | None = None) -> list[PairSample]:
+def read_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
+               require_labels: bool = True, skipped: list[int] | None = None) -> list[PairSample]:
     """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie); errors are
-    reported as by :func:`read_samples`. The task's ``where`` keeps only matching rows; rows it
-    drops are not checked beyond being JSON objects. With the task's ``skip_empty``,
+    reported as by :func:`read_samples`. ``where`` (added to the task's own) keeps only matching
+    rows; rows it drops are not checked beyond being JSON objects. With the task's ``skip_empty``,
     rows whose shown text or a response is an empty string are left out and their line numbers
     appended to ``skipped``. ``require_labels``: every pair must carry a human label (training)."""
-    return list(iter_pairs(path, task, require_labels, skipped))
+    return list(iter_pairs(path, task, where, require_labels, skipped))
 
 
-def iter_pairs(path: str | Path, task: Task, require_labels: bool = True, skipped: list[int] | None = None,
-               seen: SeenIds | None = None,
+def iter_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
+               require_labels: bool = True, skipped: list[int] | None = None, seen: SeenIds | None = None,
                keep: Callable[[str], bool] | None = None) -> Iterator[PairSample]:
     """:func:`read_pairs` one pair at a time (yielded only while no line has been bad; the
     error listing every bad line is raised at the end), as :func:`iter_samples`."""
     path = Path(path)
     row_filter = dict(task.where)
+    for key, value in (where or {}).items():
+        row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     bad = _BadLines()
     n_pairs = 0
     seen = DictIds() if seen is None else seen
