@@ -92,7 +92,8 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
                         decompose_prices=(decompose_price_in, decompose_price_out))
             click.echo(_estimate(config, plans, identity)[1])
             return
-        _check_outputs(config, out, force)  # before any LLM call: never after paying for them
+        if not out:  # -o itself was checked first thing
+            _check_default_outputs(config, force)  # before any LLM call: never after paying for them
         if export_file is not None:
             from hdeval.run.output import check_output
 
@@ -203,17 +204,14 @@ def _print_train_summary(ev, path: Path) -> None:
         click.echo(line, err=to_err)
 
 
-def _check_outputs(config, out: str | None, force: bool) -> None:
-    """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
-    --force, the working directory, an unwritable place). Without --out, every default the
-    run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
+def _check_default_outputs(config, force: bool) -> None:
+    """Without --out, refuse every default the run may pick (artifacts/<task>-<kind>; with auto, any
+    kind) that save would refuse (a non-artifact directory, an artifact without --force, the
+    working directory, an unwritable place)."""
     from hdeval.artifact import check_destination
     from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
-    if out:
-        check_destination(out, force=force)
-        return
     name = load_task(config.task).name
     method = get_method(config.method)
     kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)
