@@ -1,6 +1,7 @@
-"""Bytes per entry, write and read throughput of the reply cache: diskcache as hdeval configures
-it (``cache.open_store``) against a plain SQLite ``WITHOUT ROWID`` key->value table (issue #23
-item 3, #19 item 2).
+"""Bytes per entry, write and read throughput of the reply cache: diskcache as hdeval configured
+it until the reply table (``JSONDisk``, ``_STORE_SETTINGS``) against a plain SQLite ``WITHOUT
+ROWID`` key->value table, and hdeval's store as it is (``cache.open_store``: the reply table, with
+diskcache beside it for older caches) (issue #23 item 3, #19 item 2).
 
 Both get the same N real-shaped entries: a 32-byte request digest as the key and, as the value,
 ``encode_completion`` of the fake LLM's scoring reply (a digit and five full-precision logprobs)
@@ -30,6 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
 from hdeval.backends.fake import FakeBackend  # noqa: E402
+import diskcache  # noqa: E402
+
+from hdeval import cache  # noqa: E402
 from hdeval.cache import CachedBackend, encode_completion, open_store  # noqa: E402
 from hdeval.methods.hdeval.fake import score_reply  # noqa: E402
 
@@ -51,8 +55,12 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_diskcache(directory: Path, items: list[tuple[str, bytes]], order: list[int]) -> tuple[float, float]:
-    store = open_store(directory)
+def diskcache_rows(directory: Path) -> diskcache.Cache:
+    return diskcache.Cache(str(directory), disk=cache.JSONDisk, **cache._STORE_SETTINGS)
+
+
+def bench_store(directory: Path, items: list[tuple[str, bytes]], order: list[int], opener=open_store) -> tuple[float, float]:
+    store = opener(directory)
     t = time.perf_counter()
     for i in range(0, len(items), CachedBackend.WRITE_BATCH):
         with store.transact():
@@ -100,15 +108,18 @@ def main() -> None:
     print(f"{'store':<26}{'B/entry':>9}{'MB/100k samples':>17}{'writes/s':>10}{'reads/s':>10}")
     rows = {}
     with tempfile.TemporaryDirectory(prefix="hdeval-bench-cache-") as tmp:
-        for name, run in (("diskcache (open_store)", bench_diskcache), ("WITHOUT ROWID table", bench_table)):
+        runs = (("diskcache (JSONDisk)", lambda *a: bench_store(*a, opener=diskcache_rows)),
+                ("WITHOUT ROWID table", bench_table), ("hdeval open_store", bench_store))
+        for name, run in runs:
             d = Path(tmp) / name.split()[0]
             write, read = run(d, items, order)
             per = dir_bytes(d) / args.n
             rows[name] = (per, args.n / write, args.n / read)
             print(f"{name:<26}{per:>9.1f}{per * PER_SAMPLE * 1e5 / 1e6:>17.1f}"
                   f"{args.n / write:>10.0f}{args.n / read:>10.0f}", flush=True)
-    (a, b) = rows.values()
+    a, b, c = rows.values()
     print(f"{'table / diskcache':<26}{b[0] / a[0]:>9.2f}{'':>17}{b[1] / a[1]:>10.2f}{b[2] / a[2]:>10.2f}")
+    print(f"{'open_store / diskcache':<26}{c[0] / a[0]:>9.2f}{'':>17}{c[1] / a[1]:>10.2f}{c[2] / a[2]:>10.2f}")
 
 
 if __name__ == "__main__":
