@@ -142,3 +142,17 @@ def test_a_rolled_back_transaction_leaves_no_reply_and_deletes_no_old_row(tmp_pa
     con = sqlite3.connect(cache / "replies.db")
     assert con.execute("SELECT count(*) FROM reply").fetchone()[0] == 0
     con.close()
+
+
+def test_the_report_reads_raw_replies_from_the_table_without_writing_and_skips_planted_ones(tmp_path):
+    from hdeval.report.samples import read_only_lookup
+
+    cache = tmp_path / "c"
+    cb = CachedBackend(FakeBackend(), cache)
+    texts = [c.text for c in cb.complete_many([_req("a"), _req("b")])]
+    cb.close()
+    _sql(cache, "UPDATE reply SET value = ? WHERE key = ?", args=(b"Z2\xff", bytes.fromhex(_key("b"))))
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    found, note = read_only_lookup(cache, [_key("a"), _key("b")])
+    assert note is None and found == {_key("a"): texts[0]}
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
