@@ -1,9 +1,11 @@
 """The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
 Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser fix
-costs no new calls. The store is diskcache, used through its public API, written by one
-writer: a reply is committed (with whatever else finished meanwhile, in one transaction)
-before its call returns, so a SIGKILL can lose only the replies of the commit in progress.
+costs no new calls. Replies are written to a compact SQLite table (:class:`ReplyTable`) beside
+diskcache's file, which is still read (through its public API) for replies an older hdeval
+stored there; one writer: a reply is committed (with whatever else finished meanwhile, in one
+transaction) before its call returns, so a SIGKILL can lose only the replies of the commit in
+progress.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
 plain data only (a sha256 digest, a compact or JSON-text completion). :class:`JSONDisk` never pickles or
@@ -185,7 +187,6 @@ class ReplyTable:
     def __init__(self, directory: Path):
         self.directory = directory
         self._lock = threading.RLock()  # one connection, used by the store's thread and close()
-        self._pending: list[str] = []  # written in the open transaction: see ReplyStore.set
         self._con: sqlite3.Connection | None = None
         self._connect()
 
@@ -216,10 +217,11 @@ class ReplyTable:
             return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
         return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
 
-    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> sqlite3.Cursor:
+    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
+        """The first row of ``sql`` (None if none); a storage failure as :meth:`_error`."""
         con = self._connect()
         try:
-            return con.execute(sql, args)
+            return con.execute(sql, args).fetchone()
         except sqlite3.Error as exc:
             raise self._error(exc, writing) from None
 
@@ -228,12 +230,12 @@ class ReplyTable:
         value is not one hdeval writes (never read past MAX_ENTRY_CHARS bytes)."""
         with self._lock:
             row = self._run("SELECT CASE WHEN length(value) <= ? THEN value END, length(value) FROM reply "
-                            "WHERE key = ?", (MAX_ENTRY_CHARS, bytes.fromhex(key))).fetchone()
+                            "WHERE key = ?", (MAX_ENTRY_CHARS, bytes.fromhex(key)))
         return None if row is None else table_value(row[0], row[1])
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
-            return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)).fetchone() is not None
+            return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
 
     def set(self, key: str, value: str | bytes) -> None:
         if type(value) is str:  # JSON text (``cache repair`` copying an older entry): stored compact
@@ -258,22 +260,23 @@ class ReplyTable:
             self._run("BEGIN IMMEDIATE", writing=True)
             try:
                 yield
+                self._run("COMMIT", writing=True)
             except BaseException:
+                # a failed COMMIT (a full disk) can leave the transaction open: end it
                 if self._con is not None and self._con.in_transaction:
                     self._con.rollback()
                 raise
-            self._run("COMMIT", writing=True)
 
     def in_transaction(self) -> bool:
         return self._con is not None and self._con.in_transaction
 
     def count(self) -> int:
         with self._lock:
-            return int(self._run("SELECT count(*) FROM reply").fetchone()[0])
+            return int(self._run("SELECT count(*) FROM reply")[0])
 
     def volume(self) -> int:
         with self._lock:
-            return int(self._run("PRAGMA page_count").fetchone()[0] * self._run("PRAGMA page_size").fetchone()[0])
+            return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
 
     def clear(self) -> int:
         with self._lock:
@@ -309,6 +312,7 @@ class ReplyStore(diskcache.Cache):
     legacy = False  # set by open_store: the database held text keys when opened
     old = False  # set by open_store: diskcache's rows held any entry when opened
     table: ReplyTable
+    _pending: list[str]  # keys written in the table's open transaction whose old rows go once it commits
 
     def _diskcache_get(self, key: str) -> Any:
         got = super().get(key, _ABSENT)
@@ -346,7 +350,7 @@ class ReplyStore(diskcache.Cache):
             # a request is stored again only when its entry could not be used (a damaged or
             # planted one): the fresh reply replaces it, once the table has committed it
             if self.table.in_transaction():
-                self.table._pending.append(key)
+                self._pending.append(key)
             else:
                 self._forget_old([key])
         return True
@@ -367,10 +371,10 @@ class ReplyStore(diskcache.Cache):
                 yield
         except BaseException:
             if outer:
-                self.table._pending.clear()  # rolled back: those replies were not written
+                self._pending.clear()  # rolled back: those replies were not written
             raise
-        if outer and self.table._pending:
-            keys, self.table._pending = self.table._pending, []
+        if outer and self._pending:
+            keys, self._pending = self._pending, []
             self._forget_old(keys)
 
     def __len__(self) -> int:
@@ -681,7 +685,7 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
     try:
-        store.table = ReplyTable(directory)
+        store.table, store._pending = ReplyTable(directory), []
         store.old = super(ReplyStore, store).__len__() > 0
     except BaseException:
         diskcache.Cache.close(store)
@@ -780,7 +784,7 @@ class CachedBackend:
 
     def stored(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` have a reply this client would serve without a call: in the store
-        (diskcache's public ``key in cache``, on the store's thread) or kept in memory because the
+        (``key in store``: the table, then diskcache's rows, on the store's thread) or kept in memory because the
         store could not take them. Whether an entry is readable is not checked here."""
         keys = list(dict.fromkeys(keys))
         found = {k for k in keys if k in self._unsaved}

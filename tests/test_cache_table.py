@@ -156,3 +156,29 @@ def test_the_report_reads_raw_replies_from_the_table_without_writing_and_skips_p
     found, note = read_only_lookup(cache, [_key("a"), _key("b")])
     assert note is None and found == {_key("a"): texts[0]}
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+
+
+def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, monkeypatch):
+    """A COMMIT refused (a full disk) must not leave the table's transaction open, or every
+    later write of the run would fail on 'cannot start a transaction within a transaction'."""
+    from hdeval.cache import ReplyTable, open_store
+
+    real = ReplyTable._run
+    failures = [1]
+
+    def run(self, sql, args=(), writing=False):
+        if sql == "COMMIT" and failures:
+            failures.pop()
+            raise self._error(sqlite3.OperationalError("database or disk is full"), writing)
+        return real(self, sql, args, writing)
+
+    monkeypatch.setattr(ReplyTable, "_run", run)
+    reply = encode_completion(FakeBackend().complete(_req()))
+    with open_store(tmp_path / "c") as store:
+        with pytest.raises(CacheError, match="full"):
+            with store.transact():
+                store.set(_key("a"), reply)
+        assert not store.table.in_transaction() and _key("a") not in store
+        with store.transact():
+            store.set(_key("b"), reply)
+        assert _key("b") in store and len(store) == 1
