@@ -178,11 +178,11 @@ _ABSENT = object()
 
 
 class ReplyTable:
-    """The compact reply table (``replies.db``, since #23): a ``WITHOUT ROWID`` table of a
-    request hash's 32 bytes -> :func:`encode_completion`'s bytes, and nothing else: 110 B an
-    entry where diskcache's row schema takes 185 (benchmarks/bench_cache_store.py). SQLite in
-    WAL mode, written in the one writer's transactions; safe for several processes as
-    diskcache is (one host). A value is read with bounds and checked as diskcache's are."""
+    """The compact reply table (``replies.db``): a ``WITHOUT ROWID`` table of a request hash's
+    32 bytes -> :func:`encode_completion`'s bytes and nothing else, because diskcache's row
+    schema alone costs more than the reply (benchmarks/bench_cache_store.py). SQLite in WAL
+    mode, written in the one writer's transactions; safe for several processes on one host, as
+    diskcache is. A value is read with bounds and checked as diskcache's are."""
 
     def __init__(self, directory: Path):
         self.directory = directory
