@@ -11,7 +11,7 @@ from hdeval.benchmark.heldout import held_out, held_out_pairs
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
     DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
-    pair_references,
+    pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
 
@@ -119,14 +119,10 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
     settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
-    cost: dict[str, dict[str, int]] = {}
+    by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        c = cost.setdefault(r["method"], {"runs": 0, "requests": 0, "calls": 0, "cache_hits": 0,
-                                          "prompt_tokens": 0, "completion_tokens": 0})
-        c["runs"] += 1
-        for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
-            c[k] += int(r["usage"].get(k, 0))
-        c["requests"] = c["calls"] + c["cache_hits"]
+        by_method.setdefault(r["method"], []).append(r)
+    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in by_method.items()}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -112,16 +112,16 @@ def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
 
 
 def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,
-                  cache_dir: str | Path | None) -> tuple[Replies, dict[str, Any]]:
+                  cache_dir: str | Path | None, noun: str = "samples") -> tuple[Replies, dict[str, Any]]:
     """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
     the samples or pairs read (for their text)."""
     if data is None:
-        return Replies(note="the training data file is not available, so the samples' text and the raw "
+        return Replies(note=f"the training data file is not available, so the {noun}' text and the raw "
                             "replies are not shown (give it with --data)"), {}
     try:
         items = read_items(ev, wanted, data)
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
-        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the samples' text and raw replies "
+        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the {noun}' text and raw replies "
                             "are not shown"), {}
     return replies(ev, [items[i] for i in wanted if i in items], columns, cache_dir), items
 
