@@ -430,6 +430,7 @@ def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
     return next(i for i, p in enumerate(preds) if p is chosen)
 
 
+
 def tune(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
 ) -> tuple[Aggregator, float, dict[str, float]]:
@@ -464,12 +465,9 @@ def select_cv(
     per_kind = {k: _grid(bases[k]) for k in kinds}
     flat = [t for k in kinds for t, _ in per_kind[k]]
     preds, models = _oof_many(flat, X, Y, groups, n_jobs, keep=fold_models is not None)
-    tuned = {}
-    at = 0
+    tuned, rest = {}, iter(preds)
     for k in kinds:
-        n = len(per_kind[k])
-        tuned[k] = _best_point(bases[k], per_kind[k], preds[at:at + n], Y)
-        at += n
+        tuned[k] = _best_point(bases[k], per_kind[k], [next(rest) for _ in per_kind[k]], Y)
     scores = {k: t[1] for k, t in tuned.items()}
     best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
     grid = tuned["nn"][2] if "nn" in tuned else {}

@@ -27,16 +27,20 @@ def render_html(results: Mapping[str, Any]) -> str:
     return page.render_html(results, *benchmark_tables(results))
 
 
-def is_benchmark_output(path: Path) -> bool:
-    """Whether ``path`` holds a results.json this command wrote (its format says so)."""
+def _results(path: Path) -> dict[str, Any] | None:
+    """The results.json in ``path`` when this command wrote it (its format says so)."""
     f = path / RESULTS
     try:
         if f.is_symlink() or not f.is_file() or f.stat().st_size > MAX_RESULTS_BYTES:
-            return False
+            return None
         data = json.loads(f.read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def is_benchmark_output(path: Path) -> bool:
+    return _results(path) is not None
 
 
 _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -45,13 +49,7 @@ _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
 def _previous_artifacts(path: Path) -> set[str]:
     """The run artifacts (``runs/<name>``, one level, nothing else) a previous benchmark's
     results.json lists as written by it (its ``artifacts``)."""
-    if not is_benchmark_output(path):
-        return set()
-    try:
-        data = json.loads((path / RESULTS).read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return set()
-    listed = data.get("artifacts")
+    listed = (_results(path) or {}).get("artifacts")
     return {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)} \
         if isinstance(listed, list) else set()
 

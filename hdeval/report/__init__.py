@@ -32,9 +32,7 @@ def _env() -> Any:
 
 def fmt_num(x: Any, digits: int = 3) -> str:
     """A number for a table cell; "n/a" for missing (None, NaN, not a number)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "n/a"
-    if x != x:  # NaN
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x:  # x != x: NaN
         return "n/a"
     return f"{x:.{digits}f}"
 
