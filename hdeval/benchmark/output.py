@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -121,16 +123,16 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
     # what this write creates, taken back if it fails, so a rerun is not refused a directory
     # that holds artifacts its results.json does not list (replaced ones cannot be put back)
     fresh = not path.exists() or not any(path.iterdir())  # (check_output_dir: a directory if it exists)
-    created: list[tuple[str, Path]] = [] if path.exists() else [("dir", path)]
+    created: list[tuple[Any, Path]] = [] if path.exists() else [(Path.rmdir, path)]
     if not (path / RUNS).exists():
-        created.append(("dir", path / RUNS))
+        created.append((Path.rmdir, path / RUNS))
     new = {n for n in names if not (path / RUNS / n).exists()}
     try:
         path.mkdir(parents=True, exist_ok=True)
         for name in names:
             written.append(artifacts[name].save(path / RUNS / name, force=True))  # type: ignore[index]
             if name in new:
-                created.append(("tree", path / RUNS / name))
+                created.append((shutil.rmtree, path / RUNS / name))
         for name in (TABLE, HTML, RESULTS):  # results.json last: it marks the directory as ours
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
             try:
@@ -143,7 +145,7 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
                     os.unlink(tmp)
             written.append(path / name)
             if fresh:
-                created.append(("file", path / name))
+                created.append((Path.unlink, path / name))
     except BaseException as exc:
         _take_back(created)
         if isinstance(exc, OSError):
@@ -152,22 +154,12 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
     return written
 
 
-def _take_back(created: Sequence[tuple[str, Path]]) -> None:
-    """Remove what a failed :func:`write_benchmark` created, newest first (best effort): the
-    artifacts it saved where there were none, its files in a directory it made, and the
-    directories it made when they are empty again."""
-    import shutil
-
-    for kind, p in reversed(created):
-        try:
-            if kind == "tree":
-                shutil.rmtree(p)
-            elif kind == "file":
-                p.unlink()
-            else:
-                p.rmdir()  # only when empty: nothing of anyone else's
-        except OSError:
-            pass
+def _take_back(created: Sequence[tuple[Any, Path]]) -> None:
+    """Undo what a failed :func:`write_benchmark` created, newest first (best effort): each entry
+    is (how to remove it, path); a directory is removed only when empty: nothing of anyone else's."""
+    for undo, p in reversed(created):
+        with suppress(OSError):
+            undo(p)
 
 
 def _umask() -> int:

@@ -131,27 +131,16 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
     keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
     from hdeval.cache import request_key
+    from hdeval.paths import default_cache_dir
+    from hdeval.urls import keyed_identity
 
     requests, note = ev.reply_requests(items, columns)
     if note is not None:
         return Replies(note=note)
-    identity = _identity(ev)
-    return _replies({request_key(identity, req): where for where, req in requests}, cache_dir)
-
-
-def _identity(ev: Any) -> str:
-    """The identity the training run's cache keys were made with: the artifact's, plus the query
-    of the base URL when the caller set one on ``ev.llm`` (``hdeval report --base-url``), in
-    memory only."""
-    from hdeval.urls import keyed_identity
-
-    return keyed_identity(ev.llm_identity, getattr(getattr(ev, "llm", None), "base_url", None))
-
-
-def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) -> Replies:
-    """The cached reply texts of ``keyed`` (cache key -> (sample id, column)), read-only."""
-    from hdeval.paths import default_cache_dir
-
+    # the training run's cache keys: the artifact's identity, plus the query of a base URL the
+    # caller set on ``ev.llm`` (``hdeval report --base-url``), in memory only
+    identity = keyed_identity(ev.llm_identity, getattr(getattr(ev, "llm", None), "base_url", None))
+    keyed = {request_key(identity, req): where for where, req in requests}
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     found, note = read_only_lookup(cache, list(keyed))
     texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
