@@ -434,10 +434,9 @@ def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
 def tune(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
 ) -> tuple[Aggregator, float, dict[str, float]]:
-    """The template with its hyper-parameters chosen by grouped CV on (X, Y): for ``nn``, the
-    point of ``NN_GRID`` with the best cross-validated mean Spearman (ties: the earlier,
-    more regularised point). Returns (template, its CV score, score of every grid point);
-    other kinds have nothing to tune and return themselves."""
+    """(template, its CV score, score of every grid point): for ``nn``, the ``NN_GRID`` point
+    with the best grouped-CV mean Spearman (ties: the earlier, more regularised); other kinds
+    have nothing to tune and return themselves."""
     return tune_cv(template, X, Y, groups, n_jobs)[:3]
 
 

@@ -99,11 +99,9 @@ def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[s
 
 def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False,
                     artifacts: Mapping[str, Any] | None = None) -> list[Path]:
-    """Write results.json, results.md and report.html into ``out`` (each atomically: a temp
-    file renamed into place; the page and table are rendered before anything is written).
-    ``artifacts`` (from :func:`run_benchmark`): each run's evaluator saved to ``runs/<name>``
-    first (each atomically, as ``train -o``), so results.json, written last, lists only
-    artifacts that are complete."""
+    """Write results.json, results.md and report.html into ``out``, each atomically, after the
+    ``artifacts`` (from :func:`run_benchmark`) are saved to ``runs/<name>``: results.json,
+    written last, lists only complete artifacts."""
     names = list(artifacts or {})
     check_output_dir(out, force, names)
     path = Path(out)

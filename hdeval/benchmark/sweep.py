@@ -50,10 +50,8 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def _check_fit(config: Any, prep: Any, label: str) -> None:
-    """The checks a run's fit makes before its first call, made for every run before the
-    sweep's first call (an earlier run must not pay for a sweep that then stops): PairEval's and
-    HD-Eval ``--scorer pairwise``'s comparison examples (the file, enough conversations in the
-    training split) and that scorer on a pairwise task."""
+    """The method's ``check_fit`` (e.g. PairEval's comparison examples), made for every run
+    before the sweep's first call: an earlier run must not pay for a sweep that then stops."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -69,11 +67,9 @@ def _check_fit(config: Any, prep: Any, label: str) -> None:
 
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
                   artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train every combination of ``spec`` and return ``results.json``'s content. Every
-    configuration is checked (options, data, splits) before the first LLM call. ``artifacts``
-    (--keep-artifacts): a dict that receives each run's fitted evaluator under its
-    :func:`artifact_name` (each run's record names it as ``artifact``), for
-    :func:`write_benchmark` to save."""
+    """Train every combination of ``spec`` (all checked before the first LLM call) and return
+    ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
+    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`."""
     from hdeval.train import prepare, train
 
     spec.validate()
