@@ -237,12 +237,11 @@ class Aggregator(RegressorMixin, BaseEstimator):
         self.single_output_ = Y.ndim == 1
         Y = Y.reshape(len(Y), -1)
         self.aspects_, self.groups_, self.ranges_ = self._layout(Y.shape[1])
-        params = {"alpha": self.alpha, "hidden_layer_sizes": self.hidden_layer_sizes}
         models = []
         with one_thread():
             for g in self.groups_:
                 y = Y[:, self._cols(g)]
-                model = make_regressor(self.kind, self.random_state, **params)
+                model = make_regressor(self.kind, self.random_state, self.alpha, self.hidden_layer_sizes)
                 _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
                 models.append(model)
         self.models_ = models

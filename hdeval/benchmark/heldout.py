@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,10 +28,8 @@ class HeldOut:
     failed: np.ndarray | None = None
 
     def rows(self, keep: np.ndarray) -> "HeldOut":
-        ids = [s for s, k in zip(self.sample_ids, keep) if k]
-        docs = [d for d, k in zip(self.doc_ids, keep) if k]
-        return HeldOut(ids, docs, self.aspects, self.y[keep], self.pred[keep], self.failed[keep]
-                       if self.failed is not None else None)
+        return HeldOut(list(compress(self.sample_ids, keep)), list(compress(self.doc_ids, keep)), self.aspects,
+                       self.y[keep], self.pred[keep], None if self.failed is None else self.failed[keep])
 
 
 def _llm_cells_missing(test: Any) -> np.ndarray:
@@ -80,7 +79,7 @@ class PairHeldOut:
 
     def rows(self, keep: np.ndarray) -> "PairHeldOut":
         def pick(xs: Any) -> list:
-            return [x for x, k in zip(xs, keep) if k]
+            return list(compress(xs, keep))
 
         return PairHeldOut(pick(self.sample_ids), pick(self.doc_ids), pick(self.human),
                            {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},

@@ -4,6 +4,7 @@ each criterion prompt. The cache is opened read-only: a report never writes to i
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -74,8 +75,7 @@ def data_path(ev: Any, given: str | Path | None) -> Path | None:
     manifest names, if it is still there."""
     if given:
         return Path(given)
-    config = _config(ev)
-    data = config.get("data")
+    data = _config(ev).get("data")
     if isinstance(data, str) and data and os.path.isfile(data):
         return Path(data)
     return None
@@ -90,8 +90,6 @@ def _config(ev: Any) -> Mapping[str, Any]:
             return config
     path = Path(ev.path) / "manifest.json" if getattr(ev, "path", None) else None
     try:
-        import json
-
         config = json.loads(path.read_text(encoding="utf-8")).get("config") if path else None
     except (OSError, ValueError, AttributeError):
         config = None
