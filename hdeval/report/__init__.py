@@ -26,7 +26,7 @@ def _env() -> Any:
         lstrip_blocks=True,
     )
     env.filters["num"] = fmt_num
-    env.filters["datauri"] = png_data_uri
+    env.filters["datauri"] = lambda png: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return env
 
 
@@ -36,9 +36,6 @@ def fmt_num(x: Any, digits: int = 3) -> str:
         return "n/a"
     return f"{x:.{digits}f}"
 
-
-def png_data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def render(template: str, **context: Any) -> str:
