@@ -7,7 +7,11 @@ from pathlib import Path
 
 import click
 
-from hdeval.cli.common import run_command
+from hdeval.cli.boundary import run_command
+
+_cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None,
+                          type=click.Path(file_okay=False))
+
 
 @click.command("methods")
 def methods_cmd() -> None:
@@ -51,7 +55,7 @@ def cache() -> None:
 
 
 @cache.command("stats")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_stats_cmd(cache_dir: str | None) -> None:
     """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
     from hdeval.cache_guard import read_stats
@@ -65,7 +69,7 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 
 
 @cache.command("clear")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
@@ -92,7 +96,7 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
 
 
 @cache.command("check")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_check_cmd(cache_dir: str | None) -> None:
     """Read every entry: count readable, unreadable and foreign ones (writes nothing).
 
@@ -148,7 +152,7 @@ def cache_check_cmd(cache_dir: str | None) -> None:
 
 
 @cache.command("repair")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_repair_cmd(cache_dir: str | None) -> None:
     """Copy every readable entry into a fresh cache; keep the old database aside.
 
@@ -168,15 +172,13 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     run_command(go)
 
 
-
-
 @cache.command("import")
 @click.argument("results", metavar="RESULTS.jsonl", type=click.Path(dir_okay=False))
 @click.option("--requests", "requests_file", required=True, metavar="REQUESTS.jsonl",
               type=click.Path(dir_okay=False),
               help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
                    "wrote (its custom_ids are the only ones accepted).")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
     """Import an engine's answers to an exported request file into the cache.
 
