@@ -11,7 +11,7 @@ import numpy as np
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import Saving, usage_of
+from hdeval.methods.base import METRICS, SCORES, Saving, loaded, run_extra, usage_of
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -22,8 +22,6 @@ from hdeval.prompts import Template, parse_template
 from hdeval.tasks import task_from_dict
 from hdeval.types import PairSample, Task
 
-METRICS = "metrics.json"
-SCORES = "scores.csv"
 LEARNED = "learned.json"
 
 
@@ -70,11 +68,7 @@ class DnaEvaluator(Saving):
             raise DataError("no pairs to score")
         if not all(isinstance(s, PairSample) for s in samples):
             raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
-        own = backend is None
-        if own:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
             res.usage = usage_of(backend)
@@ -203,7 +197,8 @@ class DnaEvaluator(Saving):
         for name in needed:
             if name not in files:
                 raise ArtifactError(f"{where}: no checksum recorded for {name}")
-        try:
+
+        def build() -> DnaEvaluator:
             task = task_from_dict(m["task"], where=where)
             templates = {r: parse_template(PROMPT_FILES[r], art.text(f"prompts/{PROMPT_FILES[r]}.toml"),
                                            str(art.path / f"prompts/{PROMPT_FILES[r]}.toml"))
@@ -214,16 +209,12 @@ class DnaEvaluator(Saving):
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
             llm = m.get("llm") or {}
-            ev = cls(task, templates, settings,
-                     LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                     str(llm.get("identity", "")), art.json(METRICS), learned,
-                     {k: m[k] for k in ("seed", "split", "config") if k in m})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
-        if task.shape != "pairwise":
+            return cls(task, templates, settings,
+                       LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                       str(llm.get("identity", "")), art.json(METRICS), learned, run_extra(m))
+        ev = loaded(art, build)
+        if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")
-        ev.warnings = list(art.warnings)
-        ev.path = art.path
         return ev
 
 

@@ -48,9 +48,6 @@ class PairScoreResult(ScoreResult):
         self.consistent = {pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
                            for pid, (fa, fb, ra, rb) in self.order_totals.items()}
 
-    def correlations(self, samples):  # pairs have labels, not scores: see agreement()
-        return None
-
     def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
         if all(h is None for h in human):  # unlabelled input (apply): nothing to agree with

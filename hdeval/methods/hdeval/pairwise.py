@@ -346,9 +346,6 @@ class PairHdevalResult(ScoreResult):
     side_a: ScoreMatrix | None = None
     side_b: ScoreMatrix | None = None
 
-    def correlations(self, samples):  # pairs have labels, not scores
-        return None
-
     def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
         if all(h is None for h in human):
