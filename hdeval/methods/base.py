@@ -621,12 +621,14 @@ def run_record(ctx: "FitContext") -> dict[str, Any]:
             "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
 
 
-def usage_of(llm: Any) -> dict[str, int]:
-    """Calls, cache hits and tokens of a cached backend ({} for another backend)."""
-    st = getattr(llm, "stats", None)
-    if st is None:
+def usage_of(llm: Any, *more: Any) -> dict[str, int]:
+    """Calls, cache hits and tokens of cached backends, each counted once ({} for another backend)."""
+    backends = [llm] + [b for b in more if b is not llm]
+    stats = [b.stats for b in backends if getattr(b, "stats", None) is not None]
+    if not stats:
         return {}
-    return {"calls": st.calls, "cache_hits": st.hits, "prompt_tokens": st.prompt_tokens,
-            "completion_tokens": st.completion_tokens}
+    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
+            "prompt_tokens": sum(s.prompt_tokens for s in stats),
+            "completion_tokens": sum(s.completion_tokens for s in stats)}
 
 

@@ -19,7 +19,6 @@ import pandas as pd
 from hdeval.aggregate import Aggregator
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Backend
-from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
@@ -213,19 +212,9 @@ class Evaluator(TreeEvaluator):
     method = "hdeval"
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
 
-    def __init__(
-        self,
-        task: Task,
-        tree: CriteriaTree,
-        aggregator: Aggregator,
-        feature_keys: Sequence[str],
-        templates: Mapping[str, Template],
-        llm: LLMConfig,
-        llm_identity: str,
-        metrics: dict[str, Any],
-        manifest_extra: dict[str, Any] | None = None,
-        score_table: pd.DataFrame | None = None,
-    ):
+    def __init__(self, task: Task, tree: CriteriaTree, aggregator: Aggregator, feature_keys: Sequence[str],
+                 templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
+                 manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
         super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
                          score_table)
         self.aggregator = aggregator
@@ -274,23 +263,13 @@ class Evaluator(TreeEvaluator):
         mask = self.aggregator.used_features()
         return [k for k, used in zip(self.feature_keys, mask) if used]
 
-    def score(
-        self,
-        samples: Iterable[Sample],
-        backend: Backend | None = None,
-        cache_dir: str | Path | None = None,
-        concurrency: int | None = None,
-        progress: Progress | None = None,
-    ) -> ScoreResult:
+    def score(self, samples: Iterable[Sample], backend: Backend | None = None, cache_dir: str | Path | None = None,
+              concurrency: int | None = None, progress: Progress | None = None) -> ScoreResult:
         """Score new samples on the tree's criteria with the trained prompts and LLM (cached)."""
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        own = backend is None
-        if backend is None:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             needed = self.needed_criteria
             criteria = [self.tree[k] for k in needed]
@@ -311,7 +290,7 @@ class Evaluator(TreeEvaluator):
             usage = usage_of(backend)
             return ScoreResult([s.id for s in samples], list(self.aggregator.aspects), pred, full, usage)
         finally:
-            if own and isinstance(backend, CachedBackend):
+            if own:
                 backend.close()
 
     # ------------------------------------------------------------------ the method seam

@@ -22,7 +22,7 @@ from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, score_table
+from hdeval.methods.base import FitContext, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
@@ -191,10 +191,10 @@ def _run(
         "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
         "mean_subtree": _mean_subtree(tree, matrix, Y[te], te, aspects),
         "failure_rate": matrix.failure_rate,
-        "usage": _usage(llm, dec),
+        "usage": usage_of(llm, dec),
     }
     if dec is not llm:
-        metrics["usage_decompose"] = _usage(dec)
+        metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
     metrics["intervals"] = fitted_intervals(
         Y, cv_preds[kept_layer], tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
@@ -235,11 +235,7 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     given with --tree is kept whole: only layers from its last one on compete."""
     cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
-    best = eligible[0].layer
-    for r in eligible[1:]:
-        here, there = cv[r.layer], cv[best]
-        if here is not None and (there is None or here > there + LAYER_MARGIN):
-            best = r.layer
+    best = best_layer(cv, [r.layer for r in eligible])
     baselines = {
         "mean_subtree": metric_table(Y[tr], subtree_means(tree, matrix, aspects)[tr], aspects),
         "mean_all_criteria": _mean_all(matrix, Y[tr], tr, aspects),
@@ -268,6 +264,17 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
+
+
+def best_layer(cv: dict[int, float | None], layers: Sequence[int]) -> int:
+    """The first of ``layers`` unless a deeper one's cross-validated figure beats the best so far
+    by more than LAYER_MARGIN."""
+    best = layers[0]
+    for layer in layers[1:]:
+        here, there = cv[layer], cv[best]
+        if here is not None and (there is None or here > there + LAYER_MARGIN):
+            best = layer
+    return best
 
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
@@ -390,14 +397,6 @@ def _mean_subtree(tree: CriteriaTree, matrix: ScoreMatrix, y: np.ndarray, te: np
                   aspects: list[str]) -> dict:
     """The stronger 'w/o aggregator' baseline: each aspect predicted by its own subtree mean."""
     return metric_table(y, subtree_means(tree, matrix, aspects)[te], aspects)
-
-
-def _usage(llm: CachedBackend, *more: CachedBackend) -> dict[str, int]:
-    """Calls, cache hits and tokens of ``llm`` (and of each other backend in ``more``)."""
-    stats = [llm.stats] + [b.stats for b in more if b is not llm]
-    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
-            "prompt_tokens": sum(s.prompt_tokens for s in stats),
-            "completion_tokens": sum(s.completion_tokens for s in stats)}
 
 
 def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | None) -> None:

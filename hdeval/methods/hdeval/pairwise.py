@@ -38,6 +38,9 @@ from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
 from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
+from hdeval.methods.hdeval.loop import (
+    LAYER_MARGIN, LayerReport, _fmt, _units_left, best_layer, kept_warnings, pruning_lines, warning_notes,
+)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
@@ -87,24 +90,11 @@ def plan_pairwise(config, prep, backend=None) -> list:
 
 
 # ----------------------------------------------------------------------------- fit
-@dataclass
-class PairLayerReport:
-    layer: int
-    added: list[str]
-    aggregator: str
-    cv_train: dict[str, Any]
-    test: dict[str, Any]
-    failure_rate: float
-    selection_scores: dict[str, float] = field(default_factory=dict)
-    importance: dict[str, float] = field(default_factory=dict)
-    expand_next: list[str] = field(default_factory=list)
-    positive_importance: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
-        return dataclasses.asdict(self)
+class PairLayerReport(LayerReport):
+    def to_dict(self) -> dict[str, Any]:  # a classifier has no nn grid to record
+        out = super().to_dict()
+        del out["tuning"], out["params"]
+        return out
 
 
 def check_pairwise_options(ctx: FitContext) -> None:
@@ -130,8 +120,6 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
-    from hdeval.methods.hdeval.loop import _units_left, kept_warnings, warning_notes
-
     check_pairwise_options(ctx)
     config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
     task, pairs, split = prep.task, list(prep.samples), prep.split
@@ -264,14 +252,8 @@ def choose_pair_layer(reports: Sequence[PairLayerReport]) -> dict[str, Any]:
     """The layer to keep, decided on the training split only, as for pointwise HD-Eval: the
     best grouped cross-validated 3-way agreement (with ties); a deeper layer costs more calls
     and must beat the shallower best by more than ``LAYER_MARGIN``. Test rows decide nothing."""
-    from hdeval.methods.hdeval.loop import LAYER_MARGIN
-
     cv = {r.layer: r.cv_train.get("w_ties") for r in reports}
-    best = reports[0].layer
-    for r in reports[1:]:
-        here, there = cv[r.layer], cv[best]
-        if here is not None and (there is None or here > there + LAYER_MARGIN):
-            best = r.layer
+    best = best_layer(cv, [r.layer for r in reports])
     deepest = reports[-1].layer
     if best == deepest:
         reason = ("the only layer" if len(reports) == 1
@@ -322,13 +304,7 @@ def _score_table(ids, a: ScoreMatrix, b: ScoreMatrix, split, y) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-def _fmt(x: Any) -> str:
-    return "  n/a" if x is None else f"{x:5.3f}"
-
-
 def _layer_summary(r: PairLayerReport) -> str:
-    from hdeval.methods.hdeval.loop import pruning_lines
-
     lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
              f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
              f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
@@ -416,11 +392,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         if not all(isinstance(p, PairSample) for p in pairs):
             raise DataError("this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
                             "output_b), not single outputs")
-        own = backend is None
-        if own:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             criteria = [self.tree[k] for k in self.needed_criteria]
             if progress is not None:
