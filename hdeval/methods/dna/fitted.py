@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Sequence
-
-import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SCORES, Saving, loaded, run_extra, usage_of
+from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, run_extra, usage_of
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -25,7 +22,7 @@ from hdeval.types import PairSample, Task
 LEARNED = "learned.json"
 
 
-class DnaEvaluator(Saving):
+class DnaEvaluator(SimpleFitted):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"
@@ -33,17 +30,10 @@ class DnaEvaluator(Saving):
     def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: LLMConfig,
                  llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
                  extra: dict[str, Any] | None = None, score_table=None):
-        self.task = task
+        super().__init__(task, None, llm, llm_identity, metrics, extra, score_table)
         self.templates = templates
         self.settings = settings
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
         self.learned = learned
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     def method_args(self) -> dict[str, Any]:
         return self.settings.to_dict()
@@ -76,14 +66,7 @@ class DnaEvaluator(Saving):
             if own:
                 backend.close()
         if self.learned is not None and res.diffs is not None:
-            ok = ~np.isnan(res.diffs).any(axis=1)
-            lab: list[str | None] = [None] * len(samples)
-            lab_ab: list[str | None] = [None] * len(samples)
-            if ok.any():
-                for i, a, b in zip(np.flatnonzero(ok), self.learned.predict(res.diffs[ok]),
-                                   self.learned.predict_ab(res.diffs[ok])):
-                    lab[i], lab_ab[i] = a, b
-            res.learned_labels, res.learned_ab = lab, lab_ab
+            res.learned_labels, res.learned_ab = self.learned.labels(res.diffs)
         return res
 
     def output_rows(self, samples: Sequence[PairSample], result: PairScoreResult) -> list[dict[str, Any]]:

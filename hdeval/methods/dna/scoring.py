@@ -143,13 +143,14 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     cells_second: list[Cell] = []
     base_cols: dict[str, list[str]] = {}
 
-    def add(pid: str, base: str, req_of) -> None:
+    def add(pid: str, base: str, req_of, first: list[Cell] = cells_first,
+            second: list[Cell] = cells_second) -> None:
         for swapped in orders:
             req = req_of(swapped)
             sfx = SWAP if swapped else ""
             # shown first is A (or B when swapped)
-            (cells_second if swapped else cells_first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
-            (cells_first if swapped else cells_second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
+            (second if swapped else first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
+            (first if swapped else second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
 
     scorable = [p for p in pairs if p.id not in failures]
     if settings.uses_aspects:
@@ -183,17 +184,15 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             if p.id in failures:
                 continue
             sa, sb = _mean_scores(matrix, p.id, base_cols[p.id], settings.swap)
-            specs, w = aspects[p.id], weights[p.id]
-            for swapped in orders:
+
+            def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                req = structured_pair(_req(tpl_p, {"task_description": task.description,
-                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
-                                                   answer=TWO_SCORES))
-                sfx = SWAP if swapped else ""
-                (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
-                (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
+                return structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                    "pair": pair_block(task, p, swapped), "aspect_scores": lines},
+                                            8, answer=TWO_SCORES))
+            add(p.id, "overall", agg_req, agg_a, agg_b)
         extra = _both_sides(llm, ids, agg_a, agg_b, _read_pair, concurrency, progress,
                             f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", fail)
         matrix = _merge(ids, [matrix, extra])
