@@ -1,16 +1,7 @@
 """``hdeval report`` for artifacts that judge pairs: DnA (``--method dna``) and HD-Eval on a
-pairwise task. Reads only what the artifact holds (no LLM, no refit) and returns the numbers
-(``report.json``) and the same as readable lines (printed); ``report.html`` shows them with
-plots, a verdict banner and the wrong verdicts (page layout in :mod:`hdeval.report`).
-
-- DnA: the LLM's weight per aspect (the mean over instances; per proposed aspect name with
-  dynamic aspects), and for learned aggregation its coefficients per aspect and each aspect's
-  share of the absolute coefficients (every aspect is scored on the same 1-10 scale, so the
-  shares compare with the LLM's weights); held-out agreement.
-- HD-Eval on pairs: the criteria tree with each criterion's held-out permutation importance
-  (the drop in agreement when its difference is shuffled) and rolled-up importance (itself plus
-  its descendants), whether the classifier uses it; agreement per layer.
-"""
+pairwise task (what each shows: docs/methods.md). Reads only what the artifact holds (no LLM, no
+refit) and returns the numbers (``report.json``) and the same as readable lines (printed);
+``report.html`` shows them with plots (page layout in :mod:`hdeval.report`)."""
 
 from __future__ import annotations
 

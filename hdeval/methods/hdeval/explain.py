@@ -142,17 +142,9 @@ def explainer_for(kind: str, method: str = "auto") -> str:
     return method
 
 
-def shap_explain(
-    aggregator: Aggregator,
-    feature_keys: Sequence[str],
-    X: np.ndarray,
-    sample_ids: Sequence[str],
-    background: np.ndarray | None = None,
-    *,
-    method: str = "auto",
-    max_evals: int = MAX_EVALS,
-    random_state: int = 0,
-) -> dict[str, ShapResult]:
+def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndarray,
+                 sample_ids: Sequence[str], background: np.ndarray | None = None, *, method: str = "auto",
+                 max_evals: int = MAX_EVALS, random_state: int = 0) -> dict[str, ShapResult]:
     """SHAP values of every aspect for the rows ``X`` (raw criterion scores, NaN allowed).
     ``background`` (training rows, already subsampled) is required by the linear and permutation
     explainers. Aspects that share a multi-output pipeline are explained in one pass."""
@@ -274,14 +266,9 @@ def curve_sizes(n: int, max_points: int | None) -> list[int]:
     return [int(p) for p in pts]
 
 
-def efficiency_curve(
-    aggregator: Aggregator,
-    feature_keys: Sequence[str],
-    order: Sequence[str],
-    train: SplitRows,
-    test: SplitRows,
-    max_points: int | None = None,
-) -> list[EfficiencyPoint]:
+def efficiency_curve(aggregator: Aggregator, feature_keys: Sequence[str], order: Sequence[str],
+                     train: SplitRows, test: SplitRows,
+                     max_points: int | None = None) -> list[EfficiencyPoint]:
     """Criteria efficiency (paper 4.3): for k = 1..n, an aggregator of the same kind refitted
     on the training split's first k criteria of ``order``, and its held-out correlations
     (clipped, as ``apply`` reports). Kept columns stay in feature order, so the point with every
@@ -312,14 +299,8 @@ def _num(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def explain_samples(
-    evaluator: Any,
-    result: "ScoreResult",
-    top: int = 3,
-    *,
-    n_background: int = N_BACKGROUND,
-    random_state: int = 0,
-) -> list[dict[str, Any]]:
+def explain_samples(evaluator: Any, result: "ScoreResult", top: int = 3, *, n_background: int = N_BACKGROUND,
+                    random_state: int = 0) -> list[dict[str, Any]]:
     """Per-sample explanations of :meth:`Evaluator.score` output, one dict per sample in
     result order::
 

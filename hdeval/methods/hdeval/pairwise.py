@@ -1,17 +1,8 @@
-"""HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task).
-
-The criteria tree is built exactly as for pointwise tasks (the task's aspects, decomposed by
-the LLM layer by layer with the same prompt and code). Each response of a pair is scored on every
-criterion with the pointwise criterion prompt (``prompts/score.toml``: the question as the shown
-fields, the response as the output, a 1-5 digit, logprob-weighted where the server gives
-logprobs); each response is shown alone, so there is no position bias to swap away. The feature
-of a pair is score(A) - score(B) per criterion, and the aggregator is a classifier over those
-differences predicting the human label a / b (/ tie): the kinds of :mod:`hdeval.classify`,
-chosen by grouped cross-validated agreement with ``--aggregator auto``. Permutation importance
-(the drop in the classifier's held-out agreement, folds grouped by doc_id inside the training
-split) picks the criteria to decompose next. Metrics: agreement with the human labels with and
-without ties and confusion counts, per layer, on the held-out split.
-"""
+"""HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task;
+docs/methods.md tells it whole): the tree is built as for pointwise tasks, each response is
+scored alone on every criterion with the pointwise prompt (so no position bias to swap away),
+and a classifier (:mod:`hdeval.classify`) on score(A) - score(B) per criterion predicts the
+human label; permutation importance picks the criteria to decompose next."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The evaluator report: ``report.json`` (every number) and a self-contained ``report.html``
-(the same numbers, plus matplotlib plots embedded as base64 PNG data URIs; no scripts, no
-external resources, so it opens offline and can be mailed around).
-
-Computation lives in :mod:`hdeval.methods.hdeval.explain`; the page and its plots in
-:mod:`hdeval.report.pointwise`, below the method; this module assembles the numbers (and the
-per-sample view's) and writes both files. ``ev`` is the fitted pointwise
-:class:`~hdeval.methods.hdeval.evaluator.Evaluator`, which imports this module (not the reverse).
-"""
+"""The evaluator report: ``report.json`` (every number) and a self-contained ``report.html``.
+Computation lives in :mod:`.explain`, the page and its plots in :mod:`hdeval.report.pointwise`;
+this module assembles the numbers (and the per-sample view's) and writes both files. ``ev`` is
+the fitted pointwise evaluator, which imports this module (not the reverse)."""
 
 from __future__ import annotations
 
@@ -72,16 +67,9 @@ class Report:
     efficiency: list[EfficiencyPoint]
 
 
-def build_report(
-    ev: Any,
-    *,
-    max_samples: int = MAX_SAMPLES,
-    n_background: int = N_BACKGROUND,
-    n_repeats: int = N_REPEATS,
-    curve_points: int | None = CURVE_POINTS,
-    random_state: int = 0,
-    progress: Progress | None = None,
-) -> Report:
+def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int = N_BACKGROUND,
+                 n_repeats: int = N_REPEATS, curve_points: int | None = CURVE_POINTS, random_state: int = 0,
+                 progress: Progress | None = None) -> Report:
     """Compute every number of the report from the artifact's score table (``scores.csv``)
     and its aggregator. ``max_samples`` bounds the SHAP-explained held-out samples,
     ``n_background`` the background rows, ``curve_points`` the refits of the efficiency curve."""
