@@ -15,7 +15,6 @@ from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
-from hdeval.methods.dna.settings import settings_of
 from hdeval.types import PairSample
 from hdeval.urls import shown_identity
 
@@ -61,7 +60,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
 
     from hdeval.aggregate import cv_folds
 
-    settings = settings_of(ctx)
+    settings = ctx.options.settings()
     task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split
     templates = load_dna_templates(settings.prompt_roles)
     ctx.progress.message(

@@ -17,12 +17,12 @@ from hdeval.methods.dna.prompts import (PROMPT_FILES, TOP_LOGPROBS, TWO_SCORES, 
 from hdeval.methods.dna.replies import (SCALE10, AspectSpec, _read_cot, _read_pair, _read_pair_weighted,
                                         validate_aspects, validate_weights)
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, run_pairs
-from hdeval.methods.dna.settings import MAX_K, Settings, settings_of
+from hdeval.methods.dna.settings import MAX_K, Settings
 
 __all__ = [
     "_read_cot", "_read_pair", "_read_pair_weighted", "agreement", "AspectSpec", "decide", "DnaEvaluator", "fake",
     "fit", "fit_learned", "Learned", "LEARNED", "load_dna_templates", "MAX_K", "METRICS", "overall_request",
     "pair_block", "PairScoreResult", "plan_dna", "PROMPT_FILES", "question_block", "run_pairs", "SCALE10",
-    "score_request", "SCORES", "Settings", "settings_of", "SWAP", "TOP_LOGPROBS", "TWO_SCORES", "validate_aspects",
+    "score_request", "SCORES", "Settings", "SWAP", "TOP_LOGPROBS", "TWO_SCORES", "validate_aspects",
     "validate_weights", "weighted_totals", "weights_request",
 ]

@@ -5,7 +5,6 @@ the fitted pointwise evaluator, which imports this module (not the reverse)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -253,17 +252,10 @@ def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path
             raise ConfigError("give an output directory: this evaluator was not loaded from disk")
         out_dir = ev.path / "report"
     out = Path(out_dir)
+    from hdeval.methods.pair_report import write_report_files
     from hdeval.report.pointwise import render_html
 
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)
     page = render_html(ev, report, samples, note)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        jpath, hpath = out / "report.json", out / "report.html"
-        jpath.write_text(json.dumps(report.data, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
-                         encoding="utf-8")
-        hpath.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
-    return ReportFiles(hpath, jpath)
+    return ReportFiles(*write_report_files(out, report.data, page, allow_nan=False))

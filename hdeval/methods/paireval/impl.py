@@ -5,11 +5,8 @@ package's modules (one job each) for the package."""
 
 from __future__ import annotations
 
-from hdeval.methods.comparisons import (  # PairEval's names, reachable from the package
-    COMPARISONS, Example, LABELS, MAX_EXAMPLE_CHARS, MAX_TOKENS, PairScores, PairwiseScorer, RESPONSE_FIELD,
-    TOP_LOGPROBS, _EveryK, _p_first_label, _parse_examples, _quiet, check_comparisons, comparisons_for,
-    criterion_question, draw_comparisons, hdeval_scorer, history_fields, pair_cells, pair_question,
-    pair_request, pair_scores, read_comparison_file, response_label,
+from hdeval.methods.comparisons import (  # the comparison names users import from the package
+    LABELS, Example, PairScores, PairwiseScorer, draw_comparisons, history_fields, pair_scores,
 )
 from hdeval.methods.paireval import fake  # noqa: F401  (registers the fake LLM's yesno answers)
 from hdeval.methods.paireval.all_vs_all import same_doc_cells, same_doc_scores
@@ -31,10 +28,6 @@ __all__ = [
     "comparison_source", "comparison_text", "export_training", "fake", "fit_paireval", "fit_with_pool",
     "fit_yesno", "overlap_text", "overlap_with_test", "plan_requests", "planned_requests", "reference_examples",
     "same_doc_cells", "same_doc_scores", "yesno_question", "yesno_request",
-    # comparisons.py's, reachable from the package as before
-    "COMPARISONS", "Example", "LABELS", "MAX_EXAMPLE_CHARS", "MAX_TOKENS", "PairScores", "PairwiseScorer",
-    "RESPONSE_FIELD", "TOP_LOGPROBS", "_EveryK", "_p_first_label", "_parse_examples", "_quiet",
-    "check_comparisons", "comparisons_for", "criterion_question", "draw_comparisons", "hdeval_scorer",
-    "history_fields", "pair_cells", "pair_question", "pair_request", "pair_scores", "read_comparison_file",
-    "response_label",
+    # comparisons.py's
+    "Example", "LABELS", "PairScores", "PairwiseScorer", "draw_comparisons", "history_fields", "pair_scores",
 ]
