@@ -9,8 +9,9 @@ a method only says which files it writes and how it reads them back. The registr
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
 
 from hdeval.errors import ConfigError, DataError
 
@@ -230,11 +231,9 @@ class SinglePromptFitted(SimpleFitted):
         backend, own = self.open_backend(backend, cache_dir)
         try:
             n = len(self.task.aspects)
-            if progress is not None:
-                progress.stage(f"{self.stage} {len(samples)} samples x {n} aspects", len(samples) * n)
-            m = self.ask(backend, samples, concurrency, progress)
-            if progress is not None:
-                progress.end_stage()
+            label = f"{self.stage} {len(samples)} samples x {n} aspects"
+            with progress_stage(progress, label, len(samples) * n):
+                m = self.ask(backend, samples, concurrency, progress)
             return ScoreResult(m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m,
                                usage_of(backend))
         finally:
@@ -308,6 +307,16 @@ def loaded(art: "ArtifactReader", build: Callable[[], Any],
     ev.warnings = list(art.warnings)
     ev.path = art.path
     return ev
+
+
+@contextmanager
+def progress_stage(progress: "Progress | None", label: str, total: int) -> Iterator[None]:
+    """The block as one progress stage (nothing without a progress)."""
+    if progress is not None:
+        progress.stage(label, total)
+    yield
+    if progress is not None:
+        progress.end_stage()
 
 
 def run_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext
+from hdeval.methods.base import FitContext, progress_stage
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, sample_block
 from hdeval.types import Aspect, Failure, Sample, ScoreMatrix, Task
@@ -262,12 +262,9 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     stage of its own (False when the caller has one open)."""
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
     cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    if progress is not None and stage:
-        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples"
-                       f"{' x 2 orders' if swap else ''}", len(cells))
-    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
-    if progress is not None and stage:
-        progress.end_stage()
+    with progress_stage(progress if stage else None, f"comparing {len(samples)} samples x {len(cols)} columns x "
+                        f"{n} examples{' x 2 orders' if swap else ''}", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
     first, second = judged_orders(m, samples, cols, len(pool))
     return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, list(m.failures),
                       len(cells), swap)

@@ -11,7 +11,7 @@ import numpy as np
 
 from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import ScoreResult, usage_of
+from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
 from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_schema, overall_request, pair_block,
                                         question_block, score_request, weights_request)
@@ -80,12 +80,9 @@ def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], read
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
     and counts the calls and the second reads the same (now cached) replies for the other side."""
-    if progress is not None:
-        progress.stage(label, len(first))
-    m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-    m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
-    if progress is not None:
-        progress.end_stage()
+    with progress_stage(progress, label, len(first)):
+        m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+        m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
     matrix = _merge(ids, [m1, m2])
     for f in matrix.failures:
         fail(f.sample_id, f"{f.criterion_key}: {f.reason}")

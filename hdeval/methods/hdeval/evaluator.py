@@ -23,7 +23,7 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
 from hdeval.methods.aggregator_file import check_models as _check_models
-from hdeval.methods.base import Saving, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import Saving, ScoreResult, progress_stage, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request
@@ -273,14 +273,10 @@ class Evaluator(TreeEvaluator):
         try:
             needed = self.needed_criteria
             criteria = [self.tree[k] for k in needed]
-            if progress is not None:
-                progress.stage(f"scoring {len(samples)} samples x {len(criteria)} criteria", len(samples) * len(criteria))
-            m = (self.scorer or score_criteria)(
-                backend, self.templates["score"], self.task, self.tree, criteria, samples,
-                concurrency, progress,
-            )
-            if progress is not None:
-                progress.end_stage()
+            with progress_stage(progress, f"scoring {len(samples)} samples x {len(criteria)} criteria",
+                                len(samples) * len(criteria)):
+                m = (self.scorer or score_criteria)(backend, self.templates["score"], self.task, self.tree,
+                                                    criteria, samples, concurrency, progress)
             X = np.full((len(samples), len(self.feature_keys)), np.nan)
             for j, k in enumerate(self.feature_keys):
                 if k in m.criterion_keys:

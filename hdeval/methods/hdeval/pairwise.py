@@ -26,7 +26,7 @@ from hdeval.classify import (
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, progress_stage, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
 from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.methods.hdeval.loop import (
@@ -386,13 +386,10 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         backend, own = self.open_backend(backend, cache_dir)
         try:
             criteria = [self.tree[k] for k in self.needed_criteria]
-            if progress is not None:
-                progress.stage(f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
-                               2 * len(pairs) * len(criteria))
-            sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
-                                 concurrency, progress)
-            if progress is not None:
-                progress.end_stage()
+            with progress_stage(progress, f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
+                                2 * len(pairs) * len(criteria)):
+                sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
+                                     concurrency, progress)
             usage = usage_of(backend)
         finally:
             if own:

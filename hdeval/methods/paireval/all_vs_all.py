@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hdeval.judge import Cell, fill_matrix
+from hdeval.methods.base import progress_stage
 from hdeval.methods.comparisons import (
     Example, PairScores, _p_first_label, judged_orders, pair_question, versus_cells,
 )
@@ -37,12 +38,9 @@ def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[
     samples = list(samples)
     cols = [(a.key, pair_question(a)) for a in task.aspects]
     cells = same_doc_cells(template, task, samples, swap, cols)
-    if progress is not None:
-        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns with every other response of "
-                       f"their document{' x 2 orders' if swap else ''}", len(cells))
-    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
-    if progress is not None:
-        progress.end_stage()
+    with progress_stage(progress, f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                        f"response of their document{' x 2 orders' if swap else ''}", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
     width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
     first, second = judged_orders(m, samples, cols, width)
     failures: list[Failure] = list(m.failures) if m is not None else []
