@@ -11,7 +11,7 @@ from hdeval.urls import shown_identity
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from sklearn.base import clone
@@ -314,23 +314,30 @@ def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int,
     """At most how many progress units (decompositions, and one scoring request per sample and
     criterion: what the dry run's "requests" counts) layers ``first`` on still need, with the
     tree as it is before layer ``first``. Counted as :func:`_plan` counts."""
-    total = candidates = 0
+    return sum(nodes + n * (len(known) + nodes * config.options.children)
+               for _, nodes, known in _layer_sizes(config, tree, first, depth, locked, expand))
+
+
+def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
+                 expand: Sequence[str]) -> Iterator[tuple[int, int, list]]:
+    """(layer, criteria decomposed before it at most, its criteria known now) for layers ``first``
+    on, with the tree as it is before layer ``first``."""
+    candidates = 0  # criteria of the previous layer pruning may pick for expansion
     for layer in range(first, config.options.layers + 1):
         if layer == first and layer > 1:
             nodes = len(_to_decompose(tree, layer, depth, locked, expand))
-        elif layer == 2:
+        elif layer == 2:  # every aspect without sub-criteria that is not locked
             nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
-        elif layer > depth:
+        elif layer > depth:  # at most --top-k picked by pruning
             nodes = min(config.options.top_k, candidates)
         else:
             nodes = 0
         if layer > depth and not nodes:
-            break
-        known = [c for c in tree.layer(layer)] if layer <= depth else []
-        new = nodes * config.options.children
-        total += nodes + n * (len(known) + new)
-        candidates = sum(1 for c in known if c.key not in locked) + new
-    return total
+            return
+        # the given tree's criteria on this layer are known
+        known = tree.layer(layer) if layer <= depth else []
+        yield layer, nodes, known
+        candidates = sum(1 for c in known if c.key not in locked) + nodes * config.options.children
 
 
 def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
@@ -504,18 +511,8 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
     dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
     plans: list[LayerPlan] = []
     per_prompt = 0.0
-    candidates = 0  # criteria of the previous layer pruning may pick for expansion
-    for layer in range(1, config.options.layers + 1):
-        if layer == 2:  # every aspect without sub-criteria that is not locked
-            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
-        elif layer > depth:  # at most --top-k picked by pruning
-            nodes = min(config.options.top_k, candidates)
-        else:
-            nodes = 0
-        if layer > depth and not nodes:
-            break
-        # the given tree's criteria on this layer are known: count their requests exactly
-        known = tree.layer(layer) if layer <= depth else []
+    for layer, nodes, known in _layer_sizes(config, tree, 1, depth, locked, ()):
+        # the known criteria's requests are counted exactly
         reqs = score_requests(templates["score"], task, tree, known, samples) if known else []
         # Identical requests (samples with the same text) cost one call: count distinct keys.
         distinct = {llm.key(r): r for r in reqs}
@@ -533,5 +530,4 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
             score * 2 + dec_c, decompose_prompt_tokens=dec_p, decompose_completion_tokens=dec_c,
             requests=nodes + len(reqs) + n_new * len(samples),
         ))
-        candidates = sum(1 for c in known if c.key not in locked) + n_new
     return plans
