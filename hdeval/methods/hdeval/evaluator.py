@@ -23,7 +23,7 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
 from hdeval.methods.aggregator_file import check_models as _check_models
-from hdeval.methods.base import Saving, ScoreResult, progress_stage, score_rows, usage_of
+from hdeval.methods.base import ScoreResult, SimpleFitted, progress_stage, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request
@@ -40,7 +40,7 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
                "decomposition_rejections")
 
 
-class TreeEvaluator(Saving):
+class TreeEvaluator(SimpleFitted):
     """What the pointwise and the pairwise HD-Eval evaluators both hold: the task, the criteria
     tree, the feature order, the prompts, the LLM and the run's metrics and score table."""
 
@@ -48,17 +48,11 @@ class TreeEvaluator(Saving):
                  templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
                  metrics: dict[str, Any], manifest_extra: dict[str, Any] | None = None,
                  score_table: pd.DataFrame | None = None):
-        self.task = task
+        super().__init__(task, None, llm, llm_identity, metrics, None, score_table)
         self.tree = tree
         self.feature_keys = list(feature_keys)
         self.templates = dict(templates)
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
         self.manifest_extra = dict(manifest_extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     # ------------------------------------------------------------------ saving
     def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
