@@ -13,8 +13,8 @@ from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
-from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_schema, overall_request, pair_block,
-                                        question_block, score_request, weights_request)
+from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, overall_request, pair_block,
+                                        score_request, weights_request)
 from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _read_pair_weighted, _side,
                                         structured_pair, validate_aspects, validate_weights)
 from hdeval.methods.dna.settings import Settings
@@ -113,11 +113,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     weights: dict[str, np.ndarray] = {}
     if settings.uses_aspects:
         if settings.dynamic:
-            tpl = templates["aspects"]
-
             def propose(p: PairSample):
-                req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
-                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
+                req = aspects_request(templates["aspects"], task, p, settings.k)
                 return req, validate_aspects(settings.k), _feedback
 
             ask_each("aspects", pairs, propose, aspects,
