@@ -1,9 +1,5 @@
-"""Aggregation (paper 2.2): white-box regressors from criterion scores to human aspects.
-
-Aspects that share a score range are fitted by one multi-output regressor; an aspect with a
-different range gets its own (the paper does this for Topical-Chat's groundedness).
-Pure scikit-learn: no LLM, no disk.
-"""
+"""Aggregation (paper 2.2): white-box regressors from criterion scores to human aspects; aspects
+that share a score range share one multi-output regressor. Pure scikit-learn: no LLM, no disk."""
 
 from __future__ import annotations
 
@@ -93,9 +89,8 @@ def recorded(fn: Any, *args: Any) -> tuple[Any, list[tuple]]:
 
 def run_jobs(calls: Sequence[tuple[Any, tuple]], n_jobs: int | None = None) -> list[Any]:
     """``[fn(*args) for fn, args in calls]``, in up to ``n_jobs`` worker processes (default
-    ``default_jobs()``; 1 runs them here, in order). ``fn`` must be a module-level function.
-    The warnings the calls raise are re-issued here in call order, so a caller recording
-    warnings sees the same ones whatever ``n_jobs`` is (a worker's would otherwise be lost)."""
+    ``default_jobs()``); ``fn`` must be module-level. The calls' warnings are re-issued here in
+    call order, so a caller sees the same ones whatever ``n_jobs`` is."""
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     if n_jobs == 1 or len(calls) <= 1:
         with one_thread():
@@ -110,10 +105,15 @@ def run_jobs(calls: Sequence[tuple[Any, tuple]], n_jobs: int | None = None) -> l
     return [result for result, _ in done]
 
 
+def pipeline(model: Any) -> Pipeline:
+    """Imputer (median; a failed LLM score is NaN) -> standardiser -> model."""
+    impute = SimpleImputer(strategy="median", keep_empty_features=True)
+    return Pipeline([("impute", impute), ("scale", StandardScaler()), ("model", model)])
+
+
 def make_regressor(
     kind: str, random_state: int = 0, alpha: float = NN_ALPHA, hidden_layer_sizes: tuple[int, ...] = NN_HIDDEN
 ) -> Pipeline:
-    """Imputer (median; a failed LLM score is NaN) -> standardiser -> model."""
     if kind == "lr":
         model = LinearRegression()
     elif kind == "dt":
@@ -134,13 +134,7 @@ def make_regressor(
         )
     else:
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
-    return Pipeline(
-        [
-            ("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
-            ("scale", StandardScaler()),
-            ("model", model),
-        ]
-    )
+    return pipeline(model)
 
 
 def aspect_groups(task: Task) -> list[list[str]]:
@@ -154,16 +148,10 @@ def aspect_groups(task: Task) -> list[list[str]]:
 
 
 class Aggregator(RegressorMixin, BaseEstimator):
-    """Maps criterion scores (columns ``feature_keys``) to aspect scores: a scikit-learn
-    regressor (``clone``, ``get_params``/``set_params``, ``cross_val_predict`` and searches
-    over ``kind`` work on it).
-
-    ``__init__`` only stores its arguments; ``fit`` returns self; learned state ends in ``_``;
-    predictions are clipped to each aspect's range. ``aspects``/``ranges``/``groups`` default
-    to what a plain regressor needs (outputs named ``y0``, ``y1``, ...; no clipping; one model
-    for all outputs), so the estimator also works without a task. ``alpha`` and
-    ``hidden_layer_sizes`` are used by ``kind="nn"`` only.
-    """
+    """Maps criterion scores to aspect scores, clipped to each aspect's range: a scikit-learn
+    regressor (``clone``, ``cross_val_predict`` and searches over ``kind`` work on it). Without
+    ``aspects``/``ranges``/``groups`` it is a plain regressor (outputs ``y0``, ``y1``, ...; no
+    clipping; one model). ``alpha`` and ``hidden_layer_sizes`` are used by ``kind="nn"`` only."""
 
     def __init__(
         self,
@@ -249,12 +237,11 @@ class Aggregator(RegressorMixin, BaseEstimator):
         self.single_output_ = Y.ndim == 1
         Y = Y.reshape(len(Y), -1)
         self.aspects_, self.groups_, self.ranges_ = self._layout(Y.shape[1])
-        params = {"alpha": self.alpha, "hidden_layer_sizes": self.hidden_layer_sizes}
         models = []
         with one_thread():
             for g in self.groups_:
                 y = Y[:, self._cols(g)]
-                model = make_regressor(self.kind, self.random_state, **params)
+                model = make_regressor(self.kind, self.random_state, self.alpha, self.hidden_layer_sizes)
                 _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
                 models.append(model)
         self.models_ = models
@@ -265,11 +252,8 @@ class Aggregator(RegressorMixin, BaseEstimator):
         X = _validate(self, X, reset=False)
         out = np.zeros((X.shape[0], len(self.aspects_)))
         for g, model in zip(self.groups_, self.models_):
-            pred = np.asarray(model.predict(X)).reshape(X.shape[0], -1)
-            out[:, self._cols(g)] = pred
-        lo = np.array([r[0] for r in self.ranges_], float)
-        hi = np.array([r[1] for r in self.ranges_], float)
-        out = np.clip(out, lo, hi)
+            out[:, self._cols(g)] = np.asarray(model.predict(X)).reshape(X.shape[0], -1)
+        out = np.clip(out, *np.array(self.ranges_, float).T)
         return out[:, 0] if self.single_output_ else out
 
     def model_for(self, aspect: str) -> tuple[Pipeline, int | None]:
@@ -300,9 +284,8 @@ def used_features(model: Pipeline, n_features: int) -> np.ndarray:
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
-    """``model.fit``, with the MLP's L-BFGS convergence warnings (which name the iteration
-    count and a URL, so every fit's differs) reworded to one short warning per cause: a
-    layer's notes then count them instead of listing each."""
+    """``model.fit``, with the MLP's L-BFGS convergence warnings (each names its iteration count)
+    reworded to one short warning per cause, so a layer's notes count them."""
     est = model.named_steps["model"]
     if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
         model.fit(X, y)
@@ -345,9 +328,8 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
 
 def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray,
                  test: np.ndarray, keep: bool = False) -> Any:
-    """One fold's held-out predictions (and, with ``keep``, the fitted fold model too, with
-    the warnings its fit raised in ``fit_warnings_``: a caller reusing the model instead of
-    fitting it again re-issues them, so a layer's notes count what they counted before)."""
+    """One fold's held-out predictions (with ``keep``, and the fitted fold model, its fit's
+    warnings in ``fit_warnings_`` for a caller that reuses it to re-issue)."""
     if not keep:
         return clone(template).fit(X[train], Y[train]).predict(X[test])
     agg, caught = recorded(clone(template).fit, X[train], Y[train])
@@ -360,10 +342,8 @@ def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.n
 def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
               n_jobs: int | None = None, keep: bool = False,
               ) -> tuple[list[np.ndarray], list[list[Aggregator]] | None]:
-    """``cross_val_predictions`` of every template, every fold of every template in one batch
-    of parallel jobs (the same fits as ``cross_val_predict``, so the same predictions).
-    With ``keep``, and when the fits run in this process, also every template's fitted fold
-    models (in ``cv_folds`` order); else None (worker processes would have to send them back)."""
+    """``cross_val_predictions`` of every template, every fold one job of a single batch. With
+    ``keep``, and when the fits run in this process, also each template's fold models; else None."""
     X, Y = np.asarray(X), np.asarray(Y)
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     folds = [cv_folds(groups, t.random_state) for t in templates]
@@ -449,13 +429,13 @@ def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
     return next(i for i, p in enumerate(preds) if p is chosen)
 
 
+
 def tune(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
 ) -> tuple[Aggregator, float, dict[str, float]]:
-    """The template with its hyper-parameters chosen by grouped CV on (X, Y): for ``nn``, the
-    point of ``NN_GRID`` with the best cross-validated mean Spearman (ties: the earlier,
-    more regularised point). Returns (template, its CV score, score of every grid point);
-    other kinds have nothing to tune and return themselves."""
+    """(template, its CV score, score of every grid point): for ``nn``, the ``NN_GRID`` point
+    with the best grouped-CV mean Spearman (ties: the earlier, more regularised); other kinds
+    have nothing to tune and return themselves."""
     return tune_cv(template, X, Y, groups, n_jobs)[:3]
 
 
@@ -478,19 +458,14 @@ def select_cv(
     n_jobs: int | None = None, fold_models: list | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
     """The best of ``kinds`` (tuned): (its template, CV score per kind, nn grid scores, its
-    out-of-fold predictions). Every fold of every
-    kind and grid point is one job of a single parallel batch. ``fold_models``: as in
-    ``cross_val_predictions``, the chosen template's."""
+    out-of-fold predictions), every fold of every kind and grid point one job of one batch."""
     bases = {k: clone(template).set_params(kind=k) for k in kinds}
     per_kind = {k: _grid(bases[k]) for k in kinds}
     flat = [t for k in kinds for t, _ in per_kind[k]]
     preds, models = _oof_many(flat, X, Y, groups, n_jobs, keep=fold_models is not None)
-    tuned = {}
-    at = 0
+    tuned, rest = {}, iter(preds)
     for k in kinds:
-        n = len(per_kind[k])
-        tuned[k] = _best_point(bases[k], per_kind[k], preds[at:at + n], Y)
-        at += n
+        tuned[k] = _best_point(bases[k], per_kind[k], [next(rest) for _ in per_kind[k]], Y)
     scores = {k: t[1] for k, t in tuned.items()}
     best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
     grid = tuned["nn"][2] if "nn" in tuned else {}

@@ -1,12 +1,6 @@
-"""Classifiers over per-criterion score differences (A minus B) for pairwise preference labels.
-
-HD-Eval on pairwise data (``hdeval train --method hdeval`` on a pairwise task) maps the
-differences between the two responses' criterion scores to the human label a / b / tie. The
-kinds are those of :mod:`hdeval.aggregate` as classifiers (kept apart from its regressors):
-``lr`` logistic regression, ``dt`` a decision tree, ``rf`` a random forest, ``nn`` a small ReLU
-MLP with the aggregators' strong L2 penalty. Every model is a pipeline: median imputation (a
-failed LLM score is NaN) -> standardiser -> classifier. Pure scikit-learn: no LLM, no disk.
-"""
+"""Classifiers from per-criterion score differences (A minus B) to the human label a / b / tie,
+for HD-Eval on a pairwise task: the kinds of :mod:`hdeval.aggregate` as classifiers, in the
+same pipeline (impute -> standardise -> model). Pure scikit-learn: no LLM, no disk."""
 
 from __future__ import annotations
 
@@ -14,15 +8,13 @@ from typing import Sequence
 
 import numpy as np
 from sklearn.ensemble import RandomForestClassifier
-from sklearn.impute import SimpleImputer
 from sklearn.inspection import permutation_importance
 from sklearn.linear_model import LogisticRegression
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeClassifier
 
-from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds
+from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds, pipeline
 from hdeval.errors import ConfigError
 from hdeval.metrics import agreement_w_ties, label_codes
 
@@ -48,11 +40,7 @@ def make_classifier(kind: str, random_state: int = 0) -> Pipeline:
                               max_iter=NN_MAX_ITER, random_state=random_state)
     else:
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
-    return Pipeline([
-        ("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
-        ("scale", StandardScaler()),
-        ("model", model),
-    ])
+    return pipeline(model)
 
 
 def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]]:
@@ -70,10 +58,6 @@ def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]
     return labels, ["a" if row[ia] >= row[ib] else "b" for row in p]
 
 
-def _fits(y: Sequence[str]) -> bool:
-    return len(set(y)) >= 2
-
-
 def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
                    random_state: int) -> tuple[list[str | None], list[str | None]]:
     """Out-of-fold predictions on the training split, folds grouped by doc_id (None where a
@@ -83,7 +67,7 @@ def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[
     pred_ab: list[str | None] = [None] * len(y)
     for tr, va in cv_folds(groups, random_state):
         ytr = [y[i] for i in tr]
-        if not _fits(ytr):
+        if len(set(ytr)) < 2:
             continue
         model = make_classifier(kind, random_state).fit(X[tr], ytr)
         for i, a, b in zip(va, *predict_labels(model, X[va])):
@@ -91,17 +75,15 @@ def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[
     return pred, pred_ab
 
 
-def cv_accuracy(pred: Sequence[str | None], y: Sequence[str]) -> float:
-    """Agreement with ties over the predicted pairs; 0 when none was predicted (never chosen)."""
-    acc = agreement_w_ties(label_codes(y), label_codes(pred))
-    return acc if acc == acc else 0.0
-
 
 def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int,
                       kinds: Sequence[str] = KINDS) -> tuple[str, dict[str, float]]:
     """``--aggregator auto``: the kind with the best cross-validated agreement (3-way
     accuracy) on the training split; ties go to the earlier (simpler) kind."""
-    scores = {k: round(cv_accuracy(cv_predictions(k, X, y, groups, random_state)[0], y), 6) for k in kinds}
+    scores = {}
+    for k in kinds:
+        acc = agreement_w_ties(label_codes(y), label_codes(cv_predictions(k, X, y, groups, random_state)[0]))
+        scores[k] = round(acc if acc == acc else 0.0, 6)  # NaN: no pair predicted, never chosen
     best = max(kinds, key=lambda k: (scores[k], -list(kinds).index(k)))
     return best, scores
 
@@ -116,7 +98,7 @@ def prune_importance(kind: str, X: np.ndarray, y: Sequence[str], candidates: Seq
     total = np.zeros(len(candidates))
     n = 0
     for tr, va in cv_folds(groups, random_state):
-        if not _fits(list(y[tr])) or len(va) == 0:
+        if len(set(y[tr])) < 2 or len(va) == 0:
             continue
         model = make_classifier(kind, random_state).fit(X[tr], list(y[tr]))
         res = permutation_importance(model, X[va], list(y[va]), scoring="accuracy",

@@ -1,16 +1,9 @@
-"""Prediction intervals for pointwise scores: split conformal on residuals test rows never touch.
-
-A method calibrates on its training split's out-of-fold residuals (grouped cross-validation:
-each training row predicted by a model that never saw its document) or, when nothing is learned
-(``direct``), on its training rows' residuals as they are. The half-width per aspect is the
-finite-sample conformal quantile of the absolute residuals: the ``ceil((n + 1) * level)``-th
-smallest of ``n``, which covers a new exchangeable row with probability at least ``level``.
-A few lines of numpy rather than MAPIE: the residuals come from the methods' own grouped folds
-(MAPIE would refit its own), and no new dependency is needed for one quantile.
-
-The calibration is stored in ``metrics.json`` (``intervals``) and read back by ``apply`` as
-untrusted input: every number is checked before use.
-"""
+"""Prediction intervals for pointwise scores: split conformal on the training split's
+out-of-fold residuals (``direct``: its plain residuals). The half-width per aspect is the
+``ceil((n + 1) * level)``-th smallest of ``n`` absolute residuals, which covers a new
+exchangeable row with probability at least ``level``. Numpy rather than MAPIE: the residuals
+come from the methods' own grouped folds (MAPIE would refit). Stored in ``metrics.json``
+(``intervals``) and read back by ``apply`` as untrusted input."""
 
 from __future__ import annotations
 
@@ -59,8 +52,7 @@ def bounds(half_width: Sequence[float | None], pred: np.ndarray,
     so clipping costs no coverage); NaN where the prediction or the half-width is missing."""
     pred = np.asarray(pred, float)
     h = np.array([np.nan if w is None else w for w in half_width], float)
-    lo = np.array([r[0] for r in ranges], float)
-    hi = np.array([r[1] for r in ranges], float)
+    lo, hi = np.array(ranges, float).T
     return np.clip(pred - h, lo, hi), np.clip(pred + h, lo, hi)
 
 
@@ -102,9 +94,6 @@ class Calibration:
     level: float
     half_width: tuple[float | None, ...]
 
-    def bounds(self, pred: np.ndarray, ranges: Sequence[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
-        return bounds(self.half_width, pred, ranges)
-
 
 def read_calibration(metrics: Any, aspects: Sequence[str], where: str) -> Calibration | None:
     """The calibration in an artifact's metrics (None: the artifact has none, e.g. made before
@@ -137,7 +126,7 @@ def row_intervals(cal: Calibration, pred: np.ndarray, aspects: Sequence[str],
                   ranges: Sequence[tuple[float, float]], max_width: float) -> list[dict[str, Any]]:
     """Per row: ``lower``/``upper`` per aspect (None where no bound) and ``needs_human``: some
     aspect's interval is wider than ``max_width`` of its range, or has no bound at all."""
-    lower, upper = cal.bounds(pred, ranges)
+    lower, upper = bounds(cal.half_width, pred, ranges)
     span = np.array([r[1] - r[0] for r in ranges], float)
     rows = []
     for i in range(len(lower)):

@@ -12,11 +12,10 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 
-from hdeval.benchmark import (
-    avg_spearman, bootstrap_ci, paired_bootstrap, ranking_exact_match, summary_level_correlation,
-)
+from hdeval.benchmark import bootstrap_ci, paired_bootstrap, ranking_exact_match, summary_level_correlation
 from hdeval.cli import cli
 from hdeval.errors import ConfigError
+from hdeval.metrics import average_spearman as avg_spearman
 
 PRESETS = """
 [presets.solo]
@@ -425,7 +424,8 @@ def _by_hand(human, pred, pred_ab) -> dict[str, float | None]:
 
 
 def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> None:
-    from hdeval.benchmark import PairHeldOut, agreement_w_ties, agreement_wo_ties, pair_arrays
+    from hdeval.benchmark import PairHeldOut, pair_arrays
+    from hdeval.metrics import agreement_w_ties, agreement_wo_ties
 
     ho = PairHeldOut(list("123456"), list("xxyyzw"), ["a", "b", "tie", "a", "b", "a"],
                      {"evaluator": (["a", "tie", "tie", "b", None, "a"], ["a", "b", "a", "b", None, "a"])})
@@ -583,7 +583,7 @@ def test_benchmark_methods_of_the_other_shape_are_a_one_line_error_before_any_ca
 # ------------------------------------------------------------------ method options, pairwise plots
 def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
         tmp_path: Path, fake_calls: list[int]) -> None:
-    from hdeval.benchmark import pair_curves
+    from hdeval.report.bench import pair_curves
 
     out = tmp_path / "bench"
     # a tie margin no two totals are apart by: every DnA prediction is a tie, so its agreement with

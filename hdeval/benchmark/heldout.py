@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,10 +28,8 @@ class HeldOut:
     failed: np.ndarray | None = None
 
     def rows(self, keep: np.ndarray) -> "HeldOut":
-        ids = [s for s, k in zip(self.sample_ids, keep) if k]
-        docs = [d for d, k in zip(self.doc_ids, keep) if k]
-        return HeldOut(ids, docs, self.aspects, self.y[keep], self.pred[keep], self.failed[keep]
-                       if self.failed is not None else None)
+        return HeldOut(list(compress(self.sample_ids, keep)), list(compress(self.doc_ids, keep)), self.aspects,
+                       self.y[keep], self.pred[keep], None if self.failed is None else self.failed[keep])
 
 
 def _llm_cells_missing(test: Any) -> np.ndarray:
@@ -41,18 +40,14 @@ def _llm_cells_missing(test: Any) -> np.ndarray:
 
 
 def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
-    """The test rows of a trained evaluator's score table (``scores.csv``: the LLM-filled
-    columns and the human scores of every sample, marked train/test) and what the evaluator
-    predicts for them, without any LLM call: HD-Eval's and PairEval's aggregator on their
-    LLM-filled columns; ``direct``'s and ``direct-yesno``'s aspect scores mapped onto each
-    aspect's range."""
+    """The test rows of a trained evaluator's score table (``scores.csv``) and what the
+    evaluator predicts for them from its LLM-filled columns, without any LLM call."""
     table = _score_table(fitted)
     aspects = list(fitted.task.aspect_keys)
     test = table[table["split"] == "test"]
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
-    pred = fitted.held_out_predictions(table, test)
     ids = [str(s) for s in test["sample_id"]]
-    pred = _as2d(pred)
+    pred = _as2d(fitted.held_out_predictions(table, test))
     failed = _llm_cells_missing(test) | ~np.isfinite(pred).all(axis=1)
     return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, pred, failed)
 
@@ -84,7 +79,7 @@ class PairHeldOut:
 
     def rows(self, keep: np.ndarray) -> "PairHeldOut":
         def pick(xs: Any) -> list:
-            return [x for x, k in zip(xs, keep) if k]
+            return list(compress(xs, keep))
 
         return PairHeldOut(pick(self.sample_ids), pick(self.doc_ids), pick(self.human),
                            {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},
@@ -96,10 +91,8 @@ def _pair_label(x: Any) -> str | None:
 
 
 def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
-    """The test rows of a pairwise evaluator's score table and its labels for them, without any
-    LLM call: DnA's ``prediction`` column (forced to a or b by its ``total_a`` / ``total_b``, equal
-    totals giving no side, as DnA does) and ``learned_prediction`` / ``learned_prediction_ab``;
-    HD-Eval's classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
+    """The test rows of a pairwise evaluator's score table and its labels for them (the
+    method's ``held_out_labels``), without any LLM call."""
     table = _score_table(fitted)
     test = table[table["split"] == "test"]
     human = [_pair_label(x) for x in test["human"]]

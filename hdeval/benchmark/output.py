@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,16 +29,20 @@ def render_html(results: Mapping[str, Any]) -> str:
     return page.render_html(results, *benchmark_tables(results))
 
 
-def is_benchmark_output(path: Path) -> bool:
-    """Whether ``path`` holds a results.json this command wrote (its format says so)."""
+def _results(path: Path) -> dict[str, Any] | None:
+    """The results.json in ``path`` when this command wrote it (its format says so)."""
     f = path / RESULTS
     try:
         if f.is_symlink() or not f.is_file() or f.stat().st_size > MAX_RESULTS_BYTES:
-            return False
+            return None
         data = json.loads(f.read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def is_benchmark_output(path: Path) -> bool:
+    return _results(path) is not None
 
 
 _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -45,13 +51,7 @@ _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
 def _previous_artifacts(path: Path) -> set[str]:
     """The run artifacts (``runs/<name>``, one level, nothing else) a previous benchmark's
     results.json lists as written by it (its ``artifacts``)."""
-    if not is_benchmark_output(path):
-        return set()
-    try:
-        data = json.loads((path / RESULTS).read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return set()
-    listed = data.get("artifacts")
+    listed = (_results(path) or {}).get("artifacts")
     return {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)} \
         if isinstance(listed, list) else set()
 
@@ -99,11 +99,9 @@ def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[s
 
 def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False,
                     artifacts: Mapping[str, Any] | None = None) -> list[Path]:
-    """Write results.json, results.md and report.html into ``out`` (each atomically: a temp
-    file renamed into place; the page and table are rendered before anything is written).
-    ``artifacts`` (from :func:`run_benchmark`): each run's evaluator saved to ``runs/<name>``
-    first (each atomically, as ``train -o``), so results.json, written last, lists only
-    artifacts that are complete."""
+    """Write results.json, results.md and report.html into ``out``, each atomically, after the
+    ``artifacts`` (from :func:`run_benchmark`) are saved to ``runs/<name>``: results.json,
+    written last, lists only complete artifacts."""
     names = list(artifacts or {})
     check_output_dir(out, force, names)
     path = Path(out)
@@ -123,16 +121,16 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
     # what this write creates, taken back if it fails, so a rerun is not refused a directory
     # that holds artifacts its results.json does not list (replaced ones cannot be put back)
     fresh = not path.exists() or not any(path.iterdir())  # (check_output_dir: a directory if it exists)
-    created: list[tuple[str, Path]] = [] if path.exists() else [("dir", path)]
+    created: list[tuple[Any, Path]] = [] if path.exists() else [(Path.rmdir, path)]
     if not (path / RUNS).exists():
-        created.append(("dir", path / RUNS))
+        created.append((Path.rmdir, path / RUNS))
     new = {n for n in names if not (path / RUNS / n).exists()}
     try:
         path.mkdir(parents=True, exist_ok=True)
         for name in names:
             written.append(artifacts[name].save(path / RUNS / name, force=True))  # type: ignore[index]
             if name in new:
-                created.append(("tree", path / RUNS / name))
+                created.append((shutil.rmtree, path / RUNS / name))
         for name in (TABLE, HTML, RESULTS):  # results.json last: it marks the directory as ours
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
             try:
@@ -145,7 +143,7 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
                     os.unlink(tmp)
             written.append(path / name)
             if fresh:
-                created.append(("file", path / name))
+                created.append((Path.unlink, path / name))
     except BaseException as exc:
         _take_back(created)
         if isinstance(exc, OSError):
@@ -154,22 +152,12 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
     return written
 
 
-def _take_back(created: Sequence[tuple[str, Path]]) -> None:
-    """Remove what a failed :func:`write_benchmark` created, newest first (best effort): the
-    artifacts it saved where there were none, its files in a directory it made, and the
-    directories it made when they are empty again."""
-    import shutil
-
-    for kind, p in reversed(created):
-        try:
-            if kind == "tree":
-                shutil.rmtree(p)
-            elif kind == "file":
-                p.unlink()
-            else:
-                p.rmdir()  # only when empty: nothing of anyone else's
-        except OSError:
-            pass
+def _take_back(created: Sequence[tuple[Any, Path]]) -> None:
+    """Undo what a failed :func:`write_benchmark` created, newest first (best effort): each entry
+    is (how to remove it, path); a directory is removed only when empty: nothing of anyone else's."""
+    for undo, p in reversed(created):
+        with suppress(OSError):
+            undo(p)
 
 
 def _umask() -> int:

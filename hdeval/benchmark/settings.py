@@ -88,7 +88,8 @@ def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tupl
     return kept, rows
 
 
-def _usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The LLM use of these runs summed: requests (calls paid + cache hits), then each count."""
     u = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
          for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
     return {"requests": u["calls"] + u["cache_hits"], **u}
@@ -100,23 +101,25 @@ def _rows(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}
 
 
+def _record(fitted: Any, method: str, agg: str | None, frac: float, seed: int,
+            rows: Mapping[str, Any]) -> dict[str, Any]:
+    m = fitted.metrics
+    return {"method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+            "fitted_aggregator": fitted.fitted_aggregator(), "n_train": m["split"]["train"],
+            "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows)}
+
+
 def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: float, seed: int,
                 rows: Mapping[str, Any]) -> dict[str, Any]:
     from hdeval.metrics import metric_table
 
-    m = fitted.metrics
-    rec: dict[str, Any] = {
-        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": fitted.fitted_aggregator(),
-        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
-        "usage": dict(m.get("usage") or {}),
-        "rows": dict(rows),
+    rec = _record(fitted, method, agg, frac, seed, rows)
+    rec.update({
         "dataset": metric_table(ho.y, ho.pred, ho.aspects),
         "summary_level": {metric: _per_aspect(ho, summary_level_correlation, metric=metric) for metric in METRICS},
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
-    }
-    rec.update(fitted.benchmark_record())
+    }, **fitted.benchmark_record())
     return rec
 
 
@@ -126,11 +129,11 @@ def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
     setting a point per layer (its layer-k proxy aggregator; criteria and Spearman as mean/std
     over seeds) and per direct setting one reference point at its criteria count (the aspects)."""
     out = []
+    by_setting = _by_setting(runs)
     for s in settings:
         if s["method"] != BASELINE and "layers" not in s:  # no criteria count to plot
             continue
-        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"])
-                == (s["method"], s["aggregator"], s["train_frac"])]
+        mine = by_setting[(s["method"], s["aggregator"], s["train_frac"])]
         if s["method"] == BASELINE:
             points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
                        "spearman": s["dataset"]["average"]["spearman"]}]
@@ -146,23 +149,32 @@ def _avg(table: Mapping[str, Any], metric: str) -> float | None:
     return (table.get("average") or {}).get(metric)
 
 
+def _by_setting(runs: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """(method, aggregator, train_frac) -> its runs (one per seed), in first-seen order."""
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["method"], r["aggregator"], r["train_frac"]), []).append(r)
+    return out
+
+
+def _head(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seeds: list[int]) -> dict[str, Any]:
+    return {"method": method, "aggregator": agg, "train_frac": frac,
+            "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds}
+
+
 def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, HeldOut]) -> list[dict[str, Any]]:
     """Per (method, aggregator, train_frac): mean/std over seeds, bootstraps, layer ablation."""
     out = []
-    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
-    for method, agg, frac in keys:
-        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+    for (method, agg, frac), mine in _by_setting(runs).items():
         aspects = [a for a in mine[0]["dataset"] if a != "average"]
-        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
-                             "method_options": dict(spec.method_options.get(method) or {}),
-                             "seeds": [r["seed"] for r in mine]}
+        seeds = [r["seed"] for r in mine]
+        s = _head(spec, method, agg, frac, seeds)
         s["dataset"] = {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
                         for a in aspects + ["average"]}
         s["summary_level"] = {m: {a: mean_std([r["summary_level"][m][a]["value"] for r in mine])
                                   for a in aspects + ["average"]} for m in METRICS}
         s["ranking"] = {k: {a: mean_std([r["ranking"][k][a]["value"] for r in mine]) for a in aspects + ["average"]}
                         for k in ("exact_match", "kendall_per_document")}
-        seeds = [r["seed"] for r in mine]
         hos = [held[(method, agg, frac, seed)] for seed in seeds]
         boot: dict[str, Any] = {"average_spearman": pooled_bootstrap_ci(
             [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, seeds=seeds)}
@@ -179,7 +191,7 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
             names = sorted({k for r in mine for k in r["baselines"]})
             s["baselines"] = {k: mean_std([_avg(r["baselines"].get(k) or {}, "spearman") for r in mine])
                               for k in names}
-        s["usage"] = _usage(mine)
+        s["usage"] = usage(mine)
         out.append(s)
     return out
 
@@ -188,15 +200,8 @@ def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None,
                      seed: int, rows: Mapping[str, Any]) -> dict[str, Any]:
     from hdeval.metrics import pair_agreement as agreement
 
-    m = fitted.metrics
-    return {
-        "method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-        "fitted_aggregator": fitted.fitted_aggregator(),
-        "n_train": m["split"]["train"], "n_test": m["split"]["test"],
-        "usage": dict(m.get("usage") or {}),
-        "rows": dict(rows),
-        "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()},
-    }
+    return {**_record(fitted, method, agg, frac, seed, rows),
+            "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()}}
 
 
 def _pair_boot(spec: BenchmarkSpec, hos: Sequence[PairHeldOut], seeds: Sequence[int], variant: str,
@@ -220,13 +225,10 @@ def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
     """Per (method, aggregator, train_frac): agreement mean/std over seeds and the bootstrap
     pooled over seeds (with the difference to dna-direct when it ran)."""
     out = []
-    keys = list(dict.fromkeys((r["method"], r["aggregator"], r["train_frac"]) for r in runs))
-    for method, agg, frac in keys:
-        mine = [r for r in runs if (r["method"], r["aggregator"], r["train_frac"]) == (method, agg, frac)]
+    for (method, agg, frac), mine in _by_setting(runs).items():
         variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
         seeds = [r["seed"] for r in mine]
-        s: dict[str, Any] = {"method": method, "aggregator": agg, "train_frac": frac,
-                             "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds}
+        s = _head(spec, method, agg, frac, seeds)
         s["agreement"] = {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
                               for k in PAIR_STATISTICS} for v in variants}
         hos = [held[(method, agg, frac, seed)] for seed in seeds]
@@ -236,7 +238,7 @@ def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
             boot["learned"] = _pair_boot(spec, hos, seeds, "learned", bases)
         s["bootstrap"] = boot
         s["rows"] = _rows(mine)
-        s["usage"] = _usage(mine)
+        s["usage"] = usage(mine)
         out.append(s)
     return out
 

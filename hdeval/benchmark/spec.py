@@ -72,13 +72,9 @@ class BenchmarkSpec:
     def runs(self) -> list[tuple[str, str | None, float, int]]:
         """(method, aggregator or None for a method without one, train_frac, seed) of every run,
         baselines first (direct's calls are HD-Eval's layer 1)."""
-        out = []
-        for seed in range(self.seeds):
-            for frac in self.train_fracs:
-                for method in sorted(self.methods, key=METHODS.index):
-                    for agg in (self.aggregators if method in LEARNED else (None,)):
-                        out.append((method, agg, frac, seed))
-        return out
+        return [(method, agg, frac, seed) for seed in range(self.seeds) for frac in self.train_fracs
+                for method in sorted(self.methods, key=METHODS.index)
+                for agg in (self.aggregators if method in LEARNED else (None,))]
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -126,18 +122,14 @@ def parse_method_option(item: str) -> tuple[str, str, Any]:
         if raw.lower() not in _TRUE + _FALSE:
             raise ConfigError(f"{where}: expected true or false, got {raw!r}")
         return entry, key, raw.lower() in _TRUE
-    if isinstance(default, int):
+    if isinstance(default, (int, float)):
+        kind, what = (int, "a whole number") if isinstance(default, int) else (float, "a number")
         try:
-            return entry, key, int(raw)
-        except ValueError:
-            raise ConfigError(f"{where}: expected a whole number, got {raw!r}") from None
-    if isinstance(default, float):
-        try:
-            value = float(raw)
+            value = kind(raw)
         except ValueError:
             value = float("nan")
         if not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a number, got {raw!r}")
+            raise ConfigError(f"{where}: expected {what}, got {raw!r}")
         return entry, key, value
     return entry, key, raw
 
@@ -158,6 +150,8 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
     """Every method's options name a method among ``methods`` and one of its options, and hold
     values the method accepts (DnA's settings and PairEval's comparison count are checked here,
     before any run, not when that method's first run starts)."""
+    from hdeval.methods.registry import get_method
+
     for entry, opts in method_options.items():
         for key in opts:
             _option_of(entry, key)
@@ -167,8 +161,6 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         base, fixed = ENTRIES.get(entry, (entry, {}))
         merged = {**opts, **fixed}
         try:
-            from hdeval.methods.registry import get_method
-
             get_method(base).build_options(merged)  # the method's own checks, as train makes them
         except ConfigError as exc:
             raise ConfigError(f"--method-option {entry}: {exc}") from None

@@ -11,7 +11,7 @@ from hdeval.benchmark.heldout import held_out, held_out_pairs
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
     DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
-    pair_references,
+    pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
 
@@ -50,10 +50,8 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def _check_fit(config: Any, prep: Any, label: str) -> None:
-    """The checks a run's fit makes before its first call, made for every run before the
-    sweep's first call (an earlier run must not pay for a sweep that then stops): PairEval's and
-    HD-Eval ``--scorer pairwise``'s comparison examples (the file, enough conversations in the
-    training split) and that scorer on a pairwise task."""
+    """The method's ``check_fit`` (e.g. PairEval's comparison examples), made for every run
+    before the sweep's first call: an earlier run must not pay for a sweep that then stops."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -69,11 +67,9 @@ def _check_fit(config: Any, prep: Any, label: str) -> None:
 
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
                   artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train every combination of ``spec`` and return ``results.json``'s content. Every
-    configuration is checked (options, data, splits) before the first LLM call. ``artifacts``
-    (--keep-artifacts): a dict that receives each run's fitted evaluator under its
-    :func:`artifact_name` (each run's record names it as ``artifact``), for
-    :func:`write_benchmark` to save."""
+    """Train every combination of ``spec`` (all checked before the first LLM call) and return
+    ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
+    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`."""
     from hdeval.train import prepare, train
 
     spec.validate()
@@ -119,14 +115,10 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
     settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
-    cost: dict[str, dict[str, int]] = {}
+    by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        c = cost.setdefault(r["method"], {"runs": 0, "requests": 0, "calls": 0, "cache_hits": 0,
-                                          "prompt_tokens": 0, "completion_tokens": 0})
-        c["runs"] += 1
-        for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens"):
-            c[k] += int(r["usage"].get(k, 0))
-        c["requests"] = c["calls"] + c["cache_hits"]
+        by_method.setdefault(r["method"], []).append(r)
+    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in by_method.items()}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hdeval.benchmark.settings import PAIR_BASELINE, PAIR_VS
+from hdeval.report.bench import setting_name as _name
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -15,10 +16,6 @@ def _ms(d: Mapping[str, Any] | None) -> str:
     if not d or d.get("mean") is None:
         return "n/a"
     return f"{d['mean']:.3f} ± {d['std']:.3f}" if d.get("n", 0) > 1 else f"{d['mean']:.3f}"
-
-
-def _name(s: Mapping[str, Any]) -> str:
-    return s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
 
 
 Table = tuple[str, list[str], list[list[str]]]  # (the sentence above it, header, rows)

@@ -9,10 +9,14 @@ a method only says which files it writes and how it reads them back. The registr
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
 
-from hdeval.errors import ConfigError
+from hdeval.errors import ConfigError, DataError
+
+METRICS = "metrics.json"
+SCORES = "scores.csv"
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -37,17 +41,6 @@ class ScoreResult:
         import pandas as pd
 
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
-
-    def correlations(self, samples: Sequence["Sample"]) -> dict[str, Any] | None:
-        """Held-out style correlations when every sample carries human scores."""
-        import numpy as np
-
-        from hdeval.metrics import metric_table
-
-        if not samples or not all(all(a in s.scores for a in self.aspects) for s in samples):
-            return None
-        y = np.array([[s.scores[a] for a in self.aspects] for s in samples])
-        return metric_table(y, self.predictions, self.aspects)
 
 
 class Fitted(Protocol):
@@ -171,6 +164,15 @@ class Saving:
         """What a benchmark run records besides the shared figures (e.g. criteria per layer)."""
         return {}
 
+    def open_backend(self, backend: Any, cache_dir: Any) -> tuple[Any, bool]:
+        """``backend`` as given, or the evaluator's own LLM opened now (then: True, close it)."""
+        if backend is not None:
+            return backend, False
+        from hdeval.llm import open_llm
+
+        llm = self.llm  # type: ignore[attr-defined]
+        return open_llm(llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
@@ -201,13 +203,125 @@ class SimpleFitted(Saving):
     def columns_needed(self) -> list[str]:
         return list(self.task.aspect_keys)
 
-    def open_backend(self, backend: Any, cache_dir: Any) -> tuple[Any, bool]:
-        """``backend`` as given, or the evaluator's own LLM opened now (then: True, close it)."""
-        if backend is not None:
-            return backend, False
-        from hdeval.llm import open_llm
 
-        return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
+class SinglePromptFitted(SimpleFitted):
+    """One prompt per sample and aspect, nothing learned: the LLM's figure for an aspect, mapped
+    onto its range, is the prediction (``direct``, ``direct-yesno``)."""
+
+    prompt = ""  # the template's name; its file is prompts/<name>.toml
+    stage = ""  # what the progress says it does to each sample x aspect
+
+    def method_args(self) -> dict[str, Any]:
+        return {}
+
+    def to_range(self, values: Any) -> Any:  # the LLM's figures (samples x aspects) on each aspect's range
+        raise NotImplementedError
+
+    def ask(self, backend: Any, samples: list, concurrency: int | None, progress: Any) -> "ScoreMatrix":
+        raise NotImplementedError
+
+    def held_out_predictions(self, table: Any, test: Any) -> Any:
+        return self.to_range(test[list(self.task.aspect_keys)].to_numpy(float))
+
+    def score(self, samples: Sequence["Sample"], backend: Any = None, cache_dir: Any = None,
+              concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
+        samples = list(samples)
+        if not samples:
+            raise DataError("no samples to score")
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            n = len(self.task.aspects)
+            label = f"{self.stage} {len(samples)} samples x {n} aspects"
+            with progress_stage(progress, label, len(samples) * n):
+                m = self.ask(backend, samples, concurrency, progress)
+            return ScoreResult(m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m,
+                               usage_of(backend))
+        finally:
+            if own:
+                backend.close()
+
+    def write(self, out: "ArtifactWriter") -> dict[str, Any]:
+        out.text(f"prompts/{self.prompt}.toml", self.template.source)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {self.prompt: self.template.digest}, **self.extra}
+
+    @classmethod
+    def from_artifact(cls, art: "ArtifactReader") -> Any:
+        from hdeval.prompts import parse_template
+
+        file = f"prompts/{cls.prompt}.toml"
+
+        def build() -> Any:
+            task, llm, identity = read_task_and_llm(art, (file, METRICS))
+            return cls(task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity,
+                       art.json(METRICS), run_extra(art.manifest))
+        return loaded(art, build)
+
+
+def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple[ScoreResult, Any, dict]:
+    """Score every sample with ``ev`` (nothing to learn) and fill its held-out metrics, score table
+    and run record; a ScoringError when more of ``what`` than allowed could not be read. Returns
+    the result, the human scores (rows as in the result) and each sample's row."""
+    import numpy as np
+
+    from hdeval.errors import ScoringError
+    from hdeval.metrics import metric_table
+
+    config, split = ctx.config, ctx.prep.split
+    res = ev.score(ctx.prep.samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
+    rate = res.criteria.failure_rate
+    if rate > config.max_failure_rate:
+        ex = res.criteria.failures[0]
+        raise ScoringError(
+            f"{rate:.0%} of {what} could not be read (threshold {config.max_failure_rate:.0%}), "
+            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
+        )
+    by_id = {s.id: s for s in ctx.prep.samples}
+    pos = {s: i for i, s in enumerate(res.sample_ids)}
+    te = np.array([pos[s] for s in split.test_ids])
+    aspects = list(ev.task.aspect_keys)
+    Y = np.array([[by_id[s].scores[a] for a in aspects] for s in res.sample_ids])
+    ev.metrics = {
+        "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
+        "final": metric_table(Y[te], res.predictions[te], aspects),
+        "failure_rate": rate,
+        "usage": usage_of(ctx.llm),
+    }
+    ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
+    ev.extra = run_record(ctx)
+    return res, Y, pos
+
+
+def loaded(art: "ArtifactReader", build: Callable[[], Any],
+           errors: tuple = (KeyError, TypeError, ValueError)) -> Any:
+    """The evaluator ``build`` reads from ``art``, with the artifact's warnings and path; a
+    malformed field (one of ``errors``) is a one-line ArtifactError."""
+    from hdeval.errors import ArtifactError
+
+    try:
+        ev = build()
+    except errors as exc:
+        raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
+    ev.warnings = list(art.warnings)
+    ev.path = art.path
+    return ev
+
+
+@contextmanager
+def progress_stage(progress: "Progress | None", label: str, total: int) -> Iterator[None]:
+    """The block as one progress stage (nothing without a progress)."""
+    if progress is not None:
+        progress.stage(label, total)
+    yield
+    if progress is not None:
+        progress.end_stage()
+
+
+def run_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The run record (:func:`run_record`) a manifest holds."""
+    return {k: manifest[k] for k in ("seed", "split", "config") if k in manifest}
 
 
 def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["Task", Any, str]:
@@ -516,12 +630,14 @@ def run_record(ctx: "FitContext") -> dict[str, Any]:
             "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
 
 
-def usage_of(llm: Any) -> dict[str, int]:
-    """Calls, cache hits and tokens of a cached backend ({} for another backend)."""
-    st = getattr(llm, "stats", None)
-    if st is None:
+def usage_of(llm: Any, *more: Any) -> dict[str, int]:
+    """Calls, cache hits and tokens of cached backends, each counted once ({} for another backend)."""
+    backends = [llm] + [b for b in more if b is not llm]
+    stats = [b.stats for b in backends if getattr(b, "stats", None) is not None]
+    if not stats:
         return {}
-    return {"calls": st.calls, "cache_hits": st.hits, "prompt_tokens": st.prompt_tokens,
-            "completion_tokens": st.completion_tokens}
+    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
+            "prompt_tokens": sum(s.prompt_tokens for s in stats),
+            "completion_tokens": sum(s.completion_tokens for s in stats)}
 
 

@@ -20,7 +20,7 @@ from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext
+from hdeval.methods.base import FitContext, progress_stage
 from hdeval.progress import Progress
 from hdeval.prompts import Template, _neutralise, load_template, sample_block
 from hdeval.types import Aspect, Failure, Sample, ScoreMatrix, Task
@@ -212,15 +212,45 @@ def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: 
     cells: list[Cell] = []
     for s in samples:
         target = Example.of(task, s)
-        mine = comparisons_for(target, pool, n)
-        for key, question in cols:
-            for ci in mine:
-                cells.append(Cell(s.id, f"{key}|{ci}|first",
-                                  (pair_request(template, task, question, target, pool[ci]),)))
-                if swap:
-                    cells.append(Cell(s.id, f"{key}|{ci}|second",
-                                      (pair_request(template, task, question, pool[ci], target),)))
+        others = [(i, pool[i]) for i in comparisons_for(target, pool, n)]
+        cells += versus_cells(template, task, s.id, target, others, swap, cols)
     return cells
+
+
+def versus_cells(template: Template, task: Task, sid: str, target: Example, others: Sequence[tuple[int, Example]],
+                 swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
+    """One target's cells: per column, per (index, example) compared with, the target shown first
+    (``key|index|first``) and, with ``swap``, second."""
+    cells: list[Cell] = []
+    for key, question in cols:
+        for ci, other in others:
+            cells.append(Cell(sid, f"{key}|{ci}|first",
+                              (pair_request(template, task, question, target, other),)))
+            if swap:
+                cells.append(Cell(sid, f"{key}|{ci}|second",
+                                  (pair_request(template, task, question, other, target),)))
+    return cells
+
+
+def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
+                  width: int) -> tuple[np.ndarray, np.ndarray]:
+    """P(target wins) per sample x column x comparison from the cells' matrix, as shown first and
+    as shown second; NaN where nothing was asked or read."""
+    shape = (len(samples), len(cols), width)
+    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
+    if m is None or not m.sample_ids:
+        return first, second
+    row = {sid: i for i, sid in enumerate(m.sample_ids)}
+    rows = np.array([row.get(s.id, -1) for s in samples], dtype=int)
+    values = np.where((rows >= 0)[:, None], m.values[rows], np.nan)  # a target with no cell: NaN
+    ak = {key: j for j, (key, _) in enumerate(cols)}
+    for c, key in enumerate(m.criterion_keys):
+        aspect, ci, order = key.rsplit("|", 2)
+        if order == "first":
+            first[:, ak[aspect], int(ci)] = values[:, c]
+        else:
+            second[:, ak[aspect], int(ci)] = 1.0 - values[:, c]  # P(target's label "B")
+    return first, second
 
 
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
@@ -232,25 +262,12 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     stage of its own (False when the caller has one open)."""
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
     cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    if progress is not None and stage:
-        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples"
-                       f"{' x 2 orders' if swap else ''}", len(cells))
-    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
-    if progress is not None and stage:
-        progress.end_stage()
-    shape = (len(samples), len(cols), len(pool))
-    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
-    row = {sid: i for i, sid in enumerate(m.sample_ids)}
-    ak = {key: j for j, (key, _) in enumerate(cols)}
-    for c, key in enumerate(m.criterion_keys):
-        aspect, ci, order = key.rsplit("|", 2)
-        if order == "first":
-            first[:, ak[aspect], int(ci)] = m.values[:, c]
-        else:
-            second[:, ak[aspect], int(ci)] = 1.0 - m.values[:, c]  # P(target's label "B")
-    ordered = [row[s.id] for s in samples]
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first[ordered], second[ordered],
-                      list(m.failures), len(cells), swap)
+    with progress_stage(progress if stage else None, f"comparing {len(samples)} samples x {len(cols)} columns x "
+                        f"{n} examples{' x 2 orders' if swap else ''}", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
+    first, second = judged_orders(m, samples, cols, len(pool))
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, list(m.failures),
+                      len(cells), swap)
 
 
 # ---------------------------------------------------------------------- inside HD-Eval

@@ -29,6 +29,12 @@ def fake_quality(history: str, response: str, question: str) -> float:
     return 0.45 * length + 0.35 * (w * uniq + (1 - w) * overlap) + 0.2 * _unit("paireval-noise", response, question)
 
 
+def prompt_of(request: CompletionRequest) -> tuple[str, int]:
+    """A fake responder's view of a request: its messages as one text, and their token count."""
+    prompt = "\n".join(m.content for m in request.messages)
+    return prompt, max(1, len(prompt) // 4)
+
+
 def _label_completion(request: CompletionRequest, fake: FakeBackend, labels: tuple[str, str], p: float) -> Completion:
     n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
     prompt = request.messages[-1].content

@@ -1,16 +1,7 @@
 """``hdeval report`` for artifacts that judge pairs: DnA (``--method dna``) and HD-Eval on a
-pairwise task. Reads only what the artifact holds (no LLM, no refit) and returns the numbers
-(``report.json``) and the same as readable lines (printed); ``report.html`` shows them with
-plots, a verdict banner and the wrong verdicts (page layout in :mod:`hdeval.report`).
-
-- DnA: the LLM's weight per aspect (the mean over instances; per proposed aspect name with
-  dynamic aspects), and for learned aggregation its coefficients per aspect and each aspect's
-  share of the absolute coefficients (every aspect is scored on the same 1-10 scale, so the
-  shares compare with the LLM's weights); held-out agreement.
-- HD-Eval on pairs: the criteria tree with each criterion's held-out permutation importance
-  (the drop in agreement when its difference is shuffled) and rolled-up importance (itself plus
-  its descendants), whether the classifier uses it; agreement per layer.
-"""
+pairwise task (what each shows: docs/methods.md). Reads only what the artifact holds (no LLM, no
+refit) and returns the numbers (``report.json``) and the same as readable lines (printed);
+``report.html`` shows them with plots (page layout in :mod:`hdeval.report`)."""
 
 from __future__ import annotations
 
@@ -144,11 +135,17 @@ def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Pa
     from hdeval.report.pairs import dna_page, hdeval_page
 
     page = (dna_page if ev.method == "dna" else hdeval_page)(ev, data_json, data, cache_dir)
+    return write_report_files(out, data_json, page)[0], lines
+
+
+def write_report_files(out: Path, numbers: dict[str, Any], page: str,
+                       allow_nan: bool = True) -> tuple[Path, Path]:
+    """``report.html`` and ``report.json`` written into ``out`` (made if missing); their paths."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(data_json, indent=1, ensure_ascii=False) + "\n",
-                                         encoding="utf-8")
+        (out / "report.json").write_text(json.dumps(numbers, indent=1, ensure_ascii=False, allow_nan=allow_nan)
+                                         + "\n", encoding="utf-8")
         (out / "report.html").write_text(page, encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
-    return out / "report.html", lines
+    return out / "report.html", out / "report.json"

@@ -26,21 +26,16 @@ def _env() -> Any:
         lstrip_blocks=True,
     )
     env.filters["num"] = fmt_num
-    env.filters["datauri"] = png_data_uri
+    env.filters["datauri"] = lambda png: "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return env
 
 
 def fmt_num(x: Any, digits: int = 3) -> str:
     """A number for a table cell; "n/a" for missing (None, NaN, not a number)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return "n/a"
-    if x != x:  # NaN
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x:  # x != x: NaN
         return "n/a"
     return f"{x:.{digits}f}"
 
-
-def png_data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def render(template: str, **context: Any) -> str:

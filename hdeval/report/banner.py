@@ -58,20 +58,18 @@ def model_size(identity: str) -> float | None:
 
 def llm_line(banner: Banner, identity: str | None) -> None:
     ident = str(identity or "unknown")
+    size = model_size(ident)
     if ident.startswith("fake"):
         banner.add("LLM", f"{ident}: the offline fake LLM answers with seeded noise; these numbers "
                           "test the pipeline and say nothing about any real evaluator", warn=True)
-        return
-    if ident == "local":  # the embedded runtime's default model is the bundled SmolLM2-135M
+    elif ident == "local":  # the embedded runtime's default model is the bundled SmolLM2-135M
         banner.add("LLM", "local: the embedded model (SmolLM2-135M unless another GGUF was given) is for "
                           "trying the pipeline; expect scores close to chance", warn=True)
-        return
-    size = model_size(ident)
-    if size is not None and size < TINY_PARAMS:
+    elif size is not None and size < TINY_PARAMS:
         banner.add("LLM", f"{ident}: a tiny model ({size / 1e6:.0f}M parameters) is for trying the "
                           "pipeline; expect scores close to chance", warn=True)
-        return
-    banner.add("LLM", ident)
+    else:
+        banner.add("LLM", ident)
 
 
 def split_line(banner: Banner, n_train: int | None, n_test: int | None, n_features: int | None,
@@ -102,14 +100,11 @@ def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | 
     if isinstance(choice, Mapping) and choice.get("layer") is not None:
         reason = choice.get("reason")
         banner.add("layer kept", f"layer {choice['layer']}" + (f": {reason}" if reason else ""))
-        return
-    if isinstance(choice, (int, str)) and not isinstance(choice, bool):
+    elif isinstance(choice, (int, str)) and not isinstance(choice, bool):
         banner.add("layer kept", f"layer {choice}")
-        return
-    if metrics.get("final_layer") is not None:
+    elif metrics.get("final_layer") is not None:
         banner.add("layer kept", f"layer {metrics['final_layer']}")
-        return
-    if trained:
+    elif trained:
         last = max(trained, key=lambda k: int(k) if str(k).isdigit() else 0)
         banner.add("layer kept", f"layer {last}, the last one trained (the artifact records no choice)")
 
@@ -127,5 +122,4 @@ def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[st
         return
     diff = evaluator - value
     text = f"{name}: {measure} {value:.3f}; the evaluator {evaluator:.3f} ({diff:+.3f})"
-    banner.add(label, text + ("" if diff > 0 else ": the evaluator does not beat it"),
-               warn=diff <= 0)
+    banner.add(label, text + ("" if diff > 0 else ": the evaluator does not beat it"), warn=diff <= 0)

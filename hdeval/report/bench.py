@@ -12,22 +12,41 @@ from hdeval.report import render
 from hdeval.report.plots import COLORS, integer_ticks, png, pyplot, styled
 
 
-def _name(s: Mapping[str, Any]) -> str:
+def setting_name(s: Mapping[str, Any]) -> str:
+    """A setting's name in tables and legends: the method, and its aggregator when it has one."""
     return s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
 
 
 def pair_curves(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
     """The pairwise plots' lines: (label, setting, agreement variant) per setting and variant
     (DnA's learned aggregation is a line of its own, "dna (learned)")."""
-    out = []
-    for s in results["settings"]:
-        for variant in s["agreement"]:
-            out.append((_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant))
-    return out
+    return [(setting_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant)
+            for s in results["settings"] for variant in s["agreement"]]
 
 
-def _legend(ax: Any) -> None:
+def _finish(ax: Any, xlabel: str | None, ylabel: str, grid_axis: str = "both") -> None:
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis=grid_axis, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _curve(ax: Any, pts: Sequence[tuple[float, Mapping[str, Any]]], label: str, color: Any) -> None:
+    """Means with std error bars over x; points without a mean are left out."""
+    pts = [(x, d) for x, d in pts if d["mean"] is not None]
+    if pts:
+        ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
+                    marker="o", capsize=3, label=label, color=color)
+
+
+def _bars(ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence[Mapping[str, Any]]]]) -> None:
+    """Grouped bars: per (label, colour, a mean/std per tick), error bars the std."""
+    width = 0.8 / max(1, len(bars))
+    for k, (label, color, d) in enumerate(bars):
+        ax.bar(np.arange(len(ticks)) + k * width, [x["mean"] or 0 for x in d], width,
+               yerr=[x["std"] or 0 for x in d], capsize=3, label=label, color=color)
+    ax.set_xticks(np.arange(len(ticks)) + width * (len(bars) - 1) / 2, ticks)
 
 
 def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
@@ -40,32 +59,23 @@ def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     top = max(s["train_frac"] for s in results["settings"])
     chosen = [(label, s, v) for label, s, v in curves if s["train_frac"] == top]
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(chosen) + 2), 3.6))
-    width = 0.8 / max(1, len(chosen))
-    for k, (label, s, v) in enumerate(chosen):
-        d = [s["agreement"][v][key] for key, _ in kinds]
-        ax.bar(np.arange(len(kinds)) + k * width, [x["mean"] or 0 for x in d], width,
-               yerr=[x["std"] or 0 for x in d], capsize=3, label=label, color=COLORS[k % len(COLORS)])
-    ax.set_xticks(np.arange(len(kinds)) + width * (len(chosen) - 1) / 2, [t for _, t in kinds])
-    ax.set_ylabel("held-out agreement")
-    ax.grid(axis="y", alpha=0.3)
-    _legend(ax)
+    bars = [(label, COLORS[k % len(COLORS)], [s["agreement"][v][key] for key, _ in kinds])
+            for k, (label, s, v) in enumerate(chosen)]
+    _bars(ax, [t for _, t in kinds], bars)
+    _finish(ax, None, "held-out agreement", "y")
     out.append((f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
                 png(fig)))
     if len({s["train_frac"] for s in results["settings"]}) > 1:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
         for ax, (key, title) in zip(axes, kinds):
             for k, label in enumerate(dict.fromkeys(label for label, _, _ in curves)):
-                pts = sorted(((s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label),
-                             key=lambda t: t[0])
-                pts = [(x, d) for x, d in pts if d["mean"] is not None]
-                if pts:
-                    ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                                marker="o", capsize=3, label=label, color=COLORS[k % len(COLORS)])
+                pts = [(s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label]
+                _curve(ax, sorted(pts, key=lambda t: t[0]), label, COLORS[k % len(COLORS)])
             ax.set_title(title)
             ax.set_xlabel("training fraction")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("held-out agreement")
-        _legend(axes[1])
+        axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         out.append(("Data efficiency (agreement, mean ± std over seeds)", png(fig)))
     return out
 
@@ -75,49 +85,31 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     out = []
     settings = list(results["settings"])
     aspects = list(results["aspects"])
-    names = list(dict.fromkeys(_name(s) for s in settings))
+    names = list(dict.fromkeys(setting_name(s) for s in settings))
     color = {n: COLORS[k % len(COLORS)] for k, n in enumerate(names)}
-    # data-efficiency curve
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name in names:
-        pts = sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings if _name(s) == name)
-        pts = [(x, d) for x, d in pts if d["mean"] is not None]
-        if pts:
-            ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                        marker="o", capsize=3, label=name, color=color[name])
-    ax.set_xlabel("training fraction")
-    ax.set_ylabel("held-out average Spearman")
-    ax.grid(alpha=0.3)
-    _legend(ax)
+        _curve(ax, sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings
+                          if setting_name(s) == name), name, color[name])
+    _finish(ax, "training fraction", "held-out average Spearman")
     out.append(("Data efficiency (mean ± std over seeds)", png(fig)))
-    # per-aspect bars at the largest training fraction
     top = max(s["train_frac"] for s in settings)
     chosen = [s for s in settings if s["train_frac"] == top]
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(aspects) * max(1, len(chosen)) / 2), 3.6))
-    width = 0.8 / max(1, len(chosen))
-    for k, s in enumerate(chosen):
-        d = [s["dataset"][a]["spearman"] for a in aspects]
-        ax.bar(np.arange(len(aspects)) + k * width, [x["mean"] or 0 for x in d], width,
-               yerr=[x["std"] or 0 for x in d], capsize=3, label=_name(s), color=color[_name(s)])
-    ax.set_xticks(np.arange(len(aspects)) + width * (len(chosen) - 1) / 2, aspects)
-    ax.set_ylabel("held-out Spearman")
-    ax.grid(axis="y", alpha=0.3)
-    _legend(ax)
+    _bars(ax, aspects, [(setting_name(s), color[setting_name(s)], [s["dataset"][a]["spearman"] for a in aspects])
+                        for s in chosen])
+    _finish(ax, None, "held-out Spearman", "y")
     out.append((f"Per aspect at training fraction {top:g} (error bars: std over seeds)", png(fig)))
-    # layer ablation: layers are counts
     abl = [s for s in chosen if s.get("layers")]
-    if abl:
+    if abl:  # layers are counts
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for s in abl:
             ks = sorted(s["layers"], key=int)
             ax.errorbar([int(k) for k in ks], [s["layers"][k]["mean"] or 0 for k in ks],
-                        yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3, label=_name(s),
-                        color=color[_name(s)])
+                        yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3,
+                        label=setting_name(s), color=color[setting_name(s)])
         integer_ticks(ax, "x")
-        ax.set_xlabel("layers used (1-k)")
-        ax.set_ylabel("held-out average Spearman")
-        ax.grid(alpha=0.3)
-        _legend(ax)
+        _finish(ax, "layers used (1-k)", "held-out average Spearman")
         out.append((f"Layer ablation at training fraction {top:g}", png(fig)))
     # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
     chosen_eff = [ln for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
@@ -129,12 +121,9 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
             if pts:
                 ax.errorbar([p["criteria"]["mean"] for p in pts], [p["spearman"]["mean"] for p in pts],
                             yerr=[p["spearman"]["std"] or 0 for p in pts], marker="o" if len(pts) > 1 else "s",
-                            capsize=3, label=_name(ln), color=color.get(_name(ln)))
+                            capsize=3, label=setting_name(ln), color=color.get(setting_name(ln)))
         integer_ticks(ax, "x")
-        ax.set_xlabel("criteria used")
-        ax.set_ylabel("held-out average Spearman")
-        ax.grid(alpha=0.3)
-        _legend(ax)
+        _finish(ax, "criteria used", "held-out average Spearman")
         out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
                     "direct: the aspects)", png(fig)))
     return out
@@ -169,8 +158,8 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
             s["dataset"]["average"]["spearman"]
         return (d or {}).get("mean")
 
-    base = {_name(s): score(s) for s in top_settings if s["method"] == baseline}
-    others = {_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None}
+    base = {setting_name(s): score(s) for s in top_settings if s["method"] == baseline}
+    others = {setting_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None}
     if others:
         best = max(others, key=lambda k: others[k])
         b.add("best method", f"{best}: " + ("agreement w/o ties" if pairwise else "average Spearman")

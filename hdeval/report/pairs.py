@@ -64,6 +64,12 @@ def _difference_plot(diffs: Mapping[str, Mapping[str, float]], what: str) -> byt
                       reference=diffs.get("b") if "a" in diffs else None, reference_label="pairs humans preferred B")
 
 
+def _baselines(m: Mapping[str, Any]) -> dict[str, Any]:
+    """The baselines an artifact's metrics record, each as its agreement w/o ties."""
+    extra = m["baselines"] if isinstance(m.get("baselines"), Mapping) else {}
+    return {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
+
+
 def _wrong(test: Any, predicted: Sequence[str]) -> list[int]:
     """Positions of held-out pairs whose verdict differs from the human label (failed ones too)."""
     human = list(test["human"])
@@ -92,11 +98,10 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
     primary = m.get("primary") or "llm_weights"
     main = (test_m.get(primary) or {}).get("wo_ties")
     others = {f"{k} aggregation": v.get("wo_ties") for k, v in test_m.items() if k != primary}
-    extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
-    others |= {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
+    extra = _baselines(m)
     # DnA records no baseline of its own (dna-direct is another run); its other aggregation
     # is the comparison it holds
-    verdicts.baseline_line(b, main, others, "held-out agreement w/o ties",
+    verdicts.baseline_line(b, main, others | extra, "held-out agreement w/o ties",
                            label="strongest baseline" if extra else "compared with")
     if m.get("position_consistency") is not None:
         pc = m["position_consistency"]
@@ -142,19 +147,15 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
         predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
         wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
         ids = [str(test["pair_id"][i]) for i in wrong]
-        items = _read_pairs(ev, ids, sample_view.data_path(ev, data_file))
-        if items is None:
-            replies = sample_view.Replies(note="the training data file is not available, so the pairs' text "
-                                               "and the raw replies are not shown (give it with --data)")
-        else:
-            replies = sample_view.replies(ev, [items[i] for i in ids if i in items], keys, cache_dir)
+        replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file),
+                                                   cache_dir, noun="pairs")
         note = replies.note
         A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
         for i, pid in zip(wrong, ids):
             samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i],
                             "extra": ({"learned verdict": test["learned_prediction"][i]}
                                       if "learned_prediction" in test.columns else {}),
-                            "fields": _pair_fields(ev, (items or {}).get(pid)),
+                            "fields": _pair_fields(ev, items.get(pid)),
                             "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
                                           "reply": replies.texts.get((pid, k))} for j, k in enumerate(keys)]})
     elif ev.path:
@@ -168,14 +169,6 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                   max_samples=sample_view.TOP_SAMPLES)
 
 
-def _read_pairs(ev: Any, ids: Sequence[str], path: Path | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        return sample_view.read_items(ev, ids, path)
-    except Exception:  # noqa: BLE001 - an unreadable file only costs this view its text
-        return None
-
 
 def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
     from hdeval.classify import predict_labels
@@ -186,10 +179,9 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
     split = m.get("split") or {}
     verdicts.split_line(b, split.get("train"), split.get("test"), len(ev.feature_keys), rows="pairs")
     verdicts.layer_line(b, m, list((m.get("layers") or {}).keys()))
-    extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
     bases = {"equal-weight sum of the layer-1 differences": (m.get("direct_layer1") or {}).get("wo_ties")}
-    bases |= {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
-    verdicts.baseline_line(b, (m.get("final") or {}).get("wo_ties"), bases, "held-out agreement w/o ties")
+    verdicts.baseline_line(b, (m.get("final") or {}).get("wo_ties"), bases | _baselines(m),
+                           "held-out agreement w/o ties")
     figs: list[tuple[str, bytes, str]] = []
     layers = m.get("layers") or {}
     if layers:

@@ -173,10 +173,6 @@ def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
 
 
-__all__ = ["STYLE", "COLORS", "pyplot", "styled", "png", "integer_ticks", "agreement_bars", "confusion",
-           "barh", "layer_agreement", "short"]
-
-
 @styled
 def share_bar(value: float, label: str) -> bytes:
     """One share (0-1) as a bar on a full-width track, e.g. position consistency."""

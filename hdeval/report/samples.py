@@ -4,6 +4,7 @@ each criterion prompt. The cache is opened read-only: a report never writes to i
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -84,8 +85,7 @@ def data_path(ev: Any, given: str | Path | None) -> Path | None:
     manifest names, if it is still there."""
     if given:
         return Path(given)
-    config = _config(ev)
-    data = config.get("data")
+    data = _config(ev).get("data")
     if isinstance(data, str) and data and os.path.isfile(data):
         return Path(data)
     return None
@@ -100,8 +100,6 @@ def _config(ev: Any) -> Mapping[str, Any]:
             return config
     path = Path(ev.path) / "manifest.json" if getattr(ev, "path", None) else None
     try:
-        import json
-
         config = json.loads(path.read_text(encoding="utf-8")).get("config") if path else None
     except (OSError, ValueError, AttributeError):
         config = None
@@ -122,16 +120,16 @@ def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
 
 
 def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,
-                  cache_dir: str | Path | None) -> tuple[Replies, dict[str, Any]]:
+                  cache_dir: str | Path | None, noun: str = "samples") -> tuple[Replies, dict[str, Any]]:
     """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
     the samples or pairs read (for their text)."""
     if data is None:
-        return Replies(note="the training data file is not available, so the samples' text and the raw "
+        return Replies(note=f"the training data file is not available, so the {noun}' text and the raw "
                             "replies are not shown (give it with --data)"), {}
     try:
         items = read_items(ev, wanted, data)
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
-        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the samples' text and raw replies "
+        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the {noun}' text and raw replies "
                             "are not shown"), {}
     return replies(ev, [items[i] for i in wanted if i in items], columns, cache_dir), items
 
@@ -141,27 +139,16 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
     keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
     from hdeval.cache import request_key
+    from hdeval.paths import default_cache_dir
+    from hdeval.urls import keyed_identity
 
     requests, note = ev.reply_requests(items, columns)
     if note is not None:
         return Replies(note=note)
-    identity = _identity(ev)
-    return _replies({request_key(identity, req): where for where, req in requests}, cache_dir)
-
-
-def _identity(ev: Any) -> str:
-    """The identity the training run's cache keys were made with: the artifact's, plus the query
-    of the base URL when the caller set one on ``ev.llm`` (``hdeval report --base-url``), in
-    memory only."""
-    from hdeval.urls import keyed_identity
-
-    return keyed_identity(ev.llm_identity, getattr(getattr(ev, "llm", None), "base_url", None))
-
-
-def _replies(keyed: dict[str, tuple[str, str]], cache_dir: str | Path | None) -> Replies:
-    """The cached reply texts of ``keyed`` (cache key -> (sample id, column)), read-only."""
-    from hdeval.paths import default_cache_dir
-
+    # the training run's cache keys: the artifact's identity, plus the query of a base URL the
+    # caller set on ``ev.llm`` (``hdeval report --base-url``), in memory only
+    identity = keyed_identity(ev.llm_identity, getattr(getattr(ev, "llm", None), "base_url", None))
+    keyed = {request_key(identity, req): where for where, req in requests}
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     found, note = read_only_lookup(cache, list(keyed))
     texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}

@@ -9,26 +9,16 @@ compared and benchmarked like the others with the same LLM and the same prompts.
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
-
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.errors import ArtifactError, DataError
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import (
-    FitContext, ScoreResult, SimpleFitted, read_task_and_llm, run_record, score_rows, score_table, usage_of,
-)
-from hdeval.progress import Progress
-from hdeval.prompts import load_templates, parse_template
+from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned, score_rows
+from hdeval.prompts import load_templates
 from hdeval.scoring import SCALE, score_criteria
 from hdeval.types import CriteriaTree, Sample, Task
-
-METRICS = "metrics.json"
-SCORES = "scores.csv"
-PROMPT = "prompts/score.toml"
+from hdeval.urls import shown_identity
 
 
 def to_range(values: np.ndarray, task: Task) -> np.ndarray:
@@ -39,13 +29,15 @@ def to_range(values: np.ndarray, task: Task) -> np.ndarray:
     return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
 
 
-class DirectEvaluator(SimpleFitted):
+class DirectEvaluator(SinglePromptFitted):
     """The task's aspects scored directly; nothing learned."""
 
     method = "direct"
+    prompt = "score"
+    stage = "scoring"
 
-    def held_out_predictions(self, table: Any, test: Any) -> Any:
-        return to_range(test[list(self.task.aspect_keys)].to_numpy(float), self.task)
+    def to_range(self, values: Any) -> Any:
+        return to_range(values, self.task)
 
     def benchmark_record(self) -> dict[str, Any]:
         return {"criteria": len(self.task.aspects)}  # one question per aspect
@@ -54,91 +46,29 @@ class DirectEvaluator(SimpleFitted):
     def tree(self) -> CriteriaTree:
         return CriteriaTree.from_aspects(self.task.aspects)
 
-    def method_args(self) -> dict[str, Any]:
-        return {}
+    def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
+        tree = self.tree
+        return score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples, concurrency, progress)
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
-              progress: Progress | None = None) -> ScoreResult:
-        samples = list(samples)
-        if not samples:
-            raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            tree = self.tree
-            if progress is not None:
-                progress.stage(f"scoring {len(samples)} samples x {len(tree)} aspects", len(samples) * len(tree))
-            m = score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples,
-                               concurrency, progress)
-            if progress is not None:
-                progress.end_stage()
-            pred = to_range(m.values, self.task)
-            return ScoreResult(m.sample_ids, list(self.task.aspect_keys), pred, m, usage_of(backend))
-        finally:
-            if own:
-                backend.close()
-
-    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
+    def output_rows(self, samples: list[Sample], result: Any) -> list[dict[str, Any]]:
         """The JSON lines ``apply`` writes (the aspect scores are the columns)."""
         return score_rows(samples, result)
 
-    def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        out.text(PROMPT, self.template.source)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {"score": self.template.digest}, **self.extra}
-
-    @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "DirectEvaluator":
-        m = art.manifest
-        try:
-            task, llm, identity = read_task_and_llm(art, (PROMPT, METRICS))
-            ev = cls(task, parse_template("score", art.text(PROMPT), str(art.path / PROMPT)), llm, identity,
-                     art.json(METRICS), {k: m[k] for k in ("seed", "split", "config") if k in m})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
-        ev.warnings = list(art.warnings)
-        ev.path = art.path
-        return ev
-
 
 def fit(ctx: FitContext) -> DirectEvaluator:
-    from hdeval.metrics import metric_table
-
-    task, samples, split = ctx.prep.task, ctx.prep.samples, ctx.prep.split
-    template = load_templates()["score"]
+    task, split = ctx.prep.task, ctx.prep.split
     ctx.progress.message(
-        f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} "
+        f"task {task.name}: {len(ctx.prep.samples)} samples from {ctx.prep.data_path} "
         f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {shown_identity(ctx.llm.identity)}"
     )
-    ev = DirectEvaluator(task, template, ctx.llm_config, ctx.llm.identity, {})
-    res = ev.score(samples, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
-    rate = res.criteria.failure_rate
-    if rate > ctx.config.max_failure_rate:
-        from hdeval.errors import ScoringError
-
-        ex = res.criteria.failures[0]
-        raise ScoringError(
-            f"{rate:.0%} of aspect scores could not be read (threshold {ctx.config.max_failure_rate:.0%}), "
-            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
-        )
-    pos = {s: i for i, s in enumerate(res.sample_ids)}
+    ev = DirectEvaluator(task, load_templates()["score"], ctx.llm_config, ctx.llm.identity, {})
+    res, Y, pos = fit_unlearned(ctx, ev, "aspect scores")
     tr = np.array([pos[s] for s in split.train_ids])
     te = np.array([pos[s] for s in split.test_ids])
-    aspects = list(task.aspect_keys)
-    Y = np.array([[s.scores[a] for a in aspects] for s in samples])
-    usage = usage_of(ctx.llm)
-    ev.metrics = {
-        "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
-        "final": metric_table(Y[te], res.predictions[te], aspects),
-        "failure_rate": rate,
-        "usage": usage,
-        # nothing is fitted, so the training rows' residuals are as honest as held-out ones
-        "intervals": fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te, aspects,
-                                      [a.range for a in task.aspects], "the training split (nothing is fitted)"),
-    }
-    ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
-    ev.extra = run_record(ctx)
+    # nothing is fitted, so the training rows' residuals are as honest as held-out ones
+    ev.metrics["intervals"] = fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te,
+                                               list(task.aspect_keys), [a.range for a in task.aspects],
+                                               "the training split (nothing is fitted)")
     return ev
 
 

@@ -1,10 +1,5 @@
-"""Decompose and Aggregate (Li et al., 2024) on pairwise preference data.
-
-Registration only (the method's name, options and where its code is): the implementation in
-:mod:`.impl` is imported when the method is used, so listing methods (``hdeval --help``) loads no
-numerical library. Its public names are reachable from this package too (``from
-hdeval.methods.dna import ...``).
-"""
+"""Decompose and Aggregate (Li et al., 2024) on pairwise preference data. Registration only: :mod:`.impl`
+(whose public names this package also serves) loads when used, so ``hdeval --help`` stays light."""
 
 from __future__ import annotations
 

@@ -121,6 +121,16 @@ class Learned:
         ia, ib = self.classes.index("a"), self.classes.index("b")
         return ["a" if row[ia] >= row[ib] else "b" for row in d]
 
+    def labels(self, diffs: np.ndarray) -> tuple[list[str | None], list[str | None]]:
+        """(prediction, forced to a or b) per pair; None where a difference is missing."""
+        ok = ~np.isnan(diffs).any(axis=1)
+        lab: list[str | None] = [None] * len(diffs)
+        lab_ab: list[str | None] = [None] * len(diffs)
+        if ok.any():
+            for i, a, b in zip(np.flatnonzero(ok), self.predict(diffs[ok]), self.predict_ab(diffs[ok])):
+                lab[i], lab_ab[i] = a, b
+        return lab, lab_ab
+
     def to_dict(self) -> dict[str, Any]:
         return {"aspects": self.aspects, "classes": self.classes,
                 "coef": self.coef.round(8).tolist(), "intercept": self.intercept.round(8).tolist()}

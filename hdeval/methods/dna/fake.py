@@ -9,6 +9,7 @@ import re
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.fake import _unit, responder
+from hdeval.methods.comparisons_fake import prompt_of
 
 _FAKE_SAMPLE = re.compile(r"<sample>\n(.*?)\n</sample>", re.S)
 _FAKE_K = re.compile(r"exactly (\d+) aspects")
@@ -16,11 +17,6 @@ _FAKE_KEYS = re.compile(r"^Aspect keys: (.*)$", re.M)
 _FAKE_ASPECT = re.compile(r"^Aspect: (.+?):", re.M)
 _FAKE_FACETS = ["clarity", "correctness", "completeness", "relevance", "conciseness", "depth",
                 "safety", "creativity", "structure", "tone"]
-
-
-def _fake_prompt(request: CompletionRequest) -> tuple[str, int]:
-    prompt = "\n".join(m.content for m in request.messages)
-    return prompt, max(1, len(prompt) // 4)
 
 
 def _fake_sample(request: CompletionRequest) -> str:
@@ -56,7 +52,7 @@ def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int
 
 @responder("dna_aspects")
 def _fake_aspects(request: CompletionRequest, fake) -> Completion:
-    prompt, n = _fake_prompt(request)
+    prompt, n = prompt_of(request)
     m = _FAKE_K.search(prompt)
     k = int(m.group(1)) if m else 4
     q = _fake_sample(request)
@@ -68,7 +64,7 @@ def _fake_aspects(request: CompletionRequest, fake) -> Completion:
 
 @responder("dna_weights")
 def _fake_weights(request: CompletionRequest, fake) -> Completion:
-    prompt, n = _fake_prompt(request)
+    prompt, n = prompt_of(request)
     m = _FAKE_KEYS.search(prompt)
     try:
         keys = json.loads(m.group(1)) if m else []
@@ -86,7 +82,7 @@ def _fake_two(request: CompletionRequest, sa: int, sb: int) -> str:
 
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
-    prompt, n = _fake_prompt(request)
+    prompt, n = prompt_of(request)
     m = _FAKE_ASPECT.search(prompt)
     sa, sb = _fake_pair_scores(request, m.group(1) if m else "aspect")
     return Completion(_fake_two(request, sa, sb), None, n, 2)
@@ -94,14 +90,14 @@ def _fake_score(request: CompletionRequest, fake) -> Completion:
 
 @responder("dna_direct")
 def _fake_direct(request: CompletionRequest, fake) -> Completion:
-    _, n = _fake_prompt(request)
+    _, n = prompt_of(request)
     sa, sb = _fake_pair_scores(request, "overall")
     return Completion(_fake_two(request, sa, sb), None, n, 2)
 
 
 @responder("dna_cot")
 def _fake_cot(request: CompletionRequest, fake) -> Completion:
-    _, n = _fake_prompt(request)
+    _, n = prompt_of(request)
     sa, sb = _fake_pair_scores(request, "overall-cot")
     text = (f"Response A covers the question with {sa} of 10 in quality; 8 points matter here.\n"
             f"Response B is weaker or stronger in places.\nScores: {sa} {sb}")
@@ -113,7 +109,7 @@ _FAKE_AGG_LINE = re.compile(r"^- .+? \((\d+)%\): Response A ([\d.]+); Response B
 
 @responder("dna_prompt_agg")
 def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
-    prompt, n = _fake_prompt(request)
+    prompt, n = prompt_of(request)
     rows = [(float(w), float(a), float(b)) for w, a, b in _FAKE_AGG_LINE.findall(prompt)]
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total

@@ -15,7 +15,6 @@ from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
-from hdeval.methods.dna.settings import settings_of
 from hdeval.types import PairSample
 from hdeval.urls import shown_identity
 
@@ -28,11 +27,14 @@ def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.nd
         out["learned"] = agreement(human, [res.learned_labels[i] for i in idx],
                                    [res.learned_ab[i] for i in idx])
     if res.consistent:
-        got = [res.consistent[pairs[i].id] for i in idx if pairs[i].id in res.consistent]
-        out["position_consistency"] = round(sum(got) / len(got), 6) if got else None
-        # the share of pairs whose verdict (a, b or tie at the margin) changes with the order shown
-        out["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
+        out.update(_consistency([res.consistent[pairs[i].id] for i in idx if pairs[i].id in res.consistent]))
     return out
+
+
+def _consistency(got: list[bool]) -> dict[str, float | None]:
+    # swap_flip_rate: the share of pairs whose verdict (a, b or tie at the margin) changes with the order
+    return {"position_consistency": round(sum(got) / len(got), 6) if got else None,
+            "swap_flip_rate": round(1 - sum(got) / len(got), 6) if got else None}
 
 
 def _mean_weights(res: PairScoreResult, dynamic: bool, limit: int = 50) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
 
     from hdeval.aggregate import cv_folds
 
-    settings = settings_of(ctx)
+    settings = ctx.options.settings()
     task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split
     templates = load_dna_templates(settings.prompt_roles)
     ctx.progress.message(
@@ -129,12 +131,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
             }
             if len(model.classes) == 2:
                 learned_info["note"] = f"coefficients push towards {model.classes[1]!r} when positive"
-            ok_all = ~np.isnan(res.diffs).any(axis=1)
-            res.learned_labels = [None] * len(pairs)
-            res.learned_ab = [None] * len(pairs)
-            for i, a, b in zip(np.flatnonzero(ok_all), model.predict(res.diffs[ok_all]),
-                               model.predict_ab(res.diffs[ok_all])):
-                res.learned_labels[i], res.learned_ab[i] = a, b
+            res.learned_labels, res.learned_ab = model.labels(res.diffs)
 
     ev.metrics = {
         "method": "dna", "mode": settings.mode, "aspect_source": settings.aspect_source if settings.uses_aspects else None,
@@ -154,9 +151,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     if settings.uses_aspects:
         ev.metrics["mean_weights"] = _mean_weights(res, settings.dynamic)
     if settings.swap:
-        got = list(res.consistent.values())
-        ev.metrics["position_consistency"] = round(sum(got) / len(got), 6) if got else None
-        ev.metrics["swap_flip_rate"] = round(1 - sum(got) / len(got), 6) if got else None
+        ev.metrics.update(_consistency(list(res.consistent.values())))
     else:
         ev.metrics["swap_flip_rate"] = None
         ev.metrics["swap_flip_note"] = ("each pair was judged in one order only; --swap judges both orders "

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Sequence
-
-import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import Saving, usage_of
+from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, run_extra, usage_of
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -22,12 +19,10 @@ from hdeval.prompts import Template, parse_template
 from hdeval.tasks import task_from_dict
 from hdeval.types import PairSample, Task
 
-METRICS = "metrics.json"
-SCORES = "scores.csv"
 LEARNED = "learned.json"
 
 
-class DnaEvaluator(Saving):
+class DnaEvaluator(SimpleFitted):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"
@@ -35,17 +30,10 @@ class DnaEvaluator(Saving):
     def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: LLMConfig,
                  llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
                  extra: dict[str, Any] | None = None, score_table=None):
-        self.task = task
+        super().__init__(task, None, llm, llm_identity, metrics, extra, score_table)
         self.templates = templates
         self.settings = settings
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
         self.learned = learned
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     def method_args(self) -> dict[str, Any]:
         return self.settings.to_dict()
@@ -70,11 +58,7 @@ class DnaEvaluator(Saving):
             raise DataError("no pairs to score")
         if not all(isinstance(s, PairSample) for s in samples):
             raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
-        own = backend is None
-        if own:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
             res.usage = usage_of(backend)
@@ -82,14 +66,7 @@ class DnaEvaluator(Saving):
             if own:
                 backend.close()
         if self.learned is not None and res.diffs is not None:
-            ok = ~np.isnan(res.diffs).any(axis=1)
-            lab: list[str | None] = [None] * len(samples)
-            lab_ab: list[str | None] = [None] * len(samples)
-            if ok.any():
-                for i, a, b in zip(np.flatnonzero(ok), self.learned.predict(res.diffs[ok]),
-                                   self.learned.predict_ab(res.diffs[ok])):
-                    lab[i], lab_ab[i] = a, b
-            res.learned_labels, res.learned_ab = lab, lab_ab
+            res.learned_labels, res.learned_ab = self.learned.labels(res.diffs)
         return res
 
     def output_rows(self, samples: Sequence[PairSample], result: PairScoreResult) -> list[dict[str, Any]]:
@@ -203,7 +180,8 @@ class DnaEvaluator(Saving):
         for name in needed:
             if name not in files:
                 raise ArtifactError(f"{where}: no checksum recorded for {name}")
-        try:
+
+        def build() -> DnaEvaluator:
             task = task_from_dict(m["task"], where=where)
             templates = {r: parse_template(PROMPT_FILES[r], art.text(f"prompts/{PROMPT_FILES[r]}.toml"),
                                            str(art.path / f"prompts/{PROMPT_FILES[r]}.toml"))
@@ -214,16 +192,12 @@ class DnaEvaluator(Saving):
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
             llm = m.get("llm") or {}
-            ev = cls(task, templates, settings,
-                     LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                     str(llm.get("identity", "")), art.json(METRICS), learned,
-                     {k: m[k] for k in ("seed", "split", "config") if k in m})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
-        if task.shape != "pairwise":
+            return cls(task, templates, settings,
+                       LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                       str(llm.get("identity", "")), art.json(METRICS), learned, run_extra(m))
+        ev = loaded(art, build)
+        if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")
-        ev.warnings = list(art.warnings)
-        ev.path = art.path
         return ev
 
 

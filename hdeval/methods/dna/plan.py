@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from hdeval.backends.base import CompletionRequest
-from hdeval.methods.dna.prompts import (_req, aspects_schema, load_dna_templates, overall_request,
-                                        question_block, score_request, weights_request)
+from hdeval.methods.dna.prompts import (aspects_request, load_dna_templates, overall_request, score_request,
+                                        weights_request)
 from hdeval.methods.dna.replies import AspectSpec
 from hdeval.types import PairSample
 
@@ -59,10 +59,8 @@ def plan_dna(config, prep, backend=None) -> list:
 
         n_orders = len(orders)
         if settings.dynamic:
-            exact(1, "aspects", "aspects", [
-                _req(templates["aspects"], {"task_description": task.description,
-                                            "question": question_block(task, p), "k": str(settings.k)},
-                     600, json_schema=aspects_schema(settings.k)) for p in pairs])
+            exact(1, "aspects", "aspects",
+                  [aspects_request(templates["aspects"], task, p, settings.k) for p in pairs])
             # the proposed aspects are not known yet: size a weights / score prompt with generic ones
             generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])

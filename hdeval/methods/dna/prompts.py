@@ -56,6 +56,12 @@ def aspects_schema(k: int) -> str:
                       sort_keys=True)
 
 
+def aspects_request(template: Template, task: Task, p: PairSample, k: int) -> CompletionRequest:
+    """Stage 1 (dynamic aspects): ``k`` aspects proposed from the question alone."""
+    return _req(template, {"task_description": task.description, "question": question_block(task, p), "k": str(k)},
+                600, json_schema=aspects_schema(k))
+
+
 def weights_schema(keys: Sequence[str]) -> str:
     """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
     return json.dumps(_object({"weights": _object({k: {"type": "number"} for k in keys})}), sort_keys=True,

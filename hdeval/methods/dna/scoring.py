@@ -11,10 +11,10 @@ import numpy as np
 
 from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import ScoreResult, usage_of
+from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
-from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_schema, overall_request, pair_block,
-                                        question_block, score_request, weights_request)
+from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, overall_request, pair_block,
+                                        score_request, weights_request)
 from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _read_pair_weighted, _side,
                                         structured_pair, validate_aspects, validate_weights)
 from hdeval.methods.dna.settings import Settings
@@ -48,9 +48,6 @@ class PairScoreResult(ScoreResult):
         self.consistent = {pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
                            for pid, (fa, fb, ra, rb) in self.order_totals.items()}
 
-    def correlations(self, samples):  # pairs have labels, not scores: see agreement()
-        return None
-
     def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
         if all(h is None for h in human):  # unlabelled input (apply): nothing to agree with
@@ -83,12 +80,9 @@ def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], read
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
     and counts the calls and the second reads the same (now cached) replies for the other side."""
-    if progress is not None:
-        progress.stage(label, len(first))
-    m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-    m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
-    if progress is not None:
-        progress.end_stage()
+    with progress_stage(progress, label, len(first)):
+        m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+        m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
     matrix = _merge(ids, [m1, m2])
     for f in matrix.failures:
         fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
@@ -119,11 +113,8 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     weights: dict[str, np.ndarray] = {}
     if settings.uses_aspects:
         if settings.dynamic:
-            tpl = templates["aspects"]
-
             def propose(p: PairSample):
-                req = _req(tpl, {"task_description": task.description, "question": question_block(task, p),
-                                 "k": str(settings.k)}, 600, json_schema=aspects_schema(settings.k))
+                req = aspects_request(templates["aspects"], task, p, settings.k)
                 return req, validate_aspects(settings.k), _feedback
 
             ask_each("aspects", pairs, propose, aspects,
@@ -146,13 +137,14 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     cells_second: list[Cell] = []
     base_cols: dict[str, list[str]] = {}
 
-    def add(pid: str, base: str, req_of) -> None:
+    def add(pid: str, base: str, req_of, first: list[Cell] = cells_first,
+            second: list[Cell] = cells_second) -> None:
         for swapped in orders:
             req = req_of(swapped)
             sfx = SWAP if swapped else ""
             # shown first is A (or B when swapped)
-            (cells_second if swapped else cells_first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
-            (cells_first if swapped else cells_second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
+            (second if swapped else first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
+            (first if swapped else second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
 
     scorable = [p for p in pairs if p.id not in failures]
     if settings.uses_aspects:
@@ -186,17 +178,15 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             if p.id in failures:
                 continue
             sa, sb = _mean_scores(matrix, p.id, base_cols[p.id], settings.swap)
-            specs, w = aspects[p.id], weights[p.id]
-            for swapped in orders:
+
+            def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
                 lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
                                 f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                req = structured_pair(_req(tpl_p, {"task_description": task.description,
-                                                   "pair": pair_block(task, p, swapped), "aspect_scores": lines}, 8,
-                                                   answer=TWO_SCORES))
-                sfx = SWAP if swapped else ""
-                (agg_b if swapped else agg_a).append(Cell(p.id, f"overall:a{sfx}", (req,)))
-                (agg_a if swapped else agg_b).append(Cell(p.id, f"overall:b{sfx}", (req,)))
+                return structured_pair(_req(tpl_p, {"task_description": task.description,
+                                                    "pair": pair_block(task, p, swapped), "aspect_scores": lines},
+                                            8, answer=TWO_SCORES))
+            add(p.id, "overall", agg_req, agg_a, agg_b)
         extra = _both_sides(llm, ids, agg_a, agg_b, _read_pair, concurrency, progress,
                             f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", fail)
         matrix = _merge(ids, [matrix, extra])

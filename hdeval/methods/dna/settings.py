@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hdeval.errors import ArtifactError, ConfigError
-from hdeval.methods.base import FitContext
 
 MODES = ("dna", "direct", "cot", "prompt-agg")
 SOURCES = ("predefined", "dynamic")
@@ -100,7 +99,3 @@ class Settings:
             return s.check(where)
         except ConfigError as exc:
             raise ArtifactError(str(exc)) from None
-
-
-def settings_of(ctx: FitContext) -> Settings:
-    return ctx.options.settings()

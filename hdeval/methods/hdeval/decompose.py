@@ -178,17 +178,9 @@ def validate_subcriteria(
     return out
 
 
-def decompose(
-    backend: Backend,
-    template: Template,
-    task: Task,
-    tree: CriteriaTree,
-    criterion: Criterion,
-    max_children: int,
-    taken: set[str] | None = None,
-    attempts: int = ATTEMPTS,
-    rejections: list[dict[str, Any]] | None = None,
-) -> list[Criterion]:
+def decompose(backend: Backend, template: Template, task: Task, tree: CriteriaTree, criterion: Criterion,
+              max_children: int, taken: set[str] | None = None, attempts: int = ATTEMPTS,
+              rejections: list[dict[str, Any]] | None = None) -> list[Criterion]:
     """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
     with what was wrong and asked again (a new, deterministic request, so it is cached too); a
     rerun re-asks replies that were cached malformed; then a clear error.
@@ -239,16 +231,9 @@ def decompose(
         ) from None
 
 
-def decompose_nodes(
-    backend: Backend,
-    template: Template,
-    task: Task,
-    tree: CriteriaTree,
-    nodes: Sequence[Criterion],
-    max_children: int,
-    progress: Progress | None = None,
-    rejections: list[dict[str, Any]] | None = None,
-) -> CriteriaTree:
+def decompose_nodes(backend: Backend, template: Template, task: Task, tree: CriteriaTree,
+                    nodes: Sequence[Criterion], max_children: int, progress: Progress | None = None,
+                    rejections: list[dict[str, Any]] | None = None) -> CriteriaTree:
     """Decompose ``nodes`` in order and return the tree with their children added.
 
     ``rejections`` collects every degenerate reply (see :func:`decompose`); a node whose replies

@@ -19,12 +19,11 @@ import pandas as pd
 from hdeval.aggregate import Aggregator
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.backends.base import Backend
-from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
 from hdeval.methods.aggregator_file import check_models as _check_models
-from hdeval.methods.base import Saving, ScoreResult, score_rows, usage_of
+from hdeval.methods.base import ScoreResult, SimpleFitted, progress_stage, score_rows, usage_of
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request
@@ -41,7 +40,7 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
                "decomposition_rejections")
 
 
-class TreeEvaluator(Saving):
+class TreeEvaluator(SimpleFitted):
     """What the pointwise and the pairwise HD-Eval evaluators both hold: the task, the criteria
     tree, the feature order, the prompts, the LLM and the run's metrics and score table."""
 
@@ -49,17 +48,11 @@ class TreeEvaluator(Saving):
                  templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
                  metrics: dict[str, Any], manifest_extra: dict[str, Any] | None = None,
                  score_table: pd.DataFrame | None = None):
-        self.task = task
+        super().__init__(task, None, llm, llm_identity, metrics, None, score_table)
         self.tree = tree
         self.feature_keys = list(feature_keys)
         self.templates = dict(templates)
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
         self.manifest_extra = dict(manifest_extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Path | None = None
 
     # ------------------------------------------------------------------ saving
     def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
@@ -213,19 +206,9 @@ class Evaluator(TreeEvaluator):
     method = "hdeval"
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
 
-    def __init__(
-        self,
-        task: Task,
-        tree: CriteriaTree,
-        aggregator: Aggregator,
-        feature_keys: Sequence[str],
-        templates: Mapping[str, Template],
-        llm: LLMConfig,
-        llm_identity: str,
-        metrics: dict[str, Any],
-        manifest_extra: dict[str, Any] | None = None,
-        score_table: pd.DataFrame | None = None,
-    ):
+    def __init__(self, task: Task, tree: CriteriaTree, aggregator: Aggregator, feature_keys: Sequence[str],
+                 templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
+                 manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
         super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
                          score_table)
         self.aggregator = aggregator
@@ -274,34 +257,20 @@ class Evaluator(TreeEvaluator):
         mask = self.aggregator.used_features()
         return [k for k, used in zip(self.feature_keys, mask) if used]
 
-    def score(
-        self,
-        samples: Iterable[Sample],
-        backend: Backend | None = None,
-        cache_dir: str | Path | None = None,
-        concurrency: int | None = None,
-        progress: Progress | None = None,
-    ) -> ScoreResult:
+    def score(self, samples: Iterable[Sample], backend: Backend | None = None, cache_dir: str | Path | None = None,
+              concurrency: int | None = None, progress: Progress | None = None) -> ScoreResult:
         """Score new samples on the tree's criteria with the trained prompts and LLM (cached)."""
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        own = backend is None
-        if backend is None:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             needed = self.needed_criteria
             criteria = [self.tree[k] for k in needed]
-            if progress is not None:
-                progress.stage(f"scoring {len(samples)} samples x {len(criteria)} criteria", len(samples) * len(criteria))
-            m = (self.scorer or score_criteria)(
-                backend, self.templates["score"], self.task, self.tree, criteria, samples,
-                concurrency, progress,
-            )
-            if progress is not None:
-                progress.end_stage()
+            with progress_stage(progress, f"scoring {len(samples)} samples x {len(criteria)} criteria",
+                                len(samples) * len(criteria)):
+                m = (self.scorer or score_criteria)(backend, self.templates["score"], self.task, self.tree,
+                                                    criteria, samples, concurrency, progress)
             X = np.full((len(samples), len(self.feature_keys)), np.nan)
             for j, k in enumerate(self.feature_keys):
                 if k in m.criterion_keys:
@@ -311,7 +280,7 @@ class Evaluator(TreeEvaluator):
             usage = usage_of(backend)
             return ScoreResult([s.id for s in samples], list(self.aggregator.aspects), pred, full, usage)
         finally:
-            if own and isinstance(backend, CachedBackend):
+            if own:
                 backend.close()
 
     # ------------------------------------------------------------------ the method seam

@@ -2,32 +2,15 @@
 tree, the criteria-efficiency curve, and per-sample explanations. Pure computation: no
 printing, no plotting (``report.py`` draws, ``hdeval.cli.report`` prints).
 
-What a SHAP value explains here
--------------------------------
-:meth:`Aggregator.predict` clips each aspect to its score range. Clipping is not additive, so
-SHAP values explain the *unclipped* pipeline output for the aspect (``pipeline.predict`` and,
-for a multi-output pipeline, the aspect's column). That is what this module calls the
-``prediction``: for every sample ``base_value + sum(shap values) == prediction`` (up to floating
-point). The clipped score that ``apply`` reports is given next to it (``clipped_prediction``);
-the two differ only when the regressor extrapolates beyond the aspect's range.
+:meth:`Aggregator.predict` clips each aspect to its range, and clipping is not additive, so SHAP
+values explain the *unclipped* pipeline output (the ``prediction``: ``base_value + sum(shap) ==
+prediction``); the clipped score ``apply`` reports stands next to it (``clipped_prediction``).
+Trees and the linear model are explained exactly on the imputed, standardised inputs (both act
+feature by feature, so attributions stay on the criteria; for a linear model this is the
+interventional value a model-agnostic explainer estimates, far cheaper); ``nn`` by permutation on
+the raw scores, over a background of training rows (the paper uses 100).
 
-Which explainer
----------------
-* ``dt``/``rf``: ``shap.TreeExplainer`` on the pipeline's tree model, fed the imputed and
-  standardised inputs (exact; path-dependent, so no background sample is needed).
-* ``lr``: ``shap.LinearExplainer`` on the linear model, fed the imputed and standardised inputs,
-  with a background sample of training rows. For a linear model this is exactly the
-  interventional SHAP value a model-agnostic explainer estimates, at a tiny fraction of the cost.
-* ``nn``: model-agnostic ``shap.PermutationExplainer`` on a function from raw criterion scores
-  to the aspect's pipeline output, with an independent masker over a background sample of
-  training rows (the paper uses 100). Permutation SHAP is additive by construction.
-
-Imputation and standardisation act feature by feature, so attributions on the transformed
-inputs are attributions on the criteria themselves.
-
-``ev`` is the fitted pointwise :class:`~hdeval.methods.hdeval.evaluator.Evaluator`, typed
-``Any``: evaluator.py sits above this module (its report is built from here), so this module
-does not import it, not even for annotations.
+``ev`` is the fitted pointwise evaluator, typed ``Any``: evaluator.py sits above this module.
 """
 
 from __future__ import annotations
@@ -159,23 +142,12 @@ def explainer_for(kind: str, method: str = "auto") -> str:
     return method
 
 
-def shap_explain(
-    aggregator: Aggregator,
-    feature_keys: Sequence[str],
-    X: np.ndarray,
-    sample_ids: Sequence[str],
-    background: np.ndarray | None = None,
-    *,
-    method: str = "auto",
-    max_evals: int = MAX_EVALS,
-    random_state: int = 0,
-) -> dict[str, ShapResult]:
+def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndarray,
+                 sample_ids: Sequence[str], background: np.ndarray | None = None, *, method: str = "auto",
+                 max_evals: int = MAX_EVALS, random_state: int = 0) -> dict[str, ShapResult]:
     """SHAP values of every aspect for the rows ``X`` (raw criterion scores, NaN allowed).
-
-    ``background`` (raw criterion scores of training rows) is required by the linear and
-    permutation explainers; pass it already subsampled (see :func:`subsample`). Aspects that
-    share a multi-output pipeline are explained in one pass.
-    """
+    ``background`` (training rows, already subsampled) is required by the linear and permutation
+    explainers. Aspects that share a multi-output pipeline are explained in one pass."""
     import shap  # heavy import, only when explaining
 
     X = np.asarray(X, float)
@@ -229,12 +201,9 @@ def permutation_importances(
 
 @dataclass(frozen=True)
 class NodeImportance:
-    """A criteria-tree node with its importance.
-
-    ``importance`` is the node's own permutation importance summed over the aspects;
-    ``rolled_up`` is ``importance`` plus the ``importance`` of every descendant, i.e. how much
-    the aggregator relies on this criterion and everything decomposed from it.
-    """
+    """A criteria-tree node: ``importance``, its own permutation importance summed over the
+    aspects; ``rolled_up``, that plus every descendant's (how much the aggregator relies on it
+    and everything decomposed from it)."""
 
     key: str
     name: str
@@ -297,21 +266,13 @@ def curve_sizes(n: int, max_points: int | None) -> list[int]:
     return [int(p) for p in pts]
 
 
-def efficiency_curve(
-    aggregator: Aggregator,
-    feature_keys: Sequence[str],
-    order: Sequence[str],
-    train: SplitRows,
-    test: SplitRows,
-    max_points: int | None = None,
-) -> list[EfficiencyPoint]:
-    """Criteria efficiency (paper 4.3): for k = 1..n, refit an aggregator of the same kind on
-    the training split using only the first k criteria of ``order``, and measure its
-    held-out correlations (clipped predictions, as ``apply`` reports them).
-
-    The kept columns stay in feature order, so the point with every criterion is exactly the
-    trained aggregator (same data, same columns, same ``random_state``).
-    """
+def efficiency_curve(aggregator: Aggregator, feature_keys: Sequence[str], order: Sequence[str],
+                     train: SplitRows, test: SplitRows,
+                     max_points: int | None = None) -> list[EfficiencyPoint]:
+    """Criteria efficiency (paper 4.3): for k = 1..n, an aggregator of the same kind refitted
+    on the training split's first k criteria of ``order``, and its held-out correlations
+    (clipped, as ``apply`` reports). Kept columns stay in feature order, so the point with every
+    criterion is exactly the trained aggregator."""
     pos = {k: i for i, k in enumerate(feature_keys)}
     points = []
     for k in curve_sizes(len(order), max_points):
@@ -338,14 +299,8 @@ def _num(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def explain_samples(
-    evaluator: Any,
-    result: "ScoreResult",
-    top: int = 3,
-    *,
-    n_background: int = N_BACKGROUND,
-    random_state: int = 0,
-) -> list[dict[str, Any]]:
+def explain_samples(evaluator: Any, result: "ScoreResult", top: int = 3, *, n_background: int = N_BACKGROUND,
+                    random_state: int = 0) -> list[dict[str, Any]]:
     """Per-sample explanations of :meth:`Evaluator.score` output, one dict per sample in
     result order::
 

@@ -12,6 +12,7 @@ import re
 
 from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
 from hdeval.backends.fake import FakeBackend, _h, _unit, responder
+from hdeval.methods.comparisons_fake import prompt_of
 
 _MAX_CHILDREN = re.compile(r"at most (\d+) sub-criteria")
 _CRITERION = re.compile(r"^Criterion to decompose: (.+?) \(key: ([^)]+)\)", re.M)
@@ -25,17 +26,10 @@ def decompose_reply(prompt: str) -> str:
     name, key = (crit.group(1), crit.group(2)) if crit else ("criterion", "c")
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
     start = _h(key) % len(facets)
-    subs = []
-    for i in range(n):
-        facet = facets[(start + i) % len(facets)]
-        subs.append(
-            {
-                "key": facet,
-                "name": f"{name}: {facet}",
-                "definition": f"How well the text shows {facet} with respect to {name.lower()}.",
-            }
-        )
-    return json.dumps({"subcriteria": subs})
+    picked = [facets[(start + i) % len(facets)] for i in range(n)]
+    return json.dumps({"subcriteria": [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows "
+                                        f"{f} with respect to {name.lower()}."} for f in picked]})
+
 
 def score_reply(fake: FakeBackend, prompt: str, request: CompletionRequest, n_prompt: int) -> Completion:
     sample = _SAMPLE.search(prompt)
@@ -65,19 +59,14 @@ def score_reply(fake: FakeBackend, prompt: str, request: CompletionRequest, n_pr
     return Completion(str(best), top, n_prompt, 1)
 
 
-def _prompt(request: CompletionRequest) -> tuple[str, int]:
-    prompt = "\n".join(m.content for m in request.messages)
-    return prompt, max(1, len(prompt) // 4)
-
-
 @responder("decompose")
 def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = _prompt(request)
+    prompt, n_prompt = prompt_of(request)
     text = decompose_reply(prompt)
     return Completion(text, None, n_prompt, max(1, len(text) // 4))
 
 
 @responder("score")
 def _hdeval_score(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = _prompt(request)
+    prompt, n_prompt = prompt_of(request)
     return score_reply(fake, prompt, request, n_prompt)

@@ -11,7 +11,7 @@ from hdeval.urls import shown_identity
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from sklearn.base import clone
@@ -22,7 +22,7 @@ from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, score_table
+from hdeval.methods.base import FitContext, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
@@ -191,10 +191,10 @@ def _run(
         "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
         "mean_subtree": _mean_subtree(tree, matrix, Y[te], te, aspects),
         "failure_rate": matrix.failure_rate,
-        "usage": _usage(llm, dec),
+        "usage": usage_of(llm, dec),
     }
     if dec is not llm:
-        metrics["usage_decompose"] = _usage(dec)
+        metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
     metrics["intervals"] = fitted_intervals(
         Y, cv_preds[kept_layer], tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
@@ -235,11 +235,7 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     given with --tree is kept whole: only layers from its last one on compete."""
     cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
-    best = eligible[0].layer
-    for r in eligible[1:]:
-        here, there = cv[r.layer], cv[best]
-        if here is not None and (there is None or here > there + LAYER_MARGIN):
-            best = r.layer
+    best = best_layer(cv, [r.layer for r in eligible])
     baselines = {
         "mean_subtree": metric_table(Y[tr], subtree_means(tree, matrix, aspects)[tr], aspects),
         "mean_all_criteria": _mean_all(matrix, Y[tr], tr, aspects),
@@ -268,6 +264,17 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
+
+
+def best_layer(cv: dict[int, float | None], layers: Sequence[int]) -> int:
+    """The first of ``layers`` unless a deeper one's cross-validated figure beats the best so far
+    by more than LAYER_MARGIN."""
+    best = layers[0]
+    for layer in layers[1:]:
+        here, there = cv[layer], cv[best]
+        if here is not None and (there is None or here > there + LAYER_MARGIN):
+            best = layer
+    return best
 
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
@@ -307,23 +314,30 @@ def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int,
     """At most how many progress units (decompositions, and one scoring request per sample and
     criterion: what the dry run's "requests" counts) layers ``first`` on still need, with the
     tree as it is before layer ``first``. Counted as :func:`_plan` counts."""
-    total = candidates = 0
+    return sum(nodes + n * (len(known) + nodes * config.options.children)
+               for _, nodes, known in _layer_sizes(config, tree, first, depth, locked, expand))
+
+
+def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
+                 expand: Sequence[str]) -> Iterator[tuple[int, int, list]]:
+    """(layer, criteria decomposed before it at most, its criteria known now) for layers ``first``
+    on, with the tree as it is before layer ``first``."""
+    candidates = 0  # criteria of the previous layer pruning may pick for expansion
     for layer in range(first, config.options.layers + 1):
         if layer == first and layer > 1:
             nodes = len(_to_decompose(tree, layer, depth, locked, expand))
-        elif layer == 2:
+        elif layer == 2:  # every aspect without sub-criteria that is not locked
             nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
-        elif layer > depth:
+        elif layer > depth:  # at most --top-k picked by pruning
             nodes = min(config.options.top_k, candidates)
         else:
             nodes = 0
         if layer > depth and not nodes:
-            break
-        known = [c for c in tree.layer(layer)] if layer <= depth else []
-        new = nodes * config.options.children
-        total += nodes + n * (len(known) + new)
-        candidates = sum(1 for c in known if c.key not in locked) + new
-    return total
+            return
+        # the given tree's criteria on this layer are known
+        known = tree.layer(layer) if layer <= depth else []
+        yield layer, nodes, known
+        candidates = sum(1 for c in known if c.key not in locked) + nodes * config.options.children
 
 
 def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
@@ -390,14 +404,6 @@ def _mean_subtree(tree: CriteriaTree, matrix: ScoreMatrix, y: np.ndarray, te: np
                   aspects: list[str]) -> dict:
     """The stronger 'w/o aggregator' baseline: each aspect predicted by its own subtree mean."""
     return metric_table(y, subtree_means(tree, matrix, aspects)[te], aspects)
-
-
-def _usage(llm: CachedBackend, *more: CachedBackend) -> dict[str, int]:
-    """Calls, cache hits and tokens of ``llm`` (and of each other backend in ``more``)."""
-    stats = [llm.stats] + [b.stats for b in more if b is not llm]
-    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
-            "prompt_tokens": sum(s.prompt_tokens for s in stats),
-            "completion_tokens": sum(s.completion_tokens for s in stats)}
 
 
 def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | None) -> None:
@@ -505,18 +511,8 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
     dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
     plans: list[LayerPlan] = []
     per_prompt = 0.0
-    candidates = 0  # criteria of the previous layer pruning may pick for expansion
-    for layer in range(1, config.options.layers + 1):
-        if layer == 2:  # every aspect without sub-criteria that is not locked
-            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
-        elif layer > depth:  # at most --top-k picked by pruning
-            nodes = min(config.options.top_k, candidates)
-        else:
-            nodes = 0
-        if layer > depth and not nodes:
-            break
-        # the given tree's criteria on this layer are known: count their requests exactly
-        known = tree.layer(layer) if layer <= depth else []
+    for layer, nodes, known in _layer_sizes(config, tree, 1, depth, locked, ()):
+        # the known criteria's requests are counted exactly
         reqs = score_requests(templates["score"], task, tree, known, samples) if known else []
         # Identical requests (samples with the same text) cost one call: count distinct keys.
         distinct = {llm.key(r): r for r in reqs}
@@ -534,5 +530,4 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
             score * 2 + dec_c, decompose_prompt_tokens=dec_p, decompose_completion_tokens=dec_c,
             requests=nodes + len(reqs) + n_new * len(samples),
         ))
-        candidates = sum(1 for c in known if c.key not in locked) + n_new
     return plans

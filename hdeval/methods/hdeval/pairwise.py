@@ -1,17 +1,8 @@
-"""HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task).
-
-The criteria tree is built exactly as for pointwise tasks (the task's aspects, decomposed by
-the LLM layer by layer with the same prompt and code). Each response of a pair is scored on every
-criterion with the pointwise criterion prompt (``prompts/score.toml``: the question as the shown
-fields, the response as the output, a 1-5 digit, logprob-weighted where the server gives
-logprobs); each response is shown alone, so there is no position bias to swap away. The feature
-of a pair is score(A) - score(B) per criterion, and the aggregator is a classifier over those
-differences predicting the human label a / b (/ tie): the kinds of :mod:`hdeval.classify`,
-chosen by grouped cross-validated agreement with ``--aggregator auto``. Permutation importance
-(the drop in the classifier's held-out agreement, folds grouped by doc_id inside the training
-split) picks the criteria to decompose next. Metrics: agreement with the human labels with and
-without ties and confusion counts, per layer, on the held-out split.
-"""
+"""HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task;
+docs/methods.md tells it whole): the tree is built as for pointwise tasks, each response is
+scored alone on every criterion with the pointwise prompt (so no position bias to swap away),
+and a classifier (:mod:`hdeval.classify`) on score(A) - score(B) per criterion predicts the
+human label; permutation importance picks the criteria to decompose next."""
 
 from __future__ import annotations
 
@@ -35,9 +26,12 @@ from hdeval.classify import (
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, progress_stage, run_record, usage_of
 from hdeval.methods.hdeval.decompose import decompose_nodes
 from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
+from hdeval.methods.hdeval.loop import (
+    LAYER_MARGIN, LayerReport, _fmt, _units_left, best_layer, kept_warnings, pruning_lines, warning_notes,
+)
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
@@ -87,24 +81,11 @@ def plan_pairwise(config, prep, backend=None) -> list:
 
 
 # ----------------------------------------------------------------------------- fit
-@dataclass
-class PairLayerReport:
-    layer: int
-    added: list[str]
-    aggregator: str
-    cv_train: dict[str, Any]
-    test: dict[str, Any]
-    failure_rate: float
-    selection_scores: dict[str, float] = field(default_factory=dict)
-    importance: dict[str, float] = field(default_factory=dict)
-    expand_next: list[str] = field(default_factory=list)
-    positive_importance: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
-        return dataclasses.asdict(self)
+class PairLayerReport(LayerReport):
+    def to_dict(self) -> dict[str, Any]:  # a classifier has no nn grid to record
+        out = super().to_dict()
+        del out["tuning"], out["params"]
+        return out
 
 
 def check_pairwise_options(ctx: FitContext) -> None:
@@ -130,8 +111,6 @@ def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
-    from hdeval.methods.hdeval.loop import _units_left, kept_warnings, warning_notes
-
     check_pairwise_options(ctx)
     config, prep, llm, progress = ctx.config, ctx.prep, ctx.llm, ctx.progress
     task, pairs, split = prep.task, list(prep.samples), prep.split
@@ -264,14 +243,8 @@ def choose_pair_layer(reports: Sequence[PairLayerReport]) -> dict[str, Any]:
     """The layer to keep, decided on the training split only, as for pointwise HD-Eval: the
     best grouped cross-validated 3-way agreement (with ties); a deeper layer costs more calls
     and must beat the shallower best by more than ``LAYER_MARGIN``. Test rows decide nothing."""
-    from hdeval.methods.hdeval.loop import LAYER_MARGIN
-
     cv = {r.layer: r.cv_train.get("w_ties") for r in reports}
-    best = reports[0].layer
-    for r in reports[1:]:
-        here, there = cv[r.layer], cv[best]
-        if here is not None and (there is None or here > there + LAYER_MARGIN):
-            best = r.layer
+    best = best_layer(cv, [r.layer for r in reports])
     deepest = reports[-1].layer
     if best == deepest:
         reason = ("the only layer" if len(reports) == 1
@@ -322,13 +295,7 @@ def _score_table(ids, a: ScoreMatrix, b: ScoreMatrix, split, y) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-def _fmt(x: Any) -> str:
-    return "  n/a" if x is None else f"{x:5.3f}"
-
-
 def _layer_summary(r: PairLayerReport) -> str:
-    from hdeval.methods.hdeval.loop import pruning_lines
-
     lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
              f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
              f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
@@ -345,9 +312,6 @@ class PairHdevalResult(ScoreResult):
     labels_ab: list[str] = field(default_factory=list)
     side_a: ScoreMatrix | None = None
     side_b: ScoreMatrix | None = None
-
-    def correlations(self, samples):  # pairs have labels, not scores
-        return None
 
     def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
@@ -419,20 +383,13 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         if not all(isinstance(p, PairSample) for p in pairs):
             raise DataError("this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
                             "output_b), not single outputs")
-        own = backend is None
-        if own:
-            from hdeval.llm import open_llm
-
-            backend = open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None))
+        backend, own = self.open_backend(backend, cache_dir)
         try:
             criteria = [self.tree[k] for k in self.needed_criteria]
-            if progress is not None:
-                progress.stage(f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
-                               2 * len(pairs) * len(criteria))
-            sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
-                                 concurrency, progress)
-            if progress is not None:
-                progress.end_stage()
+            with progress_stage(progress, f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
+                                2 * len(pairs) * len(criteria)):
+                sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
+                                     concurrency, progress)
             usage = usage_of(backend)
         finally:
             if own:

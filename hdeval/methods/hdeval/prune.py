@@ -53,14 +53,8 @@ class _OnColumns:
         return self.model.predict(full)
 
 
-def aspect_importance(
-    agg: Aggregator,
-    X: np.ndarray,
-    Y: np.ndarray,
-    n_repeats: int = N_REPEATS,
-    random_state: int = 0,
-    columns: Sequence[int] | None = None,
-) -> dict[str, np.ndarray]:
+def aspect_importance(agg: Aggregator, X: np.ndarray, Y: np.ndarray, n_repeats: int = N_REPEATS,
+                      random_state: int = 0, columns: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """Permutation importance (mean drop in R^2 of the unclipped pipeline output) of every
     feature (or only of ``columns``, in that order: the same values) for every aspect of a
     fitted aggregator, on the data given (held-out data, never the test split when pruning).
@@ -93,18 +87,9 @@ def _fold_importance(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, tr:
     return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state, columns)
 
 
-def prune(
-    agg_template: Aggregator,
-    X: np.ndarray,
-    Y: np.ndarray,
-    feature_keys: Sequence[str],
-    candidates: Sequence[str],
-    doc_groups: Sequence[str],
-    top_k: int,
-    n_repeats: int = N_REPEATS,
-    n_jobs: int | None = None,
-    fold_models: Sequence[Aggregator] | None = None,
-) -> PruneResult:
+def prune(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, feature_keys: Sequence[str],
+          candidates: Sequence[str], doc_groups: Sequence[str], top_k: int, n_repeats: int = N_REPEATS,
+          n_jobs: int | None = None, fold_models: Sequence[Aggregator] | None = None) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
     sum over aspects; select up to ``top_k`` candidates whose importance is real, most
     important first (ties broken by tree order). Real means: its mean importance less its

@@ -1,16 +1,10 @@
-"""The evaluator report: ``report.json`` (every number) and a self-contained ``report.html``
-(the same numbers, plus matplotlib plots embedded as base64 PNG data URIs; no scripts, no
-external resources, so it opens offline and can be mailed around).
-
-Computation lives in :mod:`hdeval.methods.hdeval.explain`; the page and its plots in
-:mod:`hdeval.report.pointwise`, below the method; this module assembles the numbers (and the
-per-sample view's) and writes both files. ``ev`` is the fitted pointwise
-:class:`~hdeval.methods.hdeval.evaluator.Evaluator`, which imports this module (not the reverse).
-"""
+"""The evaluator report: ``report.json`` (every number) and a self-contained ``report.html``.
+Computation lives in :mod:`.explain`, the page and its plots in :mod:`hdeval.report.pointwise`;
+this module assembles the numbers (and the per-sample view's) and writes both files. ``ev`` is
+the fitted pointwise evaluator, which imports this module (not the reverse)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -72,16 +66,9 @@ class Report:
     efficiency: list[EfficiencyPoint]
 
 
-def build_report(
-    ev: Any,
-    *,
-    max_samples: int = MAX_SAMPLES,
-    n_background: int = N_BACKGROUND,
-    n_repeats: int = N_REPEATS,
-    curve_points: int | None = CURVE_POINTS,
-    random_state: int = 0,
-    progress: Progress | None = None,
-) -> Report:
+def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int = N_BACKGROUND,
+                 n_repeats: int = N_REPEATS, curve_points: int | None = CURVE_POINTS, random_state: int = 0,
+                 progress: Progress | None = None) -> Report:
     """Compute every number of the report from the artifact's score table (``scores.csv``)
     and its aggregator. ``max_samples`` bounds the SHAP-explained held-out samples,
     ``n_background`` the background rows, ``curve_points`` the refits of the efficiency curve."""
@@ -265,17 +252,10 @@ def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path
             raise ConfigError("give an output directory: this evaluator was not loaded from disk")
         out_dir = ev.path / "report"
     out = Path(out_dir)
+    from hdeval.methods.pair_report import write_report_files
     from hdeval.report.pointwise import render_html
 
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)
     page = render_html(ev, report, samples, note)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        jpath, hpath = out / "report.json", out / "report.html"
-        jpath.write_text(json.dumps(report.data, indent=1, ensure_ascii=False, allow_nan=False) + "\n",
-                         encoding="utf-8")
-        hpath.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
-    return ReportFiles(hpath, jpath)
+    return ReportFiles(*write_report_files(out, report.data, page, allow_nan=False))

@@ -1,18 +1,6 @@
-"""A criteria tree given to ``hdeval train --tree``: read as untrusted input, checked against the task.
-
-The format is the one an HD-Eval artifact writes as ``tree.json``::
-
-    {"criteria": [
-      {"key": "coherence", "name": "Coherence", "definition": "...", "parent": null, "layer": 1},
-      {"key": "coherence/order", "name": "Order", "definition": "...", "parent": "coherence",
-       "layer": 2, "locked": true}
-    ]}
-
-``parent`` (absent or null: a layer-1 aspect) must name a criterion listed earlier; ``layer`` may
-be left out (it follows from the parent); ``locked: true`` marks a criterion the training keeps as
-given (it is never expanded). A layer-1 key is one of the task's aspects; any other key is
-``<parent key>/<name>``. The path may also be an artifact directory: its tree.json is taken.
-"""
+"""A criteria tree given to ``hdeval train --tree`` (an artifact's ``tree.json`` format, plus
+``locked``; docs/methods.md gives it): read as untrusted input, checked against the task. The
+path may also be an artifact directory: its tree.json is taken."""
 
 from __future__ import annotations
 

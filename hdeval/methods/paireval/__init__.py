@@ -1,10 +1,5 @@
-"""PairEval (Park et al., 2024) and DIRECTEVAL, its same-LLM baseline.
-
-Registration only (the method's name, options and where its code is): the implementation in
-:mod:`.impl` is imported when the method is used, so listing methods (``hdeval --help``) loads no
-numerical library. Its public names are reachable from this package too (``from
-hdeval.methods.paireval import ...``).
-"""
+"""PairEval (Park et al., 2024) and DIRECTEVAL, its same-LLM baseline. Registration only: :mod:`.impl`
+(whose public names this package also serves) loads when used, so ``hdeval --help`` stays light."""
 
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from hdeval.judge import Cell, fill_matrix
-from hdeval.methods.comparisons import Example, PairScores, _p_first_label, pair_question, pair_request
+from hdeval.methods.base import progress_stage
+from hdeval.methods.comparisons import (
+    Example, PairScores, _p_first_label, judged_orders, pair_question, versus_cells,
+)
 from hdeval.progress import Progress
 from hdeval.prompts import Template
 from hdeval.types import Failure, Sample, Task
@@ -25,14 +26,8 @@ def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], sw
         docs.setdefault(s.doc_id, []).append(s.id)
     cells: list[Cell] = []
     for s in samples:
-        target = shown[s.id]
-        others = [shown[o] for o in docs[s.doc_id] if o != s.id]
-        for key, question in cols:
-            for ci, other in enumerate(others):
-                cells.append(Cell(s.id, f"{key}|{ci}|first", (pair_request(template, task, question, target, other),)))
-                if swap:
-                    cells.append(Cell(s.id, f"{key}|{ci}|second",
-                                      (pair_request(template, task, question, other, target),)))
+        others = list(enumerate(shown[o] for o in docs[s.doc_id] if o != s.id))
+        cells += versus_cells(template, task, s.id, shown[s.id], others, swap, cols)
     return cells
 
 
@@ -43,27 +38,12 @@ def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[
     samples = list(samples)
     cols = [(a.key, pair_question(a)) for a in task.aspects]
     cells = same_doc_cells(template, task, samples, swap, cols)
-    if progress is not None:
-        progress.stage(f"comparing {len(samples)} samples x {len(cols)} columns with every other response of "
-                       f"their document{' x 2 orders' if swap else ''}", len(cells))
-    m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
-    if progress is not None:
-        progress.end_stage()
+    with progress_stage(progress, f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                        f"response of their document{' x 2 orders' if swap else ''}", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
     width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
-    shape = (len(samples), len(cols), width)
-    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
+    first, second = judged_orders(m, samples, cols, width)
     failures: list[Failure] = list(m.failures) if m is not None else []
-    if m is not None:
-        row = {sid: i for i, sid in enumerate(m.sample_ids)}
-        ak = {key: j for j, (key, _) in enumerate(cols)}
-        ordered = [row.get(s.id) for s in samples]
-        for c, key in enumerate(m.criterion_keys):
-            aspect, ci, order = key.rsplit("|", 2)
-            values = np.array([m.values[r, c] if r is not None else np.nan for r in ordered])
-            if order == "first":
-                first[:, ak[aspect], int(ci)] = values
-            else:
-                second[:, ak[aspect], int(ci)] = 1.0 - values  # P(target's label "B")
     compared = {c.sample_id for c in cells}
     for s in samples:
         if s.id not in compared:

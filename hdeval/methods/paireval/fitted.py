@@ -8,8 +8,10 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
-from hdeval.errors import ArtifactError, ConfigError, DataError
-from hdeval.methods.base import ScoreResult, SimpleFitted, read_task_and_llm, score_rows, usage_of
+from hdeval.errors import ConfigError, DataError
+from hdeval.methods.base import (
+    METRICS, SCORES, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
+)
 from hdeval.methods.comparisons import COMPARISONS, Example, PairScores, _parse_examples, pair_scores
 from hdeval.methods.paireval.all_vs_all import same_doc_scores
 from hdeval.methods.paireval.sources import comparison_text, overlap_text
@@ -18,9 +20,6 @@ from hdeval.prompts import Template, parse_template
 from hdeval.types import Sample, Task
 
 PAIR_PROMPT = "prompts/pair.toml"
-YESNO_PROMPT = "prompts/yesno.toml"
-METRICS = "metrics.json"
-SCORES = "scores.csv"
 MODEL = "aggregator.skops"
 
 
@@ -115,9 +114,8 @@ class PairEvalEvaluator(_Dialogue):
         from hdeval.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
-        m = art.manifest
-        try:
-            args = m.get("method_args") or {}
+        def build() -> PairEvalEvaluator:
+            args = art.manifest.get("method_args") or {}
             all_vs_all = args.get("all_vs_all", False) is True
             if all_vs_all:  # compared within each document: no recorded examples
                 task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, METRICS, MODEL))
@@ -131,17 +129,13 @@ class PairEvalEvaluator(_Dialogue):
             if not all_vs_all and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool)
                                    or not isinstance(swap, bool)):
                 raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
-            spec = m["aggregator"]
+            spec = art.manifest["aggregator"]
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)
             check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)
             agg = Aggregator.from_fitted(template.kind, template.aspects, template.ranges, template.groups,
                                          template.random_state, models, len(task.aspects))
-            ev = cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
-                     n, swap, agg, llm, identity, art.json(METRICS),
-                     {k: m[k] for k in ("seed", "split", "config") if k in m}, all_vs_all=all_vs_all)
-        except (KeyError, TypeError, ValueError, ConfigError) as exc:
-            raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
-        ev.warnings = list(art.warnings)
-        ev.path = art.path
-        return ev
+            return cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
+                       n, swap, agg, llm, identity, art.json(METRICS), run_extra(art.manifest),
+                       all_vs_all=all_vs_all)
+        return loaded(art, build, (KeyError, TypeError, ValueError, ConfigError))
