@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -30,15 +30,43 @@ def spearman(y: Any, p: Any, min_n: int = 3) -> float:
     figure uses); NaN when fewer than ``min_n`` pairs remain or either side is constant. Ranks
     correlated by hand rather than ``scipy.stats.spearmanr``: the bootstrap calls this
     hundreds of thousands of times and scipy's checks dominate on small arrays."""
-    from scipy.stats import rankdata
-
     y, p = _finite_pairs(y, p)
     if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
         return float("nan")
-    ry, rp = rankdata(y), rankdata(p)
+    return _rank_correlation(_ranks(y), _ranks(p))
+
+
+def _rank_correlation(ry: np.ndarray, rp: np.ndarray) -> float:
+    """Pearson's r of two rank arrays (both overwritten)."""
     ry -= ry.mean()
     rp -= rp.mean()
     return float((ry * rp).sum() / math.sqrt((ry * ry).sum() * (rp * rp).sum()))
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks from 1, ties sharing their mean: the values of ``scipy.stats.rankdata``
+    (half-integers, exact), from one sort and two binary searches: fewer copies of the column
+    than rankdata makes (apply's closing figures rank every row)."""
+    order = np.argsort(x)
+    xs = x[order]
+    ends = np.searchsorted(xs, xs, "left")  # a value's tie group is [left, right)
+    ends += np.searchsorted(xs, xs, "right")
+    del xs
+    ends += 1
+    out = np.empty(len(x))
+    out[order] = ends
+    out *= 0.5  # (left + 1 + right) / 2: the mean of the ranks left+1 .. right
+    return out
+
+
+def _order_codes(x: np.ndarray) -> np.ndarray:
+    """Each value's lowest rank from 0, as int32 where that holds it: the order and ties of
+    ``x`` and nothing else, all Kendall's tau reads, in half the bytes of the floats."""
+    order = np.argsort(x)
+    xs = x[order]
+    out = np.empty(len(x), np.int32 if len(x) < 2**31 else np.int64)
+    out[order] = np.searchsorted(xs, xs, "left")
+    return out
 
 
 def correlation(y: Any, p: Any, metric: str, min_n: int = 3) -> float:
@@ -59,6 +87,36 @@ def correlation(y: Any, p: Any, metric: str, min_n: int = 3) -> float:
 def correlations(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float | None]:
     """Pearson, Spearman and Kendall tau; ``None`` where undefined (constant input, NaN)."""
     return {m: _clean(correlation(y_true, y_pred, m)) for m in METRICS}
+
+
+def streamed_correlations(column: Callable[[str], np.ndarray]) -> dict[str, float | None]:
+    """:func:`correlations` of ``column("human")`` and ``column("pred")``, each column read
+    (a fresh array) when a figure needs it and dropped after, the rank statistics on ranks or
+    order codes made one column at a time: the same figures in less memory than
+    :func:`correlations` on two held columns (apply's closing figures on every row)."""
+    y, p = column("human"), column("pred")
+    ok = np.isfinite(y) & np.isfinite(p)
+    every = bool(ok.all())
+    n = int(ok.sum())
+    defined = n >= 3 and np.ptp(y[ok]) != 0 and np.ptp(p[ok]) != 0
+    del y, p
+    if not defined:
+        return {m: None for m in METRICS}
+
+    def get(name: str) -> np.ndarray:
+        values = column(name)
+        return values if every else values[ok]
+
+    out: dict[str, float | None] = {"pearson": _clean(correlation(get("human"), get("pred"), "pearson"))}
+    ry = _ranks(get("human"))
+    out["spearman"] = _clean(_rank_correlation(ry, _ranks(get("pred"))))
+    del ry
+    cy = _order_codes(get("human"))
+    cp = _order_codes(get("pred"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out["kendall"] = _clean(float(stats.kendalltau(cy, cp)[0]))
+    return out
 
 
 def metric_table(

@@ -66,3 +66,94 @@ def test_the_client_forgets_committed_keys_once_no_batch_runs_and_still_pays_eac
         assert fake.calls == 80 and all(c.cached for c in again)
     finally:
         cb.close()
+
+
+def _columns(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Human scores with heavy ties (averages of three 1-5 ratings) and continuous predictions."""
+    human = rng.integers(3, 16, size=n) / 3
+    return human, human * 0.3 + rng.normal(0, 1, n)
+
+
+def test_the_lean_ranks_are_scipys_average_ranks_bit_for_bit() -> None:
+    from scipy.stats import rankdata
+
+    from hdeval.metrics import _order_codes, _ranks
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 5, 64, 5000):
+        for x in (rng.normal(size=n), rng.integers(0, 4, n).astype(float), np.full(n, 2.5),
+                  np.where(rng.random(n) < 0.4, -0.0, rng.normal(size=n))):
+            assert np.array_equal(_ranks(x), rankdata(x))
+            codes = _order_codes(x)  # order and ties kept: the lowest rank from 0 of each value
+            assert codes.dtype == np.int32 and np.array_equal(codes, rankdata(x, method="min").astype(int) - 1)
+
+
+def test_the_streamed_correlations_are_the_same_figures_with_a_nan_a_constant_and_too_few_rows() -> None:
+    from hdeval.metrics import correlations, streamed_correlations
+
+    rng = np.random.default_rng(4)
+    cases = [_columns(rng, n) for n in (3, 40, 3000)]
+    y, p = _columns(rng, 500)
+    y[7], p[9] = np.nan, np.inf  # rows without a finite pair are left out, as correlations does
+    cases += [(y, p), (np.full(50, 3.0), rng.normal(size=50)), (np.array([1.0, 2.0]), np.array([2.0, 1.0])),
+              (np.array([1.0, np.nan, 2.0, 3.0]), np.array([1.0, 2.0, np.nan, 3.0]))]
+    for y, p in cases:
+        read: list[str] = []
+
+        def column(name: str, y=y, p=p) -> np.ndarray:
+            read.append(name)
+            return (y if name == "human" else p).copy()  # a fresh array, as read from disk
+
+        assert streamed_correlations(column) == correlations(y, p)
+        assert set(read) <= {"human", "pred"}
+
+
+def test_the_closing_correlations_peak_at_about_50_bytes_a_row_not_80(tmp_path) -> None:
+    """Every row's pair is ranked at the end of apply: the columns are read when a figure needs
+    them and ranked one at a time, not held together and copied by scipy's rankdata (~81 bytes a
+    row at the peak: 16 MB on 200k rows)."""
+    import tracemalloc
+
+    n, aspects = 100_000, ["coherence"]
+    rng = np.random.default_rng(5)
+    human, pred = _columns(rng, n)
+    summary = _Summary(str(tmp_path), "held-out")
+    summary.add([SimpleNamespace(scores={"coherence": h}) for h in human.tolist()],
+                SimpleNamespace(aspects=aspects, predictions=pred[:, None]))
+    del human, pred
+    summary.correlations()  # scipy's first-call set-up is not what is measured
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        table = summary.correlations()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert table is not None and table["coherence"]["spearman"] is not None
+    assert peak / n < 56, f"{peak / n:.1f} bytes a row"
+
+
+def test_the_duplicate_id_index_holds_at_most_about_half_a_mebibyte_in_memory(tmp_path) -> None:
+    """SQLite's page cache of the on-disk id index is the memory it keeps: full by ~20k ids, so
+    the index stops growing apply's peak there (at 2 MiB it grew it up to ~100k ids)."""
+    import ctypes
+    import ctypes.util
+
+    import pytest
+
+    from hdeval.data import DiskIds
+
+    name = ctypes.util.find_library("sqlite3")
+    try:
+        lib = ctypes.CDLL(name or "libsqlite3.so.0")
+        used = lib.sqlite3_memory_used
+    except (OSError, AttributeError):
+        pytest.skip("no shared SQLite library to ask its memory use")
+    used.restype = ctypes.c_int64
+    with DiskIds(tmp_path) as ids:
+        before = used()
+        for i in range(60_000):
+            assert ids.first_line(f"sample-{i:08x}-{i * 7919 % 60_000}", i + 1) is None
+        grown = used() - before
+        assert ids.first_line("sample-00000005-39595", 99) == 6  # still an index: the first line is known
+    assert grown < 800 * 1024, f"{grown / 1024:.0f} KiB"

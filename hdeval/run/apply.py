@@ -122,11 +122,11 @@ class _Summary:
         """As :func:`hdeval.metrics.metric_table` on every row, one aspect in memory at a time."""
         import numpy as np
 
-        from hdeval.metrics import average, correlations
+        from hdeval.metrics import average, streamed_correlations
 
         if self.last is not None or not self.all_human or not self.rows or self.aspects is None:
             return None
-        table = {a: correlations(np.fromfile(self._column("human", j), "<f8"), np.fromfile(self._column("pred", j), "<f8"))
+        table = {a: streamed_correlations(lambda name, j=j: np.fromfile(self._column(name, j), "<f8"))
                  for j, a in enumerate(self.aspects)}
         table["average"] = average(table)
         return table
