@@ -230,3 +230,23 @@ def test_a_forked_child_uses_its_own_connection_and_is_not_stuck_on_the_parents_
     assert got == b"\x00", "the forked child reused the parent's connection or hung on its lock"
     assert _key("a") in store
     store.close()
+
+
+@pytest.mark.parametrize("table_file", ["empty", "no table yet"])
+def test_stats_of_a_reply_table_file_without_its_table_count_its_zero_entries(tmp_path, table_file):
+    """A replies.db that holds no reply table yet (a run killed between creating the file and
+    its table) is an empty table to `cache stats`, as it is to `cache check` and to a run."""
+    cache = tmp_path / "c"
+    cache.mkdir()
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # one reply an older hdeval stored
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    if table_file == "empty":
+        (cache / "replies.db").write_bytes(b"")
+    else:
+        con = sqlite3.connect(cache / "replies.db")
+        con.execute("PRAGMA journal_mode=WAL")
+        con.close()
+    res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and ": 1 entries," in res.stdout, res.output
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "1 readable" in res.stdout, res.output
