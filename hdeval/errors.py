@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def one_line(text: Any, limit: int = 200) -> str:
+    """``text`` with its white space folded, cut to ``limit`` characters: a part of a message."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class HdevalError(Exception):
     """Base class: a problem the user can fix, with a one-line message saying what and where."""
