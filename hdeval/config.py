@@ -48,13 +48,9 @@ class LLMConfig:
     batch: bool = False
 
     @classmethod
-    def field_names(cls) -> frozenset[str]:
-        return frozenset(f.name for f in fields(cls))
-
-    @classmethod
     def from_options(cls, **options: Any) -> "LLMConfig":
         """Build from keyword options (e.g. the CLI's); an unknown name is a ConfigError."""
-        unknown = sorted(set(options) - cls.field_names())
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"unknown LLM option(s): {', '.join(unknown)}")
         return cls(**{k: v for k, v in options.items() if v is not None or k in ("model", "base_url")})
@@ -83,12 +79,3 @@ class LLMConfig:
         from hdeval.urls import public_url
 
         return {"model": self.model, "base_url": public_url(self.base_url)}
-
-
-def split_options(options: dict[str, Any]) -> tuple[LLMConfig, dict[str, Any]]:
-    """Separate the LLM fields (``llm`` is the CLI's name for ``model``) from the rest."""
-    llm_fields = LLMConfig.field_names() - {"model"}
-    mine = {k: options.pop(k) for k in list(options) if k in llm_fields}
-    if "llm" in options:
-        mine["model"] = options.pop("llm")
-    return LLMConfig.from_options(**mine), options

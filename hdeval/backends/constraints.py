@@ -1,14 +1,7 @@
-"""What a request accepts as its answer, and how each backend is told.
-
-A method states the form of the answer where it builds the request (``CompletionRequest.answer``
-for a scale or label words; ``json_schema`` / ``json_mode`` for JSON). Backends never guess it
-from other fields. The mapping to a backend's parameters lives here as pure functions:
-
-* :func:`to_gbnf`: a llama.cpp grammar (the local backends decode under it);
-* :func:`to_llama_params`: the body fields of llama.cpp's own server (xllamacpp);
-* :func:`to_openai_params`: the body fields for an OpenAI-compatible server. Only JSON is sent
-  (structured outputs): a scale or label words need token ids for ``logit_bias``, which depend
-  on a tokenizer hdeval does not know for an arbitrary server, so the prompt alone asks for them.
+"""What a request accepts as its answer (``CompletionRequest.answer`` for a scale or label words;
+``json_schema`` / ``json_mode`` for JSON), and how each backend is told: a llama.cpp grammar, the
+body fields of llama.cpp's server, or of an OpenAI-compatible server. Only JSON goes to the latter:
+``logit_bias`` for words needs token ids of a tokenizer hdeval does not know there.
 """
 
 from __future__ import annotations

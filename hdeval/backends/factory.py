@@ -59,9 +59,7 @@ def local_runtime(env: Mapping[str, str] | None = None) -> str:
     )
 
 
-# ------------------------------------------------------------------ the registry
-# A backend factory takes the config and ``offline`` and returns a Backend. Each factory
-# imports its SDK itself, so an unused backend costs nothing and a missing extra is named.
+# (config, offline) -> Backend; each imports its SDK itself, so an unused backend costs nothing
 Factory = Callable[[Any, bool], Backend]
 
 
@@ -155,8 +153,7 @@ def make_backend(spec: Any, offline: bool = False) -> Backend:
         raise ConfigError(f"--llm {spec.model} needs {entry.runtime}{hint} ({exc})") from exc
 
 
-# The notice printed once when the bundled 135M model is used (kept here, not in the
-# llama_cpp module, so printing it costs no llama.cpp import).
+# printed once when the bundled 135M model is used (here: printing it imports no llama.cpp)
 DEFAULT_LOCAL_NOTICE = (
     "note: --llm local uses the bundled SmolLM2-135M model: it is for trying the pipeline, not "
     "for real judgments. Point hdeval at a stronger model with --llm llamacpp:/path/to/model.gguf, "

