@@ -32,16 +32,10 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from hdeval import __version__
-from hdeval.backends.constraints import constraint_of, to_openai_params  # [answer constraint]
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES,
-    MAX_POSITIONS,
-    Completion,
-    CompletionRequest,
-    TokenLogprob,
-    read_logprob,
-    token_count,
+    MAX_POSITIONS, Completion, CompletionRequest, TokenLogprob, read_top_logprobs, token_count,
 )
+from hdeval.backends.constraints import constraint_of, to_openai_params
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.urls import public_url
@@ -692,23 +686,13 @@ else:  # Python 3.10: the same bound, one task more per call
 
 
 def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
-    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position."""
+    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position
+    (an unreadable logprob is NaN: the scorer records a failure, not a score from what is left)."""
     if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
         return None
-    positions = []
-    for pos in lp["content"][:MAX_POSITIONS]:
-        if not isinstance(pos, dict):
-            continue
-        alts = pos.get("top_logprobs") or [pos]  # no alternatives: the chosen token is all we know
-        parsed = []
-        for alt in alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else ():
-            if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
-                continue
-            # an unreadable logprob (1000, Infinity, NaN, a string) is kept as NaN: the scorer
-            # records a failure rather than a score computed from what is left
-            parsed.append(TokenLogprob(alt["token"], read_logprob(alt.get("logprob"))))
-        positions.append(tuple(parsed))
-    return tuple(positions) if positions else None
+    # no alternatives: the chosen token is all we know
+    return read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
+                              if isinstance(p, dict)]) or None
 
 
 def _error_detail(status: int, body: bytes) -> tuple[Any, str]:

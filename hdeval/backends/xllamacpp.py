@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_logprob,
+    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_top_logprobs,
 )
 from hdeval.backends.constraints import (
     Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
@@ -211,10 +211,14 @@ def _message_text(reply: Mapping) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _content(reply: Mapping) -> Any:
+    lp = _choice(reply).get("logprobs")
+    return lp.get("content") if isinstance(lp, Mapping) else None
+
+
 def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple[str, float]]:
     """The (token, value) alternatives at the first generated position, best first."""
-    lp = _choice(reply).get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
+    content = _content(reply)
     if not isinstance(content, list) or not content or not isinstance(content[0], Mapping):
         raise BackendError("llama.cpp reply holds no logprobs")
     alts = content[0].get(list_key)
@@ -231,14 +235,8 @@ def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple
 
 def _positions(reply: Mapping) -> tuple[tuple[TokenLogprob, ...], ...] | None:
     """Every generated position's top alternatives (raw logprobs), bounded."""
-    lp = _choice(reply).get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
+    content = _content(reply)
     if not isinstance(content, list):
         return None
-    out = []
-    for pos in content[:MAX_POSITIONS]:
-        alts = pos.get("top_logprobs") if isinstance(pos, Mapping) else None
-        out.append(tuple(TokenLogprob(a["token"], read_logprob(a.get("logprob")))
-                         for a in (alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else [])
-                         if isinstance(a, Mapping) and isinstance(a.get("token"), str)))
-    return tuple(out)
+    return read_top_logprobs([p.get("top_logprobs") if isinstance(p, Mapping) else None
+                              for p in content[:MAX_POSITIONS]])
