@@ -112,19 +112,13 @@ class Completion:
 def token_count(value: Any) -> int:
     """A token count from untrusted input: a non-negative integer up to MAX_TOKEN_COUNT (an
     int, an integral finite float, or a short string of ASCII digits); anything else is 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            return 0
-        n = int(value)
-    elif isinstance(value, str) and 0 < len(value.strip()) <= 13 and value.strip().isascii() and value.strip().isdigit():
-        n = int(value.strip())
-    else:
-        return 0
-    return n if 0 <= n <= MAX_TOKEN_COUNT else 0
+    if isinstance(value, str):
+        value = value.strip()
+        value = int(value) if 0 < len(value) <= 13 and value.isascii() and value.isdigit() else 0
+    elif isinstance(value, float) and math.isfinite(value) and value == int(value):
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool)  # a bool is an int
+    return value if ok and 0 <= value <= MAX_TOKEN_COUNT else 0
 
 
 def read_logprob(value: Any) -> float:

@@ -348,13 +348,10 @@ def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, 
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
-    if sync:
-        return httpx2.Client(transport=BoundedSyncTransport(
-            httpx2.HTTPTransport(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
-            trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
-    inner = httpx2.AsyncHTTPTransport(verify=verify, proxy=proxy, limits=limits)
-    return httpx2.AsyncClient(transport=BoundedTransport(inner, max_reply_bytes), trust_env=False,
-                              follow_redirects=False, timeout=httpx2.Timeout(timeout))
+    client, inner, bounded = ((httpx2.Client, httpx2.HTTPTransport, BoundedSyncTransport) if sync
+                              else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport, BoundedTransport))
+    return client(transport=bounded(inner(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
+                  trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
 
 
 class OpenAICompatBackend:
