@@ -131,7 +131,6 @@ def _client(llm: Backend) -> Iterator[CachedBackend]:
         client.close()
 
 
-# ---------------------------------------------------------------------- parsers
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
     """P(``target``) normalised over the two label words, from the first generated token (" A" is
     "A"). Without logprobs for either, the text decides: 1.0 when it starts with (or only names)
@@ -258,7 +257,6 @@ def _json_pair(obj: dict, checked, shown: str):
     return checked(*vals)
 
 
-# ---------------------------------------------------------------------- structured replies
 class UnusableReply(HdevalError):
     """The LLM's structured replies stayed unusable after every attempt."""
 

@@ -79,7 +79,6 @@ def _check_id(value: Any, what: str) -> str:
     return value
 
 
-# ----------------------------------------------------------------------------- HTTP
 class BatchAPI:
     """``/v1/files`` and ``/v1/batches`` through the SDK's resources, on the LLM loop. Replies are
     read raw and bounded, then parsed here; transient failures are retried ``max_retries`` times
@@ -252,7 +251,6 @@ class _Transient(Exception):
     pass
 
 
-# ----------------------------------------------------------------------------- the jobs file
 @dataclass
 class Job:
     """One submitted input file: its job id once the server named it, and the keys it holds."""

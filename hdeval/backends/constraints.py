@@ -92,7 +92,6 @@ def constraint_of(request: Any) -> Constraint | None:
     return getattr(request, "answer", None)
 
 
-# ------------------------------------------------------------------------- grammars
 def _literal(word: str) -> str:
     """A GBNF string literal."""
     out = []
@@ -144,7 +143,6 @@ def to_openai_params(constraint: Constraint | None, schema_supported: bool = Tru
     return {}
 
 
-# ------------------------------------------------------------------------- replies
 def obeys(constraint: Constraint | None, text: str) -> bool:
     """Whether a reply's text is an answer the constraint allows (JSON: parses as an object;
     the schema's details are the caller's validation)."""

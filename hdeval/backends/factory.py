@@ -33,8 +33,7 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
     )
 
 
-# The embedded runtimes, in order of preference: xllamacpp installs from prebuilt wheels in
-# seconds; llama-cpp-python compiles llama.cpp (the local-llamacpp extra).
+# the embedded runtimes, by preference: xllamacpp is prebuilt, llama-cpp-python compiles llama.cpp
 LOCAL_RUNTIMES = {"xllamacpp": "xllamacpp", "llama-cpp-python": "llama_cpp"}
 LOCAL_RUNTIME_ENV = "HDEVAL_LOCAL_RUNTIME"
 

@@ -47,13 +47,11 @@ class FakeBackend:
     logprobs: bool = True
     calls: int = 0
     requests: list[CompletionRequest] = field(default_factory=list)
-    # keep every request in ``requests`` (for tests); ``--llm fake`` does not, so a long apply's
-    # memory is the tool's own, as with a real backend
+    # keep every request in ``requests`` (tests); not ``--llm fake``, whose memory must not grow
     record: bool = True
     # None: the registered RESPONDERS (read at call time, so later registrations count)
     responders: Mapping[str, Responder] | None = None
-    # False: replies go out as the responders write them, like a server that does not honour
-    # answer constraints (tests of replies the methods cannot read)
+    # False: replies go out as written, like a server that does not honour answer constraints
     honour_constraints: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

