@@ -52,11 +52,6 @@ def fetched_model() -> Path | None:
     return path if path.is_file() else None
 
 
-def available() -> bool:
-    """True when the model is on this machine (no download needed)."""
-    return fetched_model() is not None or installed_model() is not None
-
-
 def default_model() -> Path:
     """The model file, downloading it once when it is not on this machine (never with
     ``HDEVAL_OFFLINE`` set, as for data sets)."""

@@ -1,17 +1,12 @@
 """The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra).
 
-xllamacpp ships llama.cpp prebuilt and exposes its server in-process:
-``Server.handle_chat_completions`` takes an OpenAI-style request dict and returns the reply dict,
-with no HTTP round trip. The same GGUF file gives the same cache identity under either runtime.
+xllamacpp ships llama.cpp prebuilt and runs its server in-process (``handle_chat_completions``:
+an OpenAI-style dict in, the reply dict out). Each slot reuses the longest common prefix with the
+next prompt. One word of a few is one call whose first token is constrained by a grammar, read at
+temperature 1 with no truncation, so the probabilities are the model's own over the words.
 
-Each slot reuses the longest common prefix with the next prompt (``timings.prompt_n`` is
-``prompt_tokens_evaluated``). A request whose answer is one word of a few is one call whose
-first token is constrained by a grammar, read at temperature 1 with no truncation, so the
-probabilities are the model's own renormalised over the words (G-Eval's weighted score; PairEval's
-P("A")); longer answers are generated greedily under the grammar, JSON through ``response_format``.
-
-The server also opens an HTTP listener on 127.0.0.1 (it cannot be turned off); hdeval never uses
-it and protects it with a random API key, so no other process can use the model through it.
+The server's HTTP listener on 127.0.0.1 cannot be turned off: a random API key keeps other
+processes from using the model through it.
 """
 
 from __future__ import annotations
