@@ -150,8 +150,8 @@ class LlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path, llama_cpp, n_threads = adopt_model(self, model_path, "llama_cpp", _NEEDS, seed, reuse, is_default_model,
-                                                 n_threads)
+        path, llama_cpp, n_threads = adopt_model(self, model_path, "llama_cpp", _NEEDS, seed, reuse,
+                                                 is_default_model, n_threads)
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path),
@@ -323,10 +323,7 @@ class LlamaCppBackend:
         n_top = int(request.top_logprobs or 0)
         positions: list[tuple[TokenLogprob, ...]] = []
         evaluated = self._eval_prompt(prompt)
-        if request.seed is not None:
-            llm.set_seed(request.seed)
-        else:
-            llm.set_seed(self.seed)
+        llm.set_seed(self.seed if request.seed is None else request.seed)
         budget = min(request.max_tokens, self.n_ctx - len(prompt))
         out: list[int] = []
         try:

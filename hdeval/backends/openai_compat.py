@@ -70,7 +70,6 @@ class _Transient(Exception):
     def __init__(self, message: str, *, retry_after: float | None = None, malformed: bool = False,
                  unreachable: bool = False) -> None:
         super().__init__(message)
-        self.message = message
         self.retry_after = retry_after
         self.malformed = malformed
         self.unreachable = unreachable
@@ -552,13 +551,13 @@ class OpenAICompatBackend:
             tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
             if last.unreachable and self._proxy is not None:
                 msg = (f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
-                       f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last.message}) after {tries}; "
+                       f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
                        f"check the proxy, or add the host to NO_PROXY; {RESUME_HINT}")
             elif last.unreachable:
-                msg = (f"cannot reach LLM server at {self.shown_url} ({last.message}) after {tries}; "
+                msg = (f"cannot reach LLM server at {self.shown_url} ({last}) after {tries}; "
                        f"is it running? {RESUME_HINT}")
             else:
-                msg = (f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last.message}; "
+                msg = (f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last}; "
                        f"{RESUME_HINT}")
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 

@@ -52,8 +52,8 @@ class XLlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path, xllamacpp, n_threads = adopt_model(self, model_path, "xllamacpp", _NEEDS, seed, reuse, is_default_model,
-                                                 n_threads)
+        path, xllamacpp, n_threads = adopt_model(self, model_path, "xllamacpp", _NEEDS, seed, reuse,
+                                                 is_default_model, n_threads)
         self.max_concurrency = self.n_parallel = max(1, int(n_parallel))
         self.n_ctx = n_ctx
         params = xllamacpp.CommonParams()
@@ -127,10 +127,8 @@ class XLlamaCppBackend:
             return f"llama.cpp error: {str(err)[:300]}"
         if err.get("type") == "exceed_context_size_error":
             n = _nonneg_int(err.get("n_prompt_tokens"))
-            return (
-                f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} "
-                f"tokens: set {N_CTX_ENV} higher"
-            )
+            return (f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} tokens: "
+                    f"set {N_CTX_ENV} higher")
         return f"llama.cpp error: {str(err.get('message', err))[:300]}"
 
     def _generate(self, request: CompletionRequest, constraint: Constraint | None) -> Completion:
