@@ -32,7 +32,7 @@ import openai
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
     _RETRY_STATUSES, OPENAI_BASE_URL, PLACEHOLDER_KEY, OpenAICompatBackend, Redactor, ReplyTooLarge, _deadline,
-    _shown, retry_after_seconds,
+    _shown, _Transient, retry_after_seconds,
 )
 from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -245,10 +245,6 @@ def _detail(raw: bytes) -> str:
         return one_line(str(msg)) if msg else one_line(raw[:200].decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         return one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
-
-
-class _Transient(Exception):
-    pass
 
 
 @dataclass
