@@ -92,17 +92,12 @@ def constraint_of(request: Any) -> Constraint | None:
     return getattr(request, "answer", None)
 
 
+_GBNF_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}}
+
+
 def _literal(word: str) -> str:
     """A GBNF string literal."""
-    out = []
-    for ch in word:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + word.translate(_GBNF_ESCAPES) + '"'
 
 
 def to_gbnf(constraint: Constraint | None) -> str | None:
