@@ -47,14 +47,8 @@ def package_versions() -> dict[str, str]:
     import sklearn
     import skops
 
-    return {
-        "hdeval": __version__,
-        "python": platform.python_version(),
-        "scikit-learn": sklearn.__version__,
-        "numpy": np.__version__,
-        "pandas": pd.__version__,
-        "skops": skops.__version__,
-    }
+    return {"hdeval": __version__, "python": platform.python_version(), "scikit-learn": sklearn.__version__,
+            "numpy": np.__version__, "pandas": pd.__version__, "skops": skops.__version__}
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -182,16 +176,12 @@ def is_artifact(path: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-# ---------------------------------------------------------------------- saving
 def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
-    """Write ``fitted`` to ``path`` atomically.
-
-    ``path`` may be new, an empty directory, or (with ``force``) an existing hdeval artifact;
-    any other directory is refused, ``force`` or not. The new artifact is written next to
-    ``path`` and swapped in, so whenever the process stops, ``path`` holds either the old or the
-    new artifact (see :func:`recover_artifact`). ``llm``: the manifest's LLM section (model,
-    base_url without credentials, identity).
-    """
+    """Write ``fitted`` to ``path`` atomically. ``path`` may be new, an empty directory, or (with
+    ``force``) an existing hdeval artifact; any other directory is refused, ``force`` or not. The
+    new artifact is written next to ``path`` and swapped in, so whenever the process stops,
+    ``path`` holds either the old or the new artifact (see :func:`recover_artifact`). ``llm``: the
+    manifest's LLM section (model, base_url without credentials, identity)."""
     path = Path(path)
     check_destination(path, force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,18 +192,10 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     tmp.mkdir()
     try:
         section = fitted.write(ArtifactWriter(tmp))
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "hdeval_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "method": fitted.method,
-            "method_args": fitted.method_args(),
-            "task": fitted.task.to_dict(),
-            "llm": llm,
-            "versions": package_versions(),
-            **section,
-        }
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "hdeval_version": __version__,
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "method": fitted.method, "method_args": fitted.method_args(),
+                    "task": fitted.task.to_dict(), "llm": llm, "versions": package_versions(), **section}
         manifest["files"] = {
             p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -323,8 +305,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError, OSError):
-        return True
+    except (OverflowError, OSError):  # another user's process, or no such pid number
+        pass
     return True
 
 
@@ -369,11 +351,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactReader:
-    """Verify the manifest, format version and every file's checksum.
-
-    A file in ``editable`` (a method's human-editable file, e.g. HD-Eval's tree.json) may differ
-    from its checksum: that is a warning, and the method checks its structure itself.
-    """
+    """Verify the manifest, format version and every file's checksum. A file in ``editable`` (a
+    method's human-editable file, e.g. HD-Eval's tree.json) may differ from its checksum: that is a
+    warning, and the method checks its structure itself."""
     path = Path(path)
     recover_artifact(path)
     if not path.is_dir():
@@ -388,10 +368,9 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         raise ArtifactError(f"{mpath} is not an hdeval artifact manifest")
     version = manifest.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
-        raise ArtifactError(
-            f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact format "
-            f"{version}); this hdeval {__version__} reads format {FORMAT_VERSION} or older: upgrade hdeval"
-        )
+        raise ArtifactError(f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
+                            f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "
+                            "older: upgrade hdeval")
     config = manifest.get("config", {})  # the run's options; methods read theirs from it
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
         raise ArtifactError(f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} "
@@ -410,12 +389,9 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         f = reader.file(name)  # a regular file, not a link, within the size bound
         if sha256_file(f) != digest:
             if name in editable:
-                reader.warnings.append(
-                    f"{name} was edited after training: its wording differs, so scores may differ "
-                    "from the recorded metrics"
-                )
+                reader.warnings.append(f"{name} was edited after training: its wording differs, so scores "
+                                       "may differ from the recorded metrics")
                 continue
-            raise ArtifactError(
-                f"{path}: {name} does not match its checksum in {MANIFEST} (modified or truncated)"
-            )
+            raise ArtifactError(f"{path}: {name} does not match its checksum in {MANIFEST} (modified or "
+                                "truncated)")
     return reader

@@ -1,9 +1,11 @@
 """The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
 Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser fix
-costs no new calls. The store is diskcache, used through its public API, written by one
-writer: a reply is committed (with whatever else finished meanwhile, in one transaction)
-before its call returns, so a SIGKILL can lose only the replies of the commit in progress.
+costs no new calls. Replies are written to a compact SQLite table (:class:`ReplyTable`) beside
+diskcache's file, which is still read (through its public API) for replies an older hdeval
+stored there; one writer: a reply is committed (with whatever else finished meanwhile, in one
+transaction) before its call returns, so a SIGKILL can lose only the replies of the commit in
+progress.
 
 The cache directory is untrusted (it may be shared, copied or planted): keys and values are
 plain data only (a sha256 digest, a compact or JSON-text completion). :class:`JSONDisk` never pickles or
@@ -21,10 +23,12 @@ import os
 import re
 import sqlite3
 import struct
+import threading
 import time
 import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -33,8 +37,8 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache_guard import (CacheCorrupted, _kind, _move_aside, _reason, refuse_foreign_schema, ro_connect,
-                                storage_error)
+from hdeval.cache_guard import (DATABASES, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _move_aside, _reason,
+                                refuse_foreign_schema, ro_connect, storage_error)
 from hdeval.config import DEFAULT_CONCURRENCY
 from hdeval.errors import BudgetExceeded, CacheError, RequestRejected, RetriesExhausted
 from hdeval.progress import Progress
@@ -173,22 +177,156 @@ class JSONDisk(diskcache.Disk):
 _ABSENT = object()
 
 
+class ReplyTable:
+    """The compact reply table (``replies.db``): a ``WITHOUT ROWID`` table of a request hash's
+    32 bytes -> :func:`encode_completion`'s bytes and nothing else, because diskcache's row
+    schema alone costs more than the reply (benchmarks/bench_cache_store.py). SQLite in WAL
+    mode, written in the one writer's transactions; safe for several processes on one host, as
+    diskcache is. A value is read with bounds and checked as diskcache's are."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._lock = threading.RLock()  # one connection, used by the store's thread and close()
+        self._con: sqlite3.Connection | None = None
+        self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        """The connection, opened again after :meth:`close` (diskcache closes the store after a
+        fork, and a SQLite connection must not cross one either)."""
+        if self._con is not None:
+            return self._con
+        try:
+            con = sqlite3.connect(self.directory / TABLE_DBNAME, timeout=60, isolation_level=None,
+                                  check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            # as diskcache's settings (_STORE_SETTINGS): synchronous NORMAL keeps every commit
+            # through a process kill; no memory map and a 4 MiB page cache keep RSS flat
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
+                con.execute(f"PRAGMA {pragma}")
+            con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+        except sqlite3.Error as exc:
+            con.close()
+            raise self._error(exc) from None
+        self._con = con
+        return con
+
+    def _error(self, exc: BaseException, writing: bool = False) -> BaseException:
+        if _kind(exc) == "busy":
+            return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
+        return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
+
+    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
+        """The first row of ``sql`` (None if none); a storage failure as :meth:`_error`."""
+        con = self._connect()
+        try:
+            return con.execute(sql, args).fetchone()
+        except sqlite3.Error as exc:
+            raise self._error(exc, writing) from None
+
+    def get(self, key: str) -> str | None:
+        """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if its
+        value is not one hdeval writes (never read past MAX_ENTRY_CHARS bytes)."""
+        with self._lock:
+            row = self._run("SELECT CASE WHEN length(value) <= ? THEN value END, length(value) FROM reply "
+                            "WHERE key = ?", (MAX_ENTRY_CHARS, bytes.fromhex(key)))
+        return None if row is None else table_value(row[0], row[1])
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
+
+    def set(self, key: str, value: str | bytes) -> None:
+        if type(value) is str:  # JSON text (``cache repair`` copying an older entry): stored compact
+            if len(value) > MAX_ENTRY_CHARS:
+                raise EntryTooLarge(f"a completion of {len(value)} characters is too large to cache")
+            value = encode_completion(parse_completion(value))
+        if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
+            raise TypeError("hdeval cache values are str (JSON text) or compact replies")
+        if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
+            size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
+            if size > MAX_ENTRY_CHARS:
+                raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
+        with self._lock:
+            self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            if self._con is not None and self._con.in_transaction:
+                yield  # nested: the outer one commits
+                return
+            self._run("BEGIN IMMEDIATE", writing=True)
+            try:
+                yield
+                self._run("COMMIT", writing=True)
+            except BaseException:
+                # a failed COMMIT (a full disk) can leave the transaction open: end it
+                if self._con is not None and self._con.in_transaction:
+                    self._con.rollback()
+                raise
+
+    def in_transaction(self) -> bool:
+        return self._con is not None and self._con.in_transaction
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._run("SELECT count(*) FROM reply")[0])
+
+    def volume(self) -> int:
+        with self._lock:
+            return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
+
+    def clear(self) -> int:
+        with self._lock:
+            n = self.count()
+            self._run("DELETE FROM reply", writing=True)
+            return n
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+def table_value(value: Any, length: Any = None) -> str:
+    """The JSON text of one value of the reply table, read with bounds; :class:`UnreadableEntry`
+    otherwise (``value`` None: longer than MAX_ENTRY_CHARS, so not read)."""
+    if value is None:
+        raise UnreadableEntry(f"a value of {length} bytes (more than hdeval writes)")
+    if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
+        raise UnreadableEntry("a value hdeval does not write (not a compact reply)", foreign=True)
+    return expand_value(value)
+
+
 class ReplyStore(diskcache.Cache):
-    """The diskcache :class:`~diskcache.Cache` hdeval opens (:func:`open_store`): a request hash
-    not found in its compact form is looked up as a :class:`LegacyKey` too when the database
-    held such keys when it was opened, so a cache written before #23 keeps serving (a rerun on
-    it pays nothing). Entries are never rewritten in place: an older hdeval can still read
-    its own entries."""
+    """The store hdeval opens (:func:`open_store`): a request hash's reply is written to the
+    compact :class:`ReplyTable` (``table``) and looked up there first, then in diskcache's own
+    rows, where hdeval stored replies before the table (as 32 bytes, or as a :class:`LegacyKey`
+    when the database held such keys when it was opened), so a cache written by an older hdeval
+    keeps serving (a rerun on it pays nothing). diskcache's entries are never rewritten in
+    place: an older hdeval can still read its own entries."""
 
     legacy = False  # set by open_store: the database held text keys when opened
+    old = False  # set by open_store: diskcache's rows held any entry when opened
+    table: ReplyTable
+    _pending: list[str]  # keys written in the table's open transaction whose old rows go once it commits
+
+    def _diskcache_get(self, key: str) -> Any:
+        got = super().get(key, _ABSENT)
+        if got is _ABSENT and self.legacy:
+            got = super().get(LegacyKey(key), _ABSENT)
+        return got
 
     def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if not (self.legacy and not args and not kwargs and type(key) is str and _KEY.match(key)):
+        if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().get(key, default, *args, **kwargs)
-        got = super().get(key, _ABSENT)
-        if got is _ABSENT:
-            got = super().get(LegacyKey(key), _ABSENT)
-        return default if got is _ABSENT else got
+        got = self.table.get(key)
+        if got is None:
+            got = self._diskcache_get(key)
+        return default if got is _ABSENT or got is None else got
 
     def __getitem__(self, key: Any) -> Any:
         got = self.get(key, _ABSENT)
@@ -197,18 +335,62 @@ class ReplyStore(diskcache.Cache):
         return got
 
     def __contains__(self, key: Any) -> bool:
+        if type(key) is str and _KEY.match(key) and key in self.table:
+            return True
         if super().__contains__(key):
             return True
         return bool(self.legacy and type(key) is str and _KEY.match(key)
                     and super().__contains__(LegacyKey(key)))
 
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
-        done = super().set(key, value, *args, **kwargs)
-        if self.legacy and type(key) is str and _KEY.match(key):
+        if args or kwargs or type(key) is not str or not _KEY.match(key):
+            return super().set(key, value, *args, **kwargs)
+        self.table.set(key, value)
+        if self.old:
             # a request is stored again only when its entry could not be used (a damaged or
-            # planted one): the fresh reply replaces it, as it did before the compact key
-            super().delete(LegacyKey(key))
-        return done
+            # planted one): the fresh reply replaces it, once the table has committed it
+            if self.table.in_transaction():
+                self._pending.append(key)
+            else:
+                self._forget_old([key])
+        return True
+
+    def _forget_old(self, keys: list[str]) -> None:
+        with super().transact():
+            for key in keys:
+                for k in (key, LegacyKey(key)) if self.legacy else (key,):
+                    if super().__contains__(k):
+                        super().delete(k)
+
+    @contextmanager
+    def transact(self, retry: bool = False) -> Iterator[None]:
+        """One transaction of the reply table (where every reply is written)."""
+        outer = not self.table.in_transaction()
+        try:
+            with self.table.transaction():
+                yield
+        except BaseException:
+            if outer:
+                self._pending.clear()  # rolled back: those replies were not written
+            raise
+        if outer and self._pending:
+            keys, self._pending = self._pending, []
+            self._forget_old(keys)
+
+    def __len__(self) -> int:
+        return self.table.count() + super().__len__()
+
+    def volume(self) -> int:
+        return self.table.volume() + super().volume()
+
+    def clear(self, retry: bool = False) -> int:
+        return self.table.clear() + super().clear(retry=retry)
+
+    def close(self) -> None:
+        table = getattr(self, "table", None)  # diskcache closes itself while opening, too
+        if table is not None:
+            table.close()
+        super().close()
 
 
 def _value_path(directory: str | Path, filename: Any) -> str:
@@ -502,6 +684,12 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
         store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
+    try:
+        store.table, store._pending = ReplyTable(directory), []
+        store.old = super(ReplyStore, store).__len__() > 0
+    except BaseException:
+        diskcache.Cache.close(store)
+        raise
     store.legacy = legacy
     return store
 
@@ -596,7 +784,7 @@ class CachedBackend:
 
     def stored(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` have a reply this client would serve without a call: in the store
-        (diskcache's public ``key in cache``, on the store's thread) or kept in memory because the
+        (``key in store``: the table, then diskcache's rows, on the store's thread) or kept in memory because the
         store could not take them. Whether an entry is readable is not checked here."""
         keys = list(dict.fromkeys(keys))
         found = {k for k in keys if k in self._unsaved}
@@ -951,8 +1139,8 @@ def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
 def clear_cache(cache_dir: str | Path) -> int:
     """Delete every cached reply; the number deleted.
 
-    A corrupted database cannot be asked what it holds: then the database file (and its
-    write-ahead log) is deleted and ``-1`` returned. Value files are left alone in that case
+    A corrupted database cannot be asked what it holds: then the database files (both of
+    them, with their write-ahead logs) are deleted and ``-1`` returned. Value files are left alone in that case
     (they may belong to a copy kept aside by ``repair``) and nothing else in the directory
     is ever touched.
     """
@@ -966,10 +1154,11 @@ def clear_cache(cache_dir: str | Path) -> int:
             except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
                 raise storage_error(path, exc) from None
     except CacheCorrupted:
-        for suffix in ("", "-wal", "-shm"):
-            f = path / (DBNAME + suffix)
-            if f.is_file() and not f.is_symlink():
-                f.unlink()
+        for name in DATABASES:
+            for suffix in ("", "-wal", "-shm"):
+                f = path / (name + suffix)
+                if f.is_file() and not f.is_symlink():
+                    f.unlink()
         return -1
 
 
@@ -1021,43 +1210,89 @@ def _rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
         last = rows[-1][0]
 
 
-def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None = None) -> CheckReport:
-    """Read every entry of the database ``db`` (value files relative to ``directory``) without
-    writing to it; ``on_good(key, json_text)`` for each readable, valid one."""
-    report = CheckReport(str(directory))
+def _table_rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
+    """Every row of the reply table as (key, value or None if longer than MAX_ENTRY_CHARS,
+    length), in key order (keys of any type: a planted one is counted too). A damaged stretch
+    is noted in ``report.database_error`` and skipped: the rows after it are read from the end
+    back."""
+    cols = "key, CASE WHEN length(value) <= ? THEN value END, length(value)"
+    last = None
+    try:
+        for row in con.execute(f"SELECT {cols} FROM reply ORDER BY key", (MAX_ENTRY_CHARS,)):
+            yield row
+            last = row
+        return
+    except sqlite3.Error as exc:
+        report.database_error = _reason(exc)
+    try:
+        if last is None:
+            yield from con.execute(f"SELECT {cols} FROM reply ORDER BY key DESC", (MAX_ENTRY_CHARS,))
+        else:
+            yield from con.execute(f"SELECT {cols} FROM reply WHERE key > ? ORDER BY key DESC",
+                                   (MAX_ENTRY_CHARS, last[0]))
+    except sqlite3.Error:
+        pass  # the damage, reached from the other side
+
+
+def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
+                 on_good: Callable[[str, str], None] | None, raw: bool = True) -> None:
+    try:
+        if type(key) is bytes and len(key) == 32:
+            key = key.hex()  # the compact form (since #23)
+        if not raw or type(key) is not str or not _KEY.match(key):
+            raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
+        text = read()
+        parse_completion(text)
+    except UnreadableEntry as exc:
+        if exc.foreign:
+            report.foreign += 1
+        else:
+            report.unreadable += 1
+        if len(report.examples) < 5:
+            shown = key[:12] + "..." if isinstance(key, str) else f"(a {type(key).__name__} key)"
+            report.examples.append(f"{shown}: {exc}")
+        return
+    report.readable += 1
+    if on_good is not None:
+        on_good(key, text)
+
+
+def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None = None,
+          report: CheckReport | None = None) -> CheckReport:
+    """Read every entry of the database ``db`` (diskcache's, value files relative to
+    ``directory``, or the reply table's: told by its name) without writing to it, counting
+    into ``report``; ``on_good(key, json_text)`` for each readable, valid one."""
+    report = report if report is not None else CheckReport(str(directory))
     if not db.is_file():
         return report
+    before = report.database_error
+    report.database_error = None
+    try:
+        _scan_one(directory, db, on_good, report)
+    finally:
+        if report.database_error is not None and db.name.startswith(TABLE_DBNAME):
+            report.database_error = f"{TABLE_DBNAME}: {report.database_error}"
+        report.database_error = before or report.database_error
+    return report
+
+
+def _scan_one(directory: Path, db: Path, on_good: Callable[[str, str], None] | None, report: CheckReport) -> None:
     try:
         con = _ro_connect(db)
     except sqlite3.Error as exc:
         report.database_error = _reason(exc)
-        return report
+        return
     try:
         try:
-            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.Error as exc:
             report.database_error = _reason(exc)
-            return report
-        for _rowid, key, raw, mode, filename, value in _rows(con, report):
-            try:
-                if type(key) is bytes and len(key) == 32:
-                    key = key.hex()  # the compact form (since #23)
-                if raw != 1 or type(key) is not str or not _KEY.match(key):
-                    raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
-                text = read_value(directory, mode, filename, value)
-                parse_completion(text)
-            except UnreadableEntry as exc:
-                if exc.foreign:
-                    report.foreign += 1
-                else:
-                    report.unreadable += 1
-                if len(report.examples) < 5:
-                    shown = key[:12] + "..." if isinstance(key, str) else f"(a {type(key).__name__} key)"
-                    report.examples.append(f"{shown}: {exc}")
-                continue
-            report.readable += 1
-            if on_good is not None:
-                on_good(key, text)
+            return
+        if db.name.startswith(TABLE_DBNAME):
+            for key, value, length in _table_rows(con, report) if "reply" in tables else ():
+                _check_entry(report, key, lambda: table_value(value, length), on_good)
+        for _rowid, key, raw, mode, filename, value in _rows(con, report) if not db.name.startswith(TABLE_DBNAME) else ():
+            _check_entry(report, key, lambda: read_value(directory, mode, filename, value), on_good, raw == 1)
         if report.database_error is None:
             try:
                 status = con.execute("PRAGMA quick_check").fetchone()[0]
@@ -1067,13 +1302,15 @@ def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None 
                 report.database_error = _reason(exc)
     finally:
         con.close()
-    return report
 
 
 def check_cache(cache_dir: str | Path) -> CheckReport:
-    """Count readable, unreadable and foreign entries; writes nothing."""
+    """Count readable, unreadable and foreign entries of both databases; writes nothing."""
     directory = Path(cache_dir)
-    return _scan(directory, directory / DBNAME)
+    report = CheckReport(str(directory))
+    for name in DATABASES:
+        _scan(directory, directory / name, report=report)
+    return report
 
 
 @dataclass
@@ -1087,23 +1324,25 @@ class RepairReport:
 
 
 def repair_cache(cache_dir: str | Path) -> RepairReport:
-    """Move the database aside as ``cache.db.corrupt-<timestamp>`` (never deleted) and copy
-    every readable, valid entry into a fresh one."""
+    """Move the databases aside as ``cache.db.corrupt-<timestamp>`` and ``replies.db.corrupt-<timestamp>``
+    (never deleted) and copy every readable, valid entry of both into a fresh cache (the reply
+    table)."""
     directory = Path(cache_dir)
-    db = directory / DBNAME
-    if not db.is_file():
-        raise CacheError(f"no cache database at {db}: nothing to repair")
+    names = [name for name in DATABASES if (directory / name).is_file()]
+    if not names:
+        raise CacheError(f"no cache database at {directory / DBNAME}: nothing to repair")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = directory / f"{DBNAME}.corrupt-{stamp}"
-    n = 1
-    while any((directory / (aside.name + s)).exists() for s in ("", "-wal", "-shm")):
+    tag, n = stamp, 1
+    while any((directory / f"{name}.corrupt-{tag}{s}").exists() for name in names for s in ("", "-wal", "-shm")):
         n += 1
-        aside = directory / f"{DBNAME}.corrupt-{stamp}-{n}"
+        tag = f"{stamp}-{n}"
+    asides = [directory / f"{name}.corrupt-{tag}" for name in names]
     try:
-        for suffix in ("", "-wal", "-shm"):  # the log belongs to the database: keep them paired
-            src = directory / (DBNAME + suffix)
-            if src.exists():
-                os.rename(src, directory / (aside.name + suffix))
+        for name, aside in zip(names, asides):
+            for suffix in ("", "-wal", "-shm"):  # the log belongs to the database: keep them paired
+                src = directory / (name + suffix)
+                if src.exists():
+                    os.rename(src, directory / (aside.name + suffix))
     except OSError as exc:
         raise storage_error(directory, exc) from None
     store = open_store(directory)
@@ -1120,12 +1359,14 @@ def repair_cache(cache_dir: str | Path) -> RepairReport:
         if len(batch) >= 500:
             flush()
 
+    report = CheckReport(str(directory))
     try:
-        report = _scan(directory, aside, copy)
-        flush()
+        for aside in asides:
+            _scan(directory, aside, copy, report)
+            flush()
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc, writing=True) from None
     finally:
         store.close()
     return RepairReport(str(directory), report.readable, report.unreadable, report.foreign,
-                        str(aside), report.database_error)
+                        " and ".join(map(str, asides)), report.database_error)

@@ -22,6 +22,11 @@ import diskcache
 from hdeval.errors import CacheError
 
 DBNAME = "cache.db"
+# The compact reply table (#23): a request hash's 32 bytes -> encode_completion's bytes, in its
+# own file beside diskcache's, so each file holds only what its owner creates.
+TABLE_DBNAME = "replies.db"
+TABLE_SQL = "CREATE TABLE reply(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
+DATABASES = (DBNAME, TABLE_DBNAME)
 # Tables SQLite makes itself (ANALYZE, AUTOINCREMENT); no statement can create them by name.
 _SQLITE_INTERNAL = re.compile(r"sqlite_(stat\d|sequence)\Z")
 _SHOWN = 5  # foreign objects named in a message
@@ -79,13 +84,14 @@ def _free(directory: Path) -> str:
         return "free space unknown"
 
 
-def storage_error(directory: str | Path, exc: BaseException, writing: bool = False) -> CacheError:
-    """A one-line :class:`CacheError` for a failure of the store in ``directory``."""
+def storage_error(directory: str | Path, exc: BaseException, writing: bool = False,
+                  name: str = DBNAME) -> CacheError:
+    """A one-line :class:`CacheError` for a failure of the store's file ``name`` in ``directory``."""
     d = Path(directory)
-    db = d / DBNAME
+    db = d / name
     kind = _kind(exc)
     if kind == "corrupt":
-        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d)}")
+        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d, name)}")
     if kind == "full":
         done = "every call finished before this one is cached" if writing else "every finished call is cached"
         return CacheError(
@@ -103,11 +109,11 @@ def storage_error(directory: str | Path, exc: BaseException, writing: bool = Fal
                       f"or check it with `hdeval cache check --cache-dir {d}`")
 
 
-def _move_aside(directory: Path) -> str:
+def _move_aside(directory: Path, name: str = DBNAME) -> str:
     """How to get a bad database out of the way (its write-ahead log goes with it: a new
     database next to an old ``-wal`` file would replay it)."""
-    db = directory / DBNAME
-    logs = [DBNAME + s for s in ("-wal", "-shm") if (directory / (DBNAME + s)).exists()]
+    db = directory / name
+    logs = [name + s for s in ("-wal", "-shm") if (directory / (name + s)).exists()]
     also = f" (and {' and '.join(logs)} likewise)" if logs else ""
     return (f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
             f"or move it aside with `mv {db} {db}.bad`{also}")
@@ -132,6 +138,18 @@ def expected_schema() -> frozenset[tuple[str, str, str, str | None]]:
             rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
         finally:
             con.close()
+    return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
+
+
+@functools.lru_cache(maxsize=1)
+def table_schema() -> frozenset[tuple[str, str, str, str | None]]:
+    """(type, name, table, sql) of everything the reply table's file holds."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.execute(TABLE_SQL)
+        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    finally:
+        con.close()
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
@@ -163,7 +181,7 @@ def foreign_objects(db: Path) -> list[str]:
         rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
     finally:
         con.close()
-    known = expected_schema()
+    known = table_schema() if db.name == TABLE_DBNAME else expected_schema()
     found = []
     for t, n, tb, sql in rows:
         if (t, n, tb, _norm(sql)) in known or (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n))):
@@ -174,15 +192,20 @@ def foreign_objects(db: Path) -> list[str]:
 
 
 def refuse_foreign_schema(directory: str | Path) -> None:
-    """Before the cache opens (and writes to) an existing database: one-line CacheError if it
+    """Before the cache opens (and writes to) its existing databases: one-line CacheError if one
     holds a trigger, view, table or index the cache never creates."""
     directory = Path(directory)
-    db = directory / DBNAME
+    for name in DATABASES:
+        _refuse_foreign(directory, name)
+
+
+def _refuse_foreign(directory: Path, name: str) -> None:
+    db = directory / name
     try:
         found = foreign_objects(db)
     except sqlite3.Error as exc:
         if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
-            raise storage_error(directory, exc) from None
+            raise storage_error(directory, exc, name=name) from None
         return  # unreadable: the cache's own open says why
     if found:
         more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
@@ -194,26 +217,30 @@ def refuse_foreign_schema(directory: str | Path) -> None:
 
 
 def read_stats(directory: str | Path) -> dict[str, int | str]:
-    """Entries and bytes of the cache in ``directory``, read without writing anything (works
-    on a read-only copy or mount); the same figures diskcache's ``len`` and ``volume`` give."""
+    """Entries and bytes of the cache in ``directory`` (both its databases), read without writing
+    anything (works on a read-only copy or mount); the same figures the store's ``len`` and
+    ``volume`` give."""
     path = Path(directory)
-    db = path / DBNAME
-    if not db.is_file():
-        return {"path": str(path), "entries": 0, "bytes": 0}
-    try:
-        con = ro_connect(db)
+    entries = size = 0
+    for name, count in ((DBNAME, "SELECT count(*) FROM Cache"), (TABLE_DBNAME, "SELECT count(*) FROM reply")):
+        db = path / name
+        if not db.is_file():
+            continue
         try:
-            entries = con.execute("SELECT count(*) FROM Cache").fetchone()[0]
-            pages = con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
-            row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        if _kind(exc) == "corrupt":
-            raise storage_error(path, exc) from None
-        raise CacheError(f"cannot read the LLM reply cache {db} ({_reason(exc)})") from None
-    size = row[0] if row and isinstance(row[0], int) else 0
-    return {"path": str(path), "entries": int(entries), "bytes": int(pages + size)}
+            con = ro_connect(db)
+            try:
+                entries += con.execute(count).fetchone()[0]
+                size += con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
+                if name == DBNAME:
+                    row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
+                    size += row[0] if row and isinstance(row[0], int) else 0  # diskcache's value files
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            if _kind(exc) == "corrupt":
+                raise storage_error(path, exc, name=name) from None
+            raise CacheError(f"cannot read the LLM reply cache {db} ({_reason(exc)})") from None
+    return {"path": str(path), "entries": int(entries), "bytes": int(size)}
 
 
 def on_read_only_storage(directory: str | Path) -> bool:

@@ -81,27 +81,20 @@ def missing_data_message(task: Task, cands: Sequence[Path] | None = None, why: s
             + (f"; {why}" if why else "") + f"; {ways}")
 
 
-def read_samples(
-    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None
-) -> list[Sample]:
-    """Read and validate every line before anything else happens.
-
-    All broken lines (up to a cap) are reported together with their line numbers, so a
-    user fixes a file in one pass; nothing is returned unless the whole file is valid.
-    ``require_scores``: every sample must carry a human score for each aspect (training).
-    """
+def read_samples(path: str | Path, task: Task, require_scores: bool = True,
+                 aspects: Sequence[str] | None = None) -> list[Sample]:
+    """Read and validate every line. All broken lines (up to a cap) are reported together with their
+    line numbers, so a user fixes a file in one pass; nothing is returned unless the whole file is
+    valid. ``require_scores``: every sample must carry a human score for each aspect (training)."""
     return list(iter_samples(path, task, require_scores, aspects))
 
 
-def iter_samples(
-    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None,
-    seen: SeenIds | None = None, keep: Callable[[str], bool] | None = None,
-) -> Iterator[Sample]:
+def iter_samples(path: str | Path, task: Task, require_scores: bool = True,
+                 aspects: Sequence[str] | None = None, seen: SeenIds | None = None,
+                 keep: Callable[[str], bool] | None = None) -> Iterator[Sample]:
     """:func:`read_samples` one sample at a time, holding only the ids seen (for duplicates).
-
-    Samples are yielded only while no line has been bad; after the first bad line the rest of
-    the file is still checked, and the :class:`DataError` listing every bad line is raised at
-    the end, as :func:`read_samples` raises it."""
+    Samples are yielded only while no line has been bad; the rest of the file is still checked,
+    and the :class:`DataError` listing every bad line is raised at the end."""
     if task.shape != "pointwise":
         raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
                           "reads single responses: use a pointwise task (see `hdeval tasks`)")
@@ -201,9 +194,9 @@ def _no_id(sid: object) -> bool:
 
 
 def _lone_surrogate(row: object) -> str | None:
-    """Where a JSON ``\\ud800``-style escape left a lone surrogate (it cannot be encoded as
-    UTF-8, so a prompt or the cache would fail on it later), e.g. ``field 'output'``; None if
-    there is none. Iterative: a row may be nested as deep as the JSON parser allows."""
+    """Where a JSON ``\\ud800``-style escape left a lone surrogate (not encodable as UTF-8: a prompt
+    or the cache would fail on it later), e.g. ``field 'output'``; None if there is none. Iterative:
+    a row may be nested as deep as the JSON parser allows."""
     stack: list[tuple[str, object]] = [("", row)]
     while stack:
         where, value = stack.pop()
@@ -310,9 +303,7 @@ def _sample_from_row(
     for extra in ("source", "context", "output", "reference"):
         if extra not in fields and isinstance(row.get(extra), str):
             fields[extra] = row[extra]
-    raw_scores = row.get("scores")
-    if raw_scores is None:
-        raw_scores = {}
+    raw_scores = {} if row.get("scores") is None else row["scores"]
     if not isinstance(raw_scores, dict):
         return "field 'scores' must be an object mapping aspect to number", None
     scores: dict[str, float] = {}
@@ -326,20 +317,12 @@ def _sample_from_row(
             return f"scores.{key} is {value!r}, not a finite number", None
         aspect = task.aspect(key)
         if not aspect.low <= float(value) <= aspect.high:
-            return (
-                f"scores.{key} = {value} is outside the task's range "
-                f"[{aspect.low:g}, {aspect.high:g}]"
-            ), None
+            return (f"scores.{key} = {value} is outside the task's range "
+                    f"[{aspect.low:g}, {aspect.high:g}]"), None
         scores[key] = float(value)
     doc = row.get("doc_id")
-    return None, Sample(
-        id=str(sid),
-        doc_id=str(doc) if doc not in (None, "") else str(sid),
-        fields=fields,
-        scores=scores,
-        system=row.get("system"),
-        line=lineno,
-    )
+    return None, Sample(id=str(sid), doc_id=str(doc) if doc not in (None, "") else str(sid), fields=fields,
+                        scores=scores, system=row.get("system"), line=lineno)
 
 
 class Grouped(Protocol):
@@ -389,23 +372,18 @@ def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]
 
 
 def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: float, seed: int) -> Split:
-    """Deterministic split grouped by ``doc_id``: no source document is on both sides.
-
-    ``test_frac`` of the samples are held out; ``train_frac`` of all samples are used for
-    training (the rest, if any, are left unused, as in the paper's 25% setting).
-    """
+    """Deterministic split grouped by ``doc_id``: no source document is on both sides. ``test_frac``
+    of the samples are held out; ``train_frac`` of all samples are used for training (the rest, if
+    any, are left unused, as in the paper's 25% setting)."""
     if not 0 < test_frac < 1:
         raise ConfigError(f"--test-frac must be between 0 and 1, got {test_frac}")
     if not 0 < train_frac < 1 or train_frac + test_frac > 1 + 1e-9:
-        raise ConfigError(
-            f"--train-frac must be in (0, 1) and at most 1 - test-frac, got {train_frac} (test {test_frac})"
-        )
+        raise ConfigError(f"--train-frac must be in (0, 1) and at most 1 - test-frac, got {train_frac} "
+                          f"(test {test_frac})")
     docs = _docs_in_seeded_order(samples, seed)
     if len(docs) < 2:
-        raise DataError(
-            f"need samples from at least 2 source documents (doc_id) to split train/test, found "
-            f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit"
-        )
+        raise DataError(f"need samples from at least 2 source documents (doc_id) to split train/test, found "
+                        f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit")
     n = len(samples)
     test: list[Grouped] = []
     train: list[Grouped] = []
@@ -419,37 +397,29 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
         train.extend(group)
     if len(train) < MIN_TRAIN_SAMPLES:
         # Checked here, before any LLM call: cross-validation would fail only after scoring.
-        raise DataError(
-            f"the split left {len(train)} training sample(s) (of {n} in {len(docs)} documents, "
-            f"{len(test)} held out); training needs at least {MIN_TRAIN_SAMPLES}: use more data, "
-            "raise --limit or --train-frac, or lower --test-frac"
-        )
+        raise DataError(f"the split left {len(train)} training sample(s) (of {n} in {len(docs)} documents, "
+                        f"{len(test)} held out); training needs at least {MIN_TRAIN_SAMPLES}: use more data, "
+                        "raise --limit or --train-frac, or lower --test-frac")
     order = {s.id: k for k, s in enumerate(samples)}
-    return Split(
-        tuple(sorted((s.id for s in train), key=order.__getitem__)),
-        tuple(sorted((s.id for s in test), key=order.__getitem__)),
-    )
+    return Split(tuple(sorted((s.id for s in train), key=order.__getitem__)),
+                 tuple(sorted((s.id for s in test), key=order.__getitem__)))
 
-
-# --------------------------------------------------------------------------- pairwise
 
 #: sample fields a pairwise row may show besides its two outputs
 _PAIR_SHOWN = ("source", "context", "reference")
 
 
-def read_task_samples(
-    path: str | Path, task: Task, require_labels: bool = True
-) -> list[Sample] | list[PairSample]:
+def read_task_samples(path: str | Path, task: Task,
+                      require_labels: bool = True) -> list[Sample] | list[PairSample]:
     """Read ``path`` with the reader of the task's shape (scores / labels required)."""
     if task.shape == "pairwise":
         return read_pairs(path, task, require_labels=require_labels)
     return read_samples(path, task, require_scores=require_labels)
 
 
-def iter_task_chunks(
-    path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
-    seen: SeenIds | None = None, keep: Callable[[str], bool] | None = None,
-) -> Iterator[list[Sample] | list[PairSample]]:
+def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
+                     seen: SeenIds | None = None,
+                     keep: Callable[[str], bool] | None = None) -> Iterator[list[Sample] | list[PairSample]]:
     """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
     holds one chunk (and the ids seen, unless ``seen`` keeps them elsewhere). Every line is
     validated as there; a bad line raises the same :class:`DataError` when the scan reaches the
@@ -471,35 +441,19 @@ def iter_task_chunks(
         yield chunk
 
 
-def read_pairs(
-    path: str | Path,
-    task: Task,
-    where: Mapping[str, Any] | None = None,
-    require_labels: bool = True,
-    skipped: list[int] | None = None,
-) -> list[PairSample]:
-    """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie).
-
-    Errors are reported as by :func:`read_samples`: every broken line (up to a cap) with its
-    line number and field, in one :class:`DataError`, and nothing is returned unless the
-    whole file is valid. ``where`` (added to the task's own ``where``) keeps only matching
-    rows; rows it drops are not checked beyond being JSON objects. With the task's
-    ``skip_empty``, rows whose shown text or a response is an empty string are left out and
-    their line numbers appended to ``skipped``; a missing or non-text field is still an error.
-    ``require_labels``: every pair must carry a human label (training).
-    """
+def read_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
+               require_labels: bool = True, skipped: list[int] | None = None) -> list[PairSample]:
+    """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie); errors are
+    reported as by :func:`read_samples`. ``where`` (added to the task's own) keeps only matching
+    rows; rows it drops are not checked beyond being JSON objects. With the task's ``skip_empty``,
+    rows whose shown text or a response is an empty string are left out and their line numbers
+    appended to ``skipped``. ``require_labels``: every pair must carry a human label (training)."""
     return list(iter_pairs(path, task, where, require_labels, skipped))
 
 
-def iter_pairs(
-    path: str | Path,
-    task: Task,
-    where: Mapping[str, Any] | None = None,
-    require_labels: bool = True,
-    skipped: list[int] | None = None,
-    seen: SeenIds | None = None,
-    keep: Callable[[str], bool] | None = None,
-) -> Iterator[PairSample]:
+def iter_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
+               require_labels: bool = True, skipped: list[int] | None = None, seen: SeenIds | None = None,
+               keep: Callable[[str], bool] | None = None) -> Iterator[PairSample]:
     """:func:`read_pairs` one pair at a time (yielded only while no line has been bad; the
     error listing every bad line is raised at the end), as :func:`iter_samples`."""
     path = Path(path)
@@ -551,9 +505,8 @@ def iter_pairs(
         raise DataError(f"{path}: no pairs{which}")
 
 
-def _pair_from_row(
-    row: dict, lineno: int, task: Task, require_labels: bool
-) -> tuple[str | None, PairSample | None]:
+def _pair_from_row(row: dict, lineno: int, task: Task,
+                   require_labels: bool) -> tuple[str | None, PairSample | None]:
     """(problem, None) for a bad row, (None, None) for a row skipped by ``skip_empty``."""
     sid = row.get("id")
     if _no_id(sid):
@@ -594,18 +547,9 @@ def _pair_from_row(
         return None, None
     doc = row.get("doc_id")
     output_a, output_b = fields.pop("output_a"), fields.pop("output_b")
-    return None, PairSample(
-        id=str(sid),
-        doc_id=str(doc) if doc not in (None, "") else str(sid),
-        fields=fields,
-        output_a=output_a,
-        output_b=output_b,
-        label=label,
-        system_a=systems[0],
-        system_b=systems[1],
-        meta=dict(meta or {}),
-        line=lineno,
-    )
+    return None, PairSample(id=str(sid), doc_id=str(doc) if doc not in (None, "") else str(sid),
+                            fields=fields, output_a=output_a, output_b=output_b, label=label,
+                            system_a=systems[0], system_b=systems[1], meta=dict(meta or {}), line=lineno)
 
 
 def _lookup(row: Mapping[str, Any], key: str) -> Any:

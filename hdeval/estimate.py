@@ -41,10 +41,6 @@ class Rate:
     startup_seconds: float = 0.0  # loading the model, once per run
 
 
-def estimate_seconds(prompt_tokens: int, rate: Rate) -> float:
-    return rate.startup_seconds + prompt_tokens / 1000.0 * rate.seconds_per_1k_tokens
-
-
 def uncached_tokens(plans: Iterable[Any]) -> tuple[int, int]:
     """(calls, prompt tokens) still to pay for. A stage whose cache state is unknown counts whole."""
     calls = tokens = 0
@@ -188,7 +184,7 @@ def estimate_plan(plans: Iterable[Any], identity: str, llm_spec: Any,
     if rate is None:
         return None, (f"estimated time: unknown for {shown_identity(name)} until a run of it is recorded "
                       f"({calls} uncached calls; a server's speed is its own)")
-    seconds = estimate_seconds(tokens, rate)
+    seconds = rate.startup_seconds + tokens / 1000.0 * rate.seconds_per_1k_tokens
     bound = "at most " if upper else ""
     stages = sum(1 for p in plans if p.decompose_calls + p.score_calls)
     # every stage (layer) the plan counts, not only the next one

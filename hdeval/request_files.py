@@ -1,18 +1,11 @@
-"""Engine-neutral request files: a run's uncached LLM requests written as OpenAI batch-format
-JSONL, and the result files an engine answers them with read back into the cache.
-
-A request line is ``{"custom_id": <cache key>, "method": "POST", "url": "/v1/chat/completions",
-"body": <the chat completion body the backend would send>}``; a result line is the OpenAI batch
-output format, ``{"custom_id": ..., "response": {"status_code": 200, "body": <chat completion>},
-"error": null}``. vLLM's batch runner, Ray Data LLM and a provider's batch API all read and write
-these, and the Batch API path (:mod:`hdeval.backends.batch`) uses the same two functions
-(:mod:`hdeval.backends.request_lines`).
+"""Engine-neutral request files: a run's uncached LLM requests written as OpenAI batch-format JSONL
+(``custom_id`` = the cache key; the line format is :mod:`hdeval.backends.request_lines`, which the
+Batch API path shares), and the result files an engine answers them with read back into the cache.
 
 Result files come from outside and are untrusted: every line is read with a size bound and
 checked (JSON object, a custom_id this export asked for and only once, the response's types, a
 body the backend can read as a chat completion) before anything is written, and the whole file
-goes into the cache in one transaction, so a bad file imports nothing.
-"""
+goes into the cache in one transaction, so a bad file imports nothing."""
 
 from __future__ import annotations
 
@@ -46,12 +39,10 @@ class StageExported(Exception):
 
 
 class RequestExport:
-    """The cached client's strategy for its misses while exporting (it takes the place of the
-    Batch API strategy, :class:`~hdeval.backends.batch.BatchStrategy`, for the export): each
-    stage's uncached requests are written to ``out`` and the stage is stopped
-    (:class:`StageExported`) instead of calling. A stage found wholly cached runs as usual, from
-    the cache. Open the client with ``max_calls=0``: then no reply is ever paid for, whatever
-    the scorer asks."""
+    """The cached client's strategy for its misses while exporting (in place of the Batch API's):
+    each stage's uncached requests are written to ``out`` and the stage is stopped
+    (:class:`StageExported`) instead of calling; a wholly cached stage runs from the cache. Open
+    the client with ``max_calls=0``: then no reply is ever paid for, whatever the scorer asks."""
 
     def __init__(self, cached: Any, out: IO[bytes], written: set[str] | None = None):
         from hdeval.backends.openai_compat import OpenAICompatBackend
@@ -80,11 +71,9 @@ class RequestExport:
         self.stages += 1
         raise StageExported(len(missing))
 
-    # the strategy the client calls (CachedBackend.acomplete_many) with a stage's misses
     async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Any = None,
                        halt: Any = None) -> dict[str, Completion]:
-        # the client passes only keys it could not read back (missing, or an unreadable entry):
-        # all of them need an answer
+        # the client passes only keys it could not read back: all of them need an answer
         self.missing(want, set())
         return {}
 
@@ -249,7 +238,7 @@ def _lines(path: Path, what: str) -> Iterator[tuple[int, bytes]]:
                 yield n, line
 
 
-def _json_object(path: Path, n: int, line: bytes, what: str) -> dict:
+def _json_object(path: Path, n: int, line: bytes) -> dict:
     try:
         row = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -266,7 +255,7 @@ def read_request_file(path: str | Path) -> dict[str, bool]:
     path = Path(path)
     asked: dict[str, bool] = {}
     for n, line in _lines(path, "request file"):
-        row = _json_object(path, n, line, "request file")
+        row = _json_object(path, n, line)
         key, body = row.get("custom_id"), row.get("body")
         if not isinstance(key, str) or not _KEY.match(key) or not isinstance(body, dict):
             raise DataError(f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
@@ -294,7 +283,7 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
     seen: dict[str, int] = {}
     for n, line in _lines(path, "result file"):
         where = f"{path}: line {n}"
-        row = _json_object(path, n, line, "result file")
+        row = _json_object(path, n, line)
         key = row.get("custom_id")
         if not isinstance(key, str):
             raise DataError(f"{where}: no text custom_id (nothing imported)")
@@ -334,8 +323,6 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
 def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any) -> ImportReport:
     """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
     completion into the cache in ``cache_dir`` in one transaction: all or nothing."""
-    import diskcache
-
     from hdeval.cache import encode_completion, open_store, storage_error
 
     asked = read_request_file(requests)
@@ -346,11 +333,9 @@ def import_results(results: str | Path, requests: str | Path, cache_dir: str | P
         with store.transact():
             for key, completion in got.items():
                 store.set(key, encode_completion(completion))
-    except (OSError, diskcache.Timeout) as exc:
-        raise storage_error(cache_dir, exc, writing=True) from None
-    except Exception as exc:  # sqlite3 errors, an entry too large
-        if isinstance(exc, (CacheError, ConfigError)):
-            raise
+    except (CacheError, ConfigError):
+        raise
+    except Exception as exc:  # OSError, diskcache.Timeout, sqlite3 errors, an entry too large
         raise storage_error(cache_dir, exc, writing=True) from None
     finally:
         store.close()

@@ -49,10 +49,8 @@ def load_task(name_or_path: str | Path) -> Task:
         # A user's task finds its data_file (default <name>.jsonl) beside the task file
         # first, from any working directory; see hdeval.data.data_candidates.
         return replace(task, source_dir=str(path.parent.resolve()))
-    raise ConfigError(
-        f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
-        "or pass the path of a task .toml file"
-    )
+    raise ConfigError(f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
+                      "or pass the path of a task .toml file")
 
 
 def parse_task_file(path: Path) -> Task:
@@ -92,9 +90,8 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         value = raw.get(key)
         if not isinstance(value, list) or not value:
             got = "it is missing" if value is None else f"got {_kind(value)}"
-            raise ConfigError(
-                f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least one; {got}"
-            )
+            raise ConfigError(f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least "
+                              f"one; {got}")
         for i, t in enumerate(value, 1):
             if not isinstance(t, dict):
                 raise ConfigError(f"{where}: {key} #{i} must be a table ([[{key}]]), got {_kind(t)} {t!r}")
@@ -106,23 +103,18 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     name = text(raw, "name", "the task")
     assert name is not None
     if not _NAME.fullmatch(name):
-        raise ConfigError(
-            f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', '.' or '-', "
-            "starting with a letter, digit or '_' (it names files and directories)"
-        )
+        raise ConfigError(f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
+                          "'.' or '-', starting with a letter, digit or '_' (it names files and directories)")
     data_file = text(raw, "data_file", "the task", required=False) or f"{name}.jsonl"
     if not _NAME.fullmatch(data_file):
-        raise ConfigError(
-            f"{where}: data_file {data_file!r} must be a plain file name (no directory part), "
-            "looked up in HDEVAL_DATA_DIR and the user data dir"
-        )
+        raise ConfigError(f"{where}: data_file {data_file!r} must be a plain file name (no directory part), "
+                          "looked up in HDEVAL_DATA_DIR and the user data dir")
     fields = []
     for i, f in enumerate(tables("fields", {"key", "label"}), 1):
         key = text(f, "key", f"fields #{i}")
         if key not in SAMPLE_FIELDS:
-            raise ConfigError(
-                f"{where}: fields #{i} key {key!r} is not a sample field ({', '.join(SAMPLE_FIELDS)})"
-            )
+            raise ConfigError(f"{where}: fields #{i} key {key!r} is not a sample field "
+                              f"({', '.join(SAMPLE_FIELDS)})")
         if key in {x.key for x in fields}:
             raise ConfigError(f"{where}: fields #{i}: field {key!r} is listed twice")
         fields.append(TaskField(key, text(f, "label", f"fields #{i}") or ""))
@@ -139,25 +131,14 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect key {key!r} must be a non-empty name without '/'")
         seen.add(key)
         rng = a.get("range")
-        if (
-            not isinstance(rng, list)
-            or len(rng) != 2
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng)
-            or rng[0] >= rng[1]
-        ):
-            raise ConfigError(
-                f"{where}: aspect {key!r} range must be [low, high], two finite numbers with low < high; "
-                f"got {rng!r}"
-            )
-        aspects.append(
-            Aspect(
-                key=key,
-                name=text(a, "name", f"aspect {key!r}", required=False) or key.capitalize(),
-                definition=text(a, "definition", f"aspect {key!r}") or "",
-                low=float(rng[0]),
-                high=float(rng[1]),
-            )
-        )
+        finite = isinstance(rng, list) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng)
+        if not finite or len(rng) != 2 or rng[0] >= rng[1]:
+            raise ConfigError(f"{where}: aspect {key!r} range must be [low, high], two finite numbers with "
+                              f"low < high; got {rng!r}")
+        shown = text(a, "name", f"aspect {key!r}", required=False) or key.capitalize()
+        aspects.append(Aspect(key=key, name=shown, definition=text(a, "definition", f"aspect {key!r}") or "",
+                              low=float(rng[0]), high=float(rng[1])))
     shape = raw.get("shape", "pointwise")
     if shape not in SHAPES:
         raise ConfigError(f"{where}: shape must be one of {', '.join(SHAPES)}, got {shape!r}")
@@ -170,19 +151,10 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     keys = [a.key for a in aspects]
     own = _aspect_list(raw.get("own_regressor", []), keys, f"{where}: own_regressor", empty_ok=True)
     presets = parse_presets(raw.get("presets"), keys, where)
-    return Task(
-        name=name,
-        description=text(raw, "description", "the task") or "",
-        output_label=text(raw, "output_label", "the task", required=False) or "Output",
-        fields=tuple(fields),
-        aspects=tuple(aspects),
-        data_file=data_file,
-        shape=shape,
-        where=row_filter,
-        skip_empty=skip_empty,
-        own_regressor=own,
-        presets=presets,
-    )
+    return Task(name=name, description=text(raw, "description", "the task") or "",
+                output_label=text(raw, "output_label", "the task", required=False) or "Output",
+                fields=tuple(fields), aspects=tuple(aspects), data_file=data_file, shape=shape,
+                where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets)
 
 
 def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:
@@ -243,9 +215,8 @@ def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]
     for key, value in raw.items():
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise ConfigError(
-                f"{where}: where.{key} must be a string, number or boolean, or a non-empty list of them"
-            )
+            raise ConfigError(f"{where}: where.{key} must be a string, number or boolean, or a non-empty "
+                              "list of them")
         out.append((str(key), tuple(values)))
     return tuple(out)
 
@@ -262,10 +233,8 @@ def select_aspects(task: Task, aspects: list[str] | None) -> Task:
         return task
     unknown = [a for a in aspects if a not in task.aspect_keys]
     if unknown:
-        raise ConfigError(
-            f"unknown aspect(s) {', '.join(unknown)} for task {task.name}: "
-            f"choose from {', '.join(task.aspect_keys)}"
-        )
+        raise ConfigError(f"unknown aspect(s) {', '.join(unknown)} for task {task.name}: "
+                          f"choose from {', '.join(task.aspect_keys)}")
     keep = tuple(a for a in task.aspects if a.key in aspects)
     own = tuple(a for a in task.own_regressor if a in aspects)
     return dataclasses.replace(task, aspects=keep, own_regressor=own)

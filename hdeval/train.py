@@ -12,9 +12,7 @@ from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIME
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import FitContext, check_shape
-from hdeval.methods.run import (  # noqa: F401  (the run helpers, reachable from here as before)
-    LayerPlan, decompose_llm_config, llm_config, open_backend, open_decompose_backend, prompt_chars,
-)
+from hdeval.methods.run import LayerPlan, llm_config, open_backend, open_decompose_backend
 from hdeval.methods.registry import all_options, get_method
 from hdeval.progress import Progress
 from hdeval.tasks import apply_preset, load_task, select_aspects
@@ -24,7 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted
 
 MAX_SEED = 2**32 - 1
-
 
 
 @dataclass(frozen=True)
@@ -144,15 +141,9 @@ def prepare(config: TrainConfig) -> Prepared:
     return Prepared(task, [s for s in samples if s.id in keep], split, path, given)
 
 
-def train(
-    config: TrainConfig | None = None,
-    *,
-    progress: Progress | None = None,
-    backend: Backend | None = None,
-    decompose_backend: Backend | None = None,
-    export_requests: str | Path | None = None,
-    **options: Any,
-) -> "Fitted":
+def train(config: TrainConfig | None = None, *, progress: Progress | None = None,
+          backend: Backend | None = None, decompose_backend: Backend | None = None,
+          export_requests: str | Path | None = None, **options: Any) -> "Fitted":
     """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
@@ -188,13 +179,10 @@ def train(
         llm.close()
 
 
-# ---------------------------------------------------------------------- dry run
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
-    """What a run would cost, without calling the LLM. Token counts are estimates (chars/4).
-
-    Each method counts its own requests (``Method.plan``); where they depend on earlier
-    replies (HD-Eval's later layers) its counts are upper bounds.
-    """
+    """What a run would cost, without calling the LLM; token counts are estimates (chars/4). Each
+    method counts its own requests (``Method.plan``); where they depend on earlier replies (HD-Eval's
+    later layers) its counts are upper bounds."""
     method = get_method(config.method)
     if method.plan is None:  # a count made for another method would mislead
         raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")

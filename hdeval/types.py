@@ -79,15 +79,10 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "name": self.name,
-            "description": self.description,
-            "output_label": self.output_label,
-            "data_file": self.data_file,
-            "fields": [{"key": f.key, "label": f.label} for f in self.fields],
-            "aspects": [
-                {"key": a.key, "name": a.name, "definition": a.definition, "range": [a.low, a.high]}
-                for a in self.aspects
-            ],
+            "name": self.name, "description": self.description, "output_label": self.output_label,
+            "data_file": self.data_file, "fields": [{"key": f.key, "label": f.label} for f in self.fields],
+            "aspects": [{"key": a.key, "name": a.name, "definition": a.definition, "range": [a.low, a.high]}
+                        for a in self.aspects],
         }
         # Only non-default keys, so manifests of pointwise tasks stay byte-identical.
         if self.shape != "pointwise":
@@ -121,11 +116,9 @@ PAIR_LABELS = ("a", "b", "tie")
 
 @dataclass(frozen=True)
 class PairSample:
-    """Two outputs for the same input and (optionally) the human preference between them.
-
-    ``fields`` holds the shown inputs (``source``, ``context``, ...), not the two outputs;
-    ``label`` is ``a``, ``b`` or ``tie`` (None when unlabelled, e.g. pairs to be judged).
-    """
+    """Two outputs for the same input and (optionally) the human preference between them. ``fields``
+    holds the shown inputs (``source``, ``context``, ...), not the two outputs; ``label`` is ``a``,
+    ``b`` or ``tie`` (None when unlabelled, e.g. pairs to be judged)."""
 
     id: str
     doc_id: str
@@ -153,13 +146,8 @@ class Criterion:
     layer: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "name": self.name,
-            "definition": self.definition,
-            "parent": self.parent_key,
-            "layer": self.layer,
-        }
+        return {"key": self.key, "name": self.name, "definition": self.definition, "parent": self.parent_key,
+                "layer": self.layer}
 
 
 class CriteriaTree:
@@ -238,15 +226,8 @@ class CriteriaTree:
             for f in ("key", "name", "definition", "layer"):
                 if f not in c:
                     raise ValueError(f"criterion #{i + 1} lacks field {f!r}")
-            crit.append(
-                Criterion(
-                    key=str(c["key"]),
-                    name=str(c["name"]),
-                    definition=str(c["definition"]),
-                    parent_key=c.get("parent"),
-                    layer=int(c["layer"]),
-                )
-            )
+            crit.append(Criterion(key=str(c["key"]), name=str(c["name"]), definition=str(c["definition"]),
+                                  parent_key=c.get("parent"), layer=int(c["layer"])))
         return cls(crit)
 
 
@@ -284,12 +265,8 @@ class ScoreMatrix:
     def hstack(self, other: "ScoreMatrix") -> "ScoreMatrix":
         if other.sample_ids != self.sample_ids:
             raise ValueError("cannot join score matrices over different samples")
-        return ScoreMatrix(
-            self.sample_ids,
-            self.criterion_keys + other.criterion_keys,
-            np.hstack([self.values, other.values]),
-            self.failures + other.failures,
-        )
+        return ScoreMatrix(self.sample_ids, self.criterion_keys + other.criterion_keys,
+                           np.hstack([self.values, other.values]), self.failures + other.failures)
 
     @property
     def failure_rate(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import diskcache
@@ -287,10 +288,18 @@ def cache_entries(cache_dir: Path) -> dict:
     """Every cache entry parsed as a completion: a corrupt one fails here (and nothing in the
     cache is ever unpickled, as in hdeval itself)."""
     from hdeval.backends.base import Completion
-    from hdeval.cache import JSONDisk
+    from hdeval.cache import TABLE_DBNAME, JSONDisk, table_value
 
     with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
-        return {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
+        found = {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
+    if (Path(cache_dir) / TABLE_DBNAME).is_file():  # the reply table (#23), read on its own
+        con = sqlite3.connect(Path(cache_dir) / TABLE_DBNAME)
+        try:
+            for key, value in con.execute("SELECT key, value FROM reply"):
+                found[key.hex()] = Completion.from_dict(json.loads(table_value(value)))
+        finally:
+            con.close()
+    return found
 
 
 @pytest.fixture

@@ -424,7 +424,7 @@ def test_score_with_artifact_stops_its_ticker_when_scoring_fails(toy_artifact: P
     """``explain``/``report`` score through score_with_artifact: a failure there leaves no ticker either."""
     import threading
 
-    from hdeval.cli.common import load_artifact, score_with_artifact
+    from hdeval.cli.artifacts import load_artifact, score_with_artifact
     from hdeval.errors import ScoringError
     from hdeval.methods.hdeval.evaluator import Evaluator
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, check_cache, request_key
+from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyTable, check_cache, request_key
 from hdeval.cli import cli
 from hdeval.errors import CacheError
 
@@ -238,17 +238,20 @@ def test_planted_settings_are_refused_and_repair_keeps_the_entries(tmp_path):
     assert CachedBackend(fake, cache).complete(_req()) == reply and fake.calls == 0
 
 
-def test_repair_of_a_garbage_database_keeps_it_aside(tmp_path):
+@pytest.mark.parametrize("name, survivors", [("cache.db", 1), ("replies.db", 0)])
+def test_repair_of_a_garbage_database_keeps_it_aside(tmp_path, name, survivors):
+    """Either database garbage: it is kept aside, and the reply in the other one (the reply
+    table holds every reply written since #23) is copied."""
     cache = tmp_path / "cache"
     cb = CachedBackend(FakeBackend(), cache)
     cb.complete(_req())
     cb.close()
     garbage = os.urandom(64 * 1024)
-    (cache / "cache.db").write_bytes(garbage)
+    (cache / name).write_bytes(garbage)
     res = _cli("cache", "repair", "--cache-dir", str(cache))
     assert res.exit_code == 0, res.output
-    assert "copied 0 readable entries" in res.stdout and "damaged" in res.stdout
-    kept = [p for p in cache.glob("cache.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert f"copied {survivors} readable entries" in res.stdout and "damaged" in res.stdout
+    kept = [p for p in cache.glob(f"{name}.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
     assert len(kept) == 1 and kept[0].read_bytes() == garbage and str(kept[0]) in res.stdout
     assert check_cache(cache).ok  # a fresh, working cache
     assert CachedBackend(FakeBackend(), cache).complete(_req()).text
@@ -259,8 +262,8 @@ def test_repair_recovers_what_a_partly_overwritten_database_still_holds(tmp_path
     cb = CachedBackend(FakeBackend(), cache)
     replies = {_key(f"q{i} " + "x" * 500): cb.complete(_req(f"q{i} " + "x" * 500)) for i in range(400)}
     cb.close()
-    db = cache / "cache.db"
-    assert not (cache / "cache.db-wal").exists() or (cache / "cache.db-wal").stat().st_size == 0
+    db = cache / "replies.db"  # where the replies are (#23)
+    assert not (cache / "replies.db-wal").exists() or (cache / "replies.db-wal").stat().st_size == 0
     size = db.stat().st_size
     with db.open("r+b") as fh:  # a few pages in the middle overwritten
         fh.seek(size // 2)
@@ -334,8 +337,8 @@ FULL = {
 
 
 def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
-    """From the ``n+1``-th write on, the store's set fails as on a full disk."""
-    real = diskcache.Cache.set
+    """From the ``n+1``-th write on, the reply table's set fails as on a full disk."""
+    real = ReplyTable.set
     writes: list[int] = []
 
     def set_(self, key, value, *a, **kw):
@@ -344,7 +347,7 @@ def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
         writes.append(1)
         return real(self, key, value, *a, **kw)
 
-    monkeypatch.setattr(diskcache.Cache, "set", set_)
+    monkeypatch.setattr(ReplyTable, "set", set_)
     return writes
 
 

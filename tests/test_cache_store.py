@@ -32,6 +32,15 @@ def _keys(cache: Path) -> list[tuple[str, object]]:
         con.close()
 
 
+def _table(cache: Path) -> list[tuple[str, object]]:
+    """The reply table's keys (where replies are written since #23)."""
+    con = sqlite3.connect(cache / "replies.db")
+    try:
+        return con.execute("SELECT typeof(key), key FROM reply ORDER BY key").fetchall()
+    finally:
+        con.close()
+
+
 def _fill_old_way(cache: Path, texts: list[str]) -> None:
     """Entries as hdeval stored them before the compact key: the default Disk, the hex key as
     text, the deflated compact value."""
@@ -45,31 +54,42 @@ def test_a_reply_is_stored_under_the_32_bytes_of_its_hash(tmp_path: Path) -> Non
     cb = CachedBackend(FakeBackend(), tmp_path / "c")
     cb.complete(_req("q"))
     cb.close()
-    assert _keys(tmp_path / "c") == [("blob", bytes.fromhex(_key("q")))]
+    assert _table(tmp_path / "c") == [("blob", bytes.fromhex(_key("q")))] and _keys(tmp_path / "c") == []
     with open_store(tmp_path / "c") as store:
-        assert list(store.iterkeys()) == [_key("q")]  # read back as the hex the rest of hdeval uses
+        assert _key("q") in store and len(store) == 1
     assert check_cache(tmp_path / "c").readable == 1
 
 
-def test_the_compact_key_makes_the_cache_smaller(tmp_path: Path) -> None:
+def test_the_compact_key_and_the_reply_table_make_the_cache_smaller(tmp_path: Path) -> None:
     fake = FakeBackend()
-    texts = [f"sample {i}" for i in range(3000)]
+    texts = [f"sample {i}" for i in range(5000)]
+    values = {_key(t): encode_completion(fake.complete(_req(t))) for t in texts}
     _fill_old_way(tmp_path / "old", texts)
+    with diskcache.Cache(str(tmp_path / "rows"), disk=JSONDisk) as c:  # 32-byte keys in diskcache's rows
+        for k, v in values.items():
+            c.set(k, v)
     with open_store(tmp_path / "new") as store:
         with store.transact():
-            for t in texts:
-                store.set(_key(t), encode_completion(fake.complete(_req(t))))
+            for k, v in values.items():
+                store.set(k, v)
 
     def size(d: Path) -> int:
-        con = sqlite3.connect(d / "cache.db")
-        try:
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            return con.execute("PRAGMA page_count").fetchone()[0]
-        finally:
-            con.close()
+        pages = 0
+        for name in ("cache.db", "replies.db"):
+            if (d / name).is_file():
+                con = sqlite3.connect(d / name)
+                try:
+                    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    pages += con.execute("PRAGMA page_count").fetchone()[0]
+                finally:
+                    con.close()
+        return pages
 
     # 64 hex characters twice (the row and diskcache's key index) become 32 bytes twice
-    assert size(tmp_path / "new") < 0.8 * size(tmp_path / "old")
+    assert size(tmp_path / "rows") < 0.8 * size(tmp_path / "old")
+    # and the table keeps each key once, without diskcache's times, size, mode and rowid
+    # (benchmarks/bench_cache_store.py: 110 B an entry against 185)
+    assert size(tmp_path / "new") < 0.7 * size(tmp_path / "rows")
 
 
 def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: Path) -> None:
@@ -88,14 +108,15 @@ def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: P
         with pytest.raises(KeyError):
             store[_key("absent")]
     # the old entries are left as they were (an older hdeval sharing the cache still reads them)
-    assert sorted(t for t, _ in _keys(cache)) == ["blob", "text", "text"]
+    assert sorted(t for t, _ in _keys(cache)) == ["text", "text"] and _table(cache) == [
+        ("blob", bytes.fromhex(_key("new")))]
     again = CachedBackend(fake, cache)
     assert all(c.cached for c in again.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
     again.close()
     assert fake.calls == 1
     assert check_cache(cache).readable == 3
-    report = repair_cache(cache)  # copies every readable entry, into the compact form
-    assert report.copied == 3 and sorted(t for t, _ in _keys(cache)) == ["blob"] * 3
+    report = repair_cache(cache)  # copies every readable entry, into the reply table
+    assert report.copied == 3 and _keys(cache) == [] and [t for t, _ in _table(cache)] == ["blob"] * 3
     final = CachedBackend(fake, cache)
     assert all(c.cached for c in final.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
     final.close()
@@ -113,15 +134,30 @@ def test_a_damaged_old_entry_is_replaced_by_the_fresh_reply(tmp_path: Path) -> N
     with pytest.warns(UserWarning):
         cb.complete(_req("q"))
     cb.close()
-    assert fake.calls == 1 and [t for t, _ in _keys(cache)] == ["blob"]
+    # the fresh reply is in the table and the damaged row gone
+    assert fake.calls == 1 and _keys(cache) == [] and _table(cache) == [("blob", bytes.fromhex(_key("q")))]
     assert check_cache(cache).ok
+
+
+@pytest.mark.parametrize("key", [b"\x01" * 16, b"\x01" * 33, "q" * 64, 7])
+def test_a_key_of_the_reply_table_that_is_not_32_bytes_is_foreign(tmp_path: Path, key: object) -> None:
+    cache = tmp_path / "c"
+    reply = FakeBackend().complete(_req("q"))
+    with open_store(cache) as store:
+        store.set(_key("q"), encode_completion(reply))
+    con = sqlite3.connect(cache / "replies.db")
+    con.execute("INSERT INTO reply VALUES (?, ?)", (key, encode_completion(reply)))
+    con.commit()
+    con.close()
+    report = check_cache(cache)
+    assert (report.foreign, report.readable) == (1, 1)
 
 
 @pytest.mark.parametrize("key", [b"\x01" * 16, b"\x01" * 33])
 def test_a_binary_key_of_another_length_is_foreign(tmp_path: Path, key: bytes) -> None:
     cache = tmp_path / "c"
-    with open_store(cache) as store:
-        store.set(_key("q"), encode_completion(FakeBackend().complete(_req("q"))))
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # as hdeval stored replies before the table
+        c.set(_key("q"), encode_completion(FakeBackend().complete(_req("q"))))
     con = sqlite3.connect(cache / "cache.db")
     con.execute("UPDATE Cache SET key = ?", (key,))
     con.commit()
@@ -142,3 +178,7 @@ def test_the_store_maps_no_memory_and_keeps_a_small_page_cache(tmp_path: Path) -
         assert con.execute("PRAGMA mmap_size").fetchone()[0] == 0
         assert 0 < con.execute("PRAGMA cache_size").fetchone()[0] <= 2**10
         assert store.eviction_policy == "none"  # a paid reply is never dropped
+        table = store.table._con  # the reply table's, likewise
+        assert table.execute("PRAGMA mmap_size").fetchone()[0] == 0
+        assert -(2**12) <= table.execute("PRAGMA cache_size").fetchone()[0] < 0  # KiB: 4 MiB
+        assert table.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

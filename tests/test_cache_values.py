@@ -15,7 +15,7 @@ import diskcache
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_jsonl
+from conftest import cache_entries, write_jsonl
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.fake import FakeBackend
 from hdeval.cache import _deflate as _deflated
@@ -67,8 +67,12 @@ def test_a_reply_reads_back_exactly_from_its_compact_value(tmp_path: Path, name:
     cb = CachedBackend(Fixed(), tmp_path / "c")
     assert cb.complete(_req("q")) == reply
     cb.close()
-    (mode, filename, value), = _stored_rows(tmp_path / "c")
-    assert mode == 1 and filename is None and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED))  # a blob in the row
+    assert _stored_rows(tmp_path / "c") == []  # in the reply table (#23), not diskcache's rows
+    con = sqlite3.connect(tmp_path / "c" / "replies.db")
+    (key, value), = con.execute("SELECT key, value FROM reply").fetchall()
+    con.close()
+    assert key == bytes.fromhex(_key("q")) and value == encode_completion(reply)
+    assert value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED))
     again = CachedBackend(FakeBackend(), tmp_path / "c")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
@@ -190,13 +194,14 @@ def test_a_planted_compact_value_is_a_miss_with_a_warning(tmp_path: Path, case: 
     assert check_cache(cache).ok
 
 
-@pytest.mark.parametrize("older", ["json-text", "compact-value"])
+@pytest.mark.parametrize("older", ["json-text", "compact-value", "compact-key"])
 def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(toy, tmp_path: Path,
                                                                               fake_calls: list[int],
                                                                               older: str) -> None:
-    """A cache filled by an hdeval before the compact key (hex text keys) still serves a rerun: 0
-    calls and the same rows. ``json-text``: values JSON text too (before the compact value);
-    ``compact-value``: compact values, as hdeval stored them until the compact key."""
+    """A cache filled by an hdeval before the reply table still serves a rerun: 0 calls and the
+    same rows. ``json-text``: hex text keys and JSON text values (before the compact value);
+    ``compact-value``: hex text keys and compact values (until the compact key);
+    ``compact-key``: 32-byte keys and compact values in diskcache's rows (until the table)."""
     from hdeval.train import train
 
     task, data = toy
@@ -215,15 +220,19 @@ def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(t
     paid = len(fake_calls)
     # rewrite every entry as the older hdeval stored it, with the default Disk: the hex key as
     # text, the value json.dumps text or the compact bytes
+    entries = {k: c.to_dict() for k, c in cache_entries(cache).items()}
+    for suffix in ("", "-wal", "-shm"):  # an older hdeval had no reply table
+        (cache / f"replies.db{suffix}").unlink(missing_ok=True)
     with diskcache.Cache(str(cache), disk=JSONDisk) as c:
-        entries = {k: json.loads(c[k]) for k in c.iterkeys()}
-        c.clear()
+        assert len(c) == 0
     assert 0 < len(entries) <= paid
-    with diskcache.Cache(str(cache)) as c:
+    with diskcache.Cache(str(cache), disk=JSONDisk if older == "compact-key" else diskcache.Disk) as c:
         for k, d in entries.items():
-            c.set(k, json.dumps(d) if older == "json-text" else _deflated(d))
+            c.set(k, json.dumps(d) if older == "json-text" else
+                  encode_completion(Completion.from_dict(d)) if older == "compact-key" else _deflated(d))
     con = sqlite3.connect(cache / "cache.db")
-    assert {r for (r,) in con.execute("SELECT DISTINCT typeof(key) FROM Cache")} == {"text"}
+    assert {r for (r,) in con.execute("SELECT DISTINCT typeof(key) FROM Cache")} == {
+        "blob" if older == "compact-key" else "text"}
     con.close()
     assert {row[0] for row in _stored_rows(cache)} == {1} and all(
         isinstance(row[2], str if older == "json-text" else bytes) for row in _stored_rows(cache))

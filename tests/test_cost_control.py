@@ -85,7 +85,7 @@ def test_a_stage_cut_short_by_an_error_stops_printing_progress(toy, tmp_path, mo
     # an error (here --max-calls) must not leave it running to print into whatever comes next.
     import threading
 
-    from hdeval.cli.common import TICKER_THREAD
+    from hdeval.cli.progress import TICKER_THREAD
 
     monkeypatch.setenv("HDEVAL_PROGRESS_INTERVAL", "0.05")
     task, data = toy

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 from hdeval.cli import cli
-from hdeval.cli.common import TerminalProgress
+from hdeval.cli.progress import TerminalProgress
 from hdeval.progress import Progress
 from hdeval.train import TrainConfig, plan, train
 

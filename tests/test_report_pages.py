@@ -273,16 +273,28 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
 
     from hdeval.backends.base import CompletionRequest, Message
     from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import DBNAME, CachedBackend
+    import diskcache
+
+    from hdeval.cache import DBNAME, TABLE_DBNAME, CachedBackend, JSONDisk, encode_completion
     from hdeval.report.samples import read_only_lookup
 
     cache = tmp_path / "cache"
     llm = CachedBackend(FakeBackend(), cache)
     reqs = [CompletionRequest(messages=(Message("user", f"Score {i}: <b>x</b>"),), kind="score")
             for i in range(3)]
-    texts = [llm.complete(r).text for r in reqs]
+    replies = [llm.complete(r) for r in reqs]
+    texts = [c.text for c in replies]
     keys = [llm.key(r) for r in reqs]
     llm.close()
+    # the first reply stays in the reply table; the two others move to diskcache's rows, where
+    # an hdeval before the table stored them (still read)
+    con = sqlite3.connect(cache / TABLE_DBNAME)
+    con.execute("DELETE FROM reply WHERE key != ?", (bytes.fromhex(keys[0]),))
+    con.commit()
+    con.close()
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:
+        for k, r in zip(keys[1:], replies[1:]):
+            c.set(k, encode_completion(r))
     con = sqlite3.connect(cache / DBNAME)
     # keys are stored as their 32 bytes: a pickled value (never unpickled), and one entry under
     # the hex text key an hdeval before #23 wrote (still read)

@@ -1,7 +1,7 @@
 """Command line: parse options -> one library call -> output. All terminal I/O lives here.
 
-One module per command group; :mod:`hdeval.cli.common` holds the one error boundary
-(:func:`run_command`) and the options every command shares.
+One module per command group; :mod:`hdeval.cli.boundary` holds the one error boundary
+(:func:`run_command`), :mod:`hdeval.cli.options` the options every command shares.
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 import click
 
 from hdeval import __version__
-from hdeval.cli.common import (  # noqa: F401  (used by the command modules and tests)
-    TerminalProgress, llm_options, load_artifact, method_options, run_command, score_with_artifact,
-)
+from hdeval.cli.boundary import run_command
+from hdeval.cli.progress import TerminalProgress
+
+__all__ = ["TerminalProgress", "cli", "main", "run_command"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import click
 
-from hdeval.cli.common import run_command
+from hdeval.cli.boundary import run_command
+
+_cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None,
+                          type=click.Path(file_okay=False))
+
 
 @click.command("methods")
 def methods_cmd() -> None:
@@ -51,7 +55,7 @@ def cache() -> None:
 
 
 @cache.command("stats")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_stats_cmd(cache_dir: str | None) -> None:
     """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
     from hdeval.cache_guard import read_stats
@@ -65,7 +69,7 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 
 
 @cache.command("clear")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
@@ -84,7 +88,7 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
             return
         n = clear_cache(path)
         if n < 0:
-            click.echo(f"deleted the corrupted {path / DBNAME}; the next run starts an empty cache")
+            click.echo(f"deleted the corrupted cache databases in {path}; the next run starts an empty cache")
         else:
             click.echo(f"deleted {n} cached replies from {path}")
 
@@ -92,7 +96,7 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
 
 
 @cache.command("check")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_check_cmd(cache_dir: str | None) -> None:
     """Read every entry: count readable, unreadable and foreign ones (writes nothing).
 
@@ -104,16 +108,21 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     import sqlite3
 
     from hdeval.cache import DBNAME, check_cache
-    from hdeval.cache_guard import foreign_objects, on_read_only_storage
+    from hdeval.cache_guard import DATABASES, TABLE_DBNAME, foreign_objects, on_read_only_storage
     from hdeval.paths import default_cache_dir
 
     def go() -> None:
         path = Path(cache_dir or default_cache_dir())
         r = check_cache(path)
-        try:
-            planted = foreign_objects(path / DBNAME)
-        except sqlite3.Error:
-            planted = []  # unreadable: reported below as the database error
+        planted, db = [], path / DBNAME
+        for name in DATABASES:  # diskcache's file, then the reply table's
+            try:
+                found = foreign_objects(path / name)
+            except sqlite3.Error:
+                found = []  # unreadable: reported below as the database error
+            if found and not planted:
+                db = path / name
+            planted += [o if name == DBNAME else f"{name}: {o}" for o in found]
         click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
                    f"{r.foreign} foreign (not written by hdeval) entries")
         for e in r.examples:
@@ -121,15 +130,16 @@ def cache_check_cmd(cache_dir: str | None) -> None:
         for obj in planted:
             click.echo(f"  {obj}: not created by the cache")
         if planted:
-            click.echo(f"error: the database {path / DBNAME} holds {len(planted)} SQLite object(s) the cache never "
+            click.echo(f"error: the database {db} holds {len(planted)} SQLite object(s) the cache never "
                        f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
                        f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
                        "database", err=True)
         elif r.database_error is not None and on_read_only_storage(path):
-            click.echo(f"error: cannot read the database {path / DBNAME} on read-only storage "
+            click.echo(f"error: cannot read the cache databases in {path} on read-only storage "
                        f"({r.database_error}); check a writable copy of {path}", err=True)
         elif r.database_error is not None:
-            click.echo(f"error: the database {path / DBNAME} is damaged ({r.database_error}); "
+            bad = path / (TABLE_DBNAME if r.database_error.startswith(TABLE_DBNAME) else DBNAME)
+            click.echo(f"error: the database {bad} is damaged ({r.database_error}); "
                        f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
         elif not r.ok:
             click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
@@ -142,11 +152,11 @@ def cache_check_cmd(cache_dir: str | None) -> None:
 
 
 @cache.command("repair")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_repair_cmd(cache_dir: str | None) -> None:
     """Copy every readable entry into a fresh cache; keep the old database aside.
 
-    The old database is renamed cache.db.corrupt-<timestamp> (never deleted). Run it while no
+    The old databases are renamed *.db.corrupt-<timestamp> (never deleted). Run it while no
     other hdeval command uses this cache.
     """
     from hdeval.cache import repair_cache
@@ -162,15 +172,13 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     run_command(go)
 
 
-
-
 @cache.command("import")
 @click.argument("results", metavar="RESULTS.jsonl", type=click.Path(dir_okay=False))
 @click.option("--requests", "requests_file", required=True, metavar="REQUESTS.jsonl",
               type=click.Path(dir_okay=False),
               help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
                    "wrote (its custom_ids are the only ones accepted).")
-@click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False))
+@_cache_dir
 def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
     """Import an engine's answers to an exported request file into the cache.
 

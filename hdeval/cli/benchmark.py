@@ -7,7 +7,10 @@ from typing import Any
 
 import click
 
-from hdeval.cli.common import TerminalProgress, _notice_local, _resolved, llm_options, run_command
+from hdeval.cli.artifacts import _notice_local, _resolved
+from hdeval.cli.boundary import run_command
+from hdeval.cli.options import llm_options
+from hdeval.cli.progress import TerminalProgress
 
 
 def _csv(value: str) -> tuple[str, ...]:

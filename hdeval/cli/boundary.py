@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import click
 
-from hdeval.cli.progress import _end_open_line, _line_open_reset, _stop_all_tickers
+from hdeval.cli.progress import _end_open_line, _set_line_open, _stop_all_tickers
 from hdeval.errors import HdevalError
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
@@ -44,12 +44,10 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
-                before_error: Callable[[], None] | None = None) -> Any:
+def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
     """The one error boundary: library errors become one line on stderr and an exit code;
     library warnings one summarised line each (never raw); Ctrl-C and SIGTERM one line saying
-    what was kept (``interrupted``; exit 130 and 143, as the shell reports). ``before_error``
-    ends whatever a command drew on the terminal (a byte counter) before the message."""
+    what was kept (``interrupted``; exit 130 and 143, as the shell reports)."""
     seen: dict = {}
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -65,8 +63,6 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
         _stop_all_tickers()
         _show_warnings(seen)
         _end_open_line()
-        if before_error is not None:
-            before_error()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
@@ -76,7 +72,7 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED,
             signal.signal(signal.SIGTERM, previous)
             previous = None
         _show_warnings(seen)
-        _line_open_reset()
+        _set_line_open(False)
         click.echo(f"\n{TERMINATED if terminated else interrupted}", err=True)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     finally:

@@ -1,8 +1,5 @@
 """``hdeval data``: get the built-in tasks' human-judgment data, see where it is, import your own.
-
-``hdeval.cli`` attaches this group with ``cli.add_command(data)``. Only terminal work lives here;
-the logic is in :mod:`hdeval.datasets`.
-"""
+Only terminal work lives here; the logic is in :mod:`hdeval.datasets`."""
 
 from __future__ import annotations
 
@@ -15,31 +12,25 @@ import click
 
 from hdeval import datasets
 from hdeval.datasets import (
-    DATASETS,
-    DEFAULT_SOURCE_URL,
-    DEFAULT_TIMEOUT,
-    SOURCE_URL_ENV,
-    ColumnMap,
-    DownloadEvent,
-    data_candidates,
+    DATASETS, DEFAULT_SOURCE_URL, DEFAULT_TIMEOUT, SOURCE_URL_ENV, ColumnMap, DownloadEvent, data_candidates,
     load_task,
 )
-from hdeval.cli.common import run_command
+from hdeval.cli.boundary import run_command
+from hdeval.cli.progress import _end_open_line, _set_line_open
 from hdeval.errors import DataError, DownloadError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _errors_to_exit(fn: F) -> F:
-    """Run a data command inside the one error boundary (:func:`hdeval.cli.common.run_command`)."""
+    """Run a data command inside the one error boundary (:func:`hdeval.cli.boundary.run_command`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Downloads and imports write under temp names and rename at the end, so an interrupt
         # leaves nothing partial behind.
         return run_command(lambda: fn(*args, **kwargs),
-                           interrupted="interrupted: no partial file was written; rerun to continue",
-                           before_error=_Reporter.end_line)
+                           interrupted="interrupted: no partial file was written; rerun to continue")
 
     return wrapper  # type: ignore[return-value]
 
@@ -50,30 +41,21 @@ def data() -> None:
 
 
 class _Reporter:
-    """Draws download progress on stderr: a byte counter on a terminal, lines otherwise."""
-
-    #: a byte counter is drawn on the terminal without a newline yet (shared, so an error
-    #: message can start on a fresh line)
-    open_line = False
+    """Draws download progress on stderr: a byte counter on a terminal (its line left open, as a
+    redrawn progress line is, so that what follows starts on a fresh line), lines otherwise."""
 
     def __init__(self, announce: bool = True) -> None:
         self.tty = sys.stderr.isatty()
         self.announce = announce
-
-    @classmethod
-    def end_line(cls) -> None:
-        if cls.open_line:
-            click.echo("", err=True)
-            cls.open_line = False
 
     def __call__(self, ev: DownloadEvent) -> None:
         if ev.kind == "bytes":
             if self.tty:
                 total = f" of {ev.total_bytes / 1e6:.1f}" if ev.total_bytes else ""
                 click.echo(f"\r  {ev.done_bytes / 1e6:.1f}{total} MB", err=True, nl=False)
-                _Reporter.open_line = True
+                _set_line_open(True)
             return
-        _Reporter.end_line()
+        _end_open_line()
         if ev.kind == "start" and self.announce:
             click.echo(f"{ev.dataset}: downloading {ev.url}", err=True)
         elif ev.kind == "warning":
@@ -103,54 +85,27 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
     except DownloadError as exc:
         raise DownloadError(missing_data_message(task, why=f"downloading it failed: {exc}")) from None
     finally:
-        _Reporter.end_line()
+        _end_open_line()
 
 
 @data.command("download")
 @click.argument("tasks", nargs=-1, type=click.Choice(list(DATASETS)))
-@click.option(
-    "--dest",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Folder to write <task>.jsonl into. Default: the per-user data dir that train searches.",
-)
-@click.option(
-    "--source-url",
-    envvar=SOURCE_URL_ENV,
-    default=None,
-    metavar="URL",
-    help=(
-        "Base URL in UniEval's reproduce/data/ layout (a mirror; file:// works too). "
-        f"Env: {SOURCE_URL_ENV}. Default: {DEFAULT_SOURCE_URL}"
-    ),
-)
-@click.option(
-    "--strict-count/--no-strict-count",
-    default=None,
-    help=(
-        "Fail unless each file has the official UniEval row count "
-        "(summeval 1600, topical_chat 360, sfres 1181, sfhot 875). "
-        "Default: on for the official source, off for a mirror (a different count is then "
-        "accepted with a warning)."
-    ),
-)
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder to write <task>.jsonl into. Default: the per-user data dir that train searches.")
+@click.option("--source-url", envvar=SOURCE_URL_ENV, default=None, metavar="URL",
+              help="Base URL in UniEval's reproduce/data/ layout (a mirror; file:// works too). "
+                   f"Env: {SOURCE_URL_ENV}. Default: {DEFAULT_SOURCE_URL}")
+@click.option("--strict-count/--no-strict-count", default=None,
+              help="Fail unless each file has the official UniEval row count "
+                   "(summeval 1600, topical_chat 360, sfres 1181, sfhot 875). "
+                   "Default: on for the official source, off for a mirror (a different count is then "
+                   "accepted with a warning).")
 @click.option("--force", is_flag=True, help="Download again even when a valid file is present.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_TIMEOUT,
-    show_default=True,
-    help="Seconds to wait for the server before giving up.",
-)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
+              show_default=True, help="Seconds to wait for the server before giving up.")
 @_errors_to_exit
-def download_cmd(
-    tasks: tuple[str, ...],
-    dest: Path | None,
-    source_url: str | None,
-    strict_count: bool | None,
-    force: bool,
-    timeout: float,
-) -> None:
+def download_cmd(tasks: tuple[str, ...], dest: Path | None, source_url: str | None, strict_count: bool | None,
+                 force: bool, timeout: float) -> None:
     """Download the public human-judgment files and convert them for TASKS (default: all four).
 
     The files are the ones UniEval publishes (github.com/maszhongming/UniEval,
@@ -167,15 +122,9 @@ def download_cmd(
     hdeval's shared/data adds from other sources (SFRES/SFHOT system labels, Topical-Chat
     per-annotator ratings, SummEval's eleven references) is left empty.
     """
-    results = datasets.download_datasets(
-        list(tasks),
-        dest=dest,
-        source_url=source_url,
-        strict_count=strict_count,
-        force=force,
-        timeout=timeout,
-        progress=_Reporter(),
-    )
+    results = datasets.download_datasets(list(tasks), dest=dest, source_url=source_url,
+                                         strict_count=strict_count, force=force, timeout=timeout,
+                                         progress=_Reporter())
     for r in results:
         state = "downloaded" if r.downloaded else "already present"
         click.echo(f"{r.dataset}: {r.rows} rows, {state}: {r.path}")
@@ -188,11 +137,8 @@ def _note_search_path(name: str, path: Path) -> None:
     task = load_task(name)
     cands = [c.resolve() for c in data_candidates(task)]
     if path.resolve() not in cands:
-        click.echo(
-            f"note: train does not look in {path.parent}; set HDEVAL_DATA_DIR={path.parent} "
-            f"or pass --data {path}",
-            err=True,
-        )
+        click.echo(f"note: train does not look in {path.parent}; set HDEVAL_DATA_DIR={path.parent} "
+                   f"or pass --data {path}", err=True)
         return
     from hdeval.data import find_data
 
@@ -213,23 +159,19 @@ def list_cmd() -> None:
         click.echo(f"{st.task.name}: aspects {', '.join(st.task.aspect_keys)}{official}")
         used = st.used
         for c in st.candidates:
-            mark = "*" if c is used else " "
             if not c.present:
                 state = "missing"
-            elif c.problem:
-                state = "present, does not load: " + _shorten(c.problem)
+            elif c.problem:  # a file's first errors, shortened
+                problem = c.problem if len(c.problem) <= 160 else c.problem[:157] + "..."
+                state = "present, does not load: " + problem
             else:
                 state = f"present, {c.rows} rows"
-            click.echo(f"  {mark} {c.path}  ({state})")
+            click.echo(f"  {'*' if c is used else ' '} {c.path}  ({state})")
         if used is None and st.task.name in datasets.DATASETS:
             click.echo(f"    no file; run `hdeval data download {st.task.name}`")
         elif used is None:
             click.echo(f"    no file; no download source; set HDEVAL_DATA_DIR to a folder holding {st.task.data_file}")
     click.echo("(* = the file train uses)")
-
-
-def _shorten(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @data.command("import")
@@ -251,21 +193,10 @@ def _shorten(text: str, limit: int = 160) -> str:
               help="Column holding an aspect's human score; repeatable. Default: the column named like the aspect.")
 @click.option("--unscored", is_flag=True, help="Import without human scores (data to score, not to train on).")
 @_errors_to_exit
-def import_cmd(
-    file: Path,
-    task_name: str,
-    out: Path,
-    fmt: str | None,
-    id_col: str | None,
-    source_col: str | None,
-    context_col: str | None,
-    output_col: str | None,
-    reference_col: str | None,
-    doc_col: str | None,
-    system_col: str | None,
-    score_cols: tuple[str, ...],
-    unscored: bool,
-) -> None:
+def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: str | None,
+               source_col: str | None, context_col: str | None, output_col: str | None,
+               reference_col: str | None, doc_col: str | None, system_col: str | None,
+               score_cols: tuple[str, ...], unscored: bool) -> None:
     """Convert FILE (CSV, TSV, JSON list or JSONL) into hdeval's sample schema for a task.
 
     Every row is checked before anything is written; problems are reported with their row
@@ -276,16 +207,9 @@ def import_cmd(
 
     check_output(out, [file, task_name if task_name.endswith(".toml") else None])
     task = load_task(task_name)
-    columns = ColumnMap(
-        id=id_col,
-        source=source_col,
-        context=context_col,
-        output=output_col,
-        reference=reference_col,
-        doc=doc_col,
-        system=system_col,
-        scores=datasets.parse_score_columns(score_cols, task),
-    )
+    columns = ColumnMap(id=id_col, source=source_col, context=context_col, output=output_col,
+                        reference=reference_col, doc=doc_col, system=system_col,
+                        scores=datasets.parse_score_columns(score_cols, task))
     rows = datasets.import_table(file, task, columns, fmt=fmt, unscored=unscored)
     n = datasets.write_samples(out, rows, task, unscored=unscored)
     docs = len({r["doc_id"] for r in rows})

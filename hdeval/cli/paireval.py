@@ -1,14 +1,11 @@
-"""``hdeval paireval ...``: PairEval helpers beyond train / apply.
-
-Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the work is in
-:mod:`hdeval.methods.paireval`.
-"""
+"""``hdeval paireval ...``: PairEval helpers beyond train / apply (the work is in
+:mod:`hdeval.methods.paireval`)."""
 
 from __future__ import annotations
 
 import click
 
-from hdeval.cli.common import run_command
+from hdeval.cli.boundary import run_command
 from hdeval.errors import ConfigError
 
 

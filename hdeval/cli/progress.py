@@ -155,7 +155,8 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _line_open_reset() -> None:
-    # Ctrl-C: the message below starts with its own newline.
+def _set_line_open(value: bool) -> None:
+    """Whether a line drawn on the terminal lacks its newline: a download's byte counter sets it;
+    Ctrl-C's message starts with its own newline and clears it."""
     global _line_open
-    _line_open = False
+    _line_open = value

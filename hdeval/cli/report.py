@@ -1,8 +1,5 @@
-"""``hdeval report`` and ``hdeval explain``: readable explanations of a trained evaluator.
-
-Registered by :func:`hdeval.cli._register_optional`. Terminal I/O only; the numbers come from
-:mod:`hdeval.methods.hdeval.explain` and :mod:`hdeval.methods.hdeval.report`.
-"""
+"""``hdeval report`` and ``hdeval explain``: readable explanations of a trained evaluator (the numbers
+come from the method's report and :mod:`hdeval.methods.hdeval.explain`)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,10 @@ from typing import Any
 
 import click
 
-from hdeval.cli.common import TerminalProgress, llm_options, load_artifact, run_command, score_with_artifact
+from hdeval.cli.artifacts import load_artifact, score_with_artifact
+from hdeval.cli.boundary import run_command
+from hdeval.cli.options import llm_options
+from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ArtifactError, ConfigError, DataError
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
-
 import dataclasses
 import sys
 import time
@@ -17,6 +15,8 @@ from hdeval.cli.boundary import run_command
 from hdeval.cli.options import batch_option, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError, HdevalError
+from hdeval.urls import shown_identity
+
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
@@ -70,7 +70,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
     def go() -> None:
-        _check_paths_early(options.get("data"), None if dry_run else out, force)
+        _check_paths_early(None if dry_run else out, force)
         from hdeval.cli.data import fetch_missing_task_data
         from hdeval.train import TrainConfig, plan, train as run_train
 
@@ -92,9 +92,13 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
                         decompose_prices=(decompose_price_in, decompose_price_out))
             click.echo(_estimate(config, plans, identity)[1])
             return
-        _check_outputs(config, out, force)  # before any LLM call: never after paying for them
+        if not out:  # -o itself was checked first thing
+            _check_default_outputs(config, force)  # before any LLM call: never after paying for them
         if export_file is not None:
-            _check_export(config, export_file)
+            from hdeval.run.output import check_output
+
+            check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
+                         option="--export-requests")
         progress = TerminalProgress(quiet)
         _notice_local(_resolved(config.llm))
         if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
@@ -124,10 +128,9 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
     run_command(go)
 
 
-def _check_paths_early(data: str | None, out: str | None, force: bool) -> None:
-    """A refused -o, found before the scientific libraries load (seconds on a busy machine); the
-    full checks follow once the task is known. (A missing --data waits: an option that does not
-    fit the task is the first thing to say.)"""
+def _check_paths_early(out: str | None, force: bool) -> None:
+    """A refused -o, found before the scientific libraries load; the full checks follow once the
+    task is known (a missing --data waits: an option that does not fit the task is said first)."""
     if out:
         from hdeval.artifact import check_destination
 
@@ -167,13 +170,6 @@ def _ask_before_a_long_local_run(config) -> None:
                       "or faster (--llm with a server)")
 
 
-def _check_export(config, export_file: str) -> None:
-    from hdeval.run.output import check_output
-
-    check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                 option="--export-requests")
-
-
 def _print_exported(done, stage: str, cache_dir: str | None) -> None:
     from hdeval.cli.progress import _end_open_line
 
@@ -208,17 +204,14 @@ def _print_train_summary(ev, path: Path) -> None:
         click.echo(line, err=to_err)
 
 
-def _check_outputs(config, out: str | None, force: bool) -> None:
-    """Refuse an --out that save would refuse (a non-artifact directory, an artifact without
-    --force, the working directory, an unwritable place). Without --out, every default the
-    run may pick (artifacts/<task>-<kind>; with auto, any kind) is checked."""
+def _check_default_outputs(config, force: bool) -> None:
+    """Without --out, refuse every default the run may pick (artifacts/<task>-<kind>; with auto, any
+    kind) that save would refuse (a non-artifact directory, an artifact without --force, the
+    working directory, an unwritable place)."""
     from hdeval.artifact import check_destination
     from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
 
-    if out:
-        check_destination(out, force=force)
-        return
     name = load_task(config.task).name
     method = get_method(config.method)
     kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)

@@ -1,10 +1,6 @@
-"""Getting human-judgment data onto a machine as rows of the sample schema
-(``shared/data/README.md``): :func:`download_datasets` fetches and converts UniEval's published
-files into the per-user data dir, :func:`data_status` says where each built-in task's file is
-looked for, :func:`import_table` converts a user's CSV/TSV/JSON/JSONL with a column mapping.
-Library code: errors are :class:`~hdeval.errors.HdevalError` subclasses, progress goes through a
-callback; nothing here prints.
-"""
+"""Getting human-judgment data onto a machine as rows of the sample schema: :func:`download_datasets`
+(UniEval's published files), :func:`data_status` (where each built-in task's file is looked for),
+:func:`import_table` (a user's CSV/TSV/JSON/JSONL with a column mapping). Nothing here prints."""
 
 from hdeval.datasets.download import (  # noqa: F401  (the public names)
     DATASETS, DEFAULT_SOURCE_URL, DEFAULT_TIMEOUT, SOURCE_URL_ENV, DownloadError, DownloadEvent,

@@ -38,11 +38,7 @@ def data_candidates(task: Task) -> list[Path]:
 DEFAULT_SOURCE_URL = "https://raw.githubusercontent.com/maszhongming/UniEval/main/reproduce/data/"
 SOURCE_URL_ENV = "HDEVAL_DATA_SOURCE_URL"
 DEFAULT_TIMEOUT = 60.0
-_CHUNK = 64 * 1024
 _MAX_REPORTED_ERRORS = 20
-
-
-# --------------------------------------------------------------------------- registry
 
 
 @dataclass(frozen=True)
@@ -76,9 +72,6 @@ def is_official_source(base_url: str) -> bool:
 
 def dataset_url(base_url: str, name: str) -> str:
     return resolve_source_url(base_url) + DATASETS[name].path
-
-
-# --------------------------------------------------------------------------- conversion
 
 
 def _slug(text: str) -> str:
@@ -130,41 +123,21 @@ def _scores(
     return out
 
 
-def _row(
-    task: Task,
-    id_: str,
-    doc_id: str,
-    source: str | None,
-    context: str | None,
-    output: str | None,
-    reference: str | None,
-    system: str | None,
-    scores: dict[str, float],
-) -> dict[str, Any]:
-    # Key order as in the shared files, so a diff between the two is readable.
-    return {
-        "id": id_,
-        "task": task.name,
-        "source": source,
-        "context": context,
-        "output": output,
-        "reference": reference,
-        "system": system,
-        "doc_id": doc_id,
-        "scores": scores,
-        "annotations": None,
-    }
+def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | None, system: str | None,
+         rec: Mapping[str, Any], at: str, rename: Mapping[str, str] = {}, drop: Sequence[str] = ()) -> dict:
+    """A row of ``rec`` (its output, reference and scores read here), keys in the shared files'
+    order, so a diff between the two is readable."""
+    output = _text(rec, "system_output", at)
+    reference = _text(rec, "reference", at, required=False)
+    return {"id": id_, "task": task.name, "source": source, "context": context, "output": output,
+            "reference": reference, "system": system, "doc_id": doc_id,
+            "scores": _scores(rec, task, rename, drop, at), "annotations": None}
 
 
 def convert_summeval(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``summeval.json`` -> rows. ``id`` = ``summeval-<doc_id>-<system_id>``.
-
-    ``doc_id`` is UniEval's (the CNN/DM id); ``system`` its ``system_id`` (M0...M23).
-    ``overall`` is dropped: UniEval computes it as the mean of the four aspects, so it adds
-    no human judgment. Not in the upstream file and therefore absent here, unlike in
-    ``shared/data/summeval.jsonl``: ``meta.references`` (the 11 references) and
-    ``meta.source_untokenized`` (the raw article).
-    """
+    """UniEval ``summeval.json`` -> rows. ``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is
+    UniEval's (the CNN/DM id). ``overall`` is dropped: UniEval computes it as the mean of the four
+    aspects, so it adds no human judgment."""
     rows = []
     for i, rec in enumerate(records, 1):
         at = f"{where}: record {i}"
@@ -172,33 +145,17 @@ def convert_summeval(records: Sequence[Mapping[str, Any]], task: Task, where: st
         system = rec.get("system_id")
         if doc in (None, "") or system in (None, ""):
             raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
-        rows.append(
-            _row(
-                task,
-                f"summeval-{doc}-{system}",
-                str(doc),
-                _text(rec, "source", at),
-                None,
-                _text(rec, "system_output", at),
-                _text(rec, "reference", at, required=False),
-                str(system),
-                _scores(rec, task, {}, ("overall",), at),
-            )
-        )
+        source = _text(rec, "source", at)
+        rows.append(_row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
+                         drop=("overall",)))
     return rows
 
 
 def convert_topical_chat(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``topical_chat.json`` -> rows.
-
-    UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs
-    in order of first appearance: ``tc-00``, ``tc-01``...; ``id`` =
-    ``topical_chat-<nn>-<slug of system_id>``. Both equal the ids of
-    ``shared/data/topical_chat.jsonl`` because that file keeps UniEval's order. ``source``
-    is the dialogue history, ``context`` the fact. The per-annotator ``annotations`` of the
-    shared file come from USR's ``tc_usr_data.json``, not from UniEval, so they are ``null``
-    here; the averaged ``scores`` are the same.
-    """
+    """UniEval ``topical_chat.json`` -> rows. UniEval gives no dialogue id, so ``doc_id`` numbers the
+    distinct (history, fact) pairs in order of first appearance (``tc-00``...); ``id`` =
+    ``topical_chat-<nn>-<slug of system_id>``: both as in ``shared/data/topical_chat.jsonl``, which
+    keeps UniEval's order. ``source`` is the dialogue history, ``context`` the fact."""
     rows = []
     docs: dict[tuple[str, str], int] = {}
     for i, rec in enumerate(records, 1):
@@ -209,53 +166,25 @@ def convert_topical_chat(records: Sequence[Mapping[str, Any]], task: Task, where
         if not isinstance(system, str) or not system.strip():
             raise DataError(f"{at}: needs 'system_id'")
         k = docs.setdefault((source or "", context or ""), len(docs))
-        rows.append(
-            _row(
-                task,
-                f"topical_chat-{k:02d}-{_slug(system)}",
-                f"tc-{k:02d}",
-                source,
-                context,
-                _text(rec, "system_output", at),
-                _text(rec, "reference", at, required=False),
-                system,
-                _scores(rec, task, {}, (), at),
-            )
-        )
+        rows.append(_row(task, f"topical_chat-{k:02d}-{_slug(system)}", f"tc-{k:02d}", source, context,
+                         system, rec, at))
     return rows
 
 
 def convert_data2text(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``sfres.json`` / ``sfhot.json`` -> rows.
-
-    UniEval's integer ``doc_id`` is the record's position, not a meaning-representation
-    (MR) id, so it cannot group outputs of one input. ``doc_id`` here numbers the distinct
-    MRs (``source``) in order of first appearance: ``sfres-mr-000``...; ``id`` is the
-    position, ``sfres-0000``... Both equal those of ``shared/data/sfres.jsonl``, which keeps
-    UniEval's order. UniEval's ``overall`` is the aspect this project calls ``quality``.
-    ``system`` (WEN/LOLS) is ``null``: the shared file takes it from Novikova et al.'s
-    ``emnlp_data_medians.csv``, which UniEval does not carry; likewise ``meta.references``
-    (all references of an MR) is absent - ``reference`` is UniEval's single reference.
-    """
+    """UniEval ``sfres.json`` / ``sfhot.json`` -> rows. UniEval's integer ``doc_id`` is the record's
+    position, which cannot group outputs of one input, so ``doc_id`` numbers the distinct
+    meaning representations (``source``) in order of first appearance (``sfres-mr-000``...); ``id``
+    is the position (``sfres-0000``...): both as in ``shared/data/sfres.jsonl``. UniEval's
+    ``overall`` is the aspect called ``quality`` here; ``system`` is ``null`` (UniEval lacks it)."""
     rows = []
     docs: dict[str, int] = {}
     for i, rec in enumerate(records):
         at = f"{where}: record {i + 1}"
         source = _text(rec, "source", at)
         k = docs.setdefault(source or "", len(docs))
-        rows.append(
-            _row(
-                task,
-                f"{task.name}-{i:04d}",
-                f"{task.name}-mr-{k:03d}",
-                source,
-                None,
-                _text(rec, "system_output", at),
-                _text(rec, "reference", at, required=False),
-                None,
-                _scores(rec, task, {"overall": "quality"}, (), at),
-            )
-        )
+        rows.append(_row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
+                         rename={"overall": "quality"}))
     return rows
 
 
@@ -268,11 +197,8 @@ _CONVERTERS: dict[str, Callable[[Sequence[Mapping[str, Any]], Task, str], list[d
 
 
 def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
-    """Convert one parsed UniEval file (a JSON list of records) to rows of our schema.
-
-    ``where`` (a URL or path) prefixes error messages. The same function serves downloads
-    and tests, so the tests exercise exactly the conversion users get.
-    """
+    """Convert one parsed UniEval file (a JSON list of records) to rows of our schema; ``where`` (a
+    URL or path) prefixes error messages."""
     if name not in _CONVERTERS:
         raise ConfigError(f"no converter for {name!r}: known datasets are {', '.join(DATASETS)}")
     where = where or name
@@ -289,17 +215,11 @@ def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- download
-
-
 @dataclass(frozen=True)
 class DownloadEvent:
-    """What :func:`download_datasets` reports to its ``progress`` callback.
-
-    ``kind``: ``start`` (a fetch begins), ``bytes`` (``done_bytes`` of ``total_bytes``,
-    which is ``None`` when the server sends no length), ``done`` (file written), ``skip``
-    (already present and valid), ``warning`` (``message`` says what).
-    """
+    """What :func:`download_datasets` reports to its ``progress`` callback. ``kind``: ``start`` (a
+    fetch begins), ``bytes`` (``done_bytes`` of ``total_bytes``, None when the server sends no
+    length), ``done`` (file written), ``skip`` (already present and valid), ``warning`` (``message``)."""
 
     kind: Literal["start", "bytes", "done", "skip", "warning"]
     dataset: str
@@ -339,15 +259,8 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
     return n, None
 
 
-def download_dataset(
-    name: str,
-    dest: Path,
-    base_url: str,
-    strict_count: bool,
-    force: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    progress: ProgressFn | None = None,
-) -> DownloadResult:
+def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
+                     timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
     from hdeval.data import read_samples, write_jsonl
 
@@ -374,41 +287,27 @@ def download_dataset(
     out_tmp = dest / f".{task.data_file}.partial-{os.getpid()}"
     try:
         report(DownloadEvent("start", name, url=url, path=target))
-        fetch_to_file(
-            url,
-            raw_tmp,
-            timeout,
-            lambda done, total: report(
-                DownloadEvent("bytes", name, url=url, done_bytes=done, total_bytes=total)
-            ),
-            hint_404=f"check --source-url / ${SOURCE_URL_ENV}",
-        )
+        fetch_to_file(url, raw_tmp, timeout,
+                      lambda done, total: report(DownloadEvent("bytes", name, url=url, done_bytes=done,
+                                                               total_bytes=total)),
+                      hint_404=f"check --source-url / ${SOURCE_URL_ENV}")
         try:
             with raw_tmp.open("r", encoding="utf-8") as fh:
                 records = json.load(fh)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            # A server that streams without Content-Length and drops the connection ends
-            # up here, so the message mentions that possibility.
-            raise DataError(
-                f"{url}: not a valid JSON file ({exc}); if the download was cut off, "
-                "run the command again"
-            ) from None
+            # where a server that streams without Content-Length and drops the connection ends up
+            raise DataError(f"{url}: not a valid JSON file ({exc}); if the download was cut off, "
+                            "run the command again") from None
         rows = convert_records(name, records, where=url)
 
         warning = None
         if len(rows) != ds.official_rows:
-            msg = (
-                f"{url} has {len(rows)} rows; the official UniEval file has {ds.official_rows}"
-            )
+            msg = f"{url} has {len(rows)} rows; the official UniEval file has {ds.official_rows}"
             if strict_count:
-                raise DataError(
-                    msg + "; nothing was written (use --no-strict-count to accept a mirror "
-                    "that holds a different number of rows)"
-                )
-            warning = (
-                msg + " (accepted: not the official source); results on it are not "
-                "comparable with the paper's"
-            )
+                raise DataError(msg + "; nothing was written (use --no-strict-count to accept a mirror "
+                                "that holds a different number of rows)")
+            warning = (msg + " (accepted: not the official source); results on it are not comparable "
+                       "with the paper's")
             report(DownloadEvent("warning", name, url=url, message=warning))
 
         write_jsonl(out_tmp, rows)
@@ -427,15 +326,10 @@ def download_dataset(
     return DownloadResult(name, target, n, downloaded=True, warning=warning)
 
 
-def download_datasets(
-    names: Sequence[str] | None = None,
-    dest: str | Path | None = None,
-    source_url: str | None = None,
-    strict_count: bool | None = None,
-    force: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
-    progress: ProgressFn | None = None,
-) -> list[DownloadResult]:
+def download_datasets(names: Sequence[str] | None = None, dest: str | Path | None = None,
+                      source_url: str | None = None, strict_count: bool | None = None, force: bool = False,
+                      timeout: float = DEFAULT_TIMEOUT,
+                      progress: ProgressFn | None = None) -> list[DownloadResult]:
     """Download and convert the built-in tasks' data (all four when ``names`` is empty).
 
     ``dest``: defaults to :func:`hdeval.paths.user_data_dir`, where ``train`` looks.
@@ -457,26 +351,18 @@ def download_datasets(
     unknown = [n for n in chosen if n not in DATASETS]
     local = [n for n in unknown if n in builtin_tasks()]
     if local:
-        raise ConfigError(
-            f"{', '.join(local)}: no download source; set HDEVAL_DATA_DIR to a folder holding "
-            f"{', '.join(load_task(n).data_file for n in local)} (downloadable: {', '.join(DATASETS)})"
-        )
+        raise ConfigError(f"{', '.join(local)}: no download source; set HDEVAL_DATA_DIR to a folder "
+                          f"holding {', '.join(load_task(n).data_file for n in local)} (downloadable: "
+                          f"{', '.join(DATASETS)})")
     if unknown:
-        raise ConfigError(
-            f"unknown dataset(s) {', '.join(unknown)}: choose from {', '.join(DATASETS)}"
-        )
+        raise ConfigError(f"unknown dataset(s) {', '.join(unknown)}: choose from {', '.join(DATASETS)}")
     if timeout <= 0:
         raise ConfigError(f"timeout must be positive, got {timeout}")
     base = resolve_source_url(source_url)
     strict = is_official_source(base) if strict_count is None else strict_count
     folder = Path(dest) if dest is not None else user_data_dir()
-    return [
-        download_dataset(n, folder, base, strict, force=force, timeout=timeout, progress=progress)
-        for n in chosen
-    ]
-
-
-# --------------------------------------------------------------------------- status
+    return [download_dataset(n, folder, base, strict, force=force, timeout=timeout, progress=progress)
+            for n in chosen]
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,12 @@ if TYPE_CHECKING:
     from hdeval.types import Task
 
 
-# --------------------------------------------------------------------------- import
-
-
 @dataclass(frozen=True)
 class ColumnMap:
-    """Which column of the user's file feeds which sample field.
-
-    ``None`` means "the column named like the field, if the file has one": ``id``,
-    ``source``, ``context``, ``output``, ``reference``, ``doc_id``, ``system``, and for
-    scores the aspect key (in JSON also ``scores.<aspect>``, so our own schema imports as
-    is). A column named explicitly must exist.
-    """
+    """Which column of the user's file feeds which sample field. ``None`` means "the column named
+    like the field, if the file has one": ``id``, ``source``, ``context``, ``output``, ``reference``,
+    ``doc_id``, ``system``, and for scores the aspect key (in JSON also ``scores.<aspect>``, so our
+    own schema imports as is). A column named explicitly must exist."""
 
     id: str | None = None
     source: str | None = None
@@ -52,10 +46,8 @@ def parse_score_columns(items: Sequence[str], task: Task) -> dict[str, str]:
         if not sep or not aspect or not column:
             raise ConfigError(f"--score-col {item!r}: expected ASPECT=COLUMN")
         if aspect not in task.aspect_keys:
-            raise ConfigError(
-                f"--score-col {item!r}: task {task.name} has no aspect {aspect!r} "
-                f"(aspects: {', '.join(task.aspect_keys)})"
-            )
+            raise ConfigError(f"--score-col {item!r}: task {task.name} has no aspect {aspect!r} "
+                              f"(aspects: {', '.join(task.aspect_keys)})")
         if aspect in out:
             raise ConfigError(f"--score-col: aspect {aspect!r} is mapped twice")
         out[aspect] = column
@@ -82,10 +74,8 @@ def _guess_format(path: Path) -> str:
         return suffix
     if suffix == "ndjson":
         return "jsonl"
-    raise ConfigError(
-        f"{path}: cannot tell the format from the extension; pass --format "
-        f"({', '.join(_FORMATS)})"
-    )
+    raise ConfigError(f"{path}: cannot tell the format from the extension; pass --format "
+                      f"({', '.join(_FORMATS)})")
 
 
 def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
@@ -119,10 +109,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
                     continue  # blank line
                 n = len(records) + 1
                 if len(cells) != len(header):
-                    raise DataError(
-                        f"{path}: row {n} (line {line}) has {len(cells)} cells, "
-                        f"the header has {len(header)}"
-                    )
+                    raise DataError(f"{path}: row {n} (line {line}) has {len(cells)} cells, "
+                                    f"the header has {len(header)}")
                 records.append(_Record(n, line, dict(zip(header, cells))))
         except csv.Error as exc:
             raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
@@ -147,10 +135,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DataError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
-            "for one object per line use a .jsonl name or --format jsonl"
-        ) from None
+        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+                        "for one object per line use a .jsonl name or --format jsonl") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects")
     records = []
@@ -176,25 +162,15 @@ def _lookup(values: Mapping[str, Any], column: str) -> Any:
     return cur
 
 
-def import_table(
-    path: str | Path,
-    task: Task,
-    columns: ColumnMap | None = None,
-    fmt: str | None = None,
-    unscored: bool = False,
-) -> list[dict]:
+def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None, fmt: str | None = None,
+                 unscored: bool = False) -> list[dict]:
     """Convert a user's CSV/TSV/JSON/JSONL into rows of the sample schema for ``task``.
 
     Every row is checked first and all problems (up to 20) are raised together in one
     :class:`DataError`, each with its row number (1-based, header not counted; the file line
-    as well for CSV and JSONL): missing column (named, with the file), non-numeric or
-    out-of-range score (row, column, range), empty text in a field the task shows.
-
-    Ids come from the id column or are generated as ``<task>-<row:05d>``. ``doc_id`` comes
-    from the doc column, else from a hash of the source text so outputs of the same source
-    group together in train/test splits; with no source, each row is its own doc.
-    ``unscored``: import without human scores (for scoring with a trained evaluator).
-    """
+    as well for CSV and JSONL). Ids come from the id column or are ``<task>-<row:05d>``;
+    ``doc_id`` from the doc column, else a hash of the source text, so outputs of one source stay
+    on one side of a split. ``unscored``: import without human scores (data to score)."""
     if task.shape != "pointwise":
         raise ConfigError(f"task {task.name} is {task.shape}: data import handles pointwise tasks only")
     path = Path(path)
@@ -211,20 +187,16 @@ def import_table(
     def resolve(explicit: str | None, default: str | Sequence[str], option: str, needed: bool) -> str | None:
         if explicit is not None:
             if not exists(explicit):
-                raise DataError(
-                    f"{path}: no column {explicit!r} (given by {option}); "
-                    f"columns: {_columns_hint(header, records)}"
-                )
+                raise DataError(f"{path}: no column {explicit!r} (given by {option}); "
+                                f"columns: {_columns_hint(header, records)}")
             return explicit
         defaults = [default] if isinstance(default, str) else list(default)
         for d in defaults:
             if exists(d):
                 return d
         if needed:
-            raise DataError(
-                f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
-                f"column with {option}; columns: {_columns_hint(header, records)}"
-            )
+            raise DataError(f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
+                            f"column with {option}; columns: {_columns_hint(header, records)}")
         return None
 
     needed_fields = {f.key for f in task.fields}
@@ -240,12 +212,9 @@ def import_table(
     # named nor found under its own name is left out (training then needs --aspects).
     subset = bool(cols.scores)
     for aspect in task.aspect_keys:
-        col = resolve(
-            cols.scores.get(aspect),
-            [aspect, f"scores.{aspect}"],
-            f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
-            not unscored and not subset,
-        )
+        col = resolve(cols.scores.get(aspect), [aspect, f"scores.{aspect}"],
+                      f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
+                      not unscored and not subset)
         if col is not None:
             score_cols[aspect] = col
 
@@ -295,20 +264,10 @@ def import_table(
         if doc is None:
             # Same source text -> same doc, so a split never puts one article on both sides.
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
-        rows.append(
-            {
-                "id": sid,
-                "task": task.name,
-                "source": source,
-                "context": texts.get("context"),
-                "output": texts.get("output"),
-                "reference": texts.get("reference"),
-                "system": _scalar(rec.values, system_col),
-                "doc_id": doc,
-                "scores": scores,
-                "annotations": None,
-            }
-        )
+        rows.append({"id": sid, "task": task.name, "source": source, "context": texts.get("context"),
+                     "output": texts.get("output"), "reference": texts.get("reference"),
+                     "system": _scalar(rec.values, system_col), "doc_id": doc, "scores": scores,
+                     "annotations": None})
     if n_errors:
         shown = errors[:_MAX_REPORTED_ERRORS]
         more = f" (and {n_errors - len(shown)} more)" if n_errors > len(shown) else ""
@@ -361,11 +320,8 @@ def scored_aspects(rows: Sequence[dict], task: Task) -> list[str]:
 
 
 def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: bool = False) -> int:
-    """Write ``rows`` to ``path`` only if they load back with ``read_samples``; returns the count.
-
-    The rows go to a temp file beside ``path`` first (atomically, via ``write_jsonl``) and
-    are renamed into place after the check, so a failure never leaves a file at ``path``.
-    """
+    """Write ``rows`` to ``path`` only if they load back with ``read_samples`` (checked in a temp
+    file beside it, renamed into place after): the count."""
     from hdeval.data import read_samples, write_jsonl
 
     path = Path(path)

@@ -1,18 +1,9 @@
-"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``).
-
-:class:`ArtifactScorer` is a callable class for ``Dataset.map_batches``: each Ray worker loads
-and verifies the artifact once (in ``__init__``) and opens the same cached LLM a single-process
-``hdeval apply`` would (an OpenAI-compatible endpoint, or the fake), then scores the batches it
-is given. Batches are rows of JSONL text (a ``text`` column, as ``ray.data.read_text`` gives);
-each output row is the JSON line ``hdeval apply`` writes for that sample (a ``row`` column) with
-its ``id``. :func:`apply_on_ray` runs a whole file in one reading pass, as ``apply`` does: one
-Ray read task reads and validates it a chunk at a time (apply's own reader, duplicate ids
-through its on-disk index) while the workers score the chunks already read, and the scores are
-written in input order through the same atomic writer as ``apply``, so the output is
-byte-identical to a single process.
-
-Ray is imported only when used: the rest of hdeval never needs it.
-"""
+"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``): :class:`ArtifactScorer`
+for ``Dataset.map_batches`` (each worker loads and verifies the artifact once and opens the cached
+LLM ``hdeval apply`` would), :func:`apply_on_ray` for a whole file (apply's own reader in one Ray
+read task, the scores written in input order through apply's atomic writer, so the output is
+byte-identical to a single process), and :class:`RequestAnswerer` for exported request files.
+Ray is imported only when used: the rest of hdeval never needs it."""
 
 from __future__ import annotations
 
@@ -43,8 +34,6 @@ def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
     """Raise the hdeval error a Ray task raised (wrapped by Ray) as itself, with its own
     one-line message (``shown``: (resolved input path, the path the caller gave) to name the
     file as the caller did); anything else is left to the caller to raise."""
-    from hdeval.errors import HdevalError
-
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -66,7 +55,6 @@ def _read_samples(task: Any, path: str, size: int) -> Any:
     from ray.data.block import BlockAccessor
 
     from hdeval.data import DiskIds
-    from hdeval.errors import HdevalError
     from hdeval.run.apply import _Input
 
     try:
@@ -115,42 +103,39 @@ def _worker_cache(cache_dir: str | None) -> str | None:
     return cache_dir.replace(WORKER_FIELD, f"{node[:12]}-{os.getpid()}")
 
 
-class _Rows:
-    """JSONL text rows -> the samples apply would read from them (the data module's own row
-    checks; blank lines and rows a pairwise task filters out give no sample)."""
+def _row_sample(task: Any, text: str, where: str) -> Any:
+    """A JSONL text row -> the sample apply would read from it (the data module's own row checks;
+    a blank line or a row a pairwise task filters out gives None)."""
+    from hdeval.data import BOM, _lone_surrogate, _matches, _pair_from_row, _sample_from_row
 
-    def __init__(self, task: Any):
-        from hdeval.data import BOM, _lone_surrogate, _matches
-
-        self.task = task
-        self.bom, self.lone, self.matches = BOM, _lone_surrogate, _matches
-        self.where = dict(task.where) if task.shape == "pairwise" else {}
-
-    def sample(self, text: str, where: str) -> Any:
-        from hdeval.data import _pair_from_row, _sample_from_row
-
-        text = text.removeprefix(self.bom)
-        if not text.strip():
+    text = text.removeprefix(BOM)
+    if not text.strip():
+        return None
+    try:
+        row = json.loads(text)
+    except (ValueError, RecursionError):
+        raise DataError(f"{where}: not valid JSON") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: not a JSON object")
+    if task.shape == "pairwise":
+        if not _matches(row, dict(task.where)):
             return None
-        try:
-            row = json.loads(text)
-        except (ValueError, RecursionError):
-            raise DataError(f"{where}: not valid JSON") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: not a JSON object")
-        if self.task.shape == "pairwise":
-            if not self.matches(row, self.where):
-                return None
-            problem, sample = _pair_from_row(row, 0, self.task, require_labels=False)
-            if problem is None and sample is None:
-                return None  # skip_empty, as apply skips it
-        else:
-            lone = self.lone(row)
-            problem, sample = (f"{lone} holds a lone surrogate", None) if lone else _sample_from_row(
-                row, 0, self.task, list(self.task.aspect_keys), False)
-        if problem:
-            raise DataError(f"{where}: {problem}")
-        return sample
+        problem, sample = _pair_from_row(row, 0, task, require_labels=False)
+        if problem is None and sample is None:
+            return None  # skip_empty, as apply skips it
+    else:
+        lone = _lone_surrogate(row)
+        problem, sample = (f"{lone} holds a lone surrogate", None) if lone else _sample_from_row(
+            row, 0, task, list(task.aspect_keys), False)
+    if problem:
+        raise DataError(f"{where}: {problem}")
+    return sample
+
+
+def _check_whole(**values: Any) -> None:
+    for name, value in values.items():
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"{name} must be a whole number, at least 1; got {value!r}")
 
 
 class ArtifactScorer:
@@ -186,7 +171,6 @@ class ArtifactScorer:
         self.trust = RowTrust(self.ev, max_interval_width)  # a bad width fails here, before any call
         self.explain, self.top = explain, top
         self.concurrency = concurrency
-        self.rows = _Rows(self.ev.task)
         self.backend: Any = None
         self.llm_options = dict(llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
                                 cache_dir=_worker_cache(cache_dir), max_calls=max_calls, concurrency=concurrency,
@@ -209,7 +193,7 @@ class ArtifactScorer:
         samples = []
         for i, text in enumerate(batch["text"]):
             where = f"line {int(lines[i])}" if lines is not None else f"row {i + 1} of a batch"
-            s = self.rows.sample(str(text), where)
+            s = _row_sample(self.ev.task, str(text), where)
             if s is not None:
                 samples.append(s)
         return samples
@@ -280,12 +264,10 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     from hdeval.run.trust import RowTrust
 
     ray = _ray()
-    if type(workers) is not int or workers < 1:
-        raise ConfigError(f"workers must be a whole number, at least 1; got {workers!r}")
+    _check_whole(workers=workers)
     if not isinstance(num_cpus, (int, float)) or not 0 < num_cpus <= 1024:
         raise ConfigError(f"num_cpus must be a number above 0; got {num_cpus!r}")
-    if type(batch_size) is not int or batch_size < 1:
-        raise ConfigError(f"batch_size must be a whole number, at least 1; got {batch_size!r}")
+    _check_whole(batch_size=batch_size)
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"max_failure_rate must be between 0 and 1, got {max_failure_rate}")
@@ -418,16 +400,12 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
     temporary file beside it, renamed into place at the end). Returns the lines written. Then
     ``hdeval cache import RESULTS --requests REQUESTS`` and rerun the command that exported.
     Ray schedules the work; ``requests_file`` must be readable by every worker."""
-    import tempfile
-
     from hdeval.backends.openai_compat import _check_url
-    from hdeval.request_files import read_request_file
+    from hdeval.request_files import _temp_beside, read_request_file
 
     ray = _ray()
     _check_url(base_url)
-    for name, value in (("workers", workers), ("batch_size", batch_size), ("concurrency", concurrency)):
-        if type(value) is not int or value < 1:
-            raise ConfigError(f"{name} must be a whole number, at least 1; got {value!r}")
+    _check_whole(workers=workers, batch_size=batch_size, concurrency=concurrency)
     asked = read_request_file(requests_file)  # not a request file hdeval wrote: refused here, nothing sent
     results = Path(results_file)
     if not asked:
@@ -439,10 +417,7 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
         compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
         fn_constructor_args=(base_url,),
         fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency})
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{results.name}.", suffix=".tmp", dir=results.parent)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {results}: {exc.strerror or exc}") from None
+    fd, tmp = _temp_beside(results)
     n = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -34,38 +34,48 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     """Raw reply text per cache key, read from the cache's SQLite file opened read-only (and
     the value files through the cache's own bounded reader). A missing or unreadable cache is a
     note, not an error: the rest of the report does not need it."""
-    from hdeval.cache import DBNAME, UnreadableEntry, parse_completion, read_value, stored_key
+    from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, UnreadableEntry, parse_completion, read_value,
+                              stored_key, table_value)
 
     directory = Path(cache_dir)
-    db = directory / DBNAME
-    if not db.is_file():
+    # the reply table first (where replies go since #23), then diskcache's rows
+    dbs = [directory / name for name in (TABLE_DBNAME, DBNAME) if (directory / name).is_file()]
+    if not dbs:
         return {}, f"the LLM reply cache {directory} is not available, so raw replies are not shown " \
                    "(give the cache the run used with --cache-dir)"
     out: dict[str, str] = {}
-    # With no write-ahead log beside it, the file is all there is: open it immutable, which
-    # creates no -wal/-shm files in the user's cache. With one (a run is writing, or crashed),
-    # read-only through the log, so its committed replies are seen too.
-    wal = db.with_name(db.name + "-wal").exists()
-    try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True,
-                              timeout=10)
-    except sqlite3.Error as exc:
-        return {}, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
-    try:
-        for key in dict.fromkeys(keys):
-            # the compact key, or the hex text an hdeval before #23 stored
-            row = con.execute("SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1",
-                              (stored_key(key), key)).fetchone()
-            if row is None:
-                continue
-            try:
-                out[key] = parse_completion(read_value(directory, row[0], row[1], row[2])).text or ""
-            except (UnreadableEntry, ValueError, TypeError):
-                continue
-    except sqlite3.Error as exc:
-        return out, f"the LLM reply cache {db} could not be read ({exc}): some raw replies are not shown"
-    finally:
-        con.close()
+    for db in dbs:
+        # With no write-ahead log beside it, the file is all there is: open it immutable, which
+        # creates no -wal/-shm files in the user's cache. With one (a run is writing, or crashed),
+        # read-only through the log, so its committed replies are seen too.
+        wal = db.with_name(db.name + "-wal").exists()
+        try:
+            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True,
+                                  timeout=10)
+        except sqlite3.Error as exc:
+            return out, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
+        try:
+            for key in dict.fromkeys(keys):
+                if key in out:
+                    continue
+                try:
+                    if db.name == TABLE_DBNAME:
+                        row = con.execute("SELECT CASE WHEN length(value) <= ? THEN value END, length(value) "
+                                          "FROM reply WHERE key = ?", (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
+                        if row is not None:
+                            out[key] = parse_completion(table_value(row[0], row[1])).text or ""
+                        continue
+                    # the compact key, or the hex text an hdeval before #23 stored
+                    row = con.execute("SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1",
+                                      (stored_key(key), key)).fetchone()
+                    if row is not None:
+                        out[key] = parse_completion(read_value(directory, row[0], row[1], row[2])).text or ""
+                except (UnreadableEntry, ValueError, TypeError):
+                    continue
+        except sqlite3.Error as exc:
+            return out, f"the LLM reply cache {db} could not be read ({exc}): some raw replies are not shown"
+        finally:
+            con.close()
     return out, None
 
 

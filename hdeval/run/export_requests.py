@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hdeval.errors import ConfigError
 from hdeval.request_files import export_requests
 
 
@@ -21,13 +22,12 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     ``llm_given``, ``base_url_given``, ``confirm``, ``notify`` as for
     :func:`hdeval.run.apply.apply_file`."""
     from hdeval.artifact import check_writable
-    from hdeval.methods.registry import load_artifact
     from hdeval.data import DiskIds
+    from hdeval.methods.registry import load_artifact
     from hdeval.run.apply import _Input, chunk_size
     from hdeval.run.artifact_llm import open_artifact_llm
-    from hdeval.run.shards import parse_shard
-
     from hdeval.run.output import check_output
+    from hdeval.run.shards import parse_shard
 
     which = parse_shard(shard) if shard is not None else None
     check_output(export_file, [input_file, artifact], option="--export-requests")
@@ -36,8 +36,6 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     ev = load_artifact(artifact)
     refusal = ev.export_refusal()
     if refusal:
-        from hdeval.errors import ConfigError
-
         raise ConfigError(refusal)
     near = os.path.dirname(os.path.abspath(export_file))
     # one reading pass, as apply's: each chunk validated (ids through the on-disk index) as it is
@@ -54,6 +52,3 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
         finally:
             chunks.close()
             backend.close()
-
-
-# ----------------------------------------------------------------------------- reading

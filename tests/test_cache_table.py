@@ -1,0 +1,184 @@
+"""The reply table (``replies.db``, issue #23 item 3): what it may hold is checked as diskcache's
+file is (anything the cache did not create is refused at open and named by ``cache check``), its
+values are read with bounds (a planted one is a miss with a warning), a corrupted table is one
+line naming it, and both files' entries are counted by ``cache stats``."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import diskcache
+import pytest
+from click.testing import CliRunner
+
+from hdeval.backends.base import CompletionRequest, Message
+from hdeval.backends.fake import FakeBackend
+from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, JSONDisk, encode_completion, request_key
+from hdeval.cli import cli
+from hdeval.errors import CacheError
+
+
+def _req(text: str = "q") -> CompletionRequest:
+    return CompletionRequest((Message("user", text),), kind="score")
+
+
+def _key(text: str = "q") -> str:
+    return request_key(FakeBackend().identity, _req(text))
+
+
+def _filled(tmp_path: Path) -> Path:
+    cache = tmp_path / "c"
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete(_req())
+    cb.close()
+    return cache
+
+
+def _sql(cache: Path, *statements: str, args: tuple = ()) -> None:
+    con = sqlite3.connect(cache / "replies.db")
+    for s in statements:
+        con.execute(s, args) if args else con.execute(s)
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("planted", [
+    "CREATE TRIGGER poison AFTER INSERT ON reply BEGIN DELETE FROM reply; END",
+    "CREATE VIEW v AS SELECT * FROM reply",
+    "CREATE TABLE extra(x)",
+    "CREATE INDEX i ON reply(value)",
+])
+def test_an_object_the_cache_did_not_create_in_the_table_is_refused_and_named(tmp_path, planted):
+    cache = _filled(tmp_path)
+    _sql(cache, planted)
+    fake = FakeBackend()
+    with pytest.raises(CacheError) as exc:
+        CachedBackend(fake, cache)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(cache / "replies.db") in msg and "cache repair" in msg
+    assert fake.calls == 0
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 1 and "replies.db: " in res.stdout and "not created by the cache" in res.stdout
+    assert str(cache / "replies.db") in res.stderr
+    # repair keeps the reply and drops the planted object
+    assert CliRunner().invoke(cli, ["cache", "repair", "--cache-dir", str(cache)]).exit_code == 0
+    again = CachedBackend(fake, cache)
+    assert again.complete(_req()).cached and fake.calls == 0
+    again.close()
+
+
+@pytest.mark.parametrize("value", [b"not ours", "text", 5, b"Z2\x09garbage", b"Z1\xff\xfe"])
+def test_a_planted_value_in_the_table_is_a_miss_with_a_warning_then_replaced(tmp_path, value):
+    cache = _filled(tmp_path)
+    _sql(cache, "UPDATE reply SET value = ?", args=(value,))
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    with pytest.warns(CacheWarning):
+        got = cb.complete(_req())
+    assert fake.calls == 1 and not got.cached and cb.stats.unreadable == 1
+    assert cb.complete(_req()).cached and fake.calls == 1
+    cb.close()
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "1 readable, 0 unreadable, 0 foreign" in res.stdout
+
+
+def test_a_huge_planted_value_is_never_read_into_memory(tmp_path):
+    cache = _filled(tmp_path)
+    _sql(cache, "UPDATE reply SET value = zeroblob(?)", args=(MAX_ENTRY_CHARS + 1,))
+    cb = CachedBackend(FakeBackend(), cache)
+    with pytest.warns(CacheWarning, match="more than hdeval writes"):
+        assert not cb.complete(_req()).cached
+    cb.close()
+
+
+def test_a_corrupted_table_is_one_line_naming_it_and_repair_keeps_the_old_rows(tmp_path):
+    cache = tmp_path / "c"
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # a reply stored before the table
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    (cache / "replies.db").write_bytes(b"\x00garbage" * 4096)
+    fake = FakeBackend()
+    with pytest.raises(CacheError) as exc:
+        CachedBackend(fake, cache)
+    assert str(cache / "replies.db") in str(exc.value) and "cache repair" in str(exc.value)
+    res = CliRunner().invoke(cli, ["cache", "repair", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "copied 1 readable" in res.stdout, res.output
+    assert list(cache.glob("replies.db.corrupt-*"))
+    cb = CachedBackend(fake, cache)
+    assert cb.complete(_req("old")).cached and fake.calls == 0
+    cb.close()
+
+
+def test_stats_and_clear_count_both_databases(tmp_path):
+    cache = _filled(tmp_path)
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # and one reply an older hdeval stored
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and ": 2 entries," in res.stdout
+    res = CliRunner().invoke(cli, ["cache", "clear", "--cache-dir", str(cache), "--yes"])
+    assert res.exit_code == 0 and "deleted 2 cached replies" in res.stdout
+    fake = FakeBackend()
+    cb = CachedBackend(fake, cache)
+    cb.complete_many([_req(), _req("old")])
+    assert fake.calls == 2
+    cb.close()
+
+
+def test_a_rolled_back_transaction_leaves_no_reply_and_deletes_no_old_row(tmp_path):
+    """The old row of a key rewritten in a transaction is dropped only once the table commits."""
+    cache = tmp_path / "c"
+    reply = FakeBackend().complete(_req("old"))
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:
+        c.set(_key("old"), encode_completion(reply))
+    cb = CachedBackend(FakeBackend(), cache)
+    store = cb.store
+    with pytest.raises(RuntimeError):
+        with store.transact():
+            store.set(_key("old"), encode_completion(reply))
+            raise RuntimeError("stop")
+    cb.close()
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:
+        assert len(c) == 1
+    con = sqlite3.connect(cache / "replies.db")
+    assert con.execute("SELECT count(*) FROM reply").fetchone()[0] == 0
+    con.close()
+
+
+def test_the_report_reads_raw_replies_from_the_table_without_writing_and_skips_planted_ones(tmp_path):
+    from hdeval.report.samples import read_only_lookup
+
+    cache = tmp_path / "c"
+    cb = CachedBackend(FakeBackend(), cache)
+    texts = [c.text for c in cb.complete_many([_req("a"), _req("b")])]
+    cb.close()
+    _sql(cache, "UPDATE reply SET value = ? WHERE key = ?", args=(b"Z2\xff", bytes.fromhex(_key("b"))))
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    found, note = read_only_lookup(cache, [_key("a"), _key("b")])
+    assert note is None and found == {_key("a"): texts[0]}
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+
+
+def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, monkeypatch):
+    """A COMMIT refused (a full disk) must not leave the table's transaction open, or every
+    later write of the run would fail on 'cannot start a transaction within a transaction'."""
+    from hdeval.cache import ReplyTable, open_store
+
+    real = ReplyTable._run
+    failures = [1]
+
+    def run(self, sql, args=(), writing=False):
+        if sql == "COMMIT" and failures:
+            failures.pop()
+            raise self._error(sqlite3.OperationalError("database or disk is full"), writing)
+        return real(self, sql, args, writing)
+
+    monkeypatch.setattr(ReplyTable, "_run", run)
+    reply = encode_completion(FakeBackend().complete(_req()))
+    with open_store(tmp_path / "c") as store:
+        with pytest.raises(CacheError, match="full"):
+            with store.transact():
+                store.set(_key("a"), reply)
+        assert not store.table.in_transaction() and _key("a") not in store
+        with store.transact():
+            store.set(_key("b"), reply)
+        assert _key("b") in store and len(store) == 1
