@@ -1,11 +1,5 @@
-"""The one event loop every LLM call runs on, and the synchronous door into it.
-
-The loop runs in a daemon thread of its own, so synchronous callers (the methods, the CLI, a
-notebook that already runs a loop) all reach the same AsyncOpenAI connections. :func:`run`
-waits for a coroutine; when the waiting thread is interrupted (Ctrl-C, SIGTERM raised as an
-exception), the coroutine is told to start nothing new and is waited for, so every call that
-is running finishes and is cached before the interrupt goes on.
-"""
+"""The one event loop every LLM call runs on (a daemon thread, so synchronous callers and a
+notebook's own loop all reach the same connections), and :func:`run`, the synchronous door."""
 
 from __future__ import annotations
 
@@ -41,11 +35,9 @@ async def _carry(aw: Awaitable[T]) -> tuple[bool, Any]:
 
 
 def run(aw: Awaitable[T], on_interrupt: Callable[[], None] | None = None) -> T:
-    """Run ``aw`` on the loop and return its result (or raise its error) in this thread.
-
-    If this thread is interrupted meanwhile, ``on_interrupt`` is called on the loop (it should
-    make ``aw`` start nothing new) and ``aw`` is waited for before the interrupt is raised.
-    """
+    """Run ``aw`` on the loop and return its result (or raise its error) in this thread. If this
+    thread is interrupted meanwhile, ``on_interrupt`` is called on the loop (it should make ``aw``
+    start nothing new) and ``aw`` is waited for, so running calls finish and are cached first."""
     lp = loop()
     if threading.current_thread() is _thread:
         raise RuntimeError("hdeval.aio.run called from the LLM loop itself; await the coroutine instead")

@@ -1,9 +1,5 @@
-"""Typed configuration shared by every command and method. Documented once, here.
-
-``LLMConfig`` says which LLM to use and how to talk to it; :func:`hdeval.llm.open_llm` turns it
-into the one cached backend a run uses. Unknown fields are rejected, so a typo in an option name
-is an error rather than a silently ignored setting.
-"""
+"""The LLM settings (:class:`LLMConfig`), their defaults and their one validation, documented
+once, here; :func:`hdeval.llm.open_llm` turns them into the one cached backend a run uses."""
 
 from __future__ import annotations
 
@@ -25,11 +21,8 @@ MAX_CONCURRENCY = 1024
 
 @dataclass(frozen=True)
 class LLMConfig:
-    """Which LLM answers, and how requests to it are made.
-
-    Only ``model`` and ``base_url`` decide *what* is answered (they enter the backend identity and
-    so the cache key); the other fields only decide how requests are sent.
-    """
+    """Which LLM answers (``model`` and ``base_url``, in the cache key), and how requests to it are
+    made (the other fields). Unknown option names are rejected by :meth:`from_options`."""
 
     # ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for options), ``local`` (the
     # embedded default model, needs the ``local`` extra), ``llamacpp:/path/model.gguf``, or a model
@@ -48,13 +41,9 @@ class LLMConfig:
     batch: bool = False
 
     @classmethod
-    def field_names(cls) -> frozenset[str]:
-        return frozenset(f.name for f in fields(cls))
-
-    @classmethod
     def from_options(cls, **options: Any) -> "LLMConfig":
         """Build from keyword options (e.g. the CLI's); an unknown name is a ConfigError."""
-        unknown = sorted(set(options) - cls.field_names())
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"unknown LLM option(s): {', '.join(unknown)}")
         return cls(**{k: v for k, v in options.items() if v is not None or k in ("model", "base_url")})
@@ -83,12 +72,3 @@ class LLMConfig:
         from hdeval.urls import public_url
 
         return {"model": self.model, "base_url": public_url(self.base_url)}
-
-
-def split_options(options: dict[str, Any]) -> tuple[LLMConfig, dict[str, Any]]:
-    """Separate the LLM fields (``llm`` is the CLI's name for ``model``) from the rest."""
-    llm_fields = LLMConfig.field_names() - {"model"}
-    mine = {k: options.pop(k) for k in list(options) if k in llm_fields}
-    if "llm" in options:
-        mine["model"] = options.pop("llm")
-    return LLMConfig.from_options(**mine), options

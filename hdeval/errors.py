@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def one_line(text: Any, limit: int = 200) -> str:
+    """``text`` with its white space folded, cut to ``limit`` characters: a part of a message."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class HdevalError(Exception):
     """Base class: a problem the user can fix, with a one-line message saying what and where."""
@@ -26,39 +34,30 @@ class PromptError(HdevalError):
 
 
 class BackendError(HdevalError):
-    """The LLM could not be reached or kept failing after retries.
-
-    Every call that finished before the error is already in the cache, so a rerun resumes.
-    """
+    """The LLM could not be reached or kept failing after retries; every call that finished is
+    already cached, so a rerun resumes."""
 
     exit_code = 3
 
 
 class CacheError(HdevalError):
-    """The LLM reply cache cannot be opened or written (corrupted, read-only, disk full).
-
-    The message names the cache file or directory and what to do; nothing in it is deleted.
-    """
+    """The LLM reply cache cannot be opened or written (corrupted, read-only, disk full); the
+    message names the file and what to do, and nothing in it is deleted."""
 
 
 class RequestRejected(BackendError):
-    """The server could not answer this one request (too long for the model's context, refused
-    by a content filter, an invalid prompt; or a reply past the size cap), while others may
-    well succeed. Scoring records it as that cell's failure and goes on; nothing is cached.
-    """
+    """The server could not answer this one request (too long, filtered, a reply past the size
+    cap), while others may succeed: that cell's failure, not cached."""
 
 
 class RetriesExhausted(BackendError):
-    """One request kept failing through every retry (rate limits, server errors, timeouts). While
-    other requests succeed, the client records it as that cell's failure (not cached, so the
-    next run asks again); only a server that fails request after request stops the run."""
+    """One request kept failing through every retry: while others succeed, that cell's failure
+    (not cached, so the next run asks again); a server failing request after request stops the run."""
 
 
 class DownloadError(HdevalError):
-    """A data file could not be fetched completely (HTTP error, unreachable, cut off).
-
-    Nothing is written in that case, so running the command again is always safe.
-    """
+    """A data file could not be fetched completely (HTTP error, unreachable, cut off); nothing is
+    written, so running the command again is safe."""
 
     exit_code = 3
 

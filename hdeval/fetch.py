@@ -35,9 +35,7 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
         resp = urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise DownloadError(
-                f"{url}: not found (HTTP 404); {hint_404}"
-            ) from None
+            raise DownloadError(f"{url}: not found (HTTP 404); {hint_404}") from None
         raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
@@ -49,13 +47,11 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
         length = resp.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None
         done = 0
-        # Write errors (disk full) are left to propagate as OSError: they are not the
-        # network's fault and the caller words them.
+        # write errors (disk full) propagate as OSError: not the network's fault, the caller words them
         with out.open("wb") as fh:
             while True:
                 try:
-                    # read(n) returns b"" when the peer closes early instead of raising,
-                    # so a cut-off body is caught by the length comparison below.
+                    # b"" when the peer closes early: a cut-off body is caught by the length check below
                     chunk = resp.read(_CHUNK)
                 except http.client.IncompleteRead as exc:
                     raise DownloadError(
@@ -64,13 +60,9 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
                         + "; nothing was written, run the command again"
                     ) from None
                 except (TimeoutError, socket.timeout):
-                    raise DownloadError(
-                        f"{url}: stalled for {timeout:g} s after {done} bytes"
-                    ) from None
+                    raise DownloadError(f"{url}: stalled for {timeout:g} s after {done} bytes") from None
                 except (http.client.HTTPException, OSError) as exc:
-                    raise DownloadError(
-                        f"{url}: download failed after {done} bytes ({exc})"
-                    ) from None
+                    raise DownloadError(f"{url}: download failed after {done} bytes ({exc})") from None
                 if not chunk:
                     break
                 if max_bytes is not None and done + len(chunk) > max_bytes:
@@ -79,7 +71,5 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
                 done += len(chunk)
                 on_bytes(done, total)
     if total is not None and done != total:
-        raise DownloadError(
-            f"{url}: connection closed after {done} of {total} bytes; "
-            "nothing was written, run the command again"
-        )
+        raise DownloadError(f"{url}: connection closed after {done} of {total} bytes; nothing was written, "
+                            "run the command again")

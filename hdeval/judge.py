@@ -1,11 +1,6 @@
-"""Asking the LLM: the one cell filler, the reply parsers, and the structured-reply helper.
-
-Every method ends the same way: the LLM fills a samples x columns matrix (HD-Eval: criterion
-scores; PairEval: win probabilities against comparison examples; DnA: per-aspect scores of two
-responses) and an estimator maps it to the human judgments. :func:`fill_matrix` is the one place
-where prompt cells become LLM requests and replies become numbers; :func:`ask_json` is the one
-place where a structured (JSON) reply is validated and re-asked.
-"""
+"""Asking the LLM: :func:`fill_matrix`, the one place where prompt cells become requests and
+replies become numbers (a samples x columns matrix every method fits to human judgments), the
+reply parsers, and :func:`ask_json`, the one place a JSON reply is validated and re-asked."""
 
 from __future__ import annotations
 
@@ -35,11 +30,8 @@ Parser = Callable[[Sequence[Completion]], "tuple[float, str | None]"]
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the matrix: the sample (row), the column, and the request(s) that fill it.
-
-    A cell may need several requests (PairEval asks each pair in both orders); its parser sees
-    their completions in the same order.
-    """
+    """One cell of the matrix: the sample (row), the column, and the request(s) that fill it, whose
+    completions its parser sees in the same order (PairEval asks each pair in both orders)."""
 
     sample_id: str
     column: str
@@ -53,16 +45,11 @@ def fill_matrix(
     concurrency: int | None = None,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
-    """Run every cell's requests (in the given order) and parse them into a matrix.
-
-    Rows and columns appear in the order they first occur in ``cells``. ``llm``'s client
-    (:meth:`~hdeval.cache.CachedBackend.complete_many`) runs the requests: cache, Batch API,
-    at most ``concurrency`` (default: the client's) in flight, progress. Requests are sent in
-    cell order, so callers put the cells of one sample together (sample-major) and a local model
-    reuses the shared prompt prefix. Identical requests cost one call (the cache joins them). An
-    unusable reply, or a request the server rejected on its own account (too long for the
-    context, filtered: named on ``progress``), becomes NaN plus a :class:`Failure`; errors that
-    concern the whole run (unreachable server, budget, Ctrl-C) are raised.
+    """Run every cell's requests (in cell order: put one sample's cells together so a local model
+    reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
+    first occur. ``llm``'s client runs them (cache, Batch API, at most ``concurrency`` in flight,
+    progress). An unusable reply, or a request the server rejected on its own account (named on
+    ``progress``), becomes NaN plus a :class:`Failure`; errors about the whole run are raised.
     """
     rows = list(dict.fromkeys(c.sample_id for c in cells))
     cols = list(dict.fromkeys(c.column for c in cells))
@@ -70,7 +57,7 @@ def fill_matrix(
 
 
 # Cells whose requests are built ahead of the calls when a stage is streamed: enough rounds of
-# the concurrency window that the drain at each window's end costs little (~1.5% at 32 rounds)
+# the concurrency window that the drain at each window's end costs little
 STREAM_WINDOW = 1024
 _STREAM_ROUNDS = 32
 
@@ -85,12 +72,9 @@ def fill_matrix_stream(
     progress: Progress | None = None,
     window: int | None = STREAM_WINDOW,
 ) -> ScoreMatrix:
-    """:func:`fill_matrix` over cells built as they are consumed (a generator): at most
-    ``window`` cells' requests exist at a time, so a stage's first request goes out once one
-    window is built, not every prompt of the stage, and memory does not grow with it. ``rows``
-    and ``cols``: the matrix's, every cell's among them. The whole stage is one window when the
-    client has a strategy for its misses (one Batch API job, or one export, per stage) or no
-    store (identical requests of two windows are joined through the cache)."""
+    """:func:`fill_matrix` over cells built as they are consumed: at most ``window`` cells'
+    requests exist at a time, so memory does not grow with the stage. ``rows``/``cols``: the
+    matrix's. One window when the client has a batch strategy (one job per stage) or no store."""
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)
@@ -147,15 +131,10 @@ def _client(llm: Backend) -> Iterator[CachedBackend]:
         client.close()
 
 
-# ---------------------------------------------------------------------- parsers
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
-    """P(``target``) normalised over the two label words, from the first generated token.
-
-    Tokens are compared without surrounding white space (" A" is "A"). Without logprobs, or when
-    neither label is among the first token's alternatives, the reply text decides: 1.0 when it
-    starts with (or only names) ``target``, 0.0 for ``other``; a reply naming neither, or both
-    with no way to tell, is a failure.
-    """
+    """P(``target``) normalised over the two label words, from the first generated token (" A" is
+    "A"). Without logprobs for either, the text decides: 1.0 when it starts with (or only names)
+    ``target``, 0.0 for ``other``; naming neither, or both with no way to tell, is a failure."""
     if completion.top_logprobs:
         first = completion.top_logprobs[0]
         p_t = p_o = 0.0
@@ -214,15 +193,12 @@ def _numbers(text: str) -> list[float]:
 
 
 def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tuple[float, float] | None, str | None]:
-    """Two scores from one reply, or None and a reason when the reply does not say them plainly.
+    """Two scores from one reply, or None and a reason when it does not say them plainly.
 
-    Read in this order: a JSON object with one key per side (``{"a": 7, "b": 4}``,
-    ``{"response_1": 7, "response_2": 4}``); scores named by their side (``R1: 8; R2: 9``,
-    ``Assistant 1: 8`` / ``Assistant 2: 6``, ``Response A: 7``); otherwise exactly two numbers
-    in the reply (``7 4``, ``7/10 4/10``, ``8 out of 10 and 6 out of 10``; the scale's bounds
-    and denominators are not scores). A reply naming one side twice with different scores,
-    holding more than two numbers, or a score outside ``scale`` is ambiguous: a failure, never
-    a guess. ASCII digits only.
+    Read in this order: a JSON object with one key per side (``{"a": 7, "b": 4}``); scores named
+    by their side (``R1: 8; R2: 9``, ``Assistant 1: 8``, ``Response A: 7``); else exactly two
+    numbers (``7 4``, ``7/10 4/10``; the scale's bounds and denominators are not scores). One side
+    named twice with different scores, more numbers, or a score outside ``scale``: a failure.
     """
     low, high = scale
     text = completion.text if isinstance(completion.text, str) else ""
@@ -281,7 +257,6 @@ def _json_pair(obj: dict, checked, shown: str):
     return checked(*vals)
 
 
-# ---------------------------------------------------------------------- structured replies
 class UnusableReply(HdevalError):
     """The LLM's structured replies stayed unusable after every attempt."""
 
@@ -318,21 +293,15 @@ def ask_json(
 ) -> T:
     """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
 
-    ``validate`` takes the parsed JSON and returns the value or raises ``ValueError`` saying what
-    is wrong. A re-ask is a *new* request (the old reply plus ``feedback(problem)`` as the next
-    user turn): deterministic, so it is cached like any other. After ``attempts`` unusable
-    replies, :class:`UnusableReply` names the last problem.
+    ``validate`` returns the value or raises ``ValueError`` saying what is wrong. A re-ask is a new
+    request (the old reply plus ``feedback(problem)`` as the next user turn), cached like any
+    other. After ``attempts`` unusable replies, :class:`UnusableReply` names the last problem; a
+    request the server rejects (:class:`~hdeval.errors.RequestRejected`) is raised.
 
-    A reply that failed validation stays cached (for inspection) but is not the last word: when
-    every attempt failed and some replies came from the cache (a rerun), the chain runs once more
-    asking anew wherever it meets a cached invalid reply (the same request under the next
-    ``attempt`` number: the LLM sees the same prompt). So a rerun after a fix (another model, a
-    server that now constrains its output) can succeed, while a chain that recovered through
-    feedback replays from the cache at no cost. A request the server rejects
-    (:class:`~hdeval.errors.RequestRejected`) is raised to the caller.
-
-    ``final``: a last problem it accepts is an outcome, not a fault a fix could cure: the
-    chain's cached replies are the last word (:class:`UnusableReply` with no new call).
+    When every attempt failed and some replies came from the cache (a rerun), the chain runs once
+    more, asking anew (the next ``attempt`` number) wherever it meets a cached invalid reply, so a
+    rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
+    problem it accepts is an outcome: the cached replies are the last word, with no new call.
     """
     from hdeval import aio
 
@@ -347,10 +316,9 @@ def ask_json_many(
     asks: Sequence[tuple[CompletionRequest, Callable[[Any], Any], Callable[[str], str]]],
     concurrency: int | None = None,
 ) -> list[Any]:
-    """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` (default:
-    the client's) at a time; each result is the value or the :class:`UnusableReply`. Any other
-    error starts no new chain, lets the running ones finish (so what they paid is cached), and
-    is raised."""
+    """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` at a
+    time; each result is the value or the :class:`UnusableReply`. Any other error starts no new
+    chain, lets the running ones finish (what they paid is cached), and is raised."""
     from hdeval import aio
 
     halt: list[bool] = []
@@ -430,10 +398,9 @@ _MAX_REASKS = 50  # a cache holding more invalid replies for one request than th
 
 async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
                  reask: bool, final: Callable[[ValueError], bool] | None = None) -> Completion:
-    """The reply to ``request`` (``ask``: the client's ``acomplete``); with ``reask``, the first one
-    under an ``attempt`` number that is either fresh from the LLM or cached and valid or
-    ``final`` (cached invalid ones are walked past). A cached final reply is an earlier re-ask's
-    outcome: walking past it would pay for a new one on every rerun."""
+    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that is
+    fresh, or cached and valid or ``final`` (walking past a cached final reply would pay anew on
+    every rerun)."""
     completion = await ask(request)
     for n in range(1, _MAX_REASKS + 1):
         if not reask or not completion.cached:

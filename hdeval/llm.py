@@ -15,17 +15,12 @@ def resolved(config: LLMConfig) -> LLMConfig:
     return config.replace(model=resolve_llm(config.model))
 
 
-def open_llm(
-    config: LLMConfig, backend: Backend | None = None, offline: bool = False
-) -> CachedBackend:
-    """The cached backend ``config`` names (its model resolved if unset).
+def open_llm(config: LLMConfig, backend: Backend | None = None, offline: bool = False) -> CachedBackend:
+    """The cached backend ``config`` names (its model resolved if unset); close it when done.
 
-    ``backend`` lets tests and the Python API inject their own LLM (it is still cached and
-    budgeted); a :class:`CachedBackend` is returned as it is. ``offline``: the backend will only be
-    asked for its identity and cache keys (``--dry-run``), so a missing API key is no error.
-    ``config.batch``: the client sends uncached requests of a stage through the OpenAI Batch API
-    (:class:`~hdeval.backends.batch.BatchStrategy`).
-    Close the result when done (it holds the cache open).
+    ``backend`` injects an LLM (still cached and budgeted; a :class:`CachedBackend` is returned as
+    it is). ``offline``: it will only be asked for identities and keys (``--dry-run``), so a
+    missing API key is no error. ``config.batch``: misses go through the OpenAI Batch API.
     """
     if isinstance(backend, CachedBackend):
         return backend

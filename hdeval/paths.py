@@ -48,19 +48,16 @@ def check_model_file(path: Path) -> None:
 
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise ConfigError(f"GGUF model file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{path} is a directory, not a model file: give the .gguf file in it "
-                          "(--llm llamacpp:/path/to/model.gguf)")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path} is not a regular file (a device, FIFO or socket), not a model file: "
-                          "--llm llamacpp: needs a .gguf file")
-    try:
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path} is a directory, not a model file: give the .gguf file in it "
+                              "(--llm llamacpp:/path/to/model.gguf)")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path} is not a regular file (a device, FIFO or socket), not a model file: "
+                              "--llm llamacpp: needs a .gguf file")
         with open(path, "rb") as fh:
             magic = fh.read(4)
+    except FileNotFoundError:
+        raise ConfigError(f"GGUF model file not found: {path}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":

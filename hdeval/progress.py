@@ -4,15 +4,13 @@ from __future__ import annotations
 
 
 class Progress:
-    """No-op base. Subclass to show progress; all methods are called from the main thread
-    except :meth:`advance`, which may be called from worker threads."""
+    """No-op base. Subclass to show progress; only :meth:`advance` may be called from other threads."""
 
     def stage(self, label: str, total: int) -> None:
         """A stage of ``total`` units of work starts (e.g. scoring layer 2: 640 calls)."""
 
     def expect(self, units: int) -> None:
-        """The run has at most ``units`` units of work left, the stages about to start included
-        (called before them; later stages may depend on replies, so it is an upper bound)."""
+        """At most ``units`` units of work are left, the stages about to start included."""
 
     def advance(self, n: int = 1, cached: bool = False) -> None:
         """``n`` units finished; ``cached`` when they were answered from the cache."""

@@ -92,14 +92,11 @@ def sample_block(task: Task, sample: Sample) -> str:
 
 def hierarchy_text(tree: CriteriaTree, criterion: Criterion) -> str:
     """Parent criterion with its definition, then the criterion itself (paper App. G.2)."""
-    lines = []
     parent = tree.parent(criterion.key)
-    if parent is not None:
-        lines.append(f"Parent criterion: {parent.name}: {parent.definition}")
-        lines.append(f"Criterion (a sub-criterion of {parent.name}): {criterion.name}: {criterion.definition}")
-    else:
-        lines.append(f"Criterion: {criterion.name}: {criterion.definition}")
-    return "\n".join(lines)
+    if parent is None:
+        return f"Criterion: {criterion.name}: {criterion.definition}"
+    return (f"Parent criterion: {parent.name}: {parent.definition}\n"
+            f"Criterion (a sub-criterion of {parent.name}): {criterion.name}: {criterion.definition}")
 
 
 def scoring_messages(

@@ -20,17 +20,11 @@ from typing import IO, Any, Iterator, Sequence
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.request_lines import request_line, result_outcome
-from hdeval.errors import CacheError, ConfigError, DataError
+from hdeval.errors import CacheError, ConfigError, DataError, one_line
 
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_LINES = 10_000_000  # lines of one request or result file
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
-_MAX_DETAIL = 200
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
 
 class StageExported(Exception):
@@ -288,7 +282,7 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
         if not isinstance(key, str):
             raise DataError(f"{where}: no text custom_id (nothing imported)")
         if key not in asked:
-            raise DataError(f"{where}: custom_id {_one_line(key)[:70]!r} is not a request of the request "
+            raise DataError(f"{where}: custom_id {one_line(key)[:70]!r} is not a request of the request "
                             "file (nothing imported)")
         if key in seen:
             raise DataError(f"{where}: custom_id {key[:12]}... already answered on line {seen[key]} "
@@ -310,7 +304,7 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
             got[key] = parser._parse(json.dumps(body).encode(), asked[key])
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
             raise DataError(f"{where}: response.body is not a chat completion "
-                            f"({_one_line(str(exc))[:120]}) (nothing imported)") from None
+                            f"({one_line(str(exc))[:120]}) (nothing imported)") from None
         from hdeval.cache import MAX_ENTRY_CHARS
 
         if len(json.dumps(got[key].to_dict())) > MAX_ENTRY_CHARS:

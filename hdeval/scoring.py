@@ -37,11 +37,8 @@ def scoring_request(
 
 
 def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple[float, str | None]:
-    """A score in ``scale`` or (NaN, reason).
-
-    With logprobs: the probability-weighted mean over the digit tokens at the first generated
-    position that offers digits (as G-Eval does). Without: the first integer in the reply.
-    """
+    """A score in ``scale`` or (NaN, reason): with logprobs, the probability-weighted mean over the
+    digit tokens at the first position that offers digits (as G-Eval does); else from the text."""
     low, high = scale
     text = completion.text if isinstance(completion.text, str) else ""
     if completion.top_logprobs:
@@ -66,9 +63,7 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
 
 
 def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tuple[float, str | None]]:
-    """A 1-request cell read as a score on ``scale`` (probability-weighted digits, else the
-    first integer in the text), the parser :func:`hdeval.judge.fill_matrix` takes: see
-    :func:`parse_score`."""
+    """The :func:`hdeval.judge.fill_matrix` parser of a 1-request cell: :func:`parse_score`."""
 
     def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
         return parse_score(completions[0], scale)
@@ -78,8 +73,7 @@ def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tupl
 
 def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
     """The one score a reply's text gives: every number in it, less the scale's bounds and
-    denominators ("3 out of 5", "4/5", "on a 1-5 scale"), must be the same value in ``scale``.
-    Two different numbers are ambiguous, a failure rather than the first one."""
+    denominators ("3 out of 5", "on a 1-5 scale"), must be the same value in ``scale``."""
     from hdeval.judge import _numbers
 
     text = text[:10_000]  # bounded: a score reply is a few tokens
@@ -124,9 +118,8 @@ def score_criteria(
     concurrency: int | None = None,
     progress: Progress | None = None,
 ) -> ScoreMatrix:
-    """Score every sample on every criterion (sample-major), through the one cell filler.
-    Unusable replies, and requests the server rejected on their own account (too long,
-    filtered), become NaN + a Failure."""
+    """Score every sample on every criterion (sample-major); unusable replies and requests the
+    server rejected on their own account become NaN + a Failure."""
     from hdeval.judge import Cell, fill_matrix_stream
 
     if not samples or not criteria:  # keep the columns of an empty matrix

@@ -7,13 +7,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 
 def public_url(url: str | None) -> str | None:
-    """``url`` without ``user:password@``, query string or fragment.
-
-    Artifacts get shared and messages get pasted: a password in the authority or a key in the
-    query (``?api-key=...``) must not travel with them. The password may itself contain ``/``,
-    ``#`` or ``?``, which confuses URL parsing, so the authority is cut at the *last* ``@``
-    before anything else is parsed.
-    """
+    """``url`` without ``user:password@``, query string or fragment. The password may hold ``/``,
+    ``#`` or ``?``, so the authority is cut at the *last* ``@`` before anything else is parsed."""
     if not url:
         return url
     scheme, sep, rest = url.partition("://")

@@ -10,7 +10,7 @@ import pytest
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.factory import BACKENDS, backend_entry, make_backend
-from hdeval.config import LLMConfig, split_options
+from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError
 from hdeval.judge import (
     Cell, UnusableReply, ask_json, extract_json, fill_matrix, label_probability, score_pair,
@@ -202,11 +202,6 @@ def test_llm_config_rejects_unknown_fields_and_bad_values():
         LLMConfig.from_options(model="fake", temprature=0.3)
     with pytest.raises(ConfigError, match="--concurrency must be at least 1"):
         LLMConfig(model="fake", concurrency=0).validate()
-
-
-def test_split_options_takes_the_cli_names():
-    cfg, rest = split_options({"llm": "fake", "timeout": 5.0, "layers": 2, "cache_dir": None})
-    assert cfg.model == "fake" and cfg.timeout == 5.0 and rest == {"layers": 2}
 
 
 def test_manifest_never_holds_credentials_or_query():

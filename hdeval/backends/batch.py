@@ -1,30 +1,20 @@
 """The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price.
 
-:func:`hdeval.judge.fill_matrix` knows every request of a scoring stage before it sends one;
-when its LLM client has a batch strategy (a :class:`BatchStrategy`, which ``open_llm`` makes
-for ``--batch``), the uncached ones are first written as JSONL (``custom_id`` = the cache key,
-``body`` = what the chat completions call would send), uploaded to ``/v1/files`` (purpose
-``batch``), run as one ``/v1/batches`` job per chunk within the API's limits (50,000 requests
-and 200 MB a file), polled, and every result line written into the same cache under the same
-key. The stage then runs as usual and finds them all cached; the rest of hdeval is unchanged.
+The misses of a stage are written as JSONL (``custom_id`` = the cache key, ``body`` = what the
+chat completions call would send), uploaded, run as one job per chunk within the API's limits,
+polled, and every result is written into the cache under the same key; the stage then finds
+them cached. What a job leaves without a result is resubmitted once, then sent normally.
 
-Nothing paid for is lost or paid twice: the jobs (and the keys each holds) are kept in
-``batches.json`` in the cache directory, written before a job is created and updated when the
-server names it, so a killed process rerun with the same command resumes polling the same job
-(a job the server created but never named back is found by its input file). A job that ends
-expired, failed or cancelled gives what it finished (output and error files); the requests
-left are reported and resubmitted once, and whatever still has no result goes through the
-normal API when the stage runs.
-
-Everything the server returns is untrusted: replies and files are read with bounds, ids are
-checked before they go into a URL, result lines are parsed one by one (a malformed one is a
-recorded failure of that request), redirects are never followed, and the API key goes only in
-the ``Authorization`` header. ``batches.json`` is untrusted too: bounded and validated on read.
+Nothing paid for is lost or paid twice: the jobs and their keys are kept in ``batches.json``,
+written before a job is created and updated when the server names it, so a rerun resumes the
+same job (one never named back is found by its input file). Everything the server returns, and
+``batches.json`` too, is untrusted: read with bounds and validated.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import fcntl
 import json
 import os
@@ -37,11 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+import openai
+
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError
-from hdeval.progress import Progress
+from hdeval.backends.openai_compat import (
+    _RETRY_STATUSES, OPENAI_BASE_URL, PLACEHOLDER_KEY, OpenAICompatBackend, Redactor, ReplyTooLarge, _deadline,
+    _shown, _Transient, retry_after_seconds,
+)
 from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
+from hdeval.progress import Progress
 
 POLL_ENV = "HDEVAL_BATCH_POLL_INTERVAL"  # seconds between status checks of a batch job
 DEFAULT_POLL = 30.0
@@ -63,10 +59,6 @@ RESUBMIT_ROUNDS = 1  # requests a finished job left without a result are resubmi
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
-_RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
-_MAX_DETAIL = 200
-
-
 MIN_POLL = 1.0  # a job takes minutes to hours: polling faster only loads the server
 
 
@@ -80,46 +72,29 @@ def poll_interval() -> float:
     return max(value, MIN_POLL) if 0 <= value < 86_400 else DEFAULT_POLL
 
 
-def _one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
-
-
-def _shown_url(url: str) -> str:
-    from hdeval.urls import public_url
-
-    return (public_url(url) or "").rstrip("/")
-
-
 def _check_id(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
-        shown = _one_line(repr(value))[:60]
+        shown = one_line(repr(value))[:60]
         raise BackendError(f"the Batch API answered a {what} that is not an id: {shown}")
     return value
 
 
-# ----------------------------------------------------------------------------- HTTP
 class BatchAPI:
-    """``/v1/files`` and ``/v1/batches`` of an OpenAI-compatible server, through the ``openai``
-    SDK's ``files`` and ``batches`` resources on an ``AsyncOpenAI`` client, on the LLM loop
-    (:mod:`hdeval.aio`) with every other call. Every reply is read raw and bounded, then parsed
-    here (it is untrusted), each request bounded as a whole by an asyncio timeout; the SDK's own
-    retries are off: transient failures (429, 5xx, dropped connections, timeouts) are retried
-    ``max_retries`` times with capped backoff; anything else is a one-line :class:`BackendError`."""
+    """``/v1/files`` and ``/v1/batches`` through the SDK's resources, on the LLM loop. Replies are
+    read raw and bounded, then parsed here; transient failures are retried ``max_retries`` times
+    with capped backoff; anything else is a one-line :class:`BackendError`."""
 
     def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
                  backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        from hdeval.backends.openai_compat import OpenAICompatBackend, Redactor
-
-        self.display_url = display_url or _shown_url(base_url)
+        self.display_url = display_url or _shown(base_url)
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._sleep = sleep
-        self._redactor = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
+        self._redact = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
         self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
@@ -129,14 +104,12 @@ class BatchAPI:
         return f"BatchAPI({self.display_url!r})"
 
     def close(self) -> None:
-        """Close the client's connections (on the loop they belong to)."""
         if self._used:
             from hdeval import aio
 
             self._used = False
             aio.run(self._sdk.close())
 
-    # -- the endpoints ------------------------------------------------------------------
     async def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""
         reply = await self._json("POST", "files", lambda api: api.files.with_streaming_response.create(
@@ -191,7 +164,6 @@ class BatchAPI:
                             lambda api: api.files.with_streaming_response.content(file_id), read,
                             seconds=max(self.timeout, DOWNLOAD_SECONDS))
 
-    # -- one call with retries ----------------------------------------------------------
     async def _json(self, method: str, path: str, send: Callable[[Any], Any],
                     retries: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -217,12 +189,8 @@ class BatchAPI:
     async def _request(self, method: str, path: str, send: Callable[[Any], Any],
                        read: Callable[[Any], Awaitable[None]], *, retries: int | None = None,
                        seconds: float | None = None) -> None:
-        """``send(sdk)`` (an SDK call's streaming-response context) and ``read`` its reply, the
-        two bounded as a whole by ``seconds`` (default: the timeout)."""
-        import openai
-
-        from hdeval.backends.openai_compat import ReplyTooLarge, _deadline, retry_after_seconds
-
+        """``send(sdk)`` (a streaming-response context) and ``read`` its reply, bounded as a whole
+        by ``seconds`` (default: the timeout)."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
@@ -256,7 +224,7 @@ class BatchAPI:
                 if isinstance(cause, ReplyTooLarge):
                     problem = f"a reply larger than {MAX_RESULT_BYTES // 2**20} MB"
                 else:
-                    problem = _one_line(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc))
+                    problem = one_line(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc))
             if attempt >= retries:
                 raise BackendError(self._redact(
                     f"the Batch API ({where}) kept failing after {attempt + 1} attempt(s), last: {problem}; "
@@ -266,9 +234,6 @@ class BatchAPI:
                 wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
             await self._sleep(min(wait, self.backoff_cap))
 
-    def _redact(self, text: str) -> str:
-        return self._redactor(text)
-
 
 def _detail(raw: bytes) -> str:
     """One line from an error reply's body (already bounded by the transport)."""
@@ -277,16 +242,11 @@ def _detail(raw: bytes) -> str:
         body = json.loads(raw)
         err = body.get("error", body) if isinstance(body, dict) else body
         msg = err.get("message") if isinstance(err, dict) else err
-        return _one_line(str(msg)) if msg else _one_line(raw[:200].decode("utf-8", "replace"))
+        return one_line(str(msg)) if msg else one_line(raw[:200].decode("utf-8", "replace"))
     except (ValueError, RecursionError):
-        return _one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
+        return one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
 
 
-class _Transient(Exception):
-    pass
-
-
-# ----------------------------------------------------------------------------- the jobs file
 @dataclass
 class Job:
     """One submitted input file: its job id once the server named it, and the keys it holds."""
@@ -301,8 +261,8 @@ class Job:
 
 
 def read_jobs(path: Path) -> list[Job]:
-    """The jobs in ``batches.json`` (none when it does not exist); a one-line
-    :class:`CacheError` naming the file and entry when it is not one hdeval wrote."""
+    """The jobs in ``batches.json`` (none when absent); a one-line :class:`CacheError` naming the
+    file and entry when it is not one hdeval wrote."""
     def bad(why: str) -> CacheError:
         return CacheError(f"{path}: {why}: not a batch list hdeval wrote; move it aside to go on "
                           "(requests of jobs it names would then be submitted again)")
@@ -362,10 +322,9 @@ def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
 
 @contextmanager
 def batch_lock(cache_dir: Path) -> Iterator[Path]:
-    """Hold the exclusive lock on ``<cache_dir>/batches.lock`` (``flock``, not waiting): one
-    process at a time reads and updates ``batches.json`` and runs its jobs, so two runs sharing a
-    cache directory never submit the same requests twice. Closing the file releases it, and so
-    does the system when the process dies however it ends; the file itself stays (empty)."""
+    """Hold the exclusive ``flock`` on ``<cache_dir>/batches.lock`` (not waiting), so two runs
+    sharing a cache directory never submit the same requests twice; the system releases it when
+    the process dies however it ends."""
     path = Path(cache_dir) / LOCK_FILE
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = -1
@@ -385,7 +344,6 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
             os.close(fd)
 
 
-# ----------------------------------------------------------------------------- the backend
 @dataclass
 class BatchReport:
     """What the last :meth:`BatchStrategy.prefetch` did."""
@@ -398,16 +356,10 @@ class BatchReport:
 
 
 class BatchStrategy:
-    """The Batch API as the client's strategy for a stage's uncached requests.
-
-    :meth:`CachedBackend.acomplete_many <hdeval.cache.CachedBackend.acomplete_many>` hands it
-    the misses; it runs them as batch jobs on the LLM loop (the jobs file and the lock are
-    quick local file operations, done in place) and commits each result through the client's
-    one writer, under the key a normal call would use. ``inner`` (an
-    :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`) builds each body (``_params``)
-    and reads each result (``_parse``) exactly as for a normal call. What the batch leaves
-    without a result is sent the normal way by the client.
-    """
+    """The Batch API as the client's strategy for a stage's misses: run as batch jobs on the LLM
+    loop, each result committed through the client's writer under the key a normal call uses.
+    ``inner`` (an :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`) builds each body
+    and reads each result exactly as for a normal call."""
 
     def __init__(self, inner: Backend, cache_dir: str | Path, config: Any = None, *, api: BatchAPI | None = None,
                  poll: float | None = None, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
@@ -415,9 +367,9 @@ class BatchStrategy:
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir)
         if api is None:
-            from hdeval.backends.openai_compat import OPENAI_BASE_URL, PLACEHOLDER_KEY
-
-            url = (getattr(config, "base_url", None) or _sdk_url(inner) or OPENAI_BASE_URL).strip()
+            # the server an injected backend talks to, credentials and query included (never shown)
+            url = getattr(inner, "_url", None) or getattr(inner, "base_url", None)
+            url = (getattr(config, "base_url", None) or url or OPENAI_BASE_URL).strip()
             key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
             api = BatchAPI(url, key, display_url=getattr(inner, "shown_url", None),
                            timeout=getattr(config, "timeout", 60.0), max_retries=getattr(config, "max_retries", 6))
@@ -436,8 +388,8 @@ class BatchStrategy:
 
     async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Progress | None = None,
                        halt: list | None = None) -> dict[str, Completion]:
-        """Get the requests of ``want`` (key -> request, none of them cached) into the cache
-        through batch jobs; the replies received, by key (paid for, not cache hits)."""
+        """Get ``want`` (key -> request, none cached) into the cache through batch jobs; the
+        replies received, by key."""
         self._client, self._halt, self._received = client, halt, {}
         try:
             await self._stage(want, progress or Progress())
@@ -458,8 +410,7 @@ class BatchStrategy:
             pass
 
     async def _unanswered(self, keys: Sequence[str]) -> list[str]:
-        """Those of ``keys`` with no readable reply: neither received now nor in the cache (read
-        on the store's own thread, all at once)."""
+        """Those of ``keys`` neither received now nor in the cache (read on the store's thread)."""
         rest = [k for k in keys if k not in self._received]
         io = self._client._io
         if rest and io is not None:
@@ -474,8 +425,8 @@ class BatchStrategy:
             await asyncio.gather(*commits)
 
     def _save(self, key: str, completion: Completion) -> None:
-        """Count one result and hand it to the client's writer; :meth:`_committed` waits for it
-        (a result file's lines then share transactions instead of one commit each)."""
+        """Count one result and hand it to the client's writer (:meth:`_committed` waits for it, so
+        a result file's lines share transactions)."""
         self._client._reserved += 1
         self._client.stats.add(completion)
         self._commits.append(asyncio.ensure_future(self._client.commit(key, completion)))
@@ -502,8 +453,8 @@ class BatchStrategy:
             return await self._prefetch(want, report, progress) if want else report
 
     async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
-        """Jobs no request of this stage needs whose every request is answered (by a run
-        without --batch since): nothing left to collect, so out of batches.json."""
+        """Drop from batches.json the jobs this stage does not need whose every request is
+        answered (by a run without --batch since)."""
         for job in read_jobs(self.state_path):
             if job.identity == self.identity and not any(k in want for k in job.keys) \
                     and not await self._unanswered(job.keys):
@@ -511,7 +462,6 @@ class BatchStrategy:
                 progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
                                  f"already; dropped from {self.state_path}")
 
-    # -- the stage ----------------------------------------------------------------------
     async def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport,
                         progress: Progress) -> BatchReport:
         for round_ in range(RESUBMIT_ROUNDS + 1):
@@ -569,8 +519,8 @@ class BatchStrategy:
         return jobs
 
     async def _create(self, job: Job, look_first: bool = True) -> None:
-        """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or
-        a killed process) created: the server is asked first, except for a file just uploaded."""
+        """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or a
+        killed process) created; the server is asked first, except for a file just uploaded."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
         for attempt in range(self.api.max_retries + 1):
             found = None
@@ -617,7 +567,7 @@ class BatchStrategy:
                 if shown.get(job.id) != line:
                     shown[job.id] = line
                     extra = f", {failed} failed" if failed else ""
-                    progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({_one_line(state)[:40]})")
+                    progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({one_line(state)[:40]})")
                 if state in TERMINAL:
                     await self._collect(job, status, want, report)
                     pending.remove(job)
@@ -652,7 +602,7 @@ class BatchStrategy:
             if unreadable:
                 why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
             else:
-                why = _job_error(status) or f"no result (the batch ended {_one_line(str(status.get('status')))[:20]})"
+                why = _job_error(status) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
             for k in missing:
                 report.failures.setdefault(k, why)
         # its results are committed, its failures reported: only then out of batches.json (a
@@ -662,8 +612,8 @@ class BatchStrategy:
 
     def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
               report: BatchReport, where: str) -> str | None:
-        """One result line: a completion into the cache, or a recorded failure; what is wrong
-        with a line that names no request of this job."""
+        """One result line into the cache or a recorded failure; what is wrong with a line that
+        names no request of this job."""
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
@@ -680,7 +630,7 @@ class BatchStrategy:
         try:
             completion = self.inner._parse(json.dumps(body).encode(), request is None or bool(request.top_logprobs))
         except Exception as exc:  # the backend's parse failure: this request's, recorded
-            report.failures[key] = f"{where}: {_one_line(str(exc))[:120] or 'not a chat completion'}"
+            report.failures[key] = f"{where}: {one_line(str(exc))[:120] or 'not a chat completion'}"
             return None
         self._save(key, completion)
         report.received += 1
@@ -729,31 +679,19 @@ def _job_error(status: dict[str, Any]) -> str:
     errors = status.get("errors")
     data = errors.get("data") if isinstance(errors, dict) else None
     if isinstance(data, list) and data and isinstance(data[0], dict):
-        return f"the batch failed: {_one_line(str(data[0].get('message') or data[0].get('code') or ''))[:150]}"
+        return f"the batch failed: {one_line(str(data[0].get('message') or data[0].get('code') or ''))[:150]}"
     return ""
 
 
 def _summarise(reasons: dict[str, str]) -> str:
-    counts: dict[str, int] = {}
-    for r in reasons.values():
-        counts[r] = counts.get(r, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
-    return "; ".join(f"{n} x {r}" for r, n in top)
+    return "; ".join(f"{n} x {r}" for r, n in collections.Counter(reasons.values()).most_common(3))
 
 
 def check_batch(inner: Backend, model: str | None) -> None:
     """A one-line :class:`ConfigError` unless ``inner`` is an OpenAI-compatible backend."""
-    from hdeval.backends.openai_compat import OpenAICompatBackend
-
     if not isinstance(inner, OpenAICompatBackend):
         raise ConfigError(f"--batch needs an OpenAI-compatible backend (--llm MODEL, with --base-url for "
                           f"another server), not --llm {model}")
-
-
-def _sdk_url(inner: Any) -> str | None:
-    """The server an injected backend talks to (with its credentials and query, which go to the
-    server and never into a message)."""
-    return getattr(inner, "_url", None) or getattr(inner, "base_url", None)
 
 
 __all__ = ["BatchAPI", "BatchReport", "BatchStrategy", "Job", "check_batch", "read_jobs", "write_jobs"]

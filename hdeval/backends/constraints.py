@@ -1,14 +1,7 @@
-"""What a request accepts as its answer, and how each backend is told.
-
-A method states the form of the answer where it builds the request (``CompletionRequest.answer``
-for a scale or label words; ``json_schema`` / ``json_mode`` for JSON). Backends never guess it
-from other fields. The mapping to a backend's parameters lives here as pure functions:
-
-* :func:`to_gbnf`: a llama.cpp grammar (the local backends decode under it);
-* :func:`to_llama_params`: the body fields of llama.cpp's own server (xllamacpp);
-* :func:`to_openai_params`: the body fields for an OpenAI-compatible server. Only JSON is sent
-  (structured outputs): a scale or label words need token ids for ``logit_bias``, which depend
-  on a tokenizer hdeval does not know for an arbitrary server, so the prompt alone asks for them.
+"""What a request accepts as its answer (``CompletionRequest.answer`` for a scale or label words;
+``json_schema`` / ``json_mode`` for JSON), and how each backend is told: a llama.cpp grammar, the
+body fields of llama.cpp's server, or of an OpenAI-compatible server. Only JSON goes to the latter:
+``logit_bias`` for words needs token ids of a tokenizer hdeval does not know there.
 """
 
 from __future__ import annotations
@@ -99,18 +92,12 @@ def constraint_of(request: Any) -> Constraint | None:
     return getattr(request, "answer", None)
 
 
-# ------------------------------------------------------------------------- grammars
+_GBNF_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}}
+
+
 def _literal(word: str) -> str:
     """A GBNF string literal."""
-    out = []
-    for ch in word:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + word.translate(_GBNF_ESCAPES) + '"'
 
 
 def to_gbnf(constraint: Constraint | None) -> str | None:
@@ -151,7 +138,6 @@ def to_openai_params(constraint: Constraint | None, schema_supported: bool = Tru
     return {}
 
 
-# ------------------------------------------------------------------------- replies
 def obeys(constraint: Constraint | None, text: str) -> bool:
     """Whether a reply's text is an answer the constraint allows (JSON: parses as an object;
     the schema's details are the caller's validation)."""

@@ -33,8 +33,7 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
     )
 
 
-# The embedded runtimes, in order of preference: xllamacpp installs from prebuilt wheels in
-# seconds; llama-cpp-python compiles llama.cpp (the local-llamacpp extra).
+# the embedded runtimes, by preference: xllamacpp is prebuilt, llama-cpp-python compiles llama.cpp
 LOCAL_RUNTIMES = {"xllamacpp": "xllamacpp", "llama-cpp-python": "llama_cpp"}
 LOCAL_RUNTIME_ENV = "HDEVAL_LOCAL_RUNTIME"
 
@@ -59,9 +58,7 @@ def local_runtime(env: Mapping[str, str] | None = None) -> str:
     )
 
 
-# ------------------------------------------------------------------ the registry
-# A backend factory takes the config and ``offline`` and returns a Backend. Each factory
-# imports its SDK itself, so an unused backend costs nothing and a missing extra is named.
+# (config, offline) -> Backend; each imports its SDK itself, so an unused backend costs nothing
 Factory = Callable[[Any, bool], Backend]
 
 
@@ -155,8 +152,7 @@ def make_backend(spec: Any, offline: bool = False) -> Backend:
         raise ConfigError(f"--llm {spec.model} needs {entry.runtime}{hint} ({exc})") from exc
 
 
-# The notice printed once when the bundled 135M model is used (kept here, not in the
-# llama_cpp module, so printing it costs no llama.cpp import).
+# printed once when the bundled 135M model is used (here: printing it imports no llama.cpp)
 DEFAULT_LOCAL_NOTICE = (
     "note: --llm local uses the bundled SmolLM2-135M model: it is for trying the pipeline, not "
     "for real judgments. Point hdeval at a stronger model with --llm llamacpp:/path/to/model.gguf, "

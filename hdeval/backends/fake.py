@@ -1,11 +1,6 @@
-"""A deterministic, offline backend for tests and examples.
-
-A request names its prompt kind (``CompletionRequest.kind``); the fake answers it with the
-*responder* registered for that kind (``RESPONDERS``, or ones passed in), never by reading the
-prompt's wording to guess what it is. Each method registers responders for its own prompts, in
-its own package, when it is imported (HD-Eval's in ``hdeval/methods/hdeval/fake.py``); this
-module knows no method.
-"""
+"""A deterministic, offline backend for tests and examples: it answers a request with the
+*responder* registered for its prompt kind (``CompletionRequest.kind``), never by reading the
+wording. Each method registers its own when imported; this module knows no method."""
 
 from __future__ import annotations
 
@@ -52,13 +47,11 @@ class FakeBackend:
     logprobs: bool = True
     calls: int = 0
     requests: list[CompletionRequest] = field(default_factory=list)
-    # keep every request in ``requests`` (for tests); ``--llm fake`` does not, so a long apply's
-    # memory is the tool's own, as with a real backend
+    # keep every request in ``requests`` (tests); not ``--llm fake``, whose memory must not grow
     record: bool = True
     # None: the registered RESPONDERS (read at call time, so later registrations count)
     responders: Mapping[str, Responder] | None = None
-    # False: replies go out as the responders write them, like a server that does not honour
-    # answer constraints (tests of replies the methods cannot read)
+    # False: replies go out as written, like a server that does not honour answer constraints
     honour_constraints: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -100,10 +93,8 @@ class FakeBackend:
             )
         reply = answer(request, self)
         constraint = constraint_of(request)
-        # The fake decodes under the request's constraint as the local models do, so a
-        # responder that breaks it is a bug to report, not a reply. ``garbage`` models an LLM
-        # that does not honour constraints (an OpenAI-compatible server asked for a digit),
-        # whose unusable replies the methods must record as failures.
+        # decoding under the constraint as the local models do, a responder that breaks it is a
+        # bug; ``garbage`` models an LLM that does not honour constraints
         if self.honour_constraints and not self.garbage and not obeys(constraint, reply.text):
             raise BackendError(f"the fake LLM's {request.kind!r} responder broke the request's answer "
                                f"constraint {constraint!r}: {reply.text[:60]!r}")

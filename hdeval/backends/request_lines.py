@@ -8,17 +8,11 @@ import json
 from typing import Any
 
 from hdeval.backends.base import CompletionRequest
+from hdeval.errors import one_line
 
 ENDPOINT = "/v1/chat/completions"
-_MAX_DETAIL = 200
 
 
-def _one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
-
-
-# ----------------------------------------------------------------------------- writing
 def request_line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool = True) -> bytes:
     """One batch input line for ``request``: the body ``inner`` (an OpenAI-compatible backend)
     would send for it, under ``custom_id`` = its cache key."""
@@ -39,7 +33,7 @@ def result_outcome(row: Any) -> tuple[dict | None, str | None]:
     err = row.get("error") if isinstance(row, dict) and isinstance(row.get("error"), dict) else None
     if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
         err = body["error"]
-    msg = _one_line(str(err.get("message") or err.get("code") or "")) if err else ""
-    return None, (f"HTTP {_one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
+    msg = one_line(str(err.get("message") or err.get("code") or "")) if err else ""
+    return None, (f"HTTP {one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
 
 

@@ -1,28 +1,12 @@
 """The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra).
 
-xllamacpp ships llama.cpp as prebuilt manylinux/macOS/Windows wheels and exposes llama.cpp's
-own server in-process: ``Server.handle_chat_completions`` takes an OpenAI-style request dict
-and returns the reply dict, with no HTTP round trip. Installing it takes seconds, where
-llama-cpp-python compiles llama.cpp from source (``benchmarks/bench_local_runtime.py``). The
-same GGUF file gives the same cache identity under either runtime
-(:func:`hdeval.backends.llama_cpp.local_identity`).
+xllamacpp ships llama.cpp prebuilt and runs its server in-process (``handle_chat_completions``:
+an OpenAI-style dict in, the reply dict out). Each slot reuses the longest common prefix with the
+next prompt. One word of a few is one call whose first token is constrained by a grammar, read at
+temperature 1 with no truncation, so the probabilities are the model's own over the words.
 
-What the server gives and how hdeval uses it:
-
-* prompt caching: each slot keeps its KV cache and reuses the longest common prefix with
-  the next prompt, so scoring all criteria of one sample back to back evaluates the sample
-  once (``timings.prompt_n`` is reported as ``prompt_tokens_evaluated``);
-* answer constraints (``hdeval.backends.constraints``): a request whose answer is one word of a
-  few (a 1-5 digit, "A"/"B", "Yes"/"No") is one call whose first token is constrained by a
-  grammar, read at temperature 1 with no truncation, so the reported probabilities are the
-  model's own renormalised over the allowed words (G-Eval's weighted score; PairEval's P("A"));
-  the reply is the likeliest word. Longer answers (two scores "7 4") are generated greedily
-  under the grammar; JSON through ``response_format``. A request without a constraint is free
-  text, whatever else it asks for.
-
-The server also opens an HTTP listener on 127.0.0.1 and a random port (it cannot be turned
-off); hdeval never uses it and protects it with a random API key, so no other process on
-the machine can use the model through it.
+The server's HTTP listener on 127.0.0.1 cannot be turned off: a random API key keeps other
+processes from using the model through it.
 """
 
 from __future__ import annotations
@@ -34,19 +18,18 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_logprob,
+    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_top_logprobs,
 )
 from hdeval.backends.constraints import (
     Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
 )
 from hdeval.backends.llama_cpp import DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec
 from hdeval.errors import BackendError, ConfigError
-from hdeval.paths import check_model_file
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
 # Host-memory cache of evicted prompt states (llama.cpp's default is 8 GiB).
 CACHE_RAM_MIB = 256
-_INSTALL_HINT = "pip install -e '.[local]'"
+_NEEDS = "xllamacpp: pip install -e '.[local]'"
 
 
 class XLlamaCppBackend:
@@ -69,14 +52,8 @@ class XLlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path = Path(model_path).expanduser()
-        check_model_file(path)
-        try:
-            import xllamacpp
-        except ImportError as exc:
-            raise ConfigError(f"the local backend needs xllamacpp: {_INSTALL_HINT} ({exc})") from exc
-
-        n_threads = adopt_model(self, path, seed, reuse, is_default_model, n_threads)
+        path, xllamacpp, n_threads = adopt_model(self, model_path, "xllamacpp", _NEEDS, seed, reuse,
+                                                 is_default_model, n_threads)
         self.max_concurrency = self.n_parallel = max(1, int(n_parallel))
         self.n_ctx = n_ctx
         params = xllamacpp.CommonParams()
@@ -97,9 +74,8 @@ class XLlamaCppBackend:
         except (RuntimeError, ValueError) as exc:
             raise ConfigError(f"cannot load GGUF model {path}: {exc}") from exc
         self._lock = threading.Lock()  # guards close() against calls in flight
-        # One tiny call before anything else: it returns only once the server's main loop
-        # runs. Destroying a server whose loop has not started yet hangs for ever (seen with
-        # xllamacpp 2026.10 when a backend was closed right after loading).
+        # One tiny call first: it returns once the server's main loop runs; destroying a server
+        # whose loop has not started hangs for ever (xllamacpp 2026.10).
         self._call((Message("user", "."),), max_tokens=1, temperature=0.0)
 
     @classmethod
@@ -107,8 +83,6 @@ class XLlamaCppBackend:
         """As :func:`~hdeval.backends.llama_cpp.open_spec`, with ``$HDEVAL_LOCAL_PARALLEL`` slots."""
         kwargs.setdefault("n_parallel", _int_from_env(PARALLEL_ENV, 1, 1))
         return open_spec(cls, spec, kwargs)
-
-    # -- public API -------------------------------------------------------------------
 
     def complete(self, request: CompletionRequest) -> Completion:
         """Answer under the request's constraint; see the module docstring."""
@@ -121,8 +95,6 @@ class XLlamaCppBackend:
         """Stop the server and free the model now rather than at garbage collection."""
         with self._lock:
             self._server = None
-
-    # -- requests ---------------------------------------------------------------------
 
     def _call(self, messages: Sequence[Message], **body: Any) -> tuple[dict, int, int]:
         """One chat completion; returns (reply, prompt tokens, prompt tokens evaluated)."""
@@ -155,10 +127,8 @@ class XLlamaCppBackend:
             return f"llama.cpp error: {str(err)[:300]}"
         if err.get("type") == "exceed_context_size_error":
             n = _nonneg_int(err.get("n_prompt_tokens"))
-            return (
-                f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} "
-                f"tokens: set {N_CTX_ENV} higher"
-            )
+            return (f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} tokens: "
+                    f"set {N_CTX_ENV} higher")
         return f"llama.cpp error: {str(err.get('message', err))[:300]}"
 
     def _generate(self, request: CompletionRequest, constraint: Constraint | None) -> Completion:
@@ -183,10 +153,8 @@ class XLlamaCppBackend:
         )
 
     def _choose(self, request: CompletionRequest, constraint: Scale | Labels) -> Completion:
-        """One word of ``constraint``: the first token is constrained by its grammar and the
-        probabilities are read after sampling at temperature 1 with no truncation, so they are
-        the model's own renormalised over the allowed tokens. A token that begins one word gives
-        that word its probability; they are renormalised over the words (they sum to 1)."""
+        """One word of ``constraint``: a token that begins one word gives it its probability (read
+        at temperature 1, no truncation), renormalised over the words."""
         words = constraint.words
         reply, prompt_tokens, evaluated = self._call(
             request.messages,
@@ -216,9 +184,7 @@ class XLlamaCppBackend:
                           prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
 
 
-# -- reply parsing (bounded; the reply is treated as untrusted like any server's) --------
-
-
+# reply parsing: bounded, the reply is untrusted like any server's
 def _nonneg_int(value: Any, default: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return default
@@ -238,10 +204,14 @@ def _message_text(reply: Mapping) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _content(reply: Mapping) -> Any:
+    lp = _choice(reply).get("logprobs")
+    return lp.get("content") if isinstance(lp, Mapping) else None
+
+
 def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple[str, float]]:
     """The (token, value) alternatives at the first generated position, best first."""
-    lp = _choice(reply).get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
+    content = _content(reply)
     if not isinstance(content, list) or not content or not isinstance(content[0], Mapping):
         raise BackendError("llama.cpp reply holds no logprobs")
     alts = content[0].get(list_key)
@@ -258,14 +228,8 @@ def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple
 
 def _positions(reply: Mapping) -> tuple[tuple[TokenLogprob, ...], ...] | None:
     """Every generated position's top alternatives (raw logprobs), bounded."""
-    lp = _choice(reply).get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
+    content = _content(reply)
     if not isinstance(content, list):
         return None
-    out = []
-    for pos in content[:MAX_POSITIONS]:
-        alts = pos.get("top_logprobs") if isinstance(pos, Mapping) else None
-        out.append(tuple(TokenLogprob(a["token"], read_logprob(a.get("logprob")))
-                         for a in (alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else [])
-                         if isinstance(a, Mapping) and isinstance(a.get("token"), str)))
-    return tuple(out)
+    return read_top_logprobs([p.get("top_logprobs") if isinstance(p, Mapping) else None
+                              for p in content[:MAX_POSITIONS]])
