@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 import warnings
+import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -189,10 +190,20 @@ class ReplyTable:
         self._lock = threading.RLock()  # one connection, used by the store's thread and close()
         self._con: sqlite3.Connection | None = None
         self._connect()
+        _TABLES.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a lock of its own (a thread of the parent may hold this one, and
+        none will release it here) and a connection of its own at the next use. The parent's is
+        kept, never closed: SQLite forbids using it in the child, and closing it could undo the
+        parent's locks or roll back its open transaction."""
+        self._lock = threading.RLock()
+        if self._con is not None:
+            _INHERITED.append(self._con)
+            self._con = None
 
     def _connect(self) -> sqlite3.Connection:
-        """The connection, opened again after :meth:`close` (diskcache closes the store after a
-        fork, and a SQLite connection must not cross one either)."""
+        """The connection, opened again after :meth:`close` or a fork (:meth:`_after_fork`)."""
         if self._con is not None:
             return self._con
         try:
@@ -289,6 +300,12 @@ class ReplyTable:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+
+
+_TABLES: "weakref.WeakSet[ReplyTable]" = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # connections of a parent process, kept open (see _after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: [t._after_fork() for t in list(_TABLES)])
 
 
 def table_value(value: Any, length: Any = None) -> str:

@@ -229,7 +229,10 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
         try:
             con = ro_connect(db)
             try:
-                entries += con.execute(count).fetchone()[0]
+                # a replies.db whose table is not made yet (a run killed just after creating the
+                # file) holds no reply, as `cache check` and a run see it
+                if name == DBNAME or con.execute("SELECT 1 FROM sqlite_master WHERE name = 'reply'").fetchone():
+                    entries += con.execute(count).fetchone()[0]
                 size += con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
                 if name == DBNAME:
                     row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()

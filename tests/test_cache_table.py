@@ -5,7 +5,11 @@ line naming it, and both files' entries are counted by ``cache stats``."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import diskcache
@@ -182,3 +186,67 @@ def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, 
         with store.transact():
             store.set(_key("b"), reply)
         assert _key("b") in store and len(store) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_uses_its_own_connection_and_is_not_stuck_on_the_parents_lock(tmp_path):
+    """A process forked while the store's thread is inside a transaction (a multiprocessing
+    pool started mid-run) reads the cache as it did when diskcache held every reply: neither
+    through the parent's SQLite connection (SQLite forbids it) nor waiting forever for the
+    table's lock, which only the parent's thread could release."""
+    from hdeval.cache import open_store
+
+    store = open_store(tmp_path / "c")
+    store.set(_key("a"), encode_completion(FakeBackend().complete(_req("a"))))
+    inherited = store.table._con
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.transact():
+            inside.set()
+            release.wait(10)
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    inside.wait(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running pytest's teardown
+        code = 1
+        try:
+            signal.alarm(10)
+            got = store.get(_key("a"))
+            code = 0 if got and store.table._con is not inherited else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    time.sleep(0.5)  # the child starts while the parent's transaction is open
+    release.set()
+    writer.join()
+    with os.fdopen(read, "rb") as r:
+        got = r.read(1)
+    os.waitpid(pid, 0)
+    assert got == b"\x00", "the forked child reused the parent's connection or hung on its lock"
+    assert _key("a") in store
+    store.close()
+
+
+@pytest.mark.parametrize("table_file", ["empty", "no table yet"])
+def test_stats_of_a_reply_table_file_without_its_table_count_its_zero_entries(tmp_path, table_file):
+    """A replies.db that holds no reply table yet (a run killed between creating the file and
+    its table) is an empty table to `cache stats`, as it is to `cache check` and to a run."""
+    cache = tmp_path / "c"
+    cache.mkdir()
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # one reply an older hdeval stored
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    if table_file == "empty":
+        (cache / "replies.db").write_bytes(b"")
+    else:
+        con = sqlite3.connect(cache / "replies.db")
+        con.execute("PRAGMA journal_mode=WAL")
+        con.close()
+    res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and ": 1 entries," in res.stdout, res.output
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "1 readable" in res.stdout, res.output

@@ -830,3 +830,17 @@ def test_swap_flip_rate_is_the_share_of_verdicts_that_change_with_the_order(tmp_
     one = _sim_train(tmp_path, rows, "one", backend=fickle, tie_margin=0.0)
     assert one.metrics["swap_flip_rate"] is None and "--swap" in one.metrics["swap_flip_note"]
     assert "swap_flip_rate" not in one.metrics["test"]
+
+
+@pytest.mark.parametrize("llm", ["gpt-4o-mini", ["x"], {"model": 5}])
+def test_an_artifact_whose_llm_is_not_an_object_of_text_is_one_line_naming_the_manifest(tmp_path, llm):
+    import shutil
+
+    art = tmp_path / "art"
+    shutil.copytree(REPO / "tests" / "golden" / "dna_artifact_margin_v1", art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["llm"] = llm
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError) as exc:
+        load_artifact(art)
+    assert str(art / "manifest.json") in str(exc.value) and "'llm'" in str(exc.value)

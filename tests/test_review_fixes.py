@@ -43,3 +43,21 @@ def test_export_requests_refuses_dna_whose_weights_are_asked_per_pair(faireval40
                 "--cache-dir", tmp_path / "c2", "--export-requests", out)
     assert r.exit_code != 0 and "--export-requests cannot serve DnA" in r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ["direct", "direct-yesno"])
+def test_an_artifact_whose_llm_model_is_not_text_is_one_line_not_a_traceback(tmp_path, method):
+    import json
+
+    art = tmp_path / "art"
+    res = run_cli("train", "--task", REPO / "examples" / "qa_task.toml", "--data", REPO / "examples" / "qa.jsonl",
+                  "--method", method, "--llm", "fake", "--cache-dir", tmp_path / "cache", "-o", art)
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["llm"] = dict(manifest["llm"], model=5)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("apply", art, REPO / "examples" / "new_qa.jsonl", "-o", tmp_path / "out.jsonl",
+                  "--cache-dir", tmp_path / "cache")
+    assert res.exit_code == 2 and not isinstance(res.exception, AttributeError), res.output
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: {art}: malformed artifact ('llm' must hold text")
+    assert not (tmp_path / "out.jsonl").exists()

@@ -336,8 +336,9 @@ def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["
             raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
     task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
     llm = m.get("llm") or {}
-    if not isinstance(llm, dict):
-        raise TypeError("'llm' is not an object")
+    if not isinstance(llm, dict) or not all(
+            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
+        raise TypeError("'llm' must hold text for model, base_url and identity")
     return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
 
 

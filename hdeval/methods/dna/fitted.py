@@ -192,6 +192,9 @@ class DnaEvaluator(SimpleFitted):
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
             llm = m.get("llm") or {}
+            if not isinstance(llm, dict) or not all(
+                    isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
+                raise ArtifactError(f"{where}: 'llm' must hold text for model, base_url and identity")
             return cls(task, templates, settings,
                        LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
                        str(llm.get("identity", "")), art.json(METRICS), learned, run_extra(m))
