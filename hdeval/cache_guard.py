@@ -171,16 +171,18 @@ def ro_connect(db: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_SECONDS)
 
 
-def foreign_objects(db: Path) -> list[str]:
+def foreign_objects(db: Path, con: sqlite3.Connection | None = None) -> list[str]:
     """What the SQLite file ``db`` holds that the cache never creates, e.g. ``trigger t on
-    Cache``; an empty list for a missing file or a clean one. Reads only."""
-    if not db.is_file():
+    Cache``; an empty list for a missing file or a clean one. Reads only (through ``con`` if
+    given, a connection to ``db`` the caller opened as it needs)."""
+    if con is None and not db.is_file():
         return []
-    con = ro_connect(db)
+    own = ro_connect(db) if con is None else con
     try:
-        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        rows = own.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
     finally:
-        con.close()
+        if con is None:
+            own.close()
     known = table_schema() if db.name == TABLE_DBNAME else expected_schema()
     found = []
     for t, n, tb, sql in rows:

@@ -250,3 +250,28 @@ def test_stats_of_a_reply_table_file_without_its_table_count_its_zero_entries(tm
     assert res.exit_code == 0 and ": 1 entries," in res.stdout, res.output
     res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
     assert res.exit_code == 0 and "1 readable" in res.stdout, res.output
+
+
+@pytest.mark.parametrize("planted", [
+    # a recursive view in the table's place: reading it never ends
+    "DROP TABLE reply; CREATE VIEW reply AS WITH RECURSIVE n(key, value) AS "
+    "(SELECT x'00', x'00' UNION ALL SELECT key, value FROM n) SELECT key, value FROM n",
+    "CREATE TRIGGER t AFTER INSERT ON reply BEGIN DELETE FROM reply; END",
+])
+def test_the_report_does_not_read_a_reply_table_with_planted_objects(tmp_path, planted):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "c"
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete_many([_req("a")])
+    cb.close()
+    con = sqlite3.connect(cache / "replies.db")
+    con.executescript(planted)
+    con.close()
+    code = ("import sys; from hdeval.report.samples import read_only_lookup; "
+            f"found, note = read_only_lookup(sys.argv[1], [{_key('a')!r}]); print(len(found)); print(note)")
+    done = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    count, note = done.stdout.splitlines()
+    assert count == "0" and "never creates" in note and "raw replies are not shown" in note

@@ -37,6 +37,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     note, not an error: the rest of the report does not need it."""
     from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, UnreadableEntry, parse_completion, read_value,
                               stored_key, table_value)
+    from hdeval.cache_guard import foreign_objects
 
     directory = Path(cache_dir)
     # the reply table first (where replies go since #23), then diskcache's rows
@@ -56,6 +57,10 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
         except sqlite3.Error as exc:
             return out, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
         try:
+            foreign = foreign_objects(db, con)  # a planted view (a recursive one never ends) is not read
+            if foreign:
+                return out, (f"the LLM reply cache {db} holds SQLite objects the cache never creates "
+                             f"({', '.join(foreign[:3])}): raw replies are not shown")
             for key in dict.fromkeys(keys):
                 if key in out:
                     continue
