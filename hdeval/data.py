@@ -238,8 +238,8 @@ class DiskIds:
     are, where a dict costs ~170 bytes an id. Ids are stored as UTF-8 bytes (surrogates kept),
     so any id a reader accepts is indexed."""
 
-    # SQLite's page cache for the index: what it may hold in memory (full by ~20k ids, so apply's
-    # peak no longer grows past that; 2 MiB filled up to ~100k ids and grew it 1.6 MB)
+    # SQLite's page cache for the index: small enough to be full early in a run, so apply's peak
+    # does not grow with the input past that (the figures are in affb958's message)
     CACHE_KIB = 512
 
     def __init__(self, near: str | Path | None = None):
