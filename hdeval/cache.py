@@ -49,6 +49,9 @@ DBNAME = "cache.db"
 # A cached completion is a few KB; anything larger than this is not one of ours (and is not
 # read into memory or parsed).
 MAX_ENTRY_CHARS = 4 * 2**20
+# a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
+TABLE_VALUE = "CASE WHEN length(value) <= ? THEN value END, length(value)"
+TABLE_LOOKUP = f"SELECT {TABLE_VALUE} FROM reply WHERE key = ?"
 
 # How a reply is stored since #23: VALUE_MAGIC, then raw DEFLATE (with the preset dictionary
 # below) of a compact JSON (short keys, a logprob as [token, logprob], zero counts left out) that
@@ -240,8 +243,7 @@ class ReplyTable:
         """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if its
         value is not one hdeval writes (never read past MAX_ENTRY_CHARS bytes)."""
         with self._lock:
-            row = self._run("SELECT CASE WHEN length(value) <= ? THEN value END, length(value) FROM reply "
-                            "WHERE key = ?", (MAX_ENTRY_CHARS, bytes.fromhex(key)))
+            row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
         return None if row is None else table_value(row[0], row[1])
 
     def __contains__(self, key: str) -> bool:
@@ -1232,7 +1234,7 @@ def _table_rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]
     length), in key order (keys of any type: a planted one is counted too). A damaged stretch
     is noted in ``report.database_error`` and skipped: the rows after it are read from the end
     back."""
-    cols = "key, CASE WHEN length(value) <= ? THEN value END, length(value)"
+    cols = f"key, {TABLE_VALUE}"
     last = None
     try:
         for row in con.execute(f"SELECT {cols} FROM reply ORDER BY key", (MAX_ENTRY_CHARS,)):

@@ -35,8 +35,8 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     """Raw reply text per cache key, read from the cache's SQLite file opened read-only (and
     the value files through the cache's own bounded reader). A missing or unreadable cache is a
     note, not an error: the rest of the report does not need it."""
-    from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, UnreadableEntry, parse_completion, read_value,
-                              stored_key, table_value)
+    from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, TABLE_LOOKUP, UnreadableEntry, parse_completion,
+                              read_value, stored_key, table_value)
     from hdeval.cache_guard import foreign_objects
 
     directory = Path(cache_dir)
@@ -66,8 +66,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
                     continue
                 try:
                     if db.name == TABLE_DBNAME:
-                        row = con.execute("SELECT CASE WHEN length(value) <= ? THEN value END, length(value) "
-                                          "FROM reply WHERE key = ?", (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
+                        row = con.execute(TABLE_LOOKUP, (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
                         if row is not None:
                             out[key] = parse_completion(table_value(row[0], row[1])).text or ""
                         continue
