@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 
 _cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None,
                           type=click.Path(file_okay=False))
@@ -27,26 +27,24 @@ def methods_cmd() -> None:
 
 
 @click.command("tasks")
+@guarded
 def tasks_cmd() -> None:
     """List the built-in tasks, their aspects and whether their data is found."""
     from hdeval.data import data_candidates
     from hdeval.datasets import DATASETS
     from hdeval.tasks import builtin_tasks, load_task
 
-    def go() -> None:
-        for name in builtin_tasks():
-            task = load_task(name)
-            found = next((p for p in data_candidates(task) if p.is_file()), None)
-            # only the UniEval sets download: pointing the others at `data download` fails
-            way = (f"set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download {name}`" if name in DATASETS
-                   else "no download source: set HDEVAL_DATA_DIR or pass --data")
-            status = f"data: {found}" if found else f"data: not found ({way})"
-            click.echo(f"{name} ({task.shape}): {task.description}")
-            for a in task.aspects:
-                click.echo(f"  - {a.key} [{a.low:g}-{a.high:g}]: {a.definition}")
-            click.echo(f"  {status}")
-
-    run_command(go)
+    for name in builtin_tasks():
+        task = load_task(name)
+        found = next((p for p in data_candidates(task) if p.is_file()), None)
+        # only the UniEval sets download: pointing the others at `data download` fails
+        way = (f"set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download {name}`" if name in DATASETS
+               else "no download source: set HDEVAL_DATA_DIR or pass --data")
+        status = f"data: {found}" if found else f"data: not found ({way})"
+        click.echo(f"{name} ({task.shape}): {task.description}")
+        for a in task.aspects:
+            click.echo(f"  - {a.key} [{a.low:g}-{a.high:g}]: {a.definition}")
+        click.echo(f"  {status}")
 
 
 @click.group()
@@ -56,47 +54,44 @@ def cache() -> None:
 
 @cache.command("stats")
 @_cache_dir
+@guarded
 def cache_stats_cmd(cache_dir: str | None) -> None:
     """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
     from hdeval.cache_guard import read_stats
     from hdeval.paths import default_cache_dir
 
-    def go() -> None:
-        st = read_stats(cache_dir or default_cache_dir())
-        click.echo(f"cache {st['path']}: {st['entries']} entries, {int(st['bytes']) / 1e6:.2f} MB")
-
-    run_command(go)
+    st = read_stats(cache_dir or default_cache_dir())
+    click.echo(f"cache {st['path']}: {st['entries']} entries, {int(st['bytes']) / 1e6:.2f} MB")
 
 
 @cache.command("clear")
 @_cache_dir
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
     from hdeval.cache import DBNAME, CacheCorrupted, cache_stats, clear_cache
     from hdeval.paths import default_cache_dir
 
-    def go() -> None:
-        path = Path(cache_dir or default_cache_dir())
-        try:
-            question = f"delete {cache_stats(path)['entries']} cached LLM replies in {path}?"
-        except CacheCorrupted:
-            question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
-                        f"entries); delete it?")
-        if not yes and not click.confirm(question, default=False):
-            click.echo("nothing deleted")
-            return
-        n = clear_cache(path)
-        if n < 0:
-            click.echo(f"deleted the corrupted cache databases in {path}; the next run starts an empty cache")
-        else:
-            click.echo(f"deleted {n} cached replies from {path}")
-
-    run_command(go)
+    path = Path(cache_dir or default_cache_dir())
+    try:
+        question = f"delete {cache_stats(path)['entries']} cached LLM replies in {path}?"
+    except CacheCorrupted:
+        question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
+                    f"entries); delete it?")
+    if not yes and not click.confirm(question, default=False):
+        click.echo("nothing deleted")
+        return
+    n = clear_cache(path)
+    if n < 0:
+        click.echo(f"deleted the corrupted cache databases in {path}; the next run starts an empty cache")
+    else:
+        click.echo(f"deleted {n} cached replies from {path}")
 
 
 @cache.command("check")
 @_cache_dir
+@guarded
 def cache_check_cmd(cache_dir: str | None) -> None:
     """Read every entry: count readable, unreadable and foreign ones (writes nothing).
 
@@ -111,48 +106,46 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     from hdeval.cache_guard import DATABASES, TABLE_DBNAME, foreign_objects, on_read_only_storage
     from hdeval.paths import default_cache_dir
 
-    def go() -> None:
-        path = Path(cache_dir or default_cache_dir())
-        r = check_cache(path)
-        planted, db = [], path / DBNAME
-        for name in DATABASES:  # diskcache's file, then the reply table's
-            try:
-                found = foreign_objects(path / name)
-            except sqlite3.Error:
-                found = []  # unreadable: reported below as the database error
-            if found and not planted:
-                db = path / name
-            planted += [o if name == DBNAME else f"{name}: {o}" for o in found]
-        click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
-                   f"{r.foreign} foreign (not written by hdeval) entries")
-        for e in r.examples:
-            click.echo(f"  {e}")
-        for obj in planted:
-            click.echo(f"  {obj}: not created by the cache")
-        if planted:
-            click.echo(f"error: the database {db} holds {len(planted)} SQLite object(s) the cache never "
-                       f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
-                       f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
-                       "database", err=True)
-        elif r.database_error is not None and on_read_only_storage(path):
-            click.echo(f"error: cannot read the cache databases in {path} on read-only storage "
-                       f"({r.database_error}); check a writable copy of {path}", err=True)
-        elif r.database_error is not None:
-            bad = path / (TABLE_DBNAME if r.database_error.startswith(TABLE_DBNAME) else DBNAME)
-            click.echo(f"error: the database {bad} is damaged ({r.database_error}); "
-                       f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
-        elif not r.ok:
-            click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
-                       f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
-                       err=True)
-        if not r.ok or planted:
-            sys.exit(1)
-
-    run_command(go)
+    path = Path(cache_dir or default_cache_dir())
+    r = check_cache(path)
+    planted, db = [], path / DBNAME
+    for name in DATABASES:  # diskcache's file, then the reply table's
+        try:
+            found = foreign_objects(path / name)
+        except sqlite3.Error:
+            found = []  # unreadable: reported below as the database error
+        if found and not planted:
+            db = path / name
+        planted += [o if name == DBNAME else f"{name}: {o}" for o in found]
+    click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
+               f"{r.foreign} foreign (not written by hdeval) entries")
+    for e in r.examples:
+        click.echo(f"  {e}")
+    for obj in planted:
+        click.echo(f"  {obj}: not created by the cache")
+    if planted:
+        click.echo(f"error: the database {db} holds {len(planted)} SQLite object(s) the cache never "
+                   f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
+                   f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
+                   "database", err=True)
+    elif r.database_error is not None and on_read_only_storage(path):
+        click.echo(f"error: cannot read the cache databases in {path} on read-only storage "
+                   f"({r.database_error}); check a writable copy of {path}", err=True)
+    elif r.database_error is not None:
+        bad = path / (TABLE_DBNAME if r.database_error.startswith(TABLE_DBNAME) else DBNAME)
+        click.echo(f"error: the database {bad} is damaged ({r.database_error}); "
+                   f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
+    elif not r.ok:
+        click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
+                   f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
+                   err=True)
+    if not r.ok or planted:
+        sys.exit(1)
 
 
 @cache.command("repair")
 @_cache_dir
+@guarded
 def cache_repair_cmd(cache_dir: str | None) -> None:
     """Copy every readable entry into a fresh cache; keep the old database aside.
 
@@ -162,14 +155,11 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     from hdeval.cache import repair_cache
     from hdeval.paths import default_cache_dir
 
-    def go() -> None:
-        r = repair_cache(cache_dir or default_cache_dir())
-        damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
-        click.echo(f"repaired {r.path}: copied {r.copied} readable entries into a fresh cache; "
-                   f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}")
-        click.echo(f"the old database is kept as {r.kept_as} (delete it when you no longer need it)")
-
-    run_command(go)
+    r = repair_cache(cache_dir or default_cache_dir())
+    damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
+    click.echo(f"repaired {r.path}: copied {r.copied} readable entries into a fresh cache; "
+               f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}")
+    click.echo(f"the old database is kept as {r.kept_as} (delete it when you no longer need it)")
 
 
 @cache.command("import")
@@ -179,6 +169,7 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
               help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
                    "wrote (its custom_ids are the only ones accepted).")
 @_cache_dir
+@guarded
 def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
     """Import an engine's answers to an exported request file into the cache.
 
@@ -200,16 +191,13 @@ def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) ->
     from hdeval.paths import default_cache_dir
     from hdeval.request_files import import_results, result_parser
 
-    def go() -> None:
-        where = cache_dir or default_cache_dir()
-        report = import_results(results, requests_file, where, result_parser())
-        click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
-        if report.failed:
-            first = next(iter(report.failed.values()))
-            click.echo(f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "
-                       f"{first}); apply sends those to the LLM, or export again", err=True)
-        if report.missing:
-            click.echo(f"warning: {report.missing} request(s) of {requests_file} have no line in {results}; "
-                       "apply sends those to the LLM, or export again", err=True)
-
-    run_command(go)
+    where = cache_dir or default_cache_dir()
+    report = import_results(results, requests_file, where, result_parser())
+    click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
+    if report.failed:
+        first = next(iter(report.failed.values()))
+        click.echo(f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "
+                   f"{first}); apply sends those to the LLM, or export again", err=True)
+    if report.missing:
+        click.echo(f"warning: {report.missing} request(s) of {requests_file} have no line in {results}; "
+                   "apply sends those to the LLM, or export again", err=True)

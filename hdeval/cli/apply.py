@@ -10,7 +10,7 @@ import click
 
 from hdeval.cli import artifacts
 from hdeval.cli.artifacts import _from_command_line
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, llm_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError
@@ -52,6 +52,7 @@ def _echo_err(text: str) -> None:
                    "one of its LLM scores could not be read.")
 @llm_options
 @batch_option
+@guarded
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
           quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float, llm: str | None, base_url: str | None,
           concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
@@ -74,55 +75,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     """
     from hdeval.run.apply import apply_file
 
-    def go() -> None:
-        if export_file is not None:
-            return _export()
-        if output is None:
-            raise ConfigError("apply needs --output FILE (or -o - for stdout), or --export-requests FILE")
-        to_stdout = output == "-"
-        progress = TerminalProgress(quiet)
-        try:
-            res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
-                             base_url=base_url, concurrency=concurrency, timeout=timeout,
-                             max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                             batch=bool(batch), max_failure_rate=max_failure_rate,
-                             max_interval_width=max_interval_width, llm_given=_from_command_line("llm"),
-                             base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
-                             progress=progress, notify=_echo_err)
-        finally:
-            progress.close()
-        u = res.usage
-        click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
-                   f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
-        click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
-                   f"threshold {max_failure_rate:.0%})", err=True)
-        t = res.trust
-        apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
-        if res.agreement:
-            click.echo(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}",
-                       err=to_stdout)
-        if t.get("agreement_training"):
-            click.echo(f"TRAINING ROWS ONLY ({t['in_training']} rows the evaluator was fitted on; not a held-out "
-                       f"figure): agreement {json.dumps(t['agreement_training'])}", err=to_stdout)
-        if res.correlations is not None:
-            click.echo(f"correlation with the human scores in the input{apart}:", err=to_stdout)
-            _correlations(res.correlations, to_stdout)
-        if t.get("correlations_training"):
-            click.echo(f"TRAINING ROWS ONLY ({t['in_training']} rows the evaluator was fitted on; not a held-out "
-                       "figure):", err=to_stdout)
-            _correlations(t["correlations_training"], to_stdout)
-        if t.get("interval_level") is not None:
-            click.echo(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
-                       f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
-                       "of the score range, or an unread LLM score)", err=to_stdout)
-        click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
-
-    def _correlations(table: dict, err: bool) -> None:
-        for a, row in table.items():
-            click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}",
-                       err=err)
-
-    def _export() -> None:
+    if export_file is not None:
         from hdeval.run.export_requests import export_apply_requests
 
         for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
@@ -142,13 +95,53 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                    f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}"
                    f"{where}` and rerun apply (a method whose later stage depends on these replies exports "
                    "that stage on the next --export-requests)", err=True)
-
-    run_command(go)
+        return
+    if output is None:
+        raise ConfigError("apply needs --output FILE (or -o - for stdout), or --export-requests FILE")
+    to_stdout = output == "-"
+    progress = TerminalProgress(quiet)
+    try:
+        res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
+                         base_url=base_url, concurrency=concurrency, timeout=timeout,
+                         max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
+                         batch=bool(batch), max_failure_rate=max_failure_rate,
+                         max_interval_width=max_interval_width, llm_given=_from_command_line("llm"),
+                         base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
+                         progress=progress, notify=_echo_err)
+    finally:
+        progress.close()
+    u = res.usage
+    click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
+               f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
+    click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
+               f"threshold {max_failure_rate:.0%})", err=True)
+    t = res.trust
+    apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
+    training = (f"TRAINING ROWS ONLY ({t.get('in_training')} rows the evaluator was fitted on; not a held-out "
+                "figure):")
+    if res.agreement:
+        click.echo(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}",
+                   err=to_stdout)
+    if t.get("agreement_training"):
+        click.echo(f"{training} agreement {json.dumps(t['agreement_training'])}", err=to_stdout)
+    for title, table in ((f"correlation with the human scores in the input{apart}:", res.correlations),
+                         (training, t.get("correlations_training"))):
+        if table:
+            click.echo(title, err=to_stdout)
+            for a, row in table.items():
+                click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  "
+                           f"kendall {row['kendall']}", err=to_stdout)
+    if t.get("interval_level") is not None:
+        click.echo(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
+                   f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
+                   "of the score range, or an unread LLM score)", err=to_stdout)
+    click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
 
 
 @click.command("merge-shards")
 @click.argument("output", type=click.Path(dir_okay=False, allow_dash=True))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@guarded
 def merge_shards(output: str, shards: tuple[str, ...]) -> None:
     """Join the outputs of `hdeval apply --shard K/N` (K = 1..N, one file each) into OUTPUT.
 
@@ -166,8 +159,5 @@ def merge_shards(output: str, shards: tuple[str, ...]) -> None:
 
     from hdeval.run.shards import merge_shards as merge
 
-    def go() -> None:
-        rows, n = merge(output, shards)
-        click.echo(f"merged {rows} rows of {n} shard(s) into {'stdout' if output == '-' else output}", err=True)
-
-    run_command(go)
+    rows, n = merge(output, shards)
+    click.echo(f"merged {rows} rows of {n} shard(s) into {'stdout' if output == '-' else output}", err=True)

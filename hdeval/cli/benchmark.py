@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from hdeval.cli.artifacts import _notice_local, _resolved
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.cli.options import llm_options
 from hdeval.cli.progress import TerminalProgress
 
@@ -49,6 +49,7 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
 @llm_options
+@guarded
 def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
               method_option: tuple[str, ...], out: str, force: bool, keep_artifacts: bool, quiet: bool,
               offline: bool, **options: Any) -> None:
@@ -65,43 +66,40 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
     )
     from hdeval.errors import ConfigError
 
-    def go() -> None:
-        from hdeval.cli.data import fetch_missing_task_data
+    from hdeval.cli.data import fetch_missing_task_data
 
-        try:
-            fracs = tuple(float(f) for f in _csv(train_fracs))
-        except ValueError:
-            raise ConfigError(f"--train-fracs must be comma-separated numbers, got {train_fracs!r}") from None
-        given = {k: v for k, v in options.items() if v is not None}
-        spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given,
-                             parse_method_options(method_option))
-        spec.validate()
-        check_shapes(spec)
-        check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
-        if options.get("data") is None:
-            fetch_missing_task_data(task, offline=offline)
-        progress = TerminalProgress(quiet)
-        _notice_local(_resolved(options.get("llm")))
-        artifacts: dict[str, Any] | None = {} if keep_artifacts else None
-        results = run_benchmark(spec, progress=progress, artifacts=artifacts)
-        write_benchmark(results, out, force=force, artifacts=artifacts)
-        for m, c in results["cost"].items():
-            click.echo(f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
-                       f"cache hits: {c['cache_hits']}), tokens: {c['prompt_tokens']} prompt + "
-                       f"{c['completion_tokens']} completion", err=True)
-        for w in results.get("warnings") or []:
-            click.echo(f"warning: {w}", err=True)
-        for s in results["settings"]:
-            pairwise = results.get("shape") == "pairwise"
-            avg = s["agreement"]["evaluator"]["wo_ties"] if pairwise else s["dataset"]["average"]["spearman"]
-            name = s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
-            mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
-            what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
-            click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
-        kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
-        click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
-        from hdeval.report import file_url
+    try:
+        fracs = tuple(float(f) for f in _csv(train_fracs))
+    except ValueError:
+        raise ConfigError(f"--train-fracs must be comma-separated numbers, got {train_fracs!r}") from None
+    given = {k: v for k, v in options.items() if v is not None}
+    spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given,
+                         parse_method_options(method_option))
+    spec.validate()
+    check_shapes(spec)
+    check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
+    if options.get("data") is None:
+        fetch_missing_task_data(task, offline=offline)
+    progress = TerminalProgress(quiet)
+    _notice_local(_resolved(options.get("llm")))
+    artifacts: dict[str, Any] | None = {} if keep_artifacts else None
+    results = run_benchmark(spec, progress=progress, artifacts=artifacts)
+    write_benchmark(results, out, force=force, artifacts=artifacts)
+    for m, c in results["cost"].items():
+        click.echo(f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
+                   f"cache hits: {c['cache_hits']}), tokens: {c['prompt_tokens']} prompt + "
+                   f"{c['completion_tokens']} completion", err=True)
+    for w in results.get("warnings") or []:
+        click.echo(f"warning: {w}", err=True)
+    for s in results["settings"]:
+        pairwise = results.get("shape") == "pairwise"
+        avg = s["agreement"]["evaluator"]["wo_ties"] if pairwise else s["dataset"]["average"]["spearman"]
+        name = s["method"] if s["aggregator"] is None else f"{s['method']}-{s['aggregator']}"
+        mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
+        what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
+        click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
+    kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
+    click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
+    from hdeval.report import file_url
 
-        click.echo(f"open: {file_url(Path(out) / 'report.html')}")
-
-    run_command(go)
+    click.echo(f"open: {file_url(Path(out) / 'report.html')}")

@@ -80,3 +80,13 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         _show_warnings(seen)
+
+
+def guarded(fn: Callable[..., Any], interrupted: str = INTERRUPTED) -> Callable[..., Any]:
+    """A command's callback run inside :func:`run_command` (the innermost decorator)."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        return run_command(lambda: fn(*args, **kwargs), interrupted)
+
+    return command

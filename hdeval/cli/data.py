@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
 
 import click
 
@@ -15,24 +14,13 @@ from hdeval.datasets import (
     DATASETS, DEFAULT_SOURCE_URL, DEFAULT_TIMEOUT, SOURCE_URL_ENV, ColumnMap, DownloadEvent, data_candidates,
     load_task,
 )
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.cli.progress import _end_open_line, _set_line_open
 from hdeval.errors import DataError, DownloadError
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _errors_to_exit(fn: F) -> F:
-    """Run a data command inside the one error boundary (:func:`hdeval.cli.boundary.run_command`)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # Downloads and imports write under temp names and rename at the end, so an interrupt
-        # leaves nothing partial behind.
-        return run_command(lambda: fn(*args, **kwargs),
-                           interrupted="interrupted: no partial file was written; rerun to continue")
-
-    return wrapper  # type: ignore[return-value]
+# Downloads and imports write under temp names and rename at the end: an interrupt leaves nothing partial.
+_errors_to_exit = functools.partial(
+    guarded, interrupted="interrupted: no partial file was written; rerun to continue")
 
 
 @click.group("data")

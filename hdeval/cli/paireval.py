@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.errors import ConfigError
 
 
@@ -21,6 +21,7 @@ def paireval() -> None:
               help="Built-in task or task .toml saying which fields are the history and how they are labelled.")
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Training pairs JSONL to write.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Negatives and positions randomness.")
+@guarded
 def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
     """Write chat-format fine-tuning pairs (PairEval Sec. 3.3): the real follow-up against a random
     response from another conversation, positions randomised, the label word as the target.
@@ -34,17 +35,14 @@ def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
     from hdeval.run.output import check_output
     from hdeval.tasks import load_task
 
-    def go() -> None:
-        check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
-        t = load_task(task)
-        if t.shape != "pointwise":
-            raise ConfigError(f"--task {task} judges pairs of responses; export-training builds pairs from a "
-                              "dialogue corpus with one real follow-up per conversation: pass a dialogue task "
-                              "such as --task dailydialog_grade (see `hdeval tasks`)")
-        history_fields(t)
-        samples = read_samples(data, t, require_scores=False)
-        rows = export_training(samples, t, seed)
-        write_jsonl(out, rows)
-        click.echo(f"wrote {len(rows)} training pairs to {out}")
-
-    run_command(go)
+    check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
+    t = load_task(task)
+    if t.shape != "pointwise":
+        raise ConfigError(f"--task {task} judges pairs of responses; export-training builds pairs from a "
+                          "dialogue corpus with one real follow-up per conversation: pass a dialogue task "
+                          "such as --task dailydialog_grade (see `hdeval tasks`)")
+    history_fields(t)
+    samples = read_samples(data, t, require_scores=False)
+    rows = export_training(samples, t, seed)
+    write_jsonl(out, rows)
+    click.echo(f"wrote {len(rows)} training pairs to {out}")

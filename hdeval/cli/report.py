@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from hdeval.cli.artifacts import load_artifact, score_with_artifact
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.cli.options import llm_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ArtifactError, ConfigError, DataError
@@ -39,6 +39,7 @@ from hdeval.errors import ArtifactError, ConfigError, DataError
               help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
                    "the artifact does not keep: lets the per-sample view find the raw replies. Never written.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+@guarded
 def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
            curve_points: int, seed: int, data: str | None, cache_dir: str | None, base_url: str | None,
            quiet: bool) -> None:
@@ -54,23 +55,20 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
     """
     from hdeval.report import file_url
 
-    def go() -> None:
-        ev = load_artifact(artifact)
-        if not ev.reports:
-            raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
-                              f"{ev.method!r}: its numbers are in metrics.json")
-        _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
-        if base_url:
-            _with_base_url(ev, base_url)
-        page, numbers, lines = ev.write_report(
-            out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
-            n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
-        for line in lines:
-            click.echo(line)
-        click.echo(f"report written to {page} (numbers in {numbers})")
-        click.echo(f"open: {file_url(page)}")
-
-    run_command(go)
+    ev = load_artifact(artifact)
+    if not ev.reports:
+        raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
+                          f"{ev.method!r}: its numbers are in metrics.json")
+    _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
+    if base_url:
+        _with_base_url(ev, base_url)
+    page, numbers, lines = ev.write_report(
+        out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
+        n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
+    for line in lines:
+        click.echo(line)
+    click.echo(f"report written to {page} (numbers in {numbers})")
+    click.echo(f"open: {file_url(page)}")
 
 
 def _with_base_url(ev: Any, base_url: str) -> None:
@@ -109,6 +107,7 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
 @click.option("--top", default=5, show_default=True, type=int, help="Criteria shown per aspect.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
+@guarded
 def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm: str | None,
             base_url: str | None, concurrency: int, timeout: float, max_retries: int,
             cache_dir: str | None, max_calls: int | None) -> None:
@@ -122,23 +121,20 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
     from hdeval.data import read_samples
     from hdeval.methods.hdeval.explain import explain_samples
 
-    def go() -> None:
-        if top < 1:
-            raise DataError(f"--top must be at least 1, got {top}")
-        ev = load_artifact(artifact)
-        if ev.task.shape == "pairwise":
-            raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
-                              "hdeval apply shows each pair's criterion scores, hdeval report their importance")
-        samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
-        if not samples:
-            raise DataError(f"no sample with id {sample_id!r} in {data}")
-        res = score_with_artifact(ev, samples[:1], llm=llm, base_url=base_url, timeout=timeout,
-                                  max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                                  concurrency=concurrency, quiet=quiet)
-        expl = explain_samples(ev, res, top=top)[0]
-        _print_explanation(ev, samples[0], res, expl)
-
-    run_command(go)
+    if top < 1:
+        raise DataError(f"--top must be at least 1, got {top}")
+    ev = load_artifact(artifact)
+    if ev.task.shape == "pairwise":
+        raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
+                          "hdeval apply shows each pair's criterion scores, hdeval report their importance")
+    samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
+    if not samples:
+        raise DataError(f"no sample with id {sample_id!r} in {data}")
+    res = score_with_artifact(ev, samples[:1], llm=llm, base_url=base_url, timeout=timeout,
+                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
+                              concurrency=concurrency, quiet=quiet)
+    expl = explain_samples(ev, res, top=top)[0]
+    _print_explanation(ev, samples[0], res, expl)
 
 
 def _signed(x: float) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from hdeval.cli.artifacts import _notice_local, _resolved
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError, HdevalError
@@ -57,6 +57,7 @@ from hdeval.urls import shown_identity
 @method_options
 @llm_options
 @batch_option
+@guarded
 def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
           decompose_price_out: float | None, out: str | None, force: bool, export_file: str | None, yes: bool,
           quiet: bool, offline: bool, **options: Any) -> None:
@@ -69,63 +70,60 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
-    def go() -> None:
-        _check_paths_early(None if dry_run else out, force)
-        from hdeval.cli.data import fetch_missing_task_data
-        from hdeval.train import TrainConfig, plan, train as run_train
+    _check_paths_early(None if dry_run else out, force)
+    from hdeval.cli.data import fetch_missing_task_data
+    from hdeval.train import TrainConfig, plan, train as run_train
 
-        config = TrainConfig.from_options(**options)
-        if config.data is None:
-            fetch_missing_task_data(config.task, offline=offline)
-        if dry_run and export_file is not None:
-            raise ConfigError("--export-requests writes requests, --dry-run only counts them: drop one")
-        if dry_run:
-            if _resolved(config.llm) is None:
-                from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
+    config = TrainConfig.from_options(**options)
+    if config.data is None:
+        fetch_missing_task_data(config.task, offline=offline)
+    if dry_run and export_file is not None:
+        raise ConfigError("--export-requests writes requests, --dry-run only counts them: drop one")
+    if dry_run:
+        if _resolved(config.llm) is None:
+            from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
 
-                # Counting calls and tokens needs no LLM; price the default one.
-                click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
-                           "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
-                config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
-            prep, plans, identity = plan(config)
-            _print_plan(prep, plans, identity, price_in=price_in, price_out=price_out, batch=config.batch,
-                        decompose_prices=(decompose_price_in, decompose_price_out))
-            click.echo(_estimate(config, plans, identity)[1])
-            return
-        if not out:  # -o itself was checked first thing
-            _check_default_outputs(config, force)  # before any LLM call: never after paying for them
-        if export_file is not None:
-            from hdeval.run.output import check_output
+            # Counting calls and tokens needs no LLM; price the default one.
+            click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
+                       "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
+            config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
+        prep, plans, identity = plan(config)
+        _print_plan(prep, plans, identity, price_in=price_in, price_out=price_out, batch=config.batch,
+                    decompose_prices=(decompose_price_in, decompose_price_out))
+        click.echo(_estimate(config, plans, identity)[1])
+        return
+    if not out:  # -o itself was checked first thing
+        _check_default_outputs(config, force)  # before any LLM call: never after paying for them
+    if export_file is not None:
+        from hdeval.run.output import check_output
 
-            check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                         option="--export-requests")
-        progress = TerminalProgress(quiet)
-        _notice_local(_resolved(config.llm))
-        if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
-            _notice_local("local")
-        if not yes and export_file is None:
-            _ask_before_a_long_local_run(config)
-        started = time.monotonic()
-        if export_file is not None:
-            from hdeval.request_files import RequestsExported
+        check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
+                     option="--export-requests")
+    progress = TerminalProgress(quiet)
+    _notice_local(_resolved(config.llm))
+    if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
+        _notice_local("local")
+    if not yes and export_file is None:
+        _ask_before_a_long_local_run(config)
+    started = time.monotonic()
+    if export_file is not None:
+        from hdeval.request_files import RequestsExported
 
-            try:
-                ev = run_train(config, progress=progress, export_requests=export_file)
-            except RequestsExported as done:
-                progress.close()
-                _print_exported(done, progress.label, config.cache_dir)
-                return
-        else:
-            ev = run_train(config, progress=progress)
-        _record_rate(config, ev, time.monotonic() - started)
-        path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
         try:
-            ev.save(path, force=force)
-        except HdevalError as exc:
-            raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
-        _print_train_summary(ev, path)
-
-    run_command(go)
+            ev = run_train(config, progress=progress, export_requests=export_file)
+        except RequestsExported as done:
+            progress.close()
+            _print_exported(done, progress.label, config.cache_dir)
+            return
+    else:
+        ev = run_train(config, progress=progress)
+    _record_rate(config, ev, time.monotonic() - started)
+    path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
+    try:
+        ev.save(path, force=force)
+    except HdevalError as exc:
+        raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
+    _print_train_summary(ev, path)
 
 
 def _check_paths_early(out: str | None, force: bool) -> None:
