@@ -1,9 +1,5 @@
-"""``apply`` on a Ray cluster through Ray Data (``pip install "hdeval[ray]"``): :class:`ArtifactScorer`
-for ``Dataset.map_batches`` (each worker loads and verifies the artifact once and opens the cached
-LLM ``hdeval apply`` would), :func:`apply_on_ray` for a whole file (apply's own reader in one Ray
-read task, the scores written in input order through apply's atomic writer, so the output is
-byte-identical to a single process), and :class:`RequestAnswerer` for exported request files.
-Ray is imported only when used: the rest of hdeval never needs it."""
+"""``apply`` and exported request files on a Ray cluster through Ray Data (``pip install
+"hdeval[ray]"``; docs/cluster.md). Ray is imported only when used: the rest of hdeval never needs it."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from hdeval.errors import ConfigError, DataError, HdevalError, ScoringError
+from hdeval.errors import ConfigError, DataError, HdevalError
 from hdeval.intervals import DEFAULT_MAX_WIDTH
 
 #: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
@@ -24,16 +20,14 @@ SAMPLE_COLUMN = "_hdeval_sample"
 
 
 def _mark(exc: BaseException) -> None:
-    """Keep an hdeval error's own message: Ray Data appends its retry advice to ``args`` on the
-    way to the driver, which :func:`_reraise` puts back."""
+    """Keep an hdeval error's own message: Ray Data appends its retry advice to ``args``."""
     if getattr(exc, "hdeval_args", None) is None:
         exc.hdeval_args = exc.args  # type: ignore[attr-defined]
 
 
 def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
-    """Raise the hdeval error a Ray task raised (wrapped by Ray) as itself, with its own
-    one-line message (``shown``: (resolved input path, the path the caller gave) to name the
-    file as the caller did); anything else is left to the caller to raise."""
+    """Raise the hdeval error a Ray task raised as itself, naming the input as the caller did
+    (``shown``: (resolved path, given path)); anything else is left to the caller."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -49,8 +43,7 @@ def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
 
 
 def _read_samples(task: Any, path: str, size: int) -> Any:
-    """The read task of :func:`apply_on_ray`: ``path`` read once as apply reads it, ``size``
-    samples a block; a bad line stops the blocks and raises apply's error (every bad line)."""
+    """The read task of :func:`apply_on_ray`: ``path`` read once as apply reads it, a chunk a block."""
     import numpy as np
     from ray.data.block import BlockAccessor
 
@@ -69,8 +62,7 @@ def _read_samples(task: Any, path: str, size: int) -> Any:
 
 
 def _source(task: Any, path: str, size: int) -> Any:
-    """A Ray Data datasource of one read task (one sequential pass: the duplicate-id index and
-    the line numbers need the file in order)."""
+    """One read task: the duplicate-id index and the line numbers need the file in order."""
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
@@ -104,8 +96,7 @@ def _worker_cache(cache_dir: str | None) -> str | None:
 
 
 def _row_sample(task: Any, text: str, where: str) -> Any:
-    """A JSONL text row -> the sample apply would read from it (the data module's own row checks;
-    a blank line or a row a pairwise task filters out gives None)."""
+    """The sample apply would read from a JSONL line (None: blank, or filtered out by a pairwise task)."""
     from hdeval.data import BOM, _lone_surrogate, _matches, _pair_from_row, _sample_from_row
 
     text = text.removeprefix(BOM)
@@ -141,34 +132,23 @@ def _check_whole(**values: Any) -> None:
 class ArtifactScorer:
     """Score batches of JSONL rows with an hdeval artifact, for ``Dataset.map_batches``.
 
-    ``artifact``: the artifact directory (readable on every node). ``llm``/``base_url``: as
-    ``hdeval apply --llm/--base-url``; None means the artifact's LLM (an artifact naming a server
-    needs ``base_url`` given, as apply asks). ``cache_dir``: the reply cache each worker opens;
-    workers on one machine share it (diskcache serves several processes), and ``{worker}`` in it
-    gives each worker its own. ``max_calls`` is each worker's budget. The API key, if any, is the
-    workers' ``OPENAI_API_KEY`` (pass it through Ray's ``runtime_env``; it is never printed).
-    ``max_interval_width``, ``explain`` and ``top``: as ``apply``'s options. The LLM is opened at
-    the first batch, so a worker that is given none opens no cache.
-
-    Input batches need a ``text`` column (one JSONL line per row); a ``line`` column, if
-    present, names rows in error messages. Output batches have ``id`` and ``row`` (the JSON line
-    apply writes), and on a batch's first row ``failed`` and ``cells``, its unreadable and total
-    LLM-filled scores (0 on the other rows), with ``failure`` an example reason."""
+    The options are ``hdeval apply``'s (docs/cluster.md); ``{worker}`` in ``cache_dir`` gives each
+    worker a cache of its own, ``max_calls`` is each worker's budget, and the LLM is opened at the
+    first batch. Input batches need a ``text`` column of JSONL lines (a ``line`` column, if present,
+    names rows in errors). Output batches have ``id`` and ``row`` (the JSON line apply writes), and
+    on a batch's first row ``failed``/``cells``, its unreadable and total LLM-filled scores, with
+    ``failure`` an example reason."""
 
     def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
                  cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
                  max_retries: int | None = None, max_calls: int | None = None,
                  max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
                  notify: Callable[[str], None] | None = None):
-        from hdeval.methods.registry import load_artifact
+        from hdeval.run.apply import load_checked
         from hdeval.run.artifact_llm import stderr_notify
-        from hdeval.run.trust import RowTrust
 
-        self.ev = load_artifact(artifact)  # verified once per worker: digests, trusted types
-        refusal = self.ev.explain_refusal(artifact) if explain else None
-        if refusal:
-            raise ConfigError(refusal)
-        self.trust = RowTrust(self.ev, max_interval_width)  # a bad width fails here, before any call
+        # verified once per worker (digests, trusted types); a bad option fails here, before any call
+        self.ev, self.trust = load_checked(artifact, explain, max_interval_width)
         self.explain, self.top = explain, top
         self.concurrency = concurrency
         self.backend: Any = None
@@ -204,32 +184,25 @@ class ArtifactScorer:
         from hdeval.progress import Progress
         from hdeval.run.artifact_llm import open_artifact_llm
 
-        samples = self._samples(batch)
-        if not samples:
-            return {"id": np.array([], dtype=object), "row": np.array([], dtype=object),
-                    "failed": np.array([], dtype=np.int64), "cells": np.array([], dtype=np.int64),
-                    "failure": np.array([], dtype=object)}
-        from hdeval.run.apply import _failed_cells
+        from hdeval.run.apply import _failed_cells, score_rows
 
-        if self.backend is None:
-            self.backend = open_artifact_llm(self.ev, **self.llm_options)
-        res = self.ev.score(samples, backend=self.backend, concurrency=self.concurrency, progress=Progress())
-        rows = self.ev.output_rows(samples, res)
-        self.trust.annotate(rows, samples, res)  # the per-row fields apply writes
-        if self.explain:
-            from hdeval.methods.hdeval.explain import explain_samples
-
-            for row, expl in zip(rows, explain_samples(self.ev, res, top=self.top)):
-                row["explanation"] = expl
-        self.backend.flush()  # every reply this batch paid for is on disk before the batch is handed on
-        # the batch's unreadable LLM-filled scores, on its first row: the driver sums them for
+        samples, rows = self._samples(batch), []
+        failed, cells, example = 0, 0, None
+        if samples:
+            if self.backend is None:
+                self.backend = open_artifact_llm(self.ev, **self.llm_options)
+            rows, res = score_rows(self.ev, samples, self.backend, self.concurrency, Progress(), self.trust,
+                                   self.explain, self.top)
+            self.backend.flush()  # every reply this batch paid for is on disk before it is handed on
+            failed, cells, example = _failed_cells(res, self.ev.columns_needed())
+        # the batch's unreadable LLM-filled scores on its first row: the driver sums them for
         # apply's --max-failure-rate check
-        failed, cells, example = _failed_cells(res, self.ev.columns_needed())
-        zeros = [0] * (len(rows) - 1)
+        first = len(rows[:1])
         return {"id": np.array([s.id for s in samples], dtype=object),
                 "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object),
-                "failed": np.array([failed, *zeros], dtype=np.int64), "cells": np.array([cells, *zeros], dtype=np.int64),
-                "failure": np.array([example or "", *([""] * len(zeros))], dtype=object)}
+                "failed": np.array([failed] * first + [0] * (len(rows) - first), dtype=np.int64),
+                "cells": np.array([cells] * first + [0] * (len(rows) - first), dtype=np.int64),
+                "failure": np.array([example or ""] * first + [""] * (len(rows) - first), dtype=object)}
 
     def __del__(self) -> None:
         backend = getattr(self, "backend", None)
@@ -244,46 +217,32 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
                  max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
                  num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
-    workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written.
-    ``max_failure_rate``, ``max_interval_width``, ``explain`` and ``top`` are apply's options.
-
-    Runs on the Ray cluster this process is connected to (``ray.init`` first; without it Ray
-    starts a local one). The artifact and ``input_file`` must be readable by every node (a shared
-    filesystem). The input is read once, as apply reads it: one Ray read task validates it a chunk
-    (``HDEVAL_APPLY_CHUNK``, 1000 samples) at a time while the workers score the chunks read, so a
-    bad line anywhere leaves no output, with every bad line named; as in apply, chunks before a
-    bad line may have been scored (their replies cached: a rerun does not pay for them again),
-    none after it. The output is written in input order, atomically, as apply writes it.
-    ``num_cpus``: what Ray reserves per worker; below 1 so that workers filling every CPU of a
-    small cluster still leave room for the read task (at 1, 2 workers on 2 CPUs could wait for
-    it forever)."""
-    from hdeval.methods.registry import load_artifact
-    from hdeval.run.apply import chunk_size
+    workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written (the
+    same bytes as apply). ``max_failure_rate``, ``max_interval_width``, ``explain`` and ``top`` are
+    apply's options. Runs on the Ray cluster this process is connected to; the artifact and
+    ``input_file`` must be readable by every node. One read task validates the input as apply
+    does, so a bad line anywhere leaves no output (docs/cluster.md). ``num_cpus``: what Ray
+    reserves per worker; below 1 so that workers filling every CPU of a small cluster still
+    leave room for the read task (at 1, 2 workers on 2 CPUs could wait for it forever)."""
+    from hdeval.run.apply import check_failures, check_rate, chunk_size, load_checked
     from hdeval.run.artifact_llm import check_llm_options
     from hdeval.run.output import OutputWriter, check_output, output_format
-    from hdeval.run.trust import RowTrust
 
     ray = _ray()
-    _check_whole(workers=workers)
+    _check_whole(workers=workers, batch_size=batch_size)
     if not isinstance(num_cpus, (int, float)) or not 0 < num_cpus <= 1024:
         raise ConfigError(f"num_cpus must be a number above 0; got {num_cpus!r}")
-    _check_whole(batch_size=batch_size)
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
-        raise ConfigError(f"max_failure_rate must be between 0 and 1, got {max_failure_rate}")
+    check_rate(max_failure_rate, "max_failure_rate")
     if "://" in str(input_file):  # apply's reader opens files; read_text would skip its checks
         raise ConfigError(f"apply_on_ray reads a file every node can open, not {input_file}: copy it to a "
                           "shared filesystem, or score it with ArtifactScorer in a pipeline of your own")
     check_output(output, [str(input_file), artifact])
     fmt = output_format(output)
     size = chunk_size()
-    ev = load_artifact(artifact)  # a broken artifact stops here, before any worker starts
+    ev, _ = load_checked(artifact, explain, max_interval_width)  # refused here, before any worker starts
     if getattr(ev, "whole_input", None):  # rows compared with each other: batches would change scores
         raise ConfigError(f"{ev.whole_input}: apply_on_ray scores it in batches apart; use hdeval apply")
-    refusal = ev.explain_refusal(artifact) if explain else None
-    if refusal:
-        raise ConfigError(refusal)
-    RowTrust(ev, max_interval_width)  # a bad width is refused before any worker starts
     if ev.llm.base_url and base_url is None and llm is None:
         raise ConfigError(f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
                           f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
@@ -313,25 +272,17 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
         except Exception as exc:  # Ray wraps a task's error: raise the hdeval error as apply would
             _reraise(exc, (path, str(input_file)))
             raise
-        if cells and failed / cells > max_failure_rate:  # as apply: nothing written
-            raise ScoringError(
-                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
-                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
-                "that were read are cached; check the LLM or raise max_failure_rate")
+        check_failures(failed, cells, max_failure_rate, example, "max_failure_rate")
         out.commit()
     return out.rows
 
 
 class RequestAnswerer:
-    """Answer batches of an exported request file's lines, for ``Dataset.map_batches``: a
-    training stage's (``hdeval train --export-requests``) or apply's requests, on Ray workers.
-
-    Each line's body (the chat completion body hdeval would send) goes to the OpenAI-compatible
-    endpoint ``base_url`` through the ``openai`` SDK (its retries and timeout); each worker
-    keeps ``concurrency`` requests in flight. The API key is the workers' ``OPENAI_API_KEY``
-    (pass it through Ray's ``runtime_env``; it is never printed). Input batches need a ``text``
-    column (``ray.data.read_text``); output batches have ``result``, one line of the OpenAI
-    batch output format per request: what ``hdeval cache import`` reads (and checks again)."""
+    """Answer batches of an exported request file's lines (``ray.data.read_text``'s ``text``
+    column), for ``Dataset.map_batches``: each body goes to the OpenAI-compatible ``base_url``
+    through the ``openai`` SDK, ``concurrency`` in flight per worker, with the workers'
+    ``OPENAI_API_KEY``. Output batches have ``result``, one line of the OpenAI batch output
+    format per request: what ``hdeval cache import`` reads (and checks again)."""
 
     def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
                  concurrency: int = DEFAULT_CONCURRENCY):

@@ -15,12 +15,13 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from hdeval.errors import ConfigError, DataError, ScoringError
+from hdeval.fetch import sha256_file
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
-    SHARD_FIELD, artifact_sha256, closing_record, file_sha256, parse_shard, shard_of,
+    SHARD_FIELD, artifact_sha256, closing_record, parse_shard, shard_of,
 )
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
@@ -42,23 +43,14 @@ def chunk_size() -> int:
 
 
 class _ChunkProgress(Progress):
-    """The scorer's progress with the chunk it belongs to in the label."""
+    """The scorer's progress with its chunk in the label (no whole-run estimate: ``expect`` is not passed on)."""
 
     def __init__(self, inner: Progress):
-        self.inner = inner
-        self.prefix = ""
+        self.inner, self.prefix = inner, ""
+        self.advance, self.end_stage, self.message = inner.advance, inner.end_stage, inner.message
 
     def stage(self, label: str, total: int) -> None:
         self.inner.stage(self.prefix + label, total)
-
-    def advance(self, n: int = 1, cached: bool = False) -> None:
-        self.inner.advance(n, cached)
-
-    def end_stage(self) -> None:
-        self.inner.end_stage()
-
-    def message(self, text: str) -> None:
-        self.inner.message(text)
 
 
 class _Summary:
@@ -106,12 +98,9 @@ class _Summary:
     def agreement(self) -> dict | None:
         if self.last is None or not self.human_labels:
             return None
-        lab = self.labels
         fields = {f.name for f in dataclasses.fields(self.last)}
-        kept = {"labels": lab["labels"], "labels_ab": lab["labels_ab"]}
-        if "learned_labels" in fields:
-            kept.update(learned_labels=lab["learned_labels"] if self.learned else None,
-                        learned_ab=lab["learned_ab"] if self.learned else None)
+        kept = {k: v if self.learned or not k.startswith("learned") else None
+                for k, v in self.labels.items() if k in fields}
         res = dataclasses.replace(self.last, **kept)
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
@@ -233,6 +222,51 @@ def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
     return failed, int(values.size), example
 
 
+def check_rate(max_failure_rate: float, option: str) -> None:
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"{option} must be between 0 and 1, got {max_failure_rate}")
+
+
+def check_failures(failed: int, cells: int, max_rate: float, example: str | None, option: str) -> None:
+    """Too many unreadable LLM-filled cells: no output, since imputed scores would read as real ones."""
+    if cells and failed / cells > max_rate:
+        raise ScoringError(
+            f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
+            f"{max_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
+            f"that were read are cached; check the LLM or raise {option}")
+
+
+def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: float,
+                 notify: Notify | None = None) -> tuple[Any, RowTrust]:
+    """The evaluator (a path is loaded and verified, its warnings to ``notify``) and its row trust,
+    once ``explain`` and the interval width are known to fit it: all before any call."""
+    ev = artifact
+    if isinstance(artifact, (str, Path)):
+        from hdeval.methods.registry import load_artifact
+
+        ev = load_artifact(artifact)
+        for w in ev.warnings if notify is not None else ():
+            notify(f"warning: {w}")
+    refusal = ev.explain_refusal(artifact) if explain else None
+    if refusal:
+        raise ConfigError(refusal)
+    return ev, RowTrust(ev, max_interval_width)
+
+
+def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, progress: Progress,
+               trust: RowTrust, explain: bool, top: int) -> tuple[list[dict], Any]:
+    """One chunk scored into the rows apply writes (trust fields, explanations) and its result."""
+    res = ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
+    rows = ev.output_rows(samples, res)
+    trust.annotate(rows, samples, res)
+    if explain:
+        from hdeval.methods.hdeval.explain import explain_samples
+
+        for row, expl in zip(rows, explain_samples(ev, res, top=top)):
+            row["explanation"] = expl
+    return rows, res
+
+
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
                explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
                concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
@@ -257,8 +291,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     from hdeval.methods.base import usage_of
 
     check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
-        raise ConfigError(f"--max-failure-rate must be between 0 and 1, got {max_failure_rate}")
+    check_rate(max_failure_rate, "--max-failure-rate")
     check_output(output, [input_file])
     which = parse_shard(shard) if shard is not None else None
     fmt = output_format(output)
@@ -266,26 +299,17 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
                           f"not {output} (merge-shards writes .csv or .parquet)")
     size = chunk_size()
-    if isinstance(artifact, (str, Path)):
-        from hdeval.methods.registry import load_artifact
-
-        ev = load_artifact(artifact)
-        for w in ev.warnings:
-            notify(f"warning: {w}")
-    else:
-        ev = artifact
+    ev, trust = load_checked(artifact, explain, max_interval_width, notify)
+    art_path = artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)
     # after loading: a directory that is no artifact is reported as that, not as an output clash
-    check_output(output, [artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)])
-    refusal = ev.explain_refusal(artifact) if explain else None
-    if refusal:
-        raise ConfigError(refusal)
-    trust = RowTrust(ev, max_interval_width)
+    check_output(output, [art_path])
+    near = None if output == "-" else os.path.dirname(os.path.abspath(output))  # the id index's place
     lines, input_sha = _scan_bytes(input_file, digest=which is not None)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
     if whole:
         fits = which is None
         if fits and lines > size:  # the line count bounds the samples: count them only past it
-            with DiskIds(None if output == "-" else os.path.dirname(os.path.abspath(output))) as ids:
+            with DiskIds(near) as ids:
                 chunks = _Input(input_file, ev, size + 1, None).chunks(ids)
                 fits = len(next(chunks, [])) <= size
                 chunks.close()
@@ -306,8 +330,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
     reading = _Input(input_file, ev, size, which)
-    with OutputWriter(output, fmt) as out, DiskIds(None if output == "-" else os.path.dirname(
-            os.path.abspath(output))) as seen:
+    with OutputWriter(output, fmt) as out, DiskIds(near) as seen:
         # the headline figures are the held-out rows'; the training rows' are kept apart
         summary = _Summary(seen.directory, "held-out")
         training = _Summary(seen.directory, "training")
@@ -323,14 +346,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 if n_chunks > 1 or k > 1:
                     shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
                     chunk_progress.prefix = f"chunk {k}/{shown}: "
-                res = ev.score(samples, backend=backend, concurrency=concurrency, progress=chunk_progress)
-                rows = ev.output_rows(samples, res)
-                trust.annotate(rows, samples, res)
-                if explain:
-                    from hdeval.methods.hdeval.explain import explain_samples
-
-                    for row, expl in zip(rows, explain_samples(ev, res, top=top)):
-                        row["explanation"] = expl
+                rows, res = score_rows(ev, samples, backend, concurrency, chunk_progress, trust, explain, top)
                 if which is not None:
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
@@ -343,18 +359,13 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
             notify((f"{mine} samples" if which is None else
                     f"{mine} of {total} samples in shard {which[0]}/{which[1]}") + " read and scored")
             if which is not None:
-                out.write([closing_record(which[0], which[1], mine, input_sha or file_sha256(input_file),
-                                          artifact_sha256(artifact if isinstance(artifact, (str, Path))
-                                                          else getattr(ev, "path", None)))], counted=False)
+                out.write([closing_record(which[0], which[1], mine, input_sha or sha256_file(input_file),
+                                          artifact_sha256(art_path))], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
                 backend.close()
-        if cells and failed / cells > max_failure_rate:
-            raise ScoringError(
-                f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
-                f"{max_failure_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
-                "that were read are cached; check the LLM or raise --max-failure-rate")
+        check_failures(failed, cells, max_failure_rate, example, "--max-failure-rate")
         agreement, correlations = summary.agreement(), summary.correlations()
         apart = {"agreement_training": training.agreement(), "correlations_training": training.correlations()}
         out.commit()

@@ -1,8 +1,6 @@
-"""Which LLM and server an artifact is scored with, and the cached backend for it.
-
-The artifact's, unless the user names another: an environment variable does not silently swap
-an artifact's LLM, and a server named only by the artifact gets no key and no sample before the
-user agrees."""
+"""Which LLM and server an artifact is scored with, and the cached backend for it: the artifact's,
+unless the user names another. An environment variable does not silently swap an artifact's LLM,
+and a server named only by the artifact gets no key and no sample before the user agrees."""
 
 from __future__ import annotations
 

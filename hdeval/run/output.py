@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError
+from hdeval.request_files import _put_in_place, _temp_beside
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -83,13 +84,6 @@ def _flat(row: dict) -> dict:
     return out
 
 
-def write_output(output: str, fmt: str, rows: list[dict]) -> None:
-    """Write the scored rows atomically (temp file renamed into place) or to stdout."""
-    with OutputWriter(output, fmt) as out:
-        out.write(rows)
-        out.commit()
-
-
 class OutputWriter:
     """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
     beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
@@ -114,9 +108,9 @@ class OutputWriter:
         self.path = Path(output)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        fd, tmp = _temp_beside(self.path)
         self._tmp.append(tmp)
         self._fh = os.fdopen(fd, "w", encoding="utf-8")
 
@@ -154,11 +148,7 @@ class OutputWriter:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
-            final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
-            os.replace(final, self.path)
+            _put_in_place(self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0]), self.path)
             self._done = True
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
@@ -168,7 +158,7 @@ class OutputWriter:
     def _convert(self, spool: str) -> str:
         import pandas as pd
 
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, tmp = _temp_beside(self.path)
         os.close(fd)
         self._tmp.append(tmp)
         columns = list(self._columns)
@@ -176,15 +166,13 @@ class OutputWriter:
             if self.fmt == "parquet":  # buffers the rows (not the samples): see `hdeval apply --help`
                 pd.DataFrame([json.loads(line) for line in fh], columns=columns).to_parquet(tmp, index=False)
                 return tmp
-            first, batch = True, []
-            for line in fh:
-                batch.append(json.loads(line))
-                if len(batch) >= self.CONVERT_ROWS:
-                    pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
-                    first, batch = False, []
-            if batch or first:
-                pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=first, mode="w" if first else "a")
-        return tmp
+            rows = (json.loads(line) for line in fh)
+            for k in itertools.count():  # the header with the first batch, even an empty one
+                batch = list(itertools.islice(rows, self.CONVERT_ROWS))
+                if batch or not k:
+                    pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=not k, mode="a" if k else "w")
+                if len(batch) < self.CONVERT_ROWS:
+                    return tmp
 
     def discard(self) -> None:
         """Remove the temporary files (after a commit, whatever is left of them)."""

@@ -25,16 +25,13 @@ MAX_SHARDS = 999_999_999
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-file_sha256 = sha256_file  # the name apply and merge-shards know
-
-
 def artifact_sha256(path: str | Path | None) -> str:
     """The artifact's identity for shard outputs: its manifest holds every file's checksum."""
     from hdeval.artifact import MANIFEST
 
     if path is None:
         return "0" * 64  # an evaluator never saved: shards of it merge only with each other
-    return file_sha256(Path(path) / MANIFEST)
+    return sha256_file(Path(path) / MANIFEST)
 
 
 def closing_record(k: int, n: int, rows: int, input_sha256: str, artifact_sha256: str) -> dict:
@@ -60,22 +57,6 @@ def shard_of(sample_id: str, n: int) -> int:
     return int.from_bytes(digest[:8], "big") % n + 1
 
 
-def shard_chunks(chunks: Iterator[list], which: tuple[int, int] | None, size: int) -> Iterator[list]:
-    """The chunks of this shard's samples, ``size`` at a time."""
-    if which is None:
-        yield from chunks
-        return
-    k, n = which
-    buf: list = []
-    for chunk in chunks:
-        buf.extend(s for s in chunk if shard_of(s.id, n) == k)
-        while len(buf) >= size:
-            yield buf[:size]
-            buf = buf[size:]
-    if buf:
-        yield buf
-
-
 class ShardFile:
     """One shard output of ``apply --shard``, read a row at a time with its checks."""
 
@@ -92,8 +73,8 @@ class ShardFile:
         self.count = 0
         self.closing: dict | None = None
 
-    def rows(self) -> Iterator[tuple[int, str, dict]]:
-        """(input line, id, row without the shard field) in the order of the file; at the end,
+    def rows(self) -> Iterator[tuple[int, str, str, dict]]:
+        """(input line, path, id, row without the shard field) in the order of the file; at the end,
         the closing record checked against what came before it."""
         from hdeval.data import bounded_lines
 
@@ -120,7 +101,7 @@ class ShardFile:
             raise DataError(f"{self.path}: {self.count} rows, but its closing record says "
                             f"{self.closing['rows']}: rows were lost or added; rerun that shard")
 
-    def _check(self, text: str) -> tuple[int, str, dict] | None:
+    def _check(self, text: str) -> tuple[int, str, str, dict] | None:
         where = f"{self.path}: line {self.lineno}"
         try:
             row = json.loads(text)
@@ -147,7 +128,7 @@ class ShardFile:
             raise DataError(f"{where}: input line {line} after line {self.last_line}: rows are not in input "
                             "order (was the file edited or concatenated?)")
         self.last_line = line
-        return line, sid, row
+        return line, self.path, sid, row
 
     def _same_shard(self, k: int, n: int, where: str) -> None:
         if not 1 <= k <= n <= MAX_SHARDS:
@@ -176,34 +157,24 @@ def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int,
         if os.path.exists(p) and not os.path.isfile(p):
             raise DataError(f"{p} is not a regular file: not a shard output of `hdeval apply --shard K/N`")
     files = [ShardFile(p) for p in shards]
-    gens = [f.rows() for f in files]
-    heads: list[tuple[int, int, str, dict]] = []
-    for i, g in enumerate(gens):
-        first = next(g, None)
-        if first is not None:
-            heads.append((first[0], i, first[1], first[2]))
+    merged = heapq.merge(*(f.rows() for f in files), key=lambda r: r[0])
+    head = list(itertools.islice(merged, 1))  # every file's first line read: each names its shard
     check_shard_set(files)
-    heapq.heapify(heads)
     seen: dict[str, str] = {}
     last_line, last_file = 0, ""
     with OutputWriter(output, fmt) as out:
         batch: list[dict] = []
-        while heads:
-            line, i, sid, row = heapq.heappop(heads)
+        for line, path, sid, row in itertools.chain(head, merged):
             if line == last_line:
-                raise DataError(f"{files[i].path} and {last_file} both hold input line {line}: "
-                                "shards of different runs?")
+                raise DataError(f"{path} and {last_file} both hold input line {line}: shards of different runs?")
             if sid in seen:
-                raise DataError(f"id {sid!r} is in {seen[sid]} and {files[i].path}")
-            seen[sid] = files[i].path
-            last_line, last_file = line, files[i].path
+                raise DataError(f"id {sid!r} is in {seen[sid]} and {path}")
+            seen[sid] = last_file = path
+            last_line = line
             batch.append(row)
             if len(batch) >= MERGE_ROWS:
                 out.write(batch)
                 batch = []
-            nxt = next(gens[i], None)
-            if nxt is not None:
-                heapq.heappush(heads, (nxt[0], i, nxt[1], nxt[2]))
         out.write(batch)
         _check_same_run(files)
         out.commit()

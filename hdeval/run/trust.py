@@ -1,7 +1,5 @@
-"""What ``apply`` adds to each row so a user knows how far to trust it: whether the sample was in
-the artifact's training split (``in_training``), and for pointwise scores the prediction
-interval (``lower``/``upper`` per aspect) with ``needs_human`` when it is too wide (or rests on
-an LLM score that could not be read). Also the counts of those rows and flags."""
+"""What ``apply`` adds to each row so a user knows how far to trust it: ``in_training``, and for
+pointwise scores the prediction interval (``lower``/``upper``) with ``needs_human``."""
 
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ class RowTrust:
         task = ev.task
         self.aspects = list(task.aspect_keys)
         self.ranges = [task.aspect(a).range for a in self.aspects] if self.cal is not None else []
-        self.level = self.cal.level if self.cal is not None else None
         self.rows = self.in_training = self.needs_human = 0
 
     def annotate(self, rows: list[dict], samples: Sequence[Any], res: Any) -> None:
@@ -53,5 +50,5 @@ class RowTrust:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
         if self.cal is not None:
-            out.update(interval_level=self.level, max_interval_width=self.max_width, needs_human=self.needs_human)
+            out.update(interval_level=self.cal.level, max_interval_width=self.max_width, needs_human=self.needs_human)
         return out
