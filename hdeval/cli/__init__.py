@@ -1,8 +1,5 @@
-"""Command line: parse options -> one library call -> output. All terminal I/O lives here.
-
-One module per command group; :mod:`hdeval.cli.boundary` holds the one error boundary
-(:func:`run_command`), :mod:`hdeval.cli.options` the options every command shares.
-"""
+"""Command line: parse options -> one library call -> output. All terminal I/O lives here, one
+module per command group."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ def cli() -> None:
     """hdeval: train aligned LLM evaluators from human ratings (HD-Eval, PairEval, DnA)."""
 
 
-def _register() -> None:
+def _register() -> None:  # a function: the names would shadow the modules cli.apply, cli.train, ...
     from hdeval.cli.admin import cache, methods_cmd, tasks_cmd
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark

@@ -95,9 +95,7 @@ class TerminalProgress(Progress):
         self._stop_ticker()
         self._draw(force=True, final=True)
 
-    def close(self) -> None:
-        """Stop the ticker of a stage an error cut short, without drawing (the error line follows)."""
-        self._stop_ticker()
+    close = _stop_ticker  # a stage an error cut short: no drawing, the error line follows
 
     def message(self, text: str) -> None:
         if not self.quiet:

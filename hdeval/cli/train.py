@@ -70,7 +70,10 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
-    _check_paths_early(None if dry_run else out, force)
+    if out and not dry_run:  # a refused -o, found before the scientific libraries load
+        from hdeval.artifact import check_destination
+
+        check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
     from hdeval.train import TrainConfig, plan, train as run_train
 
@@ -124,15 +127,6 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
     except HdevalError as exc:
         raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
     _print_train_summary(ev, path)
-
-
-def _check_paths_early(out: str | None, force: bool) -> None:
-    """A refused -o, found before the scientific libraries load; the full checks follow once the
-    task is known (a missing --data waits: an option that does not fit the task is said first)."""
-    if out:
-        from hdeval.artifact import check_destination
-
-        check_destination(out, force=force)
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
@@ -217,10 +211,6 @@ def _check_default_outputs(config, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
-def _n(x: int | None) -> str:
-    return "?" if x is None else str(x)
-
-
 def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
                 batch: bool = False,
                 decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
@@ -232,25 +222,22 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         click.echo(f"{'stage':<{width}}  {'calls':>9}  cached  est.prompt-tok  est.completion-tok")
     else:
         click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok  requests")
-    tot_calls = tot_p = tot_c = 0
     for p in plans:
-        calls = p.decompose_calls + p.score_calls
-        tot_calls += calls
-        tot_p += p.prompt_tokens
-        tot_c += p.completion_tokens
-        bound = "<=" if p.upper_bound else "  "
         cached = "?" if p.cached is None else str(p.cached)
         if staged:
-            click.echo(f"{p.stage:<{width}}  {calls:>9}  {cached:>6}  {p.prompt_tokens:>14}  {p.completion_tokens:>18}")
-            continue
-        click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
-                   f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{_n(p.requests):>8}")
+            click.echo(f"{p.stage:<{width}}  {p.decompose_calls + p.score_calls:>9}  {cached:>6}  "
+                       f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+        else:
+            bound, requests = "<=" if p.upper_bound else "  ", "?" if p.requests is None else str(p.requests)
+            click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
+                       f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{requests:>8}")
+    tot_p, tot_c = sum(p.prompt_tokens for p in plans), sum(p.completion_tokens for p in plans)
     if any(p.requests is not None for p in plans):
         # the progress bar counts requests; the LLM is paid per distinct one (a call)
         click.echo("requests: decompositions + one scoring request per sample and criterion, as the progress "
                    "counts them; identical requests (samples with the same text) share one call")
-    known_cached = sum(p.cached or 0 for p in plans)
-    click.echo(f"total: <= {tot_calls} LLM calls ({known_cached} already cached), "
+    calls, known_cached = sum(p.decompose_calls + p.score_calls for p in plans), sum(p.cached or 0 for p in plans)
+    click.echo(f"total: <= {calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
     dec_in, dec_out = decompose_prices
     if dec_in is None and dec_out is None:
@@ -277,5 +264,3 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
     if batch:
         click.echo(f"with --batch: about {score_cost / 2 + dec_cost:.2f} (scoring at the Batch API's half price; "
                    "decomposition calls are sent normally, at the full price)")
-
-
