@@ -117,8 +117,8 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                f"threshold {max_failure_rate:.0%})", err=True)
     t = res.trust
     apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
-    training = (f"TRAINING ROWS ONLY ({t.get('in_training')} rows the evaluator was fitted on; not a held-out "
-                "figure):")
+    training = (f"TRAINING ROWS ONLY ({t.get('in_training')} rows the evaluator was fitted on; "
+                "not a held-out figure):")
     if res.agreement:
         click.echo(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}",
                    err=to_stdout)

@@ -35,9 +35,7 @@ def _show_warnings(seen: dict) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread. A KeyboardInterrupt, so every cleanup that Ctrl-C
-    gets (queued LLM calls dropped, running ones finished and cached, temp files removed)
-    runs for it too."""
+    """SIGTERM in the main thread: a KeyboardInterrupt, so every cleanup Ctrl-C gets runs for it too."""
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

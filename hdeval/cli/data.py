@@ -29,8 +29,7 @@ def data() -> None:
 
 
 class _Reporter:
-    """Draws download progress on stderr: a byte counter on a terminal (its line left open, as a
-    redrawn progress line is, so that what follows starts on a fresh line), lines otherwise."""
+    """Download progress on stderr: a byte counter on a terminal (its line left open), lines otherwise."""
 
     def __init__(self, announce: bool = True) -> None:
         self.tty = sys.stderr.isatty()
@@ -120,8 +119,7 @@ def download_cmd(tasks: tuple[str, ...], dest: Path | None, source_url: str | No
 
 
 def _note_search_path(name: str, path: Path) -> None:
-    """Say when train would not read ``path``: --dest outside its search path, or a file
-    under $HDEVAL_DATA_DIR (searched first) shadowing it."""
+    """Say when train would not read ``path``: outside its search path, or shadowed by an earlier file."""
     task = load_task(name)
     cands = [c.resolve() for c in data_candidates(task)]
     if path.resolve() not in cands:

@@ -55,8 +55,7 @@ def method_options(f):
 
 
 def _defaults_help(owners) -> str:
-    """`` (default: on for dna; off for hdeval, paireval)``: each method's own default, from its
-    options model; nothing for an option whose default is "not set" (its help says what then)."""
+    """`` (default: on for dna; off for hdeval, paireval)``; nothing for a default of "not set"."""
     shown: dict[str, list[str]] = {}
     for method, opt in owners:
         value = opt.shown_default()

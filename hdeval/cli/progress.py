@@ -154,7 +154,6 @@ def _duration(s: float) -> str:
 
 
 def _set_line_open(value: bool) -> None:
-    """Whether a line drawn on the terminal lacks its newline: a download's byte counter sets it;
-    Ctrl-C's message starts with its own newline and clears it."""
+    """A download's byte counter leaves its line open; Ctrl-C's message starts with a newline."""
     global _line_open
     _line_open = value

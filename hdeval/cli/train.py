@@ -13,7 +13,7 @@ import click
 from hdeval.cli.artifacts import _notice_local, _resolved
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, llm_options, method_options
-from hdeval.cli.progress import TerminalProgress
+from hdeval.cli.progress import TerminalProgress, _end_open_line
 from hdeval.errors import ConfigError, HdevalError
 from hdeval.urls import shown_identity
 
@@ -108,25 +108,31 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         _notice_local("local")
     if not yes and export_file is None:
         _ask_before_a_long_local_run(config)
-    started = time.monotonic()
-    if export_file is not None:
-        from hdeval.request_files import RequestsExported
+    from hdeval.request_files import RequestsExported
 
-        try:
-            ev = run_train(config, progress=progress, export_requests=export_file)
-        except RequestsExported as done:
-            progress.close()
-            _print_exported(done, progress.label, config.cache_dir)
-            return
-    else:
-        ev = run_train(config, progress=progress)
+    started = time.monotonic()
+    try:
+        ev = run_train(config, progress=progress, export_requests=export_file)
+    except RequestsExported as done:
+        progress.close()
+        _end_open_line()  # a progress line redrawn on a terminal ends first
+        stage, where = progress.label, f" --cache-dir {config.cache_dir}" if config.cache_dir else ""
+        click.echo(f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
+                   f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
+                   f"RESULTS.jsonl --requests {done.path}{where}` and rerun this same train command: it goes on "
+                   "to the next stage (and, once every stage is cached, trains and saves the artifact)", err=True)
+        return
     _record_rate(config, ev, time.monotonic() - started)
     path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
     try:
         ev.save(path, force=force)
     except HdevalError as exc:
         raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
-    _print_train_summary(ev, path)
+    u = ev.metrics["usage"]
+    click.echo(f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
+               f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
+    for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
+        click.echo(line, err=to_err)
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
@@ -139,8 +145,7 @@ def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
 
 
 def _ask_before_a_long_local_run(config) -> None:
-    """A many-hour run on the embedded model is rarely what a user meant: ask (or, with no
-    terminal to ask on, refuse) before starting one."""
+    """A many-hour run on the embedded model is rarely meant: ask (no terminal: refuse) first."""
     from hdeval.estimate import LONG_RUN_SECONDS, is_embedded
     from hdeval.train import plan
 
@@ -162,17 +167,6 @@ def _ask_before_a_long_local_run(config) -> None:
                       "or faster (--llm with a server)")
 
 
-def _print_exported(done, stage: str, cache_dir: str | None) -> None:
-    from hdeval.cli.progress import _end_open_line
-
-    _end_open_line()  # a progress line redrawn on a terminal ends first
-    where = f" --cache-dir {cache_dir}" if cache_dir else ""
-    click.echo(f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
-               f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
-               f"RESULTS.jsonl --requests {done.path}{where}` and rerun this same train command: it goes on "
-               "to the next stage (and, once every stage is cached, trains and saves the artifact)", err=True)
-
-
 def _record_rate(config, ev, seconds: float) -> None:
     from hdeval.estimate import record_rate, scoring_identity
     from hdeval.train import _offline_identity
@@ -186,20 +180,8 @@ def _record_rate(config, ev, seconds: float) -> None:
         record_rate(config.cache_dir, identity, usage["calls"], usage.get("prompt_tokens", 0), seconds)
 
 
-def _print_train_summary(ev, path: Path) -> None:
-    """Usage, then the method's own summary of what was trained."""
-    u = ev.metrics["usage"]
-    click.echo(
-        f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
-        f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
-    for line, to_err in ev.summary_lines(path):
-        click.echo(line, err=to_err)
-
-
 def _check_default_outputs(config, force: bool) -> None:
-    """Without --out, refuse every default the run may pick (artifacts/<task>-<kind>; with auto, any
-    kind) that save would refuse (a non-artifact directory, an artifact without --force, the
-    working directory, an unwritable place)."""
+    """Without --out, refuse before any call every default the run may pick that save would refuse."""
     from hdeval.artifact import check_destination
     from hdeval.methods.registry import get_method
     from hdeval.tasks import load_task
@@ -236,7 +218,8 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
         # the progress bar counts requests; the LLM is paid per distinct one (a call)
         click.echo("requests: decompositions + one scoring request per sample and criterion, as the progress "
                    "counts them; identical requests (samples with the same text) share one call")
-    calls, known_cached = sum(p.decompose_calls + p.score_calls for p in plans), sum(p.cached or 0 for p in plans)
+    calls = sum(p.decompose_calls + p.score_calls for p in plans)
+    known_cached = sum(p.cached or 0 for p in plans)
     click.echo(f"total: <= {calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
     dec_in, dec_out = decompose_prices

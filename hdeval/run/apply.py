@@ -43,7 +43,7 @@ def chunk_size() -> int:
 
 
 class _ChunkProgress(Progress):
-    """The scorer's progress with its chunk in the label (no whole-run estimate: ``expect`` is not passed on)."""
+    """The scorer's progress with its chunk in the label (``expect``, of one chunk, not passed on)."""
 
     def __init__(self, inner: Progress):
         self.inner, self.prefix = inner, ""
@@ -131,20 +131,17 @@ class _Input:
         self.path, self.ev, self.size, self.shard = path, ev, size, shard
         self.total = self.mine = 0
 
-    def _keep(self, sample_id: str) -> bool:
-        assert self.shard is not None
+    def _keep(self, sample_id: str) -> bool:  # a sharded read counts every sample here
         self.total += 1
-        return shard_of(sample_id, self.shard[1]) == self.shard[0]
+        return shard_of(sample_id, self.shard[1]) == self.shard[0]  # type: ignore[index]
 
     def chunks(self, seen: Any) -> Iterator[list]:
         from hdeval.data import iter_task_chunks
 
-        keep = self._keep if self.shard is not None else None
-        for chunk in iter_task_chunks(self.path, self.ev.task, require_labels=False, size=self.size,
-                                      seen=seen, keep=keep):
+        for chunk in iter_task_chunks(self.path, self.ev.task, require_labels=False, size=self.size, seen=seen,
+                                      keep=self._keep if self.shard is not None else None):
             self.mine += len(chunk)
-            if self.shard is None:
-                self.total += len(chunk)
+            self.total += 0 if self.shard is not None else len(chunk)
             yield chunk
 
 

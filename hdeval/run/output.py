@@ -102,7 +102,6 @@ class OutputWriter:
         self._tmp: list[str] = []
         self._fh: Any = None
         self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
-        self._done = False
         if output == "-":
             return
         self.path = Path(output)
@@ -142,14 +141,12 @@ class OutputWriter:
     def commit(self) -> None:
         """Put the output in place (the one moment the destination changes)."""
         if self.output == "-":
-            self._done = True
             return
         try:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
             _put_in_place(self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0]), self.path)
-            self._done = True
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         finally:
@@ -170,7 +167,8 @@ class OutputWriter:
             for k in itertools.count():  # the header with the first batch, even an empty one
                 batch = list(itertools.islice(rows, self.CONVERT_ROWS))
                 if batch or not k:
-                    pd.DataFrame(batch, columns=columns).to_csv(tmp, index=False, header=not k, mode="a" if k else "w")
+                    frame = pd.DataFrame(batch, columns=columns)
+                    frame.to_csv(tmp, index=False, header=not k, mode="a" if k else "w")
                 if len(batch) < self.CONVERT_ROWS:
                     return tmp
 

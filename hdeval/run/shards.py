@@ -166,7 +166,8 @@ def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int,
         batch: list[dict] = []
         for line, path, sid, row in itertools.chain(head, merged):
             if line == last_line:
-                raise DataError(f"{path} and {last_file} both hold input line {line}: shards of different runs?")
+                raise DataError(f"{path} and {last_file} both hold input line {line}: "
+                                "shards of different runs?")
             if sid in seen:
                 raise DataError(f"id {sid!r} is in {seen[sid]} and {path}")
             seen[sid] = last_file = path

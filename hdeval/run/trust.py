@@ -50,5 +50,6 @@ class RowTrust:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
         if self.cal is not None:
-            out.update(interval_level=self.cal.level, max_interval_width=self.max_width, needs_human=self.needs_human)
+            out.update(interval_level=self.cal.level, max_interval_width=self.max_width,
+                       needs_human=self.needs_human)
         return out
