@@ -60,8 +60,14 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
         raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
                           f"{ev.method!r}: its numbers are in metrics.json")
     _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
-    if base_url:
-        _with_base_url(ev, base_url)
+    if base_url:  # the full URL of the server the artifact names, in memory only
+        from hdeval.urls import public_url
+
+        named = (getattr(ev.llm, "base_url", None) or "").rstrip("/")
+        if (public_url(base_url.strip()) or "").rstrip("/") != named:
+            raise ConfigError(f"--base-url names another server than the artifact's ({named or 'none'}): give "
+                              "the URL its training run was given")
+        ev.llm = ev.llm.replace(base_url=base_url.strip())
     page, numbers, lines = ev.write_report(
         out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
         n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
@@ -69,17 +75,6 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
         click.echo(line)
     click.echo(f"report written to {page} (numbers in {numbers})")
     click.echo(f"open: {file_url(page)}")
-
-
-def _with_base_url(ev: Any, base_url: str) -> None:
-    """Give the loaded evaluator (in memory only) the full base URL of the server it names."""
-    from hdeval.urls import public_url
-
-    named = (getattr(ev.llm, "base_url", None) or "").rstrip("/")
-    if (public_url(base_url.strip()) or "").rstrip("/") != named:
-        raise ConfigError(f"--base-url names another server than the artifact's ({named or 'none'}): give the "
-                          "URL its training run was given")
-    ev.llm = ev.llm.replace(base_url=base_url.strip())
 
 
 def _refuse_symlinked_output(artifact: Path, out: Path) -> None:

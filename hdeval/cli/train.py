@@ -103,9 +103,8 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
         check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
                      option="--export-requests")
     progress = TerminalProgress(quiet)
-    _notice_local(_resolved(config.llm))
-    if (config.options.second_llm_given() or ("",))[0] == "local" and _resolved(config.llm) != "local":
-        _notice_local("local")
+    if "local" in (_resolved(config.llm), (config.options.second_llm_given() or ("",))[0]):
+        _notice_local("local")  # once, for the scoring or the second LLM
     if not yes and export_file is None:
         _ask_before_a_long_local_run(config)
     from hdeval.request_files import RequestsExported
