@@ -8,16 +8,11 @@ import json
 
 import click
 
-from hdeval.cli import artifacts
-from hdeval.cli.artifacts import _from_command_line
+from hdeval.cli.artifacts import policy
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, llm_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ConfigError
-
-
-def _echo_err(text: str) -> None:
-    click.echo(text, err=True)
 
 
 @click.command()
@@ -83,9 +78,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                 raise ConfigError(f"--export-requests scores nothing: drop {name}")
         n = export_apply_requests(artifact, input_file, export_file, shard=shard, llm=llm, base_url=base_url,
                                   concurrency=concurrency, timeout=timeout, max_retries=max_retries,
-                                  cache_dir=cache_dir, llm_given=_from_command_line("llm"),
-                                  base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
-                                  notify=_echo_err)
+                                  cache_dir=cache_dir, **policy())
         if not n:
             click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o",
                        err=True)
@@ -105,9 +98,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
                          base_url=base_url, concurrency=concurrency, timeout=timeout,
                          max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
                          batch=bool(batch), max_failure_rate=max_failure_rate,
-                         max_interval_width=max_interval_width, llm_given=_from_command_line("llm"),
-                         base_url_given=_from_command_line("base_url"), confirm=artifacts._confirm(),
-                         progress=progress, notify=_echo_err)
+                         max_interval_width=max_interval_width, progress=progress, **policy())
     finally:
         progress.close()
     u = res.usage

@@ -4,7 +4,6 @@ is scored with (asking on a terminal before using a server only the artifact nam
 from __future__ import annotations
 
 import sys
-from typing import Callable
 
 import click
 
@@ -37,23 +36,20 @@ def load_artifact(path: str):
     return ev
 
 
-def _from_command_line(name: str) -> bool:
-    """Whether option ``name`` was typed on the command line (not taken from the environment)."""
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context(silent=True)
-    return ctx is None or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
-
-
 def _stdin_is_tty() -> bool:
     return sys.stdin.isatty()
 
 
-def _confirm() -> Callable[[str], bool] | None:
-    """Ask the artifact-LLM question on a terminal; with no one to answer, the library refuses."""
-    if not _stdin_is_tty():
-        return None
-    return lambda question: click.confirm(question, default=False, err=True)
+def policy() -> dict:
+    """The artifact-LLM policy's terms on the command line: whether --llm/--base-url were typed (not
+    taken from the environment); the question, asked on a terminal only (else the library refuses)."""
+    from click.core import ParameterSource
+
+    ctx, typed = click.get_current_context(silent=True), ParameterSource.COMMANDLINE
+    llm, url = (ctx is None or ctx.get_parameter_source(n) == typed for n in ("llm", "base_url"))
+    ask = (lambda question: click.confirm(question, default=False, err=True)) if _stdin_is_tty() else None
+    return dict(llm_given=llm, base_url_given=url, confirm=ask,
+                notify=lambda text: click.echo(text, err=True))
 
 
 def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
@@ -64,8 +60,7 @@ def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, t
 
     backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
                                 cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch,
-                                llm_given=_from_command_line("llm"), base_url_given=_from_command_line("base_url"),
-                                confirm=_confirm(), notify=lambda text: click.echo(text, err=True))
+                                **policy())
     progress = TerminalProgress(quiet)
     try:
         return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
