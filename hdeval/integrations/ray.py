@@ -170,13 +170,9 @@ class ArtifactScorer:
             raise DataError(f"hdeval's Ray scorer reads a 'text' column of JSONL lines; the batch has "
                             f"{', '.join(sorted(batch)) or 'no columns'}")
         lines = batch.get("line")
-        samples = []
-        for i, text in enumerate(batch["text"]):
-            where = f"line {int(lines[i])}" if lines is not None else f"row {i + 1} of a batch"
-            s = _row_sample(self.ev.task, str(text), where)
-            if s is not None:
-                samples.append(s)
-        return samples
+        found = (_row_sample(self.ev.task, str(text), f"line {int(lines[i])}" if lines is not None
+                             else f"row {i + 1} of a batch") for i, text in enumerate(batch["text"]))
+        return [s for s in found if s is not None]
 
     def _score(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
@@ -373,9 +369,8 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
-                for line in batch["result"]:
-                    fh.write(str(line) + "\n")
-                    n += 1
+                fh.writelines(f"{line}\n" for line in batch["result"])
+                n += len(batch["result"])
         os.replace(tmp, results)
     finally:
         if os.path.exists(tmp):
