@@ -38,43 +38,35 @@ class Cell:
     requests: tuple[CompletionRequest, ...]
 
 
-def fill_matrix(
-    llm: Backend,
-    cells: Sequence[Cell],
-    parse: Parser,
-    concurrency: int | None = None,
-    progress: Progress | None = None,
-) -> ScoreMatrix:
-    """Run every cell's requests (in cell order: put one sample's cells together so a local model
-    reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
-    first occur. ``llm``'s client runs them (cache, Batch API, at most ``concurrency`` in flight,
-    progress). An unusable reply, or a request the server rejected on its own account (named on
-    ``progress``), becomes NaN plus a :class:`Failure`; errors about the whole run are raised.
-    """
-    rows = list(dict.fromkeys(c.sample_id for c in cells))
-    cols = list(dict.fromkeys(c.column for c in cells))
-    return fill_matrix_stream(llm, rows, cols, cells, parse, concurrency, progress, window=None)
-
-
 # Cells whose requests are built ahead of the calls when a stage is streamed: enough rounds of
 # the concurrency window that the drain at each window's end costs little
 STREAM_WINDOW = 1024
 _STREAM_ROUNDS = 32
 
 
-def fill_matrix_stream(
+def fill_matrix(
     llm: Backend,
-    rows: Sequence[str],
-    cols: Sequence[str],
     cells: Iterable[Cell],
     parse: Parser,
     concurrency: int | None = None,
     progress: Progress | None = None,
-    window: int | None = STREAM_WINDOW,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    window: int | None = None,
 ) -> ScoreMatrix:
-    """:func:`fill_matrix` over cells built as they are consumed: at most ``window`` cells'
-    requests exist at a time, so memory does not grow with the stage. ``rows``/``cols``: the
-    matrix's. One window when the client has a batch strategy (one job per stage) or no store."""
+    """Run every cell's requests (in cell order: put one sample's cells together so a local model
+    reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
+    first occur unless ``rows``/``cols`` name them. ``llm``'s client runs them (cache, Batch API,
+    at most ``concurrency`` in flight, progress). An unusable reply, or a request the server
+    rejected on its own account (named on ``progress``), becomes NaN plus a :class:`Failure`;
+    errors about the whole run are raised. With ``window`` (and ``rows``/``cols``), cells are
+    built as they are consumed, at most ``window`` at a time, so memory does not grow with the
+    stage; one window when the client has a batch strategy (one job per stage) or no store.
+    """
+    if rows is None or cols is None:
+        cells = list(cells)
+        rows = list(dict.fromkeys(c.sample_id for c in cells))
+        cols = list(dict.fromkeys(c.column for c in cells))
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)
@@ -303,18 +295,18 @@ def ask_json(
     rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
     problem it accepts is an outcome: the cached replies are the last word, with no new call.
     """
-    from hdeval import aio
-
-    halt: list[bool] = []
-    with _client(llm) as client:
-        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt, final=final),
-                       on_interrupt=lambda: halt.append(True))
+    got = ask_json_many(llm, [(request, validate, feedback)], attempts=attempts, final=final)[0]
+    if isinstance(got, UnusableReply):
+        raise got
+    return got
 
 
 def ask_json_many(
     llm: Backend,
     asks: Sequence[tuple[CompletionRequest, Callable[[Any], Any], Callable[[str], str]]],
     concurrency: int | None = None,
+    attempts: int = 3,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> list[Any]:
     """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` at a
     time; each result is the value or the :class:`UnusableReply`. Any other error starts no new
@@ -332,7 +324,7 @@ def ask_json_many(
                 if errors or halt:
                     return None
                 try:
-                    return await aask_json(client, *ask, halt=halt)
+                    return await aask_json(client, *ask, attempts, halt=halt, final=final)
                 except UnusableReply as exc:
                     return exc
                 except BaseException as exc:  # noqa: BLE001 - raised once the others ended

@@ -120,7 +120,7 @@ def score_criteria(
 ) -> ScoreMatrix:
     """Score every sample on every criterion (sample-major); unusable replies and requests the
     server rejected on their own account become NaN + a Failure."""
-    from hdeval.judge import Cell, fill_matrix_stream
+    from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
 
     if not samples or not criteria:  # keep the columns of an empty matrix
         return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],
@@ -129,4 +129,4 @@ def score_criteria(
     cells = (Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria)
     rows = list(dict.fromkeys(s.id for s in samples))
     cols = list(dict.fromkeys(c.key for c in criteria))
-    return fill_matrix_stream(backend, rows, cols, cells, digit_score(SCALE), concurrency, progress)
+    return fill_matrix(backend, cells, digit_score(SCALE), concurrency, progress, rows, cols, STREAM_WINDOW)
