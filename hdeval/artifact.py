@@ -1,11 +1,6 @@
 """The artifact directory, whatever the method: layout, manifest, checksums, safe loading, atomic save.
-
-A method writes its files through an :class:`ArtifactWriter` and reads them back through an
-:class:`ArtifactReader`; this module owns everything else. An artifact is data from whoever sent
-it: every file is checked against the manifest's sha256, nothing is unpickled (the skops loader
-refuses types outside a short trusted list), no path leaves the directory, symlinks are refused,
-and sizes are bounded.
-"""
+An artifact is data from whoever sent it: every file is checked against the manifest's sha256,
+nothing is unpickled, no path leaves the directory, symlinks are refused, and sizes are bounded."""
 
 from __future__ import annotations
 
@@ -103,12 +98,11 @@ class ArtifactReader:
             raise ArtifactError(f"{self.path}: {name} is {st.st_size} bytes, more than an artifact may hold")
         return p
 
-    def text(self, name: str, limit: int | None = None) -> str:
-        limit = MAX_JSON_BYTES if limit is None else limit
+    def text(self, name: str) -> str:
         p = self.file(name)
-        if p.stat().st_size > limit:
-            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the {limit} "
-                                "an artifact text file may hold")
+        if p.stat().st_size > MAX_JSON_BYTES:
+            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the "
+                                f"{MAX_JSON_BYTES} an artifact text file may hold")
         try:
             return p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -150,16 +144,13 @@ def _safe_name(name: Any) -> str:
 
 def _refuse_links(path: Path) -> None:
     """Refuse any symbolic link (or more entries than an artifact has) inside ``path``."""
-    n = 0
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in dirs + files:
-            n += 1
-            full = Path(root) / name
-            if n > MAX_ENTRIES:
-                raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
-            if full.is_symlink():
-                raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
-                                    "an artifact holds only regular files")
+    entries = (Path(root) / name for root, dirs, files in os.walk(path) for name in dirs + files)
+    for n, full in enumerate(entries, 1):
+        if n > MAX_ENTRIES:
+            raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
+        if full.is_symlink():
+            raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
+                                "an artifact holds only regular files")
 
 
 def is_artifact(path: Path) -> bool:
