@@ -302,8 +302,7 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_tree(path: Path) -> None:
-    """Delete a directory hdeval wrote, its manifest last (so a half-deleted one is still
-    recognisable as an artifact, or empty)."""
+    """Delete a directory hdeval wrote, its manifest last (half-deleted, it is still recognised)."""
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
         return
@@ -322,8 +321,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where the
-    system or file system cannot, so the caller falls back to two renames."""
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -121,9 +121,7 @@ def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]],
                seen: SeenIds | None, keep: Callable[[str], bool] | None,
                match: Callable[[dict], bool] | None = None, skipped: list[int] | None = None,
                hint: Callable[[], str] = lambda: "", none: str = "") -> Iterator[Any]:
-    """The line-by-line checks both shapes share; ``parse(row, line)`` is the row schema:
-    (problem, None) for a bad row, (None, None) for one it leaves out (appended to ``skipped``).
-    Rows ``match`` drops are not checked beyond being JSON objects."""
+    """Both shapes' line checks; ``parse(row, line)``: (problem, None), or (None, None) to skip."""
     bad = _BadLines()
     n_rows = 0
     seen = DictIds() if seen is None else seen
@@ -213,9 +211,7 @@ def _no_id(sid: object) -> bool:
 
 
 def _lone_surrogate(row: object) -> str | None:
-    """Where a JSON ``\\ud800``-style escape left a lone surrogate (not encodable as UTF-8: a prompt
-    or the cache would fail on it later), e.g. ``field 'output'``; None if there is none. Iterative:
-    a row may be nested as deep as the JSON parser allows."""
+    """Where a lone surrogate is (``field 'output'``), or None; iterative: rows nest deep."""
     stack: list[tuple[str, object]] = [("", row)]
     while stack:
         where, value = stack.pop()
@@ -301,8 +297,7 @@ class DiskIds:
 
 def _text_fields(row: dict, task: Task, keys: Sequence[tuple[str, str]],
                  skip_empty: bool = False) -> tuple[str | None, dict[str, str], bool]:
-    """(problem, the ``keys`` (key, label) plus the other shown texts a row has, whether one of
-    ``keys`` is empty text, which only ``skip_empty`` allows)."""
+    """(problem, the texts ``keys`` names and the optional shown ones, whether one is empty)."""
     if _no_id(row.get("id")):
         return "missing field 'id'", {}, False
     fields: dict[str, str] = {}

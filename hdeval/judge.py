@@ -390,9 +390,7 @@ _MAX_REASKS = 50  # a cache holding more invalid replies for one request than th
 
 async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
                  reask: bool, final: Callable[[ValueError], bool] | None = None) -> Completion:
-    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that is
-    fresh, or cached and valid or ``final`` (walking past a cached final reply would pay anew on
-    every rerun)."""
+    """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
     completion = await ask(request)
     for n in range(1, _MAX_REASKS + 1):
         if not reask or not completion.cached:

@@ -72,8 +72,7 @@ def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tupl
 
 
 def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
-    """The one score a reply's text gives: every number in it, less the scale's bounds and
-    denominators ("3 out of 5", "on a 1-5 scale"), must be the same value in ``scale``."""
+    """The one value every number in the text gives (bar "out of 5", "a 1-5 scale"), in the scale."""
     from hdeval.judge import _numbers
 
     text = text[:10_000]  # bounded: a score reply is a few tokens

@@ -126,7 +126,7 @@ def prepare(config: TrainConfig) -> Prepared:
         if config.aspects:
             raise ConfigError("--preset and --aspects cannot be combined: the preset chooses the aspects")
         task = apply_preset(task, config.preset)
-    task = select_aspects(task, list(config.aspects) if config.aspects else None)
+    task = select_aspects(task, config.aspects)
     method = get_method(config.method)
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
     given = method.prepare(config, task) if method.prepare else None

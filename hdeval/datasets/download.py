@@ -80,8 +80,7 @@ def _slug(text: str) -> str:
 
 
 def _text(rec: Mapping[str, Any], key: str, where: str, required: bool = True) -> str | None:
-    """Upstream text, stripped: UniEval's dialogue fields carry trailing spaces/newlines
-    that the shared files do not, and a prompt gains nothing from them."""
+    """Upstream text, stripped (as in the shared files; UniEval's dialogues end in spaces)."""
     value = rec.get(key)
     if value is None and not required:
         return None
@@ -125,8 +124,7 @@ def _scores(
 
 def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | None, system: str | None,
          rec: Mapping[str, Any], at: str, rename: Mapping[str, str] = {}, drop: Sequence[str] = ()) -> dict:
-    """A row of ``rec`` (its output, reference and scores read here), keys in the shared files'
-    order, so a diff between the two is readable."""
+    """A row of ``rec``, keys in the shared files' order (so the two diff readably)."""
     output = _text(rec, "system_output", at)
     reference = _text(rec, "reference", at, required=False)
     return {"id": id_, "task": task.name, "source": source, "context": context, "output": output,
