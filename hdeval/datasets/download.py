@@ -260,7 +260,7 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
 def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
                      timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
-    from hdeval.data import read_samples, write_jsonl
+    from hdeval.datasets.table import write_samples
 
     ds = DATASETS[name]
     task = load_task(name)
@@ -282,7 +282,6 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
     # Temp names start with "." and do not end in ".jsonl", so neither train nor `data list`
     # ever mistakes them for data; the pid keeps two concurrent runs apart.
     raw_tmp = dest / f".{name}.json.download-{os.getpid()}"
-    out_tmp = dest / f".{task.data_file}.partial-{os.getpid()}"
     try:
         report(DownloadEvent("start", name, url=url, path=target))
         fetch_to_file(url, raw_tmp, timeout,
@@ -308,18 +307,11 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
                        "with the paper's")
             report(DownloadEvent("warning", name, url=url, message=warning))
 
-        write_jsonl(out_tmp, rows)
-        # The same check `train` will run, done before the file takes its final name.
-        try:
-            n = len(read_samples(out_tmp, task))
-        except DataError as exc:
-            raise DataError(f"{url}: converted rows do not load ({exc})") from None
-        os.replace(out_tmp, target)
+        n = write_samples(target, rows, task)  # checked as `train` reads it, then renamed into place
     except OSError as exc:
         raise DataError(f"cannot write {target}: {exc}") from None
     finally:
         raw_tmp.unlink(missing_ok=True)
-        out_tmp.unlink(missing_ok=True)
     report(DownloadEvent("done", name, url=url, path=target, rows=n))
     return DownloadResult(name, target, n, downloaded=True, warning=warning)
 
@@ -395,13 +387,8 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)
-        cands = []
-        for path in data_candidates(task):
-            if not path.is_file():
-                cands.append(CandidateStatus(path, present=False))
-                continue
-            rows, problem = _count_valid(path, task, None)
-            cands.append(CandidateStatus(path, True, rows, problem))
+        cands = tuple(CandidateStatus(p, True, *_count_valid(p, task, None)) if p.is_file()
+                      else CandidateStatus(p, present=False) for p in data_candidates(task))
         ds = DATASETS.get(name)
-        out.append(TaskDataStatus(task, tuple(cands), ds.official_rows if ds else None))
+        out.append(TaskDataStatus(task, cands, ds.official_rows if ds else None))
     return out
