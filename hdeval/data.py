@@ -119,8 +119,8 @@ def iter_samples(path: str | Path, task: Task, require_scores: bool = True,
 
 def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]], what: str,
                seen: SeenIds | None, keep: Callable[[str], bool] | None,
-               match: Callable[[dict], bool] | None = None, skipped: list[int] | None = None,
-               hint: Callable[[], str] = lambda: "", none: str = "") -> Iterator[Any]:
+               match: Callable[[dict], bool] | None = None, hint: Callable[[], str] = lambda: "",
+               none: str = "") -> Iterator[Any]:
     """Both shapes' line checks; ``parse(row, line)``: (problem, None), or (None, None) to skip."""
     bad = _BadLines()
     n_rows = 0
@@ -153,8 +153,6 @@ def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]],
                     f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
                     "pair), which is not text", None)
                 if problem is None and item is None:
-                    if skipped is not None:
-                        skipped.append(lineno)
                     continue
                 first = None if problem else seen.first_line(item.id, lineno)
                 if first is not None:
@@ -453,25 +451,20 @@ def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, 
     yield from iter(lambda: list(itertools.islice(it, size)), [])
 
 
-def read_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
-               require_labels: bool = True, skipped: list[int] | None = None) -> list[PairSample]:
+def read_pairs(path: str | Path, task: Task, require_labels: bool = True) -> list[PairSample]:
     """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie); errors are
-    reported as by :func:`read_samples`. ``where`` (added to the task's own) keeps only matching
-    rows; rows it drops are not checked beyond being JSON objects. With the task's ``skip_empty``,
-    rows whose shown text or a response is an empty string are left out and their line numbers
-    appended to ``skipped``. ``require_labels``: every pair must carry a human label (training)."""
-    return list(iter_pairs(path, task, where, require_labels, skipped))
+    reported as by :func:`read_samples`. Only rows matching the task's ``where`` are kept (the others
+    are not checked beyond being JSON objects); with its ``skip_empty``, rows whose shown text or a
+    response is an empty string are left out. ``require_labels``: every pair must carry a label."""
+    return list(iter_pairs(path, task, require_labels))
 
 
-def iter_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
-               require_labels: bool = True, skipped: list[int] | None = None, seen: SeenIds | None = None,
+def iter_pairs(path: str | Path, task: Task, require_labels: bool = True, seen: SeenIds | None = None,
                keep: Callable[[str], bool] | None = None) -> Iterator[PairSample]:
     """:func:`read_pairs` one pair at a time, as :func:`iter_samples`."""
     row_filter = dict(task.where)
-    for key, value in (where or {}).items():
-        row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     return _iter_rows(Path(path), lambda row, lineno: _pair_from_row(row, lineno, task, require_labels),
-                      "pairs", seen, keep, match=lambda row: _matches(row, row_filter), skipped=skipped,
+                      "pairs", seen, keep, match=lambda row: _matches(row, row_filter),
                       none=f" matching where {_show_where(row_filter)}" if row_filter else "")
 
 
