@@ -128,20 +128,13 @@ def label_probability(completion: Completion, target: str, other: str) -> tuple[
     "A"). Without logprobs for either, the text decides: 1.0 when it starts with (or only names)
     ``target``, 0.0 for ``other``; naming neither, or both with no way to tell, is a failure."""
     if completion.top_logprobs:
-        first = completion.top_logprobs[0]
-        p_t = p_o = 0.0
-        for alt in first:
-            tok = alt.token.strip()
+        mass = {target: 0.0, other: 0.0}
+        for alt in completion.top_logprobs[0]:
             lp = alt.logprob
-            if not isinstance(lp, (int, float)) or math.isnan(lp):
-                continue
-            p = math.exp(min(0.0, lp))  # a logprob above 0 is a server error: cap at p = 1
-            if tok == target:
-                p_t += p
-            elif tok == other:
-                p_o += p
-        if p_t + p_o > 0:
-            return p_t / (p_t + p_o), None
+            if alt.token.strip() in mass and isinstance(lp, (int, float)) and not math.isnan(lp):
+                mass[alt.token.strip()] += math.exp(min(0.0, lp))  # a logprob above 0 is a server error
+        if mass[target] + mass[other] > 0:
+            return mass[target] / (mass[target] + mass[other]), None
     text = (completion.text if isinstance(completion.text, str) else "").strip()[:2000]
     # "yes" is "Yes", but a lone "a" is an article, not the label "A"
     fold = (lambda w: w.lower()) if min(len(target), len(other)) > 1 else (lambda w: w)
@@ -193,8 +186,7 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
     named twice with different scores, more numbers, or a score outside ``scale``: a failure.
     """
     low, high = scale
-    text = completion.text if isinstance(completion.text, str) else ""
-    text = text[:_MAX_REPLY]
+    text = (completion.text if isinstance(completion.text, str) else "")[:_MAX_REPLY]
     shown = " ".join(text.split())[:60]
 
     def checked(a: float, b: float) -> tuple[tuple[float, float] | None, str | None]:
@@ -241,12 +233,10 @@ def _json_pair(obj: dict, checked, shown: str):
             sides["2"].append(value)
     if len(sides["1"]) != 1 or len(sides["2"]) != 1:
         return None, f"the JSON reply does not name one score per response: {shown!r}"
-    vals = []
-    for v in (sides["1"][0], sides["2"][0]):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return None, f"the JSON reply's scores are not numbers: {shown!r}"
-        vals.append(float(v))
-    return checked(*vals)
+    vals = (sides["1"][0], sides["2"][0])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
+        return None, f"the JSON reply's scores are not numbers: {shown!r}"
+    return checked(*map(float, vals))
 
 
 class UnusableReply(HdevalError):
