@@ -132,65 +132,48 @@ def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | N
             "scores": _scores(rec, task, rename, drop, at), "annotations": None}
 
 
-def convert_summeval(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``summeval.json`` -> rows. ``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is
-    UniEval's (the CNN/DM id). ``overall`` is dropped: UniEval computes it as the mean of the four
-    aspects, so it adds no human judgment."""
-    rows = []
-    for i, rec in enumerate(records, 1):
-        at = f"{where}: record {i}"
-        doc = rec.get("doc_id")
-        system = rec.get("system_id")
-        if doc in (None, "") or system in (None, ""):
-            raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
-        source = _text(rec, "source", at)
-        rows.append(_row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
-                         drop=("overall",)))
-    return rows
+# One record -> one row: (record, its 0-based position, task, where, the distinct inputs so far).
+def _summeval(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id).
+    ``overall`` is dropped: UniEval computes it as the mean of the four aspects."""
+    doc, system = rec.get("doc_id"), rec.get("system_id")
+    if doc in (None, "") or system in (None, ""):
+        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
+    source = _text(rec, "source", at)
+    return _row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
+                drop=("overall",))
 
 
-def convert_topical_chat(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``topical_chat.json`` -> rows. UniEval gives no dialogue id, so ``doc_id`` numbers the
-    distinct (history, fact) pairs in order of first appearance (``tc-00``...); ``id`` =
-    ``topical_chat-<nn>-<slug of system_id>``: both as in ``shared/data/topical_chat.jsonl``, which
-    keeps UniEval's order. ``source`` is the dialogue history, ``context`` the fact."""
-    rows = []
-    docs: dict[tuple[str, str], int] = {}
-    for i, rec in enumerate(records, 1):
-        at = f"{where}: record {i}"
-        source = _text(rec, "source", at)
-        context = _text(rec, "context", at)
-        system = rec.get("system_id")
-        if not isinstance(system, str) or not system.strip():
-            raise DataError(f"{at}: needs 'system_id'")
-        k = docs.setdefault((source or "", context or ""), len(docs))
-        rows.append(_row(task, f"topical_chat-{k:02d}-{_slug(system)}", f"tc-{k:02d}", source, context,
-                         system, rec, at))
-    return rows
+def _topical_chat(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in
+    order of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``:
+    both as in ``shared/data/topical_chat.jsonl``. ``source`` is the history, ``context`` the fact."""
+    source, context = _text(rec, "source", at), _text(rec, "context", at)
+    system = rec.get("system_id")
+    if not isinstance(system, str) or not system.strip():
+        raise DataError(f"{at}: needs 'system_id'")
+    k = docs.setdefault((source or "", context or ""), len(docs))
+    tc = f"{k:02d}"
+    return _row(task, f"topical_chat-{tc}-{_slug(system)}", f"tc-{tc}", source, context, system, rec, at)
 
 
-def convert_data2text(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``sfres.json`` / ``sfhot.json`` -> rows. UniEval's integer ``doc_id`` is the record's
-    position, which cannot group outputs of one input, so ``doc_id`` numbers the distinct
-    meaning representations (``source``) in order of first appearance (``sfres-mr-000``...); ``id``
-    is the position (``sfres-0000``...): both as in ``shared/data/sfres.jsonl``. UniEval's
-    ``overall`` is the aspect called ``quality`` here; ``system`` is ``null`` (UniEval lacks it)."""
-    rows = []
-    docs: dict[str, int] = {}
-    for i, rec in enumerate(records):
-        at = f"{where}: record {i + 1}"
-        source = _text(rec, "source", at)
-        k = docs.setdefault(source or "", len(docs))
-        rows.append(_row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
-                         rename={"overall": "quality"}))
-    return rows
+def _data2text(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """sfres / sfhot. UniEval's integer ``doc_id`` is the record's position, which cannot group
+    outputs of one input, so ``doc_id`` numbers the distinct meaning representations (``source``) in
+    order of first appearance (``sfres-mr-000``...); ``id`` is the position (``sfres-0000``...): both
+    as in ``shared/data/sfres.jsonl``. UniEval's ``overall`` is the aspect called ``quality`` here;
+    ``system`` is ``null`` (UniEval lacks it)."""
+    source = _text(rec, "source", at)
+    k = docs.setdefault(source or "", len(docs))
+    return _row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
+                rename={"overall": "quality"})
 
 
-_CONVERTERS: dict[str, Callable[[Sequence[Mapping[str, Any]], Task, str], list[dict]]] = {
-    "summeval": convert_summeval,
-    "topical_chat": convert_topical_chat,
-    "sfres": convert_data2text,
-    "sfhot": convert_data2text,
+_CONVERTERS: dict[str, Callable[[Mapping[str, Any], int, Task, str, dict], dict]] = {
+    "summeval": _summeval,
+    "topical_chat": _topical_chat,
+    "sfres": _data2text,
+    "sfhot": _data2text,
 }
 
 
@@ -204,7 +187,8 @@ def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
         raise DataError(f"{where}: expected a JSON list of objects (UniEval layout)")
     if not records:
         raise DataError(f"{where}: no records")
-    rows = _CONVERTERS[name](records, load_task(name), where)
+    task, docs, convert = load_task(name), {}, _CONVERTERS[name]
+    rows = [convert(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
     seen: set[str] = set()
     for i, r in enumerate(rows, 1):
         if r["id"] in seen:
