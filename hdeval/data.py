@@ -234,14 +234,11 @@ class SeenIds(Protocol):
         """The line ``sample_id`` was first seen on, or None (and it is now seen on ``lineno``)."""
 
 
-class DictIds:
+class DictIds(dict):
     """Ids seen, in memory (a reader's default; ``apply`` keeps them on disk instead)."""
 
-    def __init__(self) -> None:
-        self.lines: dict[str, int] = {}
-
     def first_line(self, sample_id: str, lineno: int) -> int | None:
-        first = self.lines.setdefault(sample_id, lineno)
+        first = self.setdefault(sample_id, lineno)
         return None if first == lineno else first
 
 

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -110,17 +110,11 @@ def fill_matrix(
 _NAMED_REJECTIONS = 5
 
 
-@contextlib.contextmanager
-def _client(llm: Backend) -> Iterator[CachedBackend]:
+def _client(llm: Backend) -> ContextManager[CachedBackend]:
     """``llm``'s client; a bare backend (tests, the Python API) gets one without a cache."""
     if isinstance(llm, CachedBackend):
-        yield llm
-        return
-    client = CachedBackend(llm, None)
-    try:
-        yield client
-    finally:
-        client.close()
+        return contextlib.nullcontext(llm)
+    return contextlib.closing(CachedBackend(llm, None))
 
 
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:

@@ -64,11 +64,7 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
 
 def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tuple[float, str | None]]:
     """The :func:`hdeval.judge.fill_matrix` parser of a 1-request cell: :func:`parse_score`."""
-
-    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
-        return parse_score(completions[0], scale)
-
-    return parse
+    return lambda completions: parse_score(completions[0], scale)
 
 
 def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
