@@ -14,7 +14,7 @@ import stat
 import sys
 import tempfile
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from hdeval import __version__
@@ -136,10 +136,9 @@ def _safe_name(name: Any) -> str:
     """A relative POSIX path inside the artifact: no absolute path, no '..', no backslash."""
     if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
         raise ArtifactError(f"bad artifact file name {name!r}")
-    rel = PurePosixPath(name)
-    if rel.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
+    if any(part in ("", ".", "..") for part in name.split("/")):  # also a leading "/"
         raise ArtifactError(f"artifact file {name!r} is outside the artifact directory")
-    return str(rel)
+    return name
 
 
 def _refuse_links(path: Path) -> None:
@@ -178,8 +177,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     path.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(path)
     tmp = path.with_name(f".{path.name}{NEW}{os.getpid()}")
-    if tmp.exists() or tmp.is_symlink():
-        _remove_tree(tmp)
+    _remove_tree(tmp)  # (any of these removes nothing when there is nothing)
     tmp.mkdir()
     try:
         section = fitted.write(ArtifactWriter(tmp))
@@ -199,8 +197,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
             _remove_tree(tmp)  # now the previous artifact
         else:
             aside = _aside(path)
-            if aside.exists():
-                _remove_tree(aside)
+            _remove_tree(aside)
             os.replace(path, aside)
             try:
                 os.replace(tmp, path)
@@ -209,8 +206,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
                 raise
             _remove_tree(aside)
     finally:
-        if tmp.exists():
-            _remove_tree(tmp)
+        _remove_tree(tmp)
     return path
 
 

@@ -103,10 +103,8 @@ def _scores(
         raise DataError(f"{where}: 'scores' must be an object mapping aspect to number")
     out: dict[str, float] = {}
     for key, value in raw.items():
-        if key in drop:
-            continue
         name = rename.get(key, key)
-        if name not in task.aspect_keys:
+        if key in drop or name not in task.aspect_keys:
             continue
         if isinstance(value, str):
             try:
