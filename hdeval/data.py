@@ -341,17 +341,7 @@ def _sample_from_row(
                         system=row.get("system"), line=lineno)
 
 
-class Grouped(Protocol):
-    """What the split needs of a sample: its id and the source document it belongs to."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def doc_id(self) -> str: ...
-
-
-S = TypeVar("S", bound=Grouped)
+S = TypeVar("S", Sample, PairSample)  # what a split needs: an id and the source document (doc_id)
 
 
 @dataclass(frozen=True)
@@ -387,7 +377,7 @@ def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]
     return out
 
 
-def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: float, seed: int) -> Split:
+def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, seed: int) -> Split:
     """Deterministic split grouped by ``doc_id``: no source document is on both sides. ``test_frac``
     of the samples are held out; ``train_frac`` of all samples are used for training (the rest, if
     any, are left unused, as in the paper's 25% setting)."""
@@ -401,8 +391,8 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
         raise DataError(f"need samples from at least 2 source documents (doc_id) to split train/test, found "
                         f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit")
     n = len(samples)
-    test: list[Grouped] = []
-    train: list[Grouped] = []
+    test: list[S] = []
+    train: list[S] = []
     i = 0
     while i < len(docs) - 1 and len(test) < test_frac * n:
         test.extend(docs[i])
