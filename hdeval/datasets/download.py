@@ -3,6 +3,7 @@ task's data is (:func:`download_datasets`, :func:`convert_records`, :func:`data_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -106,11 +107,8 @@ def _scores(
         name = rename.get(key, key)
         if key in drop or name not in task.aspect_keys:
             continue
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        with contextlib.suppress(ValueError):  # a number written as text counts; other text fails below
+            value = float(value) if isinstance(value, str) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise DataError(f"{where}: scores.{key} is {value!r}, not a finite number")
         out[name] = float(value)

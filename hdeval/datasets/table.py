@@ -280,14 +280,12 @@ def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | No
     label = f"column {column!r} (aspect {aspect})"
     if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
         return None, f"no score in {label}"
-    if isinstance(value, bool):
-        return None, f"{label}: {value!r} is not a number"
     if isinstance(value, str):
         try:
             number = float(value.strip())
         except ValueError:
             return None, f"{label}: {value.strip()!r} is not a number"
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
         return None, f"{label}: {value!r} is not a number"
