@@ -326,6 +326,9 @@ def ask_json_many(
         return aio.run(run_all(client), on_interrupt=lambda: halt.append(True))
 
 
+_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
+
+
 async def aask_json(
     client: CachedBackend,
     request: CompletionRequest,
@@ -347,13 +350,28 @@ async def aask_json(
             raise KeyboardInterrupt
         return client.acomplete(req)
 
+    async def reply(req: CompletionRequest, reask: bool) -> Completion:
+        """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
+        completion = await ask(req)
+        for n in range(1, _MAX_REASKS + 1):
+            if not reask or not completion.cached:
+                return completion
+            try:
+                check(completion.text)
+                return completion
+            except ValueError as exc:
+                if final is not None and final(exc):
+                    return completion
+                completion = await ask(dataclasses.replace(req, attempt=n))
+        return completion
+
     problem = ""
     for reask in (False, True):
         req = request
         from_cache = False
         last: ValueError | None = None
         for _ in range(attempts):
-            completion = await _reply(ask, req, check, reask, final)
+            completion = await reply(req, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
@@ -367,23 +385,3 @@ async def aask_json(
         if not from_cache or (final is not None and last is not None and final(last)):
             break
     raise UnusableReply(attempts, problem)
-
-
-_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
-
-
-async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
-                 reask: bool, final: Callable[[ValueError], bool] | None = None) -> Completion:
-    """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
-    completion = await ask(request)
-    for n in range(1, _MAX_REASKS + 1):
-        if not reask or not completion.cached:
-            return completion
-        try:
-            check(completion.text)
-            return completion
-        except ValueError as exc:
-            if final is not None and final(exc):
-                return completion
-            completion = await ask(dataclasses.replace(request, attempt=n))
-    return completion
