@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, cross_val_predictions, default_jobs, select_cv, tune_cv
+from hdeval.aggregate import KINDS, Aggregator, default_jobs, select_cv
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
@@ -138,23 +138,14 @@ def _run(
         # raw: they are recorded as notes in the layer report.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            selection: dict[str, float] = {}
-            tuning: dict[str, float] = {}
             kind = config.options.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
-            # model selection already cross-validated the chosen template: reuse its
-            # predictions, and (pruning uses the same folds) its fold models
-            folds: list | None = [] if pruning else None
-            if kind == "auto":
-                template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
-                                                                 fold_models=folds)
-            elif kind == "nn":
-                template, _, tuning, cv_pred = tune_cv(template, X[tr], Y[tr], doc_groups, fold_models=folds)
-            else:
-                cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups, fold_models=folds)
+            template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
+                                                             KINDS if kind == "auto" else (kind,))
+            selection = selection if kind == "auto" else {}
             kind = template.kind
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
@@ -168,7 +159,7 @@ def _run(
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.options.top_k, fold_models=folds or None)
+                           doc_groups, config.options.top_k)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
                 expand = pr.selected
