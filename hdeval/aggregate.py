@@ -284,8 +284,7 @@ def used_features(model: Pipeline, n_features: int) -> np.ndarray:
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
-    """``model.fit``, with the MLP's L-BFGS convergence warnings (each names its iteration count)
-    reworded to one short warning per cause, so a layer's notes count them."""
+    """``model.fit``, the MLP's L-BFGS convergence warnings reworded to one per cause (notes count them)."""
     est = model.named_steps["model"]
     if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
         model.fit(X, y)
@@ -308,8 +307,7 @@ def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
 
 
 def _validate(est: Aggregator, X, *Y, reset: bool):
-    """scikit-learn's input validation (NaN allowed in X, never in Y); sets (``fit``, with
-    ``Y``) or checks (``predict``, no ``Y``) ``n_features_in_``."""
+    """scikit-learn's input validation (NaN allowed in X, never in Y); sets or checks ``n_features_in_``."""
     kw: dict[str, Any] = {"y": Y[0], "multi_output": True, "y_numeric": True} if Y else {}
     if _validate_data is not None:
         return _validate_data(est, X, reset=reset, ensure_all_finite="allow-nan", dtype=np.float64, **kw)
