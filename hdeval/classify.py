@@ -18,12 +18,6 @@ from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds, 
 from hdeval.errors import ConfigError
 from hdeval.metrics import agreement_w_ties, label_codes
 
-CLASSIFIERS = {
-    "lr": "LogisticRegression",
-    "dt": "DecisionTreeClassifier",
-    "rf": "RandomForestClassifier",
-    "nn": "MLPClassifier",
-}
 N_REPEATS = 5
 
 
@@ -41,6 +35,10 @@ def make_classifier(kind: str, random_state: int = 0) -> Pipeline:
     else:
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
     return pipeline(model)
+
+
+# kind -> the class name of the model its pipeline ends in (what a loaded artifact must hold)
+CLASSIFIERS = {k: type(make_classifier(k).named_steps["model"]).__name__ for k in KINDS}
 
 
 def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]]:
