@@ -54,8 +54,10 @@ class TreeEvaluator(SimpleFitted):
         self.manifest_extra = dict(manifest_extra or {})
 
     # ------------------------------------------------------------------ saving
-    def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
-        """The files both evaluators write: prompts, tree, the fitted model, metrics, score table."""
+    def write_files(self, out: ArtifactWriter, model_file: str, model: Any, head: dict[str, Any],
+                    tail: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the files both evaluators write (prompts, tree, the fitted model, metrics, score
+        table); their manifest part: ``head``, features and prompts, ``tail``, the run record."""
         for name, t in self.templates.items():
             out.text(f"prompts/{name}.toml", t.source)
         out.json(TREE, self.tree.to_dict())
@@ -63,6 +65,9 @@ class TreeEvaluator(SimpleFitted):
         out.json(METRICS, self.metrics)
         if self.score_table is not None:
             self.score_table.to_csv(out.path(SCORES), index=False)
+        prompts = {n: t.digest for n, t in self.templates.items()}
+        return {**head, "features": self.feature_keys, "needed_criteria": self.needed_criteria,
+                "prompts": prompts, **(tail or {}), **self.public_extra()}
 
     def public_extra(self) -> dict[str, Any]:
         """The run record for the manifest, its server address without credentials."""
@@ -300,28 +305,16 @@ class Evaluator(TreeEvaluator):
         return score_rows(samples, result, self.needed_criteria)
 
     # ------------------------------------------------------------------ saving
-    def manifest(self) -> dict[str, Any]:
-        """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
-        return {
-            "aggregator": {
-                "kind": self.aggregator.kind,
-                "aspects": self.aggregator.aspects,
-                "ranges": [list(r) for r in self.aggregator.ranges],
-                "groups": self.aggregator.groups,
-                "random_state": self.aggregator.random_state,
-            },
-            "features": self.feature_keys,
-            "needed_criteria": self.needed_criteria,
-            "prompts": {n: t.digest for n, t in self.templates.items()},
-            **({"scorer": self.scorer.manifest()} if self.scorer is not None else {}),
-            **self.public_extra(),
-        }
-
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        self.write_files(out, MODEL, self.aggregator.models_)
+        """Write the files; HD-Eval's part of the manifest (the artifact module adds the header)."""
+        agg = self.aggregator
+        own = {"kind": agg.kind, "aspects": agg.aspects, "ranges": [list(r) for r in agg.ranges],
+               "groups": agg.groups, "random_state": agg.random_state}
+        manifest = self.write_files(out, MODEL, agg.models_, {"aggregator": own},
+                                    None if self.scorer is None else {"scorer": self.scorer.manifest()})
         if self.scorer is not None:
             self.scorer.write(out)
-        return self.manifest()
+        return manifest
 
     # ------------------------------------------------------------------ loading
     @classmethod

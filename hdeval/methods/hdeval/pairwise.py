@@ -367,15 +367,8 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        self.write_files(out, MODEL, self.model)
-        return {
-            "shape": "pairwise",
-            "classifier": {"kind": self.kind, "classes": self.classes},
-            "features": self.feature_keys,
-            "needed_criteria": self.needed_criteria,
-            "prompts": {n: t.digest for n, t in self.templates.items()},
-            **self.public_extra(),
-        }
+        own = {"kind": self.kind, "classes": self.classes}
+        return self.write_files(out, MODEL, self.model, {"shape": "pairwise", "classifier": own})
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairwiseTreeEvaluator":
