@@ -76,6 +76,12 @@ def _guess_format(path: Path) -> str:
                       f"({', '.join(_FORMATS)})")
 
 
+def _unusable(exc: Exception) -> str:
+    # valid JSON Python cannot hold: nesting deeper than its recursion limit, or an integer
+    # longer than int() converts
+    return "not usable JSON (nested too deeply)" if isinstance(exc, RecursionError) else f"not usable JSON ({exc})"
+
+
 def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     """(CSV header or None, records). JSON values keep their types; CSV cells are text."""
     try:
@@ -125,6 +131,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+            except (RecursionError, ValueError) as exc:
+                raise DataError(f"{path}: line {lineno}: {_unusable(exc)}") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{path}: line {lineno}: not a JSON object")
             records.append(_Record(len(records) + 1, lineno, obj))
@@ -135,6 +143,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
                         "for one object per line use a .jsonl name or --format jsonl") from None
+    except (RecursionError, ValueError) as exc:
+        raise DataError(f"{path}: {_unusable(exc)}") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects")
     records = []
