@@ -123,33 +123,23 @@ def _norm(sql: str | None) -> str | None:
     return None if sql is None else " ".join(sql.split())
 
 
-@functools.lru_cache(maxsize=1)
-def expected_schema() -> frozenset[tuple[str, str, str, str | None]]:
-    """(type, name, table, sql) of everything diskcache creates, under any eviction policy."""
-    import diskcache
-
+@functools.lru_cache(maxsize=None)
+def expected_schema(name: str) -> frozenset[tuple[str, str, str, str | None]]:
+    """(type, name, table, sql) of everything the cache creates in its file ``name``: the reply
+    table, or what diskcache creates under any eviction policy."""
     with tempfile.TemporaryDirectory(prefix="hdeval-schema-") as tmp:
-        diskcache.Cache(tmp, eviction_policy="none").close()
-        con = sqlite3.connect(os.path.join(tmp, DBNAME))
+        if name == TABLE_DBNAME:
+            sqls = [TABLE_SQL]
+        else:
+            diskcache.Cache(tmp, eviction_policy="none").close()
+            sqls = [policy["init"] for policy in diskcache.EVICTION_POLICY.values() if policy.get("init")]
+        con = sqlite3.connect(os.path.join(tmp, name))
         try:
-            for policy in diskcache.EVICTION_POLICY.values():
-                if policy.get("init"):
-                    con.execute(policy["init"])
+            for sql in sqls:
+                con.execute(sql)
             rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
         finally:
             con.close()
-    return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
-
-
-@functools.lru_cache(maxsize=1)
-def table_schema() -> frozenset[tuple[str, str, str, str | None]]:
-    """(type, name, table, sql) of everything the reply table's file holds."""
-    con = sqlite3.connect(":memory:")
-    try:
-        con.execute(TABLE_SQL)
-        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-    finally:
-        con.close()
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
@@ -183,7 +173,7 @@ def foreign_objects(db: Path, con: sqlite3.Connection | None = None) -> list[str
     finally:
         if con is None:
             own.close()
-    known = table_schema() if db.name == TABLE_DBNAME else expected_schema()
+    known = expected_schema(TABLE_DBNAME if db.name == TABLE_DBNAME else DBNAME)
     found = []
     for t, n, tb, sql in rows:
         if (t, n, tb, _norm(sql)) in known or (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n))):
@@ -198,24 +188,21 @@ def refuse_foreign_schema(directory: str | Path) -> None:
     holds a trigger, view, table or index the cache never creates."""
     directory = Path(directory)
     for name in DATABASES:
-        _refuse_foreign(directory, name)
-
-
-def _refuse_foreign(directory: Path, name: str) -> None:
-    db = directory / name
-    try:
-        found = foreign_objects(db)
-    except sqlite3.Error as exc:
-        if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
-            raise storage_error(directory, exc, name=name) from None
-        return  # unreadable: the cache's own open says why
-    if found:
-        more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
-        raise CacheError(
-            f"the LLM reply cache {db} holds SQLite objects the cache never creates ({', '.join(found[:_SHOWN])}"
-            f"{more}): not opening it, as they could rewrite or drop the replies you pay for; "
-            f"`hdeval cache repair --cache-dir {directory}` copies its readable entries into a fresh database "
-            "(check them: a planted entry cannot be told from a real one), or pass another --cache-dir")
+        db = directory / name
+        try:
+            found = foreign_objects(db)
+        except sqlite3.Error as exc:
+            if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
+                raise storage_error(directory, exc, name=name) from None
+            continue  # unreadable: the cache's own open says why
+        if found:
+            more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+            raise CacheError(
+                f"the LLM reply cache {db} holds SQLite objects the cache never creates "
+                f"({', '.join(found[:_SHOWN])}{more}): not opening it, as they could rewrite or drop the "
+                f"replies you pay for; `hdeval cache repair --cache-dir {directory}` copies its readable "
+                "entries into a fresh database (check them: a planted entry cannot be told from a real "
+                "one), or pass another --cache-dir")
 
 
 def read_stats(directory: str | Path) -> dict[str, int | str]:
