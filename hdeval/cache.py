@@ -317,21 +317,13 @@ class ReplyStore(diskcache.Cache):
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().set(key, value, *args, **kwargs)
-        self.table.set(key, value)
-        if self.old:
-            # a request is stored again only when its entry could not be used (a damaged or
-            # planted one): the fresh reply replaces it, once the table has committed it
-            if self.table.in_transaction():
+        with self.transact():
+            self.table.set(key, value)
+            if self.old:
+                # a request is stored again only when its entry could not be used (a damaged or
+                # planted one): the fresh reply replaces it, once the table has committed it
                 self._pending.append(key)
-            else:
-                self._forget_old([key])
         return True
-
-    def _forget_old(self, keys: list[str]) -> None:
-        with super().transact():
-            for key in keys:
-                for k in self._old_keys(key):
-                    super().delete(k)
 
     @contextmanager
     def transact(self, retry: bool = False) -> Iterator[None]:
@@ -346,7 +338,10 @@ class ReplyStore(diskcache.Cache):
             raise
         if outer and self._pending:
             keys, self._pending = self._pending, []
-            self._forget_old(keys)
+            with super().transact():
+                for key in keys:
+                    for k in self._old_keys(key):
+                        super().delete(k)
 
     def __len__(self) -> int:
         return self.table.count() + super().__len__()
@@ -424,12 +419,8 @@ def _pack(d: dict[str, Any]) -> bytes | None:
                 body += _utf8(t["token"]) + _DOUBLE.pack(v)
         if lp and lp[0] and lp[0][0]["token"] == d["text"]:
             flags |= _TEXT_IS_TOP
-    head = bytearray(VALUE_MAGIC_PACKED) + bytes([flags])
-    for n in counts:
-        head += _varint(n)
-    if not flags & _TEXT_IS_TOP:
-        head += _utf8(d["text"])
-    return bytes(head + body)
+    head = VALUE_MAGIC_PACKED + bytes([flags]) + b"".join(map(_varint, counts))
+    return head + (b"" if flags & _TEXT_IS_TOP else _utf8(d["text"])) + bytes(body)
 
 
 class _Reader:
