@@ -171,7 +171,7 @@ class ReplyTable:
 
     def _after_fork(self) -> None:
         """In a forked child: its own lock (a parent's thread may hold this one) and connection.
-        The parent's is kept, never closed: closing it could undo the parent's locks."""
+        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
         self._lock = threading.RLock()
         if self._con is not None:
             _INHERITED.append(self._con)
