@@ -25,7 +25,7 @@ import warnings
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -865,16 +865,15 @@ class CachedBackend:
             for i, k in enumerate(keys):
                 if k in found:
                     out[i] = replace(found[k], cached=True)
-                elif k in fresh and k not in first:
-                    first[k] = i
-                    out[i] = fresh[k]
                 elif k in first:
                     later.append(i)
                 else:
                     first[k] = i
-                    todo.append(i)
-            hits = sum(1 for k in keys if k in found)
-            self.stats.hits += hits
+                    if k in fresh:
+                        out[i] = fresh[k]
+                    else:
+                        todo.append(i)
+            self.stats.hits += sum(k in found for k in keys)
             if progress is not None and len(todo) < len(requests) - len(later):
                 progress.advance(len(requests) - len(todo) - len(later), cached=True)
             errors: list[tuple[int, BaseException]] = []
@@ -1168,8 +1167,7 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
     table = db.name.startswith(TABLE_DBNAME)
     before, report.database_error = report.database_error, None
     try:
-        con = ro_connect(db)
-        try:
+        with closing(ro_connect(db)) as con:
             tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             for key, value, length in _table_rows(con, report) if table and "reply" in tables else ():
                 yield from _check_entry(report, key, partial(table_value, value, length))
@@ -1180,8 +1178,6 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
                 status = con.execute("PRAGMA quick_check").fetchone()[0]
                 if status != "ok":
                     report.database_error = f"integrity check: {status}"
-        finally:
-            con.close()
     except sqlite3.Error as exc:
         report.database_error = _reason(exc)
     finally:

@@ -15,6 +15,7 @@ import re
 import shutil
 import sqlite3
 import tempfile
+from contextlib import closing
 from pathlib import Path
 
 import diskcache
@@ -133,13 +134,10 @@ def expected_schema(name: str) -> frozenset[tuple[str, str, str, str | None]]:
         else:
             diskcache.Cache(tmp, eviction_policy="none").close()
             sqls = [policy["init"] for policy in diskcache.EVICTION_POLICY.values() if policy.get("init")]
-        con = sqlite3.connect(os.path.join(tmp, name))
-        try:
+        with closing(sqlite3.connect(os.path.join(tmp, name))) as con:
             for sql in sqls:
                 con.execute(sql)
             rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-        finally:
-            con.close()
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
@@ -216,8 +214,7 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
         if not db.is_file():
             continue
         try:
-            con = ro_connect(db)
-            try:
+            with closing(ro_connect(db)) as con:
                 # a replies.db whose table is not made yet (a run killed just after creating the
                 # file) holds no reply, as `cache check` and a run see it
                 if name == DBNAME or con.execute("SELECT 1 FROM sqlite_master WHERE name = 'reply'").fetchone():
@@ -226,8 +223,6 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
                 if name == DBNAME:
                     row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
                     size += row[0] if row and isinstance(row[0], int) else 0  # diskcache's value files
-            finally:
-                con.close()
         except sqlite3.Error as exc:
             if _kind(exc) == "corrupt":
                 raise storage_error(path, exc, name=name) from None
