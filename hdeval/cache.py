@@ -923,23 +923,20 @@ class CachedBackend:
         """``request``'s reply: joined to the same request in flight, re-read if this client
         committed it since the lookup, else paid for."""
         running = self._inflight.get(key)
+        got = None
         if running is not None:
             try:
                 got = await asyncio.shield(running)
             except BaseException:  # noqa: BLE001 - that call failed (its future is cancelled): try ourselves
                 if not running.cancelled():
                     raise  # this joiner was cancelled itself: it must not pay for the call again
-            else:
-                self.stats.hits += 1
-                return replace(got, cached=True)
-        if key in self._unsaved:
-            self.stats.hits += 1
-            return replace(self._unsaved[key], cached=True)
-        if key in self._saved and self._io is not None:
+        if got is None:
+            got = self._unsaved.get(key)
+        if got is None and key in self._saved and self._io is not None:
             got = await asyncio.get_running_loop().run_in_executor(self._io, self._read, key)
-            if got is not None:
-                self.stats.hits += 1
-                return replace(got, cached=True)
+        if got is not None:
+            self.stats.hits += 1
+            return replace(got, cached=True)
         fut = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
