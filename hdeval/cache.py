@@ -766,8 +766,7 @@ class CachedBackend:
             self.batch.close()
         if self._io is not None:
             io, self._io = self._io, None
-            if self.store is not None:
-                io.submit(self.store.close).result()  # the store thread's own connection
+            io.submit(self.store.close).result()  # the store thread's own connection
             io.shutdown()
         if self._pool is not None:
             self._pool.shutdown()

@@ -163,14 +163,12 @@ def foreign_objects(db: Path, con: sqlite3.Connection | None = None) -> list[str
     """What the SQLite file ``db`` holds that the cache never creates, e.g. ``trigger t on
     Cache``; an empty list for a missing file or a clean one. Reads only (through ``con`` if
     given, a connection to ``db`` the caller opened as it needs)."""
-    if con is None and not db.is_file():
-        return []
-    own = ro_connect(db) if con is None else con
-    try:
-        rows = own.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-    finally:
-        if con is None:
-            own.close()
+    if con is None:
+        if not db.is_file():
+            return []
+        with closing(ro_connect(db)) as own:
+            return foreign_objects(db, own)
+    rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
     known = expected_schema(TABLE_DBNAME if db.name == TABLE_DBNAME else DBNAME)
     found = []
     for t, n, tb, sql in rows:
