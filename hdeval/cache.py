@@ -1066,11 +1066,12 @@ def clear_cache(cache_dir: str | Path) -> int:
 @dataclass
 class CheckReport:
     path: str
-    readable: int = 0
+    readable: int = 0  # and copied, by repair
     unreadable: int = 0  # hdeval-shaped entries whose value cannot be used
     foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
     database_error: str | None = None  # the database could not be read (in part or at all)
     examples: list[str] = field(default_factory=list)
+    kept_as: str = ""  # repair: where the old databases are
 
     @property
     def ok(self) -> bool:
@@ -1192,17 +1193,7 @@ def check_cache(cache_dir: str | Path) -> CheckReport:
     return report
 
 
-@dataclass
-class RepairReport:
-    path: str
-    copied: int
-    unreadable: int
-    foreign: int
-    kept_as: str
-    database_error: str | None
-
-
-def repair_cache(cache_dir: str | Path) -> RepairReport:
+def repair_cache(cache_dir: str | Path) -> CheckReport:
     """Move the databases aside as ``cache.db.corrupt-<timestamp>`` and ``replies.db.corrupt-<timestamp>``
     (never deleted) and copy every readable, valid entry of both into a fresh cache (the reply
     table)."""
@@ -1225,7 +1216,7 @@ def repair_cache(cache_dir: str | Path) -> RepairReport:
     except OSError as exc:
         raise storage_error(directory, exc) from None
     store = open_store(directory)
-    report = CheckReport(str(directory))
+    report = CheckReport(str(directory), kept_as=" and ".join(map(str, asides)))
     try:
         for aside in asides:
             entries = _entries(directory, aside, report)
@@ -1237,5 +1228,4 @@ def repair_cache(cache_dir: str | Path) -> RepairReport:
         raise storage_error(directory, exc, writing=True) from None
     finally:
         store.close()
-    return RepairReport(str(directory), report.readable, report.unreadable, report.foreign,
-                        " and ".join(map(str, asides)), report.database_error)
+    return report
