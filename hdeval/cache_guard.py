@@ -1,10 +1,9 @@
-"""What the cache's SQLite file may hold, reading it without writing, and the one-line error for
-a failure of the store.
+"""What the cache's SQLite files may hold, reading them without writing, and the one-line error
+for a failure of the store.
 
-A shared cache directory is input from outside: a trigger, view, table or index the cache did
-not create could rewrite or drop every reply the user pays for, so such a file is refused
-before the cache writes to it. The schema the cache creates is taken from diskcache itself (a
-throw-away database per process), so a diskcache upgrade does not make every cache foreign."""
+A shared cache directory is input from outside: an object the cache did not create could
+rewrite or drop every reply the user pays for, so such a file is refused before the cache writes
+to it. The expected schema comes from diskcache itself, so an upgrade does not make caches foreign."""
 
 from __future__ import annotations
 
