@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError
-from hdeval.request_files import _put_in_place, _temp_beside
+from hdeval.request_files import _temp_beside
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -146,7 +146,11 @@ class OutputWriter:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
-            _put_in_place(self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0]), self.path)
+            final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
+            os.replace(final, self.path)
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         finally:
