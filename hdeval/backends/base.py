@@ -151,6 +151,39 @@ def read_top_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
     return tuple(positions)
 
 
+def chat_completion(data: Any, logprobs: bool) -> Completion:
+    """An OpenAI-style chat completion (a server's reply, a batch result, llama.cpp's), read with
+    bounds; ValueError when it holds no ``choices[0].message``."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("not a chat completion") from None
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # some servers send content parts
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    prompt_tokens = token_count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    lp = choice.get("logprobs") if logprobs else None
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        # an unreadable logprob is NaN: the scorer records a failure, not a score from what is left;
+        # no alternatives: the chosen token is all we know
+        top = read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
+                                 if isinstance(p, dict)]) or None
+    else:
+        top = None
+    return Completion(
+        text=content if isinstance(content, str) else "",
+        top_logprobs=top,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=token_count(usage.get("completion_tokens")),
+        # the server reports prompt tokens it served from its prompt cache
+        prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
+    )
+
+
 @runtime_checkable
 class Backend(Protocol):
     """An LLM. ``identity`` names it for the cache (e.g. ``openai:gpt-4o-mini@https://...``)

@@ -129,6 +129,16 @@ def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, 
     return path, module, backend.n_threads
 
 
+def word_completion(logprobs: dict[str, float], words: Sequence[str], request: CompletionRequest,
+                    prompt_tokens: int, evaluated: int) -> Completion:
+    """The reply to a one-word question: the likeliest word (the first of ``words`` on ties), every
+    word's log-probability (renormalised over the words) as the one position's alternatives."""
+    ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
+    top = tuple(TokenLogprob(w, lp) for w, lp in ranked)
+    return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
+                      prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
+
+
 class LlamaCppBackend:
     """A GGUF model run in-process by llama.cpp.
 
@@ -299,15 +309,7 @@ class LlamaCppBackend:
         if not got:
             raise BackendError("no token of this model begins any of the allowed answers")
         total = float(np.logaddexp.reduce(list(got.values())))
-        ranked = sorted(got.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
-        top = tuple(TokenLogprob(w, lp - total) for w, lp in ranked)
-        return Completion(
-            text=ranked[0][0],
-            top_logprobs=(top,) if request.top_logprobs else None,
-            prompt_tokens=len(prompt),
-            completion_tokens=1,
-            prompt_tokens_evaluated=evaluated,
-        )
+        return word_completion({w: lp - total for w, lp in got.items()}, words, request, len(prompt), evaluated)
 
     def _top_n(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
         """The ``n`` likeliest tokens at one position, best first."""

@@ -32,9 +32,7 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from hdeval import __version__
-from hdeval.backends.base import (
-    MAX_POSITIONS, Completion, CompletionRequest, TokenLogprob, read_top_logprobs, token_count,
-)
+from hdeval.backends.base import Completion, CompletionRequest, chat_completion
 from hdeval.backends.constraints import constraint_of, to_openai_params
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
@@ -236,28 +234,13 @@ class _Bound:
         return chunk, False
 
 
-class _Wrapper:
-    def __init__(self, inner: Any, bound: Any) -> None:
+class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
+    """A reply body (of a synchronous or an asynchronous client) read through a :class:`_Bound`."""
+
+    def __init__(self, inner: Any, bound: _Bound) -> None:
         self._inner = inner
         self._bound = bound
 
-
-class _BoundedStream(_Wrapper, httpx2.AsyncByteStream):
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                part, end = self._bound.take(chunk)
-                yield part
-                if end:
-                    return
-        finally:
-            await self._inner.aclose()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _BoundedSyncStream(_Wrapper, httpx2.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
@@ -268,67 +251,42 @@ class _BoundedSyncStream(_Wrapper, httpx2.SyncByteStream):
         finally:
             self._inner.close()
 
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                part, end = self._bound.take(chunk)
+                yield part
+                if end:
+                    return
+        finally:
+            await self._inner.aclose()
+
     def close(self) -> None:
         self._inner.close()
 
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
-def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> _Bound | None:
-    """The :class:`_Bound` of a reply, its encoding and length headers dropped (the bound decodes
-    and cuts the body); None when it is refused unread (an unknown encoding, too long a success)."""
+
+def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
+    """Have ``response``'s body read through a :class:`_Bound` (its encoding and length headers
+    dropped: the bound decodes and cuts it), or refuse it unread (an unknown encoding, too long a
+    success): an httpx response hook, so httpx closes a refused reply."""
     ok = 200 <= response.status_code < 300
     cap = max_reply_bytes if ok else _MAX_ERROR_BYTES
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("identity",):
         encoding = ""
     if encoding not in ("", "gzip", "x-gzip", "deflate"):
-        return None
+        raise httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
     length = response.headers.get("content-length", "")
     if ok and not encoding and length.isdigit() and int(length) > cap:
-        return None
+        raise ReplyTooLarge("reply too large")
     # in place: building a new Response per reply cost more than the rest of the bound
     for name in ("content-encoding", "content-length"):
         if name in response.headers:
             del response.headers[name]
-    return _Bound(cap, ok, encoding.replace("x-", ""))
-
-
-def _refusal(response: httpx2.Response) -> Exception:
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
-        return httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
-    return ReplyTooLarge("reply too large")
-
-
-class BoundedTransport(_Wrapper, httpx2.AsyncBaseTransport):
-    """httpx's transport, with every reply body bounded by ``max_reply_bytes`` (see :class:`_Bound`)."""
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
-        bound = _bounded_reply(response, self._bound)
-        if bound is None:
-            await response.aclose()
-            raise _refusal(response)
-        response.stream = _BoundedStream(response.stream, bound)
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class BoundedSyncTransport(_Wrapper, httpx2.BaseTransport):
-    """:class:`BoundedTransport` for a synchronous client (Ray's workers')."""
-
-    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = self._inner.handle_request(request)
-        bound = _bounded_reply(response, self._bound)
-        if bound is None:
-            response.close()
-            raise _refusal(response)
-        response.stream = _BoundedSyncStream(response.stream, bound)
-        return response
-
-    def close(self) -> None:
-        self._inner.close()
+    response.stream = _BoundedStream(response.stream, _Bound(cap, ok, encoding.replace("x-", "")))
 
 
 def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
@@ -336,10 +294,18 @@ def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, 
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
-    client, inner, bounded = ((httpx2.Client, httpx2.HTTPTransport, BoundedSyncTransport) if sync
-                              else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport, BoundedTransport))
-    return client(transport=bounded(inner(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
-                  trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
+    client, transport = ((httpx2.Client, httpx2.HTTPTransport) if sync
+                         else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport))
+
+    def hook(response: httpx2.Response) -> None:
+        bound_reply(response, max_reply_bytes)
+
+    async def async_hook(response: httpx2.Response) -> None:
+        bound_reply(response, max_reply_bytes)
+
+    return client(transport=transport(verify=verify, proxy=proxy, limits=limits), trust_env=False,
+                  follow_redirects=False, timeout=httpx2.Timeout(timeout),
+                  event_hooks={"response": [hook if sync else async_hook]})
 
 
 class OpenAICompatBackend:
@@ -628,28 +594,10 @@ class OpenAICompatBackend:
 
     def _parse(self, body: bytes, logprobs: bool) -> Completion:
         try:
-            data = json.loads(body)
-            choice = data["choices"][0]
-            message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError):  # RecursionError: "[[[[..." bodies
+            return chat_completion(json.loads(body), logprobs)
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." bodies
             snippet = one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # some servers send content parts
-            content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        text = content if isinstance(content, str) else ""
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        prompt_tokens = token_count(usage.get("prompt_tokens"))
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return Completion(
-            text=text,
-            top_logprobs=_parse_logprobs(choice.get("logprobs")) if logprobs and isinstance(choice, dict) else None,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=token_count(usage.get("completion_tokens")),
-            # the server reports prompt tokens it served from its prompt cache
-            prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
-        )
 
 
 if hasattr(asyncio, "timeout"):
@@ -665,16 +613,6 @@ else:  # Python 3.10: the same bound, one task more per call
             raise asyncio.TimeoutError() from None
         finally:
             handle.cancel()
-
-
-def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
-    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position
-    (an unreadable logprob is NaN: the scorer records a failure, not a score from what is left)."""
-    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
-        return None
-    # no alternatives: the chosen token is all we know
-    return read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
-                              if isinstance(p, dict)]) or None
 
 
 def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
