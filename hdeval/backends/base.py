@@ -79,7 +79,7 @@ class Completion:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: an unreadable (NaN) logprob is stored as null and reads back as NaN."""
-        # field by field: dataclasses.asdict deep-copies each logprob, two thirds of the CPU of storing a reply
+        # field by field: dataclasses.asdict deep-copies each logprob, the bulk of storing a reply
         lp = self.top_logprobs
         return {
             "text": self.text,

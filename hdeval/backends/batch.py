@@ -1,20 +1,13 @@
-"""The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price.
-
-The misses of a stage are written as JSONL (``custom_id`` = the cache key, ``body`` = what the
-chat completions call would send), uploaded, run as one job per chunk within the API's limits,
-polled, and every result is written into the cache under the same key; the stage then finds
-them cached. What a job leaves without a result is resubmitted once, then sent normally.
-
-Nothing paid for is lost or paid twice: the jobs and their keys are kept in ``batches.json``,
-written before a job is created and updated when the server names it, so a rerun resumes the
-same job (one never named back is found by its input file). Everything the server returns, and
-``batches.json`` too, is untrusted: read with bounds and validated.
-"""
+"""The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price, each result
+cached under the key a normal call uses; what a job leaves without a result is resubmitted once,
+then sent normally. Nothing paid for is lost or paid twice: ``batches.json`` names each job before
+it is created, so a rerun resumes it. What the server returns, and that file, are untrusted."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import fcntl
 import json
 import os
@@ -23,7 +16,6 @@ import re
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
@@ -84,22 +76,19 @@ class BatchAPI:
     read raw and bounded, then parsed here; transient failures are retried ``max_retries`` times
     with capped backoff; anything else is a one-line :class:`BackendError`."""
 
-    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                 backoff_base: float = 0.5, backoff_cap: float = 30.0) -> None:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = DEFAULT_TIMEOUT,
+                 max_retries: int = DEFAULT_MAX_RETRIES, backoff_base: float = 0.5,
+                 backoff_cap: float = 30.0) -> None:
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
         self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
         self._redact = server._redact  # the key, and the URL's credentials and query
-        self.display_url = display_url or server.shown_url
+        self.display_url = server.shown_url
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self._used = False  # its connections (if any) belong to the LLM loop
-
-    def __repr__(self) -> str:
-        return f"BatchAPI({self.display_url!r})"
 
     def close(self) -> None:
         if self._used:
@@ -187,8 +176,7 @@ class BatchAPI:
     async def _request(self, method: str, path: str, send: Callable[[Any], Any],
                        read: Callable[[Any], Awaitable[None]], *, retries: int | None = None,
                        seconds: float | None = None) -> None:
-        """``send(sdk)`` (a streaming-response context) and ``read`` its reply, bounded as a whole
-        by ``seconds`` (default: the timeout)."""
+        """``send(sdk)`` (a streaming-response context), its reply ``read`` within ``seconds``."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
@@ -233,7 +221,7 @@ class BatchAPI:
             await asyncio.sleep(min(wait, self.backoff_cap))
 
 
-@dataclass
+@dataclasses.dataclass
 class Job:
     """One submitted input file: its job id once the server named it, and the keys it holds."""
 
@@ -241,9 +229,6 @@ class Job:
     input_file_id: str
     keys: list[str]
     id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"identity": self.identity, "input_file_id": self.input_file_id, "id": self.id, "keys": self.keys}
 
 
 def read_jobs(path: Path) -> list[Job]:
@@ -290,7 +275,7 @@ def read_jobs(path: Path) -> list[Job]:
 
 def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
     """Replace ``batches.json`` atomically (a temporary file renamed into place)."""
-    blob = json.dumps({"version": STATE_VERSION, "batches": [j.to_dict() for j in jobs]}, separators=(",", ":"))
+    blob = json.dumps({"version": STATE_VERSION, "batches": [dataclasses.asdict(j) for j in jobs]}, separators=(",", ":"))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -337,12 +322,12 @@ class BatchStrategy:
     and reads each result exactly as for a normal call."""
 
     def __init__(self, inner: Any, cache_dir: str | Path, config: Any) -> None:
-        self.inner = inner  # an OpenAICompatBackend (check_batch); config: an LLMConfig
+        self.inner = inner  # an OpenAICompatBackend (check_batch)
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir)
         # the server an injected backend talks to, credentials and query included (never shown)
-        self.api = BatchAPI((config.base_url or inner._url).strip(), inner._key, display_url=inner.shown_url,
-                            timeout=config.timeout, max_retries=config.max_retries)
+        self.api = BatchAPI((config.base_url or inner._url).strip(), inner._key, timeout=config.timeout,
+                            max_retries=config.max_retries)
         self.poll = poll_interval()
         self.state_path = self.cache_dir / STATE_FILE
         self._client: Any = None
@@ -399,8 +384,7 @@ class BatchStrategy:
             await asyncio.gather(*commits)
 
     def _save(self, key: str, completion: Completion) -> None:
-        """Count one result and hand it to the client's writer (:meth:`_committed` waits for it, so
-        a result file's lines share transactions)."""
+        """Count one result and hand it to the client's writer (a result file's lines share transactions)."""
         self._client._reserved += 1
         self._client.stats.add(completion)
         self._commits.append(asyncio.ensure_future(self._client.commit(key, completion)))
@@ -418,8 +402,7 @@ class BatchStrategy:
             await asyncio.sleep(min(left, 0.5))
 
     async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
-        """Drop from batches.json the jobs this stage does not need whose every request is
-        answered (by a run without --batch since)."""
+        """Drop the jobs this stage does not need whose requests a run without --batch answered since."""
         for job in read_jobs(self.state_path):
             if job.identity == self.identity and not any(k in want for k in job.keys) \
                     and not await self._unanswered(job.keys):
@@ -477,8 +460,7 @@ class BatchStrategy:
         return jobs
 
     async def _create(self, job: Job, look_first: bool = True) -> None:
-        """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or a
-        killed process) created; the server is asked first, except for a file just uploaded."""
+        """Create ``job``'s batch, or adopt the one an earlier attempt or a killed process created."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
         for attempt in range(self.api.max_retries + 1):
             found = None
@@ -569,8 +551,7 @@ class BatchStrategy:
 
     def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
               where: str) -> str | None:
-        """One result line into the cache or a recorded failure; what is wrong with a line that
-        names no request of this job."""
+        """One result line into the cache or a recorded failure; what is wrong with one naming no request."""
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
@@ -594,8 +575,7 @@ class BatchStrategy:
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    """The non-blank lines of a downloaded result file, each at most MAX_LINE_BYTES (a longer
-    one is replaced by a placeholder that names no request)."""
+    """Non-blank result file lines; one past MAX_LINE_BYTES becomes a placeholder naming no request."""
     with open(path, "rb") as fh:
         while True:
             line = fh.readline(MAX_LINE_BYTES + 1)

@@ -1,12 +1,8 @@
-"""The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra).
-
-xllamacpp ships llama.cpp prebuilt and runs its server in-process (``handle_chat_completions``:
-an OpenAI-style dict in, the reply dict out). Each slot reuses the longest common prefix with the
-next prompt. One word of a few is one call whose first token is constrained by a grammar, read at
-temperature 1 with no truncation, so the probabilities are the model's own over the words.
-
-The server's HTTP listener on 127.0.0.1 cannot be turned off: a random API key keeps other
-processes from using the model through it.
+"""The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra), which
+runs llama.cpp's server in-process (an OpenAI-style dict in, the reply dict out). One word of a few
+is one call whose first token is constrained by a grammar, read at temperature 1 with no
+truncation, so the probabilities are the model's own over the words. The server's HTTP listener on
+127.0.0.1 cannot be turned off: a random API key keeps other processes from using the model.
 """
 
 from __future__ import annotations
@@ -100,7 +96,7 @@ class XLlamaCppBackend:
             self._server = None
 
     def _call(self, messages: Sequence[Message], **body: Any) -> tuple[dict, int, int]:
-        """One chat completion; returns (reply, prompt tokens, prompt tokens evaluated)."""
+        """(reply, prompt tokens, prompt tokens evaluated) of one chat completion."""
         server = self._server
         if server is None:
             raise BackendError("the local model was closed")
