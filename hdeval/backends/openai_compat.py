@@ -186,8 +186,7 @@ class Redactor:
 
 
 def _proxy_for(url: str) -> str | None:
-    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
-    ``ALL_PROXY``, with ``NO_PROXY`` honoured); None for none."""
+    """The proxy ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` name for ``url``, ``NO_PROXY`` honoured."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
@@ -196,11 +195,13 @@ def _proxy_for(url: str) -> str | None:
     return proxy if "://" in proxy else "http://" + proxy
 
 
-class _Bound:
-    """One reply body read with a bound: past ``cap`` bytes (once inflated) a success raises
-    :class:`ReplyTooLarge` and an error body is cut; the connection is dropped, not drained."""
+class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
+    """A reply body (of a sync or an async client) read with a bound: past ``cap`` bytes (once
+    inflated) a success raises :class:`ReplyTooLarge` and an error body is cut; the connection is
+    dropped, not drained."""
 
-    def __init__(self, cap: int, fail: bool, encoding: str) -> None:
+    def __init__(self, inner: Any, cap: int, fail: bool, encoding: str) -> None:
+        self._inner = inner
         self._cap = cap
         self._fail = fail
         self._encoding = encoding
@@ -227,18 +228,10 @@ class _Bound:
             return chunk[: max(0, len(chunk) - (self._size - self._cap))], True
         return chunk, False
 
-
-class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
-    """A reply body (of a synchronous or an asynchronous client) read through a :class:`_Bound`."""
-
-    def __init__(self, inner: Any, bound: _Bound) -> None:
-        self._inner = inner
-        self._bound = bound
-
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
-                part, end = self._bound.take(chunk)
+                part, end = self.take(chunk)
                 yield part
                 if end:
                     return
@@ -248,7 +241,7 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
-                part, end = self._bound.take(chunk)
+                part, end = self.take(chunk)
                 yield part
                 if end:
                     return
@@ -263,7 +256,7 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
 
 
 def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
-    """Have ``response``'s body read through a :class:`_Bound` (its encoding and length headers
+    """Have ``response``'s body read with a bound (its encoding and length headers
     dropped: the bound decodes and cuts it), or refuse it unread (an unknown encoding, too long a
     success): an httpx response hook, so httpx closes a refused reply."""
     ok = 200 <= response.status_code < 300
@@ -280,7 +273,7 @@ def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
     for name in ("content-encoding", "content-length"):
         if name in response.headers:
             del response.headers[name]
-    response.stream = _BoundedStream(response.stream, _Bound(cap, ok, encoding.replace("x-", "")))
+    response.stream = _BoundedStream(response.stream, cap, ok, encoding.replace("x-", ""))
 
 
 def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
@@ -435,8 +428,7 @@ class OpenAICompatBackend:
             await sdk.close()
 
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
-        """The request body for ``request`` (``logprobs``: ask for them); the Batch API writes this
-        very object as a JSONL line."""
+        """The request body, which the Batch API writes as it is into a JSONL line."""
         params: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
@@ -506,7 +498,6 @@ class OpenAICompatBackend:
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
-        """One HTTP request, bounded as a whole by ``timeout``."""
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
         if self._idle:
@@ -539,8 +530,7 @@ class OpenAICompatBackend:
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
-        """An HTTP error as a retryable fault, a logprobs or schema fallback, a rejection of this
-        one request, or a final BackendError."""
+        """An HTTP error as a retryable fault, a fallback, this one request's rejection, or a BackendError."""
         if 300 <= status < 400:
             location = headers.get("location", "")
             where = f" to {one_line(_shown(location))}" if location else ""
@@ -595,8 +585,7 @@ else:  # Python 3.10: the same bound, one task more per call
 
 
 def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
-    """The error an HTTP error body carries (its JSON ``error`` member, the JSON, or the text) and
-    a one-line description of it."""
+    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of it."""
     text = body.decode("utf-8", "replace").strip()
     error: Any = text
     try:
