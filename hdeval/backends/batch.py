@@ -447,9 +447,8 @@ class BatchStrategy:
                 f"{limit}: every finished call is cached; rerun with a higher limit to continue")
 
     async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
-        logprobs_ok = self.inner.logprobs_supported
         jobs = []
-        for chunk in _chunks([(k, _line(self.inner, k, r, logprobs_ok)) for k, r in items]):
+        for chunk in _chunks([(k, _line(self.inner, k, r)) for k, r in items]):
             keys = [k for k, _ in chunk]
             file_id = await self.api.upload(b"".join(line for _, line in chunk))
             job = Job(self.identity, file_id, keys)
