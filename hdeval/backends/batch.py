@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+import httpx2
 import openai
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
@@ -134,17 +135,12 @@ class BatchAPI:
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
-        """A file's content into ``dest`` (at most MAX_RESULT_BYTES)."""
+        """A file's content into ``dest`` (at most MAX_RESULT_BYTES: the client's bound)."""
         file_id = _check_id(file_id, "file id")
 
         async def read(response: Any) -> None:
-            size = 0
             with open(dest, "wb") as fh:
                 async for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_RESULT_BYTES:
-                        raise BackendError(f"the Batch API's file {file_id} is larger than "
-                                           f"{MAX_RESULT_BYTES // 2**20} MB; not read further")
                     fh.write(chunk)
 
         await self._request("GET", f"files/{file_id}/content",
@@ -205,8 +201,9 @@ class BatchAPI:
                 problem = f"HTTP {status}: {detail}"
             except _Transient as exc:
                 problem = exc.args[0]
-            except openai.APIConnectionError as exc:  # timeouts included
-                cause = exc.__cause__
+            except (openai.APIConnectionError, httpx2.TransportError) as exc:
+                # the SDK wraps what fails while sending; a streamed body fails while read, unwrapped
+                cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
                 if isinstance(cause, ReplyTooLarge):
                     problem = f"a reply larger than {MAX_RESULT_BYTES // 2**20} MB"
                 else:
