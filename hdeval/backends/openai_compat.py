@@ -180,8 +180,7 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         for f in self._forms:
-            if f in text:
-                text = text.replace(f, "***")
+            text = text.replace(f, "***")
         return text
 
 
