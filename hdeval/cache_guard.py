@@ -191,13 +191,16 @@ def refuse_foreign_schema(directory: str | Path) -> None:
                 raise storage_error(directory, exc, name=name) from None
             continue  # unreadable: the cache's own open says why
         if found:
-            more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
-            raise CacheError(
-                f"the LLM reply cache {db} holds SQLite objects the cache never creates "
-                f"({', '.join(found[:_SHOWN])}{more}): not opening it, as they could rewrite or drop the "
-                f"replies you pay for; `hdeval cache repair --cache-dir {directory}` copies its readable "
-                "entries into a fresh database (check them: a planted entry cannot be told from a real "
-                "one), or pass another --cache-dir")
+            raise _foreign(db, found, "not opening it, as they could rewrite or drop the replies you pay for")
+
+
+def _foreign(db: Path, found: list[str], why: str) -> CacheError:
+    more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+    return CacheError(
+        f"the LLM reply cache {db} holds SQLite objects the cache never creates "
+        f"({', '.join(found[:_SHOWN])}{more}): {why}; `hdeval cache repair --cache-dir {db.parent}` copies "
+        "its readable entries into a fresh database (check them: a planted entry cannot be told from a "
+        "real one), or pass another --cache-dir")
 
 
 def read_stats(directory: str | Path) -> dict[str, int | str]:
@@ -212,6 +215,8 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
             continue
         try:
             with closing(ro_connect(db)) as con:
+                if found := foreign_objects(db, con):  # a planted recursive view would never be counted
+                    raise _foreign(db, found, "not counting them")
                 # a replies.db whose table is not made yet (a run killed just after creating the
                 # file) holds no reply, as `cache check` and a run see it
                 if name == DBNAME or con.execute("SELECT 1 FROM sqlite_master WHERE name = 'reply'").fetchone():

@@ -53,10 +53,9 @@ class RequestExport:
         missing = [k for k in want if k not in stored]
         if not missing:
             return
-        logprobs_ok = getattr(self.cached.inner, "logprobs_supported", True)
         for k in missing:
             if k not in self.written:
-                self.out.write(request_line(self.cached.inner, k, want[k], logprobs_ok))
+                self.out.write(request_line(self.cached.inner, k, want[k]))
                 self.written.add(k)
         raise StageExported(len(missing))
 
