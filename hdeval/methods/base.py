@@ -338,7 +338,8 @@ def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["
     llm = m.get("llm") or {}
     if not isinstance(llm, dict) or not all(
             isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-        raise TypeError("'llm' must hold text for model, base_url and identity")
+        raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
+                            f"identity in {art.path / 'manifest.json'})")
     return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
 
 

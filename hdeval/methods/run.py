@@ -76,6 +76,15 @@ def prompt_chars(req) -> int:
     return sum(len(m.content) for m in req.messages)
 
 
+def exact_plan(llm: CachedBackend, reqs: list, completion_tokens: int, layer: int = 1, stage: str = "",
+               requests: int | None = None) -> LayerPlan:
+    """The dry-run row of requests all known before the run: identical ones cost one call."""
+    distinct = {llm.key(r): r for r in reqs}
+    return LayerPlan(layer, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
+                     sum(prompt_chars(r) for r in distinct.values()) // 4, len(distinct) * completion_tokens,
+                     stage=stage, requests=requests)
+
+
 def fit_exporting(method: Any, ctx: Any, path: Any) -> Any:
     """``train --export-requests FILE``: the method's fit with its LLMs exporting instead of
     calling (:func:`hdeval.request_files.exporting_stages`). Returns the fitted evaluator when

@@ -9,6 +9,7 @@ compared and benchmarked like the others with the same LLM and the same prompts.
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -74,19 +75,10 @@ def fit(ctx: FitContext) -> DirectEvaluator:
 
 def plan(config: Any, prep: Any, backend: Any = None) -> list:
     """The dry run: one request per sample and aspect (identical prompts cost one call)."""
-    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.run import exact_plan, open_backend
     from hdeval.scoring import score_requests
 
-    task = prep.task
-    tree = CriteriaTree.from_aspects(task.aspects)
-    reqs = score_requests(load_templates()["score"], task, tree, tree.layer(1), prep.samples)
-    llm = open_backend(config, backend, offline=True)
-    try:
-        distinct = {llm.key(r): r for r in reqs}
-        chars = sum(prompt_chars(r) for r in distinct.values())
-        per_prompt = chars / len(distinct) / 4 if distinct else 0.0
-        cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
-        return [LayerPlan(1, 0, len(distinct), cached, False, int(per_prompt * len(distinct)), len(distinct) * 2,
-                          requests=len(reqs))]
-    finally:
-        llm.close()
+    tree = CriteriaTree.from_aspects(prep.task.aspects)
+    reqs = score_requests(load_templates()["score"], prep.task, tree, tree.layer(1), prep.samples)
+    with closing(open_backend(config, backend, offline=True)) as llm:
+        return [exact_plan(llm, reqs, 2, requests=len(reqs))]

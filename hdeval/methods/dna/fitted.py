@@ -6,9 +6,9 @@ import math
 from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, run_extra, usage_of
+from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
+import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -16,7 +16,6 @@ from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores
 from hdeval.methods.dna.settings import Settings
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
-from hdeval.tasks import task_from_dict
 from hdeval.types import PairSample, Task
 
 LEARNED = "learned.json"
@@ -27,7 +26,7 @@ class DnaEvaluator(SimpleFitted):
 
     method = "dna"
 
-    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: LLMConfig,
+    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: Any,
                  llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
                  extra: dict[str, Any] | None = None, score_table=None):
         super().__init__(task, None, llm, llm_identity, metrics, extra, score_table)
@@ -172,32 +171,20 @@ class DnaEvaluator(SimpleFitted):
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":
-        m = art.manifest
         where = str(art.path / "manifest.json")
-        settings = Settings.from_dict(m.get("method_args"), where)
-        files = m.get("files") or {}
-        needed = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles] + [METRICS]
-        for name in needed:
-            if name not in files:
-                raise ArtifactError(f"{where}: no checksum recorded for {name}")
+        settings = Settings.from_dict(art.manifest.get("method_args"), where)
+        files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]
 
         def build() -> DnaEvaluator:
-            task = task_from_dict(m["task"], where=where)
-            templates = {r: parse_template(PROMPT_FILES[r], art.text(f"prompts/{PROMPT_FILES[r]}.toml"),
-                                           str(art.path / f"prompts/{PROMPT_FILES[r]}.toml"))
-                         for r in settings.prompt_roles}
+            task, llm, identity = read_task_and_llm(art, files + [METRICS])
+            templates = {r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
+                         for r, f in zip(settings.prompt_roles, files)}
             learned = None
-            if LEARNED in files:
+            if LEARNED in art.manifest["files"]:
                 learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
-            llm = m.get("llm") or {}
-            if not isinstance(llm, dict) or not all(
-                    isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-                raise ArtifactError(f"{where}: 'llm' must hold text for model, base_url and identity")
-            return cls(task, templates, settings,
-                       LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                       str(llm.get("identity", "")), art.json(METRICS), learned, run_extra(m))
+            return cls(task, templates, settings, llm, identity, art.json(METRICS), learned, run_extra(art.manifest))
         ev = loaded(art, build)
         if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")

@@ -23,7 +23,7 @@ def plan_dna(config, prep, backend=None) -> list:
     the proposed aspects: k per pair is counted and their cache state is unknown. Re-asks of
     unusable JSON replies are not counted.
     """
-    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.run import LayerPlan, exact_plan, open_backend, prompt_chars
 
     settings = config.options.settings()
     task, pairs = prep.task, list(prep.samples)
@@ -33,10 +33,7 @@ def plan_dna(config, prep, backend=None) -> list:
     plans: list = []
 
     def exact(n: int, stage: str, role: str, reqs: list) -> None:
-        distinct = {llm.key(r): r for r in reqs}
-        plans.append(LayerPlan(n, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
-                               sum(prompt_chars(r) for r in distinct.values()) // 4,
-                               len(distinct) * _PLAN_COMPLETION[role], stage=stage))
+        plans.append(exact_plan(llm, reqs, _PLAN_COMPLETION[role], n, stage))
 
     def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
         plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),

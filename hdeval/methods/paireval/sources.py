@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from hdeval.errors import ConfigError
 from hdeval.methods.base import FitContext
+from hdeval.methods.paireval.options import SOURCES
 from hdeval.methods.comparisons import (
     RESPONSE_FIELD, Example, check_comparisons, draw_comparisons, history_fields, read_comparison_file,
 )
@@ -21,8 +22,6 @@ ALL_VS_ALL = "all-vs-all"  # the source of an exhaustive run: every other respon
 
 def comparison_source(ctx: FitContext) -> str:
     """``train``, ``file`` or ``references``: given, else ``file`` with --comparison-data."""
-    from hdeval.methods.paireval import SOURCES
-
     given = ctx.options.given()
     data = ctx.options.comparison_data or ""
     source = given.get("comparison_source") or ("file" if data else "train")

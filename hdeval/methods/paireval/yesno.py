@@ -9,6 +9,7 @@ import numpy as np
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import Labels
+import hdeval.methods.paireval.fake  # noqa: F401  (registers the fake LLM's yesno answers)
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
 from hdeval.methods.comparisons import MAX_TOKENS, TOP_LOGPROBS, Example, history_fields, response_label
