@@ -173,6 +173,16 @@ class Saving:
         llm = self.llm  # type: ignore[attr-defined]
         return open_llm(llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
+    @contextmanager
+    def llm_session(self, backend: Any, cache_dir: Any) -> Iterator[Any]:
+        """:meth:`open_backend` for the block, closed after it when opened here."""
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            yield backend
+        finally:
+            if own:
+                backend.close()
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
@@ -203,6 +213,15 @@ class SimpleFitted(Saving):
     def columns_needed(self) -> list[str]:
         return list(self.task.aspect_keys)
 
+    def write_common(self, out: "ArtifactWriter", prompts: Mapping[str, Any]) -> dict[str, Any]:
+        """The prompts (name -> template), metrics and score table; the manifest's prompt digests."""
+        for name, template in prompts.items():
+            out.text(f"prompts/{name}.toml", template.source)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {name: t.digest for name, t in prompts.items()}}
+
 
 class SinglePromptFitted(SimpleFitted):
     """One prompt per sample and aspect, nothing learned: the LLM's figure for an aspect, mapped
@@ -210,12 +229,18 @@ class SinglePromptFitted(SimpleFitted):
 
     prompt = ""  # the template's name; its file is prompts/<name>.toml
     stage = ""  # what the progress says it does to each sample x aspect
+    scale: tuple[float, float] = (0, 1)  # the LLM's figures' range, mapped linearly onto each aspect's
 
     def method_args(self) -> dict[str, Any]:
         return {}
 
-    def to_range(self, values: Any) -> Any:  # the LLM's figures (samples x aspects) on each aspect's range
-        raise NotImplementedError
+    def to_range(self, values: Any) -> Any:
+        import numpy as np
+
+        low, high = self.scale
+        lo = np.array([a.low for a in self.task.aspects])
+        hi = np.array([a.high for a in self.task.aspects])
+        return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
 
     def ask(self, backend: Any, samples: list, concurrency: int | None, progress: Any) -> "ScoreMatrix":
         raise NotImplementedError
@@ -228,24 +253,16 @@ class SinglePromptFitted(SimpleFitted):
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            n = len(self.task.aspects)
+        n = len(self.task.aspects)
+        with self.llm_session(backend, cache_dir) as backend:
             label = f"{self.stage} {len(samples)} samples x {n} aspects"
             with progress_stage(progress, label, len(samples) * n):
                 m = self.ask(backend, samples, concurrency, progress)
             return ScoreResult(m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m,
                                usage_of(backend))
-        finally:
-            if own:
-                backend.close()
 
     def write(self, out: "ArtifactWriter") -> dict[str, Any]:
-        out.text(f"prompts/{self.prompt}.toml", self.template.source)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {self.prompt: self.template.digest}, **self.extra}
+        return {**self.write_common(out, {self.prompt: self.template}), **self.extra}
 
     @classmethod
     def from_artifact(cls, art: "ArtifactReader") -> Any:
@@ -260,38 +277,60 @@ class SinglePromptFitted(SimpleFitted):
         return loaded(art, build)
 
 
-def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple[ScoreResult, Any, dict]:
+def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple:
     """Score every sample with ``ev`` (nothing to learn) and fill its held-out metrics, score table
     and run record; a ScoringError when more of ``what`` than allowed could not be read. Returns
-    the result, the human scores (rows as in the result) and each sample's row."""
-    import numpy as np
-
-    from hdeval.errors import ScoringError
+    the result, the human scores and the training and test rows (rows as in the result)."""
     from hdeval.metrics import metric_table
 
     config, split = ctx.config, ctx.prep.split
     res = ev.score(ctx.prep.samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
-    rate = res.criteria.failure_rate
-    if rate > config.max_failure_rate:
-        ex = res.criteria.failures[0]
-        raise ScoringError(
-            f"{rate:.0%} of {what} could not be read (threshold {config.max_failure_rate:.0%}), "
-            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
-        )
-    by_id = {s.id: s for s in ctx.prep.samples}
-    pos = {s: i for i, s in enumerate(res.sample_ids)}
-    te = np.array([pos[s] for s in split.test_ids])
+    check_failure_rate(ctx, res.criteria.failure_rate, what, res.criteria.failures)
     aspects = list(ev.task.aspect_keys)
-    Y = np.array([[by_id[s].scores[a] for a in aspects] for s in res.sample_ids])
+    tr, te, Y = split_rows(ctx, res.sample_ids, aspects)
     ev.metrics = {
         "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
         "final": metric_table(Y[te], res.predictions[te], aspects),
-        "failure_rate": rate,
+        "failure_rate": res.criteria.failure_rate,
         "usage": usage_of(ctx.llm),
     }
     ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
     ev.extra = run_record(ctx)
-    return res, Y, pos
+    return res, Y, tr, te
+
+
+def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
+    """The line a fit starts with: the task, the data and its split, ``detail``, the LLM."""
+    from hdeval.urls import shown_identity
+
+    split = ctx.prep.split
+    ctx.progress.message(
+        f"task {ctx.prep.task.name}: {len(ctx.prep.samples)} {what} from {ctx.prep.data_path} "
+        f"({len(split.train_ids)} train, {len(split.test_ids)} test), {detail}"
+        f"LLM {shown_identity(ctx.llm.identity)}")
+
+
+def check_failure_rate(ctx: "FitContext", rate: float, what: str, failures: Sequence[Any]) -> None:
+    """A ScoringError when more of ``what`` than ``--max-failure-rate`` allows could not be read."""
+    from hdeval.errors import ScoringError
+
+    if rate > ctx.config.max_failure_rate:
+        ex = failures[0]
+        raise ScoringError(
+            f"{rate:.0%} of {what} could not be read (threshold {ctx.config.max_failure_rate:.0%}), "
+            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
+        )
+
+
+def split_rows(ctx: "FitContext", ids: Sequence[str], aspects: Sequence[str]) -> tuple[Any, Any, Any]:
+    """The training and test rows of ``ids`` and their human scores (rows x aspects)."""
+    import numpy as np
+
+    by_id = {s.id: s for s in ctx.prep.samples}
+    pos = {s: i for i, s in enumerate(ids)}
+    split = ctx.prep.split
+    return (np.array([pos[s] for s in split.train_ids]), np.array([pos[s] for s in split.test_ids]),
+            np.array([[by_id[s].scores[a] for a in aspects] for s in ids]))
 
 
 def loaded(art: "ArtifactReader", build: Callable[[], Any],

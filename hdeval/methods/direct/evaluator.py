@@ -12,22 +12,11 @@ from __future__ import annotations
 from contextlib import closing
 from typing import Any
 
-import numpy as np
-
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned, score_rows
+from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned, score_rows
 from hdeval.prompts import load_templates
 from hdeval.scoring import SCALE, score_criteria
-from hdeval.types import CriteriaTree, Sample, Task
-from hdeval.urls import shown_identity
-
-
-def to_range(values: np.ndarray, task: Task) -> np.ndarray:
-    """Map 1-5 LLM scores (samples x aspects) linearly onto each aspect's range."""
-    low, high = SCALE
-    lo = np.array([a.range[0] for a in task.aspects])
-    hi = np.array([a.range[1] for a in task.aspects])
-    return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
+from hdeval.types import CriteriaTree, Sample
 
 
 class DirectEvaluator(SinglePromptFitted):
@@ -36,9 +25,7 @@ class DirectEvaluator(SinglePromptFitted):
     method = "direct"
     prompt = "score"
     stage = "scoring"
-
-    def to_range(self, values: Any) -> Any:
-        return to_range(values, self.task)
+    scale = SCALE
 
     def benchmark_record(self) -> dict[str, Any]:
         return {"criteria": len(self.task.aspects)}  # one question per aspect
@@ -57,15 +44,10 @@ class DirectEvaluator(SinglePromptFitted):
 
 
 def fit(ctx: FitContext) -> DirectEvaluator:
-    task, split = ctx.prep.task, ctx.prep.split
-    ctx.progress.message(
-        f"task {task.name}: {len(ctx.prep.samples)} samples from {ctx.prep.data_path} "
-        f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {shown_identity(ctx.llm.identity)}"
-    )
+    task = ctx.prep.task
+    fit_message(ctx, "samples")
     ev = DirectEvaluator(task, load_templates()["score"], ctx.llm_config, ctx.llm.identity, {})
-    res, Y, pos = fit_unlearned(ctx, ev, "aspect scores")
-    tr = np.array([pos[s] for s in split.train_ids])
-    te = np.array([pos[s] for s in split.test_ids])
+    res, Y, tr, te = fit_unlearned(ctx, ev, "aspect scores")
     # nothing is fitted, so the training rows' residuals are as honest as held-out ones
     ev.metrics["intervals"] = fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te,
                                                list(task.aspect_keys), [a.range for a in task.aspects],

@@ -10,13 +10,12 @@ import numpy as np
 
 from hdeval.errors import ScoringError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, run_record, usage_of
+from hdeval.methods.base import FitContext, fit_message, run_record, usage_of
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
 from hdeval.types import PairSample
-from hdeval.urls import shown_identity
 
 
 def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.ndarray,
@@ -63,9 +62,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     settings = ctx.options.settings()
     task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split
     templates = load_dna_templates(settings.prompt_roles)
-    ctx.progress.message(
-        f"task {task.name}: {len(pairs)} pairs from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {shown_identity(ctx.llm.identity)}")
+    fit_message(ctx, "pairs", f"dna mode {settings.mode}, ")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
     ctx.progress.expect(progress_units(settings, len(pairs), len(task.aspects)))  # the whole run's ETA
     res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)

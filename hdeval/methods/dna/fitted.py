@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
+from hdeval.methods.base import METRICS, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
@@ -57,13 +57,9 @@ class DnaEvaluator(SimpleFitted):
             raise DataError("no pairs to score")
         if not all(isinstance(s, PairSample) for s in samples):
             raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
             res.usage = usage_of(backend)
-        finally:
-            if own:
-                backend.close()
         if self.learned is not None and res.diffs is not None:
             res.learned_labels, res.learned_ab = self.learned.labels(res.diffs)
         return res
@@ -160,14 +156,9 @@ class DnaEvaluator(SimpleFitted):
         return "held-out agreement with human labels: " + "; ".join(parts)
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        for role, t in self.templates.items():
-            out.text(f"prompts/{PROMPT_FILES[role]}.toml", t.source)
-        out.json(METRICS, self.metrics)
         if self.learned is not None:
             out.json(LEARNED, self.learned.to_dict())
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {PROMPT_FILES[r]: t.digest for r, t in self.templates.items()}, **self.extra}
+        return {**self.write_common(out, {PROMPT_FILES[r]: t for r, t in self.templates.items()}), **self.extra}
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":

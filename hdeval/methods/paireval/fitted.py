@@ -10,7 +10,7 @@ from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import (
-    METRICS, SCORES, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
+    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
 )
 from hdeval.methods.comparisons import COMPARISONS, Example, PairScores, _parse_examples, pair_scores
 from hdeval.methods.paireval.all_vs_all import same_doc_scores
@@ -75,37 +75,25 @@ class PairEvalEvaluator(_Dialogue):
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             if self.all_vs_all:
                 return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
                                        progress)
             return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
                                concurrency, progress)
-        finally:
-            if own:
-                backend.close()
 
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             cols = self.judge(samples, backend, concurrency=concurrency, progress=progress).columns()
             return ScoreResult(cols.sample_ids, list(self.task.aspect_keys), self.agg.predict(cols.values),
                                cols, usage_of(backend))
-        finally:
-            if own:
-                backend.close()
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        out.text(PAIR_PROMPT, self.template.source)
         if not self.all_vs_all:
             out.json(COMPARISONS, [e.to_dict() for e in self.pool])
-        out.json(METRICS, self.metrics)
         out.skops(MODEL, self.agg.models_)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {"pair": self.template.digest},
+        return {**self.write_common(out, {"pair": self.template}),
                 "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},
                 **self.extra}
 

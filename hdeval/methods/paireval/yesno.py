@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.constraints import Labels
 import hdeval.methods.paireval.fake  # noqa: F401  (registers the fake LLM's yesno answers)
@@ -48,11 +46,6 @@ class YesNoEvaluator(SinglePromptFitted, _Dialogue):
     method = "direct-yesno"
     prompt = "yesno"
     stage = "asking"
-
-    def to_range(self, p: np.ndarray) -> np.ndarray:
-        lo = np.array([a.low for a in self.task.aspects])
-        hi = np.array([a.high for a in self.task.aspects])
-        return lo + np.asarray(p, float) * (hi - lo)
 
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         history_fields(self.task)
