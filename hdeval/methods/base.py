@@ -71,15 +71,9 @@ class Fitted(Protocol):
 
 
 class Saving:
-    """What every fitted evaluator shares: its LLM section of the manifest (no credentials,
-    query or key) and an atomic :func:`~hdeval.artifact.save_artifact`. Needs ``llm``
-    (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
-
-    def llm_manifest(self) -> dict[str, Any]:
-        from hdeval.urls import public_identity
-
-        llm, identity = self.llm, self.llm_identity  # type: ignore[attr-defined]
-        return {**llm.to_manifest(), "identity": public_identity(identity, llm.base_url)}
+    """What every fitted evaluator shares: an atomic :func:`~hdeval.artifact.save_artifact` with
+    its LLM (no credentials, query or key) and defaults for what the shared code asks of it.
+    Needs ``llm`` (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     reports = False  # `hdeval report` can draw this evaluator (see write_report)
@@ -187,8 +181,11 @@ class Saving:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
         from hdeval.artifact import save_artifact
+        from hdeval.urls import public_identity
 
-        self.path = save_artifact(self, path, self.llm_manifest(), force=force)  # type: ignore[arg-type]
+        llm = self.llm  # type: ignore[attr-defined]
+        section = {**llm.to_manifest(), "identity": public_identity(self.llm_identity, llm.base_url)}  # type: ignore
+        self.path = save_artifact(self, path, section, force=force)  # type: ignore[arg-type]
         return self.path
 
 
@@ -480,24 +477,22 @@ class MethodOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
 
 
+# an option's default's kind -> the values it takes (never a bool for a number) and their name
+_KINDS = ((bool, bool, "true or false"), (int, int, "a whole number"), (float, (int, float), "a number"),
+          (str, str, "text"), (type(None), str, "text"))
+
+
 def _check_value(name: str, value: Any, spec: Option) -> None:
-    """The value fits the option's default's kind (a whole number where the default is one, ...)."""
     default, where = spec.default if spec.kind is None else spec.kind(), flag(name)
     if spec.choices:
         if value not in spec.choices:
             raise ConfigError(f"{where} must be one of {', '.join(spec.choices)}, got {value!r}")
-    elif isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be a whole number, got {value!r}")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-    elif isinstance(default, str) or default is None:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be text, got {value!r}")
+        return
+    for kind, ok, words in _KINDS:
+        if isinstance(default, kind):
+            if not isinstance(value, ok) or (kind is not bool and isinstance(value, bool)):
+                raise ConfigError(f"{where} must be {words}, got {value!r}")
+            return
 
 
 # Before artifact format 3 the manifest's config recorded HD-Eval's tree options flat for every

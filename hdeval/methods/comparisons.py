@@ -5,13 +5,12 @@ another."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -119,12 +118,6 @@ def draw_comparisons(pool: Sequence[Sample], n: int, seed: int, task: Task, wher
     return [Example.of(task, docs[d][int(rng.integers(len(docs[d])))]) for d in picked]
 
 
-def comparisons_for(target: Example, pool: Sequence[Example], n: int) -> list[int]:
-    """Indices of the pool examples a target is compared with: the first ``n`` from other
-    conversations."""
-    return [i for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
-
-
 def read_comparison_file(path: str, task: Task) -> list[Sample]:
     from hdeval.data import read_samples
 
@@ -170,7 +163,8 @@ class PairScores:
     def columns(self) -> ScoreMatrix:
         """Per sample and aspect: the mean over comparisons of the mean over both orders."""
         per = (self.first + self.second) / 2 if self.swap else self.first.copy()
-        with np.errstate(all="ignore"), _quiet():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "mean of empty slice": nothing answered
             values = np.nanmean(per, axis=2) if per.shape[2] else np.full(per.shape[:2], np.nan)
         fails: list[Failure] = []
         first_reason: dict[tuple[str, str], str] = {}
@@ -189,9 +183,7 @@ class PairScores:
     def position(self) -> dict[str, float | int | None]:
         """Position consistency (share of comparisons whose preferred response is the same in
         both orders) and bias (mean |P(target wins | first) - P(target wins | second)|)."""
-        if not self.swap:
-            return {"consistency": None, "bias": None, "comparisons": 0}
-        ok = np.isfinite(self.first) & np.isfinite(self.second)
+        ok = np.isfinite(self.first) & np.isfinite(self.second)  # none without swap
         p1, p2 = self.first[ok], self.second[ok]
         if not p1.size:
             return {"consistency": None, "bias": None, "comparisons": 0}
@@ -199,20 +191,14 @@ class PairScores:
                 "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():  # numpy's "mean of empty slice": a column nothing answered
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
 def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,
                swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
-    """One cell per target x column x comparison x order, sample-major."""
+    """One cell per target x column x comparison x order, sample-major: a target is compared with
+    the first ``n`` pool examples from other conversations."""
     cells: list[Cell] = []
     for s in samples:
         target = Example.of(task, s)
-        others = [(i, pool[i]) for i in comparisons_for(target, pool, n)]
+        others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
         cells += versus_cells(template, task, s.id, target, others, swap, cols)
     return cells
 
@@ -261,13 +247,20 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
     stage of its own (False when the caller has one open)."""
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
+    label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
     cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    with progress_stage(progress if stage else None, f"comparing {len(samples)} samples x {len(cols)} columns x "
-                        f"{n} examples{' x 2 orders' if swap else ''}", len(cells)):
-        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
-    first, second = judged_orders(m, samples, cols, len(pool))
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, list(m.failures),
-                      len(cells), swap)
+    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress, label if stage else None)
+
+
+def judge_cells(llm: Any, cells: list[Cell], samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
+                width: int, swap: bool, concurrency: int | None, progress: Progress | None,
+                label: str | None) -> PairScores:
+    """Ask ``cells`` (as one progress stage when ``label`` names it) into every pair judgment."""
+    with progress_stage(progress if label else None, label or "", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
+    first, second = judged_orders(m, samples, cols, width)
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
+                      list(m.failures) if m is not None else [], len(cells), swap)
 
 
 # ---------------------------------------------------------------------- inside HD-Eval

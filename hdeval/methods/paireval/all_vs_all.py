@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hdeval.judge import Cell, fill_matrix
-from hdeval.methods.base import progress_stage
-from hdeval.methods.comparisons import (
-    Example, PairScores, _p_first_label, judged_orders, pair_question, versus_cells,
-)
+from hdeval.judge import Cell
+from hdeval.methods.comparisons import Example, PairScores, judge_cells, pair_question, versus_cells
 from hdeval.progress import Progress
 from hdeval.prompts import Template
 from hdeval.types import Failure, Sample, Task
@@ -38,15 +35,13 @@ def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[
     samples = list(samples)
     cols = [(a.key, pair_question(a)) for a in task.aspects]
     cells = same_doc_cells(template, task, samples, swap, cols)
-    with progress_stage(progress, f"comparing {len(samples)} samples x {len(cols)} columns with every other "
-                        f"response of their document{' x 2 orders' if swap else ''}", len(cells)):
-        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
     width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
-    first, second = judged_orders(m, samples, cols, width)
-    failures: list[Failure] = list(m.failures) if m is not None else []
+    judged = judge_cells(llm, cells, samples, cols, width, swap, concurrency, progress,
+                         f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                         f"response of their document{' x 2 orders' if swap else ''}")
     compared = {c.sample_id for c in cells}
     for s in samples:
         if s.id not in compared:
-            failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document {s.doc_id!r} "
-                                 "in the input to compare with") for key, _ in cols]
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, failures, len(cells), swap)
+            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
+                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
+    return judged
