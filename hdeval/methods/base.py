@@ -1,11 +1,7 @@
-"""The method seam: how a way of building an evaluator plugs into train / apply / report.
-
-A :class:`Method` fits on the training split and returns a :class:`Fitted` evaluator; a fitted
-evaluator scores new samples with an LLM and writes its state into an artifact directory. The
-artifact module (``hdeval.artifact``) owns the directory, manifest, checksums and safe loading;
-a method only says which files it writes and how it reads them back. The registry
-(:mod:`hdeval.methods.registry`) sits above the methods: it finds them and loads artifacts.
-"""
+"""The method seam: a :class:`Method` fits on the training split and returns a :class:`Fitted`
+evaluator, which scores new samples with an LLM and says which files it writes into an artifact
+and how it reads them back (``hdeval.artifact`` owns the directory, manifest, checksums and safe
+loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."""
 
 from __future__ import annotations
 

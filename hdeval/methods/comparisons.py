@@ -75,16 +75,18 @@ def pair_question(aspect: Aspect) -> str:
             f"Which response is better on {aspect.name.lower()}?")
 
 
-def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
-    messages = template.render({
-        "task_description": task.description,
-        "response_label": response_label(task),
-        "history_a": a.history, "response_a": a.response,
-        "history_b": b.history, "response_b": b.response,
-        "question": question,
-    })
+def label_request(template: Template, task: Task, labels: tuple[str, str], kind: str,
+                  **values: str) -> CompletionRequest:
+    """A question about a conversation answered by one of two label words (read from the first token)."""
+    messages = template.render({"task_description": task.description, "response_label": response_label(task),
+                                **values})
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             answer=Labels(LABELS), kind="pair")
+                             answer=Labels(labels), kind=kind)
+
+
+def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
+    return label_request(template, task, LABELS, "pair", history_a=a.history, response_a=a.response,
+                         history_b=b.history, response_b=b.response, question=question)
 
 
 # ---------------------------------------------------------------------- comparison examples
@@ -96,12 +98,8 @@ def check_comparisons(n: Any) -> int:
 
 def draw_comparisons(pool: Sequence[Sample], n: int, seed: int, task: Task, where: str,
                      own_docs: bool) -> list[Example]:
-    """One response from each of ``n + 1`` (or, from an outside pool whose conversations the
-    targets do not share, ``n``) distinct conversations, seeded.
-
-    ``own_docs``: the targets come from the same pool's conversations, so each needs ``n`` from
-    conversations other than its own: ``n + 1`` are drawn and a target skips its own.
-    """
+    """One response from each of ``n + 1`` distinct conversations, seeded: with ``own_docs`` the
+    targets share the pool's conversations and each skips its own (at most n + 1 are drawn)."""
     docs: dict[str, list[Sample]] = {}
     for s in pool:
         docs.setdefault(s.doc_id, []).append(s)
@@ -127,6 +125,11 @@ def read_comparison_file(path: str, task: Task) -> list[Sample]:
         return read_samples(path, task, require_scores=False)
     except DataError as exc:
         raise DataError(f"comparison file (--comparison-data) {exc}") from None
+
+
+def fits_examples(n: Any, swap: Any, pool: Sequence[Example]) -> bool:
+    """A recorded N and swap fit the recorded examples."""
+    return not isinstance(n, bool) and isinstance(n, int) and 1 <= n <= len(pool) and isinstance(swap, bool)
 
 
 def _parse_examples(raw: Any, where: str) -> list[Example]:
@@ -242,14 +245,13 @@ def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequen
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
                 n: int, swap: bool, concurrency: int | None = None, progress: Progress | None = None,
                 columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
-    """Ask every pair (sample-major: all columns and comparisons of one target together).
-
-    ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
-    stage of its own (False when the caller has one open)."""
+    """Ask every pair, sample-major. ``columns``: (key, question) pairs (default: one per aspect);
+    ``stage``: open a progress stage of its own (False when the caller has one open)."""
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
     label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
     cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress, label if stage else None)
+    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress,
+                       label if stage else None)
 
 
 def judge_cells(llm: Any, cells: list[Cell], samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
@@ -327,7 +329,7 @@ class PairwiseScorer:
             raise ArtifactError(f"{art.path}: a pairwise scorer needs prompts/pair.toml and {COMPARISONS}")
         pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
         n, swap = spec.get("comparisons"), spec.get("swap")
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool) or not isinstance(swap, bool):
+        if not fits_examples(n, swap, pool):
             raise ArtifactError(f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples")
         return cls(templates["pair"], pool, n, swap)
 

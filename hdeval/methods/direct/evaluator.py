@@ -1,15 +1,10 @@
-"""``direct``: each human aspect scored directly by the LLM (the G-Eval-style baseline).
-
-No decomposition and no learned aggregator: the LLM's 1-5 score for an aspect (probability-
-weighted over the digit tokens) is the prediction, mapped linearly onto the aspect's range so the
-output reads on the human scale (a monotone map: correlations are those of the raw score). It is
-what HD-Eval's ``direct_layer1`` figure reports, as a method of its own, so it can be applied,
-compared and benchmarked like the others with the same LLM and the same prompts.
-"""
+"""``direct``: each human aspect scored directly by the LLM (the G-Eval-style baseline), nothing
+learned: the LLM's probability-weighted 1-5 score, mapped linearly onto the aspect's range (a
+monotone map: correlations are the raw score's). HD-Eval's ``direct_layer1`` figure as a method of
+its own, so it can be applied, compared and benchmarked like the others."""
 
 from __future__ import annotations
 
-from contextlib import closing
 from typing import Any
 
 from hdeval.intervals import fitted_intervals
@@ -57,10 +52,9 @@ def fit(ctx: FitContext) -> DirectEvaluator:
 
 def plan(config: Any, prep: Any, backend: Any = None) -> list:
     """The dry run: one request per sample and aspect (identical prompts cost one call)."""
-    from hdeval.methods.run import exact_plan, open_backend
+    from hdeval.methods.run import plan_known
     from hdeval.scoring import score_requests
 
     tree = CriteriaTree.from_aspects(prep.task.aspects)
     reqs = score_requests(load_templates()["score"], prep.task, tree, tree.layer(1), prep.samples)
-    with closing(open_backend(config, backend, offline=True)) as llm:
-        return [exact_plan(llm, reqs, 2, requests=len(reqs))]
+    return plan_known(config, backend, reqs, 2, requests=len(reqs))

@@ -28,7 +28,7 @@ METHOD = Method(
     shapes=("pairwise",),
     fit=lambda ctx: _impl("fit").fit(ctx),
     load=lambda art: _impl("fitted").DnaEvaluator.from_artifact(art),
-    plan=lambda config, prep, backend: _impl("plan").plan_dna(config, prep, backend),
+    plan=lambda config, prep, backend: _impl("scoring").plan_dna(config, prep, backend),
     options=DnaOptions,
 )
 

@@ -57,10 +57,8 @@ class Settings:
 
     @property
     def prompt_roles(self) -> list[str]:
-        if self.mode == "direct":
-            return ["direct"]
-        if self.mode == "cot":
-            return ["cot"]
+        if not self.uses_aspects:  # the direct and chain-of-thought baselines
+            return [self.mode]
         roles = (["aspects"] if self.dynamic else []) + ["weights", "score"]
         return roles + (["prompt_agg"] if self.mode == "prompt-agg" else [])
 

@@ -27,7 +27,7 @@ PAIREVAL = Method(
     shapes=("pointwise",),
     fit=lambda ctx: _impl("paireval.fit").fit_paireval(ctx),
     load=lambda art: _impl("paireval.fitted").PairEvalEvaluator.from_artifact(art),
-    plan=lambda config, prep, backend: _impl("paireval.plan").plan_paireval(config, prep, backend),
+    plan=lambda config, prep, backend: _impl("paireval.fit").plan_paireval(config, prep, backend),
     check_fit=lambda ctx: _impl("paireval.sources").choose_comparisons(ctx),  # the examples can be drawn
     options=PairEvalOptions,
 )
@@ -39,7 +39,7 @@ YESNO = Method(
     shapes=("pointwise",),
     fit=lambda ctx: _impl("paireval.yesno").fit_yesno(ctx),
     load=lambda art: _impl("paireval.yesno").YesNoEvaluator.from_artifact(art),
-    plan=lambda config, prep, backend: _impl("paireval.plan").plan_yesno(config, prep, backend),
+    plan=lambda config, prep, backend: _impl("paireval.yesno").plan_yesno(config, prep, backend),
 )
 
 METHODS = (PAIREVAL, YESNO,)  # what hdeval.methods.registry registers

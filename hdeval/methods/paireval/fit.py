@@ -1,5 +1,5 @@
 """PairEval's training: the comparison examples chosen and checked, every pair judged, the
-aggregator fitted on the training split, the held-out figures."""
+aggregator fitted on the training split, the held-out figures; and its dry run."""
 
 from __future__ import annotations
 
@@ -8,17 +8,32 @@ from typing import Any
 from hdeval.methods.base import (
     FitContext, check_failure_rate, fit_message, run_record, score_table, split_rows, usage_of,
 )
-from hdeval.methods.comparisons import Example
+from hdeval.methods.comparisons import MAX_TOKENS, Example, pair_cells, pair_question
 from hdeval.methods.paireval.fitted import PairEvalEvaluator
 from hdeval.methods.paireval.sources import (
-    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test,
+    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test, same_doc_cells,
 )
+from hdeval.progress import Progress
 from hdeval.prompts import load_template
 
 
 def fit_paireval(ctx: FitContext) -> PairEvalEvaluator:
     pool, n, swap, source = choose_comparisons(ctx)  # every check before the first call
     return fit_with_pool(ctx, pool, n, swap, source)
+
+
+def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
+    """The dry run: every request is known before the run, so the counts are exact."""
+    from hdeval.methods.run import plan_known
+
+    task, samples = prep.task, prep.samples
+    pool, n, swap, source = choose_comparisons(FitContext(config, prep, None, None, Progress()))
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    if source == ALL_VS_ALL:
+        cells = same_doc_cells(load_template("pair"), task, samples, swap, cols)
+    else:
+        cells = pair_cells(load_template("pair"), task, samples, pool, n, swap, cols)
+    return plan_known(config, backend, [r for c in cells for r in c.requests], MAX_TOKENS)
 
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:

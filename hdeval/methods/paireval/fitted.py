@@ -12,9 +12,10 @@ from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import (
     METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
 )
-from hdeval.methods.comparisons import COMPARISONS, Example, PairScores, _parse_examples, pair_scores
-from hdeval.methods.paireval.all_vs_all import same_doc_scores
-from hdeval.methods.paireval.sources import comparison_text, overlap_text
+from hdeval.methods.comparisons import (
+    COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
+)
+from hdeval.methods.paireval.sources import comparison_text, overlap_text, same_doc_scores
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import Sample, Task
@@ -104,19 +105,18 @@ class PairEvalEvaluator(_Dialogue):
 
         def build() -> PairEvalEvaluator:
             args = art.manifest.get("method_args") or {}
-            all_vs_all = args.get("all_vs_all", False) is True
-            if all_vs_all:  # compared within each document: no recorded examples
-                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, METRICS, MODEL))
+            all_vs_all = args.get("all_vs_all", False) is True  # compared within each document: no examples
+            need = (PAIR_PROMPT, METRICS, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, METRICS, MODEL)
+            task, llm, identity = read_task_and_llm(art, need)
+            if all_vs_all:
                 pool, n, swap = [], 0, args["swap"]
                 if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
                     raise ValueError("method_args of an all-vs-all artifact are 'all_vs_all' and 'swap' only")
             else:
-                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
                 pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
                 n, swap = args["comparisons"], args["swap"]
-            if not all_vs_all and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool)
-                                   or not isinstance(swap, bool)):
-                raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
+                if not fits_examples(n, swap, pool):
+                    raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
             spec = art.manifest["aggregator"]
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)

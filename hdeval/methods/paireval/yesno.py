@@ -6,11 +6,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.constraints import Labels
-import hdeval.methods.paireval.fake  # noqa: F401  (registers the fake LLM's yesno answers)
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
-from hdeval.methods.comparisons import MAX_TOKENS, TOP_LOGPROBS, Example, history_fields, response_label
+from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
 from hdeval.methods.paireval.fitted import _Dialogue
 from hdeval.prompts import Template, load_template
 from hdeval.types import Aspect, Sample, Task
@@ -26,14 +24,8 @@ def yesno_question(aspect: Aspect) -> str:
 
 
 def yesno_request(template: Template, task: Task, aspect: Aspect, target: Example) -> CompletionRequest:
-    messages = template.render({
-        "task_description": task.description,
-        "response_label": response_label(task),
-        "history": target.history, "response": target.response,
-        "question": yesno_question(aspect),
-    })
-    return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             answer=Labels(YES_NO), kind="yesno")
+    return label_request(template, task, YES_NO, "yesno", history=target.history, response=target.response,
+                         question=yesno_question(aspect))
 
 
 def _p_yes(completions: Sequence[Completion]) -> tuple[float, str | None]:
@@ -49,12 +41,19 @@ class YesNoEvaluator(SinglePromptFitted, _Dialogue):
 
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         history_fields(self.task)
-        cells = []
-        for s in samples:
-            target = Example.of(self.task, s)
-            for a in self.task.aspects:
-                cells.append(Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),)))
+        cells = [Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),))
+                 for s in samples for target in [Example.of(self.task, s)] for a in self.task.aspects]
         return fill_matrix(backend, cells, _p_yes, concurrency, progress)
+
+
+def plan_yesno(config: Any, prep: Any, backend: Any = None) -> list:
+    """The dry run: one request per sample and aspect, all known before the run."""
+    from hdeval.methods.run import plan_known
+
+    task, template = prep.task, load_template("yesno")
+    history_fields(task)
+    reqs = [yesno_request(template, task, a, Example.of(task, s)) for s in prep.samples for a in task.aspects]
+    return plan_known(config, backend, reqs, MAX_TOKENS)
 
 
 def fit_yesno(ctx: FitContext) -> YesNoEvaluator:
