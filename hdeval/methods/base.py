@@ -203,8 +203,14 @@ class SimpleFitted(Saving):
         self.warnings: list[str] = []
         self.path: Any = None
 
+    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
+
     def columns_needed(self) -> list[str]:
         return list(self.task.aspect_keys)
+
+    def output_rows(self, samples: Sequence["Sample"], result: ScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes (:func:`score_rows`)."""
+        return score_rows(samples, result, names=self.row_names)
 
     def write_common(self, out: "ArtifactWriter", prompts: Mapping[str, Any]) -> dict[str, Any]:
         """The prompts (name -> template), metrics and score table; the manifest's prompt digests."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned, score_rows
+from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned
 from hdeval.prompts import load_templates
 from hdeval.scoring import SCALE, score_criteria
 from hdeval.types import CriteriaTree, Sample
@@ -32,10 +32,6 @@ class DirectEvaluator(SinglePromptFitted):
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         tree = self.tree
         return score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples, concurrency, progress)
-
-    def output_rows(self, samples: list[Sample], result: Any) -> list[dict[str, Any]]:
-        """The JSON lines ``apply`` writes (the aspect scores are the columns)."""
-        return score_rows(samples, result)
 
 
 def fit(ctx: FitContext) -> DirectEvaluator:

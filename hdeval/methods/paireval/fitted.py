@@ -10,7 +10,7 @@ from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import (
-    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
+    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of,
 )
 from hdeval.methods.comparisons import (
     COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
@@ -24,17 +24,12 @@ PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
 
 
-class _Dialogue(SimpleFitted):
-    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
-        """The JSON lines ``apply`` writes: predictions, the LLM-filled columns, failures, humans."""
-        return score_rows(samples, result, names=("columns", "column"))
-
-
-class PairEvalEvaluator(_Dialogue):
+class PairEvalEvaluator(SimpleFitted):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
     method = "paireval"
+    row_names = ("columns", "column")
 
     def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
                  agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],

@@ -9,7 +9,6 @@ from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
 from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
-from hdeval.methods.paireval.fitted import _Dialogue
 from hdeval.prompts import Template, load_template
 from hdeval.types import Aspect, Sample, Task
 
@@ -32,10 +31,11 @@ def _p_yes(completions: Sequence[Completion]) -> tuple[float, str | None]:
     return label_probability(completions[0], *YES_NO)
 
 
-class YesNoEvaluator(SinglePromptFitted, _Dialogue):
+class YesNoEvaluator(SinglePromptFitted):
     """DIRECTEVAL: P("Yes") per aspect, mapped onto the aspect's range; nothing learned."""
 
     method = "direct-yesno"
+    row_names = ("columns", "column")
     prompt = "yesno"
     stage = "asking"
 
