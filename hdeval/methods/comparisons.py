@@ -64,9 +64,6 @@ class Example:
         return cls(sample.id, sample.doc_id, sample_block(history_fields(task), sample),
                    _neutralise(sample.text(RESPONSE_FIELD)))
 
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
 
 def pair_question(aspect: Aspect) -> str:
     if aspect.key == "overall":
@@ -319,7 +316,7 @@ class PairwiseScorer:
         return {"kind": self.kind, "comparisons": self.n, "swap": self.swap}
 
     def write(self, out: ArtifactWriter) -> None:
-        out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+        out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader, spec: Any, templates: dict[str, Template]) -> "PairwiseScorer":

@@ -71,8 +71,7 @@ class DnaEvaluator(SimpleFitted):
         for i, p in enumerate(samples):
             ta, tb = result.predictions[i]
             row: dict[str, Any] = {"id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
-                                   "totals": None if math.isnan(ta) else {"a": round(float(ta), 6),
-                                                                          "b": round(float(tb), 6)}}
+                                   "totals": None if math.isnan(ta) else {"a": _num(ta), "b": _num(tb)}}
             if result.learned_labels is not None:
                 row["learned_prediction"] = result.learned_labels[i]
             if s.uses_aspects and p.id in result.pair_aspects:

@@ -4,6 +4,7 @@ and the rows ``apply`` writes."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
@@ -87,7 +88,7 @@ class PairEvalEvaluator(SimpleFitted):
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         if not self.all_vs_all:
-            out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+            out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
         out.skops(MODEL, self.agg.models_)
         return {**self.write_common(out, {"pair": self.template}),
                 "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},

@@ -57,7 +57,6 @@ def plan_yesno(config: Any, prep: Any, backend: Any = None) -> list:
 
 
 def fit_yesno(ctx: FitContext) -> YesNoEvaluator:
-    history_fields(ctx.prep.task)
     ev = YesNoEvaluator(ctx.prep.task, load_template("yesno"), ctx.llm_config, ctx.llm.identity, {})
     fit_unlearned(ctx, ev, "yes/no answers")
     return ev
