@@ -91,7 +91,7 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
             text = fmt.format(a=a, b=b)
         return Completion(text, None, len(_prompt(request)) // 4, 4)
 
-    import hdeval.methods.dna.impl  # noqa: F401  (registers the fake's aspect and weight responders)
+    import hdeval.methods.dna.fake  # noqa: F401  (registers the fake's aspect and weight responders)
 
     # a server that does not honour answer constraints: replies go out in ``fmt`` as written
     return FakeBackend(logprobs=False, honour_constraints=False,

@@ -114,7 +114,7 @@ def test_learned_model_refuses_malformed_numbers():
 def test_a_fold_that_learned_ties_and_one_side_forces_that_side():
     # Cross-validation on data with ties can train a fold on "b" and "tie" only; its forced
     # a-or-b answer (the "without ties" figure) is the one side it knows, not a crash.
-    from hdeval.methods.dna.impl import fit_learned
+    from hdeval.methods.dna.decision import fit_learned
 
     X = np.array([[-2.0], [-1.5], [0.1], [0.0], [-1.0], [0.2]])
     fold = fit_learned(X, ["b", "b", "tie", "tie", "b", "tie"], seed=0)
@@ -494,7 +494,7 @@ def _lp(*alts):
 
 
 def test_aspect_scores_are_weighted_by_the_score_tokens_logprobs():
-    from hdeval.methods.dna.impl import _read_pair_weighted
+    from hdeval.methods.dna.replies import _read_pair_weighted
 
     c = Completion("7 4", (_lp(("7", 0.6), ("8", 0.3), ("6", 0.1)), _lp((" ", 0.99), (",", 0.01)),
                            _lp(("4", 0.5), ("5", 0.5))))
@@ -513,7 +513,7 @@ def test_aspect_scores_are_weighted_by_the_score_tokens_logprobs():
     Completion("7 4", (_lp(("7", 0.9)), _lp((" ", 1.0)), (TokenLogprob("4", float("nan")),))),  # unreadable
 ])
 def test_logprobs_that_do_not_line_up_fall_back_to_the_reply_text(completion):
-    from hdeval.methods.dna.impl import _read_pair_weighted
+    from hdeval.methods.dna.replies import _read_pair_weighted
 
     assert _read_pair_weighted(completion) == ((7.0 if completion.text.startswith("7") else 10.0, 4.0), None)
 

@@ -16,10 +16,10 @@ _cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None
 @click.command("methods")
 def methods_cmd() -> None:
     """List the methods `hdeval train --method` can build, with their own options."""
-    from hdeval.methods.registry import loaded_methods, method_names
+    from hdeval.methods.registry import get_method, method_names
 
     for name in method_names():
-        m = loaded_methods()[name]
+        m = get_method(name)
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.specs().items():
             shown = opt.shown_default()

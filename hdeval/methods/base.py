@@ -1,11 +1,7 @@
-"""The method seam: how a way of building an evaluator plugs into train / apply / report.
-
-A :class:`Method` fits on the training split and returns a :class:`Fitted` evaluator; a fitted
-evaluator scores new samples with an LLM and writes its state into an artifact directory. The
-artifact module (``hdeval.artifact``) owns the directory, manifest, checksums and safe loading;
-a method only says which files it writes and how it reads them back. The registry
-(:mod:`hdeval.methods.registry`) sits above the methods: it finds them and loads artifacts.
-"""
+"""The method seam: a :class:`Method` fits on the training split and returns a :class:`Fitted`
+evaluator, which scores new samples with an LLM and says which files it writes into an artifact
+and how it reads them back (``hdeval.artifact`` owns the directory, manifest, checksums and safe
+loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."""
 
 from __future__ import annotations
 
@@ -71,15 +67,9 @@ class Fitted(Protocol):
 
 
 class Saving:
-    """What every fitted evaluator shares: its LLM section of the manifest (no credentials,
-    query or key) and an atomic :func:`~hdeval.artifact.save_artifact`. Needs ``llm``
-    (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
-
-    def llm_manifest(self) -> dict[str, Any]:
-        from hdeval.urls import public_identity
-
-        llm, identity = self.llm, self.llm_identity  # type: ignore[attr-defined]
-        return {**llm.to_manifest(), "identity": public_identity(identity, llm.base_url)}
+    """What every fitted evaluator shares: an atomic :func:`~hdeval.artifact.save_artifact` with
+    its LLM (no credentials, query or key) and defaults for what the shared code asks of it.
+    Needs ``llm`` (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     reports = False  # `hdeval report` can draw this evaluator (see write_report)
@@ -173,12 +163,25 @@ class Saving:
         llm = self.llm  # type: ignore[attr-defined]
         return open_llm(llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
+    @contextmanager
+    def llm_session(self, backend: Any, cache_dir: Any) -> Iterator[Any]:
+        """:meth:`open_backend` for the block, closed after it when opened here."""
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            yield backend
+        finally:
+            if own:
+                backend.close()
+
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
         from hdeval.artifact import save_artifact
+        from hdeval.urls import public_identity
 
-        self.path = save_artifact(self, path, self.llm_manifest(), force=force)  # type: ignore[arg-type]
+        llm = self.llm  # type: ignore[attr-defined]
+        section = {**llm.to_manifest(), "identity": public_identity(self.llm_identity, llm.base_url)}  # type: ignore
+        self.path = save_artifact(self, path, section, force=force)  # type: ignore[arg-type]
         return self.path
 
 
@@ -200,8 +203,23 @@ class SimpleFitted(Saving):
         self.warnings: list[str] = []
         self.path: Any = None
 
+    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
+
     def columns_needed(self) -> list[str]:
         return list(self.task.aspect_keys)
+
+    def output_rows(self, samples: Sequence["Sample"], result: ScoreResult) -> list[dict[str, Any]]:
+        """The JSON lines ``apply`` writes (:func:`score_rows`)."""
+        return score_rows(samples, result, names=self.row_names)
+
+    def write_common(self, out: "ArtifactWriter", prompts: Mapping[str, Any]) -> dict[str, Any]:
+        """The prompts (name -> template), metrics and score table; the manifest's prompt digests."""
+        for name, template in prompts.items():
+            out.text(f"prompts/{name}.toml", template.source)
+        out.json(METRICS, self.metrics)
+        if self.score_table is not None:
+            self.score_table.to_csv(out.path(SCORES), index=False)
+        return {"prompts": {name: t.digest for name, t in prompts.items()}}
 
 
 class SinglePromptFitted(SimpleFitted):
@@ -210,12 +228,18 @@ class SinglePromptFitted(SimpleFitted):
 
     prompt = ""  # the template's name; its file is prompts/<name>.toml
     stage = ""  # what the progress says it does to each sample x aspect
+    scale: tuple[float, float] = (0, 1)  # the LLM's figures' range, mapped linearly onto each aspect's
 
     def method_args(self) -> dict[str, Any]:
         return {}
 
-    def to_range(self, values: Any) -> Any:  # the LLM's figures (samples x aspects) on each aspect's range
-        raise NotImplementedError
+    def to_range(self, values: Any) -> Any:
+        import numpy as np
+
+        low, high = self.scale
+        lo = np.array([a.low for a in self.task.aspects])
+        hi = np.array([a.high for a in self.task.aspects])
+        return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
 
     def ask(self, backend: Any, samples: list, concurrency: int | None, progress: Any) -> "ScoreMatrix":
         raise NotImplementedError
@@ -228,24 +252,16 @@ class SinglePromptFitted(SimpleFitted):
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            n = len(self.task.aspects)
+        n = len(self.task.aspects)
+        with self.llm_session(backend, cache_dir) as backend:
             label = f"{self.stage} {len(samples)} samples x {n} aspects"
             with progress_stage(progress, label, len(samples) * n):
                 m = self.ask(backend, samples, concurrency, progress)
             return ScoreResult(m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m,
                                usage_of(backend))
-        finally:
-            if own:
-                backend.close()
 
     def write(self, out: "ArtifactWriter") -> dict[str, Any]:
-        out.text(f"prompts/{self.prompt}.toml", self.template.source)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {self.prompt: self.template.digest}, **self.extra}
+        return {**self.write_common(out, {self.prompt: self.template}), **self.extra}
 
     @classmethod
     def from_artifact(cls, art: "ArtifactReader") -> Any:
@@ -260,38 +276,60 @@ class SinglePromptFitted(SimpleFitted):
         return loaded(art, build)
 
 
-def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple[ScoreResult, Any, dict]:
+def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple:
     """Score every sample with ``ev`` (nothing to learn) and fill its held-out metrics, score table
     and run record; a ScoringError when more of ``what`` than allowed could not be read. Returns
-    the result, the human scores (rows as in the result) and each sample's row."""
-    import numpy as np
-
-    from hdeval.errors import ScoringError
+    the result, the human scores and the training and test rows (rows as in the result)."""
     from hdeval.metrics import metric_table
 
     config, split = ctx.config, ctx.prep.split
     res = ev.score(ctx.prep.samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
-    rate = res.criteria.failure_rate
-    if rate > config.max_failure_rate:
-        ex = res.criteria.failures[0]
-        raise ScoringError(
-            f"{rate:.0%} of {what} could not be read (threshold {config.max_failure_rate:.0%}), "
-            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
-        )
-    by_id = {s.id: s for s in ctx.prep.samples}
-    pos = {s: i for i, s in enumerate(res.sample_ids)}
-    te = np.array([pos[s] for s in split.test_ids])
+    check_failure_rate(ctx, res.criteria.failure_rate, what, res.criteria.failures)
     aspects = list(ev.task.aspect_keys)
-    Y = np.array([[by_id[s].scores[a] for a in aspects] for s in res.sample_ids])
+    tr, te, Y = split_rows(ctx, res.sample_ids, aspects)
     ev.metrics = {
         "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
         "final": metric_table(Y[te], res.predictions[te], aspects),
-        "failure_rate": rate,
+        "failure_rate": res.criteria.failure_rate,
         "usage": usage_of(ctx.llm),
     }
     ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
     ev.extra = run_record(ctx)
-    return res, Y, pos
+    return res, Y, tr, te
+
+
+def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
+    """The line a fit starts with: the task, the data and its split, ``detail``, the LLM."""
+    from hdeval.urls import shown_identity
+
+    split = ctx.prep.split
+    ctx.progress.message(
+        f"task {ctx.prep.task.name}: {len(ctx.prep.samples)} {what} from {ctx.prep.data_path} "
+        f"({len(split.train_ids)} train, {len(split.test_ids)} test), {detail}"
+        f"LLM {shown_identity(ctx.llm.identity)}")
+
+
+def check_failure_rate(ctx: "FitContext", rate: float, what: str, failures: Sequence[Any]) -> None:
+    """A ScoringError when more of ``what`` than ``--max-failure-rate`` allows could not be read."""
+    from hdeval.errors import ScoringError
+
+    if rate > ctx.config.max_failure_rate:
+        ex = failures[0]
+        raise ScoringError(
+            f"{rate:.0%} of {what} could not be read (threshold {ctx.config.max_failure_rate:.0%}), "
+            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
+        )
+
+
+def split_rows(ctx: "FitContext", ids: Sequence[str], aspects: Sequence[str]) -> tuple[Any, Any, Any]:
+    """The training and test rows of ``ids`` and their human scores (rows x aspects)."""
+    import numpy as np
+
+    by_id = {s.id: s for s in ctx.prep.samples}
+    pos = {s: i for i, s in enumerate(ids)}
+    split = ctx.prep.split
+    return (np.array([pos[s] for s in split.train_ids]), np.array([pos[s] for s in split.test_ids]),
+            np.array([[by_id[s].scores[a] for a in aspects] for s in ids]))
 
 
 def loaded(art: "ArtifactReader", build: Callable[[], Any],
@@ -338,7 +376,8 @@ def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["
     llm = m.get("llm") or {}
     if not isinstance(llm, dict) or not all(
             isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-        raise TypeError("'llm' must hold text for model, base_url and identity")
+        raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
+                            f"identity in {art.path / 'manifest.json'})")
     return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
 
 
@@ -440,24 +479,22 @@ class MethodOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
 
 
+# an option's default's kind -> the values it takes (never a bool for a number) and their name
+_KINDS = ((bool, bool, "true or false"), (int, int, "a whole number"), (float, (int, float), "a number"),
+          (str, str, "text"), (type(None), str, "text"))
+
+
 def _check_value(name: str, value: Any, spec: Option) -> None:
-    """The value fits the option's default's kind (a whole number where the default is one, ...)."""
     default, where = spec.default if spec.kind is None else spec.kind(), flag(name)
     if spec.choices:
         if value not in spec.choices:
             raise ConfigError(f"{where} must be one of {', '.join(spec.choices)}, got {value!r}")
-    elif isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be a whole number, got {value!r}")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-    elif isinstance(default, str) or default is None:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be text, got {value!r}")
+        return
+    for kind, ok, words in _KINDS:
+        if isinstance(default, kind):
+            if not isinstance(value, ok) or (kind is not bool and isinstance(value, bool)):
+                raise ConfigError(f"{where} must be {words}, got {value!r}")
+            return
 
 
 # Before artifact format 3 the manifest's config recorded HD-Eval's tree options flat for every

@@ -5,13 +5,12 @@ another."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -65,9 +64,6 @@ class Example:
         return cls(sample.id, sample.doc_id, sample_block(history_fields(task), sample),
                    _neutralise(sample.text(RESPONSE_FIELD)))
 
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
 
 def pair_question(aspect: Aspect) -> str:
     if aspect.key == "overall":
@@ -76,16 +72,18 @@ def pair_question(aspect: Aspect) -> str:
             f"Which response is better on {aspect.name.lower()}?")
 
 
-def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
-    messages = template.render({
-        "task_description": task.description,
-        "response_label": response_label(task),
-        "history_a": a.history, "response_a": a.response,
-        "history_b": b.history, "response_b": b.response,
-        "question": question,
-    })
+def label_request(template: Template, task: Task, labels: tuple[str, str], kind: str,
+                  **values: str) -> CompletionRequest:
+    """A question about a conversation answered by one of two label words (read from the first token)."""
+    messages = template.render({"task_description": task.description, "response_label": response_label(task),
+                                **values})
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             answer=Labels(LABELS), kind="pair")
+                             answer=Labels(labels), kind=kind)
+
+
+def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
+    return label_request(template, task, LABELS, "pair", history_a=a.history, response_a=a.response,
+                         history_b=b.history, response_b=b.response, question=question)
 
 
 # ---------------------------------------------------------------------- comparison examples
@@ -97,12 +95,8 @@ def check_comparisons(n: Any) -> int:
 
 def draw_comparisons(pool: Sequence[Sample], n: int, seed: int, task: Task, where: str,
                      own_docs: bool) -> list[Example]:
-    """One response from each of ``n + 1`` (or, from an outside pool whose conversations the
-    targets do not share, ``n``) distinct conversations, seeded.
-
-    ``own_docs``: the targets come from the same pool's conversations, so each needs ``n`` from
-    conversations other than its own: ``n + 1`` are drawn and a target skips its own.
-    """
+    """One response from each of ``n + 1`` distinct conversations, seeded: with ``own_docs`` the
+    targets share the pool's conversations and each skips its own (at most n + 1 are drawn)."""
     docs: dict[str, list[Sample]] = {}
     for s in pool:
         docs.setdefault(s.doc_id, []).append(s)
@@ -119,12 +113,6 @@ def draw_comparisons(pool: Sequence[Sample], n: int, seed: int, task: Task, wher
     return [Example.of(task, docs[d][int(rng.integers(len(docs[d])))]) for d in picked]
 
 
-def comparisons_for(target: Example, pool: Sequence[Example], n: int) -> list[int]:
-    """Indices of the pool examples a target is compared with: the first ``n`` from other
-    conversations."""
-    return [i for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
-
-
 def read_comparison_file(path: str, task: Task) -> list[Sample]:
     from hdeval.data import read_samples
 
@@ -134,6 +122,11 @@ def read_comparison_file(path: str, task: Task) -> list[Sample]:
         return read_samples(path, task, require_scores=False)
     except DataError as exc:
         raise DataError(f"comparison file (--comparison-data) {exc}") from None
+
+
+def fits_examples(n: Any, swap: Any, pool: Sequence[Example]) -> bool:
+    """A recorded N and swap fit the recorded examples."""
+    return not isinstance(n, bool) and isinstance(n, int) and 1 <= n <= len(pool) and isinstance(swap, bool)
 
 
 def _parse_examples(raw: Any, where: str) -> list[Example]:
@@ -170,7 +163,8 @@ class PairScores:
     def columns(self) -> ScoreMatrix:
         """Per sample and aspect: the mean over comparisons of the mean over both orders."""
         per = (self.first + self.second) / 2 if self.swap else self.first.copy()
-        with np.errstate(all="ignore"), _quiet():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "mean of empty slice": nothing answered
             values = np.nanmean(per, axis=2) if per.shape[2] else np.full(per.shape[:2], np.nan)
         fails: list[Failure] = []
         first_reason: dict[tuple[str, str], str] = {}
@@ -189,9 +183,7 @@ class PairScores:
     def position(self) -> dict[str, float | int | None]:
         """Position consistency (share of comparisons whose preferred response is the same in
         both orders) and bias (mean |P(target wins | first) - P(target wins | second)|)."""
-        if not self.swap:
-            return {"consistency": None, "bias": None, "comparisons": 0}
-        ok = np.isfinite(self.first) & np.isfinite(self.second)
+        ok = np.isfinite(self.first) & np.isfinite(self.second)  # none without swap
         p1, p2 = self.first[ok], self.second[ok]
         if not p1.size:
             return {"consistency": None, "bias": None, "comparisons": 0}
@@ -199,20 +191,14 @@ class PairScores:
                 "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():  # numpy's "mean of empty slice": a column nothing answered
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
 def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,
                swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
-    """One cell per target x column x comparison x order, sample-major."""
+    """One cell per target x column x comparison x order, sample-major: a target is compared with
+    the first ``n`` pool examples from other conversations."""
     cells: list[Cell] = []
     for s in samples:
         target = Example.of(task, s)
-        others = [(i, pool[i]) for i in comparisons_for(target, pool, n)]
+        others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
         cells += versus_cells(template, task, s.id, target, others, swap, cols)
     return cells
 
@@ -256,18 +242,24 @@ def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequen
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
                 n: int, swap: bool, concurrency: int | None = None, progress: Progress | None = None,
                 columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
-    """Ask every pair (sample-major: all columns and comparisons of one target together).
-
-    ``columns``: (key, question) pairs; default: one per task aspect. ``stage``: open a progress
-    stage of its own (False when the caller has one open)."""
+    """Ask every pair, sample-major. ``columns``: (key, question) pairs (default: one per aspect);
+    ``stage``: open a progress stage of its own (False when the caller has one open)."""
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
+    label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
     cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    with progress_stage(progress if stage else None, f"comparing {len(samples)} samples x {len(cols)} columns x "
-                        f"{n} examples{' x 2 orders' if swap else ''}", len(cells)):
-        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress)
-    first, second = judged_orders(m, samples, cols, len(pool))
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second, list(m.failures),
-                      len(cells), swap)
+    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress,
+                       label if stage else None)
+
+
+def judge_cells(llm: Any, cells: list[Cell], samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
+                width: int, swap: bool, concurrency: int | None, progress: Progress | None,
+                label: str | None) -> PairScores:
+    """Ask ``cells`` (as one progress stage when ``label`` names it) into every pair judgment."""
+    with progress_stage(progress if label else None, label or "", len(cells)):
+        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
+    first, second = judged_orders(m, samples, cols, width)
+    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
+                      list(m.failures) if m is not None else [], len(cells), swap)
 
 
 # ---------------------------------------------------------------------- inside HD-Eval
@@ -324,7 +316,7 @@ class PairwiseScorer:
         return {"kind": self.kind, "comparisons": self.n, "swap": self.swap}
 
     def write(self, out: ArtifactWriter) -> None:
-        out.json(COMPARISONS, [e.to_dict() for e in self.pool])
+        out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader, spec: Any, templates: dict[str, Template]) -> "PairwiseScorer":
@@ -334,7 +326,7 @@ class PairwiseScorer:
             raise ArtifactError(f"{art.path}: a pairwise scorer needs prompts/pair.toml and {COMPARISONS}")
         pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
         n, swap = spec.get("comparisons"), spec.get("swap")
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool) or not isinstance(swap, bool):
+        if not fits_examples(n, swap, pool):
             raise ArtifactError(f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples")
         return cls(templates["pair"], pool, n, swap)
 

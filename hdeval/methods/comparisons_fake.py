@@ -1,5 +1,6 @@
 """The fake LLM's answers to comparison prompts (kind ``pair``): a deterministic stand-in for
-which response is better, with a mild first-position bias for the swap to undo."""
+which response is better, with a mild first-position bias for the swap to undo; and to
+DIRECTEVAL's (kind ``yesno``), whose requests show the same blocks."""
 
 from __future__ import annotations
 
@@ -77,3 +78,8 @@ def _fake_pair(blocks: list[str], question: str) -> float:
     # comparison examples matters (as it does with a real LLM)
     whim = 0.15 * (_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
     return 1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS))
+
+
+@label_responder("yesno", ("Yes", "No"), 2)
+def _fake_yesno(blocks: list[str], question: str) -> float:
+    return 1 / (1 + math.exp(-6 * (fake_quality(blocks[0], blocks[1], question) - 0.5)))

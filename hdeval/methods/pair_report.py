@@ -36,12 +36,11 @@ def dna_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
     if weights:
         if s.dynamic:
             lines.append("LLM weights (mean over the instances that proposed the aspect):")
-            for name, w in weights.items():
-                lines.append(f"  {name:<28} {w['mean']:.3f}  ({w['instances']} instances)")
+            lines += [f"  {name:<28} {w['mean']:.3f}  ({w['instances']} instances)"
+                      for name, w in weights.items()]
         else:
             lines.append("LLM weights per aspect (mean over instances):")
-            for k in [k for k in ev.task.aspect_keys if k in weights]:
-                lines.append(f"  {k:<28} {weights[k]:.3f}")
+            lines += [f"  {k:<28} {weights[k]:.3f}" for k in ev.task.aspect_keys if k in weights]
     learned = ev.learned
     if learned is not None:
         coef = np.abs(learned.coef).sum(axis=0)
@@ -111,18 +110,11 @@ def pairwise_hdeval_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
     for root in tree.layer(1):
         walk(root.key, 0)
     lines.append("held-out agreement with the human labels per layer:")
-    for layer, a in (m.get("layers") or {}).items():
-        lines.append(_agreement_line(f"layer {layer}", a))
+    lines += [_agreement_line(f"layer {layer}", a) for layer, a in (m.get("layers") or {}).items()]
     lines.append(_agreement_line("layer-1 sum (baseline)", m.get("direct_layer1")))
     data = {"method": "hdeval", "shape": "pairwise", "classifier": ev.kind, "classes": ev.classes,
             "tree": nodes, "layers": m.get("layers"), "direct_layer1": m.get("direct_layer1")}
     return data, lines
-
-
-def pair_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
-    if ev.method == "dna":
-        return dna_report(ev)
-    return pairwise_hdeval_report(ev)
 
 
 def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Path | None = None,
@@ -130,11 +122,12 @@ def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Pa
     """Write ``report.json`` and ``report.html`` (default dir: ``<artifact>/report``); return the
     HTML path and the text lines. ``data`` and ``cache_dir`` find the wrong verdicts' text and
     the LLM's raw replies (default: the training data the manifest names, the default cache)."""
-    data_json, lines = pair_report(ev)
-    out = Path(out_dir) if out_dir else Path(ev.path) / "report"
     from hdeval.report.pairs import dna_page, hdeval_page
 
-    page = (dna_page if ev.method == "dna" else hdeval_page)(ev, data_json, data, cache_dir)
+    dna = ev.method == "dna"
+    data_json, lines = (dna_report if dna else pairwise_hdeval_report)(ev)
+    out = Path(out_dir) if out_dir else Path(ev.path) / "report"
+    page = (dna_page if dna else hdeval_page)(ev, data_json, data, cache_dir)
     return write_report_files(out, data_json, page)[0], lines
 
 

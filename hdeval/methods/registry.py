@@ -6,7 +6,7 @@ method its manifest names, so nothing below the methods needs to know them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hdeval.errors import ArtifactError, ConfigError, HdevalError
 from hdeval.methods.base import METHODS, Method, Option, check_recorded_options
@@ -18,13 +18,6 @@ ENTRY_POINT_GROUP = "hdeval.methods"
 _loaded = False
 
 
-def register(method: Method) -> Method:
-    if not isinstance(method, Method):
-        raise ConfigError(f"a registered method must be a hdeval.methods.base.Method, not {type(method).__name__}")
-    METHODS[method.name] = method
-    return method
-
-
 def _load() -> None:
     global _loaded
     if _loaded:
@@ -34,9 +27,7 @@ def _load() -> None:
     # `hdeval --help` stays light.
     from hdeval.methods import direct, dna, hdeval, paireval
 
-    for package in (direct, dna, hdeval, paireval):
-        for method in package.METHODS:
-            register(method)
+    METHODS.update({m.name: m for package in (direct, dna, hdeval, paireval) for m in package.METHODS})
     try:
         _load_plugins()
     except BaseException:
@@ -63,17 +54,14 @@ def _load_plugins() -> None:
                                   "not a hdeval.methods.base.Method")
             if method.name in METHODS:
                 raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) reuses the method name {method.name!r}")
-            register(method)
+            METHODS[method.name] = method
 
 
 def get_method(name: str) -> Method:
     _load()
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}"
-        ) from None
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}")
+    return METHODS[name]
 
 
 def method_names() -> list[str]:
@@ -110,9 +98,3 @@ def load_artifact(path: str | Path) -> "Fitted":
     reader = open_artifact(path, editable=method.editable)
     check_recorded_options(method.options, reader.manifest.get("config"), str(path / MANIFEST), name)
     return method.load(reader)
-
-
-def loaded_methods() -> dict[str, Any]:
-    """Name -> method, every one found (built-in and plug-in)."""
-    _load()
-    return dict(METHODS)

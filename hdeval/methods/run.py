@@ -3,6 +3,7 @@ and the shape of a dry-run plan (:class:`LayerPlan`, one row per layer or stage)
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,11 +77,25 @@ def prompt_chars(req) -> int:
     return sum(len(m.content) for m in req.messages)
 
 
+def exact_plan(llm: CachedBackend, reqs: list, completion_tokens: int, layer: int = 1, stage: str = "",
+               requests: int | None = None) -> LayerPlan:
+    """The dry-run row of requests all known before the run: identical ones cost one call."""
+    distinct = {llm.key(r): r for r in reqs}
+    return LayerPlan(layer, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
+                     sum(prompt_chars(r) for r in distinct.values()) // 4, len(distinct) * completion_tokens,
+                     stage=stage, requests=requests)
+
+
+def plan_known(config: Any, backend: Backend | None, reqs: list, completion_tokens: int,
+               requests: int | None = None) -> list[LayerPlan]:
+    """The dry run of a method whose every request is known before the run: one exact row."""
+    with closing(open_backend(config, backend, offline=True)) as llm:
+        return [exact_plan(llm, reqs, completion_tokens, requests=requests)]
+
+
 def fit_exporting(method: Any, ctx: Any, path: Any) -> Any:
-    """``train --export-requests FILE``: the method's fit with its LLMs exporting instead of
-    calling (:func:`hdeval.request_files.exporting_stages`). Returns the fitted evaluator when
-    every stage was cached; otherwise raises :class:`~hdeval.request_files.RequestsExported`
-    after writing the first uncached stage's requests."""
+    """``train --export-requests FILE``: fit with the LLMs exporting the first uncached stage's
+    requests (:class:`~hdeval.request_files.RequestsExported`) instead of calling them."""
     from hdeval.request_files import exporting_stages
 
     config = ctx.config

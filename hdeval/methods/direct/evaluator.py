@@ -1,32 +1,17 @@
-"""``direct``: each human aspect scored directly by the LLM (the G-Eval-style baseline).
-
-No decomposition and no learned aggregator: the LLM's 1-5 score for an aspect (probability-
-weighted over the digit tokens) is the prediction, mapped linearly onto the aspect's range so the
-output reads on the human scale (a monotone map: correlations are those of the raw score). It is
-what HD-Eval's ``direct_layer1`` figure reports, as a method of its own, so it can be applied,
-compared and benchmarked like the others with the same LLM and the same prompts.
-"""
+"""``direct``: each human aspect scored directly by the LLM (the G-Eval-style baseline), nothing
+learned: the LLM's probability-weighted 1-5 score, mapped linearly onto the aspect's range (a
+monotone map: correlations are the raw score's). HD-Eval's ``direct_layer1`` figure as a method of
+its own, so it can be applied, compared and benchmarked like the others."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned, score_rows
+from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned
 from hdeval.prompts import load_templates
 from hdeval.scoring import SCALE, score_criteria
-from hdeval.types import CriteriaTree, Sample, Task
-from hdeval.urls import shown_identity
-
-
-def to_range(values: np.ndarray, task: Task) -> np.ndarray:
-    """Map 1-5 LLM scores (samples x aspects) linearly onto each aspect's range."""
-    low, high = SCALE
-    lo = np.array([a.range[0] for a in task.aspects])
-    hi = np.array([a.range[1] for a in task.aspects])
-    return lo + (np.asarray(values, float) - low) / (high - low) * (hi - lo)
+from hdeval.types import CriteriaTree, Sample
 
 
 class DirectEvaluator(SinglePromptFitted):
@@ -35,9 +20,7 @@ class DirectEvaluator(SinglePromptFitted):
     method = "direct"
     prompt = "score"
     stage = "scoring"
-
-    def to_range(self, values: Any) -> Any:
-        return to_range(values, self.task)
+    scale = SCALE
 
     def benchmark_record(self) -> dict[str, Any]:
         return {"criteria": len(self.task.aspects)}  # one question per aspect
@@ -50,21 +33,12 @@ class DirectEvaluator(SinglePromptFitted):
         tree = self.tree
         return score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples, concurrency, progress)
 
-    def output_rows(self, samples: list[Sample], result: Any) -> list[dict[str, Any]]:
-        """The JSON lines ``apply`` writes (the aspect scores are the columns)."""
-        return score_rows(samples, result)
-
 
 def fit(ctx: FitContext) -> DirectEvaluator:
-    task, split = ctx.prep.task, ctx.prep.split
-    ctx.progress.message(
-        f"task {task.name}: {len(ctx.prep.samples)} samples from {ctx.prep.data_path} "
-        f"({len(split.train_ids)} train, {len(split.test_ids)} test), LLM {shown_identity(ctx.llm.identity)}"
-    )
+    task = ctx.prep.task
+    fit_message(ctx, "samples")
     ev = DirectEvaluator(task, load_templates()["score"], ctx.llm_config, ctx.llm.identity, {})
-    res, Y, pos = fit_unlearned(ctx, ev, "aspect scores")
-    tr = np.array([pos[s] for s in split.train_ids])
-    te = np.array([pos[s] for s in split.test_ids])
+    res, Y, tr, te = fit_unlearned(ctx, ev, "aspect scores")
     # nothing is fitted, so the training rows' residuals are as honest as held-out ones
     ev.metrics["intervals"] = fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te,
                                                list(task.aspect_keys), [a.range for a in task.aspects],
@@ -74,19 +48,9 @@ def fit(ctx: FitContext) -> DirectEvaluator:
 
 def plan(config: Any, prep: Any, backend: Any = None) -> list:
     """The dry run: one request per sample and aspect (identical prompts cost one call)."""
-    from hdeval.methods.run import LayerPlan, open_backend, prompt_chars
+    from hdeval.methods.run import plan_known
     from hdeval.scoring import score_requests
 
-    task = prep.task
-    tree = CriteriaTree.from_aspects(task.aspects)
-    reqs = score_requests(load_templates()["score"], task, tree, tree.layer(1), prep.samples)
-    llm = open_backend(config, backend, offline=True)
-    try:
-        distinct = {llm.key(r): r for r in reqs}
-        chars = sum(prompt_chars(r) for r in distinct.values())
-        per_prompt = chars / len(distinct) / 4 if distinct else 0.0
-        cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
-        return [LayerPlan(1, 0, len(distinct), cached, False, int(per_prompt * len(distinct)), len(distinct) * 2,
-                          requests=len(reqs))]
-    finally:
-        llm.close()
+    tree = CriteriaTree.from_aspects(prep.task.aspects)
+    reqs = score_requests(load_templates()["score"], prep.task, tree, tree.layer(1), prep.samples)
+    return plan_known(config, backend, reqs, 2, requests=len(reqs))

@@ -55,11 +55,8 @@ def _hits(diffs: np.ndarray, human: np.ndarray, margin: float) -> np.ndarray:
 
 def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Sequence[str] | None = None,
                      seed: int = 0) -> tuple[float, dict[str, Any]]:
-    """The tie margin learned on labelled training pairs (``_margin_rule``), with the grouped
-    cross-validated agreement with ties of that rule beside the training figures.
-
-    ``diffs``: total A minus total B of each training pair with a verdict; ``human``: their
-    labels; ``groups``: their documents (the folds keep a document's pairs together)."""
+    """The tie margin (``_margin_rule``) learned from each training pair's total A minus total B
+    and human label, with that rule's agreement with ties on folds grouped by document."""
     from hdeval.aggregate import cv_folds
 
     dv = np.asarray(diffs, float)

@@ -25,12 +25,6 @@ def _fake_sample(request: CompletionRequest) -> str:
     return m.group(1) if m else user
 
 
-def _fake_split(block: str) -> tuple[str, str, str]:
-    q, _, rest = block.partition("\n\nResponse A:\n")
-    a, _, b = rest.partition("\n\nResponse B:\n")
-    return q, a, b
-
-
 def fake_quality(text: str, aspect: str) -> float:
     """A deterministic 1-10 quality: longer and less repetitive is better, per aspect in varying
     measure, plus noise (so a weighted sum and a learned aggregator have something to find)."""
@@ -43,7 +37,7 @@ def fake_quality(text: str, aspect: str) -> float:
 
 
 def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int]:
-    _, first, second = _fake_split(_fake_sample(request))
+    first, _, second = _fake_sample(request).partition("\n\nResponse A:\n")[2].partition("\n\nResponse B:\n")
     bias = 1.0 if _unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
     sa = min(10, max(1, round(fake_quality(first, aspect) + bias)))
     sb = min(10, max(1, round(fake_quality(second, aspect))))
@@ -75,24 +69,21 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     return Completion(text, None, n, max(1, len(text) // 4))
 
 
-def _fake_two(request: CompletionRequest, sa: int, sb: int) -> str:
+def _fake_two(request: CompletionRequest, sa: int, sb: int) -> Completion:
     """The two scores as the request asks for them: by schema when it has one, else "7 4"."""
-    return json.dumps({"score_a": sa, "score_b": sb}) if request.json_schema else f"{sa} {sb}"
+    text = json.dumps({"score_a": sa, "score_b": sb}) if request.json_schema else f"{sa} {sb}"
+    return Completion(text, None, prompt_of(request)[1], 2)
 
 
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
-    prompt, n = prompt_of(request)
-    m = _FAKE_ASPECT.search(prompt)
-    sa, sb = _fake_pair_scores(request, m.group(1) if m else "aspect")
-    return Completion(_fake_two(request, sa, sb), None, n, 2)
+    m = _FAKE_ASPECT.search(prompt_of(request)[0])
+    return _fake_two(request, *_fake_pair_scores(request, m.group(1) if m else "aspect"))
 
 
 @responder("dna_direct")
 def _fake_direct(request: CompletionRequest, fake) -> Completion:
-    _, n = prompt_of(request)
-    sa, sb = _fake_pair_scores(request, "overall")
-    return Completion(_fake_two(request, sa, sb), None, n, 2)
+    return _fake_two(request, *_fake_pair_scores(request, "overall"))
 
 
 @responder("dna_cot")
@@ -109,9 +100,8 @@ _FAKE_AGG_LINE = re.compile(r"^- .+? \((\d+)%\): Response A ([\d.]+); Response B
 
 @responder("dna_prompt_agg")
 def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
-    prompt, n = prompt_of(request)
-    rows = [(float(w), float(a), float(b)) for w, a, b in _FAKE_AGG_LINE.findall(prompt)]
+    rows = [(float(w), float(a), float(b)) for w, a, b in _FAKE_AGG_LINE.findall(prompt_of(request)[0])]
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total
     sb = sum(w * b for w, _, b in rows) / total
-    return Completion(_fake_two(request, min(10, max(1, round(sa))), min(10, max(1, round(sb)))), None, n, 2)
+    return _fake_two(request, min(10, max(1, round(sa))), min(10, max(1, round(sb))))

@@ -10,13 +10,12 @@ import numpy as np
 
 from hdeval.errors import ScoringError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, run_record, usage_of
+from hdeval.methods.base import FitContext, fit_message, run_record, score_table, split_rows, usage_of
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
 from hdeval.types import PairSample
-from hdeval.urls import shown_identity
 
 
 def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.ndarray,
@@ -56,16 +55,12 @@ def _margin_words(info: dict[str, Any]) -> str:
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:
-    import pandas as pd
-
     from hdeval.aggregate import cv_folds
 
     settings = ctx.options.settings()
     task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split
     templates = load_dna_templates(settings.prompt_roles)
-    ctx.progress.message(
-        f"task {task.name}: {len(pairs)} pairs from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), dna mode {settings.mode}, LLM {shown_identity(ctx.llm.identity)}")
+    fit_message(ctx, "pairs", f"dna mode {settings.mode}, ")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
     ctx.progress.expect(progress_units(settings, len(pairs), len(task.aspects)))  # the whole run's ETA
     res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
@@ -75,9 +70,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         raise ScoringError(
             f"{rate:.0%} of pairs could not be judged (threshold {ctx.config.max_failure_rate:.0%}), "
             f"e.g. pair {pid}: {res.failures[pid][0]}; the replies are cached")
-    pos = {p.id: i for i, p in enumerate(pairs)}
-    tr = np.array([pos[s] for s in split.train_ids])
-    te = np.array([pos[s] for s in split.test_ids])
+    tr, te, _ = split_rows(ctx, [p.id for p in pairs], [])
     primary = "llm_weights" if settings.mode == "dna" else settings.mode.replace("-", "_")
 
     # -- the tie margin: the user's, else learned on the training split's verdicts
@@ -157,10 +150,8 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         ev.metrics["swap_flip_note"] = ("each pair was judged in one order only; --swap judges both orders "
                                         "(twice the scoring calls) and measures the flip rate")
 
-    split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
-    table = pd.DataFrame(res.criteria.values, columns=res.criteria.criterion_keys)
-    table.insert(0, "split", [split_of[s] for s in res.sample_ids])
-    table.insert(0, "pair_id", res.sample_ids)
+    table = score_table(res.sample_ids, res.criteria, split, np.empty((len(pairs), 0)), [])
+    table = table.rename(columns={"sample_id": "pair_id"})
     table["total_a"] = res.predictions[:, 0]
     table["total_b"] = res.predictions[:, 1]
     table["prediction"] = res.labels

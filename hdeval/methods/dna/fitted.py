@@ -6,9 +6,9 @@ import math
 from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SCORES, SimpleFitted, loaded, run_extra, usage_of
+from hdeval.methods.base import METRICS, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
+import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -16,7 +16,6 @@ from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores
 from hdeval.methods.dna.settings import Settings
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
-from hdeval.tasks import task_from_dict
 from hdeval.types import PairSample, Task
 
 LEARNED = "learned.json"
@@ -27,7 +26,7 @@ class DnaEvaluator(SimpleFitted):
 
     method = "dna"
 
-    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: LLMConfig,
+    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: Any,
                  llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
                  extra: dict[str, Any] | None = None, score_table=None):
         super().__init__(task, None, llm, llm_identity, metrics, extra, score_table)
@@ -58,13 +57,9 @@ class DnaEvaluator(SimpleFitted):
             raise DataError("no pairs to score")
         if not all(isinstance(s, PairSample) for s in samples):
             raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
             res.usage = usage_of(backend)
-        finally:
-            if own:
-                backend.close()
         if self.learned is not None and res.diffs is not None:
             res.learned_labels, res.learned_ab = self.learned.labels(res.diffs)
         return res
@@ -76,8 +71,7 @@ class DnaEvaluator(SimpleFitted):
         for i, p in enumerate(samples):
             ta, tb = result.predictions[i]
             row: dict[str, Any] = {"id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
-                                   "totals": None if math.isnan(ta) else {"a": round(float(ta), 6),
-                                                                          "b": round(float(tb), 6)}}
+                                   "totals": None if math.isnan(ta) else {"a": _num(ta), "b": _num(tb)}}
             if result.learned_labels is not None:
                 row["learned_prediction"] = result.learned_labels[i]
             if s.uses_aspects and p.id in result.pair_aspects:
@@ -161,43 +155,26 @@ class DnaEvaluator(SimpleFitted):
         return "held-out agreement with human labels: " + "; ".join(parts)
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        for role, t in self.templates.items():
-            out.text(f"prompts/{PROMPT_FILES[role]}.toml", t.source)
-        out.json(METRICS, self.metrics)
         if self.learned is not None:
             out.json(LEARNED, self.learned.to_dict())
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {PROMPT_FILES[r]: t.digest for r, t in self.templates.items()}, **self.extra}
+        return {**self.write_common(out, {PROMPT_FILES[r]: t for r, t in self.templates.items()}), **self.extra}
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":
-        m = art.manifest
         where = str(art.path / "manifest.json")
-        settings = Settings.from_dict(m.get("method_args"), where)
-        files = m.get("files") or {}
-        needed = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles] + [METRICS]
-        for name in needed:
-            if name not in files:
-                raise ArtifactError(f"{where}: no checksum recorded for {name}")
+        settings = Settings.from_dict(art.manifest.get("method_args"), where)
+        files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]
 
         def build() -> DnaEvaluator:
-            task = task_from_dict(m["task"], where=where)
-            templates = {r: parse_template(PROMPT_FILES[r], art.text(f"prompts/{PROMPT_FILES[r]}.toml"),
-                                           str(art.path / f"prompts/{PROMPT_FILES[r]}.toml"))
-                         for r in settings.prompt_roles}
+            task, llm, identity = read_task_and_llm(art, files + [METRICS])
+            templates = {r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
+                         for r, f in zip(settings.prompt_roles, files)}
             learned = None
-            if LEARNED in files:
+            if LEARNED in art.manifest["files"]:
                 learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
-            llm = m.get("llm") or {}
-            if not isinstance(llm, dict) or not all(
-                    isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-                raise ArtifactError(f"{where}: 'llm' must hold text for model, base_url and identity")
-            return cls(task, templates, settings,
-                       LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                       str(llm.get("identity", "")), art.json(METRICS), learned, run_extra(m))
+            return cls(task, templates, settings, llm, identity, art.json(METRICS), learned, run_extra(art.manifest))
         ev = loaded(art, build)
         if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")

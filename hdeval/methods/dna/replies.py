@@ -120,16 +120,11 @@ _MIN_SCORE_MASS = 0.05  # below this the score tokens are not what the model mea
 
 
 def _read_pair_weighted(c: Completion):
-    """Two 1-10 scores, each the probability-weighted mean over the score tokens offered at the
-    position of its number (as G-Eval weights a single score), where the reply's top logprobs
-    line up with its text; otherwise, or for a number spread over several tokens, the reply text
-    as :func:`_read_pair` reads it. The paper reads the reply text only.
-
-    The generated token at a position is its most likely alternative (temperature 0). A number
-    counts only when that token is the whole number (no digit before or after it), and the two
-    numbers found so must be the two the text gives. Alternatives are whole numbers 1-10; with a
-    tokenizer that splits "10" into "1" "0", a "1" alternative is read as 1.
-    """
+    """Two 1-10 scores, each the probability-weighted mean of the score tokens offered where its
+    number was generated (as G-Eval weights one score; the paper reads the text only), when the top
+    logprobs line up with the text: the most likely token at a position (temperature 0) must be the
+    whole number, and the two so found the two the text gives; else the text as :func:`_read_pair`
+    reads it. A tokenizer splitting "10" into "1" "0" has its "1" alternative read as 1."""
     got, why = score_pair(c, SCALE10)
     if got is None or not c.top_logprobs:
         return got, why

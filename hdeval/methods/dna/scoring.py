@@ -1,20 +1,23 @@
 """One run of DnA's stages over pairs: aspects, weights, the pairwise score prompts, and their
-aggregation into a verdict per pair (unusable replies become recorded failures)."""
+aggregation into a verdict per pair (unusable replies become recorded failures); and the calls
+of each stage counted without calling the LLM (the dry run)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
+from hdeval.backends.base import CompletionRequest
 from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
-from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, overall_request, pair_block,
-                                        score_request, weights_request)
+from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, load_dna_templates, overall_request,
+                                        pair_block, score_request, weights_request)
 from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _read_pair_weighted, _side,
                                         structured_pair, validate_aspects, validate_weights)
 from hdeval.methods.dna.settings import Settings
@@ -67,11 +70,8 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
 
 
 def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
-    """At most how many calls :func:`run_pairs` draws as progress stages on ``n_pairs`` pairs
-    (the aspects and weights calls are not drawn): every pair scored on its aspects (k of them
-    when dynamic) in each order, then once more per order with prompt aggregation. Pairs that
-    failed earlier only make it less. The dry run lists these stages' calls, identical requests
-    once (so on data without repeated pairs, the same figure)."""
+    """At most how many calls :func:`run_pairs` draws as progress stages (aspects and weights are
+    not drawn): each pair's aspect scores per order, plus prompt aggregation per order."""
     per_pair = (settings.k if settings.dynamic else n_aspects) if settings.uses_aspects else 1
     return n_pairs * settings.orders * (per_pair + (settings.mode == "prompt-agg"))
 
@@ -99,11 +99,12 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     def fail(pid: str, reason: str) -> None:
         failures.setdefault(pid, []).append(reason)
 
-    def ask_each(stage: str, todo: list[PairSample], build, into: dict, note: str) -> None:
+    def ask_each(stage: str, todo: list[PairSample], build, check, into: dict, note: str) -> None:
         # one JSON request per pair; an unusable reply fails that pair only
         if progress is not None:
             progress.message(note)
-        for p, got in zip(todo, ask_json_many(llm, [build(p) for p in todo], concurrency)):
+        asks = [(build(p), check(p), _feedback) for p in todo]
+        for p, got in zip(todo, ask_json_many(llm, asks, concurrency)):
             if isinstance(got, UnusableReply):
                 fail(p.id, f"{stage}: {got}")
             else:
@@ -113,23 +114,17 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     weights: dict[str, np.ndarray] = {}
     if settings.uses_aspects:
         if settings.dynamic:
-            def propose(p: PairSample):
-                req = aspects_request(templates["aspects"], task, p, settings.k)
-                return req, validate_aspects(settings.k), _feedback
-
-            ask_each("aspects", pairs, propose, aspects,
+            ask_each("aspects", pairs, lambda p: aspects_request(templates["aspects"], task, p, settings.k),
+                     lambda p: validate_aspects(settings.k), aspects,
                      f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
         else:
             fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
             aspects = {p.id: fixed for p in pairs}
-        tpl_w = templates["weights"]
-
-        def weigh(p: PairSample):
-            specs = aspects[p.id]
-            return weights_request(tpl_w, task, p, specs), validate_weights([s.key for s in specs]), _feedback
-
         with_aspects = [p for p in pairs if p.id in aspects]
-        ask_each("weights", with_aspects, weigh, weights, f"weights: {len(with_aspects)} calls, one per pair")
+        tpl_w = templates["weights"]
+        ask_each("weights", with_aspects, lambda p: weights_request(tpl_w, task, p, aspects[p.id]),
+                 lambda p: validate_weights([s.key for s in aspects[p.id]]), weights,
+                 f"weights: {len(with_aspects)} calls, one per pair")
 
     # -- the pairwise prompts: (column base, pair, swapped) -> request
     orders = (False, True) if settings.swap else (False,)
@@ -193,14 +188,17 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
     # -- aggregation
     totals = np.full((len(ids), 2), np.nan)
-    labels: list[str | None] = []
-    labels_ab: list[str | None] = []
+    labels: list[str | None] = [None] * len(ids)
+    labels_ab: list[str | None] = [None] * len(ids)
     order_totals: dict[str, tuple[float, float, float, float]] = {}
+    keys = list(task.aspect_keys)  # predefined aspects: their score differences are the learned features
+    diffs = np.full((len(ids), len(keys)), np.nan) if settings.uses_aspects and not settings.dynamic else None
     for i, p in enumerate(pairs):
         if p.id in failures:
-            labels.append(None)
-            labels_ab.append(None)
             continue
+        if diffs is not None:
+            sa, sb = _mean_scores(matrix, p.id, keys, settings.swap)
+            diffs[i] = sa - sb
         if settings.mode == "dna":
             cols, w = base_cols[p.id], weights[p.id]
         else:
@@ -208,20 +206,12 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         sa, sb = _mean_scores(matrix, p.id, cols, settings.swap)
         ta, tb = weighted_totals(sa, sb, w)
         totals[i] = (ta, tb)
-        labels.append("")  # decided below, by the tie margin
-        labels_ab.append(None if ta == tb else ("a" if ta > tb else "b"))
+        labels[i] = ""  # decided below, by the tie margin
+        labels_ab[i] = None if ta == tb else ("a" if ta > tb else "b")
         if settings.swap:
             fa, fb = _order_scores(matrix, p.id, cols, "")
             ra, rb = _order_scores(matrix, p.id, cols, SWAP)
             order_totals[p.id] = (*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w))
-    diffs = None
-    if settings.uses_aspects and not settings.dynamic:
-        keys = list(task.aspect_keys)
-        diffs = np.full((len(ids), len(keys)), np.nan)
-        for i, p in enumerate(pairs):
-            if p.id not in failures:
-                sa, sb = _mean_scores(matrix, p.id, keys, settings.swap)
-                diffs[i] = sa - sb
     res = PairScoreResult(
         ids, ["total_a", "total_b"], totals, matrix, usage_of(llm), labels=labels, labels_ab=labels_ab,
         pair_aspects=aspects, weights={k: [float(x) for x in v] for k, v in weights.items()},
@@ -265,3 +255,64 @@ def _mean_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], swap: bool) -> t
         ra, rb = _order_scores(m, sid, cols, SWAP)
         a, b = (a + ra) / 2, (b + rb) / 2
     return a, b
+
+
+# Completion tokens a stage's reply is estimated to take (its max_tokens bounds the real figure).
+_PLAN_COMPLETION = {"aspects": 40, "weights": 8, "score": 2, "direct": 2, "cot": 300, "prompt_agg": 2}
+
+
+def plan_dna(config, prep, backend=None) -> list:
+    """DnA's calls per stage, without calling the LLM: exact where the requests are known before
+    the run; with dynamic aspects the weights and scores depend on the proposed aspects, so k per
+    pair is counted, cache state unknown. Re-asks of unusable JSON replies are not counted."""
+    from hdeval.methods.run import LayerPlan, exact_plan, open_backend, prompt_chars
+
+    settings = config.options.settings()
+    task, pairs = prep.task, list(prep.samples)
+    templates = load_dna_templates(settings.prompt_roles)
+    orders = (False, True) if settings.swap else (False,)
+    plans: list = []
+
+    def exact(n: int, stage: str, role: str, reqs: list) -> None:
+        plans.append(exact_plan(llm, reqs, _PLAN_COMPLETION[role], n, stage))
+
+    def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
+        plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),
+                               calls * _PLAN_COMPLETION[role], stage=stage))
+
+    with closing(open_backend(config, backend, offline=True)) as llm:
+        if not settings.uses_aspects:
+            role = settings.mode
+            exact(1, settings.scoring_stage(1), role, [
+                overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
+                for p in pairs for sw in orders])
+            return plans
+        fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
+
+        def weights_req(p: PairSample, specs: list[AspectSpec]) -> CompletionRequest:
+            return weights_request(templates["weights"], task, p, specs)
+
+        def score_req(p: PairSample, spec: AspectSpec, sw: bool) -> CompletionRequest:
+            return score_request(templates["score"], task, p, spec, sw, settings.logprobs)
+
+        n_orders = len(orders)
+        if settings.dynamic:
+            exact(1, "aspects", "aspects",
+                  [aspects_request(templates["aspects"], task, p, settings.k) for p in pairs])
+            # the proposed aspects are not known yet: size a weights / score prompt with generic ones
+            generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
+            w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
+            s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
+            estimated(2, "weights", "weights", len(pairs), w_chars)
+            estimated(3, settings.scoring_stage(settings.k), "score",
+                      len(pairs) * settings.k * n_orders, s_chars)
+        else:
+            exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
+            exact(2, settings.scoring_stage(len(fixed)), "score",
+                  [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders])
+        if settings.mode == "prompt-agg":
+            chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
+                settings.k if settings.dynamic else len(fixed))
+            estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg",
+                      len(pairs) * n_orders, chars)
+        return plans

@@ -1,5 +1,5 @@
-"""DnA's options as one validated value (``Settings``), as the CLI gives them and an artifact
-records them."""
+"""DnA's options, declared once (the CLI, the Python API and benchmark build them from here), and
+the checked settings a run uses and an artifact records (``Settings``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hdeval.errors import ArtifactError, ConfigError
+from hdeval.methods.base import MethodOptions, option
 
 MODES = ("dna", "direct", "cot", "prompt-agg")
 SOURCES = ("predefined", "dynamic")
@@ -56,10 +57,8 @@ class Settings:
 
     @property
     def prompt_roles(self) -> list[str]:
-        if self.mode == "direct":
-            return ["direct"]
-        if self.mode == "cot":
-            return ["cot"]
+        if not self.uses_aspects:  # the direct and chain-of-thought baselines
+            return [self.mode]
         roles = (["aspects"] if self.dynamic else []) + ["weights", "score"]
         return roles + (["prompt_agg"] if self.mode == "prompt-agg" else [])
 
@@ -99,3 +98,23 @@ class Settings:
             return s.check(where)
         except ConfigError as exc:
             raise ArtifactError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class DnaOptions(MethodOptions):
+    dna_mode: str = option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES)
+    aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
+    k: int = option(4, "aspects the LLM proposes per instance with --aspect-source dynamic")
+    tie_margin: float | None = option(
+        None, "totals this close are a tie (default: learned on the training split, where humans tie pairs "
+              "more often than they side with the judge)", kind=float)
+    swap: bool = option(False, "ask every pairwise prompt in both orders and average")
+    logprob_scores: bool = option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
+                                        "server returns them (else the reply text)")
+
+    def validate(self) -> None:
+        self.settings()
+
+    def settings(self) -> Settings:
+        return Settings(mode=self.dna_mode, aspect_source=self.aspect_source, k=self.k,
+                        tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores).check()

@@ -1,26 +1,39 @@
 """PairEval's training: the comparison examples chosen and checked, every pair judged, the
-aggregator fitted on the training split, the held-out figures."""
+aggregator fitted on the training split, the held-out figures; and its dry run."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from hdeval.errors import ScoringError
-from hdeval.methods.base import FitContext, run_record, score_table, usage_of
-from hdeval.methods.comparisons import Example
+from hdeval.methods.base import (
+    FitContext, check_failure_rate, fit_message, run_record, score_table, split_rows, usage_of,
+)
+from hdeval.methods.comparisons import MAX_TOKENS, Example, pair_cells, pair_question
 from hdeval.methods.paireval.fitted import PairEvalEvaluator
 from hdeval.methods.paireval.sources import (
-    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test,
+    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test, same_doc_cells,
 )
+from hdeval.progress import Progress
 from hdeval.prompts import load_template
-from hdeval.urls import shown_identity
 
 
 def fit_paireval(ctx: FitContext) -> PairEvalEvaluator:
     pool, n, swap, source = choose_comparisons(ctx)  # every check before the first call
     return fit_with_pool(ctx, pool, n, swap, source)
+
+
+def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
+    """The dry run: every request is known before the run, so the counts are exact."""
+    from hdeval.methods.run import plan_known
+
+    task, samples = prep.task, prep.samples
+    pool, n, swap, source = choose_comparisons(FitContext(config, prep, None, None, Progress()))
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    if source == ALL_VS_ALL:
+        cells = same_doc_cells(load_template("pair"), task, samples, swap, cols)
+    else:
+        cells = pair_cells(load_template("pair"), task, samples, pool, n, swap, cols)
+    return plan_known(config, backend, [r for c in cells for r in c.requests], MAX_TOKENS)
 
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
@@ -38,10 +51,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         compared = {"n": n, "swap": swap, "source": source if source in ("train", "test", "references") else "file",
                     "ids": [e.id for e in pool]}
     shown = {**compared, "file": source} if compared["source"] == "file" else compared
-    ctx.progress.message(
-        f"task {task.name}: {len(samples)} samples from {ctx.prep.data_path} ({len(split.train_ids)} train, "
-        f"{len(split.test_ids)} test), {comparison_text(shown)}, LLM {shown_identity(ctx.llm.identity)}"
-    )
+    fit_message(ctx, "samples", f"{comparison_text(shown)}, ")
     overlap = overlap_with_test(ctx, pool, source)
     if overlap is not None:
         compared["overlap_test"] = overlap
@@ -49,21 +59,10 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     ev = PairEvalEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {},
                        all_vs_all=all_vs_all)
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
-    rate = judged.failure_rate
-    if rate > config.max_failure_rate:
-        ex = judged.failures[0]
-        raise ScoringError(
-            f"{rate:.0%} of pair judgments could not be read (threshold {config.max_failure_rate:.0%}), "
-            f"e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached"
-        )
+    check_failure_rate(ctx, judged.failure_rate, "pair judgments", judged.failures)
     cols = judged.columns()
-    ids = cols.sample_ids
-    pos = {s: i for i, s in enumerate(ids)}
-    tr = np.array([pos[s] for s in split.train_ids])
-    te = np.array([pos[s] for s in split.test_ids])
-    aspects = list(task.aspect_keys)
-    Y = np.array([[by_id[s].scores[a] for a in aspects] for s in ids])
-    X = cols.values
+    ids, X, aspects = cols.sample_ids, cols.values, list(task.aspect_keys)
+    tr, te, Y = split_rows(ctx, ids, aspects)
     groups = [by_id[ids[i]].doc_id for i in tr]
     kind, selection = config.options.aggregator, {}
     if kind == "auto":
@@ -79,7 +78,7 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         "position_consistency": judged.position()["consistency"],
         "position_bias": judged.position()["bias"],
         "pair_judgments": judged.requests,
-        "failure_rate": rate,
+        "failure_rate": judged.failure_rate,
         "usage": usage_of(ctx.llm),
         "intervals": fitted_intervals(  # calibrated on out-of-fold training predictions
             Y, cross_val_predictions(Aggregator.for_task(kind, task, config.seed), X[tr], Y[tr], groups), tr,

@@ -4,17 +4,19 @@ and the rows ``apply`` writes."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import (
-    METRICS, SCORES, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, score_rows, usage_of,
+    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of,
 )
-from hdeval.methods.comparisons import COMPARISONS, Example, PairScores, _parse_examples, pair_scores
-from hdeval.methods.paireval.all_vs_all import same_doc_scores
-from hdeval.methods.paireval.sources import comparison_text, overlap_text
+from hdeval.methods.comparisons import (
+    COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
+)
+from hdeval.methods.paireval.sources import comparison_text, overlap_text, same_doc_scores
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import Sample, Task
@@ -23,17 +25,12 @@ PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
 
 
-class _Dialogue(SimpleFitted):
-    def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
-        """The JSON lines ``apply`` writes: predictions, the LLM-filled columns, failures, humans."""
-        return score_rows(samples, result, names=("columns", "column"))
-
-
-class PairEvalEvaluator(_Dialogue):
+class PairEvalEvaluator(SimpleFitted):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
     method = "paireval"
+    row_names = ("columns", "column")
 
     def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
                  agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
@@ -75,37 +72,25 @@ class PairEvalEvaluator(_Dialogue):
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             if self.all_vs_all:
                 return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
                                        progress)
             return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
                                concurrency, progress)
-        finally:
-            if own:
-                backend.close()
 
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
+        with self.llm_session(backend, cache_dir) as backend:
             cols = self.judge(samples, backend, concurrency=concurrency, progress=progress).columns()
             return ScoreResult(cols.sample_ids, list(self.task.aspect_keys), self.agg.predict(cols.values),
                                cols, usage_of(backend))
-        finally:
-            if own:
-                backend.close()
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        out.text(PAIR_PROMPT, self.template.source)
         if not self.all_vs_all:
-            out.json(COMPARISONS, [e.to_dict() for e in self.pool])
-        out.json(METRICS, self.metrics)
+            out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
         out.skops(MODEL, self.agg.models_)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        return {"prompts": {"pair": self.template.digest},
+        return {**self.write_common(out, {"pair": self.template}),
                 "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},
                 **self.extra}
 
@@ -116,19 +101,18 @@ class PairEvalEvaluator(_Dialogue):
 
         def build() -> PairEvalEvaluator:
             args = art.manifest.get("method_args") or {}
-            all_vs_all = args.get("all_vs_all", False) is True
-            if all_vs_all:  # compared within each document: no recorded examples
-                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, METRICS, MODEL))
+            all_vs_all = args.get("all_vs_all", False) is True  # compared within each document: no examples
+            need = (PAIR_PROMPT, METRICS, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, METRICS, MODEL)
+            task, llm, identity = read_task_and_llm(art, need)
+            if all_vs_all:
                 pool, n, swap = [], 0, args["swap"]
                 if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
                     raise ValueError("method_args of an all-vs-all artifact are 'all_vs_all' and 'swap' only")
             else:
-                task, llm, identity = read_task_and_llm(art, (PAIR_PROMPT, COMPARISONS, METRICS, MODEL))
                 pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
                 n, swap = args["comparisons"], args["swap"]
-            if not all_vs_all and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(pool)
-                                   or not isinstance(swap, bool)):
-                raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
+                if not fits_examples(n, swap, pool):
+                    raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
             spec = art.manifest["aggregator"]
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)

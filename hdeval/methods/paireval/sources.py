@@ -1,18 +1,24 @@
 """Where PairEval's comparison examples come from (the training split, a corpus file, the
 training documents' references, or all-vs-all within each document), checked before any call, and
-how the run describes them (their overlap with the test rows included)."""
+how the run describes them (their overlap with the test rows included); the paper's all-vs-all
+comparison itself: every response against every other of its document, both orders with ``swap``."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any, Sequence
 
 from hdeval.errors import ConfigError
+from hdeval.judge import Cell
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import (
-    RESPONSE_FIELD, Example, check_comparisons, draw_comparisons, history_fields, read_comparison_file,
+    RESPONSE_FIELD, Example, PairScores, check_comparisons, draw_comparisons, history_fields, judge_cells,
+    pair_question, read_comparison_file, versus_cells,
 )
-from hdeval.types import Sample
+from hdeval.progress import Progress
+from hdeval.prompts import Template
+from hdeval.types import Failure, Sample, Task
 
 
 REFERENCE_FIELD = "reference"
@@ -21,13 +27,9 @@ ALL_VS_ALL = "all-vs-all"  # the source of an exhaustive run: every other respon
 
 def comparison_source(ctx: FitContext) -> str:
     """``train``, ``file`` or ``references``: given, else ``file`` with --comparison-data."""
-    from hdeval.methods.paireval import SOURCES
-
     given = ctx.options.given()
     data = ctx.options.comparison_data or ""
-    source = given.get("comparison_source") or ("file" if data else "train")
-    if source not in SOURCES:
-        raise ConfigError(f"--comparison-source must be one of {', '.join(SOURCES)}, got {source!r}")
+    source = given.get("comparison_source") or ("file" if data else "train")  # a choice: checked by build
     if source == "file" and not data:
         raise ConfigError("--comparison-source file needs --comparison-data FILE (a JSONL corpus in the task's schema)")
     if data and source != "file":
@@ -66,28 +68,23 @@ def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
     n = check_comparisons(ctx.options.comparisons)
     by_id = {s.id: s for s in samples}
     train = [by_id[i] for i in split.train_ids]
+    rows, where = train, "the training split"
     if source == "file":
         path = ctx.options.comparison_data
-        pool = draw_comparisons(read_comparison_file(path, task), n, config.seed, task,
-                                f"the comparison file {path}", own_docs=False)
-        return pool, n, swap, path
-    if source == "references":
-        refs = reference_examples(train)
-        if not refs:
+        rows, where = read_comparison_file(path, task), f"the comparison file {path}"
+    elif source == "references":
+        rows, where = reference_examples(train), "the training split's references"
+        if not rows:
             raise ConfigError(f"--comparison-source references: no row of the training split has a "
                               f"{REFERENCE_FIELD!r} text (task {task.name}); use --comparison-source train or "
                               "--comparison-data FILE")
-        pool = draw_comparisons(refs, n, config.seed, task, "the training split's references", own_docs=True)
-        return pool, n, swap, source
-    pool = draw_comparisons(train, n, config.seed, task, "the training split", own_docs=True)
-    return pool, n, swap, "train"
+    pool = draw_comparisons(rows, n, config.seed, task, where, own_docs=source != "file")
+    return pool, n, swap, path if source == "file" else source
 
 
 def check_documents(samples: Sequence[Sample]) -> None:
     """All-vs-all needs at least two responses in every document."""
-    count: dict[str, int] = {}
-    for s in samples:
-        count[s.doc_id] = count.get(s.doc_id, 0) + 1
+    count = Counter(s.doc_id for s in samples)
     lone = [d for d, k in count.items() if k < 2]
     if lone:
         raise ConfigError(f"--all-vs-all compares responses of the same document: {len(lone)} of {len(count)} "
@@ -129,3 +126,38 @@ def comparison_text(c: dict[str, Any]) -> str:
     where = {"train": "responses of the training split", "references": "the training documents' references",
              "file": f"the corpus {c.get('file', '')}".rstrip()}.get(c.get("source"), str(c.get("source")))
     return f"{c.get('n')} comparison examples from {where}"
+
+
+def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                   cols: Sequence[tuple[str, str]]) -> list[Cell]:
+    """The paper's exhaustive comparison: one cell per target x column x other response of the
+    target's document x order, sample-major. Column keys as :func:`pair_cells`' (``key|i|order``,
+    ``i`` the other response's place among the document's others)."""
+    shown = {s.id: Example.of(task, s) for s in samples}
+    docs: dict[str, list[str]] = {}
+    for s in samples:
+        docs.setdefault(s.doc_id, []).append(s.id)
+    cells: list[Cell] = []
+    for s in samples:
+        others = list(enumerate(shown[o] for o in docs[s.doc_id] if o != s.id))
+        cells += versus_cells(template, task, s.id, shown[s.id], others, swap, cols)
+    return cells
+
+
+def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+                    concurrency: int | None = None, progress: Progress | None = None) -> PairScores:
+    """Every target against every other response of its document (both orders with ``swap``); a
+    response alone in its document gets no column and a failure saying why."""
+    samples = list(samples)
+    cols = [(a.key, pair_question(a)) for a in task.aspects]
+    cells = same_doc_cells(template, task, samples, swap, cols)
+    width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
+    judged = judge_cells(llm, cells, samples, cols, width, swap, concurrency, progress,
+                         f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                         f"response of their document{' x 2 orders' if swap else ''}")
+    compared = {c.sample_id for c in cells}
+    for s in samples:
+        if s.id not in compared:
+            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
+                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
+    return judged

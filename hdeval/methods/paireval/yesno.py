@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.constraints import Labels
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
-from hdeval.methods.comparisons import MAX_TOKENS, TOP_LOGPROBS, Example, history_fields, response_label
-from hdeval.methods.paireval.fitted import _Dialogue
+from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
 from hdeval.prompts import Template, load_template
 from hdeval.types import Aspect, Sample, Task
 
@@ -27,44 +23,40 @@ def yesno_question(aspect: Aspect) -> str:
 
 
 def yesno_request(template: Template, task: Task, aspect: Aspect, target: Example) -> CompletionRequest:
-    messages = template.render({
-        "task_description": task.description,
-        "response_label": response_label(task),
-        "history": target.history, "response": target.response,
-        "question": yesno_question(aspect),
-    })
-    return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             answer=Labels(YES_NO), kind="yesno")
+    return label_request(template, task, YES_NO, "yesno", history=target.history, response=target.response,
+                         question=yesno_question(aspect))
 
 
 def _p_yes(completions: Sequence[Completion]) -> tuple[float, str | None]:
     return label_probability(completions[0], *YES_NO)
 
 
-class YesNoEvaluator(SinglePromptFitted, _Dialogue):
+class YesNoEvaluator(SinglePromptFitted):
     """DIRECTEVAL: P("Yes") per aspect, mapped onto the aspect's range; nothing learned."""
 
     method = "direct-yesno"
+    row_names = ("columns", "column")
     prompt = "yesno"
     stage = "asking"
 
-    def to_range(self, p: np.ndarray) -> np.ndarray:
-        lo = np.array([a.low for a in self.task.aspects])
-        hi = np.array([a.high for a in self.task.aspects])
-        return lo + np.asarray(p, float) * (hi - lo)
-
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         history_fields(self.task)
-        cells = []
-        for s in samples:
-            target = Example.of(self.task, s)
-            for a in self.task.aspects:
-                cells.append(Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),)))
+        cells = [Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),))
+                 for s in samples for target in [Example.of(self.task, s)] for a in self.task.aspects]
         return fill_matrix(backend, cells, _p_yes, concurrency, progress)
 
 
+def plan_yesno(config: Any, prep: Any, backend: Any = None) -> list:
+    """The dry run: one request per sample and aspect, all known before the run."""
+    from hdeval.methods.run import plan_known
+
+    task, template = prep.task, load_template("yesno")
+    history_fields(task)
+    reqs = [yesno_request(template, task, a, Example.of(task, s)) for s in prep.samples for a in task.aspects]
+    return plan_known(config, backend, reqs, MAX_TOKENS)
+
+
 def fit_yesno(ctx: FitContext) -> YesNoEvaluator:
-    history_fields(ctx.prep.task)
     ev = YesNoEvaluator(ctx.prep.task, load_template("yesno"), ctx.llm_config, ctx.llm.identity, {})
     fit_unlearned(ctx, ev, "yes/no answers")
     return ev
