@@ -212,6 +212,17 @@ def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_p
               str(data), "line 3", "longer than")
 
 
+def test_item11_apply_input_nested_too_deeply_is_one_line(toy_artifact: Path, tmp_path: Path,
+                                                        fake_calls: list[int]) -> None:
+    # the task-name pre-scan read it before the validating pass: a RecursionError traceback
+    data = new_samples(tmp_path)
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:2]) + "[" * 100_000 + "]" * 100_000 + "\n" + "".join(lines[2:]))
+    one_error(run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c"),
+              str(data), "line 3", "nested too deeply")
+    assert fake_calls == [] and not (tmp_path / "s.jsonl").exists()
+
+
 # ---------------------------------------------------------------- item 7: apply's failure rate
 @pytest.fixture
 def refusing_server():

@@ -175,7 +175,7 @@ def _input_tasks(path: str, limit: int) -> set[str]:
             for line in itertools.islice(bounded_lines(fh, path), limit):
                 try:
                     row = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # the reading pass names a line nested too deeply
                     continue
                 if isinstance(row, dict) and isinstance(row.get("task"), str):
                     found.add(row["task"])
