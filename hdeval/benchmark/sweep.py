@@ -7,10 +7,10 @@ from typing import Any
 
 from hdeval.errors import BudgetExceeded
 from hdeval.progress import Progress
-from hdeval.benchmark.heldout import held_out, held_out_pairs
+from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
+    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency,
     pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
@@ -20,16 +20,7 @@ class _Quiet(Progress):
     """Forwards a run's progress bars but not its per-layer summaries (the sweep reports runs)."""
 
     def __init__(self, inner: Progress):
-        self.inner = inner
-
-    def stage(self, label: str, total: int) -> None:
-        self.inner.stage(label, total)
-
-    def advance(self, n: int = 1, cached: bool = False) -> None:
-        self.inner.advance(n, cached)
-
-    def end_stage(self) -> None:
-        self.inner.end_stage()
+        self.stage, self.advance, self.end_stage = inner.stage, inner.advance, inner.end_stage  # type: ignore
 
 
 def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
@@ -102,19 +93,18 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         prep = preps[(method, agg, frac, seed)]
         task = fitted.task
         doc_of = {s.id: s.doc_id for s in prep.samples}
-        held[(method, agg, frac, seed)] = (held_out_pairs if shape == "pairwise" else held_out)(fitted, doc_of)
+        held[(method, agg, frac, seed)] = held_out(fitted, doc_of, shape == "pairwise")
         fits.append(fitted)
         if artifacts is not None:
             artifacts[artifact_name(method, agg, frac, seed)] = fitted
     assert task is not None
     # every method is scored on the rows every run of its split scored (failures left out alike)
     compared, rows = compare_rows(held)
-    record = _pair_run_record if shape == "pairwise" else _run_record
     for fitted, key in zip(fits, plan):
-        runs.append(record(fitted, compared[key], *key, rows=rows[key]))
+        runs.append(_run_record(fitted, compared[key], *key, rows=rows[key]))
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
-    settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
+    settings = _settings(spec, runs, compared, shape == "pairwise")
     by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)
