@@ -71,8 +71,7 @@ def _baselines(m: Mapping[str, Any]) -> dict[str, Any]:
 
 def _wrong_verdicts(ev: Any, test: Any, keys: Sequence[str], predicted: Sequence[str], data_file: Any,
                     cache_dir: Any, noun: str, sides: Sequence[str]) -> tuple[list[dict], str | None]:
-    """The held-out pairs whose verdict differs from the human label (failed ones too), with
-    their scores and raw replies per key (one per ``sides``: a pair's key suffix), and a note."""
+    """Held-out pairs with a verdict not the human label's: scores, raw replies per ``sides``; a note."""
     wrong = [i for i, (h, p) in enumerate(zip(test["human"], predicted)) if h in PAIR_LABELS and p != h]
     ids = [str(test["pair_id"][i]) for i in wrong[:sample_view.TOP_SAMPLES]]
     replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file), cache_dir,
