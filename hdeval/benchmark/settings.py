@@ -154,8 +154,7 @@ def _by_setting(runs: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, An
 
 def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, Any],
               pairwise: bool) -> list[dict[str, Any]]:
-    """Per (method, aggregator, train_frac): its figures as mean/std over seeds, the bootstrap
-    pooled over seeds (with the difference to the baseline when it ran), the layer ablation."""
+    """Per (method, aggregator, train_frac): figures over seeds, pooled bootstraps, layer ablation."""
     out = []
     for (method, agg, frac), mine in _by_setting(runs).items():
         seeds = [r["seed"] for r in mine]

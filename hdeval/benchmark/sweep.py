@@ -41,8 +41,7 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def _check_fit(config: Any, prep: Any, label: str) -> None:
-    """The method's ``check_fit`` (e.g. PairEval's comparison examples), made for every run
-    before the sweep's first call: an earlier run must not pay for a sweep that then stops."""
+    """The method's ``check_fit``, before any call: an earlier run must not pay for a sweep that stops."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -73,11 +72,10 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         config = _config(spec, method, agg, frac, seed, budget)
         preps[(method, agg, frac, seed)] = prep = prepare(config)
         _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
-    runs: list[dict[str, Any]] = []
     fits: list[Any] = []
     held: dict[tuple[str, str | None, float, int], Any] = {}
-    task = None
-    for n, (method, agg, frac, seed) in enumerate(plan, 1):
+    for n, key in enumerate(plan, 1):
+        method, agg, frac, seed = key
         spent = sum((f.metrics.get("usage") or {}).get("calls", 0) for f in fits)
         left = None if budget is None else max(0, budget - spent)
         config = _config(spec, method, agg, frac, seed, left)
@@ -90,16 +88,14 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
             raise BudgetExceeded(
                 f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
                 "every finished call is cached; rerun with a larger --max-calls to continue") from None
-        prep = preps[(method, agg, frac, seed)]
-        task = fitted.task
-        doc_of = {s.id: s.doc_id for s in prep.samples}
-        held[(method, agg, frac, seed)] = held_out(fitted, doc_of, shape == "pairwise")
+        held[key] = held_out(fitted, {s.id: s.doc_id for s in preps[key].samples}, shape == "pairwise")
         fits.append(fitted)
         if artifacts is not None:
-            artifacts[artifact_name(method, agg, frac, seed)] = fitted
-    assert task is not None
+            artifacts[artifact_name(*key)] = fitted
+    task = fits[-1].task
     # every method is scored on the rows every run of its split scored (failures left out alike)
     compared, rows = compare_rows(held)
+    runs: list[dict[str, Any]] = []
     for fitted, key in zip(fits, plan):
         runs.append(_run_record(fitted, compared[key], *key, rows=rows[key]))
         if artifacts is not None:
