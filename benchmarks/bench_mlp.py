@@ -33,7 +33,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
-from hdeval.aggregate import Aggregator, tune
+from hdeval.aggregate import Aggregator, select_cv
 from hdeval.data import read_samples, split_samples
 from hdeval.metrics import mean_spearman
 from hdeval.tasks import load_task
@@ -92,7 +92,7 @@ def compare(task, X, Y, tr, te, docs, seed: int) -> dict[str, float]:
         out["lr"] = mean_spearman(Y[te], clone(base).fit(X[tr], Y[tr]).predict(X[te]))
         old = old_nn(base, X[tr], Y[tr], seed)
         out["old nn"] = mean_spearman(Y[te], old.predict(X[te]))
-        new, _, grid = tune(clone(base).set_params(kind="nn"), X[tr], Y[tr], docs)
+        new, _, grid, _ = select_cv(base, X[tr], Y[tr], docs, ("nn",))
         out["new nn"] = mean_spearman(Y[te], new.fit(X[tr], Y[tr]).predict(X[te]))
         out["chosen"] = f"alpha={new.alpha:g} hidden={new.hidden_layer_sizes}"
     return out

@@ -284,8 +284,7 @@ def used_features(model: Pipeline, n_features: int) -> np.ndarray:
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
-    """``model.fit``, with the MLP's L-BFGS convergence warnings (each names its iteration count)
-    reworded to one short warning per cause, so a layer's notes count them."""
+    """``model.fit``, the MLP's L-BFGS convergence warnings reworded to one per cause (notes count them)."""
     est = model.named_steps["model"]
     if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
         model.fit(X, y)
@@ -308,8 +307,7 @@ def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
 
 
 def _validate(est: Aggregator, X, *Y, reset: bool):
-    """scikit-learn's input validation (NaN allowed in X, never in Y); sets (``fit``, with
-    ``Y``) or checks (``predict``, no ``Y``) ``n_features_in_``."""
+    """scikit-learn's input validation (NaN allowed in X, never in Y); sets or checks ``n_features_in_``."""
     kw: dict[str, Any] = {"y": Y[0], "multi_output": True, "y_numeric": True} if Y else {}
     if _validate_data is not None:
         return _validate_data(est, X, reset=reset, ensure_all_finite="allow-nan", dtype=np.float64, **kw)
@@ -327,116 +325,33 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
 
 
 def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray,
-                 test: np.ndarray, keep: bool = False) -> Any:
-    """One fold's held-out predictions (with ``keep``, and the fitted fold model, its fit's
-    warnings in ``fit_warnings_`` for a caller that reuses it to re-issue)."""
-    if not keep:
-        return clone(template).fit(X[train], Y[train]).predict(X[test])
-    agg, caught = recorded(clone(template).fit, X[train], Y[train])
-    for message, category, filename, lineno in caught:
-        warnings.warn_explicit(message, category, filename, lineno)
-    agg.fit_warnings_ = caught
-    return agg.predict(X[test]), agg
+                 test: np.ndarray) -> np.ndarray:
+    return clone(template).fit(X[train], Y[train]).predict(X[test])
 
 
 def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-              n_jobs: int | None = None, keep: bool = False,
-              ) -> tuple[list[np.ndarray], list[list[Aggregator]] | None]:
-    """``cross_val_predictions`` of every template, every fold one job of a single batch. With
-    ``keep``, and when the fits run in this process, also each template's fold models; else None."""
+              n_jobs: int | None = None) -> list[np.ndarray]:
+    """``cross_val_predictions`` of every template, every fold one job of a single batch."""
     X, Y = np.asarray(X), np.asarray(Y)
-    n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     folds = [cv_folds(groups, t.random_state) for t in templates]
-    keep = keep and (n_jobs == 1 or sum(len(fs) for fs in folds) <= 1)
-    calls = [(_fit_predict, (t, X, Y, tr, va, keep)) for t, fs in zip(templates, folds) for tr, va in fs]
+    calls = [(_fit_predict, (t, X, Y, tr, va)) for t, fs in zip(templates, folds) for tr, va in fs]
     done = iter(run_jobs(calls, n_jobs))
     out = []
-    models: list[list[Aggregator]] = []
     for fs in folds:
         pred: np.ndarray | None = None
-        models.append([])
         for _, va in fs:
-            p = next(done)
-            if keep:
-                p, fitted = p
-                models[-1].append(fitted)
-            p = np.asarray(p)
+            p = np.asarray(next(done))
             if pred is None:
                 pred = np.zeros((len(X), *p.shape[1:]), dtype=p.dtype)
             pred[va] = p
         out.append(pred)
-    return out, (models if keep else None)
+    return out
 
 
-def _give(fold_models: list | None, models: list[list[Aggregator]] | None, index: int) -> None:
-    """Hand the chosen template's fold models to a caller that asked (``fold_models=[]``)."""
-    if fold_models is not None and models is not None:
-        fold_models[:] = models[index]
-
-
-def cross_val_predictions(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
-    fold_models: list | None = None,
-) -> np.ndarray:
-    """Out-of-fold predictions on the training split (the "cross-validated train" figure).
-    ``fold_models``: a list to receive the fitted fold models (``cv_folds`` order), for
-    pruning to reuse; left empty when the fits ran in worker processes."""
-    preds, models = _oof_many([template], X, Y, groups, n_jobs, keep=fold_models is not None)
-    _give(fold_models, models, 0)
-    return preds[0]
-
-
-def _grid(template: Aggregator) -> list[tuple[Aggregator, dict[str, Any] | None]]:
-    """What ``tune`` cross-validates for the template: the ``NN_GRID`` points for ``nn``."""
-    if template.kind != "nn":
-        return [(template, None)]
-    return [(clone(template).set_params(**point), point) for point in ParameterGrid(NN_GRID)]
-
-
-def _best_point(
-    template: Aggregator, grid: list[tuple[Aggregator, dict[str, Any] | None]], preds: list[np.ndarray],
-    Y: np.ndarray,
-) -> tuple[Aggregator, float, dict[str, float], np.ndarray]:
-    if template.kind != "nn":
-        return template, mean_spearman(Y, preds[0]), {}, preds[0]
-    scores: dict[str, float] = {}
-    best: tuple[float, dict[str, Any], np.ndarray] | None = None
-    for (_, point), pred in zip(grid, preds):
-        assert point is not None
-        score = mean_spearman(Y, pred)
-        scores[_grid_name(point)] = score
-        if best is None or score > best[0]:
-            best = (score, point, pred)
-    assert best is not None
-    return clone(template).set_params(**best[1]), best[0], scores, best[2]
-
-
-def tune_cv(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None,
-    fold_models: list | None = None,
-) -> tuple[Aggregator, float, dict[str, float], np.ndarray]:
-    """``tune``, plus the chosen template's out-of-fold predictions (already computed to
-    choose it: no need to cross-validate it again). ``fold_models``: as in
-    ``cross_val_predictions``, the chosen grid point's."""
-    grid = _grid(template)
-    preds, models = _oof_many([t for t, _ in grid], X, Y, groups, n_jobs, keep=fold_models is not None)
-    best = _best_point(template, grid, preds, Y)
-    _give(fold_models, models, _index(preds, best[3]))
-    return best
-
-
-def _index(preds: list[np.ndarray], chosen: np.ndarray) -> int:
-    return next(i for i, p in enumerate(preds) if p is chosen)
-
-
-
-def tune(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
-) -> tuple[Aggregator, float, dict[str, float]]:
-    """(template, its CV score, score of every grid point): for ``nn``, the ``NN_GRID`` point
-    with the best grouped-CV mean Spearman (ties: the earlier, more regularised); other kinds
-    have nothing to tune and return themselves."""
-    return tune_cv(template, X, Y, groups, n_jobs)[:3]
+def cross_val_predictions(template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
+                          n_jobs: int | None = None) -> np.ndarray:
+    """Out-of-fold predictions on the training split (the "cross-validated train" figure)."""
+    return _oof_many([template], X, Y, groups, n_jobs)[0]
 
 
 def _grid_name(point: dict[str, Any]) -> str:
@@ -455,19 +370,25 @@ def select_kind(
 
 def select_cv(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
-    n_jobs: int | None = None, fold_models: list | None = None,
+    n_jobs: int | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
-    """The best of ``kinds`` (tuned): (its template, CV score per kind, nn grid scores, its
-    out-of-fold predictions), every fold of every kind and grid point one job of one batch."""
-    bases = {k: clone(template).set_params(kind=k) for k in kinds}
-    per_kind = {k: _grid(bases[k]) for k in kinds}
-    flat = [t for k in kinds for t, _ in per_kind[k]]
-    preds, models = _oof_many(flat, X, Y, groups, n_jobs, keep=fold_models is not None)
-    tuned, rest = {}, iter(preds)
+    """The best of ``kinds`` by grouped-CV mean Spearman, ``nn`` tuned over the ``NN_GRID``
+    points (ties: the earlier kind, the earlier, more regularised point): (its template, score
+    per kind, nn grid scores, its out-of-fold predictions). Every fold of every kind and grid
+    point is one job of one batch. ``kinds=(template.kind,)`` only tunes (an nn) or
+    cross-validates the template."""
+    cands = []  # (kind, grid point or None, template)
     for k in kinds:
-        tuned[k] = _best_point(bases[k], per_kind[k], [next(rest) for _ in per_kind[k]], Y)
-    scores = {k: t[1] for k, t in tuned.items()}
-    best = max(kinds, key=lambda k: (scores[k], -kinds.index(k)))
-    grid = tuned["nn"][2] if "nn" in tuned else {}
-    _give(fold_models, models, _index(preds, tuned[best][3]))
-    return tuned[best][0], scores, grid, tuned[best][3]
+        base = template if k == template.kind else clone(template).set_params(kind=k)
+        points = list(ParameterGrid(NN_GRID)) if k == "nn" else [None]
+        cands += [(k, p, base if p is None else clone(base).set_params(**p)) for p in points]
+    preds = _oof_many([t for _, _, t in cands], X, Y, groups, n_jobs)
+    scores = [mean_spearman(Y, p) for p in preds]
+    best_of: dict[str, int] = {}  # kind -> its best candidate
+    for i, (k, _, _) in enumerate(cands):
+        if k not in best_of or scores[i] > scores[best_of[k]]:
+            best_of[k] = i
+    per_kind = {k: scores[i] for k, i in best_of.items()}
+    best = best_of[max(kinds, key=lambda k: (per_kind[k], -list(kinds).index(k)))]
+    grid = {_grid_name(p): scores[i] for i, (_, p, _) in enumerate(cands) if p is not None}
+    return cands[best][2], per_kind, grid, preds[best]

@@ -1,11 +1,6 @@
 """The artifact directory, whatever the method: layout, manifest, checksums, safe loading, atomic save.
-
-A method writes its files through an :class:`ArtifactWriter` and reads them back through an
-:class:`ArtifactReader`; this module owns everything else. An artifact is data from whoever sent
-it: every file is checked against the manifest's sha256, nothing is unpickled (the skops loader
-refuses types outside a short trusted list), no path leaves the directory, symlinks are refused,
-and sizes are bounded.
-"""
+An artifact is data from whoever sent it: every file is checked against the manifest's sha256,
+nothing is unpickled, no path leaves the directory, symlinks are refused, and sizes are bounded."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import stat
 import sys
 import tempfile
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from hdeval import __version__
@@ -103,12 +98,11 @@ class ArtifactReader:
             raise ArtifactError(f"{self.path}: {name} is {st.st_size} bytes, more than an artifact may hold")
         return p
 
-    def text(self, name: str, limit: int | None = None) -> str:
-        limit = MAX_JSON_BYTES if limit is None else limit
+    def text(self, name: str) -> str:
         p = self.file(name)
-        if p.stat().st_size > limit:
-            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the {limit} "
-                                "an artifact text file may hold")
+        if p.stat().st_size > MAX_JSON_BYTES:
+            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the "
+                                f"{MAX_JSON_BYTES} an artifact text file may hold")
         try:
             return p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -142,24 +136,20 @@ def _safe_name(name: Any) -> str:
     """A relative POSIX path inside the artifact: no absolute path, no '..', no backslash."""
     if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
         raise ArtifactError(f"bad artifact file name {name!r}")
-    rel = PurePosixPath(name)
-    if rel.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
+    if any(part in ("", ".", "..") for part in name.split("/")):  # also a leading "/"
         raise ArtifactError(f"artifact file {name!r} is outside the artifact directory")
-    return str(rel)
+    return name
 
 
 def _refuse_links(path: Path) -> None:
     """Refuse any symbolic link (or more entries than an artifact has) inside ``path``."""
-    n = 0
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in dirs + files:
-            n += 1
-            full = Path(root) / name
-            if n > MAX_ENTRIES:
-                raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
-            if full.is_symlink():
-                raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
-                                    "an artifact holds only regular files")
+    entries = (Path(root) / name for root, dirs, files in os.walk(path) for name in dirs + files)
+    for n, full in enumerate(entries, 1):
+        if n > MAX_ENTRIES:
+            raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
+        if full.is_symlink():
+            raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
+                                "an artifact holds only regular files")
 
 
 def is_artifact(path: Path) -> bool:
@@ -187,8 +177,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     path.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(path)
     tmp = path.with_name(f".{path.name}{NEW}{os.getpid()}")
-    if tmp.exists() or tmp.is_symlink():
-        _remove_tree(tmp)
+    _remove_tree(tmp)  # (any of these removes nothing when there is nothing)
     tmp.mkdir()
     try:
         section = fitted.write(ArtifactWriter(tmp))
@@ -208,8 +197,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
             _remove_tree(tmp)  # now the previous artifact
         else:
             aside = _aside(path)
-            if aside.exists():
-                _remove_tree(aside)
+            _remove_tree(aside)
             os.replace(path, aside)
             try:
                 os.replace(tmp, path)
@@ -218,8 +206,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
                 raise
             _remove_tree(aside)
     finally:
-        if tmp.exists():
-            _remove_tree(tmp)
+        _remove_tree(tmp)
     return path
 
 
@@ -311,8 +298,7 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_tree(path: Path) -> None:
-    """Delete a directory hdeval wrote, its manifest last (so a half-deleted one is still
-    recognisable as an artifact, or empty)."""
+    """Delete a directory hdeval wrote, its manifest last (half-deleted, it is still recognised)."""
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
         return
@@ -331,8 +317,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where the
-    system or file system cannot, so the caller falls back to two renames."""
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -1,22 +1,18 @@
 """The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
-Raw completions (text + logprobs + usage) are stored, never parsed scores, so a parser fix
-costs no new calls. Replies are written to a compact SQLite table (:class:`ReplyTable`) beside
-diskcache's file, which is still read (through its public API) for replies an older hdeval
-stored there; one writer: a reply is committed (with whatever else finished meanwhile, in one
-transaction) before its call returns, so a SIGKILL can lose only the replies of the commit in
-progress.
-
-The cache directory is untrusted (it may be shared, copied or planted): keys and values are
-plain data only (a sha256 digest, a compact or JSON-text completion). :class:`JSONDisk` never pickles or
-unpickles; a value that is not a JSON completion, is too large, or points outside the
-directory is a cache miss plus a :class:`CacheWarning`, never an exception or code run.
+Raw completions are stored, never parsed scores, so a parser fix costs no new calls. Replies go
+to a compact SQLite table (:class:`ReplyTable`); diskcache's file is still read for replies an
+older hdeval stored there. One writer commits a reply before its call returns, so a SIGKILL
+loses at most the commit in progress. The cache directory is untrusted: keys and values are
+plain data only, never pickled; an entry hdeval cannot use is a miss plus a
+:class:`CacheWarning`, never an exception or code run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -29,8 +25,9 @@ import warnings
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -46,29 +43,24 @@ from hdeval.progress import Progress
 
 CACHE_SCHEMA = 1
 DBNAME = "cache.db"
-# A cached completion is a few KB; anything larger than this is not one of ours (and is not
-# read into memory or parsed).
+# A cached completion is a few KB; anything larger is not one of ours (and is not read or parsed).
 MAX_ENTRY_CHARS = 4 * 2**20
 # a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
 TABLE_VALUE = "CASE WHEN length(value) <= ? THEN value END, length(value)"
 TABLE_LOOKUP = f"SELECT {TABLE_VALUE} FROM reply WHERE key = ?"
 
 # How a reply is stored since #23: VALUE_MAGIC, then raw DEFLATE (with the preset dictionary
-# below) of a compact JSON (short keys, a logprob as [token, logprob], zero counts left out) that
-# holds every field Completion.from_dict reads back, losslessly. ~90 bytes instead of ~350 for a
-# one-token reply with 5 logprobs. Entries of the older format (JSON text) read unchanged. The
-# dictionary is part of the format: changing it needs a new VALUE_MAGIC.
+# below, part of the format) of a compact JSON (short keys, a logprob as [token, logprob], zero
+# counts left out) that holds every field Completion.from_dict reads back, losslessly.
 VALUE_MAGIC = b"Z1"
 _ZDICT = b'{"t":"1","l":[[["1",-0.["2",-1.["3",-2.["4",-3.["5",-4.]]],"p":7,"c":1}'
 _COMPACT = {"prompt_tokens": "p", "completion_tokens": "c", "prompt_tokens_evaluated": "e"}
 _MISSING = {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_evaluated": None}
-# The same fields packed, when that is shorter (a scoring reply: ~54 bytes instead of ~90, as
-# DEFLATE cannot shrink the 17 digits of a full-precision logprob below ~7.5 bytes). Only for
-# replies whose logprobs are all finite floats and whose counts are plain integers (anything
-# else stays VALUE_MAGIC, which keeps them exactly): a flags byte (_LOGPROBS, _TEXT_IS_TOP: the
-# text is the first top token, _EVALUATED), prompt, completion [and evaluated] token counts as
-# LEB128 varints, [the text as varint length + UTF-8], [varint positions, per position varint
-# tokens, per token varint length + UTF-8 + little-endian double].
+# The same fields packed, when shorter (DEFLATE cannot shrink a full-precision logprob's digits),
+# and only when exact (finite float logprobs, plain integer counts): a flags byte (_LOGPROBS,
+# _TEXT_IS_TOP: the text is the first top token, _EVALUATED), prompt, completion [and evaluated]
+# token counts as LEB128 varints, [the text as varint length + UTF-8], [varint positions, per
+# position varint tokens, per token varint length + UTF-8 + little-endian double].
 VALUE_MAGIC_PACKED = b"Z2"
 _LOGPROBS, _TEXT_IS_TOP, _EVALUATED = 1, 2, 4
 _DOUBLE = struct.Struct("<d")
@@ -79,31 +71,24 @@ _VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val\Z")
 # What diskcache itself keeps in the Settings table; anything else was not written by it
 _KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
 # Every setting is ours, whatever an existing database says (diskcache applies stored
-# ``sqlite_*`` settings as PRAGMAs); and no eviction: diskcache's default drops the oldest
-# replies past 1 GB, and those were paid for (cull_limit 0 also skips the expired-entry query
-# diskcache runs on every write: hdeval never sets an expiry).
-# Memory: the store is read one key at a time, so SQLite's default 64 MB memory map and 32 MB
-# page cache only grew the process with the cache file (apply's peak RSS rose with the input);
-# no map and a 4 MiB page cache (which holds the key index's interior pages) keep it flat.
+# ``sqlite_*`` settings as PRAGMAs); no eviction: the replies past diskcache's 1 GB were paid for
+# (and hdeval never sets an expiry). The store is read one key at a time: no memory map and a
+# small page cache keep RSS flat in the cache's size.
 _STORE_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "eviction_policy": "none", "cull_limit": 0,
                    "sqlite_mmap_size": 0, "sqlite_cache_size": 2**10}
 
 
 def request_key(identity: str, request: CompletionRequest) -> str:
-    """The cache key: sha256 over canonical JSON of what changes the output, and nothing else.
-
-    In: the cache schema version, the backend identity (kind, model, base URL; a local
-    model's file digest), the rendered messages and the decoding parameters.
-    Not in: API keys, timeouts, retry or concurrency settings.
-    """
+    """The cache key: sha256 over canonical JSON of what changes the output: the cache schema
+    version, the backend identity (kind, model, base URL; a local model's file digest), the
+    rendered messages and the decoding parameters; never API keys, timeouts, retry or concurrency."""
     payload = {"v": CACHE_SCHEMA, "backend": identity, **request.key_fields()}
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 class CacheWarning(UserWarning):
-    """A cache entry could not be used (not a JSON completion, pickled, too large): it was
-    treated as a miss and the LLM is asked again."""
+    """A cache entry could not be used: it was treated as a miss and the LLM is asked again."""
 
 
 class UnreadableEntry(ValueError):
@@ -120,25 +105,19 @@ class EntryTooLarge(ValueError):
 
 
 class LegacyKey(str):
-    """A request hash as hdeval stored it before #23: its 64 hex characters as text (twice, in
-    the row and in diskcache's key index). :class:`ReplyStore` looks these up after a miss."""
+    """A request hash as hdeval stored it before #23: its 64 hex characters as text."""
 
 
 def stored_key(key: str) -> Any:
-    """How the store holds the request hash ``key`` since #23: its 32 raw bytes (a BLOB), half
-    the size of the hex text; any other ``str`` key as text, as before."""
+    """How the store holds the request hash ``key`` since #23: its 32 raw bytes; any other
+    ``str`` key as text, as before."""
     return sqlite3.Binary(bytes.fromhex(key)) if _KEY.match(key) else key
 
 
 class JSONDisk(diskcache.Disk):
-    """diskcache serialisation that stores only plain data and never calls pickle.
-
-    Keys must be ``str`` (a request hash is stored as its 32 bytes, see :func:`stored_key`, and
-    read back as hex); values must be ``str`` (JSON text) or compact replies, and are stored the
-    way the default Disk stores them (inline below ``min_file_size``, else a ``.val`` file), so a
-    cache written by an older hdeval (``json.dumps`` strings under hex text keys) reads
-    unchanged. Reading anything else raises :class:`UnreadableEntry` instead of unpickling it.
-    """
+    """diskcache serialisation of plain data only (never pickle): ``str`` keys (a request hash as
+    :func:`stored_key`), values of JSON text or compact replies, stored as the default Disk does,
+    so an older hdeval's cache reads unchanged. Anything else is :class:`UnreadableEntry`."""
 
     def put(self, key: Any) -> tuple[Any, bool]:
         if type(key) is LegacyKey:
@@ -178,15 +157,10 @@ class JSONDisk(diskcache.Disk):
         super().remove(file_path)
 
 
-_ABSENT = object()
-
-
 class ReplyTable:
-    """The compact reply table (``replies.db``): a ``WITHOUT ROWID`` table of a request hash's
-    32 bytes -> :func:`encode_completion`'s bytes and nothing else, because diskcache's row
-    schema alone costs more than the reply (benchmarks/bench_cache_store.py). SQLite in WAL
-    mode, written in the one writer's transactions; safe for several processes on one host, as
-    diskcache is. A value is read with bounds and checked as diskcache's are."""
+    """The compact reply table (``replies.db``): a request hash's 32 bytes ->
+    :func:`encode_completion`'s bytes, as diskcache's row schema alone costs more than a reply.
+    SQLite in WAL mode, safe for several processes on one host; values read with bounds."""
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -196,17 +170,14 @@ class ReplyTable:
         _TABLES.add(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: a lock of its own (a thread of the parent may hold this one, and
-        none will release it here) and a connection of its own at the next use. The parent's is
-        kept, never closed: SQLite forbids using it in the child, and closing it could undo the
-        parent's locks or roll back its open transaction."""
+        """In a forked child: its own lock (a parent's thread may hold this one) and connection.
+        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
         self._lock = threading.RLock()
         if self._con is not None:
             _INHERITED.append(self._con)
             self._con = None
 
     def _connect(self) -> sqlite3.Connection:
-        """The connection, opened again after :meth:`close` or a fork (:meth:`_after_fork`)."""
         if self._con is not None:
             return self._con
         try:
@@ -215,8 +186,7 @@ class ReplyTable:
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
-            # as diskcache's settings (_STORE_SETTINGS): synchronous NORMAL keeps every commit
-            # through a process kill; no memory map and a 4 MiB page cache keep RSS flat
+            # as _STORE_SETTINGS; synchronous NORMAL keeps every commit through a process kill
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
                 con.execute(f"PRAGMA {pragma}")
             con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
@@ -232,42 +202,33 @@ class ReplyTable:
         return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
 
     def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
-        """The first row of ``sql`` (None if none); a storage failure as :meth:`_error`."""
-        con = self._connect()
-        try:
-            return con.execute(sql, args).fetchone()
-        except sqlite3.Error as exc:
-            raise self._error(exc, writing) from None
+        with self._lock:
+            try:
+                return self._connect().execute(sql, args).fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(exc, writing) from None
 
     def get(self, key: str) -> str | None:
-        """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if its
-        value is not one hdeval writes (never read past MAX_ENTRY_CHARS bytes)."""
-        with self._lock:
-            row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
-        return None if row is None else table_value(row[0], row[1])
+        """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if unusable."""
+        row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
+        return None if row is None else table_value(*row)
 
     def __contains__(self, key: str) -> bool:
-        with self._lock:
-            return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
+        return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
 
-    def set(self, key: str, value: str | bytes) -> None:
-        if type(value) is str:  # JSON text (``cache repair`` copying an older entry): stored compact
-            if len(value) > MAX_ENTRY_CHARS:
-                raise EntryTooLarge(f"a completion of {len(value)} characters is too large to cache")
-            value = encode_completion(parse_completion(value))
+    def set(self, key: str, value: bytes) -> None:
         if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
-            raise TypeError("hdeval cache values are str (JSON text) or compact replies")
+            raise TypeError("hdeval cache values are compact replies (encode_completion)")
         if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
             size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
             if size > MAX_ENTRY_CHARS:
                 raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
-        with self._lock:
-            self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
+        self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         with self._lock:
-            if self._con is not None and self._con.in_transaction:
+            if self.in_transaction():
                 yield  # nested: the outer one commits
                 return
             self._run("BEGIN IMMEDIATE", writing=True)
@@ -276,7 +237,7 @@ class ReplyTable:
                 self._run("COMMIT", writing=True)
             except BaseException:
                 # a failed COMMIT (a full disk) can leave the transaction open: end it
-                if self._con is not None and self._con.in_transaction:
+                if self.in_transaction():
                     self._con.rollback()
                 raise
 
@@ -284,12 +245,10 @@ class ReplyTable:
         return self._con is not None and self._con.in_transaction
 
     def count(self) -> int:
-        with self._lock:
-            return int(self._run("SELECT count(*) FROM reply")[0])
+        return int(self._run("SELECT count(*) FROM reply")[0])
 
     def volume(self) -> int:
-        with self._lock:
-            return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
+        return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
 
     def clear(self) -> int:
         with self._lock:
@@ -321,65 +280,50 @@ def table_value(value: Any, length: Any = None) -> str:
 
 
 class ReplyStore(diskcache.Cache):
-    """The store hdeval opens (:func:`open_store`): a request hash's reply is written to the
-    compact :class:`ReplyTable` (``table``) and looked up there first, then in diskcache's own
-    rows, where hdeval stored replies before the table (as 32 bytes, or as a :class:`LegacyKey`
-    when the database held such keys when it was opened), so a cache written by an older hdeval
-    keeps serving (a rerun on it pays nothing). diskcache's entries are never rewritten in
-    place: an older hdeval can still read its own entries."""
+    """The store hdeval opens (:func:`open_store`): a reply is written to :class:`ReplyTable`
+    (``table``) and looked up there first, then in diskcache's rows, where an older hdeval stored
+    it (never rewritten in place: that hdeval can still read them), so a rerun pays nothing."""
 
     legacy = False  # set by open_store: the database held text keys when opened
     old = False  # set by open_store: diskcache's rows held any entry when opened
     table: ReplyTable
     _pending: list[str]  # keys written in the table's open transaction whose old rows go once it commits
 
-    def _diskcache_get(self, key: str) -> Any:
-        got = super().get(key, _ABSENT)
-        if got is _ABSENT and self.legacy:
-            got = super().get(LegacyKey(key), _ABSENT)
-        return got
+    def _old_keys(self, key: str) -> tuple:
+        """``key`` as diskcache's rows may hold it: 32 bytes, or hex text in an older database."""
+        return (key, LegacyKey(key)) if self.legacy else (key,)
 
     def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().get(key, default, *args, **kwargs)
         got = self.table.get(key)
-        if got is None:
-            got = self._diskcache_get(key)
-        return default if got is _ABSENT or got is None else got
+        for old in self._old_keys(key):
+            if got is not None:
+                break
+            got = super().get(old)
+        return default if got is None else got
 
     def __getitem__(self, key: Any) -> Any:
-        got = self.get(key, _ABSENT)
-        if got is _ABSENT:
+        got = self.get(key)
+        if got is None:
             raise KeyError(key)
         return got
 
     def __contains__(self, key: Any) -> bool:
-        if type(key) is str and _KEY.match(key) and key in self.table:
-            return True
-        if super().__contains__(key):
-            return True
-        return bool(self.legacy and type(key) is str and _KEY.match(key)
-                    and super().__contains__(LegacyKey(key)))
+        if type(key) is not str or not _KEY.match(key):
+            return super().__contains__(key)
+        return key in self.table or any(diskcache.Cache.__contains__(self, k) for k in self._old_keys(key))
 
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().set(key, value, *args, **kwargs)
-        self.table.set(key, value)
-        if self.old:
-            # a request is stored again only when its entry could not be used (a damaged or
-            # planted one): the fresh reply replaces it, once the table has committed it
-            if self.table.in_transaction():
+        with self.transact():
+            self.table.set(key, value)
+            if self.old:
+                # a request is stored again only when its entry could not be used (a damaged or
+                # planted one): the fresh reply replaces it, once the table has committed it
                 self._pending.append(key)
-            else:
-                self._forget_old([key])
         return True
-
-    def _forget_old(self, keys: list[str]) -> None:
-        with super().transact():
-            for key in keys:
-                for k in (key, LegacyKey(key)) if self.legacy else (key,):
-                    if super().__contains__(k):
-                        super().delete(k)
 
     @contextmanager
     def transact(self, retry: bool = False) -> Iterator[None]:
@@ -394,7 +338,10 @@ class ReplyStore(diskcache.Cache):
             raise
         if outer and self._pending:
             keys, self._pending = self._pending, []
-            self._forget_old(keys)
+            with super().transact():
+                for key in keys:
+                    for k in self._old_keys(key):
+                        super().delete(k)
 
     def __len__(self) -> int:
         return self.table.count() + super().__len__()
@@ -472,12 +419,8 @@ def _pack(d: dict[str, Any]) -> bytes | None:
                 body += _utf8(t["token"]) + _DOUBLE.pack(v)
         if lp and lp[0] and lp[0][0]["token"] == d["text"]:
             flags |= _TEXT_IS_TOP
-    head = bytearray(VALUE_MAGIC_PACKED) + bytes([flags])
-    for n in counts:
-        head += _varint(n)
-    if not flags & _TEXT_IS_TOP:
-        head += _utf8(d["text"])
-    return bytes(head + body)
+    head = VALUE_MAGIC_PACKED + bytes([flags]) + b"".join(map(_varint, counts))
+    return head + (b"" if flags & _TEXT_IS_TOP else _utf8(d["text"])) + bytes(body)
 
 
 class _Reader:
@@ -522,13 +465,9 @@ def _unpack(blob: bytes) -> str:
     text = None if flags & _TEXT_IS_TOP else r.text()
     lp = None
     if flags & _LOGPROBS:
-        lp = []
-        for _ in range(r.varint()):  # each position and token takes bytes: a count cannot outrun the blob
-            pos = []
-            for _ in range(r.varint()):
-                token = r.text()
-                pos.append({"token": token, "logprob": _DOUBLE.unpack(r.take(8))[0]})
-            lp.append(pos)
+        # each position and token takes bytes: a count cannot outrun the blob
+        lp = [[{"token": r.text(), "logprob": _DOUBLE.unpack(r.take(8))[0]} for _ in range(r.varint())]
+              for _ in range(r.varint())]
         if text is None:
             if not (lp and lp[0]):
                 raise UnreadableEntry("its packed value has no top token to be its text")
@@ -584,9 +523,7 @@ def read_value(directory: str | Path, mode: int, filename: Any, value: Any) -> s
     """The text of one stored value, read with bounds; :class:`UnreadableEntry` otherwise."""
     if mode == MODE_RAW:
         if type(value) is bytes and value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
-            if len(value) > MAX_ENTRY_CHARS:
-                raise UnreadableEntry(f"a value of {len(value)} bytes (more than hdeval writes)")
-            return expand_value(value)
+            return table_value(value if len(value) <= MAX_ENTRY_CHARS else None, len(value))
         if type(value) is not str:
             raise UnreadableEntry("a binary or numeric value (hdeval stores only JSON text)", foreign=True)
         if len(value) > MAX_ENTRY_CHARS:
@@ -642,10 +579,6 @@ def parse_completion(text: str) -> Completion:
 
 
 # --------------------------------------------------------------------------- opening
-def _ro_connect(db: Path) -> sqlite3.Connection:
-    return ro_connect(db)  # works on a read-only file system too
-
-
 def _precheck(directory: Path) -> bool:
     """Before diskcache opens (and writes to) an existing database: it is a database, and its
     settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs).
@@ -654,7 +587,7 @@ def _precheck(directory: Path) -> bool:
     if not db.is_file():
         return False
     try:
-        con = _ro_connect(db)
+        con = ro_connect(db)  # works on a read-only file system too
     except sqlite3.Error:
         return True  # cannot even open it read-only: diskcache's own open says why
     try:
@@ -743,14 +676,11 @@ class CachedBackend:
     API strategy (``batch``), concurrency (one semaphore), the call budget (``max_calls``,
     shared by every stage that uses this client) and progress.
 
-    A reply is committed to the store by the one writer (a batch of replies per transaction,
-    on the store's own thread) before its call returns and before its concurrency slot is
-    given back, so at most ``concurrency`` paid replies are ever uncommitted, for the
-    milliseconds of one commit. Identical requests cost one call. Unreadable entries are
-    misses, counted in ``stats.unreadable`` and described in ``warnings`` (and one
-    :class:`CacheWarning`). When the store cannot be written (a full disk), the reply just paid
-    for is still returned (and kept in memory for this run), and the next call that would have
-    to be paid for raises the one-line :class:`CacheError` instead.
+    The one writer commits a reply (batched, on the store's own thread) before its call returns
+    and its concurrency slot is given back. Identical requests cost one call. Unreadable entries
+    are misses, counted in ``stats.unreadable`` and described in ``warnings``. When the store
+    cannot be written (a full disk), the reply just paid for is still returned (and kept in
+    memory), and the next call that would be paid for raises the one-line :class:`CacheError`.
     """
 
     MAX_WARNINGS = 20
@@ -764,9 +694,10 @@ class CachedBackend:
         self.inner = inner
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self._store = open_store(cache_dir) if cache_dir is not None else None
+        # every call returned so far is committed to it
+        self.store: ReplyStore | None = open_store(cache_dir) if cache_dir is not None else None
         self.max_calls = max_calls
-        cap = getattr(inner, "max_concurrency", None)  # a local model runs one call at a time
+        cap = self.max_concurrency  # a local model runs one call at a time
         self.concurrency = max(1, min(concurrency, cap) if cap else concurrency)
         self.batch = batch
         self.stats = UsageStats()
@@ -779,17 +710,12 @@ class CachedBackend:
         self._saved: set[str] = set()  # keys this client committed (a later lookup must see them)
         self._batches = 0  # acomplete_many calls running; _saved is needed only while one is
         self._write_error: CacheError | None = None
-        self._queue: list[tuple[str, str | bytes, Completion, asyncio.Future]] = []
+        self._queue: list[tuple[str, bytes, Completion, asyncio.Future]] = []
         self._writer: asyncio.Future | None = None
-        self._sem: asyncio.Semaphore | None = None
+        self._sem = asyncio.Semaphore(self.concurrency)
         # the one thread that touches the store (diskcache keeps a connection per thread)
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self._store is not None else None
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self.store is not None else None
         self._pool: ThreadPoolExecutor | None = None  # a synchronous backend's calls run here
-
-    @property
-    def store(self) -> diskcache.Cache | None:
-        """The disk store (every call returned so far is committed to it)."""
-        return self._store
 
     @property
     def max_concurrency(self) -> int | None:
@@ -803,31 +729,17 @@ class CachedBackend:
 
     def stored(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` have a reply this client would serve without a call: in the store
-        (``key in store``: the table, then diskcache's rows, on the store's thread) or kept in memory because the
-        store could not take them. Whether an entry is readable is not checked here."""
+        (read on the store's thread) or kept in memory because the store could not take them.
+        Whether an entry is readable is not checked here."""
         keys = list(dict.fromkeys(keys))
         found = {k for k in keys if k in self._unsaved}
         rest = [k for k in keys if k not in found]
         if rest and self._io is not None:
-            found.update(self._io.submit(self._stored_now, rest).result())
+            try:
+                found.update(self._io.submit(lambda: {k for k in rest if k in self.store}).result())
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
+                raise storage_error(self.cache_dir, exc) from None
         return found
-
-    async def astored(self, keys: Iterable[str]) -> set[str]:
-        """:meth:`stored` from the LLM loop (the store is read on its own thread)."""
-        keys = list(dict.fromkeys(keys))
-        found = {k for k in keys if k in self._unsaved}
-        rest = [k for k in keys if k not in found]
-        if rest and self._io is not None:
-            found.update(await asyncio.get_running_loop().run_in_executor(self._io, self._stored_now, rest))
-        return found
-
-    def _stored_now(self, keys: Sequence[str]) -> set[str]:
-        store = self._store
-        assert store is not None
-        try:
-            return {k for k in keys if k in store}
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise storage_error(self.cache_dir, exc) from None
 
     def is_cached(self, request: CompletionRequest) -> bool:
         key = self.key(request)
@@ -854,14 +766,13 @@ class CachedBackend:
             self.batch.close()
         if self._io is not None:
             io, self._io = self._io, None
-            if self._store is not None:
-                io.submit(self._store.close).result()  # the store thread's own connection
+            io.submit(self.store.close).result()  # the store thread's own connection
             io.shutdown()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        if self._store is not None:
-            self._store.close()
+        if self.store is not None:
+            self.store.close()
 
     # ---- the store (on its thread) -------------------------------------------------------------
     def _warn(self, key: str, reason: str) -> None:
@@ -875,36 +786,24 @@ class CachedBackend:
                 CacheWarning, stacklevel=2)
 
     def _read(self, key: str) -> Completion | None:
-        if self._store is None:
+        if self.store is None:
             return None
         try:
-            text = self._store.get(key)
+            text = self.store.get(key)
+            return None if text is None else parse_completion(text)
         except UnreadableEntry as exc:
             self._warn(key, str(exc))
             return None
         except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
             raise storage_error(self.cache_dir, exc) from None
-        if text is None:
-            return None
-        try:
-            return parse_completion(text)
-        except UnreadableEntry as exc:
-            self._warn(key, str(exc))
-            return None
 
     def _read_many(self, keys: Iterable[str]) -> dict[str, Completion]:
-        found = {}
-        for key in keys:
-            c = self._read(key)
-            if c is not None:
-                found[key] = c
-        return found
+        return {key: c for key in keys if (c := self._read(key)) is not None}
 
-    def _write_batch(self, items: list[tuple[str, str | bytes]]) -> dict[str, BaseException]:
+    def _write_batch(self, items: list[tuple[str, bytes]]) -> dict[str, BaseException]:
         """Commit ``items`` in one transaction; if the store fails, each on its own, so every
         one that can be written is. The keys that could not be written, and why."""
-        store = self._store
-        assert store is not None
+        store = self.store
         failed: dict[str, BaseException] = {}
         try:
             with store.transact():
@@ -930,22 +829,9 @@ class CachedBackend:
         (got,) = await self.acomplete_many([request], use_batch=False)
         return got
 
-    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None,
-                             **options: Any) -> list:
-        """:meth:`_acomplete_many`; once no batch runs, the keys committed are forgotten: every
-        later lookup reads them from the store, and remembering them grew with the run (~150 B a
-        reply)."""
-        self._batches += 1
-        try:
-            return await self._acomplete_many(requests, progress, **options)
-        finally:
-            self._batches -= 1
-            if not self._batches:
-                self._saved.clear()
-
-    async def _acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
-                              keep_rejected: bool = False, concurrency: int | None = None,
-                              use_batch: bool = True, halt: list | None = None) -> list:
+    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
+                             keep_rejected: bool = False, concurrency: int | None = None,
+                             use_batch: bool = True, halt: list | None = None) -> list:
         """Complete ``requests``; results in input order.
 
         Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the
@@ -956,97 +842,100 @@ class CachedBackend:
         returned in its place as the exception. Any other error (server down, budget, Ctrl-C)
         starts nothing new, lets the calls running finish (and be cached), and is raised.
         """
-        loop = asyncio.get_running_loop()
-        keys = [self.key(r) for r in requests]
-        out: list[Any] = [None] * len(requests)
-        found: dict[str, Completion] = {k: self._unsaved[k] for k in keys if k in self._unsaved}
-        want = [k for k in dict.fromkeys(keys) if k not in found]
-        if self._io is not None and want:
-            found.update(await loop.run_in_executor(self._io, self._read_many, want))
-        fresh: dict[str, Completion] = {}  # paid for through the Batch API just now
-        if self.batch is not None and use_batch and self._io is not None:
-            miss = {k: r for k, r in zip(keys, requests) if k not in found}
-            if miss:
-                fresh = await self.batch.prefetch(self, miss, progress, halt)
-            else:
-                await self.batch.tidy(self, progress)
-        todo: list[int] = []
-        first: dict[str, int] = {}
-        later: list[int] = []
-        for i, k in enumerate(keys):
-            if k in found:
-                out[i] = replace(found[k], cached=True)
-            elif k in fresh and k not in first:
-                first[k] = i
-                out[i] = fresh[k]
-            elif k in first:
-                later.append(i)
-            else:
-                first[k] = i
-                todo.append(i)
-        hits = sum(1 for k in keys if k in found)
-        self.stats.hits += hits
-        if progress is not None and len(todo) < len(requests) - len(later):
-            progress.advance(len(requests) - len(todo) - len(later), cached=True)
-        errors: list[tuple[int, BaseException]] = []
-        pending = iter(todo)
+        self._batches += 1
+        try:
+            loop = asyncio.get_running_loop()
+            keys = [self.key(r) for r in requests]
+            out: list[Any] = [None] * len(requests)
+            found: dict[str, Completion] = {k: self._unsaved[k] for k in keys if k in self._unsaved}
+            want = [k for k in dict.fromkeys(keys) if k not in found]
+            if self._io is not None and want:
+                found.update(await loop.run_in_executor(self._io, self._read_many, want))
+            fresh: dict[str, Completion] = {}  # paid for through the Batch API just now
+            if self.batch is not None and use_batch and self._io is not None:
+                miss = {k: r for k, r in zip(keys, requests) if k not in found}
+                if miss:
+                    fresh = await self.batch.prefetch(self, miss, progress, halt)
+                else:
+                    await self.batch.tidy(self, progress)
+            todo: list[int] = []
+            first: dict[str, int] = {}
+            later: list[int] = []
+            for i, k in enumerate(keys):
+                if k in found:
+                    out[i] = replace(found[k], cached=True)
+                elif k in first:
+                    later.append(i)
+                else:
+                    first[k] = i
+                    if k in fresh:
+                        out[i] = fresh[k]
+                    else:
+                        todo.append(i)
+            self.stats.hits += sum(k in found for k in keys)
+            if progress is not None and len(todo) < len(requests) - len(later):
+                progress.advance(len(requests) - len(todo) - len(later), cached=True)
+            errors: list[tuple[int, BaseException]] = []
+            pending = iter(todo)
 
-        async def work() -> None:
-            for i in pending:
-                if errors or halt:
-                    return
-                try:
-                    got: Any = await self._fetch(keys[i], requests[i])
-                except RequestRejected as exc:
-                    if not keep_rejected:
+            async def work() -> None:
+                for i in pending:
+                    if errors or halt:
+                        return
+                    try:
+                        got: Any = await self._fetch(keys[i], requests[i])
+                    except RequestRejected as exc:
+                        if not keep_rejected:
+                            errors.append((i, exc))
+                            return
+                        got = exc
+                    except BaseException as exc:  # noqa: BLE001 - raised below, once the others ended
                         errors.append((i, exc))
                         return
-                    got = exc
-                except BaseException as exc:  # noqa: BLE001 - raised below, once the others ended
-                    errors.append((i, exc))
-                    return
+                    out[i] = got
+                    if progress is not None:
+                        progress.advance(1, cached=getattr(got, "cached", False))
+
+            n = min(concurrency or self.concurrency, self.concurrency, len(todo))
+            if n:
+                await asyncio.gather(*(work() for _ in range(n)))
+            if errors:
+                raise min(errors, key=lambda e: e[0])[1]
+            if halt:
+                raise KeyboardInterrupt
+            for i in later:  # the same request again: one call served both
+                got = out[first[keys[i]]]
+                if isinstance(got, Completion):
+                    got = replace(got, cached=True)
+                    self.stats.hits += 1
                 out[i] = got
                 if progress is not None:
-                    progress.advance(1, cached=getattr(got, "cached", False))
-
-        n = min(concurrency or self.concurrency, self.concurrency, len(todo))
-        if n:
-            await asyncio.gather(*(work() for _ in range(n)))
-        if errors:
-            raise min(errors, key=lambda e: e[0])[1]
-        if halt:
-            raise KeyboardInterrupt
-        for i in later:  # the same request again: one call served both
-            got = out[first[keys[i]]]
-            if isinstance(got, Completion):
-                got = replace(got, cached=True)
-                self.stats.hits += 1
-            out[i] = got
-            if progress is not None:
-                progress.advance(1, cached=True)
-        return out
+                    progress.advance(1, cached=True)
+            return out
+        finally:
+            # once no batch runs, the keys committed are forgotten: later lookups read the store
+            self._batches -= 1
+            if not self._batches:
+                self._saved.clear()
 
     async def _fetch(self, key: str, request: CompletionRequest) -> Completion:
         """``request``'s reply: joined to the same request in flight, re-read if this client
         committed it since the lookup, else paid for."""
         running = self._inflight.get(key)
+        got = None
         if running is not None:
             try:
                 got = await asyncio.shield(running)
             except BaseException:  # noqa: BLE001 - that call failed (its future is cancelled): try ourselves
                 if not running.cancelled():
                     raise  # this joiner was cancelled itself: it must not pay for the call again
-            else:
-                self.stats.hits += 1
-                return replace(got, cached=True)
-        if key in self._unsaved:
-            self.stats.hits += 1
-            return replace(self._unsaved[key], cached=True)
-        if key in self._saved and self._io is not None:
+        if got is None:
+            got = self._unsaved.get(key)
+        if got is None and key in self._saved and self._io is not None:
             got = await asyncio.get_running_loop().run_in_executor(self._io, self._read, key)
-            if got is not None:
-                self.stats.hits += 1
-                return replace(got, cached=True)
+        if got is not None:
+            self.stats.hits += 1
+            return replace(got, cached=True)
         fut = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
@@ -1063,18 +952,14 @@ class CachedBackend:
         if self._write_error is not None:
             raise self._write_error
         if self.max_calls is not None and self._reserved >= self.max_calls:
-            raise BudgetExceeded(
-                f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
-                "rerun with a higher limit to continue"
-            )
+            raise BudgetExceeded(f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
+                                 "rerun with a higher limit to continue")
         self._reserved += 1
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.concurrency)
         try:
             async with self._sem:
                 result = await self._ask(request)
-                if self._store is not None:
-                    await self._commit(key, result)
+                if self.store is not None:
+                    await self.commit(key, result)
         except RetriesExhausted as exc:
             self._reserved -= 1
             self._streak += 1
@@ -1098,11 +983,8 @@ class CachedBackend:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.inner.complete, request)
 
     async def commit(self, key: str, result: Completion) -> None:
-        """Store ``result`` under ``key`` through the one writer (the Batch API strategy's way
-        in); returns once it is committed (or known unwritable, then kept in memory)."""
-        await self._commit(key, result)
-
-    async def _commit(self, key: str, result: Completion) -> None:
+        """Store ``result`` under ``key`` through the one writer (also the Batch API strategy's
+        way in); returns once it is committed (or known unwritable, then kept in memory)."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.append((key, encode_completion(result), result, fut))
         if self._writer is None:
@@ -1158,10 +1040,9 @@ def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
 def clear_cache(cache_dir: str | Path) -> int:
     """Delete every cached reply; the number deleted.
 
-    A corrupted database cannot be asked what it holds: then the database files (both of
-    them, with their write-ahead logs) are deleted and ``-1`` returned. Value files are left alone in that case
-    (they may belong to a copy kept aside by ``repair``) and nothing else in the directory
-    is ever touched.
+    A corrupted database cannot be asked what it holds: then both database files (with their
+    write-ahead logs) are deleted and ``-1`` returned. Value files are left alone (they may belong
+    to a copy kept aside by ``repair``) and nothing else in the directory is ever touched.
     """
     path = Path(cache_dir)
     if not path.exists():
@@ -1185,11 +1066,12 @@ def clear_cache(cache_dir: str | Path) -> int:
 @dataclass
 class CheckReport:
     path: str
-    readable: int = 0
+    readable: int = 0  # and copied, by repair
     unreadable: int = 0  # hdeval-shaped entries whose value cannot be used
     foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
     database_error: str | None = None  # the database could not be read (in part or at all)
     examples: list[str] = field(default_factory=list)
+    kept_as: str = ""  # repair: where the old databases are
 
     @property
     def ok(self) -> bool:
@@ -1230,10 +1112,8 @@ def _rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
 
 
 def _table_rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
-    """Every row of the reply table as (key, value or None if longer than MAX_ENTRY_CHARS,
-    length), in key order (keys of any type: a planted one is counted too). A damaged stretch
-    is noted in ``report.database_error`` and skipped: the rows after it are read from the end
-    back."""
+    """Every row of the reply table as (key, value or None if too long, length), in key order;
+    past a damaged stretch (noted in ``report.database_error``) the rest is read from the end."""
     cols = f"key, {TABLE_VALUE}"
     last = None
     try:
@@ -1254,14 +1134,14 @@ def _table_rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]
 
 
 def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
-                 on_good: Callable[[str, str], None] | None, raw: bool = True) -> None:
+                 raw: bool = True) -> Iterator[tuple[str, Completion]]:
+    """(key, completion) if the entry is readable and valid; counted into ``report`` either way."""
     try:
         if type(key) is bytes and len(key) == 32:
             key = key.hex()  # the compact form (since #23)
         if not raw or type(key) is not str or not _KEY.match(key):
             raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
-        text = read()
-        parse_completion(text)
+        completion = parse_completion(read())
     except UnreadableEntry as exc:
         if exc.foreign:
             report.foreign += 1
@@ -1272,55 +1152,35 @@ def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
             report.examples.append(f"{shown}: {exc}")
         return
     report.readable += 1
-    if on_good is not None:
-        on_good(key, text)
+    yield key, completion
 
 
-def _scan(directory: Path, db: Path, on_good: Callable[[str, str], None] | None = None,
-          report: CheckReport | None = None) -> CheckReport:
-    """Read every entry of the database ``db`` (diskcache's, value files relative to
-    ``directory``, or the reply table's: told by its name) without writing to it, counting
-    into ``report``; ``on_good(key, json_text)`` for each readable, valid one."""
-    report = report if report is not None else CheckReport(str(directory))
+def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[str, Completion]]:
+    """(key, completion) of every readable, valid entry of the database ``db`` (the reply table's,
+    told by its name, or diskcache's, value files relative to ``directory``), read without
+    writing; every entry and database error is counted into ``report``."""
     if not db.is_file():
-        return report
-    before = report.database_error
-    report.database_error = None
-    try:
-        _scan_one(directory, db, on_good, report)
-    finally:
-        if report.database_error is not None and db.name.startswith(TABLE_DBNAME):
-            report.database_error = f"{TABLE_DBNAME}: {report.database_error}"
-        report.database_error = before or report.database_error
-    return report
-
-
-def _scan_one(directory: Path, db: Path, on_good: Callable[[str, str], None] | None, report: CheckReport) -> None:
-    try:
-        con = _ro_connect(db)
-    except sqlite3.Error as exc:
-        report.database_error = _reason(exc)
         return
+    table = db.name.startswith(TABLE_DBNAME)
+    before, report.database_error = report.database_error, None
     try:
-        try:
+        with closing(ro_connect(db)) as con:
             tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.Error as exc:
-            report.database_error = _reason(exc)
-            return
-        if db.name.startswith(TABLE_DBNAME):
-            for key, value, length in _table_rows(con, report) if "reply" in tables else ():
-                _check_entry(report, key, lambda: table_value(value, length), on_good)
-        for _rowid, key, raw, mode, filename, value in _rows(con, report) if not db.name.startswith(TABLE_DBNAME) else ():
-            _check_entry(report, key, lambda: read_value(directory, mode, filename, value), on_good, raw == 1)
-        if report.database_error is None:
-            try:
+            for key, value, length in _table_rows(con, report) if table and "reply" in tables else ():
+                yield from _check_entry(report, key, partial(table_value, value, length))
+            for _rowid, key, raw, mode, filename, value in () if table else _rows(con, report):
+                read = partial(read_value, directory, mode, filename, value)
+                yield from _check_entry(report, key, read, raw == 1)
+            if report.database_error is None:
                 status = con.execute("PRAGMA quick_check").fetchone()[0]
                 if status != "ok":
                     report.database_error = f"integrity check: {status}"
-            except sqlite3.Error as exc:
-                report.database_error = _reason(exc)
+    except sqlite3.Error as exc:
+        report.database_error = _reason(exc)
     finally:
-        con.close()
+        if report.database_error is not None and table:
+            report.database_error = f"{TABLE_DBNAME}: {report.database_error}"
+        report.database_error = before or report.database_error
 
 
 def check_cache(cache_dir: str | Path) -> CheckReport:
@@ -1328,21 +1188,12 @@ def check_cache(cache_dir: str | Path) -> CheckReport:
     directory = Path(cache_dir)
     report = CheckReport(str(directory))
     for name in DATABASES:
-        _scan(directory, directory / name, report=report)
+        for _ in _entries(directory, directory / name, report):
+            pass
     return report
 
 
-@dataclass
-class RepairReport:
-    path: str
-    copied: int
-    unreadable: int
-    foreign: int
-    kept_as: str
-    database_error: str | None
-
-
-def repair_cache(cache_dir: str | Path) -> RepairReport:
+def repair_cache(cache_dir: str | Path) -> CheckReport:
     """Move the databases aside as ``cache.db.corrupt-<timestamp>`` and ``replies.db.corrupt-<timestamp>``
     (never deleted) and copy every readable, valid entry of both into a fresh cache (the reply
     table)."""
@@ -1365,27 +1216,16 @@ def repair_cache(cache_dir: str | Path) -> RepairReport:
     except OSError as exc:
         raise storage_error(directory, exc) from None
     store = open_store(directory)
-    batch: list[tuple[str, str]] = []
-
-    def flush() -> None:
-        with store.transact():
-            for key, text in batch:
-                store.set(key, text)
-        batch.clear()
-
-    def copy(key: str, text: str) -> None:
-        batch.append((key, text))
-        if len(batch) >= 500:
-            flush()
-
-    report = CheckReport(str(directory))
+    report = CheckReport(str(directory), kept_as=" and ".join(map(str, asides)))
     try:
         for aside in asides:
-            _scan(directory, aside, copy, report)
-            flush()
+            entries = _entries(directory, aside, report)
+            while batch := list(itertools.islice(entries, 500)):
+                with store.transact():
+                    for key, completion in batch:
+                        store.set(key, encode_completion(completion))
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc, writing=True) from None
     finally:
         store.close()
-    return RepairReport(str(directory), report.readable, report.unreadable, report.foreign,
-                        " and ".join(map(str, asides)), report.database_error)
+    return report

@@ -1,10 +1,9 @@
-"""What the cache's SQLite file may hold, reading it without writing, and the one-line error for
-a failure of the store.
+"""What the cache's SQLite files may hold, reading them without writing, and the one-line error
+for a failure of the store.
 
-A shared cache directory is input from outside: a trigger, view, table or index the cache did
-not create could rewrite or drop every reply the user pays for, so such a file is refused
-before the cache writes to it. The schema the cache creates is taken from diskcache itself (a
-throw-away database per process), so a diskcache upgrade does not make every cache foreign."""
+A shared cache directory is input from outside: an object the cache did not create could
+rewrite or drop every reply the user pays for, so such a file is refused before the cache writes
+to it. The expected schema comes from diskcache itself, so an upgrade does not make caches foreign."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import re
 import shutil
 import sqlite3
 import tempfile
+from contextlib import closing
 from pathlib import Path
 
 import diskcache
@@ -123,33 +123,20 @@ def _norm(sql: str | None) -> str | None:
     return None if sql is None else " ".join(sql.split())
 
 
-@functools.lru_cache(maxsize=1)
-def expected_schema() -> frozenset[tuple[str, str, str, str | None]]:
-    """(type, name, table, sql) of everything diskcache creates, under any eviction policy."""
-    import diskcache
-
+@functools.lru_cache(maxsize=None)
+def expected_schema(name: str) -> frozenset[tuple[str, str, str, str | None]]:
+    """(type, name, table, sql) of everything the cache creates in its file ``name``: the reply
+    table, or what diskcache creates under any eviction policy."""
     with tempfile.TemporaryDirectory(prefix="hdeval-schema-") as tmp:
-        diskcache.Cache(tmp, eviction_policy="none").close()
-        con = sqlite3.connect(os.path.join(tmp, DBNAME))
-        try:
-            for policy in diskcache.EVICTION_POLICY.values():
-                if policy.get("init"):
-                    con.execute(policy["init"])
+        if name == TABLE_DBNAME:
+            sqls = [TABLE_SQL]
+        else:
+            diskcache.Cache(tmp, eviction_policy="none").close()
+            sqls = [policy["init"] for policy in diskcache.EVICTION_POLICY.values() if policy.get("init")]
+        with closing(sqlite3.connect(os.path.join(tmp, name))) as con:
+            for sql in sqls:
+                con.execute(sql)
             rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-        finally:
-            con.close()
-    return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
-
-
-@functools.lru_cache(maxsize=1)
-def table_schema() -> frozenset[tuple[str, str, str, str | None]]:
-    """(type, name, table, sql) of everything the reply table's file holds."""
-    con = sqlite3.connect(":memory:")
-    try:
-        con.execute(TABLE_SQL)
-        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-    finally:
-        con.close()
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
@@ -175,15 +162,13 @@ def foreign_objects(db: Path, con: sqlite3.Connection | None = None) -> list[str
     """What the SQLite file ``db`` holds that the cache never creates, e.g. ``trigger t on
     Cache``; an empty list for a missing file or a clean one. Reads only (through ``con`` if
     given, a connection to ``db`` the caller opened as it needs)."""
-    if con is None and not db.is_file():
-        return []
-    own = ro_connect(db) if con is None else con
-    try:
-        rows = own.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-    finally:
-        if con is None:
-            own.close()
-    known = table_schema() if db.name == TABLE_DBNAME else expected_schema()
+    if con is None:
+        if not db.is_file():
+            return []
+        with closing(ro_connect(db)) as own:
+            return foreign_objects(db, own)
+    rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    known = expected_schema(TABLE_DBNAME if db.name == TABLE_DBNAME else DBNAME)
     found = []
     for t, n, tb, sql in rows:
         if (t, n, tb, _norm(sql)) in known or (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n))):
@@ -198,24 +183,24 @@ def refuse_foreign_schema(directory: str | Path) -> None:
     holds a trigger, view, table or index the cache never creates."""
     directory = Path(directory)
     for name in DATABASES:
-        _refuse_foreign(directory, name)
+        db = directory / name
+        try:
+            found = foreign_objects(db)
+        except sqlite3.Error as exc:
+            if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
+                raise storage_error(directory, exc, name=name) from None
+            continue  # unreadable: the cache's own open says why
+        if found:
+            raise _foreign(db, found, "not opening it, as they could rewrite or drop the replies you pay for")
 
 
-def _refuse_foreign(directory: Path, name: str) -> None:
-    db = directory / name
-    try:
-        found = foreign_objects(db)
-    except sqlite3.Error as exc:
-        if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
-            raise storage_error(directory, exc, name=name) from None
-        return  # unreadable: the cache's own open says why
-    if found:
-        more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
-        raise CacheError(
-            f"the LLM reply cache {db} holds SQLite objects the cache never creates ({', '.join(found[:_SHOWN])}"
-            f"{more}): not opening it, as they could rewrite or drop the replies you pay for; "
-            f"`hdeval cache repair --cache-dir {directory}` copies its readable entries into a fresh database "
-            "(check them: a planted entry cannot be told from a real one), or pass another --cache-dir")
+def _foreign(db: Path, found: list[str], why: str) -> CacheError:
+    more = f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+    return CacheError(
+        f"the LLM reply cache {db} holds SQLite objects the cache never creates "
+        f"({', '.join(found[:_SHOWN])}{more}): {why}; `hdeval cache repair --cache-dir {db.parent}` copies "
+        "its readable entries into a fresh database (check them: a planted entry cannot be told from a "
+        "real one), or pass another --cache-dir")
 
 
 def read_stats(directory: str | Path) -> dict[str, int | str]:
@@ -229,8 +214,9 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
         if not db.is_file():
             continue
         try:
-            con = ro_connect(db)
-            try:
+            with closing(ro_connect(db)) as con:
+                if found := foreign_objects(db, con):  # a planted recursive view would never be counted
+                    raise _foreign(db, found, "not counting them")
                 # a replies.db whose table is not made yet (a run killed just after creating the
                 # file) holds no reply, as `cache check` and a run see it
                 if name == DBNAME or con.execute("SELECT 1 FROM sqlite_master WHERE name = 'reply'").fetchone():
@@ -239,8 +225,6 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
                 if name == DBNAME:
                     row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
                     size += row[0] if row and isinstance(row[0], int) else 0  # diskcache's value files
-            finally:
-                con.close()
         except sqlite3.Error as exc:
             if _kind(exc) == "corrupt":
                 raise storage_error(path, exc, name=name) from None

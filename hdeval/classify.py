@@ -4,7 +4,7 @@ same pipeline (impute -> standardise -> model). Pure scikit-learn: no LLM, no di
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from sklearn.ensemble import RandomForestClassifier
@@ -18,12 +18,6 @@ from hdeval.aggregate import KINDS, NN_ALPHA, NN_HIDDEN, NN_MAX_ITER, cv_folds, 
 from hdeval.errors import ConfigError
 from hdeval.metrics import agreement_w_ties, label_codes
 
-CLASSIFIERS = {
-    "lr": "LogisticRegression",
-    "dt": "DecisionTreeClassifier",
-    "rf": "RandomForestClassifier",
-    "nn": "MLPClassifier",
-}
 N_REPEATS = 5
 
 
@@ -43,6 +37,10 @@ def make_classifier(kind: str, random_state: int = 0) -> Pipeline:
     return pipeline(model)
 
 
+# kind -> the class name of the model its pipeline ends in (what a loaded artifact must hold)
+CLASSIFIERS = {k: type(make_classifier(k).named_steps["model"]).__name__ for k in KINDS}
+
+
 def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]]:
     """(labels, labels forced to a or b): the second compares P(a) with P(b) when the model
     knows ties (the "without ties" figure never credits a tie)."""
@@ -58,22 +56,25 @@ def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]
     return labels, ["a" if row[ia] >= row[ib] else "b" for row in p]
 
 
-def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
-                   random_state: int) -> tuple[list[str | None], list[str | None]]:
-    """Out-of-fold predictions on the training split, folds grouped by doc_id (None where a
-    fold's training part holds a single label and nothing can be fitted)."""
+def _fold_fits(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
+               random_state: int) -> Iterator[tuple[Pipeline, np.ndarray]]:
+    """(classifier, held-out rows) per fold grouped by doc_id whose training part holds two labels."""
     y = list(y)
-    pred: list[str | None] = [None] * len(y)
-    pred_ab: list[str | None] = [None] * len(y)
     for tr, va in cv_folds(groups, random_state):
         ytr = [y[i] for i in tr]
-        if len(set(ytr)) < 2:
-            continue
-        model = make_classifier(kind, random_state).fit(X[tr], ytr)
+        if len(set(ytr)) >= 2 and len(va):
+            yield make_classifier(kind, random_state).fit(X[tr], ytr), va
+
+
+def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
+                   random_state: int) -> tuple[list[str | None], list[str | None]]:
+    """Out-of-fold predictions on the training split (None where a fold could not be fitted)."""
+    pred: list[str | None] = [None] * len(y)
+    pred_ab: list[str | None] = [None] * len(y)
+    for model, va in _fold_fits(kind, X, y, groups, random_state):
         for i, a, b in zip(va, *predict_labels(model, X[va])):
             pred[i], pred_ab[i] = a, b
     return pred, pred_ab
-
 
 
 def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int,
@@ -97,13 +98,8 @@ def prune_importance(kind: str, X: np.ndarray, y: Sequence[str], candidates: Seq
     y = np.asarray(list(y), dtype=object)
     total = np.zeros(len(candidates))
     n = 0
-    for tr, va in cv_folds(groups, random_state):
-        if len(set(y[tr])) < 2 or len(va) == 0:
-            continue
-        model = make_classifier(kind, random_state).fit(X[tr], list(y[tr]))
-        res = permutation_importance(model, X[va], list(y[va]), scoring="accuracy",
-                                     n_repeats=n_repeats, random_state=random_state)
-        total += np.asarray(res.importances_mean)[list(candidates)]
+    for model, va in _fold_fits(kind, X, y, groups, random_state):
+        total += heldout_importance(model, X[va], y[va], random_state, n_repeats)[list(candidates)]
         n += 1
     return total / max(n, 1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -98,12 +99,32 @@ def iter_samples(path: str | Path, task: Task, require_scores: bool = True,
     if task.shape != "pointwise":
         raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
                           "reads single responses: use a pointwise task (see `hdeval tasks`)")
-    path = Path(path)
     aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
-    bad = _BadLines()
-    n_samples = 0
-    seen = DictIds() if seen is None else seen
     unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
+
+    def parse(row: dict, lineno: int) -> tuple[str | None, Sample | None]:
+        if require_scores and isinstance(row.get("scores"), dict):
+            for key in aspect_keys:
+                if row["scores"].get(key) is None:
+                    unscored[key] = unscored.get(key, 0) + 1
+        return _sample_from_row(row, lineno, task, aspect_keys, require_scores)
+
+    def hint() -> str:
+        have = [a for a in aspect_keys if a not in unscored]
+        return (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
+                f"pass --aspects {','.join(have)}" if unscored and have else "")
+
+    return _iter_rows(Path(path), parse, "samples", seen, keep, hint=hint)
+
+
+def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]], what: str,
+               seen: SeenIds | None, keep: Callable[[str], bool] | None,
+               match: Callable[[dict], bool] | None = None, hint: Callable[[], str] = lambda: "",
+               none: str = "") -> Iterator[Any]:
+    """Both shapes' line checks; ``parse(row, line)``: (problem, None), or (None, None) to skip."""
+    bad = _BadLines()
+    n_rows = 0
+    seen = DictIds() if seen is None else seen
     try:
         # Invalid bytes become lone surrogates (U+DC80-U+DCFF) so each is reported with its
         # line; newline="" keeps line ends as they are, so byte offsets stay exact.
@@ -118,57 +139,51 @@ def iter_samples(path: str | Path, task: Task, require_scores: bool = True,
             if lineno == 1 and line.startswith(BOM):
                 line = line[1:]  # a byte-order mark, as spreadsheet exports write (data import accepts it too)
                 start += len(BOM.encode("utf-8"))
-            bad_byte = _INVALID_BYTE.search(line)
-            if bad_byte:
-                col = len(line[: bad_byte.start()].encode("utf-8", "surrogateescape"))
-                bad.add(lineno, f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} "
-                            f"of the line, offset {start + col} in the file)")
-                continue
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                bad.add(lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
-                continue
-            except RecursionError:
-                bad.add(lineno, "not usable JSON (nested too deeply)")
-                continue
-            except ValueError as exc:  # e.g. an integer with more digits than Python converts
-                bad.add(lineno, f"not usable JSON ({exc})")
-                continue
-            if keep is not None and _others(row, keep):
-                n_samples += 1  # another shard's, so the file is not empty
-                continue
-            where = _lone_surrogate(row)
-            if where is not None:
-                bad.add(lineno, f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff "
-                            "without its pair), which is not text")
-                continue
-            if not isinstance(row, dict):
-                bad.add(lineno, "not a JSON object")
-                continue
-            if require_scores and isinstance(row.get("scores"), dict):
-                for key in aspect_keys:
-                    if row["scores"].get(key) is None:
-                        unscored[key] = unscored.get(key, 0) + 1
-            problem, sample = _sample_from_row(row, lineno, task, aspect_keys, require_scores)
+            problem, item = _json_line(line, start)
+            if item is not None:
+                if match is not None and not match(item):
+                    continue
+                if keep is not None and not _no_id(item.get("id")) and not keep(str(item["id"])):
+                    n_rows += 1  # another shard's, so the file is not empty (a row with no id is everyone's)
+                    continue
+                where = _lone_surrogate(item)
+                problem, item = parse(item, lineno) if where is None else (
+                    f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
+                    "pair), which is not text", None)
+                if problem is None and item is None:
+                    continue
+                first = None if problem else seen.first_line(item.id, lineno)
+                if first is not None:
+                    problem = f"id {item.id!r} already used on line {first}"
             if problem:
                 bad.add(lineno, problem)
                 continue
-            assert sample is not None
-            first = seen.first_line(sample.id, lineno)
-            if first is not None:
-                bad.add(lineno, f"id {sample.id!r} already used on line {first}")
-                continue
-            n_samples += 1
+            n_rows += 1
             if not bad.count:
-                yield sample
-    have = [a for a in aspect_keys if a not in unscored]
-    bad.raise_any(path, f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every "
-                  f"line has, pass --aspects {','.join(have)}" if unscored and have else "")
-    if not n_samples:
-        raise DataError(f"{path}: no samples")
+                yield item
+    bad.raise_any(path, hint())
+    if not n_rows:
+        raise DataError(f"{path}: no {what}{none}")
+
+
+def _json_line(line: str, start: int) -> tuple[str | None, dict | None]:
+    """(problem, None) or (None, the JSON object on ``line``, which starts at byte ``start``)."""
+    bad_byte = _INVALID_BYTE.search(line)
+    if bad_byte:
+        col = len(line[: bad_byte.start()].encode("utf-8", "surrogateescape"))
+        return (f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} of the line, "
+                f"offset {start + col} in the file)"), None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})", None
+    except RecursionError:
+        return "not usable JSON (nested too deeply)", None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        return f"not usable JSON ({exc})", None
+    return (None, row) if isinstance(row, dict) else ("not a JSON object", None)
 
 
 class _BadLines:
@@ -194,9 +209,7 @@ def _no_id(sid: object) -> bool:
 
 
 def _lone_surrogate(row: object) -> str | None:
-    """Where a JSON ``\\ud800``-style escape left a lone surrogate (not encodable as UTF-8: a prompt
-    or the cache would fail on it later), e.g. ``field 'output'``; None if there is none. Iterative:
-    a row may be nested as deep as the JSON parser allows."""
+    """Where a lone surrogate is (``field 'output'``), or None; iterative: rows nest deep."""
     stack: list[tuple[str, object]] = [("", row)]
     while stack:
         where, value = stack.pop()
@@ -221,14 +234,11 @@ class SeenIds(Protocol):
         """The line ``sample_id`` was first seen on, or None (and it is now seen on ``lineno``)."""
 
 
-class DictIds:
+class DictIds(dict):
     """Ids seen, in memory (a reader's default; ``apply`` keeps them on disk instead)."""
 
-    def __init__(self) -> None:
-        self.lines: dict[str, int] = {}
-
     def first_line(self, sample_id: str, lineno: int) -> int | None:
-        first = self.lines.setdefault(sample_id, lineno)
+        first = self.setdefault(sample_id, lineno)
         return None if first == lineno else first
 
 
@@ -280,31 +290,36 @@ class DiskIds:
         self.close()
 
 
-def _others(row: object, keep: Callable[[str], bool]) -> bool:
-    """A row whose id (as a sample would hold it) another reader keeps; rows without a usable
-    id are every reader's, so each reports them."""
-    if not isinstance(row, dict):
-        return False
-    sid = row.get("id")
-    return not _no_id(sid) and not keep(str(sid))
+def _text_fields(row: dict, task: Task, keys: Sequence[tuple[str, str]],
+                 skip_empty: bool = False) -> tuple[str | None, dict[str, str], bool]:
+    """(problem, the texts ``keys`` names and the optional shown ones, whether one is empty)."""
+    if _no_id(row.get("id")):
+        return "missing field 'id'", {}, False
+    fields: dict[str, str] = {}
+    for key, label in keys:
+        value = row.get(key)
+        if not isinstance(value, str) or not (value.strip() or skip_empty):
+            what = "missing" if value is None else "empty" if isinstance(value, str) else "not text"
+            return f"field {key!r} ({label}) is {what} (task {task.name} needs it)", {}, False
+        fields[key] = value
+    empty = not all(v.strip() for v in fields.values())
+    for extra in ("source", "context", "reference"):
+        if extra not in fields and isinstance(row.get(extra), str):
+            fields[extra] = row[extra]
+    return None, fields, empty
+
+
+def _doc_id(row: dict) -> str:
+    doc = row.get("doc_id")
+    return str(doc) if doc not in (None, "") else str(row["id"])
 
 
 def _sample_from_row(
     row: dict, lineno: int, task: Task, aspect_keys: Sequence[str], require_scores: bool
 ) -> tuple[str | None, Sample | None]:
-    sid = row.get("id")
-    if _no_id(sid):
-        return "missing field 'id'", None
-    fields: dict[str, str] = {}
-    for f in task.fields:
-        value = row.get(f.key)
-        if not isinstance(value, str) or not value.strip():
-            what = "missing" if value is None else "empty or not text"
-            return f"field {f.key!r} ({f.label}) is {what} (task {task.name} needs it)", None
-        fields[f.key] = value
-    for extra in ("source", "context", "output", "reference"):
-        if extra not in fields and isinstance(row.get(extra), str):
-            fields[extra] = row[extra]
+    problem, fields, _ = _text_fields(row, task, [(f.key, f.label) for f in task.fields])
+    if problem:
+        return problem, None
     raw_scores = {} if row.get("scores") is None else row["scores"]
     if not isinstance(raw_scores, dict):
         return "field 'scores' must be an object mapping aspect to number", None
@@ -322,22 +337,11 @@ def _sample_from_row(
             return (f"scores.{key} = {value} is outside the task's range "
                     f"[{aspect.low:g}, {aspect.high:g}]"), None
         scores[key] = float(value)
-    doc = row.get("doc_id")
-    return None, Sample(id=str(sid), doc_id=str(doc) if doc not in (None, "") else str(sid), fields=fields,
-                        scores=scores, system=row.get("system"), line=lineno)
+    return None, Sample(id=str(row["id"]), doc_id=_doc_id(row), fields=fields, scores=scores,
+                        system=row.get("system"), line=lineno)
 
 
-class Grouped(Protocol):
-    """What the split needs of a sample: its id and the source document it belongs to."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def doc_id(self) -> str: ...
-
-
-S = TypeVar("S", bound=Grouped)
+S = TypeVar("S", Sample, PairSample)  # what a split needs: an id and the source document (doc_id)
 
 
 @dataclass(frozen=True)
@@ -373,7 +377,7 @@ def limit_samples(samples: Sequence[S], limit: int | None, seed: int) -> list[S]
     return out
 
 
-def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: float, seed: int) -> Split:
+def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, seed: int) -> Split:
     """Deterministic split grouped by ``doc_id``: no source document is on both sides. ``test_frac``
     of the samples are held out; ``train_frac`` of all samples are used for training (the rest, if
     any, are left unused, as in the paper's 25% setting)."""
@@ -387,8 +391,8 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
         raise DataError(f"need samples from at least 2 source documents (doc_id) to split train/test, found "
                         f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit")
     n = len(samples)
-    test: list[Grouped] = []
-    train: list[Grouped] = []
+    test: list[S] = []
+    train: list[S] = []
     i = 0
     while i < len(docs) - 1 and len(test) < test_frac * n:
         test.extend(docs[i])
@@ -407,16 +411,17 @@ def split_samples(samples: Sequence[Grouped], test_frac: float, train_frac: floa
                  tuple(sorted((s.id for s in test), key=order.__getitem__)))
 
 
-#: sample fields a pairwise row may show besides its two outputs
-_PAIR_SHOWN = ("source", "context", "reference")
+def _iter_task(path: str | Path, task: Task, require_labels: bool, seen: SeenIds | None = None,
+               keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
+    if task.shape == "pairwise":
+        return iter_pairs(path, task, require_labels=require_labels, seen=seen, keep=keep)
+    return iter_samples(path, task, require_scores=require_labels, seen=seen, keep=keep)
 
 
 def read_task_samples(path: str | Path, task: Task,
                       require_labels: bool = True) -> list[Sample] | list[PairSample]:
     """Read ``path`` with the reader of the task's shape (scores / labels required)."""
-    if task.shape == "pairwise":
-        return read_pairs(path, task, require_labels=require_labels)
-    return read_samples(path, task, require_scores=require_labels)
+    return list(_iter_task(path, task, require_labels))
 
 
 def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
@@ -429,107 +434,36 @@ def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, 
     row is another reader's (a shard): skipped unchecked beyond its JSON and id."""
     if size < 1:
         raise ConfigError(f"chunk size must be at least 1, got {size}")
-    if task.shape == "pairwise":
-        it: Iterator[Any] = iter_pairs(path, task, require_labels=require_labels, seen=seen, keep=keep)
-    else:
-        it = iter_samples(path, task, require_scores=require_labels, seen=seen, keep=keep)
-    chunk: list[Any] = []
-    for s in it:
-        chunk.append(s)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+    it = _iter_task(path, task, require_labels, seen, keep)
+    yield from iter(lambda: list(itertools.islice(it, size)), [])
 
 
-def read_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
-               require_labels: bool = True, skipped: list[int] | None = None) -> list[PairSample]:
+def read_pairs(path: str | Path, task: Task, require_labels: bool = True) -> list[PairSample]:
     """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie); errors are
-    reported as by :func:`read_samples`. ``where`` (added to the task's own) keeps only matching
-    rows; rows it drops are not checked beyond being JSON objects. With the task's ``skip_empty``,
-    rows whose shown text or a response is an empty string are left out and their line numbers
-    appended to ``skipped``. ``require_labels``: every pair must carry a human label (training)."""
-    return list(iter_pairs(path, task, where, require_labels, skipped))
+    reported as by :func:`read_samples`. Only rows matching the task's ``where`` are kept (the others
+    are not checked beyond being JSON objects); with its ``skip_empty``, rows whose shown text or a
+    response is an empty string are left out. ``require_labels``: every pair must carry a label."""
+    return list(iter_pairs(path, task, require_labels))
 
 
-def iter_pairs(path: str | Path, task: Task, where: Mapping[str, Any] | None = None,
-               require_labels: bool = True, skipped: list[int] | None = None, seen: SeenIds | None = None,
+def iter_pairs(path: str | Path, task: Task, require_labels: bool = True, seen: SeenIds | None = None,
                keep: Callable[[str], bool] | None = None) -> Iterator[PairSample]:
-    """:func:`read_pairs` one pair at a time (yielded only while no line has been bad; the
-    error listing every bad line is raised at the end), as :func:`iter_samples`."""
-    path = Path(path)
+    """:func:`read_pairs` one pair at a time, as :func:`iter_samples`."""
     row_filter = dict(task.where)
-    for key, value in (where or {}).items():
-        row_filter[key] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    bad = _BadLines()
-    n_pairs = 0
-    seen = DictIds() if seen is None else seen
-    try:
-        fh = path.open("rb")
-    except OSError as exc:
-        raise DataError(f"cannot open data file {path}: {exc}") from exc
-    with fh:
-        for lineno, raw in enumerate(bounded_lines(fh, path), 1):
-            if not raw.strip():
-                continue
-            pair = None
-            try:
-                row = json.loads(raw.decode("utf-8"))
-                problem = None if isinstance(row, dict) else "not a JSON object"
-            except UnicodeDecodeError:
-                problem = "not UTF-8 text"
-            except json.JSONDecodeError as exc:
-                problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
-            if problem is None:
-                if not _matches(row, row_filter):
-                    continue
-                if keep is not None and _others(row, keep):
-                    n_pairs += 1  # another shard's, so the file holds pairs
-                    continue
-                problem, pair = _pair_from_row(row, lineno, task, require_labels)
-                if problem is None and pair is None:
-                    if skipped is not None:
-                        skipped.append(lineno)
-                    continue
-            first = seen.first_line(pair.id, lineno) if pair is not None and problem is None else None
-            if first is not None:
-                problem = f"id {pair.id!r} already used on line {first}"  # type: ignore[union-attr]
-            if problem is not None or pair is None:
-                bad.add(lineno, str(problem))
-                continue
-            n_pairs += 1
-            if not bad.count:
-                yield pair
-    bad.raise_any(path)
-    if not n_pairs:
-        which = f" matching where {_show_where(row_filter)}" if row_filter else ""
-        raise DataError(f"{path}: no pairs{which}")
+    return _iter_rows(Path(path), lambda row, lineno: _pair_from_row(row, lineno, task, require_labels),
+                      "pairs", seen, keep, match=lambda row: _matches(row, row_filter),
+                      none=f" matching where {_show_where(row_filter)}" if row_filter else "")
 
 
 def _pair_from_row(row: dict, lineno: int, task: Task,
                    require_labels: bool) -> tuple[str | None, PairSample | None]:
     """(problem, None) for a bad row, (None, None) for a row skipped by ``skip_empty``."""
-    sid = row.get("id")
-    if _no_id(sid):
-        return "missing field 'id'", None
-    empty = False
-    fields: dict[str, str] = {}
-    shown = [(f.key, f.label) for f in task.fields if f.key != "output"]
-    label_of_output = next(f.label for f in task.fields if f.key == "output")
-    for key, label in shown + [("output_a", f"{label_of_output} A"), ("output_b", f"{label_of_output} B")]:
-        value = row.get(key)
-        if not isinstance(value, str):
-            what = "missing" if value is None else "not text"
-            return f"field {key!r} ({label}) is {what} (task {task.name} needs it)", None
-        if not value.strip():
-            if not task.skip_empty:
-                return f"field {key!r} ({label}) is empty (task {task.name} needs it)", None
-            empty = True
-        fields[key] = value
-    for extra in _PAIR_SHOWN:
-        if extra not in fields and isinstance(row.get(extra), str):
-            fields[extra] = row[extra]
+    output = next(f.label for f in task.fields if f.key == "output")
+    keys = [(f.key, f.label) for f in task.fields if f.key != "output"]
+    problem, fields, empty = _text_fields(row, task, keys + [("output_a", f"{output} A"),
+                                                             ("output_b", f"{output} B")], task.skip_empty)
+    if problem:
+        return problem, None
     label = row.get("label")
     if label is None:
         if require_labels:
@@ -539,19 +473,15 @@ def _pair_from_row(row: dict, lineno: int, task: Task,
     meta = row.get("meta")
     if meta is not None and not isinstance(meta, dict):
         return "field 'meta' must be an object or null", None
-    systems = []
     for key in ("system_a", "system_b"):
-        value = row.get(key)
-        if value is not None and not isinstance(value, str):
-            return f"field {key!r} must be text or null, got {value!r}", None
-        systems.append(value)
+        if row.get(key) is not None and not isinstance(row[key], str):
+            return f"field {key!r} must be text or null, got {row[key]!r}", None
     if empty:
         return None, None
-    doc = row.get("doc_id")
-    output_a, output_b = fields.pop("output_a"), fields.pop("output_b")
-    return None, PairSample(id=str(sid), doc_id=str(doc) if doc not in (None, "") else str(sid),
-                            fields=fields, output_a=output_a, output_b=output_b, label=label,
-                            system_a=systems[0], system_b=systems[1], meta=dict(meta or {}), line=lineno)
+    a, b = fields.pop("output_a"), fields.pop("output_b")
+    return None, PairSample(id=str(row["id"]), doc_id=_doc_id(row), fields=fields, output_a=a, output_b=b,
+                            label=label, system_a=row.get("system_a"), system_b=row.get("system_b"),
+                            meta=dict(meta or {}), line=lineno)
 
 
 def _lookup(row: Mapping[str, Any], key: str) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -39,7 +38,7 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
         raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:  # socket.timeout too (an alias since 3.10)
         raise DownloadError(f"{url}: no answer within {timeout:g} s") from None
     except (ValueError, http.client.HTTPException, OSError) as exc:
         raise DownloadError(f"cannot download {url}: {exc}") from None
@@ -59,7 +58,7 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
                         + (f" of {total}" if total is not None else "")
                         + "; nothing was written, run the command again"
                     ) from None
-                except (TimeoutError, socket.timeout):
+                except TimeoutError:
                     raise DownloadError(f"{url}: stalled for {timeout:g} s after {done} bytes") from None
                 except (http.client.HTTPException, OSError) as exc:
                     raise DownloadError(f"{url}: download failed after {done} bytes ({exc})") from None

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -38,43 +38,35 @@ class Cell:
     requests: tuple[CompletionRequest, ...]
 
 
-def fill_matrix(
-    llm: Backend,
-    cells: Sequence[Cell],
-    parse: Parser,
-    concurrency: int | None = None,
-    progress: Progress | None = None,
-) -> ScoreMatrix:
-    """Run every cell's requests (in cell order: put one sample's cells together so a local model
-    reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
-    first occur. ``llm``'s client runs them (cache, Batch API, at most ``concurrency`` in flight,
-    progress). An unusable reply, or a request the server rejected on its own account (named on
-    ``progress``), becomes NaN plus a :class:`Failure`; errors about the whole run are raised.
-    """
-    rows = list(dict.fromkeys(c.sample_id for c in cells))
-    cols = list(dict.fromkeys(c.column for c in cells))
-    return fill_matrix_stream(llm, rows, cols, cells, parse, concurrency, progress, window=None)
-
-
 # Cells whose requests are built ahead of the calls when a stage is streamed: enough rounds of
 # the concurrency window that the drain at each window's end costs little
 STREAM_WINDOW = 1024
 _STREAM_ROUNDS = 32
 
 
-def fill_matrix_stream(
+def fill_matrix(
     llm: Backend,
-    rows: Sequence[str],
-    cols: Sequence[str],
     cells: Iterable[Cell],
     parse: Parser,
     concurrency: int | None = None,
     progress: Progress | None = None,
-    window: int | None = STREAM_WINDOW,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    window: int | None = None,
 ) -> ScoreMatrix:
-    """:func:`fill_matrix` over cells built as they are consumed: at most ``window`` cells'
-    requests exist at a time, so memory does not grow with the stage. ``rows``/``cols``: the
-    matrix's. One window when the client has a batch strategy (one job per stage) or no store."""
+    """Run every cell's requests (in cell order: put one sample's cells together so a local model
+    reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
+    first occur unless ``rows``/``cols`` name them. ``llm``'s client runs them (cache, Batch API,
+    at most ``concurrency`` in flight, progress). An unusable reply, or a request the server
+    rejected on its own account (named on ``progress``), becomes NaN plus a :class:`Failure`;
+    errors about the whole run are raised. With ``window`` (and ``rows``/``cols``), cells are
+    built as they are consumed, at most ``window`` at a time, so memory does not grow with the
+    stage; one window when the client has a batch strategy (one job per stage) or no store.
+    """
+    if rows is None or cols is None:
+        cells = list(cells)
+        rows = list(dict.fromkeys(c.sample_id for c in cells))
+        cols = list(dict.fromkeys(c.column for c in cells))
     row_of = {s: i for i, s in enumerate(rows)}
     col_of = {k: j for j, k in enumerate(cols)}
     values = np.full((len(rows), len(cols)), np.nan)
@@ -118,17 +110,11 @@ def fill_matrix_stream(
 _NAMED_REJECTIONS = 5
 
 
-@contextlib.contextmanager
-def _client(llm: Backend) -> Iterator[CachedBackend]:
+def _client(llm: Backend) -> ContextManager[CachedBackend]:
     """``llm``'s client; a bare backend (tests, the Python API) gets one without a cache."""
     if isinstance(llm, CachedBackend):
-        yield llm
-        return
-    client = CachedBackend(llm, None)
-    try:
-        yield client
-    finally:
-        client.close()
+        return contextlib.nullcontext(llm)
+    return contextlib.closing(CachedBackend(llm, None))
 
 
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
@@ -136,20 +122,13 @@ def label_probability(completion: Completion, target: str, other: str) -> tuple[
     "A"). Without logprobs for either, the text decides: 1.0 when it starts with (or only names)
     ``target``, 0.0 for ``other``; naming neither, or both with no way to tell, is a failure."""
     if completion.top_logprobs:
-        first = completion.top_logprobs[0]
-        p_t = p_o = 0.0
-        for alt in first:
-            tok = alt.token.strip()
+        mass = {target: 0.0, other: 0.0}
+        for alt in completion.top_logprobs[0]:
             lp = alt.logprob
-            if not isinstance(lp, (int, float)) or math.isnan(lp):
-                continue
-            p = math.exp(min(0.0, lp))  # a logprob above 0 is a server error: cap at p = 1
-            if tok == target:
-                p_t += p
-            elif tok == other:
-                p_o += p
-        if p_t + p_o > 0:
-            return p_t / (p_t + p_o), None
+            if alt.token.strip() in mass and isinstance(lp, (int, float)) and not math.isnan(lp):
+                mass[alt.token.strip()] += math.exp(min(0.0, lp))  # a logprob above 0 is a server error
+        if mass[target] + mass[other] > 0:
+            return mass[target] / (mass[target] + mass[other]), None
     text = (completion.text if isinstance(completion.text, str) else "").strip()[:2000]
     # "yes" is "Yes", but a lone "a" is an article, not the label "A"
     fold = (lambda w: w.lower()) if min(len(target), len(other)) > 1 else (lambda w: w)
@@ -201,8 +180,7 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
     named twice with different scores, more numbers, or a score outside ``scale``: a failure.
     """
     low, high = scale
-    text = completion.text if isinstance(completion.text, str) else ""
-    text = text[:_MAX_REPLY]
+    text = (completion.text if isinstance(completion.text, str) else "")[:_MAX_REPLY]
     shown = " ".join(text.split())[:60]
 
     def checked(a: float, b: float) -> tuple[tuple[float, float] | None, str | None]:
@@ -249,12 +227,10 @@ def _json_pair(obj: dict, checked, shown: str):
             sides["2"].append(value)
     if len(sides["1"]) != 1 or len(sides["2"]) != 1:
         return None, f"the JSON reply does not name one score per response: {shown!r}"
-    vals = []
-    for v in (sides["1"][0], sides["2"][0]):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return None, f"the JSON reply's scores are not numbers: {shown!r}"
-        vals.append(float(v))
-    return checked(*vals)
+    vals = (sides["1"][0], sides["2"][0])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
+        return None, f"the JSON reply's scores are not numbers: {shown!r}"
+    return checked(*map(float, vals))
 
 
 class UnusableReply(HdevalError):
@@ -303,18 +279,18 @@ def ask_json(
     rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
     problem it accepts is an outcome: the cached replies are the last word, with no new call.
     """
-    from hdeval import aio
-
-    halt: list[bool] = []
-    with _client(llm) as client:
-        return aio.run(aask_json(client, request, validate, feedback, attempts, halt=halt, final=final),
-                       on_interrupt=lambda: halt.append(True))
+    got = ask_json_many(llm, [(request, validate, feedback)], attempts=attempts, final=final)[0]
+    if isinstance(got, UnusableReply):
+        raise got
+    return got
 
 
 def ask_json_many(
     llm: Backend,
     asks: Sequence[tuple[CompletionRequest, Callable[[Any], Any], Callable[[str], str]]],
     concurrency: int | None = None,
+    attempts: int = 3,
+    final: Callable[[ValueError], bool] | None = None,
 ) -> list[Any]:
     """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` at a
     time; each result is the value or the :class:`UnusableReply`. Any other error starts no new
@@ -332,7 +308,7 @@ def ask_json_many(
                 if errors or halt:
                     return None
                 try:
-                    return await aask_json(client, *ask, halt=halt)
+                    return await aask_json(client, *ask, attempts, halt=halt, final=final)
                 except UnusableReply as exc:
                     return exc
                 except BaseException as exc:  # noqa: BLE001 - raised once the others ended
@@ -348,6 +324,9 @@ def ask_json_many(
 
     with _client(llm) as client:
         return aio.run(run_all(client), on_interrupt=lambda: halt.append(True))
+
+
+_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
 
 
 async def aask_json(
@@ -371,13 +350,28 @@ async def aask_json(
             raise KeyboardInterrupt
         return client.acomplete(req)
 
+    async def reply(req: CompletionRequest, reask: bool) -> Completion:
+        """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
+        completion = await ask(req)
+        for n in range(1, _MAX_REASKS + 1):
+            if not reask or not completion.cached:
+                return completion
+            try:
+                check(completion.text)
+                return completion
+            except ValueError as exc:
+                if final is not None and final(exc):
+                    return completion
+                completion = await ask(dataclasses.replace(req, attempt=n))
+        return completion
+
     problem = ""
     for reask in (False, True):
         req = request
         from_cache = False
         last: ValueError | None = None
         for _ in range(attempts):
-            completion = await _reply(ask, req, check, reask, final)
+            completion = await reply(req, reask)
             from_cache = from_cache or completion.cached
             try:
                 return check(completion.text)
@@ -391,25 +385,3 @@ async def aask_json(
         if not from_cache or (final is not None and last is not None and final(last)):
             break
     raise UnusableReply(attempts, problem)
-
-
-_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
-
-
-async def _reply(ask: Callable[[CompletionRequest], Any], request: CompletionRequest, check: Callable[[str], Any],
-                 reask: bool, final: Callable[[ValueError], bool] | None = None) -> Completion:
-    """The reply to ``request``; with ``reask``, the first one under an ``attempt`` number that is
-    fresh, or cached and valid or ``final`` (walking past a cached final reply would pay anew on
-    every rerun)."""
-    completion = await ask(request)
-    for n in range(1, _MAX_REASKS + 1):
-        if not reask or not completion.cached:
-            return completion
-        try:
-            check(completion.text)
-            return completion
-        except ValueError as exc:
-            if final is not None and final(exc):
-                return completion
-            completion = await ask(dataclasses.replace(request, attempt=n))
-    return completion

@@ -36,9 +36,7 @@ def user_model_dir() -> Path:
 
 def default_cache_dir() -> Path:
     env = os.environ.get("HDEVAL_CACHE_DIR")
-    if env:
-        return Path(env)
-    return _xdg("XDG_CACHE_HOME", ".cache") / "hdeval"
+    return Path(env) if env else _xdg("XDG_CACHE_HOME", ".cache") / "hdeval"
 
 
 def check_model_file(path: Path) -> None:

@@ -1,11 +1,9 @@
 """Engine-neutral request files: a run's uncached LLM requests written as OpenAI batch-format JSONL
-(``custom_id`` = the cache key; the line format is :mod:`hdeval.backends.request_lines`, which the
-Batch API path shares), and the result files an engine answers them with read back into the cache.
+(``custom_id`` = the cache key; lines as :mod:`hdeval.backends.request_lines`), and the result
+files an engine answers them with read back into the cache.
 
-Result files come from outside and are untrusted: every line is read with a size bound and
-checked (JSON object, a custom_id this export asked for and only once, the response's types, a
-body the backend can read as a chat completion) before anything is written, and the whole file
-goes into the cache in one transaction, so a bad file imports nothing."""
+Result files are untrusted: every line is read with a size bound and checked before anything is
+written, and the whole file goes into the cache in one transaction, so a bad file imports nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from hdeval.backends.base import Completion, CompletionRequest
 from hdeval.backends.request_lines import request_line, result_outcome
-from hdeval.errors import CacheError, ConfigError, DataError, one_line
+from hdeval.errors import BudgetExceeded, CacheError, ConfigError, DataError, one_line
 
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_LINES = 10_000_000  # lines of one request or result file
@@ -35,8 +33,7 @@ class StageExported(Exception):
 class RequestExport:
     """The cached client's strategy for its misses while exporting (in place of the Batch API's):
     each stage's uncached requests are written to ``out`` and the stage is stopped
-    (:class:`StageExported`) instead of calling; a wholly cached stage runs from the cache. Open
-    the client with ``max_calls=0``: then no reply is ever paid for, whatever the scorer asks."""
+    (:class:`StageExported`). Open the client with ``max_calls=0``: then nothing is paid for."""
 
     def __init__(self, cached: Any, out: IO[bytes], written: set[str] | None = None):
         from hdeval.backends.openai_compat import OpenAICompatBackend
@@ -49,7 +46,6 @@ class RequestExport:
         # a request shared by two chunks is written once; a second client (a decomposing LLM)
         # writing to the same file shares the set
         self.written: set[str] = set() if written is None else written
-        self.stages = 0  # stages stopped for want of replies
 
     def missing(self, want: dict[str, CompletionRequest], stored: set[str]) -> None:
         """Write the requests of ``want`` (cache key -> request) not in ``stored``, and stop the
@@ -57,12 +53,10 @@ class RequestExport:
         missing = [k for k in want if k not in stored]
         if not missing:
             return
-        logprobs_ok = getattr(self.cached.inner, "logprobs_supported", True)
         for k in missing:
             if k not in self.written:
-                self.out.write(request_line(self.cached.inner, k, want[k], logprobs_ok))
+                self.out.write(request_line(self.cached.inner, k, want[k]))
                 self.written.add(k)
-        self.stages += 1
         raise StageExported(len(missing))
 
     async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Any = None,
@@ -79,10 +73,9 @@ class RequestExport:
 
 
 def export_first_requests(client: Any, requests: Sequence[CompletionRequest]) -> None:
-    """For a stage whose requests are asked one at a time (a decomposition, JSON with re-asks,
-    which never reaches the client's strategy): while ``client`` exports, write the uncached
-    ones of ``requests`` (each chain's first request, known before any reply) and stop the
-    stage. Does nothing when ``client`` is not exporting."""
+    """For a stage whose requests are asked one at a time (JSON with re-asks, which never reaches
+    the client's strategy): while ``client`` exports, write the uncached ones of ``requests``
+    (each chain's first) and stop the stage. Does nothing when ``client`` is not exporting."""
     export = getattr(client, "batch", None)
     if not isinstance(export, RequestExport) or not requests:
         return
@@ -91,33 +84,21 @@ def export_first_requests(client: Any, requests: Sequence[CompletionRequest]) ->
 
 
 def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Path) -> RequestExport:
-    """Write the uncached requests of scoring ``chunks`` with ``ev`` to ``path`` (a temporary
-    file beside it, renamed into place at the end: an export that fails leaves nothing).
-    ``cached``: the run's cached client, opened with ``max_calls=0`` so nothing is paid for;
-    the export is its strategy for misses while this runs."""
+    """Write the uncached requests of scoring ``chunks`` with ``ev`` to ``path`` (an export that
+    fails leaves nothing). ``cached``: the run's cached client, opened with ``max_calls=0``."""
     from hdeval.progress import Progress
 
-    path = Path(path)
-    fd, tmp = _temp_beside(path)
     previous = cached.batch
     try:
-        with os.fdopen(fd, "wb") as fh:
-            export = RequestExport(cached, fh)
-            cached.batch = export
+        with _in_place(Path(path), keep_empty=True) as fh:
+            export = cached.batch = RequestExport(cached, fh)
             for samples in chunks:
                 try:
                     ev.score(samples, backend=cached, progress=Progress())
                 except StageExported:
                     continue  # this chunk's later stages need the replies first
-            fh.flush()
-            os.fsync(fh.fileno())
-        _put_in_place(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         cached.batch = previous
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return export
 
 
@@ -129,13 +110,28 @@ def _temp_beside(path: Path) -> tuple[int, str]:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _put_in_place(tmp: str, path: Path) -> None:
-    """Rename the finished temporary file onto ``path`` with the mode a plain open would give
-    (mkstemp makes it 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+@contextlib.contextmanager
+def _in_place(path: Path, keep_empty: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``path``, renamed onto it (with the mode a plain open would give:
+    mkstemp makes it 0600) when the block ends normally having written something or
+    ``keep_empty``; removed otherwise. An OSError is a one-line ConfigError."""
+    fd, tmp = _temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+            keep = keep_empty or fh.tell() > 0
+        if keep:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class RequestsExported(Exception):
@@ -173,23 +169,19 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
     with uncached requests writes them to ``path`` (a temporary file beside it, renamed into
     place) and :class:`RequestsExported` is raised; a training whose every stage is cached runs
     to its end and writes no file. Nothing is paid for (``max_calls`` 0 meanwhile)."""
-    from hdeval.errors import BudgetExceeded
-
     path = Path(path)
     clients = list({id(c): c for c in clients}.values())
     _check_replaceable(path, clients)
-    fd, tmp = _temp_beside(path)
     before = [(c.batch, c.max_calls) for c in clients]
     written: set[str] = set()
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with _in_place(path, keep_empty=False) as fh:
             for c in clients:
                 c.batch, c.max_calls = RequestExport(c, fh, written), 0
             try:
                 yield
             except StageExported:
-                fh.flush()
-                os.fsync(fh.fileno())
+                pass
             except BudgetExceeded:
                 # only a chain of requests each built from the last reply asks past the strategy
                 raise ConfigError(
@@ -197,17 +189,11 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
                     "each unusable reply (DnA's aspects and weights per pair; a decomposition whose "
                     "reply could not be used), which a batch engine cannot answer; run this stage "
                     "without --export-requests, then export again") from None
-            else:
-                return  # every stage was cached: the training ran to its end; no file
-        _put_in_place(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         for c, (batch, max_calls) in zip(clients, before):
             c.batch, c.max_calls = batch, max_calls
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    raise RequestsExported(path, len(written))
+    if written:
+        raise RequestsExported(path, len(written))
 
 
 def _lines(path: Path, what: str) -> Iterator[tuple[int, bytes]]:
@@ -271,6 +257,8 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
     """Every completion of a result file, checked line by line; one-line :class:`DataError`
     naming the file and line for anything that is not a result of one of ``asked``'s requests.
     ``parser``: an OpenAI-compatible backend, which reads each body as it reads a direct reply."""
+    from hdeval.cache import MAX_ENTRY_CHARS
+
     path = Path(results)
     got: dict[str, Completion] = {}
     report = ImportReport()
@@ -305,8 +293,6 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
             raise DataError(f"{where}: response.body is not a chat completion "
                             f"({one_line(str(exc))[:120]}) (nothing imported)") from None
-        from hdeval.cache import MAX_ENTRY_CHARS
-
         if len(json.dumps(got[key].to_dict())) > MAX_ENTRY_CHARS:
             raise DataError(f"{where}: the reply is larger than the cache keeps "
                             f"({MAX_ENTRY_CHARS // 2**20} MiB) (nothing imported)")

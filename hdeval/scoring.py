@@ -64,16 +64,11 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
 
 def digit_score(scale: tuple[int, int]) -> Callable[[Sequence[Completion]], tuple[float, str | None]]:
     """The :func:`hdeval.judge.fill_matrix` parser of a 1-request cell: :func:`parse_score`."""
-
-    def parse(completions: Sequence[Completion]) -> tuple[float, str | None]:
-        return parse_score(completions[0], scale)
-
-    return parse
+    return lambda completions: parse_score(completions[0], scale)
 
 
 def _text_score(text: str, low: int, high: int) -> tuple[float, str | None]:
-    """The one score a reply's text gives: every number in it, less the scale's bounds and
-    denominators ("3 out of 5", "on a 1-5 scale"), must be the same value in ``scale``."""
+    """The one value every number in the text gives (bar "out of 5", "a 1-5 scale"), in the scale."""
     from hdeval.judge import _numbers
 
     text = text[:10_000]  # bounded: a score reply is a few tokens
@@ -120,7 +115,7 @@ def score_criteria(
 ) -> ScoreMatrix:
     """Score every sample on every criterion (sample-major); unusable replies and requests the
     server rejected on their own account become NaN + a Failure."""
-    from hdeval.judge import Cell, fill_matrix_stream
+    from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
 
     if not samples or not criteria:  # keep the columns of an empty matrix
         return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],
@@ -129,4 +124,4 @@ def score_criteria(
     cells = (Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria)
     rows = list(dict.fromkeys(s.id for s in samples))
     cols = list(dict.fromkeys(c.key for c in criteria))
-    return fill_matrix_stream(backend, rows, cols, cells, digit_score(SCALE), concurrency, progress)
+    return fill_matrix(backend, cells, digit_score(SCALE), concurrency, progress, rows, cols, STREAM_WINDOW)

@@ -6,9 +6,8 @@ import dataclasses
 import math
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +47,7 @@ def load_task(name_or_path: str | Path) -> Task:
         task = parse_task_file(path)
         # A user's task finds its data_file (default <name>.jsonl) beside the task file
         # first, from any working directory; see hdeval.data.data_candidates.
-        return replace(task, source_dir=str(path.parent.resolve()))
+        return dataclasses.replace(task, source_dir=str(path.parent.resolve()))
     raise ConfigError(f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
                       "or pass the path of a task .toml file")
 
@@ -199,8 +198,7 @@ def apply_preset(task: Task, name: str) -> Task:
         choices = f"known presets: {', '.join(known)}" if known else "it defines none"
         raise ConfigError(f"unknown preset {name!r} for task {task.name}: {choices}")
     _, aspects, own = known[name]
-    keep = tuple(a for a in task.aspects if a.key in aspects)
-    return dataclasses.replace(task, aspects=keep, own_regressor=own)
+    return dataclasses.replace(select_aspects(task, aspects), own_regressor=own)
 
 
 def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -227,7 +225,7 @@ def _kind(value: Any) -> str:
             dict: "a table"}.get(type(value), type(value).__name__)
 
 
-def select_aspects(task: Task, aspects: list[str] | None) -> Task:
+def select_aspects(task: Task, aspects: Sequence[str] | None) -> Task:
     """``--aspects a,b``: train on a subset of the task's aspects."""
     if not aspects:
         return task

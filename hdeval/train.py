@@ -3,6 +3,7 @@ the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -126,7 +127,7 @@ def prepare(config: TrainConfig) -> Prepared:
         if config.aspects:
             raise ConfigError("--preset and --aspects cannot be combined: the preset chooses the aspects")
         task = apply_preset(task, config.preset)
-    task = select_aspects(task, list(config.aspects) if config.aspects else None)
+    task = select_aspects(task, config.aspects)
     method = get_method(config.method)
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
     given = method.prepare(config, task) if method.prepare else None
@@ -162,21 +163,17 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
     from hdeval.llm import resolved
 
     spec = resolved(llm_config(config)) if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
-    llm = open_backend(config, backend)
-    try:
+    with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
+        llm = opened.enter_context(contextlib.closing(open_backend(config, backend)))
         dec = open_decompose_backend(config, llm, decompose_backend)
-        try:
-            ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec)
-            if export_requests is not None:
-                from hdeval.methods.run import fit_exporting
+        if dec is not llm:
+            opened.enter_context(contextlib.closing(dec))
+        ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec)
+        if export_requests is not None:
+            from hdeval.methods.run import fit_exporting
 
-                return fit_exporting(method, ctx, export_requests)
-            return method.fit(ctx)
-        finally:
-            if dec is not llm:
-                dec.close()
-    finally:
-        llm.close()
+            return fit_exporting(method, ctx, export_requests)
+        return method.fit(ctx)
 
 
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
@@ -191,14 +188,11 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
 
 
 def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
-    llm = open_backend(config, backend, offline=True)
-    try:
+    with contextlib.closing(open_backend(config, backend, offline=True)) as llm:
         dec = open_decompose_backend(config, llm, offline=True)
-        if dec is not llm:
-            dec.close()
-            return f"{llm.identity}, decomposition LLM {dec.identity}"
-        return llm.identity
-    finally:
-        llm.close()
+        if dec is llm:
+            return llm.identity
+        dec.close()
+        return f"{llm.identity}, decomposition LLM {dec.identity}"
 
 

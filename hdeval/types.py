@@ -85,15 +85,10 @@ class Task:
                         for a in self.aspects],
         }
         # Only non-default keys, so manifests of pointwise tasks stay byte-identical.
-        if self.shape != "pointwise":
-            d["shape"] = self.shape
-        if self.where:
-            d["where"] = {k: list(v) if len(v) > 1 else v[0] for k, v in self.where}
-        if self.skip_empty:
-            d["skip_empty"] = True
-        if self.own_regressor:
-            d["own_regressor"] = list(self.own_regressor)
-        return d
+        optional = {"shape": self.shape != "pointwise" and self.shape,
+                    "where": {k: list(v) if len(v) > 1 else v[0] for k, v in self.where},
+                    "skip_empty": self.skip_empty, "own_regressor": list(self.own_regressor)}
+        return {**d, **{k: v for k, v in optional.items() if v}}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from hdeval.aggregate import (
     cv_folds,
     select_cv,
     select_kind,
-    tune,
 )
 from hdeval.errors import ConfigError
 from hdeval.metrics import mean_spearman
@@ -178,23 +177,24 @@ def small_grid(monkeypatch):
 
 def test_tune_chooses_the_best_grid_point_by_grouped_cv_and_is_deterministic(small_grid):
     X, Y, docs = _data(n_docs=12, per_doc=3)
-    chosen, score, grid = tune(_task_agg("nn"), X, Y, docs)
+    chosen, scores, grid, _ = select_cv(_task_agg("nn"), X, Y, docs, ("nn",))
+    score = scores["nn"]
     n_points = len(SMALL_GRID["alpha"]) * len(SMALL_GRID["hidden_layer_sizes"])
     assert len(grid) == n_points and score == max(grid.values())
     # the chosen point's own CV score is the best, and the first such point in grid order wins
     name = f"alpha={chosen.alpha:g},hidden={'x'.join(map(str, chosen.hidden_layer_sizes))}"
     assert grid[name] == score and list(grid).index(name) == [v for v in grid.values()].index(score)
     assert chosen.get_params()["aspects"] == ASPECTS  # only the nn parameters changed
-    again, score2, grid2 = tune(_task_agg("nn"), X, Y, docs)
-    assert (again.get_params(), score2, grid2) == (chosen.get_params(), score, grid)
+    again, scores2, grid2, _ = select_cv(_task_agg("nn"), X, Y, docs, ("nn",))
+    assert (again.get_params(), scores2, grid2) == (chosen.get_params(), scores, grid)
 
 
 def test_tune_leaves_kinds_without_hyper_parameters_alone():
     X, Y, docs = _data()
     t = _task_agg("lr")
-    same, score, grid = tune(t, X, Y, docs)
+    same, scores, grid, _ = select_cv(t, X, Y, docs, ("lr",))
     assert same is t and grid == {}
-    assert score == mean_spearman(Y, cross_val_predictions(t, X, Y, docs))
+    assert scores["lr"] == mean_spearman(Y, cross_val_predictions(t, X, Y, docs))
 
 
 def test_auto_selection_scores_nn_with_its_tuned_parameters(small_grid):
@@ -290,16 +290,15 @@ def test_parallel_fitting_gives_exactly_the_serial_results(small_grid):
 def test_selection_returns_the_chosen_templates_cross_validated_predictions(small_grid):
     """Training reuses these instead of cross-validating the chosen kind a second time: they
     must be exactly what cross-validating it again would give."""
-    from hdeval.aggregate import select_cv, tune_cv
 
     X, Y, docs = _data(n_docs=12, per_doc=3)
     for kinds in (("lr", "dt", "rf", "nn"), ("dt", "rf")):
         best, scores, _, oof = select_cv(_task_agg("lr"), X, Y, docs, kinds)
         np.testing.assert_array_equal(oof, _manual_oof(best, X, Y, docs))
         assert scores[best.kind] == mean_spearman(Y, oof)
-    chosen, score, _, oof = tune_cv(_task_agg("nn"), X, Y, docs)
+    chosen, scores, _, oof = select_cv(_task_agg("nn"), X, Y, docs, ("nn",))
     np.testing.assert_array_equal(oof, _manual_oof(chosen, X, Y, docs))
-    assert score == mean_spearman(Y, oof)
+    assert scores["nn"] == mean_spearman(Y, oof)
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])

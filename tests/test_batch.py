@@ -602,3 +602,24 @@ def test_a_hostile_batch_api_reply_is_bounded_and_a_one_line_error(server: Batch
     assert msg.startswith(f"the Batch API (GET {server.url}/batches/batch_0) kept failing after 2 attempt(s), "
                           f"last: {why};") and "\n" not in msg and "sk-hostile" not in msg
     assert server.calls == 2
+
+
+def test_a_result_file_cut_off_while_downloaded_is_fetched_again(server: BatchServer, tmp_path: Path) -> None:
+    content = b'{"custom_id": "x"}\n' * 1000
+    server.files["file-0"] = content
+    server.plan(Reply(body=content, truncate=100))  # then the file whole, from the files route
+    api = BatchAPI(server.url, "k", max_retries=1, backoff_base=0.01, backoff_cap=0.01)
+    asyncio.run(api.download("file-0", tmp_path / "out.jsonl"))
+    assert (tmp_path / "out.jsonl").read_bytes() == content and server.calls == 2
+
+
+def test_a_result_file_cut_off_every_time_is_a_one_line_error(server: BatchServer, tmp_path: Path) -> None:
+    cut = Reply(body=b'{"custom_id": "x"}\n' * 1000, truncate=100)
+    server.plan(cut, cut)
+    api = BatchAPI(server.url, "sk-cut", max_retries=1, backoff_base=0.01, backoff_cap=0.01)
+    with pytest.raises(BackendError) as err:
+        asyncio.run(api.download("file-0", tmp_path / "out.jsonl"))
+    msg = str(err.value)
+    assert msg.startswith(f"the Batch API (GET {server.url}/files/file-0/content) kept failing after "
+                          "2 attempt(s), last: RemoteProtocolError") and "\n" not in msg and "sk-cut" not in msg
+    assert server.calls == 2

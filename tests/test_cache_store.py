@@ -116,7 +116,7 @@ def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: P
     assert fake.calls == 1
     assert check_cache(cache).readable == 3
     report = repair_cache(cache)  # copies every readable entry, into the reply table
-    assert report.copied == 3 and _keys(cache) == [] and [t for t, _ in _table(cache)] == ["blob"] * 3
+    assert report.readable == 3 and _keys(cache) == [] and [t for t, _ in _table(cache)] == ["blob"] * 3
     final = CachedBackend(fake, cache)
     assert all(c.cached for c in final.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
     final.close()

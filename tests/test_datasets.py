@@ -468,6 +468,18 @@ def test_import_jsonl_errors_have_line_numbers(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name,text,where", [
+    ("deep.jsonl", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 1: not usable JSON (nested too deeply)"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000, "not usable JSON (nested too deeply)"),
+    ("big.jsonl", '{"output": "o", "fluency": ' + "9" * 5000 + "}\n", "line 1: not usable JSON (Exceeds"),
+])
+def test_import_of_json_python_cannot_hold_is_one_line(tmp_path: Path, name: str, text: str, where: str) -> None:
+    res, out = run_import(tmp_path, name, text)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"{name}: {where}" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_import_json_list_with_task_file_and_unscored(tmp_path: Path) -> None:
     task_file = tmp_path / "mytask.toml"
     task_file.write_text(

@@ -10,11 +10,16 @@ from hdeval.backends.base import Completion
 from hdeval.backends.fake import FakeBackend
 from hdeval.methods.registry import load_artifact
 from hdeval.train import train
-from hdeval.methods.hdeval.decompose import decompose, parse_subcriteria
+from hdeval.judge import extract_json
+from hdeval.methods.hdeval.decompose import decompose, validate_subcriteria
 from hdeval.errors import DecompositionError
 from hdeval.prompts import load_templates
 from hdeval.tasks import load_task
 from hdeval.types import CriteriaTree
+
+
+def parse(text, *args):
+    return validate_subcriteria(extract_json(text), *args)
 
 
 class Scripted:
@@ -43,7 +48,7 @@ GOOD = json.dumps({"subcriteria": [
 
 def test_valid_reply_becomes_children_with_path_keys():
     task, tree, node = _setup()
-    kids = parse_subcriteria("```json\n" + GOOD + "\n```", node, tree, 4, set())
+    kids = parse("```json\n" + GOOD + "\n```", node, tree, 4, set())
     assert [k.key for k in kids] == ["coherence/logical_order", "coherence/flow"]
     assert all(k.parent_key == "coherence" and k.layer == 2 for k in kids)
 
@@ -51,7 +56,7 @@ def test_valid_reply_becomes_children_with_path_keys():
 def test_count_is_capped():
     task, tree, node = _setup()
     many = {"subcriteria": [{"key": f"k{i}", "name": f"N{i}", "definition": f"d{i}"} for i in range(7)]}
-    assert len(parse_subcriteria(json.dumps(many), node, tree, 3, set())) == 3
+    assert len(parse(json.dumps(many), node, tree, 3, set())) == 3
 
 
 @pytest.mark.parametrize("reply, problem", [
@@ -62,7 +67,7 @@ def test_count_is_capped():
 def test_malformed_replies_are_rejected(reply, problem):
     task, tree, node = _setup()
     with pytest.raises(ValueError, match=problem):
-        parse_subcriteria(reply, node, tree, 4, set())
+        parse(reply, node, tree, 4, set())
 
 
 def test_clashing_keys_are_numbered_and_repeats_dropped():
@@ -73,7 +78,7 @@ def test_clashing_keys_are_numbered_and_repeats_dropped():
         {"key": "order", "name": "Order", "definition": "Ideas in order."},
         {"key": "flow", "name": "Flow", "definition": "Sentences connect."},
     ]})
-    kids = parse_subcriteria(reply, node, tree, 4, {"coherence/flow"})
+    kids = parse(reply, node, tree, 4, {"coherence/flow"})
     assert [k.key for k in kids] == ["coherence/order", "coherence/order_2", "coherence/flow_2"]
     assert len({k.key for k in kids}) == 3
 
@@ -126,20 +131,20 @@ def test_degenerate_subcriteria_are_rejected_naming_which_and_why(reply, problem
     if "Own words" in reply:  # a definition equal to the parent's, whatever the name
         reply = reply.replace("The collective quality of all sentences.", node.definition)
     with pytest.raises(ValueError, match=problem.replace(".", r"\.").replace("(", r"\(")):
-        parse_subcriteria(reply, node, tree, 4, set())
+        parse(reply, node, tree, 4, set())
 
 
 def test_a_grandparent_copy_is_rejected_and_clean_fake_style_names_pass():
     task, tree, node = _setup()
-    kids = parse_subcriteria(GOOD, node, tree, 4, set())
+    kids = parse(GOOD, node, tree, 4, set())
     tree = tree.with_children("coherence", kids)
     child = tree["coherence/flow"]
     # a criterion named after its parent's facet plus more is a narrower quality: kept
-    ok = parse_subcriteria(_reply(("flow", "Coherence: flow: flow", "How sentences connect within a paragraph.")),
+    ok = parse(_reply(("flow", "Coherence: flow: flow", "How sentences connect within a paragraph.")),
                            child, tree, 4, set(tree.keys))
     assert [k.key for k in ok] == ["coherence/flow/flow"]
     with pytest.raises(ValueError, match="repeats its parent 'coherence'"):
-        parse_subcriteria(_reply(("c", "coherence", "Anything.")), child, tree, 4, set(tree.keys))
+        parse(_reply(("c", "coherence", "Anything.")), child, tree, 4, set(tree.keys))
 
 
 @pytest.mark.parametrize("bad", [PARENT_COPY, TWIN_SIBLINGS, BOILERPLATE])

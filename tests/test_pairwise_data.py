@@ -161,16 +161,15 @@ def test_a_null_dialogue_text_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("name, n", sorted(PAIRWISE_NEW.items()))
 def test_every_row_of_the_pairwise_files_reads(data_dir, name, n):
     task = load_task(name)
-    skipped: list[int] = []
-    pairs = read_pairs(data_dir / task.data_file, task, skipped=skipped)
+    pairs = read_pairs(data_dir / task.data_file, task)
     assert len(pairs) == n
     assert all(p.label in ("a", "b", "tie") and p.output_a.strip() and p.output_b.strip() for p in pairs)
     assert read_task_samples(data_dir / task.data_file, task) == pairs
     lines = sum(1 for l in (data_dir / task.data_file).open(encoding="utf-8") if l.strip())
     if name == "llmeval2":
-        assert len(skipped) == 288 and len(pairs) + len(skipped) == lines == 2553
+        assert lines == 2553 and len(pairs) == lines - 288  # skip_empty leaves 288 rows out
     elif not task.where:
-        assert not skipped and len(pairs) == lines
+        assert len(pairs) == lines
 
 
 def test_pairwise_file_facts(data_dir):
@@ -233,9 +232,7 @@ def test_unlabelled_pairs_read_for_scoring_but_labels_are_still_checked(tmp_path
 def test_skip_empty_leaves_out_empty_text_but_not_missing_fields(tmp_path):
     task = pair_task(tmp_path, "skip_empty = true")
     p = write_jsonl(tmp_path / "p.jsonl", [_pair(1), _pair(2, output_b=""), _pair(3, source=" "), _pair(4)])
-    skipped: list[int] = []
-    assert [x.id for x in read_pairs(p, task, skipped=skipped)] == ["p1", "p4"]
-    assert skipped == [2, 3]
+    assert [x.id for x in read_pairs(p, task)] == ["p1", "p4"]
     write_jsonl(p, [_pair(1), _pair(2, output_b=None)])
     with pytest.raises(DataError, match="line 2: field 'output_b' .* is missing"):
         read_pairs(p, task)
@@ -254,7 +251,7 @@ def test_pointwise_reader_refuses_a_pairwise_task(tmp_path):
 # --------------------------------------------------------------------------- where filter
 
 
-def test_where_in_task_file_and_as_argument(tmp_path):
+def test_where_in_task_file(tmp_path):
     rows = [_pair(i) for i in range(1, 7)]
     rows[1]["output_b"] = None  # broken, but dropped by the filter (subset x) so never checked
     p = write_jsonl(tmp_path / "p.jsonl", rows)
@@ -262,9 +259,10 @@ def test_where_in_task_file_and_as_argument(tmp_path):
     assert [x.id for x in read_pairs(p, only_y)] == ["p3", "p6"]
     with pytest.raises(DataError, match="line 2: field 'output_b'"):
         read_pairs(p, pair_task(tmp_path))
-    # argument: added to the task's filter; a top-level field works too; lists mean any-of
-    assert [x.id for x in read_pairs(p, only_y, where={"doc_id": ["q3", "q9"]})] == ["p6"]
-    assert [x.id for x in read_pairs(p, pair_task(tmp_path), where={"subset": "y", "label": "a"})] == ["p6"]
+    # every key must match; a top-level field works too; lists mean any-of
+    both = pair_task(tmp_path, 'where = { subset = "y", doc_id = ["q3", "q9"] }')
+    assert [x.id for x in read_pairs(p, both)] == ["p6"]
+    assert [x.id for x in read_pairs(p, pair_task(tmp_path, 'where = { subset = "y", label = "a" }'))] == ["p6"]
     with pytest.raises(DataError, match=r"no pairs matching where subset = 'zzz'"):
         read_pairs(p, pair_task(tmp_path, 'where = { subset = "zzz" }'))
 

@@ -1,8 +1,8 @@
 """Retrain speed (issue #15.4): what was made cheaper must give exactly what it gave before.
 
-Pruning reuses model selection's fold models and shuffles only the candidate columns; the
-``nn`` aggregator fits with L-BFGS; fitting runs BLAS on one thread. Numbers that did not
-depend on the MLP must not change at all, and a run stays deterministic for its seed.
+Pruning shuffles only the candidate columns; the ``nn`` aggregator fits with L-BFGS; fitting
+runs BLAS on one thread. Numbers that did not depend on the MLP must not change at all, and a
+run stays deterministic for its seed.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import warnings
 
 import numpy as np
 import pytest
-from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_info
 
 import hdeval.aggregate as aggregate
-from hdeval.aggregate import Aggregator, cross_val_predictions, cv_folds, select_cv, tune_cv
-from hdeval.methods.hdeval.prune import aspect_importance, prune
+from hdeval.aggregate import Aggregator, cross_val_predictions
+from hdeval.methods.hdeval.prune import aspect_importance
 
 ASPECTS = ["fluency", "coherence", "quality"]
 RANGES = [(1.0, 5.0), (1.0, 5.0), (0.0, 1.0)]
@@ -58,67 +57,6 @@ def test_importance_of_some_columns_equals_those_columns_of_the_full_importance(
     assert set(part) == set(ASPECTS)
     for a in ASPECTS:
         np.testing.assert_array_equal(part[a], full[a][cols])  # exactly: same shuffles, same model
-
-
-@pytest.mark.parametrize("kind", ["lr", "dt", "rf", "nn"])
-def test_pruning_with_selections_fold_models_gives_exactly_what_refitting_gives(kind, small_grid):
-    X, Y, docs = _data()
-    keys = [f"c{i}" for i in range(X.shape[1])]
-    folds: list = []
-    if kind == "nn":
-        template, _, _, oof = tune_cv(_agg("nn"), X, Y, docs, n_jobs=1, fold_models=folds)
-    else:
-        template = _agg(kind)
-        oof = cross_val_predictions(template, X, Y, docs, n_jobs=1, fold_models=folds)
-    # the fold models are the fits behind the out-of-fold predictions, in cv_folds order
-    splits = cv_folds(docs, template.random_state)
-    assert len(folds) == len(splits)
-    for model, (tr, va) in zip(folds, splits):
-        np.testing.assert_array_equal(model.predict(X[va]), oof[va])
-        np.testing.assert_array_equal(model.predict(X), clone(template).fit(X[tr], Y[tr]).predict(X))
-    reused = prune(template, X, Y, keys, keys[2:], docs, top_k=2, n_jobs=1, fold_models=folds)
-    refit = prune(template, X, Y, keys, keys[2:], docs, top_k=2, n_jobs=1)
-    assert reused == refit
-
-
-def test_selection_hands_over_the_chosen_kinds_fold_models_only_when_fitted_here(small_grid):
-    X, Y, docs = _data()
-    folds: list = []
-    best, scores, _, oof = select_cv(_agg(), X, Y, docs, n_jobs=1, fold_models=folds)
-    plain = select_cv(_agg(), X, Y, docs, n_jobs=1)
-    assert best.get_params() == plain[0].get_params() and scores == plain[1]
-    np.testing.assert_array_equal(oof, plain[3])
-    assert len(folds) == len(cv_folds(docs, 0)) and all(f.kind == best.kind for f in folds)
-    # in worker processes the models are not sent back: the list stays empty, pruning refits
-    elsewhere: list = []
-    select_cv(_agg(), X, Y, docs, n_jobs=2, fold_models=elsewhere)
-    assert elsewhere == []
-
-
-def test_pruning_refuses_fold_models_that_do_not_match_its_folds():
-    X, Y, docs = _data()
-    keys = [f"c{i}" for i in range(X.shape[1])]
-    with pytest.raises(ValueError, match="2 fold models for 5 folds"):
-        prune(_agg(), X, Y, keys, keys, docs, top_k=2, fold_models=[_agg().fit(X, Y)] * 2)
-
-
-def test_reused_fold_models_repeat_the_warnings_their_fits_raised(monkeypatch, small_grid):
-    """A layer's notes count warnings per fit as before, whether pruning refits or reuses."""
-    monkeypatch.setattr(aggregate, "NN_MAX_ITER", 1)
-    X, Y, docs = _data()
-    keys = [f"c{i}" for i in range(X.shape[1])]
-
-    def count(fold_models):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            prune(_agg("nn"), X, Y, keys, keys, docs, top_k=2, n_jobs=1, fold_models=fold_models)
-        return sum(issubclass(w.category, ConvergenceWarning) for w in caught)
-
-    folds: list = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cross_val_predictions(_agg("nn"), X, Y, docs, n_jobs=1, fold_models=folds)
-    assert count(None) == count(folds) > 0
 
 
 def test_nn_fits_with_lbfgs_deterministically_and_its_warnings_read_the_same_every_fit(monkeypatch):

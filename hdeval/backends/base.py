@@ -79,7 +79,7 @@ class Completion:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: an unreadable (NaN) logprob is stored as null and reads back as NaN."""
-        # field by field: dataclasses.asdict deep-copies each logprob, two thirds of the CPU of storing a reply
+        # field by field: dataclasses.asdict deep-copies each logprob, the bulk of storing a reply
         lp = self.top_logprobs
         return {
             "text": self.text,
@@ -149,6 +149,40 @@ def read_top_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
             alts.append(TokenLogprob(t["token"], read_logprob(t.get("logprob"))))
         positions.append(tuple(alts))
     return tuple(positions)
+
+
+def chat_completion(data: Any, logprobs: bool) -> Completion:
+    """An OpenAI-style chat completion (a server's reply, a batch result, llama.cpp's), read with
+    bounds; ValueError when it holds no ``choices[0].message``."""
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("not a chat completion") from None
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # some servers send content parts
+        content = "".join(p["text"] for p in content
+                          if isinstance(p, dict) and isinstance(p.get("text"), str))
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    prompt_tokens = token_count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    lp = choice.get("logprobs") if logprobs else None
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        # an unreadable logprob is NaN: the scorer records a failure, not a score from what is left;
+        # no alternatives: the chosen token is all we know
+        top = read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
+                                 if isinstance(p, dict)]) or None
+    else:
+        top = None
+    return Completion(
+        text=content if isinstance(content, str) else "",
+        top_logprobs=top,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=token_count(usage.get("completion_tokens")),
+        # the server reports prompt tokens it served from its prompt cache
+        prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
+    )
 
 
 @runtime_checkable

@@ -1,20 +1,13 @@
-"""The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price.
-
-The misses of a stage are written as JSONL (``custom_id`` = the cache key, ``body`` = what the
-chat completions call would send), uploaded, run as one job per chunk within the API's limits,
-polled, and every result is written into the cache under the same key; the stage then finds
-them cached. What a job leaves without a result is resubmitted once, then sent normally.
-
-Nothing paid for is lost or paid twice: the jobs and their keys are kept in ``batches.json``,
-written before a job is created and updated when the server names it, so a rerun resumes the
-same job (one never named back is found by its input file). Everything the server returns, and
-``batches.json`` too, is untrusted: read with bounds and validated.
-"""
+"""The OpenAI Batch API (``--batch``): a stage's uncached requests at half the price, each result
+cached under the key a normal call uses; what a job leaves without a result is resubmitted once,
+then sent normally. Nothing paid for is lost or paid twice: ``batches.json`` names each job before
+it is created, so a rerun resumes it. What the server returns, and that file, are untrusted."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import fcntl
 import json
 import os
@@ -23,16 +16,16 @@ import re
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+import httpx2
 import openai
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, OPENAI_BASE_URL, PLACEHOLDER_KEY, OpenAICompatBackend, Redactor, ReplyTooLarge, _deadline,
-    _shown, _Transient, retry_after_seconds,
+    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _deadline, _error_detail, _Transient,
+    retry_after_seconds,
 )
 from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -84,24 +77,19 @@ class BatchAPI:
     read raw and bounded, then parsed here; transient failures are retried ``max_retries`` times
     with capped backoff; anything else is a one-line :class:`BackendError`."""
 
-    def __init__(self, base_url: str, api_key: str, *, display_url: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                 backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self.display_url = display_url or _shown(base_url)
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = DEFAULT_TIMEOUT,
+                 max_retries: int = DEFAULT_MAX_RETRIES, backoff_base: float = 0.5,
+                 backoff_cap: float = 30.0) -> None:
+        # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
+        server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
+        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
+        self._redact = server._redact  # the key, and the URL's credentials and query
+        self.display_url = server.shown_url
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
-        self._sleep = sleep
-        self._redact = Redactor(api_key, base_url)  # the key, and the URL's credentials and query
-        # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
-        server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
-        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
         self._used = False  # its connections (if any) belong to the LLM loop
-
-    def __repr__(self) -> str:
-        return f"BatchAPI({self.display_url!r})"
 
     def close(self) -> None:
         if self._used:
@@ -147,17 +135,12 @@ class BatchAPI:
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
-        """A file's content into ``dest`` (at most MAX_RESULT_BYTES)."""
+        """A file's content into ``dest`` (at most MAX_RESULT_BYTES: the client's bound)."""
         file_id = _check_id(file_id, "file id")
 
         async def read(response: Any) -> None:
-            size = 0
             with open(dest, "wb") as fh:
                 async for chunk in response.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_RESULT_BYTES:
-                        raise BackendError(f"the Batch API's file {file_id} is larger than "
-                                           f"{MAX_RESULT_BYTES // 2**20} MB; not read further")
                     fh.write(chunk)
 
         await self._request("GET", f"files/{file_id}/content",
@@ -189,8 +172,7 @@ class BatchAPI:
     async def _request(self, method: str, path: str, send: Callable[[Any], Any],
                        read: Callable[[Any], Awaitable[None]], *, retries: int | None = None,
                        seconds: float | None = None) -> None:
-        """``send(sdk)`` (a streaming-response context) and ``read`` its reply, bounded as a whole
-        by ``seconds`` (default: the timeout)."""
+        """``send(sdk)`` (a streaming-response context), its reply ``read`` within ``seconds``."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
@@ -209,7 +191,7 @@ class BatchAPI:
                 if 300 <= status < 400:
                     raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
                                        "follow redirects: give the final address as --base-url") from None
-                detail = _detail(exc.response.content)
+                detail = _error_detail(status, exc.response.content)[1]
                 if not (status >= 500 or status in _RETRY_STATUSES):
                     hint = ("; does this server offer the Batch API? run without --batch"
                             if status in (404, 405) and not path.startswith("batches/") else "")
@@ -219,8 +201,9 @@ class BatchAPI:
                 problem = f"HTTP {status}: {detail}"
             except _Transient as exc:
                 problem = exc.args[0]
-            except openai.APIConnectionError as exc:  # timeouts included
-                cause = exc.__cause__
+            except (openai.APIConnectionError, httpx2.TransportError) as exc:
+                # the SDK wraps what fails while sending; a streamed body fails while read, unwrapped
+                cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
                 if isinstance(cause, ReplyTooLarge):
                     problem = f"a reply larger than {MAX_RESULT_BYTES // 2**20} MB"
                 else:
@@ -232,22 +215,10 @@ class BatchAPI:
                     "rerunning the same command resumes"))
             if wait is None:
                 wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
-            await self._sleep(min(wait, self.backoff_cap))
+            await asyncio.sleep(min(wait, self.backoff_cap))
 
 
-def _detail(raw: bytes) -> str:
-    """One line from an error reply's body (already bounded by the transport)."""
-    raw = raw[:16384]
-    try:
-        body = json.loads(raw)
-        err = body.get("error", body) if isinstance(body, dict) else body
-        msg = err.get("message") if isinstance(err, dict) else err
-        return one_line(str(msg)) if msg else one_line(raw[:200].decode("utf-8", "replace"))
-    except (ValueError, RecursionError):
-        return one_line(raw[:200].decode("utf-8", "replace")) or "<empty>"
-
-
-@dataclass
+@dataclasses.dataclass
 class Job:
     """One submitted input file: its job id once the server named it, and the keys it holds."""
 
@@ -255,9 +226,6 @@ class Job:
     input_file_id: str
     keys: list[str]
     id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"identity": self.identity, "input_file_id": self.input_file_id, "id": self.id, "keys": self.keys}
 
 
 def read_jobs(path: Path) -> list[Job]:
@@ -304,7 +272,7 @@ def read_jobs(path: Path) -> list[Job]:
 
 def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
     """Replace ``batches.json`` atomically (a temporary file renamed into place)."""
-    blob = json.dumps({"version": STATE_VERSION, "batches": [j.to_dict() for j in jobs]}, separators=(",", ":"))
+    blob = json.dumps({"version": STATE_VERSION, "batches": [dataclasses.asdict(j) for j in jobs]}, separators=(",", ":"))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -344,43 +312,25 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
             os.close(fd)
 
 
-@dataclass
-class BatchReport:
-    """What the last :meth:`BatchStrategy.prefetch` did."""
-
-    submitted: int = 0  # requests sent in new jobs (resubmissions included)
-    resumed: list[str] = field(default_factory=list)  # ids of jobs found running from an earlier process
-    received: int = 0  # results written into the cache
-    failures: dict[str, str] = field(default_factory=dict)  # key -> why it has no result
-    left: int = 0  # requests with no result after every round (sent through the normal API)
-
-
 class BatchStrategy:
     """The Batch API as the client's strategy for a stage's misses: run as batch jobs on the LLM
     loop, each result committed through the client's writer under the key a normal call uses.
     ``inner`` (an :class:`~hdeval.backends.openai_compat.OpenAICompatBackend`) builds each body
     and reads each result exactly as for a normal call."""
 
-    def __init__(self, inner: Backend, cache_dir: str | Path, config: Any = None, *, api: BatchAPI | None = None,
-                 poll: float | None = None, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, cache_dir: str | Path, config: Any) -> None:
+        self.inner = inner  # an OpenAICompatBackend (check_batch)
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir)
-        if api is None:
-            # the server an injected backend talks to, credentials and query included (never shown)
-            url = getattr(inner, "_url", None) or getattr(inner, "base_url", None)
-            url = (getattr(config, "base_url", None) or url or OPENAI_BASE_URL).strip()
-            key = getattr(inner, "_key", None) or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
-            api = BatchAPI(url, key, display_url=getattr(inner, "shown_url", None),
-                           timeout=getattr(config, "timeout", 60.0), max_retries=getattr(config, "max_retries", 6))
-        self.api = api
-        self.poll = poll_interval() if poll is None else poll
-        self.sleep = sleep
+        # the server an injected backend talks to, credentials and query included (never shown)
+        self.api = BatchAPI((config.base_url or inner._url).strip(), inner._key, timeout=config.timeout,
+                            max_retries=config.max_retries)
+        self.poll = poll_interval()
         self.state_path = self.cache_dir / STATE_FILE
-        self.last = BatchReport()
         self._client: Any = None
         self._halt: list | None = None
         self._received: dict[str, Completion] = {}
+        self._failures: dict[str, str] = {}  # key -> why it has no batch result
         self._commits: list[Awaitable[None]] = []  # results handed to the writer, not yet awaited
 
     def close(self) -> None:
@@ -390,9 +340,15 @@ class BatchStrategy:
                        halt: list | None = None) -> dict[str, Completion]:
         """Get ``want`` (key -> request, none cached) into the cache through batch jobs; the
         replies received, by key."""
-        self._client, self._halt, self._received = client, halt, {}
+        self._client, self._halt, self._received, self._failures = client, halt, {}, {}
+        progress = progress or Progress()
         try:
-            await self._stage(want, progress or Progress())
+            with batch_lock(self.cache_dir):
+                await self._drop_answered(want, progress)
+                # a batch another process ended just before this one took the lock cached these already
+                left = set(await self._unanswered(list(want)))
+                if left:
+                    await self._rounds({k: r for k, r in want.items() if k in left}, progress)
         finally:
             await self._committed()
         return self._received
@@ -425,8 +381,7 @@ class BatchStrategy:
             await asyncio.gather(*commits)
 
     def _save(self, key: str, completion: Completion) -> None:
-        """Count one result and hand it to the client's writer (:meth:`_committed` waits for it, so
-        a result file's lines share transactions)."""
+        """Count one result and hand it to the client's writer (a result file's lines share transactions)."""
         self._client._reserved += 1
         self._client.stats.add(completion)
         self._commits.append(asyncio.ensure_future(self._client.commit(key, completion)))
@@ -441,20 +396,10 @@ class BatchStrategy:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            await self.sleep(min(left, 0.5))
-
-    async def _stage(self, want: dict[str, CompletionRequest], progress: Progress) -> BatchReport:
-        report = self.last = BatchReport()
-        with batch_lock(self.cache_dir):
-            await self._drop_answered(want, progress)
-            # a batch another process ended just before this one took the lock cached these already
-            left = set(await self._unanswered(list(want)))
-            want = {k: r for k, r in want.items() if k in left}
-            return await self._prefetch(want, report, progress) if want else report
+            await asyncio.sleep(min(left, 0.5))
 
     async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
-        """Drop from batches.json the jobs this stage does not need whose every request is
-        answered (by a run without --batch since)."""
+        """Drop the jobs this stage does not need whose requests a run without --batch answered since."""
         for job in read_jobs(self.state_path):
             if job.identity == self.identity and not any(k in want for k in job.keys) \
                     and not await self._unanswered(job.keys):
@@ -462,15 +407,11 @@ class BatchStrategy:
                 progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
                                  f"already; dropped from {self.state_path}")
 
-    async def _prefetch(self, want: dict[str, CompletionRequest], report: BatchReport,
-                        progress: Progress) -> BatchReport:
+    async def _rounds(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         for round_ in range(RESUBMIT_ROUNDS + 1):
             jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
             active = [j for j in jobs if any(k in want for k in j.keys)]
             covered = {k for j in active for k in j.keys}
-            for j in active:
-                if j.id is not None:
-                    report.resumed.append(j.id)
             new = [k for k in want if k not in covered]
             if active:
                 n = sum(len(j.keys) for j in active)
@@ -479,21 +420,18 @@ class BatchStrategy:
             if new:
                 self._check_budget(len(new))
                 active += await self._submit([(k, want[k]) for k in new], progress)
-                report.submitted += len(new)
-            await self._wait_and_collect(active, want, report, progress)
+            await self._wait_and_collect(active, want, progress)
             left = await self._unanswered(list(want))
             if not left:
-                return report
-            reasons = _summarise({k: report.failures.get(k, "no result") for k in left})
+                return
+            reasons = _summarise({k: self._failures.get(k, "no result") for k in left})
             if round_ < RESUBMIT_ROUNDS:
                 progress.message(f"{len(left)} of {len(want)} requests have no batch result ({reasons}); "
                                  "resubmitting only those")
             else:
-                report.left = len(left)
                 progress.message(f"{len(left)} requests still have no batch result ({reasons}); they are "
                                  "sent through the normal API")
             want = {k: want[k] for k in left}
-        return report
 
     def _check_budget(self, n: int) -> None:
         limit = self._client.max_calls
@@ -506,9 +444,8 @@ class BatchStrategy:
                 f"{limit}: every finished call is cached; rerun with a higher limit to continue")
 
     async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
-        logprobs_ok = getattr(self.inner, "logprobs_supported", True)
         jobs = []
-        for chunk in _chunks([(k, _line(self.inner, k, r, logprobs_ok)) for k, r in items]):
+        for chunk in _chunks([(k, _line(self.inner, k, r)) for k, r in items]):
             keys = [k for k, _ in chunk]
             file_id = await self.api.upload(b"".join(line for _, line in chunk))
             job = Job(self.identity, file_id, keys)
@@ -519,8 +456,7 @@ class BatchStrategy:
         return jobs
 
     async def _create(self, job: Job, look_first: bool = True) -> None:
-        """Create the job for ``job``'s input file, or adopt the one an earlier attempt (or a
-        killed process) created; the server is asked first, except for a file just uploaded."""
+        """Create ``job``'s batch, or adopt the one an earlier attempt or a killed process created."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
         for attempt in range(self.api.max_retries + 1):
             found = None
@@ -534,7 +470,7 @@ class BatchStrategy:
             except BackendError:
                 if attempt >= self.api.max_retries:
                     raise
-                await self.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
+                await asyncio.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
                 continue
             job.id = _check_id(made.get("id"), "batch id")
             self._record(job)
@@ -546,7 +482,7 @@ class BatchStrategy:
                   if not (j.identity == job.identity and j.input_file_id == job.input_file_id)]
         write_jobs(self.state_path, others if drop else others + [job])
 
-    async def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest], report: BatchReport,
+    async def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest],
                                 progress: Progress) -> None:
         pending = list(jobs)
         shown: dict[str, tuple] = {}
@@ -569,13 +505,12 @@ class BatchStrategy:
                     extra = f", {failed} failed" if failed else ""
                     progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({one_line(state)[:40]})")
                 if state in TERMINAL:
-                    await self._collect(job, status, want, report)
+                    await self._collect(job, status, want)
                     pending.remove(job)
             if pending:
                 await self._wait()
 
-    async def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest],
-                       report: BatchReport) -> None:
+    async def _collect(self, job: Job, status: dict[str, Any], want: dict[str, CompletionRequest]) -> None:
         keys = set(job.keys)
         seen: set[str] = set()
         unreadable: list[str] = []  # lines that name no request of this job
@@ -594,7 +529,7 @@ class BatchStrategy:
                 path = Path(d) / "result.jsonl"
                 await self.api.download(file_id, path)
                 for n, line in enumerate(_lines(path), 1):
-                    problem = self._take(line, keys, seen, want, report, f"{name.split('_')[0]} file line {n}")
+                    problem = self._take(line, keys, seen, want, f"{name.split('_')[0]} file line {n}")
                     if problem:
                         unreadable.append(problem)
         missing = keys - seen
@@ -604,16 +539,15 @@ class BatchStrategy:
             else:
                 why = _job_error(status) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
             for k in missing:
-                report.failures.setdefault(k, why)
+                self._failures.setdefault(k, why)
         # its results are committed, its failures reported: only then out of batches.json (a
         # kill before this resumes the job, and the results already cached cost nothing)
         await self._committed()
         self._record(job, drop=True)
 
     def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
-              report: BatchReport, where: str) -> str | None:
-        """One result line into the cache or a recorded failure; what is wrong with a line that
-        names no request of this job."""
+              where: str) -> str | None:
+        """One result line into the cache or a recorded failure; what is wrong with one naming no request."""
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
@@ -624,22 +558,20 @@ class BatchStrategy:
         seen.add(key)
         body, why = result_outcome(row)
         if body is None:
-            report.failures[key] = why if why != "no response" else f"{where}: no response"
+            self._failures[key] = why if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
         try:
             completion = self.inner._parse(json.dumps(body).encode(), request is None or bool(request.top_logprobs))
         except Exception as exc:  # the backend's parse failure: this request's, recorded
-            report.failures[key] = f"{where}: {one_line(str(exc))[:120] or 'not a chat completion'}"
+            self._failures[key] = f"{where}: {one_line(str(exc))[:120] or 'not a chat completion'}"
             return None
         self._save(key, completion)
-        report.received += 1
         return None
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    """The non-blank lines of a downloaded result file, each at most MAX_LINE_BYTES (a longer
-    one is replaced by a placeholder that names no request)."""
+    """Non-blank result file lines; one past MAX_LINE_BYTES becomes a placeholder naming no request."""
     with open(path, "rb") as fh:
         while True:
             line = fh.readline(MAX_LINE_BYTES + 1)
@@ -694,4 +626,4 @@ def check_batch(inner: Backend, model: str | None) -> None:
                           f"another server), not --llm {model}")
 
 
-__all__ = ["BatchAPI", "BatchReport", "BatchStrategy", "Job", "check_batch", "read_jobs", "write_jobs"]
+__all__ = ["BatchAPI", "BatchStrategy", "Job", "check_batch", "read_jobs", "write_jobs"]

@@ -115,24 +115,21 @@ def to_gbnf(constraint: Constraint | None) -> str | None:
 
 
 def to_llama_params(constraint: Constraint | None) -> dict[str, Any]:
-    """Body fields for llama.cpp's server (the local xllamacpp runtime)."""
-    if isinstance(constraint, JsonSchema):
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "reply", "schema": json.loads(constraint.schema)}}}
-    if isinstance(constraint, JsonObject):
-        return {"response_format": {"type": "json_object"}}
+    """Body fields for llama.cpp's server (the local xllamacpp runtime): a grammar, or JSON as for
+    an OpenAI-compatible server but without ``strict``."""
     grammar = to_gbnf(constraint)
-    return {"grammar": grammar} if grammar else {}
+    return {"grammar": grammar} if grammar else to_openai_params(constraint, strict=False)
 
 
-def to_openai_params(constraint: Constraint | None, schema_supported: bool = True) -> dict[str, Any]:
+def to_openai_params(constraint: Constraint | None, schema_supported: bool = True,
+                     strict: bool = True) -> dict[str, Any]:
     """Body fields for an OpenAI-compatible server: structured outputs for a JSON schema (JSON
     mode where the server does not take schemas), nothing for a scale or labels."""
     if isinstance(constraint, JsonSchema) and schema_supported:
         # OpenAI structured outputs; vLLM and llama.cpp's server constrain decoding to it
+        schema = {"name": "reply", "schema": json.loads(constraint.schema)}
         return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "reply", "schema": json.loads(constraint.schema),
-                                                    "strict": True}}}
+                                    "json_schema": {**schema, "strict": True} if strict else schema}}
     if isinstance(constraint, (JsonSchema, JsonObject)):
         return {"response_format": {"type": "json_object"}}
     return {}

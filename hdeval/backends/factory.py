@@ -97,7 +97,6 @@ def _openai(config: Any, offline: bool) -> Backend:
         api_key=os.environ.get("OPENAI_API_KEY") or ("dry-run-sends-nothing" if offline else None),
         timeout=config.timeout,
         max_retries=config.max_retries,
-        concurrency=config.concurrency,
     )
 
 

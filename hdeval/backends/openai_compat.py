@@ -1,13 +1,7 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
-llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``.
-
-One body builder (:meth:`OpenAICompatBackend._params`) and one reply parser (:meth:`_parse`),
-which the Batch API shares. The SDK's own retries are off: rate limits, server errors, dropped
-connections, timeouts and malformed bodies are retried here with capped, jittered backoff (or a
-longer ``Retry-After``); a 4xx about one request is a :class:`~hdeval.errors.RequestRejected`.
-``timeout`` bounds each attempt as a whole; :class:`BoundedTransport` caps every reply body
-(compressed or not); redirects are reported, never followed. Secrets go only into headers and
-the request line, and every message passes :class:`Redactor`.
+llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``. The
+SDK's retries are off: the policy here also retries malformed bodies and honours ``Retry-After``.
+Replies are read with bounds, redirects never followed, and every message passes :class:`Redactor`.
 """
 
 from __future__ import annotations
@@ -32,11 +26,9 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from hdeval import __version__
-from hdeval.backends.base import (
-    MAX_POSITIONS, Completion, CompletionRequest, TokenLogprob, read_top_logprobs, token_count,
-)
+from hdeval.backends.base import Completion, CompletionRequest, chat_completion
 from hdeval.backends.constraints import constraint_of, to_openai_params
-from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.urls import public_url
 
@@ -75,12 +67,12 @@ class _Transient(Exception):
         self.unreachable = unreachable
 
 
-class _LogprobsRejected(Exception):
-    """The server answered 400 to the ``logprobs`` parameter."""
+class _Unsupported(Exception):
+    """The server answered 400 to an optional parameter: the ``flag`` to turn off, and what to log."""
 
-
-class _SchemaRejected(Exception):
-    """The server answered 400 to ``response_format: {"type": "json_schema", ...}``."""
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(message)
+        self.flag = flag
 
 
 class ReplyTooLarge(httpx2.TransportError):
@@ -188,14 +180,12 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         for f in self._forms:
-            if f in text:
-                text = text.replace(f, "***")
+            text = text.replace(f, "***")
         return text
 
 
 def _proxy_for(url: str) -> str | None:
-    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
-    ``ALL_PROXY``, with ``NO_PROXY`` honoured); None for none."""
+    """The proxy ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` name for ``url``, ``NO_PROXY`` honoured."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
@@ -204,11 +194,13 @@ def _proxy_for(url: str) -> str | None:
     return proxy if "://" in proxy else "http://" + proxy
 
 
-class _Bound:
-    """One reply body read with a bound: past ``cap`` bytes (once inflated) a success raises
-    :class:`ReplyTooLarge` and an error body is cut; the connection is dropped, not drained."""
+class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
+    """A reply body (of a sync or an async client) read with a bound: past ``cap`` bytes (once
+    inflated) a success raises :class:`ReplyTooLarge` and an error body is cut; the connection is
+    dropped, not drained."""
 
-    def __init__(self, cap: int, fail: bool, encoding: str) -> None:
+    def __init__(self, inner: Any, cap: int, fail: bool, encoding: str) -> None:
+        self._inner = inner
         self._cap = cap
         self._fail = fail
         self._encoding = encoding
@@ -235,100 +227,52 @@ class _Bound:
             return chunk[: max(0, len(chunk) - (self._size - self._cap))], True
         return chunk, False
 
-
-class _Wrapper:
-    def __init__(self, inner: Any, bound: Any) -> None:
-        self._inner = inner
-        self._bound = bound
-
-
-class _BoundedStream(_Wrapper, httpx2.AsyncByteStream):
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                part, end = self._bound.take(chunk)
-                yield part
-                if end:
-                    return
-        finally:
-            await self._inner.aclose()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _BoundedSyncStream(_Wrapper, httpx2.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
-                part, end = self._bound.take(chunk)
+                part, end = self.take(chunk)
                 yield part
                 if end:
                     return
         finally:
             self._inner.close()
 
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                part, end = self.take(chunk)
+                yield part
+                if end:
+                    return
+        finally:
+            await self._inner.aclose()
+
     def close(self) -> None:
         self._inner.close()
 
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
-def _bounded_reply(response: httpx2.Response, max_reply_bytes: int) -> _Bound | None:
-    """The :class:`_Bound` of a reply, its encoding and length headers dropped (the bound decodes
-    and cuts the body); None when it is refused unread (an unknown encoding, too long a success)."""
+
+def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
+    """Have ``response``'s body read with a bound (its encoding and length headers
+    dropped: the bound decodes and cuts it), or refuse it unread (an unknown encoding, too long a
+    success): an httpx response hook, so httpx closes a refused reply."""
     ok = 200 <= response.status_code < 300
     cap = max_reply_bytes if ok else _MAX_ERROR_BYTES
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding in ("identity",):
         encoding = ""
     if encoding not in ("", "gzip", "x-gzip", "deflate"):
-        return None
+        raise httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
     length = response.headers.get("content-length", "")
     if ok and not encoding and length.isdigit() and int(length) > cap:
-        return None
+        raise ReplyTooLarge("reply too large")
     # in place: building a new Response per reply cost more than the rest of the bound
     for name in ("content-encoding", "content-length"):
         if name in response.headers:
             del response.headers[name]
-    return _Bound(cap, ok, encoding.replace("x-", ""))
-
-
-def _refusal(response: httpx2.Response) -> Exception:
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
-        return httpx2.DecodingError(f"a reply in an encoding hdeval cannot read ({encoding[:40]!r})")
-    return ReplyTooLarge("reply too large")
-
-
-class BoundedTransport(_Wrapper, httpx2.AsyncBaseTransport):
-    """httpx's transport, with every reply body bounded by ``max_reply_bytes`` (see :class:`_Bound`)."""
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
-        bound = _bounded_reply(response, self._bound)
-        if bound is None:
-            await response.aclose()
-            raise _refusal(response)
-        response.stream = _BoundedStream(response.stream, bound)
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class BoundedSyncTransport(_Wrapper, httpx2.BaseTransport):
-    """:class:`BoundedTransport` for a synchronous client (Ray's workers')."""
-
-    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = self._inner.handle_request(request)
-        bound = _bounded_reply(response, self._bound)
-        if bound is None:
-            response.close()
-            raise _refusal(response)
-        response.stream = _BoundedSyncStream(response.stream, bound)
-        return response
-
-    def close(self) -> None:
-        self._inner.close()
+    response.stream = _BoundedStream(response.stream, cap, ok, encoding.replace("x-", ""))
 
 
 def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
@@ -336,10 +280,18 @@ def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, 
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
-    client, inner, bounded = ((httpx2.Client, httpx2.HTTPTransport, BoundedSyncTransport) if sync
-                              else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport, BoundedTransport))
-    return client(transport=bounded(inner(verify=verify, proxy=proxy, limits=limits), max_reply_bytes),
-                  trust_env=False, follow_redirects=False, timeout=httpx2.Timeout(timeout))
+    client, transport = ((httpx2.Client, httpx2.HTTPTransport) if sync
+                         else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport))
+
+    def hook(response: httpx2.Response) -> None:
+        bound_reply(response, max_reply_bytes)
+
+    async def async_hook(response: httpx2.Response) -> None:
+        bound_reply(response, max_reply_bytes)
+
+    return client(transport=transport(verify=verify, proxy=proxy, limits=limits), trust_env=False,
+                  follow_redirects=False, timeout=httpx2.Timeout(timeout),
+                  event_hooks={"response": [hook if sync else async_hook]})
 
 
 class OpenAICompatBackend:
@@ -365,14 +317,9 @@ class OpenAICompatBackend:
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
-        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
-        if max_retries < 0:
-            raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
-        if not timeout > 0:
-            raise ConfigError(f"--timeout must be above 0 seconds, got {timeout}")
         url = (base_url or OPENAI_BASE_URL).strip()
         _check_url(url)
         if api_key:
@@ -394,7 +341,6 @@ class OpenAICompatBackend:
         self.backoff_cap = backoff_cap
         self.max_malformed_retries = max_malformed_retries
         self.max_reply_bytes = max_reply_bytes
-        self.concurrency = max(1, int(concurrency))
         self._key = api_key
         self._url = url  # credentials and query included: for the Batch API's client, never shown
         self._redact = Redactor(api_key, url)
@@ -434,11 +380,6 @@ class OpenAICompatBackend:
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
 
-    def _new_client(self) -> openai.AsyncOpenAI:
-        sdk = self.sdk_client()
-        self._sdks.append(sdk)
-        return sdk
-
     def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
         host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off.
@@ -468,15 +409,10 @@ class OpenAICompatBackend:
             logprobs = bool(request.top_logprobs) and self.logprobs_supported
             try:
                 return await self._with_retries(request, logprobs)
-            except _LogprobsRejected:
-                if self.logprobs_supported:
-                    log.info("%s rejected the logprobs parameter; not asking for logprobs again", self.shown_url)
-                self.logprobs_supported = False
-            except _SchemaRejected:
-                if self.schema_supported:
-                    log.info("%s rejected response_format json_schema; asking for plain JSON from now on",
-                             self.shown_url)
-                self.schema_supported = False
+            except _Unsupported as exc:
+                if getattr(self, exc.flag):
+                    log.info("%s rejected %s", self.shown_url, exc)
+                setattr(self, exc.flag, False)
 
     def close(self) -> None:
         """Close the SDK clients' connections."""
@@ -491,8 +427,7 @@ class OpenAICompatBackend:
             await sdk.close()
 
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
-        """The request body for ``request`` (``logprobs``: ask for them); the Batch API writes this
-        very object as a JSONL line."""
+        """The request body, which the Batch API writes as it is into a JSONL line."""
         params: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
@@ -562,10 +497,13 @@ class OpenAICompatBackend:
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
-        """One HTTP request, bounded as a whole by ``timeout``."""
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
-        sdk = self._idle.pop() if self._idle else self._new_client()
+        if self._idle:
+            sdk = self._idle.pop()
+        else:
+            sdk = self.sdk_client()
+            self._sdks.append(sdk)
         try:
             async with _deadline(self.timeout):
                 response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
@@ -579,7 +517,9 @@ class OpenAICompatBackend:
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             if isinstance(cause, ReplyTooLarge):
-                raise self._too_large() from None
+                kb = self.max_reply_bytes // 1024
+                raise RequestRejected(f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
+                                      "completion; not read further") from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
@@ -587,16 +527,9 @@ class OpenAICompatBackend:
             self._idle.append(sdk)
         return self._parse(data, logprobs)
 
-    def _too_large(self) -> RequestRejected:
-        return RequestRejected(
-            f"the reply from {self.shown_url} is larger than {self.max_reply_bytes // 1024} KB, not a chat "
-            "completion; not read further"
-        )
-
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
-        """An HTTP error as a retryable fault, a logprobs or schema fallback, a rejection of this
-        one request, or a final BackendError."""
+        """An HTTP error as a retryable fault, a fallback, this one request's rejection, or a BackendError."""
         if 300 <= status < 400:
             location = headers.get("location", "")
             where = f" to {one_line(_shown(location))}" if location else ""
@@ -609,9 +542,10 @@ class OpenAICompatBackend:
             what = "rate limited" if status == 429 else "server error"
             return _Transient(f"{what} (HTTP {status}): {detail}", retry_after=retry_after_seconds(headers))
         if logprobs and status in (400, 422) and "logprob" in said:
-            return _LogprobsRejected()
+            return _Unsupported("logprobs_supported", "the logprobs parameter; not asking for logprobs again")
         if schema_sent and status in (400, 422) and ("response_format" in said or "json_schema" in said):
-            return _SchemaRejected()
+            return _Unsupported("schema_supported",
+                                "response_format json_schema; asking for plain JSON from now on")
         if status in (413, 422) or (status == 400 and _REQUEST_PROBLEM.search(said)):
             return RequestRejected(self._redact(f"the server rejected this request (HTTP {status}): {detail}"))
         if status == 401:
@@ -628,28 +562,10 @@ class OpenAICompatBackend:
 
     def _parse(self, body: bytes, logprobs: bool) -> Completion:
         try:
-            data = json.loads(body)
-            choice = data["choices"][0]
-            message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError):  # RecursionError: "[[[[..." bodies
+            return chat_completion(json.loads(body), logprobs)
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." bodies
             snippet = one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # some servers send content parts
-            content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        text = content if isinstance(content, str) else ""
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        prompt_tokens = token_count(usage.get("prompt_tokens"))
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return Completion(
-            text=text,
-            top_logprobs=_parse_logprobs(choice.get("logprobs")) if logprobs and isinstance(choice, dict) else None,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=token_count(usage.get("completion_tokens")),
-            # the server reports prompt tokens it served from its prompt cache
-            prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
-        )
 
 
 if hasattr(asyncio, "timeout"):
@@ -667,19 +583,8 @@ else:  # Python 3.10: the same bound, one task more per call
             handle.cancel()
 
 
-def _parse_logprobs(lp: Any) -> tuple[tuple[TokenLogprob, ...], ...] | None:
-    """``choices[0].logprobs.content[i].top_logprobs`` -> one tuple of alternatives per position
-    (an unreadable logprob is NaN: the scorer records a failure, not a score from what is left)."""
-    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
-        return None
-    # no alternatives: the chosen token is all we know
-    return read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
-                              if isinstance(p, dict)]) or None
-
-
 def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
-    """The error an HTTP error body carries (its JSON ``error`` member, the JSON, or the text) and
-    a one-line description of it."""
+    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of it."""
     text = body.decode("utf-8", "replace").strip()
     error: Any = text
     try:

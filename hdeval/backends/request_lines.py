@@ -13,12 +13,12 @@ from hdeval.errors import one_line
 ENDPOINT = "/v1/chat/completions"
 
 
-def request_line(inner: Any, key: str, request: CompletionRequest, logprobs_ok: bool = True) -> bytes:
+def request_line(inner: Any, key: str, request: CompletionRequest) -> bytes:
     """One batch input line for ``request``: the body ``inner`` (an OpenAI-compatible backend)
     would send for it, under ``custom_id`` = its cache key."""
     # the body the client sends (OpenAICompatBackend._params, answer constraint included); its
     # headers (X-Hdeval-Kind) are sent apart, so a batch line has none
-    body = inner._params(request, bool(request.top_logprobs) and logprobs_ok)
+    body = inner._params(request, bool(request.top_logprobs) and inner.logprobs_supported)
     return (json.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body},
                        ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 

@@ -1,16 +1,13 @@
-"""The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra).
-
-xllamacpp ships llama.cpp prebuilt and runs its server in-process (``handle_chat_completions``:
-an OpenAI-style dict in, the reply dict out). Each slot reuses the longest common prefix with the
-next prompt. One word of a few is one call whose first token is constrained by a grammar, read at
-temperature 1 with no truncation, so the probabilities are the model's own over the words.
-
-The server's HTTP listener on 127.0.0.1 cannot be turned off: a random API key keeps other
-processes from using the model through it.
+"""The default embedded runtime: any GGUF model through xllamacpp (the ``local`` extra), which
+runs llama.cpp's server in-process (an OpenAI-style dict in, the reply dict out). One word of a few
+is one call whose first token is constrained by a grammar, read at temperature 1 with no
+truncation, so the probabilities are the model's own over the words. The server's HTTP listener on
+127.0.0.1 cannot be turned off: a random API key keeps other processes from using the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import threading
@@ -18,12 +15,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES, MAX_POSITIONS, Completion, CompletionRequest, Message, TokenLogprob, read_top_logprobs,
+    MAX_ALTERNATIVES, Completion, CompletionRequest, Message, chat_completion, token_count,
 )
 from hdeval.backends.constraints import (
     Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
 )
-from hdeval.backends.llama_cpp import DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec
+from hdeval.backends.llama_cpp import (
+    DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec, word_completion,
+)
 from hdeval.errors import BackendError, ConfigError
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
@@ -97,7 +96,7 @@ class XLlamaCppBackend:
             self._server = None
 
     def _call(self, messages: Sequence[Message], **body: Any) -> tuple[dict, int, int]:
-        """One chat completion; returns (reply, prompt tokens, prompt tokens evaluated)."""
+        """(reply, prompt tokens, prompt tokens evaluated) of one chat completion."""
         server = self._server
         if server is None:
             raise BackendError("the local model was closed")
@@ -118,15 +117,15 @@ class XLlamaCppBackend:
             raise BackendError(self._error_message(err))
         usage = reply.get("usage") if isinstance(reply.get("usage"), Mapping) else {}
         timings = reply.get("timings") if isinstance(reply.get("timings"), Mapping) else {}
-        prompt_tokens = _nonneg_int(usage.get("prompt_tokens"))
-        evaluated = _nonneg_int(timings.get("prompt_n"), prompt_tokens)
+        prompt_tokens = token_count(usage.get("prompt_tokens"))
+        evaluated = prompt_tokens if timings.get("prompt_n") is None else token_count(timings["prompt_n"])
         return dict(reply), prompt_tokens, evaluated
 
     def _error_message(self, err: Any) -> str:
         if not isinstance(err, Mapping):
             return f"llama.cpp error: {str(err)[:300]}"
         if err.get("type") == "exceed_context_size_error":
-            n = _nonneg_int(err.get("n_prompt_tokens"))
+            n = token_count(err.get("n_prompt_tokens"))
             return (f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} tokens: "
                     f"set {N_CTX_ENV} higher")
         return f"llama.cpp error: {str(err.get('message', err))[:300]}"
@@ -142,15 +141,12 @@ class XLlamaCppBackend:
         n = int(request.top_logprobs or 0)
         if n > 0:
             body.update(logprobs=True, top_logprobs=min(n, MAX_ALTERNATIVES))
-        reply, prompt_tokens, evaluated = self._call(request.messages, **body)
-        usage = reply.get("usage") if isinstance(reply.get("usage"), Mapping) else {}
-        return Completion(
-            text=_message_text(reply),
-            top_logprobs=_positions(reply) if n > 0 else None,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=_nonneg_int(usage.get("completion_tokens")),
-            prompt_tokens_evaluated=evaluated,
-        )
+        reply, _, evaluated = self._call(request.messages, **body)
+        try:
+            completion = chat_completion(reply, n > 0)
+        except ValueError:
+            raise BackendError("llama.cpp reply holds no choices") from None
+        return dataclasses.replace(completion, prompt_tokens_evaluated=evaluated)
 
     def _choose(self, request: CompletionRequest, constraint: Scale | Labels) -> Completion:
         """One word of ``constraint``: a token that begins one word gives it its probability (read
@@ -171,65 +167,33 @@ class XLlamaCppBackend:
             post_sampling_probs=True,
         )
         probs: dict[str, float] = {}
-        for token, p in _first_position(reply, "top_probs", "prob"):
+        for token, p in _first_probs(reply):
             word = first_token_word(constraint, token)
             if word is not None and p > 0.0:
                 probs[word] = probs.get(word, 0.0) + p
         total = sum(probs.values())
         if total <= 0.0:
             raise BackendError("llama.cpp returned no probabilities for the allowed answers")
-        ranked = sorted(probs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
-        top = tuple(TokenLogprob(w, math.log(p / total)) for w, p in ranked)
-        return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
-                          prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
+        return word_completion({w: math.log(p / total) for w, p in probs.items()}, words, request,
+                               prompt_tokens, evaluated)
 
 
 # reply parsing: bounded, the reply is untrusted like any server's
-def _nonneg_int(value: Any, default: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return default
-    return max(0, int(value))
-
-
-def _choice(reply: Mapping) -> Mapping:
+def _first_probs(reply: Mapping) -> list[tuple[str, float]]:
+    """The (token, probability) alternatives at the first generated position, best first."""
     choices = reply.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise BackendError("llama.cpp reply holds no choices")
-    return choices[0]
-
-
-def _message_text(reply: Mapping) -> str:
-    msg = _choice(reply).get("message")
-    content = msg.get("content") if isinstance(msg, Mapping) else None
-    return content if isinstance(content, str) else ""
-
-
-def _content(reply: Mapping) -> Any:
-    lp = _choice(reply).get("logprobs")
-    return lp.get("content") if isinstance(lp, Mapping) else None
-
-
-def _first_position(reply: Mapping, list_key: str, value_key: str) -> list[tuple[str, float]]:
-    """The (token, value) alternatives at the first generated position, best first."""
-    content = _content(reply)
+    lp = choices[0].get("logprobs")
+    content = lp.get("content") if isinstance(lp, Mapping) else None
     if not isinstance(content, list) or not content or not isinstance(content[0], Mapping):
         raise BackendError("llama.cpp reply holds no logprobs")
-    alts = content[0].get(list_key)
+    alts = content[0].get("top_probs")
     out: list[tuple[str, float]] = []
     for a in alts if isinstance(alts, list) else []:
-        if not isinstance(a, Mapping):
-            continue
-        tok, val = a.get("token"), a.get(value_key)
-        if isinstance(tok, str) and isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val):
-            out.append((tok, float(val)))
+        tok, p = (a.get("token"), a.get("prob")) if isinstance(a, Mapping) else (None, None)
+        if isinstance(tok, str) and isinstance(p, (int, float)) and not isinstance(p, bool) \
+                and math.isfinite(p):
+            out.append((tok, float(p)))
     out.sort(key=lambda tv: -tv[1])
     return out
-
-
-def _positions(reply: Mapping) -> tuple[tuple[TokenLogprob, ...], ...] | None:
-    """Every generated position's top alternatives (raw logprobs), bounded."""
-    content = _content(reply)
-    if not isinstance(content, list):
-        return None
-    return read_top_logprobs([p.get("top_logprobs") if isinstance(p, Mapping) else None
-                              for p in content[:MAX_POSITIONS]])

@@ -165,7 +165,7 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     def go() -> None:
         r = repair_cache(cache_dir or default_cache_dir())
         damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
-        click.echo(f"repaired {r.path}: copied {r.copied} readable entries into a fresh cache; "
+        click.echo(f"repaired {r.path}: copied {r.readable} readable entries into a fresh cache; "
                    f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}")
         click.echo(f"the old database is kept as {r.kept_as} (delete it when you no longer need it)")
 

@@ -3,6 +3,7 @@ task's data is (:func:`download_datasets`, :func:`convert_records`, :func:`data_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -80,8 +81,7 @@ def _slug(text: str) -> str:
 
 
 def _text(rec: Mapping[str, Any], key: str, where: str, required: bool = True) -> str | None:
-    """Upstream text, stripped: UniEval's dialogue fields carry trailing spaces/newlines
-    that the shared files do not, and a prompt gains nothing from them."""
+    """Upstream text, stripped (as in the shared files; UniEval's dialogues end in spaces)."""
     value = rec.get(key)
     if value is None and not required:
         return None
@@ -104,16 +104,11 @@ def _scores(
         raise DataError(f"{where}: 'scores' must be an object mapping aspect to number")
     out: dict[str, float] = {}
     for key, value in raw.items():
-        if key in drop:
-            continue
         name = rename.get(key, key)
-        if name not in task.aspect_keys:
+        if key in drop or name not in task.aspect_keys:
             continue
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        with contextlib.suppress(ValueError):  # a number written as text counts; other text fails below
+            value = float(value) if isinstance(value, str) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise DataError(f"{where}: scores.{key} is {value!r}, not a finite number")
         out[name] = float(value)
@@ -125,8 +120,7 @@ def _scores(
 
 def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | None, system: str | None,
          rec: Mapping[str, Any], at: str, rename: Mapping[str, str] = {}, drop: Sequence[str] = ()) -> dict:
-    """A row of ``rec`` (its output, reference and scores read here), keys in the shared files'
-    order, so a diff between the two is readable."""
+    """A row of ``rec``, keys in the shared files' order (so the two diff readably)."""
     output = _text(rec, "system_output", at)
     reference = _text(rec, "reference", at, required=False)
     return {"id": id_, "task": task.name, "source": source, "context": context, "output": output,
@@ -134,65 +128,48 @@ def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | N
             "scores": _scores(rec, task, rename, drop, at), "annotations": None}
 
 
-def convert_summeval(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``summeval.json`` -> rows. ``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is
-    UniEval's (the CNN/DM id). ``overall`` is dropped: UniEval computes it as the mean of the four
-    aspects, so it adds no human judgment."""
-    rows = []
-    for i, rec in enumerate(records, 1):
-        at = f"{where}: record {i}"
-        doc = rec.get("doc_id")
-        system = rec.get("system_id")
-        if doc in (None, "") or system in (None, ""):
-            raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
-        source = _text(rec, "source", at)
-        rows.append(_row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
-                         drop=("overall",)))
-    return rows
+# One record -> one row: (record, its 0-based position, task, where, the distinct inputs so far).
+def _summeval(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id).
+    ``overall`` is dropped: UniEval computes it as the mean of the four aspects."""
+    doc, system = rec.get("doc_id"), rec.get("system_id")
+    if doc in (None, "") or system in (None, ""):
+        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
+    source = _text(rec, "source", at)
+    return _row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
+                drop=("overall",))
 
 
-def convert_topical_chat(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``topical_chat.json`` -> rows. UniEval gives no dialogue id, so ``doc_id`` numbers the
-    distinct (history, fact) pairs in order of first appearance (``tc-00``...); ``id`` =
-    ``topical_chat-<nn>-<slug of system_id>``: both as in ``shared/data/topical_chat.jsonl``, which
-    keeps UniEval's order. ``source`` is the dialogue history, ``context`` the fact."""
-    rows = []
-    docs: dict[tuple[str, str], int] = {}
-    for i, rec in enumerate(records, 1):
-        at = f"{where}: record {i}"
-        source = _text(rec, "source", at)
-        context = _text(rec, "context", at)
-        system = rec.get("system_id")
-        if not isinstance(system, str) or not system.strip():
-            raise DataError(f"{at}: needs 'system_id'")
-        k = docs.setdefault((source or "", context or ""), len(docs))
-        rows.append(_row(task, f"topical_chat-{k:02d}-{_slug(system)}", f"tc-{k:02d}", source, context,
-                         system, rec, at))
-    return rows
+def _topical_chat(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in
+    order of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``:
+    both as in ``shared/data/topical_chat.jsonl``. ``source`` is the history, ``context`` the fact."""
+    source, context = _text(rec, "source", at), _text(rec, "context", at)
+    system = rec.get("system_id")
+    if not isinstance(system, str) or not system.strip():
+        raise DataError(f"{at}: needs 'system_id'")
+    k = docs.setdefault((source or "", context or ""), len(docs))
+    tc = f"{k:02d}"
+    return _row(task, f"topical_chat-{tc}-{_slug(system)}", f"tc-{tc}", source, context, system, rec, at)
 
 
-def convert_data2text(records: Sequence[Mapping[str, Any]], task: Task, where: str) -> list[dict]:
-    """UniEval ``sfres.json`` / ``sfhot.json`` -> rows. UniEval's integer ``doc_id`` is the record's
-    position, which cannot group outputs of one input, so ``doc_id`` numbers the distinct
-    meaning representations (``source``) in order of first appearance (``sfres-mr-000``...); ``id``
-    is the position (``sfres-0000``...): both as in ``shared/data/sfres.jsonl``. UniEval's
-    ``overall`` is the aspect called ``quality`` here; ``system`` is ``null`` (UniEval lacks it)."""
-    rows = []
-    docs: dict[str, int] = {}
-    for i, rec in enumerate(records):
-        at = f"{where}: record {i + 1}"
-        source = _text(rec, "source", at)
-        k = docs.setdefault(source or "", len(docs))
-        rows.append(_row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
-                         rename={"overall": "quality"}))
-    return rows
+def _data2text(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """sfres / sfhot. UniEval's integer ``doc_id`` is the record's position, which cannot group
+    outputs of one input, so ``doc_id`` numbers the distinct meaning representations (``source``) in
+    order of first appearance (``sfres-mr-000``...); ``id`` is the position (``sfres-0000``...): both
+    as in ``shared/data/sfres.jsonl``. UniEval's ``overall`` is the aspect called ``quality`` here;
+    ``system`` is ``null`` (UniEval lacks it)."""
+    source = _text(rec, "source", at)
+    k = docs.setdefault(source or "", len(docs))
+    return _row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
+                rename={"overall": "quality"})
 
 
-_CONVERTERS: dict[str, Callable[[Sequence[Mapping[str, Any]], Task, str], list[dict]]] = {
-    "summeval": convert_summeval,
-    "topical_chat": convert_topical_chat,
-    "sfres": convert_data2text,
-    "sfhot": convert_data2text,
+_CONVERTERS: dict[str, Callable[[Mapping[str, Any], int, Task, str, dict], dict]] = {
+    "summeval": _summeval,
+    "topical_chat": _topical_chat,
+    "sfres": _data2text,
+    "sfhot": _data2text,
 }
 
 
@@ -206,7 +183,8 @@ def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
         raise DataError(f"{where}: expected a JSON list of objects (UniEval layout)")
     if not records:
         raise DataError(f"{where}: no records")
-    rows = _CONVERTERS[name](records, load_task(name), where)
+    task, docs, convert = load_task(name), {}, _CONVERTERS[name]
+    rows = [convert(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
     seen: set[str] = set()
     for i, r in enumerate(rows, 1):
         if r["id"] in seen:
@@ -262,7 +240,7 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
 def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
                      timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
-    from hdeval.data import read_samples, write_jsonl
+    from hdeval.datasets.table import write_samples
 
     ds = DATASETS[name]
     task = load_task(name)
@@ -284,7 +262,6 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
     # Temp names start with "." and do not end in ".jsonl", so neither train nor `data list`
     # ever mistakes them for data; the pid keeps two concurrent runs apart.
     raw_tmp = dest / f".{name}.json.download-{os.getpid()}"
-    out_tmp = dest / f".{task.data_file}.partial-{os.getpid()}"
     try:
         report(DownloadEvent("start", name, url=url, path=target))
         fetch_to_file(url, raw_tmp, timeout,
@@ -310,18 +287,11 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
                        "with the paper's")
             report(DownloadEvent("warning", name, url=url, message=warning))
 
-        write_jsonl(out_tmp, rows)
-        # The same check `train` will run, done before the file takes its final name.
-        try:
-            n = len(read_samples(out_tmp, task))
-        except DataError as exc:
-            raise DataError(f"{url}: converted rows do not load ({exc})") from None
-        os.replace(out_tmp, target)
+        n = write_samples(target, rows, task)  # checked as `train` reads it, then renamed into place
     except OSError as exc:
         raise DataError(f"cannot write {target}: {exc}") from None
     finally:
         raw_tmp.unlink(missing_ok=True)
-        out_tmp.unlink(missing_ok=True)
     report(DownloadEvent("done", name, url=url, path=target, rows=n))
     return DownloadResult(name, target, n, downloaded=True, warning=warning)
 
@@ -397,13 +367,8 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)
-        cands = []
-        for path in data_candidates(task):
-            if not path.is_file():
-                cands.append(CandidateStatus(path, present=False))
-                continue
-            rows, problem = _count_valid(path, task, None)
-            cands.append(CandidateStatus(path, True, rows, problem))
+        cands = tuple(CandidateStatus(p, True, *_count_valid(p, task, None)) if p.is_file()
+                      else CandidateStatus(p, present=False) for p in data_candidates(task))
         ds = DATASETS.get(name)
-        out.append(TaskDataStatus(task, tuple(cands), ds.official_rows if ds else None))
+        out.append(TaskDataStatus(task, cands, ds.official_rows if ds else None))
     return out

@@ -69,13 +69,17 @@ _FORMATS = ("csv", "tsv", "json", "jsonl")
 
 
 def _guess_format(path: Path) -> str:
-    suffix = path.suffix.lower().lstrip(".")
-    if suffix in _FORMATS:
-        return suffix
-    if suffix == "ndjson":
-        return "jsonl"
+    fmt = path.suffix.lower().lstrip(".").replace("ndjson", "jsonl")
+    if fmt in _FORMATS:
+        return fmt
     raise ConfigError(f"{path}: cannot tell the format from the extension; pass --format "
                       f"({', '.join(_FORMATS)})")
+
+
+def _unusable(exc: Exception) -> str:
+    # valid JSON Python cannot hold: nesting deeper than its recursion limit, or an integer
+    # longer than int() converts
+    return "not usable JSON (nested too deeply)" if isinstance(exc, RecursionError) else f"not usable JSON ({exc})"
 
 
 def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
@@ -127,6 +131,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+            except (RecursionError, ValueError) as exc:
+                raise DataError(f"{path}: line {lineno}: {_unusable(exc)}") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{path}: line {lineno}: not a JSON object")
             records.append(_Record(len(records) + 1, lineno, obj))
@@ -137,6 +143,8 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
                         "for one object per line use a .jsonl name or --format jsonl") from None
+    except (RecursionError, ValueError) as exc:
+        raise DataError(f"{path}: {_unusable(exc)}") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects")
     records = []
@@ -180,46 +188,37 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         raise DataError(f"{path}: no data rows")
 
     def exists(column: str) -> bool:
-        if header is not None:
-            return column in header
-        return any(_lookup(r.values, column) is not _MISSING for r in records)
+        return column in header if header is not None else any(
+            _lookup(r.values, column) is not _MISSING for r in records)
 
-    def resolve(explicit: str | None, default: str | Sequence[str], option: str, needed: bool) -> str | None:
+    def resolve(explicit: str | None, defaults: Sequence[str], option: str, needed: bool) -> str | None:
         if explicit is not None:
             if not exists(explicit):
                 raise DataError(f"{path}: no column {explicit!r} (given by {option}); "
                                 f"columns: {_columns_hint(header, records)}")
             return explicit
-        defaults = [default] if isinstance(default, str) else list(default)
-        for d in defaults:
-            if exists(d):
-                return d
-        if needed:
+        found = next((d for d in defaults if exists(d)), None)
+        if found is None and needed:
             raise DataError(f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
                             f"column with {option}; columns: {_columns_hint(header, records)}")
-        return None
+        return found
 
     needed_fields = {f.key for f in task.fields}
     text_cols: dict[str, str | None] = {
-        key: resolve(getattr(cols, key), key, f"--{key}-col", key in needed_fields)
+        key: resolve(getattr(cols, key), [key], f"--{key}-col", key in needed_fields)
         for key in ("source", "context", "output", "reference")
     }
-    id_col = resolve(cols.id, "id", "--id-col", False)
-    doc_col = resolve(cols.doc, "doc_id", "--doc-col", False)
-    system_col = resolve(cols.system, "system", "--system-col", False)
-    score_cols: dict[str, str] = {}
+    id_col = resolve(cols.id, ["id"], "--id-col", False)
+    doc_col = resolve(cols.doc, ["doc_id"], "--doc-col", False)
+    system_col = resolve(cols.system, ["system"], "--system-col", False)
     # Naming score columns (--score-col) imports a subset of the aspects: an aspect neither
     # named nor found under its own name is left out (training then needs --aspects).
-    subset = bool(cols.scores)
-    for aspect in task.aspect_keys:
-        col = resolve(cols.scores.get(aspect), [aspect, f"scores.{aspect}"],
-                      f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
-                      not unscored and not subset)
-        if col is not None:
-            score_cols[aspect] = col
+    score_cols = {aspect: col for aspect in task.aspect_keys if (col := resolve(
+        cols.scores.get(aspect), [aspect, f"scores.{aspect}"],
+        f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
+        not unscored and not cols.scores)) is not None}
 
     errors: list[str] = []
-    n_errors = 0
     rows: list[dict] = []
     seen: dict[str, int] = {}
     for rec in records:
@@ -227,8 +226,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         texts: dict[str, str | None] = {}
         for key, col in text_cols.items():
             value = _lookup(rec.values, col) if col else None
-            if value is _MISSING:
-                value = None
+            value = None if value is _MISSING else value
             if value is not None and not isinstance(value, str):
                 problems.append(f"column {col!r} ({key}) is {type(value).__name__}, not text")
                 continue
@@ -255,23 +253,20 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
                     scores[aspect] = value
 
         if problems:
-            n_errors += len(problems)
             errors.extend(f"{rec.where}: {p}" for p in problems)
             continue
         seen[sid] = rec.number
-        source = texts.get("source")
+        source = texts["source"]
         doc = _scalar(rec.values, doc_col)
         if doc is None:
             # Same source text -> same doc, so a split never puts one article on both sides.
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
-        rows.append({"id": sid, "task": task.name, "source": source, "context": texts.get("context"),
-                     "output": texts.get("output"), "reference": texts.get("reference"),
-                     "system": _scalar(rec.values, system_col), "doc_id": doc, "scores": scores,
-                     "annotations": None})
-    if n_errors:
-        shown = errors[:_MAX_REPORTED_ERRORS]
-        more = f" (and {n_errors - len(shown)} more)" if n_errors > len(shown) else ""
-        raise DataError(f"{path}: {n_errors} problem(s): " + "; ".join(shown) + more)
+        rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(rec.values, system_col),
+                     "doc_id": doc, "scores": scores, "annotations": None})
+    if errors:
+        n, shown = len(errors), errors[:_MAX_REPORTED_ERRORS]
+        more = f" (and {n - len(shown)} more)" if n > len(shown) else ""
+        raise DataError(f"{path}: {n} problem(s): " + "; ".join(shown) + more)
     return rows
 
 
@@ -295,14 +290,12 @@ def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | No
     label = f"column {column!r} (aspect {aspect})"
     if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
         return None, f"no score in {label}"
-    if isinstance(value, bool):
-        return None, f"{label}: {value!r} is not a number"
     if isinstance(value, str):
         try:
             number = float(value.strip())
         except ValueError:
             return None, f"{label}: {value.strip()!r} is not a number"
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
         return None, f"{label}: {value!r} is not a number"

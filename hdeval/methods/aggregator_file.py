@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from hdeval.aggregate import KINDS, make_regressor
 from hdeval.errors import ArtifactError
 
 # Types the aggregator file may contain beyond what skops trusts by default; anything
@@ -18,12 +19,8 @@ TRUSTED_TYPES = (
     "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
     "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
 )
-ESTIMATORS = {
-    "lr": "LinearRegression",
-    "dt": "DecisionTreeRegressor",
-    "rf": "RandomForestRegressor",
-    "nn": "MLPRegressor",
-}
+# kind -> the class name of the model its pipeline ends in
+ESTIMATORS = {k: type(make_regressor(k).named_steps["model"]).__name__ for k in KINDS}
 
 
 def check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:

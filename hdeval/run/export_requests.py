@@ -1,6 +1,5 @@
-"""``apply --export-requests``: a run's uncached requests written as an OpenAI batch-format file,
-on apply's own validation, shards and artifact-LLM policy (the line format is
-:mod:`hdeval.request_files`, which the Batch API backend shares)."""
+"""``apply --export-requests``: a run's uncached requests written as an OpenAI batch-format file
+(:mod:`hdeval.request_files`), on apply's own validation, shards and artifact-LLM policy."""
 
 from __future__ import annotations
 
@@ -31,13 +30,13 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
 
     which = parse_shard(shard) if shard is not None else None
     check_output(export_file, [input_file, artifact], option="--export-requests")
-    check_writable(Path(os.path.abspath(export_file)).parent)
+    near = Path(os.path.abspath(export_file)).parent
+    check_writable(near)
     size = chunk_size()
     ev = load_artifact(artifact)
     refusal = ev.export_refusal()
     if refusal:
         raise ConfigError(refusal)
-    near = os.path.dirname(os.path.abspath(export_file))
     # one reading pass, as apply's: each chunk validated (ids through the on-disk index) as it is
     # exported; a bad line anywhere raises at the end of the pass and the export file is not written
     with DiskIds(near) as seen:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from hdeval.backends.base import Backend, CompletionRequest
 from hdeval.errors import DecompositionError, RequestRejected
-from hdeval.judge import UnusableReply, ask_json, extract_json
+from hdeval.judge import UnusableReply, ask_json
 from hdeval.progress import Progress
 from hdeval.prompts import Template, decomposition_messages
 from hdeval.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
@@ -79,18 +79,6 @@ def decomposition_request(
     )
 
 
-def parse_subcriteria(
-    text: str, parent: Criterion, tree: CriteriaTree, max_children: int, taken: set[str]
-) -> list[Criterion]:
-    """Validate a reply; raise ValueError saying what is wrong (fed back to the LLM).
-
-    Keys are made unique across the tree (a clashing key gets a number); a repeated
-    sub-criterion (same name and definition) is kept once; more than ``max_children`` are
-    cut to the first ``max_children``. ``taken`` holds keys already in use.
-    """
-    return validate_subcriteria(extract_json(text), parent, tree, max_children, taken)
-
-
 def _norm(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
 
@@ -133,9 +121,12 @@ def quality_problem(name: str, definition: str, parent: Criterion, tree: Criteri
 def validate_subcriteria(
     data: Any, parent: Criterion, tree: CriteriaTree, max_children: int, taken: set[str]
 ) -> list[Criterion]:
-    """:func:`parse_subcriteria` on an already parsed JSON reply.
+    """Validate a parsed reply; raise ValueError saying what is wrong (fed back to the LLM).
 
-    Raises :class:`DegenerateCriteria` (a ``ValueError``) naming every sub-criterion that repeats
+    Keys are made unique across the tree (a clashing key gets a number); a repeated
+    sub-criterion (same name and definition) is kept once; more than ``max_children`` are
+    cut to the first ``max_children``. ``taken`` holds keys already in use. Raises
+    :class:`DegenerateCriteria` (a ``ValueError``) naming every sub-criterion that repeats
     its parent, duplicates a sibling or is rubric boilerplate: the reply is re-asked."""
     items = data.get("subcriteria") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
@@ -244,17 +235,13 @@ def decompose_nodes(backend: Backend, template: Template, task: Task, tree: Crit
     # ancestors, so all are known now and are written as one stage
     export_first_requests(backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes])
     taken: set[str] = set(tree.keys)
-    is_cached = getattr(backend, "is_cached", None)  # only a CachedBackend can tell
     found: list[dict[str, Any]] = [] if rejections is None else rejections
     for node in nodes:
-        first = decomposition_request(template, task, tree, node, max_children)
-        cached = bool(is_cached and is_cached(first))
-        stats = getattr(backend, "stats", None)
-        calls = getattr(stats, "calls", None)
+        calls = getattr(getattr(backend, "stats", None), "calls", None)  # only a CachedBackend counts
         mark = len(found)
         children = decompose(backend, template, task, tree, node, max_children, taken, rejections=found)
-        if isinstance(calls, int):
-            cached = stats.calls == calls  # a cached reply that failed validation was asked again
+        # cached: no call made (a cached reply that failed validation was asked again)
+        cached = isinstance(calls, int) and backend.stats.calls == calls
         if not children:
             why = found[-1]["rejected"] if len(found) > mark else "no usable sub-criteria"
             found.append({"criterion": node.key, "unexpanded": True, "attempts": ATTEMPTS})

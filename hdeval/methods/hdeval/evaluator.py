@@ -1,9 +1,5 @@
-"""The HD-Eval evaluator: criteria tree + fitted aggregator; scores new samples, reads/writes its files.
-
-The artifact directory itself (manifest, checksums, safe loading, atomic save) belongs to
-:mod:`hdeval.artifact`; this module only says which files HD-Eval writes and checks that what
-it reads back is consistent.
-"""
+"""The HD-Eval evaluator: criteria tree + fitted aggregator; scores new samples, writes its files and
+checks that what it reads back is consistent (the artifact directory is :mod:`hdeval.artifact`'s)."""
 
 from __future__ import annotations
 
@@ -11,24 +7,28 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import Aggregator
-from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.artifact import MANIFEST, ArtifactReader, ArtifactWriter, open_artifact, recover_artifact
 from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
 from hdeval.methods.aggregator_file import check_models as _check_models
-from hdeval.methods.base import ScoreResult, SimpleFitted, progress_stage, score_rows, usage_of
+from hdeval.methods.base import (
+    ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
+)
+from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request
 from hdeval.tasks import task_from_dict
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
+from hdeval.urls import public_url
 
 TREE = "tree.json"
 MODEL = "aggregator.skops"
@@ -41,8 +41,7 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
 
 
 class TreeEvaluator(SimpleFitted):
-    """What the pointwise and the pairwise HD-Eval evaluators both hold: the task, the criteria
-    tree, the feature order, the prompts, the LLM and the run's metrics and score table."""
+    """What the pointwise and the pairwise HD-Eval evaluators share."""
 
     def __init__(self, task: Task, tree: CriteriaTree, feature_keys: Sequence[str],
                  templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
@@ -55,8 +54,10 @@ class TreeEvaluator(SimpleFitted):
         self.manifest_extra = dict(manifest_extra or {})
 
     # ------------------------------------------------------------------ saving
-    def write_files(self, out: ArtifactWriter, model_file: str, model: Any) -> None:
-        """The files both evaluators write: prompts, tree, the fitted model, metrics, score table."""
+    def write_files(self, out: ArtifactWriter, model_file: str, model: Any, head: dict[str, Any],
+                    tail: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the files both evaluators write (prompts, tree, the fitted model, metrics, score
+        table); their manifest part: ``head``, features and prompts, ``tail``, the run record."""
         for name, t in self.templates.items():
             out.text(f"prompts/{name}.toml", t.source)
         out.json(TREE, self.tree.to_dict())
@@ -64,15 +65,27 @@ class TreeEvaluator(SimpleFitted):
         out.json(METRICS, self.metrics)
         if self.score_table is not None:
             self.score_table.to_csv(out.path(SCORES), index=False)
+        prompts = {n: t.digest for n, t in self.templates.items()}
+        return {**head, "features": self.feature_keys, "needed_criteria": self.needed_criteria,
+                "prompts": prompts, **(tail or {}), **self.public_extra()}
 
     def public_extra(self) -> dict[str, Any]:
         """The run record for the manifest, its server address without credentials."""
-        from hdeval.urls import public_url
-
         extra = dict(self.manifest_extra)
         if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
             extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
         return extra
+
+    @property
+    def needed_criteria(self) -> list[str]:
+        """Criteria the fitted model actually uses: only these are scored by ``apply``."""
+        return [k for k, used in zip(self.feature_keys, self.used_mask()) if used]
+
+    def artifact_suffix(self) -> str:
+        return self.kind
+
+    def fitted_aggregator(self) -> str | None:
+        return self.kind
 
     def cost_line(self) -> str:
         return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
@@ -81,8 +94,6 @@ class TreeEvaluator(SimpleFitted):
     reports = True
 
     def method_args(self) -> dict[str, Any]:
-        from hdeval.methods.base import recorded_options
-
         options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
         return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
 
@@ -97,6 +108,30 @@ class TreeEvaluator(SimpleFitted):
         return [((s.id, c), scoring_request(template, self.task, self.tree, self.tree[c], s))
                 for s in self.scored_samples(items) for c in columns if c in self.tree], None
 
+    def score_needed(self, items: Sequence[Any], backend: Any, cache_dir: Any, concurrency: int | None,
+                     progress: Progress | None, what: str, units: int, score: Callable) -> tuple[Any, Any]:
+        """(``score``'s scores of ``items`` on the criteria the model uses, usage), in one progress
+        stage of ``units`` per criterion; the backend is opened here unless given."""
+        backend, own = self.open_backend(backend, cache_dir)
+        try:
+            criteria = [self.tree[k] for k in self.needed_criteria]
+            with progress_stage(progress, f"scoring {what} x {len(criteria)} criteria",
+                                units * len(criteria)):
+                out = score(backend, self.templates["score"], self.task, self.tree, criteria, items,
+                            concurrency, progress)
+            return out, usage_of(backend)
+        finally:
+            if own:
+                backend.close()
+
+    def on_features(self, m: ScoreMatrix) -> np.ndarray:
+        """``m``'s scores in feature order, NaN for a feature it did not score."""
+        X = np.full((len(m.values), len(self.feature_keys)), np.nan)
+        for j, k in enumerate(self.feature_keys):
+            if k in m.criterion_keys:
+                X[:, j] = m.values[:, m.criterion_keys.index(k)]
+        return X
+
     def scored_samples(self, items: Sequence[Any]) -> list[Sample]:
         """The samples the criterion prompts were asked about, for data items of this shape."""
         return list(items)
@@ -108,8 +143,6 @@ class TreeEvaluator(SimpleFitted):
     def load(cls, path: str | Path) -> Any:
         """Verify checksums and versions, then load with safe deserialisation only; an artifact
         of another method or shape is a one-line error (``load_artifact`` loads any)."""
-        from hdeval.artifact import MANIFEST, ArtifactReader, open_artifact, recover_artifact
-
         path = Path(path)
         recover_artifact(path)
         head = ArtifactReader(path, {}, []).json(MANIFEST) if (path / MANIFEST).is_file() else {}
@@ -121,9 +154,6 @@ class TreeEvaluator(SimpleFitted):
         if method != "hdeval" or shape != cls.shape:
             raise cls.not_mine(path, method, shape)
         art = open_artifact(path, editable=(TREE,))
-        from hdeval.methods.base import check_recorded_options
-        from hdeval.methods.hdeval.options import HDEvalOptions
-
         check_recorded_options(HDEvalOptions, art.manifest.get("config"), str(path / MANIFEST), method)
         return cls.from_artifact(art)
 
@@ -137,12 +167,10 @@ class TreeEvaluator(SimpleFitted):
 
     @classmethod
     def read_start(cls, art: ArtifactReader, model_file: str, fitted: str,
-                   section: Callable[[dict[str, Any]], Any]) -> "StoredTree":
-        """What both evaluators read first from a verified artifact: the files every HD-Eval
-        artifact lists (``model_file`` among them), the task, the tree, the prompts and the
-        feature order, checked against each other. ``section(manifest)`` reads the evaluator's
-        own part of the manifest under the same malformed-artifact guard; ``fitted`` names the
-        model ("aggregator", "classifier") in messages."""
+                   section: Callable[[dict[str, Any]], Any]) -> tuple[Task, CriteriaTree, dict, list, Any]:
+        """What both evaluators read first from a verified artifact (task, tree, prompts, feature
+        order, checked against each other), and ``section(manifest)``, their own part, under the
+        same malformed-artifact guard; ``fitted`` names the model in messages."""
         path, manifest = art.path, art.manifest
         mpath = path / "manifest.json"
         raw_task = manifest.get("task")
@@ -172,7 +200,7 @@ class TreeEvaluator(SimpleFitted):
                 f"{path}: {TREE} no longer has the criteria the {fitted} was trained on; "
                 "edit only names and definitions, or retrain"
             )
-        return StoredTree(task, tree, templates, features, own)
+        return task, tree, templates, features, own
 
     @staticmethod
     def read_llm(manifest: dict[str, Any], mpath: Path) -> tuple[LLMConfig, str]:
@@ -184,20 +212,26 @@ class TreeEvaluator(SimpleFitted):
             raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
         return LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), llm.get("identity") or ""
 
+    @staticmethod
+    def check_needed(manifest: dict[str, Any], features: list[str], used: Callable[[], Any], fitted: str,
+                     mpath: Path, where: Path) -> None:
+        """The manifest's ``needed_criteria``, when given, are the features the model uses."""
+        needed = manifest.get("needed_criteria")
+        if needed is None:
+            return
+        if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
+            raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among 'features'")
+        try:
+            computed = [k for k, u in zip(features, used()) if u]
+        except Exception as exc:  # a model without the attributes it should have
+            raise ArtifactError(f"{where}: unusable {fitted} ({exc})") from exc
+        if computed != needed:
+            raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the {fitted} uses")
+
     def loaded_from(self, art: ArtifactReader) -> None:
         """Remember where the evaluator was loaded from and what loading warned about."""
         self.warnings = list(art.warnings)
         self.path = art.path
-
-
-class StoredTree(NamedTuple):
-    """The parts :meth:`TreeEvaluator.read_start` read from an artifact."""
-
-    task: Task
-    tree: CriteriaTree
-    templates: dict[str, Template]
-    features: list[str]
-    section: Any  # what the evaluator's ``section`` function returned
 
 
 class Evaluator(TreeEvaluator):
@@ -214,14 +248,15 @@ class Evaluator(TreeEvaluator):
         self.aggregator = aggregator
         self.manifest_data: dict[str, Any] = {}
 
-    def artifact_suffix(self) -> str:
+    @property
+    def kind(self) -> str:
         return self.aggregator.kind
+
+    def used_mask(self) -> Any:
+        return self.aggregator.used_features()
 
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         return self.aggregator.predict(test[list(self.feature_keys)].to_numpy(float))
-
-    def fitted_aggregator(self) -> str | None:
-        return self.aggregator.kind
 
     def benchmark_record(self) -> dict[str, Any]:
         m = self.metrics
@@ -247,41 +282,22 @@ class Evaluator(TreeEvaluator):
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.hdeval.report import write_report
 
-        files = write_report(self, out, progress=progress, **options)
-        return files.html, files.json.name, []
+        html, numbers = write_report(self, out, progress=progress, **options)
+        return html, numbers.name, []
 
     # ------------------------------------------------------------------ scoring
-    @property
-    def needed_criteria(self) -> list[str]:
-        """Criteria the aggregator actually uses: only these are scored by ``apply``."""
-        mask = self.aggregator.used_features()
-        return [k for k, used in zip(self.feature_keys, mask) if used]
-
     def score(self, samples: Iterable[Sample], backend: Backend | None = None, cache_dir: str | Path | None = None,
               concurrency: int | None = None, progress: Progress | None = None) -> ScoreResult:
         """Score new samples on the tree's criteria with the trained prompts and LLM (cached)."""
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            needed = self.needed_criteria
-            criteria = [self.tree[k] for k in needed]
-            with progress_stage(progress, f"scoring {len(samples)} samples x {len(criteria)} criteria",
-                                len(samples) * len(criteria)):
-                m = (self.scorer or score_criteria)(backend, self.templates["score"], self.task, self.tree,
-                                                    criteria, samples, concurrency, progress)
-            X = np.full((len(samples), len(self.feature_keys)), np.nan)
-            for j, k in enumerate(self.feature_keys):
-                if k in m.criterion_keys:
-                    X[:, j] = m.values[:, m.criterion_keys.index(k)]
-            full = ScoreMatrix([s.id for s in samples], list(self.feature_keys), X, m.failures)
-            pred = self.aggregator.predict(X)
-            usage = usage_of(backend)
-            return ScoreResult([s.id for s in samples], list(self.aggregator.aspects), pred, full, usage)
-        finally:
-            if own:
-                backend.close()
+        m, usage = self.score_needed(samples, backend, cache_dir, concurrency, progress,
+                                     f"{len(samples)} samples", len(samples), self.scorer or score_criteria)
+        X = self.on_features(m)
+        ids = [s.id for s in samples]
+        full = ScoreMatrix(ids, list(self.feature_keys), X, m.failures)
+        return ScoreResult(ids, list(self.aggregator.aspects), self.aggregator.predict(X), full, usage)
 
     # ------------------------------------------------------------------ the method seam
     def output_rows(self, samples: Sequence[Sample], result: ScoreResult) -> list[dict[str, Any]]:
@@ -289,28 +305,16 @@ class Evaluator(TreeEvaluator):
         return score_rows(samples, result, self.needed_criteria)
 
     # ------------------------------------------------------------------ saving
-    def manifest(self) -> dict[str, Any]:
-        """HD-Eval's part of the manifest (the artifact module adds the generic header)."""
-        return {
-            "aggregator": {
-                "kind": self.aggregator.kind,
-                "aspects": self.aggregator.aspects,
-                "ranges": [list(r) for r in self.aggregator.ranges],
-                "groups": self.aggregator.groups,
-                "random_state": self.aggregator.random_state,
-            },
-            "features": self.feature_keys,
-            "needed_criteria": self.needed_criteria,
-            "prompts": {n: t.digest for n, t in self.templates.items()},
-            **({"scorer": self.scorer.manifest()} if self.scorer is not None else {}),
-            **self.public_extra(),
-        }
-
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        self.write_files(out, MODEL, self.aggregator.models_)
+        """Write the files; HD-Eval's part of the manifest (the artifact module adds the header)."""
+        agg = self.aggregator
+        own = {"kind": agg.kind, "aspects": agg.aspects, "ranges": [list(r) for r in agg.ranges],
+               "groups": agg.groups, "random_state": agg.random_state}
+        manifest = self.write_files(out, MODEL, agg.models_, {"aggregator": own},
+                                    None if self.scorer is None else {"scorer": self.scorer.manifest()})
         if self.scorer is not None:
             self.scorer.write(out)
-        return self.manifest()
+        return manifest
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -327,16 +331,7 @@ class Evaluator(TreeEvaluator):
         random_state = agg_meta.get("random_state", 0)
         agg = Aggregator.from_fitted(kind, agg_aspects, ranges, groups,
                                      random_state if isinstance(random_state, int) else 0, models, len(features))
-        needed = manifest.get("needed_criteria")
-        if needed is not None:
-            if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
-                raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among 'features'")
-            try:
-                computed = [k for k, used in zip(features, agg.used_features()) if used]
-            except Exception as exc:  # a model without the attributes it should have
-                raise ArtifactError(f"{path / MODEL}: unusable aggregator ({exc})") from exc
-            if computed != needed:
-                raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the aggregator uses")
+        cls.check_needed(manifest, features, agg.used_features, "aggregator", mpath, path / MODEL)
         llm, identity = cls.read_llm(manifest, mpath)
         ev = cls(
             task, tree, agg, features, templates, llm, identity,
@@ -392,12 +387,8 @@ def _check_aggregator_meta(meta: dict, task: Task, mpath: Path) -> tuple[list[st
 
 def _check_order(path: Path, files: dict, features: list[str], aspects: list[str], tree: CriteriaTree,
                  mpath: Path) -> None:
-    """The aggregator's columns are positional: ``features`` must be in the trained order.
-
-    The checksummed ``scores.csv`` header records it (criterion columns, then ``human:``
-    aspect columns); without that table, the order the training builds (layer by layer,
-    in tree order) is the reference.
-    """
+    """The aggregator's columns are positional: ``features`` must be in the trained order, which the
+    checksummed ``scores.csv`` header records; without it, training's order (layer by layer)."""
     if SCORES in files:
         header = scores_header(path)
         if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide

@@ -1,21 +1,14 @@
 """Explanations of a trained evaluator: SHAP values, permutation importance over the criteria
-tree, the criteria-efficiency curve, and per-sample explanations. Pure computation: no
-printing, no plotting (``report.py`` draws, ``hdeval.cli.report`` prints).
-
-:meth:`Aggregator.predict` clips each aspect to its range, and clipping is not additive, so SHAP
-values explain the *unclipped* pipeline output (the ``prediction``: ``base_value + sum(shap) ==
-prediction``); the clipped score ``apply`` reports stands next to it (``clipped_prediction``).
-Trees and the linear model are explained exactly on the imputed, standardised inputs (both act
-feature by feature, so attributions stay on the criteria; for a linear model this is the
-interventional value a model-agnostic explainer estimates, far cheaper); ``nn`` by permutation on
-the raw scores, over a background of training rows (the paper uses 100).
-
-``ev`` is the fitted pointwise evaluator, typed ``Any``: evaluator.py sits above this module.
-"""
+tree, the criteria-efficiency curve, per-sample explanations. Pure computation (no printing or
+plotting). Clipping to an aspect's range is not additive, so SHAP explains the *unclipped*
+pipeline output (``base_value + sum(shap) == prediction``), the clipped score beside it. Trees
+and the linear model are explained exactly on the imputed, standardised inputs (both act feature
+by feature); ``nn`` by permutation on the raw scores over training rows. ``ev``, the fitted
+pointwise evaluator, is typed ``Any``: evaluator.py sits above this module."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -215,11 +208,7 @@ class NodeImportance:
     per_aspect: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key, "name": self.name, "definition": self.definition, "layer": self.layer,
-            "parent": self.parent, "importance": self.importance, "rolled_up_importance": self.rolled_up,
-            "per_aspect": dict(self.per_aspect),
-        }
+        return {("rolled_up_importance" if k == "rolled_up" else k): v for k, v in asdict(self).items()}
 
 
 def tree_importance(tree: CriteriaTree, per_aspect: Mapping[str, Mapping[str, float]]) -> list[NodeImportance]:

@@ -6,23 +6,24 @@ Also its dry-run plan. The generic parts of a run (options, data, split, the LLM
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
+from hdeval.urls import public_identity, public_url, shown_identity
 
 import dataclasses
 import warnings
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, cross_val_predictions, default_jobs, select_cv, tune_cv
+from hdeval.aggregate import KINDS, Aggregator, default_jobs, select_cv
 from hdeval.backends.base import Backend
 from hdeval.cache import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
 from hdeval.intervals import fitted_intervals
-from hdeval.methods.base import FitContext, score_table, usage_of
+from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
@@ -60,30 +61,16 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     from hdeval.methods.comparisons import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
-    ev = _run(ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress, scorer, ctx.decompose_llm)
-    if scorer is not None:
-        ev.scorer = scorer
-        position = scorer.position()
-        ev.metrics["position_consistency"] = position["consistency"]
-        ev.metrics["position_bias"] = position["bias"]
-    return ev
-
-
-def _run(
-    config: Any, prep: Any, llm: CachedBackend, spec: LLMConfig, progress: Progress,
-    scorer: Any = None, dec: CachedBackend | None = None,
-) -> Evaluator:
+    config, prep, llm, spec, progress = ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress
     task, samples, split = prep.task, prep.samples, prep.split
-    dec = llm if dec is None else dec  # the LLM that decomposes (--decompose-llm)
+    dec = llm if ctx.decompose_llm is None else ctx.decompose_llm  # the LLM that decomposes (--decompose-llm)
     default_jobs()  # a bad HDEVAL_JOBS fails here, before any LLM call
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
     if scorer is not None:
         templates["pair"] = scorer.template
     ids = [s.id for s in samples]
-    pos = {s: i for i, s in enumerate(ids)}
-    tr = np.array([pos[s] for s in split.train_ids])
-    te = np.array([pos[s] for s in split.test_ids])
+    tr, te = positions(samples, split.train_ids), positions(samples, split.test_ids)
     aspects = list(task.aspect_keys)
     Y = np.array([[s.scores[a] for a in aspects] for s in samples])
     doc_groups = [samples[i].doc_id for i in tr]
@@ -92,11 +79,7 @@ def _run(
         f"({len(tr)} train, {len(te)} test), LLM {shown_identity(llm.identity)}"
         + (f", decomposing with {shown_identity(dec.identity)}" if dec is not llm else "")
     )
-
-    # --tree: its layers are taken as given (scored, never decomposed); expansion starts below
-    # its last layer, and a locked criterion is never expanded.
     given = prep.given
-    tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
     if given is not None:
@@ -104,57 +87,33 @@ def _run(
     matrix = ScoreMatrix.empty(ids)
     reports: list[LayerReport] = []
     layer_metrics: dict[str, Any] = {}
-    expand: Sequence[str] = ()
-    agg: Aggregator | None = None
+    expand: list[str] = []  # what pruning picked to decompose next
     fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
     cv_preds: dict[int, np.ndarray] = {}  # layer -> out-of-fold training predictions (intervals)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer in range(1, config.options.layers + 1):
-        progress.expect(_units_left(config, len(samples), tree, layer, depth, locked, expand))
-        if layer > 1:
-            nodes = _to_decompose(tree, layer, depth, locked, expand)
-            if not nodes and layer > depth:  # pruning found no criterion worth expanding
-                break
-            if nodes:
-                progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
-                before = len(tree)
-                _share_budget(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, templates["decompose"], task, tree, nodes, config.options.children,
-                                       progress, rejections)
-                progress.end_stage()
-                if len(tree) == before and layer > depth:
-                    break
-        new = tree.layer(layer)
+    for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
+                                 len(samples), expand, rejections):
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
         )
         _share_budget(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
-        _check_failures(m, layer, config.max_failure_rate)
+        check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
         matrix = matrix.hstack(m)
         X = matrix.values
         # scikit-learn warnings (e.g. an MLP that did not converge) never reach the terminal
         # raw: they are recorded as notes in the layer report.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            selection: dict[str, float] = {}
-            tuning: dict[str, float] = {}
             kind = config.options.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
-            # model selection already cross-validated the chosen template: reuse its
-            # predictions, and (pruning uses the same folds) its fold models
-            folds: list | None = [] if pruning else None
-            if kind == "auto":
-                template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
-                                                                 fold_models=folds)
-            elif kind == "nn":
-                template, _, tuning, cv_pred = tune_cv(template, X[tr], Y[tr], doc_groups, fold_models=folds)
-            else:
-                cv_pred = cross_val_predictions(template, X[tr], Y[tr], doc_groups, fold_models=folds)
+            template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
+                                                             KINDS if kind == "auto" else (kind,))
+            selection = selection if kind == "auto" else {}
             kind = template.kind
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
@@ -168,17 +127,16 @@ def _run(
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.options.top_k, fold_models=folds or None)
+                           doc_groups, config.options.top_k)
                 report.importance, report.expand_next = pr.importance, list(pr.selected)
                 report.positive_importance = pr.n_positive
-                expand = pr.selected
+                expand[:] = pr.selected
         report.notes = warning_notes(caught)
         fitted.append((layer, X.shape[1], agg))
         reports.append(report)
         layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
 
-    assert agg is not None
     choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
     kept_layer, n_cols, agg = next(f for f in fitted if f[0] == choice["kept_layer"])
     metrics = {
@@ -187,9 +145,7 @@ def _run(
         "selection": choice,
         "layers": layer_metrics,
         "cv_train": {str(r.layer): r.cv_train for r in reports},
-        "direct_layer1": _direct_layer1(matrix, Y[te], te, aspects),
-        "mean_all_criteria": _mean_all(matrix, Y[te], te, aspects),
-        "mean_subtree": _mean_subtree(tree, matrix, Y[te], te, aspects),
+        **dict(sorted(baselines(tree, matrix, Y, te, aspects).items())),
         "failure_rate": matrix.failure_rate,
         "usage": usage_of(llm, dec),
     }
@@ -206,12 +162,10 @@ def _run(
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
     # the score table and the layer reports keep every explored criterion
     kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
-    return Evaluator(
+    ev = Evaluator(
         task, kept_tree, agg, matrix.criterion_keys[:n_cols], templates, spec, llm.identity, metrics,
         {
-            "seed": config.seed,
-            "split": split.to_dict(),
-            "config": _public_config(config),
+            **run_record(ctx),
             "layers": [r.to_dict() for r in reports],
             "data_file": str(prep.data_path),
             "decompose_llm": _decompose_record(config, spec, dec, llm),
@@ -220,6 +174,45 @@ def _run(
         },
         table,
     )
+    if scorer is not None:
+        ev.scorer = scorer
+        position = scorer.position()
+        ev.metrics["position_consistency"] = position["consistency"]
+        ev.metrics["position_bias"] = position["bias"]
+    return ev
+
+
+def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend, template: Any, task: Any,
+         given: Any, n: int, expand: Sequence[str], rejections: list[dict[str, Any]],
+         ) -> Iterator[tuple[int, CriteriaTree, list]]:
+    """The layer loop of both shapes: (layer, tree, its criteria) for each layer to score, after
+    decomposing what it needs. A --tree's layers are taken as given and expansion starts below
+    its last one, never on a locked criterion; deeper layers expand what the caller last put in
+    ``expand`` (pruning), and the loop ends when nothing is. ``n``: units per criterion."""
+    tree = given.tree if given is not None else CriteriaTree.from_aspects(task.aspects)
+    depth = given.depth if given is not None else 1
+    locked = given.locked if given is not None else frozenset()
+    for layer in range(1, config.options.layers + 1):
+        progress.expect(_units_left(config, n, tree, layer, depth, locked, expand))
+        if layer > 1:
+            nodes = _to_decompose(tree, layer, depth, locked, expand)
+            if not nodes and layer > depth:  # pruning found no criterion worth expanding
+                return
+            if nodes:
+                progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
+                before = len(tree)
+                _share_budget(dec, llm, config.max_calls)
+                tree = decompose_nodes(dec, template, task, tree, nodes, config.options.children, progress,
+                                       rejections)
+                progress.end_stage()
+                if len(tree) == before and layer > depth:
+                    return
+        yield layer, tree, tree.layer(layer)
+
+
+def positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
+    pos = {s.id: i for i, s in enumerate(samples)}
+    return np.array([pos[s] for s in ids], dtype=int)
 
 
 # A deeper layer costs more LLM calls per sample and is kept only when its cross-validated
@@ -235,22 +228,11 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     given with --tree is kept whole: only layers from its last one on compete."""
     cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
-    best = best_layer(cv, [r.layer for r in eligible])
-    baselines = {
-        "mean_subtree": metric_table(Y[tr], subtree_means(tree, matrix, aspects)[tr], aspects),
-        "mean_all_criteria": _mean_all(matrix, Y[tr], tr, aspects),
-        "direct_layer1": _direct_layer1(matrix, Y[tr], tr, aspects),
-    }
-    train_sp = {k: v["average"]["spearman"] for k, v in baselines.items()}
+    best, reason = best_layer(cv, [r.layer for r in eligible], "Spearman",
+                              "the only layer that could be kept", lambda x: _fmt(x).strip())
+    train_sp = {k: v["average"]["spearman"] for k, v in baselines(tree, matrix, Y, tr, aspects).items()}
     named = [k for k, v in train_sp.items() if v is not None]
     strongest = max(named, key=lambda k: train_sp[k]) if named else None
-    deepest = reports[-1].layer
-    if best == deepest:
-        reason = (f"layer {best} has the best cross-validated training Spearman"
-                  if len(eligible) > 1 else "the only layer that could be kept")
-    else:
-        reason = (f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is not beaten "
-                  f"by more than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {_fmt(cv[deepest]).strip()})")
     out: dict[str, Any] = {
         "kept_layer": best,
         "by": "grouped cross-validation on the training split (average Spearman)",
@@ -266,15 +248,20 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     return out
 
 
-def best_layer(cv: dict[int, float | None], layers: Sequence[int]) -> int:
-    """The first of ``layers`` unless a deeper one's cross-validated figure beats the best so far
-    by more than LAYER_MARGIN."""
+def best_layer(cv: dict[int, float | None], layers: Sequence[int], what: str, only: str,
+               show: Callable[[Any], str] = str) -> tuple[int, str]:
+    """(layer, why): the first of ``layers`` unless a deeper one's cross-validated training
+    ``what`` beats the best so far by more than LAYER_MARGIN."""
     best = layers[0]
     for layer in layers[1:]:
         here, there = cv[layer], cv[best]
         if here is not None and (there is None or here > there + LAYER_MARGIN):
             best = layer
-    return best
+    deepest = layers[-1]
+    if best == deepest:
+        return best, f"layer {best} has the best cross-validated training {what}" if len(layers) > 1 else only
+    return best, (f"layer {best}'s cross-validated training {what} ({show(cv[best])}) is not beaten by more "
+                  f"than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {show(cv[deepest])})")
 
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
@@ -299,9 +286,7 @@ def _selection_summary(choice: dict[str, Any]) -> str:
 
 def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
                   expand: Sequence[str]) -> list:
-    """The criteria decomposed before layer ``layer`` is scored. Layer 2: every aspect without
-    sub-criteria that is not locked (all of them without --tree). Deeper: the ones pruning
-    picked, but only below the given tree's last layer (its layers are taken as given)."""
+    """Layer 2: the unlocked aspects without sub-criteria; deeper: pruning's picks below a --tree."""
     if layer == 2:
         return [c for c in tree.layer(1) if c.key not in locked and not tree.children(c.key)]
     if layer > depth:
@@ -311,23 +296,18 @@ def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[
 
 def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
                 expand: Sequence[str]) -> int:
-    """At most how many progress units (decompositions, and one scoring request per sample and
-    criterion: what the dry run's "requests" counts) layers ``first`` on still need, with the
-    tree as it is before layer ``first``. Counted as :func:`_plan` counts."""
+    """At most the progress units (the dry run's "requests") layers ``first`` on still need."""
     return sum(nodes + n * (len(known) + nodes * config.options.children)
                for _, nodes, known in _layer_sizes(config, tree, first, depth, locked, expand))
 
 
 def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
                  expand: Sequence[str]) -> Iterator[tuple[int, int, list]]:
-    """(layer, criteria decomposed before it at most, its criteria known now) for layers ``first``
-    on, with the tree as it is before layer ``first``."""
+    """(layer, at most the criteria decomposed before it, its criteria known now), layers ``first`` on."""
     candidates = 0  # criteria of the previous layer pruning may pick for expansion
     for layer in range(first, config.options.layers + 1):
-        if layer == first and layer > 1:
+        if layer == 2 or layer == first > 1:  # known now: the tree is as it is before ``first``
             nodes = len(_to_decompose(tree, layer, depth, locked, expand))
-        elif layer == 2:  # every aspect without sub-criteria that is not locked
-            nodes = sum(1 for c in tree.layer(1) if c.key not in locked and not tree.children(c.key))
         elif layer > depth:  # at most --top-k picked by pruning
             nodes = min(config.options.top_k, candidates)
         else:
@@ -340,33 +320,32 @@ def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked
         candidates = sum(1 for c in known if c.key not in locked) + nodes * config.options.children
 
 
-def _check_failures(m: ScoreMatrix, layer: int, threshold: float) -> None:
-    rate = m.failure_rate
+def check_failures(rate: float, failures: Sequence[Any], layer: int, threshold: float, what: str = "sample"
+                   ) -> None:
     if rate > threshold:
-        ex = m.failures[0]
+        ex = failures[0]
         raise ScoringError(
             f"layer {layer}: {rate:.0%} of criterion scores could not be read (threshold "
-            f"{threshold:.0%}), e.g. sample {ex.sample_id} on {ex.criterion_key}: {ex.reason}; "
+            f"{threshold:.0%}), e.g. {what} {ex.sample_id} on {ex.criterion_key}: {ex.reason}; "
             "the replies are cached; check the LLM or raise --max-failure-rate"
         )
 
 
-def _direct_layer1(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[str]) -> dict:
-    """G-Eval-style baseline: each aspect's own layer-1 score, no aggregator."""
-    pred = matrix.columns(aspects)[te]
-    return metric_table(y, pred, aspects)
-
-
-def _mean_all(matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray, aspects: list[str]) -> dict:
-    """'w/o aggregator' baseline: the plain mean of all criterion scores."""
+def baselines(tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray, rows: np.ndarray,
+              aspects: list[str]) -> dict[str, dict]:
+    """The unfitted baselines' figures on ``rows``: each aspect's own subtree mean (the stronger
+    'w/o aggregator'), the plain mean of all criteria ('w/o aggregator'), and each aspect's own
+    layer-1 score (G-Eval style)."""
     with np.errstate(all="ignore"):
-        mean = np.nanmean(matrix.values[te], axis=1) if matrix.values.size else np.zeros(len(te))
-    return metric_table(y, np.repeat(mean[:, None], len(aspects), axis=1), aspects)
+        mean = np.nanmean(matrix.values[rows], axis=1) if matrix.values.size else np.zeros(len(rows))
+    preds = {"mean_subtree": subtree_means(tree, matrix, aspects)[rows],
+             "mean_all_criteria": np.repeat(mean[:, None], len(aspects), axis=1),
+             "direct_layer1": matrix.columns(aspects)[rows]}
+    return {k: metric_table(Y[rows], p, aspects) for k, p in preds.items()}
 
 
 def kept_warnings(caught: Sequence[warnings.WarningMessage], kind: str) -> list:
-    """The warnings that concern the kept model: a ConvergenceWarning comes from an MLP, so it
-    is dropped unless ``kind`` is nn."""
+    """The warnings about the kept model: a ConvergenceWarning (an MLP's) only if ``kind`` is nn."""
     return [w for w in caught if kind == "nn" or w.category.__name__ != "ConvergenceWarning"]
 
 
@@ -400,28 +379,14 @@ def subtree_means(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str
     return out
 
 
-def _mean_subtree(tree: CriteriaTree, matrix: ScoreMatrix, y: np.ndarray, te: np.ndarray,
-                  aspects: list[str]) -> dict:
-    """The stronger 'w/o aggregator' baseline: each aspect predicted by its own subtree mean."""
-    return metric_table(y, subtree_means(tree, matrix, aspects)[te], aspects)
-
-
 def _share_budget(active: CachedBackend, other: CachedBackend, max_calls: int | None) -> None:
-    """One --max-calls for both LLMs: stages run one at a time, so before each stage the LLM it
-    uses may make what the other has not spent."""
+    """One --max-calls for both LLMs: a stage's LLM may make what the other has not spent."""
     if max_calls is not None and active is not other:
         active.max_calls = max(0, max_calls - other.stats.calls)
 
 
-def _public_config(config: Any) -> dict[str, Any]:
-    # the decomposing LLM's server is made public by the options' record
-    return {k: v for k, v in config.public().items() if k not in ("cache_dir",)}
-
-
 def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: CachedBackend) -> dict:
     """The decomposing LLM as the artifact records it: model, server and identity, no key."""
-    from hdeval.urls import public_identity, public_url
-
     if dec is llm:
         model, url = spec.model, spec.base_url
     else:
@@ -482,20 +447,11 @@ def pruning_lines(r: Any) -> list[str]:
 
 def plan_hdeval(config: Any, prep: Any, backend: Backend | None = None) -> list[LayerPlan]:
     """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
-
-    With ``--tree``, every layer of the given tree is known: its requests are counted exactly.
-    """
-
-    llm = open_backend(config, backend, offline=True)
-    try:
+    With ``--tree``, every layer of the given tree is known: its requests are counted exactly."""
+    with closing(open_backend(config, backend, offline=True)) as llm:
         dec = open_decompose_backend(config, llm, offline=True)
-        try:
+        with closing(dec) if dec is not llm else nullcontext():
             return _plan(config, prep, llm, dec)
-        finally:
-            if dec is not llm:
-                dec.close()
-    finally:
-        llm.close()
 
 
 def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> list[LayerPlan]:

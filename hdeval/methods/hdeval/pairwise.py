@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hdeval.urls import shown_identity
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -24,13 +25,13 @@ from hdeval.classify import (
     select_classifier,
 )
 from hdeval.config import LLMConfig
-from hdeval.errors import ArtifactError, ConfigError, DataError, ScoringError
+from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, ScoreResult, progress_stage, run_record, usage_of
-from hdeval.methods.hdeval.decompose import decompose_nodes
+from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
 from hdeval.methods.hdeval.loop import (
-    LAYER_MARGIN, LayerReport, _fmt, _units_left, best_layer, kept_warnings, pruning_lines, warning_notes,
+    LayerReport, _fmt, best_layer, check_failures, grow, kept_warnings, plan_hdeval, positions, pruning_lines,
+    warning_notes,
 )
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
@@ -71,23 +72,12 @@ def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteri
 def plan_pairwise(config, prep, backend=None) -> list:
     """The dry run: HD-Eval's plan over every response as a sample (2 per pair), so layer 1 is
     exact (identical responses once, cached ones shown) and later layers are upper bounds."""
-    import dataclasses
-
-    from hdeval.methods.hdeval.loop import plan_hdeval
-
     if config.options.scorer != "digit":
         raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
     return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
 
 
 # ----------------------------------------------------------------------------- fit
-class PairLayerReport(LayerReport):
-    def to_dict(self) -> dict[str, Any]:  # a classifier has no nn grid to record
-        out = super().to_dict()
-        del out["tuning"], out["params"]
-        return out
-
-
 def check_pairwise_options(ctx: FitContext) -> None:
     """What a pairwise HD-Eval run refuses before any LLM call."""
     if ctx.options.scorer != "digit":
@@ -99,15 +89,10 @@ def check_pairwise_options(ctx: FitContext) -> None:
         if name in given:
             raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
                               f"({ctx.prep.task.name}) shows each response alone and does not take it")
-    labels = {ctx.prep.samples[i].label for i in _positions(ctx.prep.samples, ctx.prep.split.train_ids)}
+    labels = {ctx.prep.samples[i].label for i in positions(ctx.prep.samples, ctx.prep.split.train_ids)}
     if not {"a", "b"} <= labels:
         raise DataError(f"{ctx.prep.data_path}: the training split's labels are {sorted(labels)}; the "
                         "classifier needs pairs labelled a and pairs labelled b (use more data or another --seed)")
-
-
-def _positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
-    pos = {s.id: i for i, s in enumerate(samples)}
-    return np.array([pos[s] for s in ids], dtype=int)
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
@@ -116,43 +101,27 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     task, pairs, split = prep.task, list(prep.samples), prep.split
     templates = load_templates()
     ids = [p.id for p in pairs]
-    tr, te = _positions(pairs, split.train_ids), _positions(pairs, split.test_ids)
+    tr, te = positions(pairs, split.train_ids), positions(pairs, split.test_ids)
     y = [p.label for p in pairs]
     ytr, yte = [y[i] for i in tr], [y[i] for i in te]
     groups = [pairs[i].doc_id for i in tr]
     progress.message(
         f"task {task.name}: {len(pairs)} pairs from {prep.data_path} ({len(tr)} train, {len(te)} test), "
         f"both responses scored per criterion, LLM {shown_identity(llm.identity)}")
-
-    tree = CriteriaTree.from_aspects(task.aspects)
     side_a, side_b = ScoreMatrix.empty(ids), ScoreMatrix.empty(ids)
-    reports: list[PairLayerReport] = []
-    expand: Sequence[str] = ()
-    model = None
-    kind = config.options.aggregator
+    reports: list[LayerReport] = []
+    expand: list[str] = []
     fitted: dict[int, tuple[Any, str, int]] = {}  # layer -> (classifier, kind, columns it takes)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer in range(1, config.options.layers + 1):
-        # the whole run's ETA: the pointwise count over both responses of each pair (as
-        # plan_pairwise counts), with no --tree (depth 1, nothing locked) and this run's expansion
-        progress.expect(_units_left(config, 2 * len(pairs), tree, layer, 1, frozenset(), expand))
-        if layer > 1:
-            nodes = tree.layer(1) if layer == 2 else [tree[k] for k in expand]
-            if not nodes:
-                break
-            progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
-            before = len(tree)
-            tree = decompose_nodes(llm, templates["decompose"], task, tree, nodes, config.options.children,
-                                   progress, rejections)
-            progress.end_stage()
-            if len(tree) == before:
-                break
-        new = tree.layer(layer)
+    # the ETA counts as plan_pairwise: the pointwise count over both responses of each pair
+    for layer, tree, new in grow(config, progress, llm, llm, templates["decompose"], task, None,
+                                 2 * len(pairs), expand, rejections):
         progress.stage(f"layer {layer}: scoring {len(pairs)} pairs x 2 responses x {len(new)} criteria",
                        2 * len(pairs) * len(new))
         sa, sb = score_sides(llm, templates["score"], task, tree, new, pairs, config.concurrency, progress)
         progress.end_stage()
-        rate = _check_failures(sa, sb, layer, config.max_failure_rate)
+        rate = _rate(sa, sb)
+        check_failures(rate, sa.failures + sb.failures, layer, config.max_failure_rate, "pair")
         side_a, side_b = side_a.hstack(sa), side_b.hstack(sb)
         X = side_a.values - side_b.values
         with warnings.catch_warnings(record=True) as caught:
@@ -165,7 +134,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
             model = make_classifier(kind, config.seed).fit(X[tr], ytr)
             pred, pred_ab = predict_labels(model, X[te])
-            report = PairLayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
+            report = LayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
                                      agreement(yte, pred, pred_ab), rate, selection)
             if 2 <= layer < config.options.layers:
                 keys = side_a.criterion_keys
@@ -174,14 +143,13 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
                 report.importance = {c.key: round(float(v), 6) for c, v in zip(new, imp)}
                 positive = [i for i in range(len(new)) if imp[i] > 0]
                 order = sorted(positive, key=lambda i: (-imp[i], i))
-                expand = [new[i].key for i in order[:config.options.top_k]]
+                expand[:] = [new[i].key for i in order[:config.options.top_k]]
                 report.expand_next, report.positive_importance = list(expand), len(positive)
         report.notes = warning_notes(caught)
         reports.append(report)
         fitted[layer] = (model, kind, X.shape[1])
         progress.message(_layer_summary(report))
 
-    assert model is not None
     choice = choose_pair_layer(reports)
     kept = choice["kept_layer"]
     model, kind, n_cols = fitted[kept]
@@ -214,7 +182,9 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
         f"| baseline (equal-weight sum of layer-1 differences) w/o ties {metrics['direct_layer1']['wo_ties']}, "
         f"w/ ties {metrics['direct_layer1']['w_ties']}")
     table = _score_table(ids, side_a, side_b, split, y)
-    extra = {**run_record(ctx), "layers": [r.to_dict() for r in reports], "data_file": str(prep.data_path),
+    # a classifier has no nn grid to record
+    layers = [{k: v for k, v in r.to_dict().items() if k not in ("tuning", "params")} for r in reports]
+    extra = {**run_record(ctx), "layers": layers, "data_file": str(prep.data_path),
              **({"decomposition_rejections": rejections} if rejections else {})}
     # the score table keeps every explored criterion; the kept classifier reads the first columns
     kept_tree = tree if kept == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept)
@@ -239,19 +209,12 @@ def order_swap(model: Any, X: np.ndarray) -> dict[str, Any]:
                    "response or tie changes"}
 
 
-def choose_pair_layer(reports: Sequence[PairLayerReport]) -> dict[str, Any]:
+def choose_pair_layer(reports: Sequence[LayerReport]) -> dict[str, Any]:
     """The layer to keep, decided on the training split only, as for pointwise HD-Eval: the
     best grouped cross-validated 3-way agreement (with ties); a deeper layer costs more calls
     and must beat the shallower best by more than ``LAYER_MARGIN``. Test rows decide nothing."""
     cv = {r.layer: r.cv_train.get("w_ties") for r in reports}
-    best = best_layer(cv, [r.layer for r in reports])
-    deepest = reports[-1].layer
-    if best == deepest:
-        reason = ("the only layer" if len(reports) == 1
-                  else f"layer {best} has the best cross-validated training agreement with ties")
-    else:
-        reason = (f"layer {best}'s cross-validated training agreement with ties ({cv[best]}) is not beaten by "
-                  f"more than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {cv[deepest]})")
+    best, reason = best_layer(cv, [r.layer for r in reports], "agreement with ties", "the only layer")
     return {"kept_layer": best, "by": "grouped cross-validation on the training split (agreement with ties)",
             "reason": reason, "cv_train_w_ties": {str(k): v for k, v in cv.items()}}
 
@@ -261,21 +224,9 @@ def _rate(a: ScoreMatrix, b: ScoreMatrix) -> float:
     return float(np.isnan(a.values).sum() + np.isnan(b.values).sum()) / n if n else 0.0
 
 
-def _check_failures(a: ScoreMatrix, b: ScoreMatrix, layer: int, threshold: float) -> float:
-    rate = _rate(a, b)
-    if rate > threshold:
-        ex = (a.failures + b.failures)[0]
-        raise ScoringError(
-            f"layer {layer}: {rate:.0%} of criterion scores could not be read (threshold {threshold:.0%}), "
-            f"e.g. pair {ex.sample_id} on {ex.criterion_key}: {ex.reason}; the replies are cached; "
-            "check the LLM or raise --max-failure-rate")
-    return rate
-
-
 def _direct_layer1(a: ScoreMatrix, b: ScoreMatrix, task: Task, te: np.ndarray,
                    yte: Sequence[str]) -> dict[str, Any]:
-    """Baseline without a learned aggregator: the plain sum of the layer-1 (aspect) differences;
-    equal sums are a tie (counted as a miss without ties)."""
+    """Baseline: the plain sum of the layer-1 (aspect) differences; equal sums are a tie."""
     cols = [a.criterion_keys.index(k) for k in task.aspect_keys]
     d = np.nansum(a.values[te][:, cols] - b.values[te][:, cols], axis=1)
     pred = ["tie" if x == 0 else ("a" if x > 0 else "b") for x in d]
@@ -283,19 +234,16 @@ def _direct_layer1(a: ScoreMatrix, b: ScoreMatrix, task: Task, te: np.ndarray,
 
 
 def _score_table(ids, a: ScoreMatrix, b: ScoreMatrix, split, y) -> pd.DataFrame:
-    """``scores.csv``: pair id, split, ``<criterion>:a`` for every feature in order, then
-    ``<criterion>:b``, then the human label."""
+    """``scores.csv``: pair id, split, every ``<criterion>:a``, every ``<criterion>:b``, human label."""
     split_of = {s: "train" for s in split.train_ids} | {s: "test" for s in split.test_ids}
     cols: dict[str, Any] = {"pair_id": list(ids), "split": [split_of[s] for s in ids]}
-    for j, k in enumerate(a.criterion_keys):
-        cols[f"{k}:a"] = a.values[:, j]
-    for j, k in enumerate(b.criterion_keys):
-        cols[f"{k}:b"] = b.values[:, j]
+    for side, m in (("a", a), ("b", b)):
+        cols |= {f"{k}:{side}": m.values[:, j] for j, k in enumerate(m.criterion_keys)}
     cols["human"] = list(y)
     return pd.DataFrame(cols)
 
 
-def _layer_summary(r: PairLayerReport) -> str:
+def _layer_summary(r: LayerReport) -> str:
     lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
              f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
              f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
@@ -338,24 +286,14 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def classes(self) -> list[str]:
         return [str(c) for c in self.model.classes_]
 
-    @property
-    def needed_criteria(self) -> list[str]:
-        mask = used_features(self.model, len(self.feature_keys))
-        return [k for k, used in zip(self.feature_keys, mask) if used]
+    def used_mask(self) -> Any:
+        return used_features(self.model, len(self.feature_keys))
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
 
-    def artifact_suffix(self) -> str:
-        return self.kind
-
-    def fitted_aggregator(self) -> str | None:
-        return self.kind
-
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
-        from hdeval.classify import predict_labels
-
         keys = list(self.feature_keys)
         diff = test[[f"{k}:a" for k in keys]].to_numpy(float) - test[[f"{k}:b" for k in keys]].to_numpy(float)
         labels, labels_ab = predict_labels(self.model, diff)
@@ -383,24 +321,10 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         if not all(isinstance(p, PairSample) for p in pairs):
             raise DataError("this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
                             "output_b), not single outputs")
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            criteria = [self.tree[k] for k in self.needed_criteria]
-            with progress_stage(progress, f"scoring {len(pairs)} pairs x 2 responses x {len(criteria)} criteria",
-                                2 * len(pairs) * len(criteria)):
-                sa, sb = score_sides(backend, self.templates["score"], self.task, self.tree, criteria, pairs,
-                                     concurrency, progress)
-            usage = usage_of(backend)
-        finally:
-            if own:
-                backend.close()
+        (sa, sb), usage = self.score_needed(pairs, backend, cache_dir, concurrency, progress,
+                                            f"{len(pairs)} pairs x 2 responses", 2 * len(pairs), score_sides)
         ids = [p.id for p in pairs]
-        A = np.full((len(pairs), len(self.feature_keys)), np.nan)
-        B = A.copy()
-        for j, k in enumerate(self.feature_keys):
-            if k in sa.criterion_keys:
-                A[:, j] = sa.values[:, sa.criterion_keys.index(k)]
-                B[:, j] = sb.values[:, sb.criterion_keys.index(k)]
+        A, B = self.on_features(sa), self.on_features(sb)
         X = A - B
         labels, labels_ab = predict_labels(self.model, X)
         proba = self.model.predict_proba(X)
@@ -443,15 +367,8 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
-        self.write_files(out, MODEL, self.model)
-        return {
-            "shape": "pairwise",
-            "classifier": {"kind": self.kind, "classes": self.classes},
-            "features": self.feature_keys,
-            "needed_criteria": self.needed_criteria,
-            "prompts": {n: t.digest for n, t in self.templates.items()},
-            **self.public_extra(),
-        }
+        own = {"kind": self.kind, "classes": self.classes}
+        return self.write_files(out, MODEL, self.model, {"shape": "pairwise", "classifier": own})
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairwiseTreeEvaluator":
@@ -466,10 +383,8 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         _check_order(path, manifest["files"], features, mpath)
         model = art.skops(MODEL, TRUSTED_TYPES)
         _check_model(model, kind, classes, len(features), path / MODEL)
-        needed = manifest.get("needed_criteria")
-        computed = [k for k, u in zip(features, used_features(model, len(features))) if u]
-        if needed is not None and needed != computed:
-            raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the classifier uses")
+        cls.check_needed(manifest, features, lambda: used_features(model, len(features)), "classifier", mpath,
+                         path / MODEL)
         llm, identity = cls.read_llm(manifest, mpath)
         ev = cls(task, tree, model, kind, features, templates, llm, identity, art.json(METRICS),
                  {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})

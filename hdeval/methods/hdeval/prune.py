@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -74,31 +73,22 @@ def aspect_importance(agg: Aggregator, X: np.ndarray, Y: np.ndarray, n_repeats: 
 
 
 def _fold_importance(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, tr: np.ndarray,
-                     va: np.ndarray, n_repeats: int, columns: Sequence[int] | None = None,
-                     fitted: Aggregator | None = None) -> dict[str, np.ndarray]:
-    """One pruning fold: fit on its training rows (unless model selection's fold model is
-    given), importance of ``columns`` on its held-out rows."""
-    if fitted is None:
-        agg = clone(agg_template).fit(X[tr], Y[tr])
-    else:  # what fitting it again would have warned
-        agg = fitted
-        for message, category, filename, lineno in getattr(fitted, "fit_warnings_", ()):
-            warnings.warn_explicit(message, category, filename, lineno)
+                     va: np.ndarray, n_repeats: int, columns: Sequence[int]) -> dict[str, np.ndarray]:
+    """One pruning fold: fit on its training rows, importance of ``columns`` on its held-out rows."""
+    agg = clone(agg_template).fit(X[tr], Y[tr])
     return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state, columns)
 
 
 def prune(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, feature_keys: Sequence[str],
           candidates: Sequence[str], doc_groups: Sequence[str], top_k: int, n_repeats: int = N_REPEATS,
-          n_jobs: int | None = None, fold_models: Sequence[Aggregator] | None = None) -> PruneResult:
+          n_jobs: int | None = None) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
     sum over aspects; select up to ``top_k`` candidates whose importance is real, most
     important first (ties broken by tree order). Real means: its mean importance less its
     spread across the folds (standard deviation) still beats the best shuffled shadow
     column's mean plus spread. On ~100 training rows a tree finds positive importance in a
     pure-noise column now and then; a bare ``> 0`` expanded it. Fewer than ``top_k`` (even
-    none) may be selected. Only the candidates (and their shadows) are shuffled.
-    ``fold_models`` (model selection's, one per fold of ``cv_folds``) are checked but not
-    reused: the folds are refitted with the shadows beside the real columns."""
+    none) may be selected. Only the candidates (and their shadows) are shuffled."""
     cand_idx = [list(feature_keys).index(c) for c in candidates]
     # Shadows (as in Boruta): each candidate's column shuffled across the training rows, so it
     # keeps its values but loses any link to the humans. The aggregator is fitted with them
@@ -110,29 +100,20 @@ def prune(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, feature_keys: 
     shadow_idx = list(range(X.shape[1] - len(cand_idx), X.shape[1]))
     per_aspect = {a: np.zeros(2 * len(candidates)) for a in agg_template.aspects}
     per_fold: list[np.ndarray] = []  # each fold's importance summed over aspects
-    n = 0
-    folds = cv_folds(doc_groups, agg_template.random_state)
-    if fold_models is not None and len(fold_models) != len(folds):
-        raise ValueError(f"{len(fold_models)} fold models for {len(folds)} folds")
-    fold_models = None  # model selection's fold models never saw the shadows: refit with them
-    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats, cand_idx + shadow_idx,
-                                 None if fold_models is None else fold_models[i]))
-             for i, (tr, va) in enumerate(folds)]
+    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats, cand_idx + shadow_idx))
+             for tr, va in cv_folds(doc_groups, agg_template.random_state)]
     for imp in run_jobs(calls, n_jobs):  # the folds in parallel, summed in fold order
         for a, values in imp.items():
             per_aspect[a] += values
         per_fold.append(sum(imp.values()))
-        n += 1
-    per_aspect = {a: v[: len(candidates)] / max(n, 1) for a, v in per_aspect.items()}
-    k = len(candidates)
+    n, k = len(per_fold), len(candidates)
+    per_aspect = {a: v[:k] / max(n, 1) for a, v in per_aspect.items()}
     folds_all = np.array(per_fold)
-    sd_all = folds_all.std(axis=0, ddof=1) if n > 1 else np.zeros(2 * k)
+    spread = folds_all.std(axis=0, ddof=1) if n > 1 else np.zeros(2 * k)
     # the best a column with no link to the humans reached: a shadow's mean plus its spread
-    shadow_best = float(max(0.0, (folds_all.mean(axis=0) + sd_all)[k:].max())) if k else 0.0
-    per_fold = [f[:k] for f in per_fold]
+    shadow_best = float(max(0.0, (folds_all.mean(axis=0) + spread)[k:].max())) if k else 0.0
     total = sum(per_aspect.values())
     importance = {c: float(total[i]) for i, c in enumerate(candidates)}
-    spread = np.std(per_fold, axis=0, ddof=1) if n > 1 else np.zeros(len(candidates))
     positive = [i for i in range(k) if total[i] - spread[i] > shadow_best]
     order = sorted(positive, key=lambda i: (-total[i], i))
     selected = tuple(candidates[i] for i in order[:top_k])

@@ -233,18 +233,10 @@ def disagreements(ev: Any, data: str | Path | None = None, cache_dir: str | Path
     return out, replies.note
 
 
-@dataclass(frozen=True)
-class ReportFiles:
-    """Where :func:`write_report` wrote the report."""
-
-    html: Path
-    json: Path
-
-
 def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path | None = None,
-                 cache_dir: str | Path | None = None, **options: Any) -> ReportFiles:
+                 cache_dir: str | Path | None = None, **options: Any) -> tuple[Path, Path]:
     """Build the report (see :func:`build_report` for ``options``) and write ``report.html``
-    and ``report.json`` to ``out_dir`` (default: ``<artifact>/report``). ``data`` and
+    and ``report.json`` (their paths) to ``out_dir`` (default: ``<artifact>/report``). ``data`` and
     ``cache_dir`` find the samples' text and the LLM's raw replies for the per-sample view
     (default: the training data the manifest names, and the default cache)."""
     if out_dir is None:
@@ -258,4 +250,4 @@ def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)
     page = render_html(ev, report, samples, note)
-    return ReportFiles(*write_report_files(out, report.data, page, allow_nan=False))
+    return write_report_files(out, report.data, page, allow_nan=False)
