@@ -8,8 +8,6 @@ is the server's, and a guess would mislead.
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
-
 import json
 import math
 import os
@@ -17,6 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
+
+from hdeval.paths import default_cache_dir
+from hdeval.urls import shown_identity
 
 RATES_FILE = "rates.json"
 # Above this, a run on the embedded model asks first (refuses without a terminal unless --yes).
@@ -63,8 +64,6 @@ def format_duration(seconds: float) -> str:
 
 
 def _rates_path(cache_dir: str | os.PathLike | None) -> Path:
-    from hdeval.paths import default_cache_dir
-
     return Path(cache_dir if cache_dir is not None else default_cache_dir()) / RATES_FILE
 
 
@@ -139,9 +138,7 @@ def probe_local(llm_spec: Any) -> Rate:
             tokens += reply.prompt_tokens or len(request.messages[0].content) // 4
         elapsed = time.perf_counter() - began
     finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
+        getattr(backend, "close", lambda: None)()
     return Rate(elapsed / (tokens / 1000.0), "measured now by a 3-call probe",
                 startup_seconds=began - start)
 

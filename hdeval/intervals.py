@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,11 +56,15 @@ def bounds(half_width: Sequence[float | None], pred: np.ndarray,
     return np.clip(pred - h, lo, hi), np.clip(pred + h, lo, hi)
 
 
-def coverage_on(cal: Mapping[str, Any], y: np.ndarray, pred: np.ndarray, aspects: Sequence[str],
-                  ranges: Sequence[tuple[float, float]]) -> dict[str, Any]:
-    """Empirical coverage and mean width of the stored intervals on held-out rows, per aspect
-    and on average (rows with a missing prediction or human score are left out and counted)."""
-    y, pred = np.asarray(y, float), np.asarray(pred, float)
+def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test_pred: np.ndarray,
+                     te: np.ndarray, aspects: Sequence[str], ranges: Sequence[tuple[float, float]],
+                     source: str, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    """What a pointwise method puts in ``metrics["intervals"]``: the calibration on the training
+    rows ``tr`` (``calib_pred``: their out-of-fold predictions, training rows x aspects) and, as
+    ``test``, the empirical coverage and mean width of its intervals on the test rows ``te``
+    (``test_pred``), per aspect and on average (rows missing a prediction or human score left out)."""
+    cal = calibrate(Y[tr], calib_pred, aspects, source, level)
+    y, pred = np.asarray(Y[te], float), np.asarray(test_pred, float)
     lower, upper = bounds([cal["half_width"][a] for a in aspects], pred, ranges)
     cov: dict[str, float | None] = {}
     width: dict[str, float | None] = {}
@@ -69,21 +73,10 @@ def coverage_on(cal: Mapping[str, Any], y: np.ndarray, pred: np.ndarray, aspects
         inside = (y[ok, j] >= lower[ok, j]) & (y[ok, j] <= upper[ok, j])
         cov[a] = round(float(inside.mean()), 6) if ok.any() else None
         width[a] = round(float((upper[ok, j] - lower[ok, j]).mean()), 6) if ok.any() else None
-    def avg(d: dict) -> float | None:
+    for d in (cov, width):
         vals = [v for v in d.values() if v is not None]
-        return round(float(np.mean(vals)), 6) if vals else None
-    cov["average"], width["average"] = avg(cov), avg(width)
-    return {"rows": int(len(y)), "coverage": cov, "mean_width": width}
-
-
-def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test_pred: np.ndarray,
-                     te: np.ndarray, aspects: Sequence[str], ranges: Sequence[tuple[float, float]],
-                     source: str, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
-    """What a pointwise method puts in ``metrics["intervals"]``: the calibration on the training
-    rows ``tr`` (``calib_pred``: their out-of-fold predictions, training rows x aspects) and its
-    coverage on the test rows ``te`` (``test_pred``: test rows x aspects)."""
-    cal = calibrate(Y[tr], calib_pred, aspects, source, level)
-    cal["test"] = coverage_on(cal, Y[te], test_pred, aspects, ranges)
+        d["average"] = round(float(np.mean(vals)), 6) if vals else None
+    cal["test"] = {"rows": int(len(y)), "coverage": cov, "mean_width": width}
     return cal
 
 

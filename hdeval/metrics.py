@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,14 +27,8 @@ def _finite_pairs(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def spearman(y: Any, p: Any, min_n: int = 3) -> float:
-    """Spearman's rho over the finite pairs of two 1-D arrays (the one implementation every
-    figure uses); NaN when fewer than ``min_n`` pairs remain or either side is constant. Ranks
-    correlated by hand rather than ``scipy.stats.spearmanr``: the bootstrap calls this
-    hundreds of thousands of times and scipy's checks dominate on small arrays."""
-    y, p = _finite_pairs(y, p)
-    if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
-        return float("nan")
-    return _rank_correlation(_ranks(y), _ranks(p))
+    """Spearman's rho over the finite pairs of two 1-D arrays: :func:`correlation`'s."""
+    return correlation(y, p, "spearman", min_n)
 
 
 def _rank_correlation(ry: np.ndarray, rp: np.ndarray) -> float:
@@ -44,9 +39,7 @@ def _rank_correlation(ry: np.ndarray, rp: np.ndarray) -> float:
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks from 1, ties sharing their mean: the values of ``scipy.stats.rankdata``
-    (half-integers, exact), from one sort and two binary searches: fewer copies of the column
-    than rankdata makes (apply's closing figures rank every row)."""
+    """``scipy.stats.rankdata``'s average ranks, with fewer copies of the column than it makes."""
     order = np.argsort(x)
     xs = x[order]
     ends = np.searchsorted(xs, xs, "left")  # a value's tie group is [left, right)
@@ -60,8 +53,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def _order_codes(x: np.ndarray) -> np.ndarray:
-    """Each value's lowest rank from 0, as int32 where that holds it: the order and ties of
-    ``x`` and nothing else, all Kendall's tau reads, in half the bytes of the floats."""
+    """Each value's lowest rank from 0: all Kendall's tau reads, as int32 where that holds it."""
     order = np.argsort(x)
     xs = x[order]
     out = np.empty(len(x), np.int32 if len(x) < 2**31 else np.int64)
@@ -71,12 +63,14 @@ def _order_codes(x: np.ndarray) -> np.ndarray:
 
 def correlation(y: Any, p: Any, metric: str, min_n: int = 3) -> float:
     """``metric`` (pearson, spearman or kendall) over the finite pairs; NaN where undefined
-    (fewer than ``min_n`` pairs, a constant side)."""
-    if metric == "spearman":
-        return spearman(y, p, min_n)
+    (fewer than ``min_n`` pairs, a constant side). The one implementation every figure uses;
+    Spearman's ranks are correlated by hand: the bootstrap calls it hundreds of thousands of
+    times and ``scipy.stats.spearmanr``'s checks dominate on small arrays."""
     y, p = _finite_pairs(y, p)
     if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
         return float("nan")
+    if metric == "spearman":
+        return _rank_correlation(_ranks(y), _ranks(p))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if metric == "pearson":
@@ -91,8 +85,7 @@ def correlations(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float | No
 
 def streamed_correlations(column: Callable[[str], np.ndarray]) -> dict[str, float | None]:
     """:func:`correlations` of ``column("human")`` and ``column("pred")``, each column read
-    (a fresh array) when a figure needs it and dropped after, the rank statistics on ranks or
-    order codes made one column at a time: the same figures in less memory than
+    (a fresh array) only while a figure needs it: the same figures in less memory than
     :func:`correlations` on two held columns (apply's closing figures on every row)."""
     y, p = column("human"), column("pred")
     ok = np.isfinite(y) & np.isfinite(p)
@@ -192,13 +185,10 @@ def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
     totals give no side and count as a miss). Pairs without a prediction (failures) are left out
     of both and counted in ``failed``.
     """
-    confusion: dict[str, dict[str, int]] = {}
+    confusion: dict[str, Counter] = {}
     for h, p in zip(human, pred):
-        if h is None:
-            continue
-        key = p if p is not None else "failed"
-        confusion.setdefault(h, {})
-        confusion[h][key] = confusion[h].get(key, 0) + 1
+        if h is not None:
+            confusion.setdefault(h, Counter())[p if p is not None else "failed"] += 1
     y = label_codes(human)
     p2 = np.column_stack([label_codes(pred), label_codes(pred_ab)]) if len(y) else np.zeros((0, 2))
     judged = np.isfinite(y) & np.isfinite(p2[:, 0])

@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 
-from hdeval.benchmark import bootstrap_ci, paired_bootstrap, ranking_exact_match, summary_level_correlation
+from hdeval.benchmark import (
+    pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
+)
 from hdeval.cli import cli
 from hdeval.errors import ConfigError
 from hdeval.metrics import average_spearman as avg_spearman
@@ -38,7 +40,7 @@ def _noisy(n_docs: int = 40, per_doc: int = 3, seed: int = 0):
 def test_paired_bootstrap_of_identical_methods_finds_no_difference() -> None:
     y, groups, rng = _noisy()
     pred = y + rng.normal(size=y.shape)
-    r = paired_bootstrap(y, pred, pred.copy(), groups, n_resamples=200, seed=1)
+    r = pooled_paired_bootstrap([(y, pred, pred.copy(), groups)], n_resamples=200, seeds=[1])
     assert r["difference"] == 0 and r["low"] <= 0 <= r["high"]
     assert r["p_value"] == 1.0
 
@@ -47,7 +49,7 @@ def test_paired_bootstrap_of_a_constant_shift_excludes_zero() -> None:
     y, groups, rng = _noisy()
     pred = rng.normal(size=y.shape)
     mean_pred = lambda yy, pp: float(np.mean(pp))  # noqa: E731
-    r = paired_bootstrap(y, pred + 0.5, pred, groups, statistic=mean_pred, n_resamples=200, seed=0)
+    r = pooled_paired_bootstrap([(y, pred + 0.5, pred, groups)], statistic=mean_pred, n_resamples=200, seeds=[0])
     assert r["difference"] == pytest.approx(0.5) and r["low"] == pytest.approx(0.5) == r["high"]
     assert r["p_value"] < 0.02  # every resampled difference is on one side
 
@@ -56,10 +58,10 @@ def test_paired_bootstrap_tells_a_better_evaluator_from_a_random_one() -> None:
     y, groups, rng = _noisy(60)
     good = y + 0.5 * rng.normal(size=y.shape)
     random = rng.normal(size=y.shape)
-    r = paired_bootstrap(y, good, random, groups, n_resamples=300, seed=0)
+    r = pooled_paired_bootstrap([(y, good, random, groups)], n_resamples=300, seeds=[0])
     assert r["difference"] == pytest.approx(avg_spearman(y, good) - avg_spearman(y, random), abs=1e-6)
     assert 0 < r["low"] <= r["difference"] <= r["high"] and r["p_value"] < 0.01
-    assert paired_bootstrap(y, random, good, groups, n_resamples=300, seed=0)["high"] < 0
+    assert pooled_paired_bootstrap([(y, random, good, groups)], n_resamples=300, seeds=[0])["high"] < 0
 
 
 def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
@@ -67,12 +69,13 @@ def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
     y = np.arange(4.0)
     groups = ["a", "a", "a", "b"]
     sizes = lambda yy, pp: float(len(yy))  # noqa: E731
-    r = bootstrap_ci(y, y, groups, statistic=sizes, n_resamples=200, seed=3)
+    r = pooled_bootstrap_ci([(y, y, groups)], statistic=sizes, n_resamples=200, seeds=[3])
     assert r["estimate"] == 4 and {r["low"], r["high"]} <= {2.0, 4.0, 6.0} and r["low"] < r["high"]
     y2, g2, rng = _noisy()
     p2 = y2 + rng.normal(size=y2.shape)
-    once, again = bootstrap_ci(y2, p2, g2, n_resamples=100, seed=7), bootstrap_ci(y2, p2, g2, n_resamples=100, seed=7)
-    assert once == again and once != bootstrap_ci(y2, p2, g2, n_resamples=100, seed=8)
+    once = pooled_bootstrap_ci([(y2, p2, g2)], n_resamples=100, seeds=[7])
+    again = pooled_bootstrap_ci([(y2, p2, g2)], n_resamples=100, seeds=[7])
+    assert once == again and once != pooled_bootstrap_ci([(y2, p2, g2)], n_resamples=100, seeds=[8])
     assert once["low"] <= once["estimate"] <= once["high"]
 
 
@@ -880,10 +883,11 @@ def test_a_p_value_at_its_floor_is_printed_as_a_bound() -> None:
     y, groups, rng = _noisy()
     good = y + rng.normal(scale=0.05, size=y.shape)
     bad = rng.normal(size=y.shape)
-    vs = paired_bootstrap(y, good, bad, groups, n_resamples=999)
+    vs = pooled_paired_bootstrap([(y, good, bad, groups)], n_resamples=999)
     assert vs["p_value"] == pytest.approx(0.002) == vs["p_floor"]  # 2 / (999 + 1): every resample agrees
     assert _delta(vs).endswith(", p ≤ 0.002")
-    vs = paired_bootstrap(y, good, good + rng.normal(scale=0.02, size=y.shape), groups, n_resamples=999)
+    close = good + rng.normal(scale=0.02, size=y.shape)
+    vs = pooled_paired_bootstrap([(y, good, close, groups)], n_resamples=999)
     assert vs["p_value"] > vs["p_floor"] and _delta(vs).endswith(f", p={vs['p_value']:.3f}")
 
 
@@ -894,7 +898,7 @@ def test_seeds_are_pooled_into_one_estimate_and_one_interval() -> None:
     for seed in range(3):
         y, groups, rng = _noisy(seed=seed)
         cases.append((y, y + rng.normal(scale=1.0 + seed, size=y.shape), groups))
-    per_seed = [bootstrap_ci(*c, n_resamples=200, seed=k) for k, c in enumerate(cases)]
+    per_seed = [pooled_bootstrap_ci([c], n_resamples=200, seeds=[k]) for k, c in enumerate(cases)]
     pooled = pooled_bootstrap_ci(cases, n_resamples=200, seeds=[0, 1, 2])
     assert pooled["estimate"] == pytest.approx(np.mean([avg_spearman(c[0], c[1]) for c in cases]), abs=1e-6)
     assert pooled["low"] <= pooled["estimate"] <= pooled["high"]

@@ -11,12 +11,12 @@ from hdeval.benchmark.heldout import PairHeldOut, pair_arrays
 from hdeval.benchmark.output import FORMAT, check_output_dir, write_benchmark
 from hdeval.benchmark.spec import BenchmarkSpec, check_shapes, parse_method_options
 from hdeval.benchmark.statistics import (
-    bootstrap_ci, paired_bootstrap, ranking_exact_match, summary_level_correlation,
+    pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
 )
 from hdeval.benchmark.sweep import run_benchmark
 
 __all__ = [
-    "BenchmarkSpec", "bootstrap_ci", "check_output_dir", "check_shapes", "FORMAT", "paired_bootstrap",
-    "pair_arrays", "PairHeldOut", "parse_method_options", "ranking_exact_match", "run_benchmark",
-    "summary_level_correlation", "write_benchmark",
+    "BenchmarkSpec", "check_output_dir", "check_shapes", "FORMAT", "pair_arrays", "PairHeldOut",
+    "parse_method_options", "pooled_bootstrap_ci", "pooled_paired_bootstrap", "ranking_exact_match",
+    "run_benchmark", "summary_level_correlation", "write_benchmark",
 ]

@@ -39,17 +39,23 @@ def _llm_cells_missing(test: Any) -> np.ndarray:
     return test[cols].isna().any(axis=1).to_numpy() if cols else np.zeros(len(test), bool)
 
 
-def held_out(fitted: Any, doc_of: Mapping[str, str]) -> HeldOut:
-    """The test rows of a trained evaluator's score table (``scores.csv``) and what the
-    evaluator predicts for them from its LLM-filled columns, without any LLM call."""
+def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> "HeldOut | PairHeldOut":
+    """The test rows of a trained evaluator's score table (``scores.csv``) and what it predicts
+    for them from its LLM-filled columns (pairwise: the method's ``held_out_labels``), without
+    any LLM call."""
     table = _score_table(fitted)
-    aspects = list(fitted.task.aspect_keys)
     test = table[table["split"] == "test"]
-    y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
-    ids = [str(s) for s in test["sample_id"]]
+    ids = [str(s) for s in test["pair_id" if pairwise else "sample_id"]]
+    docs, failed = [doc_of[s] for s in ids], _llm_cells_missing(test)
+    if pairwise:
+        preds = fitted.held_out_labels(test)
+        failed = failed | np.array([p is None for p in preds["evaluator"][0]], bool)
+        train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
+        return PairHeldOut(ids, docs, [_pair_label(x) for x in test["human"]], preds, failed, train)
+    aspects = list(fitted.task.aspect_keys)
     pred = _as2d(fitted.held_out_predictions(table, test))
-    failed = _llm_cells_missing(test) | ~np.isfinite(pred).all(axis=1)
-    return HeldOut(ids, [doc_of[s] for s in ids], aspects, y, pred, failed)
+    failed = failed | ~np.isfinite(pred).all(axis=1)
+    return HeldOut(ids, docs, aspects, test[[f"human:{a}" for a in aspects]].to_numpy(float), pred, failed)
 
 
 def _score_table(fitted: Any):
@@ -88,19 +94,6 @@ class PairHeldOut:
 
 def _pair_label(x: Any) -> str | None:
     return x if isinstance(x, str) and x in LABEL_CODES else None  # NaN / None / empty: failed
-
-
-def held_out_pairs(fitted: Any, doc_of: Mapping[str, str]) -> PairHeldOut:
-    """The test rows of a pairwise evaluator's score table and its labels for them (the
-    method's ``held_out_labels``), without any LLM call."""
-    table = _score_table(fitted)
-    test = table[table["split"] == "test"]
-    human = [_pair_label(x) for x in test["human"]]
-    preds = fitted.held_out_labels(test)
-    ids = [str(s) for s in test["pair_id"]]
-    failed = _llm_cells_missing(test) | np.array([p is None for p in preds["evaluator"][0]], bool)
-    train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
-    return PairHeldOut(ids, [doc_of[s] for s in ids], human, preds, failed, train)
 
 
 def pair_arrays(ho: PairHeldOut, variant: str = "evaluator") -> tuple[np.ndarray, np.ndarray]:

@@ -41,16 +41,11 @@ def _results(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
 
-def is_benchmark_output(path: Path) -> bool:
-    return _results(path) is not None
-
-
 _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def _previous_artifacts(path: Path) -> set[str]:
-    """The run artifacts (``runs/<name>``, one level, nothing else) a previous benchmark's
-    results.json lists as written by it (its ``artifacts``)."""
+    """The ``runs/<name>`` a previous benchmark's results.json lists as written by it."""
     listed = (_results(path) or {}).get("artifacts")
     return {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)} \
         if isinstance(listed, list) else set()
@@ -70,7 +65,7 @@ def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[s
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"cannot write the benchmark to {path}: it exists and is not a directory")
-        if is_benchmark_output(path):
+        if _results(path) is not None:
             if not force:
                 raise ConfigError(f"{path} already holds a benchmark ({RESULTS}): pass --force to replace "
                                   "its results, or choose another output directory")
@@ -118,6 +113,8 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
         HTML: render_html(results),
     }
     written = []
+    umask = os.umask(0)
+    os.umask(umask)
     # what this write creates, taken back if it fails, so a rerun is not refused a directory
     # that holds artifacts its results.json does not list (replaced ones cannot be put back)
     fresh = not path.exists() or not any(path.iterdir())  # (check_output_dir: a directory if it exists)
@@ -134,7 +131,7 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
         for name in (TABLE, HTML, RESULTS):  # results.json last: it marks the directory as ours
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=path)
             try:
-                os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file, not mkstemp's 0600
+                os.fchmod(fd, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(texts[name])
                 os.replace(tmp, path / name)
@@ -145,22 +142,10 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
             if fresh:
                 created.append((Path.unlink, path / name))
     except BaseException as exc:
-        _take_back(created)
+        for undo, p in reversed(created):  # newest first; a directory only when empty (nobody else's)
+            with suppress(OSError):
+                undo(p)
         if isinstance(exc, OSError):
             raise ConfigError(f"cannot write the benchmark to {path}: {exc.strerror or exc}") from None
         raise
     return written
-
-
-def _take_back(created: Sequence[tuple[Any, Path]]) -> None:
-    """Undo what a failed :func:`write_benchmark` created, newest first (best effort): each entry
-    is (how to remove it, path); a directory is removed only when empty: nothing of anyone else's."""
-    for undo, p in reversed(created):
-        with suppress(OSError):
-            undo(p)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from hdeval.errors import ConfigError
-from hdeval.metrics import METRICS
+from hdeval.metrics import METRICS, metric_table, pair_agreement
 from hdeval.benchmark.heldout import PAIR_STATISTICS, HeldOut, PairHeldOut, pair_arrays
 from hdeval.benchmark.spec import BenchmarkSpec
 from hdeval.benchmark.statistics import (
@@ -101,19 +101,14 @@ def _rows(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}
 
 
-def _record(fitted: Any, method: str, agg: str | None, frac: float, seed: int,
-            rows: Mapping[str, Any]) -> dict[str, Any]:
-    m = fitted.metrics
-    return {"method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
-            "fitted_aggregator": fitted.fitted_aggregator(), "n_train": m["split"]["train"],
-            "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows)}
-
-
-def _run_record(fitted: Any, ho: HeldOut, method: str, agg: str | None, frac: float, seed: int,
+def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | None, frac: float, seed: int,
                 rows: Mapping[str, Any]) -> dict[str, Any]:
-    from hdeval.metrics import metric_table
-
-    rec = _record(fitted, method, agg, frac, seed, rows)
+    m = fitted.metrics
+    rec = {"method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
+           "fitted_aggregator": fitted.fitted_aggregator(), "n_train": m["split"]["train"],
+           "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows)}
+    if isinstance(ho, PairHeldOut):
+        return {**rec, "agreement": {v: pair_agreement(ho.human, *ab) for v, ab in ho.predictions.items()}}
     rec.update({
         "dataset": metric_table(ho.y, ho.pred, ho.aspects),
         "summary_level": {metric: _per_aspect(ho, summary_level_correlation, metric=metric) for metric in METRICS},
@@ -157,34 +152,17 @@ def _by_setting(runs: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, An
     return out
 
 
-def _head(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seeds: list[int]) -> dict[str, Any]:
-    return {"method": method, "aggregator": agg, "train_frac": frac,
-            "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds}
-
-
-def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, HeldOut]) -> list[dict[str, Any]]:
-    """Per (method, aggregator, train_frac): mean/std over seeds, bootstraps, layer ablation."""
+def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, Any],
+              pairwise: bool) -> list[dict[str, Any]]:
+    """Per (method, aggregator, train_frac): figures over seeds, pooled bootstraps, layer ablation."""
     out = []
     for (method, agg, frac), mine in _by_setting(runs).items():
-        aspects = [a for a in mine[0]["dataset"] if a != "average"]
         seeds = [r["seed"] for r in mine]
-        s = _head(spec, method, agg, frac, seeds)
-        s["dataset"] = {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
-                        for a in aspects + ["average"]}
-        s["summary_level"] = {m: {a: mean_std([r["summary_level"][m][a]["value"] for r in mine])
-                                  for a in aspects + ["average"]} for m in METRICS}
-        s["ranking"] = {k: {a: mean_std([r["ranking"][k][a]["value"] for r in mine]) for a in aspects + ["average"]}
-                        for k in ("exact_match", "kendall_per_document")}
         hos = [held[(method, agg, frac, seed)] for seed in seeds]
-        boot: dict[str, Any] = {"average_spearman": pooled_bootstrap_ci(
-            [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, seeds=seeds)}
-        bases = [held.get((BASELINE, None, frac, seed)) for seed in seeds]
-        if method != BASELINE and all(b is not None for b in bases):
-            boot["vs_direct"] = pooled_paired_bootstrap(
-                [(ho.y, ho.pred, b.pred, ho.doc_ids) for ho, b in zip(hos, bases)],  # type: ignore[union-attr]
-                n_resamples=spec.resamples, seeds=seeds)
-        s["bootstrap"] = boot
-        s["rows"] = _rows(mine)
+        s = {"method": method, "aggregator": agg, "train_frac": frac,
+             "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds,
+             **(_pair_figures if pairwise else _point_figures)(spec, method, frac, mine, hos, held),
+             "rows": _rows(mine)}
         if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
@@ -196,18 +174,29 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
     return out
 
 
-def _pair_run_record(fitted: Any, ho: PairHeldOut, method: str, agg: str | None, frac: float,
-                     seed: int, rows: Mapping[str, Any]) -> dict[str, Any]:
-    from hdeval.metrics import pair_agreement as agreement
+def _point_figures(spec: BenchmarkSpec, method: str, frac: float, mine: list[dict[str, Any]],
+                   hos: Sequence[HeldOut], held: Mapping[tuple, Any]) -> dict[str, Any]:
+    aspects = [a for a in mine[0]["dataset"] if a != "average"] + ["average"]
+    seeds = [r["seed"] for r in mine]
+    boot: dict[str, Any] = {"average_spearman": pooled_bootstrap_ci(
+        [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, seeds=seeds)}
+    bases = [held.get((BASELINE, None, frac, seed)) for seed in seeds]
+    if method != BASELINE and all(b is not None for b in bases):
+        boot["vs_direct"] = pooled_paired_bootstrap(
+            [(ho.y, ho.pred, b.pred, ho.doc_ids) for ho, b in zip(hos, bases)],  # type: ignore[union-attr]
+            n_resamples=spec.resamples, seeds=seeds)
+    def over_seeds(figure: str, keys: Sequence[str]) -> dict[str, Any]:
+        return {k: {a: mean_std([r[figure][k][a]["value"] for r in mine]) for a in aspects} for k in keys}
 
-    return {**_record(fitted, method, agg, frac, seed, rows),
-            "agreement": {v: agreement(ho.human, pred, ab) for v, (pred, ab) in ho.predictions.items()}}
+    return {"dataset": {a: {m: mean_std([r["dataset"][a][m] for r in mine]) for m in METRICS}
+                        for a in aspects},
+            "summary_level": over_seeds("summary_level", METRICS),
+            "ranking": over_seeds("ranking", ("exact_match", "kendall_per_document")), "bootstrap": boot}
 
 
 def _pair_boot(spec: BenchmarkSpec, hos: Sequence[PairHeldOut], seeds: Sequence[int], variant: str,
                bases: Sequence[PairHeldOut | None]) -> dict[str, Any]:
-    """Both agreements of ``variant`` pooled over seeds, and their differences to the baseline's
-    when it ran in every seed, on the same resamples."""
+    """Both agreements of ``variant`` pooled over seeds, and their differences to the baseline's."""
     arrays = [pair_arrays(ho, variant) for ho in hos]
     out: dict[str, Any] = {"agreement": {
         k: pooled_bootstrap_ci([(y, p, ho.doc_ids) for (y, p), ho in zip(arrays, hos)], statistic=f,
@@ -220,27 +209,16 @@ def _pair_boot(spec: BenchmarkSpec, hos: Sequence[PairHeldOut], seeds: Sequence[
     return out
 
 
-def _pair_settings(spec: BenchmarkSpec, runs: list[dict[str, Any]],
-                   held: Mapping[tuple, PairHeldOut]) -> list[dict[str, Any]]:
-    """Per (method, aggregator, train_frac): agreement mean/std over seeds and the bootstrap
-    pooled over seeds (with the difference to dna-direct when it ran)."""
-    out = []
-    for (method, agg, frac), mine in _by_setting(runs).items():
-        variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
-        seeds = [r["seed"] for r in mine]
-        s = _head(spec, method, agg, frac, seeds)
-        s["agreement"] = {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
-                              for k in PAIR_STATISTICS} for v in variants}
-        hos = [held[(method, agg, frac, seed)] for seed in seeds]
-        bases = [] if method == PAIR_BASELINE else [held.get((PAIR_BASELINE, None, frac, seed)) for seed in seeds]
-        boot = _pair_boot(spec, hos, seeds, "evaluator", bases)
-        if all("learned" in ho.predictions for ho in hos):  # DnA's learned aggregation, on the same resamples
-            boot["learned"] = _pair_boot(spec, hos, seeds, "learned", bases)
-        s["bootstrap"] = boot
-        s["rows"] = _rows(mine)
-        s["usage"] = usage(mine)
-        out.append(s)
-    return out
+def _pair_figures(spec: BenchmarkSpec, method: str, frac: float, mine: list[dict[str, Any]],
+                  hos: Sequence[PairHeldOut], held: Mapping[tuple, Any]) -> dict[str, Any]:
+    variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
+    seeds = [r["seed"] for r in mine]
+    bases = [] if method == PAIR_BASELINE else [held.get((PAIR_BASELINE, None, frac, seed)) for seed in seeds]
+    boot = _pair_boot(spec, hos, seeds, "evaluator", bases)
+    if all("learned" in ho.predictions for ho in hos):  # DnA's learned aggregation, on the same resamples
+        boot["learned"] = _pair_boot(spec, hos, seeds, "learned", bases)
+    return {"agreement": {v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine])
+                              for k in PAIR_STATISTICS} for v in variants}, "bootstrap": boot}
 
 
 def _majority(labels: Sequence[str | None], among: Sequence[str]) -> str | None:
@@ -253,8 +231,6 @@ def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
     """The majority-class baseline per training fraction: every test pair given the training
     split's most frequent label (forced to a or b: the more frequent of those two), scored as
     a method on the same compared rows and resamples."""
-    from hdeval.metrics import pair_agreement as agreement
-
     out = []
     for frac in dict.fromkeys(r["train_frac"] for r in runs):
         seeds = list(dict.fromkeys(r["seed"] for r in runs if r["train_frac"] == frac))
@@ -265,7 +241,7 @@ def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
             label, forced = _majority(train, ("a", "b", "tie")), _majority(train, ("a", "b"))
             hos.append(type(ho)(ho.sample_ids, ho.doc_ids, ho.human,
                                 {"evaluator": ([label] * len(ho.human), [forced] * len(ho.human))}))
-        per_seed = [agreement(h.human, *h.predictions["evaluator"]) for h in hos]
+        per_seed = [pair_agreement(h.human, *h.predictions["evaluator"]) for h in hos]
         out.append({"method": "majority", "aggregator": None, "train_frac": frac, "seeds": seeds,
                     "agreement": {"evaluator": {k: mean_std([a[k] for a in per_seed]) for k in PAIR_STATISTICS}},
                     "bootstrap": _pair_boot(spec, hos, seeds, "evaluator", []),

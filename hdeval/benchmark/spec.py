@@ -81,8 +81,7 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
-    """(the registry's Option, its name) of benchmark method ``entry``'s option ``name``
-    (``-`` or ``_``); a one-line error for an unknown method or option, or one the entry fixes."""
+    """(the registry's Option, its name) of ``entry``'s option ``name``; one line if unknown or fixed."""
     from hdeval.methods.registry import get_method
 
     if entry not in METHODS:

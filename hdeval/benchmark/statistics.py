@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hdeval.metrics import average_spearman as avg_spearman, as2d as _as2d, correlation
+from hdeval.metrics import _clean as _num, average_spearman as avg_spearman, as2d as _as2d, correlation
 
 N_RESAMPLES = 1000
 LEVEL = 0.95
@@ -46,9 +46,7 @@ Case = tuple  # one seed's arrays: (y, pred, groups) or, paired, (y, pred, base,
 
 def _pooled(cases: Sequence[Case], seeds: Sequence[int], n_resamples: int,
             value: Callable[..., float]) -> tuple[float, np.ndarray]:
-    """``value`` (of one case's arrays) averaged over the cases (seeds), and the same average on
-    each of ``n_resamples`` joint resamples: every seed's test documents resampled within that
-    seed (its own seeded generator), so a seed's split is never mixed with another's."""
+    """``value`` averaged over the cases (seeds), and on each joint resample (each seed's own)."""
     cases = [tuple(_as2d(a) for a in c[:-1]) + (c[-1],) for c in cases]
     est = [value(*c[:-1]) for c in cases]
     est = [v for v in est if math.isfinite(v)]
@@ -66,12 +64,6 @@ def pooled_bootstrap_ci(cases: Sequence[Case], statistic: Statistic = avg_spearm
     est, stats = _pooled(cases, seeds, n_resamples, statistic)
     lo, hi = _interval(stats, level)
     return {"estimate": _num(est), "low": _num(lo), "high": _num(hi), "level": level, "resamples": n_resamples}
-
-
-def bootstrap_ci(y: Any, pred: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
-                 n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
-    """``statistic(y, pred)`` and its percentile bootstrap interval over documents (one seed)."""
-    return pooled_bootstrap_ci([(y, pred, groups)], statistic, n_resamples, [seed], level)
 
 
 def pooled_paired_bootstrap(cases: Sequence[Case], statistic: Statistic = avg_spearman,
@@ -94,12 +86,6 @@ def pooled_paired_bootstrap(cases: Sequence[Case], statistic: Statistic = avg_sp
         p = min(1.0, 2 * min(below, above))
     return {"difference": _num(est), "low": _num(lo), "high": _num(hi), "p_value": _num(p),
             "p_floor": _num(2 / (len(d) + 1)) if len(d) else None, "level": level, "resamples": n_resamples}
-
-
-def paired_bootstrap(y: Any, pred: Any, base: Any, groups: Sequence[str], statistic: Statistic = avg_spearman,
-                     n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict[str, Any]:
-    """:func:`pooled_paired_bootstrap` of one seed."""
-    return pooled_paired_bootstrap([(y, pred, base, groups)], statistic, n_resamples, [seed], level)
 
 
 def summary_level_correlation(y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman") -> dict[str, Any]:
@@ -131,10 +117,6 @@ def ranking_exact_match(y: Any, pred: Any, groups: Sequence[str]) -> dict[str, A
         human = dy != 0
         hits += bool(np.all(dp[human] == dy[human]))  # a NaN prediction never matches
     return {"value": _num(hits / judged) if judged else None, "documents": judged}
-
-
-def _num(x: Any) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else round(float(x), 6)
 
 
 def mean_std(values: Sequence[float | None]) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 from hdeval.errors import BudgetExceeded
 from hdeval.progress import Progress
-from hdeval.benchmark.heldout import held_out, held_out_pairs
+from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _pair_run_record, _pair_settings, _run_record, _settings, compare_rows, criteria_efficiency,
+    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency,
     pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
@@ -20,16 +20,7 @@ class _Quiet(Progress):
     """Forwards a run's progress bars but not its per-layer summaries (the sweep reports runs)."""
 
     def __init__(self, inner: Progress):
-        self.inner = inner
-
-    def stage(self, label: str, total: int) -> None:
-        self.inner.stage(label, total)
-
-    def advance(self, n: int = 1, cached: bool = False) -> None:
-        self.inner.advance(n, cached)
-
-    def end_stage(self) -> None:
-        self.inner.end_stage()
+        self.stage, self.advance, self.end_stage = inner.stage, inner.advance, inner.end_stage  # type: ignore
 
 
 def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
@@ -50,8 +41,7 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def _check_fit(config: Any, prep: Any, label: str) -> None:
-    """The method's ``check_fit`` (e.g. PairEval's comparison examples), made for every run
-    before the sweep's first call: an earlier run must not pay for a sweep that then stops."""
+    """The method's ``check_fit``, before any call: an earlier run must not pay for a sweep that stops."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -82,11 +72,10 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         config = _config(spec, method, agg, frac, seed, budget)
         preps[(method, agg, frac, seed)] = prep = prepare(config)
         _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
-    runs: list[dict[str, Any]] = []
     fits: list[Any] = []
     held: dict[tuple[str, str | None, float, int], Any] = {}
-    task = None
-    for n, (method, agg, frac, seed) in enumerate(plan, 1):
+    for n, key in enumerate(plan, 1):
+        method, agg, frac, seed = key
         spent = sum((f.metrics.get("usage") or {}).get("calls", 0) for f in fits)
         left = None if budget is None else max(0, budget - spent)
         config = _config(spec, method, agg, frac, seed, left)
@@ -99,22 +88,19 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
             raise BudgetExceeded(
                 f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
                 "every finished call is cached; rerun with a larger --max-calls to continue") from None
-        prep = preps[(method, agg, frac, seed)]
-        task = fitted.task
-        doc_of = {s.id: s.doc_id for s in prep.samples}
-        held[(method, agg, frac, seed)] = (held_out_pairs if shape == "pairwise" else held_out)(fitted, doc_of)
+        held[key] = held_out(fitted, {s.id: s.doc_id for s in preps[key].samples}, shape == "pairwise")
         fits.append(fitted)
         if artifacts is not None:
-            artifacts[artifact_name(method, agg, frac, seed)] = fitted
-    assert task is not None
+            artifacts[artifact_name(*key)] = fitted
+    task = fits[-1].task
     # every method is scored on the rows every run of its split scored (failures left out alike)
     compared, rows = compare_rows(held)
-    record = _pair_run_record if shape == "pairwise" else _run_record
+    runs: list[dict[str, Any]] = []
     for fitted, key in zip(fits, plan):
-        runs.append(record(fitted, compared[key], *key, rows=rows[key]))
+        runs.append(_run_record(fitted, compared[key], *key, rows=rows[key]))
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
-    settings = _pair_settings(spec, runs, compared) if shape == "pairwise" else _settings(spec, runs, compared)
+    settings = _settings(spec, runs, compared, shape == "pairwise")
     by_method: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_method.setdefault(r["method"], []).append(r)

@@ -5,11 +5,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hdeval.benchmark.settings import PAIR_BASELINE, PAIR_VS
+from hdeval.report import fmt_num as _f
 from hdeval.report.bench import setting_name as _name
-
-
-def _f(x: Any, digits: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def _ms(d: Mapping[str, Any] | None) -> str:

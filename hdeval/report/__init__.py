@@ -37,7 +37,6 @@ def fmt_num(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-
 def render(template: str, **context: Any) -> str:
     """One report page from ``templates/<template>`` (it extends ``base.html.j2``)."""
     return _env().get_template(template).render(**context)

@@ -37,9 +37,9 @@ class Banner:
 
     @property
     def headline(self) -> str:
-        if not self.warnings:
-            return "No warnings: the held-out numbers below can be read at face value."
         n = self.warnings
+        if not n:
+            return "No warnings: the held-out numbers below can be read at face value."
         return f"{n} warning{'s' if n > 1 else ''}: read the numbers below with care."
 
     def add(self, label: str, text: str, warn: bool = False) -> None:

@@ -32,12 +32,13 @@ def _finish(ax: Any, xlabel: str | None, ylabel: str, grid_axis: str = "both") -
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def _curve(ax: Any, pts: Sequence[tuple[float, Mapping[str, Any]]], label: str, color: Any) -> None:
+def _curve(ax: Any, pts: Sequence[tuple[float, Mapping[str, Any]]], label: str, color: Any,
+           marker: str = "o") -> None:
     """Means with std error bars over x; points without a mean are left out."""
     pts = [(x, d) for x, d in pts if d["mean"] is not None]
     if pts:
         ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                    marker="o", capsize=3, label=label, color=color)
+                    marker=marker, capsize=3, label=label, color=color)
 
 
 def _bars(ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence[Mapping[str, Any]]]]) -> None:
@@ -50,8 +51,7 @@ def _bars(ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence
 
 
 def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
-    """Agreement w/o and w/ ties per method at the largest training fraction (error bars: std
-    over seeds) and, with several training fractions, the data-efficiency curve of both."""
+    """Both agreements per method at the largest training fraction, and their data-efficiency curve."""
     plt = pyplot()
     out = []
     curves = pair_curves(results)
@@ -112,16 +112,13 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
         _finish(ax, "layers used (1-k)", "held-out average Spearman")
         out.append((f"Layer ablation at training fraction {top:g}", png(fig)))
     # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
-    chosen_eff = [ln for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
-    eff = [(ln, [p for p in ln["points"] if p["criteria"]["mean"] is not None
-                 and p["spearman"]["mean"] is not None]) for ln in chosen_eff]
+    eff = [(ln, [(p["criteria"]["mean"], p["spearman"]) for p in ln["points"]
+                 if p["criteria"]["mean"] is not None and p["spearman"]["mean"] is not None])
+           for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
     if any(pts for _, pts in eff):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for ln, pts in eff:
-            if pts:
-                ax.errorbar([p["criteria"]["mean"] for p in pts], [p["spearman"]["mean"] for p in pts],
-                            yerr=[p["spearman"]["std"] or 0 for p in pts], marker="o" if len(pts) > 1 else "s",
-                            capsize=3, label=setting_name(ln), color=color.get(setting_name(ln)))
+            _curve(ax, pts, setting_name(ln), color.get(setting_name(ln)), "o" if len(pts) > 1 else "s")
         integer_ticks(ax, "x")
         _finish(ax, "criteria used", "held-out average Spearman")
         out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
@@ -137,6 +134,8 @@ def _all_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:  # type: 
 def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     """The banner: the LLM, the split against the features, the strongest baseline."""
     b = verdicts.Banner()
+    pairwise = results.get("shape") == "pairwise"
+    measure = "agreement w/o ties" if pairwise else "average Spearman"
     options = (results.get("spec") or {}).get("options") or {}
     verdicts.llm_line(b, options.get("llm") or "default")
     runs = list(results.get("runs") or [])
@@ -145,10 +144,9 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
         mine = [r for r in runs if r["train_frac"] == top]
         features = max((r.get("criteria") or 0 for r in mine), default=0) or None
         verdicts.split_line(b, min(r["n_train"] for r in mine), min(r["n_test"] for r in mine), features,
-                            rows="pairs" if results.get("shape") == "pairwise" else "rows")
+                            rows="pairs" if pairwise else "rows")
     for w in results.get("warnings") or []:
         b.add("test documents", w, warn=True)
-    pairwise = results.get("shape") == "pairwise"
     baseline = "dna-direct" if pairwise else "direct"
     top_settings = [s for s in results.get("settings") or []
                     if s["train_frac"] == max(x["train_frac"] for x in results["settings"])]
@@ -162,10 +160,8 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     others = {setting_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None}
     if others:
         best = max(others, key=lambda k: others[k])
-        b.add("best method", f"{best}: " + ("agreement w/o ties" if pairwise else "average Spearman")
-              + f" {others[best]:.3f}")
-        verdicts.baseline_line(b, others[best], base, "held-out agreement w/o ties" if pairwise
-                               else "held-out average Spearman")
+        b.add("best method", f"{best}: {measure} {others[best]:.3f}")
+        verdicts.baseline_line(b, others[best], base, f"held-out {measure}")
     return b
 
 

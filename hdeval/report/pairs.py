@@ -17,8 +17,7 @@ PAIR_LABELS = ("a", "b", "tie")
 
 
 def _table(ev: Any) -> Any:
-    """The artifact's ``scores.csv`` (checked against the manifest's checksum when the artifact
-    was loaded), or None when it holds none."""
+    """The artifact's ``scores.csv`` (checksummed when the artifact was loaded), or None."""
     import pandas as pd
 
     path = Path(ev.path) / "scores.csv" if ev.path else None
@@ -70,10 +69,21 @@ def _baselines(m: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): (v.get("wo_ties") if isinstance(v, Mapping) else v) for k, v in extra.items()}
 
 
-def _wrong(test: Any, predicted: Sequence[str]) -> list[int]:
-    """Positions of held-out pairs whose verdict differs from the human label (failed ones too)."""
-    human = list(test["human"])
-    return [i for i, (h, p) in enumerate(zip(human, predicted)) if h in PAIR_LABELS and p != h]
+def _wrong_verdicts(ev: Any, test: Any, keys: Sequence[str], predicted: Sequence[str], data_file: Any,
+                    cache_dir: Any, noun: str, sides: Sequence[str]) -> tuple[list[dict], str | None]:
+    """Held-out pairs with a verdict not the human label's: scores, raw replies per ``sides``; a note."""
+    wrong = [i for i, (h, p) in enumerate(zip(test["human"], predicted)) if h in PAIR_LABELS and p != h]
+    ids = [str(test["pair_id"][i]) for i in wrong[:sample_view.TOP_SAMPLES]]
+    replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file), cache_dir,
+                                               noun=noun)
+    A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
+    learned = "learned_prediction" in test.columns
+    return [{"id": pid, "human": test["human"][i], "predicted": predicted[i],
+             "extra": {"learned verdict": test["learned_prediction"][i]} if learned else {},
+             "fields": _pair_fields(ev, items.get(pid)),
+             "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
+                           "replies": [replies.texts.get((pid + side, k)) for side in sides]}
+                          for j, k in enumerate(keys)]} for i, pid in zip(wrong, ids)], replies.note
 
 
 def _pair_fields(ev: Any, pair: Any) -> list[tuple[str, str]]:
@@ -145,19 +155,7 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                          "that separates the two groups is one the LLM's scores agree with humans on."))
         test = table[table["split"] == "test"].reset_index(drop=True)
         predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
-        wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
-        ids = [str(test["pair_id"][i]) for i in wrong]
-        replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file),
-                                                   cache_dir, noun="pairs")
-        note = replies.note
-        A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
-        for i, pid in zip(wrong, ids):
-            samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i],
-                            "extra": ({"learned verdict": test["learned_prediction"][i]}
-                                      if "learned_prediction" in test.columns else {}),
-                            "fields": _pair_fields(ev, items.get(pid)),
-                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
-                                          "reply": replies.texts.get((pid, k))} for j, k in enumerate(keys)]})
+        samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir, "pairs", ("",))
     elif ev.path:
         note = "the artifact holds no scores.csv: no per-pair view"
     if m.get("position_consistency") is not None:
@@ -165,7 +163,7 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                      "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
     return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (DnA)", method=f"DnA, mode {s.mode}, "
                   f"aspects {s.aspect_source}", ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs,
-                  samples=samples, samples_note=note, reply_columns=False, one_reply=True,
+                  samples=samples, samples_note=note, reply_columns=False,
                   max_samples=sample_view.TOP_SAMPLES)
 
 
@@ -219,20 +217,9 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
         keys = list(ev.feature_keys)
         A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
         predicted, _ = predict_labels(ev.model, A - B)
-        wrong = _wrong(test, predicted)[:sample_view.TOP_SAMPLES]
-        ids = [str(test["pair_id"][i]) for i in wrong]
-        replies, items = sample_view.score_replies(ev, ids, keys, sample_view.data_path(ev, data_file),
-                                                   cache_dir)
-        note = replies.note
-        for i, pid in zip(wrong, ids):
-            samples.append({"id": pid, "human": test["human"][i], "predicted": predicted[i], "extra": {},
-                            "fields": _pair_fields(ev, items.get(pid)),
-                            "criteria": [{"label": k, "a": A[i, j], "b": B[i, j],
-                                          "reply_a": replies.texts.get((f"{pid}#a", k)),
-                                          "reply_b": replies.texts.get((f"{pid}#b", k))}
-                                         for j, k in enumerate(keys)]})
+        samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir, "samples",
+                                        ("#a", "#b"))
     return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (HD-Eval on pairs)",
                   method=f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria",
                   ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs, samples=samples,
-                  samples_note=note, reply_columns=True, one_reply=False,
-                  max_samples=sample_view.TOP_SAMPLES)
+                  samples_note=note, reply_columns=True, max_samples=sample_view.TOP_SAMPLES)

@@ -96,8 +96,7 @@ def data_path(ev: Any, given: str | Path | None) -> Path | None:
 
 
 def _config(ev: Any) -> Mapping[str, Any]:
-    """The training config the manifest records (the evaluator's copy, else manifest.json, which
-    loading the artifact already checked)."""
+    """The training config the manifest records (the evaluator's copy, else manifest.json)."""
     for attr in ("manifest_data", "manifest_extra"):
         config = (getattr(ev, attr, None) or {}).get("config")
         if isinstance(config, Mapping):
@@ -110,28 +109,22 @@ def _config(ev: Any) -> Mapping[str, Any]:
     return config if isinstance(config, Mapping) else {}
 
 
-def read_items(ev: Any, wanted: Sequence[str], data: Path) -> dict[str, Any]:
-    """The samples (or pairs) with these ids, read a chunk at a time (validated as training
-    reads them) and stopping once all are found: a report does not hold a large file."""
-    from hdeval.data import iter_task_chunks
-
-    want, out = set(wanted), {}
-    for chunk in iter_task_chunks(data, ev.task, require_labels=False):
-        out.update((s.id, s) for s in chunk if s.id in want)
-        if len(out) == len(want):
-            break
-    return out
-
-
 def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,
                   cache_dir: str | Path | None, noun: str = "samples") -> tuple[Replies, dict[str, Any]]:
     """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
-    the samples or pairs read (for their text)."""
+    the samples or pairs read (for their text), a chunk at a time (validated as training reads
+    them) and stopping once all are found: a report does not hold a large file."""
+    from hdeval.data import iter_task_chunks
+
     if data is None:
         return Replies(note=f"the training data file is not available, so the {noun}' text and the raw "
                             "replies are not shown (give it with --data)"), {}
+    want, items = set(wanted), {}
     try:
-        items = read_items(ev, wanted, data)
+        for chunk in iter_task_chunks(data, ev.task, require_labels=False):
+            items.update((s.id, s) for s in chunk if s.id in want)
+            if len(items) == len(want):
+                break
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
         return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the {noun}' text and raw replies "
                             "are not shown"), {}
