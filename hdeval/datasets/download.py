@@ -39,7 +39,6 @@ def data_candidates(task: Task) -> list[Path]:
 DEFAULT_SOURCE_URL = "https://raw.githubusercontent.com/maszhongming/UniEval/main/reproduce/data/"
 SOURCE_URL_ENV = "HDEVAL_DATA_SOURCE_URL"
 DEFAULT_TIMEOUT = 60.0
-_MAX_REPORTED_ERRORS = 20
 
 
 @dataclass(frozen=True)

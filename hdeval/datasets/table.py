@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from hdeval.datasets.download import _MAX_REPORTED_ERRORS
 from hdeval.errors import ConfigError, DataError
+
+_MAX_REPORTED_ERRORS = 20
 
 if TYPE_CHECKING:
     from hdeval.types import Task
