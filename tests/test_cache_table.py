@@ -252,51 +252,49 @@ def test_stats_of_a_reply_table_file_without_its_table_count_its_zero_entries(tm
     assert res.exit_code == 0 and "1 readable" in res.stdout, res.output
 
 
-@pytest.mark.parametrize("planted", [
-    # a recursive view in the table's place: reading it never ends
+# objects a reply table never holds: a recursive view in the table's place (reading it never
+# ends) and a trigger that would drop what is written
+PLANTED = [
     "DROP TABLE reply; CREATE VIEW reply AS WITH RECURSIVE n(key, value) AS "
     "(SELECT x'00', x'00' UNION ALL SELECT key, value FROM n) SELECT key, value FROM n",
     "CREATE TRIGGER t AFTER INSERT ON reply BEGIN DELETE FROM reply; END",
-])
-def test_the_report_does_not_read_a_reply_table_with_planted_objects(tmp_path, planted):
-    """The report reads raw replies on its own connection, so it checks the file first."""
-    import subprocess
-    import sys
+]
 
+
+@pytest.fixture(params=PLANTED, ids=["recursive view", "trigger"])
+def planted_cache(request, tmp_path):
+    """A cache of one reply whose replies.db then had ``PLANTED`` objects written into it."""
     cache = tmp_path / "c"
     cb = CachedBackend(FakeBackend(), cache)
     cb.complete_many([_req("a")])
     cb.close()
     con = sqlite3.connect(cache / "replies.db")
-    con.executescript(planted)
+    con.executescript(request.param)
     con.close()
+    return cache
+
+
+def test_the_report_does_not_read_a_reply_table_with_planted_objects(planted_cache):
+    """The report reads raw replies on its own connection, so it checks the file first."""
+    import subprocess
+    import sys
+
     code = ("import sys; from hdeval.report.samples import read_only_lookup; "
             f"found, note = read_only_lookup(sys.argv[1], [{_key('a')!r}]); print(len(found)); print(note)")
-    done = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, str(planted_cache)], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stderr
     count, note = done.stdout.splitlines()
     assert count == "0" and "never creates" in note and "raw replies are not shown" in note
 
 
-@pytest.mark.parametrize("planted", [
-    "DROP TABLE reply; CREATE VIEW reply AS WITH RECURSIVE n(key, value) AS "
-    "(SELECT x'00', x'00' UNION ALL SELECT key, value FROM n) SELECT key, value FROM n",
-    "CREATE TRIGGER t AFTER INSERT ON reply BEGIN DELETE FROM reply; END",
-])
-def test_cache_stats_refuses_a_reply_table_with_planted_objects_in_one_line(tmp_path, planted):
+def test_cache_stats_refuses_a_reply_table_with_planted_objects_in_one_line(planted_cache):
     """`cache stats` reads without opening the cache, so it makes the cache's schema check
     itself: a recursive view in the table's place made it count forever."""
     import subprocess
     import sys
 
-    cache = tmp_path / "c"
-    cb = CachedBackend(FakeBackend(), cache)
-    cb.complete_many([_req("a")])
-    cb.close()
-    con = sqlite3.connect(cache / "replies.db")
-    con.executescript(planted)
-    con.close()
-    done = subprocess.run([sys.executable, "-m", "hdeval.cli", "cache", "stats", "--cache-dir", str(cache)],
+    done = subprocess.run([sys.executable, "-m", "hdeval.cli", "cache", "stats", "--cache-dir", str(planted_cache)],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     line, = done.stderr.strip().splitlines()
