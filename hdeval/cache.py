@@ -38,7 +38,7 @@ from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.cache_guard import (DATABASES, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _move_aside, _reason,
                                 refuse_foreign_schema, ro_connect, storage_error)
 from hdeval.config import DEFAULT_CONCURRENCY
-from hdeval.errors import BudgetExceeded, CacheError, RequestRejected, RetriesExhausted
+from hdeval.errors import BudgetExceeded, CacheError, ConfigError, RequestRejected, RetriesExhausted
 from hdeval.progress import Progress
 
 CACHE_SCHEMA = 1
@@ -716,6 +716,15 @@ class CachedBackend:
         # the one thread that touches the store (diskcache keeps a connection per thread)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self.store is not None else None
         self._pool: ThreadPoolExecutor | None = None  # a synchronous backend's calls run here
+        self._pid = os.getpid()
+
+    def _same_process(self) -> None:
+        # A forked child has none of the parent's threads (the store's writer, the call pool) and
+        # would share its connections: refused in one line instead of waiting forever.
+        if os.getpid() != self._pid:
+            raise ConfigError(f"this LLM client was opened in process {self._pid}, and a forked process "
+                              "cannot use its cache writer or connections: open one in the new process "
+                              "(hdeval.llm.open_llm, or pass no backend and the evaluator opens its own)")
 
     @property
     def max_concurrency(self) -> int | None:
@@ -731,6 +740,7 @@ class CachedBackend:
         """Which of ``keys`` have a reply this client would serve without a call: in the store
         (read on the store's thread) or kept in memory because the store could not take them.
         Whether an entry is readable is not checked here."""
+        self._same_process()
         keys = list(dict.fromkeys(keys))
         found = {k for k in keys if k in self._unsaved}
         rest = [k for k in keys if k not in found]
@@ -742,6 +752,7 @@ class CachedBackend:
         return found
 
     def is_cached(self, request: CompletionRequest) -> bool:
+        self._same_process()
         key = self.key(request)
         return key in self._unsaved or self._read(key) is not None
 
@@ -749,19 +760,25 @@ class CachedBackend:
     def complete(self, request: CompletionRequest) -> Completion:
         from hdeval import aio
 
+        self._same_process()
         return aio.run(self.acomplete(request))
 
     def complete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
                       keep_rejected: bool = False, concurrency: int | None = None) -> list:
         from hdeval import aio
 
+        self._same_process()
         halt: list[bool] = []
         return aio.run(self.acomplete_many(requests, progress, keep_rejected=keep_rejected,
                                            concurrency=concurrency, halt=halt),
                        on_interrupt=lambda: halt.append(True))
 
     def close(self) -> None:
-        """Close the store and the client's threads (idempotent)."""
+        """Close the store and the client's threads (idempotent); in a forked child, only let go
+        of them: they are the parent's."""
+        if os.getpid() != self._pid:
+            self._io = self._pool = self.batch = None
+            return
         if self.batch is not None:
             self.batch.close()
         if self._io is not None:
@@ -842,6 +859,7 @@ class CachedBackend:
         returned in its place as the exception. Any other error (server down, budget, Ctrl-C)
         starts nothing new, lets the calls running finish (and be cached), and is raised.
         """
+        self._same_process()
         self._batches += 1
         try:
             loop = asyncio.get_running_loop()

@@ -134,3 +134,48 @@ def test_many_threads_one_writer_every_reply_on_disk(tmp_path):
     assert len(cache_entries(tmp_path / "cache")) == 150
 
 
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("call", ["complete", "complete_many", "stored"])
+def test_a_client_used_in_a_forked_child_is_refused_in_one_line_and_the_parent_goes_on(tmp_path, call):
+    """A forked child has none of the client's threads: it used to wait forever. It is told to
+    open its own client; the parent's client, and its cache, go on as before."""
+    script = textwrap.dedent(f"""
+        import os
+        import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
+        from hdeval.backends.base import CompletionRequest, Message
+        from hdeval.backends.fake import FakeBackend
+        from hdeval.cache import CachedBackend
+        from hdeval.errors import ConfigError
+
+        def req(text):
+            return CompletionRequest((Message("user", text),), kind="score")
+
+        cb = CachedBackend(FakeBackend(), {str(tmp_path / "cache")!r})
+        cb.complete(req("parent"))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                {{"complete": lambda: cb.complete(req("child")), "complete_many": lambda: cb.complete_many([req("child")]),
+                 "stored": lambda: cb.stored([cb.key(req("parent"))])}}[{call!r}]()
+                os._exit(3)
+            except ConfigError as exc:
+                print(exc, flush=True)
+            cb.close()  # only lets go of the parent's threads
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert cb.complete(req("parent")).cached
+        cb.complete(req("after"))
+        cb.close()
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line, = done.stdout.strip().splitlines()
+    assert "a forked process cannot use its cache writer" in line and "open one in the new process" in line
+    reopened = CachedBackend(Refuses(), tmp_path / "cache")
+    assert reopened.complete(_req("parent")).cached and reopened.complete(_req("after")).cached
+    assert reopened.stored([reopened.key(_req("child"))]) == set()
+    reopened.close()
