@@ -1183,10 +1183,13 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
     before, report.database_error = report.database_error, None
     try:
         with closing(ro_connect(db)) as con:
-            tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            for key, value, length in _table_rows(con, report) if table and "reply" in tables else ():
+            # only a real table is read: a planted view in its place (a recursive one never ends) is
+            # listed as planted by `cache check`; a reply table not made yet holds nothing
+            kinds = dict(con.execute("SELECT name, type FROM sqlite_master"))
+            read = kinds.get("reply" if table else "Cache", None if table else "table") == "table"
+            for key, value, length in _table_rows(con, report) if table and read else ():
                 yield from _check_entry(report, key, partial(table_value, value, length))
-            for _rowid, key, raw, mode, filename, value in () if table else _rows(con, report):
+            for _rowid, key, raw, mode, filename, value in () if table or not read else _rows(con, report):
                 read = partial(read_value, directory, mode, filename, value)
                 yield from _check_entry(report, key, read, raw == 1)
             if report.database_error is None:

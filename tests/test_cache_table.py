@@ -299,3 +299,24 @@ def test_cache_stats_refuses_a_reply_table_with_planted_objects_in_one_line(plan
     assert done.returncode != 0 and "Traceback" not in done.stderr
     line, = done.stderr.strip().splitlines()
     assert "replies.db holds SQLite objects the cache never creates" in line and "not counting them" in line
+
+
+def test_cache_check_lists_a_planted_view_in_place_of_diskcaches_table_without_reading_it(tmp_path):
+    """`cache check` and `repair` read a cache without opening it: a recursive view named Cache
+    (diskcache's table dropped) made them read forever. The view is listed as planted."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "c"
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    con = sqlite3.connect(cache / "cache.db")
+    cols = [r[1] for r in con.execute("PRAGMA table_info(Cache)")]
+    row = ", ".join(f"x'00' AS {c}" if c == "key" else f"0 AS {c}" for c in cols)
+    con.executescript("DROP TABLE Cache; CREATE VIEW Cache AS WITH RECURSIVE n(i) AS "
+                      f"(SELECT 1 UNION ALL SELECT i FROM n) SELECT {row} FROM n")
+    con.close()
+    done = subprocess.run([sys.executable, "-m", "hdeval.cli", "cache", "check", "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "0 readable" in done.stdout and "view 'Cache': not created by the cache" in done.stdout
