@@ -233,7 +233,8 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     from hdeval.methods.registry import load_artifact
     from hdeval.backends.fake import FakeBackend
     from hdeval.data import read_pairs
-    from hdeval.methods.dna import AspectSpec, score_request
+    from hdeval.methods.dna.prompts import score_request
+    from hdeval.methods.dna.replies import AspectSpec
 
     ev = load_artifact(art)
     pair = next(p for p in read_pairs(data, ev.task) if p.id == pid)

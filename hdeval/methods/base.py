@@ -5,6 +5,7 @@ loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
@@ -598,6 +599,19 @@ class Method:
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""
         return self.options.build(given or {}, self.name)
+
+
+def later(target: str) -> Callable[..., Any]:
+    """``module:function`` or ``module:Class.method``, imported when first called: a method's
+    package registers it without loading its code, so ``hdeval --help`` stays light."""
+    module, _, name = target.partition(":")
+
+    def call(*args: Any) -> Any:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+        return found(*args)
+    return call
 
 
 # name -> method, filled by hdeval.methods.registry (which imports the methods; this module
