@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from hdeval.errors import ConfigError, DataError
 
@@ -40,56 +40,52 @@ class ScoreResult:
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
 
 
-class Fitted(Protocol):
-    """A trained evaluator of some method."""
+class Fitted:
+    """A trained evaluator of some method, and the state and defaults every one shares: the task,
+    the prompt template, the LLM (saved without credentials, query or key), held-out metrics, the
+    run record for the manifest, the training run's score table and an atomic
+    :func:`~hdeval.artifact.save_artifact`. A method's subclass implements ``method_args`` (its
+    own arguments, recorded in the manifest: how to rebuild it), ``score``, ``write`` (its files
+    into the artifact; returns its manifest section) and ``from_artifact``, and overrides the
+    defaults below where it differs."""
 
-    method: str  # the registry name, recorded in the manifest
-    task: "Task"
-    metrics: dict[str, Any]
-
-    def method_args(self) -> dict[str, Any]:
-        """The method's own arguments, recorded in the manifest (how to rebuild it)."""
-        ...
-
-    def columns_needed(self) -> list[str]:
-        """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
-        ...
-
-    def score(
-        self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
-        concurrency: int | None = None, progress: "Progress | None" = None,
-    ) -> ScoreResult:
-        """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
-        ...
-
-    def write(self, out: "ArtifactWriter") -> dict[str, Any]:
-        """Write the method's files into the artifact; return its manifest section."""
-        ...
-
-
-class Saving:
-    """What every fitted evaluator shares: an atomic :func:`~hdeval.artifact.save_artifact` with
-    its LLM (no credentials, query or key) and defaults for what the shared code asks of it.
-    Needs ``llm`` (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
-
-    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
+    method = ""  # the registry name, recorded in the manifest
+    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
     reports = False  # `hdeval report` can draw this evaluator (see write_report)
 
+    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
+                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
+        self.task = task
+        self.template = template
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.extra = dict(extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Any = None
+
+    def score(self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
+              concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
+        """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
+        raise NotImplementedError
+
+    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
         """What names the default artifact directory ``artifacts/<task>-<suffix>``."""
-        return self.method  # type: ignore[attr-defined]
+        return self.method
 
     def calls_per_sample(self) -> int:
         """LLM calls scoring one new sample takes (``apply`` prices with it)."""
-        return len(self.columns_needed())  # type: ignore[attr-defined]
+        return len(self.columns_needed())
 
     def cost_line(self) -> str:
         """What ``apply`` says after the sample count about the calls each sample needs."""
-        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"  # type: ignore[attr-defined]
+        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"
 
     def summary_line(self) -> str:
         """The held-out figure after training, in one line."""
-        avg = self.metrics["final"]["average"]  # type: ignore[attr-defined]
+        avg = self.metrics["final"]["average"]
         return f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
@@ -112,11 +108,10 @@ class Saving:
         (:class:`hdeval.intervals.Calibration`), or None when the artifact has none."""
         from hdeval.intervals import read_calibration
 
-        task = self.task  # type: ignore[attr-defined]
-        if getattr(task, "shape", "pointwise") != "pointwise":
+        if getattr(self.task, "shape", "pointwise") != "pointwise":
             return None
-        where = f"{getattr(self, 'path', None) or 'the artifact'}/metrics.json"
-        return read_calibration(self.metrics, list(task.aspect_keys), where)  # type: ignore[attr-defined]
+        where = f"{self.path or 'the artifact'}/metrics.json"
+        return read_calibration(self.metrics, list(self.task.aspect_keys), where)
 
     def export_refusal(self) -> str | None:
         """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
@@ -124,7 +119,7 @@ class Saving:
 
     def explain_refusal(self, artifact: Any) -> str | None:
         """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
-        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"  # type: ignore[attr-defined]
+        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"
 
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
@@ -141,11 +136,11 @@ class Saving:
     # ---- held-out figures for `benchmark`, read from the score table without any LLM call
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
-        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")  # type: ignore[attr-defined]
+        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """Pairwise: variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
-        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")  # type: ignore[attr-defined]
+        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")
 
     def fitted_aggregator(self) -> str | None:
         """The kind of the learned aggregator or classifier (None: nothing learned)."""
@@ -161,8 +156,7 @@ class Saving:
             return backend, False
         from hdeval.llm import open_llm
 
-        llm = self.llm  # type: ignore[attr-defined]
-        return open_llm(llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
+        return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
     @contextmanager
     def llm_session(self, backend: Any, cache_dir: Any) -> Iterator[Any]:
@@ -180,33 +174,12 @@ class Saving:
         from hdeval.artifact import save_artifact
         from hdeval.urls import public_identity
 
-        llm = self.llm  # type: ignore[attr-defined]
-        section = {**llm.to_manifest(), "identity": public_identity(self.llm_identity, llm.base_url)}  # type: ignore
-        self.path = save_artifact(self, path, section, force=force)  # type: ignore[arg-type]
+        section = {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
+        self.path = save_artifact(self, path, section, force=force)
         return self.path
 
-
-class SimpleFitted(Saving):
-    """The state most fitted evaluators share: the task, the prompt template, the LLM, held-out
-    metrics, the run record for the manifest and the score table of the training run."""
-
-    method = ""
-
-    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
-                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
-        self.task = task
-        self.template = template
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Any = None
-
-    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
-
     def columns_needed(self) -> list[str]:
+        """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
         return list(self.task.aspect_keys)
 
     def output_rows(self, samples: Sequence["Sample"], result: ScoreResult) -> list[dict[str, Any]]:
@@ -223,7 +196,7 @@ class SimpleFitted(Saving):
         return {"prompts": {name: t.digest for name, t in prompts.items()}}
 
 
-class SinglePromptFitted(SimpleFitted):
+class SinglePromptFitted(Fitted):
     """One prompt per sample and aspect, nothing learned: the LLM's figure for an aspect, mapped
     onto its range, is the prediction (``direct``, ``direct-yesno``)."""
 

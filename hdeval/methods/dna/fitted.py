@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
+from hdeval.methods.base import METRICS, Fitted, loaded, read_task_and_llm, run_extra, usage_of
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
@@ -21,7 +21,7 @@ from hdeval.types import PairSample, Task
 LEARNED = "learned.json"
 
 
-class DnaEvaluator(SimpleFitted):
+class DnaEvaluator(Fitted):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"

@@ -20,7 +20,7 @@ from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
 from hdeval.methods.aggregator_file import check_models as _check_models
 from hdeval.methods.base import (
-    ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
+    Fitted, ScoreResult, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.progress import Progress
@@ -40,7 +40,7 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
                "decomposition_rejections")
 
 
-class TreeEvaluator(SimpleFitted):
+class TreeEvaluator(Fitted):
     """What the pointwise and the pairwise HD-Eval evaluators share."""
 
     def __init__(self, task: Task, tree: CriteriaTree, feature_keys: Sequence[str],

@@ -11,7 +11,7 @@ from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import (
-    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of,
+    METRICS, Fitted, ScoreResult, loaded, read_task_and_llm, run_extra, usage_of,
 )
 from hdeval.methods.comparisons import (
     COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
@@ -25,7 +25,7 @@ PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
 
 
-class PairEvalEvaluator(SimpleFitted):
+class PairEvalEvaluator(Fitted):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
