@@ -401,6 +401,13 @@ class MethodOptions:
         object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
         return self
 
+    def __post_init__(self) -> None:
+        # every way of making the model (build, the constructor, replace) gets the same checks
+        for name, spec in self.specs().items():
+            if (value := getattr(self, name)) is not None:
+                _check_value(name, value, spec)
+        self.validate()
+
     def validate(self) -> None:
         """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
 
@@ -422,11 +429,7 @@ class MethodOptions:
                             if (owners := [m for m in sorted(METHODS) if name in METHODS[m].options.specs()]))
             raise ConfigError(f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
                               f"{owned}")
-        for name, value in given.items():
-            _check_value(name, value, specs[name])
-        built = cls(**given)
-        built.validate()
-        return built
+        return cls(**given)
 
     def second_llm_given(self) -> tuple[str, str | None, str] | None:
         """(model, server, the model option's flag) of the second LLM these options name, or None:
