@@ -191,30 +191,31 @@ class PairScores:
                 "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
 
 
-def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,
-               swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
+def pair_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+               cols: Sequence[tuple[str, str]], pool: Sequence[Example] | None, n: int = 0) -> list[Cell]:
     """One cell per target x column x comparison x order, sample-major: a target is compared with
-    the first ``n`` pool examples from other conversations."""
+    the first ``n`` pool examples from other conversations or, without a pool (the paper's
+    exhaustive all-vs-all), with every other response of its own document. Column keys
+    ``key|i|first`` (the target shown first) and, with ``swap``, ``key|i|second``; ``i`` is the
+    example's place in the pool, or among the document's other responses."""
+    shown = {s.id: Example.of(task, s) for s in samples}
+    docs: dict[str, list[Example]] = {}
+    for e in shown.values():
+        docs.setdefault(e.doc_id, []).append(e)
     cells: list[Cell] = []
     for s in samples:
-        target = Example.of(task, s)
-        others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
-        cells += versus_cells(template, task, s.id, target, others, swap, cols)
-    return cells
-
-
-def versus_cells(template: Template, task: Task, sid: str, target: Example, others: Sequence[tuple[int, Example]],
-                 swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
-    """One target's cells: per column, per (index, example) compared with, the target shown first
-    (``key|index|first``) and, with ``swap``, second."""
-    cells: list[Cell] = []
-    for key, question in cols:
-        for ci, other in others:
-            cells.append(Cell(sid, f"{key}|{ci}|first",
-                              (pair_request(template, task, question, target, other),)))
-            if swap:
-                cells.append(Cell(sid, f"{key}|{ci}|second",
-                                  (pair_request(template, task, question, other, target),)))
+        target = shown[s.id]
+        if pool is None:
+            others = list(enumerate(e for e in docs[s.doc_id] if e.id != s.id))
+        else:
+            others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
+        for key, question in cols:
+            for ci, other in others:
+                cells.append(Cell(s.id, f"{key}|{ci}|first",
+                                  (pair_request(template, task, question, target, other),)))
+                if swap:
+                    cells.append(Cell(s.id, f"{key}|{ci}|second",
+                                      (pair_request(template, task, question, other, target),)))
     return cells
 
 
@@ -239,27 +240,35 @@ def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequen
     return first, second
 
 
-def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
-                n: int, swap: bool, concurrency: int | None = None, progress: Progress | None = None,
-                columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
-    """Ask every pair, sample-major. ``columns``: (key, question) pairs (default: one per aspect);
-    ``stage``: open a progress stage of its own (False when the caller has one open)."""
+def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample],
+                pool: Sequence[Example] | None, n: int, swap: bool, concurrency: int | None = None,
+                progress: Progress | None = None, columns: Sequence[tuple[str, str]] | None = None,
+                stage: bool = True) -> PairScores:
+    """Ask every pair, sample-major (:func:`pair_cells`; no pool: all-vs-all, where a response
+    alone in its document gets no column and a failure saying why). ``columns``: (key, question)
+    pairs (default: one per aspect); ``stage``: open a progress stage of its own (False when the
+    caller has one open)."""
+    samples = list(samples)
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
-    label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
-    cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress,
-                       label if stage else None)
-
-
-def judge_cells(llm: Any, cells: list[Cell], samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
-                width: int, swap: bool, concurrency: int | None, progress: Progress | None,
-                label: str | None) -> PairScores:
-    """Ask ``cells`` (as one progress stage when ``label`` names it) into every pair judgment."""
-    with progress_stage(progress if label else None, label or "", len(cells)):
+    cells = pair_cells(template, task, samples, swap, cols, pool, n)
+    if pool is None:
+        label = (f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                 f"response of their document{' x 2 orders' if swap else ''}")
+        width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
+    else:
+        label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
+        width = len(pool)
+    with progress_stage(progress if stage else None, label, len(cells)):
         m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
     first, second = judged_orders(m, samples, cols, width)
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
-                      list(m.failures) if m is not None else [], len(cells), swap)
+    judged = PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
+                        list(m.failures) if m is not None else [], len(cells), swap)
+    compared = {c.sample_id for c in cells}
+    for s in samples if pool is None else ():
+        if s.id not in compared:
+            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
+                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
+    return judged
 
 
 # ---------------------------------------------------------------------- inside HD-Eval

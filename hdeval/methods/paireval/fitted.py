@@ -16,7 +16,7 @@ from hdeval.methods.base import (
 from hdeval.methods.comparisons import (
     COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
 )
-from hdeval.methods.paireval.sources import comparison_text, overlap_text, same_doc_scores
+from hdeval.methods.paireval.sources import comparison_text, overlap_text
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import Sample, Task
@@ -73,11 +73,8 @@ class PairEvalEvaluator(Fitted):
         if not samples:
             raise DataError("no samples to score")
         with self.llm_session(backend, cache_dir) as backend:
-            if self.all_vs_all:
-                return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
-                                       progress)
-            return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
-                               concurrency, progress)
+            return pair_scores(backend, self.template, self.task, samples, None if self.all_vs_all else self.pool,
+                               self.n, self.swap, concurrency, progress)
 
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
