@@ -242,12 +242,8 @@ class SinglePromptFitted(Fitted):
         from hdeval.prompts import parse_template
 
         file = f"prompts/{cls.prompt}.toml"
-
-        def build() -> Any:
-            task, llm, identity = read_task_and_llm(art, (file, METRICS))
-            return cls(task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity,
-                       art.json(METRICS), run_extra(art.manifest))
-        return loaded(art, build)
+        return loaded(art, [file], lambda task, llm, identity: cls(
+            task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity, {}))
 
 
 def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple:
@@ -306,14 +302,29 @@ def split_rows(ctx: "FitContext", ids: Sequence[str], aspects: Sequence[str]) ->
             np.array([[by_id[s].scores[a] for a in aspects] for s in ids]))
 
 
-def loaded(art: "ArtifactReader", build: Callable[[], Any],
+def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task", Any, str], Any],
            errors: tuple = (KeyError, TypeError, ValueError)) -> Any:
-    """The evaluator ``build`` reads from ``art``, with the artifact's warnings and path; a
-    malformed field (one of ``errors``) is a one-line ArtifactError."""
+    """The evaluator ``build(task, llm, identity)`` makes from the task and LLM ``art`` records,
+    once its manifest lists ``files`` and the metrics; with the artifact's metrics, run record,
+    warnings and path. A malformed field (one of ``errors``) is a one-line ArtifactError."""
+    from hdeval.config import LLMConfig
     from hdeval.errors import ArtifactError
+    from hdeval.tasks import task_from_dict
 
+    m = art.manifest
     try:
-        ev = build()
+        for name in [*files, METRICS]:
+            if name not in m["files"]:
+                raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
+        task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
+        llm = m.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+                isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
+            raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
+                                f"identity in {art.path / 'manifest.json'})")
+        ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                   str(llm.get("identity") or ""))
+        ev.metrics, ev.extra = art.json(METRICS), run_extra(m)
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
@@ -334,25 +345,6 @@ def progress_stage(progress: "Progress | None", label: str, total: int) -> Itera
 def run_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The run record (:func:`run_record`) a manifest holds."""
     return {k: manifest[k] for k in ("seed", "split", "config") if k in manifest}
-
-
-def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["Task", Any, str]:
-    """The task and LLM an artifact records, after checking that ``required`` files are listed."""
-    from hdeval.config import LLMConfig
-    from hdeval.errors import ArtifactError
-    from hdeval.tasks import task_from_dict
-
-    m = art.manifest
-    for name in required:
-        if name not in m["files"]:
-            raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
-    task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
-    llm = m.get("llm") or {}
-    if not isinstance(llm, dict) or not all(
-            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-        raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
-                            f"identity in {art.path / 'manifest.json'})")
-    return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
 
 
 @dataclass(frozen=True)

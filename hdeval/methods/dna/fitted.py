@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, Fitted, loaded, read_task_and_llm, run_extra, usage_of
+from hdeval.methods.base import Fitted, loaded, usage_of
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
@@ -165,8 +165,7 @@ class DnaEvaluator(Fitted):
         settings = Settings.from_dict(art.manifest.get("method_args"), where)
         files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]
 
-        def build() -> DnaEvaluator:
-            task, llm, identity = read_task_and_llm(art, files + [METRICS])
+        def build(task: Task, llm: Any, identity: str) -> DnaEvaluator:
             templates = {r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
                          for r, f in zip(settings.prompt_roles, files)}
             learned = None
@@ -174,8 +173,8 @@ class DnaEvaluator(Fitted):
                 learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
-            return cls(task, templates, settings, llm, identity, art.json(METRICS), learned, run_extra(art.manifest))
-        ev = loaded(art, build)
+            return cls(task, templates, settings, llm, identity, {}, learned)
+        ev = loaded(art, files, build)
         if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")
         return ev
