@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.base import CompletionRequest
 from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
@@ -46,10 +46,6 @@ def history_fields(task: Task) -> Task:
     return dataclasses.replace(task, fields=hist)
 
 
-def response_label(task: Task) -> str:
-    return next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
-
-
 @dataclass(frozen=True)
 class Example:
     """A conversation as the prompt shows it: its history and its response (exact text)."""
@@ -75,8 +71,8 @@ def pair_question(aspect: Aspect) -> str:
 def label_request(template: Template, task: Task, labels: tuple[str, str], kind: str,
                   **values: str) -> CompletionRequest:
     """A question about a conversation answered by one of two label words (read from the first token)."""
-    messages = template.render({"task_description": task.description, "response_label": response_label(task),
-                                **values})
+    shown = next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
+    messages = template.render({"task_description": task.description, "response_label": shown, **values})
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
                              answer=Labels(labels), kind=kind)
 
@@ -143,11 +139,6 @@ def _parse_examples(raw: Any, where: str) -> list[Example]:
 
 
 # ---------------------------------------------------------------------- asking
-def _p_first_label(completions: Sequence[Completion]) -> tuple[float, str | None]:
-    # P("A") normalised over A/B; the target's probability is this (shown first) or 1 - this.
-    return label_probability(completions[0], *LABELS)
-
-
 @dataclass
 class PairScores:
     """Every pair judgment: P(target wins) per sample x aspect x pool example, per order."""
@@ -219,27 +210,6 @@ def pair_cells(template: Template, task: Task, samples: Sequence[Sample], swap: 
     return cells
 
 
-def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
-                  width: int) -> tuple[np.ndarray, np.ndarray]:
-    """P(target wins) per sample x column x comparison from the cells' matrix, as shown first and
-    as shown second; NaN where nothing was asked or read."""
-    shape = (len(samples), len(cols), width)
-    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
-    if m is None or not m.sample_ids:
-        return first, second
-    row = {sid: i for i, sid in enumerate(m.sample_ids)}
-    rows = np.array([row.get(s.id, -1) for s in samples], dtype=int)
-    values = np.where((rows >= 0)[:, None], m.values[rows], np.nan)  # a target with no cell: NaN
-    ak = {key: j for j, (key, _) in enumerate(cols)}
-    for c, key in enumerate(m.criterion_keys):
-        aspect, ci, order = key.rsplit("|", 2)
-        if order == "first":
-            first[:, ak[aspect], int(ci)] = values[:, c]
-        else:
-            second[:, ak[aspect], int(ci)] = 1.0 - values[:, c]  # P(target's label "B")
-    return first, second
-
-
 def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample],
                 pool: Sequence[Example] | None, n: int, swap: bool, concurrency: int | None = None,
                 progress: Progress | None = None, columns: Sequence[tuple[str, str]] | None = None,
@@ -258,11 +228,27 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     else:
         label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
         width = len(pool)
+    # P(target wins) per sample x column x comparison, as shown first and as shown second; NaN
+    # where nothing was asked or read
+    shape = (len(samples), len(cols), width)
+    first, second = np.full(shape, np.nan), np.full(shape, np.nan)
+    judged = PairScores([s.id for s in samples], [key for key, _ in cols], first, second, [], len(cells), swap)
     with progress_stage(progress if stage else None, label, len(cells)):
-        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
-    first, second = judged_orders(m, samples, cols, width)
-    judged = PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
-                        list(m.failures) if m is not None else [], len(cells), swap)
+        # P("A") normalised over A/B: the target's, shown first, or 1 - the target's
+        m = (fill_matrix(llm, cells, lambda cs: label_probability(cs[0], *LABELS), concurrency, progress)
+             if cells else None)
+    if m is not None:
+        judged.failures = list(m.failures)
+        row = {sid: i for i, sid in enumerate(m.sample_ids)}
+        rows = np.array([row.get(s.id, -1) for s in samples], dtype=int)
+        values = np.where((rows >= 0)[:, None], m.values[rows], np.nan)  # a target with no cell: NaN
+        ak = {key: j for j, (key, _) in enumerate(cols)}
+        for c, key in enumerate(m.criterion_keys):
+            aspect, ci, order = key.rsplit("|", 2)
+            if order == "first":
+                first[:, ak[aspect], int(ci)] = values[:, c]
+            else:
+                second[:, ak[aspect], int(ci)] = 1.0 - values[:, c]
     compared = {c.sample_id for c in cells}
     for s in samples if pool is None else ():
         if s.id not in compared:
