@@ -300,12 +300,9 @@ class PairwiseScorer:
         return judged.columns()
 
     def position(self) -> dict[str, Any]:
-        if not self.judged:
-            return {"consistency": None, "bias": None, "comparisons": 0}
-        first = np.concatenate([j.first.reshape(-1) for j in self.judged])
-        second = np.concatenate([j.second.reshape(-1) for j in self.judged])
-        both = PairScores([], [], first[None, None, :], second[None, None, :], [], 0, self.swap)
-        return both.position()
+        flat = [np.concatenate([getattr(j, side).reshape(-1) for j in self.judged] + [np.empty(0)])
+                for side in ("first", "second")]
+        return PairScores([], [], *flat, [], 0, self.swap).position()
 
     def manifest(self) -> dict[str, Any]:
         return {"kind": self.kind, "comparisons": self.n, "swap": self.swap}
