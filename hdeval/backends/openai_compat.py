@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from hdeval import __version__
 from hdeval.backends.base import Completion, CompletionRequest, chat_completion
@@ -104,6 +104,16 @@ def retry_wait(attempt: int, retry_after: float | None, base: float, cap: float)
     if retry_after is None:
         return backoff
     return min(max(retry_after, backoff), RETRY_AFTER_CAP)
+
+
+def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
+                 on: type[Exception] = _Transient) -> AsyncRetrying:
+    """Retry failures ``on`` until ``stop`` (a tenacity stop or an int
+    of retries), waiting :func:`retry_wait`; the last failure is raised as it is."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop,
+        wait=lambda s: retry_wait(s.attempt_number, getattr(s.outcome.exception(), "retry_after", None), base, cap),
+        retry=retry_if_exception_type(on), reraise=True, before_sleep=before_sleep)
 
 
 def _display_url(url: str) -> str:
@@ -457,11 +467,6 @@ class OpenAICompatBackend:
             attempts[0] = state.attempt_number
             return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
 
-        def wait(state: Any) -> float:
-            exc = state.outcome.exception()
-            return retry_wait(state.attempt_number, getattr(exc, "retry_after", None), self.backoff_base,
-                              self.backoff_cap)
-
         def before_sleep(state: Any) -> None:
             log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, state.next_action.sleep,
                      state.attempt_number, self._redact(str(state.outcome.exception())))
@@ -478,10 +483,8 @@ class OpenAICompatBackend:
                 raise first.pop()
             return await self._attempt(body, headers, logprobs, schema_sent)
 
-        retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception_type(_Transient), reraise=True,
-                                 before_sleep=before_sleep)
         try:
-            return await retrying(attempt)
+            return await retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)(attempt)
         except _Transient as last:
             tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
             if last.unreachable and self._proxy is not None:
