@@ -181,7 +181,7 @@ class BatchAPI:
                 if 300 <= status < 400:
                     raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
                                        "follow redirects: give the final address as --base-url") from None
-                detail = _error_detail(status, exc.response.content)[1]
+                detail = _error_detail(status, exc.body)[1]
                 if not (status >= 500 or status in _RETRY_STATUSES):
                     hint = ("; does this server offer the Batch API? run without --batch"
                             if status in (404, 405) and not path.startswith("batches/") else "")

@@ -118,14 +118,9 @@ def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
 
 def _display_url(url: str) -> str:
     """The URL without user:password or a trailing slash, query kept: the identity (and so the
-    cache key) names it, so it must stay as it always was."""
+    cache key) names it, so it must stay as it always was. ``url`` passed :func:`_check_url`."""
     parts = urlsplit(url.strip())
-    if "@" in parts.netloc:
-        netloc = parts.netloc.rpartition("@")[2]
-    elif "@" in url:
-        return f"{parts.scheme}://***@{url.rpartition('@')[2]}".rstrip("/")
-    else:
-        netloc = parts.netloc
+    netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
 
 
@@ -154,12 +149,9 @@ def _check_url(url: str) -> None:
 
 def check_key(key: str) -> None:
     """Refuse, without quoting it, a key that cannot go in a header (a ``.env`` with Windows line ends)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character, such as the line end "
-                          "of a file saved with Windows line ends: set it to the key alone")
-    if not key.isascii():
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a character that is not ASCII: set it to the "
-                          "key alone")
+    if not key.isascii() or not key.isprintable():
+        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character or one that is not ASCII, "
+                          "such as the line end of a file saved with Windows line ends: set it to the key alone")
 
 
 def _basic(user: str | None, password: str | None) -> str:
@@ -515,8 +507,7 @@ class OpenAICompatBackend:
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.response.headers, exc.response.content, logprobs,
-                                     schema_sent) from None
+            raise self._status_error(exc.status_code, exc.response.headers, exc.body, logprobs, schema_sent) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             if isinstance(cause, ReplyTooLarge):
@@ -530,7 +521,7 @@ class OpenAICompatBackend:
             self._idle.append(sdk)
         return self._parse(data, logprobs)
 
-    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
+    def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
         """An HTTP error as a retryable fault, a fallback, this one request's rejection, or a BackendError."""
         if 300 <= status < 400:
@@ -586,16 +577,10 @@ else:  # Python 3.10: the same bound, one task more per call
             handle.cancel()
 
 
-def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
-    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of it."""
-    text = body.decode("utf-8", "replace").strip()
-    error: Any = text
-    try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError):
-        pass
-    else:
-        error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+def _error_detail(status: int, body: Any) -> tuple[Any, str]:
+    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of
+    it; ``body``: the SDK's parse of the (bounded) body, ``APIStatusError.body``."""
+    error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         msg = error.get("message")
         if msg:
