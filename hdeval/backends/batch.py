@@ -23,7 +23,7 @@ import openai
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _deadline, _error_detail, _Transient,
+    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
     retry_after_seconds, retry_policy,
 )
 from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
@@ -172,8 +172,7 @@ class BatchAPI:
 
         async def attempt() -> Any:
             try:
-                async with _deadline(seconds):
-                    return await read()
+                return await _within(seconds, read())
             except (asyncio.TimeoutError, openai.APITimeoutError):
                 raise _Transient(f"no complete reply within the {seconds:g}s timeout") from None
             except openai.APIStatusError as exc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import email.utils
 import json
 import logging
@@ -18,7 +17,7 @@ import re
 import time
 import urllib.request
 import zlib
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
@@ -451,12 +450,10 @@ class OpenAICompatBackend:
         # built once, sent as is by every attempt
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         headers = {KIND_HEADER: request.kind} if self._send_kind and request.kind else {}
-        malformed, attempts = [0], [0]
+        malformed = [0]
 
         def stop(state: Any) -> bool:
-            exc = state.outcome.exception()
-            malformed[0] += bool(getattr(exc, "malformed", False))
-            attempts[0] = state.attempt_number
+            malformed[0] += bool(getattr(state.outcome.exception(), "malformed", False))
             return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
 
         def before_sleep(state: Any) -> None:
@@ -475,10 +472,12 @@ class OpenAICompatBackend:
                 raise first.pop()
             return await self._attempt(body, headers, logprobs, schema_sent)
 
+        retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)(attempt)
+            return await retrying(attempt)
         except _Transient as last:
-            tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
+            n = retrying.statistics["attempt_number"]
+            tries = f"{n} attempt{'s' if n != 1 else ''}"
             if last.unreachable and self._proxy is not None:
                 msg = (f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
                        f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
@@ -500,9 +499,9 @@ class OpenAICompatBackend:
             sdk = self.sdk_client()
             self._sdks.append(sdk)
         try:
-            async with _deadline(self.timeout):
-                response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
-                                          options={"headers": dict(headers)} if headers else {})
+            post = sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
+                            options={"headers": dict(headers)} if headers else {})
+            response = await _within(self.timeout, post)
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
@@ -562,19 +561,12 @@ class OpenAICompatBackend:
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
 
 
-if hasattr(asyncio, "timeout"):
-    _deadline = asyncio.timeout
-else:  # Python 3.10: the same bound, one task more per call
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float) -> AsyncIterator[None]:
-        task = asyncio.current_task()
-        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)  # type: ignore[union-attr]
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise asyncio.TimeoutError() from None
-        finally:
-            handle.cancel()
+async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
+    """``aw`` bounded as a whole; asyncio.TimeoutError past ``seconds``."""
+    if not hasattr(asyncio, "timeout"):  # Python 3.10: the same bound, one task more per call
+        return await asyncio.wait_for(aw, seconds)
+    async with asyncio.timeout(seconds):
+        return await aw
 
 
 def _error_detail(status: int, body: Any) -> tuple[Any, str]:
