@@ -23,10 +23,9 @@ import openai
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
-    retry_after_seconds, retry_policy,
+    _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
+    result_outcome, retry_after_seconds, retry_policy,
 )
-from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
 from hdeval.progress import Progress
@@ -109,7 +108,7 @@ class BatchAPI:
         """Create one batch job (tried once: a retry could create a second paid job; the
         caller looks for the job by its input file instead)."""
         return await self._json("POST", "batches", lambda api: api.batches.with_raw_response.create(
-            input_file_id=input_file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW,
+            input_file_id=input_file_id, endpoint=BATCH_ENDPOINT, completion_window=COMPLETION_WINDOW,
             metadata=metadata), retries=0)
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
@@ -430,7 +429,7 @@ class BatchStrategy:
 
     async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
         jobs = []
-        for chunk in _chunks([(k, _line(self.inner, k, r)) for k, r in items]):
+        for chunk in _chunks([(k, self.inner.request_line(k, r)) for k, r in items]):
             keys = [k for k, _ in chunk]
             file_id = await self.api.upload(b"".join(line for _, line in chunk))
             job = Job(self.identity, file_id, keys)

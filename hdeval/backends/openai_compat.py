@@ -41,6 +41,7 @@ MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this
 # Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
 KIND_HEADER = "X-Hdeval-Kind"
 KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
+BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request line
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
@@ -444,6 +445,13 @@ class OpenAICompatBackend:
         params.update(to_openai_params(constraint_of(request), self.schema_supported))
         return params
 
+    def request_line(self, key: str, request: CompletionRequest) -> bytes:
+        """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
+        sends (its X-Hdeval-Kind header apart), under ``custom_id`` = the cache key."""
+        body = self._params(request, bool(request.top_logprobs) and self.logprobs_supported)
+        return (json.dumps({"custom_id": key, "method": "POST", "url": BATCH_ENDPOINT, "body": body},
+                           ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
@@ -567,6 +575,20 @@ async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
         return await asyncio.wait_for(aw, seconds)
     async with asyncio.timeout(seconds):
         return await aw
+
+
+def result_outcome(row: Any) -> tuple[dict | None, str | None]:
+    """(chat completion body, None) for a successful batch-format result row; (None, why) otherwise."""
+    response = row.get("response") if isinstance(row, dict) else None
+    code = response.get("status_code") if isinstance(response, dict) else None
+    body = response.get("body") if isinstance(response, dict) else None
+    if code == 200 and isinstance(body, dict):
+        return body, None
+    err = row.get("error") if isinstance(row, dict) and isinstance(row.get("error"), dict) else None
+    if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+    msg = one_line(str(err.get("message") or err.get("code") or "")) if err else ""
+    return None, (f"HTTP {one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
 
 
 def _error_detail(status: int, body: Any) -> tuple[Any, str]:
