@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import httpx2
 import openai
 
-from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval.backends.base import Backend, Completion, CompletionRequest, chat_completion
 from hdeval.backends.openai_compat import (
     _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
     result_outcome, retry_after_seconds, retry_policy,
@@ -538,12 +538,10 @@ class BatchStrategy:
             self._failures[key] = why if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
-        try:
-            completion = self.inner._parse(json.dumps(body).encode(), request is None or bool(request.top_logprobs))
-        except Exception as exc:  # the backend's parse failure: this request's, recorded
-            self._failures[key] = f"{where}: {one_line(str(exc))[:120] or 'not a chat completion'}"
-            return None
-        self._save(key, completion)
+        try:  # the reader of a normal call's reply
+            self._save(key, chat_completion(body, request is None or bool(request.top_logprobs)))
+        except (ValueError, RecursionError):  # this request's failure, recorded
+            self._failures[key] = f"{where}: not a chat completion"
         return None
 
 
