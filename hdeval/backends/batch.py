@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import httpx2
 import openai
 
+from hdeval import aio
 from hdeval.backends.base import Backend, Completion, CompletionRequest, chat_completion
 from hdeval.backends.openai_compat import (
     _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
@@ -92,8 +93,6 @@ class BatchAPI:
 
     def close(self) -> None:
         if self._used:
-            from hdeval import aio
-
             self._used = False
             aio.run(self._sdk.close())
             aio.run(self._files.close())

@@ -24,7 +24,7 @@ import httpx2
 import openai
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from hdeval import __version__
+from hdeval import __version__, aio
 from hdeval.backends.base import Completion, CompletionRequest, chat_completion
 from hdeval.backends.constraints import constraint_of, to_openai_params
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -400,8 +400,6 @@ class OpenAICompatBackend:
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
-        from hdeval import aio
-
         return aio.run(self.acomplete(request))
 
     async def acomplete(self, request: CompletionRequest) -> Completion:
@@ -419,8 +417,6 @@ class OpenAICompatBackend:
     def close(self) -> None:
         """Close the SDK clients' connections."""
         if self._sdks:
-            from hdeval import aio
-
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
