@@ -184,13 +184,15 @@ class BatchAPI:
                             if status in (404, 405) and not path.startswith("batches/") else "")
                     raise BackendError(self._redact(
                         f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")) from None
-                raise _Transient(f"HTTP {status}: {detail}", retry_after=retry_after_seconds(exc.response.headers))
+                wait = retry_after_seconds(exc.response.headers)
+                raise _Transient(f"HTTP {status}: {detail}", retry_after=wait) from None
             except (openai.APIConnectionError, httpx2.TransportError) as exc:
                 # the SDK wraps what fails while sending; a streamed body fails while read, unwrapped
                 cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
                 if isinstance(cause, ReplyTooLarge):
                     raise _Transient(f"a reply larger than {cap // 1024} KB") from None
-                raise _Transient(one_line(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)))
+                what = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+                raise _Transient(one_line(what)) from None
 
         try:
             return await retry_policy(retries, self.backoff_base, self.backoff_cap)(attempt)
@@ -446,7 +448,8 @@ class BatchStrategy:
             with attempt:
                 found = None
                 if look_first or attempt.retry_state.attempt_number > 1:
-                    with contextlib.suppress(BackendError):  # a server that cannot list its jobs: none to adopt
+                    # a server that cannot list its jobs: none to adopt
+                    with contextlib.suppress(BackendError):
                         found = await self.api.find(job.input_file_id)
                 made = found or await self.api.create(job.input_file_id, meta)
         job.id = _check_id(made.get("id"), "batch id")

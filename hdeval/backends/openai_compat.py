@@ -108,12 +108,15 @@ def retry_wait(attempt: int, retry_after: float | None, base: float, cap: float)
 
 def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
                  on: type[Exception] = _Transient) -> AsyncRetrying:
-    """Retry failures ``on`` until ``stop`` (a tenacity stop or an int
-    of retries), waiting :func:`retry_wait`; the last failure is raised as it is."""
-    return AsyncRetrying(
-        stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop,
-        wait=lambda s: retry_wait(s.attempt_number, getattr(s.outcome.exception(), "retry_after", None), base, cap),
-        retry=retry_if_exception_type(on), reraise=True, before_sleep=before_sleep)
+    """Retry failures ``on`` until ``stop`` (a tenacity stop or an int of retries), waiting
+    :func:`retry_wait`; the last failure is raised as it is."""
+
+    def wait(state: Any) -> float:
+        exc = state.outcome.exception()
+        return retry_wait(state.attempt_number, getattr(exc, "retry_after", None), base, cap)
+
+    return AsyncRetrying(stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop, wait=wait,
+                         retry=retry_if_exception_type(on), reraise=True, before_sleep=before_sleep)
 
 
 def _display_url(url: str) -> str:
@@ -150,8 +153,9 @@ def _check_url(url: str) -> None:
 def check_key(key: str) -> None:
     """Refuse, without quoting it, a key that cannot go in a header (a ``.env`` with Windows line ends)."""
     if not key.isascii() or not key.isprintable():
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character or one that is not ASCII, "
-                          "such as the line end of a file saved with Windows line ends: set it to the key alone")
+        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character or one that is not "
+                          "ASCII, such as the line end of a file saved with Windows line ends: set it to "
+                          "the key alone")
 
 
 def _basic(user: str | None, password: str | None) -> str:
@@ -510,7 +514,8 @@ class OpenAICompatBackend:
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.response.headers, exc.body, logprobs, schema_sent) from None
+            raise self._status_error(exc.status_code, exc.response.headers, exc.body, logprobs,
+                                     schema_sent) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             if isinstance(cause, ReplyTooLarge):
