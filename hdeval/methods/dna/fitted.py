@@ -14,6 +14,7 @@ from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
+from hdeval.methods.pair_report import write_pair_report
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import PairSample, Task
@@ -120,11 +121,7 @@ class DnaEvaluator(Fitted):
                               [label(x) for x in test["learned_prediction_ab"]])
         return out
 
-    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
-        from hdeval.methods.pair_report import write_pair_report
-
-        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
-        return page, "report.json", lines
+    write_report = write_pair_report
 
     def reply_requests(self, items: Sequence[PairSample], columns: Sequence[str]) -> tuple[list, str | None]:
         """The per-aspect prompt (one prompt scores both responses), in the order the pair was
