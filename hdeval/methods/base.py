@@ -324,7 +324,8 @@ def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task",
                                 f"identity in {art.path / 'manifest.json'})")
         ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
                    str(llm.get("identity") or ""))
-        ev.metrics, ev.extra = art.json(METRICS), run_extra(m)
+        ev.metrics = art.json(METRICS)
+        ev.extra = {k: m[k] for k in ("seed", "split", "config") if k in m}  # the run record (run_record)
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
@@ -340,11 +341,6 @@ def progress_stage(progress: "Progress | None", label: str, total: int) -> Itera
     yield
     if progress is not None:
         progress.end_stage()
-
-
-def run_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The run record (:func:`run_record`) a manifest holds."""
-    return {k: manifest[k] for k in ("seed", "split", "config") if k in manifest}
 
 
 @dataclass(frozen=True)
