@@ -25,7 +25,7 @@ import warnings
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -35,14 +35,13 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache_guard import (DATABASES, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _move_aside, _reason,
-                                refuse_foreign_schema, ro_connect, storage_error)
+from hdeval.cache_guard import (DATABASES, DBNAME, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _reason,
+                                read_only, refuse_foreign_schema, storage_error)
 from hdeval.config import DEFAULT_CONCURRENCY
 from hdeval.errors import BudgetExceeded, CacheError, ConfigError, RequestRejected, RetriesExhausted
 from hdeval.progress import Progress
 
 CACHE_SCHEMA = 1
-DBNAME = "cache.db"
 # A cached completion is a few KB; anything larger is not one of ours (and is not read or parsed).
 MAX_ENTRY_CHARS = 4 * 2**20
 # a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
@@ -68,8 +67,6 @@ _DOUBLE = struct.Struct("<d")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 # diskcache's own value-file names: two levels of hex directories, then 28 hex digits
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val\Z")
-# What diskcache itself keeps in the Settings table; anything else was not written by it
-_KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
 # Every setting is ours, whatever an existing database says (diskcache applies stored
 # ``sqlite_*`` settings as PRAGMAs); no eviction: the replies past diskcache's 1 GB were paid for
 # (and hdeval never sets an expiry). The store is read one key at a time: no memory map and a
@@ -579,36 +576,6 @@ def parse_completion(text: str) -> Completion:
 
 
 # --------------------------------------------------------------------------- opening
-def _precheck(directory: Path) -> bool:
-    """Before diskcache opens (and writes to) an existing database: it is a database, and its
-    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs).
-    True if it holds text keys (hdeval's before #23: see :class:`ReplyStore`)."""
-    db = directory / DBNAME
-    if not db.is_file():
-        return False
-    try:
-        con = ro_connect(db)  # works on a read-only file system too
-    except sqlite3.Error:
-        return True  # cannot even open it read-only: diskcache's own open says why
-    try:
-        rows = con.execute("SELECT key FROM Settings").fetchall()
-        # SQLite orders every text value before every BLOB: this is one step down the key
-        # index, not a scan of the table
-        legacy = con.execute("SELECT 1 FROM Cache WHERE key < x'' LIMIT 1").fetchone() is not None
-    except sqlite3.Error as exc:
-        if _kind(exc) == "corrupt":
-            raise storage_error(directory, exc) from None
-        return True  # no tables yet (an empty file) or not readable: diskcache decides
-    finally:
-        con.close()
-    unknown = sorted(str(k)[:40] for (k,) in rows if k not in _KNOWN_SETTINGS)
-    if unknown:
-        raise CacheError(
-            f"the LLM reply cache {db} has settings hdeval and diskcache never write ({', '.join(unknown[:3])}): "
-            f"not opening it; {_move_aside(directory)}")
-    return legacy
-
-
 def _writable_or_raise(directory: Path) -> None:
     probe = directory
     while not probe.exists() and probe.parent != probe:
@@ -630,8 +597,8 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(directory, exc) from None
-    legacy = _precheck(directory)
-    refuse_foreign_schema(directory)  # a planted trigger would rewrite every reply stored from here on
+    # a planted trigger would rewrite every reply stored from here on
+    legacy = refuse_foreign_schema(directory)
     try:
         store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
@@ -1182,14 +1149,10 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
     table = db.name.startswith(TABLE_DBNAME)
     before, report.database_error = report.database_error, None
     try:
-        with closing(ro_connect(db)) as con:
-            # only a real table is read: a planted view in its place (a recursive one never ends) is
-            # listed as planted by `cache check`; a reply table not made yet holds nothing
-            kinds = dict(con.execute("SELECT name, type FROM sqlite_master"))
-            read = kinds.get("reply" if table else "Cache", None if table else "table") == "table"
-            for key, value, length in _table_rows(con, report) if table and read else ():
+        with read_only(db) as (con, _, readable):  # the objects planted are listed by `cache check`
+            for key, value, length in _table_rows(con, report) if table and readable else ():
                 yield from _check_entry(report, key, partial(table_value, value, length))
-            for _rowid, key, raw, mode, filename, value in () if table or not read else _rows(con, report):
+            for _, key, raw, mode, filename, value in () if table or not readable else _rows(con, report):
                 read = partial(read_value, directory, mode, filename, value)
                 yield from _check_entry(report, key, read, raw == 1)
             if report.database_error is None:

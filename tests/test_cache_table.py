@@ -320,3 +320,20 @@ def test_cache_check_lists_a_planted_view_in_place_of_diskcaches_table_without_r
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "0 readable" in done.stdout and "view 'Cache': not created by the cache" in done.stdout
+
+
+def test_cache_check_and_stats_leave_the_cache_directory_as_they_found_it(tmp_path):
+    """`cache check` and `cache stats` read through the same read-only opener as the report: with
+    no run writing (no write-ahead log), they make no -wal/-shm file and touch nothing."""
+    cache = tmp_path / "c"
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # one reply an older hdeval stored
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete(_req("new"))
+    cb.close()
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "2 readable" in res.stdout, res.output
+    res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and ": 2 entries," in res.stdout, res.output
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
