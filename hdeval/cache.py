@@ -1009,19 +1009,6 @@ class CachedBackend:
             self._writer = None
 
 
-def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
-    path = Path(cache_dir)
-    if not path.exists():
-        return {"path": str(path), "entries": 0, "bytes": 0}
-    with open_store(path) as c:
-        try:
-            entries = len(c)
-            size = int(c.volume())
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise storage_error(path, exc) from None
-    return {"path": str(path), "entries": entries, "bytes": size}
-
-
 def clear_cache(cache_dir: str | Path) -> int:
     """Delete every cached reply; the number deleted.
 

@@ -70,12 +70,13 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 @guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
-    from hdeval.cache import DBNAME, CacheCorrupted, cache_stats, clear_cache
+    from hdeval.cache import DBNAME, CacheCorrupted, clear_cache
+    from hdeval.cache_guard import read_stats
     from hdeval.paths import default_cache_dir
 
     path = Path(cache_dir or default_cache_dir())
     try:
-        question = f"delete {cache_stats(path)['entries']} cached LLM replies in {path}?"
+        question = f"delete {read_stats(path)['entries']} cached LLM replies in {path}?"
     except CacheCorrupted:
         question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
                     f"entries); delete it?")
