@@ -1,7 +1,7 @@
 """The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
 Raw completions are stored, never parsed scores, so a parser fix costs no new calls. Replies go
-to a compact SQLite table (:class:`ReplyTable`); diskcache's file is still read for replies an
+to a compact SQLite table (:class:`ReplyStore`'s); diskcache's file is still read for replies an
 older hdeval stored there. One writer commits a reply before its call returns, so a SIGKILL
 loses at most the commit in progress. The cache directory is untrusted: keys and values are
 plain data only, never pickled; an entry hdeval cannot use is a miss plus a
@@ -154,118 +154,6 @@ class JSONDisk(diskcache.Disk):
         super().remove(file_path)
 
 
-class ReplyTable:
-    """The compact reply table (``replies.db``): a request hash's 32 bytes ->
-    :func:`encode_completion`'s bytes, as diskcache's row schema alone costs more than a reply.
-    SQLite in WAL mode, safe for several processes on one host; values read with bounds."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self._lock = threading.RLock()  # one connection, used by the store's thread and close()
-        self._con: sqlite3.Connection | None = None
-        self._connect()
-        _TABLES.add(self)
-
-    def _after_fork(self) -> None:
-        """In a forked child: its own lock (a parent's thread may hold this one) and connection.
-        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
-        self._lock = threading.RLock()
-        if self._con is not None:
-            _INHERITED.append(self._con)
-            self._con = None
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._con is not None:
-            return self._con
-        try:
-            con = sqlite3.connect(self.directory / TABLE_DBNAME, timeout=60, isolation_level=None,
-                                  check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        try:
-            # as _STORE_SETTINGS; synchronous NORMAL keeps every commit through a process kill
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
-                con.execute(f"PRAGMA {pragma}")
-            con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
-        except sqlite3.Error as exc:
-            con.close()
-            raise self._error(exc) from None
-        self._con = con
-        return con
-
-    def _error(self, exc: BaseException, writing: bool = False) -> BaseException:
-        if _kind(exc) == "busy":
-            return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
-        return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
-
-    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
-        with self._lock:
-            try:
-                return self._connect().execute(sql, args).fetchone()
-            except sqlite3.Error as exc:
-                raise self._error(exc, writing) from None
-
-    def get(self, key: str) -> str | None:
-        """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if unusable."""
-        row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
-        return None if row is None else table_value(*row)
-
-    def __contains__(self, key: str) -> bool:
-        return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
-
-    def set(self, key: str, value: bytes) -> None:
-        if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
-            raise TypeError("hdeval cache values are compact replies (encode_completion)")
-        if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
-            size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
-            if size > MAX_ENTRY_CHARS:
-                raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
-        self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        with self._lock:
-            if self.in_transaction():
-                yield  # nested: the outer one commits
-                return
-            self._run("BEGIN IMMEDIATE", writing=True)
-            try:
-                yield
-                self._run("COMMIT", writing=True)
-            except BaseException:
-                # a failed COMMIT (a full disk) can leave the transaction open: end it
-                if self.in_transaction():
-                    self._con.rollback()
-                raise
-
-    def in_transaction(self) -> bool:
-        return self._con is not None and self._con.in_transaction
-
-    def count(self) -> int:
-        return int(self._run("SELECT count(*) FROM reply")[0])
-
-    def volume(self) -> int:
-        return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
-
-    def clear(self) -> int:
-        with self._lock:
-            n = self.count()
-            self._run("DELETE FROM reply", writing=True)
-            return n
-
-    def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
-
-
-_TABLES: "weakref.WeakSet[ReplyTable]" = weakref.WeakSet()
-_INHERITED: list[sqlite3.Connection] = []  # connections of a parent process, kept open (see _after_fork)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: [t._after_fork() for t in list(_TABLES)])
-
-
 def table_value(value: Any, length: Any = None) -> str:
     """The JSON text of one value of the reply table, read with bounds; :class:`UnreadableEntry`
     otherwise (``value`` None: longer than MAX_ENTRY_CHARS, so not read)."""
@@ -277,23 +165,77 @@ def table_value(value: Any, length: Any = None) -> str:
 
 
 class ReplyStore(diskcache.Cache):
-    """The store hdeval opens (:func:`open_store`): a reply is written to :class:`ReplyTable`
-    (``table``) and looked up there first, then in diskcache's rows, where an older hdeval stored
-    it (never rewritten in place: that hdeval can still read them), so a rerun pays nothing."""
+    """The store hdeval opens (:func:`open_store`). A reply is written to the compact reply table
+    (``replies.db``: a request hash's 32 bytes -> :func:`encode_completion`'s bytes, as diskcache's
+    row schema alone costs more than a reply; SQLite in WAL mode, safe for several processes on
+    one host) and looked up there first, then in diskcache's rows, where an older hdeval stored it
+    (never rewritten in place: that hdeval can still read them), so a rerun pays nothing."""
 
-    legacy = False  # set by open_store: the database held text keys when opened
-    old = False  # set by open_store: diskcache's rows held any entry when opened
-    table: ReplyTable
-    _pending: list[str]  # keys written in the table's open transaction whose old rows go once it commits
+    _table: sqlite3.Connection | None = None  # the reply table's one connection
+
+    def __init__(self, directory: Path, legacy: bool):
+        super().__init__(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        self.legacy = legacy  # diskcache's rows held text keys when opened
+        self._lock = threading.RLock()  # the table's connection: the store's thread and close() use it
+        self._pending: list[str] = []  # keys written in the open transaction whose old rows go once it commits
+        try:
+            self._connect()
+            self.old = super().__len__() > 0  # diskcache's rows held any entry when opened
+        except BaseException:
+            super().close()
+            raise
+        _STORES.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: its own lock (a parent's thread may hold this one) and connection.
+        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
+        self._lock = threading.RLock()
+        if self._table is not None:
+            _INHERITED.append(self._table)
+            self._table = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._table is not None:
+            return self._table
+        try:
+            con = sqlite3.connect(Path(self.directory) / TABLE_DBNAME, timeout=60, isolation_level=None,
+                                  check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            # as _STORE_SETTINGS; synchronous NORMAL keeps every commit through a process kill
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
+                con.execute(f"PRAGMA {pragma}")
+            con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+        except sqlite3.Error as exc:
+            con.close()
+            raise self._error(exc) from None
+        self._table = con
+        return con
+
+    def _error(self, exc: BaseException, writing: bool = False) -> BaseException:
+        if _kind(exc) == "busy":
+            return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
+        return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
+
+    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
+        """One statement on the reply table; its first row."""
+        with self._lock:
+            try:
+                return self._connect().execute(sql, args).fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(exc, writing) from None
 
     def _old_keys(self, key: str) -> tuple:
         """``key`` as diskcache's rows may hold it: 32 bytes, or hex text in an older database."""
         return (key, LegacyKey(key)) if self.legacy else (key,)
 
     def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """The JSON text of ``key``'s reply, ``default`` if absent; :class:`UnreadableEntry` if unusable."""
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().get(key, default, *args, **kwargs)
-        got = self.table.get(key)
+        row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
+        got = None if row is None else table_value(*row)
         for old in self._old_keys(key):
             if got is not None:
                 break
@@ -309,31 +251,47 @@ class ReplyStore(diskcache.Cache):
     def __contains__(self, key: Any) -> bool:
         if type(key) is not str or not _KEY.match(key):
             return super().__contains__(key)
-        return key in self.table or any(diskcache.Cache.__contains__(self, k) for k in self._old_keys(key))
+        return (self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
+                or any(super(ReplyStore, self).__contains__(k) for k in self._old_keys(key)))
 
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().set(key, value, *args, **kwargs)
+        if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
+            raise TypeError("hdeval cache values are compact replies (encode_completion)")
+        if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
+            size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
+            if size > MAX_ENTRY_CHARS:
+                raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
         with self.transact():
-            self.table.set(key, value)
+            self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
             if self.old:
                 # a request is stored again only when its entry could not be used (a damaged or
                 # planted one): the fresh reply replaces it, once the table has committed it
                 self._pending.append(key)
         return True
 
+    def in_transaction(self) -> bool:
+        return self._table is not None and self._table.in_transaction
+
     @contextmanager
     def transact(self, retry: bool = False) -> Iterator[None]:
         """One transaction of the reply table (where every reply is written)."""
-        outer = not self.table.in_transaction()
-        try:
-            with self.table.transaction():
+        with self._lock:
+            if self.in_transaction():
+                yield  # nested: the outer one commits
+                return
+            self._run("BEGIN IMMEDIATE", writing=True)
+            try:
                 yield
-        except BaseException:
-            if outer:
+                self._run("COMMIT", writing=True)
+            except BaseException:
                 self._pending.clear()  # rolled back: those replies were not written
-            raise
-        if outer and self._pending:
+                # a failed COMMIT (a full disk) can leave the transaction open: end it
+                if self.in_transaction():
+                    self._table.rollback()
+                raise
+        if self._pending:
             keys, self._pending = self._pending, []
             with super().transact():
                 for key in keys:
@@ -341,19 +299,30 @@ class ReplyStore(diskcache.Cache):
                         super().delete(k)
 
     def __len__(self) -> int:
-        return self.table.count() + super().__len__()
+        return int(self._run("SELECT count(*) FROM reply")[0]) + super().__len__()
 
     def volume(self) -> int:
-        return self.table.volume() + super().volume()
+        return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0]) + super().volume()
 
     def clear(self, retry: bool = False) -> int:
-        return self.table.clear() + super().clear(retry=retry)
+        with self._lock:
+            n = int(self._run("SELECT count(*) FROM reply")[0])
+            self._run("DELETE FROM reply", writing=True)
+        return n + super().clear(retry=retry)
 
     def close(self) -> None:
-        table = getattr(self, "table", None)  # diskcache closes itself while opening, too
-        if table is not None:
-            table.close()
+        if hasattr(self, "_lock"):  # diskcache closes itself while opening, too
+            with self._lock:
+                if self._table is not None:
+                    self._table.close()
+                    self._table = None
         super().close()
+
+
+_STORES: "weakref.WeakSet[ReplyStore]" = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # connections of a parent process, kept open (see _after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: [t._after_fork() for t in list(_STORES)])
 
 
 def _value_path(directory: str | Path, filename: Any) -> str:
@@ -600,17 +569,9 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
     # a planted trigger would rewrite every reply stored from here on
     legacy = refuse_foreign_schema(directory)
     try:
-        store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        return ReplyStore(directory, legacy)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
-    try:
-        store.table, store._pending = ReplyTable(directory), []
-        store.old = super(ReplyStore, store).__len__() > 0
-    except BaseException:
-        diskcache.Cache.close(store)
-        raise
-    store.legacy = legacy
-    return store
 
 
 @dataclass

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyTable, check_cache, request_key
+from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyStore, check_cache, request_key
 from hdeval.cli import cli
 from hdeval.errors import CacheError
 
@@ -338,7 +338,7 @@ FULL = {
 
 def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
     """From the ``n+1``-th write on, the reply table's set fails as on a full disk."""
-    real = ReplyTable.set
+    real = ReplyStore.set
     writes: list[int] = []
 
     def set_(self, key, value, *a, **kw):
@@ -347,7 +347,7 @@ def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
         writes.append(1)
         return real(self, key, value, *a, **kw)
 
-    monkeypatch.setattr(ReplyTable, "set", set_)
+    monkeypatch.setattr(ReplyStore, "set", set_)
     return writes
 
 
