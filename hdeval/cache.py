@@ -545,23 +545,10 @@ def parse_completion(text: str) -> Completion:
 
 
 # --------------------------------------------------------------------------- opening
-def _writable_or_raise(directory: Path) -> None:
-    probe = directory
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise CacheError(f"the LLM reply cache directory {directory} cannot be created: {probe} is a file; "
-                         f"pass --cache-dir (or set HDEVAL_CACHE_DIR) to a directory")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise CacheError(f"cannot write the LLM reply cache in {directory} ({probe} is read-only): pass "
-                         f"--cache-dir (or set HDEVAL_CACHE_DIR) to a writable directory")
-
-
 def open_store(cache_dir: str | Path) -> ReplyStore:
     """Open (or create) the cache in ``cache_dir`` with :class:`JSONDisk`; one-line
-    :class:`CacheError` if it is corrupted, read-only or on a full disk."""
+    :class:`CacheError` if it is corrupted, read-only, not a directory or on a full disk."""
     directory = Path(cache_dir)
-    _writable_or_raise(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

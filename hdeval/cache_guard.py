@@ -43,9 +43,15 @@ class CacheCorrupted(CacheError):
 
 
 # What a storage failure was, and the one-line error that says so. Here, not in cache.py, so the
-# read-only checks below and the client share them without importing each other.
-_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
-_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_BUSY, _SQLITE_LOCKED = 11, 26, 5, 6
+# read-only checks below and the client share them without importing each other. A SQLite error
+# is told by its primary result code, or by its message when it carries none; first match wins.
+_KINDS = (
+    ("full", {13}, ("disk is full",)),  # SQLITE_FULL
+    ("readonly", {8, 3}, ("readonly", "read-only")),  # SQLITE_READONLY, SQLITE_PERM
+    ("corrupt", {11, 26}, ("not a database", "malformed")),  # SQLITE_CORRUPT, SQLITE_NOTADB
+    ("busy", {5, 6}, ("locked",)),  # SQLITE_BUSY, SQLITE_LOCKED
+    ("readonly", {14}, ("unable to open",)),  # SQLITE_CANTOPEN
+)
 
 
 def _kind(exc: BaseException) -> str:
@@ -55,23 +61,13 @@ def _kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             return "full"
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            return "readonly"
-        return "other"
+        # a file where the directory should be: as unwritable a place for the cache
+        unwritable = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST)
+        return "readonly" if exc.errno in unwritable else "other"
     code = getattr(exc, "sqlite_errorcode", None)
     code = code & 0xFF if isinstance(code, int) else None
     msg = str(exc).lower()
-    if code == _SQLITE_FULL or "disk is full" in msg:
-        return "full"
-    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in msg or "read-only" in msg:
-        return "readonly"
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in msg or "malformed" in msg:
-        return "corrupt"
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in msg:
-        return "busy"
-    if code == _SQLITE_CANTOPEN or "unable to open" in msg:
-        return "readonly"
-    return "other"
+    return next((kind for kind, codes, words in _KINDS if code in codes or any(w in msg for w in words)), "other")
 
 
 def _reason(exc: BaseException) -> str:

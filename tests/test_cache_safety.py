@@ -420,3 +420,16 @@ def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_p
         release.join()
     assert "locked" in str(err.value) and "\n" not in str(err.value)
     assert cache_guard.foreign_objects(directory / "cache.db") == ["trigger 'poison' on 'Cache'"]
+
+
+@pytest.mark.parametrize("where", ["the directory", "a parent"])
+def test_a_file_where_the_cache_directory_should_be_is_one_line_before_any_call(tmp_path, where):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a user's file\n")
+    cache = blocker if where == "the directory" else blocker / "cache"
+    fake = FakeBackend()
+    with pytest.raises(CacheError) as err:
+        CachedBackend(fake, cache)
+    msg = str(err.value)
+    assert "\n" not in msg and str(cache) in msg and "--cache-dir" in msg and fake.calls == 0
+    assert blocker.read_text() == "a user's file\n"
