@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -177,7 +178,7 @@ class ReplyStore(diskcache.Cache):
         super().__init__(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
         self.legacy = legacy  # diskcache's rows held text keys when opened
         self._lock = threading.RLock()  # the table's connection: the store's thread and close() use it
-        self._pending: list[str] = []  # keys written in the open transaction whose old rows go once it commits
+        self._pending: list[str] = []  # keys written in the open transaction: their old rows go at commit
         try:
             self._connect()
             self.old = super().__len__() > 0  # diskcache's rows held any entry when opened
@@ -264,7 +265,8 @@ class ReplyStore(diskcache.Cache):
             if size > MAX_ENTRY_CHARS:
                 raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
         with self.transact():
-            self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
+            sql = "INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)"
+            self._run(sql, (bytes.fromhex(key), value), True)
             if self.old:
                 # a request is stored again only when its entry could not be used (a damaged or
                 # planted one): the fresh reply replaces it, once the table has committed it
@@ -389,56 +391,51 @@ def _pack(d: dict[str, Any]) -> bytes | None:
     return head + (b"" if flags & _TEXT_IS_TOP else _utf8(d["text"])) + bytes(body)
 
 
-class _Reader:
-    """Bounded reading of a VALUE_MAGIC_PACKED blob: every read is checked against its end."""
+def _take(r: io.BytesIO, n: int) -> bytes:
+    """The next ``n`` bytes of a VALUE_MAGIC_PACKED blob, checked against its end."""
+    got = r.read(n)
+    if len(got) < n:
+        raise UnreadableEntry("its packed value is cut short")
+    return got
 
-    def __init__(self, blob: bytes):
-        self.blob, self.at = blob, len(VALUE_MAGIC_PACKED)
 
-    def take(self, n: int) -> bytes:
-        if n > len(self.blob) - self.at:
-            raise UnreadableEntry("its packed value is cut short")
-        got = self.blob[self.at:self.at + n]
-        self.at += n
-        return got
+def _read_varint(r: io.BytesIO) -> int:
+    n = 0
+    for shift in range(0, 56, 7):
+        (b,) = _take(r, 1)
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n
+    raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
 
-    def varint(self) -> int:
-        n = shift = 0
-        while True:
-            (b,) = self.take(1)
-            n |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return n
-            shift += 7
-            if shift >= 56:
-                raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
 
-    def text(self) -> str:
-        try:
-            return self.take(self.varint()).decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
+def _read_text(r: io.BytesIO) -> str:
+    try:
+        return _take(r, _read_varint(r)).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
 
 
 def _unpack(blob: bytes) -> str:
     """A VALUE_MAGIC_PACKED blob as the JSON text of :meth:`Completion.to_dict`."""
-    r = _Reader(blob)
-    (flags,) = r.take(1)
+    r = io.BytesIO(blob)
+    r.seek(len(VALUE_MAGIC_PACKED))
+    (flags,) = _take(r, 1)
     if flags & ~(_LOGPROBS | _TEXT_IS_TOP | _EVALUATED) or (flags & _TEXT_IS_TOP and not flags & _LOGPROBS):
         raise UnreadableEntry("its packed value has flags hdeval does not write")
-    d: dict[str, Any] = {"prompt_tokens": r.varint(), "completion_tokens": r.varint(),
-                         "prompt_tokens_evaluated": r.varint() if flags & _EVALUATED else None}
-    text = None if flags & _TEXT_IS_TOP else r.text()
+    d: dict[str, Any] = {"prompt_tokens": _read_varint(r), "completion_tokens": _read_varint(r),
+                         "prompt_tokens_evaluated": _read_varint(r) if flags & _EVALUATED else None}
+    text = None if flags & _TEXT_IS_TOP else _read_text(r)
     lp = None
     if flags & _LOGPROBS:
         # each position and token takes bytes: a count cannot outrun the blob
-        lp = [[{"token": r.text(), "logprob": _DOUBLE.unpack(r.take(8))[0]} for _ in range(r.varint())]
-              for _ in range(r.varint())]
+        lp = [[{"token": _read_text(r), "logprob": _DOUBLE.unpack(_take(r, 8))[0]}
+               for _ in range(_read_varint(r))] for _ in range(_read_varint(r))]
         if text is None:
             if not (lp and lp[0]):
                 raise UnreadableEntry("its packed value has no top token to be its text")
             text = lp[0][0]["token"]
-    if r.at != len(blob):
+    if r.tell() != len(blob):
         raise UnreadableEntry("its packed value has bytes after its end")
     return json.dumps({"text": text, "top_logprobs": lp, **d})
 
