@@ -1060,10 +1060,8 @@ def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
             raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
         completion = parse_completion(read())
     except UnreadableEntry as exc:
-        if exc.foreign:
-            report.foreign += 1
-        else:
-            report.unreadable += 1
+        report.foreign += exc.foreign
+        report.unreadable += not exc.foreign
         if len(report.examples) < 5:
             shown = key[:12] + "..." if isinstance(key, str) else f"(a {type(key).__name__} key)"
             report.examples.append(f"{shown}: {exc}")
