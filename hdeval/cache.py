@@ -988,6 +988,7 @@ class CheckReport:
     foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
     database_error: str | None = None  # the database could not be read (in part or at all)
     examples: list[str] = field(default_factory=list)
+    planted: dict[str, list[str]] = field(default_factory=dict)  # file -> objects the cache never creates
     kept_as: str = ""  # repair: where the old databases are
 
     @property
@@ -1079,7 +1080,9 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
     table = db.name.startswith(TABLE_DBNAME)
     before, report.database_error = report.database_error, None
     try:
-        with read_only(db) as (con, _, readable):  # the objects planted are listed by `cache check`
+        with read_only(db) as (con, found, readable):
+            if found:  # listed by `cache check`; repair copies only the real table's entries
+                report.planted[db.name] = found
             for key, value, length in _table_rows(con, report) if table and readable else ():
                 yield from _check_entry(report, key, partial(table_value, value, length))
             for _, key, raw, mode, filename, value in () if table or not readable else _rows(con, report):

@@ -67,7 +67,8 @@ def _kind(exc: BaseException) -> str:
     code = getattr(exc, "sqlite_errorcode", None)
     code = code & 0xFF if isinstance(code, int) else None
     msg = str(exc).lower()
-    return next((kind for kind, codes, words in _KINDS if code in codes or any(w in msg for w in words)), "other")
+    found = (kind for kind, codes, words in _KINDS if code in codes or any(w in msg for w in words))
+    return next(found, "other")
 
 
 def _reason(exc: BaseException) -> str:
@@ -176,15 +177,6 @@ def read_only(db: Path, refuse: str | None = None) -> Iterator[tuple[sqlite3.Con
             raise _foreign(db, found, refuse)
         kinds = {n: t for t, n, _, _ in rows}
         yield con, found, kinds.get("reply" if table else "Cache", None if table else "table") == "table"
-
-
-def foreign_objects(db: Path) -> list[str]:
-    """What the SQLite file ``db`` holds that the cache never creates; an empty list for a
-    missing file or a clean one."""
-    if not db.is_file():
-        return []
-    with read_only(db) as (_, found, _):
-        return found
 
 
 def refuse_foreign_schema(directory: Path) -> bool:

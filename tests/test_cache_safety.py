@@ -419,7 +419,7 @@ def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_p
     finally:
         release.join()
     assert "locked" in str(err.value) and "\n" not in str(err.value)
-    assert cache_guard.foreign_objects(directory / "cache.db") == ["trigger 'poison' on 'Cache'"]
+    assert check_cache(directory).planted == {"cache.db": ["trigger 'poison' on 'Cache'"]}
 
 
 @pytest.mark.parametrize("where", ["the directory", "a parent"])
