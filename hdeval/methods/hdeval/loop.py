@@ -163,7 +163,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     # the score table and the layer reports keep every explored criterion
     kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
     ev = Evaluator(
-        task, kept_tree, agg, matrix.criterion_keys[:n_cols], templates, spec, llm.identity, metrics,
+        task, kept_tree, agg, agg.kind, matrix.criterion_keys[:n_cols], templates, spec, llm.identity,
+        metrics,
         {
             **run_record(ctx),
             "layers": [r.to_dict() for r in reports],
