@@ -19,7 +19,7 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
-    ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
+    METRICS, SCORES, ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.progress import Progress
@@ -31,8 +31,6 @@ from hdeval.urls import public_url
 
 TREE = "tree.json"
 MODEL = "aggregator.skops"
-SCORES = "scores.csv"
-METRICS = "metrics.json"
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input",
@@ -236,7 +234,11 @@ class TreeEvaluator(SimpleFitted):
             if not pairs and features not in (tree.keys, layered):
                 raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
             return
-        header = scores_header(path)
+        try:  # the column names: the first line of scores.csv, bounded
+            with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+                header = next(csv.reader(io.StringIO(fh.readline(MAX_HEADER_BYTES))))
+        except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+            raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
         if pairs or header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
             cols = header[2:2 + len(features)]
             humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
@@ -270,8 +272,13 @@ class Evaluator(TreeEvaluator):
         m = self.metrics
         # the layer chosen on training data (metrics' "selection"); the figures above are its
         kept = (m.get("selection") or {}).get("kept_layer")
+        # layer k -> the criteria its proxy aggregator uses: those the layer reports added on 1..k
+        per_layer, total = {}, 0
+        for report in sorted(self.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
+            total += len(report.get("added") or [])
+            per_layer[str(int(report["layer"]))] = total
         return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {}, "kept_layer": kept,
-                "criteria_per_layer": criteria_per_layer(self),
+                "criteria_per_layer": per_layer,
                 "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
 
     def explain_refusal(self, artifact: Any) -> str | None:
@@ -372,24 +379,3 @@ class Evaluator(TreeEvaluator):
 
             ev.scorer = PairwiseScorer.from_artifact(art, art.manifest["scorer"], ev.templates)
         return ev
-
-
-def scores_header(path: Path) -> list[str]:
-    """The column names of the artifact's ``scores.csv`` (its first line, bounded)."""
-    try:
-        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-            line = fh.readline(MAX_HEADER_BYTES)
-        return next(csv.reader(io.StringIO(line)))
-    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
-
-
-def criteria_per_layer(fitted: Any) -> dict[str, int]:
-    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
-    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
-    out: dict[str, int] = {}
-    total = 0
-    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
-        total += len(report.get("added") or [])
-        out[str(int(report["layer"]))] = total
-    return out

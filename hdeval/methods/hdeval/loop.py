@@ -86,10 +86,9 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         progress.message(_given_summary(given))
     matrix = ScoreMatrix.empty(ids)
     reports: list[LayerReport] = []
-    layer_metrics: dict[str, Any] = {}
     expand: list[str] = []  # what pruning picked to decompose next
-    fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
-    cv_preds: dict[int, np.ndarray] = {}  # layer -> out-of-fold training predictions (intervals)
+    # layer -> (columns its aggregator uses, the aggregator, out-of-fold training predictions)
+    fitted: dict[int, tuple[int, Aggregator, np.ndarray]] = {}
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
                                  len(samples), expand, rejections):
@@ -118,12 +117,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
             caught[:] = kept_warnings(caught, kind)
-            cv_preds[layer] = cv_pred
             agg = clone(template).fit(X[tr], Y[tr])
-            test = metric_table(Y[te], agg.predict(X[te]), aspects)
             report = LayerReport(
-                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
-                m.failure_rate, selection, tuning=tuning, params=_nn_params(template),
+                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects),
+                metric_table(Y[te], agg.predict(X[te]), aspects), m.failure_rate, selection, tuning=tuning,
+                params=_nn_params(template),
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
@@ -132,13 +130,14 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
                 report.positive_importance = pr.n_positive
                 expand[:] = pr.selected
         report.notes = warning_notes(caught)
-        fitted.append((layer, X.shape[1], agg))
+        fitted[layer] = (X.shape[1], agg, cv_pred)
         reports.append(report)
-        layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
 
     choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
-    kept_layer, n_cols, agg = next(f for f in fitted if f[0] == choice["kept_layer"])
+    kept_layer = choice["kept_layer"]
+    n_cols, agg, cv_pred = fitted[kept_layer]
+    layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
         "final": layer_metrics[str(kept_layer)],
@@ -153,7 +152,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
     metrics["intervals"] = fitted_intervals(
-        Y, cv_preds[kept_layer], tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
+        Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)")
     progress.message(_selection_summary(choice))
     progress.message(interval_summary(metrics["intervals"]))
