@@ -338,12 +338,9 @@ def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, gro
     done = iter(run_jobs(calls, n_jobs))
     out = []
     for fs in folds:
-        pred: np.ndarray | None = None
-        for _, va in fs:
-            p = np.asarray(next(done))
-            if pred is None:
-                pred = np.zeros((len(X), *p.shape[1:]), dtype=p.dtype)
-            pred[va] = p
+        parts = [np.asarray(next(done)) for _ in fs]
+        pred = np.zeros((len(X), *parts[0].shape[1:]), dtype=parts[0].dtype)
+        pred[np.concatenate([va for _, va in fs])] = np.concatenate(parts)
         out.append(pred)
     return out
 

@@ -27,7 +27,7 @@ from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
-from hdeval.methods.hdeval.summary import interval_summary
+from hdeval.methods.hdeval.summary import interval_summary, some_of
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
@@ -398,10 +398,9 @@ def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: Cac
 def _given_summary(given: Any) -> str:
     """Which criteria came from the --tree file (shown before training and in the summary)."""
     keys = given.tree.keys
-    shown = ", ".join(k + (" (locked)" if k in given.locked else "") for k in keys[:12])
-    more = f", ... {len(keys) - 12} more" if len(keys) > 12 else ""
+    shown = some_of([k + (" (locked)" if k in given.locked else "") for k in keys], 12)
     return (f"tree from {given.source}: {len(keys)} criteria on {given.depth} layer(s), "
-            f"{len(given.locked)} locked: {shown}{more}")
+            f"{len(given.locked)} locked: {shown}")
 
 
 def _fmt(x: float | None) -> str:
