@@ -356,15 +356,6 @@ def _grid_name(point: dict[str, Any]) -> str:
     return f"alpha={point['alpha']:g},hidden={hidden}"
 
 
-def select_kind(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS
-) -> tuple[str, dict[str, float]]:
-    """``--aggregator auto``: the kind with the best cross-validated mean Spearman (``nn``
-    scored with its tuned hyper-parameters)."""
-    best, scores, _, _ = select_cv(template, X, Y, groups, kinds)
-    return best.kind, scores
-
-
 def select_cv(
     template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
     n_jobs: int | None = None,
