@@ -19,7 +19,8 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
-    METRICS, SCORES, ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
+    METRICS, SCORES, ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows,
+    usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.progress import Progress

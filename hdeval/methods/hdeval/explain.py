@@ -233,8 +233,6 @@ class EfficiencyPoint:
 def curve_sizes(n: int, max_points: int | None) -> list[int]:
     """Numbers of criteria to evaluate: every 1..n, or ``max_points`` of them spread evenly
     (always including 1 and n)."""
-    if n <= 0:
-        return []
     if max_points is None or max_points >= n:
         return list(range(1, n + 1))
     pts = np.unique(np.round(np.linspace(1, n, max(max_points, 2))).astype(int))

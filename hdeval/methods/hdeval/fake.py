@@ -29,8 +29,9 @@ def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completi
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
     start = _h(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
-    text = json.dumps({"subcriteria": [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows "
-                                        f"{f} with respect to {name.lower()}."} for f in picked]})
+    subs = [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows {f} with respect to "
+             f"{name.lower()}."} for f in picked]
+    text = json.dumps({"subcriteria": subs})
     return Completion(text, None, n_prompt, max(1, len(text) // 4))
 
 

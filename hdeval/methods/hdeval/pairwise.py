@@ -80,8 +80,8 @@ def plan_pairwise(config, prep, backend=None) -> list:
 def no_pairwise_scorer(options: Any, task: Task) -> None:
     """--scorer pairwise compares pointwise samples with comparison examples: not on pairs."""
     if options.scorer != "digit":
-        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({task.name}): HD-Eval scores "
-                          "both responses of each pair with the criterion prompt; leave --scorer out")
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({task.name}): HD-Eval "
+                          "scores both responses of each pair with the criterion prompt; leave --scorer out")
 
 
 def check_pairwise_options(ctx: FitContext) -> None:

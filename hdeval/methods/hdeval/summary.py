@@ -61,7 +61,8 @@ def _given_tree(given: dict, keys: list[str]) -> list[tuple[str, bool]]:
     added = [k for k in keys if k not in from_file]
     listed = some_of([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
     return [(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}", False),
-            (f"criteria added by decomposition: {len(added)}" + (f": {some_of(added)}" if added else ""), False)]
+            (f"criteria added by decomposition: {len(added)}" + (f": {some_of(added)}" if added else ""),
+             False)]
 
 
 def some_of(names: list[str], n: int = 20) -> str:
