@@ -20,7 +20,7 @@ _SAMPLE = re.compile(r"<sample>(.*?)</sample>", re.S)
 
 
 @responder("decompose")
-def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completion:
+def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     prompt, n_prompt = prompt_of(request)
     m = _MAX_CHILDREN.search(prompt)
     n = int(m.group(1)) if m else 3
@@ -36,7 +36,7 @@ def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completi
 
 
 @responder("score")
-def _hdeval_score(request: CompletionRequest, fake: FakeBackend) -> Completion:
+def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     prompt, n_prompt = prompt_of(request)
     sample = _SAMPLE.search(prompt)
     body = sample.group(1) if sample else prompt
