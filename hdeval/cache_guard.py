@@ -140,27 +140,28 @@ def expected_schema(name: str) -> frozenset[tuple[str, str, str, str | None]]:
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
-def ro_connect(db: Path) -> sqlite3.Connection:
-    """A connection reading ``db`` without writing. With no write-ahead log beside it nothing has
-    it open: it is opened immutable, which makes no -wal/-shm file in the user's cache. With one (a
-    run is writing, or crashed), read-only through the log, so its committed replies are seen;
-    on read-only storage SQLite cannot make the shared-memory file that needs, so an empty log is
-    read past as immutable too."""
+def ro_connect(db: Path, leave_no_files: bool = False) -> sqlite3.Connection:
+    """A connection reading ``db`` without writing: read-only with SQLite's locks, so a run writing
+    (and checkpointing) meanwhile cannot tear what is read. On read-only storage SQLite cannot
+    make the shared-memory file that needs, so a file with an empty log is read immutable. With
+    ``leave_no_files`` (the report), a file with no log (nothing has it open) is read immutable
+    at once, which makes no -wal/-shm file in the user's cache."""
     uri = db.resolve().as_uri()
     wal = db.with_name(db.name + "-wal")
-    if wal.exists():
+    if wal.exists() or not leave_no_files:
         try:
             con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_SECONDS)
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return con
         except sqlite3.Error as exc:
-            if _kind(exc) != "readonly" or wal.stat().st_size > 0:
+            if _kind(exc) != "readonly" or (wal.exists() and wal.stat().st_size > 0):
                 raise  # replies still in the log: an immutable read would miss them
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_SECONDS)
 
 
 @contextmanager
-def read_only(db: Path, refuse: str | None = None) -> Iterator[tuple[sqlite3.Connection, list[str], bool]]:
+def read_only(db: Path, refuse: str | None = None, leave_no_files: bool = False
+              ) -> Iterator[tuple[sqlite3.Connection, list[str], bool]]:
     """The one way the cache's files are read without opening the cache: a :func:`ro_connect`
     connection to ``db``, what the file holds that the cache never creates (e.g. ``trigger 't' on
     'Cache'``; with ``refuse``, a one-line CacheError ending in it), and whether its replies may
@@ -168,7 +169,7 @@ def read_only(db: Path, refuse: str | None = None) -> Iterator[tuple[sqlite3.Con
     reply table not made yet holds nothing (a missing diskcache table is damage, said when read)."""
     table = db.name.startswith(TABLE_DBNAME)
     known = expected_schema(TABLE_DBNAME if table else DBNAME)
-    with closing(ro_connect(db)) as con:
+    with closing(ro_connect(db, leave_no_files)) as con:
         rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
         found = [f"{t} {str(n)[:60]!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else "")
                  for t, n, tb, sql in rows if (t, n, tb, _norm(sql)) not in known

@@ -322,9 +322,12 @@ def test_cache_check_lists_a_planted_view_in_place_of_diskcaches_table_without_r
     assert "0 readable" in done.stdout and "view 'Cache': not created by the cache" in done.stdout
 
 
-def test_cache_check_and_stats_leave_the_cache_directory_as_they_found_it(tmp_path):
-    """`cache check` and `cache stats` read through the same read-only opener as the report: with
-    no run writing (no write-ahead log), they make no -wal/-shm file and touch nothing."""
+def test_the_report_reads_a_cache_nobody_has_open_without_leaving_files(tmp_path):
+    """The report's raw replies read a closed cache (no write-ahead log) immutable: no -wal/-shm
+    file appears and nothing is touched. `cache check` and `cache stats` read with SQLite's locks
+    instead, so a run that starts writing meanwhile cannot tear a long scan into false damage."""
+    from hdeval.report.samples import read_only_lookup
+
     cache = tmp_path / "c"
     with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # one reply an older hdeval stored
         c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
@@ -332,8 +335,10 @@ def test_cache_check_and_stats_leave_the_cache_directory_as_they_found_it(tmp_pa
     cb.complete(_req("new"))
     cb.close()
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    found, note = read_only_lookup(cache, [_key("old"), _key("new")])
+    assert len(found) == 2 and note is None, note
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
     res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
     assert res.exit_code == 0 and "2 readable" in res.stdout, res.output
     res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
     assert res.exit_code == 0 and ": 2 entries," in res.stdout, res.output
-    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before

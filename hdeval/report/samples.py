@@ -49,7 +49,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     out: dict[str, str] = {}
     for db in dbs:
         try:
-            with read_only(db, "raw replies are not shown") as (con, _, readable):
+            with read_only(db, "raw replies are not shown", leave_no_files=True) as (con, _, readable):
                 for key in [k for k in dict.fromkeys(keys) if k not in out] if readable else ():
                     try:
                         if db.name == TABLE_DBNAME:
