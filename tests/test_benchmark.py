@@ -647,15 +647,16 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("options, message", [
     (("paireval.comparisons",), "--method-option 'paireval.comparisons': expected METHOD.NAME=VALUE"),
+    (("dna.swap=",), "--method-option 'dna.swap=': expected METHOD.NAME=VALUE"),
     (("dn\na.k=1",), "--method-option 'dn\\na.k=1': expected METHOD.NAME=VALUE"),  # still one line
     (("magic.k=1",), "--method-option magic.k: unknown method 'magic'"),
     (("hdeval.tie_margin=1",), "--method-option hdeval.tie_margin: hdeval takes no option 'tie_margin' (its "
                                "options: aggregator, children, comparisons, decompose_base_url, decompose_llm, "
                                "layers, scorer, swap, top_k, tree)"),
-    (("dna.k=two",), "--method-option dna.k: expected a whole number, got 'two'"),
-    (("dna.tie_margin=nan",), "--method-option dna.tie_margin: expected a number, got 'nan'"),
-    (("dna.swap=maybe",), "--method-option dna.swap: expected true or false, got 'maybe'"),
-    (("dna.aspect_source=random",), "--method-option dna.aspect_source: 'random' is not one of predefined"),
+    (("dna.k=two",), "--method-option dna.k: 'two' is not a valid integer"),
+    (("dna.tie_margin=nan",), "--method-option dna.tie_margin: 'nan' is not a finite number"),
+    (("dna.swap=maybe",), "--method-option dna.swap: 'maybe' is not a valid boolean"),
+    (("dna.aspect_source=random",), "--method-option dna.aspect_source: 'random' is not one of 'predefined'"),
     (("dna.tie_margin=-1",), "--method-option dna: --tie-margin must be 0 or more, got -1.0"),
     (("hdeval.comparisons=0",), "--method-option hdeval: --comparisons must be a whole number of at least 1"),
     (("dna-direct.dna_mode=cot",), "--method-option dna-direct.dna_mode: dna-direct is dna with dna_mode = direct"),
