@@ -71,8 +71,7 @@ def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
             for k, label in enumerate(dict.fromkeys(label for label, _, _ in curves)):
                 pts = [(s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label]
                 _curve(ax, sorted(pts, key=lambda t: t[0]), label, COLORS[k % len(COLORS)])
-            ax.set_title(title)
-            ax.set_xlabel("training fraction")
+            ax.set(title=title, xlabel="training fraction")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("held-out agreement")
         axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
