@@ -3,6 +3,7 @@ ablation, criteria efficiency): the content of results.json's ``runs`` and ``set
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -222,8 +223,8 @@ def _pair_figures(spec: BenchmarkSpec, method: str, frac: float, mine: list[dict
 
 
 def _majority(labels: Sequence[str | None], among: Sequence[str]) -> str | None:
-    counts = {c: sum(1 for x in labels if x == c) for c in among}
-    return max(among, key=lambda c: counts[c]) if any(counts.values()) else None  # ties: the earlier
+    counts = Counter(x for x in labels if x in among)
+    return max(among, key=counts.__getitem__) if counts else None  # ties: the earlier
 
 
 def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
@@ -241,10 +242,10 @@ def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
             label, forced = _majority(train, ("a", "b", "tie")), _majority(train, ("a", "b"))
             hos.append(type(ho)(ho.sample_ids, ho.doc_ids, ho.human,
                                 {"evaluator": ([label] * len(ho.human), [forced] * len(ho.human))}))
-        per_seed = [pair_agreement(h.human, *h.predictions["evaluator"]) for h in hos]
+        mine = [{"seed": seed, "agreement": {"evaluator": pair_agreement(h.human, *h.predictions["evaluator"])}}
+                for seed, h in zip(seeds, hos)]
         out.append({"method": "majority", "aggregator": None, "train_frac": frac, "seeds": seeds,
-                    "agreement": {"evaluator": {k: mean_std([a[k] for a in per_seed]) for k in PAIR_STATISTICS}},
-                    "bootstrap": _pair_boot(spec, hos, seeds, "evaluator", []),
+                    **_pair_figures(spec, "majority", frac, mine, hos, {}),  # no baseline: held is empty
                     "rows": {"compared": [len(h.human) for h in hos],
                              "documents_compared": [len(set(h.doc_ids)) for h in hos]}})
     return out
