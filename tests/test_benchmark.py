@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 
-from hdeval.benchmark import (
+from hdeval.benchmark.statistics import (
     pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
 )
 from hdeval.cli import cli
@@ -365,7 +365,8 @@ def test_max_calls_is_a_budget_for_the_whole_sweep(tmp_path: Path, fake_calls: l
 def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path: Path) -> None:
     # The held-out figures the benchmark computes from each evaluator's score table are the ones
     # its own training reported (metrics.json "final"), for every method it runs.
-    from hdeval.benchmark import BenchmarkSpec, run_benchmark
+    from hdeval.benchmark.spec import BenchmarkSpec
+    from hdeval.benchmark.sweep import run_benchmark
     from hdeval.train import train
 
     task, data = _toy(tmp_path)
@@ -427,7 +428,7 @@ def _by_hand(human, pred, pred_ab) -> dict[str, float | None]:
 
 
 def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> None:
-    from hdeval.benchmark import PairHeldOut, pair_arrays
+    from hdeval.benchmark.heldout import PairHeldOut, pair_arrays
     from hdeval.metrics import agreement_w_ties, agreement_wo_ties
 
     ho = PairHeldOut(list("123456"), list("xxyyzw"), ["a", "b", "tie", "a", "b", "a"],
@@ -628,7 +629,8 @@ def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
 
 def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
     # paireval.comparisons=1: the benchmark's run is the one `train --comparisons 1` makes
-    from hdeval.benchmark import BenchmarkSpec, parse_method_options, run_benchmark
+    from hdeval.benchmark.spec import BenchmarkSpec, parse_method_options
+    from hdeval.benchmark.sweep import run_benchmark
     from hdeval.train import train
 
     task, data = _toy(tmp_path)
@@ -816,7 +818,7 @@ def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_w
 
 def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
     # two fractions equal in 6 significant digits: one run's artifact must not replace the other's
-    from hdeval.benchmark import BenchmarkSpec
+    from hdeval.benchmark.spec import BenchmarkSpec
 
     spec = BenchmarkSpec("faireval", ("dna",), ("lr",), 1, (0.1234567, 0.1234568, 0.5))
     assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]
