@@ -13,7 +13,8 @@ from hdeval.metrics import METRICS, metric_table, pair_agreement
 from hdeval.benchmark.heldout import PAIR_STATISTICS, HeldOut, PairHeldOut, pair_arrays
 from hdeval.benchmark.spec import BenchmarkSpec
 from hdeval.benchmark.statistics import (
-    _num, mean_std, pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
+    _num, group, mean_std, pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match,
+    summary_level_correlation,
 )
 
 BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
@@ -70,9 +71,7 @@ def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tupl
     """The rows every method is compared on: per (train_frac, seed), the test rows no run of that
     split failed on. Returns each run's held-out predictions on those rows, and per run its
     ``rows`` record (test rows, failed, failure_rate, compared, documents compared)."""
-    groups: dict[tuple, list[tuple]] = {}
-    for key in held:
-        groups.setdefault((key[2], key[3]), []).append(key)
+    groups = group(held, lambda key: (key[2], key[3]))
     kept: dict[tuple, Any] = {}
     rows: dict[tuple, dict[str, Any]] = {}
     for (frac, seed), keys in groups.items():
@@ -147,10 +146,7 @@ def _avg(table: Mapping[str, Any], metric: str) -> float | None:
 
 def _by_setting(runs: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """(method, aggregator, train_frac) -> its runs (one per seed), in first-seen order."""
-    out: dict[tuple, list[dict[str, Any]]] = {}
-    for r in runs:
-        out.setdefault((r["method"], r["aggregator"], r["train_frac"]), []).append(r)
-    return out
+    return group(runs, lambda r: (r["method"], r["aggregator"], r["train_frac"]))
 
 
 def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, Any],

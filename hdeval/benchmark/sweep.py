@@ -10,10 +10,10 @@ from hdeval.progress import Progress
 from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency,
-    pair_references, usage,
+    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
+from hdeval.benchmark.statistics import group
 
 
 class _Quiet(Progress):
@@ -101,10 +101,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
     settings = _settings(spec, runs, compared, shape == "pairwise")
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        by_method.setdefault(r["method"], []).append(r)
-    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in by_method.items()}
+    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in group(runs, lambda r: r["method"]).items()}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
