@@ -99,32 +99,27 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
     return options[key], key
 
 
-def parse_method_option(item: str) -> tuple[str, str, Any]:
-    """``METHOD.NAME=VALUE`` -> (method, option name, value) typed by the click type the CLI
-    gives the same option (a flag's true/false, a whole number, a finite number, a choice)."""
+def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}, each value typed
+    by the click type the CLI gives the same option (a flag's true/false, a whole number, a finite
+    number, a choice); an option given twice is an error (the later one would silently win)."""
     import click
 
-    head, eq, raw = (part.strip() for part in item.partition("="))
-    entry, _, name = head.partition(".")
-    if not eq or not raw or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head):
-        raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3")
-    opt, key = _option_of(entry, name)
-    kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.kind, opt.default)
-    try:
-        value = kind.convert(raw, None, None)
-        if isinstance(value, float) and not math.isfinite(value):
-            kind.fail(f"{raw!r} is not a finite number.")
-    except click.BadParameter as exc:
-        raise ConfigError(f"--method-option {head}: {exc.message}") from None
-    return entry, key, value
-
-
-def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}; an option
-    given twice is an error (the later one would silently win)."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        entry, key, value = parse_method_option(item)
+        head, eq, raw = (part.strip() for part in item.partition("="))
+        entry, _, name = head.partition(".")
+        if not eq or not raw or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head):
+            raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. "
+                              "paireval.comparisons=3")
+        opt, key = _option_of(entry, name)
+        kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.kind, opt.default)
+        try:
+            value = kind.convert(raw, None, None)
+            if isinstance(value, float) and not math.isfinite(value):
+                kind.fail(f"{raw!r} is not a finite number.")
+        except click.BadParameter as exc:
+            raise ConfigError(f"--method-option {head}: {exc.message}") from None
         if key in out.get(entry, {}):
             raise ConfigError(f"--method-option {entry}.{key} is given more than once")
         out.setdefault(entry, {})[key] = value
