@@ -95,12 +95,6 @@ def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {"requests": u["calls"] + u["cache_hits"], **u}
 
 
-def _rows(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    return {"compared": [r["rows"]["compared"] for r in mine],
-            "documents_compared": [r["rows"]["documents_compared"] for r in mine],
-            "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}
-
-
 def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | None, frac: float, seed: int,
                 rows: Mapping[str, Any]) -> dict[str, Any]:
     m = fitted.metrics
@@ -159,7 +153,9 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
         s = {"method": method, "aggregator": agg, "train_frac": frac,
              "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds,
              **(_pair_figures if pairwise else _point_figures)(spec, method, frac, mine, hos, held),
-             "rows": _rows(mine)}
+             "rows": {"compared": [r["rows"]["compared"] for r in mine],
+                      "documents_compared": [r["rows"]["documents_compared"] for r in mine],
+                      "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}}
         if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}

@@ -75,11 +75,9 @@ def _wrong_verdicts(ev: Any, test: Any, keys: Sequence[str], predicted: Sequence
 def _pair_fields(ev: Any, pair: Any) -> list[tuple[str, str]]:
     if pair is None:
         return []
-    clip = sample_view.clip
-    out = [(f.label, clip(pair.fields.get(f.key), sample_view.MAX_FIELD_CHARS)) for f in ev.task.fields
-           if f.key != "output"]
-    return out + [("Response A", clip(pair.output_a, sample_view.MAX_FIELD_CHARS)),
-                  ("Response B", clip(pair.output_b, sample_view.MAX_FIELD_CHARS))]
+    texts = [(f.label, pair.fields.get(f.key)) for f in ev.task.fields if f.key != "output"]
+    texts += [("Response A", pair.output_a), ("Response B", pair.output_b)]
+    return [(label, sample_view.clip(text, sample_view.MAX_FIELD_CHARS)) for label, text in texts]
 
 
 _AGREEMENT_HOW = ("Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
@@ -164,7 +162,8 @@ def _hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: li
             "drop in held-out agreement when shuffled"),
             "How much the classifier relies on each criterion's score difference: the drop in held-out "
             "agreement when it is shuffled across pairs (0 or below: not relied on)."))
-    return f"{ev.task.name} (HD-Eval on pairs)", f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria"
+    method = f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria"
+    return f"{ev.task.name} (HD-Eval on pairs)", method
 
 
 def pair_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
