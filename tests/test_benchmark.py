@@ -797,23 +797,22 @@ def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_w
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous: str) -> None:
     # the disk fills while the run artifacts are saved: the ones this write saved are taken back,
     # so the directory is as before (absent, or the previous benchmark) and a rerun may write it
-    import hdeval.benchmark as bm
     import hdeval.benchmark.output as written
 
     monkeypatch.setattr(written, "render_markdown", lambda results: "table\n")
     monkeypatch.setattr(written, "render_html", lambda results: "<html></html>\n")
     out = tmp_path / "bench"
-    results = {"format": bm.FORMAT, "runs": []}
+    results = {"format": written.FORMAT, "runs": []}
     if previous == "benchmark":
-        bm.write_benchmark(results, out)
+        written.write_benchmark(results, out)
     elif previous == "empty":
         out.mkdir()
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     with pytest.raises(ConfigError) as exc:
-        bm.write_benchmark(results, out, force=True, artifacts={"a-seed0": _Saves(), "b-seed0": _DiskFull()})
+        written.write_benchmark(results, out, force=True, artifacts={"a-seed0": _Saves(), "b-seed0": _DiskFull()})
     assert str(exc.value) == f"cannot write the benchmark to {out}: No space left on device"
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
-    bm.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
+    written.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
 
 
 def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
