@@ -122,11 +122,10 @@ def write_pair_report(ev: Any, out: Any, progress: Any = None, **options: Any) -
     ``out`` (default: ``<artifact>/report``); the HTML path, the numbers file's name and the text
     lines. Options ``data`` and ``cache_dir`` find the wrong verdicts' text and the LLM's raw
     replies (default: the training data the manifest names, the default cache)."""
-    from hdeval.report.pairs import dna_page, hdeval_page
+    from hdeval.report.pairs import pair_page
 
-    dna = ev.method == "dna"
-    data_json, lines = (dna_report if dna else pairwise_hdeval_report)(ev)
-    page = (dna_page if dna else hdeval_page)(ev, data_json, options.get("data"), options.get("cache_dir"))
+    data_json, lines = (dna_report if ev.method == "dna" else pairwise_hdeval_report)(ev)
+    page = pair_page(ev, data_json, options.get("data"), options.get("cache_dir"))
     out = Path(out) if out else Path(ev.path) / "report"
     return write_report_files(out, data_json, page)[0], "report.json", lines
 
