@@ -10,29 +10,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
+from hdeval.data import data_candidates, read_task_samples
+from hdeval.datasets.table import write_samples
 from hdeval.errors import ConfigError, DataError, DownloadError  # noqa: F401 (re-exported by hdeval.datasets)
 from hdeval.fetch import fetch_to_file
 from hdeval.paths import user_data_dir
-
-if TYPE_CHECKING:
-    from hdeval.types import Task
-
-
-# hdeval.data and hdeval.tasks load numpy (via hdeval.types); `hdeval --help` imports this
-# module for its option lists, so they are imported on first use.
-def load_task(name: str | Path) -> Task:
-    from hdeval.tasks import load_task as load
-
-    return load(name)
-
-
-def data_candidates(task: Task) -> list[Path]:
-    from hdeval.data import data_candidates as candidates
-
-    return candidates(task)
-
+from hdeval.tasks import builtin_tasks, load_task
+from hdeval.types import Task
 
 #: UniEval's published meta-evaluation files. Not pinned to a commit because the issue asks
 #: for the main branch; the row counts below catch an upstream change of content size.
@@ -223,8 +209,6 @@ class DownloadResult:
 
 def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | None, str | None]:
     """(rows, None) when ``path`` loads with ``read_samples`` and has ``expected`` rows."""
-    from hdeval.data import read_task_samples
-
     if not path.is_file():
         return None, "missing"
     try:
@@ -239,8 +223,6 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
 def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
                      timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
-    from hdeval.datasets.table import write_samples
-
     ds = DATASETS[name]
     task = load_task(name)
     report = progress or (lambda e: None)
@@ -314,8 +296,6 @@ def download_datasets(names: Sequence[str] | None = None, dest: str | Path | Non
     and renamed only after it passed every check, so an interrupted run leaves no
     half-written file; datasets finished before an error stay, and a rerun resumes.
     """
-    from hdeval.tasks import builtin_tasks
-
     chosen = list(dict.fromkeys(names)) if names else list(DATASETS)
     unknown = [n for n in chosen if n not in DATASETS]
     local = [n for n in unknown if n in builtin_tasks()]
@@ -361,8 +341,6 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     """Per built-in task (all of them by default, with or without a download source): each
     candidate path (:func:`hdeval.data.data_candidates`), whether a file is there, and its
     row count when it loads."""
-    from hdeval.tasks import builtin_tasks
-
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)

@@ -11,14 +11,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from hdeval.data import read_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError
+from hdeval.types import Task
 
 _MAX_REPORTED_ERRORS = 20
-
-if TYPE_CHECKING:
-    from hdeval.types import Task
 
 
 @dataclass(frozen=True)
@@ -316,8 +315,6 @@ def scored_aspects(rows: Sequence[dict], task: Task) -> list[str]:
 def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: bool = False) -> int:
     """Write ``rows`` to ``path`` only if they load back with ``read_samples`` (checked in a temp
     file beside it, renamed into place after): the count."""
-    from hdeval.data import read_samples, write_jsonl
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
