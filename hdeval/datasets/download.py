@@ -75,101 +75,74 @@ def _text(rec: Mapping[str, Any], key: str, where: str, required: bool = True) -
     return value.strip() or None
 
 
-def _scores(
-    rec: Mapping[str, Any], task: Task, rename: Mapping[str, str], drop: Sequence[str], where: str
-) -> dict[str, float]:
+def _row(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """Record ``i`` (0-based) as a row, keys in the shared files' order (so the two diff readably),
+    ids as in ``shared/data/<task>.jsonl``; ``docs``: the distinct inputs so far.
+
+    summeval: ``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id);
+    its ``overall`` (the mean of the four aspects) is not an aspect of the task. topical_chat:
+    UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in order
+    of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``;
+    ``source`` is the history, ``context`` the fact. sfres / sfhot: UniEval's integer ``doc_id`` is
+    the record's position, which cannot group outputs of one input, so ``doc_id`` numbers the
+    distinct meaning representations (``source``) in order of first appearance (``sfres-mr-000``...);
+    ``id`` is the position (``sfres-0000``...); UniEval's ``overall`` is the aspect called
+    ``quality`` here; ``system`` is ``null`` (UniEval lacks it)."""
+    name, doc, system = task.name, rec.get("doc_id"), rec.get("system_id")
+    if name == "summeval" and (doc in (None, "") or system in (None, "")):
+        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
+    source = _text(rec, "source", at)
+    context = _text(rec, "context", at) if name == "topical_chat" else None
+    if name == "summeval":
+        id_, doc_id, system = f"summeval-{doc}-{system}", str(doc), str(system)
+    elif name == "topical_chat":
+        if not isinstance(system, str) or not system.strip():
+            raise DataError(f"{at}: needs 'system_id'")
+        k = docs.setdefault((source, context), len(docs))
+        id_, doc_id = f"topical_chat-{k:02d}-{_slug(system)}", f"tc-{k:02d}"
+    else:
+        k = docs.setdefault(source, len(docs))
+        id_, doc_id, system = f"{name}-{i:04d}", f"{name}-mr-{k:03d}", None
+    output = _text(rec, "system_output", at)
+    reference = _text(rec, "reference", at, required=False)
     raw = rec.get("scores")
     if isinstance(raw, str):
         # Some copies of the UniEval files store the dict JSON-encoded; accept both.
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError:
-            raise DataError(f"{where}: 'scores' is a string that is not a JSON object") from None
+            raise DataError(f"{at}: 'scores' is a string that is not a JSON object") from None
     if not isinstance(raw, dict):
-        raise DataError(f"{where}: 'scores' must be an object mapping aspect to number")
-    out: dict[str, float] = {}
+        raise DataError(f"{at}: 'scores' must be an object mapping aspect to number")
+    rename = {"overall": "quality"} if name in ("sfres", "sfhot") else {}
+    scores: dict[str, float] = {}
     for key, value in raw.items():
-        name = rename.get(key, key)
-        if key in drop or name not in task.aspect_keys:
+        if rename.get(key, key) not in task.aspect_keys:
             continue
         with contextlib.suppress(ValueError):  # a number written as text counts; other text fails below
             value = float(value) if isinstance(value, str) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise DataError(f"{where}: scores.{key} is {value!r}, not a finite number")
-        out[name] = float(value)
-    missing = [a for a in task.aspect_keys if a not in out]
+            raise DataError(f"{at}: scores.{key} is {value!r}, not a finite number")
+        scores[rename.get(key, key)] = float(value)
+    missing = [a for a in task.aspect_keys if a not in scores]
     if missing:
-        raise DataError(f"{where}: no score for aspect(s) {', '.join(missing)}")
-    return out
-
-
-def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | None, system: str | None,
-         rec: Mapping[str, Any], at: str, rename: Mapping[str, str] = {}, drop: Sequence[str] = ()) -> dict:
-    """A row of ``rec``, keys in the shared files' order (so the two diff readably)."""
-    output = _text(rec, "system_output", at)
-    reference = _text(rec, "reference", at, required=False)
-    return {"id": id_, "task": task.name, "source": source, "context": context, "output": output,
-            "reference": reference, "system": system, "doc_id": doc_id,
-            "scores": _scores(rec, task, rename, drop, at), "annotations": None}
-
-
-# One record -> one row: (record, its 0-based position, task, where, the distinct inputs so far).
-def _summeval(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id).
-    ``overall`` is dropped: UniEval computes it as the mean of the four aspects."""
-    doc, system = rec.get("doc_id"), rec.get("system_id")
-    if doc in (None, "") or system in (None, ""):
-        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
-    source = _text(rec, "source", at)
-    return _row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
-                drop=("overall",))
-
-
-def _topical_chat(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in
-    order of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``:
-    both as in ``shared/data/topical_chat.jsonl``. ``source`` is the history, ``context`` the fact."""
-    source, context = _text(rec, "source", at), _text(rec, "context", at)
-    system = rec.get("system_id")
-    if not isinstance(system, str) or not system.strip():
-        raise DataError(f"{at}: needs 'system_id'")
-    k = docs.setdefault((source or "", context or ""), len(docs))
-    tc = f"{k:02d}"
-    return _row(task, f"topical_chat-{tc}-{_slug(system)}", f"tc-{tc}", source, context, system, rec, at)
-
-
-def _data2text(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """sfres / sfhot. UniEval's integer ``doc_id`` is the record's position, which cannot group
-    outputs of one input, so ``doc_id`` numbers the distinct meaning representations (``source``) in
-    order of first appearance (``sfres-mr-000``...); ``id`` is the position (``sfres-0000``...): both
-    as in ``shared/data/sfres.jsonl``. UniEval's ``overall`` is the aspect called ``quality`` here;
-    ``system`` is ``null`` (UniEval lacks it)."""
-    source = _text(rec, "source", at)
-    k = docs.setdefault(source or "", len(docs))
-    return _row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
-                rename={"overall": "quality"})
-
-
-_CONVERTERS: dict[str, Callable[[Mapping[str, Any], int, Task, str, dict], dict]] = {
-    "summeval": _summeval,
-    "topical_chat": _topical_chat,
-    "sfres": _data2text,
-    "sfhot": _data2text,
-}
+        raise DataError(f"{at}: no score for aspect(s) {', '.join(missing)}")
+    return {"id": id_, "task": name, "source": source, "context": context, "output": output,
+            "reference": reference, "system": system, "doc_id": doc_id, "scores": scores, "annotations": None}
 
 
 def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
     """Convert one parsed UniEval file (a JSON list of records) to rows of our schema; ``where`` (a
     URL or path) prefixes error messages."""
-    if name not in _CONVERTERS:
+    if name not in DATASETS:
         raise ConfigError(f"no converter for {name!r}: known datasets are {', '.join(DATASETS)}")
     where = where or name
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise DataError(f"{where}: expected a JSON list of objects (UniEval layout)")
     if not records:
         raise DataError(f"{where}: no records")
-    task, docs, convert = load_task(name), {}, _CONVERTERS[name]
-    rows = [convert(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
+    task, docs = load_task(name), {}
+    rows = [_row(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
     seen: set[str] = set()
     for i, r in enumerate(rows, 1):
         if r["id"] in seen:
