@@ -94,15 +94,16 @@ def read_samples(path: str | Path, task: Task, require_scores: bool = True,
 
 
 def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequence[str] | None = None,
-               seen: DictIds | DiskIds | None = None, keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
+               seen: DictIds | DiskIds | None = None,
+               keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
     """The samples (or pairs) of ``path`` one at a time, holding only the ids seen (for duplicates).
     Samples are yielded only while no line has been bad; the rest of the file is still checked,
     and the :class:`DataError` listing every bad line is raised at the end."""
     path = Path(path)
     if task.shape == "pairwise":
         hint: Callable[[], str] = lambda: ""
-        what = "pairs" + (" matching where " + ", ".join(
-            f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where) if task.where else "")
+        shown_where = ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where)
+        what = f"pairs matching where {shown_where}" if task.where else "pairs"
 
         def match(row: dict) -> bool:  # a where key is looked up in meta first, then at the top level
             meta = row["meta"] if isinstance(row.get("meta"), Mapping) else {}
@@ -146,7 +147,7 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
                 start += len(BOM.encode("utf-8"))
             if not line.strip():
                 continue
-            problem, item = _json_line(line, start)
+            problem, item = parse_json_line(line, start)
             if item is not None:
                 if match is not None and not match(item):
                     continue
@@ -177,7 +178,7 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
         raise DataError(f"{path}: no {what}")
 
 
-def _json_line(line: str, start: int) -> tuple[str | None, dict | None]:
+def parse_json_line(line: str, start: int) -> tuple[str | None, dict | None]:
     """(problem, None) or (None, the JSON object on ``line``, which starts at byte ``start``)."""
     bad_byte = _INVALID_BYTE.search(line)
     if bad_byte:
