@@ -267,22 +267,14 @@ def ask_json(
     attempts: int = 3,
     final: Callable[[ValueError], bool] | None = None,
 ) -> T:
-    """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
-
-    ``validate`` returns the value or raises ``ValueError`` saying what is wrong. A re-ask is a new
-    request (the old reply plus ``feedback(problem)`` as the next user turn), cached like any
-    other. After ``attempts`` unusable replies, :class:`UnusableReply` names the last problem; a
-    request the server rejects (:class:`~hdeval.errors.RequestRejected`) is raised.
-
-    When every attempt failed and some replies came from the cache (a rerun), the chain runs once
-    more, asking anew (the next ``attempt`` number) wherever it meets a cached invalid reply, so a
-    rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
-    problem it accepts is an outcome: the cached replies are the last word, with no new call.
-    """
+    """One question of :func:`ask_json_many`; its :class:`UnusableReply` is raised."""
     got = ask_json_many(llm, [(request, validate, feedback)], attempts=attempts, final=final)[0]
     if isinstance(got, UnusableReply):
         raise got
     return got
+
+
+_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
 
 
 def ask_json_many(
@@ -292,25 +284,81 @@ def ask_json_many(
     attempts: int = 3,
     final: Callable[[ValueError], bool] | None = None,
 ) -> list[Any]:
-    """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` at a
-    time; each result is the value or the :class:`UnusableReply`. Any other error starts no new
-    chain, lets the running ones finish (what they paid is cached), and is raised."""
+    """For each ``(request, validate, feedback)``, at most ``concurrency`` at a time: ask, parse the
+    JSON object in the reply, validate it; on a problem, re-ask. Each result is the value or the
+    :class:`UnusableReply` naming the last problem after ``attempts`` unusable replies.
+
+    ``validate`` returns the value or raises ``ValueError`` saying what is wrong. A re-ask is a new
+    request (the old reply plus ``feedback(problem)`` as the next user turn), cached like any
+    other. Any other error (a request the server rejects, :class:`~hdeval.errors.RequestRejected`,
+    included) starts no new chain, lets the running ones finish (what they paid is cached), and
+    is raised; after Ctrl-C no chain asks anything more.
+
+    When every attempt failed and some replies came from the cache (a rerun), the chain runs once
+    more, asking anew (the next ``attempt`` number) wherever it meets a cached invalid reply, so a
+    rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
+    problem it accepts is an outcome: the cached replies are the last word, with no new call.
+    """
     from hdeval import aio
 
     halt: list[bool] = []
+    errors: list[BaseException] = []
+
+    async def chain(client: CachedBackend, request: CompletionRequest, validate: Callable[[Any], Any],
+                    feedback: Callable[[str], str]) -> Any:
+        def check(text: str) -> Any:
+            return validate(extract_json(text))
+
+        def ask(req: CompletionRequest) -> Any:
+            if halt:
+                raise KeyboardInterrupt
+            return client.acomplete(req)
+
+        async def reply(req: CompletionRequest, reask: bool) -> Completion:
+            """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
+            completion = await ask(req)
+            for n in range(1, _MAX_REASKS + 1):
+                if not reask or not completion.cached:
+                    return completion
+                try:
+                    check(completion.text)
+                    return completion
+                except ValueError as exc:
+                    if final is not None and final(exc):
+                        return completion
+                    completion = await ask(dataclasses.replace(req, attempt=n))
+            return completion
+
+        problem = ""
+        for reask in (False, True):
+            req = request
+            from_cache = False
+            last: ValueError | None = None
+            for _ in range(attempts):
+                completion = await reply(req, reask)
+                from_cache = from_cache or completion.cached
+                try:
+                    return check(completion.text)
+                except ValueError as exc:
+                    problem, last = str(exc), exc
+                    req = dataclasses.replace(
+                        req,
+                        messages=req.messages
+                        + (Message("assistant", completion.text), Message("user", feedback(problem))),
+                    )
+            if not from_cache or (final is not None and last is not None and final(last)):
+                break
+        return UnusableReply(attempts, problem)
 
     async def run_all(client: CachedBackend) -> list[Any]:
         gate = asyncio.Semaphore(min(concurrency or client.concurrency, client.concurrency))
-        errors: list[BaseException] = []
 
         async def one(ask: tuple) -> Any:
             async with gate:
                 if errors or halt:
                     return None
                 try:
-                    return await aask_json(client, *ask, attempts, halt=halt, final=final)
-                except UnusableReply as exc:
-                    return exc
+                    return await chain(client, *ask)
                 except BaseException as exc:  # noqa: BLE001 - raised once the others ended
                     errors.append(exc)
                     return None
@@ -324,64 +372,3 @@ def ask_json_many(
 
     with _client(llm) as client:
         return aio.run(run_all(client), on_interrupt=lambda: halt.append(True))
-
-
-_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
-
-
-async def aask_json(
-    client: CachedBackend,
-    request: CompletionRequest,
-    validate: Callable[[Any], T],
-    feedback: Callable[[str], str],
-    attempts: int = 3,
-    *,
-    halt: list | None = None,
-    final: Callable[[ValueError], bool] | None = None,
-) -> T:
-    """:func:`ask_json` on the LLM loop. Once ``halt`` is non-empty (Ctrl-C), the chain asks
-    nothing more: :class:`KeyboardInterrupt`."""
-
-    def check(text: str) -> T:
-        return validate(extract_json(text))
-
-    def ask(req: CompletionRequest) -> Any:
-        if halt:
-            raise KeyboardInterrupt
-        return client.acomplete(req)
-
-    async def reply(req: CompletionRequest, reask: bool) -> Completion:
-        """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
-        completion = await ask(req)
-        for n in range(1, _MAX_REASKS + 1):
-            if not reask or not completion.cached:
-                return completion
-            try:
-                check(completion.text)
-                return completion
-            except ValueError as exc:
-                if final is not None and final(exc):
-                    return completion
-                completion = await ask(dataclasses.replace(req, attempt=n))
-        return completion
-
-    problem = ""
-    for reask in (False, True):
-        req = request
-        from_cache = False
-        last: ValueError | None = None
-        for _ in range(attempts):
-            completion = await reply(req, reask)
-            from_cache = from_cache or completion.cached
-            try:
-                return check(completion.text)
-            except ValueError as exc:
-                problem, last = str(exc), exc
-                req = dataclasses.replace(
-                    req,
-                    messages=req.messages
-                    + (Message("assistant", completion.text), Message("user", feedback(problem))),
-                )
-        if not from_cache or (final is not None and last is not None and final(last)):
-            break
-    raise UnusableReply(attempts, problem)
