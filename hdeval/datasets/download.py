@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 from hdeval.data import data_candidates, read_task_samples
 from hdeval.datasets.table import write_samples
@@ -27,22 +27,20 @@ SOURCE_URL_ENV = "HDEVAL_DATA_SOURCE_URL"
 DEFAULT_TIMEOUT = 60.0
 
 
-@dataclass(frozen=True)
-class UpstreamDataset:
-    """One built-in task's public source file."""
+class UpstreamDataset(NamedTuple):
+    """One built-in task's public source file: its path below the source base URL (UniEval's
+    ``reproduce/data/`` layout), and its rows in the official file (checked strictly for the
+    official source)."""
 
-    task: str
-    #: path below the source base URL, in UniEval's ``reproduce/data/`` layout
     path: str
-    #: rows in the official UniEval file (checked strictly for the official source)
     official_rows: int
 
 
 DATASETS: dict[str, UpstreamDataset] = {
-    "summeval": UpstreamDataset("summeval", "summarization/summeval.json", 1600),
-    "topical_chat": UpstreamDataset("topical_chat", "dialogue/topical_chat.json", 360),
-    "sfres": UpstreamDataset("sfres", "data2text/sfres.json", 1181),
-    "sfhot": UpstreamDataset("sfhot", "data2text/sfhot.json", 875),
+    "summeval": UpstreamDataset("summarization/summeval.json", 1600),
+    "topical_chat": UpstreamDataset("dialogue/topical_chat.json", 360),
+    "sfres": UpstreamDataset("data2text/sfres.json", 1181),
+    "sfhot": UpstreamDataset("data2text/sfhot.json", 875),
 }
 
 
