@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -105,9 +106,8 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
         shown_where = ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where)
         what = f"pairs matching where {shown_where}" if task.where else "pairs"
 
-        def match(row: dict) -> bool:  # a where key is looked up in meta first, then at the top level
-            meta = row["meta"] if isinstance(row.get("meta"), Mapping) else {}
-            return all((meta[k] if k in meta else row.get(k)) in values for k, values in task.where)
+        def match(row: dict) -> bool:
+            return _matches(row, task.where)
 
         def parse(row: dict, lineno: int) -> tuple[str | None, Any]:
             return _pair_from_row(row, lineno, task, require_labels)
@@ -178,6 +178,12 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
         raise DataError(f"{path}: no {what}")
 
 
+def _matches(row: Mapping[str, Any], where: Sequence[tuple[str, Sequence[Any]]]) -> bool:
+    """Whether ``row`` passes a task's ``where``: each key looked up in ``meta`` first, then at the top level."""
+    meta = row["meta"] if isinstance(row.get("meta"), Mapping) else {}
+    return all((meta[k] if k in meta else row.get(k)) in values for k, values in where)
+
+
 def parse_json_line(line: str, start: int) -> tuple[str | None, dict | None]:
     """(problem, None) or (None, the JSON object on ``line``, which starts at byte ``start``)."""
     bad_byte = _INVALID_BYTE.search(line)
@@ -227,7 +233,7 @@ class DictIds(dict):
         return None if first == lineno else first
 
 
-class DiskIds:
+class DiskIds(contextlib.AbstractContextManager):
     """Ids seen, in an SQLite file in a private temporary directory (in ``near`` when given;
     removed by :meth:`close`): memory stays within SQLite's page cache however many ids there
     are, where a dict costs ~170 bytes an id. Ids are stored as UTF-8 bytes (surrogates kept),
@@ -267,9 +273,6 @@ class DiskIds:
     def close(self) -> None:
         self._con.close()
         self._dir.cleanup()
-
-    def __enter__(self) -> "DiskIds":
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
