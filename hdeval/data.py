@@ -105,9 +105,7 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
         hint: Callable[[], str] = lambda: ""
         shown_where = ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where)
         what = f"pairs matching where {shown_where}" if task.where else "pairs"
-
-        def match(row: dict) -> bool:
-            return _matches(row, task.where)
+        match: Callable[[dict], bool] | None = lambda row: _matches(row, task.where)
 
         def parse(row: dict, lineno: int) -> tuple[str | None, Any]:
             return _pair_from_row(row, lineno, task, require_labels)
