@@ -195,8 +195,15 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
             obj = extract_json(text)
         except ValueError:
             obj = None
-        if isinstance(obj, dict):
-            return _json_pair(obj, checked, shown)
+        if isinstance(obj, dict):  # one key ending in a/1, one in b/2 (``score_a``, ``R1``)
+            ends = [(re.sub(r"[^a-z0-9]", "", str(k).lower())[-1:], v) for k, v in list(obj.items())[:20]]
+            a, b = [v for e, v in ends if e in ("a", "1")], [v for e, v in ends if e in ("b", "2")]
+            if len(a) != 1 or len(b) != 1:
+                return None, f"the JSON reply does not name one score per response: {shown!r}"
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                       for v in a + b):
+                return None, f"the JSON reply's scores are not numbers: {shown!r}"
+            return checked(float(a[0]), float(b[0]))
     sides: dict[str, set[float]] = {"1": set(), "2": set()}
     for m in _SIDE_SCORE.finditer(text):
         sides["1" if m.group(1).lower() in "1a" else "2"].add(float(m.group(2)))
@@ -214,23 +221,6 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
             what = "no two scores" if len(nums) < 2 else f"{len(nums)} numbers, not two scores"
             return None, f"the reply holds {what} in {low:g}-{high:g}: {shown!r}"
     return checked(nums[0], nums[1])
-
-
-def _json_pair(obj: dict, checked, shown: str):
-    """The two sides of a JSON reply: one key ending in a/1, one in b/2 (``score_a``, ``R1``)."""
-    sides: dict[str, list[Any]] = {"1": [], "2": []}
-    for key, value in list(obj.items())[:20]:
-        k = re.sub(r"[^a-z0-9]", "", str(key).lower())
-        if k[-1:] in ("a", "1"):
-            sides["1"].append(value)
-        elif k[-1:] in ("b", "2"):
-            sides["2"].append(value)
-    if len(sides["1"]) != 1 or len(sides["2"]) != 1:
-        return None, f"the JSON reply does not name one score per response: {shown!r}"
-    vals = (sides["1"][0], sides["2"][0])
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
-        return None, f"the JSON reply's scores are not numbers: {shown!r}"
-    return checked(*map(float, vals))
 
 
 class UnusableReply(HdevalError):
