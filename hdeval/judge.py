@@ -81,11 +81,9 @@ def fill_matrix(
             windows = iter(lambda: list(itertools.islice(it, size)), [])
         for chunk in windows:
             flat = [r for c in chunk for r in c.requests]
-            completions = client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency)
-            k = 0
+            replies = iter(client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency))
             for c in chunk:
-                got = completions[k : k + len(c.requests)]
-                k += len(c.requests)
+                got = list(itertools.islice(replies, len(c.requests)))
                 refused = next((g for g in got if isinstance(g, RequestRejected)), None)
                 if refused is not None:
                     value, reason = math.nan, " ".join(str(refused).split())[:300]  # one bounded line
