@@ -18,19 +18,6 @@ def _clean(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
-def _finite_pairs(y: Any, p: Any) -> tuple[np.ndarray, np.ndarray]:
-    y, p = np.asarray(y, float).ravel(), np.asarray(p, float).ravel()
-    ok = np.isfinite(y) & np.isfinite(p)
-    if ok.all():  # no copies: apply's closing figures hold every row's pair
-        return y, p
-    return y[ok], p[ok]
-
-
-def spearman(y: Any, p: Any, min_n: int = 3) -> float:
-    """Spearman's rho over the finite pairs of two 1-D arrays: :func:`correlation`'s."""
-    return correlation(y, p, "spearman", min_n)
-
-
 def _rank_correlation(ry: np.ndarray, rp: np.ndarray) -> float:
     """Pearson's r of two rank arrays (both overwritten)."""
     ry -= ry.mean()
@@ -66,7 +53,10 @@ def correlation(y: Any, p: Any, metric: str, min_n: int = 3) -> float:
     (fewer than ``min_n`` pairs, a constant side). The one implementation every figure uses;
     Spearman's ranks are correlated by hand: the bootstrap calls it hundreds of thousands of
     times and ``scipy.stats.spearmanr``'s checks dominate on small arrays."""
-    y, p = _finite_pairs(y, p)
+    y, p = np.asarray(y, float).ravel(), np.asarray(p, float).ravel()
+    ok = np.isfinite(y) & np.isfinite(p)
+    if not ok.all():  # no copies when every pair is finite
+        y, p = y[ok], p[ok]
     if len(y) < min_n or np.ptp(y) == 0 or np.ptp(p) == 0:
         return float("nan")
     if metric == "spearman":
@@ -132,7 +122,7 @@ def average(table: Mapping[str, Mapping[str, float | None]]) -> dict[str, float 
 def mean_spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """Spearman per column (rounded as ``metrics.json``), averaged over the columns where it is
     defined; -inf when none is (a model-selection score: never chosen)."""
-    vals = [_clean(spearman(y_true[:, j], y_pred[:, j])) for j in range(y_true.shape[1])]
+    vals = [_clean(correlation(y_true[:, j], y_pred[:, j], "spearman")) for j in range(y_true.shape[1])]
     vals = [v for v in vals if v is not None]
     return float(np.mean(vals)) if vals else float("-inf")
 
@@ -141,7 +131,8 @@ def average_spearman(y: Any, pred: Any) -> float:
     """Dataset-level Spearman per column (aspect), averaged over the columns where it is
     defined (as ``metrics.json``'s ``average``, unrounded); NaN when none is."""
     y, pred = as2d(y), as2d(pred)
-    vals = [v for v in (spearman(y[:, j], pred[:, j]) for j in range(y.shape[1])) if math.isfinite(v)]
+    vals = [correlation(y[:, j], pred[:, j], "spearman") for j in range(y.shape[1])]
+    vals = [v for v in vals if math.isfinite(v)]
     return float(np.mean(vals)) if vals else float("nan")
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from conftest import TOY_TASK, toy_rows, write_jsonl
 
-from hdeval.benchmark import (
+from hdeval.benchmark.statistics import (
     pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
 )
 from hdeval.cli import cli
@@ -365,7 +365,8 @@ def test_max_calls_is_a_budget_for_the_whole_sweep(tmp_path: Path, fake_calls: l
 def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path: Path) -> None:
     # The held-out figures the benchmark computes from each evaluator's score table are the ones
     # its own training reported (metrics.json "final"), for every method it runs.
-    from hdeval.benchmark import BenchmarkSpec, run_benchmark
+    from hdeval.benchmark.spec import BenchmarkSpec
+    from hdeval.benchmark.sweep import run_benchmark
     from hdeval.train import train
 
     task, data = _toy(tmp_path)
@@ -427,7 +428,7 @@ def _by_hand(human, pred, pred_ab) -> dict[str, float | None]:
 
 
 def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> None:
-    from hdeval.benchmark import PairHeldOut, pair_arrays
+    from hdeval.benchmark.heldout import PairHeldOut, pair_arrays
     from hdeval.metrics import agreement_w_ties, agreement_wo_ties
 
     ho = PairHeldOut(list("123456"), list("xxyyzw"), ["a", "b", "tie", "a", "b", "a"],
@@ -628,7 +629,8 @@ def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
 
 def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
     # paireval.comparisons=1: the benchmark's run is the one `train --comparisons 1` makes
-    from hdeval.benchmark import BenchmarkSpec, parse_method_options, run_benchmark
+    from hdeval.benchmark.spec import BenchmarkSpec, parse_method_options
+    from hdeval.benchmark.sweep import run_benchmark
     from hdeval.train import train
 
     task, data = _toy(tmp_path)
@@ -647,15 +649,16 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("options, message", [
     (("paireval.comparisons",), "--method-option 'paireval.comparisons': expected METHOD.NAME=VALUE"),
+    (("dna.swap=",), "--method-option 'dna.swap=': expected METHOD.NAME=VALUE"),
     (("dn\na.k=1",), "--method-option 'dn\\na.k=1': expected METHOD.NAME=VALUE"),  # still one line
     (("magic.k=1",), "--method-option magic.k: unknown method 'magic'"),
     (("hdeval.tie_margin=1",), "--method-option hdeval.tie_margin: hdeval takes no option 'tie_margin' (its "
                                "options: aggregator, children, comparisons, decompose_base_url, decompose_llm, "
                                "layers, scorer, swap, top_k, tree)"),
-    (("dna.k=two",), "--method-option dna.k: expected a whole number, got 'two'"),
-    (("dna.tie_margin=nan",), "--method-option dna.tie_margin: expected a number, got 'nan'"),
-    (("dna.swap=maybe",), "--method-option dna.swap: expected true or false, got 'maybe'"),
-    (("dna.aspect_source=random",), "--method-option dna.aspect_source: 'random' is not one of predefined"),
+    (("dna.k=two",), "--method-option dna.k: 'two' is not a valid integer"),
+    (("dna.tie_margin=nan",), "--method-option dna.tie_margin: 'nan' is not a finite number"),
+    (("dna.swap=maybe",), "--method-option dna.swap: 'maybe' is not a valid boolean"),
+    (("dna.aspect_source=random",), "--method-option dna.aspect_source: 'random' is not one of 'predefined'"),
     (("dna.tie_margin=-1",), "--method-option dna: --tie-margin must be 0 or more, got -1.0"),
     (("hdeval.comparisons=0",), "--method-option hdeval: --comparisons must be a whole number of at least 1"),
     (("dna-direct.dna_mode=cot",), "--method-option dna-direct.dna_mode: dna-direct is dna with dna_mode = direct"),
@@ -794,28 +797,27 @@ def test_a_failed_write_of_the_run_artifacts_leaves_the_output_directory_as_it_w
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous: str) -> None:
     # the disk fills while the run artifacts are saved: the ones this write saved are taken back,
     # so the directory is as before (absent, or the previous benchmark) and a rerun may write it
-    import hdeval.benchmark as bm
     import hdeval.benchmark.output as written
 
     monkeypatch.setattr(written, "render_markdown", lambda results: "table\n")
     monkeypatch.setattr(written, "render_html", lambda results: "<html></html>\n")
     out = tmp_path / "bench"
-    results = {"format": bm.FORMAT, "runs": []}
+    results = {"format": written.FORMAT, "runs": []}
     if previous == "benchmark":
-        bm.write_benchmark(results, out)
+        written.write_benchmark(results, out)
     elif previous == "empty":
         out.mkdir()
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     with pytest.raises(ConfigError) as exc:
-        bm.write_benchmark(results, out, force=True, artifacts={"a-seed0": _Saves(), "b-seed0": _DiskFull()})
+        written.write_benchmark(results, out, force=True, artifacts={"a-seed0": _Saves(), "b-seed0": _DiskFull()})
     assert str(exc.value) == f"cannot write the benchmark to {out}: No space left on device"
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
-    bm.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
+    written.check_output_dir(out, force=True, artifacts=["a-seed0", "b-seed0"])  # a rerun is not refused
 
 
 def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
     # two fractions equal in 6 significant digits: one run's artifact must not replace the other's
-    from hdeval.benchmark import BenchmarkSpec
+    from hdeval.benchmark.spec import BenchmarkSpec
 
     spec = BenchmarkSpec("faireval", ("dna",), ("lr",), 1, (0.1234567, 0.1234568, 0.5))
     assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]

@@ -351,7 +351,7 @@ def test_counts_are_ticked_as_integers(monkeypatch):
 
     figs = []
 
-    def keep(fig):
+    def keep(fig, tight=False):
         fig.canvas.draw()
         figs.append([t.get_position()[0] for t in fig.axes[0].get_xticklabels() if t.get_text()])
         plots.pyplot().close(fig)

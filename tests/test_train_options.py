@@ -140,7 +140,7 @@ def test_help_follows_the_models_defaults(monkeypatch):
 
 
 def test_benchmark_builds_the_same_options():
-    from hdeval.benchmark import BenchmarkSpec
+    from hdeval.benchmark.spec import BenchmarkSpec
     from hdeval.benchmark.sweep import _config
 
     spec = BenchmarkSpec(task="summeval", methods=("direct", "hdeval", "paireval"),

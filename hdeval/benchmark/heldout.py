@@ -32,13 +32,6 @@ class HeldOut:
                        self.y[keep], self.pred[keep], None if self.failed is None else self.failed[keep])
 
 
-def _llm_cells_missing(test: Any) -> np.ndarray:
-    """Per row, whether a cell the LLM fills (any column but ids, split and human scores) is empty."""
-    cols = [c for c in test.columns if c not in ("sample_id", "pair_id", "split", "human")
-            and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
-    return test[cols].isna().any(axis=1).to_numpy() if cols else np.zeros(len(test), bool)
-
-
 def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> "HeldOut | PairHeldOut":
     """The test rows of a trained evaluator's score table (``scores.csv``) and what it predicts
     for them from its LLM-filled columns (pairwise: the method's ``held_out_labels``), without
@@ -46,7 +39,10 @@ def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> 
     table = _score_table(fitted)
     test = table[table["split"] == "test"]
     ids = [str(s) for s in test["pair_id" if pairwise else "sample_id"]]
-    docs, failed = [doc_of[s] for s in ids], _llm_cells_missing(test)
+    # a row with an empty cell the LLM fills (any number column but ids, split and human scores)
+    cols = [c for c in test.columns if c not in ("sample_id", "pair_id", "split", "human")
+            and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
+    docs, failed = [doc_of[s] for s in ids], test[cols].isna().any(axis=1).to_numpy()
     if pairwise:
         preds = fitted.held_out_labels(test)
         failed = failed | np.array([p is None for p in preds["evaluator"][0]], bool)

@@ -3,6 +3,7 @@ ablation, criteria efficiency): the content of results.json's ``runs`` and ``set
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -12,7 +13,8 @@ from hdeval.metrics import METRICS, metric_table, pair_agreement
 from hdeval.benchmark.heldout import PAIR_STATISTICS, HeldOut, PairHeldOut, pair_arrays
 from hdeval.benchmark.spec import BenchmarkSpec
 from hdeval.benchmark.statistics import (
-    _num, mean_std, pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
+    _num, group, mean_std, pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match,
+    summary_level_correlation,
 )
 
 BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
@@ -69,9 +71,7 @@ def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tupl
     """The rows every method is compared on: per (train_frac, seed), the test rows no run of that
     split failed on. Returns each run's held-out predictions on those rows, and per run its
     ``rows`` record (test rows, failed, failure_rate, compared, documents compared)."""
-    groups: dict[tuple, list[tuple]] = {}
-    for key in held:
-        groups.setdefault((key[2], key[3]), []).append(key)
+    groups = group(held, lambda key: (key[2], key[3]))
     kept: dict[tuple, Any] = {}
     rows: dict[tuple, dict[str, Any]] = {}
     for (frac, seed), keys in groups.items():
@@ -93,12 +93,6 @@ def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     u = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
          for k in ("calls", "cache_hits", "prompt_tokens", "completion_tokens")}
     return {"requests": u["calls"] + u["cache_hits"], **u}
-
-
-def _rows(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    return {"compared": [r["rows"]["compared"] for r in mine],
-            "documents_compared": [r["rows"]["documents_compared"] for r in mine],
-            "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}
 
 
 def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | None, frac: float, seed: int,
@@ -146,10 +140,7 @@ def _avg(table: Mapping[str, Any], metric: str) -> float | None:
 
 def _by_setting(runs: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """(method, aggregator, train_frac) -> its runs (one per seed), in first-seen order."""
-    out: dict[tuple, list[dict[str, Any]]] = {}
-    for r in runs:
-        out.setdefault((r["method"], r["aggregator"], r["train_frac"]), []).append(r)
-    return out
+    return group(runs, lambda r: (r["method"], r["aggregator"], r["train_frac"]))
 
 
 def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tuple, Any],
@@ -162,7 +153,9 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
         s = {"method": method, "aggregator": agg, "train_frac": frac,
              "method_options": dict(spec.method_options.get(method) or {}), "seeds": seeds,
              **(_pair_figures if pairwise else _point_figures)(spec, method, frac, mine, hos, held),
-             "rows": _rows(mine)}
+             "rows": {"compared": [r["rows"]["compared"] for r in mine],
+                      "documents_compared": [r["rows"]["documents_compared"] for r in mine],
+                      "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}}
         if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
@@ -222,8 +215,8 @@ def _pair_figures(spec: BenchmarkSpec, method: str, frac: float, mine: list[dict
 
 
 def _majority(labels: Sequence[str | None], among: Sequence[str]) -> str | None:
-    counts = {c: sum(1 for x in labels if x == c) for c in among}
-    return max(among, key=lambda c: counts[c]) if any(counts.values()) else None  # ties: the earlier
+    counts = Counter(x for x in labels if x in among)
+    return max(among, key=counts.__getitem__) if counts else None  # ties: the earlier
 
 
 def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
@@ -241,10 +234,10 @@ def pair_references(spec: BenchmarkSpec, runs: list[dict[str, Any]],
             label, forced = _majority(train, ("a", "b", "tie")), _majority(train, ("a", "b"))
             hos.append(type(ho)(ho.sample_ids, ho.doc_ids, ho.human,
                                 {"evaluator": ([label] * len(ho.human), [forced] * len(ho.human))}))
-        per_seed = [pair_agreement(h.human, *h.predictions["evaluator"]) for h in hos]
+        mine = [{"seed": seed, "agreement": {"evaluator": pair_agreement(h.human, *h.predictions["evaluator"])}}
+                for seed, h in zip(seeds, hos)]
         out.append({"method": "majority", "aggregator": None, "train_frac": frac, "seeds": seeds,
-                    "agreement": {"evaluator": {k: mean_std([a[k] for a in per_seed]) for k in PAIR_STATISTICS}},
-                    "bootstrap": _pair_boot(spec, hos, seeds, "evaluator", []),
+                    **_pair_figures(spec, "majority", frac, mine, hos, {}),  # no baseline: held is empty
                     "rows": {"compared": [len(h.human) for h in hos],
                              "documents_compared": [len(set(h.doc_ids)) for h in hos]}})
     return out

@@ -77,9 +77,6 @@ class BenchmarkSpec:
                 for agg in (self.aggregators if method in LEARNED else (None,))]
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
     """(the registry's Option, its name) of ``entry``'s option ``name``; one line if unknown or fixed."""
     from hdeval.methods.registry import get_method
@@ -102,43 +99,27 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
     return options[key], key
 
 
-def parse_method_option(item: str) -> tuple[str, str, Any]:
-    """``METHOD.NAME=VALUE`` -> (method, option name, value typed as the option's default:
-    true/false, a whole number, a number or text, one of its choices). One-line errors."""
-    head, eq, raw = item.partition("=")
-    entry, dot, name = head.strip().partition(".")
-    if not eq or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head.strip()):
-        raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3")
-    opt, key = _option_of(entry, name.strip())
-    raw = raw.strip()
-    where = f"--method-option {entry}.{name.strip()}"
-    default = opt.default if opt.kind is None else opt.kind()
-    if opt.choices:
-        if raw not in opt.choices:
-            raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(opt.choices)}")
-        return entry, key, raw
-    if isinstance(default, bool):
-        if raw.lower() not in _TRUE + _FALSE:
-            raise ConfigError(f"{where}: expected true or false, got {raw!r}")
-        return entry, key, raw.lower() in _TRUE
-    if isinstance(default, (int, float)):
-        kind, what = (int, "a whole number") if isinstance(default, int) else (float, "a number")
-        try:
-            value = kind(raw)
-        except ValueError:
-            value = float("nan")
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}: expected {what}, got {raw!r}")
-        return entry, key, value
-    return entry, key, raw
-
-
 def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}; an option
-    given twice is an error (the later one would silently win)."""
+    """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}, each value typed
+    by the click type the CLI gives the same option (a flag's true/false, a whole number, a finite
+    number, a choice); an option given twice is an error (the later one would silently win)."""
+    import click
+
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        entry, key, value = parse_method_option(item)
+        head, eq, raw = (part.strip() for part in item.partition("="))
+        entry, _, name = head.partition(".")
+        if not eq or not raw or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head):
+            raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. "
+                              "paireval.comparisons=3")
+        opt, key = _option_of(entry, name)
+        kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.kind, opt.default)
+        try:
+            value = kind.convert(raw, None, None)
+            if isinstance(value, float) and not math.isfinite(value):
+                kind.fail(f"{raw!r} is not a finite number.")
+        except click.BadParameter as exc:
+            raise ConfigError(f"--method-option {head}: {exc.message}") from None
         if key in out.get(entry, {}):
             raise ConfigError(f"--method-option {entry}.{key} is given more than once")
         out.setdefault(entry, {})[key] = value

@@ -4,7 +4,7 @@ whole documents, summary-level correlation, ranking exact-match, mean/std over s
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -16,12 +16,17 @@ LEVEL = 0.95
 Statistic = Callable[[np.ndarray, np.ndarray], float]
 
 
+def group(items: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
+    """key -> its items, keys in first-seen order."""
+    out: dict[Any, list[Any]] = {}
+    for x in items:
+        out.setdefault(key(x), []).append(x)
+    return out
+
+
 def _doc_rows(groups: Sequence[str]) -> list[np.ndarray]:
     """Row indices of each document, in first-seen order."""
-    rows: dict[str, list[int]] = {}
-    for i, g in enumerate(groups):
-        rows.setdefault(str(g), []).append(i)
-    return [np.array(r) for r in rows.values()]
+    return [np.array(r) for r in group(range(len(groups)), lambda i: str(groups[i])).values()]
 
 
 def _resamples(groups: Sequence[str], n_resamples: int, seed: int):

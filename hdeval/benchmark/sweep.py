@@ -10,10 +10,10 @@ from hdeval.progress import Progress
 from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency,
-    pair_references, usage,
+    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, pair_references, usage,
 )
 from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
+from hdeval.benchmark.statistics import group
 
 
 class _Quiet(Progress):
@@ -40,26 +40,14 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     return TrainConfig.from_options(**opts)
 
 
-def _check_fit(config: Any, prep: Any, label: str) -> None:
-    """The method's ``check_fit``, before any call: an earlier run must not pay for a sweep that stops."""
-    from hdeval.errors import HdevalError
-    from hdeval.methods.base import FitContext
-    from hdeval.methods.registry import get_method
-
-    ctx = FitContext(config, prep, None, None, Progress())
-    check = get_method(config.method).check_fit
-    try:
-        if check is not None:
-            check(ctx)
-    except HdevalError as exc:
-        raise type(exc)(f"{label}: {exc}") from None
-
-
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
                   artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train every combination of ``spec`` (all checked before the first LLM call) and return
     ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
     run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`."""
+    from hdeval.errors import HdevalError
+    from hdeval.methods.base import FitContext
+    from hdeval.methods.registry import get_method
     from hdeval.train import prepare, train
 
     spec.validate()
@@ -68,17 +56,22 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     plan = spec.runs()
     budget = spec.options.get("max_calls")
     preps = {}
-    for method, agg, frac, seed in plan:  # fail before paying for anything
-        config = _config(spec, method, agg, frac, seed, budget)
-        preps[(method, agg, frac, seed)] = prep = prepare(config)
-        _check_fit(config, prep, f"{method} run (train-frac {frac:g}, seed {seed})")
+    for key in plan:  # every method's checks before any call: no run pays for a sweep that stops
+        config = _config(spec, *key, budget)
+        preps[key] = prepare(config)
+        check = get_method(config.method).check_fit
+        try:
+            if check is not None:
+                check(FitContext(config, preps[key], None, None, Progress()))
+        except HdevalError as exc:
+            raise type(exc)(f"{key[0]} run (train-frac {key[2]:g}, seed {key[3]}): {exc}") from None
     fits: list[Any] = []
     held: dict[tuple[str, str | None, float, int], Any] = {}
     for n, key in enumerate(plan, 1):
         method, agg, frac, seed = key
         spent = sum((f.metrics.get("usage") or {}).get("calls", 0) for f in fits)
         left = None if budget is None else max(0, budget - spent)
-        config = _config(spec, method, agg, frac, seed, left)
+        config = _config(spec, *key, left)
         label = f"{method}{'' if agg is None else ' ' + agg}, train-frac {frac:g}, seed {seed}"
         progress.message(f"run {n}/{len(plan)}: {label}")
         try:
@@ -101,10 +94,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
     settings = _settings(spec, runs, compared, shape == "pairwise")
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        by_method.setdefault(r["method"], []).append(r)
-    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in by_method.items()}
+    cost = {m: {"runs": len(mine), **usage(mine)} for m, mine in group(runs, lambda r: r["method"]).items()}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

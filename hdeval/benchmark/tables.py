@@ -104,17 +104,14 @@ def _cost_table(results: Mapping[str, Any]) -> Table:
              for m, c in results["cost"].items()])
 
 
-def _p(vs: Mapping[str, Any]) -> str:
-    """The p-value; at the floor its resamples can reach it is a bound, not a value."""
-    p, floor = vs.get("p_value"), vs.get("p_floor")
-    if p is not None and floor is not None and p <= floor + 1e-9:
-        return f"p ≤ {_f(floor)}"
-    return f"p={_f(p)}"
-
-
 def _delta(vs: Mapping[str, Any] | None) -> str:
-    return (f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], {_p(vs)}"
-            if vs and vs["difference"] is not None else "")
+    """The difference, its interval and p-value; at the floor its resamples can reach, p is a bound."""
+    if not vs or vs["difference"] is None:
+        return ""
+    p, floor = vs.get("p_value"), vs.get("p_floor")
+    at_floor = p is not None and floor is not None and p <= floor + 1e-9
+    return f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], " + (
+        f"p ≤ {_f(floor)}" if at_floor else f"p={_f(p)}")
 
 
 def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:

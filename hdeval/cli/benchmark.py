@@ -61,9 +61,9 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
       hdeval benchmark --task sfhot --methods direct,hdeval --aggregators lr,nn --seeds 3 \\
           --train-fracs 0.1,0.5 --llm fake -o bench/
     """
-    from hdeval.benchmark import (
-        BenchmarkSpec, check_output_dir, check_shapes, parse_method_options, run_benchmark, write_benchmark,
-    )
+    from hdeval.benchmark.output import check_output_dir, write_benchmark
+    from hdeval.benchmark.spec import BenchmarkSpec, check_shapes, parse_method_options
+    from hdeval.benchmark.sweep import run_benchmark
     from hdeval.errors import ConfigError
 
     from hdeval.cli.data import fetch_missing_task_data

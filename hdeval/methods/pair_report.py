@@ -122,12 +122,12 @@ def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Pa
     """Write ``report.json`` and ``report.html`` (default dir: ``<artifact>/report``); return the
     HTML path and the text lines. ``data`` and ``cache_dir`` find the wrong verdicts' text and
     the LLM's raw replies (default: the training data the manifest names, the default cache)."""
-    from hdeval.report.pairs import dna_page, hdeval_page
+    from hdeval.report.pairs import pair_page
 
     dna = ev.method == "dna"
     data_json, lines = (dna_report if dna else pairwise_hdeval_report)(ev)
     out = Path(out_dir) if out_dir else Path(ev.path) / "report"
-    page = (dna_page if dna else hdeval_page)(ev, data_json, data, cache_dir)
+    page = pair_page(ev, data_json, data, cache_dir)
     return write_report_files(out, data_json, page)[0], lines
 
 

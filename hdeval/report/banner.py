@@ -48,12 +48,9 @@ class Banner:
 
 def model_size(identity: str) -> float | None:
     """Parameters named in a model's identity ("SmolLM2-135M" -> 1.35e8), if any."""
-    best = None
     name = (identity or "").split("#")[0]  # after "#" is a file digest: hex, not a size
-    for num, unit in _SIZE.findall(name):
-        value = float(num) * (1e6 if unit in "mM" else 1e9)
-        best = value if best is None else max(best, value)
-    return best
+    sizes = [float(num) * (1e6 if unit in "mM" else 1e9) for num, unit in _SIZE.findall(name)]
+    return max(sizes, default=None)
 
 
 def llm_line(banner: Banner, identity: str | None) -> None:

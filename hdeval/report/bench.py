@@ -50,6 +50,7 @@ def _bars(ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence
     ax.set_xticks(np.arange(len(ticks)) + width * (len(bars) - 1) / 2, ticks)
 
 
+@styled
 def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     """Both agreements per method at the largest training fraction, and their data-efficiency curve."""
     plt = pyplot()
@@ -71,8 +72,7 @@ def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
             for k, label in enumerate(dict.fromkeys(label for label, _, _ in curves)):
                 pts = [(s["train_frac"], s["agreement"][v][key]) for lb, s, v in curves if lb == label]
                 _curve(ax, sorted(pts, key=lambda t: t[0]), label, COLORS[k % len(COLORS)])
-            ax.set_title(title)
-            ax.set_xlabel("training fraction")
+            ax.set(title=title, xlabel="training fraction")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("held-out agreement")
         axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -80,6 +80,7 @@ def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     return out
 
 
+@styled
 def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     plt = pyplot()
     out = []
@@ -126,11 +127,6 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     return out
 
 
-@styled
-def _all_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:  # type: ignore[return-value]
-    return _pair_plots(results) if results.get("shape") == "pairwise" else _point_plots(results)
-
-
 def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     """The banner: the LLM, the split against the features, the strongest baseline."""
     b = verdicts.Banner()
@@ -168,5 +164,6 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
 def render_html(results: Mapping[str, Any], title: str, tables: Sequence[Any]) -> str:
     """A self-contained page: banner, the caller's tables (results.md's) as HTML tables, the plots.
     The tables come in from the benchmark, which sits above the reports."""
+    plots = _pair_plots if results.get("shape") == "pairwise" else _point_plots
     return render("benchmark.html.j2", title=f"hdeval {title[0].lower()}{title[1:]}", banner=verdict(results),
-                  tables=tables, figures=_all_plots(results), definitions=results.get("definitions") or {})
+                  tables=tables, figures=plots(results), definitions=results.get("definitions") or {})

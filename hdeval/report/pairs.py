@@ -39,28 +39,14 @@ def _scores(table: Any, columns: Sequence[str]) -> np.ndarray:
 
 
 def _differences(table: Any, keys: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per human label (a, b): the mean score difference A - B of each key on the held-out pairs."""
-    out: dict[str, dict[str, float]] = {}
+    """Per human label (a, b): the mean score difference A - B of each key on the held-out pairs
+    (NaN for a key every pair failed on, drawn as no bar)."""
+    import pandas as pd
+
     test = table[table["split"] == "test"]
     diff = _scores(test, [f"{k}:a" for k in keys]) - _scores(test, [f"{k}:b" for k in keys])
-    for label in ("a", "b"):
-        rows = (test["human"] == label).to_numpy()
-        if rows.any():
-            col = diff[rows]
-            seen = (~np.isnan(col)).sum(axis=0)
-            # a key every pair failed on has no mean (nanmean would warn): NaN, drawn as no bar
-            sums = np.where(np.isnan(col), 0.0, col).sum(axis=0)
-            out[label] = {k: float(sums[j] / seen[j]) if seen[j] else float("nan") for j, k in enumerate(keys)}
-    return out
-
-
-def _difference_plot(diffs: Mapping[str, Mapping[str, float]], what: str) -> bytes | None:
-    if "a" not in diffs and "b" not in diffs:
-        return None
-    first = diffs.get("a") or diffs.get("b") or {}
-    return plots.barh(first, f"Held-out score difference A − B per {what}", "mean score(A) − score(B)",
-                      sort=False, label="pairs humans preferred A" if "a" in diffs else "pairs humans preferred B",
-                      reference=diffs.get("b") if "a" in diffs else None, reference_label="pairs humans preferred B")
+    means = pd.DataFrame(diff, columns=list(keys)).groupby(test["human"].to_numpy()).mean()
+    return {label: means.loc[label].to_dict() for label in ("a", "b") if label in means.index}
 
 
 def _baselines(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,18 +75,19 @@ def _wrong_verdicts(ev: Any, test: Any, keys: Sequence[str], predicted: Sequence
 def _pair_fields(ev: Any, pair: Any) -> list[tuple[str, str]]:
     if pair is None:
         return []
-    clip = sample_view.clip
-    out = [(f.label, clip(pair.fields.get(f.key), sample_view.MAX_FIELD_CHARS)) for f in ev.task.fields
-           if f.key != "output"]
-    return out + [("Response A", clip(pair.output_a, sample_view.MAX_FIELD_CHARS)),
-                  ("Response B", clip(pair.output_b, sample_view.MAX_FIELD_CHARS))]
+    texts = [(f.label, pair.fields.get(f.key)) for f in ev.task.fields if f.key != "output"]
+    texts += [("Response A", pair.output_a), ("Response B", pair.output_b)]
+    return [(label, sample_view.clip(text, sample_view.MAX_FIELD_CHARS)) for label, text in texts]
 
 
-def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
+_AGREEMENT_HOW = ("Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
+                  "humans did not tie with the verdict forced to A or B; with ties, 3-way.")
+
+
+def _dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+    """DnA's banner lines and figures; its page's title and method line."""
     m, s = ev.metrics, ev.settings
     test_m = {k: v for k, v in (m.get("test") or {}).items() if isinstance(v, dict)}
-    b = verdicts.Banner()
-    verdicts.llm_line(b, ev.llm_identity)
     split = m.get("split") or {}
     learned = ev.learned
     verdicts.split_line(b, split.get("train"), split.get("test"), len(learned.aspects) if learned is not None
@@ -121,13 +108,11 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
     if isinstance(tm, Mapping) and isinstance(tm.get("value"), (int, float)):
         b.add("tie margin", f"totals within {tm['value']:.3g} are a tie: " + (
             f"learned on {tm.get('pairs')} training pairs" if tm.get("from") == "training split" else "given"))
-    figs: list[tuple[str, bytes, str]] = []
     if test_m:
         figs.append(("Agreement with the human labels", plots.agreement_bars(
-            {k.replace("_", " "): v for k, v in test_m.items()}, "Held-out agreement"),
-            "Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
-            "humans did not tie with the verdict forced to A or B; with ties, 3-way. 'llm weights' is DnA's "
-            "weighted sum with the LLM's weights, 'learned' the logistic regression on aspect-score differences."))
+            {k.replace("_", " "): v for k, v in test_m.items()}, "Held-out agreement"), _AGREEMENT_HOW +
+            " 'llm weights' is DnA's weighted sum with the LLM's weights, 'learned' the logistic regression on "
+            "aspect-score differences."))
         for k, v in test_m.items():
             if v.get("confusion"):
                 figs.append((f"Confusion matrix ({k.replace('_', ' ')})", plots.confusion(
@@ -143,44 +128,18 @@ def dna_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> s
                                            reference_label="learned share of |coefficients|"),
                      "The weight the LLM gave each aspect (mean over the instances), and, for the learned "
                      "aggregation, each aspect's share of its absolute coefficients; both sum to 1, so they compare."))
-    table = _table(ev)
-    samples, note = [], None
-    if table is not None:
-        keys = [c[:-2] for c in table.columns if c.endswith(":a") and f"{c[:-2]}:b" in table.columns]
-        diff = _differences(table, keys)
-        fig = _difference_plot(diff, "aspect")
-        if fig:
-            figs.append(("Per-aspect differences", fig, "The mean of score(A) − score(B) per aspect on the "
-                         "held-out pairs, for the pairs humans preferred A and those they preferred B: an aspect "
-                         "that separates the two groups is one the LLM's scores agree with humans on."))
-        test = table[table["split"] == "test"].reset_index(drop=True)
-        predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
-        samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir, "pairs", ("",))
-    elif ev.path:
-        note = "the artifact holds no scores.csv: no per-pair view"
-    if m.get("position_consistency") is not None:
-        figs.append(("Position consistency", plots.share_bar(m["position_consistency"], "position consistency"),
-                     "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
-    return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (DnA)", method=f"DnA, mode {s.mode}, "
-                  f"aspects {s.aspect_source}", ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs,
-                  samples=samples, samples_note=note, reply_columns=False,
-                  max_samples=sample_view.TOP_SAMPLES)
+    return f"{ev.task.name} (DnA)", f"DnA, mode {s.mode}, aspects {s.aspect_source}"
 
 
-
-def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
-    from hdeval.classify import predict_labels
-
+def _hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+    """Pairwise HD-Eval's banner lines and figures; its page's title and method line."""
     m = ev.metrics
-    b = verdicts.Banner()
-    verdicts.llm_line(b, ev.llm_identity)
     split = m.get("split") or {}
     verdicts.split_line(b, split.get("train"), split.get("test"), len(ev.feature_keys), rows="pairs")
     verdicts.layer_line(b, m, list((m.get("layers") or {}).keys()))
     bases = {"equal-weight sum of the layer-1 differences": (m.get("direct_layer1") or {}).get("wo_ties")}
     verdicts.baseline_line(b, (m.get("final") or {}).get("wo_ties"), bases | _baselines(m),
                            "held-out agreement w/o ties")
-    figs: list[tuple[str, bytes, str]] = []
     layers = m.get("layers") or {}
     if layers:
         figs.append(("Agreement by layer", plots.layer_agreement(layers, m.get("direct_layer1"),
@@ -192,8 +151,7 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
         series["layer-1 sum (baseline)"] = m["direct_layer1"]
     if series:
         figs.append(("Agreement with the human labels", plots.agreement_bars(series, "Held-out agreement"),
-                     "Share of held-out pairs where the verdict matches the human label: without ties, on the pairs "
-                     "humans did not tie with the verdict forced to A or B; with ties, 3-way."))
+                     _AGREEMENT_HOW))
     if (m.get("final") or {}).get("confusion"):
         figs.append(("Confusion matrix", plots.confusion(m["final"]["confusion"], "human label × verdict"),
                      "Rows: the human label; columns: the classifier's verdict; the diagonal is agreement."))
@@ -204,22 +162,50 @@ def hdeval_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -
             "drop in held-out agreement when shuffled"),
             "How much the classifier relies on each criterion's score difference: the drop in held-out "
             "agreement when it is shuffled across pairs (0 or below: not relied on)."))
+    method = f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria"
+    return f"{ev.task.name} (HD-Eval on pairs)", method
+
+
+def pair_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
+    """The page of an artifact that judges pairs: DnA's, or HD-Eval's on a pairwise task."""
+    from hdeval.classify import predict_labels
+
+    dna = ev.method == "dna"
+    b = verdicts.Banner()
+    verdicts.llm_line(b, ev.llm_identity)
+    figs: list[tuple[str, bytes, str]] = []
+    title, method = (_dna_parts if dna else _hdeval_parts)(ev, data, b, figs)
     table = _table(ev)
     samples, note = [], None
     if table is not None:
-        roots = [c.key for c in ev.tree.layer(1)]
-        fig = _difference_plot(_differences(table, [k for k in roots if f"{k}:a" in table.columns]), "aspect")
-        if fig:
-            figs.append(("Per-aspect differences", fig, "The mean of score(A) − score(B) per layer-1 criterion "
-                         "(the task's aspects) on the held-out pairs, for the pairs humans preferred A and those "
-                         "they preferred B."))
+        pairs = [c[:-2] for c in table.columns if c.endswith(":a") and f"{c[:-2]}:b" in table.columns]
+        roots = pairs if dna else [c.key for c in ev.tree.layer(1) if f"{c.key}:a" in table.columns]
+        diffs = _differences(table, roots)
+        if "a" in diffs or "b" in diffs:
+            figs.append(("Per-aspect differences", plots.barh(
+                diffs.get("a") or diffs.get("b") or {}, "Held-out score difference A − B per aspect",
+                "mean score(A) − score(B)", sort=False,
+                label="pairs humans preferred A" if "a" in diffs else "pairs humans preferred B",
+                reference=diffs.get("b") if "a" in diffs else None, reference_label="pairs humans preferred B"),
+                "The mean of score(A) − score(B) per " + ("aspect" if dna else "layer-1 criterion (the task's "
+                "aspects)") + " on the held-out pairs, for the pairs humans preferred A and those they preferred B"
+                + (": an aspect that separates the two groups is one the LLM's scores agree with humans on." if dna
+                   else ".")))
         test = table[table["split"] == "test"].reset_index(drop=True)
-        keys = list(ev.feature_keys)
-        A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
-        predicted, _ = predict_labels(ev.model, A - B)
-        samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir, "samples",
-                                        ("#a", "#b"))
-    return render("pairs.html.j2", title=f"hdeval report: {ev.task.name} (HD-Eval on pairs)",
-                  method=f"HD-Eval on pairs, classifier {ev.kind}, {len(ev.feature_keys)} criteria",
-                  ev_path=str(ev.path), llm=ev.llm_identity, banner=b, figures=figs, samples=samples,
-                  samples_note=note, reply_columns=True, max_samples=sample_view.TOP_SAMPLES)
+        keys = pairs if dna else list(ev.feature_keys)
+        if dna:
+            predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
+        else:
+            A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
+            predicted = predict_labels(ev.model, A - B)[0]
+        samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir,
+                                        *(("pairs", ("",)) if dna else ("samples", ("#a", "#b"))))
+    elif ev.path and dna:
+        note = "the artifact holds no scores.csv: no per-pair view"
+    if ev.metrics.get("position_consistency") is not None and dna:
+        figs.append(("Position consistency", plots.share_bar(ev.metrics["position_consistency"],
+                                                             "position consistency"),
+                     "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
+    return render("pairs.html.j2", title=f"hdeval report: {title}", method=method, ev_path=str(ev.path),
+                  llm=ev.llm_identity, banner=b, figures=figs, samples=samples, samples_note=note,
+                  reply_columns=not dna, max_samples=sample_view.TOP_SAMPLES)

@@ -48,8 +48,11 @@ def styled(plot: Callable[..., bytes]) -> Callable[..., bytes]:
     return draw
 
 
-def png(fig: Any) -> bytes:
-    """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
+def png(fig: Any, tight: bool = False) -> bytes:
+    """The figure as PNG bytes (``tight``: laid out first); the figure is closed (pyplot keeps
+    every open figure alive)."""
+    if tight:
+        fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     pyplot().close(fig)
@@ -81,13 +84,10 @@ def agreement_bars(series: Mapping[str, Mapping[str, Any]], title: str) -> bytes
         ax.bar_label(bars, labels=["" if v != v else f"{v:.2f}" for v in vals], fontsize=8, padding=2)
     ax.set_xticks(x, [short(n, 28) for n in names], rotation=15 if len(names) > 3 else 0, ha="right"
                   if len(names) > 3 else "center")
-    ax.set_ylim(0, 1.08)
-    ax.set_ylabel("held-out agreement with humans")
-    ax.set_title(title)
+    ax.set(ylim=(0, 1.08), ylabel="held-out agreement with humans", title=title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, tight=True)
 
 
 @styled
@@ -112,8 +112,7 @@ def confusion(matrix: Mapping[str, Mapping[str, int]], title: str) -> bytes:
     cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     integer_ticks(cbar.ax, "y")
     cbar.set_label("pairs")
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, tight=True)
 
 
 @styled
@@ -138,11 +137,9 @@ def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLO
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_yticks(y, [short(str(k), 60) for k, _ in items])
     ax.axvline(0, color="#555", lw=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, title=title)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, tight=True)
 
 
 @styled
@@ -160,13 +157,10 @@ def layer_agreement(layers: Mapping[str, Mapping[str, Any]], baseline: Mapping[s
                        label=f"{baseline_label} ({label})")
     integer_ticks(ax, "x")
     ax.grid(alpha=0.3)
-    ax.set_xlabel("layers used (1..k)")
-    ax.set_ylabel("held-out agreement with humans")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("Agreement by layer")
+    ax.set(xlabel="layers used (1..k)", ylabel="held-out agreement with humans", ylim=(0, 1.05),
+           title="Agreement by layer")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, tight=True)
 
 
 def _num(x: Any) -> float:
@@ -181,8 +175,6 @@ def share_bar(value: float, label: str) -> bytes:
     ax.barh([0], [1], color="#e8e8e8")
     ax.barh([0], [_num(value)], color=COLORS[2])
     ax.text(min(_num(value), 0.9) + 0.01, 0, f"{_num(value):.2f}", va="center", fontsize=11)
-    ax.set_xlim(0, 1)
+    ax.set(xlim=(0, 1), xlabel="share of pairs")
     ax.set_yticks([0], [label])
-    ax.set_xlabel("share of pairs")
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, tight=True)

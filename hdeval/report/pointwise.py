@@ -39,10 +39,9 @@ def _barh(values: Mapping[str, float], label: Labeler, title: str, xlabel: str, 
     names = [label(k) for k, _ in items][::-1]
     vals = [v for _, v in items][::-1]
     ax.barh(range(len(vals)), vals, color=color)
-    ax.set_yticks(range(len(vals)), names, fontsize=10)
+    ax.set_yticks(range(len(vals)), names)
     ax.axvline(0, color="#555", lw=0.8)
-    ax.set_xlabel(xlabel, fontsize=10)
-    ax.set_title(title, fontsize=12)
+    ax.set(xlabel=xlabel, title=title)
     ax.tick_params(axis="x", labelsize=9)
     ax.grid(axis="x", alpha=0.3)
     return png(fig)
@@ -67,16 +66,15 @@ def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
             ax.bar(np.arange(len(cols)) + (s - (len(series) - 1) / 2) * width, vals, width,
                    label=name, color=cmap(s % 10))
         ax.axhline(0, color="#555", lw=0.8)
-        ax.set_xticks(range(len(cols)), cols, fontsize=10, rotation=20, ha="right")
-        ax.set_title(f"held-out {metric.capitalize()}", fontsize=12)
+        ax.set_xticks(range(len(cols)), cols, rotation=20, ha="right")
+        ax.set_title(f"held-out {metric.capitalize()}")
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(axis="y", labelsize=9)
-    axes[0].set_ylabel("correlation with human scores", fontsize=10)
+    axes[0].set_ylabel("correlation with human scores")
     # Below the panels: inside, the legend would hide bars.
-    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=10, loc="lower center",
-               ncol=min(len(series), 5), bbox_to_anchor=(0.5, -0.08), frameon=False)
-    fig.tight_layout()
-    return png(fig)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(series), 5),
+               bbox_to_anchor=(0.5, -0.08))
+    return png(fig, tight=True)
 
 
 @styled
@@ -113,14 +111,12 @@ def plot_efficiency(points: Sequence[Any], aspects: Sequence[str]) -> bytes:
     ax.plot(ks, series("average", "pearson"), lw=2, color="black", ls="--", label="average Pearson")
     ax.axhline(0, color="#555", lw=0.8)
     integer_ticks(ax, "x")
-    ax.set_xlabel("criteria kept, most important first (= LLM calls per sample)", fontsize=10)
-    ax.set_ylabel("held-out correlation", fontsize=10)
-    ax.set_title("Criteria efficiency", fontsize=12)
+    ax.set(xlabel="criteria kept, most important first (= LLM calls per sample)",
+           ylabel="held-out correlation", title="Criteria efficiency")
     ax.tick_params(labelsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return png(fig)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return png(fig, tight=True)
 
 
 # --------------------------------------------------------------------------- HTML
