@@ -109,7 +109,7 @@ def _row_sample(task: Any, text: str, where: str) -> Any:
     if not isinstance(row, dict):
         raise DataError(f"{where}: not a JSON object")
     if task.shape == "pairwise":
-        if not _matches(row, dict(task.where)):
+        if not _matches(row, task.where):
             return None
         problem, sample = _pair_from_row(row, 0, task, require_labels=False)
         if problem is None and sample is None:
