@@ -5,6 +5,7 @@ The work is :mod:`hdeval.run`; this module turns options into one call and print
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -49,9 +50,8 @@ from hdeval.errors import ConfigError
 @batch_option
 @guarded
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
-          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float, llm: str | None, base_url: str | None,
-          concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
-          max_calls: int | None, batch: bool) -> None:
+          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float,
+          **llm_options: Any) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
 
     The input is validated first (every bad line reported, nothing paid for), then read, scored
@@ -73,17 +73,17 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     if export_file is not None:
         from hdeval.run.export_requests import export_apply_requests
 
+        del llm_options["max_calls"]  # exporting pays for nothing
+        batch = llm_options.pop("batch")
         for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
             if given is not None:
                 raise ConfigError(f"--export-requests scores nothing: drop {name}")
-        n = export_apply_requests(artifact, input_file, export_file, shard=shard, llm=llm, base_url=base_url,
-                                  concurrency=concurrency, timeout=timeout, max_retries=max_retries,
-                                  cache_dir=cache_dir, **policy())
+        n = export_apply_requests(artifact, input_file, export_file, shard=shard, **llm_options, **policy())
         if not n:
             click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o",
                        err=True)
             return
-        where = f" --cache-dir {cache_dir}" if cache_dir else ""
+        where = f" --cache-dir {llm_options['cache_dir']}" if llm_options["cache_dir"] else ""
         click.echo(f"wrote {n} requests not cached yet to {export_file}; answer them with any engine that reads "
                    f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}"
                    f"{where}` and rerun apply (a method whose later stage depends on these replies exports "
@@ -94,11 +94,9 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     to_stdout = output == "-"
     progress = TerminalProgress(quiet)
     try:
-        res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
-                         base_url=base_url, concurrency=concurrency, timeout=timeout,
-                         max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                         batch=bool(batch), max_failure_rate=max_failure_rate,
-                         max_interval_width=max_interval_width, progress=progress, **policy())
+        res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top,
+                         max_failure_rate=max_failure_rate, max_interval_width=max_interval_width,
+                         progress=progress, **llm_options, **policy())
     finally:
         progress.close()
     u = res.usage

@@ -103,9 +103,7 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
 @guarded
-def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm: str | None,
-            base_url: str | None, concurrency: int, timeout: float, max_retries: int,
-            cache_dir: str | None, max_calls: int | None) -> None:
+def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **llm_options: Any) -> None:
     """Explain one sample's scores: per aspect the prediction, the base value and the
     criteria that moved it most (SHAP values), with their criterion scores.
 
@@ -125,9 +123,7 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
     samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
     if not samples:
         raise DataError(f"no sample with id {sample_id!r} in {data}")
-    res = score_with_artifact(ev, samples[:1], llm=llm, base_url=base_url, timeout=timeout,
-                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                              concurrency=concurrency, quiet=quiet)
+    res = score_with_artifact(ev, samples[:1], quiet=quiet, **llm_options)
     expl = explain_samples(ev, res, top=top)[0]
     _print_explanation(ev, samples[0], res, expl)
 

@@ -273,12 +273,10 @@ def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, 
 
 
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
-               explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
-               concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
-               cache_dir: str | None = None, max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               explain: bool = False, top: int = 3, max_failure_rate: float = 0.2,
                max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
-               progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
+               progress: Progress | None = None, notify: Notify = stderr_notify, **llm_options: Any) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
@@ -287,8 +285,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     existing file untouched (a bad line: every bad line of the file listed); finished LLM calls
     are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
-    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply`` (None:
-    the configured default, :mod:`hdeval.config`).
+    information and warnings go to ``notify``; ``llm_options`` are those of ``hdeval apply`` by name
+    (``llm``, ``base_url``, ``concurrency``, ...; None: the configured default, :mod:`hdeval.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones."""
@@ -298,8 +296,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     which = parse_shard(shard) if shard is not None else None
     ev, trust, fmt, size = prepare(
         artifact, input_file, output, explain=explain, max_interval_width=max_interval_width,
-        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify,
-        llm_options=dict(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls))
+        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify, llm_options=llm_options)
     if which is not None and fmt != "jsonl":
         raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
                           f"not {output} (merge-shards writes .csv or .parquet)")
@@ -337,16 +334,13 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
                 if backend is None:
-                    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
-                                                max_retries=max_retries, cache_dir=cache_dir,
-                                                max_calls=max_calls, concurrency=concurrency,
-                                                batch=bool(batch), llm_given=llm_given,
-                                                base_url_given=base_url_given, confirm=confirm, notify=notify)
+                    backend = open_artifact_llm(ev, llm_given=llm_given, base_url_given=base_url_given,
+                                                confirm=confirm, notify=notify, **llm_options)
                 if n_chunks > 1 or k > 1:
                     shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
                     chunk_progress.prefix = f"chunk {k}/{shown}: "
-                rows, res, (f, c, e) = score_rows(ev, samples, backend, concurrency, chunk_progress, trust,
-                                                  explain, top)
+                rows, res, (f, c, e) = score_rows(ev, samples, backend, llm_options.get("concurrency"),
+                                                  chunk_progress, trust, explain, top)
                 if which is not None:
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
