@@ -204,11 +204,6 @@ class ApplyResult:
         return self.failed / self.cells if self.cells else 0.0
 
 
-def check_rate(max_failure_rate: float, option: str) -> None:
-    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
-        raise ConfigError(f"{option} must be between 0 and 1, got {max_failure_rate}")
-
-
 def check_failures(failed: int, cells: int, max_rate: float, example: str | None, option: str) -> None:
     """Too many unreadable LLM-filled cells: no output, since imputed scores would read as real ones."""
     if cells and failed / cells > max_rate:
@@ -263,7 +258,8 @@ def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, 
     """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
     the failure rate, the output and the artifact; (evaluator, row trust, output format, chunk size)."""
     check_llm_options(**llm_options)
-    check_rate(max_failure_rate, rate_option)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"{rate_option} must be between 0 and 1, got {max_failure_rate}")
     check_output(output, [input_file])
     fmt, size = output_format(output), chunk_size()
     ev, trust = load_checked(artifact, explain, max_interval_width, notify)
