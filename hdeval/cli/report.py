@@ -128,10 +128,6 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
     _print_explanation(ev, samples[0], res, expl)
 
 
-def _signed(x: float) -> str:
-    return f"{x:+.3f}"
-
-
 def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> None:
     """Per aspect: prediction, base value, top criteria with SHAP and score, then the rest."""
     click.echo(f"sample {sample.id}  (artifact {ev.path}, aggregator {ev.aggregator.kind}, "
@@ -150,11 +146,11 @@ def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> 
         click.echo(f"  {'criterion':<{width}}  {'score':>6}  {'SHAP':>7}  name")
         for t in e["top"]:
             score = "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
-            click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {_signed(t['shap']):>7}  {t['name']}")
+            click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {t['shap']:>+7.3f}  {t['name']}")
         n_other = len(ev.feature_keys) - len(e["top"])
         if n_other > 0:
-            click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {_signed(e['other_shap']):>7}")
-        click.echo(f"  = base {e['base_value']:.3f} + SHAP {_signed(e['prediction'] - e['base_value'])}"
+            click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {e['other_shap']:>+7.3f}")
+        click.echo(f"  = base {e['base_value']:.3f} + SHAP {e['prediction'] - e['base_value']:+.3f}"
                    f" = {e['prediction']:.3f}")
     if failed:
         click.echo(f"\n{len(failed)} criterion score(s) could not be read and were imputed "

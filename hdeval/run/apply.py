@@ -30,16 +30,10 @@ DEFAULT_CHUNK = 1000
 
 
 def chunk_size() -> int:
-    raw = os.environ.get(CHUNK_ENV, "")
-    if not raw:
-        return DEFAULT_CHUNK
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
+    raw = os.environ.get(CHUNK_ENV) or str(DEFAULT_CHUNK)
+    if not raw.strip().isdecimal() or int(raw) < 1:
         raise ConfigError(f"{CHUNK_ENV} must be a whole number of samples, at least 1; got {raw!r}")
-    return value
+    return int(raw)
 
 
 class _ChunkProgress(Progress):
