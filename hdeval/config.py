@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hdeval.errors import ConfigError
+from hdeval.urls import public_url
 
 # The defaults, in one place: the CLI's options and the Python API read them from here.
 DEFAULT_TIMEOUT = 60.0
@@ -69,6 +70,4 @@ class LLMConfig:
 
     def to_manifest(self) -> dict[str, Any]:
         """What an artifact records: the model and server, never a key or credentials."""
-        from hdeval.urls import public_url
-
         return {"model": self.model, "base_url": public_url(self.base_url)}

@@ -4,15 +4,10 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
 from hdeval.errors import DownloadError
-
-_CHUNK = 64 * 1024
 
 
 def sha256_file(path: str | Path) -> str:
@@ -29,46 +24,35 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
                   hint_404: str = "check the address") -> None:
     """Stream ``url`` into ``out``; raise :class:`DownloadError` unless every byte arrived (and,
     with ``max_bytes``, no more than that many)."""
-    req = urllib.request.Request(url, headers={"User-Agent": user_agent})
+    import httpx2  # here: sha256_file's users (every command) need no HTTP client
+
+    done, total = 0, None
+    # identity: the bytes written are the bytes Content-Length counts (httpx checks that they all came)
+    headers = {"User-Agent": user_agent, "Accept-Encoding": "identity"}
     try:
-        resp = urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise DownloadError(f"{url}: not found (HTTP 404); {hint_404}") from None
-        raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise DownloadError(f"cannot reach {url}: {exc.reason}") from None
-    except TimeoutError:  # socket.timeout too (an alias since 3.10)
-        raise DownloadError(f"{url}: no answer within {timeout:g} s") from None
-    except (ValueError, http.client.HTTPException, OSError) as exc:
+        with httpx2.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as resp:
+            if resp.status_code == 404:
+                raise DownloadError(f"{url}: not found (HTTP 404); {hint_404}")
+            if resp.status_code >= 400:
+                raise DownloadError(f"{url}: HTTP {resp.status_code} {resp.reason_phrase}")
+            length = resp.headers.get("Content-Length", "")
+            total = int(length) if length.isdigit() else None
+            # write errors (disk full) propagate as OSError: not the network's fault, the caller words them
+            with out.open("wb") as fh:
+                for chunk in resp.iter_raw():
+                    if max_bytes is not None and done + len(chunk) > max_bytes:
+                        raise DownloadError(f"{url}: larger than {max_bytes} bytes; refused")
+                    fh.write(chunk)
+                    done += len(chunk)
+                    on_bytes(done, total)
+    except httpx2.ConnectError as exc:
+        raise DownloadError(f"cannot reach {url}: {exc}") from None
+    except httpx2.TimeoutException:
+        what = f"stalled for {timeout:g} s after {done} bytes" if done else f"no answer within {timeout:g} s"
+        raise DownloadError(f"{url}: {what}") from None
+    except httpx2.RemoteProtocolError:  # the peer closed before the whole body came
+        of = f" of {total}" if total is not None else ""
+        raise DownloadError(f"{url}: connection closed after {done}{of} bytes; nothing was written, "
+                            "run the command again") from None
+    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
         raise DownloadError(f"cannot download {url}: {exc}") from None
-    with resp:
-        length = resp.headers.get("Content-Length")
-        total = int(length) if length and length.isdigit() else None
-        done = 0
-        # write errors (disk full) propagate as OSError: not the network's fault, the caller words them
-        with out.open("wb") as fh:
-            while True:
-                try:
-                    # b"" when the peer closes early: a cut-off body is caught by the length check below
-                    chunk = resp.read(_CHUNK)
-                except http.client.IncompleteRead as exc:
-                    raise DownloadError(
-                        f"{url}: connection closed after {done + len(exc.partial)} bytes"
-                        + (f" of {total}" if total is not None else "")
-                        + "; nothing was written, run the command again"
-                    ) from None
-                except TimeoutError:
-                    raise DownloadError(f"{url}: stalled for {timeout:g} s after {done} bytes") from None
-                except (http.client.HTTPException, OSError) as exc:
-                    raise DownloadError(f"{url}: download failed after {done} bytes ({exc})") from None
-                if not chunk:
-                    break
-                if max_bytes is not None and done + len(chunk) > max_bytes:
-                    raise DownloadError(f"{url}: larger than {max_bytes} bytes; refused")
-                fh.write(chunk)
-                done += len(chunk)
-                on_bytes(done, total)
-    if total is not None and done != total:
-        raise DownloadError(f"{url}: connection closed after {done} of {total} bytes; nothing was written, "
-                            "run the command again")

@@ -1,5 +1,5 @@
 """Engine-neutral request files: a run's uncached LLM requests written as OpenAI batch-format JSONL
-(``custom_id`` = the cache key; lines as :mod:`hdeval.backends.request_lines`), and the result
+(``custom_id`` = the cache key; lines as ``OpenAICompatBackend.request_line`` writes them), and the result
 files an engine answers them with read back into the cache.
 
 Result files are untrusted: every line is read with a size bound and checked before anything is
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.request_lines import request_line, result_outcome
+from hdeval.backends.openai_compat import result_outcome
 from hdeval.errors import BudgetExceeded, CacheError, ConfigError, DataError, one_line
 
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
@@ -55,7 +55,7 @@ class RequestExport:
             return
         for k in missing:
             if k not in self.written:
-                self.out.write(request_line(self.cached.inner, k, want[k]))
+                self.out.write(self.cached.inner.request_line(k, want[k]))
                 self.written.add(k)
         raise StageExported(len(missing))
 

@@ -44,6 +44,7 @@ class BatchServer(FaultServer):
         self.polls: dict[str, int] = {}
         self.fail_once: set[str] = set()  # custom_ids answered by an error line (the first time)
         self.malformed_once: set[str] = set()  # custom_ids whose result line is not JSON (first time)
+        self.hollow_once: set[str] = set()  # custom_ids answered 200 with a body that is no completion
         self.expire_first: int | None = None  # the first job expires after this many results
         self.batched: list[str] = []  # every custom_id submitted, in order
         self.default = self._route
@@ -101,6 +102,10 @@ class BatchServer(FaultServer):
             if cid in self.malformed_once:
                 self.malformed_once.discard(cid)
                 out.append('{"custom_id": "' + cid + '", "response": {"status_code": 200, "body": {"choi')
+                continue
+            if cid in self.hollow_once:
+                self.hollow_once.discard(cid)
+                out.append(json.dumps({"custom_id": cid, "response": {"status_code": 200, "body": {"choices": []}}}))
                 continue
             kind = "decompose" if "response_format" in line["body"] else "score"
             completion = self.fake.complete(completion_request(line["body"], kind))
@@ -317,6 +322,22 @@ def test_a_malformed_result_line_is_a_recorded_failure_not_a_crash(toy, server: 
     assert any(m.startswith("1 requests still have no batch result") and "normal API" in m for m in messages)
     assert server.chat_kinds() == {"score"} and len(server.log) == 1  # that one request, the normal way
     assert ev.metrics["usage"]["calls"] == 72
+
+
+def test_a_result_body_that_is_no_chat_completion_is_that_requests_failure(toy, server: BatchServer,
+                                                                           tmp_path: Path) -> None:
+    _api_train(toy, server, tmp_path / "ref")
+    server.hollow_once = {list(server.batched)[0]}
+    messages: list[str] = []
+
+    class Record(batch_mod.Progress):
+        def message(self, text: str) -> None:
+            messages.append(text)
+
+    ev = _api_train(toy, server, tmp_path / "c", progress=Record())
+    assert any(m.startswith("1 of 72 requests have no batch result (1 x output file line")
+               and "not a chat completion" in m for m in messages), messages
+    assert ev.metrics["usage"]["calls"] == 72 and not server.log  # the resubmission answered it
 
 
 # -- the jobs file is untrusted -------------------------------------------------------------------

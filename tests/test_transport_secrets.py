@@ -44,7 +44,7 @@ def secret_free(text: str, *secrets: str) -> None:
         assert s not in text, f"{s!r} in {text!r}"
 
 
-@pytest.mark.parametrize("bad", ["\r", "\n", "\x00", "\x1b", " \t"])
+@pytest.mark.parametrize("bad", ["\r", "\n", "\x00", "\x1b", " \t", "\u00e9"])
 def test_a_key_with_a_control_character_is_refused_at_once_without_quoting_it(server: LLMServer, bad: str) -> None:
     with pytest.raises(ConfigError) as err:
         OpenAICompatBackend("m", base_url=server.url, api_key=KEY + bad)

@@ -11,23 +11,22 @@ import dataclasses
 import fcntl
 import json
 import os
-import random
 import re
 import tempfile
 import time
-from contextlib import contextmanager
+import contextlib
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import httpx2
 import openai
 
-from hdeval.backends.base import Backend, Completion, CompletionRequest
+from hdeval import aio
+from hdeval.backends.base import Backend, Completion, CompletionRequest, chat_completion
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, OpenAICompatBackend, ReplyTooLarge, _deadline, _error_detail, _Transient,
-    retry_after_seconds,
+    _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
+    result_outcome, retry_after_seconds, retry_policy,
 )
-from hdeval.backends.request_lines import ENDPOINT, request_line as _line, result_outcome
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
 from hdeval.progress import Progress
@@ -73,16 +72,17 @@ def _check_id(value: Any, what: str) -> str:
 
 
 class BatchAPI:
-    """``/v1/files`` and ``/v1/batches`` through the SDK's resources, on the LLM loop. Replies are
-    read raw and bounded, then parsed here; transient failures are retried ``max_retries`` times
-    with capped backoff; anything else is a one-line :class:`BackendError`."""
+    """``/v1/files`` and ``/v1/batches`` through the SDK's resources, on the LLM loop. JSON replies
+    are read raw (bounded by the client) and parsed here; transient failures are retried
+    ``max_retries`` times on the chat path's policy; anything else is a one-line :class:`BackendError`."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = DEFAULT_TIMEOUT,
                  max_retries: int = DEFAULT_MAX_RETRIES, backoff_base: float = 0.5,
                  backoff_cap: float = 30.0) -> None:
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
-        self._sdk = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
+        self._sdk = server.sdk_client(max_reply_bytes=MAX_REPLY_BYTES, socket_timeout=timeout)
+        self._files = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
         self._redact = server._redact  # the key, and the URL's credentials and query
         self.display_url = server.shown_url
         self.timeout = timeout
@@ -93,34 +93,33 @@ class BatchAPI:
 
     def close(self) -> None:
         if self._used:
-            from hdeval import aio
-
             self._used = False
             aio.run(self._sdk.close())
+            aio.run(self._files.close())
 
     async def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""
-        reply = await self._json("POST", "files", lambda api: api.files.with_streaming_response.create(
+        reply = await self._json("POST", "files", lambda api: api.files.with_raw_response.create(
             file=(name, jsonl, "application/jsonl"), purpose="batch"))
         return _check_id(reply.get("id"), "file id")
 
     async def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
         """Create one batch job (tried once: a retry could create a second paid job; the
         caller looks for the job by its input file instead)."""
-        return await self._json("POST", "batches", lambda api: api.batches.with_streaming_response.create(
-            input_file_id=input_file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW,
+        return await self._json("POST", "batches", lambda api: api.batches.with_raw_response.create(
+            input_file_id=input_file_id, endpoint=BATCH_ENDPOINT, completion_window=COMPLETION_WINDOW,
             metadata=metadata), retries=0)
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         batch_id = _check_id(batch_id, "batch id")
         return await self._json("GET", f"batches/{batch_id}",
-                                lambda api: api.batches.with_streaming_response.retrieve(batch_id))
+                                lambda api: api.batches.with_raw_response.retrieve(batch_id))
 
     async def find(self, input_file_id: str) -> dict[str, Any] | None:
         """The job whose input is ``input_file_id``, if the server lists one."""
         after: str | None = None
         for _ in range(MAX_LIST_PAGES):
-            page = await self._json("GET", "batches", lambda api: api.batches.with_streaming_response.list(
+            page = await self._json("GET", "batches", lambda api: api.batches.with_raw_response.list(
                 limit=100, **({"after": after} if after else {})))
             data = page.get("data")
             if not isinstance(data, list):
@@ -135,87 +134,73 @@ class BatchAPI:
         return None
 
     async def download(self, file_id: str, dest: Path) -> None:
-        """A file's content into ``dest`` (at most MAX_RESULT_BYTES: the client's bound)."""
+        """A file's content into ``dest`` (at most MAX_RESULT_BYTES: the files client's bound)."""
         file_id = _check_id(file_id, "file id")
 
-        async def read(response: Any) -> None:
-            with open(dest, "wb") as fh:
-                async for chunk in response.iter_bytes():
-                    fh.write(chunk)
+        async def read() -> None:
+            async with self._files.files.with_streaming_response.content(file_id) as response:
+                with open(dest, "wb") as fh:
+                    async for chunk in response.iter_bytes():
+                        fh.write(chunk)
 
-        await self._request("GET", f"files/{file_id}/content",
-                            lambda api: api.files.with_streaming_response.content(file_id), read,
+        await self._request("GET", f"files/{file_id}/content", read, MAX_RESULT_BYTES,
                             seconds=max(self.timeout, DOWNLOAD_SECONDS))
 
-    async def _json(self, method: str, path: str, send: Callable[[Any], Any],
+    async def _json(self, method: str, path: str, send: Callable[[Any], Awaitable[Any]],
                     retries: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-
-        async def read(response: Any) -> None:
-            chunks, size = [], 0
-            async for chunk in response.iter_bytes():
-                size += len(chunk)
-                if size > MAX_REPLY_BYTES:
-                    raise _Transient(f"a reply larger than {MAX_REPLY_BYTES // 1024} KB")
-                chunks.append(chunk)
+        async def read() -> dict[str, Any]:
+            raw = await send(self._sdk)
             try:
-                parsed = json.loads(b"".join(chunks))
+                parsed = json.loads(raw.http_response.content)
             except (ValueError, RecursionError):
                 raise _Transient("a reply that is not JSON") from None
             if not isinstance(parsed, dict):
                 raise _Transient("a reply that is not a JSON object")
-            out.update(parsed)
+            return parsed
 
-        await self._request(method, path, send, read, retries=retries)
-        return out
+        return await self._request(method, path, read, MAX_REPLY_BYTES, retries=retries)
 
-    async def _request(self, method: str, path: str, send: Callable[[Any], Any],
-                       read: Callable[[Any], Awaitable[None]], *, retries: int | None = None,
-                       seconds: float | None = None) -> None:
-        """``send(sdk)`` (a streaming-response context), its reply ``read`` within ``seconds``."""
+    async def _request(self, method: str, path: str, read: Callable[[], Awaitable[Any]], cap: int, *,
+                       retries: int | None = None, seconds: float | None = None) -> Any:
+        """``read()`` (a request and its reply, bounded at ``cap`` bytes) within ``seconds``."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
         self._used = True
-        for attempt in range(retries + 1):
-            wait: float | None = None
+
+        async def attempt() -> Any:
             try:
-                async with _deadline(seconds):
-                    async with send(self._sdk) as response:
-                        await read(response)
-                return
+                return await _within(seconds, read())
             except (asyncio.TimeoutError, openai.APITimeoutError):
-                problem = f"no complete reply within the {seconds:g}s timeout"
+                raise _Transient(f"no complete reply within the {seconds:g}s timeout") from None
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if 300 <= status < 400:
                     raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
                                        "follow redirects: give the final address as --base-url") from None
-                detail = _error_detail(status, exc.response.content)[1]
+                detail = _error_detail(status, exc.body)[1]
                 if not (status >= 500 or status in _RETRY_STATUSES):
                     hint = ("; does this server offer the Batch API? run without --batch"
                             if status in (404, 405) and not path.startswith("batches/") else "")
                     raise BackendError(self._redact(
                         f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")) from None
                 wait = retry_after_seconds(exc.response.headers)
-                problem = f"HTTP {status}: {detail}"
-            except _Transient as exc:
-                problem = exc.args[0]
+                raise _Transient(f"HTTP {status}: {detail}", retry_after=wait) from None
             except (openai.APIConnectionError, httpx2.TransportError) as exc:
                 # the SDK wraps what fails while sending; a streamed body fails while read, unwrapped
                 cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
                 if isinstance(cause, ReplyTooLarge):
-                    problem = f"a reply larger than {MAX_RESULT_BYTES // 2**20} MB"
-                else:
-                    problem = one_line(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc))
-            if attempt >= retries:
-                raise BackendError(self._redact(
-                    f"the Batch API ({where}) kept failing after {attempt + 1} attempt(s), last: {problem}; "
-                    "every finished result is cached and the jobs are kept in the cache directory, so "
-                    "rerunning the same command resumes"))
-            if wait is None:
-                wait = self.backoff_base * 2.0 ** min(attempt, 32) + random.uniform(0, self.backoff_base)
-            await asyncio.sleep(min(wait, self.backoff_cap))
+                    raise _Transient(f"a reply larger than {cap // 1024} KB") from None
+                what = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+                raise _Transient(one_line(what)) from None
+
+        try:
+            return await retry_policy(retries, self.backoff_base, self.backoff_cap)(attempt)
+        except _Transient as last:
+            raise BackendError(self._redact(
+                f"the Batch API ({where}) kept failing after {retries + 1} attempt(s), last: {last}; "
+                "every finished result is cached and the jobs are kept in the cache directory, so "
+                "rerunning the same command resumes")) from None
 
 
 @dataclasses.dataclass
@@ -288,7 +273,7 @@ def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
             os.unlink(tmp)
 
 
-@contextmanager
+@contextlib.contextmanager
 def batch_lock(cache_dir: Path) -> Iterator[Path]:
     """Hold the exclusive ``flock`` on ``<cache_dir>/batches.lock`` (not waiting), so two runs
     sharing a cache directory never submit the same requests twice; the system releases it when
@@ -445,7 +430,7 @@ class BatchStrategy:
 
     async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
         jobs = []
-        for chunk in _chunks([(k, _line(self.inner, k, r)) for k, r in items]):
+        for chunk in _chunks([(k, self.inner.request_line(k, r)) for k, r in items]):
             keys = [k for k, _ in chunk]
             file_id = await self.api.upload(b"".join(line for _, line in chunk))
             job = Job(self.identity, file_id, keys)
@@ -458,23 +443,17 @@ class BatchStrategy:
     async def _create(self, job: Job, look_first: bool = True) -> None:
         """Create ``job``'s batch, or adopt the one an earlier attempt or a killed process created."""
         meta = {"hdeval": "1", "requests": str(len(job.keys))}
-        for attempt in range(self.api.max_retries + 1):
-            found = None
-            if attempt or look_first:
-                try:
-                    found = await self.api.find(job.input_file_id)
-                except BackendError:  # a server that cannot list its jobs: none to adopt
-                    found = None
-            try:
+        async for attempt in retry_policy(self.api.max_retries, self.api.backoff_base, self.api.backoff_cap,
+                                          on=BackendError):
+            with attempt:
+                found = None
+                if look_first or attempt.retry_state.attempt_number > 1:
+                    # a server that cannot list its jobs: none to adopt
+                    with contextlib.suppress(BackendError):
+                        found = await self.api.find(job.input_file_id)
                 made = found or await self.api.create(job.input_file_id, meta)
-            except BackendError:
-                if attempt >= self.api.max_retries:
-                    raise
-                await asyncio.sleep(min(self.api.backoff_base * 2.0 ** attempt, self.api.backoff_cap))
-                continue
-            job.id = _check_id(made.get("id"), "batch id")
-            self._record(job)
-            return
+        job.id = _check_id(made.get("id"), "batch id")
+        self._record(job)
 
     def _record(self, job: Job, drop: bool = False) -> None:
         """Add, update or (``drop``) remove one job in ``batches.json``."""
@@ -561,12 +540,10 @@ class BatchStrategy:
             self._failures[key] = why if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
-        try:
-            completion = self.inner._parse(json.dumps(body).encode(), request is None or bool(request.top_logprobs))
-        except Exception as exc:  # the backend's parse failure: this request's, recorded
-            self._failures[key] = f"{where}: {one_line(str(exc))[:120] or 'not a chat completion'}"
-            return None
-        self._save(key, completion)
+        try:  # the reader of a normal call's reply
+            self._save(key, chat_completion(body, request is None or bool(request.top_logprobs)))
+        except (ValueError, RecursionError):  # this request's failure, recorded
+            self._failures[key] = f"{where}: not a chat completion"
         return None
 
 

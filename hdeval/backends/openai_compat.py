@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import email.utils
 import json
 import logging
@@ -18,14 +17,14 @@ import re
 import time
 import urllib.request
 import zlib
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from hdeval import __version__
+from hdeval import __version__, aio
 from hdeval.backends.base import Completion, CompletionRequest, chat_completion
 from hdeval.backends.constraints import constraint_of, to_openai_params
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
@@ -42,6 +41,7 @@ MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this
 # Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
 KIND_HEADER = "X-Hdeval-Kind"
 KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
+BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request line
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
@@ -106,16 +106,24 @@ def retry_wait(attempt: int, retry_after: float | None, base: float, cap: float)
     return min(max(retry_after, backoff), RETRY_AFTER_CAP)
 
 
+def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
+                 on: type[Exception] = _Transient) -> AsyncRetrying:
+    """Retry failures ``on`` until ``stop`` (a tenacity stop or an int of retries), waiting
+    :func:`retry_wait`; the last failure is raised as it is."""
+
+    def wait(state: Any) -> float:
+        exc = state.outcome.exception()
+        return retry_wait(state.attempt_number, getattr(exc, "retry_after", None), base, cap)
+
+    return AsyncRetrying(stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop, wait=wait,
+                         retry=retry_if_exception_type(on), reraise=True, before_sleep=before_sleep)
+
+
 def _display_url(url: str) -> str:
     """The URL without user:password or a trailing slash, query kept: the identity (and so the
-    cache key) names it, so it must stay as it always was."""
+    cache key) names it, so it must stay as it always was. ``url`` passed :func:`_check_url`."""
     parts = urlsplit(url.strip())
-    if "@" in parts.netloc:
-        netloc = parts.netloc.rpartition("@")[2]
-    elif "@" in url:
-        return f"{parts.scheme}://***@{url.rpartition('@')[2]}".rstrip("/")
-    else:
-        netloc = parts.netloc
+    netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
 
 
@@ -144,12 +152,10 @@ def _check_url(url: str) -> None:
 
 def check_key(key: str) -> None:
     """Refuse, without quoting it, a key that cannot go in a header (a ``.env`` with Windows line ends)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character, such as the line end "
-                          "of a file saved with Windows line ends: set it to the key alone")
-    if not key.isascii():
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a character that is not ASCII: set it to the "
-                          "key alone")
+    if not key.isascii() or not key.isprintable():
+        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character or one that is not "
+                          "ASCII, such as the line end of a file saved with Windows line ends: set it to "
+                          "the key alone")
 
 
 def _basic(user: str | None, password: str | None) -> str:
@@ -398,8 +404,6 @@ class OpenAICompatBackend:
 
     def complete(self, request: CompletionRequest) -> Completion:
         """:meth:`acomplete`, waited for."""
-        from hdeval import aio
-
         return aio.run(self.acomplete(request))
 
     async def acomplete(self, request: CompletionRequest) -> Completion:
@@ -417,8 +421,6 @@ class OpenAICompatBackend:
     def close(self) -> None:
         """Close the SDK clients' connections."""
         if self._sdks:
-            from hdeval import aio
-
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
@@ -443,24 +445,24 @@ class OpenAICompatBackend:
         params.update(to_openai_params(constraint_of(request), self.schema_supported))
         return params
 
+    def request_line(self, key: str, request: CompletionRequest) -> bytes:
+        """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
+        sends (its X-Hdeval-Kind header apart), under ``custom_id`` = the cache key."""
+        body = self._params(request, bool(request.top_logprobs) and self.logprobs_supported)
+        return (json.dumps({"custom_id": key, "method": "POST", "url": BATCH_ENDPOINT, "body": body},
+                           ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
         # built once, sent as is by every attempt
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         headers = {KIND_HEADER: request.kind} if self._send_kind and request.kind else {}
-        malformed, attempts = [0], [0]
+        malformed = [0]
 
         def stop(state: Any) -> bool:
-            exc = state.outcome.exception()
-            malformed[0] += bool(getattr(exc, "malformed", False))
-            attempts[0] = state.attempt_number
+            malformed[0] += bool(getattr(state.outcome.exception(), "malformed", False))
             return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
-
-        def wait(state: Any) -> float:
-            exc = state.outcome.exception()
-            return retry_wait(state.attempt_number, getattr(exc, "retry_after", None), self.backoff_base,
-                              self.backoff_cap)
 
         def before_sleep(state: Any) -> None:
             log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, state.next_action.sleep,
@@ -478,12 +480,12 @@ class OpenAICompatBackend:
                 raise first.pop()
             return await self._attempt(body, headers, logprobs, schema_sent)
 
-        retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception_type(_Transient), reraise=True,
-                                 before_sleep=before_sleep)
+        retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
             return await retrying(attempt)
         except _Transient as last:
-            tries = f"{attempts[0]} attempt{'s' if attempts[0] != 1 else ''}"
+            n = retrying.statistics["attempt_number"]
+            tries = f"{n} attempt{'s' if n != 1 else ''}"
             if last.unreachable and self._proxy is not None:
                 msg = (f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
                        f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
@@ -505,14 +507,14 @@ class OpenAICompatBackend:
             sdk = self.sdk_client()
             self._sdks.append(sdk)
         try:
-            async with _deadline(self.timeout):
-                response = await sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
-                                          options={"headers": dict(headers)} if headers else {})
+            post = sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
+                            options={"headers": dict(headers)} if headers else {})
+            response = await _within(self.timeout, post)
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.response.headers, exc.response.content, logprobs,
+            raise self._status_error(exc.status_code, exc.response.headers, exc.body, logprobs,
                                      schema_sent) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
@@ -527,7 +529,7 @@ class OpenAICompatBackend:
             self._idle.append(sdk)
         return self._parse(data, logprobs)
 
-    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, logprobs: bool,
+    def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
         """An HTTP error as a retryable fault, a fallback, this one request's rejection, or a BackendError."""
         if 300 <= status < 400:
@@ -568,31 +570,32 @@ class OpenAICompatBackend:
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
 
 
-if hasattr(asyncio, "timeout"):
-    _deadline = asyncio.timeout
-else:  # Python 3.10: the same bound, one task more per call
-    @contextlib.asynccontextmanager
-    async def _deadline(seconds: float) -> AsyncIterator[None]:
-        task = asyncio.current_task()
-        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)  # type: ignore[union-attr]
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise asyncio.TimeoutError() from None
-        finally:
-            handle.cancel()
+async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
+    """``aw`` bounded as a whole; asyncio.TimeoutError past ``seconds``."""
+    if not hasattr(asyncio, "timeout"):  # Python 3.10: the same bound, one task more per call
+        return await asyncio.wait_for(aw, seconds)
+    async with asyncio.timeout(seconds):
+        return await aw
 
 
-def _error_detail(status: int, body: bytes) -> tuple[Any, str]:
-    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of it."""
-    text = body.decode("utf-8", "replace").strip()
-    error: Any = text
-    try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError):
-        pass
-    else:
-        error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+def result_outcome(row: Any) -> tuple[dict | None, str | None]:
+    """(chat completion body, None) for a successful batch-format result row; (None, why) otherwise."""
+    response = row.get("response") if isinstance(row, dict) else None
+    code = response.get("status_code") if isinstance(response, dict) else None
+    body = response.get("body") if isinstance(response, dict) else None
+    if code == 200 and isinstance(body, dict):
+        return body, None
+    err = row.get("error") if isinstance(row, dict) and isinstance(row.get("error"), dict) else None
+    if err is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+    msg = one_line(str(err.get("message") or err.get("code") or "")) if err else ""
+    return None, (f"HTTP {one_line(str(code))[:40]}: {msg}" if code else (msg or "no response"))
+
+
+def _error_detail(status: int, body: Any) -> tuple[Any, str]:
+    """The error an error body carries (its JSON ``error``, the JSON, or the text), and one line of
+    it; ``body``: the SDK's parse of the (bounded) body, ``APIStatusError.body``."""
+    error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         msg = error.get("message")
         if msg:
