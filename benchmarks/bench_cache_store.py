@@ -17,6 +17,7 @@ SummEval artifact asks 4 criteria per sample).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import random
@@ -42,11 +43,11 @@ PER_SAMPLE = 4
 
 def entries(n: int) -> list[tuple[str, bytes]]:
     fake = FakeBackend(record=False)
-    req = CompletionRequest((Message("user", "x"),), top_logprobs=5, kind="score")
     out = []
     for i in range(n):
         prompt = f"<sample>sample {i} " + "word " * (i % 97) + f"</sample> criterion {i % 4}"
-        reply = score_reply(fake, prompt, req, 300 + i % 200)
+        req = CompletionRequest((Message("user", prompt),), top_logprobs=5, kind="score")
+        reply = dataclasses.replace(score_reply(req, fake), prompt_tokens=300 + i % 200)
         out.append((hashlib.sha256(prompt.encode()).hexdigest(), encode_completion(reply)))
     return out
 

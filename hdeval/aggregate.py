@@ -338,12 +338,9 @@ def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, gro
     done = iter(run_jobs(calls, n_jobs))
     out = []
     for fs in folds:
-        pred: np.ndarray | None = None
-        for _, va in fs:
-            p = np.asarray(next(done))
-            if pred is None:
-                pred = np.zeros((len(X), *p.shape[1:]), dtype=p.dtype)
-            pred[va] = p
+        parts = [np.asarray(next(done)) for _ in fs]
+        pred = np.zeros((len(X), *parts[0].shape[1:]), dtype=parts[0].dtype)
+        pred[np.concatenate([va for _, va in fs])] = np.concatenate(parts)
         out.append(pred)
     return out
 
@@ -357,15 +354,6 @@ def cross_val_predictions(template: Aggregator, X: np.ndarray, Y: np.ndarray, gr
 def _grid_name(point: dict[str, Any]) -> str:
     hidden = "x".join(str(h) for h in point["hidden_layer_sizes"])
     return f"alpha={point['alpha']:g},hidden={hidden}"
-
-
-def select_kind(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS
-) -> tuple[str, dict[str, float]]:
-    """``--aggregator auto``: the kind with the best cross-validated mean Spearman (``nn``
-    scored with its tuned hyper-parameters)."""
-    best, scores, _, _ = select_cv(template, X, Y, groups, kinds)
-    return best.kind, scores
 
 
 def select_cv(

@@ -1,7 +1,7 @@
 """The one LLM client (:class:`CachedBackend`) and the reply cache it owns.
 
 Raw completions are stored, never parsed scores, so a parser fix costs no new calls. Replies go
-to a compact SQLite table (:class:`ReplyTable`); diskcache's file is still read for replies an
+to a compact SQLite table (:class:`ReplyStore`'s); diskcache's file is still read for replies an
 older hdeval stored there. One writer commits a reply before its call returns, so a SIGKILL
 loses at most the commit in progress. The cache directory is untrusted: keys and values are
 plain data only, never pickled; an entry hdeval cannot use is a miss plus a
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -25,7 +26,7 @@ import warnings
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -35,14 +36,13 @@ import diskcache
 from diskcache.core import MODE_RAW, MODE_TEXT
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.cache_guard import (DATABASES, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _move_aside, _reason,
-                                refuse_foreign_schema, ro_connect, storage_error)
+from hdeval.cache_guard import (DATABASES, DBNAME, TABLE_DBNAME, TABLE_SQL, CacheCorrupted, _kind, _reason,
+                                read_only, refuse_foreign_schema, storage_error)
 from hdeval.config import DEFAULT_CONCURRENCY
 from hdeval.errors import BudgetExceeded, CacheError, ConfigError, RequestRejected, RetriesExhausted
 from hdeval.progress import Progress
 
 CACHE_SCHEMA = 1
-DBNAME = "cache.db"
 # A cached completion is a few KB; anything larger is not one of ours (and is not read or parsed).
 MAX_ENTRY_CHARS = 4 * 2**20
 # a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
@@ -68,8 +68,6 @@ _DOUBLE = struct.Struct("<d")
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 # diskcache's own value-file names: two levels of hex directories, then 28 hex digits
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val\Z")
-# What diskcache itself keeps in the Settings table; anything else was not written by it
-_KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
 # Every setting is ours, whatever an existing database says (diskcache applies stored
 # ``sqlite_*`` settings as PRAGMAs); no eviction: the replies past diskcache's 1 GB were paid for
 # (and hdeval never sets an expiry). The store is read one key at a time: no memory map and a
@@ -157,118 +155,6 @@ class JSONDisk(diskcache.Disk):
         super().remove(file_path)
 
 
-class ReplyTable:
-    """The compact reply table (``replies.db``): a request hash's 32 bytes ->
-    :func:`encode_completion`'s bytes, as diskcache's row schema alone costs more than a reply.
-    SQLite in WAL mode, safe for several processes on one host; values read with bounds."""
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self._lock = threading.RLock()  # one connection, used by the store's thread and close()
-        self._con: sqlite3.Connection | None = None
-        self._connect()
-        _TABLES.add(self)
-
-    def _after_fork(self) -> None:
-        """In a forked child: its own lock (a parent's thread may hold this one) and connection.
-        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
-        self._lock = threading.RLock()
-        if self._con is not None:
-            _INHERITED.append(self._con)
-            self._con = None
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._con is not None:
-            return self._con
-        try:
-            con = sqlite3.connect(self.directory / TABLE_DBNAME, timeout=60, isolation_level=None,
-                                  check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        try:
-            # as _STORE_SETTINGS; synchronous NORMAL keeps every commit through a process kill
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
-                con.execute(f"PRAGMA {pragma}")
-            con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
-        except sqlite3.Error as exc:
-            con.close()
-            raise self._error(exc) from None
-        self._con = con
-        return con
-
-    def _error(self, exc: BaseException, writing: bool = False) -> BaseException:
-        if _kind(exc) == "busy":
-            return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
-        return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
-
-    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
-        with self._lock:
-            try:
-                return self._connect().execute(sql, args).fetchone()
-            except sqlite3.Error as exc:
-                raise self._error(exc, writing) from None
-
-    def get(self, key: str) -> str | None:
-        """The JSON text of ``key``'s reply, None if absent; :class:`UnreadableEntry` if unusable."""
-        row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
-        return None if row is None else table_value(*row)
-
-    def __contains__(self, key: str) -> bool:
-        return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
-
-    def set(self, key: str, value: bytes) -> None:
-        if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
-            raise TypeError("hdeval cache values are compact replies (encode_completion)")
-        if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
-            size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
-            if size > MAX_ENTRY_CHARS:
-                raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
-        self._run("INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)", (bytes.fromhex(key), value), True)
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        with self._lock:
-            if self.in_transaction():
-                yield  # nested: the outer one commits
-                return
-            self._run("BEGIN IMMEDIATE", writing=True)
-            try:
-                yield
-                self._run("COMMIT", writing=True)
-            except BaseException:
-                # a failed COMMIT (a full disk) can leave the transaction open: end it
-                if self.in_transaction():
-                    self._con.rollback()
-                raise
-
-    def in_transaction(self) -> bool:
-        return self._con is not None and self._con.in_transaction
-
-    def count(self) -> int:
-        return int(self._run("SELECT count(*) FROM reply")[0])
-
-    def volume(self) -> int:
-        return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0])
-
-    def clear(self) -> int:
-        with self._lock:
-            n = self.count()
-            self._run("DELETE FROM reply", writing=True)
-            return n
-
-    def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
-
-
-_TABLES: "weakref.WeakSet[ReplyTable]" = weakref.WeakSet()
-_INHERITED: list[sqlite3.Connection] = []  # connections of a parent process, kept open (see _after_fork)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: [t._after_fork() for t in list(_TABLES)])
-
-
 def table_value(value: Any, length: Any = None) -> str:
     """The JSON text of one value of the reply table, read with bounds; :class:`UnreadableEntry`
     otherwise (``value`` None: longer than MAX_ENTRY_CHARS, so not read)."""
@@ -280,23 +166,77 @@ def table_value(value: Any, length: Any = None) -> str:
 
 
 class ReplyStore(diskcache.Cache):
-    """The store hdeval opens (:func:`open_store`): a reply is written to :class:`ReplyTable`
-    (``table``) and looked up there first, then in diskcache's rows, where an older hdeval stored
-    it (never rewritten in place: that hdeval can still read them), so a rerun pays nothing."""
+    """The store hdeval opens (:func:`open_store`). A reply is written to the compact reply table
+    (``replies.db``: a request hash's 32 bytes -> :func:`encode_completion`'s bytes, as diskcache's
+    row schema alone costs more than a reply; SQLite in WAL mode, safe for several processes on
+    one host) and looked up there first, then in diskcache's rows, where an older hdeval stored it
+    (never rewritten in place: that hdeval can still read them), so a rerun pays nothing."""
 
-    legacy = False  # set by open_store: the database held text keys when opened
-    old = False  # set by open_store: diskcache's rows held any entry when opened
-    table: ReplyTable
-    _pending: list[str]  # keys written in the table's open transaction whose old rows go once it commits
+    _table: sqlite3.Connection | None = None  # the reply table's one connection
+
+    def __init__(self, directory: Path, legacy: bool):
+        super().__init__(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        self.legacy = legacy  # diskcache's rows held text keys when opened
+        self._lock = threading.RLock()  # the table's connection: the store's thread and close() use it
+        self._pending: list[str] = []  # keys written in the open transaction: their old rows go at commit
+        try:
+            self._connect()
+            self.old = super().__len__() > 0  # diskcache's rows held any entry when opened
+        except BaseException:
+            super().close()
+            raise
+        _STORES.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: its own lock (a parent's thread may hold this one) and connection.
+        The parent's is kept, never used (SQLite forbids it) nor closed (that could undo its locks)."""
+        self._lock = threading.RLock()
+        if self._table is not None:
+            _INHERITED.append(self._table)
+            self._table = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._table is not None:
+            return self._table
+        try:
+            con = sqlite3.connect(Path(self.directory) / TABLE_DBNAME, timeout=60, isolation_level=None,
+                                  check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            # as _STORE_SETTINGS; synchronous NORMAL keeps every commit through a process kill
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "mmap_size=0", f"cache_size=-{2**12}"):
+                con.execute(f"PRAGMA {pragma}")
+            con.execute(TABLE_SQL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+        except sqlite3.Error as exc:
+            con.close()
+            raise self._error(exc) from None
+        self._table = con
+        return con
+
+    def _error(self, exc: BaseException, writing: bool = False) -> BaseException:
+        if _kind(exc) == "busy":
+            return diskcache.Timeout(str(exc))  # as diskcache raises it: the writer's path for a held lock
+        return storage_error(self.directory, exc, writing, name=TABLE_DBNAME)
+
+    def _run(self, sql: str, args: tuple = (), writing: bool = False) -> Any:
+        """One statement on the reply table; its first row."""
+        with self._lock:
+            try:
+                return self._connect().execute(sql, args).fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(exc, writing) from None
 
     def _old_keys(self, key: str) -> tuple:
         """``key`` as diskcache's rows may hold it: 32 bytes, or hex text in an older database."""
         return (key, LegacyKey(key)) if self.legacy else (key,)
 
     def get(self, key: Any, default: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """The JSON text of ``key``'s reply, ``default`` if absent; :class:`UnreadableEntry` if unusable."""
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().get(key, default, *args, **kwargs)
-        got = self.table.get(key)
+        row = self._run(TABLE_LOOKUP, (MAX_ENTRY_CHARS, bytes.fromhex(key)))
+        got = None if row is None else table_value(*row)
         for old in self._old_keys(key):
             if got is not None:
                 break
@@ -312,31 +252,48 @@ class ReplyStore(diskcache.Cache):
     def __contains__(self, key: Any) -> bool:
         if type(key) is not str or not _KEY.match(key):
             return super().__contains__(key)
-        return key in self.table or any(diskcache.Cache.__contains__(self, k) for k in self._old_keys(key))
+        return (self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
+                or any(super(ReplyStore, self).__contains__(k) for k in self._old_keys(key)))
 
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
         if args or kwargs or type(key) is not str or not _KEY.match(key):
             return super().set(key, value, *args, **kwargs)
+        if type(value) is not bytes or not value.startswith((VALUE_MAGIC, VALUE_MAGIC_PACKED)):
+            raise TypeError("hdeval cache values are compact replies (encode_completion)")
+        if len(value) > 1024:  # a long reply: its expanded size is what the cap is about
+            size = len(expand_value(value)) if len(value) <= MAX_ENTRY_CHARS else len(value)
+            if size > MAX_ENTRY_CHARS:
+                raise EntryTooLarge(f"a completion of {size} characters is too large to cache")
         with self.transact():
-            self.table.set(key, value)
+            sql = "INSERT OR REPLACE INTO reply (key, value) VALUES (?, ?)"
+            self._run(sql, (bytes.fromhex(key), value), True)
             if self.old:
                 # a request is stored again only when its entry could not be used (a damaged or
                 # planted one): the fresh reply replaces it, once the table has committed it
                 self._pending.append(key)
         return True
 
+    def in_transaction(self) -> bool:
+        return self._table is not None and self._table.in_transaction
+
     @contextmanager
     def transact(self, retry: bool = False) -> Iterator[None]:
         """One transaction of the reply table (where every reply is written)."""
-        outer = not self.table.in_transaction()
-        try:
-            with self.table.transaction():
+        with self._lock:
+            if self.in_transaction():
+                yield  # nested: the outer one commits
+                return
+            self._run("BEGIN IMMEDIATE", writing=True)
+            try:
                 yield
-        except BaseException:
-            if outer:
+                self._run("COMMIT", writing=True)
+            except BaseException:
                 self._pending.clear()  # rolled back: those replies were not written
-            raise
-        if outer and self._pending:
+                # a failed COMMIT (a full disk) can leave the transaction open: end it
+                if self.in_transaction():
+                    self._table.rollback()
+                raise
+        if self._pending:
             keys, self._pending = self._pending, []
             with super().transact():
                 for key in keys:
@@ -344,19 +301,30 @@ class ReplyStore(diskcache.Cache):
                         super().delete(k)
 
     def __len__(self) -> int:
-        return self.table.count() + super().__len__()
+        return int(self._run("SELECT count(*) FROM reply")[0]) + super().__len__()
 
     def volume(self) -> int:
-        return self.table.volume() + super().volume()
+        return int(self._run("PRAGMA page_count")[0] * self._run("PRAGMA page_size")[0]) + super().volume()
 
     def clear(self, retry: bool = False) -> int:
-        return self.table.clear() + super().clear(retry=retry)
+        with self._lock:
+            n = int(self._run("SELECT count(*) FROM reply")[0])
+            self._run("DELETE FROM reply", writing=True)
+        return n + super().clear(retry=retry)
 
     def close(self) -> None:
-        table = getattr(self, "table", None)  # diskcache closes itself while opening, too
-        if table is not None:
-            table.close()
+        if hasattr(self, "_lock"):  # diskcache closes itself while opening, too
+            with self._lock:
+                if self._table is not None:
+                    self._table.close()
+                    self._table = None
         super().close()
+
+
+_STORES: "weakref.WeakSet[ReplyStore]" = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # connections of a parent process, kept open (see _after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: [t._after_fork() for t in list(_STORES)])
 
 
 def _value_path(directory: str | Path, filename: Any) -> str:
@@ -423,56 +391,51 @@ def _pack(d: dict[str, Any]) -> bytes | None:
     return head + (b"" if flags & _TEXT_IS_TOP else _utf8(d["text"])) + bytes(body)
 
 
-class _Reader:
-    """Bounded reading of a VALUE_MAGIC_PACKED blob: every read is checked against its end."""
+def _take(r: io.BytesIO, n: int) -> bytes:
+    """The next ``n`` bytes of a VALUE_MAGIC_PACKED blob, checked against its end."""
+    got = r.read(n)
+    if len(got) < n:
+        raise UnreadableEntry("its packed value is cut short")
+    return got
 
-    def __init__(self, blob: bytes):
-        self.blob, self.at = blob, len(VALUE_MAGIC_PACKED)
 
-    def take(self, n: int) -> bytes:
-        if n > len(self.blob) - self.at:
-            raise UnreadableEntry("its packed value is cut short")
-        got = self.blob[self.at:self.at + n]
-        self.at += n
-        return got
+def _read_varint(r: io.BytesIO) -> int:
+    n = 0
+    for shift in range(0, 56, 7):
+        (b,) = _take(r, 1)
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n
+    raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
 
-    def varint(self) -> int:
-        n = shift = 0
-        while True:
-            (b,) = self.take(1)
-            n |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return n
-            shift += 7
-            if shift >= 56:
-                raise UnreadableEntry("its packed value holds a number larger than hdeval writes")
 
-    def text(self) -> str:
-        try:
-            return self.take(self.varint()).decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
+def _read_text(r: io.BytesIO) -> str:
+    try:
+        return _take(r, _read_varint(r)).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise UnreadableEntry("its packed value holds text that is not UTF-8") from None
 
 
 def _unpack(blob: bytes) -> str:
     """A VALUE_MAGIC_PACKED blob as the JSON text of :meth:`Completion.to_dict`."""
-    r = _Reader(blob)
-    (flags,) = r.take(1)
+    r = io.BytesIO(blob)
+    r.seek(len(VALUE_MAGIC_PACKED))
+    (flags,) = _take(r, 1)
     if flags & ~(_LOGPROBS | _TEXT_IS_TOP | _EVALUATED) or (flags & _TEXT_IS_TOP and not flags & _LOGPROBS):
         raise UnreadableEntry("its packed value has flags hdeval does not write")
-    d: dict[str, Any] = {"prompt_tokens": r.varint(), "completion_tokens": r.varint(),
-                         "prompt_tokens_evaluated": r.varint() if flags & _EVALUATED else None}
-    text = None if flags & _TEXT_IS_TOP else r.text()
+    d: dict[str, Any] = {"prompt_tokens": _read_varint(r), "completion_tokens": _read_varint(r),
+                         "prompt_tokens_evaluated": _read_varint(r) if flags & _EVALUATED else None}
+    text = None if flags & _TEXT_IS_TOP else _read_text(r)
     lp = None
     if flags & _LOGPROBS:
         # each position and token takes bytes: a count cannot outrun the blob
-        lp = [[{"token": r.text(), "logprob": _DOUBLE.unpack(r.take(8))[0]} for _ in range(r.varint())]
-              for _ in range(r.varint())]
+        lp = [[{"token": _read_text(r), "logprob": _DOUBLE.unpack(_take(r, 8))[0]}
+               for _ in range(_read_varint(r))] for _ in range(_read_varint(r))]
         if text is None:
             if not (lp and lp[0]):
                 raise UnreadableEntry("its packed value has no top token to be its text")
             text = lp[0][0]["token"]
-    if r.at != len(blob):
+    if r.tell() != len(blob):
         raise UnreadableEntry("its packed value has bytes after its end")
     return json.dumps({"text": text, "top_logprobs": lp, **d})
 
@@ -579,71 +542,20 @@ def parse_completion(text: str) -> Completion:
 
 
 # --------------------------------------------------------------------------- opening
-def _precheck(directory: Path) -> bool:
-    """Before diskcache opens (and writes to) an existing database: it is a database, and its
-    settings are ones diskcache writes (diskcache turns ``sqlite_*`` settings into PRAGMAs).
-    True if it holds text keys (hdeval's before #23: see :class:`ReplyStore`)."""
-    db = directory / DBNAME
-    if not db.is_file():
-        return False
-    try:
-        con = ro_connect(db)  # works on a read-only file system too
-    except sqlite3.Error:
-        return True  # cannot even open it read-only: diskcache's own open says why
-    try:
-        rows = con.execute("SELECT key FROM Settings").fetchall()
-        # SQLite orders every text value before every BLOB: this is one step down the key
-        # index, not a scan of the table
-        legacy = con.execute("SELECT 1 FROM Cache WHERE key < x'' LIMIT 1").fetchone() is not None
-    except sqlite3.Error as exc:
-        if _kind(exc) == "corrupt":
-            raise storage_error(directory, exc) from None
-        return True  # no tables yet (an empty file) or not readable: diskcache decides
-    finally:
-        con.close()
-    unknown = sorted(str(k)[:40] for (k,) in rows if k not in _KNOWN_SETTINGS)
-    if unknown:
-        raise CacheError(
-            f"the LLM reply cache {db} has settings hdeval and diskcache never write ({', '.join(unknown[:3])}): "
-            f"not opening it; {_move_aside(directory)}")
-    return legacy
-
-
-def _writable_or_raise(directory: Path) -> None:
-    probe = directory
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise CacheError(f"the LLM reply cache directory {directory} cannot be created: {probe} is a file; "
-                         f"pass --cache-dir (or set HDEVAL_CACHE_DIR) to a directory")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise CacheError(f"cannot write the LLM reply cache in {directory} ({probe} is read-only): pass "
-                         f"--cache-dir (or set HDEVAL_CACHE_DIR) to a writable directory")
-
-
 def open_store(cache_dir: str | Path) -> ReplyStore:
     """Open (or create) the cache in ``cache_dir`` with :class:`JSONDisk`; one-line
-    :class:`CacheError` if it is corrupted, read-only or on a full disk."""
+    :class:`CacheError` if it is corrupted, read-only, not a directory or on a full disk."""
     directory = Path(cache_dir)
-    _writable_or_raise(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(directory, exc) from None
-    legacy = _precheck(directory)
-    refuse_foreign_schema(directory)  # a planted trigger would rewrite every reply stored from here on
+    # a planted trigger would rewrite every reply stored from here on
+    legacy = refuse_foreign_schema(directory)
     try:
-        store = ReplyStore(str(directory), disk=JSONDisk, **_STORE_SETTINGS)
+        return ReplyStore(directory, legacy)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
-    try:
-        store.table, store._pending = ReplyTable(directory), []
-        store.old = super(ReplyStore, store).__len__() > 0
-    except BaseException:
-        diskcache.Cache.close(store)
-        raise
-    store.legacy = legacy
-    return store
 
 
 @dataclass
@@ -1042,19 +954,6 @@ class CachedBackend:
             self._writer = None
 
 
-def cache_stats(cache_dir: str | Path) -> dict[str, int | str]:
-    path = Path(cache_dir)
-    if not path.exists():
-        return {"path": str(path), "entries": 0, "bytes": 0}
-    with open_store(path) as c:
-        try:
-            entries = len(c)
-            size = int(c.volume())
-        except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
-            raise storage_error(path, exc) from None
-    return {"path": str(path), "entries": entries, "bytes": size}
-
-
 def clear_cache(cache_dir: str | Path) -> int:
     """Delete every cached reply; the number deleted.
 
@@ -1089,6 +988,7 @@ class CheckReport:
     foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
     database_error: str | None = None  # the database could not be read (in part or at all)
     examples: list[str] = field(default_factory=list)
+    planted: dict[str, list[str]] = field(default_factory=dict)  # file -> objects the cache never creates
     kept_as: str = ""  # repair: where the old databases are
 
     @property
@@ -1161,10 +1061,8 @@ def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
             raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
         completion = parse_completion(read())
     except UnreadableEntry as exc:
-        if exc.foreign:
-            report.foreign += 1
-        else:
-            report.unreadable += 1
+        report.foreign += exc.foreign
+        report.unreadable += not exc.foreign
         if len(report.examples) < 5:
             shown = key[:12] + "..." if isinstance(key, str) else f"(a {type(key).__name__} key)"
             report.examples.append(f"{shown}: {exc}")
@@ -1182,14 +1080,12 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
     table = db.name.startswith(TABLE_DBNAME)
     before, report.database_error = report.database_error, None
     try:
-        with closing(ro_connect(db)) as con:
-            # only a real table is read: a planted view in its place (a recursive one never ends) is
-            # listed as planted by `cache check`; a reply table not made yet holds nothing
-            kinds = dict(con.execute("SELECT name, type FROM sqlite_master"))
-            read = kinds.get("reply" if table else "Cache", None if table else "table") == "table"
-            for key, value, length in _table_rows(con, report) if table and read else ():
+        with read_only(db) as (con, found, readable):
+            if found:  # listed by `cache check`; repair copies only the real table's entries
+                report.planted[db.name] = found
+            for key, value, length in _table_rows(con, report) if table and readable else ():
                 yield from _check_entry(report, key, partial(table_value, value, length))
-            for _rowid, key, raw, mode, filename, value in () if table or not read else _rows(con, report):
+            for _, key, raw, mode, filename, value in () if table or not readable else _rows(con, report):
                 read = partial(read_value, directory, mode, filename, value)
                 yield from _check_entry(report, key, read, raw == 1)
             if report.database_error is None:

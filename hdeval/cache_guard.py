@@ -14,8 +14,9 @@ import re
 import shutil
 import sqlite3
 import tempfile
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import diskcache
 
@@ -30,6 +31,8 @@ DATABASES = (DBNAME, TABLE_DBNAME)
 # Tables SQLite makes itself (ANALYZE, AUTOINCREMENT); no statement can create them by name.
 _SQLITE_INTERNAL = re.compile(r"sqlite_(stat\d|sequence)\Z")
 _SHOWN = 5  # foreign objects named in a message
+# What diskcache itself keeps in the Settings table; anything else was not written by it
+KNOWN_SETTINGS = set(diskcache.DEFAULT_SETTINGS) | set(diskcache.core.METADATA)
 BUSY_SECONDS = 10.0  # how long a read waits for another process's lock on the database
 # Free space to ask for when the disk fills up: SQLite needs room for its write-ahead log.
 FREE_SPACE_HINT = "100 MB"
@@ -40,9 +43,15 @@ class CacheCorrupted(CacheError):
 
 
 # What a storage failure was, and the one-line error that says so. Here, not in cache.py, so the
-# read-only checks below and the client share them without importing each other.
-_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
-_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_BUSY, _SQLITE_LOCKED = 11, 26, 5, 6
+# read-only checks below and the client share them without importing each other. A SQLite error
+# is told by its primary result code, or by its message when it carries none; first match wins.
+_KINDS = (
+    ("full", {13}, ("disk is full",)),  # SQLITE_FULL
+    ("readonly", {8, 3}, ("readonly", "read-only")),  # SQLITE_READONLY, SQLITE_PERM
+    ("corrupt", {11, 26}, ("not a database", "malformed")),  # SQLITE_CORRUPT, SQLITE_NOTADB
+    ("busy", {5, 6}, ("locked",)),  # SQLITE_BUSY, SQLITE_LOCKED
+    ("readonly", {14}, ("unable to open",)),  # SQLITE_CANTOPEN
+)
 
 
 def _kind(exc: BaseException) -> str:
@@ -52,23 +61,14 @@ def _kind(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             return "full"
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            return "readonly"
-        return "other"
+        # a file where the directory should be: as unwritable a place for the cache
+        unwritable = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST)
+        return "readonly" if exc.errno in unwritable else "other"
     code = getattr(exc, "sqlite_errorcode", None)
     code = code & 0xFF if isinstance(code, int) else None
     msg = str(exc).lower()
-    if code == _SQLITE_FULL or "disk is full" in msg:
-        return "full"
-    if code in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly" in msg or "read-only" in msg:
-        return "readonly"
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in msg or "malformed" in msg:
-        return "corrupt"
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in msg:
-        return "busy"
-    if code == _SQLITE_CANTOPEN or "unable to open" in msg:
-        return "readonly"
-    return "other"
+    found = (kind for kind, codes, words in _KINDS if code in codes or any(w in msg for w in words))
+    return next(found, "other")
 
 
 def _reason(exc: BaseException) -> str:
@@ -140,58 +140,72 @@ def expected_schema(name: str) -> frozenset[tuple[str, str, str, str | None]]:
     return frozenset((t, n, tb, _norm(sql)) for t, n, tb, sql in rows)
 
 
-def ro_connect(db: Path) -> sqlite3.Connection:
-    """A read-only connection that also works on a read-only file system: there SQLite cannot
-    make the shared-memory file a WAL database needs even to read, so the file is opened as
-    immutable (nothing can change it while it cannot be written)."""
+def ro_connect(db: Path, leave_no_files: bool = False) -> sqlite3.Connection:
+    """A connection reading ``db`` without writing: read-only with SQLite's locks, so a run writing
+    (and checkpointing) meanwhile cannot tear what is read. On read-only storage SQLite cannot
+    make the shared-memory file that needs, so a file with an empty log is read immutable. With
+    ``leave_no_files`` (the report), a file with no log (nothing has it open) is read immutable
+    at once, which makes no -wal/-shm file in the user's cache."""
     uri = db.resolve().as_uri()
-    try:
-        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_SECONDS)
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return con
-    except sqlite3.Error as exc:
-        if _kind(exc) != "readonly":
-            raise
-        wal = db.with_name(db.name + "-wal")
-        if wal.exists() and wal.stat().st_size > 0:
-            raise  # replies still in the write-ahead log: an immutable read would miss them
+    wal = db.with_name(db.name + "-wal")
+    if wal.exists() or not leave_no_files:
+        try:
+            con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_SECONDS)
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return con
+        except sqlite3.Error as exc:
+            if _kind(exc) != "readonly" or (wal.exists() and wal.stat().st_size > 0):
+                raise  # replies still in the log: an immutable read would miss them
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_SECONDS)
 
 
-def foreign_objects(db: Path, con: sqlite3.Connection | None = None) -> list[str]:
-    """What the SQLite file ``db`` holds that the cache never creates, e.g. ``trigger t on
-    Cache``; an empty list for a missing file or a clean one. Reads only (through ``con`` if
-    given, a connection to ``db`` the caller opened as it needs)."""
-    if con is None:
-        if not db.is_file():
-            return []
-        with closing(ro_connect(db)) as own:
-            return foreign_objects(db, own)
-    rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-    known = expected_schema(TABLE_DBNAME if db.name == TABLE_DBNAME else DBNAME)
-    found = []
-    for t, n, tb, sql in rows:
-        if (t, n, tb, _norm(sql)) in known or (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n))):
-            continue
-        name = str(n)[:60]
-        found.append(f"{t} {name!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else ""))
-    return found
+@contextmanager
+def read_only(db: Path, refuse: str | None = None, leave_no_files: bool = False
+              ) -> Iterator[tuple[sqlite3.Connection, list[str], bool]]:
+    """The one way the cache's files are read without opening the cache: a :func:`ro_connect`
+    connection to ``db``, what the file holds that the cache never creates (e.g. ``trigger 't' on
+    'Cache'``; with ``refuse``, a one-line CacheError ending in it), and whether its replies may
+    be read: a planted view in their table's place (a recursive one never ends) is not, and a
+    reply table not made yet holds nothing (a missing diskcache table is damage, said when read)."""
+    table = db.name.startswith(TABLE_DBNAME)
+    known = expected_schema(TABLE_DBNAME if table else DBNAME)
+    with closing(ro_connect(db, leave_no_files)) as con:
+        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        found = [f"{t} {str(n)[:60]!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else "")
+                 for t, n, tb, sql in rows if (t, n, tb, _norm(sql)) not in known
+                 and not (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n)))]
+        if found and refuse:
+            raise _foreign(db, found, refuse)
+        kinds = {n: t for t, n, _, _ in rows}
+        yield con, found, kinds.get("reply" if table else "Cache", None if table else "table") == "table"
 
 
-def refuse_foreign_schema(directory: str | Path) -> None:
+def refuse_foreign_schema(directory: Path) -> bool:
     """Before the cache opens (and writes to) its existing databases: one-line CacheError if one
-    holds a trigger, view, table or index the cache never creates."""
-    directory = Path(directory)
+    holds a trigger, view, table or index the cache never creates, or diskcache's file holds
+    settings diskcache never writes (it turns ``sqlite_*`` settings into PRAGMAs). True if
+    diskcache's file holds text keys (hdeval's before #23)."""
+    legacy, unknown = False, []
     for name in DATABASES:
         db = directory / name
+        if not db.is_file():
+            continue
         try:
-            found = foreign_objects(db)
+            why = "not opening it, as they could rewrite or drop the replies you pay for"
+            with read_only(db, why) as (con, _, _):
+                if name == DBNAME:
+                    keys = con.execute("SELECT key FROM Settings")
+                    unknown = [str(k)[:40] for (k,) in keys if k not in KNOWN_SETTINGS]
+                    # SQLite orders every text value before every BLOB: one step down the key index
+                    legacy = con.execute("SELECT 1 FROM Cache WHERE key < x'' LIMIT 1").fetchone() is not None
         except sqlite3.Error as exc:
-            if _kind(exc) == "busy":  # unchecked: the lock may go before the cache opens and writes
+            if _kind(exc) in ("busy", "corrupt"):  # busy: unchecked, the lock may go before the cache writes
                 raise storage_error(directory, exc, name=name) from None
-            continue  # unreadable: the cache's own open says why
-        if found:
-            raise _foreign(db, found, "not opening it, as they could rewrite or drop the replies you pay for")
+            continue  # not readable (no tables yet): the cache's own open says why
+        if unknown:
+            raise CacheError(f"the LLM reply cache {db} has settings hdeval and diskcache never write "
+                             f"({', '.join(sorted(unknown)[:3])}): not opening it; {_move_aside(directory)}")
+    return legacy
 
 
 def _foreign(db: Path, found: list[str], why: str) -> CacheError:
@@ -214,13 +228,8 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
         if not db.is_file():
             continue
         try:
-            with closing(ro_connect(db)) as con:
-                if found := foreign_objects(db, con):  # a planted recursive view would never be counted
-                    raise _foreign(db, found, "not counting them")
-                # a replies.db whose table is not made yet (a run killed just after creating the
-                # file) holds no reply, as `cache check` and a run see it
-                if name == DBNAME or con.execute("SELECT 1 FROM sqlite_master WHERE name = 'reply'").fetchone():
-                    entries += con.execute(count).fetchone()[0]
+            with read_only(db, "not counting them") as (con, _, readable):
+                entries += con.execute(count).fetchone()[0] if readable else 0
                 size += con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
                 if name == DBNAME:
                     row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()

@@ -93,10 +93,8 @@ def export_requests(ev: Any, chunks: Iterator[list], cached: Any, path: str | Pa
         with _in_place(Path(path), keep_empty=True) as fh:
             export = cached.batch = RequestExport(cached, fh)
             for samples in chunks:
-                try:
+                with contextlib.suppress(StageExported):  # this chunk's later stages need the replies first
                     ev.score(samples, backend=cached, progress=Progress())
-                except StageExported:
-                    continue  # this chunk's later stages need the replies first
     finally:
         cached.batch = previous
     return export

@@ -19,7 +19,6 @@ from hdeval.aggregate import (
     cross_val_predictions,
     cv_folds,
     select_cv,
-    select_kind,
 )
 from hdeval.errors import ConfigError
 from hdeval.metrics import mean_spearman
@@ -142,10 +141,11 @@ def test_cross_val_predictions_never_fit_on_the_held_out_document():
     assert mean_spearman(Y[:, :1], oof[:, :1]) < 0.6
 
 
-def test_select_kind_picks_the_best_cross_validated_kind():
+def test_selection_picks_the_best_cross_validated_kind():
     X, Y, docs = _data()
     kinds = ("lr", "dt", "rf")
-    best, scores = select_kind(_task_agg("lr"), X, Y, docs, kinds)
+    best, scores, _, _ = select_cv(_task_agg("lr"), X, Y, docs, kinds)
+    best = best.kind
     expected = {k: mean_spearman(Y, _manual_oof(_task_agg(k), X, Y, docs)) for k in kinds}
     assert scores == expected
     assert best == max(kinds, key=lambda k: (expected[k], -kinds.index(k)))

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyTable, check_cache, request_key
+from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyStore, check_cache, request_key
 from hdeval.cli import cli
 from hdeval.errors import CacheError
 
@@ -338,7 +338,7 @@ FULL = {
 
 def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
     """From the ``n+1``-th write on, the reply table's set fails as on a full disk."""
-    real = ReplyTable.set
+    real = ReplyStore.set
     writes: list[int] = []
 
     def set_(self, key, value, *a, **kw):
@@ -347,7 +347,7 @@ def _fill_disk_after(monkeypatch, n: int, kind: str) -> list[int]:
         writes.append(1)
         return real(self, key, value, *a, **kw)
 
-    monkeypatch.setattr(ReplyTable, "set", set_)
+    monkeypatch.setattr(ReplyStore, "set", set_)
     return writes
 
 
@@ -419,4 +419,17 @@ def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_p
     finally:
         release.join()
     assert "locked" in str(err.value) and "\n" not in str(err.value)
-    assert cache_guard.foreign_objects(directory / "cache.db") == ["trigger 'poison' on 'Cache'"]
+    assert check_cache(directory).planted == {"cache.db": ["trigger 'poison' on 'Cache'"]}
+
+
+@pytest.mark.parametrize("where", ["the directory", "a parent"])
+def test_a_file_where_the_cache_directory_should_be_is_one_line_before_any_call(tmp_path, where):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a user's file\n")
+    cache = blocker if where == "the directory" else blocker / "cache"
+    fake = FakeBackend()
+    with pytest.raises(CacheError) as err:
+        CachedBackend(fake, cache)
+    msg = str(err.value)
+    assert "\n" not in msg and str(cache) in msg and "--cache-dir" in msg and fake.calls == 0
+    assert blocker.read_text() == "a user's file\n"

@@ -178,7 +178,7 @@ def test_the_store_maps_no_memory_and_keeps_a_small_page_cache(tmp_path: Path) -
         assert con.execute("PRAGMA mmap_size").fetchone()[0] == 0
         assert 0 < con.execute("PRAGMA cache_size").fetchone()[0] <= 2**10
         assert store.eviction_policy == "none"  # a paid reply is never dropped
-        table = store.table._con  # the reply table's, likewise
+        table = store._table  # the reply table's, likewise
         assert table.execute("PRAGMA mmap_size").fetchone()[0] == 0
         assert -(2**12) <= table.execute("PRAGMA cache_size").fetchone()[0] < 0  # KiB: 4 MiB
         assert table.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -165,9 +165,9 @@ def test_the_report_reads_raw_replies_from_the_table_without_writing_and_skips_p
 def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, monkeypatch):
     """A COMMIT refused (a full disk) must not leave the table's transaction open, or every
     later write of the run would fail on 'cannot start a transaction within a transaction'."""
-    from hdeval.cache import ReplyTable, open_store
+    from hdeval.cache import ReplyStore, open_store
 
-    real = ReplyTable._run
+    real = ReplyStore._run
     failures = [1]
 
     def run(self, sql, args=(), writing=False):
@@ -176,13 +176,13 @@ def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, 
             raise self._error(sqlite3.OperationalError("database or disk is full"), writing)
         return real(self, sql, args, writing)
 
-    monkeypatch.setattr(ReplyTable, "_run", run)
+    monkeypatch.setattr(ReplyStore, "_run", run)
     reply = encode_completion(FakeBackend().complete(_req()))
     with open_store(tmp_path / "c") as store:
         with pytest.raises(CacheError, match="full"):
             with store.transact():
                 store.set(_key("a"), reply)
-        assert not store.table.in_transaction() and _key("a") not in store
+        assert not store.in_transaction() and _key("a") not in store
         with store.transact():
             store.set(_key("b"), reply)
         assert _key("b") in store and len(store) == 1
@@ -198,7 +198,7 @@ def test_a_forked_child_uses_its_own_connection_and_is_not_stuck_on_the_parents_
 
     store = open_store(tmp_path / "c")
     store.set(_key("a"), encode_completion(FakeBackend().complete(_req("a"))))
-    inherited = store.table._con
+    inherited = store._table
     inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -216,7 +216,7 @@ def test_a_forked_child_uses_its_own_connection_and_is_not_stuck_on_the_parents_
         try:
             signal.alarm(10)
             got = store.get(_key("a"))
-            code = 0 if got and store.table._con is not inherited else 2
+            code = 0 if got and store._table is not inherited else 2
         finally:
             os.write(write, bytes([code]))
             os._exit(0)
@@ -320,3 +320,25 @@ def test_cache_check_lists_a_planted_view_in_place_of_diskcaches_table_without_r
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "0 readable" in done.stdout and "view 'Cache': not created by the cache" in done.stdout
+
+
+def test_the_report_reads_a_cache_nobody_has_open_without_leaving_files(tmp_path):
+    """The report's raw replies read a closed cache (no write-ahead log) immutable: no -wal/-shm
+    file appears and nothing is touched. `cache check` and `cache stats` read with SQLite's locks
+    instead, so a run that starts writing meanwhile cannot tear a long scan into false damage."""
+    from hdeval.report.samples import read_only_lookup
+
+    cache = tmp_path / "c"
+    with diskcache.Cache(str(cache), disk=JSONDisk) as c:  # one reply an older hdeval stored
+        c.set(_key("old"), encode_completion(FakeBackend().complete(_req("old"))))
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete(_req("new"))
+    cb.close()
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")}
+    found, note = read_only_lookup(cache, [_key("old"), _key("new")])
+    assert len(found) == 2 and note is None, note
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")} == before
+    res = CliRunner().invoke(cli, ["cache", "check", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and "2 readable" in res.stdout, res.output
+    res = CliRunner().invoke(cli, ["cache", "stats", "--cache-dir", str(cache)])
+    assert res.exit_code == 0 and ": 2 entries," in res.stdout, res.output

@@ -270,7 +270,7 @@ def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
     m = json.loads(good)
     m["classifier"]["kind"] = "rf"
     mf.write_text(json.dumps(m))
-    with pytest.raises(ArtifactError, match="holds a LogisticRegression, but the manifest says classifier 'rf'"):
+    with pytest.raises(ArtifactError, match="the classifier is a LogisticRegression, but the manifest says classifier 'rf'"):
         load_artifact(path)
     m = json.loads(good)
     m["features"][0], m["features"][1] = m["features"][1], m["features"][0]

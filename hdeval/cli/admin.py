@@ -70,12 +70,13 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 @guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
-    from hdeval.cache import DBNAME, CacheCorrupted, cache_stats, clear_cache
+    from hdeval.cache import DBNAME, CacheCorrupted, clear_cache
+    from hdeval.cache_guard import read_stats
     from hdeval.paths import default_cache_dir
 
     path = Path(cache_dir or default_cache_dir())
     try:
-        question = f"delete {cache_stats(path)['entries']} cached LLM replies in {path}?"
+        question = f"delete {read_stats(path)['entries']} cached LLM replies in {path}?"
     except CacheCorrupted:
         question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
                     f"entries); delete it?")
@@ -100,23 +101,14 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     tables, indexes); `hdeval cache repair` keeps only the readable entries. A shared cache is
     trusted to hold true replies: a planted valid entry cannot be told from a real one.
     """
-    import sqlite3
-
     from hdeval.cache import DBNAME, check_cache
-    from hdeval.cache_guard import DATABASES, TABLE_DBNAME, foreign_objects, on_read_only_storage
+    from hdeval.cache_guard import TABLE_DBNAME, on_read_only_storage
     from hdeval.paths import default_cache_dir
 
     path = Path(cache_dir or default_cache_dir())
-    r = check_cache(path)
-    planted, db = [], path / DBNAME
-    for name in DATABASES:  # diskcache's file, then the reply table's
-        try:
-            found = foreign_objects(path / name)
-        except sqlite3.Error:
-            found = []  # unreadable: reported below as the database error
-        if found and not planted:
-            db = path / name
-        planted += [o if name == DBNAME else f"{name}: {o}" for o in found]
+    r = check_cache(path)  # diskcache's file, then the reply table's
+    planted = [o if name == DBNAME else f"{name}: {o}" for name, found in r.planted.items() for o in found]
+    db = path / next(iter(r.planted), DBNAME)
     click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
                f"{r.foreign} foreign (not written by hdeval) entries")
     for e in r.examples:

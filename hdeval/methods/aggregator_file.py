@@ -4,11 +4,12 @@ checks that it is the model the manifest describes (shared by every method that 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from hdeval.aggregate import KINDS, make_regressor
+from hdeval.classify import CLASSIFIERS
 from hdeval.errors import ArtifactError
 
 # Types the aggregator file may contain beyond what skops trusts by default; anything
@@ -23,28 +24,36 @@ TRUSTED_TYPES = (
 ESTIMATORS = {k: type(make_regressor(k).named_steps["model"]).__name__ for k in KINDS}
 
 
-def check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:
-    """One fitted pipeline per aspect group, of the recorded kind, with the right widths."""
+def check_pipeline(m: Any, fitted: str, kind: str, n_features: int, where: Path, what: str, inputs: str,
+                   probe: Callable[[Any, np.ndarray], Any]) -> Any:
+    """``m`` is an hdeval pipeline ending in the ``fitted`` (aggregator or classifier) model of ``kind``,
+    taking ``n_features`` ``inputs``; ``probe(m, a row of zeros)``, its answer (any failure: the
+    model cannot predict)."""
     from sklearn.pipeline import Pipeline
 
+    if not isinstance(m, Pipeline) or "model" not in m.named_steps:
+        raise ArtifactError(f"{where}: {what} is not an hdeval pipeline")
+    est = type(m.named_steps["model"]).__name__
+    if est != (ESTIMATORS if fitted == "aggregator" else CLASSIFIERS)[kind]:
+        raise ArtifactError(f"{where}: {what} is a {est}, but the manifest says {fitted} {kind!r}")
+    width = getattr(m, "n_features_in_", None)
+    if width != n_features:
+        raise ArtifactError(f"{where}: {what} takes {width} {inputs}, but the manifest lists {n_features} "
+                            "features")
+    try:
+        return probe(m, np.zeros((1, n_features)))
+    except Exception as exc:  # any failure of an unusable model
+        raise ArtifactError(f"{where}: {what} cannot predict ({exc})") from None
+
+
+def check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:
+    """One fitted pipeline per aspect group, of the recorded kind, with the right widths."""
     if not isinstance(models, list) or len(models) != len(groups):
         raise ArtifactError(f"{where}: holds {type(models).__name__} instead of one model per aspect group "
                             f"({len(groups)})")
     for g, m in zip(groups, models):
-        if not isinstance(m, Pipeline) or "model" not in m.named_steps:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} is not an hdeval pipeline")
-        est = m.named_steps["model"]
-        if type(est).__name__ != ESTIMATORS[kind]:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} is a {type(est).__name__}, "
-                                f"but the manifest says aggregator {kind!r}")
-        width = getattr(m, "n_features_in_", None)
-        if width != n_features:
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} takes {width} criterion scores, "
-                                f"but the manifest lists {n_features} features")
-        try:
-            out = np.asarray(m.predict(np.zeros((1, n_features)))).reshape(1, -1)
-        except Exception as exc:  # any failure of an unusable model
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} cannot predict ({exc})") from None
+        out = check_pipeline(m, "aggregator", kind, n_features, where, f"the model for {', '.join(g)}",
+                             "criterion scores", lambda m, X: np.asarray(m.predict(X)).reshape(1, -1))
         if out.shape[1] != len(g):
             raise ArtifactError(f"{where}: the model for {', '.join(g)} predicts {out.shape[1]} value(s) "
                                 f"for {len(g)} aspect(s)")

@@ -32,12 +32,13 @@ class Replies:
 
 
 def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[str, str], str | None]:
-    """Raw reply text per cache key, read from the cache's SQLite file opened read-only (and
-    the value files through the cache's own bounded reader). A missing or unreadable cache is a
-    note, not an error: the rest of the report does not need it."""
+    """Raw reply text per cache key, read without opening the cache (the value files through its
+    own bounded reader). A missing or unreadable cache is a note, not an error: the rest of the
+    report does not need it."""
     from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, TABLE_LOOKUP, UnreadableEntry, parse_completion,
                               read_value, stored_key, table_value)
-    from hdeval.cache_guard import foreign_objects
+    from hdeval.cache_guard import read_only
+    from hdeval.errors import CacheError
 
     directory = Path(cache_dir)
     # the reply table first (where replies go since #23), then diskcache's rows
@@ -47,40 +48,25 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
                    "(give the cache the run used with --cache-dir)"
     out: dict[str, str] = {}
     for db in dbs:
-        # With no write-ahead log beside it, the file is all there is: open it immutable, which
-        # creates no -wal/-shm files in the user's cache. With one (a run is writing, or crashed),
-        # read-only through the log, so its committed replies are seen too.
-        wal = db.with_name(db.name + "-wal").exists()
         try:
-            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro{'' if wal else '&immutable=1'}", uri=True,
-                                  timeout=10)
-        except sqlite3.Error as exc:
-            return out, f"the LLM reply cache {db} cannot be opened read-only ({exc}): raw replies are not shown"
-        try:
-            foreign = foreign_objects(db, con)  # a planted view (a recursive one never ends) is not read
-            if foreign:
-                return out, (f"the LLM reply cache {db} holds SQLite objects the cache never creates "
-                             f"({', '.join(foreign[:3])}): raw replies are not shown")
-            for key in dict.fromkeys(keys):
-                if key in out:
-                    continue
-                try:
-                    if db.name == TABLE_DBNAME:
-                        row = con.execute(TABLE_LOOKUP, (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
-                        if row is not None:
-                            out[key] = parse_completion(table_value(row[0], row[1])).text or ""
+            with read_only(db, "raw replies are not shown", leave_no_files=True) as (con, _, readable):
+                for key in [k for k in dict.fromkeys(keys) if k not in out] if readable else ():
+                    try:
+                        if db.name == TABLE_DBNAME:
+                            row = con.execute(TABLE_LOOKUP, (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
+                            text = None if row is None else table_value(*row)
+                        else:  # the compact key, or the hex text an hdeval before #23 stored
+                            sql = "SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1"
+                            row = con.execute(sql, (stored_key(key), key)).fetchone()
+                            text = None if row is None else read_value(directory, *row)
+                        if text is not None:
+                            out[key] = parse_completion(text).text or ""
+                    except (UnreadableEntry, ValueError, TypeError):
                         continue
-                    # the compact key, or the hex text an hdeval before #23 stored
-                    row = con.execute("SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1",
-                                      (stored_key(key), key)).fetchone()
-                    if row is not None:
-                        out[key] = parse_completion(read_value(directory, row[0], row[1], row[2])).text or ""
-                except (UnreadableEntry, ValueError, TypeError):
-                    continue
+        except CacheError as exc:
+            return out, str(exc)
         except sqlite3.Error as exc:
             return out, f"the LLM reply cache {db} could not be read ({exc}): some raw replies are not shown"
-        finally:
-            con.close()
     return out, None
 
 

@@ -57,17 +57,10 @@ def _artifact_suffixes(config):
 
 
 def _check_fit(ctx):
-    if ctx.prep.task.shape == "pairwise" and ctx.options.scorer == "digit":
+    if ctx.prep.task.shape == "pairwise":
         from hdeval.methods.hdeval.pairwise import check_pairwise_options
 
         return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
-    if ctx.options.scorer == "digit":
-        return
-    if ctx.prep.task.shape == "pairwise":
-        from hdeval.errors import ConfigError
-
-        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({ctx.prep.task.name}): "
-                          "leave hdeval.scorer out")
     from hdeval.methods.comparisons import hdeval_scorer
 
     hdeval_scorer(ctx)

@@ -17,10 +17,10 @@ from hdeval.artifact import MANIFEST, ArtifactReader, ArtifactWriter, open_artif
 from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES
-from hdeval.methods.aggregator_file import check_models as _check_models
+from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
-    ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows, usage_of,
+    METRICS, SCORES, ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows,
+    usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.progress import Progress
@@ -32,8 +32,6 @@ from hdeval.urls import public_url
 
 TREE = "tree.json"
 MODEL = "aggregator.skops"
-SCORES = "scores.csv"
-METRICS = "metrics.json"
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # manifest keys an HD-Eval artifact keeps besides the generic ones
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input",
@@ -41,33 +39,39 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
 
 
 class TreeEvaluator(SimpleFitted):
-    """What the pointwise and the pairwise HD-Eval evaluators share."""
+    """What the pointwise and the pairwise HD-Eval evaluators share: the state, scoring the
+    criteria the model uses, the files they write, and one load path; a subclass says what its
+    fitted model is called, where it is stored and how its manifest section is checked."""
 
-    def __init__(self, task: Task, tree: CriteriaTree, feature_keys: Sequence[str],
+    method = "hdeval"
+    shape = "pointwise"  # the task shape this evaluator's artifacts have
+    fitted = "aggregator"  # the fitted model's name: its manifest section, in messages
+    model_file = MODEL
+    extra_keys = _EXTRA_KEYS  # manifest keys it keeps besides the generic ones
+    manifest_data: dict[str, Any] = {}  # the manifest it was loaded from
+
+    def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
                  templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
                  metrics: dict[str, Any], manifest_extra: dict[str, Any] | None = None,
                  score_table: pd.DataFrame | None = None):
         super().__init__(task, None, llm, llm_identity, metrics, None, score_table)
         self.tree = tree
+        self.model = model
+        self.kind = kind
         self.feature_keys = list(feature_keys)
         self.templates = dict(templates)
         self.manifest_extra = dict(manifest_extra or {})
 
     # ------------------------------------------------------------------ saving
-    def write_files(self, out: ArtifactWriter, model_file: str, model: Any, head: dict[str, Any],
+    def write_files(self, out: ArtifactWriter, model: Any, head: dict[str, Any],
                     tail: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the files both evaluators write (prompts, tree, the fitted model, metrics, score
         table); their manifest part: ``head``, features and prompts, ``tail``, the run record."""
-        for name, t in self.templates.items():
-            out.text(f"prompts/{name}.toml", t.source)
+        prompts = self.write_common(out, self.templates)
         out.json(TREE, self.tree.to_dict())
-        out.skops(model_file, model)
-        out.json(METRICS, self.metrics)
-        if self.score_table is not None:
-            self.score_table.to_csv(out.path(SCORES), index=False)
-        prompts = {n: t.digest for n, t in self.templates.items()}
+        out.skops(self.model_file, model)
         return {**head, "features": self.feature_keys, "needed_criteria": self.needed_criteria,
-                "prompts": prompts, **(tail or {}), **self.public_extra()}
+                **prompts, **(tail or {}), **self.public_extra()}
 
     def public_extra(self) -> dict[str, Any]:
         """The run record for the manifest, its server address without credentials."""
@@ -112,17 +116,13 @@ class TreeEvaluator(SimpleFitted):
                      progress: Progress | None, what: str, units: int, score: Callable) -> tuple[Any, Any]:
         """(``score``'s scores of ``items`` on the criteria the model uses, usage), in one progress
         stage of ``units`` per criterion; the backend is opened here unless given."""
-        backend, own = self.open_backend(backend, cache_dir)
-        try:
-            criteria = [self.tree[k] for k in self.needed_criteria]
-            with progress_stage(progress, f"scoring {what} x {len(criteria)} criteria",
-                                units * len(criteria)):
+        criteria = [self.tree[k] for k in self.needed_criteria]
+        with self.llm_session(backend, cache_dir) as backend:
+            label = f"scoring {what} x {len(criteria)} criteria"
+            with progress_stage(progress, label, units * len(criteria)):
                 out = score(backend, self.templates["score"], self.task, self.tree, criteria, items,
                             concurrency, progress)
             return out, usage_of(backend)
-        finally:
-            if own:
-                backend.close()
 
     def on_features(self, m: ScoreMatrix) -> np.ndarray:
         """``m``'s scores in feature order, NaN for a feature it did not score."""
@@ -137,8 +137,6 @@ class TreeEvaluator(SimpleFitted):
         return list(items)
 
     # ------------------------------------------------------------------ loading
-    shape = "pointwise"  # the task shape this evaluator's artifacts have
-
     @classmethod
     def load(cls, path: str | Path) -> Any:
         """Verify checksums and versions, then load with safe deserialisation only; an artifact
@@ -166,19 +164,17 @@ class TreeEvaluator(SimpleFitted):
                              "score with hdeval apply")
 
     @classmethod
-    def read_start(cls, art: ArtifactReader, model_file: str, fitted: str,
-                   section: Callable[[dict[str, Any]], Any]) -> tuple[Task, CriteriaTree, dict, list, Any]:
-        """What both evaluators read first from a verified artifact (task, tree, prompts, feature
-        order, checked against each other), and ``section(manifest)``, their own part, under the
-        same malformed-artifact guard; ``fitted`` names the model in messages."""
+    def from_artifact(cls, art: ArtifactReader) -> Any:
+        """Rebuild from a verified artifact and check that its parts fit together: task, tree,
+        prompts, the feature order, the fitted model against its manifest section."""
         path, manifest = art.path, art.manifest
-        mpath = path / "manifest.json"
+        mpath = path / MANIFEST
         raw_task = manifest.get("task")
         shape = raw_task.get("shape", "pointwise") if isinstance(raw_task, dict) else None
         if art.method != "hdeval" or (shape != cls.shape and shape in ("pointwise", "pairwise")):
             raise cls.not_mine(path, art.method, shape if isinstance(shape, str) else "pointwise")
         files = manifest["files"]
-        for name in (model_file, TREE, METRICS, "prompts/score.toml"):
+        for name in (cls.model_file, TREE, METRICS, "prompts/score.toml"):
             if name not in files:
                 raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
         try:
@@ -190,67 +186,82 @@ class TreeEvaluator(SimpleFitted):
                 if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
                     templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
             features = list(manifest["features"])
-            own = section(manifest)
+            meta = manifest[cls.fitted]
+            if not isinstance(meta, dict):
+                raise TypeError(f"{cls.fitted!r} is not an object")
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
         if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
             raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
         if sorted(tree.keys) != sorted(features):
-            raise ArtifactError(
-                f"{path}: {TREE} no longer has the criteria the {fitted} was trained on; "
-                "edit only names and definitions, or retrain"
-            )
-        return task, tree, templates, features, own
-
-    @staticmethod
-    def read_llm(manifest: dict[str, Any], mpath: Path) -> tuple[LLMConfig, str]:
-        """The artifact's LLM (model, base_url) and its identity."""
+            raise ArtifactError(f"{path}: {TREE} no longer has the criteria the {cls.fitted} was trained on; "
+                                "edit only names and definitions, or retrain")
+        checked = cls.check_section(meta, task, mpath)
+        cls.check_order(path, files, features, task, tree, mpath)
+        where = path / cls.model_file
+        model = cls.checked_model(art.skops(cls.model_file, TRUSTED_TYPES), checked, len(features), where)
         llm = manifest.get("llm") or {}
         if not isinstance(llm, dict) or not all(
             isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
         ):
             raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
-        return LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), llm.get("identity") or ""
-
-    @staticmethod
-    def check_needed(manifest: dict[str, Any], features: list[str], used: Callable[[], Any], fitted: str,
-                     mpath: Path, where: Path) -> None:
-        """The manifest's ``needed_criteria``, when given, are the features the model uses."""
+        spec = LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url"))
+        ev = cls(task, tree, model, checked[0], features, templates, spec, llm.get("identity") or "",
+                 art.json(METRICS), {k: v for k, v in manifest.items() if k in cls.extra_keys})
         needed = manifest.get("needed_criteria")
-        if needed is None:
-            return
-        if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
-            raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among 'features'")
-        try:
-            computed = [k for k, u in zip(features, used()) if u]
-        except Exception as exc:  # a model without the attributes it should have
-            raise ArtifactError(f"{where}: unusable {fitted} ({exc})") from exc
-        if computed != needed:
-            raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the {fitted} uses")
+        if needed is not None:  # when given, the features the model uses
+            if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
+                raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among "
+                                    "'features'")
+            try:
+                computed = ev.needed_criteria
+            except Exception as exc:  # a model without the attributes it should have
+                raise ArtifactError(f"{where}: unusable {cls.fitted} ({exc})") from exc
+            if computed != needed:
+                raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the "
+                                    f"{cls.fitted} uses")
+        ev.warnings, ev.path, ev.manifest_data = list(art.warnings), art.path, manifest
+        return ev
 
-    def loaded_from(self, art: ArtifactReader) -> None:
-        """Remember where the evaluator was loaded from and what loading warned about."""
-        self.warnings = list(art.warnings)
-        self.path = art.path
+    @classmethod
+    def check_order(cls, path: Path, files: dict, features: list[str], task: Task, tree: CriteriaTree,
+                    mpath: Path) -> None:
+        """The model's columns are positional: ``features`` must be in the trained order, which the
+        checksummed ``scores.csv`` header records (pairs: its ``<criterion>:a`` columns); without
+        it, training's order (layer by layer)."""
+        pairs = cls.shape == "pairwise"
+        if SCORES not in files:
+            layered = [c.key for n in sorted({c.layer for c in tree}) for c in tree.layer(n)]
+            if not pairs and features not in (tree.keys, layered):
+                raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
+            return
+        try:  # the column names: the first line of scores.csv, bounded
+            with (path / SCORES).open(encoding="utf-8", newline="") as fh:
+                header = next(csv.reader(io.StringIO(fh.readline(MAX_HEADER_BYTES))))
+        except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
+            raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
+        if pairs or header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
+            cols = header[2:2 + len(features)]
+            humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
+        else:
+            cols = [c for c in header if not c.startswith("human:")]
+            humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
+        if (cols if not pairs else [c[:-2] for c in cols if c.endswith(":a")]) != features:
+            raise ArtifactError(f"{mpath}: 'features' are not in the order the {cls.fitted} was trained on "
+                                f"(the columns of {SCORES}); the manifest was edited")
+        if not pairs and humans != list(task.aspect_keys):
+            raise ArtifactError(f"{mpath}: the aspects are not in the order the aggregator was trained on "
+                                f"(the human: columns of {SCORES}); the manifest was edited")
 
 
 class Evaluator(TreeEvaluator):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
-    method = "hdeval"
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
 
-    def __init__(self, task: Task, tree: CriteriaTree, aggregator: Aggregator, feature_keys: Sequence[str],
-                 templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
-                 manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
-        super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
-                         score_table)
-        self.aggregator = aggregator
-        self.manifest_data: dict[str, Any] = {}
-
     @property
-    def kind(self) -> str:
-        return self.aggregator.kind
+    def aggregator(self) -> Aggregator:
+        return self.model
 
     def used_mask(self) -> Any:
         return self.aggregator.used_features()
@@ -262,8 +273,13 @@ class Evaluator(TreeEvaluator):
         m = self.metrics
         # the layer chosen on training data (metrics' "selection"); the figures above are its
         kept = (m.get("selection") or {}).get("kept_layer")
+        # layer k -> the criteria its proxy aggregator uses: those the layer reports added on 1..k
+        per_layer, total = {}, 0
+        for report in sorted(self.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
+            total += len(report.get("added") or [])
+            per_layer[str(int(report["layer"]))] = total
         return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {}, "kept_layer": kept,
-                "criteria_per_layer": criteria_per_layer(self),
+                "criteria_per_layer": per_layer,
                 "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
 
     def explain_refusal(self, artifact: Any) -> str | None:
@@ -310,7 +326,7 @@ class Evaluator(TreeEvaluator):
         agg = self.aggregator
         own = {"kind": agg.kind, "aspects": agg.aspects, "ranges": [list(r) for r in agg.ranges],
                "groups": agg.groups, "random_state": agg.random_state}
-        manifest = self.write_files(out, MODEL, agg.models_, {"aggregator": own},
+        manifest = self.write_files(out, agg.models_, {"aggregator": own},
                                     None if self.scorer is None else {"scorer": self.scorer.manifest()})
         if self.scorer is not None:
             self.scorer.write(out)
@@ -318,113 +334,49 @@ class Evaluator(TreeEvaluator):
 
     # ------------------------------------------------------------------ loading
     @classmethod
+    def check_section(cls, meta: dict, task: Task, mpath: Path) -> tuple:
+        """The manifest's aggregator section, checked against the task it names: (kind, aspects,
+        ranges, groups, random_state)."""
+        kind = meta.get("kind")
+        if kind not in ESTIMATORS:
+            raise ArtifactError(f"{mpath}: unknown aggregator kind {kind!r}")
+        aspects, ranges, groups = meta.get("aspects"), meta.get("ranges"), meta.get("groups")
+        if not isinstance(aspects, list) or list(aspects) != list(task.aspect_keys):
+            raise ArtifactError(f"{mpath}: aggregator aspects {aspects!r} are not the task's aspects "
+                                f"{list(task.aspect_keys)!r} in order")
+        if not isinstance(ranges, list) or len(ranges) != len(aspects):
+            raise ArtifactError(f"{mpath}: aggregator 'ranges' must give one [low, high] per aspect")
+        out_ranges = []
+        for a, r in zip(aspects, ranges):
+            ok = (isinstance(r, list) and len(r) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r))
+            if not ok or tuple(float(x) for x in r) != tuple(float(x) for x in task.aspect(a).range):
+                raise ArtifactError(f"{mpath}: aggregator range {r!r} of aspect {a!r} differs from the "
+                                    f"task's {list(task.aspect(a).range)!r}")
+            out_ranges.append((float(r[0]), float(r[1])))
+        if not isinstance(groups, list) or not all(
+                isinstance(g, list) and g and all(isinstance(a, str) for a in g) for g in groups):
+            raise ArtifactError(f"{mpath}: aggregator 'groups' must be lists of aspect names")
+        if sorted(a for g in groups for a in g) != sorted(aspects):
+            raise ArtifactError(f"{mpath}: aggregator 'groups' {groups!r} must hold each aspect exactly once")
+        for g in groups:
+            if len({task.aspect(a).range for a in g}) != 1:
+                raise ArtifactError(f"{mpath}: aggregator group {g!r} mixes aspects with different score "
+                                    "ranges")
+        random_state = meta.get("random_state", 0)
+        return kind, list(aspects), out_ranges, groups, random_state if isinstance(random_state, int) else 0
+
+    @classmethod
+    def checked_model(cls, models: Any, section: tuple, n_features: int, where: Path) -> Aggregator:
+        kind, aspects, ranges, groups, random_state = section
+        check_models(models, kind, groups, n_features, where)
+        return Aggregator.from_fitted(kind, aspects, ranges, groups, random_state, models, n_features)
+
+    @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
-        """Rebuild from a verified artifact; check that its parts fit together."""
-        path, manifest = art.path, art.manifest
-        files = manifest["files"]
-        mpath = path / "manifest.json"
-        task, tree, templates, features, agg_meta = cls.read_start(art, MODEL, "aggregator", _aggregator_section)
-        agg_aspects, ranges, groups, kind = _check_aggregator_meta(agg_meta, task, mpath)
-        _check_order(path, files, features, agg_aspects, tree, mpath)
-        models = art.skops(MODEL, TRUSTED_TYPES)
-        _check_models(models, kind, groups, len(features), path / MODEL)
-        random_state = agg_meta.get("random_state", 0)
-        agg = Aggregator.from_fitted(kind, agg_aspects, ranges, groups,
-                                     random_state if isinstance(random_state, int) else 0, models, len(features))
-        cls.check_needed(manifest, features, agg.used_features, "aggregator", mpath, path / MODEL)
-        llm, identity = cls.read_llm(manifest, mpath)
-        ev = cls(
-            task, tree, agg, features, templates, llm, identity,
-            art.json(METRICS),
-            {k: v for k, v in manifest.items() if k in _EXTRA_KEYS},
-        )
-        if manifest.get("scorer") is not None:
+        ev = super().from_artifact(art)
+        if art.manifest.get("scorer") is not None:
             from hdeval.methods.comparisons import PairwiseScorer
 
-            ev.scorer = PairwiseScorer.from_artifact(art, manifest["scorer"], templates)
-        ev.loaded_from(art)
-        ev.manifest_data = manifest
+            ev.scorer = PairwiseScorer.from_artifact(art, art.manifest["scorer"], ev.templates)
         return ev
-
-
-def _aggregator_section(manifest: dict[str, Any]) -> dict[str, Any]:
-    meta = manifest["aggregator"]
-    if not isinstance(meta, dict):
-        raise TypeError("'aggregator' is not an object")
-    return meta
-
-
-def _check_aggregator_meta(meta: dict, task: Task, mpath: Path) -> tuple[list[str], list[tuple[float, float]], list[list[str]], str]:
-    """The manifest's aggregator section, checked against the task it names."""
-    kind = meta.get("kind")
-    if kind not in ESTIMATORS:
-        raise ArtifactError(f"{mpath}: unknown aggregator kind {kind!r}")
-    aspects, ranges, groups = meta.get("aspects"), meta.get("ranges"), meta.get("groups")
-    if not isinstance(aspects, list) or list(aspects) != list(task.aspect_keys):
-        raise ArtifactError(f"{mpath}: aggregator aspects {aspects!r} are not the task's aspects "
-                            f"{list(task.aspect_keys)!r} in order")
-    if not isinstance(ranges, list) or len(ranges) != len(aspects):
-        raise ArtifactError(f"{mpath}: aggregator 'ranges' must give one [low, high] per aspect")
-    out_ranges = []
-    for a, r in zip(aspects, ranges):
-        ok = (isinstance(r, list) and len(r) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r))
-        if not ok or tuple(float(x) for x in r) != tuple(float(x) for x in task.aspect(a).range):
-            raise ArtifactError(f"{mpath}: aggregator range {r!r} of aspect {a!r} differs from the task's "
-                                f"{list(task.aspect(a).range)!r}")
-        out_ranges.append((float(r[0]), float(r[1])))
-    if not isinstance(groups, list) or not all(
-            isinstance(g, list) and g and all(isinstance(a, str) for a in g) for g in groups):
-        raise ArtifactError(f"{mpath}: aggregator 'groups' must be lists of aspect names")
-    flat = [a for g in groups for a in g]
-    if sorted(flat) != sorted(aspects):
-        raise ArtifactError(f"{mpath}: aggregator 'groups' {groups!r} must hold each aspect exactly once")
-    for g in groups:
-        if len({task.aspect(a).range for a in g}) != 1:
-            raise ArtifactError(f"{mpath}: aggregator group {g!r} mixes aspects with different score ranges")
-    return list(aspects), out_ranges, [list(g) for g in groups], kind
-
-
-def _check_order(path: Path, files: dict, features: list[str], aspects: list[str], tree: CriteriaTree,
-                 mpath: Path) -> None:
-    """The aggregator's columns are positional: ``features`` must be in the trained order, which the
-    checksummed ``scores.csv`` header records; without it, training's order (layer by layer)."""
-    if SCORES in files:
-        header = scores_header(path)
-        if header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
-            cols = header[2:2 + len(features)]
-            humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
-        else:
-            cols = [c for c in header if not c.startswith("human:")]
-            humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
-        if cols != features:
-            raise ArtifactError(f"{mpath}: 'features' are not in the order the aggregator was trained on "
-                                f"(the columns of {SCORES}); the manifest was edited")
-        if humans != aspects:
-            raise ArtifactError(f"{mpath}: the aspects are not in the order the aggregator was trained on "
-                                f"(the human: columns of {SCORES}); the manifest was edited")
-        return
-    layered = [c.key for n in sorted({c.layer for c in tree}) for c in tree.layer(n)]
-    if features not in (tree.keys, layered):
-        raise ArtifactError(f"{mpath}: 'features' are not in the order of the criteria in {TREE}")
-
-
-def scores_header(path: Path) -> list[str]:
-    """The column names of the artifact's ``scores.csv`` (its first line, bounded)."""
-    try:
-        with (path / SCORES).open(encoding="utf-8", newline="") as fh:
-            line = fh.readline(MAX_HEADER_BYTES)
-        return next(csv.reader(io.StringIO(line)))
-    except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
-        raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
-
-
-def criteria_per_layer(fitted: Any) -> dict[str, int]:
-    """Layer k -> how many criteria HD-Eval's layer-k proxy aggregator uses: the criteria its
-    layer reports added on layers 1..k (the manifest's ``layers``, one report per layer fitted)."""
-    out: dict[str, int] = {}
-    total = 0
-    for report in sorted(fitted.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
-        total += len(report.get("added") or [])
-        out[str(int(report["layer"]))] = total
-    return out

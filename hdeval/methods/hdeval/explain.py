@@ -117,12 +117,6 @@ class ShapResult:
         return np.abs(self.values).mean(axis=0) if len(self.values) else np.zeros(len(self.feature_keys))
 
 
-def pipeline_output(pipe: Any, col: int | None, X: np.ndarray) -> np.ndarray:
-    """The unclipped output of ``pipe`` for one aspect (column ``col`` of a multi-output pipe)."""
-    out = np.asarray(pipe.predict(np.asarray(X, float)))
-    return out if col is None else out.reshape(len(X), -1)[:, col]
-
-
 def explainer_for(kind: str, method: str = "auto") -> str:
     """The explainer used for an aggregator kind; ``method="permutation"`` forces the
     model-agnostic one (useful to cross-check the exact explainers)."""
@@ -172,12 +166,10 @@ def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndar
             n_bg = len(bg)
         values = np.asarray(expl.values, float).reshape(len(X), X.shape[1], -1)
         base = np.asarray(expl.base_values, float).reshape(len(X), -1)
+        pred = np.asarray(pipe.predict(X)).reshape(len(X), -1)  # unclipped
         for j, aspect in enumerate(group):
-            col = j if len(group) > 1 else None
-            out[aspect] = ShapResult(
-                aspect, kind, list(feature_keys), list(sample_ids), values[:, :, j], base[:, j],
-                pipeline_output(pipe, col, X), X, n_bg,
-            )
+            out[aspect] = ShapResult(aspect, kind, list(feature_keys), list(sample_ids), values[:, :, j],
+                                     base[:, j], pred[:, j], X, n_bg)
     return {a: out[a] for a in aggregator.aspects}
 
 
@@ -227,12 +219,6 @@ def tree_importance(tree: CriteriaTree, per_aspect: Mapping[str, Mapping[str, fl
     ]
 
 
-def importance_order(importance: Mapping[str, float], feature_keys: Sequence[str]) -> list[str]:
-    """Feature keys by decreasing importance; ties keep feature (tree) order."""
-    pos = {k: i for i, k in enumerate(feature_keys)}
-    return sorted(feature_keys, key=lambda k: (-importance.get(k, 0.0), pos[k]))
-
-
 # --------------------------------------------------------------------------- efficiency
 @dataclass(frozen=True)
 class EfficiencyPoint:
@@ -247,8 +233,6 @@ class EfficiencyPoint:
 def curve_sizes(n: int, max_points: int | None) -> list[int]:
     """Numbers of criteria to evaluate: every 1..n, or ``max_points`` of them spread evenly
     (always including 1 and n)."""
-    if n <= 0:
-        return []
     if max_points is None or max_points >= n:
         return list(range(1, n + 1))
     pts = np.unique(np.round(np.linspace(1, n, max(max_points, 2))).astype(int))

@@ -19,7 +19,9 @@ _CRITERION = re.compile(r"^Criterion to decompose: (.+?) \(key: ([^)]+)\)", re.M
 _SAMPLE = re.compile(r"<sample>(.*?)</sample>", re.S)
 
 
-def decompose_reply(prompt: str) -> str:
+@responder("decompose")
+def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
+    prompt, n_prompt = prompt_of(request)
     m = _MAX_CHILDREN.search(prompt)
     n = int(m.group(1)) if m else 3
     crit = _CRITERION.search(prompt)
@@ -27,11 +29,15 @@ def decompose_reply(prompt: str) -> str:
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
     start = _h(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
-    return json.dumps({"subcriteria": [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows "
-                                        f"{f} with respect to {name.lower()}."} for f in picked]})
+    subs = [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows {f} with respect to "
+             f"{name.lower()}."} for f in picked]
+    text = json.dumps({"subcriteria": subs})
+    return Completion(text, None, n_prompt, max(1, len(text) // 4))
 
 
-def score_reply(fake: FakeBackend, prompt: str, request: CompletionRequest, n_prompt: int) -> Completion:
+@responder("score")
+def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
+    prompt, n_prompt = prompt_of(request)
     sample = _SAMPLE.search(prompt)
     body = sample.group(1) if sample else prompt
     criterion = prompt[sample.end():] if sample else ""
@@ -58,15 +64,3 @@ def score_reply(fake: FakeBackend, prompt: str, request: CompletionRequest, n_pr
         top = (tuple(alts),)
     return Completion(str(best), top, n_prompt, 1)
 
-
-@responder("decompose")
-def _hdeval_decompose(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = prompt_of(request)
-    text = decompose_reply(prompt)
-    return Completion(text, None, n_prompt, max(1, len(text) // 4))
-
-
-@responder("score")
-def _hdeval_score(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = prompt_of(request)
-    return score_reply(fake, prompt, request, n_prompt)

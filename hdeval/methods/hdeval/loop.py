@@ -27,7 +27,7 @@ from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
-from hdeval.methods.hdeval.summary import interval_summary
+from hdeval.methods.hdeval.summary import interval_summary, some_of
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
@@ -86,10 +86,9 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         progress.message(_given_summary(given))
     matrix = ScoreMatrix.empty(ids)
     reports: list[LayerReport] = []
-    layer_metrics: dict[str, Any] = {}
     expand: list[str] = []  # what pruning picked to decompose next
-    fitted: list[tuple[int, int, Aggregator]] = []  # (layer, columns it uses, its aggregator)
-    cv_preds: dict[int, np.ndarray] = {}  # layer -> out-of-fold training predictions (intervals)
+    # layer -> (columns its aggregator uses, the aggregator, out-of-fold training predictions)
+    fitted: dict[int, tuple[int, Aggregator, np.ndarray]] = {}
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
                                  len(samples), expand, rejections):
@@ -118,12 +117,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
             caught[:] = kept_warnings(caught, kind)
-            cv_preds[layer] = cv_pred
             agg = clone(template).fit(X[tr], Y[tr])
-            test = metric_table(Y[te], agg.predict(X[te]), aspects)
             report = LayerReport(
-                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects), test,
-                m.failure_rate, selection, tuning=tuning, params=_nn_params(template),
+                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects),
+                metric_table(Y[te], agg.predict(X[te]), aspects), m.failure_rate, selection, tuning=tuning,
+                params=_nn_params(template),
             )
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
@@ -132,13 +130,14 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
                 report.positive_importance = pr.n_positive
                 expand[:] = pr.selected
         report.notes = warning_notes(caught)
-        fitted.append((layer, X.shape[1], agg))
+        fitted[layer] = (X.shape[1], agg, cv_pred)
         reports.append(report)
-        layer_metrics[str(layer)] = test
         progress.message(_layer_summary(report, aspects))
 
     choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
-    kept_layer, n_cols, agg = next(f for f in fitted if f[0] == choice["kept_layer"])
+    kept_layer = choice["kept_layer"]
+    n_cols, agg, cv_pred = fitted[kept_layer]
+    layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
         "final": layer_metrics[str(kept_layer)],
@@ -153,7 +152,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
     metrics["intervals"] = fitted_intervals(
-        Y, cv_preds[kept_layer], tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
+        Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)")
     progress.message(_selection_summary(choice))
     progress.message(interval_summary(metrics["intervals"]))
@@ -163,7 +162,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     # the score table and the layer reports keep every explored criterion
     kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
     ev = Evaluator(
-        task, kept_tree, agg, matrix.criterion_keys[:n_cols], templates, spec, llm.identity, metrics,
+        task, kept_tree, agg, agg.kind, matrix.criterion_keys[:n_cols], templates, spec, llm.identity,
+        metrics,
         {
             **run_record(ctx),
             "layers": [r.to_dict() for r in reports],
@@ -398,10 +398,9 @@ def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: Cac
 def _given_summary(given: Any) -> str:
     """Which criteria came from the --tree file (shown before training and in the summary)."""
     keys = given.tree.keys
-    shown = ", ".join(k + (" (locked)" if k in given.locked else "") for k in keys[:12])
-    more = f", ... {len(keys) - 12} more" if len(keys) > 12 else ""
+    shown = some_of([k + (" (locked)" if k in given.locked else "") for k in keys], 12)
     return (f"tree from {given.source}: {len(keys)} criteria on {given.depth} layer(s), "
-            f"{len(given.locked)} locked: {shown}{more}")
+            f"{len(given.locked)} locked: {shown}")
 
 
 def _fmt(x: float | None) -> str:

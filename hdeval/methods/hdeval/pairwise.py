@@ -19,16 +19,16 @@ import numpy as np
 import pandas as pd
 
 from hdeval.aggregate import used_features
-from hdeval.artifact import ArtifactReader, ArtifactWriter
+from hdeval.artifact import ArtifactWriter
 from hdeval.classify import (
     CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
     select_classifier,
 )
-from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
-from hdeval.methods.hdeval.evaluator import METRICS, SCORES, TRUSTED_TYPES, TreeEvaluator, scores_header
+from hdeval.methods.aggregator_file import check_pipeline
+from hdeval.methods.hdeval.evaluator import TreeEvaluator
 from hdeval.methods.hdeval.loop import (
     LayerReport, _fmt, best_layer, check_failures, grow, kept_warnings, plan_hdeval, positions, pruning_lines,
     warning_notes,
@@ -72,18 +72,21 @@ def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteri
 def plan_pairwise(config, prep, backend=None) -> list:
     """The dry run: HD-Eval's plan over every response as a sample (2 per pair), so layer 1 is
     exact (identical responses once, cached ones shown) and later layers are upper bounds."""
-    if config.options.scorer != "digit":
-        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({prep.task.name}): leave it out")
+    no_pairwise_scorer(config.options, prep.task)
     return plan_hdeval(config, dataclasses.replace(prep, samples=side_samples(prep.samples)), backend)
 
 
 # ----------------------------------------------------------------------------- fit
+def no_pairwise_scorer(options: Any, task: Task) -> None:
+    """--scorer pairwise compares pointwise samples with comparison examples: not on pairs."""
+    if options.scorer != "digit":
+        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({task.name}): HD-Eval "
+                          "scores both responses of each pair with the criterion prompt; leave --scorer out")
+
+
 def check_pairwise_options(ctx: FitContext) -> None:
     """What a pairwise HD-Eval run refuses before any LLM call."""
-    if ctx.options.scorer != "digit":
-        raise ConfigError("--scorer pairwise compares pointwise samples with comparison examples; on a "
-                          f"pairwise task ({ctx.prep.task.name}) HD-Eval scores both responses of each pair "
-                          "with the criterion prompt: leave --scorer out")
+    no_pairwise_scorer(ctx.options, ctx.prep.task)
     given = ctx.options.given()
     for name in ("comparisons", "swap"):
         if name in given:
@@ -271,16 +274,10 @@ class PairHdevalResult(ScoreResult):
 class PairwiseTreeEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
-    method = "hdeval"
     shape = "pairwise"
-
-    def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
-                 templates: dict[str, Template], llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
-                 manifest_extra: dict[str, Any] | None = None, score_table: pd.DataFrame | None = None):
-        super().__init__(task, tree, feature_keys, templates, llm, llm_identity, metrics, manifest_extra,
-                         score_table)
-        self.model = model
-        self.kind = kind
+    fitted = "classifier"
+    model_file = MODEL
+    extra_keys = _EXTRA_KEYS
 
     @property
     def classes(self) -> list[str]:
@@ -368,28 +365,27 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         own = {"kind": self.kind, "classes": self.classes}
-        return self.write_files(out, MODEL, self.model, {"shape": "pairwise", "classifier": own})
+        return self.write_files(out, self.model, {"shape": "pairwise", "classifier": own})
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader) -> "PairwiseTreeEvaluator":
-        path, manifest = art.path, art.manifest
-        mpath = path / "manifest.json"
-        task, tree, templates, features, (kind, classes) = cls.read_start(art, MODEL, "classifier", _classifier_section)
+    def check_section(cls, meta: dict, task: Task, mpath: Path) -> tuple[str, list[str]]:
+        kind, classes = meta.get("kind"), meta.get("classes")
         if kind not in CLASSIFIERS:
             raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
-        if (not all(isinstance(c, str) for c in classes) or not set(classes) <= set(PAIR_LABELS)
-                or not {"a", "b"} <= set(classes) or len(set(classes)) != len(classes)):
+        if (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
+                or not set(classes) <= set(PAIR_LABELS) or not {"a", "b"} <= set(classes)
+                or len(set(classes)) != len(classes)):
             raise ArtifactError(f"{mpath}: classifier classes {classes!r} must be a, b and optionally tie")
-        _check_order(path, manifest["files"], features, mpath)
-        model = art.skops(MODEL, TRUSTED_TYPES)
-        _check_model(model, kind, classes, len(features), path / MODEL)
-        cls.check_needed(manifest, features, lambda: used_features(model, len(features)), "classifier", mpath,
-                         path / MODEL)
-        llm, identity = cls.read_llm(manifest, mpath)
-        ev = cls(task, tree, model, kind, features, templates, llm, identity, art.json(METRICS),
-                 {k: v for k, v in manifest.items() if k in _EXTRA_KEYS})
-        ev.loaded_from(art)
-        return ev
+        return kind, classes
+
+    @classmethod
+    def checked_model(cls, model: Any, section: tuple, n_features: int, where: Path) -> Any:
+        kind, classes = section
+        got = check_pipeline(model, "classifier", kind, n_features, where, "the classifier", "differences",
+                             lambda m, X: (m.predict_proba(X), [str(c) for c in m.classes_])[1])
+        if got != classes:
+            raise ArtifactError(f"{where}: the classifier's classes {got} are not the manifest's {classes}")
+        return model
 
 
 # The name docs/python-api.md gave it before it said what it is; kept for code that uses it.
@@ -402,42 +398,5 @@ def _swap_text(swap: Any) -> str:
     return f"; verdict changes when A and B swap places: {swap['verdict_changes']:.1%} of {swap['pairs']} test pairs"
 
 
-def _classifier_section(manifest: dict[str, Any]) -> tuple[str, list[str]]:
-    meta = manifest["classifier"]
-    return meta["kind"], list(meta["classes"])
-
-
 def _num(x: float) -> float | None:
     return None if math.isnan(x) else round(float(x), 6)
-
-
-def _check_order(path: Path, files: dict, features: list[str], mpath: Path) -> None:
-    """The classifier's columns are positional: the checksummed ``scores.csv`` header records
-    the trained order (``<criterion>:a`` columns); an edited manifest cannot permute them."""
-    if SCORES not in files:
-        return
-    header = scores_header(path)
-    cols = [c[:-2] for c in header[2:2 + len(features)] if c.endswith(":a")]
-    if cols != features:
-        raise ArtifactError(f"{mpath}: 'features' are not in the order the classifier was trained on "
-                            f"(the columns of {SCORES}); the manifest was edited")
-
-
-def _check_model(model: Any, kind: str, classes: list[str], n_features: int, where: Path) -> None:
-    from sklearn.pipeline import Pipeline
-
-    if not isinstance(model, Pipeline) or "model" not in model.named_steps:
-        raise ArtifactError(f"{where}: not an hdeval classifier pipeline")
-    est = model.named_steps["model"]
-    if type(est).__name__ != CLASSIFIERS[kind]:
-        raise ArtifactError(f"{where}: holds a {type(est).__name__}, but the manifest says classifier {kind!r}")
-    if getattr(model, "n_features_in_", None) != n_features:
-        raise ArtifactError(f"{where}: the classifier takes {getattr(model, 'n_features_in_', None)} "
-                            f"differences, but the manifest lists {n_features} features")
-    try:
-        got = [str(c) for c in model.classes_]
-        model.predict_proba(np.zeros((1, n_features)))
-    except Exception as exc:  # any failure of an unusable model
-        raise ArtifactError(f"{where}: the classifier cannot predict ({exc})") from None
-    if got != classes:
-        raise ArtifactError(f"{where}: the classifier's classes {got} are not the manifest's {classes}")

@@ -5,7 +5,7 @@ the fitted pointwise evaluator, which imports this module (not the reverse)."""
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +17,7 @@ from hdeval import __version__
 from hdeval.errors import ArtifactError, ConfigError
 from hdeval.methods.hdeval.explain import (
     MAX_SAMPLES, N_BACKGROUND, EfficiencyPoint, NodeImportance, ShapResult, efficiency_curve,
-    importance_order, permutation_importances, score_table, shap_explain, split_rows, subsample,
+    permutation_importances, score_table, shap_explain, split_rows, subsample,
     tree_importance,
 )
 from hdeval.metrics import metric_table
@@ -101,7 +101,7 @@ def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int =
     progress.message("criteria-efficiency curve: importance on the training split, then refits")
     train_perm = permutation_importances(agg, keys, train.X, train.Y, n_repeats, random_state)
     order_imp = {k: float(sum(p[k] for p in train_perm.values())) for k in keys}
-    order = importance_order(order_imp, keys)
+    order = sorted(keys, key=lambda k: -order_imp[k])  # stable: ties keep the tree order
     curve = efficiency_curve(agg, keys, order, train, test, curve_points)
 
     m = ev.metrics or {}
@@ -189,15 +189,7 @@ def _same_table(a: Mapping[str, Any], b: Mapping[str, Any], tol: float = 1e-5) -
 
 def _clean(x: Any) -> Any:
     """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python numbers."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
+    return json.loads(json.dumps(x, default=lambda o: o.item()), parse_constant=lambda _: None)
 
 
 def disagreements(ev: Any, data: str | Path | None = None, cache_dir: str | Path | None = None,

@@ -47,7 +47,7 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
             if isinstance(r, dict) and r.get("unexpanded")]
     if left:
         out.append((f"warning: {len(left)} criteria left unexpanded (every decomposition reply was degenerate): "
-                    f"{_some([str(k) for k in left])}; the rejected replies are in the manifest's "
+                    f"{some_of([str(k) for k in left])}; the rejected replies are in the manifest's "
                     "decomposition_rejections", True))
     out.append((f"artifact written to {path}", False))
     out.append((f"next: hdeval report {path}", False))
@@ -59,12 +59,13 @@ def _given_tree(given: dict, keys: list[str]) -> list[tuple[str, bool]]:
     from_file = set(given["criteria"])
     locked = set(given["locked"])
     added = [k for k in keys if k not in from_file]
-    listed = _some([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
+    listed = some_of([k + (" (locked)" if k in locked else "") for k in given["criteria"]])
     return [(f"criteria from {given['file']} ({len(from_file)}, {len(locked)} locked): {listed}", False),
-            (f"criteria added by decomposition: {len(added)}" + (f": {_some(added)}" if added else ""), False)]
+            (f"criteria added by decomposition: {len(added)}" + (f": {some_of(added)}" if added else ""),
+             False)]
 
 
-def _some(names: list[str], n: int = 20) -> str:
+def some_of(names: list[str], n: int = 20) -> str:
     return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
 
 

@@ -38,7 +38,7 @@ def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
     """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
-    from hdeval.aggregate import Aggregator, cross_val_predictions, select_kind
+    from hdeval.aggregate import Aggregator, cross_val_predictions, select_cv
     from hdeval.intervals import fitted_intervals
     from hdeval.metrics import metric_table
 
@@ -66,7 +66,8 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     groups = [by_id[ids[i]].doc_id for i in tr]
     kind, selection = config.options.aggregator, {}
     if kind == "auto":
-        kind, selection = select_kind(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], groups)
+        best, selection, _, _ = select_cv(Aggregator.for_task("lr", task, config.seed), X[tr], Y[tr], groups)
+        kind = best.kind
     ev.agg = Aggregator.for_task(kind, task, config.seed).fit(X[tr], Y[tr])
     ev.metrics = {
         "split": {"train": len(tr), "test": len(te)},
