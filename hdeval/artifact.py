@@ -36,16 +36,6 @@ ASIDE = ".hdeval-old"  # .NAME.hdeval-old: the previous artifact, between two re
 NEW = ".hdeval-new-"  # .NAME.hdeval-new-PID: the artifact being written
 
 
-def package_versions() -> dict[str, str]:
-    import numpy as np
-    import pandas as pd
-    import sklearn
-    import skops
-
-    return {"hdeval": __version__, "python": platform.python_version(), "scikit-learn": sklearn.__version__,
-            "numpy": np.__version__, "pandas": pd.__version__, "skops": skops.__version__}
-
-
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -111,7 +101,7 @@ class ArtifactReader:
     def json(self, name: str) -> Any:
         try:
             return json.loads(self.text(name))
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: also an integer longer than int() reads
             raise ArtifactError(f"{self.path / name}: unreadable (not valid JSON: {exc})") from exc
 
     def skops(self, name: str, trusted: tuple[str, ...]) -> Any:
@@ -155,13 +145,8 @@ def _refuse_links(path: Path) -> None:
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` is a real directory whose manifest says it is an hdeval artifact."""
     try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return False
-        st = os.lstat(path / MANIFEST)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
-            return False
-        manifest = json.loads((path / MANIFEST).read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+        manifest = ArtifactReader(path, {}, []).json(MANIFEST) if stat.S_ISDIR(os.lstat(path).st_mode) else None
+    except (OSError, ArtifactError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
@@ -172,6 +157,11 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     new artifact is written next to ``path`` and swapped in, so whenever the process stops,
     ``path`` holds either the old or the new artifact (see :func:`recover_artifact`). ``llm``: the
     manifest's LLM section (model, base_url without credentials, identity)."""
+    import numpy as np
+    import pandas as pd
+    import sklearn
+    import skops
+
     path = Path(path)
     check_destination(path, force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +174,10 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "hdeval_version": __version__,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "method": fitted.method, "method_args": fitted.method_args(),
-                    "task": fitted.task.to_dict(), "llm": llm, "versions": package_versions(), **section}
+                    "task": fitted.task.to_dict(), "llm": llm,
+                    "versions": {"hdeval": __version__, "python": platform.python_version(),
+                                 "scikit-learn": sklearn.__version__, "numpy": np.__version__,
+                                 "pandas": pd.__version__, "skops": skops.__version__}, **section}
         manifest["files"] = {
             p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }

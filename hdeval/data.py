@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -10,7 +11,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.paths import user_data_dir
@@ -87,43 +88,46 @@ def read_samples(path: str | Path, task: Task, require_scores: bool = True,
     """Read and validate every line. All broken lines (up to a cap) are reported together with their
     line numbers, so a user fixes a file in one pass; nothing is returned unless the whole file is
     valid. ``require_scores``: every sample must carry a human score for each aspect (training)."""
-    return list(iter_samples(path, task, require_scores, aspects))
-
-
-def iter_samples(path: str | Path, task: Task, require_scores: bool = True,
-                 aspects: Sequence[str] | None = None, seen: SeenIds | None = None,
-                 keep: Callable[[str], bool] | None = None) -> Iterator[Sample]:
-    """:func:`read_samples` one sample at a time, holding only the ids seen (for duplicates).
-    Samples are yielded only while no line has been bad; the rest of the file is still checked,
-    and the :class:`DataError` listing every bad line is raised at the end."""
     if task.shape != "pointwise":
         raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
                           "reads single responses: use a pointwise task (see `hdeval tasks`)")
-    aspect_keys = list(aspects) if aspects is not None else list(task.aspect_keys)
-    unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
-
-    def parse(row: dict, lineno: int) -> tuple[str | None, Sample | None]:
-        if require_scores and isinstance(row.get("scores"), dict):
-            for key in aspect_keys:
-                if row["scores"].get(key) is None:
-                    unscored[key] = unscored.get(key, 0) + 1
-        return _sample_from_row(row, lineno, task, aspect_keys, require_scores)
-
-    def hint() -> str:
-        have = [a for a in aspect_keys if a not in unscored]
-        return (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
-                f"pass --aspects {','.join(have)}" if unscored and have else "")
-
-    return _iter_rows(Path(path), parse, "samples", seen, keep, hint=hint)
+    return list(_iter_task(path, task, require_scores, aspects))
 
 
-def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]], what: str,
-               seen: SeenIds | None, keep: Callable[[str], bool] | None,
-               match: Callable[[dict], bool] | None = None, hint: Callable[[], str] = lambda: "",
-               none: str = "") -> Iterator[Any]:
-    """Both shapes' line checks; ``parse(row, line)``: (problem, None), or (None, None) to skip."""
-    bad = _BadLines()
-    n_rows = 0
+def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequence[str] | None = None,
+               seen: DictIds | DiskIds | None = None,
+               keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
+    """The samples (or pairs) of ``path`` one at a time, holding only the ids seen (for duplicates).
+    Samples are yielded only while no line has been bad; the rest of the file is still checked,
+    and the :class:`DataError` listing every bad line is raised at the end."""
+    path = Path(path)
+    if task.shape == "pairwise":
+        hint: Callable[[], str] = lambda: ""
+        shown_where = ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where)
+        what = f"pairs matching where {shown_where}" if task.where else "pairs"
+        match: Callable[[dict], bool] | None = lambda row: _matches(row, task.where)
+
+        def parse(row: dict, lineno: int) -> tuple[str | None, Any]:
+            return _pair_from_row(row, lineno, task, require_labels)
+    else:
+        match = None
+        what, aspect_keys = "samples", list(aspects) if aspects is not None else list(task.aspect_keys)
+        unscored: dict[str, int] = {}  # aspect -> lines without its score (hint for --aspects)
+
+        def parse(row: dict, lineno: int) -> tuple[str | None, Any]:
+            if require_labels and isinstance(row.get("scores"), dict):
+                for key in aspect_keys:
+                    if row["scores"].get(key) is None:
+                        unscored[key] = unscored.get(key, 0) + 1
+            return _sample_from_row(row, lineno, task, aspect_keys, require_labels)
+
+        def hint() -> str:
+            have = [a for a in aspect_keys if a not in unscored]
+            return (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
+                    f"pass --aspects {','.join(have)}" if unscored and have else "")
+
+    shown: list[str] = []  # the first MAX_REPORTED_ERRORS bad lines; all are counted
+    n_bad = n_rows = 0
     seen = DictIds() if seen is None else seen
     try:
         # Invalid bytes become lone surrogates (U+DC80-U+DCFF) so each is reported with its
@@ -141,7 +145,7 @@ def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]],
                 start += len(BOM.encode("utf-8"))
             if not line.strip():
                 continue
-            problem, item = _json_line(line, start)
+            problem, item = parse_json_line(line, start)
             if item is not None:
                 if match is not None and not match(item):
                     continue
@@ -158,17 +162,27 @@ def _iter_rows(path: Path, parse: Callable[[dict, int], tuple[str | None, Any]],
                 if first is not None:
                     problem = f"id {item.id!r} already used on line {first}"
             if problem:
-                bad.add(lineno, problem)
+                n_bad += 1
+                if len(shown) < MAX_REPORTED_ERRORS:
+                    shown.append(f"line {lineno}: {problem}")
                 continue
             n_rows += 1
-            if not bad.count:
+            if not n_bad:
                 yield item
-    bad.raise_any(path, hint())
+    if n_bad:
+        more = f" (and {n_bad - len(shown)} more)" if n_bad > len(shown) else ""
+        raise DataError(f"{path}: {n_bad} bad line(s): " + "; ".join(shown) + more + hint())
     if not n_rows:
-        raise DataError(f"{path}: no {what}{none}")
+        raise DataError(f"{path}: no {what}")
 
 
-def _json_line(line: str, start: int) -> tuple[str | None, dict | None]:
+def _matches(row: Mapping[str, Any], where: Sequence[tuple[str, Sequence[Any]]]) -> bool:
+    """Whether ``row`` passes a task's ``where``: each key looked up in ``meta`` first, then at the top level."""
+    meta = row["meta"] if isinstance(row.get("meta"), Mapping) else {}
+    return all((meta[k] if k in meta else row.get(k)) in values for k, values in where)
+
+
+def parse_json_line(line: str, start: int) -> tuple[str | None, dict | None]:
     """(problem, None) or (None, the JSON object on ``line``, which starts at byte ``start``)."""
     bad_byte = _INVALID_BYTE.search(line)
     if bad_byte:
@@ -184,24 +198,6 @@ def _json_line(line: str, start: int) -> tuple[str | None, dict | None]:
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
         return f"not usable JSON ({exc})", None
     return (None, row) if isinstance(row, dict) else ("not a JSON object", None)
-
-
-class _BadLines:
-    """A file's bad lines: all counted, the first ``MAX_REPORTED_ERRORS`` shown."""
-
-    def __init__(self) -> None:
-        self.shown: list[str] = []
-        self.count = 0
-
-    def add(self, lineno: int, msg: str) -> None:
-        self.count += 1
-        if len(self.shown) < MAX_REPORTED_ERRORS:
-            self.shown.append(f"line {lineno}: {msg}")
-
-    def raise_any(self, path: Path, hint: str = "") -> None:
-        if self.count:
-            more = f" (and {self.count - len(self.shown)} more)" if self.count > len(self.shown) else ""
-            raise DataError(f"{path}: {self.count} bad line(s): " + "; ".join(self.shown) + more + hint)
 
 
 def _no_id(sid: object) -> bool:
@@ -227,13 +223,6 @@ def _lone_surrogate(row: object) -> str | None:
     return None
 
 
-class SeenIds(Protocol):
-    """Where a reader keeps the ids it has seen, for the duplicate check."""
-
-    def first_line(self, sample_id: str, lineno: int) -> int | None:
-        """The line ``sample_id`` was first seen on, or None (and it is now seen on ``lineno``)."""
-
-
 class DictIds(dict):
     """Ids seen, in memory (a reader's default; ``apply`` keeps them on disk instead)."""
 
@@ -242,7 +231,7 @@ class DictIds(dict):
         return None if first == lineno else first
 
 
-class DiskIds:
+class DiskIds(contextlib.AbstractContextManager):
     """Ids seen, in an SQLite file in a private temporary directory (in ``near`` when given;
     removed by :meth:`close`): memory stays within SQLite's page cache however many ids there
     are, where a dict costs ~170 bytes an id. Ids are stored as UTF-8 bytes (surrogates kept),
@@ -282,9 +271,6 @@ class DiskIds:
     def close(self) -> None:
         self._con.close()
         self._dir.cleanup()
-
-    def __enter__(self) -> "DiskIds":
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -411,21 +397,21 @@ def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, see
                  tuple(sorted((s.id for s in test), key=order.__getitem__)))
 
 
-def _iter_task(path: str | Path, task: Task, require_labels: bool, seen: SeenIds | None = None,
-               keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
-    if task.shape == "pairwise":
-        return iter_pairs(path, task, require_labels=require_labels, seen=seen, keep=keep)
-    return iter_samples(path, task, require_scores=require_labels, seen=seen, keep=keep)
-
-
 def read_task_samples(path: str | Path, task: Task,
                       require_labels: bool = True) -> list[Sample] | list[PairSample]:
-    """Read ``path`` with the reader of the task's shape (scores / labels required)."""
+    """Read ``path`` with the reader of the task's shape (scores / labels required); errors are
+    reported as by :func:`read_samples`. A pairwise file holds ``output_a``, ``output_b`` and
+    ``label`` (a/b/tie); only rows matching the task's ``where`` are kept (the others are not
+    checked beyond being JSON objects); with its ``skip_empty``, rows whose shown text or a
+    response is an empty string are left out."""
     return list(_iter_task(path, task, require_labels))
 
 
+read_pairs = read_task_samples  # a pairwise task's file
+
+
 def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
-                     seen: SeenIds | None = None,
+                     seen: DictIds | DiskIds | None = None,
                      keep: Callable[[str], bool] | None = None) -> Iterator[list[Sample] | list[PairSample]]:
     """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
     holds one chunk (and the ids seen, unless ``seen`` keeps them elsewhere). Every line is
@@ -434,25 +420,8 @@ def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, 
     row is another reader's (a shard): skipped unchecked beyond its JSON and id."""
     if size < 1:
         raise ConfigError(f"chunk size must be at least 1, got {size}")
-    it = _iter_task(path, task, require_labels, seen, keep)
+    it = _iter_task(path, task, require_labels, None, seen, keep)
     yield from iter(lambda: list(itertools.islice(it, size)), [])
-
-
-def read_pairs(path: str | Path, task: Task, require_labels: bool = True) -> list[PairSample]:
-    """Read and validate a pairwise file (``output_a``, ``output_b``, ``label`` a/b/tie); errors are
-    reported as by :func:`read_samples`. Only rows matching the task's ``where`` are kept (the others
-    are not checked beyond being JSON objects); with its ``skip_empty``, rows whose shown text or a
-    response is an empty string are left out. ``require_labels``: every pair must carry a label."""
-    return list(iter_pairs(path, task, require_labels))
-
-
-def iter_pairs(path: str | Path, task: Task, require_labels: bool = True, seen: SeenIds | None = None,
-               keep: Callable[[str], bool] | None = None) -> Iterator[PairSample]:
-    """:func:`read_pairs` one pair at a time, as :func:`iter_samples`."""
-    row_filter = dict(task.where)
-    return _iter_rows(Path(path), lambda row, lineno: _pair_from_row(row, lineno, task, require_labels),
-                      "pairs", seen, keep, match=lambda row: _matches(row, row_filter),
-                      none=f" matching where {_show_where(row_filter)}" if row_filter else "")
 
 
 def _pair_from_row(row: dict, lineno: int, task: Task,
@@ -482,21 +451,6 @@ def _pair_from_row(row: dict, lineno: int, task: Task,
     return None, PairSample(id=str(row["id"]), doc_id=_doc_id(row), fields=fields, output_a=a, output_b=b,
                             label=label, system_a=row.get("system_a"), system_b=row.get("system_b"),
                             meta=dict(meta or {}), line=lineno)
-
-
-def _lookup(row: Mapping[str, Any], key: str) -> Any:
-    meta = row.get("meta")
-    if isinstance(meta, Mapping) and key in meta:
-        return meta[key]
-    return row.get(key)
-
-
-def _matches(row: Mapping[str, Any], row_filter: Mapping[str, tuple[Any, ...]]) -> bool:
-    return all(_lookup(row, k) in values for k, values in row_filter.items())
-
-
-def _show_where(row_filter: Mapping[str, tuple[Any, ...]]) -> str:
-    return ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in row_filter.items())
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

@@ -81,11 +81,9 @@ def fill_matrix(
             windows = iter(lambda: list(itertools.islice(it, size)), [])
         for chunk in windows:
             flat = [r for c in chunk for r in c.requests]
-            completions = client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency)
-            k = 0
+            replies = iter(client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency))
             for c in chunk:
-                got = completions[k : k + len(c.requests)]
-                k += len(c.requests)
+                got = list(itertools.islice(replies, len(c.requests)))
                 refused = next((g for g in got if isinstance(g, RequestRejected)), None)
                 if refused is not None:
                     value, reason = math.nan, " ".join(str(refused).split())[:300]  # one bounded line
@@ -195,8 +193,15 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
             obj = extract_json(text)
         except ValueError:
             obj = None
-        if isinstance(obj, dict):
-            return _json_pair(obj, checked, shown)
+        if isinstance(obj, dict):  # one key ending in a/1, one in b/2 (``score_a``, ``R1``)
+            ends = [(re.sub(r"[^a-z0-9]", "", str(k).lower())[-1:], v) for k, v in list(obj.items())[:20]]
+            a, b = [v for e, v in ends if e in ("a", "1")], [v for e, v in ends if e in ("b", "2")]
+            if len(a) != 1 or len(b) != 1:
+                return None, f"the JSON reply does not name one score per response: {shown!r}"
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                       for v in a + b):
+                return None, f"the JSON reply's scores are not numbers: {shown!r}"
+            return checked(float(a[0]), float(b[0]))
     sides: dict[str, set[float]] = {"1": set(), "2": set()}
     for m in _SIDE_SCORE.finditer(text):
         sides["1" if m.group(1).lower() in "1a" else "2"].add(float(m.group(2)))
@@ -214,23 +219,6 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
             what = "no two scores" if len(nums) < 2 else f"{len(nums)} numbers, not two scores"
             return None, f"the reply holds {what} in {low:g}-{high:g}: {shown!r}"
     return checked(nums[0], nums[1])
-
-
-def _json_pair(obj: dict, checked, shown: str):
-    """The two sides of a JSON reply: one key ending in a/1, one in b/2 (``score_a``, ``R1``)."""
-    sides: dict[str, list[Any]] = {"1": [], "2": []}
-    for key, value in list(obj.items())[:20]:
-        k = re.sub(r"[^a-z0-9]", "", str(key).lower())
-        if k[-1:] in ("a", "1"):
-            sides["1"].append(value)
-        elif k[-1:] in ("b", "2"):
-            sides["2"].append(value)
-    if len(sides["1"]) != 1 or len(sides["2"]) != 1:
-        return None, f"the JSON reply does not name one score per response: {shown!r}"
-    vals = (sides["1"][0], sides["2"][0])
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
-        return None, f"the JSON reply's scores are not numbers: {shown!r}"
-    return checked(*map(float, vals))
 
 
 class UnusableReply(HdevalError):
@@ -267,22 +255,14 @@ def ask_json(
     attempts: int = 3,
     final: Callable[[ValueError], bool] | None = None,
 ) -> T:
-    """Ask, parse the JSON object in the reply, validate it; on a problem, re-ask.
-
-    ``validate`` returns the value or raises ``ValueError`` saying what is wrong. A re-ask is a new
-    request (the old reply plus ``feedback(problem)`` as the next user turn), cached like any
-    other. After ``attempts`` unusable replies, :class:`UnusableReply` names the last problem; a
-    request the server rejects (:class:`~hdeval.errors.RequestRejected`) is raised.
-
-    When every attempt failed and some replies came from the cache (a rerun), the chain runs once
-    more, asking anew (the next ``attempt`` number) wherever it meets a cached invalid reply, so a
-    rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
-    problem it accepts is an outcome: the cached replies are the last word, with no new call.
-    """
+    """One question of :func:`ask_json_many`; its :class:`UnusableReply` is raised."""
     got = ask_json_many(llm, [(request, validate, feedback)], attempts=attempts, final=final)[0]
     if isinstance(got, UnusableReply):
         raise got
     return got
+
+
+_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
 
 
 def ask_json_many(
@@ -292,25 +272,81 @@ def ask_json_many(
     attempts: int = 3,
     final: Callable[[ValueError], bool] | None = None,
 ) -> list[Any]:
-    """:func:`ask_json` for each ``(request, validate, feedback)``, at most ``concurrency`` at a
-    time; each result is the value or the :class:`UnusableReply`. Any other error starts no new
-    chain, lets the running ones finish (what they paid is cached), and is raised."""
+    """For each ``(request, validate, feedback)``, at most ``concurrency`` at a time: ask, parse the
+    JSON object in the reply, validate it; on a problem, re-ask. Each result is the value or the
+    :class:`UnusableReply` naming the last problem after ``attempts`` unusable replies.
+
+    ``validate`` returns the value or raises ``ValueError`` saying what is wrong. A re-ask is a new
+    request (the old reply plus ``feedback(problem)`` as the next user turn), cached like any
+    other. Any other error (a request the server rejects, :class:`~hdeval.errors.RequestRejected`,
+    included) starts no new chain, lets the running ones finish (what they paid is cached), and
+    is raised; after Ctrl-C no chain asks anything more.
+
+    When every attempt failed and some replies came from the cache (a rerun), the chain runs once
+    more, asking anew (the next ``attempt`` number) wherever it meets a cached invalid reply, so a
+    rerun after a fix can succeed while a recovered chain replays at no cost. ``final``: a last
+    problem it accepts is an outcome: the cached replies are the last word, with no new call.
+    """
     from hdeval import aio
 
     halt: list[bool] = []
+    errors: list[BaseException] = []
+
+    async def chain(client: CachedBackend, request: CompletionRequest, validate: Callable[[Any], Any],
+                    feedback: Callable[[str], str]) -> Any:
+        def check(text: str) -> Any:
+            return validate(extract_json(text))
+
+        def ask(req: CompletionRequest) -> Any:
+            if halt:
+                raise KeyboardInterrupt
+            return client.acomplete(req)
+
+        async def reply(req: CompletionRequest, reask: bool) -> Completion:
+            """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
+            completion = await ask(req)
+            for n in range(1, _MAX_REASKS + 1):
+                if not reask or not completion.cached:
+                    return completion
+                try:
+                    check(completion.text)
+                    return completion
+                except ValueError as exc:
+                    if final is not None and final(exc):
+                        return completion
+                    completion = await ask(dataclasses.replace(req, attempt=n))
+            return completion
+
+        problem = ""
+        for reask in (False, True):
+            req = request
+            from_cache = False
+            last: ValueError | None = None
+            for _ in range(attempts):
+                completion = await reply(req, reask)
+                from_cache = from_cache or completion.cached
+                try:
+                    return check(completion.text)
+                except ValueError as exc:
+                    problem, last = str(exc), exc
+                    req = dataclasses.replace(
+                        req,
+                        messages=req.messages
+                        + (Message("assistant", completion.text), Message("user", feedback(problem))),
+                    )
+            if not from_cache or (final is not None and last is not None and final(last)):
+                break
+        return UnusableReply(attempts, problem)
 
     async def run_all(client: CachedBackend) -> list[Any]:
         gate = asyncio.Semaphore(min(concurrency or client.concurrency, client.concurrency))
-        errors: list[BaseException] = []
 
         async def one(ask: tuple) -> Any:
             async with gate:
                 if errors or halt:
                     return None
                 try:
-                    return await aask_json(client, *ask, attempts, halt=halt, final=final)
-                except UnusableReply as exc:
-                    return exc
+                    return await chain(client, *ask)
                 except BaseException as exc:  # noqa: BLE001 - raised once the others ended
                     errors.append(exc)
                     return None
@@ -324,64 +360,3 @@ def ask_json_many(
 
     with _client(llm) as client:
         return aio.run(run_all(client), on_interrupt=lambda: halt.append(True))
-
-
-_MAX_REASKS = 50  # a cache holding more invalid replies for one request than this is hostile
-
-
-async def aask_json(
-    client: CachedBackend,
-    request: CompletionRequest,
-    validate: Callable[[Any], T],
-    feedback: Callable[[str], str],
-    attempts: int = 3,
-    *,
-    halt: list | None = None,
-    final: Callable[[ValueError], bool] | None = None,
-) -> T:
-    """:func:`ask_json` on the LLM loop. Once ``halt`` is non-empty (Ctrl-C), the chain asks
-    nothing more: :class:`KeyboardInterrupt`."""
-
-    def check(text: str) -> T:
-        return validate(extract_json(text))
-
-    def ask(req: CompletionRequest) -> Any:
-        if halt:
-            raise KeyboardInterrupt
-        return client.acomplete(req)
-
-    async def reply(req: CompletionRequest, reask: bool) -> Completion:
-        """With ``reask``: the first reply, by ``attempt``, fresh or valid or ``final`` (paid once)."""
-        completion = await ask(req)
-        for n in range(1, _MAX_REASKS + 1):
-            if not reask or not completion.cached:
-                return completion
-            try:
-                check(completion.text)
-                return completion
-            except ValueError as exc:
-                if final is not None and final(exc):
-                    return completion
-                completion = await ask(dataclasses.replace(req, attempt=n))
-        return completion
-
-    problem = ""
-    for reask in (False, True):
-        req = request
-        from_cache = False
-        last: ValueError | None = None
-        for _ in range(attempts):
-            completion = await reply(req, reask)
-            from_cache = from_cache or completion.cached
-            try:
-                return check(completion.text)
-            except ValueError as exc:
-                problem, last = str(exc), exc
-                req = dataclasses.replace(
-                    req,
-                    messages=req.messages
-                    + (Message("assistant", completion.text), Message("user", feedback(problem))),
-                )
-        if not from_cache or (final is not None and last is not None and final(last)):
-            break
-    raise UnusableReply(attempts, problem)

@@ -72,16 +72,15 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
 
-    def text(d: dict, key: str, ctx: str, required: bool = True) -> str | None:
+    def text(d: dict, key: str, ctx: str, required: bool = True) -> str:
+        """The text at ``key``; "" when it is optional and missing or blank."""
         value = d.get(key)
-        if value is None and not required:
-            return None
+        if not required and (value is None or isinstance(value, str) and not value.strip()):
+            return ""
         if not isinstance(value, str):
             what = "needs" if value is None else f"has {_kind(value)} as"
             raise ConfigError(f"{where}: {ctx} {what} {key!r}; it must be non-empty text")
         if not value.strip():
-            if not required:
-                return None
             raise ConfigError(f"{where}: {ctx} needs a non-empty {key!r}")
         return value
 
@@ -100,7 +99,6 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         return value
 
     name = text(raw, "name", "the task")
-    assert name is not None
     if not _NAME.fullmatch(name):
         raise ConfigError(f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
                           "'.' or '-', starting with a letter, digit or '_' (it names files and directories)")
@@ -116,14 +114,13 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
                               f"({', '.join(SAMPLE_FIELDS)})")
         if key in {x.key for x in fields}:
             raise ConfigError(f"{where}: fields #{i}: field {key!r} is listed twice")
-        fields.append(TaskField(key, text(f, "label", f"fields #{i}") or ""))
+        fields.append(TaskField(key, text(f, "label", f"fields #{i}")))
     if "output" not in {f.key for f in fields}:
         raise ConfigError(f"{where}: fields must include the 'output' field (the text under evaluation)")
     aspects = []
     seen: set[str] = set()
     for i, a in enumerate(tables("aspects", {"key", "name", "definition", "range"}), 1):
         key = text(a, "key", f"aspects #{i}")
-        assert key is not None
         if key in seen:
             raise ConfigError(f"{where}: aspect {key!r} is defined twice")
         if "/" in key or not key.strip():
@@ -136,7 +133,7 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect {key!r} range must be [low, high], two finite numbers with "
                               f"low < high; got {rng!r}")
         shown = text(a, "name", f"aspect {key!r}", required=False) or key.capitalize()
-        aspects.append(Aspect(key=key, name=shown, definition=text(a, "definition", f"aspect {key!r}") or "",
+        aspects.append(Aspect(key=key, name=shown, definition=text(a, "definition", f"aspect {key!r}"),
                               low=float(rng[0]), high=float(rng[1])))
     shape = raw.get("shape", "pointwise")
     if shape not in SHAPES:
@@ -150,7 +147,7 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     keys = [a.key for a in aspects]
     own = _aspect_list(raw.get("own_regressor", []), keys, f"{where}: own_regressor", empty_ok=True)
     presets = parse_presets(raw.get("presets"), keys, where)
-    return Task(name=name, description=text(raw, "description", "the task") or "",
+    return Task(name=name, description=text(raw, "description", "the task"),
                 output_label=text(raw, "output_label", "the task", required=False) or "Output",
                 fields=tuple(fields), aspects=tuple(aspects), data_file=data_file, shape=shape,
                 where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets)

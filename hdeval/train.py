@@ -99,15 +99,11 @@ class TrainConfig:
         """The run as the manifest records it (artifact format 3): the shared options, and every
         option of the method under ``options`` (:meth:`MethodOptions.record`). Format 2's record
         is read by :func:`hdeval.methods.base.recorded_options`."""
-        d: dict[str, Any] = {"task": self.task, "method": self.method, "options": self.options.record()}
-        for f in fields(self):
-            if f.name not in ("task", "method", "options"):
-                d[f.name] = getattr(self, f.name)
-        d["aspects"] = list(self.aspects) if self.aspects else None
         from hdeval.urls import public_url
 
-        d["base_url"] = public_url(self.base_url)  # an artifact is shared: no user, password or query
-        return d
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # in the fields' order
+        return {**d, "options": self.options.record(), "aspects": list(self.aspects) if self.aspects else None,
+                "base_url": public_url(self.base_url)}  # an artifact is shared: no user, password or query
 
 
 @dataclass

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads with the first ScoreMatrix: the CLI's --help and data commands skip it
+    import numpy as np
 
 # A JSON "\ud800" escape decodes to a lone surrogate, which cannot be encoded as UTF-8: no
 # prompt, request or cache key can carry it, so text from outside is refused where it comes in.
@@ -245,12 +246,16 @@ class ScoreMatrix:
     failures: list[Failure] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         self.values = np.asarray(self.values, dtype=float)
         if self.values.shape != (len(self.sample_ids), len(self.criterion_keys)):
             raise ValueError("score matrix shape does not match its labels")
 
     @classmethod
     def empty(cls, sample_ids: Sequence[str]) -> "ScoreMatrix":
+        import numpy as np
+
         return cls(list(sample_ids), [], np.zeros((len(sample_ids), 0)))
 
     def columns(self, keys: Sequence[str]) -> np.ndarray:
@@ -260,10 +265,12 @@ class ScoreMatrix:
     def hstack(self, other: "ScoreMatrix") -> "ScoreMatrix":
         if other.sample_ids != self.sample_ids:
             raise ValueError("cannot join score matrices over different samples")
+        import numpy as np
+
         return ScoreMatrix(self.sample_ids, self.criterion_keys + other.criterion_keys,
                            np.hstack([self.values, other.values]), self.failures + other.failures)
 
     @property
     def failure_rate(self) -> float:
         n = self.values.size
-        return float(np.isnan(self.values).sum()) / n if n else 0.0
+        return float((self.values != self.values).sum()) / n if n else 0.0  # NaN != NaN

@@ -125,6 +125,9 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "tree missing": (lambda a: (a / "tree.json").unlink(), "tree.json is missing"),
     "manifest missing": (lambda a: (a / MANIFEST).unlink(), "manifest.json is missing"),
     "manifest not json": (lambda a: truncate(a / MANIFEST), "manifest.json: unreadable"),
+    # valid JSON Python will not read: an integer longer than int() converts
+    "manifest number too long": (lambda a: (a / MANIFEST).write_text('{"format_version": ' + "9" * 5000 + "}"),
+                                 "manifest.json: unreadable"),
     "checksum entry removed": (
         lambda a: edit_json(a / MANIFEST, lambda m: m["files"].pop("prompts/score.toml")),
         "no checksum recorded for prompts/score.toml",

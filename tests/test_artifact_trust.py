@@ -556,8 +556,8 @@ def test_apply_output_is_atomic(artifact: Path, toy, tmp_path: Path, monkeypatch
     out = tmp_path / "scored.csv"
     out.write_text("previous results\n")
 
-    def broken(self, path, *a, **k):
-        Path(path).write_text("id,scores.cla")
+    def broken(self, target, *a, **k):
+        target.write(b"id,scores.cla")  # a partial write to the temporary file, then the disk is full
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", broken)

@@ -4,7 +4,9 @@ The work is :mod:`hdeval.run`; this module turns options into one call and print
 
 from __future__ import annotations
 
+import functools
 import json
+from typing import Any
 
 import click
 
@@ -49,9 +51,8 @@ from hdeval.errors import ConfigError
 @batch_option
 @guarded
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
-          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float, llm: str | None, base_url: str | None,
-          concurrency: int, timeout: float, max_retries: int, cache_dir: str | None,
-          max_calls: int | None, batch: bool) -> None:
+          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float,
+          **llm_options: Any) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
 
     The input is validated first (every bad line reported, nothing paid for), then read, scored
@@ -70,63 +71,56 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     """
     from hdeval.run.apply import apply_file
 
+    note, say = functools.partial(click.echo, err=True), functools.partial(click.echo, err=output == "-")
     if export_file is not None:
         from hdeval.run.export_requests import export_apply_requests
 
+        del llm_options["max_calls"]  # exporting pays for nothing
+        batch = llm_options.pop("batch")
         for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
             if given is not None:
                 raise ConfigError(f"--export-requests scores nothing: drop {name}")
-        n = export_apply_requests(artifact, input_file, export_file, shard=shard, llm=llm, base_url=base_url,
-                                  concurrency=concurrency, timeout=timeout, max_retries=max_retries,
-                                  cache_dir=cache_dir, **policy())
+        n = export_apply_requests(artifact, input_file, export_file, shard=shard, **llm_options, **policy())
         if not n:
-            click.echo(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o",
-                       err=True)
-            return
-        where = f" --cache-dir {cache_dir}" if cache_dir else ""
-        click.echo(f"wrote {n} requests not cached yet to {export_file}; answer them with any engine that reads "
-                   f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}"
-                   f"{where}` and rerun apply (a method whose later stage depends on these replies exports "
-                   "that stage on the next --export-requests)", err=True)
-        return
+            return note(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o")
+        where = f" --cache-dir {llm_options['cache_dir']}" if llm_options["cache_dir"] else ""
+        return note(f"wrote {n} requests not cached yet to {export_file}; answer them with any engine that reads "
+                    f"the OpenAI batch format, then `hdeval cache import RESULTS.jsonl --requests {export_file}"
+                    f"{where}` and rerun apply (a method whose later stage depends on these replies exports "
+                    "that stage on the next --export-requests)")
     if output is None:
         raise ConfigError("apply needs --output FILE (or -o - for stdout), or --export-requests FILE")
-    to_stdout = output == "-"
     progress = TerminalProgress(quiet)
     try:
-        res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top, llm=llm,
-                         base_url=base_url, concurrency=concurrency, timeout=timeout,
-                         max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                         batch=bool(batch), max_failure_rate=max_failure_rate,
-                         max_interval_width=max_interval_width, progress=progress, **policy())
+        res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top,
+                         max_failure_rate=max_failure_rate, max_interval_width=max_interval_width,
+                         progress=progress, **llm_options, **policy())
     finally:
         progress.close()
     u = res.usage
-    click.echo(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
-               f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion", err=True)
-    click.echo(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
-               f"threshold {max_failure_rate:.0%})", err=True)
+    note(f"LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}, tokens: "
+         f"{u.get('prompt_tokens', 0)} prompt + {u.get('completion_tokens', 0)} completion")
+    note(f"failed LLM-filled scores: {res.failed} of {res.cells} ({res.failure_rate:.1%}; "
+         f"threshold {max_failure_rate:.0%})")
     t = res.trust
     apart = " (rows not in the artifact's training split)" if t.get("in_training") else ""
     training = (f"TRAINING ROWS ONLY ({t.get('in_training')} rows the evaluator was fitted on; "
                 "not a held-out figure):")
     if res.agreement:
-        click.echo(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}",
-                   err=to_stdout)
+        say(f"agreement with the human labels in the input{apart}: {json.dumps(res.agreement)}")
     if t.get("agreement_training"):
-        click.echo(f"{training} agreement {json.dumps(t['agreement_training'])}", err=to_stdout)
+        say(f"{training} agreement {json.dumps(t['agreement_training'])}")
     for title, table in ((f"correlation with the human scores in the input{apart}:", res.correlations),
                          (training, t.get("correlations_training"))):
         if table:
-            click.echo(title, err=to_stdout)
+            say(title)
             for a, row in table.items():
-                click.echo(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  "
-                           f"kendall {row['kendall']}", err=to_stdout)
+                say(f"  {a:<18} pearson {row['pearson']}  spearman {row['spearman']}  kendall {row['kendall']}")
     if t.get("interval_level") is not None:
-        click.echo(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
-                   f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
-                   "of the score range, or an unread LLM score)", err=to_stdout)
-    click.echo(f"wrote {res.rows} scored samples to {'stdout' if to_stdout else output}", err=to_stdout)
+        say(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
+            f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
+            "of the score range, or an unread LLM score)")
+    say(f"wrote {res.rows} scored samples to {'stdout' if output == '-' else output}")
 
 
 @click.command("merge-shards")

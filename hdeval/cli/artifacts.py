@@ -4,6 +4,7 @@ is scored with (asking on a terminal before using a server only the artifact nam
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -52,18 +53,14 @@ def policy() -> dict:
                 notify=lambda text: click.echo(text, err=True))
 
 
-def score_with_artifact(ev, samples, *, llm: str | None, base_url: str | None, timeout: float,
-                        max_retries: int, cache_dir: str | None, max_calls: int | None,
-                        concurrency: int, quiet: bool, batch: bool = False):
+def score_with_artifact(ev, samples, *, quiet: bool, **llm_options: Any):
     """Score samples with the artifact's LLM (or the one given), cached; warn on a mismatch."""
     from hdeval.run.artifact_llm import open_artifact_llm
 
-    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                cache_dir=cache_dir, max_calls=max_calls, concurrency=concurrency, batch=batch,
-                                **policy())
+    backend = open_artifact_llm(ev, **llm_options, **policy())
     progress = TerminalProgress(quiet)
     try:
-        return ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
+        return ev.score(samples, backend=backend, concurrency=llm_options["concurrency"], progress=progress)
     finally:
         progress.close()
         backend.close()

@@ -103,9 +103,7 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
 @guarded
-def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm: str | None,
-            base_url: str | None, concurrency: int, timeout: float, max_retries: int,
-            cache_dir: str | None, max_calls: int | None) -> None:
+def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **llm_options: Any) -> None:
     """Explain one sample's scores: per aspect the prediction, the base value and the
     criteria that moved it most (SHAP values), with their criterion scores.
 
@@ -125,15 +123,9 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, llm
     samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
     if not samples:
         raise DataError(f"no sample with id {sample_id!r} in {data}")
-    res = score_with_artifact(ev, samples[:1], llm=llm, base_url=base_url, timeout=timeout,
-                              max_retries=max_retries, cache_dir=cache_dir, max_calls=max_calls,
-                              concurrency=concurrency, quiet=quiet)
+    res = score_with_artifact(ev, samples[:1], quiet=quiet, **llm_options)
     expl = explain_samples(ev, res, top=top)[0]
     _print_explanation(ev, samples[0], res, expl)
-
-
-def _signed(x: float) -> str:
-    return f"{x:+.3f}"
 
 
 def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> None:
@@ -154,11 +146,11 @@ def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> 
         click.echo(f"  {'criterion':<{width}}  {'score':>6}  {'SHAP':>7}  name")
         for t in e["top"]:
             score = "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
-            click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {_signed(t['shap']):>7}  {t['name']}")
+            click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {t['shap']:>+7.3f}  {t['name']}")
         n_other = len(ev.feature_keys) - len(e["top"])
         if n_other > 0:
-            click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {_signed(e['other_shap']):>7}")
-        click.echo(f"  = base {e['base_value']:.3f} + SHAP {_signed(e['prediction'] - e['base_value'])}"
+            click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {e['other_shap']:>+7.3f}")
+        click.echo(f"  = base {e['base_value']:.3f} + SHAP {e['prediction'] - e['base_value']:+.3f}"
                    f" = {e['prediction']:.3f}")
     if failed:
         click.echo(f"\n{len(failed)} criterion score(s) could not be read and were imputed "

@@ -58,9 +58,8 @@ from hdeval.urls import shown_identity
 @llm_options
 @batch_option
 @guarded
-def train(dry_run: bool, price_in: float | None, price_out: float | None, decompose_price_in: float | None,
-          decompose_price_out: float | None, out: str | None, force: bool, export_file: str | None, yes: bool,
-          quiet: bool, offline: bool, **options: Any) -> None:
+def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, yes: bool, quiet: bool,
+          offline: bool, **options: Any) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -77,6 +76,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
     from hdeval.cli.data import fetch_missing_task_data
     from hdeval.train import TrainConfig, plan, train as run_train
 
+    prices = [options.pop(k) for k in ("price_in", "price_out", "decompose_price_in", "decompose_price_out")]
     config = TrainConfig.from_options(**options)
     if config.data is None:
         fetch_missing_task_data(config.task, offline=offline)
@@ -91,8 +91,7 @@ def train(dry_run: bool, price_in: float | None, price_out: float | None, decomp
                        "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
             config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
         prep, plans, identity = plan(config)
-        _print_plan(prep, plans, identity, price_in=price_in, price_out=price_out, batch=config.batch,
-                    decompose_prices=(decompose_price_in, decompose_price_out))
+        _print_plan(prep, plans, identity, config.batch, *prices)
         click.echo(_estimate(config, plans, identity)[1])
         return
     if not out:  # -o itself was checked first thing
@@ -192,9 +191,8 @@ def _check_default_outputs(config, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
-def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: float | None,
-                batch: bool = False,
-                decompose_prices: tuple[float | None, float | None] = (None, None)) -> None:
+def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None, price_out: float | None,
+                dec_in: float | None, dec_out: float | None) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
@@ -221,7 +219,6 @@ def _print_plan(prep, plans, identity: str, price_in: float | None, price_out: f
     known_cached = sum(p.cached or 0 for p in plans)
     click.echo(f"total: <= {calls} LLM calls ({known_cached} already cached), "
                f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
-    dec_in, dec_out = decompose_prices
     if dec_in is None and dec_out is None:
         if price_in is not None or price_out is not None:
             cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)

@@ -10,29 +10,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
+from hdeval.data import data_candidates, read_task_samples
+from hdeval.datasets.table import write_samples
 from hdeval.errors import ConfigError, DataError, DownloadError  # noqa: F401 (re-exported by hdeval.datasets)
 from hdeval.fetch import fetch_to_file
 from hdeval.paths import user_data_dir
-
-if TYPE_CHECKING:
-    from hdeval.types import Task
-
-
-# hdeval.data and hdeval.tasks load numpy (via hdeval.types); `hdeval --help` imports this
-# module for its option lists, so they are imported on first use.
-def load_task(name: str | Path) -> Task:
-    from hdeval.tasks import load_task as load
-
-    return load(name)
-
-
-def data_candidates(task: Task) -> list[Path]:
-    from hdeval.data import data_candidates as candidates
-
-    return candidates(task)
-
+from hdeval.tasks import builtin_tasks, load_task
+from hdeval.types import Task
 
 #: UniEval's published meta-evaluation files. Not pinned to a commit because the issue asks
 #: for the main branch; the row counts below catch an upstream change of content size.
@@ -41,22 +27,20 @@ SOURCE_URL_ENV = "HDEVAL_DATA_SOURCE_URL"
 DEFAULT_TIMEOUT = 60.0
 
 
-@dataclass(frozen=True)
-class UpstreamDataset:
-    """One built-in task's public source file."""
+class UpstreamDataset(NamedTuple):
+    """One built-in task's public source file: its path below the source base URL (UniEval's
+    ``reproduce/data/`` layout), and its rows in the official file (checked strictly for the
+    official source)."""
 
-    task: str
-    #: path below the source base URL, in UniEval's ``reproduce/data/`` layout
     path: str
-    #: rows in the official UniEval file (checked strictly for the official source)
     official_rows: int
 
 
 DATASETS: dict[str, UpstreamDataset] = {
-    "summeval": UpstreamDataset("summeval", "summarization/summeval.json", 1600),
-    "topical_chat": UpstreamDataset("topical_chat", "dialogue/topical_chat.json", 360),
-    "sfres": UpstreamDataset("sfres", "data2text/sfres.json", 1181),
-    "sfhot": UpstreamDataset("sfhot", "data2text/sfhot.json", 875),
+    "summeval": UpstreamDataset("summarization/summeval.json", 1600),
+    "topical_chat": UpstreamDataset("dialogue/topical_chat.json", 360),
+    "sfres": UpstreamDataset("data2text/sfres.json", 1181),
+    "sfhot": UpstreamDataset("data2text/sfhot.json", 875),
 }
 
 
@@ -89,101 +73,74 @@ def _text(rec: Mapping[str, Any], key: str, where: str, required: bool = True) -
     return value.strip() or None
 
 
-def _scores(
-    rec: Mapping[str, Any], task: Task, rename: Mapping[str, str], drop: Sequence[str], where: str
-) -> dict[str, float]:
+def _row(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
+    """Record ``i`` (0-based) as a row, keys in the shared files' order (so the two diff readably),
+    ids as in ``shared/data/<task>.jsonl``; ``docs``: the distinct inputs so far.
+
+    summeval: ``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id);
+    its ``overall`` (the mean of the four aspects) is not an aspect of the task. topical_chat:
+    UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in order
+    of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``;
+    ``source`` is the history, ``context`` the fact. sfres / sfhot: UniEval's integer ``doc_id`` is
+    the record's position, which cannot group outputs of one input, so ``doc_id`` numbers the
+    distinct meaning representations (``source``) in order of first appearance (``sfres-mr-000``...);
+    ``id`` is the position (``sfres-0000``...); UniEval's ``overall`` is the aspect called
+    ``quality`` here; ``system`` is ``null`` (UniEval lacks it)."""
+    name, doc, system = task.name, rec.get("doc_id"), rec.get("system_id")
+    if name == "summeval" and (doc in (None, "") or system in (None, "")):
+        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
+    source = _text(rec, "source", at)
+    context = _text(rec, "context", at) if name == "topical_chat" else None
+    if name == "summeval":
+        id_, doc_id, system = f"summeval-{doc}-{system}", str(doc), str(system)
+    elif name == "topical_chat":
+        if not isinstance(system, str) or not system.strip():
+            raise DataError(f"{at}: needs 'system_id'")
+        k = docs.setdefault((source, context), len(docs))
+        id_, doc_id = f"topical_chat-{k:02d}-{_slug(system)}", f"tc-{k:02d}"
+    else:
+        k = docs.setdefault(source, len(docs))
+        id_, doc_id, system = f"{name}-{i:04d}", f"{name}-mr-{k:03d}", None
+    output = _text(rec, "system_output", at)
+    reference = _text(rec, "reference", at, required=False)
     raw = rec.get("scores")
     if isinstance(raw, str):
         # Some copies of the UniEval files store the dict JSON-encoded; accept both.
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError:
-            raise DataError(f"{where}: 'scores' is a string that is not a JSON object") from None
+            raise DataError(f"{at}: 'scores' is a string that is not a JSON object") from None
     if not isinstance(raw, dict):
-        raise DataError(f"{where}: 'scores' must be an object mapping aspect to number")
-    out: dict[str, float] = {}
+        raise DataError(f"{at}: 'scores' must be an object mapping aspect to number")
+    rename = {"overall": "quality"} if name in ("sfres", "sfhot") else {}
+    scores: dict[str, float] = {}
     for key, value in raw.items():
-        name = rename.get(key, key)
-        if key in drop or name not in task.aspect_keys:
+        if rename.get(key, key) not in task.aspect_keys:
             continue
         with contextlib.suppress(ValueError):  # a number written as text counts; other text fails below
             value = float(value) if isinstance(value, str) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise DataError(f"{where}: scores.{key} is {value!r}, not a finite number")
-        out[name] = float(value)
-    missing = [a for a in task.aspect_keys if a not in out]
+            raise DataError(f"{at}: scores.{key} is {value!r}, not a finite number")
+        scores[rename.get(key, key)] = float(value)
+    missing = [a for a in task.aspect_keys if a not in scores]
     if missing:
-        raise DataError(f"{where}: no score for aspect(s) {', '.join(missing)}")
-    return out
-
-
-def _row(task: Task, id_: str, doc_id: str, source: str | None, context: str | None, system: str | None,
-         rec: Mapping[str, Any], at: str, rename: Mapping[str, str] = {}, drop: Sequence[str] = ()) -> dict:
-    """A row of ``rec``, keys in the shared files' order (so the two diff readably)."""
-    output = _text(rec, "system_output", at)
-    reference = _text(rec, "reference", at, required=False)
-    return {"id": id_, "task": task.name, "source": source, "context": context, "output": output,
-            "reference": reference, "system": system, "doc_id": doc_id,
-            "scores": _scores(rec, task, rename, drop, at), "annotations": None}
-
-
-# One record -> one row: (record, its 0-based position, task, where, the distinct inputs so far).
-def _summeval(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """``id`` = ``summeval-<doc_id>-<system_id>``; ``doc_id`` is UniEval's (the CNN/DM id).
-    ``overall`` is dropped: UniEval computes it as the mean of the four aspects."""
-    doc, system = rec.get("doc_id"), rec.get("system_id")
-    if doc in (None, "") or system in (None, ""):
-        raise DataError(f"{at}: needs 'doc_id' and 'system_id'")
-    source = _text(rec, "source", at)
-    return _row(task, f"summeval-{doc}-{system}", str(doc), source, None, str(system), rec, at,
-                drop=("overall",))
-
-
-def _topical_chat(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """UniEval gives no dialogue id, so ``doc_id`` numbers the distinct (history, fact) pairs in
-    order of first appearance (``tc-00``...); ``id`` = ``topical_chat-<nn>-<slug of system_id>``:
-    both as in ``shared/data/topical_chat.jsonl``. ``source`` is the history, ``context`` the fact."""
-    source, context = _text(rec, "source", at), _text(rec, "context", at)
-    system = rec.get("system_id")
-    if not isinstance(system, str) or not system.strip():
-        raise DataError(f"{at}: needs 'system_id'")
-    k = docs.setdefault((source or "", context or ""), len(docs))
-    tc = f"{k:02d}"
-    return _row(task, f"topical_chat-{tc}-{_slug(system)}", f"tc-{tc}", source, context, system, rec, at)
-
-
-def _data2text(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dict:
-    """sfres / sfhot. UniEval's integer ``doc_id`` is the record's position, which cannot group
-    outputs of one input, so ``doc_id`` numbers the distinct meaning representations (``source``) in
-    order of first appearance (``sfres-mr-000``...); ``id`` is the position (``sfres-0000``...): both
-    as in ``shared/data/sfres.jsonl``. UniEval's ``overall`` is the aspect called ``quality`` here;
-    ``system`` is ``null`` (UniEval lacks it)."""
-    source = _text(rec, "source", at)
-    k = docs.setdefault(source or "", len(docs))
-    return _row(task, f"{task.name}-{i:04d}", f"{task.name}-mr-{k:03d}", source, None, None, rec, at,
-                rename={"overall": "quality"})
-
-
-_CONVERTERS: dict[str, Callable[[Mapping[str, Any], int, Task, str, dict], dict]] = {
-    "summeval": _summeval,
-    "topical_chat": _topical_chat,
-    "sfres": _data2text,
-    "sfhot": _data2text,
-}
+        raise DataError(f"{at}: no score for aspect(s) {', '.join(missing)}")
+    return {"id": id_, "task": name, "source": source, "context": context, "output": output,
+            "reference": reference, "system": system, "doc_id": doc_id, "scores": scores, "annotations": None}
 
 
 def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
     """Convert one parsed UniEval file (a JSON list of records) to rows of our schema; ``where`` (a
     URL or path) prefixes error messages."""
-    if name not in _CONVERTERS:
+    if name not in DATASETS:
         raise ConfigError(f"no converter for {name!r}: known datasets are {', '.join(DATASETS)}")
     where = where or name
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise DataError(f"{where}: expected a JSON list of objects (UniEval layout)")
     if not records:
         raise DataError(f"{where}: no records")
-    task, docs, convert = load_task(name), {}, _CONVERTERS[name]
-    rows = [convert(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
+    task, docs = load_task(name), {}
+    rows = [_row(rec, i, task, f"{where}: record {i + 1}", docs) for i, rec in enumerate(records)]
     seen: set[str] = set()
     for i, r in enumerate(rows, 1):
         if r["id"] in seen:
@@ -223,8 +180,6 @@ class DownloadResult:
 
 def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | None, str | None]:
     """(rows, None) when ``path`` loads with ``read_samples`` and has ``expected`` rows."""
-    from hdeval.data import read_task_samples
-
     if not path.is_file():
         return None, "missing"
     try:
@@ -239,8 +194,6 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
 def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
                      timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
-    from hdeval.datasets.table import write_samples
-
     ds = DATASETS[name]
     task = load_task(name)
     report = progress or (lambda e: None)
@@ -314,8 +267,6 @@ def download_datasets(names: Sequence[str] | None = None, dest: str | Path | Non
     and renamed only after it passed every check, so an interrupted run leaves no
     half-written file; datasets finished before an error stay, and a rerun resumes.
     """
-    from hdeval.tasks import builtin_tasks
-
     chosen = list(dict.fromkeys(names)) if names else list(DATASETS)
     unknown = [n for n in chosen if n not in DATASETS]
     local = [n for n in unknown if n in builtin_tasks()]
@@ -361,8 +312,6 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     """Per built-in task (all of them by default, with or without a download source): each
     candidate path (:func:`hdeval.data.data_candidates`), whether a file is there, and its
     row count when it loads."""
-    from hdeval.tasks import builtin_tasks
-
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)

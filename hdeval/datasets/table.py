@@ -11,14 +11,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from hdeval.data import parse_json_line, read_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError
+from hdeval.types import Task
 
 _MAX_REPORTED_ERRORS = 20
-
-if TYPE_CHECKING:
-    from hdeval.types import Task
 
 
 @dataclass(frozen=True)
@@ -55,17 +54,9 @@ def parse_score_columns(items: Sequence[str], task: Task) -> dict[str, str]:
     return out
 
 
-@dataclass(frozen=True)
-class _Record:
-    number: int  # 1-based data row (header not counted)
-    line: int | None  # file line where the row starts (CSV/JSONL)
-    values: dict[str, Any]
-
-    @property
-    def where(self) -> str:
-        return f"row {self.number}" + (f" (line {self.line})" if self.line is not None else "")
-
-
+# A record: (the file line where the row starts (CSV/JSONL) or None, its values); the records'
+# 1-based position is the row number (header not counted).
+_Record = tuple[int | None, dict[str, Any]]
 _FORMATS = ("csv", "tsv", "json", "jsonl")
 
 
@@ -75,12 +66,6 @@ def _guess_format(path: Path) -> str:
         return fmt
     raise ConfigError(f"{path}: cannot tell the format from the extension; pass --format "
                       f"({', '.join(_FORMATS)})")
-
-
-def _unusable(exc: Exception) -> str:
-    # valid JSON Python cannot hold: nesting deeper than its recursion limit, or an integer
-    # longer than int() converts
-    return "not usable JSON (nested too deeply)" if isinstance(exc, RecursionError) else f"not usable JSON ({exc})"
 
 
 def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
@@ -116,7 +101,7 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
                 if len(cells) != len(header):
                     raise DataError(f"{path}: row {n} (line {line}) has {len(cells)} cells, "
                                     f"the header has {len(header)}")
-                records.append(_Record(n, line, dict(zip(header, cells))))
+                records.append((line, dict(zip(header, cells))))
         except csv.Error as exc:
             raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
         return header, records
@@ -126,17 +111,11 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
         # split("\n"), not splitlines(): JSON strings may hold a raw U+2028, which
         # splitlines() would treat as a line break.
         for lineno, raw in enumerate(text.split("\n"), 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
-            except (RecursionError, ValueError) as exc:
-                raise DataError(f"{path}: line {lineno}: {_unusable(exc)}") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}: line {lineno}: not a JSON object")
-            records.append(_Record(len(records) + 1, lineno, obj))
+            if raw.strip():
+                problem, obj = parse_json_line(raw, 0)
+                if problem:
+                    raise DataError(f"{path}: line {lineno}: {problem}")
+                records.append((lineno, obj))
         return None, records
 
     try:
@@ -144,15 +123,17 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
                         "for one object per line use a .jsonl name or --format jsonl") from None
-    except (RecursionError, ValueError) as exc:
-        raise DataError(f"{path}: {_unusable(exc)}") from None
+    except RecursionError:
+        raise DataError(f"{path}: not usable JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise DataError(f"{path}: not usable JSON ({exc})") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects")
     records = []
     for i, obj in enumerate(data, 1):
         if not isinstance(obj, dict):
             raise DataError(f"{path}: row {i}: not a JSON object")
-        records.append(_Record(i, None, obj))
+        records.append((None, obj))
     return None, records
 
 
@@ -190,7 +171,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
 
     def exists(column: str) -> bool:
         return column in header if header is not None else any(
-            _lookup(r.values, column) is not _MISSING for r in records)
+            _lookup(values, column) is not _MISSING for _, values in records)
 
     def resolve(explicit: str | None, defaults: Sequence[str], option: str, needed: bool) -> str | None:
         if explicit is not None:
@@ -222,11 +203,11 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
     errors: list[str] = []
     rows: list[dict] = []
     seen: dict[str, int] = {}
-    for rec in records:
+    for number, (line, values) in enumerate(records, 1):
         problems: list[str] = []
         texts: dict[str, str | None] = {}
         for key, col in text_cols.items():
-            value = _lookup(rec.values, col) if col else None
+            value = _lookup(values, col) if col else None
             value = None if value is _MISSING else value
             if value is not None and not isinstance(value, str):
                 problems.append(f"column {col!r} ({key}) is {type(value).__name__}, not text")
@@ -237,32 +218,33 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
                 value = None
             texts[key] = value
 
-        sid = _scalar(rec.values, id_col)
+        sid = _scalar(values, id_col)
         if id_col and sid is None:
             problems.append(f"empty id in column {id_col!r}")
-        sid = sid or f"{task.name}-{rec.number:05d}"
+        sid = sid or f"{task.name}-{number:05d}"
         if sid in seen:
             problems.append(f"id {sid!r} already used in row {seen[sid]}")
 
         scores: dict[str, float] = {}
         if not unscored:
             for aspect, col in score_cols.items():
-                value, problem = _score(_lookup(rec.values, col), task, aspect, col)
+                value, problem = _score(_lookup(values, col), task, aspect, col)
                 if problem:
                     problems.append(problem)
                 elif value is not None:
                     scores[aspect] = value
 
         if problems:
-            errors.extend(f"{rec.where}: {p}" for p in problems)
+            where = f"row {number}" + (f" (line {line})" if line is not None else "")
+            errors.extend(f"{where}: {p}" for p in problems)
             continue
-        seen[sid] = rec.number
+        seen[sid] = number
         source = texts["source"]
-        doc = _scalar(rec.values, doc_col)
+        doc = _scalar(values, doc_col)
         if doc is None:
             # Same source text -> same doc, so a split never puts one article on both sides.
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
-        rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(rec.values, system_col),
+        rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(values, system_col),
                      "doc_id": doc, "scores": scores, "annotations": None})
     if errors:
         n, shown = len(errors), errors[:_MAX_REPORTED_ERRORS]
@@ -272,7 +254,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
 
 
 def _columns_hint(header: list[str] | None, records: Sequence[_Record]) -> str:
-    names = header if header is not None else list(dict.fromkeys(k for r in records[:50] for k in r.values))
+    names = header if header is not None else list(dict.fromkeys(k for _, row in records[:50] for k in row))
     return ", ".join(names) if names else "(none)"
 
 
@@ -316,8 +298,6 @@ def scored_aspects(rows: Sequence[dict], task: Task) -> list[str]:
 def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: bool = False) -> int:
     """Write ``rows`` to ``path`` only if they load back with ``read_samples`` (checked in a temp
     file beside it, renamed into place after): the count."""
-    from hdeval.data import read_samples, write_jsonl
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:

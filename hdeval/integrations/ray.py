@@ -109,7 +109,7 @@ def _row_sample(task: Any, text: str, where: str) -> Any:
     if not isinstance(row, dict):
         raise DataError(f"{where}: not a JSON object")
     if task.shape == "pairwise":
-        if not _matches(row, dict(task.where)):
+        if not _matches(row, task.where):
             return None
         problem, sample = _pair_from_row(row, 0, task, require_labels=False)
         if problem is None and sample is None:
@@ -139,22 +139,20 @@ class ArtifactScorer:
     on a batch's first row ``failed``/``cells``, its unreadable and total LLM-filled scores, with
     ``failure`` an example reason."""
 
-    def __init__(self, artifact: str | Path, *, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
-                 max_retries: int | None = None, max_calls: int | None = None,
-                 max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
-                 notify: Callable[[str], None] | None = None):
+    def __init__(self, artifact: str | Path, *, max_interval_width: float = DEFAULT_MAX_WIDTH,
+                 explain: bool = False, top: int = 3, notify: Callable[[str], None] | None = None,
+                 **llm_options: Any):
         from hdeval.run.apply import load_checked
-        from hdeval.run.artifact_llm import stderr_notify
+        from hdeval.run.artifact_llm import check_llm_options, stderr_notify
 
         # verified once per worker (digests, trusted types); a bad option fails here, before any call
+        check_llm_options(**llm_options)
         self.ev, self.trust = load_checked(artifact, explain, max_interval_width)
         self.explain, self.top = explain, top
-        self.concurrency = concurrency
+        self.concurrency = llm_options.get("concurrency")
         self.backend: Any = None
-        self.llm_options = dict(llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                cache_dir=_worker_cache(cache_dir), max_calls=max_calls, concurrency=concurrency,
-                                confirm=None, notify=notify or stderr_notify)
+        self.llm_options = dict(llm_options, cache_dir=_worker_cache(llm_options.get("cache_dir")), confirm=None,
+                                notify=notify or stderr_notify)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -178,19 +176,17 @@ class ArtifactScorer:
         import numpy as np
 
         from hdeval.progress import Progress
+        from hdeval.run.apply import score_rows
         from hdeval.run.artifact_llm import open_artifact_llm
-
-        from hdeval.run.apply import _failed_cells, score_rows
 
         samples, rows = self._samples(batch), []
         failed, cells, example = 0, 0, None
         if samples:
             if self.backend is None:
                 self.backend = open_artifact_llm(self.ev, **self.llm_options)
-            rows, res = score_rows(self.ev, samples, self.backend, self.concurrency, Progress(), self.trust,
-                                   self.explain, self.top)
+            rows, _, (failed, cells, example) = score_rows(self.ev, samples, self.backend, self.concurrency,
+                                                           Progress(), self.trust, self.explain, self.top)
             self.backend.flush()  # every reply this batch paid for is on disk before it is handed on
-            failed, cells, example = _failed_cells(res, self.ev.columns_needed())
         # the batch's unreadable LLM-filled scores on its first row: the driver sums them for
         # apply's --max-failure-rate check
         first = len(rows[:1])
@@ -207,39 +203,36 @@ class ArtifactScorer:
 
 
 def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
-                 batch_size: int = 500, llm: str | None = None, base_url: str | None = None,
-                 cache_dir: str | None = None, concurrency: int | None = None, timeout: float | None = None,
-                 max_retries: int | None = None, max_calls: int | None = None, max_failure_rate: float = 0.2,
-                 max_interval_width: float = DEFAULT_MAX_WIDTH, explain: bool = False, top: int = 3,
-                 num_cpus: float = 0.5, notify: Callable[[str], None] | None = None) -> int:
+                 batch_size: int = 500, max_failure_rate: float = 0.2, max_interval_width: float = DEFAULT_MAX_WIDTH,
+                 explain: bool = False, top: int = 3, num_cpus: float = 0.5,
+                 notify: Callable[[str], None] | None = None, **llm_options: Any) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written (the
-    same bytes as apply). ``max_failure_rate``, ``max_interval_width``, ``explain`` and ``top`` are
-    apply's options. Runs on the Ray cluster this process is connected to; the artifact and
+    same bytes as apply). ``max_failure_rate``, ``max_interval_width``, ``explain``, ``top`` and
+    the ``llm_options`` (``llm``, ``base_url``, ``cache_dir``, ...) are apply's options. Runs on the Ray cluster this process is connected to; the artifact and
     ``input_file`` must be readable by every node. One read task validates the input as apply
     does, so a bad line anywhere leaves no output (docs/cluster.md). ``num_cpus``: what Ray
     reserves per worker; below 1 so that workers filling every CPU of a small cluster still
     leave room for the read task (at 1, 2 workers on 2 CPUs could wait for it forever)."""
-    from hdeval.run.apply import check_failures, check_rate, chunk_size, load_checked
-    from hdeval.run.artifact_llm import check_llm_options
-    from hdeval.run.output import OutputWriter, check_output, output_format
+    from hdeval.run.apply import check_failures, prepare
+    from hdeval.run.output import OutputWriter
 
     ray = _ray()
     _check_whole(workers=workers, batch_size=batch_size)
     if not isinstance(num_cpus, (int, float)) or not 0 < num_cpus <= 1024:
         raise ConfigError(f"num_cpus must be a number above 0; got {num_cpus!r}")
-    check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    check_rate(max_failure_rate, "max_failure_rate")
+    if llm_options.get("batch"):
+        raise ConfigError("apply_on_ray does not use the Batch API: export the requests instead (docs/cluster.md)")
     if "://" in str(input_file):  # apply's reader opens files; read_text would skip its checks
         raise ConfigError(f"apply_on_ray reads a file every node can open, not {input_file}: copy it to a "
                           "shared filesystem, or score it with ArtifactScorer in a pipeline of your own")
-    check_output(output, [str(input_file), artifact])
-    fmt = output_format(output)
-    size = chunk_size()
-    ev, _ = load_checked(artifact, explain, max_interval_width)  # refused here, before any worker starts
+    # refused here, before any worker starts
+    ev, _, fmt, size = prepare(
+        artifact, str(input_file), output, explain=explain, max_interval_width=max_interval_width,
+        max_failure_rate=max_failure_rate, rate_option="max_failure_rate", llm_options=llm_options)
     if getattr(ev, "whole_input", None):  # rows compared with each other: batches would change scores
         raise ConfigError(f"{ev.whole_input}: apply_on_ray scores it in batches apart; use hdeval apply")
-    if ev.llm.base_url and base_url is None and llm is None:
+    if ev.llm.base_url and llm_options.get("base_url") is None and llm_options.get("llm") is None:
         raise ConfigError(f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
                           f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
     ctx = ray.data.DataContext.get_current()
@@ -252,10 +245,7 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
         ArtifactScorer, batch_size=batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
         fn_constructor_args=(str(Path(artifact).resolve()),),
-        fn_constructor_kwargs={"llm": llm, "base_url": base_url, "cache_dir": cache_dir,
-                               "concurrency": concurrency, "timeout": timeout, "max_retries": max_retries,
-                               "max_calls": max_calls, "max_interval_width": max_interval_width,
-                               "explain": explain, "top": top})
+        fn_constructor_kwargs=dict(llm_options, max_interval_width=max_interval_width, explain=explain, top=top))
     failed = cells = 0
     example = ""
     with OutputWriter(output, fmt) as out:
@@ -318,13 +308,9 @@ class RequestAnswerer:
         key, body = row["custom_id"], row["body"]
         response: dict[str, Any] | None = None
         error: dict[str, Any] | None = None
-        try:
+        try:  # the client bounds a reply at a result line's size (ReplyTooLarge, below)
             reply = self.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
-            data = reply.content
-            if len(data) > MAX_LINE_BYTES:
-                error = {"message": f"a reply of {len(data)} bytes: larger than a result line may be"}
-            else:
-                response = {"status_code": reply.status_code, "body": json.loads(data)}
+            response = {"status_code": reply.status_code, "body": json.loads(reply.content)}
         except openai.APIStatusError as exc:
             response = {"status_code": exc.status_code, "body": None}
             error = {"message": " ".join(str(exc).split())[:300]}
@@ -348,13 +334,12 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
     ``hdeval cache import RESULTS --requests REQUESTS`` and rerun the command that exported.
     Ray schedules the work; ``requests_file`` must be readable by every worker."""
     from hdeval.backends.openai_compat import _check_url
-    from hdeval.request_files import _temp_beside, read_request_file
+    from hdeval.request_files import _in_place, read_request_file
 
     ray = _ray()
     _check_url(base_url)
     _check_whole(workers=workers, batch_size=batch_size, concurrency=concurrency)
     asked = read_request_file(requests_file)  # not a request file hdeval wrote: refused here, nothing sent
-    results = Path(results_file)
     if not asked:
         raise ConfigError(f"{requests_file} holds no request: nothing to answer")
     ctx = ray.data.DataContext.get_current()
@@ -364,17 +349,11 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
         compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
         fn_constructor_args=(base_url,),
         fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency})
-    fd, tmp = _temp_beside(results)
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
-                fh.writelines(f"{line}\n" for line in batch["result"])
-                n += len(batch["result"])
-        os.replace(tmp, results)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _in_place(Path(results_file), keep_empty=True) as fh:
+        for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
+            fh.writelines(f"{line}\n".encode() for line in batch["result"])
+            n += len(batch["result"])
     return n
 
 

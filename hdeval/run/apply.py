@@ -30,16 +30,10 @@ DEFAULT_CHUNK = 1000
 
 
 def chunk_size() -> int:
-    raw = os.environ.get(CHUNK_ENV, "")
-    if not raw:
-        return DEFAULT_CHUNK
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
+    raw = os.environ.get(CHUNK_ENV) or str(DEFAULT_CHUNK)
+    if not raw.strip().isdecimal() or int(raw) < 1:
         raise ConfigError(f"{CHUNK_ENV} must be a whole number of samples, at least 1; got {raw!r}")
-    return value
+    return int(raw)
 
 
 class _ChunkProgress(Progress):
@@ -204,26 +198,6 @@ class ApplyResult:
         return self.failed / self.cells if self.cells else 0.0
 
 
-def _failed_cells(res: Any, needed: list[str]) -> tuple[int, int, str | None]:
-    """(cells that failed, cells, an example reason) of one chunk's LLM-filled columns."""
-    import numpy as np
-
-    m = res.criteria
-    keys = [k for k in needed if k in m.criterion_keys] or list(m.criterion_keys)
-    values = m.columns(keys)
-    failed = int(np.isnan(values).sum())
-    example = None
-    if failed and m.failures:
-        f = m.failures[0]
-        example = f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"
-    return failed, int(values.size), example
-
-
-def check_rate(max_failure_rate: float, option: str) -> None:
-    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
-        raise ConfigError(f"{option} must be between 0 and 1, got {max_failure_rate}")
-
-
 def check_failures(failed: int, cells: int, max_rate: float, example: str | None, option: str) -> None:
     """Too many unreadable LLM-filled cells: no output, since imputed scores would read as real ones."""
     if cells and failed / cells > max_rate:
@@ -251,8 +225,11 @@ def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: 
 
 
 def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, progress: Progress,
-               trust: RowTrust, explain: bool, top: int) -> tuple[list[dict], Any]:
-    """One chunk scored into the rows apply writes (trust fields, explanations) and its result."""
+               trust: RowTrust, explain: bool, top: int) -> tuple[list[dict], Any, tuple[int, int, str | None]]:
+    """One chunk scored into the rows apply writes (trust fields, explanations), its result, and
+    (cells that failed, cells, an example reason) of its LLM-filled columns."""
+    import numpy as np
+
     res = ev.score(samples, backend=backend, concurrency=concurrency, progress=progress)
     rows = ev.output_rows(samples, res)
     trust.annotate(rows, samples, res)
@@ -261,16 +238,35 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
 
         for row, expl in zip(rows, explain_samples(ev, res, top=top)):
             row["explanation"] = expl
-    return rows, res
+    m = res.criteria
+    values = m.columns([k for k in ev.columns_needed() if k in m.criterion_keys] or list(m.criterion_keys))
+    failed = int(np.isnan(values).sum())
+    f = m.failures[0] if failed and m.failures else None
+    example = f and f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"
+    return rows, res, (failed, int(values.size), example)
+
+
+def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, explain: bool,
+            max_interval_width: float, max_failure_rate: float, rate_option: str, llm_options: dict,
+            notify: Notify | None = None) -> tuple[Any, RowTrust, str, int]:
+    """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
+    the failure rate, the output and the artifact; (evaluator, row trust, output format, chunk size)."""
+    check_llm_options(**llm_options)
+    if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
+        raise ConfigError(f"{rate_option} must be between 0 and 1, got {max_failure_rate}")
+    check_output(output, [input_file])
+    fmt, size = output_format(output), chunk_size()
+    ev, trust = load_checked(artifact, explain, max_interval_width, notify)
+    # after loading: a directory that is no artifact is reported as that, not as an output clash
+    check_output(output, [ev.path])
+    return ev, trust, fmt, size
 
 
 def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
-               explain: bool = False, top: int = 3, llm: str | None = None, base_url: str | None = None,
-               concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
-               cache_dir: str | None = None, max_calls: int | None = None, batch: bool = False, max_failure_rate: float = 0.2,
+               explain: bool = False, top: int = 3, max_failure_rate: float = 0.2,
                max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
-               progress: Progress | None = None, notify: Notify = stderr_notify) -> ApplyResult:
+               progress: Progress | None = None, notify: Notify = stderr_notify, **llm_options: Any) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
@@ -279,27 +275,21 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     existing file untouched (a bad line: every bad line of the file listed); finished LLM calls
     are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
-    information and warnings go to ``notify``; the LLM options are those of ``hdeval apply`` (None:
-    the configured default, :mod:`hdeval.config`).
+    information and warnings go to ``notify``; ``llm_options`` are those of ``hdeval apply`` by name
+    (``llm``, ``base_url``, ``concurrency``, ...; None: the configured default, :mod:`hdeval.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones."""
     from hdeval.data import DiskIds
     from hdeval.methods.base import usage_of
 
-    check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    check_rate(max_failure_rate, "--max-failure-rate")
-    check_output(output, [input_file])
     which = parse_shard(shard) if shard is not None else None
-    fmt = output_format(output)
+    ev, trust, fmt, size = prepare(
+        artifact, input_file, output, explain=explain, max_interval_width=max_interval_width,
+        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify, llm_options=llm_options)
     if which is not None and fmt != "jsonl":
         raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
                           f"not {output} (merge-shards writes .csv or .parquet)")
-    size = chunk_size()
-    ev, trust = load_checked(artifact, explain, max_interval_width, notify)
-    art_path = artifact if isinstance(artifact, (str, Path)) else getattr(ev, "path", None)
-    # after loading: a directory that is no artifact is reported as that, not as an output clash
-    check_output(output, [art_path])
     near = None if output == "-" else os.path.dirname(os.path.abspath(output))  # the id index's place
     lines, input_sha = _scan_bytes(input_file, digest=which is not None)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
@@ -316,7 +306,6 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     if other:
         notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
                f"trained on task {ev.task.name}; its scores will mean little there")
-    needed = ev.columns_needed()
     # the exact counts are known once the one reading pass is done (they close the run)
     expect = lines if which is None else math.ceil(lines / which[1])
     count = (f"up to {lines} samples" if which is None
@@ -335,29 +324,26 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
                 if backend is None:
-                    backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout,
-                                                max_retries=max_retries, cache_dir=cache_dir,
-                                                max_calls=max_calls, concurrency=concurrency,
-                                                batch=bool(batch), llm_given=llm_given,
-                                                base_url_given=base_url_given, confirm=confirm, notify=notify)
+                    backend = open_artifact_llm(ev, llm_given=llm_given, base_url_given=base_url_given,
+                                                confirm=confirm, notify=notify, **llm_options)
                 if n_chunks > 1 or k > 1:
                     shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
                     chunk_progress.prefix = f"chunk {k}/{shown}: "
-                rows, res = score_rows(ev, samples, backend, concurrency, chunk_progress, trust, explain, top)
+                rows, res, (f, c, e) = score_rows(ev, samples, backend, llm_options.get("concurrency"),
+                                                  chunk_progress, trust, explain, top)
                 if which is not None:
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
                 summary.add(samples, res, keep=[not row["in_training"] for row in rows])
                 training.add(samples, res, keep=[row["in_training"] for row in rows])
-                f, c, e = _failed_cells(res, needed)
                 failed, cells, example = failed + f, cells + c, example or e
             mine, total = reading.mine, reading.total
             notify((f"{mine} samples" if which is None else
                     f"{mine} of {total} samples in shard {which[0]}/{which[1]}") + " read and scored")
             if which is not None:
                 out.write([closing_record(which[0], which[1], mine, input_sha or sha256_file(input_file),
-                                          artifact_sha256(art_path))], counted=False)
+                                          artifact_sha256(ev.path))], counted=False)
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:

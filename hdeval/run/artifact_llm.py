@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable
 
+from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError
 
 Notify = Callable[[str], None]
@@ -18,14 +19,12 @@ def stderr_notify(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def check_llm_options(*, concurrency: int | None, timeout: float | None, max_retries: int | None,
-                      max_calls: int | None) -> None:
-    """The LLM options of ``apply`` and ``explain``, checked before any file is read: by
-    LLMConfig's one validator (None: the configured default)."""
-    from hdeval.config import LLMConfig
-
-    LLMConfig.from_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries,
-                           max_calls=max_calls).validate()
+def check_llm_options(**options: Any) -> LLMConfig:
+    """``apply``'s LLM options by name (``llm`` the model; None: the configured default) as one
+    LLMConfig, checked by its one validator before any file is read."""
+    config = LLMConfig.from_options(model=options.pop("llm", None), **options)
+    config.validate()
+    return config
 
 
 def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, base_url_given: bool,
@@ -59,30 +58,24 @@ def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, 
                       f"so; pass --base-url {url} (or another server)")
 
 
-def open_artifact_llm(ev, *, llm: str | None, base_url: str | None, timeout: float | None,
-                      max_retries: int | None, cache_dir: str | None, max_calls: int | None,
-                      concurrency: int | None, batch: bool = False,
-                      llm_given: bool | None = None, base_url_given: bool | None = None,
-                      confirm: Callable[[str], bool] | None = None, notify: Notify = stderr_notify):
+def open_artifact_llm(ev, *, llm_given: bool | None = None, base_url_given: bool | None = None,
+                      confirm: Callable[[str], bool] | None = None, notify: Notify = stderr_notify,
+                      **llm_options: Any):
     """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
     warns on a mismatch. The caller closes it (``apply`` scores chunk after chunk with one).
     ``llm_given``/``base_url_given`` default to "passed and not None" (the Python API)."""
     from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
-    from hdeval.config import LLMConfig
     from hdeval.llm import open_llm
     from hdeval.urls import public_identity
 
-    check_llm_options(concurrency=concurrency, timeout=timeout, max_retries=max_retries, max_calls=max_calls)
-    model, url = artifact_llm(ev, llm, base_url,
-                              llm_given=llm is not None if llm_given is None else llm_given,
-                              base_url_given=base_url is not None if base_url_given is None else base_url_given,
+    config = check_llm_options(**llm_options)
+    model, url = artifact_llm(ev, config.model, config.base_url,
+                              llm_given=config.model is not None if llm_given is None else llm_given,
+                              base_url_given=config.base_url is not None if base_url_given is None else base_url_given,
                               confirm=confirm, notify=notify)
-    config = LLMConfig.from_options(model=model, base_url=url, timeout=timeout, max_retries=max_retries,
-                                    concurrency=concurrency, cache_dir=cache_dir, max_calls=max_calls,
-                                    batch=bool(batch))
     if model == "local":
         notify(DEFAULT_LOCAL_NOTICE)
-    backend = open_llm(config)
+    backend = open_llm(config.replace(model=model, base_url=url))
     if public_identity(backend.identity, url) != ev.llm_identity:
         notify(f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
                f"trained with {ev.llm_identity}; scores may not match its metrics")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError
-from hdeval.request_files import _temp_beside
+from hdeval.request_files import _in_place
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -84,10 +86,14 @@ def _flat(row: dict) -> dict:
     return out
 
 
+class _Discarded(Exception):
+    """Leaves the temporary file's block without putting it in place."""
+
+
 class OutputWriter:
     """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
     beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
-    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary files and never touches an
+    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary file and never touches an
     existing file at the destination. ``-``: JSONL on stdout, each chunk as it comes.
 
     JSONL is written as it comes; CSV rows are spooled as JSON lines first (the header is the
@@ -97,11 +103,9 @@ class OutputWriter:
     CONVERT_ROWS = 1000  # rows per DataFrame when converting the spool to CSV
 
     def __init__(self, output: str, fmt: str):
-        self.output, self.fmt = output, fmt
-        self.rows = 0
-        self._tmp: list[str] = []
-        self._fh: Any = None
+        self.output, self.fmt, self.rows = output, fmt, 0
         self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
+        self._files = contextlib.ExitStack()
         if output == "-":
             return
         self.path = Path(output)
@@ -109,81 +113,49 @@ class OutputWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        fd, tmp = _temp_beside(self.path)
-        self._tmp.append(tmp)
-        self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        self._out = self._files.enter_context(_in_place(self.path, keep_empty=True))
+        self._spool = self._out if fmt == "jsonl" else self._files.enter_context(
+            tempfile.TemporaryFile(dir=self.path.parent))
 
     def __enter__(self) -> "OutputWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.discard()
+        self._files.__exit__(_Discarded, _Discarded(), None)  # after a commit: nothing left to do
 
     def write(self, rows: list[dict], counted: bool = True) -> None:
         """Append rows; ``counted=False`` for a line that is not a scored row (a shard's closing
         record), left out of :attr:`rows`."""
+        self.rows += len(rows) if counted else 0
         if self.output == "-":
-            for r in rows:
-                sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")
+            sys.stdout.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             sys.stdout.flush()
-            self.rows += len(rows) if counted else 0
             return
         try:
             for r in rows:
                 if self.fmt != "jsonl":
                     r = _flat(r)
                     self._columns.update(dict.fromkeys(r))
-                self._fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+                self._spool.write((json.dumps(r, ensure_ascii=False) + "\n").encode())
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self.rows += len(rows) if counted else 0
 
     def commit(self) -> None:
         """Put the output in place (the one moment the destination changes)."""
-        if self.output == "-":
-            return
-        try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            final = self._tmp[0] if self.fmt == "jsonl" else self._convert(self._tmp[0])
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(final, 0o666 & ~umask)  # as a file the user wrote (mkstemp made it private)
-            os.replace(final, self.path)
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        finally:
-            self.discard()
+        if self.fmt != "jsonl" and self.output != "-":
+            import pandas as pd
 
-    def _convert(self, spool: str) -> str:
-        import pandas as pd
-
-        fd, tmp = _temp_beside(self.path)
-        os.close(fd)
-        self._tmp.append(tmp)
-        columns = list(self._columns)
-        with open(spool, encoding="utf-8") as fh:
-            if self.fmt == "parquet":  # buffers the rows (not the samples): see `hdeval apply --help`
-                pd.DataFrame([json.loads(line) for line in fh], columns=columns).to_parquet(tmp, index=False)
-                return tmp
-            rows = (json.loads(line) for line in fh)
-            for k in itertools.count():  # the header with the first batch, even an empty one
-                batch = list(itertools.islice(rows, self.CONVERT_ROWS))
-                if batch or not k:
-                    frame = pd.DataFrame(batch, columns=columns)
-                    frame.to_csv(tmp, index=False, header=not k, mode="a" if k else "w")
-                if len(batch) < self.CONVERT_ROWS:
-                    return tmp
-
-    def discard(self) -> None:
-        """Remove the temporary files (after a commit, whatever is left of them)."""
-        if self._fh is not None and not self._fh.closed:
+            self._spool.seek(0)
+            rows, columns = map(json.loads, self._spool), list(self._columns)
             try:
-                self._fh.close()
-            except OSError:
-                pass
-        for tmp in self._tmp:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self._tmp.clear()
+                if self.fmt == "parquet":  # buffers the rows (not the samples): see `hdeval apply --help`
+                    pd.DataFrame(list(rows), columns=columns).to_parquet(self._out, index=False)
+                for k in itertools.count() if self.fmt == "csv" else ():  # the header with the first batch
+                    batch = list(itertools.islice(rows, self.CONVERT_ROWS))
+                    if batch or not k:
+                        pd.DataFrame(batch, columns=columns).to_csv(self._out, index=False, header=not k)
+                    if len(batch) < self.CONVERT_ROWS:
+                        break
+            except OSError as exc:
+                raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        self._files.close()  # the temporary file renamed into place

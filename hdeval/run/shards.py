@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from hdeval.errors import ConfigError, DataError
 from hdeval.fetch import sha256_file
@@ -61,16 +61,13 @@ class ShardFile:
     """One shard output of ``apply --shard``, read a row at a time with its checks."""
 
     def __init__(self, path: str):
-        self.path = path
         try:
             self.fh = open(path, encoding="utf-8")
         except OSError as exc:
             raise DataError(f"cannot open shard output {path}: {exc.strerror or exc}") from None
-        self.lineno = 0
+        self.path, self.lineno, self.last_line, self.count = path, 0, 0, 0
         self.k: int | None = None
         self.n: int | None = None
-        self.last_line = 0
-        self.count = 0
         self.closing: dict | None = None
 
     def rows(self) -> Iterator[tuple[int, str, str, dict]]:
@@ -102,6 +99,7 @@ class ShardFile:
                             f"{self.closing['rows']}: rows were lost or added; rerun that shard")
 
     def _check(self, text: str) -> tuple[int, str, str, dict] | None:
+        """A row (None: the closing record, kept), checked against the file's shard and order."""
         where = f"{self.path}: line {self.lineno}"
         try:
             row = json.loads(text)
@@ -111,42 +109,36 @@ class ShardFile:
             raise DataError(f"{where}: not usable JSON (nested too deeply)") from None
         if not isinstance(row, dict):
             raise DataError(f"{where}: not a JSON object")
-        info = row.pop(SHARD_FIELD, None)
-        sid = row.get("id")
-        if not row and isinstance(info, dict) and "rows" in info:
-            self._closing(info, where)
-            return None
-        ok = isinstance(info, dict) and all(type(info.get(f)) is int for f in ("k", "n", "line"))
-        if not ok or not isinstance(sid, str):
+        info, sid = row.pop(SHARD_FIELD, None), row.get("id")
+        closing = not row and isinstance(info, dict) and "rows" in info
+        ints = isinstance(info, dict) and all(type(info.get(f)) is int
+                                              for f in ("k", "n", "rows" if closing else "line"))
+        if closing:
+            digests = all(isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
+                          for f in ("input_sha256", "artifact_sha256"))
+            if not ints or not digests or info["rows"] < 0 or len(info) != 5:
+                raise DataError(f"{where}: a closing record without k, n, rows and the two digests: not written "
+                                "by `hdeval apply --shard K/N`")
+        elif not ints or not isinstance(sid, str):
             raise DataError(f"{where}: no '{SHARD_FIELD}' field with k, n and line, or no text 'id': not a row "
                             "written by `hdeval apply --shard K/N`")
-        k, n, line = info["k"], info["n"], info["line"]
-        self._same_shard(k, n, where)
-        if shard_of(sid, n) != k:
-            raise DataError(f"{where}: id {sid!r} belongs to shard {shard_of(sid, n)}/{n}, not {k}/{n}")
-        if line <= self.last_line:
-            raise DataError(f"{where}: input line {line} after line {self.last_line}: rows are not in input "
-                            "order (was the file edited or concatenated?)")
-        self.last_line = line
-        return line, self.path, sid, row
-
-    def _same_shard(self, k: int, n: int, where: str) -> None:
+        k, n = info["k"], info["n"]  # type: ignore[index]
         if not 1 <= k <= n <= MAX_SHARDS:
             raise DataError(f"{where}: shard {k}/{n} is not a shard (N is 1 to {MAX_SHARDS})")
         if self.k is None:
             self.k, self.n = k, n
         elif (k, n) != (self.k, self.n):
             raise DataError(f"{where}: row of shard {k}/{n} in a file of shard {self.k}/{self.n}")
-
-    def _closing(self, info: dict[str, Any], where: str) -> None:
-        ints = all(type(info.get(f)) is int for f in ("k", "n", "rows"))
-        digests = all(isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
-                      for f in ("input_sha256", "artifact_sha256"))
-        if not ints or not digests or info["rows"] < 0 or len(info) != 5:
-            raise DataError(f"{where}: a closing record without k, n, rows and the two digests: not written by "
-                            "`hdeval apply --shard K/N`")
-        self._same_shard(info["k"], info["n"], where)
-        self.closing = info
+        if closing:
+            self.closing = info
+            return None
+        if shard_of(sid, n) != k:
+            raise DataError(f"{where}: id {sid!r} belongs to shard {shard_of(sid, n)}/{n}, not {k}/{n}")
+        if info["line"] <= self.last_line:  # type: ignore[index]
+            raise DataError(f"{where}: input line {info['line']} after line {self.last_line}: rows are not in "
+                            "input order (was the file edited or concatenated?)")
+        self.last_line = info["line"]  # type: ignore[index]
+        return self.last_line, self.path, sid, row
 
 
 def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int, int]:
