@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -237,3 +238,23 @@ def test_a_workers_error_is_raised_as_hdeval_s_own(art, new, tmp_path) -> None:
     text = str(caught.value)
     assert "max-calls" in text and "\n" not in text and "ray::" not in text
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_pairwise_row_with_a_lone_surrogate_is_refused_as_apply_refuses_it(faireval40, tmp_path) -> None:
+    """Ray's rows get apply's checks for both shapes: a pairwise row whose text holds a lone
+    surrogate (not text) is the same one-line DataError, not a pair sent to the LLM."""
+    from conftest import train_artifact
+
+    pair_art = train_artifact("faireval", faireval40, tmp_path, "--method", "dna")
+    row = json.loads(faireval40.read_text(encoding="utf-8").splitlines()[0])
+    row["output_a"] = "fine \ud800 broken"
+    line = json.dumps(row)  # json escapes the surrogate as \ud800, as a file would hold it
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line + "\n", encoding="utf-8")
+    r = CliRunner().invoke(cli, ["apply", str(pair_art), str(bad), "-o", str(tmp_path / "one.jsonl"),
+                                 "--cache-dir", str(tmp_path / "c1")])
+    assert r.exit_code != 0 and "lone surrogate" in r.stderr, r.output
+    scorer = ArtifactScorer(str(pair_art), cache_dir=str(tmp_path / "c2"))
+    with pytest.raises(DataError, match=r"line 7: field 'output_a' holds a lone surrogate"):
+        scorer({"text": np.array([line], dtype=object), "line": np.array([7])})
+    assert not (tmp_path / "c2").exists()  # refused before any LLM was opened

@@ -108,16 +108,17 @@ def _row_sample(task: Any, text: str, where: str) -> Any:
         raise DataError(f"{where}: not valid JSON") from None
     if not isinstance(row, dict):
         raise DataError(f"{where}: not a JSON object")
-    if task.shape == "pairwise":
-        if not _matches(row, task.where):
-            return None
+    if task.shape == "pairwise" and not _matches(row, task.where):
+        return None
+    lone = _lone_surrogate(row)  # apply checks both shapes for it before reading the row
+    if lone:
+        problem, sample = f"{lone} holds a lone surrogate", None
+    elif task.shape == "pairwise":
         problem, sample = _pair_from_row(row, 0, task, require_labels=False)
         if problem is None and sample is None:
             return None  # skip_empty, as apply skips it
     else:
-        lone = _lone_surrogate(row)
-        problem, sample = (f"{lone} holds a lone surrogate", None) if lone else _sample_from_row(
-            row, 0, task, list(task.aspect_keys), False)
+        problem, sample = _sample_from_row(row, 0, task, list(task.aspect_keys), False)
     if problem:
         raise DataError(f"{where}: {problem}")
     return sample
