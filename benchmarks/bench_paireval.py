@@ -23,7 +23,8 @@ import sys
 import numpy as np
 
 from hdeval.methods.base import FitContext
-from hdeval.methods.paireval import draw_comparisons, fit_with_pool
+from hdeval.methods.comparisons import draw_comparisons
+from hdeval.methods.paireval.fit import fit_with_pool
 from hdeval.progress import Progress
 from hdeval.train import TrainConfig, llm_config, open_backend, prepare
 

@@ -437,7 +437,7 @@ def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> N
     # w/ ties: 5 predicted pairs, right on 1, 3, 6 -> 3/5; w/o ties: pairs 1, 2, 4, 6 (not tie,
     # predicted), forced a/b right on 1, 2, 6 -> 3/4
     assert agreement_w_ties(y, p) == pytest.approx(0.6) and agreement_wo_ties(y, p) == pytest.approx(0.75)
-    from hdeval.methods.dna import agreement
+    from hdeval.metrics import pair_agreement as agreement
 
     want = agreement(ho.human, *ho.predictions["evaluator"])
     assert (want["w_ties"], want["wo_ties"]) == (0.6, 0.75)

@@ -144,7 +144,8 @@ def test_the_fake_refuses_a_reply_that_breaks_the_constraint() -> None:
 
 def test_every_method_request_gets_an_answer_its_constraint_allows() -> None:
     from hdeval.methods.dna.prompts import TWO_SCORES
-    from hdeval.methods.paireval import LABELS, YES_NO
+    from hdeval.methods.comparisons import LABELS
+    from hdeval.methods.paireval.yesno import YES_NO
     from hdeval.prompts import load_template
     from hdeval.scoring import scoring_request
     from hdeval.tasks import load_task

@@ -16,15 +16,9 @@ from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
 from hdeval.data import read_pairs
 from hdeval.errors import ArtifactError, ConfigError, ScoringError
-from hdeval.methods.dna import (
-    Learned,
-    _read_cot,
-    agreement,
-    decide,
-    validate_aspects,
-    validate_weights,
-    weighted_totals,
-)
+from hdeval.metrics import pair_agreement as agreement
+from hdeval.methods.dna.decision import Learned, decide, weighted_totals
+from hdeval.methods.dna.replies import _read_cot, validate_aspects, validate_weights
 from hdeval.progress import Progress
 from hdeval.tasks import load_task
 from hdeval.train import train

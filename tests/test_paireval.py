@@ -19,7 +19,9 @@ from hdeval.cli import cli
 from hdeval.data import read_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.judge import label_probability
-from hdeval.methods.paireval import PairEvalEvaluator, YesNoEvaluator, export_training
+from hdeval.methods.paireval.export import export_training
+from hdeval.methods.paireval.fitted import PairEvalEvaluator
+from hdeval.methods.paireval.yesno import YesNoEvaluator
 from hdeval.tasks import load_task
 from hdeval.train import train
 
@@ -318,7 +320,7 @@ def test_export_training_needs_three_conversations(dialogue, tmp_path):
 
 
 def test_requests_are_sample_major(dialogue):
-    from hdeval.methods.paireval import Example, draw_comparisons, pair_scores
+    from hdeval.methods.comparisons import Example, draw_comparisons, pair_scores
     from hdeval.prompts import load_template
 
     task_path, data = dialogue
@@ -338,7 +340,7 @@ def test_requests_are_sample_major(dialogue):
 
 # ---------------------------------------------------------------- inside HD-Eval (--scorer pairwise)
 def test_hdeval_with_pairwise_scorer_train_apply_rerun(dialogue, tmp_path):
-    from hdeval.methods.paireval import PairwiseScorer
+    from hdeval.methods.comparisons import PairwiseScorer
 
     task, data = dialogue
     cache, out = str(tmp_path / "c"), tmp_path / "art"

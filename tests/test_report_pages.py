@@ -233,7 +233,8 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     from hdeval.methods.registry import load_artifact
     from hdeval.backends.fake import FakeBackend
     from hdeval.data import read_pairs
-    from hdeval.methods.dna import AspectSpec, score_request
+    from hdeval.methods.dna.prompts import score_request
+    from hdeval.methods.dna.replies import AspectSpec
 
     ev = load_artifact(art)
     pair = next(p for p in read_pairs(data, ev.task) if p.id == pid)
@@ -317,15 +318,14 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     from hdeval.backends.base import CompletionRequest, Message
     from hdeval.backends.fake import FakeBackend
     from hdeval.cache import CachedBackend
-    from hdeval.methods.base import Saving
+    from hdeval.methods.base import Fitted
     from hdeval.report import samples
 
     def ask(row: str, column: str) -> CompletionRequest:
         return CompletionRequest(messages=(Message("user", f"Score {row} on {column}"),), kind="score")
 
-    class PluginFitted(Saving):
+    class PluginFitted(Fitted):
         method = "plugin"
-        llm_identity = FakeBackend().identity
 
         def reply_requests(self, items, columns):
             return [((row, c), ask(row, c)) for row in items for c in columns], None
@@ -334,14 +334,14 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     llm = CachedBackend(FakeBackend(), cache)
     text = llm.complete(ask("s1", "clarity")).text  # s2 was never asked
     llm.close()
-    got = samples.replies(PluginFitted(), ["s1", "s2"], ["clarity"], cache)
+    got = samples.replies(PluginFitted(None, None, None, FakeBackend().identity, {}), ["s1", "s2"], ["clarity"],
+                          cache)
     assert got.note is None and got.texts == {("s1", "clarity"): text} and text
 
-    class Silent(Saving):  # a method that does not say how it asked
+    class Silent(Fitted):  # a method that does not say how it asked
         method = "silent"
-        llm_identity = FakeBackend().identity
 
-    got = samples.replies(Silent(), ["s1"], ["clarity"], cache)
+    got = samples.replies(Silent(None, None, None, FakeBackend().identity, {}), ["s1"], ["clarity"], cache)
     assert got.texts == {} and "raw replies are not shown" in got.note
 
 

@@ -258,3 +258,16 @@ def test_a_method_declares_which_options_name_its_second_llm():
     hd = TrainConfig.from_options(task="summeval", decompose_llm="gpt-x")
     assert decompose_llm_config(hd).model == "gpt-x"
     assert decompose_llm_config(TrainConfig.from_options(task="summeval", method="dna")) is None
+
+
+def test_an_options_model_made_directly_gets_the_same_checks_as_one_built_by_name():
+    # the Python API may hand TrainConfig a model it made itself: it is checked as build checks
+    for name, bad, message in (("dna", {"k": 0}, "--k must be a whole number from 1 to 10"),
+                               ("dna", {"dna_mode": "vote"}, "--dna-mode must be one of"),
+                               ("hdeval", {"layers": "2"}, "--layers must be a whole number"),
+                               ("paireval", {"comparisons": 0}, "--comparisons must be a whole number")):
+        model = get_method(name).options
+        with pytest.raises(ConfigError, match=message):
+            model(**bad)
+        with pytest.raises(ConfigError, match=message):
+            dataclasses.replace(model(), **bad)

@@ -31,7 +31,8 @@ def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
       hdeval paireval export-training --data corpus.jsonl -o pairs.jsonl
     """
     from hdeval.data import read_samples, write_jsonl
-    from hdeval.methods.paireval import export_training, history_fields
+    from hdeval.methods.comparisons import history_fields
+    from hdeval.methods.paireval.export import export_training
     from hdeval.run.output import check_output
     from hdeval.tasks import load_task
 

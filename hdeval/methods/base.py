@@ -5,9 +5,10 @@ loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from hdeval.errors import ConfigError, DataError
 
@@ -39,56 +40,52 @@ class ScoreResult:
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
 
 
-class Fitted(Protocol):
-    """A trained evaluator of some method."""
+class Fitted:
+    """A trained evaluator of some method, and the state and defaults every one shares: the task,
+    the prompt template, the LLM (saved without credentials, query or key), held-out metrics, the
+    run record for the manifest, the training run's score table and an atomic
+    :func:`~hdeval.artifact.save_artifact`. A method's subclass implements ``method_args`` (its
+    own arguments, recorded in the manifest: how to rebuild it), ``score``, ``write`` (its files
+    into the artifact; returns its manifest section) and ``from_artifact``, and overrides the
+    defaults below where it differs."""
 
-    method: str  # the registry name, recorded in the manifest
-    task: "Task"
-    metrics: dict[str, Any]
-
-    def method_args(self) -> dict[str, Any]:
-        """The method's own arguments, recorded in the manifest (how to rebuild it)."""
-        ...
-
-    def columns_needed(self) -> list[str]:
-        """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
-        ...
-
-    def score(
-        self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
-        concurrency: int | None = None, progress: "Progress | None" = None,
-    ) -> ScoreResult:
-        """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
-        ...
-
-    def write(self, out: "ArtifactWriter") -> dict[str, Any]:
-        """Write the method's files into the artifact; return its manifest section."""
-        ...
-
-
-class Saving:
-    """What every fitted evaluator shares: an atomic :func:`~hdeval.artifact.save_artifact` with
-    its LLM (no credentials, query or key) and defaults for what the shared code asks of it.
-    Needs ``llm`` (an LLMConfig), ``llm_identity`` and ``path`` attributes."""
-
-    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
+    method = ""  # the registry name, recorded in the manifest
+    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
     reports = False  # `hdeval report` can draw this evaluator (see write_report)
 
+    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
+                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
+        self.task = task
+        self.template = template
+        self.llm = llm
+        self.llm_identity = llm_identity
+        self.metrics = metrics
+        self.extra = dict(extra or {})
+        self.score_table = score_table
+        self.warnings: list[str] = []
+        self.path: Any = None
+
+    def score(self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
+              concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
+        """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
+        raise NotImplementedError
+
+    # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
         """What names the default artifact directory ``artifacts/<task>-<suffix>``."""
-        return self.method  # type: ignore[attr-defined]
+        return self.method
 
     def calls_per_sample(self) -> int:
         """LLM calls scoring one new sample takes (``apply`` prices with it)."""
-        return len(self.columns_needed())  # type: ignore[attr-defined]
+        return len(self.columns_needed())
 
     def cost_line(self) -> str:
         """What ``apply`` says after the sample count about the calls each sample needs."""
-        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"  # type: ignore[attr-defined]
+        return f"; method {self.method}: {len(self.columns_needed())} LLM-filled column(s) per sample"
 
     def summary_line(self) -> str:
         """The held-out figure after training, in one line."""
-        avg = self.metrics["final"]["average"]  # type: ignore[attr-defined]
+        avg = self.metrics["final"]["average"]
         return f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
@@ -111,11 +108,10 @@ class Saving:
         (:class:`hdeval.intervals.Calibration`), or None when the artifact has none."""
         from hdeval.intervals import read_calibration
 
-        task = self.task  # type: ignore[attr-defined]
-        if getattr(task, "shape", "pointwise") != "pointwise":
+        if getattr(self.task, "shape", "pointwise") != "pointwise":
             return None
-        where = f"{getattr(self, 'path', None) or 'the artifact'}/metrics.json"
-        return read_calibration(self.metrics, list(task.aspect_keys), where)  # type: ignore[attr-defined]
+        where = f"{self.path or 'the artifact'}/metrics.json"
+        return read_calibration(self.metrics, list(self.task.aspect_keys), where)
 
     def export_refusal(self) -> str | None:
         """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
@@ -123,7 +119,7 @@ class Saving:
 
     def explain_refusal(self, artifact: Any) -> str | None:
         """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
-        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"  # type: ignore[attr-defined]
+        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"
 
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
@@ -140,11 +136,11 @@ class Saving:
     # ---- held-out figures for `benchmark`, read from the score table without any LLM call
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
-        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")  # type: ignore[attr-defined]
+        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """Pairwise: variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
-        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")  # type: ignore[attr-defined]
+        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")
 
     def fitted_aggregator(self) -> str | None:
         """The kind of the learned aggregator or classifier (None: nothing learned)."""
@@ -160,8 +156,7 @@ class Saving:
             return backend, False
         from hdeval.llm import open_llm
 
-        llm = self.llm  # type: ignore[attr-defined]
-        return open_llm(llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
+        return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
     @contextmanager
     def llm_session(self, backend: Any, cache_dir: Any) -> Iterator[Any]:
@@ -179,33 +174,12 @@ class Saving:
         from hdeval.artifact import save_artifact
         from hdeval.urls import public_identity
 
-        llm = self.llm  # type: ignore[attr-defined]
-        section = {**llm.to_manifest(), "identity": public_identity(self.llm_identity, llm.base_url)}  # type: ignore
-        self.path = save_artifact(self, path, section, force=force)  # type: ignore[arg-type]
+        section = {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
+        self.path = save_artifact(self, path, section, force=force)
         return self.path
 
-
-class SimpleFitted(Saving):
-    """The state most fitted evaluators share: the task, the prompt template, the LLM, held-out
-    metrics, the run record for the manifest and the score table of the training run."""
-
-    method = ""
-
-    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
-                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
-        self.task = task
-        self.template = template
-        self.llm = llm
-        self.llm_identity = llm_identity
-        self.metrics = metrics
-        self.extra = dict(extra or {})
-        self.score_table = score_table
-        self.warnings: list[str] = []
-        self.path: Any = None
-
-    row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
-
     def columns_needed(self) -> list[str]:
+        """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
         return list(self.task.aspect_keys)
 
     def output_rows(self, samples: Sequence["Sample"], result: ScoreResult) -> list[dict[str, Any]]:
@@ -222,7 +196,7 @@ class SimpleFitted(Saving):
         return {"prompts": {name: t.digest for name, t in prompts.items()}}
 
 
-class SinglePromptFitted(SimpleFitted):
+class SinglePromptFitted(Fitted):
     """One prompt per sample and aspect, nothing learned: the LLM's figure for an aspect, mapped
     onto its range, is the prediction (``direct``, ``direct-yesno``)."""
 
@@ -268,12 +242,8 @@ class SinglePromptFitted(SimpleFitted):
         from hdeval.prompts import parse_template
 
         file = f"prompts/{cls.prompt}.toml"
-
-        def build() -> Any:
-            task, llm, identity = read_task_and_llm(art, (file, METRICS))
-            return cls(task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity,
-                       art.json(METRICS), run_extra(art.manifest))
-        return loaded(art, build)
+        return loaded(art, [file], lambda task, llm, identity: cls(
+            task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity, {}))
 
 
 def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple:
@@ -332,14 +302,30 @@ def split_rows(ctx: "FitContext", ids: Sequence[str], aspects: Sequence[str]) ->
             np.array([[by_id[s].scores[a] for a in aspects] for s in ids]))
 
 
-def loaded(art: "ArtifactReader", build: Callable[[], Any],
+def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task", Any, str], Any],
            errors: tuple = (KeyError, TypeError, ValueError)) -> Any:
-    """The evaluator ``build`` reads from ``art``, with the artifact's warnings and path; a
-    malformed field (one of ``errors``) is a one-line ArtifactError."""
+    """The evaluator ``build(task, llm, identity)`` makes from the task and LLM ``art`` records,
+    once its manifest lists ``files`` and the metrics; with the artifact's metrics, run record,
+    warnings and path. A malformed field (one of ``errors``) is a one-line ArtifactError."""
+    from hdeval.config import LLMConfig
     from hdeval.errors import ArtifactError
+    from hdeval.tasks import task_from_dict
 
+    m = art.manifest
     try:
-        ev = build()
+        for name in [*files, METRICS]:
+            if name not in m["files"]:
+                raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
+        task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
+        llm = m.get("llm") or {}
+        if not isinstance(llm, dict) or not all(
+                isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
+            raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
+                                f"identity in {art.path / 'manifest.json'})")
+        ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+                   str(llm.get("identity") or ""))
+        ev.metrics = art.json(METRICS)
+        ev.extra = {k: m[k] for k in ("seed", "split", "config") if k in m}  # the run record (run_record)
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
@@ -355,30 +341,6 @@ def progress_stage(progress: "Progress | None", label: str, total: int) -> Itera
     yield
     if progress is not None:
         progress.end_stage()
-
-
-def run_extra(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The run record (:func:`run_record`) a manifest holds."""
-    return {k: manifest[k] for k in ("seed", "split", "config") if k in manifest}
-
-
-def read_task_and_llm(art: "ArtifactReader", required: Sequence[str]) -> tuple["Task", Any, str]:
-    """The task and LLM an artifact records, after checking that ``required`` files are listed."""
-    from hdeval.config import LLMConfig
-    from hdeval.errors import ArtifactError
-    from hdeval.tasks import task_from_dict
-
-    m = art.manifest
-    for name in required:
-        if name not in m["files"]:
-            raise ArtifactError(f"{art.path / 'manifest.json'}: no checksum recorded for {name}")
-    task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
-    llm = m.get("llm") or {}
-    if not isinstance(llm, dict) or not all(
-            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-        raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
-                            f"identity in {art.path / 'manifest.json'})")
-    return task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")), str(llm.get("identity") or "")
 
 
 @dataclass(frozen=True)
@@ -427,6 +389,13 @@ class MethodOptions:
         object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
         return self
 
+    def __post_init__(self) -> None:
+        # every way of making the model (build, the constructor, replace) gets the same checks
+        for name, spec in self.specs().items():
+            if (value := getattr(self, name)) is not None:
+                _check_value(name, value, spec)
+        self.validate()
+
     def validate(self) -> None:
         """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
 
@@ -448,11 +417,7 @@ class MethodOptions:
                             if (owners := [m for m in sorted(METHODS) if name in METHODS[m].options.specs()]))
             raise ConfigError(f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
                               f"{owned}")
-        for name, value in given.items():
-            _check_value(name, value, specs[name])
-        built = cls(**given)
-        built.validate()
-        return built
+        return cls(**given)
 
     def second_llm_given(self) -> tuple[str, str | None, str] | None:
         """(model, server, the model option's flag) of the second LLM these options name, or None:
@@ -598,6 +563,19 @@ class Method:
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""
         return self.options.build(given or {}, self.name)
+
+
+def later(target: str) -> Callable[..., Any]:
+    """``module:function`` or ``module:Class.method``, imported when first called: a method's
+    package registers it without loading its code, so ``hdeval --help`` stays light."""
+    module, _, name = target.partition(":")
+
+    def call(*args: Any) -> Any:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+        return found(*args)
+    return call
 
 
 # name -> method, filled by hdeval.methods.registry (which imports the methods; this module

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.base import CompletionRequest
 from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
@@ -46,10 +46,6 @@ def history_fields(task: Task) -> Task:
     return dataclasses.replace(task, fields=hist)
 
 
-def response_label(task: Task) -> str:
-    return next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
-
-
 @dataclass(frozen=True)
 class Example:
     """A conversation as the prompt shows it: its history and its response (exact text)."""
@@ -75,8 +71,8 @@ def pair_question(aspect: Aspect) -> str:
 def label_request(template: Template, task: Task, labels: tuple[str, str], kind: str,
                   **values: str) -> CompletionRequest:
     """A question about a conversation answered by one of two label words (read from the first token)."""
-    messages = template.render({"task_description": task.description, "response_label": response_label(task),
-                                **values})
+    shown = next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
+    messages = template.render({"task_description": task.description, "response_label": shown, **values})
     return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
                              answer=Labels(labels), kind=kind)
 
@@ -143,11 +139,6 @@ def _parse_examples(raw: Any, where: str) -> list[Example]:
 
 
 # ---------------------------------------------------------------------- asking
-def _p_first_label(completions: Sequence[Completion]) -> tuple[float, str | None]:
-    # P("A") normalised over A/B; the target's probability is this (shown first) or 1 - this.
-    return label_probability(completions[0], *LABELS)
-
-
 @dataclass
 class PairScores:
     """Every pair judgment: P(target wins) per sample x aspect x pool example, per order."""
@@ -191,75 +182,79 @@ class PairScores:
                 "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
 
 
-def pair_cells(template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example], n: int,
-               swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
+def pair_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
+               cols: Sequence[tuple[str, str]], pool: Sequence[Example] | None, n: int = 0) -> list[Cell]:
     """One cell per target x column x comparison x order, sample-major: a target is compared with
-    the first ``n`` pool examples from other conversations."""
+    the first ``n`` pool examples from other conversations or, without a pool (the paper's
+    exhaustive all-vs-all), with every other response of its own document. Column keys
+    ``key|i|first`` (the target shown first) and, with ``swap``, ``key|i|second``; ``i`` is the
+    example's place in the pool, or among the document's other responses."""
+    shown = {s.id: Example.of(task, s) for s in samples}
+    docs: dict[str, list[Example]] = {}
+    for e in shown.values():
+        docs.setdefault(e.doc_id, []).append(e)
     cells: list[Cell] = []
     for s in samples:
-        target = Example.of(task, s)
-        others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
-        cells += versus_cells(template, task, s.id, target, others, swap, cols)
+        target = shown[s.id]
+        if pool is None:
+            others = list(enumerate(e for e in docs[s.doc_id] if e.id != s.id))
+        else:
+            others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
+        for key, question in cols:
+            for ci, other in others:
+                cells.append(Cell(s.id, f"{key}|{ci}|first",
+                                  (pair_request(template, task, question, target, other),)))
+                if swap:
+                    cells.append(Cell(s.id, f"{key}|{ci}|second",
+                                      (pair_request(template, task, question, other, target),)))
     return cells
 
 
-def versus_cells(template: Template, task: Task, sid: str, target: Example, others: Sequence[tuple[int, Example]],
-                 swap: bool, cols: Sequence[tuple[str, str]]) -> list[Cell]:
-    """One target's cells: per column, per (index, example) compared with, the target shown first
-    (``key|index|first``) and, with ``swap``, second."""
-    cells: list[Cell] = []
-    for key, question in cols:
-        for ci, other in others:
-            cells.append(Cell(sid, f"{key}|{ci}|first",
-                              (pair_request(template, task, question, target, other),)))
-            if swap:
-                cells.append(Cell(sid, f"{key}|{ci}|second",
-                                  (pair_request(template, task, question, other, target),)))
-    return cells
-
-
-def judged_orders(m: ScoreMatrix | None, samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
-                  width: int) -> tuple[np.ndarray, np.ndarray]:
-    """P(target wins) per sample x column x comparison from the cells' matrix, as shown first and
-    as shown second; NaN where nothing was asked or read."""
+def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample],
+                pool: Sequence[Example] | None, n: int, swap: bool, concurrency: int | None = None,
+                progress: Progress | None = None, columns: Sequence[tuple[str, str]] | None = None,
+                stage: bool = True) -> PairScores:
+    """Ask every pair, sample-major (:func:`pair_cells`; no pool: all-vs-all, where a response
+    alone in its document gets no column and a failure saying why). ``columns``: (key, question)
+    pairs (default: one per aspect); ``stage``: open a progress stage of its own (False when the
+    caller has one open)."""
+    samples = list(samples)
+    cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
+    cells = pair_cells(template, task, samples, swap, cols, pool, n)
+    if pool is None:
+        label = (f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+                 f"response of their document{' x 2 orders' if swap else ''}")
+        width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
+    else:
+        label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
+        width = len(pool)
+    # P(target wins) per sample x column x comparison, as shown first and as shown second; NaN
+    # where nothing was asked or read
     shape = (len(samples), len(cols), width)
     first, second = np.full(shape, np.nan), np.full(shape, np.nan)
-    if m is None or not m.sample_ids:
-        return first, second
-    row = {sid: i for i, sid in enumerate(m.sample_ids)}
-    rows = np.array([row.get(s.id, -1) for s in samples], dtype=int)
-    values = np.where((rows >= 0)[:, None], m.values[rows], np.nan)  # a target with no cell: NaN
-    ak = {key: j for j, (key, _) in enumerate(cols)}
-    for c, key in enumerate(m.criterion_keys):
-        aspect, ci, order = key.rsplit("|", 2)
-        if order == "first":
-            first[:, ak[aspect], int(ci)] = values[:, c]
-        else:
-            second[:, ak[aspect], int(ci)] = 1.0 - values[:, c]  # P(target's label "B")
-    return first, second
-
-
-def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], pool: Sequence[Example],
-                n: int, swap: bool, concurrency: int | None = None, progress: Progress | None = None,
-                columns: Sequence[tuple[str, str]] | None = None, stage: bool = True) -> PairScores:
-    """Ask every pair, sample-major. ``columns``: (key, question) pairs (default: one per aspect);
-    ``stage``: open a progress stage of its own (False when the caller has one open)."""
-    cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
-    label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
-    cells = pair_cells(template, task, samples, pool, n, swap, cols)
-    return judge_cells(llm, cells, samples, cols, len(pool), swap, concurrency, progress,
-                       label if stage else None)
-
-
-def judge_cells(llm: Any, cells: list[Cell], samples: Sequence[Sample], cols: Sequence[tuple[str, str]],
-                width: int, swap: bool, concurrency: int | None, progress: Progress | None,
-                label: str | None) -> PairScores:
-    """Ask ``cells`` (as one progress stage when ``label`` names it) into every pair judgment."""
-    with progress_stage(progress if label else None, label or "", len(cells)):
-        m = fill_matrix(llm, cells, _p_first_label, concurrency, progress) if cells else None
-    first, second = judged_orders(m, samples, cols, width)
-    return PairScores([s.id for s in samples], [key for key, _ in cols], first, second,
-                      list(m.failures) if m is not None else [], len(cells), swap)
+    judged = PairScores([s.id for s in samples], [key for key, _ in cols], first, second, [], len(cells), swap)
+    with progress_stage(progress if stage else None, label, len(cells)):
+        # P("A") normalised over A/B: the target's, shown first, or 1 - the target's
+        m = (fill_matrix(llm, cells, lambda cs: label_probability(cs[0], *LABELS), concurrency, progress)
+             if cells else None)
+    if m is not None:
+        judged.failures = list(m.failures)
+        row = {sid: i for i, sid in enumerate(m.sample_ids)}
+        rows = np.array([row.get(s.id, -1) for s in samples], dtype=int)
+        values = np.where((rows >= 0)[:, None], m.values[rows], np.nan)  # a target with no cell: NaN
+        ak = {key: j for j, (key, _) in enumerate(cols)}
+        for c, key in enumerate(m.criterion_keys):
+            aspect, ci, order = key.rsplit("|", 2)
+            if order == "first":
+                first[:, ak[aspect], int(ci)] = values[:, c]
+            else:
+                second[:, ak[aspect], int(ci)] = 1.0 - values[:, c]
+    compared = {c.sample_id for c in cells}
+    for s in samples if pool is None else ():
+        if s.id not in compared:
+            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
+                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
+    return judged
 
 
 # ---------------------------------------------------------------------- inside HD-Eval
@@ -305,12 +300,9 @@ class PairwiseScorer:
         return judged.columns()
 
     def position(self) -> dict[str, Any]:
-        if not self.judged:
-            return {"consistency": None, "bias": None, "comparisons": 0}
-        first = np.concatenate([j.first.reshape(-1) for j in self.judged])
-        second = np.concatenate([j.second.reshape(-1) for j in self.judged])
-        both = PairScores([], [], first[None, None, :], second[None, None, :], [], 0, self.swap)
-        return both.position()
+        flat = [np.concatenate([getattr(j, side).reshape(-1) for j in self.judged] + [np.empty(0)])
+                for side in ("first", "second")]
+        return PairScores([], [], *flat, [], 0, self.swap).position()
 
     def manifest(self) -> dict[str, Any]:
         return {"kind": self.kind, "comparisons": self.n, "swap": self.swap}

@@ -36,20 +36,6 @@ def prompt_of(request: CompletionRequest) -> tuple[str, int]:
     return prompt, max(1, len(prompt) // 4)
 
 
-def _label_completion(request: CompletionRequest, fake: FakeBackend, labels: tuple[str, str], p: float) -> Completion:
-    n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
-    prompt = request.messages[-1].content
-    if fake.garbage and _unit("garbage", prompt) < fake.garbage:
-        return Completion("I cannot decide.", None, n_prompt, 4)
-    p = min(1 - 1e-6, max(1e-6, p))
-    top = None
-    if fake.logprobs and request.top_logprobs:
-        alts = sorted([TokenLogprob(labels[0], math.log(p)), TokenLogprob(labels[1], math.log(1 - p))],
-                      key=lambda t: -t.logprob)
-        top = (tuple(alts),)
-    return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
-
-
 def label_responder(kind: str, labels: tuple[str, str], blocks: int):
     """Registers, as the fake LLM's answer to prompts of ``kind`` showing at least ``blocks``
     ``<sample>`` blocks, a label reply whose first label has the probability the decorated
@@ -61,7 +47,16 @@ def label_responder(kind: str, labels: tuple[str, str], blocks: int):
             shown = _BLOCK.findall(user)
             if len(shown) < blocks:
                 return Completion("?", None, 1, 1)
-            return _label_completion(request, fake, labels, probability(shown, user[user.rfind("</sample>"):]))
+            n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
+            if fake.garbage and _unit("garbage", user) < fake.garbage:
+                return Completion("I cannot decide.", None, n_prompt, 4)
+            p = min(1 - 1e-6, max(1e-6, probability(shown, user[user.rfind("</sample>"):])))
+            top = None
+            if fake.logprobs and request.top_logprobs:
+                alts = sorted([TokenLogprob(labels[0], math.log(p)), TokenLogprob(labels[1], math.log(1 - p))],
+                              key=lambda t: -t.logprob)
+                top = (tuple(alts),)
+            return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
         return probability
     return register
 

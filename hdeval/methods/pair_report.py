@@ -117,18 +117,17 @@ def pairwise_hdeval_report(ev: Any) -> tuple[dict[str, Any], list[str]]:
     return data, lines
 
 
-def write_pair_report(ev: Any, out_dir: str | Path | None = None, data: str | Path | None = None,
-                      cache_dir: str | Path | None = None) -> tuple[Path, list[str]]:
-    """Write ``report.json`` and ``report.html`` (default dir: ``<artifact>/report``); return the
-    HTML path and the text lines. ``data`` and ``cache_dir`` find the wrong verdicts' text and
-    the LLM's raw replies (default: the training data the manifest names, the default cache)."""
+def write_pair_report(ev: Any, out: Any, progress: Any = None, **options: Any) -> tuple[Path, str, list[str]]:
+    """The pair evaluators' ``write_report``: ``report.json`` and ``report.html`` written to
+    ``out`` (default: ``<artifact>/report``); the HTML path, the numbers file's name and the text
+    lines. Options ``data`` and ``cache_dir`` find the wrong verdicts' text and the LLM's raw
+    replies (default: the training data the manifest names, the default cache)."""
     from hdeval.report.pairs import pair_page
 
-    dna = ev.method == "dna"
-    data_json, lines = (dna_report if dna else pairwise_hdeval_report)(ev)
-    out = Path(out_dir) if out_dir else Path(ev.path) / "report"
-    page = pair_page(ev, data_json, data, cache_dir)
-    return write_report_files(out, data_json, page)[0], lines
+    data_json, lines = (dna_report if ev.method == "dna" else pairwise_hdeval_report)(ev)
+    page = pair_page(ev, data_json, options.get("data"), options.get("cache_dir"))
+    out = Path(out) if out else Path(ev.path) / "report"
+    return write_report_files(out, data_json, page)[0], "report.json", lines
 
 
 def write_report_files(out: Path, numbers: dict[str, Any], page: str,

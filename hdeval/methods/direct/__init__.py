@@ -3,22 +3,15 @@ Registration only: :mod:`.evaluator` loads when the method is used, so ``hdeval 
 
 from __future__ import annotations
 
-import importlib
-
-from hdeval.methods.base import Method
-
-
-def _impl():
-    return importlib.import_module("hdeval.methods.direct.evaluator")
-
+from hdeval.methods.base import Method, later
 
 METHOD = Method(
     name="direct",
     summary="each aspect scored directly by the LLM, nothing learned (G-Eval-style baseline)",
     shapes=("pointwise",),
-    fit=lambda ctx: _impl().fit(ctx),
-    load=lambda art: _impl().DirectEvaluator.from_artifact(art),
-    plan=lambda config, prep, backend: _impl().plan(config, prep, backend),
+    fit=later("hdeval.methods.direct.evaluator:fit"),
+    load=later("hdeval.methods.direct.evaluator:DirectEvaluator.from_artifact"),
+    plan=later("hdeval.methods.direct.evaluator:plan"),
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers

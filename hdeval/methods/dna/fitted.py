@@ -7,13 +7,14 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import METRICS, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of
+from hdeval.methods.base import Fitted, loaded, usage_of
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
+from hdeval.methods.pair_report import write_pair_report
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import PairSample, Task
@@ -21,7 +22,7 @@ from hdeval.types import PairSample, Task
 LEARNED = "learned.json"
 
 
-class DnaEvaluator(SimpleFitted):
+class DnaEvaluator(Fitted):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"
@@ -120,11 +121,7 @@ class DnaEvaluator(SimpleFitted):
                               [label(x) for x in test["learned_prediction_ab"]])
         return out
 
-    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
-        from hdeval.methods.pair_report import write_pair_report
-
-        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
-        return page, "report.json", lines
+    write_report = write_pair_report
 
     def reply_requests(self, items: Sequence[PairSample], columns: Sequence[str]) -> tuple[list, str | None]:
         """The per-aspect prompt (one prompt scores both responses), in the order the pair was
@@ -165,8 +162,7 @@ class DnaEvaluator(SimpleFitted):
         settings = Settings.from_dict(art.manifest.get("method_args"), where)
         files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]
 
-        def build() -> DnaEvaluator:
-            task, llm, identity = read_task_and_llm(art, files + [METRICS])
+        def build(task: Task, llm: Any, identity: str) -> DnaEvaluator:
             templates = {r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
                          for r, f in zip(settings.prompt_roles, files)}
             learned = None
@@ -174,8 +170,8 @@ class DnaEvaluator(SimpleFitted):
                 learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
-            return cls(task, templates, settings, llm, identity, art.json(METRICS), learned, run_extra(art.manifest))
-        ev = loaded(art, build)
+            return cls(task, templates, settings, llm, identity, {}, learned)
+        ev = loaded(art, files, build)
         if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")
         return ev

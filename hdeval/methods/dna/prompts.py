@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
 from hdeval.backends.base import CompletionRequest
 from hdeval.backends.constraints import Scale
-from hdeval.methods.dna.replies import AspectSpec, structured_pair
+from hdeval.methods.dna.replies import AspectSpec, json_object, structured_pair
 from hdeval.prompts import Template, _neutralise, load_template
 from hdeval.types import PairSample, Task
 
@@ -42,17 +42,12 @@ def _req(template: Template, values: dict[str, str], max_tokens: int, json_schem
                              kind=template.name)
 
 
-def _object(properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": sorted(properties),
-            "additionalProperties": False}
-
-
 def aspects_schema(k: int) -> str:
     """The reply of stage 1 (dynamic aspects): a local model's grammar enforces it, a server
     gets it as structured outputs. Lengths are bounded so a constrained model cannot loop."""
-    item = _object({"name": {"type": "string", "maxLength": 100},
+    item = json_object({"name": {"type": "string", "maxLength": 100},
                     "definition": {"type": "string", "maxLength": 600}})
-    return json.dumps(_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
+    return json.dumps(json_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
                       sort_keys=True)
 
 
@@ -64,7 +59,7 @@ def aspects_request(template: Template, task: Task, p: PairSample, k: int) -> Co
 
 def weights_schema(keys: Sequence[str]) -> str:
     """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
-    return json.dumps(_object({"weights": _object({k: {"type": "number"} for k in keys})}), sort_keys=True,
+    return json.dumps(json_object({"weights": json_object({k: {"type": "number"} for k in keys})}), sort_keys=True,
                       ensure_ascii=False)
 
 

@@ -22,13 +22,14 @@ SCALE10 = (1.0, 10.0)
 # ``response_format``, a local model's grammar): one whole 1-10 score per response, named by side,
 # so no reader has to guess which number belongs to which response. The text reader stays the
 # fallback for servers that ignore it.
-PAIR_SCHEMA = json.dumps({
-    "type": "object",
-    "properties": {"score_a": {"type": "integer", "minimum": 1, "maximum": 10},
-                   "score_b": {"type": "integer", "minimum": 1, "maximum": 10}},
-    "required": ["score_a", "score_b"],
-    "additionalProperties": False,
-}, sort_keys=True)
+def json_object(properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema of an object with exactly these properties."""
+    return {"type": "object", "properties": properties, "required": sorted(properties),
+            "additionalProperties": False}
+
+
+_SCORE = {"type": "integer", "minimum": 1, "maximum": 10}
+PAIR_SCHEMA = json.dumps(json_object({"score_a": _SCORE, "score_b": _SCORE}), sort_keys=True)
 _PAIR_JSON_TOKENS = 24  # '{"score_a": 10, "score_b": 10}' with room for a tokenizer's spaces
 
 

@@ -3,6 +3,7 @@ the checked settings a run uses and an artifact records (``Settings``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,24 +29,6 @@ class Settings:
     # where tie_margin came from: "given" (by the user; artifacts written before margins were
     # learned record nothing and were given theirs) or "training split"
     tie_margin_from: str = "given"
-
-    def check(self, where: str = "option") -> "Settings":
-        problems = [
-            (self.mode in MODES, f"--dna-mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
-            (self.aspect_source in SOURCES,
-             f"--aspect-source must be one of {', '.join(SOURCES)}, got {self.aspect_source!r}"),
-            (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_K,
-             f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}"),
-            (self.tie_margin is None or isinstance(self.tie_margin, (int, float))
-             and not isinstance(self.tie_margin, bool) and math.isfinite(self.tie_margin) and self.tie_margin >= 0,
-             f"--tie-margin must be 0 or more, got {self.tie_margin!r}"),
-            (isinstance(self.swap, bool), f"--swap must be true or false, got {self.swap!r}"),
-            (isinstance(self.logprobs, bool), f"--logprob-scores must be true or false, got {self.logprobs!r}"),
-        ]
-        for ok, msg in problems:
-            if not ok:
-                raise ConfigError(msg if where == "option" else f"{where}: {msg}")
-        return self
 
     @property
     def uses_aspects(self) -> bool:
@@ -86,18 +69,19 @@ class Settings:
         if not isinstance(d, dict):
             raise ArtifactError(f"{where}: method_args is not an object")
         try:
-            s = cls(**{k: d[k] for k in ("mode", "aspect_source", "k", "tie_margin", "swap")},
-                    logprobs=d.get("logprobs", False), tie_margin_from=d.get("tie_margin_from", "given"))
+            given = {"dna_mode": d["mode"], "aspect_source": d["aspect_source"], "k": d["k"],
+                     "tie_margin": d["tie_margin"], "swap": d["swap"], "logprob_scores": d.get("logprobs", False)}
         except KeyError as exc:
             raise ArtifactError(f"{where}: method_args lacks {exc}") from None
+        margin_from = d.get("tie_margin_from", "given")
         # a fitted judge has decided its margin
-        if s.tie_margin is None or s.tie_margin_from not in ("given", "training split"):
+        if given["tie_margin"] is None or margin_from not in ("given", "training split"):
             raise ArtifactError(f"{where}: method_args holds no usable tie margin "
-                                f"({s.tie_margin!r} from {str(s.tie_margin_from)[:40]!r})")
-        try:
-            return s.check(where)
+                                f"({given['tie_margin']!r} from {str(margin_from)[:40]!r})")
+        try:  # the checks the options get
+            return dataclasses.replace(DnaOptions(**given).settings(), tie_margin_from=margin_from)
         except ConfigError as exc:
-            raise ArtifactError(str(exc)) from None
+            raise ArtifactError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -113,8 +97,11 @@ class DnaOptions(MethodOptions):
                                         "server returns them (else the reply text)")
 
     def validate(self) -> None:
-        self.settings()
+        if not 1 <= self.k <= MAX_K:
+            raise ConfigError(f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}")
+        if self.tie_margin is not None and not (math.isfinite(self.tie_margin) and self.tie_margin >= 0):
+            raise ConfigError(f"--tie-margin must be 0 or more, got {self.tie_margin!r}")
 
     def settings(self) -> Settings:
         return Settings(mode=self.dna_mode, aspect_source=self.aspect_source, k=self.k,
-                        tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores).check()
+                        tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores)

@@ -19,7 +19,7 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
-    METRICS, SCORES, ScoreResult, SimpleFitted, check_recorded_options, progress_stage, recorded_options, score_rows,
+    METRICS, SCORES, Fitted, ScoreResult, check_recorded_options, progress_stage, recorded_options, score_rows,
     usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
@@ -38,7 +38,7 @@ _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm"
                "decomposition_rejections")
 
 
-class TreeEvaluator(SimpleFitted):
+class TreeEvaluator(Fitted):
     """What the pointwise and the pairwise HD-Eval evaluators share: the state, scoring the
     criteria the model uses, the files they write, and one load path; a subclass says what its
     fitted model is called, where it is stored and how its manifest section is checked."""

@@ -33,6 +33,7 @@ from hdeval.methods.hdeval.loop import (
     LayerReport, _fmt, best_layer, check_failures, grow, kept_warnings, plan_hdeval, positions, pruning_lines,
     warning_notes,
 )
+from hdeval.methods.pair_report import write_pair_report
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
@@ -300,11 +301,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         return (f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
                 "criteria and their importance: hdeval report)")
 
-    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
-        from hdeval.methods.pair_report import write_pair_report
-
-        page, lines = write_pair_report(self, out, data=options.get("data"), cache_dir=options.get("cache_dir"))
-        return page, "report.json", lines
+    write_report = write_pair_report
 
     def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
         return side_samples(items)  # both responses, ids <pair>#a / #b

@@ -11,7 +11,7 @@ from hdeval.methods.base import (
 from hdeval.methods.comparisons import MAX_TOKENS, Example, pair_cells, pair_question
 from hdeval.methods.paireval.fitted import PairEvalEvaluator
 from hdeval.methods.paireval.sources import (
-    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test, same_doc_cells,
+    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test,
 )
 from hdeval.progress import Progress
 from hdeval.prompts import load_template
@@ -29,10 +29,7 @@ def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
     task, samples = prep.task, prep.samples
     pool, n, swap, source = choose_comparisons(FitContext(config, prep, None, None, Progress()))
     cols = [(a.key, pair_question(a)) for a in task.aspects]
-    if source == ALL_VS_ALL:
-        cells = same_doc_cells(load_template("pair"), task, samples, swap, cols)
-    else:
-        cells = pair_cells(load_template("pair"), task, samples, pool, n, swap, cols)
+    cells = pair_cells(load_template("pair"), task, samples, swap, cols, None if source == ALL_VS_ALL else pool, n)
     return plan_known(config, backend, [r for c in cells for r in c.requests], MAX_TOKENS)
 
 

@@ -10,13 +10,11 @@ from typing import Any, Sequence
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
-from hdeval.methods.base import (
-    METRICS, ScoreResult, SimpleFitted, loaded, read_task_and_llm, run_extra, usage_of,
-)
+from hdeval.methods.base import Fitted, ScoreResult, loaded, usage_of
 from hdeval.methods.comparisons import (
     COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
 )
-from hdeval.methods.paireval.sources import comparison_text, overlap_text, same_doc_scores
+from hdeval.methods.paireval.sources import comparison_text, overlap_text
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.types import Sample, Task
@@ -25,7 +23,7 @@ PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
 
 
-class PairEvalEvaluator(SimpleFitted):
+class PairEvalEvaluator(Fitted):
     """Win probabilities against recorded comparison examples, one column per aspect, mapped to
     the human aspects by a fitted aggregator."""
 
@@ -73,11 +71,8 @@ class PairEvalEvaluator(SimpleFitted):
         if not samples:
             raise DataError("no samples to score")
         with self.llm_session(backend, cache_dir) as backend:
-            if self.all_vs_all:
-                return same_doc_scores(backend, self.template, self.task, samples, self.swap, concurrency,
-                                       progress)
-            return pair_scores(backend, self.template, self.task, samples, self.pool, self.n, self.swap,
-                               concurrency, progress)
+            return pair_scores(backend, self.template, self.task, samples, None if self.all_vs_all else self.pool,
+                               self.n, self.swap, concurrency, progress)
 
     def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
               progress: Progress | None = None) -> ScoreResult:
@@ -99,11 +94,10 @@ class PairEvalEvaluator(SimpleFitted):
         from hdeval.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
-        def build() -> PairEvalEvaluator:
-            args = art.manifest.get("method_args") or {}
-            all_vs_all = args.get("all_vs_all", False) is True  # compared within each document: no examples
-            need = (PAIR_PROMPT, METRICS, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, METRICS, MODEL)
-            task, llm, identity = read_task_and_llm(art, need)
+        args = art.manifest.get("method_args") or {}
+        all_vs_all = args.get("all_vs_all", False) is True  # compared within each document: no examples
+
+        def build(task: Task, llm: LLMConfig, identity: str) -> PairEvalEvaluator:
             if all_vs_all:
                 pool, n, swap = [], 0, args["swap"]
                 if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
@@ -120,6 +114,6 @@ class PairEvalEvaluator(SimpleFitted):
             agg = Aggregator.from_fitted(template.kind, template.aspects, template.ranges, template.groups,
                                          template.random_state, models, len(task.aspects))
             return cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
-                       n, swap, agg, llm, identity, art.json(METRICS), run_extra(art.manifest),
-                       all_vs_all=all_vs_all)
-        return loaded(art, build, (KeyError, TypeError, ValueError, ConfigError))
+                       n, swap, agg, llm, identity, {}, all_vs_all=all_vs_all)
+        need = (PAIR_PROMPT, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, MODEL)
+        return loaded(art, need, build, (KeyError, TypeError, ValueError, ConfigError))

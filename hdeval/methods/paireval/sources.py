@@ -1,7 +1,6 @@
 """Where PairEval's comparison examples come from (the training split, a corpus file, the
 training documents' references, or all-vs-all within each document), checked before any call, and
-how the run describes them (their overlap with the test rows included); the paper's all-vs-all
-comparison itself: every response against every other of its document, both orders with ``swap``."""
+how the run describes them (their overlap with the test rows included)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,11 @@ from collections import Counter
 from typing import Any, Sequence
 
 from hdeval.errors import ConfigError
-from hdeval.judge import Cell
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import (
-    RESPONSE_FIELD, Example, PairScores, check_comparisons, draw_comparisons, history_fields, judge_cells,
-    pair_question, read_comparison_file, versus_cells,
+    RESPONSE_FIELD, Example, check_comparisons, draw_comparisons, history_fields, read_comparison_file,
 )
-from hdeval.progress import Progress
-from hdeval.prompts import Template
-from hdeval.types import Failure, Sample, Task
+from hdeval.types import Sample
 
 
 REFERENCE_FIELD = "reference"
@@ -126,38 +121,3 @@ def comparison_text(c: dict[str, Any]) -> str:
     where = {"train": "responses of the training split", "references": "the training documents' references",
              "file": f"the corpus {c.get('file', '')}".rstrip()}.get(c.get("source"), str(c.get("source")))
     return f"{c.get('n')} comparison examples from {where}"
-
-
-def same_doc_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
-                   cols: Sequence[tuple[str, str]]) -> list[Cell]:
-    """The paper's exhaustive comparison: one cell per target x column x other response of the
-    target's document x order, sample-major. Column keys as :func:`pair_cells`' (``key|i|order``,
-    ``i`` the other response's place among the document's others)."""
-    shown = {s.id: Example.of(task, s) for s in samples}
-    docs: dict[str, list[str]] = {}
-    for s in samples:
-        docs.setdefault(s.doc_id, []).append(s.id)
-    cells: list[Cell] = []
-    for s in samples:
-        others = list(enumerate(shown[o] for o in docs[s.doc_id] if o != s.id))
-        cells += versus_cells(template, task, s.id, shown[s.id], others, swap, cols)
-    return cells
-
-
-def same_doc_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample], swap: bool,
-                    concurrency: int | None = None, progress: Progress | None = None) -> PairScores:
-    """Every target against every other response of its document (both orders with ``swap``); a
-    response alone in its document gets no column and a failure saying why."""
-    samples = list(samples)
-    cols = [(a.key, pair_question(a)) for a in task.aspects]
-    cells = same_doc_cells(template, task, samples, swap, cols)
-    width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
-    judged = judge_cells(llm, cells, samples, cols, width, swap, concurrency, progress,
-                         f"comparing {len(samples)} samples x {len(cols)} columns with every other "
-                         f"response of their document{' x 2 orders' if swap else ''}")
-    compared = {c.sample_id for c in cells}
-    for s in samples:
-        if s.id not in compared:
-            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
-                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
-    return judged

@@ -3,9 +3,9 @@ response is good (on an aspect), mapped linearly onto each aspect's range; nothi
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from hdeval.backends.base import Completion, CompletionRequest
+from hdeval.backends.base import CompletionRequest
 from hdeval.judge import Cell, fill_matrix, label_probability
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
 from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
@@ -27,10 +27,6 @@ def yesno_request(template: Template, task: Task, aspect: Aspect, target: Exampl
                          question=yesno_question(aspect))
 
 
-def _p_yes(completions: Sequence[Completion]) -> tuple[float, str | None]:
-    return label_probability(completions[0], *YES_NO)
-
-
 class YesNoEvaluator(SinglePromptFitted):
     """DIRECTEVAL: P("Yes") per aspect, mapped onto the aspect's range; nothing learned."""
 
@@ -43,7 +39,7 @@ class YesNoEvaluator(SinglePromptFitted):
         history_fields(self.task)
         cells = [Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),))
                  for s in samples for target in [Example.of(self.task, s)] for a in self.task.aspects]
-        return fill_matrix(backend, cells, _p_yes, concurrency, progress)
+        return fill_matrix(backend, cells, lambda cs: label_probability(cs[0], *YES_NO), concurrency, progress)
 
 
 def plan_yesno(config: Any, prep: Any, backend: Any = None) -> list:
