@@ -171,6 +171,16 @@ def _backend(server: BatchServer) -> OpenAICompatBackend:
                                backoff_base=0.01, backoff_cap=0.05)
 
 
+class _Recording(batch_mod.Progress):
+    """A progress that keeps the batch path's messages, for the tests that read them."""
+
+    def __init__(self, messages: list[str]) -> None:
+        self.messages = messages
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
 def _api_train(toy, server: BatchServer, cache: Path, **options: Any):
     task, data = toy
     return train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache),
@@ -282,12 +292,7 @@ def test_a_partly_failed_batch_resubmits_only_the_failed(toy, server: BatchServe
 def test_an_expired_batch_resubmits_only_the_missing(toy, server: BatchServer, tmp_path: Path) -> None:
     server.expire_first = 30
     messages: list[str] = []
-
-    class Record(batch_mod.Progress):
-        def message(self, text: str) -> None:
-            messages.append(text)
-
-    ev = _api_train(toy, server, tmp_path / "c", progress=Record())
+    ev = _api_train(toy, server, tmp_path / "c", progress=_Recording(messages))
     assert server.creates == 2
     assert server.batched[72:] == server.batched[30:72]  # the 42 it did not finish, nothing else
     assert any(m.startswith("42 of 72 requests have no batch result (42 x no result (the batch ended expired))")
@@ -311,12 +316,7 @@ def test_a_malformed_result_line_is_a_recorded_failure_not_a_crash(toy, server: 
 
     server._create = create  # type: ignore[method-assign]
     messages: list[str] = []
-
-    class Record(batch_mod.Progress):
-        def message(self, text: str) -> None:
-            messages.append(text)
-
-    ev = _api_train(toy, server, tmp_path / "c", progress=Record())
+    ev = _api_train(toy, server, tmp_path / "c", progress=_Recording(messages))
     assert any(m.startswith("1 of 72 requests have no batch result (1 x no readable result (output file line")
                for m in messages), messages
     assert any(m.startswith("1 requests still have no batch result") and "normal API" in m for m in messages)
@@ -329,12 +329,7 @@ def test_a_result_body_that_is_no_chat_completion_is_that_requests_failure(toy, 
     _api_train(toy, server, tmp_path / "ref")
     server.hollow_once = {list(server.batched)[0]}
     messages: list[str] = []
-
-    class Record(batch_mod.Progress):
-        def message(self, text: str) -> None:
-            messages.append(text)
-
-    ev = _api_train(toy, server, tmp_path / "c", progress=Record())
+    ev = _api_train(toy, server, tmp_path / "c", progress=_Recording(messages))
     assert any(m.startswith("1 of 72 requests have no batch result (1 x output file line")
                and "not a chat completion" in m for m in messages), messages
     assert ev.metrics["usage"]["calls"] == 72 and not server.log  # the resubmission answered it
