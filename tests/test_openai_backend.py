@@ -14,7 +14,7 @@ from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.openai_compat import OpenAICompatBackend, retry_after_seconds
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.errors import BackendError, ConfigError
 
 KEY = "sk-test-SECRET-0123456789abcdef"
