@@ -3,7 +3,9 @@ that share a score range share one multi-output regressor. Pure scikit-learn: no
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -79,10 +81,47 @@ def one_thread() -> Iterator[None]:
         yield
 
 
+_PASSING = threading.local()  # .passed: what this thread's outermost fit_warnings passes on
+
+
+@contextmanager
+def fit_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """Every warning the code in the block raises in this thread (filter "always"), recorded for
+    the caller's notes. ``catch_warnings`` catches the whole process's warnings, and an artifact's
+    notes must not depend on timing: a warning from another thread (the LLM loop), or one raised
+    while the garbage collector frees some earlier object (an unclosed socket's ResourceWarning),
+    is passed on when the outermost block ends, as if never caught."""
+    me, collector = threading.get_ident(), [None]
+
+    def on_gc(phase: str, info: dict) -> None:  # finalizers run in the collecting thread
+        collector[0] = threading.get_ident() if phase == "start" else None
+
+    outermost = getattr(_PASSING, "passed", None) is None
+    passed = _PASSING.passed = [] if outermost else _PASSING.passed
+    caught: list[warnings.WarningMessage] = []
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        ours = threading.get_ident() == me and collector[0] != me
+        (caught if ours else passed).append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+
+    gc.callbacks.append(on_gc)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            yield caught
+    finally:
+        gc.callbacks.remove(on_gc)
+        if outermost:
+            _PASSING.passed = None
+    if outermost:  # under the caller's own filters, as they would have been without the block
+        for w in passed:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def recorded(fn: Any, *args: Any) -> tuple[Any, list[tuple]]:
     """``fn(*args)`` and the warnings it raised (as picklable tuples), for ``run_jobs``."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fit_warnings() as caught:
         result = fn(*args)
     return result, [(w.message, w.category, w.filename, w.lineno) for w in caught]
 
@@ -289,8 +328,7 @@ def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
     if not isinstance(est, MLPRegressor) or est.solver != "lbfgs":
         model.fit(X, y)
         return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fit_warnings() as caught:
         model.fit(X, y)
     for w in caught:
         if issubclass(w.category, ConvergenceWarning):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import KINDS, Aggregator, default_jobs, select_cv
+from hdeval.aggregate import KINDS, Aggregator, default_jobs, fit_warnings, select_cv
 from hdeval.backends.base import Backend
 from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
@@ -103,8 +103,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         X = matrix.values
         # scikit-learn warnings (e.g. an MLP that did not converge) never reach the terminal
         # raw: they are recorded as notes in the layer report.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with fit_warnings() as caught:
             kind = config.options.aggregator
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from hdeval.aggregate import used_features
+from hdeval.aggregate import fit_warnings, used_features
 from hdeval.artifact import ArtifactWriter
 from hdeval.classify import (
     CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
@@ -128,8 +128,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
         check_failures(rate, sa.failures + sb.failures, layer, config.max_failure_rate, "pair")
         side_a, side_b = side_a.hstack(sa), side_b.hstack(sb)
         X = side_a.values - side_b.values
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with fit_warnings() as caught:
             selection: dict[str, float] = {}
             kind = config.options.aggregator
             if kind == "auto":
