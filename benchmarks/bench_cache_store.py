@@ -1,6 +1,6 @@
 """Bytes per entry, write and read throughput of the reply cache: diskcache as hdeval configured
 it until the reply table (``JSONDisk``, ``_STORE_SETTINGS``) against a plain SQLite ``WITHOUT
-ROWID`` key->value table, and hdeval's store as it is (``cache.open_store``: the reply table, with
+ROWID`` key->value table, and hdeval's store as it is (``hdeval.cache.store.open_store``: the reply table, with
 diskcache beside it for older caches) (issue #23 item 3, #19 item 2).
 
 Both get the same N real-shaped entries: a 32-byte request digest as the key and, as the value,
@@ -34,8 +34,10 @@ from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
 from hdeval.backends.fake import FakeBackend  # noqa: E402
 import diskcache  # noqa: E402
 
-from hdeval import cache  # noqa: E402
-from hdeval.cache import CachedBackend, encode_completion, open_store  # noqa: E402
+from hdeval.cache import store as reply_store  # noqa: E402
+from hdeval.cache.client import CachedBackend  # noqa: E402
+from hdeval.cache.codec import encode_completion  # noqa: E402
+from hdeval.cache.store import open_store  # noqa: E402
 from hdeval.methods.hdeval.fake import score_reply  # noqa: E402
 
 PER_SAMPLE = 4
@@ -57,7 +59,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def diskcache_rows(directory: Path) -> diskcache.Cache:
-    return diskcache.Cache(str(directory), disk=cache.JSONDisk, **cache._STORE_SETTINGS)
+    return diskcache.Cache(str(directory), disk=reply_store.JSONDisk, **reply_store._STORE_SETTINGS)
 
 
 def bench_store(directory: Path, items: list[tuple[str, bytes]], order: list[int], opener=open_store) -> tuple[float, float]:

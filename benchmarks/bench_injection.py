@@ -41,7 +41,7 @@ import numpy as np
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.factory import make_backend
 from hdeval.config import LLMConfig
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.data import read_samples
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.progress import Progress

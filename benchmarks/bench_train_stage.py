@@ -49,7 +49,7 @@ def _rss_kb() -> int:
 
 def child(mode: str, data_dir: str, limit: int | None, cache: str) -> dict:
     from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import CachedBackend
+    from hdeval.cache.client import CachedBackend
     from hdeval.data import limit_samples, read_task_samples
     from hdeval.judge import Cell, digit_score, fill_matrix
     from hdeval.prompts import load_templates

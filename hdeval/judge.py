@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest, Message
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.errors import HdevalError, RequestRejected
 from hdeval.progress import Progress
 from hdeval.types import Failure, ScoreMatrix

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hdeval.backends.base import Backend
 from hdeval.backends.factory import make_backend, resolve_llm
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.paths import default_cache_dir
 

@@ -255,7 +255,7 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
     """Every completion of a result file, checked line by line; one-line :class:`DataError`
     naming the file and line for anything that is not a result of one of ``asked``'s requests.
     ``parser``: an OpenAI-compatible backend, which reads each body as it reads a direct reply."""
-    from hdeval.cache import MAX_ENTRY_CHARS
+    from hdeval.cache.codec import MAX_ENTRY_CHARS
 
     path = Path(results)
     got: dict[str, Completion] = {}
@@ -301,7 +301,9 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
 def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any) -> ImportReport:
     """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
     completion into the cache in ``cache_dir`` in one transaction: all or nothing."""
-    from hdeval.cache import encode_completion, open_store, storage_error
+    from hdeval.cache.codec import encode_completion
+    from hdeval.cache.guard import storage_error
+    from hdeval.cache.store import open_store
 
     asked = read_request_file(requests)
     got, report = read_results(results, asked, parser)

@@ -288,7 +288,9 @@ def cache_entries(cache_dir: Path) -> dict:
     """Every cache entry parsed as a completion: a corrupt one fails here (and nothing in the
     cache is ever unpickled, as in hdeval itself)."""
     from hdeval.backends.base import Completion
-    from hdeval.cache import TABLE_DBNAME, JSONDisk, table_value
+    from hdeval.cache.codec import table_value
+    from hdeval.cache.guard import TABLE_DBNAME
+    from hdeval.cache.store import JSONDisk
 
     with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
         found = {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}

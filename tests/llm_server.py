@@ -71,6 +71,7 @@ class RecordedRequest:
     headers: dict[str, str]  # header names lower-cased
     body: bytes
     json: Any  # parsed body, or None when it was not JSON
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     def asks_logprobs(self) -> bool:
         return isinstance(self.json, dict) and ("logprobs" in self.json or "top_logprobs" in self.json)

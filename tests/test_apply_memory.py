@@ -10,7 +10,7 @@ import numpy as np
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.metrics import metric_table
 from hdeval.run.apply import _Summary
 

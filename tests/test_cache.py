@@ -6,7 +6,7 @@ import pytest
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend, request_key
+from hdeval.cache.client import CachedBackend, request_key
 from hdeval.errors import BudgetExceeded
 from hdeval.train import train
 

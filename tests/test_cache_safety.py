@@ -18,7 +18,10 @@ from click.testing import CliRunner
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import MAX_ENTRY_CHARS, CachedBackend, CacheWarning, ReplyStore, check_cache, request_key
+from hdeval.cache.check import check_cache
+from hdeval.cache.client import CachedBackend, CacheWarning, request_key
+from hdeval.cache.codec import MAX_ENTRY_CHARS
+from hdeval.cache.store import ReplyStore
 from hdeval.cli import cli
 from hdeval.errors import CacheError
 
@@ -399,8 +402,8 @@ def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_p
 
     import diskcache
 
-    from hdeval import cache_guard
-    from hdeval.cache import open_store
+    from hdeval.cache import guard as cache_guard
+    from hdeval.cache.store import open_store
     from hdeval.errors import CacheError
 
     directory = tmp_path / "c"

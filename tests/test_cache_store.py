@@ -12,8 +12,10 @@ import pytest
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import _deflate as _deflated
-from hdeval.cache import CachedBackend, JSONDisk, check_cache, encode_completion, open_store, repair_cache, request_key
+from hdeval.cache.codec import _deflate as _deflated, encode_completion
+from hdeval.cache.check import check_cache, repair_cache
+from hdeval.cache.client import CachedBackend, request_key
+from hdeval.cache.store import JSONDisk, open_store
 
 
 def _req(text: str) -> CompletionRequest:

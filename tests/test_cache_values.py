@@ -18,11 +18,10 @@ from click.testing import CliRunner
 from conftest import cache_entries, write_jsonl
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import _deflate as _deflated
-from hdeval.cache import (
-    MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, _ZDICT, CachedBackend, CacheWarning, JSONDisk,
-    check_cache, encode_completion, request_key,
-)
+from hdeval.cache.codec import MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, _ZDICT, _deflate as _deflated, encode_completion
+from hdeval.cache.check import check_cache
+from hdeval.cache.client import CachedBackend, CacheWarning, request_key
+from hdeval.cache.store import JSONDisk
 from hdeval.cli import cli
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend, request_key
+from hdeval.cache.client import CachedBackend, request_key
 from hdeval.judge import Cell, fill_matrix
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def test_replies_queued_at_exit_are_written_without_close(tmp_path, ending):
         import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
         from hdeval.backends.base import CompletionRequest, Message
         from hdeval.backends.fake import FakeBackend
-        from hdeval.cache import CachedBackend
+        from hdeval.cache.client import CachedBackend
 
         real = diskcache.Cache.set
         def slow(self, *a, **kw):
@@ -146,7 +146,7 @@ def test_a_client_used_in_a_forked_child_is_refused_in_one_line_and_the_parent_g
         import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
         from hdeval.backends.base import CompletionRequest, Message
         from hdeval.backends.fake import FakeBackend
-        from hdeval.cache import CachedBackend
+        from hdeval.cache.client import CachedBackend
         from hdeval.errors import ConfigError
 
         def req(text):

@@ -14,7 +14,7 @@ import pytest
 from conftest import cache_entries
 from hdeval.backends.base import Completion, CompletionRequest, Message
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend, request_key
+from hdeval.cache.client import CachedBackend, request_key
 from hdeval.errors import BackendError, RequestRejected, RetriesExhausted
 
 

@@ -16,7 +16,7 @@ from hdeval.backends.constraints import (
 )
 from hdeval.backends.fake import FakeBackend
 from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache import request_key
+from hdeval.cache.client import request_key
 from hdeval.errors import BackendError, ConfigError
 from hdeval.methods.hdeval.decompose import reply_schema
 

@@ -273,7 +273,7 @@ def test_a_rerun_takes_a_cached_degenerate_decomposition_as_final_and_pays_nothi
 def test_a_rerun_still_reasks_a_chain_that_ends_malformed(tmp_path, degenerate_first):
     # malformed JSON is a fault a fix (another model, a constraining server) can cure: asked anew,
     # also when an earlier reply of the chain was degenerate
-    from hdeval.cache import CachedBackend
+    from hdeval.cache.client import CachedBackend
 
     task, tree, node = _setup()
     degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))
@@ -292,7 +292,7 @@ def test_a_cure_that_ends_degenerate_is_final_for_the_next_rerun(tmp_path):
     # run 1 ends malformed; run 2 (a changed server) re-asks and ends degenerate, an outcome;
     # run 3 replays both chains from the cache and pays nothing (it used to walk past the
     # cached degenerate re-asks and pay for a fresh one on every rerun)
-    from hdeval.cache import CachedBackend
+    from hdeval.cache.client import CachedBackend
 
     task, tree, node = _setup()
     degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))

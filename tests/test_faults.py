@@ -30,7 +30,7 @@ from llm_server import (
 
 from conftest import artifact_view, cache_entries, data_file, view
 from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache import request_key
+from hdeval.cache.client import request_key
 from hdeval.cli import cli
 from hdeval.errors import BackendError, DecompositionError, ScoringError
 from hdeval.methods.hdeval.evaluator import Evaluator

@@ -14,7 +14,7 @@ from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.openai_compat import OpenAICompatBackend, retry_after_seconds
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.errors import BackendError, ConfigError
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -186,12 +186,12 @@ def test_other_400_is_not_mistaken_for_logprobs(server: LLMServer) -> None:
 
 def test_429_with_retry_after_waits_then_succeeds(server: LLMServer) -> None:
     server.plan(Reply.rate_limited(retry_after=1))
-    t0 = time.monotonic()
     c = make(server, backoff_base=0.01).complete(req())
-    elapsed = time.monotonic() - t0
     assert c.text == "4"
     assert server.calls == 2
-    assert 0.9 <= elapsed < 3  # the server's wait, not the (tiny) backoff
+    # the retry came after the server's wait, not the (tiny) backoff; a lower bound only, so a
+    # loaded machine cannot fail it
+    assert server.requests[1].at - server.requests[0].at >= 0.9
 
 
 def test_429_without_retry_after_uses_backoff(server: LLMServer) -> None:
@@ -249,11 +249,9 @@ def test_malformed_body_retried_a_bounded_number_of_times(server: LLMServer) -> 
 
 
 def test_timeout_is_retried_then_fails(server: LLMServer) -> None:
-    server.default = lambda r: Reply.hang(3)
-    t0 = time.monotonic()
+    server.default = lambda r: Reply.hang(3)  # answers after 3 s: past the deadline, it would be a success
     with pytest.raises(BackendError, match="timeout") as info:
         make(server, timeout=0.3, max_retries=1).complete(req())
-    assert time.monotonic() - t0 < 2.5
     assert server.calls == 2
     assert server.url in str(info.value)
 
@@ -264,13 +262,11 @@ def test_timeout_then_success(server: LLMServer) -> None:
     assert server.calls == 2
 
 
-def test_unreachable_server_fails_quickly() -> None:
+def test_unreachable_server_fails_in_one_line_naming_it() -> None:
     url, holder = closed_port_url()
     try:
-        t0 = time.monotonic()
         with pytest.raises(BackendError) as info:
             make(url, max_retries=1).complete(req())
-        assert time.monotonic() - t0 < 2
     finally:
         holder.close()
     msg = str(info.value)

@@ -94,7 +94,7 @@ def test_banner_warns_about_fake_and_tiny_llms_overfitting_and_a_small_test_set(
 
 # --------------------------------------------------------------------------- pointwise HD-Eval
 def test_pointwise_report_has_banner_plots_escaped_text_and_the_largest_disagreements(data_dir, tmp_path):
-    from hdeval.cache import request_key
+    from hdeval.cache.client import request_key
     from hdeval.backends.fake import FakeBackend
     from hdeval.data import read_samples
     from hdeval.methods.hdeval.evaluator import Evaluator
@@ -276,7 +276,10 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
     from hdeval.backends.fake import FakeBackend
     import diskcache
 
-    from hdeval.cache import DBNAME, TABLE_DBNAME, CachedBackend, JSONDisk, encode_completion
+    from hdeval.cache.client import CachedBackend
+    from hdeval.cache.codec import encode_completion
+    from hdeval.cache.guard import DBNAME, TABLE_DBNAME
+    from hdeval.cache.store import JSONDisk
     from hdeval.report.samples import read_only_lookup
 
     cache = tmp_path / "cache"
@@ -317,7 +320,7 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     and one that cannot say gets a note, not an error."""
     from hdeval.backends.base import CompletionRequest, Message
     from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import CachedBackend
+    from hdeval.cache.client import CachedBackend
     from hdeval.methods.base import Fitted
     from hdeval.report import samples
 

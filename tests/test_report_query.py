@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import run_cli
 from hdeval.backends.base import CompletionRequest
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.errors import ConfigError
 from hdeval.urls import keyed_identity, public_identity
 

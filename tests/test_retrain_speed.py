@@ -127,7 +127,7 @@ def test_unusable_and_expired_entries_are_asked_again_and_warned_about_once(tmp_
     import diskcache
 
     from hdeval.backends.fake import FakeBackend
-    from hdeval.cache import CachedBackend, CacheWarning, request_key
+    from hdeval.cache.client import CachedBackend, CacheWarning, request_key
 
     reqs = _reqs(3)
     fake = FakeBackend()

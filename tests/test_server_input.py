@@ -17,7 +17,7 @@ from llm_server import SCORE_HOSTILE, LLMServer, Reply, _hostile_body
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
 from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.methods.hdeval.decompose import reply_schema
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 from hdeval.scoring import parse_score

@@ -12,7 +12,7 @@ import pytest
 from conftest import TOY_TASK, toy_rows, write_jsonl
 from hdeval import scoring
 from hdeval.backends.fake import FakeBackend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.data import read_task_samples
 from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
 from hdeval.prompts import load_templates

@@ -16,7 +16,7 @@ from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.openai_compat import OpenAICompatBackend, retry_wait
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.cli import cli
 from hdeval.config import LLMConfig
 from hdeval.errors import BackendError, ConfigError, RequestRejected

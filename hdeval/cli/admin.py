@@ -57,7 +57,7 @@ def cache() -> None:
 @guarded
 def cache_stats_cmd(cache_dir: str | None) -> None:
     """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
-    from hdeval.cache_guard import read_stats
+    from hdeval.cache.guard import read_stats
     from hdeval.paths import default_cache_dir
 
     st = read_stats(cache_dir or default_cache_dir())
@@ -70,8 +70,8 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 @guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
-    from hdeval.cache import DBNAME, CacheCorrupted, clear_cache
-    from hdeval.cache_guard import read_stats
+    from hdeval.cache.check import clear_cache
+    from hdeval.cache.guard import DBNAME, CacheCorrupted, read_stats
     from hdeval.paths import default_cache_dir
 
     path = Path(cache_dir or default_cache_dir())
@@ -101,8 +101,8 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     tables, indexes); `hdeval cache repair` keeps only the readable entries. A shared cache is
     trusted to hold true replies: a planted valid entry cannot be told from a real one.
     """
-    from hdeval.cache import DBNAME, check_cache
-    from hdeval.cache_guard import TABLE_DBNAME, on_read_only_storage
+    from hdeval.cache.check import check_cache
+    from hdeval.cache.guard import DBNAME, TABLE_DBNAME, on_read_only_storage
     from hdeval.paths import default_cache_dir
 
     path = Path(cache_dir or default_cache_dir())
@@ -144,7 +144,7 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     The old databases are renamed *.db.corrupt-<timestamp> (never deleted). Run it while no
     other hdeval command uses this cache.
     """
-    from hdeval.cache import repair_cache
+    from hdeval.cache.check import repair_cache
     from hdeval.paths import default_cache_dir
 
     r = repair_cache(cache_dir or default_cache_dir())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hdeval.backends.base import Backend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, HdevalError
 from hdeval.llm import open_llm

@@ -35,9 +35,9 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     """Raw reply text per cache key, read without opening the cache (the value files through its
     own bounded reader). A missing or unreadable cache is a note, not an error: the rest of the
     report does not need it."""
-    from hdeval.cache import (DBNAME, MAX_ENTRY_CHARS, TABLE_DBNAME, TABLE_LOOKUP, UnreadableEntry, parse_completion,
-                              read_value, stored_key, table_value)
-    from hdeval.cache_guard import read_only
+    from hdeval.cache.codec import MAX_ENTRY_CHARS, UnreadableEntry, parse_completion, read_value, table_value
+    from hdeval.cache.guard import DBNAME, TABLE_DBNAME, read_only
+    from hdeval.cache.store import TABLE_LOOKUP, stored_key
     from hdeval.errors import CacheError
 
     directory = Path(cache_dir)
@@ -121,7 +121,7 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     """The LLM's cached replies to the prompts the evaluator says it asked about ``items``
     (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
     keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
-    from hdeval.cache import request_key
+    from hdeval.cache.client import request_key
     from hdeval.paths import default_cache_dir
     from hdeval.urls import keyed_identity
 

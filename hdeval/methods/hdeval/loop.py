@@ -19,7 +19,7 @@ from sklearn.base import clone
 
 from hdeval.aggregate import KINDS, Aggregator, default_jobs, select_cv
 from hdeval.backends.base import Backend
-from hdeval.cache import CachedBackend
+from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
 from hdeval.errors import ScoringError
 from hdeval.intervals import fitted_intervals
