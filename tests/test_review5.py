@@ -25,3 +25,24 @@ def test_explain_refuses_an_artifact_it_cannot_explain_in_one_line_before_any_ca
     assert r.stderr.strip() == (f"error: hdeval explain reads HD-Eval artifacts; {art} was made by "
                                 f"method {method!r}: apply shows its scores")
     assert not (tmp_path / "fresh").exists()  # nothing asked of the LLM
+
+
+def test_a_batch_result_file_over_its_cap_is_named_in_mb_as_before(monkeypatch, tmp_path):
+    # s3backends (49a7bf2) gave the files client its own cap but worded both caps in KB: a result
+    # file past 2 GB read "a reply larger than 2097152 KB" where caf1259 said "2048 MB"
+    import asyncio
+
+    from llm_server import FaultServer, Reply
+
+    from hdeval.backends import batch as batch_mod
+    from hdeval.errors import BackendError
+
+    monkeypatch.setattr(batch_mod, "MAX_RESULT_BYTES", 3 * 2**20)  # read when the client is made
+    with FaultServer() as server:
+        server.plan(Reply.raw(b'{"custom_id": "x"}\n' * (4 * 2**20 // 19), content_type="application/jsonl"))
+        api = batch_mod.BatchAPI(server.url, "sk-big", max_retries=0, backoff_base=0.01, backoff_cap=0.01)
+        with pytest.raises(BackendError) as err:
+            asyncio.run(api.download("file-0", tmp_path / "out.jsonl"))
+        api.close()
+    msg = str(err.value)
+    assert "last: a reply larger than 3 MB;" in msg and "\n" not in msg and "sk-big" not in msg
