@@ -46,3 +46,37 @@ def test_a_batch_result_file_over_its_cap_is_named_in_mb_as_before(monkeypatch, 
         api.close()
     msg = str(err.value)
     assert "last: a reply larger than 3 MB;" in msg and "\n" not in msg and "sk-big" not in msg
+
+
+@pytest.fixture(scope="module")
+def dna_artifact(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dna")
+    r = run_cli("train", "--task", EX / "pairs_task.toml", "--method", "dna", "--llm", "fake",
+                "--cache-dir", work / "c", "-o", work / "art", "-q")
+    assert r.exit_code == 0, r.output
+    return work / "art"
+
+
+@pytest.mark.parametrize("key,message", [
+    ("mode", "--dna-mode must be one of dna, direct, cot, prompt-agg, got None"),
+    ("aspect_source", "--aspect-source must be one of predefined, dynamic, got None"),
+    ("k", "--k must be a whole number, got None"),
+    ("swap", "--swap must be true or false, got None"),
+    ("logprobs", "--logprob-scores must be true or false, got None"),
+])
+def test_a_dna_artifact_whose_setting_is_null_is_refused_in_one_line(dna_artifact, tmp_path, key, message):
+    # s3methods (44d1939) left the artifact's settings to DnaOptions' own checks, which skip a
+    # None (an option not given): a null mode reached the prompt files as a KeyError traceback, a null k
+    # a TypeError, and a null aspect source, swap or logprobs scored as if valid
+    import json
+    import shutil
+
+    art = tmp_path / "art"
+    shutil.copytree(dna_artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
+    manifest["method_args"][key] = None
+    (art / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    r = run_cli("apply", art, EX / "new_pairs.jsonl", "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "c")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == f"error: {art}/manifest.json: {message}"
+    assert not (tmp_path / "out.jsonl").exists()
