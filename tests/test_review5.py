@@ -80,3 +80,23 @@ def test_a_dna_artifact_whose_setting_is_null_is_refused_in_one_line(dna_artifac
     assert r.exit_code == 2, r.output
     assert r.stderr.strip() == f"error: {art}/manifest.json: {message}"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("task,section", [("qa_task.toml", "aggregator"), ("pairs_task.toml", "classifier")])
+def test_an_hdeval_artifact_whose_model_kind_is_a_list_is_refused_in_one_line(tmp_path, task, section):
+    # the kind was looked up in a dict unchecked: ["lr"] ended in "TypeError: unhashable type"
+    # (at caf1259 too); PairEval's loader already said "malformed artifact"
+    import json
+
+    art = tmp_path / "art"
+    r = run_cli("train", "--task", EX / task, "--layers", "1", "--aggregator", "lr", "--llm", "fake",
+                "--cache-dir", tmp_path / "c", "-o", art, "-q")
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
+    manifest[section]["kind"] = ["lr"]
+    (art / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    new = EX / ("new_qa.jsonl" if task == "qa_task.toml" else "new_pairs.jsonl")
+    r = run_cli("apply", art, new, "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "c")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == f"error: {art}/manifest.json: unknown {section} kind ['lr']"
+    assert not (tmp_path / "out.jsonl").exists()
