@@ -143,7 +143,7 @@ class BatchAPI:
                     async for chunk in response.iter_bytes():
                         fh.write(chunk)
 
-        await self._request("GET", f"files/{file_id}/content", read, MAX_RESULT_BYTES,
+        await self._request("GET", f"files/{file_id}/content", read, f"{MAX_RESULT_BYTES // 2**20} MB",
                             seconds=max(self.timeout, DOWNLOAD_SECONDS))
 
     async def _json(self, method: str, path: str, send: Callable[[Any], Awaitable[Any]],
@@ -158,11 +158,11 @@ class BatchAPI:
                 raise _Transient("a reply that is not a JSON object")
             return parsed
 
-        return await self._request(method, path, read, MAX_REPLY_BYTES, retries=retries)
+        return await self._request(method, path, read, f"{MAX_REPLY_BYTES // 1024} KB", retries=retries)
 
-    async def _request(self, method: str, path: str, read: Callable[[], Awaitable[Any]], cap: int, *,
+    async def _request(self, method: str, path: str, read: Callable[[], Awaitable[Any]], cap: str, *,
                        retries: int | None = None, seconds: float | None = None) -> Any:
-        """``read()`` (a request and its reply, bounded at ``cap`` bytes) within ``seconds``."""
+        """``read()`` (a request and its reply, bounded by its client at ``cap``) within ``seconds``."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
@@ -190,7 +190,7 @@ class BatchAPI:
                 # the SDK wraps what fails while sending; a streamed body fails while read, unwrapped
                 cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
                 if isinstance(cause, ReplyTooLarge):
-                    raise _Transient(f"a reply larger than {cap // 1024} KB") from None
+                    raise _Transient(f"a reply larger than {cap}") from None
                 what = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
                 raise _Transient(one_line(what)) from None
 

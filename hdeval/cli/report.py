@@ -120,6 +120,9 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
     if ev.task.shape == "pairwise":
         raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
                           "hdeval apply shows each pair's criterion scores, hdeval report their importance")
+    if ev.explain_refusal(artifact):  # explained by its criteria, which only HD-Eval has
+        raise ConfigError(f"hdeval explain reads HD-Eval artifacts; {artifact} was made by method "
+                          f"{ev.method!r}: apply shows its scores")
     samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
     if not samples:
         raise DataError(f"no sample with id {sample_id!r} in {data}")

@@ -210,8 +210,9 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written (the
     same bytes as apply). ``max_failure_rate``, ``max_interval_width``, ``explain``, ``top`` and
-    the ``llm_options`` (``llm``, ``base_url``, ``cache_dir``, ...) are apply's options. Runs on the Ray cluster this process is connected to; the artifact and
-    ``input_file`` must be readable by every node. One read task validates the input as apply
+    the ``llm_options`` (``llm``, ``base_url``, ``cache_dir``, ...) are apply's options. Runs on
+    the Ray cluster this process is connected to; the artifact and ``input_file`` must be
+    readable by every node. One read task validates the input as apply
     does, so a bad line anywhere leaves no output (docs/cluster.md). ``num_cpus``: what Ray
     reserves per worker; below 1 so that workers filling every CPU of a small cluster still
     leave room for the read task (at 1, 2 workers on 2 CPUs could wait for it forever)."""

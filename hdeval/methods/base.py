@@ -392,7 +392,9 @@ class MethodOptions:
     def __post_init__(self) -> None:
         # every way of making the model (build, the constructor, replace) gets the same checks
         for name, spec in self.specs().items():
-            if (value := getattr(self, name)) is not None:
+            # None is "not given" only where that is the default (build drops it); an artifact's
+            # null for an option that has a value is refused as any other wrong value
+            if (value := getattr(self, name)) is not None or spec.default is not None:
                 _check_value(name, value, spec)
         self.validate()
 

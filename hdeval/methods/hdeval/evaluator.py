@@ -338,7 +338,7 @@ class Evaluator(TreeEvaluator):
         """The manifest's aggregator section, checked against the task it names: (kind, aspects,
         ranges, groups, random_state)."""
         kind = meta.get("kind")
-        if kind not in ESTIMATORS:
+        if not isinstance(kind, str) or kind not in ESTIMATORS:  # a list or object is no key
             raise ArtifactError(f"{mpath}: unknown aggregator kind {kind!r}")
         aspects, ranges, groups = meta.get("aspects"), meta.get("ranges"), meta.get("groups")
         if not isinstance(aspects, list) or list(aspects) != list(task.aspect_keys):

@@ -366,7 +366,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     @classmethod
     def check_section(cls, meta: dict, task: Task, mpath: Path) -> tuple[str, list[str]]:
         kind, classes = meta.get("kind"), meta.get("classes")
-        if kind not in CLASSIFIERS:
+        if not isinstance(kind, str) or kind not in CLASSIFIERS:  # a list or object is no key
             raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
         if (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
                 or not set(classes) <= set(PAIR_LABELS) or not {"a", "b"} <= set(classes)
