@@ -122,10 +122,12 @@ def write_pair_report(ev: Any, out: Any, progress: Any = None, **options: Any) -
     ``out`` (default: ``<artifact>/report``); the HTML path, the numbers file's name and the text
     lines. Options ``data`` and ``cache_dir`` find the wrong verdicts' text and the LLM's raw
     replies (default: the training data the manifest names, the default cache)."""
-    from hdeval.report.pairs import pair_page
+    from hdeval.report.pairs import dna_parts, hdeval_parts, pair_page
 
-    data_json, lines = (dna_report if ev.method == "dna" else pairwise_hdeval_report)(ev)
-    page = pair_page(ev, data_json, options.get("data"), options.get("cache_dir"))
+    dna = ev.method == "dna"
+    data_json, lines = (dna_report if dna else pairwise_hdeval_report)(ev)
+    page = pair_page(ev, data_json, options.get("data"), options.get("cache_dir"),
+                     dna_parts if dna else hdeval_parts, llm_verdicts=dna)
     out = Path(out) if out else Path(ev.path) / "report"
     return write_report_files(out, data_json, page)[0], "report.json", lines
 

@@ -5,7 +5,7 @@ training data and the reply cache, read-only). The numbers are :mod:`hdeval.meth
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ _AGREEMENT_HOW = ("Share of held-out pairs where the verdict matches the human l
                   "humans did not tie with the verdict forced to A or B; with ties, 3-way.")
 
 
-def _dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
     """DnA's banner lines and figures; its page's title and method line."""
     m, s = ev.metrics, ev.settings
     test_m = {k: v for k, v in (m.get("test") or {}).items() if isinstance(v, dict)}
@@ -131,7 +131,7 @@ def _dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list)
     return f"{ev.task.name} (DnA)", f"DnA, mode {s.mode}, aspects {s.aspect_source}"
 
 
-def _hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+def hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
     """Pairwise HD-Eval's banner lines and figures; its page's title and method line."""
     m = ev.metrics
     split = m.get("split") or {}
@@ -166,20 +166,23 @@ def _hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: li
     return f"{ev.task.name} (HD-Eval on pairs)", method
 
 
-def pair_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> str:
-    """The page of an artifact that judges pairs: DnA's, or HD-Eval's on a pairwise task."""
+def pair_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any, parts: Callable[..., tuple[str, str]],
+              llm_verdicts: bool) -> str:
+    """The page of an artifact that judges pairs; the method says what differs: ``parts`` (its
+    banner, figures, title and method line: :func:`dna_parts`, :func:`hdeval_parts`) and
+    ``llm_verdicts`` (the LLM's own verdict per pair, in a ``prediction`` column, over per-aspect
+    scores; else a classifier's over criterion scores of each response)."""
     from hdeval.classify import predict_labels
 
-    dna = ev.method == "dna"
     b = verdicts.Banner()
     verdicts.llm_line(b, ev.llm_identity)
     figs: list[tuple[str, bytes, str]] = []
-    title, method = (_dna_parts if dna else _hdeval_parts)(ev, data, b, figs)
+    title, method = parts(ev, data, b, figs)
     table = _table(ev)
     samples, note = [], None
     if table is not None:
         pairs = [c[:-2] for c in table.columns if c.endswith(":a") and f"{c[:-2]}:b" in table.columns]
-        roots = pairs if dna else [c.key for c in ev.tree.layer(1) if f"{c.key}:a" in table.columns]
+        roots = pairs if llm_verdicts else [c.key for c in ev.tree.layer(1) if f"{c.key}:a" in table.columns]
         diffs = _differences(table, roots)
         if "a" in diffs or "b" in diffs:
             figs.append(("Per-aspect differences", plots.barh(
@@ -187,25 +190,26 @@ def pair_page(ev: Any, data: dict[str, Any], data_file: Any, cache_dir: Any) -> 
                 "mean score(A) − score(B)", sort=False,
                 label="pairs humans preferred A" if "a" in diffs else "pairs humans preferred B",
                 reference=diffs.get("b") if "a" in diffs else None, reference_label="pairs humans preferred B"),
-                "The mean of score(A) − score(B) per " + ("aspect" if dna else "layer-1 criterion (the task's "
-                "aspects)") + " on the held-out pairs, for the pairs humans preferred A and those they preferred B"
-                + (": an aspect that separates the two groups is one the LLM's scores agree with humans on." if dna
-                   else ".")))
+                "The mean of score(A) − score(B) per "
+                + ("aspect" if llm_verdicts else "layer-1 criterion (the task's aspects)")
+                + " on the held-out pairs, for the pairs humans preferred A and those they preferred B"
+                + (": an aspect that separates the two groups is one the LLM's scores agree with humans on."
+                   if llm_verdicts else ".")))
         test = table[table["split"] == "test"].reset_index(drop=True)
-        keys = pairs if dna else list(ev.feature_keys)
-        if dna:
+        keys = pairs if llm_verdicts else list(ev.feature_keys)
+        if llm_verdicts:
             predicted = [p if p in PAIR_LABELS else "failed" for p in test.get("prediction", [""] * len(test))]
         else:
             A, B = _scores(test, [f"{k}:a" for k in keys]), _scores(test, [f"{k}:b" for k in keys])
             predicted = predict_labels(ev.model, A - B)[0]
         samples, note = _wrong_verdicts(ev, test, keys, predicted, data_file, cache_dir,
-                                        *(("pairs", ("",)) if dna else ("samples", ("#a", "#b"))))
-    elif ev.path and dna:
+                                        *(("pairs", ("",)) if llm_verdicts else ("samples", ("#a", "#b"))))
+    elif ev.path and llm_verdicts:
         note = "the artifact holds no scores.csv: no per-pair view"
-    if ev.metrics.get("position_consistency") is not None and dna:
+    if ev.metrics.get("position_consistency") is not None and llm_verdicts:
         figs.append(("Position consistency", plots.share_bar(ev.metrics["position_consistency"],
                                                              "position consistency"),
                      "The share of pairs that get the same verdict when the LLM sees B before A (--swap)."))
     return render("pairs.html.j2", title=f"hdeval report: {title}", method=method, ev_path=str(ev.path),
                   llm=ev.llm_identity, banner=b, figures=figs, samples=samples, samples_note=note,
-                  reply_columns=not dna, max_samples=sample_view.TOP_SAMPLES)
+                  reply_columns=not llm_verdicts, max_samples=sample_view.TOP_SAMPLES)
