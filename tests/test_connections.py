@@ -7,6 +7,7 @@ the connections its clients have not closed yet.
 
 from __future__ import annotations
 
+import _thread
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -70,4 +71,20 @@ def test_train_closes_its_connections_when_it_fails(toy, tmp_path: Path) -> None
         result = _train(server, toy, tmp_path, "--max-failure-rate", "0.05")
         assert result.exit_code != 0 and "error:" in result.stderr, result.output
         assert server.calls > 0 and not (tmp_path / "art").exists()
+        assert server.wait_all_closed() == 0
+
+
+def test_train_closes_its_connections_on_ctrl_c(toy, tmp_path: Path) -> None:
+    # Ctrl-C as the terminal sends it: a KeyboardInterrupt in the main thread, mid-run
+    interrupted: list[int] = []
+
+    def ctrl_c(n: int) -> None:
+        if n == 10 and not interrupted:
+            interrupted.append(n)
+            _thread.interrupt_main()
+
+    with FaultServer(on_request=ctrl_c) as server:
+        result = _train(server, toy, tmp_path)
+        assert interrupted and result.exit_code == 130, result.output
+        assert not (tmp_path / "art").exists()
         assert server.wait_all_closed() == 0
