@@ -37,10 +37,22 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+_made: list[OpenAICompatBackend] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_made() -> Iterator[None]:
+    # the test's backends are closed with it, not by the garbage collector in a later test
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def make(url: str, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 10.0, "max_retries": 1, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+    _made.append(OpenAICompatBackend(model="test-model", base_url=url, **options))
+    return _made[-1]
 
 
 def req(text: str = "Rate this text.") -> CompletionRequest:
