@@ -399,6 +399,35 @@ def test_merge_refuses_incomplete_or_mixed_shards_and_writes_nothing(case: str, 
     assert out.read_text() == "previous\n" and leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("case", ["twice", "unreadable"])
+def test_a_refused_merge_closes_every_shard_it_opened(case: str, two_shards, tmp_path: Path) -> None:
+    # not left to the garbage collector, whose ResourceWarning would come at a random moment
+    import gc
+    import warnings
+
+    from hdeval.errors import DataError
+    from hdeval.run.shards import merge_shards
+
+    p1, p2 = two_shards
+    files = {"twice": [p1, p1, p2], "unreadable": [p1, p2, tmp_path / "absent.jsonl"]}[case]
+
+    def refusal() -> str:  # the message only: a kept traceback would keep the files alive
+        try:
+            merge_shards(str(tmp_path / "merged.jsonl"), [str(p) for p in files])
+        except DataError as exc:
+            return str(exc)
+        return ""
+
+    gc.collect()  # what earlier tests left is theirs
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        assert refusal()
+        gc.collect()
+        assert run("merge-shards", tmp_path / "merged.jsonl", *files).exit_code != 0
+        gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
+
+
 def _insert_before_last(path: Path, text: str) -> Path:
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:-1]) + text + lines[-1])
