@@ -182,6 +182,23 @@ def one_line_error(result, *fragments: str) -> None:
         assert f in lines[0], lines[0]
 
 
+_to_close: list = []
+
+
+def close_after_test(obj):
+    """``obj``, closed when the test ends (a backend's connections: not left to the garbage
+    collector, whose ResourceWarning would land in a later test)."""
+    _to_close.append(obj)
+    return obj
+
+
+@pytest.fixture(autouse=True)
+def _close_after_test():
+    yield
+    while _to_close:
+        _to_close.pop().close()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory, monkeypatch):
     # A test never uses the developer's real cache, data dir, API key or default LLM.

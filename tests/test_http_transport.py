@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer, Reply, chat_completion, closed_port_url
 
 from hdeval.backends.base import CompletionRequest, Message
@@ -37,22 +38,10 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-_made: list[OpenAICompatBackend] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_made() -> Iterator[None]:
-    # the test's backends are closed with it, not by the garbage collector in a later test
-    yield
-    while _made:
-        _made.pop().close()
-
-
 def make(url: str, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 10.0, "max_retries": 1, "backoff_base": 0.01}
     options.update(kwargs)
-    _made.append(OpenAICompatBackend(model="test-model", base_url=url, **options))
-    return _made[-1]
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(text: str = "Rate this text.") -> CompletionRequest:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
@@ -26,23 +27,11 @@ def server() -> Iterator[LLMServer]:
         yield s
 
 
-_made: list[OpenAICompatBackend] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_made() -> Iterator[None]:
-    # the test's backends are closed with it, not by the garbage collector in a later test
-    yield
-    while _made:
-        _made.pop().close()
-
-
 def make(server_or_url: LLMServer | str, **kwargs: object) -> OpenAICompatBackend:
     url = server_or_url.url if isinstance(server_or_url, LLMServer) else server_or_url
     options: dict = {"api_key": KEY, "timeout": 5.0, "max_retries": 3, "backoff_base": 0.01}
     options.update(kwargs)
-    _made.append(OpenAICompatBackend(model="test-model", base_url=url, **options))
-    return _made[-1]
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(text: str = "Rate this text.", **kwargs: object) -> CompletionRequest:

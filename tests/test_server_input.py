@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import SCORE_HOSTILE, LLMServer, Reply, _hostile_body
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
@@ -34,7 +35,7 @@ def server() -> Iterator[LLMServer]:
 def make(url: str, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 5.0, "max_retries": 2, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(**kwargs: object) -> CompletionRequest:
