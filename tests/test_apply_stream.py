@@ -23,6 +23,8 @@ from hdeval.run.apply import CHUNK_ENV
 from hdeval.run.shards import shard_of
 from hdeval.train import train
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 DIALOGUE = """
 name = "toy_chat"
 description = "Dialogue: a system wrote the next response."

@@ -31,6 +31,8 @@ from hdeval.cli import cli
 from hdeval.errors import BackendError, BudgetExceeded, CacheError
 from hdeval.train import train
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 MODEL = "m"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from llm_server import FaultMix, FaultServer, LLMServer
 
@@ -18,6 +19,8 @@ from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cli import cli
 from hdeval.config import LLMConfig
 from hdeval.llm import open_llm
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 KEY = "sk-test-connections"
 

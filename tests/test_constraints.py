@@ -21,6 +21,8 @@ from hdeval.cache.client import request_key
 from hdeval.errors import BackendError, ConfigError
 from hdeval.methods.hdeval.decompose import reply_schema
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 MSGS = (Message("user", "Which is better?"),)
 SCHEMA = json.dumps({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})
 

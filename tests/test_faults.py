@@ -37,6 +37,8 @@ from hdeval.errors import BackendError, DecompositionError, ScoringError
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.train import train
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 MODEL = "test-model"
 SLICE = {"task": "sfres", "limit": 40, "layers": 2, "aggregator": "lr", "concurrency": 8}
 # a transport fault costs one retry; with 30% faults and 6 retries a request fails for good

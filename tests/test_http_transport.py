@@ -21,6 +21,8 @@ from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.errors import BackendError, ConfigError
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 KEY = "sk-test-SECRET-0123456789abcdef"
 
 

@@ -18,6 +18,8 @@ from hdeval.backends.openai_compat import OpenAICompatBackend, retry_after_secon
 from hdeval.cache.client import CachedBackend
 from hdeval.errors import BackendError, ConfigError
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 KEY = "sk-test-SECRET-0123456789abcdef"
 
 

@@ -23,6 +23,8 @@ from hdeval.methods.hdeval.decompose import reply_schema
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 from hdeval.scoring import parse_score
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 KEY = "sk-test-SECRET-0123456789abcdef"
 
 

@@ -22,6 +22,8 @@ from hdeval.cli import cli
 from hdeval.config import LLMConfig
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 # a task the repository ships with its data (the built-in sfres needs a download or
 # HDEVAL_DATA_DIR, and a missing data file is reported before the checks tested here)
 QA_TASK = str(Path(__file__).resolve().parent.parent / "examples" / "qa_task.toml")
