@@ -407,16 +407,19 @@ class MethodOptions:
                                f.metadata.get("kind")) for f in fields(cls)}
 
     @classmethod
-    def build(cls, given: Mapping[str, Any], method: str) -> "MethodOptions":
+    def build(cls, given: Mapping[str, Any], method: str,
+              others: Mapping[str, type["MethodOptions"]] | None = None) -> "MethodOptions":
         """The model from options by name (None: not given); one line for a name the method does
-        not take or a value of the wrong kind."""
+        not take (naming the methods of ``others``, name -> options model, that take it) or a
+        value of the wrong kind."""
         specs = cls.specs()
         given = {k: v for k, v in given.items() if v is not None}
         unknown = sorted(set(given) - set(specs))
         if unknown:
             known = ", ".join(sorted(specs)) or "none"
+            others = others or {}
             owned = "".join(f"; {flag(name)} is an option of --method {' or '.join(owners)}" for name in unknown
-                            if (owners := [m for m in sorted(METHODS) if name in METHODS[m].options.specs()]))
+                            if (owners := [m for m in sorted(others) if name in others[m].specs()]))
             raise ConfigError(f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
                               f"{owned}")
         return cls(**given)
@@ -564,7 +567,8 @@ class Method:
 
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""
-        return self.options.build(given or {}, self.name)
+        # the registry's table names the other methods that take an option this one does not
+        return self.options.build(given or {}, self.name, {m: METHODS[m].options for m in METHODS})
 
 
 def later(target: str) -> Callable[..., Any]:
