@@ -130,7 +130,7 @@ def test_help_states_each_methods_own_default():
 def test_help_follows_the_models_defaults(monkeypatch):
     """Changing a model's default changes the help: it is not written twice."""
     from hdeval.cli.options import _defaults_help
-    from hdeval.methods.base import Option
+    from hdeval.methods.options import Option
 
     owners = [(m, spec) for m, spec in all_options()["swap"]]
     assert _defaults_help(owners) == " (default: off for dna; on for hdeval, paireval)"
@@ -235,7 +235,7 @@ def test_a_method_declares_which_options_name_its_second_llm():
     from types import SimpleNamespace
     from typing import ClassVar
 
-    from hdeval.methods.base import MethodOptions, option
+    from hdeval.methods.options import MethodOptions, option
     from hdeval.methods.run import decompose_llm_config
 
     @dataclass(frozen=True)
