@@ -5,6 +5,7 @@ subclass whose fields, made with :func:`option`, are its options), how one optio
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import replace as dataclass_replace
 from typing import Any, ClassVar, Mapping
 
 from hdeval.errors import ConfigError
@@ -114,6 +115,19 @@ class MethodOptions:
         or not, in field order."""
         mine = getattr(self, "_given", frozenset())
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
+
+    def replace(self, **changes: Any) -> "MethodOptions":
+        """This model with some options changed, by name, checked as the constructor checks; the
+        options given stay given and the changed ones join them. (``dataclasses.replace`` passes
+        every field to the constructor, so it would count every option as given.)"""
+        specs = self.specs()
+        unknown = sorted(set(changes) - set(specs))
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} takes no option(s) {', '.join(unknown)} "
+                              f"(its options: {', '.join(sorted(specs)) or 'none'})")
+        new = dataclass_replace(self, **changes)
+        object.__setattr__(new, "_given", frozenset(self.given()) | frozenset(changes))
+        return new
 
 
 # an option's default's kind -> the values it takes (never a bool for a number) and their name
