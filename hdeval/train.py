@@ -98,7 +98,7 @@ class TrainConfig:
     def public(self) -> dict[str, Any]:
         """The run as the manifest records it (artifact format 3): the shared options, and every
         option of the method under ``options`` (:meth:`MethodOptions.record`). Format 2's record
-        is read by :func:`hdeval.methods.base.recorded_options`."""
+        is read by :func:`hdeval.methods.options.recorded_options`."""
         from hdeval.urls import public_url
 
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # in the fields' order

@@ -18,7 +18,8 @@ from hdeval.methods.base import METHODS
 
 PLUGIN = textwrap.dedent('''
     from hdeval.backends.factory import BackendEntry
-    from hdeval.methods.base import Method, Option
+    from hdeval.methods.base import Method
+    from hdeval.methods.options import Option
     from hdeval.methods.run import LayerPlan
 
     PLANNED = []

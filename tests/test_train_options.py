@@ -130,7 +130,7 @@ def test_help_states_each_methods_own_default():
 def test_help_follows_the_models_defaults(monkeypatch):
     """Changing a model's default changes the help: it is not written twice."""
     from hdeval.cli.options import _defaults_help
-    from hdeval.methods.base import Option
+    from hdeval.methods.options import Option
 
     owners = [(m, spec) for m, spec in all_options()["swap"]]
     assert _defaults_help(owners) == " (default: off for dna; on for hdeval, paireval)"
@@ -220,6 +220,37 @@ def test_the_options_model_records_what_was_given_through_every_door():
         assert copied.given() == {"comparisons": 3}
 
 
+def test_replacing_options_keeps_what_was_given_and_checks_the_values(tmp_path, fake_calls):
+    # dataclasses.replace passes every field to the constructor: every option would count as
+    # given, and pairwise HD-Eval would refuse PairEval's options the caller never gave
+    import pickle
+    import re
+
+    data, cache = str(_pairs(tmp_path)), str(tmp_path / "c")
+    opts = get_method("hdeval").build_options({"layers": 2})
+    one = opts.replace(layers=1)
+    assert (one.layers, one.given(), opts.layers) == (1, {"layers": 1}, 2)
+    assert pickle.loads(pickle.dumps(one)).given() == {"layers": 1}
+    ev = train_with(task="faireval", data=data, method="hdeval", llm="fake", cache_dir=cache, options=one)
+    assert ev.task.shape == "pairwise" and ev.method_args()["layers"] == 1
+    before = len(fake_calls)
+    with pytest.raises(ConfigError, match="--comparisons is a PairEval option"):  # given at its default
+        train_with(task="faireval", data=data, method="hdeval", llm="fake", cache_dir=cache,
+                   options=one.replace(comparisons=3))
+    assert len(fake_calls) == before
+    for bad, message in (({"layers": "1"}, "--layers must be a whole number, got '1'"),
+                         ({"aggregator": "svm"}, "unknown aggregator 'svm'"),
+                         ({"layrs": 1}, "HDEvalOptions takes no option(s) layrs (its options: aggregator, ")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            opts.replace(**bad)
+
+
+def train_with(**config):
+    from hdeval.train import train
+
+    return train(TrainConfig(**config))
+
+
 def test_benchmark_refuses_a_paireval_option_for_pairwise_hdeval_before_any_call(tmp_path, fake_calls):
     out = tmp_path / "bench"
     r = run_cli("benchmark", "--task", "faireval", "--data", _pairs(tmp_path), "--methods", "hdeval",
@@ -235,7 +266,7 @@ def test_a_method_declares_which_options_name_its_second_llm():
     from types import SimpleNamespace
     from typing import ClassVar
 
-    from hdeval.methods.base import MethodOptions, option
+    from hdeval.methods.options import MethodOptions, option
     from hdeval.methods.run import decompose_llm_config
 
     @dataclass(frozen=True)

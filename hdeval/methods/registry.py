@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hdeval.errors import ArtifactError, ConfigError, HdevalError
-from hdeval.methods.base import METHODS, Method, Option, check_recorded_options
+from hdeval.methods.base import METHODS, Method
+from hdeval.methods.options import Option, check_recorded_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted

@@ -87,8 +87,15 @@ def plot_beeswarm(r: Any, label: Labeler) -> bytes:
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.36 * (n + 1)))
     expl = shap.Explanation(r.values, r.base_values, data=r.data,
                             feature_names=[label(k) for k in r.feature_keys])
-    shap.plots.beeswarm(expl, max_display=n + 1 if len(r.feature_keys) > n else n, ax=ax, show=False,
-                        plot_size=None, color_bar_label="criterion score")
+    # beeswarm shuffles the dots with NumPy's global generator and takes no rng: seeded, and the
+    # caller's state put back, the same scores draw the same picture
+    state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        shap.plots.beeswarm(expl, max_display=n + 1 if len(r.feature_keys) > n else n, ax=ax, show=False,
+                            plot_size=None, color_bar_label="criterion score")
+    finally:
+        np.random.set_state(state)
     ax.set_title(f"{r.aspect}: SHAP values per held-out sample", fontsize=12)
     ax.set_xlabel(f"SHAP value (effect on the {r.aspect} prediction)", fontsize=10)
     return png(fig)

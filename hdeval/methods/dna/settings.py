@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hdeval.errors import ArtifactError, ConfigError
-from hdeval.methods.base import MethodOptions, option
+from hdeval.methods.options import MethodOptions, option
 
 MODES = ("dna", "direct", "cot", "prompt-agg")
 SOURCES = ("predefined", "dynamic")

@@ -18,11 +18,9 @@ from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
-from hdeval.methods.base import (
-    METRICS, SCORES, Fitted, ScoreResult, check_recorded_options, progress_stage, recorded_options, score_rows,
-    usage_of,
-)
+from hdeval.methods.base import METRICS, SCORES, Fitted, ScoreResult, progress_stage, score_rows, usage_of
 from hdeval.methods.hdeval.options import HDEvalOptions
+from hdeval.methods.options import check_recorded_options, recorded_options
 from hdeval.progress import Progress
 from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request

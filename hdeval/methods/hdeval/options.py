@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hdeval.errors import ConfigError
-from hdeval.methods.base import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
+from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 
 @dataclass(frozen=True)

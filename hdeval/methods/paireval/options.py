@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hdeval.methods.base import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
+from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 SOURCES = ("train", "file", "references")  # where PairEval's comparison examples come from
 
