@@ -91,3 +91,16 @@ def test_train_closes_its_connections_on_ctrl_c(toy, tmp_path: Path) -> None:
         assert interrupted and result.exit_code == 130, result.output
         assert not (tmp_path / "art").exists()
         assert server.wait_all_closed() == 0
+
+
+def test_apply_closes_its_connections(toy, tmp_path: Path) -> None:
+    with FaultServer() as server:
+        assert _train(server, toy, tmp_path).exit_code == 0
+        assert server.wait_all_closed() == 0
+        before = server.calls
+        result = CliRunner(env={"OPENAI_API_KEY": KEY}).invoke(cli, [
+            "apply", str(tmp_path / "art"), str(toy[1]), "-o", str(tmp_path / "scored.jsonl"),
+            "--llm", "test-model", "--base-url", server.url, "--cache-dir", str(tmp_path / "other-cache"), "-q"])
+        assert result.exit_code == 0, result.output
+        assert server.calls > before and (tmp_path / "scored.jsonl").is_file()
+        assert server.wait_all_closed() == 0
