@@ -30,6 +30,7 @@ METHODS = {
     "direct": (QA, ["--method", "direct"], False),
     "direct-yesno": (QA, ["--method", "direct-yesno"], False),
     "dna": (PAIRS, ["--method", "dna"], True),
+    "dna-swap": (PAIRS, ["--method", "dna", "--swap"], True),
 }
 
 
@@ -96,6 +97,9 @@ CASES = [
     ("dna", "no test figures", drop("test"), "'test' is missing or null"),
     ("dna", "test text", put("test", "x"), "'test' must be a JSON object, got \"x\""),
     ("dna", "agreement text", put("test.llm_weights.wo_ties", "x"), f"'test.llm_weights.wo_ties' must be {N}"),
+    ("dna-swap", "consistency text", put("position_consistency", "x"), f"'position_consistency' must be {N}"),
+    ("dna-swap", "test consistency text", put("test.position_consistency", "x"),
+     "'test.position_consistency' must be a finite number or null"),
     ("dna", "weight text", put("mean_weights.accuracy", "x"), "'mean_weights.accuracy' must be a finite number"),
     ("dna", "flip rate text", put("swap_flip_rate", "x"), f"'swap_flip_rate' must be {N}, got \"x\""),
     ("dna", "primary a list", put("primary", [1]), "'primary' must be text or null, got [1]"),
