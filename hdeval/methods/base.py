@@ -361,8 +361,8 @@ def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
         shape = next((s for s in shape if isinstance(s, dict) == isinstance(value, dict)), shape[0])
     if isinstance(shape, dict) and isinstance(value, dict):
         for key in (k[:-1] for k in shape if k.endswith("!")):
-            if value.get(key) is None:
-                raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing or null")
+            if value.get(key) is None or value[key] == {}:
+                raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty")
         for key, v in value.items():
             sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
             if "#" in shape and not key.isdigit():

@@ -41,8 +41,9 @@ class DnaEvaluator(Fitted):
     def metrics_shape(self) -> dict[str, Any]:
         weight = {"mean!": NUMBER, "instances": FIGURE} if self.settings.dynamic else NUMBER
         # test: per aggregation its agreement, and with --swap the split's position consistency
-        return {"test!": {"*": (FIGURE, AGREEMENT)}, "primary": TEXT, "split": SPLIT, "position_consistency": FIGURE,
-                "swap_flip_rate": FIGURE, "mean_weights": {"*": weight}, "learned": {"skipped": TEXT},
+        return {"test!": {"*": (FIGURE, AGREEMENT)}, "primary": TEXT, "split": SPLIT,
+                "position_consistency": FIGURE, "swap_flip_rate": FIGURE, "mean_weights": {"*": weight},
+                "learned": {"skipped": TEXT},
                 "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE}}
 
     def columns_needed(self) -> list[str]:

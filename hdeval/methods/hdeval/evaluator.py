@@ -18,8 +18,8 @@ from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
-from hdeval.methods.base import (CORRELATIONS, FIGURE, METRICS, SCORES, Fitted, ScoreResult, check_metrics, progress_stage,
-                                 score_rows, usage_of)
+from hdeval.methods.base import (CORRELATIONS, FIGURE, METRICS, SCORES, Fitted, ScoreResult, check_metrics,
+                                 progress_stage, score_rows, usage_of)
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.methods.options import check_recorded_options, recorded_options
 from hdeval.progress import Progress
