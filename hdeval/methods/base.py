@@ -6,6 +6,7 @@ loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."
 from __future__ import annotations
 
 import importlib
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
@@ -15,6 +16,13 @@ from hdeval.methods.options import MethodOptions, options_model
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
+# What a metrics.json field read back from an artifact may hold (see check_metrics): a leaf, a
+# dict of key -> shape ("*": any key, "#": any layer number; a key ending in "!" must be there), or
+# a tuple of alternatives
+NUMBER, FIGURE, TEXT = "a finite number", "a finite number or null", "text or null"
+CORRELATIONS = {"*": {"*": FIGURE}}  # aspect (and "average") -> pearson, spearman, kendall
+AGREEMENT = {"w_ties": FIGURE, "wo_ties": FIGURE, "confusion": {"*": {"*": NUMBER}}}
+SPLIT = {"train": FIGURE, "test": FIGURE}
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -103,6 +111,11 @@ class Fitted:
         split = rec.get("split") if isinstance(rec, dict) else None
         train = split.get("train") if isinstance(split, dict) else None
         return frozenset(x for x in train if isinstance(x, str)) if isinstance(train, list) else frozenset()
+
+    def metrics_shape(self) -> dict[str, Any]:
+        """The metrics fields the shared code and this evaluator's report read, and their shape
+        (checked on load: an artifact is untrusted); fields nothing reads are not listed."""
+        return {}
 
     def interval_calibration(self) -> Any:
         """Pointwise: the prediction-interval calibration in ``metrics["intervals"]``, checked
@@ -325,13 +338,46 @@ def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task",
                                 f"identity in {art.path / 'manifest.json'})")
         ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
                    str(llm.get("identity") or ""))
-        ev.metrics = art.json(METRICS)
+        ev.metrics = check_metrics(art.json(METRICS), ev.metrics_shape(), art.path / METRICS)
         ev.extra = {k: m[k] for k in ("seed", "split", "config") if k in m}  # the run record (run_record)
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
     ev.path = art.path
     return ev
+
+
+def check_metrics(metrics: Any, shape: Mapping[str, Any], where: Any) -> dict[str, Any]:
+    """``metrics`` (read from ``where``) when it is a JSON object whose fields match ``shape``;
+    else a one-line ArtifactError naming the file and the field."""
+    _check_shape(metrics, dict(shape), str(where), "")
+    return metrics
+
+
+def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
+    from hdeval.errors import ArtifactError
+
+    if isinstance(shape, tuple):  # alternatives, e.g. a figure or a table: the one of the value's kind
+        shape = next((s for s in shape if isinstance(s, dict) == isinstance(value, dict)), shape[0])
+    if isinstance(shape, dict) and isinstance(value, dict):
+        for key in (k[:-1] for k in shape if k.endswith("!")):
+            if value.get(key) is None or value[key] == {}:
+                raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty")
+        for key, v in value.items():
+            sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
+            if "#" in shape and not key.isdigit():
+                raise ArtifactError(f"{where}: {name!r} must be keyed by layer number, got {key[:40]!r}")
+            if sub is not None:
+                _check_shape(v, sub, where, f"{name}.{key}" if name else key)
+        return
+    if value is None and shape in (FIGURE, TEXT) or shape == TEXT and isinstance(value, str) or (
+            shape in (NUMBER, FIGURE) and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and abs(value) < 1e300):  # NaN and infinities fail the comparison
+        return
+    got = json.dumps(value)
+    raise ArtifactError(f"{where}: {repr(name) + ' ' if name else ''}must be "
+                        f"{'a JSON object' if isinstance(shape, dict) else shape}, got {got[:40]}"
+                        + "..." * (len(got) > 40))
 
 
 @contextmanager

@@ -103,7 +103,8 @@ def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) 
     if m.get("position_consistency") is not None:
         pc = m["position_consistency"]
         b.add("position consistency", f"{pc:.3f} of the pairs get the same verdict with A and B swapped "
-              f"(swap flip rate {m.get('swap_flip_rate', 1 - pc):.3f})", warn=pc < 0.8)
+              f"(swap flip rate {1 - pc if m.get('swap_flip_rate') is None else m['swap_flip_rate']:.3f})",
+              warn=pc < 0.8)
     tm = m.get("tie_margin")
     if isinstance(tm, Mapping) and isinstance(tm.get("value"), (int, float)):
         b.add("tie margin", f"totals within {tm['value']:.3g} are a tie: " + (

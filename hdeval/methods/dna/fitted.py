@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
-from hdeval.methods.base import Fitted, loaded, usage_of
+from hdeval.methods.base import AGREEMENT, FIGURE, NUMBER, SPLIT, TEXT, Fitted, loaded, usage_of
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
@@ -37,6 +37,14 @@ class DnaEvaluator(Fitted):
 
     def method_args(self) -> dict[str, Any]:
         return self.settings.to_dict()
+
+    def metrics_shape(self) -> dict[str, Any]:
+        weight = {"mean!": NUMBER, "instances": FIGURE} if self.settings.dynamic else NUMBER
+        # test: per aggregation its agreement, and with --swap the split's position consistency
+        return {"test!": {"*": (FIGURE, AGREEMENT)}, "primary": TEXT, "split": SPLIT,
+                "position_consistency": FIGURE, "swap_flip_rate": FIGURE, "mean_weights": {"*": weight},
+                "learned": {"skipped": TEXT},
+                "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE}}
 
     def columns_needed(self) -> list[str]:
         s = self.settings

@@ -18,7 +18,8 @@ from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
-from hdeval.methods.base import METRICS, SCORES, Fitted, ScoreResult, progress_stage, score_rows, usage_of
+from hdeval.methods.base import (CORRELATIONS, FIGURE, METRICS, SCORES, Fitted, ScoreResult, check_metrics,
+                                 progress_stage, score_rows, usage_of)
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.methods.options import check_recorded_options, recorded_options
 from hdeval.progress import Progress
@@ -218,6 +219,7 @@ class TreeEvaluator(Fitted):
             if computed != needed:
                 raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the "
                                     f"{cls.fitted} uses")
+        check_metrics(ev.metrics, ev.metrics_shape(), path / METRICS)
         ev.warnings, ev.path, ev.manifest_data = list(art.warnings), art.path, manifest
         return ev
 
@@ -256,6 +258,11 @@ class Evaluator(TreeEvaluator):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
+
+    def metrics_shape(self) -> dict[str, Any]:
+        return {"final!": CORRELATIONS, "layers!": {"#": CORRELATIONS}, "direct_layer1": CORRELATIONS,
+                "mean_all_criteria": CORRELATIONS, "mean_subtree": CORRELATIONS,
+                "baselines": {"*": (FIGURE, CORRELATIONS)}}
 
     @property
     def aggregator(self) -> Aggregator:

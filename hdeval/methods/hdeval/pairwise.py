@@ -26,7 +26,7 @@ from hdeval.classify import (
 )
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
+from hdeval.methods.base import AGREEMENT, NUMBER, SPLIT, FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.aggregator_file import check_pipeline
 from hdeval.methods.hdeval.evaluator import TreeEvaluator
 from hdeval.methods.hdeval.loop import (
@@ -288,6 +288,10 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
+
+    def metrics_shape(self) -> dict[str, Any]:
+        return {"final!": AGREEMENT, "layers": {"#": AGREEMENT}, "direct_layer1": AGREEMENT, "split": SPLIT,
+                "importance": {"*": NUMBER}}
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
