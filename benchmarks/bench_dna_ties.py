@@ -50,7 +50,7 @@ def agree(diffs: np.ndarray, human: np.ndarray, margin: float) -> float:
 
 
 def run(data: Path, task: str, cache: str, seed: int, mode: str, backend=None) -> dict[str, dict[str, float]]:
-    from hdeval.data import read_pairs
+    from hdeval.data import read_task_samples
     from hdeval.methods.dna.decision import learn_tie_margin
     from hdeval.tasks import load_task
     from hdeval.train import train
@@ -62,7 +62,7 @@ def run(data: Path, task: str, cache: str, seed: int, mode: str, backend=None) -
     diffs = (t["total_a"] - t["total_b"]).to_numpy(float)
     human = t["human"].to_numpy(object)
     tr, te = (t["split"] == "train").to_numpy(), (t["split"] == "test").to_numpy()
-    doc = {p.id: p.doc_id for p in read_pairs(data, load_task(task))}
+    doc = {p.id: p.doc_id for p in read_task_samples(data, load_task(task))}
     new, _ = learn_tie_margin(diffs[tr], human[tr], [doc[i] for i in t["pair_id"][tr]], seed)
     assert new == ev.settings.tie_margin, "the bench's groups must match training's"
     out = {}

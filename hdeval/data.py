@@ -407,9 +407,6 @@ def read_task_samples(path: str | Path, task: Task,
     return list(_iter_task(path, task, require_labels))
 
 
-read_pairs = read_task_samples  # a pairwise task's file
-
-
 def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
                      seen: DictIds | DiskIds | None = None,
                      keep: Callable[[str], bool] | None = None) -> Iterator[list[Sample] | list[PairSample]]:

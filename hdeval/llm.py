@@ -16,7 +16,8 @@ def resolved(config: LLMConfig) -> LLMConfig:
 
 
 def open_llm(config: LLMConfig, backend: Backend | None = None, offline: bool = False) -> CachedBackend:
-    """The cached backend ``config`` names (its model resolved if unset); close it when done.
+    """The cached backend ``config`` names (its model resolved if unset); close it when done
+    (that also closes the backend made here, never an injected one).
 
     ``backend`` injects an LLM (still cached and budgeted; a :class:`CachedBackend` is returned as
     it is). ``offline``: it will only be asked for identities and keys (``--dry-run``), so a
@@ -25,14 +26,21 @@ def open_llm(config: LLMConfig, backend: Backend | None = None, offline: bool = 
     if isinstance(backend, CachedBackend):
         return backend
     config.validate()
-    if backend is None:
+    owns = backend is None
+    if owns:
         backend = make_backend(resolved(config), offline=offline)
-    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
-    strategy = None
-    if config.batch:
-        from hdeval.backends.batch import BatchStrategy, check_batch
+    try:
+        cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+        strategy = None
+        if config.batch:
+            from hdeval.backends.batch import BatchStrategy, check_batch
 
-        check_batch(backend, config.model)
-        if not offline:  # a dry run submits nothing
-            strategy = BatchStrategy(backend, cache_dir, config)
-    return CachedBackend(backend, cache_dir, config.max_calls, concurrency=config.concurrency, batch=strategy)
+            check_batch(backend, config.model)
+            if not offline:  # a dry run submits nothing
+                strategy = BatchStrategy(backend, cache_dir, config)
+        return CachedBackend(backend, cache_dir, config.max_calls, concurrency=config.concurrency, batch=strategy,
+                             owns_inner=owns)
+    except BaseException:
+        if owns and hasattr(backend, "close"):  # e.g. a cache dir that cannot be opened: free the model
+            backend.close()
+        raise

@@ -56,7 +56,7 @@ class Task:
     #: for there first. Where the file lay on the trainer's machine: never written to artifacts.
     source_dir: str = field(default="", compare=False)
     #: ``pointwise`` (one output with human scores) or ``pairwise`` (two outputs and a
-    #: human preference label); see hdeval.data.read_samples / read_pairs
+    #: human preference label); see hdeval.data.read_task_samples
     shape: str = "pointwise"
     #: row filter from the task file's ``where`` table: (key, accepted values) pairs
     where: tuple[tuple[str, tuple[Any, ...]], ...] = ()

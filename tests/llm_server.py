@@ -240,6 +240,7 @@ class LLMServer:
         self.default: Callable[[RecordedRequest], Reply] = self._default_reply
         self._planned: list[Planned] = []
         self._lock = threading.Lock()
+        self._open = 0  # client connections not yet closed (a handler runs until the client hangs up)
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -255,6 +256,16 @@ class LLMServer:
     def calls(self) -> int:
         with self._lock:
             return len(self.requests)
+
+    def wait_all_closed(self, timeout: float = 10.0) -> int:
+        """Wait (at most ``timeout`` s) until every client connection is closed; how many are
+        still open. A keep-alive connection stays open until the client closes it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._open == 0 or time.monotonic() >= deadline:
+                    return self._open
+            time.sleep(0.01)
 
     @property
     def url(self) -> str:
@@ -300,6 +311,18 @@ class LLMServer:
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
                 pass  # keep test output clean
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server._open += 1
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    with server._lock:
+                        server._open -= 1
 
             def do_GET(self) -> None:
                 self._handle()

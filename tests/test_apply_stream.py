@@ -23,6 +23,8 @@ from hdeval.run.apply import CHUNK_ENV
 from hdeval.run.shards import shard_of
 from hdeval.train import train
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 DIALOGUE = """
 name = "toy_chat"
 description = "Dialogue: a system wrote the next response."
@@ -397,6 +399,35 @@ def test_merge_refuses_incomplete_or_mixed_shards_and_writes_nothing(case: str, 
     out.write_text("previous\n")
     one_error(run("merge-shards", out, *files), fragment)
     assert out.read_text() == "previous\n" and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("case", ["twice", "unreadable"])
+def test_a_refused_merge_closes_every_shard_it_opened(case: str, two_shards, tmp_path: Path) -> None:
+    # not left to the garbage collector, whose ResourceWarning would come at a random moment
+    import gc
+    import warnings
+
+    from hdeval.errors import DataError
+    from hdeval.run.shards import merge_shards
+
+    p1, p2 = two_shards
+    files = {"twice": [p1, p1, p2], "unreadable": [p1, p2, tmp_path / "absent.jsonl"]}[case]
+
+    def refusal() -> str:  # the message only: a kept traceback would keep the files alive
+        try:
+            merge_shards(str(tmp_path / "merged.jsonl"), [str(p) for p in files])
+        except DataError as exc:
+            return str(exc)
+        return ""
+
+    gc.collect()  # what earlier tests left is theirs
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        assert refusal()
+        gc.collect()
+        assert run("merge-shards", tmp_path / "merged.jsonl", *files).exit_code != 0
+        gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
 
 
 def _insert_before_last(path: Path, text: str) -> Path:

@@ -14,6 +14,7 @@ import asyncio
 import email.parser
 import threading
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -29,6 +30,8 @@ from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cli import cli
 from hdeval.errors import BackendError, BudgetExceeded, CacheError
 from hdeval.train import train
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 MODEL = "m"
 
@@ -183,8 +186,20 @@ class _Recording(batch_mod.Progress):
 
 def _api_train(toy, server: BatchServer, cache: Path, **options: Any):
     task, data = toy
-    return train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache),
-                 batch=True, backend=_backend(server), **options)
+    with closing(_backend(server)) as backend:  # an injected backend is the caller's to close
+        return train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache),
+                     batch=True, backend=backend, **options)
+
+
+def _on_own_loop(api: BatchAPI, call: Any) -> Any:
+    """Await ``call`` on a loop of its own, ``api``'s connections closed before that loop ends."""
+    async def go() -> Any:
+        try:
+            return await call
+        finally:
+            await api.aclose()
+
+    return asyncio.run(go())
 
 
 # -- end to end ---------------------------------------------------------------------------------
@@ -357,7 +372,7 @@ def test_a_bad_jobs_file_is_a_one_line_error(tmp_path: Path, content: bytes, why
 def test_a_server_id_that_is_not_an_id_never_reaches_a_url(server: BatchServer) -> None:
     api = BatchAPI(server.url, "k", max_retries=0)
     with pytest.raises(Exception) as err:
-        asyncio.run(api.retrieve("../files/x"))
+        _on_own_loop(api, api.retrieve("../files/x"))
     assert "not an id" in str(err.value)
     assert server.calls == 0
 
@@ -510,7 +525,7 @@ def test_the_batch_lock_is_released_however_the_holder_ends(toy, server: BatchSe
         assert server.calls == 0 and not (tmp_path / "out").exists() and not (cache / STATE_FILE).exists()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # waits, and closes its pipes
     # killed: the system released its lock
     r = _train(toy, server, cache, tmp_path / "out", "--layers", "1", "--batch")
     assert r.exit_code == 0, r.stderr
@@ -576,8 +591,8 @@ def test_a_job_whose_requests_were_answered_without_batch_is_dropped(toy, server
     monkeypatch.setattr(BatchAPI, "create", real)
     assert len(read_jobs(cache / STATE_FILE)) == 1
     task, data = toy
-    train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache),
-          backend=_backend(server))  # the same requests, answered the normal way
+    with closing(_backend(server)) as backend:  # the same requests, answered the normal way
+        train(task=str(task), data=str(data), layers=1, aggregator="lr", cache_dir=str(cache), backend=backend)
     _api_train(toy, server, cache)  # nothing to submit; the stale job goes
     assert read_jobs(cache / STATE_FILE) == []
 
@@ -613,7 +628,7 @@ def test_a_hostile_batch_api_reply_is_bounded_and_a_one_line_error(server: Batch
     server.plan(reply, reply)
     api = BatchAPI(server.url, "sk-hostile", timeout=0.5, max_retries=1, backoff_base=0.01, backoff_cap=0.01)
     with pytest.raises(BackendError) as err:
-        asyncio.run(api.retrieve("batch_0"))
+        _on_own_loop(api, api.retrieve("batch_0"))
     msg = str(err.value)
     assert msg.startswith(f"the Batch API (GET {server.url}/batches/batch_0) kept failing after 2 attempt(s), "
                           f"last: {why};") and "\n" not in msg and "sk-hostile" not in msg
@@ -625,7 +640,7 @@ def test_a_result_file_cut_off_while_downloaded_is_fetched_again(server: BatchSe
     server.files["file-0"] = content
     server.plan(Reply(body=content, truncate=100))  # then the file whole, from the files route
     api = BatchAPI(server.url, "k", max_retries=1, backoff_base=0.01, backoff_cap=0.01)
-    asyncio.run(api.download("file-0", tmp_path / "out.jsonl"))
+    _on_own_loop(api, api.download("file-0", tmp_path / "out.jsonl"))
     assert (tmp_path / "out.jsonl").read_bytes() == content and server.calls == 2
 
 
@@ -634,7 +649,7 @@ def test_a_result_file_cut_off_every_time_is_a_one_line_error(server: BatchServe
     server.plan(cut, cut)
     api = BatchAPI(server.url, "sk-cut", max_retries=1, backoff_base=0.01, backoff_cap=0.01)
     with pytest.raises(BackendError) as err:
-        asyncio.run(api.download("file-0", tmp_path / "out.jsonl"))
+        _on_own_loop(api, api.download("file-0", tmp_path / "out.jsonl"))
     msg = str(err.value)
     assert msg.startswith(f"the Batch API (GET {server.url}/files/file-0/content) kept failing after "
                           "2 attempt(s), last: RemoteProtocolError") and "\n" not in msg and "sk-cut" not in msg

@@ -71,7 +71,7 @@ def test_planted_pickle_never_runs_and_the_llm_is_asked_again(tmp_path, pad):
         c.set(_key(), Payload(marker, pad))
     # the payload is live: diskcache's default reader runs it
     with diskcache.Cache(str(cache)) as c:
-        c.get(_key())
+        c.get(_key()).close()  # what it made: the file the payload opened
     assert marker.exists()
     marker.unlink()
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer
 
 from hdeval.backends.base import Completion, CompletionRequest, Message
@@ -19,6 +20,8 @@ from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cache.client import request_key
 from hdeval.errors import BackendError, ConfigError
 from hdeval.methods.hdeval.decompose import reply_schema
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 MSGS = (Message("user", "Which is better?"),)
 SCHEMA = json.dumps({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})
@@ -167,7 +170,7 @@ def test_every_method_request_gets_an_answer_its_constraint_allows() -> None:
 def test_the_server_receives_structured_outputs_for_a_schema_and_nothing_new_otherwise() -> None:
     with LLMServer() as server:
         server.reply_text = '{"subcriteria": []}'
-        backend = OpenAICompatBackend(model="m", base_url=server.url, api_key="k", timeout=5.0)
+        backend = close_after_test(OpenAICompatBackend(model="m", base_url=server.url, api_key="k", timeout=5.0))
         schema = reply_schema(3)
         backend.complete(CompletionRequest(MSGS, json_mode=True, json_schema=schema, kind="decompose"))
         body = server.requests[-1].json

@@ -14,7 +14,7 @@ from conftest import REPO, run_cli, slice_jsonl, write_jsonl
 from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
-from hdeval.data import read_pairs
+from hdeval.data import read_task_samples
 from hdeval.errors import ArtifactError, ConfigError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.dna.decision import Learned, decide, weighted_totals
@@ -166,7 +166,7 @@ def test_dynamic_aspects_are_per_instance_and_learned_is_skipped(faireval40, tmp
     assert all(set(v) == {"mean", "instances"} for v in m["mean_weights"].values())
     assert sum(v["instances"] for v in m["mean_weights"].values()) == 40 * 3
     # the aspect prompt shows the question alone, never the responses
-    pairs = read_pairs(faireval40, load_task("faireval"))
+    pairs = read_task_samples(faireval40, load_task("faireval"))
     asked = [r for r in fake.requests if r.kind == "dna_aspects"]
     assert len(asked) == 40
     for req in asked:
@@ -186,7 +186,7 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     ])
     art = load_artifact(path)
     assert art.method == "dna" and art.learned is not None
-    pairs = read_pairs(new, art.task, require_labels=False)
+    pairs = read_task_samples(new, art.task, require_labels=False)
     fake = FakeBackend()
     from hdeval.llm import open_llm
     from hdeval.config import LLMConfig
@@ -274,7 +274,7 @@ def test_swap_asks_both_orders_and_reports_position_consistency(faireval40, tmp_
     assert 0 < m["position_consistency"] < 1
     assert "position_consistency" in m["test"]
     scored = [r for r in fake.requests if r.kind == "dna_score"]
-    a0 = read_pairs(faireval40, load_task("faireval"))[0]
+    a0 = read_task_samples(faireval40, load_task("faireval"))[0]
     firsts = ["Response A:\n" + a0.output_a[:50] in r.messages[1].content for r in scored]
     swapped = ["Response A:\n" + a0.output_b[:50] in r.messages[1].content for r in scored]
     assert sum(firsts) == sum(swapped) == 4
@@ -312,7 +312,7 @@ def _responders(**over):
 
 
 def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(faireval40, tmp_path):
-    pairs = read_pairs(faireval40, load_task("faireval"))
+    pairs = read_task_samples(faireval40, load_task("faireval"))
     doomed = pairs[3].fields["source"]
     good = RESPONDERS["dna_weights"]
 
@@ -757,7 +757,7 @@ def test_the_artifact_records_and_applies_its_learned_margin(tmp_path):
     assert back.settings.tie_margin == margin
     from simjudge import pair_backend
 
-    pairs = read_pairs(write_pairs(tmp_path / "again.jsonl", rows), load_task("faireval"))
+    pairs = read_task_samples(write_pairs(tmp_path / "again.jsonl", rows), load_task("faireval"))
     res = back.score(pairs, backend=pair_backend())
     assert res.labels == list(ev.score_table["prediction"])  # apply decides ties as training did
     # an artifact without a decided margin is refused with one line
@@ -778,7 +778,7 @@ def test_an_artifact_whose_margin_the_previous_rule_chose_still_loads_and_applie
     assert "rule" not in old and "cv_w_ties" not in old  # the previous format
     back = load_artifact(art)
     assert back.settings.tie_margin == old["value"] > 0 and back.settings.tie_margin_from == "training split"
-    pairs = read_pairs(write_pairs(tmp_path / "again.jsonl", pairwise_rows(40, seed=2)), load_task("faireval"))
+    pairs = read_task_samples(write_pairs(tmp_path / "again.jsonl", pairwise_rows(40, seed=2)), load_task("faireval"))
     res = back.score(pairs, backend=pair_backend())
     recorded = [line.split(",") for line in (art / "scores.csv").read_text().splitlines()]
     column = recorded[0].index("prediction")

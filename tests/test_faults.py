@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,6 +37,8 @@ from hdeval.errors import BackendError, DecompositionError, ScoringError
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.train import train
 
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
 MODEL = "test-model"
 SLICE = {"task": "sfres", "limit": 40, "layers": 2, "aggregator": "lr", "concurrency": 8}
 # a transport fault costs one retry; with 30% faults and 6 retries a request fails for good
@@ -51,8 +54,8 @@ def backend(server: FaultServer) -> OpenAICompatBackend:
 
 
 def run(server: FaultServer, cache_dir: Path, **options: Any) -> Evaluator:
-    return train(**{**SLICE, "data": str(data_file()), "cache_dir": str(cache_dir), **options},
-                 backend=backend(server))
+    with closing(backend(server)) as b:  # the injected backend is ours to close
+        return train(**{**SLICE, "data": str(data_file()), "cache_dir": str(cache_dir), **options}, backend=b)
 
 
 
@@ -109,14 +112,15 @@ def test_server_refuses_past_its_request_limit_and_stops_by_itself() -> None:
 
     req = CompletionRequest((Message("user", "<sample>\nx\n</sample>\nScore:"),), kind="score")
     with FaultServer(max_requests=2, lifetime=1.0) as s:
-        b = OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=2, max_retries=0)
-        b.complete(req)
-        b.complete(req)
-        with pytest.raises(BackendError, match="request limit 2"):
-            b.complete(req)  # a 400: not retried, so a runaway client loop ends at once
+        with closing(OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=2, max_retries=0)) as b:
+            b.complete(req)
+            b.complete(req)
+            with pytest.raises(BackendError, match="request limit 2"):
+                b.complete(req)  # a 400: not retried, so a runaway client loop ends at once
         time.sleep(1.5)  # past its lifetime: the server stopped without being told
-        with pytest.raises(BackendError, match="cannot reach"):
-            OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=1, max_retries=0).complete(req)
+        with pytest.raises(BackendError, match="cannot reach"), \
+                closing(OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=1, max_retries=0)) as b:
+            b.complete(req)
 
 
 def test_fault_pattern_is_a_function_of_the_request_not_of_timing() -> None:
@@ -469,9 +473,9 @@ def test_a_dripping_server_is_bounded_by_the_timeout(fresh: FaultServer, tmp_pat
     server = fresh
     server.faults = DripOnce()
     start = len(server.log)
-    b = OpenAICompatBackend(MODEL, base_url=server.url, api_key="k", timeout=1.5, max_retries=2,
-                            backoff_base=0.01, backoff_cap=0.2)
-    ev = train(**{**SLICE, "layers": 1, "data": str(data_file()), "cache_dir": str(tmp_path / "c")}, backend=b)
+    with closing(OpenAICompatBackend(MODEL, base_url=server.url, api_key="k", timeout=1.5, max_retries=2,
+                                     backoff_base=0.01, backoff_cap=0.2)) as b:
+        ev = train(**{**SLICE, "layers": 1, "data": str(data_file()), "cache_dir": str(tmp_path / "c")}, backend=b)
     answers = server.log[start:]
     assert Counter(a.outcome for a in answers)["drip"] == 1
     # the client gave up on the drip and asked again (it would otherwise wait ~5 minutes

@@ -14,11 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer, Reply, chat_completion, closed_port_url
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.errors import BackendError, ConfigError
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -40,7 +43,7 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def make(url: str, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 10.0, "max_retries": 1, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(text: str = "Rate this text.") -> CompletionRequest:

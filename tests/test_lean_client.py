@@ -7,11 +7,14 @@ import json
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer, Reply
 
 from hdeval.backends.base import CompletionRequest, Message
 from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.errors import BackendError
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -25,7 +28,7 @@ def server() -> Iterator[LLMServer]:
 def make(server: LLMServer, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 10.0, "max_retries": 2, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=server.url, **options)
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=server.url, **options))
 
 
 def req(text: str = "Rate this text.", **kwargs: object) -> CompletionRequest:

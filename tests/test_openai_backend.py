@@ -10,12 +10,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.openai_compat import OpenAICompatBackend, retry_after_seconds
 from hdeval.cache.client import CachedBackend
 from hdeval.errors import BackendError, ConfigError
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -30,7 +33,7 @@ def make(server_or_url: LLMServer | str, **kwargs: object) -> OpenAICompatBacken
     url = server_or_url.url if isinstance(server_or_url, LLMServer) else server_or_url
     options: dict = {"api_key": KEY, "timeout": 5.0, "max_retries": 3, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(text: str = "Rate this text.", **kwargs: object) -> CompletionRequest:

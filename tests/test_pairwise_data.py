@@ -12,7 +12,6 @@ from conftest import write_jsonl
 from hdeval.cli import cli
 from hdeval.data import (
     limit_samples,
-    read_pairs,
     read_samples,
     read_task_samples,
     split_samples,
@@ -161,10 +160,9 @@ def test_a_null_dialogue_text_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize("name, n", sorted(PAIRWISE_NEW.items()))
 def test_every_row_of_the_pairwise_files_reads(data_dir, name, n):
     task = load_task(name)
-    pairs = read_pairs(data_dir / task.data_file, task)
+    pairs = read_task_samples(data_dir / task.data_file, task)
     assert len(pairs) == n
     assert all(p.label in ("a", "b", "tie") and p.output_a.strip() and p.output_b.strip() for p in pairs)
-    assert read_task_samples(data_dir / task.data_file, task) == pairs
     lines = sum(1 for l in (data_dir / task.data_file).open(encoding="utf-8") if l.strip())
     if name == "llmeval2":
         assert lines == 2553 and len(pairs) == lines - 288  # skip_empty leaves 288 rows out
@@ -173,12 +171,12 @@ def test_every_row_of_the_pairwise_files_reads(data_dir, name, n):
 
 
 def test_pairwise_file_facts(data_dir):
-    fe = read_pairs(data_dir / "faireval.jsonl", load_task("faireval"))
+    fe = read_task_samples(data_dir / "faireval.jsonl", load_task("faireval"))
     assert [sum(p.label == x for p in fe) for x in ("a", "b", "tie")] == [41, 25, 14]
     assert {(p.system_a, p.system_b) for p in fe} and all(p.system_a for p in fe)
-    eli5 = read_pairs(data_dir / "llmeval2.jsonl", load_task("llmeval2_eli5"))
+    eli5 = read_task_samples(data_dir / "llmeval2.jsonl", load_task("llmeval2_eli5"))
     assert {p.meta["subset"] for p in eli5} == {"eli5"} and all(p.label != "tie" for p in eli5)
-    bar = read_pairs(data_dir / "llmbar.jsonl", load_task("llmbar"))
+    bar = read_task_samples(data_dir / "llmbar.jsonl", load_task("llmbar"))
     assert sum(p.meta.get("subset") == "Natural" for p in bar) == 100
 
 
@@ -199,7 +197,7 @@ def test_bad_pair_is_one_line_with_line_number_and_field(tmp_path, over, fragmen
     task = pair_task(tmp_path)
     p = write_jsonl(tmp_path / "bad.jsonl", [_pair(1), _pair(2, **over), _pair(3)])
     with pytest.raises(DataError) as e:
-        read_pairs(p, task)
+        read_task_samples(p, task)
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"{p}: 1 bad line(s): ") and fragment in msg
@@ -211,7 +209,7 @@ def test_all_bad_pair_lines_reported_together(tmp_path):
     p.write_bytes(b"\n".join([json.dumps(_pair(1)).encode(), b"{not json", b"[1]", b"\xff\xfe",
                               json.dumps(_pair(5, label="A")).encode()]) + b"\n")
     with pytest.raises(DataError) as e:
-        read_pairs(p, task)
+        read_task_samples(p, task)
     msg = str(e.value)
     assert "4 bad line(s)" in msg and "\n" not in msg
     for frag in ("line 2: not valid JSON", "line 3: not a JSON object", "line 4: not UTF-8 text",
@@ -222,23 +220,23 @@ def test_all_bad_pair_lines_reported_together(tmp_path):
 def test_unlabelled_pairs_read_for_scoring_but_labels_are_still_checked(tmp_path):
     task = pair_task(tmp_path)
     p = write_jsonl(tmp_path / "new.jsonl", [_pair(1, label=None), _pair(2)])
-    pairs = read_pairs(p, task, require_labels=False)
+    pairs = read_task_samples(p, task, require_labels=False)
     assert [x.label for x in pairs] == [None, "a"]
     write_jsonl(p, [_pair(1, label="both")])
     with pytest.raises(DataError, match="line 1: field 'label' is 'both'"):
-        read_pairs(p, task, require_labels=False)
+        read_task_samples(p, task, require_labels=False)
 
 
 def test_skip_empty_leaves_out_empty_text_but_not_missing_fields(tmp_path):
     task = pair_task(tmp_path, "skip_empty = true")
     p = write_jsonl(tmp_path / "p.jsonl", [_pair(1), _pair(2, output_b=""), _pair(3, source=" "), _pair(4)])
-    assert [x.id for x in read_pairs(p, task)] == ["p1", "p4"]
+    assert [x.id for x in read_task_samples(p, task)] == ["p1", "p4"]
     write_jsonl(p, [_pair(1), _pair(2, output_b=None)])
     with pytest.raises(DataError, match="line 2: field 'output_b' .* is missing"):
-        read_pairs(p, task)
+        read_task_samples(p, task)
     write_jsonl(p, [_pair(1, output_a=""), _pair(2, output_a="", label="x")])
     with pytest.raises(DataError, match="line 2: field 'label' is 'x'"):
-        read_pairs(p, task)  # a skippable row is still checked for the rest
+        read_task_samples(p, task)  # a skippable row is still checked for the rest
 
 
 def test_pointwise_reader_refuses_a_pairwise_task(tmp_path):
@@ -256,15 +254,15 @@ def test_where_in_task_file(tmp_path):
     rows[1]["output_b"] = None  # broken, but dropped by the filter (subset x) so never checked
     p = write_jsonl(tmp_path / "p.jsonl", rows)
     only_y = pair_task(tmp_path, 'where = { subset = "y" }')
-    assert [x.id for x in read_pairs(p, only_y)] == ["p3", "p6"]
+    assert [x.id for x in read_task_samples(p, only_y)] == ["p3", "p6"]
     with pytest.raises(DataError, match="line 2: field 'output_b'"):
-        read_pairs(p, pair_task(tmp_path))
+        read_task_samples(p, pair_task(tmp_path))
     # every key must match; a top-level field works too; lists mean any-of
     both = pair_task(tmp_path, 'where = { subset = "y", doc_id = ["q3", "q9"] }')
-    assert [x.id for x in read_pairs(p, both)] == ["p6"]
-    assert [x.id for x in read_pairs(p, pair_task(tmp_path, 'where = { subset = "y", label = "a" }'))] == ["p6"]
+    assert [x.id for x in read_task_samples(p, both)] == ["p6"]
+    assert [x.id for x in read_task_samples(p, pair_task(tmp_path, 'where = { subset = "y", label = "a" }'))] == ["p6"]
     with pytest.raises(DataError, match=r"no pairs matching where subset = 'zzz'"):
-        read_pairs(p, pair_task(tmp_path, 'where = { subset = "zzz" }'))
+        read_task_samples(p, pair_task(tmp_path, 'where = { subset = "zzz" }'))
 
 
 # --------------------------------------------------------------------------- split
@@ -273,7 +271,7 @@ def test_where_in_task_file(tmp_path):
 def test_split_and_limit_group_pairs_by_doc_id(tmp_path):
     task = pair_task(tmp_path)
     p = write_jsonl(tmp_path / "p.jsonl", [_pair(i) for i in range(40)])  # 20 questions x 2 pairs
-    pairs = read_pairs(p, task)
+    pairs = read_task_samples(p, task)
     a = split_samples(pairs, 0.5, 0.5, seed=1)
     assert a == split_samples(pairs, 0.5, 0.5, seed=1) != split_samples(pairs, 0.5, 0.5, seed=2)
     doc = {x.id: x.doc_id for x in pairs}
@@ -368,3 +366,10 @@ def test_data_import_refuses_a_pairwise_task(tmp_path):
     p = write_jsonl(tmp_path / "rows.jsonl", [_pair(1)])
     with pytest.raises(ConfigError, match="task faireval is pairwise: data import handles pointwise tasks only"):
         import_table(p, load_task("faireval"))
+
+
+def test_the_misleading_read_pairs_alias_is_gone():
+    # it returned pointwise samples for a pointwise task despite its name; read_task_samples says what it does
+    import hdeval.data
+
+    assert not hasattr(hdeval.data, "read_pairs")

@@ -14,7 +14,7 @@ from conftest import run_cli, write_jsonl
 from hdeval.methods.registry import load_artifact
 from hdeval.backends.fake import FakeBackend
 from hdeval.config import LLMConfig
-from hdeval.data import read_pairs, read_samples
+from hdeval.data import read_samples, read_task_samples
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.llm import open_llm
 from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
@@ -111,7 +111,7 @@ def test_order_swap_counts_verdicts_that_change_when_a_and_b_trade_places():
 def test_each_response_is_scored_alone_and_the_feature_is_the_difference(faireval40, tmp_path):
     fake = FakeBackend()
     ev = _train(tmp_path, faireval40, backend=fake, layers=1, aggregator="lr")
-    pairs = read_pairs(faireval40, load_task("faireval"))
+    pairs = read_task_samples(faireval40, load_task("faireval"))
     asked = [r for r in fake.requests if r.kind == "score"]
     assert len(asked) == 40 * 2 * 4 and {r.kind for r in fake.requests} == {"score"}
     for p in pairs[:5]:
@@ -162,7 +162,7 @@ def test_other_aggregator_kinds_work_as_classifiers_and_reload(faireval40, tmp_p
     assert ev.metrics["aggregator"] == kind
     back = load_artifact(ev.save(tmp_path / "art"))
     assert isinstance(back, PairwiseTreeEvaluator) and back.kind == kind
-    pairs = read_pairs(_new_pairs(tmp_path), back.task, require_labels=False)
+    pairs = read_task_samples(_new_pairs(tmp_path), back.task, require_labels=False)
     llm = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "cache")), FakeBackend())
     try:
         res = back.score(pairs, backend=llm)

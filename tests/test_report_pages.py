@@ -232,12 +232,12 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
     # each aspect's raw reply: the one the cache holds for that pair's prompt (A shown first)
     from hdeval.methods.registry import load_artifact
     from hdeval.backends.fake import FakeBackend
-    from hdeval.data import read_pairs
+    from hdeval.data import read_task_samples
     from hdeval.methods.dna.prompts import score_request
     from hdeval.methods.dna.replies import AspectSpec
 
     ev = load_artifact(art)
-    pair = next(p for p in read_pairs(data, ev.task) if p.id == pid)
+    pair = next(p for p in read_task_samples(data, ev.task) if p.id == pid)
     a = ev.task.aspect("accuracy")
     reply = FakeBackend().complete(score_request(ev.templates["score"], ev.task, pair,
                                                  AspectSpec(a.key, a.name, a.definition), False,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import close_after_test
 from llm_server import SCORE_HOSTILE, LLMServer, Reply, _hostile_body
 
 from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
@@ -21,6 +22,8 @@ from hdeval.cache.client import CachedBackend
 from hdeval.methods.hdeval.decompose import reply_schema
 from hdeval.errors import BackendError, ConfigError, RequestRejected
 from hdeval.scoring import parse_score
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -34,7 +37,7 @@ def server() -> Iterator[LLMServer]:
 def make(url: str, **kwargs: object) -> OpenAICompatBackend:
     options: dict = {"api_key": KEY, "timeout": 5.0, "max_retries": 2, "backoff_base": 0.01}
     options.update(kwargs)
-    return OpenAICompatBackend(model="test-model", base_url=url, **options)
+    return close_after_test(OpenAICompatBackend(model="test-model", base_url=url, **options))
 
 
 def req(**kwargs: object) -> CompletionRequest:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
 from hdeval.backends.base import CompletionRequest, Message
@@ -20,6 +21,8 @@ from hdeval.cache.client import CachedBackend
 from hdeval.cli import cli
 from hdeval.config import LLMConfig
 from hdeval.errors import BackendError, ConfigError, RequestRejected
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 # a task the repository ships with its data (the built-in sfres needs a download or
 # HDEVAL_DATA_DIR, and a missing data file is reported before the checks tested here)
@@ -75,7 +78,7 @@ def _echo(status: int):
 def test_basic_credentials_echoed_by_the_server_never_reach_a_message(server: LLMServer, status: int) -> None:
     url = server.url.replace("http://", f"http://user:{PASSWORD}@")
     server.default = _echo(status)
-    b = OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=1, backoff_base=0.01)
+    b = close_after_test(OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=1, backoff_base=0.01))
     with pytest.raises(BackendError) as err:
         b.complete(req())
     basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
@@ -90,7 +93,7 @@ def test_a_request_rejection_echoing_credentials_is_redacted_in_the_recorded_fai
     url = server.url.replace("http://", f"http://user:{PASSWORD}@") + "?api-key=QUERY-SECRET-1234"
     server.default = lambda r: Reply.error(
         400, f"maximum context length exceeded for {r.headers.get('authorization')} at {r.path}")
-    b = OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=0)
+    b = close_after_test(OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=0))
     m = fill_matrix(CachedBackend(b, None), [Cell("s1", "c", (req(),))], lambda got: (1.0, None))
     (failure,) = m.failures
     assert math.isnan(m.values[0, 0]) and "context length" in failure.reason
@@ -100,7 +103,7 @@ def test_a_request_rejection_echoing_credentials_is_redacted_in_the_recorded_fai
 def test_a_query_in_the_base_url_stays_a_query_and_is_never_shown(server: LLMServer) -> None:
     url = server.url + "?api-version=2024-06-01&api-key=QUERY-SECRET-1234"
     server.default = lambda r: Reply.ok("4")  # (the test server's default route has no query)
-    b = OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=1, backoff_base=0.01)
+    b = close_after_test(OpenAICompatBackend("m", base_url=url, api_key=KEY, max_retries=1, backoff_base=0.01))
     assert b.complete(req()).text == "4"
     path = server.requests[0].path
     assert path.startswith("/v1/chat/completions?")  # the path goes before the query
@@ -137,7 +140,7 @@ def test_an_unreachable_proxy_is_named_as_the_proxy(monkeypatch: pytest.MonkeyPa
     proxy, holder = closed_port_url()
     try:
         monkeypatch.setenv("HTTP_PROXY", proxy.replace("http://", f"http://puser:{PASSWORD}@").rsplit("/v1", 1)[0])
-        b = OpenAICompatBackend("m", base_url="http://llm.example:8000/v1", api_key=KEY, max_retries=0)
+        b = close_after_test(OpenAICompatBackend("m", base_url="http://llm.example:8000/v1", api_key=KEY, max_retries=0))
         with pytest.raises(BackendError) as err:
             b.complete(req())
     finally:
@@ -158,7 +161,7 @@ def test_a_retry_after_of_zero_or_a_past_date_does_not_turn_backoff_off(retry_af
 
 def test_a_request_rejection_is_still_one_cells_failure_through_the_client(server: LLMServer) -> None:
     server.plan(Reply.error(413, "too large"))
-    cb = CachedBackend(OpenAICompatBackend("m", base_url=server.url, api_key=KEY, max_retries=0), None)
+    cb = CachedBackend(close_after_test(OpenAICompatBackend("m", base_url=server.url, api_key=KEY, max_retries=0)), None)
     got = cb.complete_many([req("a"), req("b")], keep_rejected=True)
     rejected = [g for g in got if isinstance(g, RequestRejected)]  # either may get the planned 413
     assert len(rejected) == 1 and "HTTP 413" in str(rejected[0])

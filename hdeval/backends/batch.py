@@ -94,8 +94,12 @@ class BatchAPI:
     def close(self) -> None:
         if self._used:
             self._used = False
-            aio.run(self._sdk.close())
-            aio.run(self._files.close())
+            aio.run(self.aclose())
+
+    async def aclose(self) -> None:
+        """Close both SDK clients' connections (on the loop that opened them)."""
+        await self._sdk.close()
+        await self._files.close()
 
     async def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""

@@ -88,8 +88,11 @@ class CachedBackend:
     STOP_STREAK = 3
 
     def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None, *,
-                 concurrency: int = DEFAULT_CONCURRENCY, batch: Any = None):
+                 concurrency: int = DEFAULT_CONCURRENCY, batch: Any = None, owns_inner: bool = False):
         self.inner = inner
+        # open_llm made ``inner``, so nobody else will close its connections (or free its model);
+        # an injected backend is its caller's, who may go on using it
+        self._owns_inner = owns_inner
         self.identity = inner.identity
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         # every call returned so far is committed to it
@@ -188,6 +191,11 @@ class CachedBackend:
             self._pool = None
         if self.store is not None:
             self.store.close()
+        if self._owns_inner:
+            self._owns_inner = False
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
 
     # ---- the store (on its thread) -------------------------------------------------------------
     def _warn(self, key: str, reason: str) -> None:

@@ -148,29 +148,34 @@ def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int,
     for p in shards:
         if os.path.exists(p) and not os.path.isfile(p):
             raise DataError(f"{p} is not a regular file: not a shard output of `hdeval apply --shard K/N`")
-    files = [ShardFile(p) for p in shards]
-    merged = heapq.merge(*(f.rows() for f in files), key=lambda r: r[0])
-    head = list(itertools.islice(merged, 1))  # every file's first line read: each names its shard
-    check_shard_set(files)
-    seen: dict[str, str] = {}
-    last_line, last_file = 0, ""
-    with OutputWriter(output, fmt) as out:
-        batch: list[dict] = []
-        for line, path, sid, row in itertools.chain(head, merged):
-            if line == last_line:
-                raise DataError(f"{path} and {last_file} both hold input line {line}: "
-                                "shards of different runs?")
-            if sid in seen:
-                raise DataError(f"id {sid!r} is in {seen[sid]} and {path}")
-            seen[sid] = last_file = path
-            last_line = line
-            batch.append(row)
-            if len(batch) >= MERGE_ROWS:
-                out.write(batch)
-                batch = []
-        out.write(batch)
-        _check_same_run(files)
-        out.commit()
+    files: list[ShardFile] = []
+    try:
+        files.extend(ShardFile(p) for p in shards)
+        merged = heapq.merge(*(f.rows() for f in files), key=lambda r: r[0])
+        head = list(itertools.islice(merged, 1))  # every file's first line read: each names its shard
+        check_shard_set(files)
+        seen: dict[str, str] = {}
+        last_line, last_file = 0, ""
+        with OutputWriter(output, fmt) as out:
+            batch: list[dict] = []
+            for line, path, sid, row in itertools.chain(head, merged):
+                if line == last_line:
+                    raise DataError(f"{path} and {last_file} both hold input line {line}: "
+                                    "shards of different runs?")
+                if sid in seen:
+                    raise DataError(f"id {sid!r} is in {seen[sid]} and {path}")
+                seen[sid] = last_file = path
+                last_line = line
+                batch.append(row)
+                if len(batch) >= MERGE_ROWS:
+                    out.write(batch)
+                    batch = []
+            out.write(batch)
+            _check_same_run(files)
+            out.commit()
+    finally:
+        for f in files:  # on a refusal too: not left to the garbage collector (a ResourceWarning)
+            f.fh.close()
     return out.rows, files[0].n or 0
 
 

@@ -1,0 +1,106 @@
+"""The LLM connections a command opens are closed when it ends, however it ends.
+
+An SDK client left open keeps its keep-alive socket until the garbage collector frees it at a
+random moment, with a ResourceWarning that once landed in an artifact. The server below counts
+the connections its clients have not closed yet.
+"""
+
+from __future__ import annotations
+
+import _thread
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from llm_server import FaultMix, FaultServer, LLMServer
+
+from hdeval.backends.base import CompletionRequest, Message
+from hdeval.backends.openai_compat import OpenAICompatBackend
+from hdeval.cli import cli
+from hdeval.config import LLMConfig
+from hdeval.llm import open_llm
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
+KEY = "sk-test-connections"
+
+
+def req(text: str = "Rate this text.") -> CompletionRequest:
+    return CompletionRequest(messages=(Message("user", text),))
+
+
+def test_closing_the_client_open_llm_made_closes_its_connections(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with LLMServer() as server:
+        llm = open_llm(LLMConfig("test-model", server.url, cache_dir=str(tmp_path / "c"), concurrency=2))
+        llm.complete_many([req("one"), req("two")])
+        assert server.calls == 2
+        llm.close()
+        assert server.wait_all_closed() == 0
+
+
+def test_an_injected_backend_stays_its_callers(tmp_path: Path) -> None:
+    # the caller may go on using it (a notebook, a test): closing the cached client leaves it alone
+    with LLMServer() as server:
+        mine = OpenAICompatBackend("test-model", base_url=server.url, api_key=KEY, timeout=5.0)
+        try:
+            llm = open_llm(LLMConfig("test-model", server.url, cache_dir=str(tmp_path / "c")), mine)
+            llm.complete_many([req()])
+            llm.close()
+            assert mine.complete(req("again")).text == "4"
+        finally:
+            mine.close()
+        assert server.wait_all_closed() == 0
+
+
+def _train(server: LLMServer, toy: tuple[Path, Path], tmp_path: Path, *more: str):
+    task, data = toy
+    return CliRunner(env={"OPENAI_API_KEY": KEY}).invoke(cli, [
+        "train", "--task", str(task), "--data", str(data), "--layers", "1", "--aggregator", "lr",
+        "--llm", "test-model", "--base-url", server.url, "--cache-dir", str(tmp_path / "cache"),
+        "--max-retries", "0", "--concurrency", "4", "-q", "-o", str(tmp_path / "art"), *more])
+
+
+def test_train_closes_its_connections_when_it_succeeds(toy, tmp_path: Path) -> None:
+    with FaultServer() as server:
+        result = _train(server, toy, tmp_path)
+        assert result.exit_code == 0, result.output
+        assert server.calls > 0 and (tmp_path / "art").is_dir()
+        assert server.wait_all_closed() == 0
+
+
+def test_train_closes_its_connections_when_it_fails(toy, tmp_path: Path) -> None:
+    with FaultServer(FaultMix(0.5, ("prose",), seed=5)) as server:
+        result = _train(server, toy, tmp_path, "--max-failure-rate", "0.05")
+        assert result.exit_code != 0 and "error:" in result.stderr, result.output
+        assert server.calls > 0 and not (tmp_path / "art").exists()
+        assert server.wait_all_closed() == 0
+
+
+def test_train_closes_its_connections_on_ctrl_c(toy, tmp_path: Path) -> None:
+    # Ctrl-C as the terminal sends it: a KeyboardInterrupt in the main thread, mid-run
+    interrupted: list[int] = []
+
+    def ctrl_c(n: int) -> None:
+        if n == 10 and not interrupted:
+            interrupted.append(n)
+            _thread.interrupt_main()
+
+    with FaultServer(on_request=ctrl_c) as server:
+        result = _train(server, toy, tmp_path)
+        assert interrupted and result.exit_code == 130, result.output
+        assert not (tmp_path / "art").exists()
+        assert server.wait_all_closed() == 0
+
+
+def test_apply_closes_its_connections(toy, tmp_path: Path) -> None:
+    with FaultServer() as server:
+        assert _train(server, toy, tmp_path).exit_code == 0
+        assert server.wait_all_closed() == 0
+        before = server.calls
+        result = CliRunner(env={"OPENAI_API_KEY": KEY}).invoke(cli, [
+            "apply", str(tmp_path / "art"), str(toy[1]), "-o", str(tmp_path / "scored.jsonl"),
+            "--llm", "test-model", "--base-url", server.url, "--cache-dir", str(tmp_path / "other-cache"), "-q"])
+        assert result.exit_code == 0, result.output
+        assert server.calls > before and (tmp_path / "scored.jsonl").is_file()
+        assert server.wait_all_closed() == 0
