@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from hdeval.errors import ConfigError, DataError
+from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
+# plug-ins import the seam's option names from here, as they did before the model moved out
+Option, option = _options.Option, _options.option
 # What a metrics.json field read back from an artifact may hold (see check_metrics): a leaf, a
 # dict of key -> shape ("*": any key, "#": any layer number; a key ending in "!" must be there), or
 # a tuple of alternatives
