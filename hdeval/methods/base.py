@@ -368,7 +368,7 @@ def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
                 raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty")
         for key, v in value.items():
             sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
-            if "#" in shape and not key.isdigit():
+            if "#" in shape and not (key.isascii() and key.isdigit()):  # int() refuses "²"
                 raise ArtifactError(f"{where}: {name!r} must be keyed by layer number, got {key[:40]!r}")
             if sub is not None:
                 _check_shape(v, sub, where, f"{name}.{key}" if name else key)
