@@ -368,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown section(s) {bad}; choose from {', '.join(SECTIONS)}")
     repo = args.repo or Path(subprocess.check_output(["git", "-C", str(HERE), "rev-parse", "--show-toplevel"],
                                                      text=True).strip())
+    for flag, rev in (("--base", args.base), ("--end", args.end)):
+        if subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                          capture_output=True).returncode:
+            refuse(f"{flag} {rev}: no such commit in {repo}")
     git = Git(repo)
     hist = History(git, args.base, args.end, CLASSES)
     if args.commits_out:

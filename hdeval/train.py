@@ -13,7 +13,7 @@ from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIME
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import FitContext, check_shape
-from hdeval.methods.run import LayerPlan, llm_config, open_backend, open_decompose_backend
+from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
 from hdeval.methods.registry import all_options, get_method
 from hdeval.progress import Progress
 from hdeval.tasks import apply_preset, load_task, select_aspects
@@ -160,9 +160,9 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
 
     spec = resolved(llm_config(config)) if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
-        llm = opened.enter_context(contextlib.closing(open_backend(config, backend)))
+        llm = opened.enter_context(backend_for(config, backend))
         dec = open_decompose_backend(config, llm, decompose_backend)
-        if dec is not llm:
+        if dec is not llm and dec is not decompose_backend:  # an injected CachedBackend is the caller's
             opened.enter_context(contextlib.closing(dec))
         ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec)
         if export_requests is not None:
@@ -184,7 +184,7 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
 
 
 def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
-    with contextlib.closing(open_backend(config, backend, offline=True)) as llm:
+    with backend_for(config, backend, offline=True) as llm:
         dec = open_decompose_backend(config, llm, offline=True)
         if dec is llm:
             return llm.identity

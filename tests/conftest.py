@@ -201,8 +201,27 @@ def _close_after_test():
         _to_close.pop().close()
 
 
+_LEAKED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    # a file or socket the test's own locals held is freed as the test returns, before any
+    # fixture's teardown: its ResourceWarning (ignored by default) is recorded here
+    if "no_leaked_resources" not in getattr(item, "fixturenames", ()):
+        yield
+        return
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        yield
+    item.stash[_LEAKED] = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    for w in seen:  # the others as pytest would have seen them
+        if not issubclass(w.category, ResourceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 @pytest.fixture
-def no_leaked_resources():
+def no_leaked_resources(request):
     """Fail the test if it left a socket or file open for the garbage collector (whose
     ResourceWarning would come at a random moment, once into an artifact's notes). A module
     that is clean opts in: ``pytestmark = pytest.mark.usefixtures("no_leaked_resources")``."""
@@ -216,7 +235,8 @@ def no_leaked_resources():
             gc.collect()
     finally:
         gc.unfreeze()
-    leaked = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    leaked = request.node.stash.get(_LEAKED, []) + [str(w.message) for w in seen
+                                                     if issubclass(w.category, ResourceWarning)]
     assert not leaked, f"left open for the garbage collector: {leaked[:3]}"
 
 

@@ -510,3 +510,19 @@ def test_a_shard_checks_and_keeps_only_its_own_rows(toy_artifact: Path, tmp_path
         one_error(apply(toy_artifact, fixed, tmp_path / f"p{k}.jsonl", tmp_path / "c", "--shard", f"{k}/2"),
                   "line 6", "not valid JSON")
     assert leftovers(tmp_path) == []
+
+
+def test_an_evaluator_that_kept_no_criterion_applies(toy, tmp_path: Path) -> None:
+    # constant human scores: the aggregator predicts the constant and needs no LLM score; apply
+    # counted the criteria it never asked as unreadable and refused ("6 of 6 ... check the LLM")
+    task, _ = toy
+    rows = [{**r, "scores": {k: 3 for k in r["scores"]}} for r in toy_rows()]
+    data = write_jsonl(tmp_path / "constant.jsonl", rows)
+    ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr", cache_dir=str(tmp_path / "c"))
+    assert ev.columns_needed() == []
+    ev.save(tmp_path / "art")
+    r = CliRunner().invoke(cli, ["apply", str(tmp_path / "art"), str(data), "-o", str(tmp_path / "out.jsonl"),
+                                 "--cache-dir", str(tmp_path / "c2"), "-q"])
+    assert r.exit_code == 0, r.output
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(out) == len(rows) and {o["scores"]["clarity"] for o in out} == {3.0}

@@ -104,3 +104,25 @@ def test_apply_closes_its_connections(toy, tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert server.calls > before and (tmp_path / "scored.jsonl").is_file()
         assert server.wait_all_closed() == 0
+
+
+def test_a_cached_client_the_caller_passes_in_stays_open_for_the_next_run(toy, tmp_path: Path) -> None:
+    # open_llm hands an injected CachedBackend back as it is: train, its dry run and the
+    # benchmark's runs must leave it to its caller, who goes on with it (a sweep, a notebook)
+    from hdeval.train import TrainConfig, plan, train
+
+    task, data = toy
+    mine = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "c")))
+    try:
+        for layers in (1, 2):
+            train(task=str(task), data=str(data), llm="fake", layers=layers, aggregator="lr", backend=mine)
+        dpo = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr", backend=mine,
+                    decompose_backend=mine)
+        assert dpo.metrics["final"]
+        for method in ("hdeval", "direct"):
+            plan(TrainConfig(task=str(task), data=str(data), llm="fake", method=method), backend=mine)
+        again = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr", backend=mine)
+        assert again.metrics["final"]
+    finally:
+        mine.close()
+    mine.close()  # twice: harmless

@@ -88,6 +88,9 @@ CASES = [
     ("hdeval", "no layer tables", lambda m: {"final": m["final"], "layers": {}}, "'layers' is missing, null or empty"),
     ("hdeval", "layer not a number", lambda m: {**m, "layers": {"one": m["layers"]["1"]}},
      "'layers' must be keyed by layer number, got 'one'"),
+    # str.isdigit takes it, int() (the report's layer order) does not
+    ("hdeval", "layer a superscript digit", lambda m: {**m, "layers": {"\u00b2": m["layers"]["1"]}},
+     "'layers' must be keyed by layer number, got '\u00b2'"),
     ("hdeval", "baseline table text", put("mean_subtree.average", "x"), "'mean_subtree.average' must be a JSON object"),
     ("hdeval-pairwise", "final a number", put("final", 5), "'final' must be a JSON object, got 5"),
     ("hdeval-pairwise", "split text", put("split.train", "x"), f"'split.train' must be {N}, got \"x\""),

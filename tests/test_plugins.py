@@ -139,3 +139,16 @@ def test_a_bad_method_plug_in_fails_every_lookup_not_only_the_first(plugin):
     for _ in range(2):
         with pytest.raises(ConfigError, match="could not be loaded"):
             registry.get_method("dna")
+
+
+def test_a_plug_in_written_against_the_seam_before_options_moved_still_loads(plugin, tmp_path):
+    # plug-ins import the seam, hdeval.methods.base (docs/python-api.md); before the options
+    # model moved to methods/options.py, Option, option and MethodOptions were imported from
+    # there, and such a plug-in stopped every command with "could not be loaded: ImportError"
+    old = PLUGIN.replace("from hdeval.methods.base import Method\nfrom hdeval.methods.options import Option\n",
+                         "from hdeval.methods.base import Method, MethodOptions, Option, option\n")
+    assert old != PLUGIN
+    (tmp_path / "hdeval_toy_plugin.py").write_text(old)
+    plugin("hdeval.methods", "toy", "METHOD")
+    assert registry.get_method("toy").build_options({"toy_level": 3}).toy_level == 3
+    assert registry.get_method("dna").name == "dna"

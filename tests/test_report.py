@@ -287,6 +287,22 @@ def test_linear_explainer_equals_model_agnostic(artifact: Callable[[str], Path])
         np.testing.assert_allclose(lin[a].base_values, perm[a].base_values, atol=1e-8)
 
 
+
+def test_shap_leaves_the_callers_numpy_generator_alone(artifact: Callable[[str], Path]) -> None:
+    # shap's permutation explainer (the nn aggregator's) seeds NumPy's global generator and
+    # shuffles with it: a Python caller's own random stream must not change under it
+    from hdeval.methods.hdeval.explain import shap_explain
+
+    ev, test = _rows(artifact("lr"), "test")
+    _, train = _rows(artifact("lr"), "train")
+    np.random.seed(1234)
+    np.random.random(3)
+    expected = np.random.random(5)
+    np.random.seed(1234)
+    np.random.random(3)
+    shap_explain(ev.aggregator, ev.feature_keys, test.X[:3], test.sample_ids[:3], train.X[:20], method="permutation")
+    assert np.random.random(5).tolist() == expected.tolist()
+
 # --------------------------------------------------------------------------- CLI explain/apply
 def test_explain_prints_one_sample(artifact: Callable[[str], Path], cache_dir: str) -> None:
     ev, test = _rows(artifact("dt"), "test")

@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from hdeval.errors import ConfigError, DataError
+from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
+# plug-ins import the seam's option names from here, as they did before the model moved out
+Option, option = _options.Option, _options.option
 # What a metrics.json field read back from an artifact may hold (see check_metrics): a leaf, a
 # dict of key -> shape ("*": any key, "#": any layer number; a key ending in "!" must be there), or
 # a tuple of alternatives
@@ -365,7 +368,7 @@ def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
                 raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty")
         for key, v in value.items():
             sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
-            if "#" in shape and not key.isdigit():
+            if "#" in shape and not (key.isascii() and key.isdigit()):  # int() refuses "²"
                 raise ArtifactError(f"{where}: {name!r} must be keyed by layer number, got {key[:40]!r}")
             if sub is not None:
                 _check_shape(v, sub, where, f"{name}.{key}" if name else key)

@@ -3,9 +3,9 @@ and the shape of a dry-run plan (:class:`LayerPlan`, one row per layer or stage)
 
 from __future__ import annotations
 
-from contextlib import closing
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from hdeval.backends.base import Backend
 from hdeval.cache.client import CachedBackend
@@ -25,6 +25,18 @@ def open_backend(
 ) -> CachedBackend:
     """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
     return open_llm(llm_config(config), backend, offline)
+
+
+@contextmanager
+def backend_for(config: Any, backend: Backend | None = None, offline: bool = False) -> Iterator[CachedBackend]:
+    """:func:`open_backend` for the block, closed after it unless it is ``backend`` itself: an
+    injected :class:`CachedBackend` comes back as it is and stays its caller's to close."""
+    llm = open_backend(config, backend, offline)
+    try:
+        yield llm
+    finally:
+        if llm is not backend:
+            llm.close()
 
 
 def decompose_llm_config(config: Any) -> LLMConfig | None:
@@ -89,7 +101,7 @@ def exact_plan(llm: CachedBackend, reqs: list, completion_tokens: int, layer: in
 def plan_known(config: Any, backend: Backend | None, reqs: list, completion_tokens: int,
                requests: int | None = None) -> list[LayerPlan]:
     """The dry run of a method whose every request is known before the run: one exact row."""
-    with closing(open_backend(config, backend, offline=True)) as llm:
+    with backend_for(config, backend, offline=True) as llm:
         return [exact_plan(llm, reqs, completion_tokens, requests=requests)]
 
 

@@ -239,7 +239,10 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
         for row, expl in zip(rows, explain_samples(ev, res, top=top)):
             row["explanation"] = expl
     m = res.criteria
-    values = m.columns([k for k in ev.columns_needed() if k in m.criterion_keys] or list(m.criterion_keys))
+    needed = ev.columns_needed()
+    if not needed:  # e.g. HD-Eval that kept no criterion (constant human scores): nothing was asked
+        return rows, res, (0, 0, None)
+    values = m.columns([k for k in needed if k in m.criterion_keys] or list(m.criterion_keys))
     failed = int(np.isnan(values).sum())
     f = m.failures[0] if failed and m.failures else None
     example = f and f"e.g. sample {f.sample_id} on {f.criterion_key}: {f.reason}"

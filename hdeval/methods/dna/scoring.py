@@ -5,7 +5,6 @@ of each stage counted without calling the LLM (the dry run)."""
 from __future__ import annotations
 
 import math
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -265,7 +264,7 @@ def plan_dna(config, prep, backend=None) -> list:
     """DnA's calls per stage, without calling the LLM: exact where the requests are known before
     the run; with dynamic aspects the weights and scores depend on the proposed aspects, so k per
     pair is counted, cache state unknown. Re-asks of unusable JSON replies are not counted."""
-    from hdeval.methods.run import LayerPlan, exact_plan, open_backend, prompt_chars
+    from hdeval.methods.run import LayerPlan, backend_for, exact_plan, prompt_chars
 
     settings = config.options.settings()
     task, pairs = prep.task, list(prep.samples)
@@ -280,7 +279,7 @@ def plan_dna(config, prep, backend=None) -> list:
         plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),
                                calls * _PLAN_COMPLETION[role], stage=stage))
 
-    with closing(open_backend(config, backend, offline=True)) as llm:
+    with backend_for(config, backend, offline=True) as llm:
         if not settings.uses_aspects:
             role = settings.mode
             exact(1, settings.scoring_stage(1), role, [

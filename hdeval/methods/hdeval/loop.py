@@ -32,7 +32,7 @@ from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
-from hdeval.methods.run import LayerPlan, open_backend, open_decompose_backend, prompt_chars
+from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
 from hdeval.types import CriteriaTree, ScoreMatrix
 
 
@@ -446,7 +446,7 @@ def pruning_lines(r: Any) -> list[str]:
 def plan_hdeval(config: Any, prep: Any, backend: Backend | None = None) -> list[LayerPlan]:
     """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
     With ``--tree``, every layer of the given tree is known: its requests are counted exactly."""
-    with closing(open_backend(config, backend, offline=True)) as llm:
+    with backend_for(config, backend, offline=True) as llm:
         dec = open_decompose_backend(config, llm, offline=True)
         with closing(dec) if dec is not llm else nullcontext():
             return _plan(config, prep, llm, dec)
