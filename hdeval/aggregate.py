@@ -81,6 +81,20 @@ def one_thread() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def numpy_global_rng(seed: int | None = None) -> Iterator[None]:
+    """For a library that draws from NumPy's global generator and takes no generator of ours
+    (shap's beeswarm plot and permutation explainer): seeded with ``seed`` when given, and the
+    caller's state put back afterwards, so neither the result nor the caller depends on the other."""
+    state = np.random.get_state()
+    if seed is not None:
+        np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
 _PASSING = threading.local()  # .passed: what this thread's outermost fit_warnings passes on
 
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from hdeval.aggregate import numpy_global_rng
 from hdeval.report import banner, fmt_num, render
 from hdeval.report.banner import Banner
 from hdeval.report.plots import integer_ticks, png, pyplot, styled
@@ -87,15 +88,11 @@ def plot_beeswarm(r: Any, label: Labeler) -> bytes:
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.36 * (n + 1)))
     expl = shap.Explanation(r.values, r.base_values, data=r.data,
                             feature_names=[label(k) for k in r.feature_keys])
-    # beeswarm shuffles the dots with NumPy's global generator and takes no rng: seeded, and the
-    # caller's state put back, the same scores draw the same picture
-    state = np.random.get_state()
-    np.random.seed(0)
-    try:
+    # beeswarm shuffles the dots with NumPy's global generator: seeded, the same scores draw the
+    # same picture
+    with numpy_global_rng(seed=0):
         shap.plots.beeswarm(expl, max_display=n + 1 if len(r.feature_keys) > n else n, ax=ax, show=False,
                             plot_size=None, color_bar_label="criterion score")
-    finally:
-        np.random.set_state(state)
     ax.set_title(f"{r.aspect}: SHAP values per held-out sample", fontsize=12)
     ax.set_xlabel(f"SHAP value (effect on the {r.aspect} prediction)", fontsize=10)
     return png(fig)

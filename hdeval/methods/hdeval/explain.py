@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator
+from hdeval.aggregate import Aggregator, numpy_global_rng
 from hdeval.errors import ArtifactError, DataError
 from hdeval.metrics import metric_table
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
@@ -161,14 +161,10 @@ def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndar
             masker = shap.maskers.Independent(bg, max_samples=len(bg))
             # 2M+1 evaluations make one forward+backward permutation; never ask for fewer.
             evals = max(max_evals, 2 * X.shape[1] + 1)
-            # it seeds NumPy's global generator (np.random.seed) and shuffles with it: the caller's
-            # state is put back, as the report's beeswarm does
-            state = np.random.get_state()
-            try:
+            # it seeds NumPy's global generator (np.random.seed) and shuffles with it
+            with numpy_global_rng():
                 explainer = shap.Explainer(f, masker, algorithm="permutation", seed=random_state)
                 expl = explainer(X, max_evals=evals, silent=True)  # silent: library code never prints
-            finally:
-                np.random.set_state(state)
             n_bg = len(bg)
         values = np.asarray(expl.values, float).reshape(len(X), X.shape[1], -1)
         base = np.asarray(expl.base_values, float).reshape(len(X), -1)
