@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from hdeval.errors import ConfigError, DataError
+from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
@@ -325,7 +325,6 @@ def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task",
     once its manifest lists ``files`` and the metrics; with the artifact's metrics, run record,
     warnings and path. A malformed field (one of ``errors``) is a one-line ArtifactError."""
     from hdeval.config import LLMConfig
-    from hdeval.errors import ArtifactError
     from hdeval.tasks import task_from_dict
 
     m = art.manifest
@@ -358,8 +357,6 @@ def check_metrics(metrics: Any, shape: Mapping[str, Any], where: Any) -> dict[st
 
 
 def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
-    from hdeval.errors import ArtifactError
-
     if isinstance(shape, tuple):  # alternatives, e.g. a figure or a table: the one of the value's kind
         shape = next((s for s in shape if isinstance(s, dict) == isinstance(value, dict)), shape[0])
     if isinstance(shape, dict) and isinstance(value, dict):
