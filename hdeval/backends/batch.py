@@ -23,10 +23,10 @@ import httpx2
 import openai
 
 from hdeval import aio
-from hdeval.backends.base import Backend, Completion, CompletionRequest, chat_completion
+from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
     _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
-    result_outcome, retry_after_seconds, retry_policy, retry_wait,
+    read_completion, result_outcome, retry_after_seconds, retry_policy, retry_wait,
 )
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
@@ -564,7 +564,7 @@ class BatchStrategy:
             if unreadable:
                 why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
             else:
-                why = _job_error(status) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
+                why = self.api._redact(_job_error(status)) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
             for k in missing:
                 self._failures.setdefault(k, why)
         # its results are committed, its failures reported: only then out of batches.json (a
@@ -585,11 +585,11 @@ class BatchStrategy:
         seen.add(key)
         body, why = result_outcome(row)
         if body is None:
-            self._failures[key] = why if why != "no response" else f"{where}: no response"
+            self._failures[key] = self.api._redact(why) if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
         try:  # the reader of a normal call's reply
-            self._save(key, chat_completion(body, request is None or bool(request.top_logprobs)))
+            self._save(key, read_completion(body, request is None or bool(request.top_logprobs), self.api._redact))
         except (ValueError, RecursionError):  # this request's failure, recorded
             self._failures[key] = f"{where}: not a chat completion"
         return None
