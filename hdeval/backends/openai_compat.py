@@ -502,7 +502,15 @@ class OpenAICompatBackend:
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
         finally:
-            self._idle.append(sdk)
+            # one request, one response: a connection holding more is closed with whatever it holds
+            stray = _holds_stray_reply(getattr(sdk, "_client", None))
+            if stray:
+                self._sdks.remove(sdk)
+                await sdk.close()
+            else:
+                self._idle.append(sdk)
+        if stray:
+            raise _Transient("the server sent a response nobody asked for on the connection; closed it, asking again")
         return self._parse(data, logprobs)
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
@@ -565,6 +573,19 @@ def read_completion(data: Any, logprobs: bool, redact: Redactor) -> Completion:
     completion = chat_completion(data, logprobs)
     text = redact(completion.text)
     return completion if text == completion.text else dataclasses.replace(completion, text=text)
+
+
+def _holds_stray_reply(http: Any) -> bool:
+    """Whether an HTTP client's connection holds bytes past the reply just read, which the
+    HTTP/1.1 parser would hand to the next request as its reply (blank lines apart, which it
+    skips). Bytes arriving later, on an idle connection, make httpcore drop it before reuse.
+    Unknown connection kinds (HTTP/2, a SOCKS proxy): False."""
+    pool = getattr(getattr(http, "_transport", None), "_pool", None)
+    for conn in getattr(pool, "connections", ()):
+        state = getattr(getattr(conn, "_connection", None), "_h11_state", None)
+        if state is not None and state.trailing_data[0].strip():
+            return True
+    return False
 
 
 async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
