@@ -3,13 +3,13 @@ the run artifacts' names."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hdeval.errors import ConfigError
 from hdeval.benchmark.statistics import N_RESAMPLES
+from hdeval.methods.options import convert_option
 
 # the methods whose held-out predictions the benchmark reads, baselines first (their calls are
 # the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
@@ -103,8 +103,6 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}, each value typed
     by the click type the CLI gives the same option (a flag's true/false, a whole number, a finite
     number, a choice); an option given twice is an error (the later one would silently win)."""
-    import click
-
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         head, eq, raw = (part.strip() for part in item.partition("="))
@@ -113,13 +111,7 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. "
                               "paireval.comparisons=3")
         opt, key = _option_of(entry, name)
-        kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.kind, opt.default)
-        try:
-            value = kind.convert(raw, None, None)
-            if isinstance(value, float) and not math.isfinite(value):
-                kind.fail(f"{raw!r} is not a finite number.")
-        except click.BadParameter as exc:
-            raise ConfigError(f"--method-option {head}: {exc.message}") from None
+        value = convert_option(raw, opt, f"--method-option {head}")
         if key in out.get(entry, {}):
             raise ConfigError(f"--method-option {entry}.{key} is given more than once")
         out.setdefault(entry, {})[key] = value
