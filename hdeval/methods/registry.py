@@ -36,7 +36,7 @@ def builtin_methods() -> list[Method]:
     # `hdeval --help` stays light.
     from hdeval.methods import direct, dna, hdeval, paireval
 
-    return [m for package in (direct, dna, hdeval, paireval) for m in package.METHODS]
+    return [m for package in (direct, hdeval, paireval, dna) for m in package.METHODS]
 
 
 def _load() -> None:
@@ -95,6 +95,12 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
+def methods() -> list[Method]:
+    """Every method, built-in ones first, in the order they were registered."""
+    _load()
+    return list(METHODS.values())
+
+
 def all_options() -> dict[str, list[tuple[str, Option]]]:
     """Every method's option name -> (method, how that method declares it), for the CLI: one
     flag per name, whose help gives each method's own default."""
@@ -122,5 +128,5 @@ def load_artifact(path: str | Path) -> "Fitted":
     except HdevalError as exc:
         raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
     reader = open_artifact(path, editable=method.editable)
-    check_recorded_options(method.options, reader.manifest.get("config"), str(path / MANIFEST), name)
+    check_recorded_options(method.options, reader.run.get("config"), str(path / MANIFEST), name)
     return method.load(reader)

@@ -25,6 +25,7 @@ YESNO = Method(
     fit=later("hdeval.methods.paireval.yesno:fit_yesno"),
     load=later("hdeval.methods.paireval.yesno:YesNoEvaluator.from_artifact"),
     plan=later("hdeval.methods.paireval.yesno:plan_yesno"),
+    baseline=True,
 )
 
 METHODS = (PAIREVAL, YESNO,)  # what hdeval.methods.registry registers
