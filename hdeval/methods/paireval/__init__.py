@@ -15,6 +15,7 @@ PAIREVAL = Method(
     plan=later("hdeval.methods.paireval.fit:plan_paireval"),
     check_fit=later("hdeval.methods.paireval.sources:choose_comparisons"),  # the examples can be drawn
     options=PairEvalOptions,
+    commands=later("hdeval.methods.paireval.commands:commands"),  # hdeval paireval export-training
 )
 
 
