@@ -20,8 +20,9 @@ tie (or its label coded the same way).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +42,11 @@ class Moments:
     var: float
 
     @classmethod
-    def of(cls, values: Any) -> "Moments":
+    def of(cls, values: Any) -> Moments:
         v = np.asarray(values, float).ravel()
         return cls(int(v.size), float(v.mean()) if v.size else 0.0, float(v.var(ddof=1)) if v.size > 1 else 0.0)
 
-    def merge(self, other: "Moments") -> "Moments":
+    def merge(self, other: Moments) -> Moments:
         """The moments of both sets of rows together (Chan et al.'s pairwise update)."""
         n = self.count + other.count
         if not n:
