@@ -24,11 +24,12 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.benchmark import benchmark
     from hdeval.cli.data import data
     from hdeval.cli.paireval import paireval
+    from hdeval.cli.ppi_estimate import estimate
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
-                    benchmark):
+                    benchmark, estimate):
         cli.add_command(command)
 
 
