@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import t as scipy_t
 
 from hdeval.learn.ppi import Moments, difference, pair_value, ppi_mean
 
@@ -24,15 +25,21 @@ def test_matches_ppi_py_on_fixed_data():
     rng = np.random.default_rng(7)
     for n, N, noise, alpha in ((30, 1000, 0.4, 0.1), (100, 5000, 2.0, 0.05), (300, 300, 0.1, 0.2)):
         _, y, f = _population(rng, n + N, noise=noise)
-        ours = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha)
+        ours = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha, small_sample=False)
         (low,), (high,) = ppi_py.ppi_mean_ci(y[:n], f[:n], f[n:], alpha=alpha)
         assert (ours.low, ours.high) == pytest.approx((low, high), rel=1e-10)
         assert ours.estimate == pytest.approx(ppi_py.ppi_mean_pointestimate(y[:n], f[:n], f[n:])[0], rel=1e-10)
         assert (ours.classical_low, ours.classical_high) == pytest.approx(
             ppi_py.classical_mean_ci(y[:n], alpha=alpha), rel=1e-10)
-        plain = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha, lam=1)
+        plain = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha, lam=1, small_sample=False)
         assert (plain.low, plain.high) == pytest.approx(
             tuple(v[0] for v in ppi_py.ppi_mean_ci(y[:n], f[:n], f[n:], alpha=alpha, lam=1)), rel=1e-10)
+        # the default: the same estimate and lam, the labelled variance with n - 1 and t's quantile
+        small = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha)
+        assert (small.estimate, small.lam) == pytest.approx((ours.estimate, ours.lam))
+        rect = y[:n] - ours.lam * f[:n]
+        want = scipy_t.ppf(1 - alpha / 2, n - 1) * math.sqrt(ours.fixed_var + rect.var(ddof=1) / n)
+        assert small.half_width == pytest.approx(want, rel=1e-10) and small.half_width > ours.half_width
 
 
 def test_moments_stand_for_the_unlabelled_rows():

@@ -57,12 +57,13 @@ class Moments:
         return Moments(n, self.mean + delta * other.count / n, m2 / (n - 1) if n > 1 else 0.0)
 
 
-def _z(alpha: float) -> float:
-    from scipy.stats import norm
+def _z(alpha: float, df: float | None = None) -> float:
+    """The two-sided critical value: normal, or Student's t with ``df`` degrees of freedom."""
+    from scipy.stats import norm, t
 
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
-    return float(norm.ppf(1 - alpha / 2))
+    return float(norm.ppf(1 - alpha / 2) if df is None else t.ppf(1 - alpha / 2, df))
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,11 @@ class MeanEstimate:
     alpha: float
     fixed_var: float
     weighted: bool = False  # the labelled rows carried sampling probabilities
+    df: float | None = None  # Student's t degrees of freedom of the intervals; None: normal
 
     @property
     def half_width(self) -> float:
-        return _z(self.alpha) * self.se
+        return _z(self.alpha, self.df) * self.se
 
     @property
     def low(self) -> float:
@@ -100,11 +102,11 @@ class MeanEstimate:
 
     @property
     def classical_low(self) -> float:
-        return self.classical - _z(self.alpha) * self.classical_se
+        return self.classical - _z(self.alpha, self.df) * self.classical_se
 
     @property
     def classical_high(self) -> float:
-        return self.classical + _z(self.alpha) * self.classical_se
+        return self.classical + _z(self.alpha, self.df) * self.classical_se
 
     @property
     def effective_labels(self) -> float:
@@ -126,7 +128,7 @@ class MeanEstimate:
             raise ValueError(f"the margin must be positive, got {margin}")
         if self.half_width <= margin:
             return 0
-        target = (margin / _z(self.alpha)) ** 2 - self.fixed_var
+        target = (margin / _z(self.alpha, self.df)) ** 2 - self.fixed_var
         per_label = (self.se ** 2 - self.fixed_var) * self.n_labelled  # the variance that is ~ 1/labels
         if target <= 0 or per_label <= 0:
             return None
@@ -150,7 +152,7 @@ def _checked(name: str, values: Any) -> np.ndarray:
 
 
 def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: float | None = None,
-             sampling_prob: Any = None) -> MeanEstimate:
+             sampling_prob: Any = None, small_sample: bool = True) -> MeanEstimate:
     """The PPI++ estimate of the mean of the human values.
 
     ``y``, ``yhat``: the human and the evaluator's values on the labelled rows; ``unlabelled``:
@@ -158,8 +160,12 @@ def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: flo
     None tunes it (PPI++); 1 is plain PPI, 0 the classical mean. ``sampling_prob``: the
     probability with which each labelled row was chosen for labelling, when that was not one
     uniform random sample; the estimate then weights each label by its inverse.
+    ``small_sample``: the labelled rows' variances with ``n - 1`` and Student's t with ``n - 1``
+    degrees of freedom instead of the normal quantile (a little wider at a few dozen labels,
+    where skewed scores make the normal interval cover too little; the same past a few hundred).
 
-    Without ``sampling_prob`` this is ``ppi_py.ppi_mean_ci`` (same tuning, same interval)."""
+    Without ``sampling_prob`` and ``small_sample`` this is ``ppi_py.ppi_mean_ci`` (same tuning,
+    same interval)."""
     y, yhat = _checked("the human values", y), _checked("the evaluator's values", yhat)
     if y.size != yhat.size:
         raise ValueError(f"{y.size} human values but {yhat.size} evaluator values")
@@ -169,7 +175,7 @@ def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: flo
     if lam is not None and not 0 <= lam <= 1:
         raise ValueError(f"lam must be between 0 and 1, got {lam}")
     if sampling_prob is not None:
-        return _weighted(y, yhat, rest, _checked("sampling_prob", sampling_prob), alpha, lam)
+        return _weighted(y, yhat, rest, _checked("sampling_prob", sampling_prob), alpha, lam, small_sample)
     _z(alpha)
     n, N = y.size, rest.count
     every = Moments.of(yhat).merge(rest)
@@ -181,15 +187,16 @@ def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: flo
         lam = 0.0  # nothing unlabelled: the labels alone
     rect = y - lam * yhat
     fixed = lam * lam * rest.var * (N - 1) / N / N if N else 0.0  # ppi_py: ddof 0
-    se = math.sqrt(fixed + rect.var() / n)
+    ddof = 1 if small_sample else 0
+    se = math.sqrt(fixed + rect.var(ddof=ddof) / n)
     return MeanEstimate(
         estimate=lam * rest.mean + float(rect.mean()), se=se, classical=float(y.mean()),
-        classical_se=float(y.std() / math.sqrt(n)), evaluator_mean=every.mean, lam=lam, n_labelled=n,
-        n=n + N, alpha=alpha, fixed_var=fixed)
+        classical_se=float(y.std(ddof=ddof) / math.sqrt(n)), evaluator_mean=every.mean, lam=lam, n_labelled=n,
+        n=n + N, alpha=alpha, fixed_var=fixed, df=n - 1 if small_sample else None)
 
 
 def _weighted(y: np.ndarray, yhat: np.ndarray, rest: Moments, prob: np.ndarray, alpha: float,
-              lam: float | None) -> MeanEstimate:
+              lam: float | None, small_sample: bool) -> MeanEstimate:
     """Labels drawn with known, unequal probabilities: ``lam * mean(evaluator, every row) +
     the inverse-probability-weighted (Hajek) mean of ``human - lam * evaluator`` over the
     labelled rows. Its variance: the rows' own spread (``var(human) / n``) plus the sampling's,
@@ -223,7 +230,7 @@ def _weighted(y: np.ndarray, yhat: np.ndarray, rest: Moments, prob: np.ndarray, 
         estimate=lam * every.mean + wmean(rect), se=math.sqrt(y_spread + sampling_var(rect)),
         classical=wmean(y), classical_se=math.sqrt(y_spread + sampling_var(y)),
         evaluator_mean=every.mean, lam=lam, n_labelled=int(y.size), n=every.count, alpha=alpha,
-        fixed_var=y_spread, weighted=True)
+        fixed_var=y_spread, weighted=True, df=y.size - 1 if small_sample else None)
 
 
 @dataclass(frozen=True)
