@@ -18,7 +18,8 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError, DataError
@@ -45,14 +46,13 @@ def _field(row: dict, name: str) -> Any:
 
 @dataclass
 class _Cell:
-    """One aspect x group: the labelled rows' values and the unlabelled rows' evaluator values."""
+    """One aspect x group: the labelled rows' human and evaluator values (and sampling
+    probabilities, when given), and the evaluator's values on the unlabelled rows."""
 
-    y: list[float] = field(default_factory=list)
-    f: list[float] = field(default_factory=list)
-    prob: list[float | None] = field(default_factory=list)
-    rest: list[float] = field(default_factory=list)
-    first_prob_line: int = 0
-    first_plain_line: int = 0
+    y: Any
+    f: Any
+    prob: Any
+    rest: Any
 
 
 @dataclass
@@ -76,6 +76,9 @@ class _Side:
         self.of: dict[str, tuple[Any, Any, Any, int]] = {}
 
     def fields(self, row: dict, line: int) -> tuple[Any, Any, Any, int]:
+        meta = row.get("meta")
+        if not isinstance(meta, dict) or not meta:  # the usual case, read without a lookup per field
+            return row.get(self.by, None) if self.by else ALL, row.get(PROB_FIELD), row.get(SELECTION_FIELD), line
         return (_field(row, self.by) if self.by else ALL, _field(row, PROB_FIELD), _field(row, SELECTION_FIELD), line)
 
     def add(self, row: dict, line: int) -> None:
@@ -90,15 +93,16 @@ def _rows(path: str) -> Iterator[tuple[int, dict]]:
 
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            offset = 0
             for lineno, line in enumerate(bounded_lines(fh, path), 1):
-                start, offset = offset, offset + len(line.encode("utf-8", "surrogateescape"))
                 if not line.strip():
                     continue
-                problem, row = parse_json_line(line, start)
-                if problem:
-                    raise DataError(f"{path}: line {lineno}: {problem}")
-                yield lineno, row  # type: ignore[misc]
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    row = None
+                if not isinstance(row, dict):  # the reader's one-line account of what is wrong
+                    raise DataError(f"{path}: line {lineno}: {parse_json_line(line, 0)[0] or 'not a JSON object'}")
+                yield lineno, row
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
@@ -124,88 +128,147 @@ def _prob(value: Any, where: str) -> float:
     return float(value)
 
 
+def _number(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
              notes: list[str]) -> tuple[dict[tuple[str, str], _Cell], int]:
-    """Read apply's rows into cells; refuse labels that were picked by an active strategy
-    without their probabilities, or a file mixing rows with and without probabilities."""
-    cells: dict[tuple[str, str], _Cell] = {}
-    training = rows = 0
+    """Read apply's rows into cells (aspect x group); refuse labels that an active strategy
+    picked without their probabilities, or a file mixing labelled rows with and without them.
+    The rows' predictions go into one array (a row costs a tuple, not a dict per aspect)."""
+    import numpy as np
+
+    preds: list[tuple] = []
+    lines: list[int] = []
+    groups: list[str] = []
+    labelled: list[tuple[int, Any, Any, Any, int]] = []  # row, human, sampling_prob, selection, line
+    training = 0
     for lineno, row in _rows(scored):
-        if "shard" in row and "id" not in row:
+        if "id" not in row and "shard" in row:
             continue  # a shard's closing record
-        group, prob, selection, line = side.lookup(row, lineno)
-        where = f"{side.path}: line {line}"
         if row.get("in_training"):
             training += 1
             continue
-        rows += 1
-        group = _group_name(group)
+        group, prob, selection, line = side.lookup(row, lineno)
         if pairwise:
-            f = pair_value(row.get("prediction"), row.get("probabilities") if isinstance(
-                row.get("probabilities"), dict) else None)
+            probs = row.get("probabilities")
+            f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
             if f is None:
                 raise DataError(f"{scored}: line {lineno}: no prediction 'a', 'b' or 'tie' (an apply output of "
                                 "a pairwise artifact?)")
-            human = row.get("human")
-            values = {WIN_RATE: (f, pair_value(human) if human is not None else None)}
+            preds.append((f,))
         else:
-            pred, human = row.get("scores"), row.get("human") or {}
-            if not isinstance(pred, dict) or not isinstance(human, dict):
-                raise DataError(f"{scored}: line {lineno}: 'scores' and 'human' must be objects (an apply output "
-                                "of a pointwise artifact?)")
-            values = {}
-            for a in aspects:
-                p, h = pred.get(a), human.get(a)
-                if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
-                    raise DataError(f"{scored}: line {lineno}: scores.{a} is {p!r}, not a number (the artifact "
-                                    "scores other aspects?)")
-                if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h)):
-                    raise DataError(f"{where}: human score {a} is {h!r}, not a finite number")
-                values[a] = (float(p), None if h is None else float(h))
-        for a, (f, h) in values.items():
-            cell = cells.setdefault((a, group), _Cell())
-            if h is None:
-                cell.rest.append(f)
-                continue
-            if prob is None and selection not in (None, "random"):
-                raise DataError(
-                    f"{where}: this label was picked by the {selection!r} strategy and carries no {PROB_FIELD!r}: "
-                    "actively selected labels are no random sample, so no valid interval follows from them; "
-                    f"give each labelled row its {PROB_FIELD} or label a random sample")
-            p = None if prob is None else _prob(prob, where)
-            cell.y.append(h)
-            cell.f.append(f)
-            cell.prob.append(p)
-            if p is None:
-                cell.first_plain_line = cell.first_plain_line or line
-            else:
-                cell.first_prob_line = cell.first_prob_line or line
-            if cell.first_plain_line and cell.first_prob_line:
-                raise DataError(
-                    f"{side.path}: line {max(cell.first_plain_line, cell.first_prob_line)}: labelled rows with and "
-                    f"without {PROB_FIELD!r} (line {min(cell.first_plain_line, cell.first_prob_line)}): give every "
-                    "labelled row its probability of being picked, or none (a uniform random sample)")
+            pred = row.get("scores")
+            if not isinstance(pred, dict):
+                raise DataError(f"{scored}: line {lineno}: 'scores' must be an object (an apply output of a "
+                                "pointwise artifact?)")
+            preds.append(tuple(pred.get(a) for a in aspects))
+        lines.append(lineno)
+        groups.append(group if type(group) is str else _group_name(group))
+        human = row.get("human")
+        if human is not None:
+            labelled.append((len(preds) - 1, human, prob, selection, line))
     if training:
         notes.append(f"{training} rows were in the artifact's training split: left out (their scores were "
                      "fitted to their labels)")
-    return cells, rows
+    if not preds:
+        return {}, 0
+    try:
+        P = np.array(preds, dtype=float)
+    except (TypeError, ValueError):
+        P = np.array([[x if _number(x) else math.nan for x in p] for p in preds], dtype=float)
+    bad = np.argwhere(~np.isfinite(P))
+    if bad.size:
+        i, j = bad[0]
+        raise DataError(f"{scored}: line {lines[i]}: scores.{aspects[j]} is {preds[i][j]!r}, not a number (the "
+                        "artifact scores other aspects?)")
+    Y = np.full(P.shape, math.nan)
+    prob_of = np.full(len(preds), math.nan)
+    first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
+    for i, human, prob, selection, line in labelled:
+        where = f"{side.path}: line {line}"
+        if pairwise:
+            Y[i, 0] = math.nan if pair_value(human) is None else pair_value(human)  # type: ignore[arg-type]
+        elif isinstance(human, dict):
+            for j, a in enumerate(aspects):
+                h = human.get(a)
+                if h is not None and not _number(h):
+                    raise DataError(f"{where}: human score {a} is {h!r}, not a finite number")
+                Y[i, j] = math.nan if h is None else float(h)
+        else:
+            raise DataError(f"{where}: 'human' must be an object of scores")
+        if np.isnan(Y[i]).all():
+            continue
+        if prob is None and selection not in (None, "random"):
+            raise DataError(
+                f"{where}: this label was picked by the {selection!r} strategy and carries no {PROB_FIELD!r}: "
+                "actively selected labels are no random sample, so no valid interval follows from them; "
+                f"give each labelled row its {PROB_FIELD} or label a random sample")
+        if prob is not None:
+            prob_of[i] = _prob(prob, where)
+        first.setdefault(prob is not None, line)
+        if len(first) == 2:
+            raise DataError(
+                f"{side.path}: line {max(first.values())}: labelled rows with and without {PROB_FIELD!r} (line "
+                f"{min(first.values())}): give every labelled row its probability of being picked, or none "
+                "(a uniform random sample)")
+    names, codes = np.unique(np.array(groups, dtype=object).astype(str), return_inverse=True)
+    cells: dict[tuple[str, str], _Cell] = {}
+    for j, a in enumerate(aspects):
+        has = ~np.isnan(Y[:, j])
+        for k, g in enumerate(names):
+            mine = codes == k
+            lab, rest = mine & has, mine & ~has
+            cells[(a, str(g))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
+                                       else prob_of[lab], rest=P[rest, j])
+    return cells, len(preds)
 
 
 def _record(aspect: str, group: str, cell: _Cell, alpha: float, margin: float | None) -> tuple[dict, MeanEstimate | None]:
-    import numpy as np
-
-    base: dict[str, Any] = {"kind": "mean", "aspect": aspect, "group": group, "n_labelled": len(cell.y),
-                            "n": len(cell.y) + len(cell.rest)}
-    if len(cell.y) < 2:
-        every = cell.f + cell.rest
+    base: dict[str, Any] = {"kind": "mean", "aspect": aspect, "group": group, "n_labelled": int(cell.y.size),
+                            "n": int(cell.y.size + cell.rest.size)}
+    if cell.y.size < 2:
+        n = cell.f.size + cell.rest.size
         return {**base, "estimate": None, "low": None, "high": None, "classical_low": None,
-                "classical_high": None, "evaluator_mean": float(np.mean(every)) if every else None,
-                "reason": f"{len(cell.y)} labelled row(s): an interval needs at least 2"}, None
-    probs = None if cell.prob[0] is None else np.array(cell.prob, float)
-    e = ppi_mean(cell.y, cell.f, cell.rest, alpha=alpha, sampling_prob=probs)
+                "classical_high": None,
+                "evaluator_mean": float((cell.f.sum() + cell.rest.sum()) / n) if n else None,
+                "reason": f"{cell.y.size} labelled row(s): an interval needs at least 2"}, None
+    e = ppi_mean(cell.y, cell.f, cell.rest, alpha=alpha, sampling_prob=cell.prob)
     target = margin if margin is not None else float(f"{e.half_width / 2:.2g}")
     more = e.labels_for(target) if target > 0 else None
     return {**base, **e.as_dict(), "margin": target, "more_labels": more}, e
+
+
+def _loaded(path: str | os.PathLike) -> Any:
+    from hdeval.methods.registry import load_artifact
+
+    return load_artifact(path)
+
+
+def _manifest_task(path: str | os.PathLike) -> Any:
+    """The artifact's task and warnings, once its manifest and every file's checksum are verified
+    (as :func:`hdeval.methods.registry.load_artifact` does, without rebuilding the model)."""
+    from types import SimpleNamespace
+
+    from hdeval.artifact import MANIFEST, ArtifactReader, open_artifact
+    from hdeval.errors import ArtifactError, HdevalError
+    from hdeval.methods.registry import get_method
+    from hdeval.tasks import task_from_dict
+
+    where = os.path.join(path, MANIFEST)
+    head = ArtifactReader(Path(path), {}, []).json(MANIFEST) if os.path.isfile(where) else {}
+    name = head.get("method", "hdeval") if isinstance(head, dict) else "hdeval"
+    try:
+        method = get_method(name if isinstance(name, str) else "")
+    except HdevalError as exc:
+        raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
+    reader = open_artifact(path, editable=method.editable)
+    try:
+        task = task_from_dict(reader.manifest["task"], where=where)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: malformed task ({exc})") from None
+    return SimpleNamespace(task=task, warnings=reader.warnings)
 
 
 def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alpha: float = 0.1,
@@ -218,18 +281,20 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     temporary apply output. ``margin``: the half-width the "labels needed" figure aims at
     (default: half the current one). ``baseline``: the group each other group is compared
     with (default: the first group by name)."""
-    from hdeval.methods.registry import load_artifact
-
     if not 0 < alpha < 1:
         raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin must be positive, got {margin}")
-    ev = load_artifact(artifact) if isinstance(artifact, (str, os.PathLike)) else artifact
+    apply_output = is_apply_output(data)
+    # an apply output needs only the artifact's task: its verified manifest, not the fitted model
+    ev = (artifact if not isinstance(artifact, (str, os.PathLike))
+          else _manifest_task(artifact) if apply_output else _loaded(artifact))
     task = ev.task
     pairwise = task.shape == "pairwise"
     aspects = [WIN_RATE] if pairwise else list(task.aspect_keys)
     notes: list[str] = []
-    if is_apply_output(data):
+    notes.extend(f"warning: {w}" for w in ev.warnings)
+    if apply_output:
         cells, rows = _collect(data, _Side(data, by, inline=True), aspects, pairwise, notes)
     else:
         if score is None:
