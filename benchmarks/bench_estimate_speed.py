@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def hdeval(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hdeval.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "hdeval.cli", *map(str, args)], capture_output=True, text=True,
+                          check=False)
 
 
 def main() -> None:

@@ -198,3 +198,18 @@ def test_pairwise_rows_give_the_win_rate_of_a_over_b(tmp_path):
     wins = [{"a": 1, "tie": 0.5, "b": 0}[p["label"]] for p in pairs] * 2
     assert rec["classical"] == pytest.approx(np.mean(wins))
     assert rec["low"] < rec["estimate"] < rec["high"] and 0 <= rec["evaluator_mean"] <= 1
+
+
+def test_apply_summary_gives_the_human_mean_and_the_labels_behind_it(work):
+    r = run_cli("apply", work["art"], work["rows"], "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "again.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    records = _records(run_cli("estimate", work["art"], "--data", work["scored"], "--json"))
+    for rec in records:
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"human mean of {rec['aspect']}:"))
+        assert (f"{rec['estimate']:.3f} [{rec['low']:.3f}, {rec['high']:.3f}] (90%, PPI++ from 60 labels over "
+                f"120 rows; the evaluator alone: {rec['evaluator_mean']:.3f}, biased)") in line
+        rows = [json.loads(x) for x in work["scored"].read_text().splitlines()]
+        inside = [row["lower"][rec["aspect"]] <= row["human"][rec["aspect"]] <= row["upper"][rec["aspect"]]
+                  for row in rows if "human" in row]
+        assert f"{sum(inside) / len(inside):.0%} of those 60 labels inside their prediction interval" in line

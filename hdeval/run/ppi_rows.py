@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError, DataError
-from hdeval.learn.ppi import MeanEstimate, difference, pair_value, ppi_mean
+from hdeval.learn.ppi import MeanEstimate, Moments, difference, pair_value, ppi_mean
 
 __all__ = ["PROB_FIELD", "SELECTION_FIELD", "Estimates", "estimate_file"]
 
@@ -332,3 +332,60 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     if any(r.get("weighted") for r in records):
         notes.append(f"labels weighted by 1/{PROB_FIELD} (rows picked with unequal probabilities)")
     return Estimates(records, notes, alpha, rows)
+
+
+class RowsSummary:
+    """What ``apply``'s summary says of the human mean: per aspect (pairwise: the win rate of A),
+    over the rows outside the artifact's training split, the PPI++ estimate from the rows that
+    carry a human score, and how often those rows' prediction intervals hold it. Fed one chunk of
+    output rows at a time; keeps the labelled rows' values and the moments of the others."""
+
+    def __init__(self, aspects: list[str], pairwise: bool, alpha: float = 0.1):
+        self.aspects = [WIN_RATE] if pairwise else list(aspects)
+        self.pairwise, self.alpha = pairwise, alpha
+        self.y: dict[str, list[float]] = {a: [] for a in self.aspects}
+        self.f: dict[str, list[float]] = {a: [] for a in self.aspects}
+        self.inside: dict[str, list[bool]] = {a: [] for a in self.aspects}
+        self.rest = {a: Moments(0, 0.0, 0.0) for a in self.aspects}
+
+    def add(self, rows: list[dict]) -> None:
+        for a in self.aspects:
+            unlabelled = []
+            for row in rows:
+                if row.get("in_training"):
+                    continue
+                if self.pairwise:
+                    probs = row.get("probabilities")
+                    f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
+                    h = pair_value(row["human"]) if isinstance(row.get("human"), str) else None
+                else:
+                    f, h = row["scores"].get(a), (row.get("human") or {}).get(a)
+                if f is None or not math.isfinite(f):
+                    continue
+                if h is None:
+                    unlabelled.append(f)
+                    continue
+                self.y[a].append(h)
+                self.f[a].append(f)
+                low, high = row.get("lower"), row.get("upper")
+                if isinstance(low, dict) and isinstance(high, dict) and a in low and a in high:
+                    self.inside[a].append(low[a] <= h <= high[a])
+            if unlabelled:
+                self.rest[a] = self.rest[a].merge(Moments.of(unlabelled))
+
+    def summary(self) -> dict[str, dict] | None:
+        """Per aspect with at least 2 labels: ``n_labelled``, ``n`` (rows), the estimate with its
+        interval (``level``), the evaluator's own mean, and ``interval_coverage`` (the share of
+        labelled rows inside their prediction interval, with ``interval_labels`` behind it)."""
+        out: dict[str, dict] = {}
+        for a in self.aspects:
+            if len(self.y[a]) < 2:
+                continue
+            e = ppi_mean(self.y[a], self.f[a], self.rest[a], alpha=self.alpha)
+            inside = self.inside[a]
+            out[a] = {"n_labelled": e.n_labelled, "n": e.n, "level": 1 - self.alpha,
+                      "estimate": round(e.estimate, 6), "low": round(e.low, 6), "high": round(e.high, 6),
+                      "evaluator_mean": round(e.evaluator_mean, 6),
+                      "interval_coverage": round(sum(inside) / len(inside), 6) if inside else None,
+                      "interval_labels": len(inside)}
+        return out or None
