@@ -15,16 +15,20 @@ _cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None
 
 
 @click.command("methods")
+@guarded
 def methods_cmd() -> None:
-    """List the methods `hdeval train --method` can build, with their own options."""
-    from hdeval.methods.registry import get_method, method_names
+    """List the methods `hdeval train --method` can build, with their own options (a plug-in's
+    are given as `-O NAME=VALUE`, which every method takes)."""
+    from hdeval.methods.registry import builtin_methods, get_method, method_names
 
+    flags = {n for m in builtin_methods() for n in m.options.specs()}
     for name in method_names():
         m = get_method(name)
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.specs().items():
             shown = opt.shown_default()
-            click.echo(f"  --{opt_name.replace('_', '-')}{'' if shown is None else f' (default {shown})'}: {opt.help}")
+            way = f"--{opt_name.replace('_', '-')}" if opt_name in flags else f"-O {opt_name}=VALUE"
+            click.echo(f"  {way}{'' if shown is None else f' (default {shown})'}: {opt.help}")
 
 
 @click.command("tasks")
