@@ -37,6 +37,19 @@ def half_widths(residuals: np.ndarray, level: float = DEFAULT_LEVEL) -> tuple[li
     return out, counts
 
 
+def normalised_quantile(residuals: np.ndarray, difficulty: np.ndarray,
+                        level: float = DEFAULT_LEVEL) -> tuple[list[float | None], list[int]]:
+    """Normalised split conformal: per column, the finite-sample ``level`` quantile of
+    ``|residual| / difficulty`` (rows with a NaN or a difficulty <= 0 skipped) and the rows it
+    rests on; a row's half-width is then that quantile times its own difficulty, so the
+    interval widens where the difficulty model expects larger errors and keeps the coverage."""
+    r = np.abs(np.asarray(residuals, float))
+    d = np.asarray(difficulty, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(d > 0, r / d, np.nan)
+    return half_widths(ratio, level)
+
+
 def calibrate(y: np.ndarray, pred: np.ndarray, aspects: Sequence[str], source: str,
               level: float = DEFAULT_LEVEL) -> dict[str, Any]:
     """The calibration a method stores: level, method, where the residuals came from, and the
