@@ -21,7 +21,7 @@ from hdeval.aggregate import KINDS, Aggregator, fit_warnings
 from hdeval.classify import make_classifier
 from hdeval.errors import ConfigError
 from hdeval.learn.selection import PAIR_LABELS, STRATEGIES, labels_to_reach, pick
-from hdeval.metrics import average_spearman
+from hdeval.metrics import agreement_w_ties, average_spearman, label_codes
 
 #: Labels revealed per pick call: a person labels a handful before the evaluator is re-fitted.
 BATCH = 5
@@ -64,9 +64,9 @@ def _fit_score(X: np.ndarray, Y: np.ndarray, rows: np.ndarray, test: np.ndarray,
             return float("nan")
         with fit_warnings():
             model = make_classifier(kind, seed).fit(X[rows], labels)
-        codes = {v: k for k, v in PAIR_LABELS.items()}
-        pred = np.array([codes[str(p)] for p in model.predict(X[test])])
-        return float(np.mean(pred == Y[test, 0]))
+        pred = label_codes([str(p) for p in model.predict(X[test])])
+        human = label_codes([PAIR_LABELS.get(float(v)) for v in Y[test, 0]])
+        return agreement_w_ties(human, np.column_stack([pred, pred]))
     ok = np.isfinite(y).all(axis=1)
     if ok.sum() < 3:
         return float("nan")
