@@ -78,10 +78,11 @@ def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test
     rows ``tr`` (``calib_pred``: their out-of-fold predictions, training rows x aspects) and, as
     ``test``, the empirical coverage and mean width of its intervals on the test rows ``te``
     (``test_pred``), per aspect and on average (rows missing a prediction or human score left out).
-    Given the criterion scores ``X`` (every row; ``columns``: their keys), also the adaptive
-    calibration (:func:`adaptive_calibration`) under ``adaptive``."""
+    Given the criterion scores ``X`` (every row; ``columns``: their keys) and at least
+    :data:`MIN_ADAPTIVE_ROWS` training rows, also the adaptive calibration
+    (:func:`adaptive_calibration`) under ``adaptive``."""
     cal = calibrate(Y[tr], calib_pred, aspects, source, level)
-    if X is not None and columns is not None and len(tr):
+    if X is not None and columns is not None and len(tr) >= MIN_ADAPTIVE_ROWS:
         cal["adaptive"] = adaptive_calibration(Y, calib_pred, tr, test_pred, te, X, columns, aspects,
                                                ranges, level)
     y, pred = np.asarray(Y[te], float), np.asarray(test_pred, float)
@@ -103,6 +104,9 @@ def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test
 ADAPTIVE_METHOD = ("normalised split conformal: |residual| / difficulty, the difficulty linear in the spread "
                    "of the row's standardised criterion scores and its prediction's distance from the "
                    "middle of the scale, fitted to the out-of-fold |residuals|")
+#: Fewer training rows than this and no difficulty model is fitted (its three coefficients would
+#: follow the calibration rows' noise): every row keeps the aspect's one width.
+MIN_ADAPTIVE_ROWS = 40
 #: The difficulty never falls below this share of the mean |residual| (no zero-width interval).
 DIFFICULTY_FLOOR = 0.25
 

@@ -130,3 +130,43 @@ def test_topical_chat_with_the_simulated_judge_keeps_coverage_and_finds_the_wors
     assert 0.87 <= m["coverage"] <= 0.93
     assert all(0.86 <= c <= 0.93 for c in m["quintiles"][:4]), m
     assert m["lift"] >= 1.4, m
+
+
+@pytest.mark.slow
+def test_apply_gives_each_row_the_width_its_criteria_call_for(tmp_path):
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+    from hdeval.intervals import adaptive_half_widths, read_adaptive
+    from hdeval.train import train
+    from simjudge import pointwise_backend, pointwise_rows, write_pointwise
+
+    task, data = write_pointwise(tmp_path, pointwise_rows(40))  # 60 training rows: enough for a model
+    ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr",
+               cache_dir=str(tmp_path / "c"), backend=pointwise_backend())
+    art = ev.save(tmp_path / "art")
+    cal = json.loads((art / "metrics.json").read_text())["intervals"]
+    aspects = ["clarity", "accuracy"]
+    ad = read_adaptive(cal["adaptive"], aspects, "metrics.json")
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(cli, ["apply", str(art), str(data), "-o", str(out), "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    widths = set()
+    for row in rows:
+        X = np.array([[row["criteria"][c] for c in ad["columns"]]], float)
+        pred = np.array([[row["scores"][a] for a in aspects]])
+        half = adaptive_half_widths(ad, X, pred, aspects, [(1, 5), (1, 5)])[0]
+        for a, h in zip(aspects, half):
+            assert row["lower"][a] == pytest.approx(max(1.0, row["scores"][a] - h), abs=1e-5)
+            assert row["upper"][a] == pytest.approx(min(5.0, row["scores"][a] + h), abs=1e-5)
+            widths.add(round(float(h), 3))
+    assert len(widths) > 10  # the width follows the sample, not one per aspect
+
+
+def test_too_few_training_rows_keep_one_width_per_aspect():
+    X, Y, pred = hetero(60)
+    tr, te = np.arange(30), np.arange(30, 60)
+    cal = fitted_intervals(Y, pred[tr], tr, pred[te], te, ASPECTS, RANGES, "test", X=X,
+                           columns=[f"c{i}" for i in range(6)])
+    assert "adaptive" not in cal and cal["half_width"]["a"] is not None

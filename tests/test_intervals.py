@@ -17,7 +17,7 @@ from conftest import one_line_error, toy_rows, write_jsonl
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
 from hdeval.cli import cli
 from hdeval.errors import ArtifactError
-from hdeval.intervals import adaptive_half_widths, half_widths, read_adaptive, read_calibration
+from hdeval.intervals import half_widths, read_calibration
 from hdeval.train import train
 
 
@@ -98,24 +98,15 @@ def test_apply_writes_intervals_and_flags_rows_too_wide_for_a_verdict(toy_art, t
     assert r.exit_code == 0, r.output
     assert "training split" not in r.output  # fresh rows: no training-row warning
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    # each row's own width: the adaptive calibration on the criteria it was scored on
-    ad = read_adaptive(cal["adaptive"], ["clarity", "accuracy"], "metrics.json")
-    widths = set()
     for row in out:
         assert row["in_training"] is False
         wide = False
-        X = np.array([[row["criteria"][c] for c in ad["columns"]]], float)
-        pred = np.array([[row["scores"]["clarity"], row["scores"]["accuracy"]]])
-        half = dict(zip(["clarity", "accuracy"], adaptive_half_widths(ad, X, pred, ["clarity", "accuracy"],
-                                                                      [(1, 5), (1, 5)])[0]))
         for a, score in row["scores"].items():
-            h = half[a]
-            widths.add(round(float(h), 4))
+            h = cal["half_width"][a]
             assert row["lower"][a] == pytest.approx(max(1.0, score - h), abs=1e-5)
             assert row["upper"][a] == pytest.approx(min(5.0, score + h), abs=1e-5)
             wide |= row["upper"][a] - row["lower"][a] > 0.5 * 4
         assert row["needs_human"] == (wide or "failures" in row)
-    assert len(widths) > 2  # the width follows the sample, not one per aspect
     # a strict threshold sends every row to a human, and says so
     r = _apply(art, new, tmp_path / "strict.csv", "--max-interval-width", "0.01")
     assert r.exit_code == 0, r.output
