@@ -123,3 +123,10 @@ def test_the_default_strategy_is_the_measured_one(name):
     if DEFAULT != "random":
         rnd, dft = s["random"]["labels_needed"], s[DEFAULT]["labels_needed"]
         assert dft is not None and dft <= 50 and (rnd is None or dft <= 0.7 * rnd), s
+
+
+def test_curve_options_without_a_budget_are_refused(tmp_path: Path):
+    r = CliRunner().invoke(cli, ["benchmark", "--task", "sfhot", "--llm", "fake", "--selection", "hybrid",
+                                 "-o", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code != 0 and "give --label-budget too" in r.output
+    assert not (tmp_path / "out").exists()

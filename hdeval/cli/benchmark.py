@@ -50,11 +50,11 @@ def _csv(value: str) -> tuple[str, ...]:
               help="Learning curves: simulate labelling the training split from no label, re-fit the "
                    "learned methods' aggregator at each of these label counts and score the held-out "
                    "documents (no LLM call beyond the runs'), e.g. 10,20,50,100,200.")
-@click.option("--selection", default="random,uncertainty,hybrid", show_default=True,
+@click.option("--selection", default=None,
               help="With --label-budget: the selection strategies to compare (random, uncertainty, "
-                   "diversity, hybrid).")
-@click.option("--repeats", default=10, show_default=True, type=int,
-              help="With --label-budget: simulated labellings per strategy (different seeds).")
+                   "diversity, hybrid). Default: random,uncertainty,hybrid.")
+@click.option("--repeats", default=None, type=int,
+              help="With --label-budget: simulated labellings per strategy (different seeds). Default: 10.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
@@ -62,7 +62,8 @@ def _csv(value: str) -> tuple[str, ...]:
 @guarded
 def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
               method_option: tuple[str, ...], out: str, force: bool, keep_artifacts: bool, quiet: bool,
-              offline: bool, label_budget: str | None, selection: str, repeats: int, **options: Any) -> None:
+              offline: bool, label_budget: str | None, selection: str | None, repeats: int | None,
+              **options: Any) -> None:
     """Train every combination of methods, aggregators, seeds and training fractions (one shared
     LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
 
@@ -88,8 +89,13 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
     spec.validate()
     shape = check_shapes(spec)
     curves = None
+    if label_budget is None and (selection is not None or repeats is not None):
+        raise ConfigError("--selection and --repeats set up learning curves: give --label-budget too")
     if label_budget is not None:
-        from hdeval.benchmark.curves import CurveSpec
+        from hdeval.benchmark.curves import DEFAULT_SELECTION, CurveSpec
+
+        selection = selection if selection is not None else ",".join(DEFAULT_SELECTION)
+        repeats = repeats if repeats is not None else 10
 
         try:
             budgets = tuple(int(b) for b in _csv(label_budget))
