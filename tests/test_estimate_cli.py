@@ -213,3 +213,12 @@ def test_apply_summary_gives_the_human_mean_and_the_labels_behind_it(work):
         inside = [row["lower"][rec["aspect"]] <= row["human"][rec["aspect"]] <= row["upper"][rec["aspect"]]
                   for row in rows if "human" in row]
         assert f"{sum(inside) / len(inside):.0%} of those 60 labels inside their prediction interval" in line
+
+
+def test_by_a_field_no_row_has_is_refused_not_one_group(work):
+    """An apply output keeps id, doc_id and system, not a sample's meta: --by topic on it put every
+    row in one group "(none)" and printed that as the estimate by topic."""
+    r = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "topic")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"--by topic: no row of {work['scored']} has a field 'topic'" in r.stderr and "samples file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -311,6 +311,11 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     records: list[dict] = []
     fitted: dict[tuple[str, str], MeanEstimate] = {}
     groups = sorted({g for _, g in cells})
+    if by is not None and groups == [_group_name(None)]:
+        # every row in one group "(none)" would pass for an estimate by FIELD
+        raise ConfigError(f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
+                          + ("; an apply output keeps only id, doc_id and system of each sample: give --data "
+                             "the samples file" if apply_output else ""))
     if baseline is not None and by is not None and baseline not in groups:
         raise ConfigError(f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
                           f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})")
