@@ -222,3 +222,18 @@ def test_by_a_field_no_row_has_is_refused_not_one_group(work):
     assert r.exit_code == 2 and r.stdout == ""
     assert f"--by topic: no row of {work['scored']} has a field 'topic'" in r.stderr and "samples file" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_apply_with_labels_on_an_artifact_without_interval_bounds(tmp_path):
+    """Trained on too few rows for a 90% bound, the artifact's rows have lower/upper None: apply's
+    human-mean summary compared None with the label and died with a TypeError."""
+    (tmp_path / "task.toml").write_text(TOY_TASK, encoding="utf-8")
+    _write(tmp_path / "train.jsonl", toy_rows(n_docs=4, per_doc=2))
+    r = run_cli("train", "--task", tmp_path / "task.toml", "--data", tmp_path / "train.jsonl", "--method", "direct",
+                "--llm", "fake", "--cache-dir", tmp_path / "cache", "-o", tmp_path / "art", "-q")
+    assert r.exit_code == 0, r.output
+    rows = [{**row, "id": f"new-{i}", "doc_id": f"new-doc-{i}"} for i, row in enumerate(toy_rows(n_docs=6, per_doc=1))]
+    r = run_cli("apply", tmp_path / "art", _write(tmp_path / "rows.jsonl", rows), "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "scored.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    assert "human mean of clarity:" in r.stdout and "inside their prediction interval" not in r.stdout

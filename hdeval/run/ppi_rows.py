@@ -373,8 +373,8 @@ class RowsSummary:
                 self.y[a].append(h)
                 self.f[a].append(f)
                 low, high = row.get("lower"), row.get("upper")
-                if isinstance(low, dict) and isinstance(high, dict) and a in low and a in high:
-                    self.inside[a].append(low[a] <= h <= high[a])
+                if isinstance(low, dict) and isinstance(high, dict) and _number(low.get(a)) and _number(high.get(a)):
+                    self.inside[a].append(low[a] <= h <= high[a])  # no bound (too few calibration rows): not counted
             if unlabelled:
                 self.rest[a] = self.rest[a].merge(Moments.of(unlabelled))
 
