@@ -237,3 +237,27 @@ def test_apply_with_labels_on_an_artifact_without_interval_bounds(tmp_path):
                 "--cache-dir", tmp_path / "cache", "-o", tmp_path / "scored.jsonl", "-q")
     assert r.exit_code == 0, r.output
     assert "human mean of clarity:" in r.stdout and "inside their prediction interval" not in r.stdout
+
+
+def test_rows_whose_llm_calls_failed_are_left_out_not_the_whole_file(work):
+    """apply writes a failed score as NaN (null for pairwise) and goes on under --max-failure-rate;
+    estimate refused that whole file ("scores.clarity is nan, not a number")."""
+    failed = {1, 6}  # a labelled row and an unlabelled one
+
+    def fail(i, row):
+        if i in failed:
+            row["scores"]["clarity"] = float("nan")
+            row["failures"] = [{"criterion": "clarity", "reason": "the server rejected this request"}]
+    path = _edited(work, "failed.jsonl", fail)
+    r = run_cli("estimate", work["art"], "--data", path, "--json")
+    records = {x["aspect"]: x for x in _records(r)}
+    assert "2 rows have no clarity score (an LLM call failed): left out of its estimate" in r.stderr
+    assert records["clarity"]["n"] == 118 and records["accuracy"]["n"] == 120
+    kept = _expected(path, "clarity", lambda row: row["scores"]["clarity"] == row["scores"]["clarity"])
+    assert records["clarity"]["estimate"] == pytest.approx(kept.estimate)
+
+    def absent(i, row):
+        if i == 4:
+            del row["scores"]["clarity"]
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "absent.jsonl", absent))
+    assert r.exit_code == 2 and "line 5: no scores.clarity (the artifact scores other aspects?)" in r.stderr

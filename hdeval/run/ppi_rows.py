@@ -34,6 +34,7 @@ SELECTION_FIELD = "selection"
 #: The aspect name a pairwise task's estimate goes by.
 WIN_RATE = "win_rate"
 ALL = "all"
+_ABSENT = object()  # an aspect missing from a row's scores (not the artifact's rows?)
 
 
 def _field(row: dict, name: str) -> Any:
@@ -154,7 +155,9 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         if pairwise:
             probs = row.get("probabilities")
             f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
-            if f is None:
+            if f is None and "prediction" in row and row["prediction"] is None:
+                f = math.nan  # its LLM calls failed: no verdict, left out below
+            elif f is None:
                 raise DataError(f"{scored}: line {lineno}: no prediction 'a', 'b' or 'tie' (an apply output of "
                                 "a pairwise artifact?)")
             preds.append((f,))
@@ -163,7 +166,7 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
             if not isinstance(pred, dict):
                 raise DataError(f"{scored}: line {lineno}: 'scores' must be an object (an apply output of a "
                                 "pointwise artifact?)")
-            preds.append(tuple(pred.get(a) for a in aspects))
+            preds.append(tuple(pred.get(a, _ABSENT) for a in aspects))
         lines.append(lineno)
         groups.append(group if type(group) is str else _group_name(group))
         human = row.get("human")
@@ -178,11 +181,17 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         P = np.array(preds, dtype=float)
     except (TypeError, ValueError):
         P = np.array([[x if _number(x) else math.nan for x in p] for p in preds], dtype=float)
-    bad = np.argwhere(~np.isfinite(P))
-    if bad.size:
-        i, j = bad[0]
-        raise DataError(f"{scored}: line {lines[i]}: scores.{aspects[j]} is {preds[i][j]!r}, not a number (the "
-                        "artifact scores other aspects?)")
+    for i, j in np.argwhere(~np.isfinite(P)):
+        x = preds[i][j]
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            continue  # no score: an LLM call failed (apply writes null or NaN); left out below
+        raise DataError(f"{scored}: line {lines[i]}: " + (
+            f"no scores.{aspects[j]}" if x is _ABSENT else f"scores.{aspects[j]} is {x!r}, not a number")
+            + " (the artifact scores other aspects?)")
+    unscored = (~np.isfinite(P)).sum(axis=0)
+    for j, a in enumerate(aspects):
+        if unscored[j]:
+            notes.append(f"{unscored[j]} rows have no {a} score (an LLM call failed): left out of its estimate")
     Y = np.full(P.shape, math.nan)
     prob_of = np.full(len(preds), math.nan)
     first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
@@ -218,7 +227,7 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
     for j, a in enumerate(aspects):
         has = ~np.isnan(Y[:, j])
         for k, g in enumerate(names):
-            mine = codes == k
+            mine = (codes == k) & np.isfinite(P[:, j])
             lab, rest = mine & has, mine & ~has
             cells[(a, str(g))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
                                        else prob_of[lab], rest=P[rest, j])
