@@ -102,6 +102,9 @@ def test_groups_and_their_difference(work):
     assert {x["baseline"] for x in again if x["kind"] == "difference"} == {"B"}
     bad = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "system", "--baseline", "C")
     assert bad.exit_code == 2 and "--baseline 'C' is no group of 'system'" in bad.stderr
+    # without --by there are no groups to compare: refused, not ignored
+    bad = run_cli("estimate", work["art"], "--data", work["scored"], "--baseline", "A")
+    assert bad.exit_code == 2 and bad.stdout == "" and "--baseline A names a group" in bad.stderr
 
 
 def _edited(work, name: str, change) -> Path:

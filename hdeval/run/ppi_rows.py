@@ -294,6 +294,8 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
         raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin must be positive, got {margin}")
+    if baseline is not None and by is None:
+        raise ConfigError(f"--baseline {baseline} names a group to compare the others with: give --by FIELD too")
     apply_output = is_apply_output(data)
     # an apply output needs only the artifact's task: its verified manifest, not the fitted model
     ev = (artifact if not isinstance(artifact, (str, os.PathLike))
