@@ -23,13 +23,15 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
     from hdeval.cli.data import data
+    from hdeval.cli.label import export_labels, label
     from hdeval.cli.paireval import paireval
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
-                    benchmark):
+                    benchmark, label):
         cli.add_command(command)
+    data.add_command(export_labels)
 
 
 _register()
