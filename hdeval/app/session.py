@@ -112,12 +112,17 @@ class LabelSession:
 
     def labelled(self) -> tuple[np.ndarray, np.ndarray]:
         """(rows of the pool with standing labels on their present content, their mean label per
-        aspect: NaN where no one rated it)."""
+        aspect: NaN where no one rated it), in the order of their first standing label."""
         sums: dict[int, dict[str, list[float]]] = {}
+        first: dict[int, int] = {}
         for r in self._ratings.values():
             if self._valid(r):
-                sums.setdefault(self.index[r.sample_id], {}).setdefault(r.aspect, []).append(r.value)
-        rows = np.array(sorted(sums), dtype=int)
+                i = self.index[r.sample_id]
+                sums.setdefault(i, {}).setdefault(r.aspect, []).append(r.value)
+                first[i] = min(first.get(i, r.seq), r.seq)
+        # in the order they were first labelled, as `data export-labels` writes them: the grouped
+        # CV behind the panel's figure then sees the rows `train` reads, in the same order
+        rows = np.array(sorted(sums, key=first.__getitem__), dtype=int)
         y = np.array([[float(np.mean(sums[i][a])) if a in sums[i] else math.nan for a in self.aspects]
                       for i in rows]).reshape(len(rows), len(self.aspects))
         return rows, y

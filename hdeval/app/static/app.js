@@ -122,7 +122,7 @@ function pollPanel() {
   if (!panel) { return; }
   var waiting = document.getElementById("waiting");
   window.setInterval(function () {
-    if (waiting && !waiting.querySelector(".error")) {
+    if (waiting && waiting.dataset.wait === "scoring") {
       fetch("/api/state", {credentials: "same-origin"}).then(function (r) { return r.json(); })
         .then(function (s) { if (s.scored > 0 && s.scoring !== "failed") { next(); } });
       return;
