@@ -126,7 +126,7 @@ def curve_svg_points(curve: list[tuple[int, float]], width: int = 260, height: i
     if not curve:
         return {"points": "", "dots": [], "xmax": 0, "ylow": 0.0}
     xmax = max(n for n, _ in curve) or 1
-    ylow = min(0.0, min(a for _, a in curve))
+    ylow = min(0.0, math.floor(min(a for _, a in curve) * 10) / 10)  # a round axis: 0 or -0.1, -0.2...
     pad = 24
 
     def xy(n: int, a: float) -> tuple[float, float]:
