@@ -254,3 +254,27 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     one_error(run_cli("label", "--task", "llmbar", "--data", data, "--labels", tmp_path / "l.db", *common),
               "pairs")
     assert not (tmp_path / "l.db").exists()
+
+
+@pytest.mark.slow
+def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
+    from conftest import train_artifact
+    from hdeval.app.launch import prepare
+    from hdeval.config import LLMConfig
+
+    _, task_file, data, samples = pool
+    art = train_artifact(str(toy[0]), toy[1], tmp_path, "--layers", "2", "--aggregator", "lr")
+    app = prepare(task=str(task_file), data=data, labels=tmp_path / "l.db", artifact=art, port=0,
+                  llm=LLMConfig(model="fake", cache_dir=str(tmp_path / "cache")))
+    try:
+        app.start_scoring().join(timeout=120)
+        state = app.session.scoring
+        assert state.done and state.error is None
+        assert state.criteria == list(app.artifact.feature_keys) and len(state.criteria) > 2  # layer 2 too
+        assert np.isfinite(app.session.X).all() and app.session.X.shape == (len(samples), len(state.criteria))
+    finally:
+        app.close()
+    other = tmp_path / "other.toml"
+    other.write_text(TOY_TASK.replace('name = "toy_qa"', 'name = "toy_other"'), encoding="utf-8")
+    one_error(run_cli("label", "--task", other, "--data", data, "--labels", tmp_path / "o.db", "--artifact", art,
+                      "--llm", "fake", "--port", "0"), "judges task 'toy_qa'", "not 'toy_other'")

@@ -270,7 +270,7 @@ def test_a_non_loopback_bind_refuses_requests_without_the_token(pool, tmp_path, 
 def test_export_then_train_gives_the_figure_the_panel_showed(pool, tmp_path, servers, browsers):
     from hdeval.learn.selection import assess
 
-    server = Server(tmp_path, *pool, "--refit-every", "1")
+    server = Server(tmp_path, *pool, "--refit-every", "12")  # re-fits at 2 labels (too few), then 14
     servers.append(server)
     d = browsers()
     start_as(d, server.url, "ann")
@@ -309,12 +309,12 @@ def test_the_docs_screenshots_come_from_the_real_page(tmp_path, servers, browser
     rows = toy_rows(12, 3)
     for r in rows:
         r.pop("scores")
-    server = Server(tmp_path, task, write_jsonl(tmp_path / "pool.jsonl", rows), "--refit-every", "1")
+    server = Server(tmp_path, task, write_jsonl(tmp_path / "pool.jsonl", rows), "--refit-every", "4")
     servers.append(server)
     d = browsers()
     start_as(d, server.url, "ann")
     rng = np.random.default_rng(5)
-    for n in (12, 16):  # two points on the curve at least: a re-fit at 12 labels or so, then at 16
+    for n in (10, 14):  # re-fits at 2, 6 (too few for a figure), 10 and 14: two points on the curve
         while server.state()["labelled"] < n:
             label_by_keys(d, "".join(str(v) for v in rng.integers(1, 6, 2)))
         wait(lambda: (lambda s: s["agreement"] and s["agreement"]["n_labels"] == n)(server.state()),

@@ -48,6 +48,8 @@ class LabelApp:
     notify: Callable[[str], None]
     artifact: Any = None
     _closers: list = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _scoring: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -78,7 +80,8 @@ class LabelApp:
                 self.notify(f"pool scored: {state.scored} samples" + (f", {calls} LLM calls made" if calls is not None
                                                                       else ""))
 
-        return score_in_background(self.session, prepare, score, done=done)
+        self._scoring = score_in_background(self.session, prepare, score, done=done, stop=self._stop)
+        return self._scoring
 
     def asgi(self) -> Any:
         return build_app(self.session, host=self.host, port=self.port, token=self.token)
@@ -91,6 +94,11 @@ class LabelApp:
         uvicorn.Server(config).run(sockets=[self.sock])
 
     def close(self) -> None:
+        """Stop the scoring after its chunk in progress (its replies are cached), then close the
+        LLM, the socket and the labels file."""
+        self._stop.set()
+        if self._scoring is not None:
+            self._scoring.join(timeout=30)
         for close in reversed(self._closers):
             with contextlib.suppress(Exception):
                 close()

@@ -345,11 +345,13 @@ class LabelSession:
 # the background scorer
 def score_in_background(session: LabelSession, prepare: Callable[[], Sequence[str]],
                         score: Callable[[Sequence[Sample]], np.ndarray], *, chunk: int = 64,
-                        done: Callable[[ScoringState], None] | None = None) -> threading.Thread:
+                        done: Callable[[ScoringState], None] | None = None,
+                        stop: threading.Event | None = None) -> threading.Thread:
     """Score the pool a chunk at a time in a seeded order, each chunk published as it is done,
     so the first picks start before the whole pool is scored. ``prepare`` returns the criterion
     keys (decomposing the task if needed); ``score(samples)`` a samples x criteria array (NaN
-    where a reply was unusable). ``done`` is called with the final state."""
+    where a reply was unusable). ``done`` is called with the final state; ``stop``, once set,
+    ends the work after the chunk in progress (its replies are cached)."""
 
     def run() -> None:
         state = session.scoring
@@ -360,6 +362,9 @@ def score_in_background(session: LabelSession, prepare: Callable[[], Sequence[st
             state.stage = "scoring the pool"
             start, size = 0, chunk
             while start < len(order):
+                if stop is not None and stop.is_set():
+                    state.stage = "stopped"
+                    return
                 rows = order[start:start + size]
                 session.add_scores(rows, score([session.samples[i] for i in rows]))
                 start, size = start + size, min(size * 2, 1024)  # small first chunks: the first picks come soon

@@ -3,6 +3,7 @@ call -> printed lines. The app itself is :mod:`hdeval.app`."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import webbrowser
 
@@ -10,6 +11,10 @@ import click
 
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import llm_options
+
+# Ctrl-C is how the server is stopped: say what was kept
+_stopped = functools.partial(guarded, interrupted="stopped: every label the page acknowledged is in the labels file, "
+                                                  "every finished LLM call in the cache; rerun the same command to go on")
 
 
 @click.command("label")
@@ -32,7 +37,7 @@ from hdeval.cli.options import llm_options
 @click.option("--refit-every", default=5, show_default=True, type=int, help="Re-fit after this many new labels.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @llm_options
-@guarded
+@_stopped
 def label(task, data, labels, artifact, host, port, open_browser, strategy, double_share, refit_every, seed,
           llm, base_url, concurrency, timeout, max_retries, cache_dir, max_calls) -> None:
     """Label samples in a local web page: it asks for the samples that teach the evaluator most and
@@ -56,7 +61,6 @@ def label(task, data, labels, artifact, host, port, open_browser, strategy, doub
         app.serve()
     finally:
         app.close()
-    click.echo("stopped: every acknowledged label is in " + str(labels), err=True)
 
 
 @click.command("export-labels")
