@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -362,10 +363,14 @@ def test_the_docs_commands_as_written(tmp_path):
             sid = page.split('data-sample-id="')[1].split('"')[0]
             assert post("/api/label", {"sample_id": sid, "values": {"clarity": 1 + k % 5, "accuracy": 5 - k % 4}})["ok"]
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, as a person stops it
         proc.wait(timeout=30)
+        err = proc.stderr.read().decode()
         proc.stdout.close()
         proc.stderr.close()
+    # the dry run's count before scoring (a fresh cache: nothing cached), and what was kept at the stop
+    assert re.search(r"on 10 criteria .*: 240 LLM calls, 0 of them cached, ~[0-9.]+ M prompt tokens", err), err
+    assert "every label the page acknowledged is in the labels file" in err
     for command in (export, train):
         r = subprocess.run(hdeval + command.split()[1:], cwd=tmp_path, env=env, capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr.decode()

@@ -29,6 +29,20 @@ class PoolCriteria:
     def keys(self) -> list[str]:
         return [c.key for c in self.criteria]
 
+    def plan(self, llm: Any, samples: Sequence[Sample], chunk: int = 500) -> tuple[int, int, int]:
+        """The dry run of scoring ``samples``: (calls, of which cached, prompt tokens, estimated),
+        counted a chunk of requests at a time (a prompt is a few KB; a pool may be large)."""
+        from hdeval.methods.run import exact_plan
+        from hdeval.scoring import SCORE_MAX_TOKENS, score_requests
+
+        calls = cached = tokens = 0
+        for start in range(0, len(samples), chunk):
+            reqs = score_requests(self.templates["score"], self.task, self.tree, self.criteria,
+                                  samples[start:start + chunk])
+            row = exact_plan(llm, reqs, SCORE_MAX_TOKENS)
+            calls, cached, tokens = calls + row.score_calls, cached + (row.cached or 0), tokens + row.prompt_tokens
+        return calls, cached, tokens
+
     def score(self, llm: Any, samples: Sequence[Sample], concurrency: int | None = None,
               progress: Progress | None = None) -> np.ndarray:
         from hdeval.scoring import score_criteria

@@ -64,8 +64,10 @@ class LabelApp:
                 else first_decomposition(self.llm, task)
             holder["c"] = crit
             n, c = len(self.session.samples), len(crit.criteria)
-            self.notify(f"scoring {n} samples on {c} criteria ({crit.source}): up to {n * c} LLM requests, "
-                        "cached ones free; labelling starts with the first scored ones")
+            calls, cached, tokens = crit.plan(self.llm, self.session.samples)
+            self.notify(f"scoring {n} samples on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
+                        f"them cached, ~{tokens / 1e6:.2f} M prompt tokens in all; labelling starts "
+                        "with the first scored samples")
             return crit.keys
 
         def score(samples: list) -> Any:
