@@ -15,12 +15,13 @@ import ipaddress
 import json
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -157,7 +158,9 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
         panel = session.panel()
         return {"panel": panel, "svg": curve_svg_points(panel["curve"])}
 
-    async def index(request: Request) -> Response:
+    # the routes that pick, write or render run in Starlette's thread pool (plain functions):
+    # a pick or a commit of one rater never holds up another's page
+    def index(request: Request) -> Response:
         rater, _ = rater_of(request)
         if rater is None:
             return page("rater.html.j2")
@@ -165,7 +168,7 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
         scoring = session.scoring
         return page("label.html.j2", rater=rater, shown=shown, scoring=scoring, **panel_values())
 
-    async def panel(request: Request) -> Response:
+    def panel(request: Request) -> Response:
         return HTMLResponse(env.get_template("panel.html.j2").render(task=task, **panel_values()))
 
     async def body(request: Request) -> dict[str, Any]:
@@ -180,15 +183,14 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
             raise HdevalError("the request is not a JSON object")
         return data
 
-    def acting(handler: Callable[[Request, str, str, dict], Awaitable[Response] | Response]) -> Callable:
+    def acting(handler: Callable[[Request, str, str, dict], Response]) -> Callable:
         async def run(request: Request) -> Response:
             rater, sess = rater_of(request)
             if rater is None:
                 return JSONResponse({"error": "give your name first"}, 400)
             try:
                 data = await body(request)
-                result = handler(request, rater, sess, data)
-                return await result if not isinstance(result, Response) else result
+                return await run_in_threadpool(handler, request, rater, sess, data)
             except HdevalError as exc:
                 return JSONResponse({"error": str(exc)}, 400)
         return run
@@ -222,7 +224,7 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
             response.set_cookie(SESSION_COOKIE, new_session(), httponly=True, samesite="strict")
         return response
 
-    async def state(request: Request) -> Response:
+    def state(request: Request) -> Response:
         """The panel's figures as JSON (for scripts and tests)."""
         p = session.panel()
         last = p["last"]
