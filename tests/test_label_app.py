@@ -65,7 +65,7 @@ def test_latest_row_wins_undo_is_a_row_and_rows_are_never_changed(pool, tmp_path
         store.add(samples[1], {"clarity": 2, "accuracy": 3}, rater="ann", session="s")
         store.add(samples[1], {"clarity": 4, "accuracy": 5}, rater="ann", session="s")  # an edit
         store.add(samples[2], {"clarity": 1, "accuracy": 1}, rater="ann", session="s", note="hm")
-        assert store.undo(rater="ann", session="s", samples={}) == samples[2].id
+        assert store.undo(rater="ann", session="s") == samples[2].id
         cur = store.current()
         assert {k: r.value for k, r in cur.items()} == {(samples[1].id, "clarity", "ann"): 4.0,
                                                         (samples[1].id, "accuracy", "ann"): 5.0}
@@ -253,6 +253,10 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
               "holds labels for task 'summeval'")
     one_error(run_cli("label", "--task", "llmbar", "--data", data, "--labels", tmp_path / "l.db", *common),
               "pairs")
+    one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
+                      "--double-share", "1.5"), "--double-share must be between 0 and 1")
+    one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
+                      "--strategy", "best"), "--strategy 'best'", "random")
     assert not (tmp_path / "l.db").exists()
 
 

@@ -181,10 +181,9 @@ class LabelStore:
     def skip(self, sample: Sample, *, rater: str, session: str) -> None:
         self._append(sample, [("", "skip", None)], check_rater(rater), session, None, None, None)
 
-    def undo(self, *, rater: str, session: str, samples: Mapping[str, Sample]) -> str | None:
-        """Withdraw this rater's latest label that still stands: an undo row per aspect. The sample
-        id, or None when nothing is left to undo. ``samples``: the pool by id (its content hash is
-        the one recorded with the label)."""
+    def undo(self, *, rater: str, session: str) -> str | None:
+        """Withdraw this rater's latest label that still stands: an undo row per aspect (with the
+        content hash recorded with that label). The sample id, or None when nothing is left."""
         rater = check_rater(rater)
         standing = [r for r in self.current().values() if r.rater == rater]
         if not standing:

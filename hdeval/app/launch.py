@@ -26,6 +26,7 @@ from hdeval.app.session import (
     DEFAULT_REFIT_EVERY,
     LabelSession,
     ScoringState,
+    check_options,
     score_in_background,
 )
 from hdeval.config import LLMConfig
@@ -123,6 +124,7 @@ def prepare(*, task: str, data: str | Path, labels: str | Path, llm: LLMConfig, 
                           "tasks (a score per aspect) for now")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
+    check_options(strategy, double_share)
     samples = read_samples(data, the_task, require_scores=False)
     ev = check_artifact_task(artifact, the_task) if artifact is not None else None
     llm.validate()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hdeval.app.labels import LabelStore, Rating, content_hash
-from hdeval.errors import DataError, HdevalError
+from hdeval.errors import ConfigError, DataError, HdevalError
 from hdeval.types import Sample, Task
 
 DEFAULT_DOUBLE_SHARE = 0.10
@@ -63,6 +63,16 @@ class ScoringState:
     done: bool = False
 
 
+def check_options(strategy: str | None, double_share: float, selection: Any = None) -> None:
+    """The session's options, checked before anything is opened or written."""
+    if selection is None:
+        from hdeval.learn import selection
+    if strategy is not None and strategy not in selection.STRATEGIES:
+        raise ConfigError(f"--strategy {strategy!r}: choose one of {', '.join(selection.STRATEGIES)}")
+    if not 0 <= double_share <= 1:
+        raise ConfigError(f"--double-share must be between 0 and 1, got {double_share:g}")
+
+
 class LabelSession:
     """One labelling run over one pool. ``selection``: the module with ``pick``, ``assess`` and
     ``labels_to_reach`` (:mod:`hdeval.learn.selection`; a test may hand another)."""
@@ -74,10 +84,7 @@ class LabelSession:
             from hdeval.learn import selection
         if task.shape != "pointwise":
             raise DataError(f"task {task.name} judges pairs: the labelling app labels pointwise tasks only for now")
-        if strategy is not None and strategy not in selection.STRATEGIES:
-            raise DataError(f"--strategy {strategy!r}: choose one of {', '.join(selection.STRATEGIES)}")
-        if not 0 <= double_share <= 1:
-            raise DataError(f"--double-share must be between 0 and 1, got {double_share:g}")
+        check_options(strategy, double_share, selection)
         self.task, self.samples, self.store, self.selection = task, list(samples), store, selection
         self.strategy = strategy or selection.DEFAULT
         # the first labels, before a model exists, come from a diverse sample, unless the control
@@ -220,8 +227,7 @@ class LabelSession:
 
     def undo(self, rater: str, session: str) -> str | None:
         with self._lock:
-            pool = {s.id: s for s in self.samples}
-            sid = self.store.undo(rater=rater, session=session, samples=pool)
+            sid = self.store.undo(rater=rater, session=session)
             self._reload()
             if sid is not None and sid in self.index:
                 i = self.index[sid]
