@@ -116,9 +116,11 @@ def test_pick_is_fast_on_a_large_pool():
     labelled = np.arange(0, 1000, 10)
     y = np.nan_to_num(X[labelled, :2]) + rng.normal(size=(100, 2))
     pick(X, labelled, y, strategy="hybrid", groups=np.arange(10_000) // 5)  # warm up
-    start = time.perf_counter()
+    # CPU time, not wall time: on a shared machine the wall clock measures the neighbours.
+    # The target is 50 ms (about 30 ms unloaded); the slack is for slower CPUs.
+    start = time.process_time()
     pick(X, labelled, y, strategy="hybrid", groups=np.arange(10_000) // 5)
-    assert time.perf_counter() - start < 0.5  # the target is 50 ms; a loaded CI machine gets slack
+    assert time.process_time() - start < 0.3
 
 
 def test_assess_gives_a_held_out_figure_with_an_interval():
