@@ -287,7 +287,7 @@ def test_export_then_train_gives_the_figure_the_panel_showed(pool, tmp_path, ser
     assert run_cli("data", "export-labels", tmp_path / "labels.db", "-o", out).exit_code == 0
     art = tmp_path / "art"
     r = run_cli("train", "--task", pool[0], "--data", out, "--llm", "fake", "--cache-dir", CACHE,
-                "--layers", "2", "--test-frac", "0.3", "--train-frac", "0.7", "-o", art, "-q")
+                "--layers", "2", "--aggregator", "lr", "--test-frac", "0.3", "--train-frac", "0.7", "-o", art, "-q")
     assert r.exit_code == 0, r.output
     assert "LLM calls made: 0" in r.stderr  # the app's criteria and scores: the same cache entries
     import pandas as pd
@@ -332,7 +332,8 @@ def test_the_docs_screenshots_come_from_the_real_page(tmp_path, servers, browser
 
 
 def test_the_docs_commands_as_written(tmp_path):
-    """README's and docs/labelling.md's commands, verbatim, in a fresh folder beside examples/:
+    """README's and docs/labelling.md's commands (```sh blocks: tests/test_readme.py does not run a server
+    that runs until stopped), verbatim, in a fresh folder beside examples/:
     label (a few labels over HTTP, as the page sends them), stop, export, train."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     docs = (REPO / "docs" / "labelling.md").read_text(encoding="utf-8")
