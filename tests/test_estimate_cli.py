@@ -213,3 +213,18 @@ def test_apply_summary_gives_the_human_mean_and_the_labels_behind_it(work):
         inside = [row["lower"][rec["aspect"]] <= row["human"][rec["aspect"]] <= row["upper"][rec["aspect"]]
                   for row in rows if "human" in row]
         assert f"{sum(inside) / len(inside):.0%} of those 60 labels inside their prediction interval" in line
+
+
+def test_metrics_json_records_the_held_out_human_mean_and_its_labels(work):
+    """The test split's labels, their mean with its interval and the evaluator's mean there: what
+    `hdeval estimate` says of the same rows (every one labelled)."""
+    test = json.loads((work["art"] / "metrics.json").read_text())["intervals"]["test"]
+    r = run_cli("apply", work["art"], work["dir"] / "train.jsonl", "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "held_out.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    for rec in _records(run_cli("estimate", work["art"], "--data", work["dir"] / "held_out.jsonl", "--json")):
+        a = rec["aspect"]
+        assert test["labels"][a] == rec["n_labelled"] == rec["n"] == test["rows"]
+        got = test["human_mean"][a]
+        assert (got["estimate"], got["low"], got["high"], got["evaluator_mean"]) == pytest.approx(
+            (rec["estimate"], rec["low"], rec["high"], rec["evaluator_mean"]), abs=1e-5)
