@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.fetch import sha256_file
+from hdeval.methods.base import Explains, explain_refusal
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
@@ -219,9 +220,8 @@ def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: 
         ev = load_artifact(artifact)
         for w in ev.warnings if notify is not None else ():
             notify(f"warning: {w}")
-    refusal = ev.explain_refusal(artifact) if explain else None
-    if refusal:
-        raise ConfigError(refusal)
+    if explain and not isinstance(ev, Explains):
+        raise ConfigError(explain_refusal(ev, artifact, "--explain"))
     return ev, RowTrust(ev, max_interval_width)
 
 
@@ -235,9 +235,7 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
     rows = ev.output_rows(samples, res)
     trust.annotate(rows, samples, res)
     if explain:
-        from hdeval.methods.hdeval.explain import explain_samples
-
-        for row, expl in zip(rows, explain_samples(ev, res, top=top)):
+        for row, expl in zip(rows, ev.explain(res, top=top)):
             row["explanation"] = expl
     m = res.criteria
     needed = ev.columns_needed()
