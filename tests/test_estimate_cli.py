@@ -246,3 +246,11 @@ def test_the_report_banner_shows_the_coverage_and_the_labels_behind_it():
     # a figure that is not a number (an edited artifact) is left out, not shown or crashed on
     assert lines == [("clarity: the 90% intervals held 88% of 40 held-out labels; their human mean 3.20 "
                      "[3.00, 3.40], the evaluator's 3.55 on the same rows")]
+
+
+def test_a_group_name_cannot_drive_the_terminal(work):
+    def ansi(i, row):
+        row["system"] = "\x1b[2Jevil" if i % 2 else "B"
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "ansi.jsonl", ansi), "--by", "system")
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.stdout and "\\x1b[2Jevil" in r.stdout

@@ -122,6 +122,12 @@ def _group_name(value: Any) -> str:
     return json.dumps(value, sort_keys=True)[:80]
 
 
+def _shown(name: str) -> str:
+    """A group name as the terminal may show it: control characters escaped (one name, one
+    shown name: repr is one-to-one)."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def _prob(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise DataError(f"{where}: field {PROB_FIELD!r} is {value!r}, not a probability in (0, 1]")
@@ -220,7 +226,7 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         for k, g in enumerate(names):
             mine = codes == k
             lab, rest = mine & has, mine & ~has
-            cells[(a, str(g))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
+            cells[(a, _shown(str(g)))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
                                        else prob_of[lab], rest=P[rest, j])
     return cells, len(preds)
 
