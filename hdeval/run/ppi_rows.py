@@ -369,8 +369,10 @@ class RowsSummary:
                     f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
                     h = pair_value(row["human"]) if isinstance(row.get("human"), str) else None
                 else:
-                    f, h = row["scores"].get(a), (row.get("human") or {}).get(a)
-                if f is None or not math.isfinite(f):
+                    pred, human = row.get("scores"), row.get("human")
+                    f = pred.get(a) if isinstance(pred, dict) else None  # a plug-in's rows may differ
+                    h = human.get(a) if isinstance(human, dict) else None
+                if not _number(f) or (h is not None and not _number(h)):
                     continue
                 if h is None:
                     unlabelled.append(f)
