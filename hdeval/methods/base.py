@@ -108,6 +108,21 @@ class Fitted(ABC):
         """The method's own arguments, recorded in the manifest (how to rebuild it)."""
         return {}
 
+    @classmethod
+    def read_state(cls, art: "ArtifactReader") -> "BaseModel":
+        """``art.state`` validated by ``State`` (unknown fields refused); a one-line ArtifactError
+        naming the manifest and the first bad field."""
+        from pydantic import ValidationError
+
+        if cls.State is None:
+            raise TypeError(f"{cls.__name__} declares no State model")
+        try:
+            return cls.State.model_validate(art.state)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(x) for x in err["loc"]) or "(state)"
+            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {err['msg']}") from None
+
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
         """What names the default artifact directory ``artifacts/<task>-<suffix>``."""
