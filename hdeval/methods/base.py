@@ -57,6 +57,12 @@ class ScoreResult:
 
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
 
+    def __repr__(self) -> str:
+        failed = len(self.criteria.failures)
+        return (f"<{type(self).__name__}: {len(self.sample_ids)} sample(s) x {len(self.aspects)} aspect(s) "
+                f"({', '.join(self.aspects)}); {len(self.criteria.criterion_keys)} LLM-filled column(s), "
+                f"{failed} unreadable cell(s); .to_frame() for the table>")
+
 
 class Fitted(ABC):
     """A trained evaluator of some method, and the state and defaults every one shares: the task,
