@@ -53,8 +53,8 @@ def test_the_documented_plug_in_trains_applies_benchmarks_and_reports(tmp_path, 
         out[line.split()[1]] = r.stdout
     assert "toycalib (pointwise data)" in out["methods"] and "-O shrink=VALUE (default 0.0)" in out["methods"]
     manifest = json.loads((work / "toy" / "manifest.json").read_text())
-    assert manifest["method"] == "toycalib" and manifest["config"]["options"] == {"shrink": 0.1}
-    assert set(manifest["lines"]) == {"coherence", "consistency", "fluency", "relevance"}
+    assert manifest["method"] == "toycalib" and manifest["run"]["config"]["options"] == {"shrink": 0.1}
+    assert set(manifest["state"]["lines"]) == {"coherence", "consistency", "fluency", "relevance"}
     scored = [json.loads(x) for x in (work / "scored.jsonl").read_text().splitlines()]
     assert len(scored) == 6 and all(1 <= v <= 5 for r in scored for v in r["scores"].values())
     results = json.loads((work / "bench" / "results.json").read_text())
