@@ -385,9 +385,14 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         raise ArtifactError(f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
                             f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "
                             "older: upgrade hdeval")
-    for section in ("state", "run") if _layered(manifest) else ():
-        if not isinstance(manifest.get(section), dict):
-            raise ArtifactError(f"{mpath}: {section!r} must be a JSON object")
+    if _layered(manifest):  # format 4 on: the header, the run record and the state, nothing else
+        for section in ("state", "run"):
+            if not isinstance(manifest.get(section), dict):
+                raise ArtifactError(f"{mpath}: {section!r} must be a JSON object")
+        unknown = sorted(k for k in manifest if k not in HEADER_KEYS and k not in ("state", "run"))
+        if unknown:
+            raise ArtifactError(f"{mpath}: unknown field {unknown[0][:80]!r} (a format-{version} manifest holds "
+                                "the header, 'run' and 'state' only)")
     run = manifest["run"] if _layered(manifest) else manifest
     config = run.get("config", {})  # the run's options; methods read theirs from it
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):

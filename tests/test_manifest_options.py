@@ -124,6 +124,7 @@ def test_a_new_run_starts_from_a_format_2_artifacts_tree_as_from_a_format_3_one(
     (lambda m: m["run"].update(config="layers=2"), "'config' is not an object"),
     (lambda m: m.update(run=["seed", 0]), "'run' must be a JSON object"),
     (lambda m: m.update(state="features"), "'state' must be a JSON object"),
+    (lambda m: m.update(features=["a"]), "unknown field 'features' \\(a format-4 manifest holds the header"),
 ])
 def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
     from hdeval.errors import ArtifactError
