@@ -305,3 +305,19 @@ def test_rows_whose_llm_calls_failed_are_left_out_not_the_whole_file(work):
             del row["scores"]["clarity"]
     r = run_cli("estimate", work["art"], "--data", _edited(work, "absent.jsonl", absent))
     assert r.exit_code == 2 and "line 5: no scores.clarity (the artifact scores other aspects?)" in r.stderr
+
+
+def test_labels_that_all_agree_give_no_zero_width_interval(work):
+    """Two labels of 3 in a group gave the interval [3.000, 3.000] (90% certainty of the mean
+    from two rows) and '±0 is out of reach'; the difference from it claimed that precision too."""
+    def few(i, row):
+        if i < 4:
+            row["system"] = "D"
+            row["human"] = {"clarity": 3.0, "accuracy": 3.0} if i < 2 else None
+        if row.get("human") is None:
+            row.pop("human", None)
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "agree.jsonl", few), "--by", "system", "--json")
+    records = _records(r)
+    d = [x for x in records if x["kind"] == "mean" and x["group"] == "D"]
+    assert len(d) == 2 and all(x["estimate"] is None and "all 2 labels are 3" in x["reason"] for x in d)
+    assert not [x for x in records if x["kind"] == "difference" and "D" in (x["group"], x["baseline"])]

@@ -240,15 +240,23 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
     return cells, len(preds)
 
 
+def _constant(values: Any) -> bool:
+    return len(values) > 0 and min(values) == max(values)
+
+
 def _record(aspect: str, group: str, cell: _Cell, alpha: float, margin: float | None) -> tuple[dict, MeanEstimate | None]:
     base: dict[str, Any] = {"kind": "mean", "aspect": aspect, "group": group, "n_labelled": int(cell.y.size),
                             "n": int(cell.y.size + cell.rest.size)}
-    if cell.y.size < 2:
+    # labels that do not vary give a zero-width interval: certainty that two agreeing labels never give
+    why = (f"{cell.y.size} labelled row(s): an interval needs at least 2" if cell.y.size < 2 else
+           f"all {cell.y.size} labels are {cell.y[0]:g}: no spread to build an interval on" if _constant(cell.y)
+           else None)
+    if why is not None:
         n = cell.f.size + cell.rest.size
         return {**base, "estimate": None, "low": None, "high": None, "classical_low": None,
                 "classical_high": None,
                 "evaluator_mean": float((cell.f.sum() + cell.rest.sum()) / n) if n else None,
-                "reason": f"{cell.y.size} labelled row(s): an interval needs at least 2"}, None
+                "reason": why}, None
     e = ppi_mean(cell.y, cell.f, cell.rest, alpha=alpha, sampling_prob=cell.prob)
     target = margin if margin is not None else float(f"{e.half_width / 2:.2g}")
     more = e.labels_for(target) if target > 0 else None
@@ -407,7 +415,7 @@ class RowsSummary:
         labelled rows inside their prediction interval, with ``interval_labels`` behind it)."""
         out: dict[str, dict] = {}
         for a in self.aspects:
-            if len(self.y[a]) < 2:
+            if len(self.y[a]) < 2 or _constant(self.y[a]):  # no interval: as estimate says
                 continue
             e = ppi_mean(self.y[a], self.f[a], self.rest[a], alpha=self.alpha)
             inside = self.inside[a]
