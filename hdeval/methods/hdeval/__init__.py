@@ -50,15 +50,22 @@ def _plan(config, prep, backend):
 
 
 def _artifact_suffixes(config):
-    from hdeval.aggregate import KINDS
+    from hdeval.aggregate import CANDIDATES
 
     kind = config.options.aggregator
-    return KINDS if kind == "auto" else (kind,)
+    return CANDIDATES if kind == "auto" else (kind,)
 
 
 def _check_fit(ctx):
     if ctx.prep.task.shape == "pairwise":
+        from hdeval.aggregate import KINDS
+        from hdeval.errors import ConfigError
         from hdeval.methods.hdeval.pairwise import check_pairwise_options
+
+        kind = ctx.config.options.aggregator
+        if kind not in KINDS + ("auto",):  # the means and constrained linear models are pointwise only
+            raise ConfigError(f"--aggregator {kind}: a pairwise task's classifier is one of "
+                              f"{', '.join(KINDS)} or auto")
 
         return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
     from hdeval.methods.comparisons import hdeval_scorer
