@@ -838,3 +838,17 @@ def test_an_artifact_whose_llm_is_not_an_object_of_text_is_one_line_naming_the_m
     with pytest.raises(ArtifactError) as exc:
         load_artifact(art)
     assert str(art / "manifest.json") in str(exc.value) and "'llm'" in str(exc.value)
+
+
+@pytest.mark.parametrize("mode", ["direct", "dna"])
+def test_each_cached_reply_is_counted_once(tmp_path, mode):
+    """Issue #39 item 6: each reply holds both sides' scores and is read once per side; a
+    fully cached run counted every cache hit twice (1812 for 906 pairs)."""
+    from simjudge import pair_backend, pairwise_rows, write_pairs
+
+    data = write_pairs(tmp_path / "pairs.jsonl", pairwise_rows(12))
+    runs = [train(task="faireval", data=str(data), llm="fake", method="dna", dna_mode=mode,
+                  cache_dir=str(tmp_path / "c"), backend=pair_backend()).metrics["usage"] for _ in range(2)]
+    first, again = runs
+    assert first["calls"] > 0 and first["cache_hits"] == 0, first
+    assert again["calls"] == 0 and again["cache_hits"] == first["calls"], runs
