@@ -45,6 +45,10 @@ SIMPLE_KINDS = ("mean", "direct", "aspect_mean", "shrink", "nnls", "ridge")
 CANDIDATES = SIMPLE_KINDS + ("lr", "dt", "nn", "rf")
 # The kinds whose weights are fixed equal ones over some columns: nothing is learned but a scale.
 FIXED_KINDS = ("mean", "direct", "aspect_mean")
+# How much each candidate learns, for the one-standard-error rule: of the candidates within one
+# standard error of the best, the least complex are kept (between equals, the better figure).
+COMPLEXITY = {"mean": 0, "direct": 0, "aspect_mean": 0, "shrink": 1, "nnls": 2, "ridge": 2, "lr": 3,
+              "dt": 4, "nn": 5, "rf": 6}
 # Penalties RidgeCV (efficient leave-one-out on the training rows it is given) chooses among.
 RIDGE_ALPHAS = tuple(np.logspace(-2, 4, 13))
 N_FOLDS = 5
@@ -587,11 +591,15 @@ N_BOOTSTRAP = 200  # document resamples for the standard error of a difference i
 
 
 def one_standard_error(cands: Sequence[CandidateCV], Y: np.ndarray, groups: Sequence[str], floor: float = 0.0,
-                       random_state: int = 0, n_boot: int = N_BOOTSTRAP) -> Choice:
-    """The one-standard-error rule over candidates listed simplest first: the first whose
-    cross-validated figure is within one standard error of the best one's, at least ``floor``.
-    The standard error is that of the difference from the best, paired (the same out-of-fold
-    rows), by a bootstrap over the training documents: no model is refitted."""
+                       random_state: int = 0, n_boot: int = N_BOOTSTRAP,
+                       levels: Sequence[int] | None = None) -> Choice:
+    """The one-standard-error rule: of the candidates whose cross-validated figure is within one
+    standard error (at least ``floor``) of the best one's, the least complex (``levels``; default:
+    each kind's COMPLEXITY), between equals the better figure. The standard error is that of the
+    difference from the best, paired (the same out-of-fold rows), by a bootstrap over the
+    training documents: no model is refitted."""
+    if levels is None:
+        levels = [COMPLEXITY.get(c.kind, len(COMPLEXITY)) for c in cands]
     scores = [c.spearman if np.isfinite(c.spearman) else -np.inf for c in cands]
     best = int(np.argmax(scores))
     if not np.isfinite(scores[best]) or len(cands) == 1:
@@ -604,15 +612,14 @@ def one_standard_error(cands: Sequence[CandidateCV], Y: np.ndarray, groups: Sequ
     rng = np.random.default_rng(random_state)
     draws = [np.concatenate([docs[j] for j in rng.integers(0, len(docs), len(docs))]) for _ in range(n_boot)]
     best_b = np.array([average_spearman(Y2[d], cands[best].ranked[d]) for d in draws])
+    within: dict[int, float] = {best: floor}  # candidate -> its tolerance
     for i, c in enumerate(cands):
-        if i == best:
-            return Choice(i, best, floor)
-        if not np.isfinite(scores[i]):
+        if i == best or not np.isfinite(scores[i]) or levels[i] > levels[best]:
             continue
         diff = best_b - np.array([average_spearman(Y2[d], c.ranked[d]) for d in draws])
         diff = diff[np.isfinite(diff)]
-        se = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
-        tol = max(se, floor)
+        tol = max(float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0, floor)
         if scores[i] >= scores[best] - tol:
-            return Choice(i, best, tol)
-    return Choice(best, best, floor)  # pragma: no cover - the loop reaches the best
+            within[i] = tol
+    kept = min(within, key=lambda i: (levels[i], -scores[i], i))
+    return Choice(kept, best, within[kept])

@@ -249,7 +249,7 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     kinds = {r.layer: r.aggregator for r in reports}
     if folds and all(r.layer in folds for r in eligible) and len(layers) > 1:
         pick = one_standard_error([folds[r.layer][r.aggregator] for r in eligible], Y[tr], groups,
-                                  LAYER_MARGIN, seed)
+                                  LAYER_MARGIN, seed, levels=layers)
         cv = {r.layer: r.selection_scores.get(r.aggregator) for r in reports}
         best = layers[pick.kept]
         top = layers[pick.best]
