@@ -68,10 +68,12 @@ def write_pairs(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False) -> FakeBackend:
-    """A DnA judge: each aspect score is the response's latent plus noise, rounded to 1-10, and
-    written in ``fmt`` (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a
-    request carrying a JSON schema is answered with ``{"score_a": .., "score_b": ..}``."""
+def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False,
+                 first_bonus: float = 0.0) -> FakeBackend:
+    """A DnA judge: each aspect score is the response's latent plus noise (plus ``first_bonus``
+    for the response shown first: a position bias), rounded to 1-10, and written in ``fmt``
+    (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a request carrying a JSON
+    schema is answered with ``{"score_a": .., "score_b": ..}``."""
 
     def scores(request: CompletionRequest) -> tuple[int, int]:
         prompt = _prompt(request)
@@ -81,7 +83,7 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
         a_first = prompt.find("Answer one") < prompt.find("Answer two")
         first, second = (q[0], q[1]) if len(q) >= 2 else (5.0, 5.0)
         out = []
-        for side, lat in (("1", first), ("2", second)):
+        for side, lat in (("1", first + first_bonus), ("2", second)):
             v = lat + noise * unit_normal(key, side, prompt[-400:], str(a_first))
             out.append(int(min(10, max(1, round(v)))))
         return out[0], out[1]
