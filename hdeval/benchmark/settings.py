@@ -32,7 +32,9 @@ DEFINITIONS = {
     "rows": "every figure is taken on the test rows every method of the same seed and training fraction "
             "scored ('compared'): a row with an empty LLM-filled cell or no prediction in any method's run "
             "is left out for all of them (whatever a method does with it: HD-Eval imputes, direct leaves "
-            "it empty). failure_rate: a method's share of test rows it failed on.",
+            "it empty). failure_rate: a method's share of test rows it failed on. 'own_rows': the method's "
+            "figure on all its own test rows (those it did not fail on, whatever other methods failed), "
+            "with its failure rate, beside the compared-rows figure used for every comparison.",
     "bootstrap": "One estimate over all seeds: per resample, each seed's compared test documents are drawn "
                  "with replacement (seeded, within that seed) and the statistic is averaged over the seeds; "
                  "95% percentile interval of the average dataset-level Spearman (pairwise: both agreements), "
@@ -88,6 +90,21 @@ def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tupl
     return kept, rows
 
 
+def own_rows(ho: HeldOut | PairHeldOut) -> dict[str, Any]:
+    """A run's figure on all its own test rows (every row it did not fail on, whatever the other
+    methods failed), with its failure rate: next to the compared-rows figure, it shows how much
+    a method's headline owes to the rows other methods failed on."""
+    n = len(ho.sample_ids)
+    ok = np.ones(n, bool) if ho.failed is None else ~ho.failed
+    mine = ho.rows(ok)
+    rec: dict[str, Any] = {"rows": int(ok.sum()), "failure_rate": _num((n - ok.sum()) / n) if n else None}
+    if isinstance(mine, PairHeldOut):
+        rec["agreement"] = {v: pair_agreement(mine.human, *ab) for v, ab in mine.predictions.items()}
+    else:
+        rec["dataset"] = metric_table(mine.y, mine.pred, mine.aspects)
+    return rec
+
+
 def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """The LLM use of these runs summed: requests (calls paid + cache hits), then each count."""
     u = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
@@ -96,11 +113,12 @@ def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | None, frac: float, seed: int,
-                rows: Mapping[str, Any]) -> dict[str, Any]:
+                rows: Mapping[str, Any], own: Mapping[str, Any] | None = None) -> dict[str, Any]:
     m = fitted.metrics
     rec = {"method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
            "fitted_aggregator": fitted.fitted_aggregator(), "n_train": m["split"]["train"],
-           "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows)}
+           "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows),
+           **({"own_rows": dict(own)} if own is not None else {})}
     if isinstance(ho, PairHeldOut):
         return {**rec, "agreement": {v: pair_agreement(ho.human, *ab) for v, ab in ho.predictions.items()}}
     rec.update({
@@ -156,6 +174,16 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
              "rows": {"compared": [r["rows"]["compared"] for r in mine],
                       "documents_compared": [r["rows"]["documents_compared"] for r in mine],
                       "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}}
+        if all("own_rows" in r for r in mine):
+            s["own_rows"] = {"rows": [r["own_rows"]["rows"] for r in mine],
+                             "failure_rate": mean_std([r["own_rows"]["failure_rate"] for r in mine])}
+            if pairwise:
+                s["own_rows"]["agreement"] = {
+                    v: {k: mean_std([((r["own_rows"]["agreement"].get(v) or {}).get(k)) for r in mine])
+                        for k in PAIR_STATISTICS} for v in s["agreement"]}
+            else:
+                s["own_rows"]["average_spearman"] = mean_std(
+                    [_avg(r["own_rows"]["dataset"], "spearman") for r in mine])
         if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
