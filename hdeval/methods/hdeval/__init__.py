@@ -68,7 +68,7 @@ def _check_fit(ctx):
                               f"{', '.join(KINDS)} or auto")
 
         return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
-    from hdeval.methods.comparisons import hdeval_scorer
+    from hdeval.methods.hdeval.scorer import hdeval_scorer
 
     hdeval_scorer(ctx)
 
