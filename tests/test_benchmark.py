@@ -282,10 +282,14 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
         assert [p["layer"] for p in e["points"]] == [1, 2]
         for p in e["points"]:
             counts = [x["criteria_per_layer"][str(p["layer"])] for x in seeds]
-            spear = [x["layers"][str(p["layer"])]["average"]["spearman"] for x in seeds]
+            # on the compared rows, as the main table (issue #39 item 4)
+            spear = [x["layers_compared"][str(p["layer"])]["average"]["spearman"] for x in seeds]
             assert p["criteria"]["mean"] == pytest.approx(np.mean(counts)) and p["criteria"]["n"] == 2
-            assert p["spearman"] == s["layers"][str(p["layer"])]
+            assert p["spearman"] == s["layers_compared"][str(p["layer"])]
             assert p["spearman"]["mean"] == pytest.approx(np.mean(spear), abs=1e-5)
+        # the kept layer's point is the main table's figure for the same evaluator on the same rows
+        for x in seeds:
+            assert x["layers_compared"][str(x["kept_layer"])] == x["dataset"]
         assert e["points"][0]["criteria"]["mean"] == 2 < e["points"][1]["criteria"]["mean"]
     assert set(res["cost"]) == {"direct", "hdeval"} and res["cost"]["hdeval"]["runs"] == 8
     assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())

@@ -83,7 +83,8 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
                          *[_ms(s["baselines"].get(k)) for k in base_keys]] for s in ablation]))
     if results.get("criteria_efficiency"):
         tables.append(("Criteria efficiency (held-out average Spearman against the number of criteria the "
-                       "evaluator uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):",
+                       "evaluator uses, on the rows compared, as above; HD-Eval: its layer-k proxy aggregator, "
+                       "direct: the aspects):",
                        ["method", "train frac", "layer", "criteria", "average Spearman"],
                        [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
                          _ms1(pt["criteria"]), _ms(pt["spearman"])]
