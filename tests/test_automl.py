@@ -174,3 +174,18 @@ def test_the_report_explains_a_kept_mean_as_the_model_it_is(tmp_path, kind):
         assert used == ({aspect} if kind == "direct" else set(ev.task.aspect_keys)), (aspect, table["mean_abs"])
     banner = (tmp_path / "rep" / "report.html").read_text()
     assert "aggregator kept" in banner and f"as asked (--aggregator {kind})" in banner
+
+
+def test_a_pairwise_task_refuses_a_pointwise_only_aggregator_before_any_call(tmp_path):
+    """The means and constrained linear models map criterion scores to a score; a pairwise
+    task's aggregator is a classifier of the preferred side: one line, no call made."""
+    from conftest import REPO
+    from hdeval.backends.fake import FakeBackend
+    from hdeval.errors import ConfigError
+
+    fake = FakeBackend()
+    with pytest.raises(ConfigError) as err:
+        train(task=str(REPO / "examples" / "pairs_task.toml"), data=str(REPO / "examples" / "pairs.jsonl"),
+              llm="fake", layers=1, aggregator="mean", cache_dir=str(tmp_path / "c"), backend=fake)
+    assert "--aggregator mean" in str(err.value) and "lr, dt, rf, nn or auto" in str(err.value)
+    assert "\n" not in str(err.value) and fake.calls == 0
