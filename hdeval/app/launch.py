@@ -66,7 +66,8 @@ class LabelApp:
             holder["c"] = crit
             n, c = len(self.session.samples), len(crit.criteria)
             calls, cached, tokens = crit.plan(self.llm, self.session.samples)
-            self.notify(f"scoring {n} samples on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
+            what = "pairs (each response alone)" if task.shape == "pairwise" else "samples"
+            self.notify(f"scoring {n} {what} on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
                         f"them cached, ~{tokens / 1e6:.2f} M prompt tokens in all; labelling starts "
                         "with the first scored samples")
             return crit.keys
