@@ -131,3 +131,17 @@ def test_the_panel_agreement_is_pairwise_and_people_agree_on_a_nominal_scale(pai
     assert alpha is not None and alpha < 0.5
     html = client(s).get("/panel").text
     assert "alpha (nominal)" in html and "Choice (A, B or tie)" in html
+
+
+def test_a_pair_whose_response_changed_is_flagged_not_reused(pairs, tmp_path):
+    task, _, data, samples = pairs
+    db = tmp_path / "labels.db"
+    with LabelStore(db, task) as store:
+        store.add(samples[1], {"label": "a"}, rater="ann", session="s")
+        store.add(samples[2], {"label": "b"}, rater="ann", session="s")
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    rows[1]["output_b"] += " (edited)"  # only a response changed: the input fields are the same
+    edited = read_task_samples(write_jsonl(tmp_path / "edited.jsonl", rows), task, require_labels=False)
+    s = LabelSession(task, edited, LabelStore(db, task))
+    assert s.changed == [samples[1].id]
+    assert [edited[i].id for i in s.labelled()[0]] == [samples[2].id]
