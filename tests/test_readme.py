@@ -579,12 +579,16 @@ def run_page(text: str, work: Path, tmp: Path, local: bool) -> int:
 def test_readme_commands_run_as_written(fresh: Path, tmp_path: Path) -> None:
     assert run_page(README, fresh, tmp_path, local=False) >= 8
     # what the quick start and "your own data" promise the user sees
-    assert (fresh / "my.jsonl").is_file() and (fresh / "artifacts" / "my-eval" / "manifest.json").is_file()
+    assert (fresh / "artifacts" / "ratings.toml").is_file()
+    assert (fresh / "artifacts" / "my-eval" / "manifest.json").is_file()
     assert (fresh / "artifacts" / "my-eval" / "report" / "report.html").is_file()
-    rows = [json.loads(line) for line in (fresh / "scored.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (fresh / "artifacts" / "scored.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["new-qa-0", "new-qa-1", "new-qa-2"]
-    assert all(set(r["scores"]) == {"clarity", "accuracy"} for r in rows)
-    assert len((fresh / "judged.jsonl").read_text().splitlines()) == 2
+    assert all(set(r["scores"]) == {"clear", "correct"} for r in rows)  # the aspects `hdeval init` found
+    assert len((fresh / "artifacts" / "judged.jsonl").read_text().splitlines()) == 2
+    # a clone stays clean: everything the commands wrote is under artifacts/, which .gitignore covers
+    assert sorted(p.name for p in fresh.iterdir()) == ["artifacts", "examples"]
+    assert "/artifacts/*" in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
 
 
 @pytest.mark.slow

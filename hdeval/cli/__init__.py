@@ -22,13 +22,15 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.admin import cache, methods_cmd, tasks_cmd
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
+    from hdeval.cli.check import check
     from hdeval.cli.data import data
+    from hdeval.cli.init import init
     from hdeval.cli.paireval import paireval
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
-                    benchmark):
+                    benchmark, init, check):
         cli.add_command(command)
 
 

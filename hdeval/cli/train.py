@@ -71,7 +71,9 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     """
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
         from hdeval.artifact import check_destination
+        from hdeval.run.output import refuse_in_cache
 
+        refuse_in_cache(out, options.get("cache_dir"), "-o")
         check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
     from hdeval.train import TrainConfig, plan, train as run_train
@@ -100,7 +102,7 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
         from hdeval.run.output import check_output
 
         check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                     option="--export-requests")
+                     option="--export-requests", cache_dir=config.cache_dir)
     progress = TerminalProgress(quiet)
     if "local" in (_resolved(config.llm), (config.options.second_llm_given() or ("",))[0]):
         _notice_local("local")  # once, for the scoring or the second LLM

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hdeval.data import parse_json_line, read_samples, write_jsonl
+from hdeval.data import content_id, parse_json_line, read_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError
 from hdeval.types import Task
 
@@ -158,7 +158,8 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
 
     Every row is checked first and all problems (up to 20) are raised together in one
     :class:`DataError`, each with its row number (1-based, header not counted; the file line
-    as well for CSV and JSONL). Ids come from the id column or are ``<task>-<row:05d>``;
+    as well for CSV and JSONL). Ids come from the id column or from the row's texts
+    (:func:`hdeval.data.content_id`: a new file's rows never take a training file's ids);
     ``doc_id`` from the doc column, else a hash of the source text, so outputs of one source stay
     on one side of a split. ``unscored``: import without human scores (data to score)."""
     if task.shape != "pointwise":
@@ -203,6 +204,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
     errors: list[str] = []
     rows: list[dict] = []
     seen: dict[str, int] = {}
+    derived: dict[str, int] = {}
     for number, (line, values) in enumerate(records, 1):
         problems: list[str] = []
         texts: dict[str, str | None] = {}
@@ -221,7 +223,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         sid = _scalar(values, id_col)
         if id_col and sid is None:
             problems.append(f"empty id in column {id_col!r}")
-        sid = sid or f"{task.name}-{number:05d}"
+        sid = sid or content_id(task.name, texts, derived)
         if sid in seen:
             problems.append(f"id {sid!r} already used in row {seen[sid]}")
 

@@ -1,0 +1,252 @@
+"""A new user's first hour (#37): files never overwritten, nothing written inside the reply cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import one_error, run_cli
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def qa_artifact(tmp_path_factory) -> Path:
+    """The quick start's task trained with the fake LLM (once for this module's tests)."""
+    from hdeval.train import train
+
+    where = tmp_path_factory.mktemp("qa")
+    ev = train(task=str(EXAMPLES / "qa_task.toml"), llm="fake", layers=1, aggregator="lr",
+               cache_dir=str(where / "cache"))
+    return ev.save(where / "art")
+
+
+def test_data_import_refuses_an_existing_output_without_force(tmp_path: Path) -> None:
+    mine = tmp_path / "support.jsonl"
+    mine.write_text("my rated training file\n", encoding="utf-8")
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine)
+    one_error(res, str(mine), "exists", "--force")
+    assert mine.read_text(encoding="utf-8") == "my rated training file\n"
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine, "--force")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text(encoding="utf-8").startswith("{")
+
+
+@pytest.mark.parametrize("option", ["-o", "--export-requests"])
+def test_apply_refuses_an_existing_output_without_force(qa_artifact: Path, tmp_path: Path, option: str) -> None:
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text("an engine's paid results\n", encoding="utf-8")
+    llm = ["--llm", "fake"] if option == "-o" else ["--llm", "gpt-4o-mini", "--base-url", "http://127.0.0.1:9/v1"]
+    res = run_cli("apply", qa_artifact, EXAMPLES / "new_qa.jsonl", option, scored, *llm,
+                  "--cache-dir", tmp_path / "cache")
+    one_error(res, option, str(scored), "exists", "--force")
+    assert scored.read_text(encoding="utf-8") == "an engine's paid results\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["apply", "{art}", str(EXAMPLES / "new_qa.jsonl"), "--llm", "fake", "--force", "-o"],
+    ["apply", "{art}", str(EXAMPLES / "new_qa.jsonl"), "--llm", "gpt-4o-mini", "--force", "--export-requests"],
+    ["data", "import", str(EXAMPLES / "ratings.csv"), "--task", str(EXAMPLES / "qa_task.toml"), "--force", "-o"],
+    ["train", "--task", str(EXAMPLES / "qa_task.toml"), "--llm", "fake", "--force", "-o"],
+])
+@pytest.mark.parametrize("target", ["replies.db", "new"])
+def test_no_output_lands_inside_the_reply_cache(tmp_path: Path, command: list[str], target: str,
+                                                monkeypatch) -> None:
+    """Even with --force: replacing replies.db loses every paid reply."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "replies.db").write_bytes(b"SQLite format 3\x00 paid replies")
+    if command[0] == "train" and target == "replies.db":
+        target = "art"  # an artifact is a directory
+    args = [a.replace("{art}", str(tmp_path / "art")) for a in command] + [cache / target]
+    if command[0] == "data":  # no --cache-dir: the cache the environment names
+        monkeypatch.setenv("HDEVAL_CACHE_DIR", str(cache))
+    else:
+        args += ["--cache-dir", cache]
+    res = run_cli(*args)
+    one_error(res, "inside the LLM reply cache")
+    assert (cache / "replies.db").read_bytes() == b"SQLite format 3\x00 paid replies"
+    assert sorted(p.name for p in cache.iterdir()) == ["replies.db"]  # nothing written, nothing opened
+
+
+def test_the_default_cache_is_protected_too(tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "default-cache"
+    monkeypatch.setenv("HDEVAL_CACHE_DIR", str(cache))
+    cache.mkdir()
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "-o", cache / "cache.db")
+    one_error(res, "inside the LLM reply cache")
+    assert not (cache / "cache.db").exists()
+
+
+def test_rows_imported_later_never_take_a_training_rows_id(tmp_path: Path) -> None:
+    """#37 item 4: ids were <task>-00001... in every file, so new rows read as training rows."""
+    train_csv = tmp_path / "train.csv"
+    train_csv.write_text("question,answer,clear,correct\nWhy?,Because.,4,3\nHow?,Like this.,2,5\n", encoding="utf-8")
+    new_csv = tmp_path / "new.csv"
+    new_csv.write_text("question,answer\nWhat?,That.\nWhen?,Now.\nWhy?,Because.\n", encoding="utf-8")
+    common = ["--task", EXAMPLES / "qa_task.toml", "--source-col", "question", "--output-col", "answer"]
+    assert run_cli("data", "import", train_csv, *common, "--score-col", "clarity=clear", "--score-col",
+                   "accuracy=correct", "-o", tmp_path / "train.jsonl").exit_code == 0
+    assert run_cli("data", "import", new_csv, *common, "--unscored", "-o", tmp_path / "new.jsonl").exit_code == 0
+    train_ids = [json.loads(x)["id"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    new_ids = [json.loads(x)["id"] for x in (tmp_path / "new.jsonl").read_text().splitlines()]
+    assert len(set(train_ids + new_ids)) == 4  # the two new rows are new; "Why? Because." is the same row
+    assert new_ids[2] == train_ids[0] and not set(new_ids[:2]) & set(train_ids)
+
+
+def init_task(tmp_path: Path, *extra: str):
+    task = tmp_path / "task.toml"
+    res = run_cli("init", EXAMPLES / "ratings.csv", "-o", task, "--source-col", "question", "--output-col", "answer",
+                  *extra)
+    assert res.exit_code == 0, res.output
+    return task, res
+
+
+def test_init_writes_a_task_that_reads_the_users_file_as_it_is(tmp_path: Path) -> None:
+    from hdeval.data import find_data, read_task_samples
+    from hdeval.tasks import load_task
+
+    path, res = init_task(tmp_path)
+    assert "aspects clear [2, 5], correct [1, 5]" in res.stdout and "next: hdeval train --task" in res.stdout
+    task = load_task(path)
+    assert [f.key for f in task.fields] == ["source", "output"] and task.aspect_keys == ("clear", "correct")
+    samples = read_task_samples(find_data(task, None), task)
+    assert len(samples) == 24 and samples[1].fields["output"] == "Because the ocean reflects onto it."
+    assert samples[1].scores == {"clear": 4.0, "correct": 1.0}
+    assert samples[0].doc_id == samples[1].doc_id != samples[3].doc_id  # one question, one document
+    dry = run_cli("train", "--task", path, "--llm", "fake", "--dry-run")  # no other flag
+    assert dry.exit_code == 0, dry.output
+    assert "dry run for task ratings: 24 samples" in dry.stdout
+
+
+def test_init_in_a_script_says_which_option_is_missing(tmp_path: Path) -> None:
+    data = tmp_path / "r.csv"
+    data.write_text("q,a,score\nWhy?,Because.,3\nHow?,So.,4\n", encoding="utf-8")
+    res = run_cli("init", data, "-o", tmp_path / "t.toml")
+    one_error(res, "--output-col", "columns: q, a, score")
+    assert not (tmp_path / "t.toml").exists()
+    mine = tmp_path / "mine.toml"
+    mine.write_text("# my task\n", encoding="utf-8")
+    one_error(run_cli("init", data, "-o", mine, "--output-col", "a"), "exists", "--force")
+    assert mine.read_text(encoding="utf-8") == "# my task\n"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])
+def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None:
+    """apply, train and report read a file through the task's [columns], whatever its format."""
+    from hdeval.data import iter_task_chunks
+    from hdeval.tasks import load_task
+
+    path, _ = init_task(tmp_path)
+    task = load_task(path)
+    rows = [{"question": "What is rain?", "answer": "Water from clouds.", "note": "n1"},
+            {"question": "Why is grass green?", "answer": "Chlorophyll.", "note": "n2"}]
+    data = tmp_path / f"new.{fmt}"
+    if fmt == "json":
+        data.write_text(json.dumps(rows), encoding="utf-8")
+    else:
+        sep = "\t" if fmt == "tsv" else ","
+        data.write_text("".join(sep.join(r.values()) + "\n" for r in [dict(zip(rows[0], rows[0])), *rows]))
+    chunks = list(iter_task_chunks(data, task, require_labels=False))
+    assert [s.fields["output"] for s in chunks[0]] == ["Water from clouds.", "Chlorophyll."]
+    assert [s.line for s in chunks[0]] == ([2, 3] if fmt != "json" else [1, 2])
+
+
+def test_parquet_input_without_pyarrow_is_one_line_saying_how(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    from hdeval.data import read_task_samples
+    from hdeval.errors import ConfigError
+    from hdeval.tasks import load_task
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    data = tmp_path / "new.parquet"
+    data.write_bytes(b"PAR1")
+    with pytest.raises(ConfigError, match=r"new.parquet needs pyarrow: pip install pyarrow"):
+        read_task_samples(data, load_task(EXAMPLES / "qa_task.toml"))
+
+
+def test_a_wall_of_one_problem_is_one_line_with_a_count(tmp_path: Path) -> None:
+    """#37 item 6: the same missing score on every line was printed 20 times, the fix last."""
+    from hdeval.data import read_samples
+    from hdeval.errors import DataError
+    from hdeval.tasks import load_task
+
+    task = load_task(EXAMPLES / "qa_task.toml")
+    rows = [json.loads(x) for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()]
+    for r in rows:
+        del r["scores"]["accuracy"]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_samples(data, task)
+    text = str(err.value)
+    assert text.count("scores.accuracy is missing") == 1 and len(text) < 400, text
+    assert "pass --aspects clarity" in text.split("lines 1, 2, 3")[0]  # the fix first
+    assert f"and {len(rows) - 3} more" in text
+
+
+@pytest.mark.slow
+def test_init_train_apply_csv_with_no_edit(tmp_path: Path, monkeypatch) -> None:
+    """The issue's done line: init in a script, train with no other flag, apply a CSV of the same
+    layout, keeping its columns."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HDEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = init_task(tmp_path)
+    res = run_cli("train", "--task", path, "--llm", "fake")
+    assert res.exit_code == 0, res.output
+    art = next((tmp_path / "artifacts").iterdir())
+    new = tmp_path / "new.csv"
+    new.write_text("question,answer,rater_note\nWhat is rain?,Water from clouds.,n1\n"
+                   "Why is the sky blue?,Because the ocean reflects onto it.,n2\n", encoding="utf-8")
+    res = run_cli("apply", art, new, "-o", tmp_path / "scored.csv", "--keep-columns", "--llm", "fake")
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    out = pd.read_csv(tmp_path / "scored.csv")
+    assert list(out.columns[:3]) == ["question", "answer", "rater_note"] and list(out["rater_note"]) == ["n1", "n2"]
+    # the second row is a training row (same texts, same id): flagged, the first is not
+    assert list(out["in_training"]) == [False, True]
+
+
+def test_check_exits_1_below_its_threshold_and_0_above(qa_artifact: Path, tmp_path: Path) -> None:
+    from hdeval.testing import assert_aligned
+
+    cache = ["--cache-dir", qa_artifact.parent / "cache", "--llm", "fake"]
+    passed = run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-spearman", "-1", *cache)
+    assert passed.exit_code == 0, passed.output
+    assert passed.stdout.startswith("check passed: held-out Spearman") and "on 12 rows" in passed.stdout
+    failed = run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-spearman", "0.99", *cache)
+    assert failed.exit_code == 1 and failed.stdout == ""
+    assert [line for line in failed.stderr.splitlines() if line.startswith("check")] == [
+        line for line in failed.stderr.splitlines() if "is below 0.99 on 12 rows" in line]
+    with pytest.raises(AssertionError, match="is below 0.99"):
+        assert_aligned(qa_artifact, EXAMPLES / "qa.jsonl", min_spearman=0.99, llm="fake",
+                       cache_dir=str(qa_artifact.parent / "cache"))
+    res = assert_aligned(qa_artifact, EXAMPLES / "qa.jsonl", min_spearman=-1, llm="fake",
+                         cache_dir=str(qa_artifact.parent / "cache"))
+    assert res.passed and res.rows == 12 and res.value is not None
+
+
+def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_path: Path) -> None:
+    cache = ["--cache-dir", qa_artifact.parent / "cache", "--llm", "fake"]
+    one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "new_qa.jsonl", "--min-spearman", "0.5", *cache),
+              "no human scores")
+    one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-agreement", "0.5", *cache),
+              "--min-spearman")
+    training = tmp_path / "train_rows.jsonl"
+    split = json.loads((qa_artifact / "manifest.json").read_text())["split"]["train"]
+    training.write_text("".join(x + "\n" for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()
+                                if json.loads(x)["id"] in split), encoding="utf-8")
+    one_error(run_cli("check", qa_artifact, "--data", training, "--min-spearman", "0.5", *cache),
+              "training split")
