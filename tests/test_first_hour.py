@@ -250,3 +250,18 @@ def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_pat
                                 if json.loads(x)["id"] in split), encoding="utf-8")
     one_error(run_cli("check", qa_artifact, "--data", training, "--min-spearman", "0.5", *cache),
               "training split")
+
+
+def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
+    """#37 item 2: trained without --data (the task's data_file found beside it), the report said
+    the training data was not available and showed no sample text and no raw reply."""
+    from hdeval.methods.registry import load_artifact
+    from hdeval.report.samples import data_path, score_replies
+
+    ev = load_artifact(qa_artifact)
+    assert data_path(ev, None) == EXAMPLES / "qa.jsonl"
+    wanted = ["qa-00-1", "qa-03-2"]
+    replies, items = score_replies(ev, wanted, list(ev.columns_needed())[:1], data_path(ev, None),
+                                   qa_artifact.parent / "cache")
+    assert replies.note is None and set(items) == set(wanted)
+    assert len(replies.texts) == 2 and all(t.strip() for t in replies.texts.values())  # the raw replies
