@@ -265,3 +265,40 @@ def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
                                    qa_artifact.parent / "cache")
     assert replies.note is None and set(items) == set(wanted)
     assert len(replies.texts) == 2 and all(t.strip() for t in replies.texts.values())  # the raw replies
+
+
+def test_the_summary_says_what_its_numbers_mean_and_what_to_do(tmp_path: Path) -> None:
+    """#37 item 1: an unlabelled difference, unjudged intervals, lines said twice, no next step."""
+    task = EXAMPLES / "qa_task.toml"
+    res = run_cli("train", "--task", task, "--tree", EXAMPLES / "qa_tree.json", "--layers", "2", "--llm", "fake",
+                  "-o", tmp_path / "art", "--cache-dir", tmp_path / "c")
+    assert res.exit_code == 0, res.output
+    out = res.stdout + res.stderr
+    metrics = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    final, direct = metrics["final"]["average"]["spearman"], metrics["direct_layer1"]["average"]["spearman"]
+    assert f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})" in out
+    hw = metrics["intervals"]["half_width"]
+    assert f"clarity ±{hw['clarity']:.2f}, accuracy ±{hw['accuracy']:.2f} on a 1-5 scale: too wide to use" in out
+    assert "a --tree file's layers are kept whole" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    dups = {line for line in lines if lines.count(line) > 1 and not line.startswith(("scoring", "decomposing"))}
+    assert not dups and sum("prediction intervals" in line for line in lines) == 1
+    assert sum("is not kept as the evaluator" in line or "a baseline is not kept" in line for line in lines) <= 2
+    assert res.stdout.rstrip().splitlines()[-1].startswith("then: train with a real LLM")
+
+
+def test_next_step_follows_the_figures() -> None:
+    from hdeval.report.banner import interval_verdict, next_step
+
+    common = dict(n_train=200, n_features=10, n_test=100, path="artifacts/x")
+    assert next_step(identity="gpt-4o-mini", evaluator=0.6, direct=0.4, too_wide=False, **common) == \
+        "this evaluator is ready: hdeval apply artifacts/x NEW.jsonl -o scored.jsonl"
+    losing = next_step(identity="gpt-4o-mini", evaluator=0.1, direct=0.5, too_wide=False, **common)
+    assert "more labels (`hdeval label`" in losing and "another LLM (--llm)" in losing
+    crowded = next_step(identity="gpt-4o-mini", evaluator=0.1, direct=0.5, too_wide=False,
+                        **{**common, "n_train": 30})
+    assert "fewer criteria" in crowded
+    assert "a real LLM" in next_step(identity="local", evaluator=0.1, direct=0.5, too_wide=False, **common)
+    assert "too wide" in next_step(identity="gpt-4o", evaluator=0.6, direct=0.4, too_wide=True, **common)
+    assert interval_verdict({"a": 0.4}, {"a": (1, 5)}) == "a ±0.40 on a 1-5 scale: narrow enough to use"
+    assert interval_verdict({"a": 2.97}, {"a": (1, 5)}).endswith("too wide to use (wider than half the scale)")

@@ -376,12 +376,14 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
     metrics = json.loads((art / "metrics.json").read_text())
     kept = metrics["selection"]["kept_layer"]  # the layer chosen on training data, not the deepest
     assert re.search(rf"final evaluator: layer {kept} of 2 built, aggregator lr, \d+ criteria \(", r.stdout)
-    assert "90% prediction intervals (split conformal on training residuals)" in r.stdout
+    assert "90% prediction intervals: clarity ±" in r.stdout
     direct = metrics["direct_layer1"]["average"]["spearman"]
     final = metrics["final"]["average"]["spearman"]
-    assert f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; " \
-           f"the trained evaluator is {final - direct:+.3f}" in r.stdout
-    assert r.stdout.rstrip().splitlines()[-1] == f"next: hdeval report {art}"
+    assert f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})" \
+        in r.stdout
+    assert r.stdout.rstrip().splitlines()[-2:] == [
+        f"next: hdeval report {art}", "then: train with a real LLM (--llm): the fake LLM's numbers only show the "
+        "pipeline runs"]
     # 18 training rows for 2 + 8 criteria, 18 held out: both are too few and said so.
     assert "warning: 18 training samples for" in r.stderr and "may overfit" in r.stderr
     assert "warning: only 18 held-out samples" in r.stderr
