@@ -302,3 +302,23 @@ def test_next_step_follows_the_figures() -> None:
     assert "too wide" in next_step(identity="gpt-4o", evaluator=0.6, direct=0.4, too_wide=True, **common)
     assert interval_verdict({"a": 0.4}, {"a": (1, 5)}) == "a ±0.40 on a 1-5 scale: narrow enough to use"
     assert interval_verdict({"a": 2.97}, {"a": (1, 5)}).endswith("too wide to use (wider than half the scale)")
+
+
+@pytest.mark.parametrize("typo, meant", [("fak", "fake"), ("Fake", None), ("locl", "local"), ("loacl", "local"),
+                                         ("gpt-4o-mini", None), ("lake", "fake")])
+def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo: str, meant: str | None) -> None:
+    """#37 item 7: --llm fak became a paid OpenAI model named "fak"."""
+    from hdeval.cli.options import did_you_mean
+
+    assert did_you_mean(typo, None) == meant
+    assert did_you_mean(typo, "http://127.0.0.1:8000/v1") is None  # a server's own model name
+    if meant:
+        res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", typo, "--dry-run")
+        assert res.exit_code == 2 and f"did you mean {meant!r}?" in res.stderr
+
+
+def test_the_dry_run_says_where_calls_would_go() -> None:
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", "gpt-4o-mini", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "calls would go to: model gpt-4o-mini at https://api.openai.com/v1 (OpenAI's API: paid per token)" \
+        in res.stdout

@@ -193,10 +193,23 @@ def _check_default_outputs(config, force: bool) -> None:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
 
 
+def _destination(shown: str) -> str:
+    """Who a run would call, in words: a server and its URL, this machine, or nobody."""
+    kind, _, rest = shown.partition(":")
+    if kind == "fake":
+        return "nobody: the fake LLM answers offline"
+    if kind == "openai":
+        model, _, url = rest.partition("@")
+        paid = " (OpenAI's API: paid per token)" if "api.openai.com" in url else ""
+        return f"model {model} at {url}{paid}"
+    return f"the model {shown} on this machine"
+
+
 def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None, price_out: float | None,
                 dec_in: float | None, dec_out: float | None) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}")
+    click.echo(f"calls would go to: {_destination(shown_identity(identity))}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
     if staged:
         width = max(len(p.stage) for p in plans)
