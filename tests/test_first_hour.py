@@ -322,3 +322,15 @@ def test_the_dry_run_says_where_calls_would_go() -> None:
     assert res.exit_code == 0, res.output
     assert "calls would go to: model gpt-4o-mini at https://api.openai.com/v1 (OpenAI's API: paid per token)" \
         in res.stdout
+
+
+def test_importing_a_1_to_10_scale_into_1_to_5_says_so_in_one_short_line(tmp_path: Path) -> None:
+    """#37 item 6: a 1,936-character list of cells; now the column's range against the task's."""
+    data = tmp_path / "ten.csv"
+    data.write_text("question,answer,clear,correct\n" + "".join(
+        f"Q{i}?,A{i}.,{1 + i % 10},{1 + i % 5}\n" for i in range(40)), encoding="utf-8")
+    res = run_cli("data", "import", data, "--task", EXAMPLES / "qa_task.toml", "--source-col", "question",
+                  "--output-col", "answer", "--score-col", "clarity=clear", "--score-col", "accuracy=correct",
+                  "-o", tmp_path / "out.jsonl")
+    line = one_error(res, "scores in column 'clear' range 1-10; the task says [1, 5] for clarity (20 outside it")
+    assert len(line) < 300 and "correct" not in line

@@ -202,6 +202,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         not unscored and not cols.scores)) is not None}
 
     errors: list[str] = []
+    observed: dict[str, list] = {}  # aspect -> [lowest, highest, scores outside the range, first rows]
     rows: list[dict] = []
     seen: dict[str, int] = {}
     derived: dict[str, int] = {}
@@ -231,14 +232,21 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         if not unscored:
             for aspect, col in score_cols.items():
                 value, problem = _score(_lookup(values, col), task, aspect, col)
-                if problem:
+                if isinstance(value, float):
+                    seen_range = observed.setdefault(aspect, [value, value, 0, []])
+                    seen_range[:2] = min(seen_range[0], value), max(seen_range[1], value)
+                if problem == _OUTSIDE:
+                    observed[aspect][2] += 1  # said once per column, below, not once per row
+                    observed[aspect][3].extend([number] if len(observed[aspect][3]) < 3 else [])
+                    problems.append(_OUTSIDE)
+                elif problem:
                     problems.append(problem)
                 elif value is not None:
                     scores[aspect] = value
 
         if problems:
             where = f"row {number}" + (f" (line {line})" if line is not None else "")
-            errors.extend(f"{where}: {p}" for p in problems)
+            errors.extend(f"{where}: {p}" for p in problems if p != _OUTSIDE)
             continue
         seen[sid] = number
         source = texts["source"]
@@ -248,6 +256,14 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
         rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(values, system_col),
                      "doc_id": doc, "scores": scores, "annotations": None})
+    scales = [f"scores in column {score_cols[a]!r} range {lo:g}-{hi:g}; the task says "
+              f"[{task.aspect(a).low:g}, {task.aspect(a).high:g}] for {a} ({k} outside it: "
+              f"row{'s' if k > 1 else ''} {', '.join(map(str, first))}{' ...' if k > len(first) else ''})"
+              for a, (lo, hi, k, first) in observed.items() if k]
+    if scales:
+        others = f"; {len(errors)} other problem(s): " + "; ".join(errors[:3]) if errors else ""
+        raise DataError(f"{path}: " + "; ".join(scales) + "; rescale the scores or change the task's range"
+                        + others)
     if errors:
         n, shown = len(errors), errors[:_MAX_REPORTED_ERRORS]
         more = f" (and {n - len(shown)} more)" if n > len(shown) else ""
@@ -271,6 +287,9 @@ def _scalar(values: Mapping[str, Any], column: str | None) -> str | None:
     return text or None
 
 
+_OUTSIDE = "outside the task's range"  # a score problem said per column, with the range observed
+
+
 def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | None, str | None]:
     label = f"column {column!r} (aspect {aspect})"
     if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
@@ -288,7 +307,7 @@ def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | No
         return None, f"{label}: {value!r} is not a finite number"
     a = task.aspect(aspect)
     if not a.low <= number <= a.high:
-        return None, f"{label} = {number:g} is outside the task's range [{a.low:g}, {a.high:g}]"
+        return number, _OUTSIDE
     return number, None
 
 
