@@ -334,3 +334,10 @@ def test_importing_a_1_to_10_scale_into_1_to_5_says_so_in_one_short_line(tmp_pat
                   "-o", tmp_path / "out.jsonl")
     line = one_error(res, "scores in column 'clear' range 1-10; the task says [1, 5] for clarity (20 outside it")
     assert len(line) < 300 and "correct" not in line
+
+
+def test_root_help_says_each_summary_whole() -> None:
+    """#37 item 10: `hdeval --help` cut its summaries mid-sentence with '...'."""
+    res = run_cli("--help")
+    assert res.exit_code == 0 and "..." not in res.stdout.split("Commands:")[1]
+    assert "Score new samples with a trained evaluator (same criteria,\n" in res.stdout  # wrapped, not cut

@@ -12,7 +12,30 @@ from hdeval.cli.progress import TerminalProgress
 __all__ = ["TerminalProgress", "cli", "main", "run_command"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The root group: each command's summary is its first sentence, whole and wrapped (click's
+    default cuts it at the terminal's width with "...", mid-sentence)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.short_help or _first_sentence(cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _first_sentence(text: str) -> str:
+    import inspect
+    import re
+
+    para = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s", para, maxsplit=1)[0]
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hdeval")
 def cli() -> None:
     """hdeval: train aligned LLM evaluators from human ratings (HD-Eval, PairEval, DnA)."""

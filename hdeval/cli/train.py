@@ -69,6 +69,7 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
+    _check_paths(options)  # a mistyped task or data file, said before the scientific libraries load
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
         from hdeval.artifact import check_destination
         from hdeval.run.output import refuse_in_cache
@@ -133,6 +134,17 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
                f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
     for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
         click.echo(line, err=to_err)
+
+
+def _check_paths(options: dict) -> None:
+    """The task (a built-in name or a file) and the files given, checked in milliseconds."""
+    from hdeval.errors import DataError
+    from hdeval.tasks import load_task
+
+    load_task(options["task"])
+    for what, given in (("data", options.get("data")), ("tree", options.get("tree"))):
+        if given and not Path(given).exists():
+            raise (DataError if what == "data" else ConfigError)(f"{what} file not found: {given}")
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
