@@ -341,3 +341,20 @@ def test_root_help_says_each_summary_whole() -> None:
     res = run_cli("--help")
     assert res.exit_code == 0 and "..." not in res.stdout.split("Commands:")[1]
     assert "Score new samples with a trained evaluator (same criteria,\n" in res.stdout  # wrapped, not cut
+
+
+def test_the_benchmark_banner_never_ticks_a_method_the_baseline_beats() -> None:
+    """#37 item 8: "✓ best method hdeval-lr 0.067" beside "direct 0.232 ... does not beat it"."""
+    from hdeval.report.bench import verdict
+
+    def setting(method: str, value: float) -> dict:
+        return {"method": method, "aggregator": "lr" if method == "hdeval" else None, "train_frac": 0.5,
+                "dataset": {"average": {"spearman": {"mean": value}}}, "agreement": {}}
+
+    results = {"shape": "pointwise", "settings": [setting("direct", 0.232), setting("hdeval", 0.067)], "runs": []}
+    lines = {line.label: line for line in verdict(results).lines}
+    assert lines["best method"].warn and "no trained method beats it" in lines["best method"].text
+    assert lines["best method"].text.startswith("direct")
+    results["settings"][1] = setting("hdeval", 0.4)
+    lines = {line.label: line for line in verdict(results).lines}
+    assert not lines["best method"].warn and lines["best method"].text.startswith("hdeval")
