@@ -12,7 +12,7 @@ from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
     DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, pair_references, usage,
 )
-from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
+from hdeval.benchmark.spec import BenchmarkSpec, artifact_name, check_shapes, entries
 from hdeval.benchmark.statistics import group
 
 
@@ -28,7 +28,8 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     from hdeval.train import TrainConfig
 
     given = dict(spec.method_options.get(method) or {})
-    method, fixed = ENTRIES.get(method, (method, {}))
+    entry = entries()[method]
+    method, fixed = entry.method, dict(entry.fixed)
     # the sweep's options (--layers, ...) go to the methods that take them
     takes = get_method(method).options.specs()
     opts = {k: v for k, v in spec.options.items() if k in takes or k not in all_options()}

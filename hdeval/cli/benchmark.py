@@ -22,9 +22,10 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
               help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
 @click.option("--methods", default="direct,hdeval", show_default=True,
-              help="Comma-separated: direct, direct-yesno, hdeval, paireval (PairEval and direct-yesno need "
-                   "a dialogue task: a history besides the response); on a pairwise task: dna, dna-direct "
-                   "(DnA's --dna-mode direct baseline), hdeval.")
+              help="Comma-separated methods (`hdeval methods`, plug-ins included) and variants: direct, "
+                   "direct-yesno, hdeval, paireval (PairEval and direct-yesno need a dialogue task: a history "
+                   "besides the response); on a pairwise task: dna, dna-direct (DnA's --dna-mode direct "
+                   "baseline), hdeval.")
 @click.option("--aggregators", default="lr", show_default=True,
               help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")

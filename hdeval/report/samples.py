@@ -84,8 +84,8 @@ def data_path(ev: Any, given: str | Path | None) -> Path | None:
 
 
 def _recorded(ev: Any, key: str) -> Any:
-    """A top-level entry of the manifest (the evaluator's copy, else manifest.json)."""
-    for attr in ("manifest_data", "manifest_extra"):
+    """A top-level entry of the manifest (the evaluator's run record or copy, else manifest.json)."""
+    for attr in ("run", "manifest_data", "manifest_extra"):
         value = (getattr(ev, attr, None) or {}).get(key)
         if value is not None:
             return value

@@ -58,7 +58,7 @@ class LayerReport:
 
 def run_hdeval(ctx: FitContext) -> Evaluator:
     """HD-Eval's fit (the method seam calls this)."""
-    from hdeval.methods.comparisons import hdeval_scorer
+    from hdeval.methods.hdeval.scorer import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
     config, prep, llm, spec, progress = ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress
