@@ -116,6 +116,7 @@ OFFLINE_DEMO = [
 ]
 
 
+@pytest.mark.slow  # a real data set end to end; test_readme_commands_run_as_written covers train, apply
 @needs_shared
 def test_readme_offline_demo(fresh: Path) -> None:
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()))
@@ -453,6 +454,7 @@ BENCHMARK = ("hdeval benchmark --task sfhot --preset paper --methods direct,hdev
              "--train-fracs 0.25,0.5 --limit 60 --layers 2 --llm fake -o bench")
 
 
+@pytest.mark.slow  # a real data set end to end; test_benchmark.py covers --force and a cached rerun
 @needs_shared
 def test_readme_benchmark(fresh: Path, tmp_path: Path) -> None:
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
@@ -471,6 +473,7 @@ PAIR_BENCHMARK = ("hdeval benchmark --task faireval --methods dna-direct,dna,hde
                   "--llm fake -o bench-pairs")
 
 
+@pytest.mark.slow  # a real data set end to end; test_benchmark.py covers pairwise sweeps
 @needs_shared
 def test_readme_pairwise_benchmark(fresh: Path, tmp_path: Path) -> None:
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(tmp_path / "cache"))
@@ -495,6 +498,7 @@ TREE_WORKFLOW = [
 ]
 
 
+@pytest.mark.slow  # a real data set end to end; test_tree_input.py covers --tree, --decompose-llm
 @needs_shared
 def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
     env = child_env(HDEVAL_DATA_DIR=str(shared_data_dir().resolve()), HDEVAL_CACHE_DIR=str(fresh / "cache"))
