@@ -358,3 +358,21 @@ def test_the_benchmark_banner_never_ticks_a_method_the_baseline_beats() -> None:
     results["settings"][1] = setting("hdeval", 0.4)
     lines = {line.label: line for line in verdict(results).lines}
     assert not lines["best method"].warn and lines["best method"].text.startswith("hdeval")
+
+
+def test_init_asks_on_a_terminal(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    import hdeval.cli.init as init_cmd
+    from hdeval.cli import cli
+    from hdeval.tasks import load_task
+
+    monkeypatch.setattr(init_cmd, "_on_a_terminal", lambda: True)
+    answers = "\n".join(["question", "answer", "science_qa", "Short answers to science questions.",
+                         "How easy the answer is to read.", "Whether the answer is correct."]) + "\n"
+    res = CliRunner().invoke(cli, ["init", str(EXAMPLES / "ratings.csv"), "-o", str(tmp_path / "t.toml")],
+                             input=answers)
+    assert res.exit_code == 0, res.output
+    task = load_task(tmp_path / "t.toml")
+    assert task.name == "science_qa" and task.description == "Short answers to science questions."
+    assert [a.definition for a in task.aspects] == ["How easy the answer is to read.", "Whether the answer is correct."]

@@ -68,7 +68,7 @@ def init(data: Path, out: Path, name: str | None, description: str | None, sourc
         raise ConfigError(f"-o {out}: a task file's name ends in .toml")
     if not data.is_file():
         raise DataError(f"data file not found: {data}")
-    ask = sys.stdin.isatty()
+    ask = _on_a_terminal()
     rows = [values for _, values in data_rows(data)]
     if not rows:
         raise DataError(f"{data}: no rows")
@@ -127,6 +127,10 @@ def init(data: Path, out: Path, name: str | None, description: str | None, sourc
         click.echo("note: each aspect's definition names its column: say in the task file what raters judged, "
                    "the LLM reads it", err=True)
     click.echo(f"next: hdeval train --task {out} --llm fake  (then a real LLM: see `hdeval train --help`)")
+
+
+def _on_a_terminal() -> bool:
+    return sys.stdin.isatty()
 
 
 def _numeric_range(rows: list[dict], column: str) -> tuple[float, float] | None:
