@@ -376,3 +376,19 @@ def test_init_asks_on_a_terminal(tmp_path: Path, monkeypatch) -> None:
     task = load_task(tmp_path / "t.toml")
     assert task.name == "science_qa" and task.description == "Short answers to science questions."
     assert [a.definition for a in task.aspects] == ["How easy the answer is to read.", "Whether the answer is correct."]
+
+
+@pytest.mark.slow
+def test_check_gates_a_pairwise_artifact_on_agreement(tmp_path: Path) -> None:
+    cache = ["--cache-dir", tmp_path / "c", "--llm", "fake"]
+    art = tmp_path / "pairs-dna"
+    res = run_cli("train", "--task", EXAMPLES / "pairs_task.toml", "--method", "dna", "-o", art, "-q", *cache)
+    assert res.exit_code == 0, res.output
+    gold = ["--data", EXAMPLES / "pairs.jsonl"]
+    applied = run_cli("apply", art, EXAMPLES / "pairs.jsonl", "-o", tmp_path / "j.jsonl", *cache)
+    held_out = json.loads(applied.stdout.split("training split): ")[1].splitlines()[0])["llm"]["w_ties"]
+    ok = run_cli("check", art, *gold, "--min-agreement", str(held_out), *cache)
+    assert ok.exit_code == 0 and f"agreement (ties counted) {held_out:.3f} >= " in ok.stdout, ok.output
+    low = run_cli("check", art, *gold, "--min-agreement", str(min(1.0, held_out + 0.01)), *cache)
+    assert low.exit_code == 1 and "is below" in low.stderr
+    one_error(run_cli("check", art, *gold, "--min-spearman", "0.5", *cache), "--min-agreement")

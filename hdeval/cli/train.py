@@ -69,7 +69,7 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
-    _check_paths(options)  # a mistyped task or data file, said before the scientific libraries load
+    _check_paths(options)  # a mistyped task file, said before the scientific libraries load
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
         from hdeval.artifact import check_destination
         from hdeval.run.output import refuse_in_cache
@@ -138,14 +138,10 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
 
 
 def _check_paths(options: dict) -> None:
-    """The task (a built-in name or a file) and the files given, checked in milliseconds."""
-    from hdeval.errors import DataError
+    """The task (a built-in name or a file), checked in milliseconds."""
     from hdeval.tasks import load_task
 
     load_task(options["task"])
-    for what, given in (("data", options.get("data")), ("tree", options.get("tree"))):
-        if given and not Path(given).exists():
-            raise (DataError if what == "data" else ConfigError)(f"{what} file not found: {given}")
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:

@@ -51,7 +51,7 @@ def check_alignment(artifact: str | Path | Any, data: str | Path, *, min_spearma
     held_out = res.scored - int(res.trust.get("in_training") or 0)
     if pairs:
         table = res.agreement or {}
-        chosen = table.get("learned") or next(iter(table.values()), None)
+        chosen = next(iter(table.values()), None)  # the verdict the output's label holds (DnA: not 'learned')
         value = None if not chosen else chosen.get("w_ties")
     else:
         value = ((res.correlations or {}).get("average") or {}).get("spearman")
