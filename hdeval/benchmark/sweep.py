@@ -42,10 +42,11 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
-                  artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
+                  artifacts: dict[str, Any] | None = None, on_run: Any = None) -> dict[str, Any]:
     """Train every combination of ``spec`` (all checked before the first LLM call) and return
     ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
-    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`."""
+    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`.
+    ``on_run(key, fitted, doc_of)`` is called after each run (the learning curves read them)."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -83,6 +84,8 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
                 f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
                 "every finished call is cached; rerun with a larger --max-calls to continue") from None
         held[key] = held_out(fitted, {s.id: s.doc_id for s in preps[key].samples}, shape == "pairwise")
+        if on_run is not None:  # learning curves: each run with its samples' documents
+            on_run(key, fitted, {s.id: s.doc_id for s in preps[key].samples})
         fits.append(fitted)
         if artifacts is not None:
             artifacts[artifact_name(*key)] = fitted

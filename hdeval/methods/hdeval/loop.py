@@ -150,9 +150,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
+    used = np.flatnonzero(agg.used_features())  # apply scores only these: the per-sample widths read them
     metrics["intervals"] = fitted_intervals(
         Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
-        f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)")
+        f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
+        X=Xk[:, used], columns=[matrix.criterion_keys[i] for i in used])
     progress.message(_selection_summary(choice))
     # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
