@@ -245,7 +245,8 @@ def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_pat
     one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-agreement", "0.5", *cache),
               "--min-spearman")
     training = tmp_path / "train_rows.jsonl"
-    split = json.loads((qa_artifact / "manifest.json").read_text())["split"]["train"]
+    manifest = json.loads((qa_artifact / "manifest.json").read_text())
+    split = (manifest.get("run") or manifest)["split"]["train"]
     training.write_text("".join(x + "\n" for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()
                                 if json.loads(x)["id"] in split), encoding="utf-8")
     one_error(run_cli("check", qa_artifact, "--data", training, "--min-spearman", "0.5", *cache),
