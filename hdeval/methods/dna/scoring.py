@@ -78,10 +78,15 @@ def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
 def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
-    and counts the calls and the second reads the same (now cached) replies for the other side."""
+    and counts the calls and the second reads the same (now cached) replies for the other side:
+    its cache hits are re-reads of replies the first pass counted, and are not counted again."""
+    stats = getattr(llm, "stats", None)
     with progress_stage(progress, label, len(first)):
         m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
+        hits = stats.hits if stats is not None else 0
         m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
+        if stats is not None:
+            stats.hits = hits
     matrix = _merge(ids, [m1, m2])
     for f in matrix.failures:
         fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
