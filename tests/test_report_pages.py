@@ -116,8 +116,12 @@ def test_pointwise_report_has_banner_plots_escaped_text_and_the_largest_disagree
     assert "fake:v1" in ban and "offline fake LLM" in ban
     n = len(ev.feature_keys)
     assert f"30 training rows and 30 held-out rows for {n} criteria" in ban
-    assert "overfitting" in ban and "small test set" in ban  # 30 rows for 15 criteria; 30 held out
-    assert "layer 2" in ban and "strongest baseline" in ban
+    from hdeval.report.banner import ROWS_PER_FEATURE
+
+    # the kept layer's criteria decide the overfitting line (layer 2: 30 rows for 15 criteria)
+    assert ("overfitting" in ban) == (30 < ROWS_PER_FEATURE * n) and "small test set" in ban
+    kept = json.loads((art / "metrics.json").read_text())["selection"]["kept_layer"]
+    assert f"layer {kept}" in ban and "strongest baseline" in ban
     assert len(_images(page)) == 2 + 3 * 3
     # the per-sample view: the held-out sample furthest from the human scores comes first, with
     # every criterion's score and the reply the cache holds for exactly that prompt
