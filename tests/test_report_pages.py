@@ -127,7 +127,7 @@ def test_pointwise_report_has_banner_plots_escaped_text_and_the_largest_disagree
     # every criterion's score and the reply the cache holds for exactly that prompt
     view = page[page.index("<h2>Largest disagreements with the human scores</h2>"):]
     first = re.search(r"<summary>([^:<]+):", view).group(1)
-    test_ids = set(ev.manifest_data["split"]["test"])
+    test_ids = set(ev.run["split"]["test"])
     assert first in test_ids and view.count("<details") == 10
     sample = next(s for s in read_samples(data, ev.task, require_scores=False) if s.id == first)
     key = ev.feature_keys[-1]
