@@ -62,7 +62,10 @@ def test_count_is_capped():
 @pytest.mark.parametrize("reply, problem", [
     ("not json at all", "no JSON object"),
     ('{"subcriteria": []}', "non-empty list"),
-    ('{"subcriteria": [{"key": "a", "name": "", "definition": "d"}]}', "non-empty key, name and definition"),
+    ('{"subcriteria": [{"key": "a", "name": "", "definition": "d"}]}', "needs a non-empty name$"),
+    ('{"subcriteria": [{"key": "a", "name": "N", "definition": " "}]}', "needs a non-empty definition$"),
+    # a key that slugs to nothing is named as what it is, not as an empty field
+    ('{"subcriteria": [{"key": "...", "name": "N", "definition": "d"}]}', r"key '\.\.\.' holds no letter or digit"),
 ])
 def test_malformed_replies_are_rejected(reply, problem):
     task, tree, node = _setup()

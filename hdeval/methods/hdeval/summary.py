@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hdeval.metrics import why_null
+
 
 def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     """(text, to stderr) lines, in order."""
@@ -22,7 +24,7 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     if given:
         out += _given_tree(given, ev.tree.keys)
     out.append((f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-                f"kendall {avg['kendall']}", False))
+                f"kendall {avg['kendall']}" + why_null(m["final"]), False))
     direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
     if direct is not None and avg["spearman"] is not None:
         diff = avg["spearman"] - direct
