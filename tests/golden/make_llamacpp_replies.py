@@ -78,6 +78,6 @@ for a, b, kw in plan:
     replies.append(reply(a, b, **kw))
 json.dump({"about": "DnA pair-score replies in the shape of llama.cpp's server (logprobs from before the "
            "JSON schema applied; a ```json fence counted there but stripped from the text; a digit likelier "
-           "than the generated one; 10 split in two tokens; replies cut at the token budget). Built by a "
-           "tests/golden/make_llamacpp_replies.py, seeded.",
+           "than the generated one; 10 split in two tokens; replies cut at the token budget). Built, seeded, by "
+           "tests/golden/make_llamacpp_replies.py.",
            "dna_score": replies}, open(sys.argv[1], "w"), indent=None, separators=(",", ":"))
