@@ -26,6 +26,11 @@ FORMAT = "hdeval-artifact"
 # "options" (format 2 recorded HD-Eval's flat for every method). Formats 1 and 2 are still read.
 FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
+# the manifest's header (what every artifact records) and its run record; the rest of a format 1-3
+# manifest is the method's state
+HEADER_KEYS = ("format", "format_version", "hdeval_version", "created", "method", "method_args", "task", "llm",
+               "versions", "files")
+RUN_KEYS = ("seed", "split", "config")
 # Bounds on what is read from an artifact (it is data from whoever sent it).
 MAX_ENTRIES = 10_000  # files + directories inside an artifact
 MAX_FILES = 1_000  # entries in the manifest's ``files``
@@ -74,6 +79,17 @@ class ArtifactReader:
     @property
     def method(self) -> str:
         return str(self.manifest.get("method") or "hdeval")
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The run record: seed, split ids and the run's options (``config``), those it records."""
+        m = self.manifest
+        return {k: m[k] for k in RUN_KEYS if k in m}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The method's state: what its ``write`` returned, apart from the header and run record."""
+        return {k: v for k, v in self.manifest.items() if k not in HEADER_KEYS and k not in RUN_KEYS}
 
     def file(self, name: str) -> Path:
         """The regular file ``name`` inside the artifact (never a link, never outside)."""
@@ -170,7 +186,7 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     _remove_tree(tmp)  # (any of these removes nothing when there is nothing)
     tmp.mkdir()
     try:
-        section = fitted.write(ArtifactWriter(tmp))
+        section = {**fitted.write(ArtifactWriter(tmp)), **fitted.public_run()}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "hdeval_version": __version__,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "method": fitted.method, "method_args": fitted.method_args(),

@@ -149,7 +149,8 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
             if item is not None:
                 if match is not None and not match(item):
                     continue
-                if keep is not None and not _no_id(item.get("id")) and not keep(str(item["id"])):
+                if keep is not None and not _no_id(item.get("id")) and _id_type(item["id"]) \
+                        and not keep(str(item["id"])):
                     n_rows += 1  # another shard's, so the file is not empty (a row with no id is everyone's)
                     continue
                 where = _lone_surrogate(item)
@@ -202,6 +203,19 @@ def parse_json_line(line: str, start: int) -> tuple[str | None, dict | None]:
 
 def _no_id(sid: object) -> bool:
     return sid is None or (isinstance(sid, str) and not sid.strip())
+
+
+def _id_type(value: object) -> bool:
+    """An ``id``/``doc_id`` as the docs allow: text or a whole number (absent: checked elsewhere);
+    never a list, an object, a float or true/false, whose ``str`` would make up an id."""
+    return value is None or isinstance(value, str) or type(value) is int
+
+
+def _kind(value: object) -> str:
+    """How a wrong JSON value is named in a message: its JSON type, not the value (which may be huge)."""
+    if isinstance(value, bool):
+        return "true/false"
+    return {list: "a list", dict: "an object", float: "a decimal number"}.get(type(value), type(value).__name__)
 
 
 def _lone_surrogate(row: object) -> str | None:
@@ -281,6 +295,9 @@ def _text_fields(row: dict, task: Task, keys: Sequence[tuple[str, str]],
     """(problem, the texts ``keys`` names and the optional shown ones, whether one is empty)."""
     if _no_id(row.get("id")):
         return "missing field 'id'", {}, False
+    for name in ("id", "doc_id"):
+        if not _id_type(row.get(name)):
+            return f"field {name!r} must be text or a whole number, got {_kind(row[name])}", {}, False
     fields: dict[str, str] = {}
     for key, label in keys:
         value = row.get(key)

@@ -228,8 +228,9 @@ def _json_object(path: Path, n: int, line: bytes) -> dict:
     return row
 
 
-def read_request_file(path: str | Path) -> dict[str, bool]:
-    """The custom_ids of a request file hdeval wrote, each with whether it asked for logprobs."""
+def read_request_file(path: str | Path, models: dict[str, str] | None = None) -> dict[str, bool]:
+    """The custom_ids of a request file hdeval wrote, each with whether it asked for logprobs;
+    ``models``, when given, gets each one's ``body.model``."""
     path = Path(path)
     asked: dict[str, bool] = {}
     for n, line in _lines(path, "request file"):
@@ -241,7 +242,16 @@ def read_request_file(path: str | Path) -> dict[str, bool]:
         if key in asked:
             raise DataError(f"{path}: line {n}: custom_id {key[:12]}... given twice (nothing imported)")
         asked[key] = bool(body.get("logprobs"))
+        if models is not None and isinstance(body.get("model"), str):
+            models[key] = body["model"]
     return asked
+
+
+def same_model(asked: str, answered: str) -> bool:
+    """Whether a reply's ``model`` is the model asked for: the same name, or that name with a
+    version after ``-`` or ``:`` (OpenAI answers ``gpt-4o`` as ``gpt-4o-2024-08-06``, Ollama
+    ``llama3`` as ``llama3:latest``)."""
+    return answered == asked or answered.startswith((asked + "-", asked + ":"))
 
 
 @dataclass
@@ -249,12 +259,16 @@ class ImportReport:
     imported: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # custom_id -> why the engine gave no reply
     missing: int = 0  # requests of the request file the result file does not answer
+    other_model: dict[str, str] = field(default_factory=dict)  # custom_id -> the model that answered, skipped
 
 
-def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tuple[dict[str, Completion], ImportReport]:
+def read_results(results: str | Path, asked: dict[str, bool], parser: Any, models: dict[str, str] | None = None,
+                 skip_other_models: bool = False) -> tuple[dict[str, Completion], ImportReport]:
     """Every completion of a result file, checked line by line; one-line :class:`DataError`
-    naming the file and line for anything that is not a result of one of ``asked``'s requests.
-    ``parser``: an OpenAI-compatible backend, which reads each body as it reads a direct reply."""
+    naming the file and line for anything that is not a result of one of ``asked``'s requests,
+    or whose ``body.model`` is not the model its request (in ``models``) asked (with
+    ``skip_other_models``: left out and counted instead). ``parser``: an OpenAI-compatible
+    backend, which reads each body as it reads a direct reply (its secrets redacted)."""
     from hdeval.cache.codec import MAX_ENTRY_CHARS
 
     path = Path(results)
@@ -284,8 +298,16 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
                 raise DataError(f"{where}: response.body is not an object (nothing imported)")
         body, why = result_outcome(row)
         if body is None:
-            report.failed[key] = why or "no response"
+            report.failed[key] = parser._redact(why or "no response")
             continue
+        want, got_model = (models or {}).get(key), body.get("model")
+        if want is not None and isinstance(got_model, str) and not same_model(want, got_model):
+            if skip_other_models:
+                report.other_model[key] = parser._redact(got_model)
+                continue
+            raise DataError(f"{where}: response.body.model {one_line(parser._redact(got_model))[:80]!r} is not "
+                            f"{want!r}, the model its request asked: another model's reply would be served as "
+                            f"{want!r}'s (nothing imported; --skip-other-models imports the rest)")
         try:
             got[key] = parser._parse(json.dumps(body).encode(), asked[key])
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
@@ -298,15 +320,18 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any) -> tu
     return got, report
 
 
-def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any) -> ImportReport:
+def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any,
+                   skip_other_models: bool = False) -> ImportReport:
     """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
-    completion into the cache in ``cache_dir`` in one transaction: all or nothing."""
+    completion into the cache in ``cache_dir`` in one transaction: all or nothing. A reply of
+    another model than its request's is refused, or with ``skip_other_models`` left out and counted."""
     from hdeval.cache.codec import encode_completion
     from hdeval.cache.guard import storage_error
     from hdeval.cache.store import open_store
 
-    asked = read_request_file(requests)
-    got, report = read_results(results, asked, parser)
+    models: dict[str, str] = {}
+    asked = read_request_file(requests, models)
+    got, report = read_results(results, asked, parser, models, skip_other_models)
     store = open_store(cache_dir)
     try:
         # one transaction: a failure part-way (a full disk) leaves the cache as it was
@@ -325,7 +350,11 @@ def import_results(results: str | Path, requests: str | Path, cache_dir: str | P
 
 def result_parser() -> Any:
     """A reader of chat completion bodies: the OpenAI-compatible backend's own, built offline
-    (it is never asked to send anything)."""
+    (it is never asked to send anything), redacting the secrets the environment holds (the
+    keys, the proxies' credentials) from what it reads."""
     from hdeval.backends.openai_compat import OpenAICompatBackend
+    from hdeval.redaction import Redactor
 
-    return OpenAICompatBackend(model="import", base_url="http://127.0.0.1:9/v1", api_key="unused")
+    parser = OpenAICompatBackend(model="import", base_url="http://127.0.0.1:9/v1", api_key="unused")
+    parser._redact = Redactor.from_env()
+    return parser

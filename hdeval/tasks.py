@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,6 +26,9 @@ _TOP_KEYS = {
 }
 SHAPES = ("pointwise", "pairwise")
 MAX_NAME = 100
+# an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
+# that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
+MAX_SCORE = 1e6
 # A task name becomes part of file and directory names (artifacts/<name>-<kind>, <name>.jsonl):
 # never a path separator, never "." or ".." or a hidden name.
 _NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
@@ -82,6 +86,10 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: {ctx} {what} {key!r}; it must be non-empty text")
         if not value.strip():
             raise ConfigError(f"{where}: {ctx} needs a non-empty {key!r}")
+        lines_ok = key in ("definition", "description")  # prose: line ends and tabs are fine there
+        bad = next((c for c in value if _control(c) and not (lines_ok and c in "\t\n\r")), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: {ctx} {key!r} holds the control character {bad!r}; it must be plain text")
         return value
 
     def tables(key: str, allowed: set[str]) -> list[dict]:
@@ -129,9 +137,9 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         rng = a.get("range")
         finite = isinstance(rng, list) and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng)
-        if not finite or len(rng) != 2 or rng[0] >= rng[1]:
-            raise ConfigError(f"{where}: aspect {key!r} range must be [low, high], two finite numbers with "
-                              f"low < high; got {rng!r}")
+        if not finite or len(rng) != 2 or rng[0] >= rng[1] or max(abs(rng[0]), abs(rng[1])) > MAX_SCORE:
+            raise ConfigError(f"{where}: aspect {key!r} range must be [low, high], two numbers with low < high, "
+                              f"each between -{MAX_SCORE:g} and {MAX_SCORE:g}; got {rng!r}")
         shown = text(a, "name", f"aspect {key!r}", required=False) or key.capitalize()
         aspects.append(Aspect(key=key, name=shown, definition=text(a, "definition", f"aspect {key!r}"),
                               low=float(rng[0]), high=float(rng[1])))
@@ -151,6 +159,11 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
                 output_label=text(raw, "output_label", "the task", required=False) or "Output",
                 fields=tuple(fields), aspects=tuple(aspects), data_file=data_file, shape=shape,
                 where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets)
+
+
+def _control(c: str) -> bool:
+    """A control character (C0, DEL, C1) or a line or paragraph separator: never part of a name."""
+    return unicodedata.category(c) in ("Cc", "Zl", "Zp")
 
 
 def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:

@@ -421,7 +421,7 @@ def test_no_credentials_or_query_in_the_manifest(trained: Evaluator, tmp_path: P
     url = "http://gw-user:pw-SECRET1@127.0.0.1:9/v1?api-key=SECRET2&x=1#SECRET3"
     trained.llm = LLMConfig("m", url)
     trained.llm_identity = "openai:m@http://127.0.0.1:9/v1?api-key=SECRET2&x=1#SECRET3"
-    trained.manifest_extra["config"] = {**trained.manifest_extra["config"], "base_url": url}
+    trained.run["config"] = {**trained.run["config"], "base_url": url}
     path = trained.save(tmp_path / "art-url")
     text = (path / MANIFEST).read_text()
     assert "SECRET" not in text and "gw-user" not in text

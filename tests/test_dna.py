@@ -254,8 +254,8 @@ def test_report_on_a_method_without_one_is_a_clear_error(tmp_path):
                  cache_dir=str(tmp_path / "cache")).save(tmp_path / "art")
     r = run_cli("report", path)
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert r.stderr.strip() == (f"error: hdeval report reads HD-Eval and DnA artifacts; {path} was made by "
-                                "method 'direct': its numbers are in metrics.json")
+    assert r.stderr.strip() == (f"error: hdeval report cannot draw {path}: its evaluator (method 'direct') "
+                                "writes no report; its numbers are in metrics.json")
 
 
 def test_edited_learned_weights_are_refused(faireval40, tmp_path):

@@ -132,7 +132,7 @@ def test_apply_on_the_artifacts_own_training_file_warns_and_reports_training_row
 
     art, data = toy_art
     ev = load_artifact(art)
-    train_ids = set(ev.manifest_extra["split"]["train"])
+    train_ids = set(ev.run["split"]["train"])
     said: list[str] = []
     res = apply_file(art, str(data), str(tmp_path / "o.jsonl"), cache_dir=str(tmp_path / "cache"), notify=said.append)
     warned = [s for s in said if "training split" in s]

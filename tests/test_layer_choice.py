@@ -54,7 +54,7 @@ def test_deeper_layers_are_kept_when_their_criteria_carry_signal(tmp_path):
 def test_test_rows_decide_nothing_and_the_choice_is_saved_and_said(tmp_path):
     rows = pointwise_rows(40, seed=1)
     ev = _train(tmp_path / "a", rows, pointwise_backend(), aggregator="lr", seed=1)
-    test_ids = set(ev.manifest_extra["split"]["test"])
+    test_ids = set(ev.run["split"]["test"])
     flipped = [dict(r, scores={a: 6.0 - v for a, v in r["scores"].items()}) if r["id"] in test_ids else r
                for r in rows]
     other = _train(tmp_path / "b", flipped, pointwise_backend(), aggregator="lr", seed=1)

@@ -103,7 +103,7 @@ def test_train_load_apply_on_real_slices(task, n, new, data_dir, tmp_path, fake_
     # identical pairs (a training sample that is itself a comparison example) are one call
     assert m["usage"]["calls"] + m["usage"]["cache_hits"] == m["pair_judgments"]
     assert m["usage"]["calls"] < m["pair_judgments"]
-    train_ids = set(ev.extra["split"]["train"])
+    train_ids = set(ev.run["split"]["train"])
     assert [e.id for e in ev.pool] == m["comparisons"]["ids"] and set(m["comparisons"]["ids"]) <= train_ids
     assert len({e.doc_id for e in ev.pool}) == 3  # N + 1 distinct conversations
 
@@ -480,7 +480,7 @@ def test_a_comparison_corpus_overlapping_the_test_rows_is_named_with_counts(dial
     rows = [json.loads(l) for l in data.read_text().splitlines()]
     probe = train(task=str(task), data=str(data), method="paireval", llm="fake", aggregator="lr",
                   cache_dir=str(tmp_path / "c"), comparisons=1)
-    test_ids = probe.extra["split"]["test"]
+    test_ids = probe.run["split"]["test"]
     by_id = {r["id"]: r for r in rows}
     corpus = [{"id": f"out-{i}", "doc_id": f"o-{i}", "source": f"hello {i}", "output": f"fresh reply {i}"}
               for i in range(3)]

@@ -82,7 +82,7 @@ def test_the_kept_layer_is_chosen_on_training_agreement_and_test_labels_decide_n
     back = load_artifact(ev.save(tmp_path / "art"))
     assert back.feature_keys == ev.feature_keys and back.metrics["selection"] == sel
     # flipping every test label changes no choice: only training rows decide
-    test_ids = set(ev.manifest_extra["split"]["test"])
+    test_ids = set(ev.run["split"]["test"])
     flip = {"a": "b", "b": "a", "tie": "tie"}
     rows = [json.loads(line) for line in open(faireval40, encoding="utf-8")]
     rows = [dict(r, label=flip[r["label"]]) if r["id"] in test_ids else r for r in rows]
@@ -193,7 +193,8 @@ def test_apply_scores_new_pairs_and_a_second_apply_makes_no_calls(faireval40, tm
     assert r2.exit_code == 0 and "LLM calls made: 0," in r2.stderr
     assert (tmp_path / "out2.jsonl").read_text() == (tmp_path / "out.jsonl").read_text()
     r3 = run_cli("apply", path, new, "-o", tmp_path / "x.jsonl", "--explain", "--cache-dir", tmp_path / "cache2")
-    assert r3.exit_code == 2 and "--explain reads pointwise HD-Eval artifacts" in r3.stderr
+    assert r3.exit_code == 2 and (f"error: --explain cannot explain {path}: its evaluator (method 'hdeval', "
+                                  "pairwise data) gives no explanations") in r3.stderr
     assert not (tmp_path / "x.jsonl").exists()
 
 
@@ -204,7 +205,7 @@ def test_apply_on_the_training_file_reports_the_training_pairs_agreement_apart(l
 
     path = _train(tmp_path, llmbar60, task="llmbar", layers=1, aggregator="lr").save(tmp_path / "art")
     ev = load_artifact(path)
-    train_ids = set(ev.manifest_extra["split"]["train"])
+    train_ids = set(ev.run["split"]["train"])
     res = apply_file(path, str(llmbar60), str(tmp_path / "o.jsonl"), cache_dir=str(tmp_path / "cache"),
                      notify=lambda _: None)
     assert res.trust["in_training"] == len(train_ids) > 0
@@ -332,8 +333,9 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
     assert data["layers"] == ev.metrics["layers"]
     r = run_cli("explain", path, "--sample", "faireval-q1", "--data", faireval40, "--cache-dir", tmp_path / "c2")
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert r.stderr.strip() == (f"error: hdeval explain reads pointwise HD-Eval artifacts; {path} judges pairs: "
-                                "hdeval apply shows each pair's criterion scores, hdeval report their importance")
+    assert r.stderr.strip() == (f"error: hdeval explain cannot explain {path}: its evaluator (method 'hdeval', "
+                                "pairwise data) gives no explanations; hdeval apply shows its scores, hdeval report "
+                                "its numbers")
     assert not (tmp_path / "c2").exists()
 
 

@@ -4,6 +4,8 @@ provider through ``hdeval.providers`` are used like the built-in ones."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -33,7 +35,8 @@ PLUGIN = textwrap.dedent('''
 
     METHOD = Method(name="toy", summary="a plug-in method for the tests", shapes=("pointwise",),
                     fit=_fit, load=lambda art: None, plan=_plan,
-                    options={"toy_level": Option(2, "how toy it is")})
+                    options={"toy_level": Option(2, "how toy it is"),
+                             "scorer": Option("huber", "its own loss", choices=("huber", "l2"))})
     CLASH = Method(name="direct", summary="clash", shapes=("pointwise",), fit=_fit, load=lambda art: None)
     NOT_A_METHOD = 42
 
@@ -81,7 +84,7 @@ def test_a_method_from_an_entry_point_is_listed_and_its_plan_is_the_dry_run(plug
     listed = CliRunner().invoke(cli, ["methods"])
     assert listed.exit_code == 0
     assert "toy (pointwise data): a plug-in method for the tests" in listed.output
-    assert "--toy-level (default 2): how toy it is" in listed.output
+    assert "-O toy_level=VALUE (default 2): how toy it is" in listed.output
 
     from hdeval.train import TrainConfig, plan
 
@@ -97,22 +100,24 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     plugin("hdeval.methods", "toy", "METHOD")
     from hdeval.train import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"method 'toy' takes no option\(s\) comparisons \(its options: toy_level\)"):
+    with pytest.raises(ConfigError, match=r"method 'toy' takes no option\(s\) comparisons \(its options: scorer, toy_level\)"):
         TrainConfig.from_options(task="summeval", method="toy", comparisons=3, llm="fake")
     with pytest.raises(ConfigError, match=r"--toy-level must be a whole number, got 'high'"):
         TrainConfig(task="summeval", method="toy", options={"toy_level": "high"}, llm="fake")
 
 
 @pytest.mark.parametrize("target, message", [
-    ("CLASH", "method plug-in 'bad' (hdeval_toy_plugin:CLASH) reuses the method name 'direct'"),
-    ("NOT_A_METHOD", "method plug-in 'bad' (hdeval_toy_plugin:NOT_A_METHOD) gave int, not a hdeval.methods"),
-    ("MISSING", "method plug-in 'bad' (hdeval_toy_plugin:MISSING) could not be loaded: AttributeError"),
+    ("CLASH", "method plug-in 'bad' (hdeval_toy_plugin:CLASH) skipped: it reuses the method name 'direct'"),
+    ("NOT_A_METHOD", "method plug-in 'bad' (hdeval_toy_plugin:NOT_A_METHOD) skipped: it gave int, not a hdeval.methods"),
+    ("MISSING", "method plug-in 'bad' (hdeval_toy_plugin:MISSING) skipped: it could not be loaded (AttributeError"),
 ])
-def test_a_bad_method_plug_in_is_one_line_naming_it(plugin, target, message):
+def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target, message):
     plugin("hdeval.methods", "bad", target)
-    with pytest.raises(ConfigError) as err:
-        registry.get_method("dna")
-    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.warns(registry.PluginWarning) as caught:
+        assert registry.get_method("dna").name == "dna"
+    assert [str(w.message)[:len(message)] for w in caught] == [message]
+    assert "\n" not in str(caught[0].message)
+    assert registry.get_method("direct").summary != "clash"  # the built-in keeps its name
 
 
 def test_a_provider_from_an_entry_point_serves_its_model_names(plugin):
@@ -132,13 +137,15 @@ def test_a_provider_plug_in_that_is_not_an_entry_is_one_line(plugin):
         factory.backend_entry("fake")
 
 
-def test_a_bad_method_plug_in_fails_every_lookup_not_only_the_first(plugin):
-    # a notebook or a Ray worker asks the registry many times: the second lookup must not go on
-    # silently without the plug-in
+def test_a_skipped_plug_in_asked_for_by_name_says_why_each_time(plugin):
+    # a notebook asks the registry many times: the warning comes once, but asking for the
+    # skipped method by name says why it is missing, not only "unknown method"
     plugin("hdeval.methods", "bad", "MISSING")
+    with pytest.warns(registry.PluginWarning):
+        registry.method_names()
     for _ in range(2):
-        with pytest.raises(ConfigError, match="could not be loaded"):
-            registry.get_method("dna")
+        with pytest.raises(ConfigError, match=r"plug-in 'bad' .* skipped: it could not be loaded"):
+            registry.get_method("bad")
 
 
 def test_a_plug_in_written_against_the_seam_before_options_moved_still_loads(plugin, tmp_path):
@@ -152,3 +159,64 @@ def test_a_plug_in_written_against_the_seam_before_options_moved_still_loads(plu
     plugin("hdeval.methods", "toy", "METHOD")
     assert registry.get_method("toy").build_options({"toy_level": 3}).toy_level == 3
     assert registry.get_method("dna").name == "dna"
+
+
+def test_a_plug_in_option_has_its_own_namespace_and_type(plugin, tmp_path, data_dir):
+    # HD-Eval's --scorer takes digit or pairwise; the toy's own --scorer takes huber or l2
+    plugin("hdeval.methods", "toy", "METHOD")
+    from hdeval.cli import cli
+
+    base = ["train", "--task", "summeval", "--llm", "fake", "--limit", "20", "--dry-run",
+            "--cache-dir", str(tmp_path / "cache")]
+    toy = sys.modules.get("hdeval_toy_plugin")
+    for given in (["-O", "scorer=huber", "-O", "toy-level=4"], ["--scorer", "l2", "--method-option", "toy_level=4"]):
+        r = CliRunner().invoke(cli, [*base, "--method", "toy", *given])
+        assert r.exit_code == 0, r.output
+        toy = sys.modules["hdeval_toy_plugin"]
+        assert toy.PLANNED[-1][0] == 4
+    r = CliRunner().invoke(cli, [*base, "--method", "hdeval", "--scorer", "huber"])
+    assert r.exit_code != 0 and "error: --scorer: 'huber' is not one of 'digit', 'pairwise'" in r.output
+    r = CliRunner().invoke(cli, [*base, "--method", "toy", "-O", "layers=2"])
+    assert r.exit_code != 0 and "error: -O layers: method 'toy' takes no option 'layers' (its options: " in r.output
+    r = CliRunner().invoke(cli, [*base, "--method", "toy", "-O", "toy_level=high"])
+    assert r.exit_code != 0 and "error: -O toy_level: 'high' is not a valid integer" in r.output
+    r = CliRunner().invoke(cli, [*base, "--method", "toy", "-O", "toy_level"])
+    assert r.exit_code != 0 and "error: -O 'toy_level': expected NAME=VALUE" in r.output
+
+
+def install_dist(site: Path, name: str, entry_points: str) -> None:
+    """A distribution ``name`` declaring ``entry_points`` (entry_points.txt text), found by
+    importlib.metadata on a sys.path entry ``site``, as pip would install it."""
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def run_cli(args: list[str], site: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "hdeval.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_plug_in_that_raises_at_import_leaves_help_and_built_ins_working(tmp_path, data_dir):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "broken_plugin.py").write_text("def oops(:\n")  # a SyntaxError at import
+    install_dist(site, "broken_plugin", "[hdeval.methods]\nbroken = broken_plugin:METHOD\n")
+    warning = ("warning: method plug-in 'broken' (broken_plugin:METHOD) skipped: it could not be loaded "
+               "(SyntaxError: invalid syntax (broken_plugin.py, line 1))")
+    helped = run_cli(["--help"], site, tmp_path)  # lists the commands plug-ins add: one line for the broken one
+    assert helped.returncode == 0 and "train" in helped.stdout and helped.stderr.splitlines() == [warning]
+    helped = run_cli(["train", "--help"], site, tmp_path)
+    assert helped.returncode == 0 and "--method-option" in helped.stdout and helped.stderr == ""
+    trained = run_cli(["train", "--task", "summeval", "--method", "direct", "--llm", "fake", "--limit", "20",
+                       "-q", "-o", "out", "--cache-dir", "cache"], site, tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    warned = [line for line in trained.stderr.splitlines() if "broken" in line]
+    assert warned == [f"{warning} (PluginWarning)"]
+    asked = run_cli(["train", "--task", "summeval", "--method", "broken", "--llm", "fake"], site, tmp_path)
+    assert asked.returncode != 0 and asked.stderr.splitlines()[-1].startswith(
+        "error: method plug-in 'broken' (broken_plugin:METHOD) skipped: it could not be loaded")

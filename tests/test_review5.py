@@ -22,8 +22,8 @@ def test_explain_refuses_an_artifact_it_cannot_explain_in_one_line_before_any_ca
     r = run_cli("explain", art, "--sample", "new-qa-0", "--data", EX / "new_qa.jsonl", "--cache-dir",
                 tmp_path / "fresh")
     assert r.exit_code == 2, r.output
-    assert r.stderr.strip() == (f"error: hdeval explain reads HD-Eval artifacts; {art} was made by "
-                                f"method {method!r}: apply shows its scores")
+    assert r.stderr.strip() == (f"error: hdeval explain cannot explain {art}: its evaluator (method {method!r}, "
+                                "pointwise data) gives no explanations; hdeval apply shows its scores")
     assert not (tmp_path / "fresh").exists()  # nothing asked of the LLM
 
 

@@ -9,6 +9,7 @@ import asyncio
 import collections
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -22,10 +23,10 @@ import httpx2
 import openai
 
 from hdeval import aio
-from hdeval.backends.base import Backend, Completion, CompletionRequest, chat_completion
+from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
     _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
-    result_outcome, retry_after_seconds, retry_policy,
+    read_completion, result_outcome, retry_after_seconds, retry_policy, retry_wait,
 )
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
@@ -42,6 +43,7 @@ MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_RESULT_BYTES = 2 * 2**30  # one output or error file
 DOWNLOAD_SECONDS = 3600.0  # one output or error file, as a whole
 MAX_LIST_PAGES = 20  # looking for a job by its input file
+META_INPUT = "hdeval_input"  # the job's metadata names its input file, so a listed job is found by it
 STATE_FILE = "batches.json"
 LOCK_FILE = "batches.lock"  # held (flock) by the one process running a batch in a cache directory
 MAX_STATE_BYTES = 64 * 2**20
@@ -109,10 +111,11 @@ class BatchAPI:
 
     async def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
         """Create one batch job (tried once: a retry could create a second paid job; the
-        caller looks for the job by its input file instead)."""
+        caller looks for the job by its input file instead). A failure after which the server
+        may have made the job anyway (5xx, a timeout, a dropped connection) is :class:`MaybeCreated`."""
         return await self._json("POST", "batches", lambda api: api.batches.with_raw_response.create(
             input_file_id=input_file_id, endpoint=BATCH_ENDPOINT, completion_window=COMPLETION_WINDOW,
-            metadata=metadata), retries=0)
+            metadata=metadata), retries=0, uncertain=MaybeCreated)
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         batch_id = _check_id(batch_id, "batch id")
@@ -120,7 +123,8 @@ class BatchAPI:
                                 lambda api: api.batches.with_raw_response.retrieve(batch_id))
 
     async def find(self, input_file_id: str) -> dict[str, Any] | None:
-        """The job whose input is ``input_file_id``, if the server lists one."""
+        """The job whose input is ``input_file_id`` (and whose metadata, when it has hdeval's,
+        names that file too), if the server lists one; a :class:`BackendError` when it cannot list."""
         after: str | None = None
         for _ in range(MAX_LIST_PAGES):
             page = await self._json("GET", "batches", lambda api: api.batches.with_raw_response.list(
@@ -129,7 +133,9 @@ class BatchAPI:
             if not isinstance(data, list):
                 return None
             for job in data:
-                if isinstance(job, dict) and job.get("input_file_id") == input_file_id:
+                meta = job.get("metadata") if isinstance(job, dict) else None
+                named = meta.get(META_INPUT, input_file_id) if isinstance(meta, dict) else input_file_id
+                if isinstance(job, dict) and job.get("input_file_id") == input_file_id and named == input_file_id:
                     return job
             last = data[-1].get("id") if data and isinstance(data[-1], dict) else None
             if not page.get("has_more") or not isinstance(last, str) or not _ID.match(last):
@@ -151,7 +157,7 @@ class BatchAPI:
                             seconds=max(self.timeout, DOWNLOAD_SECONDS))
 
     async def _json(self, method: str, path: str, send: Callable[[Any], Awaitable[Any]],
-                    retries: int | None = None) -> dict[str, Any]:
+                    retries: int | None = None, uncertain: type[BackendError] = BackendError) -> dict[str, Any]:
         async def read() -> dict[str, Any]:
             raw = await send(self._sdk)
             try:
@@ -162,11 +168,14 @@ class BatchAPI:
                 raise _Transient("a reply that is not a JSON object")
             return parsed
 
-        return await self._request(method, path, read, f"{MAX_REPLY_BYTES // 1024} KB", retries=retries)
+        return await self._request(method, path, read, f"{MAX_REPLY_BYTES // 1024} KB", retries=retries,
+                                   uncertain=uncertain)
 
     async def _request(self, method: str, path: str, read: Callable[[], Awaitable[Any]], cap: str, *,
-                       retries: int | None = None, seconds: float | None = None) -> Any:
-        """``read()`` (a request and its reply, bounded by its client at ``cap``) within ``seconds``."""
+                       retries: int | None = None, seconds: float | None = None,
+                       uncertain: type[BackendError] = BackendError) -> Any:
+        """``read()`` (a request and its reply, bounded by its client at ``cap``) within ``seconds``;
+        the last of transient failures (the server may have acted on the request) is ``uncertain``."""
         retries = self.max_retries if retries is None else retries
         seconds = self.timeout if seconds is None else seconds
         where = f"{method} {self.display_url}/{path}"
@@ -201,10 +210,20 @@ class BatchAPI:
         try:
             return await retry_policy(retries, self.backoff_base, self.backoff_cap)(attempt)
         except _Transient as last:
-            raise BackendError(self._redact(
+            raise uncertain(self._redact(
                 f"the Batch API ({where}) kept failing after {retries + 1} attempt(s), last: {last}; "
                 "every finished result is cached and the jobs are kept in the cache directory, so "
                 "rerunning the same command resumes")) from None
+
+
+class MaybeCreated(BackendError):
+    """A job's create failed in a way that may have left the job made (and paid for) anyway."""
+
+
+def job_identity(identity: str) -> str:
+    """What ``batches.json`` records of a backend identity: its hash, since the identity may
+    quote a secret (a key in ``--base-url``'s query)."""
+    return "sha256:" + hashlib.sha256(identity.encode("utf-8")).hexdigest()
 
 
 @dataclasses.dataclass
@@ -261,7 +280,11 @@ def read_jobs(path: Path) -> list[Job]:
 
 def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
     """Replace ``batches.json`` atomically (a temporary file renamed into place)."""
-    blob = json.dumps({"version": STATE_VERSION, "batches": [dataclasses.asdict(j) for j in jobs]}, separators=(",", ":"))
+    rows = [dataclasses.asdict(j) for j in jobs]
+    for row in rows:  # an older hdeval's plain identity goes at the first write
+        if not row["identity"].startswith("sha256:"):
+            row["identity"] = job_identity(row["identity"])
+    blob = json.dumps({"version": STATE_VERSION, "batches": rows}, separators=(",", ":"))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -309,7 +332,8 @@ class BatchStrategy:
 
     def __init__(self, inner: Any, cache_dir: str | Path, config: Any) -> None:
         self.inner = inner  # an OpenAICompatBackend (check_batch)
-        self.identity = inner.identity
+        self.identity = job_identity(inner.identity)
+        self._plain_identity = inner.identity  # as an older hdeval recorded it: its jobs are ours too
         self.cache_dir = Path(cache_dir)
         # the server an injected backend talks to, credentials and query included (never shown)
         self.api = BatchAPI((config.base_url or inner._url).strip(), inner._key, timeout=config.timeout,
@@ -390,7 +414,7 @@ class BatchStrategy:
     async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         """Drop the jobs this stage does not need whose requests a run without --batch answered since."""
         for job in read_jobs(self.state_path):
-            if job.identity == self.identity and not any(k in want for k in job.keys) \
+            if self._ours(job) and not any(k in want for k in job.keys) \
                     and not await self._unanswered(job.keys):
                 self._record(job, drop=True)
                 progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
@@ -398,7 +422,7 @@ class BatchStrategy:
 
     async def _rounds(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         for round_ in range(RESUBMIT_ROUNDS + 1):
-            jobs = [j for j in read_jobs(self.state_path) if j.identity == self.identity]
+            jobs = [j for j in read_jobs(self.state_path) if self._ours(j)]
             active = [j for j in jobs if any(k in want for k in j.keys)]
             covered = {k for j in active for k in j.keys}
             new = [k for k in want if k not in covered]
@@ -444,25 +468,45 @@ class BatchStrategy:
             jobs.append(job)
         return jobs
 
+    def _ours(self, job: Job) -> bool:
+        if job.identity == self._plain_identity:
+            job.identity = self.identity
+        return job.identity == self.identity
+
     async def _create(self, job: Job, look_first: bool = True) -> None:
-        """Create ``job``'s batch, or adopt the one an earlier attempt or a killed process created."""
-        meta = {"hdeval": "1", "requests": str(len(job.keys))}
-        async for attempt in retry_policy(self.api.max_retries, self.api.backoff_base, self.api.backoff_cap,
-                                          on=BackendError):
-            with attempt:
-                found = None
-                if look_first or attempt.retry_state.attempt_number > 1:
-                    # a server that cannot list its jobs: none to adopt
-                    with contextlib.suppress(BackendError):
-                        found = await self.api.find(job.input_file_id)
-                made = found or await self.api.create(job.input_file_id, meta)
+        """Create ``job``'s batch, or adopt the one an earlier attempt or a killed process created.
+        Before creating again after a create that may have made the job, the job is looked for
+        by its input file; a server that cannot say stops the run rather than pay twice."""
+        meta = {"hdeval": "1", "requests": str(len(job.keys)), META_INPUT: job.input_file_id}
+        made: dict[str, Any] | None = None
+        for attempt in range(self.api.max_retries + 1):
+            if look_first or attempt:
+                try:
+                    made = await self.api.find(job.input_file_id)
+                except BackendError as exc:
+                    raise BackendError(
+                        f"cannot tell whether the Batch API made a job for input file {job.input_file_id} "
+                        f"(a create may have made it, and listing jobs failed: {exc}): check the server's jobs "
+                        f"for that input file; if one exists, write its id as \"id\" of that file's entry in "
+                        f"{self.state_path} and rerun, if none, remove that entry and rerun "
+                        "(hdeval does not create another job it might pay for twice)") from None
+                if made is not None:
+                    break
+            try:
+                made = await self.api.create(job.input_file_id, meta)
+                break
+            except MaybeCreated:
+                if attempt == self.api.max_retries:
+                    raise
+                await asyncio.sleep(retry_wait(attempt + 1, None, self.api.backoff_base, self.api.backoff_cap))
+        assert made is not None
         job.id = _check_id(made.get("id"), "batch id")
         self._record(job)
 
     def _record(self, job: Job, drop: bool = False) -> None:
         """Add, update or (``drop``) remove one job in ``batches.json``."""
         others = [j for j in read_jobs(self.state_path)
-                  if not (j.identity == job.identity and j.input_file_id == job.input_file_id)]
+                  if not (self._ours(j) and j.input_file_id == job.input_file_id)]
         write_jobs(self.state_path, others if drop else others + [job])
 
     async def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest],
@@ -520,7 +564,7 @@ class BatchStrategy:
             if unreadable:
                 why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
             else:
-                why = _job_error(status) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
+                why = self.api._redact(_job_error(status)) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
             for k in missing:
                 self._failures.setdefault(k, why)
         # its results are committed, its failures reported: only then out of batches.json (a
@@ -541,11 +585,11 @@ class BatchStrategy:
         seen.add(key)
         body, why = result_outcome(row)
         if body is None:
-            self._failures[key] = why if why != "no response" else f"{where}: no response"
+            self._failures[key] = self.api._redact(why) if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
         try:  # the reader of a normal call's reply
-            self._save(key, chat_completion(body, request is None or bool(request.top_logprobs)))
+            self._save(key, read_completion(body, request is None or bool(request.top_logprobs), self.api._redact))
         except (ValueError, RecursionError):  # this request's failure, recorded
             self._failures[key] = f"{where}: not a chat completion"
         return None

@@ -1,13 +1,15 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
 llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``. The
 SDK's retries are off: the policy here also retries malformed bodies and honours ``Retry-After``.
-Replies are read with bounds, redirects never followed, and every message passes :class:`Redactor`.
+Replies are read with bounds, redirects never followed, and every message and reply passes
+:class:`~hdeval.redaction.Redactor`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import email.utils
 import json
 import logging
@@ -31,6 +33,7 @@ from hdeval.backends.constraints import Labels, Scale, constraint_of, to_gbnf, t
 from hdeval.backends.llama_server import choose_completion, choose_params
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
+from hdeval.redaction import Redactor
 from hdeval.urls import public_url
 
 log = logging.getLogger(__name__)
@@ -175,33 +178,6 @@ def check_key(key: str) -> None:
 def _basic(user: str | None, password: str | None) -> str:
     pair = f"{unquote(user or '')}:{unquote(password or '')}".encode("utf-8")
     return base64.b64encode(pair).decode("ascii")
-
-
-class Redactor:
-    """Replaces every form a secret takes in a message with ``***``: the key and its ``repr``,
-    ``user:password`` of the URL (raw, decoded, and as Basic base64), its query and each value."""
-
-    def __init__(self, key: str | None, url: str) -> None:
-        forms: set[str] = set()
-        if key and key != PLACEHOLDER_KEY and len(key) >= 4:
-            forms |= {key, repr(key)[1:-1]}
-        parts = urlsplit(url)
-        if "@" in parts.netloc:
-            userinfo = parts.netloc.rpartition("@")[0]
-            user, _, password = userinfo.partition(":")
-            forms |= {userinfo, unquote(userinfo), _basic(user, password)}
-            if len(password) >= 4:
-                forms |= {password, unquote(password)}
-        if parts.query:
-            forms |= {parts.query, unquote(parts.query)}
-            forms |= {v for _, v in parse_qsl(parts.query) if len(v) >= 4}
-        # longest first: a key's repr contains the key
-        self._forms = sorted((f for f in forms if f), key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for f in self._forms:
-            text = text.replace(f, "***")
-        return text
 
 
 def _proxy_for(url: str) -> str | None:
@@ -565,7 +541,7 @@ class OpenAICompatBackend:
 
         def read(data: Any) -> Completion:
             if one_word is None:
-                return chat_completion(data, logprobs)
+                return read_completion(data, logprobs, self._redact)
             usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
             try:
                 return choose_completion(data, one_word, request, token_count(usage.get("prompt_tokens")), None)
@@ -631,7 +607,15 @@ class OpenAICompatBackend:
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
         finally:
-            self._idle.append(sdk)
+            # one request, one response: a connection holding more is closed with whatever it holds
+            stray = _holds_stray_reply(getattr(sdk, "_client", None))
+            if stray:
+                self._sdks.remove(sdk)
+                await sdk.close()
+            else:
+                self._idle.append(sdk)
+        if stray:
+            raise _Transient("the server sent a response nobody asked for on the connection; closed it, asking again")
         return self._parse(data, read)
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
@@ -671,13 +655,47 @@ class OpenAICompatBackend:
         """``body`` read by ``read`` (data -> Completion), or as a chat completion with logprobs
         when ``read`` is True (request files)."""
         try:
-            data = json.loads(body)
-            completion = read(data) if callable(read) else chat_completion(data, bool(read))
+            data = read_reply(body)
+            completion = read(data) if callable(read) else read_completion(data, bool(read), self._redact)
             self._check_model(data)
             return completion
-        except (ValueError, RecursionError):  # RecursionError: "[[[[..." bodies
-            snippet = one_line(body[:80].decode("utf-8", "replace")) or "<empty>"
+        except ValueError:
+            snippet = one_line(self._redact(body[:80].decode("utf-8", "replace"))) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
+
+
+def read_reply(body: bytes) -> dict[str, Any]:
+    """A reply body's JSON object: the one reader of a server's (already bounded) reply, for the
+    client and the Ray answerer alike; ValueError when it is not JSON, nests too deep or is no object."""
+    try:
+        data = json.loads(body)
+    except RecursionError:  # "[[[[..." bodies
+        raise ValueError("a reply nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError("a reply that is not a JSON object")
+    return data
+
+
+def read_completion(data: Any, logprobs: bool, redact: Redactor) -> Completion:
+    """A chat completion body read (:func:`~hdeval.backends.base.chat_completion`), its text
+    without any secret of ``redact``'s: a server echoing the key gets it no further (the cache,
+    reports, outputs). ValueError when it is not a chat completion."""
+    completion = chat_completion(data, logprobs)
+    text = redact(completion.text)
+    return completion if text == completion.text else dataclasses.replace(completion, text=text)
+
+
+def _holds_stray_reply(http: Any) -> bool:
+    """Whether an HTTP client's connection holds bytes past the reply just read, which the
+    HTTP/1.1 parser would hand to the next request as its reply (blank lines apart, which it
+    skips). Bytes arriving later, on an idle connection, make httpcore drop it before reuse.
+    Unknown connection kinds (HTTP/2, a SOCKS proxy): False."""
+    pool = getattr(getattr(http, "_transport", None), "_pool", None)
+    for conn in getattr(pool, "connections", ()):
+        state = getattr(getattr(conn, "_connection", None), "_h11_state", None)
+        if state is not None and state.trailing_data[0].strip():
+            return True
+    return False
 
 
 async def _within(seconds: float, aw: Awaitable[Any]) -> Any:

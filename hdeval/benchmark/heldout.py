@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from hdeval.errors import ConfigError
+from hdeval.methods.base import HeldOutLabels, HeldOutScores
 from hdeval.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties, as2d as _as2d, label_codes as _codes
 from hdeval.benchmark.statistics import Statistic
 
@@ -44,11 +45,15 @@ def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> 
             and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
     docs, failed = [doc_of[s] for s in ids], test[cols].isna().any(axis=1).to_numpy()
     if pairwise:
+        if not isinstance(fitted, HeldOutLabels):
+            raise ConfigError(f"benchmark reads no held-out pair labels of method {fitted.method!r}")
         preds = fitted.held_out_labels(test)
         failed = failed | np.array([p is None for p in preds["evaluator"][0]], bool)
         train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
         return PairHeldOut(ids, docs, [_pair_label(x) for x in test["human"]], preds, failed, train)
     aspects = list(fitted.task.aspect_keys)
+    if not isinstance(fitted, HeldOutScores):
+        raise ConfigError(f"benchmark reads no held-out scores of method {fitted.method!r}")
     pred = _as2d(fitted.held_out_predictions(table, test))
     failed = failed | ~np.isfinite(pred).all(axis=1)
     return HeldOut(ids, docs, aspects, test[[f"human:{a}" for a in aspects]].to_numpy(float), pred, failed)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from hdeval.errors import ConfigError
+from hdeval.methods.base import BenchmarkRecord
 from hdeval.metrics import METRICS, metric_table, pair_agreement
 from hdeval.benchmark.heldout import PAIR_STATISTICS, HeldOut, PairHeldOut, pair_arrays
 from hdeval.benchmark.spec import BenchmarkSpec
@@ -108,7 +109,7 @@ def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | 
         "summary_level": {metric: _per_aspect(ho, summary_level_correlation, metric=metric) for metric in METRICS},
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
-    }, **fitted.benchmark_record())
+    }, **(fitted.benchmark_record() if isinstance(fitted, BenchmarkRecord) else {}))
     return rec
 
 

@@ -3,23 +3,46 @@ the run artifacts' names."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hdeval.errors import ConfigError
 from hdeval.benchmark.statistics import N_RESAMPLES
+from hdeval.methods.options import convert_option
 
-# the methods whose held-out predictions the benchmark reads, baselines first (their calls are
-# the others' too); LEARNED ones fit an aggregator and run once per --aggregators kind
-METHODS = ("direct", "direct-yesno", "dna-direct", "hdeval", "paireval", "dna")
-LEARNED = ("hdeval", "paireval")
-# benchmark entries that are a method with fixed options: dna-direct is DnA's `--dna-mode direct`
-# baseline (overall scores from the same LLM, no aspects)
-ENTRIES = {"dna-direct": ("dna", {"dna_mode": "direct"})}
+DEFAULT_METHODS = ("direct", "hdeval")
 # method options the benchmark gives every run from its own flags (the aggregator: the sweep's)
 SWEEP_FLAGS = {"aggregator": "--aggregators", "layers": "--layers", "children": "--children", "top_k": "--top-k"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What ``--methods`` may name: a registered method, or one of its variants (the method with
+    some options fixed, e.g. dna-direct: DnA's `--dna-mode direct` baseline)."""
+
+    name: str
+    method: str  # the registered method it trains
+    fixed: Mapping[str, Any]
+    baseline: bool  # run first: its calls are the others' too
+    learned: bool  # fits an aggregator: run once per --aggregators kind
+
+
+def entries() -> dict[str, Entry]:
+    """Every method the benchmark may run, from the registry and what each method declares
+    (``benchmark``, ``baseline``, ``variants``, an ``aggregator`` option), baselines first."""
+    from hdeval.methods.registry import methods
+
+    found = []
+    for m in methods():
+        if not m.benchmark:
+            continue
+        learned = "aggregator" in m.options.specs()
+        found.append(Entry(m.name, m.name, {}, m.baseline, learned))
+        found += [Entry(v.name, m.name, dict(v.options), v.baseline, learned and "aggregator" not in v.options)
+                  for v in m.variants]
+    found.sort(key=lambda e: not e.baseline)  # stable: registration order within each group
+    return {e.name: e for e in found}
 
 
 @dataclass(frozen=True)
@@ -28,7 +51,7 @@ class BenchmarkSpec:
     layers, limit, preset, test_frac, ...)."""
 
     task: str
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     aggregators: tuple[str, ...] = ("lr",)
     seeds: int = 1
     train_fracs: tuple[float, ...] = (0.5,)
@@ -40,10 +63,11 @@ class BenchmarkSpec:
     def validate(self) -> None:
         from hdeval.aggregate import KINDS
 
-        unknown = [m for m in self.methods if m not in METHODS]
+        known = entries()
+        unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             raise ConfigError(f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
-                              f"benchmark runs {', '.join(METHODS)}")
+                              f"benchmark runs {', '.join(known)}")
         bad = [a for a in self.aggregators if a not in KINDS + ("auto",)]
         if bad or not self.aggregators:
             raise ConfigError(f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
@@ -72,19 +96,22 @@ class BenchmarkSpec:
     def runs(self) -> list[tuple[str, str | None, float, int]]:
         """(method, aggregator or None for a method without one, train_frac, seed) of every run,
         baselines first (direct's calls are HD-Eval's layer 1)."""
+        known = entries()
+        order = list(known)
         return [(method, agg, frac, seed) for seed in range(self.seeds) for frac in self.train_fracs
-                for method in sorted(self.methods, key=METHODS.index)
-                for agg in (self.aggregators if method in LEARNED else (None,))]
+                for method in sorted(self.methods, key=order.index)
+                for agg in (self.aggregators if known[method].learned else (None,))]
 
 
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
     """(the registry's Option, its name) of ``entry``'s option ``name``; one line if unknown or fixed."""
     from hdeval.methods.registry import get_method
 
-    if entry not in METHODS:
+    known = entries()
+    if entry not in known:
         raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
-                          f"{', '.join(METHODS)}")
-    base, fixed = ENTRIES.get(entry, (entry, {}))
+                          f"{', '.join(known)}")
+    base, fixed = known[entry].method, known[entry].fixed
     key = name.replace("-", "_")
     options = get_method(base).options.specs()
     if key not in options:
@@ -103,8 +130,6 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Repeated ``--method-option METHOD.NAME=VALUE`` -> {method: {name: value}}, each value typed
     by the click type the CLI gives the same option (a flag's true/false, a whole number, a finite
     number, a choice); an option given twice is an error (the later one would silently win)."""
-    import click
-
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         head, eq, raw = (part.strip() for part in item.partition("="))
@@ -113,13 +138,7 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. "
                               "paireval.comparisons=3")
         opt, key = _option_of(entry, name)
-        kind = click.Choice(opt.choices) if opt.choices else click.types.convert_type(opt.kind, opt.default)
-        try:
-            value = kind.convert(raw, None, None)
-            if isinstance(value, float) and not math.isfinite(value):
-                kind.fail(f"{raw!r} is not a finite number.")
-        except click.BadParameter as exc:
-            raise ConfigError(f"--method-option {head}: {exc.message}") from None
+        value = convert_option(raw, opt, f"--method-option {head}")
         if key in out.get(entry, {}):
             raise ConfigError(f"--method-option {entry}.{key} is given more than once")
         out.setdefault(entry, {})[key] = value
@@ -138,7 +157,7 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         if entry not in methods:
             raise ConfigError(f"--method-option {entry}.{next(iter(opts), '')}: {entry} is not among --methods "
                               f"({', '.join(methods)})")
-        base, fixed = ENTRIES.get(entry, (entry, {}))
+        base, fixed = entries()[entry].method, entries()[entry].fixed
         merged = {**opts, **fixed}
         try:
             get_method(base).build_options(merged)  # the method's own checks, as train makes them
@@ -159,7 +178,7 @@ def check_shapes(spec: BenchmarkSpec) -> str:
     from hdeval.tasks import load_task
 
     shape = load_task(spec.task).shape
-    fits = [m for m in METHODS if shape in get_method(ENTRIES.get(m, (m,))[0]).shapes]
+    fits = [name for name, e in entries().items() if shape in get_method(e.method).shapes]
     wrong = [m for m in spec.methods if m not in fits]
     if wrong:
         raise ConfigError(f"--methods: {', '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not run on "

@@ -12,7 +12,7 @@ from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
     DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, pair_references, usage,
 )
-from hdeval.benchmark.spec import ENTRIES, BenchmarkSpec, artifact_name, check_shapes
+from hdeval.benchmark.spec import BenchmarkSpec, artifact_name, check_shapes, entries
 from hdeval.benchmark.statistics import group
 
 
@@ -28,7 +28,8 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     from hdeval.train import TrainConfig
 
     given = dict(spec.method_options.get(method) or {})
-    method, fixed = ENTRIES.get(method, (method, {}))
+    entry = entries()[method]
+    method, fixed = entry.method, dict(entry.fixed)
     # the sweep's options (--layers, ...) go to the methods that take them
     takes = get_method(method).options.specs()
     opts = {k: v for k, v in spec.options.items() if k in takes or k not in all_options()}
@@ -41,10 +42,11 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
 
 
 def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
-                  artifacts: dict[str, Any] | None = None) -> dict[str, Any]:
+                  artifacts: dict[str, Any] | None = None, on_run: Any = None) -> dict[str, Any]:
     """Train every combination of ``spec`` (all checked before the first LLM call) and return
     ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
-    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`."""
+    run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`.
+    ``on_run(key, fitted, doc_of)`` is called after each run (the learning curves read them)."""
     from hdeval.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
@@ -82,6 +84,8 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
                 f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
                 "every finished call is cached; rerun with a larger --max-calls to continue") from None
         held[key] = held_out(fitted, {s.id: s.doc_id for s in preps[key].samples}, shape == "pairwise")
+        if on_run is not None:  # learning curves: each run with its samples' documents
+            on_run(key, fitted, {s.id: s.doc_id for s in preps[key].samples})
         fits.append(fitted)
         if artifacts is not None:
             artifacts[artifact_name(*key)] = fitted

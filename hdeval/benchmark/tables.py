@@ -75,7 +75,9 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
                        [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
                          _ms1(pt["criteria"]), _ms(pt["spearman"])]
                         for line in results["criteria_efficiency"] for pt in line["points"]]))
-    return title, tables + [_cost_table(results)]
+    from hdeval.benchmark.curves import curve_tables
+
+    return title, tables + curve_tables(results) + [_cost_table(results)]
 
 
 def render_markdown(results: Mapping[str, Any]) -> str:
@@ -134,4 +136,7 @@ def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
             rows.append([name, f"{s['train_frac']:g}", _ms(ag.get("wo_ties")), _ci(ci.get("wo_ties")),
                          _ms(ag.get("w_ties")), _ci(ci.get("w_ties")), _delta(vs.get("wo_ties")),
                          _delta(vs.get("w_ties")), *(_rows_cost(s) if variant == "evaluator" else ["", "", ""])])
-    return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), _cost_table(results)]
+    from hdeval.benchmark.curves import curve_tables
+
+    return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), *curve_tables(results),
+                                                        _cost_table(results)]

@@ -109,6 +109,18 @@ def storage_error(directory: str | Path, exc: BaseException, writing: bool = Fal
                       f"or check it with `hdeval cache check --cache-dir {d}`")
 
 
+def refuse_links(directory: Path) -> None:
+    """A one-line :class:`CacheError` when one of the cache's database files (or their logs) is a
+    symbolic link: SQLite would write through it, to wherever it points, maybe outside the cache."""
+    for name in (DBNAME, TABLE_DBNAME):
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = directory / (name + suffix)
+            if path.is_symlink():
+                raise CacheError(
+                    f"{path} is a symbolic link: hdeval writes its cache files only inside {directory}, never "
+                    f"through a link; replace the link by the file itself (or move it away) and rerun")
+
+
 def _move_aside(directory: Path, name: str = DBNAME) -> str:
     """How to get a bad database out of the way (its write-ahead log goes with it: a new
     database next to an old ``-wal`` file would replay it)."""

@@ -16,7 +16,8 @@ import diskcache
 
 from hdeval.cache.codec import (MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, EntryTooLarge,
                                 UnreadableEntry, expand_value, read_value, table_value, value_path)
-from hdeval.cache.guard import TABLE_DBNAME, TABLE_SQL, _kind, refuse_foreign_schema, storage_error
+from hdeval.cache.guard import (TABLE_DBNAME, TABLE_SQL, _kind, refuse_foreign_schema, refuse_links,
+                                 storage_error)
 
 # a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
 TABLE_VALUE = "CASE WHEN length(value) <= ? THEN value END, length(value)"
@@ -256,6 +257,7 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(directory, exc) from None
+    refuse_links(directory)
     # a planted trigger would rewrite every reply stored from here on
     legacy = refuse_foreign_schema(directory)
     try:

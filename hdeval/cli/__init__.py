@@ -3,16 +3,64 @@ module per command group."""
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import click
 
 from hdeval import __version__
-from hdeval.cli.boundary import run_command
+from hdeval.cli.boundary import guarded, run_command
 from hdeval.cli.progress import TerminalProgress
 
 __all__ = ["TerminalProgress", "cli", "main", "run_command"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Kit:
+    """What a method's ``commands`` get from the CLI (:class:`hdeval.methods.base.CommandKit`)."""
+
+    guarded = staticmethod(guarded)
+
+    @staticmethod
+    def check_output(path: Any, inputs: Any) -> None:
+        from hdeval.run.output import check_output
+
+        check_output(path, list(inputs))
+
+
+class _Commands(click.Group):
+    """The built-in commands, then the commands plug-in methods add: loaded only when a name is
+    not a built-in one, or for the list in ``--help``; a broken plug-in is one warning line."""
+
+    def _plugin_commands(self) -> dict[str, click.Command]:
+        from hdeval.methods.registry import builtin_methods, methods
+
+        builtin = {m.name for m in builtin_methods()}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = [m for m in methods() if m.name not in builtin and m.commands is not None]
+        for w in caught:
+            click.echo(f"warning: {w.message}", err=True)
+        out: dict[str, click.Command] = {}
+        for method in found:
+            try:
+                made = list(method.commands(_Kit()))
+            except Exception as exc:  # a plug-in's own code: skipped, as a broken plug-in is
+                click.echo(f"warning: method plug-in {method.name!r}: its commands could not be made "
+                           f"({type(exc).__name__}: {exc})", err=True)
+                continue
+            out.update({c.name: c for c in made if c.name and c.name not in self.commands})
+        return out
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self._plugin_commands()})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.commands:
+            return self.commands[name]
+        return self._plugin_commands().get(name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hdeval")
 def cli() -> None:
     """hdeval: train aligned LLM evaluators from human ratings (HD-Eval, PairEval, DnA)."""
@@ -23,13 +71,17 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
     from hdeval.cli.data import data
-    from hdeval.cli.paireval import paireval
+    from hdeval.cli.ppi_estimate import estimate
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
+    from hdeval.methods.registry import builtin_methods
 
-    for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, paireval,
-                    benchmark):
+    for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, benchmark,
+                    estimate):
         cli.add_command(command)
+    for method in builtin_methods():  # the commands a built-in method adds (hdeval paireval ...)
+        for command in method.commands(_Kit()) if method.commands is not None else ():
+            cli.add_command(command)
 
 
 _register()

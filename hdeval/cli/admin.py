@@ -8,22 +8,27 @@ from pathlib import Path
 import click
 
 from hdeval.cli.boundary import guarded
+from hdeval.errors import one_line
 
 _cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None,
                           type=click.Path(file_okay=False))
 
 
 @click.command("methods")
+@guarded
 def methods_cmd() -> None:
-    """List the methods `hdeval train --method` can build, with their own options."""
-    from hdeval.methods.registry import get_method, method_names
+    """List the methods `hdeval train --method` can build, with their own options (a plug-in's
+    are given as `-O NAME=VALUE`, which every method takes)."""
+    from hdeval.methods.registry import builtin_methods, get_method, method_names
 
+    flags = {n for m in builtin_methods() for n in m.options.specs()}
     for name in method_names():
         m = get_method(name)
         click.echo(f"{name} ({'/'.join(m.shapes)} data): {m.summary}")
         for opt_name, opt in m.options.specs().items():
             shown = opt.shown_default()
-            click.echo(f"  --{opt_name.replace('_', '-')}{'' if shown is None else f' (default {shown})'}: {opt.help}")
+            way = f"--{opt_name.replace('_', '-')}" if opt_name in flags else f"-O {opt_name}=VALUE"
+            click.echo(f"  {way}{'' if shown is None else f' (default {shown})'}: {opt.help}")
 
 
 @click.command("tasks")
@@ -160,16 +165,20 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
               type=click.Path(dir_okay=False),
               help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
                    "wrote (its custom_ids are the only ones accepted).")
+@click.option("--skip-other-models", is_flag=True,
+              help="Leave out (and count) results whose body.model is not the model their request asked, "
+                   "instead of refusing the file.")
 @_cache_dir
 @guarded
-def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) -> None:
+def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None, skip_other_models: bool) -> None:
     """Import an engine's answers to an exported request file into the cache.
 
     RESULTS.jsonl is in the OpenAI batch output format (one line per request:
     custom_id, response.status_code, response.body a chat completion), as vLLM's batch runner,
     Ray Data LLM or a provider's batch API write it. The whole file is checked first (a line
     that is not JSON, too long, of the wrong shape, or names a custom_id the request file does
-    not hold or one already answered is refused with its line number) and then written in one
+    not hold or one already answered, or whose body.model is another model than its request's,
+    is refused with its line number) and then written in one
     transaction: a bad file imports nothing. Rerun the same apply (or train) afterwards: it makes
     no calls for the imported requests.
 
@@ -184,8 +193,12 @@ def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None) ->
     from hdeval.request_files import import_results, result_parser
 
     where = cache_dir or default_cache_dir()
-    report = import_results(results, requests_file, where, result_parser())
+    report = import_results(results, requests_file, where, result_parser(), skip_other_models)
     click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
+    if report.other_model:
+        first = next(iter(report.other_model.values()))
+        click.echo(f"warning: {len(report.other_model)} result(s) answered by another model than their "
+                   f"request asked (first: {one_line(first)[:80]!r}) were left out; apply sends those to the LLM", err=True)
     if report.failed:
         first = next(iter(report.failed.values()))
         click.echo(f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "

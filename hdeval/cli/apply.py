@@ -120,6 +120,15 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
         say(f"{t['interval_level']:.0%} prediction intervals written (lower/upper); needs_human: "
             f"{t['needs_human']} of {t['rows']} rows (interval wider than {t['max_interval_width']:g} "
             "of the score range, or an unread LLM score)")
+    for a, h in (t.get("human_mean") or {}).items():
+        coverage = ("" if h["interval_coverage"] is None else f"; {h['interval_coverage']:.0%} of those "
+                    f"{h['interval_labels']} labels inside their prediction interval")
+        say(f"human mean of {a}{apart}: {h['estimate']:.3f} [{h['low']:.3f}, {h['high']:.3f}] "
+            f"({h['level']:.0%}, PPI++ from {h['n_labelled']} labels over {h['n']} rows; the evaluator alone: "
+            f"{h['evaluator_mean']:.3f}, biased){coverage}")
+    if t.get("human_mean"):
+        say("  (valid when the labelled rows are a random sample of the input; `hdeval estimate` for groups "
+            "and sampling probabilities)")
     say(f"wrote {res.rows} scored samples to {'stdout' if output == '-' else output}")
 
 

@@ -22,9 +22,10 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
               help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
 @click.option("--methods", default="direct,hdeval", show_default=True,
-              help="Comma-separated: direct, direct-yesno, hdeval, paireval (PairEval and direct-yesno need "
-                   "a dialogue task: a history besides the response); on a pairwise task: dna, dna-direct "
-                   "(DnA's --dna-mode direct baseline), hdeval.")
+              help="Comma-separated methods (`hdeval methods`, plug-ins included) and variants: direct, "
+                   "direct-yesno, hdeval, paireval (PairEval and direct-yesno need a dialogue task: a history "
+                   "besides the response); on a pairwise task: dna, dna-direct (DnA's --dna-mode direct "
+                   "baseline), hdeval.")
 @click.option("--aggregators", default="lr", show_default=True,
               help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
@@ -45,6 +46,15 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--force", is_flag=True, help="Replace a previous benchmark's results in --out.")
 @click.option("--keep-artifacts", is_flag=True,
               help="Also save each run's trained evaluator under --out/runs/<setting>-seed<k>/.")
+@click.option("--label-budget", "label_budget", default=None, metavar="N,N,...",
+              help="Learning curves: simulate labelling the training split from no label, re-fit the "
+                   "learned methods' aggregator at each of these label counts and score the held-out "
+                   "documents (no LLM call beyond the runs'), e.g. 10,20,50,100,200.")
+@click.option("--selection", default=None,
+              help="With --label-budget: the selection strategies to compare (random, uncertainty, "
+                   "diversity, hybrid). Default: random,uncertainty,hybrid.")
+@click.option("--repeats", default=None, type=int,
+              help="With --label-budget: simulated labellings per strategy (different seeds). Default: 10.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
@@ -52,7 +62,8 @@ def _csv(value: str) -> tuple[str, ...]:
 @guarded
 def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
               method_option: tuple[str, ...], out: str, force: bool, keep_artifacts: bool, quiet: bool,
-              offline: bool, **options: Any) -> None:
+              offline: bool, label_budget: str | None, selection: str | None, repeats: int | None,
+              **options: Any) -> None:
     """Train every combination of methods, aggregators, seeds and training fractions (one shared
     LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
 
@@ -76,14 +87,43 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
     spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given,
                          parse_method_options(method_option))
     spec.validate()
-    check_shapes(spec)
+    shape = check_shapes(spec)
+    curves = None
+    if label_budget is None and (selection is not None or repeats is not None):
+        raise ConfigError("--selection and --repeats set up learning curves: give --label-budget too")
+    if label_budget is not None:
+        from hdeval.benchmark.curves import DEFAULT_SELECTION, CurveSpec
+
+        selection = selection if selection is not None else ",".join(DEFAULT_SELECTION)
+        repeats = repeats if repeats is not None else 10
+
+        try:
+            budgets = tuple(int(b) for b in _csv(label_budget))
+        except ValueError:
+            raise ConfigError(f"--label-budget must be comma-separated whole numbers, got {label_budget!r}") from None
+        learned = [a for a in spec.aggregators if a != "auto"]
+        curves = CurveSpec(budgets, _csv(selection), repeats, learned[0] if learned else "lr")
+        curves.validate()
+        if not {"hdeval", "paireval"} & set(spec.methods):
+            raise ConfigError("--label-budget re-fits a learned aggregator: add hdeval or paireval to --methods")
     check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
     if options.get("data") is None:
         fetch_missing_task_data(task, offline=offline)
     progress = TerminalProgress(quiet)
     _notice_local(_resolved(options.get("llm")))
     artifacts: dict[str, Any] | None = {} if keep_artifacts else None
-    results = run_benchmark(spec, progress=progress, artifacts=artifacts)
+    runs: list[Any] = []
+
+    def keep_learned(key: Any, fitted: Any, doc_of: Any) -> None:
+        method, agg, frac, seed = key
+        if curves is not None and agg is not None and hasattr(fitted, "feature_keys"):
+            runs.append((f"{method}-{agg}", frac, seed, fitted, doc_of, agg))
+
+    results = run_benchmark(spec, progress=progress, artifacts=artifacts, on_run=keep_learned)
+    if curves is not None:
+        from hdeval.benchmark.curves import learning_curves
+
+        results["learning_curves"] = learning_curves(runs, curves, shape == "pairwise", progress.message)
     write_benchmark(results, out, force=force, artifacts=artifacts)
     for m, c in results["cost"].items():
         click.echo(f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
@@ -98,6 +138,12 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         mean = "n/a" if avg["mean"] is None else f"{avg['mean']:.3f} ± {avg['std']:.3f}"
         what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
         click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
+    for run in results.get("learning_curves") or []:
+        for strat, row in run["summary"]["strategies"].items():
+            need = row["labels_needed"]
+            click.echo(f"{run['setting']} seed {run['seed']}: {strat} reaches 95% of full-label agreement with "
+                       f"{'more than ' + str(run['budgets'][-1]) if need is None else f'{need:g}'} labels "
+                       "(median over repeats)")
     kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
     click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
     from hdeval.report import file_url

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import click
 
 def llm_options(f):
@@ -36,22 +39,75 @@ def batch_option(f):
 
 
 def method_options(f):
-    """``--method`` and every method's options, declared from the methods' options models: one
-    flag per name, its help giving each method's own default."""
-    from hdeval.methods.registry import all_options, method_names
+    """``--method``, ``-O/--method-option NAME=VALUE`` (any method's option, typed by the chosen
+    method's own declaration) and one flag per built-in method's option, its help giving each
+    method's own default. Declared from the built-in methods only: a plug-in is never loaded
+    outside the error boundary, so a broken one cannot break ``--help``. The values stay text
+    here; :func:`chosen_method_options` types them by the chosen method."""
+    from hdeval.methods.registry import builtin_methods
 
-    for name, owners in sorted(all_options().items(), reverse=True):
+    owned: dict[str, list] = {}
+    for method in sorted(builtin_methods(), key=lambda m: m.name):
+        for name, opt in method.options.specs().items():
+            owned.setdefault(name, []).append((method.name, opt))
+    for name, owners in sorted(owned.items(), reverse=True):
         flag = "--" + name.replace("_", "-")
         first = owners[0][1]
-        text = f"[{', '.join(m for m, _ in owners)}] {first.help}{_defaults_help(owners)}"
-        if isinstance(first.default, bool):
+        text = f"[{', '.join(m for m, _ in owners)}] {first.help}{_choices_help(owners)}{_defaults_help(owners)}"
+        if all(isinstance(opt.default, bool) for _, opt in owners):
             f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(f)
         else:
-            kind = click.Choice(first.choices) if first.choices else first.kind or (
-                None if first.default is None else type(first.default))
-            f = click.option(flag, name, default=None, type=kind, help=text)(f)
-    return click.option("--method", default="hdeval", show_default=True, type=click.Choice(method_names()),
-                        help="How the evaluator is built: see `hdeval methods`.")(f)
+            f = click.option(flag, name, default=None, metavar=_metavar(first), help=text)(f)
+    f = click.option("--method-option", "-O", "method_option", multiple=True, metavar="NAME=VALUE",
+                     help="An option of the chosen method (repeatable), typed as that method declares it: "
+                          "the way to give a plug-in method's options; `hdeval methods` lists them.")(f)
+    return click.option("--method", default="hdeval", show_default=True, metavar="NAME",
+                        help="How the evaluator is built: see `hdeval methods` (built-in and plug-in methods).")(f)
+
+
+def chosen_method_options(options: dict[str, Any]) -> None:
+    """Type, in place, the method options ``options`` holds as text (the flags of
+    :func:`method_options` and ``-O NAME=VALUE``) by the chosen method's declaration, and merge
+    the ``-O`` ones into ``method_options``; one-line ConfigError for a malformed, repeated or
+    unknown one. Called inside the command's error boundary (it loads the registry)."""
+    from hdeval.errors import ConfigError
+    from hdeval.methods.options import convert_option
+    from hdeval.methods.registry import builtin_methods, get_method
+
+    method = get_method(options.get("method") or "hdeval")
+    specs = method.options.specs()
+    flags = {n for m in builtin_methods() for n in m.options.specs()}
+    for name in flags:
+        raw = options.get(name)
+        if isinstance(raw, str) and name in specs:
+            options[name] = convert_option(raw, specs[name], "--" + name.replace("_", "-"))
+    given: dict[str, Any] = {}
+    for item in options.pop("method_option", ()) or ():
+        head, eq, raw = (part.strip() for part in item.partition("="))
+        name = head.replace("-", "_")
+        if not eq or not raw or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", head):
+            raise ConfigError(f"-O {item!r}: expected NAME=VALUE, e.g. -O layers=2")
+        if name not in specs:
+            known = ", ".join(sorted(specs)) or "none"
+            raise ConfigError(f"-O {head}: method {method.name!r} takes no option {head!r} (its options: {known})")
+        if name in given or options.get(name) is not None:
+            raise ConfigError(f"-O {head}: the option is given more than once")
+        given[name] = convert_option(raw, specs[name], f"-O {head}")
+    if given:
+        options["method_options"] = {**(options.get("method_options") or {}), **given}
+
+
+def _metavar(opt) -> str:
+    kind = opt.kind or (None if opt.default is None else type(opt.default))
+    return "CHOICE" if opt.choices else {int: "INTEGER", float: "FLOAT"}.get(kind, "TEXT")
+
+
+def _choices_help(owners) -> str:
+    """`` (one of: a, b)`` for an option whose owners all offer the same choices."""
+    choices = {opt.choices for _, opt in owners}
+    if len(choices) != 1 or not next(iter(choices)):
+        return ""
+    return f" (one of: {', '.join(next(iter(choices)))})"
 
 
 def _defaults_help(owners) -> str:

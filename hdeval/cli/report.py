@@ -1,5 +1,5 @@
 """``hdeval report`` and ``hdeval explain``: readable explanations of a trained evaluator (the numbers
-come from the method's report and :mod:`hdeval.methods.hdeval.explain`)."""
+come from the evaluator's ``Reports`` and ``Explains`` capabilities)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hdeval.cli.boundary import guarded
 from hdeval.cli.options import llm_options
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import ArtifactError, ConfigError, DataError
+from hdeval.methods.base import Explains, Reports, explain_refusal, report_refusal
 
 
 @click.command()
@@ -56,9 +57,8 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
     from hdeval.report import file_url
 
     ev = load_artifact(artifact)
-    if not ev.reports:
-        raise ConfigError(f"hdeval report reads HD-Eval and DnA artifacts; {artifact} was made by method "
-                          f"{ev.method!r}: its numbers are in metrics.json")
+    if not isinstance(ev, Reports):
+        raise ConfigError(report_refusal(ev, artifact))
     _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
     if base_url:  # the full URL of the server the artifact names, in memory only
         from hdeval.urls import public_url
@@ -112,29 +112,23 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
       hdeval explain artifacts/summeval-rf --sample summeval-0042 --data new.jsonl
     """
     from hdeval.data import read_samples
-    from hdeval.methods.hdeval.explain import explain_samples
 
     if top < 1:
         raise DataError(f"--top must be at least 1, got {top}")
     ev = load_artifact(artifact)
-    if ev.task.shape == "pairwise":
-        raise ConfigError(f"hdeval explain reads pointwise HD-Eval artifacts; {artifact} judges pairs: "
-                          "hdeval apply shows each pair's criterion scores, hdeval report their importance")
-    if ev.explain_refusal(artifact):  # explained by its criteria, which only HD-Eval has
-        raise ConfigError(f"hdeval explain reads HD-Eval artifacts; {artifact} was made by method "
-                          f"{ev.method!r}: apply shows its scores")
+    if not isinstance(ev, Explains):
+        raise ConfigError(explain_refusal(ev, artifact, "hdeval explain"))
     samples = [s for s in read_samples(data, ev.task, require_scores=False) if s.id == sample_id]
     if not samples:
         raise DataError(f"no sample with id {sample_id!r} in {data}")
     res = score_with_artifact(ev, samples[:1], quiet=quiet, **llm_options)
-    expl = explain_samples(ev, res, top=top)[0]
+    expl = ev.explain(res, top=top)[0]
     _print_explanation(ev, samples[0], res, expl)
 
 
 def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> None:
     """Per aspect: prediction, base value, top criteria with SHAP and score, then the rest."""
-    click.echo(f"sample {sample.id}  (artifact {ev.path}, aggregator {ev.aggregator.kind}, "
-               f"LLM {ev.llm_identity})")
+    click.echo(f"sample {sample.id}  (artifact {ev.path}, {ev.explain_heading()}, LLM {ev.llm_identity})")
     failed = {f.criterion_key: f.reason for f in res.criteria.failures}
     for aspect, e in expl.items():
         a = ev.task.aspect(aspect)
@@ -150,7 +144,7 @@ def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> 
         for t in e["top"]:
             score = "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
             click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {t['shap']:>+7.3f}  {t['name']}")
-        n_other = len(ev.feature_keys) - len(e["top"])
+        n_other = len(ev.explained_columns()) - len(e["top"])
         if n_other > 0:
             click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {e['other_shap']:>+7.3f}")
         click.echo(f"  = base {e['base_value']:.3f} + SHAP {e['prediction'] - e['base_value']:+.3f}"

@@ -12,7 +12,7 @@ import click
 
 from hdeval.cli.artifacts import _notice_local, _resolved
 from hdeval.cli.boundary import guarded
-from hdeval.cli.options import batch_option, llm_options, method_options
+from hdeval.cli.options import batch_option, chosen_method_options, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress, _end_open_line
 from hdeval.errors import ConfigError, HdevalError
 from hdeval.urls import shown_identity
@@ -77,6 +77,7 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     from hdeval.train import TrainConfig, plan, train as run_train
 
     prices = [options.pop(k) for k in ("price_in", "price_out", "decompose_price_in", "decompose_price_out")]
+    chosen_method_options(options)
     config = TrainConfig.from_options(**options)
     if config.data is None:
         fetch_missing_task_data(config.task, offline=offline)

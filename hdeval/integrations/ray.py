@@ -276,15 +276,22 @@ class RequestAnswerer:
                  concurrency: int = DEFAULT_CONCURRENCY):
         import openai
 
-        from hdeval.backends.openai_compat import _check_url, _proxy_for, http_client
+        from hdeval.backends.openai_compat import OpenAICompatBackend, _proxy_for, http_client
+        from hdeval.redaction import Redactor
         from hdeval.request_files import MAX_LINE_BYTES
 
-        _check_url(base_url)
+        key = os.environ.get("OPENAI_API_KEY") or "unused"
+        # the URL read as the backend reads it: checked, its query sent as a query, its
+        # user:password as Basic auth, the proxy the environment names for it
+        server = OpenAICompatBackend("answerer", base_url=base_url, api_key=key)
         # the backends' HTTP client: a reply past a result line's size is dropped while read (the
         # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
         http = http_client(timeout, _proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or "unused",
-                                    timeout=timeout, max_retries=max_retries, http_client=http)
+        self.client = openai.OpenAI(base_url=server._sdk_url, api_key=key, timeout=timeout, max_retries=max_retries,
+                                    http_client=http, default_query=server._query or None,
+                                    default_headers=server._headers)
+        # what it writes holds no secret in any form (a server echoing the key, the proxy's password)
+        self.redact = Redactor.from_env(base_url)
         self.concurrency = concurrency
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -300,10 +307,13 @@ class RequestAnswerer:
         return {"result": np.array(out, dtype=object)}
 
     def _one(self, text: str) -> str:
+        """One request answered: a result line, with an error in place of a reply that is not a
+        chat completion (read by the client's own reader: bounded, any nesting), so one bad reply
+        never costs the batch's others."""
         import httpx2
         import openai
 
-        from hdeval.backends.openai_compat import ReplyTooLarge
+        from hdeval.backends.openai_compat import ReplyTooLarge, read_completion, read_reply
         from hdeval.request_files import MAX_LINE_BYTES
 
         row = json.loads(text)  # a file the driver checked (read_request_file)
@@ -312,15 +322,21 @@ class RequestAnswerer:
         error: dict[str, Any] | None = None
         try:  # the client bounds a reply at a result line's size (ReplyTooLarge, below)
             reply = self.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
-            response = {"status_code": reply.status_code, "body": json.loads(reply.content)}
+            data = read_reply(reply.content)
+            read_completion(data, bool(body.get("logprobs")), self.redact)  # a chat completion, or ValueError
+            response = {"status_code": reply.status_code, "body": self.redact.json(data)}
         except openai.APIStatusError as exc:
             response = {"status_code": exc.status_code, "body": None}
             error = {"message": " ".join(str(exc).split())[:300]}
-        except (openai.APIError, ValueError) as exc:  # unreachable, timed out, not JSON
+        except ValueError as exc:  # not JSON, nested too deep, not a chat completion
+            error = {"message": f"the reply is not a chat completion ({exc})"}
+        except openai.APIError as exc:  # unreachable, timed out
             if isinstance(exc.__cause__, ReplyTooLarge):  # the SDK says only "Connection error."
                 error = {"message": f"a reply larger than a result line may be ({MAX_LINE_BYTES} bytes)"}
             else:
                 error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
+        if error is not None:
+            error = {"message": self.redact(error["message"])}
         return json.dumps({"custom_id": key, "response": response, "error": error}, ensure_ascii=False,
                           separators=(",", ":"))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import importlib
 import json
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods import options as _options
@@ -31,10 +32,15 @@ SPLIT = {"train": FIGURE, "test": FIGURE}
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
+    import pandas as pd
+    from pydantic import BaseModel
+
     from hdeval.artifact import ArtifactReader, ArtifactWriter
     from hdeval.backends.base import Backend
+    from hdeval.cache.client import CachedBackend
+    from hdeval.config import LLMConfig
     from hdeval.progress import Progress
-    from hdeval.types import Sample, ScoreMatrix, Task
+    from hdeval.types import PairSample, Sample, ScoreMatrix, Task
 
 
 @dataclass
@@ -53,35 +59,55 @@ class ScoreResult:
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
 
 
-class Fitted:
+class Fitted(ABC):
     """A trained evaluator of some method, and the state and defaults every one shares: the task,
     the prompt template, the LLM (saved without credentials, query or key), held-out metrics, the
-    run record for the manifest, the training run's score table and an atomic
-    :func:`~hdeval.artifact.save_artifact`. A method's subclass implements ``method_args`` (its
-    own arguments, recorded in the manifest: how to rebuild it), ``score``, ``write`` (its files
-    into the artifact; returns its manifest section) and ``from_artifact``, and overrides the
-    defaults below where it differs."""
+    run record for the manifest (``run``), the training run's score table and an atomic
+    :func:`~hdeval.artifact.save_artifact`.
+
+    A method's subclass must implement :meth:`score`, :meth:`write` (its files into the artifact;
+    returns its state, the manifest's method section) and :meth:`from_artifact` (rebuild from that
+    state, ``art.state``), and may declare ``State``, the pydantic model its state is validated
+    with on load. Everything else has a default; optional capabilities (a report, explanations,
+    held-out figures for ``benchmark``) are the protocols below, which shared code checks with
+    ``isinstance``."""
 
     method = ""  # the registry name, recorded in the manifest
     row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
-    reports = False  # `hdeval report` can draw this evaluator (see write_report)
+    # the pydantic model of the state ``write`` returns, checked on load (None: the method checks it)
+    State: ClassVar["type[BaseModel] | None"] = None
 
-    def __init__(self, task: "Task", template: Any, llm: Any, llm_identity: str,
+    def __init__(self, task: "Task", template: Any, llm: "LLMConfig", llm_identity: str,
                  metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
         self.task = task
         self.template = template
         self.llm = llm
         self.llm_identity = llm_identity
         self.metrics = metrics
-        self.extra = dict(extra or {})
+        self.extra = dict(extra or {})  # the method's own state; the shared code never writes it
+        self.run: dict[str, Any] = {}  # the run record (seed, split, config): see run_record
         self.score_table = score_table
         self.warnings: list[str] = []
         self.path: Any = None
 
+    @abstractmethod
     def score(self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
               concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
         """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def write(self, out: "ArtifactWriter") -> dict[str, Any]:
+        """Write the method's files into ``out``; return its state (plain JSON data), which the
+        manifest keeps apart from the header and the run record."""
+
+    @classmethod
+    @abstractmethod
+    def from_artifact(cls, art: "ArtifactReader") -> "Fitted":
+        """Rebuild from a verified artifact: its files and its state (``art.state``)."""
+
+    def method_args(self) -> dict[str, Any]:
+        """The method's own arguments, recorded in the manifest (how to rebuild it)."""
+        return {}
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
@@ -107,14 +133,14 @@ class Fitted:
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
         """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""
         lines = [(self.summary_line(), False), (f"artifact written to {path}", False)]
-        if self.reports:
+        if isinstance(self, Reports):
             lines.append((f"next: hdeval report {path}", False))
         return lines
 
     def training_ids(self) -> frozenset[str]:
-        """The ids of the samples this evaluator was trained on (the manifest's ``split``);
+        """The ids of the samples this evaluator was trained on (the run record's ``split``);
         empty when the artifact records none. ``apply`` flags and reports them apart."""
-        rec = getattr(self, "manifest_extra", None) or getattr(self, "extra", None) or {}
+        rec = self.run
         split = rec.get("split") if isinstance(rec, dict) else None
         train = split.get("train") if isinstance(split, dict) else None
         return frozenset(x for x in train if isinstance(x, str)) if isinstance(train, list) else frozenset()
@@ -138,14 +164,6 @@ class Fitted:
         """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
         return None
 
-    def explain_refusal(self, artifact: Any) -> str | None:
-        """Why ``apply --explain`` cannot explain this evaluator's scores (None: it can)."""
-        return f"--explain reads HD-Eval artifacts; {artifact} was made by method {self.method!r}"
-
-    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
-        """Write ``hdeval report``'s page: (html path, numbers file name, lines to print)."""
-        raise NotImplementedError
-
     def reply_requests(self, items: Sequence[Any],
                        columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
         """For the report's per-sample view, the request whose cached reply is shown for each
@@ -154,22 +172,9 @@ class Fitted:
         not in the report, so the shared report pages know no method."""
         return [], "this evaluator does not say which prompts it asked: raw replies are not shown"
 
-    # ---- held-out figures for `benchmark`, read from the score table without any LLM call
-    def held_out_predictions(self, table: Any, test: Any) -> Any:
-        """Pointwise: predicted scores (test rows x aspects) from the rows of ``scores.csv``."""
-        raise ConfigError(f"benchmark reads no held-out scores of method {self.method!r}")
-
-    def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
-        """Pairwise: variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
-        raise ConfigError(f"benchmark reads no held-out pair labels of method {self.method!r}")
-
     def fitted_aggregator(self) -> str | None:
         """The kind of the learned aggregator or classifier (None: nothing learned)."""
         return None
-
-    def benchmark_record(self) -> dict[str, Any]:
-        """What a benchmark run records besides the shared figures (e.g. criteria per layer)."""
-        return {}
 
     def open_backend(self, backend: Any, cache_dir: Any) -> tuple[Any, bool]:
         """``backend`` as given, or the evaluator's own LLM opened now (then: True, close it)."""
@@ -199,6 +204,15 @@ class Fitted:
         self.path = save_artifact(self, path, section, force=force)
         return self.path
 
+    def public_run(self) -> dict[str, Any]:
+        """The run record as the manifest keeps it: the server address without credentials."""
+        from hdeval.urls import public_url
+
+        run = dict(self.run)
+        if isinstance(run.get("config"), dict) and run["config"].get("base_url"):
+            run["config"] = {**run["config"], "base_url": public_url(run["config"]["base_url"])}
+        return run
+
     def columns_needed(self) -> list[str]:
         """The LLM-filled columns scoring a new sample needs (``apply`` prices with this)."""
         return list(self.task.aspect_keys)
@@ -215,6 +229,70 @@ class Fitted:
         if self.score_table is not None:
             self.score_table.to_csv(out.path(SCORES), index=False)
         return {"prompts": {name: t.digest for name, t in prompts.items()}}
+
+
+# ---- optional capabilities: shared code asks `isinstance(ev, Reports)`, never a method's name
+@runtime_checkable
+class Reports(Protocol):
+    """``hdeval report`` can draw this evaluator."""
+
+    def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
+        """Write the report's page: (html path, numbers file name, lines to print)."""
+
+
+@runtime_checkable
+class Explains(Protocol):
+    """``hdeval explain`` and ``apply --explain`` can say why this evaluator gave its scores."""
+
+    def explain(self, result: ScoreResult, top: int = 3) -> list[dict[str, Any]]:
+        """Per sample of ``result`` (in its order), per aspect: ``prediction``,
+        ``clipped_prediction``, ``base_value``, the ``top`` columns that moved it most (each
+        ``criterion``, ``name``, ``shap``, ``score``) and ``other_shap``, the rest's sum."""
+
+    def explain_heading(self) -> str:
+        """What the explanation of one sample says first about the evaluator (its model)."""
+
+    def explained_columns(self) -> list[str]:
+        """Every column an explanation weighs (the top ones and the rest)."""
+
+
+@runtime_checkable
+class HeldOutScores(Protocol):
+    """``benchmark`` reads this pointwise evaluator's held-out predictions from its score table."""
+
+    def held_out_predictions(self, table: "pd.DataFrame", test: "pd.DataFrame") -> Any:
+        """Predicted scores (test rows x aspects) from the rows of ``scores.csv``, no LLM call."""
+
+
+@runtime_checkable
+class HeldOutLabels(Protocol):
+    """``benchmark`` reads this pairwise evaluator's held-out verdicts from its score table."""
+
+    def held_out_labels(self, test: "pd.DataFrame") -> dict[str, tuple[list, list]]:
+        """Variant -> (label a/b/tie or None, label forced to a or b) per test pair."""
+
+
+@runtime_checkable
+class BenchmarkRecord(Protocol):
+    """What a benchmark run records of this evaluator besides the shared figures."""
+
+    def benchmark_record(self) -> dict[str, Any]:
+        """E.g. the criteria per layer; merged into the run's record in results.json."""
+
+
+def explain_refusal(ev: Fitted, artifact: Any, what: str) -> str:
+    """The one line for ``what`` (``--explain``, ``hdeval explain``) asked of an evaluator that is
+    not :class:`Explains`."""
+    shape = getattr(ev.task, "shape", "pointwise")
+    return (f"{what} cannot explain {artifact}: its evaluator (method {ev.method!r}, {shape} data) gives no "
+            "explanations; hdeval apply shows its scores" + (", hdeval report its numbers" if isinstance(ev, Reports)
+                                                             else ""))
+
+
+def report_refusal(ev: Fitted, artifact: Any) -> str:
+    """The one line for ``hdeval report`` asked of an evaluator that is not :class:`Reports`."""
+    return (f"hdeval report cannot draw {artifact}: its evaluator (method {ev.method!r}) writes no report; "
+            "its numbers are in metrics.json")
 
 
 class SinglePromptFitted(Fitted):
@@ -285,7 +363,7 @@ def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple
         "usage": usage_of(ctx.llm),
     }
     ev.score_table = score_table(res.sample_ids, res.criteria, split, Y, aspects)
-    ev.extra = run_record(ctx)
+    ev.run = run_record(ctx)
     return res, Y, tr, te
 
 
@@ -345,7 +423,7 @@ def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task",
         ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
                    str(llm.get("identity") or ""))
         ev.metrics = check_metrics(art.json(METRICS), ev.metrics_shape(), art.path / METRICS)
-        ev.extra = {k: m[k] for k in ("seed", "split", "config") if k in m}  # the run record (run_record)
+        ev.run = art.run
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
@@ -394,21 +472,105 @@ def progress_stage(progress: "Progress | None", label: str, total: int) -> Itera
         progress.end_stage()
 
 
+class Split(Protocol):
+    """The training and test ids of a run (``hdeval.data.Split``)."""
+
+    @property
+    def train_ids(self) -> Sequence[str]: ...
+
+    @property
+    def test_ids(self) -> Sequence[str]: ...
+
+    def to_dict(self) -> dict[str, list[str]]: ...
+
+
+class RunSettings(Protocol):
+    """What a method reads of the run's settings (``hdeval.train.TrainConfig``, a floor above the
+    methods, which name it by this protocol)."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def data(self) -> str | None: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def max_failure_rate(self) -> float: ...
+
+    @property
+    def max_calls(self) -> int | None: ...
+
+    @property
+    def cache_dir(self) -> str | None: ...
+
+    @property
+    def batch(self) -> bool: ...
+
+    @property
+    def options(self) -> Any: ...  # the chosen method's MethodOptions subclass
+
+    def public(self) -> dict[str, Any]: ...
+
+
+class Prepared(Protocol):
+    """The data a fit gets, read and split (``hdeval.train.Prepared``)."""
+
+    @property
+    def task(self) -> "Task": ...
+
+    @property
+    def samples(self) -> "Sequence[Sample] | Sequence[PairSample]": ...  # train + test, file order
+
+    @property
+    def split(self) -> Split: ...
+
+    @property
+    def data_path(self) -> Any: ...
+
+    @property
+    def given(self) -> Any: ...  # what Method.prepare kept (HD-Eval: the checked starting tree)
+
+
 @dataclass
 class FitContext:
     """Everything a method's ``fit`` gets: the run's options, the data already split, the LLM."""
 
-    config: Any  # hdeval.train.TrainConfig
-    prep: Any  # hdeval.train.Prepared: task, samples (train + test, file order), split, data path
-    llm: Any  # the run's CachedBackend
-    llm_config: Any  # the resolved LLMConfig recorded in the artifact
+    config: RunSettings
+    prep: Prepared
+    llm: "CachedBackend"  # the run's
+    llm_config: "LLMConfig"  # the resolved one, recorded in the artifact
     progress: "Progress"
-    decompose_llm: Any = None  # HD-Eval: the CachedBackend that decomposes (None or llm: the same)
+    decompose_llm: "CachedBackend | None" = None  # HD-Eval's decomposing LLM (None or llm: the same)
 
     @property
     def options(self) -> Any:
-        """The chosen method's options model (``config.options``)."""
+        """The chosen method's options model (``config.options``: its MethodOptions subclass)."""
         return self.config.options
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A benchmark entry that is a method with some options fixed, e.g. ``dna-direct``."""
+
+    name: str
+    options: Mapping[str, Any]
+    baseline: bool = False
+
+
+class CommandKit(Protocol):
+    """What the CLI hands a method's ``commands``: its error boundary for a callback (library
+    errors -> one line and an exit code) and its check of an output file (never an input, a
+    FIFO or a device)."""
+
+    def guarded(self, fn: Callable[..., Any]) -> Callable[..., Any]: ...
+
+    def check_output(self, path: Any, inputs: Sequence[Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -436,6 +598,15 @@ class Method:
     # the checks fit makes before its first call, callable without an LLM (benchmark makes them
     # for every run before the sweep's first call): FitContext -> None, raising HdevalError
     check_fit: Callable[[FitContext], None] | None = None
+    # ---- what `hdeval benchmark` may run (its fitted evaluator gives HeldOutScores or
+    # HeldOutLabels): whether it may, whether it is a baseline (run first: its calls are the
+    # others' too), and its benchmark variants (the method with some options fixed)
+    benchmark: bool = True
+    baseline: bool = False
+    variants: tuple["Variant", ...] = ()
+    # command groups the method adds to the CLI: a callable returning click commands, called with
+    # a CommandKit (the CLI's error boundary and output check), e.g. ``hdeval paireval ...``
+    commands: Callable[["CommandKit"], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.options, Mapping):

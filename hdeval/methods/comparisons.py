@@ -19,9 +19,9 @@ from hdeval.backends.base import CompletionRequest
 from hdeval.backends.constraints import Labels
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.judge import Cell, fill_matrix, label_probability
-from hdeval.methods.base import FitContext, progress_stage
+from hdeval.methods.base import progress_stage
 from hdeval.progress import Progress
-from hdeval.prompts import Template, _neutralise, load_template, sample_block
+from hdeval.prompts import Template, _neutralise, sample_block
 from hdeval.types import Aspect, Failure, Sample, ScoreMatrix, Task
 
 RESPONSE_FIELD = "output"
@@ -321,19 +321,6 @@ class PairwiseScorer:
         if not fits_examples(n, swap, pool):
             raise ArtifactError(f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples")
         return cls(templates["pair"], pool, n, swap)
-
-
-def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
-    """The criterion scorer ``--method hdeval --scorer ...`` asks for (None: the digit scorer)."""
-    if ctx.options.scorer != "pairwise":
-        return None
-    task, split = ctx.prep.task, ctx.prep.split
-    history_fields(task)
-    n = check_comparisons(ctx.options.comparisons)
-    by_id = {s.id: s for s in ctx.prep.samples}
-    pool = draw_comparisons([by_id[i] for i in split.train_ids], n, ctx.config.seed, task,
-                            "the training split", own_docs=True)
-    return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.options.swap))
 
 
 # The fake LLM's answers to these prompts (registered on import).

@@ -38,6 +38,24 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def convert_option(raw: str, spec: Option, where: str) -> Any:
+    """A command-line value (``--name VALUE`` or ``-O name=VALUE``) as the kind the method
+    declares for it: a flag's true/false, a whole number, a finite number, one of its choices,
+    or text. ``where`` names the option in the one-line ConfigError."""
+    import math
+
+    import click
+
+    kind = click.Choice(spec.choices) if spec.choices else click.types.convert_type(spec.kind, spec.default)
+    try:
+        value = kind.convert(raw, None, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            kind.fail(f"{raw!r} is not a finite number.")
+    except click.BadParameter as exc:
+        raise ConfigError(f"{where}: {exc.message}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class MethodOptions:
     """A method's options as one typed, frozen model. A method declares a subclass whose fields

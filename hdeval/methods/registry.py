@@ -1,10 +1,15 @@
 """The methods hdeval knows, found once: the built-in packages and any plug-in that declares an
 entry point in the group ``hdeval.methods`` (its value: a :class:`~hdeval.methods.base.Method`,
 or a callable returning one or a list of them). Loading an artifact dispatches here on the
-method its manifest names, so nothing below the methods needs to know them."""
+method its manifest names, so nothing below the methods needs to know them.
+
+A plug-in that cannot be loaded (it raises at import, gives no Method, reuses a name) is skipped
+with one :class:`PluginWarning` naming it: the built-in methods keep working. The CLI reads the
+registry inside its error boundary only (``hdeval --help`` never loads a plug-in)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,25 +22,31 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ENTRY_POINT_GROUP = "hdeval.methods"
 _loaded = False
+_skipped: dict[str, str] = {}  # entry-point name -> why its plug-in was skipped
+
+
+class PluginWarning(UserWarning):
+    """A method plug-in was skipped: the message names it and says why, in one line."""
+
+
+def builtin_methods() -> list[Method]:
+    """The methods hdeval ships, without loading any plug-in (the CLI declares their option
+    flags at import; a plug-in's options are given as ``-O NAME=VALUE``)."""
+    # The packages hold registration only (implementations load when a method is used), so
+    # `hdeval --help` stays light.
+    from hdeval.methods import direct, dna, hdeval, paireval
+
+    return [m for package in (direct, hdeval, paireval, dna) for m in package.METHODS]
 
 
 def _load() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    # The packages hold registration only (implementations load when a method is used), so
-    # `hdeval --help` stays light.
-    from hdeval.methods import direct, dna, hdeval, paireval
-
-    METHODS.update({m.name: m for package in (direct, dna, hdeval, paireval) for m in package.METHODS})
-    try:
-        _load_plugins()
-    except BaseException:
-        # set early so a plug-in that asks for the registry while loading finds it; a plug-in that
-        # fails must fail every lookup, not only the first
-        _loaded = False
-        raise
+    _loaded = True  # set first: a plug-in that asks for the registry while loading finds it
+    _skipped.clear()
+    METHODS.update({m.name: m for m in builtin_methods()})
+    _load_plugins()
 
 
 def _load_plugins() -> None:
@@ -43,24 +54,38 @@ def _load_plugins() -> None:
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            found = ep.load()
-            if callable(found) and not isinstance(found, Method):
-                found = found()
-        except Exception as exc:  # a broken plug-in names itself, and the built-ins still work
-            raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) could not be loaded: "
-                              f"{type(exc).__name__}: {exc}") from None
-        for method in (found if isinstance(found, (list, tuple)) else [found]):
-            if not isinstance(method, Method):
-                raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) gave {type(method).__name__}, "
-                                  "not a hdeval.methods.base.Method")
-            if method.name in METHODS:
-                raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) reuses the method name {method.name!r}")
-            METHODS[method.name] = method
+            _add_plugin(ep)
+        except ConfigError as exc:
+            _skipped[ep.name] = str(exc)
+            warnings.warn(str(exc), PluginWarning, stacklevel=2)
+
+
+def _add_plugin(ep) -> None:
+    """Register what entry point ``ep`` gives; a one-line ConfigError naming it if unusable."""
+    try:
+        found = ep.load()
+        if callable(found) and not isinstance(found, Method):
+            found = found()
+    except Exception as exc:  # any error of a plug-in's own code, SyntaxError included
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded "
+                          f"({detail})") from None
+    methods = list(found) if isinstance(found, (list, tuple)) else [found]
+    for method in methods:
+        if not isinstance(method, Method):
+            raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it gave "
+                              f"{type(method).__name__}, not a hdeval.methods.base.Method")
+        if method.name in METHODS:
+            raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it reuses the method "
+                              f"name {method.name!r}")
+    METHODS.update({m.name: m for m in methods})
 
 
 def get_method(name: str) -> Method:
     _load()
     if name not in METHODS:
+        if name in _skipped:  # asked for by name: say why it is not there, each time
+            raise ConfigError(_skipped[name])
         raise ConfigError(f"unknown method {name!r}: choose from {', '.join(sorted(METHODS))}")
     return METHODS[name]
 
@@ -68,6 +93,12 @@ def get_method(name: str) -> Method:
 def method_names() -> list[str]:
     _load()
     return sorted(METHODS)
+
+
+def methods() -> list[Method]:
+    """Every method, built-in ones first, in the order they were registered."""
+    _load()
+    return list(METHODS.values())
 
 
 def all_options() -> dict[str, list[tuple[str, Option]]]:
@@ -97,5 +128,5 @@ def load_artifact(path: str | Path) -> "Fitted":
     except HdevalError as exc:
         raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
     reader = open_artifact(path, editable=method.editable)
-    check_recorded_options(method.options, reader.manifest.get("config"), str(path / MANIFEST), name)
+    check_recorded_options(method.options, reader.run.get("config"), str(path / MANIFEST), name)
     return method.load(reader)

@@ -127,6 +127,34 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     return out
 
 
+@styled
+def _learning_curve_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    """Per run with learning curves: held-out agreement against labels used, one line per
+    strategy (band: 5th-95th percentile over repeats), the full-label figure dashed."""
+    plt = pyplot()
+    out = []
+    for run in results.get("learning_curves") or []:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        budgets = [int(b) for b in run["budgets"]]
+        for k, (strat, row) in enumerate(run["summary"]["strategies"].items()):
+            pts = [(b, row["points"][str(b)]) for b in budgets if row["points"][str(b)]["mean"] is not None]
+            if not pts:
+                continue
+            color = COLORS[k % len(COLORS)]
+            ax.plot([b for b, _ in pts], [p["mean"] for _, p in pts], marker="o", label=strat, color=color)
+            ax.fill_between([b for b, _ in pts], [p["low"] for _, p in pts], [p["high"] for _, p in pts],
+                            color=color, alpha=0.15)
+        if run["full_label"] is not None:
+            ax.axhline(run["full_label"], color="black", linestyle="--", linewidth=1,
+                       label=f"all {run['train_rows']} labels")
+        ax.set_xscale("log")
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        _finish(ax, "labels used", f"held-out {run['metric']}")
+        out.append((f"Learning curves: {run['setting']}, train frac {run['train_frac']:g}, seed {run['seed']} "
+                    f"({run['repeats']} repeats; band: 5th-95th percentile)", png(fig)))
+    return out
+
+
 def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     """The banner: the LLM, the split against the features, the strongest baseline."""
     b = verdicts.Banner()
@@ -166,4 +194,5 @@ def render_html(results: Mapping[str, Any], title: str, tables: Sequence[Any]) -
     The tables come in from the benchmark, which sits above the reports."""
     plots = _pair_plots if results.get("shape") == "pairwise" else _point_plots
     return render("benchmark.html.j2", title=f"hdeval {title[0].lower()}{title[1:]}", banner=verdict(results),
-                  tables=tables, figures=plots(results), definitions=results.get("definitions") or {})
+                  tables=tables, figures=plots(results) + _learning_curve_plots(results),
+                  definitions=results.get("definitions") or {})

@@ -82,8 +82,8 @@ def data_path(ev: Any, given: str | Path | None) -> Path | None:
 
 
 def _config(ev: Any) -> Mapping[str, Any]:
-    """The training config the manifest records (the evaluator's copy, else manifest.json)."""
-    for attr in ("manifest_data", "manifest_extra"):
+    """The training config the manifest records (the evaluator's run record, else manifest.json)."""
+    for attr in ("run", "manifest_data"):
         config = (getattr(ev, attr, None) or {}).get("config")
         if isinstance(config, Mapping):
             return config

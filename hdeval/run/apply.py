@@ -16,9 +16,11 @@ from typing import Any, Callable, Iterator
 
 from hdeval.errors import ConfigError, DataError, ScoringError
 from hdeval.fetch import sha256_file
+from hdeval.methods.base import Explains, explain_refusal
 from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
+from hdeval.run.ppi_rows import RowsSummary
 from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
     SHARD_FIELD, artifact_sha256, closing_record, parse_shard, shard_of,
@@ -218,9 +220,8 @@ def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: 
         ev = load_artifact(artifact)
         for w in ev.warnings if notify is not None else ():
             notify(f"warning: {w}")
-    refusal = ev.explain_refusal(artifact) if explain else None
-    if refusal:
-        raise ConfigError(refusal)
+    if explain and not isinstance(ev, Explains):
+        raise ConfigError(explain_refusal(ev, artifact, "--explain"))
     return ev, RowTrust(ev, max_interval_width)
 
 
@@ -234,9 +235,7 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
     rows = ev.output_rows(samples, res)
     trust.annotate(rows, samples, res)
     if explain:
-        from hdeval.methods.hdeval.explain import explain_samples
-
-        for row, expl in zip(rows, explain_samples(ev, res, top=top)):
+        for row, expl in zip(rows, ev.explain(res, top=top)):
             row["explanation"] = expl
     m = res.criteria
     needed = ev.columns_needed()
@@ -319,6 +318,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
     reading = _Input(input_file, ev, size, which)
+    human = RowsSummary(list(ev.task.aspect_keys), ev.task.shape == "pairwise")  # the human mean the labels give
     with OutputWriter(output, fmt) as out, DiskIds(near) as seen:
         # the headline figures are the held-out rows'; the training rows' are kept apart
         summary = _Summary(seen.directory, "held-out")
@@ -338,6 +338,7 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}
                 out.write(rows)
+                human.add(rows)
                 summary.add(samples, res, keep=[not row["in_training"] for row in rows])
                 training.add(samples, res, keep=[row["in_training"] for row in rows])
                 failed, cells, example = failed + f, cells + c, example or e
@@ -360,6 +361,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     trusted = trust.summary()
     if trust.in_training:
         trusted.update({k: v for k, v in apart.items() if v is not None})
+    if human.summary() is not None:
+        trusted["human_mean"] = human.summary()
     return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
                        agreement=agreement, correlations=correlations, failed=failed, cells=cells,
                        trust=trusted)

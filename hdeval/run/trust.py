@@ -27,7 +27,9 @@ class RowTrust:
     def annotate(self, rows: list[dict], samples: Sequence[Any], res: Any) -> None:
         pos = {sid: i for i, sid in enumerate(res.sample_ids)}
         pointwise = not hasattr(res, "agreement") and list(getattr(res, "aspects", [])) == self.aspects
-        ints = (row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width)
+        crit = getattr(res, "criteria", None)
+        criteria = (crit.values, crit.criterion_keys) if crit is not None else None
+        ints = (row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width, criteria)
                 if self.cal is not None and pointwise else None)
         for row, s in zip(rows, samples):
             seen = s.id in self.train

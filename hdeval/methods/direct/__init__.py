@@ -12,6 +12,7 @@ METHOD = Method(
     fit=later("hdeval.methods.direct.evaluator:fit"),
     load=later("hdeval.methods.direct.evaluator:DirectEvaluator.from_artifact"),
     plan=later("hdeval.methods.direct.evaluator:plan"),
+    baseline=True,
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers

@@ -3,7 +3,7 @@ modules load when used, so ``hdeval --help`` stays light."""
 
 from __future__ import annotations
 
-from hdeval.methods.base import Method, later
+from hdeval.methods.base import Method, Variant, later
 from hdeval.methods.dna.settings import DnaOptions
 
 METHOD = Method(
@@ -15,6 +15,8 @@ METHOD = Method(
     load=later("hdeval.methods.dna.fitted:DnaEvaluator.from_artifact"),
     plan=later("hdeval.methods.dna.scoring:plan_dna"),
     options=DnaOptions,
+    # DnA's `--dna-mode direct` baseline: overall scores from the same LLM, no aspects
+    variants=(Variant("dna-direct", {"dna_mode": "direct"}, baseline=True),),
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers

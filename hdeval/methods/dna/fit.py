@@ -160,5 +160,5 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         table["learned_prediction_ab"] = res.learned_ab  # forced to a or b: the w/o-ties figure
     table["human"] = [p.label for p in pairs]
     ev.score_table = table
-    ev.extra = run_record(ctx)
+    ev.run = run_record(ctx)
     return ev

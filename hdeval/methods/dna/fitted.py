@@ -102,7 +102,6 @@ class DnaEvaluator(Fitted):
             rows.append(row)
         return rows
 
-    reports = True
 
     def export_refusal(self) -> str | None:
         # weights and dynamic aspects are asked per pair as JSON with re-asks on a bad reply: a

@@ -61,7 +61,7 @@ def _check_fit(ctx):
         from hdeval.methods.hdeval.pairwise import check_pairwise_options
 
         return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
-    from hdeval.methods.comparisons import hdeval_scorer
+    from hdeval.methods.hdeval.scorer import hdeval_scorer
 
     hdeval_scorer(ctx)
 

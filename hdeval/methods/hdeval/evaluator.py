@@ -27,14 +27,14 @@ from hdeval.prompts import Template, parse_template
 from hdeval.scoring import score_criteria, scoring_request
 from hdeval.tasks import task_from_dict
 from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
-from hdeval.urls import public_url
 
 TREE = "tree.json"
 MODEL = "aggregator.skops"
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
-# manifest keys an HD-Eval artifact keeps besides the generic ones
-_EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decompose_llm", "tree_input",
-               "decomposition_rejections")
+# the state an HD-Eval artifact keeps besides the model's (features, aggregator, prompts), and the
+# run record (seed, split, config), which a fit hands in with it
+_EXTRA_KEYS = ("layers", "data_file", "decompose_llm", "tree_input", "decomposition_rejections")
+_RUN_KEYS = ("seed", "split", "config")
 
 
 class TreeEvaluator(Fitted):
@@ -59,7 +59,9 @@ class TreeEvaluator(Fitted):
         self.kind = kind
         self.feature_keys = list(feature_keys)
         self.templates = dict(templates)
-        self.manifest_extra = dict(manifest_extra or {})
+        extra = dict(manifest_extra or {})
+        self.run = {k: extra.pop(k) for k in _RUN_KEYS if k in extra}
+        self.manifest_extra = extra
 
     # ------------------------------------------------------------------ saving
     def write_files(self, out: ArtifactWriter, model: Any, head: dict[str, Any],
@@ -70,14 +72,7 @@ class TreeEvaluator(Fitted):
         out.json(TREE, self.tree.to_dict())
         out.skops(self.model_file, model)
         return {**head, "features": self.feature_keys, "needed_criteria": self.needed_criteria,
-                **prompts, **(tail or {}), **self.public_extra()}
-
-    def public_extra(self) -> dict[str, Any]:
-        """The run record for the manifest, its server address without credentials."""
-        extra = dict(self.manifest_extra)
-        if isinstance(extra.get("config"), dict) and extra["config"].get("base_url"):
-            extra["config"] = {**extra["config"], "base_url": public_url(extra["config"]["base_url"])}
-        return extra
+                **prompts, **(tail or {}), **self.manifest_extra}
 
     @property
     def needed_criteria(self) -> list[str]:
@@ -94,10 +89,9 @@ class TreeEvaluator(Fitted):
         return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
                 f"aggregator: {self.calls_per_sample()} LLM calls per sample")
 
-    reports = True
 
     def method_args(self) -> dict[str, Any]:
-        options = recorded_options(self.manifest_extra.get("config"))  # format 3 or 2
+        options = recorded_options(self.run.get("config"))  # format 3 or 2
         return {k: options[k] for k in ("layers", "children", "top_k", "aggregator") if k in options}
 
     def columns_needed(self) -> list[str]:
@@ -151,7 +145,7 @@ class TreeEvaluator(Fitted):
         if method != "hdeval" or shape != cls.shape:
             raise cls.not_mine(path, method, shape)
         art = open_artifact(path, editable=(TREE,))
-        check_recorded_options(HDEvalOptions, art.manifest.get("config"), str(path / MANIFEST), method)
+        check_recorded_options(HDEvalOptions, art.run.get("config"), str(path / MANIFEST), method)
         return cls.from_artifact(art)
 
     @classmethod
@@ -166,7 +160,7 @@ class TreeEvaluator(Fitted):
     def from_artifact(cls, art: ArtifactReader) -> Any:
         """Rebuild from a verified artifact and check that its parts fit together: task, tree,
         prompts, the feature order, the fitted model against its manifest section."""
-        path, manifest = art.path, art.manifest
+        path, manifest, state = art.path, art.manifest, art.state
         mpath = path / MANIFEST
         raw_task = manifest.get("task")
         shape = raw_task.get("shape", "pointwise") if isinstance(raw_task, dict) else None
@@ -184,8 +178,8 @@ class TreeEvaluator(Fitted):
                 member = Path(name)
                 if len(member.parts) == 2 and member.parts[0] == "prompts" and member.suffix == ".toml":
                     templates[member.stem] = parse_template(member.stem, art.text(name), str(path / name))
-            features = list(manifest["features"])
-            meta = manifest[cls.fitted]
+            features = list(state["features"])
+            meta = state[cls.fitted]
             if not isinstance(meta, dict):
                 raise TypeError(f"{cls.fitted!r} is not an object")
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
@@ -206,8 +200,8 @@ class TreeEvaluator(Fitted):
             raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
         spec = LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url"))
         ev = cls(task, tree, model, checked[0], features, templates, spec, llm.get("identity") or "",
-                 art.json(METRICS), {k: v for k, v in manifest.items() if k in cls.extra_keys})
-        needed = manifest.get("needed_criteria")
+                 art.json(METRICS), {k: v for k, v in art.state.items() if k in cls.extra_keys} | art.run)
+        needed = state.get("needed_criteria")
         if needed is not None:  # when given, the features the model uses
             if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
                 raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among "
@@ -287,8 +281,17 @@ class Evaluator(TreeEvaluator):
                 "criteria_per_layer": per_layer,
                 "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
 
-    def explain_refusal(self, artifact: Any) -> str | None:
-        return None
+    # ---- the Explains capability (hdeval explain, apply --explain)
+    def explain(self, result: ScoreResult, top: int = 3) -> list[dict[str, Any]]:
+        from hdeval.methods.hdeval.explain import explain_samples
+
+        return explain_samples(self, result, top=top)
+
+    def explain_heading(self) -> str:
+        return f"aggregator {self.aggregator.kind}"
+
+    def explained_columns(self) -> list[str]:
+        return list(self.feature_keys)
 
     def reply_requests(self, items: Sequence[Any], columns: Sequence[str]) -> tuple[list, str | None]:
         if self.scorer is not None:
@@ -380,8 +383,8 @@ class Evaluator(TreeEvaluator):
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
         ev = super().from_artifact(art)
-        if art.manifest.get("scorer") is not None:
+        if art.state.get("scorer") is not None:
             from hdeval.methods.comparisons import PairwiseScorer
 
-            ev.scorer = PairwiseScorer.from_artifact(art, art.manifest["scorer"], ev.templates)
+            ev.scorer = PairwiseScorer.from_artifact(art, art.state["scorer"], ev.templates)
         return ev

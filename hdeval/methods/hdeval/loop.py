@@ -58,7 +58,7 @@ class LayerReport:
 
 def run_hdeval(ctx: FitContext) -> Evaluator:
     """HD-Eval's fit (the method seam calls this)."""
-    from hdeval.methods.comparisons import hdeval_scorer
+    from hdeval.methods.hdeval.scorer import hdeval_scorer
 
     scorer = hdeval_scorer(ctx)  # None: 1-5 digit scores; checked before any call
     config, prep, llm, spec, progress = ctx.config, ctx.prep, ctx.llm, ctx.llm_config, ctx.progress
@@ -163,9 +163,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
     Xk = matrix.values[:, :n_cols]
+    used = np.flatnonzero(agg.used_features())  # apply scores only these: the per-sample widths read them
     metrics["intervals"] = fitted_intervals(
         Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
-        f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)")
+        f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
+        X=Xk[:, used], columns=[matrix.criterion_keys[i] for i in used])
     progress.message(_selection_summary(choice))
     progress.message(interval_summary(metrics["intervals"]))
     progress.message(_baseline_summary(metrics))

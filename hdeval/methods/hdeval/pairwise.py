@@ -300,10 +300,6 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         labels, labels_ab = predict_labels(self.model, diff)
         return {"evaluator": (list(labels), list(labels_ab))}
 
-    def explain_refusal(self, artifact: Any) -> str | None:
-        return (f"--explain reads pointwise HD-Eval artifacts; {artifact} judges pairs (its "
-                "criteria and their importance: hdeval report)")
-
     write_report = write_pair_report
 
     def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:

@@ -78,4 +78,10 @@ def interval_summary(iv: dict[str, Any]) -> str:
     cov, width = (t.get("coverage") or {}).get("average"), (t.get("mean_width") or {}).get("average")
     held = (f"; held-out coverage {cov:.1%} of {t.get('rows')} rows, mean width {width:.2f}"
             if cov is not None and width is not None else "")
-    return f"{iv['level']:.0%} prediction intervals (split conformal on training residuals): {hw}{held}"
+    line = f"{iv['level']:.0%} prediction intervals (split conformal on training residuals): {hw}{held}"
+    ad = (iv.get("adaptive") or {}).get("test") or {}
+    if ad.get("coverage") is not None:  # apply uses these per-sample widths
+        lift = ad.get("error_lift")
+        line += (f"; per sample: held-out coverage {ad['coverage']:.1%}, mean width {ad['mean_width']:.0%} of the "
+                 f"range" + (f", the widest fifth's error {lift:.2f}x the rest's" if lift is not None else ""))
+    return line

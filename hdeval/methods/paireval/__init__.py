@@ -15,6 +15,7 @@ PAIREVAL = Method(
     plan=later("hdeval.methods.paireval.fit:plan_paireval"),
     check_fit=later("hdeval.methods.paireval.sources:choose_comparisons"),  # the examples can be drawn
     options=PairEvalOptions,
+    commands=later("hdeval.methods.paireval.commands:commands"),  # hdeval paireval export-training
 )
 
 
@@ -25,6 +26,7 @@ YESNO = Method(
     fit=later("hdeval.methods.paireval.yesno:fit_yesno"),
     load=later("hdeval.methods.paireval.yesno:YesNoEvaluator.from_artifact"),
     plan=later("hdeval.methods.paireval.yesno:plan_yesno"),
+    baseline=True,
 )
 
 METHODS = (PAIREVAL, YESNO,)  # what hdeval.methods.registry registers

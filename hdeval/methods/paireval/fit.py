@@ -84,5 +84,6 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
             "grouped cross-validation on the training split (by doc_id)"),
     }
     ev.score_table = score_table(ids, cols, split, Y, aspects)
-    ev.extra = {**run_record(ctx), "comparison_source": source}
+    ev.extra = {"comparison_source": source}
+    ev.run = run_record(ctx)
     return ev

@@ -107,7 +107,7 @@ class PairEvalEvaluator(Fitted):
                 n, swap = args["comparisons"], args["swap"]
                 if not fits_examples(n, swap, pool):
                     raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
-            spec = art.manifest["aggregator"]
+            spec = art.state["aggregator"]
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)
             check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)

@@ -1,0 +1,1 @@
+"""Statistics that learn from human labels: which sample to label, intervals, estimates."""

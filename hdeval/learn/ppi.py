@@ -1,0 +1,288 @@
+"""Prediction-powered estimates of a human mean: a few human labels correct the evaluator's bias
+on many rows, with a valid interval (PPI++, Angelopoulos, Duchi and Zrnic 2023).
+
+The estimate is ``lam * mean(evaluator on the unlabelled rows) + mean(human - lam * evaluator
+on the labelled rows)``: with ``lam = 0`` it is the classical mean of the labels, with ``lam = 1``
+plain PPI. ``lam`` is tuned to make the interval narrowest ("power tuning") and clipped to [0, 1],
+so a useless evaluator costs almost nothing against the labels alone.
+
+Validity needs the labelled rows to be a random sample of the rows. Rows labelled with unequal
+probabilities (a stratified or an active selection) must carry those probabilities
+(``sampling_prob``): each labelled row is then weighted by its inverse, as in active statistical
+inference (Zrnic and Candes 2024). Labels chosen by an active strategy without their
+probabilities give no valid interval, and the caller must refuse them.
+
+A pairwise task estimates the win rate of A over B: a human label is 1 (A better), 0.5 (tie) or
+0 (B better), and the evaluator's value is its probability of A plus half its probability of a
+tie (or its label coded the same way).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Difference", "MeanEstimate", "Moments", "difference", "pair_value", "ppi_mean"]
+
+#: What a pairwise label is worth towards the win rate of A over B.
+WIN_VALUE = {"a": 1.0, "tie": 0.5, "b": 0.0}
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and variance (ddof 1) of the evaluator's values on rows: all the estimate
+    needs of the unlabelled rows, so a stream of them need not be kept."""
+
+    count: int
+    mean: float
+    var: float
+
+    @classmethod
+    def of(cls, values: Any) -> Moments:
+        v = np.asarray(values, float).ravel()
+        return cls(int(v.size), float(v.mean()) if v.size else 0.0, float(v.var(ddof=1)) if v.size > 1 else 0.0)
+
+    def merge(self, other: Moments) -> Moments:
+        """The moments of both sets of rows together (Chan et al.'s pairwise update)."""
+        n = self.count + other.count
+        if not n:
+            return self
+        delta = other.mean - self.mean
+        m2 = (self.var * max(self.count - 1, 0) + other.var * max(other.count - 1, 0)
+              + delta * delta * self.count * other.count / n)
+        return Moments(n, self.mean + delta * other.count / n, m2 / (n - 1) if n > 1 else 0.0)
+
+
+def _z(alpha: float, df: float | None = None) -> float:
+    """The two-sided critical value: normal, or Student's t with ``df`` degrees of freedom."""
+    from scipy.stats import norm, t
+
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
+    return float(norm.ppf(1 - alpha / 2) if df is None else t.ppf(1 - alpha / 2, df))
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    """The PPI++ estimate of a human mean with its ``1 - alpha`` interval, beside the classical
+    one from the labelled rows alone and the evaluator's own (biased) mean over every row.
+
+    ``n_labelled`` rows carry a human label out of ``n`` rows in all. ``fixed_var``: the part
+    of ``se**2`` that more labels do not shrink (the evaluator's own noise over the ``n`` rows);
+    the rest shrinks as ``1 / n_labelled``."""
+
+    estimate: float
+    se: float
+    classical: float
+    classical_se: float
+    evaluator_mean: float
+    lam: float
+    n_labelled: int
+    n: int
+    alpha: float
+    fixed_var: float
+    weighted: bool = False  # the labelled rows carried sampling probabilities
+    df: float | None = None  # Student's t degrees of freedom of the intervals; None: normal
+
+    @property
+    def half_width(self) -> float:
+        return _z(self.alpha, self.df) * self.se
+
+    @property
+    def low(self) -> float:
+        return self.estimate - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.estimate + self.half_width
+
+    @property
+    def classical_low(self) -> float:
+        return self.classical - _z(self.alpha, self.df) * self.classical_se
+
+    @property
+    def classical_high(self) -> float:
+        return self.classical + _z(self.alpha, self.df) * self.classical_se
+
+    @property
+    def effective_labels(self) -> float:
+        """How many labels the classical interval would need to be as narrow as this one."""
+        if self.se <= 0:
+            return math.inf if self.classical_se > 0 else float(self.n_labelled)
+        return self.n_labelled * (self.classical_se / self.se) ** 2
+
+    @property
+    def labels_gained(self) -> float:
+        """What the evaluator is worth in labels: effective labels minus the labels used."""
+        return self.effective_labels - self.n_labelled
+
+    def labels_for(self, margin: float) -> int | None:
+        """About how many more labels (drawn as these were) bring the half-width to ``margin``;
+        0 when it is there already, None when labelling every row would not (the evaluator's
+        own noise over these rows is wider)."""
+        if not margin > 0:
+            raise ValueError(f"the margin must be positive, got {margin}")
+        if self.half_width <= margin:
+            return 0
+        target = (margin / _z(self.alpha, self.df)) ** 2 - self.fixed_var
+        per_label = (self.se ** 2 - self.fixed_var) * self.n_labelled  # the variance that is ~ 1/labels
+        if target <= 0 or per_label <= 0:
+            return None
+        need = math.ceil(per_label / target)
+        return need - self.n_labelled if need <= self.n else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "se": self.se,
+                "classical": self.classical, "classical_low": self.classical_low,
+                "classical_high": self.classical_high, "evaluator_mean": self.evaluator_mean,
+                "lam": self.lam, "n_labelled": self.n_labelled, "n": self.n, "alpha": self.alpha,
+                "effective_labels": self.effective_labels, "labels_gained": self.labels_gained,
+                "weighted": self.weighted}
+
+
+def _checked(name: str, values: Any) -> np.ndarray:
+    v = np.asarray(values, float).ravel()
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} holds a value that is not a finite number")
+    return v
+
+
+def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: float | None = None,
+             sampling_prob: Any = None, small_sample: bool = True) -> MeanEstimate:
+    """The PPI++ estimate of the mean of the human values.
+
+    ``y``, ``yhat``: the human and the evaluator's values on the labelled rows; ``unlabelled``:
+    the evaluator's values on the other rows (an array, or their :class:`Moments`). ``lam``:
+    None tunes it (PPI++); 1 is plain PPI, 0 the classical mean. ``sampling_prob``: the
+    probability with which each labelled row was chosen for labelling, when that was not one
+    uniform random sample; the estimate then weights each label by its inverse.
+    ``small_sample``: the labelled rows' variances with ``n - 1`` and Student's t with ``n - 1``
+    degrees of freedom instead of the normal quantile (a little wider at a few dozen labels,
+    where skewed scores make the normal interval cover too little; the same past a few hundred).
+
+    Without ``sampling_prob`` and ``small_sample`` this is ``ppi_py.ppi_mean_ci`` (same tuning,
+    same interval)."""
+    y, yhat = _checked("the human values", y), _checked("the evaluator's values", yhat)
+    if y.size != yhat.size:
+        raise ValueError(f"{y.size} human values but {yhat.size} evaluator values")
+    if y.size < 2:
+        raise ValueError(f"an interval needs at least 2 labelled rows, got {y.size}")
+    rest = unlabelled if isinstance(unlabelled, Moments) else Moments.of(_checked("the evaluator's values", unlabelled))
+    if lam is not None and not 0 <= lam <= 1:
+        raise ValueError(f"lam must be between 0 and 1, got {lam}")
+    if sampling_prob is not None:
+        return _weighted(y, yhat, rest, _checked("sampling_prob", sampling_prob), alpha, lam, small_sample)
+    _z(alpha)
+    n, N = y.size, rest.count
+    every = Moments.of(yhat).merge(rest)
+    if lam is None:
+        # the variance-minimising lam (PPI++ for a mean), as ppi_py computes it
+        cov = float(np.mean((y - y.mean()) * (yhat - yhat.mean())))
+        lam = 0.0 if not N or every.var <= 0 else float(np.clip(cov / ((1 + n / N) * every.var), 0, 1))
+    if not N:
+        lam = 0.0  # nothing unlabelled: the labels alone
+    rect = y - lam * yhat
+    fixed = lam * lam * rest.var * (N - 1) / N / N if N else 0.0  # ppi_py: ddof 0
+    ddof = 1 if small_sample else 0
+    se = math.sqrt(fixed + rect.var(ddof=ddof) / n)
+    return MeanEstimate(
+        estimate=lam * rest.mean + float(rect.mean()), se=se, classical=float(y.mean()),
+        classical_se=float(y.std(ddof=ddof) / math.sqrt(n)), evaluator_mean=every.mean, lam=lam, n_labelled=n,
+        n=n + N, alpha=alpha, fixed_var=fixed, df=n - 1 if small_sample else None)
+
+
+def _weighted(y: np.ndarray, yhat: np.ndarray, rest: Moments, prob: np.ndarray, alpha: float,
+              lam: float | None, small_sample: bool) -> MeanEstimate:
+    """Labels drawn with known, unequal probabilities: ``lam * mean(evaluator, every row) +
+    the inverse-probability-weighted (Hajek) mean of ``human - lam * evaluator`` over the
+    labelled rows. Its variance: the rows' own spread (``var(human) / n``) plus the sampling's,
+    ``sum((1 - p) / p**2 * (r - mean r)**2) / (sum 1/p)**2`` (Poisson sampling); ``lam``
+    minimises the latter."""
+    if prob.size != y.size:
+        raise ValueError(f"{prob.size} sampling probabilities for {y.size} labelled rows")
+    if not ((prob > 0) & (prob <= 1)).all():
+        raise ValueError("a sampling probability is not in (0, 1]")
+    _z(alpha)
+    every = Moments.of(yhat).merge(rest)
+    w = 1 / prob
+    v = (1 - prob) * w * w  # each label's weight in the sampling variance
+
+    def wmean(x: np.ndarray, weights: np.ndarray = w) -> float:
+        return float((weights * x).sum() / weights.sum())
+
+    if lam is None:
+        lam = 0.0
+        if v.sum() > 0:
+            dy, df = y - wmean(y, v), yhat - wmean(yhat, v)
+            var_f = float((v * df * df).sum())
+            lam = float(np.clip((v * dy * df).sum() / var_f, 0, 1)) if var_f > 0 else 0.0
+    y_spread = wmean((y - wmean(y)) ** 2) / every.count  # the rows are a sample of a population too
+
+    def sampling_var(r: np.ndarray) -> float:
+        return float((v * (r - wmean(r)) ** 2).sum() / w.sum() ** 2)
+
+    rect = y - lam * yhat
+    return MeanEstimate(
+        estimate=lam * every.mean + wmean(rect), se=math.sqrt(y_spread + sampling_var(rect)),
+        classical=wmean(y), classical_se=math.sqrt(y_spread + sampling_var(y)),
+        evaluator_mean=every.mean, lam=lam, n_labelled=int(y.size), n=every.count, alpha=alpha,
+        fixed_var=y_spread, weighted=True, df=y.size - 1 if small_sample else None)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``first - second`` of two estimates on disjoint rows (two systems), with its interval
+    and the classical one: the rows are independent, so the variances add."""
+
+    estimate: float
+    se: float
+    classical: float
+    classical_se: float
+    alpha: float
+
+    @property
+    def low(self) -> float:
+        return self.estimate - _z(self.alpha) * self.se
+
+    @property
+    def high(self) -> float:
+        return self.estimate + _z(self.alpha) * self.se
+
+    @property
+    def classical_low(self) -> float:
+        return self.classical - _z(self.alpha) * self.classical_se
+
+    @property
+    def classical_high(self) -> float:
+        return self.classical + _z(self.alpha) * self.classical_se
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "se": self.se,
+                "classical": self.classical, "classical_low": self.classical_low,
+                "classical_high": self.classical_high, "alpha": self.alpha}
+
+
+def difference(first: MeanEstimate, second: MeanEstimate) -> Difference:
+    if first.alpha != second.alpha:
+        raise ValueError(f"the two estimates have different levels ({first.alpha} and {second.alpha})")
+    return Difference(first.estimate - second.estimate, math.hypot(first.se, second.se),
+                      first.classical - second.classical, math.hypot(first.classical_se, second.classical_se),
+                      first.alpha)
+
+
+def pair_value(label: str | None = None, probabilities: Mapping[str, float] | None = None) -> float | None:
+    """A pair's worth towards the win rate of A over B: from class probabilities when given
+    (``a`` + half of ``tie``), else from the label; None when neither says."""
+    if probabilities:
+        try:
+            p = {k: float(probabilities.get(k, 0.0)) for k in WIN_VALUE}
+        except (TypeError, ValueError):
+            return None
+        total = sum(p.values())
+        if total > 0 and all(math.isfinite(x) and x >= 0 for x in p.values()):
+            return (p["a"] + 0.5 * p["tie"]) / total
+    return WIN_VALUE.get(label) if isinstance(label, str) else None

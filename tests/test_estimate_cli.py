@@ -1,0 +1,256 @@
+"""``hdeval estimate``: the PPI++ table from rows scored through an artifact (cached) or from an
+apply output, its JSON records, groups and their differences, and the labels it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TOY_TASK, run_cli, toy_rows
+
+from hdeval.learn.ppi import difference, ppi_mean
+
+KEYS = {"aspect", "group", "estimate", "low", "high", "classical_low", "classical_high", "evaluator_mean",
+        "n_labelled", "n"}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> dict[str, Path]:
+    """A `direct` artifact of the toy task and 120 new rows (two systems), one in four labelled."""
+    d = tmp_path_factory.mktemp("estimate")
+    (d / "task.toml").write_text(TOY_TASK, encoding="utf-8")
+    _write(d / "train.jsonl", toy_rows())
+    r = run_cli("train", "--task", d / "task.toml", "--data", d / "train.jsonl", "--method", "direct",
+                "--llm", "fake", "--cache-dir", d / "cache", "-o", d / "art", "-q")
+    assert r.exit_code == 0, r.output
+    rows = toy_rows(n_docs=40, per_doc=3)
+    for i, row in enumerate(rows):
+        row.update(id=f"new-{i}", doc_id=f"new-doc-{i // 3}", system="A" if i % 2 else "B")
+        if i % 4 > 1:
+            del row["scores"]
+    _write(d / "rows.jsonl", rows)
+    r = run_cli("apply", d / "art", d / "rows.jsonl", "--llm", "fake", "--cache-dir", d / "cache",
+                "-o", d / "scored.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    return {"dir": d, "art": d / "art", "rows": d / "rows.jsonl", "scored": d / "scored.jsonl", "cache": d / "cache"}
+
+
+def _records(result) -> list[dict]:
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def _expected(scored: Path, aspect: str, keep=lambda row: True):
+    y, f, rest = [], [], []
+    for line in scored.read_text().splitlines():
+        row = json.loads(line)
+        if not keep(row):
+            continue
+        if aspect in (row.get("human") or {}):
+            y.append(row["human"][aspect])
+            f.append(row["scores"][aspect])
+        else:
+            rest.append(row["scores"][aspect])
+    return ppi_mean(y, f, rest)
+
+
+def test_samples_are_scored_through_the_cache_and_estimated(work):
+    r = run_cli("estimate", work["art"], "--data", work["rows"], "--llm", "fake", "--cache-dir", work["cache"],
+                "--json", "-q")
+    assert "LLM calls made: 0" in r.stderr  # apply scored these rows already
+    records = _records(r)
+    assert [x["aspect"] for x in records] == ["clarity", "accuracy"]
+    for rec in records:
+        assert KEYS <= set(rec) and rec["group"] == "all" and (rec["n_labelled"], rec["n"]) == (60, 120)
+        want = _expected(work["scored"], rec["aspect"])
+        assert (rec["estimate"], rec["low"], rec["high"]) == pytest.approx((want.estimate, want.low, want.high))
+        assert (rec["classical_low"], rec["classical_high"]) == pytest.approx((want.classical_low, want.classical_high))
+        assert rec["evaluator_mean"] == pytest.approx(want.evaluator_mean)
+
+
+def test_an_apply_output_is_read_without_an_llm_and_printed_as_a_table(work):
+    r = run_cli("estimate", work["art"], "--data", work["scored"], "--llm", "http-not-used", "--alpha", "0.05")
+    assert r.exit_code == 0, r.output
+    assert "LLM calls" not in r.stderr
+    out = r.stdout
+    assert "PPI++ estimate [95%]" in out and "classical (labels only)" in out and "(biased)" in out
+    want = _expected(work["scored"], "clarity")
+    assert f"{want.estimate:.3f}" in out
+    assert "label about" in out or "already within" in out or "out of reach" in out
+
+
+def test_groups_and_their_difference(work):
+    records = _records(run_cli("estimate", work["art"], "--data", work["scored"], "--by", "system", "--json"))
+    means = {(x["aspect"], x["group"]): x for x in records if x["kind"] == "mean"}
+    assert set(means) == {(a, g) for a in ("clarity", "accuracy") for g in ("A", "B")}
+    assert all(x["n"] == 60 and x["n_labelled"] == 30 for x in means.values())
+    diffs = [x for x in records if x["kind"] == "difference"]
+    assert {(x["aspect"], x["group"], x["baseline"]) for x in diffs} == {("clarity", "B", "A"), ("accuracy", "B", "A")}
+    for x in diffs:
+        want = difference(_expected(work["scored"], x["aspect"], lambda row: row["system"] == "B"),
+                          _expected(work["scored"], x["aspect"], lambda row: row["system"] == "A"))
+        assert (x["estimate"], x["low"], x["high"]) == pytest.approx((want.estimate, want.low, want.high))
+    again = _records(run_cli("estimate", work["art"], "--data", work["scored"], "--by", "system", "--baseline", "B",
+                             "--json"))
+    assert {x["baseline"] for x in again if x["kind"] == "difference"} == {"B"}
+    bad = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "system", "--baseline", "C")
+    assert bad.exit_code == 2 and "--baseline 'C' is no group of 'system'" in bad.stderr
+
+
+def _edited(work, name: str, change) -> Path:
+    rows = [json.loads(line) for line in work["scored"].read_text().splitlines()]
+    for i, row in enumerate(rows):
+        change(i, row)
+    return _write(work["dir"] / name, rows)
+
+
+def test_actively_selected_labels_are_refused_without_their_probabilities(work):
+    def picked(i, row):
+        if "human" in row:
+            row["selection"] = "uncertainty"
+    path = _edited(work, "active.jsonl", picked)
+    r = run_cli("estimate", work["art"], "--data", path)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"{path}: line 1: this label was picked by the 'uncertainty' strategy" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+    def mixed(i, row):
+        if "human" in row and i > 10:
+            row["sampling_prob"] = 0.5
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "mixed.jsonl", mixed))
+    assert r.exit_code == 2 and "labelled rows with and without 'sampling_prob'" in r.stderr
+
+    def bad_prob(i, row):
+        if "human" in row:
+            row["sampling_prob"] = 0 if i == 5 else 0.5
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "badprob.jsonl", bad_prob))
+    assert r.exit_code == 2 and "line 6: field 'sampling_prob' is 0, not a probability" in r.stderr
+
+
+def test_labels_with_their_probabilities_are_weighted(work):
+    def chosen(i, row):
+        if "human" in row:
+            row.update(selection="uncertainty", sampling_prob=0.25 if i % 8 < 2 else 0.75)
+    records = _records(run_cli("estimate", work["art"], "--data", _edited(work, "weighted.jsonl", chosen), "--json"))
+    probs = np.array([0.25 if i % 8 < 2 else 0.75 for i in range(120) if i % 4 < 2])
+    for rec in records:
+        assert rec["weighted"] is True
+        rows = [json.loads(line) for line in work["scored"].read_text().splitlines()]
+        y = np.array([row["human"][rec["aspect"]] for row in rows if "human" in row])
+        assert rec["classical"] == pytest.approx(float((y / probs).sum() / (1 / probs).sum()))
+
+
+def test_training_rows_are_left_out(work):
+    r = run_cli("apply", work["art"], work["dir"] / "train.jsonl", "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "train_scored.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    scored = [json.loads(x) for x in (work["dir"] / "train_scored.jsonl").read_text().splitlines()]
+    seen = sum(row["in_training"] for row in scored)
+    assert 0 < seen < len(scored)
+    mixed = _write(work["dir"] / "both.jsonl", scored + [json.loads(x) for x in work["scored"].read_text().splitlines()])
+    r = run_cli("estimate", work["art"], "--data", mixed, "--json")
+    assert f"{seen} rows were in the artifact's training split: left out" in r.stderr
+    assert all(x["n"] == 120 + len(scored) - seen for x in _records(r))
+    only = _write(work["dir"] / "only.jsonl", [row for row in scored if row["in_training"]])
+    r = run_cli("estimate", work["art"], "--data", only)
+    assert r.exit_code == 2 and "no rows to estimate on" in r.stderr
+
+
+def test_bad_options_and_files(work):
+    r = run_cli("estimate", work["art"], "--data", work["scored"], "--alpha", "1.5")
+    assert r.exit_code == 2 and "--alpha must be between 0 and 1" in r.stderr
+    empty = _write(work["dir"] / "empty.jsonl", [])
+    r = run_cli("estimate", work["art"], "--data", empty, "--llm", "fake", "--cache-dir", work["cache"])
+    assert r.exit_code != 0 and r.stdout == ""
+    broken = work["dir"] / "broken.jsonl"
+    broken.write_text(work["scored"].read_text().splitlines()[0] + "\n{not json\n", encoding="utf-8")
+    r = run_cli("estimate", work["art"], "--data", broken)
+    assert r.exit_code == 2 and f"{broken}: line 2: not valid JSON" in r.stderr
+
+
+@pytest.mark.slow
+def test_pairwise_rows_give_the_win_rate_of_a_over_b(tmp_path):
+    from conftest import REPO
+
+    r = run_cli("train", "--task", REPO / "examples" / "pairs_task.toml", "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "art", "-q")
+    assert r.exit_code == 0, r.output
+    pairs = [json.loads(line) for line in (REPO / "examples" / "pairs.jsonl").read_text().splitlines()]
+    rows = []
+    for k in range(5):
+        for p in pairs:
+            row = {**p, "id": f"{k}-{p['id']}", "doc_id": f"{k}-{p['doc_id']}"}
+            if k >= 2:
+                row.pop("label")
+            rows.append(row)
+    data = _write(tmp_path / "pairs.jsonl", rows)
+    records = _records(run_cli("estimate", tmp_path / "art", "--data", data, "--llm", "fake", "--cache-dir",
+                               tmp_path / "cache", "--json", "-q"))
+    (rec,) = records
+    assert rec["aspect"] == "win_rate" and (rec["n_labelled"], rec["n"]) == (2 * len(pairs), 5 * len(pairs))
+    wins = [{"a": 1, "tie": 0.5, "b": 0}[p["label"]] for p in pairs] * 2
+    assert rec["classical"] == pytest.approx(np.mean(wins))
+    assert rec["low"] < rec["estimate"] < rec["high"] and 0 <= rec["evaluator_mean"] <= 1
+
+
+def test_apply_summary_gives_the_human_mean_and_the_labels_behind_it(work):
+    r = run_cli("apply", work["art"], work["rows"], "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "again.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    records = _records(run_cli("estimate", work["art"], "--data", work["scored"], "--json"))
+    for rec in records:
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"human mean of {rec['aspect']}:"))
+        assert (f"{rec['estimate']:.3f} [{rec['low']:.3f}, {rec['high']:.3f}] (90%, PPI++ from 60 labels over "
+                f"120 rows; the evaluator alone: {rec['evaluator_mean']:.3f}, biased)") in line
+        rows = [json.loads(x) for x in work["scored"].read_text().splitlines()]
+        inside = [row["lower"][rec["aspect"]] <= row["human"][rec["aspect"]] <= row["upper"][rec["aspect"]]
+                  for row in rows if "human" in row]
+        assert f"{sum(inside) / len(inside):.0%} of those 60 labels inside their prediction interval" in line
+
+
+def test_metrics_json_records_the_held_out_human_mean_and_its_labels(work):
+    """The test split's labels, their mean with its interval and the evaluator's mean there: what
+    `hdeval estimate` says of the same rows (every one labelled)."""
+    test = json.loads((work["art"] / "metrics.json").read_text())["intervals"]["test"]
+    r = run_cli("apply", work["art"], work["dir"] / "train.jsonl", "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "held_out.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    for rec in _records(run_cli("estimate", work["art"], "--data", work["dir"] / "held_out.jsonl", "--json")):
+        a = rec["aspect"]
+        assert test["labels"][a] == rec["n_labelled"] == rec["n"] == test["rows"]
+        got = test["human_mean"][a]
+        assert (got["estimate"], got["low"], got["high"], got["evaluator_mean"]) == pytest.approx(
+            (rec["estimate"], rec["low"], rec["high"], rec["evaluator_mean"]), abs=1e-5)
+
+
+def test_the_report_banner_shows_the_coverage_and_the_labels_behind_it():
+    from types import SimpleNamespace
+
+    from hdeval.report.pointwise import verdict
+
+    data = {"artifact": {"llm": "gpt-x", "split": {"train": 80, "test": 40}, "needed_criteria": 4},
+            "correlations": {}}
+    metrics = {"intervals": {"level": 0.9, "test": {
+        "rows": 40, "coverage": {"clarity": 0.875, "accuracy": "lots", "average": 0.875},
+        "labels": {"clarity": 40, "accuracy": 40},
+        "human_mean": {"clarity": {"estimate": 3.2, "low": 3.0, "high": 3.4, "evaluator_mean": 3.55},
+                       "accuracy": None}}}}
+    lines = [x.text for x in verdict(SimpleNamespace(metrics=metrics), data).lines if x.label == "interval coverage"]
+    # a figure that is not a number (an edited artifact) is left out, not shown or crashed on
+    assert lines == [("clarity: the 90% intervals held 88% of 40 held-out labels; their human mean 3.20 "
+                     "[3.00, 3.40], the evaluator's 3.55 on the same rows")]
+
+
+def test_a_group_name_cannot_drive_the_terminal(work):
+    def ansi(i, row):
+        row["system"] = "\x1b[2Jevil" if i % 2 else "B"
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "ansi.jsonl", ansi), "--by", "system")
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.stdout and "\\x1b[2Jevil" in r.stdout
