@@ -129,11 +129,13 @@ def test_hdeval_two_layers_through_the_server_scores_as_embedded(server_url, loc
 
 
 def test_paireval_and_yesno_through_the_server_give_distinct_embedded_scores(server_url, local, toy, tmp_path):
-    for method, options in (("paireval", {"comparisons": 1, "aggregator": "lr"}), ("direct-yesno", {})):
+    # the largest difference allowed: a share of what the embedded scores span (0.011, 0.084)
+    for method, options, most in (("paireval", {"comparisons": 1, "aggregator": "lr"}, 0.02),
+                                  ("direct-yesno", {}, 0.08)):
         served, embedded = _both(method, *toy, server_url, local, tmp_path / method, **options)
         corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
         # distinct probabilities (never a 0.5 from one label alone), each near the embedded one
-        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= 0.05
+        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= most
 
 
 def test_dna_through_the_server(server_url, local, tmp_path):
@@ -154,7 +156,7 @@ def test_direct_on_topical_chat_through_the_server_scores_as_embedded(server_url
     if data is None or not (data / "topical_chat.jsonl").exists():
         pytest.skip("needs the topical_chat data set (HDEVAL_DATA_DIR)")
     served, embedded = _both("direct", "topical_chat", str(data / "topical_chat.jsonl"), server_url, local, tmp_path,
-                             limit=6)
+                             limit=8)
     corr, unreadable, _, _ = _agree(served, embedded, list(served.score_table.columns.intersection(
         ["naturalness", "coherence", "engagingness", "groundedness", "understandability", "overall"])))
     assert unreadable < 0.05 and corr >= 0.9
