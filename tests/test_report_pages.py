@@ -327,7 +327,18 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     def ask(row: str, column: str) -> CompletionRequest:
         return CompletionRequest(messages=(Message("user", f"Score {row} on {column}"),), kind="score")
 
-    class PluginFitted(Fitted):
+    class Unsaved(Fitted):  # the seam's required members, which this view never calls
+        def score(self, samples, backend=None, cache_dir=None, concurrency=None, progress=None):
+            raise AssertionError("the per-sample view scores nothing")
+
+        def write(self, out):
+            raise AssertionError("the per-sample view writes nothing")
+
+        @classmethod
+        def from_artifact(cls, art):
+            raise AssertionError("the per-sample view loads nothing")
+
+    class PluginFitted(Unsaved):
         method = "plugin"
 
         def reply_requests(self, items, columns):
@@ -341,7 +352,7 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
                           cache)
     assert got.note is None and got.texts == {("s1", "clarity"): text} and text
 
-    class Silent(Fitted):  # a method that does not say how it asked
+    class Silent(Unsaved):  # a method that does not say how it asked
         method = "silent"
 
     got = samples.replies(Silent(None, None, None, FakeBackend().identity, {}), ["s1"], ["clarity"], cache)

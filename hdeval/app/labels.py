@@ -304,7 +304,14 @@ def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, M
                      ) -> list[dict[str, Any]]:
     """One sample row per labelled content, in the sample format ``train`` reads: the content the
     raters saw and ``scores``, each aspect's mean over the raters' standing labels (the tie rule
-    for scores), with ``raters`` the number of people behind them."""
+    for scores), with ``raters`` the number of people behind them, and ``selection``: the strategy
+    that first showed it to a rater, when the app picked it (``hdeval estimate`` refuses labels
+    an active strategy picked, which are no random sample)."""
+    rows = list(rows)
+    picked: dict[str, str] = {}
+    for r in sorted((r for r in rows if r["action"] == "label"), key=lambda r: r["seq"]):
+        if isinstance(r.get("strategy"), str) and r["strategy"] != "second rating":
+            picked.setdefault(r["content_hash"], r["strategy"])
     by_content: dict[str, dict[str, list[float]]] = {}
     raters: dict[str, set[str]] = {}
     first: dict[str, int] = {}
@@ -317,6 +324,8 @@ def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, M
         row = dict(contents[h])
         row["scores"] = {a: statistics.fmean(v) for a, v in sorted(by_content[h].items())}
         row["raters"] = len(raters[h])
+        if h in picked:
+            row["selection"] = picked[h]
         out.append(row)
     return out
 

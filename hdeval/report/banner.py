@@ -106,6 +106,24 @@ def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | 
         banner.add("layer kept", f"layer {last}, the last one trained (the artifact records no choice)")
 
 
+def aggregator_line(banner: Banner, metrics: Mapping[str, Any]) -> None:
+    """The aggregator kept and why, every candidate's cross-validated figure on the kept layer and
+    the kept one's held-out figure; a warning when an asked aggregator lost to a simpler one."""
+    sel = metrics.get("selection")
+    if not isinstance(sel, Mapping) or not isinstance(sel.get("kept_aggregator"), str):
+        return
+    text = str(sel.get("aggregator_reason") or sel["kept_aggregator"])
+    scores = (sel.get("candidates_cv_spearman") or {}).get(str(sel.get("kept_layer")))
+    if isinstance(scores, Mapping) and len(scores) > 1:
+        text += "; grouped CV Spearman on the training split: " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, (int, float)) else f"{k} n/a" for k, v in scores.items())
+    held = ((metrics.get("final") or {}).get("average") or {}).get("spearman")
+    if isinstance(held, (int, float)):
+        text += f"; held-out Spearman of the kept one {held:.3f}"
+    warn = sel.get("simpler_was_better")
+    banner.add("aggregator kept", text + (f". {warn}" if isinstance(warn, str) else ""), warn=isinstance(warn, str))
+
+
 def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[str, float | None],
                   measure: str, label: str = "strongest baseline") -> None:
     """The strongest baseline against the evaluator, on the same held-out measure."""

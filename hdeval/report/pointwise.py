@@ -156,6 +156,7 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     banner.llm_line(b, art["llm"])
     banner.split_line(b, art["split"]["train"], art["split"]["test"], art["needed_criteria"])
     banner.layer_line(b, m, list((m.get("layers") or {}).keys()))
+    banner.aggregator_line(b, m)
     names = {"direct_layer1": "direct layer-1 score", "mean_all_criteria": "mean of all criteria",
              "mean_subtree": "mean of each aspect's subtree"}
     extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}

@@ -81,7 +81,8 @@ def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
 def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
-    and counts the calls and the second reads the same (now cached) replies for the other side.
+    and counts the calls and the second reads the same (now cached) replies for the other side:
+    its cache hits are re-reads of replies the first pass counted, and are not counted again.
     ``reader``: a reply's parse, or (its parse, why its logprobs were not used) for the weighted one."""
     doubts: list[str] = []
 

@@ -20,6 +20,14 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     avg = m["final"]["average"]
     out.append((f"final evaluator: layer {final_layer} of {len(layers)} built, aggregator {ev.aggregator.kind}, "
                 f"{len(ev.feature_keys)} criteria" + (f" ({sel['reason']})" if sel.get("reason") else ""), False))
+    scores = (sel.get("candidates_cv_spearman") or {}).get(str(final_layer)) or {}
+    if sel.get("aggregator_reason"):
+        out.append((f"aggregator: {sel['aggregator_reason']}", False))
+    if len(scores) > 1:
+        shown = ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in scores.items())
+        out.append((f"candidates, grouped CV spearman on the training split (layer {final_layer}): {shown}", False))
+    if sel.get("simpler_was_better"):
+        out.append((f"warning: {sel['simpler_was_better']}", True))
     given = ev.manifest_extra.get("tree_input")
     if given:
         out += _given_tree(given, ev.tree.keys)
