@@ -30,7 +30,7 @@ from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
-from hdeval.methods.hdeval.summary import interval_summary, some_of
+from hdeval.methods.hdeval.summary import some_of
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
@@ -181,7 +181,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
         X=Xk[:, used], columns=[matrix.criterion_keys[i] for i in used])
     progress.message(_selection_summary(choice))
-    progress.message(interval_summary(metrics["intervals"]))
+    # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
