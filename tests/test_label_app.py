@@ -252,7 +252,7 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "other.db", *common),
               "holds labels for task 'summeval'")
     one_error(run_cli("label", "--task", "llmbar", "--data", data, "--labels", tmp_path / "l.db", *common),
-              "pairs")
+              "pool.jsonl", "line 1", "output_a")  # a pool of single responses for a task of pairs
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
                       "--double-share", "1.5"), "--double-share must be between 0 and 1")
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,

@@ -167,6 +167,10 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     final = ((data["correlations"].get("final_recomputed") or {}).get("average") or {}).get("spearman")
     banner.baseline_line(b, final, avg, "held-out average Spearman")
     _interval_lines(b, m)
+    banner.outlook_lines(b, intervals=m.get("intervals"), ranges={a.key: (a.low, a.high) for a in ev.task.aspects},
+                         identity=art["llm"], evaluator=final, direct=avg.get("direct layer-1 score"),
+                         n_train=art["split"]["train"], n_features=art["needed_criteria"],
+                         n_test=art["split"]["test"], path=getattr(ev, "path", None) or "ARTIFACT")
     return b
 
 
