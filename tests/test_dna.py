@@ -131,6 +131,7 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     m = json.loads((out / "metrics.json").read_text())
     # 20 test pairs, 4 predefined aspects: 20 weight prompts + 4 x 40 scoring prompts, each one call
     assert m["usage"]["calls"] == 40 + 4 * 40
+    assert m["usage"]["cache_hits"] == 0  # each reply holds both sides: read twice, paid and counted once
     for split in ("test", "train"):
         for key in ("llm_weights", "learned"):
             a = m[split][key]

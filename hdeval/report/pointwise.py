@@ -130,8 +130,12 @@ def _corr_rows(corr: Mapping[str, Any], aspects: Sequence[str]) -> tuple[list[st
              ("mean of all criteria (baseline)", corr.get("mean_all_criteria")),
              ("final aggregator, recomputed now", corr.get("final_recomputed"))]
     cols = list(aspects) + ["average"]
-    body = [[name] + [f"{fmt_num((table.get(c) or {}).get('pearson'))} / {fmt_num((table.get(c) or {}).get('spearman'))}"
-                      for c in cols] for name, table in rows if table]
+    def cell(row: Any) -> str:
+        row = row if isinstance(row, Mapping) else {}
+        why = f" ({row['why']})" if isinstance(row.get("why"), str) else ""  # why a figure is null
+        return f"{fmt_num(row.get('pearson'))} / {fmt_num(row.get('spearman'))}{why}"
+
+    body = [[name] + [cell(table.get(c)) for c in cols] for name, table in rows if table]
     return ["held-out Pearson / Spearman", *cols], body
 
 

@@ -24,7 +24,7 @@ from hdeval.aggregate import (
 from hdeval.backends.base import Backend
 from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
-from hdeval.errors import ScoringError
+from hdeval.errors import DecompositionError, ScoringError
 from hdeval.intervals import fitted_intervals
 from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
@@ -95,15 +95,23 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     fitted: dict[int, tuple[int, Aggregator, np.ndarray]] = {}
     folds: dict[int, dict[str, Any]] = {}  # layer -> kind -> its CandidateCV
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
-                                 len(samples), expand, rejections):
+    stopped: list[str] = []  # why a layer after the first failed: the layers before it are kept
+    for layer, tree, new in _until_failure(grow(config, progress, llm, dec, templates["decompose"], task, given,
+                                                len(samples), expand, rejections), reports, stopped):
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
         )
         _share_budget(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
-        check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
+        try:
+            check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
+        except ScoringError as exc:
+            if not reports:
+                raise
+            stopped.append(str(exc))
+            tree = CriteriaTree(c for c in tree if c.layer < layer)
+            break
         matrix = matrix.hstack(m)
         X = matrix.values
         # scikit-learn warnings (e.g. an MLP that did not converge) never reach the terminal
@@ -145,6 +153,10 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         reports.append(report)
         progress.message(_layer_summary(report, aspects))
 
+    if stopped:
+        progress.message(f"warning: {stopped[0]}; the evaluator keeps layers 1-{reports[-1].layer}, which were "
+                         "scored and fitted (every finished call is cached: rerun the same command to try the "
+                         "deeper layer again)")
     choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth, folds, doc_groups, config.seed)
     kept_layer = choice["kept_layer"]
     n_cols, agg, cv_pred = fitted[kept_layer]
@@ -158,6 +170,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         **dict(sorted(baselines(tree, matrix, Y, te, aspects).items())),
         "failure_rate": matrix.failure_rate,
         "usage": usage_of(llm, dec),
+        **({"stopped": stopped[0]} if stopped else {}),
     }
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
@@ -221,6 +234,17 @@ def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend
                 if len(tree) == before and layer > depth:
                     return
         yield layer, tree, tree.layer(layer)
+
+
+def _until_failure(layers: Iterator[Any], reports: Sequence[Any], stopped: list[str]) -> Iterator[Any]:
+    """``layers``, until decomposing one after the first fails: why goes in ``stopped`` and the
+    layers fitted so far stand (with none fitted yet, the failure is raised)."""
+    try:
+        yield from layers
+    except DecompositionError as exc:
+        if not reports:
+            raise
+        stopped.append(str(exc))
 
 
 def positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:

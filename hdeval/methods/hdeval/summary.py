@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hdeval.metrics import why_null
+
 
 def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     """(text, to stderr) lines, in order."""
@@ -39,7 +41,7 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     else:
         head = f"held-out Spearman: trained {_num(final)}" + (f" vs direct {direct:.3f}" if direct is not None else "")
     out.append((f"{head}; pearson {_num(avg['pearson'])}, kendall {_num(avg['kendall'])} (average over aspects; "
-                "1 is perfect agreement with the raters, 0 none)", False))
+                "1 is perfect agreement with the raters, 0 none)" + why_null(m["final"]), False))
     strongest = sel.get("strongest_baseline")
     if strongest and sel.get("baseline_beats_evaluator"):
         out.append((f"note: the simple baseline {strongest.replace('_', ' ')} beats the kept evaluator on "
