@@ -98,7 +98,7 @@ def test_pointwise_layer_notes_do_not_take_in_what_other_threads_or_the_collecto
                      cache_dir=str(data.parent / name))
 
     clean = _layers(run("clean"))
-    _disturb(monkeypatch, loop, "select_cv")
+    _disturb(monkeypatch, loop, "cv_candidates")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         disturbed = _layers(run("disturbed"))
