@@ -8,10 +8,12 @@ from typing import Any
 
 import click
 
-def llm_options(f):
-    f = click.option("--llm", envvar="HDEVAL_LLM", default=None,
+def llm_options(f, jury: bool = False):
+    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, multiple=jury,
                      help="Model: an OpenAI(-compatible) model name, 'local', 'llamacpp:/path.gguf' or "
-                          "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local.")(f)
+                          "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local."
+                          + (" Given more than once: a jury of judges behind one server (HD-Eval, "
+                             "pointwise; docs/juries.md)." if jury else ""))(f)
     f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None,
                      help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
                           "http://localhost:11434/v1 (Ollama).")(f)

@@ -33,6 +33,7 @@ from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
 from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
+from hdeval.methods.jury import column, jury_scorer, jury_state, mean_matrix, split_column
 from hdeval.types import CriteriaTree, ScoreMatrix
 
 
@@ -67,6 +68,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     default_jobs()  # a bad HDEVAL_JOBS fails here, before any LLM call
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
+    jury = ctx.jury  # a jury: every criterion scored by every judge, columns <judge>:<criterion>
+    share = _share_budget
+    if jury is not None:
+        score = jury_scorer(jury, score, dec)
+        share = lambda active, other, max_calls: jury.share_budget(active, [active])  # noqa: E731
     if scorer is not None:
         templates["pair"] = scorer.template
     ids = [s.id for s in samples]
@@ -78,6 +84,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         f"task {task.name}: {len(samples)} samples from {prep.data_path} "
         f"({len(tr)} train, {len(te)} test), LLM {shown_identity(llm.identity)}"
         + (f", decomposing with {shown_identity(dec.identity)}" if dec is not llm else "")
+        + (f"; a jury of {len(jury.judges)} judges: {', '.join(jury.names)}" if jury is not None else "")
     )
     given = prep.given
     depth = given.depth if given is not None else 1
@@ -91,11 +98,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     fitted: dict[int, tuple[int, Aggregator, np.ndarray]] = {}
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
-                                 len(samples), expand, rejections):
+                                 len(samples), expand, rejections, share):
+        n_judges = 1 if jury is None else len(jury.judges)
         progress.stage(
-            f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
+            f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria"
+            + (f" x {n_judges} judges" if jury is not None else ""), len(samples) * len(new) * n_judges
         )
-        _share_budget(llm, dec, config.max_calls)
+        share(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
         check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
@@ -108,6 +117,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
+            if jury is not None:  # a criterion is a candidate through each judge's column of it
+                candidates = [column(n, k) for k in candidates for n in jury.names]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
             template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
                                                              KINDS if kind == "auto" else (kind,))
@@ -125,17 +136,30 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             if pruning:
                 pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
                            doc_groups, config.options.top_k)
-                report.importance, report.expand_next = pr.importance, list(pr.selected)
+                selected = list(pr.selected)
+                if jury is not None:  # a criterion is expanded once, however many judges found it
+                    selected = list(dict.fromkeys(split_column(k)[1] for k in selected))
+                report.importance, report.expand_next = pr.importance, selected
                 report.positive_importance = pr.n_positive
-                expand[:] = pr.selected
+                expand[:] = selected
         report.notes = warning_notes(caught)
         fitted[layer] = (X.shape[1], agg, cv_pred)
         reports.append(report)
         progress.message(_layer_summary(report, aspects))
 
-    choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth)
+    # a jury's unfitted baselines read the judges' mean per criterion (PoLL's average pooling)
+    pooled = matrix if jury is None else mean_matrix(matrix, jury.names)
+    choice = choose_layer(reports, tree, pooled, Y, tr, aspects, depth)
     kept_layer = choice["kept_layer"]
     n_cols, agg, cv_pred = fitted[kept_layer]
+    features = list(matrix.criterion_keys[:n_cols])
+    jury_record = None
+    if jury is not None:
+        from hdeval.methods.hdeval.jury import jury_fit
+
+        features, agg, cv_pred, jury_record = jury_fit(
+            jury, config, matrix.values[:, :n_cols], features, agg, cv_pred, Y, tr, te, doc_groups, aspects,
+            progress)
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
@@ -143,18 +167,22 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         "selection": choice,
         "layers": layer_metrics,
         "cv_train": {str(r.layer): r.cv_train for r in reports},
-        **dict(sorted(baselines(tree, matrix, Y, te, aspects).items())),
+        **dict(sorted(baselines(tree, pooled, Y, te, aspects).items())),
         "failure_rate": matrix.failure_rate,
         "usage": usage_of(llm, dec),
     }
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
-    Xk = matrix.values[:, :n_cols]
+    if jury_record is not None:
+        metrics["final"] = jury_record.pop("final")
+        metrics["jury"] = jury_record
+        metrics["usage"] = usage_of(*{id(c): c for c in [*jury.clients.values(), dec]}.values())
+    Xk = matrix.columns(features)
     used = np.flatnonzero(agg.used_features())  # apply scores only these: the per-sample widths read them
     metrics["intervals"] = fitted_intervals(
         Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
-        X=Xk[:, used], columns=[matrix.criterion_keys[i] for i in used])
+        X=Xk[:, used], columns=[features[i] for i in used])
     progress.message(_selection_summary(choice))
     progress.message(interval_summary(metrics["intervals"]))
     progress.message(_baseline_summary(metrics))
@@ -162,8 +190,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
     # the score table and the layer reports keep every explored criterion
     kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
-    ev = Evaluator(
-        task, kept_tree, agg, agg.kind, matrix.criterion_keys[:n_cols], templates, spec, llm.identity,
+    cls: Any = Evaluator
+    if jury is not None:
+        from hdeval.methods.hdeval.jury import JuryEvaluator
+
+        cls = JuryEvaluator
+    ev = cls(
+        task, kept_tree, agg, agg.kind, features, templates, spec, llm.identity,
         metrics,
         {
             **run_record(ctx),
@@ -172,6 +205,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             "decompose_llm": _decompose_record(config, spec, dec, llm),
             **({"tree_input": given.manifest()} if given is not None else {}),
             **({"decomposition_rejections": rejections} if rejections else {}),
+            **({"jury": jury_state(jury, features)} if jury is not None else {}),
         },
         table,
     )
@@ -185,7 +219,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
 
 def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend, template: Any, task: Any,
          given: Any, n: int, expand: Sequence[str], rejections: list[dict[str, Any]],
-         ) -> Iterator[tuple[int, CriteriaTree, list]]:
+         share: Callable[[Any, Any, Any], None] | None = None) -> Iterator[tuple[int, CriteriaTree, list]]:
     """The layer loop of both shapes: (layer, tree, its criteria) for each layer to score, after
     decomposing what it needs. A --tree's layers are taken as given and expansion starts below
     its last one, never on a locked criterion; deeper layers expand what the caller last put in
@@ -202,7 +236,7 @@ def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend
             if nodes:
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
-                _share_budget(dec, llm, config.max_calls)
+                (share or _share_budget)(dec, llm, config.max_calls)
                 tree = decompose_nodes(dec, template, task, tree, nodes, config.options.children, progress,
                                        rejections)
                 progress.end_stage()
