@@ -88,6 +88,8 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     options["llm"], options["judges"] = (llms[0] if llms else None), llms[1:]
     chosen_method_options(options)
     config = TrainConfig.from_options(**options)
+    if config.jury:  # the file names the judges: the first is the run's LLM (notices, the artifact)
+        config = config.replace(llm=config.jury_judges()[0].llm)
     if config.data is None:
         fetch_missing_task_data(config.task, offline=offline)
     if dry_run and export_file is not None:

@@ -106,6 +106,18 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
     }
 
 
+def _count_in(backend: Any, clients: Any) -> None:
+    """The judges' calls, hits and tokens added to the run's client, whose counts ``apply``
+    reports (it never calls it itself for a jury)."""
+    stats = getattr(backend, "stats", None)
+    if stats is None:
+        return
+    for c in clients:
+        if c is not backend:
+            for name in ("calls", "hits", "prompt_tokens", "completion_tokens"):
+                setattr(stats, name, getattr(stats, name) + getattr(c.stats, name))
+
+
 class JuryEvaluator(Evaluator):
     """HD-Eval's evaluator over (judge, criterion) columns: scoring calls only the judges its
     columns need, each with its own model, server and key variable, on the run's cache."""
@@ -168,6 +180,7 @@ class JuryEvaluator(Evaluator):
             with progress_stage(progress, f"scoring {what} x {n} (judge, criterion) columns", units * n):
                 m = jury.score(score, self.templates["score"], self.task, self.tree, [], items, concurrency,
                                progress, only=only)
+            _count_in(backend, jury.clients.values())
             return m, usage_of(*jury.clients.values())
         finally:
             jury.close()
