@@ -260,3 +260,12 @@ def test_a_learned_jury_beats_its_best_judge_and_its_mean_over_five_seeds(tmp_pa
     assert np.mean(gain_best) >= 0.02, gain_best
     assert min(gain_mean) > 0, gain_mean
     assert all("j3" in d for d in dropped), dropped
+
+
+def test_every_judge_spends_from_one_max_calls(tmp_path: Path) -> None:
+    from hdeval.errors import HdevalError
+
+    judges = jury(0.5, 1.0, 1.5)
+    with pytest.raises(HdevalError, match="max-calls|budget"):
+        _train_jury(tmp_path, judges, max_calls=250)  # the jury needs 3 x 180
+    assert 180 <= sum(calls_of(judges).values()) <= 250
