@@ -9,11 +9,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Evaluator", "TrainConfig", "train", "__version__"]
+__all__ = ["HdevalError", "Metrics", "TrainConfig", "TrainedEvaluator", "__version__", "load", "train"]
 
 # The public names load on first use, so `hdeval --help` does not pay for scikit-learn,
-# pandas and numpy (module __getattr__, PEP 562).
-_LAZY = {"Evaluator": "hdeval.methods.hdeval.evaluator", "TrainConfig": "hdeval.train", "train": "hdeval.train"}
+# pandas and numpy (module __getattr__, PEP 562). Evaluator (the pointwise HD-Eval class) stays
+# importable for code written before hdeval.load.
+_LAZY = {"load": "hdeval.api", "TrainedEvaluator": "hdeval.api", "Metrics": "hdeval.api",
+         "TrainConfig": "hdeval.train", "train": "hdeval.train", "HdevalError": "hdeval.errors",
+         "Evaluator": "hdeval.methods.hdeval.evaluator"}
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +25,11 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The public API only (the submodules are reached by import)."""
+    return list(__all__)
 
 
 class _Package(types.ModuleType):

@@ -23,11 +23,13 @@ from hdeval.fetch import sha256_file
 
 FORMAT = "hdeval-artifact"
 # 2: the manifest names its method; 3: its run config records the method's own options under
-# "options" (format 2 recorded HD-Eval's flat for every method). Formats 1 and 2 are still read.
-FORMAT_VERSION = 3
+# "options" (format 2 recorded HD-Eval's flat for every method); 4: the method's state under
+# "state" and the run record under "run", apart from the header (before, all three shared the top
+# level, so a method's key could replace the header's). Formats 1 to 3 are still read.
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
-# the manifest's header (what every artifact records) and its run record; the rest of a format 1-3
-# manifest is the method's state
+# the manifest's header (what every artifact records) and, in formats 1-3, the run record's keys at
+# the top level beside the method's state
 HEADER_KEYS = ("format", "format_version", "hdeval_version", "created", "method", "method_args", "task", "llm",
                "versions", "files")
 RUN_KEYS = ("seed", "split", "config")
@@ -84,12 +86,23 @@ class ArtifactReader:
     def run(self) -> dict[str, Any]:
         """The run record: seed, split ids and the run's options (``config``), those it records."""
         m = self.manifest
+        if _layered(m):
+            return self._section("run")
         return {k: m[k] for k in RUN_KEYS if k in m}
 
     @property
     def state(self) -> dict[str, Any]:
         """The method's state: what its ``write`` returned, apart from the header and run record."""
+        if _layered(self.manifest):
+            return self._section("state")
         return {k: v for k, v in self.manifest.items() if k not in HEADER_KEYS and k not in RUN_KEYS}
+
+    def _section(self, name: str) -> dict[str, Any]:
+        value = self.manifest.get(name)
+        if not isinstance(value, dict):
+            raise ArtifactError(f"{self.path / MANIFEST}: {name!r} must be a JSON object")
+        return value
+
 
     def file(self, name: str) -> Path:
         """The regular file ``name`` inside the artifact (never a link, never outside)."""
@@ -136,6 +149,12 @@ class ArtifactReader:
             return sio.load(p, trusted=list(trusted))
         except Exception as exc:  # skops raises many kinds on a corrupt file
             raise ArtifactError(f"{p}: cannot load ({exc})") from exc
+
+
+def _layered(manifest: dict[str, Any]) -> bool:
+    """Whether ``manifest`` keeps the state and run record apart (format 4 on)."""
+    version = manifest.get("format_version")
+    return isinstance(version, int) and not isinstance(version, bool) and version >= 4
 
 
 def _safe_name(name: Any) -> str:
@@ -186,14 +205,15 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     _remove_tree(tmp)  # (any of these removes nothing when there is nothing)
     tmp.mkdir()
     try:
-        section = {**fitted.write(ArtifactWriter(tmp)), **fitted.public_run()}
+        state = fitted.write(ArtifactWriter(tmp))
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "hdeval_version": __version__,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "method": fitted.method, "method_args": fitted.method_args(),
                     "task": fitted.task.to_dict(), "llm": llm,
                     "versions": {"hdeval": __version__, "python": platform.python_version(),
                                  "scikit-learn": sklearn.__version__, "numpy": np.__version__,
-                                 "pandas": pd.__version__, "skops": skops.__version__}, **section}
+                                 "pandas": pd.__version__, "skops": skops.__version__},
+                    "state": state, "run": fitted.public_run()}
         manifest["files"] = {
             p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -365,7 +385,16 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         raise ArtifactError(f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
                             f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "
                             "older: upgrade hdeval")
-    config = manifest.get("config", {})  # the run's options; methods read theirs from it
+    if _layered(manifest):  # format 4 on: the header, the run record and the state, nothing else
+        for section in ("state", "run"):
+            if not isinstance(manifest.get(section), dict):
+                raise ArtifactError(f"{mpath}: {section!r} must be a JSON object")
+        unknown = sorted(k for k in manifest if k not in HEADER_KEYS and k not in ("state", "run"))
+        if unknown:
+            raise ArtifactError(f"{mpath}: unknown field {unknown[0][:80]!r} (a format-{version} manifest holds "
+                                "the header, 'run' and 'state' only)")
+    run = manifest["run"] if _layered(manifest) else manifest
+    config = run.get("config", {})  # the run's options; methods read theirs from it
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
         raise ArtifactError(f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} "
                             "is not an object")

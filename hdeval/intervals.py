@@ -97,8 +97,32 @@ def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test
     for d in (cov, width):
         vals = [v for v in d.values() if v is not None]
         d["average"] = round(float(np.mean(vals)), 6) if vals else None
-    cal["test"] = {"rows": int(len(y)), "coverage": cov, "mean_width": width}
+    cal["test"] = {"rows": int(len(y)), "coverage": cov, "mean_width": width,
+                   **held_out_means(y, pred, aspects, level)}
     return cal
+
+
+def held_out_means(y: np.ndarray, pred: np.ndarray, aspects: Sequence[str],
+                   level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    """The labels behind the test figures, per aspect, and what they say of the human mean: its
+    interval at ``level`` (every test row is labelled, so the PPI++ estimate is the labels' mean:
+    Student's t on ``n - 1``, as :func:`hdeval.learn.ppi.ppi_mean`), beside the evaluator's mean
+    on the same rows (its bias)."""
+    from scipy.stats import t
+
+    labels: dict[str, int] = {}
+    means: dict[str, dict[str, float] | None] = {}
+    for j, a in enumerate(aspects):
+        ok = ~(np.isnan(y[:, j]) | np.isnan(pred[:, j]))
+        n = int(ok.sum())
+        labels[a] = n
+        if n < 2:
+            means[a] = None
+            continue
+        m, half = float(y[ok, j].mean()), float(t.ppf((1 + level) / 2, n - 1) * y[ok, j].std(ddof=1) / math.sqrt(n))
+        means[a] = {"estimate": round(m, 6), "low": round(m - half, 6), "high": round(m + half, 6),
+                    "evaluator_mean": round(float(pred[ok, j].mean()), 6)}
+    return {"labels": labels, "human_mean": means}
 
 
 ADAPTIVE_METHOD = ("normalised split conformal: |residual| / difficulty, the difficulty linear in the spread "

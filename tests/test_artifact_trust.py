@@ -295,28 +295,28 @@ def swap_first_two(lst: list) -> None:
 
 
 def _set_groups(m: dict) -> None:
-    m["aggregator"]["groups"] = [["clarity"], ["clarity", "accuracy"]]
+    m["state"]["aggregator"]["groups"] = [["clarity"], ["clarity", "accuracy"]]
 
 
 def _drop_group(m: dict) -> None:
-    m["aggregator"]["groups"] = [["clarity"]]
+    m["state"]["aggregator"]["groups"] = [["clarity"]]
 
 
 def _ranges(m: dict) -> None:
-    m["aggregator"]["ranges"][0] = [0, 10]
+    m["state"]["aggregator"]["ranges"][0] = [0, 10]
 
 
 def _aspects_swapped(m: dict) -> None:
-    swap_first_two(m["aggregator"]["aspects"])
+    swap_first_two(m["state"]["aggregator"]["aspects"])
     swap_first_two(m["task"]["aspects"])
 
 
 def _needed(m: dict) -> None:
-    m["needed_criteria"] = m["needed_criteria"] + ["no/such"]
+    m["state"]["needed_criteria"] = m["state"]["needed_criteria"] + ["no/such"]
 
 
 def _kind(m: dict) -> None:
-    m["aggregator"]["kind"] = "rf"
+    m["state"]["aggregator"]["kind"] = "rf"
 
 
 def _outside(m: dict) -> None:
@@ -328,7 +328,7 @@ def _absolute(m: dict) -> None:
 
 
 TAMPER = {
-    "features reordered": (lambda m: swap_first_two(m["features"]), "not in the order the aggregator was trained on"),
+    "features reordered": (lambda m: swap_first_two(m["state"]["features"]), "not in the order the aggregator was trained on"),
     "aspect in two groups": (_set_groups, "each aspect exactly once"),
     "aspect in no group": (_drop_group, "each aspect exactly once"),
     "range changed": (_ranges, "differs from the task's"),
@@ -337,8 +337,8 @@ TAMPER = {
     "kind does not match the model": (_kind, "the manifest says aggregator 'rf'"),
     "file outside the artifact": (_outside, "outside the artifact directory"),
     "absolute file name": (_absolute, "outside the artifact directory"),
-    "groups not lists": (lambda m: m["aggregator"].update(groups="clarity"), "must be lists of aspect names"),
-    "features not text": (lambda m: m.update(features=[1, 2]), "'features' must be distinct"),
+    "groups not lists": (lambda m: m["state"]["aggregator"].update(groups="clarity"), "must be lists of aspect names"),
+    "features not text": (lambda m: m["state"].update(features=[1, 2]), "'features' must be distinct"),
 }
 
 
@@ -426,7 +426,7 @@ def test_no_credentials_or_query_in_the_manifest(trained: Evaluator, tmp_path: P
     text = (path / MANIFEST).read_text()
     assert "SECRET" not in text and "gw-user" not in text
     m = json.loads(text)
-    assert m["llm"]["base_url"] == m["config"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert m["llm"]["base_url"] == m["run"]["config"]["base_url"] == "http://127.0.0.1:9/v1"
     assert m["llm"]["identity"] == "openai:m@http://127.0.0.1:9/v1"
 
 

@@ -163,7 +163,7 @@ def test_own_regressor_fits_that_aspect_alone(tmp_path: Path) -> None:
     # The artifact records the setting and loads back with the same grouping.
     solo.save(tmp_path / "art")
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert manifest["task"]["own_regressor"] == ["accuracy"] and manifest["config"]["preset"] == "solo"
+    assert manifest["task"]["own_regressor"] == ["accuracy"] and manifest["run"]["config"]["preset"] == "solo"
     assert load_artifact(tmp_path / "art").aggregator.groups_ == [["clarity"], ["accuracy"]]
 
 
@@ -173,7 +173,7 @@ def test_preset_on_the_command_line_and_its_errors(tmp_path: Path) -> None:
             "--cache-dir", str(tmp_path / "c")]
     r = CliRunner().invoke(cli, base + ["--preset", "clear", "-o", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["aggregator"]["aspects"] == ["clarity"]
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["state"]["aggregator"]["aspects"] == ["clarity"]
     r = CliRunner().invoke(cli, base + ["--preset", "nope", "-o", str(tmp_path / "b")])
     assert r.exit_code == 2
     assert r.stderr == "error: unknown preset 'nope' for task toy_qa: known presets: solo, clear\n"

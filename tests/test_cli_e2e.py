@@ -35,10 +35,10 @@ def test_train_then_apply_on_real_slices(task, n, data_dir, tmp_path):
     assert set(metrics["layers"]) == {"1", "2"}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["llm"]["identity"] == "fake:v1"
-    assert set(manifest["split"]) == {"train", "test"}
-    assert manifest["prompts"]["score"] and manifest["files"]["aggregator.skops"]
+    assert set(manifest["run"]["split"]) == {"train", "test"}
+    assert manifest["state"]["prompts"]["score"] and manifest["files"]["aggregator.skops"]
     # every aspect was decomposed into 4; the artifact keeps the layers chosen on training data
-    layers = manifest["layers"]
+    layers = manifest["state"]["layers"]
     assert len(layers[1]["added"]) == 4 * len(layers[0]["added"])
     kept = metrics["selection"]["kept_layer"]
     tree = json.loads((out / "tree.json").read_text())["criteria"]

@@ -127,9 +127,9 @@ def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):
                cache_dir=str(tmp_path / "c"))
     path = ev.save(tmp_path / "art")
     manifest = json.loads((path / "manifest.json").read_text())
-    needed = manifest["needed_criteria"]
+    needed = manifest["state"]["needed_criteria"]
     assert needed == ev.needed_criteria
-    assert 0 < len(needed) <= len(manifest["features"])
+    assert 0 < len(needed) <= len(manifest["state"]["features"])
     from hdeval.data import read_samples
     from hdeval.methods.hdeval.evaluator import Evaluator
 

@@ -213,7 +213,7 @@ def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, 
     assert all(r["criterion"] == "clarity" for r in rejected)
     path = ev.save(tmp_path / "art")
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["decomposition_rejections"] == rejected
+    assert manifest["state"]["decomposition_rejections"] == rejected
     again = load_artifact(path)  # kept through a load and save
     assert again.manifest_extra["decomposition_rejections"] == rejected
     lines = [t for t, to_err in again.summary_lines(path) if to_err]

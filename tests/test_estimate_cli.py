@@ -213,3 +213,44 @@ def test_apply_summary_gives_the_human_mean_and_the_labels_behind_it(work):
         inside = [row["lower"][rec["aspect"]] <= row["human"][rec["aspect"]] <= row["upper"][rec["aspect"]]
                   for row in rows if "human" in row]
         assert f"{sum(inside) / len(inside):.0%} of those 60 labels inside their prediction interval" in line
+
+
+def test_metrics_json_records_the_held_out_human_mean_and_its_labels(work):
+    """The test split's labels, their mean with its interval and the evaluator's mean there: what
+    `hdeval estimate` says of the same rows (every one labelled)."""
+    test = json.loads((work["art"] / "metrics.json").read_text())["intervals"]["test"]
+    r = run_cli("apply", work["art"], work["dir"] / "train.jsonl", "--llm", "fake", "--cache-dir", work["cache"],
+                "-o", work["dir"] / "held_out.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    for rec in _records(run_cli("estimate", work["art"], "--data", work["dir"] / "held_out.jsonl", "--json")):
+        a = rec["aspect"]
+        assert test["labels"][a] == rec["n_labelled"] == rec["n"] == test["rows"]
+        got = test["human_mean"][a]
+        assert (got["estimate"], got["low"], got["high"], got["evaluator_mean"]) == pytest.approx(
+            (rec["estimate"], rec["low"], rec["high"], rec["evaluator_mean"]), abs=1e-5)
+
+
+def test_the_report_banner_shows_the_coverage_and_the_labels_behind_it():
+    from types import SimpleNamespace
+
+    from hdeval.report.pointwise import verdict
+
+    data = {"artifact": {"llm": "gpt-x", "split": {"train": 80, "test": 40}, "needed_criteria": 4},
+            "correlations": {}}
+    metrics = {"intervals": {"level": 0.9, "test": {
+        "rows": 40, "coverage": {"clarity": 0.875, "accuracy": "lots", "average": 0.875},
+        "labels": {"clarity": 40, "accuracy": 40},
+        "human_mean": {"clarity": {"estimate": 3.2, "low": 3.0, "high": 3.4, "evaluator_mean": 3.55},
+                       "accuracy": None}}}}
+    lines = [x.text for x in verdict(SimpleNamespace(metrics=metrics), data).lines if x.label == "interval coverage"]
+    # a figure that is not a number (an edited artifact) is left out, not shown or crashed on
+    assert lines == [("clarity: the 90% intervals held 88% of 40 held-out labels; their human mean 3.20 "
+                     "[3.00, 3.40], the evaluator's 3.55 on the same rows")]
+
+
+def test_a_group_name_cannot_drive_the_terminal(work):
+    def ansi(i, row):
+        row["system"] = "\x1b[2Jevil" if i % 2 else "B"
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "ansi.jsonl", ansi), "--by", "system")
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.stdout and "\\x1b[2Jevil" in r.stdout

@@ -55,6 +55,7 @@ def _as_v2(new: Path, old: Path, tmp: Path, name: str) -> None:
     shutil.copytree(new, old)
     v2 = json.loads(V2_CONFIGS.read_text(encoding="utf-8"))[name]
     m = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
+    m = {**{k: v for k, v in m.items() if k not in ("state", "run")}, **m["state"], **m["run"]}  # one level
     m["format_version"] = 2
     m["config"] = json.loads(json.dumps(v2).replace("<tmp>", str(tmp)))
     (old / "manifest.json").write_text(json.dumps(m, indent=2), encoding="utf-8")
@@ -65,8 +66,8 @@ def test_the_manifest_records_the_methods_own_options_only(name, tmp_path):
     from hdeval.methods.registry import get_method
 
     m = json.loads((train_case(name, tmp_path) / "manifest.json").read_text())
-    assert m["format_version"] == 3
-    config = m["config"]
+    assert m["format_version"] == 4
+    config = m["run"]["config"]
     method = get_method(m["method"])
     # every option of the method, at its default or not; no other method's, none flat
     assert set(config["options"]) == set(method.options.specs())
@@ -119,8 +120,11 @@ def test_a_new_run_starts_from_a_format_2_artifacts_tree_as_from_a_format_3_one(
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda m: m["config"].update(options=["layers", 2]), "'config.options' is not an object"),
-    (lambda m: m.update(config="layers=2"), "'config' is not an object"),
+    (lambda m: m["run"]["config"].update(options=["layers", 2]), "'config.options' is not an object"),
+    (lambda m: m["run"].update(config="layers=2"), "'config' is not an object"),
+    (lambda m: m.update(run=["seed", 0]), "'run' must be a JSON object"),
+    (lambda m: m.update(state="features"), "'state' must be a JSON object"),
+    (lambda m: m.update(features=["a"]), "unknown field 'features' \\(a format-4 manifest holds the header"),
 ])
 def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
     from hdeval.errors import ArtifactError
@@ -150,7 +154,7 @@ def test_a_hostile_options_record_is_refused_in_one_line(options, message, route
 
     art = train_case("hdeval", tmp_path)
     m = json.loads((art / "manifest.json").read_text())
-    m["config"]["options"].update(options)
+    m["run"]["config"]["options"].update(options)
     (art / "manifest.json").write_text(json.dumps(m))
     if route == "apply":
         r = run_cli("apply", art, tmp_path / "data.jsonl", "-o", tmp_path / "out.jsonl", "-q")
@@ -169,3 +173,21 @@ def test_a_format_2_record_of_another_methods_options_is_not_refused(name, tmp_p
     m = json.loads((tmp_path / "old" / "manifest.json").read_text())
     assert "layers" in m["config"]
     assert type(load_artifact(tmp_path / "old")) is type(load_artifact(new))
+
+
+@pytest.mark.parametrize("name", ["hdeval", "paireval"])
+def test_a_format_3_artifact_with_state_and_run_at_the_top_level_loads_as_format_4(name, tmp_path):
+    # format 4 keeps the method's state and the run record under their own keys; format 3 kept
+    # them beside the header, and such an artifact loads to the same evaluator
+    new = train_case(name, tmp_path)
+    old = tmp_path / "old"
+    shutil.copytree(new, old)
+    m = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
+    flat = {**{k: v for k, v in m.items() if k not in ("state", "run")}, **m["state"], **m["run"],
+            "format_version": 3}
+    (old / "manifest.json").write_text(json.dumps(flat, indent=2), encoding="utf-8")
+    a, b = load_artifact(new), load_artifact(old)
+    assert type(a) is type(b) and a.method_args() == b.method_args() and a.run == b.run
+    assert a.training_ids() == b.training_ids() and a.training_ids()
+    saved = json.loads((b.save(tmp_path / "again") / "manifest.json").read_text())  # read old, write new
+    assert saved["format_version"] == 4 and saved["state"] == m["state"] and saved["run"] == m["run"]

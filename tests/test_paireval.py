@@ -349,7 +349,7 @@ def test_hdeval_with_pairwise_scorer_train_apply_rerun(dialogue, tmp_path):
               "--cache-dir", cache, "-o", str(out), "-q")
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["scorer"] == {"kind": "pairwise", "comparisons": 2, "swap": True}
+    assert manifest["state"]["scorer"] == {"kind": "pairwise", "comparisons": 2, "swap": True}
     assert (out / "prompts" / "pair.toml").is_file() and len(json.loads((out / "comparisons.json").read_text())) == 3
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 <= metrics["position_consistency"] <= 1
@@ -454,9 +454,9 @@ def test_references_serve_as_comparison_examples_and_the_artifact_says_so(dialog
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["comparisons"]["source"] == "references" and "overlap_test" not in metrics["comparisons"]
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["comparison_source"] == "references"
+    assert manifest["state"]["comparison_source"] == "references"
     pool = json.loads((out / "comparisons.json").read_text())
-    train_docs = {i.rsplit("-", 1)[0].replace("toy", "doc") for i in manifest["split"]["train"]}
+    train_docs = {i.rsplit("-", 1)[0].replace("toy", "doc") for i in manifest["run"]["split"]["train"]}
     assert len(pool) == 3 and all(e["id"] == f"{e['doc_id']}:reference" for e in pool)
     assert all(e["doc_id"] in train_docs and e["response"].startswith("A human answer") for e in pool)
     assert load_artifact(out).pool[0].response == pool[0]["response"]

@@ -54,9 +54,9 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
         assert a["n_wo_ties"] == 20 - sum(a["confusion"].get("tie", {}).values())
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["method"] == "hdeval" and manifest["shape"] == "pairwise"
-    assert manifest["classifier"]["kind"] in ("lr", "dt", "rf", "nn")
+    assert manifest["state"]["classifier"]["kind"] in ("lr", "dt", "rf", "nn")
     assert {"tree.json", "classifier.skops", "prompts/score.toml", "scores.csv"} <= set(manifest["files"])
-    assert set(m["importance"]) == set(manifest["features"])
+    assert set(m["importance"]) == set(manifest["state"]["features"])
     # 40 pairs x 2 responses x 4 aspects, 4 decompositions, then 80 x 16 layer-2 criteria, ...
     assert m["usage"]["calls"] >= 80 * 4 + 4 + 80 * 16
     r2 = run_cli(*args, "--force")
@@ -269,13 +269,14 @@ def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
     mf = path / "manifest.json"
     good = mf.read_text()
     m = json.loads(good)
-    m["classifier"]["kind"] = "rf"
+    m["state"]["classifier"]["kind"] = "rf"
     mf.write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="the classifier is a LogisticRegression, but the manifest says classifier 'rf'"):
         load_artifact(path)
     m = json.loads(good)
-    m["features"][0], m["features"][1] = m["features"][1], m["features"][0]
-    m["needed_criteria"] = m["features"]
+    s = m["state"]
+    s["features"][0], s["features"][1] = s["features"][1], s["features"][0]
+    s["needed_criteria"] = s["features"]
     mf.write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="not in the order the classifier was trained on"):
         load_artifact(path)

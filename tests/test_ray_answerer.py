@@ -28,7 +28,7 @@ class _Server:
                 pass
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.last_body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 outer.requests += 1
                 try:
                     reply(self, outer)

@@ -513,7 +513,7 @@ def test_readme_tree_and_decompose_llm_workflow(fresh: Path) -> None:
     assert {"consistency", "relevance"} <= parents and not parents & {"fluency", "coherence/order",
                                                                      "coherence/focus"}
     manifest = json.loads((fresh / "artifacts" / "summeval-edited" / "manifest.json").read_text())
-    assert manifest["decompose_llm"]["identity"] == "fake:v1:logprobs=0"
+    assert manifest["state"]["decompose_llm"]["identity"] == "fake:v1:logprobs=0"
     # rescoring the demo's tree with another LLM: no decomposition, the same criteria
     ok(hdeval(OFFLINE_DEMO[0], fresh, env))
     demo = json.loads((fresh / "artifacts" / "summeval-demo" / "tree.json").read_text())

@@ -123,3 +123,25 @@ def test_the_azure_api_key_form_and_every_alignment_is_masked() -> None:
                  quote(KEY, safe="").lower(), repr(KEY), base64.urlsafe_b64encode(f"?{KEY}>".encode()).decode()):
         assert leaks(redact(text), KEY) == [], text
     assert redact("a short word and 12345 stay") == "a short word and 12345 stay"
+
+
+def test_the_cli_masks_a_known_secret_in_any_error_line(monkeypatch) -> None:
+    """The error boundary's last net: a message that quotes the environment's key or the proxy's
+    password (a server's id echoed back, say) is printed with them masked."""
+    import click
+    from click.testing import CliRunner
+
+    from hdeval.cli.boundary import guarded
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://puser:{PASSWORD}@127.0.0.1:3128")
+
+    @click.command()
+    @click.option("--base-url")
+    @guarded
+    def cmd(base_url: str | None) -> None:
+        raise BackendError(f"the server answered an id {KEY} via {b64('puser:' + PASSWORD)} at {base_url}")
+
+    r = CliRunner().invoke(cmd, ["--base-url", "http://h/v1?api-key=QSECRET-4711"])
+    assert r.exit_code == BackendError.exit_code and "error: the server answered an id ***" in r.stderr
+    assert leaks(r.stderr, KEY, PASSWORD, f"puser:{PASSWORD}", "QSECRET-4711") == []

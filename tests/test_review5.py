@@ -93,7 +93,7 @@ def test_an_hdeval_artifact_whose_model_kind_is_a_list_is_refused_in_one_line(tm
                 "--cache-dir", tmp_path / "c", "-o", art, "-q")
     assert r.exit_code == 0, r.output
     manifest = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
-    manifest[section]["kind"] = ["lr"]
+    manifest["state"][section]["kind"] = ["lr"]
     (art / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     new = EX / ("new_qa.jsonl" if task == "qa_task.toml" else "new_pairs.jsonl")
     r = run_cli("apply", art, new, "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "c")

@@ -169,5 +169,5 @@ def test_credentials_in_the_base_url_stay_out_of_every_methods_artifact(method: 
         "--cache-dir", str(tmp_path / "cache"), "-o", str(artifact), "-q"])
     assert result.exit_code == 0, result.output
     manifest = json.loads((artifact / "manifest.json").read_text())
-    assert manifest["config"]["base_url"] == server.url
+    assert manifest["run"]["config"]["base_url"] == server.url
     assert leaks(artifact, password) == []

@@ -154,8 +154,8 @@ def test_the_decompose_llm_server_is_recorded_without_credentials(toy, tmp_path:
     text = (ev.save(tmp_path / "art") / "manifest.json").read_text()
     assert "SECRET" not in text and "gw-user" not in text
     m = json.loads(text)
-    assert m["decompose_llm"]["model"] == "big-model"
-    assert m["decompose_llm"]["base_url"] == m["config"]["options"]["decompose_base_url"] == "http://127.0.0.1:9/v1"
+    assert m["state"]["decompose_llm"]["model"] == "big-model"
+    assert m["state"]["decompose_llm"]["base_url"] == m["run"]["config"]["options"]["decompose_base_url"] == "http://127.0.0.1:9/v1"
 
 
 def test_one_max_calls_budget_for_both_llms(toy, tmp_path: Path) -> None:
@@ -255,8 +255,8 @@ def test_cli_summary_names_the_criteria_from_the_file(toy, tmp_path: Path) -> No
             "accuracy/facts (locked), accuracy/units, accuracy/scope") in r.stdout
     assert "criteria added by decomposition: 0" in r.stdout
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert manifest["tree_input"]["locked"] == ["clarity/wording", "accuracy/facts"]
-    assert manifest["config"]["options"]["tree"] == str(tree)
+    assert manifest["state"]["tree_input"]["locked"] == ["clarity/wording", "accuracy/facts"]
+    assert manifest["run"]["config"]["options"]["tree"] == str(tree)
 
 
 def test_cli_decompose_llm_on_a_server_gets_only_decompositions(toy, tmp_path: Path, monkeypatch) -> None:
@@ -273,8 +273,8 @@ def test_cli_decompose_llm_on_a_server_gets_only_decompositions(toy, tmp_path: P
         assert "sk-test-key-never-recorded" not in text
         m = json.loads(text)
         assert m["llm"]["identity"] == "fake:v1"
-        assert m["decompose_llm"]["identity"] == f"openai:test-model@{server.url}"
-        assert m["decompose_llm"]["model"] == "test-model"
+        assert m["state"]["decompose_llm"]["identity"] == f"openai:test-model@{server.url}"
+        assert m["state"]["decompose_llm"]["model"] == "test-model"
         # the same run again: both LLMs' replies come from the one cache dir
         r = cli_train(toy, tmp_path, *args, "-o", str(tmp_path / "art2"))
         assert r.exit_code == 0, r.output

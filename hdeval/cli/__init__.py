@@ -71,14 +71,16 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
     from hdeval.cli.data import data
+    from hdeval.cli.label import export_labels, label
     from hdeval.cli.ppi_estimate import estimate
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
     from hdeval.methods.registry import builtin_methods
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, benchmark,
-                    estimate):
+                    estimate, label):
         cli.add_command(command)
+    data.add_command(export_labels)
     for method in builtin_methods():  # the commands a built-in method adds (hdeval paireval ...)
         for command in method.commands(_Kit()) if method.commands is not None else ():
             cli.add_command(command)

@@ -42,6 +42,16 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+def _redacted(text: str) -> str:
+    """``text`` without the secrets this command knows of (the environment's keys and proxies,
+    its ``--base-url``'s credentials and query): the last net under every message's own redaction."""
+    from hdeval.redaction import Redactor
+
+    ctx = click.get_current_context(silent=True)
+    url = ctx.params.get("base_url") if ctx is not None else None
+    return Redactor.from_env(url if isinstance(url, str) else None)(text)
+
+
 def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
     """The one error boundary: library errors become one line on stderr and an exit code;
     library warnings one summarised line each (never raw); Ctrl-C and SIGTERM one line saying
@@ -61,7 +71,7 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
         _stop_all_tickers()
         _show_warnings(seen)
         _end_open_line()
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_redacted(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         _stop_all_tickers()

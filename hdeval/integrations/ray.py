@@ -276,17 +276,20 @@ class RequestAnswerer:
                  concurrency: int = DEFAULT_CONCURRENCY):
         import openai
 
-        from hdeval.backends.openai_compat import _check_url, _proxy_for, http_client
+        from hdeval.backends.openai_compat import OpenAICompatBackend, _proxy_for, http_client
         from hdeval.redaction import Redactor
         from hdeval.request_files import MAX_LINE_BYTES
 
-        _check_url(base_url)
+        key = os.environ.get("OPENAI_API_KEY") or "unused"
+        # the URL read as the backend reads it: checked, its query sent as a query, its
+        # user:password as Basic auth, the proxy the environment names for it
+        server = OpenAICompatBackend("answerer", base_url=base_url, api_key=key)
         # the backends' HTTP client: a reply past a result line's size is dropped while read (the
         # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
         http = http_client(timeout, _proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
-        key = os.environ.get("OPENAI_API_KEY") or "unused"
-        self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries,
-                                    http_client=http)
+        self.client = openai.OpenAI(base_url=server._sdk_url, api_key=key, timeout=timeout, max_retries=max_retries,
+                                    http_client=http, default_query=server._query or None,
+                                    default_headers=server._headers)
         # what it writes holds no secret in any form (a server echoing the key, the proxy's password)
         self.redact = Redactor.from_env(base_url)
         self.concurrency = concurrency

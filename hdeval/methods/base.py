@@ -57,6 +57,12 @@ class ScoreResult:
 
         return pd.DataFrame(self.predictions, index=self.sample_ids, columns=self.aspects)
 
+    def __repr__(self) -> str:
+        failed = len(self.criteria.failures)
+        return (f"<{type(self).__name__}: {len(self.sample_ids)} sample(s) x {len(self.aspects)} aspect(s) "
+                f"({', '.join(self.aspects)}); {len(self.criteria.criterion_keys)} LLM-filled column(s), "
+                f"{failed} unreadable cell(s); .to_frame() for the table>")
+
 
 class Fitted(ABC):
     """A trained evaluator of some method, and the state and defaults every one shares: the task,
@@ -107,6 +113,21 @@ class Fitted(ABC):
     def method_args(self) -> dict[str, Any]:
         """The method's own arguments, recorded in the manifest (how to rebuild it)."""
         return {}
+
+    @classmethod
+    def read_state(cls, art: "ArtifactReader") -> "BaseModel":
+        """``art.state`` validated by ``State`` (unknown fields refused); a one-line ArtifactError
+        naming the manifest and the first bad field."""
+        from pydantic import ValidationError
+
+        if cls.State is None:
+            raise TypeError(f"{cls.__name__} declares no State model")
+        try:
+            return cls.State.model_validate(art.state)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(x) for x in err["loc"]) or "(state)"
+            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {err['msg']}") from None
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:

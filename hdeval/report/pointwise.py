@@ -161,7 +161,35 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
            if isinstance(t, (Mapping, int, float)) and not isinstance(t, bool)}
     final = ((data["correlations"].get("final_recomputed") or {}).get("average") or {}).get("spearman")
     banner.baseline_line(b, final, avg, "held-out average Spearman")
+    _interval_lines(b, m)
     return b
+
+
+def _figure(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _interval_lines(b: Banner, m: Mapping[str, Any]) -> None:
+    """Per aspect, how often the prediction intervals held the held-out labels, how many labels
+    that rests on, and the human mean they give beside the evaluator's (read with care: the
+    metrics come from an artifact)."""
+    iv = m.get("intervals")
+    test = iv.get("test") if isinstance(iv, Mapping) else None
+    if not isinstance(test, Mapping) or not isinstance(test.get("coverage"), Mapping):
+        return
+    level = iv.get("level") if _figure(iv.get("level")) else None  # type: ignore[union-attr]
+    labels, means = test.get("labels"), test.get("human_mean")
+    for a, c in test["coverage"].items():
+        if a == "average" or not _figure(c):
+            continue
+        n = labels.get(a) if isinstance(labels, Mapping) and _figure(labels.get(a)) else None
+        text = (f"{a}: the {'' if level is None else f'{level:.0%} '}intervals held {c:.0%} of "
+                f"{'the' if n is None else f'{n:g}'} held-out labels")
+        h = means.get(a) if isinstance(means, Mapping) else None
+        if isinstance(h, Mapping) and all(_figure(h.get(k)) for k in ("estimate", "low", "high", "evaluator_mean")):
+            text += (f"; their human mean {h['estimate']:.2f} [{h['low']:.2f}, {h['high']:.2f}], the "
+                     f"evaluator's {h['evaluator_mean']:.2f} on the same rows")
+        b.add("interval coverage", text)
 
 
 def render_html(ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (),

@@ -122,6 +122,12 @@ def _group_name(value: Any) -> str:
     return json.dumps(value, sort_keys=True)[:80]
 
 
+def _shown(name: str) -> str:
+    """A group name as the terminal may show it: control characters escaped (one name, one
+    shown name: repr is one-to-one)."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def _prob(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise DataError(f"{where}: field {PROB_FIELD!r} is {value!r}, not a probability in (0, 1]")
@@ -220,7 +226,7 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         for k, g in enumerate(names):
             mine = codes == k
             lab, rest = mine & has, mine & ~has
-            cells[(a, str(g))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
+            cells[(a, _shown(str(g)))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
                                        else prob_of[lab], rest=P[rest, j])
     return cells, len(preds)
 
@@ -329,8 +335,12 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
                     continue
                 d = difference(fitted[(a, g)], fitted[(a, base)])
                 records.append({"kind": "difference", "aspect": a, "group": g, "baseline": base, **d.as_dict()})
-    if any(r.get("weighted") for r in records):
+    weighted = [r for r in records if r.get("weighted")]
+    if weighted:
         notes.append(f"labels weighted by 1/{PROB_FIELD} (rows picked with unequal probabilities)")
+        if min(r["n_labelled"] for r in weighted) < 100:
+            notes.append("warning: with fewer than 100 weighted labels the intervals cover less than their level "
+                         "(0.74-0.83 for 90% at 30 labels in benchmarks/ppi.md); label more, or a random sample")
     return Estimates(records, notes, alpha, rows)
 
 
@@ -359,8 +369,10 @@ class RowsSummary:
                     f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
                     h = pair_value(row["human"]) if isinstance(row.get("human"), str) else None
                 else:
-                    f, h = row["scores"].get(a), (row.get("human") or {}).get(a)
-                if f is None or not math.isfinite(f):
+                    pred, human = row.get("scores"), row.get("human")
+                    f = pred.get(a) if isinstance(pred, dict) else None  # a plug-in's rows may differ
+                    h = human.get(a) if isinstance(human, dict) else None
+                if not _number(f) or (h is not None and not _number(h)):
                     continue
                 if h is None:
                     unlabelled.append(f)

@@ -116,4 +116,8 @@ class PairEvalEvaluator(Fitted):
             return cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
                        n, swap, agg, llm, identity, {}, all_vs_all=all_vs_all)
         need = (PAIR_PROMPT, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, MODEL)
-        return loaded(art, need, build, (KeyError, TypeError, ValueError, ConfigError))
+        ev = loaded(art, need, build, (KeyError, TypeError, ValueError, ConfigError))
+        source = art.state.get("comparison_source")  # kept, so saving it again loses nothing
+        if isinstance(source, str):
+            ev.extra["comparison_source"] = source
+        return ev

@@ -1,0 +1,85 @@
+"""The criteria the labelling app scores the pool on, and the scoring itself, through the
+library's one path (``decompose_nodes``, ``score_criteria`` on the cached client): the same
+requests as ``train``, so training on the exported labels hits the same cache entries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hdeval.errors import ConfigError
+from hdeval.progress import Progress
+from hdeval.types import CriteriaTree, Criterion, Sample, Task
+
+# as `train --layers 2 --children 4`: the aspects and one decomposition of each
+DEFAULT_CHILDREN = 4
+
+
+class PoolCriteria:
+    """A criteria tree and the criteria (columns) scored from it, in column order."""
+
+    def __init__(self, task: Task, tree: CriteriaTree, criteria: Sequence[Criterion], templates: dict[str, Any],
+                 source: str) -> None:
+        self.task, self.tree, self.criteria, self.templates, self.source = task, tree, list(criteria), templates, source
+
+    @property
+    def keys(self) -> list[str]:
+        return [c.key for c in self.criteria]
+
+    def plan(self, llm: Any, samples: Sequence[Sample], chunk: int = 500) -> tuple[int, int, int]:
+        """The dry run of scoring ``samples``: (calls, of which cached, prompt tokens, estimated),
+        counted a chunk of requests at a time (a prompt is a few KB; a pool may be large)."""
+        from hdeval.methods.run import exact_plan
+        from hdeval.scoring import SCORE_MAX_TOKENS, score_requests
+
+        calls = cached = tokens = 0
+        for start in range(0, len(samples), chunk):
+            reqs = score_requests(self.templates["score"], self.task, self.tree, self.criteria,
+                                  samples[start:start + chunk])
+            row = exact_plan(llm, reqs, SCORE_MAX_TOKENS)
+            calls, cached, tokens = calls + row.score_calls, cached + (row.cached or 0), tokens + row.prompt_tokens
+        return calls, cached, tokens
+
+    def score(self, llm: Any, samples: Sequence[Sample], concurrency: int | None = None,
+              progress: Progress | None = None) -> np.ndarray:
+        from hdeval.scoring import score_criteria
+
+        m = score_criteria(llm, self.templates["score"], self.task, self.tree, self.criteria, samples,
+                           concurrency, progress)
+        return m.values
+
+
+def check_artifact_task(artifact: str | Path, task: Task) -> Any:
+    """The HD-Eval pointwise evaluator at ``artifact``, refused in one line if it judges another task."""
+    from hdeval.methods.registry import load_artifact
+
+    ev = load_artifact(artifact)
+    tree = getattr(ev, "tree", None)
+    if getattr(ev, "method", None) != "hdeval" or getattr(ev, "shape", None) != "pointwise" or tree is None:
+        raise ConfigError(f"--artifact {artifact}: the labelling app reads pointwise HD-Eval artifacts "
+                          f"(their criteria tree); this one is {getattr(ev, 'method', '?')}")
+    if ev.task.name != task.name or ev.task.aspect_keys != task.aspect_keys:
+        raise ConfigError(f"--artifact {artifact} judges task {ev.task.name!r} (aspects "
+                          f"{', '.join(ev.task.aspect_keys)}), not {task.name!r}")
+    return ev
+
+
+def artifact_criteria(ev: Any, task: Task) -> PoolCriteria:
+    criteria = [ev.tree[k] for k in ev.feature_keys]
+    return PoolCriteria(task, ev.tree, criteria, dict(ev.templates), "the artifact's criteria")
+
+
+def first_decomposition(llm: Any, task: Task, children: int = DEFAULT_CHILDREN,
+                        progress: Progress | None = None) -> PoolCriteria:
+    """The aspects and their first decomposition (layers 1 and 2), as ``train`` makes them."""
+    from hdeval.methods.hdeval.decompose import decompose_nodes
+    from hdeval.prompts import load_templates
+
+    templates = load_templates()
+    tree = CriteriaTree.from_aspects(task.aspects)
+    tree = decompose_nodes(llm, templates["decompose"], task, tree, tree.layer(1), children, progress)
+    criteria = [c for c in tree if c.layer <= 2]
+    return PoolCriteria(task, tree, criteria, templates, "the aspects and their first decomposition")

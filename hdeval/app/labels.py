@@ -1,0 +1,338 @@
+"""``labels.db``: the human labels the labelling app collects, a SQLite file a team keeps.
+
+Append-only: a label, an undo and a skip are each new rows (triggers refuse UPDATE and DELETE),
+and the latest row of a (sample, aspect, rater) wins. Each write is its own transaction,
+committed (WAL, ``synchronous=FULL``) before the call returns, so a label the page has
+acknowledged survives a kill -9. The content a rater saw is stored once per content hash, so
+export needs no pool file, and a pool sample whose content changed since it was labelled is told
+apart (:meth:`LabelStore.changed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import sqlite3
+import statistics
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hdeval.errors import ConfigError, DataError
+from hdeval.types import Sample, Task
+
+FORMAT = 1
+# bounds on what a request may store: the page's note field, a rater's name
+MAX_NOTE = 2000
+MAX_RATER = 64
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS samples (
+    content_hash TEXT PRIMARY KEY,
+    sample_id TEXT NOT NULL,
+    content TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS labels (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sample_id TEXT NOT NULL,
+    content_hash TEXT NOT NULL REFERENCES samples(content_hash),
+    aspect TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('label', 'undo', 'skip')),
+    value REAL,
+    rater TEXT NOT NULL,
+    time TEXT NOT NULL,
+    session TEXT NOT NULL,
+    note TEXT,
+    strategy TEXT,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS labels_sample ON labels (sample_id, rater);
+CREATE TRIGGER IF NOT EXISTS labels_no_update BEFORE UPDATE ON labels
+    BEGIN SELECT RAISE(ABORT, 'labels.db is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS labels_no_delete BEFORE DELETE ON labels
+    BEGIN SELECT RAISE(ABORT, 'labels.db is append-only'); END;
+"""
+_COLUMNS = ("seq", "sample_id", "content_hash", "aspect", "action", "value", "rater", "time", "session",
+            "note", "strategy", "reason")
+
+
+def content_hash(sample: Sample) -> str:
+    """What the rater saw, hashed: the document and every shown field (not the id, not scores)."""
+    shown = {"doc_id": sample.doc_id, "fields": dict(sorted(sample.fields.items()))}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def task_record(task: Task) -> dict[str, Any]:
+    """What makes labels of one task: its name, shape and aspects with their ranges."""
+    return {"name": task.name, "shape": task.shape,
+            "aspects": [[a.key, a.low, a.high] for a in task.aspects]}
+
+
+@dataclass(frozen=True)
+class Rating:
+    """The latest label of one (sample, aspect, rater)."""
+
+    sample_id: str
+    content_hash: str
+    aspect: str
+    value: float
+    rater: str
+    seq: int
+
+
+class LabelStore:
+    """One ``labels.db``, opened for one task; safe to call from several threads."""
+
+    def __init__(self, path: str | Path, task: Task) -> None:
+        self.path = Path(path)
+        self.task = task
+        if self.path.exists() and not self.path.is_file():
+            raise DataError(f"--labels {self.path} is not a file")
+        try:
+            self._con = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise DataError(f"--labels {self.path}: cannot open: {exc}") from None
+        self._lock = threading.Lock()
+        try:
+            self._con.execute("PRAGMA journal_mode=WAL")
+            self._con.execute("PRAGMA synchronous=FULL")
+            self._con.execute("PRAGMA foreign_keys=ON")
+            self._check_or_init()
+        except sqlite3.DatabaseError as exc:
+            self._con.close()
+            raise DataError(f"--labels {self.path} is not a labels file hdeval can read ({exc})") from None
+        except DataError:
+            self._con.close()
+            raise
+
+    def _check_or_init(self) -> None:
+        tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        mine = {"meta", "samples", "labels"}
+        if tables and not mine <= tables:
+            raise DataError(f"--labels {self.path} is a SQLite file but not an hdeval labels file")
+        if not tables:
+            with self._lock:  # one transaction: a crash leaves no half-made schema
+                self._con.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
+        meta = dict(self._con.execute("SELECT key, value FROM meta").fetchall())
+        record = json.dumps(task_record(self.task), sort_keys=True)
+        if not meta:
+            with self._transaction():
+                self._con.executemany("INSERT INTO meta VALUES (?, ?)",
+                                      [("format", str(FORMAT)), ("task", record)])
+            return
+        if meta.get("format") != str(FORMAT):
+            raise DataError(f"--labels {self.path} has format {meta.get('format')!r}; this hdeval reads {FORMAT}")
+        theirs = _json_or_none(meta.get("task"))
+        if not isinstance(theirs, dict) or theirs.get("name") != self.task.name:
+            name = theirs.get("name") if isinstance(theirs, dict) else None
+            raise DataError(f"--labels {self.path} holds labels for task {name!r}, not {self.task.name!r}: "
+                            "name another labels file")
+        if json.dumps(theirs, sort_keys=True) != record:
+            raise DataError(f"--labels {self.path} holds labels for another version of task {self.task.name!r} "
+                            "(its aspects or ranges differ): name another labels file")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One immediate transaction, committed (or rolled back) before the caller goes on."""
+        with self._lock:
+            self._con.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> LabelStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # writing: each call one committed transaction
+    def add(self, sample: Sample, values: Mapping[str, float], *, rater: str, session: str,
+            note: str = "", strategy: str | None = None, reason: str | None = None) -> None:
+        """One sample's labels (every aspect rated), committed before this returns."""
+        rater = check_rater(rater)
+        if not values:
+            raise DataError("a label needs a value for at least one aspect")
+        rows = []
+        for key, value in values.items():
+            try:
+                aspect = self.task.aspect(key)
+            except KeyError:
+                raise DataError(f"task {self.task.name} has no aspect {key!r}") from None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not aspect.low <= value <= aspect.high:
+                raise DataError(f"{key} = {value!r} is outside the task's range [{aspect.low:g}, {aspect.high:g}]")
+            rows.append((key, "label", float(value)))
+        self._append(sample, rows, rater, session, note[:MAX_NOTE] or None, strategy, reason)
+
+    def skip(self, sample: Sample, *, rater: str, session: str) -> None:
+        self._append(sample, [("", "skip", None)], check_rater(rater), session, None, None, None)
+
+    def undo(self, *, rater: str, session: str) -> str | None:
+        """Withdraw this rater's latest label that still stands: an undo row per aspect (with the
+        content hash recorded with that label). The sample id, or None when nothing is left."""
+        rater = check_rater(rater)
+        standing = [r for r in self.current().values() if r.rater == rater]
+        if not standing:
+            return None
+        last = max(standing, key=lambda r: r.seq)
+        aspects = [r.aspect for r in standing if r.sample_id == last.sample_id]
+        with self._transaction():
+            self._con.executemany(
+                "INSERT INTO labels (sample_id, content_hash, aspect, action, value, rater, time, session)"
+                " VALUES (?, ?, ?, 'undo', NULL, ?, ?, ?)",
+                [(last.sample_id, last.content_hash, a, rater, _now(), session) for a in aspects])
+        return last.sample_id
+
+    def _append(self, sample: Sample, rows: Sequence[tuple[str, str, float | None]], rater: str, session: str,
+                note: str | None, strategy: str | None, reason: str | None) -> None:
+        h = content_hash(sample)
+        content = json.dumps({"id": sample.id, "doc_id": sample.doc_id, **dict(sample.fields),
+                              **({"system": sample.system} if sample.system is not None else {})},
+                             ensure_ascii=False)
+        time = _now()
+        with self._transaction():
+            self._con.execute("INSERT OR IGNORE INTO samples VALUES (?, ?, ?)", (h, sample.id, content))
+            self._con.executemany(
+                "INSERT INTO labels (sample_id, content_hash, aspect, action, value, rater, time, session, note,"
+                " strategy, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sample.id, h, aspect, action, value, rater, time, session, note, strategy, reason)
+                 for aspect, action, value in rows])
+
+    # reading
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row, oldest first (the raw export)."""
+        with self._lock:
+            cur = self._con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")
+            return [dict(zip(_COLUMNS, r)) for r in cur.fetchall()]
+
+    def current(self) -> dict[tuple[str, str, str], Rating]:
+        """(sample id, aspect, rater) -> its latest label, where that latest row is a label."""
+        return current_ratings(self.rows())
+
+    def skipped(self) -> set[tuple[str, str]]:
+        """(sample id, rater) pairs a rater skipped."""
+        return {(r["sample_id"], r["rater"]) for r in self.rows() if r["action"] == "skip"}
+
+    def changed(self, pool: Iterable[Sample]) -> list[str]:
+        """Ids of pool samples whose labels were given on other content than the pool now holds."""
+        now = {s.id: content_hash(s) for s in pool}
+        return sorted({r.sample_id for r in self.current().values()
+                       if r.sample_id in now and now[r.sample_id] != r.content_hash})
+
+    def contents(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {h: json.loads(c) for h, c in self._con.execute("SELECT content_hash, content FROM samples")}
+
+
+def current_ratings(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Rating]:
+    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for r in rows:
+        if r["action"] in ("label", "undo"):
+            latest[(r["sample_id"], r["aspect"], r["rater"])] = r
+    return {k: Rating(r["sample_id"], r["content_hash"], r["aspect"], r["value"], r["rater"], r["seq"])
+            for k, r in latest.items() if r["action"] == "label"}
+
+
+def check_rater(name: Any) -> str:
+    name = " ".join(str(name or "").split())
+    if not name or len(name) > MAX_RATER:
+        raise DataError(f"a rater name is 1 to {MAX_RATER} characters")
+    return name
+
+
+def new_session() -> str:
+    return uuid.uuid4().hex
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _json_or_none(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+# export
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The task record of a labels file, read without opening it for writing."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such labels file")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise DataError(f"{path} is not an hdeval labels file ({exc})") from None
+    task = _json_or_none(meta.get("task"))
+    if meta.get("format") != str(FORMAT) or not isinstance(task, dict):
+        raise DataError(f"{path} is not an hdeval labels file of format {FORMAT}")
+    return task
+
+
+def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every row and the stored contents, read only."""
+    con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    try:
+        rows = [dict(zip(_COLUMNS, r)) for r in con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")]
+        contents = {h: json.loads(c) for h, c in con.execute("SELECT content_hash, content FROM samples")}
+    finally:
+        con.close()
+    return rows, contents
+
+
+def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """One sample row per labelled content, in the sample format ``train`` reads: the content the
+    raters saw and ``scores``, each aspect's mean over the raters' standing labels (the tie rule
+    for scores), with ``raters`` the number of people behind them."""
+    by_content: dict[str, dict[str, list[float]]] = {}
+    raters: dict[str, set[str]] = {}
+    first: dict[str, int] = {}
+    for r in current_ratings(rows).values():
+        by_content.setdefault(r.content_hash, {}).setdefault(r.aspect, []).append(r.value)
+        raters.setdefault(r.content_hash, set()).add(r.rater)
+        first[r.content_hash] = min(first.get(r.content_hash, r.seq), r.seq)
+    out = []
+    for h in sorted(by_content, key=first.__getitem__):
+        row = dict(contents[h])
+        row["scores"] = {a: statistics.fmean(v) for a, v in sorted(by_content[h].items())}
+        row["raters"] = len(raters[h])
+        out.append(row)
+    return out
+
+
+def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw: bool = False) -> int:
+    """Write ``out`` (JSONL, atomically): the labelled samples, or with ``raw`` every row of the
+    file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""
+    from hdeval.data import write_jsonl
+
+    read_meta(path)
+    out = Path(out)
+    if out.exists() and not force:
+        raise ConfigError(f"-o {out} exists; pass --force to overwrite it")
+    if out.resolve() == Path(path).resolve():
+        raise ConfigError(f"-o {out} is the labels file itself")
+    rows, contents = read_rows(path)
+    lines = rows if raw else labelled_samples(rows, contents)
+    write_jsonl(out, lines)
+    return len(lines)
