@@ -14,13 +14,16 @@ from simjudge import _CRITERION_NAME, _prompt, latents, unit_normal
 
 class SimJudge(FakeBackend):
     """A judge named ``name`` whose layer-1 score reads the latent plus ``noise``; ``noise=None``:
-    pure noise. Deeper criteria read the latent with twice the noise."""
+    pure noise. Deeper criteria read the latent with twice the noise. ``broken``: no reply holds
+    a score."""
 
-    def __init__(self, name: str, noise: float | None, **kw):
+    def __init__(self, name: str, noise: float | None, broken: bool = False, **kw):
         import hdeval.methods.hdeval  # noqa: F401  (registers the fake's decompose responder)
 
-        self.name, self.noise = name, noise
-        super().__init__(logprobs=False, responders={**RESPONDERS, "score": self._reply}, **kw)
+        self.name, self.noise, self.broken = name, noise, broken
+        # broken: a server that does not honour answer constraints, as one asked only by the prompt
+        super().__init__(logprobs=False, responders={**RESPONDERS, "score": self._reply},
+                         honour_constraints=not broken, **kw)
 
     @property
     def identity(self) -> str:
@@ -28,6 +31,8 @@ class SimJudge(FakeBackend):
 
     def _reply(self, request: CompletionRequest, fake) -> Completion:
         prompt = _prompt(request)
+        if self.broken:  # a judge that answers, but nothing a score can be read from
+            return Completion("I cannot help with that.", None, len(prompt) // 4, 6)
         q = latents(prompt)
         m = _CRITERION_NAME.search(prompt)
         crit = m.group(1) if m else ""

@@ -269,3 +269,31 @@ def test_every_judge_spends_from_one_max_calls(tmp_path: Path) -> None:
     with pytest.raises(HdevalError, match="max-calls|budget"):
         _train_jury(tmp_path, judges, max_calls=250)  # the jury needs 3 x 180
     assert 180 <= sum(calls_of(judges).values()) <= 250
+
+
+def test_a_broken_judge_fails_its_cells_as_data_under_the_runs_threshold(tmp_path: Path) -> None:
+    from hdeval.errors import ScoringError
+    from hdeval.run.apply import apply_file
+    from simjury import SimJudge
+
+    ev, task, data = _train_jury(tmp_path, jury(0.5, 1.0), n_docs=20)
+    path = ev.save(tmp_path / "art")
+    new = tmp_path / "new.jsonl"
+    new.write_text("".join(json.dumps(r) + "\n" for r in pointwise_rows(n_docs=3, seed=7)), encoding="utf-8")
+
+    def loaded():
+        out = load_artifact(path)
+        out.judge_backends = {"j1": SimJudge("j1", 0.5), "j2": SimJudge("j2", 1.0, broken=True)}
+        return out
+
+    out = tmp_path / "scored.jsonl"
+    with pytest.raises(ScoringError, match="50%"):
+        apply_file(loaded(), str(new), str(out), max_failure_rate=0.2, llm="fake",
+                   cache_dir=str(tmp_path / "c2"), notify=lambda *a, **k: None)
+    assert not out.exists()
+    apply_file(loaded(), str(new), str(out), max_failure_rate=0.6, llm="fake", cache_dir=str(tmp_path / "c2"),
+               notify=lambda *a, **k: None)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 9
+    assert all({f["criterion"] for f in r["failures"]} == {"j2:clarity", "j2:accuracy"} for r in rows)
+    assert all(r["criteria"]["j1:clarity"] is not None and r["criteria"]["j2:clarity"] is None for r in rows)
