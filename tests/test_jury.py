@@ -297,3 +297,56 @@ def test_a_broken_judge_fails_its_cells_as_data_under_the_runs_threshold(tmp_pat
     assert len(rows) == 9
     assert all({f["criterion"] for f in r["failures"]} == {"j2:clarity", "j2:accuracy"} for r in rows)
     assert all(r["criteria"]["j1:clarity"] is not None and r["criteria"]["j2:clarity"] is None for r in rows)
+
+
+def _weaker(noise: float):
+    from simjudge import pointwise_backend
+
+    base = pointwise_backend(noise=noise)
+
+    class Named(type(base)):
+        @property
+        def identity(self) -> str:
+            return f"simjudge:noise={noise}"
+    return Named(logprobs=False, responders=base.responders)
+
+
+def test_refit_to_a_weaker_judge_reports_the_drop_with_an_interval_below_zero(tmp_path: Path) -> None:
+    from hdeval.config import LLMConfig
+    from hdeval.llm import open_llm
+    from hdeval.methods.hdeval.refit import refit
+
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=60, seed=3))
+    ev = train(task=str(task), data=str(data), backend=_weaker(0.5), layers=1, aggregator="lr",
+               cache_dir=str(tmp_path / "c"))
+    ev = load_artifact(ev.save(tmp_path / "art"))
+    weak = _weaker(1.5)
+    llm = open_llm(LLMConfig("weak", cache_dir=str(tmp_path / "c")), weak)
+    try:
+        new, change = refit(ev, read_task_samples(data, load_task(str(task))), llm, LLMConfig("weak"))
+    finally:
+        llm.close()
+    assert weak.calls == 360  # every labelled row (90 train + 90 held out) on both aspects, no new label
+    assert change["change"] < 0 and change["interval"][1] < 0 and change["verdict"] == "worse"
+    assert change["spearman_before"] == ev.metrics["final"]["average"]["spearman"]
+    reloaded = load_artifact(new.save(tmp_path / "art2"))
+    assert reloaded.metrics["final"]["average"]["spearman"] == change["spearman_after"]
+    assert reloaded.llm_identity == "simjudge:noise=1.5"
+
+
+def test_refit_refuses_a_jury_and_rows_it_cannot_find(tmp_path: Path) -> None:
+    ev, task, data = _train_jury(tmp_path, jury(0.5, 1.0), n_docs=12)
+    jury_art = ev.save(tmp_path / "jury-art")
+    res = CliRunner().invoke(cli, ["refit", str(jury_art), "--llm", "fake", "--data", str(data), "-o",
+                                   str(tmp_path / "out"), "-q"])
+    assert res.exit_code != 0 and "one LLM, no jury" in res.output.strip().splitlines()[-1]
+    single = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
+                   cache_dir=str(tmp_path / "c1"))
+    art = single.save(tmp_path / "art")
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in pointwise_rows(n_docs=4, seed=5)), encoding="utf-8")
+    res = CliRunner().invoke(cli, ["refit", str(art), "--llm", "fake:logprobs=0", "--data", str(other), "-o",
+                                   str(tmp_path / "out"), "-q", "--cache-dir", str(tmp_path / "c1")])
+    last = res.output.strip().splitlines()[-1]
+    assert res.exit_code != 0 and "refit needs every labelled row of the artifact in --data" in last
+    assert not (tmp_path / "out").exists()
