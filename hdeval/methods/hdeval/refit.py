@@ -82,7 +82,7 @@ def _old_features(ev: Any, rows: Sequence[Any]) -> np.ndarray:
 
     table = ev.score_table
     if table is None:
-        table = pd.read_csv(ev.path / "scores.csv")
+        table = pd.read_csv(ev.path / "scores.csv", dtype={"sample_id": str})  # ids are text
     table = table.set_index("sample_id")
     return table.loc[[s.id for s in rows], list(ev.feature_keys)].to_numpy(float)
 
