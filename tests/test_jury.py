@@ -350,3 +350,22 @@ def test_refit_refuses_a_jury_and_rows_it_cannot_find(tmp_path: Path) -> None:
     last = res.output.strip().splitlines()[-1]
     assert res.exit_code != 0 and "refit needs every labelled row of the artifact in --data" in last
     assert not (tmp_path / "out").exists()
+
+
+def test_refit_finds_rows_whose_ids_look_like_numbers(tmp_path: Path) -> None:
+    from hdeval.config import LLMConfig
+    from hdeval.llm import open_llm
+    from hdeval.methods.hdeval.refit import refit
+
+    rows = pointwise_rows(n_docs=12, seed=4)
+    for i, r in enumerate(rows):
+        r["id"] = str(1000 + i)
+    task, data = write_pointwise(tmp_path, rows)
+    ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr", cache_dir=str(tmp_path / "c"))
+    ev = load_artifact(ev.save(tmp_path / "art"))
+    llm = open_llm(LLMConfig("fake:logprobs=0", cache_dir=str(tmp_path / "c")))
+    try:
+        _, change = refit(ev, read_task_samples(data, load_task(str(task))), llm, LLMConfig("fake:logprobs=0"))
+    finally:
+        llm.close()
+    assert change["spearman_before"] == ev.metrics["final"]["average"]["spearman"]
