@@ -8,6 +8,7 @@ import os
 import threading
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
-from sklearn.linear_model import LinearRegression
+from sklearn.linear_model import LinearRegression, RidgeCV
 from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
 from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import Pipeline
@@ -31,10 +32,25 @@ except ImportError:  # pragma: no cover - older scikit-learn: the estimator's ow
     _validate_data = None
 
 from hdeval.errors import ConfigError
-from hdeval.metrics import mean_spearman
+from hdeval.metrics import average_spearman, mean_spearman
 from hdeval.types import Task
 
-KINDS = ("lr", "dt", "rf", "nn")
+KINDS = ("lr", "dt", "rf", "nn")  # the learned models (pairwise HD-Eval's classifiers too)
+# Aggregators with few or no free weights, simplest first: the plain mean of every criterion,
+# each aspect's own layer-1 score (direct), each aspect's subtree mean, linear weights shrunk
+# toward equal ones, non-negative weights, a ridge. Each is a linear map of the criterion
+# scores (a LinearRegression in the artifact), calibrated onto the aspect's scale.
+SIMPLE_KINDS = ("mean", "direct", "aspect_mean", "shrink", "nnls", "ridge")
+# Every candidate of ``auto``, in the order the one-standard-error rule prefers (simplest first).
+CANDIDATES = SIMPLE_KINDS + ("lr", "dt", "nn", "rf")
+# The kinds whose weights are fixed equal ones over some columns: nothing is learned but a scale.
+FIXED_KINDS = ("mean", "direct", "aspect_mean")
+# How much each candidate learns, for the one-standard-error rule: of the candidates within one
+# standard error of the best, the least complex are kept (between equals, the better figure).
+COMPLEXITY = {"mean": 0, "direct": 0, "aspect_mean": 0, "shrink": 1, "nnls": 2, "ridge": 2, "lr": 3,
+              "dt": 4, "nn": 5, "rf": 6}
+# Penalties RidgeCV (efficient leave-one-out on the training rows it is given) chooses among.
+RIDGE_ALPHAS = tuple(np.logspace(-2, 4, 13))
 N_FOLDS = 5
 # The MLP's defaults and the grid ``tune`` searches: the paper's (64, 32) MLP overfits a few
 # hundred rows, so one narrow width, strong penalties and L-BFGS (benchmarks/bench_mlp.py).
@@ -167,7 +183,8 @@ def pipeline(model: Any) -> Pipeline:
 def make_regressor(
     kind: str, random_state: int = 0, alpha: float = NN_ALPHA, hidden_layer_sizes: tuple[int, ...] = NN_HIDDEN
 ) -> Pipeline:
-    if kind == "lr":
+    if kind == "lr" or kind in SIMPLE_KINDS:
+        # the simple kinds are fitted by ``_fit_linear`` into this model's coef_ and intercept_
         model = LinearRegression()
     elif kind == "dt":
         model = DecisionTreeRegressor(random_state=random_state)
@@ -186,7 +203,7 @@ def make_regressor(
             random_state=random_state,
         )
     else:
-        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
+        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(CANDIDATES)} or auto")
     return pipeline(model)
 
 
@@ -204,7 +221,9 @@ class Aggregator(RegressorMixin, BaseEstimator):
     """Maps criterion scores to aspect scores, clipped to each aspect's range: a scikit-learn
     regressor (``clone``, ``cross_val_predict`` and searches over ``kind`` work on it). Without
     ``aspects``/``ranges``/``groups`` it is a plain regressor (outputs ``y0``, ``y1``, ...; no
-    clipping; one model). ``alpha`` and ``hidden_layer_sizes`` are used by ``kind="nn"`` only."""
+    clipping; one model). ``alpha`` and ``hidden_layer_sizes`` are used by ``kind="nn"`` only;
+    ``aspect_columns`` (per aspect, its own column first, then the rest of its subtree's) by
+    ``direct`` and ``aspect_mean`` (without it, or past the columns given, each uses every column)."""
 
     def __init__(
         self,
@@ -215,6 +234,7 @@ class Aggregator(RegressorMixin, BaseEstimator):
         random_state: int = 0,
         alpha: float = NN_ALPHA,
         hidden_layer_sizes: tuple[int, ...] = NN_HIDDEN,
+        aspect_columns: Sequence[Sequence[int]] | None = None,
     ):
         self.kind = kind
         self.aspects = aspects
@@ -223,6 +243,7 @@ class Aggregator(RegressorMixin, BaseEstimator):
         self.random_state = random_state
         self.alpha = alpha
         self.hidden_layer_sizes = hidden_layer_sizes
+        self.aspect_columns = aspect_columns
 
     @classmethod
     def for_task(cls, kind: str, task: Task, random_state: int = 0, **params: Any) -> "Aggregator":
@@ -252,6 +273,13 @@ class Aggregator(RegressorMixin, BaseEstimator):
         est = models[0].named_steps["model"] if models else None
         if isinstance(est, MLPRegressor):
             params = {"alpha": est.alpha, "hidden_layer_sizes": tuple(est.hidden_layer_sizes)}
+        if kind in FIXED_KINDS:  # the columns each aspect's equal weights cover, read back
+            cols: dict[str, list[int]] = {}
+            for g, m in zip(groups, models):
+                coef = np.atleast_2d(m.named_steps["model"].coef_)
+                for j, a in enumerate(g):
+                    cols[a] = [int(i) for i in np.flatnonzero(coef[min(j, len(coef) - 1)])]
+            params["aspect_columns"] = [cols.get(a, []) for a in aspects]
         agg = cls(kind, list(aspects), [tuple(r) for r in ranges], [list(g) for g in groups],
                   random_state, **params)
         agg.models_ = models
@@ -285,6 +313,16 @@ class Aggregator(RegressorMixin, BaseEstimator):
     def _cols(self, group: Sequence[str]) -> list[int]:
         return [self.aspects_.index(a) for a in group]
 
+    def _columns_of(self, aspect: str, n_features: int) -> list[int]:
+        """The columns ``direct`` (the first) and ``aspect_mean`` (all) read for ``aspect``."""
+        every = list(range(n_features))
+        if self.aspect_columns is None or self.kind == "mean":
+            return every
+        cols = [int(c) for c in self.aspect_columns[self.aspects_.index(aspect)] if 0 <= int(c) < n_features]
+        if not cols:
+            return every
+        return cols[:1] if self.kind == "direct" else cols
+
     def fit(self, X: np.ndarray, Y: np.ndarray) -> "Aggregator":
         X, Y = _validate(self, X, Y, reset=True)
         self.single_output_ = Y.ndim == 1
@@ -295,7 +333,10 @@ class Aggregator(RegressorMixin, BaseEstimator):
             for g in self.groups_:
                 y = Y[:, self._cols(g)]
                 model = make_regressor(self.kind, self.random_state, self.alpha, self.hidden_layer_sizes)
-                _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
+                if self.kind in SIMPLE_KINDS:
+                    _fit_linear(self.kind, model, X, y, [self._columns_of(a, X.shape[1]) for a in g])
+                else:
+                    _fit_quietly(model, X, y[:, 0] if y.shape[1] == 1 else y)
                 models.append(model)
         self.models_ = models
         return self
@@ -334,6 +375,60 @@ def used_features(model: Pipeline, n_features: int) -> np.ndarray:
     if hasattr(est, "coef_"):
         return np.any(np.atleast_2d(est.coef_) != 0, axis=0)
     return np.ones(n_features, bool)
+
+
+def _fit_linear(kind: str, model: Pipeline, X: np.ndarray, y: np.ndarray, columns: list[list[int]]) -> None:
+    """Fits a simple kind's pipeline: its imputer and scaler as usual, then weights on the
+    standardised scores written into the final LinearRegression's ``coef_``/``intercept_`` (so
+    apply, SHAP's linear explainer and the artifact see a plain linear model). ``y``: rows x
+    outputs; ``columns``: per output, the columns a fixed kind averages."""
+    Z = model[:-1].fit_transform(X, y)
+    scale = model.named_steps["scale"].scale_
+    n, p = Z.shape
+    coef, icpt = np.zeros((y.shape[1], p)), np.zeros(y.shape[1])
+    for j in range(y.shape[1]):
+        t = y[:, j]
+        if kind in FIXED_KINDS:
+            # equal weights on the raw 1-5 scores of the columns (the plain mean, less a constant),
+            # then the one slope and intercept that put it on the aspect's scale
+            w = np.zeros(p)
+            w[columns[j]] = scale[columns[j]] / len(columns[j])
+            s = Z @ w
+            var = float(np.var(s))
+            slope = float(np.mean((s - s.mean()) * (t - t.mean())) / var) if var > 0 else 0.0
+            coef[j], icpt[j] = slope * w, t.mean() - slope * s.mean()
+        elif kind == "ridge":
+            r = RidgeCV(alphas=RIDGE_ALPHAS).fit(Z, t)
+            coef[j], icpt[j] = r.coef_, r.intercept_
+        elif kind == "nnls":  # a criterion that measures quality should not lower the score
+            r = LinearRegression(positive=True).fit(Z, t)
+            coef[j], icpt[j] = r.coef_, r.intercept_
+        elif kind == "shrink":
+            coef[j], icpt[j] = _shrunk_to_equal(Z, t)
+        else:  # pragma: no cover - callers pass SIMPLE_KINDS only
+            raise ValueError(kind)
+    est = model.named_steps["model"]
+    single = y.shape[1] == 1
+    est.coef_ = coef[0] if single else coef
+    est.intercept_ = float(icpt[0]) if single else icpt
+    est.n_features_in_ = p
+    est.rank_, est.singular_ = p, np.ones(p)
+
+
+def _shrunk_to_equal(Z: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float]:
+    """Linear weights penalised by their distance from equal weights (a ridge on the part of
+    the weights that is not a common level, the penalty chosen by RidgeCV): (weights, intercept)."""
+    Zc, tc = Z - Z.mean(axis=0), t - t.mean()
+    m = Zc.mean(axis=1)  # the equal-weights score
+    mm = float(m @ m)
+    if mm <= 0:
+        return np.zeros(Z.shape[1]), float(t.mean())
+    Zt = Zc - np.outer(m, (m @ Zc) / mm)  # what the equal-weights score does not explain
+    tt = tc - m * float(m @ tc) / mm
+    v = RidgeCV(alphas=RIDGE_ALPHAS, fit_intercept=False).fit(Zt, tt).coef_
+    level = float(m @ (tc - Zc @ v)) / mm
+    w = v + level / Z.shape[1]
+    return w, float(t.mean() - Z.mean(axis=0) @ w)
 
 
 def _fit_quietly(model: Pipeline, X: np.ndarray, y: np.ndarray) -> None:
@@ -432,3 +527,99 @@ def select_cv(
     best = best_of[max(kinds, key=lambda k: (per_kind[k], -list(kinds).index(k)))]
     grid = {_grid_name(p): scores[i] for i, (_, p, _) in enumerate(cands) if p is not None}
     return cands[best][2], per_kind, grid, preds[best]
+
+
+@dataclass
+class CandidateCV:
+    """One candidate aggregator's grouped cross-validation on the training split."""
+
+    kind: str
+    template: Aggregator
+    # mean Spearman (-inf: undefined) of the out-of-fold predictions, each fold's standardised
+    # first: pooling raw folds would mix the folds' calibrations, which for a weak predictor move
+    # its scores as much as what it ranks does; a held-out set is ranked by one model too
+    spearman: float
+    ranked: np.ndarray  # those standardised out-of-fold predictions (rows x aspects)
+    predictions: np.ndarray  # the out-of-fold predictions as they are
+    grid: dict[str, float] = field(default_factory=dict)  # nn: the score per grid point
+
+
+def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    out = np.zeros(pred.shape)
+    for _, va in folds:
+        part = pred[va]
+        sd = part.std(axis=0)
+        out[va] = np.where(sd > 0, (part - part.mean(axis=0)) / np.where(sd > 0, sd, 1), 0.0)
+    return out
+
+
+def cv_candidates(template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
+                  kinds: Sequence[str] = CANDIDATES, n_jobs: int | None = None) -> list[CandidateCV]:
+    """Every kind of ``kinds`` cross-validated on the same grouped folds (nn: its best grid
+    point), in the order given. Every fold of every kind and grid point is one job of one batch."""
+    X, Y = np.asarray(X), np.asarray(Y)
+    cands = []  # (kind, grid point or None, template)
+    for k in kinds:
+        base = template if k == template.kind else clone(template).set_params(kind=k)
+        points = list(ParameterGrid(NN_GRID)) if k == "nn" else [None]
+        cands += [(k, p, base if p is None else clone(base).set_params(**p)) for p in points]
+    preds = _oof_many([t for _, _, t in cands], X, Y, groups, n_jobs)
+    folds = cv_folds(groups, template.random_state)
+    Y2 = Y.reshape(len(Y), -1)
+    out: dict[str, CandidateCV] = {}
+    for (k, p, t), pred in zip(cands, preds):
+        ranked = _per_fold_standardised(pred.reshape(len(pred), -1), folds)
+        score = mean_spearman(Y2, ranked)
+        cand = CandidateCV(k, t, score, ranked, pred)
+        if p is not None:
+            grid = out[k].grid if k in out else {}
+            grid[_grid_name(p)] = score
+            cand.grid = grid
+        if k not in out or score > out[k].spearman:  # ties: the earlier, more regularised point
+            out[k] = cand
+    return [out[k] for k in dict.fromkeys(kinds)]
+
+
+@dataclass(frozen=True)
+class Choice:
+    kept: int  # index of the kept candidate
+    best: int  # index of the candidate with the best cross-validated figure
+    tolerance: float  # the standard error (at least the floor) the kept one was within
+
+
+N_BOOTSTRAP = 200  # document resamples for the standard error of a difference in CV figures
+
+
+def one_standard_error(cands: Sequence[CandidateCV], Y: np.ndarray, groups: Sequence[str], floor: float = 0.0,
+                       random_state: int = 0, n_boot: int = N_BOOTSTRAP,
+                       levels: Sequence[int] | None = None) -> Choice:
+    """The one-standard-error rule: of the candidates whose cross-validated figure is within one
+    standard error (at least ``floor``) of the best one's, the least complex (``levels``; default:
+    each kind's COMPLEXITY), between equals the better figure. The standard error is that of the
+    difference from the best, paired (the same out-of-fold rows), by a bootstrap over the
+    training documents: no model is refitted."""
+    if levels is None:
+        levels = [COMPLEXITY.get(c.kind, len(COMPLEXITY)) for c in cands]
+    scores = [c.spearman if np.isfinite(c.spearman) else -np.inf for c in cands]
+    best = int(np.argmax(scores))
+    if not np.isfinite(scores[best]) or len(cands) == 1:
+        return Choice(best, best, floor)
+    Y2 = np.asarray(Y, float).reshape(len(Y), -1)
+    rows: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        rows.setdefault(g, []).append(i)
+    docs = [np.array(r) for r in rows.values()]
+    rng = np.random.default_rng(random_state)
+    draws = [np.concatenate([docs[j] for j in rng.integers(0, len(docs), len(docs))]) for _ in range(n_boot)]
+    best_b = np.array([average_spearman(Y2[d], cands[best].ranked[d]) for d in draws])
+    within: dict[int, float] = {best: floor}  # candidate -> its tolerance
+    for i, c in enumerate(cands):
+        if i == best or not np.isfinite(scores[i]) or levels[i] > levels[best]:
+            continue
+        diff = best_b - np.array([average_spearman(Y2[d], c.ranked[d]) for d in draws])
+        diff = diff[np.isfinite(diff)]
+        tol = max(float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0, floor)
+        if scores[i] >= scores[best] - tol:
+            within[i] = tol
+    kept = min(within, key=lambda i: (levels[i], -scores[i], i))
+    return Choice(kept, best, within[kept])

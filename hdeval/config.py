@@ -18,6 +18,9 @@ DEFAULT_CONCURRENCY = 8
 MAX_TIMEOUT = 3600.0
 MAX_RETRIES = 100
 MAX_CONCURRENCY = 1024
+# how an OpenAI-compatible server is told a request's answer constraint (hdeval.backends.openai_compat)
+DIALECTS = ("auto", "openai", "llama.cpp", "vllm")
+DIALECT_ENV = "HDEVAL_LLM_DIALECT"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class LLMConfig:
     # send each scoring stage's uncached requests through the OpenAI Batch API (half the price,
     # results within 24 h; OpenAI-compatible backends only): see hdeval.backends.batch
     batch: bool = False
+    # how an OpenAI-compatible server is told a request's answer constraint: "auto" (asks the
+    # server's /models), "openai", "llama.cpp" or "vllm"; None: $HDEVAL_LLM_DIALECT, else "auto"
+    dialect: str | None = None
 
     @classmethod
     def from_options(cls, **options: Any) -> "LLMConfig":
@@ -60,6 +66,8 @@ class LLMConfig:
             (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
             (self.max_retries <= MAX_RETRIES, f"--max-retries must be at most {MAX_RETRIES}, got {self.max_retries}"),
             (self.max_calls is None or self.max_calls >= 0, f"--max-calls must be 0 or more, got {self.max_calls}"),
+            (self.dialect in (None, *DIALECTS),
+             f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}"),
         ]
         for ok, msg in checks:
             if not ok:

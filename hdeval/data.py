@@ -45,12 +45,13 @@ MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
 
 
 def data_candidates(task: Task) -> list[Path]:
-    """Where a task's file is looked for, in order: beside the task's .toml file (a user's
-    task, see :func:`hdeval.tasks.load_task`), then in HDEVAL_DATA_DIR, then the per-user dir."""
+    """Where a task's file is looked for, in order: at its ``data_file`` from the task's .toml
+    file's folder (a user's task, see :func:`hdeval.tasks.load_task`), then by its name in
+    HDEVAL_DATA_DIR, then in the per-user dir."""
     out = []
     name = Path(task.data_file).name
-    if task.source_dir:
-        out.append(Path(task.source_dir) / name)
+    if task.source_dir:  # a task file's data_file may be a relative path from its folder
+        out.append(Path(os.path.normpath(Path(task.source_dir) / task.data_file)))
     env = os.environ.get("HDEVAL_DATA_DIR")
     if env:
         out.append(Path(env) / name)
@@ -126,9 +127,82 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
             return (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
                     f"pass --aspects {','.join(have)}" if unscored and have else "")
 
-    shown: list[str] = []  # the first MAX_REPORTED_ERRORS bad lines; all are counted
+    problems: dict[str, list[int]] = {}  # each distinct problem -> [lines it is on, the first three of them]
     n_bad = n_rows = 0
     seen = DictIds() if seen is None else seen
+    fmt = table_format(path)
+    unit = "row" if fmt in ("json", "parquet") else "line"
+    mapped = fmt is not None or bool(task.columns)
+    derived: dict[str, int] = {}  # content ids handed out: a repeat of the same texts gets -2, -3, ...
+    rows = _jsonl_rows(path) if fmt is None else _table_rows(path, fmt)
+    for lineno, problem, item in rows:
+        if item is not None:
+            if mapped:
+                item = map_columns(item, task, derived)
+            if match is not None and not match(item):
+                continue
+            if keep is not None and not _no_id(item.get("id")) and _id_type(item["id"]) \
+                    and not keep(str(item["id"])):
+                n_rows += 1  # another shard's, so the file is not empty (a row with no id is everyone's)
+                continue
+            where = _lone_surrogate(item)
+            problem, item = parse(item, lineno) if where is None else (
+                f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
+                "pair), which is not text", None)
+            if problem is None and item is None:
+                continue
+            first = None if problem else seen.first_line(item.id, lineno)
+            if first is not None:
+                problem = f"id {item.id!r} already used on {unit} {first}"
+        if problem:
+            n_bad += 1
+            if problem in problems or len(problems) < MAX_REPORTED_ERRORS:
+                on = problems.setdefault(problem, [0])
+                on[0] += 1
+                on.extend([lineno] if len(on) < 4 else [])
+            continue
+        n_rows += 1
+        if not n_bad:
+            yield item
+    if n_bad:
+        shown = sum(on[0] for on in problems.values())
+        more = f" (and {n_bad - shown} more)" if n_bad > shown else ""
+        raise DataError(f"{path}: {n_bad} bad {unit}(s): {hint().lstrip('; ')}{'; ' if hint() else ''}"
+                        + "; ".join(_on_lines(unit, p, on[0], on[1:]) for p, on in problems.items()) + more)
+    if not n_rows:
+        raise DataError(f"{path}: no {what}")
+
+
+def _on_lines(unit: str, problem: str, count: int, first: list[int]) -> str:
+    """``line 3: PROBLEM``, or for a problem on many lines ``lines 1, 2, 5 and 17 more: PROBLEM``."""
+    if count == 1:
+        return f"{unit} {first[0]}: {problem}"
+    head = ", ".join(map(str, first)) + (f" and {count - len(first)} more" if count > len(first) else "")
+    return f"{unit}s {head}: {problem}"
+
+
+#: data files read as tables (one column per field) by their extension; any other name is JSONL
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".parquet": "parquet"}
+
+
+def table_format(path: str | Path) -> str | None:
+    """``csv``, ``tsv``, ``json`` (a list of objects) or ``parquet`` by the extension; None: JSONL."""
+    return TABLE_FORMATS.get(Path(path).suffix.lower())
+
+
+def data_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line or row number, values by column) of each row of a data file as it is, before any
+    column mapping (``hdeval init`` reads a file's columns so); the first bad row raises."""
+    path = Path(path)
+    fmt = table_format(path)
+    for lineno, problem, values in _jsonl_rows(path) if fmt is None else _table_rows(path, fmt):
+        if problem or values is None:
+            raise DataError(f"{path}: {'row' if fmt in ('json', 'parquet') else 'line'} {lineno}: {problem}")
+        yield lineno, values
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, str | None, dict | None]]:
+    """(line number, problem, the line's JSON object) of each non-blank line of a JSONL file."""
     try:
         # Invalid bytes become lone surrogates (U+DC80-U+DCFF) so each is reported with its
         # line; newline="" keeps line ends as they are, so byte offsets stay exact.
@@ -146,35 +220,133 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
             if not line.strip():
                 continue
             problem, item = parse_json_line(line, start)
-            if item is not None:
-                if match is not None and not match(item):
-                    continue
-                if keep is not None and not _no_id(item.get("id")) and _id_type(item["id"]) \
-                        and not keep(str(item["id"])):
-                    n_rows += 1  # another shard's, so the file is not empty (a row with no id is everyone's)
-                    continue
-                where = _lone_surrogate(item)
-                problem, item = parse(item, lineno) if where is None else (
-                    f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
-                    "pair), which is not text", None)
-                if problem is None and item is None:
-                    continue
-                first = None if problem else seen.first_line(item.id, lineno)
-                if first is not None:
-                    problem = f"id {item.id!r} already used on line {first}"
-            if problem:
-                n_bad += 1
-                if len(shown) < MAX_REPORTED_ERRORS:
-                    shown.append(f"line {lineno}: {problem}")
-                continue
-            n_rows += 1
-            if not n_bad:
-                yield item
-    if n_bad:
-        more = f" (and {n_bad - len(shown)} more)" if n_bad > len(shown) else ""
-        raise DataError(f"{path}: {n_bad} bad line(s): " + "; ".join(shown) + more + hint())
-    if not n_rows:
-        raise DataError(f"{path}: no {what}")
+            yield lineno, problem, item
+
+
+def _table_rows(path: Path, fmt: str) -> Iterator[tuple[int, str | None, dict | None]]:
+    """(line (CSV/TSV) or row (JSON, parquet) number, problem, the row's values by column)."""
+    if fmt in ("csv", "tsv"):
+        import csv
+
+        try:
+            fh = path.open("r", encoding="utf-8-sig", newline="")  # spreadsheets put a BOM in front
+        except OSError as exc:
+            raise DataError(f"cannot open data file {path}: {exc}") from exc
+        with fh:
+            reader = csv.reader(fh, delimiter="\t" if fmt == "tsv" else ",")
+            try:
+                header = [h.strip() for h in next(reader, None) or []]
+                if not header:
+                    raise DataError(f"{path}: empty file (no header row)")
+                dups = sorted({h for h in header if header.count(h) > 1})
+                if dups:
+                    raise DataError(f"{path}: header names column(s) {', '.join(map(repr, dups))} twice")
+                start = reader.line_num + 1
+                for cells in reader:
+                    line, start = start, reader.line_num + 1
+                    if not any(c.strip() for c in cells):
+                        continue  # a blank line
+                    if len(cells) != len(header):
+                        yield line, f"{len(cells)} cells, the header has {len(header)}", None
+                        continue
+                    yield line, None, {h: c for h, c in zip(header, cells) if c.strip()}
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: not UTF-8 text (byte {exc.start} of a block near line "
+                                f"{reader.line_num + 1})") from None
+            except csv.Error as exc:
+                raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
+        return
+    if fmt == "parquet":
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow (or give CSV, TSV, JSON or JSONL)")
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: cannot read it as parquet ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+        records = frame.to_dict("records")
+    else:
+        try:
+            if path.stat().st_size > MAX_LINE_BYTES * 8:
+                raise DataError(f"{path}: larger than {MAX_LINE_BYTES * 8:,} bytes: a JSON list is read whole; "
+                                "write it as JSONL (one object per line), which is read a line at a time")
+            records = json.loads(path.read_bytes().decode("utf-8-sig"))
+        except OSError as exc:
+            raise DataError(f"cannot read data file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        except RecursionError:
+            raise DataError(f"{path}: not usable JSON (nested too deeply)") from None
+        except ValueError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc}); for one object per line name it .jsonl") from None
+        if not isinstance(records, list):
+            raise DataError(f"{path}: expected a JSON list of objects; for one object per line name it .jsonl")
+    for n, values in enumerate(records, 1):
+        if not isinstance(values, dict):
+            yield n, "not a JSON object", None
+            continue
+        yield n, None, {k: v for k, v in values.items() if not _missing(v)}
+
+
+def _missing(value: Any) -> bool:
+    """An empty cell: None, NaN (pandas' empty parquet cell) or blank text."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (
+        isinstance(value, str) and not value.strip())
+
+
+def content_id(task: str, texts: Mapping[str, Any], derived: dict[str, int]) -> str:
+    """An id from a row's texts, the same for the same texts whatever file or position they are in
+    (a new file's rows never take a training row's id unless they are that row); ``derived``
+    counts what was handed out, so a repeat of the same texts gets ``-2``, ``-3``, ..."""
+    import hashlib
+
+    key = "\x00".join(f"{k}={texts.get(k) or ''}" for k in (
+        "source", "context", "output", "reference", "output_a", "output_b"))
+    sid = f"{task}-{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+    derived[sid] = derived.get(sid, 0) + 1
+    return sid if derived[sid] == 1 else f"{sid}-{derived[sid]}"
+
+
+def map_columns(values: Mapping[str, Any], task: Task, derived: dict[str, int]) -> dict:
+    """A row of a user's table (or JSONL in their own layout) as a row of hdeval's sample schema,
+    through the task's ``[columns]`` (a field's own name when it maps none or the row lacks the
+    mapped column, so a file already in hdeval's schema reads as well): texts, ``id`` (else
+    :func:`content_id`), ``doc_id`` (else a hash of the source, so outputs of one source stay on
+    one side of a split), ``system`` and ``scores`` (a number given as text becomes a number)."""
+    import hashlib
+
+    cols = dict(task.columns)
+
+    def get(key: str) -> Any:
+        col = cols.get(key, key)
+        return values[col] if col in values else values.get(key)
+
+    row = dict(values)
+    for key in ("source", "context", "output", "reference"):
+        row[key] = get(key)
+    for key in ("id", "doc_id", "system"):
+        value = get(key)
+        row[key] = str(value).strip() if isinstance(value, (int, float, str)) and not isinstance(value, bool) else value
+    scores = dict(values["scores"]) if isinstance(values.get("scores"), dict) else {}
+    for aspect in task.aspect_keys:
+        col = cols.get(f"scores.{aspect}", aspect)
+        value = values.get(col, values.get(aspect, scores.get(aspect)))
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = float(value.strip())
+        if value is not None:
+            scores[aspect] = value
+    row["scores"] = scores
+    if _no_id(row["id"]):
+        row["id"] = content_id(task.name, row, derived)
+    if _no_id(row["doc_id"]):
+        source = row["source"] if isinstance(row["source"], str) else None
+        row["doc_id"] = "src-" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16] \
+            if source else row["id"]
+    return row
 
 
 def _matches(row: Mapping[str, Any], where: Sequence[tuple[str, Sequence[Any]]]) -> bool:

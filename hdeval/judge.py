@@ -53,6 +53,7 @@ def fill_matrix(
     rows: Sequence[str] | None = None,
     cols: Sequence[str] | None = None,
     window: int | None = None,
+    retry: Callable[[CompletionRequest, Completion], CompletionRequest | None] | None = None,
 ) -> ScoreMatrix:
     """Run every cell's requests (in cell order: put one sample's cells together so a local model
     reuses the prompt prefix) and parse them into a matrix, rows and columns in the order they
@@ -62,6 +63,8 @@ def fill_matrix(
     errors about the whole run are raised. With ``window`` (and ``rows``/``cols``), cells are
     built as they are consumed, at most ``window`` at a time, so memory does not grow with the
     stage; one window when the client has a batch strategy (one job per stage) or no store.
+    ``retry``: for a reply that asks for it (a JSON reply cut short), the request to ask once
+    more instead (with more room); its reply is the one parsed.
     """
     if rows is None or cols is None:
         cells = list(cells)
@@ -81,7 +84,15 @@ def fill_matrix(
             windows = iter(lambda: list(itertools.islice(it, size)), [])
         for chunk in windows:
             flat = [r for c in chunk for r in c.requests]
-            replies = iter(client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency))
+            got_all = client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency)
+            if retry is not None:
+                again = {i: r for i, (req, c) in enumerate(zip(flat, got_all))
+                         if isinstance(c, Completion) and (r := retry(req, c)) is not None}
+                if again:
+                    redo = client.complete_many(list(again.values()), keep_rejected=True, concurrency=concurrency)
+                    for i, c in zip(again, redo):
+                        got_all[i] = c
+            replies = iter(got_all)
             for c in chunk:
                 got = list(itertools.islice(replies, len(c.requests)))
                 refused = next((g for g in got if isinstance(g, RequestRejected)), None)
@@ -117,15 +128,16 @@ def _client(llm: Backend) -> ContextManager[CachedBackend]:
 
 def label_probability(completion: Completion, target: str, other: str) -> tuple[float, str | None]:
     """P(``target``) normalised over the two label words, from the first generated token (" A" is
-    "A"). Without logprobs for either, the text decides: 1.0 when it starts with (or only names)
-    ``target``, 0.0 for ``other``; naming neither, or both with no way to tell, is a failure."""
+    "A"), when both are among its alternatives: one missing has a probability nobody reported
+    (not 0), so the text decides, as it does without logprobs: 1.0 when it starts with (or only
+    names) ``target``, 0.0 for ``other``; naming neither, or both with no way to tell, is a failure."""
     if completion.top_logprobs:
         mass = {target: 0.0, other: 0.0}
         for alt in completion.top_logprobs[0]:
             lp = alt.logprob
             if alt.token.strip() in mass and isinstance(lp, (int, float)) and not math.isnan(lp):
                 mass[alt.token.strip()] += math.exp(min(0.0, lp))  # a logprob above 0 is a server error
-        if mass[target] + mass[other] > 0:
+        if mass[target] > 0 and mass[other] > 0:
             return mass[target] / (mass[target] + mass[other]), None
     text = (completion.text if isinstance(completion.text, str) else "").strip()[:2000]
     # "yes" is "Yes", but a lone "a" is an article, not the label "A"

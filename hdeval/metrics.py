@@ -102,11 +102,36 @@ def streamed_correlations(column: Callable[[str], np.ndarray]) -> dict[str, floa
     return out
 
 
+def undefined_why(y: Any, p: Any, min_n: int = 3) -> str | None:
+    """Why :func:`correlation` of ``y`` and ``p`` is undefined (one line), or None when it is not."""
+    y, p = np.asarray(y, float).ravel(), np.asarray(p, float).ravel()
+    ok = np.isfinite(y) & np.isfinite(p)
+    if ok.sum() < min_n:
+        return f"{int(ok.sum())} samples with both a human and a predicted score (at least {min_n} needed)"
+    if np.ptp(p[ok]) == 0:
+        return f"every prediction is {float(p[ok][0]):g}"
+    if np.ptp(y[ok]) == 0:
+        return f"every human score is {float(y[ok][0]):g}"
+    return None
+
+
+def why_null(table: Mapping[str, Any]) -> str:
+    """For a line of figures: " (null: <aspect>: <why>; ...)" naming why an aspect's figures are
+    null in a :func:`metric_table`, or "" when none is."""
+    whys = [f"{a}: {row['why']}" for a, row in table.items() if isinstance(row, Mapping) and row.get("why")]
+    return f" (null: {'; '.join(whys[:3])}{'; ...' if len(whys) > 3 else ''})" if whys else ""
+
+
 def metric_table(
     y_true: np.ndarray, y_pred: np.ndarray, aspects: Sequence[str]
-) -> dict[str, dict[str, float | None]]:
-    """Per-aspect correlations plus their ``average`` (over aspects where defined)."""
-    table = {a: correlations(y_true[:, j], y_pred[:, j]) for j, a in enumerate(aspects)}
+) -> dict[str, dict[str, Any]]:
+    """Per-aspect correlations plus their ``average`` (over aspects where defined); an aspect whose
+    correlations are undefined says why under ``why``."""
+    table: dict[str, dict[str, Any]] = {}
+    for j, a in enumerate(aspects):
+        row: dict[str, Any] = correlations(y_true[:, j], y_pred[:, j])
+        why = undefined_why(y_true[:, j], y_pred[:, j]) if any(v is None for v in row.values()) else None
+        table[a] = {**row, "why": why} if why else row
     table["average"] = average(table)
     return table
 

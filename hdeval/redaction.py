@@ -18,6 +18,10 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 MASK = "***"
 MIN_SECRET = 4  # shorter values (a user name "a", a query "v=1") are not secrets worth garbling text for
 MIN_BASE64 = 6  # a base64 core shorter than this would match ordinary words
+# A form shorter than this may be a word or a part of one (a key "test" or "EMPTY", as local
+# servers are given): it is masked only as a whole token, so paths and words holding it stay whole.
+WHOLE_TOKEN_BELOW = 12
+_WORD = "A-Za-z0-9_"
 KEY_ENV = ("OPENAI_API_KEY", "AZURE_OPENAI_API_KEY")
 PLACEHOLDERS = frozenset({"not-needed", "unused"})  # keys hdeval sends when there is none
 
@@ -90,6 +94,10 @@ class Redactor:
             forms |= secret_forms(secret)
         # longest first: a key's repr contains the key, a Basic core contains a user's part
         self.forms = tuple(sorted((f for f in forms if f), key=len, reverse=True))
+        self._long = tuple(f for f in self.forms if len(f) >= WHOLE_TOKEN_BELOW)
+        self._shorts = tuple(f for f in self.forms if len(f) < WHOLE_TOKEN_BELOW)
+        alternatives = "|".join(map(re.escape, self._shorts))
+        self._short = re.compile(f"(?:(?<![{_WORD}])|(?<=%[0-9A-Fa-f]{{2}}))(?:{alternatives})(?![{_WORD}])")
 
     @classmethod
     def from_env(cls, url: str | None = None) -> Redactor:
@@ -100,9 +108,11 @@ class Redactor:
         return bool(self.forms)
 
     def __call__(self, text: str) -> str:
-        for f in self.forms:
+        for f in self._long:
             if f in text:
                 text = text.replace(f, MASK)
+        if any(f in text for f in self._shorts):  # a plain search first: the pattern is slower
+            text = self._short.sub(MASK, text)
         return text
 
     def json(self, value: Any) -> Any:

@@ -249,9 +249,10 @@ def read_request_file(path: str | Path, models: dict[str, str] | None = None) ->
 
 def same_model(asked: str, answered: str) -> bool:
     """Whether a reply's ``model`` is the model asked for: the same name, or that name with a
-    version after ``-`` or ``:`` (OpenAI answers ``gpt-4o`` as ``gpt-4o-2024-08-06``, Ollama
-    ``llama3`` as ``llama3:latest``)."""
-    return answered == asked or answered.startswith((asked + "-", asked + ":"))
+    version after ``-`` or ``:``, digits or ``latest`` (OpenAI answers ``gpt-4o`` as
+    ``gpt-4o-2024-08-06``, Ollama ``llama3`` as ``llama3:latest``); never another model whose
+    name only starts with it (``gpt-4o-mini``, ``llama3:70b``)."""
+    return answered == asked or re.fullmatch(rf"{re.escape(asked)}[-:](?:latest|\d[\d.-]*)", answered) is not None
 
 
 @dataclass

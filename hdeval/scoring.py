@@ -38,27 +38,40 @@ def scoring_request(
 
 def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple[float, str | None]:
     """A score in ``scale`` or (NaN, reason): with logprobs, the probability-weighted mean over the
-    digit tokens at the first position that offers digits (as G-Eval does); else from the text."""
+    digit tokens offered where the score's digit was generated (as G-Eval does), when that digit
+    is the likeliest of them and the tokens up to it spell the text's start; else from the text
+    (a server may report probabilities from before its constraint, or for tokens it stripped)."""
     low, high = scale
     text = completion.text if isinstance(completion.text, str) else ""
-    if completion.top_logprobs:
-        for position in completion.top_logprobs:
-            mass = 0.0
-            total = 0.0
-            for alt in position:
-                tok = alt.token.strip() if isinstance(alt.token, str) else ""
-                if not _DIGITS.fullmatch(tok) or not low <= int(tok) <= high:
-                    continue
-                lp = alt.logprob
-                if not isinstance(lp, (int, float)) or math.isnan(lp) or lp > 1e-6:
-                    return math.nan, f"unreadable logprob {lp!r} for token {tok!r} in reply: {_clip(text)}"
-                p = math.exp(max(min(lp, 0.0), -1e4))
-                mass += p
-                total += p * int(tok)
-            if mass >= _MIN_DIGIT_MASS:
-                return total / mass, None
-            if any(isinstance(alt.token, str) and alt.token.strip() for alt in position):
-                break  # the first real token is not a digit: fall back to the text
+    spelled = ""
+    for position in completion.top_logprobs or ():
+        if not position or not isinstance(position[0].token, str):
+            break
+        generated = position[0].token
+        spelled += generated
+        if not generated.strip():
+            continue  # a space before the score
+        if not text.startswith(spelled) or not _DIGITS.fullmatch(generated.strip()) \
+                or not low <= int(generated.strip()) <= high:
+            break  # the score's token is not this one: the text says it
+        mass = total = 0.0
+        best = -math.inf
+        for alt in position:
+            tok = alt.token.strip() if isinstance(alt.token, str) else ""
+            if not _DIGITS.fullmatch(tok) or not low <= int(tok) <= high:
+                continue
+            lp = alt.logprob
+            if not isinstance(lp, (int, float)) or math.isnan(lp) or lp > 1e-6:
+                return math.nan, f"unreadable logprob {lp!r} for token {tok!r} in reply: {_clip(text)}"
+            p = math.exp(max(min(lp, 0.0), -1e4))
+            best = max(best, lp)
+            mass += p
+            total += p * int(tok)
+        # greedy decoding picks the likeliest allowed digit: another one likelier means these
+        # probabilities are not the ones the digit was chosen from
+        if mass >= _MIN_DIGIT_MASS and position[0].logprob >= best - 1e-6:
+            return total / mass, None
+        break
     return _text_score(text, low, high)
 
 

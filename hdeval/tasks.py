@@ -22,8 +22,10 @@ from hdeval.types import Aspect, Task, TaskField
 SAMPLE_FIELDS = ("source", "context", "output", "reference")
 _TOP_KEYS = {
     "name", "description", "output_label", "data_file", "fields", "aspects", "shape", "where", "skip_empty",
-    "own_regressor", "presets",
+    "own_regressor", "presets", "columns",
 }
+#: what a task's ``[columns]`` table may map (as ``hdeval data import``'s ``--*-col`` options)
+COLUMN_KEYS = (*SAMPLE_FIELDS, "id", "doc_id", "system")
 SHAPES = ("pointwise", "pairwise")
 MAX_NAME = 100
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
@@ -111,9 +113,11 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         raise ConfigError(f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
                           "'.' or '-', starting with a letter, digit or '_' (it names files and directories)")
     data_file = text(raw, "data_file", "the task", required=False) or f"{name}.jsonl"
-    if not _NAME.fullmatch(data_file):
-        raise ConfigError(f"{where}: data_file {data_file!r} must be a plain file name (no directory part), "
-                          "looked up in HDEVAL_DATA_DIR and the user data dir")
+    *folders, base = data_file.split("/")
+    if not _NAME.fullmatch(base) or not all(_NAME.fullmatch(f) or f == ".." for f in folders):
+        raise ConfigError(f"{where}: data_file {data_file!r} must be a file name, or a relative path with '/' "
+                          "from the task file's folder (looked up there, then by its name in HDEVAL_DATA_DIR "
+                          "and the user data dir)")
     fields = []
     for i, f in enumerate(tables("fields", {"key", "label"}), 1):
         key = text(f, "key", f"fields #{i}")
@@ -155,10 +159,43 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     keys = [a.key for a in aspects]
     own = _aspect_list(raw.get("own_regressor", []), keys, f"{where}: own_regressor", empty_ok=True)
     presets = parse_presets(raw.get("presets"), keys, where)
+    columns = parse_columns(raw.get("columns"), keys, where)
+    if columns and shape != "pointwise":
+        raise ConfigError(f"{where}: 'columns' is supported for pointwise tasks only")
     return Task(name=name, description=text(raw, "description", "the task"),
                 output_label=text(raw, "output_label", "the task", required=False) or "Output",
                 fields=tuple(fields), aspects=tuple(aspects), data_file=data_file, shape=shape,
-                where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets)
+                where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets, columns=columns)
+
+
+def parse_columns(raw: Any, aspects: list[str], where: str) -> tuple[tuple[str, str], ...]:
+    """The ``[columns]`` table: ``source = "question"``, ..., ``scores = {clarity = "clear"}``:
+    which column of the data file feeds which field (the field's own name when not given)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: 'columns' must be a table ([columns]), got {_kind(raw)}")
+    out: list[tuple[str, str]] = []
+
+    def column(value: Any, ctx: str) -> str:
+        if not isinstance(value, str) or not value.strip() or "\x00" in value:
+            raise ConfigError(f"{where}: columns: {ctx} must name a column (non-empty text), got {value!r}")
+        return value
+
+    for key, value in raw.items():
+        if key == "scores":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: columns.scores must be a table of ASPECT = \"COLUMN\", got {_kind(value)}")
+            for aspect, col in value.items():
+                if aspect not in aspects:
+                    raise ConfigError(f"{where}: columns.scores: the task has no aspect {aspect!r} "
+                                      f"(aspects: {', '.join(aspects)})")
+                out.append((f"scores.{aspect}", column(col, f"scores.{aspect}")))
+        elif key in COLUMN_KEYS:
+            out.append((key, column(value, key)))
+        else:
+            raise ConfigError(f"{where}: columns: unknown key {key!r} (keys: {', '.join(COLUMN_KEYS)}, scores)")
+    return tuple(out)
 
 
 def _control(c: str) -> bool:

@@ -67,6 +67,11 @@ class Task:
     #: the task file's ``[presets.NAME]`` tables: (name, aspects, own_regressor); see
     #: hdeval.tasks.apply_preset. What a run selected is recorded, the menu is not.
     presets: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = field(default=(), compare=False)
+    #: the task file's ``[columns]`` table: which column of its data file feeds which sample field
+    #: (``("source", "question")``; a score as ``("scores.clarity", "clear")``), as ``hdeval data
+    #: import``'s ``--*-col`` options; see hdeval.data.map_columns. Recorded in artifacts, so
+    #: ``apply`` reads new files of the same layout.
+    columns: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def aspect(self, key: str) -> Aspect:
         for a in self.aspects:
@@ -88,8 +93,20 @@ class Task:
         # Only non-default keys, so manifests of pointwise tasks stay byte-identical.
         optional = {"shape": self.shape != "pointwise" and self.shape,
                     "where": {k: list(v) if len(v) > 1 else v[0] for k, v in self.where},
-                    "skip_empty": self.skip_empty, "own_regressor": list(self.own_regressor)}
+                    "skip_empty": self.skip_empty, "own_regressor": list(self.own_regressor),
+                    "columns": _columns_table(self.columns)}
         return {**d, **{k: v for k, v in optional.items() if v}}
+
+
+def _columns_table(columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A task's column mapping as its task file writes it: ``{"source": "q", "scores": {"clarity": "c"}}``."""
+    out: dict[str, Any] = {}
+    for key, column in columns:
+        if key.startswith("scores."):
+            out.setdefault("scores", {})[key[len("scores."):]] = column
+        else:
+            out[key] = column
+    return out
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,9 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("HDEVAL_LLM", raising=False)
     monkeypatch.delenv("HDEVAL_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    # the test servers speak plain OpenAI and count their requests: no /models question first
+    # (the tests of the dialects set it)
+    monkeypatch.setenv("HDEVAL_LLM_DIALECT", "openai")
     # `train` on a built-in task with no data would download it: tests never reach the network.
     monkeypatch.setenv("HDEVAL_OFFLINE", "1")
 

@@ -2,7 +2,9 @@
 
 Each synthetic sample carries a hidden latent quality in its text (``[[q=...]]``); humans rate
 the latent plus their own noise, and the simulated judge reads the latent plus noise we choose:
-per criterion, a halo shared by all criteria of one sample, and criteria that are pure noise.
+per criterion, a halo shared by all criteria of one sample, a misreading shared by the criteria
+of one aspect (for one sample), and criteria that are pure noise. ``real_rows`` puts a real data
+set's human scores in the text instead (``[[<aspect name>=...]]``), one latent per aspect.
 The fake LLM's numbers mean nothing; these mean exactly what we built into them.
 """
 
@@ -22,6 +24,7 @@ from hdeval.backends.fake import RESPONDERS, FakeBackend
 from conftest import TOY_TASK as _TOY_TASK
 
 _LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
+_ASPECT_LATENT = re.compile(r"\[\[([^=\]\[]+)=(-?[0-9.]+)\]\]")
 
 
 def unit_normal(*parts: str) -> float:
@@ -65,10 +68,12 @@ def write_pairs(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False) -> FakeBackend:
-    """A DnA judge: each aspect score is the response's latent plus noise, rounded to 1-10, and
-    written in ``fmt`` (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a
-    request carrying a JSON schema is answered with ``{"score_a": .., "score_b": ..}``."""
+def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = False,
+                 first_bonus: float = 0.0) -> FakeBackend:
+    """A DnA judge: each aspect score is the response's latent plus noise (plus ``first_bonus``
+    for the response shown first: a position bias), rounded to 1-10, and written in ``fmt``
+    (``"R1: {a}; R2: {b}"``, ``"{a} {b}"``, ...). With ``json_replies``, a request carrying a JSON
+    schema is answered with ``{"score_a": .., "score_b": ..}``."""
 
     def scores(request: CompletionRequest) -> tuple[int, int]:
         prompt = _prompt(request)
@@ -78,7 +83,7 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
         a_first = prompt.find("Answer one") < prompt.find("Answer two")
         first, second = (q[0], q[1]) if len(q) >= 2 else (5.0, 5.0)
         out = []
-        for side, lat in (("1", first), ("2", second)):
+        for side, lat in (("1", first + first_bonus), ("2", second)):
             v = lat + noise * unit_normal(key, side, prompt[-400:], str(a_first))
             out.append(int(min(10, max(1, round(v)))))
         return out[0], out[1]
@@ -125,28 +130,58 @@ def criterion_depth(name: str) -> int:
 
 
 def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
-                      noise_criteria: tuple[str, ...] = ()) -> FakeBackend:
+                      noise_criteria: tuple[str, ...] = (), misreading: float = 0.0) -> FakeBackend:
     """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
-    criterion of the sample plus its own noise. Deeper criteria are pure noise (the judge's
-    deeper questions carry no signal) unless ``deep_signal``; a criterion whose name ends in
-    one of ``noise_criteria`` is pure noise at any depth."""
+    criterion of the sample, a ``misreading`` shared by every criterion of the same aspect (the
+    first part of its name) on the sample, and its own noise. Deeper criteria are pure noise
+    (the judge's deeper questions carry no signal) unless ``deep_signal``; a criterion whose name
+    ends in one of ``noise_criteria`` is pure noise at any depth. A sample that carries one
+    latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's."""
 
     def reply(request: CompletionRequest, fake) -> Completion:
         prompt = _prompt(request)
-        q = latents(prompt)
         m = _CRITERION_NAME.search(prompt)
         name = m.group(1) if m else ""
         sample = prompt[prompt.rfind("<sample>\n"):]  # the system text names the tags too
         sample = sample[:sample.find("</sample>")]
+        aspect = name.split(":")[0].strip()
+        per_aspect = dict(_ASPECT_LATENT.findall(sample))
+        q = [float(per_aspect[aspect])] if aspect in per_aspect else latents(prompt)
         informative = (criterion_depth(name) == 1 or deep_signal) and not any(
             name.lower().endswith(n) for n in noise_criteria)
         if informative and q:
-            v = q[0] + halo * unit_normal("halo", sample) + noise * unit_normal("crit", name, sample)
+            v = (q[0] + halo * unit_normal("halo", sample) + misreading * unit_normal("misread", aspect, sample)
+                 + noise * unit_normal("crit", name, sample))
         else:
             v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
         return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)
 
     return FakeBackend(logprobs=False, responders={**RESPONDERS, "score": reply})
+
+
+#: The realistic judge of issue #40: a halo (0.8) shared by all criteria of a sample, a
+#: misreading (2.0) shared by the criteria of one aspect, criterion noise 0.7. On SFHOT its
+#: direct scores' held-out Spearman is about .3.
+REALISTIC = {"noise": 0.7, "halo": 0.8, "misreading": 2.0, "deep_signal": True}
+
+
+def real_rows(path: Path, task, n_docs: int | None = None, seed: int = 0) -> list[dict]:
+    """A real data set's rows (``n_docs`` of its documents, drawn with ``seed``; all when None)
+    with each aspect's human score written into the output as ``[[<aspect name>=<latent>]]``,
+    the latent being the score mapped from the aspect's range onto 1-5."""
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    docs = sorted({r["doc_id"] for r in rows})
+    if n_docs is not None:
+        keep = set(np.random.default_rng(seed).choice(docs, size=min(n_docs, len(docs)), replace=False))
+        rows = [r for r in rows if r["doc_id"] in keep]
+    out = []
+    for r in rows:
+        tags = []
+        for a in task.aspects:
+            lo, hi = a.range
+            tags.append(f"[[{a.name}={1 + 4 * (r['scores'][a.key] - lo) / (hi - lo):.3f}]]")
+        out.append(dict(r, output=f"{r['output']} {' '.join(tags)}"))
+    return out
 
 
 # the toy task of conftest under its own name, so the two kinds of data never share a cache entry

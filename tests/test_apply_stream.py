@@ -179,14 +179,14 @@ def test_a_bad_line_in_a_later_chunk_writes_nothing_and_loses_nothing_paid(toy_a
     out = tmp_path / "scored.jsonl"
     out.write_text("previous results\n")
     cache = tmp_path / "c"
-    one_error(apply(toy_artifact, data, out, cache, chunk=7), "2 bad line(s)", "line 30", "line 32", "scores.clarity")
+    one_error(apply(toy_artifact, data, out, cache, "--force", chunk=7), "2 bad line(s)", "lines 30, 32: scores.clarity")
     assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
     paid = len(fake_calls)
     assert paid > 0  # chunks 1-4 were scored before line 30 was reached
     fresh = tmp_path / "fresh.jsonl"
-    one_error(apply(toy_artifact, data, fresh, cache, chunk=7), "line 30")
+    one_error(apply(toy_artifact, data, fresh, cache, chunk=7), "lines 30, 32")
     assert not fresh.exists() and len(fake_calls) == paid  # the second try paid nothing again
-    fixed = apply(toy_artifact, good, out, cache, chunk=7)
+    fixed = apply(toy_artifact, good, out, cache, "--force", chunk=7)
     assert fixed.exit_code == 0, fixed.output
     assert f"cache hits: {paid}" in fixed.stderr  # what the failed run paid for was kept
 
@@ -240,7 +240,7 @@ def test_a_file_that_goes_bad_while_it_is_streamed_leaves_no_output(toy_artifact
     monkeypatch.setattr(Evaluator, "score", score_then_break)
     out = tmp_path / "scored.jsonl"
     out.write_text("previous results\n")
-    one_error(apply(toy_artifact, data, out, tmp_path / "c", chunk=7), "line 30", "not valid JSON")
+    one_error(apply(toy_artifact, data, out, tmp_path / "c", "--force", chunk=7), "line 30", "not valid JSON")
     assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
 
 
@@ -251,13 +251,13 @@ def test_running_out_of_calls_in_a_later_chunk_keeps_the_old_output_and_the_paid
     out = tmp_path / f"scored.{fmt}"
     out.write_text("previous results\n")
     cache = tmp_path / "c"
-    result = apply(toy_artifact, data, out, cache, "--max-calls", "100", chunk=7)
+    result = apply(toy_artifact, data, out, cache, "--force", "--max-calls", "100", chunk=7)
     assert result.exit_code != 0 and "--max-calls" in result.stderr + str(result.exception), result.output
     assert "chunk 2/" in result.stderr  # it failed after a chunk had been written to the temp file
     assert out.read_text() == "previous results\n" and leftovers(tmp_path) == []
     paid = len(fake_calls)
     assert 70 < paid <= 100
-    again = apply(toy_artifact, data, out, cache, chunk=7)
+    again = apply(toy_artifact, data, out, cache, "--force", chunk=7)
     assert again.exit_code == 0, again.output
     assert f"cache hits: {paid}" in again.stderr  # nothing paid for was lost
     assert out.read_text() != "previous results\n"

@@ -282,10 +282,14 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
         assert [p["layer"] for p in e["points"]] == [1, 2]
         for p in e["points"]:
             counts = [x["criteria_per_layer"][str(p["layer"])] for x in seeds]
-            spear = [x["layers"][str(p["layer"])]["average"]["spearman"] for x in seeds]
+            # on the compared rows, as the main table (issue #39 item 4)
+            spear = [x["layers_compared"][str(p["layer"])]["average"]["spearman"] for x in seeds]
             assert p["criteria"]["mean"] == pytest.approx(np.mean(counts)) and p["criteria"]["n"] == 2
-            assert p["spearman"] == s["layers"][str(p["layer"])]
+            assert p["spearman"] == s["layers_compared"][str(p["layer"])]
             assert p["spearman"]["mean"] == pytest.approx(np.mean(spear), abs=1e-5)
+        # the kept layer's point is the main table's figure for the same evaluator on the same rows
+        for x in seeds:
+            assert x["layers_compared"][str(x["kept_layer"])] == x["dataset"]
         assert e["points"][0]["criteria"]["mean"] == 2 < e["points"][1]["criteria"]["mean"]
     assert set(res["cost"]) == {"direct", "hdeval"} and res["cost"]["hdeval"]["runs"] == 8
     assert res["calls"] == len(fake_calls) == sum(c["calls"] for c in res["cost"].values())
@@ -874,9 +878,20 @@ def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_repo
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
     pred = fitted.held_out_predictions(t, test)
     assert hd["dataset"] == metric_table(y[~failed], pred[~failed], aspects)  # not its imputed rows
+    # issue #39 item 5: beside it, each method's figure on all its own rows and its failure rate
+    mine = ~tables["hdeval"][3]
+    assert hd["own_rows"]["rows"] == int(mine.sum()) >= hd["rows"]["compared"]
+    # direct, which fails on fewer rows, is also shown on the rows only HD-Eval failed on
+    assert direct["own_rows"]["rows"] == int((~tables["direct"][3]).sum()) > direct["rows"]["compared"]
+    assert hd["own_rows"]["dataset"] == metric_table(y[mine], pred[mine], aspects)
+    assert hd["own_rows"]["failure_rate"] == hd["rows"]["failure_rate"]
+    setting = next(s for s in res["settings"] if s["method"] == "hdeval")
+    assert setting["own_rows"]["average_spearman"]["mean"] == hd["own_rows"]["dataset"]["average"]["spearman"]
     md = (out / "results.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| direct | 0.5 |"))
     assert f"| {direct['rows']['failure_rate']:.3f} | {direct['rows']['compared']} |" in row
+    hd_row = next(line for line in md.splitlines() if line.startswith("| hdeval-lr | 0.5 |"))
+    assert f"({hd['own_rows']['rows']} rows) |" in hd_row
 
 
 def test_a_p_value_at_its_floor_is_printed_as_a_bound() -> None:

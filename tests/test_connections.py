@@ -7,7 +7,9 @@ the connections its clients have not closed yet.
 
 from __future__ import annotations
 
-import _thread
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -78,19 +80,29 @@ def test_train_closes_its_connections_when_it_fails(toy, tmp_path: Path) -> None
 
 
 def test_train_closes_its_connections_on_ctrl_c(toy, tmp_path: Path) -> None:
-    # Ctrl-C as the terminal sends it: a KeyboardInterrupt in the main thread, mid-run
-    interrupted: list[int] = []
+    # Ctrl-C as the terminal sends it: SIGINT to the process, mid-run. The server holds the 10th
+    # reply until the main thread has taken the signal (a readiness signal, not a sleep), so the
+    # interrupt lands while the run is in flight however loaded the machine is.
+    delivered = threading.Event()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        delivered.set()
+        raise KeyboardInterrupt
 
     def ctrl_c(n: int) -> None:
-        if n == 10 and not interrupted:
-            interrupted.append(n)
-            _thread.interrupt_main()
+        if n == 10 and not delivered.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+            delivered.wait(60)
 
-    with FaultServer(on_request=ctrl_c) as server:
-        result = _train(server, toy, tmp_path)
-        assert interrupted and result.exit_code == 130, result.output
-        assert not (tmp_path / "art").exists()
-        assert server.wait_all_closed() == 0
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with FaultServer(on_request=ctrl_c) as server:
+            result = _train(server, toy, tmp_path)
+            assert delivered.is_set() and result.exit_code == 130, result.output
+            assert not (tmp_path / "art").exists()
+            assert server.wait_all_closed() == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_apply_closes_its_connections(toy, tmp_path: Path) -> None:

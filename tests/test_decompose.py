@@ -62,7 +62,10 @@ def test_count_is_capped():
 @pytest.mark.parametrize("reply, problem", [
     ("not json at all", "no JSON object"),
     ('{"subcriteria": []}', "non-empty list"),
-    ('{"subcriteria": [{"key": "a", "name": "", "definition": "d"}]}', "non-empty key, name and definition"),
+    ('{"subcriteria": [{"key": "a", "name": "", "definition": "d"}]}', "needs a non-empty name$"),
+    ('{"subcriteria": [{"key": "a", "name": "N", "definition": " "}]}', "needs a non-empty definition$"),
+    # a key that slugs to nothing is named as what it is, not as an empty field
+    ('{"subcriteria": [{"key": "...", "name": "N", "definition": "d"}]}', r"key '\.\.\.' holds no letter or digit"),
 ])
 def test_malformed_replies_are_rejected(reply, problem):
     task, tree, node = _setup()
@@ -308,3 +311,25 @@ def test_a_cure_that_ends_degenerate_is_final_for_the_next_rerun(tmp_path):
         finally:
             cached.close()
         assert len(llm.requests) == len(replies)
+
+
+def test_a_failed_layer_2_keeps_layer_1_with_a_warning(toy, tmp_path):
+    from hdeval.backends.fake import RESPONDERS
+    from hdeval.progress import Progress
+
+    task, data = toy
+    said: list[str] = []
+
+    class Heard(Progress):
+        def message(self, text: str) -> None:
+            said.append(text)
+
+    dots = '{"subcriteria": [{"key": "...", "name": "...", "definition": "..."}]}'  # a small model's reply
+    fake = FakeBackend(responders={**RESPONDERS, "decompose": lambda request, fake: Completion(dots)})
+    ev = train(task=str(task), data=str(data), backend=fake, layers=2, cache_dir=str(tmp_path / "c"),
+               progress=Heard())
+    assert {c.layer for c in ev.tree} == {1}  # what was scored and fitted is kept, not lost
+    assert "could not decompose" in ev.metrics["stopped"] and "key '...' holds no letter" in ev.metrics["stopped"]
+    assert any(s.startswith("warning: could not decompose") and "keeps layers 1-1" in s for s in said)
+    ev.save(tmp_path / "art")
+    assert load_artifact(tmp_path / "art").metrics["stopped"] == ev.metrics["stopped"]

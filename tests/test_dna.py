@@ -131,6 +131,7 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     m = json.loads((out / "metrics.json").read_text())
     # 20 test pairs, 4 predefined aspects: 20 weight prompts + 4 x 40 scoring prompts, each one call
     assert m["usage"]["calls"] == 40 + 4 * 40
+    assert m["usage"]["cache_hits"] == 0  # each reply holds both sides: read twice, paid and counted once
     for split in ("test", "train"):
         for key in ("llm_weights", "learned"):
             a = m[split][key]
@@ -692,7 +693,28 @@ def test_learned_tie_margin_does_not_chase_the_training_splits_noise():
             test.append(_agree(diffs[te], human[te], m))
             gap.append(_agree(diffs[tr], human[tr], m) - test[-1])
     assert np.mean(new_gap) < np.mean(old_gap) - 0.01
-    assert np.mean(new_test) >= np.mean(old_test)
+    # the margin is kept only when cross-validation on the training pairs says it beats margin 0:
+    # with honest ties that costs a little (a helpful margin is sometimes dropped), with a
+    # position-biased judge it saves much more (test_a_margin_is_never_worse_on_training_than_none)
+    assert np.mean(new_test) >= np.mean(old_test) - 0.005
+
+
+def test_a_margin_is_never_worse_on_training_than_none():
+    """Issue #39 item 3: the logistic crossing can fall where the training pairs themselves
+    agree less with ties than without (0.35 against 0.425 here, as 0.414 against 0.525 with a
+    judge that favours the first response); margin 0 is a candidate, chosen by grouped CV."""
+    from hdeval.methods.dna.decision import learn_tie_margin
+
+    rng = np.random.default_rng(183)
+    d = np.round(rng.normal(0, 1.5, 40) * 2) / 2  # half-point totals
+    p_tie, p_wrong = rng.uniform(0.2, 0.5), rng.uniform(0.1, 0.4)
+    u = rng.random(40)
+    human = np.where(u < p_tie, "tie", np.where(u < p_tie + p_wrong, np.where(d > 0, "b", "a"),
+                                                 np.where(d > 0, "a", "b"))).astype(object)
+    margin, info = learn_tie_margin(d, human, [f"q{i // 2}" for i in range(40)], seed=0)
+    assert info["learned_margin"] > 0 and margin == 0.0 and info["rule"] == "margin 0"
+    assert info["train_w_ties"] == info["train_w_ties_at_0"]
+    assert info["cv_w_ties_at_0"] is not None
 
 
 def _sim_train(tmp_path, rows, name="sim", backend=None, **options):
@@ -838,3 +860,36 @@ def test_an_artifact_whose_llm_is_not_an_object_of_text_is_one_line_naming_the_m
     with pytest.raises(ArtifactError) as exc:
         load_artifact(art)
     assert str(art / "manifest.json") in str(exc.value) and "'llm'" in str(exc.value)
+
+
+@pytest.mark.parametrize("mode", ["direct", "dna"])
+def test_each_cached_reply_is_counted_once(tmp_path, mode):
+    """Issue #39 item 6: each reply holds both sides' scores and is read once per side; a
+    fully cached run counted every cache hit twice (1812 for 906 pairs)."""
+    from simjudge import pair_backend, pairwise_rows, write_pairs
+
+    data = write_pairs(tmp_path / "pairs.jsonl", pairwise_rows(12))
+    runs = [train(task="faireval", data=str(data), llm="fake", method="dna", dna_mode=mode,
+                  cache_dir=str(tmp_path / "c"), backend=pair_backend()).metrics["usage"] for _ in range(2)]
+    first, again = runs
+    assert first["calls"] > 0 and first["cache_hits"] == 0, first
+    assert again["calls"] == 0 and again["cache_hits"] == first["calls"], runs
+
+
+@pytest.mark.slow
+def test_a_judge_that_favours_the_first_response_gets_no_margin_that_loses_to_none(tmp_path):
+    """Issue #39 item 3: with a +1 bonus for the response shown first and no --swap, a learned
+    margin made DnA's held-out agreement with ties worse than margin 0 and than its direct
+    baseline. The margin is now kept only when cross-validation on training pairs says it helps."""
+    from simjudge import pair_backend, pairwise_rows
+
+    rows = pairwise_rows(200, seed=0)
+    biased = pair_backend(first_bonus=1.0)
+    dna = _sim_train(tmp_path, rows, backend=biased)
+    direct = _sim_train(tmp_path, rows, backend=pair_backend(first_bonus=1.0), dna_mode="direct")
+    tm = dna.metrics["tie_margin"]
+    assert tm["train_w_ties"] >= tm["train_w_ties_at_0"]  # never worse on training than no margin
+    assert tm["cv_w_ties"] is not None and tm["cv_w_ties_at_0"] is not None
+    if tm["value"] > 0:
+        assert tm["cv_w_ties"] >= tm["cv_w_ties_at_0"]
+    assert dna.metrics["test"]["llm_weights"]["w_ties"] >= direct.metrics["test"]["direct"]["w_ties"]

@@ -102,6 +102,9 @@ def test_groups_and_their_difference(work):
     assert {x["baseline"] for x in again if x["kind"] == "difference"} == {"B"}
     bad = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "system", "--baseline", "C")
     assert bad.exit_code == 2 and "--baseline 'C' is no group of 'system'" in bad.stderr
+    # without --by there are no groups to compare: refused, not ignored
+    bad = run_cli("estimate", work["art"], "--data", work["scored"], "--baseline", "A")
+    assert bad.exit_code == 2 and bad.stdout == "" and "--baseline A names a group" in bad.stderr
 
 
 def _edited(work, name: str, change) -> Path:
@@ -254,3 +257,67 @@ def test_a_group_name_cannot_drive_the_terminal(work):
     r = run_cli("estimate", work["art"], "--data", _edited(work, "ansi.jsonl", ansi), "--by", "system")
     assert r.exit_code == 0, r.output
     assert "\x1b" not in r.stdout and "\\x1b[2Jevil" in r.stdout
+
+
+def test_by_a_field_no_row_has_is_refused_not_one_group(work):
+    """An apply output keeps id, doc_id and system, not a sample's meta: --by topic on it put every
+    row in one group "(none)" and printed that as the estimate by topic."""
+    r = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "topic")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"--by topic: no row of {work['scored']} has a field 'topic'" in r.stderr and "samples file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_apply_with_labels_on_an_artifact_without_interval_bounds(tmp_path):
+    """Trained on too few rows for a 90% bound, the artifact's rows have lower/upper None: apply's
+    human-mean summary compared None with the label and died with a TypeError."""
+    (tmp_path / "task.toml").write_text(TOY_TASK, encoding="utf-8")
+    _write(tmp_path / "train.jsonl", toy_rows(n_docs=4, per_doc=2))
+    r = run_cli("train", "--task", tmp_path / "task.toml", "--data", tmp_path / "train.jsonl", "--method", "direct",
+                "--llm", "fake", "--cache-dir", tmp_path / "cache", "-o", tmp_path / "art", "-q")
+    assert r.exit_code == 0, r.output
+    rows = [{**row, "id": f"new-{i}", "doc_id": f"new-doc-{i}"} for i, row in enumerate(toy_rows(n_docs=6, per_doc=1))]
+    r = run_cli("apply", tmp_path / "art", _write(tmp_path / "rows.jsonl", rows), "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "scored.jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    assert "human mean of clarity:" in r.stdout and "inside their prediction interval" not in r.stdout
+
+
+def test_rows_whose_llm_calls_failed_are_left_out_not_the_whole_file(work):
+    """apply writes a failed score as NaN (null for pairwise) and goes on under --max-failure-rate;
+    estimate refused that whole file ("scores.clarity is nan, not a number")."""
+    failed = {1, 6}  # a labelled row and an unlabelled one
+
+    def fail(i, row):
+        if i in failed:
+            row["scores"]["clarity"] = float("nan")
+            row["failures"] = [{"criterion": "clarity", "reason": "the server rejected this request"}]
+    path = _edited(work, "failed.jsonl", fail)
+    r = run_cli("estimate", work["art"], "--data", path, "--json")
+    records = {x["aspect"]: x for x in _records(r)}
+    assert "2 rows have no clarity score (an LLM call failed): left out of its estimate" in r.stderr
+    assert records["clarity"]["n"] == 118 and records["accuracy"]["n"] == 120
+    kept = _expected(path, "clarity", lambda row: row["scores"]["clarity"] == row["scores"]["clarity"])
+    assert records["clarity"]["estimate"] == pytest.approx(kept.estimate)
+
+    def absent(i, row):
+        if i == 4:
+            del row["scores"]["clarity"]
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "absent.jsonl", absent))
+    assert r.exit_code == 2 and "line 5: no scores.clarity (the artifact scores other aspects?)" in r.stderr
+
+
+def test_labels_that_all_agree_give_no_zero_width_interval(work):
+    """Two labels of 3 in a group gave the interval [3.000, 3.000] (90% certainty of the mean
+    from two rows) and '±0 is out of reach'; the difference from it claimed that precision too."""
+    def few(i, row):
+        if i < 4:
+            row["system"] = "D"
+            row["human"] = {"clarity": 3.0, "accuracy": 3.0} if i < 2 else None
+        if row.get("human") is None:
+            row.pop("human", None)
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "agree.jsonl", few), "--by", "system", "--json")
+    records = _records(r)
+    d = [x for x in records if x["kind"] == "mean" and x["group"] == "D"]
+    assert len(d) == 2 and all(x["estimate"] is None and "all 2 labels are 3" in x["reason"] for x in d)
+    assert not [x for x in records if x["kind"] == "difference" and "D" in (x["group"], x["baseline"])]

@@ -243,7 +243,7 @@ def test_item7_apply_whose_every_request_fails_exits_non_zero(how: str, refusing
     data = new_samples(tmp_path, n_docs=2)
     out = tmp_path / "s.jsonl"
     out.write_text("previous\n")
-    args = ["apply", toy_artifact, data, "-o", out, "--cache-dir", tmp_path / "c", "--llm", "test-model",
+    args = ["apply", toy_artifact, data, "-o", out, "--force", "--cache-dir", tmp_path / "c", "--llm", "test-model",
             "--base-url", refusing_server.url, "--max-retries", "0"]
     line = one_error(run(*args, env={"OPENAI_API_KEY": "sk-test"}), "could not be read", "--max-failure-rate")
     assert "100%" in line and refusing_server.calls > 0

@@ -44,3 +44,15 @@ def test_a_dated_version_of_the_requested_model_is_the_same_model(exported, tmp_
     results = write_jsonl(tmp_path / "dated.jsonl", rows)
     r = run("cache", "import", results, "--requests", req, "--cache-dir", cache)
     assert r.exit_code == 0 and f"imported {len(rows)} replies" in r.stderr, r.stderr
+
+
+def test_a_model_whose_name_only_starts_with_the_requested_one_is_another(exported, tmp_path: Path) -> None:
+    """gpt-4o-mini is not a version of gpt-4o, nor llama3:70b of llama3: their replies were
+    imported as the requested model's."""
+    req, lines, cache = exported
+    model = json.loads(req.read_text().splitlines()[0])["body"]["model"]
+    for other in (f"{model}-mini", f"{model}:70b"):
+        results = write_jsonl(tmp_path / "other.jsonl", _answered_by(lines, {1: other}))
+        r = run("cache", "import", results, "--requests", req, "--cache-dir", cache)
+        one_line_error(r, str(results), "line 2", other, "nothing imported")
+    assert not cache.exists() or cache_entries(cache) == {}

@@ -252,7 +252,7 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "other.db", *common),
               "holds labels for task 'summeval'")
     one_error(run_cli("label", "--task", "llmbar", "--data", data, "--labels", tmp_path / "l.db", *common),
-              "pairs")
+              "pool.jsonl", "line 1", "output_a")  # a pool of single responses for a task of pairs
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
                       "--double-share", "1.5"), "--double-share must be between 0 and 1")
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
@@ -282,3 +282,22 @@ def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
     other.write_text(TOY_TASK.replace('name = "toy_qa"', 'name = "toy_other"'), encoding="utf-8")
     one_error(run_cli("label", "--task", other, "--data", data, "--labels", tmp_path / "o.db", "--artifact", art,
                       "--llm", "fake", "--port", "0"), "judges task 'toy_qa'", "not 'toy_other'")
+
+
+def test_export_says_which_strategy_picked_each_sample(pool, tmp_path):
+    """labels.db records the strategy that showed a sample (the first labels of a default session
+    come from 'diversity'), but the export dropped it: `hdeval estimate` then took actively picked
+    labels for a random sample and gave an interval that does not hold."""
+    task, _, _, samples = pool
+    db = tmp_path / "labels.db"
+    with LabelStore(db, task) as store:
+        store.add(samples[0], {"clarity": 2, "accuracy": 4}, rater="ann", session="s", strategy="diversity")
+        store.add(samples[0], {"clarity": 4, "accuracy": 4}, rater="bob", session="t", strategy="second rating")
+        store.add(samples[4], {"clarity": 3, "accuracy": 1}, rater="bob", session="t", strategy="random")
+        store.add(samples[5], {"clarity": 3, "accuracy": 1}, rater="bob", session="t")  # not shown by the picker
+    out = tmp_path / "labeled.jsonl"
+    assert export_labels(db, out) == 3
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows[samples[0].id]["selection"] == "diversity" and rows[samples[4].id]["selection"] == "random"
+    assert "selection" not in rows[samples[5].id]
+    assert len(read_samples(out, task, require_scores=True)) == 3

@@ -237,8 +237,12 @@ WRONG_TASKS = {
     "name hidden": (_task_variant('name = "toy_qa"', 'name = ".x"'), "task name"),
     "name with backslash": (_task_variant('name = "toy_qa"', 'name = "a\\\\b"'), "task name"),
     "name too long": (_task_variant('name = "toy_qa"', f'name = "{"n" * 200}"'), "task name"),
-    "data_file a path": (_task_variant('output_label = "Answer"', 'output_label = "Answer"\ndata_file = "../x.jsonl"'),
-                         "data_file"),
+    # a relative path from the task file's folder is allowed (`hdeval init` writes one); not an absolute one
+    "data_file an absolute path": (_task_variant('output_label = "Answer"',
+                                                 'output_label = "Answer"\ndata_file = "/tmp/x.jsonl"'), "data_file"),
+    "data_file a backslash path": (_task_variant('output_label = "Answer"',
+                                                 'output_label = "Answer"\ndata_file = "..\\\\x.jsonl"'),
+                                   "data_file"),
 }
 
 

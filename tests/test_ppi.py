@@ -158,3 +158,19 @@ def test_all_rows_labelled_is_the_classical_interval():
     y = np.arange(10.0)
     e = ppi_mean(y, y + 1, [])
     assert e.lam == 0 and (e.low, e.high) == pytest.approx((e.classical_low, e.classical_high))
+
+
+def test_a_tiny_alpha_gives_a_wide_finite_interval_not_an_infinite_one():
+    """1 - alpha / 2 rounds to 1 below alpha ~ 1e-16: the quantile was inf, the bounds +-inf and
+    estimate --json wrote Infinity, which is no JSON."""
+    import json
+
+    rng = np.random.default_rng(0)
+    f = rng.normal(size=200)
+    y = f[:40] + rng.normal(scale=0.5, size=40)
+    for small_sample in (True, False):
+        e = ppi_mean(y, f[:40], f[40:], alpha=1e-20, small_sample=small_sample)
+        assert math.isfinite(e.low) and math.isfinite(e.high) and e.low < e.estimate < e.high
+        json.dumps(e.as_dict(), allow_nan=False)
+        wide = ppi_mean(y, f[:40], f[40:], alpha=1e-6, small_sample=small_sample)
+        assert e.high - e.low > wide.high - wide.low

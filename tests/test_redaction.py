@@ -145,3 +145,23 @@ def test_the_cli_masks_a_known_secret_in_any_error_line(monkeypatch) -> None:
     r = CliRunner().invoke(cmd, ["--base-url", "http://h/v1?api-key=QSECRET-4711"])
     assert r.exit_code == BackendError.exit_code and "error: the server answered an id ***" in r.stderr
     assert leaks(r.stderr, KEY, PASSWORD, f"puser:{PASSWORD}", "QSECRET-4711") == []
+
+
+@pytest.mark.parametrize("key", ["test", "EMPTY", "none"])
+def test_a_short_key_is_masked_as_a_token_and_leaves_words_and_paths_whole(key: str) -> None:
+    """Local servers are often given a word for a key (vLLM's docs say EMPTY): the words and
+    paths that merely contain it are not the key and must reach the user as they are."""
+    redact = Redactor(key)
+    for text in (f"/tmp/latest_{key}s/task.toml: not found", f"{key}ing {key}s Co{key}", f"x{key}y"):
+        assert redact(text) == text
+    for text in (f"Bearer {key}", f'"api-key": "{key}"', f"?api-key={key}&x=1", f"api-key%3D{key}%26"):
+        assert key not in redact(text) and "***" in redact(text), text
+
+
+def test_the_cli_keeps_a_path_that_holds_a_short_key_word(monkeypatch, tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    where = tmp_path / "latest_test" / "task.toml"
+    r = run_cli("train", "--task", where, "--llm", "fake", "-o", tmp_path / "a")
+    assert r.exit_code != 0 and "latest_test" in r.stderr and "***" not in r.stderr, r.stderr

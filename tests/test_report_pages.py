@@ -116,14 +116,18 @@ def test_pointwise_report_has_banner_plots_escaped_text_and_the_largest_disagree
     assert "fake:v1" in ban and "offline fake LLM" in ban
     n = len(ev.feature_keys)
     assert f"30 training rows and 30 held-out rows for {n} criteria" in ban
-    assert "overfitting" in ban and "small test set" in ban  # 30 rows for 15 criteria; 30 held out
-    assert "layer 2" in ban and "strongest baseline" in ban
+    from hdeval.report.banner import ROWS_PER_FEATURE
+
+    # the kept layer's criteria decide the overfitting line (layer 2: 30 rows for 15 criteria)
+    assert ("overfitting" in ban) == (30 < ROWS_PER_FEATURE * n) and "small test set" in ban
+    kept = json.loads((art / "metrics.json").read_text())["selection"]["kept_layer"]
+    assert f"layer {kept}" in ban and "strongest baseline" in ban
     assert len(_images(page)) == 2 + 3 * 3
     # the per-sample view: the held-out sample furthest from the human scores comes first, with
     # every criterion's score and the reply the cache holds for exactly that prompt
     view = page[page.index("<h2>Largest disagreements with the human scores</h2>"):]
     first = re.search(r"<summary>([^:<]+):", view).group(1)
-    test_ids = set(ev.manifest_data["split"]["test"])
+    test_ids = set(ev.run["split"]["test"])
     assert first in test_ids and view.count("<details") == 10
     sample = next(s for s in read_samples(data, ev.task, require_scores=False) if s.id == first)
     key = ev.feature_keys[-1]
@@ -327,7 +331,18 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     def ask(row: str, column: str) -> CompletionRequest:
         return CompletionRequest(messages=(Message("user", f"Score {row} on {column}"),), kind="score")
 
-    class PluginFitted(Fitted):
+    class Unsaved(Fitted):  # the seam's required members, which this view never calls
+        def score(self, samples, backend=None, cache_dir=None, concurrency=None, progress=None):
+            raise AssertionError("the per-sample view scores nothing")
+
+        def write(self, out):
+            raise AssertionError("the per-sample view writes nothing")
+
+        @classmethod
+        def from_artifact(cls, art):
+            raise AssertionError("the per-sample view loads nothing")
+
+    class PluginFitted(Unsaved):
         method = "plugin"
 
         def reply_requests(self, items, columns):
@@ -341,7 +356,7 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
                           cache)
     assert got.note is None and got.texts == {("s1", "clarity"): text} and text
 
-    class Silent(Fitted):  # a method that does not say how it asked
+    class Silent(Unsaved):  # a method that does not say how it asked
         method = "silent"
 
     got = samples.replies(Silent(None, None, None, FakeBackend().identity, {}), ["s1"], ["clarity"], cache)

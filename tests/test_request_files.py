@@ -162,7 +162,7 @@ def test_export_bad_line_in_a_later_chunk_leaves_the_old_file(art, server, new, 
     out.write_text("an earlier export\n")
     monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "5")
     sent = len(server.requests)
-    result = run("apply", art, bad, "--export-requests", out, "--cache-dir", tmp_path / "c", *llm(server))
+    result = run("apply", art, bad, "--export-requests", out, "--force", "--cache-dir", tmp_path / "c", *llm(server))
     one_line_error(result, f"{bad}: 1 bad line(s): line {len(rows)}", "already used on line 1")
     assert out.read_text() == "an earlier export\n"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

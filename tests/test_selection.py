@@ -154,3 +154,17 @@ def test_labels_to_reach_from_a_log_curve():
     assert labels_to_reach([(10, 0.5), (20, 0.5)], 0.6) is None  # not rising
     assert labels_to_reach([(10, 0.5)], 0.6) is None  # one point
     assert labels_to_reach(curve, 5.0) is None  # far beyond what the curve can tell
+
+
+def test_rows_and_k_must_be_whole_numbers_numpys_included():
+    """A float row was cut to an int (1.5 counted row 1 as labelled), text raised a bare
+    ValueError, and a numpy k (a budget minus the labels so far) was refused as no whole number."""
+    X, y, g = linear_pool(n=30)
+    assert len(pick(X, np.arange(3), y[:3], k=np.int64(2), strategy="random")) == 2
+    for bad in ([1.5], ["a"], [True]):
+        with pytest.raises(ConfigError, match="labelled must list rows of X"):
+            pick(X, bad, y[:1])
+    with pytest.raises(ConfigError, match="exclude must list rows of X"):
+        pick(X, [], np.zeros((0, 1)), exclude=["x"])
+    with pytest.raises(ConfigError, match="k must be a whole number"):
+        pick(X, [], np.zeros((0, 1)), k=2.0)

@@ -70,7 +70,7 @@ def test_an_unreadable_logprob_is_a_recorded_failure(bad: float) -> None:
 
 
 def test_minus_infinity_is_probability_zero() -> None:
-    assert parse_score(Completion("4", lp(("4", -math.inf), ("3", -0.01))))[0] == pytest.approx(3.0)
+    assert parse_score(Completion("3", lp(("3", -0.01), ("4", -math.inf))))[0] == pytest.approx(3.0)
     # no digit mass at all: the text decides
     assert parse_score(Completion("2", lp(("4", -math.inf), ("3", -math.inf))))[0] == 2.0
 

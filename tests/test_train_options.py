@@ -59,7 +59,7 @@ def test_train_takes_method_options_by_name(tmp_path):
     ({"method": "dna", "k": 0}, "--k must be a whole number from 1 to"),
     ({"method": "dna", "dna_mode": "best"}, "--dna-mode must be one of dna, direct, cot, prompt-agg, got 'best'"),
     ({"layers": 0}, "--layers must be at least 1, got 0"),
-    ({"aggregator": "svm"}, "unknown aggregator 'svm': choose from lr, dt, rf, nn or auto"),
+    ({"aggregator": "svm"}, "unknown aggregator 'svm': choose from mean, direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf or auto"),
     ({"method": "paireval", "comparisons": 0}, "--comparisons must be a whole number of at least 1, got 0"),
     ({"decompose_base_url": "http://127.0.0.1:1/v1"}, "--decompose-base-url needs --decompose-llm"),
 ])

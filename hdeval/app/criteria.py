@@ -1,6 +1,8 @@
 """The criteria the labelling app scores the pool on, and the scoring itself, through the
 library's one path (``decompose_nodes``, ``score_criteria`` on the cached client): the same
-requests as ``train``, so training on the exported labels hits the same cache entries."""
+requests as ``train``, so training on the exported labels hits the same cache entries. A pair
+is scored as ``train`` scores it (each response alone, the pointwise prompt) and its row is
+score(A) - score(B) per criterion, the pairwise evaluator's features."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 
 from hdeval.errors import ConfigError
 from hdeval.progress import Progress
-from hdeval.types import CriteriaTree, Criterion, Sample, Task
+from hdeval.types import CriteriaTree, Criterion, PairSample, Sample, Task
 
 # as `train --layers 2 --children 4`: the aspects and one decomposition of each
 DEFAULT_CHILDREN = 4
@@ -29,11 +31,13 @@ class PoolCriteria:
     def keys(self) -> list[str]:
         return [c.key for c in self.criteria]
 
-    def plan(self, llm: Any, samples: Sequence[Sample], chunk: int = 500) -> tuple[int, int, int]:
+    def plan(self, llm: Any, samples: Sequence[Sample | PairSample], chunk: int = 500) -> tuple[int, int, int]:
         """The dry run of scoring ``samples``: (calls, of which cached, prompt tokens, estimated),
         counted a chunk of requests at a time (a prompt is a few KB; a pool may be large)."""
         from hdeval.methods.run import exact_plan
         from hdeval.scoring import SCORE_MAX_TOKENS, score_requests
+
+        samples = _responses(samples)
 
         calls = cached = tokens = 0
         for start in range(0, len(samples), chunk):
@@ -43,23 +47,34 @@ class PoolCriteria:
             calls, cached, tokens = calls + row.score_calls, cached + (row.cached or 0), tokens + row.prompt_tokens
         return calls, cached, tokens
 
-    def score(self, llm: Any, samples: Sequence[Sample], concurrency: int | None = None,
+    def score(self, llm: Any, samples: Sequence[Sample | PairSample], concurrency: int | None = None,
               progress: Progress | None = None) -> np.ndarray:
         from hdeval.scoring import score_criteria
 
-        m = score_criteria(llm, self.templates["score"], self.task, self.tree, self.criteria, samples,
+        m = score_criteria(llm, self.templates["score"], self.task, self.tree, self.criteria, _responses(samples),
                            concurrency, progress)
+        if self.task.shape == "pairwise":  # A then B per pair (side_samples' order)
+            return m.values[0::2] - m.values[1::2]
         return m.values
 
 
+def _responses(samples: Sequence[Sample | PairSample]) -> list[Sample]:
+    """The samples to score: a pair's two responses, each as a sample, as ``train`` scores them."""
+    if samples and isinstance(samples[0], PairSample):
+        from hdeval.methods.hdeval.pairwise import side_samples
+
+        return side_samples(samples)  # type: ignore[arg-type]
+    return list(samples)  # type: ignore[arg-type]
+
+
 def check_artifact_task(artifact: str | Path, task: Task) -> Any:
-    """The HD-Eval pointwise evaluator at ``artifact``, refused in one line if it judges another task."""
+    """The HD-Eval evaluator at ``artifact``, refused in one line if it judges another task."""
     from hdeval.methods.registry import load_artifact
 
     ev = load_artifact(artifact)
     tree = getattr(ev, "tree", None)
-    if getattr(ev, "method", None) != "hdeval" or getattr(ev, "shape", None) != "pointwise" or tree is None:
-        raise ConfigError(f"--artifact {artifact}: the labelling app reads pointwise HD-Eval artifacts "
+    if getattr(ev, "method", None) != "hdeval" or getattr(ev, "shape", None) != task.shape or tree is None:
+        raise ConfigError(f"--artifact {artifact}: the labelling app reads {task.shape} HD-Eval artifacts "
                           f"(their criteria tree); this one is {getattr(ev, 'method', '?')}")
     if ev.task.name != task.name or ev.task.aspect_keys != task.aspect_keys:
         raise ConfigError(f"--artifact {artifact} judges task {ev.task.name!r} (aspects "

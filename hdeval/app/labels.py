@@ -6,6 +6,9 @@ committed (WAL, ``synchronous=FULL``) before the call returns, so a label the pa
 acknowledged survives a kill -9. The content a rater saw is stored once per content hash, so
 export needs no pool file, and a pool sample whose content changed since it was labelled is told
 apart (:meth:`LabelStore.changed`).
+
+A pairwise task's label is one choice per pair (A, B or tie, as its data's ``label`` field), kept
+under the aspect ``label`` as a number: +1 A is better, 0 a tie, -1 B is better.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sqlite3
 import statistics
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,12 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.errors import ConfigError, DataError
-from hdeval.types import Sample, Task
+from hdeval.types import PairSample, Sample, Task
 
 FORMAT = 1
 # bounds on what a request may store: the page's note field, a rater's name
 MAX_NOTE = 2000
 MAX_RATER = 64
+# a pair's choice, as stored (the sign convention of hdeval.learn.selection)
+PAIR_ASPECT = "label"
+PAIR_VALUES = {"a": 1.0, "tie": 0.0, "b": -1.0}
+PAIR_CHOICES = {v: k for k, v in PAIR_VALUES.items()}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,9 +71,12 @@ _COLUMNS = ("seq", "sample_id", "content_hash", "aspect", "action", "value", "ra
             "note", "strategy", "reason")
 
 
-def content_hash(sample: Sample) -> str:
-    """What the rater saw, hashed: the document and every shown field (not the id, not scores)."""
-    shown = {"doc_id": sample.doc_id, "fields": dict(sorted(sample.fields.items()))}
+def content_hash(sample: Sample | PairSample) -> str:
+    """What the rater saw, hashed: the document and every shown field (not the id, not scores;
+    a pair's two responses too)."""
+    shown: dict[str, Any] = {"doc_id": sample.doc_id, "fields": dict(sorted(sample.fields.items()))}
+    if isinstance(sample, PairSample):
+        shown["outputs"] = [sample.output_a, sample.output_b]
     return hashlib.sha256(json.dumps(shown, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
@@ -160,13 +171,21 @@ class LabelStore:
         self.close()
 
     # writing: each call one committed transaction
-    def add(self, sample: Sample, values: Mapping[str, float], *, rater: str, session: str,
+    def add(self, sample: Sample | PairSample, values: Mapping[str, Any], *, rater: str, session: str,
             note: str = "", strategy: str | None = None, reason: str | None = None) -> None:
-        """One sample's labels (every aspect rated), committed before this returns."""
+        """One sample's labels (every aspect rated; a pair: ``{"label": "a" | "b" | "tie"}``),
+        committed before this returns."""
         rater = check_rater(rater)
         if not values:
             raise DataError("a label needs a value for at least one aspect")
-        rows = []
+        rows: list[tuple[str, str, float | None]] = []
+        if self.task.shape == "pairwise":
+            choice = values.get(PAIR_ASPECT) if set(values) == {PAIR_ASPECT} else None
+            if not isinstance(choice, str) or choice not in PAIR_VALUES:
+                raise DataError(f"a pair's label is {{{PAIR_ASPECT!r}: 'a', 'b' or 'tie'}}")
+            rows.append((PAIR_ASPECT, "label", PAIR_VALUES[choice]))
+            self._append(sample, rows, rater, session, note[:MAX_NOTE] or None, strategy, reason)
+            return
         for key, value in values.items():
             try:
                 aspect = self.task.aspect(key)
@@ -178,7 +197,7 @@ class LabelStore:
             rows.append((key, "label", float(value)))
         self._append(sample, rows, rater, session, note[:MAX_NOTE] or None, strategy, reason)
 
-    def skip(self, sample: Sample, *, rater: str, session: str) -> None:
+    def skip(self, sample: Sample | PairSample, *, rater: str, session: str) -> None:
         self._append(sample, [("", "skip", None)], check_rater(rater), session, None, None, None)
 
     def undo(self, *, rater: str, session: str) -> str | None:
@@ -197,12 +216,16 @@ class LabelStore:
                 [(last.sample_id, last.content_hash, a, rater, _now(), session) for a in aspects])
         return last.sample_id
 
-    def _append(self, sample: Sample, rows: Sequence[tuple[str, str, float | None]], rater: str, session: str,
+    def _append(self, sample: Sample | PairSample, rows: Sequence[tuple[str, str, float | None]], rater: str, session: str,
                 note: str | None, strategy: str | None, reason: str | None) -> None:
         h = content_hash(sample)
-        content = json.dumps({"id": sample.id, "doc_id": sample.doc_id, **dict(sample.fields),
-                              **({"system": sample.system} if sample.system is not None else {})},
-                             ensure_ascii=False)
+        shown: dict[str, Any] = {"id": sample.id, "doc_id": sample.doc_id, **dict(sample.fields)}
+        if isinstance(sample, PairSample):
+            shown.update({"output_a": sample.output_a, "output_b": sample.output_b})
+            shown.update({k: v for k, v in (("system_a", sample.system_a), ("system_b", sample.system_b)) if v})
+        elif sample.system is not None:
+            shown["system"] = sample.system
+        content = json.dumps(shown, ensure_ascii=False)
         time = _now()
         with self._transaction():
             self._con.execute("INSERT OR IGNORE INTO samples VALUES (?, ?, ?)", (h, sample.id, content))
@@ -227,7 +250,7 @@ class LabelStore:
         """(sample id, rater) pairs a rater skipped."""
         return {(r["sample_id"], r["rater"]) for r in self.rows() if r["action"] == "skip"}
 
-    def changed(self, pool: Iterable[Sample]) -> list[str]:
+    def changed(self, pool: Iterable[Sample | PairSample]) -> list[str]:
         """Ids of pool samples whose labels were given on other content than the pool now holds."""
         now = {s.id: content_hash(s) for s in pool}
         return sorted({r.sample_id for r in self.current().values()
@@ -300,11 +323,28 @@ def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[st
     return rows, contents
 
 
-def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]]
-                     ) -> list[dict[str, Any]]:
+def majority_choice(values: Iterable[float]) -> float:
+    """The raters' choice on one pair (+1 A, 0 tie, -1 B): the most frequent; when two choices are
+    equally frequent (one person says A, another B), a tie (0)."""
+    counts = Counter(values)
+    top = max(counts.values())
+    best = [v for v, n in counts.items() if n == top]
+    return best[0] if len(best) == 1 else 0.0
+
+
+def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]],
+                     pairwise: bool = False) -> list[dict[str, Any]]:
     """One sample row per labelled content, in the sample format ``train`` reads: the content the
     raters saw and ``scores``, each aspect's mean over the raters' standing labels (the tie rule
-    for scores), with ``raters`` the number of people behind them."""
+    for scores), with ``raters`` the number of people behind them, and ``selection``: the strategy
+    that first showed it to a rater, when the app picked it (``hdeval estimate`` refuses labels
+    an active strategy picked, which are no random sample). ``pairwise``: the pair format,
+    ``label`` the majority of the raters' choices (:func:`majority_choice`)."""
+    rows = list(rows)
+    picked: dict[str, str] = {}
+    for r in sorted((r for r in rows if r["action"] == "label"), key=lambda r: r["seq"]):
+        if isinstance(r.get("strategy"), str) and r["strategy"] != "second rating":
+            picked.setdefault(r["content_hash"], r["strategy"])
     by_content: dict[str, dict[str, list[float]]] = {}
     raters: dict[str, set[str]] = {}
     first: dict[str, int] = {}
@@ -315,8 +355,13 @@ def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, M
     out = []
     for h in sorted(by_content, key=first.__getitem__):
         row = dict(contents[h])
-        row["scores"] = {a: statistics.fmean(v) for a, v in sorted(by_content[h].items())}
+        if pairwise:
+            row["label"] = PAIR_CHOICES[majority_choice(by_content[h].get(PAIR_ASPECT, []))]
+        else:
+            row["scores"] = {a: statistics.fmean(v) for a, v in sorted(by_content[h].items())}
         row["raters"] = len(raters[h])
+        if h in picked:
+            row["selection"] = picked[h]
         out.append(row)
     return out
 
@@ -326,13 +371,13 @@ def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw
     file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""
     from hdeval.data import write_jsonl
 
-    read_meta(path)
+    task = read_meta(path)
     out = Path(out)
     if out.exists() and not force:
         raise ConfigError(f"-o {out} exists; pass --force to overwrite it")
     if out.resolve() == Path(path).resolve():
         raise ConfigError(f"-o {out} is the labels file itself")
     rows, contents = read_rows(path)
-    lines = rows if raw else labelled_samples(rows, contents)
+    lines = rows if raw else labelled_samples(rows, contents, pairwise=task.get("shape") == "pairwise")
     write_jsonl(out, lines)
     return len(lines)

@@ -66,7 +66,8 @@ class LabelApp:
             holder["c"] = crit
             n, c = len(self.session.samples), len(crit.criteria)
             calls, cached, tokens = crit.plan(self.llm, self.session.samples)
-            self.notify(f"scoring {n} samples on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
+            what = "pairs (each response alone)" if task.shape == "pairwise" else "samples"
+            self.notify(f"scoring {n} {what} on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
                         f"them cached, ~{tokens / 1e6:.2f} M prompt tokens in all; labelling starts "
                         "with the first scored samples")
             return crit.keys
@@ -114,18 +115,15 @@ def prepare(*, task: str, data: str | Path, labels: str | Path, llm: LLMConfig, 
             notify: Callable[[str], None] = lambda line: None, backend: Any = None) -> LabelApp:
     """Check everything, open the labels file and the LLM, bind the address: a one-line
     HdevalError for whatever is wrong, before anything is served or paid for."""
-    from hdeval.data import read_samples
+    from hdeval.data import read_task_samples
     from hdeval.llm import open_llm
     from hdeval.tasks import load_task
 
     the_task = load_task(task)
-    if the_task.shape != "pointwise":
-        raise ConfigError(f"task {the_task.name} judges pairs of responses: `hdeval label` labels pointwise "
-                          "tasks (a score per aspect) for now")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
     check_options(strategy, double_share)
-    samples = read_samples(data, the_task, require_scores=False)
+    samples = read_task_samples(data, the_task, require_labels=False)
     ev = check_artifact_task(artifact, the_task) if artifact is not None else None
     llm.validate()
     closers: list[Callable[[], None]] = []

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.app.labels import LabelStore, Rating, content_hash
+from hdeval.app.labels import PAIR_ASPECT, LabelStore, Rating, content_hash, majority_choice
 from hdeval.errors import ConfigError, DataError, HdevalError
-from hdeval.types import Sample, Task
+from hdeval.types import PairSample, Sample, Task
 
 DEFAULT_DOUBLE_SHARE = 0.10
 DEFAULT_REFIT_EVERY = 5
@@ -36,7 +36,7 @@ class Shown:
     """The sample a rater is asked about, and why it was picked."""
 
     index: int
-    sample: Sample
+    sample: Sample | PairSample
     reason: str
     strategy: str
 
@@ -77,13 +77,11 @@ class LabelSession:
     """One labelling run over one pool. ``selection``: the module with ``pick``, ``assess`` and
     ``labels_to_reach`` (:mod:`hdeval.learn.selection`; a test may hand another)."""
 
-    def __init__(self, task: Task, samples: Sequence[Sample], store: LabelStore, *, strategy: str | None = None,
+    def __init__(self, task: Task, samples: Sequence[Sample | PairSample], store: LabelStore, *, strategy: str | None = None,
                  double_share: float = DEFAULT_DOUBLE_SHARE, refit_every: int = DEFAULT_REFIT_EVERY,
                  seed: int = 0, selection: Any = None) -> None:
         if selection is None:
             from hdeval.learn import selection
-        if task.shape != "pointwise":
-            raise DataError(f"task {task.name} judges pairs: the labelling app labels pointwise tasks only for now")
         check_options(strategy, double_share, selection)
         self.task, self.samples, self.store, self.selection = task, list(samples), store, selection
         self.strategy = strategy or selection.DEFAULT
@@ -94,7 +92,9 @@ class LabelSession:
         self.index = {s.id: i for i, s in enumerate(self.samples)}
         self.hashes = [content_hash(s) for s in self.samples]
         self.groups = np.array([s.doc_id for s in self.samples], dtype=object)
-        self.aspects = list(task.aspect_keys)
+        # a pairwise task is labelled with one choice per pair (its data's ``label``), not per aspect
+        self.pairwise = task.shape == "pairwise"
+        self.aspects = [PAIR_ASPECT] if self.pairwise else list(task.aspect_keys)
         self.X = np.full((len(self.samples), 0), np.nan)
         self.scored = np.zeros(len(self.samples), dtype=bool)
         self.scoring = ScoringState(total=len(self.samples))
@@ -119,7 +119,8 @@ class LabelSession:
 
     def labelled(self) -> tuple[np.ndarray, np.ndarray]:
         """(rows of the pool with standing labels on their present content, their mean label per
-        aspect: NaN where no one rated it), in the order of their first standing label."""
+        aspect: NaN where no one rated it; a pair: the majority choice), in the order of their
+        first standing label."""
         sums: dict[int, dict[str, list[float]]] = {}
         first: dict[int, int] = {}
         for r in self._ratings.values():
@@ -130,7 +131,8 @@ class LabelSession:
         # in the order they were first labelled, as `data export-labels` writes them: the grouped
         # CV behind the panel's figure then sees the rows `train` reads, in the same order
         rows = np.array(sorted(sums, key=first.__getitem__), dtype=int)
-        y = np.array([[float(np.mean(sums[i][a])) if a in sums[i] else math.nan for a in self.aspects]
+        combine = majority_choice if self.pairwise else np.mean  # the rules `data export-labels` writes
+        y = np.array([[float(combine(sums[i][a])) if a in sums[i] else math.nan for a in self.aspects]
                       for i in rows]).reshape(len(rows), len(self.aspects))
         return rows, y
 
@@ -197,7 +199,7 @@ class LabelSession:
         cold = len(rows) < getattr(self.selection, "MIN_MODEL_LABELS", 8)
         strategy = self.cold_strategy if cold else self.strategy
         picks = self.selection.pick(self.X, rows, y, k=1, strategy=strategy, groups=self.groups,
-                                    seed=self.seed + len(rows), exclude=sorted(exclude))
+                                    seed=self.seed + len(rows), exclude=sorted(exclude), pairwise=self.pairwise)
         if not picks:
             return None
         p = picks[0]
@@ -235,7 +237,7 @@ class LabelSession:
         self._maybe_refit()
         return sid
 
-    def _sample(self, sample_id: str) -> Sample:
+    def _sample(self, sample_id: str) -> Sample | PairSample:
         i = self.index.get(sample_id)
         if i is None:
             raise DataError(f"no sample {sample_id!r} in the pool")
@@ -274,7 +276,7 @@ class LabelSession:
             keep = self.scored[rows]
             X, y, groups = self.X[rows[keep]].copy(), y[keep], self.groups[rows[keep]]
         start = time.perf_counter()
-        a = self.selection.assess(X, y, groups, seed=self.seed)
+        a = self.selection.assess(X, y, groups, seed=self.seed, pairwise=self.pairwise)
         fit = Fit(int(a.n_labels), a.agreement, a.low, a.high, a.reason, time.perf_counter() - start)
         with self._lock:
             self.fits.append(fit)
@@ -322,14 +324,15 @@ class LabelSession:
         return step, None if needed is None else max(0, int(needed) - last.n_labels)
 
     def _between_people(self) -> dict[str, Any]:
-        """Krippendorff's alpha per aspect (interval data) over the samples two or more people
-        rated; a reason where it cannot be told."""
+        """Krippendorff's alpha per aspect (interval data; a pair's choice: nominal) over the
+        samples two or more people rated; None where it cannot be told."""
         import krippendorff
 
         by: dict[str, dict[str, dict[str, float]]] = {}  # aspect -> rater -> sample -> value
         for r in self._ratings.values():
             if self._valid(r):
                 by.setdefault(r.aspect, {}).setdefault(r.rater, {})[r.sample_id] = r.value
+        level = "nominal" if self.pairwise else "interval"
         out: dict[str, Any] = {"aspects": {}, "shared": 0}
         for aspect in self.aspects:
             raters = by.get(aspect, {})
@@ -341,7 +344,7 @@ class LabelSession:
                 continue
             data = np.array([[v.get(s, np.nan) for s in units] for v in raters.values()], dtype=float)
             try:
-                alpha = float(krippendorff.alpha(reliability_data=data, level_of_measurement="interval"))
+                alpha = float(krippendorff.alpha(reliability_data=data, level_of_measurement=level))
             except (ValueError, ZeroDivisionError):
                 alpha = math.nan
             out["aspects"][aspect] = None if math.isnan(alpha) else alpha

@@ -67,7 +67,8 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class Completion:
-    """A raw LLM reply: text, the top alternatives for each generated token (if any), token usage."""
+    """A raw LLM reply: text, for each generated token (if asked) that token and then its top
+    alternatives (see :func:`generated_tokens`), token usage."""
 
     text: str
     top_logprobs: tuple[tuple[TokenLogprob, ...], ...] | None = None
@@ -169,9 +170,8 @@ def chat_completion(data: Any, logprobs: bool) -> Completion:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     lp = choice.get("logprobs") if logprobs else None
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        # an unreadable logprob is NaN: the scorer records a failure, not a score from what is left;
-        # no alternatives: the chosen token is all we know
-        top = read_top_logprobs([p.get("top_logprobs") or [p] for p in lp["content"][:MAX_POSITIONS]
+        # an unreadable logprob is NaN: the scorer records a failure, not a score from what is left
+        top = read_top_logprobs([_generated_first(p) for p in lp["content"][:MAX_POSITIONS]
                                  if isinstance(p, dict)]) or None
     else:
         top = None
@@ -183,6 +183,30 @@ def chat_completion(data: Any, logprobs: bool) -> Completion:
         # the server reports prompt tokens it served from its prompt cache
         prompt_tokens_evaluated=max(0, prompt_tokens - token_count(cached)) if cached is not None else None,
     )
+
+
+def _generated_first(position: dict) -> list:
+    """One position of a reply's logprobs as :attr:`Completion.top_logprobs` holds it: the token
+    the server generated first, then the other alternatives. A server may report probabilities
+    from before its constraint was applied (llama.cpp's server), so the generated token need not
+    be the likeliest, nor among the alternatives at all: then it goes first with its own logprob."""
+    alts = [a for a in (position.get("top_logprobs") or [])[:MAX_ALTERNATIVES] if isinstance(a, dict)]
+    token = position.get("token")
+    if not isinstance(token, str):
+        return alts
+    mine = next((a for a in alts if a.get("token") == token), None)
+    return [mine or {"token": token, "logprob": position.get("logprob")}, *(a for a in alts if a is not mine)]
+
+
+def generated_tokens(completion: Completion) -> list[str] | None:
+    """The tokens a reply was generated as (each position's first, see :func:`_generated_first`)
+    when they spell its text exactly; None otherwise (no logprobs, an empty position, or tokens
+    the text does not have, as a fence the server stripped), when positions cannot be trusted."""
+    top = completion.top_logprobs
+    if not top or not all(top):
+        return None
+    tokens = [pos[0].token for pos in top]
+    return tokens if "".join(tokens) == completion.text else None
 
 
 @runtime_checkable

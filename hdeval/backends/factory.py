@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from hdeval.backends.base import Backend
+from hdeval.config import DIALECT_ENV
 from hdeval.errors import ConfigError
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
@@ -97,6 +98,8 @@ def _openai(config: Any, offline: bool) -> Backend:
         api_key=os.environ.get("OPENAI_API_KEY") or ("dry-run-sends-nothing" if offline else None),
         timeout=config.timeout,
         max_retries=config.max_retries,
+        dialect=getattr(config, "dialect", None) or os.environ.get(DIALECT_ENV) or "auto",
+        detect=not offline,  # a dry run sends nothing
     )
 
 

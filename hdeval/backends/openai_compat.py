@@ -18,6 +18,7 @@ import random
 import re
 import time
 import urllib.request
+import warnings
 import zlib
 from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -27,9 +28,10 @@ import openai
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from hdeval import __version__, aio
-from hdeval.backends.base import Completion, CompletionRequest, chat_completion
-from hdeval.backends.constraints import constraint_of, to_openai_params
-from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from hdeval.backends.base import Completion, CompletionRequest, chat_completion, token_count
+from hdeval.backends.constraints import Labels, Scale, constraint_of, to_gbnf, to_openai_params
+from hdeval.backends.llama_server import choose_completion, choose_params
+from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.redaction import Redactor
 from hdeval.urls import public_url
@@ -57,6 +59,18 @@ _REQUEST_PROBLEM = re.compile(
     r"|safety|flagged|invalid[ _-]prompt|prompt is invalid",
     re.I,
 )
+
+
+# How a server is told a request's answer constraint (see hdeval.backends.constraints): "openai"
+# (structured outputs for JSON, nothing for a scale or labels: today's behaviour for any server it
+# does not recognise), "llama.cpp" (a grammar, and the embedded runtime's one-word request),
+# "vllm" (``guided_choice``; SGLang takes it too); "auto" asks the server's /models.
+_DETECT_TIMEOUT = 5.0
+_MODELS_REPLY_BYTES = 2**20
+
+
+class ModelMismatch(UserWarning):
+    """The server answered with another model than the one asked for."""
 
 
 class _Transient(Exception):
@@ -285,6 +299,8 @@ class OpenAICompatBackend:
     transient failures, waiting ``backoff_base * 2**n`` seconds plus jitter (capped at
     ``backoff_cap``); malformed bodies are retried at most ``max_malformed_retries`` times.
     :meth:`acomplete` runs on :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
+    ``dialect`` (one of :data:`~hdeval.config.DIALECTS`) is how the answer constraint is sent;
+    "auto" asks the server's ``/models`` once, when first needed, unless ``detect`` is False.
     """
 
     def __init__(
@@ -299,7 +315,11 @@ class OpenAICompatBackend:
         backoff_cap: float = 30.0,
         max_malformed_retries: int = 2,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        dialect: str = "openai",
+        detect: bool = True,
     ) -> None:
+        if dialect not in DIALECTS:
+            raise ConfigError(f"unknown LLM server dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
         url = (base_url or OPENAI_BASE_URL).strip()
@@ -316,7 +336,6 @@ class OpenAICompatBackend:
         self.model = model
         self.base_url = _display_url(url)  # identity material: unchanged, so caches keep hitting
         self.shown_url = _shown(url)  # what messages show: no credentials, no query
-        self.identity = f"openai:{model}@{self.base_url}"
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
@@ -353,6 +372,12 @@ class OpenAICompatBackend:
             # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
             self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
+        # asked of the server once, when first needed (it joins the identity: a constrained reply
+        # is not the unconstrained one); a dry run (``detect`` False) never asks
+        self._dialect = None if dialect == "auto" else dialect
+        self._detect = detect and base_url is not None and not self._azure \
+            and (parts.hostname or "").lower() != "api.openai.com"
+        self._model_warned = False
         # False (never back) once the server rejects logprobs, or response_format json_schema
         self.logprobs_supported = self.schema_supported = True
         self._sdks: list[Any] = []  # every SDK client made (on the loop, when needed)
@@ -361,6 +386,56 @@ class OpenAICompatBackend:
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
+
+    @property
+    def identity(self) -> str:
+        """The cache identity; a dialect that sends scale and label constraints is part of it."""
+        dialect = self.dialect
+        return f"openai:{self.model}@{self.base_url}" + ("" if dialect == "openai" else f"+{dialect}")
+
+    @property
+    def dialect(self) -> str:
+        if self._dialect is None:
+            self._dialect = self._detect_dialect() if self._detect else "openai"
+        return self._dialect
+
+    def _detect_dialect(self) -> str:
+        """The dialect the server's ``/models`` reply names (llama.cpp's server: ``owned_by:
+        llamacpp`` or a ``Server: llama.cpp`` header; vLLM and SGLang: ``owned_by`` vllm/sglang);
+        "openai" for any other reply or none."""
+        headers = dict(self._headers)
+        if self._key != PLACEHOLDER_KEY and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {self._key}"
+        try:
+            with http_client(_DETECT_TIMEOUT, self._proxy, _MODELS_REPLY_BYTES, 1, sync=True) as client:
+                reply = client.get(self._sdk_url.rstrip("/") + "/models", headers=headers,
+                                   params=self._query or None)
+                body = reply.read()
+            server = reply.headers.get("server", "").lower()
+            data = json.loads(body) if reply.status_code == 200 else {}
+        except (httpx2.HTTPError, ValueError, RecursionError, OSError) as exc:
+            log.info("cannot ask %s which server it is (%s): no answer constraint sent",
+                     self.shown_url, self._redact(one_line(str(exc))))
+            return "openai"
+        models = data.get("data") if isinstance(data, dict) else None
+        owners = {m.get("owned_by") for m in models[:100] if isinstance(m, dict)} if isinstance(models, list) else set()
+        if "llamacpp" in owners or server.startswith("llama.cpp"):
+            return "llama.cpp"
+        if owners & {"vllm", "sglang"}:
+            return "vllm"
+        return "openai"
+
+    def _check_model(self, data: Any) -> None:
+        """Say once when the server answered with another model than the one asked for (a
+        server with one model answers any name with it): the artifact would record the wrong one."""
+        got = data.get("model") if isinstance(data, dict) else None
+        if self._model_warned or not isinstance(got, str) or not got or got.startswith(self.model) \
+                or os.path.basename(got) == self.model:
+            return
+        self._model_warned = True  # OpenAI answers "gpt-4o-mini" with "gpt-4o-mini-2024-07-18": not a mismatch
+        warnings.warn(f"--llm {self.model!r} was asked for, but {self.shown_url} answered with model "
+                      f"{one_line(got)[:120]!r}; give that name as --llm so the artifact records the "
+                      "model that judged", ModelMismatch, stacklevel=2)
 
     def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
@@ -417,9 +492,27 @@ class OpenAICompatBackend:
         if logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = request.top_logprobs
-        # the answer constraint (nothing for a scale or labels: the body stays as without one)
-        params.update(to_openai_params(constraint_of(request), self.schema_supported))
+        constraint = constraint_of(request)
+        dialect = self.dialect
+        if isinstance(constraint, (Scale, Labels)) and dialect == "llama.cpp":
+            if constraint.single_token:  # as the embedded runtime asks it: the same probabilities
+                params.update(choose_params(constraint, 0 if request.seed is None else request.seed))
+            else:
+                params["grammar"] = to_gbnf(constraint)
+        elif isinstance(constraint, (Scale, Labels)) and dialect == "vllm" and constraint.words:
+            if not isinstance(constraint, Scale) or constraint.count == 1:
+                params["guided_choice"] = list(constraint.words)
+        else:
+            # structured outputs for JSON; nothing for a scale or labels (the body stays as without)
+            params.update(to_openai_params(constraint, self.schema_supported))
         return params
+
+    def _one_word(self, request: CompletionRequest) -> Scale | Labels | None:
+        """The constraint of a request sent as llama.cpp's one-word request, if it is one."""
+        constraint = constraint_of(request)
+        if isinstance(constraint, (Scale, Labels)) and constraint.single_token and self.dialect == "llama.cpp":
+            return constraint
+        return None
 
     def request_line(self, key: str, request: CompletionRequest) -> bytes:
         """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
@@ -444,17 +537,28 @@ class OpenAICompatBackend:
             log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, state.next_action.sleep,
                      state.attempt_number, self._redact(str(state.outcome.exception())))
 
+        one_word = self._one_word(request)
+
+        def read(data: Any) -> Completion:
+            if one_word is None:
+                return read_completion(data, logprobs, self._redact)
+            usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
+            try:
+                return choose_completion(data, one_word, request, token_count(usage.get("prompt_tokens")), None)
+            except BackendError as exc:
+                raise ValueError(str(exc)) from None
+
         try:
             # the first attempt outside tenacity (setting it up costs more than a call's own
             # work); a failure is handed to it as its first attempt, so the policy is unchanged
-            return await self._attempt(body, headers, logprobs, schema_sent)
+            return await self._attempt(body, headers, logprobs, schema_sent, read)
         except _Transient as exc:
             first: list[_Transient] = [exc]
 
         async def attempt() -> Completion:
             if first:
                 raise first.pop()
-            return await self._attempt(body, headers, logprobs, schema_sent)
+            return await self._attempt(body, headers, logprobs, schema_sent, read)
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
@@ -474,7 +578,8 @@ class OpenAICompatBackend:
                        f"{RESUME_HINT}")
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
-    async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool) -> Completion:
+    async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool,
+                       read: Any) -> Completion:
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
         if self._idle:
@@ -511,7 +616,7 @@ class OpenAICompatBackend:
                 self._idle.append(sdk)
         if stray:
             raise _Transient("the server sent a response nobody asked for on the connection; closed it, asking again")
-        return self._parse(data, logprobs)
+        return self._parse(data, read)
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
                       schema_sent: bool = False) -> Exception:
@@ -546,9 +651,14 @@ class OpenAICompatBackend:
             msg = f"the server at {self.shown_url} rejected the request (HTTP {status}): {detail}"
         return BackendError(self._redact(msg))
 
-    def _parse(self, body: bytes, logprobs: bool) -> Completion:
+    def _parse(self, body: bytes, read: Any) -> Completion:
+        """``body`` read by ``read`` (data -> Completion), or as a chat completion with logprobs
+        when ``read`` is True (request files)."""
         try:
-            return read_completion(read_reply(body), logprobs, self._redact)
+            data = read_reply(body)
+            completion = read(data) if callable(read) else read_completion(data, bool(read), self._redact)
+            self._check_model(data)
+            return completion
         except ValueError:
             snippet = one_line(self._redact(body[:80].decode("utf-8", "replace"))) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None

@@ -8,7 +8,6 @@ truncation, so the probabilities are the model's own over the words. The server'
 from __future__ import annotations
 
 import dataclasses
-import math
 import secrets
 import threading
 from pathlib import Path
@@ -17,12 +16,9 @@ from typing import Any, Mapping, Sequence
 from hdeval.backends.base import (
     MAX_ALTERNATIVES, Completion, CompletionRequest, Message, chat_completion, token_count,
 )
-from hdeval.backends.constraints import (
-    Constraint, Labels, Scale, constraint_of, first_token_word, to_gbnf, to_llama_params,
-)
-from hdeval.backends.llama_cpp import (
-    DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec, word_completion,
-)
+from hdeval.backends.constraints import Constraint, Labels, Scale, constraint_of, to_llama_params
+from hdeval.backends.llama_cpp import DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec
+from hdeval.backends.llama_server import choose_completion, choose_params
 from hdeval.errors import BackendError, ConfigError
 
 PARALLEL_ENV = "HDEVAL_LOCAL_PARALLEL"
@@ -149,51 +145,6 @@ class XLlamaCppBackend:
         return dataclasses.replace(completion, prompt_tokens_evaluated=evaluated)
 
     def _choose(self, request: CompletionRequest, constraint: Scale | Labels) -> Completion:
-        """One word of ``constraint``: a token that begins one word gives it its probability (read
-        at temperature 1, no truncation), renormalised over the words."""
-        words = constraint.words
-        reply, prompt_tokens, evaluated = self._call(
-            request.messages,
-            max_tokens=1,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            min_p=0.0,
-            samplers=["temperature"],
-            seed=self.seed,
-            grammar=to_gbnf(constraint),
-            logprobs=True,
-            top_logprobs=min(MAX_ALTERNATIVES, 4 * len(words) + 4),
-            post_sampling_probs=True,
-        )
-        probs: dict[str, float] = {}
-        for token, p in _first_probs(reply):
-            word = first_token_word(constraint, token)
-            if word is not None and p > 0.0:
-                probs[word] = probs.get(word, 0.0) + p
-        total = sum(probs.values())
-        if total <= 0.0:
-            raise BackendError("llama.cpp returned no probabilities for the allowed answers")
-        return word_completion({w: math.log(p / total) for w, p in probs.items()}, words, request,
-                               prompt_tokens, evaluated)
-
-
-# reply parsing: bounded, the reply is untrusted like any server's
-def _first_probs(reply: Mapping) -> list[tuple[str, float]]:
-    """The (token, probability) alternatives at the first generated position, best first."""
-    choices = reply.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise BackendError("llama.cpp reply holds no choices")
-    lp = choices[0].get("logprobs")
-    content = lp.get("content") if isinstance(lp, Mapping) else None
-    if not isinstance(content, list) or not content or not isinstance(content[0], Mapping):
-        raise BackendError("llama.cpp reply holds no logprobs")
-    alts = content[0].get("top_probs")
-    out: list[tuple[str, float]] = []
-    for a in alts if isinstance(alts, list) else []:
-        tok, p = (a.get("token"), a.get("prob")) if isinstance(a, Mapping) else (None, None)
-        if isinstance(tok, str) and isinstance(p, (int, float)) and not isinstance(p, bool) \
-                and math.isfinite(p):
-            out.append((tok, float(p)))
-    out.sort(key=lambda tv: -tv[1])
-    return out
+        """One word of ``constraint``: see :mod:`hdeval.backends.llama_server`."""
+        reply, prompt_tokens, evaluated = self._call(request.messages, **choose_params(constraint, self.seed))
+        return choose_completion(reply, constraint, request, prompt_tokens, evaluated)

@@ -33,7 +33,9 @@ DEFINITIONS = {
     "rows": "every figure is taken on the test rows every method of the same seed and training fraction "
             "scored ('compared'): a row with an empty LLM-filled cell or no prediction in any method's run "
             "is left out for all of them (whatever a method does with it: HD-Eval imputes, direct leaves "
-            "it empty). failure_rate: a method's share of test rows it failed on.",
+            "it empty). failure_rate: a method's share of test rows it failed on. 'own_rows': the method's "
+            "figure on all its own test rows (those it did not fail on, whatever other methods failed), "
+            "with its failure rate, beside the compared-rows figure used for every comparison.",
     "bootstrap": "One estimate over all seeds: per resample, each seed's compared test documents are drawn "
                  "with replacement (seeded, within that seed) and the statistic is averaged over the seeds; "
                  "95% percentile interval of the average dataset-level Spearman (pairwise: both agreements), "
@@ -89,6 +91,21 @@ def compare_rows(held: Mapping[tuple, Any]) -> tuple[dict[tuple, Any], dict[tupl
     return kept, rows
 
 
+def own_rows(ho: HeldOut | PairHeldOut) -> dict[str, Any]:
+    """A run's figure on all its own test rows (every row it did not fail on, whatever the other
+    methods failed), with its failure rate: next to the compared-rows figure, it shows how much
+    a method's headline owes to the rows other methods failed on."""
+    n = len(ho.sample_ids)
+    ok = np.ones(n, bool) if ho.failed is None else ~ho.failed
+    mine = ho.rows(ok)
+    rec: dict[str, Any] = {"rows": int(ok.sum()), "failure_rate": _num((n - ok.sum()) / n) if n else None}
+    if isinstance(mine, PairHeldOut):
+        rec["agreement"] = {v: pair_agreement(mine.human, *ab) for v, ab in mine.predictions.items()}
+    else:
+        rec["dataset"] = metric_table(mine.y, mine.pred, mine.aspects)
+    return rec
+
+
 def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """The LLM use of these runs summed: requests (calls paid + cache hits), then each count."""
     u = {k: sum(int(r["usage"].get(k, 0)) for r in mine)
@@ -96,12 +113,50 @@ def usage(mine: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {"requests": u["calls"] + u["cache_hits"], **u}
 
 
+def layers_on_rows(fitted: Any, ho: HeldOut) -> dict[str, Any] | None:
+    """Each HD-Eval layer's proxy aggregator (the layer's kept kind, refitted on the training
+    rows of the first layers' criteria; the kept layer's is the evaluator itself) on the rows
+    ``ho`` holds: the compared rows, so the criteria-efficiency points and the main table give
+    the same evaluator the same figure. None for an evaluator without criteria layers."""
+    from sklearn.base import clone
+
+    from hdeval.aggregate import Aggregator
+
+    agg, table = getattr(fitted, "aggregator", None), getattr(fitted, "score_table", None)
+    reports = (getattr(fitted, "manifest_extra", None) or {}).get("layers")
+    if not isinstance(agg, Aggregator) or not reports or table is None or not agg.aspects:
+        return None
+    keys = [str(c) for c in table.columns if c not in ("sample_id", "split") and not str(c).startswith("human:")]
+    train = table[table["split"] == "train"]
+    where = {str(s): i for i, s in enumerate(table["sample_id"])}
+    test = table.iloc[[where[s] for s in ho.sample_ids]]
+    y_train = train[[f"human:{a}" for a in agg.aspects]].to_numpy(float)
+    kept = (fitted.metrics.get("selection") or {}).get("kept_layer")
+    out, total = {}, 0
+    for r in sorted(reports, key=lambda r: int(r["layer"])):
+        total += len(r.get("added") or [])
+        cols = keys[:total]
+        if int(r["layer"]) == kept and list(fitted.feature_keys) == cols:
+            model = agg
+        else:
+            columns = [[j for j, k in enumerate(cols) if k == a] + [j for j, k in enumerate(cols) if k.startswith(a + "/")]
+                       for a in agg.aspects]
+            params = dict(r.get("params") or {})
+            if "hidden_layer_sizes" in params:
+                params["hidden_layer_sizes"] = tuple(params["hidden_layer_sizes"])
+            model = clone(agg).set_params(kind=r["aggregator"], aspect_columns=columns, **params)
+            model.fit(train[cols].to_numpy(float), y_train)
+        out[str(int(r["layer"]))] = metric_table(ho.y, model.predict(test[cols].to_numpy(float)), ho.aspects)
+    return out
+
+
 def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | None, frac: float, seed: int,
-                rows: Mapping[str, Any]) -> dict[str, Any]:
+                rows: Mapping[str, Any], own: Mapping[str, Any] | None = None) -> dict[str, Any]:
     m = fitted.metrics
     rec = {"method": method, "aggregator": agg, "train_frac": frac, "seed": seed,
            "fitted_aggregator": fitted.fitted_aggregator(), "n_train": m["split"]["train"],
-           "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows)}
+           "n_test": m["split"]["test"], "usage": dict(m.get("usage") or {}), "rows": dict(rows),
+           **({"own_rows": dict(own)} if own is not None else {})}
     if isinstance(ho, PairHeldOut):
         return {**rec, "agreement": {v: pair_agreement(ho.human, *ab) for v, ab in ho.predictions.items()}}
     rec.update({
@@ -110,6 +165,9 @@ def _run_record(fitted: Any, ho: HeldOut | PairHeldOut, method: str, agg: str | 
         "ranking": {"exact_match": _per_aspect(ho, ranking_exact_match),
                     "kendall_per_document": _per_aspect(ho, summary_level_correlation, metric="kendall")},
     }, **(fitted.benchmark_record() if isinstance(fitted, BenchmarkRecord) else {}))
+    compared = layers_on_rows(fitted, ho)
+    if compared is not None:
+        rec["layers_compared"] = compared
     return rec
 
 
@@ -128,8 +186,10 @@ def criteria_efficiency(settings: Sequence[Mapping[str, Any]],
             points = [{"layer": None, "criteria": mean_std([r["criteria"] for r in mine]),
                        "spearman": s["dataset"]["average"]["spearman"]}]
         else:
+            # on the compared rows, as the main table (older results: each artifact's own test rows)
+            figures = s.get("layers_compared") or s["layers"]
             points = [{"layer": int(k), "criteria": mean_std([r["criteria_per_layer"].get(k) for r in mine]),
-                       "spearman": s["layers"][k]} for k in s["layers"]]
+                       "spearman": figures[k]} for k in figures]
         out.append({"method": s["method"], "aggregator": s["aggregator"], "train_frac": s["train_frac"],
                     "points": points})
     return out
@@ -157,9 +217,22 @@ def _settings(spec: BenchmarkSpec, runs: list[dict[str, Any]], held: Mapping[tup
              "rows": {"compared": [r["rows"]["compared"] for r in mine],
                       "documents_compared": [r["rows"]["documents_compared"] for r in mine],
                       "failure_rate": mean_std([r["rows"]["failure_rate"] for r in mine])}}
+        if all("own_rows" in r for r in mine):
+            s["own_rows"] = {"rows": [r["own_rows"]["rows"] for r in mine],
+                             "failure_rate": mean_std([r["own_rows"]["failure_rate"] for r in mine])}
+            if pairwise:
+                s["own_rows"]["agreement"] = {
+                    v: {k: mean_std([((r["own_rows"]["agreement"].get(v) or {}).get(k)) for r in mine])
+                        for k in PAIR_STATISTICS} for v in s["agreement"]}
+            else:
+                s["own_rows"]["average_spearman"] = mean_std(
+                    [_avg(r["own_rows"]["dataset"], "spearman") for r in mine])
         if "layers" in mine[0]:  # a method with criteria layers: the layer ablation
             layers = sorted({k for r in mine for k in r["layers"]}, key=int)
             s["layers"] = {k: mean_std([_avg(r["layers"].get(k) or {}, "spearman") for r in mine]) for k in layers}
+            if all("layers_compared" in r for r in mine):
+                s["layers_compared"] = {k: mean_std([_avg(r["layers_compared"].get(k) or {}, "spearman")
+                                                     for r in mine]) for k in layers}
             names = sorted({k for r in mine for k in r["baselines"]})
             s["baselines"] = {k: mean_std([_avg(r["baselines"].get(k) or {}, "spearman") for r in mine])
                               for k in names}

@@ -61,17 +61,17 @@ class BenchmarkSpec:
     method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from hdeval.aggregate import KINDS
+        from hdeval.aggregate import CANDIDATES
 
         known = entries()
         unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             raise ConfigError(f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
                               f"benchmark runs {', '.join(known)}")
-        bad = [a for a in self.aggregators if a not in KINDS + ("auto",)]
+        bad = [a for a in self.aggregators if a not in CANDIDATES + ("auto",)]
         if bad or not self.aggregators:
             raise ConfigError(f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
-                              f"{', '.join(KINDS)}, auto")
+                              f"{', '.join(CANDIDATES)}, auto")
         if self.seeds < 1:
             raise ConfigError(f"--seeds must be at least 1, got {self.seeds}")
         if not self.train_fracs or not all(0 < f < 1 for f in self.train_fracs):

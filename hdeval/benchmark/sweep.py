@@ -10,7 +10,7 @@ from hdeval.progress import Progress
 from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, pair_references, usage,
+    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, own_rows, pair_references, usage,
 )
 from hdeval.benchmark.spec import BenchmarkSpec, artifact_name, check_shapes, entries
 from hdeval.benchmark.statistics import group
@@ -94,7 +94,7 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
     compared, rows = compare_rows(held)
     runs: list[dict[str, Any]] = []
     for fitted, key in zip(fits, plan):
-        runs.append(_run_record(fitted, compared[key], *key, rows=rows[key]))
+        runs.append(_run_record(fitted, compared[key], *key, rows=rows[key], own=own_rows(held[key])))
         if artifacts is not None:
             runs[-1]["artifact"] = f"{RUNS}/{artifact_name(*key)}"
     settings = _settings(spec, runs, compared, shape == "pairwise")

@@ -31,6 +31,18 @@ def _ci(ci: Mapping[str, Any] | None) -> str:
     return f"[{_f(ci['low'])}, {_f(ci['high'])}]" if ci else ""
 
 
+def _own(s: Mapping[str, Any], figure: str, key: str | None = None) -> str:
+    """The figure on a method's own test rows (all it did not fail on) and their count."""
+    own = s.get("own_rows") or {}
+    d = own.get(figure)
+    if d is not None and key is not None:
+        d = (d.get("evaluator") or {}).get(key)
+    if not d:
+        return ""
+    n = sorted(set(own.get("rows") or []))
+    return f"{_ms(d)} ({'/'.join(str(x) for x in n)} rows)"
+
+
 def _rows_cost(s: Mapping[str, Any]) -> list[str]:
     """failure rate, rows compared (per seed when they differ), requests and the new calls among them."""
     rows = s.get("rows") or {}
@@ -49,7 +61,8 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
     title = f"Benchmark: {results['task']} ({', '.join(aspects)})"
     intro = (f"Held-out dataset-level Spearman, mean ± std over {_over(results)}. {_pooled(results)}")
     head = ["method", "train frac", *aspects, "average", "summary-level", "rank exact-match", "95% CI",
-            "Δ vs direct [95% CI], p", "failed", "rows compared", "requests (new calls)"]
+            "Δ vs direct [95% CI], p", "failed", "rows compared", "requests (new calls)",
+            "average on its own rows"]
     rows = []
     for s in results["settings"]:
         b = s["bootstrap"]
@@ -57,7 +70,7 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
         rows.append([_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
                      _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
                      _ms(s["ranking"]["exact_match"]["average"]), _ci(ci),
-                     _delta(b.get("vs_direct")), *_rows_cost(s)])
+                     _delta(b.get("vs_direct")), *_rows_cost(s), _own(s, "average_spearman")])
     tables: list[Table] = [(intro, head, rows)]
     ablation = [s for s in results["settings"] if s.get("layers")]
     if ablation:
@@ -70,7 +83,8 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
                          *[_ms(s["baselines"].get(k)) for k in base_keys]] for s in ablation]))
     if results.get("criteria_efficiency"):
         tables.append(("Criteria efficiency (held-out average Spearman against the number of criteria the "
-                       "evaluator uses; HD-Eval: its layer-k proxy aggregator, direct: the aspects):",
+                       "evaluator uses, on the rows compared, as above; HD-Eval: its layer-k proxy aggregator, "
+                       "direct: the aspects):",
                        ["method", "train frac", "layer", "criteria", "average Spearman"],
                        [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
                          _ms1(pt["criteria"]), _ms(pt["spearman"])]
@@ -123,7 +137,7 @@ def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
              f"gives every pair the training split's most frequent label. {_pooled(results)}")
     head = ["method", "train frac", "w/o ties", "95% CI", "w/ ties", "95% CI",
             f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", f"Δ w/ ties vs {PAIR_BASELINE} [95% CI], p",
-            "failed", "rows compared", "requests (new calls)"]
+            "failed", "rows compared", "requests (new calls)", "w/ ties on its own rows"]
     rows = []
     for s in [*results.get("reference", []), *results["settings"]]:
         b = s["bootstrap"]
@@ -135,7 +149,8 @@ def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
             name = _name(s) + ("" if variant == "evaluator" else " (learned)")
             rows.append([name, f"{s['train_frac']:g}", _ms(ag.get("wo_ties")), _ci(ci.get("wo_ties")),
                          _ms(ag.get("w_ties")), _ci(ci.get("w_ties")), _delta(vs.get("wo_ties")),
-                         _delta(vs.get("w_ties")), *(_rows_cost(s) if variant == "evaluator" else ["", "", ""])])
+                         _delta(vs.get("w_ties")), *(_rows_cost(s) if variant == "evaluator" else ["", "", ""]),
+                         _own(s, "agreement", "w_ties") if variant == "evaluator" else ""])
     from hdeval.benchmark.curves import curve_tables
 
     return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), *curve_tables(results),

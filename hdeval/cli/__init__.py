@@ -59,6 +59,26 @@ class _Commands(click.Group):
             return self.commands[name]
         return self._plugin_commands().get(name)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's summary is its first sentence, whole and wrapped (click's default cuts
+        it at the terminal's width with "...", mid-sentence)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.short_help or _first_sentence(cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _first_sentence(text: str) -> str:
+    import inspect
+    import re
+
+    para = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s", para, maxsplit=1)[0]
+
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hdeval")
@@ -70,7 +90,9 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.admin import cache, methods_cmd, tasks_cmd
     from hdeval.cli.apply import apply, merge_shards
     from hdeval.cli.benchmark import benchmark
+    from hdeval.cli.check import check
     from hdeval.cli.data import data
+    from hdeval.cli.init import init
     from hdeval.cli.label import export_labels, label
     from hdeval.cli.ppi_estimate import estimate
     from hdeval.cli.refit import refit
@@ -79,7 +101,7 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.methods.registry import builtin_methods
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, benchmark,
-                    estimate, label, refit):
+                    estimate, label, init, check, refit):
         cli.add_command(command)
     data.add_command(export_labels)
     for method in builtin_methods():  # the commands a built-in method adds (hdeval paireval ...)

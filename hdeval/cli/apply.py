@@ -19,7 +19,7 @@ from hdeval.errors import ConfigError
 
 @click.command()
 @click.argument("artifact", type=click.Path())
-@click.argument("input_file", metavar="INPUT.jsonl", type=click.Path())
+@click.argument("input_file", metavar="INPUT", type=click.Path())
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Where to write the scores: .jsonl, .csv or .parquet (by extension); - for JSONL on stdout. "
                    "Written a chunk at a time to a temporary file beside it and renamed into place at the "
@@ -36,6 +36,11 @@ from hdeval.errors import ConfigError
                    "Data LLM, a provider's batch API), then exit. Import the answers with `hdeval cache "
                    "import RESULTS --requests REQUESTS.jsonl` and rerun: no calls for them. "
                    "OpenAI-compatible backends (--llm MODEL, --base-url URL).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --output or --export-requests file (refused without it).")
+@click.option("--keep-columns", is_flag=True,
+              help="Also write each input row's own columns (as read, ahead of the scores; one named like an "
+                   "output field as input.NAME), so the output shows what was scored.")
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--explain", is_flag=True,
               help="Add, per sample and aspect, the top contributing criteria with SHAP values.")
@@ -51,9 +56,14 @@ from hdeval.errors import ConfigError
 @batch_option
 @guarded
 def apply(artifact: str, input_file: str, output: str | None, shard: str | None, export_file: str | None,
-          quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float,
+          force: bool, keep_columns: bool, quiet: bool, explain: bool, top: int, max_failure_rate: float, max_interval_width: float,
           **llm_options: Any) -> None:
     """Score new samples with a trained evaluator (same criteria, prompts and LLM; cached).
+
+    INPUT is JSONL, or by its extension CSV, TSV, JSON (a list of objects) or Parquet (with
+    pyarrow installed), its columns mapped to fields as the task's [columns] says (recorded in
+    the artifact; `hdeval init` writes it), else by their names; rows without an id get one
+    from their texts, the same as an identical training row's.
 
     The input is validated first (every bad line reported, nothing paid for), then read, scored
     and written 1,000 samples at a time: memory does not grow with the input. An apply that
@@ -64,6 +74,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     Example:
       hdeval apply artifacts/summeval-nn new.jsonl -o scored.jsonl
       hdeval apply artifacts/summeval-nn new.jsonl -o - | jq .scores
+      hdeval apply artifacts/my-eval new.csv -o scored.csv --keep-columns
       hdeval apply artifacts/summeval-nn new.jsonl --shard 1/2 -o part1.jsonl   # machine 1
       hdeval apply artifacts/summeval-nn new.jsonl --shard 2/2 -o part2.jsonl   # machine 2
       hdeval merge-shards scored.jsonl part1.jsonl part2.jsonl
@@ -77,10 +88,12 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
 
         del llm_options["max_calls"]  # exporting pays for nothing
         batch = llm_options.pop("batch")
-        for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch")):
+        for given, name in ((output, "--output"), (explain or None, "--explain"), (batch or None, "--batch"),
+                            (keep_columns or None, "--keep-columns")):
             if given is not None:
                 raise ConfigError(f"--export-requests scores nothing: drop {name}")
-        n = export_apply_requests(artifact, input_file, export_file, shard=shard, **llm_options, **policy())
+        n = export_apply_requests(artifact, input_file, export_file, shard=shard, replace=force, **llm_options,
+                                  **policy())
         if not n:
             return note(f"every request is cached: nothing to export ({export_file} is empty); run apply with -o")
         where = f" --cache-dir {llm_options['cache_dir']}" if llm_options["cache_dir"] else ""
@@ -94,7 +107,7 @@ def apply(artifact: str, input_file: str, output: str | None, shard: str | None,
     try:
         res = apply_file(artifact, input_file, output, shard=shard, explain=explain, top=top,
                          max_failure_rate=max_failure_rate, max_interval_width=max_interval_width,
-                         progress=progress, **llm_options, **policy())
+                         progress=progress, replace=force, keep_columns=keep_columns, **llm_options, **policy())
     finally:
         progress.close()
     u = res.usage

@@ -27,7 +27,8 @@ def _csv(value: str) -> tuple[str, ...]:
                    "besides the response); on a pairwise task: dna, dna-direct (DnA's --dna-mode direct "
                    "baseline), hdeval.")
 @click.option("--aggregators", default="lr", show_default=True,
-              help="Comma-separated aggregators of hdeval and paireval: lr, dt, rf, nn, auto.")
+              help="Comma-separated aggregators of hdeval and paireval, each a row of the tables: mean, "
+                   "direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf, auto.")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
 @click.option("--train-fracs", default="0.5", show_default=True, help="Comma-separated training fractions.")
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")

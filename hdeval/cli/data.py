@@ -178,11 +178,12 @@ def list_cmd() -> None:
 @click.option("--score-col", "score_cols", multiple=True, metavar="ASPECT=COLUMN",
               help="Column holding an aspect's human score; repeatable. Default: the column named like the aspect.")
 @click.option("--unscored", is_flag=True, help="Import without human scores (data to score, not to train on).")
+@click.option("--force", is_flag=True, help="Replace an existing -o file (refused without it).")
 @_errors_to_exit
 def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: str | None,
                source_col: str | None, context_col: str | None, output_col: str | None,
                reference_col: str | None, doc_col: str | None, system_col: str | None,
-               score_cols: tuple[str, ...], unscored: bool) -> None:
+               score_cols: tuple[str, ...], unscored: bool, force: bool) -> None:
     """Convert FILE (CSV, TSV, JSON list or JSONL) into hdeval's sample schema for a task.
 
     Every row is checked before anything is written; problems are reported with their row
@@ -191,7 +192,7 @@ def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: s
     """
     from hdeval.run.output import check_output
 
-    check_output(out, [file, task_name if task_name.endswith(".toml") else None])
+    check_output(out, [file, task_name if task_name.endswith(".toml") else None], replace=force)
     task = load_task(task_name)
     columns = ColumnMap(id=id_col, source=source_col, context=context_col, output=output_col,
                         reference=reference_col, doc=doc_col, system=system_col,

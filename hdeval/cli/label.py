@@ -41,7 +41,8 @@ _stopped = functools.partial(guarded, interrupted="stopped: every label the page
 def label(task, data, labels, artifact, host, port, open_browser, strategy, double_share, refit_every, seed,
           llm, base_url, concurrency, timeout, max_retries, cache_dir, max_calls) -> None:
     """Label samples in a local web page: it asks for the samples that teach the evaluator most and
-    re-fits as you go. Labels are stored in LABELS as you give them."""
+    re-fits as you go. Labels are stored in LABELS as you give them. A pairwise task is labelled
+    with one choice per pair: A, B or tie (keys a, b, t)."""
     from hdeval.app.launch import prepare
     from hdeval.config import LLMConfig
 
@@ -52,7 +53,8 @@ def label(task, data, labels, artifact, host, port, open_browser, strategy, doub
                   notify=lambda line: click.echo(line, err=True))
     try:
         app.start_scoring(concurrency)
-        click.echo(f"labelling {app.session.task.name}: {len(app.session.samples)} samples in the pool, labels in "
+        what = "pairs" if app.session.pairwise else "samples"
+        click.echo(f"labelling {app.session.task.name}: {len(app.session.samples)} {what} in the pool, labels in "
                    f"{labels}", err=True)
         click.echo(f"open {app.url}", err=True)
         click.echo(app.url)
@@ -71,7 +73,8 @@ def label(task, data, labels, artifact, host, port, open_browser, strategy, doub
 @click.option("--force", is_flag=True, help="Overwrite an existing --out.")
 @guarded
 def export_labels(labels_db, out, raw, force) -> None:
-    """Write the labels of LABELS_DB as samples (scores: the mean over raters) or raw rows."""
+    """Write the labels of LABELS_DB as samples (scores: the mean over raters; a pair's label: the
+    majority choice, a tie when two choices are equally frequent) or raw rows."""
     from hdeval.app.labels import export_labels as export
 
     n = export(labels_db, out, force=force, raw=raw)

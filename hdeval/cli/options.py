@@ -8,13 +8,50 @@ from typing import Any
 
 import click
 
+#: the names that never go to a server: a name a typo away from one is refused, not sent to OpenAI
+BUILTIN_LLMS = ("fake", "local")
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (the names compared are a few characters long)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
+    """``--llm fak`` would go to OpenAI as a model named "fak": the built-in it is a typo of."""
+    if not llm or base_url or any(c in llm for c in ":/@"):
+        return None
+    name = llm.strip().lower()
+    close = [b for b in BUILTIN_LLMS if name != b and _edits(name, b) <= (1 if len(b) <= 4 else 2)]
+    return close[0] if close else None
+
+
+def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Called for --llm and --base-url (both, given or not): the second checks the pair."""
+    ctx.meta[f"hdeval.{param.name}"] = value
+    if {"hdeval.llm", "hdeval.base_url"} <= ctx.meta.keys():
+        given = ctx.meta["hdeval.llm"]
+        for llm in given if isinstance(given, tuple) else (given,):  # train's --llm may be given more than once
+            guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
+            if guess:
+                    raise click.BadParameter(f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
+                                         f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
+                                         ctx=ctx, param_hint="--llm")
+    return value
+
+
 def llm_options(f, jury: bool = False):
-    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, multiple=jury,
+    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, multiple=jury, callback=_check_llm_name,
                      help="Model: an OpenAI(-compatible) model name, 'local', 'llamacpp:/path.gguf' or "
                           "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local."
                           + (" Given more than once: a jury of judges behind one server (HD-Eval, "
                              "pointwise; docs/juries.md)." if jury else ""))(f)
-    f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None,
+    f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None, callback=_check_llm_name,
                      help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
                           "http://localhost:11434/v1 (Ollama).")(f)
     from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT

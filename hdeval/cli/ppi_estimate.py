@@ -57,7 +57,8 @@ def _table(records: list[dict], alpha: float) -> list[str]:
               help="The rows: an `hdeval apply` output of ARTIFACT (read as is: no LLM), or samples in the "
                    "task's format, scored first (cached). Rows with human scores (`scores` in a sample, `human` "
                    "in an apply output) are the labels; they must be a uniform random sample of the rows, or "
-                   "each carry `sampling_prob`.")
+                   "each carry `sampling_prob`. An apply output keeps no `meta`, `selection` or `sampling_prob` "
+                   "of the samples: give the samples file when --by or the labels need them.")
 @click.option("--by", default=None, metavar="FIELD",
               help="One estimate per value of FIELD (looked up in `meta`, then at the top level: e.g. system), "
                    "and each group's difference from --baseline.")

@@ -55,7 +55,10 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
     from hdeval.report import file_url
+    from hdeval.run.output import refuse_in_cache
 
+    if out:
+        refuse_in_cache(out, cache_dir, "-o")
     ev = load_artifact(artifact)
     if not isinstance(ev, Reports):
         raise ConfigError(report_refusal(ev, artifact))

@@ -76,9 +76,12 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
       hdeval train --task summeval --tree my_tree.json --layers 3 --decompose-llm gpt-4o
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
+    _check_paths(options)  # a mistyped task file, said before the scientific libraries load
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
         from hdeval.artifact import check_destination
+        from hdeval.run.output import refuse_in_cache
 
+        refuse_in_cache(out, options.get("cache_dir"), "-o")
         check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
     from hdeval.train import TrainConfig, plan, train as run_train
@@ -114,7 +117,7 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
         from hdeval.run.output import check_output
 
         check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                     option="--export-requests")
+                     option="--export-requests", cache_dir=config.cache_dir)
     progress = TerminalProgress(quiet)
     if "local" in (_resolved(config.llm), (config.options.second_llm_given() or ("",))[0]):
         _notice_local("local")  # once, for the scoring or the second LLM
@@ -145,6 +148,13 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
                f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
     for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
         click.echo(line, err=to_err)
+
+
+def _check_paths(options: dict) -> None:
+    """The task (a built-in name or a file), checked in milliseconds."""
+    from hdeval.tasks import load_task
+
+    load_task(options["task"])
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
@@ -217,10 +227,23 @@ def _jury_plan_lines(config, plans) -> list[str]:
     return out
 
 
+def _destination(shown: str) -> str:
+    """Who a run would call, in words: a server and its URL, this machine, or nobody."""
+    kind, _, rest = shown.partition(":")
+    if kind == "fake":
+        return "nobody: the fake LLM answers offline"
+    if kind == "openai":
+        model, _, url = rest.partition("@")
+        paid = " (OpenAI's API: paid per token)" if "api.openai.com" in url else ""
+        return f"model {model} at {url}{paid}"
+    return f"the model {shown} on this machine"
+
+
 def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None, price_out: float | None,
                 dec_in: float | None, dec_out: float | None) -> None:
     click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
                f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}")
+    click.echo(f"calls would go to: {_destination(shown_identity(identity))}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
     if staged:
         width = max(len(p.stage) for p in plans)

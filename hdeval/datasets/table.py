@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hdeval.data import parse_json_line, read_samples, write_jsonl
+from hdeval.data import content_id, parse_json_line, read_samples, write_jsonl
 from hdeval.errors import ConfigError, DataError
 from hdeval.types import Task
 
@@ -158,7 +158,8 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
 
     Every row is checked first and all problems (up to 20) are raised together in one
     :class:`DataError`, each with its row number (1-based, header not counted; the file line
-    as well for CSV and JSONL). Ids come from the id column or are ``<task>-<row:05d>``;
+    as well for CSV and JSONL). Ids come from the id column or from the row's texts
+    (:func:`hdeval.data.content_id`: a new file's rows never take a training file's ids);
     ``doc_id`` from the doc column, else a hash of the source text, so outputs of one source stay
     on one side of a split. ``unscored``: import without human scores (data to score)."""
     if task.shape != "pointwise":
@@ -201,8 +202,10 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         not unscored and not cols.scores)) is not None}
 
     errors: list[str] = []
+    observed: dict[str, list] = {}  # aspect -> [lowest, highest, scores outside the range, first rows]
     rows: list[dict] = []
     seen: dict[str, int] = {}
+    derived: dict[str, int] = {}
     for number, (line, values) in enumerate(records, 1):
         problems: list[str] = []
         texts: dict[str, str | None] = {}
@@ -221,7 +224,7 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         sid = _scalar(values, id_col)
         if id_col and sid is None:
             problems.append(f"empty id in column {id_col!r}")
-        sid = sid or f"{task.name}-{number:05d}"
+        sid = sid or content_id(task.name, texts, derived)
         if sid in seen:
             problems.append(f"id {sid!r} already used in row {seen[sid]}")
 
@@ -229,14 +232,21 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         if not unscored:
             for aspect, col in score_cols.items():
                 value, problem = _score(_lookup(values, col), task, aspect, col)
-                if problem:
+                if isinstance(value, float):
+                    seen_range = observed.setdefault(aspect, [value, value, 0, []])
+                    seen_range[:2] = min(seen_range[0], value), max(seen_range[1], value)
+                if problem == _OUTSIDE:
+                    observed[aspect][2] += 1  # said once per column, below, not once per row
+                    observed[aspect][3].extend([number] if len(observed[aspect][3]) < 3 else [])
+                    problems.append(_OUTSIDE)
+                elif problem:
                     problems.append(problem)
                 elif value is not None:
                     scores[aspect] = value
 
         if problems:
             where = f"row {number}" + (f" (line {line})" if line is not None else "")
-            errors.extend(f"{where}: {p}" for p in problems)
+            errors.extend(f"{where}: {p}" for p in problems if p != _OUTSIDE)
             continue
         seen[sid] = number
         source = texts["source"]
@@ -246,6 +256,14 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
         rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(values, system_col),
                      "doc_id": doc, "scores": scores, "annotations": None})
+    scales = [f"scores in column {score_cols[a]!r} range {lo:g}-{hi:g}; the task says "
+              f"[{task.aspect(a).low:g}, {task.aspect(a).high:g}] for {a} ({k} outside it: "
+              f"row{'s' if k > 1 else ''} {', '.join(map(str, first))}{' ...' if k > len(first) else ''})"
+              for a, (lo, hi, k, first) in observed.items() if k]
+    if scales:
+        others = f"; {len(errors)} other problem(s): " + "; ".join(errors[:3]) if errors else ""
+        raise DataError(f"{path}: " + "; ".join(scales) + "; rescale the scores or change the task's range"
+                        + others)
     if errors:
         n, shown = len(errors), errors[:_MAX_REPORTED_ERRORS]
         more = f" (and {n - len(shown)} more)" if n > len(shown) else ""
@@ -269,6 +287,9 @@ def _scalar(values: Mapping[str, Any], column: str | None) -> str | None:
     return text or None
 
 
+_OUTSIDE = "outside the task's range"  # a score problem said per column, with the range observed
+
+
 def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | None, str | None]:
     label = f"column {column!r} (aspect {aspect})"
     if value is _MISSING or value is None or (isinstance(value, str) and not value.strip()):
@@ -286,7 +307,7 @@ def _score(value: Any, task: Task, aspect: str, column: str) -> tuple[float | No
         return None, f"{label}: {value!r} is not a finite number"
     a = task.aspect(aspect)
     if not a.low <= number <= a.high:
-        return None, f"{label} = {number:g} is outside the task's range [{a.low:g}, {a.high:g}]"
+        return number, _OUTSIDE
     return number, None
 
 

@@ -63,7 +63,8 @@ def _z(alpha: float, df: float | None = None) -> float:
 
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, got {alpha}")
-    return float(norm.ppf(1 - alpha / 2) if df is None else t.ppf(1 - alpha / 2, df))
+    # isf, not ppf(1 - alpha / 2): below alpha ~ 1e-16 that rounds to ppf(1), an infinite bound
+    return float(norm.isf(alpha / 2) if df is None else t.isf(alpha / 2, df))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ auto`` does.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -74,8 +75,9 @@ def pick(X: Any, labelled: Sequence[int], y: Any, *, k: int = 1, strategy: str =
     Y = _targets(y, len(labelled))
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown selection strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+    if not _whole(k) or k < 0:
         raise ConfigError(f"k must be a whole number >= 0, got {k!r}")
+    k = int(k)
     if groups is not None and len(groups) != len(X):
         raise ConfigError(f"groups has {len(groups)} entries but X has {len(X)} rows")
     blocked = np.zeros(len(X), bool)
@@ -362,8 +364,16 @@ def _targets(y: Any, n: int) -> np.ndarray:
     return Y
 
 
+def _whole(x: Any) -> bool:
+    """A whole number, numpy's included; never true/false or a float (which int() would cut)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
 def _indices(idx: Sequence[int], n: int, name: str) -> np.ndarray:
-    out = np.asarray(list(idx), dtype=np.int64) if len(idx) else np.zeros(0, np.int64)
+    items = list(idx)
+    if not all(_whole(i) for i in items):
+        raise ConfigError(f"{name} must list rows of X (whole numbers 0 to {n - 1})")
+    out = np.asarray(items, dtype=np.int64) if items else np.zeros(0, np.int64)
     if out.ndim != 1 or ((out < 0) | (out >= n)).any():
         raise ConfigError(f"{name} must list rows of X (0 to {n - 1})")
     if len(np.unique(out)) != len(out) and name == "labelled":

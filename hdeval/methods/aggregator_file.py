@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hdeval.aggregate import KINDS, make_regressor
+from hdeval.aggregate import CANDIDATES, make_regressor
 from hdeval.classify import CLASSIFIERS
 from hdeval.errors import ArtifactError
 
@@ -21,7 +21,7 @@ TRUSTED_TYPES = (
     "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
 )
 # kind -> the class name of the model its pipeline ends in
-ESTIMATORS = {k: type(make_regressor(k).named_steps["model"]).__name__ for k in KINDS}
+ESTIMATORS = {k: type(make_regressor(k).named_steps["model"]).__name__ for k in CANDIDATES}
 
 
 def check_pipeline(m: Any, fitted: str, kind: str, n_features: int, where: Path, what: str, inputs: str,

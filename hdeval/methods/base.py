@@ -24,7 +24,8 @@ Option, option = _options.Option, _options.option
 # dict of key -> shape ("*": any key, "#": any layer number; a key ending in "!" must be there), or
 # a tuple of alternatives
 NUMBER, FIGURE, TEXT = "a finite number", "a finite number or null", "text or null"
-CORRELATIONS = {"*": {"*": FIGURE}}  # aspect (and "average") -> pearson, spearman, kendall
+# aspect (and "average") -> pearson, spearman, kendall; "why" a figure is null
+CORRELATIONS = {"*": {"why": TEXT, "*": FIGURE}}
 AGREEMENT = {"w_ties": FIGURE, "wo_ties": FIGURE, "confusion": {"*": {"*": NUMBER}}}
 SPLIT = {"train": FIGURE, "test": FIGURE}
 
@@ -144,8 +145,11 @@ class Fitted(ABC):
 
     def summary_line(self) -> str:
         """The held-out figure after training, in one line."""
+        from hdeval.metrics import why_null
+
         avg = self.metrics["final"]["average"]
-        return f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
+        return (f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
+                + why_null(self.metrics["final"]))
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
         """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""

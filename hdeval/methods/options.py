@@ -200,13 +200,15 @@ def check_recorded_options(options: type[MethodOptions], config: Any, where: str
 
 def check_aggregator(kind: str) -> None:
     """``--aggregator``: a learned aggregator's kind, or auto (the methods that learn one share it)."""
-    from hdeval.aggregate import KINDS
+    from hdeval.aggregate import CANDIDATES
 
-    if kind not in KINDS + ("auto",):
-        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
+    if kind not in CANDIDATES + ("auto",):
+        raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(CANDIDATES)} or auto")
 
 
-AGGREGATOR_HELP = "lr, dt, rf, nn, or auto (best cross-validated Spearman on the training split)."
+AGGREGATOR_HELP = ("mean, direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf (simplest first), or auto: "
+                   "the simplest within one standard error of the best grouped cross-validated Spearman on the "
+                   "training split (pairwise tasks: lr, dt, rf, nn or auto).")
 
 
 def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOptions]:

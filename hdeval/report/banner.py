@@ -17,6 +17,10 @@ SMALL_TEST = 50
 #: Models below this many parameters answer criteria questions barely above chance.
 TINY_PARAMS = 1e9
 
+#: An interval wider than this share of an aspect's score range is too wide to act on: apply's
+#: --max-interval-width flags a row needs_human past the same share by default.
+USABLE_WIDTH = 0.5
+
 _SIZE = re.compile(r"(?<![0-9A-Za-z.])([0-9]+(?:\.[0-9]+)?)([mMbB])(?![0-9A-Za-z])")
 
 
@@ -106,6 +110,24 @@ def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | 
         banner.add("layer kept", f"layer {last}, the last one trained (the artifact records no choice)")
 
 
+def aggregator_line(banner: Banner, metrics: Mapping[str, Any]) -> None:
+    """The aggregator kept and why, every candidate's cross-validated figure on the kept layer and
+    the kept one's held-out figure; a warning when an asked aggregator lost to a simpler one."""
+    sel = metrics.get("selection")
+    if not isinstance(sel, Mapping) or not isinstance(sel.get("kept_aggregator"), str):
+        return
+    text = str(sel.get("aggregator_reason") or sel["kept_aggregator"])
+    scores = (sel.get("candidates_cv_spearman") or {}).get(str(sel.get("kept_layer")))
+    if isinstance(scores, Mapping) and len(scores) > 1:
+        text += "; grouped CV Spearman on the training split: " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, (int, float)) else f"{k} n/a" for k, v in scores.items())
+    held = ((metrics.get("final") or {}).get("average") or {}).get("spearman")
+    if isinstance(held, (int, float)):
+        text += f"; held-out Spearman of the kept one {held:.3f}"
+    warn = sel.get("simpler_was_better")
+    banner.add("aggregator kept", text + (f". {warn}" if isinstance(warn, str) else ""), warn=isinstance(warn, str))
+
+
 def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[str, float | None],
                   measure: str, label: str = "strongest baseline") -> None:
     """The strongest baseline against the evaluator, on the same held-out measure."""
@@ -120,3 +142,63 @@ def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[st
     diff = evaluator - value
     text = f"{name}: {measure} {value:.3f}; the evaluator {evaluator:.3f} ({diff:+.3f})"
     banner.add(label, text + ("" if diff > 0 else ": the evaluator does not beat it"), warn=diff <= 0)
+
+
+def interval_verdict(half_widths: Mapping[str, float | None], ranges: Mapping[str, tuple[float, float]]) -> str:
+    """``±2.97 on a 1-5 scale: too wide to use``: each aspect's half-width on its scale, judged
+    against :data:`USABLE_WIDTH` (the widest decides)."""
+    parts, worst = [], 0.0
+    scales = {ranges.get(a, (0.0, 0.0)) for a in half_widths}
+    for aspect, hw in half_widths.items():
+        low, high = ranges.get(aspect, (0.0, 0.0))
+        span = high - low
+        share = float("inf") if hw is None or span <= 0 else 2 * hw / span
+        worst = max(worst, share)
+        scale = f" on a {low:g}-{high:g} scale" if span > 0 and len(scales) > 1 else ""
+        parts.append(f"{aspect} {'unbounded' if hw is None else f'±{hw:.2f}'}{scale}")
+    if len(scales) == 1 and (span := next(iter(scales)))[1] > span[0]:
+        parts[-1] += f" on a {span[0]:g}-{span[1]:g} scale"
+    judged = ("too wide to use (wider than half the scale)" if worst > USABLE_WIDTH else
+              "wide" if worst > USABLE_WIDTH / 2 else "narrow enough to use")
+    return f"{', '.join(parts)}: {judged}"
+
+
+def next_step(*, identity: str | None, evaluator: float | None, direct: float | None, n_train: int | None,
+              n_features: int | None, n_test: int | None, too_wide: bool, path: Any) -> str:
+    """What to do next, from the artifact's own figures: the one line the terminal and the
+    banner end on (``ready: hdeval apply ...`` only when nothing above undermines it)."""
+    ident = str(identity or "")
+    size = model_size(ident)
+    toy = ident.startswith("fake") or ident == "local" or (size is not None and size < TINY_PARAMS)
+    crowded = bool(n_features and n_train is not None and n_train < ROWS_PER_FEATURE * n_features)
+    loses = evaluator is None or (direct is not None and evaluator <= direct)
+    if ident.startswith("fake"):
+        return "train with a real LLM (--llm): the fake LLM's numbers only show the pipeline runs"
+    ways = []
+    if loses or too_wide or (n_test is not None and n_test < SMALL_TEST):
+        ways.append("more labels (`hdeval label`, then train again)")
+    if loses and not crowded:
+        ways.append("another LLM (--llm)" if not toy else "a real LLM (--llm): a tiny model scores near chance")
+    if crowded:
+        ways.append("fewer criteria (--layers 1, --top-k)")
+    if not ways:
+        return f"this evaluator is ready: hdeval apply {path} NEW.jsonl -o scored.jsonl"
+    why = ("the direct LLM score agrees better than the trained evaluator" if loses and evaluator is not None
+           else "the intervals are too wide to act on" if too_wide else "too few rows to trust the figures")
+    return f"{', or '.join(ways)}: {why}"
+
+
+def outlook_lines(banner: Banner, *, intervals: Mapping[str, Any] | None, ranges: Mapping[str, tuple[float, float]],
+                  identity: str | None, evaluator: float | None, direct: float | None, n_train: int | None,
+                  n_features: int | None, n_test: int | None, path: Any) -> None:
+    """The intervals judged on each aspect's scale, and what to do next (the terminal's last line)."""
+    too_wide = False
+    if isinstance(intervals, Mapping) and isinstance(intervals.get("half_width"), Mapping):
+        hw = intervals["half_width"]
+        too_wide = any(w is None or 2 * w > USABLE_WIDTH * (ranges[a][1] - ranges[a][0])
+                       for a, w in hw.items() if a in ranges)
+        level = intervals.get("level")
+        shown = f"{level:.0%} intervals: " if isinstance(level, (int, float)) else ""
+        banner.add("intervals", shown + interval_verdict(hw, ranges), warn=too_wide)
+    banner.add("next", next_step(identity=identity, evaluator=evaluator, direct=direct, n_train=n_train,
+                                 n_features=n_features, n_test=n_test, too_wide=too_wide, path=path))

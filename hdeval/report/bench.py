@@ -184,7 +184,13 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
     others = {setting_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None}
     if others:
         best = max(others, key=lambda k: others[k])
-        b.add("best method", f"{best}: {measure} {others[best]:.3f}")
+        known = {k: v for k, v in base.items() if v is not None}
+        top_base = max(known, key=lambda k: known[k]) if known else None
+        if top_base is not None and known[top_base] >= others[best]:  # never a tick beside "does not beat it"
+            b.add("best method", f"{top_base} (the baseline): {measure} {known[top_base]:.3f}; no trained method "
+                                 f"beats it (the best, {best}: {others[best]:.3f})", warn=True)
+        else:
+            b.add("best method", f"{best}: {measure} {others[best]:.3f}")
         verdicts.baseline_line(b, others[best], base, f"held-out {measure}")
     return b
 

@@ -130,8 +130,12 @@ def _corr_rows(corr: Mapping[str, Any], aspects: Sequence[str]) -> tuple[list[st
              ("mean of all criteria (baseline)", corr.get("mean_all_criteria")),
              ("final aggregator, recomputed now", corr.get("final_recomputed"))]
     cols = list(aspects) + ["average"]
-    body = [[name] + [f"{fmt_num((table.get(c) or {}).get('pearson'))} / {fmt_num((table.get(c) or {}).get('spearman'))}"
-                      for c in cols] for name, table in rows if table]
+    def cell(row: Any) -> str:
+        row = row if isinstance(row, Mapping) else {}
+        why = f" ({row['why']})" if isinstance(row.get("why"), str) else ""  # why a figure is null
+        return f"{fmt_num(row.get('pearson'))} / {fmt_num(row.get('spearman'))}{why}"
+
+    body = [[name] + [cell(table.get(c)) for c in cols] for name, table in rows if table]
     return ["held-out Pearson / Spearman", *cols], body
 
 
@@ -152,6 +156,7 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     banner.llm_line(b, art["llm"])
     banner.split_line(b, art["split"]["train"], art["split"]["test"], art["needed_criteria"])
     banner.layer_line(b, m, list((m.get("layers") or {}).keys()))
+    banner.aggregator_line(b, m)
     names = {"direct_layer1": "direct layer-1 score", "mean_all_criteria": "mean of all criteria",
              "mean_subtree": "mean of each aspect's subtree"}
     extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
@@ -162,6 +167,10 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     final = ((data["correlations"].get("final_recomputed") or {}).get("average") or {}).get("spearman")
     banner.baseline_line(b, final, avg, "held-out average Spearman")
     _interval_lines(b, m)
+    banner.outlook_lines(b, intervals=m.get("intervals"), ranges={a.key: (a.low, a.high) for a in ev.task.aspects},
+                         identity=art["llm"], evaluator=final, direct=avg.get("direct layer-1 score"),
+                         n_train=art["split"]["train"], n_features=art["needed_criteria"],
+                         n_test=art["split"]["test"], path=getattr(ev, "path", None) or "ARTIFACT")
     return b
 
 

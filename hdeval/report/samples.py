@@ -72,27 +72,29 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
 
 def data_path(ev: Any, given: str | Path | None) -> Path | None:
     """The data file the replies are rebuilt from: the one given, else the training data the
-    manifest names, if it is still there."""
+    manifest names (``--data`` as the run was given it, else ``data_file``, the file the run
+    found from the task), if it is still there."""
     if given:
         return Path(given)
-    data = _config(ev).get("data")
-    if isinstance(data, str) and data and os.path.isfile(data):
-        return Path(data)
+    config = _recorded(ev, "config")
+    for data in (config.get("data") if isinstance(config, Mapping) else None, _recorded(ev, "data_file")):
+        if isinstance(data, str) and data and os.path.isfile(data):
+            return Path(data)
     return None
 
 
-def _config(ev: Any) -> Mapping[str, Any]:
-    """The training config the manifest records (the evaluator's run record, else manifest.json)."""
-    for attr in ("run", "manifest_data"):
-        config = (getattr(ev, attr, None) or {}).get("config")
-        if isinstance(config, Mapping):
-            return config
+def _recorded(ev: Any, key: str) -> Any:
+    """A top-level entry of the manifest (the evaluator's run record or copy, else manifest.json)."""
+    for attr in ("run", "manifest_data", "manifest_extra"):
+        value = (getattr(ev, attr, None) or {}).get(key)
+        if value is not None:
+            return value
     path = Path(ev.path) / "manifest.json" if getattr(ev, "path", None) else None
     try:
-        config = json.loads(path.read_text(encoding="utf-8")).get("config") if path else None
-    except (OSError, ValueError, AttributeError):
-        config = None
-    return config if isinstance(config, Mapping) else {}
+        manifest = json.loads(path.read_text(encoding="utf-8")) if path else None
+    except (OSError, ValueError):
+        manifest = None
+    return manifest.get(key) if isinstance(manifest, dict) else None
 
 
 def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,

@@ -3,6 +3,7 @@ holds one chunk), optionally one shard of N, into an atomically written output."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -141,6 +142,42 @@ class _Input:
             yield chunk
 
 
+class _Nothing:
+    def close(self) -> None:
+        pass
+
+
+class _InputColumns:
+    """``--keep-columns``: each scored row's own columns from the input, by a second streaming
+    read of the file advanced to each sample's line (memory holds one row); an input column
+    named like an output field is kept as ``input.<name>``."""
+
+    def __init__(self, path: str) -> None:
+        from hdeval.data import data_rows
+
+        self._rows = data_rows(path)
+
+    def add(self, rows: list[dict], samples: list) -> None:
+        for row, sample in zip(rows, samples):
+            values: dict = {}
+            for lineno, values in self._rows:
+                if lineno >= sample.line:
+                    break
+            kept = {k if k not in row else f"input.{k}": v for k, v in values.items()}
+            _prepend(row, kept)
+
+    def close(self) -> None:
+        self._rows.close()
+
+
+def _prepend(row: dict, first: dict) -> None:
+    """``first``'s entries put in front of ``row``'s, in place (the input's columns lead)."""
+    rest = dict(row)
+    row.clear()
+    row.update(first)
+    row.update(rest)
+
+
 def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
     """(lines, sha256 if asked) of the file, read as bytes: no parse and no memory, for the
     progress estimate and a shard's closing record."""
@@ -250,17 +287,19 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
 
 def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, explain: bool,
             max_interval_width: float, max_failure_rate: float, rate_option: str, llm_options: dict,
-            notify: Notify | None = None) -> tuple[Any, RowTrust, str, int]:
+            notify: Notify | None = None, replace: bool = True) -> tuple[Any, RowTrust, str, int]:
     """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
-    the failure rate, the output and the artifact; (evaluator, row trust, output format, chunk size)."""
+    the failure rate, the output (an existing one only if ``replace``) and the artifact;
+    (evaluator, row trust, output format, chunk size)."""
     check_llm_options(**llm_options)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"{rate_option} must be between 0 and 1, got {max_failure_rate}")
-    check_output(output, [input_file])
+    check_output(output, [input_file], cache_dir=llm_options.get("cache_dir"))
     fmt, size = output_format(output), chunk_size()
     ev, trust = load_checked(artifact, explain, max_interval_width, notify)
-    # after loading: a directory that is no artifact is reported as that, not as an output clash
-    check_output(output, [ev.path])
+    # after loading: a directory that is no artifact is reported as that, not as an output clash,
+    # and an output inside the artifact as that, not as an existing file
+    check_output(output, [ev.path], replace=replace)
     return ev, trust, fmt, size
 
 
@@ -268,7 +307,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                explain: bool = False, top: int = 3, max_failure_rate: float = 0.2,
                max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
                base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
-               progress: Progress | None = None, notify: Notify = stderr_notify, **llm_options: Any) -> ApplyResult:
+               progress: Progress | None = None, notify: Notify = stderr_notify, replace: bool = True,
+               keep_columns: bool = False, **llm_options: Any) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
@@ -281,14 +321,17 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     (``llm``, ``base_url``, ``concurrency``, ...; None: the configured default, :mod:`hdeval.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
-    read as real ones."""
+    read as real ones. ``replace=False``: an existing ``output`` is refused (``apply`` without
+    ``--force``). ``keep_columns``: each row also holds the input row's own columns (CSV, JSON,
+    ... as read), ahead of the scores."""
     from hdeval.data import DiskIds
     from hdeval.methods.base import usage_of
 
     which = parse_shard(shard) if shard is not None else None
     ev, trust, fmt, size = prepare(
         artifact, input_file, output, explain=explain, max_interval_width=max_interval_width,
-        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify, llm_options=llm_options)
+        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify, llm_options=llm_options,
+        replace=replace)
     if which is not None and fmt != "jsonl":
         raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
                           f"not {output} (merge-shards writes .csv or .parquet)")
@@ -318,8 +361,9 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
     reading = _Input(input_file, ev, size, which)
+    kept = _InputColumns(input_file) if keep_columns else None
     human = RowsSummary(list(ev.task.aspect_keys), ev.task.shape == "pairwise")  # the human mean the labels give
-    with OutputWriter(output, fmt) as out, DiskIds(near) as seen:
+    with OutputWriter(output, fmt) as out, DiskIds(near) as seen, contextlib.closing(kept or _Nothing()):
         # the headline figures are the held-out rows'; the training rows' are kept apart
         summary = _Summary(seen.directory, "held-out")
         training = _Summary(seen.directory, "training")
@@ -334,6 +378,8 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                     chunk_progress.prefix = f"chunk {k}/{shown}: "
                 rows, res, (f, c, e) = score_rows(ev, samples, backend, llm_options.get("concurrency"),
                                                   chunk_progress, trust, explain, top)
+                if kept is not None:
+                    kept.add(rows, samples)
                 if which is not None:
                     for row, s in zip(rows, samples):
                         row[SHARD_FIELD] = {"k": which[0], "n": which[1], "line": s.line}

@@ -15,11 +15,12 @@ from hdeval.request_files import export_requests
 def export_apply_requests(artifact: str | Path, input_file: str | Path, export_file: str | Path, *,
                           shard: str | None = None, llm: str | None = None, base_url: str | None = None,
                           concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
-                          cache_dir: str | None = None, **policy: Any) -> int:
+                          cache_dir: str | None = None, replace: bool = True, **policy: Any) -> int:
     """``apply --export-requests``: the requests scoring ``input_file`` with ``artifact`` still
     needs (not cached), written to ``export_file``; how many. Nothing is paid for. ``policy``:
     ``llm_given``, ``base_url_given``, ``confirm``, ``notify`` as for
-    :func:`hdeval.run.apply.apply_file`."""
+    :func:`hdeval.run.apply.apply_file`. ``replace=False``: an existing ``export_file`` is
+    refused; a file inside the reply cache always is."""
     from hdeval.artifact import check_writable
     from hdeval.data import DiskIds
     from hdeval.methods.registry import load_artifact
@@ -29,7 +30,8 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     from hdeval.run.shards import parse_shard
 
     which = parse_shard(shard) if shard is not None else None
-    check_output(export_file, [input_file, artifact], option="--export-requests")
+    check_output(export_file, [input_file, artifact], option="--export-requests", replace=replace,
+                 cache_dir=cache_dir)
     near = Path(os.path.abspath(export_file)).parent
     check_writable(near)
     size = chunk_size()

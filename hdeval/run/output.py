@@ -18,13 +18,16 @@ from hdeval.request_files import _in_place
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-def check_output(output: str | Path, inputs: list[str | Path | None], option: str = "-o") -> None:
-    """Refuse an output that would destroy what the run reads, before anything is read or paid:
-    a path that is (or links to) an input file or lies inside an input directory (an artifact),
-    and a FIFO, device or socket, which an atomic rename would replace by a regular file
-    (``-`` is the way to write to stdout)."""
+def check_output(output: str | Path, inputs: list[str | Path | None], option: str = "-o", *,
+                 replace: bool = True, cache_dir: str | Path | None = None) -> None:
+    """Refuse an output that would destroy what the run reads or what the user owns, before
+    anything is read or paid: a path that is (or links to) an input file or lies inside an input
+    directory (an artifact) or the LLM reply cache (``cache_dir``, else the default one), a FIFO,
+    device or socket, which an atomic rename would replace by a regular file (``-`` is the way to
+    write to stdout), and, unless ``replace``, any existing file (the command's ``--force``)."""
     if str(output) == "-":
         return
+    refuse_in_cache(output, cache_dir, option)
     try:
         st = os.stat(output)
     except FileNotFoundError:
@@ -52,6 +55,20 @@ def check_output(output: str | Path, inputs: list[str | Path | None], option: st
         elif st is not None and os.path.samestat(st, ist):
             raise ConfigError(f"{option} {output} is the input file {given}: writing it would destroy the input; "
                               "write the output elsewhere")
+    if st is not None and not replace:
+        raise ConfigError(f"{option} {output} exists: pass --force to replace it, or name another file")
+
+
+def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: str) -> None:
+    """No output ever lands inside the LLM reply cache (its databases, a value file): replacing
+    one would lose every paid reply, or plant a file the cache would read."""
+    from hdeval.paths import default_cache_dir
+
+    cache = os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir())
+    real = os.path.realpath(output)
+    if os.path.commonpath([cache, real]) == cache:
+        raise ConfigError(f"{option} {output} is inside the LLM reply cache {cache_dir or cache}; "
+                          "write the output elsewhere")
 
 
 def output_format(output: str) -> str:

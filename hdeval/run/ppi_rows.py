@@ -34,6 +34,7 @@ SELECTION_FIELD = "selection"
 #: The aspect name a pairwise task's estimate goes by.
 WIN_RATE = "win_rate"
 ALL = "all"
+_ABSENT = object()  # an aspect missing from a row's scores (not the artifact's rows?)
 
 
 def _field(row: dict, name: str) -> Any:
@@ -160,7 +161,9 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         if pairwise:
             probs = row.get("probabilities")
             f = pair_value(row.get("prediction"), probs if isinstance(probs, dict) else None)
-            if f is None:
+            if f is None and "prediction" in row and row["prediction"] is None:
+                f = math.nan  # its LLM calls failed: no verdict, left out below
+            elif f is None:
                 raise DataError(f"{scored}: line {lineno}: no prediction 'a', 'b' or 'tie' (an apply output of "
                                 "a pairwise artifact?)")
             preds.append((f,))
@@ -169,7 +172,7 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
             if not isinstance(pred, dict):
                 raise DataError(f"{scored}: line {lineno}: 'scores' must be an object (an apply output of a "
                                 "pointwise artifact?)")
-            preds.append(tuple(pred.get(a) for a in aspects))
+            preds.append(tuple(pred.get(a, _ABSENT) for a in aspects))
         lines.append(lineno)
         groups.append(group if type(group) is str else _group_name(group))
         human = row.get("human")
@@ -184,11 +187,17 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         P = np.array(preds, dtype=float)
     except (TypeError, ValueError):
         P = np.array([[x if _number(x) else math.nan for x in p] for p in preds], dtype=float)
-    bad = np.argwhere(~np.isfinite(P))
-    if bad.size:
-        i, j = bad[0]
-        raise DataError(f"{scored}: line {lines[i]}: scores.{aspects[j]} is {preds[i][j]!r}, not a number (the "
-                        "artifact scores other aspects?)")
+    for i, j in np.argwhere(~np.isfinite(P)):
+        x = preds[i][j]
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            continue  # no score: an LLM call failed (apply writes null or NaN); left out below
+        raise DataError(f"{scored}: line {lines[i]}: " + (
+            f"no scores.{aspects[j]}" if x is _ABSENT else f"scores.{aspects[j]} is {x!r}, not a number")
+            + " (the artifact scores other aspects?)")
+    unscored = (~np.isfinite(P)).sum(axis=0)
+    for j, a in enumerate(aspects):
+        if unscored[j]:
+            notes.append(f"{unscored[j]} rows have no {a} score (an LLM call failed): left out of its estimate")
     Y = np.full(P.shape, math.nan)
     prob_of = np.full(len(preds), math.nan)
     first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
@@ -224,22 +233,30 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
     for j, a in enumerate(aspects):
         has = ~np.isnan(Y[:, j])
         for k, g in enumerate(names):
-            mine = codes == k
+            mine = (codes == k) & np.isfinite(P[:, j])
             lab, rest = mine & has, mine & ~has
             cells[(a, _shown(str(g)))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
                                        else prob_of[lab], rest=P[rest, j])
     return cells, len(preds)
 
 
+def _constant(values: Any) -> bool:
+    return len(values) > 0 and min(values) == max(values)
+
+
 def _record(aspect: str, group: str, cell: _Cell, alpha: float, margin: float | None) -> tuple[dict, MeanEstimate | None]:
     base: dict[str, Any] = {"kind": "mean", "aspect": aspect, "group": group, "n_labelled": int(cell.y.size),
                             "n": int(cell.y.size + cell.rest.size)}
-    if cell.y.size < 2:
+    # labels that do not vary give a zero-width interval: certainty that two agreeing labels never give
+    why = (f"{cell.y.size} labelled row(s): an interval needs at least 2" if cell.y.size < 2 else
+           f"all {cell.y.size} labels are {cell.y[0]:g}: no spread to build an interval on" if _constant(cell.y)
+           else None)
+    if why is not None:
         n = cell.f.size + cell.rest.size
         return {**base, "estimate": None, "low": None, "high": None, "classical_low": None,
                 "classical_high": None,
                 "evaluator_mean": float((cell.f.sum() + cell.rest.sum()) / n) if n else None,
-                "reason": f"{cell.y.size} labelled row(s): an interval needs at least 2"}, None
+                "reason": why}, None
     e = ppi_mean(cell.y, cell.f, cell.rest, alpha=alpha, sampling_prob=cell.prob)
     target = margin if margin is not None else float(f"{e.half_width / 2:.2g}")
     more = e.labels_for(target) if target > 0 else None
@@ -291,6 +308,8 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
         raise ConfigError(f"--alpha must be between 0 and 1, got {alpha}")
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin must be positive, got {margin}")
+    if baseline is not None and by is None:
+        raise ConfigError(f"--baseline {baseline} names a group to compare the others with: give --by FIELD too")
     apply_output = is_apply_output(data)
     # an apply output needs only the artifact's task: its verified manifest, not the fitted model
     ev = (artifact if not isinstance(artifact, (str, os.PathLike))
@@ -317,6 +336,11 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     records: list[dict] = []
     fitted: dict[tuple[str, str], MeanEstimate] = {}
     groups = sorted({g for _, g in cells})
+    if by is not None and groups == [_group_name(None)]:
+        # every row in one group "(none)" would pass for an estimate by FIELD
+        raise ConfigError(f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
+                          + ("; an apply output keeps only id, doc_id and system of each sample: give --data "
+                             "the samples file" if apply_output else ""))
     if baseline is not None and by is not None and baseline not in groups:
         raise ConfigError(f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
                           f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})")
@@ -380,8 +404,8 @@ class RowsSummary:
                 self.y[a].append(h)
                 self.f[a].append(f)
                 low, high = row.get("lower"), row.get("upper")
-                if isinstance(low, dict) and isinstance(high, dict) and a in low and a in high:
-                    self.inside[a].append(low[a] <= h <= high[a])
+                if isinstance(low, dict) and isinstance(high, dict) and _number(low.get(a)) and _number(high.get(a)):
+                    self.inside[a].append(low[a] <= h <= high[a])  # no bound (too few calibration rows): not counted
             if unlabelled:
                 self.rest[a] = self.rest[a].merge(Moments.of(unlabelled))
 
@@ -391,7 +415,7 @@ class RowsSummary:
         labelled rows inside their prediction interval, with ``interval_labels`` behind it)."""
         out: dict[str, dict] = {}
         for a in self.aspects:
-            if len(self.y[a]) < 2:
+            if len(self.y[a]) < 2 or _constant(self.y[a]):  # no interval: as estimate says
                 continue
             e = ppi_mean(self.y[a], self.f[a], self.rest[a], alpha=self.alpha)
             inside = self.inside[a]

@@ -43,7 +43,7 @@ function setupLabelling() {
 
   function complete() { return aspects.every(function (a) { return a.dataset.aspect in values; }); }
 
-  function render() {
+  function renderScores() {
     aspects.forEach(function (a, i) {
       a.classList.toggle("current", i === current && !complete());
       Array.prototype.forEach.call(a.querySelectorAll(".score"), function (b) {
@@ -58,6 +58,27 @@ function setupLabelling() {
     busy = true;
     post("/api/label", {sample_id: sample.dataset.sampleId, values: values, note: note ? note.value : ""})
       .then(next).catch(function (e) { busy = false; showError(e); });
+  }
+
+  // a pairwise task: one choice (a, b or tie) per pair, saved at once
+  var pairwise = document.getElementById("aspects") && document.getElementById("aspects").dataset.shape === "pairwise";
+
+  function render() {
+    if (pairwise) {
+      Array.prototype.forEach.call(document.querySelectorAll(".score"), function (b) {
+        b.classList.toggle("chosen", values.label === b.dataset.choice);
+      });
+      if (submit) { submit.disabled = !complete(); }
+      return;
+    }
+    renderScores();
+  }
+
+  function pick(choice) {
+    if (!pairwise || !sample) { return; }
+    values.label = choice;
+    render();
+    save();
   }
 
   function choose(i, value) {
@@ -85,7 +106,9 @@ function setupLabelling() {
 
   aspects.forEach(function (a, i) {
     Array.prototype.forEach.call(a.querySelectorAll(".score"), function (b) {
-      b.addEventListener("click", function () { current = i; choose(i, Number(b.dataset.value)); });
+      b.addEventListener("click", function () {
+        if (pairwise) { pick(b.dataset.choice); } else { current = i; choose(i, Number(b.dataset.value)); }
+      });
     });
   });
   if (submit) { submit.addEventListener("click", save); }
@@ -108,7 +131,10 @@ function setupLabelling() {
       if (ev.key === "Escape") { ev.target.blur(); }
       return;
     }
-    if (/^[0-9]$/.test(ev.key)) { ev.preventDefault(); choose(current, Number(ev.key)); }
+    if (pairwise && (ev.key === "a" || ev.key === "b" || ev.key === "t")) {
+      ev.preventDefault(); pick(ev.key === "t" ? "tie" : ev.key);
+    }
+    else if (!pairwise && /^[0-9]$/.test(ev.key)) { ev.preventDefault(); choose(current, Number(ev.key)); }
     else if (ev.key === "s") { ev.preventDefault(); skip(); }
     else if (ev.key === "u") { ev.preventDefault(); undo(); }
     else if (ev.key === "n" && note) { ev.preventDefault(); note.focus(); }

@@ -13,9 +13,11 @@ from hdeval.types import PAIR_LABELS
 
 
 def decide(total_a: float, total_b: float, tie_margin: float = 0.0) -> str:
-    """The higher total wins; totals within ``tie_margin`` of each other are a tie."""
+    """The higher total wins; totals within ``tie_margin`` of each other are a tie. A learned
+    margin is some training pair's |diff|: a relative tolerance keeps that pair a tie however the
+    BLAS in use orders the weighted sum's additions."""
     diff = total_a - total_b
-    if abs(diff) <= tie_margin:
+    if abs(diff) <= tie_margin * (1 + 1e-9):
         return "tie"
     return "a" if diff > 0 else "b"
 
@@ -55,19 +57,32 @@ def _hits(diffs: np.ndarray, human: np.ndarray, margin: float) -> np.ndarray:
 
 def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Sequence[str] | None = None,
                      seed: int = 0) -> tuple[float, dict[str, Any]]:
-    """The tie margin (``_margin_rule``) learned from each training pair's total A minus total B
-    and human label, with that rule's agreement with ties on folds grouped by document."""
+    """The tie margin learned from each training pair's total A minus total B and human label:
+    ``_margin_rule``'s, if on folds grouped by document its agreement with ties beats margin 0's
+    and on the training pairs it is no worse than margin 0's; else 0 (no learned ties)."""
     from hdeval.aggregate import cv_folds
 
     dv = np.asarray(diffs, float)
     h = np.asarray(list(human), dtype=object)
     n = len(dv)
-    margin = _margin_rule(dv, h, seed) if n else 0.0
+    learned = _margin_rule(dv, h, seed) if n else 0.0
     cv_hits: list[bool] = []
+    cv_zero: list[bool] = []
     folds = cv_folds(list(groups) if groups is not None else [str(i) for i in range(n)], seed) if n >= 4 else []
     for a, b in folds:
         cv_hits.extend(_hits(dv[b], h[b], _margin_rule(dv[a], h[a], seed)).tolist())
-    info = {"value": margin, "from": "training split", "rule": "logistic crossing",
+        cv_zero.extend(_hits(dv[b], h[b], 0.0).tolist())
+    train_rule = float(np.mean(_hits(dv, h, learned))) if n else 0.0
+    train_zero = float(np.mean(_hits(dv, h, 0.0))) if n else 0.0
+    # a learned margin must earn its ties: better than none on held-out folds, no worse on training
+    # (too few pairs for folds: the training pairs decide alone)
+    earns = (np.mean(cv_hits) >= np.mean(cv_zero) and train_rule >= train_zero) if cv_hits else train_rule > train_zero
+    margin = learned if earns else 0.0
+    info = {"value": margin, "from": "training split", "rule": "logistic crossing" if earns else "margin 0",
+            "learned_margin": learned,
+            "chosen_by": ("grouped cross-validation on the training split: the rule's margin is kept only when its "
+                          "agreement with ties beats margin 0's on the held-out folds and is no worse on the "
+                          "training pairs; else margin 0"),
             "how": "the widest margin below which a logistic regression of the human label on |total A - total B| "
                    "(tie, the judge's side, the other side) rates a tie likelier than the judge's side, fitted on "
                    "the training pairs; snapped down to 0 or a training pair's |total A - total B|. 'cv_w_ties' is "
@@ -77,6 +92,7 @@ def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Seque
             "train_w_ties": round(float(np.mean(_hits(dv, h, margin))), 6) if n else None,
             "train_w_ties_at_0": round(float(np.mean(_hits(dv, h, 0.0))), 6) if n else None,
             "cv_w_ties": round(float(np.mean(cv_hits)), 6) if cv_hits else None,
+            "cv_w_ties_at_0": round(float(np.mean(cv_zero)), 6) if cv_zero else None,
             "cv_folds": len(folds)}
     return margin, info
 

@@ -50,8 +50,13 @@ def _mean_weights(res: PairScoreResult, dynamic: bool, limit: int = 50) -> dict[
 def _margin_words(info: dict[str, Any]) -> str:
     if info["from"] != "training split":
         return "given"
+    if info.get("rule") == "margin 0" and info.get("learned_margin"):
+        return (f"chosen on {info['pairs']} training pairs: the learned margin {info['learned_margin']:g} did not "
+                f"beat margin 0 (cross-validated agreement with ties {info.get('cv_w_ties')} against "
+                f"{info.get('cv_w_ties_at_0')} at 0)")
     return (f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
-            f"(cross-validated {info.get('cv_w_ties')}) against {info['train_w_ties_at_0']} at 0")
+            f"(cross-validated {info.get('cv_w_ties')}, at 0 {info.get('cv_w_ties_at_0')}) against "
+            f"{info['train_w_ties_at_0']} at 0")
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.judge import score_pair
+from hdeval.backends.base import Completion, CompletionRequest, generated_tokens
+from hdeval.judge import extract_json, score_pair
 from hdeval.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
 
 SCALE10 = (1.0, 10.0)
@@ -30,13 +30,36 @@ def json_object(properties: dict[str, Any]) -> dict[str, Any]:
 
 _SCORE = {"type": "integer", "minimum": 1, "maximum": 10}
 PAIR_SCHEMA = json.dumps(json_object({"score_a": _SCORE, "score_b": _SCORE}), sort_keys=True)
-_PAIR_JSON_TOKENS = 24  # '{"score_a": 10, "score_b": 10}' with room for a tokenizer's spaces
+_LONGEST_PAIR = {"score_a": 10, "score_b": 10}
+
+
+def json_budget(longest: Any) -> int:
+    """Tokens for a schema's longest reply: pretty-printed with 2-space indents, at one token a
+    character (a small model's tokenizer spells JSON's spaces and digits nearly one by one), and
+    room for a ```json fence around it."""
+    return len(json.dumps(longest, indent=2)) + len("```json\n\n```") + 4
+
+
+_PAIR_JSON_TOKENS = json_budget(_LONGEST_PAIR)
 
 
 def structured_pair(request: CompletionRequest) -> CompletionRequest:
     """``request`` asking for its two scores as :data:`PAIR_SCHEMA` JSON."""
     return dataclasses.replace(request, json_schema=PAIR_SCHEMA,
                                max_tokens=max(request.max_tokens or 0, _PAIR_JSON_TOKENS))
+
+
+def more_room(request: CompletionRequest, reply: Completion) -> CompletionRequest | None:
+    """For a JSON reply cut short at its token budget (an object never closed), the request
+    again with twice the room; None for any other reply (:func:`hdeval.judge.fill_matrix`'s retry)."""
+    text = (reply.text or "").strip()
+    if request.json_schema is None or "{" not in text or reply.completion_tokens < request.max_tokens:
+        return None
+    try:
+        extract_json(text)
+        return None
+    except ValueError:
+        return dataclasses.replace(request, max_tokens=2 * request.max_tokens)
 
 
 def _feedback(problem: str) -> str:
@@ -118,53 +141,80 @@ def _read_pair(c: Completion):
 
 _WHOLE = re.compile(r"[0-9]{1,2}")
 _MIN_SCORE_MASS = 0.05  # below this the score tokens are not what the model meant to say
+_JSON_SIDE = re.compile(r'"score_([ab])"\s*:\s*([0-9]+)')
+_INTEGER = re.compile(r"(?<![0-9.])[0-9]+(?![0-9.])")
+
+
+def _score_spans(text: str) -> list[tuple[int, int]] | None:
+    """Where the text writes side A's and side B's score: by their JSON keys, else its only two
+    whole numbers; None when it cannot tell."""
+    by_key = {m.group(1): m.span(2) for m in _JSON_SIDE.finditer(text)}
+    if len(_JSON_SIDE.findall(text)) == 2 and set(by_key) == {"a", "b"}:
+        return [by_key["a"], by_key["b"]]
+    spans = [m.span() for m in _INTEGER.finditer(text)]
+    return spans if len(spans) == 2 else None
+
+
+def _weighted_at(position, expected: float) -> tuple[float | None, str | None]:
+    """The probability-weighted 1-10 score at the position where ``expected`` was generated."""
+    mass = total = 0.0
+    best = -math.inf
+    for alt in position:
+        t = alt.token.strip() if isinstance(alt.token, str) else ""
+        lp = alt.logprob
+        if not _WHOLE.fullmatch(t) or not 1 <= int(t) <= 10:
+            continue
+        if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
+            return None, f"an unreadable logprob for token {t!r}"
+        best = max(best, lp)
+        p = math.exp(max(lp, -1e4))
+        mass += p
+        total += p * int(t)
+    if mass < _MIN_SCORE_MASS:
+        return None, f"the score tokens have {mass:.0%} of the probability where {expected:g} was generated"
+    if position[0].logprob < best - 1e-6:
+        # at temperature 0 the generated score is the likeliest allowed one: these probabilities
+        # are not the ones it was chosen from (a server reporting them from before its constraint)
+        return None, f"{expected:g} was generated but is not the likeliest score token there"
+    return total / mass, None
+
+
+def read_pair_weighted(c: Completion) -> tuple[tuple[tuple[float, float] | None, str | None], str | None]:
+    """The two 1-10 scores of a reply, each the probability-weighted mean of the score tokens offered
+    where the text's number was generated (as G-Eval weights one score; the paper reads the text
+    only), and why the text was read instead (None when the logprobs were used or absent).
+
+    The logprobs are used only when they line up with the text: each position's generated token
+    (see :func:`~hdeval.backends.base.generated_tokens`) spelling the text, each score one token,
+    the likeliest score token at its position. A tokenizer whose "1" begins "10" has it read as 1."""
+    got, why = score_pair(c, SCALE10)
+    if got is None or not c.top_logprobs:
+        return (got, why), None
+    tokens = generated_tokens(c)
+    if tokens is None:
+        return (got, None), "the reply's tokens do not spell its text (a prefix or fence the server stripped?)"
+    spans = _score_spans(c.text)
+    if spans is None:
+        return (got, None), "its two scores cannot be told apart in the text"
+    starts = [0]
+    for tok in tokens:
+        starts.append(starts[-1] + len(tok))
+    values = []
+    for (start, end), expected in zip(spans, got):
+        i = next(i for i in range(len(tokens)) if starts[i] <= start < starts[i + 1])
+        tok = tokens[i]
+        if tok.strip() != c.text[start:end] or starts[i + 1] < end:
+            return (got, None), f"the score {c.text[start:end]} is not one token"
+        value, doubt = _weighted_at(c.top_logprobs[i], expected)
+        if value is None:
+            return (got, None), doubt
+        values.append(value)
+    return ((values[0], values[1]), None), None
 
 
 def _read_pair_weighted(c: Completion):
-    """Two 1-10 scores, each the probability-weighted mean of the score tokens offered where its
-    number was generated (as G-Eval weights one score; the paper reads the text only), when the top
-    logprobs line up with the text: the most likely token at a position (temperature 0) must be the
-    whole number, and the two so found the two the text gives; else the text as :func:`_read_pair`
-    reads it. A tokenizer splitting "10" into "1" "0" has its "1" alternative read as 1."""
-    got, why = score_pair(c, SCALE10)
-    if got is None or not c.top_logprobs:
-        return got, why
-    chosen: list[str] = []
-    for position in c.top_logprobs[:64]:
-        alts = [a for a in position if isinstance(a.token, str) and isinstance(a.logprob, (int, float))
-                and math.isfinite(a.logprob)]
-        if not alts:
-            return got, None
-        chosen.append(max(alts, key=lambda a: a.logprob).token)
-    numbers = []
-    for i, tok in enumerate(chosen):
-        t = tok.strip()
-        before = chosen[i - 1] if i else ""
-        after = chosen[i + 1] if i + 1 < len(chosen) else ""
-        if (_WHOLE.fullmatch(t) and not (before[-1:].isdigit() and tok[:1].isdigit())
-                and not (tok[-1:].isdigit() and after[:1].isdigit())):
-            numbers.append(i)
-    if len(numbers) < 2:
-        return got, None
-    values = []
-    for i, expected in zip(numbers[:2], got):
-        if float(chosen[i].strip()) != expected:
-            return got, None  # the tokens do not line up with the text
-        mass = total = 0.0
-        for alt in c.top_logprobs[i]:
-            t = alt.token.strip() if isinstance(alt.token, str) else ""
-            lp = alt.logprob
-            if not _WHOLE.fullmatch(t) or not 1 <= int(t) <= 10:
-                continue
-            if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-6:
-                return got, None
-            p = math.exp(max(lp, -1e4))
-            mass += p
-            total += p * int(t)
-        if mass < _MIN_SCORE_MASS:
-            return got, None
-        values.append(total / mass)
-    return (values[0], values[1]), None
+    """:func:`read_pair_weighted`'s scores."""
+    return read_pair_weighted(c)[0]
 
 
 _SCORES_LINE = re.compile(r"scores?\s*:", re.I)

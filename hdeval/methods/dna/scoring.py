@@ -4,6 +4,7 @@ of each stage counted without calling the LLM (the dry run)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -17,12 +18,14 @@ from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
 from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, load_dna_templates, overall_request,
                                         pair_block, score_request, weights_request)
-from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _read_pair_weighted, _side,
+from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _side, more_room, read_pair_weighted,
                                         structured_pair, validate_aspects, validate_weights)
 from hdeval.methods.dna.settings import Settings
 from hdeval.progress import Progress
 from hdeval.prompts import Template
 from hdeval.types import PairSample, ScoreMatrix, Task
+
+log = logging.getLogger(__name__)
 
 SWAP = "~swap"  # column suffix of the scores asked in the swapped order
 
@@ -78,10 +81,33 @@ def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
 def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
                 progress: Progress | None, label: str, fail) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
-    and counts the calls and the second reads the same (now cached) replies for the other side."""
+    and counts the calls and the second reads the same (now cached) replies for the other side:
+    its cache hits are re-reads of replies the first pass counted, and are not counted again.
+    ``reader``: a reply's parse, or (its parse, why its logprobs were not used) for the weighted one."""
+    doubts: list[str] = []
+
+    def side(cs, i: int):
+        got = reader(cs[0])
+        if reader is read_pair_weighted:
+            got, doubt = got
+            if doubt is not None and i == 0:
+                doubts.append(doubt)
+        return _side(got, i)
+
+    stats = getattr(llm, "stats", None)
     with progress_stage(progress, label, len(first)):
-        m1 = fill_matrix(llm, first, lambda cs: _side(reader(cs[0]), 0), concurrency, progress)
-        m2 = fill_matrix(llm, second, lambda cs: _side(reader(cs[0]), 1), concurrency)
+        m1 = fill_matrix(llm, first, lambda cs: side(cs, 0), concurrency, progress, retry=more_room)
+        hits = stats.hits if stats is not None else 0
+        m2 = fill_matrix(llm, second, lambda cs: side(cs, 1), concurrency, retry=more_room)
+    if stats is not None:
+        stats.hits = hits  # the second pass re-reads what the first paid for: no cache hits
+    if doubts:
+        # counted: a server reporting probabilities from before its constraint shows up here
+        msg = (f"{len(doubts)} of {len(first)} replies had their scores read from the text, not weighted "
+               f"by logprobs that do not line up with it (first: {doubts[0]})")
+        log.warning(msg)
+        if progress is not None:
+            progress.message(msg)
     matrix = _merge(ids, [m1, m2])
     for f in matrix.failures:
         fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
@@ -158,7 +184,7 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
             base_cols[p.id] = ["overall"]
     reader = (_read_cot if settings.mode == "cot"
-              else _read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
+              else read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
     per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
     matrix = _both_sides(llm, ids, cells_first, cells_second, reader, concurrency, progress,
                          f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", fail)

@@ -11,6 +11,7 @@ def _fit(ctx):
     if ctx.prep.task.shape == "pairwise":  # both responses scored per criterion, a classifier
         from hdeval.methods.hdeval.pairwise import run_pairwise
 
+        _check_pairwise_aggregator(ctx)
         return run_pairwise(ctx)
     from hdeval.methods.hdeval.loop import run_hdeval
 
@@ -50,15 +51,26 @@ def _plan(config, prep, backend):
 
 
 def _artifact_suffixes(config):
-    from hdeval.aggregate import KINDS
+    from hdeval.aggregate import CANDIDATES
 
     kind = config.options.aggregator
-    return KINDS if kind == "auto" else (kind,)
+    return CANDIDATES if kind == "auto" else (kind,)
+
+
+def _check_pairwise_aggregator(ctx):
+    from hdeval.aggregate import KINDS
+    from hdeval.errors import ConfigError
+
+    kind = ctx.config.options.aggregator
+    if kind not in KINDS + ("auto",):  # the means and constrained linear models are pointwise only
+        raise ConfigError(f"--aggregator {kind}: a pairwise task's classifier is one of {', '.join(KINDS)} or auto")
 
 
 def _check_fit(ctx):
     if ctx.prep.task.shape == "pairwise":
         from hdeval.methods.hdeval.pairwise import check_pairwise_options
+
+        _check_pairwise_aggregator(ctx)
 
         return check_pairwise_options(ctx)  # e.g. a PairEval option given, at its default or not
     from hdeval.methods.hdeval.scorer import hdeval_scorer

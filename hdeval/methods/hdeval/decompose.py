@@ -143,9 +143,14 @@ def validate_subcriteria(
             raise ValueError(f"sub-criterion #{i} is not an object")
         name = str(item.get("name") or "").strip()
         definition = str(item.get("definition") or "").strip()
-        key = slug(str(item.get("key") or name))
-        if not key or not name or not definition:
-            raise ValueError(f"sub-criterion #{i} needs a non-empty key, name and definition")
+        given = str(item.get("key") or name)
+        key = slug(given)
+        missing = [field for field, value in (("name", name), ("definition", definition)) if not value]
+        if missing:
+            raise ValueError(f"sub-criterion #{i} needs a non-empty {' and '.join(missing)}")
+        if not key:
+            raise ValueError(f"sub-criterion #{i}: its key {given[:40]!r} holds no letter or digit to "
+                             "make a key of; give a key of letters, digits and underscores")
         if has_lone_surrogate(name + definition):
             raise ValueError(f"sub-criterion #{i} {LONE_SURROGATE_PROBLEM}")
         text = (name.lower(), definition.lower())

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, numpy_global_rng
+from hdeval.aggregate import SIMPLE_KINDS, Aggregator, numpy_global_rng
 from hdeval.errors import ArtifactError, DataError
 from hdeval.metrics import metric_table
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from hdeval.methods.base import ScoreResult
 
 #: The explainer used for each aggregator kind (see the module docstring).
-EXPLAINERS = {"dt": "tree", "rf": "tree", "lr": "linear", "nn": "permutation"}
+EXPLAINERS = {"dt": "tree", "rf": "tree", "lr": "linear", "nn": "permutation",
+              # the means and constrained linear models are LinearRegressions with fixed weights
+              **{k: "linear" for k in SIMPLE_KINDS}}
 #: Background rows for the explainers that need one (the paper uses 100).
 N_BACKGROUND = 100
 #: SHAP-explained samples in a report.
@@ -252,7 +254,11 @@ def efficiency_curve(aggregator: Aggregator, feature_keys: Sequence[str], order:
     points = []
     for k in curve_sizes(len(order), max_points):
         keep = sorted(pos[c] for c in order[:k])
-        agg = clone(aggregator).fit(train.X[:, keep], train.Y)
+        agg = clone(aggregator)
+        if aggregator.aspect_columns is not None:  # each aspect's columns, renumbered among the kept
+            new = {c: i for i, c in enumerate(keep)}
+            agg.set_params(aspect_columns=[[new[c] for c in cols if c in new] for cols in aggregator.aspect_columns])
+        agg = agg.fit(train.X[:, keep], train.Y)
         pred = agg.predict(test.X[:, keep])
         points.append(EfficiencyPoint(k, list(order[:k]), metric_table(test.Y, pred, aggregator.aspects)))
     return points

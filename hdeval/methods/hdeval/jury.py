@@ -23,8 +23,20 @@ from hdeval.types import ScoreMatrix
 PRUNE_MARGIN = 0.01
 
 
-def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str]) -> tuple[Any, float]:
-    _, _, _, pred = select_cv(clone(agg), X, Y, groups, (agg.kind,))
+def _on(agg: Any, cols: Sequence[int]) -> Any:
+    """An unfitted copy of ``agg`` for the columns ``cols`` of its matrix: the columns it reads
+    per aspect renumbered, those left out dropped."""
+    out = clone(agg)
+    groups = getattr(agg, "aspect_columns", None)
+    if groups is not None:
+        where = {c: i for i, c in enumerate(cols)}
+        out.set_params(aspect_columns=[[where[c] for c in g if c in where] for g in groups])
+    return out
+
+
+def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str],
+                 cols: Sequence[int]) -> tuple[Any, float]:
+    _, _, _, pred = select_cv(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))
     sp = metric_table(Y, pred, aspects)["average"]["spearman"]
     return pred, -1.0 if sp is None else float(sp)
 
@@ -42,14 +54,14 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
     def cols(keep: Sequence[str]) -> list[int]:
         return sorted(i for n in keep for i in judge_columns(features, n))
 
-    _, full_cv = _cv_spearman(agg, Xtr, Ytr, groups, aspects)
+    _, full_cv = _cv_spearman(agg, Xtr, Ytr, groups, aspects, range(X.shape[1]))
     importance: dict[str, float | None] = {}
     for n in names:
         rest = [m for m in names if m != n]
         if not rest:
             importance[n] = None
             continue
-        _, without = _cv_spearman(agg, Xtr[:, cols(rest)], Ytr, groups, aspects)
+        _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
         importance[n] = round(full_cv - without, 6)
     keep = list(names)
     dropped: list[str] = []
@@ -60,7 +72,7 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
             ranked = sorted(keep, key=lambda n: importance[n] if importance[n] is not None else 0.0)
             for n in ranked:
                 rest = [m for m in keep if m != n]
-                _, without = _cv_spearman(agg, Xtr[:, cols(rest)], Ytr, groups, aspects)
+                _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
                 if without >= base - PRUNE_MARGIN:
                     keep, base = rest, without
                     dropped.append(n)
@@ -72,8 +84,8 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
                              f"{PRUNE_MARGIN} cross-validated Spearman); apply calls {', '.join(keep)}")
     kept_cols = cols(keep)
     if dropped:
-        cv_pred, _ = _cv_spearman(agg, Xtr[:, kept_cols], Ytr, groups, aspects)
-        agg = clone(agg).fit(Xtr[:, kept_cols], Ytr)
+        cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, aspects, kept_cols)
+        agg = _on(agg, kept_cols).fit(Xtr[:, kept_cols], Ytr)
         features = [features[i] for i in kept_cols]
         Xk = X[:, kept_cols]
     else:
@@ -84,7 +96,7 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
     matrix = ScoreMatrix([str(i) for i in range(len(X))], every, X)  # every judge's columns
     for n in names:
         own = judge_columns(matrix.criterion_keys, n)
-        solo = clone(agg).fit(X[tr][:, own], Ytr)
+        solo = _on(agg, own).fit(X[tr][:, own], Ytr)
         direct_idx = [matrix.criterion_keys.index(column(n, a)) for a in aspects]
         firsts.append(X[:, direct_idx])
         alone[n] = {"direct": metric_table(Y[te], X[te][:, direct_idx], aspects),

@@ -17,17 +17,20 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import KINDS, Aggregator, default_jobs, fit_warnings, select_cv
+from hdeval.aggregate import (
+    CANDIDATES, FIXED_KINDS, SIMPLE_KINDS, Aggregator, cv_candidates, default_jobs, fit_warnings,
+    one_standard_error,
+)
 from hdeval.backends.base import Backend
 from hdeval.cache.client import CachedBackend
 from hdeval.config import LLMConfig
-from hdeval.errors import ScoringError
+from hdeval.errors import DecompositionError, ScoringError
 from hdeval.intervals import fitted_intervals
 from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
-from hdeval.methods.hdeval.summary import interval_summary, some_of
+from hdeval.methods.hdeval.summary import some_of
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
@@ -52,6 +55,7 @@ class LayerReport:
     params: dict[str, Any] = field(default_factory=dict)  # nn: the chosen alpha and width
     positive_importance: int | None = None  # pruning: candidates with importance > 0
     notes: list[str] = field(default_factory=list)  # e.g. scikit-learn warnings, recorded here
+    one_se: dict[str, Any] = field(default_factory=dict)  # a simpler kind kept within one SE of the best
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,9 +100,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     expand: list[str] = []  # what pruning picked to decompose next
     # layer -> (columns its aggregator uses, the aggregator, out-of-fold training predictions)
     fitted: dict[int, tuple[int, Aggregator, np.ndarray]] = {}
+    folds: dict[int, dict[str, Any]] = {}  # layer -> kind -> its CandidateCV
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
-    for layer, tree, new in grow(config, progress, llm, dec, templates["decompose"], task, given,
-                                 len(samples), expand, rejections, share):
+    stopped: list[str] = []  # why a layer after the first failed: the layers before it are kept
+    for layer, tree, new in _until_failure(grow(config, progress, llm, dec, templates["decompose"], task, given,
+                                                len(samples), expand, rejections, share), reports, stopped):
         n_judges = 1 if jury is None else len(jury.judges)
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria"
@@ -107,34 +113,50 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         share(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
-        check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
+        try:
+            check_failures(m.failure_rate, m.failures, layer, config.max_failure_rate)
+        except ScoringError as exc:
+            if not reports:
+                raise
+            stopped.append(str(exc))
+            tree = CriteriaTree(c for c in tree if c.layer < layer)
+            break
         matrix = matrix.hstack(m)
         X = matrix.values
         # scikit-learn warnings (e.g. an MLP that did not converge) never reach the terminal
         # raw: they are recorded as notes in the layer report.
         with fit_warnings() as caught:
-            kind = config.options.aggregator
-            template = Aggregator.for_task("lr" if kind == "auto" else kind, task, config.seed)
+            asked = config.options.aggregator
+            template = Aggregator.for_task("lr" if asked == "auto" else asked, task, config.seed,
+                                           aspect_columns=aspect_columns(
+                                               tree, matrix, aspects,
+                                               *(() if jury is None else (lambda k: split_column(k)[1],))))
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
             if jury is not None:  # a criterion is a candidate through each judge's column of it
                 candidates = [column(n, k) for k in candidates for n in jury.names]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
-            template, selection, tuning, cv_pred = select_cv(template, X[tr], Y[tr], doc_groups,
-                                                             KINDS if kind == "auto" else (kind,))
-            selection = selection if kind == "auto" else {}
-            kind = template.kind
+            cands = cv_candidates(template, X[tr], Y[tr], doc_groups, compared_kinds(asked))
+            pick = one_standard_error(cands, Y[tr], doc_groups, 0.0, config.seed) if asked == "auto" else None
+            chosen = cands[pick.kept] if pick is not None else next(c for c in cands if c.kind == asked)
+            template, kind, cv_pred = chosen.template, chosen.kind, chosen.predictions
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
             caught[:] = kept_warnings(caught, kind)
             agg = clone(template).fit(X[tr], Y[tr])
             report = LayerReport(
                 layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects),
-                metric_table(Y[te], agg.predict(X[te]), aspects), m.failure_rate, selection, tuning=tuning,
+                metric_table(Y[te], agg.predict(X[te]), aspects), m.failure_rate,
+                {c.kind: _finite(c.spearman) for c in cands}, tuning=chosen.grid,
                 params=_nn_params(template),
             )
+            if pick is not None and pick.kept != pick.best:
+                report.one_se = {"best": cands[pick.best].kind, "tolerance": round(pick.tolerance, 4)}
+            folds[layer] = {c.kind: c for c in cands}
             if pruning:
-                pr = prune(template, X[tr], Y[tr], matrix.criterion_keys, candidates,
+                # a fixed mean weighs every criterion alike: which ones help is a fitted model's question
+                judge = clone(template).set_params(kind="ridge") if kind in FIXED_KINDS else template
+                pr = prune(judge, X[tr], Y[tr], matrix.criterion_keys, candidates,
                            doc_groups, config.options.top_k)
                 selected = list(pr.selected)
                 if jury is not None:  # a criterion is expanded once, however many judges found it
@@ -147,9 +169,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         reports.append(report)
         progress.message(_layer_summary(report, aspects))
 
+    if stopped:
+        progress.message(f"warning: {stopped[0]}; the evaluator keeps layers 1-{reports[-1].layer}, which were "
+                         "scored and fitted (every finished call is cached: rerun the same command to try the "
+                         "deeper layer again)")
     # a jury's unfitted baselines read the judges' mean per criterion (PoLL's average pooling)
     pooled = matrix if jury is None else mean_matrix(matrix, jury.names)
-    choice = choose_layer(reports, tree, pooled, Y, tr, aspects, depth)
+    choice = choose_layer(reports, tree, pooled, Y, tr, aspects, depth, folds, doc_groups, config.seed)
     kept_layer = choice["kept_layer"]
     n_cols, agg, cv_pred = fitted[kept_layer]
     features = list(matrix.criterion_keys[:n_cols])
@@ -170,6 +196,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         **dict(sorted(baselines(tree, pooled, Y, te, aspects).items())),
         "failure_rate": matrix.failure_rate,
         "usage": usage_of(llm, dec),
+        **({"stopped": stopped[0]} if stopped else {}),
     }
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
@@ -184,7 +211,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
         X=Xk[:, used], columns=[features[i] for i in used])
     progress.message(_selection_summary(choice))
-    progress.message(interval_summary(metrics["intervals"]))
+    # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
@@ -245,6 +272,17 @@ def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend
         yield layer, tree, tree.layer(layer)
 
 
+def _until_failure(layers: Iterator[Any], reports: Sequence[Any], stopped: list[str]) -> Iterator[Any]:
+    """``layers``, until decomposing one after the first fails: why goes in ``stopped`` and the
+    layers fitted so far stand (with none fitted yet, the failure is raised)."""
+    try:
+        yield from layers
+    except DecompositionError as exc:
+        if not reports:
+            raise
+        stopped.append(str(exc))
+
+
 def positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
     pos = {s.id: i for i, s in enumerate(samples)}
     return np.array([pos[s] for s in ids], dtype=int)
@@ -256,31 +294,118 @@ LAYER_MARGIN = 0.01
 
 
 def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray,
-                 tr: np.ndarray, aspects: list[str], depth: int = 1) -> dict[str, Any]:
+                 tr: np.ndarray, aspects: list[str], depth: int = 1,
+                 folds: dict[int, dict[str, Any]] | None = None,
+                 groups: Sequence[str] = (),
+                 seed: int = 0) -> dict[str, Any]:
     """The evaluator to keep, decided on the training split only: each layer's grouped
-    cross-validated average Spearman, and the unfitted baselines on the training rows (they
-    learn nothing, so their training figure is honest). Test rows decide nothing here. A tree
-    given with --tree is kept whole: only layers from its last one on compete."""
+    cross-validated average Spearman (of the aggregator its layer kept), and the unfitted
+    baselines on the training rows (they learn nothing, so their training figure is honest).
+    Test rows decide nothing here. A tree given with --tree is kept whole: only layers from its
+    last one on compete. With ``folds`` (layer -> kind -> its CandidateCV), the layer is chosen by
+    the one-standard-error rule (the shallowest within one SE, at least LAYER_MARGIN, of the best);
+    without, by LAYER_MARGIN alone (``groups``: the training rows' documents, for the standard error)."""
     cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
-    best, reason = best_layer(cv, [r.layer for r in eligible], "Spearman",
-                              "the only layer that could be kept", lambda x: _fmt(x).strip())
+    layers = [r.layer for r in eligible]
+    kinds = {r.layer: r.aggregator for r in reports}
+    if folds and all(r.layer in folds for r in eligible) and len(layers) > 1:
+        pick = one_standard_error([folds[r.layer][r.aggregator] for r in eligible], Y[tr], groups,
+                                  LAYER_MARGIN, seed, levels=layers)
+        cv = {r.layer: r.selection_scores.get(r.aggregator) for r in reports}
+        best = layers[pick.kept]
+        top = layers[pick.best]
+        if best == top:
+            reason = f"layer {best} has the best cross-validated training Spearman"
+        else:
+            reason = (f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is within "
+                      f"one standard error ({pick.tolerance:.3f}) of the best, layer {top}'s "
+                      f"({_fmt(cv[top]).strip()}), and it needs fewer criteria")
+    else:
+        best, reason = best_layer(cv, layers, "Spearman", "the only layer that could be kept",
+                                  lambda x: _fmt(x).strip())
     train_sp = {k: v["average"]["spearman"] for k, v in baselines(tree, matrix, Y, tr, aspects).items()}
     named = [k for k, v in train_sp.items() if v is not None]
     strongest = max(named, key=lambda k: train_sp[k]) if named else None
+    kept = next(r for r in reports if r.layer == best)
     out: dict[str, Any] = {
         "kept_layer": best,
-        "by": "grouped cross-validation on the training split (average Spearman)",
+        "kept_aggregator": kinds[best],
+        "by": ("grouped cross-validation on the training split (average Spearman, the mean over held-out "
+               "folds), the simplest candidate within one standard error of the best"),
         "reason": reason,
+        "aggregator_reason": aggregator_reason(kept),
         "cv_train_spearman": {str(k): v for k, v in cv.items()},
+        "candidates_cv_spearman": {str(r.layer): dict(r.selection_scores) for r in reports},
         "baselines_train_spearman": train_sp,
         "strongest_baseline": strongest,
     }
+    better = simpler_was_better(kept)
+    if better:
+        out["simpler_was_better"] = better
     if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
+
+
+def compared_kinds(asked: str) -> tuple[str, ...]:
+    """The aggregators cross-validated on a layer: every candidate for ``auto``; for one asked
+    kind, it and the simpler linear ones (to warn when one of them did better)."""
+    if asked == "auto":
+        return CANDIDATES
+    simpler = CANDIDATES[:CANDIDATES.index(asked)] if asked in CANDIDATES else ()
+    return tuple(k for k in simpler if k in SIMPLE_KINDS + ("lr",)) + (asked,)
+
+
+def aggregator_reason(r: LayerReport) -> str:
+    """Why layer ``r`` kept its aggregator, in a phrase."""
+    scores = r.selection_scores
+    mine = _fmt(scores.get(r.aggregator)).strip()
+    if len(scores) <= 1 or r.aggregator not in scores:
+        return f"{r.aggregator}, as asked (--aggregator {r.aggregator})"
+    if r.one_se:
+        best = r.one_se["best"]
+        return (f"{r.aggregator} ({mine}) is the simplest candidate within one standard error "
+                f"({r.one_se['tolerance']:.3f}) of the best, {best} ({_fmt(scores.get(best)).strip()})")
+    if simpler_was_better(r) or len(scores) < len(CANDIDATES):
+        return f"{r.aggregator} ({mine}), as asked (--aggregator {r.aggregator})"
+    return f"{r.aggregator} has the best cross-validated training Spearman ({mine})"
+
+
+def simpler_was_better(r: LayerReport) -> str | None:
+    """With one asked aggregator: a warning naming the simpler candidate that did better on
+    cross-validation, with both figures; None when none did."""
+    scores = {k: v for k, v in r.selection_scores.items() if v is not None}
+    mine = scores.get(r.aggregator)
+    if mine is None or len(r.selection_scores) >= len(CANDIDATES):
+        return None
+    better = {k: v for k, v in scores.items() if k != r.aggregator and v > mine}
+    if not better:
+        return None
+    name = max(better, key=lambda k: better[k])
+    return (f"--aggregator {r.aggregator} was kept as asked, but a simpler candidate did better on grouped "
+            f"cross-validation over the training documents (layer {r.layer}): {name} {better[name]:.3f} "
+            f"against {r.aggregator} {mine:.3f}; --aggregator auto would weigh them")
+
+
+def aspect_columns(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str],
+                   criterion: Callable[[str], str] = lambda k: k) -> list[list[int]]:
+    """Per aspect, the matrix columns of its subtree, its own (layer-1) column first;
+    ``criterion``: the criterion a column scores (a jury's ``<judge>:<criterion>``: every judge's)."""
+    keys = [criterion(k) for k in matrix.criterion_keys]
+    out = []
+    for a in aspects:
+        own = [i for i, k in enumerate(keys) if k == a]
+        sub = [i for i, k in enumerate(keys)
+               if k != a and k in tree and any(c.key == a for c in tree.ancestors(k))]
+        out.append(own + sub)
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return round(float(x), 4) if x is not None and np.isfinite(x) else None
 
 
 def best_layer(cv: dict[int, float | None], layers: Sequence[int], what: str, only: str,
@@ -301,14 +426,24 @@ def best_layer(cv: dict[int, float | None], layers: Sequence[int], what: str, on
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
 BASELINE_NOT_KEPT = (
-    "a baseline is not kept as the evaluator: it is a plain mean of the LLM's 1-5 criterion scores, not a "
-    "prediction on each aspect's score range, so apply could neither give it on the human scale nor calibrate "
-    "its intervals; its held-out figure is in metrics.json next to the evaluator's")
+    "a baseline is not kept as the evaluator: it averages every criterion explored, on every layer, with no "
+    "cross-validation (it learns nothing, so its training figure is its own); the candidates that were "
+    "cross-validated, the calibrated means of each layer's criteria among them, are in metrics.json's "
+    "selection.candidates_cv_spearman, and the baseline's held-out figure is next to the evaluator's")
 
 
 def _selection_summary(choice: dict[str, Any]) -> str:
     s = choice.get("strongest_baseline")
     line = f"kept evaluator: layer {choice['kept_layer']} ({choice['reason']})"
+    kept = str(choice["kept_layer"])
+    scores = (choice.get("candidates_cv_spearman") or {}).get(kept) or {}
+    if choice.get("kept_aggregator"):
+        line += f"\nkept aggregator: {choice.get('aggregator_reason') or choice['kept_aggregator']}"
+    if len(scores) > 1:
+        line += ("\ncandidates on layer " + kept + " (grouped CV Spearman on the training split): "
+                 + ", ".join(f"{k} {_fmt(v).strip()}" for k, v in scores.items()))
+    if choice.get("simpler_was_better"):
+        line += "\nwarning: " + choice["simpler_was_better"]
     if s is not None:
         line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
                  f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")

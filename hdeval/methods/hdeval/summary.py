@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hdeval.metrics import why_null
+
 
 def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     """(text, to stderr) lines, in order."""
@@ -16,25 +18,48 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     sel = m.get("selection") or {}
     final_layer = sel.get("kept_layer", layers[-1].get("layer", "?"))  # chosen on training data
     avg = m["final"]["average"]
-    out.append((f"final evaluator: layer {final_layer} of {len(layers)} built, aggregator {ev.aggregator.kind}, "
-                f"{len(ev.feature_keys)} criteria" + (f" ({sel['reason']})" if sel.get("reason") else ""), False))
     given = ev.manifest_extra.get("tree_input")
+    reason = sel.get("reason")
+    if reason and given and reason == "the only layer that could be kept":
+        reason += ": a --tree file's layers are kept whole; a larger --layers builds a deeper one to compare"
+    out.append((f"final evaluator: layer {final_layer} of {len(layers)} built, aggregator {ev.aggregator.kind}, "
+                f"{len(ev.feature_keys)} criteria" + (f" ({reason})" if reason else ""), False))
+    scores = (sel.get("candidates_cv_spearman") or {}).get(str(final_layer)) or {}
+    if sel.get("aggregator_reason"):
+        out.append((f"aggregator: {sel['aggregator_reason']}", False))
+    if len(scores) > 1:
+        shown = ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in scores.items())
+        out.append((f"candidates, grouped CV spearman on the training split (layer {final_layer}): {shown}", False))
+    if sel.get("simpler_was_better"):
+        out.append((f"warning: {sel['simpler_was_better']}", True))
     if given:
         out += _given_tree(given, ev.tree.keys)
-    out.append((f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, "
-                f"kendall {avg['kendall']}", False))
     direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
-    if direct is not None and avg["spearman"] is not None:
-        diff = avg["spearman"] - direct
-        out.append((f"direct baseline (layer-1 scores used as they are): held-out spearman {direct}; "
-                    f"the trained evaluator is {diff:+.3f}", False))
+    final = avg["spearman"]
+    if direct is not None and final is not None:
+        head = f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})"
+    else:
+        head = f"held-out Spearman: trained {_num(final)}" + (f" vs direct {direct:.3f}" if direct is not None else "")
+    out.append((f"{head}; pearson {_num(avg['pearson'])}, kendall {_num(avg['kendall'])} (average over aspects; "
+                "1 is perfect agreement with the raters, 0 none)" + why_null(m["final"]), False))
     strongest = sel.get("strongest_baseline")
     if strongest and sel.get("baseline_beats_evaluator"):
         out.append((f"note: the simple baseline {strongest.replace('_', ' ')} beats the kept evaluator on "
-                    f"cross-validated training data; {sel.get('baseline_not_kept', '')}", True))
+                    "cross-validated training data; a baseline is not kept as the evaluator (metrics.json "
+                    "says why, with its held-out figure)", True))
     iv = m.get("intervals")
+    too_wide = False
     if iv:
-        out.append((interval_summary(iv), False))
+        from hdeval.report.banner import USABLE_WIDTH, interval_verdict
+
+        ranges = {a.key: (a.low, a.high) for a in ev.task.aspects}
+        too_wide = any(w is None or 2 * w > USABLE_WIDTH * (ranges[a][1] - ranges[a][0])
+                       for a, w in iv["half_width"].items() if a in ranges)
+        t = iv.get("test") or {}
+        cov = (t.get("coverage") or {}).get("average")
+        held = f" (held-out coverage {cov:.0%} of {t.get('rows')} rows)" if cov is not None else ""
+        out.append((f"{iv['level']:.0%} prediction intervals: {interval_verdict(iv['half_width'], ranges)}{held}",
+                    False))
     n_train, n_test = m["split"]["train"], m["split"]["test"]
     n_crit = len(ev.feature_keys)
     if n_train < 2 * n_crit:
@@ -49,9 +74,18 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
         out.append((f"warning: {len(left)} criteria left unexpanded (every decomposition reply was degenerate): "
                     f"{some_of([str(k) for k in left])}; the rejected replies are in the manifest's "
                     "decomposition_rejections", True))
+    from hdeval.report.banner import next_step
+
     out.append((f"artifact written to {path}", False))
+    step = next_step(identity=ev.llm_identity, evaluator=final, direct=direct, n_train=n_train,
+                     n_features=n_crit, n_test=n_test, too_wide=too_wide, path=path)
     out.append((f"next: hdeval report {path}", False))
+    out.append((f"then: {step}", False))
     return out
+
+
+def _num(x: Any) -> str:
+    return "undefined" if x is None else f"{x:.3f}"
 
 
 def _given_tree(given: dict, keys: list[str]) -> list[tuple[str, bool]]:

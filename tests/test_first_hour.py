@@ -1,0 +1,395 @@
+"""A new user's first hour (#37): files never overwritten, nothing written inside the reply cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import one_error, run_cli
+
+pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def qa_artifact(tmp_path_factory) -> Path:
+    """The quick start's task trained with the fake LLM (once for this module's tests)."""
+    from hdeval.train import train
+
+    where = tmp_path_factory.mktemp("qa")
+    ev = train(task=str(EXAMPLES / "qa_task.toml"), llm="fake", layers=1, aggregator="lr",
+               cache_dir=str(where / "cache"))
+    return ev.save(where / "art")
+
+
+def test_data_import_refuses_an_existing_output_without_force(tmp_path: Path) -> None:
+    mine = tmp_path / "support.jsonl"
+    mine.write_text("my rated training file\n", encoding="utf-8")
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine)
+    one_error(res, str(mine), "exists", "--force")
+    assert mine.read_text(encoding="utf-8") == "my rated training file\n"
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine, "--force")
+    assert res.exit_code == 0, res.output
+    assert mine.read_text(encoding="utf-8").startswith("{")
+
+
+@pytest.mark.parametrize("option", ["-o", "--export-requests"])
+def test_apply_refuses_an_existing_output_without_force(qa_artifact: Path, tmp_path: Path, option: str) -> None:
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text("an engine's paid results\n", encoding="utf-8")
+    llm = ["--llm", "fake"] if option == "-o" else ["--llm", "gpt-4o-mini", "--base-url", "http://127.0.0.1:9/v1"]
+    res = run_cli("apply", qa_artifact, EXAMPLES / "new_qa.jsonl", option, scored, *llm,
+                  "--cache-dir", tmp_path / "cache")
+    one_error(res, option, str(scored), "exists", "--force")
+    assert scored.read_text(encoding="utf-8") == "an engine's paid results\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["apply", "{art}", str(EXAMPLES / "new_qa.jsonl"), "--llm", "fake", "--force", "-o"],
+    ["apply", "{art}", str(EXAMPLES / "new_qa.jsonl"), "--llm", "gpt-4o-mini", "--force", "--export-requests"],
+    ["data", "import", str(EXAMPLES / "ratings.csv"), "--task", str(EXAMPLES / "qa_task.toml"), "--force", "-o"],
+    ["train", "--task", str(EXAMPLES / "qa_task.toml"), "--llm", "fake", "--force", "-o"],
+])
+@pytest.mark.parametrize("target", ["replies.db", "new"])
+def test_no_output_lands_inside_the_reply_cache(tmp_path: Path, command: list[str], target: str,
+                                                monkeypatch) -> None:
+    """Even with --force: replacing replies.db loses every paid reply."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "replies.db").write_bytes(b"SQLite format 3\x00 paid replies")
+    if command[0] == "train" and target == "replies.db":
+        target = "art"  # an artifact is a directory
+    args = [a.replace("{art}", str(tmp_path / "art")) for a in command] + [cache / target]
+    if command[0] == "data":  # no --cache-dir: the cache the environment names
+        monkeypatch.setenv("HDEVAL_CACHE_DIR", str(cache))
+    else:
+        args += ["--cache-dir", cache]
+    res = run_cli(*args)
+    one_error(res, "inside the LLM reply cache")
+    assert (cache / "replies.db").read_bytes() == b"SQLite format 3\x00 paid replies"
+    assert sorted(p.name for p in cache.iterdir()) == ["replies.db"]  # nothing written, nothing opened
+
+
+def test_the_default_cache_is_protected_too(tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "default-cache"
+    monkeypatch.setenv("HDEVAL_CACHE_DIR", str(cache))
+    cache.mkdir()
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "-o", cache / "cache.db")
+    one_error(res, "inside the LLM reply cache")
+    assert not (cache / "cache.db").exists()
+
+
+def test_rows_imported_later_never_take_a_training_rows_id(tmp_path: Path) -> None:
+    """#37 item 4: ids were <task>-00001... in every file, so new rows read as training rows."""
+    train_csv = tmp_path / "train.csv"
+    train_csv.write_text("question,answer,clear,correct\nWhy?,Because.,4,3\nHow?,Like this.,2,5\n", encoding="utf-8")
+    new_csv = tmp_path / "new.csv"
+    new_csv.write_text("question,answer\nWhat?,That.\nWhen?,Now.\nWhy?,Because.\n", encoding="utf-8")
+    common = ["--task", EXAMPLES / "qa_task.toml", "--source-col", "question", "--output-col", "answer"]
+    assert run_cli("data", "import", train_csv, *common, "--score-col", "clarity=clear", "--score-col",
+                   "accuracy=correct", "-o", tmp_path / "train.jsonl").exit_code == 0
+    assert run_cli("data", "import", new_csv, *common, "--unscored", "-o", tmp_path / "new.jsonl").exit_code == 0
+    train_ids = [json.loads(x)["id"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    new_ids = [json.loads(x)["id"] for x in (tmp_path / "new.jsonl").read_text().splitlines()]
+    assert len(set(train_ids + new_ids)) == 4  # the two new rows are new; "Why? Because." is the same row
+    assert new_ids[2] == train_ids[0] and not set(new_ids[:2]) & set(train_ids)
+
+
+def init_task(tmp_path: Path, *extra: str):
+    task = tmp_path / "task.toml"
+    res = run_cli("init", EXAMPLES / "ratings.csv", "-o", task, "--source-col", "question", "--output-col", "answer",
+                  *extra)
+    assert res.exit_code == 0, res.output
+    return task, res
+
+
+def test_init_writes_a_task_that_reads_the_users_file_as_it_is(tmp_path: Path) -> None:
+    from hdeval.data import find_data, read_task_samples
+    from hdeval.tasks import load_task
+
+    path, res = init_task(tmp_path)
+    assert "aspects clear [2, 5], correct [1, 5]" in res.stdout and "next: hdeval train --task" in res.stdout
+    task = load_task(path)
+    assert [f.key for f in task.fields] == ["source", "output"] and task.aspect_keys == ("clear", "correct")
+    samples = read_task_samples(find_data(task, None), task)
+    assert len(samples) == 24 and samples[1].fields["output"] == "Because the ocean reflects onto it."
+    assert samples[1].scores == {"clear": 4.0, "correct": 1.0}
+    assert samples[0].doc_id == samples[1].doc_id != samples[3].doc_id  # one question, one document
+    dry = run_cli("train", "--task", path, "--llm", "fake", "--dry-run")  # no other flag
+    assert dry.exit_code == 0, dry.output
+    assert "dry run for task ratings: 24 samples" in dry.stdout
+
+
+def test_init_in_a_script_says_which_option_is_missing(tmp_path: Path) -> None:
+    data = tmp_path / "r.csv"
+    data.write_text("q,a,score\nWhy?,Because.,3\nHow?,So.,4\n", encoding="utf-8")
+    res = run_cli("init", data, "-o", tmp_path / "t.toml")
+    one_error(res, "--output-col", "columns: q, a, score")
+    assert not (tmp_path / "t.toml").exists()
+    mine = tmp_path / "mine.toml"
+    mine.write_text("# my task\n", encoding="utf-8")
+    one_error(run_cli("init", data, "-o", mine, "--output-col", "a"), "exists", "--force")
+    assert mine.read_text(encoding="utf-8") == "# my task\n"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])
+def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None:
+    """apply, train and report read a file through the task's [columns], whatever its format."""
+    from hdeval.data import iter_task_chunks
+    from hdeval.tasks import load_task
+
+    path, _ = init_task(tmp_path)
+    task = load_task(path)
+    rows = [{"question": "What is rain?", "answer": "Water from clouds.", "note": "n1"},
+            {"question": "Why is grass green?", "answer": "Chlorophyll.", "note": "n2"}]
+    data = tmp_path / f"new.{fmt}"
+    if fmt == "json":
+        data.write_text(json.dumps(rows), encoding="utf-8")
+    else:
+        sep = "\t" if fmt == "tsv" else ","
+        data.write_text("".join(sep.join(r.values()) + "\n" for r in [dict(zip(rows[0], rows[0])), *rows]))
+    chunks = list(iter_task_chunks(data, task, require_labels=False))
+    assert [s.fields["output"] for s in chunks[0]] == ["Water from clouds.", "Chlorophyll."]
+    assert [s.line for s in chunks[0]] == ([2, 3] if fmt != "json" else [1, 2])
+
+
+def test_parquet_input_without_pyarrow_is_one_line_saying_how(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    from hdeval.data import read_task_samples
+    from hdeval.errors import ConfigError
+    from hdeval.tasks import load_task
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    data = tmp_path / "new.parquet"
+    data.write_bytes(b"PAR1")
+    with pytest.raises(ConfigError, match=r"new.parquet needs pyarrow: pip install pyarrow"):
+        read_task_samples(data, load_task(EXAMPLES / "qa_task.toml"))
+
+
+def test_a_wall_of_one_problem_is_one_line_with_a_count(tmp_path: Path) -> None:
+    """#37 item 6: the same missing score on every line was printed 20 times, the fix last."""
+    from hdeval.data import read_samples
+    from hdeval.errors import DataError
+    from hdeval.tasks import load_task
+
+    task = load_task(EXAMPLES / "qa_task.toml")
+    rows = [json.loads(x) for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()]
+    for r in rows:
+        del r["scores"]["accuracy"]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_samples(data, task)
+    text = str(err.value)
+    assert text.count("scores.accuracy is missing") == 1 and len(text) < 400, text
+    assert "pass --aspects clarity" in text.split("lines 1, 2, 3")[0]  # the fix first
+    assert f"and {len(rows) - 3} more" in text
+
+
+@pytest.mark.slow
+def test_init_train_apply_csv_with_no_edit(tmp_path: Path, monkeypatch) -> None:
+    """The issue's done line: init in a script, train with no other flag, apply a CSV of the same
+    layout, keeping its columns."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HDEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = init_task(tmp_path)
+    res = run_cli("train", "--task", path, "--llm", "fake")
+    assert res.exit_code == 0, res.output
+    art = next((tmp_path / "artifacts").iterdir())
+    new = tmp_path / "new.csv"
+    new.write_text("question,answer,rater_note\nWhat is rain?,Water from clouds.,n1\n"
+                   "Why is the sky blue?,Because the ocean reflects onto it.,n2\n", encoding="utf-8")
+    res = run_cli("apply", art, new, "-o", tmp_path / "scored.csv", "--keep-columns", "--llm", "fake")
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    out = pd.read_csv(tmp_path / "scored.csv")
+    assert list(out.columns[:3]) == ["question", "answer", "rater_note"] and list(out["rater_note"]) == ["n1", "n2"]
+    # the second row is a training row (same texts, same id): flagged, the first is not
+    assert list(out["in_training"]) == [False, True]
+
+
+def test_check_exits_1_below_its_threshold_and_0_above(qa_artifact: Path, tmp_path: Path) -> None:
+    from hdeval.testing import assert_aligned
+
+    cache = ["--cache-dir", qa_artifact.parent / "cache", "--llm", "fake"]
+    passed = run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-spearman", "-1", *cache)
+    assert passed.exit_code == 0, passed.output
+    assert passed.stdout.startswith("check passed: held-out Spearman") and "on 12 rows" in passed.stdout
+    failed = run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-spearman", "0.99", *cache)
+    assert failed.exit_code == 1 and failed.stdout == ""
+    assert [line for line in failed.stderr.splitlines() if line.startswith("check")] == [
+        line for line in failed.stderr.splitlines() if "is below 0.99 on 12 rows" in line]
+    with pytest.raises(AssertionError, match="is below 0.99"):
+        assert_aligned(qa_artifact, EXAMPLES / "qa.jsonl", min_spearman=0.99, llm="fake",
+                       cache_dir=str(qa_artifact.parent / "cache"))
+    res = assert_aligned(qa_artifact, EXAMPLES / "qa.jsonl", min_spearman=-1, llm="fake",
+                         cache_dir=str(qa_artifact.parent / "cache"))
+    assert res.passed and res.rows == 12 and res.value is not None
+
+
+def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_path: Path) -> None:
+    cache = ["--cache-dir", qa_artifact.parent / "cache", "--llm", "fake"]
+    one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "new_qa.jsonl", "--min-spearman", "0.5", *cache),
+              "no human scores")
+    one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-agreement", "0.5", *cache),
+              "--min-spearman")
+    training = tmp_path / "train_rows.jsonl"
+    manifest = json.loads((qa_artifact / "manifest.json").read_text())
+    split = (manifest.get("run") or manifest)["split"]["train"]
+    training.write_text("".join(x + "\n" for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()
+                                if json.loads(x)["id"] in split), encoding="utf-8")
+    one_error(run_cli("check", qa_artifact, "--data", training, "--min-spearman", "0.5", *cache),
+              "training split")
+
+
+def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
+    """#37 item 2: trained without --data (the task's data_file found beside it), the report said
+    the training data was not available and showed no sample text and no raw reply."""
+    from hdeval.methods.registry import load_artifact
+    from hdeval.report.samples import data_path, score_replies
+
+    ev = load_artifact(qa_artifact)
+    assert data_path(ev, None) == EXAMPLES / "qa.jsonl"
+    wanted = ["qa-00-1", "qa-03-2"]
+    replies, items = score_replies(ev, wanted, list(ev.columns_needed())[:1], data_path(ev, None),
+                                   qa_artifact.parent / "cache")
+    assert replies.note is None and set(items) == set(wanted)
+    assert len(replies.texts) == 2 and all(t.strip() for t in replies.texts.values())  # the raw replies
+
+
+def test_the_summary_says_what_its_numbers_mean_and_what_to_do(tmp_path: Path) -> None:
+    """#37 item 1: an unlabelled difference, unjudged intervals, lines said twice, no next step."""
+    task = EXAMPLES / "qa_task.toml"
+    res = run_cli("train", "--task", task, "--tree", EXAMPLES / "qa_tree.json", "--layers", "2", "--llm", "fake",
+                  "-o", tmp_path / "art", "--cache-dir", tmp_path / "c")
+    assert res.exit_code == 0, res.output
+    out = res.stdout + res.stderr
+    metrics = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    final, direct = metrics["final"]["average"]["spearman"], metrics["direct_layer1"]["average"]["spearman"]
+    assert f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})" in out
+    hw = metrics["intervals"]["half_width"]
+    assert f"clarity ±{hw['clarity']:.2f}, accuracy ±{hw['accuracy']:.2f} on a 1-5 scale: too wide to use" in out
+    assert "a --tree file's layers are kept whole" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    dups = {line for line in lines if lines.count(line) > 1 and not line.startswith(("scoring", "decomposing"))}
+    assert not dups and sum("prediction intervals" in line for line in lines) == 1
+    assert sum("is not kept as the evaluator" in line or "a baseline is not kept" in line for line in lines) <= 2
+    assert res.stdout.rstrip().splitlines()[-1].startswith("then: train with a real LLM")
+
+
+def test_next_step_follows_the_figures() -> None:
+    from hdeval.report.banner import interval_verdict, next_step
+
+    common = dict(n_train=200, n_features=10, n_test=100, path="artifacts/x")
+    assert next_step(identity="gpt-4o-mini", evaluator=0.6, direct=0.4, too_wide=False, **common) == \
+        "this evaluator is ready: hdeval apply artifacts/x NEW.jsonl -o scored.jsonl"
+    losing = next_step(identity="gpt-4o-mini", evaluator=0.1, direct=0.5, too_wide=False, **common)
+    assert "more labels (`hdeval label`" in losing and "another LLM (--llm)" in losing
+    crowded = next_step(identity="gpt-4o-mini", evaluator=0.1, direct=0.5, too_wide=False,
+                        **{**common, "n_train": 30})
+    assert "fewer criteria" in crowded
+    assert "a real LLM" in next_step(identity="local", evaluator=0.1, direct=0.5, too_wide=False, **common)
+    assert "too wide" in next_step(identity="gpt-4o", evaluator=0.6, direct=0.4, too_wide=True, **common)
+    assert interval_verdict({"a": 0.4}, {"a": (1, 5)}) == "a ±0.40 on a 1-5 scale: narrow enough to use"
+    assert interval_verdict({"a": 2.97}, {"a": (1, 5)}).endswith("too wide to use (wider than half the scale)")
+
+
+@pytest.mark.parametrize("typo, meant", [("fak", "fake"), ("Fake", None), ("locl", "local"), ("loacl", "local"),
+                                         ("gpt-4o-mini", None), ("lake", "fake")])
+def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo: str, meant: str | None) -> None:
+    """#37 item 7: --llm fak became a paid OpenAI model named "fak"."""
+    from hdeval.cli.options import did_you_mean
+
+    assert did_you_mean(typo, None) == meant
+    assert did_you_mean(typo, "http://127.0.0.1:8000/v1") is None  # a server's own model name
+    if meant:
+        res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", typo, "--dry-run")
+        assert res.exit_code == 2 and f"did you mean {meant!r}?" in res.stderr
+
+
+def test_the_dry_run_says_where_calls_would_go() -> None:
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", "gpt-4o-mini", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "calls would go to: model gpt-4o-mini at https://api.openai.com/v1 (OpenAI's API: paid per token)" \
+        in res.stdout
+
+
+def test_importing_a_1_to_10_scale_into_1_to_5_says_so_in_one_short_line(tmp_path: Path) -> None:
+    """#37 item 6: a 1,936-character list of cells; now the column's range against the task's."""
+    data = tmp_path / "ten.csv"
+    data.write_text("question,answer,clear,correct\n" + "".join(
+        f"Q{i}?,A{i}.,{1 + i % 10},{1 + i % 5}\n" for i in range(40)), encoding="utf-8")
+    res = run_cli("data", "import", data, "--task", EXAMPLES / "qa_task.toml", "--source-col", "question",
+                  "--output-col", "answer", "--score-col", "clarity=clear", "--score-col", "accuracy=correct",
+                  "-o", tmp_path / "out.jsonl")
+    line = one_error(res, "scores in column 'clear' range 1-10; the task says [1, 5] for clarity (20 outside it")
+    assert len(line) < 300 and "correct" not in line
+
+
+def test_root_help_says_each_summary_whole() -> None:
+    """#37 item 10: `hdeval --help` cut its summaries mid-sentence with '...'."""
+    res = run_cli("--help")
+    assert res.exit_code == 0 and "..." not in res.stdout.split("Commands:")[1]
+    assert "Score new samples with a trained evaluator (same criteria,\n" in res.stdout  # wrapped, not cut
+
+
+def test_the_benchmark_banner_never_ticks_a_method_the_baseline_beats() -> None:
+    """#37 item 8: "✓ best method hdeval-lr 0.067" beside "direct 0.232 ... does not beat it"."""
+    from hdeval.report.bench import verdict
+
+    def setting(method: str, value: float) -> dict:
+        return {"method": method, "aggregator": "lr" if method == "hdeval" else None, "train_frac": 0.5,
+                "dataset": {"average": {"spearman": {"mean": value}}}, "agreement": {}}
+
+    results = {"shape": "pointwise", "settings": [setting("direct", 0.232), setting("hdeval", 0.067)], "runs": []}
+    lines = {line.label: line for line in verdict(results).lines}
+    assert lines["best method"].warn and "no trained method beats it" in lines["best method"].text
+    assert lines["best method"].text.startswith("direct")
+    results["settings"][1] = setting("hdeval", 0.4)
+    lines = {line.label: line for line in verdict(results).lines}
+    assert not lines["best method"].warn and lines["best method"].text.startswith("hdeval")
+
+
+def test_init_asks_on_a_terminal(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    import hdeval.cli.init as init_cmd
+    from hdeval.cli import cli
+    from hdeval.tasks import load_task
+
+    monkeypatch.setattr(init_cmd, "_on_a_terminal", lambda: True)
+    answers = "\n".join(["question", "answer", "science_qa", "Short answers to science questions.",
+                         "How easy the answer is to read.", "Whether the answer is correct."]) + "\n"
+    res = CliRunner().invoke(cli, ["init", str(EXAMPLES / "ratings.csv"), "-o", str(tmp_path / "t.toml")],
+                             input=answers)
+    assert res.exit_code == 0, res.output
+    task = load_task(tmp_path / "t.toml")
+    assert task.name == "science_qa" and task.description == "Short answers to science questions."
+    assert [a.definition for a in task.aspects] == ["How easy the answer is to read.", "Whether the answer is correct."]
+
+
+@pytest.mark.slow
+def test_check_gates_a_pairwise_artifact_on_agreement(tmp_path: Path) -> None:
+    cache = ["--cache-dir", tmp_path / "c", "--llm", "fake"]
+    art = tmp_path / "pairs-dna"
+    res = run_cli("train", "--task", EXAMPLES / "pairs_task.toml", "--method", "dna", "-o", art, "-q", *cache)
+    assert res.exit_code == 0, res.output
+    gold = ["--data", EXAMPLES / "pairs.jsonl"]
+    applied = run_cli("apply", art, EXAMPLES / "pairs.jsonl", "-o", tmp_path / "j.jsonl", *cache)
+    held_out = json.loads(applied.stdout.split("training split): ")[1].splitlines()[0])["llm"]["w_ties"]
+    ok = run_cli("check", art, *gold, "--min-agreement", str(held_out), *cache)
+    assert ok.exit_code == 0 and f"agreement (ties counted) {held_out:.3f} >= " in ok.stdout, ok.output
+    low = run_cli("check", art, *gold, "--min-agreement", str(min(1.0, held_out + 0.01)), *cache)
+    assert low.exit_code == 1 and "is below" in low.stderr
+    one_error(run_cli("check", art, *gold, "--min-spearman", "0.5", *cache), "--min-agreement")
