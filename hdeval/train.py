@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hdeval.backends.base import Backend
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted
 
 MAX_SEED = 2**32 - 1
+_JURY_FIELDS = ("judges", "jury", "prune_judges")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class TrainConfig:
     max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
     max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
     batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
+    # a jury (HD-Eval pointwise): more judges besides ``llm`` (``--llm A --llm B``), or a jury
+    # TOML file; recorded only when given, so other runs' manifests stay as they were
+    judges: tuple[str, ...] = ()
+    jury: str | None = None
+    prune_judges: bool = False  # drop judges whose columns add nothing on grouped CV
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -94,6 +100,18 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(msg)
         llm_config(self).validate()
+        if self.judges or self.jury or self.prune_judges:
+            check_jury_options(self)
+
+    def jury_judges(self) -> tuple[Any, ...]:
+        """The jury's judges (``--jury`` file or ``--llm`` given twice or more), or ()."""
+        from hdeval.methods.jury import judges_of_llms, read_jury
+
+        if self.jury:
+            return read_jury(self.jury)
+        if self.judges:
+            return judges_of_llms((self.llm or "", *self.judges), self.base_url)
+        return ()
 
     def public(self) -> dict[str, Any]:
         """The run as the manifest records it (artifact format 3): the shared options, and every
@@ -101,9 +119,28 @@ class TrainConfig:
         is read by :func:`hdeval.methods.options.recorded_options`."""
         from hdeval.urls import public_url
 
-        d = {f.name: getattr(self, f.name) for f in fields(self)}  # in the fields' order
+        d = {f.name: getattr(self, f.name) for f in fields(self)  # in the fields' order
+             if f.name not in _JURY_FIELDS or getattr(self, f.name)}
         return {**d, "options": self.options.record(), "aspects": list(self.aspects) if self.aspects else None,
                 "base_url": public_url(self.base_url)}  # an artifact is shared: no user, password or query
+
+
+def check_jury_options(config: TrainConfig) -> None:
+    """A jury is HD-Eval's on pointwise data (checked again once the task is read)."""
+    what = "--jury" if config.jury else "--llm given more than once" if config.judges else "--prune-judges"
+    if config.jury and config.judges:
+        raise ConfigError("--jury and --llm given more than once cannot be combined: the file names the judges")
+    if config.prune_judges and not (config.jury or config.judges):
+        raise ConfigError("--prune-judges needs a jury (--jury FILE, or --llm given more than once)")
+    if config.method != "hdeval":
+        raise ConfigError(f"{what}: method {config.method!r} takes one LLM; a jury is HD-Eval's "
+                          "(pointwise data), see docs/juries.md")
+    if config.options.scorer != "digit":
+        raise ConfigError(f"{what}: a jury scores 1-5 digits; --scorer {config.options.scorer} takes one LLM")
+    if config.batch:
+        raise ConfigError(f"{what} cannot be combined with --batch yet")
+    if config.jury:
+        config.jury_judges()  # a bad file costs nothing
 
 
 @dataclass
@@ -126,6 +163,9 @@ def prepare(config: TrainConfig) -> Prepared:
     task = select_aspects(task, config.aspects)
     method = get_method(config.method)
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
+    if (config.jury or config.judges) and task.shape != "pointwise":
+        raise ConfigError(f"a jury scores pointwise data; task {task.name!r} is {task.shape}: "
+                          "train it with one --llm")
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
     samples = read_task_samples(path, task, require_labels=True)
@@ -140,11 +180,13 @@ def prepare(config: TrainConfig) -> Prepared:
 
 def train(config: TrainConfig | None = None, *, progress: Progress | None = None,
           backend: Backend | None = None, decompose_backend: Backend | None = None,
-          export_requests: str | Path | None = None, **options: Any) -> "Fitted":
+          export_requests: str | Path | None = None, judge_backends: Mapping[str, Backend] | None = None,
+          **options: Any) -> "Fitted":
     """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
     ``backend`` / ``decompose_backend``: LLMs to use instead of the ones the options name.
+    ``judge_backends``: a jury's judges to use instead of the LLMs they name, by judge name.
     ``export_requests``: a file; the first stage with uncached requests writes them there and
     :class:`~hdeval.request_files.RequestsExported` is raised (nothing is paid for).
     """
@@ -160,12 +202,25 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
 
     spec = resolved(llm_config(config)) if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
     with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
-        llm = opened.enter_context(backend_for(config, backend))
+        jury = None
+        judges = config.jury_judges()
+        if judges:
+            from hdeval.methods.jury import open_jury
+
+            jury = open_jury(judges, llm_config(config), backends=judge_backends)
+            opened.callback(jury.close)
+            llm = jury.first  # it decomposes unless --decompose-llm names another
+            spec = resolved(llm_config(config).replace(model=judges[0].llm, base_url=judges[0].base_url
+                                                       or config.base_url))
+        else:
+            llm = opened.enter_context(backend_for(config, backend))
         dec = open_decompose_backend(config, llm, decompose_backend)
         if dec is not llm and dec is not decompose_backend:  # an injected CachedBackend is the caller's
             opened.enter_context(contextlib.closing(dec))
-        ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec)
+        ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec, jury=jury)
         if export_requests is not None:
+            if jury is not None:
+                raise ConfigError("--export-requests does not export a jury's requests yet: train it with one --llm")
             from hdeval.methods.run import fit_exporting
 
             return fit_exporting(method, ctx, export_requests)
@@ -180,7 +235,43 @@ def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared,
     if method.plan is None:  # a count made for another method would mislead
         raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")
     prep = prepare(config)
+    judges = config.jury_judges()
+    if judges:
+        return prep, _jury_plan(method, config, prep, judges), ", ".join(f"{j.name} {j.llm}" for j in judges)
     return prep, method.plan(config, prep, backend), _offline_identity(config, backend)
+
+
+class JuryPlan(list):
+    """The layers of a jury's dry run (every judge's scoring calls, the decompositions once),
+    and per judge (calls, prompt tokens, completion tokens) in ``judge_calls``."""
+
+    judge_calls: list[tuple[int, int, int]]
+
+
+def _jury_plan(method: Any, config: TrainConfig, prep: Prepared, judges: Sequence[Any]) -> JuryPlan:
+    import dataclasses as dc
+
+    out = JuryPlan()
+    out.judge_calls = []
+    for i, j in enumerate(judges):
+        one = config.replace(llm=j.llm, base_url=j.base_url or config.base_url, judges=(), jury=None,
+                             prune_judges=False)
+        layers = method.plan(one, prep, None)
+        score_tok = [(p.prompt_tokens - p.decompose_prompt_tokens, p.completion_tokens - p.decompose_completion_tokens)
+                     for p in layers]
+        out.judge_calls.append((sum(p.score_calls for p in layers), sum(t[0] for t in score_tok),
+                                sum(t[1] for t in score_tok)))
+        if i == 0:  # the first judge decomposes (unless --decompose-llm): its layers as they are
+            out.extend(layers)
+            continue
+        for k, (p, (pt, ct)) in enumerate(zip(layers, score_tok)):
+            base = out[k]
+            out[k] = dc.replace(base, score_calls=base.score_calls + p.score_calls,
+                                cached=None if base.cached is None or p.cached is None else base.cached + p.cached,
+                                prompt_tokens=base.prompt_tokens + pt, completion_tokens=base.completion_tokens + ct,
+                                requests=None if base.requests is None or p.requests is None
+                                else base.requests + p.requests - p.decompose_calls)
+    return out
 
 
 def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:

@@ -567,7 +567,8 @@ def run_page(text: str, work: Path, tmp: Path, local: bool) -> int:
     local_outputs: set[str] = set()  # what the embedded-model commands write; their readers go with them
     for kind, command in page_commands(text):
         if kind == "bash" and NEEDS_LLM.match(command):
-            assert "--llm" in command, f"a command without --llm: {command}"
+            # a jury file names its judges' LLMs
+            assert "--llm" in command or "--jury" in command, f"a command without --llm: {command}"
         words = command.split()
         if "--llm local" in command and "-o" in words:
             local_outputs.add(words[words.index("-o") + 1])

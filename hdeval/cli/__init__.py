@@ -95,12 +95,13 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.init import init
     from hdeval.cli.label import export_labels, label
     from hdeval.cli.ppi_estimate import estimate
+    from hdeval.cli.refit import refit
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
     from hdeval.methods.registry import builtin_methods
 
     for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, benchmark,
-                    estimate, label, init, check):
+                    estimate, label, init, check, refit):
         cli.add_command(command)
     data.add_command(export_labels)
     for method in builtin_methods():  # the commands a built-in method adds (hdeval paireval ...)

@@ -35,19 +35,22 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
     """Called for --llm and --base-url (both, given or not): the second checks the pair."""
     ctx.meta[f"hdeval.{param.name}"] = value
     if {"hdeval.llm", "hdeval.base_url"} <= ctx.meta.keys():
-        llm = ctx.meta["hdeval.llm"]
-        guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
-        if guess:
-            raise click.BadParameter(f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
-                                     f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
-                                     ctx=ctx, param_hint="--llm")
+        given = ctx.meta["hdeval.llm"]
+        for llm in given if isinstance(given, tuple) else (given,):  # train's --llm may be given more than once
+            guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
+            if guess:
+                    raise click.BadParameter(f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
+                                         f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
+                                         ctx=ctx, param_hint="--llm")
     return value
 
 
-def llm_options(f):
-    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, callback=_check_llm_name,
+def llm_options(f, jury: bool = False):
+    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, multiple=jury, callback=_check_llm_name,
                      help="Model: an OpenAI(-compatible) model name, 'local', 'llamacpp:/path.gguf' or "
-                          "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local.")(f)
+                          "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local."
+                          + (" Given more than once: a jury of judges behind one server (HD-Eval, "
+                             "pointwise; docs/juries.md)." if jury else ""))(f)
     f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None, callback=_check_llm_name,
                      help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
                           "http://localhost:11434/v1 (Ollama).")(f)

@@ -54,8 +54,15 @@ from hdeval.urls import shown_identity
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
               help="Never download a built-in task's data (by default it is fetched on first use).")
+@click.option("--jury", default=None, type=click.Path(dir_okay=False),
+              help="A jury TOML file: one [[judge]] table per judge (name, llm, and optionally base_url, "
+                   "api_key_env, price_in, price_out); every criterion is scored by every judge "
+                   "(HD-Eval, pointwise; docs/juries.md).")
+@click.option("--prune-judges", is_flag=True,
+              help="With a jury: drop a judge whose columns add nothing on grouped cross-validation, so "
+                   "apply does not call it.")
 @method_options
-@llm_options
+@lambda f: llm_options(f, jury=True)
 @batch_option
 @guarded
 def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, yes: bool, quiet: bool,
@@ -80,8 +87,12 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     from hdeval.train import TrainConfig, plan, train as run_train
 
     prices = [options.pop(k) for k in ("price_in", "price_out", "decompose_price_in", "decompose_price_out")]
+    llms = tuple(options.pop("llm") or ())
+    options["llm"], options["judges"] = (llms[0] if llms else None), llms[1:]
     chosen_method_options(options)
     config = TrainConfig.from_options(**options)
+    if config.jury:  # the file names the judges: the first is the run's LLM (notices, the artifact)
+        config = config.replace(llm=config.jury_judges()[0].llm)
     if config.data is None:
         fetch_missing_task_data(config.task, offline=offline)
     if dry_run and export_file is not None:
@@ -96,6 +107,8 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
             config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
         prep, plans, identity = plan(config)
         _print_plan(prep, plans, identity, config.batch, *prices)
+        for line in _jury_plan_lines(config, plans):
+            click.echo(line)
         click.echo(_estimate(config, plans, identity)[1])
         return
     if not out:  # -o itself was checked first thing
@@ -200,6 +213,18 @@ def _check_default_outputs(config, force: bool) -> None:
     kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)
     for kind in kinds:
         check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
+
+
+def _jury_plan_lines(config, plans) -> list[str]:
+    """A jury's dry run: each judge's scoring calls and, with its prices, its cost."""
+    judges = config.jury_judges()
+    out = []
+    for j, calls in zip(judges, getattr(plans, "judge_calls", ()) or ()):
+        n, p, c = calls
+        cost = "" if j.price_in is None and j.price_out is None else (
+            f", estimated cost at most {p / 1e6 * (j.price_in or 0) + c / 1e6 * (j.price_out or 0):.2f}")
+        out.append(f"judge {j.name} ({j.llm}): <= {n} scoring calls, ~{p} prompt + ~{c} completion tokens{cost}")
+    return out
 
 
 def _destination(shown: str) -> str:

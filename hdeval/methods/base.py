@@ -568,6 +568,7 @@ class FitContext:
     llm_config: "LLMConfig"  # the resolved one, recorded in the artifact
     progress: "Progress"
     decompose_llm: "CachedBackend | None" = None  # HD-Eval's decomposing LLM (None or llm: the same)
+    jury: Any = None  # a jury's judges and their clients (hdeval.methods.jury.Jury); llm is its first
 
     @property
     def options(self) -> Any:

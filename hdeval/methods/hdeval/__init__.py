@@ -84,6 +84,11 @@ def _load(reader):
         from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
 
         return PairwiseTreeEvaluator.from_artifact(reader)
+    state = getattr(reader, "state", None)
+    if isinstance(state, dict) and state.get("jury") is not None:  # (judge, criterion) columns
+        from hdeval.methods.hdeval.jury import JuryEvaluator
+
+        return JuryEvaluator.from_artifact(reader)
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     return Evaluator.from_artifact(reader)

@@ -149,6 +149,11 @@ class TreeEvaluator(Fitted):
         return cls.from_artifact(art)
 
     @classmethod
+    def feature_criteria(cls, features: Sequence[str]) -> list[str]:
+        """The tree criteria the model's columns score (a jury's columns are judge:criterion)."""
+        return list(features)
+
+    @classmethod
     def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
         """The error for an artifact of another method or shape than this evaluator's."""
         what = "HD-Eval" if method == "hdeval" else f"{method!r}"
@@ -186,7 +191,7 @@ class TreeEvaluator(Fitted):
             raise ArtifactError(f"{path}: malformed artifact ({exc})") from exc
         if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
             raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
-        if sorted(tree.keys) != sorted(features):
+        if sorted(tree.keys) != sorted(cls.feature_criteria(features)):
             raise ArtifactError(f"{path}: {TREE} no longer has the criteria the {cls.fitted} was trained on; "
                                 "edit only names and definitions, or retrain")
         checked = cls.check_section(meta, task, mpath)

@@ -36,6 +36,7 @@ from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
 from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
+from hdeval.methods.jury import column, jury_scorer, jury_state, mean_matrix, split_column
 from hdeval.types import CriteriaTree, ScoreMatrix
 
 
@@ -71,6 +72,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     default_jobs()  # a bad HDEVAL_JOBS fails here, before any LLM call
     templates = load_templates()
     score = score_criteria if scorer is None else scorer
+    jury = ctx.jury  # a jury: every criterion scored by every judge, columns <judge>:<criterion>
+    share = _share_budget
+    if jury is not None:
+        score = jury_scorer(jury, score, dec)
+        share = lambda active, other, max_calls: jury.share_budget(active, [active])  # noqa: E731
     if scorer is not None:
         templates["pair"] = scorer.template
     ids = [s.id for s in samples]
@@ -82,6 +88,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         f"task {task.name}: {len(samples)} samples from {prep.data_path} "
         f"({len(tr)} train, {len(te)} test), LLM {shown_identity(llm.identity)}"
         + (f", decomposing with {shown_identity(dec.identity)}" if dec is not llm else "")
+        + (f"; a jury of {len(jury.judges)} judges: {', '.join(jury.names)}" if jury is not None else "")
     )
     given = prep.given
     depth = given.depth if given is not None else 1
@@ -97,11 +104,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     stopped: list[str] = []  # why a layer after the first failed: the layers before it are kept
     for layer, tree, new in _until_failure(grow(config, progress, llm, dec, templates["decompose"], task, given,
-                                                len(samples), expand, rejections), reports, stopped):
+                                                len(samples), expand, rejections, share), reports, stopped):
+        n_judges = 1 if jury is None else len(jury.judges)
         progress.stage(
-            f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria", len(samples) * len(new)
+            f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria"
+            + (f" x {n_judges} judges" if jury is not None else ""), len(samples) * len(new) * n_judges
         )
-        _share_budget(llm, dec, config.max_calls)
+        share(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
         progress.end_stage()
         try:
@@ -119,9 +128,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         with fit_warnings() as caught:
             asked = config.options.aggregator
             template = Aggregator.for_task("lr" if asked == "auto" else asked, task, config.seed,
-                                           aspect_columns=aspect_columns(tree, matrix, aspects))
+                                           aspect_columns=aspect_columns(
+                                               tree, matrix, aspects,
+                                               *(() if jury is None else (lambda k: split_column(k)[1],))))
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
+            if jury is not None:  # a criterion is a candidate through each judge's column of it
+                candidates = [column(n, k) for k in candidates for n in jury.names]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
             cands = cv_candidates(template, X[tr], Y[tr], doc_groups, compared_kinds(asked))
             pick = one_standard_error(cands, Y[tr], doc_groups, 0.0, config.seed) if asked == "auto" else None
@@ -145,9 +158,12 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
                 judge = clone(template).set_params(kind="ridge") if kind in FIXED_KINDS else template
                 pr = prune(judge, X[tr], Y[tr], matrix.criterion_keys, candidates,
                            doc_groups, config.options.top_k)
-                report.importance, report.expand_next = pr.importance, list(pr.selected)
+                selected = list(pr.selected)
+                if jury is not None:  # a criterion is expanded once, however many judges found it
+                    selected = list(dict.fromkeys(split_column(k)[1] for k in selected))
+                report.importance, report.expand_next = pr.importance, selected
                 report.positive_importance = pr.n_positive
-                expand[:] = pr.selected
+                expand[:] = selected
         report.notes = warning_notes(caught)
         fitted[layer] = (X.shape[1], agg, cv_pred)
         reports.append(report)
@@ -157,9 +173,19 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         progress.message(f"warning: {stopped[0]}; the evaluator keeps layers 1-{reports[-1].layer}, which were "
                          "scored and fitted (every finished call is cached: rerun the same command to try the "
                          "deeper layer again)")
-    choice = choose_layer(reports, tree, matrix, Y, tr, aspects, depth, folds, doc_groups, config.seed)
+    # a jury's unfitted baselines read the judges' mean per criterion (PoLL's average pooling)
+    pooled = matrix if jury is None else mean_matrix(matrix, jury.names)
+    choice = choose_layer(reports, tree, pooled, Y, tr, aspects, depth, folds, doc_groups, config.seed)
     kept_layer = choice["kept_layer"]
     n_cols, agg, cv_pred = fitted[kept_layer]
+    features = list(matrix.criterion_keys[:n_cols])
+    jury_record = None
+    if jury is not None:
+        from hdeval.methods.hdeval.jury import jury_fit
+
+        features, agg, cv_pred, jury_record = jury_fit(
+            jury, config, matrix.values[:, :n_cols], features, agg, cv_pred, Y, tr, te, doc_groups, aspects,
+            progress)
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
@@ -167,19 +193,23 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         "selection": choice,
         "layers": layer_metrics,
         "cv_train": {str(r.layer): r.cv_train for r in reports},
-        **dict(sorted(baselines(tree, matrix, Y, te, aspects).items())),
+        **dict(sorted(baselines(tree, pooled, Y, te, aspects).items())),
         "failure_rate": matrix.failure_rate,
         "usage": usage_of(llm, dec),
         **({"stopped": stopped[0]} if stopped else {}),
     }
     if dec is not llm:
         metrics["usage_decompose"] = usage_of(dec)
-    Xk = matrix.values[:, :n_cols]
+    if jury_record is not None:
+        metrics["final"] = jury_record.pop("final")
+        metrics["jury"] = jury_record
+        metrics["usage"] = usage_of(*{id(c): c for c in [*jury.clients.values(), dec]}.values())
+    Xk = matrix.columns(features)
     used = np.flatnonzero(agg.used_features())  # apply scores only these: the per-sample widths read them
     metrics["intervals"] = fitted_intervals(
         Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
-        X=Xk[:, used], columns=[matrix.criterion_keys[i] for i in used])
+        X=Xk[:, used], columns=[features[i] for i in used])
     progress.message(_selection_summary(choice))
     # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
@@ -187,8 +217,13 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
     # the score table and the layer reports keep every explored criterion
     kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
-    ev = Evaluator(
-        task, kept_tree, agg, agg.kind, matrix.criterion_keys[:n_cols], templates, spec, llm.identity,
+    cls: Any = Evaluator
+    if jury is not None:
+        from hdeval.methods.hdeval.jury import JuryEvaluator
+
+        cls = JuryEvaluator
+    ev = cls(
+        task, kept_tree, agg, agg.kind, features, templates, spec, llm.identity,
         metrics,
         {
             **run_record(ctx),
@@ -197,6 +232,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             "decompose_llm": _decompose_record(config, spec, dec, llm),
             **({"tree_input": given.manifest()} if given is not None else {}),
             **({"decomposition_rejections": rejections} if rejections else {}),
+            **({"jury": jury_state(jury, features)} if jury is not None else {}),
         },
         table,
     )
@@ -210,7 +246,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
 
 def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend, template: Any, task: Any,
          given: Any, n: int, expand: Sequence[str], rejections: list[dict[str, Any]],
-         ) -> Iterator[tuple[int, CriteriaTree, list]]:
+         share: Callable[[Any, Any, Any], None] | None = None) -> Iterator[tuple[int, CriteriaTree, list]]:
     """The layer loop of both shapes: (layer, tree, its criteria) for each layer to score, after
     decomposing what it needs. A --tree's layers are taken as given and expansion starts below
     its last one, never on a locked criterion; deeper layers expand what the caller last put in
@@ -227,7 +263,7 @@ def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend
             if nodes:
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
-                _share_budget(dec, llm, config.max_calls)
+                (share or _share_budget)(dec, llm, config.max_calls)
                 tree = decompose_nodes(dec, template, task, tree, nodes, config.options.children, progress,
                                        rejections)
                 progress.end_stage()
@@ -354,12 +390,14 @@ def simpler_was_better(r: LayerReport) -> str | None:
             f"against {r.aggregator} {mine:.3f}; --aggregator auto would weigh them")
 
 
-def aspect_columns(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str]) -> list[list[int]]:
-    """Per aspect, the matrix columns of its subtree, its own (layer-1) column first."""
-    keys = list(matrix.criterion_keys)
+def aspect_columns(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str],
+                   criterion: Callable[[str], str] = lambda k: k) -> list[list[int]]:
+    """Per aspect, the matrix columns of its subtree, its own (layer-1) column first;
+    ``criterion``: the criterion a column scores (a jury's ``<judge>:<criterion>``: every judge's)."""
+    keys = [criterion(k) for k in matrix.criterion_keys]
     out = []
     for a in aspects:
-        own = [keys.index(a)] if a in keys else []
+        own = [i for i, k in enumerate(keys) if k == a]
         sub = [i for i, k in enumerate(keys)
                if k != a and k in tree and any(c.key == a for c in tree.ancestors(k))]
         out.append(own + sub)

@@ -1,0 +1,243 @@
+"""HD-Eval with a jury: what the learned pooling is measured against (each judge alone, the
+judges' mean), which judges it needs (``--prune-judges``), and the evaluator that scores new
+samples with only those, each with its own settings."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from sklearn.base import clone
+
+from hdeval.aggregate import select_cv
+from hdeval.errors import ArtifactError
+from hdeval.methods.base import CORRELATIONS, progress_stage, usage_of
+from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
+from hdeval.methods.jury import (Judge, agreement, column, error_correlation, judge_columns, open_jury,
+                                 split_column)
+from hdeval.metrics import metric_table
+from hdeval.types import ScoreMatrix
+
+# a judge is dropped when the others' columns alone do at least this well on grouped CV: less
+# than this much cross-validated Spearman is fold noise on ~100 rows (the layer margin's reasoning)
+PRUNE_MARGIN = 0.01
+
+
+def _on(agg: Any, cols: Sequence[int]) -> Any:
+    """An unfitted copy of ``agg`` for the columns ``cols`` of its matrix: the columns it reads
+    per aspect renumbered, those left out dropped."""
+    out = clone(agg)
+    groups = getattr(agg, "aspect_columns", None)
+    if groups is not None:
+        where = {c: i for i, c in enumerate(cols)}
+        out.set_params(aspect_columns=[[where[c] for c in g if c in where] for g in groups])
+    return out
+
+
+def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str],
+                 cols: Sequence[int]) -> tuple[Any, float]:
+    _, _, _, pred = select_cv(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))
+    sp = metric_table(Y, pred, aspects)["average"]["spearman"]
+    return pred, -1.0 if sp is None else float(sp)
+
+
+def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_pred: Any, Y: Any, tr: Any,
+             te: Any, groups: Sequence[str], aspects: Sequence[str], progress: Any
+             ) -> tuple[list[str], Any, Any, dict[str, Any]]:
+    """The kept layer's evaluator with a jury: (its features, aggregator and out-of-fold training
+    predictions, after ``--prune-judges``), and the jury's record for metrics.json, figures on
+    the held-out rows ``te``."""
+    names = jury.names
+    every = list(features)
+    Xtr, Ytr = X[tr], Y[tr]
+
+    def cols(keep: Sequence[str]) -> list[int]:
+        return sorted(i for n in keep for i in judge_columns(features, n))
+
+    _, full_cv = _cv_spearman(agg, Xtr, Ytr, groups, aspects, range(X.shape[1]))
+    importance: dict[str, float | None] = {}
+    for n in names:
+        rest = [m for m in names if m != n]
+        if not rest:
+            importance[n] = None
+            continue
+        _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
+        importance[n] = round(full_cv - without, 6)
+    keep = list(names)
+    dropped: list[str] = []
+    if config.prune_judges:
+        base = full_cv
+        while len(keep) > 1:
+            # the judge that adds least first; its removal must cost less than PRUNE_MARGIN
+            ranked = sorted(keep, key=lambda n: importance[n] if importance[n] is not None else 0.0)
+            for n in ranked:
+                rest = [m for m in keep if m != n]
+                _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
+                if without >= base - PRUNE_MARGIN:
+                    keep, base = rest, without
+                    dropped.append(n)
+                    break
+            else:
+                break
+        if dropped:
+            progress.message(f"--prune-judges: dropped {', '.join(dropped)} (their columns add less than "
+                             f"{PRUNE_MARGIN} cross-validated Spearman); apply calls {', '.join(keep)}")
+    kept_cols = cols(keep)
+    if dropped:
+        cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, aspects, kept_cols)
+        agg = _on(agg, kept_cols).fit(Xtr[:, kept_cols], Ytr)
+        features = [features[i] for i in kept_cols]
+        Xk = X[:, kept_cols]
+    else:
+        Xk = X
+    final = metric_table(Y[te], agg.predict(Xk[te]), aspects)
+    alone: dict[str, Any] = {}
+    firsts = []
+    matrix = ScoreMatrix([str(i) for i in range(len(X))], every, X)  # every judge's columns
+    for n in names:
+        own = judge_columns(matrix.criterion_keys, n)
+        solo = _on(agg, own).fit(X[tr][:, own], Ytr)
+        direct_idx = [matrix.criterion_keys.index(column(n, a)) for a in aspects]
+        firsts.append(X[:, direct_idx])
+        alone[n] = {"direct": metric_table(Y[te], X[te][:, direct_idx], aspects),
+                    "hdeval": metric_table(Y[te], solo.predict(X[te][:, own]), aspects)}
+    with np.errstate(all="ignore"):
+        pooled = np.nanmean(np.stack(firsts), axis=0)
+    errors, effective = error_correlation(matrix, names, Y, aspects, te)
+    return features, agg, cv_pred, {
+        "final": final,
+        "judges": [j.name for j in jury.judges],
+        "kept": keep,
+        "dropped": dropped,
+        "baselines": {"judges": alone, "jury_mean": metric_table(Y[te], pooled[te], aspects), "learned": final},
+        "agreement_alpha": agreement(matrix, names, np.arange(len(X))),
+        "error_correlation": errors,
+        "effective_judges": effective,
+        "importance_cv_spearman": importance,
+        "cost": jury.usage(),
+    }
+
+
+def _count_in(backend: Any, clients: Any) -> None:
+    """The judges' calls, hits and tokens added to the run's client, whose counts ``apply``
+    reports (it never calls it itself for a jury)."""
+    stats = getattr(backend, "stats", None)
+    if stats is None:
+        return
+    for c in clients:
+        if c is not backend:
+            for name in ("calls", "hits", "prompt_tokens", "completion_tokens"):
+                setattr(stats, name, getattr(stats, name) + getattr(c.stats, name))
+
+
+class JuryEvaluator(Evaluator):
+    """HD-Eval's evaluator over (judge, criterion) columns: scoring calls only the judges its
+    columns need, each with its own model, server and key variable, on the run's cache."""
+
+    extra_keys = (*_EXTRA_KEYS, "jury")
+    # judge name -> backend, instead of the LLMs the judges name (the Python API, tests)
+    judge_backends: Mapping[str, Any] | None = None
+
+    @classmethod
+    def feature_criteria(cls, features: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(split_column(f)[1] for f in features))
+
+    def kept_judges(self) -> list[Judge]:
+        state = self.manifest_extra.get("jury") or {}
+        return [Judge(**j) for j in state.get("judges", []) if j["name"] in state.get("kept", [])]
+
+    def metrics_shape(self) -> dict[str, Any]:
+        return {**super().metrics_shape(),
+                "jury": {"baselines": {"judges": {"*": {"*": CORRELATIONS}}, "jury_mean": CORRELATIONS,
+                                       "learned": CORRELATIONS}}}
+
+    def cost_line(self) -> str:
+        names = ", ".join(j.name for j in self.kept_judges())
+        return super().cost_line() + f" (judges called: {names})"
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        lines = super().summary_lines(path)
+        rec = self.metrics.get("jury") or {}
+        b = rec.get("baselines") or {}
+
+        def sp(t: Any) -> str:
+            v = ((t or {}).get("average") or {}).get("spearman")
+            return "n/a" if v is None else f"{v:.3f}"
+        parts = [f"{n} direct {sp(v.get('direct'))} hdeval {sp(v.get('hdeval'))}"
+                 for n, v in (b.get("judges") or {}).items()]
+        lines.insert(1, (f"jury, held-out spearman: learned {sp(b.get('learned'))} | jury mean "
+                         f"{sp(b.get('jury_mean'))} | " + "; ".join(parts), False))
+        if rec.get("effective_judges") is not None:
+            lines.insert(2, (f"jury: {len(rec.get('judges', []))} judges behave like "
+                             f"{rec['effective_judges']:.2f} independent ones; kept: {', '.join(rec.get('kept', []))}",
+                             False))
+        return lines
+
+    def score_needed(self, items: Sequence[Any], backend: Any, cache_dir: Any, concurrency: int | None,
+                     progress: Any, what: str, units: int, score: Any) -> tuple[Any, Any]:
+        from hdeval.config import DEFAULT_CONCURRENCY, LLMConfig
+
+        only: dict[str, list[Any]] = {}
+        for key in self.needed_criteria:
+            judge, crit = split_column(key)
+            only.setdefault(judge, []).append(self.tree[crit])
+        cache_dir = cache_dir if cache_dir is not None else getattr(backend, "cache_dir", None)
+        base = LLMConfig(model="", cache_dir=str(cache_dir) if cache_dir is not None else None,
+                         concurrency=concurrency or DEFAULT_CONCURRENCY,
+                         max_calls=getattr(backend, "max_calls", None))
+        judges = self.trusted_judges([j for j in self.kept_judges() if j.name in only], backend)
+        jury = open_jury(judges, base, backends=self.judge_backends)
+        try:
+            n = sum(len(v) for v in only.values())
+            with progress_stage(progress, f"scoring {what} x {n} (judge, criterion) columns", units * n):
+                m = jury.score(score, self.templates["score"], self.task, self.tree, [], items, concurrency,
+                               progress, only=only)
+            _count_in(backend, jury.clients.values())
+            return m, usage_of(*jury.clients.values())
+        finally:
+            jury.close()
+
+    def trusted_judges(self, judges: Sequence[Judge], backend: Any) -> list[Judge]:
+        """The judges as an artifact, which is untrusted, may have them called: never with the
+        key of a variable it names (the key comes as for any artifact: OPENAI_API_KEY), and only
+        on the server ``apply`` was allowed to call (``backend``'s) or a built-in model."""
+        import dataclasses
+
+        from hdeval.errors import ConfigError
+        from hdeval.urls import public_url
+
+        if self.judge_backends is not None:
+            return list(judges)
+        inner = getattr(backend, "inner", backend)
+        allowed = public_url(getattr(inner, "base_url", None)) if inner is not None else None
+        out = []
+        for j in judges:
+            url = public_url(j.base_url)
+            if url is not None and url.rstrip("/") != (allowed or "").rstrip("/"):
+                raise ConfigError(f"judge {j.name!r} of this jury artifact is served by {url}, which this run "
+                                  "was not allowed to call; score with its judges behind one server "
+                                  "(--base-url), or retrain")
+            out.append(dataclasses.replace(j, api_key_env=None, base_url=j.base_url and allowed))
+        return out
+
+    @classmethod
+    def from_artifact(cls, art: Any) -> "JuryEvaluator":
+        from pydantic import ValidationError
+
+        from hdeval.methods.jury import _models
+
+        ev = super().from_artifact(art)
+        state = art.state.get("jury")
+        where = art.path / "manifest.json"
+        JudgeSpec, _ = _models()
+        try:
+            judges = [JudgeSpec.model_validate(j) for j in state["judges"]]
+            kept = state["kept"]
+            if not isinstance(kept, list) or not set(kept) <= {j.name for j in judges}:
+                raise ValueError("'kept' names a judge that is not among 'judges'")
+        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            first = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else exc
+            raise ArtifactError(f"{where}: malformed 'jury' ({first})") from None
+        if not {split_column(f)[0] for f in ev.feature_keys} <= set(kept):
+            raise ArtifactError(f"{where}: the aggregator's columns need a judge 'jury.kept' does not name")
+        return ev
