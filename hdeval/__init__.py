@@ -14,9 +14,15 @@ __all__ = ["HdevalError", "Metrics", "TrainConfig", "TrainedEvaluator", "__versi
 # The public names load on first use, so `hdeval --help` does not pay for scikit-learn,
 # pandas and numpy (module __getattr__, PEP 562). Evaluator (the pointwise HD-Eval class) stays
 # importable for code written before hdeval.load.
-_LAZY = {"load": "hdeval.api", "TrainedEvaluator": "hdeval.api", "Metrics": "hdeval.api",
-         "TrainConfig": "hdeval.train", "train": "hdeval.train", "HdevalError": "hdeval.errors",
-         "Evaluator": "hdeval.methods.hdeval.evaluator"}
+_LAZY = {
+    "load": "hdeval.api",
+    "TrainedEvaluator": "hdeval.api",
+    "Metrics": "hdeval.api",
+    "TrainConfig": "hdeval.train",
+    "train": "hdeval.train",
+    "HdevalError": "hdeval.errors",
+    "Evaluator": "hdeval.methods.hdeval.evaluator",
+}
 
 
 def __getattr__(name: str) -> Any:

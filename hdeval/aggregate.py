@@ -47,8 +47,18 @@ CANDIDATES = SIMPLE_KINDS + ("lr", "dt", "nn", "rf")
 FIXED_KINDS = ("mean", "direct", "aspect_mean")
 # How much each candidate learns, for the one-standard-error rule: of the candidates within one
 # standard error of the best, the least complex are kept (between equals, the better figure).
-COMPLEXITY = {"mean": 0, "direct": 0, "aspect_mean": 0, "shrink": 1, "nnls": 2, "ridge": 2, "lr": 3,
-              "dt": 4, "nn": 5, "rf": 6}
+COMPLEXITY = {
+    "mean": 0,
+    "direct": 0,
+    "aspect_mean": 0,
+    "shrink": 1,
+    "nnls": 2,
+    "ridge": 2,
+    "lr": 3,
+    "dt": 4,
+    "nn": 5,
+    "rf": 6,
+}
 # Penalties RidgeCV (efficient leave-one-out on the training rows it is given) chooses among.
 RIDGE_ALPHAS = tuple(np.logspace(-2, 4, 13))
 N_FOLDS = 5
@@ -132,7 +142,9 @@ def fit_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         ours = threading.get_ident() == me and collector[0] != me
-        (caught if ours else passed).append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        (caught if ours else passed).append(
+            warnings.WarningMessage(message, category, filename, lineno, file, line)
+        )
 
     gc.callbacks.append(on_gc)
     try:
@@ -280,8 +292,9 @@ class Aggregator(RegressorMixin, BaseEstimator):
                 for j, a in enumerate(g):
                     cols[a] = [int(i) for i in np.flatnonzero(coef[min(j, len(coef) - 1)])]
             params["aspect_columns"] = [cols.get(a, []) for a in aspects]
-        agg = cls(kind, list(aspects), [tuple(r) for r in ranges], [list(g) for g in groups],
-                  random_state, **params)
+        agg = cls(
+            kind, list(aspects), [tuple(r) for r in ranges], [list(g) for g in groups], random_state, **params
+        )
         agg.models_ = models
         agg.n_features_in_ = n_features
         agg.aspects_, agg.groups_, agg.ranges_ = agg._layout(len(agg.aspects))
@@ -304,8 +317,9 @@ class Aggregator(RegressorMixin, BaseEstimator):
         if len(aspects) != n_outputs:
             raise ValueError(f"Y has {n_outputs} column(s) but the aggregator has {len(aspects)} aspect(s)")
         groups = [list(g) for g in self.groups] if self.groups is not None else [aspects]
-        ranges = ([tuple(r) for r in self.ranges] if self.ranges is not None
-                  else [(-np.inf, np.inf)] * n_outputs)
+        ranges = (
+            [tuple(r) for r in self.ranges] if self.ranges is not None else [(-np.inf, np.inf)] * n_outputs
+        )
         if len(ranges) != n_outputs or sorted(a for g in groups for a in g) != sorted(aspects):
             raise ValueError("aggregator ranges/groups do not match its aspects")
         return aspects, groups, ranges
@@ -461,7 +475,9 @@ def _validate(est: Aggregator, X, *Y, reset: bool):
     return est._validate_data(X, reset=reset, force_all_finite="allow-nan", dtype=np.float64, **kw)
 
 
-def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -> list[tuple[np.ndarray, np.ndarray]]:
+def cv_folds(
+    groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train, held-out) index pairs: grouped by doc_id when there are enough documents,
     else plain shuffled folds (tiny ``--limit`` runs)."""
     idx = np.arange(len(groups))
@@ -471,13 +487,19 @@ def cv_folds(groups: Sequence[str], random_state: int, n_folds: int = N_FOLDS) -
     return list(KFold(n_splits=k, shuffle=True, random_state=random_state).split(idx))
 
 
-def _fit_predict(template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray,
-                 test: np.ndarray) -> np.ndarray:
+def _fit_predict(
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, train: np.ndarray, test: np.ndarray
+) -> np.ndarray:
     return clone(template).fit(X[train], Y[train]).predict(X[test])
 
 
-def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-              n_jobs: int | None = None) -> list[np.ndarray]:
+def _oof_many(
+    templates: Sequence[Aggregator],
+    X: np.ndarray,
+    Y: np.ndarray,
+    groups: Sequence[str],
+    n_jobs: int | None = None,
+) -> list[np.ndarray]:
     """``cross_val_predictions`` of every template, every fold one job of a single batch."""
     X, Y = np.asarray(X), np.asarray(Y)
     folds = [cv_folds(groups, t.random_state) for t in templates]
@@ -492,8 +514,9 @@ def _oof_many(templates: Sequence[Aggregator], X: np.ndarray, Y: np.ndarray, gro
     return out
 
 
-def cross_val_predictions(template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-                          n_jobs: int | None = None) -> np.ndarray:
+def cross_val_predictions(
+    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], n_jobs: int | None = None
+) -> np.ndarray:
     """Out-of-fold predictions on the training split (the "cross-validated train" figure)."""
     return _oof_many([template], X, Y, groups, n_jobs)[0]
 
@@ -504,7 +527,11 @@ def _grid_name(point: dict[str, Any]) -> str:
 
 
 def select_cv(
-    template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str], kinds: Sequence[str] = KINDS,
+    template: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    groups: Sequence[str],
+    kinds: Sequence[str] = KINDS,
     n_jobs: int | None = None,
 ) -> tuple[Aggregator, dict[str, float], dict[str, float], np.ndarray]:
     """The best of ``kinds`` by grouped-CV mean Spearman, ``nn`` tuned over the ``NN_GRID``
@@ -553,8 +580,14 @@ def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, n
     return out
 
 
-def cv_candidates(template: Aggregator, X: np.ndarray, Y: np.ndarray, groups: Sequence[str],
-                  kinds: Sequence[str] = CANDIDATES, n_jobs: int | None = None) -> list[CandidateCV]:
+def cv_candidates(
+    template: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    groups: Sequence[str],
+    kinds: Sequence[str] = CANDIDATES,
+    n_jobs: int | None = None,
+) -> list[CandidateCV]:
     """Every kind of ``kinds`` cross-validated on the same grouped folds (nn: its best grid
     point), in the order given. Every fold of every kind and grid point is one job of one batch."""
     X, Y = np.asarray(X), np.asarray(Y)
@@ -590,9 +623,15 @@ class Choice:
 N_BOOTSTRAP = 200  # document resamples for the standard error of a difference in CV figures
 
 
-def one_standard_error(cands: Sequence[CandidateCV], Y: np.ndarray, groups: Sequence[str], floor: float = 0.0,
-                       random_state: int = 0, n_boot: int = N_BOOTSTRAP,
-                       levels: Sequence[int] | None = None) -> Choice:
+def one_standard_error(
+    cands: Sequence[CandidateCV],
+    Y: np.ndarray,
+    groups: Sequence[str],
+    floor: float = 0.0,
+    random_state: int = 0,
+    n_boot: int = N_BOOTSTRAP,
+    levels: Sequence[int] | None = None,
+) -> Choice:
     """The one-standard-error rule: of the candidates whose cross-validated figure is within one
     standard error (at least ``floor``) of the best one's, the least complex (``levels``; default:
     each kind's COMPLEXITY), between equals the better figure. The standard error is that of the

@@ -65,17 +65,28 @@ class TrainedEvaluator:
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(x) for x in err["loc"])
-            raise ArtifactError(f"{self.path or 'the evaluator'}/metrics.json: {field!r}: {err['msg']}") from None
+            raise ArtifactError(
+                f"{self.path or 'the evaluator'}/metrics.json: {field!r}: {err['msg']}"
+            ) from None
 
     def __repr__(self) -> str:
         task = self.fitted.task
         where = f", path={str(self.path)!r}" if self.path is not None else ""
-        return (f"<TrainedEvaluator method={self.method!r} task={task.name!r} ({task.shape}, "
-                f"{len(task.aspects)} aspect(s)) llm={self.fitted.llm_identity!r}{where}>")
+        return (
+            f"<TrainedEvaluator method={self.method!r} task={task.name!r} ({task.shape}, "
+            f"{len(task.aspects)} aspect(s)) llm={self.fitted.llm_identity!r}{where}>"
+        )
 
-    def score(self, data: "pd.DataFrame | Sequence[Mapping[str, Any]] | str | Path", *, llm: str | None = None,
-              base_url: str | None = None, cache_dir: str | Path | None = None, concurrency: int | None = None,
-              progress: "Progress | None" = None) -> "pd.DataFrame":
+    def score(
+        self,
+        data: "pd.DataFrame | Sequence[Mapping[str, Any]] | str | Path",
+        *,
+        llm: str | None = None,
+        base_url: str | None = None,
+        cache_dir: str | Path | None = None,
+        concurrency: int | None = None,
+        progress: "Progress | None" = None,
+    ) -> "pd.DataFrame":
         """Score ``data`` (a DataFrame or a list of dicts with the task's fields, one row a sample or
         pair; or a JSONL file) and return one row per sample, indexed by id: the predicted
         ``scores.<aspect>`` (pairs: the verdict), the LLM-filled columns and the human scores the
@@ -85,19 +96,25 @@ class TrainedEvaluator:
 
         from hdeval.data import read_task_samples
 
-        samples = read_task_samples(data, self.task, require_labels=False) if isinstance(data, (str, Path)) \
+        samples = (
+            read_task_samples(data, self.task, require_labels=False)
+            if isinstance(data, (str, Path))
             else _records_samples(data, self.task)
+        )
         backend = None
         if llm is not None:
             from hdeval.config import LLMConfig
             from hdeval.llm import open_llm
 
-            config = LLMConfig(model=llm, base_url=base_url, cache_dir=None if cache_dir is None else str(cache_dir))
+            config = LLMConfig(
+                model=llm, base_url=base_url, cache_dir=None if cache_dir is None else str(cache_dir)
+            )
             config.validate()
             backend = open_llm(config)
         try:
-            result = self.fitted.score(samples, backend=backend, cache_dir=cache_dir, concurrency=concurrency,
-                                       progress=progress)
+            result = self.fitted.score(
+                samples, backend=backend, cache_dir=cache_dir, concurrency=concurrency, progress=progress
+            )
             rows = self.fitted.output_rows(samples, result)
         finally:
             if backend is not None:
@@ -122,12 +139,16 @@ def _records_samples(data: Any, task: Any) -> list:
     records = _records(data)
     with tempfile.TemporaryDirectory(prefix="hdeval-rows-") as tmp:
         file = Path(tmp) / "rows.jsonl"
-        file.write_text("".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records),
-                        encoding="utf-8")
+        file.write_text(
+            "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records),
+            encoding="utf-8",
+        )
         try:
             return read_task_samples(file, task, require_labels=False)
         except DataError as exc:  # the reader names the temporary file and its lines: say rows
-            text = str(exc).replace(f"{file}: ", "the rows given: ", 1).replace("bad line(s)", "bad row(s)", 1)
+            text = (
+                str(exc).replace(f"{file}: ", "the rows given: ", 1).replace("bad line(s)", "bad row(s)", 1)
+            )
             raise DataError(re.sub(r"\bline (\d+)", r"row \1", text)) from None
 
 
@@ -141,7 +162,9 @@ def _records(data: Any) -> list[dict[str, Any]]:
         data = data.reset_index(drop=not (data.index.name == "id" and "id" not in data.columns))
         data = data.astype(object).where(pd.notna(data), None).to_dict("records")
     if isinstance(data, Mapping) or not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
-        raise DataError(f"score takes a DataFrame, a list of dicts or a JSONL path, got {type(data).__name__}")
+        raise DataError(
+            f"score takes a DataFrame, a list of dicts or a JSONL path, got {type(data).__name__}"
+        )
     bad = next((i for i, r in enumerate(data, 1) if not isinstance(r, Mapping)), None)
     if bad is not None:
         raise DataError(f"the rows given: row {bad} is {type(data[bad - 1]).__name__}, not a dict of fields")

@@ -30,8 +30,18 @@ FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 # the manifest's header (what every artifact records) and, in formats 1-3, the run record's keys at
 # the top level beside the method's state
-HEADER_KEYS = ("format", "format_version", "hdeval_version", "created", "method", "method_args", "task", "llm",
-               "versions", "files")
+HEADER_KEYS = (
+    "format",
+    "format_version",
+    "hdeval_version",
+    "created",
+    "method",
+    "method_args",
+    "task",
+    "llm",
+    "versions",
+    "files",
+)
 RUN_KEYS = ("seed", "split", "config")
 # Bounds on what is read from an artifact (it is data from whoever sent it).
 MAX_ENTRIES = 10_000  # files + directories inside an artifact
@@ -103,7 +113,6 @@ class ArtifactReader:
             raise ArtifactError(f"{self.path / MANIFEST}: {name!r} must be a JSON object")
         return value
 
-
     def file(self, name: str) -> Path:
         """The regular file ``name`` inside the artifact (never a link, never outside)."""
         p = self.path / _safe_name(name)
@@ -120,8 +129,10 @@ class ArtifactReader:
     def text(self, name: str) -> str:
         p = self.file(name)
         if p.stat().st_size > MAX_JSON_BYTES:
-            raise ArtifactError(f"{self.path}: {name} is {p.stat().st_size} bytes, more than the "
-                                f"{MAX_JSON_BYTES} an artifact text file may hold")
+            raise ArtifactError(
+                f"{self.path}: {name} is {p.stat().st_size} bytes, more than the "
+                f"{MAX_JSON_BYTES} an artifact text file may hold"
+            )
         try:
             return p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -173,14 +184,18 @@ def _refuse_links(path: Path) -> None:
         if n > MAX_ENTRIES:
             raise ArtifactError(f"{path}: more than {MAX_ENTRIES} files; not an artifact hdeval wrote")
         if full.is_symlink():
-            raise ArtifactError(f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
-                                "an artifact holds only regular files")
+            raise ArtifactError(
+                f"{path}: {full.relative_to(path).as_posix()} is a symbolic link; "
+                "an artifact holds only regular files"
+            )
 
 
 def is_artifact(path: Path) -> bool:
     """Whether ``path`` is a real directory whose manifest says it is an hdeval artifact."""
     try:
-        manifest = ArtifactReader(path, {}, []).json(MANIFEST) if stat.S_ISDIR(os.lstat(path).st_mode) else None
+        manifest = (
+            ArtifactReader(path, {}, []).json(MANIFEST) if stat.S_ISDIR(os.lstat(path).st_mode) else None
+        )
     except (OSError, ArtifactError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
@@ -206,14 +221,26 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     tmp.mkdir()
     try:
         state = fitted.write(ArtifactWriter(tmp))
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "hdeval_version": __version__,
-                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "method": fitted.method, "method_args": fitted.method_args(),
-                    "task": fitted.task.to_dict(), "llm": llm,
-                    "versions": {"hdeval": __version__, "python": platform.python_version(),
-                                 "scikit-learn": sklearn.__version__, "numpy": np.__version__,
-                                 "pandas": pd.__version__, "skops": skops.__version__},
-                    "state": state, "run": fitted.public_run()}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "hdeval_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "method": fitted.method,
+            "method_args": fitted.method_args(),
+            "task": fitted.task.to_dict(),
+            "llm": llm,
+            "versions": {
+                "hdeval": __version__,
+                "python": platform.python_version(),
+                "scikit-learn": sklearn.__version__,
+                "numpy": np.__version__,
+                "pandas": pd.__version__,
+                "skops": skops.__version__,
+            },
+            "state": state,
+            "run": fitted.public_run(),
+        }
         manifest["files"] = {
             p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -246,22 +273,30 @@ def check_destination(path: str | Path, force: bool = False) -> None:
     full = Path(os.path.abspath(path))
     cwd = Path(os.getcwd())
     if full == full.parent or full == cwd or full in cwd.parents:
-        raise ConfigError(f"refusing to write the artifact to {path}: it is the current directory or "
-                          "holds it; give a directory of its own, e.g. -o artifacts/NAME")
+        raise ConfigError(
+            f"refusing to write the artifact to {path}: it is the current directory or "
+            "holds it; give a directory of its own, e.g. -o artifacts/NAME"
+        )
     recover_artifact(path)
     if path.is_symlink():
-        raise ConfigError(f"refusing to write the artifact to {path}: it is a symbolic link; give the real path")
+        raise ConfigError(
+            f"refusing to write the artifact to {path}: it is a symbolic link; give the real path"
+        )
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"cannot write the artifact to {path}: it exists and is not a directory")
         if is_artifact(path):
             if not force:
-                raise ConfigError(f"{path} already holds an hdeval artifact: pass --force to replace it, "
-                                  "or choose another output directory")
+                raise ConfigError(
+                    f"{path} already holds an hdeval artifact: pass --force to replace it, "
+                    "or choose another output directory"
+                )
         elif any(path.iterdir()):
-            raise ConfigError(f"refusing to write the artifact to {path}: it is a non-empty directory that "
-                              f"is not an hdeval artifact (no {MANIFEST} saying so); --force does not change "
-                              "that: choose a new directory")
+            raise ConfigError(
+                f"refusing to write the artifact to {path}: it is a non-empty directory that "
+                f"is not an hdeval artifact (no {MANIFEST} saying so); --force does not change "
+                "that: choose a new directory"
+            )
     check_writable(full.parent)
 
 
@@ -295,14 +330,21 @@ def recover_artifact(path: str | Path) -> None:
     try:
         os.rename(aside, path)
     except OSError as exc:
-        raise ArtifactError(f"{path} was being replaced when a run stopped and the previous artifact "
-                            f"is in {aside}; cannot rename it back ({exc.strerror or exc}): do so by hand") from None
+        raise ArtifactError(
+            f"{path} was being replaced when a run stopped and the previous artifact "
+            f"is in {aside}; cannot rename it back ({exc.strerror or exc}): do so by hand"
+        ) from None
 
 
 def _clean_leftovers(path: Path) -> None:
     """Remove what a killed ``save`` of ``path`` left next to it (only hdeval's own names)."""
     aside = _aside(path)
-    if path.is_dir() and aside.is_dir() and not aside.is_symlink() and (is_artifact(aside) or not any(aside.iterdir())):
+    if (
+        path.is_dir()
+        and aside.is_dir()
+        and not aside.is_symlink()
+        and (is_artifact(aside) or not any(aside.iterdir()))
+    ):
         _remove_tree(aside)
     prefix = f".{path.name}{NEW}"
     try:
@@ -310,9 +352,15 @@ def _clean_leftovers(path: Path) -> None:
     except OSError:
         return
     for e in entries:
-        pid = e.name[len(prefix):]
-        if e.name.startswith(prefix) and pid.isdigit() and pid.isascii() and int(pid) != os.getpid() \
-                and e.is_dir(follow_symlinks=False) and not _alive(int(pid)):
+        pid = e.name[len(prefix) :]
+        if (
+            e.name.startswith(prefix)
+            and pid.isdigit()
+            and pid.isascii()
+            and int(pid) != os.getpid()
+            and e.is_dir(follow_symlinks=False)
+            and not _alive(int(pid))
+        ):
             _remove_tree(Path(e.path))
 
 
@@ -382,22 +430,27 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         raise ArtifactError(f"{mpath} is not an hdeval artifact manifest")
     version = manifest.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
-        raise ArtifactError(f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
-                            f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "
-                            "older: upgrade hdeval")
+        raise ArtifactError(
+            f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
+            f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "
+            "older: upgrade hdeval"
+        )
     if _layered(manifest):  # format 4 on: the header, the run record and the state, nothing else
         for section in ("state", "run"):
             if not isinstance(manifest.get(section), dict):
                 raise ArtifactError(f"{mpath}: {section!r} must be a JSON object")
         unknown = sorted(k for k in manifest if k not in HEADER_KEYS and k not in ("state", "run"))
         if unknown:
-            raise ArtifactError(f"{mpath}: unknown field {unknown[0][:80]!r} (a format-{version} manifest holds "
-                                "the header, 'run' and 'state' only)")
+            raise ArtifactError(
+                f"{mpath}: unknown field {unknown[0][:80]!r} (a format-{version} manifest holds "
+                "the header, 'run' and 'state' only)"
+            )
     run = manifest["run"] if _layered(manifest) else manifest
     config = run.get("config", {})  # the run's options; methods read theirs from it
     if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
-        raise ArtifactError(f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} "
-                            "is not an object")
+        raise ArtifactError(
+            f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} is not an object"
+        )
     files = manifest.get("files")
     if not isinstance(files, dict) or len(files) > MAX_FILES:
         raise ArtifactError(f"{mpath}: 'files' must map at most {MAX_FILES} file names to checksums")
@@ -412,9 +465,12 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
         f = reader.file(name)  # a regular file, not a link, within the size bound
         if sha256_file(f) != digest:
             if name in editable:
-                reader.warnings.append(f"{name} was edited after training: its wording differs, so scores "
-                                       "may differ from the recorded metrics")
+                reader.warnings.append(
+                    f"{name} was edited after training: its wording differs, so scores "
+                    "may differ from the recorded metrics"
+                )
                 continue
-            raise ArtifactError(f"{path}: {name} does not match its checksum in {MANIFEST} (modified or "
-                                "truncated)")
+            raise ArtifactError(
+                f"{path}: {name} does not match its checksum in {MANIFEST} (modified or truncated)"
+            )
     return reader

@@ -30,8 +30,13 @@ def make_classifier(kind: str, random_state: int = 0) -> Pipeline:
     elif kind == "rf":
         model = RandomForestClassifier(min_samples_leaf=2, random_state=random_state, n_jobs=1)
     elif kind == "nn":
-        model = MLPClassifier(hidden_layer_sizes=NN_HIDDEN, alpha=NN_ALPHA, activation="relu",
-                              max_iter=NN_MAX_ITER, random_state=random_state)
+        model = MLPClassifier(
+            hidden_layer_sizes=NN_HIDDEN,
+            alpha=NN_ALPHA,
+            activation="relu",
+            max_iter=NN_MAX_ITER,
+            random_state=random_state,
+        )
     else:
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(KINDS)} or auto")
     return pipeline(model)
@@ -56,8 +61,9 @@ def predict_labels(model: Pipeline, X: np.ndarray) -> tuple[list[str], list[str]
     return labels, ["a" if row[ia] >= row[ib] else "b" for row in p]
 
 
-def _fold_fits(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
-               random_state: int) -> Iterator[tuple[Pipeline, np.ndarray]]:
+def _fold_fits(
+    kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int
+) -> Iterator[tuple[Pipeline, np.ndarray]]:
     """(classifier, held-out rows) per fold grouped by doc_id whose training part holds two labels."""
     y = list(y)
     for tr, va in cv_folds(groups, random_state):
@@ -66,8 +72,9 @@ def _fold_fits(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str]
             yield make_classifier(kind, random_state).fit(X[tr], ytr), va
 
 
-def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str],
-                   random_state: int) -> tuple[list[str | None], list[str | None]]:
+def cv_predictions(
+    kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int
+) -> tuple[list[str | None], list[str | None]]:
     """Out-of-fold predictions on the training split (None where a fold could not be fitted)."""
     pred: list[str | None] = [None] * len(y)
     pred_ab: list[str | None] = [None] * len(y)
@@ -77,8 +84,9 @@ def cv_predictions(kind: str, X: np.ndarray, y: Sequence[str], groups: Sequence[
     return pred, pred_ab
 
 
-def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int,
-                      kinds: Sequence[str] = KINDS) -> tuple[str, dict[str, float]]:
+def select_classifier(
+    X: np.ndarray, y: Sequence[str], groups: Sequence[str], random_state: int, kinds: Sequence[str] = KINDS
+) -> tuple[str, dict[str, float]]:
     """``--aggregator auto``: the kind with the best cross-validated agreement (3-way
     accuracy) on the training split; ties go to the earlier (simpler) kind."""
     scores = {}
@@ -89,9 +97,15 @@ def select_classifier(X: np.ndarray, y: Sequence[str], groups: Sequence[str], ra
     return best, scores
 
 
-def prune_importance(kind: str, X: np.ndarray, y: Sequence[str], candidates: Sequence[int],
-                     groups: Sequence[str], random_state: int,
-                     n_repeats: int = N_REPEATS) -> np.ndarray:
+def prune_importance(
+    kind: str,
+    X: np.ndarray,
+    y: Sequence[str],
+    candidates: Sequence[int],
+    groups: Sequence[str],
+    random_state: int,
+    n_repeats: int = N_REPEATS,
+) -> np.ndarray:
     """Permutation importance of the ``candidates`` columns: the drop in held-out agreement
     (accuracy) when a column is shuffled, fitted on the training folds and measured on the
     held-out fold, averaged over folds (never the test split)."""
@@ -104,11 +118,13 @@ def prune_importance(kind: str, X: np.ndarray, y: Sequence[str], candidates: Seq
     return total / max(n, 1)
 
 
-def heldout_importance(model: Pipeline, X: np.ndarray, y: Sequence[str], random_state: int,
-                       n_repeats: int = N_REPEATS) -> np.ndarray:
+def heldout_importance(
+    model: Pipeline, X: np.ndarray, y: Sequence[str], random_state: int, n_repeats: int = N_REPEATS
+) -> np.ndarray:
     """Permutation importance of every column of a fitted classifier on (held-out) rows."""
     if len(X) == 0:
         return np.zeros(X.shape[1])
-    res = permutation_importance(model, X, list(y), scoring="accuracy",
-                                 n_repeats=n_repeats, random_state=random_state)
+    res = permutation_importance(
+        model, X, list(y), scoring="accuracy", n_repeats=n_repeats, random_state=random_state
+    )
     return np.asarray(res.importances_mean)

@@ -35,7 +35,9 @@ class LLMConfig:
     model: str | None = None
     # OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), http://localhost:11434/v1 (Ollama).
     base_url: str | None = None
-    timeout: float = DEFAULT_TIMEOUT  # seconds per attempt of a request, retries each get their own (not in the key)
+    timeout: float = (
+        DEFAULT_TIMEOUT  # seconds per attempt of a request, retries each get their own (not in the key)
+    )
     max_retries: int = DEFAULT_MAX_RETRIES  # retries on 429/5xx/timeouts (not part of the cache key)
     concurrency: int = DEFAULT_CONCURRENCY  # requests in flight
     cache_dir: str | None = None  # reply cache; None: HDEVAL_CACHE_DIR or the per-user cache dir
@@ -60,14 +62,27 @@ class LLMConfig:
         LLMConfig): a one-line ConfigError naming the option."""
         checks = [
             (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
-            (self.concurrency <= MAX_CONCURRENCY, f"--concurrency must be at most {MAX_CONCURRENCY}, got {self.concurrency}"),
-            (0 < self.timeout <= MAX_TIMEOUT,  # NaN fails too
-             f"--timeout must be above 0 and at most {MAX_TIMEOUT:g} seconds, got {self.timeout:g}"),
+            (
+                self.concurrency <= MAX_CONCURRENCY,
+                f"--concurrency must be at most {MAX_CONCURRENCY}, got {self.concurrency}",
+            ),
+            (
+                0 < self.timeout <= MAX_TIMEOUT,  # NaN fails too
+                f"--timeout must be above 0 and at most {MAX_TIMEOUT:g} seconds, got {self.timeout:g}",
+            ),
             (self.max_retries >= 0, f"--max-retries must be 0 or more, got {self.max_retries}"),
-            (self.max_retries <= MAX_RETRIES, f"--max-retries must be at most {MAX_RETRIES}, got {self.max_retries}"),
-            (self.max_calls is None or self.max_calls >= 0, f"--max-calls must be 0 or more, got {self.max_calls}"),
-            (self.dialect in (None, *DIALECTS),
-             f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}"),
+            (
+                self.max_retries <= MAX_RETRIES,
+                f"--max-retries must be at most {MAX_RETRIES}, got {self.max_retries}",
+            ),
+            (
+                self.max_calls is None or self.max_calls >= 0,
+                f"--max-calls must be 0 or more, got {self.max_calls}",
+            ),
+            (
+                self.dialect in (None, *DIALECTS),
+                f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}",
+            ),
         ]
         for ok, msg in checks:
             if not ok:

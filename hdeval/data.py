@@ -36,9 +36,13 @@ def bounded_lines(fh: Any, path: str | Path, limit: int | None = None, start: in
             return
         lineno += 1
         if len(line) > limit:
-            raise DataError(f"{path}: line {lineno}: longer than {limit:,} bytes: not a JSONL file of samples "
-                            "(one JSON object per line)?")
+            raise DataError(
+                f"{path}: line {lineno}: longer than {limit:,} bytes: not a JSONL file of samples "
+                "(one JSON object per line)?"
+            )
         yield line
+
+
 BOM = "\ufeff"
 _INVALID_BYTE = re.compile("[\udc80-\udcff]")  # how errors="surrogateescape" shows a non-UTF-8 byte
 MIN_TRAIN_SAMPLES = 2  # cross-validation on the training split needs two folds
@@ -78,35 +82,50 @@ def missing_data_message(task: Task, cands: Sequence[Path] | None = None, why: s
     name = Path(task.data_file).name
     ways = f"pass --data FILE.jsonl, or set HDEVAL_DATA_DIR to a folder holding {name}"
     if task.name in builtin_tasks() and not task.source_dir:
-        ways += (f", or run `hdeval data download {task.name}` (from a local copy: add "
-                 "--source-url file:///path/to/reproduce/data/ or set HDEVAL_DATA_SOURCE_URL)")
-    return (f"no data for task {task.name}: looked in {', '.join(str(c) for c in cands)}"
-            + (f"; {why}" if why else "") + f"; {ways}")
+        ways += (
+            f", or run `hdeval data download {task.name}` (from a local copy: add "
+            "--source-url file:///path/to/reproduce/data/ or set HDEVAL_DATA_SOURCE_URL)"
+        )
+    return (
+        f"no data for task {task.name}: looked in {', '.join(str(c) for c in cands)}"
+        + (f"; {why}" if why else "")
+        + f"; {ways}"
+    )
 
 
-def read_samples(path: str | Path, task: Task, require_scores: bool = True,
-                 aspects: Sequence[str] | None = None) -> list[Sample]:
+def read_samples(
+    path: str | Path, task: Task, require_scores: bool = True, aspects: Sequence[str] | None = None
+) -> list[Sample]:
     """Read and validate every line. All broken lines (up to a cap) are reported together with their
     line numbers, so a user fixes a file in one pass; nothing is returned unless the whole file is
     valid. ``require_scores``: every sample must carry a human score for each aspect (training)."""
     if task.shape != "pointwise":
-        raise ConfigError(f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
-                          "reads single responses: use a pointwise task (see `hdeval tasks`)")
+        raise ConfigError(
+            f"task {task.name} judges pairs of responses (output_a, output_b, label), but this "
+            "reads single responses: use a pointwise task (see `hdeval tasks`)"
+        )
     return list(_iter_task(path, task, require_scores, aspects))
 
 
-def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequence[str] | None = None,
-               seen: DictIds | DiskIds | None = None,
-               keep: Callable[[str], bool] | None = None) -> Iterator[Any]:
+def _iter_task(
+    path: str | Path,
+    task: Task,
+    require_labels: bool,
+    aspects: Sequence[str] | None = None,
+    seen: DictIds | DiskIds | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[Any]:
     """The samples (or pairs) of ``path`` one at a time, holding only the ids seen (for duplicates).
     Samples are yielded only while no line has been bad; the rest of the file is still checked,
     and the :class:`DataError` listing every bad line is raised at the end."""
     path = Path(path)
     if task.shape == "pairwise":
-        hint: Callable[[], str] = lambda: ""
-        shown_where = ", ".join(f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where)
+        hint: Callable[[], str] = lambda: ""  # noqa: E731 (one-line defaults, replaced below for pointwise tasks)
+        shown_where = ", ".join(
+            f"{k} in {list(v)}" if len(v) > 1 else f"{k} = {v[0]!r}" for k, v in task.where
+        )
         what = f"pairs matching where {shown_where}" if task.where else "pairs"
-        match: Callable[[dict], bool] | None = lambda row: _matches(row, task.where)
+        match: Callable[[dict], bool] | None = lambda row: _matches(row, task.where)  # noqa: E731 (see above)
 
         def parse(row: dict, lineno: int) -> tuple[str | None, Any]:
             return _pair_from_row(row, lineno, task, require_labels)
@@ -124,8 +143,12 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
 
         def hint() -> str:
             have = [a for a in aspect_keys if a not in unscored]
-            return (f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
-                    f"pass --aspects {','.join(have)}" if unscored and have else "")
+            return (
+                f"; lines lack scores for {', '.join(unscored)}: to train on the aspects every line has, "
+                f"pass --aspects {','.join(have)}"
+                if unscored and have
+                else ""
+            )
 
     problems: dict[str, list[int]] = {}  # each distinct problem -> [lines it is on, the first three of them]
     n_bad = n_rows = 0
@@ -141,14 +164,24 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
                 item = map_columns(item, task, derived)
             if match is not None and not match(item):
                 continue
-            if keep is not None and not _no_id(item.get("id")) and _id_type(item["id"]) \
-                    and not keep(str(item["id"])):
+            if (
+                keep is not None
+                and not _no_id(item.get("id"))
+                and _id_type(item["id"])
+                and not keep(str(item["id"]))
+            ):
                 n_rows += 1  # another shard's, so the file is not empty (a row with no id is everyone's)
                 continue
             where = _lone_surrogate(item)
-            problem, item = parse(item, lineno) if where is None else (
-                f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
-                "pair), which is not text", None)
+            problem, item = (
+                parse(item, lineno)
+                if where is None
+                else (
+                    f"{where} holds a lone surrogate (a \\u escape between \\ud800 and \\udfff without its "
+                    "pair), which is not text",
+                    None,
+                )
+            )
             if problem is None and item is None:
                 continue
             first = None if problem else seen.first_line(item.id, lineno)
@@ -167,8 +200,11 @@ def _iter_task(path: str | Path, task: Task, require_labels: bool, aspects: Sequ
     if n_bad:
         shown = sum(on[0] for on in problems.values())
         more = f" (and {n_bad - shown} more)" if n_bad > shown else ""
-        raise DataError(f"{path}: {n_bad} bad {unit}(s): {hint().lstrip('; ')}{'; ' if hint() else ''}"
-                        + "; ".join(_on_lines(unit, p, on[0], on[1:]) for p, on in problems.items()) + more)
+        raise DataError(
+            f"{path}: {n_bad} bad {unit}(s): {hint().lstrip('; ')}{'; ' if hint() else ''}"
+            + "; ".join(_on_lines(unit, p, on[0], on[1:]) for p, on in problems.items())
+            + more
+        )
     if not n_rows:
         raise DataError(f"{path}: no {what}")
 
@@ -215,7 +251,9 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str | None, dict | None]]:
             start = offset
             offset += len(line.encode("utf-8", "surrogateescape"))
             if lineno == 1 and line.startswith(BOM):
-                line = line[1:]  # a byte-order mark, as spreadsheet exports write (data import accepts it too)
+                line = line[
+                    1:
+                ]  # a byte-order mark, as spreadsheet exports write (data import accepts it too)
                 start += len(BOM.encode("utf-8"))
             if not line.strip():
                 continue
@@ -251,8 +289,9 @@ def _table_rows(path: Path, fmt: str) -> Iterator[tuple[int, str | None, dict | 
                         continue
                     yield line, None, {h: c for h, c in zip(header, cells) if c.strip()}
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path}: not UTF-8 text (byte {exc.start} of a block near line "
-                                f"{reader.line_num + 1})") from None
+                raise DataError(
+                    f"{path}: not UTF-8 text (byte {exc.start} of a block near line {reader.line_num + 1})"
+                ) from None
             except csv.Error as exc:
                 raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
         return
@@ -260,19 +299,25 @@ def _table_rows(path: Path, fmt: str) -> Iterator[tuple[int, str | None, dict | 
         import importlib.util
 
         if importlib.util.find_spec("pyarrow") is None:
-            raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow (or give CSV, TSV, JSON or JSONL)")
+            raise ConfigError(
+                f"reading {path} needs pyarrow: pip install pyarrow (or give CSV, TSV, JSON or JSONL)"
+            )
         import pandas as pd
 
         try:
             frame = pd.read_parquet(path)
         except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: cannot read it as parquet ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+            raise DataError(
+                f"{path}: cannot read it as parquet ({str(exc).splitlines()[0] if str(exc) else exc})"
+            ) from None
         records = frame.to_dict("records")
     else:
         try:
             if path.stat().st_size > MAX_LINE_BYTES * 8:
-                raise DataError(f"{path}: larger than {MAX_LINE_BYTES * 8:,} bytes: a JSON list is read whole; "
-                                "write it as JSONL (one object per line), which is read a line at a time")
+                raise DataError(
+                    f"{path}: larger than {MAX_LINE_BYTES * 8:,} bytes: a JSON list is read whole; "
+                    "write it as JSONL (one object per line), which is read a line at a time"
+                )
             records = json.loads(path.read_bytes().decode("utf-8-sig"))
         except OSError as exc:
             raise DataError(f"cannot read data file {path}: {exc.strerror or exc}") from None
@@ -281,9 +326,13 @@ def _table_rows(path: Path, fmt: str) -> Iterator[tuple[int, str | None, dict | 
         except RecursionError:
             raise DataError(f"{path}: not usable JSON (nested too deeply)") from None
         except ValueError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc}); for one object per line name it .jsonl") from None
+            raise DataError(
+                f"{path}: not valid JSON ({exc}); for one object per line name it .jsonl"
+            ) from None
         if not isinstance(records, list):
-            raise DataError(f"{path}: expected a JSON list of objects; for one object per line name it .jsonl")
+            raise DataError(
+                f"{path}: expected a JSON list of objects; for one object per line name it .jsonl"
+            )
     for n, values in enumerate(records, 1):
         if not isinstance(values, dict):
             yield n, "not a JSON object", None
@@ -293,8 +342,11 @@ def _table_rows(path: Path, fmt: str) -> Iterator[tuple[int, str | None, dict | 
 
 def _missing(value: Any) -> bool:
     """An empty cell: None, NaN (pandas' empty parquet cell) or blank text."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (
-        isinstance(value, str) and not value.strip())
+    return (
+        value is None
+        or (isinstance(value, float) and math.isnan(value))
+        or (isinstance(value, str) and not value.strip())
+    )
 
 
 def content_id(task: str, texts: Mapping[str, Any], derived: dict[str, int]) -> str:
@@ -303,8 +355,10 @@ def content_id(task: str, texts: Mapping[str, Any], derived: dict[str, int]) -> 
     counts what was handed out, so a repeat of the same texts gets ``-2``, ``-3``, ..."""
     import hashlib
 
-    key = "\x00".join(f"{k}={texts.get(k) or ''}" for k in (
-        "source", "context", "output", "reference", "output_a", "output_b"))
+    key = "\x00".join(
+        f"{k}={texts.get(k) or ''}"
+        for k in ("source", "context", "output", "reference", "output_a", "output_b")
+    )
     sid = f"{task}-{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
     derived[sid] = derived.get(sid, 0) + 1
     return sid if derived[sid] == 1 else f"{sid}-{derived[sid]}"
@@ -329,7 +383,11 @@ def map_columns(values: Mapping[str, Any], task: Task, derived: dict[str, int]) 
         row[key] = get(key)
     for key in ("id", "doc_id", "system"):
         value = get(key)
-        row[key] = str(value).strip() if isinstance(value, (int, float, str)) and not isinstance(value, bool) else value
+        row[key] = (
+            str(value).strip()
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool)
+            else value
+        )
     scores = dict(values["scores"]) if isinstance(values.get("scores"), dict) else {}
     for aspect in task.aspect_keys:
         col = cols.get(f"scores.{aspect}", aspect)
@@ -344,8 +402,11 @@ def map_columns(values: Mapping[str, Any], task: Task, derived: dict[str, int]) 
         row["id"] = content_id(task.name, row, derived)
     if _no_id(row["doc_id"]):
         source = row["source"] if isinstance(row["source"], str) else None
-        row["doc_id"] = "src-" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16] \
-            if source else row["id"]
+        row["doc_id"] = (
+            "src-" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            if source
+            else row["id"]
+        )
     return row
 
 
@@ -360,8 +421,10 @@ def parse_json_line(line: str, start: int) -> tuple[str | None, dict | None]:
     bad_byte = _INVALID_BYTE.search(line)
     if bad_byte:
         col = len(line[: bad_byte.start()].encode("utf-8", "surrogateescape"))
-        return (f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} of the line, "
-                f"offset {start + col} in the file)"), None
+        return (
+            f"not UTF-8 text (byte 0x{ord(bad_byte.group()) - 0xDC00:02x} at byte {col + 1} of the line, "
+            f"offset {start + col} in the file)"
+        ), None
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -387,7 +450,9 @@ def _kind(value: object) -> str:
     """How a wrong JSON value is named in a message: its JSON type, not the value (which may be huge)."""
     if isinstance(value, bool):
         return "true/false"
-    return {list: "a list", dict: "an object", float: "a decimal number"}.get(type(value), type(value).__name__)
+    return {list: "a list", dict: "an object", float: "a decimal number"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _lone_surrogate(row: object) -> str | None:
@@ -434,11 +499,18 @@ class DiskIds(contextlib.AbstractContextManager):
         try:
             self._dir = tempfile.TemporaryDirectory(prefix=".hdeval-ids-", suffix=".tmp", dir=near)
         except OSError as exc:
-            raise ConfigError(f"cannot write the duplicate-id index in {near or tempfile.gettempdir()}: "
-                              f"{exc.strerror or exc}") from None
+            raise ConfigError(
+                f"cannot write the duplicate-id index in {near or tempfile.gettempdir()}: "
+                f"{exc.strerror or exc}"
+            ) from None
         # a scratch index rebuilt by every run: no journal, no fsync
         self._con = sqlite3.connect(os.path.join(self._dir.name, "ids.db"), isolation_level=None)
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{self.CACHE_KIB}", "temp_store=FILE"):
+        for pragma in (
+            "journal_mode=OFF",
+            "synchronous=OFF",
+            f"cache_size=-{self.CACHE_KIB}",
+            "temp_store=FILE",
+        ):
             self._con.execute("PRAGMA " + pragma)
         self._con.execute("CREATE TABLE ids (id BLOB PRIMARY KEY, line INTEGER) WITHOUT ROWID")
         self._con.execute("BEGIN")
@@ -462,8 +534,9 @@ class DiskIds(contextlib.AbstractContextManager):
         self.close()
 
 
-def _text_fields(row: dict, task: Task, keys: Sequence[tuple[str, str]],
-                 skip_empty: bool = False) -> tuple[str | None, dict[str, str], bool]:
+def _text_fields(
+    row: dict, task: Task, keys: Sequence[tuple[str, str]], skip_empty: bool = False
+) -> tuple[str | None, dict[str, str], bool]:
     """(problem, the texts ``keys`` names and the optional shown ones, whether one is empty)."""
     if _no_id(row.get("id")):
         return "missing field 'id'", {}, False
@@ -509,11 +582,18 @@ def _sample_from_row(
             return f"scores.{key} is {value!r}, not a finite number", None
         aspect = task.aspect(key)
         if not aspect.low <= float(value) <= aspect.high:
-            return (f"scores.{key} = {value} is outside the task's range "
-                    f"[{aspect.low:g}, {aspect.high:g}]"), None
+            return (
+                f"scores.{key} = {value} is outside the task's range [{aspect.low:g}, {aspect.high:g}]"
+            ), None
         scores[key] = float(value)
-    return None, Sample(id=str(row["id"]), doc_id=_doc_id(row), fields=fields, scores=scores,
-                        system=row.get("system"), line=lineno)
+    return None, Sample(
+        id=str(row["id"]),
+        doc_id=_doc_id(row),
+        fields=fields,
+        scores=scores,
+        system=row.get("system"),
+        line=lineno,
+    )
 
 
 S = TypeVar("S", Sample, PairSample)  # what a split needs: an id and the source document (doc_id)
@@ -559,12 +639,15 @@ def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, see
     if not 0 < test_frac < 1:
         raise ConfigError(f"--test-frac must be between 0 and 1, got {test_frac}")
     if not 0 < train_frac < 1 or train_frac + test_frac > 1 + 1e-9:
-        raise ConfigError(f"--train-frac must be in (0, 1) and at most 1 - test-frac, got {train_frac} "
-                          f"(test {test_frac})")
+        raise ConfigError(
+            f"--train-frac must be in (0, 1) and at most 1 - test-frac, got {train_frac} (test {test_frac})"
+        )
     docs = _docs_in_seeded_order(samples, seed)
     if len(docs) < 2:
-        raise DataError(f"need samples from at least 2 source documents (doc_id) to split train/test, found "
-                        f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit")
+        raise DataError(
+            f"need samples from at least 2 source documents (doc_id) to split train/test, found "
+            f"{len(docs)} ({len(samples)} sample(s)); use more data or raise --limit"
+        )
     n = len(samples)
     test: list[S] = []
     train: list[S] = []
@@ -578,16 +661,21 @@ def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, see
         train.extend(group)
     if len(train) < MIN_TRAIN_SAMPLES:
         # Checked here, before any LLM call: cross-validation would fail only after scoring.
-        raise DataError(f"the split left {len(train)} training sample(s) (of {n} in {len(docs)} documents, "
-                        f"{len(test)} held out); training needs at least {MIN_TRAIN_SAMPLES}: use more data, "
-                        "raise --limit or --train-frac, or lower --test-frac")
+        raise DataError(
+            f"the split left {len(train)} training sample(s) (of {n} in {len(docs)} documents, "
+            f"{len(test)} held out); training needs at least {MIN_TRAIN_SAMPLES}: use more data, "
+            "raise --limit or --train-frac, or lower --test-frac"
+        )
     order = {s.id: k for k, s in enumerate(samples)}
-    return Split(tuple(sorted((s.id for s in train), key=order.__getitem__)),
-                 tuple(sorted((s.id for s in test), key=order.__getitem__)))
+    return Split(
+        tuple(sorted((s.id for s in train), key=order.__getitem__)),
+        tuple(sorted((s.id for s in test), key=order.__getitem__)),
+    )
 
 
-def read_task_samples(path: str | Path, task: Task,
-                      require_labels: bool = True) -> list[Sample] | list[PairSample]:
+def read_task_samples(
+    path: str | Path, task: Task, require_labels: bool = True
+) -> list[Sample] | list[PairSample]:
     """Read ``path`` with the reader of the task's shape (scores / labels required); errors are
     reported as by :func:`read_samples`. A pairwise file holds ``output_a``, ``output_b`` and
     ``label`` (a/b/tie); only rows matching the task's ``where`` are kept (the others are not
@@ -596,9 +684,14 @@ def read_task_samples(path: str | Path, task: Task,
     return list(_iter_task(path, task, require_labels))
 
 
-def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, size: int = 1000,
-                     seen: DictIds | DiskIds | None = None,
-                     keep: Callable[[str], bool] | None = None) -> Iterator[list[Sample] | list[PairSample]]:
+def iter_task_chunks(
+    path: str | Path,
+    task: Task,
+    require_labels: bool = True,
+    size: int = 1000,
+    seen: DictIds | DiskIds | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[list[Sample] | list[PairSample]]:
     """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
     holds one chunk (and the ids seen, unless ``seen`` keeps them elsewhere). Every line is
     validated as there; a bad line raises the same :class:`DataError` when the scan reaches the
@@ -610,13 +703,15 @@ def iter_task_chunks(path: str | Path, task: Task, require_labels: bool = True, 
     yield from iter(lambda: list(itertools.islice(it, size)), [])
 
 
-def _pair_from_row(row: dict, lineno: int, task: Task,
-                   require_labels: bool) -> tuple[str | None, PairSample | None]:
+def _pair_from_row(
+    row: dict, lineno: int, task: Task, require_labels: bool
+) -> tuple[str | None, PairSample | None]:
     """(problem, None) for a bad row, (None, None) for a row skipped by ``skip_empty``."""
     output = next(f.label for f in task.fields if f.key == "output")
     keys = [(f.key, f.label) for f in task.fields if f.key != "output"]
-    problem, fields, empty = _text_fields(row, task, keys + [("output_a", f"{output} A"),
-                                                             ("output_b", f"{output} B")], task.skip_empty)
+    problem, fields, empty = _text_fields(
+        row, task, keys + [("output_a", f"{output} A"), ("output_b", f"{output} B")], task.skip_empty
+    )
     if problem:
         return problem, None
     label = row.get("label")
@@ -634,9 +729,18 @@ def _pair_from_row(row: dict, lineno: int, task: Task,
     if empty:
         return None, None
     a, b = fields.pop("output_a"), fields.pop("output_b")
-    return None, PairSample(id=str(row["id"]), doc_id=_doc_id(row), fields=fields, output_a=a, output_b=b,
-                            label=label, system_a=row.get("system_a"), system_b=row.get("system_b"),
-                            meta=dict(meta or {}), line=lineno)
+    return None, PairSample(
+        id=str(row["id"]),
+        doc_id=_doc_id(row),
+        fields=fields,
+        output_a=a,
+        output_b=b,
+        label=label,
+        system_a=row.get("system_a"),
+        system_b=row.get("system_b"),
+        meta=dict(meta or {}),
+        line=lineno,
+    )
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

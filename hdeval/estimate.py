@@ -30,7 +30,8 @@ _MAX_RATES_BYTES = 1 << 20  # the file sits in a cache dir that may be shared: r
 # the criterion last) so the probe sees the same prefix reuse a run gets.
 _PROBE_TEXT = " ".join(
     f"Paragraph {i}: the council of a small town met on a Tuesday to discuss the budget for the "
-    "library, the roads and the school, and voted after a long debate to raise the funds." for i in range(8)
+    "library, the roads and the school, and voted after a long debate to raise the funds."
+    for i in range(8)
 )
 _PROBE_CRITERIA = ("coherence", "fluency", "relevance")
 
@@ -87,18 +88,26 @@ def load_rate(cache_dir: str | os.PathLike | None, identity: str) -> Rate | None
         return None
     when = entry.get("recorded") if isinstance(entry.get("recorded"), str) else "earlier"
     if entry.get("probe") is True:
-        return Rate(float(value), f"measured by a probe {when[:10]}",
-                    startup_seconds=_bounded(entry.get("startup_seconds")))
+        return Rate(
+            float(value),
+            f"measured by a probe {when[:10]}",
+            startup_seconds=_bounded(entry.get("startup_seconds")),
+        )
     what = f"the last run's {calls} calls" if isinstance(calls, int) else "an earlier run"
     return Rate(float(value), f"rate recorded from {what}")
 
 
 def _bounded(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < 3600 else 0.0
+    return (
+        float(value)
+        if isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < 3600
+        else 0.0
+    )
 
 
-def record_rate(cache_dir: str | os.PathLike | None, identity: str, calls: int, prompt_tokens: int,
-                seconds: float) -> None:
+def record_rate(
+    cache_dir: str | os.PathLike | None, identity: str, calls: int, prompt_tokens: int, seconds: float
+) -> None:
     """Remember this LLM's rate from a run for the next estimate. Best effort: never fails a run."""
     if calls < MIN_RECORDED_CALLS or prompt_tokens <= 0 or seconds <= 0:
         return
@@ -131,16 +140,22 @@ def probe_local(llm_spec: Any) -> Rate:
         began = time.perf_counter()
         for criterion in _PROBE_CRITERIA:
             request = CompletionRequest(
-                messages=(Message("user", f"Text:\n{_PROBE_TEXT}\n\nRate the text's {criterion} "
-                                          "from 1 to 5. Answer with one digit."),),
-                max_tokens=1, top_logprobs=5)
+                messages=(
+                    Message(
+                        "user",
+                        f"Text:\n{_PROBE_TEXT}\n\nRate the text's {criterion} "
+                        "from 1 to 5. Answer with one digit.",
+                    ),
+                ),
+                max_tokens=1,
+                top_logprobs=5,
+            )
             reply = backend.complete(request)
             tokens += reply.prompt_tokens or len(request.messages[0].content) // 4
         elapsed = time.perf_counter() - began
     finally:
         getattr(backend, "close", lambda: None)()
-    return Rate(elapsed / (tokens / 1000.0), "measured now by a 3-call probe",
-                startup_seconds=began - start)
+    return Rate(elapsed / (tokens / 1000.0), "measured now by a 3-call probe", startup_seconds=began - start)
 
 
 def rate_for(identity: str, llm_spec: Any, cache_dir: str | os.PathLike | None) -> Rate | None:
@@ -153,8 +168,15 @@ def rate_for(identity: str, llm_spec: Any, cache_dir: str | os.PathLike | None) 
     if llm_spec is not None and is_embedded(llm_spec.model):
         rate = probe_local(llm_spec)
         # kept so the next dry run is instant; a real run's rate replaces it
-        _write(cache_dir, identity, {"seconds_per_1k_tokens": rate.seconds_per_1k_tokens, "probe": True,
-                                     "startup_seconds": rate.startup_seconds})
+        _write(
+            cache_dir,
+            identity,
+            {
+                "seconds_per_1k_tokens": rate.seconds_per_1k_tokens,
+                "probe": True,
+                "startup_seconds": rate.startup_seconds,
+            },
+        )
         return rate
     return None
 
@@ -168,8 +190,9 @@ def scoring_identity(identity: str) -> str:
     return identity.split(", decomposition LLM ")[0]
 
 
-def estimate_plan(plans: Iterable[Any], identity: str, llm_spec: Any,
-                  cache_dir: str | os.PathLike | None) -> tuple[float | None, str]:
+def estimate_plan(
+    plans: Iterable[Any], identity: str, llm_spec: Any, cache_dir: str | os.PathLike | None
+) -> tuple[float | None, str]:
     """(seconds or None, one line for the user) for a dry run's plans."""
     plans = list(plans)
     calls, tokens = uncached_tokens(plans)
@@ -179,12 +202,16 @@ def estimate_plan(plans: Iterable[Any], identity: str, llm_spec: Any,
         return 0.0, "estimated time: none (every call is cached)"
     rate = rate_for(name, llm_spec, cache_dir)
     if rate is None:
-        return None, (f"estimated time: unknown for {shown_identity(name)} until a run of it is recorded "
-                      f"({calls} uncached calls; a server's speed is its own)")
+        return None, (
+            f"estimated time: unknown for {shown_identity(name)} until a run of it is recorded "
+            f"({calls} uncached calls; a server's speed is its own)"
+        )
     seconds = rate.startup_seconds + tokens / 1000.0 * rate.seconds_per_1k_tokens
     bound = "at most " if upper else ""
     stages = sum(1 for p in plans if p.decompose_calls + p.score_calls)
     # every stage (layer) the plan counts, not only the next one
     whole = f"the whole run ({stages} stage{'s' if stages != 1 else ''})"
-    return seconds, (f"estimated time for {whole}: {bound}{format_duration(seconds)} for {calls} uncached calls "
-                     f"(~{tokens} prompt tokens at {rate.seconds_per_1k_tokens:.2f} s per 1k, {rate.source})")
+    return seconds, (
+        f"estimated time for {whole}: {bound}{format_duration(seconds)} for {calls} uncached calls "
+        f"(~{tokens} prompt tokens at {rate.seconds_per_1k_tokens:.2f} s per 1k, {rate.source})"
+    )

@@ -19,9 +19,15 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, int | None], None],
-                  user_agent: str = "hdeval (hdeval data download)", max_bytes: int | None = None,
-                  hint_404: str = "check the address") -> None:
+def fetch_to_file(
+    url: str,
+    out: Path,
+    timeout: float,
+    on_bytes: Callable[[int, int | None], None],
+    user_agent: str = "hdeval (hdeval data download)",
+    max_bytes: int | None = None,
+    hint_404: str = "check the address",
+) -> None:
     """Stream ``url`` into ``out``; raise :class:`DownloadError` unless every byte arrived (and,
     with ``max_bytes``, no more than that many)."""
     import httpx2  # here: sha256_file's users (every command) need no HTTP client
@@ -52,7 +58,8 @@ def fetch_to_file(url: str, out: Path, timeout: float, on_bytes: Callable[[int, 
         raise DownloadError(f"{url}: {what}") from None
     except httpx2.RemoteProtocolError:  # the peer closed before the whole body came
         of = f" of {total}" if total is not None else ""
-        raise DownloadError(f"{url}: connection closed after {done}{of} bytes; nothing was written, "
-                            "run the command again") from None
+        raise DownloadError(
+            f"{url}: connection closed after {done}{of} bytes; nothing was written, run the command again"
+        ) from None
     except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
         raise DownloadError(f"cannot download {url}: {exc}") from None

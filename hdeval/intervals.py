@@ -38,8 +38,9 @@ def half_widths(residuals: np.ndarray, level: float = DEFAULT_LEVEL) -> tuple[li
     return out, counts
 
 
-def normalised_quantile(residuals: np.ndarray, difficulty: np.ndarray,
-                        level: float = DEFAULT_LEVEL) -> tuple[list[float | None], list[int]]:
+def normalised_quantile(
+    residuals: np.ndarray, difficulty: np.ndarray, level: float = DEFAULT_LEVEL
+) -> tuple[list[float | None], list[int]]:
     """Normalised split conformal: per column, the finite-sample ``level`` quantile of
     ``|residual| / difficulty`` (rows with a NaN or a difficulty <= 0 skipped) and the rows it
     rests on; a row's half-width is then that quantile times its own difficulty, so the
@@ -51,17 +52,24 @@ def normalised_quantile(residuals: np.ndarray, difficulty: np.ndarray,
     return half_widths(ratio, level)
 
 
-def calibrate(y: np.ndarray, pred: np.ndarray, aspects: Sequence[str], source: str,
-              level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+def calibrate(
+    y: np.ndarray, pred: np.ndarray, aspects: Sequence[str], source: str, level: float = DEFAULT_LEVEL
+) -> dict[str, Any]:
     """The calibration a method stores: level, method, where the residuals came from, and the
     half-width per aspect (None: too few calibration rows)."""
     widths, counts = half_widths(np.asarray(y, float) - np.asarray(pred, float), level)
-    return {"level": level, "method": METHOD, "residuals": source,
-            "calibration_rows": dict(zip(aspects, counts)), "half_width": dict(zip(aspects, widths))}
+    return {
+        "level": level,
+        "method": METHOD,
+        "residuals": source,
+        "calibration_rows": dict(zip(aspects, counts)),
+        "half_width": dict(zip(aspects, widths)),
+    }
 
 
-def bounds(half_width: Sequence[float | None], pred: np.ndarray,
-           ranges: Sequence[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+def bounds(
+    half_width: Sequence[float | None], pred: np.ndarray, ranges: Sequence[tuple[float, float]]
+) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper), rows x aspects, clipped to each aspect's range (a score never leaves it,
     so clipping costs no coverage); NaN where the prediction or the half-width is missing."""
     pred = np.asarray(pred, float)
@@ -70,10 +78,19 @@ def bounds(half_width: Sequence[float | None], pred: np.ndarray,
     return np.clip(pred - h, lo, hi), np.clip(pred + h, lo, hi)
 
 
-def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test_pred: np.ndarray,
-                     te: np.ndarray, aspects: Sequence[str], ranges: Sequence[tuple[float, float]],
-                     source: str, level: float = DEFAULT_LEVEL, X: np.ndarray | None = None,
-                     columns: Sequence[str] | None = None) -> dict[str, Any]:
+def fitted_intervals(
+    Y: np.ndarray,
+    calib_pred: np.ndarray,
+    tr: np.ndarray,
+    test_pred: np.ndarray,
+    te: np.ndarray,
+    aspects: Sequence[str],
+    ranges: Sequence[tuple[float, float]],
+    source: str,
+    level: float = DEFAULT_LEVEL,
+    X: np.ndarray | None = None,
+    columns: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """What a pointwise method puts in ``metrics["intervals"]``: the calibration on the training
     rows ``tr`` (``calib_pred``: their out-of-fold predictions, training rows x aspects) and, as
     ``test``, the empirical coverage and mean width of its intervals on the test rows ``te``
@@ -83,8 +100,9 @@ def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test
     (:func:`adaptive_calibration`) under ``adaptive``."""
     cal = calibrate(Y[tr], calib_pred, aspects, source, level)
     if X is not None and columns is not None and len(tr) >= MIN_ADAPTIVE_ROWS:
-        cal["adaptive"] = adaptive_calibration(Y, calib_pred, tr, test_pred, te, X, columns, aspects,
-                                               ranges, level)
+        cal["adaptive"] = adaptive_calibration(
+            Y, calib_pred, tr, test_pred, te, X, columns, aspects, ranges, level
+        )
     y, pred = np.asarray(Y[te], float), np.asarray(test_pred, float)
     lower, upper = bounds([cal["half_width"][a] for a in aspects], pred, ranges)
     cov: dict[str, float | None] = {}
@@ -97,13 +115,18 @@ def fitted_intervals(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test
     for d in (cov, width):
         vals = [v for v in d.values() if v is not None]
         d["average"] = round(float(np.mean(vals)), 6) if vals else None
-    cal["test"] = {"rows": int(len(y)), "coverage": cov, "mean_width": width,
-                   **held_out_means(y, pred, aspects, level)}
+    cal["test"] = {
+        "rows": int(len(y)),
+        "coverage": cov,
+        "mean_width": width,
+        **held_out_means(y, pred, aspects, level),
+    }
     return cal
 
 
-def held_out_means(y: np.ndarray, pred: np.ndarray, aspects: Sequence[str],
-                   level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+def held_out_means(
+    y: np.ndarray, pred: np.ndarray, aspects: Sequence[str], level: float = DEFAULT_LEVEL
+) -> dict[str, Any]:
     """The labels behind the test figures, per aspect, and what they say of the human mean: its
     interval at ``level`` (every test row is labelled, so the PPI++ estimate is the labels' mean:
     Student's t on ``n - 1``, as :func:`hdeval.learn.ppi.ppi_mean`), beside the evaluator's mean
@@ -119,15 +142,24 @@ def held_out_means(y: np.ndarray, pred: np.ndarray, aspects: Sequence[str],
         if n < 2:
             means[a] = None
             continue
-        m, half = float(y[ok, j].mean()), float(t.ppf((1 + level) / 2, n - 1) * y[ok, j].std(ddof=1) / math.sqrt(n))
-        means[a] = {"estimate": round(m, 6), "low": round(m - half, 6), "high": round(m + half, 6),
-                    "evaluator_mean": round(float(pred[ok, j].mean()), 6)}
+        m, half = (
+            float(y[ok, j].mean()),
+            float(t.ppf((1 + level) / 2, n - 1) * y[ok, j].std(ddof=1) / math.sqrt(n)),
+        )
+        means[a] = {
+            "estimate": round(m, 6),
+            "low": round(m - half, 6),
+            "high": round(m + half, 6),
+            "evaluator_mean": round(float(pred[ok, j].mean()), 6),
+        }
     return {"labels": labels, "human_mean": means}
 
 
-ADAPTIVE_METHOD = ("normalised split conformal: |residual| / difficulty, the difficulty linear in the spread "
-                   "of the row's standardised criterion scores and its prediction's distance from the "
-                   "middle of the scale, fitted to the out-of-fold |residuals|")
+ADAPTIVE_METHOD = (
+    "normalised split conformal: |residual| / difficulty, the difficulty linear in the spread "
+    "of the row's standardised criterion scores and its prediction's distance from the "
+    "middle of the scale, fitted to the out-of-fold |residuals|"
+)
 #: Fewer training rows than this and no difficulty model is fitted (its three coefficients would
 #: follow the calibration rows' noise): every row keeps the aspect's one width.
 MIN_ADAPTIVE_ROWS = 40
@@ -135,8 +167,13 @@ MIN_ADAPTIVE_ROWS = 40
 DIFFICULTY_FLOOR = 0.25
 
 
-def difficulty_features(X: np.ndarray, pred: np.ndarray, center: np.ndarray, scale: np.ndarray,
-                        ranges: Sequence[tuple[float, float]]) -> np.ndarray:
+def difficulty_features(
+    X: np.ndarray,
+    pred: np.ndarray,
+    center: np.ndarray,
+    scale: np.ndarray,
+    ranges: Sequence[tuple[float, float]],
+) -> np.ndarray:
     """rows x aspects x 3: a constant, the spread (sd) of the row's standardised criterion scores
     (a judge that answers a sample's criteria inconsistently is unsure of it; 0 when fewer than
     two are read), and per aspect the prediction's distance from the middle of its range (0 at
@@ -160,9 +197,18 @@ def difficulty(features: np.ndarray, coef: np.ndarray, floor: np.ndarray) -> np.
     return np.maximum(np.einsum("nmk,mk->nm", features, coef), floor)
 
 
-def adaptive_calibration(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, test_pred: np.ndarray,
-                         te: np.ndarray, X: np.ndarray, columns: Sequence[str], aspects: Sequence[str],
-                         ranges: Sequence[tuple[float, float]], level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+def adaptive_calibration(
+    Y: np.ndarray,
+    calib_pred: np.ndarray,
+    tr: np.ndarray,
+    test_pred: np.ndarray,
+    te: np.ndarray,
+    X: np.ndarray,
+    columns: Sequence[str],
+    aspects: Sequence[str],
+    ranges: Sequence[tuple[float, float]],
+    level: float = DEFAULT_LEVEL,
+) -> dict[str, Any]:
     """Per-sample intervals that keep the coverage: a difficulty model fitted (least squares) to
     the training rows' out-of-fold ``|residual|``, then the normalised conformal quantile of
     ``|residual| / difficulty``; a row's half-width is that quantile times its difficulty. With
@@ -189,11 +235,14 @@ def adaptive_calibration(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, 
             coef[j, 0], floor[j] = 1.0, 1.0
     q, counts = normalised_quantile(r, difficulty(F, coef, floor), level)
     out: dict[str, Any] = {
-        "method": ADAPTIVE_METHOD, "columns": list(columns),
-        "center": [float(v) for v in center], "scale": [float(v) for v in scale],
+        "method": ADAPTIVE_METHOD,
+        "columns": list(columns),
+        "center": [float(v) for v in center],
+        "scale": [float(v) for v in scale],
         "coef": {a: [float(v) for v in coef[j]] for j, a in enumerate(aspects)},
         "floor": {a: float(floor[j]) for j, a in enumerate(aspects)},
-        "quantile": dict(zip(aspects, q)), "calibration_rows": dict(zip(aspects, counts)),
+        "quantile": dict(zip(aspects, q)),
+        "calibration_rows": dict(zip(aspects, counts)),
     }
     y, pred = np.asarray(Y[te], float), np.asarray(test_pred, float)
     if len(te):
@@ -202,8 +251,13 @@ def adaptive_calibration(Y: np.ndarray, calib_pred: np.ndarray, tr: np.ndarray, 
     return out
 
 
-def adaptive_half_widths(adaptive: Mapping[str, Any], X: np.ndarray, pred: np.ndarray,
-                         aspects: Sequence[str], ranges: Sequence[tuple[float, float]]) -> np.ndarray:
+def adaptive_half_widths(
+    adaptive: Mapping[str, Any],
+    X: np.ndarray,
+    pred: np.ndarray,
+    aspects: Sequence[str],
+    ranges: Sequence[tuple[float, float]],
+) -> np.ndarray:
     """rows x aspects half-widths of a (checked) adaptive calibration; NaN where an aspect has
     no quantile."""
     F = difficulty_features(X, pred, np.array(adaptive["center"]), np.array(adaptive["scale"]), ranges)
@@ -213,8 +267,9 @@ def adaptive_half_widths(adaptive: Mapping[str, Any], X: np.ndarray, pred: np.nd
     return q * difficulty(F, coef, floor)
 
 
-def interval_check(y: np.ndarray, pred: np.ndarray, half: np.ndarray,
-                   ranges: Sequence[tuple[float, float]]) -> dict[str, Any]:
+def interval_check(
+    y: np.ndarray, pred: np.ndarray, half: np.ndarray, ranges: Sequence[tuple[float, float]]
+) -> dict[str, Any]:
     """Held-out figures of per-row half-widths (all aspects' rows pooled, each aspect's width as
     a share of its range): coverage, coverage per width quintile (narrowest first), mean width as
     a share of the range, and ``error_lift``: mean absolute error of the widest fifth of rows over
@@ -227,16 +282,25 @@ def interval_check(y: np.ndarray, pred: np.ndarray, half: np.ndarray,
     width = ((upper - lower) / span)[ok]
     err = (np.abs(y - pred) / span)[ok]
     if not ok.any():
-        return {"rows": 0, "coverage": None, "coverage_by_width_quintile": [], "mean_width": None,
-                "error_lift": None}
+        return {
+            "rows": 0,
+            "coverage": None,
+            "coverage_by_width_quintile": [],
+            "mean_width": None,
+            "error_lift": None,
+        }
     order = np.argsort(width, kind="stable")
     quint = [round(float(inside[part].mean()), 6) for part in np.array_split(order, 5) if len(part)]
-    top = order[len(order) - max(1, len(order) // 5):]
+    top = order[len(order) - max(1, len(order) // 5) :]
     rest = np.setdiff1d(order, top)
     lift = float(err[top].mean() / err[rest].mean()) if len(rest) and err[rest].mean() > 0 else None
-    return {"rows": int(ok.sum()), "coverage": round(float(inside.mean()), 6),
-            "coverage_by_width_quintile": quint, "mean_width": round(float(width.mean()), 6),
-            "error_lift": None if lift is None else round(lift, 6)}
+    return {
+        "rows": int(ok.sum()),
+        "coverage": round(float(inside.mean()), 6),
+        "coverage_by_width_quintile": quint,
+        "mean_width": round(float(width.mean()), 6),
+        "error_lift": None if lift is None else round(lift, 6),
+    }
 
 
 @dataclass(frozen=True)
@@ -258,13 +322,17 @@ def read_calibration(metrics: Any, aspects: Sequence[str], where: str) -> Calibr
     level = raw.get("level") if isinstance(raw, dict) else None
     hw = raw.get("half_width") if isinstance(raw, dict) else None
     if not (_number(level) and 0 < level < 1) or not isinstance(hw, dict):
-        raise ArtifactError(f"{where}: intervals must hold a level between 0 and 1 and a half_width per aspect")
+        raise ArtifactError(
+            f"{where}: intervals must hold a level between 0 and 1 and a half_width per aspect"
+        )
     out: list[float | None] = []
     for a in aspects:
         w = hw.get(a)
         if w is not None and not (_number(w) and w >= 0):
-            raise ArtifactError(f"{where}: intervals half_width of aspect {a!r} must be a finite number >= 0 "
-                                f"or null, got {w!r}")
+            raise ArtifactError(
+                f"{where}: intervals half_width of aspect {a!r} must be a finite number >= 0 "
+                f"or null, got {w!r}"
+            )
         out.append(None if w is None else float(w))
     adaptive = read_adaptive(raw.get("adaptive"), aspects, where) if raw.get("adaptive") is not None else None
     return Calibration(float(level), tuple(out), adaptive)
@@ -272,6 +340,7 @@ def read_calibration(metrics: Any, aspects: Sequence[str], where: str) -> Calibr
 
 def read_adaptive(raw: Any, aspects: Sequence[str], where: str) -> dict[str, Any]:
     """An artifact's adaptive calibration, every field checked (one-line :class:`ArtifactError`)."""
+
     def bad(what: str) -> ArtifactError:
         return ArtifactError(f"{where}: intervals.adaptive {what}")
 
@@ -306,14 +375,20 @@ def read_adaptive(raw: Any, aspects: Sequence[str], where: str) -> dict[str, Any
 
 def check_max_width(value: Any) -> float:
     if not (_number(value) and 0 < value <= 1):
-        raise ConfigError(f"--max-interval-width must be a share of the score range above 0 and at most 1, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"--max-interval-width must be a share of the score range above 0 and at most 1, got {value!r}"
+        )
     return float(value)
 
 
-def row_intervals(cal: Calibration, pred: np.ndarray, aspects: Sequence[str],
-                  ranges: Sequence[tuple[float, float]], max_width: float,
-                  criteria: tuple[np.ndarray, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+def row_intervals(
+    cal: Calibration,
+    pred: np.ndarray,
+    aspects: Sequence[str],
+    ranges: Sequence[tuple[float, float]],
+    max_width: float,
+    criteria: tuple[np.ndarray, Sequence[str]] | None = None,
+) -> list[dict[str, Any]]:
     """Per row: ``lower``/``upper`` per aspect (None where no bound) and ``needs_human``: some
     aspect's interval is wider than ``max_width`` of its range, or has no bound at all. With an
     adaptive calibration and the rows' ``criteria`` (values, keys) holding its columns, each row
@@ -331,9 +406,17 @@ def row_intervals(cal: Calibration, pred: np.ndarray, aspects: Sequence[str],
     span = np.array([r[1] - r[0] for r in ranges], float)
     rows = []
     for i in range(len(lower)):
-        lo = {a: (None if np.isnan(lower[i, j]) else round(float(lower[i, j]), 6)) for j, a in enumerate(aspects)}
-        up = {a: (None if np.isnan(upper[i, j]) else round(float(upper[i, j]), 6)) for j, a in enumerate(aspects)}
-        wide = any(lo[a] is None or (up[a] - lo[a]) > max_width * span[j] + 1e-9 for j, a in enumerate(aspects))
+        lo = {
+            a: (None if np.isnan(lower[i, j]) else round(float(lower[i, j]), 6))
+            for j, a in enumerate(aspects)
+        }
+        up = {
+            a: (None if np.isnan(upper[i, j]) else round(float(upper[i, j]), 6))
+            for j, a in enumerate(aspects)
+        }
+        wide = any(
+            lo[a] is None or (up[a] - lo[a]) > max_width * span[j] + 1e-9 for j, a in enumerate(aspects)
+        )
         rows.append({"lower": lo, "upper": up, "needs_human": bool(wide)})
     return rows
 

@@ -86,10 +86,15 @@ def fill_matrix(
             flat = [r for c in chunk for r in c.requests]
             got_all = client.complete_many(flat, progress, keep_rejected=True, concurrency=concurrency)
             if retry is not None:
-                again = {i: r for i, (req, c) in enumerate(zip(flat, got_all))
-                         if isinstance(c, Completion) and (r := retry(req, c)) is not None}
+                again = {
+                    i: r
+                    for i, (req, c) in enumerate(zip(flat, got_all))
+                    if isinstance(c, Completion) and (r := retry(req, c)) is not None
+                }
                 if again:
-                    redo = client.complete_many(list(again.values()), keep_rejected=True, concurrency=concurrency)
+                    redo = client.complete_many(
+                        list(again.values()), keep_rejected=True, concurrency=concurrency
+                    )
                     for i, c in zip(again, redo):
                         got_all[i] = c
             replies = iter(got_all)
@@ -110,7 +115,9 @@ def fill_matrix(
     if rejected and progress is not None:
         # name them: the user may want to shorten or drop these samples
         for f in rejected[:_NAMED_REJECTIONS]:
-            progress.message(f"sample {f.sample_id} on {f.criterion_key}: {f.reason} (recorded as a failed score)")
+            progress.message(
+                f"sample {f.sample_id} on {f.criterion_key}: {f.reason} (recorded as a failed score)"
+            )
         if len(rejected) > _NAMED_REJECTIONS:
             progress.message(f"... and {len(rejected) - _NAMED_REJECTIONS} more requests the server rejected")
     return ScoreMatrix(rows, cols, values, failures)
@@ -166,7 +173,9 @@ _SCALE_MENTION = re.compile(r"(?<![0-9.])[0-9]+\s*(?:-|\u2013|to)\s*[0-9]+(?:\s*
 # one side's score named by its label: "R1: 8", "Assistant 2: 6", "Response A = 7", "score_b: 4"
 _SIDE_SCORE = re.compile(
     r"\b(?:r|response|assistant|answer|output|candidate|score)[\s_-]*([12ab])\b"
-    r"(?:'s)?(?:\s+score)?\s*[:=\-\u2013]?\s*([0-9]+(?:\.[0-9]+)?)(?![0-9])", re.I)
+    r"(?:'s)?(?:\s+score)?\s*[:=\-\u2013]?\s*([0-9]+(?:\.[0-9]+)?)(?![0-9])",
+    re.I,
+)
 # a side named without a score ("Assistant 1 explains more"): a name, not a number
 _SIDE_NAME = re.compile(r"\b(?:response|assistant|answer|output|candidate)[\s_-]*[12]\b|\bR[12]\b", re.I)
 _SCORES_LABEL = re.compile(r"^\s*\**\s*scores?\s*\**\s*:", re.I)
@@ -181,7 +190,9 @@ def _numbers(text: str) -> list[float]:
     return out
 
 
-def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tuple[float, float] | None, str | None]:
+def score_pair(
+    completion: Completion, scale: tuple[float, float]
+) -> tuple[tuple[float, float] | None, str | None]:
     """Two scores from one reply, or None and a reason when it does not say them plainly.
 
     Read in this order: a JSON object with one key per side (``{"a": 7, "b": 4}``); scores named
@@ -210,8 +221,9 @@ def score_pair(completion: Completion, scale: tuple[float, float]) -> tuple[tupl
             a, b = [v for e, v in ends if e in ("a", "1")], [v for e, v in ends if e in ("b", "2")]
             if len(a) != 1 or len(b) != 1:
                 return None, f"the JSON reply does not name one score per response: {shown!r}"
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                       for v in a + b):
+            if not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in a + b
+            ):
                 return None, f"the JSON reply's scores are not numbers: {shown!r}"
             return checked(float(a[0]), float(b[0]))
     sides: dict[str, set[float]] = {"1": set(), "2": set()}
@@ -304,8 +316,12 @@ def ask_json_many(
     halt: list[bool] = []
     errors: list[BaseException] = []
 
-    async def chain(client: CachedBackend, request: CompletionRequest, validate: Callable[[Any], Any],
-                    feedback: Callable[[str], str]) -> Any:
+    async def chain(
+        client: CachedBackend,
+        request: CompletionRequest,
+        validate: Callable[[Any], Any],
+        feedback: Callable[[str], str],
+    ) -> Any:
         def check(text: str) -> Any:
             return validate(extract_json(text))
 

@@ -38,8 +38,14 @@ def open_llm(config: LLMConfig, backend: Backend | None = None, offline: bool = 
             check_batch(backend, config.model)
             if not offline:  # a dry run submits nothing
                 strategy = BatchStrategy(backend, cache_dir, config)
-        return CachedBackend(backend, cache_dir, config.max_calls, concurrency=config.concurrency, batch=strategy,
-                             owns_inner=owns)
+        return CachedBackend(
+            backend,
+            cache_dir,
+            config.max_calls,
+            concurrency=config.concurrency,
+            batch=strategy,
+            owns_inner=owns,
+        )
     except BaseException:
         if owns and hasattr(backend, "close"):  # e.g. a cache dir that cannot be opened: free the model
             backend.close()

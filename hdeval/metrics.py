@@ -122,9 +122,7 @@ def why_null(table: Mapping[str, Any]) -> str:
     return f" (null: {'; '.join(whys[:3])}{'; ...' if len(whys) > 3 else ''})" if whys else ""
 
 
-def metric_table(
-    y_true: np.ndarray, y_pred: np.ndarray, aspects: Sequence[str]
-) -> dict[str, dict[str, Any]]:
+def metric_table(y_true: np.ndarray, y_pred: np.ndarray, aspects: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-aspect correlations plus their ``average`` (over aspects where defined); an aspect whose
     correlations are undefined says why under ``why``."""
     table: dict[str, dict[str, Any]] = {}
@@ -192,8 +190,9 @@ def agreement_wo_ties(y: Any, p: Any) -> float:
     return float(np.mean(p[ok, 1] == y[ok])) if ok.any() else float("nan")
 
 
-def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
-              pred_ab: Sequence[str | None]) -> dict[str, Any]:
+def pair_agreement(
+    human: Sequence[str | None], pred: Sequence[str | None], pred_ab: Sequence[str | None]
+) -> dict[str, Any]:
     """The paper's two numbers on labelled pairs, plus confusion counts.
 
     ``w_ties``: 3-way accuracy over the pairs with a prediction. ``wo_ties``: accuracy on the
@@ -211,7 +210,8 @@ def pair_agreement(human: Sequence[str | None], pred: Sequence[str | None],
     return {
         "w_ties": _clean(agreement_w_ties(y, p2)),
         "wo_ties": _clean(agreement_wo_ties(y, p2)),
-        "n": int(judged.sum()), "n_wo_ties": int((judged & (y != LABEL_CODES["tie"])).sum()),
+        "n": int(judged.sum()),
+        "n_wo_ties": int((judged & (y != LABEL_CODES["tie"])).sum()),
         "failed": int((np.isfinite(y) & ~np.isfinite(p2[:, 0])).sum()),
         "confusion": {h: dict(sorted(c.items())) for h, c in sorted(confusion.items())},
     }

@@ -47,11 +47,15 @@ def check_model_file(path: Path) -> None:
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{path} is a directory, not a model file: give the .gguf file in it "
-                              "(--llm llamacpp:/path/to/model.gguf)")
+            raise ConfigError(
+                f"{path} is a directory, not a model file: give the .gguf file in it "
+                "(--llm llamacpp:/path/to/model.gguf)"
+            )
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path} is not a regular file (a device, FIFO or socket), not a model file: "
-                              "--llm llamacpp: needs a .gguf file")
+            raise ConfigError(
+                f"{path} is not a regular file (a device, FIFO or socket), not a model file: "
+                "--llm llamacpp: needs a .gguf file"
+            )
         with open(path, "rb") as fh:
             magic = fh.read(4)
     except FileNotFoundError:
@@ -59,5 +63,7 @@ def check_model_file(path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot read the model file {path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
-        raise ConfigError(f"cannot load GGUF model {path}: not a GGUF model file (it does not start with 'GGUF'); "
-                          "--llm llamacpp: needs a llama.cpp model in GGUF format")
+        raise ConfigError(
+            f"cannot load GGUF model {path}: not a GGUF model file (it does not start with 'GGUF'); "
+            "--llm llamacpp: needs a llama.cpp model in GGUF format"
+        )

@@ -95,8 +95,10 @@ def hierarchy_text(tree: CriteriaTree, criterion: Criterion) -> str:
     parent = tree.parent(criterion.key)
     if parent is None:
         return f"Criterion: {criterion.name}: {criterion.definition}"
-    return (f"Parent criterion: {parent.name}: {parent.definition}\n"
-            f"Criterion (a sub-criterion of {parent.name}): {criterion.name}: {criterion.definition}")
+    return (
+        f"Parent criterion: {parent.name}: {parent.definition}\n"
+        f"Criterion (a sub-criterion of {parent.name}): {criterion.name}: {criterion.definition}"
+    )
 
 
 def scoring_messages(

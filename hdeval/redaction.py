@@ -46,8 +46,15 @@ def secret_forms(secret: str) -> set[str]:
     """Every text form of ``secret`` that may be printed or echoed back; none for a short one."""
     if not secret or len(secret) < MIN_SECRET or secret in PLACEHOLDERS:
         return set()
-    forms = {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
-             quote(secret, safe=""), quote_plus(secret), quote(secret)}
+    forms = {
+        secret,
+        repr(secret)[1:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        quote(secret, safe=""),
+        quote_plus(secret),
+        quote(secret),
+    }
     forms |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in list(forms)}
     forms |= _base64_cores(secret.encode("utf-8"))
     return {f for f in forms if f}
@@ -59,7 +66,9 @@ def _userinfo_forms(netloc: str) -> set[str]:
         return set()
     userinfo = netloc.rpartition("@")[0]
     user, _, password = userinfo.partition(":")
-    forms = {userinfo} | secret_forms(unquote(userinfo)) | secret_forms(f"{unquote(user)}:{unquote(password)}")
+    forms = (
+        {userinfo} | secret_forms(unquote(userinfo)) | secret_forms(f"{unquote(user)}:{unquote(password)}")
+    )
     return forms | secret_forms(password) | secret_forms(unquote(password))
 
 

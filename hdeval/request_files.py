@@ -39,8 +39,10 @@ class RequestExport:
         from hdeval.backends.openai_compat import OpenAICompatBackend
 
         if not isinstance(cached.inner, OpenAICompatBackend):  # the bodies are that backend's own
-            raise ConfigError(f"--export-requests writes OpenAI chat completion requests: it needs an "
-                              f"OpenAI-compatible backend (--llm MODEL, --base-url URL), not {cached.identity}")
+            raise ConfigError(
+                f"--export-requests writes OpenAI chat completion requests: it needs an "
+                f"OpenAI-compatible backend (--llm MODEL, --base-url URL), not {cached.identity}"
+            )
         self.cached = cached
         self.out = out
         # a request shared by two chunks is written once; a second client (a decomposing LLM)
@@ -59,8 +61,9 @@ class RequestExport:
                 self.written.add(k)
         raise StageExported(len(missing))
 
-    async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Any = None,
-                       halt: Any = None) -> dict[str, Completion]:
+    async def prefetch(
+        self, client: Any, want: dict[str, CompletionRequest], progress: Any = None, halt: Any = None
+    ) -> dict[str, Completion]:
         # the client passes only keys it could not read back: all of them need an answer
         self.missing(want, set())
         return {}
@@ -150,15 +153,18 @@ def _check_replaceable(path: Path, clients: Sequence[Any]) -> None:
     try:
         asked = read_request_file(path)
     except DataError:
-        raise ConfigError(f"--export-requests {path} exists and is not a request file hdeval wrote; "
-                          "name another file") from None
+        raise ConfigError(
+            f"--export-requests {path} exists and is not a request file hdeval wrote; name another file"
+        ) from None
     left = set(asked)
     for client in clients:
         left -= client.stored(left)
     if left:
-        raise ConfigError(f"--export-requests {path} holds {len(left)} requests not in the cache yet: import "
-                          f"their results first (`hdeval cache import RESULTS.jsonl --requests {path}`), or "
-                          "delete it to export them again")
+        raise ConfigError(
+            f"--export-requests {path} holds {len(left)} requests not in the cache yet: import "
+            f"their results first (`hdeval cache import RESULTS.jsonl --requests {path}`), or "
+            "delete it to export them again"
+        )
 
 
 @contextlib.contextmanager
@@ -186,7 +192,8 @@ def exporting_stages(path: str | Path, clients: Sequence[Any]) -> Iterator[None]
                     "--export-requests: this stage asks for JSON one request at a time, re-asking with "
                     "each unusable reply (DnA's aspects and weights per pair; a decomposition whose "
                     "reply could not be used), which a batch engine cannot answer; run this stage "
-                    "without --export-requests, then export again") from None
+                    "without --export-requests, then export again"
+                ) from None
     finally:
         for c, (batch, max_calls) in zip(clients, before):
             c.batch, c.max_calls = batch, max_calls
@@ -210,8 +217,10 @@ def _lines(path: Path, what: str) -> Iterator[tuple[int, bytes]]:
             if n > MAX_LINES:
                 raise DataError(f"{path}: more than {MAX_LINES} lines; split it")
             if len(line) > MAX_LINE_BYTES:
-                raise DataError(f"{path}: line {n}: longer than {MAX_LINE_BYTES // 2**20} MB; not a "
-                                f"{what} line (nothing imported)")
+                raise DataError(
+                    f"{path}: line {n}: longer than {MAX_LINE_BYTES // 2**20} MB; not a "
+                    f"{what} line (nothing imported)"
+                )
             if line.strip():
                 yield n, line
 
@@ -237,8 +246,10 @@ def read_request_file(path: str | Path, models: dict[str, str] | None = None) ->
         row = _json_object(path, n, line)
         key, body = row.get("custom_id"), row.get("body")
         if not isinstance(key, str) or not _KEY.match(key) or not isinstance(body, dict):
-            raise DataError(f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
-                            "`hdeval apply/train --export-requests` wrote (nothing imported)")
+            raise DataError(
+                f"{path}: line {n}: no 64-hex custom_id and body object: not a request file "
+                "`hdeval apply/train --export-requests` wrote (nothing imported)"
+            )
         if key in asked:
             raise DataError(f"{path}: line {n}: custom_id {key[:12]}... given twice (nothing imported)")
         asked[key] = bool(body.get("logprobs"))
@@ -252,7 +263,10 @@ def same_model(asked: str, answered: str) -> bool:
     version after ``-`` or ``:``, digits or ``latest`` (OpenAI answers ``gpt-4o`` as
     ``gpt-4o-2024-08-06``, Ollama ``llama3`` as ``llama3:latest``); never another model whose
     name only starts with it (``gpt-4o-mini``, ``llama3:70b``)."""
-    return answered == asked or re.fullmatch(rf"{re.escape(asked)}[-:](?:latest|\d[\d.-]*)", answered) is not None
+    return (
+        answered == asked
+        or re.fullmatch(rf"{re.escape(asked)}[-:](?:latest|\d[\d.-]*)", answered) is not None
+    )
 
 
 @dataclass
@@ -263,8 +277,13 @@ class ImportReport:
     other_model: dict[str, str] = field(default_factory=dict)  # custom_id -> the model that answered, skipped
 
 
-def read_results(results: str | Path, asked: dict[str, bool], parser: Any, models: dict[str, str] | None = None,
-                 skip_other_models: bool = False) -> tuple[dict[str, Completion], ImportReport]:
+def read_results(
+    results: str | Path,
+    asked: dict[str, bool],
+    parser: Any,
+    models: dict[str, str] | None = None,
+    skip_other_models: bool = False,
+) -> tuple[dict[str, Completion], ImportReport]:
     """Every completion of a result file, checked line by line; one-line :class:`DataError`
     naming the file and line for anything that is not a result of one of ``asked``'s requests,
     or whose ``body.model`` is not the model its request (in ``models``) asked (with
@@ -283,11 +302,14 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any, model
         if not isinstance(key, str):
             raise DataError(f"{where}: no text custom_id (nothing imported)")
         if key not in asked:
-            raise DataError(f"{where}: custom_id {one_line(key)[:70]!r} is not a request of the request "
-                            "file (nothing imported)")
+            raise DataError(
+                f"{where}: custom_id {one_line(key)[:70]!r} is not a request of the request "
+                "file (nothing imported)"
+            )
         if key in seen:
-            raise DataError(f"{where}: custom_id {key[:12]}... already answered on line {seen[key]} "
-                            "(nothing imported)")
+            raise DataError(
+                f"{where}: custom_id {key[:12]}... already answered on line {seen[key]} (nothing imported)"
+            )
         seen[key] = n
         response = row.get("response")
         if response is not None and not isinstance(response, dict):
@@ -306,23 +328,34 @@ def read_results(results: str | Path, asked: dict[str, bool], parser: Any, model
             if skip_other_models:
                 report.other_model[key] = parser._redact(got_model)
                 continue
-            raise DataError(f"{where}: response.body.model {one_line(parser._redact(got_model))[:80]!r} is not "
-                            f"{want!r}, the model its request asked: another model's reply would be served as "
-                            f"{want!r}'s (nothing imported; --skip-other-models imports the rest)")
+            raise DataError(
+                f"{where}: response.body.model {one_line(parser._redact(got_model))[:80]!r} is not "
+                f"{want!r}, the model its request asked: another model's reply would be served as "
+                f"{want!r}'s (nothing imported; --skip-other-models imports the rest)"
+            )
         try:
             got[key] = parser._parse(json.dumps(body).encode(), asked[key])
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
-            raise DataError(f"{where}: response.body is not a chat completion "
-                            f"({one_line(str(exc))[:120]}) (nothing imported)") from None
+            raise DataError(
+                f"{where}: response.body is not a chat completion "
+                f"({one_line(str(exc))[:120]}) (nothing imported)"
+            ) from None
         if len(json.dumps(got[key].to_dict())) > MAX_ENTRY_CHARS:
-            raise DataError(f"{where}: the reply is larger than the cache keeps "
-                            f"({MAX_ENTRY_CHARS // 2**20} MiB) (nothing imported)")
+            raise DataError(
+                f"{where}: the reply is larger than the cache keeps "
+                f"({MAX_ENTRY_CHARS // 2**20} MiB) (nothing imported)"
+            )
     report.missing = len(asked) - len(seen)
     return got, report
 
 
-def import_results(results: str | Path, requests: str | Path, cache_dir: str | Path, parser: Any,
-                   skip_other_models: bool = False) -> ImportReport:
+def import_results(
+    results: str | Path,
+    requests: str | Path,
+    cache_dir: str | Path,
+    parser: Any,
+    skip_other_models: bool = False,
+) -> ImportReport:
     """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
     completion into the cache in ``cache_dir`` in one transaction: all or nothing. A reply of
     another model than its request's is refused, or with ``skip_other_models`` left out and counted."""

@@ -10,8 +10,8 @@ import numpy as np
 
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.constraints import Scale
-from hdeval.prompts import Template, scoring_messages
 from hdeval.progress import Progress
+from hdeval.prompts import Template, scoring_messages
 from hdeval.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
 
 SCALE = (1, 5)
@@ -51,8 +51,11 @@ def parse_score(completion: Completion, scale: tuple[int, int] = SCALE) -> tuple
         spelled += generated
         if not generated.strip():
             continue  # a space before the score
-        if not text.startswith(spelled) or not _DIGITS.fullmatch(generated.strip()) \
-                or not low <= int(generated.strip()) <= high:
+        if (
+            not text.startswith(spelled)
+            or not _DIGITS.fullmatch(generated.strip())
+            or not low <= int(generated.strip()) <= high
+        ):
             break  # the score's token is not this one: the text says it
         mass = total = 0.0
         best = -math.inf
@@ -131,10 +134,13 @@ def score_criteria(
     from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
 
     if not samples or not criteria:  # keep the columns of an empty matrix
-        return ScoreMatrix([s.id for s in samples], [c.key for c in criteria],
-                           np.zeros((len(samples), len(criteria))))
+        return ScoreMatrix(
+            [s.id for s in samples], [c.key for c in criteria], np.zeros((len(samples), len(criteria)))
+        )
     # built as the client consumes them: a prompt is ~3 KB, a stage may hold millions
-    cells = (Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria)
+    cells = (
+        Cell(s.id, c.key, (scoring_request(template, task, tree, c, s),)) for s in samples for c in criteria
+    )
     rows = list(dict.fromkeys(s.id for s in samples))
     cols = list(dict.fromkeys(c.key for c in criteria))
     return fill_matrix(backend, cells, digit_score(SCALE), concurrency, progress, rows, cols, STREAM_WINDOW)

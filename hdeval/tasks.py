@@ -21,8 +21,18 @@ from hdeval.types import Aspect, Task, TaskField
 
 SAMPLE_FIELDS = ("source", "context", "output", "reference")
 _TOP_KEYS = {
-    "name", "description", "output_label", "data_file", "fields", "aspects", "shape", "where", "skip_empty",
-    "own_regressor", "presets", "columns",
+    "name",
+    "description",
+    "output_label",
+    "data_file",
+    "fields",
+    "aspects",
+    "shape",
+    "where",
+    "skip_empty",
+    "own_regressor",
+    "presets",
+    "columns",
 }
 #: what a task's ``[columns]`` table may map (as ``hdeval data import``'s ``--*-col`` options)
 COLUMN_KEYS = (*SAMPLE_FIELDS, "id", "doc_id", "system")
@@ -54,8 +64,10 @@ def load_task(name_or_path: str | Path) -> Task:
         # A user's task finds its data_file (default <name>.jsonl) beside the task file
         # first, from any working directory; see hdeval.data.data_candidates.
         return dataclasses.replace(task, source_dir=str(path.parent.resolve()))
-    raise ConfigError(f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
-                      "or pass the path of a task .toml file")
+    raise ConfigError(
+        f"unknown task {text!r}: built-in tasks are {', '.join(builtins)}; "
+        "or pass the path of a task .toml file"
+    )
 
 
 def parse_task_file(path: Path) -> Task:
@@ -91,39 +103,49 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         lines_ok = key in ("definition", "description")  # prose: line ends and tabs are fine there
         bad = next((c for c in value if _control(c) and not (lines_ok and c in "\t\n\r")), None)
         if bad is not None:
-            raise ConfigError(f"{where}: {ctx} {key!r} holds the control character {bad!r}; it must be plain text")
+            raise ConfigError(
+                f"{where}: {ctx} {key!r} holds the control character {bad!r}; it must be plain text"
+            )
         return value
 
     def tables(key: str, allowed: set[str]) -> list[dict]:
         value = raw.get(key)
         if not isinstance(value, list) or not value:
             got = "it is missing" if value is None else f"got {_kind(value)}"
-            raise ConfigError(f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least "
-                              f"one; {got}")
+            raise ConfigError(
+                f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least one; {got}"
+            )
         for i, t in enumerate(value, 1):
             if not isinstance(t, dict):
                 raise ConfigError(f"{where}: {key} #{i} must be a table ([[{key}]]), got {_kind(t)} {t!r}")
             extra = set(t) - allowed
             if extra:
-                raise ConfigError(f"{where}: {key} #{i} has unknown key(s) {', '.join(sorted(map(str, extra)))}")
+                raise ConfigError(
+                    f"{where}: {key} #{i} has unknown key(s) {', '.join(sorted(map(str, extra)))}"
+                )
         return value
 
     name = text(raw, "name", "the task")
     if not _NAME.fullmatch(name):
-        raise ConfigError(f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
-                          "'.' or '-', starting with a letter, digit or '_' (it names files and directories)")
+        raise ConfigError(
+            f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
+            "'.' or '-', starting with a letter, digit or '_' (it names files and directories)"
+        )
     data_file = text(raw, "data_file", "the task", required=False) or f"{name}.jsonl"
     *folders, base = data_file.split("/")
     if not _NAME.fullmatch(base) or not all(_NAME.fullmatch(f) or f == ".." for f in folders):
-        raise ConfigError(f"{where}: data_file {data_file!r} must be a file name, or a relative path with '/' "
-                          "from the task file's folder (looked up there, then by its name in HDEVAL_DATA_DIR "
-                          "and the user data dir)")
+        raise ConfigError(
+            f"{where}: data_file {data_file!r} must be a file name, or a relative path with '/' "
+            "from the task file's folder (looked up there, then by its name in HDEVAL_DATA_DIR "
+            "and the user data dir)"
+        )
     fields = []
     for i, f in enumerate(tables("fields", {"key", "label"}), 1):
         key = text(f, "key", f"fields #{i}")
         if key not in SAMPLE_FIELDS:
-            raise ConfigError(f"{where}: fields #{i} key {key!r} is not a sample field "
-                              f"({', '.join(SAMPLE_FIELDS)})")
+            raise ConfigError(
+                f"{where}: fields #{i} key {key!r} is not a sample field ({', '.join(SAMPLE_FIELDS)})"
+            )
         if key in {x.key for x in fields}:
             raise ConfigError(f"{where}: fields #{i}: field {key!r} is listed twice")
         fields.append(TaskField(key, text(f, "label", f"fields #{i}")))
@@ -140,13 +162,23 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         seen.add(key)
         rng = a.get("range")
         finite = isinstance(rng, list) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng)
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng
+        )
         if not finite or len(rng) != 2 or rng[0] >= rng[1] or max(abs(rng[0]), abs(rng[1])) > MAX_SCORE:
-            raise ConfigError(f"{where}: aspect {key!r} range must be [low, high], two numbers with low < high, "
-                              f"each between -{MAX_SCORE:g} and {MAX_SCORE:g}; got {rng!r}")
+            raise ConfigError(
+                f"{where}: aspect {key!r} range must be [low, high], two numbers with low < high, "
+                f"each between -{MAX_SCORE:g} and {MAX_SCORE:g}; got {rng!r}"
+            )
         shown = text(a, "name", f"aspect {key!r}", required=False) or key.capitalize()
-        aspects.append(Aspect(key=key, name=shown, definition=text(a, "definition", f"aspect {key!r}"),
-                              low=float(rng[0]), high=float(rng[1])))
+        aspects.append(
+            Aspect(
+                key=key,
+                name=shown,
+                definition=text(a, "definition", f"aspect {key!r}"),
+                low=float(rng[0]),
+                high=float(rng[1]),
+            )
+        )
     shape = raw.get("shape", "pointwise")
     if shape not in SHAPES:
         raise ConfigError(f"{where}: shape must be one of {', '.join(SHAPES)}, got {shape!r}")
@@ -162,10 +194,20 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
     columns = parse_columns(raw.get("columns"), keys, where)
     if columns and shape != "pointwise":
         raise ConfigError(f"{where}: 'columns' is supported for pointwise tasks only")
-    return Task(name=name, description=text(raw, "description", "the task"),
-                output_label=text(raw, "output_label", "the task", required=False) or "Output",
-                fields=tuple(fields), aspects=tuple(aspects), data_file=data_file, shape=shape,
-                where=row_filter, skip_empty=skip_empty, own_regressor=own, presets=presets, columns=columns)
+    return Task(
+        name=name,
+        description=text(raw, "description", "the task"),
+        output_label=text(raw, "output_label", "the task", required=False) or "Output",
+        fields=tuple(fields),
+        aspects=tuple(aspects),
+        data_file=data_file,
+        shape=shape,
+        where=row_filter,
+        skip_empty=skip_empty,
+        own_regressor=own,
+        presets=presets,
+        columns=columns,
+    )
 
 
 def parse_columns(raw: Any, aspects: list[str], where: str) -> tuple[tuple[str, str], ...]:
@@ -185,16 +227,22 @@ def parse_columns(raw: Any, aspects: list[str], where: str) -> tuple[tuple[str, 
     for key, value in raw.items():
         if key == "scores":
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}: columns.scores must be a table of ASPECT = \"COLUMN\", got {_kind(value)}")
+                raise ConfigError(
+                    f'{where}: columns.scores must be a table of ASPECT = "COLUMN", got {_kind(value)}'
+                )
             for aspect, col in value.items():
                 if aspect not in aspects:
-                    raise ConfigError(f"{where}: columns.scores: the task has no aspect {aspect!r} "
-                                      f"(aspects: {', '.join(aspects)})")
+                    raise ConfigError(
+                        f"{where}: columns.scores: the task has no aspect {aspect!r} "
+                        f"(aspects: {', '.join(aspects)})"
+                    )
                 out.append((f"scores.{aspect}", column(col, f"scores.{aspect}")))
         elif key in COLUMN_KEYS:
             out.append((key, column(value, key)))
         else:
-            raise ConfigError(f"{where}: columns: unknown key {key!r} (keys: {', '.join(COLUMN_KEYS)}, scores)")
+            raise ConfigError(
+                f"{where}: columns: unknown key {key!r} (keys: {', '.join(COLUMN_KEYS)}, scores)"
+            )
     return tuple(out)
 
 
@@ -205,18 +253,27 @@ def _control(c: str) -> bool:
 
 def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:
     """A list of distinct aspect keys of the task, or a ConfigError naming ``ctx``."""
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (not value and not empty_ok):
-        raise ConfigError(f"{ctx} must be a {'' if empty_ok else 'non-empty '}list of aspect keys, got {value!r}")
+    if (
+        not isinstance(value, list)
+        or not all(isinstance(v, str) for v in value)
+        or (not value and not empty_ok)
+    ):
+        raise ConfigError(
+            f"{ctx} must be a {'' if empty_ok else 'non-empty '}list of aspect keys, got {value!r}"
+        )
     unknown = [v for v in value if v not in known]
     if unknown:
-        raise ConfigError(f"{ctx} names unknown aspect(s) {', '.join(unknown)}: the task's aspects are "
-                          f"{', '.join(known)}")
+        raise ConfigError(
+            f"{ctx} names unknown aspect(s) {', '.join(unknown)}: the task's aspects are {', '.join(known)}"
+        )
     if len(set(value)) != len(value):
         raise ConfigError(f"{ctx} lists an aspect twice: {value!r}")
     return tuple(value)
 
 
-def parse_presets(raw: Any, known: list[str], where: str) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
+def parse_presets(
+    raw: Any, known: list[str], where: str
+) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
     """``[presets.NAME]`` tables: ``aspects`` (the aspects trained on) and ``own_regressor`` (those
     of them fitted alone, e.g. the paper's Topical-Chat groundedness)."""
     if raw is None:
@@ -230,10 +287,14 @@ def parse_presets(raw: Any, known: list[str], where: str) -> tuple[tuple[str, tu
             raise ConfigError(f"{ctx} must be a table, got {_kind(table)}")
         extra = set(table) - {"aspects", "own_regressor"}
         if extra:
-            raise ConfigError(f"{ctx} has unknown key(s) {', '.join(sorted(map(str, extra)))} "
-                              "(a preset has aspects and own_regressor)")
+            raise ConfigError(
+                f"{ctx} has unknown key(s) {', '.join(sorted(map(str, extra)))} "
+                "(a preset has aspects and own_regressor)"
+            )
         aspects = _aspect_list(table.get("aspects"), known, f"{ctx}.aspects")
-        own = _aspect_list(table.get("own_regressor", []), list(aspects), f"{ctx}.own_regressor", empty_ok=True)
+        own = _aspect_list(
+            table.get("own_regressor", []), list(aspects), f"{ctx}.own_regressor", empty_ok=True
+        )
         out.append((str(name), aspects, own))
     return tuple(out)
 
@@ -255,21 +316,28 @@ def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]
     if raw is None:
         return ()
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{where}: where must be a non-empty table such as {{ subset = \"eli5\" }}")
+        raise ConfigError(f'{where}: where must be a non-empty table such as {{ subset = "eli5" }}')
     out = []
     for key, value in raw.items():
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise ConfigError(f"{where}: where.{key} must be a string, number or boolean, or a non-empty "
-                              "list of them")
+            raise ConfigError(
+                f"{where}: where.{key} must be a string, number or boolean, or a non-empty list of them"
+            )
         out.append((str(key), tuple(values)))
     return tuple(out)
 
 
 def _kind(value: Any) -> str:
     """How a TOML value's type reads in a message."""
-    return {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list",
-            dict: "a table"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "text",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 def select_aspects(task: Task, aspects: Sequence[str] | None) -> Task:
@@ -278,8 +346,10 @@ def select_aspects(task: Task, aspects: Sequence[str] | None) -> Task:
         return task
     unknown = [a for a in aspects if a not in task.aspect_keys]
     if unknown:
-        raise ConfigError(f"unknown aspect(s) {', '.join(unknown)} for task {task.name}: "
-                          f"choose from {', '.join(task.aspect_keys)}")
+        raise ConfigError(
+            f"unknown aspect(s) {', '.join(unknown)} for task {task.name}: "
+            f"choose from {', '.join(task.aspect_keys)}"
+        )
     keep = tuple(a for a in task.aspects if a.key in aspects)
     own = tuple(a for a in task.own_regressor if a in aspects)
     return dataclasses.replace(task, aspects=keep, own_regressor=own)

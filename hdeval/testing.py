@@ -11,8 +11,14 @@ from hdeval.run.check import CheckResult, check_alignment
 __all__ = ["CheckResult", "assert_aligned"]
 
 
-def assert_aligned(artifact: str | Path | Any, data: str | Path, *, min_spearman: float | None = None,
-                   min_agreement: float | None = None, **options: Any) -> CheckResult:
+def assert_aligned(
+    artifact: str | Path | Any,
+    data: str | Path,
+    *,
+    min_spearman: float | None = None,
+    min_agreement: float | None = None,
+    **options: Any,
+) -> CheckResult:
     """Raise ``AssertionError`` with ``hdeval check``'s one line when ``artifact`` scores ``data``
     (human-rated rows it was not trained on) below the threshold; the result otherwise.
     ``options``: the LLM's, as for :func:`hdeval.run.apply.apply_file` (``llm``, ``cache_dir``,

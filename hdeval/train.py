@@ -13,8 +13,8 @@ from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIME
 from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import FitContext, check_shape
-from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
 from hdeval.methods.registry import all_options, get_method
+from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
 from hdeval.progress import Progress
 from hdeval.tasks import apply_preset, load_task, select_aspects
 from hdeval.types import Sample, Task
@@ -64,8 +64,10 @@ class TrainConfig:
         if self.options is None or isinstance(self.options, Mapping):
             object.__setattr__(self, "options", method.build_options(self.options))
         elif type(self.options) is not method.options:
-            raise ConfigError(f"the options of method {self.method!r} are a {method.options.__name__}, "
-                              f"not a {type(self.options).__name__}")
+            raise ConfigError(
+                f"the options of method {self.method!r} are a {method.options.__name__}, "
+                f"not a {type(self.options).__name__}"
+            )
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
@@ -119,22 +121,33 @@ class TrainConfig:
         is read by :func:`hdeval.methods.options.recorded_options`."""
         from hdeval.urls import public_url
 
-        d = {f.name: getattr(self, f.name) for f in fields(self)  # in the fields' order
-             if f.name not in _JURY_FIELDS or getattr(self, f.name)}
-        return {**d, "options": self.options.record(), "aspects": list(self.aspects) if self.aspects else None,
-                "base_url": public_url(self.base_url)}  # an artifact is shared: no user, password or query
+        d = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)  # in the fields' order
+            if f.name not in _JURY_FIELDS or getattr(self, f.name)
+        }
+        return {
+            **d,
+            "options": self.options.record(),
+            "aspects": list(self.aspects) if self.aspects else None,
+            "base_url": public_url(self.base_url),
+        }  # an artifact is shared: no user, password or query
 
 
 def check_jury_options(config: TrainConfig) -> None:
     """A jury is HD-Eval's on pointwise data (checked again once the task is read)."""
     what = "--jury" if config.jury else "--llm given more than once" if config.judges else "--prune-judges"
     if config.jury and config.judges:
-        raise ConfigError("--jury and --llm given more than once cannot be combined: the file names the judges")
+        raise ConfigError(
+            "--jury and --llm given more than once cannot be combined: the file names the judges"
+        )
     if config.prune_judges and not (config.jury or config.judges):
         raise ConfigError("--prune-judges needs a jury (--jury FILE, or --llm given more than once)")
     if config.method != "hdeval":
-        raise ConfigError(f"{what}: method {config.method!r} takes one LLM; a jury is HD-Eval's "
-                          "(pointwise data), see docs/juries.md")
+        raise ConfigError(
+            f"{what}: method {config.method!r} takes one LLM; a jury is HD-Eval's "
+            "(pointwise data), see docs/juries.md"
+        )
     if config.options.scorer != "digit":
         raise ConfigError(f"{what}: a jury scores 1-5 digits; --scorer {config.options.scorer} takes one LLM")
     if config.batch:
@@ -164,8 +177,9 @@ def prepare(config: TrainConfig) -> Prepared:
     method = get_method(config.method)
     check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
     if (config.jury or config.judges) and task.shape != "pointwise":
-        raise ConfigError(f"a jury scores pointwise data; task {task.name!r} is {task.shape}: "
-                          "train it with one --llm")
+        raise ConfigError(
+            f"a jury scores pointwise data; task {task.name!r} is {task.shape}: train it with one --llm"
+        )
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
     samples = read_task_samples(path, task, require_labels=True)
@@ -178,10 +192,16 @@ def prepare(config: TrainConfig) -> Prepared:
     return Prepared(task, [s for s in samples if s.id in keep], split, path, given)
 
 
-def train(config: TrainConfig | None = None, *, progress: Progress | None = None,
-          backend: Backend | None = None, decompose_backend: Backend | None = None,
-          export_requests: str | Path | None = None, judge_backends: Mapping[str, Backend] | None = None,
-          **options: Any) -> "Fitted":
+def train(
+    config: TrainConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    backend: Backend | None = None,
+    decompose_backend: Backend | None = None,
+    export_requests: str | Path | None = None,
+    judge_backends: Mapping[str, Backend] | None = None,
+    **options: Any,
+) -> "Fitted":
     """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
@@ -200,7 +220,11 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
     # An injected backend is recorded by what the caller named it (or its identity).
     from hdeval.llm import resolved
 
-    spec = resolved(llm_config(config)) if backend is None else LLMConfig(config.llm or backend.identity, config.base_url)
+    spec = (
+        resolved(llm_config(config))
+        if backend is None
+        else LLMConfig(config.llm or backend.identity, config.base_url)
+    )
     with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
         jury = None
         judges = config.jury_judges()
@@ -210,8 +234,11 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
             jury = open_jury(judges, llm_config(config), backends=judge_backends)
             opened.callback(jury.close)
             llm = jury.first  # it decomposes unless --decompose-llm names another
-            spec = resolved(llm_config(config).replace(model=judges[0].llm, base_url=judges[0].base_url
-                                                       or config.base_url))
+            spec = resolved(
+                llm_config(config).replace(
+                    model=judges[0].llm, base_url=judges[0].base_url or config.base_url
+                )
+            )
         else:
             llm = opened.enter_context(backend_for(config, backend))
         dec = open_decompose_backend(config, llm, decompose_backend)
@@ -220,7 +247,9 @@ def train(config: TrainConfig | None = None, *, progress: Progress | None = None
         ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec, jury=jury)
         if export_requests is not None:
             if jury is not None:
-                raise ConfigError("--export-requests does not export a jury's requests yet: train it with one --llm")
+                raise ConfigError(
+                    "--export-requests does not export a jury's requests yet: train it with one --llm"
+                )
             from hdeval.methods.run import fit_exporting
 
             return fit_exporting(method, ctx, export_requests)
@@ -254,23 +283,32 @@ def _jury_plan(method: Any, config: TrainConfig, prep: Prepared, judges: Sequenc
     out = JuryPlan()
     out.judge_calls = []
     for i, j in enumerate(judges):
-        one = config.replace(llm=j.llm, base_url=j.base_url or config.base_url, judges=(), jury=None,
-                             prune_judges=False)
+        one = config.replace(
+            llm=j.llm, base_url=j.base_url or config.base_url, judges=(), jury=None, prune_judges=False
+        )
         layers = method.plan(one, prep, None)
-        score_tok = [(p.prompt_tokens - p.decompose_prompt_tokens, p.completion_tokens - p.decompose_completion_tokens)
-                     for p in layers]
-        out.judge_calls.append((sum(p.score_calls for p in layers), sum(t[0] for t in score_tok),
-                                sum(t[1] for t in score_tok)))
+        score_tok = [
+            (p.prompt_tokens - p.decompose_prompt_tokens, p.completion_tokens - p.decompose_completion_tokens)
+            for p in layers
+        ]
+        out.judge_calls.append(
+            (sum(p.score_calls for p in layers), sum(t[0] for t in score_tok), sum(t[1] for t in score_tok))
+        )
         if i == 0:  # the first judge decomposes (unless --decompose-llm): its layers as they are
             out.extend(layers)
             continue
         for k, (p, (pt, ct)) in enumerate(zip(layers, score_tok)):
             base = out[k]
-            out[k] = dc.replace(base, score_calls=base.score_calls + p.score_calls,
-                                cached=None if base.cached is None or p.cached is None else base.cached + p.cached,
-                                prompt_tokens=base.prompt_tokens + pt, completion_tokens=base.completion_tokens + ct,
-                                requests=None if base.requests is None or p.requests is None
-                                else base.requests + p.requests - p.decompose_calls)
+            out[k] = dc.replace(
+                base,
+                score_calls=base.score_calls + p.score_calls,
+                cached=None if base.cached is None or p.cached is None else base.cached + p.cached,
+                prompt_tokens=base.prompt_tokens + pt,
+                completion_tokens=base.completion_tokens + ct,
+                requests=None
+                if base.requests is None or p.requests is None
+                else base.requests + p.requests - p.decompose_calls,
+            )
     return out
 
 
@@ -281,5 +319,3 @@ def _offline_identity(config: TrainConfig, backend: Backend | None) -> str:
             return llm.identity
         dec.close()
         return f"{llm.identity}, decomposition LLM {dec.identity}"
-
-

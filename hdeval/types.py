@@ -85,16 +85,24 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "name": self.name, "description": self.description, "output_label": self.output_label,
-            "data_file": self.data_file, "fields": [{"key": f.key, "label": f.label} for f in self.fields],
-            "aspects": [{"key": a.key, "name": a.name, "definition": a.definition, "range": [a.low, a.high]}
-                        for a in self.aspects],
+            "name": self.name,
+            "description": self.description,
+            "output_label": self.output_label,
+            "data_file": self.data_file,
+            "fields": [{"key": f.key, "label": f.label} for f in self.fields],
+            "aspects": [
+                {"key": a.key, "name": a.name, "definition": a.definition, "range": [a.low, a.high]}
+                for a in self.aspects
+            ],
         }
         # Only non-default keys, so manifests of pointwise tasks stay byte-identical.
-        optional = {"shape": self.shape != "pointwise" and self.shape,
-                    "where": {k: list(v) if len(v) > 1 else v[0] for k, v in self.where},
-                    "skip_empty": self.skip_empty, "own_regressor": list(self.own_regressor),
-                    "columns": _columns_table(self.columns)}
+        optional = {
+            "shape": self.shape != "pointwise" and self.shape,
+            "where": {k: list(v) if len(v) > 1 else v[0] for k, v in self.where},
+            "skip_empty": self.skip_empty,
+            "own_regressor": list(self.own_regressor),
+            "columns": _columns_table(self.columns),
+        }
         return {**d, **{k: v for k, v in optional.items() if v}}
 
 
@@ -103,7 +111,7 @@ def _columns_table(columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, column in columns:
         if key.startswith("scores."):
-            out.setdefault("scores", {})[key[len("scores."):]] = column
+            out.setdefault("scores", {})[key[len("scores.") :]] = column
         else:
             out[key] = column
     return out
@@ -159,8 +167,13 @@ class Criterion:
     layer: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "name": self.name, "definition": self.definition, "parent": self.parent_key,
-                "layer": self.layer}
+        return {
+            "key": self.key,
+            "name": self.name,
+            "definition": self.definition,
+            "parent": self.parent_key,
+            "layer": self.layer,
+        }
 
 
 class CriteriaTree:
@@ -239,8 +252,15 @@ class CriteriaTree:
             for f in ("key", "name", "definition", "layer"):
                 if f not in c:
                     raise ValueError(f"criterion #{i + 1} lacks field {f!r}")
-            crit.append(Criterion(key=str(c["key"]), name=str(c["name"]), definition=str(c["definition"]),
-                                  parent_key=c.get("parent"), layer=int(c["layer"])))
+            crit.append(
+                Criterion(
+                    key=str(c["key"]),
+                    name=str(c["name"]),
+                    definition=str(c["definition"]),
+                    parent_key=c.get("parent"),
+                    layer=int(c["layer"]),
+                )
+            )
         return cls(crit)
 
 
@@ -284,8 +304,12 @@ class ScoreMatrix:
             raise ValueError("cannot join score matrices over different samples")
         import numpy as np
 
-        return ScoreMatrix(self.sample_ids, self.criterion_keys + other.criterion_keys,
-                           np.hstack([self.values, other.values]), self.failures + other.failures)
+        return ScoreMatrix(
+            self.sample_ids,
+            self.criterion_keys + other.criterion_keys,
+            np.hstack([self.values, other.values]),
+            self.failures + other.failures,
+        )
 
     @property
     def failure_rate(self) -> float:

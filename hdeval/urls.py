@@ -16,7 +16,7 @@ def public_url(url: str | None) -> str | None:
         scheme, rest = "", url
     at = rest.rfind("@")
     if at >= 0:
-        rest = rest[at + 1:]
+        rest = rest[at + 1 :]
     parts = urlsplit(f"{scheme}://{rest}" if sep else rest)
     return urlunsplit(parts._replace(query="", fragment=""))
 
@@ -38,7 +38,9 @@ def public_identity(identity: str, url: str | None) -> str:
     for secret in (parts.query and "?" + parts.query, parts.fragment and "#" + parts.fragment):
         if secret:
             identity = identity.replace(secret, "")
-    return identity.replace(parts.netloc, parts.netloc.rpartition("@")[2]) if "@" in parts.netloc else identity
+    return (
+        identity.replace(parts.netloc, parts.netloc.rpartition("@")[2]) if "@" in parts.netloc else identity
+    )
 
 
 def keyed_identity(identity: str, url: str | None) -> str:
@@ -54,4 +56,8 @@ def keyed_identity(identity: str, url: str | None) -> str:
     bare = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"), "", ""))
     if not identity.endswith("@" + bare):
         return identity
-    return identity + (f"?{parts.query}" if parts.query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    return (
+        identity
+        + (f"?{parts.query}" if parts.query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )

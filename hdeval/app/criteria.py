@@ -23,15 +23,29 @@ DEFAULT_CHILDREN = 4
 class PoolCriteria:
     """A criteria tree and the criteria (columns) scored from it, in column order."""
 
-    def __init__(self, task: Task, tree: CriteriaTree, criteria: Sequence[Criterion], templates: dict[str, Any],
-                 source: str) -> None:
-        self.task, self.tree, self.criteria, self.templates, self.source = task, tree, list(criteria), templates, source
+    def __init__(
+        self,
+        task: Task,
+        tree: CriteriaTree,
+        criteria: Sequence[Criterion],
+        templates: dict[str, Any],
+        source: str,
+    ) -> None:
+        self.task, self.tree, self.criteria, self.templates, self.source = (
+            task,
+            tree,
+            list(criteria),
+            templates,
+            source,
+        )
 
     @property
     def keys(self) -> list[str]:
         return [c.key for c in self.criteria]
 
-    def plan(self, llm: Any, samples: Sequence[Sample | PairSample], chunk: int = 500) -> tuple[int, int, int]:
+    def plan(
+        self, llm: Any, samples: Sequence[Sample | PairSample], chunk: int = 500
+    ) -> tuple[int, int, int]:
         """The dry run of scoring ``samples``: (calls, of which cached, prompt tokens, estimated),
         counted a chunk of requests at a time (a prompt is a few KB; a pool may be large)."""
         from hdeval.methods.run import exact_plan
@@ -41,18 +55,36 @@ class PoolCriteria:
 
         calls = cached = tokens = 0
         for start in range(0, len(samples), chunk):
-            reqs = score_requests(self.templates["score"], self.task, self.tree, self.criteria,
-                                  samples[start:start + chunk])
+            reqs = score_requests(
+                self.templates["score"], self.task, self.tree, self.criteria, samples[start : start + chunk]
+            )
             row = exact_plan(llm, reqs, SCORE_MAX_TOKENS)
-            calls, cached, tokens = calls + row.score_calls, cached + (row.cached or 0), tokens + row.prompt_tokens
+            calls, cached, tokens = (
+                calls + row.score_calls,
+                cached + (row.cached or 0),
+                tokens + row.prompt_tokens,
+            )
         return calls, cached, tokens
 
-    def score(self, llm: Any, samples: Sequence[Sample | PairSample], concurrency: int | None = None,
-              progress: Progress | None = None) -> np.ndarray:
+    def score(
+        self,
+        llm: Any,
+        samples: Sequence[Sample | PairSample],
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> np.ndarray:
         from hdeval.scoring import score_criteria
 
-        m = score_criteria(llm, self.templates["score"], self.task, self.tree, self.criteria, _responses(samples),
-                           concurrency, progress)
+        m = score_criteria(
+            llm,
+            self.templates["score"],
+            self.task,
+            self.tree,
+            self.criteria,
+            _responses(samples),
+            concurrency,
+            progress,
+        )
         if self.task.shape == "pairwise":  # A then B per pair (side_samples' order)
             return m.values[0::2] - m.values[1::2]
         return m.values
@@ -74,11 +106,15 @@ def check_artifact_task(artifact: str | Path, task: Task) -> Any:
     ev = load_artifact(artifact)
     tree = getattr(ev, "tree", None)
     if getattr(ev, "method", None) != "hdeval" or getattr(ev, "shape", None) != task.shape or tree is None:
-        raise ConfigError(f"--artifact {artifact}: the labelling app reads {task.shape} HD-Eval artifacts "
-                          f"(their criteria tree); this one is {getattr(ev, 'method', '?')}")
+        raise ConfigError(
+            f"--artifact {artifact}: the labelling app reads {task.shape} HD-Eval artifacts "
+            f"(their criteria tree); this one is {getattr(ev, 'method', '?')}"
+        )
     if ev.task.name != task.name or ev.task.aspect_keys != task.aspect_keys:
-        raise ConfigError(f"--artifact {artifact} judges task {ev.task.name!r} (aspects "
-                          f"{', '.join(ev.task.aspect_keys)}), not {task.name!r}")
+        raise ConfigError(
+            f"--artifact {artifact} judges task {ev.task.name!r} (aspects "
+            f"{', '.join(ev.task.aspect_keys)}), not {task.name!r}"
+        )
     return ev
 
 
@@ -87,8 +123,9 @@ def artifact_criteria(ev: Any, task: Task) -> PoolCriteria:
     return PoolCriteria(task, ev.tree, criteria, dict(ev.templates), "the artifact's criteria")
 
 
-def first_decomposition(llm: Any, task: Task, children: int = DEFAULT_CHILDREN,
-                        progress: Progress | None = None) -> PoolCriteria:
+def first_decomposition(
+    llm: Any, task: Task, children: int = DEFAULT_CHILDREN, progress: Progress | None = None
+) -> PoolCriteria:
     """The aspects and their first decomposition (layers 1 and 2), as ``train`` makes them."""
     from hdeval.methods.hdeval.decompose import decompose_nodes
     from hdeval.prompts import load_templates

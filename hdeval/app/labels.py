@@ -67,8 +67,20 @@ CREATE TRIGGER IF NOT EXISTS labels_no_update BEFORE UPDATE ON labels
 CREATE TRIGGER IF NOT EXISTS labels_no_delete BEFORE DELETE ON labels
     BEGIN SELECT RAISE(ABORT, 'labels.db is append-only'); END;
 """
-_COLUMNS = ("seq", "sample_id", "content_hash", "aspect", "action", "value", "rater", "time", "session",
-            "note", "strategy", "reason")
+_COLUMNS = (
+    "seq",
+    "sample_id",
+    "content_hash",
+    "aspect",
+    "action",
+    "value",
+    "rater",
+    "time",
+    "session",
+    "note",
+    "strategy",
+    "reason",
+)
 
 
 def content_hash(sample: Sample | PairSample) -> str:
@@ -82,8 +94,7 @@ def content_hash(sample: Sample | PairSample) -> str:
 
 def task_record(task: Task) -> dict[str, Any]:
     """What makes labels of one task: its name, shape and aspects with their ranges."""
-    return {"name": task.name, "shape": task.shape,
-            "aspects": [[a.key, a.low, a.high] for a in task.aspects]}
+    return {"name": task.name, "shape": task.shape, "aspects": [[a.key, a.low, a.high] for a in task.aspects]}
 
 
 @dataclass(frozen=True)
@@ -135,19 +146,26 @@ class LabelStore:
         record = json.dumps(task_record(self.task), sort_keys=True)
         if not meta:
             with self._transaction():
-                self._con.executemany("INSERT INTO meta VALUES (?, ?)",
-                                      [("format", str(FORMAT)), ("task", record)])
+                self._con.executemany(
+                    "INSERT INTO meta VALUES (?, ?)", [("format", str(FORMAT)), ("task", record)]
+                )
             return
         if meta.get("format") != str(FORMAT):
-            raise DataError(f"--labels {self.path} has format {meta.get('format')!r}; this hdeval reads {FORMAT}")
+            raise DataError(
+                f"--labels {self.path} has format {meta.get('format')!r}; this hdeval reads {FORMAT}"
+            )
         theirs = _json_or_none(meta.get("task"))
         if not isinstance(theirs, dict) or theirs.get("name") != self.task.name:
             name = theirs.get("name") if isinstance(theirs, dict) else None
-            raise DataError(f"--labels {self.path} holds labels for task {name!r}, not {self.task.name!r}: "
-                            "name another labels file")
+            raise DataError(
+                f"--labels {self.path} holds labels for task {name!r}, not {self.task.name!r}: "
+                "name another labels file"
+            )
         if json.dumps(theirs, sort_keys=True) != record:
-            raise DataError(f"--labels {self.path} holds labels for another version of task {self.task.name!r} "
-                            "(its aspects or ranges differ): name another labels file")
+            raise DataError(
+                f"--labels {self.path} holds labels for another version of task {self.task.name!r} "
+                "(its aspects or ranges differ): name another labels file"
+            )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -171,8 +189,17 @@ class LabelStore:
         self.close()
 
     # writing: each call one committed transaction
-    def add(self, sample: Sample | PairSample, values: Mapping[str, Any], *, rater: str, session: str,
-            note: str = "", strategy: str | None = None, reason: str | None = None) -> None:
+    def add(
+        self,
+        sample: Sample | PairSample,
+        values: Mapping[str, Any],
+        *,
+        rater: str,
+        session: str,
+        note: str = "",
+        strategy: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         """One sample's labels (every aspect rated; a pair: ``{"label": "a" | "b" | "tie"}``),
         committed before this returns."""
         rater = check_rater(rater)
@@ -191,9 +218,15 @@ class LabelStore:
                 aspect = self.task.aspect(key)
             except KeyError:
                 raise DataError(f"task {self.task.name} has no aspect {key!r}") from None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not aspect.low <= value <= aspect.high:
-                raise DataError(f"{key} = {value!r} is outside the task's range [{aspect.low:g}, {aspect.high:g}]")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not aspect.low <= value <= aspect.high
+            ):
+                raise DataError(
+                    f"{key} = {value!r} is outside the task's range [{aspect.low:g}, {aspect.high:g}]"
+                )
             rows.append((key, "label", float(value)))
         self._append(sample, rows, rater, session, note[:MAX_NOTE] or None, strategy, reason)
 
@@ -213,16 +246,27 @@ class LabelStore:
             self._con.executemany(
                 "INSERT INTO labels (sample_id, content_hash, aspect, action, value, rater, time, session)"
                 " VALUES (?, ?, ?, 'undo', NULL, ?, ?, ?)",
-                [(last.sample_id, last.content_hash, a, rater, _now(), session) for a in aspects])
+                [(last.sample_id, last.content_hash, a, rater, _now(), session) for a in aspects],
+            )
         return last.sample_id
 
-    def _append(self, sample: Sample | PairSample, rows: Sequence[tuple[str, str, float | None]], rater: str, session: str,
-                note: str | None, strategy: str | None, reason: str | None) -> None:
+    def _append(
+        self,
+        sample: Sample | PairSample,
+        rows: Sequence[tuple[str, str, float | None]],
+        rater: str,
+        session: str,
+        note: str | None,
+        strategy: str | None,
+        reason: str | None,
+    ) -> None:
         h = content_hash(sample)
         shown: dict[str, Any] = {"id": sample.id, "doc_id": sample.doc_id, **dict(sample.fields)}
         if isinstance(sample, PairSample):
             shown.update({"output_a": sample.output_a, "output_b": sample.output_b})
-            shown.update({k: v for k, v in (("system_a", sample.system_a), ("system_b", sample.system_b)) if v})
+            shown.update(
+                {k: v for k, v in (("system_a", sample.system_a), ("system_b", sample.system_b)) if v}
+            )
         elif sample.system is not None:
             shown["system"] = sample.system
         content = json.dumps(shown, ensure_ascii=False)
@@ -232,8 +276,11 @@ class LabelStore:
             self._con.executemany(
                 "INSERT INTO labels (sample_id, content_hash, aspect, action, value, rater, time, session, note,"
                 " strategy, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(sample.id, h, aspect, action, value, rater, time, session, note, strategy, reason)
-                 for aspect, action, value in rows])
+                [
+                    (sample.id, h, aspect, action, value, rater, time, session, note, strategy, reason)
+                    for aspect, action, value in rows
+                ],
+            )
 
     # reading
     def rows(self) -> list[dict[str, Any]]:
@@ -253,12 +300,19 @@ class LabelStore:
     def changed(self, pool: Iterable[Sample | PairSample]) -> list[str]:
         """Ids of pool samples whose labels were given on other content than the pool now holds."""
         now = {s.id: content_hash(s) for s in pool}
-        return sorted({r.sample_id for r in self.current().values()
-                       if r.sample_id in now and now[r.sample_id] != r.content_hash})
+        return sorted(
+            {
+                r.sample_id
+                for r in self.current().values()
+                if r.sample_id in now and now[r.sample_id] != r.content_hash
+            }
+        )
 
     def contents(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {h: json.loads(c) for h, c in self._con.execute("SELECT content_hash, content FROM samples")}
+            return {
+                h: json.loads(c) for h, c in self._con.execute("SELECT content_hash, content FROM samples")
+            }
 
 
 def current_ratings(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Rating]:
@@ -266,8 +320,11 @@ def current_ratings(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, s
     for r in rows:
         if r["action"] in ("label", "undo"):
             latest[(r["sample_id"], r["aspect"], r["rater"])] = r
-    return {k: Rating(r["sample_id"], r["content_hash"], r["aspect"], r["value"], r["rater"], r["seq"])
-            for k, r in latest.items() if r["action"] == "label"}
+    return {
+        k: Rating(r["sample_id"], r["content_hash"], r["aspect"], r["value"], r["rater"], r["seq"])
+        for k, r in latest.items()
+        if r["action"] == "label"
+    }
 
 
 def check_rater(name: Any) -> str:
@@ -316,7 +373,10 @@ def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[st
     """Every row and the stored contents, read only."""
     con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
     try:
-        rows = [dict(zip(_COLUMNS, r)) for r in con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")]
+        rows = [
+            dict(zip(_COLUMNS, r))
+            for r in con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")
+        ]
         contents = {h: json.loads(c) for h, c in con.execute("SELECT content_hash, content FROM samples")}
     finally:
         con.close()
@@ -332,8 +392,9 @@ def majority_choice(values: Iterable[float]) -> float:
     return best[0] if len(best) == 1 else 0.0
 
 
-def labelled_samples(rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]],
-                     pairwise: bool = False) -> list[dict[str, Any]]:
+def labelled_samples(
+    rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]], pairwise: bool = False
+) -> list[dict[str, Any]]:
     """One sample row per labelled content, in the sample format ``train`` reads: the content the
     raters saw and ``scores``, each aspect's mean over the raters' standing labels (the tie rule
     for scores), with ``raters`` the number of people behind them, and ``selection``: the strategy

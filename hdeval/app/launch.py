@@ -61,15 +61,20 @@ class LabelApp:
         holder: dict[str, PoolCriteria] = {}
 
         def prepare() -> list[str]:
-            crit = artifact_criteria(self.artifact, task) if self.artifact is not None \
+            crit = (
+                artifact_criteria(self.artifact, task)
+                if self.artifact is not None
                 else first_decomposition(self.llm, task)
+            )
             holder["c"] = crit
             n, c = len(self.session.samples), len(crit.criteria)
             calls, cached, tokens = crit.plan(self.llm, self.session.samples)
             what = "pairs (each response alone)" if task.shape == "pairwise" else "samples"
-            self.notify(f"scoring {n} {what} on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
-                        f"them cached, ~{tokens / 1e6:.2f} M prompt tokens in all; labelling starts "
-                        "with the first scored samples")
+            self.notify(
+                f"scoring {n} {what} on {c} criteria ({crit.source}): {calls} LLM calls, {cached} of "
+                f"them cached, ~{tokens / 1e6:.2f} M prompt tokens in all; labelling starts "
+                "with the first scored samples"
+            )
             return crit.keys
 
         def score(samples: list) -> Any:
@@ -81,8 +86,10 @@ class LabelApp:
             if state.error:
                 self.notify(f"error: scoring the pool stopped: {state.error} (labels given so far are kept)")
             else:
-                self.notify(f"pool scored: {state.scored} samples" + (f", {calls} LLM calls made" if calls is not None
-                                                                      else ""))
+                self.notify(
+                    f"pool scored: {state.scored} samples"
+                    + (f", {calls} LLM calls made" if calls is not None else "")
+                )
 
         self._scoring = score_in_background(self.session, prepare, score, done=done, stop=self._stop)
         return self._scoring
@@ -109,10 +116,22 @@ class LabelApp:
         self._closers.clear()
 
 
-def prepare(*, task: str, data: str | Path, labels: str | Path, llm: LLMConfig, artifact: str | Path | None = None,
-            host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, strategy: str | None = None,
-            double_share: float = DEFAULT_DOUBLE_SHARE, refit_every: int = DEFAULT_REFIT_EVERY, seed: int = 0,
-            notify: Callable[[str], None] = lambda line: None, backend: Any = None) -> LabelApp:
+def prepare(
+    *,
+    task: str,
+    data: str | Path,
+    labels: str | Path,
+    llm: LLMConfig,
+    artifact: str | Path | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    strategy: str | None = None,
+    double_share: float = DEFAULT_DOUBLE_SHARE,
+    refit_every: int = DEFAULT_REFIT_EVERY,
+    seed: int = 0,
+    notify: Callable[[str], None] = lambda line: None,
+    backend: Any = None,
+) -> LabelApp:
     """Check everything, open the labels file and the LLM, bind the address: a one-line
     HdevalError for whatever is wrong, before anything is served or paid for."""
     from hdeval.data import read_task_samples
@@ -130,8 +149,15 @@ def prepare(*, task: str, data: str | Path, labels: str | Path, llm: LLMConfig, 
     try:
         store = LabelStore(labels, the_task)
         closers.append(store.close)
-        session = LabelSession(the_task, samples, store, strategy=strategy, double_share=double_share,
-                               refit_every=refit_every, seed=seed)
+        session = LabelSession(
+            the_task,
+            samples,
+            store,
+            strategy=strategy,
+            double_share=double_share,
+            refit_every=refit_every,
+            seed=seed,
+        )
         sock = bind(host, port)
         closers.append(sock.close)
         client = open_llm(llm, backend)
@@ -140,11 +166,23 @@ def prepare(*, task: str, data: str | Path, labels: str | Path, llm: LLMConfig, 
         for close in reversed(closers):
             close()
         raise
-    app = LabelApp(session, store, client, sock, host, sock.getsockname()[1],
-                   new_token() if needs_token(host) else None, notify, ev, closers)
+    app = LabelApp(
+        session,
+        store,
+        client,
+        sock,
+        host,
+        sock.getsockname()[1],
+        new_token() if needs_token(host) else None,
+        notify,
+        ev,
+        closers,
+    )
     if session.changed:
-        notify(f"warning: {len(session.changed)} labelled sample(s) changed in {data} since they were labelled "
-               f"(e.g. {session.changed[0]!r}): their old labels are kept but not used")
+        notify(
+            f"warning: {len(session.changed)} labelled sample(s) changed in {data} since they were labelled "
+            f"(e.g. {session.changed[0]!r}): their old labels are kept but not used"
+        )
     return app
 
 
@@ -163,8 +201,11 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"--port {port} is in use on {host}: pass another --port (0 picks a free one)") from None
-        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+            raise ConfigError(
+                f"--port {port} is in use on {host}: pass another --port (0 picks a free one)"
+            ) from None
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+        ) from None
     sock.set_inheritable(True)
     return sock
-

@@ -41,8 +41,10 @@ HERE = Path(__file__).resolve().parent
 TOKEN_COOKIE, RATER_COOKIE, SESSION_COOKIE = "hdeval_token", "hdeval_rater", "hdeval_session"
 STATE_HEADER = "x-hdeval"
 MAX_BODY = 64 * 1024  # a label request is a few hundred bytes
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
@@ -103,26 +105,32 @@ class Guard:
         if self.token is not None:
             given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
             if not hmac.compare_digest(given.encode(), self.token.encode()):
-                return PlainTextResponse("refused: open the URL with the token that `hdeval label` printed\n", 403)
+                return PlainTextResponse(
+                    "refused: open the URL with the token that `hdeval label` printed\n", 403
+                )
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
             site = request.headers.get("sec-fetch-site")
-            if request.headers.get(STATE_HEADER) != "1" or (origin and origin != f"{request.url.scheme}://"
-                                                                 f"{request.headers.get('host')}") \
-                    or (site and site not in ("same-origin", "none")):
+            if (
+                request.headers.get(STATE_HEADER) != "1"
+                or (origin and origin != f"{request.url.scheme}://{request.headers.get('host')}")
+                or (site and site not in ("same-origin", "none"))
+            ):
                 return PlainTextResponse("refused: a cross-site request\n", 403)
         return None
 
 
 def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined)
-    env.filters["fig"] = lambda x: "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["fig"] = lambda x: (
+        "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+    )
     return env
 
 
-def curve_svg_points(curve: list[tuple[int, float]], width: int = 260, height: int = 110
-                     ) -> dict[str, Any]:
+def curve_svg_points(curve: list[tuple[int, float]], width: int = 260, height: int = 110) -> dict[str, Any]:
     """The learning curve as SVG coordinates (x: labels, y: agreement), drawn by the template."""
     if not curve:
         return {"points": "", "dots": [], "xmax": 0, "ylow": 0.0}
@@ -134,12 +142,25 @@ def curve_svg_points(curve: list[tuple[int, float]], width: int = 260, height: i
         return (pad + (width - pad - 6) * n / xmax, 6 + (height - 24) * (1 - (a - ylow) / (1 - ylow)))
 
     dots = [xy(n, a) for n, a in curve]
-    return {"points": " ".join(f"{x:.1f},{y:.1f}" for x, y in dots), "dots": dots, "xmax": xmax, "ylow": ylow,
-            "width": width, "height": height, "pad": pad}
+    return {
+        "points": " ".join(f"{x:.1f},{y:.1f}" for x, y in dots),
+        "dots": dots,
+        "xmax": xmax,
+        "ylow": ylow,
+        "width": width,
+        "height": height,
+        "pad": pad,
+    }
 
 
-def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-              title: str = "") -> Any:
+def build_app(
+    session: LabelSession,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    title: str = "",
+) -> Any:
     """The ASGI app: the routes wrapped in the :class:`Guard`."""
     env = _templates()
     task = session.task
@@ -193,12 +214,17 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
                 return await run_in_threadpool(handler, request, rater, sess, data)
             except HdevalError as exc:
                 return JSONResponse({"error": str(exc)}, 400)
+
         return run
 
     def label(request: Request, rater: str, sess: str, data: dict) -> Response:
         values = data.get("values")
         note = data.get("note") or ""
-        if not isinstance(values, dict) or not isinstance(note, str) or not isinstance(data.get("sample_id"), str):
+        if (
+            not isinstance(values, dict)
+            or not isinstance(note, str)
+            or not isinstance(data.get("sample_id"), str)
+        ):
             raise HdevalError("a label is {sample_id, values: {aspect: number}, note}")
         session.label(rater, sess, data["sample_id"], values, note[:MAX_NOTE])
         return JSONResponse({"ok": True, "labelled": data["sample_id"]})
@@ -228,15 +254,27 @@ def build_app(session: LabelSession, *, host: str = "127.0.0.1", port: int = 876
         """The panel's figures as JSON (for scripts and tests)."""
         p = session.panel()
         last = p["last"]
-        return JSONResponse({
-            "labelled": p["labelled"], "labels": p["labels"], "raters": p["raters"], "scored": p["scored"],
-            "pool": p["pool"], "criteria": p["criteria"], "scoring": p["scoring_stage"],
-            "scoring_error": p["scoring_error"], "changed": p["changed"], "strategy": p["strategy"],
-            "agreement": None if last is None else {"n_labels": last.n_labels, "value": last.agreement,
-                                                    "low": last.low, "high": last.high},
-            "curve": p["curve"], "between_people": p["people"], "labels_needed": p["labels_needed"],
-            "next_step": p["next_step"],
-        })
+        return JSONResponse(
+            {
+                "labelled": p["labelled"],
+                "labels": p["labels"],
+                "raters": p["raters"],
+                "scored": p["scored"],
+                "pool": p["pool"],
+                "criteria": p["criteria"],
+                "scoring": p["scoring_stage"],
+                "scoring_error": p["scoring_error"],
+                "changed": p["changed"],
+                "strategy": p["strategy"],
+                "agreement": None
+                if last is None
+                else {"n_labels": last.n_labels, "value": last.agreement, "low": last.low, "high": last.high},
+                "curve": p["curve"],
+                "between_people": p["people"],
+                "labels_needed": p["labels_needed"],
+                "next_step": p["next_step"],
+            }
+        )
 
     routes = [
         Route("/", index),
@@ -257,4 +295,3 @@ def url_of(host: str, port: int, token: str | None) -> str:
     except ValueError:
         shown = host
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-

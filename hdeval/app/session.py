@@ -24,8 +24,10 @@ from hdeval.types import PairSample, Sample, Task
 
 DEFAULT_DOUBLE_SHARE = 0.10
 DEFAULT_REFIT_EVERY = 5
-SECOND_RATING_REASON = ("a second opinion: another person labelled this one, and agreement between people "
-                        "is measured on the samples two people rate")
+SECOND_RATING_REASON = (
+    "a second opinion: another person labelled this one, and agreement between people "
+    "is measured on the samples two people rate"
+)
 UNDO_REASON = "you undid your label of this sample: label it again"
 # agreement steps the panel estimates the labels for (the next one above the current figure)
 STEPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -77,9 +79,18 @@ class LabelSession:
     """One labelling run over one pool. ``selection``: the module with ``pick``, ``assess`` and
     ``labels_to_reach`` (:mod:`hdeval.learn.selection`; a test may hand another)."""
 
-    def __init__(self, task: Task, samples: Sequence[Sample | PairSample], store: LabelStore, *, strategy: str | None = None,
-                 double_share: float = DEFAULT_DOUBLE_SHARE, refit_every: int = DEFAULT_REFIT_EVERY,
-                 seed: int = 0, selection: Any = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        samples: Sequence[Sample | PairSample],
+        store: LabelStore,
+        *,
+        strategy: str | None = None,
+        double_share: float = DEFAULT_DOUBLE_SHARE,
+        refit_every: int = DEFAULT_REFIT_EVERY,
+        seed: int = 0,
+        selection: Any = None,
+    ) -> None:
         if selection is None:
             from hdeval.learn import selection
         check_options(strategy, double_share, selection)
@@ -132,8 +143,9 @@ class LabelSession:
         # CV behind the panel's figure then sees the rows `train` reads, in the same order
         rows = np.array(sorted(sums, key=first.__getitem__), dtype=int)
         combine = majority_choice if self.pairwise else np.mean  # the rules `data export-labels` writes
-        y = np.array([[float(combine(sums[i][a])) if a in sums[i] else math.nan for a in self.aspects]
-                      for i in rows]).reshape(len(rows), len(self.aspects))
+        y = np.array(
+            [[float(combine(sums[i][a])) if a in sums[i] else math.nan for a in self.aspects] for i in rows]
+        ).reshape(len(rows), len(self.aspects))
         return rows, y
 
     def raters_of(self, sample_id: str) -> set[str]:
@@ -185,8 +197,13 @@ class LabelSession:
         for sid in sorted(by_sample, key=first.__getitem__):
             who = by_sample[sid]
             i = self.index[sid]
-            if len(who) == 1 and rater not in who and i not in busy and (sid, rater) not in self._skipped \
-                    and self._double(sid):
+            if (
+                len(who) == 1
+                and rater not in who
+                and i not in busy
+                and (sid, rater) not in self._skipped
+                and self._double(sid)
+            ):
                 return Shown(i, self.samples[i], SECOND_RATING_REASON, "second rating")
         return None
 
@@ -198,15 +215,26 @@ class LabelSession:
             return None
         cold = len(rows) < getattr(self.selection, "MIN_MODEL_LABELS", 8)
         strategy = self.cold_strategy if cold else self.strategy
-        picks = self.selection.pick(self.X, rows, y, k=1, strategy=strategy, groups=self.groups,
-                                    seed=self.seed + len(rows), exclude=sorted(exclude), pairwise=self.pairwise)
+        picks = self.selection.pick(
+            self.X,
+            rows,
+            y,
+            k=1,
+            strategy=strategy,
+            groups=self.groups,
+            seed=self.seed + len(rows),
+            exclude=sorted(exclude),
+            pairwise=self.pairwise,
+        )
         if not picks:
             return None
         p = picks[0]
         return Shown(int(p.index), self.samples[int(p.index)], p.reason, strategy)
 
     # what a rater does
-    def label(self, rater: str, session: str, sample_id: str, values: Mapping[str, Any], note: str = "") -> None:
+    def label(
+        self, rater: str, session: str, sample_id: str, values: Mapping[str, Any], note: str = ""
+    ) -> None:
         with self._lock:
             sample = self._sample(sample_id)
             missing = [a for a in self.aspects if a not in values]
@@ -214,8 +242,15 @@ class LabelSession:
                 raise DataError(f"rate every aspect: {', '.join(missing)} missing")
             shown = self._assigned.get(rater)
             why = shown if shown is not None and shown.sample.id == sample_id else None
-            self.store.add(sample, dict(values), rater=rater, session=session, note=note,
-                           strategy=why.strategy if why else None, reason=why.reason if why else None)
+            self.store.add(
+                sample,
+                dict(values),
+                rater=rater,
+                session=session,
+                note=note,
+                strategy=why.strategy if why else None,
+                reason=why.reason if why else None,
+            )
             self._reload()
             if why is not None:
                 self._assigned.pop(rater, None)
@@ -262,7 +297,9 @@ class LabelSession:
                 self.refit()
             except Exception as exc:  # a failed fit is shown on the panel, never a dead page
                 with self._lock:
-                    self.fits.append(Fit(len(self.labelled()[0]), None, None, None, f"re-fit failed: {exc}", 0.0))
+                    self.fits.append(
+                        Fit(len(self.labelled()[0]), None, None, None, f"re-fit failed: {exc}", 0.0)
+                    )
             with self._lock:
                 if not self._fit_wanted:
                     self._fitting = False
@@ -305,16 +342,20 @@ class LabelSession:
             people = self._between_people()
         last = next((f for f in reversed(fits) if f.agreement is not None), None)
         curve = [(f.n_labels, f.agreement) for f in fits if f.agreement is not None]
-        panel.update({
-            "fit": fits[-1] if fits else None,
-            "last": last,
-            "curve": curve,
-            "people": people,
-        })
+        panel.update(
+            {
+                "fit": fits[-1] if fits else None,
+                "last": last,
+                "curve": curve,
+                "people": people,
+            }
+        )
         panel["next_step"], panel["labels_needed"] = self._to_next_step(curve, last)
         return panel
 
-    def _to_next_step(self, curve: list[tuple[int, float]], last: Fit | None) -> tuple[float | None, int | None]:
+    def _to_next_step(
+        self, curve: list[tuple[int, float]], last: Fit | None
+    ) -> tuple[float | None, int | None]:
         if last is None or last.agreement is None:
             return None, None
         step = next((s for s in STEPS if s > last.agreement + 1e-9), None)
@@ -336,8 +377,9 @@ class LabelSession:
         out: dict[str, Any] = {"aspects": {}, "shared": 0}
         for aspect in self.aspects:
             raters = by.get(aspect, {})
-            units = sorted({s for v in raters.values() for s in v
-                            if sum(s in w for w in raters.values()) >= 2})
+            units = sorted(
+                {s for v in raters.values() for s in v if sum(s in w for w in raters.values()) >= 2}
+            )
             out["shared"] = max(out["shared"], len(units))
             if len(units) < 2:
                 out["aspects"][aspect] = None
@@ -352,10 +394,15 @@ class LabelSession:
 
 
 # the background scorer
-def score_in_background(session: LabelSession, prepare: Callable[[], Sequence[str]],
-                        score: Callable[[Sequence[Sample]], np.ndarray], *, chunk: int = 64,
-                        done: Callable[[ScoringState], None] | None = None,
-                        stop: threading.Event | None = None) -> threading.Thread:
+def score_in_background(
+    session: LabelSession,
+    prepare: Callable[[], Sequence[str]],
+    score: Callable[[Sequence[Sample]], np.ndarray],
+    *,
+    chunk: int = 64,
+    done: Callable[[ScoringState], None] | None = None,
+    stop: threading.Event | None = None,
+) -> threading.Thread:
     """Score the pool a chunk at a time in a seeded order, each chunk published as it is done,
     so the first picks start before the whole pool is scored. ``prepare`` returns the criterion
     keys (decomposing the task if needed); ``score(samples)`` a samples x criteria array (NaN
@@ -374,9 +421,12 @@ def score_in_background(session: LabelSession, prepare: Callable[[], Sequence[st
                 if stop is not None and stop.is_set():
                     state.stage = "stopped"
                     return
-                rows = order[start:start + size]
+                rows = order[start : start + size]
                 session.add_scores(rows, score([session.samples[i] for i in rows]))
-                start, size = start + size, min(size * 2, 1024)  # small first chunks: the first picks come soon
+                start, size = (
+                    start + size,
+                    min(size * 2, 1024),
+                )  # small first chunks: the first picks come soon
             state.stage = "scored"
             state.done = True
         except HdevalError as exc:

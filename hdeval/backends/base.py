@@ -84,9 +84,12 @@ class Completion:
         lp = self.top_logprobs
         return {
             "text": self.text,
-            "top_logprobs": None if lp is None else [
+            "top_logprobs": None
+            if lp is None
+            else [
                 [{"token": t.token, "logprob": None if math.isnan(t.logprob) else t.logprob} for t in pos]
-                for pos in lp],
+                for pos in lp
+            ],
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "prompt_tokens_evaluated": self.prompt_tokens_evaluated,
@@ -162,8 +165,9 @@ def chat_completion(data: Any, logprobs: bool) -> Completion:
         raise ValueError("not a chat completion") from None
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, list):  # some servers send content parts
-        content = "".join(p["text"] for p in content
-                          if isinstance(p, dict) and isinstance(p.get("text"), str))
+        content = "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     prompt_tokens = token_count(usage.get("prompt_tokens"))
     details = usage.get("prompt_tokens_details")
@@ -171,8 +175,12 @@ def chat_completion(data: Any, logprobs: bool) -> Completion:
     lp = choice.get("logprobs") if logprobs else None
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
         # an unreadable logprob is NaN: the scorer records a failure, not a score from what is left
-        top = read_top_logprobs([_generated_first(p) for p in lp["content"][:MAX_POSITIONS]
-                                 if isinstance(p, dict)]) or None
+        top = (
+            read_top_logprobs(
+                [_generated_first(p) for p in lp["content"][:MAX_POSITIONS] if isinstance(p, dict)]
+            )
+            or None
+        )
     else:
         top = None
     return Completion(

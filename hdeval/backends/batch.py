@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -15,7 +16,6 @@ import os
 import re
 import tempfile
 import time
-import contextlib
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
@@ -25,8 +25,18 @@ import openai
 from hdeval import aio
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.openai_compat import (
-    _RETRY_STATUSES, BATCH_ENDPOINT, OpenAICompatBackend, ReplyTooLarge, _error_detail, _Transient, _within,
-    read_completion, result_outcome, retry_after_seconds, retry_policy, retry_wait,
+    _RETRY_STATUSES,
+    BATCH_ENDPOINT,
+    OpenAICompatBackend,
+    ReplyTooLarge,
+    _error_detail,
+    _Transient,
+    _within,
+    read_completion,
+    result_outcome,
+    retry_after_seconds,
+    retry_policy,
+    retry_wait,
 )
 from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from hdeval.errors import BackendError, BudgetExceeded, CacheError, ConfigError, one_line
@@ -78,9 +88,16 @@ class BatchAPI:
     are read raw (bounded by the client) and parsed here; transient failures are retried
     ``max_retries`` times on the chat path's policy; anything else is a one-line :class:`BackendError`."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = DEFAULT_TIMEOUT,
-                 max_retries: int = DEFAULT_MAX_RETRIES, backoff_base: float = 0.5,
-                 backoff_cap: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+    ) -> None:
         # the URL's credentials, its query (Azure's api-version), the proxy: as for a normal call
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
         self._sdk = server.sdk_client(max_reply_bytes=MAX_REPLY_BYTES, socket_timeout=timeout)
@@ -105,37 +122,61 @@ class BatchAPI:
 
     async def upload(self, jsonl: bytes, name: str = "hdeval-batch.jsonl") -> str:
         """Upload a batch input file; its id."""
-        reply = await self._json("POST", "files", lambda api: api.files.with_raw_response.create(
-            file=(name, jsonl, "application/jsonl"), purpose="batch"))
+        reply = await self._json(
+            "POST",
+            "files",
+            lambda api: api.files.with_raw_response.create(
+                file=(name, jsonl, "application/jsonl"), purpose="batch"
+            ),
+        )
         return _check_id(reply.get("id"), "file id")
 
     async def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
         """Create one batch job (tried once: a retry could create a second paid job; the
         caller looks for the job by its input file instead). A failure after which the server
         may have made the job anyway (5xx, a timeout, a dropped connection) is :class:`MaybeCreated`."""
-        return await self._json("POST", "batches", lambda api: api.batches.with_raw_response.create(
-            input_file_id=input_file_id, endpoint=BATCH_ENDPOINT, completion_window=COMPLETION_WINDOW,
-            metadata=metadata), retries=0, uncertain=MaybeCreated)
+        return await self._json(
+            "POST",
+            "batches",
+            lambda api: api.batches.with_raw_response.create(
+                input_file_id=input_file_id,
+                endpoint=BATCH_ENDPOINT,
+                completion_window=COMPLETION_WINDOW,
+                metadata=metadata,
+            ),
+            retries=0,
+            uncertain=MaybeCreated,
+        )
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         batch_id = _check_id(batch_id, "batch id")
-        return await self._json("GET", f"batches/{batch_id}",
-                                lambda api: api.batches.with_raw_response.retrieve(batch_id))
+        return await self._json(
+            "GET", f"batches/{batch_id}", lambda api: api.batches.with_raw_response.retrieve(batch_id)
+        )
 
     async def find(self, input_file_id: str) -> dict[str, Any] | None:
         """The job whose input is ``input_file_id`` (and whose metadata, when it has hdeval's,
         names that file too), if the server lists one; a :class:`BackendError` when it cannot list."""
         after: str | None = None
         for _ in range(MAX_LIST_PAGES):
-            page = await self._json("GET", "batches", lambda api: api.batches.with_raw_response.list(
-                limit=100, **({"after": after} if after else {})))
+            page = await self._json(
+                "GET",
+                "batches",
+                lambda api, after=after: api.batches.with_raw_response.list(
+                    limit=100, **({"after": after} if after else {})
+                ),
+            )
             data = page.get("data")
             if not isinstance(data, list):
                 return None
             for job in data:
                 meta = job.get("metadata") if isinstance(job, dict) else None
                 named = meta.get(META_INPUT, input_file_id) if isinstance(meta, dict) else input_file_id
-                if isinstance(job, dict) and job.get("input_file_id") == input_file_id and named == input_file_id:
+                if (
+                    isinstance(job, dict)
+                    and job.get("input_file_id") == input_file_id
+                    and named == input_file_id
+                ):
                     return job
             last = data[-1].get("id") if data and isinstance(data[-1], dict) else None
             if not page.get("has_more") or not isinstance(last, str) or not _ID.match(last):
@@ -153,11 +194,22 @@ class BatchAPI:
                     async for chunk in response.iter_bytes():
                         fh.write(chunk)
 
-        await self._request("GET", f"files/{file_id}/content", read, f"{MAX_RESULT_BYTES // 2**20} MB",
-                            seconds=max(self.timeout, DOWNLOAD_SECONDS))
+        await self._request(
+            "GET",
+            f"files/{file_id}/content",
+            read,
+            f"{MAX_RESULT_BYTES // 2**20} MB",
+            seconds=max(self.timeout, DOWNLOAD_SECONDS),
+        )
 
-    async def _json(self, method: str, path: str, send: Callable[[Any], Awaitable[Any]],
-                    retries: int | None = None, uncertain: type[BackendError] = BackendError) -> dict[str, Any]:
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        send: Callable[[Any], Awaitable[Any]],
+        retries: int | None = None,
+        uncertain: type[BackendError] = BackendError,
+    ) -> dict[str, Any]:
         async def read() -> dict[str, Any]:
             raw = await send(self._sdk)
             try:
@@ -168,12 +220,21 @@ class BatchAPI:
                 raise _Transient("a reply that is not a JSON object")
             return parsed
 
-        return await self._request(method, path, read, f"{MAX_REPLY_BYTES // 1024} KB", retries=retries,
-                                   uncertain=uncertain)
+        return await self._request(
+            method, path, read, f"{MAX_REPLY_BYTES // 1024} KB", retries=retries, uncertain=uncertain
+        )
 
-    async def _request(self, method: str, path: str, read: Callable[[], Awaitable[Any]], cap: str, *,
-                       retries: int | None = None, seconds: float | None = None,
-                       uncertain: type[BackendError] = BackendError) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        read: Callable[[], Awaitable[Any]],
+        cap: str,
+        *,
+        retries: int | None = None,
+        seconds: float | None = None,
+        uncertain: type[BackendError] = BackendError,
+    ) -> Any:
         """``read()`` (a request and its reply, bounded by its client at ``cap``) within ``seconds``;
         the last of transient failures (the server may have acted on the request) is ``uncertain``."""
         retries = self.max_retries if retries is None else retries
@@ -189,14 +250,20 @@ class BatchAPI:
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 if 300 <= status < 400:
-                    raise BackendError(f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
-                                       "follow redirects: give the final address as --base-url") from None
+                    raise BackendError(
+                        f"the Batch API ({where}) redirects (HTTP {status}); hdeval does not "
+                        "follow redirects: give the final address as --base-url"
+                    ) from None
                 detail = _error_detail(status, exc.body)[1]
                 if not (status >= 500 or status in _RETRY_STATUSES):
-                    hint = ("; does this server offer the Batch API? run without --batch"
-                            if status in (404, 405) and not path.startswith("batches/") else "")
-                    raise BackendError(self._redact(
-                        f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")) from None
+                    hint = (
+                        "; does this server offer the Batch API? run without --batch"
+                        if status in (404, 405) and not path.startswith("batches/")
+                        else ""
+                    )
+                    raise BackendError(
+                        self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")
+                    ) from None
                 wait = retry_after_seconds(exc.response.headers)
                 raise _Transient(f"HTTP {status}: {detail}", retry_after=wait) from None
             except (openai.APIConnectionError, httpx2.TransportError) as exc:
@@ -210,10 +277,13 @@ class BatchAPI:
         try:
             return await retry_policy(retries, self.backoff_base, self.backoff_cap)(attempt)
         except _Transient as last:
-            raise uncertain(self._redact(
-                f"the Batch API ({where}) kept failing after {retries + 1} attempt(s), last: {last}; "
-                "every finished result is cached and the jobs are kept in the cache directory, so "
-                "rerunning the same command resumes")) from None
+            raise uncertain(
+                self._redact(
+                    f"the Batch API ({where}) kept failing after {retries + 1} attempt(s), last: {last}; "
+                    "every finished result is cached and the jobs are kept in the cache directory, so "
+                    "rerunning the same command resumes"
+                )
+            ) from None
 
 
 class MaybeCreated(BackendError):
@@ -239,9 +309,12 @@ class Job:
 def read_jobs(path: Path) -> list[Job]:
     """The jobs in ``batches.json`` (none when absent); a one-line :class:`CacheError` naming the
     file and entry when it is not one hdeval wrote."""
+
     def bad(why: str) -> CacheError:
-        return CacheError(f"{path}: {why}: not a batch list hdeval wrote; move it aside to go on "
-                          "(requests of jobs it names would then be submitted again)")
+        return CacheError(
+            f"{path}: {why}: not a batch list hdeval wrote; move it aside to go on "
+            "(requests of jobs it names would then be submitted again)"
+        )
 
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -257,7 +330,11 @@ def read_jobs(path: Path) -> list[Job]:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):
         raise bad("not JSON") from None
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION or not isinstance(data.get("batches"), list):
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != STATE_VERSION
+        or not isinstance(data.get("batches"), list)
+    ):
         raise bad(f"no version {STATE_VERSION} 'batches' list")
     jobs = []
     for i, e in enumerate(data["batches"]):
@@ -271,8 +348,12 @@ def read_jobs(path: Path) -> list[Job]:
         if e.get("id") is not None and (not isinstance(e["id"], str) or not _ID.match(e["id"])):
             raise bad(f"{where}.id is not an id")
         keys = e.get("keys")
-        if not isinstance(keys, list) or not keys or len(keys) > MAX_FILE_REQUESTS or not all(
-                isinstance(k, str) and _KEY.match(k) for k in keys):
+        if (
+            not isinstance(keys, list)
+            or not keys
+            or len(keys) > MAX_FILE_REQUESTS
+            or not all(isinstance(k, str) and _KEY.match(k) for k in keys)
+        ):
             raise bad(f"{where}.keys is not a list of request hashes")
         jobs.append(Job(e["identity"], e["input_file_id"], list(keys), e.get("id")))
     return jobs
@@ -293,8 +374,10 @@ def write_jobs(path: Path, jobs: Sequence[Job]) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise CacheError(f"cannot write {path} ({exc.strerror or exc}): the batch jobs could not be "
-                         "recorded; free space or pass another --cache-dir") from None
+        raise CacheError(
+            f"cannot write {path} ({exc.strerror or exc}): the batch jobs could not be "
+            "recorded; free space or pass another --cache-dir"
+        ) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -313,11 +396,14 @@ def batch_lock(cache_dir: Path) -> Iterator[Path]:
             fd = os.open(path, flags, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CacheError(f"another hdeval process is running a batch in the cache directory {cache_dir} "
-                             f"(it holds {path}): wait until it ends, or pass another --cache-dir") from None
+            raise CacheError(
+                f"another hdeval process is running a batch in the cache directory {cache_dir} "
+                f"(it holds {path}): wait until it ends, or pass another --cache-dir"
+            ) from None
         except OSError as exc:
-            raise CacheError(f"cannot lock the batch lock file {path} ({exc.strerror or exc}); pass another "
-                             "--cache-dir") from None
+            raise CacheError(
+                f"cannot lock the batch lock file {path} ({exc.strerror or exc}); pass another --cache-dir"
+            ) from None
         yield path
     finally:
         if fd >= 0:
@@ -336,8 +422,12 @@ class BatchStrategy:
         self._plain_identity = inner.identity  # as an older hdeval recorded it: its jobs are ours too
         self.cache_dir = Path(cache_dir)
         # the server an injected backend talks to, credentials and query included (never shown)
-        self.api = BatchAPI((config.base_url or inner._url).strip(), inner._key, timeout=config.timeout,
-                            max_retries=config.max_retries)
+        self.api = BatchAPI(
+            (config.base_url or inner._url).strip(),
+            inner._key,
+            timeout=config.timeout,
+            max_retries=config.max_retries,
+        )
         self.poll = poll_interval()
         self.state_path = self.cache_dir / STATE_FILE
         self._client: Any = None
@@ -349,8 +439,13 @@ class BatchStrategy:
     def close(self) -> None:
         self.api.close()
 
-    async def prefetch(self, client: Any, want: dict[str, CompletionRequest], progress: Progress | None = None,
-                       halt: list | None = None) -> dict[str, Completion]:
+    async def prefetch(
+        self,
+        client: Any,
+        want: dict[str, CompletionRequest],
+        progress: Progress | None = None,
+        halt: list | None = None,
+    ) -> dict[str, Completion]:
         """Get ``want`` (key -> request, none cached) into the cache through batch jobs; the
         replies received, by key."""
         self._client, self._halt, self._received, self._failures = client, halt, {}, {}
@@ -414,11 +509,16 @@ class BatchStrategy:
     async def _drop_answered(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         """Drop the jobs this stage does not need whose requests a run without --batch answered since."""
         for job in read_jobs(self.state_path):
-            if self._ours(job) and not any(k in want for k in job.keys) \
-                    and not await self._unanswered(job.keys):
+            if (
+                self._ours(job)
+                and not any(k in want for k in job.keys)
+                and not await self._unanswered(job.keys)
+            ):
                 self._record(job, drop=True)
-                progress.message(f"batch {job.id or job.input_file_id}: every request it holds is answered "
-                                 f"already; dropped from {self.state_path}")
+                progress.message(
+                    f"batch {job.id or job.input_file_id}: every request it holds is answered "
+                    f"already; dropped from {self.state_path}"
+                )
 
     async def _rounds(self, want: dict[str, CompletionRequest], progress: Progress) -> None:
         for round_ in range(RESUBMIT_ROUNDS + 1):
@@ -428,8 +528,10 @@ class BatchStrategy:
             new = [k for k in want if k not in covered]
             if active:
                 n = sum(len(j.keys) for j in active)
-                progress.message(f"resuming {len(active)} batch job(s) of an earlier run ({n} requests; "
-                                 "nothing is submitted again)")
+                progress.message(
+                    f"resuming {len(active)} batch job(s) of an earlier run ({n} requests; "
+                    "nothing is submitted again)"
+                )
             if new:
                 self._check_budget(len(new))
                 active += await self._submit([(k, want[k]) for k in new], progress)
@@ -439,11 +541,15 @@ class BatchStrategy:
                 return
             reasons = _summarise({k: self._failures.get(k, "no result") for k in left})
             if round_ < RESUBMIT_ROUNDS:
-                progress.message(f"{len(left)} of {len(want)} requests have no batch result ({reasons}); "
-                                 "resubmitting only those")
+                progress.message(
+                    f"{len(left)} of {len(want)} requests have no batch result ({reasons}); "
+                    "resubmitting only those"
+                )
             else:
-                progress.message(f"{len(left)} requests still have no batch result ({reasons}); they are "
-                                 "sent through the normal API")
+                progress.message(
+                    f"{len(left)} requests still have no batch result ({reasons}); they are "
+                    "sent through the normal API"
+                )
             want = {k: want[k] for k in left}
 
     def _check_budget(self, n: int) -> None:
@@ -454,7 +560,8 @@ class BatchStrategy:
         if n > left:
             raise BudgetExceeded(
                 f"--batch would submit {n} new requests, more than the {max(0, left)} left under --max-calls "
-                f"{limit}: every finished call is cached; rerun with a higher limit to continue")
+                f"{limit}: every finished call is cached; rerun with a higher limit to continue"
+            )
 
     async def _submit(self, items: list[tuple[str, CompletionRequest]], progress: Progress) -> list[Job]:
         jobs = []
@@ -487,9 +594,10 @@ class BatchStrategy:
                     raise BackendError(
                         f"cannot tell whether the Batch API made a job for input file {job.input_file_id} "
                         f"(a create may have made it, and listing jobs failed: {exc}): check the server's jobs "
-                        f"for that input file; if one exists, write its id as \"id\" of that file's entry in "
+                        f'for that input file; if one exists, write its id as "id" of that file\'s entry in '
                         f"{self.state_path} and rerun, if none, remove that entry and rerun "
-                        "(hdeval does not create another job it might pay for twice)") from None
+                        "(hdeval does not create another job it might pay for twice)"
+                    ) from None
                 if made is not None:
                     break
             try:
@@ -498,19 +606,25 @@ class BatchStrategy:
             except MaybeCreated:
                 if attempt == self.api.max_retries:
                     raise
-                await asyncio.sleep(retry_wait(attempt + 1, None, self.api.backoff_base, self.api.backoff_cap))
+                await asyncio.sleep(
+                    retry_wait(attempt + 1, None, self.api.backoff_base, self.api.backoff_cap)
+                )
         assert made is not None
         job.id = _check_id(made.get("id"), "batch id")
         self._record(job)
 
     def _record(self, job: Job, drop: bool = False) -> None:
         """Add, update or (``drop``) remove one job in ``batches.json``."""
-        others = [j for j in read_jobs(self.state_path)
-                  if not (self._ours(j) and j.input_file_id == job.input_file_id)]
+        others = [
+            j
+            for j in read_jobs(self.state_path)
+            if not (self._ours(j) and j.input_file_id == job.input_file_id)
+        ]
         write_jobs(self.state_path, others if drop else others + [job])
 
-    async def _wait_and_collect(self, jobs: list[Job], want: dict[str, CompletionRequest],
-                                progress: Progress) -> None:
+    async def _wait_and_collect(
+        self, jobs: list[Job], want: dict[str, CompletionRequest], progress: Progress
+    ) -> None:
         pending = list(jobs)
         shown: dict[str, tuple] = {}
         while pending:
@@ -520,17 +634,23 @@ class BatchStrategy:
                 try:
                     status = await self.api.retrieve(job.id)
                 except BackendError as exc:
-                    raise BackendError(f"{exc} (batch {job.id} is named in {self.state_path}: if the server "
-                                       "no longer has it, move that file aside and its requests are "
-                                       "submitted again)") from None
+                    raise BackendError(
+                        f"{exc} (batch {job.id} is named in {self.state_path}: if the server "
+                        "no longer has it, move that file aside and its requests are "
+                        "submitted again)"
+                    ) from None
                 state = status.get("status") if isinstance(status.get("status"), str) else "unknown"
-                counts = status.get("request_counts") if isinstance(status.get("request_counts"), dict) else {}
+                counts = (
+                    status.get("request_counts") if isinstance(status.get("request_counts"), dict) else {}
+                )
                 done, total, failed = (_count(counts.get(x)) for x in ("completed", "total", "failed"))
                 line = (state, done, total, failed)
                 if shown.get(job.id) != line:
                     shown[job.id] = line
                     extra = f", {failed} failed" if failed else ""
-                    progress.message(f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({one_line(state)[:40]})")
+                    progress.message(
+                        f"batch {job.id}: {done}/{total or len(job.keys)} done{extra} ({one_line(state)[:40]})"
+                    )
                 if state in TERMINAL:
                     await self._collect(job, status, want)
                     pending.remove(job)
@@ -564,7 +684,10 @@ class BatchStrategy:
             if unreadable:
                 why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
             else:
-                why = self.api._redact(_job_error(status)) or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
+                why = (
+                    self.api._redact(_job_error(status))
+                    or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
+                )
             for k in missing:
                 self._failures.setdefault(k, why)
         # its results are committed, its failures reported: only then out of batches.json (a
@@ -572,8 +695,9 @@ class BatchStrategy:
         await self._committed()
         self._record(job, drop=True)
 
-    def _take(self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest],
-              where: str) -> str | None:
+    def _take(
+        self, line: bytes, keys: set[str], seen: set[str], want: dict[str, CompletionRequest], where: str
+    ) -> str | None:
         """One result line into the cache or a recorded failure; what is wrong with one naming no request."""
         try:
             row = json.loads(line)
@@ -589,7 +713,9 @@ class BatchStrategy:
             return None
         request = want.get(key)
         try:  # the reader of a normal call's reply
-            self._save(key, read_completion(body, request is None or bool(request.top_logprobs), self.api._redact))
+            self._save(
+                key, read_completion(body, request is None or bool(request.top_logprobs), self.api._redact)
+            )
         except (ValueError, RecursionError):  # this request's failure, recorded
             self._failures[key] = f"{where}: not a chat completion"
         return None
@@ -617,8 +743,10 @@ def _chunks(lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]
     size = 0
     for key, line in lines:
         if len(line) > MAX_FILE_BYTES:
-            raise ConfigError(f"one request is {len(line) // 10**6} MB, over the Batch API's file limit; "
-                              "run without --batch")
+            raise ConfigError(
+                f"one request is {len(line) // 10**6} MB, over the Batch API's file limit; "
+                "run without --batch"
+            )
         if chunk and (len(chunk) >= MAX_FILE_REQUESTS or size + len(line) > MAX_FILE_BYTES):
             yield chunk
             chunk, size = [], 0
@@ -647,8 +775,10 @@ def _summarise(reasons: dict[str, str]) -> str:
 def check_batch(inner: Backend, model: str | None) -> None:
     """A one-line :class:`ConfigError` unless ``inner`` is an OpenAI-compatible backend."""
     if not isinstance(inner, OpenAICompatBackend):
-        raise ConfigError(f"--batch needs an OpenAI-compatible backend (--llm MODEL, with --base-url for "
-                          f"another server), not --llm {model}")
+        raise ConfigError(
+            f"--batch needs an OpenAI-compatible backend (--llm MODEL, with --base-url for "
+            f"another server), not --llm {model}"
+        )
 
 
 __all__ = ["BatchAPI", "BatchStrategy", "Job", "check_batch", "read_jobs", "write_jobs"]

@@ -31,7 +31,9 @@ class Scale:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"Scale.{name} must be an int, got {v!r}")
         if not 0 <= self.low <= self.high or self.high - self.low + 1 > MAX_SCALE_VALUES:
-            raise ValueError(f"Scale {self.low}-{self.high} is not a scale of 1 to {MAX_SCALE_VALUES} values from 0 up")
+            raise ValueError(
+                f"Scale {self.low}-{self.high} is not a scale of 1 to {MAX_SCALE_VALUES} values from 0 up"
+            )
         if not 1 <= self.count <= MAX_SCALE_COUNT:
             raise ValueError(f"Scale.count must be 1 to {MAX_SCALE_COUNT}, got {self.count}")
 
@@ -56,8 +58,12 @@ class Labels:
         if not isinstance(w, tuple) or not 2 <= len(w) <= MAX_LABELS:
             raise ValueError(f"Labels needs a tuple of 2 to {MAX_LABELS} words, got {w!r}")
         for word in w:
-            if not isinstance(word, str) or not 0 < len(word) <= MAX_LABEL_CHARS or not word.isprintable() \
-                    or word != word.strip():
+            if (
+                not isinstance(word, str)
+                or not 0 < len(word) <= MAX_LABEL_CHARS
+                or not word.isprintable()
+                or word != word.strip()
+            ):
                 raise ValueError(f"label {word!r} is not a short printable word without surrounding space")
         if len(set(w)) != len(w):
             raise ValueError(f"Labels has a word twice: {w!r}")
@@ -110,7 +116,7 @@ def to_gbnf(constraint: Constraint | None) -> str | None:
             num = f"[{constraint.low}-{constraint.high}]"
         else:
             num = "(" + " | ".join(_literal(w) for w in constraint.words) + ")"
-        return "root ::= " + " \" \" ".join([num] * constraint.count)
+        return "root ::= " + ' " " '.join([num] * constraint.count)
     return None
 
 
@@ -121,15 +127,20 @@ def to_llama_params(constraint: Constraint | None) -> dict[str, Any]:
     return {"grammar": grammar} if grammar else to_openai_params(constraint, strict=False)
 
 
-def to_openai_params(constraint: Constraint | None, schema_supported: bool = True,
-                     strict: bool = True) -> dict[str, Any]:
+def to_openai_params(
+    constraint: Constraint | None, schema_supported: bool = True, strict: bool = True
+) -> dict[str, Any]:
     """Body fields for an OpenAI-compatible server: structured outputs for a JSON schema (JSON
     mode where the server does not take schemas), nothing for a scale or labels."""
     if isinstance(constraint, JsonSchema) and schema_supported:
         # OpenAI structured outputs; vLLM and llama.cpp's server constrain decoding to it
         schema = {"name": "reply", "schema": json.loads(constraint.schema)}
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {**schema, "strict": True} if strict else schema}}
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {**schema, "strict": True} if strict else schema,
+            }
+        }
     if isinstance(constraint, (JsonSchema, JsonObject)):
         return {"response_format": {"type": "json_object"}}
     return {}
@@ -148,7 +159,8 @@ def obeys(constraint: Constraint | None, text: str) -> bool:
         parts = text.split(" ")
         return len(parts) == constraint.count and all(
             re.fullmatch(r"[1-9][0-9]{0,5}|0", p) is not None and constraint.low <= int(p) <= constraint.high
-            for p in parts)
+            for p in parts
+        )
     try:
         return isinstance(json.loads(text), dict)
     except (ValueError, RecursionError):

@@ -46,9 +46,7 @@ def local_runtime(env: Mapping[str, str] | None = None) -> str:
     chosen = env.get(LOCAL_RUNTIME_ENV)
     if chosen:
         if chosen not in LOCAL_RUNTIMES:
-            raise ConfigError(
-                f"{LOCAL_RUNTIME_ENV}={chosen!r}: expected one of {', '.join(LOCAL_RUNTIMES)}"
-            )
+            raise ConfigError(f"{LOCAL_RUNTIME_ENV}={chosen!r}: expected one of {', '.join(LOCAL_RUNTIMES)}")
         return chosen
     for name, module in LOCAL_RUNTIMES.items():
         if importlib.util.find_spec(module) is not None:
@@ -106,7 +104,9 @@ def _openai(config: Any, offline: bool) -> Backend:
 # Checked in order; the last entry serves every other model name.
 BACKENDS: list[BackendEntry] = [
     BackendEntry("fake", lambda m: m == "fake" or m.startswith("fake:"), _fake),
-    BackendEntry("local", lambda m: m == "local" or m.startswith("llamacpp:"), _local, "a llama.cpp runtime", "local"),
+    BackendEntry(
+        "local", lambda m: m == "local" or m.startswith("llamacpp:"), _local, "a llama.cpp runtime", "local"
+    ),
     BackendEntry("openai", lambda m: True, _openai),
 ]
 
@@ -128,12 +128,16 @@ def _load_providers() -> None:
             found = ep.load()
             found = found() if callable(found) and not isinstance(found, BackendEntry) else found
         except Exception as exc:  # a broken plug-in names itself
-            raise ConfigError(f"LLM provider plug-in {ep.name!r} ({ep.value}) could not be loaded: "
-                              f"{type(exc).__name__}: {exc}") from None
-        for entry in (found if isinstance(found, (list, tuple)) else [found]):
+            raise ConfigError(
+                f"LLM provider plug-in {ep.name!r} ({ep.value}) could not be loaded: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        for entry in found if isinstance(found, (list, tuple)) else [found]:
             if not isinstance(entry, BackendEntry):
-                raise ConfigError(f"LLM provider plug-in {ep.name!r} ({ep.value}) gave "
-                                  f"{type(entry).__name__}, not a hdeval.backends.factory.BackendEntry")
+                raise ConfigError(
+                    f"LLM provider plug-in {ep.name!r} ({ep.value}) gave "
+                    f"{type(entry).__name__}, not a hdeval.backends.factory.BackendEntry"
+                )
             BACKENDS.insert(len(BACKENDS) - 1, entry)
 
 

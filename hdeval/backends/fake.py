@@ -96,6 +96,8 @@ class FakeBackend:
         # decoding under the constraint as the local models do, a responder that breaks it is a
         # bug; ``garbage`` models an LLM that does not honour constraints
         if self.honour_constraints and not self.garbage and not obeys(constraint, reply.text):
-            raise BackendError(f"the fake LLM's {request.kind!r} responder broke the request's answer "
-                               f"constraint {constraint!r}: {reply.text[:60]!r}")
+            raise BackendError(
+                f"the fake LLM's {request.kind!r} responder broke the request's answer "
+                f"constraint {constraint!r}: {reply.text[:60]!r}"
+            )
         return reply

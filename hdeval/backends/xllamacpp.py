@@ -14,10 +14,22 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hdeval.backends.base import (
-    MAX_ALTERNATIVES, Completion, CompletionRequest, Message, chat_completion, token_count,
+    MAX_ALTERNATIVES,
+    Completion,
+    CompletionRequest,
+    Message,
+    chat_completion,
+    token_count,
 )
 from hdeval.backends.constraints import Constraint, Labels, Scale, constraint_of, to_llama_params
-from hdeval.backends.llama_cpp import DEFAULT_N_CTX, DEFAULT_SEED, N_CTX_ENV, _int_from_env, adopt_model, open_spec
+from hdeval.backends.llama_cpp import (
+    DEFAULT_N_CTX,
+    DEFAULT_SEED,
+    N_CTX_ENV,
+    _int_from_env,
+    adopt_model,
+    open_spec,
+)
 from hdeval.backends.llama_server import choose_completion, choose_params
 from hdeval.errors import BackendError, ConfigError
 
@@ -47,8 +59,9 @@ class XLlamaCppBackend:
         reuse: bool = True,
         is_default_model: bool = False,
     ) -> None:
-        path, xllamacpp, n_threads = adopt_model(self, model_path, "xllamacpp", _NEEDS, seed, reuse,
-                                                 is_default_model, n_threads)
+        path, xllamacpp, n_threads = adopt_model(
+            self, model_path, "xllamacpp", _NEEDS, seed, reuse, is_default_model, n_threads
+        )
         self.max_concurrency = self.n_parallel = max(1, int(n_parallel))
         self.n_ctx = n_ctx
         params = xllamacpp.CommonParams()
@@ -122,8 +135,10 @@ class XLlamaCppBackend:
             return f"llama.cpp error: {str(err)[:300]}"
         if err.get("type") == "exceed_context_size_error":
             n = token_count(err.get("n_prompt_tokens"))
-            return (f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} tokens: "
-                    f"set {N_CTX_ENV} higher")
+            return (
+                f"prompt of {n} tokens does not fit the local model's context of {self.n_ctx} tokens: "
+                f"set {N_CTX_ENV} higher"
+            )
         return f"llama.cpp error: {str(err.get('message', err))[:300]}"
 
     def _generate(self, request: CompletionRequest, constraint: Constraint | None) -> Completion:

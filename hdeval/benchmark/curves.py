@@ -45,17 +45,28 @@ class CurveSpec:
             raise ConfigError(f"--label-budget must rise, each budget once, got {list(self.budgets)}")
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
-            raise ConfigError(f"--selection: unknown {', '.join(bad) or '(none given)'}; choose from "
-                              f"{', '.join(STRATEGIES)}")
+            raise ConfigError(
+                f"--selection: unknown {', '.join(bad) or '(none given)'}; choose from "
+                f"{', '.join(STRATEGIES)}"
+            )
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1, got {self.repeats}")
         if self.aggregator not in KINDS:
-            raise ConfigError(f"learning curves re-fit one aggregator kind ({', '.join(KINDS)}), "
-                              f"got {self.aggregator!r}")
+            raise ConfigError(
+                f"learning curves re-fit one aggregator kind ({', '.join(KINDS)}), got {self.aggregator!r}"
+            )
 
 
-def _fit_score(X: np.ndarray, Y: np.ndarray, rows: np.ndarray, test: np.ndarray, kind: str, seed: int,
-               pairwise: bool, ranges: Sequence[tuple[float, float]] | None) -> float:
+def _fit_score(
+    X: np.ndarray,
+    Y: np.ndarray,
+    rows: np.ndarray,
+    test: np.ndarray,
+    kind: str,
+    seed: int,
+    pairwise: bool,
+    ranges: Sequence[tuple[float, float]] | None,
+) -> float:
     """Held-out figure of the aggregator fitted on ``rows``; NaN when it cannot be fitted yet."""
     y = Y[rows]
     if pairwise:
@@ -76,9 +87,18 @@ def _fit_score(X: np.ndarray, Y: np.ndarray, rows: np.ndarray, test: np.ndarray,
     return average_spearman(Y[test], agg.predict(X[test]))
 
 
-def simulate(X: Any, Y: Any, groups: Sequence[Any], train: Sequence[int], test: Sequence[int],
-             spec: CurveSpec, *, pairwise: bool = False, ranges: Sequence[tuple[float, float]] | None = None,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def simulate(
+    X: Any,
+    Y: Any,
+    groups: Sequence[Any],
+    train: Sequence[int],
+    test: Sequence[int],
+    spec: CurveSpec,
+    *,
+    pairwise: bool = False,
+    ranges: Sequence[tuple[float, float]] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """The learning curves of one run: ``X`` criterion scores and ``Y`` human scores (pairwise:
     one column coded +1/0/-1) of every row, ``train``/``test`` its split. Returns the full-label
     figure, per strategy and budget the figure of every repeat, and per strategy the labels each
@@ -92,8 +112,10 @@ def simulate(X: Any, Y: Any, groups: Sequence[Any], train: Sequence[int], test: 
     groups = np.asarray(groups, object)
     budgets = [b for b in spec.budgets if b <= len(train)]
     if not budgets:
-        raise ConfigError(f"--label-budget: the training split has {len(train)} rows, fewer than the "
-                          f"smallest budget {min(spec.budgets)}")
+        raise ConfigError(
+            f"--label-budget: the training split has {len(train)} rows, fewer than the "
+            f"smallest budget {min(spec.budgets)}"
+        )
     full = _fit_score(X, Y, train, test, spec.aggregator, 0, pairwise, ranges)
     pool = X[train]
     per: dict[str, dict[int, list[float]]] = {s: {b: [] for b in budgets} for s in spec.strategies}
@@ -108,9 +130,16 @@ def simulate(X: Any, Y: Any, groups: Sequence[Any], train: Sequence[int], test: 
             for b in budgets:
                 while len(chosen) < b:
                     k = min(BATCH, b - len(chosen))
-                    got = pick(pool, chosen, Y[train[chosen]] if chosen else np.zeros((0, Y.shape[1])),
-                               k=k, strategy=strategy, groups=groups[train], seed=1000 * r + len(chosen),
-                               pairwise=pairwise)
+                    got = pick(
+                        pool,
+                        chosen,
+                        Y[train[chosen]] if chosen else np.zeros((0, Y.shape[1])),
+                        k=k,
+                        strategy=strategy,
+                        groups=groups[train],
+                        seed=1000 * r + len(chosen),
+                        pairwise=pairwise,
+                    )
                     chosen += [p.index for p in got]
                 value = _fit_score(X, Y, train[np.array(chosen)], test, spec.aggregator, r, pairwise, ranges)
                 per[strategy][b].append(value)
@@ -122,12 +151,21 @@ def simulate(X: Any, Y: Any, groups: Sequence[Any], train: Sequence[int], test: 
             target = REACH * full
             reached = [n for n, v in curve if math.isfinite(v) and v >= target]
             needed[strategy].append(min(reached) if reached else None)
-            estimated[strategy].append(labels_to_reach([(n, v) for n, v in curve if math.isfinite(v)], target))
-    return {"full_label": full, "train_rows": int(len(train)), "test_rows": int(len(test)),
-            "budgets": budgets, "repeats": spec.repeats, "aggregator": spec.aggregator,
-            "metric": "agreement (ties included)" if pairwise else "average spearman",
-            "curves": {s: {str(b): v for b, v in c.items()} for s, c in per.items()}, "needed": needed,
-            "estimated": estimated}
+            estimated[strategy].append(
+                labels_to_reach([(n, v) for n, v in curve if math.isfinite(v)], target)
+            )
+    return {
+        "full_label": full,
+        "train_rows": int(len(train)),
+        "test_rows": int(len(test)),
+        "budgets": budgets,
+        "repeats": spec.repeats,
+        "aggregator": spec.aggregator,
+        "metric": "agreement (ties included)" if pairwise else "average spearman",
+        "curves": {s: {str(b): v for b, v in c.items()} for s, c in per.items()},
+        "needed": needed,
+        "estimated": estimated,
+    }
 
 
 def summarise(result: dict[str, Any], seed: int = 0, resamples: int = 2000) -> dict[str, Any]:
@@ -141,9 +179,11 @@ def summarise(result: dict[str, Any], seed: int = 0, resamples: int = 2000) -> d
         points = {}
         for b, vals in per_budget.items():
             v = np.array([x for x in vals if x is not None and math.isfinite(x)])
-            points[b] = {"mean": float(v.mean()) if len(v) else None,
-                         "low": float(np.quantile(v, 0.05)) if len(v) else None,
-                         "high": float(np.quantile(v, 0.95)) if len(v) else None}
+            points[b] = {
+                "mean": float(v.mean()) if len(v) else None,
+                "low": float(np.quantile(v, 0.05)) if len(v) else None,
+                "high": float(np.quantile(v, 0.95)) if len(v) else None,
+            }
         need = np.array([np.inf if n is None else float(n) for n in result["needed"][s]])
         boot = np.median(rng.choice(need, size=(resamples, len(need)), replace=True), axis=1)
         lo, hi = np.quantile(boot, 0.05, method="lower"), np.quantile(boot, 0.95, method="higher")
@@ -151,14 +191,19 @@ def summarise(result: dict[str, Any], seed: int = 0, resamples: int = 2000) -> d
         def finite(x: float) -> float | None:
             return float(x) if math.isfinite(x) else None
 
-        out["strategies"][s] = {"points": points, "labels_needed": finite(float(np.median(need))),
-                                "labels_needed_low": finite(lo), "labels_needed_high": finite(hi),
-                                "reached": float(np.mean(np.isfinite(need)))}
+        out["strategies"][s] = {
+            "points": points,
+            "labels_needed": finite(float(np.median(need))),
+            "labels_needed_low": finite(lo),
+            "labels_needed_high": finite(hi),
+            "reached": float(np.mean(np.isfinite(need))),
+        }
     return out
 
 
-def run_matrix(fitted: Any, doc_of: Mapping[str, str], pairwise: bool) -> tuple[np.ndarray, np.ndarray, list[str],
-                                                                                np.ndarray, np.ndarray, list]:
+def run_matrix(
+    fitted: Any, doc_of: Mapping[str, str], pairwise: bool
+) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray, list]:
     """A trained learned run's criterion scores and human labels, read from its score table (no
     LLM call): (X, Y, groups, train rows, test rows, ranges or None). Pairwise: X the criterion
     differences A minus B, Y the label coded +1 (a), 0 (tie), -1 (b)."""
@@ -186,8 +231,12 @@ def run_matrix(fitted: Any, doc_of: Mapping[str, str], pairwise: bool) -> tuple[
     return X, Y, groups, train, test, ranges
 
 
-def learning_curves(runs: Sequence[tuple[str, float, int, Any, Mapping[str, str], str]], spec: CurveSpec,
-                    pairwise: bool, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def learning_curves(
+    runs: Sequence[tuple[str, float, int, Any, Mapping[str, str], str]],
+    spec: CurveSpec,
+    pairwise: bool,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """The curves of each learned run ``(setting name, train frac, seed, fitted, doc_of,
     aggregator)``: :func:`simulate` (re-fitting the run's own aggregator kind; ``auto``:
     ``spec``'s) and :func:`summarise` of it, for results.json's ``learning_curves``."""
@@ -196,7 +245,9 @@ def learning_curves(runs: Sequence[tuple[str, float, int, Any, Mapping[str, str]
         X, Y, groups, train, test, ranges = run_matrix(fitted, doc_of, pairwise)
         own = dataclasses.replace(spec, aggregator=kind if kind in KINDS else spec.aggregator)
         res = simulate(X, Y, groups, train, test, own, pairwise=pairwise, ranges=ranges, progress=progress)
-        out.append({"setting": name, "train_frac": frac, "seed": seed, **res, "summary": summarise(res, seed)})
+        out.append(
+            {"setting": name, "train_frac": frac, "seed": seed, **res, "summary": summarise(res, seed)}
+        )
     return out
 
 
@@ -212,25 +263,35 @@ def curve_tables(results: Mapping[str, Any]) -> list[tuple[str, list[str], list[
     for run in results.get("learning_curves") or []:
         s, budgets = run["summary"], run["budgets"]
         full = run["full_label"]
-        intro = (f"Learning curves of {run['setting']} (train frac {run['train_frac']:g}, seed {run['seed']}): "
-                 f"held-out {run['metric']} against labels used, labelling from none in the "
-                 f"{run['train_rows']}-row training pool ({run['aggregator']} aggregator re-fitted at each "
-                 f"budget, {run['repeats']} repeats, mean [5th-95th percentile]); with every training label: "
-                 f"{_num(full)}. Labels to 95% of it ({_num(REACH * full if full is not None else None)}): the "
-                 f"first budget that reached it, median over repeats [90% CI]; '>{budgets[-1]}': not within "
-                 f"the budgets.")
+        intro = (
+            f"Learning curves of {run['setting']} (train frac {run['train_frac']:g}, seed {run['seed']}): "
+            f"held-out {run['metric']} against labels used, labelling from none in the "
+            f"{run['train_rows']}-row training pool ({run['aggregator']} aggregator re-fitted at each "
+            f"budget, {run['repeats']} repeats, mean [5th-95th percentile]); with every training label: "
+            f"{_num(full)}. Labels to 95% of it ({_num(REACH * full if full is not None else None)}): the "
+            f"first budget that reached it, median over repeats [90% CI]; '>{budgets[-1]}': not within "
+            f"the budgets."
+        )
         head = ["strategy", *[f"{b} labels" for b in budgets], "labels to 95%"]
         rows = []
         for strat, row in s["strategies"].items():
             cells = []
             for b in budgets:
                 p = row["points"][str(b)]
-                cells.append("n/a" if p["mean"] is None else f"{p['mean']:.3f} [{p['low']:.2f}, {p['high']:.2f}]")
+                cells.append(
+                    "n/a" if p["mean"] is None else f"{p['mean']:.3f} [{p['low']:.2f}, {p['high']:.2f}]"
+                )
 
             def lab(x: float | None) -> str:
-                return f">{budgets[-1]}" if x is None else f"{x:g}"
+                return f">{budgets[-1]}" if x is None else f"{x:g}"  # noqa: B023 (called within this iteration)
 
-            rows.append([strat, *cells, f"{lab(row['labels_needed'])} [{lab(row['labels_needed_low'])}, "
-                                        f"{lab(row['labels_needed_high'])}]"])
+            rows.append(
+                [
+                    strat,
+                    *cells,
+                    f"{lab(row['labels_needed'])} [{lab(row['labels_needed_low'])}, "
+                    f"{lab(row['labels_needed_high'])}]",
+                ]
+            )
         tables.append((intro, head, rows))
     return tables

@@ -9,10 +9,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from hdeval.benchmark.statistics import Statistic
 from hdeval.errors import ConfigError
 from hdeval.methods.base import HeldOutLabels, HeldOutScores
-from hdeval.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties, as2d as _as2d, label_codes as _codes
-from hdeval.benchmark.statistics import Statistic
+from hdeval.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties
+from hdeval.metrics import as2d as _as2d
+from hdeval.metrics import label_codes as _codes
 
 
 @dataclass
@@ -29,8 +31,14 @@ class HeldOut:
     failed: np.ndarray | None = None
 
     def rows(self, keep: np.ndarray) -> "HeldOut":
-        return HeldOut(list(compress(self.sample_ids, keep)), list(compress(self.doc_ids, keep)), self.aspects,
-                       self.y[keep], self.pred[keep], None if self.failed is None else self.failed[keep])
+        return HeldOut(
+            list(compress(self.sample_ids, keep)),
+            list(compress(self.doc_ids, keep)),
+            self.aspects,
+            self.y[keep],
+            self.pred[keep],
+            None if self.failed is None else self.failed[keep],
+        )
 
 
 def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> "HeldOut | PairHeldOut":
@@ -41,8 +49,13 @@ def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> 
     test = table[table["split"] == "test"]
     ids = [str(s) for s in test["pair_id" if pairwise else "sample_id"]]
     # a row with an empty cell the LLM fills (any number column but ids, split and human scores)
-    cols = [c for c in test.columns if c not in ("sample_id", "pair_id", "split", "human")
-            and not str(c).startswith("human:") and test[c].dtype.kind in "fiu"]
+    cols = [
+        c
+        for c in test.columns
+        if c not in ("sample_id", "pair_id", "split", "human")
+        and not str(c).startswith("human:")
+        and test[c].dtype.kind in "fiu"
+    ]
     docs, failed = [doc_of[s] for s in ids], test[cols].isna().any(axis=1).to_numpy()
     if pairwise:
         if not isinstance(fitted, HeldOutLabels):
@@ -88,9 +101,14 @@ class PairHeldOut:
         def pick(xs: Any) -> list:
             return list(compress(xs, keep))
 
-        return PairHeldOut(pick(self.sample_ids), pick(self.doc_ids), pick(self.human),
-                           {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},
-                           self.failed[keep] if self.failed is not None else None, self.train_human)
+        return PairHeldOut(
+            pick(self.sample_ids),
+            pick(self.doc_ids),
+            pick(self.human),
+            {v: (pick(a), pick(b)) for v, (a, b) in self.predictions.items()},
+            self.failed[keep] if self.failed is not None else None,
+            self.train_human,
+        )
 
 
 def _pair_label(x: Any) -> str | None:

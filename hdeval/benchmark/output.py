@@ -47,8 +47,11 @@ _ARTIFACT_ENTRY = re.compile(rf"{RUNS}/[A-Za-z0-9][A-Za-z0-9._+-]*")
 def _previous_artifacts(path: Path) -> set[str]:
     """The ``runs/<name>`` a previous benchmark's results.json lists as written by it."""
     listed = (_results(path) or {}).get("artifacts")
-    return {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)} \
-        if isinstance(listed, list) else set()
+    return (
+        {a for a in listed if isinstance(a, str) and _ARTIFACT_ENTRY.fullmatch(a)}
+        if isinstance(listed, list)
+        else set()
+    )
 
 
 def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[str] = ()) -> None:
@@ -61,39 +64,52 @@ def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[s
 
     path = Path(out)
     if path.is_symlink():
-        raise ConfigError(f"refusing to write the benchmark to {path}: it is a symbolic link; give the real path")
+        raise ConfigError(
+            f"refusing to write the benchmark to {path}: it is a symbolic link; give the real path"
+        )
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"cannot write the benchmark to {path}: it exists and is not a directory")
         if _results(path) is not None:
             if not force:
-                raise ConfigError(f"{path} already holds a benchmark ({RESULTS}): pass --force to replace "
-                                  "its results, or choose another output directory")
+                raise ConfigError(
+                    f"{path} already holds a benchmark ({RESULTS}): pass --force to replace "
+                    "its results, or choose another output directory"
+                )
         elif any(path.iterdir()):
-            raise ConfigError(f"refusing to write the benchmark to {path}: it is a non-empty directory that is "
-                              f"not a benchmark output (no {RESULTS} of format {FORMAT}); --force does not "
-                              "change that: choose a new directory")
+            raise ConfigError(
+                f"refusing to write the benchmark to {path}: it is a non-empty directory that is "
+                f"not a benchmark output (no {RESULTS} of format {FORMAT}); --force does not "
+                "change that: choose a new directory"
+            )
         for name in OUTPUTS:
             if (path / name).is_symlink() or (path / name).is_dir():
                 raise ConfigError(f"refusing to replace {path / name}: it is not a file this command wrote")
         runs = path / RUNS
         if artifacts and (runs.is_symlink() or (runs.exists() and not runs.is_dir())):
-            raise ConfigError(f"refusing to write run artifacts into {runs}: it is not a directory this "
-                              "command wrote")
+            raise ConfigError(
+                f"refusing to write run artifacts into {runs}: it is not a directory this command wrote"
+            )
         if artifacts and runs.is_dir():
             ours = _previous_artifacts(path)
             for name in artifacts:
                 target = runs / name
                 if target.exists() or target.is_symlink():
                     if f"{RUNS}/{name}" not in ours or target.is_symlink() or not is_artifact(target):
-                        raise ConfigError(f"refusing to replace {target}: the previous benchmark in {path} did "
-                                          "not write it; move it away or choose another output directory")
+                        raise ConfigError(
+                            f"refusing to replace {target}: the previous benchmark in {path} did "
+                            "not write it; move it away or choose another output directory"
+                        )
                     check_destination(target, force=True)
     check_writable(path if path.is_dir() else Path(os.path.abspath(path)).parent)
 
 
-def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = False,
-                    artifacts: Mapping[str, Any] | None = None) -> list[Path]:
+def write_benchmark(
+    results: Mapping[str, Any],
+    out: str | Path,
+    force: bool = False,
+    artifacts: Mapping[str, Any] | None = None,
+) -> list[Path]:
     """Write results.json, results.md and report.html into ``out``, each atomically, after the
     ``artifacts`` (from :func:`run_benchmark`) are saved to ``runs/<name>``: results.json,
     written last, lists only complete artifacts."""
@@ -104,7 +120,9 @@ def write_benchmark(results: Mapping[str, Any], out: str | Path, force: bool = F
     # sweep wrote and this one did not replace (so a later --force may replace them too)
     from hdeval.artifact import is_artifact
 
-    kept = sorted({a for a in _previous_artifacts(path) if is_artifact(path / a)} | {f"{RUNS}/{n}" for n in names})
+    kept = sorted(
+        {a for a in _previous_artifacts(path) if is_artifact(path / a)} | {f"{RUNS}/{n}" for n in names}
+    )
     if kept:
         results = {**results, "artifacts": kept}
     texts = {

@@ -7,13 +7,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from hdeval.errors import ConfigError
 from hdeval.benchmark.statistics import N_RESAMPLES
+from hdeval.errors import ConfigError
 from hdeval.methods.options import convert_option
 
 DEFAULT_METHODS = ("direct", "hdeval")
 # method options the benchmark gives every run from its own flags (the aggregator: the sweep's)
-SWEEP_FLAGS = {"aggregator": "--aggregators", "layers": "--layers", "children": "--children", "top_k": "--top-k"}
+SWEEP_FLAGS = {
+    "aggregator": "--aggregators",
+    "layers": "--layers",
+    "children": "--children",
+    "top_k": "--top-k",
+}
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,10 @@ def entries() -> dict[str, Entry]:
             continue
         learned = "aggregator" in m.options.specs()
         found.append(Entry(m.name, m.name, {}, m.baseline, learned))
-        found += [Entry(v.name, m.name, dict(v.options), v.baseline, learned and "aggregator" not in v.options)
-                  for v in m.variants]
+        found += [
+            Entry(v.name, m.name, dict(v.options), v.baseline, learned and "aggregator" not in v.options)
+            for v in m.variants
+        ]
     found.sort(key=lambda e: not e.baseline)  # stable: registration order within each group
     return {e.name: e for e in found}
 
@@ -66,27 +73,36 @@ class BenchmarkSpec:
         known = entries()
         unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
-            raise ConfigError(f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
-                              f"benchmark runs {', '.join(known)}")
+            raise ConfigError(
+                f"--methods: unknown or unsupported {', '.join(unknown) or '(none given)'}; "
+                f"benchmark runs {', '.join(known)}"
+            )
         bad = [a for a in self.aggregators if a not in CANDIDATES + ("auto",)]
         if bad or not self.aggregators:
-            raise ConfigError(f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
-                              f"{', '.join(CANDIDATES)}, auto")
+            raise ConfigError(
+                f"--aggregators: unknown {', '.join(bad) or '(none given)'}; choose from "
+                f"{', '.join(CANDIDATES)}, auto"
+            )
         if self.seeds < 1:
             raise ConfigError(f"--seeds must be at least 1, got {self.seeds}")
         if not self.train_fracs or not all(0 < f < 1 for f in self.train_fracs):
             raise ConfigError(f"--train-fracs must be numbers in (0, 1), got {list(self.train_fracs)}")
         if self.resamples < 1:
             raise ConfigError(f"--resamples must be at least 1, got {self.resamples}")
-        for flag, values in (("--methods", self.methods), ("--aggregators", self.aggregators),
-                             ("--train-fracs", self.train_fracs)):
+        for flag, values in (
+            ("--methods", self.methods),
+            ("--aggregators", self.aggregators),
+            ("--train-fracs", self.train_fracs),
+        ):
             twice = sorted({str(v) for v in values if list(values).count(v) > 1})
             if twice:  # a setting run twice would count as two seeds
                 raise ConfigError(f"{flag} lists {', '.join(twice)} more than once")
         for name in ("method", "aggregator", "seed", "train_frac", "task", "method_options"):
             if name in self.options:
-                raise ConfigError(f"benchmark sets {name} itself" + (
-                    " (give --method-option METHOD.NAME=VALUE)" if name == "method_options" else ""))
+                raise ConfigError(
+                    f"benchmark sets {name} itself"
+                    + (" (give --method-option METHOD.NAME=VALUE)" if name == "method_options" else "")
+                )
         check_method_options(self.method_options, self.methods)
 
     def artifact_names(self) -> list[str]:
@@ -98,9 +114,13 @@ class BenchmarkSpec:
         baselines first (direct's calls are HD-Eval's layer 1)."""
         known = entries()
         order = list(known)
-        return [(method, agg, frac, seed) for seed in range(self.seeds) for frac in self.train_fracs
-                for method in sorted(self.methods, key=order.index)
-                for agg in (self.aggregators if known[method].learned else (None,))]
+        return [
+            (method, agg, frac, seed)
+            for seed in range(self.seeds)
+            for frac in self.train_fracs
+            for method in sorted(self.methods, key=order.index)
+            for agg in (self.aggregators if known[method].learned else (None,))
+        ]
 
 
 def _option_of(entry: str, name: str) -> tuple[Any, str]:
@@ -109,20 +129,25 @@ def _option_of(entry: str, name: str) -> tuple[Any, str]:
 
     known = entries()
     if entry not in known:
-        raise ConfigError(f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs "
-                          f"{', '.join(known)}")
+        raise ConfigError(
+            f"--method-option {entry}.{name}: unknown method {entry!r}; benchmark runs {', '.join(known)}"
+        )
     base, fixed = known[entry].method, known[entry].fixed
     key = name.replace("-", "_")
     options = get_method(base).options.specs()
     if key not in options:
         known = ", ".join(sorted(k for k in options if k not in fixed)) or "none"
-        raise ConfigError(f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})")
+        raise ConfigError(
+            f"--method-option {entry}.{name}: {entry} takes no option {name!r} (its options: {known})"
+        )
     if key in fixed:
-        raise ConfigError(f"--method-option {entry}.{name}: {entry} is {base} with {key} = {fixed[key]} "
-                          "(benchmark sets it)")
+        raise ConfigError(
+            f"--method-option {entry}.{name}: {entry} is {base} with {key} = {fixed[key]} (benchmark sets it)"
+        )
     if key in SWEEP_FLAGS:  # the sweep's own value would silently win over this one
-        raise ConfigError(f"--method-option {entry}.{name}: benchmark sets {key} for every run; give "
-                          f"{SWEEP_FLAGS[key]}")
+        raise ConfigError(
+            f"--method-option {entry}.{name}: benchmark sets {key} for every run; give {SWEEP_FLAGS[key]}"
+        )
     return options[key], key
 
 
@@ -135,8 +160,9 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, Any]]:
         head, eq, raw = (part.strip() for part in item.partition("="))
         entry, _, name = head.partition(".")
         if not eq or not raw or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_-]+", head):
-            raise ConfigError(f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. "
-                              "paireval.comparisons=3")
+            raise ConfigError(
+                f"--method-option {item!r}: expected METHOD.NAME=VALUE, e.g. paireval.comparisons=3"
+            )
         opt, key = _option_of(entry, name)
         value = convert_option(raw, opt, f"--method-option {head}")
         if key in out.get(entry, {}):
@@ -155,8 +181,10 @@ def check_method_options(method_options: Mapping[str, Mapping[str, Any]], method
         for key in opts:
             _option_of(entry, key)
         if entry not in methods:
-            raise ConfigError(f"--method-option {entry}.{next(iter(opts), '')}: {entry} is not among --methods "
-                              f"({', '.join(methods)})")
+            raise ConfigError(
+                f"--method-option {entry}.{next(iter(opts), '')}: {entry} is not among --methods "
+                f"({', '.join(methods)})"
+            )
         base, fixed = entries()[entry].method, entries()[entry].fixed
         merged = {**opts, **fixed}
         try:
@@ -181,7 +209,9 @@ def check_shapes(spec: BenchmarkSpec) -> str:
     fits = [name for name, e in entries().items() if shape in get_method(e.method).shapes]
     wrong = [m for m in spec.methods if m not in fits]
     if wrong:
-        raise ConfigError(f"--methods: {', '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not run on "
-                          f"{shape} tasks (task {spec.task}); "
-                          f"for a {shape} task choose from {', '.join(fits)}")
+        raise ConfigError(
+            f"--methods: {', '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not run on "
+            f"{shape} tasks (task {spec.task}); "
+            f"for a {shape} task choose from {', '.join(fits)}"
+        )
     return shape

@@ -8,7 +8,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from hdeval.metrics import _clean as _num, average_spearman as avg_spearman, as2d as _as2d, correlation
+from hdeval.metrics import _clean as _num
+from hdeval.metrics import as2d as _as2d
+from hdeval.metrics import average_spearman as avg_spearman
+from hdeval.metrics import correlation
 
 N_RESAMPLES = 1000
 LEVEL = 0.95
@@ -49,8 +52,9 @@ def _interval(values: np.ndarray, level: float) -> tuple[float | None, float | N
 Case = tuple  # one seed's arrays: (y, pred, groups) or, paired, (y, pred, base, groups)
 
 
-def _pooled(cases: Sequence[Case], seeds: Sequence[int], n_resamples: int,
-            value: Callable[..., float]) -> tuple[float, np.ndarray]:
+def _pooled(
+    cases: Sequence[Case], seeds: Sequence[int], n_resamples: int, value: Callable[..., float]
+) -> tuple[float, np.ndarray]:
     """``value`` averaged over the cases (seeds), and on each joint resample (each seed's own)."""
     cases = [tuple(_as2d(a) for a in c[:-1]) + (c[-1],) for c in cases]
     est = [value(*c[:-1]) for c in cases]
@@ -60,25 +64,40 @@ def _pooled(cases: Sequence[Case], seeds: Sequence[int], n_resamples: int,
     return (float(np.mean(est)) if est else float("nan")), stats
 
 
-def pooled_bootstrap_ci(cases: Sequence[Case], statistic: Statistic = avg_spearman,
-                        n_resamples: int = N_RESAMPLES, seeds: Sequence[int] = (0,),
-                        level: float = LEVEL) -> dict[str, Any]:
+def pooled_bootstrap_ci(
+    cases: Sequence[Case],
+    statistic: Statistic = avg_spearman,
+    n_resamples: int = N_RESAMPLES,
+    seeds: Sequence[int] = (0,),
+    level: float = LEVEL,
+) -> dict[str, Any]:
     """The mean over seeds of ``statistic(y, pred)`` with one percentile interval: each seed's
     test documents resampled with replacement (``groups``: the doc_id of each row), the
     statistic averaged over the seeds per resample. ``cases``: (y, pred, groups) per seed."""
     est, stats = _pooled(cases, seeds, n_resamples, statistic)
     lo, hi = _interval(stats, level)
-    return {"estimate": _num(est), "low": _num(lo), "high": _num(hi), "level": level, "resamples": n_resamples}
+    return {
+        "estimate": _num(est),
+        "low": _num(lo),
+        "high": _num(hi),
+        "level": level,
+        "resamples": n_resamples,
+    }
 
 
-def pooled_paired_bootstrap(cases: Sequence[Case], statistic: Statistic = avg_spearman,
-                            n_resamples: int = N_RESAMPLES, seeds: Sequence[int] = (0,),
-                            level: float = LEVEL) -> dict[str, Any]:
+def pooled_paired_bootstrap(
+    cases: Sequence[Case],
+    statistic: Statistic = avg_spearman,
+    n_resamples: int = N_RESAMPLES,
+    seeds: Sequence[int] = (0,),
+    level: float = LEVEL,
+) -> dict[str, Any]:
     """``statistic(y, pred) - statistic(y, base)`` averaged over seeds, on the same resampled
     documents (``cases``: (y, pred, base, groups) per seed): the difference, its percentile
     interval, and a two-sided bootstrap p-value (twice the smaller share of resampled
     differences on either side of 0, with the +1 correction; 1 when the two are the same).
     ``p_floor``: the smallest p-value these resamples can give, 2 / (resamples + 1)."""
+
     def diff(y: np.ndarray, pred: np.ndarray, base: np.ndarray) -> float:
         return statistic(y, pred) - statistic(y, base)
 
@@ -89,11 +108,20 @@ def pooled_paired_bootstrap(cases: Sequence[Case], statistic: Statistic = avg_sp
     if len(d):
         below, above = (np.sum(d <= 0) + 1) / (len(d) + 1), (np.sum(d >= 0) + 1) / (len(d) + 1)
         p = min(1.0, 2 * min(below, above))
-    return {"difference": _num(est), "low": _num(lo), "high": _num(hi), "p_value": _num(p),
-            "p_floor": _num(2 / (len(d) + 1)) if len(d) else None, "level": level, "resamples": n_resamples}
+    return {
+        "difference": _num(est),
+        "low": _num(lo),
+        "high": _num(hi),
+        "p_value": _num(p),
+        "p_floor": _num(2 / (len(d) + 1)) if len(d) else None,
+        "level": level,
+        "resamples": n_resamples,
+    }
 
 
-def summary_level_correlation(y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman") -> dict[str, Any]:
+def summary_level_correlation(
+    y: Any, pred: Any, groups: Sequence[str], metric: str = "spearman"
+) -> dict[str, Any]:
     """Summary-level correlation (as G-Eval reports SummEval): the correlation between human
     and predicted scores of the outputs of each document, averaged over the documents where
     it is defined (both sides vary). ``{"value": mean or None, "documents": count used}``."""
@@ -129,5 +157,8 @@ def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return {"mean": None, "std": None, "n": 0}
-    return {"mean": _num(np.mean(vals)), "std": _num(np.std(vals, ddof=1) if len(vals) > 1 else 0.0),
-            "n": len(vals)}
+    return {
+        "mean": _num(np.mean(vals)),
+        "std": _num(np.std(vals, ddof=1) if len(vals) > 1 else 0.0),
+        "n": len(vals),
+    }

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from hdeval.errors import BudgetExceeded
-from hdeval.progress import Progress
 from hdeval.benchmark.heldout import held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
-    DEFINITIONS, _run_record, _settings, compare_rows, criteria_efficiency, own_rows, pair_references, usage,
+    DEFINITIONS,
+    _run_record,
+    _settings,
+    compare_rows,
+    criteria_efficiency,
+    own_rows,
+    pair_references,
+    usage,
 )
 from hdeval.benchmark.spec import BenchmarkSpec, artifact_name, check_shapes, entries
 from hdeval.benchmark.statistics import group
+from hdeval.errors import BudgetExceeded
+from hdeval.progress import Progress
 
 
 class _Quiet(Progress):
@@ -41,8 +48,13 @@ def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed
     return TrainConfig.from_options(**opts)
 
 
-def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend: Any = None,
-                  artifacts: dict[str, Any] | None = None, on_run: Any = None) -> dict[str, Any]:
+def run_benchmark(
+    spec: BenchmarkSpec,
+    progress: Progress | None = None,
+    backend: Any = None,
+    artifacts: dict[str, Any] | None = None,
+    on_run: Any = None,
+) -> dict[str, Any]:
     """Train every combination of ``spec`` (all checked before the first LLM call) and return
     ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
     run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`.
@@ -82,7 +94,8 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
             # the run saw only what was left of the sweep's budget: name the budget the user gave
             raise BudgetExceeded(
                 f"stopped at --max-calls {budget} (the whole sweep's budget) in run {n}/{len(plan)} ({label}): "
-                "every finished call is cached; rerun with a larger --max-calls to continue") from None
+                "every finished call is cached; rerun with a larger --max-calls to continue"
+            ) from None
         held[key] = held_out(fitted, {s.id: s.doc_id for s in preps[key].samples}, shape == "pairwise")
         if on_run is not None:  # learning curves: each run with its samples' documents
             on_run(key, fitted, {s.id: s.doc_id for s in preps[key].samples})
@@ -106,10 +119,15 @@ def run_benchmark(spec: BenchmarkSpec, progress: Progress | None = None, backend
         "shape": shape,
         "aspects": list(task.aspect_keys),
         "own_regressor": list(task.own_regressor),
-        "spec": {"methods": list(spec.methods), "aggregators": list(spec.aggregators), "seeds": spec.seeds,
-                 "train_fracs": list(spec.train_fracs), "resamples": spec.resamples,
-                 "options": {k: v for k, v in spec.options.items() if k != "cache_dir"},
-                 "method_options": {m: dict(o) for m, o in spec.method_options.items()}},
+        "spec": {
+            "methods": list(spec.methods),
+            "aggregators": list(spec.aggregators),
+            "seeds": spec.seeds,
+            "train_fracs": list(spec.train_fracs),
+            "resamples": spec.resamples,
+            "options": {k: v for k, v in spec.options.items() if k != "cache_dir"},
+            "method_options": {m: dict(o) for m, o in spec.method_options.items()},
+        },
         "definitions": DEFINITIONS,
         "runs": runs,
         "settings": settings,
@@ -129,5 +147,7 @@ def few_documents(runs: list[dict[str, Any]]) -> list[str]:
     docs = [r["rows"]["documents_compared"] for r in runs]
     if not docs or min(docs) >= MIN_DOCUMENTS:
         return []
-    return [f"only {min(docs)} test document(s) compared (fewer than {MIN_DOCUMENTS}): intervals, differences "
-            "and p-values over so few documents are rough; use more data or a larger --test-frac"]
+    return [
+        f"only {min(docs)} test document(s) compared (fewer than {MIN_DOCUMENTS}): intervals, differences "
+        "and p-values over so few documents are rough; use more data or a larger --test-frac"
+    ]

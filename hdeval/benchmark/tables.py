@@ -23,8 +23,10 @@ def _over(results: Mapping[str, Any]) -> str:
 
 
 def _pooled(results: Mapping[str, Any]) -> str:
-    return (f"CI: 95% bootstrap over test documents ({results['spec']['resamples']} resamples), pooled over "
-            "the seeds (one interval for the mean); Δ: the difference on the same resamples.")
+    return (
+        f"CI: 95% bootstrap over test documents ({results['spec']['resamples']} resamples), pooled over "
+        "the seeds (one interval for the mean); Δ: the difference on the same resamples."
+    )
 
 
 def _ci(ci: Mapping[str, Any] | None) -> str:
@@ -48,9 +50,11 @@ def _rows_cost(s: Mapping[str, Any]) -> list[str]:
     rows = s.get("rows") or {}
     n = sorted(set(rows.get("compared") or []))
     usage = s.get("usage")
-    return [_ms(rows.get("failure_rate")) if rows.get("failure_rate") else "",
-            "/".join(str(x) for x in n) if len(n) > 1 else (str(n[0]) if n else ""),
-            f"{usage['requests']} ({usage['calls']})" if usage else ""]
+    return [
+        _ms(rows.get("failure_rate")) if rows.get("failure_rate") else "",
+        "/".join(str(x) for x in n) if len(n) > 1 else (str(n[0]) if n else ""),
+        f"{usage['requests']} ({usage['calls']})" if usage else "",
+    ]
 
 
 def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
@@ -59,36 +63,80 @@ def benchmark_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
         return _pairwise_tables(results)
     aspects = list(results["aspects"])
     title = f"Benchmark: {results['task']} ({', '.join(aspects)})"
-    intro = (f"Held-out dataset-level Spearman, mean ± std over {_over(results)}. {_pooled(results)}")
-    head = ["method", "train frac", *aspects, "average", "summary-level", "rank exact-match", "95% CI",
-            "Δ vs direct [95% CI], p", "failed", "rows compared", "requests (new calls)",
-            "average on its own rows"]
+    intro = f"Held-out dataset-level Spearman, mean ± std over {_over(results)}. {_pooled(results)}"
+    head = [
+        "method",
+        "train frac",
+        *aspects,
+        "average",
+        "summary-level",
+        "rank exact-match",
+        "95% CI",
+        "Δ vs direct [95% CI], p",
+        "failed",
+        "rows compared",
+        "requests (new calls)",
+        "average on its own rows",
+    ]
     rows = []
     for s in results["settings"]:
         b = s["bootstrap"]
         ci = b["average_spearman"]
-        rows.append([_name(s), f"{s['train_frac']:g}", *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
-                     _ms(s["dataset"]["average"]["spearman"]), _ms(s["summary_level"]["spearman"]["average"]),
-                     _ms(s["ranking"]["exact_match"]["average"]), _ci(ci),
-                     _delta(b.get("vs_direct")), *_rows_cost(s), _own(s, "average_spearman")])
+        rows.append(
+            [
+                _name(s),
+                f"{s['train_frac']:g}",
+                *[_ms(s["dataset"][a]["spearman"]) for a in aspects],
+                _ms(s["dataset"]["average"]["spearman"]),
+                _ms(s["summary_level"]["spearman"]["average"]),
+                _ms(s["ranking"]["exact_match"]["average"]),
+                _ci(ci),
+                _delta(b.get("vs_direct")),
+                *_rows_cost(s),
+                _own(s, "average_spearman"),
+            ]
+        )
     tables: list[Table] = [(intro, head, rows)]
     ablation = [s for s in results["settings"] if s.get("layers")]
     if ablation:
         layer_keys = sorted({k for s in ablation for k in s["layers"]}, key=int)
         base_keys = sorted({k for s in ablation for k in s["baselines"]})
-        tables.append(("Layer ablation (held-out average Spearman; layers 1-k = without the later layers; "
-                       "from each artifact's metrics.json, on all its test rows) and 'w/o aggregator' baselines:",
-                       ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys],
-                       [[_name(s), f"{s['train_frac']:g}", *[_ms(s["layers"].get(k)) for k in layer_keys],
-                         *[_ms(s["baselines"].get(k)) for k in base_keys]] for s in ablation]))
+        tables.append(
+            (
+                "Layer ablation (held-out average Spearman; layers 1-k = without the later layers; "
+                "from each artifact's metrics.json, on all its test rows) and 'w/o aggregator' baselines:",
+                ["method", "train frac", *[f"layers 1-{k}" for k in layer_keys], *base_keys],
+                [
+                    [
+                        _name(s),
+                        f"{s['train_frac']:g}",
+                        *[_ms(s["layers"].get(k)) for k in layer_keys],
+                        *[_ms(s["baselines"].get(k)) for k in base_keys],
+                    ]
+                    for s in ablation
+                ],
+            )
+        )
     if results.get("criteria_efficiency"):
-        tables.append(("Criteria efficiency (held-out average Spearman against the number of criteria the "
-                       "evaluator uses, on the rows compared, as above; HD-Eval: its layer-k proxy aggregator, "
-                       "direct: the aspects):",
-                       ["method", "train frac", "layer", "criteria", "average Spearman"],
-                       [[_name(line), f"{line['train_frac']:g}", "" if pt["layer"] is None else str(pt["layer"]),
-                         _ms1(pt["criteria"]), _ms(pt["spearman"])]
-                        for line in results["criteria_efficiency"] for pt in line["points"]]))
+        tables.append(
+            (
+                "Criteria efficiency (held-out average Spearman against the number of criteria the "
+                "evaluator uses, on the rows compared, as above; HD-Eval: its layer-k proxy aggregator, "
+                "direct: the aspects):",
+                ["method", "train frac", "layer", "criteria", "average Spearman"],
+                [
+                    [
+                        _name(line),
+                        f"{line['train_frac']:g}",
+                        "" if pt["layer"] is None else str(pt["layer"]),
+                        _ms1(pt["criteria"]),
+                        _ms(pt["spearman"]),
+                    ]
+                    for line in results["criteria_efficiency"]
+                    for pt in line["points"]
+                ],
+            )
+        )
     from hdeval.benchmark.curves import curve_tables
 
     return title, tables + curve_tables(results) + [_cost_table(results)]
@@ -112,12 +160,23 @@ def _ms1(d: Mapping[str, Any] | None) -> str:
 
 
 def _cost_table(results: Mapping[str, Any]) -> Table:
-    return ("Cost per method (all runs): requests = what its runs asked the LLM, paid or from the cache (its "
-            "cost from an empty cache); new calls = those this sweep paid for (cached calls are free):",
-            ["method", "runs", "requests", "new LLM calls", "cache hits", "prompt tokens", "completion tokens"],
-            [[str(m), str(c["runs"]), str(c.get("requests", c["calls"] + c["cache_hits"])), str(c["calls"]),
-              str(c["cache_hits"]), str(c["prompt_tokens"]), str(c["completion_tokens"])]
-             for m, c in results["cost"].items()])
+    return (
+        "Cost per method (all runs): requests = what its runs asked the LLM, paid or from the cache (its "
+        "cost from an empty cache); new calls = those this sweep paid for (cached calls are free):",
+        ["method", "runs", "requests", "new LLM calls", "cache hits", "prompt tokens", "completion tokens"],
+        [
+            [
+                str(m),
+                str(c["runs"]),
+                str(c.get("requests", c["calls"] + c["cache_hits"])),
+                str(c["calls"]),
+                str(c["cache_hits"]),
+                str(c["prompt_tokens"]),
+                str(c["completion_tokens"]),
+            ]
+            for m, c in results["cost"].items()
+        ],
+    )
 
 
 def _delta(vs: Mapping[str, Any] | None) -> str:
@@ -127,17 +186,31 @@ def _delta(vs: Mapping[str, Any] | None) -> str:
     p, floor = vs.get("p_value"), vs.get("p_floor")
     at_floor = p is not None and floor is not None and p <= floor + 1e-9
     return f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], " + (
-        f"p ≤ {_f(floor)}" if at_floor else f"p={_f(p)}")
+        f"p ≤ {_f(floor)}" if at_floor else f"p={_f(p)}"
+    )
 
 
 def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
-    intro = (f"Held-out agreement with the human labels, mean ± std over {_over(results)}: w/o ties (the "
-             "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
-             "DnA's logistic regression on aspect-score differences next to its LLM weights; 'majority' "
-             f"gives every pair the training split's most frequent label. {_pooled(results)}")
-    head = ["method", "train frac", "w/o ties", "95% CI", "w/ ties", "95% CI",
-            f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p", f"Δ w/ ties vs {PAIR_BASELINE} [95% CI], p",
-            "failed", "rows compared", "requests (new calls)", "w/ ties on its own rows"]
+    intro = (
+        f"Held-out agreement with the human labels, mean ± std over {_over(results)}: w/o ties (the "
+        "prediction forced to a or b, on pairs humans did not tie) and w/ ties (3-way); 'learned' is "
+        "DnA's logistic regression on aspect-score differences next to its LLM weights; 'majority' "
+        f"gives every pair the training split's most frequent label. {_pooled(results)}"
+    )
+    head = [
+        "method",
+        "train frac",
+        "w/o ties",
+        "95% CI",
+        "w/ ties",
+        "95% CI",
+        f"Δ w/o ties vs {PAIR_BASELINE} [95% CI], p",
+        f"Δ w/ ties vs {PAIR_BASELINE} [95% CI], p",
+        "failed",
+        "rows compared",
+        "requests (new calls)",
+        "w/ ties on its own rows",
+    ]
     rows = []
     for s in [*results.get("reference", []), *results["settings"]]:
         b = s["bootstrap"]
@@ -147,11 +220,24 @@ def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:
                 continue
             ci, vs = boot["agreement"], boot.get(PAIR_VS) or {}
             name = _name(s) + ("" if variant == "evaluator" else " (learned)")
-            rows.append([name, f"{s['train_frac']:g}", _ms(ag.get("wo_ties")), _ci(ci.get("wo_ties")),
-                         _ms(ag.get("w_ties")), _ci(ci.get("w_ties")), _delta(vs.get("wo_ties")),
-                         _delta(vs.get("w_ties")), *(_rows_cost(s) if variant == "evaluator" else ["", "", ""]),
-                         _own(s, "agreement", "w_ties") if variant == "evaluator" else ""])
+            rows.append(
+                [
+                    name,
+                    f"{s['train_frac']:g}",
+                    _ms(ag.get("wo_ties")),
+                    _ci(ci.get("wo_ties")),
+                    _ms(ag.get("w_ties")),
+                    _ci(ci.get("w_ties")),
+                    _delta(vs.get("wo_ties")),
+                    _delta(vs.get("w_ties")),
+                    *(_rows_cost(s) if variant == "evaluator" else ["", "", ""]),
+                    _own(s, "agreement", "w_ties") if variant == "evaluator" else "",
+                ]
+            )
     from hdeval.benchmark.curves import curve_tables
 
-    return f"Benchmark: {results['task']} (pairwise)", [(intro, head, rows), *curve_tables(results),
-                                                        _cost_table(results)]
+    return f"Benchmark: {results['task']} (pairwise)", [
+        (intro, head, rows),
+        *curve_tables(results),
+        _cost_table(results),
+    ]

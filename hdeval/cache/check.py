@@ -15,10 +15,23 @@ from typing import Any, Callable, Iterator
 import diskcache
 
 from hdeval.backends.base import Completion
-from hdeval.cache.codec import (MAX_ENTRY_CHARS, UnreadableEntry, encode_completion, parse_completion,
-                                read_value, table_value)
-from hdeval.cache.guard import (DATABASES, DBNAME, TABLE_DBNAME, CacheCorrupted, _reason, read_only,
-                                storage_error)
+from hdeval.cache.codec import (
+    MAX_ENTRY_CHARS,
+    UnreadableEntry,
+    encode_completion,
+    parse_completion,
+    read_value,
+    table_value,
+)
+from hdeval.cache.guard import (
+    DATABASES,
+    DBNAME,
+    TABLE_DBNAME,
+    CacheCorrupted,
+    _reason,
+    read_only,
+    storage_error,
+)
 from hdeval.cache.store import REQUEST_HASH, TABLE_VALUE, open_store
 from hdeval.errors import CacheError
 
@@ -46,7 +59,6 @@ def clear_cache(cache_dir: str | Path) -> int:
                 if f.is_file() and not f.is_symlink():
                     f.unlink()
         return -1
-
 
 
 @dataclass
@@ -78,8 +90,9 @@ def _rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]:
     last = 0
     while last < hi:
         try:
-            rows = con.execute(f"SELECT {cols} FROM Cache WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                               (last, page)).fetchall()
+            rows = con.execute(
+                f"SELECT {cols} FROM Cache WHERE rowid > ? ORDER BY rowid LIMIT ?", (last, page)
+            ).fetchall()
         except sqlite3.Error as exc:
             report.database_error = _reason(exc)
             for r in range(last + 1, min(last + page, hi) + 1):
@@ -114,14 +127,16 @@ def _table_rows(con: sqlite3.Connection, report: CheckReport) -> Iterator[tuple]
         if last is None:
             yield from con.execute(f"SELECT {cols} FROM reply ORDER BY key DESC", (MAX_ENTRY_CHARS,))
         else:
-            yield from con.execute(f"SELECT {cols} FROM reply WHERE key > ? ORDER BY key DESC",
-                                   (MAX_ENTRY_CHARS, last[0]))
+            yield from con.execute(
+                f"SELECT {cols} FROM reply WHERE key > ? ORDER BY key DESC", (MAX_ENTRY_CHARS, last[0])
+            )
     except sqlite3.Error:
         pass  # the damage, reached from the other side
 
 
-def _check_entry(report: CheckReport, key: Any, read: Callable[[], str],
-                 raw: bool = True) -> Iterator[tuple[str, Completion]]:
+def _check_entry(
+    report: CheckReport, key: Any, read: Callable[[], str], raw: bool = True
+) -> Iterator[tuple[str, Completion]]:
     """(key, completion) if the entry is readable and valid; counted into ``report`` either way."""
     try:
         if type(key) is bytes and len(key) == 32:
@@ -189,7 +204,9 @@ def repair_cache(cache_dir: str | Path) -> CheckReport:
         raise CacheError(f"no cache database at {directory / DBNAME}: nothing to repair")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tag, n = stamp, 1
-    while any((directory / f"{name}.corrupt-{tag}{s}").exists() for name in names for s in ("", "-wal", "-shm")):
+    while any(
+        (directory / f"{name}.corrupt-{tag}{s}").exists() for name in names for s in ("", "-wal", "-shm")
+    ):
         n += 1
         tag = f"{stamp}-{n}"
     asides = [directory / f"{name}.corrupt-{tag}" for name in names]

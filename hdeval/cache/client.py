@@ -87,8 +87,16 @@ class CachedBackend:
     # down (fewer are each that cell's recorded failure)
     STOP_STREAK = 3
 
-    def __init__(self, inner: Backend, cache_dir: str | Path | None, max_calls: int | None = None, *,
-                 concurrency: int = DEFAULT_CONCURRENCY, batch: Any = None, owns_inner: bool = False):
+    def __init__(
+        self,
+        inner: Backend,
+        cache_dir: str | Path | None,
+        max_calls: int | None = None,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        batch: Any = None,
+        owns_inner: bool = False,
+    ):
         self.inner = inner
         # open_llm made ``inner``, so nobody else will close its connections (or free its model);
         # an injected backend is its caller's, who may go on using it
@@ -115,7 +123,9 @@ class CachedBackend:
         self._writer: asyncio.Future | None = None
         self._sem = asyncio.Semaphore(self.concurrency)
         # the one thread that touches the store (diskcache keeps a connection per thread)
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self.store is not None else None
+        self._io = (
+            ThreadPoolExecutor(1, thread_name_prefix="hdeval-cache") if self.store is not None else None
+        )
         self._pool: ThreadPoolExecutor | None = None  # a synchronous backend's calls run here
         self._pid = os.getpid()
 
@@ -123,9 +133,11 @@ class CachedBackend:
         # A forked child has none of the parent's threads (the store's writer, the call pool) and
         # would share its connections: refused in one line instead of waiting forever.
         if os.getpid() != self._pid:
-            raise ConfigError(f"this LLM client was opened in process {self._pid}, and a forked process "
-                              "cannot use its cache writer or connections: open one in the new process "
-                              "(hdeval.llm.open_llm, or pass no backend and the evaluator opens its own)")
+            raise ConfigError(
+                f"this LLM client was opened in process {self._pid}, and a forked process "
+                "cannot use its cache writer or connections: open one in the new process "
+                "(hdeval.llm.open_llm, or pass no backend and the evaluator opens its own)"
+            )
 
     @property
     def max_concurrency(self) -> int | None:
@@ -164,15 +176,24 @@ class CachedBackend:
         self._same_process()
         return aio.run(self.acomplete(request))
 
-    def complete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
-                      keep_rejected: bool = False, concurrency: int | None = None) -> list:
+    def complete_many(
+        self,
+        requests: Sequence[CompletionRequest],
+        progress: Progress | None = None,
+        *,
+        keep_rejected: bool = False,
+        concurrency: int | None = None,
+    ) -> list:
         from hdeval import aio
 
         self._same_process()
         halt: list[bool] = []
-        return aio.run(self.acomplete_many(requests, progress, keep_rejected=keep_rejected,
-                                           concurrency=concurrency, halt=halt),
-                       on_interrupt=lambda: halt.append(True))
+        return aio.run(
+            self.acomplete_many(
+                requests, progress, keep_rejected=keep_rejected, concurrency=concurrency, halt=halt
+            ),
+            on_interrupt=lambda: halt.append(True),
+        )
 
     def close(self) -> None:
         """Close the store and the client's threads (idempotent); in a forked child, only let go
@@ -206,7 +227,9 @@ class CachedBackend:
             warnings.warn(
                 f"the LLM reply cache {self.cache_dir} holds an entry hdeval cannot use ({reason}); "
                 f"it is asked again (`hdeval cache check --cache-dir {self.cache_dir}` lists them)",
-                CacheWarning, stacklevel=2)
+                CacheWarning,
+                stacklevel=2,
+            )
 
     def _read(self, key: str) -> Completion | None:
         if self.store is None:
@@ -252,9 +275,16 @@ class CachedBackend:
         (got,) = await self.acomplete_many([request], use_batch=False)
         return got
 
-    async def acomplete_many(self, requests: Sequence[CompletionRequest], progress: Progress | None = None, *,
-                             keep_rejected: bool = False, concurrency: int | None = None,
-                             use_batch: bool = True, halt: list | None = None) -> list:
+    async def acomplete_many(
+        self,
+        requests: Sequence[CompletionRequest],
+        progress: Progress | None = None,
+        *,
+        keep_rejected: bool = False,
+        concurrency: int | None = None,
+        use_batch: bool = True,
+        halt: list | None = None,
+    ) -> list:
         """Complete ``requests``; results in input order.
 
         Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the
@@ -376,8 +406,10 @@ class CachedBackend:
         if self._write_error is not None:
             raise self._write_error
         if self.max_calls is not None and self._reserved >= self.max_calls:
-            raise BudgetExceeded(f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
-                                 "rerun with a higher limit to continue")
+            raise BudgetExceeded(
+                f"stopped at --max-calls {self.max_calls}: every finished call is cached; "
+                "rerun with a higher limit to continue"
+            )
         self._reserved += 1
         try:
             async with self._sem:
@@ -388,8 +420,10 @@ class CachedBackend:
             self._reserved -= 1
             self._streak += 1
             if self._streak < self.STOP_STREAK and self.stats.calls > 0:
-                raise RequestRejected(f"{exc} (while other requests succeed: this one is recorded as failed, "
-                                      "and the next run asks again)") from None
+                raise RequestRejected(
+                    f"{exc} (while other requests succeed: this one is recorded as failed, "
+                    "and the next run asks again)"
+                ) from None
             raise
         except BaseException:
             self._reserved -= 1
@@ -427,7 +461,9 @@ class CachedBackend:
                 try:
                     if self._io is None:
                         raise CacheError(f"the LLM reply cache {self.cache_dir} is closed")
-                    failed = await loop.run_in_executor(self._io, self._write_batch, [(k, t) for k, t, _, _ in batch])
+                    failed = await loop.run_in_executor(
+                        self._io, self._write_batch, [(k, t) for k, t, _, _ in batch]
+                    )
                 except BaseException as exc:  # noqa: BLE001 - never leave a call waiting
                     failed = {k: exc for k, _, _, _ in batch}
                 for key, _text, result, fut in batch:
@@ -440,10 +476,12 @@ class CachedBackend:
                             if len(self.warnings) < self.MAX_WARNINGS:
                                 self.warnings.append(f"not cached: {exc}")
                         elif self._write_error is None:
-                            self._write_error = (exc if isinstance(exc, CacheError)
-                                                 else storage_error(self.cache_dir, exc, writing=True))
+                            self._write_error = (
+                                exc
+                                if isinstance(exc, CacheError)
+                                else storage_error(self.cache_dir, exc, writing=True)
+                            )
                     if not fut.done():
                         fut.set_result(None)
         finally:
             self._writer = None
-

@@ -53,7 +53,6 @@ class EntryTooLarge(ValueError):
     """A completion too large to store (it is still returned, just not cached)."""
 
 
-
 def table_value(value: Any, length: Any = None) -> str:
     """The JSON text of one value of the reply table, read with bounds; :class:`UnreadableEntry`
     otherwise (``value`` None: longer than MAX_ENTRY_CHARS, so not read)."""
@@ -68,7 +67,9 @@ def value_path(directory: str | Path, filename: Any) -> str:
     """The full path of a value file, if ``filename`` is one diskcache would have made and it
     resolves inside ``directory``; :class:`UnreadableEntry` otherwise."""
     if not isinstance(filename, str) or not _VALUE_FILE.match(filename):
-        raise UnreadableEntry(f"a value file name hdeval does not write: {str(filename)[:80]!r}", foreign=True)
+        raise UnreadableEntry(
+            f"a value file name hdeval does not write: {str(filename)[:80]!r}", foreign=True
+        )
     root = os.path.realpath(directory)
     full = os.path.realpath(os.path.join(root, filename))
     if not full.startswith(root + os.sep):
@@ -160,14 +161,22 @@ def _unpack(blob: bytes) -> str:
     (flags,) = _take(r, 1)
     if flags & ~(_LOGPROBS | _TEXT_IS_TOP | _EVALUATED) or (flags & _TEXT_IS_TOP and not flags & _LOGPROBS):
         raise UnreadableEntry("its packed value has flags hdeval does not write")
-    d: dict[str, Any] = {"prompt_tokens": _read_varint(r), "completion_tokens": _read_varint(r),
-                         "prompt_tokens_evaluated": _read_varint(r) if flags & _EVALUATED else None}
+    d: dict[str, Any] = {
+        "prompt_tokens": _read_varint(r),
+        "completion_tokens": _read_varint(r),
+        "prompt_tokens_evaluated": _read_varint(r) if flags & _EVALUATED else None,
+    }
     text = None if flags & _TEXT_IS_TOP else _read_text(r)
     lp = None
     if flags & _LOGPROBS:
         # each position and token takes bytes: a count cannot outrun the blob
-        lp = [[{"token": _read_text(r), "logprob": _DOUBLE.unpack(_take(r, 8))[0]}
-               for _ in range(_read_varint(r))] for _ in range(_read_varint(r))]
+        lp = [
+            [
+                {"token": _read_text(r), "logprob": _DOUBLE.unpack(_take(r, 8))[0]}
+                for _ in range(_read_varint(r))
+            ]
+            for _ in range(_read_varint(r))
+        ]
         if text is None:
             if not (lp and lp[0]):
                 raise UnreadableEntry("its packed value has no top token to be its text")
@@ -197,7 +206,7 @@ def expand_value(blob: bytes) -> str:
         return _unpack(blob)
     z = zlib.decompressobj(-15, zdict=_ZDICT)
     try:
-        raw = z.decompress(blob[len(VALUE_MAGIC):], MAX_ENTRY_CHARS)
+        raw = z.decompress(blob[len(VALUE_MAGIC) :], MAX_ENTRY_CHARS)
     except zlib.error:
         raise UnreadableEntry("its compressed value is damaged") from None
     if z.unconsumed_tail or not z.eof:
@@ -210,8 +219,12 @@ def expand_value(blob: bytes) -> str:
         raise UnreadableEntry("its compressed value is not a compact completion")
     lp = c.get("l")
     if lp is not None:
-        if not (isinstance(lp, list) and all(isinstance(pos, list) and all(
-                isinstance(t, list) and len(t) == 2 for t in pos) for pos in lp)):
+        if not (
+            isinstance(lp, list)
+            and all(
+                isinstance(pos, list) and all(isinstance(t, list) and len(t) == 2 for t in pos) for pos in lp
+            )
+        ):
             raise UnreadableEntry("its compressed value has malformed top_logprobs")
         lp = [[{"token": t[0], "logprob": t[1]} for t in pos] for pos in lp]
     d = {"text": c.get("t"), "top_logprobs": lp}
@@ -263,14 +276,20 @@ def parse_completion(text: str) -> Completion:
     lp = d.get("top_logprobs")
     if lp is not None:
         ok = isinstance(lp, list) and all(
-            isinstance(pos, list) and all(
-                isinstance(t, dict) and isinstance(t.get("token"), str)
+            isinstance(pos, list)
+            and all(
+                isinstance(t, dict)
+                and isinstance(t.get("token"), str)
                 # null: a logprob the server sent unreadable (NaN, Infinity), kept as delivered
                 # so the replay records the same failure instead of paying for it again
-                and (t.get("logprob") is None
-                     or (type(t.get("logprob")) in (int, float) and not math.isnan(t["logprob"])))
-                for t in pos)
-            for pos in lp)
+                and (
+                    t.get("logprob") is None
+                    or (type(t.get("logprob")) in (int, float) and not math.isnan(t["logprob"]))
+                )
+                for t in pos
+            )
+            for pos in lp
+        )
         if not ok:
             raise UnreadableEntry("its value has malformed top_logprobs")
     if not all(_count(d.get(k)) for k in ("prompt_tokens", "completion_tokens", "prompt_tokens_evaluated")):

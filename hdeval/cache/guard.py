@@ -84,29 +84,37 @@ def _free(directory: Path) -> str:
         return "free space unknown"
 
 
-def storage_error(directory: str | Path, exc: BaseException, writing: bool = False,
-                  name: str = DBNAME) -> CacheError:
+def storage_error(
+    directory: str | Path, exc: BaseException, writing: bool = False, name: str = DBNAME
+) -> CacheError:
     """A one-line :class:`CacheError` for a failure of the store's file ``name`` in ``directory``."""
     d = Path(directory)
     db = d / name
     kind = _kind(exc)
     if kind == "corrupt":
-        return CacheCorrupted(f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d, name)}")
+        return CacheCorrupted(
+            f"the LLM reply cache {db} is corrupted ({_reason(exc)}): {_move_aside(d, name)}"
+        )
     if kind == "full":
         done = "every call finished before this one is cached" if writing else "every finished call is cached"
         return CacheError(
             f"the disk holding the LLM reply cache {d} is full ({_free(d)}): {done}; free at least "
-            f"{FREE_SPACE_HINT} there (or move {d} to a bigger disk and pass --cache-dir) and rerun the same command to resume")
+            f"{FREE_SPACE_HINT} there (or move {d} to a bigger disk and pass --cache-dir) and rerun the same command to resume"
+        )
     if kind == "readonly":
         return CacheError(
             f"cannot write the LLM reply cache in {d} ({_reason(exc)}): pass --cache-dir (or set "
-            f"HDEVAL_CACHE_DIR) to a writable directory")
+            f"HDEVAL_CACHE_DIR) to a writable directory"
+        )
     if kind == "busy":
         return CacheError(
             f"the LLM reply cache {db} stayed locked by another process ({_reason(exc)}); "
-            f"rerun when it is done, or pass another --cache-dir")
-    return CacheError(f"the LLM reply cache in {d} failed ({_reason(exc)}); pass another --cache-dir "
-                      f"or check it with `hdeval cache check --cache-dir {d}`")
+            f"rerun when it is done, or pass another --cache-dir"
+        )
+    return CacheError(
+        f"the LLM reply cache in {d} failed ({_reason(exc)}); pass another --cache-dir "
+        f"or check it with `hdeval cache check --cache-dir {d}`"
+    )
 
 
 def refuse_links(directory: Path) -> None:
@@ -118,7 +126,8 @@ def refuse_links(directory: Path) -> None:
             if path.is_symlink():
                 raise CacheError(
                     f"{path} is a symbolic link: hdeval writes its cache files only inside {directory}, never "
-                    f"through a link; replace the link by the file itself (or move it away) and rerun")
+                    f"through a link; replace the link by the file itself (or move it away) and rerun"
+                )
 
 
 def _move_aside(directory: Path, name: str = DBNAME) -> str:
@@ -127,8 +136,10 @@ def _move_aside(directory: Path, name: str = DBNAME) -> str:
     db = directory / name
     logs = [name + s for s in ("-wal", "-shm") if (directory / (name + s)).exists()]
     also = f" (and {' and '.join(logs)} likewise)" if logs else ""
-    return (f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
-            f"or move it aside with `mv {db} {db}.bad`{also}")
+    return (
+        f"run `hdeval cache repair --cache-dir {directory}` to keep its readable entries, "
+        f"or move it aside with `mv {db} {db}.bad`{also}"
+    )
 
 
 def _norm(sql: str | None) -> str | None:
@@ -172,8 +183,9 @@ def ro_connect(db: Path, leave_no_files: bool = False) -> sqlite3.Connection:
 
 
 @contextmanager
-def read_only(db: Path, refuse: str | None = None, leave_no_files: bool = False
-              ) -> Iterator[tuple[sqlite3.Connection, list[str], bool]]:
+def read_only(
+    db: Path, refuse: str | None = None, leave_no_files: bool = False
+) -> Iterator[tuple[sqlite3.Connection, list[str], bool]]:
     """The one way the cache's files are read without opening the cache: a :func:`ro_connect`
     connection to ``db``, what the file holds that the cache never creates (e.g. ``trigger 't' on
     'Cache'``; with ``refuse``, a one-line CacheError ending in it), and whether its replies may
@@ -183,9 +195,12 @@ def read_only(db: Path, refuse: str | None = None, leave_no_files: bool = False
     known = expected_schema(TABLE_DBNAME if table else DBNAME)
     with closing(ro_connect(db, leave_no_files)) as con:
         rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
-        found = [f"{t} {str(n)[:60]!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else "")
-                 for t, n, tb, sql in rows if (t, n, tb, _norm(sql)) not in known
-                 and not (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n)))]
+        found = [
+            f"{t} {str(n)[:60]!r}" + (f" on {str(tb)[:60]!r}" if t in ("trigger", "index") else "")
+            for t, n, tb, sql in rows
+            if (t, n, tb, _norm(sql)) not in known
+            and not (t == "table" and _SQLITE_INTERNAL.fullmatch(str(n)))
+        ]
         if found and refuse:
             raise _foreign(db, found, refuse)
         kinds = {n: t for t, n, _, _ in rows}
@@ -215,8 +230,10 @@ def refuse_foreign_schema(directory: Path) -> bool:
                 raise storage_error(directory, exc, name=name) from None
             continue  # not readable (no tables yet): the cache's own open says why
         if unknown:
-            raise CacheError(f"the LLM reply cache {db} has settings hdeval and diskcache never write "
-                             f"({', '.join(sorted(unknown)[:3])}): not opening it; {_move_aside(directory)}")
+            raise CacheError(
+                f"the LLM reply cache {db} has settings hdeval and diskcache never write "
+                f"({', '.join(sorted(unknown)[:3])}): not opening it; {_move_aside(directory)}"
+            )
     return legacy
 
 
@@ -226,7 +243,8 @@ def _foreign(db: Path, found: list[str], why: str) -> CacheError:
         f"the LLM reply cache {db} holds SQLite objects the cache never creates "
         f"({', '.join(found[:_SHOWN])}{more}): {why}; `hdeval cache repair --cache-dir {db.parent}` copies "
         "its readable entries into a fresh database (check them: a planted entry cannot be told from a "
-        "real one), or pass another --cache-dir")
+        "real one), or pass another --cache-dir"
+    )
 
 
 def read_stats(directory: str | Path) -> dict[str, int | str]:
@@ -242,7 +260,10 @@ def read_stats(directory: str | Path) -> dict[str, int | str]:
         try:
             with read_only(db, "not counting them") as (con, _, readable):
                 entries += con.execute(count).fetchone()[0] if readable else 0
-                size += con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
+                size += (
+                    con.execute("PRAGMA page_count").fetchone()[0]
+                    * con.execute("PRAGMA page_size").fetchone()[0]
+                )
                 if name == DBNAME:
                     row = con.execute("SELECT value FROM Settings WHERE key = 'size'").fetchone()
                     size += row[0] if row and isinstance(row[0], int) else 0  # diskcache's value files

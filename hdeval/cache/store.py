@@ -14,10 +14,25 @@ from typing import Any, Iterator
 
 import diskcache
 
-from hdeval.cache.codec import (MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, EntryTooLarge,
-                                UnreadableEntry, expand_value, read_value, table_value, value_path)
-from hdeval.cache.guard import (TABLE_DBNAME, TABLE_SQL, _kind, refuse_foreign_schema, refuse_links,
-                                 storage_error)
+from hdeval.cache.codec import (
+    MAX_ENTRY_CHARS,
+    VALUE_MAGIC,
+    VALUE_MAGIC_PACKED,
+    EntryTooLarge,
+    UnreadableEntry,
+    expand_value,
+    read_value,
+    table_value,
+    value_path,
+)
+from hdeval.cache.guard import (
+    TABLE_DBNAME,
+    TABLE_SQL,
+    _kind,
+    refuse_foreign_schema,
+    refuse_links,
+    storage_error,
+)
 
 # a reply table value and its length: past the cap (the ? bound, MAX_ENTRY_CHARS) only its length is read
 TABLE_VALUE = "CASE WHEN length(value) <= ? THEN value END, length(value)"
@@ -28,8 +43,13 @@ REQUEST_HASH = re.compile(r"[0-9a-f]{64}\Z")
 # ``sqlite_*`` settings as PRAGMAs); no eviction: the replies past diskcache's 1 GB were paid for
 # (and hdeval never sets an expiry). The store is read one key at a time: no memory map and a
 # small page cache keep RSS flat in the cache's size.
-_STORE_SETTINGS = {**diskcache.DEFAULT_SETTINGS, "eviction_policy": "none", "cull_limit": 0,
-                   "sqlite_mmap_size": 0, "sqlite_cache_size": 2**10}
+_STORE_SETTINGS = {
+    **diskcache.DEFAULT_SETTINGS,
+    "eviction_policy": "none",
+    "cull_limit": 0,
+    "sqlite_mmap_size": 0,
+    "sqlite_cache_size": 2**10,
+}
 
 
 class LegacyKey(str):
@@ -85,7 +105,6 @@ class JSONDisk(diskcache.Disk):
         super().remove(file_path)
 
 
-
 class ReplyStore(diskcache.Cache):
     """The store hdeval opens (:func:`open_store`). A reply is written to the compact reply table
     (``replies.db``: a request hash's 32 bytes -> :func:`encode_completion`'s bytes, as diskcache's
@@ -120,8 +139,9 @@ class ReplyStore(diskcache.Cache):
         if self._table is not None:
             return self._table
         try:
-            con = sqlite3.connect(Path(self.directory) / TABLE_DBNAME, timeout=60, isolation_level=None,
-                                  check_same_thread=False)
+            con = sqlite3.connect(
+                Path(self.directory) / TABLE_DBNAME, timeout=60, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
@@ -173,8 +193,9 @@ class ReplyStore(diskcache.Cache):
     def __contains__(self, key: Any) -> bool:
         if type(key) is not str or not REQUEST_HASH.match(key):
             return super().__contains__(key)
-        return (self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None
-                or any(super(ReplyStore, self).__contains__(k) for k in self._old_keys(key)))
+        return self._run("SELECT 1 FROM reply WHERE key = ?", (bytes.fromhex(key),)) is not None or any(
+            super(ReplyStore, self).__contains__(k) for k in self._old_keys(key)
+        )
 
     def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> bool:
         if args or kwargs or type(key) is not str or not REQUEST_HASH.match(key):
@@ -264,4 +285,3 @@ def open_store(cache_dir: str | Path) -> ReplyStore:
         return ReplyStore(directory, legacy)
     except (OSError, sqlite3.Error, diskcache.Timeout) as exc:
         raise storage_error(directory, exc) from None
-

@@ -45,8 +45,11 @@ class _Commands(click.Group):
             try:
                 made = list(method.commands(_Kit()))
             except Exception as exc:  # a plug-in's own code: skipped, as a broken plug-in is
-                click.echo(f"warning: method plug-in {method.name!r}: its commands could not be made "
-                           f"({type(exc).__name__}: {exc})", err=True)
+                click.echo(
+                    f"warning: method plug-in {method.name!r}: its commands could not be made "
+                    f"({type(exc).__name__}: {exc})",
+                    err=True,
+                )
                 continue
             out.update({c.name: c for c in made if c.name and c.name not in self.commands})
         return out
@@ -100,8 +103,23 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.train import train
     from hdeval.methods.registry import builtin_methods
 
-    for command in (train, apply, merge_shards, report, explain, methods_cmd, tasks_cmd, data, cache, benchmark,
-                    estimate, label, init, check, refit):
+    for command in (
+        train,
+        apply,
+        merge_shards,
+        report,
+        explain,
+        methods_cmd,
+        tasks_cmd,
+        data,
+        cache,
+        benchmark,
+        estimate,
+        label,
+        init,
+        check,
+        refit,
+    ):
         cli.add_command(command)
     data.add_command(export_labels)
     for method in builtin_methods():  # the commands a built-in method adds (hdeval paireval ...)

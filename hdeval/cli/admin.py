@@ -10,8 +10,9 @@ import click
 from hdeval.cli.boundary import guarded
 from hdeval.errors import one_line
 
-_cache_dir = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None,
-                          type=click.Path(file_okay=False))
+_cache_dir = click.option(
+    "--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False)
+)
 
 
 @click.command("methods")
@@ -43,8 +44,11 @@ def tasks_cmd() -> None:
         task = load_task(name)
         found = next((p for p in data_candidates(task) if p.is_file()), None)
         # only the UniEval sets download: pointing the others at `data download` fails
-        way = (f"set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download {name}`" if name in DATASETS
-               else "no download source: set HDEVAL_DATA_DIR or pass --data")
+        way = (
+            f"set HDEVAL_DATA_DIR, pass --data, or run `hdeval data download {name}`"
+            if name in DATASETS
+            else "no download source: set HDEVAL_DATA_DIR or pass --data"
+        )
         status = f"data: {found}" if found else f"data: not found ({way})"
         click.echo(f"{name} ({task.shape}): {task.description}")
         for a in task.aspects:
@@ -83,8 +87,10 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     try:
         question = f"delete {read_stats(path)['entries']} cached LLM replies in {path}?"
     except CacheCorrupted:
-        question = (f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
-                    f"entries); delete it?")
+        question = (
+            f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
+            f"entries); delete it?"
+        )
     if not yes and not click.confirm(question, default=False):
         click.echo("nothing deleted")
         return
@@ -114,28 +120,41 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     r = check_cache(path)  # diskcache's file, then the reply table's
     planted = [o if name == DBNAME else f"{name}: {o}" for name, found in r.planted.items() for o in found]
     db = path / next(iter(r.planted), DBNAME)
-    click.echo(f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
-               f"{r.foreign} foreign (not written by hdeval) entries")
+    click.echo(
+        f"cache {path}: {r.readable} readable, {r.unreadable} unreadable, "
+        f"{r.foreign} foreign (not written by hdeval) entries"
+    )
     for e in r.examples:
         click.echo(f"  {e}")
     for obj in planted:
         click.echo(f"  {obj}: not created by the cache")
     if planted:
-        click.echo(f"error: the database {db} holds {len(planted)} SQLite object(s) the cache never "
-                   f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
-                   f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
-                   "database", err=True)
+        click.echo(
+            f"error: the database {db} holds {len(planted)} SQLite object(s) the cache never "
+            f"creates ({planted[0]}{', ...' if len(planted) > 1 else ''}), which could rewrite or drop "
+            f"replies; `hdeval cache repair --cache-dir {path}` copies the readable entries into a fresh "
+            "database",
+            err=True,
+        )
     elif r.database_error is not None and on_read_only_storage(path):
-        click.echo(f"error: cannot read the cache databases in {path} on read-only storage "
-                   f"({r.database_error}); check a writable copy of {path}", err=True)
+        click.echo(
+            f"error: cannot read the cache databases in {path} on read-only storage "
+            f"({r.database_error}); check a writable copy of {path}",
+            err=True,
+        )
     elif r.database_error is not None:
         bad = path / (TABLE_DBNAME if r.database_error.startswith(TABLE_DBNAME) else DBNAME)
-        click.echo(f"error: the database {bad} is damaged ({r.database_error}); "
-                   f"`hdeval cache repair --cache-dir {path}` keeps the readable entries", err=True)
+        click.echo(
+            f"error: the database {bad} is damaged ({r.database_error}); "
+            f"`hdeval cache repair --cache-dir {path}` keeps the readable entries",
+            err=True,
+        )
     elif not r.ok:
-        click.echo(f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
-                   f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
-                   err=True)
+        click.echo(
+            f"error: {r.unreadable + r.foreign} entries cannot be used (each is asked again "
+            f"when needed); `hdeval cache repair --cache-dir {path}` keeps only the readable ones",
+            err=True,
+        )
     if not r.ok or planted:
         sys.exit(1)
 
@@ -154,23 +173,35 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
 
     r = repair_cache(cache_dir or default_cache_dir())
     damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
-    click.echo(f"repaired {r.path}: copied {r.readable} readable entries into a fresh cache; "
-               f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}")
+    click.echo(
+        f"repaired {r.path}: copied {r.readable} readable entries into a fresh cache; "
+        f"left out {r.unreadable} unreadable and {r.foreign} foreign entries{damaged}"
+    )
     click.echo(f"the old database is kept as {r.kept_as} (delete it when you no longer need it)")
 
 
 @cache.command("import")
 @click.argument("results", metavar="RESULTS.jsonl", type=click.Path(dir_okay=False))
-@click.option("--requests", "requests_file", required=True, metavar="REQUESTS.jsonl",
-              type=click.Path(dir_okay=False),
-              help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
-                   "wrote (its custom_ids are the only ones accepted).")
-@click.option("--skip-other-models", is_flag=True,
-              help="Leave out (and count) results whose body.model is not the model their request asked, "
-                   "instead of refusing the file.")
+@click.option(
+    "--requests",
+    "requests_file",
+    required=True,
+    metavar="REQUESTS.jsonl",
+    type=click.Path(dir_okay=False),
+    help="The request file `hdeval apply --export-requests` or `hdeval train --export-requests` "
+    "wrote (its custom_ids are the only ones accepted).",
+)
+@click.option(
+    "--skip-other-models",
+    is_flag=True,
+    help="Leave out (and count) results whose body.model is not the model their request asked, "
+    "instead of refusing the file.",
+)
 @_cache_dir
 @guarded
-def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None, skip_other_models: bool) -> None:
+def cache_import_cmd(
+    results: str, requests_file: str, cache_dir: str | None, skip_other_models: bool
+) -> None:
     """Import an engine's answers to an exported request file into the cache.
 
     RESULTS.jsonl is in the OpenAI batch output format (one line per request:
@@ -197,12 +228,21 @@ def cache_import_cmd(results: str, requests_file: str, cache_dir: str | None, sk
     click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
     if report.other_model:
         first = next(iter(report.other_model.values()))
-        click.echo(f"warning: {len(report.other_model)} result(s) answered by another model than their "
-                   f"request asked (first: {one_line(first)[:80]!r}) were left out; apply sends those to the LLM", err=True)
+        click.echo(
+            f"warning: {len(report.other_model)} result(s) answered by another model than their "
+            f"request asked (first: {one_line(first)[:80]!r}) were left out; apply sends those to the LLM",
+            err=True,
+        )
     if report.failed:
         first = next(iter(report.failed.values()))
-        click.echo(f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "
-                   f"{first}); apply sends those to the LLM, or export again", err=True)
+        click.echo(
+            f"warning: {len(report.failed)} request(s) have an error instead of a reply (first: "
+            f"{first}); apply sends those to the LLM, or export again",
+            err=True,
+        )
     if report.missing:
-        click.echo(f"warning: {report.missing} request(s) of {requests_file} have no line in {results}; "
-                   "apply sends those to the LLM, or export again", err=True)
+        click.echo(
+            f"warning: {report.missing} request(s) of {requests_file} have no line in {results}; "
+            "apply sends those to the LLM, or export again",
+            err=True,
+        )

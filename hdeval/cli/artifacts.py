@@ -11,6 +11,7 @@ import click
 from hdeval.cli.progress import TerminalProgress
 from hdeval.errors import HdevalError
 
+
 def _notice_local(model: str | None) -> None:
     from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
 
@@ -49,8 +50,9 @@ def policy() -> dict:
     ctx, typed = click.get_current_context(silent=True), ParameterSource.COMMANDLINE
     llm, url = (ctx is None or ctx.get_parameter_source(n) == typed for n in ("llm", "base_url"))
     ask = (lambda question: click.confirm(question, default=False, err=True)) if _stdin_is_tty() else None
-    return dict(llm_given=llm, base_url_given=url, confirm=ask,
-                notify=lambda text: click.echo(text, err=True))
+    return dict(
+        llm_given=llm, base_url_given=url, confirm=ask, notify=lambda text: click.echo(text, err=True)
+    )
 
 
 def score_with_artifact(ev, samples, *, quiet: bool, **llm_options: Any):

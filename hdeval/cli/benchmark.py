@@ -19,16 +19,28 @@ def _csv(value: str) -> tuple[str, ...]:
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
-@click.option("--data", type=click.Path(dir_okay=False), default=None,
-              help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
-@click.option("--methods", default="direct,hdeval", show_default=True,
-              help="Comma-separated methods (`hdeval methods`, plug-ins included) and variants: direct, "
-                   "direct-yesno, hdeval, paireval (PairEval and direct-yesno need a dialogue task: a history "
-                   "besides the response); on a pairwise task: dna, dna-direct (DnA's --dna-mode direct "
-                   "baseline), hdeval.")
-@click.option("--aggregators", default="lr", show_default=True,
-              help="Comma-separated aggregators of hdeval and paireval, each a row of the tables: mean, "
-                   "direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf, auto.")
+@click.option(
+    "--data",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
+)
+@click.option(
+    "--methods",
+    default="direct,hdeval",
+    show_default=True,
+    help="Comma-separated methods (`hdeval methods`, plug-ins included) and variants: direct, "
+    "direct-yesno, hdeval, paireval (PairEval and direct-yesno need a dialogue task: a history "
+    "besides the response); on a pairwise task: dna, dna-direct (DnA's --dna-mode direct "
+    "baseline), hdeval.",
+)
+@click.option(
+    "--aggregators",
+    default="lr",
+    show_default=True,
+    help="Comma-separated aggregators of hdeval and paireval, each a row of the tables: mean, "
+    "direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf, auto.",
+)
 @click.option("--seeds", default=1, show_default=True, type=int, help="Runs per setting (seeds 0..N-1).")
 @click.option("--train-fracs", default="0.5", show_default=True, help="Comma-separated training fractions.")
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
@@ -36,35 +48,85 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
 @click.option("--layers", default=3, show_default=True, type=int, help="Depth of HD-Eval's criteria tree.")
 @click.option("--children", default=4, show_default=True, type=int, help="Max sub-criteria per criterion.")
-@click.option("--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3.")
-@click.option("--limit", default=None, type=int, help="Use about N samples per run: whole documents until at least N (never part of one).")
-@click.option("--method-option", "method_option", multiple=True, metavar="METHOD.NAME=VALUE",
-              help="A method's option for its runs (repeatable), e.g. paireval.comparisons=3, "
-                   "dna.tie_margin=0.5; `hdeval train --help` lists each method's options.")
+@click.option(
+    "--top-k", default=4, show_default=True, type=int, help="Criteria expanded per layer from layer 3."
+)
+@click.option(
+    "--limit",
+    default=None,
+    type=int,
+    help="Use about N samples per run: whole documents until at least N (never part of one).",
+)
+@click.option(
+    "--method-option",
+    "method_option",
+    multiple=True,
+    metavar="METHOD.NAME=VALUE",
+    help="A method's option for its runs (repeatable), e.g. paireval.comparisons=3, "
+    "dna.tie_margin=0.5; `hdeval train --help` lists each method's options.",
+)
 @click.option("--resamples", default=1000, show_default=True, type=int, help="Bootstrap resamples.")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
-              help="Output directory: results.json, results.md, report.html.")
+@click.option(
+    "--out",
+    "-o",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory: results.json, results.md, report.html.",
+)
 @click.option("--force", is_flag=True, help="Replace a previous benchmark's results in --out.")
-@click.option("--keep-artifacts", is_flag=True,
-              help="Also save each run's trained evaluator under --out/runs/<setting>-seed<k>/.")
-@click.option("--label-budget", "label_budget", default=None, metavar="N,N,...",
-              help="Learning curves: simulate labelling the training split from no label, re-fit the "
-                   "learned methods' aggregator at each of these label counts and score the held-out "
-                   "documents (no LLM call beyond the runs'), e.g. 10,20,50,100,200.")
-@click.option("--selection", default=None,
-              help="With --label-budget: the selection strategies to compare (random, uncertainty, "
-                   "diversity, hybrid). Default: random,uncertainty,hybrid.")
-@click.option("--repeats", default=None, type=int,
-              help="With --label-budget: simulated labellings per strategy (different seeds). Default: 10.")
+@click.option(
+    "--keep-artifacts",
+    is_flag=True,
+    help="Also save each run's trained evaluator under --out/runs/<setting>-seed<k>/.",
+)
+@click.option(
+    "--label-budget",
+    "label_budget",
+    default=None,
+    metavar="N,N,...",
+    help="Learning curves: simulate labelling the training split from no label, re-fit the "
+    "learned methods' aggregator at each of these label counts and score the held-out "
+    "documents (no LLM call beyond the runs'), e.g. 10,20,50,100,200.",
+)
+@click.option(
+    "--selection",
+    default=None,
+    help="With --label-budget: the selection strategies to compare (random, uncertainty, "
+    "diversity, hybrid). Default: random,uncertainty,hybrid.",
+)
+@click.option(
+    "--repeats",
+    default=None,
+    type=int,
+    help="With --label-budget: simulated labellings per strategy (different seeds). Default: 10.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-@click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
-              help="Never download a built-in task's data (by default it is fetched on first use).")
+@click.option(
+    "--offline",
+    is_flag=True,
+    envvar="HDEVAL_OFFLINE",
+    help="Never download a built-in task's data (by default it is fetched on first use).",
+)
 @llm_options
 @guarded
-def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs: str, resamples: int,
-              method_option: tuple[str, ...], out: str, force: bool, keep_artifacts: bool, quiet: bool,
-              offline: bool, label_budget: str | None, selection: str | None, repeats: int | None,
-              **options: Any) -> None:
+def benchmark(
+    task: str,
+    methods: str,
+    aggregators: str,
+    seeds: int,
+    train_fracs: str,
+    resamples: int,
+    method_option: tuple[str, ...],
+    out: str,
+    force: bool,
+    keep_artifacts: bool,
+    quiet: bool,
+    offline: bool,
+    label_budget: str | None,
+    selection: str | None,
+    repeats: int | None,
+    **options: Any,
+) -> None:
     """Train every combination of methods, aggregators, seeds and training fractions (one shared
     LLM cache: a repeated sweep makes no calls) and compare them on the held-out split.
 
@@ -76,17 +138,24 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
     from hdeval.benchmark.output import check_output_dir, write_benchmark
     from hdeval.benchmark.spec import BenchmarkSpec, check_shapes, parse_method_options
     from hdeval.benchmark.sweep import run_benchmark
-    from hdeval.errors import ConfigError
-
     from hdeval.cli.data import fetch_missing_task_data
+    from hdeval.errors import ConfigError
 
     try:
         fracs = tuple(float(f) for f in _csv(train_fracs))
     except ValueError:
         raise ConfigError(f"--train-fracs must be comma-separated numbers, got {train_fracs!r}") from None
     given = {k: v for k, v in options.items() if v is not None}
-    spec = BenchmarkSpec(task, _csv(methods), _csv(aggregators), seeds, fracs, resamples, given,
-                         parse_method_options(method_option))
+    spec = BenchmarkSpec(
+        task,
+        _csv(methods),
+        _csv(aggregators),
+        seeds,
+        fracs,
+        resamples,
+        given,
+        parse_method_options(method_option),
+    )
     spec.validate()
     shape = check_shapes(spec)
     curves = None
@@ -101,12 +170,16 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         try:
             budgets = tuple(int(b) for b in _csv(label_budget))
         except ValueError:
-            raise ConfigError(f"--label-budget must be comma-separated whole numbers, got {label_budget!r}") from None
+            raise ConfigError(
+                f"--label-budget must be comma-separated whole numbers, got {label_budget!r}"
+            ) from None
         learned = [a for a in spec.aggregators if a != "auto"]
         curves = CurveSpec(budgets, _csv(selection), repeats, learned[0] if learned else "lr")
         curves.validate()
         if not {"hdeval", "paireval"} & set(spec.methods):
-            raise ConfigError("--label-budget re-fits a learned aggregator: add hdeval or paireval to --methods")
+            raise ConfigError(
+                "--label-budget re-fits a learned aggregator: add hdeval or paireval to --methods"
+            )
     check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
     if options.get("data") is None:
         fetch_missing_task_data(task, offline=offline)
@@ -127,9 +200,12 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
         results["learning_curves"] = learning_curves(runs, curves, shape == "pairwise", progress.message)
     write_benchmark(results, out, force=force, artifacts=artifacts)
     for m, c in results["cost"].items():
-        click.echo(f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
-                   f"cache hits: {c['cache_hits']}), tokens: {c['prompt_tokens']} prompt + "
-                   f"{c['completion_tokens']} completion", err=True)
+        click.echo(
+            f"{m}: {c['runs']} run(s), LLM requests: {c['requests']} (new calls made: {c['calls']}, "
+            f"cache hits: {c['cache_hits']}), tokens: {c['prompt_tokens']} prompt + "
+            f"{c['completion_tokens']} completion",
+            err=True,
+        )
     for w in results.get("warnings") or []:
         click.echo(f"warning: {w}", err=True)
     for s in results["settings"]:
@@ -142,9 +218,11 @@ def benchmark(task: str, methods: str, aggregators: str, seeds: int, train_fracs
     for run in results.get("learning_curves") or []:
         for strat, row in run["summary"]["strategies"].items():
             need = row["labels_needed"]
-            click.echo(f"{run['setting']} seed {run['seed']}: {strat} reaches 95% of full-label agreement with "
-                       f"{'more than ' + str(run['budgets'][-1]) if need is None else f'{need:g}'} labels "
-                       "(median over repeats)")
+            click.echo(
+                f"{run['setting']} seed {run['seed']}: {strat} reaches 95% of full-label agreement with "
+                f"{'more than ' + str(run['budgets'][-1]) if need is None else f'{need:g}'} labels "
+                "(median over repeats)"
+            )
     kept = f", {len(artifacts)} run artifact(s) in runs/" if artifacts else ""
     click.echo(f"benchmark written to {out} (results.json, results.md, report.html{kept})")
     from hdeval.report import file_url

@@ -10,17 +10,24 @@ from pathlib import Path
 import click
 
 from hdeval import datasets
-from hdeval.datasets import (
-    DATASETS, DEFAULT_SOURCE_URL, DEFAULT_TIMEOUT, SOURCE_URL_ENV, ColumnMap, DownloadEvent, data_candidates,
-    load_task,
-)
 from hdeval.cli.boundary import guarded
 from hdeval.cli.progress import _end_open_line, _set_line_open
+from hdeval.datasets import (
+    DATASETS,
+    DEFAULT_SOURCE_URL,
+    DEFAULT_TIMEOUT,
+    SOURCE_URL_ENV,
+    ColumnMap,
+    DownloadEvent,
+    data_candidates,
+    load_task,
+)
 from hdeval.errors import DataError, DownloadError
 
 # Downloads and imports write under temp names and rename at the end: an interrupt leaves nothing partial.
 _errors_to_exit = functools.partial(
-    guarded, interrupted="interrupted: no partial file was written; rerun to continue")
+    guarded, interrupted="interrupted: no partial file was written; rerun to continue"
+)
 
 
 @click.group("data")
@@ -64,8 +71,11 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
     if offline:
         raise DataError(missing_data_message(task, why="not downloading it (--offline)"))
     url = datasets.dataset_url(datasets.resolve_source_url(), task_name)
-    click.echo(f"note: no data for {task_name} yet: downloading it once from {url} into "
-               f"{user_data_dir()} (--offline refuses)", err=True)
+    click.echo(
+        f"note: no data for {task_name} yet: downloading it once from {url} into "
+        f"{user_data_dir()} (--offline refuses)",
+        err=True,
+    )
     reporter = _Reporter(announce=False)
     try:
         datasets.download_datasets([task_name], progress=reporter)
@@ -77,22 +87,45 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
 
 @data.command("download")
 @click.argument("tasks", nargs=-1, type=click.Choice(list(DATASETS)))
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder to write <task>.jsonl into. Default: the per-user data dir that train searches.")
-@click.option("--source-url", envvar=SOURCE_URL_ENV, default=None, metavar="URL",
-              help="Base URL in UniEval's reproduce/data/ layout (a mirror; file:// works too). "
-                   f"Env: {SOURCE_URL_ENV}. Default: {DEFAULT_SOURCE_URL}")
-@click.option("--strict-count/--no-strict-count", default=None,
-              help="Fail unless each file has the official UniEval row count "
-                   "(summeval 1600, topical_chat 360, sfres 1181, sfhot 875). "
-                   "Default: on for the official source, off for a mirror (a different count is then "
-                   "accepted with a warning).")
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to write <task>.jsonl into. Default: the per-user data dir that train searches.",
+)
+@click.option(
+    "--source-url",
+    envvar=SOURCE_URL_ENV,
+    default=None,
+    metavar="URL",
+    help="Base URL in UniEval's reproduce/data/ layout (a mirror; file:// works too). "
+    f"Env: {SOURCE_URL_ENV}. Default: {DEFAULT_SOURCE_URL}",
+)
+@click.option(
+    "--strict-count/--no-strict-count",
+    default=None,
+    help="Fail unless each file has the official UniEval row count "
+    "(summeval 1600, topical_chat 360, sfres 1181, sfhot 875). "
+    "Default: on for the official source, off for a mirror (a different count is then "
+    "accepted with a warning).",
+)
 @click.option("--force", is_flag=True, help="Download again even when a valid file is present.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
-              show_default=True, help="Seconds to wait for the server before giving up.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the server before giving up.",
+)
 @_errors_to_exit
-def download_cmd(tasks: tuple[str, ...], dest: Path | None, source_url: str | None, strict_count: bool | None,
-                 force: bool, timeout: float) -> None:
+def download_cmd(
+    tasks: tuple[str, ...],
+    dest: Path | None,
+    source_url: str | None,
+    strict_count: bool | None,
+    force: bool,
+    timeout: float,
+) -> None:
     """Download the public human-judgment files and convert them for TASKS (default: all four).
 
     The files are the ones UniEval publishes (github.com/maszhongming/UniEval,
@@ -109,9 +142,15 @@ def download_cmd(tasks: tuple[str, ...], dest: Path | None, source_url: str | No
     hdeval's shared/data adds from other sources (SFRES/SFHOT system labels, Topical-Chat
     per-annotator ratings, SummEval's eleven references) is left empty.
     """
-    results = datasets.download_datasets(list(tasks), dest=dest, source_url=source_url,
-                                         strict_count=strict_count, force=force, timeout=timeout,
-                                         progress=_Reporter())
+    results = datasets.download_datasets(
+        list(tasks),
+        dest=dest,
+        source_url=source_url,
+        strict_count=strict_count,
+        force=force,
+        timeout=timeout,
+        progress=_Reporter(),
+    )
     for r in results:
         state = "downloaded" if r.downloaded else "already present"
         click.echo(f"{r.dataset}: {r.rows} rows, {state}: {r.path}")
@@ -123,8 +162,11 @@ def _note_search_path(name: str, path: Path) -> None:
     task = load_task(name)
     cands = [c.resolve() for c in data_candidates(task)]
     if path.resolve() not in cands:
-        click.echo(f"note: train does not look in {path.parent}; set HDEVAL_DATA_DIR={path.parent} "
-                   f"or pass --data {path}", err=True)
+        click.echo(
+            f"note: train does not look in {path.parent}; set HDEVAL_DATA_DIR={path.parent} "
+            f"or pass --data {path}",
+            err=True,
+        )
         return
     from hdeval.data import find_data
 
@@ -156,34 +198,75 @@ def list_cmd() -> None:
         if used is None and st.task.name in datasets.DATASETS:
             click.echo(f"    no file; run `hdeval data download {st.task.name}`")
         elif used is None:
-            click.echo(f"    no file; no download source; set HDEVAL_DATA_DIR to a folder holding {st.task.data_file}")
+            click.echo(
+                f"    no file; no download source; set HDEVAL_DATA_DIR to a folder holding {st.task.data_file}"
+            )
     click.echo("(* = the file train uses)")
 
 
 @data.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--task", "task_name", required=True, help="Built-in task name or a task .toml path.")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="JSONL file to write (atomically; nothing is written on error).")
-@click.option("--format", "fmt", type=click.Choice(["csv", "tsv", "json", "jsonl"]), default=None,
-              help="Input format. Default: from the file extension.")
-@click.option("--id-col", default=None, help="Column with unique ids. Default: 'id' if present, else <task>-<row:05d>.")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSONL file to write (atomically; nothing is written on error).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["csv", "tsv", "json", "jsonl"]),
+    default=None,
+    help="Input format. Default: from the file extension.",
+)
+@click.option(
+    "--id-col", default=None, help="Column with unique ids. Default: 'id' if present, else <task>-<row:05d>."
+)
 @click.option("--source-col", default=None, help="Column with the source/input text. Default: 'source'.")
-@click.option("--context-col", default=None, help="Column with extra context (e.g. a fact). Default: 'context'.")
+@click.option(
+    "--context-col", default=None, help="Column with extra context (e.g. a fact). Default: 'context'."
+)
 @click.option("--output-col", default=None, help="Column with the text under evaluation. Default: 'output'.")
 @click.option("--reference-col", default=None, help="Column with a reference text. Default: 'reference'.")
-@click.option("--doc-col", default=None,
-              help="Column grouping outputs of the same input. Default: 'doc_id', else a hash of the source text.")
-@click.option("--system-col", default=None, help="Column naming the system that wrote the output. Default: 'system'.")
-@click.option("--score-col", "score_cols", multiple=True, metavar="ASPECT=COLUMN",
-              help="Column holding an aspect's human score; repeatable. Default: the column named like the aspect.")
-@click.option("--unscored", is_flag=True, help="Import without human scores (data to score, not to train on).")
+@click.option(
+    "--doc-col",
+    default=None,
+    help="Column grouping outputs of the same input. Default: 'doc_id', else a hash of the source text.",
+)
+@click.option(
+    "--system-col", default=None, help="Column naming the system that wrote the output. Default: 'system'."
+)
+@click.option(
+    "--score-col",
+    "score_cols",
+    multiple=True,
+    metavar="ASPECT=COLUMN",
+    help="Column holding an aspect's human score; repeatable. Default: the column named like the aspect.",
+)
+@click.option(
+    "--unscored", is_flag=True, help="Import without human scores (data to score, not to train on)."
+)
 @click.option("--force", is_flag=True, help="Replace an existing -o file (refused without it).")
 @_errors_to_exit
-def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: str | None,
-               source_col: str | None, context_col: str | None, output_col: str | None,
-               reference_col: str | None, doc_col: str | None, system_col: str | None,
-               score_cols: tuple[str, ...], unscored: bool, force: bool) -> None:
+def import_cmd(
+    file: Path,
+    task_name: str,
+    out: Path,
+    fmt: str | None,
+    id_col: str | None,
+    source_col: str | None,
+    context_col: str | None,
+    output_col: str | None,
+    reference_col: str | None,
+    doc_col: str | None,
+    system_col: str | None,
+    score_cols: tuple[str, ...],
+    unscored: bool,
+    force: bool,
+) -> None:
     """Convert FILE (CSV, TSV, JSON list or JSONL) into hdeval's sample schema for a task.
 
     Every row is checked before anything is written; problems are reported with their row
@@ -194,9 +277,16 @@ def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: s
 
     check_output(out, [file, task_name if task_name.endswith(".toml") else None], replace=force)
     task = load_task(task_name)
-    columns = ColumnMap(id=id_col, source=source_col, context=context_col, output=output_col,
-                        reference=reference_col, doc=doc_col, system=system_col,
-                        scores=datasets.parse_score_columns(score_cols, task))
+    columns = ColumnMap(
+        id=id_col,
+        source=source_col,
+        context=context_col,
+        output=output_col,
+        reference=reference_col,
+        doc=doc_col,
+        system=system_col,
+        scores=datasets.parse_score_columns(score_cols, task),
+    )
     rows = datasets.import_table(file, task, columns, fmt=fmt, unscored=unscored)
     n = datasets.write_samples(out, rows, task, unscored=unscored)
     docs = len({r["doc_id"] for r in rows})
@@ -204,5 +294,8 @@ def import_cmd(file: Path, task_name: str, out: Path, fmt: str | None, id_col: s
     have = datasets.scored_aspects(rows, task)
     if not unscored and len(have) < len(task.aspect_keys):
         absent = [a for a in task.aspect_keys if a not in have]
-        click.echo(f"note: scores for {', '.join(have)} only (no column for {', '.join(absent)}); "
-                   f"train on this file with --aspects {','.join(have)}", err=True)
+        click.echo(
+            f"note: scores for {', '.join(have)} only (no column for {', '.join(absent)}); "
+            f"train on this file with --aspects {','.join(have)}",
+            err=True,
+        )

@@ -28,24 +28,67 @@ _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 @click.command()
 @click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The task file to write (.toml).")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The task file to write (.toml).",
+)
 @click.option("--name", default=None, help="Task name. Default: the data file's name.")
 @click.option("--description", default=None, help="What is generated, in one sentence (the prompts show it).")
-@click.option("--source-col", default=None, help="Column with the source/input text. Default: 'source', 'question', ...")
-@click.option("--context-col", default=None, help="Column with extra context. Default: 'context', if present.")
-@click.option("--output-col", default=None, help="Column with the text under evaluation. Default: 'output', 'answer', ...")
-@click.option("--reference-col", default=None, help="Column with a reference text. Default: 'reference', if present.")
-@click.option("--id-col", default=None, help="Column with unique ids. Default: 'id' if present, else ids from the texts.")
-@click.option("--doc-col", default=None, help="Column grouping outputs of one input. Default: 'doc_id', else the source.")
-@click.option("--system-col", default=None, help="Column naming the system that wrote the output. Default: 'system'.")
-@click.option("--score-col", "score_cols", multiple=True, metavar="[ASPECT=]COLUMN",
-              help="A column of human scores (an aspect); repeatable. Default: every other numeric column.")
+@click.option(
+    "--source-col", default=None, help="Column with the source/input text. Default: 'source', 'question', ..."
+)
+@click.option(
+    "--context-col", default=None, help="Column with extra context. Default: 'context', if present."
+)
+@click.option(
+    "--output-col",
+    default=None,
+    help="Column with the text under evaluation. Default: 'output', 'answer', ...",
+)
+@click.option(
+    "--reference-col", default=None, help="Column with a reference text. Default: 'reference', if present."
+)
+@click.option(
+    "--id-col",
+    default=None,
+    help="Column with unique ids. Default: 'id' if present, else ids from the texts.",
+)
+@click.option(
+    "--doc-col",
+    default=None,
+    help="Column grouping outputs of one input. Default: 'doc_id', else the source.",
+)
+@click.option(
+    "--system-col", default=None, help="Column naming the system that wrote the output. Default: 'system'."
+)
+@click.option(
+    "--score-col",
+    "score_cols",
+    multiple=True,
+    metavar="[ASPECT=]COLUMN",
+    help="A column of human scores (an aspect); repeatable. Default: every other numeric column.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing -o file.")
 @guarded
-def init(data: Path, out: Path, name: str | None, description: str | None, source_col: str | None,
-         context_col: str | None, output_col: str | None, reference_col: str | None, id_col: str | None,
-         doc_col: str | None, system_col: str | None, score_cols: tuple[str, ...], force: bool) -> None:
+def init(
+    data: Path,
+    out: Path,
+    name: str | None,
+    description: str | None,
+    source_col: str | None,
+    context_col: str | None,
+    output_col: str | None,
+    reference_col: str | None,
+    id_col: str | None,
+    doc_col: str | None,
+    system_col: str | None,
+    score_cols: tuple[str, ...],
+    force: bool,
+) -> None:
     """Write a task file for DATA (CSV, TSV, JSON list, JSONL or Parquet) from its columns.
 
     The text columns become the fields the prompts show, the numeric ones the aspects (with
@@ -81,34 +124,70 @@ def init(data: Path, out: Path, name: str | None, description: str | None, sourc
             if given not in columns:
                 raise ConfigError(f"{data}: no column {given!r} (given by {option}); {hint}")
             return given
-        found = next((c for n in _FIELD_NAMES.get(field, (field,)) for c in columns
-                      if c.lower() == n and c not in numeric), None)
+        found = next(
+            (
+                c
+                for n in _FIELD_NAMES.get(field, (field,))
+                for c in columns
+                if c.lower() == n and c not in numeric
+            ),
+            None,
+        )
         if ask and field in ("source", "output"):
-            found = click.prompt(f"column with the {'text under evaluation' if field == 'output' else 'input'} "
-                                 f"({', '.join(c for c in columns if c not in numeric)})",
-                                 default=found or "", show_default=bool(found), err=True).strip() or None
+            found = (
+                click.prompt(
+                    f"column with the {'text under evaluation' if field == 'output' else 'input'} "
+                    f"({', '.join(c for c in columns if c not in numeric)})",
+                    default=found or "",
+                    show_default=bool(found),
+                    err=True,
+                ).strip()
+                or None
+            )
             if found is not None and found not in columns:
                 raise ConfigError(f"{data}: no column {found!r}; {hint}")
         if found is None and required:
-            raise ConfigError(f"{data}: which column holds the text under evaluation? pass --output-col COLUMN; {hint}")
+            raise ConfigError(
+                f"{data}: which column holds the text under evaluation? pass --output-col COLUMN; {hint}"
+            )
         return found
 
-    fields = {key: pick(f"--{key}-col", given, key, key == "output") for key, given in (
-        ("source", source_col), ("context", context_col), ("output", output_col), ("reference", reference_col))}
-    others = {key: pick(f"--{option}-col", given, key, False) for key, option, given in (
-        ("id", "id", id_col), ("doc_id", "doc", doc_col), ("system", "system", system_col))}
+    fields = {
+        key: pick(f"--{key}-col", given, key, key == "output")
+        for key, given in (
+            ("source", source_col),
+            ("context", context_col),
+            ("output", output_col),
+            ("reference", reference_col),
+        )
+    }
+    others = {
+        key: pick(f"--{option}-col", given, key, False)
+        for key, option, given in (
+            ("id", "id", id_col),
+            ("doc_id", "doc", doc_col),
+            ("system", "system", system_col),
+        )
+    }
     used = {c for c in (*fields.values(), *others.values()) if c}
     aspects = _aspects(score_cols, columns, numeric, used, data, hint)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", data.stem).strip("._-") or "task"
     name = name or (click.prompt("task name", default=stem, err=True) if ask else stem)
     shown = {key: col.replace("_", " ").strip().capitalize() for key, col in fields.items() if col}
-    description = description or (click.prompt("what is generated, in one sentence", err=True) if ask else
-                                  f"A system wrote the {shown['output'].lower()}; people rated it ({data.name}).")
+    description = description or (
+        click.prompt("what is generated, in one sentence", err=True)
+        if ask
+        else f"A system wrote the {shown['output'].lower()}; people rated it ({data.name})."
+    )
     definitions = {}
     for key, (col, low, high) in aspects.items():
-        default = (f"How good the {shown['output'].lower()} is on '{col}', as the human raters scored it "
-                   f"({low:g} worst, {high:g} best).")
-        definitions[key] = click.prompt(f"what raters judged in '{col}'", default=default, err=True) if ask else default
+        default = (
+            f"How good the {shown['output'].lower()} is on '{col}', as the human raters scored it "
+            f"({low:g} worst, {high:g} best)."
+        )
+        definitions[key] = (
+            click.prompt(f"what raters judged in '{col}'", default=default, err=True) if ask else default
+        )
     text = _task_toml(name, description, shown, fields, others, aspects, definitions, _data_file(data, out))
     _write(out, text)
     from hdeval.data import read_task_samples
@@ -120,12 +199,17 @@ def init(data: Path, out: Path, name: str | None, description: str | None, sourc
     except Exception:
         out.unlink(missing_ok=True)
         raise
-    click.echo(f"wrote {out}: task {task.name}, fields {', '.join(f'{k} ({c})' for k, c in fields.items() if c)}; "
-               f"aspects {', '.join(f'{k} [{lo:g}, {hi:g}]' for k, (_, lo, hi) in aspects.items())}; "
-               f"{n} rated rows in {data}")
+    click.echo(
+        f"wrote {out}: task {task.name}, fields {', '.join(f'{k} ({c})' for k, c in fields.items() if c)}; "
+        f"aspects {', '.join(f'{k} [{lo:g}, {hi:g}]' for k, (_, lo, hi) in aspects.items())}; "
+        f"{n} rated rows in {data}"
+    )
     if not ask:
-        click.echo("note: each aspect's definition names its column: say in the task file what raters judged, "
-                   "the LLM reads it", err=True)
+        click.echo(
+            "note: each aspect's definition names its column: say in the task file what raters judged, "
+            "the LLM reads it",
+            err=True,
+        )
     click.echo(f"next: hdeval train --task {out} --llm fake  (then a real LLM: see `hdeval train --help`)")
 
 
@@ -143,7 +227,13 @@ def _numeric_range(rows: list[dict], column: str) -> tuple[float, float] | None:
         if isinstance(v, bool):
             return None
         try:
-            x = float(v.strip()) if isinstance(v, str) else float(v) if isinstance(v, (int, float)) else math.nan
+            x = (
+                float(v.strip())
+                if isinstance(v, str)
+                else float(v)
+                if isinstance(v, (int, float))
+                else math.nan
+            )
         except ValueError:
             return None
         if not math.isfinite(x):
@@ -152,8 +242,9 @@ def _numeric_range(rows: list[dict], column: str) -> tuple[float, float] | None:
     return (min(values), max(values)) if values else None
 
 
-def _aspects(score_cols: tuple[str, ...], columns: list[str], numeric: dict, used: set, data: Path,
-             hint: str) -> dict[str, tuple[str, float, float]]:
+def _aspects(
+    score_cols: tuple[str, ...], columns: list[str], numeric: dict, used: set, data: Path, hint: str
+) -> dict[str, tuple[str, float, float]]:
     """aspect key -> (column, low, high): the columns named, else every numeric column left."""
     chosen: list[tuple[str, str]] = []
     for item in score_cols:
@@ -170,14 +261,20 @@ def _aspects(score_cols: tuple[str, ...], columns: list[str], numeric: dict, use
             raise ConfigError(f"{data}: column {column!r} (--score-col) holds values that are not numbers")
         low, high = numeric[column]
         if low == high:
-            raise ConfigError(f"{data}: every score in column {column!r} is {low:g}: nothing to learn from; "
-                              "leave it out with --score-col for the other columns")
-        key = aspect if _KEY.fullmatch(aspect) else re.sub(r"[^A-Za-z0-9_]+", "_", aspect).strip("_") or "score"
+            raise ConfigError(
+                f"{data}: every score in column {column!r} is {low:g}: nothing to learn from; "
+                "leave it out with --score-col for the other columns"
+            )
+        key = (
+            aspect if _KEY.fullmatch(aspect) else re.sub(r"[^A-Za-z0-9_]+", "_", aspect).strip("_") or "score"
+        )
         if key in out:
             raise ConfigError(f"--score-col: aspect {key!r} named twice")
         out[key] = (column, low, high)
     if not out:
-        raise ConfigError(f"{data}: no numeric column left for human scores; name one with --score-col COLUMN; {hint}")
+        raise ConfigError(
+            f"{data}: no numeric column left for human scores; name one with --score-col COLUMN; {hint}"
+        )
     return out
 
 
@@ -192,19 +289,41 @@ def _s(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _task_toml(name: str, description: str, shown: dict, fields: dict, others: dict, aspects: dict,
-               definitions: dict, data_file: str) -> str:
-    lines = ["# Written by `hdeval init`: check the description and each aspect's definition (the LLM reads",
-             "# them), and each range (the scores observed; widen it to the scale raters used).",
-             f"name = {_s(name)}", f"description = {_s(description)}", f"output_label = {_s(shown['output'])}",
-             f"data_file = {_s(data_file)}  # from this file's folder", ""]
+def _task_toml(
+    name: str,
+    description: str,
+    shown: dict,
+    fields: dict,
+    others: dict,
+    aspects: dict,
+    definitions: dict,
+    data_file: str,
+) -> str:
+    lines = [
+        "# Written by `hdeval init`: check the description and each aspect's definition (the LLM reads",
+        "# them), and each range (the scores observed; widen it to the scale raters used).",
+        f"name = {_s(name)}",
+        f"description = {_s(description)}",
+        f"output_label = {_s(shown['output'])}",
+        f"data_file = {_s(data_file)}  # from this file's folder",
+        "",
+    ]
     for key, col in fields.items():
         if col:
             lines += ["[[fields]]", f"key = {_s(key)}", f"label = {_s(shown[key])}", ""]
     for key, (col, low, high) in aspects.items():
-        lines += ["[[aspects]]", f"key = {_s(key)}", f"name = {_s(col.replace('_', ' ').strip().capitalize())}",
-                  f"definition = {_s(definitions[key])}", f"range = [{low:g}, {high:g}]", ""]
-    lines += ["# which column of data_file feeds each field, as `hdeval data import`'s --*-col options", "[columns]"]
+        lines += [
+            "[[aspects]]",
+            f"key = {_s(key)}",
+            f"name = {_s(col.replace('_', ' ').strip().capitalize())}",
+            f"definition = {_s(definitions[key])}",
+            f"range = [{low:g}, {high:g}]",
+            "",
+        ]
+    lines += [
+        "# which column of data_file feeds each field, as `hdeval data import`'s --*-col options",
+        "[columns]",
+    ]
     lines += [f"{key} = {_s(col)}" for key, col in (*fields.items(), *others.items()) if col and col != key]
     scores = [(key, col) for key, (col, _, _) in aspects.items() if col != key]
     if scores:

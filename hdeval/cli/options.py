@@ -36,45 +36,91 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
     ctx.meta[f"hdeval.{param.name}"] = value
     if {"hdeval.llm", "hdeval.base_url"} <= ctx.meta.keys():
         given = ctx.meta["hdeval.llm"]
-        for llm in given if isinstance(given, tuple) else (given,):  # train's --llm may be given more than once
+        for llm in (
+            given if isinstance(given, tuple) else (given,)
+        ):  # train's --llm may be given more than once
             guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
             if guess:
-                    raise click.BadParameter(f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
-                                         f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
-                                         ctx=ctx, param_hint="--llm")
+                raise click.BadParameter(
+                    f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
+                    f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
+                    ctx=ctx,
+                    param_hint="--llm",
+                )
     return value
 
 
 def llm_options(f, jury: bool = False):
-    f = click.option("--llm", envvar="HDEVAL_LLM", default=None, multiple=jury, callback=_check_llm_name,
-                     help="Model: an OpenAI(-compatible) model name, 'local', 'llamacpp:/path.gguf' or "
-                          "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local."
-                          + (" Given more than once: a jury of judges behind one server (HD-Eval, "
-                             "pointwise; docs/juries.md)." if jury else ""))(f)
-    f = click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None, callback=_check_llm_name,
-                     help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
-                          "http://localhost:11434/v1 (Ollama).")(f)
+    f = click.option(
+        "--llm",
+        envvar="HDEVAL_LLM",
+        default=None,
+        multiple=jury,
+        callback=_check_llm_name,
+        help="Model: an OpenAI(-compatible) model name, 'local', 'llamacpp:/path.gguf' or "
+        "'fake'. Default: HDEVAL_LLM, else OpenAI if OPENAI_API_KEY is set, else local."
+        + (
+            " Given more than once: a jury of judges behind one server (HD-Eval, pointwise; docs/juries.md)."
+            if jury
+            else ""
+        ),
+    )(f)
+    f = click.option(
+        "--base-url",
+        envvar="HDEVAL_BASE_URL",
+        default=None,
+        callback=_check_llm_name,
+        help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
+        "http://localhost:11434/v1 (Ollama).",
+    )(f)
     from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
-    f = click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, type=int,
-                     help="LLM requests in flight.")(f)
-    f = click.option("--timeout", default=DEFAULT_TIMEOUT, show_default=True, type=float,
-                     help="Seconds per attempt of an LLM request (each retry gets its own).")(f)
-    f = click.option("--max-retries", default=DEFAULT_MAX_RETRIES, show_default=True, type=int,
-                     help="Retries per request on 429/5xx/timeouts.")(f)
-    f = click.option("--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False),
-                     help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.")(f)
-    f = click.option("--max-calls", default=None, type=int,
-                     help="Stop cleanly before making more than N new LLM calls (cached calls are free).")(f)
+    f = click.option(
+        "--concurrency",
+        default=DEFAULT_CONCURRENCY,
+        show_default=True,
+        type=int,
+        help="LLM requests in flight.",
+    )(f)
+    f = click.option(
+        "--timeout",
+        default=DEFAULT_TIMEOUT,
+        show_default=True,
+        type=float,
+        help="Seconds per attempt of an LLM request (each retry gets its own).",
+    )(f)
+    f = click.option(
+        "--max-retries",
+        default=DEFAULT_MAX_RETRIES,
+        show_default=True,
+        type=int,
+        help="Retries per request on 429/5xx/timeouts.",
+    )(f)
+    f = click.option(
+        "--cache-dir",
+        envvar="HDEVAL_CACHE_DIR",
+        default=None,
+        type=click.Path(file_okay=False),
+        help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.",
+    )(f)
+    f = click.option(
+        "--max-calls",
+        default=None,
+        type=int,
+        help="Stop cleanly before making more than N new LLM calls (cached calls are free).",
+    )(f)
     return f
 
 
 def batch_option(f):
     """``--batch`` (train, apply): scoring requests through the OpenAI Batch API."""
-    return click.option("--batch", is_flag=True,
-                        help="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
-                             "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
-                             "servers only).")(f)
+    return click.option(
+        "--batch",
+        is_flag=True,
+        help="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
+        "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
+        "servers only).",
+    )(f)
 
 
 def method_options(f):
@@ -92,16 +138,29 @@ def method_options(f):
     for name, owners in sorted(owned.items(), reverse=True):
         flag = "--" + name.replace("_", "-")
         first = owners[0][1]
-        text = f"[{', '.join(m for m, _ in owners)}] {first.help}{_choices_help(owners)}{_defaults_help(owners)}"
+        text = (
+            f"[{', '.join(m for m, _ in owners)}] {first.help}{_choices_help(owners)}{_defaults_help(owners)}"
+        )
         if all(isinstance(opt.default, bool) for _, opt in owners):
             f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(f)
         else:
             f = click.option(flag, name, default=None, metavar=_metavar(first), help=text)(f)
-    f = click.option("--method-option", "-O", "method_option", multiple=True, metavar="NAME=VALUE",
-                     help="An option of the chosen method (repeatable), typed as that method declares it: "
-                          "the way to give a plug-in method's options; `hdeval methods` lists them.")(f)
-    return click.option("--method", default="hdeval", show_default=True, metavar="NAME",
-                        help="How the evaluator is built: see `hdeval methods` (built-in and plug-in methods).")(f)
+    f = click.option(
+        "--method-option",
+        "-O",
+        "method_option",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="An option of the chosen method (repeatable), typed as that method declares it: "
+        "the way to give a plug-in method's options; `hdeval methods` lists them.",
+    )(f)
+    return click.option(
+        "--method",
+        default="hdeval",
+        show_default=True,
+        metavar="NAME",
+        help="How the evaluator is built: see `hdeval methods` (built-in and plug-in methods).",
+    )(f)
 
 
 def chosen_method_options(options: dict[str, Any]) -> None:
@@ -128,7 +187,9 @@ def chosen_method_options(options: dict[str, Any]) -> None:
             raise ConfigError(f"-O {item!r}: expected NAME=VALUE, e.g. -O layers=2")
         if name not in specs:
             known = ", ".join(sorted(specs)) or "none"
-            raise ConfigError(f"-O {head}: method {method.name!r} takes no option {head!r} (its options: {known})")
+            raise ConfigError(
+                f"-O {head}: method {method.name!r} takes no option {head!r} (its options: {known})"
+            )
         if name in given or options.get(name) is not None:
             raise ConfigError(f"-O {head}: the option is given more than once")
         given[name] = convert_option(raw, specs[name], f"-O {head}")

@@ -22,9 +22,13 @@ def _num(x: Any, digits: int = 3) -> str:
 
 def _table(records: list[dict], alpha: float) -> list[str]:
     level = f"{1 - alpha:.0%}"
-    out = [(f"{'aspect':<18} {'group':<14} {'labels':>13}  {'PPI++ estimate [' + level + ']':<27} "
-            f"{'classical (labels only)':<27} {'evaluator':>9}  {'+labels':>7}"),
-           f"{'':<18} {'':<14} {'':>13}  {'':<27} {'':<27} {'(biased)':>9}  {'(eff.)':>7}"]
+    out = [
+        (
+            f"{'aspect':<18} {'group':<14} {'labels':>13}  {'PPI++ estimate [' + level + ']':<27} "
+            f"{'classical (labels only)':<27} {'evaluator':>9}  {'+labels':>7}"
+        ),
+        f"{'':<18} {'':<14} {'':>13}  {'':<27} {'':<27} {'(biased)':>9}  {'(eff.)':>7}",
+    ]
     for r in records:
         if r["kind"] != "mean":
             continue
@@ -34,47 +38,96 @@ def _table(records: list[dict], alpha: float) -> list[str]:
             continue
         ppi = f"{_num(r['estimate'])} [{_num(r['low'])}, {_num(r['high'])}]"
         classical = f"{_num(r['classical'])} [{_num(r['classical_low'])}, {_num(r['classical_high'])}]"
-        out.append(f"{head}  {ppi:<27} {classical:<27} {_num(r['evaluator_mean']):>9}  {r['labels_gained']:>+7.0f}")
+        out.append(
+            f"{head}  {ppi:<27} {classical:<27} {_num(r['evaluator_mean']):>9}  {r['labels_gained']:>+7.0f}"
+        )
         more = r["more_labels"]
         margin = f"±{r['margin']:g}"
-        out.append(f"{'':<18} {'':<14} {'':>13}  " + (
-            f"already within {margin}" if more == 0 else
-            f"label about {more} more to reach {margin}" if more is not None else
-            f"{margin} is out of reach by labelling these {r['n']} rows"))
+        out.append(
+            f"{'':<18} {'':<14} {'':>13}  "
+            + (
+                f"already within {margin}"
+                if more == 0
+                else f"label about {more} more to reach {margin}"
+                if more is not None
+                else f"{margin} is out of reach by labelling these {r['n']} rows"
+            )
+        )
     diffs = [r for r in records if r["kind"] == "difference"]
     if diffs:
-        out.append(f"differences from group {diffs[0]['baseline']} ({level} intervals; the groups' rows are disjoint):")
+        out.append(
+            f"differences from group {diffs[0]['baseline']} ({level} intervals; the groups' rows are disjoint):"
+        )
         for r in diffs:
-            out.append(f"  {r['aspect']:<18} {r['group']} - {r['baseline']}: {r['estimate']:+.3f} "
-                       f"[{r['low']:+.3f}, {r['high']:+.3f}]  classical {r['classical']:+.3f} "
-                       f"[{r['classical_low']:+.3f}, {r['classical_high']:+.3f}]")
+            out.append(
+                f"  {r['aspect']:<18} {r['group']} - {r['baseline']}: {r['estimate']:+.3f} "
+                f"[{r['low']:+.3f}, {r['high']:+.3f}]  classical {r['classical']:+.3f} "
+                f"[{r['classical_low']:+.3f}, {r['classical_high']:+.3f}]"
+            )
     return out
 
 
 @click.command("estimate")
 @click.argument("artifact", type=click.Path())
-@click.option("--data", "data", required=True, type=click.Path(dir_okay=False), metavar="ROWS.jsonl",
-              help="The rows: an `hdeval apply` output of ARTIFACT (read as is: no LLM), or samples in the "
-                   "task's format, scored first (cached). Rows with human scores (`scores` in a sample, `human` "
-                   "in an apply output) are the labels; they must be a uniform random sample of the rows, or "
-                   "each carry `sampling_prob`. An apply output keeps no `meta`, `selection` or `sampling_prob` "
-                   "of the samples: give the samples file when --by or the labels need them.")
-@click.option("--by", default=None, metavar="FIELD",
-              help="One estimate per value of FIELD (looked up in `meta`, then at the top level: e.g. system), "
-                   "and each group's difference from --baseline.")
-@click.option("--baseline", default=None, metavar="GROUP",
-              help="With --by: the group the others are compared with (default: the first by name).")
-@click.option("--alpha", default=0.1, show_default=True, type=float,
-              help="Error level: the intervals cover the human mean with probability 1 - alpha.")
-@click.option("--margin", default=None, type=float, metavar="X",
-              help="The half-width `label about N more to reach ±X` aims at (default: half the current one).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object per line: per aspect and group (kind mean), per difference (kind difference).")
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    type=click.Path(dir_okay=False),
+    metavar="ROWS.jsonl",
+    help="The rows: an `hdeval apply` output of ARTIFACT (read as is: no LLM), or samples in the "
+    "task's format, scored first (cached). Rows with human scores (`scores` in a sample, `human` "
+    "in an apply output) are the labels; they must be a uniform random sample of the rows, or "
+    "each carry `sampling_prob`. An apply output keeps no `meta`, `selection` or `sampling_prob` "
+    "of the samples: give the samples file when --by or the labels need them.",
+)
+@click.option(
+    "--by",
+    default=None,
+    metavar="FIELD",
+    help="One estimate per value of FIELD (looked up in `meta`, then at the top level: e.g. system), "
+    "and each group's difference from --baseline.",
+)
+@click.option(
+    "--baseline",
+    default=None,
+    metavar="GROUP",
+    help="With --by: the group the others are compared with (default: the first by name).",
+)
+@click.option(
+    "--alpha",
+    default=0.1,
+    show_default=True,
+    type=float,
+    help="Error level: the intervals cover the human mean with probability 1 - alpha.",
+)
+@click.option(
+    "--margin",
+    default=None,
+    type=float,
+    metavar="X",
+    help="The half-width `label about N more to reach ±X` aims at (default: half the current one).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object per line: per aspect and group (kind mean), per difference (kind difference).",
+)
 @click.option("--quiet", "-q", is_flag=True)
 @llm_options
 @guarded
-def estimate(artifact: str, data: str, by: str | None, baseline: str | None, alpha: float, margin: float | None,
-             as_json: bool, quiet: bool, **llm: Any) -> None:
+def estimate(
+    artifact: str,
+    data: str,
+    by: str | None,
+    baseline: str | None,
+    alpha: float,
+    margin: float | None,
+    as_json: bool,
+    quiet: bool,
+    **llm: Any,
+) -> None:
     """Estimate the human mean of a set of rows, with an interval, from a few human labels.
 
     The evaluator scores every row; the labelled rows correct its bias (prediction-powered
@@ -101,7 +154,9 @@ def estimate(artifact: str, data: str, by: str | None, baseline: str | None, alp
         finally:
             progress.close()
         u = res.usage
-        note(f"scored {res.rows} rows: LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}")
+        note(
+            f"scored {res.rows} rows: LLM calls made: {u.get('calls', 0)}, cache hits: {u.get('cache_hits', 0)}"
+        )
 
     res = estimate_file(artifact, data, by=by, alpha=alpha, margin=margin, baseline=baseline, score=score)
     for line in res.notes:

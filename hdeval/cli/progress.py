@@ -114,8 +114,10 @@ class TerminalProgress(Progress):
             if self.done < self.total:
                 extra += f", ETA {_duration((self.total - self.done) / rate)}"
             if self.later:  # the whole run at this stage's rate; later stages' cache hits make it less
-                extra += (f"; whole run: at most {self.total - self.done + self.later} more requests, "
-                          f"ETA <= {_duration((self.total - self.done + self.later) / rate)}")
+                extra += (
+                    f"; whole run: at most {self.total - self.done + self.later} more requests, "
+                    f"ETA <= {_duration((self.total - self.done + self.later) / rate)}"
+                )
         return f"{self.label}: {self.done}/{self.total} done ({self.hits} cached){extra}"
 
     def _draw(self, force: bool = False, final: bool = False, stop: threading.Event | None = None) -> None:

@@ -14,10 +14,16 @@ from hdeval.cli.progress import TerminalProgress
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="The samples JSONL the artifact was trained on: its training and held-out rows, with "
-                   "their human scores (no new label is needed).")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The new artifact directory.")
+@click.option(
+    "--data",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The samples JSONL the artifact was trained on: its training and held-out rows, with "
+    "their human scores (no new label is needed).",
+)
+@click.option(
+    "--out", "-o", required=True, type=click.Path(file_okay=False), help="The new artifact directory."
+)
 @click.option("--force", is_flag=True, help="Replace an existing artifact at --out.")
 @click.option("--seed", default=0, show_default=True, type=int, help="The refit's and the bootstrap's seed.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
@@ -56,9 +62,11 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
         progress.close()
     path = new.save(out, force=force)
     lo, hi = change["interval"]
-    click.echo(f"held-out average spearman: {change['spearman_before']:.3f} with {ev.llm_identity}, "
-               f"{change['spearman_after']:.3f} with {client.identity}: change {change['change']:+.3f} "
-               f"(95% interval {lo:+.3f} to {hi:+.3f}, {change['documents']} documents)")
+    click.echo(
+        f"held-out average spearman: {change['spearman_before']:.3f} with {ev.llm_identity}, "
+        f"{change['spearman_after']:.3f} with {client.identity}: change {change['change']:+.3f} "
+        f"(95% interval {lo:+.3f} to {hi:+.3f}, {change['documents']} documents)"
+    )
     if change["verdict"] == "worse":
         click.echo("the new judge is worse on the held-out rows: its interval lies below zero")
     elif change["verdict"] == "better":

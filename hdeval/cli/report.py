@@ -20,30 +20,74 @@ from hdeval.methods.base import Explains, Reports, explain_refusal, report_refus
 
 @click.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
-              help="Directory for report.html and report.json. Default: ARTIFACT/report.")
-@click.option("--max-samples", default=200, show_default=True, type=int,
-              help="Held-out samples explained with SHAP (bounds the cost).")
-@click.option("--background", default=100, show_default=True, type=int,
-              help="Training rows used as SHAP background (lr/nn aggregators).")
-@click.option("--repeats", default=5, show_default=True, type=int, help="Shuffles per permutation importance.")
-@click.option("--curve-points", default=20, show_default=True, type=int,
-              help="Refits for the criteria-efficiency curve (criteria counts spread evenly).")
+@click.option(
+    "--out",
+    "-o",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Directory for report.html and report.json. Default: ARTIFACT/report.",
+)
+@click.option(
+    "--max-samples",
+    default=200,
+    show_default=True,
+    type=int,
+    help="Held-out samples explained with SHAP (bounds the cost).",
+)
+@click.option(
+    "--background",
+    default=100,
+    show_default=True,
+    type=int,
+    help="Training rows used as SHAP background (lr/nn aggregators).",
+)
+@click.option(
+    "--repeats", default=5, show_default=True, type=int, help="Shuffles per permutation importance."
+)
+@click.option(
+    "--curve-points",
+    default=20,
+    show_default=True,
+    type=int,
+    help="Refits for the criteria-efficiency curve (criteria counts spread evenly).",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling and shuffling randomness.")
-@click.option("--data", default=None, type=click.Path(dir_okay=False),
-              help="The training data, for the per-sample view's text and raw replies. Default: the file "
-                   "the artifact was trained on, if it is still there.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
-              help="The LLM reply cache the training used (read, never written), for the raw replies. "
-                   "Default: HDEVAL_CACHE_DIR or the per-user cache.")
-@click.option("--base-url", envvar="HDEVAL_BASE_URL", default=None,
-              help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
-                   "the artifact does not keep: lets the per-sample view find the raw replies. Never written.")
+@click.option(
+    "--data",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The training data, for the per-sample view's text and raw replies. Default: the file "
+    "the artifact was trained on, if it is still there.",
+)
+@click.option(
+    "--cache-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The LLM reply cache the training used (read, never written), for the raw replies. "
+    "Default: HDEVAL_CACHE_DIR or the per-user cache.",
+)
+@click.option(
+    "--base-url",
+    envvar="HDEVAL_BASE_URL",
+    default=None,
+    help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
+    "the artifact does not keep: lets the per-sample view find the raw replies. Never written.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @guarded
-def report(artifact: str, out: str | None, max_samples: int, background: int, repeats: int,
-           curve_points: int, seed: int, data: str | None, cache_dir: str | None, base_url: str | None,
-           quiet: bool) -> None:
+def report(
+    artifact: str,
+    out: str | None,
+    max_samples: int,
+    background: int,
+    repeats: int,
+    curve_points: int,
+    seed: int,
+    data: str | None,
+    cache_dir: str | None,
+    base_url: str | None,
+    quiet: bool,
+) -> None:
     """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
     per layer, criteria tree with importance, permutation importance, SHAP per aspect,
     criteria-efficiency curve, and the samples the evaluator got most wrong with the LLM's
@@ -68,12 +112,22 @@ def report(artifact: str, out: str | None, max_samples: int, background: int, re
 
         named = (getattr(ev.llm, "base_url", None) or "").rstrip("/")
         if (public_url(base_url.strip()) or "").rstrip("/") != named:
-            raise ConfigError(f"--base-url names another server than the artifact's ({named or 'none'}): give "
-                              "the URL its training run was given")
+            raise ConfigError(
+                f"--base-url names another server than the artifact's ({named or 'none'}): give "
+                "the URL its training run was given"
+            )
         ev.llm = ev.llm.replace(base_url=base_url.strip())
     page, numbers, lines = ev.write_report(
-        out, progress=TerminalProgress(quiet), max_samples=max_samples, n_background=background,
-        n_repeats=repeats, curve_points=curve_points, random_state=seed, data=data, cache_dir=cache_dir)
+        out,
+        progress=TerminalProgress(quiet),
+        max_samples=max_samples,
+        n_background=background,
+        n_repeats=repeats,
+        curve_points=curve_points,
+        random_state=seed,
+        data=data,
+        cache_dir=cache_dir,
+    )
     for line in lines:
         click.echo(line)
     click.echo(f"report written to {page} (numbers in {numbers})")
@@ -95,7 +149,9 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
     for part in target.relative_to(base).parts:
         step = step / part
         if step.is_symlink():
-            raise ArtifactError(f"refusing to write the report: {step} inside the artifact is a symbolic link")
+            raise ArtifactError(
+                f"refusing to write the report: {step} inside the artifact is a symbolic link"
+            )
 
 
 @click.command()
@@ -145,13 +201,19 @@ def _print_explanation(ev: Any, sample: Any, res: Any, expl: dict[str, Any]) -> 
         width = max([len(t["criterion"]) for t in e["top"]] + [30])
         click.echo(f"  {'criterion':<{width}}  {'score':>6}  {'SHAP':>7}  name")
         for t in e["top"]:
-            score = "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
+            score = (
+                "failed" if t["criterion"] in failed else ("-" if t["score"] is None else f"{t['score']:.2f}")
+            )
             click.echo(f"  {t['criterion']:<{width}}  {score:>6}  {t['shap']:>+7.3f}  {t['name']}")
         n_other = len(ev.explained_columns()) - len(e["top"])
         if n_other > 0:
             click.echo(f"  {f'({n_other} other criteria)':<{width}}  {'':>6}  {e['other_shap']:>+7.3f}")
-        click.echo(f"  = base {e['base_value']:.3f} + SHAP {e['prediction'] - e['base_value']:+.3f}"
-                   f" = {e['prediction']:.3f}")
+        click.echo(
+            f"  = base {e['base_value']:.3f} + SHAP {e['prediction'] - e['base_value']:+.3f}"
+            f" = {e['prediction']:.3f}"
+        )
     if failed:
-        click.echo(f"\n{len(failed)} criterion score(s) could not be read and were imputed "
-                   "with the training median: " + ", ".join(sorted(failed)))
+        click.echo(
+            f"\n{len(failed)} criterion score(s) could not be read and were imputed "
+            "with the training median: " + ", ".join(sorted(failed))
+        )

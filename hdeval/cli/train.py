@@ -20,53 +20,116 @@ from hdeval.urls import shown_identity
 
 @click.command()
 @click.option("--task", required=True, help="Built-in task (see `hdeval tasks`) or path to a task .toml.")
-@click.option("--data", type=click.Path(dir_okay=False), default=None,
-              help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.")
+@click.option(
+    "--data",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
+)
 @click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
-@click.option("--preset", default=None,
-              help="A task's named setting, e.g. paper (the aspects the HD-Eval paper reports).")
+@click.option(
+    "--preset",
+    default=None,
+    help="A task's named setting, e.g. paper (the aspects the HD-Eval paper reports).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
-@click.option("--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train.")
-@click.option("--limit", default=None, type=int, help="Use about N samples for a quick run: whole documents until at least N.")
-@click.option("--max-failure-rate", default=0.2, show_default=True, type=float,
-              help="Stop when a larger share of criterion scores cannot be read.")
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
-              help="Artifact directory. Default: artifacts/<task>-<aggregator>.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing artifact at --out (never a directory that is not an artifact).")
+@click.option(
+    "--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train."
+)
+@click.option(
+    "--limit",
+    default=None,
+    type=int,
+    help="Use about N samples for a quick run: whole documents until at least N.",
+)
+@click.option(
+    "--max-failure-rate",
+    default=0.2,
+    show_default=True,
+    type=float,
+    help="Stop when a larger share of criterion scores cannot be read.",
+)
+@click.option(
+    "--out",
+    "-o",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Artifact directory. Default: artifacts/<task>-<aggregator>.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing artifact at --out (never a directory that is not an artifact).",
+)
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
 @click.option("--price-out", default=None, type=float, help="With --dry-run: price per 1M completion tokens.")
-@click.option("--decompose-price-in", default=None, type=float,
-              help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).")
-@click.option("--decompose-price-out", default=None, type=float,
-              help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).")
-@click.option("--export-requests", "export_file", default=None, metavar="REQUESTS.jsonl",
-              type=click.Path(dir_okay=False),
-              help="Pay for nothing: write the next stage's requests not cached yet as OpenAI batch-format "
-                   "JSONL (custom_id = the cache key) for any engine that reads it, then stop. Import the "
-                   "answers with `hdeval cache import RESULTS --requests REQUESTS.jsonl` and rerun the same "
-                   "command: it goes on to the next stage, and once every stage is cached it trains and saves "
-                   "the artifact. OpenAI-compatible backends (--llm MODEL, --base-url URL).")
-@click.option("--yes", "-y", is_flag=True,
-              help="Start a run on the embedded model estimated at over an hour without asking.")
+@click.option(
+    "--decompose-price-in",
+    default=None,
+    type=float,
+    help="With --dry-run: price per 1M prompt tokens of --decompose-llm (default: --price-in).",
+)
+@click.option(
+    "--decompose-price-out",
+    default=None,
+    type=float,
+    help="With --dry-run: price per 1M completion tokens of --decompose-llm (default: --price-out).",
+)
+@click.option(
+    "--export-requests",
+    "export_file",
+    default=None,
+    metavar="REQUESTS.jsonl",
+    type=click.Path(dir_okay=False),
+    help="Pay for nothing: write the next stage's requests not cached yet as OpenAI batch-format "
+    "JSONL (custom_id = the cache key) for any engine that reads it, then stop. Import the "
+    "answers with `hdeval cache import RESULTS --requests REQUESTS.jsonl` and rerun the same "
+    "command: it goes on to the next stage, and once every stage is cached it trains and saves "
+    "the artifact. OpenAI-compatible backends (--llm MODEL, --base-url URL).",
+)
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Start a run on the embedded model estimated at over an hour without asking.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
-@click.option("--offline", is_flag=True, envvar="HDEVAL_OFFLINE",
-              help="Never download a built-in task's data (by default it is fetched on first use).")
-@click.option("--jury", default=None, type=click.Path(dir_okay=False),
-              help="A jury TOML file: one [[judge]] table per judge (name, llm, and optionally base_url, "
-                   "api_key_env, price_in, price_out); every criterion is scored by every judge "
-                   "(HD-Eval, pointwise; docs/juries.md).")
-@click.option("--prune-judges", is_flag=True,
-              help="With a jury: drop a judge whose columns add nothing on grouped cross-validation, so "
-                   "apply does not call it.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    envvar="HDEVAL_OFFLINE",
+    help="Never download a built-in task's data (by default it is fetched on first use).",
+)
+@click.option(
+    "--jury",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A jury TOML file: one [[judge]] table per judge (name, llm, and optionally base_url, "
+    "api_key_env, price_in, price_out); every criterion is scored by every judge "
+    "(HD-Eval, pointwise; docs/juries.md).",
+)
+@click.option(
+    "--prune-judges",
+    is_flag=True,
+    help="With a jury: drop a judge whose columns add nothing on grouped cross-validation, so "
+    "apply does not call it.",
+)
 @method_options
 @lambda f: llm_options(f, jury=True)
 @batch_option
 @guarded
-def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, yes: bool, quiet: bool,
-          offline: bool, **options: Any) -> None:
+def train(
+    dry_run: bool,
+    out: str | None,
+    force: bool,
+    export_file: str | None,
+    yes: bool,
+    quiet: bool,
+    offline: bool,
+    **options: Any,
+) -> None:
     """Train an evaluator: decompose criteria, score samples, fit the aggregator, save the artifact.
 
     \b
@@ -84,7 +147,8 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
         refuse_in_cache(out, options.get("cache_dir"), "-o")
         check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
-    from hdeval.train import TrainConfig, plan, train as run_train
+    from hdeval.train import TrainConfig, plan
+    from hdeval.train import train as run_train
 
     prices = [options.pop(k) for k in ("price_in", "price_out", "decompose_price_in", "decompose_price_out")]
     llms = tuple(options.pop("llm") or ())
@@ -102,8 +166,11 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
             from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
 
             # Counting calls and tokens needs no LLM; price the default one.
-            click.echo(f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
-                       "(the default with OPENAI_API_KEY); pass --llm to estimate another", err=True)
+            click.echo(
+                f"note: no LLM configured; estimating for {DEFAULT_OPENAI_MODEL} "
+                "(the default with OPENAI_API_KEY); pass --llm to estimate another",
+                err=True,
+            )
             config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
         prep, plans, identity = plan(config)
         _print_plan(prep, plans, identity, config.batch, *prices)
@@ -116,8 +183,12 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     if export_file is not None:
         from hdeval.run.output import check_output
 
-        check_output(export_file, [config.data, config.task, getattr(config.options, "tree", None)],
-                     option="--export-requests", cache_dir=config.cache_dir)
+        check_output(
+            export_file,
+            [config.data, config.task, getattr(config.options, "tree", None)],
+            option="--export-requests",
+            cache_dir=config.cache_dir,
+        )
     progress = TerminalProgress(quiet)
     if "local" in (_resolved(config.llm), (config.options.second_llm_given() or ("",))[0]):
         _notice_local("local")  # once, for the scoring or the second LLM
@@ -132,10 +203,13 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
         progress.close()
         _end_open_line()  # a progress line redrawn on a terminal ends first
         stage, where = progress.label, f" --cache-dir {config.cache_dir}" if config.cache_dir else ""
-        click.echo(f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
-                   f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
-                   f"RESULTS.jsonl --requests {done.path}{where}` and rerun this same train command: it goes on "
-                   "to the next stage (and, once every stage is cached, trains and saves the artifact)", err=True)
+        click.echo(
+            f"{stage + ': ' if stage else ''}wrote {done.count} requests not cached yet to {done.path}; "
+            f"answer them with any engine that reads the OpenAI batch format, then `hdeval cache import "
+            f"RESULTS.jsonl --requests {done.path}{where}` and rerun this same train command: it goes on "
+            "to the next stage (and, once every stage is cached, trains and saves the artifact)",
+            err=True,
+        )
         return
     _record_rate(config, ev, time.monotonic() - started)
     path = Path(out) if out else Path("artifacts") / f"{ev.task.name}-{ev.artifact_suffix()}"
@@ -144,8 +218,11 @@ def train(dry_run: bool, out: str | None, force: bool, export_file: str | None, 
     except HdevalError as exc:
         raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
     u = ev.metrics["usage"]
-    click.echo(f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
-               f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion", err=True)
+    click.echo(
+        f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
+        f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion",
+        err=True,
+    )
     for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
         click.echo(line, err=to_err)
 
@@ -185,8 +262,10 @@ def _ask_before_a_long_local_run(config) -> None:
         if click.confirm(f"{what}. Start it?", default=False, err=True):
             return
         raise ConfigError("not started (a smaller run: --limit N, --layers 2; a faster LLM: --llm)")
-    raise ConfigError(f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
-                      "or faster (--llm with a server)")
+    raise ConfigError(
+        f"{what}; pass --yes to start it anyway, or make it smaller (--limit N, --layers 2) "
+        "or faster (--llm with a server)"
+    )
 
 
 def _record_rate(config, ev, seconds: float) -> None:
@@ -221,9 +300,16 @@ def _jury_plan_lines(config, plans) -> list[str]:
     out = []
     for j, calls in zip(judges, getattr(plans, "judge_calls", ()) or ()):
         n, p, c = calls
-        cost = "" if j.price_in is None and j.price_out is None else (
-            f", estimated cost at most {p / 1e6 * (j.price_in or 0) + c / 1e6 * (j.price_out or 0):.2f}")
-        out.append(f"judge {j.name} ({j.llm}): <= {n} scoring calls, ~{p} prompt + ~{c} completion tokens{cost}")
+        cost = (
+            ""
+            if j.price_in is None and j.price_out is None
+            else (
+                f", estimated cost at most {p / 1e6 * (j.price_in or 0) + c / 1e6 * (j.price_out or 0):.2f}"
+            )
+        )
+        out.append(
+            f"judge {j.name} ({j.llm}): <= {n} scoring calls, ~{p} prompt + ~{c} completion tokens{cost}"
+        )
     return out
 
 
@@ -239,10 +325,20 @@ def _destination(shown: str) -> str:
     return f"the model {shown} on this machine"
 
 
-def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None, price_out: float | None,
-                dec_in: float | None, dec_out: float | None) -> None:
-    click.echo(f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
-               f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}")
+def _print_plan(
+    prep,
+    plans,
+    identity: str,
+    batch: bool,
+    price_in: float | None,
+    price_out: float | None,
+    dec_in: float | None,
+    dec_out: float | None,
+) -> None:
+    click.echo(
+        f"dry run for task {prep.task.name}: {len(prep.samples)} samples "
+        f"({len(prep.split.train_ids)} train, {len(prep.split.test_ids)} test), LLM {shown_identity(identity)}"
+    )
     click.echo(f"calls would go to: {_destination(shown_identity(identity))}")
     staged = any(p.stage for p in plans)  # a method with named stages (dna), not criteria layers
     if staged:
@@ -253,30 +349,44 @@ def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None,
     for p in plans:
         cached = "?" if p.cached is None else str(p.cached)
         if staged:
-            click.echo(f"{p.stage:<{width}}  {p.decompose_calls + p.score_calls:>9}  {cached:>6}  "
-                       f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}")
+            click.echo(
+                f"{p.stage:<{width}}  {p.decompose_calls + p.score_calls:>9}  {cached:>6}  "
+                f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}"
+            )
         else:
             bound, requests = "<=" if p.upper_bound else "  ", "?" if p.requests is None else str(p.requests)
-            click.echo(f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
-                       f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{requests:>8}")
+            click.echo(
+                f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
+                f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{requests:>8}"
+            )
     tot_p, tot_c = sum(p.prompt_tokens for p in plans), sum(p.completion_tokens for p in plans)
     if any(p.requests is not None for p in plans):
         # the progress bar counts requests; the LLM is paid per distinct one (a call)
-        click.echo("requests: decompositions + one scoring request per sample and criterion, as the progress "
-                   "counts them; identical requests (samples with the same text) share one call")
+        click.echo(
+            "requests: decompositions + one scoring request per sample and criterion, as the progress "
+            "counts them; identical requests (samples with the same text) share one call"
+        )
     calls = sum(p.decompose_calls + p.score_calls for p in plans)
     known_cached = sum(p.cached or 0 for p in plans)
-    click.echo(f"total: <= {calls} LLM calls ({known_cached} already cached), "
-               f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)")
+    click.echo(
+        f"total: <= {calls} LLM calls ({known_cached} already cached), "
+        f"~{tot_p} prompt + ~{tot_c} completion tokens (estimated from characters)"
+    )
     if dec_in is None and dec_out is None:
         if price_in is not None or price_out is not None:
             cost = tot_p / 1e6 * (price_in or 0) + tot_c / 1e6 * (price_out or 0)
-            click.echo(f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)")
+            click.echo(
+                f"estimated cost: at most {cost:.2f} (at {price_in or 0}/{price_out or 0} per 1M tokens)"
+            )
             if batch:
                 # the Batch API bills half the per-token price; the few decomposition calls of
                 # layers 2+ are not batched, so this is a lower bound on a batched run's cost
                 dec_calls = sum(p.decompose_calls for p in plans)
-                note = f"; the {dec_calls} decomposition calls are sent normally, at the full price" if dec_calls else ""
+                note = (
+                    f"; the {dec_calls} decomposition calls are sent normally, at the full price"
+                    if dec_calls
+                    else ""
+                )
                 click.echo(f"with --batch: about {cost / 2:.2f} (the Batch API's half price per token{note})")
         return
     # the decomposing LLM priced apart: its tokens at its prices, the rest at the scoring ones
@@ -286,9 +396,13 @@ def _print_plan(prep, plans, identity: str, batch: bool, price_in: float | None,
     dec_c = sum(p.decompose_completion_tokens for p in plans)
     score_cost = (tot_p - dec_p) / 1e6 * (price_in or 0) + (tot_c - dec_c) / 1e6 * (price_out or 0)
     dec_cost = dec_p / 1e6 * (dec_in or 0) + dec_c / 1e6 * (dec_out or 0)
-    click.echo(f"estimated cost: at most {score_cost + dec_cost:.2f}: scoring {score_cost:.2f} (at "
-               f"{price_in or 0}/{price_out or 0} per 1M tokens), decomposition {dec_cost:.2f} (at "
-               f"{dec_in or 0}/{dec_out or 0} per 1M tokens)")
+    click.echo(
+        f"estimated cost: at most {score_cost + dec_cost:.2f}: scoring {score_cost:.2f} (at "
+        f"{price_in or 0}/{price_out or 0} per 1M tokens), decomposition {dec_cost:.2f} (at "
+        f"{dec_in or 0}/{dec_out or 0} per 1M tokens)"
+    )
     if batch:
-        click.echo(f"with --batch: about {score_cost / 2 + dec_cost:.2f} (scoring at the Batch API's half price; "
-                   "decomposition calls are sent normally, at the full price)")
+        click.echo(
+            f"with --batch: about {score_cost / 2 + dec_cost:.2f} (scoring at the Batch API's half price; "
+            "decomposition calls are sent normally, at the full price)"
+        )

@@ -3,11 +3,29 @@
 :func:`import_table` (a user's CSV/TSV/JSON/JSONL with a column mapping). Nothing here prints."""
 
 from hdeval.datasets.download import (  # noqa: F401  (the public names)
-    DATASETS, DEFAULT_SOURCE_URL, DEFAULT_TIMEOUT, SOURCE_URL_ENV, DownloadError, DownloadEvent,
-    DownloadResult, TaskDataStatus, UpstreamDataset, convert_records, data_status, dataset_url,
-    data_candidates, download_dataset, download_datasets, is_official_source, load_task,
+    DATASETS,
+    DEFAULT_SOURCE_URL,
+    DEFAULT_TIMEOUT,
+    SOURCE_URL_ENV,
+    DownloadError,
+    DownloadEvent,
+    DownloadResult,
+    TaskDataStatus,
+    UpstreamDataset,
+    convert_records,
+    data_candidates,
+    data_status,
+    dataset_url,
+    download_dataset,
+    download_datasets,
+    is_official_source,
+    load_task,
     resolve_source_url,
 )
 from hdeval.datasets.table import (  # noqa: F401
-    ColumnMap, import_table, parse_score_columns, scored_aspects, write_samples,
+    ColumnMap,
+    import_table,
+    parse_score_columns,
+    scored_aspects,
+    write_samples,
 )

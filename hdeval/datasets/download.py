@@ -125,8 +125,18 @@ def _row(rec: Mapping[str, Any], i: int, task: Task, at: str, docs: dict) -> dic
     missing = [a for a in task.aspect_keys if a not in scores]
     if missing:
         raise DataError(f"{at}: no score for aspect(s) {', '.join(missing)}")
-    return {"id": id_, "task": name, "source": source, "context": context, "output": output,
-            "reference": reference, "system": system, "doc_id": doc_id, "scores": scores, "annotations": None}
+    return {
+        "id": id_,
+        "task": name,
+        "source": source,
+        "context": context,
+        "output": output,
+        "reference": reference,
+        "system": system,
+        "doc_id": doc_id,
+        "scores": scores,
+        "annotations": None,
+    }
 
 
 def convert_records(name: str, records: Any, where: str = "") -> list[dict]:
@@ -191,8 +201,15 @@ def _count_valid(path: Path, task: Task, expected: int | None) -> tuple[int | No
     return n, None
 
 
-def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, force: bool = False,
-                     timeout: float = DEFAULT_TIMEOUT, progress: ProgressFn | None = None) -> DownloadResult:
+def download_dataset(
+    name: str,
+    dest: Path,
+    base_url: str,
+    strict_count: bool,
+    force: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: ProgressFn | None = None,
+) -> DownloadResult:
     """Fetch, convert, verify and place one dataset; see :func:`download_datasets`."""
     ds = DATASETS[name]
     task = load_task(name)
@@ -216,27 +233,37 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
     raw_tmp = dest / f".{name}.json.download-{os.getpid()}"
     try:
         report(DownloadEvent("start", name, url=url, path=target))
-        fetch_to_file(url, raw_tmp, timeout,
-                      lambda done, total: report(DownloadEvent("bytes", name, url=url, done_bytes=done,
-                                                               total_bytes=total)),
-                      hint_404=f"check --source-url / ${SOURCE_URL_ENV}")
+        fetch_to_file(
+            url,
+            raw_tmp,
+            timeout,
+            lambda done, total: report(
+                DownloadEvent("bytes", name, url=url, done_bytes=done, total_bytes=total)
+            ),
+            hint_404=f"check --source-url / ${SOURCE_URL_ENV}",
+        )
         try:
             with raw_tmp.open("r", encoding="utf-8") as fh:
                 records = json.load(fh)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             # where a server that streams without Content-Length and drops the connection ends up
-            raise DataError(f"{url}: not a valid JSON file ({exc}); if the download was cut off, "
-                            "run the command again") from None
+            raise DataError(
+                f"{url}: not a valid JSON file ({exc}); if the download was cut off, run the command again"
+            ) from None
         rows = convert_records(name, records, where=url)
 
         warning = None
         if len(rows) != ds.official_rows:
             msg = f"{url} has {len(rows)} rows; the official UniEval file has {ds.official_rows}"
             if strict_count:
-                raise DataError(msg + "; nothing was written (use --no-strict-count to accept a mirror "
-                                "that holds a different number of rows)")
-            warning = (msg + " (accepted: not the official source); results on it are not comparable "
-                       "with the paper's")
+                raise DataError(
+                    msg + "; nothing was written (use --no-strict-count to accept a mirror "
+                    "that holds a different number of rows)"
+                )
+            warning = (
+                msg + " (accepted: not the official source); results on it are not comparable "
+                "with the paper's"
+            )
             report(DownloadEvent("warning", name, url=url, message=warning))
 
         n = write_samples(target, rows, task)  # checked as `train` reads it, then renamed into place
@@ -248,10 +275,15 @@ def download_dataset(name: str, dest: Path, base_url: str, strict_count: bool, f
     return DownloadResult(name, target, n, downloaded=True, warning=warning)
 
 
-def download_datasets(names: Sequence[str] | None = None, dest: str | Path | None = None,
-                      source_url: str | None = None, strict_count: bool | None = None, force: bool = False,
-                      timeout: float = DEFAULT_TIMEOUT,
-                      progress: ProgressFn | None = None) -> list[DownloadResult]:
+def download_datasets(
+    names: Sequence[str] | None = None,
+    dest: str | Path | None = None,
+    source_url: str | None = None,
+    strict_count: bool | None = None,
+    force: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: ProgressFn | None = None,
+) -> list[DownloadResult]:
     """Download and convert the built-in tasks' data (all four when ``names`` is empty).
 
     ``dest``: defaults to :func:`hdeval.paths.user_data_dir`, where ``train`` looks.
@@ -271,9 +303,11 @@ def download_datasets(names: Sequence[str] | None = None, dest: str | Path | Non
     unknown = [n for n in chosen if n not in DATASETS]
     local = [n for n in unknown if n in builtin_tasks()]
     if local:
-        raise ConfigError(f"{', '.join(local)}: no download source; set HDEVAL_DATA_DIR to a folder "
-                          f"holding {', '.join(load_task(n).data_file for n in local)} (downloadable: "
-                          f"{', '.join(DATASETS)})")
+        raise ConfigError(
+            f"{', '.join(local)}: no download source; set HDEVAL_DATA_DIR to a folder "
+            f"holding {', '.join(load_task(n).data_file for n in local)} (downloadable: "
+            f"{', '.join(DATASETS)})"
+        )
     if unknown:
         raise ConfigError(f"unknown dataset(s) {', '.join(unknown)}: choose from {', '.join(DATASETS)}")
     if timeout <= 0:
@@ -281,8 +315,10 @@ def download_datasets(names: Sequence[str] | None = None, dest: str | Path | Non
     base = resolve_source_url(source_url)
     strict = is_official_source(base) if strict_count is None else strict_count
     folder = Path(dest) if dest is not None else user_data_dir()
-    return [download_dataset(n, folder, base, strict, force=force, timeout=timeout, progress=progress)
-            for n in chosen]
+    return [
+        download_dataset(n, folder, base, strict, force=force, timeout=timeout, progress=progress)
+        for n in chosen
+    ]
 
 
 @dataclass(frozen=True)
@@ -315,8 +351,12 @@ def data_status(names: Sequence[str] | None = None) -> list[TaskDataStatus]:
     out = []
     for name in names or list(builtin_tasks()):
         task = load_task(name)
-        cands = tuple(CandidateStatus(p, True, *_count_valid(p, task, None)) if p.is_file()
-                      else CandidateStatus(p, present=False) for p in data_candidates(task))
+        cands = tuple(
+            CandidateStatus(p, True, *_count_valid(p, task, None))
+            if p.is_file()
+            else CandidateStatus(p, present=False)
+            for p in data_candidates(task)
+        )
         ds = DATASETS.get(name)
         out.append(TaskDataStatus(task, cands, ds.official_rows if ds else None))
     return out

@@ -46,8 +46,10 @@ def parse_score_columns(items: Sequence[str], task: Task) -> dict[str, str]:
         if not sep or not aspect or not column:
             raise ConfigError(f"--score-col {item!r}: expected ASPECT=COLUMN")
         if aspect not in task.aspect_keys:
-            raise ConfigError(f"--score-col {item!r}: task {task.name} has no aspect {aspect!r} "
-                              f"(aspects: {', '.join(task.aspect_keys)})")
+            raise ConfigError(
+                f"--score-col {item!r}: task {task.name} has no aspect {aspect!r} "
+                f"(aspects: {', '.join(task.aspect_keys)})"
+            )
         if aspect in out:
             raise ConfigError(f"--score-col: aspect {aspect!r} is mapped twice")
         out[aspect] = column
@@ -64,8 +66,9 @@ def _guess_format(path: Path) -> str:
     fmt = path.suffix.lower().lstrip(".").replace("ndjson", "jsonl")
     if fmt in _FORMATS:
         return fmt
-    raise ConfigError(f"{path}: cannot tell the format from the extension; pass --format "
-                      f"({', '.join(_FORMATS)})")
+    raise ConfigError(
+        f"{path}: cannot tell the format from the extension; pass --format ({', '.join(_FORMATS)})"
+    )
 
 
 def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
@@ -99,8 +102,9 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
                     continue  # blank line
                 n = len(records) + 1
                 if len(cells) != len(header):
-                    raise DataError(f"{path}: row {n} (line {line}) has {len(cells)} cells, "
-                                    f"the header has {len(header)}")
+                    raise DataError(
+                        f"{path}: row {n} (line {line}) has {len(cells)} cells, the header has {len(header)}"
+                    )
                 records.append((line, dict(zip(header, cells))))
         except csv.Error as exc:
             raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
@@ -121,8 +125,10 @@ def _read_table(path: Path, fmt: str) -> tuple[list[str] | None, list[_Record]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
-                        "for one object per line use a .jsonl name or --format jsonl") from None
+        raise DataError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+            "for one object per line use a .jsonl name or --format jsonl"
+        ) from None
     except RecursionError:
         raise DataError(f"{path}: not usable JSON (nested too deeply)") from None
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
@@ -152,8 +158,13 @@ def _lookup(values: Mapping[str, Any], column: str) -> Any:
     return cur
 
 
-def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None, fmt: str | None = None,
-                 unscored: bool = False) -> list[dict]:
+def import_table(
+    path: str | Path,
+    task: Task,
+    columns: ColumnMap | None = None,
+    fmt: str | None = None,
+    unscored: bool = False,
+) -> list[dict]:
     """Convert a user's CSV/TSV/JSON/JSONL into rows of the sample schema for ``task``.
 
     Every row is checked first and all problems (up to 20) are raised together in one
@@ -171,19 +182,26 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         raise DataError(f"{path}: no data rows")
 
     def exists(column: str) -> bool:
-        return column in header if header is not None else any(
-            _lookup(values, column) is not _MISSING for _, values in records)
+        return (
+            column in header
+            if header is not None
+            else any(_lookup(values, column) is not _MISSING for _, values in records)
+        )
 
     def resolve(explicit: str | None, defaults: Sequence[str], option: str, needed: bool) -> str | None:
         if explicit is not None:
             if not exists(explicit):
-                raise DataError(f"{path}: no column {explicit!r} (given by {option}); "
-                                f"columns: {_columns_hint(header, records)}")
+                raise DataError(
+                    f"{path}: no column {explicit!r} (given by {option}); "
+                    f"columns: {_columns_hint(header, records)}"
+                )
             return explicit
         found = next((d for d in defaults if exists(d)), None)
         if found is None and needed:
-            raise DataError(f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
-                            f"column with {option}; columns: {_columns_hint(header, records)}")
+            raise DataError(
+                f"{path}: no column {defaults[0]!r}, which task {task.name} needs; name the "
+                f"column with {option}; columns: {_columns_hint(header, records)}"
+            )
         return found
 
     needed_fields = {f.key for f in task.fields}
@@ -196,10 +214,19 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
     system_col = resolve(cols.system, ["system"], "--system-col", False)
     # Naming score columns (--score-col) imports a subset of the aspects: an aspect neither
     # named nor found under its own name is left out (training then needs --aspects).
-    score_cols = {aspect: col for aspect in task.aspect_keys if (col := resolve(
-        cols.scores.get(aspect), [aspect, f"scores.{aspect}"],
-        f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
-        not unscored and not cols.scores)) is not None}
+    score_cols = {
+        aspect: col
+        for aspect in task.aspect_keys
+        if (
+            col := resolve(
+                cols.scores.get(aspect),
+                [aspect, f"scores.{aspect}"],
+                f"--score-col {aspect}=COLUMN (or name only the score columns you have)",
+                not unscored and not cols.scores,
+            )
+        )
+        is not None
+    }
 
     errors: list[str] = []
     observed: dict[str, list] = {}  # aspect -> [lowest, highest, scores outside the range, first rows]
@@ -254,16 +281,29 @@ def import_table(path: str | Path, task: Task, columns: ColumnMap | None = None,
         if doc is None:
             # Same source text -> same doc, so a split never puts one article on both sides.
             doc = "src-" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16] if source else sid
-        rows.append({"id": sid, "task": task.name, **texts, "system": _scalar(values, system_col),
-                     "doc_id": doc, "scores": scores, "annotations": None})
-    scales = [f"scores in column {score_cols[a]!r} range {lo:g}-{hi:g}; the task says "
-              f"[{task.aspect(a).low:g}, {task.aspect(a).high:g}] for {a} ({k} outside it: "
-              f"row{'s' if k > 1 else ''} {', '.join(map(str, first))}{' ...' if k > len(first) else ''})"
-              for a, (lo, hi, k, first) in observed.items() if k]
+        rows.append(
+            {
+                "id": sid,
+                "task": task.name,
+                **texts,
+                "system": _scalar(values, system_col),
+                "doc_id": doc,
+                "scores": scores,
+                "annotations": None,
+            }
+        )
+    scales = [
+        f"scores in column {score_cols[a]!r} range {lo:g}-{hi:g}; the task says "
+        f"[{task.aspect(a).low:g}, {task.aspect(a).high:g}] for {a} ({k} outside it: "
+        f"row{'s' if k > 1 else ''} {', '.join(map(str, first))}{' ...' if k > len(first) else ''})"
+        for a, (lo, hi, k, first) in observed.items()
+        if k
+    ]
     if scales:
         others = f"; {len(errors)} other problem(s): " + "; ".join(errors[:3]) if errors else ""
-        raise DataError(f"{path}: " + "; ".join(scales) + "; rescale the scores or change the task's range"
-                        + others)
+        raise DataError(
+            f"{path}: " + "; ".join(scales) + "; rescale the scores or change the task's range" + others
+        )
     if errors:
         n, shown = len(errors), errors[:_MAX_REPORTED_ERRORS]
         more = f" (and {n - len(shown)} more)" if n > len(shown) else ""
@@ -324,8 +364,14 @@ def write_samples(path: str | Path, rows: Sequence[dict], task: Task, unscored: 
     try:
         write_jsonl(tmp, rows)
         try:
-            n = len(read_samples(tmp, task, require_scores=not unscored,
-                                 aspects=None if unscored else scored_aspects(rows, task)))
+            n = len(
+                read_samples(
+                    tmp,
+                    task,
+                    require_scores=not unscored,
+                    aspects=None if unscored else scored_aspects(rows, task),
+                )
+            )
         except DataError as exc:
             # Same lines as the file the user asked for; name that one, not the temp file.
             raise DataError(str(exc).replace(str(tmp), str(path))) from None

@@ -34,7 +34,11 @@ def _reraise(exc: BaseException, shown: tuple[str, str] | None = None) -> None:
         seen.add(id(cause))
         args = getattr(cause, "hdeval_args", None)
         # Ray's wrapper is an instance of the error's class too, but prints Ray's traceback
-        if isinstance(cause, HdevalError) and args is not None and not type(cause).__module__.startswith("ray."):
+        if (
+            isinstance(cause, HdevalError)
+            and args is not None
+            and not type(cause).__module__.startswith("ray.")
+        ):
             if shown is not None:
                 args = tuple(a.replace(shown[0], shown[1]) if isinstance(a, str) else a for a in args)
             cause.args = args
@@ -70,8 +74,9 @@ def _source(task: Any, path: str, size: int) -> Any:
         def estimate_inmemory_data_size(self) -> int | None:
             return None
 
-        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                           data_context: Any = None) -> list:
+        def get_read_tasks(
+            self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+        ) -> list:
             meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=[path], exec_stats=None)
             return [ReadTask(lambda: _read_samples(task, path, size), meta)]
 
@@ -140,9 +145,16 @@ class ArtifactScorer:
     on a batch's first row ``failed``/``cells``, its unreadable and total LLM-filled scores, with
     ``failure`` an example reason."""
 
-    def __init__(self, artifact: str | Path, *, max_interval_width: float = DEFAULT_MAX_WIDTH,
-                 explain: bool = False, top: int = 3, notify: Callable[[str], None] | None = None,
-                 **llm_options: Any):
+    def __init__(
+        self,
+        artifact: str | Path,
+        *,
+        max_interval_width: float = DEFAULT_MAX_WIDTH,
+        explain: bool = False,
+        top: int = 3,
+        notify: Callable[[str], None] | None = None,
+        **llm_options: Any,
+    ):
         from hdeval.run.apply import load_checked
         from hdeval.run.artifact_llm import check_llm_options, stderr_notify
 
@@ -152,8 +164,12 @@ class ArtifactScorer:
         self.explain, self.top = explain, top
         self.concurrency = llm_options.get("concurrency")
         self.backend: Any = None
-        self.llm_options = dict(llm_options, cache_dir=_worker_cache(llm_options.get("cache_dir")), confirm=None,
-                                notify=notify or stderr_notify)
+        self.llm_options = dict(
+            llm_options,
+            cache_dir=_worker_cache(llm_options.get("cache_dir")),
+            confirm=None,
+            notify=notify or stderr_notify,
+        )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -166,11 +182,19 @@ class ArtifactScorer:
         if SAMPLE_COLUMN in batch:  # apply_on_ray's reader validated them
             return list(batch[SAMPLE_COLUMN])
         if "text" not in batch:
-            raise DataError(f"hdeval's Ray scorer reads a 'text' column of JSONL lines; the batch has "
-                            f"{', '.join(sorted(batch)) or 'no columns'}")
+            raise DataError(
+                f"hdeval's Ray scorer reads a 'text' column of JSONL lines; the batch has "
+                f"{', '.join(sorted(batch)) or 'no columns'}"
+            )
         lines = batch.get("line")
-        found = (_row_sample(self.ev.task, str(text), f"line {int(lines[i])}" if lines is not None
-                             else f"row {i + 1} of a batch") for i, text in enumerate(batch["text"]))
+        found = (
+            _row_sample(
+                self.ev.task,
+                str(text),
+                f"line {int(lines[i])}" if lines is not None else f"row {i + 1} of a batch",
+            )
+            for i, text in enumerate(batch["text"])
+        )
         return [s for s in found if s is not None]
 
     def _score(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -185,17 +209,27 @@ class ArtifactScorer:
         if samples:
             if self.backend is None:
                 self.backend = open_artifact_llm(self.ev, **self.llm_options)
-            rows, _, (failed, cells, example) = score_rows(self.ev, samples, self.backend, self.concurrency,
-                                                           Progress(), self.trust, self.explain, self.top)
+            rows, _, (failed, cells, example) = score_rows(
+                self.ev,
+                samples,
+                self.backend,
+                self.concurrency,
+                Progress(),
+                self.trust,
+                self.explain,
+                self.top,
+            )
             self.backend.flush()  # every reply this batch paid for is on disk before it is handed on
         # the batch's unreadable LLM-filled scores on its first row: the driver sums them for
         # apply's --max-failure-rate check
         first = len(rows[:1])
-        return {"id": np.array([s.id for s in samples], dtype=object),
-                "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object),
-                "failed": np.array([failed] * first + [0] * (len(rows) - first), dtype=np.int64),
-                "cells": np.array([cells] * first + [0] * (len(rows) - first), dtype=np.int64),
-                "failure": np.array([example or ""] * first + [""] * (len(rows) - first), dtype=object)}
+        return {
+            "id": np.array([s.id for s in samples], dtype=object),
+            "row": np.array([json.dumps(r, ensure_ascii=False) for r in rows], dtype=object),
+            "failed": np.array([failed] * first + [0] * (len(rows) - first), dtype=np.int64),
+            "cells": np.array([cells] * first + [0] * (len(rows) - first), dtype=np.int64),
+            "failure": np.array([example or ""] * first + [""] * (len(rows) - first), dtype=object),
+        }
 
     def __del__(self) -> None:
         backend = getattr(self, "backend", None)
@@ -203,10 +237,21 @@ class ArtifactScorer:
             backend.close()
 
 
-def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, workers: int = 2,
-                 batch_size: int = 500, max_failure_rate: float = 0.2, max_interval_width: float = DEFAULT_MAX_WIDTH,
-                 explain: bool = False, top: int = 3, num_cpus: float = 0.5,
-                 notify: Callable[[str], None] | None = None, **llm_options: Any) -> int:
+def apply_on_ray(
+    artifact: str | Path,
+    input_file: str | Path,
+    output: str,
+    *,
+    workers: int = 2,
+    batch_size: int = 500,
+    max_failure_rate: float = 0.2,
+    max_interval_width: float = DEFAULT_MAX_WIDTH,
+    explain: bool = False,
+    top: int = 3,
+    num_cpus: float = 0.5,
+    notify: Callable[[str], None] | None = None,
+    **llm_options: Any,
+) -> int:
     """``hdeval apply ARTIFACT INPUT -o OUTPUT`` with the scoring spread over ``workers`` Ray
     workers (:class:`ArtifactScorer`), ``batch_size`` samples per batch; the rows written (the
     same bytes as apply). ``max_failure_rate``, ``max_interval_width``, ``explain``, ``top`` and
@@ -224,19 +269,32 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     if not isinstance(num_cpus, (int, float)) or not 0 < num_cpus <= 1024:
         raise ConfigError(f"num_cpus must be a number above 0; got {num_cpus!r}")
     if llm_options.get("batch"):
-        raise ConfigError("apply_on_ray does not use the Batch API: export the requests instead (docs/cluster.md)")
+        raise ConfigError(
+            "apply_on_ray does not use the Batch API: export the requests instead (docs/cluster.md)"
+        )
     if "://" in str(input_file):  # apply's reader opens files; read_text would skip its checks
-        raise ConfigError(f"apply_on_ray reads a file every node can open, not {input_file}: copy it to a "
-                          "shared filesystem, or score it with ArtifactScorer in a pipeline of your own")
+        raise ConfigError(
+            f"apply_on_ray reads a file every node can open, not {input_file}: copy it to a "
+            "shared filesystem, or score it with ArtifactScorer in a pipeline of your own"
+        )
     # refused here, before any worker starts
     ev, _, fmt, size = prepare(
-        artifact, str(input_file), output, explain=explain, max_interval_width=max_interval_width,
-        max_failure_rate=max_failure_rate, rate_option="max_failure_rate", llm_options=llm_options)
+        artifact,
+        str(input_file),
+        output,
+        explain=explain,
+        max_interval_width=max_interval_width,
+        max_failure_rate=max_failure_rate,
+        rate_option="max_failure_rate",
+        llm_options=llm_options,
+    )
     if getattr(ev, "whole_input", None):  # rows compared with each other: batches would change scores
         raise ConfigError(f"{ev.whole_input}: apply_on_ray scores it in batches apart; use hdeval apply")
     if ev.llm.base_url and llm_options.get("base_url") is None and llm_options.get("llm") is None:
-        raise ConfigError(f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
-                          f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)")
+        raise ConfigError(
+            f"the artifact names the LLM server {ev.llm.base_url}: hdeval sends your samples "
+            f"there only if you say so; pass base_url={ev.llm.base_url!r} (or another server)"
+        )
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # rows come back in input order
     # a worker's hdeval error reaches the driver as itself (wrapped, its cause would not travel)
@@ -244,10 +302,16 @@ def apply_on_ray(artifact: str | Path, input_file: str | Path, output: str, *, w
     path = str(Path(input_file).resolve())
     ds = ray.data.read_datasource(_source(ev.task, path, size))
     scored = ds.map_batches(
-        ArtifactScorer, batch_size=batch_size, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
+        ArtifactScorer,
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=workers),
+        num_cpus=num_cpus,
         fn_constructor_args=(str(Path(artifact).resolve()),),
-        fn_constructor_kwargs=dict(llm_options, max_interval_width=max_interval_width, explain=explain, top=top))
+        fn_constructor_kwargs=dict(
+            llm_options, max_interval_width=max_interval_width, explain=explain, top=top
+        ),
+    )
     failed = cells = 0
     example = ""
     with OutputWriter(output, fmt) as out:
@@ -272,8 +336,14 @@ class RequestAnswerer:
     ``OPENAI_API_KEY``. Output batches have ``result``, one line of the OpenAI batch output
     format per request: what ``hdeval cache import`` reads (and checks again)."""
 
-    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                 concurrency: int = DEFAULT_CONCURRENCY):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ):
         import openai
 
         from hdeval.backends.openai_compat import OpenAICompatBackend, _proxy_for, http_client
@@ -287,9 +357,15 @@ class RequestAnswerer:
         # the backends' HTTP client: a reply past a result line's size is dropped while read (the
         # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
         http = http_client(timeout, _proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
-        self.client = openai.OpenAI(base_url=server._sdk_url, api_key=key, timeout=timeout, max_retries=max_retries,
-                                    http_client=http, default_query=server._query or None,
-                                    default_headers=server._headers)
+        self.client = openai.OpenAI(
+            base_url=server._sdk_url,
+            api_key=key,
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http,
+            default_query=server._query or None,
+            default_headers=server._headers,
+        )
         # what it writes holds no secret in any form (a server echoing the key, the proxy's password)
         self.redact = Redactor.from_env(base_url)
         self.concurrency = concurrency
@@ -300,8 +376,10 @@ class RequestAnswerer:
         import numpy as np
 
         if "text" not in batch:
-            raise DataError(f"hdeval's request answerer reads a 'text' column of request lines; the batch has "
-                            f"{', '.join(sorted(batch)) or 'no columns'}")
+            raise DataError(
+                f"hdeval's request answerer reads a 'text' column of request lines; the batch has "
+                f"{', '.join(sorted(batch)) or 'no columns'}"
+            )
         with ThreadPoolExecutor(self.concurrency) as pool:
             out = list(pool.map(self._one, (str(t) for t in batch["text"])))
         return {"result": np.array(out, dtype=object)}
@@ -337,14 +415,25 @@ class RequestAnswerer:
                 error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
         if error is not None:
             error = {"message": self.redact(error["message"])}
-        return json.dumps({"custom_id": key, "response": response, "error": error}, ensure_ascii=False,
-                          separators=(",", ":"))
+        return json.dumps(
+            {"custom_id": key, "response": response, "error": error},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
 
 
-def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, base_url: str, *,
-                           workers: int = 2, batch_size: int = 200, concurrency: int = DEFAULT_CONCURRENCY,
-                           timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                           num_cpus: float = 0.5) -> int:
+def answer_requests_on_ray(
+    requests_file: str | Path,
+    results_file: str | Path,
+    base_url: str,
+    *,
+    workers: int = 2,
+    batch_size: int = 200,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    num_cpus: float = 0.5,
+) -> int:
     """Answer an exported request file (``hdeval train --export-requests``, or apply's) on the Ray
     cluster this process is connected to: ``workers`` :class:`RequestAnswerer` actors send the
     bodies to ``base_url``; the OpenAI batch output lines are written to ``results_file`` (a
@@ -363,10 +452,14 @@ def answer_requests_on_ray(requests_file: str | Path, results_file: str | Path, 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ds = ray.data.read_text(str(Path(requests_file).resolve())).map_batches(
-        RequestAnswerer, batch_size=batch_size, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=num_cpus,
+        RequestAnswerer,
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=workers),
+        num_cpus=num_cpus,
         fn_constructor_args=(base_url,),
-        fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency})
+        fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency},
+    )
     n = 0
     with _in_place(Path(results_file), keep_empty=True) as fh:
         for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):

@@ -44,7 +44,9 @@ class Moments:
     @classmethod
     def of(cls, values: Any) -> Moments:
         v = np.asarray(values, float).ravel()
-        return cls(int(v.size), float(v.mean()) if v.size else 0.0, float(v.var(ddof=1)) if v.size > 1 else 0.0)
+        return cls(
+            int(v.size), float(v.mean()) if v.size else 0.0, float(v.var(ddof=1)) if v.size > 1 else 0.0
+        )
 
     def merge(self, other: Moments) -> Moments:
         """The moments of both sets of rows together (Chan et al.'s pairwise update)."""
@@ -52,8 +54,11 @@ class Moments:
         if not n:
             return self
         delta = other.mean - self.mean
-        m2 = (self.var * max(self.count - 1, 0) + other.var * max(other.count - 1, 0)
-              + delta * delta * self.count * other.count / n)
+        m2 = (
+            self.var * max(self.count - 1, 0)
+            + other.var * max(other.count - 1, 0)
+            + delta * delta * self.count * other.count / n
+        )
         return Moments(n, self.mean + delta * other.count / n, m2 / (n - 1) if n > 1 else 0.0)
 
 
@@ -130,19 +135,30 @@ class MeanEstimate:
         if self.half_width <= margin:
             return 0
         target = (margin / _z(self.alpha, self.df)) ** 2 - self.fixed_var
-        per_label = (self.se ** 2 - self.fixed_var) * self.n_labelled  # the variance that is ~ 1/labels
+        per_label = (self.se**2 - self.fixed_var) * self.n_labelled  # the variance that is ~ 1/labels
         if target <= 0 or per_label <= 0:
             return None
         need = math.ceil(per_label / target)
         return need - self.n_labelled if need <= self.n else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "se": self.se,
-                "classical": self.classical, "classical_low": self.classical_low,
-                "classical_high": self.classical_high, "evaluator_mean": self.evaluator_mean,
-                "lam": self.lam, "n_labelled": self.n_labelled, "n": self.n, "alpha": self.alpha,
-                "effective_labels": self.effective_labels, "labels_gained": self.labels_gained,
-                "weighted": self.weighted}
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "se": self.se,
+            "classical": self.classical,
+            "classical_low": self.classical_low,
+            "classical_high": self.classical_high,
+            "evaluator_mean": self.evaluator_mean,
+            "lam": self.lam,
+            "n_labelled": self.n_labelled,
+            "n": self.n,
+            "alpha": self.alpha,
+            "effective_labels": self.effective_labels,
+            "labels_gained": self.labels_gained,
+            "weighted": self.weighted,
+        }
 
 
 def _checked(name: str, values: Any) -> np.ndarray:
@@ -152,8 +168,16 @@ def _checked(name: str, values: Any) -> np.ndarray:
     return v
 
 
-def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: float | None = None,
-             sampling_prob: Any = None, small_sample: bool = True) -> MeanEstimate:
+def ppi_mean(
+    y: Any,
+    yhat: Any,
+    unlabelled: Any,
+    *,
+    alpha: float = 0.1,
+    lam: float | None = None,
+    sampling_prob: Any = None,
+    small_sample: bool = True,
+) -> MeanEstimate:
     """The PPI++ estimate of the mean of the human values.
 
     ``y``, ``yhat``: the human and the evaluator's values on the labelled rows; ``unlabelled``:
@@ -172,7 +196,11 @@ def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: flo
         raise ValueError(f"{y.size} human values but {yhat.size} evaluator values")
     if y.size < 2:
         raise ValueError(f"an interval needs at least 2 labelled rows, got {y.size}")
-    rest = unlabelled if isinstance(unlabelled, Moments) else Moments.of(_checked("the evaluator's values", unlabelled))
+    rest = (
+        unlabelled
+        if isinstance(unlabelled, Moments)
+        else Moments.of(_checked("the evaluator's values", unlabelled))
+    )
     if lam is not None and not 0 <= lam <= 1:
         raise ValueError(f"lam must be between 0 and 1, got {lam}")
     if sampling_prob is not None:
@@ -191,13 +219,29 @@ def ppi_mean(y: Any, yhat: Any, unlabelled: Any, *, alpha: float = 0.1, lam: flo
     ddof = 1 if small_sample else 0
     se = math.sqrt(fixed + rect.var(ddof=ddof) / n)
     return MeanEstimate(
-        estimate=lam * rest.mean + float(rect.mean()), se=se, classical=float(y.mean()),
-        classical_se=float(y.std(ddof=ddof) / math.sqrt(n)), evaluator_mean=every.mean, lam=lam, n_labelled=n,
-        n=n + N, alpha=alpha, fixed_var=fixed, df=n - 1 if small_sample else None)
+        estimate=lam * rest.mean + float(rect.mean()),
+        se=se,
+        classical=float(y.mean()),
+        classical_se=float(y.std(ddof=ddof) / math.sqrt(n)),
+        evaluator_mean=every.mean,
+        lam=lam,
+        n_labelled=n,
+        n=n + N,
+        alpha=alpha,
+        fixed_var=fixed,
+        df=n - 1 if small_sample else None,
+    )
 
 
-def _weighted(y: np.ndarray, yhat: np.ndarray, rest: Moments, prob: np.ndarray, alpha: float,
-              lam: float | None, small_sample: bool) -> MeanEstimate:
+def _weighted(
+    y: np.ndarray,
+    yhat: np.ndarray,
+    rest: Moments,
+    prob: np.ndarray,
+    alpha: float,
+    lam: float | None,
+    small_sample: bool,
+) -> MeanEstimate:
     """Labels drawn with known, unequal probabilities: ``lam * mean(evaluator, every row) +
     the inverse-probability-weighted (Hajek) mean of ``human - lam * evaluator`` over the
     labelled rows. Its variance: the rows' own spread (``var(human) / n``) plus the sampling's,
@@ -228,10 +272,19 @@ def _weighted(y: np.ndarray, yhat: np.ndarray, rest: Moments, prob: np.ndarray, 
 
     rect = y - lam * yhat
     return MeanEstimate(
-        estimate=lam * every.mean + wmean(rect), se=math.sqrt(y_spread + sampling_var(rect)),
-        classical=wmean(y), classical_se=math.sqrt(y_spread + sampling_var(y)),
-        evaluator_mean=every.mean, lam=lam, n_labelled=int(y.size), n=every.count, alpha=alpha,
-        fixed_var=y_spread, weighted=True, df=y.size - 1 if small_sample else None)
+        estimate=lam * every.mean + wmean(rect),
+        se=math.sqrt(y_spread + sampling_var(rect)),
+        classical=wmean(y),
+        classical_se=math.sqrt(y_spread + sampling_var(y)),
+        evaluator_mean=every.mean,
+        lam=lam,
+        n_labelled=int(y.size),
+        n=every.count,
+        alpha=alpha,
+        fixed_var=y_spread,
+        weighted=True,
+        df=y.size - 1 if small_sample else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -262,17 +315,28 @@ class Difference:
         return self.classical + _z(self.alpha) * self.classical_se
 
     def as_dict(self) -> dict[str, Any]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "se": self.se,
-                "classical": self.classical, "classical_low": self.classical_low,
-                "classical_high": self.classical_high, "alpha": self.alpha}
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "se": self.se,
+            "classical": self.classical,
+            "classical_low": self.classical_low,
+            "classical_high": self.classical_high,
+            "alpha": self.alpha,
+        }
 
 
 def difference(first: MeanEstimate, second: MeanEstimate) -> Difference:
     if first.alpha != second.alpha:
         raise ValueError(f"the two estimates have different levels ({first.alpha} and {second.alpha})")
-    return Difference(first.estimate - second.estimate, math.hypot(first.se, second.se),
-                      first.classical - second.classical, math.hypot(first.classical_se, second.classical_se),
-                      first.alpha)
+    return Difference(
+        first.estimate - second.estimate,
+        math.hypot(first.se, second.se),
+        first.classical - second.classical,
+        math.hypot(first.classical_se, second.classical_se),
+        first.alpha,
+    )
 
 
 def pair_value(label: str | None = None, probabilities: Mapping[str, float] | None = None) -> float | None:

@@ -63,9 +63,18 @@ class Assessment:
     reason: str | None  # why agreement is None
 
 
-def pick(X: Any, labelled: Sequence[int], y: Any, *, k: int = 1, strategy: str = DEFAULT,
-         groups: Sequence[Any] | None = None, seed: int = 0, exclude: Iterable[int] = (),
-         pairwise: bool = False) -> list[Pick]:
+def pick(
+    X: Any,
+    labelled: Sequence[int],
+    y: Any,
+    *,
+    k: int = 1,
+    strategy: str = DEFAULT,
+    groups: Sequence[Any] | None = None,
+    seed: int = 0,
+    exclude: Iterable[int] = (),
+    pairwise: bool = False,
+) -> list[Pick]:
     """``k`` distinct rows of ``X`` to label next, none in ``labelled`` or ``exclude`` (fewer
     when the pool has fewer). ``y``: the labels of ``labelled``, one row each, a column per
     target (NaN: not rated; pairwise: +1 A better, 0 tie, -1 B better). ``groups``: a document
@@ -90,15 +99,20 @@ def pick(X: Any, labelled: Sequence[int], y: Any, *, k: int = 1, strategy: str =
     rng = np.random.default_rng(seed)
     if strategy == "random":
         chosen = rng.choice(free, size=k, replace=False)
-        return [Pick(int(i), "chosen at random, so the labels stay a fair sample of the pool") for i in chosen]
+        return [
+            Pick(int(i), "chosen at random, so the labels stay a fair sample of the pool") for i in chosen
+        ]
     Z = _standardised(X)
     width = None
     if strategy in ("uncertainty", "hybrid"):
         width = uncertainty(X, labelled, Y, groups, seed=seed, pairwise=pairwise)
     if width is None:  # cold start, or no model could be fitted
         chosen = _k_center(Z, labelled, free, k, rng)
-        why = ("no labels yet: a sample unlike those already labelled" if len(labelled) < MIN_MODEL_LABELS
-               else "a sample unlike those already labelled")
+        why = (
+            "no labels yet: a sample unlike those already labelled"
+            if len(labelled) < MIN_MODEL_LABELS
+            else "a sample unlike those already labelled"
+        )
         return [Pick(int(i), why) for i in chosen]
     score, half = width
     if strategy == "uncertainty":
@@ -110,9 +124,16 @@ def pick(X: Any, labelled: Sequence[int], y: Any, *, k: int = 1, strategy: str =
     return [Pick(int(i), _uncertain_reason(half[i], pairwise)) for i in chosen]
 
 
-def uncertainty(X: np.ndarray, labelled: np.ndarray, Y: np.ndarray, groups: Sequence[Any] | None, *,
-                seed: int = 0, pairwise: bool = False,
-                level: float = DEFAULT_LEVEL) -> tuple[np.ndarray, np.ndarray] | None:
+def uncertainty(
+    X: np.ndarray,
+    labelled: np.ndarray,
+    Y: np.ndarray,
+    groups: Sequence[Any] | None,
+    *,
+    seed: int = 0,
+    pairwise: bool = False,
+    level: float = DEFAULT_LEVEL,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Per row of ``X``: (a score to rank by: the interval width as a share of each target's
     spread of labels, summed over targets; the widest half-width). The half-width is the
     normalised conformal one: ``q * d(x)``, ``d`` the spread of the cross-validation models'
@@ -212,8 +233,9 @@ def _standardised(X: np.ndarray) -> np.ndarray:
     return (Z - Z.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
 
 
-def _k_center(Z: np.ndarray, labelled: np.ndarray, candidates: np.ndarray, k: int,
-              rng: np.random.Generator) -> list[int]:
+def _k_center(
+    Z: np.ndarray, labelled: np.ndarray, candidates: np.ndarray, k: int, rng: np.random.Generator
+) -> list[int]:
     """Greedy farthest-first: each pick is the candidate farthest from every labelled or already
     picked row (ties broken by ``rng``). With nothing labelled, the first is drawn by ``rng``."""
     C = Z[candidates]
@@ -222,7 +244,7 @@ def _k_center(Z: np.ndarray, labelled: np.ndarray, candidates: np.ndarray, k: in
     if len(labelled):
         nearest = np.full(len(candidates), np.inf)
         for start in range(0, len(labelled), 2048):
-            L = Z[labelled[start:start + 2048]]
+            L = Z[labelled[start : start + 2048]]
             d2 = cn[:, None] + (L * L).sum(axis=1)[None, :] - 2.0 * C @ L.T
             nearest = np.minimum(nearest, d2.min(axis=1))
     else:
@@ -241,8 +263,9 @@ def _k_center(Z: np.ndarray, labelled: np.ndarray, candidates: np.ndarray, k: in
     return chosen
 
 
-def assess(X: Any, y: Any, groups: Sequence[Any], *, pairwise: bool = False, seed: int = 0,
-           aggregator: str = "auto") -> Assessment:
+def assess(
+    X: Any, y: Any, groups: Sequence[Any], *, pairwise: bool = False, seed: int = 0, aggregator: str = "auto"
+) -> Assessment:
     """Held-out agreement of the evaluator the labels so far would train: out-of-fold
     predictions grouped by document, ``aggregator`` chosen by grouped CV as ``train``'s
     ``auto`` does; the mean Spearman over targets (pairwise: the share of verdicts that agree,
@@ -284,9 +307,14 @@ def assess(X: Any, y: Any, groups: Sequence[Any], *, pairwise: bool = False, see
                 _, _, _, cv = select_cv(template, X[ok], Y[ok, j][:, None], list(g[ok]), kinds, n_jobs=1)
             preds[ok, j] = np.asarray(cv).ravel()
     if not np.isfinite(preds).any():
-        return Assessment(n, None, None, None,
-                          f"too few labels: a held-out figure needs at least {MIN_ASSESS_LABELS} labelled rows "
-                          f"from 3 documents with differing labels, for some target")
+        return Assessment(
+            n,
+            None,
+            None,
+            None,
+            f"too few labels: a held-out figure needs at least {MIN_ASSESS_LABELS} labelled rows "
+            f"from 3 documents with differing labels, for some target",
+        )
     value = _figure(Y, preds, np.arange(len(Y)), pairwise)
     rng = np.random.default_rng(seed)
     docs = np.unique(g.astype(str))
@@ -323,8 +351,11 @@ def labels_to_reach(curve: Sequence[tuple[float, float]], target: float) -> int 
     else the fit ``agreement = a + b * log(n)`` solved for ``target``. None when it cannot be
     told: fewer than two points at distinct counts, a curve that does not rise, or an answer more
     than ten times beyond the labels seen."""
-    pts = [(float(n), float(a)) for n, a in curve
-           if a is not None and math.isfinite(float(a)) and math.isfinite(float(n)) and float(n) > 0]
+    pts = [
+        (float(n), float(a))
+        for n, a in curve
+        if a is not None and math.isfinite(float(a)) and math.isfinite(float(n)) and float(n) > 0
+    ]
     reached = [n for n, a in pts if a >= target]
     if reached:
         return math.ceil(min(reached))

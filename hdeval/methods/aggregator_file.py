@@ -24,8 +24,16 @@ TRUSTED_TYPES = (
 ESTIMATORS = {k: type(make_regressor(k).named_steps["model"]).__name__ for k in CANDIDATES}
 
 
-def check_pipeline(m: Any, fitted: str, kind: str, n_features: int, where: Path, what: str, inputs: str,
-                   probe: Callable[[Any, np.ndarray], Any]) -> Any:
+def check_pipeline(
+    m: Any,
+    fitted: str,
+    kind: str,
+    n_features: int,
+    where: Path,
+    what: str,
+    inputs: str,
+    probe: Callable[[Any, np.ndarray], Any],
+) -> Any:
     """``m`` is an hdeval pipeline ending in the ``fitted`` (aggregator or classifier) model of ``kind``,
     taking ``n_features`` ``inputs``; ``probe(m, a row of zeros)``, its answer (any failure: the
     model cannot predict)."""
@@ -38,8 +46,9 @@ def check_pipeline(m: Any, fitted: str, kind: str, n_features: int, where: Path,
         raise ArtifactError(f"{where}: {what} is a {est}, but the manifest says {fitted} {kind!r}")
     width = getattr(m, "n_features_in_", None)
     if width != n_features:
-        raise ArtifactError(f"{where}: {what} takes {width} {inputs}, but the manifest lists {n_features} "
-                            "features")
+        raise ArtifactError(
+            f"{where}: {what} takes {width} {inputs}, but the manifest lists {n_features} features"
+        )
     try:
         return probe(m, np.zeros((1, n_features)))
     except Exception as exc:  # any failure of an unusable model
@@ -49,11 +58,22 @@ def check_pipeline(m: Any, fitted: str, kind: str, n_features: int, where: Path,
 def check_models(models: Any, kind: str, groups: list[list[str]], n_features: int, where: Path) -> None:
     """One fitted pipeline per aspect group, of the recorded kind, with the right widths."""
     if not isinstance(models, list) or len(models) != len(groups):
-        raise ArtifactError(f"{where}: holds {type(models).__name__} instead of one model per aspect group "
-                            f"({len(groups)})")
+        raise ArtifactError(
+            f"{where}: holds {type(models).__name__} instead of one model per aspect group ({len(groups)})"
+        )
     for g, m in zip(groups, models):
-        out = check_pipeline(m, "aggregator", kind, n_features, where, f"the model for {', '.join(g)}",
-                             "criterion scores", lambda m, X: np.asarray(m.predict(X)).reshape(1, -1))
+        out = check_pipeline(
+            m,
+            "aggregator",
+            kind,
+            n_features,
+            where,
+            f"the model for {', '.join(g)}",
+            "criterion scores",
+            lambda m, X: np.asarray(m.predict(X)).reshape(1, -1),
+        )
         if out.shape[1] != len(g):
-            raise ArtifactError(f"{where}: the model for {', '.join(g)} predicts {out.shape[1]} value(s) "
-                                f"for {len(g)} aspect(s)")
+            raise ArtifactError(
+                f"{where}: the model for {', '.join(g)} predicts {out.shape[1]} value(s) "
+                f"for {len(g)} aspect(s)"
+            )

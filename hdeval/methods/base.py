@@ -10,7 +10,17 @@ import json
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Iterator,
+    Mapping,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods import options as _options
@@ -31,7 +41,6 @@ SPLIT = {"train": FIGURE, "test": FIGURE}
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
-
     import pandas as pd
     from pydantic import BaseModel
 
@@ -60,9 +69,11 @@ class ScoreResult:
 
     def __repr__(self) -> str:
         failed = len(self.criteria.failures)
-        return (f"<{type(self).__name__}: {len(self.sample_ids)} sample(s) x {len(self.aspects)} aspect(s) "
-                f"({', '.join(self.aspects)}); {len(self.criteria.criterion_keys)} LLM-filled column(s), "
-                f"{failed} unreadable cell(s); .to_frame() for the table>")
+        return (
+            f"<{type(self).__name__}: {len(self.sample_ids)} sample(s) x {len(self.aspects)} aspect(s) "
+            f"({', '.join(self.aspects)}); {len(self.criteria.criterion_keys)} LLM-filled column(s), "
+            f"{failed} unreadable cell(s); .to_frame() for the table>"
+        )
 
 
 class Fitted(ABC):
@@ -83,8 +94,16 @@ class Fitted(ABC):
     # the pydantic model of the state ``write`` returns, checked on load (None: the method checks it)
     State: ClassVar["type[BaseModel] | None"] = None
 
-    def __init__(self, task: "Task", template: Any, llm: "LLMConfig", llm_identity: str,
-                 metrics: dict[str, Any], extra: dict[str, Any] | None = None, score_table: Any = None):
+    def __init__(
+        self,
+        task: "Task",
+        template: Any,
+        llm: "LLMConfig",
+        llm_identity: str,
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        score_table: Any = None,
+    ):
         self.task = task
         self.template = template
         self.llm = llm
@@ -97,8 +116,14 @@ class Fitted(ABC):
         self.path: Any = None
 
     @abstractmethod
-    def score(self, samples: Sequence["Sample"], backend: "Backend | None" = None, cache_dir: Any = None,
-              concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
+    def score(
+        self,
+        samples: Sequence["Sample"],
+        backend: "Backend | None" = None,
+        cache_dir: Any = None,
+        concurrency: int | None = None,
+        progress: "Progress | None" = None,
+    ) -> ScoreResult:
         """Score new samples with ``backend`` (a cached one), or the LLM it was trained with."""
 
     @abstractmethod
@@ -128,7 +153,9 @@ class Fitted(ABC):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(x) for x in err["loc"]) or "(state)"
-            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {err['msg']}") from None
+            raise ArtifactError(
+                f"{art.path / 'manifest.json'}: state field {field!r}: {err['msg']}"
+            ) from None
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
@@ -148,8 +175,10 @@ class Fitted(ABC):
         from hdeval.metrics import why_null
 
         avg = self.metrics["final"]["average"]
-        return (f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
-                + why_null(self.metrics["final"]))
+        return (
+            f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
+            + why_null(self.metrics["final"])
+        )
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
         """The lines ``train`` prints after saving to ``path``: (text, to stderr)."""
@@ -185,8 +214,9 @@ class Fitted(ABC):
         """Why ``apply --export-requests`` cannot write this evaluator's requests (None: it can)."""
         return None
 
-    def reply_requests(self, items: Sequence[Any],
-                       columns: Sequence[str]) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
+    def reply_requests(
+        self, items: Sequence[Any], columns: Sequence[str]
+    ) -> tuple[list[tuple[tuple[str, str], Any]], str | None]:
         """For the report's per-sample view, the request whose cached reply is shown for each
         (row id, column) of ``items`` (samples or pairs read back from the data), rebuilt as
         training asked it; or no requests and a note saying why they cannot be rebuilt. Here,
@@ -221,7 +251,10 @@ class Fitted(ABC):
         from hdeval.artifact import save_artifact
         from hdeval.urls import public_identity
 
-        section = {**self.llm.to_manifest(), "identity": public_identity(self.llm_identity, self.llm.base_url)}
+        section = {
+            **self.llm.to_manifest(),
+            "identity": public_identity(self.llm_identity, self.llm.base_url),
+        }
         self.path = save_artifact(self, path, section, force=force)
         return self.path
 
@@ -305,15 +338,19 @@ def explain_refusal(ev: Fitted, artifact: Any, what: str) -> str:
     """The one line for ``what`` (``--explain``, ``hdeval explain``) asked of an evaluator that is
     not :class:`Explains`."""
     shape = getattr(ev.task, "shape", "pointwise")
-    return (f"{what} cannot explain {artifact}: its evaluator (method {ev.method!r}, {shape} data) gives no "
-            "explanations; hdeval apply shows its scores" + (", hdeval report its numbers" if isinstance(ev, Reports)
-                                                             else ""))
+    return (
+        f"{what} cannot explain {artifact}: its evaluator (method {ev.method!r}, {shape} data) gives no "
+        "explanations; hdeval apply shows its scores"
+        + (", hdeval report its numbers" if isinstance(ev, Reports) else "")
+    )
 
 
 def report_refusal(ev: Fitted, artifact: Any) -> str:
     """The one line for ``hdeval report`` asked of an evaluator that is not :class:`Reports`."""
-    return (f"hdeval report cannot draw {artifact}: its evaluator (method {ev.method!r}) writes no report; "
-            "its numbers are in metrics.json")
+    return (
+        f"hdeval report cannot draw {artifact}: its evaluator (method {ev.method!r}) writes no report; "
+        "its numbers are in metrics.json"
+    )
 
 
 class SinglePromptFitted(Fitted):
@@ -341,8 +378,14 @@ class SinglePromptFitted(Fitted):
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         return self.to_range(test[list(self.task.aspect_keys)].to_numpy(float))
 
-    def score(self, samples: Sequence["Sample"], backend: Any = None, cache_dir: Any = None,
-              concurrency: int | None = None, progress: "Progress | None" = None) -> ScoreResult:
+    def score(
+        self,
+        samples: Sequence["Sample"],
+        backend: Any = None,
+        cache_dir: Any = None,
+        concurrency: int | None = None,
+        progress: "Progress | None" = None,
+    ) -> ScoreResult:
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
@@ -351,8 +394,9 @@ class SinglePromptFitted(Fitted):
             label = f"{self.stage} {len(samples)} samples x {n} aspects"
             with progress_stage(progress, label, len(samples) * n):
                 m = self.ask(backend, samples, concurrency, progress)
-            return ScoreResult(m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m,
-                               usage_of(backend))
+            return ScoreResult(
+                m.sample_ids, list(self.task.aspect_keys), self.to_range(m.values), m, usage_of(backend)
+            )
 
     def write(self, out: "ArtifactWriter") -> dict[str, Any]:
         return {**self.write_common(out, {self.prompt: self.template}), **self.extra}
@@ -362,8 +406,13 @@ class SinglePromptFitted(Fitted):
         from hdeval.prompts import parse_template
 
         file = f"prompts/{cls.prompt}.toml"
-        return loaded(art, [file], lambda task, llm, identity: cls(
-            task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity, {}))
+        return loaded(
+            art,
+            [file],
+            lambda task, llm, identity: cls(
+                task, parse_template(cls.prompt, art.text(file), str(art.path / file)), llm, identity, {}
+            ),
+        )
 
 
 def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple:
@@ -396,7 +445,8 @@ def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
     ctx.progress.message(
         f"task {ctx.prep.task.name}: {len(ctx.prep.samples)} {what} from {ctx.prep.data_path} "
         f"({len(split.train_ids)} train, {len(split.test_ids)} test), {detail}"
-        f"LLM {shown_identity(ctx.llm.identity)}")
+        f"LLM {shown_identity(ctx.llm.identity)}"
+    )
 
 
 def check_failure_rate(ctx: "FitContext", rate: float, what: str, failures: Sequence[Any]) -> None:
@@ -418,12 +468,19 @@ def split_rows(ctx: "FitContext", ids: Sequence[str], aspects: Sequence[str]) ->
     by_id = {s.id: s for s in ctx.prep.samples}
     pos = {s: i for i, s in enumerate(ids)}
     split = ctx.prep.split
-    return (np.array([pos[s] for s in split.train_ids]), np.array([pos[s] for s in split.test_ids]),
-            np.array([[by_id[s].scores[a] for a in aspects] for s in ids]))
+    return (
+        np.array([pos[s] for s in split.train_ids]),
+        np.array([pos[s] for s in split.test_ids]),
+        np.array([[by_id[s].scores[a] for a in aspects] for s in ids]),
+    )
 
 
-def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task", Any, str], Any],
-           errors: tuple = (KeyError, TypeError, ValueError)) -> Any:
+def loaded(
+    art: "ArtifactReader",
+    files: Sequence[str],
+    build: Callable[["Task", Any, str], Any],
+    errors: tuple = (KeyError, TypeError, ValueError),
+) -> Any:
     """The evaluator ``build(task, llm, identity)`` makes from the task and LLM ``art`` records,
     once its manifest lists ``files`` and the metrics; with the artifact's metrics, run record,
     warnings and path. A malformed field (one of ``errors``) is a one-line ArtifactError."""
@@ -438,11 +495,17 @@ def loaded(art: "ArtifactReader", files: Sequence[str], build: Callable[["Task",
         task = task_from_dict(m["task"], where=str(art.path / "manifest.json"))
         llm = m.get("llm") or {}
         if not isinstance(llm, dict) or not all(
-                isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")):
-            raise ArtifactError(f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
-                                f"identity in {art.path / 'manifest.json'})")
-        ev = build(task, LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
-                   str(llm.get("identity") or ""))
+            isinstance(llm.get(k), (str, type(None))) for k in ("model", "base_url", "identity")
+        ):
+            raise ArtifactError(
+                f"{art.path}: malformed artifact ('llm' must hold text for model, base_url and "
+                f"identity in {art.path / 'manifest.json'})"
+            )
+        ev = build(
+            task,
+            LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
+            str(llm.get("identity") or ""),
+        )
         ev.metrics = check_metrics(art.json(METRICS), ev.metrics_shape(), art.path / METRICS)
         ev.run = art.run
     except errors as exc:
@@ -465,7 +528,9 @@ def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
     if isinstance(shape, dict) and isinstance(value, dict):
         for key in (k[:-1] for k in shape if k.endswith("!")):
             if value.get(key) is None or value[key] == {}:
-                raise ArtifactError(f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty")
+                raise ArtifactError(
+                    f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty"
+                )
         for key, v in value.items():
             sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
             if "#" in shape and not (key.isascii() and key.isdigit()):  # int() refuses "²"
@@ -473,14 +538,24 @@ def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
             if sub is not None:
                 _check_shape(v, sub, where, f"{name}.{key}" if name else key)
         return
-    if value is None and shape in (FIGURE, TEXT) or shape == TEXT and isinstance(value, str) or (
-            shape in (NUMBER, FIGURE) and isinstance(value, (int, float)) and not isinstance(value, bool)
-            and abs(value) < 1e300):  # NaN and infinities fail the comparison
+    if (
+        value is None
+        and shape in (FIGURE, TEXT)
+        or shape == TEXT
+        and isinstance(value, str)
+        or (
+            shape in (NUMBER, FIGURE)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and abs(value) < 1e300
+        )
+    ):  # NaN and infinities fail the comparison
         return
     got = json.dumps(value)
-    raise ArtifactError(f"{where}: {repr(name) + ' ' if name else ''}must be "
-                        f"{'a JSON object' if isinstance(shape, dict) else shape}, got {got[:40]}"
-                        + "..." * (len(got) > 40))
+    raise ArtifactError(
+        f"{where}: {repr(name) + ' ' if name else ''}must be "
+        f"{'a JSON object' if isinstance(shape, dict) else shape}, got {got[:40]}" + "..." * (len(got) > 40)
+    )
 
 
 @contextmanager
@@ -650,6 +725,7 @@ def later(target: str) -> Callable[..., Any]:
         for part in name.split("."):
             found = getattr(found, part)
         return found(*args)
+
     return call
 
 
@@ -667,8 +743,12 @@ def check_shape(method: Method, task: "Task") -> None:
         )
 
 
-def score_rows(samples: Sequence["Sample"], result: ScoreResult, columns: Sequence[str] | None = None,
-               names: tuple[str, str] = ("criteria", "criterion")) -> list[dict[str, Any]]:
+def score_rows(
+    samples: Sequence["Sample"],
+    result: ScoreResult,
+    columns: Sequence[str] | None = None,
+    names: tuple[str, str] = ("criteria", "criterion"),
+) -> list[dict[str, Any]]:
     """The JSON lines ``apply`` writes for pointwise samples: id, predicted aspect ``scores``,
     the LLM-filled ``columns`` (all, or those named), ``human`` scores when the input had them,
     and the recorded ``failures``. ``names``: what the columns and one column are called."""
@@ -686,10 +766,15 @@ def score_rows(samples: Sequence["Sample"], result: ScoreResult, columns: Sequen
     for s in samples:
         i = pos[s.id]
         row: dict[str, Any] = {
-            "id": s.id, "doc_id": s.doc_id, "system": s.system,
+            "id": s.id,
+            "doc_id": s.doc_id,
+            "system": s.system,
             "scores": {a: round(float(result.predictions[i, j]), 6) for j, a in enumerate(result.aspects)},
-            many: {k: (None if math.isnan(v) else round(float(v), 6))
-                   for k, v in zip(m.criterion_keys, m.values[row_of[s.id]]) if keep is None or k in keep},
+            many: {
+                k: (None if math.isnan(v) else round(float(v), 6))
+                for k, v in zip(m.criterion_keys, m.values[row_of[s.id]])
+                if keep is None or k in keep
+            },
         }
         if s.scores:
             row["human"] = dict(s.scores)
@@ -699,8 +784,9 @@ def score_rows(samples: Sequence["Sample"], result: ScoreResult, columns: Sequen
     return rows
 
 
-def score_table(ids: Sequence[str], columns: "ScoreMatrix", split: Any, Y: "np.ndarray",
-                aspects: Sequence[str]):
+def score_table(
+    ids: Sequence[str], columns: "ScoreMatrix", split: Any, Y: "np.ndarray", aspects: Sequence[str]
+):
     """The ``scores.csv`` every pointwise method writes: sample id, split, the LLM-filled columns
     (in the order the estimator takes them), then ``human:<aspect>``."""
     import pandas as pd
@@ -717,8 +803,11 @@ def score_table(ids: Sequence[str], columns: "ScoreMatrix", split: Any, Y: "np.n
 def run_record(ctx: "FitContext") -> dict[str, Any]:
     """What a run records in the manifest besides the method's own state: seed, split ids and
     the options (never the cache dir, a path on the trainer's machine)."""
-    return {"seed": ctx.config.seed, "split": ctx.prep.split.to_dict(),
-            "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"}}
+    return {
+        "seed": ctx.config.seed,
+        "split": ctx.prep.split.to_dict(),
+        "config": {k: v for k, v in ctx.config.public().items() if k != "cache_dir"},
+    }
 
 
 def usage_of(llm: Any, *more: Any) -> dict[str, int]:
@@ -727,8 +816,9 @@ def usage_of(llm: Any, *more: Any) -> dict[str, int]:
     stats = [b.stats for b in backends if getattr(b, "stats", None) is not None]
     if not stats:
         return {}
-    return {"calls": sum(s.calls for s in stats), "cache_hits": sum(s.hits for s in stats),
-            "prompt_tokens": sum(s.prompt_tokens for s in stats),
-            "completion_tokens": sum(s.completion_tokens for s in stats)}
-
-
+    return {
+        "calls": sum(s.calls for s in stats),
+        "cache_hits": sum(s.hits for s in stats),
+        "prompt_tokens": sum(s.prompt_tokens for s in stats),
+        "completion_tokens": sum(s.completion_tokens for s in stats),
+    }

@@ -57,29 +57,51 @@ class Example:
 
     @classmethod
     def of(cls, task: Task, sample: Sample) -> "Example":
-        return cls(sample.id, sample.doc_id, sample_block(history_fields(task), sample),
-                   _neutralise(sample.text(RESPONSE_FIELD)))
+        return cls(
+            sample.id,
+            sample.doc_id,
+            sample_block(history_fields(task), sample),
+            _neutralise(sample.text(RESPONSE_FIELD)),
+        )
 
 
 def pair_question(aspect: Aspect) -> str:
     if aspect.key == "overall":
         return "Which response is the better follow-up to its conversation?"
-    return (f"Judge the two responses only on this criterion: {aspect.name}: {aspect.definition} "
-            f"Which response is better on {aspect.name.lower()}?")
+    return (
+        f"Judge the two responses only on this criterion: {aspect.name}: {aspect.definition} "
+        f"Which response is better on {aspect.name.lower()}?"
+    )
 
 
-def label_request(template: Template, task: Task, labels: tuple[str, str], kind: str,
-                  **values: str) -> CompletionRequest:
+def label_request(
+    template: Template, task: Task, labels: tuple[str, str], kind: str, **values: str
+) -> CompletionRequest:
     """A question about a conversation answered by one of two label words (read from the first token)."""
     shown = next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
     messages = template.render({"task_description": task.description, "response_label": shown, **values})
-    return CompletionRequest(messages, temperature=0.0, max_tokens=MAX_TOKENS, top_logprobs=TOP_LOGPROBS,
-                             answer=Labels(labels), kind=kind)
+    return CompletionRequest(
+        messages,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        top_logprobs=TOP_LOGPROBS,
+        answer=Labels(labels),
+        kind=kind,
+    )
 
 
 def pair_request(template: Template, task: Task, question: str, a: Example, b: Example) -> CompletionRequest:
-    return label_request(template, task, LABELS, "pair", history_a=a.history, response_a=a.response,
-                         history_b=b.history, response_b=b.response, question=question)
+    return label_request(
+        template,
+        task,
+        LABELS,
+        "pair",
+        history_a=a.history,
+        response_a=a.response,
+        history_b=b.history,
+        response_b=b.response,
+        question=question,
+    )
 
 
 # ---------------------------------------------------------------------- comparison examples
@@ -89,8 +111,9 @@ def check_comparisons(n: Any) -> int:
     return n
 
 
-def draw_comparisons(pool: Sequence[Sample], n: int, seed: int, task: Task, where: str,
-                     own_docs: bool) -> list[Example]:
+def draw_comparisons(
+    pool: Sequence[Sample], n: int, seed: int, task: Task, where: str, own_docs: bool
+) -> list[Example]:
     """One response from each of ``n + 1`` distinct conversations, seeded: with ``own_docs`` the
     targets share the pool's conversations and each skips its own (at most n + 1 are drawn)."""
     docs: dict[str, list[Sample]] = {}
@@ -132,8 +155,11 @@ def _parse_examples(raw: Any, where: str) -> list[Example]:
     for i, item in enumerate(raw):
         keys = ("id", "doc_id", "history", "response")
         if not isinstance(item, dict) or not all(
-                isinstance(item.get(k), str) and len(item[k]) <= MAX_EXAMPLE_CHARS for k in keys):
-            raise ArtifactError(f"{where}: example {i} is not an object of id, doc_id, history, response strings")
+            isinstance(item.get(k), str) and len(item[k]) <= MAX_EXAMPLE_CHARS for k in keys
+        ):
+            raise ArtifactError(
+                f"{where}: example {i} is not an object of id, doc_id, history, response strings"
+            )
         out.append(Example(*(item[k] for k in keys)))
     return out
 
@@ -178,12 +204,22 @@ class PairScores:
         p1, p2 = self.first[ok], self.second[ok]
         if not p1.size:
             return {"consistency": None, "bias": None, "comparisons": 0}
-        return {"consistency": round(float(np.mean((p1 > 0.5) == (p2 > 0.5))), 6),
-                "bias": round(float(np.mean(np.abs(p1 - p2))), 6), "comparisons": int(p1.size)}
+        return {
+            "consistency": round(float(np.mean((p1 > 0.5) == (p2 > 0.5))), 6),
+            "bias": round(float(np.mean(np.abs(p1 - p2))), 6),
+            "comparisons": int(p1.size),
+        }
 
 
-def pair_cells(template: Template, task: Task, samples: Sequence[Sample], swap: bool,
-               cols: Sequence[tuple[str, str]], pool: Sequence[Example] | None, n: int = 0) -> list[Cell]:
+def pair_cells(
+    template: Template,
+    task: Task,
+    samples: Sequence[Sample],
+    swap: bool,
+    cols: Sequence[tuple[str, str]],
+    pool: Sequence[Example] | None,
+    n: int = 0,
+) -> list[Cell]:
     """One cell per target x column x comparison x order, sample-major: a target is compared with
     the first ``n`` pool examples from other conversations or, without a pool (the paper's
     exhaustive all-vs-all), with every other response of its own document. Column keys
@@ -202,18 +238,33 @@ def pair_cells(template: Template, task: Task, samples: Sequence[Sample], swap: 
             others = [(i, c) for i, c in enumerate(pool) if c.doc_id != target.doc_id][:n]
         for key, question in cols:
             for ci, other in others:
-                cells.append(Cell(s.id, f"{key}|{ci}|first",
-                                  (pair_request(template, task, question, target, other),)))
+                cells.append(
+                    Cell(s.id, f"{key}|{ci}|first", (pair_request(template, task, question, target, other),))
+                )
                 if swap:
-                    cells.append(Cell(s.id, f"{key}|{ci}|second",
-                                      (pair_request(template, task, question, other, target),)))
+                    cells.append(
+                        Cell(
+                            s.id,
+                            f"{key}|{ci}|second",
+                            (pair_request(template, task, question, other, target),),
+                        )
+                    )
     return cells
 
 
-def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Sample],
-                pool: Sequence[Example] | None, n: int, swap: bool, concurrency: int | None = None,
-                progress: Progress | None = None, columns: Sequence[tuple[str, str]] | None = None,
-                stage: bool = True) -> PairScores:
+def pair_scores(
+    llm: Any,
+    template: Template,
+    task: Task,
+    samples: Sequence[Sample],
+    pool: Sequence[Example] | None,
+    n: int,
+    swap: bool,
+    concurrency: int | None = None,
+    progress: Progress | None = None,
+    columns: Sequence[tuple[str, str]] | None = None,
+    stage: bool = True,
+) -> PairScores:
     """Ask every pair, sample-major (:func:`pair_cells`; no pool: all-vs-all, where a response
     alone in its document gets no column and a failure saying why). ``columns``: (key, question)
     pairs (default: one per aspect); ``stage``: open a progress stage of its own (False when the
@@ -222,21 +273,30 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     cols = list(columns) if columns is not None else [(a.key, pair_question(a)) for a in task.aspects]
     cells = pair_cells(template, task, samples, swap, cols, pool, n)
     if pool is None:
-        label = (f"comparing {len(samples)} samples x {len(cols)} columns with every other "
-                 f"response of their document{' x 2 orders' if swap else ''}")
+        label = (
+            f"comparing {len(samples)} samples x {len(cols)} columns with every other "
+            f"response of their document{' x 2 orders' if swap else ''}"
+        )
         width = max((int(c.column.split("|")[1]) + 1 for c in cells), default=0)
     else:
-        label = f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
+        label = (
+            f"comparing {len(samples)} samples x {len(cols)} columns x {n} examples" + " x 2 orders" * swap
+        )
         width = len(pool)
     # P(target wins) per sample x column x comparison, as shown first and as shown second; NaN
     # where nothing was asked or read
     shape = (len(samples), len(cols), width)
     first, second = np.full(shape, np.nan), np.full(shape, np.nan)
-    judged = PairScores([s.id for s in samples], [key for key, _ in cols], first, second, [], len(cells), swap)
+    judged = PairScores(
+        [s.id for s in samples], [key for key, _ in cols], first, second, [], len(cells), swap
+    )
     with progress_stage(progress if stage else None, label, len(cells)):
         # P("A") normalised over A/B: the target's, shown first, or 1 - the target's
-        m = (fill_matrix(llm, cells, lambda cs: label_probability(cs[0], *LABELS), concurrency, progress)
-             if cells else None)
+        m = (
+            fill_matrix(llm, cells, lambda cs: label_probability(cs[0], *LABELS), concurrency, progress)
+            if cells
+            else None
+        )
     if m is not None:
         judged.failures = list(m.failures)
         row = {sid: i for i, sid in enumerate(m.sample_ids)}
@@ -252,8 +312,14 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
     compared = {c.sample_id for c in cells}
     for s in samples if pool is None else ():
         if s.id not in compared:
-            judged.failures += [Failure(s.id, f"{key}|-|first", f"all-vs-all: no other response of document "
-                                        f"{s.doc_id!r} in the input to compare with") for key, _ in cols]
+            judged.failures += [
+                Failure(
+                    s.id,
+                    f"{key}|-|first",
+                    f"all-vs-all: no other response of document {s.doc_id!r} in the input to compare with",
+                )
+                for key, _ in cols
+            ]
     return judged
 
 
@@ -261,8 +327,10 @@ def pair_scores(llm: Any, template: Template, task: Task, samples: Sequence[Samp
 def criterion_question(tree: Any, criterion: Any) -> str:
     from hdeval.prompts import hierarchy_text
 
-    return (f"{hierarchy_text(tree, criterion)}\nJudge the two responses only on the criterion "
-            f"\"{criterion.name}\". Which response is better on it?")
+    return (
+        f"{hierarchy_text(tree, criterion)}\nJudge the two responses only on the criterion "
+        f'"{criterion.name}". Which response is better on it?'
+    )
 
 
 class _EveryK(Progress):
@@ -289,19 +357,41 @@ class PairwiseScorer:
         self.template, self.pool, self.n, self.swap = template, list(pool), n, swap
         self.judged: list[PairScores] = []  # every call's judgments (position statistics)
 
-    def __call__(self, llm: Any, _score_template: Any, task: Task, tree: Any, criteria: Sequence[Any],
-                 samples: Sequence[Sample], concurrency: int | None = None, progress: Progress | None = None) -> ScoreMatrix:
+    def __call__(
+        self,
+        llm: Any,
+        _score_template: Any,
+        task: Task,
+        tree: Any,
+        criteria: Sequence[Any],
+        samples: Sequence[Sample],
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> ScoreMatrix:
         history_fields(task)
         cols = [(c.key, criterion_question(tree, c)) for c in criteria]
         step = None if progress is None else _EveryK(progress, self.n * (2 if self.swap else 1))
-        judged = pair_scores(llm, self.template, task, samples, self.pool, self.n, self.swap, concurrency,
-                             step, columns=cols, stage=False)
+        judged = pair_scores(
+            llm,
+            self.template,
+            task,
+            samples,
+            self.pool,
+            self.n,
+            self.swap,
+            concurrency,
+            step,
+            columns=cols,
+            stage=False,
+        )
         self.judged.append(judged)
         return judged.columns()
 
     def position(self) -> dict[str, Any]:
-        flat = [np.concatenate([getattr(j, side).reshape(-1) for j in self.judged] + [np.empty(0)])
-                for side in ("first", "second")]
+        flat = [
+            np.concatenate([getattr(j, side).reshape(-1) for j in self.judged] + [np.empty(0)])
+            for side in ("first", "second")
+        ]
         return PairScores([], [], *flat, [], 0, self.swap).position()
 
     def manifest(self) -> dict[str, Any]:
@@ -311,7 +401,9 @@ class PairwiseScorer:
         out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
 
     @classmethod
-    def from_artifact(cls, art: ArtifactReader, spec: Any, templates: dict[str, Template]) -> "PairwiseScorer":
+    def from_artifact(
+        cls, art: ArtifactReader, spec: Any, templates: dict[str, Template]
+    ) -> "PairwiseScorer":
         if not isinstance(spec, dict) or spec.get("kind") != cls.kind:
             raise ArtifactError(f"{art.path}: unknown scorer {spec!r}")
         if "pair" not in templates or COMPARISONS not in art.manifest.get("files", {}):
@@ -319,7 +411,9 @@ class PairwiseScorer:
         pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
         n, swap = spec.get("comparisons"), spec.get("swap")
         if not fits_examples(n, swap, pool):
-            raise ArtifactError(f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples")
+            raise ArtifactError(
+                f"{art.path}: the scorer's 'comparisons' / 'swap' do not fit the recorded examples"
+            )
         return cls(templates["pair"], pool, n, swap)
 
 

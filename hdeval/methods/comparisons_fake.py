@@ -27,7 +27,11 @@ def fake_quality(history: str, response: str, question: str) -> float:
     length = math.tanh(len(words) / 20)
     overlap = len(set(words) & hist) / len(set(words))
     w = _unit("paireval-w", question)
-    return 0.45 * length + 0.35 * (w * uniq + (1 - w) * overlap) + 0.2 * _unit("paireval-noise", response, question)
+    return (
+        0.45 * length
+        + 0.35 * (w * uniq + (1 - w) * overlap)
+        + 0.2 * _unit("paireval-noise", response, question)
+    )
 
 
 def prompt_of(request: CompletionRequest) -> tuple[str, int]:
@@ -40,6 +44,7 @@ def label_responder(kind: str, labels: tuple[str, str], blocks: int):
     """Registers, as the fake LLM's answer to prompts of ``kind`` showing at least ``blocks``
     ``<sample>`` blocks, a label reply whose first label has the probability the decorated
     function gives (from the blocks and the question after them)."""
+
     def register(probability):
         @responder(kind)
         def answer(request: CompletionRequest, fake: FakeBackend) -> Completion:
@@ -50,14 +55,18 @@ def label_responder(kind: str, labels: tuple[str, str], blocks: int):
             n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
             if fake.garbage and _unit("garbage", user) < fake.garbage:
                 return Completion("I cannot decide.", None, n_prompt, 4)
-            p = min(1 - 1e-6, max(1e-6, probability(shown, user[user.rfind("</sample>"):])))
+            p = min(1 - 1e-6, max(1e-6, probability(shown, user[user.rfind("</sample>") :])))
             top = None
             if fake.logprobs and request.top_logprobs:
-                alts = sorted([TokenLogprob(labels[0], math.log(p)), TokenLogprob(labels[1], math.log(1 - p))],
-                              key=lambda t: -t.logprob)
+                alts = sorted(
+                    [TokenLogprob(labels[0], math.log(p)), TokenLogprob(labels[1], math.log(1 - p))],
+                    key=lambda t: -t.logprob,
+                )
                 top = (tuple(alts),)
             return Completion(labels[0] if p >= 0.5 else labels[1], top, n_prompt, 1)
+
         return probability
+
     return register
 
 

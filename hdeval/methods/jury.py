@@ -70,8 +70,14 @@ class Judge:
         name only."""
         from hdeval.urls import public_url
 
-        return {"name": self.name, "llm": self.llm, "base_url": public_url(self.base_url),
-                "api_key_env": self.api_key_env, "price_in": self.price_in, "price_out": self.price_out}
+        return {
+            "name": self.name,
+            "llm": self.llm,
+            "base_url": public_url(self.base_url),
+            "api_key_env": self.api_key_env,
+            "price_in": self.price_in,
+            "price_out": self.price_out,
+        }
 
 
 def read_jury(path: str | Path) -> tuple[Judge, ...]:
@@ -154,13 +160,26 @@ class Jury:
         the others have not spent."""
         if self.max_calls is None:
             return
-        spent = sum(c.stats.calls for c in {id(c): c for c in [*self.clients.values(), *others]}.values()
-                    if c is not active)
+        spent = sum(
+            c.stats.calls
+            for c in {id(c): c for c in [*self.clients.values(), *others]}.values()
+            if c is not active
+        )
         active.max_calls = max(0, self.max_calls - spent)
 
-    def score(self, score: Callable, template: Any, task: Any, tree: Any, criteria: Sequence[Any],
-              samples: Sequence[Any], concurrency: int | None, progress: Any, others: Sequence[Any] = (),
-              only: Mapping[str, Sequence[Any]] | None = None) -> Any:
+    def score(
+        self,
+        score: Callable,
+        template: Any,
+        task: Any,
+        tree: Any,
+        criteria: Sequence[Any],
+        samples: Sequence[Any],
+        concurrency: int | None,
+        progress: Any,
+        others: Sequence[Any] = (),
+        only: Mapping[str, Sequence[Any]] | None = None,
+    ) -> Any:
         """Every criterion scored by every judge (``only``: judge -> its criteria), as one matrix
         of ``<judge>:<criterion>`` columns, judge by judge."""
         from hdeval.types import Failure, ScoreMatrix
@@ -174,9 +193,14 @@ class Jury:
             llm = self.clients[name]
             self.share_budget(llm, others)
             m = score(llm, template, task, tree, crits, samples, concurrency, progress)
-            out = out.hstack(ScoreMatrix(m.sample_ids, [column(name, k) for k in m.criterion_keys], m.values,
-                                         [Failure(f.sample_id, column(name, f.criterion_key), f.reason)
-                                          for f in m.failures]))
+            out = out.hstack(
+                ScoreMatrix(
+                    m.sample_ids,
+                    [column(name, k) for k in m.criterion_keys],
+                    m.values,
+                    [Failure(f.sample_id, column(name, f.criterion_key), f.reason) for f in m.failures],
+                )
+            )
         return out
 
     def usage(self) -> dict[str, dict[str, Any]]:
@@ -186,14 +210,22 @@ class Jury:
             s = self.clients[j.name].stats
             cost = None
             if j.price_in is not None or j.price_out is not None:
-                cost = round((s.prompt_tokens * (j.price_in or 0) + s.completion_tokens * (j.price_out or 0)) / 1e6, 6)
-            out[j.name] = {"calls": s.calls, "hits": s.hits, "prompt_tokens": s.prompt_tokens,
-                           "completion_tokens": s.completion_tokens, "cost": cost}
+                cost = round(
+                    (s.prompt_tokens * (j.price_in or 0) + s.completion_tokens * (j.price_out or 0)) / 1e6, 6
+                )
+            out[j.name] = {
+                "calls": s.calls,
+                "hits": s.hits,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "cost": cost,
+            }
         return out
 
 
-def open_jury(judges: Sequence[Judge], base: Any, offline: bool = False,
-              backends: Mapping[str, Any] | None = None) -> Jury:
+def open_jury(
+    judges: Sequence[Judge], base: Any, offline: bool = False, backends: Mapping[str, Any] | None = None
+) -> Jury:
     """Each judge's cached client on the run's cache directory and settings (``base``, an
     LLMConfig), its own model, server and key; ``backends`` injects judges by name (tests, the
     Python API). A judge that cannot be opened stops the run before any call, naming it."""
@@ -231,10 +263,16 @@ def _keyed_backend(j: Judge, cfg: Any, offline: bool) -> Any:
 
     key = os.environ.get(j.api_key_env or "")
     if not key and not offline:
-        raise ConfigError(f"judge {j.name!r}: the environment variable {j.api_key_env} (its api_key_env) "
-                          "is not set")
-    return OpenAICompatBackend(model=cfg.model, base_url=cfg.base_url, api_key=key or "dry-run-sends-nothing",
-                               timeout=cfg.timeout, max_retries=cfg.max_retries)
+        raise ConfigError(
+            f"judge {j.name!r}: the environment variable {j.api_key_env} (its api_key_env) is not set"
+        )
+    return OpenAICompatBackend(
+        model=cfg.model,
+        base_url=cfg.base_url,
+        api_key=key or "dry-run-sends-nothing",
+        timeout=cfg.timeout,
+        max_retries=cfg.max_retries,
+    )
 
 
 # ---------------------------------------------------------------- how the judges relate
@@ -264,8 +302,11 @@ def judge_matrix(matrix: Any, judge: str) -> Any:
     from hdeval.types import ScoreMatrix
 
     idx = judge_columns(matrix.criterion_keys, judge)
-    return ScoreMatrix(list(matrix.sample_ids), [split_column(matrix.criterion_keys[i])[1] for i in idx],
-                       matrix.values[:, idx])
+    return ScoreMatrix(
+        list(matrix.sample_ids),
+        [split_column(matrix.criterion_keys[i])[1] for i in idx],
+        matrix.values[:, idx],
+    )
 
 
 def agreement(matrix: Any, names: Sequence[str], rows: Any) -> dict[str, float | None]:
@@ -275,8 +316,13 @@ def agreement(matrix: Any, names: Sequence[str], rows: Any) -> dict[str, float |
     crits = list(dict.fromkeys(split_column(k)[1] for k in matrix.criterion_keys))
     out: dict[str, float | None] = {}
     for c in crits:
-        data = np.array([matrix.values[rows, matrix.criterion_keys.index(column(n, c))]
-                         for n in names if column(n, c) in matrix.criterion_keys])
+        data = np.array(
+            [
+                matrix.values[rows, matrix.criterion_keys.index(column(n, c))]
+                for n in names
+                if column(n, c) in matrix.criterion_keys
+            ]
+        )
         try:
             a = float(krippendorff.alpha(reliability_data=data, level_of_measurement="interval"))
         except (ValueError, ZeroDivisionError):  # fewer than two values to compare, or no variance
@@ -285,13 +331,15 @@ def agreement(matrix: Any, names: Sequence[str], rows: Any) -> dict[str, float |
     return out
 
 
-def error_correlation(matrix: Any, names: Sequence[str], Y: Any, aspects: Sequence[str], rows: Any
-                      ) -> tuple[dict[str, dict[str, float | None]], float | None]:
+def error_correlation(
+    matrix: Any, names: Sequence[str], Y: Any, aspects: Sequence[str], rows: Any
+) -> tuple[dict[str, dict[str, float | None]], float | None]:
     """The correlation of the judges' errors against the humans on ``rows`` (each judge's own
     score of each aspect and the human score, both standardised; the error their difference,
     pooled over aspects), and from it the effective number of independent judges,
     ``n / (1 + (n - 1) * r)`` with ``r`` the mean correlation between two judges' errors
     (clipped to [0, 1]): as many judges with independent errors would average out as much noise."""
+
     def z(v: Any) -> Any:
         sd = np.nanstd(v)
         return (v - np.nanmean(v)) / sd if sd > 0 else v * np.nan
@@ -325,9 +373,19 @@ def error_correlation(matrix: Any, names: Sequence[str], Y: Any, aspects: Sequen
 def jury_scorer(jury: Jury, score: Callable, dec: Any) -> Callable:
     """A scorer with the loop's signature whose columns are every judge's (the loop's ``llm``,
     the first judge, is not read: each judge scores with its own client)."""
-    def scorer(_llm: Any, template: Any, task: Any, tree: Any, criteria: Sequence[Any], samples: Sequence[Any],
-               concurrency: int | None = None, progress: Any = None) -> Any:
+
+    def scorer(
+        _llm: Any,
+        template: Any,
+        task: Any,
+        tree: Any,
+        criteria: Sequence[Any],
+        samples: Sequence[Any],
+        concurrency: int | None = None,
+        progress: Any = None,
+    ) -> Any:
         return jury.score(score, template, task, tree, criteria, samples, concurrency, progress, others=[dec])
+
     return scorer
 
 

@@ -72,7 +72,7 @@ class MethodOptions:
         # __new__ sees the constructor's arguments; pickling and copying restore the record
         self = super().__new__(cls)
         names = [f.name for f in fields(cls)]
-        object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
+        object.__setattr__(self, "_given", frozenset(names[: len(args)]) | frozenset(kwargs))
         return self
 
     def __post_init__(self) -> None:
@@ -89,12 +89,17 @@ class MethodOptions:
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
-        return {f.name: Option(f.default, f.metadata.get("help", ""), f.metadata.get("choices"),
-                               f.metadata.get("kind")) for f in fields(cls)}
+        return {
+            f.name: Option(
+                f.default, f.metadata.get("help", ""), f.metadata.get("choices"), f.metadata.get("kind")
+            )
+            for f in fields(cls)
+        }
 
     @classmethod
-    def build(cls, given: Mapping[str, Any], method: str,
-              others: Mapping[str, type["MethodOptions"]] | None = None) -> "MethodOptions":
+    def build(
+        cls, given: Mapping[str, Any], method: str, others: Mapping[str, type["MethodOptions"]] | None = None
+    ) -> "MethodOptions":
         """The model from options by name (None: not given); one line for a name the method does
         not take (naming the methods of ``others``, name -> options model, that take it) or a
         value of the wrong kind."""
@@ -104,10 +109,14 @@ class MethodOptions:
         if unknown:
             known = ", ".join(sorted(specs)) or "none"
             others = others or {}
-            owned = "".join(f"; {flag(name)} is an option of --method {' or '.join(owners)}" for name in unknown
-                            if (owners := [m for m in sorted(others) if name in others[m].specs()]))
-            raise ConfigError(f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known})"
-                              f"{owned}")
+            owned = "".join(
+                f"; {flag(name)} is an option of --method {' or '.join(owners)}"
+                for name in unknown
+                if (owners := [m for m in sorted(others) if name in others[m].specs()])
+            )
+            raise ConfigError(
+                f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known}){owned}"
+            )
         return cls(**given)
 
     def second_llm_given(self) -> tuple[str, str | None, str] | None:
@@ -141,16 +150,23 @@ class MethodOptions:
         specs = self.specs()
         unknown = sorted(set(changes) - set(specs))
         if unknown:
-            raise ConfigError(f"{type(self).__name__} takes no option(s) {', '.join(unknown)} "
-                              f"(its options: {', '.join(sorted(specs)) or 'none'})")
+            raise ConfigError(
+                f"{type(self).__name__} takes no option(s) {', '.join(unknown)} "
+                f"(its options: {', '.join(sorted(specs)) or 'none'})"
+            )
         new = dataclass_replace(self, **changes)
         object.__setattr__(new, "_given", frozenset(self.given()) | frozenset(changes))
         return new
 
 
 # an option's default's kind -> the values it takes (never a bool for a number) and their name
-_KINDS = ((bool, bool, "true or false"), (int, int, "a whole number"), (float, (int, float), "a number"),
-          (str, str, "text"), (type(None), str, "text"))
+_KINDS = (
+    (bool, bool, "true or false"),
+    (int, int, "a whole number"),
+    (float, (int, float), "a number"),
+    (str, str, "text"),
+    (type(None), str, "text"),
+)
 
 
 def _check_value(name: str, value: Any, spec: Option) -> None:
@@ -206,9 +222,11 @@ def check_aggregator(kind: str) -> None:
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(CANDIDATES)} or auto")
 
 
-AGGREGATOR_HELP = ("mean, direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf (simplest first), or auto: "
-                   "the simplest within one standard error of the best grouped cross-validated Spearman on the "
-                   "training split (pairwise tasks: lr, dt, rf, nn or auto).")
+AGGREGATOR_HELP = (
+    "mean, direct, aspect_mean, shrink, nnls, ridge, lr, dt, nn, rf (simplest first), or auto: "
+    "the simplest within one standard error of the best grouped cross-validated Spearman on the "
+    "training split (pairwise tasks: lr, dt, rf, nn or auto)."
+)
 
 
 def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOptions]:
@@ -216,4 +234,6 @@ def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOpti
     return make_dataclass(
         f"{method.title().replace('-', '')}Options",
         [(name, Any, option(o.default, o.help, o.choices, o.kind)) for name, o in options.items()],
-        bases=(MethodOptions,), frozen=True)
+        bases=(MethodOptions,),
+        frozen=True,
+    )

@@ -68,16 +68,20 @@ def _add_plugin(ep) -> None:
             found = found()
     except Exception as exc:  # any error of a plug-in's own code, SyntaxError included
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded "
-                          f"({detail})") from None
+        raise ConfigError(
+            f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded ({detail})"
+        ) from None
     methods = list(found) if isinstance(found, (list, tuple)) else [found]
     for method in methods:
         if not isinstance(method, Method):
-            raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it gave "
-                              f"{type(method).__name__}, not a hdeval.methods.base.Method")
+            raise ConfigError(
+                f"method plug-in {ep.name!r} ({ep.value}) skipped: it gave "
+                f"{type(method).__name__}, not a hdeval.methods.base.Method"
+            )
         if method.name in METHODS:
-            raise ConfigError(f"method plug-in {ep.name!r} ({ep.value}) skipped: it reuses the method "
-                              f"name {method.name!r}")
+            raise ConfigError(
+                f"method plug-in {ep.name!r} ({ep.value}) skipped: it reuses the method name {method.name!r}"
+            )
     METHODS.update({m.name: m for m in methods})
 
 

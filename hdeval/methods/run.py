@@ -16,19 +16,27 @@ from hdeval.llm import open_llm
 
 def llm_config(config: Any) -> LLMConfig:
     """The run's LLM settings as the one typed config every command uses."""
-    return LLMConfig(config.llm, config.base_url, config.timeout, config.max_retries,
-                     config.concurrency, config.cache_dir, config.max_calls, config.batch)
+    return LLMConfig(
+        config.llm,
+        config.base_url,
+        config.timeout,
+        config.max_retries,
+        config.concurrency,
+        config.cache_dir,
+        config.max_calls,
+        config.batch,
+    )
 
 
-def open_backend(
-    config: Any, backend: Backend | None = None, offline: bool = False
-) -> CachedBackend:
+def open_backend(config: Any, backend: Backend | None = None, offline: bool = False) -> CachedBackend:
     """The cached backend for a run; ``backend`` lets tests and the API inject their own."""
     return open_llm(llm_config(config), backend, offline)
 
 
 @contextmanager
-def backend_for(config: Any, backend: Backend | None = None, offline: bool = False) -> Iterator[CachedBackend]:
+def backend_for(
+    config: Any, backend: Backend | None = None, offline: bool = False
+) -> Iterator[CachedBackend]:
     """:func:`open_backend` for the block, closed after it unless it is ``backend`` itself: an
     injected :class:`CachedBackend` comes back as it is and stays its caller's to close."""
     llm = open_backend(config, backend, offline)
@@ -47,8 +55,9 @@ def decompose_llm_config(config: Any) -> LLMConfig | None:
     if second is None:
         return None
     model, url, _ = second
-    return LLMConfig(model, url, config.timeout, config.max_retries,
-                     config.concurrency, config.cache_dir, config.max_calls)
+    return LLMConfig(
+        model, url, config.timeout, config.max_retries, config.concurrency, config.cache_dir, config.max_calls
+    )
 
 
 def open_decompose_backend(
@@ -89,17 +98,32 @@ def prompt_chars(req) -> int:
     return sum(len(m.content) for m in req.messages)
 
 
-def exact_plan(llm: CachedBackend, reqs: list, completion_tokens: int, layer: int = 1, stage: str = "",
-               requests: int | None = None) -> LayerPlan:
+def exact_plan(
+    llm: CachedBackend,
+    reqs: list,
+    completion_tokens: int,
+    layer: int = 1,
+    stage: str = "",
+    requests: int | None = None,
+) -> LayerPlan:
     """The dry-run row of requests all known before the run: identical ones cost one call."""
     distinct = {llm.key(r): r for r in reqs}
-    return LayerPlan(layer, 0, len(distinct), sum(llm.is_cached(r) for r in distinct.values()), False,
-                     sum(prompt_chars(r) for r in distinct.values()) // 4, len(distinct) * completion_tokens,
-                     stage=stage, requests=requests)
+    return LayerPlan(
+        layer,
+        0,
+        len(distinct),
+        sum(llm.is_cached(r) for r in distinct.values()),
+        False,
+        sum(prompt_chars(r) for r in distinct.values()) // 4,
+        len(distinct) * completion_tokens,
+        stage=stage,
+        requests=requests,
+    )
 
 
-def plan_known(config: Any, backend: Backend | None, reqs: list, completion_tokens: int,
-               requests: int | None = None) -> list[LayerPlan]:
+def plan_known(
+    config: Any, backend: Backend | None, reqs: list, completion_tokens: int, requests: int | None = None
+) -> list[LayerPlan]:
     """The dry run of a method whose every request is known before the run: one exact row."""
     with backend_for(config, backend, offline=True) as llm:
         return [exact_plan(llm, reqs, completion_tokens, requests=requests)]

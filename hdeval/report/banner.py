@@ -61,20 +61,38 @@ def llm_line(banner: Banner, identity: str | None) -> None:
     ident = str(identity or "unknown")
     size = model_size(ident)
     if ident.startswith("fake"):
-        banner.add("LLM", f"{ident}: the offline fake LLM answers with seeded noise; these numbers "
-                          "test the pipeline and say nothing about any real evaluator", warn=True)
+        banner.add(
+            "LLM",
+            f"{ident}: the offline fake LLM answers with seeded noise; these numbers "
+            "test the pipeline and say nothing about any real evaluator",
+            warn=True,
+        )
     elif ident == "local":  # the embedded runtime's default model is the bundled SmolLM2-135M
-        banner.add("LLM", "local: the embedded model (SmolLM2-135M unless another GGUF was given) is for "
-                          "trying the pipeline; expect scores close to chance", warn=True)
+        banner.add(
+            "LLM",
+            "local: the embedded model (SmolLM2-135M unless another GGUF was given) is for "
+            "trying the pipeline; expect scores close to chance",
+            warn=True,
+        )
     elif size is not None and size < TINY_PARAMS:
-        banner.add("LLM", f"{ident}: a tiny model ({size / 1e6:.0f}M parameters) is for trying the "
-                          "pipeline; expect scores close to chance", warn=True)
+        banner.add(
+            "LLM",
+            f"{ident}: a tiny model ({size / 1e6:.0f}M parameters) is for trying the "
+            "pipeline; expect scores close to chance",
+            warn=True,
+        )
     else:
         banner.add("LLM", ident)
 
 
-def split_line(banner: Banner, n_train: int | None, n_test: int | None, n_features: int | None,
-               features: str = "criteria", rows: str = "rows") -> None:
+def split_line(
+    banner: Banner,
+    n_train: int | None,
+    n_test: int | None,
+    n_features: int | None,
+    features: str = "criteria",
+    rows: str = "rows",
+) -> None:
     if n_train is None or n_test is None:
         banner.add("data", "the artifact records no train/test sizes")
         return
@@ -83,12 +101,19 @@ def split_line(banner: Banner, n_train: int | None, n_test: int | None, n_featur
         text += f" for {n_features} {features}"
     banner.add("data", text)
     if n_features and n_train < ROWS_PER_FEATURE * n_features:
-        banner.add("overfitting", f"{n_train} training {rows} for {n_features} {features} "
-                                  f"(fewer than {ROWS_PER_FEATURE} per feature): the aggregator is likely "
-                                  "to fit noise; use more data or fewer criteria", warn=True)
+        banner.add(
+            "overfitting",
+            f"{n_train} training {rows} for {n_features} {features} "
+            f"(fewer than {ROWS_PER_FEATURE} per feature): the aggregator is likely "
+            "to fit noise; use more data or fewer criteria",
+            warn=True,
+        )
     if n_test < SMALL_TEST:
-        banner.add("small test set", f"only {n_test} held-out {rows}: a held-out figure can move by 0.1 or "
-                                     "more on another split", warn=True)
+        banner.add(
+            "small test set",
+            f"only {n_test} held-out {rows}: a held-out figure can move by 0.1 or more on another split",
+            warn=True,
+        )
 
 
 def layer_line(banner: Banner, metrics: Mapping[str, Any], trained: list[str] | None = None) -> None:
@@ -120,16 +145,24 @@ def aggregator_line(banner: Banner, metrics: Mapping[str, Any]) -> None:
     scores = (sel.get("candidates_cv_spearman") or {}).get(str(sel.get("kept_layer")))
     if isinstance(scores, Mapping) and len(scores) > 1:
         text += "; grouped CV Spearman on the training split: " + ", ".join(
-            f"{k} {v:.3f}" if isinstance(v, (int, float)) else f"{k} n/a" for k, v in scores.items())
+            f"{k} {v:.3f}" if isinstance(v, (int, float)) else f"{k} n/a" for k, v in scores.items()
+        )
     held = ((metrics.get("final") or {}).get("average") or {}).get("spearman")
     if isinstance(held, (int, float)):
         text += f"; held-out Spearman of the kept one {held:.3f}"
     warn = sel.get("simpler_was_better")
-    banner.add("aggregator kept", text + (f". {warn}" if isinstance(warn, str) else ""), warn=isinstance(warn, str))
+    banner.add(
+        "aggregator kept", text + (f". {warn}" if isinstance(warn, str) else ""), warn=isinstance(warn, str)
+    )
 
 
-def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[str, float | None],
-                  measure: str, label: str = "strongest baseline") -> None:
+def baseline_line(
+    banner: Banner,
+    evaluator: float | None,
+    baselines: Mapping[str, float | None],
+    measure: str,
+    label: str = "strongest baseline",
+) -> None:
     """The strongest baseline against the evaluator, on the same held-out measure."""
     known = {k: v for k, v in baselines.items() if isinstance(v, (int, float))}
     if not known:
@@ -144,7 +177,9 @@ def baseline_line(banner: Banner, evaluator: float | None, baselines: Mapping[st
     banner.add(label, text + ("" if diff > 0 else ": the evaluator does not beat it"), warn=diff <= 0)
 
 
-def interval_verdict(half_widths: Mapping[str, float | None], ranges: Mapping[str, tuple[float, float]]) -> str:
+def interval_verdict(
+    half_widths: Mapping[str, float | None], ranges: Mapping[str, tuple[float, float]]
+) -> str:
     """``±2.97 on a 1-5 scale: too wide to use``: each aspect's half-width on its scale, judged
     against :data:`USABLE_WIDTH` (the widest decides)."""
     parts, worst = [], 0.0
@@ -158,13 +193,27 @@ def interval_verdict(half_widths: Mapping[str, float | None], ranges: Mapping[st
         parts.append(f"{aspect} {'unbounded' if hw is None else f'±{hw:.2f}'}{scale}")
     if len(scales) == 1 and (span := next(iter(scales)))[1] > span[0]:
         parts[-1] += f" on a {span[0]:g}-{span[1]:g} scale"
-    judged = ("too wide to use (wider than half the scale)" if worst > USABLE_WIDTH else
-              "wide" if worst > USABLE_WIDTH / 2 else "narrow enough to use")
+    judged = (
+        "too wide to use (wider than half the scale)"
+        if worst > USABLE_WIDTH
+        else "wide"
+        if worst > USABLE_WIDTH / 2
+        else "narrow enough to use"
+    )
     return f"{', '.join(parts)}: {judged}"
 
 
-def next_step(*, identity: str | None, evaluator: float | None, direct: float | None, n_train: int | None,
-              n_features: int | None, n_test: int | None, too_wide: bool, path: Any) -> str:
+def next_step(
+    *,
+    identity: str | None,
+    evaluator: float | None,
+    direct: float | None,
+    n_train: int | None,
+    n_features: int | None,
+    n_test: int | None,
+    too_wide: bool,
+    path: Any,
+) -> str:
     """What to do next, from the artifact's own figures: the one line the terminal and the
     banner end on (``ready: hdeval apply ...`` only when nothing above undermines it)."""
     ident = str(identity or "")
@@ -178,27 +227,58 @@ def next_step(*, identity: str | None, evaluator: float | None, direct: float | 
     if loses or too_wide or (n_test is not None and n_test < SMALL_TEST):
         ways.append("more labels (`hdeval label`, then train again)")
     if loses and not crowded:
-        ways.append("another LLM (--llm)" if not toy else "a real LLM (--llm): a tiny model scores near chance")
+        ways.append(
+            "another LLM (--llm)" if not toy else "a real LLM (--llm): a tiny model scores near chance"
+        )
     if crowded:
         ways.append("fewer criteria (--layers 1, --top-k)")
     if not ways:
         return f"this evaluator is ready: hdeval apply {path} NEW.jsonl -o scored.jsonl"
-    why = ("the direct LLM score agrees better than the trained evaluator" if loses and evaluator is not None
-           else "the intervals are too wide to act on" if too_wide else "too few rows to trust the figures")
+    why = (
+        "the direct LLM score agrees better than the trained evaluator"
+        if loses and evaluator is not None
+        else "the intervals are too wide to act on"
+        if too_wide
+        else "too few rows to trust the figures"
+    )
     return f"{', or '.join(ways)}: {why}"
 
 
-def outlook_lines(banner: Banner, *, intervals: Mapping[str, Any] | None, ranges: Mapping[str, tuple[float, float]],
-                  identity: str | None, evaluator: float | None, direct: float | None, n_train: int | None,
-                  n_features: int | None, n_test: int | None, path: Any) -> None:
+def outlook_lines(
+    banner: Banner,
+    *,
+    intervals: Mapping[str, Any] | None,
+    ranges: Mapping[str, tuple[float, float]],
+    identity: str | None,
+    evaluator: float | None,
+    direct: float | None,
+    n_train: int | None,
+    n_features: int | None,
+    n_test: int | None,
+    path: Any,
+) -> None:
     """The intervals judged on each aspect's scale, and what to do next (the terminal's last line)."""
     too_wide = False
     if isinstance(intervals, Mapping) and isinstance(intervals.get("half_width"), Mapping):
         hw = intervals["half_width"]
-        too_wide = any(w is None or 2 * w > USABLE_WIDTH * (ranges[a][1] - ranges[a][0])
-                       for a, w in hw.items() if a in ranges)
+        too_wide = any(
+            w is None or 2 * w > USABLE_WIDTH * (ranges[a][1] - ranges[a][0])
+            for a, w in hw.items()
+            if a in ranges
+        )
         level = intervals.get("level")
         shown = f"{level:.0%} intervals: " if isinstance(level, (int, float)) else ""
         banner.add("intervals", shown + interval_verdict(hw, ranges), warn=too_wide)
-    banner.add("next", next_step(identity=identity, evaluator=evaluator, direct=direct, n_train=n_train,
-                                 n_features=n_features, n_test=n_test, too_wide=too_wide, path=path))
+    banner.add(
+        "next",
+        next_step(
+            identity=identity,
+            evaluator=evaluator,
+            direct=direct,
+            n_train=n_train,
+            n_features=n_features,
+            n_test=n_test,
+            too_wide=too_wide,
+            path=path,
+        ),
+    )

@@ -20,8 +20,11 @@ def setting_name(s: Mapping[str, Any]) -> str:
 def pair_curves(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
     """The pairwise plots' lines: (label, setting, agreement variant) per setting and variant
     (DnA's learned aggregation is a line of its own, "dna (learned)")."""
-    return [(setting_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant)
-            for s in results["settings"] for variant in s["agreement"]]
+    return [
+        (setting_name(s) + ("" if variant == "evaluator" else f" ({variant})"), s, variant)
+        for s in results["settings"]
+        for variant in s["agreement"]
+    ]
 
 
 def _finish(ax: Any, xlabel: str | None, ylabel: str, grid_axis: str = "both") -> None:
@@ -32,21 +35,38 @@ def _finish(ax: Any, xlabel: str | None, ylabel: str, grid_axis: str = "both") -
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def _curve(ax: Any, pts: Sequence[tuple[float, Mapping[str, Any]]], label: str, color: Any,
-           marker: str = "o") -> None:
+def _curve(
+    ax: Any, pts: Sequence[tuple[float, Mapping[str, Any]]], label: str, color: Any, marker: str = "o"
+) -> None:
     """Means with std error bars over x; points without a mean are left out."""
     pts = [(x, d) for x, d in pts if d["mean"] is not None]
     if pts:
-        ax.errorbar([x for x, _ in pts], [d["mean"] for _, d in pts], yerr=[d["std"] for _, d in pts],
-                    marker=marker, capsize=3, label=label, color=color)
+        ax.errorbar(
+            [x for x, _ in pts],
+            [d["mean"] for _, d in pts],
+            yerr=[d["std"] for _, d in pts],
+            marker=marker,
+            capsize=3,
+            label=label,
+            color=color,
+        )
 
 
-def _bars(ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence[Mapping[str, Any]]]]) -> None:
+def _bars(
+    ax: Any, ticks: Sequence[str], bars: Sequence[tuple[str, Any, Sequence[Mapping[str, Any]]]]
+) -> None:
     """Grouped bars: per (label, colour, a mean/std per tick), error bars the std."""
     width = 0.8 / max(1, len(bars))
     for k, (label, color, d) in enumerate(bars):
-        ax.bar(np.arange(len(ticks)) + k * width, [x["mean"] or 0 for x in d], width,
-               yerr=[x["std"] or 0 for x in d], capsize=3, label=label, color=color)
+        ax.bar(
+            np.arange(len(ticks)) + k * width,
+            [x["mean"] or 0 for x in d],
+            width,
+            yerr=[x["std"] or 0 for x in d],
+            capsize=3,
+            label=label,
+            color=color,
+        )
     ax.set_xticks(np.arange(len(ticks)) + width * (len(bars) - 1) / 2, ticks)
 
 
@@ -60,12 +80,18 @@ def _pair_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     top = max(s["train_frac"] for s in results["settings"])
     chosen = [(label, s, v) for label, s, v in curves if s["train_frac"] == top]
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(chosen) + 2), 3.6))
-    bars = [(label, COLORS[k % len(COLORS)], [s["agreement"][v][key] for key, _ in kinds])
-            for k, (label, s, v) in enumerate(chosen)]
+    bars = [
+        (label, COLORS[k % len(COLORS)], [s["agreement"][v][key] for key, _ in kinds])
+        for k, (label, s, v) in enumerate(chosen)
+    ]
     _bars(ax, [t for _, t in kinds], bars)
     _finish(ax, None, "held-out agreement", "y")
-    out.append((f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
-                png(fig)))
+    out.append(
+        (
+            f"Agreement with the human labels at training fraction {top:g} (error bars: std over seeds)",
+            png(fig),
+        )
+    )
     if len({s["train_frac"] for s in results["settings"]}) > 1:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
         for ax, (key, title) in zip(axes, kinds):
@@ -90,15 +116,29 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
     color = {n: COLORS[k % len(COLORS)] for k, n in enumerate(names)}
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name in names:
-        _curve(ax, sorted((s["train_frac"], s["dataset"]["average"]["spearman"]) for s in settings
-                          if setting_name(s) == name), name, color[name])
+        _curve(
+            ax,
+            sorted(
+                (s["train_frac"], s["dataset"]["average"]["spearman"])
+                for s in settings
+                if setting_name(s) == name
+            ),
+            name,
+            color[name],
+        )
     _finish(ax, "training fraction", "held-out average Spearman")
     out.append(("Data efficiency (mean ± std over seeds)", png(fig)))
     top = max(s["train_frac"] for s in settings)
     chosen = [s for s in settings if s["train_frac"] == top]
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(aspects) * max(1, len(chosen)) / 2), 3.6))
-    _bars(ax, aspects, [(setting_name(s), color[setting_name(s)], [s["dataset"][a]["spearman"] for a in aspects])
-                        for s in chosen])
+    _bars(
+        ax,
+        aspects,
+        [
+            (setting_name(s), color[setting_name(s)], [s["dataset"][a]["spearman"] for a in aspects])
+            for s in chosen
+        ],
+    )
     _finish(ax, None, "held-out Spearman", "y")
     out.append((f"Per aspect at training fraction {top:g} (error bars: std over seeds)", png(fig)))
     abl = [s for s in chosen if s.get("layers")]
@@ -106,24 +146,44 @@ def _point_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for s in abl:
             ks = sorted(s["layers"], key=int)
-            ax.errorbar([int(k) for k in ks], [s["layers"][k]["mean"] or 0 for k in ks],
-                        yerr=[s["layers"][k]["std"] or 0 for k in ks], marker="o", capsize=3,
-                        label=setting_name(s), color=color[setting_name(s)])
+            ax.errorbar(
+                [int(k) for k in ks],
+                [s["layers"][k]["mean"] or 0 for k in ks],
+                yerr=[s["layers"][k]["std"] or 0 for k in ks],
+                marker="o",
+                capsize=3,
+                label=setting_name(s),
+                color=color[setting_name(s)],
+            )
         integer_ticks(ax, "x")
         _finish(ax, "layers used (1-k)", "held-out average Spearman")
         out.append((f"Layer ablation at training fraction {top:g}", png(fig)))
     # criteria efficiency: Spearman against the criteria used, HD-Eval per layer, direct one point
-    eff = [(ln, [(p["criteria"]["mean"], p["spearman"]) for p in ln["points"]
-                 if p["criteria"]["mean"] is not None and p["spearman"]["mean"] is not None])
-           for ln in results.get("criteria_efficiency") or [] if ln["train_frac"] == top]
+    eff = [
+        (
+            ln,
+            [
+                (p["criteria"]["mean"], p["spearman"])
+                for p in ln["points"]
+                if p["criteria"]["mean"] is not None and p["spearman"]["mean"] is not None
+            ],
+        )
+        for ln in results.get("criteria_efficiency") or []
+        if ln["train_frac"] == top
+    ]
     if any(pts for _, pts in eff):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for ln, pts in eff:
             _curve(ax, pts, setting_name(ln), color.get(setting_name(ln)), "o" if len(pts) > 1 else "s")
         integer_ticks(ax, "x")
         _finish(ax, "criteria used", "held-out average Spearman")
-        out.append((f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
-                    "direct: the aspects)", png(fig)))
+        out.append(
+            (
+                f"Criteria efficiency at training fraction {top:g} (HD-Eval: a point per layer; "
+                "direct: the aspects)",
+                png(fig),
+            )
+        )
     return out
 
 
@@ -142,16 +202,31 @@ def _learning_curve_plots(results: Mapping[str, Any]) -> list[tuple[str, bytes]]
                 continue
             color = COLORS[k % len(COLORS)]
             ax.plot([b for b, _ in pts], [p["mean"] for _, p in pts], marker="o", label=strat, color=color)
-            ax.fill_between([b for b, _ in pts], [p["low"] for _, p in pts], [p["high"] for _, p in pts],
-                            color=color, alpha=0.15)
+            ax.fill_between(
+                [b for b, _ in pts],
+                [p["low"] for _, p in pts],
+                [p["high"] for _, p in pts],
+                color=color,
+                alpha=0.15,
+            )
         if run["full_label"] is not None:
-            ax.axhline(run["full_label"], color="black", linestyle="--", linewidth=1,
-                       label=f"all {run['train_rows']} labels")
+            ax.axhline(
+                run["full_label"],
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"all {run['train_rows']} labels",
+            )
         ax.set_xscale("log")
         ax.set_xticks(budgets, [str(b) for b in budgets])
         _finish(ax, "labels used", f"held-out {run['metric']}")
-        out.append((f"Learning curves: {run['setting']}, train frac {run['train_frac']:g}, seed {run['seed']} "
-                    f"({run['repeats']} repeats; band: 5th-95th percentile)", png(fig)))
+        out.append(
+            (
+                f"Learning curves: {run['setting']}, train frac {run['train_frac']:g}, seed {run['seed']} "
+                f"({run['repeats']} repeats; band: 5th-95th percentile)",
+                png(fig),
+            )
+        )
     return out
 
 
@@ -167,28 +242,45 @@ def verdict(results: Mapping[str, Any]) -> verdicts.Banner:
         top = max(r["train_frac"] for r in runs)
         mine = [r for r in runs if r["train_frac"] == top]
         features = max((r.get("criteria") or 0 for r in mine), default=0) or None
-        verdicts.split_line(b, min(r["n_train"] for r in mine), min(r["n_test"] for r in mine), features,
-                            rows="pairs" if pairwise else "rows")
+        verdicts.split_line(
+            b,
+            min(r["n_train"] for r in mine),
+            min(r["n_test"] for r in mine),
+            features,
+            rows="pairs" if pairwise else "rows",
+        )
     for w in results.get("warnings") or []:
         b.add("test documents", w, warn=True)
     baseline = "dna-direct" if pairwise else "direct"
-    top_settings = [s for s in results.get("settings") or []
-                    if s["train_frac"] == max(x["train_frac"] for x in results["settings"])]
+    top_settings = [
+        s
+        for s in results.get("settings") or []
+        if s["train_frac"] == max(x["train_frac"] for x in results["settings"])
+    ]
 
     def score(s: Mapping[str, Any]) -> float | None:
-        d = (s["agreement"].get("evaluator") or {}).get("wo_ties") if pairwise else \
-            s["dataset"]["average"]["spearman"]
+        d = (
+            (s["agreement"].get("evaluator") or {}).get("wo_ties")
+            if pairwise
+            else s["dataset"]["average"]["spearman"]
+        )
         return (d or {}).get("mean")
 
     base = {setting_name(s): score(s) for s in top_settings if s["method"] == baseline}
-    others = {setting_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None}
+    others = {
+        setting_name(s): score(s) for s in top_settings if s["method"] != baseline and score(s) is not None
+    }
     if others:
         best = max(others, key=lambda k: others[k])
         known = {k: v for k, v in base.items() if v is not None}
         top_base = max(known, key=lambda k: known[k]) if known else None
         if top_base is not None and known[top_base] >= others[best]:  # never a tick beside "does not beat it"
-            b.add("best method", f"{top_base} (the baseline): {measure} {known[top_base]:.3f}; no trained method "
-                                 f"beats it (the best, {best}: {others[best]:.3f})", warn=True)
+            b.add(
+                "best method",
+                f"{top_base} (the baseline): {measure} {known[top_base]:.3f}; no trained method "
+                f"beats it (the best, {best}: {others[best]:.3f})",
+                warn=True,
+            )
         else:
             b.add("best method", f"{best}: {measure} {others[best]:.3f}")
         verdicts.baseline_line(b, others[best], base, f"held-out {measure}")
@@ -199,6 +291,11 @@ def render_html(results: Mapping[str, Any], title: str, tables: Sequence[Any]) -
     """A self-contained page: banner, the caller's tables (results.md's) as HTML tables, the plots.
     The tables come in from the benchmark, which sits above the reports."""
     plots = _pair_plots if results.get("shape") == "pairwise" else _point_plots
-    return render("benchmark.html.j2", title=f"hdeval {title[0].lower()}{title[1:]}", banner=verdict(results),
-                  tables=tables, figures=plots(results) + _learning_curve_plots(results),
-                  definitions=results.get("definitions") or {})
+    return render(
+        "benchmark.html.j2",
+        title=f"hdeval {title[0].lower()}{title[1:]}",
+        banner=verdict(results),
+        tables=tables,
+        figures=plots(results) + _learning_curve_plots(results),
+        definitions=results.get("definitions") or {},
+    )

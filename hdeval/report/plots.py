@@ -82,8 +82,12 @@ def agreement_bars(series: Mapping[str, Mapping[str, Any]], title: str) -> bytes
         vals = [_num((series[n] or {}).get(key)) for n in names]
         bars = ax.bar([i + (k - 0.5) * width for i in x], vals, width, label=label, color=COLORS[k])
         ax.bar_label(bars, labels=["" if v != v else f"{v:.2f}" for v in vals], fontsize=8, padding=2)
-    ax.set_xticks(x, [short(n, 28) for n in names], rotation=15 if len(names) > 3 else 0, ha="right"
-                  if len(names) > 3 else "center")
+    ax.set_xticks(
+        x,
+        [short(n, 28) for n in names],
+        rotation=15 if len(names) > 3 else 0,
+        ha="right" if len(names) > 3 else "center",
+    )
     ax.set(ylim=(0, 1.08), ylabel="held-out agreement with humans", title=title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -94,7 +98,9 @@ def agreement_bars(series: Mapping[str, Mapping[str, Any]], title: str) -> bytes
 def confusion(matrix: Mapping[str, Mapping[str, int]], title: str) -> bytes:
     """Human label (rows) against the evaluator's (columns), counts in the cells."""
     plt = pyplot()
-    rows = [r for r in ("a", "b", "tie") if r in matrix] + sorted(r for r in matrix if r not in ("a", "b", "tie"))
+    rows = [r for r in ("a", "b", "tie") if r in matrix] + sorted(
+        r for r in matrix if r not in ("a", "b", "tie")
+    )
     cols_seen = {c for r in matrix.values() for c in (r or {})}
     cols = [c for c in ("a", "b", "tie", "failed") if c in cols_seen or c in ("a", "b")]
     cols += sorted(c for c in cols_seen if c not in cols)
@@ -104,8 +110,15 @@ def confusion(matrix: Mapping[str, Mapping[str, int]], title: str) -> bytes:
     top = max((v for row in counts for v in row), default=0)
     for i, row in enumerate(counts):
         for j, v in enumerate(row):
-            ax.text(j, i, str(v), ha="center", va="center", fontsize=11,
-                    color="white" if top and v > top * 0.6 else "#222")
+            ax.text(
+                j,
+                i,
+                str(v),
+                ha="center",
+                va="center",
+                fontsize=11,
+                color="white" if top and v > top * 0.6 else "#222",
+            )
     ax.set_xticks(range(len(cols)), [f"predicted {c}" for c in cols])
     ax.set_yticks(range(len(rows)), [f"human {r}" for r in rows])
     ax.set_title(title)
@@ -116,9 +129,17 @@ def confusion(matrix: Mapping[str, Mapping[str, int]], title: str) -> bytes:
 
 
 @styled
-def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLORS[0],
-         limit: int = 20, sort: bool = True, reference: Mapping[str, float] | None = None,
-         reference_label: str = "", label: str = "") -> bytes:
+def barh(
+    values: Mapping[str, float],
+    title: str,
+    xlabel: str,
+    color: str = COLORS[0],
+    limit: int = 20,
+    sort: bool = True,
+    reference: Mapping[str, float] | None = None,
+    reference_label: str = "",
+    label: str = "",
+) -> bytes:
     """Horizontal bars (weights, importance, per-aspect differences); ``reference`` adds a
     second bar per name (e.g. the LLM's weight next to the learned share)."""
     plt = pyplot()
@@ -129,11 +150,21 @@ def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLO
     fig, ax = plt.subplots(figsize=(9, 0.8 + 0.36 * max(len(items), 1) * (2 if reference else 1)))
     y = list(range(len(items)))
     h = 0.4 if reference else 0.7
-    ax.barh([i + (h / 2 if reference else 0) for i in y], [_num(v) for _, v in items], h, color=color,
-            label=(label or xlabel) if reference else None)
+    ax.barh(
+        [i + (h / 2 if reference else 0) for i in y],
+        [_num(v) for _, v in items],
+        h,
+        color=color,
+        label=(label or xlabel) if reference else None,
+    )
     if reference:
-        ax.barh([i - h / 2 for i in y], [_num(reference.get(k)) for k, _ in items], h, color=COLORS[1],
-                label=reference_label)
+        ax.barh(
+            [i - h / 2 for i in y],
+            [_num(reference.get(k)) for k, _ in items],
+            h,
+            color=COLORS[1],
+            label=reference_label,
+        )
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_yticks(y, [short(str(k), 60) for k, _ in items])
     ax.axvline(0, color="#555", lw=0.8)
@@ -143,22 +174,34 @@ def barh(values: Mapping[str, float], title: str, xlabel: str, color: str = COLO
 
 
 @styled
-def layer_agreement(layers: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None,
-                    baseline_label: str) -> bytes:
+def layer_agreement(
+    layers: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None, baseline_label: str
+) -> bytes:
     """Held-out agreement per layer (with and without ties), the baseline as dashed lines."""
     plt = pyplot()
     ks = sorted(layers, key=int)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for k, (key, label) in enumerate((("wo_ties", "without ties"), ("w_ties", "with ties"))):
-        ax.plot([int(x) for x in ks], [_num((layers[x] or {}).get(key)) for x in ks], marker="o",
-                color=COLORS[k], label=label, lw=2)
+        ax.plot(
+            [int(x) for x in ks],
+            [_num((layers[x] or {}).get(key)) for x in ks],
+            marker="o",
+            color=COLORS[k],
+            label=label,
+            lw=2,
+        )
         if baseline and _num(baseline.get(key)) == _num(baseline.get(key)):
-            ax.axhline(_num(baseline[key]), color=COLORS[k], ls="--", lw=1,
-                       label=f"{baseline_label} ({label})")
+            ax.axhline(
+                _num(baseline[key]), color=COLORS[k], ls="--", lw=1, label=f"{baseline_label} ({label})"
+            )
     integer_ticks(ax, "x")
     ax.grid(alpha=0.3)
-    ax.set(xlabel="layers used (1..k)", ylabel="held-out agreement with humans", ylim=(0, 1.05),
-           title="Agreement by layer")
+    ax.set(
+        xlabel="layers used (1..k)",
+        ylabel="held-out agreement with humans",
+        ylim=(0, 1.05),
+        title="Agreement by layer",
+    )
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return png(fig, tight=True)
 

@@ -22,7 +22,7 @@ Labeler = Callable[[str], str]
 
 
 def labeler(ev: Any, limit: int | None = LABEL_CHARS) -> Labeler:
-    """"key — name" labels; plots cut them at ``limit`` characters to keep the axes legible."""
+    """ "key — name" labels; plots cut them at ``limit`` characters to keep the axes legible."""
 
     def label(key: str) -> str:
         name = ev.tree[key].name if key in ev.tree else ""
@@ -64,8 +64,13 @@ def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
     for ax, metric in zip(axes, ("pearson", "spearman")):
         for s, (name, table) in enumerate(series):
             vals = [np.nan if (table.get(c) or {}).get(metric) is None else table[c][metric] for c in cols]
-            ax.bar(np.arange(len(cols)) + (s - (len(series) - 1) / 2) * width, vals, width,
-                   label=name, color=cmap(s % 10))
+            ax.bar(
+                np.arange(len(cols)) + (s - (len(series) - 1) / 2) * width,
+                vals,
+                width,
+                label=name,
+                color=cmap(s % 10),
+            )
         ax.axhline(0, color="#555", lw=0.8)
         ax.set_xticks(range(len(cols)), cols, rotation=20, ha="right")
         ax.set_title(f"held-out {metric.capitalize()}")
@@ -73,8 +78,12 @@ def plot_correlations(corr: Mapping[str, Any], aspects: Sequence[str]) -> bytes:
         ax.tick_params(axis="y", labelsize=9)
     axes[0].set_ylabel("correlation with human scores")
     # Below the panels: inside, the legend would hide bars.
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(series), 5),
-               bbox_to_anchor=(0.5, -0.08))
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="lower center",
+        ncol=min(len(series), 5),
+        bbox_to_anchor=(0.5, -0.08),
+    )
     return png(fig, tight=True)
 
 
@@ -86,13 +95,20 @@ def plot_beeswarm(r: Any, label: Labeler) -> bytes:
     plt = pyplot()
     n = min(TOP_BARS, len(r.feature_keys))
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.36 * (n + 1)))
-    expl = shap.Explanation(r.values, r.base_values, data=r.data,
-                            feature_names=[label(k) for k in r.feature_keys])
+    expl = shap.Explanation(
+        r.values, r.base_values, data=r.data, feature_names=[label(k) for k in r.feature_keys]
+    )
     # beeswarm shuffles the dots with NumPy's global generator: seeded, the same scores draw the
     # same picture
     with numpy_global_rng(seed=0):
-        shap.plots.beeswarm(expl, max_display=n + 1 if len(r.feature_keys) > n else n, ax=ax, show=False,
-                            plot_size=None, color_bar_label="criterion score")
+        shap.plots.beeswarm(
+            expl,
+            max_display=n + 1 if len(r.feature_keys) > n else n,
+            ax=ax,
+            show=False,
+            plot_size=None,
+            color_bar_label="criterion score",
+        )
     ax.set_title(f"{r.aspect}: SHAP values per held-out sample", fontsize=12)
     ax.set_xlabel(f"SHAP value (effect on the {r.aspect} prediction)", fontsize=10)
     return png(fig)
@@ -106,8 +122,10 @@ def plot_efficiency(points: Sequence[Any], aspects: Sequence[str]) -> bytes:
     ks = [p.n_criteria for p in points]
 
     def series(aspect: str, metric: str) -> list[float]:
-        return [np.nan if p.correlations[aspect][metric] is None else p.correlations[aspect][metric]
-                for p in points]
+        return [
+            np.nan if p.correlations[aspect][metric] is None else p.correlations[aspect][metric]
+            for p in points
+        ]
 
     for a in aspects:
         ax.plot(ks, series(a, "spearman"), lw=1, alpha=0.6, marker=".", label=f"{a} (Spearman)")
@@ -115,8 +133,11 @@ def plot_efficiency(points: Sequence[Any], aspects: Sequence[str]) -> bytes:
     ax.plot(ks, series("average", "pearson"), lw=2, color="black", ls="--", label="average Pearson")
     ax.axhline(0, color="#555", lw=0.8)
     integer_ticks(ax, "x")
-    ax.set(xlabel="criteria kept, most important first (= LLM calls per sample)",
-           ylabel="held-out correlation", title="Criteria efficiency")
+    ax.set(
+        xlabel="criteria kept, most important first (= LLM calls per sample)",
+        ylabel="held-out correlation",
+        title="Criteria efficiency",
+    )
     ax.tick_params(labelsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -126,10 +147,13 @@ def plot_efficiency(points: Sequence[Any], aspects: Sequence[str]) -> bytes:
 # --------------------------------------------------------------------------- HTML
 def _corr_rows(corr: Mapping[str, Any], aspects: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     rows = [(f"layer {k}", v) for k, v in sorted(corr.get("layers", {}).items(), key=lambda kv: int(kv[0]))]
-    rows += [("direct layer-1 score (baseline)", corr.get("direct_layer1")),
-             ("mean of all criteria (baseline)", corr.get("mean_all_criteria")),
-             ("final aggregator, recomputed now", corr.get("final_recomputed"))]
+    rows += [
+        ("direct layer-1 score (baseline)", corr.get("direct_layer1")),
+        ("mean of all criteria (baseline)", corr.get("mean_all_criteria")),
+        ("final aggregator, recomputed now", corr.get("final_recomputed")),
+    ]
     cols = list(aspects) + ["average"]
+
     def cell(row: Any) -> str:
         row = row if isinstance(row, Mapping) else {}
         why = f" ({row['why']})" if isinstance(row.get("why"), str) else ""  # why a figure is null
@@ -142,7 +166,7 @@ def _corr_rows(corr: Mapping[str, Any], aspects: Sequence[str]) -> tuple[list[st
 def _efficiency_rows(points: Sequence[Any], label: Labeler) -> list[list[str]]:
     body, prev = [], 0
     for p in points:
-        added = ", ".join(label(k) for k in p.criteria[prev:p.n_criteria])
+        added = ", ".join(label(k) for k in p.criteria[prev : p.n_criteria])
         prev = p.n_criteria
         avg = p.correlations["average"]
         body.append([str(p.n_criteria), added, fmt_num(avg["pearson"]), fmt_num(avg["spearman"])])
@@ -157,20 +181,34 @@ def verdict(ev: Any, data: Mapping[str, Any]) -> Banner:
     banner.split_line(b, art["split"]["train"], art["split"]["test"], art["needed_criteria"])
     banner.layer_line(b, m, list((m.get("layers") or {}).keys()))
     banner.aggregator_line(b, m)
-    names = {"direct_layer1": "direct layer-1 score", "mean_all_criteria": "mean of all criteria",
-             "mean_subtree": "mean of each aspect's subtree"}
+    names = {
+        "direct_layer1": "direct layer-1 score",
+        "mean_all_criteria": "mean of all criteria",
+        "mean_subtree": "mean of each aspect's subtree",
+    }
     extra = m.get("baselines") if isinstance(m.get("baselines"), Mapping) else {}
     tables = {names.get(k, k): m.get(k) for k in names} | {str(k): v for k, v in extra.items()}
     # a baseline another version records as one number is taken as its average Spearman
-    avg = {k: (t.get("average") or {}).get("spearman") if isinstance(t, Mapping) else t for k, t in tables.items()
-           if isinstance(t, (Mapping, int, float)) and not isinstance(t, bool)}
+    avg = {
+        k: (t.get("average") or {}).get("spearman") if isinstance(t, Mapping) else t
+        for k, t in tables.items()
+        if isinstance(t, (Mapping, int, float)) and not isinstance(t, bool)
+    }
     final = ((data["correlations"].get("final_recomputed") or {}).get("average") or {}).get("spearman")
     banner.baseline_line(b, final, avg, "held-out average Spearman")
     _interval_lines(b, m)
-    banner.outlook_lines(b, intervals=m.get("intervals"), ranges={a.key: (a.low, a.high) for a in ev.task.aspects},
-                         identity=art["llm"], evaluator=final, direct=avg.get("direct layer-1 score"),
-                         n_train=art["split"]["train"], n_features=art["needed_criteria"],
-                         n_test=art["split"]["test"], path=getattr(ev, "path", None) or "ARTIFACT")
+    banner.outlook_lines(
+        b,
+        intervals=m.get("intervals"),
+        ranges={a.key: (a.low, a.high) for a in ev.task.aspects},
+        identity=art["llm"],
+        evaluator=final,
+        direct=avg.get("direct layer-1 score"),
+        n_train=art["split"]["train"],
+        n_features=art["needed_criteria"],
+        n_test=art["split"]["test"],
+        path=getattr(ev, "path", None) or "ARTIFACT",
+    )
     return b
 
 
@@ -192,17 +230,24 @@ def _interval_lines(b: Banner, m: Mapping[str, Any]) -> None:
         if a == "average" or not _figure(c):
             continue
         n = labels.get(a) if isinstance(labels, Mapping) and _figure(labels.get(a)) else None
-        text = (f"{a}: the {'' if level is None else f'{level:.0%} '}intervals held {c:.0%} of "
-                f"{'the' if n is None else f'{n:g}'} held-out labels")
+        text = (
+            f"{a}: the {'' if level is None else f'{level:.0%} '}intervals held {c:.0%} of "
+            f"{'the' if n is None else f'{n:g}'} held-out labels"
+        )
         h = means.get(a) if isinstance(means, Mapping) else None
-        if isinstance(h, Mapping) and all(_figure(h.get(k)) for k in ("estimate", "low", "high", "evaluator_mean")):
-            text += (f"; their human mean {h['estimate']:.2f} [{h['low']:.2f}, {h['high']:.2f}], the "
-                     f"evaluator's {h['evaluator_mean']:.2f} on the same rows")
+        if isinstance(h, Mapping) and all(
+            _figure(h.get(k)) for k in ("estimate", "low", "high", "evaluator_mean")
+        ):
+            text += (
+                f"; their human mean {h['estimate']:.2f} [{h['low']:.2f}, {h['high']:.2f}], the "
+                f"evaluator's {h['evaluator_mean']:.2f} on the same rows"
+            )
         b.add("interval coverage", text)
 
 
-def render_html(ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (),
-                samples_note: str | None = None) -> str:
+def render_html(
+    ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (), samples_note: str | None = None
+) -> str:
     """The report as one HTML page; plots are embedded PNGs, so the page needs nothing else."""
     d = report.data
     art = d["artifact"]
@@ -215,24 +260,60 @@ def render_html(ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (),
     top = max((abs(n.rolled_up) for n in report.nodes), default=0.0) or 1.0
     plots = {
         "correlations": plot_correlations(corr, aspects),
-        "permutation": [(a, _barh(perm["per_aspect"][a], label, f"{a}: permutation importance (held-out)",
-                                  "mean drop in R² when shuffled", "#4a7ab5")) for a in aspects],
-        "shap": [(a, sh["per_aspect"][a]["base_value"], plot_beeswarm(report.shap[a], label),
-                  _barh(sh["per_aspect"][a]["mean_abs"], label, f"{a}: mean |SHAP|",
-                        f"mean |SHAP value| (average effect on the {a} prediction)", "#c0504d"))
-                 for a in aspects],
+        "permutation": [
+            (
+                a,
+                _barh(
+                    perm["per_aspect"][a],
+                    label,
+                    f"{a}: permutation importance (held-out)",
+                    "mean drop in R² when shuffled",
+                    "#4a7ab5",
+                ),
+            )
+            for a in aspects
+        ],
+        "shap": [
+            (
+                a,
+                sh["per_aspect"][a]["base_value"],
+                plot_beeswarm(report.shap[a], label),
+                _barh(
+                    sh["per_aspect"][a]["mean_abs"],
+                    label,
+                    f"{a}: mean |SHAP|",
+                    f"mean |SHAP value| (average effect on the {a} prediction)",
+                    "#c0504d",
+                ),
+            )
+            for a in aspects
+        ],
         "efficiency": plot_efficiency(report.efficiency, aspects),
     }
-    shap_how = (f"Each dot is one held-out sample ({sh['n_samples']} explained, explainer: {sh['explainer']}"
-                + (f", {sh['n_background']} background training rows" if sh["n_background"] else "")
-                + "): how far that criterion's score moved the aspect's prediction away from the base value "
-                  "(the average prediction); colour is the criterion score (red high, blue low). The bar chart "
-                  "is the mean absolute SHAP value. " + d["definitions"]["shap"])
+    shap_how = (
+        f"Each dot is one held-out sample ({sh['n_samples']} explained, explainer: {sh['explainer']}"
+        + (f", {sh['n_background']} background training rows" if sh["n_background"] else "")
+        + "): how far that criterion's score moved the aspect's prediction away from the base value "
+        "(the average prediction); colour is the criterion score (red high, blue low). The bar chart "
+        "is the mean absolute SHAP value. " + d["definitions"]["shap"]
+    )
     corr_head, corr_rows = _corr_rows(corr, aspects)
     return render(
-        "hdeval.html.j2", art=art, banner=verdict(ev, d), version=d["hdeval_version"], created=d["created"],
-        definitions=d["definitions"], plots=plots, corr_head=corr_head, corr_rows=corr_rows, children=children,
-        bar_width=lambda v: int(round(120 * abs(v) / top)), perm=perm, top_bars=TOP_BARS, shap_how=shap_how,
-        eff_rows=_efficiency_rows(report.efficiency, labeler(ev, None)), samples=list(samples),
+        "hdeval.html.j2",
+        art=art,
+        banner=verdict(ev, d),
+        version=d["hdeval_version"],
+        created=d["created"],
+        definitions=d["definitions"],
+        plots=plots,
+        corr_head=corr_head,
+        corr_rows=corr_rows,
+        children=children,
+        bar_width=lambda v: int(round(120 * abs(v) / top)),
+        perm=perm,
+        top_bars=TOP_BARS,
+        shap_how=shap_how,
+        eff_rows=_efficiency_rows(report.efficiency, labeler(ev, None)),
+        samples=list(samples),
         samples_note=samples_note,
     )

@@ -44,8 +44,11 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     # the reply table first (where replies go since #23), then diskcache's rows
     dbs = [directory / name for name in (TABLE_DBNAME, DBNAME) if (directory / name).is_file()]
     if not dbs:
-        return {}, f"the LLM reply cache {directory} is not available, so raw replies are not shown " \
-                   "(give the cache the run used with --cache-dir)"
+        return (
+            {},
+            f"the LLM reply cache {directory} is not available, so raw replies are not shown "
+            "(give the cache the run used with --cache-dir)",
+        )
     out: dict[str, str] = {}
     for db in dbs:
         try:
@@ -97,16 +100,24 @@ def _recorded(ev: Any, key: str) -> Any:
     return manifest.get(key) if isinstance(manifest, dict) else None
 
 
-def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: Path | None,
-                  cache_dir: str | Path | None, noun: str = "samples") -> tuple[Replies, dict[str, Any]]:
+def score_replies(
+    ev: Any,
+    wanted: Sequence[str],
+    columns: Sequence[str],
+    data: Path | None,
+    cache_dir: str | Path | None,
+    noun: str = "samples",
+) -> tuple[Replies, dict[str, Any]]:
     """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
     the samples or pairs read (for their text), a chunk at a time (validated as training reads
     them) and stopping once all are found: a report does not hold a large file."""
     from hdeval.data import iter_task_chunks
 
     if data is None:
-        return Replies(note=f"the training data file is not available, so the {noun}' text and the raw "
-                            "replies are not shown (give it with --data)"), {}
+        return Replies(
+            note=f"the training data file is not available, so the {noun}' text and the raw "
+            "replies are not shown (give it with --data)"
+        ), {}
     want, items = set(wanted), {}
     try:
         for chunk in iter_task_chunks(data, ev.task, require_labels=False):
@@ -114,8 +125,10 @@ def score_replies(ev: Any, wanted: Sequence[str], columns: Sequence[str], data: 
             if len(items) == len(want):
                 break
     except Exception as exc:  # noqa: BLE001 - an unreadable file only costs this view its text
-        return Replies(note=f"{data} could not be read ({str(exc)[:200]}): the {noun}' text and raw replies "
-                            "are not shown"), {}
+        return Replies(
+            note=f"{data} could not be read ({str(exc)[:200]}): the {noun}' text and raw replies "
+            "are not shown"
+        ), {}
     return replies(ev, [items[i] for i in wanted if i in items], columns, cache_dir), items
 
 
@@ -138,6 +151,8 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     found, note = read_only_lookup(cache, list(keyed))
     texts = {keyed[k]: clip(t, MAX_REPLY_CHARS) for k, t in found.items()}
     if note is None and keyed and not texts:
-        note = (f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
-                "or another prompt version): raw replies are not shown")
+        note = (
+            f"none of these prompts' replies is in the LLM reply cache {cache} (another cache, "
+            "or another prompt version): raw replies are not shown"
+        )
     return Replies(texts, note)

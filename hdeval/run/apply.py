@@ -22,10 +22,14 @@ from hdeval.progress import Progress
 from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.ppi_rows import RowsSummary
-from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 from hdeval.run.shards import (
-    SHARD_FIELD, artifact_sha256, closing_record, parse_shard, shard_of,
+    SHARD_FIELD,
+    artifact_sha256,
+    closing_record,
+    parse_shard,
+    shard_of,
 )
+from hdeval.run.trust import DEFAULT_MAX_WIDTH, RowTrust
 
 #: Samples read, scored and written at a time (a hidden knob for tests; memory holds one chunk).
 CHUNK_ENV = "HDEVAL_APPLY_CHUNK"
@@ -83,7 +87,9 @@ class _Summary:
         if self.all_human and all(all(a in s.scores for a in self.aspects) for s in samples):
             mask = np.ones(len(samples), bool) if keep is None else np.asarray(keep, bool)
             pred = np.asarray(res.predictions, float)[mask]
-            human = np.array([[s.scores[a] for a in self.aspects] for s in samples], float).reshape(-1, len(self.aspects))[mask]
+            human = np.array([[s.scores[a] for a in self.aspects] for s in samples], float).reshape(
+                -1, len(self.aspects)
+            )[mask]
             for j in range(len(self.aspects)):
                 for name, values in (("pred", pred), ("human", human)):
                     with open(self._column(name, j), "ab") as fh:
@@ -96,8 +102,11 @@ class _Summary:
         if self.last is None or not self.human_labels:
             return None
         fields = {f.name for f in dataclasses.fields(self.last)}
-        kept = {k: v if self.learned or not k.startswith("learned") else None
-                for k, v in self.labels.items() if k in fields}
+        kept = {
+            k: v if self.learned or not k.startswith("learned") else None
+            for k, v in self.labels.items()
+            if k in fields
+        }
         res = dataclasses.replace(self.last, **kept)
         return res.agreement([SimpleNamespace(label=h) for h in self.human_labels])
 
@@ -112,8 +121,10 @@ class _Summary:
 
         if self.last is not None or not self.all_human or not self.rows or self.aspects is None:
             return None
-        table = {a: streamed_correlations(lambda name, j=j: np.fromfile(self._column(name, j), "<f8"))
-                 for j, a in enumerate(self.aspects)}
+        table = {
+            a: streamed_correlations(lambda name, j=j: np.fromfile(self._column(name, j), "<f8"))
+            for j, a in enumerate(self.aspects)
+        }
         table["average"] = average(table)
         return table
 
@@ -135,8 +146,14 @@ class _Input:
     def chunks(self, seen: Any) -> Iterator[list]:
         from hdeval.data import iter_task_chunks
 
-        for chunk in iter_task_chunks(self.path, self.ev.task, require_labels=False, size=self.size, seen=seen,
-                                      keep=self._keep if self.shard is not None else None):
+        for chunk in iter_task_chunks(
+            self.path,
+            self.ev.task,
+            require_labels=False,
+            size=self.size,
+            seen=seen,
+            keep=self._keep if self.shard is not None else None,
+        ):
             self.mine += len(chunk)
             self.total += 0 if self.shard is not None else len(chunk)
             yield chunk
@@ -160,7 +177,7 @@ class _InputColumns:
     def add(self, rows: list[dict], samples: list) -> None:
         for row, sample in zip(rows, samples):
             values: dict = {}
-            for lineno, values in self._rows:
+            for lineno, values in self._rows:  # noqa: B007 (the last row read is used after the loop)
                 if lineno >= sample.line:
                     break
             kept = {k if k not in row else f"input.{k}": v for k, v in values.items()}
@@ -243,11 +260,13 @@ def check_failures(failed: int, cells: int, max_rate: float, example: str | None
         raise ScoringError(
             f"{failed} of {cells} LLM-filled scores ({failed / cells:.0%}) could not be read (threshold "
             f"{max_rate:.0%}){', ' + example if example else ''}; no output written; the replies "
-            f"that were read are cached; check the LLM or raise {option}")
+            f"that were read are cached; check the LLM or raise {option}"
+        )
 
 
-def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: float,
-                 notify: Notify | None = None) -> tuple[Any, RowTrust]:
+def load_checked(
+    artifact: str | Path | Any, explain: bool, max_interval_width: float, notify: Notify | None = None
+) -> tuple[Any, RowTrust]:
     """The evaluator (a path is loaded and verified, its warnings to ``notify``) and its row trust,
     once ``explain`` and the interval width are known to fit it: all before any call."""
     ev = artifact
@@ -262,8 +281,16 @@ def load_checked(artifact: str | Path | Any, explain: bool, max_interval_width: 
     return ev, RowTrust(ev, max_interval_width)
 
 
-def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, progress: Progress,
-               trust: RowTrust, explain: bool, top: int) -> tuple[list[dict], Any, tuple[int, int, str | None]]:
+def score_rows(
+    ev: Any,
+    samples: list,
+    backend: Any,
+    concurrency: int | None,
+    progress: Progress,
+    trust: RowTrust,
+    explain: bool,
+    top: int,
+) -> tuple[list[dict], Any, tuple[int, int, str | None]]:
     """One chunk scored into the rows apply writes (trust fields, explanations), its result, and
     (cells that failed, cells, an example reason) of its LLM-filled columns."""
     import numpy as np
@@ -285,9 +312,19 @@ def score_rows(ev: Any, samples: list, backend: Any, concurrency: int | None, pr
     return rows, res, (failed, int(values.size), example)
 
 
-def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, explain: bool,
-            max_interval_width: float, max_failure_rate: float, rate_option: str, llm_options: dict,
-            notify: Notify | None = None, replace: bool = True) -> tuple[Any, RowTrust, str, int]:
+def prepare(
+    artifact: str | Path | Any,
+    input_file: str | Path,
+    output: str,
+    *,
+    explain: bool,
+    max_interval_width: float,
+    max_failure_rate: float,
+    rate_option: str,
+    llm_options: dict,
+    notify: Notify | None = None,
+    replace: bool = True,
+) -> tuple[Any, RowTrust, str, int]:
     """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
     the failure rate, the output (an existing one only if ``replace``) and the artifact;
     (evaluator, row trust, output format, chunk size)."""
@@ -303,12 +340,25 @@ def prepare(artifact: str | Path | Any, input_file: str | Path, output: str, *, 
     return ev, trust, fmt, size
 
 
-def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shard: str | None = None,
-               explain: bool = False, top: int = 3, max_failure_rate: float = 0.2,
-               max_interval_width: float = DEFAULT_MAX_WIDTH, llm_given: bool | None = None,
-               base_url_given: bool | None = None, confirm: Callable[[str], bool] | None = None,
-               progress: Progress | None = None, notify: Notify = stderr_notify, replace: bool = True,
-               keep_columns: bool = False, **llm_options: Any) -> ApplyResult:
+def apply_file(
+    artifact: str | Path | Any,
+    input_file: str,
+    output: str,
+    *,
+    shard: str | None = None,
+    explain: bool = False,
+    top: int = 3,
+    max_failure_rate: float = 0.2,
+    max_interval_width: float = DEFAULT_MAX_WIDTH,
+    llm_given: bool | None = None,
+    base_url_given: bool | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    progress: Progress | None = None,
+    notify: Notify = stderr_notify,
+    replace: bool = True,
+    keep_columns: bool = False,
+    **llm_options: Any,
+) -> ApplyResult:
     """Score ``input_file`` with ``artifact`` (a path or a loaded evaluator) into ``output``
     (.jsonl, .csv, .parquet, or ``-`` for JSONL on stdout).
 
@@ -329,12 +379,22 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
 
     which = parse_shard(shard) if shard is not None else None
     ev, trust, fmt, size = prepare(
-        artifact, input_file, output, explain=explain, max_interval_width=max_interval_width,
-        max_failure_rate=max_failure_rate, rate_option="--max-failure-rate", notify=notify, llm_options=llm_options,
-        replace=replace)
+        artifact,
+        input_file,
+        output,
+        explain=explain,
+        max_interval_width=max_interval_width,
+        max_failure_rate=max_failure_rate,
+        rate_option="--max-failure-rate",
+        notify=notify,
+        llm_options=llm_options,
+        replace=replace,
+    )
     if which is not None and fmt != "jsonl":
-        raise ConfigError(f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
-                          f"not {output} (merge-shards writes .csv or .parquet)")
+        raise ConfigError(
+            f"--shard writes JSONL for `hdeval merge-shards`: use -o FILE.jsonl or -o -, "
+            f"not {output} (merge-shards writes .csv or .parquet)"
+        )
     near = None if output == "-" else os.path.dirname(os.path.abspath(output))  # the id index's place
     lines, input_sha = _scan_bytes(input_file, digest=which is not None)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
@@ -346,15 +406,22 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 fits = len(next(chunks, [])) <= size
                 chunks.close()
         if not fits:
-            raise ConfigError(f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)")
+            raise ConfigError(
+                f"{whole}: apply scores it in one piece only (at most {size} samples, no --shard)"
+            )
     other = sorted(_input_tasks(input_file, size) - {ev.task.name})
     if other:
-        notify(f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
-               f"trained on task {ev.task.name}; its scores will mean little there")
+        notify(
+            f"warning: {input_file} holds samples of task {', '.join(other)}, but the artifact was "
+            f"trained on task {ev.task.name}; its scores will mean little there"
+        )
     # the exact counts are known once the one reading pass is done (they close the run)
     expect = lines if which is None else math.ceil(lines / which[1])
-    count = (f"up to {lines} samples" if which is None
-             else f"about {expect} of up to {lines} samples in shard {which[0]}/{which[1]}")
+    count = (
+        f"up to {lines} samples"
+        if which is None
+        else f"about {expect} of up to {lines} samples in shard {which[0]}/{which[1]}"
+    )
     notify(count + ev.cost_line())
     failed = cells = 0
     example: str | None = None
@@ -362,7 +429,9 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
     chunk_progress = _ChunkProgress(progress or Progress())
     reading = _Input(input_file, ev, size, which)
     kept = _InputColumns(input_file) if keep_columns else None
-    human = RowsSummary(list(ev.task.aspect_keys), ev.task.shape == "pairwise")  # the human mean the labels give
+    human = RowsSummary(
+        list(ev.task.aspect_keys), ev.task.shape == "pairwise"
+    )  # the human mean the labels give
     with OutputWriter(output, fmt) as out, DiskIds(near) as seen, contextlib.closing(kept or _Nothing()):
         # the headline figures are the held-out rows'; the training rows' are kept apart
         summary = _Summary(seen.directory, "held-out")
@@ -371,13 +440,20 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         try:
             for k, samples in enumerate(reading.chunks(seen), 1):
                 if backend is None:
-                    backend = open_artifact_llm(ev, llm_given=llm_given, base_url_given=base_url_given,
-                                                confirm=confirm, notify=notify, **llm_options)
+                    backend = open_artifact_llm(
+                        ev,
+                        llm_given=llm_given,
+                        base_url_given=base_url_given,
+                        confirm=confirm,
+                        notify=notify,
+                        **llm_options,
+                    )
                 if n_chunks > 1 or k > 1:
                     shown = f"{'~' if which is not None else ''}{max(n_chunks, k)}"
                     chunk_progress.prefix = f"chunk {k}/{shown}: "
-                rows, res, (f, c, e) = score_rows(ev, samples, backend, llm_options.get("concurrency"),
-                                                  chunk_progress, trust, explain, top)
+                rows, res, (f, c, e) = score_rows(
+                    ev, samples, backend, llm_options.get("concurrency"), chunk_progress, trust, explain, top
+                )
                 if kept is not None:
                     kept.add(rows, samples)
                 if which is not None:
@@ -389,11 +465,27 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
                 training.add(samples, res, keep=[row["in_training"] for row in rows])
                 failed, cells, example = failed + f, cells + c, example or e
             mine, total = reading.mine, reading.total
-            notify((f"{mine} samples" if which is None else
-                    f"{mine} of {total} samples in shard {which[0]}/{which[1]}") + " read and scored")
+            notify(
+                (
+                    f"{mine} samples"
+                    if which is None
+                    else f"{mine} of {total} samples in shard {which[0]}/{which[1]}"
+                )
+                + " read and scored"
+            )
             if which is not None:
-                out.write([closing_record(which[0], which[1], mine, input_sha or sha256_file(input_file),
-                                          artifact_sha256(ev.path))], counted=False)
+                out.write(
+                    [
+                        closing_record(
+                            which[0],
+                            which[1],
+                            mine,
+                            input_sha or sha256_file(input_file),
+                            artifact_sha256(ev.path),
+                        )
+                    ],
+                    counted=False,
+                )
             usage = usage_of(backend) if backend is not None else {}
         finally:
             if backend is not None:
@@ -409,6 +501,14 @@ def apply_file(artifact: str | Path | Any, input_file: str, output: str, *, shar
         trusted.update({k: v for k, v in apart.items() if v is not None})
     if human.summary() is not None:
         trusted["human_mean"] = human.summary()
-    return ApplyResult(rows=out.rows, total=total, scored=mine, usage=usage,
-                       agreement=agreement, correlations=correlations, failed=failed, cells=cells,
-                       trust=trusted)
+    return ApplyResult(
+        rows=out.rows,
+        total=total,
+        scored=mine,
+        usage=usage,
+        agreement=agreement,
+        correlations=correlations,
+        failed=failed,
+        cells=cells,
+        trust=trusted,
+    )

@@ -27,9 +27,16 @@ def check_llm_options(**options: Any) -> LLMConfig:
     return config
 
 
-def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, base_url_given: bool,
-                 confirm: Callable[[str], bool] | None = None,
-                 notify: Notify = stderr_notify) -> tuple[str, str | None]:
+def artifact_llm(
+    ev,
+    llm: str | None,
+    base_url: str | None,
+    *,
+    llm_given: bool,
+    base_url_given: bool,
+    confirm: Callable[[str], bool] | None = None,
+    notify: Notify = stderr_notify,
+) -> tuple[str, str | None]:
     """The model and server to score with. ``llm_given``/``base_url_given``: the user named them
     (typed on the command line, or passed to the Python API), not an environment variable.
     ``confirm``: asks the user a yes/no question (None when no one can answer)."""
@@ -37,16 +44,20 @@ def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, 
         # another model: the server is whatever the user gave for it (option or environment)
         return llm, base_url
     if llm and llm != ev.llm.model:
-        notify(f"note: ignoring HDEVAL_LLM={llm} from the environment: apply uses the artifact's LLM "
-               f"({ev.llm.model}); pass --llm to use another")
+        notify(
+            f"note: ignoring HDEVAL_LLM={llm} from the environment: apply uses the artifact's LLM "
+            f"({ev.llm.model}); pass --llm to use another"
+        )
     if base_url and base_url_given:
         return ev.llm.model, base_url
     url = ev.llm.base_url
     if base_url and url and base_url.rstrip("/") == url.rstrip("/"):
         return ev.llm.model, url  # the user's environment names the artifact's server
     if base_url:
-        notify("note: ignoring HDEVAL_BASE_URL from the environment: apply uses the artifact's "
-               "server; pass --base-url to use another")
+        notify(
+            "note: ignoring HDEVAL_BASE_URL from the environment: apply uses the artifact's "
+            "server; pass --base-url to use another"
+        )
     if not url:
         return ev.llm.model, None
     what = "your samples and OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else "your samples"
@@ -54,13 +65,21 @@ def artifact_llm(ev, llm: str | None, base_url: str | None, *, llm_given: bool, 
         if confirm(f"the artifact asks to send {what} to {url}; do that?"):
             return ev.llm.model, url
         raise ConfigError(f"not sending anything to {url}; pass --base-url URL to choose the server")
-    raise ConfigError(f"the artifact names the LLM server {url}: hdeval sends {what} there only if you say "
-                      f"so; pass --base-url {url} (or another server)")
+    raise ConfigError(
+        f"the artifact names the LLM server {url}: hdeval sends {what} there only if you say "
+        f"so; pass --base-url {url} (or another server)"
+    )
 
 
-def open_artifact_llm(ev, *, llm_given: bool | None = None, base_url_given: bool | None = None,
-                      confirm: Callable[[str], bool] | None = None, notify: Notify = stderr_notify,
-                      **llm_options: Any):
+def open_artifact_llm(
+    ev,
+    *,
+    llm_given: bool | None = None,
+    base_url_given: bool | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    notify: Notify = stderr_notify,
+    **llm_options: Any,
+):
     """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
     warns on a mismatch. The caller closes it (``apply`` scores chunk after chunk with one).
     ``llm_given``/``base_url_given`` default to "passed and not None" (the Python API)."""
@@ -69,14 +88,21 @@ def open_artifact_llm(ev, *, llm_given: bool | None = None, base_url_given: bool
     from hdeval.urls import public_identity
 
     config = check_llm_options(**llm_options)
-    model, url = artifact_llm(ev, config.model, config.base_url,
-                              llm_given=config.model is not None if llm_given is None else llm_given,
-                              base_url_given=config.base_url is not None if base_url_given is None else base_url_given,
-                              confirm=confirm, notify=notify)
+    model, url = artifact_llm(
+        ev,
+        config.model,
+        config.base_url,
+        llm_given=config.model is not None if llm_given is None else llm_given,
+        base_url_given=config.base_url is not None if base_url_given is None else base_url_given,
+        confirm=confirm,
+        notify=notify,
+    )
     if model == "local":
         notify(DEFAULT_LOCAL_NOTICE)
     backend = open_llm(config.replace(model=model, base_url=url))
     if public_identity(backend.identity, url) != ev.llm_identity:
-        notify(f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
-               f"trained with {ev.llm_identity}; scores may not match its metrics")
+        notify(
+            f"warning: scoring with {public_identity(backend.identity, url)}, but the evaluator was "
+            f"trained with {ev.llm_identity}; scores may not match its metrics"
+        )
     return backend

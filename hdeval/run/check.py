@@ -26,8 +26,14 @@ class CheckResult:
     line: str
 
 
-def check_alignment(artifact: str | Path | Any, data: str | Path, *, min_spearman: float | None = None,
-                    min_agreement: float | None = None, **apply_options: Any) -> CheckResult:
+def check_alignment(
+    artifact: str | Path | Any,
+    data: str | Path,
+    *,
+    min_spearman: float | None = None,
+    min_agreement: float | None = None,
+    **apply_options: Any,
+) -> CheckResult:
     """Score ``data`` (human scores or labels, in any format ``apply`` reads) with ``artifact`` and
     compare the agreement on the rows the artifact was not trained on with the threshold.
     ``apply_options``: those of :func:`hdeval.run.apply.apply_file` (``llm``, ``cache_dir``,
@@ -44,8 +50,10 @@ def check_alignment(artifact: str | Path | Any, data: str | Path, *, min_spearma
     pairs = ev.task.shape == "pairwise"
     metric = "agreement" if pairs else "spearman"
     if pairs != (min_agreement is not None):
-        raise ConfigError(f"{ev.task.name} is a {'pairwise' if pairs else 'pointwise'} task: gate it with "
-                          f"{'--min-agreement' if pairs else '--min-spearman'}")
+        raise ConfigError(
+            f"{ev.task.name} is a {'pairwise' if pairs else 'pointwise'} task: gate it with "
+            f"{'--min-agreement' if pairs else '--min-spearman'}"
+        )
     with tempfile.TemporaryDirectory(prefix=".hdeval-check-") as scratch:
         res = apply_file(ev, str(data), str(Path(scratch) / "scored.jsonl"), **apply_options)
     held_out = res.scored - int(res.trust.get("in_training") or 0)
@@ -56,15 +64,29 @@ def check_alignment(artifact: str | Path | Any, data: str | Path, *, min_spearma
     else:
         value = ((res.correlations or {}).get("average") or {}).get("spearman")
     if held_out <= 0 and res.scored:
-        raise ConfigError(f"every row of {data} is in the artifact's training split: a gate needs rows the "
-                          "evaluator was not fitted on")
+        raise ConfigError(
+            f"every row of {data} is in the artifact's training split: a gate needs rows the "
+            "evaluator was not fitted on"
+        )
     if value is None and not (res.agreement or res.correlations):
         what = "labels (a/b/tie)" if pairs else f"scores for every aspect ({', '.join(ev.task.aspect_keys)})"
         raise ConfigError(f"{data} holds no human {what}: a gate compares the evaluator with them")
-    shown = "undefined (under 3 rows, or scores that do not vary)" if value is None or not math.isfinite(value) else f"{value:.3f}"
+    shown = (
+        "undefined (under 3 rows, or scores that do not vary)"
+        if value is None or not math.isfinite(value)
+        else f"{value:.3f}"
+    )
     passed = value is not None and math.isfinite(value) and value >= threshold
     name = "agreement (ties counted)" if pairs else "Spearman (average over aspects)"
-    line = (f"check {'passed' if passed else 'FAILED'}: held-out {name} {shown} "
-            f"{'>=' if passed else 'is below'} {threshold:g} on {held_out} rows of {data}")
-    return CheckResult(passed=passed, metric=metric, value=value if value is None else float(value),
-                       threshold=float(threshold), rows=held_out, line=line)
+    line = (
+        f"check {'passed' if passed else 'FAILED'}: held-out {name} {shown} "
+        f"{'>=' if passed else 'is below'} {threshold:g} on {held_out} rows of {data}"
+    )
+    return CheckResult(
+        passed=passed,
+        metric=metric,
+        value=value if value is None else float(value),
+        threshold=float(threshold),
+        rows=held_out,
+        line=line,
+    )

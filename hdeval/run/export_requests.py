@@ -12,10 +12,21 @@ from hdeval.errors import ConfigError
 from hdeval.request_files import export_requests
 
 
-def export_apply_requests(artifact: str | Path, input_file: str | Path, export_file: str | Path, *,
-                          shard: str | None = None, llm: str | None = None, base_url: str | None = None,
-                          concurrency: int | None = None, timeout: float | None = None, max_retries: int | None = None,
-                          cache_dir: str | None = None, replace: bool = True, **policy: Any) -> int:
+def export_apply_requests(
+    artifact: str | Path,
+    input_file: str | Path,
+    export_file: str | Path,
+    *,
+    shard: str | None = None,
+    llm: str | None = None,
+    base_url: str | None = None,
+    concurrency: int | None = None,
+    timeout: float | None = None,
+    max_retries: int | None = None,
+    cache_dir: str | None = None,
+    replace: bool = True,
+    **policy: Any,
+) -> int:
     """``apply --export-requests``: the requests scoring ``input_file`` with ``artifact`` still
     needs (not cached), written to ``export_file``; how many. Nothing is paid for. ``policy``:
     ``llm_given``, ``base_url_given``, ``confirm``, ``notify`` as for
@@ -30,8 +41,9 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
     from hdeval.run.shards import parse_shard
 
     which = parse_shard(shard) if shard is not None else None
-    check_output(export_file, [input_file, artifact], option="--export-requests", replace=replace,
-                 cache_dir=cache_dir)
+    check_output(
+        export_file, [input_file, artifact], option="--export-requests", replace=replace, cache_dir=cache_dir
+    )
     near = Path(os.path.abspath(export_file)).parent
     check_writable(near)
     size = chunk_size()
@@ -45,8 +57,17 @@ def export_apply_requests(artifact: str | Path, input_file: str | Path, export_f
         chunks = _Input(str(input_file), ev, size, which).chunks(seen)
         first = next(chunks, None)  # as apply: a bad first chunk is reported before the LLM is opened
         # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
-        backend = open_artifact_llm(ev, llm=llm, base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                    cache_dir=cache_dir, max_calls=0, concurrency=concurrency, **policy)
+        backend = open_artifact_llm(
+            ev,
+            llm=llm,
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            cache_dir=cache_dir,
+            max_calls=0,
+            concurrency=concurrency,
+            **policy,
+        )
         try:
             read = itertools.chain([first] if first is not None else [], chunks)
             return len(export_requests(ev, read, backend, export_file).written)

@@ -18,8 +18,14 @@ from hdeval.request_files import _in_place
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-def check_output(output: str | Path, inputs: list[str | Path | None], option: str = "-o", *,
-                 replace: bool = True, cache_dir: str | Path | None = None) -> None:
+def check_output(
+    output: str | Path,
+    inputs: list[str | Path | None],
+    option: str = "-o",
+    *,
+    replace: bool = True,
+    cache_dir: str | Path | None = None,
+) -> None:
     """Refuse an output that would destroy what the run reads or what the user owns, before
     anything is read or paid: a path that is (or links to) an input file or lies inside an input
     directory (an artifact) or the LLM reply cache (``cache_dir``, else the default one), a FIFO,
@@ -37,8 +43,10 @@ def check_output(output: str | Path, inputs: list[str | Path | None], option: st
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{option} {output} is a directory; name a file")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{option} {output} is not a regular file (a FIFO, device or socket); name a file, "
-                          "or use - to write to stdout")
+        raise ConfigError(
+            f"{option} {output} is not a regular file (a FIFO, device or socket); name a file, "
+            "or use - to write to stdout"
+        )
     real = os.path.realpath(output)
     for given in inputs:
         if given is None or str(given) == "-":
@@ -50,11 +58,15 @@ def check_output(output: str | Path, inputs: list[str | Path | None], option: st
         if stat.S_ISDIR(ist.st_mode):
             base = os.path.realpath(given)
             if os.path.commonpath([base, real]) == base:
-                raise ConfigError(f"{option} {output} is inside {given}, which this command reads; "
-                                  "write the output elsewhere")
+                raise ConfigError(
+                    f"{option} {output} is inside {given}, which this command reads; "
+                    "write the output elsewhere"
+                )
         elif st is not None and os.path.samestat(st, ist):
-            raise ConfigError(f"{option} {output} is the input file {given}: writing it would destroy the input; "
-                              "write the output elsewhere")
+            raise ConfigError(
+                f"{option} {output} is the input file {given}: writing it would destroy the input; "
+                "write the output elsewhere"
+            )
     if st is not None and not replace:
         raise ConfigError(f"{option} {output} exists: pass --force to replace it, or name another file")
 
@@ -67,8 +79,10 @@ def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: st
     cache = os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir())
     real = os.path.realpath(output)
     if os.path.commonpath([cache, real]) == cache:
-        raise ConfigError(f"{option} {output} is inside the LLM reply cache {cache_dir or cache}; "
-                          "write the output elsewhere")
+        raise ConfigError(
+            f"{option} {output} is inside the LLM reply cache {cache_dir or cache}; "
+            "write the output elsewhere"
+        )
 
 
 def output_format(output: str) -> str:
@@ -77,8 +91,10 @@ def output_format(output: str) -> str:
         return "jsonl"
     fmt = OUTPUT_FORMATS.get(Path(output).suffix.lower())
     if fmt is None:
-        raise ConfigError(f"cannot tell the output format of {output}: use -o with .jsonl, .csv or "
-                          ".parquet, or -o - for JSONL on stdout")
+        raise ConfigError(
+            f"cannot tell the output format of {output}: use -o with .jsonl, .csv or "
+            ".parquet, or -o - for JSONL on stdout"
+        )
     if fmt == "parquet":
         import importlib.util
 
@@ -131,8 +147,11 @@ class OutputWriter:
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self._out = self._files.enter_context(_in_place(self.path, keep_empty=True))
-        self._spool = self._out if fmt == "jsonl" else self._files.enter_context(
-            tempfile.TemporaryFile(dir=self.path.parent))
+        self._spool = (
+            self._out
+            if fmt == "jsonl"
+            else self._files.enter_context(tempfile.TemporaryFile(dir=self.path.parent))
+        )
 
     def __enter__(self) -> "OutputWriter":
         return self

@@ -79,14 +79,28 @@ class _Side:
     def fields(self, row: dict, line: int) -> tuple[Any, Any, Any, int]:
         meta = row.get("meta")
         if not isinstance(meta, dict) or not meta:  # the usual case, read without a lookup per field
-            return row.get(self.by, None) if self.by else ALL, row.get(PROB_FIELD), row.get(SELECTION_FIELD), line
-        return (_field(row, self.by) if self.by else ALL, _field(row, PROB_FIELD), _field(row, SELECTION_FIELD), line)
+            return (
+                row.get(self.by, None) if self.by else ALL,
+                row.get(PROB_FIELD),
+                row.get(SELECTION_FIELD),
+                line,
+            )
+        return (
+            _field(row, self.by) if self.by else ALL,
+            _field(row, PROB_FIELD),
+            _field(row, SELECTION_FIELD),
+            line,
+        )
 
     def add(self, row: dict, line: int) -> None:
         self.of[str(row.get("id"))] = self.fields(row, line)
 
     def lookup(self, row: dict, line: int) -> tuple[Any, Any, Any, int]:
-        return self.fields(row, line) if self.inline else self.of.get(str(row.get("id")), (ALL, None, None, line))
+        return (
+            self.fields(row, line)
+            if self.inline
+            else self.of.get(str(row.get("id")), (ALL, None, None, line))
+        )
 
 
 def _rows(path: str) -> Iterator[tuple[int, dict]]:
@@ -102,7 +116,9 @@ def _rows(path: str) -> Iterator[tuple[int, dict]]:
                 except (ValueError, RecursionError):
                     row = None
                 if not isinstance(row, dict):  # the reader's one-line account of what is wrong
-                    raise DataError(f"{path}: line {lineno}: {parse_json_line(line, 0)[0] or 'not a JSON object'}")
+                    raise DataError(
+                        f"{path}: line {lineno}: {parse_json_line(line, 0)[0] or 'not a JSON object'}"
+                    )
                 yield lineno, row
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -139,8 +155,9 @@ def _number(x: Any) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
-             notes: list[str]) -> tuple[dict[tuple[str, str], _Cell], int]:
+def _collect(
+    scored: str, side: _Side, aspects: list[str], pairwise: bool, notes: list[str]
+) -> tuple[dict[tuple[str, str], _Cell], int]:
     """Read apply's rows into cells (aspect x group); refuse labels that an active strategy
     picked without their probabilities, or a file mixing labelled rows with and without them.
     The rows' predictions go into one array (a row costs a tuple, not a dict per aspect)."""
@@ -164,14 +181,18 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
             if f is None and "prediction" in row and row["prediction"] is None:
                 f = math.nan  # its LLM calls failed: no verdict, left out below
             elif f is None:
-                raise DataError(f"{scored}: line {lineno}: no prediction 'a', 'b' or 'tie' (an apply output of "
-                                "a pairwise artifact?)")
+                raise DataError(
+                    f"{scored}: line {lineno}: no prediction 'a', 'b' or 'tie' (an apply output of "
+                    "a pairwise artifact?)"
+                )
             preds.append((f,))
         else:
             pred = row.get("scores")
             if not isinstance(pred, dict):
-                raise DataError(f"{scored}: line {lineno}: 'scores' must be an object (an apply output of a "
-                                "pointwise artifact?)")
+                raise DataError(
+                    f"{scored}: line {lineno}: 'scores' must be an object (an apply output of a "
+                    "pointwise artifact?)"
+                )
             preds.append(tuple(pred.get(a, _ABSENT) for a in aspects))
         lines.append(lineno)
         groups.append(group if type(group) is str else _group_name(group))
@@ -179,8 +200,10 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         if human is not None:
             labelled.append((len(preds) - 1, human, prob, selection, line))
     if training:
-        notes.append(f"{training} rows were in the artifact's training split: left out (their scores were "
-                     "fitted to their labels)")
+        notes.append(
+            f"{training} rows were in the artifact's training split: left out (their scores were "
+            "fitted to their labels)"
+        )
     if not preds:
         return {}, 0
     try:
@@ -191,13 +214,17 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         x = preds[i][j]
         if x is None or (isinstance(x, float) and math.isnan(x)):
             continue  # no score: an LLM call failed (apply writes null or NaN); left out below
-        raise DataError(f"{scored}: line {lines[i]}: " + (
-            f"no scores.{aspects[j]}" if x is _ABSENT else f"scores.{aspects[j]} is {x!r}, not a number")
-            + " (the artifact scores other aspects?)")
+        raise DataError(
+            f"{scored}: line {lines[i]}: "
+            + (f"no scores.{aspects[j]}" if x is _ABSENT else f"scores.{aspects[j]} is {x!r}, not a number")
+            + " (the artifact scores other aspects?)"
+        )
     unscored = (~np.isfinite(P)).sum(axis=0)
     for j, a in enumerate(aspects):
         if unscored[j]:
-            notes.append(f"{unscored[j]} rows have no {a} score (an LLM call failed): left out of its estimate")
+            notes.append(
+                f"{unscored[j]} rows have no {a} score (an LLM call failed): left out of its estimate"
+            )
     Y = np.full(P.shape, math.nan)
     prob_of = np.full(len(preds), math.nan)
     first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
@@ -219,7 +246,8 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
             raise DataError(
                 f"{where}: this label was picked by the {selection!r} strategy and carries no {PROB_FIELD!r}: "
                 "actively selected labels are no random sample, so no valid interval follows from them; "
-                f"give each labelled row its {PROB_FIELD} or label a random sample")
+                f"give each labelled row its {PROB_FIELD} or label a random sample"
+            )
         if prob is not None:
             prob_of[i] = _prob(prob, where)
         first.setdefault(prob is not None, line)
@@ -227,7 +255,8 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
             raise DataError(
                 f"{side.path}: line {max(first.values())}: labelled rows with and without {PROB_FIELD!r} (line "
                 f"{min(first.values())}): give every labelled row its probability of being picked, or none "
-                "(a uniform random sample)")
+                "(a uniform random sample)"
+            )
     names, codes = np.unique(np.array(groups, dtype=object).astype(str), return_inverse=True)
     cells: dict[tuple[str, str], _Cell] = {}
     for j, a in enumerate(aspects):
@@ -235,8 +264,12 @@ def _collect(scored: str, side: _Side, aspects: list[str], pairwise: bool,
         for k, g in enumerate(names):
             mine = (codes == k) & np.isfinite(P[:, j])
             lab, rest = mine & has, mine & ~has
-            cells[(a, _shown(str(g)))] = _Cell(y=Y[lab, j], f=P[lab, j], prob=None if np.isnan(prob_of[lab]).any()
-                                       else prob_of[lab], rest=P[rest, j])
+            cells[(a, _shown(str(g)))] = _Cell(
+                y=Y[lab, j],
+                f=P[lab, j],
+                prob=None if np.isnan(prob_of[lab]).any() else prob_of[lab],
+                rest=P[rest, j],
+            )
     return cells, len(preds)
 
 
@@ -244,19 +277,36 @@ def _constant(values: Any) -> bool:
     return len(values) > 0 and min(values) == max(values)
 
 
-def _record(aspect: str, group: str, cell: _Cell, alpha: float, margin: float | None) -> tuple[dict, MeanEstimate | None]:
-    base: dict[str, Any] = {"kind": "mean", "aspect": aspect, "group": group, "n_labelled": int(cell.y.size),
-                            "n": int(cell.y.size + cell.rest.size)}
+def _record(
+    aspect: str, group: str, cell: _Cell, alpha: float, margin: float | None
+) -> tuple[dict, MeanEstimate | None]:
+    base: dict[str, Any] = {
+        "kind": "mean",
+        "aspect": aspect,
+        "group": group,
+        "n_labelled": int(cell.y.size),
+        "n": int(cell.y.size + cell.rest.size),
+    }
     # labels that do not vary give a zero-width interval: certainty that two agreeing labels never give
-    why = (f"{cell.y.size} labelled row(s): an interval needs at least 2" if cell.y.size < 2 else
-           f"all {cell.y.size} labels are {cell.y[0]:g}: no spread to build an interval on" if _constant(cell.y)
-           else None)
+    why = (
+        f"{cell.y.size} labelled row(s): an interval needs at least 2"
+        if cell.y.size < 2
+        else f"all {cell.y.size} labels are {cell.y[0]:g}: no spread to build an interval on"
+        if _constant(cell.y)
+        else None
+    )
     if why is not None:
         n = cell.f.size + cell.rest.size
-        return {**base, "estimate": None, "low": None, "high": None, "classical_low": None,
-                "classical_high": None,
-                "evaluator_mean": float((cell.f.sum() + cell.rest.sum()) / n) if n else None,
-                "reason": why}, None
+        return {
+            **base,
+            "estimate": None,
+            "low": None,
+            "high": None,
+            "classical_low": None,
+            "classical_high": None,
+            "evaluator_mean": float((cell.f.sum() + cell.rest.sum()) / n) if n else None,
+            "reason": why,
+        }, None
     e = ppi_mean(cell.y, cell.f, cell.rest, alpha=alpha, sampling_prob=cell.prob)
     target = margin if margin is not None else float(f"{e.half_width / 2:.2g}")
     more = e.labels_for(target) if target > 0 else None
@@ -294,9 +344,16 @@ def _manifest_task(path: str | os.PathLike) -> Any:
     return SimpleNamespace(task=task, warnings=reader.warnings)
 
 
-def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alpha: float = 0.1,
-                  margin: float | None = None, baseline: str | None = None,
-                  score: Callable[[Any, str, str], Any] | None = None) -> Estimates:
+def estimate_file(
+    artifact: str | Any,
+    data: str,
+    *,
+    by: str | None = None,
+    alpha: float = 0.1,
+    margin: float | None = None,
+    baseline: str | None = None,
+    score: Callable[[Any, str, str], Any] | None = None,
+) -> Estimates:
     """Per aspect (and per ``by`` group) the PPI++ estimate of the human mean of ``data``'s rows.
 
     ``data``: an apply output of ``artifact`` (read as is), or rows in the sample format, scored
@@ -309,11 +366,18 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     if margin is not None and not margin > 0:
         raise ConfigError(f"--margin must be positive, got {margin}")
     if baseline is not None and by is None:
-        raise ConfigError(f"--baseline {baseline} names a group to compare the others with: give --by FIELD too")
+        raise ConfigError(
+            f"--baseline {baseline} names a group to compare the others with: give --by FIELD too"
+        )
     apply_output = is_apply_output(data)
     # an apply output needs only the artifact's task: its verified manifest, not the fitted model
-    ev = (artifact if not isinstance(artifact, (str, os.PathLike))
-          else _manifest_task(artifact) if apply_output else _loaded(artifact))
+    ev = (
+        artifact
+        if not isinstance(artifact, (str, os.PathLike))
+        else _manifest_task(artifact)
+        if apply_output
+        else _loaded(artifact)
+    )
     task = ev.task
     pairwise = task.shape == "pairwise"
     aspects = [WIN_RATE] if pairwise else list(task.aspect_keys)
@@ -338,12 +402,20 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
     groups = sorted({g for _, g in cells})
     if by is not None and groups == [_group_name(None)]:
         # every row in one group "(none)" would pass for an estimate by FIELD
-        raise ConfigError(f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
-                          + ("; an apply output keeps only id, doc_id and system of each sample: give --data "
-                             "the samples file" if apply_output else ""))
+        raise ConfigError(
+            f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
+            + (
+                "; an apply output keeps only id, doc_id and system of each sample: give --data "
+                "the samples file"
+                if apply_output
+                else ""
+            )
+        )
     if baseline is not None and by is not None and baseline not in groups:
-        raise ConfigError(f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
-                          f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})")
+        raise ConfigError(
+            f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
+            f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})"
+        )
     for a in aspects:
         for g in groups:
             if (a, g) in cells:
@@ -358,13 +430,17 @@ def estimate_file(artifact: str | Any, data: str, *, by: str | None = None, alph
                 if g == base or (a, g) not in fitted or (a, base) not in fitted:
                     continue
                 d = difference(fitted[(a, g)], fitted[(a, base)])
-                records.append({"kind": "difference", "aspect": a, "group": g, "baseline": base, **d.as_dict()})
+                records.append(
+                    {"kind": "difference", "aspect": a, "group": g, "baseline": base, **d.as_dict()}
+                )
     weighted = [r for r in records if r.get("weighted")]
     if weighted:
         notes.append(f"labels weighted by 1/{PROB_FIELD} (rows picked with unequal probabilities)")
         if min(r["n_labelled"] for r in weighted) < 100:
-            notes.append("warning: with fewer than 100 weighted labels the intervals cover less than their level "
-                         "(0.74-0.83 for 90% at 30 labels in benchmarks/ppi.md); label more, or a random sample")
+            notes.append(
+                "warning: with fewer than 100 weighted labels the intervals cover less than their level "
+                "(0.74-0.83 for 90% at 30 labels in benchmarks/ppi.md); label more, or a random sample"
+            )
     return Estimates(records, notes, alpha, rows)
 
 
@@ -404,8 +480,15 @@ class RowsSummary:
                 self.y[a].append(h)
                 self.f[a].append(f)
                 low, high = row.get("lower"), row.get("upper")
-                if isinstance(low, dict) and isinstance(high, dict) and _number(low.get(a)) and _number(high.get(a)):
-                    self.inside[a].append(low[a] <= h <= high[a])  # no bound (too few calibration rows): not counted
+                if (
+                    isinstance(low, dict)
+                    and isinstance(high, dict)
+                    and _number(low.get(a))
+                    and _number(high.get(a))
+                ):
+                    self.inside[a].append(
+                        low[a] <= h <= high[a]
+                    )  # no bound (too few calibration rows): not counted
             if unlabelled:
                 self.rest[a] = self.rest[a].merge(Moments.of(unlabelled))
 
@@ -419,9 +502,15 @@ class RowsSummary:
                 continue
             e = ppi_mean(self.y[a], self.f[a], self.rest[a], alpha=self.alpha)
             inside = self.inside[a]
-            out[a] = {"n_labelled": e.n_labelled, "n": e.n, "level": 1 - self.alpha,
-                      "estimate": round(e.estimate, 6), "low": round(e.low, 6), "high": round(e.high, 6),
-                      "evaluator_mean": round(e.evaluator_mean, 6),
-                      "interval_coverage": round(sum(inside) / len(inside), 6) if inside else None,
-                      "interval_labels": len(inside)}
+            out[a] = {
+                "n_labelled": e.n_labelled,
+                "n": e.n,
+                "level": 1 - self.alpha,
+                "estimate": round(e.estimate, 6),
+                "low": round(e.low, 6),
+                "high": round(e.high, 6),
+                "evaluator_mean": round(e.evaluator_mean, 6),
+                "interval_coverage": round(sum(inside) / len(inside), 6) if inside else None,
+                "interval_labels": len(inside),
+            }
         return out or None

@@ -37,8 +37,15 @@ def artifact_sha256(path: str | Path | None) -> str:
 def closing_record(k: int, n: int, rows: int, input_sha256: str, artifact_sha256: str) -> dict:
     """The last line of a shard output: what ``merge-shards`` checks the set against (it is not
     a scored row and never reaches the merged output)."""
-    return {SHARD_FIELD: {"k": k, "n": n, "rows": rows, "input_sha256": input_sha256,
-                          "artifact_sha256": artifact_sha256}}
+    return {
+        SHARD_FIELD: {
+            "k": k,
+            "n": n,
+            "rows": rows,
+            "input_sha256": input_sha256,
+            "artifact_sha256": artifact_sha256,
+        }
+    }
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -82,8 +89,10 @@ class ShardFile:
                     if not text.strip():
                         continue
                     if self.closing is not None:
-                        raise DataError(f"{self.path}: line {self.lineno}: a row after the closing record: "
-                                        "not one shard output (were files concatenated?)")
+                        raise DataError(
+                            f"{self.path}: line {self.lineno}: a row after the closing record: "
+                            "not one shard output (were files concatenated?)"
+                        )
                     got = self._check(text)
                     if got is not None:
                         self.count += 1
@@ -92,11 +101,15 @@ class ShardFile:
                 raise DataError(f"{self.path}: line {self.lineno + 1}: not UTF-8 text") from None
         if self.closing is None:
             what = "empty" if self.lineno == 0 else "no closing record"
-            raise DataError(f"{self.path}: {what}: not a complete output of `hdeval apply --shard K/N` "
-                            "(a failed or unfinished run, or a cut file?); rerun that shard")
+            raise DataError(
+                f"{self.path}: {what}: not a complete output of `hdeval apply --shard K/N` "
+                "(a failed or unfinished run, or a cut file?); rerun that shard"
+            )
         if self.closing["rows"] != self.count:
-            raise DataError(f"{self.path}: {self.count} rows, but its closing record says "
-                            f"{self.closing['rows']}: rows were lost or added; rerun that shard")
+            raise DataError(
+                f"{self.path}: {self.count} rows, but its closing record says "
+                f"{self.closing['rows']}: rows were lost or added; rerun that shard"
+            )
 
     def _check(self, text: str) -> tuple[int, str, str, dict] | None:
         """A row (None: the closing record, kept), checked against the file's shard and order."""
@@ -111,17 +124,24 @@ class ShardFile:
             raise DataError(f"{where}: not a JSON object")
         info, sid = row.pop(SHARD_FIELD, None), row.get("id")
         closing = not row and isinstance(info, dict) and "rows" in info
-        ints = isinstance(info, dict) and all(type(info.get(f)) is int
-                                              for f in ("k", "n", "rows" if closing else "line"))
+        ints = isinstance(info, dict) and all(
+            type(info.get(f)) is int for f in ("k", "n", "rows" if closing else "line")
+        )
         if closing:
-            digests = all(isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
-                          for f in ("input_sha256", "artifact_sha256"))
+            digests = all(
+                isinstance(info.get(f), str) and _SHA256.fullmatch(info[f])
+                for f in ("input_sha256", "artifact_sha256")
+            )
             if not ints or not digests or info["rows"] < 0 or len(info) != 5:
-                raise DataError(f"{where}: a closing record without k, n, rows and the two digests: not written "
-                                "by `hdeval apply --shard K/N`")
+                raise DataError(
+                    f"{where}: a closing record without k, n, rows and the two digests: not written "
+                    "by `hdeval apply --shard K/N`"
+                )
         elif not ints or not isinstance(sid, str):
-            raise DataError(f"{where}: no '{SHARD_FIELD}' field with k, n and line, or no text 'id': not a row "
-                            "written by `hdeval apply --shard K/N`")
+            raise DataError(
+                f"{where}: no '{SHARD_FIELD}' field with k, n and line, or no text 'id': not a row "
+                "written by `hdeval apply --shard K/N`"
+            )
         k, n = info["k"], info["n"]  # type: ignore[index]
         if not 1 <= k <= n <= MAX_SHARDS:
             raise DataError(f"{where}: shard {k}/{n} is not a shard (N is 1 to {MAX_SHARDS})")
@@ -135,8 +155,10 @@ class ShardFile:
         if shard_of(sid, n) != k:
             raise DataError(f"{where}: id {sid!r} belongs to shard {shard_of(sid, n)}/{n}, not {k}/{n}")
         if info["line"] <= self.last_line:  # type: ignore[index]
-            raise DataError(f"{where}: input line {info['line']} after line {self.last_line}: rows are not in "
-                            "input order (was the file edited or concatenated?)")
+            raise DataError(
+                f"{where}: input line {info['line']} after line {self.last_line}: rows are not in "
+                "input order (was the file edited or concatenated?)"
+            )
         self.last_line = info["line"]  # type: ignore[index]
         return self.last_line, self.path, sid, row
 
@@ -160,8 +182,9 @@ def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int,
             batch: list[dict] = []
             for line, path, sid, row in itertools.chain(head, merged):
                 if line == last_line:
-                    raise DataError(f"{path} and {last_file} both hold input line {line}: "
-                                    "shards of different runs?")
+                    raise DataError(
+                        f"{path} and {last_file} both hold input line {line}: shards of different runs?"
+                    )
                 if sid in seen:
                     raise DataError(f"id {sid!r} is in {seen[sid]} and {path}")
                 seen[sid] = last_file = path
@@ -183,8 +206,10 @@ def check_shard_set(files: list[ShardFile]) -> None:
     """Every shard 1..N exactly once (each file names its shard in its first line)."""
     ns = {f.n for f in files}
     if len(ns) > 1:
-        raise DataError("the files are shards of different splits: " + ", ".join(
-            f"{f.path} is {f.k}/{f.n}" for f in files))
+        raise DataError(
+            "the files are shards of different splits: "
+            + ", ".join(f"{f.path} is {f.k}/{f.n}" for f in files)
+        )
     n = ns.pop()
     by_k: dict[int, str] = {}
     for f in files:
@@ -195,8 +220,10 @@ def check_shard_set(files: list[ShardFile]) -> None:
         # N may be large: name the first few missing shards, found without enumerating all N
         missing = list(itertools.islice((k for k in range(1, n + 1) if k not in by_k), 10))
         more = ", ..." if n - len(files) > len(missing) else ""
-        raise DataError(f"shard(s) {', '.join(f'{k}/{n}' for k in missing)}{more} missing: pass the outputs of "
-                        f"all {n} shards ({len(files)} file(s) given)")
+        raise DataError(
+            f"shard(s) {', '.join(f'{k}/{n}' for k in missing)}{more} missing: pass the outputs of "
+            f"all {n} shards ({len(files)} file(s) given)"
+        )
 
 
 def _check_same_run(files: list[ShardFile]) -> None:
@@ -205,5 +232,6 @@ def _check_same_run(files: list[ShardFile]) -> None:
     for f in files[1:]:
         for field, what in (("input_sha256", "inputs"), ("artifact_sha256", "artifacts")):
             if f.closing[field] != first.closing[field]:  # type: ignore[index]
-                raise DataError(f"{first.path} and {f.path} are shards of different {what}: merge the shards "
-                                "of one run")
+                raise DataError(
+                    f"{first.path} and {f.path} are shards of different {what}: merge the shards of one run"
+                )

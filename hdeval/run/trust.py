@@ -29,8 +29,11 @@ class RowTrust:
         pointwise = not hasattr(res, "agreement") and list(getattr(res, "aspects", [])) == self.aspects
         crit = getattr(res, "criteria", None)
         criteria = (crit.values, crit.criterion_keys) if crit is not None else None
-        ints = (row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width, criteria)
-                if self.cal is not None and pointwise else None)
+        ints = (
+            row_intervals(self.cal, res.predictions, self.aspects, self.ranges, self.max_width, criteria)
+            if self.cal is not None and pointwise
+            else None
+        )
         for row, s in zip(rows, samples):
             seen = s.id in self.train
             row["in_training"] = seen
@@ -46,12 +49,15 @@ class RowTrust:
     def warning(self) -> str | None:
         if not self.in_training:
             return None
-        return (f"warning: {self.in_training} of {self.rows} rows were in the artifact's training split (matched "
-                "by id; flagged in_training): figures on them are not held-out and are reported apart")
+        return (
+            f"warning: {self.in_training} of {self.rows} rows were in the artifact's training split (matched "
+            "by id; flagged in_training): figures on them are not held-out and are reported apart"
+        )
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "in_training": self.in_training}
         if self.cal is not None:
-            out.update(interval_level=self.cal.level, max_interval_width=self.max_width,
-                       needs_human=self.needs_human)
+            out.update(
+                interval_level=self.cal.level, max_interval_width=self.max_width, needs_human=self.needs_human
+            )
         return out

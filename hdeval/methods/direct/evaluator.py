@@ -31,7 +31,9 @@ class DirectEvaluator(SinglePromptFitted):
 
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         tree = self.tree
-        return score_criteria(backend, self.template, self.task, tree, tree.layer(1), samples, concurrency, progress)
+        return score_criteria(
+            backend, self.template, self.task, tree, tree.layer(1), samples, concurrency, progress
+        )
 
 
 def fit(ctx: FitContext) -> DirectEvaluator:
@@ -40,9 +42,16 @@ def fit(ctx: FitContext) -> DirectEvaluator:
     ev = DirectEvaluator(task, load_templates()["score"], ctx.llm_config, ctx.llm.identity, {})
     res, Y, tr, te = fit_unlearned(ctx, ev, "aspect scores")
     # nothing is fitted, so the training rows' residuals are as honest as held-out ones
-    ev.metrics["intervals"] = fitted_intervals(Y, res.predictions[tr], tr, res.predictions[te], te,
-                                               list(task.aspect_keys), [a.range for a in task.aspects],
-                                               "the training split (nothing is fitted)")
+    ev.metrics["intervals"] = fitted_intervals(
+        Y,
+        res.predictions[tr],
+        tr,
+        res.predictions[te],
+        te,
+        list(task.aspect_keys),
+        [a.range for a in task.aspects],
+        "the training split (nothing is fitted)",
+    )
     return ev
 
 

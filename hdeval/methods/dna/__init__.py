@@ -9,7 +9,7 @@ from hdeval.methods.dna.settings import DnaOptions
 METHOD = Method(
     name="dna",
     summary="Decompose and Aggregate on pairs: LLM aspects, weights and per-aspect scores, "
-            "external weighted sum (+ learned aggregation)",
+    "external weighted sum (+ learned aggregation)",
     shapes=("pairwise",),
     fit=later("hdeval.methods.dna.fit:fit"),
     load=later("hdeval.methods.dna.fitted:DnaEvaluator.from_artifact"),

@@ -55,8 +55,9 @@ def _hits(diffs: np.ndarray, human: np.ndarray, margin: float) -> np.ndarray:
     return np.where(np.abs(diffs) <= margin, human == "tie", sides == human)
 
 
-def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Sequence[str] | None = None,
-                     seed: int = 0) -> tuple[float, dict[str, Any]]:
+def learn_tie_margin(
+    diffs: Sequence[float], human: Sequence[str], groups: Sequence[str] | None = None, seed: int = 0
+) -> tuple[float, dict[str, Any]]:
     """The tie margin learned from each training pair's total A minus total B and human label:
     ``_margin_rule``'s, if on folds grouped by document its agreement with ties beats margin 0's
     and on the training pairs it is no worse than margin 0's; else 0 (no learned ties)."""
@@ -68,7 +69,9 @@ def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Seque
     learned = _margin_rule(dv, h, seed) if n else 0.0
     cv_hits: list[bool] = []
     cv_zero: list[bool] = []
-    folds = cv_folds(list(groups) if groups is not None else [str(i) for i in range(n)], seed) if n >= 4 else []
+    folds = (
+        cv_folds(list(groups) if groups is not None else [str(i) for i in range(n)], seed) if n >= 4 else []
+    )
     for a, b in folds:
         cv_hits.extend(_hits(dv[b], h[b], _margin_rule(dv[a], h[a], seed)).tolist())
         cv_zero.extend(_hits(dv[b], h[b], 0.0).tolist())
@@ -76,29 +79,41 @@ def learn_tie_margin(diffs: Sequence[float], human: Sequence[str], groups: Seque
     train_zero = float(np.mean(_hits(dv, h, 0.0))) if n else 0.0
     # a learned margin must earn its ties: better than none on held-out folds, no worse on training
     # (too few pairs for folds: the training pairs decide alone)
-    earns = (np.mean(cv_hits) >= np.mean(cv_zero) and train_rule >= train_zero) if cv_hits else train_rule > train_zero
+    earns = (
+        (np.mean(cv_hits) >= np.mean(cv_zero) and train_rule >= train_zero)
+        if cv_hits
+        else train_rule > train_zero
+    )
     margin = learned if earns else 0.0
-    info = {"value": margin, "from": "training split", "rule": "logistic crossing" if earns else "margin 0",
-            "learned_margin": learned,
-            "chosen_by": ("grouped cross-validation on the training split: the rule's margin is kept only when its "
-                          "agreement with ties beats margin 0's on the held-out folds and is no worse on the "
-                          "training pairs; else margin 0"),
-            "how": "the widest margin below which a logistic regression of the human label on |total A - total B| "
-                   "(tie, the judge's side, the other side) rates a tie likelier than the judge's side, fitted on "
-                   "the training pairs; snapped down to 0 or a training pair's |total A - total B|. 'cv_w_ties' is "
-                   "that rule's agreement with ties on grouped cross-validation folds of the training split",
-            "candidates": int(len(np.unique(np.concatenate([[0.0], np.abs(dv)])))), "pairs": n,
-            "human_ties": int(np.sum(h == "tie")),
-            "train_w_ties": round(float(np.mean(_hits(dv, h, margin))), 6) if n else None,
-            "train_w_ties_at_0": round(float(np.mean(_hits(dv, h, 0.0))), 6) if n else None,
-            "cv_w_ties": round(float(np.mean(cv_hits)), 6) if cv_hits else None,
-            "cv_w_ties_at_0": round(float(np.mean(cv_zero)), 6) if cv_zero else None,
-            "cv_folds": len(folds)}
+    info = {
+        "value": margin,
+        "from": "training split",
+        "rule": "logistic crossing" if earns else "margin 0",
+        "learned_margin": learned,
+        "chosen_by": (
+            "grouped cross-validation on the training split: the rule's margin is kept only when its "
+            "agreement with ties beats margin 0's on the held-out folds and is no worse on the "
+            "training pairs; else margin 0"
+        ),
+        "how": "the widest margin below which a logistic regression of the human label on |total A - total B| "
+        "(tie, the judge's side, the other side) rates a tie likelier than the judge's side, fitted on "
+        "the training pairs; snapped down to 0 or a training pair's |total A - total B|. 'cv_w_ties' is "
+        "that rule's agreement with ties on grouped cross-validation folds of the training split",
+        "candidates": int(len(np.unique(np.concatenate([[0.0], np.abs(dv)])))),
+        "pairs": n,
+        "human_ties": int(np.sum(h == "tie")),
+        "train_w_ties": round(float(np.mean(_hits(dv, h, margin))), 6) if n else None,
+        "train_w_ties_at_0": round(float(np.mean(_hits(dv, h, 0.0))), 6) if n else None,
+        "cv_w_ties": round(float(np.mean(cv_hits)), 6) if cv_hits else None,
+        "cv_w_ties_at_0": round(float(np.mean(cv_zero)), 6) if cv_zero else None,
+        "cv_folds": len(folds),
+    }
     return margin, info
 
 
-def weighted_totals(scores_a: Sequence[float], scores_b: Sequence[float],
-                    weights: Sequence[float]) -> tuple[float, float]:
+def weighted_totals(
+    scores_a: Sequence[float], scores_b: Sequence[float], weights: Sequence[float]
+) -> tuple[float, float]:
     """The external weighted sum of each response's aspect scores (weights sum to 1)."""
     w = np.asarray(weights, float)
     return float(np.dot(w, np.asarray(scores_a, float))), float(np.dot(w, np.asarray(scores_b, float)))
@@ -145,8 +160,12 @@ class Learned:
         return lab, lab_ab
 
     def to_dict(self) -> dict[str, Any]:
-        return {"aspects": self.aspects, "classes": self.classes,
-                "coef": self.coef.round(8).tolist(), "intercept": self.intercept.round(8).tolist()}
+        return {
+            "aspects": self.aspects,
+            "classes": self.classes,
+            "coef": self.coef.round(8).tolist(),
+            "intercept": self.intercept.round(8).tolist(),
+        }
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Learned":
@@ -158,10 +177,14 @@ class Learned:
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: malformed learned aggregator ({exc})") from None
         rows = 1 if len(classes) == 2 else len(classes)
-        if (not set(classes) <= set(PAIR_LABELS) or not {"a", "b"} <= set(classes)
-                or coef.shape != (rows, len(aspects))
-                or intercept.shape != (rows,) or not np.all(np.isfinite(coef))
-                or not np.all(np.isfinite(intercept))):
+        if (
+            not set(classes) <= set(PAIR_LABELS)
+            or not {"a", "b"} <= set(classes)
+            or coef.shape != (rows, len(aspects))
+            or intercept.shape != (rows,)
+            or not np.all(np.isfinite(coef))
+            or not np.all(np.isfinite(intercept))
+        ):
             raise ArtifactError(f"{where}: malformed learned aggregator (shapes or labels do not fit)")
         return cls(aspects, classes, coef, intercept)
 
@@ -170,5 +193,6 @@ def fit_learned(X: np.ndarray, y: Sequence[str], seed: int) -> Learned:
     from sklearn.linear_model import LogisticRegression
 
     model = LogisticRegression(max_iter=2000, random_state=seed).fit(X, list(y))
-    return Learned([], [str(c) for c in model.classes_], np.array(model.coef_, float),
-                   np.array(model.intercept_, float))
+    return Learned(
+        [], [str(c) for c in model.classes_], np.array(model.coef_, float), np.array(model.intercept_, float)
+    )

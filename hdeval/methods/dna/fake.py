@@ -15,8 +15,18 @@ _FAKE_SAMPLE = re.compile(r"<sample>\n(.*?)\n</sample>", re.S)
 _FAKE_K = re.compile(r"exactly (\d+) aspects")
 _FAKE_KEYS = re.compile(r"^Aspect keys: (.*)$", re.M)
 _FAKE_ASPECT = re.compile(r"^Aspect: (.+?):", re.M)
-_FAKE_FACETS = ["clarity", "correctness", "completeness", "relevance", "conciseness", "depth",
-                "safety", "creativity", "structure", "tone"]
+_FAKE_FACETS = [
+    "clarity",
+    "correctness",
+    "completeness",
+    "relevance",
+    "conciseness",
+    "depth",
+    "safety",
+    "creativity",
+    "structure",
+    "tone",
+]
 
 
 def _fake_sample(request: CompletionRequest) -> str:
@@ -52,7 +62,9 @@ def _fake_aspects(request: CompletionRequest, fake) -> Completion:
     q = _fake_sample(request)
     start = int(_unit("dna-aspects", q) * len(_FAKE_FACETS))
     names = [_FAKE_FACETS[(start + i) % len(_FAKE_FACETS)] for i in range(k)]
-    text = json.dumps({"aspects": [{"name": x, "definition": f"How well the response shows {x}."} for x in names]})
+    text = json.dumps(
+        {"aspects": [{"name": x, "definition": f"How well the response shows {x}."} for x in names]}
+    )
     return Completion(text, None, n, max(1, len(text) // 4))
 
 
@@ -90,8 +102,10 @@ def _fake_direct(request: CompletionRequest, fake) -> Completion:
 def _fake_cot(request: CompletionRequest, fake) -> Completion:
     _, n = prompt_of(request)
     sa, sb = _fake_pair_scores(request, "overall-cot")
-    text = (f"Response A covers the question with {sa} of 10 in quality; 8 points matter here.\n"
-            f"Response B is weaker or stronger in places.\nScores: {sa} {sb}")
+    text = (
+        f"Response A covers the question with {sa} of 10 in quality; 8 points matter here.\n"
+        f"Response B is weaker or stronger in places.\nScores: {sa} {sb}"
+    )
     return Completion(text, None, n, len(text) // 4)
 
 

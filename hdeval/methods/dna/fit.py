@@ -9,22 +9,24 @@ from typing import Any, Sequence
 import numpy as np
 
 from hdeval.errors import ScoringError
-from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import FitContext, fit_message, run_record, score_table, split_rows, usage_of
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.types import PairSample
 
 
-def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.ndarray,
-                   primary: str) -> dict[str, Any]:
+def _split_metrics(
+    res: PairScoreResult, pairs: Sequence[PairSample], idx: np.ndarray, primary: str
+) -> dict[str, Any]:
     human = [pairs[i].label for i in idx]
     out = {primary: agreement(human, [res.labels[i] for i in idx], [res.labels_ab[i] for i in idx])}
     if res.learned_labels is not None:
-        out["learned"] = agreement(human, [res.learned_labels[i] for i in idx],
-                                   [res.learned_ab[i] for i in idx])
+        out["learned"] = agreement(
+            human, [res.learned_labels[i] for i in idx], [res.learned_ab[i] for i in idx]
+        )
     if res.consistent:
         out.update(_consistency([res.consistent[pairs[i].id] for i in idx if pairs[i].id in res.consistent]))
     return out
@@ -32,8 +34,10 @@ def _split_metrics(res: PairScoreResult, pairs: Sequence[PairSample], idx: np.nd
 
 def _consistency(got: list[bool]) -> dict[str, float | None]:
     # swap_flip_rate: the share of pairs whose verdict (a, b or tie at the margin) changes with the order
-    return {"position_consistency": round(sum(got) / len(got), 6) if got else None,
-            "swap_flip_rate": round(1 - sum(got) / len(got), 6) if got else None}
+    return {
+        "position_consistency": round(sum(got) / len(got), 6) if got else None,
+        "swap_flip_rate": round(1 - sum(got) / len(got), 6) if got else None,
+    }
 
 
 def _mean_weights(res: PairScoreResult, dynamic: bool, limit: int = 50) -> dict[str, Any]:
@@ -51,12 +55,16 @@ def _margin_words(info: dict[str, Any]) -> str:
     if info["from"] != "training split":
         return "given"
     if info.get("rule") == "margin 0" and info.get("learned_margin"):
-        return (f"chosen on {info['pairs']} training pairs: the learned margin {info['learned_margin']:g} did not "
-                f"beat margin 0 (cross-validated agreement with ties {info.get('cv_w_ties')} against "
-                f"{info.get('cv_w_ties_at_0')} at 0)")
-    return (f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
-            f"(cross-validated {info.get('cv_w_ties')}, at 0 {info.get('cv_w_ties_at_0')}) against "
-            f"{info['train_w_ties_at_0']} at 0")
+        return (
+            f"chosen on {info['pairs']} training pairs: the learned margin {info['learned_margin']:g} did not "
+            f"beat margin 0 (cross-validated agreement with ties {info.get('cv_w_ties')} against "
+            f"{info.get('cv_w_ties_at_0')} at 0)"
+        )
+    return (
+        f"learned on {info['pairs']} training pairs: agreement with ties {info['train_w_ties']} "
+        f"(cross-validated {info.get('cv_w_ties')}, at 0 {info.get('cv_w_ties_at_0')}) against "
+        f"{info['train_w_ties_at_0']} at 0"
+    )
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:
@@ -74,16 +82,20 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         pid = next(p.id for p, lab in zip(pairs, res.labels) if lab is None)
         raise ScoringError(
             f"{rate:.0%} of pairs could not be judged (threshold {ctx.config.max_failure_rate:.0%}), "
-            f"e.g. pair {pid}: {res.failures[pid][0]}; the replies are cached")
+            f"e.g. pair {pid}: {res.failures[pid][0]}; the replies are cached"
+        )
     tr, te, _ = split_rows(ctx, [p.id for p in pairs], [])
     primary = "llm_weights" if settings.mode == "dna" else settings.mode.replace("-", "_")
 
     # -- the tie margin: the user's, else learned on the training split's verdicts
     if settings.tie_margin is None:
         got = [i for i in tr if res.labels[i] is not None and pairs[i].label is not None]
-        margin, margin_info = learn_tie_margin([res.predictions[i, 0] - res.predictions[i, 1] for i in got],
-                                               [pairs[i].label for i in got], [pairs[i].doc_id for i in got],
-                                               ctx.config.seed)
+        margin, margin_info = learn_tie_margin(
+            [res.predictions[i, 0] - res.predictions[i, 1] for i in got],
+            [pairs[i].label for i in got],
+            [pairs[i].doc_id for i in got],
+            ctx.config.seed,
+        )
         settings = dataclasses.replace(settings, tie_margin=margin, tie_margin_from="training split")
         ev.settings = settings
         res.apply_margin(margin)
@@ -94,8 +106,11 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     # -- learned aggregation on the training split (predefined aspects only)
     learned_info: dict[str, Any]
     if res.diffs is None:
-        why = ("dynamic aspects differ per instance, so there is no fixed feature per aspect"
-               if settings.dynamic else f"mode {settings.mode} has no aspect scores")
+        why = (
+            "dynamic aspects differ per instance, so there is no fixed feature per aspect"
+            if settings.dynamic
+            else f"mode {settings.mode} has no aspect scores"
+        )
         learned_info = {"skipped": f"learned aggregation is not defined here: {why}"}
     else:
         ok = ~np.isnan(res.diffs[tr]).any(axis=1)
@@ -117,14 +132,17 @@ def fit(ctx: FitContext) -> DnaEvaluator:
                 fold = fit_learned(X[a], [y[j] for j in a], ctx.config.seed)
                 for j, lab, lab_ab in zip(b, fold.predict(X[b]), fold.predict_ab(X[b])):
                     cv_pred[j], cv_ab[j] = lab, lab_ab
-            coef = {c: dict(zip(model.aspects, row.round(6).tolist()))
-                    for c, row in zip(model.classes[1:] if len(model.classes) == 2 else model.classes,
-                                      model.coef)}
+            coef = {
+                c: dict(zip(model.aspects, row.round(6).tolist()))
+                for c, row in zip(model.classes[1:] if len(model.classes) == 2 else model.classes, model.coef)
+            }
             learned_info = {
                 "model": "logistic regression on per-aspect score differences (A - B)",
-                "classes": model.classes, "coefficients": coef,
+                "classes": model.classes,
+                "coefficients": coef,
                 "intercept": model.intercept.round(6).tolist(),
-                "trained_on": len(rows), "cv_train": agreement(y, cv_pred, cv_ab),
+                "trained_on": len(rows),
+                "cv_train": agreement(y, cv_pred, cv_ab),
                 "other_kinds": "only logistic regression is fitted (the other aggregator kinds are not)",
             }
             if len(model.classes) == 2:
@@ -132,7 +150,9 @@ def fit(ctx: FitContext) -> DnaEvaluator:
             res.learned_labels, res.learned_ab = model.labels(res.diffs)
 
     ev.metrics = {
-        "method": "dna", "mode": settings.mode, "aspect_source": settings.aspect_source if settings.uses_aspects else None,
+        "method": "dna",
+        "mode": settings.mode,
+        "aspect_source": settings.aspect_source if settings.uses_aspects else None,
         "primary": primary,
         "split": {"train": len(split.train_ids), "test": len(split.test_ids)},
         "test": _split_metrics(res, pairs, te, primary),
@@ -143,8 +163,10 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         "failed_pairs": sum(1 for lab in res.labels if lab is None),
         "score_failures": len(res.criteria.failures),
         "usage": usage_of(ctx.llm),
-        "notes": ("agreement is over pairs with a prediction (failed pairs are counted in 'failed'); "
-                  "'wo_ties' forces a or b and counts equal totals as a miss"),
+        "notes": (
+            "agreement is over pairs with a prediction (failed pairs are counted in 'failed'); "
+            "'wo_ties' forces a or b and counts equal totals as a miss"
+        ),
     }
     if settings.uses_aspects:
         ev.metrics["mean_weights"] = _mean_weights(res, settings.dynamic)
@@ -152,8 +174,10 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         ev.metrics.update(_consistency(list(res.consistent.values())))
     else:
         ev.metrics["swap_flip_rate"] = None
-        ev.metrics["swap_flip_note"] = ("each pair was judged in one order only; --swap judges both orders "
-                                        "(twice the scoring calls) and measures the flip rate")
+        ev.metrics["swap_flip_note"] = (
+            "each pair was judged in one order only; --swap judges both orders "
+            "(twice the scoring calls) and measures the flip rate"
+        )
 
     table = score_table(res.sample_ids, res.criteria, split, np.empty((len(pairs), 0)), [])
     table = table.rename(columns={"sample_id": "pair_id"})

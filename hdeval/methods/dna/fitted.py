@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.base import AGREEMENT, FIGURE, NUMBER, SPLIT, TEXT, Fitted, loaded, usage_of
-import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
@@ -27,9 +27,18 @@ class DnaEvaluator(Fitted):
 
     method = "dna"
 
-    def __init__(self, task: Task, templates: dict[str, Template], settings: Settings, llm: Any,
-                 llm_identity: str, metrics: dict[str, Any], learned: Learned | None = None,
-                 extra: dict[str, Any] | None = None, score_table=None):
+    def __init__(
+        self,
+        task: Task,
+        templates: dict[str, Template],
+        settings: Settings,
+        llm: Any,
+        llm_identity: str,
+        metrics: dict[str, Any],
+        learned: Learned | None = None,
+        extra: dict[str, Any] | None = None,
+        score_table=None,
+    ):
         super().__init__(task, None, llm, llm_identity, metrics, extra, score_table)
         self.templates = templates
         self.settings = settings
@@ -41,10 +50,16 @@ class DnaEvaluator(Fitted):
     def metrics_shape(self) -> dict[str, Any]:
         weight = {"mean!": NUMBER, "instances": FIGURE} if self.settings.dynamic else NUMBER
         # test: per aggregation its agreement, and with --swap the split's position consistency
-        return {"test!": {"*": (FIGURE, AGREEMENT)}, "primary": TEXT, "split": SPLIT,
-                "position_consistency": FIGURE, "swap_flip_rate": FIGURE, "mean_weights": {"*": weight},
-                "learned": {"skipped": TEXT},
-                "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE}}
+        return {
+            "test!": {"*": (FIGURE, AGREEMENT)},
+            "primary": TEXT,
+            "split": SPLIT,
+            "position_consistency": FIGURE,
+            "swap_flip_rate": FIGURE,
+            "mean_weights": {"*": weight},
+            "learned": {"skipped": TEXT},
+            "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE},
+        }
 
     def columns_needed(self) -> list[str]:
         s = self.settings
@@ -59,8 +74,14 @@ class DnaEvaluator(Fitted):
         sfx = ["", SWAP] if s.swap else [""]
         return [f"{b}:{side}{x}" for b in bases for x in sfx for side in "ab"]
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
-              progress: Progress | None = None) -> PairScoreResult:
+    def score(
+        self,
+        samples: Sequence[PairSample],
+        backend=None,
+        cache_dir=None,
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> PairScoreResult:
         samples = list(samples)
         if not samples:
             raise DataError("no pairs to score")
@@ -79,8 +100,12 @@ class DnaEvaluator(Fitted):
         rows = []
         for i, p in enumerate(samples):
             ta, tb = result.predictions[i]
-            row: dict[str, Any] = {"id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
-                                   "totals": None if math.isnan(ta) else {"a": _num(ta), "b": _num(tb)}}
+            row: dict[str, Any] = {
+                "id": p.id,
+                "doc_id": p.doc_id,
+                "prediction": result.labels[i],
+                "totals": None if math.isnan(ta) else {"a": _num(ta), "b": _num(tb)},
+            }
             if result.learned_labels is not None:
                 row["learned_prediction"] = result.learned_labels[i]
             if s.uses_aspects and p.id in result.pair_aspects:
@@ -88,10 +113,19 @@ class DnaEvaluator(Fitted):
                 items = []
                 for j, spec in enumerate(result.pair_aspects[p.id]):
                     base = _col(spec, j, s.dynamic)
-                    sa, sb = (_mean_scores(result.criteria, p.id, [base], s.swap)
-                              if base + ":a" in result.criteria.criterion_keys else ([math.nan], [math.nan]))
-                    items.append({"aspect": spec.name, "weight": None if w is None else round(w[j], 6),
-                                  "a": _num(sa[0]), "b": _num(sb[0])})
+                    sa, sb = (
+                        _mean_scores(result.criteria, p.id, [base], s.swap)
+                        if base + ":a" in result.criteria.criterion_keys
+                        else ([math.nan], [math.nan])
+                    )
+                    items.append(
+                        {
+                            "aspect": spec.name,
+                            "weight": None if w is None else round(w[j], 6),
+                            "a": _num(sa[0]),
+                            "b": _num(sb[0]),
+                        }
+                    )
                 row["aspects"] = items
             if p.id in result.consistent:
                 row["position_consistent"] = result.consistent[p.id]
@@ -102,30 +136,38 @@ class DnaEvaluator(Fitted):
             rows.append(row)
         return rows
 
-
     def export_refusal(self) -> str | None:
         # weights and dynamic aspects are asked per pair as JSON with re-asks on a bad reply: a
         # conversation an offline batch engine cannot hold
         s = self.settings
         if s.mode == "dna" or s.aspect_source == "dynamic":
-            return (f"--export-requests cannot serve DnA with mode {s.mode!r} and aspects {s.aspect_source!r} "
-                    "yet: its weights or aspects are asked per pair as JSON with re-asks; use --batch "
-                    "or an OpenAI-compatible server")
+            return (
+                f"--export-requests cannot serve DnA with mode {s.mode!r} and aspects {s.aspect_source!r} "
+                "yet: its weights or aspects are asked per pair as JSON with re-asks; use --batch "
+                "or an OpenAI-compatible server"
+            )
         return None
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The ``prediction`` column, forced to a or b by ``total_a`` / ``total_b`` (equal totals
         give no side, as DnA does), and ``learned_prediction`` / ``learned_prediction_ab``."""
+
         def label(x: Any) -> str | None:  # NaN / None / empty: failed
             return x if isinstance(x, str) and x in ("a", "b", "tie") else None
 
         pred = [label(x) for x in test["prediction"]]
         ta, tb = test["total_a"].to_numpy(float), test["total_b"].to_numpy(float)
-        out = {"evaluator": (pred, [None if p is None or a == b else ("a" if a > b else "b")
-                                    for p, a, b in zip(pred, ta, tb)])}
+        out = {
+            "evaluator": (
+                pred,
+                [None if p is None or a == b else ("a" if a > b else "b") for p, a, b in zip(pred, ta, tb)],
+            )
+        }
         if "learned_prediction" in test and "learned_prediction_ab" in test:
-            out["learned"] = ([label(x) for x in test["learned_prediction"]],
-                              [label(x) for x in test["learned_prediction_ab"]])
+            out["learned"] = (
+                [label(x) for x in test["learned_prediction"]],
+                [label(x) for x in test["learned_prediction_ab"]],
+            )
         return out
 
     write_report = write_pair_report
@@ -135,11 +177,26 @@ class DnaEvaluator(Fitted):
         shown first; predefined aspects only (dynamic ones are not in the artifact)."""
         s = self.settings
         if not s.uses_aspects or s.dynamic or "score" not in (self.templates or {}):
-            return [], ("raw replies are shown for DnA with predefined aspects only; the per-aspect "
-                        "scores below are what the LLM's replies were read as")
-        return [((p.id, a.key), score_request(self.templates["score"], self.task, p,
-                                              AspectSpec(a.key, a.name, a.definition), False, s.logprobs))
-                for p in items for a in self.task.aspects if a.key in columns], None
+            return [], (
+                "raw replies are shown for DnA with predefined aspects only; the per-aspect "
+                "scores below are what the LLM's replies were read as"
+            )
+        return [
+            (
+                (p.id, a.key),
+                score_request(
+                    self.templates["score"],
+                    self.task,
+                    p,
+                    AspectSpec(a.key, a.name, a.definition),
+                    False,
+                    s.logprobs,
+                ),
+            )
+            for p in items
+            for a in self.task.aspects
+            if a.key in columns
+        ], None
 
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""
@@ -161,7 +218,10 @@ class DnaEvaluator(Fitted):
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         if self.learned is not None:
             out.json(LEARNED, self.learned.to_dict())
-        return {**self.write_common(out, {PROMPT_FILES[r]: t for r, t in self.templates.items()}), **self.extra}
+        return {
+            **self.write_common(out, {PROMPT_FILES[r]: t for r, t in self.templates.items()}),
+            **self.extra,
+        }
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":
@@ -170,14 +230,17 @@ class DnaEvaluator(Fitted):
         files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]
 
         def build(task: Task, llm: Any, identity: str) -> DnaEvaluator:
-            templates = {r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
-                         for r, f in zip(settings.prompt_roles, files)}
+            templates = {
+                r: parse_template(PROMPT_FILES[r], art.text(f), str(art.path / f))
+                for r, f in zip(settings.prompt_roles, files)
+            }
             learned = None
             if LEARNED in art.manifest["files"]:
                 learned = Learned.from_dict(art.json(LEARNED), str(art.path / LEARNED))
                 if learned.aspects != list(task.aspect_keys):
                     raise ArtifactError(f"{art.path / LEARNED}: its aspects do not match the task's")
             return cls(task, templates, settings, llm, identity, {}, learned)
+
         ev = loaded(art, files, build)
         if ev.task.shape != "pairwise":
             raise ArtifactError(f"{where}: a dna artifact needs a pairwise task")

@@ -16,8 +16,14 @@ from hdeval.types import PairSample, Task
 TWO_SCORES = Scale(1, 10, count=2)
 TOP_LOGPROBS = 10  # alternatives asked per reply token when aspect scores are logprob-weighted
 # prompt role -> prompt file name (prompts/<name>.toml, also the request kind)
-PROMPT_FILES = {"aspects": "dna_aspects", "weights": "dna_weights", "score": "dna_score",
-                "direct": "dna_direct", "cot": "dna_cot", "prompt_agg": "dna_prompt_agg"}
+PROMPT_FILES = {
+    "aspects": "dna_aspects",
+    "weights": "dna_weights",
+    "score": "dna_score",
+    "direct": "dna_direct",
+    "cot": "dna_cot",
+    "prompt_agg": "dna_prompt_agg",
+}
 
 
 def question_block(task: Task, pair: PairSample) -> str:
@@ -27,64 +33,120 @@ def question_block(task: Task, pair: PairSample) -> str:
 
 def pair_block(task: Task, pair: PairSample, swapped: bool = False) -> str:
     first, second = (pair.output_b, pair.output_a) if swapped else (pair.output_a, pair.output_b)
-    return (f"{question_block(task, pair)}\n\nResponse A:\n{_neutralise(first)}"
-            f"\n\nResponse B:\n{_neutralise(second)}")
+    return (
+        f"{question_block(task, pair)}\n\nResponse A:\n{_neutralise(first)}"
+        f"\n\nResponse B:\n{_neutralise(second)}"
+    )
 
 
 def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
     return {r: load_template(PROMPT_FILES[r]) for r in roles}
 
 
-def _req(template: Template, values: dict[str, str], max_tokens: int, json_schema: str | None = None,
-         answer: Scale | None = None) -> CompletionRequest:
-    return CompletionRequest(template.render(values), temperature=0.0, max_tokens=max_tokens,
-                             json_mode=json_schema is not None, json_schema=json_schema, answer=answer,
-                             kind=template.name)
+def _req(
+    template: Template,
+    values: dict[str, str],
+    max_tokens: int,
+    json_schema: str | None = None,
+    answer: Scale | None = None,
+) -> CompletionRequest:
+    return CompletionRequest(
+        template.render(values),
+        temperature=0.0,
+        max_tokens=max_tokens,
+        json_mode=json_schema is not None,
+        json_schema=json_schema,
+        answer=answer,
+        kind=template.name,
+    )
 
 
 def aspects_schema(k: int) -> str:
     """The reply of stage 1 (dynamic aspects): a local model's grammar enforces it, a server
     gets it as structured outputs. Lengths are bounded so a constrained model cannot loop."""
-    item = json_object({"name": {"type": "string", "maxLength": 100},
-                    "definition": {"type": "string", "maxLength": 600}})
-    return json.dumps(json_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
-                      sort_keys=True)
+    item = json_object(
+        {"name": {"type": "string", "maxLength": 100}, "definition": {"type": "string", "maxLength": 600}}
+    )
+    return json.dumps(
+        json_object({"aspects": {"type": "array", "items": item, "minItems": k, "maxItems": k}}),
+        sort_keys=True,
+    )
 
 
 def aspects_request(template: Template, task: Task, p: PairSample, k: int) -> CompletionRequest:
     """Stage 1 (dynamic aspects): ``k`` aspects proposed from the question alone."""
-    return _req(template, {"task_description": task.description, "question": question_block(task, p), "k": str(k)},
-                600, json_schema=aspects_schema(k))
+    return _req(
+        template,
+        {"task_description": task.description, "question": question_block(task, p), "k": str(k)},
+        600,
+        json_schema=aspects_schema(k),
+    )
 
 
 def weights_schema(keys: Sequence[str]) -> str:
     """The reply of stage 2: one number per aspect key (the validator checks the rest)."""
-    return json.dumps(json_object({"weights": json_object({k: {"type": "number"} for k in keys})}), sort_keys=True,
-                      ensure_ascii=False)
+    return json.dumps(
+        json_object({"weights": json_object({k: {"type": "number"} for k in keys})}),
+        sort_keys=True,
+        ensure_ascii=False,
+    )
 
 
-def weights_request(template: Template, task: Task, p: PairSample, specs: Sequence[AspectSpec]) -> CompletionRequest:
+def weights_request(
+    template: Template, task: Task, p: PairSample, specs: Sequence[AspectSpec]
+) -> CompletionRequest:
     """Stage 2: a percentage weight per aspect from the question alone."""
-    listing = "".join(f"- {s.key}: {s.definition}\n" if s.key == s.name
-                      else f"- {s.key}: {s.name}: {s.definition}\n" for s in specs)
-    return _req(template, {"task_description": task.description, "question": question_block(task, p),
-                           "aspects": listing, "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False)},
-                400, json_schema=weights_schema([s.key for s in specs]))
+    listing = "".join(
+        f"- {s.key}: {s.definition}\n" if s.key == s.name else f"- {s.key}: {s.name}: {s.definition}\n"
+        for s in specs
+    )
+    return _req(
+        template,
+        {
+            "task_description": task.description,
+            "question": question_block(task, p),
+            "aspects": listing,
+            "aspect_keys": json.dumps([s.key for s in specs], ensure_ascii=False),
+        },
+        400,
+        json_schema=weights_schema([s.key for s in specs]),
+    )
 
 
-def score_request(template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool,
-                  logprobs: bool = False) -> CompletionRequest:
+def score_request(
+    template: Template, task: Task, p: PairSample, spec: AspectSpec, swapped: bool, logprobs: bool = False
+) -> CompletionRequest:
     """Stage 3: both responses scored 1-10 on one aspect, in the given order (with ``logprobs``:
     the top alternatives of every reply token asked for too)."""
-    req = structured_pair(_req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped),
-                                          "aspect_name": spec.name, "aspect_definition": spec.definition}, 8,
-                                          answer=TWO_SCORES))
+    req = structured_pair(
+        _req(
+            template,
+            {
+                "task_description": task.description,
+                "pair": pair_block(task, p, swapped),
+                "aspect_name": spec.name,
+                "aspect_definition": spec.definition,
+            },
+            8,
+            answer=TWO_SCORES,
+        )
+    )
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
 
 
-def overall_request(template: Template, task: Task, p: PairSample, swapped: bool, role: str) -> CompletionRequest:
+def overall_request(
+    template: Template, task: Task, p: PairSample, swapped: bool, role: str
+) -> CompletionRequest:
     """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
     if role == "cot":
-        return _req(template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512)
-    return structured_pair(_req(template, {"task_description": task.description,
-                                           "pair": pair_block(task, p, swapped)}, 8, answer=TWO_SCORES))
+        return _req(
+            template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512
+        )
+    return structured_pair(
+        _req(
+            template,
+            {"task_description": task.description, "pair": pair_block(task, p, swapped)},
+            8,
+            answer=TWO_SCORES,
+        )
+    )

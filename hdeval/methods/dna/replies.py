@@ -18,14 +18,19 @@ from hdeval.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
 
 SCALE10 = (1.0, 10.0)
 
+
 # The reply of a pairwise score prompt as a schema servers can enforce (OpenAI-compatible
 # ``response_format``, a local model's grammar): one whole 1-10 score per response, named by side,
 # so no reader has to guess which number belongs to which response. The text reader stays the
 # fallback for servers that ignore it.
 def json_object(properties: dict[str, Any]) -> dict[str, Any]:
     """A JSON schema of an object with exactly these properties."""
-    return {"type": "object", "properties": properties, "required": sorted(properties),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(properties),
+        "additionalProperties": False,
+    }
 
 
 _SCORE = {"type": "integer", "minimum": 1, "maximum": 10}
@@ -45,8 +50,9 @@ _PAIR_JSON_TOKENS = json_budget(_LONGEST_PAIR)
 
 def structured_pair(request: CompletionRequest) -> CompletionRequest:
     """``request`` asking for its two scores as :data:`PAIR_SCHEMA` JSON."""
-    return dataclasses.replace(request, json_schema=PAIR_SCHEMA,
-                               max_tokens=max(request.max_tokens or 0, _PAIR_JSON_TOKENS))
+    return dataclasses.replace(
+        request, json_schema=PAIR_SCHEMA, max_tokens=max(request.max_tokens or 0, _PAIR_JSON_TOKENS)
+    )
 
 
 def more_room(request: CompletionRequest, reply: Completion) -> CompletionRequest | None:
@@ -63,8 +69,10 @@ def more_room(request: CompletionRequest, reply: Completion) -> CompletionReques
 
 
 def _feedback(problem: str) -> str:
-    return (f"That reply could not be used: {problem}. Reply again with only the JSON object "
-            "in the requested form.")
+    return (
+        f"That reply could not be used: {problem}. Reply again with only the JSON object "
+        "in the requested form."
+    )
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,9 @@ def validate_aspects(k: int):
             if not isinstance(name, str) or not name.strip() or len(name) > 100:
                 raise ValueError(f"aspect {i}: 'name' must be a short non-empty string")
             if not isinstance(definition, str) or not definition.strip() or len(definition) > 600:
-                raise ValueError(f"aspect {i}: 'definition' must be a non-empty string of at most 600 characters")
+                raise ValueError(
+                    f"aspect {i}: 'definition' must be a non-empty string of at most 600 characters"
+                )
             if has_lone_surrogate(name + definition):
                 raise ValueError(f"aspect {i} {LONE_SURROGATE_PROBLEM}")
             name = _one_line(name, 100)
@@ -192,7 +202,10 @@ def read_pair_weighted(c: Completion) -> tuple[tuple[tuple[float, float] | None,
         return (got, why), None
     tokens = generated_tokens(c)
     if tokens is None:
-        return (got, None), "the reply's tokens do not spell its text (a prefix or fence the server stripped?)"
+        return (
+            got,
+            None,
+        ), "the reply's tokens do not spell its text (a prefix or fence the server stripped?)"
     spans = _score_spans(c.text)
     if spans is None:
         return (got, None), "its two scores cannot be told apart in the text"

@@ -13,14 +13,32 @@ import numpy as np
 
 from hdeval.backends.base import CompletionRequest
 from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
-from hdeval.metrics import pair_agreement as agreement
 from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
-from hdeval.methods.dna.prompts import (TWO_SCORES, _req, aspects_request, load_dna_templates, overall_request,
-                                        pair_block, score_request, weights_request)
-from hdeval.methods.dna.replies import (AspectSpec, _feedback, _read_cot, _read_pair, _side, more_room, read_pair_weighted,
-                                        structured_pair, validate_aspects, validate_weights)
+from hdeval.methods.dna.prompts import (
+    TWO_SCORES,
+    _req,
+    aspects_request,
+    load_dna_templates,
+    overall_request,
+    pair_block,
+    score_request,
+    weights_request,
+)
+from hdeval.methods.dna.replies import (
+    AspectSpec,
+    _feedback,
+    _read_cot,
+    _read_pair,
+    _side,
+    more_room,
+    read_pair_weighted,
+    structured_pair,
+    validate_aspects,
+    validate_weights,
+)
 from hdeval.methods.dna.settings import Settings
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.progress import Progress
 from hdeval.prompts import Template
 from hdeval.types import PairSample, ScoreMatrix, Task
@@ -48,10 +66,14 @@ class PairScoreResult(ScoreResult):
 
     def apply_margin(self, tie_margin: float) -> None:
         """Re-decide every verdict that depends on the tie margin (the totals stay)."""
-        self.labels = [None if lab is None else decide(ta, tb, tie_margin)
-                       for lab, (ta, tb) in zip(self.labels, self.predictions)]
-        self.consistent = {pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
-                           for pid, (fa, fb, ra, rb) in self.order_totals.items()}
+        self.labels = [
+            None if lab is None else decide(ta, tb, tie_margin)
+            for lab, (ta, tb) in zip(self.labels, self.predictions)
+        ]
+        self.consistent = {
+            pid: decide(fa, fb, tie_margin) == decide(ra, rb, tie_margin)
+            for pid, (fa, fb, ra, rb) in self.order_totals.items()
+        }
 
     def agreement(self, samples: Sequence[PairSample]) -> dict[str, Any] | None:
         human = [s.label for s in samples]
@@ -78,8 +100,17 @@ def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
     return n_pairs * settings.orders * (per_pair + (settings.mode == "prompt-agg"))
 
 
-def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], reader, concurrency: int | None,
-                progress: Progress | None, label: str, fail) -> ScoreMatrix:
+def _both_sides(
+    llm,
+    ids: list[str],
+    first: list[Cell],
+    second: list[Cell],
+    reader,
+    concurrency: int | None,
+    progress: Progress | None,
+    label: str,
+    fail,
+) -> ScoreMatrix:
     """One stage of pairwise calls: each reply holds both sides' scores, so the first pass pays
     and counts the calls and the second reads the same (now cached) replies for the other side:
     its cache hits are re-reads of replies the first pass counted, and are not counted again.
@@ -103,8 +134,10 @@ def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], read
         stats.hits = hits  # the second pass re-reads what the first paid for: no cache hits
     if doubts:
         # counted: a server reporting probabilities from before its constraint shows up here
-        msg = (f"{len(doubts)} of {len(first)} replies had their scores read from the text, not weighted "
-               f"by logprobs that do not line up with it (first: {doubts[0]})")
+        msg = (
+            f"{len(doubts)} of {len(first)} replies had their scores read from the text, not weighted "
+            f"by logprobs that do not line up with it (first: {doubts[0]})"
+        )
         log.warning(msg)
         if progress is not None:
             progress.message(msg)
@@ -114,9 +147,15 @@ def _both_sides(llm, ids: list[str], first: list[Cell], second: list[Cell], read
     return matrix
 
 
-def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Settings,
-              pairs: Sequence[PairSample], concurrency: int | None = None,
-              progress: Progress | None = None) -> PairScoreResult:
+def run_pairs(
+    llm,
+    task: Task,
+    templates: dict[str, Template],
+    settings: Settings,
+    pairs: Sequence[PairSample],
+    concurrency: int | None = None,
+    progress: Progress | None = None,
+) -> PairScoreResult:
     """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures."""
     ids = [p.id for p in pairs]
     failures: dict[str, list[str]] = {}
@@ -139,17 +178,27 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     weights: dict[str, np.ndarray] = {}
     if settings.uses_aspects:
         if settings.dynamic:
-            ask_each("aspects", pairs, lambda p: aspects_request(templates["aspects"], task, p, settings.k),
-                     lambda p: validate_aspects(settings.k), aspects,
-                     f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects")
+            ask_each(
+                "aspects",
+                pairs,
+                lambda p: aspects_request(templates["aspects"], task, p, settings.k),
+                lambda p: validate_aspects(settings.k),
+                aspects,
+                f"aspects: {len(pairs)} calls, one per pair, each asking for {settings.k} aspects",
+            )
         else:
             fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
             aspects = {p.id: fixed for p in pairs}
         with_aspects = [p for p in pairs if p.id in aspects]
         tpl_w = templates["weights"]
-        ask_each("weights", with_aspects, lambda p: weights_request(tpl_w, task, p, aspects[p.id]),
-                 lambda p: validate_weights([s.key for s in aspects[p.id]]), weights,
-                 f"weights: {len(with_aspects)} calls, one per pair")
+        ask_each(
+            "weights",
+            with_aspects,
+            lambda p: weights_request(tpl_w, task, p, aspects[p.id]),
+            lambda p: validate_weights([s.key for s in aspects[p.id]]),
+            weights,
+            f"weights: {len(with_aspects)} calls, one per pair",
+        )
 
     # -- the pairwise prompts: (column base, pair, swapped) -> request
     orders = (False, True) if settings.swap else (False,)
@@ -157,8 +206,9 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
     cells_second: list[Cell] = []
     base_cols: dict[str, list[str]] = {}
 
-    def add(pid: str, base: str, req_of, first: list[Cell] = cells_first,
-            second: list[Cell] = cells_second) -> None:
+    def add(
+        pid: str, base: str, req_of, first: list[Cell] = cells_first, second: list[Cell] = cells_second
+    ) -> None:
         for swapped in orders:
             req = req_of(swapped)
             sfx = SWAP if swapped else ""
@@ -174,8 +224,11 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             for i, spec in enumerate(aspects[p.id]):
                 base = _col(spec, i, settings.dynamic)
                 cols.append(base)
-                add(p.id, base, lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw,
-                                                                          settings.logprobs))
+                add(
+                    p.id,
+                    base,
+                    lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw, settings.logprobs),
+                )
             base_cols[p.id] = cols
     else:
         role = settings.mode
@@ -183,11 +236,25 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
         for p in scorable:
             add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
             base_cols[p.id] = ["overall"]
-    reader = (_read_cot if settings.mode == "cot"
-              else read_pair_weighted if settings.uses_aspects and settings.logprobs else _read_pair)
+    reader = (
+        _read_cot
+        if settings.mode == "cot"
+        else read_pair_weighted
+        if settings.uses_aspects and settings.logprobs
+        else _read_pair
+    )
     per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
-    matrix = _both_sides(llm, ids, cells_first, cells_second, reader, concurrency, progress,
-                         f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls", fail)
+    matrix = _both_sides(
+        llm,
+        ids,
+        cells_first,
+        cells_second,
+        reader,
+        concurrency,
+        progress,
+        f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls",
+        fail,
+    )
 
     # -- prompt aggregation: the aspect scores go back to the LLM
     if settings.mode == "prompt-agg":
@@ -201,14 +268,35 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
 
             def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
-                lines = "".join(f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; "
-                                f"Response B {second[j]:g}\n" for j, s in enumerate(specs))
-                return structured_pair(_req(tpl_p, {"task_description": task.description,
-                                                    "pair": pair_block(task, p, swapped), "aspect_scores": lines},
-                                            8, answer=TWO_SCORES))
+                lines = "".join(
+                    f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; Response B {second[j]:g}\n"
+                    for j, s in enumerate(specs)
+                )
+                return structured_pair(
+                    _req(
+                        tpl_p,
+                        {
+                            "task_description": task.description,
+                            "pair": pair_block(task, p, swapped),
+                            "aspect_scores": lines,
+                        },
+                        8,
+                        answer=TWO_SCORES,
+                    )
+                )
+
             add(p.id, "overall", agg_req, agg_a, agg_b)
-        extra = _both_sides(llm, ids, agg_a, agg_b, _read_pair, concurrency, progress,
-                            f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls", fail)
+        extra = _both_sides(
+            llm,
+            ids,
+            agg_a,
+            agg_b,
+            _read_pair,
+            concurrency,
+            progress,
+            f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls",
+            fail,
+        )
         matrix = _merge(ids, [matrix, extra])
 
     # -- aggregation
@@ -238,9 +326,19 @@ def run_pairs(llm, task: Task, templates: dict[str, Template], settings: Setting
             ra, rb = _order_scores(matrix, p.id, cols, SWAP)
             order_totals[p.id] = (*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w))
     res = PairScoreResult(
-        ids, ["total_a", "total_b"], totals, matrix, usage_of(llm), labels=labels, labels_ab=labels_ab,
-        pair_aspects=aspects, weights={k: [float(x) for x in v] for k, v in weights.items()},
-        failures=failures, diffs=diffs, order_totals=order_totals)
+        ids,
+        ["total_a", "total_b"],
+        totals,
+        matrix,
+        usage_of(llm),
+        labels=labels,
+        labels_ab=labels_ab,
+        pair_aspects=aspects,
+        weights={k: [float(x) for x in v] for k, v in weights.items()},
+        failures=failures,
+        diffs=diffs,
+        order_totals=order_totals,
+    )
     # no margin yet (to be learned on the training split): decide at 0 until it is
     res.apply_margin(settings.tie_margin or 0.0)
     return res
@@ -270,8 +368,10 @@ def _cell(m: ScoreMatrix, sid: str, key: str) -> float:
 
 
 def _order_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], sfx: str) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([_cell(m, sid, f"{c}:a{sfx}") for c in cols]),
-            np.array([_cell(m, sid, f"{c}:b{sfx}") for c in cols]))
+    return (
+        np.array([_cell(m, sid, f"{c}:a{sfx}") for c in cols]),
+        np.array([_cell(m, sid, f"{c}:b{sfx}") for c in cols]),
+    )
 
 
 def _mean_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], swap: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -302,15 +402,32 @@ def plan_dna(config, prep, backend=None) -> list:
         plans.append(exact_plan(llm, reqs, _PLAN_COMPLETION[role], n, stage))
 
     def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
-        plans.append(LayerPlan(n, 0, calls, None, False, int(calls * chars_per_call / 4),
-                               calls * _PLAN_COMPLETION[role], stage=stage))
+        plans.append(
+            LayerPlan(
+                n,
+                0,
+                calls,
+                None,
+                False,
+                int(calls * chars_per_call / 4),
+                calls * _PLAN_COMPLETION[role],
+                stage=stage,
+            )
+        )
 
     with backend_for(config, backend, offline=True) as llm:
         if not settings.uses_aspects:
             role = settings.mode
-            exact(1, settings.scoring_stage(1), role, [
-                overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
-                for p in pairs for sw in orders])
+            exact(
+                1,
+                settings.scoring_stage(1),
+                role,
+                [
+                    overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
+                    for p in pairs
+                    for sw in orders
+                ],
+            )
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
 
@@ -322,22 +439,33 @@ def plan_dna(config, prep, backend=None) -> list:
 
         n_orders = len(orders)
         if settings.dynamic:
-            exact(1, "aspects", "aspects",
-                  [aspects_request(templates["aspects"], task, p, settings.k) for p in pairs])
+            exact(
+                1,
+                "aspects",
+                "aspects",
+                [aspects_request(templates["aspects"], task, p, settings.k) for p in pairs],
+            )
             # the proposed aspects are not known yet: size a weights / score prompt with generic ones
-            generic = [AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)]
+            generic = [
+                AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)
+            ]
             w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
             s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
             estimated(2, "weights", "weights", len(pairs), w_chars)
-            estimated(3, settings.scoring_stage(settings.k), "score",
-                      len(pairs) * settings.k * n_orders, s_chars)
+            estimated(
+                3, settings.scoring_stage(settings.k), "score", len(pairs) * settings.k * n_orders, s_chars
+            )
         else:
             exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
-            exact(2, settings.scoring_stage(len(fixed)), "score",
-                  [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders])
+            exact(
+                2,
+                settings.scoring_stage(len(fixed)),
+                "score",
+                [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders],
+            )
         if settings.mode == "prompt-agg":
             chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
-                settings.k if settings.dynamic else len(fixed))
-            estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg",
-                      len(pairs) * n_orders, chars)
+                settings.k if settings.dynamic else len(fixed)
+            )
+            estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg", len(pairs) * n_orders, chars)
         return plans

@@ -60,24 +60,38 @@ class Settings:
         return f"prompt aggregation x {self.orders} order(s)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "aspect_source": self.aspect_source, "k": self.k,
-                "tie_margin": self.tie_margin, "tie_margin_from": self.tie_margin_from, "swap": self.swap,
-                "logprobs": self.logprobs}
+        return {
+            "mode": self.mode,
+            "aspect_source": self.aspect_source,
+            "k": self.k,
+            "tie_margin": self.tie_margin,
+            "tie_margin_from": self.tie_margin_from,
+            "swap": self.swap,
+            "logprobs": self.logprobs,
+        }
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "Settings":
         if not isinstance(d, dict):
             raise ArtifactError(f"{where}: method_args is not an object")
         try:
-            given = {"dna_mode": d["mode"], "aspect_source": d["aspect_source"], "k": d["k"],
-                     "tie_margin": d["tie_margin"], "swap": d["swap"], "logprob_scores": d.get("logprobs", False)}
+            given = {
+                "dna_mode": d["mode"],
+                "aspect_source": d["aspect_source"],
+                "k": d["k"],
+                "tie_margin": d["tie_margin"],
+                "swap": d["swap"],
+                "logprob_scores": d.get("logprobs", False),
+            }
         except KeyError as exc:
             raise ArtifactError(f"{where}: method_args lacks {exc}") from None
         margin_from = d.get("tie_margin_from", "given")
         # a fitted judge has decided its margin
         if given["tie_margin"] is None or margin_from not in ("given", "training split"):
-            raise ArtifactError(f"{where}: method_args holds no usable tie margin "
-                                f"({given['tie_margin']!r} from {str(margin_from)[:40]!r})")
+            raise ArtifactError(
+                f"{where}: method_args holds no usable tie margin "
+                f"({given['tie_margin']!r} from {str(margin_from)[:40]!r})"
+            )
         try:  # the checks the options get
             return dataclasses.replace(DnaOptions(**given).settings(), tie_margin_from=margin_from)
         except ConfigError as exc:
@@ -90,11 +104,17 @@ class DnaOptions(MethodOptions):
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
     k: int = option(4, "aspects the LLM proposes per instance with --aspect-source dynamic")
     tie_margin: float | None = option(
-        None, "totals this close are a tie (default: learned on the training split, where humans tie pairs "
-              "more often than they side with the judge)", kind=float)
+        None,
+        "totals this close are a tie (default: learned on the training split, where humans tie pairs "
+        "more often than they side with the judge)",
+        kind=float,
+    )
     swap: bool = option(False, "ask every pairwise prompt in both orders and average")
-    logprob_scores: bool = option(True, "weight each 1-10 aspect score by its token's top logprobs where the "
-                                        "server returns them (else the reply text)")
+    logprob_scores: bool = option(
+        True,
+        "weight each 1-10 aspect score by its token's top logprobs where the "
+        "server returns them (else the reply text)",
+    )
 
     def validate(self) -> None:
         if not 1 <= self.k <= MAX_K:
@@ -103,5 +123,11 @@ class DnaOptions(MethodOptions):
             raise ConfigError(f"--tie-margin must be 0 or more, got {self.tie_margin!r}")
 
     def settings(self) -> Settings:
-        return Settings(mode=self.dna_mode, aspect_source=self.aspect_source, k=self.k,
-                        tie_margin=self.tie_margin, swap=self.swap, logprobs=self.logprob_scores)
+        return Settings(
+            mode=self.dna_mode,
+            aspect_source=self.aspect_source,
+            k=self.k,
+            tie_margin=self.tie_margin,
+            swap=self.swap,
+            logprobs=self.logprob_scores,
+        )

@@ -29,9 +29,11 @@ def _prepare(config, task):
 
     given = read_tree(opts.tree, task)
     if given.depth > opts.layers:
-        raise ConfigError(f"{opts.tree}: the tree has {given.depth} layers but --layers is "
-                          f"{opts.layers}: pass --layers {given.depth} to score it as given, or more "
-                          "to expand it")
+        raise ConfigError(
+            f"{opts.tree}: the tree has {given.depth} layers but --layers is "
+            f"{opts.layers}: pass --layers {given.depth} to score it as given, or more "
+            "to expand it"
+        )
     return given
 
 
@@ -43,8 +45,10 @@ def _plan(config, prep, backend):
     if config.options.scorer == "pairwise":
         from hdeval.errors import ConfigError
 
-        raise ConfigError("--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
-                          "--comparisons x 2 calls per layer")
+        raise ConfigError(
+            "--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
+            "--comparisons x 2 calls per layer"
+        )
     from hdeval.methods.hdeval.loop import plan_hdeval
 
     return plan_hdeval(config, prep, backend)
@@ -63,7 +67,9 @@ def _check_pairwise_aggregator(ctx):
 
     kind = ctx.config.options.aggregator
     if kind not in KINDS + ("auto",):  # the means and constrained linear models are pointwise only
-        raise ConfigError(f"--aggregator {kind}: a pairwise task's classifier is one of {', '.join(KINDS)} or auto")
+        raise ConfigError(
+            f"--aggregator {kind}: a pairwise task's classifier is one of {', '.join(KINDS)} or auto"
+        )
 
 
 def _check_fit(ctx):

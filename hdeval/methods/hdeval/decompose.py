@@ -58,8 +58,9 @@ def reply_schema(max_children: int) -> str:
     }
     schema = {
         "type": "object",
-        "properties": {"subcriteria": {"type": "array", "items": item, "minItems": 1,
-                                       "maxItems": max_children}},
+        "properties": {
+            "subcriteria": {"type": "array", "items": item, "minItems": 1, "maxItems": max_children}
+        },
         "required": ["subcriteria"],
         "additionalProperties": False,
     }
@@ -88,15 +89,20 @@ def _boilerplate(text: str) -> str | None:
     if _SCALE.search(text):
         return "describes the rating scale, not a quality"
     words = _norm(text).split()
-    grams = Counter(tuple(words[i:i + _LOOP_WORDS]) for i in range(len(words) - _LOOP_WORDS + 1))
+    grams = Counter(tuple(words[i : i + _LOOP_WORDS]) for i in range(len(words) - _LOOP_WORDS + 1))
     gram, n = grams.most_common(1)[0] if grams else ((), 0)
     if n >= _LOOP_REPEATS:
         return f"repeats the phrase {' '.join(gram)!r} {n} times"
     return None
 
 
-def quality_problem(name: str, definition: str, parent: Criterion, tree: CriteriaTree,
-                    siblings: Sequence[tuple[str, str, str]]) -> str | None:
+def quality_problem(
+    name: str,
+    definition: str,
+    parent: Criterion,
+    tree: CriteriaTree,
+    siblings: Sequence[tuple[str, str, str]],
+) -> str | None:
     """Why a sub-criterion is degenerate (the gate of #20 item 8), or None if it is usable.
 
     ``siblings``: (name, normalised name, normalised definition) of the ones accepted before it."""
@@ -149,8 +155,10 @@ def validate_subcriteria(
         if missing:
             raise ValueError(f"sub-criterion #{i} needs a non-empty {' and '.join(missing)}")
         if not key:
-            raise ValueError(f"sub-criterion #{i}: its key {given[:40]!r} holds no letter or digit to "
-                             "make a key of; give a key of letters, digits and underscores")
+            raise ValueError(
+                f"sub-criterion #{i}: its key {given[:40]!r} holds no letter or digit to "
+                "make a key of; give a key of letters, digits and underscores"
+            )
         if has_lone_surrogate(name + definition):
             raise ValueError(f"sub-criterion #{i} {LONE_SURROGATE_PROBLEM}")
         text = (name.lower(), definition.lower())
@@ -174,9 +182,17 @@ def validate_subcriteria(
     return out
 
 
-def decompose(backend: Backend, template: Template, task: Task, tree: CriteriaTree, criterion: Criterion,
-              max_children: int, taken: set[str] | None = None, attempts: int = ATTEMPTS,
-              rejections: list[dict[str, Any]] | None = None) -> list[Criterion]:
+def decompose(
+    backend: Backend,
+    template: Template,
+    task: Task,
+    tree: CriteriaTree,
+    criterion: Criterion,
+    max_children: int,
+    taken: set[str] | None = None,
+    attempts: int = ATTEMPTS,
+    rejections: list[dict[str, Any]] | None = None,
+) -> list[Criterion]:
     """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
     with what was wrong and asked again (a new, deterministic request, so it is cached too); a
     rerun re-asks replies that were cached malformed; then a clear error.
@@ -202,16 +218,26 @@ def decompose(backend: Backend, template: Template, task: Task, tree: CriteriaTr
             raise
 
     def feedback(problem: str) -> str:
-        ask = (f"That reply was not usable: {problem}. Reply again with only the JSON object, at most "
-               f"{max_children} sub-criteria, each with a unique key.")
+        ask = (
+            f"That reply was not usable: {problem}. Reply again with only the JSON object, at most "
+            f"{max_children} sub-criteria, each with a unique key."
+        )
         if last and isinstance(last[0], DegenerateCriteria) and problem == str(last[0]):
-            ask += (f" Each sub-criterion must be a different, narrower quality of {criterion.name!r}: not "
-                    f"{criterion.name!r} itself, not a copy of another, and not a description of the rating scale.")
+            ask += (
+                f" Each sub-criterion must be a different, narrower quality of {criterion.name!r}: not "
+                f"{criterion.name!r} itself, not a copy of another, and not a description of the rating scale."
+            )
         return ask
 
     try:
-        return ask_json(backend, request, validate, feedback, attempts,
-                        final=lambda exc: isinstance(exc, DegenerateCriteria))
+        return ask_json(
+            backend,
+            request,
+            validate,
+            feedback,
+            attempts,
+            final=lambda exc: isinstance(exc, DegenerateCriteria),
+        )
     except RequestRejected as exc:
         raise DecompositionError(
             f"could not decompose criterion {criterion.key!r}: {' '.join(str(exc).split())[:300]}"
@@ -227,9 +253,16 @@ def decompose(backend: Backend, template: Template, task: Task, tree: CriteriaTr
         ) from None
 
 
-def decompose_nodes(backend: Backend, template: Template, task: Task, tree: CriteriaTree,
-                    nodes: Sequence[Criterion], max_children: int, progress: Progress | None = None,
-                    rejections: list[dict[str, Any]] | None = None) -> CriteriaTree:
+def decompose_nodes(
+    backend: Backend,
+    template: Template,
+    task: Task,
+    tree: CriteriaTree,
+    nodes: Sequence[Criterion],
+    max_children: int,
+    progress: Progress | None = None,
+    rejections: list[dict[str, Any]] | None = None,
+) -> CriteriaTree:
     """Decompose ``nodes`` in order and return the tree with their children added.
 
     ``rejections`` collects every degenerate reply (see :func:`decompose`); a node whose replies
@@ -238,7 +271,9 @@ def decompose_nodes(backend: Backend, template: Template, task: Task, tree: Crit
 
     # while exporting (train --export-requests): each node's first request depends only on its
     # ancestors, so all are known now and are written as one stage
-    export_first_requests(backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes])
+    export_first_requests(
+        backend, [decomposition_request(template, task, tree, n, max_children) for n in nodes]
+    )
     taken: set[str] = set(tree.keys)
     found: list[dict[str, Any]] = [] if rejections is None else rejections
     for node in nodes:

@@ -18,8 +18,18 @@ from hdeval.backends.base import Backend
 from hdeval.config import LLMConfig
 from hdeval.errors import ArtifactError, DataError
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
-from hdeval.methods.base import (CORRELATIONS, FIGURE, METRICS, SCORES, Fitted, ScoreResult, check_metrics,
-                                 progress_stage, score_rows, usage_of)
+from hdeval.methods.base import (
+    CORRELATIONS,
+    FIGURE,
+    METRICS,
+    SCORES,
+    Fitted,
+    ScoreResult,
+    check_metrics,
+    progress_stage,
+    score_rows,
+    usage_of,
+)
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.methods.options import check_recorded_options, recorded_options
 from hdeval.progress import Progress
@@ -49,10 +59,20 @@ class TreeEvaluator(Fitted):
     extra_keys = _EXTRA_KEYS  # manifest keys it keeps besides the generic ones
     manifest_data: dict[str, Any] = {}  # the manifest it was loaded from
 
-    def __init__(self, task: Task, tree: CriteriaTree, model: Any, kind: str, feature_keys: Sequence[str],
-                 templates: Mapping[str, Template], llm: LLMConfig, llm_identity: str,
-                 metrics: dict[str, Any], manifest_extra: dict[str, Any] | None = None,
-                 score_table: pd.DataFrame | None = None):
+    def __init__(
+        self,
+        task: Task,
+        tree: CriteriaTree,
+        model: Any,
+        kind: str,
+        feature_keys: Sequence[str],
+        templates: Mapping[str, Template],
+        llm: LLMConfig,
+        llm_identity: str,
+        metrics: dict[str, Any],
+        manifest_extra: dict[str, Any] | None = None,
+        score_table: pd.DataFrame | None = None,
+    ):
         super().__init__(task, None, llm, llm_identity, metrics, None, score_table)
         self.tree = tree
         self.model = model
@@ -64,15 +84,22 @@ class TreeEvaluator(Fitted):
         self.manifest_extra = extra
 
     # ------------------------------------------------------------------ saving
-    def write_files(self, out: ArtifactWriter, model: Any, head: dict[str, Any],
-                    tail: dict[str, Any] | None = None) -> dict[str, Any]:
+    def write_files(
+        self, out: ArtifactWriter, model: Any, head: dict[str, Any], tail: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Write the files both evaluators write (prompts, tree, the fitted model, metrics, score
         table); their manifest part: ``head``, features and prompts, ``tail``, the run record."""
         prompts = self.write_common(out, self.templates)
         out.json(TREE, self.tree.to_dict())
         out.skops(self.model_file, model)
-        return {**head, "features": self.feature_keys, "needed_criteria": self.needed_criteria,
-                **prompts, **(tail or {}), **self.manifest_extra}
+        return {
+            **head,
+            "features": self.feature_keys,
+            "needed_criteria": self.needed_criteria,
+            **prompts,
+            **(tail or {}),
+            **self.manifest_extra,
+        }
 
     @property
     def needed_criteria(self) -> list[str]:
@@ -86,9 +113,10 @@ class TreeEvaluator(Fitted):
         return self.kind
 
     def cost_line(self) -> str:
-        return (f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
-                f"aggregator: {self.calls_per_sample()} LLM calls per sample")
-
+        return (
+            f", {len(self.columns_needed())} of {len(self.feature_keys)} criteria used by the "
+            f"aggregator: {self.calls_per_sample()} LLM calls per sample"
+        )
 
     def method_args(self) -> dict[str, Any]:
         options = recorded_options(self.run.get("config"))  # format 3 or 2
@@ -102,19 +130,40 @@ class TreeEvaluator(Fitted):
         template = self.templates.get("score")
         if template is None:
             return [], "the artifact holds no scoring prompt: raw replies are not shown"
-        return [((s.id, c), scoring_request(template, self.task, self.tree, self.tree[c], s))
-                for s in self.scored_samples(items) for c in columns if c in self.tree], None
+        return [
+            ((s.id, c), scoring_request(template, self.task, self.tree, self.tree[c], s))
+            for s in self.scored_samples(items)
+            for c in columns
+            if c in self.tree
+        ], None
 
-    def score_needed(self, items: Sequence[Any], backend: Any, cache_dir: Any, concurrency: int | None,
-                     progress: Progress | None, what: str, units: int, score: Callable) -> tuple[Any, Any]:
+    def score_needed(
+        self,
+        items: Sequence[Any],
+        backend: Any,
+        cache_dir: Any,
+        concurrency: int | None,
+        progress: Progress | None,
+        what: str,
+        units: int,
+        score: Callable,
+    ) -> tuple[Any, Any]:
         """(``score``'s scores of ``items`` on the criteria the model uses, usage), in one progress
         stage of ``units`` per criterion; the backend is opened here unless given."""
         criteria = [self.tree[k] for k in self.needed_criteria]
         with self.llm_session(backend, cache_dir) as backend:
             label = f"scoring {what} x {len(criteria)} criteria"
             with progress_stage(progress, label, units * len(criteria)):
-                out = score(backend, self.templates["score"], self.task, self.tree, criteria, items,
-                            concurrency, progress)
+                out = score(
+                    backend,
+                    self.templates["score"],
+                    self.task,
+                    self.tree,
+                    criteria,
+                    items,
+                    concurrency,
+                    progress,
+                )
             return out, usage_of(backend)
 
     def on_features(self, m: ScoreMatrix) -> np.ndarray:
@@ -157,9 +206,11 @@ class TreeEvaluator(Fitted):
     def not_mine(cls, path: Any, method: str, shape: str) -> ArtifactError:
         """The error for an artifact of another method or shape than this evaluator's."""
         what = "HD-Eval" if method == "hdeval" else f"{method!r}"
-        return ArtifactError(f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
-                             "HD-Eval ones only: load it with hdeval.methods.registry.load_artifact(path) or "
-                             "score with hdeval apply")
+        return ArtifactError(
+            f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
+            "HD-Eval ones only: load it with hdeval.methods.registry.load_artifact(path) or "
+            "score with hdeval apply"
+        )
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> Any:
@@ -192,8 +243,10 @@ class TreeEvaluator(Fitted):
         if not all(isinstance(f, str) for f in features) or len(set(features)) != len(features):
             raise ArtifactError(f"{mpath}: 'features' must be distinct criterion keys")
         if sorted(tree.keys) != sorted(cls.feature_criteria(features)):
-            raise ArtifactError(f"{path}: {TREE} no longer has the criteria the {cls.fitted} was trained on; "
-                                "edit only names and definitions, or retrain")
+            raise ArtifactError(
+                f"{path}: {TREE} no longer has the criteria the {cls.fitted} was trained on; "
+                "edit only names and definitions, or retrain"
+            )
         checked = cls.check_section(meta, task, mpath)
         cls.check_order(path, files, features, task, tree, mpath)
         where = path / cls.model_file
@@ -204,27 +257,40 @@ class TreeEvaluator(Fitted):
         ):
             raise ArtifactError(f"{mpath}: 'llm' must hold text for model, base_url and identity")
         spec = LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url"))
-        ev = cls(task, tree, model, checked[0], features, templates, spec, llm.get("identity") or "",
-                 art.json(METRICS), {k: v for k, v in art.state.items() if k in cls.extra_keys} | art.run)
+        ev = cls(
+            task,
+            tree,
+            model,
+            checked[0],
+            features,
+            templates,
+            spec,
+            llm.get("identity") or "",
+            art.json(METRICS),
+            {k: v for k, v in art.state.items() if k in cls.extra_keys} | art.run,
+        )
         needed = state.get("needed_criteria")
         if needed is not None:  # when given, the features the model uses
             if not isinstance(needed, list) or not set(map(str, needed)) <= set(features):
-                raise ArtifactError(f"{mpath}: 'needed_criteria' names criteria that are not among "
-                                    "'features'")
+                raise ArtifactError(
+                    f"{mpath}: 'needed_criteria' names criteria that are not among 'features'"
+                )
             try:
                 computed = ev.needed_criteria
             except Exception as exc:  # a model without the attributes it should have
                 raise ArtifactError(f"{where}: unusable {cls.fitted} ({exc})") from exc
             if computed != needed:
-                raise ArtifactError(f"{mpath}: 'needed_criteria' does not match the criteria the "
-                                    f"{cls.fitted} uses")
+                raise ArtifactError(
+                    f"{mpath}: 'needed_criteria' does not match the criteria the {cls.fitted} uses"
+                )
         check_metrics(ev.metrics, ev.metrics_shape(), path / METRICS)
         ev.warnings, ev.path, ev.manifest_data = list(art.warnings), art.path, manifest
         return ev
 
     @classmethod
-    def check_order(cls, path: Path, files: dict, features: list[str], task: Task, tree: CriteriaTree,
-                    mpath: Path) -> None:
+    def check_order(
+        cls, path: Path, files: dict, features: list[str], task: Task, tree: CriteriaTree, mpath: Path
+    ) -> None:
         """The model's columns are positional: ``features`` must be in the trained order, which the
         checksummed ``scores.csv`` header records (pairs: its ``<criterion>:a`` columns); without
         it, training's order (layer by layer)."""
@@ -240,17 +306,21 @@ class TreeEvaluator(Fitted):
         except (OSError, UnicodeDecodeError, StopIteration, csv.Error) as exc:
             raise ArtifactError(f"{path / SCORES}: unreadable header ({exc})") from None
         if pairs or header[:2] == ["sample_id", "split"]:  # the layout train writes: positions decide
-            cols = header[2:2 + len(features)]
-            humans = [c.removeprefix("human:") for c in header[2 + len(features):] if c.startswith("human:")]
+            cols = header[2 : 2 + len(features)]
+            humans = [c.removeprefix("human:") for c in header[2 + len(features) :] if c.startswith("human:")]
         else:
             cols = [c for c in header if not c.startswith("human:")]
             humans = [c.removeprefix("human:") for c in header if c.startswith("human:")]
         if (cols if not pairs else [c[:-2] for c in cols if c.endswith(":a")]) != features:
-            raise ArtifactError(f"{mpath}: 'features' are not in the order the {cls.fitted} was trained on "
-                                f"(the columns of {SCORES}); the manifest was edited")
+            raise ArtifactError(
+                f"{mpath}: 'features' are not in the order the {cls.fitted} was trained on "
+                f"(the columns of {SCORES}); the manifest was edited"
+            )
         if not pairs and humans != list(task.aspect_keys):
-            raise ArtifactError(f"{mpath}: the aspects are not in the order the aggregator was trained on "
-                                f"(the human: columns of {SCORES}); the manifest was edited")
+            raise ArtifactError(
+                f"{mpath}: the aspects are not in the order the aggregator was trained on "
+                f"(the human: columns of {SCORES}); the manifest was edited"
+            )
 
 
 class Evaluator(TreeEvaluator):
@@ -259,9 +329,14 @@ class Evaluator(TreeEvaluator):
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
 
     def metrics_shape(self) -> dict[str, Any]:
-        return {"final!": CORRELATIONS, "layers!": {"#": CORRELATIONS}, "direct_layer1": CORRELATIONS,
-                "mean_all_criteria": CORRELATIONS, "mean_subtree": CORRELATIONS,
-                "baselines": {"*": (FIGURE, CORRELATIONS)}}
+        return {
+            "final!": CORRELATIONS,
+            "layers!": {"#": CORRELATIONS},
+            "direct_layer1": CORRELATIONS,
+            "mean_all_criteria": CORRELATIONS,
+            "mean_subtree": CORRELATIONS,
+            "baselines": {"*": (FIGURE, CORRELATIONS)},
+        }
 
     @property
     def aggregator(self) -> Aggregator:
@@ -282,9 +357,13 @@ class Evaluator(TreeEvaluator):
         for report in sorted(self.manifest_extra.get("layers") or [], key=lambda r: int(r["layer"])):
             total += len(report.get("added") or [])
             per_layer[str(int(report["layer"]))] = total
-        return {"criteria": len(self.feature_keys), "layers": m.get("layers") or {}, "kept_layer": kept,
-                "criteria_per_layer": per_layer,
-                "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m}}
+        return {
+            "criteria": len(self.feature_keys),
+            "layers": m.get("layers") or {},
+            "kept_layer": kept,
+            "criteria_per_layer": per_layer,
+            "baselines": {k: m[k] for k in ("direct_layer1", "mean_all_criteria", "mean_subtree") if k in m},
+        }
 
     # ---- the Explains capability (hdeval explain, apply --explain)
     def explain(self, result: ScoreResult, top: int = 3) -> list[dict[str, Any]]:
@@ -315,14 +394,28 @@ class Evaluator(TreeEvaluator):
         return html, numbers.name, []
 
     # ------------------------------------------------------------------ scoring
-    def score(self, samples: Iterable[Sample], backend: Backend | None = None, cache_dir: str | Path | None = None,
-              concurrency: int | None = None, progress: Progress | None = None) -> ScoreResult:
+    def score(
+        self,
+        samples: Iterable[Sample],
+        backend: Backend | None = None,
+        cache_dir: str | Path | None = None,
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> ScoreResult:
         """Score new samples on the tree's criteria with the trained prompts and LLM (cached)."""
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
-        m, usage = self.score_needed(samples, backend, cache_dir, concurrency, progress,
-                                     f"{len(samples)} samples", len(samples), self.scorer or score_criteria)
+        m, usage = self.score_needed(
+            samples,
+            backend,
+            cache_dir,
+            concurrency,
+            progress,
+            f"{len(samples)} samples",
+            len(samples),
+            self.scorer or score_criteria,
+        )
         X = self.on_features(m)
         ids = [s.id for s in samples]
         full = ScoreMatrix(ids, list(self.feature_keys), X, m.failures)
@@ -337,10 +430,19 @@ class Evaluator(TreeEvaluator):
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         """Write the files; HD-Eval's part of the manifest (the artifact module adds the header)."""
         agg = self.aggregator
-        own = {"kind": agg.kind, "aspects": agg.aspects, "ranges": [list(r) for r in agg.ranges],
-               "groups": agg.groups, "random_state": agg.random_state}
-        manifest = self.write_files(out, agg.models_, {"aggregator": own},
-                                    None if self.scorer is None else {"scorer": self.scorer.manifest()})
+        own = {
+            "kind": agg.kind,
+            "aspects": agg.aspects,
+            "ranges": [list(r) for r in agg.ranges],
+            "groups": agg.groups,
+            "random_state": agg.random_state,
+        }
+        manifest = self.write_files(
+            out,
+            agg.models_,
+            {"aggregator": own},
+            None if self.scorer is None else {"scorer": self.scorer.manifest()},
+        )
         if self.scorer is not None:
             self.scorer.write(out)
         return manifest
@@ -355,27 +457,38 @@ class Evaluator(TreeEvaluator):
             raise ArtifactError(f"{mpath}: unknown aggregator kind {kind!r}")
         aspects, ranges, groups = meta.get("aspects"), meta.get("ranges"), meta.get("groups")
         if not isinstance(aspects, list) or list(aspects) != list(task.aspect_keys):
-            raise ArtifactError(f"{mpath}: aggregator aspects {aspects!r} are not the task's aspects "
-                                f"{list(task.aspect_keys)!r} in order")
+            raise ArtifactError(
+                f"{mpath}: aggregator aspects {aspects!r} are not the task's aspects "
+                f"{list(task.aspect_keys)!r} in order"
+            )
         if not isinstance(ranges, list) or len(ranges) != len(aspects):
             raise ArtifactError(f"{mpath}: aggregator 'ranges' must give one [low, high] per aspect")
         out_ranges = []
         for a, r in zip(aspects, ranges):
-            ok = (isinstance(r, list) and len(r) == 2 and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r))
+            ok = (
+                isinstance(r, list)
+                and len(r) == 2
+                and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in r
+                )
+            )
             if not ok or tuple(float(x) for x in r) != tuple(float(x) for x in task.aspect(a).range):
-                raise ArtifactError(f"{mpath}: aggregator range {r!r} of aspect {a!r} differs from the "
-                                    f"task's {list(task.aspect(a).range)!r}")
+                raise ArtifactError(
+                    f"{mpath}: aggregator range {r!r} of aspect {a!r} differs from the "
+                    f"task's {list(task.aspect(a).range)!r}"
+                )
             out_ranges.append((float(r[0]), float(r[1])))
         if not isinstance(groups, list) or not all(
-                isinstance(g, list) and g and all(isinstance(a, str) for a in g) for g in groups):
+            isinstance(g, list) and g and all(isinstance(a, str) for a in g) for g in groups
+        ):
             raise ArtifactError(f"{mpath}: aggregator 'groups' must be lists of aspect names")
         if sorted(a for g in groups for a in g) != sorted(aspects):
             raise ArtifactError(f"{mpath}: aggregator 'groups' {groups!r} must hold each aspect exactly once")
         for g in groups:
             if len({task.aspect(a).range for a in g}) != 1:
-                raise ArtifactError(f"{mpath}: aggregator group {g!r} mixes aspects with different score "
-                                    "ranges")
+                raise ArtifactError(
+                    f"{mpath}: aggregator group {g!r} mixes aspects with different score ranges"
+                )
         random_state = meta.get("random_state", 0)
         return kind, list(aspects), out_ranges, groups, random_state if isinstance(random_state, int) else 0
 

@@ -17,17 +17,22 @@ from sklearn.base import clone
 
 from hdeval.aggregate import SIMPLE_KINDS, Aggregator, numpy_global_rng
 from hdeval.errors import ArtifactError, DataError
-from hdeval.metrics import metric_table
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
+from hdeval.metrics import metric_table
 from hdeval.types import CriteriaTree
 
 if TYPE_CHECKING:
     from hdeval.methods.base import ScoreResult
 
 #: The explainer used for each aggregator kind (see the module docstring).
-EXPLAINERS = {"dt": "tree", "rf": "tree", "lr": "linear", "nn": "permutation",
-              # the means and constrained linear models are LinearRegressions with fixed weights
-              **{k: "linear" for k in SIMPLE_KINDS}}
+EXPLAINERS = {
+    "dt": "tree",
+    "rf": "tree",
+    "lr": "linear",
+    "nn": "permutation",
+    # the means and constrained linear models are LinearRegressions with fixed weights
+    **{k: "linear" for k in SIMPLE_KINDS},
+}
 #: Background rows for the explainers that need one (the paper uses 100).
 N_BACKGROUND = 100
 #: SHAP-explained samples in a report.
@@ -70,8 +75,10 @@ def score_table(ev: Any) -> pd.DataFrame:
     needed = ["sample_id", "split", *ev.feature_keys, *(f"human:{a}" for a in ev.aggregator.aspects)]
     missing = [c for c in needed if c not in table.columns]
     if missing:
-        raise ArtifactError(f"{where} lacks column(s): {', '.join(missing[:5])}"
-                            + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        raise ArtifactError(
+            f"{where} lacks column(s): {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
     numeric = needed[2:]
     try:
         table[numeric].to_numpy(float)
@@ -131,9 +138,17 @@ def explainer_for(kind: str, method: str = "auto") -> str:
     return method
 
 
-def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndarray,
-                 sample_ids: Sequence[str], background: np.ndarray | None = None, *, method: str = "auto",
-                 max_evals: int = MAX_EVALS, random_state: int = 0) -> dict[str, ShapResult]:
+def shap_explain(
+    aggregator: Aggregator,
+    feature_keys: Sequence[str],
+    X: np.ndarray,
+    sample_ids: Sequence[str],
+    background: np.ndarray | None = None,
+    *,
+    method: str = "auto",
+    max_evals: int = MAX_EVALS,
+    random_state: int = 0,
+) -> dict[str, ShapResult]:
     """SHAP values of every aspect for the rows ``X`` (raw criterion scores, NaN allowed).
     ``background`` (training rows, already subsampled) is required by the linear and permutation
     explainers. Aspects that share a multi-output pipeline are explained in one pass."""
@@ -142,7 +157,9 @@ def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndar
     X = np.asarray(X, float)
     kind = explainer_for(aggregator.kind, method)
     if kind != "tree" and (background is None or len(background) == 0):
-        raise ArtifactError("SHAP for this aggregator needs background rows (training scores); none available")
+        raise ArtifactError(
+            "SHAP for this aggregator needs background rows (training scores); none available"
+        )
     out: dict[str, ShapResult] = {}
     for group, pipe in zip(aggregator.groups, aggregator.models_):
         prep, model = pipe[:-1], pipe.named_steps["model"]
@@ -172,15 +189,28 @@ def shap_explain(aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndar
         base = np.asarray(expl.base_values, float).reshape(len(X), -1)
         pred = np.asarray(pipe.predict(X)).reshape(len(X), -1)  # unclipped
         for j, aspect in enumerate(group):
-            out[aspect] = ShapResult(aspect, kind, list(feature_keys), list(sample_ids), values[:, :, j],
-                                     base[:, j], pred[:, j], X, n_bg)
+            out[aspect] = ShapResult(
+                aspect,
+                kind,
+                list(feature_keys),
+                list(sample_ids),
+                values[:, :, j],
+                base[:, j],
+                pred[:, j],
+                X,
+                n_bg,
+            )
     return {a: out[a] for a in aggregator.aspects}
 
 
 # --------------------------------------------------------------------------- importance
 def permutation_importances(
-    aggregator: Aggregator, feature_keys: Sequence[str], X: np.ndarray, Y: np.ndarray,
-    n_repeats: int = N_REPEATS, random_state: int = 0,
+    aggregator: Aggregator,
+    feature_keys: Sequence[str],
+    X: np.ndarray,
+    Y: np.ndarray,
+    n_repeats: int = N_REPEATS,
+    random_state: int = 0,
 ) -> dict[str, dict[str, float]]:
     """Per aspect, each criterion's permutation importance (mean drop in R^2 of the aspect's
     unclipped pipeline output): the measure training prunes with, keyed by criterion."""
@@ -207,7 +237,9 @@ class NodeImportance:
         return {("rolled_up_importance" if k == "rolled_up" else k): v for k, v in asdict(self).items()}
 
 
-def tree_importance(tree: CriteriaTree, per_aspect: Mapping[str, Mapping[str, float]]) -> list[NodeImportance]:
+def tree_importance(
+    tree: CriteriaTree, per_aspect: Mapping[str, Mapping[str, float]]
+) -> list[NodeImportance]:
     """Every tree node (tree order) with its own and rolled-up importance (see
     :class:`NodeImportance`). A node the aggregator has no column for counts as 0."""
     own = {c.key: float(sum(imp.get(c.key, 0.0) for imp in per_aspect.values())) for c in tree}
@@ -217,8 +249,16 @@ def tree_importance(tree: CriteriaTree, per_aspect: Mapping[str, Mapping[str, fl
         if c.parent_key is not None:
             rolled[c.parent_key] += rolled[c.key]
     return [
-        NodeImportance(c.key, c.name, c.definition, c.layer, c.parent_key, own[c.key], rolled[c.key],
-                       {a: float(imp.get(c.key, 0.0)) for a, imp in per_aspect.items()})
+        NodeImportance(
+            c.key,
+            c.name,
+            c.definition,
+            c.layer,
+            c.parent_key,
+            own[c.key],
+            rolled[c.key],
+            {a: float(imp.get(c.key, 0.0)) for a, imp in per_aspect.items()},
+        )
         for c in tree
     ]
 
@@ -243,9 +283,14 @@ def curve_sizes(n: int, max_points: int | None) -> list[int]:
     return [int(p) for p in pts]
 
 
-def efficiency_curve(aggregator: Aggregator, feature_keys: Sequence[str], order: Sequence[str],
-                     train: SplitRows, test: SplitRows,
-                     max_points: int | None = None) -> list[EfficiencyPoint]:
+def efficiency_curve(
+    aggregator: Aggregator,
+    feature_keys: Sequence[str],
+    order: Sequence[str],
+    train: SplitRows,
+    test: SplitRows,
+    max_points: int | None = None,
+) -> list[EfficiencyPoint]:
     """Criteria efficiency (paper 4.3): for k = 1..n, an aggregator of the same kind refitted
     on the training split's first k criteria of ``order``, and its held-out correlations
     (clipped, as ``apply`` reports). Kept columns stay in feature order, so the point with every
@@ -257,7 +302,9 @@ def efficiency_curve(aggregator: Aggregator, feature_keys: Sequence[str], order:
         agg = clone(aggregator)
         if aggregator.aspect_columns is not None:  # each aspect's columns, renumbered among the kept
             new = {c: i for i, c in enumerate(keep)}
-            agg.set_params(aspect_columns=[[new[c] for c in cols if c in new] for cols in aggregator.aspect_columns])
+            agg.set_params(
+                aspect_columns=[[new[c] for c in cols if c in new] for cols in aggregator.aspect_columns]
+            )
         agg = agg.fit(train.X[:, keep], train.Y)
         pred = agg.predict(test.X[:, keep])
         points.append(EfficiencyPoint(k, list(order[:k]), metric_table(test.Y, pred, aggregator.aspects)))
@@ -280,8 +327,14 @@ def _num(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def explain_samples(evaluator: Any, result: "ScoreResult", top: int = 3, *, n_background: int = N_BACKGROUND,
-                    random_state: int = 0) -> list[dict[str, Any]]:
+def explain_samples(
+    evaluator: Any,
+    result: "ScoreResult",
+    top: int = 3,
+    *,
+    n_background: int = N_BACKGROUND,
+    random_state: int = 0,
+) -> list[dict[str, Any]]:
     """Per-sample explanations of :meth:`Evaluator.score` output, one dict per sample in
     result order::
 
@@ -320,8 +373,12 @@ def explain_samples(evaluator: Any, result: "ScoreResult", top: int = 3, *, n_ba
                 "clipped_prediction": float(clipped[a][i]) if a in clipped else None,
                 "base_value": float(r.base_values[i]),
                 "top": [
-                    {"criterion": keys[j], "name": evaluator.tree[keys[j]].name if keys[j] in evaluator.tree
-                     else keys[j], "shap": float(v[j]), "score": _num(X[i, j])}
+                    {
+                        "criterion": keys[j],
+                        "name": evaluator.tree[keys[j]].name if keys[j] in evaluator.tree else keys[j],
+                        "shap": float(v[j]),
+                        "score": _num(X[i, j]),
+                    }
                     for j in chosen
                 ],
                 "other_shap": float(sum(v[j] for j in order[top:])),

@@ -29,8 +29,14 @@ def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
     start = _h(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
-    subs = [{"key": f, "name": f"{name}: {f}", "definition": f"How well the text shows {f} with respect to "
-             f"{name.lower()}."} for f in picked]
+    subs = [
+        {
+            "key": f,
+            "name": f"{name}: {f}",
+            "definition": f"How well the text shows {f} with respect to {name.lower()}.",
+        }
+        for f in picked
+    ]
     text = json.dumps({"subcriteria": subs})
     return Completion(text, None, n_prompt, max(1, len(text) // 4))
 
@@ -40,7 +46,7 @@ def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     prompt, n_prompt = prompt_of(request)
     sample = _SAMPLE.search(prompt)
     body = sample.group(1) if sample else prompt
-    criterion = prompt[sample.end():] if sample else ""
+    criterion = prompt[sample.end() :] if sample else ""
     if fake.garbage and _unit("garbage", prompt) < fake.garbage:
         return Completion("I am not able to rate this text.", None, n_prompt, 8)
     words = re.findall(r"\w+", body.lower())
@@ -63,4 +69,3 @@ def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
         )[: request.top_logprobs]
         top = (tuple(alts),)
     return Completion(str(best), top, n_prompt, 1)
-

@@ -13,8 +13,15 @@ from hdeval.aggregate import select_cv
 from hdeval.errors import ArtifactError
 from hdeval.methods.base import CORRELATIONS, progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
-from hdeval.methods.jury import (Judge, agreement, column, error_correlation, judge_columns, open_jury,
-                                 split_column)
+from hdeval.methods.jury import (
+    Judge,
+    agreement,
+    column,
+    error_correlation,
+    judge_columns,
+    open_jury,
+    split_column,
+)
 from hdeval.metrics import metric_table
 from hdeval.types import ScoreMatrix
 
@@ -34,16 +41,28 @@ def _on(agg: Any, cols: Sequence[int]) -> Any:
     return out
 
 
-def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str],
-                 cols: Sequence[int]) -> tuple[Any, float]:
+def _cv_spearman(
+    agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str], cols: Sequence[int]
+) -> tuple[Any, float]:
     _, _, _, pred = select_cv(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))
     sp = metric_table(Y, pred, aspects)["average"]["spearman"]
     return pred, -1.0 if sp is None else float(sp)
 
 
-def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_pred: Any, Y: Any, tr: Any,
-             te: Any, groups: Sequence[str], aspects: Sequence[str], progress: Any
-             ) -> tuple[list[str], Any, Any, dict[str, Any]]:
+def jury_fit(
+    jury: Any,
+    config: Any,
+    X: Any,
+    features: list[str],
+    agg: Any,
+    cv_pred: Any,
+    Y: Any,
+    tr: Any,
+    te: Any,
+    groups: Sequence[str],
+    aspects: Sequence[str],
+    progress: Any,
+) -> tuple[list[str], Any, Any, dict[str, Any]]:
     """The kept layer's evaluator with a jury: (its features, aggregator and out-of-fold training
     predictions, after ``--prune-judges``), and the jury's record for metrics.json, figures on
     the held-out rows ``te``."""
@@ -80,8 +99,10 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
             else:
                 break
         if dropped:
-            progress.message(f"--prune-judges: dropped {', '.join(dropped)} (their columns add less than "
-                             f"{PRUNE_MARGIN} cross-validated Spearman); apply calls {', '.join(keep)}")
+            progress.message(
+                f"--prune-judges: dropped {', '.join(dropped)} (their columns add less than "
+                f"{PRUNE_MARGIN} cross-validated Spearman); apply calls {', '.join(keep)}"
+            )
     kept_cols = cols(keep)
     if dropped:
         cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, aspects, kept_cols)
@@ -99,23 +120,34 @@ def jury_fit(jury: Any, config: Any, X: Any, features: list[str], agg: Any, cv_p
         solo = _on(agg, own).fit(X[tr][:, own], Ytr)
         direct_idx = [matrix.criterion_keys.index(column(n, a)) for a in aspects]
         firsts.append(X[:, direct_idx])
-        alone[n] = {"direct": metric_table(Y[te], X[te][:, direct_idx], aspects),
-                    "hdeval": metric_table(Y[te], solo.predict(X[te][:, own]), aspects)}
+        alone[n] = {
+            "direct": metric_table(Y[te], X[te][:, direct_idx], aspects),
+            "hdeval": metric_table(Y[te], solo.predict(X[te][:, own]), aspects),
+        }
     with np.errstate(all="ignore"):
         pooled = np.nanmean(np.stack(firsts), axis=0)
     errors, effective = error_correlation(matrix, names, Y, aspects, te)
-    return features, agg, cv_pred, {
-        "final": final,
-        "judges": [j.name for j in jury.judges],
-        "kept": keep,
-        "dropped": dropped,
-        "baselines": {"judges": alone, "jury_mean": metric_table(Y[te], pooled[te], aspects), "learned": final},
-        "agreement_alpha": agreement(matrix, names, np.arange(len(X))),
-        "error_correlation": errors,
-        "effective_judges": effective,
-        "importance_cv_spearman": importance,
-        "cost": jury.usage(),
-    }
+    return (
+        features,
+        agg,
+        cv_pred,
+        {
+            "final": final,
+            "judges": [j.name for j in jury.judges],
+            "kept": keep,
+            "dropped": dropped,
+            "baselines": {
+                "judges": alone,
+                "jury_mean": metric_table(Y[te], pooled[te], aspects),
+                "learned": final,
+            },
+            "agreement_alpha": agreement(matrix, names, np.arange(len(X))),
+            "error_correlation": errors,
+            "effective_judges": effective,
+            "importance_cv_spearman": importance,
+            "cost": jury.usage(),
+        },
+    )
 
 
 def _count_in(backend: Any, clients: Any) -> None:
@@ -147,9 +179,16 @@ class JuryEvaluator(Evaluator):
         return [Judge(**j) for j in state.get("judges", []) if j["name"] in state.get("kept", [])]
 
     def metrics_shape(self) -> dict[str, Any]:
-        return {**super().metrics_shape(),
-                "jury": {"baselines": {"judges": {"*": {"*": CORRELATIONS}}, "jury_mean": CORRELATIONS,
-                                       "learned": CORRELATIONS}}}
+        return {
+            **super().metrics_shape(),
+            "jury": {
+                "baselines": {
+                    "judges": {"*": {"*": CORRELATIONS}},
+                    "jury_mean": CORRELATIONS,
+                    "learned": CORRELATIONS,
+                }
+            },
+        }
 
     def cost_line(self) -> str:
         names = ", ".join(j.name for j in self.kept_judges())
@@ -163,18 +202,41 @@ class JuryEvaluator(Evaluator):
         def sp(t: Any) -> str:
             v = ((t or {}).get("average") or {}).get("spearman")
             return "n/a" if v is None else f"{v:.3f}"
-        parts = [f"{n} direct {sp(v.get('direct'))} hdeval {sp(v.get('hdeval'))}"
-                 for n, v in (b.get("judges") or {}).items()]
-        lines.insert(1, (f"jury, held-out spearman: learned {sp(b.get('learned'))} | jury mean "
-                         f"{sp(b.get('jury_mean'))} | " + "; ".join(parts), False))
+
+        parts = [
+            f"{n} direct {sp(v.get('direct'))} hdeval {sp(v.get('hdeval'))}"
+            for n, v in (b.get("judges") or {}).items()
+        ]
+        lines.insert(
+            1,
+            (
+                f"jury, held-out spearman: learned {sp(b.get('learned'))} | jury mean "
+                f"{sp(b.get('jury_mean'))} | " + "; ".join(parts),
+                False,
+            ),
+        )
         if rec.get("effective_judges") is not None:
-            lines.insert(2, (f"jury: {len(rec.get('judges', []))} judges behave like "
-                             f"{rec['effective_judges']:.2f} independent ones; kept: {', '.join(rec.get('kept', []))}",
-                             False))
+            lines.insert(
+                2,
+                (
+                    f"jury: {len(rec.get('judges', []))} judges behave like "
+                    f"{rec['effective_judges']:.2f} independent ones; kept: {', '.join(rec.get('kept', []))}",
+                    False,
+                ),
+            )
         return lines
 
-    def score_needed(self, items: Sequence[Any], backend: Any, cache_dir: Any, concurrency: int | None,
-                     progress: Any, what: str, units: int, score: Any) -> tuple[Any, Any]:
+    def score_needed(
+        self,
+        items: Sequence[Any],
+        backend: Any,
+        cache_dir: Any,
+        concurrency: int | None,
+        progress: Any,
+        what: str,
+        units: int,
+        score: Any,
+    ) -> tuple[Any, Any]:
         from hdeval.config import DEFAULT_CONCURRENCY, LLMConfig
 
         only: dict[str, list[Any]] = {}
@@ -182,16 +244,28 @@ class JuryEvaluator(Evaluator):
             judge, crit = split_column(key)
             only.setdefault(judge, []).append(self.tree[crit])
         cache_dir = cache_dir if cache_dir is not None else getattr(backend, "cache_dir", None)
-        base = LLMConfig(model="", cache_dir=str(cache_dir) if cache_dir is not None else None,
-                         concurrency=concurrency or DEFAULT_CONCURRENCY,
-                         max_calls=getattr(backend, "max_calls", None))
+        base = LLMConfig(
+            model="",
+            cache_dir=str(cache_dir) if cache_dir is not None else None,
+            concurrency=concurrency or DEFAULT_CONCURRENCY,
+            max_calls=getattr(backend, "max_calls", None),
+        )
         judges = self.trusted_judges([j for j in self.kept_judges() if j.name in only], backend)
         jury = open_jury(judges, base, backends=self.judge_backends)
         try:
             n = sum(len(v) for v in only.values())
             with progress_stage(progress, f"scoring {what} x {n} (judge, criterion) columns", units * n):
-                m = jury.score(score, self.templates["score"], self.task, self.tree, [], items, concurrency,
-                               progress, only=only)
+                m = jury.score(
+                    score,
+                    self.templates["score"],
+                    self.task,
+                    self.tree,
+                    [],
+                    items,
+                    concurrency,
+                    progress,
+                    only=only,
+                )
             _count_in(backend, jury.clients.values())
             return m, usage_of(*jury.clients.values())
         finally:
@@ -214,9 +288,11 @@ class JuryEvaluator(Evaluator):
         for j in judges:
             url = public_url(j.base_url)
             if url is not None and url.rstrip("/") != (allowed or "").rstrip("/"):
-                raise ConfigError(f"judge {j.name!r} of this jury artifact is served by {url}, which this run "
-                                  "was not allowed to call; score with its judges behind one server "
-                                  "(--base-url), or retrain")
+                raise ConfigError(
+                    f"judge {j.name!r} of this jury artifact is served by {url}, which this run "
+                    "was not allowed to call; score with its judges behind one server "
+                    "(--base-url), or retrain"
+                )
             out.append(dataclasses.replace(j, api_key_env=None, base_url=j.base_url and allowed))
         return out
 

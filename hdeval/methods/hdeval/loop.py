@@ -6,8 +6,6 @@ Also its dry-run plan. The generic parts of a run (options, data, split, the LLM
 
 from __future__ import annotations
 
-from hdeval.urls import public_identity, public_url, shown_identity
-
 import dataclasses
 import warnings
 from contextlib import closing, nullcontext
@@ -18,7 +16,13 @@ import numpy as np
 from sklearn.base import clone
 
 from hdeval.aggregate import (
-    CANDIDATES, FIXED_KINDS, SIMPLE_KINDS, Aggregator, cv_candidates, default_jobs, fit_warnings,
+    CANDIDATES,
+    FIXED_KINDS,
+    SIMPLE_KINDS,
+    Aggregator,
+    cv_candidates,
+    default_jobs,
+    fit_warnings,
     one_standard_error,
 )
 from hdeval.backends.base import Backend
@@ -31,13 +35,14 @@ from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_node
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.prune import prune
 from hdeval.methods.hdeval.summary import some_of
+from hdeval.methods.jury import column, jury_scorer, jury_state, mean_matrix, split_column
+from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
 from hdeval.prompts import load_templates, sample_block
 from hdeval.scoring import score_criteria, score_requests
-from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
-from hdeval.methods.jury import column, jury_scorer, jury_state, mean_matrix, split_column
 from hdeval.types import CriteriaTree, ScoreMatrix
+from hdeval.urls import public_identity, public_url, shown_identity
 
 
 @dataclass
@@ -103,12 +108,28 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     folds: dict[int, dict[str, Any]] = {}  # layer -> kind -> its CandidateCV
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     stopped: list[str] = []  # why a layer after the first failed: the layers before it are kept
-    for layer, tree, new in _until_failure(grow(config, progress, llm, dec, templates["decompose"], task, given,
-                                                len(samples), expand, rejections, share), reports, stopped):
+    for layer, tree, new in _until_failure(
+        grow(
+            config,
+            progress,
+            llm,
+            dec,
+            templates["decompose"],
+            task,
+            given,
+            len(samples),
+            expand,
+            rejections,
+            share,
+        ),
+        reports,
+        stopped,
+    ):
         n_judges = 1 if jury is None else len(jury.judges)
         progress.stage(
             f"layer {layer}: scoring {len(samples)} samples x {len(new)} criteria"
-            + (f" x {n_judges} judges" if jury is not None else ""), len(samples) * len(new) * n_judges
+            + (f" x {n_judges} judges" if jury is not None else ""),
+            len(samples) * len(new) * n_judges,
         )
         share(llm, dec, config.max_calls)
         m = score(llm, templates["score"], task, tree, new, samples, config.concurrency, progress)
@@ -127,10 +148,14 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         # raw: they are recorded as notes in the layer report.
         with fit_warnings() as caught:
             asked = config.options.aggregator
-            template = Aggregator.for_task("lr" if asked == "auto" else asked, task, config.seed,
-                                           aspect_columns=aspect_columns(
-                                               tree, matrix, aspects,
-                                               *(() if jury is None else (lambda k: split_column(k)[1],))))
+            template = Aggregator.for_task(
+                "lr" if asked == "auto" else asked,
+                task,
+                config.seed,
+                aspect_columns=aspect_columns(
+                    tree, matrix, aspects, *(() if jury is None else (lambda k: split_column(k)[1],))
+                ),
+            )
             # candidates for expansion: the last given layer's and later layers' unlocked criteria
             candidates = [c.key for c in new if c.key not in locked]
             if jury is not None:  # a criterion is a candidate through each judge's column of it
@@ -145,9 +170,14 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             caught[:] = kept_warnings(caught, kind)
             agg = clone(template).fit(X[tr], Y[tr])
             report = LayerReport(
-                layer, [c.key for c in new], kind, metric_table(Y[tr], cv_pred, aspects),
-                metric_table(Y[te], agg.predict(X[te]), aspects), m.failure_rate,
-                {c.kind: _finite(c.spearman) for c in cands}, tuning=chosen.grid,
+                layer,
+                [c.key for c in new],
+                kind,
+                metric_table(Y[tr], cv_pred, aspects),
+                metric_table(Y[te], agg.predict(X[te]), aspects),
+                m.failure_rate,
+                {c.kind: _finite(c.spearman) for c in cands},
+                tuning=chosen.grid,
                 params=_nn_params(template),
             )
             if pick is not None and pick.kept != pick.best:
@@ -156,8 +186,9 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             if pruning:
                 # a fixed mean weighs every criterion alike: which ones help is a fitted model's question
                 judge = clone(template).set_params(kind="ridge") if kind in FIXED_KINDS else template
-                pr = prune(judge, X[tr], Y[tr], matrix.criterion_keys, candidates,
-                           doc_groups, config.options.top_k)
+                pr = prune(
+                    judge, X[tr], Y[tr], matrix.criterion_keys, candidates, doc_groups, config.options.top_k
+                )
                 selected = list(pr.selected)
                 if jury is not None:  # a criterion is expanded once, however many judges found it
                     selected = list(dict.fromkeys(split_column(k)[1] for k in selected))
@@ -170,9 +201,11 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         progress.message(_layer_summary(report, aspects))
 
     if stopped:
-        progress.message(f"warning: {stopped[0]}; the evaluator keeps layers 1-{reports[-1].layer}, which were "
-                         "scored and fitted (every finished call is cached: rerun the same command to try the "
-                         "deeper layer again)")
+        progress.message(
+            f"warning: {stopped[0]}; the evaluator keeps layers 1-{reports[-1].layer}, which were "
+            "scored and fitted (every finished call is cached: rerun the same command to try the "
+            "deeper layer again)"
+        )
     # a jury's unfitted baselines read the judges' mean per criterion (PoLL's average pooling)
     pooled = matrix if jury is None else mean_matrix(matrix, jury.names)
     choice = choose_layer(reports, tree, pooled, Y, tr, aspects, depth, folds, doc_groups, config.seed)
@@ -184,8 +217,19 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         from hdeval.methods.hdeval.jury import jury_fit
 
         features, agg, cv_pred, jury_record = jury_fit(
-            jury, config, matrix.values[:, :n_cols], features, agg, cv_pred, Y, tr, te, doc_groups, aspects,
-            progress)
+            jury,
+            config,
+            matrix.values[:, :n_cols],
+            features,
+            agg,
+            cv_pred,
+            Y,
+            tr,
+            te,
+            doc_groups,
+            aspects,
+            progress,
+        )
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
@@ -207,23 +251,40 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     Xk = matrix.columns(features)
     used = np.flatnonzero(agg.used_features())  # apply scores only these: the per-sample widths read them
     metrics["intervals"] = fitted_intervals(
-        Y, cv_pred, tr, agg.predict(Xk[te]), te, aspects, [a.range for a in task.aspects],
+        Y,
+        cv_pred,
+        tr,
+        agg.predict(Xk[te]),
+        te,
+        aspects,
+        [a.range for a in task.aspects],
         f"grouped cross-validation on the training split (layer {kept_layer}, by doc_id)",
-        X=Xk[:, used], columns=[features[i] for i in used])
+        X=Xk[:, used],
+        columns=[features[i] for i in used],
+    )
     progress.message(_selection_summary(choice))
     # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
     # the kept layer's aggregator reads the first columns (the matrix grows layer by layer);
     # the score table and the layer reports keep every explored criterion
-    kept_tree = tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
+    kept_tree = (
+        tree if kept_layer == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept_layer)
+    )
     cls: Any = Evaluator
     if jury is not None:
         from hdeval.methods.hdeval.jury import JuryEvaluator
 
         cls = JuryEvaluator
     ev = cls(
-        task, kept_tree, agg, agg.kind, features, templates, spec, llm.identity,
+        task,
+        kept_tree,
+        agg,
+        agg.kind,
+        features,
+        templates,
+        spec,
+        llm.identity,
         metrics,
         {
             **run_record(ctx),
@@ -244,9 +305,19 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
     return ev
 
 
-def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend, template: Any, task: Any,
-         given: Any, n: int, expand: Sequence[str], rejections: list[dict[str, Any]],
-         share: Callable[[Any, Any, Any], None] | None = None) -> Iterator[tuple[int, CriteriaTree, list]]:
+def grow(
+    config: Any,
+    progress: Progress,
+    llm: CachedBackend,
+    dec: CachedBackend,
+    template: Any,
+    task: Any,
+    given: Any,
+    n: int,
+    expand: Sequence[str],
+    rejections: list[dict[str, Any]],
+    share: Callable[[Any, Any, Any], None] | None = None,
+) -> Iterator[tuple[int, CriteriaTree, list]]:
     """The layer loop of both shapes: (layer, tree, its criteria) for each layer to score, after
     decomposing what it needs. A --tree's layers are taken as given and expansion starts below
     its last one, never on a locked criterion; deeper layers expand what the caller last put in
@@ -264,8 +335,9 @@ def grow(config: Any, progress: Progress, llm: CachedBackend, dec: CachedBackend
                 progress.stage(f"layer {layer}: decomposing {len(nodes)} criteria", len(nodes))
                 before = len(tree)
                 (share or _share_budget)(dec, llm, config.max_calls)
-                tree = decompose_nodes(dec, template, task, tree, nodes, config.options.children, progress,
-                                       rejections)
+                tree = decompose_nodes(
+                    dec, template, task, tree, nodes, config.options.children, progress, rejections
+                )
                 progress.end_stage()
                 if len(tree) == before and layer > depth:
                     return
@@ -293,11 +365,18 @@ def positions(samples: Sequence[Any], ids: Sequence[str]) -> np.ndarray:
 LAYER_MARGIN = 0.01
 
 
-def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray,
-                 tr: np.ndarray, aspects: list[str], depth: int = 1,
-                 folds: dict[int, dict[str, Any]] | None = None,
-                 groups: Sequence[str] = (),
-                 seed: int = 0) -> dict[str, Any]:
+def choose_layer(
+    reports: Sequence[LayerReport],
+    tree: CriteriaTree,
+    matrix: ScoreMatrix,
+    Y: np.ndarray,
+    tr: np.ndarray,
+    aspects: list[str],
+    depth: int = 1,
+    folds: dict[int, dict[str, Any]] | None = None,
+    groups: Sequence[str] = (),
+    seed: int = 0,
+) -> dict[str, Any]:
     """The evaluator to keep, decided on the training split only: each layer's grouped
     cross-validated average Spearman (of the aggregator its layer kept), and the unfitted
     baselines on the training rows (they learn nothing, so their training figure is honest).
@@ -310,20 +389,24 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     layers = [r.layer for r in eligible]
     kinds = {r.layer: r.aggregator for r in reports}
     if folds and all(r.layer in folds for r in eligible) and len(layers) > 1:
-        pick = one_standard_error([folds[r.layer][r.aggregator] for r in eligible], Y[tr], groups,
-                                  LAYER_MARGIN, seed, levels=layers)
+        pick = one_standard_error(
+            [folds[r.layer][r.aggregator] for r in eligible], Y[tr], groups, LAYER_MARGIN, seed, levels=layers
+        )
         cv = {r.layer: r.selection_scores.get(r.aggregator) for r in reports}
         best = layers[pick.kept]
         top = layers[pick.best]
         if best == top:
             reason = f"layer {best} has the best cross-validated training Spearman"
         else:
-            reason = (f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is within "
-                      f"one standard error ({pick.tolerance:.3f}) of the best, layer {top}'s "
-                      f"({_fmt(cv[top]).strip()}), and it needs fewer criteria")
+            reason = (
+                f"layer {best}'s cross-validated training Spearman ({_fmt(cv[best]).strip()}) is within "
+                f"one standard error ({pick.tolerance:.3f}) of the best, layer {top}'s "
+                f"({_fmt(cv[top]).strip()}), and it needs fewer criteria"
+            )
     else:
-        best, reason = best_layer(cv, layers, "Spearman", "the only layer that could be kept",
-                                  lambda x: _fmt(x).strip())
+        best, reason = best_layer(
+            cv, layers, "Spearman", "the only layer that could be kept", lambda x: _fmt(x).strip()
+        )
     train_sp = {k: v["average"]["spearman"] for k, v in baselines(tree, matrix, Y, tr, aspects).items()}
     named = [k for k, v in train_sp.items() if v is not None]
     strongest = max(named, key=lambda k: train_sp[k]) if named else None
@@ -331,8 +414,10 @@ def choose_layer(reports: Sequence[LayerReport], tree: CriteriaTree, matrix: Sco
     out: dict[str, Any] = {
         "kept_layer": best,
         "kept_aggregator": kinds[best],
-        "by": ("grouped cross-validation on the training split (average Spearman, the mean over held-out "
-               "folds), the simplest candidate within one standard error of the best"),
+        "by": (
+            "grouped cross-validation on the training split (average Spearman, the mean over held-out "
+            "folds), the simplest candidate within one standard error of the best"
+        ),
         "reason": reason,
         "aggregator_reason": aggregator_reason(kept),
         "cv_train_spearman": {str(k): v for k, v in cv.items()},
@@ -355,7 +440,7 @@ def compared_kinds(asked: str) -> tuple[str, ...]:
     kind, it and the simpler linear ones (to warn when one of them did better)."""
     if asked == "auto":
         return CANDIDATES
-    simpler = CANDIDATES[:CANDIDATES.index(asked)] if asked in CANDIDATES else ()
+    simpler = CANDIDATES[: CANDIDATES.index(asked)] if asked in CANDIDATES else ()
     return tuple(k for k in simpler if k in SIMPLE_KINDS + ("lr",)) + (asked,)
 
 
@@ -367,8 +452,10 @@ def aggregator_reason(r: LayerReport) -> str:
         return f"{r.aggregator}, as asked (--aggregator {r.aggregator})"
     if r.one_se:
         best = r.one_se["best"]
-        return (f"{r.aggregator} ({mine}) is the simplest candidate within one standard error "
-                f"({r.one_se['tolerance']:.3f}) of the best, {best} ({_fmt(scores.get(best)).strip()})")
+        return (
+            f"{r.aggregator} ({mine}) is the simplest candidate within one standard error "
+            f"({r.one_se['tolerance']:.3f}) of the best, {best} ({_fmt(scores.get(best)).strip()})"
+        )
     if simpler_was_better(r) or len(scores) < len(CANDIDATES):
         return f"{r.aggregator} ({mine}), as asked (--aggregator {r.aggregator})"
     return f"{r.aggregator} has the best cross-validated training Spearman ({mine})"
@@ -385,21 +472,30 @@ def simpler_was_better(r: LayerReport) -> str | None:
     if not better:
         return None
     name = max(better, key=lambda k: better[k])
-    return (f"--aggregator {r.aggregator} was kept as asked, but a simpler candidate did better on grouped "
-            f"cross-validation over the training documents (layer {r.layer}): {name} {better[name]:.3f} "
-            f"against {r.aggregator} {mine:.3f}; --aggregator auto would weigh them")
+    return (
+        f"--aggregator {r.aggregator} was kept as asked, but a simpler candidate did better on grouped "
+        f"cross-validation over the training documents (layer {r.layer}): {name} {better[name]:.3f} "
+        f"against {r.aggregator} {mine:.3f}; --aggregator auto would weigh them"
+    )
 
 
-def aspect_columns(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str],
-                   criterion: Callable[[str], str] = lambda k: k) -> list[list[int]]:
+def aspect_columns(
+    tree: CriteriaTree,
+    matrix: ScoreMatrix,
+    aspects: Sequence[str],
+    criterion: Callable[[str], str] = lambda k: k,
+) -> list[list[int]]:
     """Per aspect, the matrix columns of its subtree, its own (layer-1) column first;
     ``criterion``: the criterion a column scores (a jury's ``<judge>:<criterion>``: every judge's)."""
     keys = [criterion(k) for k in matrix.criterion_keys]
     out = []
     for a in aspects:
         own = [i for i, k in enumerate(keys) if k == a]
-        sub = [i for i, k in enumerate(keys)
-               if k != a and k in tree and any(c.key == a for c in tree.ancestors(k))]
+        sub = [
+            i
+            for i, k in enumerate(keys)
+            if k != a and k in tree and any(c.key == a for c in tree.ancestors(k))
+        ]
         out.append(own + sub)
     return out
 
@@ -408,8 +504,9 @@ def _finite(x: float) -> float | None:
     return round(float(x), 4) if x is not None and np.isfinite(x) else None
 
 
-def best_layer(cv: dict[int, float | None], layers: Sequence[int], what: str, only: str,
-               show: Callable[[Any], str] = str) -> tuple[int, str]:
+def best_layer(
+    cv: dict[int, float | None], layers: Sequence[int], what: str, only: str, show: Callable[[Any], str] = str
+) -> tuple[int, str]:
     """(layer, why): the first of ``layers`` unless a deeper one's cross-validated training
     ``what`` beats the best so far by more than LAYER_MARGIN."""
     best = layers[0]
@@ -420,8 +517,10 @@ def best_layer(cv: dict[int, float | None], layers: Sequence[int], what: str, on
     deepest = layers[-1]
     if best == deepest:
         return best, f"layer {best} has the best cross-validated training {what}" if len(layers) > 1 else only
-    return best, (f"layer {best}'s cross-validated training {what} ({show(cv[best])}) is not beaten by more "
-                  f"than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {show(cv[deepest])})")
+    return best, (
+        f"layer {best}'s cross-validated training {what} ({show(cv[best])}) is not beaten by more "
+        f"than {LAYER_MARGIN} by a deeper layer (layer {deepest}: {show(cv[deepest])})"
+    )
 
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
@@ -429,7 +528,8 @@ BASELINE_NOT_KEPT = (
     "a baseline is not kept as the evaluator: it averages every criterion explored, on every layer, with no "
     "cross-validation (it learns nothing, so its training figure is its own); the candidates that were "
     "cross-validated, the calibrated means of each layer's criteria among them, are in metrics.json's "
-    "selection.candidates_cv_spearman, and the baseline's held-out figure is next to the evaluator's")
+    "selection.candidates_cv_spearman, and the baseline's held-out figure is next to the evaluator's"
+)
 
 
 def _selection_summary(choice: dict[str, Any]) -> str:
@@ -440,22 +540,31 @@ def _selection_summary(choice: dict[str, Any]) -> str:
     if choice.get("kept_aggregator"):
         line += f"\nkept aggregator: {choice.get('aggregator_reason') or choice['kept_aggregator']}"
     if len(scores) > 1:
-        line += ("\ncandidates on layer " + kept + " (grouped CV Spearman on the training split): "
-                 + ", ".join(f"{k} {_fmt(v).strip()}" for k, v in scores.items()))
+        line += (
+            "\ncandidates on layer "
+            + kept
+            + " (grouped CV Spearman on the training split): "
+            + ", ".join(f"{k} {_fmt(v).strip()}" for k, v in scores.items())
+        )
     if choice.get("simpler_was_better"):
         line += "\nwarning: " + choice["simpler_was_better"]
     if s is not None:
-        line += (f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
-                 f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})")
+        line += (
+            f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
+            f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})"
+        )
         if choice.get("baseline_beats_evaluator"):
-            line += (f"; it beats the kept evaluator's cross-validated figure "
-                     f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but "
-                     + BASELINE_NOT_KEPT)
+            line += (
+                f"; it beats the kept evaluator's cross-validated figure "
+                f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but "
+                + BASELINE_NOT_KEPT
+            )
     return line
 
 
-def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str],
-                  expand: Sequence[str]) -> list:
+def _to_decompose(
+    tree: CriteriaTree, layer: int, depth: int, locked: frozenset[str], expand: Sequence[str]
+) -> list:
     """Layer 2: the unlocked aspects without sub-criteria; deeper: pruning's picks below a --tree."""
     if layer == 2:
         return [c for c in tree.layer(1) if c.key not in locked and not tree.children(c.key)]
@@ -464,15 +573,25 @@ def _to_decompose(tree: CriteriaTree, layer: int, depth: int, locked: frozenset[
     return []
 
 
-def _units_left(config: Any, n: int, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
-                expand: Sequence[str]) -> int:
+def _units_left(
+    config: Any,
+    n: int,
+    tree: CriteriaTree,
+    first: int,
+    depth: int,
+    locked: frozenset[str],
+    expand: Sequence[str],
+) -> int:
     """At most the progress units (the dry run's "requests") layers ``first`` on still need."""
-    return sum(nodes + n * (len(known) + nodes * config.options.children)
-               for _, nodes, known in _layer_sizes(config, tree, first, depth, locked, expand))
+    return sum(
+        nodes + n * (len(known) + nodes * config.options.children)
+        for _, nodes, known in _layer_sizes(config, tree, first, depth, locked, expand)
+    )
 
 
-def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str],
-                 expand: Sequence[str]) -> Iterator[tuple[int, int, list]]:
+def _layer_sizes(
+    config: Any, tree: CriteriaTree, first: int, depth: int, locked: frozenset[str], expand: Sequence[str]
+) -> Iterator[tuple[int, int, list]]:
     """(layer, at most the criteria decomposed before it, its criteria known now), layers ``first`` on."""
     candidates = 0  # criteria of the previous layer pruning may pick for expansion
     for layer in range(first, config.options.layers + 1):
@@ -490,8 +609,9 @@ def _layer_sizes(config: Any, tree: CriteriaTree, first: int, depth: int, locked
         candidates = sum(1 for c in known if c.key not in locked) + nodes * config.options.children
 
 
-def check_failures(rate: float, failures: Sequence[Any], layer: int, threshold: float, what: str = "sample"
-                   ) -> None:
+def check_failures(
+    rate: float, failures: Sequence[Any], layer: int, threshold: float, what: str = "sample"
+) -> None:
     if rate > threshold:
         ex = failures[0]
         raise ScoringError(
@@ -501,16 +621,19 @@ def check_failures(rate: float, failures: Sequence[Any], layer: int, threshold: 
         )
 
 
-def baselines(tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray, rows: np.ndarray,
-              aspects: list[str]) -> dict[str, dict]:
+def baselines(
+    tree: CriteriaTree, matrix: ScoreMatrix, Y: np.ndarray, rows: np.ndarray, aspects: list[str]
+) -> dict[str, dict]:
     """The unfitted baselines' figures on ``rows``: each aspect's own subtree mean (the stronger
     'w/o aggregator'), the plain mean of all criteria ('w/o aggregator'), and each aspect's own
     layer-1 score (G-Eval style)."""
     with np.errstate(all="ignore"):
         mean = np.nanmean(matrix.values[rows], axis=1) if matrix.values.size else np.zeros(len(rows))
-    preds = {"mean_subtree": subtree_means(tree, matrix, aspects)[rows],
-             "mean_all_criteria": np.repeat(mean[:, None], len(aspects), axis=1),
-             "direct_layer1": matrix.columns(aspects)[rows]}
+    preds = {
+        "mean_subtree": subtree_means(tree, matrix, aspects)[rows],
+        "mean_all_criteria": np.repeat(mean[:, None], len(aspects), axis=1),
+        "direct_layer1": matrix.columns(aspects)[rows],
+    }
     return {k: metric_table(Y[rows], p, aspects) for k, p in preds.items()}
 
 
@@ -540,8 +663,11 @@ def subtree_means(tree: CriteriaTree, matrix: ScoreMatrix, aspects: Sequence[str
     keys = list(matrix.criterion_keys)
     out = np.full((matrix.values.shape[0], len(aspects)), np.nan)
     for j, a in enumerate(aspects):
-        cols = [i for i, k in enumerate(keys)
-                if k == a or (k in tree and any(c.key == a for c in tree.ancestors(k)))]
+        cols = [
+            i
+            for i, k in enumerate(keys)
+            if k == a or (k in tree and any(c.key == a for c in tree.ancestors(k)))
+        ]
         if cols:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows stay NaN
@@ -561,16 +687,22 @@ def _decompose_record(config: Any, spec: LLMConfig, dec: CachedBackend, llm: Cac
         model, url = spec.model, spec.base_url
     else:
         model, url = config.options.decompose_llm or dec.identity, config.options.decompose_base_url
-    return {"model": model, "base_url": public_url(url), "identity": public_identity(dec.identity, url),
-            "same_as_scoring": dec is llm}
+    return {
+        "model": model,
+        "base_url": public_url(url),
+        "identity": public_identity(dec.identity, url),
+        "same_as_scoring": dec is llm,
+    }
 
 
 def _given_summary(given: Any) -> str:
     """Which criteria came from the --tree file (shown before training and in the summary)."""
     keys = given.tree.keys
     shown = some_of([k + (" (locked)" if k in given.locked else "") for k in keys], 12)
-    return (f"tree from {given.source}: {len(keys)} criteria on {given.depth} layer(s), "
-            f"{len(given.locked)} locked: {shown}")
+    return (
+        f"tree from {given.source}: {len(keys)} criteria on {given.depth} layer(s), "
+        f"{len(given.locked)} locked: {shown}"
+    )
 
 
 def _fmt(x: float | None) -> str:
@@ -579,12 +711,15 @@ def _fmt(x: float | None) -> str:
 
 def _baseline_summary(metrics: dict[str, Any]) -> str:
     """The evaluator next to the baselines, the stronger 'w/o aggregator' one first."""
+
     def sp(key: str) -> str:
         return _fmt((metrics.get(key) or {}).get("average", {}).get("spearman"))
 
-    return (f"held-out average spearman: kept evaluator {sp('final')} | baselines: own-subtree mean "
-            f"{sp('mean_subtree')}, mean of all criteria {sp('mean_all_criteria')}, "
-            f"direct layer-1 score {sp('direct_layer1')}")
+    return (
+        f"held-out average spearman: kept evaluator {sp('final')} | baselines: own-subtree mean "
+        f"{sp('mean_subtree')}, mean of all criteria {sp('mean_all_criteria')}, "
+        f"direct layer-1 score {sp('direct_layer1')}"
+    )
 
 
 def _layer_summary(r: LayerReport, aspects: list[str]) -> str:
@@ -607,8 +742,10 @@ def pruning_lines(r: Any) -> list[str]:
     if r.positive_importance is not None:
         n = len(r.importance)
         if r.expand_next:
-            lines.append(f"  expand next: {', '.join(r.expand_next)} ({r.positive_importance} of {n} "
-                         "candidates had positive importance)")
+            lines.append(
+                f"  expand next: {', '.join(r.expand_next)} ({r.positive_importance} of {n} "
+                "candidates had positive importance)"
+            )
         else:
             lines.append(f"  expand next: none (no candidate of {n} had positive importance)")
     return lines + [f"  note: {note}" for note in r.notes]
@@ -631,8 +768,10 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
     depth = given.depth if given is not None else 1
     locked = given.locked if given is not None else frozenset()
     n_distinct = len({sample_block(task, s) for s in samples})
-    dec_reqs = [decomposition_request(templates["decompose"], task, tree, c, config.options.children)
-                for c in tree.layer(1)]
+    dec_reqs = [
+        decomposition_request(templates["decompose"], task, tree, c, config.options.children)
+        for c in tree.layer(1)
+    ]
     dec_prompt = sum(prompt_chars(r) for r in dec_reqs) / len(dec_reqs) / 4
     plans: list[LayerPlan] = []
     per_prompt = 0.0
@@ -648,11 +787,19 @@ def _plan(config: Any, prep: Any, llm: CachedBackend, dec: CachedBackend) -> lis
         score = len(distinct) + n_new * n_distinct
         dec_p, dec_c = int(nodes * dec_prompt), nodes * DECOMPOSE_MAX_TOKENS // 4
         cached = sum(llm.is_cached(r) for r in distinct.values()) if distinct else None
-        plans.append(LayerPlan(
-            layer, nodes, score, cached, nodes > 0,
-            # +40: the parent's lines in a new criterion's prompt
-            int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
-            score * 2 + dec_c, decompose_prompt_tokens=dec_p, decompose_completion_tokens=dec_c,
-            requests=nodes + len(reqs) + n_new * len(samples),
-        ))
+        plans.append(
+            LayerPlan(
+                layer,
+                nodes,
+                score,
+                cached,
+                nodes > 0,
+                # +40: the parent's lines in a new criterion's prompt
+                int(per_prompt * len(distinct) + n_new * n_distinct * (per_prompt + 40) + nodes * dec_prompt),
+                score * 2 + dec_c,
+                decompose_prompt_tokens=dec_p,
+                decompose_completion_tokens=dec_c,
+                requests=nodes + len(reqs) + n_new * len(samples),
+            )
+        )
     return plans

@@ -19,17 +19,27 @@ class HDEvalOptions(MethodOptions):
     top_k: int = option(4, "Criteria expanded per layer from layer 3 on (attribution pruning).")
     aggregator: str = option("auto", AGGREGATOR_HELP)
     tree: str | None = option(
-        None, "Start from this criteria tree (a tree.json, e.g. an artifact's, edited or not; or an HD-Eval "
-              "artifact directory): its layers are scored as given, --layers beyond them expand it; criteria "
-              "with \"locked\": true are never expanded.")
+        None,
+        "Start from this criteria tree (a tree.json, e.g. an artifact's, edited or not; or an HD-Eval "
+        "artifact directory): its layers are scored as given, --layers beyond them expand it; criteria "
+        'with "locked": true are never expanded.',
+    )
     decompose_llm: str | None = option(
-        None, "The LLM that decomposes criteria (same forms as --llm). Default: the scoring LLM.")
+        None, "The LLM that decomposes criteria (same forms as --llm). Default: the scoring LLM."
+    )
     decompose_base_url: str | None = option(None, "OpenAI-compatible server of --decompose-llm.")
-    scorer: str = option("digit", "How criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "
-                                  "probability against comparison examples, both orders).",
-                         choices=("digit", "pairwise"))
-    comparisons: int = option(3, "Comparison examples each response is compared with (HD-Eval: with --scorer pairwise).")
-    swap: bool = option(True, "Also ask each pair in the swapped order and average (HD-Eval: with --scorer pairwise).")
+    scorer: str = option(
+        "digit",
+        "How criteria are scored: a 1-5 digit, or 'pairwise' (PairEval win "
+        "probability against comparison examples, both orders).",
+        choices=("digit", "pairwise"),
+    )
+    comparisons: int = option(
+        3, "Comparison examples each response is compared with (HD-Eval: with --scorer pairwise)."
+    )
+    swap: bool = option(
+        True, "Also ask each pair in the swapped order and average (HD-Eval: with --scorer pairwise)."
+    )
 
     def validate(self) -> None:
         for name in ("layers", "children", "top_k"):

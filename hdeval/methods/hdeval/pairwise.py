@@ -6,8 +6,6 @@ human label; permutation importance picks the criteria to decompose next."""
 
 from __future__ import annotations
 
-from hdeval.urls import shown_identity
-
 import dataclasses
 import math
 import warnings
@@ -21,23 +19,37 @@ import pandas as pd
 from hdeval.aggregate import fit_warnings, used_features
 from hdeval.artifact import ArtifactWriter
 from hdeval.classify import (
-    CLASSIFIERS, cv_predictions, heldout_importance, make_classifier, predict_labels, prune_importance,
+    CLASSIFIERS,
+    cv_predictions,
+    heldout_importance,
+    make_classifier,
+    predict_labels,
+    prune_importance,
     select_classifier,
 )
 from hdeval.errors import ArtifactError, ConfigError, DataError
-from hdeval.metrics import pair_agreement as agreement
-from hdeval.methods.base import AGREEMENT, NUMBER, SPLIT, FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.aggregator_file import check_pipeline
+from hdeval.methods.base import AGREEMENT, NUMBER, SPLIT, FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.evaluator import TreeEvaluator
 from hdeval.methods.hdeval.loop import (
-    LayerReport, _fmt, best_layer, check_failures, grow, kept_warnings, plan_hdeval, positions, pruning_lines,
+    LayerReport,
+    _fmt,
+    best_layer,
+    check_failures,
+    grow,
+    kept_warnings,
+    plan_hdeval,
+    positions,
+    pruning_lines,
     warning_notes,
 )
 from hdeval.methods.pair_report import write_pair_report
+from hdeval.metrics import pair_agreement as agreement
 from hdeval.progress import Progress
 from hdeval.prompts import Template, load_templates
 from hdeval.scoring import score_criteria
 from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
+from hdeval.urls import shown_identity
 
 MODEL = "classifier.skops"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decomposition_rejections")
@@ -50,13 +62,22 @@ def side_samples(pairs: Sequence[PairSample]) -> list[Sample]:
     out = []
     for p in pairs:
         for side, text, system in (("a", p.output_a, p.system_a), ("b", p.output_b, p.system_b)):
-            out.append(Sample(f"{p.id}#{side}", p.doc_id, {**dict(p.fields), "output": text}, {}, system, p.line))
+            out.append(
+                Sample(f"{p.id}#{side}", p.doc_id, {**dict(p.fields), "output": text}, {}, system, p.line)
+            )
     return out
 
 
-def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteria: Sequence[Criterion],
-                pairs: Sequence[PairSample], concurrency: int,
-                progress: Progress | None) -> tuple[ScoreMatrix, ScoreMatrix]:
+def score_sides(
+    llm,
+    template: Template,
+    task: Task,
+    tree: CriteriaTree,
+    criteria: Sequence[Criterion],
+    pairs: Sequence[PairSample],
+    concurrency: int,
+    progress: Progress | None,
+) -> tuple[ScoreMatrix, ScoreMatrix]:
     """(scores of A, scores of B): pairs x criteria; a failed score is NaN with a Failure naming
     the pair and ``<criterion>:a`` or ``:b``."""
     ids = [p.id for p in pairs]
@@ -66,8 +87,10 @@ def score_sides(llm, template: Template, task: Task, tree: CriteriaTree, criteri
     for f in m.failures:
         pid, _, side = f.sample_id.rpartition("#")
         fails[side].append(Failure(pid, f"{f.criterion_key}:{side}", f.reason))
-    return (ScoreMatrix(ids, keys, m.values[0::2], fails["a"]),
-            ScoreMatrix(ids, keys, m.values[1::2], fails["b"]))
+    return (
+        ScoreMatrix(ids, keys, m.values[0::2], fails["a"]),
+        ScoreMatrix(ids, keys, m.values[1::2], fails["b"]),
+    )
 
 
 def plan_pairwise(config, prep, backend=None) -> list:
@@ -81,8 +104,10 @@ def plan_pairwise(config, prep, backend=None) -> list:
 def no_pairwise_scorer(options: Any, task: Task) -> None:
     """--scorer pairwise compares pointwise samples with comparison examples: not on pairs."""
     if options.scorer != "digit":
-        raise ConfigError(f"--scorer pairwise does not apply to a pairwise task ({task.name}): HD-Eval "
-                          "scores both responses of each pair with the criterion prompt; leave --scorer out")
+        raise ConfigError(
+            f"--scorer pairwise does not apply to a pairwise task ({task.name}): HD-Eval "
+            "scores both responses of each pair with the criterion prompt; leave --scorer out"
+        )
 
 
 def check_pairwise_options(ctx: FitContext) -> None:
@@ -91,12 +116,16 @@ def check_pairwise_options(ctx: FitContext) -> None:
     given = ctx.options.given()
     for name in ("comparisons", "swap"):
         if name in given:
-            raise ConfigError(f"--{name} is a PairEval option; HD-Eval on a pairwise task "
-                              f"({ctx.prep.task.name}) shows each response alone and does not take it")
+            raise ConfigError(
+                f"--{name} is a PairEval option; HD-Eval on a pairwise task "
+                f"({ctx.prep.task.name}) shows each response alone and does not take it"
+            )
     labels = {ctx.prep.samples[i].label for i in positions(ctx.prep.samples, ctx.prep.split.train_ids)}
     if not {"a", "b"} <= labels:
-        raise DataError(f"{ctx.prep.data_path}: the training split's labels are {sorted(labels)}; the "
-                        "classifier needs pairs labelled a and pairs labelled b (use more data or another --seed)")
+        raise DataError(
+            f"{ctx.prep.data_path}: the training split's labels are {sorted(labels)}; the "
+            "classifier needs pairs labelled a and pairs labelled b (use more data or another --seed)"
+        )
 
 
 def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
@@ -111,17 +140,21 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
     groups = [pairs[i].doc_id for i in tr]
     progress.message(
         f"task {task.name}: {len(pairs)} pairs from {prep.data_path} ({len(tr)} train, {len(te)} test), "
-        f"both responses scored per criterion, LLM {shown_identity(llm.identity)}")
+        f"both responses scored per criterion, LLM {shown_identity(llm.identity)}"
+    )
     side_a, side_b = ScoreMatrix.empty(ids), ScoreMatrix.empty(ids)
     reports: list[LayerReport] = []
     expand: list[str] = []
     fitted: dict[int, tuple[Any, str, int]] = {}  # layer -> (classifier, kind, columns it takes)
     rejections: list[dict[str, Any]] = []  # degenerate decomposition replies (the manifest's)
     # the ETA counts as plan_pairwise: the pointwise count over both responses of each pair
-    for layer, tree, new in grow(config, progress, llm, llm, templates["decompose"], task, None,
-                                 2 * len(pairs), expand, rejections):
-        progress.stage(f"layer {layer}: scoring {len(pairs)} pairs x 2 responses x {len(new)} criteria",
-                       2 * len(pairs) * len(new))
+    for layer, tree, new in grow(
+        config, progress, llm, llm, templates["decompose"], task, None, 2 * len(pairs), expand, rejections
+    ):
+        progress.stage(
+            f"layer {layer}: scoring {len(pairs)} pairs x 2 responses x {len(new)} criteria",
+            2 * len(pairs) * len(new),
+        )
         sa, sb = score_sides(llm, templates["score"], task, tree, new, pairs, config.concurrency, progress)
         progress.end_stage()
         rate = _rate(sa, sb)
@@ -137,8 +170,15 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
             cv_pred, cv_ab = cv_predictions(kind, X[tr], ytr, groups, config.seed)
             model = make_classifier(kind, config.seed).fit(X[tr], ytr)
             pred, pred_ab = predict_labels(model, X[te])
-            report = LayerReport(layer, [c.key for c in new], kind, agreement(ytr, cv_pred, cv_ab),
-                                     agreement(yte, pred, pred_ab), rate, selection)
+            report = LayerReport(
+                layer,
+                [c.key for c in new],
+                kind,
+                agreement(ytr, cv_pred, cv_ab),
+                agreement(yte, pred, pred_ab),
+                rate,
+                selection,
+            )
             if 2 <= layer < config.options.layers:
                 keys = side_a.criterion_keys
                 cand = [keys.index(c.key) for c in new]
@@ -146,7 +186,7 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
                 report.importance = {c.key: round(float(v), 6) for c, v in zip(new, imp)}
                 positive = [i for i in range(len(new)) if imp[i] > 0]
                 order = sorted(positive, key=lambda i: (-imp[i], i))
-                expand[:] = [new[i].key for i in order[:config.options.top_k]]
+                expand[:] = [new[i].key for i in order[: config.options.top_k]]
                 report.expand_next, report.positive_importance = list(expand), len(positive)
         report.notes = warning_notes(caught)
         reports.append(report)
@@ -162,7 +202,8 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
         warnings.simplefilter("ignore")
         imp = heldout_importance(model, X[te], yte, config.seed)
     metrics: dict[str, Any] = {
-        "method": "hdeval", "shape": "pairwise",
+        "method": "hdeval",
+        "shape": "pairwise",
         "split": {"train": len(tr), "test": len(te)},
         "final": next(r.test for r in reports if r.layer == kept),
         "final_layer": kept,
@@ -176,23 +217,41 @@ def run_pairwise(ctx: FitContext) -> "PairwiseTreeEvaluator":
         "failure_rate": round(_rate(side_a, side_b), 6),
         "order_swap": order_swap(model, X[te]),
         "usage": usage_of(llm),
-        "notes": ("agreement: 'w_ties' 3-way accuracy; 'wo_ties' on pairs whose human label is not a tie, "
-                  "the prediction forced to a or b; 'importance' is the drop in held-out agreement when a "
-                  "criterion's difference is shuffled"),
+        "notes": (
+            "agreement: 'w_ties' 3-way accuracy; 'wo_ties' on pairs whose human label is not a tie, "
+            "the prediction forced to a or b; 'importance' is the drop in held-out agreement when a "
+            "criterion's difference is shuffled"
+        ),
     }
     progress.message(
         f"held-out agreement: evaluator w/o ties {metrics['final']['wo_ties']}, w/ ties {metrics['final']['w_ties']} "
         f"| baseline (equal-weight sum of layer-1 differences) w/o ties {metrics['direct_layer1']['wo_ties']}, "
-        f"w/ ties {metrics['direct_layer1']['w_ties']}")
+        f"w/ ties {metrics['direct_layer1']['w_ties']}"
+    )
     table = _score_table(ids, side_a, side_b, split, y)
     # a classifier has no nn grid to record
     layers = [{k: v for k, v in r.to_dict().items() if k not in ("tuning", "params")} for r in reports]
-    extra = {**run_record(ctx), "layers": layers, "data_file": str(prep.data_path),
-             **({"decomposition_rejections": rejections} if rejections else {})}
+    extra = {
+        **run_record(ctx),
+        "layers": layers,
+        "data_file": str(prep.data_path),
+        **({"decomposition_rejections": rejections} if rejections else {}),
+    }
     # the score table keeps every explored criterion; the kept classifier reads the first columns
     kept_tree = tree if kept == reports[-1].layer else CriteriaTree(c for c in tree if c.layer <= kept)
-    return PairwiseTreeEvaluator(task, kept_tree, model, kind, side_a.criterion_keys[:n_cols], templates, ctx.llm_config,
-                         llm.identity, metrics, extra, table)
+    return PairwiseTreeEvaluator(
+        task,
+        kept_tree,
+        model,
+        kind,
+        side_a.criterion_keys[:n_cols],
+        templates,
+        ctx.llm_config,
+        llm.identity,
+        metrics,
+        extra,
+        table,
+    )
 
 
 def order_swap(model: Any, X: np.ndarray) -> dict[str, Any]:
@@ -207,9 +266,12 @@ def order_swap(model: Any, X: np.ndarray) -> dict[str, Any]:
         first, _ = predict_labels(model, X)
         second, _ = predict_labels(model, -X)
     changed = sum(mirror[str(p)] != str(q) for p, q in zip(first, second))
-    return {"pairs": int(len(X)), "verdict_changes": round(changed / len(X), 6),
-            "how": "the test pairs with A and B swapped (negated differences): the share whose preferred "
-                   "response or tie changes"}
+    return {
+        "pairs": int(len(X)),
+        "verdict_changes": round(changed / len(X), 6),
+        "how": "the test pairs with A and B swapped (negated differences): the share whose preferred "
+        "response or tie changes",
+    }
 
 
 def choose_pair_layer(reports: Sequence[LayerReport]) -> dict[str, Any]:
@@ -218,8 +280,12 @@ def choose_pair_layer(reports: Sequence[LayerReport]) -> dict[str, Any]:
     and must beat the shallower best by more than ``LAYER_MARGIN``. Test rows decide nothing."""
     cv = {r.layer: r.cv_train.get("w_ties") for r in reports}
     best, reason = best_layer(cv, [r.layer for r in reports], "agreement with ties", "the only layer")
-    return {"kept_layer": best, "by": "grouped cross-validation on the training split (agreement with ties)",
-            "reason": reason, "cv_train_w_ties": {str(k): v for k, v in cv.items()}}
+    return {
+        "kept_layer": best,
+        "by": "grouped cross-validation on the training split (agreement with ties)",
+        "reason": reason,
+        "cv_train_w_ties": {str(k): v for k, v in cv.items()},
+    }
 
 
 def _rate(a: ScoreMatrix, b: ScoreMatrix) -> float:
@@ -227,8 +293,9 @@ def _rate(a: ScoreMatrix, b: ScoreMatrix) -> float:
     return float(np.isnan(a.values).sum() + np.isnan(b.values).sum()) / n if n else 0.0
 
 
-def _direct_layer1(a: ScoreMatrix, b: ScoreMatrix, task: Task, te: np.ndarray,
-                   yte: Sequence[str]) -> dict[str, Any]:
+def _direct_layer1(
+    a: ScoreMatrix, b: ScoreMatrix, task: Task, te: np.ndarray, yte: Sequence[str]
+) -> dict[str, Any]:
     """Baseline: the plain sum of the layer-1 (aspect) differences; equal sums are a tie."""
     cols = [a.criterion_keys.index(k) for k in task.aspect_keys]
     d = np.nansum(a.values[te][:, cols] - b.values[te][:, cols], axis=1)
@@ -247,9 +314,11 @@ def _score_table(ids, a: ScoreMatrix, b: ScoreMatrix, split, y) -> pd.DataFrame:
 
 
 def _layer_summary(r: LayerReport) -> str:
-    lines = [f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
-             f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
-             f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}"]
+    lines = [
+        f"layer {r.layer}: +{len(r.added)} criteria, classifier {r.aggregator}, failed scores "
+        f"{r.failure_rate:.1%}, CV-train agreement w/o ties {_fmt(r.cv_train['wo_ties'])}",
+        f"  test agreement w/o ties {_fmt(r.test['wo_ties'])}, w/ ties {_fmt(r.test['w_ties'])}",
+    ]
     return "\n".join(lines + pruning_lines(r))
 
 
@@ -290,8 +359,13 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         return 2 * len(self.needed_criteria)
 
     def metrics_shape(self) -> dict[str, Any]:
-        return {"final!": AGREEMENT, "layers": {"#": AGREEMENT}, "direct_layer1": AGREEMENT, "split": SPLIT,
-                "importance": {"*": NUMBER}}
+        return {
+            "final!": AGREEMENT,
+            "layers": {"#": AGREEMENT},
+            "direct_layer1": AGREEMENT,
+            "split": SPLIT,
+            "importance": {"*": NUMBER},
+        }
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
@@ -305,27 +379,49 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
         return side_samples(items)  # both responses, ids <pair>#a / #b
 
-    def score(self, samples: Sequence[PairSample], backend=None, cache_dir=None, concurrency: int | None = None,
-              progress: Progress | None = None) -> PairHdevalResult:
+    def score(
+        self,
+        samples: Sequence[PairSample],
+        backend=None,
+        cache_dir=None,
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> PairHdevalResult:
         """Score both responses of new pairs on the criteria the classifier uses (cached), predict."""
         pairs = list(samples)
         if not pairs:
             raise DataError("no pairs to score")
         if not all(isinstance(p, PairSample) for p in pairs):
-            raise DataError("this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
-                            "output_b), not single outputs")
-        (sa, sb), usage = self.score_needed(pairs, backend, cache_dir, concurrency, progress,
-                                            f"{len(pairs)} pairs x 2 responses", 2 * len(pairs), score_sides)
+            raise DataError(
+                "this HD-Eval evaluator was trained on pairs: it scores pairs (output_a / "
+                "output_b), not single outputs"
+            )
+        (sa, sb), usage = self.score_needed(
+            pairs,
+            backend,
+            cache_dir,
+            concurrency,
+            progress,
+            f"{len(pairs)} pairs x 2 responses",
+            2 * len(pairs),
+            score_sides,
+        )
         ids = [p.id for p in pairs]
         A, B = self.on_features(sa), self.on_features(sb)
         X = A - B
         labels, labels_ab = predict_labels(self.model, X)
         proba = self.model.predict_proba(X)
         return PairHdevalResult(
-            ids, [f"p_{c}" for c in self.classes], proba,
-            ScoreMatrix(ids, list(self.feature_keys), X, sa.failures + sb.failures), usage,
-            labels=labels, labels_ab=labels_ab,
-            side_a=ScoreMatrix(ids, list(self.feature_keys), A), side_b=ScoreMatrix(ids, list(self.feature_keys), B))
+            ids,
+            [f"p_{c}" for c in self.classes],
+            proba,
+            ScoreMatrix(ids, list(self.feature_keys), X, sa.failures + sb.failures),
+            usage,
+            labels=labels,
+            labels_ab=labels_ab,
+            side_a=ScoreMatrix(ids, list(self.feature_keys), A),
+            side_b=ScoreMatrix(ids, list(self.feature_keys), B),
+        )
 
     def output_rows(self, samples: Sequence[PairSample], result: PairHdevalResult) -> list[dict[str, Any]]:
         """One JSON line per pair: the prediction, class probabilities, and per criterion the
@@ -337,11 +433,18 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         rows = []
         for i, p in enumerate(samples):
             row: dict[str, Any] = {
-                "id": p.id, "doc_id": p.doc_id, "prediction": result.labels[i],
-                "probabilities": {c.removeprefix("p_"): round(float(x), 6)
-                                  for c, x in zip(result.aspects, result.predictions[i])},
-                "criteria": {k: {"a": _num(result.side_a.values[i, j]), "b": _num(result.side_b.values[i, j])}
-                             for j, k in enumerate(self.feature_keys) if k in needed},
+                "id": p.id,
+                "doc_id": p.doc_id,
+                "prediction": result.labels[i],
+                "probabilities": {
+                    c.removeprefix("p_"): round(float(x), 6)
+                    for c, x in zip(result.aspects, result.predictions[i])
+                },
+                "criteria": {
+                    k: {"a": _num(result.side_a.values[i, j]), "b": _num(result.side_b.values[i, j])}
+                    for j, k in enumerate(self.feature_keys)
+                    if k in needed
+                },
             }
             if p.id in fails:
                 row["failures"] = fails[p.id]
@@ -353,10 +456,12 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def summary_line(self) -> str:
         m = self.metrics
         f, d = m.get("final") or {}, m.get("direct_layer1") or {}
-        return (f"final evaluator: layer {m.get('final_layer')}, classifier {self.kind}, {len(self.feature_keys)} "
-                f"criteria; held-out agreement with human labels: w/o ties {f.get('wo_ties')}, w/ ties "
-                f"{f.get('w_ties')} (equal-weight sum of the layer-1 differences: w/o ties {d.get('wo_ties')}, "
-                f"w/ ties {d.get('w_ties')})" + _swap_text(m.get("order_swap")))
+        return (
+            f"final evaluator: layer {m.get('final_layer')}, classifier {self.kind}, {len(self.feature_keys)} "
+            f"criteria; held-out agreement with human labels: w/o ties {f.get('wo_ties')}, w/ ties "
+            f"{f.get('w_ties')} (equal-weight sum of the layer-1 differences: w/o ties {d.get('wo_ties')}, "
+            f"w/ ties {d.get('w_ties')})" + _swap_text(m.get("order_swap"))
+        )
 
     # ------------------------------------------------------------------ saving / loading
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
@@ -368,17 +473,29 @@ class PairwiseTreeEvaluator(TreeEvaluator):
         kind, classes = meta.get("kind"), meta.get("classes")
         if not isinstance(kind, str) or kind not in CLASSIFIERS:  # a list or object is no key
             raise ArtifactError(f"{mpath}: unknown classifier kind {kind!r}")
-        if (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
-                or not set(classes) <= set(PAIR_LABELS) or not {"a", "b"} <= set(classes)
-                or len(set(classes)) != len(classes)):
+        if (
+            not isinstance(classes, list)
+            or not all(isinstance(c, str) for c in classes)
+            or not set(classes) <= set(PAIR_LABELS)
+            or not {"a", "b"} <= set(classes)
+            or len(set(classes)) != len(classes)
+        ):
             raise ArtifactError(f"{mpath}: classifier classes {classes!r} must be a, b and optionally tie")
         return kind, classes
 
     @classmethod
     def checked_model(cls, model: Any, section: tuple, n_features: int, where: Path) -> Any:
         kind, classes = section
-        got = check_pipeline(model, "classifier", kind, n_features, where, "the classifier", "differences",
-                             lambda m, X: (m.predict_proba(X), [str(c) for c in m.classes_])[1])
+        got = check_pipeline(
+            model,
+            "classifier",
+            kind,
+            n_features,
+            where,
+            "the classifier",
+            "differences",
+            lambda m, X: (m.predict_proba(X), [str(c) for c in m.classes_])[1],
+        )
         if got != classes:
             raise ArtifactError(f"{where}: the classifier's classes {got} are not the manifest's {classes}")
         return model

@@ -52,8 +52,14 @@ class _OnColumns:
         return self.model.predict(full)
 
 
-def aspect_importance(agg: Aggregator, X: np.ndarray, Y: np.ndarray, n_repeats: int = N_REPEATS,
-                      random_state: int = 0, columns: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+def aspect_importance(
+    agg: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    n_repeats: int = N_REPEATS,
+    random_state: int = 0,
+    columns: Sequence[int] | None = None,
+) -> dict[str, np.ndarray]:
     """Permutation importance (mean drop in R^2 of the unclipped pipeline output) of every
     feature (or only of ``columns``, in that order: the same values) for every aspect of a
     fitted aggregator, on the data given (held-out data, never the test split when pruning).
@@ -72,16 +78,31 @@ def aspect_importance(agg: Aggregator, X: np.ndarray, Y: np.ndarray, n_repeats: 
     return {a: out[a] for a in agg.aspects_}
 
 
-def _fold_importance(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, tr: np.ndarray,
-                     va: np.ndarray, n_repeats: int, columns: Sequence[int]) -> dict[str, np.ndarray]:
+def _fold_importance(
+    agg_template: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    tr: np.ndarray,
+    va: np.ndarray,
+    n_repeats: int,
+    columns: Sequence[int],
+) -> dict[str, np.ndarray]:
     """One pruning fold: fit on its training rows, importance of ``columns`` on its held-out rows."""
     agg = clone(agg_template).fit(X[tr], Y[tr])
     return aspect_importance(agg, X[va], Y[va], n_repeats, agg_template.random_state, columns)
 
 
-def prune(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, feature_keys: Sequence[str],
-          candidates: Sequence[str], doc_groups: Sequence[str], top_k: int, n_repeats: int = N_REPEATS,
-          n_jobs: int | None = None) -> PruneResult:
+def prune(
+    agg_template: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    feature_keys: Sequence[str],
+    candidates: Sequence[str],
+    doc_groups: Sequence[str],
+    top_k: int,
+    n_repeats: int = N_REPEATS,
+    n_jobs: int | None = None,
+) -> PruneResult:
     """Fit on training folds, measure importance on the held-out fold, average over folds;
     sum over aspects; select up to ``top_k`` candidates whose importance is real, most
     important first (ties broken by tree order). Real means: its mean importance less its
@@ -100,8 +121,10 @@ def prune(agg_template: Aggregator, X: np.ndarray, Y: np.ndarray, feature_keys: 
     shadow_idx = list(range(X.shape[1] - len(cand_idx), X.shape[1]))
     per_aspect = {a: np.zeros(2 * len(candidates)) for a in agg_template.aspects}
     per_fold: list[np.ndarray] = []  # each fold's importance summed over aspects
-    calls = [(_fold_importance, (agg_template, X, Y, tr, va, n_repeats, cand_idx + shadow_idx))
-             for tr, va in cv_folds(doc_groups, agg_template.random_state)]
+    calls = [
+        (_fold_importance, (agg_template, X, Y, tr, va, n_repeats, cand_idx + shadow_idx))
+        for tr, va in cv_folds(doc_groups, agg_template.random_state)
+    ]
     for imp in run_jobs(calls, n_jobs):  # the folds in parallel, summed in fold order
         for a, values in imp.items():
             per_aspect[a] += values

@@ -23,19 +23,24 @@ BOOTSTRAP = 2000
 LEVEL = 0.95
 
 
-def refit(ev: Any, samples: Sequence[Any], llm: Any, llm_config: Any, progress: Any = None,
-          seed: int = 0) -> tuple[Evaluator, dict[str, Any]]:
+def refit(
+    ev: Any, samples: Sequence[Any], llm: Any, llm_config: Any, progress: Any = None, seed: int = 0
+) -> tuple[Evaluator, dict[str, Any]]:
     """(the refitted evaluator, the change): ``ev``'s criteria scored by ``llm`` (a cached client,
     recorded as ``llm_config``) on the artifact's training and held-out rows found in ``samples``."""
     if type(ev) is not Evaluator or ev.scorer is not None:
-        raise ConfigError("refit takes a pointwise HD-Eval artifact scored with 1-5 digits (one LLM, no jury)")
+        raise ConfigError(
+            "refit takes a pointwise HD-Eval artifact scored with 1-5 digits (one LLM, no jury)"
+        )
     split = (ev.run or {}).get("split") or {}
     train_ids, test_ids = list(split.get("train") or []), list(split.get("test") or [])
     by_id = {s.id: s for s in samples}
     missing = [i for i in train_ids + test_ids if i not in by_id]
     if missing or not train_ids or not test_ids:
-        raise DataError(f"refit needs every labelled row of the artifact in --data: {len(missing)} of "
-                        f"{len(train_ids) + len(test_ids)} are missing (e.g. {missing[:1] or ['none recorded']})")
+        raise DataError(
+            f"refit needs every labelled row of the artifact in --data: {len(missing)} of "
+            f"{len(train_ids) + len(test_ids)} are missing (e.g. {missing[:1] or ['none recorded']})"
+        )
     rows = [by_id[i] for i in train_ids + test_ids]
     aspects = list(ev.task.aspect_keys)
     if any(a not in s.scores for s in rows for a in aspects):
@@ -54,20 +59,48 @@ def refit(ev: Any, samples: Sequence[Any], llm: Any, llm_config: Any, progress: 
     change = bootstrap_change(Y[te], old[te], new, [rows[i].doc_id for i in te], aspects, seed)
     final = metric_table(Y[te], new, aspects)
     tree_m = ScoreMatrix([s.id for s in rows], list(ev.feature_keys), X)
-    metrics = {"split": {"train": len(tr), "test": len(te)}, "final": final, "layers": {"1": final},
-               **dict(sorted(baselines(ev.tree, tree_m, Y, te, aspects).items())),
-               "failure_rate": m.failure_rate, "usage": usage_of(llm), "refit": change}
+    metrics = {
+        "split": {"train": len(tr), "test": len(te)},
+        "final": final,
+        "layers": {"1": final},
+        **dict(sorted(baselines(ev.tree, tree_m, Y, te, aspects).items())),
+        "failure_rate": m.failure_rate,
+        "usage": usage_of(llm),
+        "refit": change,
+    }
     used = np.flatnonzero(agg.used_features())
     metrics["intervals"] = fitted_intervals(
-        Y, cv_pred, tr, new, te, aspects, [a.range for a in ev.task.aspects],
+        Y,
+        cv_pred,
+        tr,
+        new,
+        te,
+        aspects,
+        [a.range for a in ev.task.aspects],
         "grouped cross-validation on the training split (refit, by doc_id)",
-        X=X[:, used], columns=[ev.feature_keys[i] for i in used])
+        X=X[:, used],
+        columns=[ev.feature_keys[i] for i in used],
+    )
     split_obj = _Split(train_ids, test_ids)
     table = score_table([s.id for s in rows], tree_m, split_obj, Y, aspects)
-    extra = {**{k: v for k, v in ev.manifest_extra.items() if k != "layers"}, **ev.run,
-             "refit_from": {"identity": ev.llm_identity, "held_out": change}}
-    out = Evaluator(ev.task, ev.tree, agg, agg.kind, ev.feature_keys, ev.templates, llm_config, llm.identity,
-                    metrics, extra, table)
+    extra = {
+        **{k: v for k, v in ev.manifest_extra.items() if k != "layers"},
+        **ev.run,
+        "refit_from": {"identity": ev.llm_identity, "held_out": change},
+    }
+    out = Evaluator(
+        ev.task,
+        ev.tree,
+        agg,
+        agg.kind,
+        ev.feature_keys,
+        ev.templates,
+        llm_config,
+        llm.identity,
+        metrics,
+        extra,
+        table,
+    )
     return out, change
 
 
@@ -87,10 +120,17 @@ def _old_features(ev: Any, rows: Sequence[Any]) -> np.ndarray:
     return table.loc[[s.id for s in rows], list(ev.feature_keys)].to_numpy(float)
 
 
-def bootstrap_change(Y: np.ndarray, old: np.ndarray, new: np.ndarray, docs: Sequence[str],
-                     aspects: Sequence[str], seed: int = 0) -> dict[str, Any]:
+def bootstrap_change(
+    Y: np.ndarray,
+    old: np.ndarray,
+    new: np.ndarray,
+    docs: Sequence[str],
+    aspects: Sequence[str],
+    seed: int = 0,
+) -> dict[str, Any]:
     """The held-out average Spearman, old and new, and the new minus the old with a percentile
     interval from resampling whole documents (rows of one document move together)."""
+
     def sp(pred: np.ndarray, idx: np.ndarray) -> float:
         return average_spearman(Y[idx], pred[idx])
 
@@ -105,8 +145,14 @@ def bootstrap_change(Y: np.ndarray, old: np.ndarray, new: np.ndarray, docs: Sequ
         d = sp(new, idx) - sp(old, idx)
         if np.isfinite(d):
             diffs.append(d)
-    lo, hi = (np.quantile(diffs, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]) if diffs else (np.nan, np.nan))
-    verdict = ("worse" if hi < 0 else "better" if lo > 0 else "no clear change")
-    return {"spearman_before": round(before, 6), "spearman_after": round(after, 6),
-            "change": round(after - before, 6), "interval": [round(float(lo), 6), round(float(hi), 6)],
-            "level": LEVEL, "documents": len(uniq), "verdict": verdict}
+    lo, hi = np.quantile(diffs, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]) if diffs else (np.nan, np.nan)
+    verdict = "worse" if hi < 0 else "better" if lo > 0 else "no clear change"
+    return {
+        "spearman_before": round(before, 6),
+        "spearman_after": round(after, 6),
+        "change": round(after - before, 6),
+        "interval": [round(float(lo), 6), round(float(hi), 6)],
+        "level": LEVEL,
+        "documents": len(uniq),
+        "verdict": verdict,
+    }

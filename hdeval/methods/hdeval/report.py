@@ -16,13 +16,22 @@ import numpy as np
 from hdeval import __version__
 from hdeval.errors import ArtifactError, ConfigError
 from hdeval.methods.hdeval.explain import (
-    MAX_SAMPLES, N_BACKGROUND, EfficiencyPoint, NodeImportance, ShapResult, efficiency_curve,
-    permutation_importances, score_table, shap_explain, split_rows, subsample,
+    MAX_SAMPLES,
+    N_BACKGROUND,
+    EfficiencyPoint,
+    NodeImportance,
+    ShapResult,
+    efficiency_curve,
+    permutation_importances,
+    score_table,
+    shap_explain,
+    split_rows,
+    subsample,
     tree_importance,
 )
+from hdeval.methods.hdeval.prune import N_REPEATS
 from hdeval.metrics import metric_table
 from hdeval.progress import Progress
-from hdeval.methods.hdeval.prune import N_REPEATS
 from hdeval.report import samples as sample_view
 
 REPORT_FORMAT = "hdeval-report"
@@ -66,9 +75,16 @@ class Report:
     efficiency: list[EfficiencyPoint]
 
 
-def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int = N_BACKGROUND,
-                 n_repeats: int = N_REPEATS, curve_points: int | None = CURVE_POINTS, random_state: int = 0,
-                 progress: Progress | None = None) -> Report:
+def build_report(
+    ev: Any,
+    *,
+    max_samples: int = MAX_SAMPLES,
+    n_background: int = N_BACKGROUND,
+    n_repeats: int = N_REPEATS,
+    curve_points: int | None = CURVE_POINTS,
+    random_state: int = 0,
+    progress: Progress | None = None,
+) -> Report:
     """Compute every number of the report from the artifact's score table (``scores.csv``)
     and its aggregator. ``max_samples`` bounds the SHAP-explained held-out samples,
     ``n_background`` the background rows, ``curve_points`` the refits of the efficiency curve."""
@@ -93,8 +109,9 @@ def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int =
     sel = subsample(len(test.X), max_samples, random_state)
     bg = train.X[subsample(len(train.X), n_background, random_state)]
     progress.message(f"SHAP values of {len(sel)} held-out samples")
-    shap_res = shap_explain(agg, keys, test.X[sel], [test.sample_ids[i] for i in sel], bg,
-                            random_state=random_state)
+    shap_res = shap_explain(
+        agg, keys, test.X[sel], [test.sample_ids[i] for i in sel], bg, random_state=random_state
+    )
 
     final = metric_table(test.Y, agg.predict(test.X), aspects)
 
@@ -115,8 +132,11 @@ def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int =
             "path": str(ev.path) if ev.path else None,
             "created": manifest.get("created"),
             "task": ev.task.name,
-            "aspects": [{"key": a.key, "name": a.name, "range": [a.low, a.high]} for a in ev.task.aspects
-                        if a.key in aspects],
+            "aspects": [
+                {"key": a.key, "name": a.name, "range": [a.low, a.high]}
+                for a in ev.task.aspects
+                if a.key in aspects
+            ],
             "aggregator": agg.kind,
             "llm": ev.llm_identity,
             "criteria": len(keys),
@@ -127,8 +147,11 @@ def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int =
         "definitions": DEFINITIONS,
         "tree": [n.to_dict() for n in nodes],
         "permutation_importance": {
-            "split": "test", "n_samples": len(test.X), "n_repeats": n_repeats,
-            "random_state": random_state, "per_aspect": perm,
+            "split": "test",
+            "n_samples": len(test.X),
+            "n_repeats": n_repeats,
+            "random_state": random_state,
+            "per_aspect": perm,
         },
         "shap": {
             "explainer": next(iter(shap_res.values())).explainer if shap_res else None,
@@ -154,8 +177,10 @@ def build_report(ev: Any, *, max_samples: int = MAX_SAMPLES, n_background: int =
             "order_by": "permutation importance on the train split, summed over aspects",
             "order": order,
             "order_importance": order_imp,
-            "points": [{"n_criteria": p.n_criteria, "criteria": p.criteria, "correlations": p.correlations}
-                       for p in curve],
+            "points": [
+                {"n_criteria": p.n_criteria, "criteria": p.criteria, "correlations": p.correlations}
+                for p in curve
+            ],
         },
     }
     stored = m.get("final")
@@ -192,8 +217,12 @@ def _clean(x: Any) -> Any:
     return json.loads(json.dumps(x, default=lambda o: o.item()), parse_constant=lambda _: None)
 
 
-def disagreements(ev: Any, data: str | Path | None = None, cache_dir: str | Path | None = None,
-                  top: int = sample_view.TOP_SAMPLES) -> tuple[list[dict[str, Any]], str | None]:
+def disagreements(
+    ev: Any,
+    data: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    top: int = sample_view.TOP_SAMPLES,
+) -> tuple[list[dict[str, Any]], str | None]:
     """The held-out samples furthest from the human scores, with their criterion scores and
     the LLM's raw replies (read-only from the cache, when it and the data are at hand)."""
     from hdeval.report.pointwise import labeler
@@ -213,20 +242,45 @@ def disagreements(ev: Any, data: str | Path | None = None, cache_dir: str | Path
     for i in order:
         sid = test.sample_ids[i]
         sample = items.get(sid)
-        fields = [(f.label, sample_view.clip(sample.fields.get(f.key), sample_view.MAX_FIELD_CHARS))
-                  for f in ev.task.fields] if sample is not None else []
-        out.append({
-            "id": sid, "error": float(err[i]), "fields": fields,
-            "aspects": [{"key": a, "human": float(test.Y[i, j]), "predicted": float(pred[i, j])}
-                        for j, a in enumerate(aspects)],
-            "criteria": [{"key": k, "label": label(k), "score": float(test.X[i, j]),
-                          "reply": replies.texts.get((sid, k))} for j, k in enumerate(criteria)],
-        })
+        fields = (
+            [
+                (f.label, sample_view.clip(sample.fields.get(f.key), sample_view.MAX_FIELD_CHARS))
+                for f in ev.task.fields
+            ]
+            if sample is not None
+            else []
+        )
+        out.append(
+            {
+                "id": sid,
+                "error": float(err[i]),
+                "fields": fields,
+                "aspects": [
+                    {"key": a, "human": float(test.Y[i, j]), "predicted": float(pred[i, j])}
+                    for j, a in enumerate(aspects)
+                ],
+                "criteria": [
+                    {
+                        "key": k,
+                        "label": label(k),
+                        "score": float(test.X[i, j]),
+                        "reply": replies.texts.get((sid, k)),
+                    }
+                    for j, k in enumerate(criteria)
+                ],
+            }
+        )
     return out, replies.note
 
 
-def write_report(ev: Any, out_dir: str | Path | None = None, *, data: str | Path | None = None,
-                 cache_dir: str | Path | None = None, **options: Any) -> tuple[Path, Path]:
+def write_report(
+    ev: Any,
+    out_dir: str | Path | None = None,
+    *,
+    data: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    **options: Any,
+) -> tuple[Path, Path]:
     """Build the report (see :func:`build_report` for ``options``) and write ``report.html``
     and ``report.json`` (their paths) to ``out_dir`` (default: ``<artifact>/report``). ``data`` and
     ``cache_dir`` find the samples' text and the LLM's raw replies for the per-sample view

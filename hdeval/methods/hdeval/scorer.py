@@ -17,6 +17,7 @@ def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:
     history_fields(task)
     n = check_comparisons(ctx.options.comparisons)
     by_id = {s.id: s for s in ctx.prep.samples}
-    pool = draw_comparisons([by_id[i] for i in split.train_ids], n, ctx.config.seed, task,
-                            "the training split", own_docs=True)
+    pool = draw_comparisons(
+        [by_id[i] for i in split.train_ids], n, ctx.config.seed, task, "the training split", own_docs=True
+    )
     return PairwiseScorer(load_template("pair"), pool, n, bool(ctx.options.swap))

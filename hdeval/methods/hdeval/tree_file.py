@@ -38,8 +38,11 @@ class GivenTree:
 
     def manifest(self) -> dict[str, Any]:
         """What the artifact records: the file, the criteria taken from it, the locked ones."""
-        return {"file": self.source, "criteria": self.tree.keys,
-                "locked": [k for k in self.tree.keys if k in self.locked]}
+        return {
+            "file": self.source,
+            "criteria": self.tree.keys,
+            "locked": [k for k in self.tree.keys if k in self.locked],
+        }
 
 
 def read_tree(path: str | Path, task: Task) -> GivenTree:
@@ -60,7 +63,9 @@ def read_tree(path: str | Path, task: Task) -> GivenTree:
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: the tree file is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise ConfigError(
+            f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     except RecursionError:
         raise ConfigError(f"{where}: not a criteria tree (JSON nested too deeply)") from None
     return parse_tree(data, task, where)
@@ -72,8 +77,10 @@ def _from_artifact(path: Path, task: Task) -> GivenTree:
     try:
         reader = open_artifact(path, editable=("tree.json",))
         if reader.method != "hdeval":
-            raise ConfigError(f"{path}: a {reader.method!r} artifact has no criteria tree; --tree takes an "
-                              "HD-Eval artifact or a tree.json file")
+            raise ConfigError(
+                f"{path}: a {reader.method!r} artifact has no criteria tree; --tree takes an "
+                "HD-Eval artifact or a tree.json file"
+            )
         data = reader.json("tree.json")
     except ConfigError:
         raise
@@ -107,7 +114,7 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
         raise ValueError('not a criteria tree: expected an object {"criteria": [...]}')
     extra = sorted(set(data) - {"criteria"})
     if extra:
-        raise ValueError(f"unknown field {extra[0]!r} (a tree file holds only \"criteria\")")
+        raise ValueError(f'unknown field {extra[0]!r} (a tree file holds only "criteria")')
     items = data["criteria"]
     if not isinstance(items, list) or not items:
         raise ValueError("criteria: must be a non-empty list")
@@ -138,22 +145,29 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
         if parent_key is None:
             layer = 1
             if key not in aspects:
-                raise ValueError(f"{at}.key: {key!r} has no parent but is not an aspect trained "
-                                 f"({', '.join(aspects)}): layer 1 holds exactly the aspects trained "
-                                 "(the task's, or those of --aspects)")
+                raise ValueError(
+                    f"{at}.key: {key!r} has no parent but is not an aspect trained "
+                    f"({', '.join(aspects)}): layer 1 holds exactly the aspects trained "
+                    "(the task's, or those of --aspects)"
+                )
         else:
             if not isinstance(parent_key, str) or parent_key not in index:
-                raise ValueError(f"{at}.parent: {parent_key!r} is not the key of a criterion listed before it")
+                raise ValueError(
+                    f"{at}.parent: {parent_key!r} is not the key of a criterion listed before it"
+                )
             layer = index[parent_key].layer + 1
-            rest = key[len(parent_key) + 1:] if key.startswith(parent_key + "/") else ""
+            rest = key[len(parent_key) + 1 :] if key.startswith(parent_key + "/") else ""
             if not _SEGMENT.fullmatch(rest):
-                raise ValueError(f"{at}.key: {key!r} must be '{parent_key}/NAME' (NAME: up to 48 letters, "
-                                 "digits, '_', '-' or '.')")
+                raise ValueError(
+                    f"{at}.key: {key!r} must be '{parent_key}/NAME' (NAME: up to 48 letters, "
+                    "digits, '_', '-' or '.')"
+                )
         if layer > MAX_DEPTH:
             raise ValueError(f"{at}: layer {layer} is deeper than the {MAX_DEPTH} layers a tree may have")
         given_layer = item.get("layer")
         if given_layer is not None and (
-                not isinstance(given_layer, int) or isinstance(given_layer, bool) or given_layer != layer):
+            not isinstance(given_layer, int) or isinstance(given_layer, bool) or given_layer != layer
+        ):
             raise ValueError(f"{at}.layer: {given_layer!r}, but its parent puts it on layer {layer}")
         lock = item.get("locked", False)
         if not isinstance(lock, bool):
@@ -165,6 +179,8 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
             locked.add(key)
     missing = [a for a in aspects if a not in index]
     if missing:
-        raise ValueError(f"criteria: no criterion for aspect(s) {', '.join(missing)} of task {task.name}; "
-                         f"add them, or train on the aspects the tree has with --aspects")
+        raise ValueError(
+            f"criteria: no criterion for aspect(s) {', '.join(missing)} of task {task.name}; "
+            f"add them, or train on the aspects the tree has with --aspects"
+        )
     return GivenTree(CriteriaTree(out), frozenset(locked), where)

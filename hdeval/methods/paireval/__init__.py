@@ -21,7 +21,7 @@ PAIREVAL = Method(
 
 YESNO = Method(
     name="direct-yesno",
-    summary="DIRECTEVAL (PairEval's baseline): P(\"Yes\") that the response is good, per aspect",
+    summary='DIRECTEVAL (PairEval\'s baseline): P("Yes") that the response is good, per aspect',
     shapes=("pointwise",),
     fit=later("hdeval.methods.paireval.yesno:fit_yesno"),
     load=later("hdeval.methods.paireval.yesno:YesNoEvaluator.from_artifact"),
@@ -29,4 +29,7 @@ YESNO = Method(
     baseline=True,
 )
 
-METHODS = (PAIREVAL, YESNO,)  # what hdeval.methods.registry registers
+METHODS = (
+    PAIREVAL,
+    YESNO,
+)  # what hdeval.methods.registry registers

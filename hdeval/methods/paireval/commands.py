@@ -19,12 +19,24 @@ def commands(kit: CommandKit) -> Sequence[Any]:
         """PairEval helpers (train it with `hdeval train --method paireval`)."""
 
     @paireval.command("export-training")
-    @click.option("--data", required=True, type=click.Path(dir_okay=False),
-                  help="Dialogue corpus JSONL in the task's schema (history fields + 'output', the real follow-up).")
-    @click.option("--task", default="dailydialog_grade", show_default=True,
-                  help="Built-in task or task .toml saying which fields are the history and how they are labelled.")
-    @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Training pairs JSONL to write.")
-    @click.option("--seed", default=0, show_default=True, type=int, help="Negatives and positions randomness.")
+    @click.option(
+        "--data",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help="Dialogue corpus JSONL in the task's schema (history fields + 'output', the real follow-up).",
+    )
+    @click.option(
+        "--task",
+        default="dailydialog_grade",
+        show_default=True,
+        help="Built-in task or task .toml saying which fields are the history and how they are labelled.",
+    )
+    @click.option(
+        "--out", "-o", required=True, type=click.Path(dir_okay=False), help="Training pairs JSONL to write."
+    )
+    @click.option(
+        "--seed", default=0, show_default=True, type=int, help="Negatives and positions randomness."
+    )
     @kit.guarded
     def export_training_cmd(data: str, task: str, out: str, seed: int) -> None:
         """Write chat-format fine-tuning pairs (PairEval Sec. 3.3): the real follow-up against a random
@@ -42,9 +54,11 @@ def commands(kit: CommandKit) -> Sequence[Any]:
         kit.check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
         t = load_task(task)
         if t.shape != "pointwise":
-            raise ConfigError(f"--task {task} judges pairs of responses; export-training builds pairs from a "
-                              "dialogue corpus with one real follow-up per conversation: pass a dialogue task "
-                              "such as --task dailydialog_grade (see `hdeval tasks`)")
+            raise ConfigError(
+                f"--task {task} judges pairs of responses; export-training builds pairs from a "
+                "dialogue corpus with one real follow-up per conversation: pass a dialogue task "
+                "such as --task dailydialog_grade (see `hdeval tasks`)"
+            )
         history_fields(t)
         samples = read_samples(data, t, require_scores=False)
         rows = export_training(samples, t, seed)

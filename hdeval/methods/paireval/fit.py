@@ -6,12 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from hdeval.methods.base import (
-    FitContext, check_failure_rate, fit_message, run_record, score_table, split_rows, usage_of,
+    FitContext,
+    check_failure_rate,
+    fit_message,
+    run_record,
+    score_table,
+    split_rows,
+    usage_of,
 )
 from hdeval.methods.comparisons import MAX_TOKENS, Example, pair_cells, pair_question
 from hdeval.methods.paireval.fitted import PairEvalEvaluator
 from hdeval.methods.paireval.sources import (
-    ALL_VS_ALL, choose_comparisons, comparison_text, overlap_text, overlap_with_test,
+    ALL_VS_ALL,
+    choose_comparisons,
+    comparison_text,
+    overlap_text,
+    overlap_with_test,
 )
 from hdeval.progress import Progress
 from hdeval.prompts import load_template
@@ -29,7 +39,9 @@ def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
     task, samples = prep.task, prep.samples
     pool, n, swap, source = choose_comparisons(FitContext(config, prep, None, None, Progress()))
     cols = [(a.key, pair_question(a)) for a in task.aspects]
-    cells = pair_cells(load_template("pair"), task, samples, swap, cols, None if source == ALL_VS_ALL else pool, n)
+    cells = pair_cells(
+        load_template("pair"), task, samples, swap, cols, None if source == ALL_VS_ALL else pool, n
+    )
     return plan_known(config, backend, [r for c in cells for r in c.requests], MAX_TOKENS)
 
 
@@ -45,16 +57,30 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
     if all_vs_all:
         compared: dict[str, Any] = {"all_vs_all": True, "swap": swap, "source": ALL_VS_ALL}
     else:
-        compared = {"n": n, "swap": swap, "source": source if source in ("train", "test", "references") else "file",
-                    "ids": [e.id for e in pool]}
+        compared = {
+            "n": n,
+            "swap": swap,
+            "source": source if source in ("train", "test", "references") else "file",
+            "ids": [e.id for e in pool],
+        }
     shown = {**compared, "file": source} if compared["source"] == "file" else compared
     fit_message(ctx, "samples", f"{comparison_text(shown)}, ")
     overlap = overlap_with_test(ctx, pool, source)
     if overlap is not None:
         compared["overlap_test"] = overlap
         ctx.progress.message(f"warning: {overlap_text(overlap)}")
-    ev = PairEvalEvaluator(task, load_template("pair"), pool, n, swap, None, ctx.llm_config, ctx.llm.identity, {},
-                       all_vs_all=all_vs_all)
+    ev = PairEvalEvaluator(
+        task,
+        load_template("pair"),
+        pool,
+        n,
+        swap,
+        None,
+        ctx.llm_config,
+        ctx.llm.identity,
+        {},
+        all_vs_all=all_vs_all,
+    )
     judged = ev.judge(samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
     check_failure_rate(ctx, judged.failure_rate, "pair judgments", judged.failures)
     cols = judged.columns()
@@ -79,9 +105,15 @@ def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, sour
         "failure_rate": judged.failure_rate,
         "usage": usage_of(ctx.llm),
         "intervals": fitted_intervals(  # calibrated on out-of-fold training predictions
-            Y, cross_val_predictions(Aggregator.for_task(kind, task, config.seed), X[tr], Y[tr], groups), tr,
-            ev.agg.predict(X[te]), te, aspects, [a.range for a in task.aspects],
-            "grouped cross-validation on the training split (by doc_id)"),
+            Y,
+            cross_val_predictions(Aggregator.for_task(kind, task, config.seed), X[tr], Y[tr], groups),
+            tr,
+            ev.agg.predict(X[te]),
+            te,
+            aspects,
+            [a.range for a in task.aspects],
+            "grouped cross-validation on the training split (by doc_id)",
+        ),
     }
     ev.score_table = score_table(ids, cols, split, Y, aspects)
     ev.extra = {"comparison_source": source}

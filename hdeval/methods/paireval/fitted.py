@@ -12,7 +12,12 @@ from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import Fitted, ScoreResult, loaded, usage_of
 from hdeval.methods.comparisons import (
-    COMPARISONS, Example, PairScores, _parse_examples, fits_examples, pair_scores,
+    COMPARISONS,
+    Example,
+    PairScores,
+    _parse_examples,
+    fits_examples,
+    pair_scores,
 )
 from hdeval.methods.paireval.sources import comparison_text, overlap_text
 from hdeval.progress import Progress
@@ -30,9 +35,21 @@ class PairEvalEvaluator(Fitted):
     method = "paireval"
     row_names = ("columns", "column")
 
-    def __init__(self, task: Task, template: Template, pool: list[Example], n: int, swap: bool,
-                 agg: Any, llm: LLMConfig, llm_identity: str, metrics: dict[str, Any],
-                 extra: dict[str, Any] | None = None, score_table=None, all_vs_all: bool = False):
+    def __init__(
+        self,
+        task: Task,
+        template: Template,
+        pool: list[Example],
+        n: int,
+        swap: bool,
+        agg: Any,
+        llm: LLMConfig,
+        llm_identity: str,
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+        score_table=None,
+        all_vs_all: bool = False,
+    ):
         super().__init__(task, template, llm, llm_identity, metrics, extra, score_table)
         self.pool = list(pool)
         self.n = n
@@ -40,8 +57,14 @@ class PairEvalEvaluator(Fitted):
         self.agg = agg
         self.all_vs_all = all_vs_all  # compared within each document, no recorded examples
         # apply streams chunks and shards: a document split across them would compare fewer rows
-        self.whole_input = ("this all-vs-all PairEval artifact compares each response with the other "
-                            "responses of its document in the input") if all_vs_all else None
+        self.whole_input = (
+            (
+                "this all-vs-all PairEval artifact compares each response with the other "
+                "responses of its document in the input"
+            )
+            if all_vs_all
+            else None
+        )
 
     def held_out_predictions(self, table: Any, test: Any) -> Any:
         cols = [c for c in table.columns[2:] if not str(c).startswith("human:")]  # between split and human:
@@ -64,30 +87,58 @@ class PairEvalEvaluator(Fitted):
             lines.insert(2, (f"warning: {overlap_text(overlap)}", True))
         return lines
 
-    def judge(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
-              progress: Progress | None = None) -> PairScores:
+    def judge(
+        self,
+        samples: Sequence[Sample],
+        backend=None,
+        cache_dir=None,
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> PairScores:
         """Every pair judgment behind the columns (what ``score`` averages)."""
         samples = list(samples)
         if not samples:
             raise DataError("no samples to score")
         with self.llm_session(backend, cache_dir) as backend:
-            return pair_scores(backend, self.template, self.task, samples, None if self.all_vs_all else self.pool,
-                               self.n, self.swap, concurrency, progress)
+            return pair_scores(
+                backend,
+                self.template,
+                self.task,
+                samples,
+                None if self.all_vs_all else self.pool,
+                self.n,
+                self.swap,
+                concurrency,
+                progress,
+            )
 
-    def score(self, samples: Sequence[Sample], backend=None, cache_dir=None, concurrency: int | None = None,
-              progress: Progress | None = None) -> ScoreResult:
+    def score(
+        self,
+        samples: Sequence[Sample],
+        backend=None,
+        cache_dir=None,
+        concurrency: int | None = None,
+        progress: Progress | None = None,
+    ) -> ScoreResult:
         with self.llm_session(backend, cache_dir) as backend:
             cols = self.judge(samples, backend, concurrency=concurrency, progress=progress).columns()
-            return ScoreResult(cols.sample_ids, list(self.task.aspect_keys), self.agg.predict(cols.values),
-                               cols, usage_of(backend))
+            return ScoreResult(
+                cols.sample_ids,
+                list(self.task.aspect_keys),
+                self.agg.predict(cols.values),
+                cols,
+                usage_of(backend),
+            )
 
     def write(self, out: ArtifactWriter) -> dict[str, Any]:
         if not self.all_vs_all:
             out.json(COMPARISONS, [dataclasses.asdict(e) for e in self.pool])
         out.skops(MODEL, self.agg.models_)
-        return {**self.write_common(out, {"pair": self.template}),
-                "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},
-                **self.extra}
+        return {
+            **self.write_common(out, {"pair": self.template}),
+            "aggregator": {"kind": self.agg.kind, "random_state": self.agg.random_state},
+            **self.extra,
+        }
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairEvalEvaluator":
@@ -111,10 +162,28 @@ class PairEvalEvaluator(Fitted):
             template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
             models = art.skops(MODEL, TRUSTED_TYPES)
             check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)
-            agg = Aggregator.from_fitted(template.kind, template.aspects, template.ranges, template.groups,
-                                         template.random_state, models, len(task.aspects))
-            return cls(task, parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)), pool,
-                       n, swap, agg, llm, identity, {}, all_vs_all=all_vs_all)
+            agg = Aggregator.from_fitted(
+                template.kind,
+                template.aspects,
+                template.ranges,
+                template.groups,
+                template.random_state,
+                models,
+                len(task.aspects),
+            )
+            return cls(
+                task,
+                parse_template("pair", art.text(PAIR_PROMPT), str(art.path / PAIR_PROMPT)),
+                pool,
+                n,
+                swap,
+                agg,
+                llm,
+                identity,
+                {},
+                all_vs_all=all_vs_all,
+            )
+
         need = (PAIR_PROMPT, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, MODEL)
         ev = loaded(art, need, build, (KeyError, TypeError, ValueError, ConfigError))
         source = art.state.get("comparison_source")  # kept, so saving it again loses nothing

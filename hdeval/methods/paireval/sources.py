@@ -11,10 +11,14 @@ from typing import Any, Sequence
 from hdeval.errors import ConfigError
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import (
-    RESPONSE_FIELD, Example, check_comparisons, draw_comparisons, history_fields, read_comparison_file,
+    RESPONSE_FIELD,
+    Example,
+    check_comparisons,
+    draw_comparisons,
+    history_fields,
+    read_comparison_file,
 )
 from hdeval.types import Sample
-
 
 REFERENCE_FIELD = "reference"
 ALL_VS_ALL = "all-vs-all"  # the source of an exhaustive run: every other response of the document
@@ -26,15 +30,24 @@ def comparison_source(ctx: FitContext) -> str:
     data = ctx.options.comparison_data or ""
     source = given.get("comparison_source") or ("file" if data else "train")  # a choice: checked by build
     if source == "file" and not data:
-        raise ConfigError("--comparison-source file needs --comparison-data FILE (a JSONL corpus in the task's schema)")
+        raise ConfigError(
+            "--comparison-source file needs --comparison-data FILE (a JSONL corpus in the task's schema)"
+        )
     if data and source != "file":
-        raise ConfigError(f"--comparison-data {data} is read only with --comparison-source file, not {source}")
+        raise ConfigError(
+            f"--comparison-data {data} is read only with --comparison-source file, not {source}"
+        )
     if ctx.options.all_vs_all:
-        clash = [f"--{k.replace('_', '-')}" for k in ("comparison_source", "comparison_data", "comparisons")
-                 if given.get(k) not in (None, "")]
+        clash = [
+            f"--{k.replace('_', '-')}"
+            for k in ("comparison_source", "comparison_data", "comparisons")
+            if given.get(k) not in (None, "")
+        ]
         if clash:
-            raise ConfigError(f"--all-vs-all compares each response with the other responses of its own document: "
-                              f"{', '.join(clash)} do not apply")
+            raise ConfigError(
+                f"--all-vs-all compares each response with the other responses of its own document: "
+                f"{', '.join(clash)} do not apply"
+            )
         return ALL_VS_ALL
     return source
 
@@ -45,8 +58,9 @@ def reference_examples(samples: Sequence[Sample]) -> list[Sample]:
     for s in samples:
         ref = s.fields.get(REFERENCE_FIELD)
         if s.doc_id not in out and isinstance(ref, str) and ref.strip():
-            out[s.doc_id] = dataclasses.replace(s, id=f"{s.doc_id}:reference",
-                                                fields={**s.fields, RESPONSE_FIELD: ref}, scores={})
+            out[s.doc_id] = dataclasses.replace(
+                s, id=f"{s.doc_id}:reference", fields={**s.fields, RESPONSE_FIELD: ref}, scores={}
+            )
     return list(out.values())
 
 
@@ -70,9 +84,11 @@ def choose_comparisons(ctx: FitContext) -> tuple[list[Example], int, bool, str]:
     elif source == "references":
         rows, where = reference_examples(train), "the training split's references"
         if not rows:
-            raise ConfigError(f"--comparison-source references: no row of the training split has a "
-                              f"{REFERENCE_FIELD!r} text (task {task.name}); use --comparison-source train or "
-                              "--comparison-data FILE")
+            raise ConfigError(
+                f"--comparison-source references: no row of the training split has a "
+                f"{REFERENCE_FIELD!r} text (task {task.name}); use --comparison-source train or "
+                "--comparison-data FILE"
+            )
     pool = draw_comparisons(rows, n, config.seed, task, where, own_docs=source != "file")
     return pool, n, swap, path if source == "file" else source
 
@@ -82,9 +98,11 @@ def check_documents(samples: Sequence[Sample]) -> None:
     count = Counter(s.doc_id for s in samples)
     lone = [d for d, k in count.items() if k < 2]
     if lone:
-        raise ConfigError(f"--all-vs-all compares responses of the same document: {len(lone)} of {len(count)} "
-                          f"documents have a single response (e.g. {lone[0]!r}); drop them or compare with "
-                          "comparison examples instead")
+        raise ConfigError(
+            f"--all-vs-all compares responses of the same document: {len(lone)} of {len(count)} "
+            f"documents have a single response (e.g. {lone[0]!r}); drop them or compare with "
+            "comparison examples instead"
+        )
 
 
 def overlap_with_test(ctx: FitContext, pool: Sequence[Example], source: str) -> dict[str, Any] | None:
@@ -110,14 +128,19 @@ def overlap_with_test(ctx: FitContext, pool: Sequence[Example], source: str) -> 
 
 
 def overlap_text(o: dict[str, Any]) -> str:
-    return (f"{o['rows']} of the {o['of']} comparison rows ({o['examples']} of the {o['drawn']} examples drawn) "
-            "match test rows by id or response text: held-out scores may compare test responses with themselves")
+    return (
+        f"{o['rows']} of the {o['of']} comparison rows ({o['examples']} of the {o['drawn']} examples drawn) "
+        "match test rows by id or response text: held-out scores may compare test responses with themselves"
+    )
 
 
 def comparison_text(c: dict[str, Any]) -> str:
     """Where the comparison examples came from, for the summary and the progress line."""
     if c.get("all_vs_all"):
         return "every other response of the same document (all-vs-all)"
-    where = {"train": "responses of the training split", "references": "the training documents' references",
-             "file": f"the corpus {c.get('file', '')}".rstrip()}.get(c.get("source"), str(c.get("source")))
+    where = {
+        "train": "responses of the training split",
+        "references": "the training documents' references",
+        "file": f"the corpus {c.get('file', '')}".rstrip(),
+    }.get(c.get("source"), str(c.get("source")))
     return f"{c.get('n')} comparison examples from {where}"

@@ -18,13 +18,22 @@ YES_NO = ("Yes", "No")
 def yesno_question(aspect: Aspect) -> str:
     if aspect.key == "overall":
         return "Is the above response a good response to the given conversation?"
-    return (f"Judge the response only on this criterion: {aspect.name}: {aspect.definition} "
-            f"Is the above response good on {aspect.name.lower()}?")
+    return (
+        f"Judge the response only on this criterion: {aspect.name}: {aspect.definition} "
+        f"Is the above response good on {aspect.name.lower()}?"
+    )
 
 
 def yesno_request(template: Template, task: Task, aspect: Aspect, target: Example) -> CompletionRequest:
-    return label_request(template, task, YES_NO, "yesno", history=target.history, response=target.response,
-                         question=yesno_question(aspect))
+    return label_request(
+        template,
+        task,
+        YES_NO,
+        "yesno",
+        history=target.history,
+        response=target.response,
+        question=yesno_question(aspect),
+    )
 
 
 class YesNoEvaluator(SinglePromptFitted):
@@ -37,9 +46,15 @@ class YesNoEvaluator(SinglePromptFitted):
 
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         history_fields(self.task)
-        cells = [Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),))
-                 for s in samples for target in [Example.of(self.task, s)] for a in self.task.aspects]
-        return fill_matrix(backend, cells, lambda cs: label_probability(cs[0], *YES_NO), concurrency, progress)
+        cells = [
+            Cell(s.id, a.key, (yesno_request(self.template, self.task, a, target),))
+            for s in samples
+            for target in [Example.of(self.task, s)]
+            for a in self.task.aspects
+        ]
+        return fill_matrix(
+            backend, cells, lambda cs: label_probability(cs[0], *YES_NO), concurrency, progress
+        )
 
 
 def plan_yesno(config: Any, prep: Any, backend: Any = None) -> list:
