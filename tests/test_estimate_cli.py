@@ -321,3 +321,28 @@ def test_labels_that_all_agree_give_no_zero_width_interval(work):
     d = [x for x in records if x["kind"] == "mean" and x["group"] == "D"]
     assert len(d) == 2 and all(x["estimate"] is None and "all 2 labels are 3" in x["reason"] for x in d)
     assert not [x for x in records if x["kind"] == "difference" and "D" in (x["group"], x["baseline"])]
+
+
+def test_samples_in_a_csv_are_estimated_as_their_jsonl(work):
+    """A CSV samples file (any format apply reads) gives the same groups and figures as its JSONL."""
+    import csv
+
+    path = work["dir"] / "rows.csv"
+    rows = [json.loads(line) for line in work["rows"].read_text().splitlines()]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(["id", "doc_id", "system", "source", "output", "clarity", "accuracy"])
+        for r in rows:
+            s = r.get("scores", {})
+            out.writerow([r["id"], r["doc_id"], r["system"], r["source"], r["output"],
+                          s.get("clarity", ""), s.get("accuracy", "")])
+    opts = ("--by", "system", "--llm", "fake", "--cache-dir", work["cache"], "--json", "-q")
+    from_csv = _records(run_cli("estimate", work["art"], "--data", path, *opts))
+    assert from_csv == _records(run_cli("estimate", work["art"], "--data", work["rows"], *opts))
+    assert {x["group"] for x in from_csv} == {"A", "B"}
+    # apply's CSV output is not mistaken for samples (its human scores would be dropped)
+    r = run_cli("apply", work["art"], path, "--llm", "fake", "--cache-dir", work["cache"], "-o",
+                work["dir"] / "scored.csv", "-q")
+    assert r.exit_code == 0, r.output
+    bad = run_cli("estimate", work["art"], "--data", work["dir"] / "scored.csv", *opts)
+    assert bad.exit_code == 2 and bad.stdout == "" and "scored.csv: an apply output written as a table" in bad.stderr

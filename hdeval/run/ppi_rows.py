@@ -124,8 +124,32 @@ def _rows(path: str) -> Iterator[tuple[int, dict]]:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def _sample_rows(path: str, task: Any) -> Iterator[tuple[int, dict]]:
+    """The rows of a samples file in any format apply reads, mapped through the task's
+    ``[columns]`` as apply maps them, so each row's id is the one apply's output gives it."""
+    from hdeval.data import data_rows, map_columns, table_format
+
+    if table_format(path) is None and not task.columns:
+        yield from _rows(path)
+        return
+    derived: dict[str, int] = {}
+    for lineno, values in data_rows(path):
+        yield lineno, map_columns(values, task, derived)
+
+
 def is_apply_output(path: str) -> bool:
     """Whether ``path``'s first row was written by ``apply`` (every one carries ``in_training``)."""
+    from hdeval.data import data_rows, table_format
+
+    if table_format(path) is not None:  # a table holds samples; apply's table output is refused
+        for _, row in data_rows(path):
+            if "in_training" in row:
+                raise ConfigError(
+                    f"{path}: an apply output written as a table: estimate reads apply's JSONL "
+                    "output (hdeval apply ... -o scored.jsonl)"
+                )
+            return False
+        return False
     for _, row in _rows(path):
         return "in_training" in row and ("scores" in row or "prediction" in row)
     return False
@@ -389,7 +413,7 @@ def estimate_file(
         if score is None:
             raise ConfigError(f"{data} holds samples, not an apply output: score them first (hdeval apply)")
         side = _Side(data, by, inline=False)
-        for lineno, row in _rows(data):
+        for lineno, row in _sample_rows(data, task):
             side.add(row, lineno)
         with tempfile.TemporaryDirectory(prefix=".hdeval-estimate-") as tmp:
             scored = os.path.join(tmp, "scored.jsonl")
