@@ -245,7 +245,9 @@ def test_the_report_banner_shows_the_coverage_and_the_labels_behind_it():
         "labels": {"clarity": 40, "accuracy": 40},
         "human_mean": {"clarity": {"estimate": 3.2, "low": 3.0, "high": 3.4, "evaluator_mean": 3.55},
                        "accuracy": None}}}}
-    lines = [x.text for x in verdict(SimpleNamespace(metrics=metrics), data).lines if x.label == "interval coverage"]
+    task = SimpleNamespace(aspects=[SimpleNamespace(key=k, low=1.0, high=5.0) for k in ("clarity", "accuracy")])
+    lines = [x.text for x in verdict(SimpleNamespace(metrics=metrics, task=task), data).lines
+             if x.label == "interval coverage"]
     # a figure that is not a number (an edited artifact) is left out, not shown or crashed on
     assert lines == [("clarity: the 90% intervals held 88% of 40 held-out labels; their human mean 3.20 "
                      "[3.00, 3.40], the evaluator's 3.55 on the same rows")]
