@@ -301,3 +301,18 @@ def test_export_says_which_strategy_picked_each_sample(pool, tmp_path):
     assert rows[samples[0].id]["selection"] == "diversity" and rows[samples[4].id]["selection"] == "random"
     assert "selection" not in rows[samples[5].id]
     assert len(read_samples(out, task, require_scores=True)) == 3
+
+
+@pytest.mark.slow  # trains a jury artifact (4 s at a load average of 2)
+def test_a_jury_artifact_is_refused_before_serving(pool, toy, tmp_path):
+    """A jury's columns are judge:criterion: the app served, then its pool scoring died on a
+    KeyError in the background; it is refused in one line, before labels.db exists."""
+    _, task_file, data, _ = pool
+    art = tmp_path / "jury"
+    r = run_cli("train", "--task", toy[0], "--data", toy[1], "--layers", "1", "--llm", "fake",
+                "--llm", "fake:logprobs=0", "--cache-dir", tmp_path / "cache", "-o", art, "-q")
+    assert r.exit_code == 0, r.output
+    one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db",
+                      "--artifact", art, "--llm", "fake", "--cache-dir", tmp_path / "cache", "--port", "0"),
+              "--artifact", "jury")
+    assert not (tmp_path / "l.db").exists()

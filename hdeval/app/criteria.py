@@ -110,6 +110,12 @@ def check_artifact_task(artifact: str | Path, task: Task) -> Any:
             f"--artifact {artifact}: the labelling app reads {task.shape} HD-Eval artifacts "
             f"(their criteria tree); this one is {getattr(ev, 'method', '?')}"
         )
+    if any(k not in tree for k in getattr(ev, "feature_keys", ())):  # a jury's columns are judge:criterion
+        raise ConfigError(
+            f"--artifact {artifact}: a jury's evaluator (its columns are one per judge and "
+            "criterion): the labelling app scores the pool with one LLM; give a one-LLM HD-Eval "
+            "artifact, or no --artifact"
+        )
     if ev.task.name != task.name or ev.task.aspect_keys != task.aspect_keys:
         raise ConfigError(
             f"--artifact {artifact} judges task {ev.task.name!r} (aspects "
