@@ -247,12 +247,12 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     other_task = tmp_path / "other.toml"
     other_task.write_text(TOY_TASK.replace('key = "source"', 'key = "reference"'), encoding="utf-8")
     one_error(run_cli("label", "--task", other_task, "--data", data, "--labels", tmp_path / "l.db", *common),
-              "pool.jsonl", "line 1", "'reference'")
+              "pool.jsonl", "lines 1, 2, 3", "'reference'")  # every line lacks it, each is counted
     LabelStore(tmp_path / "other.db", load_task("summeval")).close()
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "other.db", *common),
               "holds labels for task 'summeval'")
     one_error(run_cli("label", "--task", "llmbar", "--data", data, "--labels", tmp_path / "l.db", *common),
-              "pool.jsonl", "line 1", "output_a")  # a pool of single responses for a task of pairs
+              "pool.jsonl", "lines 1, 2, 3", "output_a")  # a pool of single responses for a task of pairs
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
                       "--double-share", "1.5"), "--double-share must be between 0 and 1")
     one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", tmp_path / "l.db", *common,
@@ -267,7 +267,11 @@ def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
     from hdeval.config import LLMConfig
 
     _, task_file, data, samples = pool
-    art = train_artifact(str(toy[0]), toy[1], tmp_path, "--layers", "2", "--aggregator", "lr")
+    from conftest import REPO
+
+    # a --tree file's layers are kept whole: the kept evaluator reads layer 2 whatever its CV figure
+    art = train_artifact(str(toy[0]), toy[1], tmp_path, "--tree", REPO / "examples" / "qa_tree.json",
+                         "--aggregator", "lr")
     app = prepare(task=str(task_file), data=data, labels=tmp_path / "l.db", artifact=art, port=0,
                   llm=LLMConfig(model="fake", cache_dir=str(tmp_path / "cache")))
     try:
