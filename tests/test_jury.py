@@ -369,3 +369,35 @@ def test_refit_finds_rows_whose_ids_look_like_numbers(tmp_path: Path) -> None:
     finally:
         llm.close()
     assert change["spearman_before"] == ev.metrics["final"]["average"]["spearman"]
+
+
+def test_refit_progress_names_its_stage_and_its_total(tmp_path: Path) -> None:
+    """refit advanced a stage it never started: the terminal showed ': 144/0 done'."""
+    from hdeval.config import LLMConfig
+    from hdeval.llm import open_llm
+    from hdeval.methods.hdeval.refit import refit
+    from hdeval.progress import Progress
+
+    class Seen(Progress):
+        def __init__(self) -> None:
+            self.stages: list[tuple[str, int]] = []
+            self.done = 0
+
+        def stage(self, label: str, total: int) -> None:
+            self.stages.append((label, total))
+
+        def advance(self, n: int = 1, cached: bool = False) -> None:
+            self.done += n
+
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=12, seed=4))
+    ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr", cache_dir=str(tmp_path / "c"))
+    ev = load_artifact(ev.save(tmp_path / "art"))
+    llm = open_llm(LLMConfig("fake:logprobs=0", cache_dir=str(tmp_path / "c")))
+    seen = Seen()
+    try:
+        refit(ev, read_task_samples(data, load_task(str(task))), llm, LLMConfig("fake:logprobs=0"), seen)
+    finally:
+        llm.close()
+    n_rows = len(ev.run["split"]["train"]) + len(ev.run["split"]["test"])
+    assert seen.stages == [(f"scoring {n_rows} labelled samples x 2 criteria with fake:logprobs=0", n_rows * 2)]
+    assert seen.done == n_rows * 2

@@ -48,7 +48,14 @@ def refit(
     Y = np.array([[s.scores[a] for a in aspects] for s in rows], float)
     tr, te = np.arange(len(train_ids)), np.arange(len(train_ids), len(rows))
     crits = [ev.tree[k] for k in ev.feature_keys]
+    if progress is not None:  # advance() alone drew a nameless stage of 0 units ("144/0 done")
+        progress.stage(
+            f"scoring {len(rows)} labelled samples x {len(crits)} criteria with {llm_config.model}",
+            len(rows) * len(crits),
+        )
     m = score_criteria(llm, ev.templates["score"], ev.task, ev.tree, crits, rows, None, progress)
+    if progress is not None:
+        progress.end_stage()
     X = m.values
     old = ev.aggregator.predict(_old_features(ev, rows))
     template = Aggregator.for_task(ev.aggregator.kind, ev.task, seed)
