@@ -499,8 +499,8 @@ def test_environment_does_not_swap_the_artifacts_llm(artifact: Path, toy, tmp_pa
 # ------------------------------------------------------------------ apply output
 
 
-def apply_to(artifact: Path, toy, tmp_path: Path, output: str, env: dict | None = None) -> Result:
-    return run("apply", str(artifact), str(toy[1]), "-o", output, "--cache-dir", str(tmp_path / "c"), env=env)
+def apply_to(artifact: Path, toy, tmp_path: Path, output: str, *extra: str, env: dict | None = None) -> Result:
+    return run("apply", str(artifact), str(toy[1]), "-o", output, "--cache-dir", str(tmp_path / "c"), *extra, env=env)
 
 
 def test_apply_to_stdout_writes_only_jsonl_there(artifact: Path, toy, tmp_path: Path) -> None:
@@ -561,7 +561,7 @@ def test_apply_output_is_atomic(artifact: Path, toy, tmp_path: Path, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", broken)
-    one_error(apply_to(artifact, toy, tmp_path, str(out)), "No space left on device")
+    one_error(apply_to(artifact, toy, tmp_path, str(out), "--force"), "No space left on device")
     assert out.read_text() == "previous results\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".scored")) == []
 
