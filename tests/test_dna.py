@@ -444,6 +444,8 @@ def test_dry_run_cli_prints_the_dna_stages_and_writes_nothing(faireval40, tmp_pa
              "--llm", "fake", "--cache-dir", tmp_path / "cache", "--price-in", "1", "--price-out", "2")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
+    # the table starts after the lines that say which LLM would be called
+    lines = lines[next(i for i, line in enumerate(lines) if line.split()[:1] == ["stage"]) - 1:]
     assert lines[1].split() == ["stage", "calls", "cached", "est.prompt-tok", "est.completion-tok"]
     assert lines[2].split()[:3] == ["weights", "40", "0"]
     assert lines[3].split()[:8] == ["aspect", "scores", "(4", "per", "pair", "x", "1", "order(s))"]

@@ -53,7 +53,7 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
         assert sum(sum(c.values()) for c in a["confusion"].values()) == 20
         assert a["n_wo_ties"] == 20 - sum(a["confusion"].get("tie", {}).values())
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["method"] == "hdeval" and manifest["shape"] == "pairwise"
+    assert manifest["method"] == "hdeval" and manifest["state"]["shape"] == "pairwise"
     assert manifest["state"]["classifier"]["kind"] in ("lr", "dt", "rf", "nn")
     assert {"tree.json", "classifier.skops", "prompts/score.toml", "scores.csv"} <= set(manifest["files"])
     assert set(m["importance"]) == set(manifest["state"]["features"])
@@ -281,7 +281,7 @@ def test_edited_manifest_or_classifier_is_refused(faireval40, tmp_path):
     with pytest.raises(ArtifactError, match="not in the order the classifier was trained on"):
         load_artifact(path)
     m = json.loads(good)
-    m["classifier"]["classes"] = ["a", "b", "maybe"]
+    m["state"]["classifier"]["classes"] = ["a", "b", "maybe"]
     mf.write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="must be a, b and optionally tie"):
         load_artifact(path)

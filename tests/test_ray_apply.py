@@ -84,14 +84,17 @@ def test_workers_reach_the_same_endpoint(art, new, tmp_path) -> None:
     with FaultServer(lifetime=600) as server:
         llm = ["--llm", MODEL, "--base-url", server.url]
         one = single(art, new, tmp_path / "one.jsonl", tmp_path / "c1", *llm)
-        direct = sorted(r.body for r in server.requests)
+        # the chat requests (a worker may also ask GET /models once, to tell the server's dialect)
+        direct = sorted(r.body for r in server.requests if r.body)
         assert len(direct) == calls_made(one) > 0
+        seen = len(server.requests)
         apply_on_ray(art, new, str(tmp_path / "ray.jsonl"), workers=2, batch_size=8, llm=MODEL,
                      base_url=server.url, cache_dir=str(tmp_path / "c2" / "{worker}"))
-        on_ray = sorted(r.body for r in server.requests[len(direct):])
+        on_ray = sorted(r.body for r in server.requests[seen:] if r.body)
     assert on_ray == direct
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
-    assert len([p for p in (tmp_path / "c2").iterdir() if p.is_dir()]) == 2  # one cache per worker
+    # one cache per worker that scored (Ray may give every batch of a small input to one worker)
+    assert len([p for p in (tmp_path / "c2").iterdir() if p.is_dir()]) in (1, 2)
     assert len(on_ray) == len(set(on_ray))  # no request paid twice
 
 
@@ -133,10 +136,11 @@ def test_bad_lines_in_a_later_chunk_are_apply_s_error_and_write_nothing(art, new
     bad = _break(new, tmp_path / "bad.jsonl", 19, 21)
     out = tmp_path / "out.jsonl"
     out.write_text("previous results\n")
-    result = CliRunner().invoke(cli, ["apply", str(art), str(bad), "-o", str(out), "--cache-dir", str(tmp_path / "c1")])
+    result = CliRunner().invoke(cli, ["apply", str(art), str(bad), "-o", str(out), "--cache-dir", str(tmp_path / "c1"),
+                                      "--force"])
     assert result.exit_code != 0
     expected = [x for x in result.stderr.splitlines() if x.startswith("error:")]
-    assert len(expected) == 1 and "2 bad line(s): line 20" in expected[0] and "line 22" in expected[0]
+    assert len(expected) == 1 and "2 bad line(s): lines 20, 22" in expected[0]
     with pytest.raises(DataError) as caught:
         apply_on_ray(art, bad, str(out), workers=2, batch_size=5, cache_dir=str(tmp_path / "c2"))
     assert f"error: {caught.value}" == expected[0]
