@@ -143,7 +143,7 @@ def check_jury_options(config: TrainConfig) -> None:
         )
     if config.prune_judges and not (config.jury or config.judges):
         raise ConfigError("--prune-judges needs a jury (--jury FILE, or --llm given more than once)")
-    if config.method != "hdeval":
+    if not get_method(config.method).jury:
         raise ConfigError(
             f"{what}: method {config.method!r} takes one LLM; a jury is HD-Eval's "
             "(pointwise data), see docs/juries.md"

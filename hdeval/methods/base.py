@@ -704,6 +704,8 @@ class Method:
     # command groups the method adds to the CLI: a callable returning click commands, called with
     # a CommandKit (the CLI's error boundary and output check), e.g. ``hdeval paireval ...``
     commands: Callable[["CommandKit"], Sequence[Any]] | None = None
+    # whether several judge LLMs may score its criteria (train --jury, --llm given more than once)
+    jury: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.options, Mapping):

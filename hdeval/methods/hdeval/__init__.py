@@ -112,6 +112,7 @@ METHOD = Method(
     artifact_suffixes=_artifact_suffixes,
     check_fit=_check_fit,
     options=HDEvalOptions,
+    jury=True,
 )
 
 METHODS = (METHOD,)  # what hdeval.methods.registry registers
