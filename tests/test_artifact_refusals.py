@@ -1,5 +1,5 @@
-"""Regressions found by the review of round three's size cuts (issue #19): behaviour the cuts'
-goldens do not reach, checked against the code before them."""
+"""Artifacts a method cannot use are refused in one line before any call: explain's refusal,
+null or mistyped settings, and an oversized batch result named in MB."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Issue #22, round three of trying to break it (the items outside the LLM transport).
-
-Each test names its item. The user's files are never destroyed by an output path; shard sets
-that are incomplete or mixed are refused; what reaches apply from outside (input lines, LLM
+"""Hostile files and inputs outside the LLM transport. The user's files are never destroyed by
+an output path; shard sets that are incomplete or mixed are refused; what reaches apply from outside (input lines, LLM
 replies, criterion text, the cache's SQLite file) is bounded and checked, and failing is one
 line, never a traceback.
 """

@@ -1,5 +1,5 @@
-"""Regressions found by the review of the round-three merge: a URL query secret in what is
-printed, DnA weights that overflow, an oversized reply in an imported result file."""
+"""Bad values are one line, never a leak or a traceback: a URL query secret in what is printed,
+DnA weights that overflow, requests that cannot be exported, an LLM model that is not text."""
 
 from __future__ import annotations
 
