@@ -277,7 +277,8 @@ def test_a_method_declares_which_options_name_its_second_llm():
     class Undeclared(MethodOptions):  # an option that happens to be called decompose_llm
         decompose_llm: str | None = option(None, "not an LLM this method opens")
 
-    run = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None)
+    settings = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None, batch=False)
+    run = dict(llm_settings=lambda: settings)
     judge = JudgeOptions.build({"judge_llm": "big", "judge_base_url": "http://127.0.0.1:9/v1"}, "judge")
     dc = decompose_llm_config(SimpleNamespace(options=judge, **run))
     assert (dc.model, dc.base_url, dc.timeout) == ("big", "http://127.0.0.1:9/v1", 5.0)

@@ -611,6 +611,8 @@ class RunSettings(Protocol):
     @property
     def options(self) -> Any: ...  # the chosen method's MethodOptions subclass
 
+    def llm_settings(self) -> dict[str, Any]: ...  # the request settings (hdeval.config.LLMSettings)
+
     def public(self) -> dict[str, Any]: ...
 
 
