@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from hdeval.errors import ConfigError
+from hdeval.errors import ConfigError, validation_line
 
 
 @dataclass(frozen=True)
@@ -116,13 +116,12 @@ class MethodOptions(BaseModel):
                 f"{cls.__name__} takes no option(s) {', '.join(unknown)} "
                 f"(its options: {', '.join(sorted(cls.model_fields)) or 'none'})"
             )
-        first = errors[0]
-        name = str(first["loc"][0]) if first["loc"] else ""
-        if name not in cls.model_fields:  # a model-level problem: pydantic's own words
-            return ConfigError(f"{cls.__name__}: {first['msg']}")
-        spec = cls.specs()[name]
-        words = f"one of {', '.join(spec.choices)}" if spec.choices else _WORDS.get(spec.kind or str, "text")
-        return ConfigError(f"{flag(name)} must be {words}, got {first['input']!r}")
+        name = str(errors[0]["loc"][0]) if errors[0]["loc"] else ""
+        spec = cls.specs().get(name)
+        if spec is not None and spec.choices:  # a choice's words, whatever the value's type
+            choices = ", ".join(spec.choices)
+            return ConfigError(f"{flag(name)} must be one of {choices}, got {errors[0]['input']!r}")
+        return ConfigError(validation_line(exc, flags=True))
 
     @classmethod
     def build(
@@ -176,10 +175,6 @@ class MethodOptions(BaseModel):
         options given stay given and the changed ones join them (pydantic's ``model_copy`` would
         not check them)."""
         return type(self)(**{**self.given(), **changes})
-
-
-# an option's type -> what the one-line error says it must be
-_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
 def _kind(annotation: Any) -> type | None:
