@@ -1,5 +1,5 @@
 """The LLM settings' defaults (timeout, retries, concurrency) are declared once, in
-hdeval.config: every other signature takes None for "the configured default"."""
+hdeval.llm.config: every other signature takes None for "the configured default"."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hdeval"
 
@@ -42,7 +42,7 @@ def test_the_llm_defaults_are_written_once_in_config():
 
 
 def test_concurrency_none_means_the_configured_default(monkeypatch):
-    import hdeval.config as config
+    import hdeval.llm.config as config
     from hdeval.run.artifact_llm import check_llm_options
 
     assert config.LLMConfig.from_options(concurrency=None).concurrency == config.DEFAULT_CONCURRENCY
@@ -54,9 +54,9 @@ def test_concurrency_none_means_the_configured_default(monkeypatch):
 def test_a_training_run_holds_the_llm_settings_declared_once():
     # TrainConfig is made of LLMSettings' fields (not copies of them), and the run's LLMConfig is
     # one merge of the run's model and server with those settings as they are
-    from hdeval.config import LLMSettings
+    from hdeval.llm.config import LLMSettings
     from hdeval.methods.run import llm_config
-    from hdeval.train import TrainConfig
+    from hdeval.run.train import TrainConfig
 
     assert issubclass(TrainConfig, LLMSettings)
     given = dict(timeout=5.0, max_retries=1, concurrency=3, cache_dir="c", max_calls=7, batch=True)
@@ -66,8 +66,8 @@ def test_a_training_run_holds_the_llm_settings_declared_once():
 
 
 def test_run_settings_refuse_unknown_fields_and_take_none_as_not_set():
-    from hdeval.config import LLMConfig
-    from hdeval.train import TrainConfig
+    from hdeval.llm.config import LLMConfig
+    from hdeval.run.train import TrainConfig
 
     plain = TrainConfig(task="summeval")
     assert TrainConfig.from_options(task="summeval", seed=None, timeout=None, test_frac=None) == plain
@@ -84,7 +84,7 @@ def test_run_settings_refuse_unknown_fields_and_take_none_as_not_set():
 
 
 def test_the_manifest_records_every_run_setting():
-    from hdeval.train import TrainConfig
+    from hdeval.run.train import TrainConfig
 
     config = TrainConfig(task="summeval", judges=("b",), jury="j.toml", prune_judges=True)
     assert set(config.public()) == set(TrainConfig.model_fields)
@@ -92,8 +92,8 @@ def test_the_manifest_records_every_run_setting():
 
 def test_train_help_shows_the_models_defaults():
     from conftest import run_cli
-    from hdeval.config import LLMSettings
-    from hdeval.train import TrainConfig
+    from hdeval.llm.config import LLMSettings
+    from hdeval.run.train import TrainConfig
 
     r = run_cli("train", "--help")
     assert r.exit_code == 0

@@ -7,16 +7,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hdeval.backends.base import Backend
-from hdeval.cache.client import CachedBackend
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError, HdevalError
-from hdeval.llm import open_llm
+from hdeval.core.errors import ConfigError, HdevalError
+from hdeval.llm.backends.base import Backend
+from hdeval.llm.cache.client import CachedBackend
+from hdeval.llm.client import open_llm
+from hdeval.llm.config import LLMConfig
 
 
 def llm_config(config: Any) -> LLMConfig:
     """The run's LLM settings as the one typed config every command uses: its model and server,
-    and its request settings (:class:`~hdeval.config.LLMSettings`) as they are."""
+    and its request settings (:class:`~hdeval.llm.config.LLMSettings`) as they are."""
     return LLMConfig(model=config.llm, base_url=config.base_url, **config.llm_settings())
 
 
@@ -122,8 +122,8 @@ def plan_known(
 
 def fit_exporting(method: Any, ctx: Any, path: Any) -> Any:
     """``train --export-requests FILE``: fit with the LLMs exporting the first uncached stage's
-    requests (:class:`~hdeval.request_files.RequestsExported`) instead of calling them."""
-    from hdeval.request_files import exporting_stages
+    requests (:class:`~hdeval.llm.request_files.RequestsExported`) instead of calling them."""
+    from hdeval.llm.request_files import exporting_stages
 
     config = ctx.config
     for given, flag in ((config.batch, "--batch"), (config.max_calls is not None, "--max-calls")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 
