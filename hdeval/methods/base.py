@@ -712,7 +712,8 @@ class Method:
     def __post_init__(self) -> None:
         if isinstance(self.options, Mapping):
             object.__setattr__(self, "options", options_model(self.name, self.options))
-        if is_dataclass(self.options):  # a plug-in written when options were dataclasses
+        # a plug-in written when options models were dataclasses
+        if isinstance(self.options, type) and is_dataclass(self.options):
             raise TypeError(
                 f"method {self.name!r}: its options model {self.options.__name__} is a dataclass; "
                 "declare it as a plain subclass of MethodOptions (a pydantic model), without @dataclass"
