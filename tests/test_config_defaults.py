@@ -71,6 +71,8 @@ def test_run_settings_refuse_unknown_fields_and_take_none_as_not_set():
 
     plain = TrainConfig(task="summeval")
     assert TrainConfig.from_options(task="summeval", seed=None, timeout=None, test_frac=None) == plain
+    assert TrainConfig(task="summeval", seed=None, concurrency=None) == plain
+    assert LLMConfig("fake", timeout=None, max_retries=None) == LLMConfig("fake")
     for make, message in (
         (lambda: TrainConfig(task="summeval", timeuot=5), "unknown option(s): --timeuot"),
         (lambda: TrainConfig(task="summeval", seed="first"), "--seed must be a whole number, got 'first'"),

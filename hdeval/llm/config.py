@@ -49,8 +49,8 @@ class LLMSettings(BaseModel):
     )
 
     def __init__(self, **given: Any) -> None:
-        try:
-            super().__init__(**given)
+        try:  # None is "not set": the default
+            super().__init__(**{k: v for k, v in given.items() if v is not None})
         except ValidationError as exc:
             raise ConfigError(validation_line(exc, flags=True)) from None
 
