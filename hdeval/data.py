@@ -226,6 +226,16 @@ def table_format(path: str | Path) -> str | None:
     return TABLE_FORMATS.get(Path(path).suffix.lower())
 
 
+def check_readable(path: str | Path) -> None:
+    """A one-line :class:`DataError` when the data file cannot be opened: commands that load an
+    artifact say so first, not after the heavy libraries it needs have loaded."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise DataError(f"cannot open data file {path}: {exc}") from exc
+
+
 def data_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line or row number, values by column) of each row of a data file as it is, before any
     column mapping (``hdeval init`` reads a file's columns so); the first bad row raises."""

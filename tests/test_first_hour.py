@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -393,3 +394,51 @@ def test_check_gates_a_pairwise_artifact_on_agreement(tmp_path: Path) -> None:
     low = run_cli("check", art, *gold, "--min-agreement", str(min(1.0, held_out + 0.01)), *cache)
     assert low.exit_code == 1 and "is below" in low.stderr
     one_error(run_cli("check", art, *gold, "--min-spearman", "0.5", *cache), "--min-agreement")
+
+
+def _in_a_fresh_interpreter(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HDEVAL_LLM", "HDEVAL_BASE_URL")}
+    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES.parent), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("command", [
+    ["apply", "{art}", "{missing}", "--llm", "fake", "-o", "{out}"],
+    ["apply", "{art}", "{missing}", "--llm", "gpt-4o-mini", "--export-requests", "{out}"],
+    ["check", "{art}", "--data", "{missing}", "--llm", "fake", "--min-spearman", "0.5"],
+])
+def test_a_missing_input_is_said_before_the_artifact_loads(qa_artifact: Path, tmp_path: Path,
+                                                           command: list[str]) -> None:
+    """#37 item 10: the artifact (and scikit-learn, skops) loaded first, 11 s at load 10."""
+    missing = tmp_path / "new.csv"
+    argv = [a.format(art=qa_artifact, missing=missing, out=tmp_path / "out.jsonl") for a in command]
+    code = (
+        "import sys\n"
+        "import hdeval.cli\n"
+        "try:\n"
+        f"    hdeval.cli.cli({argv!r}, prog_name='hdeval')\n"
+        "except SystemExit as e:\n"
+        "    print('EXIT', e.code)\n"
+        "print('LOADED', sorted(m for m in ('sklearn', 'skops', 'shap', 'matplotlib') if m in sys.modules))\n"
+    )
+    r = _in_a_fresh_interpreter(code, tmp_path)
+    assert r.stderr.startswith(f"error: cannot open data file {missing}"), r.stderr
+    assert "EXIT 2" in r.stdout and "LOADED []" in r.stdout, r.stdout
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_apply_report_and_check_do_not_load_the_openai_sdk_for_files() -> None:
+    """The openai SDK came with apply's output helpers (0.3-0.5 s of every apply and report, on
+    the fake or embedded LLM too); it loads when an OpenAI-compatible server is used."""
+    code = (
+        "import sys\n"
+        "import hdeval.cli.report, hdeval.run.apply, hdeval.run.check, hdeval.run.output\n"
+        "print('LOADED', sorted(m for m in ('openai', 'httpx') if m in sys.modules))\n"
+    )
+    r = _in_a_fresh_interpreter(code, EXAMPLES)
+    assert "LOADED []" in r.stdout, r.stdout + r.stderr
+
