@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hdeval.backends.base import Backend
 from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
-from hdeval.data import Split, find_data, limit_samples, read_task_samples, split_samples
+from hdeval.data import Split, find_data, limit_samples, read_task_samples, recorded_columns, split_samples
 from hdeval.errors import ConfigError, DataError
 from hdeval.methods.base import FitContext, check_shape
 from hdeval.methods.registry import all_options, get_method
@@ -182,6 +182,7 @@ def prepare(config: TrainConfig) -> Prepared:
         )
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
+    task = recorded_columns(path, task)
     samples = read_task_samples(path, task, require_labels=True)
     samples = limit_samples(samples, config.limit, config.seed)
     try:

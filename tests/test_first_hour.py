@@ -442,3 +442,48 @@ def test_apply_report_and_check_do_not_load_the_openai_sdk_for_files() -> None:
     r = _in_a_fresh_interpreter(code, EXAMPLES)
     assert "LOADED []" in r.stdout, r.stdout + r.stderr
 
+
+
+NEW_RATINGS = (
+    "question,answer,clear,correct\n"
+    "What makes rain?,Water vapour condenses into drops heavy enough to fall.,5,5\n"
+    "What makes rain?,Clouds get tired.,3,1\n"
+    "Why do we have seasons?,The tilt of the axis changes how directly sunlight hits.,4,5\n"
+    "Why do we have seasons?,The Earth is closer to the Sun in summer.,4,2\n"
+)
+
+
+def test_the_columns_data_import_was_given_are_kept_for_apply(tmp_path: Path) -> None:
+    """#37 item 5: --source-col and the others served data import, then were forgotten: apply on a
+    new CSV of the same layout stopped at "no column 'source'"."""
+    mine = tmp_path / "mine.jsonl"
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine)
+    assert res.exit_code == 0, res.output
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--data", mine, "--method", "direct",
+                  "--llm", "fake", "-o", tmp_path / "art", "--cache-dir", tmp_path / "cache")
+    assert res.exit_code == 0, res.output
+    new = tmp_path / "new.csv"
+    new.write_text(NEW_RATINGS, encoding="utf-8")
+    res = run_cli("apply", tmp_path / "art", new, "--llm", "fake", "--cache-dir", tmp_path / "cache",
+                  "-o", tmp_path / "scored.jsonl")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 4 and all(set(r["scores"]) == {"clarity", "accuracy"} for r in rows)
+    assert not any(r["in_training"] for r in rows)
+    res = run_cli("check", tmp_path / "art", "--data", new, "--llm", "fake", "--cache-dir", tmp_path / "cache",
+                  "--min-spearman", "-1")  # the human scores come through the mapping too
+    assert res.exit_code == 0 and "Spearman" in res.output, res.output
+
+
+def test_a_recorded_mapping_that_is_no_mapping_is_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "mine.jsonl"
+    lines = (EXAMPLES / "qa.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["columns"] = {"scores": {"fluency": "f"}}  # the task has no aspect fluency
+    data.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n", encoding="utf-8")
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--data", data, "--method", "direct",
+                  "--llm", "fake", "-o", tmp_path / "art", "--cache-dir", tmp_path / "cache")
+    one_error(res, f"{data}: line 1: columns.scores", "fluency")
+    assert not (tmp_path / "art").exists()
