@@ -487,3 +487,58 @@ def test_a_recorded_mapping_that_is_no_mapping_is_one_line(tmp_path: Path) -> No
                   "--llm", "fake", "-o", tmp_path / "art", "--cache-dir", tmp_path / "cache")
     one_error(res, f"{data}: line 1: columns.scores", "fluency")
     assert not (tmp_path / "art").exists()
+
+
+def _cache_with_runs_of(tmp_path: Path, *identities: str) -> Path:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "rates.json").write_text(json.dumps({i: {"seconds_per_1k_tokens": 1.0, "calls": 30}
+                                                  for i in identities}), encoding="utf-8")
+    return cache
+
+
+@pytest.mark.parametrize("llm, base_url, meant", [
+    ("gpt-4o-mnii", None, "gpt-4o-mini"),
+    ("GPT-4o-mini", None, "gpt-4o-mini"),
+    ("gpt-4o-mini", None, None),  # a model it has: nothing to say
+    ("gpt-4o", None, None),  # five edits away: another model, not a typo
+    ("qwen2.5-7b-instruct", "http://127.0.0.1:9/v1", "qwen2.5-7b-instruc"),
+    ("gpt-4o-mnii", "http://127.0.0.1:9/v1", None),  # seen at OpenAI, not at this server
+])
+def test_a_model_name_a_typo_away_from_one_the_cache_has_run_gets_did_you_mean(
+        tmp_path: Path, llm: str, base_url: str | None, meant: str | None) -> None:
+    """#37 item 7: only the built-ins were compared; a model the cache has replies of was not."""
+    cache = _cache_with_runs_of(tmp_path, "openai:gpt-4o-mini@https://api.openai.com/v1",
+                                "openai:qwen2.5-7b-instruc@http://127.0.0.1:9/v1+llama", "fake:v1")
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", llm, "--dry-run", "--cache-dir", cache,
+                  *(["--base-url", base_url] if base_url else []))
+    assert res.exit_code == 0, res.output  # a warning: a name one edit from another may be a real model
+    warned = [line for line in res.stderr.splitlines() if "did you mean" in line]
+    if meant is None:
+        assert warned == []
+    else:
+        assert warned == [f"warning: --llm {llm!r}: the reply cache has no run of that model at "
+                          f"{base_url or 'https://api.openai.com/v1'}; did you mean {meant!r}, which it has?"]
+
+
+@pytest.mark.parametrize("rates", ["huge", "fifo", "deep", "list", "control"])
+def test_a_hostile_rates_file_is_read_bounded_for_did_you_mean(tmp_path: Path, rates: str) -> None:
+    import os
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = cache / "rates.json"
+    if rates == "huge":  # a real entry, but past the bound: not read at all
+        path.write_text(json.dumps({"openai:gpt-4o-mini@https://api.openai.com/v1": {"pad": "x" * (1 << 20)}}))
+    elif rates == "fifo":  # opening it would wait for a writer forever
+        os.mkfifo(path)
+    elif rates == "deep":
+        path.write_text("[" * 200_000)
+    elif rates == "list":
+        path.write_text(json.dumps(["openai:gpt-4o-mini@https://api.openai.com/v1"]))
+    else:  # one edit from --llm, but no model's name: never printed
+        path.write_text(json.dumps({"openai:gpt-4o-mnii\x1b@https://api.openai.com/v1": {}}))
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", "gpt-4o-mnii", "--dry-run",
+                  "--cache-dir", cache)
+    assert res.exit_code == 0, res.output
+    assert "did you mean" not in res.stderr
