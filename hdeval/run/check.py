@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def check_alignment(
     ``apply_options``: those of :func:`hdeval.run.apply.apply_file` (``llm``, ``cache_dir``,
     ``progress``, ``notify``, ...). A file without human scores, or whose every row is a training
     row, is a :class:`ConfigError`: no gate can be honest on it."""
-    from hdeval.data import check_readable
+    from hdeval.data.samples import check_readable
     from hdeval.run.apply import apply_file, load_checked
 
     if (min_spearman is None) == (min_agreement is None):
