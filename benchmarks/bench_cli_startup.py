@@ -23,6 +23,12 @@ from one ``-X importtime`` run each, inflated by the load as much as the wall ti
     check    (load 13.5-14.8)         34.7 s -> 20.7 s     3.59 s -> 2.42 s   8.3 s ->  7.9 s
     --help   (load 11.4-11.7)          0.52 s -> 0.53 s    0.18 s -> 0.18 s   0.63 s -> 0.36 s
 
+    again 23:47-23:53 UTC, 3 runs each   wall old -> new      CPU old -> new    imports old -> new
+    report   (load 3.6-4.8)           15.8 s -> 8.6 s      6.30 s -> 4.63 s  13.8 s -> 10.1 s
+    apply    (load 6.5-9.9)           12.6 s -> 12.3 s     3.67 s -> 2.59 s  11.8 s ->  6.3 s
+    check    (load 9.9-10.8)          13.8 s -> 9.0 s      3.51 s -> 2.36 s   9.3 s ->  7.6 s
+    --help   (load 10.7)               0.67 s -> 0.63 s    0.20 s -> 0.19 s   0.64 s -> 0.60 s
+
     The old runs' largest imports: openai (1.0-4.1 s under that load), gone from all three new
     ones. What stays is used: skops.io (it imports 440 scikit-learn modules, a superset of what
     aggregate.py imports), shap and matplotlib for report's SHAP values and plots. On a quiet
