@@ -387,6 +387,11 @@ class Evaluator(TreeEvaluator):
 
         return summary_lines(self, path)
 
+    def report_sections(self) -> tuple[dict[str, Any], list[Any]]:
+        """What this evaluator adds to the report: numbers for report.json (key -> value) and
+        sections of the page (:class:`hdeval.report.sections.Section`)."""
+        return {}, []
+
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.hdeval.report import write_report
 
