@@ -170,3 +170,29 @@ def test_a_jury_report_from_an_artifact_without_intervals_says_so(tmp_path: Path
     rows = page.table("evaluator")
     assert rows["learned jury"][2] == f3(metrics["final"]["average"]["spearman"])
     assert rows["learned jury"][3] == "n/a" and rows["j1 alone, direct"][4] == "n/a"
+
+
+@pytest.mark.slow
+def test_a_refitted_artifacts_report_shows_the_swap_as_metrics_json_records_it(tmp_path: Path) -> None:
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=16, seed=2))
+    cache = ["--cache-dir", tmp_path / "c", "-q"]
+    res = run_cli("train", "--task", task, "--data", data, "--llm", "fake", "--layers", "1", "--aggregator", "lr",
+                  "-o", tmp_path / "art", *cache)
+    assert res.exit_code == 0, res.output
+    res = run_cli("refit", tmp_path / "art", "--llm", "fake:logprobs=0", "--data", data, "-o", tmp_path / "art2",
+                  *cache)
+    assert res.exit_code == 0, res.output
+    rec = json.loads((tmp_path / "art2" / "metrics.json").read_text(encoding="utf-8"))["refit"]
+    res = run_cli("report", tmp_path / "art2", "-o", tmp_path / "rep", "--max-samples", "10", "--repeats", "2",
+                  "--curve-points", "2")
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    page = Tables()
+    page.feed(html)
+    rows = list(page.table("judge", "held-out avg Spearman").values())
+    assert [r[1] for r in rows] == [f3(rec["spearman_before"]), f3(rec["spearman_after"]),
+                                    f"{f3(rec['change'])} [{f3(rec['interval'][0])}, {f3(rec['interval'][1])}]"]
+    before = json.loads((tmp_path / "art" / "manifest.json").read_text(encoding="utf-8"))["llm"]["identity"]
+    assert rec["from"] == before and rows[0][0] == f"before: {before}" and rows[1][0].startswith("after: fake")
+    assert f"The new judge is {rec['verdict']} than {before}." in html
+    assert json.loads((tmp_path / "rep" / "report.json").read_text(encoding="utf-8"))["refit"] == rec

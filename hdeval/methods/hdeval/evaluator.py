@@ -389,8 +389,10 @@ class Evaluator(TreeEvaluator):
 
     def report_sections(self) -> tuple[dict[str, Any], list[Any]]:
         """What this evaluator adds to the report: numbers for report.json (key -> value) and
-        sections of the page (:class:`hdeval.report.sections.Section`)."""
-        return {}, []
+        sections of the page (:class:`hdeval.report.sections.Section`): a refitted artifact's swap."""
+        from hdeval.methods.hdeval.refit import refit_sections
+
+        return refit_sections(self)
 
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.hdeval.report import write_report
