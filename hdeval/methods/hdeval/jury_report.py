@@ -109,8 +109,8 @@ def jury_sections(ev: Any) -> tuple[dict[str, Any], list[Section]]:
         diff = _get(iv, *path, "learned_minus")
         lines.append(
             f"The learned jury's held-out average Spearman is {fmt_num(learned)}; the best single "
-            f"judge here, {label}, has {fmt_num(best[1][1])}: the jury is "
-            f"{_difference(diff)} ahead of it."
+            f"judge here, {label}, has {fmt_num(best[1][1])}; the learned jury minus it: "
+            f"{_difference(diff)}."
         )
     comparison = Section(
         "Jury: the learned jury against each judge alone and the jury mean",
