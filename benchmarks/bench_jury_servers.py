@@ -50,7 +50,7 @@ def one_run(name: str, seed: int, layers: int, workdir: Path, aggregator: str) -
     from simjudge import pointwise_backend, real_rows
 
     import hdeval.methods.hdeval.fake  # noqa: F401  (registers the fake decomposer)
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     task = load_task(name)
     rows = real_rows(Path(os.environ["HDEVAL_DATA_DIR"]) / f"{name}.jsonl", task, None, seed)
@@ -130,7 +130,7 @@ def checks(name: str, seed: int, workdir: Path) -> dict:
     from simjudge import pointwise_backend, real_rows
 
     import hdeval.methods.hdeval.fake  # noqa: F401  (registers the fake decomposer)
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     task = load_task(name)
     rows = real_rows(Path(os.environ["HDEVAL_DATA_DIR"]) / f"{name}.jsonl", task, None, seed)

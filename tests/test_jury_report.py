@@ -15,8 +15,8 @@ from conftest import run_cli
 from simjudge import pointwise_rows, write_pointwise
 from simjury import jury
 
-from hdeval.artifact import MANIFEST, sha256_file
-from hdeval.train import train
+from hdeval.artifact.directory import MANIFEST, sha256_file
+from hdeval.run.train import train
 
 HOSTILE = '<img src=x onerror="alert(1)">'
 

@@ -10,8 +10,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import select_cv
-from hdeval.errors import ArtifactError
+from hdeval.core.errors import ArtifactError
+from hdeval.core.metrics import metric_table
+from hdeval.core.types import ScoreMatrix
+from hdeval.learn.aggregate import select_cv
 from hdeval.methods.base import CORRELATIONS, FIGURE, progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
 from hdeval.methods.jury import (
@@ -23,8 +25,6 @@ from hdeval.methods.jury import (
     open_jury,
     split_column,
 )
-from hdeval.metrics import metric_table
-from hdeval.types import ScoreMatrix
 
 # document resamples of the held-out figures' intervals; 1000 keep train's closing step under a
 # second for a jury of three on a few hundred rows
@@ -178,7 +178,7 @@ def held_out_intervals(
     jury minus it with the interval of the difference, from the same resamples of whole held-out
     documents (a document's rows move together). ``preds``: path in ``baselines`` -> held-out
     predictions; the result is nested the same way."""
-    from hdeval.metrics import average_spearman
+    from hdeval.core.metrics import average_spearman
 
     keys = list(preds)
     uniq = sorted(set(docs))
@@ -327,7 +327,7 @@ class JuryEvaluator(Evaluator):
         units: int,
         score: Any,
     ) -> tuple[Any, Any]:
-        from hdeval.config import DEFAULT_CONCURRENCY, LLMConfig
+        from hdeval.llm.config import DEFAULT_CONCURRENCY, LLMConfig
 
         only: dict[str, list[Any]] = {}
         for key in self.needed_criteria:
@@ -367,8 +367,8 @@ class JuryEvaluator(Evaluator):
         on the server ``apply`` was allowed to call (``backend``'s) or a built-in model."""
         import dataclasses
 
-        from hdeval.errors import ConfigError
-        from hdeval.urls import public_url
+        from hdeval.core.errors import ConfigError
+        from hdeval.core.urls import public_url
 
         if self.judge_backends is not None:
             return list(judges)
@@ -390,12 +390,12 @@ class JuryEvaluator(Evaluator):
     def from_artifact(cls, art: Any) -> "JuryEvaluator":
         from pydantic import ValidationError
 
-        from hdeval.methods.jury import _models
+        from hdeval.methods.jury import judge_models
 
         ev = super().from_artifact(art)
         state = art.state.get("jury")
         where = art.path / "manifest.json"
-        JudgeSpec, _ = _models()
+        JudgeSpec, _ = judge_models()
         try:
             judges = [JudgeSpec.model_validate(j) for j in state["judges"]]
             kept = state["kept"]

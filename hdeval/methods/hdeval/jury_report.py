@@ -1,8 +1,9 @@
-"""The jury's section of the report: the learned jury against each judge alone and the jury
-mean on the held-out documents, with intervals; how the judges agree and how their errors
-correlate; each judge's calls, tokens, cost and importance. Every figure is read from the
-artifact's ``metrics.json`` (written by :func:`hdeval.methods.hdeval.jury.jury_fit`) and shown as
-recorded; the artifact is untrusted, so whatever is missing or malformed shows as "n/a"."""
+"""The report's sections about the judges. A jury's: the learned jury against each judge alone
+and the jury mean on the held-out documents, with intervals; how the judges agree and how their
+errors correlate; each judge's calls, tokens, cost and importance. A refitted artifact's: the
+judge swap, before and after. Every figure is read from the artifact's ``metrics.json`` (written
+by :func:`hdeval.methods.hdeval.jury.jury_fit` and :func:`hdeval.methods.hdeval.refit.refit`) and
+shown as recorded; the artifact is untrusted, so whatever is missing or malformed shows as "n/a"."""
 
 from __future__ import annotations
 
@@ -221,3 +222,43 @@ def _label(ev: Any) -> Any:
         return f"{key} — {name}" if name and name != key else key
 
     return label
+
+
+def refit_sections(ev: Any) -> tuple[dict[str, Any], list[Any]]:
+    """The report's section of a refitted artifact: the judge it replaced, the held-out figure
+    before and after, and the change with its interval (as ``metrics.json``'s ``refit`` holds it;
+    the artifact is untrusted: what is malformed shows as "n/a")."""
+    rec = (ev.metrics or {}).get("refit")
+    if not isinstance(rec, dict):
+        return {}, []
+    iv = rec.get("interval")
+    lo, hi = iv if isinstance(iv, list) and len(iv) == 2 else [None, None]
+    level = rec.get("level")
+    pct = f"{level:.0%}" if isinstance(level, float) else "95%"
+    before = rec.get("from") if isinstance(rec.get("from"), str) else "n/a"
+    verdict = rec.get("verdict") if rec.get("verdict") in ("worse", "better", "no clear change") else "n/a"
+    docs = rec.get("documents")
+    section = Section(
+        "Judge swap (hdeval refit)",
+        "This artifact was refitted from another one: its labelled rows scored by a new judge on the "
+        "same criteria, the same kind of aggregator fitted on the same training rows. The change is "
+        f"the held-out average Spearman after minus before, with a {pct} interval from resampling "
+        f"whole held-out documents ({docs if isinstance(docs, int) else 'n/a'}); worse: the interval "
+        "lies below zero.",
+        lines=[f"The new judge is {verdict} than {before}."],
+        tables=[
+            Table(
+                ["judge", "held-out avg Spearman"],
+                [
+                    [f"before: {before}", fmt_num(rec.get("spearman_before"))],
+                    [f"after: {ev.llm_identity}", fmt_num(rec.get("spearman_after"))],
+                    [
+                        f"change ({pct} interval)",
+                        f"{fmt_num(rec.get('change'))} [{fmt_num(lo)}, {fmt_num(hi)}]",
+                    ],
+                ],
+            )
+        ],
+        anchor="refit",
+    )
+    return {"refit": rec}, [section]

@@ -9,15 +9,15 @@ from typing import Any, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, select_cv
-from hdeval.errors import ConfigError, DataError
-from hdeval.intervals import fitted_intervals
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.metrics import average_spearman, metric_table
+from hdeval.core.types import ScoreMatrix
+from hdeval.judge.scoring import score_criteria
+from hdeval.learn.aggregate import Aggregator, select_cv
+from hdeval.learn.intervals import fitted_intervals
 from hdeval.methods.base import score_table, usage_of
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.loop import baselines
-from hdeval.metrics import average_spearman, metric_table
-from hdeval.scoring import score_criteria
-from hdeval.types import ScoreMatrix
 
 BOOTSTRAP = 2000
 LEVEL = 0.95
@@ -164,46 +164,3 @@ def bootstrap_change(
         "documents": len(uniq),
         "verdict": verdict,
     }
-
-
-def refit_sections(ev: Any) -> tuple[dict[str, Any], list[Any]]:
-    """The report's section of a refitted artifact: the judge it replaced, the held-out figure
-    before and after, and the change with its interval (as ``metrics.json``'s ``refit`` holds it;
-    the artifact is untrusted: what is malformed shows as "n/a")."""
-    from hdeval.report import fmt_num
-    from hdeval.report.sections import Section, Table
-
-    rec = (ev.metrics or {}).get("refit")
-    if not isinstance(rec, dict):
-        return {}, []
-    iv = rec.get("interval")
-    lo, hi = iv if isinstance(iv, list) and len(iv) == 2 else [None, None]
-    level = rec.get("level")
-    pct = f"{level:.0%}" if isinstance(level, float) else "95%"
-    before = rec.get("from") if isinstance(rec.get("from"), str) else "n/a"
-    verdict = rec.get("verdict") if rec.get("verdict") in ("worse", "better", "no clear change") else "n/a"
-    docs = rec.get("documents")
-    section = Section(
-        "Judge swap (hdeval refit)",
-        "This artifact was refitted from another one: its labelled rows scored by a new judge on the "
-        "same criteria, the same kind of aggregator fitted on the same training rows. The change is "
-        f"the held-out average Spearman after minus before, with a {pct} interval from resampling "
-        f"whole held-out documents ({docs if isinstance(docs, int) else 'n/a'}); worse: the interval "
-        "lies below zero.",
-        lines=[f"The new judge is {verdict} than {before}."],
-        tables=[
-            Table(
-                ["judge", "held-out avg Spearman"],
-                [
-                    [f"before: {before}", fmt_num(rec.get("spearman_before"))],
-                    [f"after: {ev.llm_identity}", fmt_num(rec.get("spearman_after"))],
-                    [
-                        f"change ({pct} interval)",
-                        f"{fmt_num(rec.get('change'))} [{fmt_num(lo)}, {fmt_num(hi)}]",
-                    ],
-                ],
-            )
-        ],
-        anchor="refit",
-    )
-    return {"refit": rec}, [section]
