@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from hdeval.artifact import ArtifactReader, ArtifactWriter
 from hdeval.config import LLMConfig
 from hdeval.errors import ConfigError, DataError
-from hdeval.methods.base import Fitted, ScoreResult, loaded, usage_of
+from hdeval.methods.base import Fitted, ScoreResult, loaded, pointwise_banner, pointwise_headline, usage_of
 from hdeval.methods.comparisons import (
     COMPARISONS,
     Example,
@@ -72,6 +72,12 @@ class PairEvalEvaluator(Fitted):
 
     def fitted_aggregator(self) -> str | None:
         return self.agg.kind
+
+    def banner(self) -> Any:
+        return pointwise_banner(self)
+
+    def headline(self) -> dict[str, float | None]:
+        return pointwise_headline(self.metrics, list(self.task.aspect_keys))
 
     def method_args(self) -> dict[str, Any]:
         if self.all_vs_all:
