@@ -9,9 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import TOY_TASK, one_line_error, run_cli, toy_rows, train_artifact, write_jsonl
 from markupsafe import escape
-
-from conftest import one_line_error, run_cli, toy_rows, train_artifact, write_jsonl, TOY_TASK
 
 
 def client(root: Path, token: str | None = None, host: str = "127.0.0.1", port: int = 8766):

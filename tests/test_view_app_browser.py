@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TOY_TASK, toy_rows, train_artifact, write_jsonl
 from test_label_app_browser import browsers, wait  # noqa: F401 (a fixture)
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.app.labels import PAIR_ASPECT, LabelStore, Rating, content_hash, majority_choice
+from hdeval.app.labels import LabelStore, content_hash
 from hdeval.errors import ConfigError, DataError, HdevalError
+from hdeval.labels_db import PAIR_ASPECT, Rating, majority_choice
 from hdeval.types import PairSample, Sample, Task
 
 DEFAULT_DOUBLE_SHARE = 0.10
