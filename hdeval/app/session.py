@@ -54,6 +54,7 @@ class Fit:
     high: float | None
     reason: str | None
     seconds: float
+    aggregator: str | None = None  # the kind the re-fit kept (pointwise: as train's auto would)
 
 
 @dataclass
@@ -313,9 +314,14 @@ class LabelSession:
             rows, y = self.labelled()
             keep = self.scored[rows]
             X, y, groups = self.X[rows[keep]].copy(), y[keep], self.groups[rows[keep]]
+            criteria = list(self.scoring.criteria)
         start = time.perf_counter()
-        a = self.selection.assess(X, y, groups, seed=self.seed, pairwise=self.pairwise)
-        fit = Fit(int(a.n_labels), a.agreement, a.low, a.high, a.reason, time.perf_counter() - start)
+        # pointwise: the aggregator train would build for these criteria, so the panel keeps the kind it would
+        template = None if self.pairwise else self.selection.task_template(self.task, criteria, self.seed)
+        a = self.selection.assess(X, y, groups, seed=self.seed, pairwise=self.pairwise, template=template)
+        fit = Fit(
+            int(a.n_labels), a.agreement, a.low, a.high, a.reason, time.perf_counter() - start, a.aggregator
+        )
         with self._lock:
             self.fits.append(fit)
         return fit
