@@ -220,6 +220,8 @@ def build_view_app(
             html = reports.page(entry).read_text(encoding="utf-8")
         except HdevalError as exc:
             return page("view_missing.html.j2", what=f"{entry.name}: no report: {exc}")
+        except Exception as exc:  # an untrusted artifact that breaks the report costs only its page
+            return page("view_missing.html.j2", what=f"{entry.name}: no report: {type(exc).__name__}: {exc}")
         return HTMLResponse(html, headers={"Content-Security-Policy": REPORT_CSP})
 
     def compare(request: Request) -> Response:
