@@ -299,7 +299,7 @@ def test_export_then_train_gives_the_figure_the_panel_showed(pool, tmp_path, ser
     X = table[criteria].to_numpy(float)
     y = np.array([[row["scores"][a] for a in ("clarity", "accuracy")] for row in rows])
     from hdeval.learn.selection import task_template
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     # the aggregator train makes for these criteria, chosen by train's own chooser
     again = assess(X, y, [row["doc_id"] for row in rows], template=task_template(load_task(pool[0]), criteria))

@@ -10,9 +10,9 @@ import pytest
 from conftest import TOY_TASK, one_error, run_cli, toy_rows, train_artifact, write_jsonl
 
 from hdeval.app.labels import LabelStore, export_labels
-from hdeval.data import read_samples, read_task_samples
-from hdeval.errors import DataError
-from hdeval.tasks import load_task
+from hdeval.data.samples import read_samples, read_task_samples
+from hdeval.core.errors import DataError
+from hdeval.data.tasks import load_task
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.learn.selection import DEFAULT, STRATEGIES, Assessment, assess, labels_to_reach, pick
 
 
@@ -136,10 +136,10 @@ def test_assess_keeps_the_aggregator_train_would_keep_simple_ones_included():
     """The panel's re-fit chose among lr, dt, rf and nn only, while train's --aggregator auto also
     weighs the simple candidates with the one-standard-error rule: on scores that are an aspect's
     criteria averaged (plus noise), train keeps a simple kind and the panel showed another."""
-    from hdeval.aggregate import SIMPLE_KINDS, choose_aggregator, fit_warnings
+    from hdeval.learn.aggregate import SIMPLE_KINDS, choose_aggregator, fit_warnings
     from hdeval.learn.selection import task_template
-    from hdeval.metrics import correlation
-    from hdeval.tasks import task_from_dict
+    from hdeval.core.metrics import correlation
+    from hdeval.data.tasks import task_from_dict
 
     task = task_from_dict({
         "name": "t", "description": "d", "fields": [{"key": "output", "label": "Answer"}],

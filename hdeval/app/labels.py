@@ -25,8 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError, DataError
-from hdeval.labels_db import (  # the reading side, below the data readers (train reads the file)
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.types import PairSample, Sample, Task
+from hdeval.data.labels_db import (  # the reading side, below the data readers (train reads the file)
     COLUMNS,
     FORMAT,
     PAIR_ASPECT,
@@ -38,7 +39,6 @@ from hdeval.labels_db import (  # the reading side, below the data readers (trai
     read_meta,
     read_rows,
 )
-from hdeval.types import PairSample, Sample, Task
 
 # bounds on what a request may store: the page's note field, a rater's name
 MAX_NOTE = 2000
@@ -312,7 +312,7 @@ def _now() -> str:
 def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw: bool = False) -> int:
     """Write ``out`` (JSONL, atomically): the labelled samples, or with ``raw`` every row of the
     file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""
-    from hdeval.data import write_jsonl
+    from hdeval.data.samples import write_jsonl
 
     task = read_meta(path)
     out = Path(out)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from hdeval.app.labels import LabelStore, content_hash
-from hdeval.errors import ConfigError, DataError, HdevalError
-from hdeval.labels_db import PAIR_ASPECT, Rating, majority_choice
-from hdeval.types import PairSample, Sample, Task
+from hdeval.core.errors import ConfigError, DataError, HdevalError
+from hdeval.core.types import PairSample, Sample, Task
+from hdeval.data.labels_db import PAIR_ASPECT, Rating, majority_choice
 
 DEFAULT_DOUBLE_SHARE = 0.10
 DEFAULT_REFIT_EVERY = 5

@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from hdeval.app.server import HERE, Guard, templates
-from hdeval.errors import ConfigError, HdevalError
+from hdeval.core.errors import ConfigError, HdevalError
 
 #: How deep under the folder artifacts are looked for, and how many are listed at most.
 MAX_DEPTH, MAX_ARTIFACTS = 6, 500
@@ -64,7 +64,7 @@ class Entry:
 def find_artifacts(root: Path) -> list[Path]:
     """The artifact directories under ``root`` (itself included), sorted; links are not
     followed and an artifact's own folders are not searched."""
-    from hdeval.artifact import is_artifact
+    from hdeval.artifact.directory import is_artifact
 
     found: list[Path] = []
     for here, dirs, _ in os.walk(root, followlinks=False):
@@ -82,7 +82,7 @@ def find_artifacts(root: Path) -> list[Path]:
 
 
 def _stamp(path: Path) -> tuple[int, int]:
-    from hdeval.artifact import MANIFEST
+    from hdeval.artifact.directory import MANIFEST
 
     st = os.lstat(path / MANIFEST)
     return st.st_mtime_ns, st.st_size
@@ -103,7 +103,7 @@ def read_entry(root: Path, path: Path) -> Entry:
     except Exception as exc:  # an artifact is untrusted: one that breaks a reader is listed, not fatal
         entry.error = f"cannot read it: {type(exc).__name__}: {exc}"
         return entry
-    from hdeval.artifact import MANIFEST, ArtifactReader
+    from hdeval.artifact.directory import MANIFEST, ArtifactReader
 
     manifest = ArtifactReader(path, {}, []).json(MANIFEST)  # verified by the load above
     entry.evaluator = ev
