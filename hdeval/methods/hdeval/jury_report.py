@@ -55,7 +55,10 @@ def evaluators(rec: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
     """(label, path under ``baselines`` and ``intervals``) of every evaluator the jury compares,
     the learned jury first."""
     dropped = set(_names(rec.get("dropped")))
-    out = [("learned jury", ("learned",)), ("jury mean (PoLL's average pooling)", ("jury_mean",))]
+    out: list[tuple[str, tuple[str, ...]]] = [
+        ("learned jury", ("learned",)),
+        ("jury mean (PoLL's average pooling)", ("jury_mean",)),
+    ]
     judges = _get(rec, "baselines", "judges")
     for n in _names(list(judges)) if isinstance(judges, Mapping) else []:
         tag = " (dropped by --prune-judges)" if n in dropped else ""
