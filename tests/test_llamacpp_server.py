@@ -9,6 +9,7 @@ the bundled model.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -31,8 +32,15 @@ from hdeval.train import train  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server_url():
+# One thread each: llama.cpp's threads wait for each other at every step, so on a shared machine
+# two of them stall whenever one is descheduled (8x slower, measured); the numbers are the same
+# on both sides either way.
+THREADS = 1
+
+
+def start_server():
+    """llama.cpp's HTTP server on the embedded model, on 127.0.0.1, set up as the embedded runtime
+    sets up its own: (its URL, the server)."""
     import xllamacpp
 
     with socket.socket() as s:
@@ -44,7 +52,7 @@ def server_url():
     params.n_parallel = 1
     params.n_batch = 512  # as the embedded runtime: the same batches, the same numbers
     params.cache_ram_mib = CACHE_RAM_MIB
-    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = THREADS
     params.warmup = False
     params.verbosity = -1
     params.hostnames = ["127.0.0.1"]
@@ -55,18 +63,25 @@ def server_url():
     while True:
         try:
             httpx.get(url + "/models", timeout=2).raise_for_status()
-            break
+            return url, server
         except httpx.HTTPError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.fixture
+def server_url():
+    url, server = start_server()
     yield url
     del server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local():
-    b = XLlamaCppBackend.from_spec("local", n_threads=2)
+    """The embedded runtime, started for each test as the server is: both begin with an empty
+    prompt cache, and llama.cpp's numbers depend on which prompt prefixes it reuses."""
+    b = XLlamaCppBackend.from_spec("local", n_threads=THREADS)
     yield b
     b.close()
 
@@ -138,10 +153,12 @@ def test_paireval_and_yesno_through_the_server_give_distinct_embedded_scores(ser
         assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= most
 
 
-def test_dna_through_the_server(server_url, local, tmp_path):
+def test_dna_through_the_server(server_url, tmp_path):
+    # four pairs, the fewest a split leaves two to train on: every kind of DnA call (weights, aspect
+    # scores) is made, each JSON reply read from the server
     data = str(write_jsonl(tmp_path / "pairs.jsonl", [
         {"id": f"p{i}", "doc_id": f"d{i}", "source": q, "output_a": a, "output_b": b, "label": "ab"[i % 2]}
-        for i, (q, a, b) in enumerate(PAIRS)]))
+        for i, (q, a, b) in enumerate(PAIRS[:4])]))
     served = train(task="faireval", data=data, method="dna", llm="SmolLM2-135M-Instruct.Q4_1.gguf",
                    base_url=server_url, cache_dir=str(tmp_path / "c"))
     m = served.metrics
@@ -155,8 +172,12 @@ def test_direct_on_topical_chat_through_the_server_scores_as_embedded(server_url
     data = shared_data_dir()
     if data is None or not (data / "topical_chat.jsonl").exists():
         pytest.skip("needs the topical_chat data set (HDEVAL_DATA_DIR)")
-    served, embedded = _both("direct", "topical_chat", str(data / "topical_chat.jsonl"), server_url, local, tmp_path,
-                             limit=8)
-    corr, unreadable, _, _ = _agree(served, embedded, list(served.score_table.columns.intersection(
+    # two responses to each of two conversations: a split by conversation leaves one to train on
+    rows = [json.loads(line) for line in (data / "topical_chat.jsonl").open(encoding="utf-8")]
+    docs = list(dict.fromkeys(r["doc_id"] for r in rows))[:2]
+    subset = [r for d in docs for r in [r for r in rows if r["doc_id"] == d][:2]]
+    served, embedded = _both("direct", "topical_chat", str(write_jsonl(tmp_path / "tc.jsonl", subset)), server_url,
+                             local, tmp_path)
+    corr, unreadable, _, gap = _agree(served, embedded, list(served.score_table.columns.intersection(
         ["naturalness", "coherence", "engagingness", "groundedness", "understandability", "overall"])))
-    assert unreadable < 0.05 and corr >= 0.9
+    assert unreadable < 0.05 and corr >= 0.95
