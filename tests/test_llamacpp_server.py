@@ -125,14 +125,17 @@ def _agree(served, embedded, columns):
     return corr, unreadable, distinct, gap
 
 
-# One request sent to both gives the same probabilities to 4 decimals; over a run, the two
-# processes' numbers drift apart by up to ~0.06 on the 1-5 scale (llama.cpp's own numerics), which
-# is most of what the 135M model's scores span on a toy set: there only the differences are bounded.
+# The same requests in the same order, to a server and to the embedded runtime both just started,
+# give the same numbers: only a difference in what the server is asked (or in what it reused of
+# its cache) makes them differ, and it would show here.
+SAME = 1e-6
+
+
 def test_direct_through_the_server_scores_as_embedded(server_url, local, toy, tmp_path):
     served, embedded = _both("direct", *toy, server_url, local, tmp_path)
     assert served.llm_identity.endswith("+llama.cpp")  # recognised: the constraint was sent
     corr, unreadable, _, gap = _agree(served, embedded, ["overall"])
-    assert unreadable < 0.05 and gap <= 0.1
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
 
 
 def test_hdeval_two_layers_through_the_server_scores_as_embedded(server_url, local, toy, tmp_path):
@@ -140,17 +143,15 @@ def test_hdeval_two_layers_through_the_server_scores_as_embedded(server_url, loc
     shared = [c for c in served.feature_keys if c in set(embedded.feature_keys)]
     assert shared
     corr, unreadable, _, gap = _agree(served, embedded, shared)
-    assert unreadable < 0.05 and gap <= 0.1
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
 
 
 def test_paireval_and_yesno_through_the_server_give_distinct_embedded_scores(server_url, local, toy, tmp_path):
-    # the largest difference allowed: a share of what the embedded scores span (0.011, 0.084)
-    for method, options, most in (("paireval", {"comparisons": 1, "aggregator": "lr"}, 0.02),
-                                  ("direct-yesno", {}, 0.08)):
+    for method, options in (("paireval", {"comparisons": 1, "aggregator": "lr"}), ("direct-yesno", {})):
         served, embedded = _both(method, *toy, server_url, local, tmp_path / method, **options)
         corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
-        # distinct probabilities (never a 0.5 from one label alone), each near the embedded one
-        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= most
+        # distinct probabilities (never a 0.5 from one label alone), each the embedded one
+        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= SAME and corr >= 0.9
 
 
 def test_dna_through_the_server(server_url, tmp_path):
@@ -172,12 +173,16 @@ def test_direct_on_topical_chat_through_the_server_scores_as_embedded(server_url
     data = shared_data_dir()
     if data is None or not (data / "topical_chat.jsonl").exists():
         pytest.skip("needs the topical_chat data set (HDEVAL_DATA_DIR)")
-    # two responses to each of two conversations: a split by conversation leaves one to train on
+    # two responses to each of the two shortest conversations (the time is the prompts'): a split
+    # by conversation leaves one to train on
     rows = [json.loads(line) for line in (data / "topical_chat.jsonl").open(encoding="utf-8")]
-    docs = list(dict.fromkeys(r["doc_id"] for r in rows))[:2]
+    size = {}
+    for r in rows:
+        size[r["doc_id"]] = max(size.get(r["doc_id"], 0), len(r["source"]) + len(r.get("context") or ""))
+    docs = sorted(size, key=lambda d: (size[d], d))[:2]
     subset = [r for d in docs for r in [r for r in rows if r["doc_id"] == d][:2]]
     served, embedded = _both("direct", "topical_chat", str(write_jsonl(tmp_path / "tc.jsonl", subset)), server_url,
                              local, tmp_path)
     corr, unreadable, _, gap = _agree(served, embedded, list(served.score_table.columns.intersection(
         ["naturalness", "coherence", "engagingness", "groundedness", "understandability", "overall"])))
-    assert unreadable < 0.05 and corr >= 0.95
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
