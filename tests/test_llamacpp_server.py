@@ -33,8 +33,7 @@ pytestmark = pytest.mark.slow
 
 
 # One thread each: llama.cpp's threads wait for each other at every step, so on a shared machine
-# two of them stall whenever one is descheduled (8x slower, measured); the numbers are the same
-# on both sides either way.
+# two of them stall whenever one is descheduled; both sides use the same, as their numbers must.
 THREADS = 1
 
 
