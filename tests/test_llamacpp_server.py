@@ -92,10 +92,10 @@ def _auto_dialect(monkeypatch):
 
 @pytest.fixture
 def toy(tmp_path):
-    """12 short dialogue samples over 6 conversations, one aspect."""
+    """8 short dialogue samples over 4 conversations, one aspect."""
     task = tmp_path / "toy_dialogue.toml"
     task.write_text(TOY_DIALOGUE.split("[[aspects]]\nkey = \"engagingness\"")[0], encoding="utf-8")
-    return str(task), str(write_jsonl(tmp_path / "toy.jsonl", toy_rows(n_docs=6, per_doc=2, aspects=("overall",))))
+    return str(task), str(write_jsonl(tmp_path / "toy.jsonl", toy_rows(n_docs=4, per_doc=2, aspects=("overall",))))
 
 
 def _both(method, task, data, url, local, tmp_path, **options):
@@ -145,12 +145,14 @@ def test_hdeval_two_layers_through_the_server_scores_as_embedded(server_url, loc
     assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
 
 
-def test_paireval_and_yesno_through_the_server_give_distinct_embedded_scores(server_url, local, toy, tmp_path):
-    for method, options in (("paireval", {"comparisons": 1, "aggregator": "lr"}), ("direct-yesno", {})):
-        served, embedded = _both(method, *toy, server_url, local, tmp_path / method, **options)
-        corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
-        # distinct probabilities (never a 0.5 from one label alone), each the embedded one
-        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= SAME and corr >= 0.9
+@pytest.mark.parametrize("method, options", [("paireval", {"comparisons": 1, "aggregator": "lr"}),
+                                             ("direct-yesno", {})])
+def test_label_probabilities_through_the_server_are_distinct_and_embedded(method, options, server_url, local, toy,
+                                                                          tmp_path):
+    served, embedded = _both(method, *toy, server_url, local, tmp_path, **options)
+    corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
+    # distinct probabilities (never a 0.5 from one label alone), each the embedded one
+    assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= SAME and corr >= 0.9
 
 
 def test_dna_through_the_server(server_url, tmp_path):
