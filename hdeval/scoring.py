@@ -11,7 +11,7 @@ import numpy as np
 from hdeval.backends.base import Backend, Completion, CompletionRequest
 from hdeval.backends.constraints import Scale
 from hdeval.progress import Progress
-from hdeval.prompts import Template, scoring_messages
+from hdeval.prompts import Template, sample_block, scoring_messages
 from hdeval.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
 
 SCALE = (1, 5)
@@ -33,6 +33,11 @@ def scoring_request(
         top_logprobs=TOP_LOGPROBS,
         answer=Scale(*SCALE),
         kind="score",
+        data={
+            "sample": sample_block(task, sample),
+            "criterion": criterion.key,
+            "criterion_name": criterion.name,
+        },
     )
 
 

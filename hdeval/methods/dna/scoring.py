@@ -23,6 +23,7 @@ from hdeval.methods.dna.prompts import (
     overall_request,
     pair_block,
     score_request,
+    shown_pair,
     weights_request,
 )
 from hdeval.methods.dna.replies import (
@@ -268,10 +269,12 @@ def run_pairs(
 
             def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
-                lines = "".join(
-                    f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; Response B {second[j]:g}\n"
+                # as shown: the weight in whole percent, the scores as written
+                shown = [
+                    (s.name, f"{w[j] * 100:.0f}", f"{first[j]:g}", f"{second[j]:g}")
                     for j, s in enumerate(specs)
-                )
+                ]
+                lines = "".join(f"- {n} ({pct}%): Response A {a}; Response B {b}\n" for n, pct, a, b in shown)
                 return structured_pair(
                     _req(
                         tpl_p,
@@ -282,6 +285,10 @@ def run_pairs(
                         },
                         8,
                         answer=TWO_SCORES,
+                        data={
+                            **shown_pair(task, p, swapped),
+                            "aspect_scores": [[n, float(pct), float(a), float(b)] for n, pct, a, b in shown],
+                        },
                     )
                 )
 
