@@ -14,6 +14,7 @@ from conftest import REPO, run_cli, slice_jsonl, write_jsonl
 from hdeval.methods.registry import load_artifact
 from hdeval.backends.base import Completion, TokenLogprob
 from hdeval.backends.fake import RESPONDERS, FakeBackend
+import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's DnA responders)
 from hdeval.data import read_task_samples
 from hdeval.errors import ArtifactError, ConfigError, ScoringError
 from hdeval.metrics import pair_agreement as agreement
@@ -318,8 +319,7 @@ def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(fai
     good = RESPONDERS["dna_weights"]
 
     def weights(request, fake):
-        text = request.messages[1].content
-        if doomed in text:
+        if doomed in request.data["question"]:
             return Completion('{"weights": {"helpfulness": -5}}')  # never usable
         if len(request.messages) == 2:
             return Completion("Sure! helpfulness matters most.")  # first try: no JSON
@@ -362,7 +362,8 @@ def test_unreadable_scores_are_failures_not_crashes(faireval40, tmp_path):
     good = RESPONDERS["dna_score"]
 
     def score(request, fake):
-        if "Aspect: Accuracy" in request.messages[1].content and "time management" in request.messages[1].content:
+        shown = request.data["question"] + request.data["response_a"] + request.data["response_b"]
+        if request.data["aspect"] == "Accuracy" and "time management" in shown:
             return Completion("Both are fine.")
         return good(request, fake)
 
