@@ -1,6 +1,6 @@
 """Memory of two parts of ``hdeval apply`` that must not grow with the input the way a list would:
 the closing correlations (every row's human/predicted pair ranked at the end) and the
-duplicate-id index (``hdeval.data.DiskIds``).
+duplicate-id index (``hdeval.data.samples.DiskIds``).
 
 - closing correlations: the traced (``tracemalloc``) peak of ``_Summary.correlations()`` over
   one aspect of N rows, in bytes a row. The columns are read from disk when a figure needs them
@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hdeval.data import DiskIds  # noqa: E402
+from hdeval.data.samples import DiskIds  # noqa: E402
 from hdeval.run.apply import _Summary  # noqa: E402
 
 ROW_BYTES_TARGET = 56

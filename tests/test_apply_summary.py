@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend
-from hdeval.metrics import metric_table
+from hdeval.core.metrics import metric_table
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend
 from hdeval.run.apply import _Summary
 
 
@@ -49,7 +49,7 @@ def _reqs(n: int) -> list[CompletionRequest]:
 def test_the_client_forgets_committed_keys_once_no_batch_runs_and_still_pays_each_request_once(tmp_path) -> None:
     """The keys a client committed were remembered for the whole run (~150 B a reply); they are
     needed only while a batch whose lookup came before the commit runs."""
-    from hdeval import aio
+    from hdeval.llm import aio
 
     fake = FakeBackend()
     cb = CachedBackend(fake, tmp_path / "c", concurrency=4)
@@ -79,7 +79,7 @@ def _columns(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 def test_the_lean_ranks_are_scipys_average_ranks_bit_for_bit() -> None:
     from scipy.stats import rankdata
 
-    from hdeval.metrics import _order_codes, _ranks
+    from hdeval.core.metrics import _order_codes, _ranks
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 5, 64, 5000):
@@ -91,7 +91,7 @@ def test_the_lean_ranks_are_scipys_average_ranks_bit_for_bit() -> None:
 
 
 def test_the_streamed_correlations_are_the_same_figures_with_a_nan_a_constant_and_too_few_rows() -> None:
-    from hdeval.metrics import correlations, streamed_correlations
+    from hdeval.core.metrics import correlations, streamed_correlations
 
     rng = np.random.default_rng(4)
     cases = [_columns(rng, n) for n in (3, 40, 3000)]
@@ -114,7 +114,7 @@ def test_the_duplicate_id_index_names_the_first_line_of_an_id_seen_before(tmp_pa
     """The index that replaced a dict of every id (its memory is in
     benchmarks/bench_apply_parts_memory.py): a new id is new, a repeat names its first line,
     an id that is not UTF-8 clean (a lone surrogate) is indexed too."""
-    from hdeval.data import DiskIds
+    from hdeval.data.samples import DiskIds
 
     with DiskIds(tmp_path) as ids:
         for i in range(5_000):

@@ -1,4 +1,4 @@
-"""The fake LLM (``--llm fake``, ``hdeval.backends.fake`` and each method's responders) answers a
+"""The fake LLM (``--llm fake``, ``hdeval.llm.backends.fake`` and each method's responders) answers a
 request from its declared kind and data, never from the prompt's wording: a reworded prompt
 template gets the very same answers, and the data decides them."""
 
@@ -10,18 +10,18 @@ import pytest
 
 import hdeval.methods.dna.fake  # noqa: F401  (registers DnA's responders)
 import hdeval.methods.paireval  # noqa: F401  (registers the comparison responders)
-from hdeval.backends.base import CompletionRequest
-from hdeval.backends.fake import FakeBackend
-from hdeval.errors import BackendError
+from hdeval.llm.backends.base import CompletionRequest
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.core.errors import BackendError
 from hdeval.methods.comparisons import Example, pair_request
 from hdeval.methods.dna import prompts as dna
 from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.hdeval.decompose import decomposition_request
 from hdeval.methods.paireval.yesno import yesno_request
-from hdeval.prompts import Template, load_template
-from hdeval.scoring import scoring_request
-from hdeval.tasks import load_task
-from hdeval.types import Aspect, CriteriaTree, Criterion, PairSample, Sample
+from hdeval.judge.prompts import Template, load_template
+from hdeval.judge.scoring import scoring_request
+from hdeval.data.tasks import load_task
+from hdeval.core.types import Aspect, CriteriaTree, Criterion, PairSample, Sample
 
 # What a template edit may do to the wording around the placeholders.
 _REWORDINGS = [("sub-criteria", "finer criteria"), ("aspects", "qualities"), ("Aspect", "Quality"),
@@ -125,7 +125,7 @@ def test_a_kind_without_a_responder_is_one_clear_error() -> None:
 def test_declared_kind_and_data_are_not_part_of_the_request_identity() -> None:
     """They travel with the request for the fake only: two requests that differ in them alone
     are one request to the cache (same key, equal, same hash)."""
-    from hdeval.cache.client import request_key
+    from hdeval.llm.cache.client import request_key
 
     shipped = scoring_request(load_template("score"), SUMMEVAL, TREE, TREE["fluency"], SAMPLES[0])
     bare = CompletionRequest(shipped.messages, shipped.temperature, shipped.max_tokens, shipped.top_logprobs,

@@ -11,7 +11,7 @@ _DIR = os.environ.get("HDEVAL_TEST_BOOK_DIR")
 
 if _DIR and os.path.isdir(_DIR):
     try:
-        from hdeval.backends.base import CompletionRequest
+        from hdeval.llm.backends.base import CompletionRequest
     except ImportError:  # a child that is not an hdeval process
         CompletionRequest = None
 

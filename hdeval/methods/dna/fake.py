@@ -9,8 +9,8 @@ import json
 import math
 import re
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.fake import _unit, responder
+from hdeval.llm.backends.base import Completion, CompletionRequest
+from hdeval.llm.backends.fake import responder, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
 _FAKE_FACETS = [
@@ -38,14 +38,14 @@ def fake_quality(text: str, aspect: str) -> float:
     words = re.findall(r"\w+", text.lower())
     uniq = len(set(words)) / max(1, len(words))
     length = math.tanh(len(words) / 120)
-    w = _unit("dna-w", aspect)
-    x = 0.55 * (w * length + (1 - w) * uniq) + 0.25 * length + 0.2 * _unit("dna-noise", aspect, text)
+    w = stable_unit("dna-w", aspect)
+    x = 0.55 * (w * length + (1 - w) * uniq) + 0.25 * length + 0.2 * stable_unit("dna-noise", aspect, text)
     return 1.0 + 9.0 * min(1.0, max(0.0, x))
 
 
 def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int]:
     first, second = _text(request, "response_a"), _text(request, "response_b")
-    bias = 1.0 if _unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
+    bias = 1.0 if stable_unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
     sa = min(10, max(1, round(fake_quality(first, aspect) + bias)))
     sb = min(10, max(1, round(fake_quality(second, aspect))))
     return sa, sb
@@ -56,7 +56,7 @@ def _fake_aspects(request: CompletionRequest, fake) -> Completion:
     _, n = prompt_of(request)
     k = int(request.data.get("k", 4))
     q = _text(request, "question")
-    start = int(_unit("dna-aspects", q) * len(_FAKE_FACETS))
+    start = int(stable_unit("dna-aspects", q) * len(_FAKE_FACETS))
     names = [_FAKE_FACETS[(start + i) % len(_FAKE_FACETS)] for i in range(k)]
     text = json.dumps(
         {"aspects": [{"name": x, "definition": f"How well the response shows {x}."} for x in names]}
@@ -69,7 +69,7 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     _, n = prompt_of(request)
     keys = list(request.data.get("aspect_keys", ()))
     q = _text(request, "question")
-    text = json.dumps({"weights": {k: 5 + round(40 * _unit("dna-weight", q, str(k))) for k in keys}})
+    text = json.dumps({"weights": {k: 5 + round(40 * stable_unit("dna-weight", q, str(k))) for k in keys}})
     return Completion(text, None, n, max(1, len(text) // 4))
 
 

@@ -2,7 +2,7 @@
 ``decompose`` gets a JSON list of sub-criteria, ``score`` a digit with a probability distribution
 over the digits 1-5 as top logprobs. Scores are a deterministic function of the sample text and
 the criterion, loosely tied to simple text features so that trained aggregators have something
-to learn. Both answer from the request's declared data (:mod:`hdeval.scoring`,
+to learn. Both answer from the request's declared data (:mod:`hdeval.judge.scoring`,
 :mod:`hdeval.methods.hdeval.decompose`), never from the prompt's wording."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import json
 import math
 import re
 
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
-from hdeval.backends.fake import FakeBackend, _h, _unit, responder
+from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.llm.backends.fake import FakeBackend, responder, stable_hash, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
 
@@ -23,7 +23,7 @@ def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion
     name = str(request.data.get("criterion_name", "criterion"))
     key = str(request.data.get("criterion", "c"))
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
-    start = _h(key) % len(facets)
+    start = stable_hash(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
     subs = [
         {
@@ -43,13 +43,13 @@ def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     # a request that declares no sample (one built by hand) is rated as a whole
     body = str(request.data.get("sample", prompt))
     criterion = str(request.data.get("criterion", ""))
-    if fake.garbage and _unit("garbage", body, criterion) < fake.garbage:
+    if fake.garbage and stable_unit("garbage", body, criterion) < fake.garbage:
         return Completion("I am not able to rate this text.", None, n_prompt, 8)
     words = re.findall(r"\w+", body.lower())
     uniq = len(set(words)) / max(1, len(words))
     length = math.tanh(len(words) / 400)
-    w1, w2 = _unit("w1", criterion), _unit("w2", criterion)
-    noise = _unit("noise", body, criterion)
+    w1, w2 = stable_unit("w1", criterion), stable_unit("w2", criterion)
+    noise = stable_unit("noise", body, criterion)
     x = 0.45 * (w1 * uniq + (1 - w1) * length) + 0.35 * w2 * uniq + 0.2 * noise
     score = 1.0 + 4.0 * min(1.0, max(0.0, x))
     digits = [1, 2, 3, 4, 5]
