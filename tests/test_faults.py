@@ -450,7 +450,20 @@ def test_hostile_score_values_are_recorded_failures_end_to_end(
     assert nan_cells >= failing > 0
     assert ev.metrics["failure_rate"] == pytest.approx(nan_cells / table[criteria].size)
     assert 0 <= ev.metrics["usage"]["prompt_tokens"] < 10**9  # 1e999 was read as 0, not summed
-    assert view(ev)["tree"] == reference["view"]["tree"]
+    # nothing hostile leaks into a score: every layer-1 cell that did not fail holds the
+    # fault-free run's score, or the "4" a reply with hostile usage says (which layer-2 criteria
+    # are kept may change with the failed cells)
+    import io
+
+    import pandas as pd
+
+    layer1 = [c.key for c in ev.tree.layer(1)]
+    want = pd.read_csv(io.StringIO(reference["view"]["scores"])).set_index("sample_id")[layer1]
+    got = pd.read_csv(io.StringIO(table.to_csv(index=False))).set_index("sample_id")[layer1]
+    read = got.notna()
+    assert int((~read).sum().sum()) > 0 and read.sum().sum() > 0.8 * got.size
+    other = read & (got != want.loc[got.index])
+    assert int(other.sum().sum()) <= seen["usage-1e999"] and (got.to_numpy()[other.to_numpy()] == 4.0).all()
     # cached as delivered and read back the same: a rerun costs nothing and agrees
     server.faults = None
     before = len(server.log)
