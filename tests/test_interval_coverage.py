@@ -17,7 +17,7 @@ from simcriteria import Judge, criteria
 from sklearn.linear_model import Ridge
 
 from hdeval.benchmark.statistics import pooled_bootstrap_ci
-from hdeval.metrics import average_spearman
+from hdeval.core.metrics import average_spearman
 
 DOCS, PER_DOC, SEEDS = 60, 3, 3
 
