@@ -182,7 +182,7 @@ def prepare(config: TrainConfig) -> Prepared:
         )
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
-    samples = read_task_samples(path, task, require_labels=True)
+    samples = read_task_samples(path, task, require_labels=True, labels_file=True)
     samples = limit_samples(samples, config.limit, config.seed)
     try:
         split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
