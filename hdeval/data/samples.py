@@ -239,6 +239,42 @@ def table_format(path: str | Path) -> str | None:
     return TABLE_FORMATS.get(Path(path).suffix.lower())
 
 
+def recorded_columns(path: str | Path, task: Task) -> Task:
+    """``task`` with the column mapping ``hdeval data import`` recorded in the JSONL file ``path``
+    (each row's ``columns``; the first row's is read) when the task maps none of its own, so the
+    artifact keeps it and ``apply`` reads new files of the user's layout. A ``columns`` that is no
+    mapping of this task's fields is a one-line :class:`DataError` naming the file's line 1."""
+    import dataclasses
+
+    from hdeval.data.tasks import parse_columns
+
+    if task.columns or task.shape != "pointwise" or table_format(path) is not None or is_labels_file(path):
+        return task
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            first = next((line for line in bounded_lines(fh, path) if line.strip()), None)
+    except OSError:
+        return task  # reading the samples says what is wrong with the file
+    _, row = parse_json_line(first.lstrip(BOM), 0) if first else (None, None)
+    if not isinstance(row, dict) or row.get("columns") is None:
+        return task
+    try:
+        columns = parse_columns(row["columns"], list(task.aspect_keys), f"{path}: line 1")
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
+    return dataclasses.replace(task, columns=columns)
+
+
+def check_readable(path: str | Path) -> None:
+    """A one-line :class:`DataError` when the data file cannot be opened: commands that load an
+    artifact say so first, not after the heavy libraries it needs have loaded."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise DataError(f"cannot open data file {path}: {exc}") from exc
+
+
 def data_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line or row number, values by column) of each row of a data file as it is, before any
     column mapping (``hdeval init`` reads a file's columns so); the first bad row raises."""

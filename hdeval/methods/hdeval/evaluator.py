@@ -394,6 +394,13 @@ class Evaluator(TreeEvaluator):
 
         return summary_lines(self, path)
 
+    def report_sections(self) -> tuple[dict[str, Any], list[Any]]:
+        """What this evaluator adds to the report: numbers for report.json (key -> value) and
+        sections of the page (:class:`hdeval.report.sections.Section`): a refitted artifact's swap."""
+        from hdeval.methods.hdeval.jury_report import refit_sections
+
+        return refit_sections(self)
+
     def banner(self) -> Any:
         from hdeval.methods.hdeval.report import banner_data
         from hdeval.report.pointwise import verdict

@@ -226,6 +226,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             doc_groups,
             aspects,
             progress,
+            test_docs=[samples[i].doc_id for i in te],
+            seed=config.seed,
         )
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {

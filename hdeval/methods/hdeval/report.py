@@ -318,5 +318,8 @@ def write_report(
 
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)
-    page = render_html(ev, report, samples, note)
+    # the evaluator's own sections (a jury's), their numbers in report.json under their keys
+    numbers, sections = ev.report_sections()
+    report.data.update(_clean(numbers))
+    page = render_html(ev, report, samples, note, sections)
     return write_report_files(out, report.data, page, allow_nan=False)
