@@ -138,13 +138,17 @@ def criterion_depth(name: str) -> int:
 
 
 def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
-                      noise_criteria: tuple[str, ...] = (), misreading: float = 0.0) -> FakeBackend:
+                      noise_criteria: tuple[str, ...] = (), misreading: float = 0.0, seed: str = "",
+                      shared: float = 0.0) -> FakeBackend:
     """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
     criterion of the sample, a ``misreading`` shared by every criterion of the same aspect (the
     first part of its name) on the sample, and its own noise. Deeper criteria are pure noise
     (the judge's deeper questions carry no signal) unless ``deep_signal``; a criterion whose name
     ends in one of ``noise_criteria`` is pure noise at any depth. A sample that carries one
-    latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's."""
+    latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's.
+    A jury: judges with different ``seed`` draw their own errors; ``shared`` is a misreading
+    every judge makes alike (keyed by aspect and sample, not by seed), as judges of one era
+    share blind spots."""
 
     def reply(request: CompletionRequest, fake) -> Completion:
         prompt = _prompt(request)
@@ -155,8 +159,11 @@ def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool =
         informative = (criterion_depth(name) == 1 or deep_signal) and not any(
             name.lower().endswith(n) for n in noise_criteria)
         if informative and q:
-            v = (q[0] + halo * unit_normal("halo", sample) + misreading * unit_normal("misread", aspect, sample)
-                 + noise * unit_normal("crit", name, sample))
+            own = (seed,) if seed else ()  # the default judge draws as before this option existed
+            v = (q[0] + halo * unit_normal(*own, "halo", sample)
+                 + misreading * unit_normal(*own, "misread", aspect, sample)
+                 + shared * unit_normal("shared", aspect, sample)
+                 + noise * unit_normal(*own, "crit", name, sample))
         else:
             v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
         return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)
