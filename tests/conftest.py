@@ -59,11 +59,11 @@ def pytest_configure(config) -> None:
     # fixtures and every subprocess see it.
     import tempfile
 
+    from llm_server import child_book_env
+
     book = tempfile.mkdtemp(prefix="hdeval-test-book-")
     config.add_cleanup(lambda: shutil.rmtree(book, ignore_errors=True))
-    os.environ["HDEVAL_TEST_BOOK_DIR"] = book
-    child_book = str(Path(__file__).resolve().parent / "child_book")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [child_book, os.environ.get("PYTHONPATH")]))
+    os.environ.update(child_book_env(dict(os.environ), book))
     # A method registers its fake LLM's responders when its package is imported (the registry
     # imports them all on first use); tests that use the fake directly with HD-Eval's "score" or
     # "decompose" requests get HD-Eval's here.

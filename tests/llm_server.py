@@ -56,6 +56,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Protocol, Union
 
 from hdeval.llm.backends.base import Completion, CompletionRequest, Message
@@ -558,6 +559,18 @@ def completion_request(body: dict[str, Any], declared: CompletionRequest | None 
         kind=declared.kind if declared is not None else "",
         data=declared.data if declared is not None else {},
     )
+
+
+CHILD_BOOK = str(Path(__file__).resolve().parent / "child_book")
+
+
+def child_book_env(env: dict[str, str], folder: str) -> dict[str, str]:
+    """``env`` for child processes whose requests the test servers of this process answer: they
+    enter them in ``folder`` (``child_book/sitecustomize.py``), which this process reads."""
+    os.environ["HDEVAL_TEST_BOOK_DIR"] = folder
+    out = dict(env, HDEVAL_TEST_BOOK_DIR=folder)
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, [CHILD_BOOK, env.get("PYTHONPATH")]))
+    return out
 
 
 def fake_answer(book: RequestBook, body: dict[str, Any], fake: FakeBackend) -> Completion:
