@@ -67,6 +67,8 @@ class LabelApp:
                 else first_decomposition(self.llm, task)
             )
             holder["c"] = crit
+            if crit.warning:
+                self.notify(crit.warning)
             n, c = len(self.session.samples), len(crit.criteria)
             calls, cached, tokens = crit.plan(self.llm, self.session.samples)
             what = "pairs (each response alone)" if task.shape == "pairwise" else "samples"

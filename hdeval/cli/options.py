@@ -31,21 +31,54 @@ def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
     return close[0] if close else None
 
 
+def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
+    """(model, server) of a model the reply cache has recorded a run of at the server ``llm``
+    would go to, a typo away from ``llm`` (which it has no run of); None when there is none."""
+    if not llm or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
+        return None
+    from urllib.parse import urlsplit
+
+    from hdeval.core.urls import public_url
+    from hdeval.llm.eta import seen_models
+
+    seen = seen_models(cache_dir)
+    if base_url:
+        server = (public_url(base_url.strip()) or "").rstrip("/")
+        here = [m for m, url in seen if url.rstrip("/") == server]
+    else:  # OpenAI's API, whatever path the run recorded
+        here = [m for m, url in seen if (urlsplit(url).hostname or "").lower() == "api.openai.com"]
+        server = "https://api.openai.com/v1"
+    if llm in here:
+        return None
+    name = llm.strip().lower()
+    limit = 1 if len(name) <= 4 else 2
+    near = sorted((_edits(name, m.lower()), m) for m in here if abs(len(m) - len(name)) <= limit)
+    return (near[0][1], server) if near and near[0][0] <= limit else None
+
+
 def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Called for --llm and --base-url (both, given or not): the second checks the pair."""
+    """Called for --llm, --base-url and --cache-dir (each, given or not): the last checks them."""
     ctx.meta[f"hdeval.{param.name}"] = value
-    if {"hdeval.llm", "hdeval.base_url"} <= ctx.meta.keys():
-        given = ctx.meta["hdeval.llm"]
+    if {"hdeval.llm", "hdeval.base_url", "hdeval.cache_dir"} <= ctx.meta.keys():
+        given, base_url = ctx.meta["hdeval.llm"], ctx.meta["hdeval.base_url"]
         for llm in (
             given if isinstance(given, tuple) else (given,)
         ):  # train's --llm may be given more than once
-            guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
+            guess = did_you_mean(llm, base_url)
             if guess:
                 raise click.BadParameter(
                     f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
                     f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
                     ctx=ctx,
                     param_hint="--llm",
+                )
+            # a warning, not a refusal: gpt-4o and gpt-4 are both real models, one edit apart
+            seen = seen_model_near(llm, base_url, ctx.meta["hdeval.cache_dir"])
+            if seen:
+                click.echo(
+                    f"warning: --llm {llm!r}: the reply cache has no run of that model at {seen[1]}; "
+                    f"did you mean {seen[0]!r}, which it has?",
+                    err=True,
                 )
     return value
 
@@ -101,6 +134,7 @@ def llm_options(f, jury: bool = False):
         envvar="HDEVAL_CACHE_DIR",
         default=None,
         type=click.Path(file_okay=False),
+        callback=_check_llm_name,
         help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.",
     )(f)
     f = click.option(

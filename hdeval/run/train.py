@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from hdeval.core.errors import ConfigError, DataError
 from hdeval.core.progress import Progress
 from hdeval.core.types import Sample, Task
-from hdeval.data.samples import Split, find_data, limit_samples, read_task_samples, split_samples
+from hdeval.data.samples import (
+    Split,
+    find_data,
+    limit_samples,
+    read_task_samples,
+    recorded_columns,
+    split_samples,
+)
 from hdeval.data.tasks import apply_preset, load_task, select_aspects
 from hdeval.llm.backends.base import Backend
 from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
@@ -182,7 +189,8 @@ def prepare(config: TrainConfig) -> Prepared:
         )
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
-    samples = read_task_samples(path, task, require_labels=True)
+    task = recorded_columns(path, task)
+    samples = read_task_samples(path, task, require_labels=True, labels_file=True)
     samples = limit_samples(samples, config.limit, config.seed)
     try:
         split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
