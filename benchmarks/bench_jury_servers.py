@@ -46,7 +46,7 @@ SECRET = "sk-bench-jury-{}-do-not-write"
 
 
 def one_run(name: str, seed: int, layers: int, workdir: Path, aggregator: str) -> dict:
-    from llm_server import FaultServer
+    from llm_server import FaultServer, child_book_env
     from simjudge import pointwise_backend, real_rows
 
     import hdeval.methods.hdeval.fake  # noqa: F401  (registers the fake decomposer)
@@ -58,8 +58,9 @@ def one_run(name: str, seed: int, layers: int, workdir: Path, aggregator: str) -
     run.mkdir()
     data = run / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    # the test servers answer by prompt kind, which hdeval names in a header only for them
-    servers, tables, env = [], [], dict(os.environ, HDEVAL_TEST_KIND_HEADER="1")
+    # the servers answer from each request's declared kind and data: the CLI enters them in a book
+    servers, tables, env = [], [], child_book_env(dict(os.environ), str(run / "book"))
+    (run / "book").mkdir()
     try:
         for i, scale in enumerate(SCALES, 1):
             judge = {k: v * scale if k in ("noise", "halo", "misreading") else v for k, v in BASE.items()}
@@ -108,9 +109,10 @@ def one_run(name: str, seed: int, layers: int, workdir: Path, aggregator: str) -
 
 def models_server(judges: dict, key: str):
     """One test server answering as several simulated models: model name -> backend."""
-    from llm_server import LLMServer, Reply, completion_body, completion_request, request_kind
+    from llm_server import LLMServer, Reply, RequestBook, completion_body, completion_request
 
     srv = LLMServer()
+    book = RequestBook().__enter__()  # the requests' declared kind and data (from the CLI's book)
 
     def answer(req):
         if req.headers.get("authorization") != f"Bearer {key}":
@@ -118,7 +120,10 @@ def models_server(judges: dict, key: str):
         model = req.json.get("model") if isinstance(req.json, dict) else None
         if model not in judges:
             return Reply.error(404, f"no model {model!r}")
-        c = judges[model].complete(completion_request(req.json, request_kind(req)))
+        declared = book.declared(req.json)
+        if declared is None:
+            return Reply.error(400, "a request no book holds")
+        c = judges[model].complete(completion_request(req.json, declared))
         return Reply.json(completion_body(c, model))
 
     srv.default = answer
@@ -147,7 +152,10 @@ def checks(name: str, seed: int, workdir: Path) -> dict:
     models = {"sim-good": judge(1.0, "good"), "sim-fair": judge(1.3, "fair"), "sim-weak": judge(2.5, "weak"),
               "sim-noise": pointwise_backend(noise_criteria=("",), seed=f"noise-seed{seed}")}
     key = SECRET.format("checks")
-    env = dict(os.environ, HDEVAL_TEST_KIND_HEADER="1", OPENAI_API_KEY=key)
+    from llm_server import child_book_env
+
+    (run / "book").mkdir()
+    env = child_book_env(dict(os.environ, OPENAI_API_KEY=key), str(run / "book"))
     srv = models_server(models, key)
     out: dict = {"set": name, "seed": seed}
     try:

@@ -44,9 +44,6 @@ PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key bu
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
-# Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
-KIND_HEADER = "X-Hdeval-Kind"
-KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
 BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request line
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
@@ -404,7 +401,6 @@ class OpenAICompatBackend:
         if self._azure and "/deployments" not in parts.path:
             # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
             self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
-        self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         # asked of the server once, when first needed (it joins the identity: a constrained reply
         # is not the unconstrained one); a dry run (``detect`` False) never asks
         self._dialect = None if dialect == "auto" else dialect
@@ -585,7 +581,7 @@ class OpenAICompatBackend:
 
     def request_line(self, key: str, request: CompletionRequest) -> bytes:
         """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
-        sends (its X-Hdeval-Kind header apart), under ``custom_id`` = the cache key."""
+        sends, under ``custom_id`` = the cache key."""
         body = self._params(request, bool(request.top_logprobs) and self.logprobs_supported)
         return (
             json.dumps(
@@ -601,7 +597,6 @@ class OpenAICompatBackend:
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
         # built once, sent as is by every attempt
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        headers = {KIND_HEADER: request.kind} if self._send_kind and request.kind else {}
         malformed = [0]
 
         def stop(state: Any) -> bool:
@@ -635,14 +630,14 @@ class OpenAICompatBackend:
         try:
             # the first attempt outside tenacity (setting it up costs more than a call's own
             # work); a failure is handed to it as its first attempt, so the policy is unchanged
-            return await self._attempt(body, headers, logprobs, schema_sent, read)
+            return await self._attempt(body, logprobs, schema_sent, read)
         except _Transient as exc:
             first: list[_Transient] = [exc]
 
         async def attempt() -> Completion:
             if first:
                 raise first.pop()
-            return await self._attempt(body, headers, logprobs, schema_sent, read)
+            return await self._attempt(body, logprobs, schema_sent, read)
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
@@ -668,9 +663,7 @@ class OpenAICompatBackend:
                 )
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
-    async def _attempt(
-        self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool, read: Any
-    ) -> Completion:
+    async def _attempt(self, body: bytes, logprobs: bool, schema_sent: bool, read: Any) -> Completion:
         # an SDK client for this request alone: each holds one connection, so httpcore's pool,
         # which checks every connection it holds on each request and reply, has one to check
         if self._idle:
@@ -683,7 +676,6 @@ class OpenAICompatBackend:
                 self._chat_path,
                 content=body,
                 cast_to=httpx2.Response,
-                options={"headers": dict(headers)} if headers else {},
             )
             response = await _within(self.timeout, post)
             data = response.content
