@@ -70,11 +70,6 @@ def _margin_words(info: dict[str, Any]) -> str:
 BIAS_P = 0.05  # the first-position advantage is taken as real below this two-sided p-value
 
 
-def _p_text(p: float) -> str:
-    # a p-value that rounds to 0 is a bound, not a figure
-    return "p < 0.001" if p < 0.001 else f"p={p:.3g}"
-
-
 def _position_probe(ctx: FitContext, ev: DnaEvaluator, pairs: list[PairSample], tr: np.ndarray):
     """Judge a few training pairs in both orders (the first order's requests are the run's own,
     so only the swapped ones are new calls): how often the verdict at margin 0 changes with the
@@ -126,7 +121,7 @@ def fit(ctx: FitContext) -> DnaEvaluator:
         if probe["biased"]:
             seen = (
                 f"position bias: the response shown first gets {probe['first_position_advantage']:+.2f} "
-                f"points on average ({_p_text(probe['p_value'])}) and the verdict changed on "
+                f"points on average (p={probe['p_value']:.3g}) and the verdict changed on "
                 f"{probe['flip_rate']:.0%} of {probe['pairs']} training pairs judged in both orders"
             )
             if "swap" in ctx.options.given():  # the user chose one order: say what it costs
