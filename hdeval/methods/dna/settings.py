@@ -109,7 +109,7 @@ class DnaOptions(MethodOptions):
     )
     swap: bool = option(
         False,
-        "ask every pairwise prompt in both orders and average (dna, not given: on when a probe of 30 "
+        "ask every pairwise prompt in both orders and average (not given: on when a probe of 30 "
         "training pairs in both orders finds a position bias; --no-swap: one order, with a warning)",
     )
     logprob_scores: bool = option(
