@@ -107,11 +107,7 @@ class DnaOptions(MethodOptions):
         "totals this close are a tie (default: learned on the training split, where humans tie pairs "
         "more often than they side with the judge)",
     )
-    swap: bool = option(
-        False,
-        "ask every pairwise prompt in both orders and average (not given: on when a probe of 30 "
-        "training pairs in both orders finds a position bias; --no-swap: one order, with a warning)",
-    )
+    swap: bool = option(False, "ask every pairwise prompt in both orders and average")
     logprob_scores: bool = option(
         True,
         "weight each 1-10 aspect score by its token's top logprobs where the "
