@@ -90,6 +90,16 @@ def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
     assert once["low"] <= once["estimate"] <= once["high"]
 
 
+def test_a_figure_with_no_estimate_has_no_interval():
+    # a constant prediction has no correlation on any seed: no figure, so no bounds either
+    y, groups, _ = _noisy()
+    const = np.ones_like(y)
+    r = pooled_bootstrap_ci([(y, const, groups)] * 2, n_resamples=50, train_sizes=[30, 30])
+    assert r["estimate"] is None and (r["low"], r["high"]) == (None, None)
+    d = pooled_paired_bootstrap([(y, const, y, groups)] * 2, n_resamples=50, train_sizes=[30, 30])
+    assert d["difference"] is None and (d["low"], d["high"]) == (None, None)
+
+
 def test_avg_spearman_matches_the_metrics_module() -> None:
     from hdeval.core.metrics import metric_table
 
