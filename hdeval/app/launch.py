@@ -146,7 +146,7 @@ def prepare(
     check_options(strategy, double_share)
     samples = read_task_samples(data, the_task, require_labels=False)
     ev = check_artifact_task(artifact, the_task) if artifact is not None else None
-    llm.validate()
+    llm.check()
     closers: list[Callable[[], None]] = []
     try:
         store = LabelStore(labels, the_task)

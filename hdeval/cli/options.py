@@ -106,55 +106,57 @@ def llm_options(f, jury: bool = False):
         help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
         "http://localhost:11434/v1 (Ollama).",
     )(f)
-    from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+    from hdeval.llm.config import LLMSettings
 
-    f = click.option(
-        "--concurrency",
-        default=DEFAULT_CONCURRENCY,
-        show_default=True,
-        type=int,
-        help="LLM requests in flight.",
-    )(f)
-    f = click.option(
-        "--timeout",
-        default=DEFAULT_TIMEOUT,
-        show_default=True,
-        type=float,
-        help="Seconds per attempt of an LLM request (each retry gets its own).",
-    )(f)
-    f = click.option(
-        "--max-retries",
-        default=DEFAULT_MAX_RETRIES,
-        show_default=True,
-        type=int,
-        help="Retries per request on 429/5xx/timeouts.",
-    )(f)
+    for name, kind in (("concurrency", int), ("timeout", float), ("max_retries", int)):
+        spec = LLMSettings.model_fields[name]
+        f = click.option(
+            "--" + name.replace("_", "-"),
+            default=spec.default,
+            show_default=True,
+            type=kind,
+            help=spec.description,
+        )(f)
     f = click.option(
         "--cache-dir",
         envvar="HDEVAL_CACHE_DIR",
         default=None,
         type=click.Path(file_okay=False),
         callback=_check_llm_name,
-        help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.",
+        help=LLMSettings.model_fields["cache_dir"].description,
     )(f)
     f = click.option(
-        "--max-calls",
-        default=None,
-        type=int,
-        help="Stop cleanly before making more than N new LLM calls (cached calls are free).",
+        "--max-calls", default=None, type=int, help=LLMSettings.model_fields["max_calls"].description
     )(f)
     return f
 
 
+class ModelOption(click.Option):
+    """An option whose default and help a pydantic model declares: read when help is shown, as
+    the model's module may be slow to import (``model`` is ``"module:Class"``). The option's value
+    stays None when not given, and None is "not set": the model's default applies."""
+
+    def __init__(self, *args: Any, model: str, **kwargs: Any) -> None:
+        super().__init__(*args, default=None, **kwargs)
+        self.model = model
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        import importlib
+
+        module, _, name = self.model.partition(":")
+        spec = getattr(importlib.import_module(module), name).model_fields[self.name]
+        self.help = self.help or spec.description
+        record = super().get_help_record(ctx)
+        if record is None or spec.default is None:
+            return record
+        return record[0], f"{record[1]}  [default: {spec.default}]"
+
+
 def batch_option(f):
     """``--batch`` (train, apply): scoring requests through the OpenAI Batch API."""
-    return click.option(
-        "--batch",
-        is_flag=True,
-        help="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
-        "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
-        "servers only).",
-    )(f)
+    from hdeval.llm.config import LLMSettings
+
+    return click.option("--batch", is_flag=True, help=LLMSettings.model_fields["batch"].description)(f)
 
 
 def method_options(f):

@@ -9,7 +9,7 @@ import importlib
 import json
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -676,6 +676,8 @@ class RunSettings(Protocol):
     @property
     def options(self) -> Any: ...  # the chosen method's MethodOptions subclass
 
+    def llm_settings(self) -> dict[str, Any]: ...  # the request settings (hdeval.llm.config.LLMSettings)
+
     def public(self) -> dict[str, Any]: ...
 
 
@@ -775,6 +777,12 @@ class Method:
     def __post_init__(self) -> None:
         if isinstance(self.options, Mapping):
             object.__setattr__(self, "options", options_model(self.name, self.options))
+        # a plug-in written when options models were dataclasses
+        if isinstance(self.options, type) and is_dataclass(self.options):
+            raise TypeError(
+                f"method {self.name!r}: its options model {self.options.__name__} is a dataclass; "
+                "declare it as a plain subclass of MethodOptions (a pydantic model), without @dataclass"
+            )
 
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""

@@ -98,7 +98,6 @@ class Settings:
             raise ArtifactError(f"{where}: {exc}") from None
 
 
-@dataclass(frozen=True)
 class DnaOptions(MethodOptions):
     dna_mode: str = option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES)
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
@@ -107,7 +106,6 @@ class DnaOptions(MethodOptions):
         None,
         "totals this close are a tie (default: learned on the training split, where humans tie pairs "
         "more often than they side with the judge)",
-        kind=float,
     )
     swap: bool = option(
         False,
@@ -120,7 +118,7 @@ class DnaOptions(MethodOptions):
         "server returns them (else the reply text)",
     )
 
-    def validate(self) -> None:
+    def check(self) -> None:
         if not 1 <= self.k <= MAX_K:
             raise ConfigError(f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}")
         if self.tie_margin is not None and not (math.isfinite(self.tie_margin) and self.tie_margin >= 0):
