@@ -476,6 +476,47 @@ def test_the_columns_data_import_was_given_are_kept_for_apply(tmp_path: Path) ->
     assert res.exit_code == 0 and "Spearman" in res.output, res.output
 
 
+CHAT_TASK = """name = "chat"
+description = "A reply to a dialogue, given a fact."
+output_label = "Reply"
+[[fields]]
+key = "source"
+label = "Dialogue"
+[[fields]]
+key = "context"
+label = "Fact"
+[[fields]]
+key = "output"
+label = "Reply"
+[[aspects]]
+key = "engaging"
+name = "Engaging"
+definition = "Whether the reply is engaging."
+range = [1, 3]
+"""
+
+
+def test_an_imported_file_is_not_mapped_again_by_its_recorded_columns(tmp_path: Path) -> None:
+    """A layout whose column names are hdeval's fields for other texts (the dialogue in a column
+    called context): the imported rows are in hdeval's schema, and reading them through the
+    recorded mapping again put the fact where the dialogue was, for train and for apply."""
+    from hdeval.data.samples import read_task_samples, recorded_columns
+    from hdeval.data.tasks import load_task
+
+    (tmp_path / "chat.toml").write_text(CHAT_TASK, encoding="utf-8")
+    rows = [f"dialogue {d},fact {d},reply {d}-{k},{1 + (d + k) % 3}" for d in range(4) for k in range(2)]
+    (tmp_path / "r.csv").write_text("context,fact,response,engaging\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    mine = tmp_path / "mine.jsonl"
+    res = run_cli("data", "import", tmp_path / "r.csv", "--task", tmp_path / "chat.toml", "--source-col", "context",
+                  "--context-col", "fact", "--output-col", "response", "-o", mine)
+    assert res.exit_code == 0, res.output
+    task = recorded_columns(mine, load_task(tmp_path / "chat.toml"))
+    assert dict(task.columns)["source"] == "context"  # still recorded for apply on new CSVs
+    first = read_task_samples(mine, task)[0]
+    assert (first.fields["source"], first.fields["context"], first.fields["output"]) == (
+        "dialogue 0", "fact 0", "reply 0-0")
+
+
 def test_a_recorded_mapping_that_is_no_mapping_is_one_line(tmp_path: Path) -> None:
     data = tmp_path / "mine.jsonl"
     lines = (EXAMPLES / "qa.jsonl").read_text(encoding="utf-8").splitlines()

@@ -88,3 +88,55 @@ def test_train_on_the_labels_file_is_train_on_its_export(labelled, tmp_path):
     assert metrics[0] == metrics[1]
     assert (arts[0] / "scores.csv").read_text() == (arts[1] / "scores.csv").read_text()
     assert metrics[0]["final"]["average"]["spearman"] is not None
+
+
+def _hostile_labels_file(path, task_name, content, value, tables=True, shape="pointwise", aspect="clarity"):
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE meta(key, value)")
+    task = json.dumps({"name": task_name, "shape": shape})
+    con.executemany("INSERT INTO meta VALUES (?, ?)", [("format", "1"), ("task", task)])
+    if tables:
+        con.execute(
+            "CREATE TABLE labels(seq, sample_id, content_hash, aspect, action, value, rater, time, "
+            "session, note, strategy, reason)"
+        )
+        con.execute("CREATE TABLE samples(content_hash, content)")
+        con.execute("INSERT INTO samples VALUES ('h', ?)", (content,))
+        con.execute(
+            "INSERT INTO labels VALUES (1, 'x', 'h', ?, 'label', ?, 'ann', '', 's', NULL, NULL, NULL)",
+            (aspect, value),
+        )
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "content, value, tables, match",
+    [
+        ("not json", 4.0, True, "stored sample 'h' is not a JSON object"),
+        ("[1, 2]", 4.0, True, "stored sample 'h' is not a JSON object"),
+        ('{"id": "x", "source": "s", "output": "o"}', "high", True, "seq 1: value 'high' is not a number"),
+        (None, 4.0, False, "is not an hdeval labels file .no such table"),
+    ],
+)
+def test_a_damaged_labels_file_is_one_line_naming_it(labelled, tmp_path, content, value, tables, match):
+    _, task, _, _ = labelled
+    db = _hostile_labels_file(tmp_path / "bad.db", task.name, content, value, tables)
+    with pytest.raises(DataError, match=match) as got:
+        read_task_samples(db, task, labels_file=True)
+    assert str(db) in str(got.value)
+
+
+@pytest.mark.parametrize("aspect, value", [("label", 0.5), ("clarity", 1.0)])
+def test_a_pair_label_that_is_no_choice_is_one_line_naming_its_row(tmp_path, aspect, value):
+    task_file = tmp_path / "pairs.toml"
+    task_file.write_text(
+        TOY_TASK.replace('output_label = "Answer"', 'output_label = "Answer"\nshape = "pairwise"'), encoding="utf-8"
+    )
+    task = load_task(task_file)
+    pair = json.dumps({"id": "p", "doc_id": "d", "source": "s", "output_a": "a", "output_b": "b"})
+    db = _hostile_labels_file(tmp_path / "bad.db", task.name, pair, value, shape="pairwise", aspect=aspect)
+    with pytest.raises(DataError, match=r"label row seq 1: a pair's label is 'label' = 1, 0 or -1") as got:
+        read_task_samples(db, task, labels_file=True)
+    assert str(db) in str(got.value)

@@ -103,6 +103,11 @@ def _new_split(
     return {**out, "estimate": est, "sd": sd, "half": half * sd, "df": df}
 
 
+def _clipped(x: float, lo: float, hi: float) -> float | None:
+    # a bound of no figure is no bound: max() and min() would pass the limit for a NaN
+    return _num(min(hi, max(lo, x))) if math.isfinite(x) else None
+
+
 def _covers(result: Mapping[str, Any]) -> str:
     return "test documents and training" if result["training_sd"] is not None else "test documents only"
 
@@ -125,8 +130,8 @@ def pooled_bootstrap_ci(
     lo, hi = bounds
     return {
         "estimate": _num(r["estimate"]),
-        "low": _num(max(lo, r["estimate"] - r["half"])),
-        "high": _num(min(hi, r["estimate"] + r["half"])),
+        "low": _clipped(r["estimate"] - r["half"], lo, hi),
+        "high": _clipped(r["estimate"] + r["half"], lo, hi),
         "test_sd": r["test_sd"],
         "training_sd": r["training_sd"],
         "covers": _covers(r),
@@ -163,8 +168,8 @@ def pooled_paired_bootstrap(
             p = 1.0 if est == 0 else 0.0  # every resample gives the same difference
     return {
         "difference": _num(est),
-        "low": _num(max(bounds[0] - bounds[1], est - r["half"])),
-        "high": _num(min(bounds[1] - bounds[0], est + r["half"])),
+        "low": _clipped(est - r["half"], bounds[0] - bounds[1], bounds[1] - bounds[0]),
+        "high": _clipped(est + r["half"], bounds[0] - bounds[1], bounds[1] - bounds[0]),
         "p_value": _num(p),
         "test_sd": r["test_sd"],
         "training_sd": r["training_sd"],

@@ -25,7 +25,8 @@ _RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults
     "--data",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
+    help="Samples: JSONL, a CSV, TSV, JSON or Parquet table (through the task's [columns]), or "
+    "hdeval label's labels.db. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
 )
 @click.option("--aspects", default=None, help="Comma-separated subset of the task's aspects.")
 @click.option(

@@ -10,6 +10,7 @@ is better, 0 a tie, -1 B is better.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import statistics
 from collections import Counter
@@ -102,16 +103,34 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Every row and the stored contents, read only."""
-    con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    """Every row and the stored contents, read only; a file that is damaged or not written by
+    ``hdeval label`` is one DataError naming it (a labels file is untrusted input)."""
     try:
-        rows = [
-            dict(zip(COLUMNS, r))
-            for r in con.execute(f"SELECT {', '.join(COLUMNS)} FROM labels ORDER BY seq")
-        ]
-        contents = {h: json.loads(c) for h, c in con.execute("SELECT content_hash, content FROM samples")}
-    finally:
-        con.close()
+        con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+        try:
+            rows = [
+                dict(zip(COLUMNS, r))
+                for r in con.execute(f"SELECT {', '.join(COLUMNS)} FROM labels ORDER BY seq")
+            ]
+            stored = con.execute("SELECT content_hash, content FROM samples").fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise DataError(f"{path} is not an hdeval labels file ({exc})") from None
+    contents = {}
+    for h, c in stored:
+        content = json_or_none(c) if isinstance(c, str) else None
+        if not isinstance(content, dict):
+            raise DataError(f"{path}: the stored sample {str(h)[:80]!r} is not a JSON object")
+        contents[h] = content
+    for r in rows:
+        if r["action"] != "label":
+            continue
+        value = r["value"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise DataError(f"{path}: label row seq {r['seq']}: value {str(value)[:40]!r} is not a number")
+        if r["content_hash"] not in contents:
+            raise DataError(f"{path}: label row seq {r['seq']}: its sample is not stored in the file")
     return rows, contents
 
 
@@ -170,4 +189,11 @@ def labelled_rows(path: str | Path, name: str, shape: str) -> list[dict[str, Any
             f"not {name!r} ({shape})"
         )
     rows, contents = read_rows(path)
+    if shape == "pairwise":
+        for r in rows:
+            if r["action"] == "label" and (r["aspect"] != PAIR_ASPECT or r["value"] not in PAIR_CHOICES):
+                raise DataError(
+                    f"{path}: label row seq {r['seq']}: a pair's label is {PAIR_ASPECT!r} = 1, 0 or -1, "
+                    f"not {str(r['aspect'])[:40]!r} = {r['value']!r}"
+                )
     return labelled_samples(rows, contents, pairwise=shape == "pairwise")

@@ -421,6 +421,10 @@ def map_columns(values: Mapping[str, Any], task: Task, derived: dict[str, int]) 
     one side of a split), ``system`` and ``scores`` (a number given as text becomes a number)."""
     import hashlib
 
+    if isinstance(values.get("columns"), dict):
+        # a row ``hdeval data import`` wrote is in hdeval's schema already: mapped again, a
+        # mapping that names another field's column (--source-col context) would swap texts
+        return dict(values)
     cols = dict(task.columns)
 
     def get(key: str) -> Any:
