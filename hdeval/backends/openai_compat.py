@@ -1,8 +1,10 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
-llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``. The
-SDK's retries are off: the policy here also retries malformed bodies and honours ``Retry-After``.
-Replies are read with bounds, redirects never followed, and every message and reply passes
-:class:`~hdeval.redaction.Redactor`.
+llama.cpp's server ...), on the official ``openai`` SDK and ``tenacity``. One ``AsyncOpenAI`` a
+backend sends every request (``chat.completions.with_raw_response.create``: hdeval reads the
+reply's bytes itself, with bounds); every attempt runs inside the tenacity policy, the SDK's own
+retries off (the policy also retries malformed bodies and honours ``Retry-After``). Its HTTP
+client bounds replies, takes one response a request, never follows a redirect; every message and
+reply passes :class:`~hdeval.redaction.Redactor`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import urllib.request
 import warnings
 import zlib
 from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping
-from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
@@ -31,7 +33,7 @@ from hdeval import __version__, aio
 from hdeval.backends.base import Completion, CompletionRequest, chat_completion, token_count
 from hdeval.backends.constraints import Labels, Scale, constraint_of, to_gbnf, to_openai_params
 from hdeval.backends.llama_server import choose_completion, choose_params
-from hdeval.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
+from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
 from hdeval.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.redaction import Redactor
 from hdeval.urls import public_url
@@ -50,6 +52,20 @@ BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request lin
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
+# the body fields hdeval sends that the SDK's ``chat.completions.create`` takes by name
+_SDK_FIELDS = frozenset(
+    (
+        "model",
+        "messages",
+        "temperature",
+        "max_tokens",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "top_p",
+        "response_format",
+    )
+)
 _MAX_ERROR_BYTES = 64 * 1024  # of an error reply's body: enough for its message
 # A 400 whose message or code says it is about this request's content, not about the
 # endpoint, the model or the parameters every request shares: the failure of one cell.
@@ -101,6 +117,12 @@ class _Unsupported(Exception):
 class ReplyTooLarge(httpx2.TransportError):
     """A reply body past the cap, raised while it is read; an httpx error, so the SDK hands it
     on as the cause of its connection error."""
+
+
+class StrayReply(httpx2.TransportError):
+    """A connection that held more than the reply just read: a response nobody asked for, which
+    HTTP/1.1 would hand to the next request on that connection as its reply. The connection is
+    closed; an httpx error, so the SDK hands it on as the cause of its connection error."""
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -246,6 +268,7 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
                 yield part
                 if end:
                     return
+            _refuse_stray(self._inner)
         finally:
             self._inner.close()
 
@@ -256,6 +279,7 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
                 yield part
                 if end:
                     return
+            _refuse_stray(self._inner)
         finally:
             await self._inner.aclose()
 
@@ -264,6 +288,22 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _refuse_stray(stream: Any) -> None:
+    """Raise :class:`StrayReply` when the connection a reply body (``stream``, read to its end)
+    came on holds bytes past it (blank lines apart, which the HTTP/1.1 parser skips), after
+    marking the connection failed so that closing the reply closes it. Bytes arriving later, on an
+    idle connection, make httpcore drop it before reuse. Connections of other kinds (HTTP/2, a
+    SOCKS proxy) are not checked."""
+    # httpx's client stream -> its transport's -> httpcore's pool stream -> the connection -> HTTP/1.1
+    core = getattr(getattr(stream, "_stream", None), "_httpcore_stream", None)
+    pooled = getattr(core, "_pool_request", None)
+    http11 = getattr(getattr(pooled, "connection", None), "_connection", None)
+    state = getattr(http11, "_h11_state", None)
+    if state is not None and state.trailing_data[0].strip():
+        state.send_failed()  # h11: this connection takes no further request
+        raise StrayReply("a response nobody asked for followed the reply on its connection")
 
 
 def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
@@ -295,8 +335,10 @@ def http_client(
     verify: Any = True,
     sync: bool = False,
 ) -> Any:
-    """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
-    followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
+    """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, one response a
+    request, no redirects followed, the proxy chosen here. ``keepalive`` connections stay open
+    between requests; more in flight open more rather than wait for one (a wait would count against
+    the request's deadline). ``verify``: an ``ssl.SSLContext`` shared by every client."""
     limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
     client, transport = (
         (httpx2.Client, httpx2.HTTPTransport) if sync else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport)
@@ -328,6 +370,7 @@ class OpenAICompatBackend:
     :meth:`acomplete` runs on :mod:`hdeval.aio`'s loop; :meth:`complete` is its synchronous door.
     ``dialect`` (one of :data:`~hdeval.config.DIALECTS`) is how the answer constraint is sent;
     "auto" asks the server's ``/models`` once, when first needed, unless ``detect`` is False.
+    ``concurrency``: the requests its callers keep in flight, the connections it keeps open.
     """
 
     def __init__(
@@ -344,6 +387,7 @@ class OpenAICompatBackend:
         max_reply_bytes: int = MAX_REPLY_BYTES,
         dialect: str = "openai",
         detect: bool = True,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if dialect not in DIALECTS:
             raise ConfigError(
@@ -371,6 +415,7 @@ class OpenAICompatBackend:
         self.backoff_cap = backoff_cap
         self.max_malformed_retries = max_malformed_retries
         self.max_reply_bytes = max_reply_bytes
+        self.concurrency = concurrency
         self._key = api_key
         self._url = url  # credentials and query included: for the Batch API's client, never shown
         self._redact = Redactor(api_key, url)
@@ -399,10 +444,6 @@ class OpenAICompatBackend:
                 f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
                 "it, or use its v1 API (.../openai/v1)"
             )
-        self._chat_path = "/chat/completions"
-        if self._azure and "/deployments" not in parts.path:
-            # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
-            self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         # asked of the server once, when first needed (it joins the identity: a constrained reply
         # is not the unconstrained one); a dry run (``detect`` False) never asks
@@ -416,8 +457,7 @@ class OpenAICompatBackend:
         self._model_warned = False
         # False (never back) once the server rejects logprobs, or response_format json_schema
         self.logprobs_supported = self.schema_supported = True
-        self._sdks: list[Any] = []  # every SDK client made (on the loop, when needed)
-        self._idle: list[Any] = []  # those not serving a request now
+        self._sdk: Any = None  # the SDK client of every request, made on the loop when first needed
         self._tls: Any = None
 
     def __repr__(self) -> str:
@@ -492,14 +532,19 @@ class OpenAICompatBackend:
             stacklevel=2,
         )
 
-    def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
+    def sdk_client(
+        self, max_reply_bytes: int | None = None, socket_timeout: float | None = None, keepalive: int = 1
+    ) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
-        host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off.
-        ``socket_timeout`` also bounds each connect, read and write (the Batch API's downloads);
-        without it no per-operation timer is armed: the caller's deadline covers the request."""
+        host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off,
+        ``keepalive`` idle connections kept. ``socket_timeout`` also bounds each connect, read and
+        write (the Batch API's downloads); without it no per-operation timer is armed: the caller's
+        deadline covers the request."""
         if self._tls is None:
-            self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
-        http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
+            self._tls = httpx2.create_ssl_context()  # the CA store, read once for all its clients
+        http = http_client(
+            socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, keepalive, self._tls
+        )
         common: dict[str, Any] = dict(
             api_key=self._key,
             max_retries=0,
@@ -534,13 +579,13 @@ class OpenAICompatBackend:
                 setattr(self, exc.flag, False)
 
     def close(self) -> None:
-        """Close the SDK clients' connections."""
-        if self._sdks:
+        """Close the SDK client's connections."""
+        if self._sdk is not None:
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
-        sdks, self._sdks, self._idle = self._sdks, [], []
-        for sdk in sdks:
+        sdk, self._sdk = self._sdk, None
+        if sdk is not None:
             await sdk.close()
 
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
@@ -598,9 +643,12 @@ class OpenAICompatBackend:
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
-        # built once, sent as is by every attempt
-        body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        headers = {KIND_HEADER: request.kind} if self._send_kind and request.kind else {}
+        # the fields the SDK names go by name; a dialect's own fields (grammar, guided_choice) as
+        # extra_body: the body sent is the request line's body either way
+        call: dict[str, Any] = {k: v for k, v in params.items() if k in _SDK_FIELDS}
+        call["extra_body"] = {k: v for k, v in params.items() if k not in _SDK_FIELDS} or None
+        if self._send_kind and request.kind:
+            call["extra_headers"] = {KIND_HEADER: request.kind}
         malformed = [0]
 
         def stop(state: Any) -> bool:
@@ -631,21 +679,9 @@ class OpenAICompatBackend:
             except BackendError as exc:
                 raise ValueError(str(exc)) from None
 
-        try:
-            # the first attempt outside tenacity (setting it up costs more than a call's own
-            # work); a failure is handed to it as its first attempt, so the policy is unchanged
-            return await self._attempt(body, headers, logprobs, schema_sent, read)
-        except _Transient as exc:
-            first: list[_Transient] = [exc]
-
-        async def attempt() -> Completion:
-            if first:
-                raise first.pop()
-            return await self._attempt(body, headers, logprobs, schema_sent, read)
-
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retrying(attempt)
+            return await retrying(self._attempt, call, logprobs, schema_sent, read)
         except _Transient as last:
             n = retrying.statistics["attempt_number"]
             tries = f"{n} attempt{'s' if n != 1 else ''}"
@@ -668,24 +704,14 @@ class OpenAICompatBackend:
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(
-        self, body: bytes, headers: Mapping[str, str], logprobs: bool, schema_sent: bool, read: Any
+        self, call: dict[str, Any], logprobs: bool, schema_sent: bool, read: Any
     ) -> Completion:
-        # an SDK client for this request alone: each holds one connection, so httpcore's pool,
-        # which checks every connection it holds on each request and reply, has one to check
-        if self._idle:
-            sdk = self._idle.pop()
-        else:
-            sdk = self.sdk_client()
-            self._sdks.append(sdk)
+        """One attempt: ``call`` (``create``'s arguments) sent, the reply read by ``read``."""
+        if self._sdk is None:
+            self._sdk = self.sdk_client(keepalive=self.concurrency)
         try:
-            post = sdk.post(
-                self._chat_path,
-                content=body,
-                cast_to=httpx2.Response,
-                options={"headers": dict(headers)} if headers else {},
-            )
-            response = await _within(self.timeout, post)
-            data = response.content
+            raw = await _within(self.timeout, self._sdk.chat.completions.with_raw_response.create(**call))
+            data = raw.http_response.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
@@ -700,21 +726,13 @@ class OpenAICompatBackend:
                     f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
                     "completion; not read further"
                 ) from None
+            if isinstance(cause, StrayReply):
+                raise _Transient(
+                    "the server sent a response nobody asked for on the connection; closed it, asking again"
+                ) from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
-        finally:
-            # one request, one response: a connection holding more is closed with whatever it holds
-            stray = _holds_stray_reply(getattr(sdk, "_client", None))
-            if stray:
-                self._sdks.remove(sdk)
-                await sdk.close()
-            else:
-                self._idle.append(sdk)
-        if stray:
-            raise _Transient(
-                "the server sent a response nobody asked for on the connection; closed it, asking again"
-            )
         return self._parse(data, read)
 
     def _status_error(
@@ -793,19 +811,6 @@ def read_completion(data: Any, logprobs: bool, redact: Redactor) -> Completion:
     completion = chat_completion(data, logprobs)
     text = redact(completion.text)
     return completion if text == completion.text else dataclasses.replace(completion, text=text)
-
-
-def _holds_stray_reply(http: Any) -> bool:
-    """Whether an HTTP client's connection holds bytes past the reply just read, which the
-    HTTP/1.1 parser would hand to the next request as its reply (blank lines apart, which it
-    skips). Bytes arriving later, on an idle connection, make httpcore drop it before reuse.
-    Unknown connection kinds (HTTP/2, a SOCKS proxy): False."""
-    pool = getattr(getattr(http, "_transport", None), "_pool", None)
-    for conn in getattr(pool, "connections", ()):
-        state = getattr(getattr(conn, "_connection", None), "_h11_state", None)
-        if state is not None and state.trailing_data[0].strip():
-            return True
-    return False
 
 
 async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
