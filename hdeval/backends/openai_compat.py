@@ -1,10 +1,10 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
 llama.cpp's server ...), on the official ``openai`` SDK and ``tenacity``. One ``AsyncOpenAI`` a
-backend sends every request (``chat.completions.with_raw_response.create``: hdeval reads the
-reply's bytes itself, with bounds); every attempt runs inside the tenacity policy, the SDK's own
-retries off (the policy also retries malformed bodies and honours ``Retry-After``). Its HTTP
-client bounds replies, takes one response a request, never follows a redirect; every message and
-reply passes :class:`~hdeval.redaction.Redactor`.
+backend posts each request's body, built once (the Batch API writes the same body); hdeval reads
+the reply's bytes itself. Every attempt runs inside the tenacity policy, the SDK's own retries off
+(the policy also retries malformed bodies and honours ``Retry-After``). Its HTTP client bounds
+replies, takes one response a request, never follows a redirect; every message and reply passes
+:class:`~hdeval.redaction.Redactor`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import urllib.request
 import warnings
 import zlib
 from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import httpx2
 import openai
@@ -52,20 +52,6 @@ BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request lin
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
-# the body fields hdeval sends that the SDK's ``chat.completions.create`` takes by name
-_SDK_FIELDS = frozenset(
-    (
-        "model",
-        "messages",
-        "temperature",
-        "max_tokens",
-        "seed",
-        "logprobs",
-        "top_logprobs",
-        "top_p",
-        "response_format",
-    )
-)
 _MAX_ERROR_BYTES = 64 * 1024  # of an error reply's body: enough for its message
 # A 400 whose message or code says it is about this request's content, not about the
 # endpoint, the model or the parameters every request shares: the failure of one cell.
@@ -268,7 +254,6 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
                 yield part
                 if end:
                     return
-            _refuse_stray(self._inner)
         finally:
             self._inner.close()
 
@@ -279,7 +264,6 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
                 yield part
                 if end:
                     return
-            _refuse_stray(self._inner)
         finally:
             await self._inner.aclose()
 
@@ -288,22 +272,6 @@ class _BoundedStream(httpx2.SyncByteStream, httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
-
-
-def _refuse_stray(stream: Any) -> None:
-    """Raise :class:`StrayReply` when the connection a reply body (``stream``, read to its end)
-    came on holds bytes past it (blank lines apart, which the HTTP/1.1 parser skips), after
-    marking the connection failed so that closing the reply closes it. Bytes arriving later, on an
-    idle connection, make httpcore drop it before reuse. Connections of other kinds (HTTP/2, a
-    SOCKS proxy) are not checked."""
-    # httpx's client stream -> its transport's -> httpcore's pool stream -> the connection -> HTTP/1.1
-    core = getattr(getattr(stream, "_stream", None), "_httpcore_stream", None)
-    pooled = getattr(core, "_pool_request", None)
-    http11 = getattr(getattr(pooled, "connection", None), "_connection", None)
-    state = getattr(http11, "_h11_state", None)
-    if state is not None and state.trailing_data[0].strip():
-        state.send_failed()  # h11: this connection takes no further request
-        raise StrayReply("a response nobody asked for followed the reply on its connection")
 
 
 def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
@@ -327,6 +295,82 @@ def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
     response.stream = _BoundedStream(response.stream, cap, ok, encoding.replace("x-", ""))
 
 
+def _refuse_stray(stream: Any) -> None:
+    """Raise :class:`StrayReply` when the connection a reply body (``stream``, an httpx
+    transport's, read to its end) came on holds bytes past it (blank lines apart, which the HTTP/1.1
+    parser skips), after marking the connection failed so that closing the reply closes it. Bytes
+    arriving later, on an idle connection, make httpcore drop it before reuse. Connections of
+    other kinds (HTTP/2, through a proxy) are not checked."""
+    # the transport's stream -> httpcore's pool stream -> the connection -> its HTTP/1.1 part
+    pooled = getattr(getattr(stream, "_httpcore_stream", None), "_pool_request", None)
+    http11 = getattr(getattr(pooled, "connection", None), "_connection", None)
+    state = getattr(http11, "_h11_state", None)
+    if state is not None and state.trailing_data[0].strip():
+        state.send_failed()  # h11: this connection takes no further request
+        raise StrayReply("a response nobody asked for followed the reply on its connection")
+
+
+class _Lent(httpx2.AsyncByteStream):
+    """A reply body from one of :class:`_OneConnectionEach`'s transports, handed back to it when
+    the body is closed; read to its end, checked for a response nobody asked for."""
+
+    def __init__(self, inner: Any, give_back: Any) -> None:
+        self._inner = inner
+        self._give_back = give_back
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+        _refuse_stray(self._inner)
+
+    async def aclose(self) -> None:
+        give_back, self._give_back = self._give_back, None
+        try:
+            await self._inner.aclose()
+        finally:
+            if give_back is not None:
+                await give_back()
+
+
+class _OneConnectionEach(httpx2.AsyncBaseTransport):
+    """An HTTP transport that lends each request in flight a transport of its own, holding one
+    keep-alive connection: httpcore's pool looks at every connection it holds twice a request, so
+    each pool holds one. At most ``keep`` idle ones are kept (the run's concurrency)."""
+
+    def __init__(self, make: Any, keep: int) -> None:
+        self._make = make
+        self._keep = keep
+        self._idle: list[Any] = []
+        self._all: set[Any] = set()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._idle:
+            transport = self._idle.pop()
+        else:
+            transport = self._make()
+            self._all.add(transport)
+
+        async def give_back() -> None:
+            if len(self._idle) < self._keep:
+                self._idle.append(transport)
+            else:
+                self._all.discard(transport)
+                await transport.aclose()
+
+        try:
+            response = await transport.handle_async_request(request)
+        except BaseException:
+            await give_back()
+            raise
+        response.stream = _Lent(response.stream, give_back)
+        return response
+
+    async def aclose(self) -> None:
+        transports, self._all, self._idle = self._all, set(), []
+        for transport in transports:
+            await transport.aclose()
+
+
 def http_client(
     timeout: float | None,
     proxy: str | None,
@@ -334,15 +378,22 @@ def http_client(
     keepalive: int,
     verify: Any = True,
     sync: bool = False,
+    one_each: bool = False,
 ) -> Any:
-    """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, one response a
-    request, no redirects followed, the proxy chosen here. ``keepalive`` connections stay open
-    between requests; more in flight open more rather than wait for one (a wait would count against
-    the request's deadline). ``verify``: an ``ssl.SSLContext`` shared by every client."""
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
+    """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
+    followed, the proxy chosen here. ``keepalive`` connections stay open between requests; more in
+    flight open more rather than wait for one (a wait would count against the request's deadline).
+    ``one_each`` (async): a transport of one connection a request in flight, each reply checked
+    for a response nobody asked for. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     client, transport = (
         (httpx2.Client, httpx2.HTTPTransport) if sync else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport)
     )
+    if one_each and not sync:
+        one = httpx2.Limits(max_connections=None, max_keepalive_connections=1)
+        made = _OneConnectionEach(lambda: transport(verify=verify, proxy=proxy, limits=one), keepalive)
+    else:
+        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
+        made = transport(verify=verify, proxy=proxy, limits=limits)
 
     def hook(response: httpx2.Response) -> None:
         bound_reply(response, max_reply_bytes)
@@ -351,7 +402,7 @@ def http_client(
         bound_reply(response, max_reply_bytes)
 
     return client(
-        transport=transport(verify=verify, proxy=proxy, limits=limits),
+        transport=made,
         trust_env=False,
         follow_redirects=False,
         timeout=httpx2.Timeout(timeout),
@@ -444,6 +495,10 @@ class OpenAICompatBackend:
                 f"--base-url {self.shown_url} is an Azure OpenAI endpoint: add ?api-version=... to "
                 "it, or use its v1 API (.../openai/v1)"
             )
+        self._chat_path = "/chat/completions"
+        if self._azure and "/deployments" not in parts.path:
+            # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
+            self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
         self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         # asked of the server once, when first needed (it joins the identity: a constrained reply
         # is not the unconstrained one); a dry run (``detect`` False) never asks
@@ -533,18 +588,21 @@ class OpenAICompatBackend:
         )
 
     def sdk_client(
-        self, max_reply_bytes: int | None = None, socket_timeout: float | None = None, keepalive: int = 1
+        self,
+        max_reply_bytes: int | None = None,
+        socket_timeout: float | None = None,
+        keepalive: int = 1,
+        one_each: bool = False,
     ) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
         host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off,
-        ``keepalive`` idle connections kept. ``socket_timeout`` also bounds each connect, read and
-        write (the Batch API's downloads); without it no per-operation timer is armed: the caller's
-        deadline covers the request."""
+        ``keepalive`` idle connections kept (``one_each``: see :func:`http_client`).
+        ``socket_timeout`` also bounds each connect, read and write (the Batch API's downloads);
+        without it no per-operation timer is armed: the caller's deadline covers the request."""
         if self._tls is None:
             self._tls = httpx2.create_ssl_context()  # the CA store, read once for all its clients
-        http = http_client(
-            socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, keepalive, self._tls
-        )
+        cap = max_reply_bytes or self.max_reply_bytes
+        http = http_client(socket_timeout, self._proxy, cap, keepalive, self._tls, one_each=one_each)
         common: dict[str, Any] = dict(
             api_key=self._key,
             max_retries=0,
@@ -643,12 +701,10 @@ class OpenAICompatBackend:
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
-        # the fields the SDK names go by name; a dialect's own fields (grammar, guided_choice) as
-        # extra_body: the body sent is the request line's body either way
-        call: dict[str, Any] = {k: v for k, v in params.items() if k in _SDK_FIELDS}
-        call["extra_body"] = {k: v for k, v in params.items() if k not in _SDK_FIELDS} or None
-        if self._send_kind and request.kind:
-            call["extra_headers"] = {KIND_HEADER: request.kind}
+        # built once, sent as is by every attempt: chat.completions.create would check and
+        # transform the parameters again on each, at more than twice the client's own cost
+        body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        options = {"headers": {KIND_HEADER: request.kind}} if self._send_kind and request.kind else {}
         malformed = [0]
 
         def stop(state: Any) -> bool:
@@ -681,7 +737,7 @@ class OpenAICompatBackend:
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retrying(self._attempt, call, logprobs, schema_sent, read)
+            return await retrying(self._attempt, body, options, logprobs, schema_sent, read)
         except _Transient as last:
             n = retrying.statistics["attempt_number"]
             tries = f"{n} attempt{'s' if n != 1 else ''}"
@@ -704,14 +760,15 @@ class OpenAICompatBackend:
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(
-        self, call: dict[str, Any], logprobs: bool, schema_sent: bool, read: Any
+        self, body: bytes, options: Any, logprobs: bool, schema_sent: bool, read: Any
     ) -> Completion:
-        """One attempt: ``call`` (``create``'s arguments) sent, the reply read by ``read``."""
+        """One attempt: ``body`` posted (``options``: the SDK's request options), the reply read
+        by ``read``."""
         if self._sdk is None:
-            self._sdk = self.sdk_client(keepalive=self.concurrency)
+            self._sdk = self.sdk_client(keepalive=self.concurrency, one_each=True)
         try:
-            raw = await _within(self.timeout, self._sdk.chat.completions.with_raw_response.create(**call))
-            data = raw.http_response.content
+            post = self._sdk.post(self._chat_path, content=body, cast_to=httpx2.Response, options=options)
+            data = (await _within(self.timeout, post)).content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
