@@ -52,14 +52,14 @@ def seeds_of(text: str) -> list[int]:
 
 
 def run_one(name: str, n_docs: int | None, seed: int, judge: dict, workdir: Path) -> dict:
-    import hdeval.methods.hdeval.fake  # noqa: F401  (registers the fake decomposer)
     from simjudge import pointwise_backend, real_rows
     from sklearn.base import clone
 
-    from hdeval.aggregate import CANDIDATES
-    from hdeval.metrics import average_spearman
-    from hdeval.tasks import load_task
-    from hdeval.train import train
+    import hdeval.methods.hdeval.fake  # noqa: F401  (registers the fake decomposer)
+    from hdeval.core.metrics import average_spearman
+    from hdeval.data.tasks import load_task
+    from hdeval.learn.aggregate import CANDIDATES
+    from hdeval.run.train import train
 
     task = load_task(name)
     rows = real_rows(Path(os.environ["HDEVAL_DATA_DIR"]) / f"{name}.jsonl", task, n_docs, seed)
@@ -105,7 +105,7 @@ def run_one(name: str, n_docs: int | None, seed: int, judge: dict, workdir: Path
 def interval(runs: list[dict], a: str, b: str, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean over seeds of held-out Spearman ``a`` minus ``b``, and its 95% bootstrap interval:
     each draw takes every document once, for all seeds (their test sets overlap)."""
-    from hdeval.metrics import average_spearman
+    from hdeval.core.metrics import average_spearman
 
     docs = sorted({d for r in runs for d in r["rows"]["doc"]})
     index = {d: i for i, d in enumerate(docs)}

@@ -1,6 +1,6 @@
 """Bytes per entry, write and read throughput of the reply cache: diskcache as hdeval configured
 it until the reply table (``JSONDisk``, ``_STORE_SETTINGS``) against a plain SQLite ``WITHOUT
-ROWID`` key->value table, and hdeval's store as it is (``hdeval.cache.store.open_store``: the reply table, with
+ROWID`` key->value table, and hdeval's store as it is (``hdeval.llm.cache.store.open_store``: the reply table, with
 diskcache beside it for older caches) (issue #23 item 3, #19 item 2).
 
 Both get the same N real-shaped entries: a 32-byte request digest as the key and, as the value,
@@ -30,14 +30,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
-from hdeval.backends.fake import FakeBackend  # noqa: E402
 import diskcache  # noqa: E402
 
-from hdeval.cache import store as reply_store  # noqa: E402
-from hdeval.cache.client import CachedBackend  # noqa: E402
-from hdeval.cache.codec import encode_completion  # noqa: E402
-from hdeval.cache.store import open_store  # noqa: E402
+from hdeval.llm.backends.base import CompletionRequest, Message  # noqa: E402
+from hdeval.llm.backends.fake import FakeBackend  # noqa: E402
+from hdeval.llm.cache import store as reply_store  # noqa: E402
+from hdeval.llm.cache.client import CachedBackend  # noqa: E402
+from hdeval.llm.cache.codec import encode_completion  # noqa: E402
+from hdeval.llm.cache.store import open_store  # noqa: E402
 from hdeval.methods.hdeval.fake import score_reply  # noqa: E402
 
 PER_SAMPLE = 4

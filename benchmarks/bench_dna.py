@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hdeval.errors import HdevalError
-from hdeval.train import train
+from hdeval.core.errors import HdevalError
+from hdeval.run.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -50,10 +50,10 @@ def agree(diffs: np.ndarray, human: np.ndarray, margin: float) -> float:
 
 
 def run(data: Path, task: str, cache: str, seed: int, mode: str, backend=None) -> dict[str, dict[str, float]]:
-    from hdeval.data import read_task_samples
+    from hdeval.data.samples import read_task_samples
+    from hdeval.data.tasks import load_task
     from hdeval.methods.dna.decision import learn_tie_margin
-    from hdeval.tasks import load_task
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     ev = train(task=task, data=str(data), method="dna", llm="fake", cache_dir=cache, seed=seed,
                backend=backend, method_options={"dna_mode": mode})

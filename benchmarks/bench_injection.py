@@ -38,16 +38,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import Backend, Completion, CompletionRequest
-from hdeval.backends.factory import make_backend
-from hdeval.config import LLMConfig
-from hdeval.cache.client import CachedBackend
-from hdeval.data import read_samples
+from hdeval.core.progress import Progress
+from hdeval.core.types import Sample
+from hdeval.data.samples import read_samples
+from hdeval.judge.scoring import score_criteria
+from hdeval.llm.backends.base import Backend, Completion, CompletionRequest
+from hdeval.llm.backends.factory import make_backend
+from hdeval.llm.cache.client import CachedBackend
+from hdeval.llm.config import LLMConfig
 from hdeval.methods.hdeval.evaluator import Evaluator
-from hdeval.progress import Progress
-from hdeval.scoring import score_criteria
-from hdeval.train import train
-from hdeval.types import Sample
+from hdeval.run.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 INJECTIONS = {
@@ -125,7 +125,7 @@ def direct_layer1(ev: Evaluator, backend: Backend, samples: Sequence[Sample], co
 
 def make_llm(llm: str, decompose_with: str, threads: int | None) -> Backend:
     if threads and (llm == "local" or llm.startswith("llamacpp:")):
-        from hdeval.backends.llama_cpp import LlamaCppBackend
+        from hdeval.llm.backends.llama_cpp import LlamaCppBackend
 
         scorer: Backend = LlamaCppBackend.from_spec(llm, n_threads=threads)
     else:
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not data.is_file():
         print(f"SummEval data not found at {data}: set HDEVAL_DATA_DIR or pass --data-dir")
         return 2
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
 
     cache_dir = args.cache_dir or default_cache_dir()
     concurrency = 1 if not args.llm.startswith("fake") else 8

@@ -29,7 +29,7 @@ JUDGES = {"default": {}, "deep_signal": {"noise": 1.2, "deep_signal": True}, "no
 def main() -> None:
     from simjudge import pointwise_backend, pointwise_rows, write_pointwise
 
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from simjudge import pointwise_rows, write_pointwise  # noqa: E402
 from simjury import jury  # noqa: E402
 
-from hdeval.train import train  # noqa: E402
+from hdeval.run.train import train  # noqa: E402
 
 NOISES = (0.7, 0.9, 1.2)  # three judges of different quality
 

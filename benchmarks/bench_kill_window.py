@@ -27,10 +27,10 @@ sys.path.insert(0, str(HERE))
 
 from bench_throughput import LatencyServer, _load, bench_request  # noqa: E402
 
-from hdeval.cache.client import CachedBackend  # noqa: E402
-from hdeval.config import LLMConfig  # noqa: E402
-from hdeval.judge import Cell, fill_matrix  # noqa: E402
-from hdeval.llm import open_llm  # noqa: E402
+from hdeval.judge.fill import Cell, fill_matrix  # noqa: E402
+from hdeval.llm.cache.client import CachedBackend  # noqa: E402
+from hdeval.llm.client import open_llm  # noqa: E402
+from hdeval.llm.config import LLMConfig  # noqa: E402
 
 
 def run(server: LatencyServer, c: int, latency_ms: float, n: int, group: int, offset: int) -> dict:

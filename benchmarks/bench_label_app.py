@@ -27,9 +27,9 @@ import numpy as np
 from hdeval.app.labels import LabelStore
 from hdeval.app.server import build_app
 from hdeval.app.session import LabelSession
+from hdeval.core.types import Sample
+from hdeval.data.tasks import task_from_dict
 from hdeval.learn import selection
-from hdeval.tasks import task_from_dict
-from hdeval.types import Sample
 
 TASK = {
     "name": "bench_label", "description": "Answers to questions.", "output_label": "Answer",

@@ -26,12 +26,12 @@ DATASETS = ("sfhot", "topical_chat")
 
 
 def main() -> None:
+    from simcriteria import Judge, criteria, load_human
     from sklearn.model_selection import GroupShuffleSplit
 
-    from hdeval.aggregate import Aggregator
     from hdeval.benchmark.curves import CurveSpec, simulate, summarise
-    from hdeval.metrics import average_spearman
-    from simcriteria import Judge, criteria, load_human
+    from hdeval.core.metrics import average_spearman
+    from hdeval.learn.aggregate import Aggregator
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=10)

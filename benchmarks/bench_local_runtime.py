@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hdeval.backends.llama_cpp import LlamaCppBackend, default_model_path
-from hdeval.backends.xllamacpp import XLlamaCppBackend
-from hdeval.data import find_data, read_samples
-from hdeval.prompts import load_template
-from hdeval.scoring import parse_score, score_requests
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree
+from hdeval.core.types import CriteriaTree
+from hdeval.data.samples import find_data, read_samples
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_template
+from hdeval.judge.scoring import parse_score, score_requests
+from hdeval.llm.backends.llama_cpp import LlamaCppBackend, default_model_path
+from hdeval.llm.backends.xllamacpp import XLlamaCppBackend
 
 
 def time_install(package: str) -> float:

@@ -11,7 +11,7 @@ Two kinds of criterion scores, both split exactly as ``hdeval train`` splits (gr
 
 "old nn" is the aggregator before #12: a (64, 32) MLP with alpha 1e-4, adam, 2000 iterations,
 no early stopping. "new nn" is today's ``nn``: an L-BFGS MLP whose alpha is chosen by grouped
-CV on the training split from ``hdeval.aggregate.NN_GRID`` (one hidden width, (32,), since
+CV on the training split from ``hdeval.learn.aggregate.NN_GRID`` (one hidden width, (32,), since
 issue #15.4: with L-BFGS the wider (64, 32) never won the grid; held-out Spearman, 3 seeds,
 adam grid -> L-BFGS grid: summeval .668 -> .677, topical_chat .826 -> .845, sfhot .780 -> .827).
 
@@ -33,10 +33,10 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPRegressor
 
-from hdeval.aggregate import Aggregator, select_cv
-from hdeval.data import read_samples, split_samples
-from hdeval.metrics import mean_spearman
-from hdeval.tasks import load_task
+from hdeval.core.metrics import mean_spearman
+from hdeval.data.samples import read_samples, split_samples
+from hdeval.data.tasks import load_task
+from hdeval.learn.aggregate import Aggregator, select_cv
 
 
 def simulated(task_name: str, data_dir: Path, seed: int, n_criteria: int = 12):
@@ -59,7 +59,7 @@ def simulated(task_name: str, data_dir: Path, seed: int, n_criteria: int = 12):
 
 
 def fake_run(task_name: str, data_dir: Path, seed: int, limit: int, cache_dir: str):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     ev = train(task=task_name, data=str(data_dir / f"{task_name}.jsonl"), llm="fake", layers=2,
                aggregator="lr", limit=limit, seed=seed, cache_dir=cache_dir)

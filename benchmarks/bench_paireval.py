@@ -22,11 +22,11 @@ import sys
 
 import numpy as np
 
+from hdeval.core.progress import Progress
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import draw_comparisons
 from hdeval.methods.paireval.fit import fit_with_pool
-from hdeval.progress import Progress
-from hdeval.train import TrainConfig, llm_config, open_backend, prepare
+from hdeval.run.train import TrainConfig, llm_config, open_backend, prepare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the split's seed (draw k uses seed + 1000 + k)")
     args = ap.parse_args(argv)
 
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     aspects = args.aspects
     if aspects is None and "overall" in load_task(args.task).aspect_keys:

@@ -25,13 +25,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.llama_cpp import LlamaCppBackend
-from hdeval.data import read_samples
-from hdeval.prompts import load_template
-from hdeval.scoring import parse_score, scoring_request
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree, Sample
+from hdeval.core.types import CriteriaTree, Sample
+from hdeval.data.samples import read_samples
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_template
+from hdeval.judge.scoring import parse_score, scoring_request
+from hdeval.llm.backends.base import Completion, CompletionRequest
+from hdeval.llm.backends.llama_cpp import LlamaCppBackend
 
 REPO = Path(__file__).resolve().parents[1]
 

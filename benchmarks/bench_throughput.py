@@ -3,7 +3,7 @@
 Starts ``benchmarks/fixed_latency_server.py`` (stdlib asyncio, 127.0.0.1, answers every chat
 completion after exactly L ms, never the bottleneck) in its own process, then drives hdeval's
 real path, ``open_llm(LLMConfig(model="openai:m", base_url=..., concurrency=c, cache_dir=tmp))``
-through ``hdeval.judge.fill_matrix``, over N unique scoring-sized requests (a fresh cache
+through ``hdeval.judge.fill.fill_matrix``, over N unique scoring-sized requests (a fresh cache
 each time, so every request is a paid call), for each c and L. A server that answers in L
 seconds allows at most c / L calls/s at concurrency c; the table shows calls/s, that ideal,
 the ratio, and the client's CPU per call (``time.process_time`` of this process: every
@@ -40,13 +40,13 @@ HERE = Path(__file__).resolve().parent
 ROOT_ENV = "HDEVAL_BENCH_ROOT"  # (--baseline) the hdeval tree the subprocess imports
 sys.path.insert(0, os.environ.get(ROOT_ENV) or str(HERE.parent))  # this checkout's hdeval, not an installed one
 
-from hdeval.backends.base import CompletionRequest, Message  # noqa: E402
-from hdeval.config import LLMConfig  # noqa: E402
-from hdeval.judge import Cell, fill_matrix  # noqa: E402
-from hdeval.llm import open_llm  # noqa: E402
+from hdeval.judge.fill import Cell, fill_matrix  # noqa: E402
+from hdeval.llm.backends.base import CompletionRequest, Message  # noqa: E402
+from hdeval.llm.client import open_llm  # noqa: E402
+from hdeval.llm.config import LLMConfig  # noqa: E402
 
 try:  # imported before any timing: a once-per-process cost, not one of the calls measured
-    importlib.import_module("hdeval.backends.openai_compat")
+    importlib.import_module("hdeval.llm.backends.openai_compat")
 except ImportError:
     pass
 

@@ -10,7 +10,7 @@ cache. Each mode runs in its own process; printed side by side with ``uptime``:
 - peak RSS growth: the process's peak RSS (``ru_maxrss``) less its RSS just before the stage.
 
 "before" is the pre-change path, kept callable: every cell (and its ~3 KB prompt) built into a
-list, then :func:`hdeval.judge.fill_matrix`; "after" is :func:`hdeval.scoring.score_criteria`.
+list, then :func:`hdeval.judge.fill.fill_matrix`; "after" is :func:`hdeval.judge.scoring.score_criteria`.
 
     HDEVAL_DATA_DIR=/work/shared/data python benchmarks/bench_train_stage.py
     python benchmarks/bench_train_stage.py --data-dir DIR --limit 400
@@ -48,14 +48,14 @@ def _rss_kb() -> int:
 
 
 def child(mode: str, data_dir: str, limit: int | None, cache: str) -> dict:
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.cache.client import CachedBackend
-    from hdeval.data import limit_samples, read_task_samples
-    from hdeval.judge import Cell, digit_score, fill_matrix
-    from hdeval.prompts import load_templates
-    from hdeval import scoring
-    from hdeval.tasks import load_task
-    from hdeval.types import CriteriaTree, Criterion
+    from hdeval.core.types import CriteriaTree, Criterion
+    from hdeval.data.samples import limit_samples, read_task_samples
+    from hdeval.data.tasks import load_task
+    from hdeval.judge import scoring
+    from hdeval.judge.fill import Cell, digit_score, fill_matrix
+    from hdeval.judge.prompts import load_templates
+    from hdeval.llm.backends.fake import FakeBackend
+    from hdeval.llm.cache.client import CachedBackend
 
     task = load_task("summeval")
     samples = read_task_samples(Path(data_dir) / "summeval.jsonl", task, require_labels=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -15,12 +13,12 @@ __all__ = ["HdevalError", "Metrics", "TrainConfig", "TrainedEvaluator", "__versi
 # pandas and numpy (module __getattr__, PEP 562). Evaluator (the pointwise HD-Eval class) stays
 # importable for code written before hdeval.load.
 _LAZY = {
-    "load": "hdeval.api",
-    "TrainedEvaluator": "hdeval.api",
-    "Metrics": "hdeval.api",
-    "TrainConfig": "hdeval.train",
-    "train": "hdeval.train",
-    "HdevalError": "hdeval.errors",
+    "load": "hdeval.run.api",
+    "TrainedEvaluator": "hdeval.run.api",
+    "Metrics": "hdeval.run.api",
+    "TrainConfig": "hdeval.run.train",
+    "train": "hdeval.run.train",
+    "HdevalError": "hdeval.core.errors",
     "Evaluator": "hdeval.methods.hdeval.evaluator",
 }
 
@@ -36,16 +34,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     """The public API only (the submodules are reached by import)."""
     return list(__all__)
-
-
-class _Package(types.ModuleType):
-    # `hdeval.train` is both a submodule and the function. Importing the submodule would bind
-    # the module to the attribute `train`; keep the attribute the function, as it always was
-    # (the submodule stays reachable as sys.modules["hdeval.train"]).
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "train" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -10,10 +10,9 @@ import warnings
 from pathlib import Path
 
 import diskcache
-
 import pytest
 
-from hdeval.paths import user_model_dir
+from hdeval.core.paths import user_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 # a news article and a good and a bad summary of it: real prompts for the local-model tests
@@ -40,8 +39,8 @@ def embedded_model_or_skip() -> Path:
     skips with its reason, except under CI, where it must not hide the embedded-model tests."""
     import importlib.util
 
-    from hdeval.backends import model_file
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.backends import model_file
 
     if not any(importlib.util.find_spec(m) for m in ("xllamacpp", "llama_cpp")):
         pytest.skip("needs a llama.cpp runtime: pip install -e '.[local]'")
@@ -348,10 +347,10 @@ def artifact_view(path: Path) -> dict[str, str]:
 def cache_entries(cache_dir: Path) -> dict:
     """Every cache entry parsed as a completion: a corrupt one fails here (and nothing in the
     cache is ever unpickled, as in hdeval itself)."""
-    from hdeval.backends.base import Completion
-    from hdeval.cache.codec import table_value
-    from hdeval.cache.guard import TABLE_DBNAME
-    from hdeval.cache.store import JSONDisk
+    from hdeval.llm.backends.base import Completion
+    from hdeval.llm.cache.codec import table_value
+    from hdeval.llm.cache.guard import TABLE_DBNAME
+    from hdeval.llm.cache.store import JSONDisk
 
     with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
         found = {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
@@ -368,7 +367,7 @@ def cache_entries(cache_dir: Path) -> dict:
 @pytest.fixture
 def fake_calls(monkeypatch) -> list[int]:
     """Counts LLM calls made by any FakeBackend in this process (CLI runs included)."""
-    from hdeval.backends.fake import FakeBackend
+    from hdeval.llm.backends.fake import FakeBackend
 
     calls: list[int] = []
     real = FakeBackend.complete

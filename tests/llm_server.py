@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Protocol, Union
 
-from hdeval.backends.base import Completion, CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
 
 HOST = "127.0.0.1"  # never anything else: tests must not be reachable from the network
 
@@ -532,7 +532,7 @@ def _hostile_body(fault: str) -> bytes:
     raise ValueError(fault)
 
 
-def _unit(*parts: Any) -> float:
+def stable_unit(*parts: Any) -> float:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
@@ -560,7 +560,7 @@ class FaultMix:
 
     def pick(self, body: bytes, kind: str, seen_before: int) -> str | None:
         """The fault for the ``seen_before``-th repeat of ``body``, or None."""
-        if _unit(self.seed, "rate", body, seen_before) >= self.rate:
+        if stable_unit(self.seed, "rate", body, seen_before) >= self.rate:
             return None
         usable = [f for f in self.faults
                   if f in TRANSPORT_FAULTS or f in REQUEST_FAULTS or f in SLOW_FAULTS
@@ -568,7 +568,7 @@ class FaultMix:
                   or (kind == "decompose" and f in DECOMPOSE_GARBAGE)]
         if not usable:
             return None
-        return usable[int(_unit(self.seed, "which", body, seen_before) * len(usable))]
+        return usable[int(stable_unit(self.seed, "which", body, seen_before) * len(usable))]
 
 
 class FaultPicker(Protocol):

@@ -17,11 +17,10 @@ import re
 from pathlib import Path
 
 import numpy as np
-
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
-from hdeval.backends.fake import RESPONDERS, FakeBackend
-
 from conftest import TOY_TASK as _TOY_TASK
+
+from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 
 _LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
 _ASPECT_LATENT = re.compile(r"\[\[([^=\]\[]+)=(-?[0-9.]+)\]\]")

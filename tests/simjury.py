@@ -5,11 +5,10 @@ pure noise, nothing; every judge counts its calls."""
 
 from __future__ import annotations
 
-
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.fake import RESPONDERS, FakeBackend
-
 from simjudge import _CRITERION_NAME, _prompt, latents, unit_normal
+
+from hdeval.llm.backends.base import Completion, CompletionRequest
+from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 
 
 class SimJudge(FakeBackend):

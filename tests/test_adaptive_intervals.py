@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hdeval.errors import ArtifactError
-from hdeval.intervals import adaptive_calibration, fitted_intervals, read_calibration, row_intervals
+from hdeval.core.errors import ArtifactError
+from hdeval.learn.intervals import adaptive_calibration, fitted_intervals, read_calibration, row_intervals
 
 ASPECTS = ["a", "b"]
 RANGES = [(1.0, 5.0), (1.0, 5.0)]
@@ -91,10 +91,10 @@ def test_a_malformed_adaptive_calibration_is_one_line_naming_the_field(field, va
 
 
 def _measure(name: str, repeats: int = 10) -> dict:
+    from simcriteria import Judge, criteria, load_human
     from sklearn.model_selection import GroupShuffleSplit
 
-    from hdeval.aggregate import Aggregator, cross_val_predictions
-    from simcriteria import Judge, criteria, load_human
+    from hdeval.learn.aggregate import Aggregator, cross_val_predictions
 
     human = load_human(name)
     if human is None:
@@ -135,11 +135,11 @@ def test_topical_chat_with_the_simulated_judge_keeps_coverage_and_finds_the_wors
 @pytest.mark.slow
 def test_apply_gives_each_row_the_width_its_criteria_call_for(tmp_path):
     from click.testing import CliRunner
+    from simjudge import pointwise_backend, pointwise_rows, write_pointwise
 
     from hdeval.cli import cli
-    from hdeval.intervals import adaptive_half_widths, read_adaptive
-    from hdeval.train import train
-    from simjudge import pointwise_backend, pointwise_rows, write_pointwise
+    from hdeval.learn.intervals import adaptive_half_widths, read_adaptive
+    from hdeval.run.train import train
 
     task, data = write_pointwise(tmp_path, pointwise_rows(40))  # 60 training rows: enough for a model
     ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr",

@@ -13,15 +13,15 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-import hdeval.aggregate as aggregate
-from hdeval.aggregate import (
+import hdeval.learn.aggregate as aggregate
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import mean_spearman
+from hdeval.learn.aggregate import (
     Aggregator,
     cross_val_predictions,
     cv_folds,
     select_cv,
 )
-from hdeval.errors import ConfigError
-from hdeval.metrics import mean_spearman
 
 ASPECTS = ["fluency", "coherence", "quality"]
 RANGES = [(1.0, 5.0), (1.0, 5.0), (0.0, 1.0)]
@@ -226,8 +226,8 @@ def test_pruning_expands_only_criteria_with_positive_importance():
 
 # --------------------------------------------------------------------------- training (#12.2, #12.5)
 def test_subtree_means_average_each_aspect_with_its_own_descendants_only():
+    from hdeval.core.types import CriteriaTree, Criterion, ScoreMatrix
     from hdeval.methods.hdeval.loop import subtree_means
-    from hdeval.types import CriteriaTree, Criterion, ScoreMatrix
 
     tree = CriteriaTree([
         Criterion("a", "A", "", None, 1), Criterion("b", "B", "", None, 1),
@@ -245,8 +245,8 @@ def test_subtree_means_average_each_aspect_with_its_own_descendants_only():
 def test_training_records_sklearn_warnings_in_the_layer_report_not_the_terminal(toy, monkeypatch, small_grid):
     import warnings
 
-    from hdeval.progress import Progress
-    from hdeval.train import train
+    from hdeval.core.progress import Progress
+    from hdeval.run.train import train
 
     task, data = toy
     monkeypatch.setattr(aggregate, "NN_MAX_ITER", 1)  # no MLP converges in one iteration
@@ -272,7 +272,7 @@ def test_training_records_sklearn_warnings_in_the_layer_report_not_the_terminal(
 def test_parallel_fitting_gives_exactly_the_serial_results(small_grid):
     """Folds, kinds, grid points and pruning folds run as parallel jobs; every fit is seeded,
     so the numbers must not depend on the number of workers."""
-    from hdeval.aggregate import select_cv
+    from hdeval.learn.aggregate import select_cv
     from hdeval.methods.hdeval.prune import prune
 
     X, Y, docs = _data(n_docs=12, per_doc=3)
@@ -305,7 +305,7 @@ def test_selection_returns_the_chosen_templates_cross_validated_predictions(smal
 def test_warnings_raised_in_worker_jobs_reach_the_caller_in_call_order(n_jobs):
     import warnings
 
-    from hdeval.aggregate import run_jobs
+    from hdeval.learn.aggregate import run_jobs
 
     calls = [(warnings.warn, (f"job {i}", UserWarning)) for i in range(3)]
     with warnings.catch_warnings(record=True) as caught:
@@ -316,7 +316,7 @@ def test_warnings_raised_in_worker_jobs_reach_the_caller_in_call_order(n_jobs):
 
 
 def test_a_training_run_gives_the_same_metrics_with_one_or_two_workers(toy, monkeypatch, small_grid):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = toy
     runs = []
@@ -344,7 +344,7 @@ def test_hdeval_jobs_sets_the_number_of_workers_and_bad_values_fail_clearly(monk
 
 
 def test_a_bad_hdeval_jobs_stops_training_before_any_llm_call(toy, monkeypatch, fake_calls):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = toy
     monkeypatch.setenv("HDEVAL_JOBS", "many")

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend
-from hdeval.metrics import metric_table
+from hdeval.core.metrics import metric_table
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend
 from hdeval.run.apply import _Summary
 
 
@@ -47,7 +47,7 @@ def _reqs(n: int) -> list[CompletionRequest]:
 def test_the_client_forgets_committed_keys_once_no_batch_runs_and_still_pays_each_request_once(tmp_path) -> None:
     """The keys a client committed were remembered for the whole run (~150 B a reply); they are
     needed only while a batch whose lookup came before the commit runs."""
-    from hdeval import aio
+    from hdeval.llm import aio
 
     fake = FakeBackend()
     cb = CachedBackend(fake, tmp_path / "c", concurrency=4)
@@ -77,7 +77,7 @@ def _columns(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 def test_the_lean_ranks_are_scipys_average_ranks_bit_for_bit() -> None:
     from scipy.stats import rankdata
 
-    from hdeval.metrics import _order_codes, _ranks
+    from hdeval.core.metrics import _order_codes, _ranks
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 5, 64, 5000):
@@ -89,7 +89,7 @@ def test_the_lean_ranks_are_scipys_average_ranks_bit_for_bit() -> None:
 
 
 def test_the_streamed_correlations_are_the_same_figures_with_a_nan_a_constant_and_too_few_rows() -> None:
-    from hdeval.metrics import correlations, streamed_correlations
+    from hdeval.core.metrics import correlations, streamed_correlations
 
     rng = np.random.default_rng(4)
     cases = [_columns(rng, n) for n in (3, 40, 3000)]
@@ -141,7 +141,7 @@ def test_the_duplicate_id_index_holds_at_most_about_half_a_mebibyte_in_memory(tm
 
     import pytest
 
-    from hdeval.data import DiskIds
+    from hdeval.data.samples import DiskIds
 
     name = ctypes.util.find_library("sqlite3")
     try:

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-
 from conftest import one_error, toy_rows, write_jsonl
+
 from hdeval.cli import cli
 from hdeval.run.apply import CHUNK_ENV
 from hdeval.run.shards import shard_of
-from hdeval.train import train
+from hdeval.run.train import train
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -208,7 +208,7 @@ def test_a_bad_line_in_the_first_chunk_is_reported_before_any_call(toy_artifact:
 def test_the_duplicate_id_index_is_on_disk_and_removed(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
     """Duplicate ids are found through an index beside the output (not a dict of every id), which
     is gone when the run ends, whether it succeeded or not."""
-    import hdeval.data as data_mod
+    import hdeval.data.samples as data_mod
 
     rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
     dup = write_jsonl(tmp_path / "dup.jsonl", rows + [{**rows[3], "output": "other"}])
@@ -415,7 +415,7 @@ def test_a_refused_merge_closes_every_shard_it_opened(case: str, two_shards, tmp
     import gc
     import warnings
 
-    from hdeval.errors import DataError
+    from hdeval.core.errors import DataError
     from hdeval.run.shards import merge_shards
 
     p1, p2 = two_shards
@@ -464,7 +464,7 @@ def test_score_with_artifact_stops_its_ticker_when_scoring_fails(toy_artifact: P
     import threading
 
     from hdeval.cli.artifacts import load_artifact, score_with_artifact
-    from hdeval.errors import ScoringError
+    from hdeval.core.errors import ScoringError
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     def fail_mid_stage(self, samples, backend=None, cache_dir=None, concurrency=8, progress=None):
@@ -486,7 +486,7 @@ def test_a_shard_checks_and_keeps_only_its_own_rows(toy_artifact: Path, tmp_path
     """A shard builds samples only of its own rows; a row of another shard is checked there.
     A duplicate id always falls in the shard of its first use, so that shard refuses it (the set
     can then never merge); a line with no usable id (not JSON) is every shard's error."""
-    import hdeval.data as data_mod
+    import hdeval.data.samples as data_mod
 
     rows = [json.loads(line) for line in new_samples(tmp_path).read_text().splitlines()]
     one = next(i for i, r in enumerate(rows) if shard_of(r["id"], 2) == 1)

@@ -4,7 +4,6 @@ null or mistyped settings, and an oversized batch result named in MB."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, run_cli
 
 EX = REPO / "examples"
@@ -34,8 +33,8 @@ def test_a_batch_result_file_over_its_cap_is_named_in_mb_as_before(monkeypatch, 
 
     from llm_server import FaultServer, Reply
 
-    from hdeval.backends import batch as batch_mod
-    from hdeval.errors import BackendError
+    from hdeval.core.errors import BackendError
+    from hdeval.llm.backends import batch as batch_mod
 
     monkeypatch.setattr(batch_mod, "MAX_RESULT_BYTES", 3 * 2**20)  # read when the client is made
     with FaultServer() as server:

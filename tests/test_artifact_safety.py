@@ -19,13 +19,13 @@ from typing import Callable, Iterator
 import pytest
 import skops.io as sio
 from click.testing import CliRunner, Result
+from conftest import data_file
 from sklearn.preprocessing import FunctionTransformer
 
-from conftest import data_file
+from hdeval.artifact.directory import FORMAT_VERSION, MANIFEST, sha256_file
 from hdeval.cli import cli
-from hdeval.artifact import FORMAT_VERSION, MANIFEST, sha256_file
 from hdeval.methods.hdeval.evaluator import MODEL, TRUSTED_TYPES
-from hdeval.train import train
+from hdeval.run.train import train
 
 MARKER = "hdeval-untrusted-code-ran"  # a file the hostile payloads below would create
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from hdeval.artifact.directory import ASIDE, MANIFEST, NEW, sha256_file
 from hdeval.cli import cli
-from hdeval.errors import ArtifactError, ConfigError
-from hdeval.artifact import ASIDE, MANIFEST, NEW, sha256_file
+from hdeval.core.errors import ArtifactError, ConfigError
 from hdeval.methods.hdeval.evaluator import MODEL, Evaluator
-from hdeval.train import train
+from hdeval.run.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -174,7 +174,7 @@ def _can_create(d: str) -> bool:
 def test_interrupt_between_the_two_renames_keeps_the_old_artifact(
     trained: Evaluator, artifact: Path, monkeypatch
 ) -> None:
-    import hdeval.artifact as evaluator
+    import hdeval.artifact.directory as evaluator
 
     before = created(artifact)
     monkeypatch.setattr(evaluator, "_exchange", lambda a, b: False)  # a system without renameat2
@@ -201,7 +201,7 @@ def test_interrupt_between_the_two_renames_keeps_the_old_artifact(
 def test_interrupt_right_after_the_exchange_keeps_the_new_artifact(
     trained: Evaluator, artifact: Path, monkeypatch
 ) -> None:
-    import hdeval.artifact as evaluator
+    import hdeval.artifact.directory as evaluator
 
     before = created(artifact)
     real = evaluator._exchange
@@ -231,8 +231,8 @@ def _killed_save(artifact: Path, cache: Path, toy, how: str) -> subprocess.Compl
     task, data = toy
     code = textwrap.dedent(f"""
         import os
-        import hdeval.artifact as evaluator
-        from hdeval.train import train
+        import hdeval.artifact.directory as evaluator
+        from hdeval.run.train import train
         ev = train(task={str(task)!r}, data={str(data)!r}, llm="fake", layers=2, aggregator="lr",
                    cache_dir={str(cache)!r})
         real_replace, real_exchange = os.replace, evaluator._exchange
@@ -359,8 +359,8 @@ def test_aggregator_of_another_width_is_refused(toy, artifact: Path, tmp_path: P
     import numpy as np
     import skops.io as sio
 
-    from hdeval.aggregate import Aggregator
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
+    from hdeval.learn.aggregate import Aggregator
 
     narrow = Aggregator.for_task("lr", load_task(str(toy[0])))
     narrow.fit(np.random.default_rng(0).random((20, 3)), np.random.default_rng(1).random((20, 2)) * 4 + 1)
@@ -384,7 +384,7 @@ def test_unlisted_prompt_files_are_not_read(artifact: Path) -> None:
 
 
 def test_oversized_file_is_refused(artifact: Path, monkeypatch) -> None:
-    import hdeval.artifact as evaluator
+    import hdeval.artifact.directory as evaluator
 
     limit = (artifact / MANIFEST).stat().st_size + 100  # the manifest itself is within the bound
     monkeypatch.setattr(evaluator, "MAX_JSON_BYTES", limit)
@@ -416,7 +416,7 @@ def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Pa
 
 
 def test_no_credentials_or_query_in_the_manifest(trained: Evaluator, tmp_path: Path) -> None:
-    from hdeval.config import LLMConfig
+    from hdeval.llm.config import LLMConfig
 
     url = "http://gw-user:pw-SECRET1@127.0.0.1:9/v1?api-key=SECRET2&x=1#SECRET3"
     trained.llm = LLMConfig("m", url)

@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-
 from simjudge import REALISTIC, pointwise_backend, pointwise_rows, real_rows, write_pointwise
-from hdeval.aggregate import CANDIDATES, FIXED_KINDS, Aggregator, cv_candidates, one_standard_error
+
+from hdeval.learn.aggregate import CANDIDATES, FIXED_KINDS, Aggregator, cv_candidates, one_standard_error
 from hdeval.methods.registry import load_artifact
-from hdeval.train import train
+from hdeval.run.train import train
 
 
 def _choose(X, Y, groups, columns=None):
@@ -57,7 +57,7 @@ def test_criteria_that_need_unequal_weights_keep_a_weighted_model():
 def test_a_candidate_within_one_standard_error_but_simpler_is_kept():
     """The rule itself: the best figure is not kept when a simpler candidate is within one
     standard error of it; far below, it is not."""
-    from hdeval.aggregate import CandidateCV
+    from hdeval.learn.aggregate import CandidateCV
 
     rng = np.random.default_rng(2)
     y = rng.normal(size=(80, 1))
@@ -65,7 +65,7 @@ def test_a_candidate_within_one_standard_error_but_simpler_is_kept():
     good = y + 0.8 * rng.normal(size=(80, 1))
     close = good + 0.05 * rng.normal(size=(80, 1))
     far = y + 3.0 * rng.normal(size=(80, 1))
-    from hdeval.metrics import mean_spearman
+    from hdeval.core.metrics import mean_spearman
 
     def cand(kind, pred):
         return CandidateCV(kind, Aggregator(kind), mean_spearman(y, pred), pred, pred)
@@ -89,7 +89,7 @@ def test_every_candidate_is_saved_and_loaded_as_the_model_it_was(tmp_path):
     loaded = load_artifact(out)
     assert loaded.aggregator.kind == "direct"
     assert loaded.aggregator.aspect_columns == [[0], [1]]
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
 
     samples = read_samples(data, loaded.task)[:5]
     got = loaded.score(samples, backend=pointwise_backend()).predictions
@@ -141,7 +141,7 @@ def test_the_report_banner_names_the_kept_aggregator_and_every_candidate(tmp_pat
 def test_independent_criteria_keep_a_learned_model(tmp_path, data_dir):
     """Without a misreading shared by an aspect's criteria, weighing each aspect's own criteria
     beats any plain mean by far: the choice does not throw that away."""
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     task = load_task("sfhot")
     rows = real_rows(data_dir / "sfhot.jsonl", task, 120, seed=0)
@@ -180,8 +180,9 @@ def test_a_pairwise_task_refuses_a_pointwise_only_aggregator_before_any_call(tmp
     """The means and constrained linear models map criterion scores to a score; a pairwise
     task's aggregator is a classifier of the preferred side: one line, no call made."""
     from conftest import REPO
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.errors import ConfigError
+
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.backends.fake import FakeBackend
 
     fake = FakeBackend()
     with pytest.raises(ConfigError) as err:

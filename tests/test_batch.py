@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import email.parser
-import threading
 import json
+import threading
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,15 +21,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from click.testing import CliRunner
+from conftest import artifact_view
 from llm_server import FaultServer, RecordedRequest, Reply, completion_body, completion_request
 
-from conftest import artifact_view
-from hdeval.backends import batch as batch_mod
-from hdeval.backends.batch import STATE_FILE, BatchAPI, read_jobs
-from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cli import cli
-from hdeval.errors import BackendError, BudgetExceeded, CacheError
-from hdeval.train import train
+from hdeval.core.errors import BackendError, BudgetExceeded, CacheError
+from hdeval.llm.backends import batch as batch_mod
+from hdeval.llm.backends.batch import STATE_FILE, BatchAPI, read_jobs
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.run.train import train
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -511,7 +511,7 @@ def test_the_batch_lock_is_released_however_the_holder_ends(toy, server: BatchSe
     cache.mkdir()
     # another process takes the lock and keeps it until it is killed
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from hdeval.backends.batch import batch_lock\n"
+        [sys.executable, "-c", "import sys; from hdeval.llm.backends.batch import batch_lock\n"
          f"with batch_lock({str(cache)!r}):\n    print('locked', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
@@ -601,7 +601,7 @@ def test_the_batch_jobs_run_on_the_llm_loop_with_every_other_call(toy, server: B
                                                                    monkeypatch) -> None:
     """Every Batch API request is made on the one LLM loop (AsyncOpenAI's files/batches), not
     on a synchronous client in a worker thread; the results are the same as without --batch."""
-    from hdeval import aio
+    from hdeval.llm import aio
 
     real = BatchAPI._request
     threads: list[bool] = []

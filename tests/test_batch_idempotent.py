@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from conftest import run_cli
 from llm_server import RecordedRequest, Reply
 from test_batch import MODEL, BatchServer, _no_waiting, server  # noqa: F401 - fixtures
 
-from conftest import run_cli
-from hdeval.backends.batch import STATE_FILE, read_jobs
+from hdeval.llm.backends.batch import STATE_FILE, read_jobs
 
 
 class CreateFailsAfterMaking(BatchServer):

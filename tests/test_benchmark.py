@@ -9,15 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import TOY_TASK, toy_rows, write_jsonl
 
 from hdeval.benchmark.statistics import (
-    pooled_bootstrap_ci, pooled_paired_bootstrap, ranking_exact_match, summary_level_correlation,
+    pooled_bootstrap_ci,
+    pooled_paired_bootstrap,
+    ranking_exact_match,
+    summary_level_correlation,
 )
 from hdeval.cli import cli
-from hdeval.errors import ConfigError
-from hdeval.metrics import average_spearman as avg_spearman
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import average_spearman as avg_spearman
 
 PRESETS = """
 [presets.solo]
@@ -80,7 +82,7 @@ def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
 
 
 def test_avg_spearman_matches_the_metrics_module() -> None:
-    from hdeval.metrics import metric_table
+    from hdeval.core.metrics import metric_table
 
     y, _, rng = _noisy()
     pred = y + rng.normal(size=y.shape)
@@ -122,8 +124,8 @@ def _toy(tmp_path: Path, extra: str = PRESETS, same_range: bool = True) -> tuple
 
 
 def test_builtin_paper_presets_select_the_papers_aspects() -> None:
-    from hdeval.aggregate import aspect_groups
-    from hdeval.tasks import apply_preset, load_task
+    from hdeval.data.tasks import apply_preset, load_task
+    from hdeval.learn.aggregate import aspect_groups
 
     tc = apply_preset(load_task("topical_chat"), "paper")
     assert tc.aspect_keys == ("naturalness", "coherence", "engagingness", "groundedness")
@@ -140,9 +142,9 @@ def test_own_regressor_fits_that_aspect_alone(tmp_path: Path) -> None:
     # Topical-Chat's groundedness) and predicts exactly what a forest fitted on it alone does.
     from sklearn.base import clone
 
-    from hdeval.aggregate import make_regressor
+    from hdeval.learn.aggregate import make_regressor
     from hdeval.methods.registry import load_artifact
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = _toy(tmp_path)
     common = dict(task=str(task), data=str(data), llm="fake", layers=1, aggregator="rf",
@@ -191,7 +193,7 @@ def test_preset_on_the_command_line_and_its_errors(tmp_path: Path) -> None:
     ('[presets]\np = 3\n', "presets.p must be a table, got a number"),
 ])
 def test_bad_preset_tables_name_the_file_and_the_field(tmp_path: Path, extra: str, message: str) -> None:
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     task, _ = _toy(tmp_path, extra)
     with pytest.raises(ConfigError) as exc:
@@ -371,7 +373,7 @@ def test_benchmark_reads_paireval_and_direct_yesno_held_out_predictions(tmp_path
     # its own training reported (metrics.json "final"), for every method it runs.
     from hdeval.benchmark.spec import BenchmarkSpec
     from hdeval.benchmark.sweep import run_benchmark
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = _toy(tmp_path)
     options = dict(data=str(data), llm="fake", layers=1, cache_dir=str(tmp_path / "c"))
@@ -433,7 +435,7 @@ def _by_hand(human, pred, pred_ab) -> dict[str, float | None]:
 
 def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> None:
     from hdeval.benchmark.heldout import PairHeldOut, pair_arrays
-    from hdeval.metrics import agreement_w_ties, agreement_wo_ties
+    from hdeval.core.metrics import agreement_w_ties, agreement_wo_ties
 
     ho = PairHeldOut(list("123456"), list("xxyyzw"), ["a", "b", "tie", "a", "b", "a"],
                      {"evaluator": (["a", "tie", "tie", "b", None, "a"], ["a", "b", "a", "b", None, "a"])})
@@ -441,14 +443,14 @@ def test_pairwise_agreement_statistics_match_dna_agreement_on_a_hand_case() -> N
     # w/ ties: 5 predicted pairs, right on 1, 3, 6 -> 3/5; w/o ties: pairs 1, 2, 4, 6 (not tie,
     # predicted), forced a/b right on 1, 2, 6 -> 3/4
     assert agreement_w_ties(y, p) == pytest.approx(0.6) and agreement_wo_ties(y, p) == pytest.approx(0.75)
-    from hdeval.metrics import pair_agreement as agreement
+    from hdeval.core.metrics import pair_agreement as agreement
 
     want = agreement(ho.human, *ho.predictions["evaluator"])
     assert (want["w_ties"], want["wo_ties"]) == (0.6, 0.75)
 
 
 def test_pairwise_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fake_calls: list[int]) -> None:
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     out = tmp_path / "bench"
     r = _pair_bench(tmp_path, out)
@@ -607,7 +609,7 @@ def test_pairwise_benchmark_with_method_options_and_two_training_fractions(
         ("dna-direct", 0.5, {}), ("dna", 0.5, {"tie_margin": 100.0, "swap": False})]
     rows = _pair_rows()
     human = {row["id"]: row["label"] for row in rows}
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     for run in res["runs"]:
         if run["method"] != "dna":
@@ -635,7 +637,7 @@ def test_method_option_reaches_a_pointwise_method(tmp_path: Path) -> None:
     # paireval.comparisons=1: the benchmark's run is the one `train --comparisons 1` makes
     from hdeval.benchmark.spec import BenchmarkSpec, parse_method_options
     from hdeval.benchmark.sweep import run_benchmark
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = _toy(tmp_path)
     options = dict(data=str(data), llm="fake", layers=1, limit=24, cache_dir=str(tmp_path / "c"))
@@ -829,8 +831,8 @@ def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
 
 # ------------------------------------------------------------------ #20 item 3: one set of rows
 def test_limit_never_cuts_the_last_document() -> None:
-    from hdeval.data import limit_samples
-    from hdeval.types import Sample
+    from hdeval.core.types import Sample
+    from hdeval.data.samples import limit_samples
 
     samples = [Sample(id=f"d{d}-{k}", doc_id=f"d{d}", fields={"x": "y"}, scores={})
                for d in range(10) for k in range(3)]
@@ -846,8 +848,8 @@ def test_limit_never_cuts_the_last_document() -> None:
 def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_reported(tmp_path: Path) -> None:
     """A fake LLM that garbles a fifth of its replies: direct leaves those rows empty, HD-Eval
     imputes them; both are scored on the rows neither failed, and each reports its failure rate."""
-    from hdeval.metrics import metric_table
-    from hdeval.train import train
+    from hdeval.core.metrics import metric_table
+    from hdeval.run.train import train
 
     out = tmp_path / "bench"
     r = _bench(tmp_path, out, "--methods", "direct,hdeval", "--aggregators", "lr", "--seeds", "1",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend, request_key
-from hdeval.errors import BudgetExceeded
-from hdeval.train import train
+from hdeval.core.errors import BudgetExceeded
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend, request_key
+from hdeval.run.train import train
 
 
 def _req(**kw):

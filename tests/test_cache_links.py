@@ -8,10 +8,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from conftest import one_error, run_cli, train_artifact
-from hdeval.cache.store import open_store
-from hdeval.errors import CacheError
+
+from hdeval.core.errors import CacheError
+from hdeval.llm.cache.store import open_store
 
 
 def _real_cache(tmp_path: Path) -> Path:

@@ -14,16 +14,16 @@ from pathlib import Path
 import diskcache
 import pytest
 from click.testing import CliRunner
-
 from conftest import cache_entries
-from hdeval.backends.base import Completion, CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.check import check_cache
-from hdeval.cache.client import CachedBackend, CacheWarning, request_key
-from hdeval.cache.codec import MAX_ENTRY_CHARS
-from hdeval.cache.store import ReplyStore
+
 from hdeval.cli import cli
-from hdeval.errors import CacheError
+from hdeval.core.errors import CacheError
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.check import check_cache
+from hdeval.llm.cache.client import CachedBackend, CacheWarning, request_key
+from hdeval.llm.cache.codec import MAX_ENTRY_CHARS
+from hdeval.llm.cache.store import ReplyStore
 
 
 def _req(text: str = "hello") -> CompletionRequest:
@@ -402,9 +402,9 @@ def test_a_planted_trigger_is_not_let_through_while_the_database_is_locked(tmp_p
 
     import diskcache
 
-    from hdeval.cache import guard as cache_guard
-    from hdeval.cache.store import open_store
-    from hdeval.errors import CacheError
+    from hdeval.core.errors import CacheError
+    from hdeval.llm.cache import guard as cache_guard
+    from hdeval.llm.cache.store import open_store
 
     directory = tmp_path / "c"
     diskcache.Cache(str(directory)).close()

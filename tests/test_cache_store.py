@@ -10,12 +10,13 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.codec import _deflate as _deflated, encode_completion
-from hdeval.cache.check import check_cache, repair_cache
-from hdeval.cache.client import CachedBackend, request_key
-from hdeval.cache.store import JSONDisk, open_store
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.check import check_cache, repair_cache
+from hdeval.llm.cache.client import CachedBackend, request_key
+from hdeval.llm.cache.codec import _deflate as _deflated
+from hdeval.llm.cache.codec import encode_completion
+from hdeval.llm.cache.store import JSONDisk, open_store
 
 
 def _req(text: str) -> CompletionRequest:

@@ -16,13 +16,13 @@ import diskcache
 import pytest
 from click.testing import CliRunner
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend, CacheWarning, request_key
-from hdeval.cache.codec import MAX_ENTRY_CHARS, encode_completion
-from hdeval.cache.store import JSONDisk
 from hdeval.cli import cli
-from hdeval.errors import CacheError
+from hdeval.core.errors import CacheError
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend, CacheWarning, request_key
+from hdeval.llm.cache.codec import MAX_ENTRY_CHARS, encode_completion
+from hdeval.llm.cache.store import JSONDisk
 
 
 def _req(text: str = "q") -> CompletionRequest:
@@ -167,7 +167,7 @@ def test_the_report_reads_raw_replies_from_the_table_without_writing_and_skips_p
 def test_a_failed_commit_ends_the_transaction_and_the_next_one_writes(tmp_path, monkeypatch):
     """A COMMIT refused (a full disk) must not leave the table's transaction open, or every
     later write of the run would fail on 'cannot start a transaction within a transaction'."""
-    from hdeval.cache.store import ReplyStore, open_store
+    from hdeval.llm.cache.store import ReplyStore, open_store
 
     real = ReplyStore._run
     failures = [1]
@@ -196,7 +196,7 @@ def test_a_forked_child_uses_its_own_connection_and_is_not_stuck_on_the_parents_
     pool started mid-run) reads the cache as it did when diskcache held every reply: neither
     through the parent's SQLite connection (SQLite forbids it) nor waiting forever for the
     table's lock, which only the parent's thread could release."""
-    from hdeval.cache.store import open_store
+    from hdeval.llm.cache.store import open_store
 
     store = open_store(tmp_path / "c")
     store.set(_key("a"), encode_completion(FakeBackend().complete(_req("a"))))

@@ -14,15 +14,16 @@ from pathlib import Path
 import diskcache
 import pytest
 from click.testing import CliRunner
-
 from conftest import cache_entries, write_jsonl
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.codec import MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, _ZDICT, _deflate as _deflated, encode_completion
-from hdeval.cache.check import check_cache
-from hdeval.cache.client import CachedBackend, CacheWarning, request_key
-from hdeval.cache.store import JSONDisk
+
 from hdeval.cli import cli
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.check import check_cache
+from hdeval.llm.cache.client import CachedBackend, CacheWarning, request_key
+from hdeval.llm.cache.codec import _ZDICT, MAX_ENTRY_CHARS, VALUE_MAGIC, VALUE_MAGIC_PACKED, encode_completion
+from hdeval.llm.cache.codec import _deflate as _deflated
+from hdeval.llm.cache.store import JSONDisk
 
 
 def _req(text: str) -> CompletionRequest:
@@ -201,7 +202,7 @@ def test_apply_on_a_cache_of_the_older_format_pays_nothing_and_scores_the_same(t
     same rows. ``json-text``: hex text keys and JSON text values (before the compact value);
     ``compact-value``: hex text keys and compact values (until the compact key);
     ``compact-key``: 32-byte keys and compact values in diskcache's rows (until the table)."""
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = toy
     art = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import diskcache
 import pytest
-
 from conftest import cache_entries
-from hdeval.backends.base import Completion, CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend, request_key
-from hdeval.judge import Cell, fill_matrix
+
+from hdeval.judge.fill import Cell, fill_matrix
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend, request_key
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,9 +99,9 @@ def test_replies_queued_at_exit_are_written_without_close(tmp_path, ending):
     script = textwrap.dedent(f"""
         import time, diskcache
         import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
-        from hdeval.backends.base import CompletionRequest, Message
-        from hdeval.backends.fake import FakeBackend
-        from hdeval.cache.client import CachedBackend
+        from hdeval.llm.backends.base import CompletionRequest, Message
+        from hdeval.llm.backends.fake import FakeBackend
+        from hdeval.llm.cache.client import CachedBackend
 
         real = diskcache.Cache.set
         def slow(self, *a, **kw):
@@ -144,10 +144,10 @@ def test_a_client_used_in_a_forked_child_is_refused_in_one_line_and_the_parent_g
     script = textwrap.dedent(f"""
         import os
         import hdeval.methods.hdeval  # registers the fake LLM's "score" responder
-        from hdeval.backends.base import CompletionRequest, Message
-        from hdeval.backends.fake import FakeBackend
-        from hdeval.cache.client import CachedBackend
-        from hdeval.errors import ConfigError
+        from hdeval.llm.backends.base import CompletionRequest, Message
+        from hdeval.llm.backends.fake import FakeBackend
+        from hdeval.llm.cache.client import CachedBackend
+        from hdeval.core.errors import ConfigError
 
         def req(text):
             return CompletionRequest((Message("user", text),), kind="score")

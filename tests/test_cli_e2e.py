@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import one_line_error, slice_jsonl, write_jsonl
+
 from hdeval.cli import cli
 from hdeval.methods.hdeval.evaluator import Evaluator
 
@@ -78,7 +78,7 @@ def test_apply_prints_correlations_when_input_has_human_scores(toy, tmp_path):
 
 def test_custom_task_python_api_roundtrip(toy, tmp_path):
     from hdeval import Evaluator, train
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
 
     task, data = toy
     ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="dt",

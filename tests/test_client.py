@@ -10,12 +10,12 @@ import threading
 import time
 
 import pytest
-
 from conftest import cache_entries
-from hdeval.backends.base import Completion, CompletionRequest, Message
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend, request_key
-from hdeval.errors import BackendError, RequestRejected, RetriesExhausted
+
+from hdeval.core.errors import BackendError, RequestRejected, RetriesExhausted
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend, request_key
 
 
 def _req(text: str) -> CompletionRequest:
@@ -173,7 +173,7 @@ def test_an_interrupt_of_the_waiting_caller_lets_every_running_call_finish_and_b
 def test_an_interrupt_stops_a_running_json_chain_before_its_next_re_ask(tmp_path, many: bool) -> None:
     """Ctrl-C while the first reply of an ask_json chain is being fetched: that reply is cached,
     and the chain asks nothing more (it used to go on re-asking until its attempts ran out)."""
-    from hdeval.judge import ask_json, ask_json_many
+    from hdeval.judge.fill import ask_json, ask_json_many
 
     class Interrupt(KeyboardInterrupt):
         pass
@@ -208,7 +208,7 @@ def test_an_interrupt_stops_a_running_json_chain_before_its_next_re_ask(tmp_path
 def test_a_cancelled_joiner_of_a_request_in_flight_does_not_pay_for_it_again(tmp_path) -> None:
     import asyncio
 
-    from hdeval import aio
+    from hdeval.llm import aio
 
     gate = threading.Event()
     fake = Scripted(lambda t: gate.wait(10))

@@ -1,5 +1,5 @@
 """The LLM settings' defaults (timeout, retries, concurrency) are declared once, in
-hdeval.config: every other signature takes None for "the configured default"."""
+hdeval.llm.config: every other signature takes None for "the configured default"."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hdeval"
 
@@ -42,7 +42,7 @@ def test_the_llm_defaults_are_written_once_in_config():
 
 
 def test_concurrency_none_means_the_configured_default(monkeypatch):
-    import hdeval.config as config
+    import hdeval.llm.config as config
     from hdeval.run.artifact_llm import check_llm_options
 
     assert config.LLMConfig.from_options(concurrency=None).concurrency == config.DEFAULT_CONCURRENCY

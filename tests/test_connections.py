@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner
 from llm_server import FaultMix, FaultServer, LLMServer
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend
 from hdeval.cli import cli
-from hdeval.config import LLMConfig
-from hdeval.llm import open_llm
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.client import open_llm
+from hdeval.llm.config import LLMConfig
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -121,7 +121,7 @@ def test_apply_closes_its_connections(toy, tmp_path: Path) -> None:
 def test_a_cached_client_the_caller_passes_in_stays_open_for_the_next_run(toy, tmp_path: Path) -> None:
     # open_llm hands an injected CachedBackend back as it is: train, its dry run and the
     # benchmark's runs must leave it to its caller, who goes on with it (a sweep, a notebook)
-    from hdeval.train import TrainConfig, plan, train
+    from hdeval.run.train import TrainConfig, plan, train
 
     task, data = toy
     mine = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "c")))

@@ -10,15 +10,23 @@ import pytest
 from conftest import close_after_test
 from llm_server import LLMServer
 
-from hdeval.backends.base import Completion, CompletionRequest, Message
-from hdeval.backends.constraints import (
-    JsonObject, JsonSchema, Labels, Scale, constraint_of, first_token_word, obeys, to_gbnf, to_llama_params,
+from hdeval.core.errors import BackendError, ConfigError
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message
+from hdeval.llm.backends.constraints import (
+    JsonObject,
+    JsonSchema,
+    Labels,
+    Scale,
+    constraint_of,
+    first_token_word,
+    obeys,
+    to_gbnf,
+    to_llama_params,
     to_openai_params,
 )
-from hdeval.backends.fake import FakeBackend
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache.client import request_key
-from hdeval.errors import BackendError, ConfigError
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.cache.client import request_key
 from hdeval.methods.hdeval.decompose import reply_schema
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
@@ -146,13 +154,13 @@ def test_the_fake_refuses_a_reply_that_breaks_the_constraint() -> None:
 
 
 def test_every_method_request_gets_an_answer_its_constraint_allows() -> None:
-    from hdeval.methods.dna.prompts import TWO_SCORES
+    from hdeval.core.types import CriteriaTree, Sample
+    from hdeval.data.tasks import load_task
+    from hdeval.judge.prompts import load_template
+    from hdeval.judge.scoring import scoring_request
     from hdeval.methods.comparisons import LABELS
+    from hdeval.methods.dna.prompts import TWO_SCORES
     from hdeval.methods.paireval.yesno import YES_NO
-    from hdeval.prompts import load_template
-    from hdeval.scoring import scoring_request
-    from hdeval.tasks import load_task
-    from hdeval.types import CriteriaTree, Sample
 
     task = load_task("summeval")
     tree = CriteriaTree.from_aspects(task.aspects)

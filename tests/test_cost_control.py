@@ -7,13 +7,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from hdeval.backends.factory import DEFAULT_OPENAI_MODEL, resolve_llm
 from conftest import write_jsonl
-from hdeval.backends.fake import FakeBackend
+
 from hdeval.cli import cli
-from hdeval.errors import ConfigError
-from hdeval.train import TrainConfig, plan, train
+from hdeval.core.errors import ConfigError
+from hdeval.llm.backends.factory import DEFAULT_OPENAI_MODEL, resolve_llm
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.run.train import TrainConfig, plan, train
 
 
 def test_dry_run_counts_equal_a_real_run_and_call_nothing(toy, tmp_path):
@@ -130,7 +130,7 @@ def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):
     needed = manifest["state"]["needed_criteria"]
     assert needed == ev.needed_criteria
     assert 0 < len(needed) <= len(manifest["state"]["features"])
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     samples = read_samples(data, ev.task)[:5]
@@ -147,8 +147,9 @@ def test_apply_scores_only_criteria_the_aggregator_uses(toy, tmp_path):
 
 
 def all_criteria_matrix(ev, samples, tmp_path):
-    from hdeval.scoring import score_criteria
     import numpy as np
+
+    from hdeval.judge.scoring import score_criteria
 
     m = score_criteria(FakeBackend(), ev.templates["score"], ev.task, ev.tree,
                        [ev.tree[k] for k in ev.feature_keys], samples, concurrency=1)

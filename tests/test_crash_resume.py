@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import artifact_view, cache_entries, view
 from llm_server import Answer, FaultServer
 
-from conftest import artifact_view, cache_entries, view
-from hdeval.train import train
+from hdeval.run.train import train
 
 MODEL = "test-model"
 OPTIONS = {"limit": 40, "layers": 2, "aggregator": "lr"}

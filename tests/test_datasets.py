@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hdeval import datasets
 from hdeval.cli.data import data
-from hdeval.data import read_samples
-from hdeval.datasets import DATASETS, DownloadError
-from hdeval.errors import DataError
-from hdeval.paths import user_data_dir
-from hdeval.tasks import load_task
+from hdeval.core.errors import DataError
+from hdeval.core.paths import user_data_dir
+from hdeval.data import datasets
+from hdeval.data.datasets import DATASETS, DownloadError
+from hdeval.data.samples import read_samples
+from hdeval.data.tasks import load_task
 
 try:
     from http_files import FileServer, files_under

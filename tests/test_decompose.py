@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from hdeval.backends.base import Completion
-from hdeval.backends.fake import FakeBackend
-from hdeval.methods.registry import load_artifact
-from hdeval.train import train
-from hdeval.judge import extract_json
+from hdeval.core.errors import DecompositionError
+from hdeval.core.types import CriteriaTree
+from hdeval.data.tasks import load_task
+from hdeval.judge.fill import extract_json
+from hdeval.judge.prompts import load_templates
+from hdeval.llm.backends.base import Completion
+from hdeval.llm.backends.fake import FakeBackend
 from hdeval.methods.hdeval.decompose import decompose, validate_subcriteria
-from hdeval.errors import DecompositionError
-from hdeval.prompts import load_templates
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree
+from hdeval.methods.registry import load_artifact
+from hdeval.run.train import train
 
 
 def parse(text, *args):
@@ -164,8 +164,8 @@ def test_a_degenerate_reply_is_reasked_and_recorded(bad):
 
 
 def test_a_model_that_stays_degenerate_leaves_the_node_unexpanded_and_says_so():
+    from hdeval.core.progress import Progress
     from hdeval.methods.hdeval.decompose import decompose_nodes
-    from hdeval.progress import Progress
 
     class Said(Progress):
         def __init__(self):
@@ -198,7 +198,7 @@ def test_malformed_json_still_stops_with_one_error_even_after_degenerate_replies
 
 
 def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, tmp_path):
-    from hdeval.backends.fake import RESPONDERS
+    from hdeval.llm.backends.fake import RESPONDERS
 
     def clarity_is_degenerate(request, fake):
         text = "\n".join(m.content for m in request.messages)
@@ -244,7 +244,7 @@ def _artifact_files(path):
 
 
 def test_a_rerun_takes_a_cached_degenerate_decomposition_as_final_and_pays_nothing(toy, tmp_path):
-    from hdeval.backends.fake import RESPONDERS
+    from hdeval.llm.backends.fake import RESPONDERS
 
     asked = []
 
@@ -276,7 +276,7 @@ def test_a_rerun_takes_a_cached_degenerate_decomposition_as_final_and_pays_nothi
 def test_a_rerun_still_reasks_a_chain_that_ends_malformed(tmp_path, degenerate_first):
     # malformed JSON is a fault a fix (another model, a constraining server) can cure: asked anew,
     # also when an earlier reply of the chain was degenerate
-    from hdeval.cache.client import CachedBackend
+    from hdeval.llm.cache.client import CachedBackend
 
     task, tree, node = _setup()
     degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))
@@ -295,7 +295,7 @@ def test_a_cure_that_ends_degenerate_is_final_for_the_next_rerun(tmp_path):
     # run 1 ends malformed; run 2 (a changed server) re-asks and ends degenerate, an outcome;
     # run 3 replays both chains from the cache and pays nothing (it used to walk past the
     # cached degenerate re-asks and pay for a fresh one on every rerun)
-    from hdeval.cache.client import CachedBackend
+    from hdeval.llm.cache.client import CachedBackend
 
     task, tree, node = _setup()
     degenerate = _reply(("coherence", "Coherence", "How coherent the summary is, coherently."))
@@ -314,8 +314,8 @@ def test_a_cure_that_ends_degenerate_is_final_for_the_next_rerun(tmp_path):
 
 
 def test_a_failed_layer_2_keeps_layer_1_with_a_warning(toy, tmp_path):
-    from hdeval.backends.fake import RESPONDERS
-    from hdeval.progress import Progress
+    from hdeval.core.progress import Progress
+    from hdeval.llm.backends.fake import RESPONDERS
 
     task, data = toy
     said: list[str] = []

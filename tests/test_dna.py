@@ -9,19 +9,19 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import REPO, run_cli, slice_jsonl, write_jsonl
-from hdeval.methods.registry import load_artifact
-from hdeval.backends.base import Completion, TokenLogprob
-from hdeval.backends.fake import RESPONDERS, FakeBackend
-from hdeval.data import read_task_samples
-from hdeval.errors import ArtifactError, ConfigError, ScoringError
-from hdeval.metrics import pair_agreement as agreement
+
+from hdeval.core.errors import ArtifactError, ConfigError, ScoringError
+from hdeval.core.metrics import pair_agreement as agreement
+from hdeval.core.progress import Progress
+from hdeval.data.samples import read_task_samples
+from hdeval.data.tasks import load_task
+from hdeval.llm.backends.base import Completion, TokenLogprob
+from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 from hdeval.methods.dna.decision import Learned, decide, weighted_totals
 from hdeval.methods.dna.replies import _read_cot, validate_aspects, validate_weights
-from hdeval.progress import Progress
-from hdeval.tasks import load_task
-from hdeval.train import train
+from hdeval.methods.registry import load_artifact
+from hdeval.run.train import train
 
 
 def _train(tmp_path, data, task="faireval", backend=None, **options):
@@ -189,8 +189,8 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     assert art.method == "dna" and art.learned is not None
     pairs = read_task_samples(new, art.task, require_labels=False)
     fake = FakeBackend()
-    from hdeval.llm import open_llm
-    from hdeval.config import LLMConfig
+    from hdeval.llm.client import open_llm
+    from hdeval.llm.config import LLMConfig
 
     llm = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "cache2")), fake)
     try:
@@ -423,7 +423,7 @@ def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
                                   "prompt aggregation x 1 order(s)"]),
 ])
 def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path, options, stages):
-    from hdeval.train import TrainConfig, plan
+    from hdeval.run.train import TrainConfig, plan
 
     cfg = TrainConfig(task="faireval", data=str(faireval40), method="dna", llm="fake",
                       cache_dir=str(tmp_path / "cache"), options=options)
@@ -599,7 +599,7 @@ class _Stages(Progress):
 
 @pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg"}, {"dna_mode": "direct"}])
 def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faireval40, tmp_path, options):
-    from hdeval.train import TrainConfig, plan
+    from hdeval.run.train import TrainConfig, plan
 
     cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), method="dna", llm="fake",
                                    cache_dir=str(tmp_path / "cache"), **options)
@@ -624,7 +624,7 @@ def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, optio
     """The whole run's ETA (#21 item 5): before the first call the progress is told the calls of
     every stage it will draw, the dry run's figure for those stages (the aspects and weights
     calls are not drawn), and exactly what the stages then ran on replies that all parse."""
-    from hdeval.train import TrainConfig, plan
+    from hdeval.run.train import TrainConfig, plan
 
     ex = REPO / "examples"
     cfg = TrainConfig.from_options(task=str(ex / "pairs_task.toml"), data=str(ex / "pairs.jsonl"), method="dna",
@@ -794,8 +794,9 @@ def test_the_artifact_records_and_applies_its_learned_margin(tmp_path):
 def test_an_artifact_whose_margin_the_previous_rule_chose_still_loads_and_applies(tmp_path):
     # written by the code before the margin was learned by a logistic crossing (its metrics say
     # "the candidate with the highest agreement..."): pairwise_rows(40, seed=2), the simulated judge
-    from hdeval.methods.pair_report import dna_report
     from simjudge import pair_backend, pairwise_rows, write_pairs
+
+    from hdeval.methods.pair_report import dna_report
 
     art = REPO / "tests" / "golden" / "dna_artifact_margin_v1"
     old = json.loads((art / "metrics.json").read_text())["tie_margin"]

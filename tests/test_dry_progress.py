@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import TOY_TASK, toy_rows, write_jsonl
+
 from hdeval.cli import cli
 from hdeval.cli.progress import TerminalProgress
-from hdeval.progress import Progress
-from hdeval.train import TrainConfig, plan, train
+from hdeval.core.progress import Progress
+from hdeval.run.train import TrainConfig, plan, train
 
 
 class Recorder(Progress):

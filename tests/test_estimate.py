@@ -12,10 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO, embedded_model_or_skip
-from hdeval import estimate
-from hdeval.estimate import Rate
+
+from hdeval.llm import eta as estimate
+from hdeval.llm.eta import Rate
 
 QA = ["--task", str(REPO / "examples" / "qa_task.toml")]
 
@@ -90,8 +90,7 @@ needs_local = pytest.mark.skipif(
 @needs_local
 def test_a_long_run_on_the_embedded_model_without_a_terminal_refuses_unless_yes(tmp_path: Path) -> None:
     embedded_model_or_skip()
-    from hdeval.backends.llama_cpp import local_identity
-    from hdeval.backends.llama_cpp import default_model_path
+    from hdeval.llm.backends.llama_cpp import default_model_path, local_identity
 
     cache = tmp_path / "cache"
     cache.mkdir()

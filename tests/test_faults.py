@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import artifact_view, cache_entries, data_file, view
 from llm_server import (
     DECOMPOSE_GARBAGE,
     SCORE_GARBAGE,
@@ -29,13 +30,12 @@ from llm_server import (
     completion_request,
 )
 
-from conftest import artifact_view, cache_entries, data_file, view
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache.client import request_key
 from hdeval.cli import cli
-from hdeval.errors import BackendError, DecompositionError, ScoringError
+from hdeval.core.errors import BackendError, DecompositionError, ScoringError
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.cache.client import request_key
 from hdeval.methods.hdeval.evaluator import Evaluator
-from hdeval.train import train
+from hdeval.run.train import train
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -108,7 +108,7 @@ def fresh(server: FaultServer) -> Iterator[FaultServer]:
 
 
 def test_server_refuses_past_its_request_limit_and_stops_by_itself() -> None:
-    from hdeval.backends.base import CompletionRequest, Message
+    from hdeval.llm.backends.base import CompletionRequest, Message
 
     req = CompletionRequest((Message("user", "<sample>\nx\n</sample>\nScore:"),), kind="score")
     with FaultServer(max_requests=2, lifetime=1.0) as s:

@@ -1,4 +1,4 @@
-"""hdeval.fetch.fetch_to_file: a download that stalls, or answers with an error, is one line naming
+"""hdeval.core.fetch.fetch_to_file: a download that stalls, or answers with an error, is one line naming
 the URL (the cut-off, 404 and unreachable cases run through `hdeval data download` in test_datasets)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from hdeval.errors import DownloadError
-from hdeval.fetch import fetch_to_file
+from hdeval.core.errors import DownloadError
+from hdeval.core.fetch import fetch_to_file
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import one_error, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
@@ -17,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.fixture(scope="module")
 def qa_artifact(tmp_path_factory) -> Path:
     """The quick start's task trained with the fake LLM (once for this module's tests)."""
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     where = tmp_path_factory.mktemp("qa")
     ev = train(task=str(EXAMPLES / "qa_task.toml"), llm="fake", layers=1, aggregator="lr",
@@ -112,8 +111,8 @@ def init_task(tmp_path: Path, *extra: str):
 
 
 def test_init_writes_a_task_that_reads_the_users_file_as_it_is(tmp_path: Path) -> None:
-    from hdeval.data import find_data, read_task_samples
-    from hdeval.tasks import load_task
+    from hdeval.data.samples import find_data, read_task_samples
+    from hdeval.data.tasks import load_task
 
     path, res = init_task(tmp_path)
     assert "aspects clear [2, 5], correct [1, 5]" in res.stdout and "next: hdeval train --task" in res.stdout
@@ -143,8 +142,8 @@ def test_init_in_a_script_says_which_option_is_missing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])
 def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None:
     """apply, train and report read a file through the task's [columns], whatever its format."""
-    from hdeval.data import iter_task_chunks
-    from hdeval.tasks import load_task
+    from hdeval.data.samples import iter_task_chunks
+    from hdeval.data.tasks import load_task
 
     path, _ = init_task(tmp_path)
     task = load_task(path)
@@ -164,9 +163,9 @@ def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None
 def test_parquet_input_without_pyarrow_is_one_line_saying_how(tmp_path: Path, monkeypatch) -> None:
     import importlib.util
 
-    from hdeval.data import read_task_samples
-    from hdeval.errors import ConfigError
-    from hdeval.tasks import load_task
+    from hdeval.core.errors import ConfigError
+    from hdeval.data.samples import read_task_samples
+    from hdeval.data.tasks import load_task
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
@@ -178,9 +177,9 @@ def test_parquet_input_without_pyarrow_is_one_line_saying_how(tmp_path: Path, mo
 
 def test_a_wall_of_one_problem_is_one_line_with_a_count(tmp_path: Path) -> None:
     """#37 item 6: the same missing score on every line was printed 20 times, the fix last."""
-    from hdeval.data import read_samples
-    from hdeval.errors import DataError
-    from hdeval.tasks import load_task
+    from hdeval.core.errors import DataError
+    from hdeval.data.samples import read_samples
+    from hdeval.data.tasks import load_task
 
     task = load_task(EXAMPLES / "qa_task.toml")
     rows = [json.loads(x) for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()]
@@ -366,7 +365,7 @@ def test_init_asks_on_a_terminal(tmp_path: Path, monkeypatch) -> None:
 
     import hdeval.cli.init as init_cmd
     from hdeval.cli import cli
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     monkeypatch.setattr(init_cmd, "_on_a_terminal", lambda: True)
     answers = "\n".join(["question", "answer", "science_qa", "Short answers to science questions.",

@@ -15,10 +15,10 @@ import threading
 import warnings
 
 import pytest
-
 from conftest import write_jsonl
-from hdeval.aggregate import fit_warnings
-from hdeval.train import train
+
+from hdeval.learn.aggregate import fit_warnings
+from hdeval.run.train import train
 
 
 class _Holder:

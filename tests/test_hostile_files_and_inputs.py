@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-
 from conftest import one_error, toy_rows, write_jsonl
+
 from hdeval.cli import cli
-from hdeval.train import train
+from hdeval.run.train import train
 
 
 def run(*args, env: dict | None = None, input: str | None = None) -> Result:
@@ -200,7 +200,7 @@ def test_item11_apply_reads_dev_zero_with_a_bound(toy_artifact: Path, tmp_path: 
 
 
 def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
-    import hdeval.data as data_mod
+    import hdeval.data.samples as data_mod
 
     monkeypatch.setattr(data_mod, "MAX_LINE_BYTES", 4096)
     data = new_samples(tmp_path)
@@ -353,7 +353,7 @@ def test_item9_a_reply_of_brackets_is_a_recorded_failure_not_a_traceback(body: s
 
 
 def test_item9_json_extraction_is_bounded() -> None:
-    from hdeval.judge import extract_json
+    from hdeval.judge.fill import extract_json
 
     for text in ("{" + "[" * 200_000 + "}", "{" + '{"a":' * 100_000 + "1" + "}" * 100_001):
         with pytest.raises(ValueError):
@@ -379,8 +379,8 @@ def test_item8_a_tree_file_with_a_lone_surrogate_is_one_line(toy, tmp_path: Path
 
 
 def test_item8_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusable(toy, tmp_path: Path) -> None:
-    from hdeval.backends.base import Completion
-    from hdeval.backends.fake import RESPONDERS, FakeBackend
+    from hdeval.llm.backends.base import Completion
+    from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 
     task, data = toy
 
@@ -398,12 +398,12 @@ def test_item8_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusab
 
 
 def test_item8_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(tmp_path: Path) -> None:
-    from test_dna import RESPONDERS, _responders
     from test_apply_stream import _pairs
+    from test_dna import RESPONDERS, _responders
 
-    from hdeval.backends.base import Completion
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.errors import ScoringError
+    from hdeval.core.errors import ScoringError
+    from hdeval.llm.backends.base import Completion
+    from hdeval.llm.backends.fake import FakeBackend
 
     def aspects(request, fake):
         items = [{"name": f"aspect {i}" + ("\\ud800" if i == 0 else ""), "definition": "How good it is."}
@@ -433,8 +433,8 @@ def test_item15_export_training_on_a_pairwise_task_says_what_to_pass(tmp_path: P
                                              ("/nonexistent.gguf", "not found")])
 def test_item15_llamacpp_says_what_is_wrong_with_the_model_path(model: str, fragment: str, toy,
                                                                 tmp_path: Path) -> None:
-    from hdeval.paths import check_model_file
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
+    from hdeval.core.paths import check_model_file
 
     if model == "DIR":
         model = str(tmp_path)
@@ -448,7 +448,7 @@ def test_item15_llamacpp_says_what_is_wrong_with_the_model_path(model: str, frag
                          "lr", "--layers", "1", "--cache-dir", tmp_path / "c", "-o", tmp_path / "art"))
     assert model in line
     try:
-        from hdeval.backends.factory import local_runtime
+        from hdeval.llm.backends.factory import local_runtime
 
         local_runtime()
     except ConfigError:

@@ -16,17 +16,17 @@ from typing import Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import data_file
 from llm_server import FaultServer
 
-from conftest import data_file
-from hdeval.backends.base import Message
-from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
-from hdeval.data import MAX_REPORTED_ERRORS
-from hdeval.prompts import load_templates, sample_block, scoring_messages
-from hdeval.scoring import score_criteria
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree, Criterion, Sample
+from hdeval.core.types import CriteriaTree, Criterion, Sample
+from hdeval.data.samples import MAX_REPORTED_ERRORS
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_templates, sample_block, scoring_messages
+from hdeval.judge.scoring import score_criteria
+from hdeval.llm.backends.base import Message
+from hdeval.llm.backends.fake import FakeBackend
 
 # Anything a model could read as a sample tag: any case, whitespace inside the brackets.
 OPEN_TAG = re.compile(r"<\s*sample\s*>", re.I)

@@ -17,9 +17,9 @@ import pytest
 from conftest import close_after_test
 from llm_server import LLMServer, Reply, chat_completion, closed_port_url
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.errors import BackendError, ConfigError
+from hdeval.core.errors import BackendError, ConfigError
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -195,7 +195,7 @@ def test_a_compressed_reply_is_read(server: LLMServer, encoding: str) -> None:
 
 
 def test_a_compression_bomb_is_cut_at_the_size_cap(server: LLMServer) -> None:
-    from hdeval.errors import RequestRejected
+    from hdeval.core.errors import RequestRejected
 
     server.plan(Reply(body=gzip.compress(b" " * (8 * 2**20)), headers={"Content-Encoding": "gzip"}))
     with pytest.raises(RequestRejected, match="larger than"):

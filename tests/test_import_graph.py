@@ -131,3 +131,84 @@ def test_no_import_circle_in_the_package():
     assert not found, "import circles (each: the modules that import each other):\n" + "\n".join(
         " <-> ".join(component) for component in found
     )
+
+
+def private_imports(root: Path = PACKAGE) -> list[str]:
+    """``from hdeval.x.y import _name`` where the importing module lives in another package (folder)
+    than ``hdeval.x.y``: a private name is its package's own business."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(path, root)
+        package = name if _is_package(path) else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            if node.module.split(".")[0] != root.name:
+                continue
+            source = node.module
+            if (root / Path(*source.split(".")[1:]) / "__init__.py").exists():
+                source_package = source  # `from hdeval.pkg import _x`: pkg's own name
+            else:
+                source_package = source.rpartition(".")[0]
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") and source_package != package:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {source}.{alias.name}")
+    return found
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    pkg = tmp_path / "hdeval"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "m.py").write_text("def _secret():\n    pass\n")
+    (pkg / "a" / "n.py").write_text("from hdeval.a.m import _secret\n")  # same package: allowed
+    (pkg / "b" / "o.py").write_text("def f():\n    from hdeval.a.m import _secret\n")
+    assert private_imports(pkg) == ["hdeval/b/o.py:2 hdeval.a.m._secret"]
+
+
+def test_no_module_imports_another_packages_private_names():
+    found = private_imports()
+    assert not found, "private names imported across packages (make them public, or keep them home):\n" + (
+        "\n".join(found)
+    )
+
+
+# the doors: code that talks to a terminal (the CLI, and the commands a method adds to it)
+DOORS = ("cli",)
+
+
+def prints(root: Path = PACKAGE) -> list[str]:
+    """Calls of print() or click.echo/secho outside the doors: the library reports through
+    ``notify``, ``Progress``, warnings and logging, and leaves the terminal to its caller."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in DOORS or path.name == "commands.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id == "print") or (
+                isinstance(f, ast.Attribute)
+                and f.attr in ("echo", "secho")
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "click"
+            ):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_print_check_sees_one(tmp_path):
+    pkg = tmp_path / "hdeval"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "cli" / "a.py").write_text("print('fine: a door')\n")
+    (pkg / "b.py").write_text("import click\n\ndef f():\n    click.echo('no')\n    print('no')\n")
+    assert prints(pkg) == ["hdeval/b.py:4", "hdeval/b.py:5"]
+
+
+def test_the_library_never_prints():
+    found = prints()
+    assert not found, "the library prints (use notify, Progress, warnings or logging):\n" + "\n".join(found)

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import one_line_error, toy_rows, write_jsonl
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
+
 from hdeval.cli import cli
-from hdeval.errors import ArtifactError
-from hdeval.intervals import half_widths, read_calibration
-from hdeval.train import train
+from hdeval.core.errors import ArtifactError
+from hdeval.learn.intervals import half_widths, read_calibration
+from hdeval.run.train import train
 
 
 # ------------------------------------------------------------------ the conformal quantile

@@ -8,14 +8,20 @@ import threading
 import numpy as np
 import pytest
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
-from hdeval.backends.factory import BACKENDS, backend_entry, make_backend
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError
-from hdeval.judge import (
-    Cell, UnusableReply, ask_json, extract_json, fill_matrix, label_probability, score_pair,
+from hdeval.core.errors import ConfigError
+from hdeval.judge.fill import (
+    Cell,
+    UnusableReply,
+    ask_json,
+    extract_json,
+    fill_matrix,
+    label_probability,
+    score_pair,
 )
-from hdeval.scoring import digit_score
+from hdeval.judge.scoring import digit_score
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.llm.backends.factory import BACKENDS, backend_entry, make_backend
+from hdeval.llm.config import LLMConfig
 
 
 class Scripted:

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from simjudge import pointwise_rows, write_pointwise
 from simjury import calls_of, jury
+
 from hdeval.cli import cli
-from hdeval.data import read_task_samples
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.data.samples import read_task_samples
+from hdeval.data.tasks import load_task
 from hdeval.methods.jury import read_jury
 from hdeval.methods.registry import load_artifact
-from hdeval.tasks import load_task
-from hdeval.train import train
+from hdeval.run.train import train
 
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -190,9 +190,8 @@ def test_a_judges_key_is_written_nowhere(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from llm_server import FaultServer
-
     from conftest import data_file
+    from llm_server import FaultServer
 
     key = f"sk-test-{secrets.token_hex(20)}"
     work, home = tmp_path / "work", tmp_path / "home"
@@ -263,7 +262,7 @@ def test_a_learned_jury_beats_its_best_judge_and_its_mean_over_five_seeds(tmp_pa
 
 
 def test_every_judge_spends_from_one_max_calls(tmp_path: Path) -> None:
-    from hdeval.errors import HdevalError
+    from hdeval.core.errors import HdevalError
 
     judges = jury(0.5, 1.0, 1.5)
     with pytest.raises(HdevalError, match="max-calls|budget"):
@@ -272,9 +271,10 @@ def test_every_judge_spends_from_one_max_calls(tmp_path: Path) -> None:
 
 
 def test_a_broken_judge_fails_its_cells_as_data_under_the_runs_threshold(tmp_path: Path) -> None:
-    from hdeval.errors import ScoringError
-    from hdeval.run.apply import apply_file
     from simjury import SimJudge
+
+    from hdeval.core.errors import ScoringError
+    from hdeval.run.apply import apply_file
 
     ev, task, data = _train_jury(tmp_path, jury(0.5, 1.0), n_docs=20)
     path = ev.save(tmp_path / "art")
@@ -312,8 +312,8 @@ def _weaker(noise: float):
 
 
 def test_refit_to_a_weaker_judge_reports_the_drop_with_an_interval_below_zero(tmp_path: Path) -> None:
-    from hdeval.config import LLMConfig
-    from hdeval.llm import open_llm
+    from hdeval.llm.client import open_llm
+    from hdeval.llm.config import LLMConfig
     from hdeval.methods.hdeval.refit import refit
 
     task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=60, seed=3))
@@ -353,8 +353,8 @@ def test_refit_refuses_a_jury_and_rows_it_cannot_find(tmp_path: Path) -> None:
 
 
 def test_refit_finds_rows_whose_ids_look_like_numbers(tmp_path: Path) -> None:
-    from hdeval.config import LLMConfig
-    from hdeval.llm import open_llm
+    from hdeval.llm.client import open_llm
+    from hdeval.llm.config import LLMConfig
     from hdeval.methods.hdeval.refit import refit
 
     rows = pointwise_rows(n_docs=12, seed=4)
@@ -373,10 +373,10 @@ def test_refit_finds_rows_whose_ids_look_like_numbers(tmp_path: Path) -> None:
 
 def test_refit_progress_names_its_stage_and_its_total(tmp_path: Path) -> None:
     """refit advanced a stage it never started: the terminal showed ': 144/0 done'."""
-    from hdeval.config import LLMConfig
-    from hdeval.llm import open_llm
+    from hdeval.core.progress import Progress
+    from hdeval.llm.client import open_llm
+    from hdeval.llm.config import LLMConfig
     from hdeval.methods.hdeval.refit import refit
-    from hdeval.progress import Progress
 
     class Seen(Progress):
         def __init__(self) -> None:

@@ -14,9 +14,9 @@ from conftest import TOY_TASK, one_error, run_cli, toy_rows, write_jsonl
 from hdeval.app.labels import LabelStore, export_labels
 from hdeval.app.server import build_app
 from hdeval.app.session import LabelSession
-from hdeval.data import read_samples
-from hdeval.errors import ConfigError, DataError
-from hdeval.tasks import load_task
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.data.samples import read_samples
+from hdeval.data.tasks import load_task
 
 H = {"X-Hdeval": "1"}
 
@@ -263,8 +263,9 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
 @pytest.mark.slow
 def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
     from conftest import train_artifact
+
     from hdeval.app.launch import prepare
-    from hdeval.config import LLMConfig
+    from hdeval.llm.config import LLMConfig
 
     _, task_file, data, samples = pool
     from conftest import REPO

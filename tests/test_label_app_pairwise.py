@@ -13,9 +13,9 @@ from conftest import TOY_TASK, run_cli, write_jsonl
 from hdeval.app.labels import LabelStore, export_labels
 from hdeval.app.server import build_app
 from hdeval.app.session import LabelSession
-from hdeval.data import read_task_samples
-from hdeval.errors import DataError
-from hdeval.tasks import load_task
+from hdeval.core.errors import DataError
+from hdeval.data.samples import read_task_samples
+from hdeval.data.tasks import load_task
 
 H = {"X-Hdeval": "1"}
 PAIR_TOY = TOY_TASK.replace('output_label = "Answer"', 'output_label = "Answer"\nshape = "pairwise"')

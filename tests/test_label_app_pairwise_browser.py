@@ -10,8 +10,8 @@ from conftest import run_cli, write_jsonl
 from test_label_app_browser import Server, browsers, keys, servers, shown, start_as, wait  # noqa: F401
 from test_label_app_pairwise import PAIR_TOY, pair_rows
 
-from hdeval.data import read_task_samples
-from hdeval.tasks import load_task
+from hdeval.data.samples import read_task_samples
+from hdeval.data.tasks import load_task
 
 pytestmark = pytest.mark.slow
 HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'

@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
+
+from hdeval.data.samples import read_samples
 from hdeval.methods.registry import load_artifact
-from hdeval.data import read_samples
-from hdeval.train import train
+from hdeval.run.train import train
 
 
 def _train(tmp_path, rows, backend, **kw):
@@ -79,9 +79,9 @@ def test_test_rows_decide_nothing_and_the_choice_is_saved_and_said(tmp_path):
 def test_a_baseline_that_beats_the_evaluator_is_named_and_why_it_is_not_kept_is_said(toy, tmp_path):
     """Issue #20 item 1: mean_subtree may be recommended; the summary and metrics say plainly
     why it is not the evaluator the artifact keeps."""
+    from hdeval.core.types import ScoreMatrix
     from hdeval.methods.hdeval.loop import BASELINE_NOT_KEPT, LayerReport, choose_layer
     from hdeval.methods.hdeval.summary import summary_lines
-    from hdeval.types import ScoreMatrix
 
     task_file, data = toy
     ev = train(task=str(task_file), data=str(data), llm="fake", layers=1, aggregator="lr",

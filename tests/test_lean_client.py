@@ -10,9 +10,9 @@ import pytest
 from conftest import close_after_test
 from llm_server import LLMServer, Reply
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.errors import BackendError
+from hdeval.core.errors import BackendError
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from simcriteria import Judge, criteria, load_human
 
 from hdeval.benchmark.curves import CurveSpec, curve_tables, simulate, summarise
 from hdeval.cli import cli
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.learn.selection import DEFAULT
-
-from simcriteria import Judge, criteria, load_human
 
 
 def synthetic(n_docs: int = 80, per_doc: int = 3, seed: int = 0):
@@ -106,7 +105,7 @@ def test_the_default_strategy_is_the_measured_one(name):
     +.10), and DEFAULT is random unless it needed 30% fewer labels than random."""
     from sklearn.model_selection import GroupShuffleSplit
 
-    from hdeval.metrics import average_spearman
+    from hdeval.core.metrics import average_spearman
 
     human = load_human(name)
     if human is None:

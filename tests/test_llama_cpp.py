@@ -30,7 +30,7 @@ def _probe_runs() -> str | None:
     import sys
 
     code = (
-        "from hdeval.backends.llama_cpp import LlamaCppBackend as B; "
+        "from hdeval.llm.backends.llama_cpp import LlamaCppBackend as B; "
         "b = B.from_spec('local'); b._llm.eval(b._llm.tokenize(b'hi')); print('ok')"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -46,21 +46,23 @@ if _why:
     pytest.skip(_why, allow_module_level=True)
 
 from conftest import ARTICLE, SUMMARIES
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.constraints import Scale
-from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE, make_backend
-from hdeval.config import LLMConfig
-from hdeval.backends.llama_cpp import (
+
+from hdeval.core.errors import ConfigError
+from hdeval.core.types import CriteriaTree, Sample
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_template
+from hdeval.judge.scoring import parse_score, scoring_request
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.constraints import Scale
+from hdeval.llm.backends.factory import DEFAULT_LOCAL_NOTICE as DEFAULT_MODEL_NOTICE
+from hdeval.llm.backends.factory import make_backend
+from hdeval.llm.backends.llama_cpp import (
     LlamaCppBackend,
     default_model_path,
     local_identity,
     model_identity,
 )
-from hdeval.errors import ConfigError
-from hdeval.prompts import load_template
-from hdeval.scoring import parse_score, scoring_request
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree, Sample
+from hdeval.llm.config import LLMConfig
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +214,7 @@ def test_missing_gguf_is_a_config_error() -> None:
 
 def test_a_model_that_cannot_be_fetched_offline_names_the_way_out(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
-    from hdeval.backends import model_file
+    from hdeval.llm.backends import model_file
 
     monkeypatch.setattr(model_file, "installed_model", lambda: None)
     monkeypatch.setenv("HDEVAL_MODEL_DIR", str(tmp_path / "models"))

@@ -25,8 +25,8 @@ from conftest import toy_rows, write_jsonl  # noqa: E402
 from test_local_methods import PAIRS  # noqa: E402
 from test_paireval import TOY_DIALOGUE  # noqa: E402
 
-from hdeval.backends.xllamacpp import CACHE_RAM_MIB, XLlamaCppBackend  # noqa: E402
-from hdeval.train import train  # noqa: E402
+from hdeval.llm.backends.xllamacpp import CACHE_RAM_MIB, XLlamaCppBackend  # noqa: E402
+from hdeval.run.train import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

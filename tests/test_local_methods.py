@@ -21,10 +21,10 @@ embedded_model_or_skip()  # the model package installed, or fetched once as a fi
 from conftest import toy_rows, write_jsonl
 from test_paireval import TOY_DIALOGUE
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.constraints import JsonSchema, Labels, Scale, constraint_of, obeys
-from hdeval.backends.xllamacpp import XLlamaCppBackend
-from hdeval.train import train
+from hdeval.llm.backends.base import Completion, CompletionRequest
+from hdeval.llm.backends.constraints import JsonSchema, Labels, Scale, constraint_of, obeys
+from hdeval.llm.backends.xllamacpp import XLlamaCppBackend
+from hdeval.run.train import train
 
 pytestmark = pytest.mark.slow
 

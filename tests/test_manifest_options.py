@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import TOY_TASK, run_cli, toy_rows, write_jsonl
+
 from hdeval.methods.base import Reports
 from hdeval.methods.registry import load_artifact
-from hdeval.train import train
+from hdeval.run.train import train
 
 # The `config` sections the format-2 writer (hdeval before format 3) put in these runs'
 # manifests, the run's temporary directory written as <tmp>.
@@ -127,7 +127,7 @@ def test_a_new_run_starts_from_a_format_2_artifacts_tree_as_from_a_format_3_one(
     (lambda m: m.update(features=["a"]), "unknown field 'features' \\(a format-4 manifest holds the header"),
 ])
 def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
-    from hdeval.errors import ArtifactError
+    from hdeval.core.errors import ArtifactError
 
     art = train_case("hdeval", tmp_path)
     m = json.loads((art / "manifest.json").read_text())
@@ -149,7 +149,7 @@ def test_a_malformed_options_record_is_refused_on_load(edit, message, tmp_path):
 def test_a_hostile_options_record_is_refused_in_one_line(options, message, route, tmp_path):
     """The record feeds method_args (re-saved with the artifact) and the report: a wrong-typed
     value is refused where the artifact is opened, naming the manifest and the option."""
-    from hdeval.errors import ArtifactError
+    from hdeval.core.errors import ArtifactError
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     art = train_case("hdeval", tmp_path)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import TOY_TASK, cache_entries, toy_rows, write_jsonl
 from llm_server import FaultServer
 
-from conftest import TOY_TASK, cache_entries, toy_rows, write_jsonl
 from hdeval.cli import cli
-from hdeval.data import read_samples
-from hdeval.errors import ConfigError, DataError
-from hdeval.tasks import load_task
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.data.samples import read_samples
+from hdeval.data.tasks import load_task
 
 TRAIN = ["--llm", "fake", "--layers", "1", "-q"]  # --aggregator auto unless given: lr keeps it quick
 

@@ -13,11 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
 
-from hdeval.artifact import MANIFEST, sha256_file
-from hdeval.errors import ArtifactError
+from hdeval.artifact.directory import MANIFEST, sha256_file
+from hdeval.core.errors import ArtifactError
 from hdeval.methods.registry import load_artifact
 
 EX = REPO / "examples"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hdeval.backends import model_file
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.llm.backends import model_file
 
 GGUF = b"GGUF" + b"\x00" * 4096
 

@@ -4,7 +4,6 @@ DnA weights that overflow, requests that cannot be exported, an LLM model that i
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, run_cli
 
 
@@ -18,7 +17,7 @@ def test_a_query_secret_in_the_base_url_is_never_printed_by_the_dry_run(tmp_path
 
 
 def test_shown_identity_drops_credentials_queries_and_fragments_of_every_url():
-    from hdeval.urls import shown_identity
+    from hdeval.core.urls import shown_identity
 
     raw = "openai:m@http://u:pw@h:9/v1?api_key=S1, decomposition LLM openai:x@https://g/v1?k=S2#S3"
     assert shown_identity(raw) == "openai:m@http://h:9/v1, decomposition LLM openai:x@https://g/v1"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import cache_entries
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache.client import CachedBackend
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.cache.client import CachedBackend
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")
 

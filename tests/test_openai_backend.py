@@ -13,10 +13,10 @@ import pytest
 from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob
-from hdeval.backends.openai_compat import OpenAICompatBackend, retry_after_seconds
-from hdeval.cache.client import CachedBackend
-from hdeval.errors import BackendError, ConfigError
+from hdeval.core.errors import BackendError, ConfigError
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, TokenLogprob
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend, retry_after_seconds
+from hdeval.llm.cache.client import CachedBackend
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -140,7 +140,7 @@ def test_garbage_text_is_returned_as_is(server: LLMServer) -> None:
 
 
 def test_garbage_text_becomes_a_recorded_scoring_failure(server: LLMServer) -> None:
-    scoring = pytest.importorskip("hdeval.scoring")
+    scoring = pytest.importorskip("hdeval.judge.scoring")
     server.reply_fn = lambda body: "I think it's pretty good"
     c = make(server).complete(req(top_logprobs=5))
     value, reason = scoring.parse_score(c)
@@ -355,7 +355,7 @@ def test_concurrent_calls_share_one_backend(server: LLMServer) -> None:
 
 def _as_azure(monkeypatch: pytest.MonkeyPatch) -> None:
     # the loopback test server stands in for an Azure host (no name resolves there here)
-    from hdeval.backends import openai_compat
+    from hdeval.llm.backends import openai_compat
 
     monkeypatch.setattr(openai_compat, "AZURE_HOSTS", ("127.0.0.1",))
 

@@ -25,7 +25,7 @@ def test_wheel_carries_prompts_and_tasks_and_the_cli_finds_them(tmp_path):
     # Run from an unrelated directory with the unpacked wheel first on sys.path, as an
     # installed copy would be, so the checkout's top-level folders cannot be used.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import hdeval, hdeval.paths as p; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import hdeval, hdeval.core.paths as p; "
         "assert hdeval.__file__.startswith(sys.argv[1]), hdeval.__file__; "
         "print(p.resource_dir('tasks')); "
         "from hdeval.report import render, banner; b = banner.Banner(); banner.llm_line(b, 'fake:v1'); "

@@ -10,20 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import one_line_error, toy_rows, write_jsonl
-from hdeval.methods.registry import load_artifact
-from hdeval.backends.base import Completion, TokenLogprob
-from hdeval.backends.fake import RESPONDERS, FakeBackend
+
 from hdeval.cli import cli
-from hdeval.data import read_samples
-from hdeval.errors import ConfigError, DataError
-from hdeval.judge import label_probability
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.data.samples import read_samples
+from hdeval.data.tasks import load_task
+from hdeval.judge.fill import label_probability
+from hdeval.llm.backends.base import Completion, TokenLogprob
+from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 from hdeval.methods.paireval.export import export_training
 from hdeval.methods.paireval.fitted import PairEvalEvaluator
 from hdeval.methods.paireval.yesno import YesNoEvaluator
-from hdeval.tasks import load_task
-from hdeval.train import train
+from hdeval.methods.registry import load_artifact
+from hdeval.run.train import train
 
 
 def run(*args: str):
@@ -320,8 +320,8 @@ def test_export_training_needs_three_conversations(dialogue, tmp_path):
 
 
 def test_requests_are_sample_major(dialogue):
+    from hdeval.judge.prompts import load_template
     from hdeval.methods.comparisons import Example, draw_comparisons, pair_scores
-    from hdeval.prompts import load_template
 
     task_path, data = dialogue
     task = load_task(str(task_path))
@@ -418,8 +418,8 @@ def test_dry_run_counts_exactly_what_training_calls(method, extra, calls, dialog
     [{"id": "x", "doc_id": "d", "history": "h", "response": 5}],
 ])
 def test_a_malformed_comparisons_file_is_refused_on_load(bad, dialogue, tmp_path):
-    from hdeval.artifact import sha256_file
-    from hdeval.errors import ArtifactError
+    from hdeval.artifact.directory import sha256_file
+    from hdeval.core.errors import ArtifactError
 
     task, data = dialogue
     ev = train(task=str(task), data=str(data), method="paireval", llm="fake", aggregator="lr",

@@ -7,19 +7,19 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import write_jsonl
+
 from hdeval.cli import cli
-from hdeval.data import (
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.types import PairSample
+from hdeval.data.datasets import download_datasets
+from hdeval.data.samples import (
     limit_samples,
     read_samples,
     read_task_samples,
     split_samples,
 )
-from hdeval.datasets import download_datasets
-from hdeval.errors import ConfigError, DataError
-from hdeval.tasks import load_task, task_from_dict
-from hdeval.types import PairSample
+from hdeval.data.tasks import load_task, task_from_dict
 
 POINTWISE_NEW = {"convai2_usr": 300, "fed_turn": 375, "dailydialog_grade": 300, "convai2_grade": 600}
 PAIRWISE_NEW = {"llmbar": 419, "llmbar_adversarial": 319, "faireval": 80, "llmeval2": 2265, "llmeval2_eli5": 149}
@@ -361,7 +361,7 @@ def test_data_list_counts_pairwise_files(data_dir):
 
 
 def test_data_import_refuses_a_pairwise_task(tmp_path):
-    from hdeval.datasets import import_table
+    from hdeval.data.datasets import import_table
 
     p = write_jsonl(tmp_path / "rows.jsonl", [_pair(1)])
     with pytest.raises(ConfigError, match="task faireval is pairwise: data import handles pointwise tasks only"):
@@ -370,6 +370,6 @@ def test_data_import_refuses_a_pairwise_task(tmp_path):
 
 def test_the_misleading_read_pairs_alias_is_gone():
     # it returned pointwise samples for a pointwise task despite its name; read_task_samples says what it does
-    import hdeval.data
+    import hdeval.data.samples
 
-    assert not hasattr(hdeval.data, "read_pairs")
+    assert not hasattr(hdeval.data.samples, "read_pairs")

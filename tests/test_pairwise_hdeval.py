@@ -9,17 +9,17 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import run_cli, write_jsonl
-from hdeval.methods.registry import load_artifact
-from hdeval.backends.fake import FakeBackend
-from hdeval.config import LLMConfig
-from hdeval.data import read_samples, read_task_samples
-from hdeval.errors import ArtifactError, ConfigError, DataError
-from hdeval.llm import open_llm
+
+from hdeval.core.errors import ArtifactError, ConfigError, DataError
+from hdeval.data.samples import read_samples, read_task_samples
+from hdeval.data.tasks import load_task
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.client import open_llm
+from hdeval.llm.config import LLMConfig
 from hdeval.methods.hdeval.pairwise import PairwiseTreeEvaluator
-from hdeval.tasks import load_task
-from hdeval.train import train
+from hdeval.methods.registry import load_artifact
+from hdeval.run.train import train
 
 
 def _train(tmp_path, data, task="faireval", backend=None, **options):
@@ -93,7 +93,7 @@ def test_the_kept_layer_is_chosen_on_training_agreement_and_test_labels_decide_n
 
 
 def test_order_swap_counts_verdicts_that_change_when_a_and_b_trade_places():
-    from hdeval.classify import make_classifier
+    from hdeval.learn.classify import make_classifier
     from hdeval.methods.hdeval.pairwise import order_swap
 
     X = np.array([[-2.0], [-1.0], [0.0], [0.0], [1.0], [2.0], [3.0], [0.5]])
@@ -230,7 +230,7 @@ def test_scoring_single_outputs_with_a_pairwise_artifact_is_a_clear_error(fairev
 
 
 def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy, faireval40, tmp_path):
-    from hdeval.artifact import open_artifact
+    from hdeval.artifact.directory import open_artifact
     from hdeval.methods.hdeval.evaluator import Evaluator
 
     pair = _train(tmp_path, faireval40, layers=1, aggregator="lr").save(tmp_path / "pair")
@@ -341,7 +341,7 @@ def test_report_shows_the_tree_with_held_out_importance(faireval40, tmp_path):
 
 
 def test_dry_run_counts_both_responses_per_criterion_and_matches_a_run(faireval40, tmp_path):
-    from hdeval.train import TrainConfig, plan
+    from hdeval.run.train import TrainConfig, plan
 
     cfg = TrainConfig.from_options(task="faireval", data=str(faireval40), llm="fake", layers=2, aggregator="lr",
                                    cache_dir=str(tmp_path / "cache"))

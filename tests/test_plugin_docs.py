@@ -68,8 +68,9 @@ def test_a_tampered_state_of_the_documented_plug_in_is_one_line(tmp_path, monkey
     _install(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     import hdeval_toycalib as toy
-    from hdeval.artifact import ArtifactReader
-    from hdeval.errors import ArtifactError
+
+    from hdeval.artifact.directory import ArtifactReader
+    from hdeval.core.errors import ArtifactError
 
     good = {"prompts": {"score": "ab"}, "lines": {"coherence": [0.5, 1.0]}}
     assert toy.ToyEvaluator.read_state(ArtifactReader(tmp_path, good, [])).lines == {"coherence": (0.5, 1.0)}

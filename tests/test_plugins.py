@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import hdeval.backends.factory as factory
+import hdeval.llm.backends.factory as factory
 import hdeval.methods.registry as registry
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.methods.base import METHODS
 
 PLUGIN = textwrap.dedent('''
-    from hdeval.backends.factory import BackendEntry
+    from hdeval.llm.backends.factory import BackendEntry
     from hdeval.methods.base import Method
     from hdeval.methods.options import Option
     from hdeval.methods.run import LayerPlan
@@ -43,7 +43,7 @@ PLUGIN = textwrap.dedent('''
     BUILT = []
 
     def _backend(config, offline):
-        from hdeval.backends.fake import FakeBackend
+        from hdeval.llm.backends.fake import FakeBackend
         BUILT.append((config.model, offline))
         return FakeBackend.from_spec("fake")
 
@@ -86,7 +86,7 @@ def test_a_method_from_an_entry_point_is_listed_and_its_plan_is_the_dry_run(plug
     assert "toy (pointwise data): a plug-in method for the tests" in listed.output
     assert "-O toy_level=VALUE (default 2): how toy it is" in listed.output
 
-    from hdeval.train import TrainConfig, plan
+    from hdeval.run.train import TrainConfig, plan
 
     config = TrainConfig(task="summeval", method="toy", options={"toy_level": 5}, llm="fake",
                          limit=64, cache_dir=str(tmp_path / "cache"))
@@ -98,7 +98,7 @@ def test_a_method_from_an_entry_point_is_listed_and_its_plan_is_the_dry_run(plug
 
 def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     plugin("hdeval.methods", "toy", "METHOD")
-    from hdeval.train import TrainConfig
+    from hdeval.run.train import TrainConfig
 
     with pytest.raises(ConfigError, match=r"method 'toy' takes no option\(s\) comparisons \(its options: scorer, toy_level\)"):
         TrainConfig.from_options(task="summeval", method="toy", comparisons=3, llm="fake")
@@ -124,7 +124,7 @@ def test_a_provider_from_an_entry_point_serves_its_model_names(plugin):
     plugin("hdeval.providers", "toyllm", "PROVIDER")
     assert factory.backend_entry("toyllm:small").name == "toyllm"
     assert factory.backend_entry("gpt-4o-mini").name == "openai"  # the catch-all stays last
-    from hdeval.config import LLMConfig
+    from hdeval.llm.config import LLMConfig
 
     backend = factory.make_backend(LLMConfig(model="toyllm:small"), offline=True)
     assert sys.modules["hdeval_toy_plugin"].BUILT == [("toyllm:small", True)]

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from hdeval.backends.base import Completion, TokenLogprob
-from hdeval.errors import PromptError
-from hdeval.prompts import load_templates, render_text, scoring_messages
-from hdeval.scoring import parse_score
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree, Criterion, Sample
+from hdeval.core.errors import PromptError
+from hdeval.core.types import CriteriaTree, Criterion, Sample
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_templates, render_text, scoring_messages
+from hdeval.judge.scoring import parse_score
+from hdeval.llm.backends.base import Completion, TokenLogprob
 
 
 def test_render_is_literal_and_single_pass():

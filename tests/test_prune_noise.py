@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from simjudge import pointwise_backend, pointwise_rows, write_pointwise
-from hdeval.aggregate import Aggregator
+
+from hdeval.learn.aggregate import Aggregator
 from hdeval.methods.hdeval.prune import prune
-from hdeval.train import train
+from hdeval.run.train import train
 
 KINDS = ["lr", "dt", "rf", pytest.param("nn", marks=pytest.mark.slow)]  # nn fits slowly
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from hdeval.integrations.ray import RequestAnswerer
-from hdeval.request_files import MAX_LINE_BYTES
+from hdeval.llm.request_files import MAX_LINE_BYTES
 
 
 class _Server:

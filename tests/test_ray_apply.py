@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import TOY_TASK, calls_made, toy_rows, write_jsonl
-from hdeval.cli import cli
-from hdeval.errors import ConfigError, DataError, HdevalError, ScoringError
-from hdeval.train import train
 from llm_server import FaultMix, FaultServer
+
+from hdeval.cli import cli
+from hdeval.core.errors import ConfigError, DataError, HdevalError, ScoringError
+from hdeval.run.train import train
 
 MODEL = "test-model"
 
@@ -157,7 +157,7 @@ def test_bad_lines_in_a_later_chunk_are_apply_s_error_and_write_nothing(art, new
 
 def test_the_driver_does_not_read_the_input(art, new, tmp_path, monkeypatch) -> None:
     """No second, validating pass: the one reading pass is the Ray read task's."""
-    import hdeval.data as data_mod
+    import hdeval.data.samples as data_mod
 
     def refuse(*a, **k):
         raise AssertionError("the driver parsed a row of the input")
@@ -233,7 +233,7 @@ def test_unreadable_scores_past_the_threshold_write_nothing(art, new, tmp_path) 
 def test_a_workers_error_is_raised_as_hdeval_s_own(art, new, tmp_path) -> None:
     """An error in a worker (here its --max-calls budget) reaches the caller as the hdeval
     error, with apply's one-line message, not Ray's wrapper and traceback; nothing written."""
-    from hdeval.errors import BudgetExceeded
+    from hdeval.core.errors import BudgetExceeded
 
     with pytest.raises(BudgetExceeded) as caught:
         apply_on_ray(art, new, str(tmp_path / "out.jsonl"), workers=2, batch_size=8, max_calls=1,

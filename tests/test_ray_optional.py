@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 def test_without_ray_a_clear_error(monkeypatch, tmp_path) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import TOY_TASK, artifact_view, toy_rows, write_jsonl
-from hdeval.cli import cli
-from hdeval.errors import ConfigError, DataError
 from llm_server import FaultServer, request_kind
+
+from hdeval.cli import cli
+from hdeval.core.errors import ConfigError, DataError
 
 ray = pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 pytest.importorskip("ray.data", reason='the Ray tests need Ray Data: pip install -e ".[ray]"')

@@ -21,7 +21,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, embedded_model_or_skip, shared_data_dir
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -195,7 +194,7 @@ def test_readme_data_list(fresh: Path, tmp_path: Path) -> None:
 def test_builtin_task_downloads_its_data_on_first_use(fresh: Path, tmp_path: Path) -> None:
     from http_files import FileServer, files_under
 
-    from hdeval.datasets import DATASETS
+    from hdeval.data.datasets import DATASETS
 
     upstream = shared_data_dir() / "upstream-samples"
     layout = {ds.path: Path(ds.path).name for ds in DATASETS.values()}
@@ -292,7 +291,7 @@ def test_a_mistyped_path_is_reported_before_the_heavy_libraries_load(tmp_path: P
 
 
 def test_public_api_names_still_load() -> None:
-    code = ("import hdeval.train\nfrom hdeval import train, TrainConfig, Evaluator\n"
+    code = ("import hdeval.run.train\nfrom hdeval import train, TrainConfig, Evaluator\n"
             "print(callable(train), TrainConfig.__name__, Evaluator.__name__)")
     r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True,
                        timeout=RUN_TIMEOUT)
@@ -332,7 +331,7 @@ class _Tty(io.StringIO):
 
 def test_error_starts_on_a_fresh_line_after_a_redrawn_progress_line(monkeypatch) -> None:
     from hdeval import cli
-    from hdeval.errors import DataError
+    from hdeval.core.errors import DataError
 
     tty = _Tty()
     monkeypatch.setattr(sys, "stderr", tty)
@@ -396,8 +395,8 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
 
 def test_download_error_starts_on_a_fresh_line_after_the_byte_counter(monkeypatch) -> None:
     from hdeval.cli import data as cli_data
-    from hdeval.datasets import DownloadEvent
-    from hdeval.errors import DownloadError
+    from hdeval.core.errors import DownloadError
+    from hdeval.data.datasets import DownloadEvent
 
     tty = _Tty()
     monkeypatch.setattr(sys, "stderr", tty)

@@ -1,4 +1,4 @@
-"""One redaction for every form of every secret (hdeval.redaction): the key as it is, base64 at any
+"""One redaction for every form of every secret (hdeval.core.redaction): the key as it is, base64 at any
 alignment and percent-encoded, as Azure's ``api-key`` header carries it, the proxy's
 ``user:password`` (sent as ``Proxy-Authorization: Basic``) and the base URL's Basic credentials and
 query; applied to messages, and to a reply's text before it is cached."""
@@ -14,11 +14,11 @@ import pytest
 from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache.client import CachedBackend
-from hdeval.errors import BackendError
-from hdeval.redaction import Redactor
+from hdeval.core.errors import BackendError
+from hdeval.core.redaction import Redactor
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.cache.client import CachedBackend
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")
 

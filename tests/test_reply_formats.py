@@ -4,10 +4,10 @@ whose scores we control: the format of a reply must not change the agreement it 
 from __future__ import annotations
 
 import pytest
-
 from simjudge import pair_backend, pairwise_rows, write_pairs
-from hdeval.errors import ScoringError
-from hdeval.train import train
+
+from hdeval.core.errors import ScoringError
+from hdeval.run.train import train
 
 
 def _agreement(tmp_path, fmt: str, name: str) -> dict:

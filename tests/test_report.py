@@ -56,7 +56,7 @@ def two_group_task(workdir: Path) -> Path:
 def artifact(workdir: Path, cache_dir: str, two_group_task: Path) -> Callable[[str], Path]:
     """Trains (once per module) and saves an evaluator per aggregator kind; "lr-2g" is the
     two-group task."""
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     made: dict[str, Path] = {}
 
@@ -138,7 +138,7 @@ def test_report_draws_the_same_page_twice(artifact: Callable[[str], Path], cache
 
 
 def test_report_numbers_match_the_aggregator(rf_report: Path, artifact: Callable[[str], Path]) -> None:
-    from hdeval.metrics import metric_table
+    from hdeval.core.metrics import metric_table
     from hdeval.methods.hdeval.prune import aspect_importance
 
     data = json.loads((rf_report / "report.json").read_text(encoding="utf-8"))
@@ -235,9 +235,9 @@ def test_report_default_dir_is_inside_the_artifact(artifact: Callable[[str], Pat
 def test_shap_additivity(kind: str, artifact: Callable[[str], Path]) -> None:
     """base value + sum(SHAP) == the unclipped pipeline prediction, per sample and aspect;
     explain_samples reports the same numbers (top + the rest)."""
+    from hdeval.core.types import ScoreMatrix
     from hdeval.methods.base import ScoreResult
     from hdeval.methods.hdeval.explain import explain_samples, shap_explain
-    from hdeval.types import ScoreMatrix
 
     ev, test = _rows(artifact(kind), "test")
     _, train = _rows(artifact(kind), "train")

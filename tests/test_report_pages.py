@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, write_jsonl
 from markupsafe import escape
 
-from conftest import run_cli, write_jsonl
 from hdeval.report.banner import Banner, llm_line, model_size, split_line
 
 HOSTILE = '<script>alert("x")</script> & <img src=x onerror=alert(1)>'
@@ -94,11 +94,11 @@ def test_banner_warns_about_fake_and_tiny_llms_overfitting_and_a_small_test_set(
 
 # --------------------------------------------------------------------------- pointwise HD-Eval
 def test_pointwise_report_has_banner_plots_escaped_text_and_the_largest_disagreements(data_dir, tmp_path):
-    from hdeval.cache.client import request_key
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
+    from hdeval.judge.scoring import scoring_request
+    from hdeval.llm.backends.fake import FakeBackend
+    from hdeval.llm.cache.client import request_key
     from hdeval.methods.hdeval.evaluator import Evaluator
-    from hdeval.scoring import scoring_request
 
     data = _hostile_copy(data_dir / "sfres.jsonl", tmp_path / "sfres60.jsonl", 60, ("output",))
     cache, art = tmp_path / "cache", tmp_path / "art"
@@ -234,11 +234,11 @@ def test_dna_report_has_weights_confusion_position_consistency_and_wrong_verdict
         assert re.search(rf'<td class="txt">{aspect}</td><td class="num">{table.loc[pid, aspect + ":a"]:.2f}</td>'
                          rf'<td class="num">{table.loc[pid, aspect + ":b"]:.2f}</td>', block)
     # each aspect's raw reply: the one the cache holds for that pair's prompt (A shown first)
-    from hdeval.methods.registry import load_artifact
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.data import read_task_samples
+    from hdeval.data.samples import read_task_samples
+    from hdeval.llm.backends.fake import FakeBackend
     from hdeval.methods.dna.prompts import score_request
     from hdeval.methods.dna.replies import AspectSpec
+    from hdeval.methods.registry import load_artifact
 
     ev = load_artifact(art)
     pair = next(p for p in read_task_samples(data, ev.task) if p.id == pid)
@@ -276,14 +276,14 @@ def test_benchmark_report_has_html_tables_a_banner_and_no_markdown(data_dir, tmp
 def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_are_skipped(tmp_path):
     import sqlite3
 
-    from hdeval.backends.base import CompletionRequest, Message
-    from hdeval.backends.fake import FakeBackend
     import diskcache
 
-    from hdeval.cache.client import CachedBackend
-    from hdeval.cache.codec import encode_completion
-    from hdeval.cache.guard import DBNAME, TABLE_DBNAME
-    from hdeval.cache.store import JSONDisk
+    from hdeval.llm.backends.base import CompletionRequest, Message
+    from hdeval.llm.backends.fake import FakeBackend
+    from hdeval.llm.cache.client import CachedBackend
+    from hdeval.llm.cache.codec import encode_completion
+    from hdeval.llm.cache.guard import DBNAME, TABLE_DBNAME
+    from hdeval.llm.cache.store import JSONDisk
     from hdeval.report.samples import read_only_lookup
 
     cache = tmp_path / "cache"
@@ -322,9 +322,9 @@ def test_the_per_sample_view_shows_the_replies_to_the_requests_the_evaluator_nam
     """report/ knows no method: it asks the fitted evaluator which request is behind each (row,
     column), so a method it has never heard of (a plug-in) is served as the built-in ones are,
     and one that cannot say gets a note, not an error."""
-    from hdeval.backends.base import CompletionRequest, Message
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.cache.client import CachedBackend
+    from hdeval.llm.backends.base import CompletionRequest, Message
+    from hdeval.llm.backends.fake import FakeBackend
+    from hdeval.llm.cache.client import CachedBackend
     from hdeval.methods.base import Fitted
     from hdeval.report import samples
 

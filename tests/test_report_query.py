@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import run_cli
-from hdeval.backends.base import CompletionRequest
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend
-from hdeval.errors import ConfigError
-from hdeval.urls import keyed_identity, public_identity
+
+from hdeval.core.errors import ConfigError
+from hdeval.core.urls import keyed_identity, public_identity
+from hdeval.llm.backends.base import CompletionRequest
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend
 
 PUBLIC = "http://127.0.0.1:9/openai/deployments/d"
 FULL = PUBLIC + "?api-version=2024-06-01&api-key=QUERY-SECRET-1234"
@@ -19,7 +20,7 @@ FULL = PUBLIC + "?api-version=2024-06-01&api-key=QUERY-SECRET-1234"
 
 def test_the_identity_cache_keys_were_made_with_comes_back_from_the_url_with_its_query() -> None:
     for url in (FULL, "http://user:pw@127.0.0.1:9/v1/?a=b#frag", "http://127.0.0.1:9/v1"):
-        from hdeval.backends.openai_compat import OpenAICompatBackend
+        from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
         full = OpenAICompatBackend("m", base_url=url, api_key="k").identity
         assert keyed_identity(public_identity(full, url), url) == full
@@ -27,10 +28,10 @@ def test_the_identity_cache_keys_were_made_with_comes_back_from_the_url_with_its
 
 
 def test_the_per_sample_view_finds_a_query_servers_replies_given_its_url_again(data_dir, tmp_path: Path) -> None:
-    from hdeval.methods.registry import load_artifact
+    from hdeval.data.samples import read_samples
+    from hdeval.judge.scoring import scoring_request
     from hdeval.methods.hdeval.report import disagreements
-    from hdeval.scoring import scoring_request
-    from hdeval.data import read_samples
+    from hdeval.methods.registry import load_artifact
 
     data = tmp_path / "sfres40.jsonl"
     data.write_text("".join((data_dir / "sfres.jsonl").read_text(encoding="utf-8").splitlines(True)[:40]),

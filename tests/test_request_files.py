@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-
 from conftest import cache_entries, calls_made, one_line_error, toy_rows, write_jsonl
-from hdeval.backends.fake import FakeBackend
-from hdeval.cli import cli
-from hdeval.train import train
 from llm_server import FaultServer, completion_body, completion_request
+
+from hdeval.cli import cli
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.run.train import train
 
 MODEL = "test-model"
 
@@ -133,7 +133,7 @@ def test_export_refuses_a_bad_input_line_before_writing(art, server, tmp_path) -
 
 def test_export_reads_the_input_once(art, server, new, tmp_path, monkeypatch) -> None:
     """One pass, as apply: each row is parsed into a sample once (no separate validating pass)."""
-    import hdeval.data as data_mod
+    import hdeval.data.samples as data_mod
 
     built: list[str] = []
     real = data_mod._sample_from_row

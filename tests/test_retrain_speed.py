@@ -15,8 +15,8 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_info
 
-import hdeval.aggregate as aggregate
-from hdeval.aggregate import Aggregator, cross_val_predictions
+import hdeval.learn.aggregate as aggregate
+from hdeval.learn.aggregate import Aggregator, cross_val_predictions
 from hdeval.methods.hdeval.prune import aspect_importance
 
 ASPECTS = ["fluency", "coherence", "quality"]
@@ -99,7 +99,7 @@ def test_models_are_fitted_with_one_blas_thread_and_the_limit_is_lifted_after(mo
 
 
 def test_a_three_layer_run_with_pruning_is_deterministic(toy, small_grid):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     task, data = toy
     runs = []
@@ -115,7 +115,7 @@ def test_a_three_layer_run_with_pruning_is_deterministic(toy, small_grid):
 
 # --------------------------------------------------------------------------- bulk cache reads
 def _reqs(n: int):
-    from hdeval.backends.base import CompletionRequest, Message
+    from hdeval.llm.backends.base import CompletionRequest, Message
 
     return [CompletionRequest((Message("user", f"question {i}"),), top_logprobs=5, kind="score")
             for i in range(n)]
@@ -126,8 +126,8 @@ def test_unusable_and_expired_entries_are_asked_again_and_warned_about_once(tmp_
 
     import diskcache
 
-    from hdeval.backends.fake import FakeBackend
-    from hdeval.cache.client import CachedBackend, CacheWarning, request_key
+    from hdeval.llm.backends.fake import FakeBackend
+    from hdeval.llm.cache.client import CachedBackend, CacheWarning, request_key
 
     reqs = _reqs(3)
     fake = FakeBackend()

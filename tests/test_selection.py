@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.learn.selection import DEFAULT, STRATEGIES, Assessment, assess, labels_to_reach, pick
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import ModelMismatch, OpenAICompatBackend
-from hdeval.scoring import parse_score
 from llm_server import LLMServer, Reply
+
+from hdeval.judge.scoring import parse_score
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import ModelMismatch, OpenAICompatBackend
 
 
 def _one_word_reply(model="m.gguf"):
@@ -22,7 +22,7 @@ def _one_word_reply(model="m.gguf"):
 
 
 def _score_request():
-    from hdeval.backends.constraints import Scale
+    from hdeval.llm.backends.constraints import Scale
 
     return CompletionRequest((Message("user", "Rate it 1-5."),), max_tokens=8, top_logprobs=10, answer=Scale(1, 5))
 

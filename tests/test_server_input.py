@@ -16,12 +16,12 @@ import pytest
 from conftest import close_after_test
 from llm_server import SCORE_HOSTILE, LLMServer, Reply, _hostile_body
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
-from hdeval.backends.openai_compat import OpenAICompatBackend
-from hdeval.cache.client import CachedBackend
+from hdeval.core.errors import BackendError, ConfigError, RequestRejected
+from hdeval.judge.scoring import parse_score
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, TokenLogprob, token_count
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+from hdeval.llm.cache.client import CachedBackend
 from hdeval.methods.hdeval.decompose import reply_schema
-from hdeval.errors import BackendError, ConfigError, RequestRejected
-from hdeval.scoring import parse_score
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -301,11 +301,11 @@ def test_the_schema_is_bounded() -> None:
 
 
 def test_a_decomposition_the_server_rejects_names_the_criterion() -> None:
+    from hdeval.core.errors import DecompositionError
+    from hdeval.core.types import CriteriaTree
+    from hdeval.data.tasks import load_task
+    from hdeval.judge.prompts import load_templates
     from hdeval.methods.hdeval.decompose import decompose
-    from hdeval.errors import DecompositionError
-    from hdeval.prompts import load_templates
-    from hdeval.tasks import load_task
-    from hdeval.types import CriteriaTree
 
     class Refusing:
         identity = "refusing"
@@ -322,13 +322,13 @@ def test_a_decomposition_the_server_rejects_names_the_criterion() -> None:
 
 
 def test_a_rerun_re_asks_cached_invalid_decompositions_and_progress_says_so(tmp_path) -> None:
-    from hdeval.backends.fake import FakeBackend
+    from hdeval.core.errors import DecompositionError
+    from hdeval.core.progress import Progress
+    from hdeval.core.types import CriteriaTree
+    from hdeval.data.tasks import load_task
+    from hdeval.judge.prompts import load_templates
+    from hdeval.llm.backends.fake import FakeBackend
     from hdeval.methods.hdeval.decompose import decompose_nodes
-    from hdeval.errors import DecompositionError
-    from hdeval.progress import Progress
-    from hdeval.prompts import load_templates
-    from hdeval.tasks import load_task
-    from hdeval.types import CriteriaTree
 
     class Flaky(FakeBackend):
         broken = True

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hdeval.backends.base import Completion, CompletionRequest, Message, TokenLogprob, chat_completion
-from hdeval.backends.fake import FakeBackend
-from hdeval.judge import Cell, fill_matrix, label_probability
+from hdeval.core.metrics import metric_table
+from hdeval.judge.fill import Cell, fill_matrix, label_probability
+from hdeval.judge.scoring import parse_score
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, TokenLogprob, chat_completion
+from hdeval.llm.backends.fake import FakeBackend
 from hdeval.methods.dna.replies import PAIR_SCHEMA, more_room, read_pair_weighted, score_pair, structured_pair
-from hdeval.metrics import metric_table
-from hdeval.scoring import parse_score
 
 FIXTURES = Path(__file__).parent / "golden" / "llamacpp_replies.json"
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import TOY_TASK, toy_rows, write_jsonl
-from hdeval import scoring
-from hdeval.backends.fake import FakeBackend
-from hdeval.cache.client import CachedBackend
-from hdeval.data import read_task_samples
-from hdeval.judge import STREAM_WINDOW, Cell, fill_matrix
-from hdeval.prompts import load_templates
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree
+
+from hdeval.core.types import CriteriaTree
+from hdeval.data.samples import read_task_samples
+from hdeval.data.tasks import load_task
+from hdeval.judge import scoring
+from hdeval.judge.fill import STREAM_WINDOW, Cell, fill_matrix
+from hdeval.judge.prompts import load_templates
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.llm.cache.client import CachedBackend
 
 
 @pytest.fixture

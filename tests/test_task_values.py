@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import TOY_TASK
-from hdeval.errors import ConfigError
-from hdeval.tasks import load_task
+
+from hdeval.core.errors import ConfigError
+from hdeval.data.tasks import load_task
 
 
 def _task(tmp_path: Path, old: str, new: str) -> Path:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import write_jsonl
-from hdeval.data import limit_samples, read_samples, split_samples
-from hdeval.errors import ConfigError, DataError
-from hdeval.tasks import builtin_tasks, load_task, select_aspects
+
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.data.samples import limit_samples, read_samples, split_samples
+from hdeval.data.tasks import builtin_tasks, load_task, select_aspects
 
 
 def test_builtin_tasks_have_the_paper_aspects_and_ranges():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-
 from conftest import TOY_TASK, artifact_view, calls_made, toy_rows, write_jsonl
-from hdeval.backends.fake import FakeBackend
-from hdeval.cli import cli
 from llm_server import FaultServer, completion_body, completion_request
+
+from hdeval.cli import cli
+from hdeval.llm.backends.fake import FakeBackend
 
 MODEL = "test-model"
 
@@ -159,8 +159,8 @@ def test_dna_weights_asked_per_pair_are_refused_with_one_line(faireval40, tmp_pa
 
 
 def test_the_python_api_raises_requests_exported(server, tmp_path: Path) -> None:
-    from hdeval.request_files import RequestsExported
-    from hdeval.train import train
+    from hdeval.llm.request_files import RequestsExported
+    from hdeval.run.train import train
 
     task = tmp_path / "toy_task.toml"
     task.write_text(TOY_TASK, encoding="utf-8")

@@ -8,11 +8,11 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import one_error, run_cli
-from hdeval.errors import ConfigError
+
+from hdeval.core.errors import ConfigError
 from hdeval.methods.registry import all_options, get_method, method_names
-from hdeval.train import TrainConfig
+from hdeval.run.train import TrainConfig
 
 
 def test_every_method_has_a_frozen_options_model_whose_defaults_are_the_runs():
@@ -191,7 +191,7 @@ def test_pairwise_hdeval_refuses_a_paireval_option_given_at_its_default(given, n
 
 
 def test_pairwise_hdeval_without_paireval_options_still_trains(tmp_path):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     ev = train(task="faireval", data=str(_pairs(tmp_path)), method="hdeval", layers=1, llm="fake",
                cache_dir=str(tmp_path / "c"))
@@ -246,7 +246,7 @@ def test_replacing_options_keeps_what_was_given_and_checks_the_values(tmp_path, 
 
 
 def train_with(**config):
-    from hdeval.train import train
+    from hdeval.run.train import train
 
     return train(TrainConfig(**config))
 

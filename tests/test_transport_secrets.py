@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from conftest import close_after_test
 from llm_server import LLMServer, RecordedRequest, Reply, closed_port_url
 
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.openai_compat import OpenAICompatBackend, retry_wait
-from hdeval.cache.client import CachedBackend
 from hdeval.cli import cli
-from hdeval.config import LLMConfig
-from hdeval.errors import BackendError, ConfigError, RequestRejected
+from hdeval.core.errors import BackendError, ConfigError, RequestRejected
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.openai_compat import OpenAICompatBackend, retry_wait
+from hdeval.llm.cache.client import CachedBackend
+from hdeval.llm.config import LLMConfig
 
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
@@ -88,7 +88,7 @@ def test_basic_credentials_echoed_by_the_server_never_reach_a_message(server: LL
 
 
 def test_a_request_rejection_echoing_credentials_is_redacted_in_the_recorded_failure(server: LLMServer) -> None:
-    from hdeval.judge import Cell, fill_matrix
+    from hdeval.judge.fill import Cell, fill_matrix
 
     url = server.url.replace("http://", f"http://user:{PASSWORD}@") + "?api-key=QUERY-SECRET-1234"
     server.default = lambda r: Reply.error(

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from hdeval.backends.fake import FakeBackend
 from hdeval.cli import cli
-from hdeval.errors import BudgetExceeded, ConfigError
-from hdeval.train import train
+from hdeval.core.errors import BudgetExceeded, ConfigError
+from hdeval.llm.backends.fake import FakeBackend
+from hdeval.run.train import train
 
 _CRITERION = re.compile(r"^Criterion to decompose: .+? \(key: ([^)]+)\)", re.M)
 

@@ -19,17 +19,18 @@ from conftest import embedded_model_or_skip  # noqa: E402
 embedded_model_or_skip()  # the model package installed, or fetched once as a first --llm local run does
 
 from conftest import ARTICLE, SUMMARIES
-from hdeval.backends.base import CompletionRequest, Message
-from hdeval.backends.factory import local_runtime, make_backend, resolve_llm
-from hdeval.config import LLMConfig
-from hdeval.backends.constraints import Labels, Scale
-from hdeval.backends.llama_cpp import DECODING_TAG, default_model_path, local_identity, model_identity
-from hdeval.backends.xllamacpp import XLlamaCppBackend
-from hdeval.errors import BackendError, ConfigError
-from hdeval.prompts import load_template
-from hdeval.scoring import parse_score, scoring_request
-from hdeval.tasks import load_task
-from hdeval.types import CriteriaTree, Sample
+
+from hdeval.core.errors import BackendError, ConfigError
+from hdeval.core.types import CriteriaTree, Sample
+from hdeval.data.tasks import load_task
+from hdeval.judge.prompts import load_template
+from hdeval.judge.scoring import parse_score, scoring_request
+from hdeval.llm.backends.base import CompletionRequest, Message
+from hdeval.llm.backends.constraints import Labels, Scale
+from hdeval.llm.backends.factory import local_runtime, make_backend, resolve_llm
+from hdeval.llm.backends.llama_cpp import DECODING_TAG, default_model_path, local_identity, model_identity
+from hdeval.llm.backends.xllamacpp import XLlamaCppBackend
+from hdeval.llm.config import LLMConfig
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def test_a_closed_backend_refuses_calls() -> None:
 
 def test_same_scores_as_llama_cpp_python_on_the_same_gguf(backend) -> None:
     pytest.importorskip("llama_cpp", reason="the comparison needs llama-cpp-python too: pip install -e '.[local-llamacpp]'")
-    from hdeval.backends.llama_cpp import LlamaCppBackend
+    from hdeval.llm.backends.llama_cpp import LlamaCppBackend
 
     other = LlamaCppBackend.from_spec("local", n_threads=1)
     try:

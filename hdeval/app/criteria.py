@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.errors import ConfigError
-from hdeval.progress import Progress
-from hdeval.types import CriteriaTree, Criterion, PairSample, Sample, Task
+from hdeval.core.errors import ConfigError
+from hdeval.core.progress import Progress
+from hdeval.core.types import CriteriaTree, Criterion, PairSample, Sample, Task
 
 # as `train --layers 2 --children 4`: the aspects and one decomposition of each
 DEFAULT_CHILDREN = 4
@@ -48,8 +48,8 @@ class PoolCriteria:
     ) -> tuple[int, int, int]:
         """The dry run of scoring ``samples``: (calls, of which cached, prompt tokens, estimated),
         counted a chunk of requests at a time (a prompt is a few KB; a pool may be large)."""
+        from hdeval.judge.scoring import SCORE_MAX_TOKENS, score_requests
         from hdeval.methods.run import exact_plan
-        from hdeval.scoring import SCORE_MAX_TOKENS, score_requests
 
         samples = _responses(samples)
 
@@ -73,7 +73,7 @@ class PoolCriteria:
         concurrency: int | None = None,
         progress: Progress | None = None,
     ) -> np.ndarray:
-        from hdeval.scoring import score_criteria
+        from hdeval.judge.scoring import score_criteria
 
         m = score_criteria(
             llm,
@@ -133,8 +133,8 @@ def first_decomposition(
     llm: Any, task: Task, children: int = DEFAULT_CHILDREN, progress: Progress | None = None
 ) -> PoolCriteria:
     """The aspects and their first decomposition (layers 1 and 2), as ``train`` makes them."""
+    from hdeval.judge.prompts import load_templates
     from hdeval.methods.hdeval.decompose import decompose_nodes
-    from hdeval.prompts import load_templates
 
     templates = load_templates()
     tree = CriteriaTree.from_aspects(task.aspects)

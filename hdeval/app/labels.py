@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError, DataError
-from hdeval.types import PairSample, Sample, Task
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.types import PairSample, Sample, Task
 
 FORMAT = 1
 # bounds on what a request may store: the page's note field, a rater's name
@@ -430,7 +430,7 @@ def labelled_samples(
 def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw: bool = False) -> int:
     """Write ``out`` (JSONL, atomically): the labelled samples, or with ``raw`` every row of the
     file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""
-    from hdeval.data import write_jsonl
+    from hdeval.data.samples import write_jsonl
 
     task = read_meta(path)
     out = Path(out)

@@ -29,8 +29,8 @@ from hdeval.app.session import (
     check_options,
     score_in_background,
 )
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.llm.config import LLMConfig
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 
@@ -134,9 +134,9 @@ def prepare(
 ) -> LabelApp:
     """Check everything, open the labels file and the LLM, bind the address: a one-line
     HdevalError for whatever is wrong, before anything is served or paid for."""
-    from hdeval.data import read_task_samples
-    from hdeval.llm import open_llm
-    from hdeval.tasks import load_task
+    from hdeval.data.samples import read_task_samples
+    from hdeval.data.tasks import load_task
+    from hdeval.llm.client import open_llm
 
     the_task = load_task(task)
     if not 0 <= port <= 65535:

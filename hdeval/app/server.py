@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from hdeval.app.labels import MAX_NOTE, check_rater, new_session
 from hdeval.app.session import LabelSession
-from hdeval.errors import HdevalError
+from hdeval.core.errors import HdevalError
 
 HERE = Path(__file__).resolve().parent
 TOKEN_COOKIE, RATER_COOKIE, SESSION_COOKIE = "hdeval_token", "hdeval_rater", "hdeval_session"

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from hdeval.app.labels import PAIR_ASPECT, LabelStore, Rating, content_hash, majority_choice
-from hdeval.errors import ConfigError, DataError, HdevalError
-from hdeval.types import PairSample, Sample, Task
+from hdeval.core.errors import ConfigError, DataError, HdevalError
+from hdeval.core.types import PairSample, Sample, Task
 
 DEFAULT_DOUBLE_SHARE = 0.10
 DEFAULT_REFIT_EVERY = 5

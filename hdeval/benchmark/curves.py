@@ -17,11 +17,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hdeval.aggregate import KINDS, Aggregator, fit_warnings
-from hdeval.classify import make_classifier
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import agreement_w_ties, average_spearman, label_codes
+from hdeval.learn.aggregate import KINDS, Aggregator, fit_warnings
+from hdeval.learn.classify import make_classifier
 from hdeval.learn.selection import PAIR_LABELS, STRATEGIES, labels_to_reach, pick
-from hdeval.metrics import agreement_w_ties, average_spearman, label_codes
 
 #: Labels revealed per pick call: a person labels a handful before the evaluator is re-fitted.
 BATCH = 5

@@ -10,11 +10,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from hdeval.benchmark.statistics import Statistic
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties
+from hdeval.core.metrics import as2d as _as2d
+from hdeval.core.metrics import label_codes as _codes
 from hdeval.methods.base import HeldOutLabels, HeldOutScores
-from hdeval.metrics import LABEL_CODES, agreement_w_ties, agreement_wo_ties
-from hdeval.metrics import as2d as _as2d
-from hdeval.metrics import label_codes as _codes
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hdeval.benchmark.tables import benchmark_tables, render_markdown
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.report import bench as page
 
 FORMAT = "hdeval-benchmark"
@@ -60,7 +60,7 @@ def check_output_dir(out: str | Path, force: bool = False, artifacts: Sequence[s
     touched. Any other non-empty directory is refused, ``force`` or not. ``artifacts``
     (--keep-artifacts): the ``runs/<name>`` directories to write; one that exists is replaced
     only when the previous benchmark's results.json lists it as its own and it is an artifact."""
-    from hdeval.artifact import check_destination, check_writable, is_artifact
+    from hdeval.artifact.directory import check_destination, check_writable, is_artifact
 
     path = Path(out)
     if path.is_symlink():
@@ -118,7 +118,7 @@ def write_benchmark(
     path = Path(out)
     # the artifacts this directory holds from the benchmark: the new ones and any an earlier
     # sweep wrote and this one did not replace (so a later --force may replace them too)
-    from hdeval.artifact import is_artifact
+    from hdeval.artifact.directory import is_artifact
 
     kept = sorted(
         {a for a in _previous_artifacts(path) if is_artifact(path / a)} | {f"{RUNS}/{n}" for n in names}

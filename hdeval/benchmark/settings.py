@@ -19,9 +19,9 @@ from hdeval.benchmark.statistics import (
     ranking_exact_match,
     summary_level_correlation,
 )
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import METRICS, metric_table, pair_agreement
 from hdeval.methods.base import BenchmarkRecord
-from hdeval.metrics import METRICS, metric_table, pair_agreement
 
 BASELINE = "direct"  # the paired bootstrap is taken to it when it is among --methods
 PAIR_BASELINE = "dna-direct"  # the pairwise difference is taken to it when it is among --methods
@@ -136,7 +136,7 @@ def layers_on_rows(fitted: Any, ho: HeldOut) -> dict[str, Any] | None:
     the same evaluator the same figure. None for an evaluator without criteria layers."""
     from sklearn.base import clone
 
-    from hdeval.aggregate import Aggregator
+    from hdeval.learn.aggregate import Aggregator
 
     agg, table = getattr(fitted, "aggregator", None), getattr(fitted, "score_table", None)
     reports = (getattr(fitted, "manifest_extra", None) or {}).get("layers")

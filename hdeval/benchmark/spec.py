@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hdeval.benchmark.statistics import N_RESAMPLES
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.methods.options import convert_option
 
 DEFAULT_METHODS = ("direct", "hdeval")
@@ -68,7 +68,7 @@ class BenchmarkSpec:
     method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from hdeval.aggregate import CANDIDATES
+        from hdeval.learn.aggregate import CANDIDATES
 
         known = entries()
         unknown = [m for m in self.methods if m not in known]
@@ -202,8 +202,8 @@ def artifact_name(method: str, agg: str | None, frac: float, seed: int) -> str:
 def check_shapes(spec: BenchmarkSpec) -> str:
     """The task's shape (pointwise / pairwise); a method that does not run on it is a one-line
     error before anything is read or called."""
+    from hdeval.data.tasks import load_task
     from hdeval.methods.registry import get_method
-    from hdeval.tasks import load_task
 
     shape = load_task(spec.task).shape
     fits = [name for name, e in entries().items() if shape in get_method(e.method).shapes]

@@ -8,10 +8,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from hdeval.metrics import _clean as _num
-from hdeval.metrics import as2d as _as2d
-from hdeval.metrics import average_spearman as avg_spearman
-from hdeval.metrics import correlation
+from hdeval.core.metrics import as2d as _as2d
+from hdeval.core.metrics import average_spearman as avg_spearman
+from hdeval.core.metrics import correlation
+from hdeval.core.metrics import finite_or_none as _num
 
 N_RESAMPLES = 1000
 LEVEL = 0.95

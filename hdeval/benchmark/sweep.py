@@ -19,8 +19,8 @@ from hdeval.benchmark.settings import (
 )
 from hdeval.benchmark.spec import BenchmarkSpec, artifact_name, check_shapes, entries
 from hdeval.benchmark.statistics import group
-from hdeval.errors import BudgetExceeded
-from hdeval.progress import Progress
+from hdeval.core.errors import BudgetExceeded
+from hdeval.core.progress import Progress
 
 
 class _Quiet(Progress):
@@ -32,7 +32,7 @@ class _Quiet(Progress):
 
 def _config(spec: BenchmarkSpec, method: str, agg: str | None, frac: float, seed: int, max_calls: int | None):
     from hdeval.methods.registry import all_options, get_method
-    from hdeval.train import TrainConfig
+    from hdeval.run.train import TrainConfig
 
     given = dict(spec.method_options.get(method) or {})
     entry = entries()[method]
@@ -59,10 +59,10 @@ def run_benchmark(
     ``results.json``'s content. ``artifacts`` (--keep-artifacts): a dict that receives each
     run's fitted evaluator under its :func:`artifact_name`, for :func:`write_benchmark`.
     ``on_run(key, fitted, doc_of)`` is called after each run (the learning curves read them)."""
-    from hdeval.errors import HdevalError
+    from hdeval.core.errors import HdevalError
     from hdeval.methods.base import FitContext
     from hdeval.methods.registry import get_method
-    from hdeval.train import prepare, train
+    from hdeval.run.train import prepare, train
 
     spec.validate()
     shape = check_shapes(spec)

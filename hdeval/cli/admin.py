@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from hdeval.cli.boundary import guarded
-from hdeval.errors import one_line
+from hdeval.core.errors import one_line
 
 _cache_dir = click.option(
     "--cache-dir", envvar="HDEVAL_CACHE_DIR", default=None, type=click.Path(file_okay=False)
@@ -36,9 +36,9 @@ def methods_cmd() -> None:
 @guarded
 def tasks_cmd() -> None:
     """List the built-in tasks, their aspects and whether their data is found."""
-    from hdeval.data import data_candidates
-    from hdeval.datasets import DATASETS
-    from hdeval.tasks import builtin_tasks, load_task
+    from hdeval.data.datasets import DATASETS
+    from hdeval.data.samples import data_candidates
+    from hdeval.data.tasks import builtin_tasks, load_task
 
     for name in builtin_tasks():
         task = load_task(name)
@@ -66,8 +66,8 @@ def cache() -> None:
 @guarded
 def cache_stats_cmd(cache_dir: str | None) -> None:
     """Show the number of cached replies and their size (reads only: works on a read-only copy)."""
-    from hdeval.cache.guard import read_stats
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.llm.cache.guard import read_stats
 
     st = read_stats(cache_dir or default_cache_dir())
     click.echo(f"cache {st['path']}: {st['entries']} entries, {int(st['bytes']) / 1e6:.2f} MB")
@@ -79,9 +79,9 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 @guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
     """Delete every cached reply (they cost money to make again)."""
-    from hdeval.cache.check import clear_cache
-    from hdeval.cache.guard import DBNAME, CacheCorrupted, read_stats
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.llm.cache.check import clear_cache
+    from hdeval.llm.cache.guard import DBNAME, CacheCorrupted, read_stats
 
     path = Path(cache_dir or default_cache_dir())
     try:
@@ -112,9 +112,9 @@ def cache_check_cmd(cache_dir: str | None) -> None:
     tables, indexes); `hdeval cache repair` keeps only the readable entries. A shared cache is
     trusted to hold true replies: a planted valid entry cannot be told from a real one.
     """
-    from hdeval.cache.check import check_cache
-    from hdeval.cache.guard import DBNAME, TABLE_DBNAME, on_read_only_storage
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.llm.cache.check import check_cache
+    from hdeval.llm.cache.guard import DBNAME, TABLE_DBNAME, on_read_only_storage
 
     path = Path(cache_dir or default_cache_dir())
     r = check_cache(path)  # diskcache's file, then the reply table's
@@ -168,8 +168,8 @@ def cache_repair_cmd(cache_dir: str | None) -> None:
     The old databases are renamed *.db.corrupt-<timestamp> (never deleted). Run it while no
     other hdeval command uses this cache.
     """
-    from hdeval.cache.check import repair_cache
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.llm.cache.check import repair_cache
 
     r = repair_cache(cache_dir or default_cache_dir())
     damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
@@ -220,8 +220,8 @@ def cache_import_cmd(
       hdeval cache import results.jsonl --requests requests.jsonl
       hdeval apply ART new.jsonl --llm MODEL --base-url URL -o scored.jsonl
     """
-    from hdeval.paths import default_cache_dir
-    from hdeval.request_files import import_results, result_parser
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.llm.request_files import import_results, result_parser
 
     where = cache_dir or default_cache_dir()
     report = import_results(results, requests_file, where, result_parser(), skip_other_models)

@@ -14,7 +14,7 @@ from hdeval.cli.artifacts import policy
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, llm_options
 from hdeval.cli.progress import TerminalProgress
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 @click.command()

@@ -9,18 +9,18 @@ from typing import Any
 import click
 
 from hdeval.cli.progress import TerminalProgress
-from hdeval.errors import HdevalError
+from hdeval.core.errors import HdevalError
 
 
 def _notice_local(model: str | None) -> None:
-    from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
+    from hdeval.llm.backends.factory import DEFAULT_LOCAL_NOTICE
 
     if model == "local":
         click.echo(DEFAULT_LOCAL_NOTICE, err=True)
 
 
 def _resolved(llm: str | None) -> str | None:
-    from hdeval.backends.factory import resolve_llm
+    from hdeval.llm.backends.factory import resolve_llm
 
     try:
         return resolve_llm(llm)

@@ -139,7 +139,7 @@ def benchmark(
     from hdeval.benchmark.spec import BenchmarkSpec, check_shapes, parse_method_options
     from hdeval.benchmark.sweep import run_benchmark
     from hdeval.cli.data import fetch_missing_task_data
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
 
     try:
         fracs = tuple(float(f) for f in _csv(train_fracs))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import click
 
 from hdeval.cli.progress import _end_open_line, _set_line_open, _stop_all_tickers
-from hdeval.errors import HdevalError
+from hdeval.core.errors import HdevalError
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
 TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the same command to resume"
@@ -45,7 +45,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 def _redacted(text: str) -> str:
     """``text`` without the secrets this command knows of (the environment's keys and proxies,
     its ``--base-url``'s credentials and query): the last net under every message's own redaction."""
-    from hdeval.redaction import Redactor
+    from hdeval.core.redaction import Redactor
 
     ctx = click.get_current_context(silent=True)
     url = ctx.params.get("base_url") if ctx is not None else None

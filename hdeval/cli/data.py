@@ -1,5 +1,5 @@
 """``hdeval data``: get the built-in tasks' human-judgment data, see where it is, import your own.
-Only terminal work lives here; the logic is in :mod:`hdeval.datasets`."""
+Only terminal work lives here; the logic is in :mod:`hdeval.data.datasets`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import click
 
-from hdeval import datasets
 from hdeval.cli.boundary import guarded
 from hdeval.cli.progress import _end_open_line, _set_line_open
-from hdeval.datasets import (
+from hdeval.core.errors import DataError, DownloadError
+from hdeval.data import datasets
+from hdeval.data.datasets import (
     DATASETS,
     DEFAULT_SOURCE_URL,
     DEFAULT_TIMEOUT,
@@ -22,7 +23,6 @@ from hdeval.datasets import (
     data_candidates,
     load_task,
 )
-from hdeval.errors import DataError, DownloadError
 
 # Downloads and imports write under temp names and rename at the end: an interrupt leaves nothing partial.
 _errors_to_exit = functools.partial(
@@ -65,8 +65,8 @@ def fetch_missing_task_data(task_name: str, offline: bool = False) -> None:
     task = load_task(task_name)
     if any(c.is_file() for c in data_candidates(task)):
         return
-    from hdeval.data import missing_data_message
-    from hdeval.paths import user_data_dir
+    from hdeval.core.paths import user_data_dir
+    from hdeval.data.samples import missing_data_message
 
     if offline:
         raise DataError(missing_data_message(task, why="not downloading it (--offline)"))
@@ -168,7 +168,7 @@ def _note_search_path(name: str, path: Path) -> None:
             err=True,
         )
         return
-    from hdeval.data import find_data
+    from hdeval.data.samples import find_data
 
     used = find_data(task, None)
     if used.resolve() != path.resolve():

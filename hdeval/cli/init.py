@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from hdeval.cli.boundary import guarded
-from hdeval.errors import ConfigError, DataError
+from hdeval.core.errors import ConfigError, DataError
 
 #: a column named like a field (or a usual synonym) is that field unless an option says otherwise
 _FIELD_NAMES = {
@@ -103,7 +103,7 @@ def init(
       hdeval init examples/ratings.csv -o artifacts/task.toml --source-col question --output-col answer
       hdeval train --task artifacts/task.toml --llm fake
     """
-    from hdeval.data import data_rows
+    from hdeval.data.samples import data_rows
     from hdeval.run.output import check_output
 
     check_output(out, [data], replace=force)
@@ -190,8 +190,8 @@ def init(
         )
     text = _task_toml(name, description, shown, fields, others, aspects, definitions, _data_file(data, out))
     _write(out, text)
-    from hdeval.data import read_task_samples
-    from hdeval.tasks import load_task
+    from hdeval.data.samples import read_task_samples
+    from hdeval.data.tasks import load_task
 
     try:  # the file must train as written: read DATA through it now, not at the first train
         task = load_task(out)

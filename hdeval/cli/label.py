@@ -91,7 +91,7 @@ def label(
     re-fits as you go. Labels are stored in LABELS as you give them. A pairwise task is labelled
     with one choice per pair: A, B or tie (keys a, b, t)."""
     from hdeval.app.launch import prepare
-    from hdeval.config import LLMConfig
+    from hdeval.llm.config import LLMConfig
 
     config = LLMConfig.from_options(
         model=llm,

@@ -1,4 +1,4 @@
-"""The options commands share, declared once: the LLM's (defaults from :mod:`hdeval.config`),
+"""The options commands share, declared once: the LLM's (defaults from :mod:`hdeval.llm.config`),
 ``--batch``, and ``--method`` with every method's options (from the methods' options models)."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def llm_options(f, jury: bool = False):
         help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
         "http://localhost:11434/v1 (Ollama).",
     )(f)
-    from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+    from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
     f = click.option(
         "--concurrency",
@@ -168,7 +168,7 @@ def chosen_method_options(options: dict[str, Any]) -> None:
     :func:`method_options` and ``-O NAME=VALUE``) by the chosen method's declaration, and merge
     the ``-O`` ones into ``method_options``; one-line ConfigError for a malformed, repeated or
     unknown one. Called inside the command's error boundary (it loads the registry)."""
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
     from hdeval.methods.options import convert_option
     from hdeval.methods.registry import builtin_methods, get_method
 

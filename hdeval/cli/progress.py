@@ -11,7 +11,7 @@ import weakref
 
 import click
 
-from hdeval.progress import Progress
+from hdeval.core.progress import Progress
 
 #: Seconds between progress lines when stderr is not a terminal (logs, nohup, `| tee`, CI).
 PROGRESS_INTERVAL_ENV = "HDEVAL_PROGRESS_INTERVAL"

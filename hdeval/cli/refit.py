@@ -38,11 +38,11 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
     Example:
       hdeval refit artifacts/qa-fake --llm fake:logprobs=0 --data examples/qa.jsonl -o artifacts/qa-refit
     """
-    from hdeval.artifact import check_destination
-    from hdeval.config import LLMConfig
-    from hdeval.data import read_task_samples
-    from hdeval.errors import ConfigError
-    from hdeval.llm import open_llm, resolved
+    from hdeval.artifact.directory import check_destination
+    from hdeval.core.errors import ConfigError
+    from hdeval.data.samples import read_task_samples
+    from hdeval.llm.client import open_llm, resolved
+    from hdeval.llm.config import LLMConfig
     from hdeval.methods.hdeval.refit import refit as run_refit
     from hdeval.methods.registry import load_artifact
 

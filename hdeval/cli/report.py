@@ -14,7 +14,7 @@ from hdeval.cli.artifacts import load_artifact, score_with_artifact
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import llm_options
 from hdeval.cli.progress import TerminalProgress
-from hdeval.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods.base import Explains, Reports, explain_refusal, report_refusal
 
 
@@ -108,7 +108,7 @@ def report(
         raise ConfigError(report_refusal(ev, artifact))
     _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
     if base_url:  # the full URL of the server the artifact names, in memory only
-        from hdeval.urls import public_url
+        from hdeval.core.urls import public_url
 
         named = (getattr(ev.llm, "base_url", None) or "").rstrip("/")
         if (public_url(base_url.strip()) or "").rstrip("/") != named:
@@ -170,7 +170,7 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
     Example:
       hdeval explain artifacts/summeval-rf --sample summeval-0042 --data new.jsonl
     """
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
 
     if top < 1:
         raise DataError(f"--top must be at least 1, got {top}")

@@ -14,8 +14,8 @@ from hdeval.cli.artifacts import _notice_local, _resolved
 from hdeval.cli.boundary import guarded
 from hdeval.cli.options import batch_option, chosen_method_options, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress, _end_open_line
-from hdeval.errors import ConfigError, HdevalError
-from hdeval.urls import shown_identity
+from hdeval.core.errors import ConfigError, HdevalError
+from hdeval.core.urls import shown_identity
 
 
 @click.command()
@@ -141,14 +141,14 @@ def train(
     """
     _check_paths(options)  # a mistyped task file, said before the scientific libraries load
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
-        from hdeval.artifact import check_destination
+        from hdeval.artifact.directory import check_destination
         from hdeval.run.output import refuse_in_cache
 
         refuse_in_cache(out, options.get("cache_dir"), "-o")
         check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
-    from hdeval.train import TrainConfig, plan
-    from hdeval.train import train as run_train
+    from hdeval.run.train import TrainConfig, plan
+    from hdeval.run.train import train as run_train
 
     prices = [options.pop(k) for k in ("price_in", "price_out", "decompose_price_in", "decompose_price_out")]
     llms = tuple(options.pop("llm") or ())
@@ -163,7 +163,7 @@ def train(
         raise ConfigError("--export-requests writes requests, --dry-run only counts them: drop one")
     if dry_run:
         if _resolved(config.llm) is None:
-            from hdeval.backends.factory import DEFAULT_OPENAI_MODEL
+            from hdeval.llm.backends.factory import DEFAULT_OPENAI_MODEL
 
             # Counting calls and tokens needs no LLM; price the default one.
             click.echo(
@@ -194,7 +194,7 @@ def train(
         _notice_local("local")  # once, for the scoring or the second LLM
     if not yes and export_file is None:
         _ask_before_a_long_local_run(config)
-    from hdeval.request_files import RequestsExported
+    from hdeval.llm.request_files import RequestsExported
 
     started = time.monotonic()
     try:
@@ -229,15 +229,15 @@ def train(
 
 def _check_paths(options: dict) -> None:
     """The task (a built-in name or a file), checked in milliseconds."""
-    from hdeval.tasks import load_task
+    from hdeval.data.tasks import load_task
 
     load_task(options["task"])
 
 
 def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
-    from hdeval.estimate import estimate_plan
-    from hdeval.llm import resolved
-    from hdeval.train import llm_config
+    from hdeval.llm.client import resolved
+    from hdeval.llm.eta import estimate_plan
+    from hdeval.run.train import llm_config
 
     spec = resolved(llm_config(config))
     return estimate_plan(plans, identity, spec, config.cache_dir)
@@ -245,8 +245,8 @@ def _estimate(config, plans, identity: str) -> tuple[float | None, str]:
 
 def _ask_before_a_long_local_run(config) -> None:
     """A many-hour run on the embedded model is rarely meant: ask (no terminal: refuse) first."""
-    from hdeval.estimate import LONG_RUN_SECONDS, is_embedded
-    from hdeval.train import plan
+    from hdeval.llm.eta import LONG_RUN_SECONDS, is_embedded
+    from hdeval.run.train import plan
 
     if not is_embedded(_resolved(config.llm)):
         return
@@ -269,13 +269,13 @@ def _ask_before_a_long_local_run(config) -> None:
 
 
 def _record_rate(config, ev, seconds: float) -> None:
-    from hdeval.estimate import record_rate, scoring_identity
-    from hdeval.train import _offline_identity
+    from hdeval.llm.eta import record_rate, scoring_identity
+    from hdeval.run.train import offline_identity
 
     usage = (ev.metrics or {}).get("usage") or {}
     if usage.get("calls", 0) and not config.batch:  # a batch run's time is the queue's, not the LLM's
         try:
-            identity = scoring_identity(_offline_identity(config, None))
+            identity = scoring_identity(offline_identity(config, None))
         except HdevalError:
             return
         record_rate(config.cache_dir, identity, usage["calls"], usage.get("prompt_tokens", 0), seconds)
@@ -283,9 +283,9 @@ def _record_rate(config, ev, seconds: float) -> None:
 
 def _check_default_outputs(config, force: bool) -> None:
     """Without --out, refuse before any call every default the run may pick that save would refuse."""
-    from hdeval.artifact import check_destination
+    from hdeval.artifact.directory import check_destination
+    from hdeval.data.tasks import load_task
     from hdeval.methods.registry import get_method
-    from hdeval.tasks import load_task
 
     name = load_task(config.task).name
     method = get_method(config.method)

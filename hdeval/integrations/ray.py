@@ -9,9 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from hdeval.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from hdeval.errors import ConfigError, DataError, HdevalError
-from hdeval.intervals import DEFAULT_MAX_WIDTH
+from hdeval.core.errors import ConfigError, DataError, HdevalError
+from hdeval.learn.intervals import DEFAULT_MAX_WIDTH
+from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 
 #: In ``cache_dir``, replaced by a name of the worker: each worker then has a cache of its own.
 WORKER_FIELD = "{worker}"
@@ -51,12 +51,12 @@ def _read_samples(task: Any, path: str, size: int) -> Any:
     import numpy as np
     from ray.data.block import BlockAccessor
 
-    from hdeval.data import DiskIds
-    from hdeval.run.apply import _Input
+    from hdeval.data.samples import DiskIds
+    from hdeval.run.apply import ApplyInput
 
     try:
         with DiskIds() as seen:
-            for chunk in _Input(path, SimpleNamespace(task=task), size, None).chunks(seen):
+            for chunk in ApplyInput(path, SimpleNamespace(task=task), size, None).chunks(seen):
                 column = np.empty(len(chunk), dtype=object)
                 column[:] = chunk
                 yield BlockAccessor.batch_to_block({SAMPLE_COLUMN: column})
@@ -100,35 +100,6 @@ def _worker_cache(cache_dir: str | None) -> str | None:
     return cache_dir.replace(WORKER_FIELD, f"{node[:12]}-{os.getpid()}")
 
 
-def _row_sample(task: Any, text: str, where: str) -> Any:
-    """The sample apply would read from a JSONL line (None: blank, or filtered out by a pairwise task)."""
-    from hdeval.data import BOM, _lone_surrogate, _matches, _pair_from_row, _sample_from_row
-
-    text = text.removeprefix(BOM)
-    if not text.strip():
-        return None
-    try:
-        row = json.loads(text)
-    except (ValueError, RecursionError):
-        raise DataError(f"{where}: not valid JSON") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: not a JSON object")
-    if task.shape == "pairwise" and not _matches(row, task.where):
-        return None
-    lone = _lone_surrogate(row)  # apply checks both shapes for it before reading the row
-    if lone:
-        problem, sample = f"{lone} holds a lone surrogate", None
-    elif task.shape == "pairwise":
-        problem, sample = _pair_from_row(row, 0, task, require_labels=False)
-        if problem is None and sample is None:
-            return None  # skip_empty, as apply skips it
-    else:
-        problem, sample = _sample_from_row(row, 0, task, list(task.aspect_keys), False)
-    if problem:
-        raise DataError(f"{where}: {problem}")
-    return sample
-
-
 def _check_whole(**values: Any) -> None:
     for name, value in values.items():
         if type(value) is not int or value < 1:
@@ -156,7 +127,7 @@ class ArtifactScorer:
         **llm_options: Any,
     ):
         from hdeval.run.apply import load_checked
-        from hdeval.run.artifact_llm import check_llm_options, stderr_notify
+        from hdeval.run.artifact_llm import check_llm_options, log_notify
 
         # verified once per worker (digests, trusted types); a bad option fails here, before any call
         check_llm_options(**llm_options)
@@ -168,7 +139,7 @@ class ArtifactScorer:
             llm_options,
             cache_dir=_worker_cache(llm_options.get("cache_dir")),
             confirm=None,
-            notify=notify or stderr_notify,
+            notify=notify or log_notify,
         )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -179,6 +150,8 @@ class ArtifactScorer:
             raise
 
     def _samples(self, batch: dict[str, Any]) -> list:
+        from hdeval.data.samples import sample_from_line
+
         if SAMPLE_COLUMN in batch:  # apply_on_ray's reader validated them
             return list(batch[SAMPLE_COLUMN])
         if "text" not in batch:
@@ -188,7 +161,7 @@ class ArtifactScorer:
             )
         lines = batch.get("line")
         found = (
-            _row_sample(
+            sample_from_line(
                 self.ev.task,
                 str(text),
                 f"line {int(lines[i])}" if lines is not None else f"row {i + 1} of a batch",
@@ -200,7 +173,7 @@ class ArtifactScorer:
     def _score(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        from hdeval.progress import Progress
+        from hdeval.core.progress import Progress
         from hdeval.run.apply import score_rows
         from hdeval.run.artifact_llm import open_artifact_llm
 
@@ -346,9 +319,9 @@ class RequestAnswerer:
     ):
         import openai
 
-        from hdeval.backends.openai_compat import OpenAICompatBackend, _proxy_for, http_client
-        from hdeval.redaction import Redactor
-        from hdeval.request_files import MAX_LINE_BYTES
+        from hdeval.core.redaction import Redactor
+        from hdeval.llm.backends.openai_compat import OpenAICompatBackend, http_client, proxy_for
+        from hdeval.llm.request_files import MAX_LINE_BYTES
 
         key = os.environ.get("OPENAI_API_KEY") or "unused"
         # the URL read as the backend reads it: checked, its query sent as a query, its
@@ -356,7 +329,7 @@ class RequestAnswerer:
         server = OpenAICompatBackend("answerer", base_url=base_url, api_key=key)
         # the backends' HTTP client: a reply past a result line's size is dropped while read (the
         # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
-        http = http_client(timeout, _proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
+        http = http_client(timeout, proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
         self.client = openai.OpenAI(
             base_url=server._sdk_url,
             api_key=key,
@@ -391,8 +364,8 @@ class RequestAnswerer:
         import httpx2
         import openai
 
-        from hdeval.backends.openai_compat import ReplyTooLarge, read_completion, read_reply
-        from hdeval.request_files import MAX_LINE_BYTES
+        from hdeval.llm.backends.openai_compat import ReplyTooLarge, read_completion, read_reply
+        from hdeval.llm.request_files import MAX_LINE_BYTES
 
         row = json.loads(text)  # a file the driver checked (read_request_file)
         key, body = row["custom_id"], row["body"]
@@ -440,11 +413,11 @@ def answer_requests_on_ray(
     temporary file beside it, renamed into place at the end). Returns the lines written. Then
     ``hdeval cache import RESULTS --requests REQUESTS`` and rerun the command that exported.
     Ray schedules the work; ``requests_file`` must be readable by every worker."""
-    from hdeval.backends.openai_compat import _check_url
-    from hdeval.request_files import _in_place, read_request_file
+    from hdeval.llm.backends.openai_compat import check_url
+    from hdeval.llm.request_files import read_request_file, write_in_place
 
     ray = _ray()
-    _check_url(base_url)
+    check_url(base_url)
     _check_whole(workers=workers, batch_size=batch_size, concurrency=concurrency)
     asked = read_request_file(requests_file)  # not a request file hdeval wrote: refused here, nothing sent
     if not asked:
@@ -461,7 +434,7 @@ def answer_requests_on_ray(
         fn_constructor_kwargs={"timeout": timeout, "max_retries": max_retries, "concurrency": concurrency},
     )
     n = 0
-    with _in_place(Path(results_file), keep_empty=True) as fh:
+    with write_in_place(Path(results_file), keep_empty=True) as fh:
         for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
             fh.writelines(f"{line}\n".encode() for line in batch["result"])
             n += len(batch["result"])

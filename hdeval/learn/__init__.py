@@ -1,1 +1,2 @@
-"""Statistics that learn from human labels: which sample to label, intervals, estimates."""
+"""Statistics that learn from human labels: aggregators and classifiers, intervals, which sample
+to label next, and prediction-powered estimates."""

@@ -11,7 +11,7 @@ a criterion could not be scored):
 
 With too few labels for a model (cold start) every strategy but ``random`` is diverse. Every
 strategy is deterministic given ``seed``. The models are the aggregator HD-Eval's ``train`` fits
-(:class:`hdeval.aggregate.Aggregator`, its pipeline: median imputation, standardisation), one per
+(:class:`hdeval.learn.aggregate.Aggregator`, its pipeline: median imputation, standardisation), one per
 target on the rows that rate it; ``assess`` chooses its kind by grouped CV as ``--aggregator
 auto`` does.
 """
@@ -27,11 +27,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import KINDS, Aggregator, cv_folds, fit_warnings, select_cv
-from hdeval.classify import cv_predictions, make_classifier
-from hdeval.errors import ConfigError
-from hdeval.intervals import DEFAULT_LEVEL, normalised_quantile
-from hdeval.metrics import correlation
+from hdeval.core.errors import ConfigError
+from hdeval.core.metrics import correlation
+from hdeval.learn.aggregate import KINDS, Aggregator, cv_folds, fit_warnings, select_cv
+from hdeval.learn.classify import cv_predictions, make_classifier
+from hdeval.learn.intervals import DEFAULT_LEVEL, normalised_quantile
 
 STRATEGIES: tuple[str, ...] = ("random", "uncertainty", "diversity", "hybrid")
 #: Chosen by the learning-curve measurement (benchmarks/bench_learning_curves.md).

@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hdeval.aggregate import CANDIDATES, make_regressor
-from hdeval.classify import CLASSIFIERS
-from hdeval.errors import ArtifactError
+from hdeval.core.errors import ArtifactError
+from hdeval.learn.aggregate import CANDIDATES, make_regressor
+from hdeval.learn.classify import CLASSIFIERS
 
 # Types the aggregator file may contain beyond what skops trusts by default; anything
 # else in the file is refused before a byte of it is turned into objects.

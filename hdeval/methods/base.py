@@ -1,6 +1,6 @@
 """The method seam: a :class:`Method` fits on the training split and returns a :class:`Fitted`
 evaluator, which scores new samples with an LLM and says which files it writes into an artifact
-and how it reads them back (``hdeval.artifact`` owns the directory, manifest, checksums and safe
+and how it reads them back (``hdeval.artifact.directory`` owns the directory, manifest, checksums and safe
 loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import (
     runtime_checkable,
 )
 
-from hdeval.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
@@ -44,12 +44,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     from pydantic import BaseModel
 
-    from hdeval.artifact import ArtifactReader, ArtifactWriter
-    from hdeval.backends.base import Backend
-    from hdeval.cache.client import CachedBackend
-    from hdeval.config import LLMConfig
-    from hdeval.progress import Progress
-    from hdeval.types import PairSample, Sample, ScoreMatrix, Task
+    from hdeval.artifact.directory import ArtifactReader, ArtifactWriter
+    from hdeval.core.progress import Progress
+    from hdeval.core.types import PairSample, Sample, ScoreMatrix, Task
+    from hdeval.llm.backends.base import Backend
+    from hdeval.llm.cache.client import CachedBackend
+    from hdeval.llm.config import LLMConfig
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Fitted(ABC):
     """A trained evaluator of some method, and the state and defaults every one shares: the task,
     the prompt template, the LLM (saved without credentials, query or key), held-out metrics, the
     run record for the manifest (``run``), the training run's score table and an atomic
-    :func:`~hdeval.artifact.save_artifact`.
+    :func:`~hdeval.artifact.directory.save_artifact`.
 
     A method's subclass must implement :meth:`score`, :meth:`write` (its files into the artifact;
     returns its state, the manifest's method section) and :meth:`from_artifact` (rebuild from that
@@ -172,7 +172,7 @@ class Fitted(ABC):
 
     def summary_line(self) -> str:
         """The held-out figure after training, in one line."""
-        from hdeval.metrics import why_null
+        from hdeval.core.metrics import why_null
 
         avg = self.metrics["final"]["average"]
         return (
@@ -202,8 +202,8 @@ class Fitted(ABC):
 
     def interval_calibration(self) -> Any:
         """Pointwise: the prediction-interval calibration in ``metrics["intervals"]``, checked
-        (:class:`hdeval.intervals.Calibration`), or None when the artifact has none."""
-        from hdeval.intervals import read_calibration
+        (:class:`hdeval.learn.intervals.Calibration`), or None when the artifact has none."""
+        from hdeval.learn.intervals import read_calibration
 
         if getattr(self.task, "shape", "pointwise") != "pointwise":
             return None
@@ -231,7 +231,7 @@ class Fitted(ABC):
         """``backend`` as given, or the evaluator's own LLM opened now (then: True, close it)."""
         if backend is not None:
             return backend, False
-        from hdeval.llm import open_llm
+        from hdeval.llm.client import open_llm
 
         return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
@@ -248,8 +248,8 @@ class Fitted(ABC):
     def save(self, path: Any, force: bool = False) -> Any:
         """Write the artifact to ``path`` atomically; an existing artifact there is replaced only
         with ``force``, and a directory that is not an artifact never."""
-        from hdeval.artifact import save_artifact
-        from hdeval.urls import public_identity
+        from hdeval.artifact.directory import save_artifact
+        from hdeval.core.urls import public_identity
 
         section = {
             **self.llm.to_manifest(),
@@ -260,7 +260,7 @@ class Fitted(ABC):
 
     def public_run(self) -> dict[str, Any]:
         """The run record as the manifest keeps it: the server address without credentials."""
-        from hdeval.urls import public_url
+        from hdeval.core.urls import public_url
 
         run = dict(self.run)
         if isinstance(run.get("config"), dict) and run["config"].get("base_url"):
@@ -403,7 +403,7 @@ class SinglePromptFitted(Fitted):
 
     @classmethod
     def from_artifact(cls, art: "ArtifactReader") -> Any:
-        from hdeval.prompts import parse_template
+        from hdeval.judge.prompts import parse_template
 
         file = f"prompts/{cls.prompt}.toml"
         return loaded(
@@ -419,7 +419,7 @@ def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple
     """Score every sample with ``ev`` (nothing to learn) and fill its held-out metrics, score table
     and run record; a ScoringError when more of ``what`` than allowed could not be read. Returns
     the result, the human scores and the training and test rows (rows as in the result)."""
-    from hdeval.metrics import metric_table
+    from hdeval.core.metrics import metric_table
 
     config, split = ctx.config, ctx.prep.split
     res = ev.score(ctx.prep.samples, backend=ctx.llm, concurrency=config.concurrency, progress=ctx.progress)
@@ -439,7 +439,7 @@ def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple
 
 def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
     """The line a fit starts with: the task, the data and its split, ``detail``, the LLM."""
-    from hdeval.urls import shown_identity
+    from hdeval.core.urls import shown_identity
 
     split = ctx.prep.split
     ctx.progress.message(
@@ -451,7 +451,7 @@ def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
 
 def check_failure_rate(ctx: "FitContext", rate: float, what: str, failures: Sequence[Any]) -> None:
     """A ScoringError when more of ``what`` than ``--max-failure-rate`` allows could not be read."""
-    from hdeval.errors import ScoringError
+    from hdeval.core.errors import ScoringError
 
     if rate > ctx.config.max_failure_rate:
         ex = failures[0]
@@ -484,8 +484,8 @@ def loaded(
     """The evaluator ``build(task, llm, identity)`` makes from the task and LLM ``art`` records,
     once its manifest lists ``files`` and the metrics; with the artifact's metrics, run record,
     warnings and path. A malformed field (one of ``errors``) is a one-line ArtifactError."""
-    from hdeval.config import LLMConfig
-    from hdeval.tasks import task_from_dict
+    from hdeval.data.tasks import task_from_dict
+    from hdeval.llm.config import LLMConfig
 
     m = art.manifest
     try:
@@ -569,7 +569,7 @@ def progress_stage(progress: "Progress | None", label: str, total: int) -> Itera
 
 
 class Split(Protocol):
-    """The training and test ids of a run (``hdeval.data.Split``)."""
+    """The training and test ids of a run (``hdeval.data.samples.Split``)."""
 
     @property
     def train_ids(self) -> Sequence[str]: ...
@@ -581,7 +581,7 @@ class Split(Protocol):
 
 
 class RunSettings(Protocol):
-    """What a method reads of the run's settings (``hdeval.train.TrainConfig``, a floor above the
+    """What a method reads of the run's settings (``hdeval.run.train.TrainConfig``, a floor above the
     methods, which name it by this protocol)."""
 
     @property
@@ -615,7 +615,7 @@ class RunSettings(Protocol):
 
 
 class Prepared(Protocol):
-    """The data a fit gets, read and split (``hdeval.train.Prepared``)."""
+    """The data a fit gets, read and split (``hdeval.run.train.Prepared``)."""
 
     @property
     def task(self) -> "Task": ...

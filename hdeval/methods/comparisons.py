@@ -14,15 +14,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.backends.base import CompletionRequest
-from hdeval.backends.constraints import Labels
-from hdeval.errors import ArtifactError, ConfigError, DataError
-from hdeval.judge import Cell, fill_matrix, label_probability
+from hdeval.artifact.directory import ArtifactReader, ArtifactWriter
+from hdeval.core.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.progress import Progress
+from hdeval.core.types import Aspect, Failure, Sample, ScoreMatrix, Task
+from hdeval.judge.fill import Cell, fill_matrix, label_probability
+from hdeval.judge.prompts import Template, neutralise, sample_block
+from hdeval.llm.backends.base import CompletionRequest
+from hdeval.llm.backends.constraints import Labels
 from hdeval.methods.base import progress_stage
-from hdeval.progress import Progress
-from hdeval.prompts import Template, _neutralise, sample_block
-from hdeval.types import Aspect, Failure, Sample, ScoreMatrix, Task
 
 RESPONSE_FIELD = "output"
 COMPARISONS = "comparisons.json"
@@ -61,7 +61,7 @@ class Example:
             sample.id,
             sample.doc_id,
             sample_block(history_fields(task), sample),
-            _neutralise(sample.text(RESPONSE_FIELD)),
+            neutralise(sample.text(RESPONSE_FIELD)),
         )
 
 
@@ -133,7 +133,7 @@ def draw_comparisons(
 
 
 def read_comparison_file(path: str, task: Task) -> list[Sample]:
-    from hdeval.data import read_samples
+    from hdeval.data.samples import read_samples
 
     if not Path(path).is_file():
         raise DataError(f"comparison file {path} does not exist")
@@ -148,7 +148,7 @@ def fits_examples(n: Any, swap: Any, pool: Sequence[Example]) -> bool:
     return not isinstance(n, bool) and isinstance(n, int) and 1 <= n <= len(pool) and isinstance(swap, bool)
 
 
-def _parse_examples(raw: Any, where: str) -> list[Example]:
+def parse_examples(raw: Any, where: str) -> list[Example]:
     if not isinstance(raw, list) or not raw or len(raw) > 10_000:
         raise ArtifactError(f"{where}: not a non-empty list of comparison examples")
     out = []
@@ -325,7 +325,7 @@ def pair_scores(
 
 # ---------------------------------------------------------------------- inside HD-Eval
 def criterion_question(tree: Any, criterion: Any) -> str:
-    from hdeval.prompts import hierarchy_text
+    from hdeval.judge.prompts import hierarchy_text
 
     return (
         f"{hierarchy_text(tree, criterion)}\nJudge the two responses only on the criterion "
@@ -349,7 +349,7 @@ class _EveryK(Progress):
 class PairwiseScorer:
     """HD-Eval's criterion scorer replaced by PairEval (``--scorer pairwise``): a criterion's
     column is the target's win probability against the comparison examples on that criterion,
-    both orders averaged. Same call signature as :func:`hdeval.scoring.score_criteria`."""
+    both orders averaged. Same call signature as :func:`hdeval.judge.scoring.score_criteria`."""
 
     kind = "pairwise"
 
@@ -408,7 +408,7 @@ class PairwiseScorer:
             raise ArtifactError(f"{art.path}: unknown scorer {spec!r}")
         if "pair" not in templates or COMPARISONS not in art.manifest.get("files", {}):
             raise ArtifactError(f"{art.path}: a pairwise scorer needs prompts/pair.toml and {COMPARISONS}")
-        pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
+        pool = parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
         n, swap = spec.get("comparisons"), spec.get("swap")
         if not fits_examples(n, swap, pool):
             raise ArtifactError(

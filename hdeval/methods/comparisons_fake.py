@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import re
 
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
-from hdeval.backends.fake import FakeBackend, _unit, responder
+from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.llm.backends.fake import FakeBackend, responder, stable_unit
 
 LABELS = ("A", "B")
 
@@ -26,11 +26,11 @@ def fake_quality(history: str, response: str, question: str) -> float:
     uniq = len(set(words)) / len(words)
     length = math.tanh(len(words) / 20)
     overlap = len(set(words) & hist) / len(set(words))
-    w = _unit("paireval-w", question)
+    w = stable_unit("paireval-w", question)
     return (
         0.45 * length
         + 0.35 * (w * uniq + (1 - w) * overlap)
-        + 0.2 * _unit("paireval-noise", response, question)
+        + 0.2 * stable_unit("paireval-noise", response, question)
     )
 
 
@@ -53,7 +53,7 @@ def label_responder(kind: str, labels: tuple[str, str], blocks: int):
             if len(shown) < blocks:
                 return Completion("?", None, 1, 1)
             n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
-            if fake.garbage and _unit("garbage", user) < fake.garbage:
+            if fake.garbage and stable_unit("garbage", user) < fake.garbage:
                 return Completion("I cannot decide.", None, n_prompt, 4)
             p = min(1 - 1e-6, max(1e-6, probability(shown, user[user.rfind("</sample>") :])))
             top = None
@@ -80,7 +80,7 @@ def _fake_pair(blocks: list[str], question: str) -> float:
     # a mild preference for what is shown first, as real LLMs have: the swap has something to
     # undo; and a pair-specific whim, so judgments are not perfectly transitive and the choice of
     # comparison examples matters (as it does with a real LLM)
-    whim = 0.15 * (_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
+    whim = 0.15 * (stable_unit("paireval-pair", *sorted((blocks[1], blocks[3]))) - 0.5)
     return 1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS))
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 SEP = ":"  # judge and criterion in a column's key; a judge's name holds no colon
 MAX_JURY_BYTES = 1 << 20
@@ -22,7 +22,7 @@ _NAME = r"^[A-Za-z0-9_-]{1,40}$"
 _ENV = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
-def _models():
+def judge_models():
     # pydantic is imported when a jury is read: runs without one never load it
     from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -68,7 +68,7 @@ class Judge:
     def record(self) -> dict[str, Any]:
         """What the artifact keeps: the server without credentials or query, the key's variable
         name only."""
-        from hdeval.urls import public_url
+        from hdeval.core.urls import public_url
 
         return {
             "name": self.name,
@@ -100,7 +100,7 @@ def read_jury(path: str | Path) -> tuple[Judge, ...]:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not a TOML file ({exc})") from None
-    _, JuryFile = _models()
+    _, JuryFile = judge_models()
     try:
         jury = JuryFile.model_validate(data)
     except ValidationError as exc:
@@ -182,7 +182,7 @@ class Jury:
     ) -> Any:
         """Every criterion scored by every judge (``only``: judge -> its criteria), as one matrix
         of ``<judge>:<criterion>`` columns, judge by judge."""
-        from hdeval.types import Failure, ScoreMatrix
+        from hdeval.core.types import Failure, ScoreMatrix
 
         ids = [s.id for s in samples]
         out = ScoreMatrix.empty(ids)
@@ -229,8 +229,8 @@ def open_jury(
     """Each judge's cached client on the run's cache directory and settings (``base``, an
     LLMConfig), its own model, server and key; ``backends`` injects judges by name (tests, the
     Python API). A judge that cannot be opened stops the run before any call, naming it."""
-    from hdeval.errors import HdevalError
-    from hdeval.llm import open_llm
+    from hdeval.core.errors import HdevalError
+    from hdeval.llm.client import open_llm
 
     jury = Jury(tuple(judges), {}, max_calls=base.max_calls)
     try:
@@ -259,7 +259,7 @@ def _builtin(model: str) -> bool:
 
 def _keyed_backend(j: Judge, cfg: Any, offline: bool) -> Any:
     """An OpenAI-compatible backend with the key the judge's ``api_key_env`` names."""
-    from hdeval.backends.openai_compat import OpenAICompatBackend
+    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
     key = os.environ.get(j.api_key_env or "")
     if not key and not offline:
@@ -285,7 +285,7 @@ def mean_matrix(matrix: Any, names: Sequence[str]) -> Any:
     columns keyed by criterion, in first-seen order."""
     import warnings
 
-    from hdeval.types import ScoreMatrix
+    from hdeval.core.types import ScoreMatrix
 
     crits = list(dict.fromkeys(split_column(k)[1] for k in matrix.criterion_keys))
     vals = np.full((len(matrix.sample_ids), len(crits)), np.nan)
@@ -299,7 +299,7 @@ def mean_matrix(matrix: Any, names: Sequence[str]) -> Any:
 
 def judge_matrix(matrix: Any, judge: str) -> Any:
     """One judge's columns, keyed by criterion."""
-    from hdeval.types import ScoreMatrix
+    from hdeval.core.types import ScoreMatrix
 
     idx = judge_columns(matrix.criterion_keys, judge)
     return ScoreMatrix(

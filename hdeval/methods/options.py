@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from dataclasses import replace as dataclass_replace
 from typing import Any, ClassVar, Mapping
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class MethodOptions:
     def record(self) -> dict[str, Any]:
         """Every option, given or not, as the manifest's ``config.options`` records it (the second
         LLM's server without credentials or query)."""
-        from hdeval.urls import public_url
+        from hdeval.core.urls import public_url
 
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.second_llm is not None and out.get(self.second_llm[1]):
@@ -205,7 +205,7 @@ def check_recorded_options(options: type[MethodOptions], config: Any, where: str
     ArtifactError: the record is re-saved (``method_args``) and reported, so a hostile one is
     refused where the artifact is opened. Names the method does not take are left alone: format 2
     recorded HD-Eval's for every method."""
-    from hdeval.errors import ArtifactError
+    from hdeval.core.errors import ArtifactError
 
     specs = options.specs()
     try:
@@ -216,7 +216,7 @@ def check_recorded_options(options: type[MethodOptions], config: Any, where: str
 
 def check_aggregator(kind: str) -> None:
     """``--aggregator``: a learned aggregator's kind, or auto (the methods that learn one share it)."""
-    from hdeval.aggregate import CANDIDATES
+    from hdeval.learn.aggregate import CANDIDATES
 
     if kind not in CANDIDATES + ("auto",):
         raise ConfigError(f"unknown aggregator {kind!r}: choose from {', '.join(CANDIDATES)} or auto")

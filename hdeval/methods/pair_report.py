@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 def _f(x: Any) -> str:

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hdeval.errors import ArtifactError, ConfigError, HdevalError
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError
 from hdeval.methods.base import METHODS, Method
 from hdeval.methods.options import Option, check_recorded_options
 
@@ -118,7 +118,7 @@ def all_options() -> dict[str, list[tuple[str, Option]]]:
 
 def load_artifact(path: str | Path) -> "Fitted":
     """Open, verify and rebuild the fitted evaluator of whatever method wrote ``path``."""
-    from hdeval.artifact import MANIFEST, ArtifactReader, open_artifact, recover_artifact
+    from hdeval.artifact.directory import MANIFEST, ArtifactReader, open_artifact, recover_artifact
 
     path = Path(path)
     recover_artifact(path)

@@ -7,11 +7,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hdeval.backends.base import Backend
-from hdeval.cache.client import CachedBackend
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError, HdevalError
-from hdeval.llm import open_llm
+from hdeval.core.errors import ConfigError, HdevalError
+from hdeval.llm.backends.base import Backend
+from hdeval.llm.cache.client import CachedBackend
+from hdeval.llm.client import open_llm
+from hdeval.llm.config import LLMConfig
 
 
 def llm_config(config: Any) -> LLMConfig:
@@ -131,8 +131,8 @@ def plan_known(
 
 def fit_exporting(method: Any, ctx: Any, path: Any) -> Any:
     """``train --export-requests FILE``: fit with the LLMs exporting the first uncached stage's
-    requests (:class:`~hdeval.request_files.RequestsExported`) instead of calling them."""
-    from hdeval.request_files import exporting_stages
+    requests (:class:`~hdeval.llm.request_files.RequestsExported`) instead of calling them."""
+    from hdeval.llm.request_files import exporting_stages
 
     config = ctx.config
     for given, flag in ((config.batch, "--batch"), (config.max_calls is not None, "--max-calls")):

@@ -273,7 +273,7 @@ def pair_page(
     banner, figures, title and method line: :func:`dna_parts`, :func:`hdeval_parts`) and
     ``llm_verdicts`` (the LLM's own verdict per pair, in a ``prediction`` column, over per-aspect
     scores; else a classifier's over criterion scores of each response)."""
-    from hdeval.classify import predict_labels
+    from hdeval.learn.classify import predict_labels
 
     b = verdicts.Banner()
     verdicts.llm_line(b, ev.llm_identity)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hdeval.aggregate import numpy_global_rng
+from hdeval.learn.aggregate import numpy_global_rng
 from hdeval.report import banner, fmt_num, render
 from hdeval.report.banner import Banner
 from hdeval.report.plots import integer_ticks, png, pyplot, styled

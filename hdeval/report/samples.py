@@ -35,10 +35,16 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     """Raw reply text per cache key, read without opening the cache (the value files through its
     own bounded reader). A missing or unreadable cache is a note, not an error: the rest of the
     report does not need it."""
-    from hdeval.cache.codec import MAX_ENTRY_CHARS, UnreadableEntry, parse_completion, read_value, table_value
-    from hdeval.cache.guard import DBNAME, TABLE_DBNAME, read_only
-    from hdeval.cache.store import TABLE_LOOKUP, stored_key
-    from hdeval.errors import CacheError
+    from hdeval.core.errors import CacheError
+    from hdeval.llm.cache.codec import (
+        MAX_ENTRY_CHARS,
+        UnreadableEntry,
+        parse_completion,
+        read_value,
+        table_value,
+    )
+    from hdeval.llm.cache.guard import DBNAME, TABLE_DBNAME, read_only
+    from hdeval.llm.cache.store import TABLE_LOOKUP, stored_key
 
     directory = Path(cache_dir)
     # the reply table first (where replies go since #23), then diskcache's rows
@@ -111,7 +117,7 @@ def score_replies(
     """The raw replies behind the ``columns`` of the ``wanted`` ids (see :func:`replies`), and
     the samples or pairs read (for their text), a chunk at a time (validated as training reads
     them) and stopping once all are found: a report does not hold a large file."""
-    from hdeval.data import iter_task_chunks
+    from hdeval.data.samples import iter_task_chunks
 
     if data is None:
         return Replies(
@@ -136,9 +142,9 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     """The LLM's cached replies to the prompts the evaluator says it asked about ``items``
     (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
     keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
-    from hdeval.cache.client import request_key
-    from hdeval.paths import default_cache_dir
-    from hdeval.urls import keyed_identity
+    from hdeval.core.paths import default_cache_dir
+    from hdeval.core.urls import keyed_identity
+    from hdeval.llm.cache.client import request_key
 
     requests, note = ev.reply_requests(items, columns)
     if note is not None:

@@ -1,2 +1,2 @@
-"""Running a fitted evaluator over files, for the CLI and the Python API alike. Nothing here
-prints: messages go to the caller's ``notify``."""
+"""A run of any method: training, the notebook API, and applying a fitted evaluator over files.
+Nothing here prints: messages go to the caller's ``notify``."""

@@ -15,11 +15,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
-from hdeval.errors import ConfigError, DataError, ScoringError
-from hdeval.fetch import sha256_file
+from hdeval.core.errors import ConfigError, DataError, ScoringError
+from hdeval.core.fetch import sha256_file
+from hdeval.core.progress import Progress
 from hdeval.methods.base import Explains, explain_refusal
-from hdeval.progress import Progress
-from hdeval.run.artifact_llm import Notify, check_llm_options, open_artifact_llm, stderr_notify
+from hdeval.run.artifact_llm import Notify, check_llm_options, log_notify, open_artifact_llm
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.ppi_rows import RowsSummary
 from hdeval.run.shards import (
@@ -114,10 +114,10 @@ class _Summary:
         return os.path.join(self.scratch, f"{self.name}-{name}-{j}.f64")
 
     def correlations(self) -> dict | None:
-        """As :func:`hdeval.metrics.metric_table` on every row, one aspect in memory at a time."""
+        """As :func:`hdeval.core.metrics.metric_table` on every row, one aspect in memory at a time."""
         import numpy as np
 
-        from hdeval.metrics import average, streamed_correlations
+        from hdeval.core.metrics import average, streamed_correlations
 
         if self.last is not None or not self.all_human or not self.rows or self.aspects is None:
             return None
@@ -129,7 +129,7 @@ class _Summary:
         return table
 
 
-class _Input:
+class ApplyInput:
     """One streaming read of the input: this shard's samples a chunk at a time, every line
     validated as it is reached, the ids seen kept in an on-disk index (a duplicate id always
     falls in the shard of its first use, so each shard checks its own ids against the whole
@@ -144,7 +144,7 @@ class _Input:
         return shard_of(sample_id, self.shard[1]) == self.shard[0]  # type: ignore[index]
 
     def chunks(self, seen: Any) -> Iterator[list]:
-        from hdeval.data import iter_task_chunks
+        from hdeval.data.samples import iter_task_chunks
 
         for chunk in iter_task_chunks(
             self.path,
@@ -170,7 +170,7 @@ class _InputColumns:
     named like an output field is kept as ``input.<name>``."""
 
     def __init__(self, path: str) -> None:
-        from hdeval.data import data_rows
+        from hdeval.data.samples import data_rows
 
         self._rows = data_rows(path)
 
@@ -217,7 +217,7 @@ def _scan_bytes(path: str, digest: bool) -> tuple[int, str | None]:
 def _input_tasks(path: str, limit: int) -> set[str]:
     """The ``task`` names the input's first ``limit`` lines declare (rows written by hdeval
     carry one): a warning before anything is paid, so the head of the file stands for it."""
-    from hdeval.data import bounded_lines
+    from hdeval.data.samples import bounded_lines
 
     found: set[str] = set()
     try:
@@ -354,7 +354,7 @@ def apply_file(
     base_url_given: bool | None = None,
     confirm: Callable[[str], bool] | None = None,
     progress: Progress | None = None,
-    notify: Notify = stderr_notify,
+    notify: Notify = log_notify,
     replace: bool = True,
     keep_columns: bool = False,
     **llm_options: Any,
@@ -368,13 +368,13 @@ def apply_file(
     are cached, so a rerun resumes. ``shard="K/N"`` scores one
     shard (rows carry a ``shard`` field for :func:`hdeval.run.shards.merge_shards`). Lines of
     information and warnings go to ``notify``; ``llm_options`` are those of ``hdeval apply`` by name
-    (``llm``, ``base_url``, ``concurrency``, ...; None: the configured default, :mod:`hdeval.config`).
+    (``llm``, ``base_url``, ``concurrency``, ...; None: the configured default, :mod:`hdeval.llm.config`).
     More than ``max_failure_rate`` of the LLM-filled cells unreadable (refused requests, replies
     too large or not understood) is a :class:`ScoringError` and no output: imputed scores would
     read as real ones. ``replace=False``: an existing ``output`` is refused (``apply`` without
     ``--force``). ``keep_columns``: each row also holds the input row's own columns (CSV, JSON,
     ... as read), ahead of the scores."""
-    from hdeval.data import DiskIds
+    from hdeval.data.samples import DiskIds
     from hdeval.methods.base import usage_of
 
     which = parse_shard(shard) if shard is not None else None
@@ -402,7 +402,7 @@ def apply_file(
         fits = which is None
         if fits and lines > size:  # the line count bounds the samples: count them only past it
             with DiskIds(near) as ids:
-                chunks = _Input(input_file, ev, size + 1, None).chunks(ids)
+                chunks = ApplyInput(input_file, ev, size + 1, None).chunks(ids)
                 fits = len(next(chunks, [])) <= size
                 chunks.close()
         if not fits:
@@ -427,7 +427,7 @@ def apply_file(
     example: str | None = None
     n_chunks = max(1, math.ceil(expect / size))
     chunk_progress = _ChunkProgress(progress or Progress())
-    reading = _Input(input_file, ev, size, which)
+    reading = ApplyInput(input_file, ev, size, which)
     kept = _InputColumns(input_file) if keep_columns else None
     human = RowsSummary(
         list(ev.task.aspect_keys), ev.task.shape == "pairwise"

@@ -4,19 +4,21 @@ and a server named only by the artifact gets no key and no sample before the use
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import Any, Callable
 
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.llm.config import LLMConfig
 
 Notify = Callable[[str], None]
+log = logging.getLogger("hdeval")
 
 
-def stderr_notify(text: str) -> None:
-    """The default ``notify``: a line on stderr."""
-    print(text, file=sys.stderr, flush=True)
+def log_notify(text: str) -> None:
+    """The default ``notify`` when the caller gives none: a warning on the ``hdeval`` logger (the
+    library never prints; with no logging set up, Python shows it on stderr)."""
+    log.warning(text)
 
 
 def check_llm_options(**options: Any) -> LLMConfig:
@@ -35,7 +37,7 @@ def artifact_llm(
     llm_given: bool,
     base_url_given: bool,
     confirm: Callable[[str], bool] | None = None,
-    notify: Notify = stderr_notify,
+    notify: Notify = log_notify,
 ) -> tuple[str, str | None]:
     """The model and server to score with. ``llm_given``/``base_url_given``: the user named them
     (typed on the command line, or passed to the Python API), not an environment variable.
@@ -77,15 +79,15 @@ def open_artifact_llm(
     llm_given: bool | None = None,
     base_url_given: bool | None = None,
     confirm: Callable[[str], bool] | None = None,
-    notify: Notify = stderr_notify,
+    notify: Notify = log_notify,
     **llm_options: Any,
 ):
     """The cached backend to score ``ev``'s samples with (the artifact's LLM, or the one given);
     warns on a mismatch. The caller closes it (``apply`` scores chunk after chunk with one).
     ``llm_given``/``base_url_given`` default to "passed and not None" (the Python API)."""
-    from hdeval.backends.factory import DEFAULT_LOCAL_NOTICE
-    from hdeval.llm import open_llm
-    from hdeval.urls import public_identity
+    from hdeval.core.urls import public_identity
+    from hdeval.llm.backends.factory import DEFAULT_LOCAL_NOTICE
+    from hdeval.llm.client import open_llm
 
     config = check_llm_options(**llm_options)
     model, url = artifact_llm(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

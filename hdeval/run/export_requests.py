@@ -1,5 +1,5 @@
 """``apply --export-requests``: a run's uncached requests written as an OpenAI batch-format file
-(:mod:`hdeval.request_files`), on apply's own validation, shards and artifact-LLM policy."""
+(:mod:`hdeval.llm.request_files`), on apply's own validation, shards and artifact-LLM policy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError
-from hdeval.request_files import export_requests
+from hdeval.core.errors import ConfigError
+from hdeval.llm.request_files import export_requests
 
 
 def export_apply_requests(
@@ -32,10 +32,10 @@ def export_apply_requests(
     ``llm_given``, ``base_url_given``, ``confirm``, ``notify`` as for
     :func:`hdeval.run.apply.apply_file`. ``replace=False``: an existing ``export_file`` is
     refused; a file inside the reply cache always is."""
-    from hdeval.artifact import check_writable
-    from hdeval.data import DiskIds
+    from hdeval.artifact.directory import check_writable
+    from hdeval.data.samples import DiskIds
     from hdeval.methods.registry import load_artifact
-    from hdeval.run.apply import _Input, chunk_size
+    from hdeval.run.apply import ApplyInput, chunk_size
     from hdeval.run.artifact_llm import open_artifact_llm
     from hdeval.run.output import check_output
     from hdeval.run.shards import parse_shard
@@ -54,7 +54,7 @@ def export_apply_requests(
     # one reading pass, as apply's: each chunk validated (ids through the on-disk index) as it is
     # exported; a bad line anywhere raises at the end of the pass and the export file is not written
     with DiskIds(near) as seen:
-        chunks = _Input(str(input_file), ev, size, which).chunks(seen)
+        chunks = ApplyInput(str(input_file), ev, size, which).chunks(seen)
         first = next(chunks, None)  # as apply: a bad first chunk is reported before the LLM is opened
         # max_calls=0: whatever a scorer asks, nothing is paid for while exporting
         backend = open_artifact_llm(

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError
-from hdeval.request_files import _in_place
+from hdeval.core.errors import ConfigError
+from hdeval.llm.request_files import write_in_place
 
 OUTPUT_FORMATS = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
@@ -74,7 +74,7 @@ def check_output(
 def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: str) -> None:
     """No output ever lands inside the LLM reply cache (its databases, a value file): replacing
     one would lose every paid reply, or plant a file the cache would read."""
-    from hdeval.paths import default_cache_dir
+    from hdeval.core.paths import default_cache_dir
 
     cache = os.path.realpath(cache_dir if cache_dir is not None else default_cache_dir())
     real = os.path.realpath(output)
@@ -100,7 +100,7 @@ def output_format(output: str) -> str:
 
         if not any(importlib.util.find_spec(m) for m in ("pyarrow", "fastparquet")):
             raise ConfigError(f"writing {output} needs a parquet library: pip install pyarrow")
-    from hdeval.artifact import check_writable
+    from hdeval.artifact.directory import check_writable
 
     check_writable(Path(os.path.abspath(output)).parent)
     return fmt
@@ -146,7 +146,7 @@ class OutputWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self._out = self._files.enter_context(_in_place(self.path, keep_empty=True))
+        self._out = self._files.enter_context(write_in_place(self.path, keep_empty=True))
         self._spool = (
             self._out
             if fmt == "jsonl"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError, DataError
+from hdeval.core.errors import ConfigError, DataError
 from hdeval.learn.ppi import MeanEstimate, Moments, difference, pair_value, ppi_mean
 
 __all__ = ["PROB_FIELD", "SELECTION_FIELD", "Estimates", "estimate_file"]
@@ -104,7 +104,7 @@ class _Side:
 
 
 def _rows(path: str) -> Iterator[tuple[int, dict]]:
-    from hdeval.data import bounded_lines, parse_json_line
+    from hdeval.data.samples import bounded_lines, parse_json_line
 
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as fh:
@@ -127,7 +127,7 @@ def _rows(path: str) -> Iterator[tuple[int, dict]]:
 def _sample_rows(path: str, task: Any) -> Iterator[tuple[int, dict]]:
     """The rows of a samples file in any format apply reads, mapped through the task's
     ``[columns]`` as apply maps them, so each row's id is the one apply's output gives it."""
-    from hdeval.data import data_rows, map_columns, table_format
+    from hdeval.data.samples import data_rows, map_columns, table_format
 
     if table_format(path) is None and not task.columns:
         yield from _rows(path)
@@ -139,7 +139,7 @@ def _sample_rows(path: str, task: Any) -> Iterator[tuple[int, dict]]:
 
 def is_apply_output(path: str) -> bool:
     """Whether ``path``'s first row was written by ``apply`` (every one carries ``in_training``)."""
-    from hdeval.data import data_rows, table_format
+    from hdeval.data.samples import data_rows, table_format
 
     if table_format(path) is not None:  # a table holds samples; apply's table output is refused
         for _, row in data_rows(path):
@@ -348,10 +348,10 @@ def _manifest_task(path: str | os.PathLike) -> Any:
     (as :func:`hdeval.methods.registry.load_artifact` does, without rebuilding the model)."""
     from types import SimpleNamespace
 
-    from hdeval.artifact import MANIFEST, ArtifactReader, open_artifact
-    from hdeval.errors import ArtifactError, HdevalError
+    from hdeval.artifact.directory import MANIFEST, ArtifactReader, open_artifact
+    from hdeval.core.errors import ArtifactError, HdevalError
+    from hdeval.data.tasks import task_from_dict
     from hdeval.methods.registry import get_method
-    from hdeval.tasks import task_from_dict
 
     where = os.path.join(path, MANIFEST)
     head = ArtifactReader(Path(path), {}, []).json(MANIFEST) if os.path.isfile(where) else {}

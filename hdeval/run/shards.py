@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from hdeval.errors import ConfigError, DataError
-from hdeval.fetch import sha256_file
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.fetch import sha256_file
 from hdeval.run.output import OutputWriter, check_output, output_format
 
 #: The field ``apply --shard`` adds to each row for ``merge-shards`` (which removes it again).
@@ -27,7 +27,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def artifact_sha256(path: str | Path | None) -> str:
     """The artifact's identity for shard outputs: its manifest holds every file's checksum."""
-    from hdeval.artifact import MANIFEST
+    from hdeval.artifact.directory import MANIFEST
 
     if path is None:
         return "0" * 64  # an evaluator never saved: shards of it merge only with each other
@@ -80,7 +80,7 @@ class ShardFile:
     def rows(self) -> Iterator[tuple[int, str, str, dict]]:
         """(input line, path, id, row without the shard field) in the order of the file; at the end,
         the closing record checked against what came before it."""
-        from hdeval.data import bounded_lines
+        from hdeval.data.samples import bounded_lines
 
         with self.fh:
             try:

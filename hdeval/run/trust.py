@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hdeval.intervals import DEFAULT_MAX_WIDTH, check_max_width, row_intervals
+from hdeval.learn.intervals import DEFAULT_MAX_WIDTH, check_max_width, row_intervals
 
 __all__ = ["DEFAULT_MAX_WIDTH", "RowTrust"]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hdeval.intervals import fitted_intervals
+from hdeval.core.types import CriteriaTree, Sample
+from hdeval.judge.prompts import load_templates
+from hdeval.judge.scoring import SCALE, score_criteria
+from hdeval.learn.intervals import fitted_intervals
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned
-from hdeval.prompts import load_templates
-from hdeval.scoring import SCALE, score_criteria
-from hdeval.types import CriteriaTree, Sample
 
 
 class DirectEvaluator(SinglePromptFitted):
@@ -57,8 +57,8 @@ def fit(ctx: FitContext) -> DirectEvaluator:
 
 def plan(config: Any, prep: Any, backend: Any = None) -> list:
     """The dry run: one request per sample and aspect (identical prompts cost one call)."""
+    from hdeval.judge.scoring import score_requests
     from hdeval.methods.run import plan_known
-    from hdeval.scoring import score_requests
 
     tree = CriteriaTree.from_aspects(prep.task.aspects)
     reqs = score_requests(load_templates()["score"], prep.task, tree, tree.layer(1), prep.samples)

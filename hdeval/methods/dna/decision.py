@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.errors import ArtifactError
-from hdeval.types import PAIR_LABELS
+from hdeval.core.errors import ArtifactError
+from hdeval.core.types import PAIR_LABELS
 
 
 def decide(total_a: float, total_b: float, tie_margin: float = 0.0) -> str:
@@ -61,7 +61,7 @@ def learn_tie_margin(
     """The tie margin learned from each training pair's total A minus total B and human label:
     ``_margin_rule``'s, if on folds grouped by document its agreement with ties beats margin 0's
     and on the training pairs it is no worse than margin 0's; else 0 (no learned ties)."""
-    from hdeval.aggregate import cv_folds
+    from hdeval.learn.aggregate import cv_folds
 
     dv = np.asarray(diffs, float)
     h = np.asarray(list(human), dtype=object)

@@ -7,8 +7,8 @@ import json
 import math
 import re
 
-from hdeval.backends.base import Completion, CompletionRequest
-from hdeval.backends.fake import _unit, responder
+from hdeval.llm.backends.base import Completion, CompletionRequest
+from hdeval.llm.backends.fake import responder, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
 _FAKE_SAMPLE = re.compile(r"<sample>\n(.*?)\n</sample>", re.S)
@@ -41,14 +41,14 @@ def fake_quality(text: str, aspect: str) -> float:
     words = re.findall(r"\w+", text.lower())
     uniq = len(set(words)) / max(1, len(words))
     length = math.tanh(len(words) / 120)
-    w = _unit("dna-w", aspect)
-    x = 0.55 * (w * length + (1 - w) * uniq) + 0.25 * length + 0.2 * _unit("dna-noise", aspect, text)
+    w = stable_unit("dna-w", aspect)
+    x = 0.55 * (w * length + (1 - w) * uniq) + 0.25 * length + 0.2 * stable_unit("dna-noise", aspect, text)
     return 1.0 + 9.0 * min(1.0, max(0.0, x))
 
 
 def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int]:
     first, _, second = _fake_sample(request).partition("\n\nResponse A:\n")[2].partition("\n\nResponse B:\n")
-    bias = 1.0 if _unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
+    bias = 1.0 if stable_unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
     sa = min(10, max(1, round(fake_quality(first, aspect) + bias)))
     sb = min(10, max(1, round(fake_quality(second, aspect))))
     return sa, sb
@@ -60,7 +60,7 @@ def _fake_aspects(request: CompletionRequest, fake) -> Completion:
     m = _FAKE_K.search(prompt)
     k = int(m.group(1)) if m else 4
     q = _fake_sample(request)
-    start = int(_unit("dna-aspects", q) * len(_FAKE_FACETS))
+    start = int(stable_unit("dna-aspects", q) * len(_FAKE_FACETS))
     names = [_FAKE_FACETS[(start + i) % len(_FAKE_FACETS)] for i in range(k)]
     text = json.dumps(
         {"aspects": [{"name": x, "definition": f"How well the response shows {x}."} for x in names]}
@@ -77,7 +77,7 @@ def _fake_weights(request: CompletionRequest, fake) -> Completion:
     except json.JSONDecodeError:
         keys = []
     q = _fake_sample(request)
-    text = json.dumps({"weights": {k: 5 + round(40 * _unit("dna-weight", q, str(k))) for k in keys}})
+    text = json.dumps({"weights": {k: 5 + round(40 * stable_unit("dna-weight", q, str(k))) for k in keys}})
     return Completion(text, None, n, max(1, len(text) // 4))
 
 

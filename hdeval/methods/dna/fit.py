@@ -8,14 +8,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.errors import ScoringError
+from hdeval.core.errors import ScoringError
+from hdeval.core.metrics import pair_agreement as agreement
+from hdeval.core.types import PairSample
 from hdeval.methods.base import FitContext, fit_message, run_record, score_table, split_rows, usage_of
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
 from hdeval.methods.dna.scoring import PairScoreResult, progress_units
-from hdeval.metrics import pair_agreement as agreement
-from hdeval.types import PairSample
 
 
 def _split_metrics(
@@ -68,7 +68,7 @@ def _margin_words(info: dict[str, Any]) -> str:
 
 
 def fit(ctx: FitContext) -> DnaEvaluator:
-    from hdeval.aggregate import cv_folds
+    from hdeval.learn.aggregate import cv_folds
 
     settings = ctx.options.settings()
     task, pairs, split = ctx.prep.task, list(ctx.prep.samples), ctx.prep.split

@@ -6,8 +6,11 @@ import math
 from typing import Any, Sequence
 
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
-from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.errors import ArtifactError, DataError
+from hdeval.artifact.directory import ArtifactReader, ArtifactWriter
+from hdeval.core.errors import ArtifactError, DataError
+from hdeval.core.progress import Progress
+from hdeval.core.types import PairSample, Task
+from hdeval.judge.prompts import Template, parse_template
 from hdeval.methods.base import AGREEMENT, FIGURE, NUMBER, SPLIT, TEXT, Fitted, loaded, usage_of
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
@@ -15,9 +18,6 @@ from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
 from hdeval.methods.pair_report import write_pair_report
-from hdeval.progress import Progress
-from hdeval.prompts import Template, parse_template
-from hdeval.types import PairSample, Task
 
 LEARNED = "learned.json"
 

@@ -6,11 +6,11 @@ import dataclasses
 import json
 from typing import Sequence
 
-from hdeval.backends.base import CompletionRequest
-from hdeval.backends.constraints import Scale
+from hdeval.core.types import PairSample, Task
+from hdeval.judge.prompts import Template, load_template, neutralise
+from hdeval.llm.backends.base import CompletionRequest
+from hdeval.llm.backends.constraints import Scale
 from hdeval.methods.dna.replies import AspectSpec, json_object, structured_pair
-from hdeval.prompts import Template, _neutralise, load_template
-from hdeval.types import PairSample, Task
 
 # the answer of every scoring prompt but chain-of-thought: "<score A> <score B>"
 TWO_SCORES = Scale(1, 10, count=2)
@@ -27,15 +27,15 @@ PROMPT_FILES = {
 
 
 def question_block(task: Task, pair: PairSample) -> str:
-    parts = [f"{f.label}:\n{_neutralise(pair.text(f.key))}" for f in task.fields if f.key != "output"]
+    parts = [f"{f.label}:\n{neutralise(pair.text(f.key))}" for f in task.fields if f.key != "output"]
     return "\n\n".join(parts)
 
 
 def pair_block(task: Task, pair: PairSample, swapped: bool = False) -> str:
     first, second = (pair.output_b, pair.output_a) if swapped else (pair.output_a, pair.output_b)
     return (
-        f"{question_block(task, pair)}\n\nResponse A:\n{_neutralise(first)}"
-        f"\n\nResponse B:\n{_neutralise(second)}"
+        f"{question_block(task, pair)}\n\nResponse A:\n{neutralise(first)}"
+        f"\n\nResponse B:\n{neutralise(second)}"
     )
 
 

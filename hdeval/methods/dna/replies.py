@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import Completion, CompletionRequest, generated_tokens
-from hdeval.judge import extract_json, score_pair
-from hdeval.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
+from hdeval.core.types import LONE_SURROGATE_PROBLEM, has_lone_surrogate
+from hdeval.judge.fill import extract_json, score_pair
+from hdeval.llm.backends.base import Completion, CompletionRequest, generated_tokens
 
 SCALE10 = (1.0, 10.0)
 
@@ -57,7 +57,7 @@ def structured_pair(request: CompletionRequest) -> CompletionRequest:
 
 def more_room(request: CompletionRequest, reply: Completion) -> CompletionRequest | None:
     """For a JSON reply cut short at its token budget (an object never closed), the request
-    again with twice the room; None for any other reply (:func:`hdeval.judge.fill_matrix`'s retry)."""
+    again with twice the room; None for any other reply (:func:`hdeval.judge.fill.fill_matrix`'s retry)."""
     text = (reply.text or "").strip()
     if request.json_schema is None or "{" not in text or reply.completion_tokens < request.max_tokens:
         return None
@@ -195,7 +195,7 @@ def read_pair_weighted(c: Completion) -> tuple[tuple[tuple[float, float] | None,
     only), and why the text was read instead (None when the logprobs were used or absent).
 
     The logprobs are used only when they line up with the text: each position's generated token
-    (see :func:`~hdeval.backends.base.generated_tokens`) spelling the text, each score one token,
+    (see :func:`~hdeval.llm.backends.base.generated_tokens`) spelling the text, each score one token,
     the likeliest score token at its position. A tokenizer whose "1" begins "10" has it read as 1."""
     got, why = score_pair(c, SCALE10)
     if got is None or not c.top_logprobs:

@@ -11,8 +11,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.backends.base import CompletionRequest
-from hdeval.judge import Cell, UnusableReply, ask_json_many, fill_matrix
+from hdeval.core.metrics import pair_agreement as agreement
+from hdeval.core.progress import Progress
+from hdeval.core.types import PairSample, ScoreMatrix, Task
+from hdeval.judge.fill import Cell, UnusableReply, ask_json_many, fill_matrix
+from hdeval.judge.prompts import Template
+from hdeval.llm.backends.base import CompletionRequest
 from hdeval.methods.base import ScoreResult, progress_stage, usage_of
 from hdeval.methods.dna.decision import decide, weighted_totals
 from hdeval.methods.dna.prompts import (
@@ -38,10 +42,6 @@ from hdeval.methods.dna.replies import (
     validate_weights,
 )
 from hdeval.methods.dna.settings import Settings
-from hdeval.metrics import pair_agreement as agreement
-from hdeval.progress import Progress
-from hdeval.prompts import Template
-from hdeval.types import PairSample, ScoreMatrix, Task
 
 log = logging.getLogger(__name__)
 

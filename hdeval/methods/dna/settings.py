@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hdeval.errors import ArtifactError, ConfigError
+from hdeval.core.errors import ArtifactError, ConfigError
 from hdeval.methods.options import MethodOptions, option
 
 MODES = ("dna", "direct", "cot", "prompt-agg")

@@ -24,7 +24,7 @@ def _prepare(config, task):
     opts = config.options
     if not opts.tree:
         return None
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
     from hdeval.methods.hdeval.tree_file import read_tree
 
     given = read_tree(opts.tree, task)
@@ -43,7 +43,7 @@ def _plan(config, prep, backend):
 
         return plan_pairwise(config, prep, backend)
     if config.options.scorer == "pairwise":
-        from hdeval.errors import ConfigError
+        from hdeval.core.errors import ConfigError
 
         raise ConfigError(
             "--dry-run does not count --scorer pairwise yet: it makes samples x criteria x "
@@ -55,15 +55,15 @@ def _plan(config, prep, backend):
 
 
 def _artifact_suffixes(config):
-    from hdeval.aggregate import CANDIDATES
+    from hdeval.learn.aggregate import CANDIDATES
 
     kind = config.options.aggregator
     return CANDIDATES if kind == "auto" else (kind,)
 
 
 def _check_pairwise_aggregator(ctx):
-    from hdeval.aggregate import KINDS
-    from hdeval.errors import ConfigError
+    from hdeval.core.errors import ConfigError
+    from hdeval.learn.aggregate import KINDS
 
     kind = ctx.config.options.aggregator
     if kind not in KINDS + ("auto",):  # the means and constrained linear models are pointwise only

@@ -7,12 +7,12 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-from hdeval.backends.base import Backend, CompletionRequest
-from hdeval.errors import DecompositionError, RequestRejected
-from hdeval.judge import UnusableReply, ask_json
-from hdeval.progress import Progress
-from hdeval.prompts import Template, decomposition_messages
-from hdeval.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
+from hdeval.core.errors import DecompositionError, RequestRejected
+from hdeval.core.progress import Progress
+from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
+from hdeval.judge.fill import UnusableReply, ask_json
+from hdeval.judge.prompts import Template, decomposition_messages
+from hdeval.llm.backends.base import Backend, CompletionRequest
 
 DECOMPOSE_MAX_TOKENS = 1024
 ATTEMPTS = 3
@@ -193,7 +193,7 @@ def decompose(
     attempts: int = ATTEMPTS,
     rejections: list[dict[str, Any]] | None = None,
 ) -> list[Criterion]:
-    """Ask for sub-criteria through :func:`hdeval.judge.ask_json`: a malformed reply is answered
+    """Ask for sub-criteria through :func:`hdeval.judge.fill.ask_json`: a malformed reply is answered
     with what was wrong and asked again (a new, deterministic request, so it is cached too); a
     rerun re-asks replies that were cached malformed; then a clear error.
 
@@ -267,7 +267,7 @@ def decompose_nodes(
 
     ``rejections`` collects every degenerate reply (see :func:`decompose`); a node whose replies
     all stayed degenerate gets an entry with ``"unexpanded": True`` and a warning line."""
-    from hdeval.request_files import export_first_requests
+    from hdeval.llm.request_files import export_first_requests
 
     # while exporting (train --export-requests): each node's first request depends only on its
     # ancestors, so all are known now and are written as one stage

@@ -1,5 +1,5 @@
 """The HD-Eval evaluator: criteria tree + fitted aggregator; scores new samples, writes its files and
-checks that what it reads back is consistent (the artifact directory is :mod:`hdeval.artifact`'s)."""
+checks that what it reads back is consistent (the artifact directory is :mod:`hdeval.artifact.directory`'s)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,22 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from hdeval.aggregate import Aggregator
-from hdeval.artifact import MANIFEST, ArtifactReader, ArtifactWriter, open_artifact, recover_artifact
-from hdeval.backends.base import Backend
-from hdeval.config import LLMConfig
-from hdeval.errors import ArtifactError, DataError
+from hdeval.artifact.directory import (
+    MANIFEST,
+    ArtifactReader,
+    ArtifactWriter,
+    open_artifact,
+    recover_artifact,
+)
+from hdeval.core.errors import ArtifactError, DataError
+from hdeval.core.progress import Progress
+from hdeval.core.types import CriteriaTree, Sample, ScoreMatrix, Task
+from hdeval.data.tasks import task_from_dict
+from hdeval.judge.prompts import Template, parse_template
+from hdeval.judge.scoring import score_criteria, scoring_request
+from hdeval.learn.aggregate import Aggregator
+from hdeval.llm.backends.base import Backend
+from hdeval.llm.config import LLMConfig
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
     CORRELATIONS,
@@ -32,11 +43,6 @@ from hdeval.methods.base import (
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.methods.options import check_recorded_options, recorded_options
-from hdeval.progress import Progress
-from hdeval.prompts import Template, parse_template
-from hdeval.scoring import score_criteria, scoring_request
-from hdeval.tasks import task_from_dict
-from hdeval.types import CriteriaTree, Sample, ScoreMatrix, Task
 
 TREE = "tree.json"
 MODEL = "aggregator.skops"

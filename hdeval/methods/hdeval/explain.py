@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 from sklearn.base import clone
 
-from hdeval.aggregate import SIMPLE_KINDS, Aggregator, numpy_global_rng
-from hdeval.errors import ArtifactError, DataError
+from hdeval.core.errors import ArtifactError, DataError
+from hdeval.core.metrics import metric_table
+from hdeval.core.types import CriteriaTree
+from hdeval.learn.aggregate import SIMPLE_KINDS, Aggregator, numpy_global_rng
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
-from hdeval.metrics import metric_table
-from hdeval.types import CriteriaTree
 
 if TYPE_CHECKING:
     from hdeval.methods.base import ScoreResult

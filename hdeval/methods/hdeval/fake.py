@@ -10,8 +10,8 @@ import json
 import math
 import re
 
-from hdeval.backends.base import Completion, CompletionRequest, TokenLogprob
-from hdeval.backends.fake import FakeBackend, _h, _unit, responder
+from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.llm.backends.fake import FakeBackend, responder, stable_hash, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
 _MAX_CHILDREN = re.compile(r"at most (\d+) sub-criteria")
@@ -27,7 +27,7 @@ def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion
     crit = _CRITERION.search(prompt)
     name, key = (crit.group(1), crit.group(2)) if crit else ("criterion", "c")
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
-    start = _h(key) % len(facets)
+    start = stable_hash(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
     subs = [
         {
@@ -47,13 +47,13 @@ def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     sample = _SAMPLE.search(prompt)
     body = sample.group(1) if sample else prompt
     criterion = prompt[sample.end() :] if sample else ""
-    if fake.garbage and _unit("garbage", prompt) < fake.garbage:
+    if fake.garbage and stable_unit("garbage", prompt) < fake.garbage:
         return Completion("I am not able to rate this text.", None, n_prompt, 8)
     words = re.findall(r"\w+", body.lower())
     uniq = len(set(words)) / max(1, len(words))
     length = math.tanh(len(words) / 400)
-    w1, w2 = _unit("w1", criterion), _unit("w2", criterion)
-    noise = _unit("noise", body, criterion)
+    w1, w2 = stable_unit("w1", criterion), stable_unit("w2", criterion)
+    noise = stable_unit("noise", body, criterion)
     x = 0.45 * (w1 * uniq + (1 - w1) * length) + 0.35 * w2 * uniq + 0.2 * noise
     score = 1.0 + 4.0 * min(1.0, max(0.0, x))
     digits = [1, 2, 3, 4, 5]

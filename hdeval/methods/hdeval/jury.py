@@ -9,8 +9,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import select_cv
-from hdeval.errors import ArtifactError
+from hdeval.core.errors import ArtifactError
+from hdeval.core.metrics import metric_table
+from hdeval.core.types import ScoreMatrix
+from hdeval.learn.aggregate import select_cv
 from hdeval.methods.base import CORRELATIONS, progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
 from hdeval.methods.jury import (
@@ -22,8 +24,6 @@ from hdeval.methods.jury import (
     open_jury,
     split_column,
 )
-from hdeval.metrics import metric_table
-from hdeval.types import ScoreMatrix
 
 # a judge is dropped when the others' columns alone do at least this well on grouped CV: less
 # than this much cross-validated Spearman is fold noise on ~100 rows (the layer margin's reasoning)
@@ -237,7 +237,7 @@ class JuryEvaluator(Evaluator):
         units: int,
         score: Any,
     ) -> tuple[Any, Any]:
-        from hdeval.config import DEFAULT_CONCURRENCY, LLMConfig
+        from hdeval.llm.config import DEFAULT_CONCURRENCY, LLMConfig
 
         only: dict[str, list[Any]] = {}
         for key in self.needed_criteria:
@@ -277,8 +277,8 @@ class JuryEvaluator(Evaluator):
         on the server ``apply`` was allowed to call (``backend``'s) or a built-in model."""
         import dataclasses
 
-        from hdeval.errors import ConfigError
-        from hdeval.urls import public_url
+        from hdeval.core.errors import ConfigError
+        from hdeval.core.urls import public_url
 
         if self.judge_backends is not None:
             return list(judges)
@@ -300,12 +300,12 @@ class JuryEvaluator(Evaluator):
     def from_artifact(cls, art: Any) -> "JuryEvaluator":
         from pydantic import ValidationError
 
-        from hdeval.methods.jury import _models
+        from hdeval.methods.jury import judge_models
 
         ev = super().from_artifact(art)
         state = art.state.get("jury")
         where = art.path / "manifest.json"
-        JudgeSpec, _ = _models()
+        JudgeSpec, _ = judge_models()
         try:
             judges = [JudgeSpec.model_validate(j) for j in state["judges"]]
             kept = state["kept"]

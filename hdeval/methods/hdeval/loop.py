@@ -15,7 +15,14 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import (
+from hdeval.core.errors import DecompositionError, ScoringError
+from hdeval.core.metrics import metric_table
+from hdeval.core.progress import Progress
+from hdeval.core.types import CriteriaTree, ScoreMatrix
+from hdeval.core.urls import public_identity, public_url, shown_identity
+from hdeval.judge.prompts import load_templates, sample_block
+from hdeval.judge.scoring import score_criteria, score_requests
+from hdeval.learn.aggregate import (
     CANDIDATES,
     FIXED_KINDS,
     SIMPLE_KINDS,
@@ -25,11 +32,10 @@ from hdeval.aggregate import (
     fit_warnings,
     one_standard_error,
 )
-from hdeval.backends.base import Backend
-from hdeval.cache.client import CachedBackend
-from hdeval.config import LLMConfig
-from hdeval.errors import DecompositionError, ScoringError
-from hdeval.intervals import fitted_intervals
+from hdeval.learn.intervals import fitted_intervals
+from hdeval.llm.backends.base import Backend
+from hdeval.llm.cache.client import CachedBackend
+from hdeval.llm.config import LLMConfig
 from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator
@@ -37,12 +43,6 @@ from hdeval.methods.hdeval.prune import prune
 from hdeval.methods.hdeval.summary import some_of
 from hdeval.methods.jury import column, jury_scorer, jury_state, mean_matrix, split_column
 from hdeval.methods.run import LayerPlan, backend_for, open_decompose_backend, prompt_chars
-from hdeval.metrics import metric_table
-from hdeval.progress import Progress
-from hdeval.prompts import load_templates, sample_block
-from hdeval.scoring import score_criteria, score_requests
-from hdeval.types import CriteriaTree, ScoreMatrix
-from hdeval.urls import public_identity, public_url, shown_identity
 
 
 @dataclass
@@ -752,7 +752,7 @@ def pruning_lines(r: Any) -> list[str]:
 
 
 def plan_hdeval(config: Any, prep: Any, backend: Backend | None = None) -> list[LayerPlan]:
-    """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.train.plan`).
+    """HD-Eval's calls per layer, without calling the LLM (see :func:`hdeval.run.train.plan`).
     With ``--tree``, every layer of the given tree is known: its requests are counted exactly."""
     with backend_for(config, backend, offline=True) as llm:
         dec = open_decompose_backend(config, llm, offline=True)

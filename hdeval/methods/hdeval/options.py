@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 

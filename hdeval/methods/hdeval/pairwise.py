@@ -1,7 +1,7 @@
 """HD-Eval on pairwise preference data (``hdeval train --method hdeval`` on a pairwise task;
 docs/methods.md tells it whole): the tree is built as for pointwise tasks, each response is
 scored alone on every criterion with the pointwise prompt (so no position bias to swap away),
-and a classifier (:mod:`hdeval.classify`) on score(A) - score(B) per criterion predicts the
+and a classifier (:mod:`hdeval.learn.classify`) on score(A) - score(B) per criterion predicts the
 human label; permutation importance picks the criteria to decompose next."""
 
 from __future__ import annotations
@@ -16,9 +16,25 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from hdeval.aggregate import fit_warnings, used_features
-from hdeval.artifact import ArtifactWriter
-from hdeval.classify import (
+from hdeval.artifact.directory import ArtifactWriter
+from hdeval.core.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.metrics import pair_agreement as agreement
+from hdeval.core.progress import Progress
+from hdeval.core.types import (
+    PAIR_LABELS,
+    CriteriaTree,
+    Criterion,
+    Failure,
+    PairSample,
+    Sample,
+    ScoreMatrix,
+    Task,
+)
+from hdeval.core.urls import shown_identity
+from hdeval.judge.prompts import Template, load_templates
+from hdeval.judge.scoring import score_criteria
+from hdeval.learn.aggregate import fit_warnings, used_features
+from hdeval.learn.classify import (
     CLASSIFIERS,
     cv_predictions,
     heldout_importance,
@@ -27,7 +43,6 @@ from hdeval.classify import (
     prune_importance,
     select_classifier,
 )
-from hdeval.errors import ArtifactError, ConfigError, DataError
 from hdeval.methods.aggregator_file import check_pipeline
 from hdeval.methods.base import AGREEMENT, NUMBER, SPLIT, FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.evaluator import TreeEvaluator
@@ -44,12 +59,6 @@ from hdeval.methods.hdeval.loop import (
     warning_notes,
 )
 from hdeval.methods.pair_report import write_pair_report
-from hdeval.metrics import pair_agreement as agreement
-from hdeval.progress import Progress
-from hdeval.prompts import Template, load_templates
-from hdeval.scoring import score_criteria
-from hdeval.types import PAIR_LABELS, CriteriaTree, Criterion, Failure, PairSample, Sample, ScoreMatrix, Task
-from hdeval.urls import shown_identity
 
 MODEL = "classifier.skops"
 _EXTRA_KEYS = ("seed", "split", "config", "layers", "data_file", "decomposition_rejections")

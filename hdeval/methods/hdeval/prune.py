@@ -10,7 +10,7 @@ from sklearn.base import clone
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import r2_score
 
-from hdeval.aggregate import Aggregator, cv_folds, run_jobs
+from hdeval.learn.aggregate import Aggregator, cv_folds, run_jobs
 
 N_REPEATS = 5
 

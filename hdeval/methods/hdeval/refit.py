@@ -9,15 +9,15 @@ from typing import Any, Sequence
 import numpy as np
 from sklearn.base import clone
 
-from hdeval.aggregate import Aggregator, select_cv
-from hdeval.errors import ConfigError, DataError
-from hdeval.intervals import fitted_intervals
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.metrics import average_spearman, metric_table
+from hdeval.core.types import ScoreMatrix
+from hdeval.judge.scoring import score_criteria
+from hdeval.learn.aggregate import Aggregator, select_cv
+from hdeval.learn.intervals import fitted_intervals
 from hdeval.methods.base import score_table, usage_of
 from hdeval.methods.hdeval.evaluator import Evaluator
 from hdeval.methods.hdeval.loop import baselines
-from hdeval.metrics import average_spearman, metric_table
-from hdeval.scoring import score_criteria
-from hdeval.types import ScoreMatrix
 
 BOOTSTRAP = 2000
 LEVEL = 0.95

@@ -14,7 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from hdeval import __version__
-from hdeval.errors import ArtifactError, ConfigError
+from hdeval.core.errors import ArtifactError, ConfigError
+from hdeval.core.metrics import metric_table
+from hdeval.core.progress import Progress
 from hdeval.methods.hdeval.explain import (
     MAX_SAMPLES,
     N_BACKGROUND,
@@ -30,8 +32,6 @@ from hdeval.methods.hdeval.explain import (
     tree_importance,
 )
 from hdeval.methods.hdeval.prune import N_REPEATS
-from hdeval.metrics import metric_table
-from hdeval.progress import Progress
 from hdeval.report import samples as sample_view
 
 REPORT_FORMAT = "hdeval-report"

@@ -3,9 +3,9 @@ probability against comparison examples, from the shared :mod:`hdeval.methods.co
 
 from __future__ import annotations
 
+from hdeval.judge.prompts import load_template
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import PairwiseScorer, check_comparisons, draw_comparisons, history_fields
-from hdeval.prompts import load_template
 
 
 def hdeval_scorer(ctx: FitContext) -> PairwiseScorer | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hdeval.metrics import why_null
+from hdeval.core.metrics import why_null
 
 
 def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hdeval.errors import ConfigError, HdevalError
-from hdeval.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
+from hdeval.core.errors import ConfigError, HdevalError
+from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
 
 MAX_TREE_BYTES = 1 << 20
 MAX_CRITERIA = 500
@@ -72,7 +72,7 @@ def read_tree(path: str | Path, task: Task) -> GivenTree:
 
 
 def _from_artifact(path: Path, task: Task) -> GivenTree:
-    from hdeval.artifact import open_artifact
+    from hdeval.artifact.directory import open_artifact
 
     try:
         reader = open_artifact(path, editable=("tree.json",))

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import click
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
 from hdeval.methods.base import CommandKit
 
 
@@ -46,10 +46,10 @@ def commands(kit: CommandKit) -> Sequence[Any]:
         Example:
           hdeval paireval export-training --data corpus.jsonl -o pairs.jsonl
         """
-        from hdeval.data import read_samples, write_jsonl
+        from hdeval.data.samples import read_samples, write_jsonl
+        from hdeval.data.tasks import load_task
         from hdeval.methods.comparisons import history_fields
         from hdeval.methods.paireval.export import export_training
-        from hdeval.tasks import load_task
 
         kit.check_output(out, [data, task if task.endswith(".toml") else None])  # a name is no file
         t = load_task(task)

@@ -7,10 +7,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hdeval.errors import DataError
+from hdeval.core.errors import DataError
+from hdeval.core.types import Aspect, Sample, Task
+from hdeval.judge.prompts import Template, load_template
 from hdeval.methods.comparisons import Example, pair_question, pair_request
-from hdeval.prompts import Template, load_template
-from hdeval.types import Aspect, Sample, Task
 
 
 def export_training(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hdeval.core.progress import Progress
+from hdeval.judge.prompts import load_template
 from hdeval.methods.base import (
     FitContext,
     check_failure_rate,
@@ -23,8 +25,6 @@ from hdeval.methods.paireval.sources import (
     overlap_text,
     overlap_with_test,
 )
-from hdeval.progress import Progress
-from hdeval.prompts import load_template
 
 
 def fit_paireval(ctx: FitContext) -> PairEvalEvaluator:
@@ -47,9 +47,9 @@ def plan_paireval(config: Any, prep: Any, backend: Any = None) -> list:
 
 def fit_with_pool(ctx: FitContext, pool: list[Example], n: int, swap: bool, source: str) -> PairEvalEvaluator:
     """PairEval's fit with the comparison examples given (the benchmark draws its own)."""
-    from hdeval.aggregate import Aggregator, cross_val_predictions, select_cv
-    from hdeval.intervals import fitted_intervals
-    from hdeval.metrics import metric_table
+    from hdeval.core.metrics import metric_table
+    from hdeval.learn.aggregate import Aggregator, cross_val_predictions, select_cv
+    from hdeval.learn.intervals import fitted_intervals
 
     task, samples, split, config = ctx.prep.task, ctx.prep.samples, ctx.prep.split, ctx.config
     by_id = {s.id: s for s in samples}

@@ -7,22 +7,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from hdeval.artifact import ArtifactReader, ArtifactWriter
-from hdeval.config import LLMConfig
-from hdeval.errors import ConfigError, DataError
+from hdeval.artifact.directory import ArtifactReader, ArtifactWriter
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.progress import Progress
+from hdeval.core.types import Sample, Task
+from hdeval.judge.prompts import Template, parse_template
+from hdeval.llm.config import LLMConfig
 from hdeval.methods.base import Fitted, ScoreResult, loaded, usage_of
 from hdeval.methods.comparisons import (
     COMPARISONS,
     Example,
     PairScores,
-    _parse_examples,
     fits_examples,
     pair_scores,
+    parse_examples,
 )
 from hdeval.methods.paireval.sources import comparison_text, overlap_text
-from hdeval.progress import Progress
-from hdeval.prompts import Template, parse_template
-from hdeval.types import Sample, Task
 
 PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
@@ -142,7 +142,7 @@ class PairEvalEvaluator(Fitted):
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "PairEvalEvaluator":
-        from hdeval.aggregate import Aggregator
+        from hdeval.learn.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
         args = art.manifest.get("method_args") or {}
@@ -154,7 +154,7 @@ class PairEvalEvaluator(Fitted):
                 if set(args) != {"all_vs_all", "swap"} or not isinstance(swap, bool):
                     raise ValueError("method_args of an all-vs-all artifact are 'all_vs_all' and 'swap' only")
             else:
-                pool = _parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
+                pool = parse_examples(art.json(COMPARISONS), str(art.path / COMPARISONS))
                 n, swap = args["comparisons"], args["swap"]
                 if not fits_examples(n, swap, pool):
                     raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")

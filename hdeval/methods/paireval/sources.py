@@ -8,7 +8,8 @@ import dataclasses
 from collections import Counter
 from typing import Any, Sequence
 
-from hdeval.errors import ConfigError
+from hdeval.core.errors import ConfigError
+from hdeval.core.types import Sample
 from hdeval.methods.base import FitContext
 from hdeval.methods.comparisons import (
     RESPONSE_FIELD,
@@ -18,7 +19,6 @@ from hdeval.methods.comparisons import (
     history_fields,
     read_comparison_file,
 )
-from hdeval.types import Sample
 
 REFERENCE_FIELD = "reference"
 ALL_VS_ALL = "all-vs-all"  # the source of an exhaustive run: every other response of the document

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hdeval.backends.base import CompletionRequest
-from hdeval.judge import Cell, fill_matrix, label_probability
+from hdeval.core.types import Aspect, Sample, Task
+from hdeval.judge.fill import Cell, fill_matrix, label_probability
+from hdeval.judge.prompts import Template, load_template
+from hdeval.llm.backends.base import CompletionRequest
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
 from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
-from hdeval.prompts import Template, load_template
-from hdeval.types import Aspect, Sample, Task
 
 YES_NO = ("Yes", "No")
 

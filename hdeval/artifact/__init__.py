@@ -1,0 +1,1 @@
+"""The artifact directory, whatever the method: layout, manifest, checksums, safe loading."""

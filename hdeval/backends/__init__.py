@@ -1,6 +1,0 @@
-"""LLM backends. Every LLM call in hdeval goes through one of these, wrapped by the cache."""
-
-from hdeval.backends.base import Backend, Completion, CompletionRequest, Message, TokenLogprob
-from hdeval.backends.factory import make_backend
-
-__all__ = ["Backend", "Completion", "CompletionRequest", "Message", "TokenLogprob", "make_backend"]

@@ -1,0 +1,1 @@
+"""Asking the judge: prompt templates, the cell filler and criterion scoring."""

@@ -1,0 +1,321 @@
+"""A training run of any method, and its dry run: the options, the task and data, the split and
+the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) do the rest."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.progress import Progress
+from hdeval.core.types import Sample, Task
+from hdeval.data.samples import Split, find_data, limit_samples, read_task_samples, split_samples
+from hdeval.data.tasks import apply_preset, load_task, select_aspects
+from hdeval.llm.backends.base import Backend
+from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
+from hdeval.methods.base import FitContext, check_shape
+from hdeval.methods.registry import all_options, get_method
+from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hdeval.methods.base import Fitted
+
+MAX_SEED = 2**32 - 1
+_JURY_FIELDS = ("judges", "jury", "prune_judges")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What every training run shares, plus the chosen method's options model. Unknown fields
+    are rejected; :meth:`from_options` takes every option by name."""
+
+    task: str  # built-in task name or path to a task .toml
+    method: str = "hdeval"  # hdeval | direct | ... (see `hdeval methods`)
+    # the chosen method's options (its MethodOptions model; a mapping name -> value or None, its
+    # defaults, is built into that model here), e.g. {"layers": 2} for hdeval
+    options: Any = None
+    data: str | None = None  # JSONL of samples; default: the task's file in HDEVAL_DATA_DIR / user data dir
+    aspects: tuple[str, ...] | None = None  # train on a subset of the task's aspects
+    preset: str | None = None  # a task file's [presets.NAME]: its aspects, some with their own regressor
+    llm: str | None = None  # see hdeval.llm.backends.factory.resolve_llm
+    base_url: str | None = None  # OpenAI-compatible server, e.g. http://localhost:8000/v1
+    # the LLM settings as LLMConfig declares them (llm_config() builds it; it validates them)
+    timeout: float = DEFAULT_TIMEOUT
+    max_retries: int = DEFAULT_MAX_RETRIES
+    concurrency: int = DEFAULT_CONCURRENCY
+    cache_dir: str | None = None  # default: HDEVAL_CACHE_DIR or the per-user cache dir
+    seed: int = 0  # split, model and CV randomness
+    test_frac: float = 0.5  # share of samples held out for testing
+    train_frac: float = 0.5  # share of all samples used for training
+    limit: int | None = None  # use only N samples (whole documents, seeded) for quick runs
+    max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
+    max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
+    batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
+    # a jury (HD-Eval pointwise): more judges besides ``llm`` (``--llm A --llm B``), or a jury
+    # TOML file; recorded only when given, so other runs' manifests stay as they were
+    judges: tuple[str, ...] = ()
+    jury: str | None = None
+    prune_judges: bool = False  # drop judges whose columns add nothing on grouped CV
+
+    def __post_init__(self) -> None:
+        method = get_method(self.method)
+        if self.options is None or isinstance(self.options, Mapping):
+            object.__setattr__(self, "options", method.build_options(self.options))
+        elif type(self.options) is not method.options:
+            raise ConfigError(
+                f"the options of method {self.method!r} are a {method.options.__name__}, "
+                f"not a {type(self.options).__name__}"
+            )
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "TrainConfig":
+        """Every option by name, the CLI's way: the shared ones are fields, the rest go to the
+        chosen method's options model (``method_options``, a mapping, is merged in). None means
+        not given. A name no method takes, or one the chosen method does not, is a ConfigError."""
+        shared = {f.name for f in fields(cls)} - {"options"}
+        given = dict(options.pop("method_options", None) or {})
+        mine = {k: options.pop(k) for k in list(options) if k not in shared}
+        unknown = sorted(k for k in mine if k not in all_options())
+        if unknown:
+            raise ConfigError(f"unknown training option(s): {', '.join(unknown)}")
+        given.update({k: v for k, v in mine.items() if v is not None})
+        if isinstance(options.get("aspects"), str):
+            options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
+        return cls(options=given, **options)
+
+    def replace(self, **options: Any) -> "TrainConfig":
+        """This config with some options changed, by name (shared or the method's)."""
+        shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        mine = self.options.given() if "method" not in options else {}  # omitted ones stay omitted
+        return TrainConfig.from_options(**{**shared, **mine, **options})
+
+    def validate(self) -> None:
+        checks = [
+            (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
+            # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
+            (0 <= self.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED}, got {self.seed}"),
+            (self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        llm_config(self).validate()
+        if self.judges or self.jury or self.prune_judges:
+            check_jury_options(self)
+
+    def jury_judges(self) -> tuple[Any, ...]:
+        """The jury's judges (``--jury`` file or ``--llm`` given twice or more), or ()."""
+        from hdeval.methods.jury import judges_of_llms, read_jury
+
+        if self.jury:
+            return read_jury(self.jury)
+        if self.judges:
+            return judges_of_llms((self.llm or "", *self.judges), self.base_url)
+        return ()
+
+    def public(self) -> dict[str, Any]:
+        """The run as the manifest records it (artifact format 3): the shared options, and every
+        option of the method under ``options`` (:meth:`MethodOptions.record`). Format 2's record
+        is read by :func:`hdeval.methods.options.recorded_options`."""
+        from hdeval.core.urls import public_url
+
+        d = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)  # in the fields' order
+            if f.name not in _JURY_FIELDS or getattr(self, f.name)
+        }
+        return {
+            **d,
+            "options": self.options.record(),
+            "aspects": list(self.aspects) if self.aspects else None,
+            "base_url": public_url(self.base_url),
+        }  # an artifact is shared: no user, password or query
+
+
+def check_jury_options(config: TrainConfig) -> None:
+    """A jury is HD-Eval's on pointwise data (checked again once the task is read)."""
+    what = "--jury" if config.jury else "--llm given more than once" if config.judges else "--prune-judges"
+    if config.jury and config.judges:
+        raise ConfigError(
+            "--jury and --llm given more than once cannot be combined: the file names the judges"
+        )
+    if config.prune_judges and not (config.jury or config.judges):
+        raise ConfigError("--prune-judges needs a jury (--jury FILE, or --llm given more than once)")
+    if not get_method(config.method).jury:
+        raise ConfigError(
+            f"{what}: method {config.method!r} takes one LLM; a jury is HD-Eval's "
+            "(pointwise data), see docs/juries.md"
+        )
+    if config.options.scorer != "digit":
+        raise ConfigError(f"{what}: a jury scores 1-5 digits; --scorer {config.options.scorer} takes one LLM")
+    if config.batch:
+        raise ConfigError(f"{what} cannot be combined with --batch yet")
+    if config.jury:
+        config.jury_judges()  # a bad file costs nothing
+
+
+@dataclass
+class Prepared:
+    task: Task
+    samples: list[Sample]  # the samples used (train + test), in file order
+    split: Split
+    data_path: Path
+    given: Any = None  # what the method's prepare() returned (HD-Eval: the --tree to start from)
+
+
+def prepare(config: TrainConfig) -> Prepared:
+    """Validate options, load the task and every sample, split. No LLM call happens here."""
+    config.validate()
+    task = load_task(config.task)
+    if config.preset:
+        if config.aspects:
+            raise ConfigError("--preset and --aspects cannot be combined: the preset chooses the aspects")
+        task = apply_preset(task, config.preset)
+    task = select_aspects(task, config.aspects)
+    method = get_method(config.method)
+    check_shape(method, task)  # before reading: a pairwise file read as pointwise is no help
+    if (config.jury or config.judges) and task.shape != "pointwise":
+        raise ConfigError(
+            f"a jury scores pointwise data; task {task.name!r} is {task.shape}: train it with one --llm"
+        )
+    given = method.prepare(config, task) if method.prepare else None
+    path = find_data(task, config.data)
+    samples = read_task_samples(path, task, require_labels=True)
+    samples = limit_samples(samples, config.limit, config.seed)
+    try:
+        split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
+    except DataError as exc:  # too few samples or documents: say which file
+        raise DataError(f"{path}: {exc}") from exc
+    keep = set(split.train_ids) | set(split.test_ids)
+    return Prepared(task, [s for s in samples if s.id in keep], split, path, given)
+
+
+def train(
+    config: TrainConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    backend: Backend | None = None,
+    decompose_backend: Backend | None = None,
+    export_requests: str | Path | None = None,
+    judge_backends: Mapping[str, Backend] | None = None,
+    **options: Any,
+) -> "Fitted":
+    """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
+
+    ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
+    ``backend`` / ``decompose_backend``: LLMs to use instead of the ones the options name.
+    ``judge_backends``: a jury's judges to use instead of the LLMs they name, by judge name.
+    ``export_requests``: a file; the first stage with uncached requests writes them there and
+    :class:`~hdeval.llm.request_files.RequestsExported` is raised (nothing is paid for).
+    """
+    if config is None:
+        config = TrainConfig.from_options(**options)
+    elif options:
+        config = config.replace(**options)
+    progress = progress or Progress()
+    prep = prepare(config)
+    method = get_method(config.method)
+    # An injected backend is recorded by what the caller named it (or its identity).
+    from hdeval.llm.client import resolved
+
+    spec = (
+        resolved(llm_config(config))
+        if backend is None
+        else LLMConfig(config.llm or backend.identity, config.base_url)
+    )
+    with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
+        jury = None
+        judges = config.jury_judges()
+        if judges:
+            from hdeval.methods.jury import open_jury
+
+            jury = open_jury(judges, llm_config(config), backends=judge_backends)
+            opened.callback(jury.close)
+            llm = jury.first  # it decomposes unless --decompose-llm names another
+            spec = resolved(
+                llm_config(config).replace(
+                    model=judges[0].llm, base_url=judges[0].base_url or config.base_url
+                )
+            )
+        else:
+            llm = opened.enter_context(backend_for(config, backend))
+        dec = open_decompose_backend(config, llm, decompose_backend)
+        if dec is not llm and dec is not decompose_backend:  # an injected CachedBackend is the caller's
+            opened.enter_context(contextlib.closing(dec))
+        ctx = FitContext(config, prep, llm, spec, progress, decompose_llm=dec, jury=jury)
+        if export_requests is not None:
+            if jury is not None:
+                raise ConfigError(
+                    "--export-requests does not export a jury's requests yet: train it with one --llm"
+                )
+            from hdeval.methods.run import fit_exporting
+
+            return fit_exporting(method, ctx, export_requests)
+        return method.fit(ctx)
+
+
+def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:
+    """What a run would cost, without calling the LLM; token counts are estimates (chars/4). Each
+    method counts its own requests (``Method.plan``); where they depend on earlier replies (HD-Eval's
+    later layers) its counts are upper bounds."""
+    method = get_method(config.method)
+    if method.plan is None:  # a count made for another method would mislead
+        raise ConfigError(f"--dry-run has no plan for method {config.method!r} yet")
+    prep = prepare(config)
+    judges = config.jury_judges()
+    if judges:
+        return prep, _jury_plan(method, config, prep, judges), ", ".join(f"{j.name} {j.llm}" for j in judges)
+    return prep, method.plan(config, prep, backend), offline_identity(config, backend)
+
+
+class JuryPlan(list):
+    """The layers of a jury's dry run (every judge's scoring calls, the decompositions once),
+    and per judge (calls, prompt tokens, completion tokens) in ``judge_calls``."""
+
+    judge_calls: list[tuple[int, int, int]]
+
+
+def _jury_plan(method: Any, config: TrainConfig, prep: Prepared, judges: Sequence[Any]) -> JuryPlan:
+    import dataclasses as dc
+
+    out = JuryPlan()
+    out.judge_calls = []
+    for i, j in enumerate(judges):
+        one = config.replace(
+            llm=j.llm, base_url=j.base_url or config.base_url, judges=(), jury=None, prune_judges=False
+        )
+        layers = method.plan(one, prep, None)
+        score_tok = [
+            (p.prompt_tokens - p.decompose_prompt_tokens, p.completion_tokens - p.decompose_completion_tokens)
+            for p in layers
+        ]
+        out.judge_calls.append(
+            (sum(p.score_calls for p in layers), sum(t[0] for t in score_tok), sum(t[1] for t in score_tok))
+        )
+        if i == 0:  # the first judge decomposes (unless --decompose-llm): its layers as they are
+            out.extend(layers)
+            continue
+        for k, (p, (pt, ct)) in enumerate(zip(layers, score_tok)):
+            base = out[k]
+            out[k] = dc.replace(
+                base,
+                score_calls=base.score_calls + p.score_calls,
+                cached=None if base.cached is None or p.cached is None else base.cached + p.cached,
+                prompt_tokens=base.prompt_tokens + pt,
+                completion_tokens=base.completion_tokens + ct,
+                requests=None
+                if base.requests is None or p.requests is None
+                else base.requests + p.requests - p.decompose_calls,
+            )
+    return out
+
+
+def offline_identity(config: TrainConfig, backend: Backend | None) -> str:
+    with backend_for(config, backend, offline=True) as llm:
+        dec = open_decompose_backend(config, llm, offline=True)
+        if dec is llm:
+            return llm.identity
+        dec.close()
+        return f"{llm.identity}, decomposition LLM {dec.identity}"
