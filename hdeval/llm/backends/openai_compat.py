@@ -389,6 +389,7 @@ def http_client(
     client, transport = (
         (httpx2.Client, httpx2.HTTPTransport) if sync else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport)
     )
+    made: Any  # a transport: the sync or the async kind
     if one_each and not sync:
         one = httpx2.Limits(max_connections=None, max_keepalive_connections=1)
         made = _OneConnectionEach(lambda: transport(verify=verify, proxy=proxy, limits=one), keepalive)
