@@ -703,8 +703,8 @@ class OpenAICompatBackend:
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
-        # built once, sent as is by every attempt: chat.completions.create would check and
-        # transform the parameters again on each, at more than twice the client's own cost
+        # built once, sent as is by every attempt: chat.completions.create would transform the
+        # parameters again on each call, the largest cost of a call (benchmarks/bench_throughput.md)
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         options = {"headers": {KIND_HEADER: request.kind}} if self._send_kind and request.kind else {}
         malformed = [0]
