@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import sqlite3
 import warnings
 from pathlib import Path
@@ -53,9 +54,16 @@ def embedded_model_or_skip() -> Path:
 
 
 def pytest_configure(config) -> None:
-    # The test servers answer by prompt kind: the test-only switch that sends it as a header (a
-    # real server never gets it). Set here, so module-scoped fixtures and subprocesses see it.
-    os.environ["HDEVAL_TEST_KIND_HEADER"] = "1"
+    # Child processes enter the requests they build (declared kind and data, never sent) in a
+    # book the test servers read (tests/child_book/sitecustomize.py); set here, so module-scoped
+    # fixtures and every subprocess see it.
+    import tempfile
+
+    from llm_server import child_book_env
+
+    book = tempfile.mkdtemp(prefix="hdeval-test-book-")
+    config.add_cleanup(lambda: shutil.rmtree(book, ignore_errors=True))
+    os.environ.update(child_book_env(dict(os.environ), book))
     # A method registers its fake LLM's responders when its package is imported (the registry
     # imports them all on first use); tests that use the fake directly with HD-Eval's "score" or
     # "decompose" requests get HD-Eval's here.

@@ -33,7 +33,8 @@ Every request is recorded (``server.requests``: headers, raw body, parsed JSON),
 count calls and check where the API key was sent.
 
 :class:`FaultServer` (at the end) answers like hdeval's FakeBackend, so ``hdeval train`` can
-run against it, and injects faults by configuration (:class:`FaultMix`): 429 with and without
+run against it (the request's declared kind and data, which are never sent, come from a
+:class:`RequestBook` of the requests built in the test process), and injects faults by configuration (:class:`FaultMix`): 429 with and without
 Retry-After, 500/502/503, hangs, dropped connections, truncated and malformed bodies, prose or
 out-of-range scores, decomposition replies that are not JSON or empty, hostile score values
 (``SCORE_HOSTILE``), refusals of one request and oversized replies (``REQUEST_FAULTS``), and
@@ -46,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import socket
 import sys
@@ -54,6 +56,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Protocol, Union
 
 from hdeval.llm.backends.base import Completion, CompletionRequest, Message
@@ -459,26 +462,92 @@ SLOW_FAULTS = ("drip",)
 ALL_FAULTS = TRANSPORT_FAULTS + SCORE_GARBAGE + DECOMPOSE_GARBAGE + SCORE_HOSTILE + REQUEST_FAULTS + SLOW_FAULTS
 
 
-def request_kind(req: "RecordedRequest") -> str:
-    """The prompt kind hdeval's OpenAI backend names in its ``X-Hdeval-Kind`` header."""
-    return req.headers.get("x-hdeval-kind", "")
+class RequestBook:
+    """The hdeval requests built in this process while the book is open, by their messages: how a
+    test server learns a request's declared kind and data (``CompletionRequest.kind``/``data``),
+    which never go over the wire. Every ``CompletionRequest`` constructed meanwhile (by a method, a
+    retry's ``dataclasses.replace``, a CLI run in the test process) is entered; bodies sent from
+    other processes (Ray workers) carry messages built here, so they are found too."""
+
+    _open: list["RequestBook"] = []
+    _guard = threading.Lock()
+    _real_init: Any = None
+
+    def __init__(self) -> None:
+        self._by_messages: dict[tuple[tuple[str, str], ...], CompletionRequest] = {}
+        self._lock = threading.RLock()  # reading the children's books builds requests, which enter
+        self._read: dict[str, int] = {}  # a child's book file -> bytes read
+
+    def __enter__(self) -> "RequestBook":
+        cls = RequestBook
+        with cls._guard:
+            if not cls._open:
+                real = cls._real_init = CompletionRequest.__init__
+
+                def init(request: CompletionRequest, *args: Any, **kwargs: Any) -> None:
+                    real(request, *args, **kwargs)
+                    if request.kind:
+                        for book in list(cls._open):
+                            book.enter(request)
+
+                CompletionRequest.__init__ = init  # type: ignore[method-assign]
+            cls._open.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        cls = RequestBook
+        with cls._guard:
+            if self in cls._open:
+                cls._open.remove(self)
+            if not cls._open and cls._real_init is not None:
+                CompletionRequest.__init__ = cls._real_init  # type: ignore[method-assign]
+                cls._real_init = None
+
+    def enter(self, request: CompletionRequest) -> None:
+        with self._lock:
+            self._by_messages[tuple((m.role, m.content) for m in request.messages)] = request
+
+    def declared(self, body: Any) -> CompletionRequest | None:
+        """The request a chat body's messages were built from, None when it was not built here."""
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return None
+        key = tuple((str(m.get("role")), str(m.get("content"))) for m in messages)
+        with self._lock:
+            if key not in self._by_messages:
+                self._read_children()
+            return self._by_messages.get(key)
+
+    def _read_children(self) -> None:
+        """Enter the requests child processes built since the last read (``tests/child_book``)."""
+        folder = os.environ.get("HDEVAL_TEST_BOOK_DIR")
+        if not folder or not os.path.isdir(folder):
+            return
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            with open(path, "rb") as fh:
+                fh.seek(self._read.get(path, 0))
+                data = fh.read()
+            whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+            self._read[path] = self._read.get(path, 0) + len(whole)
+            for line in whole.splitlines():
+                row = json.loads(line.decode("utf-8", "surrogatepass"))
+                messages = tuple(Message(role, content) for role, content in row["messages"])
+                self.enter(CompletionRequest(messages, kind=row["kind"], data=row["data"]))
 
 
-def completion_request(body: dict[str, Any], kind: str = "") -> CompletionRequest:
+def completion_request(body: dict[str, Any], declared: CompletionRequest | None = None) -> CompletionRequest:
     """The hdeval request an OpenAI request body was made from (inverse of the backend's
-    ``_params``), so a test can compute the cache key of a request the server saw."""
+    ``_params``), with the kind, data and JSON schema ``declared`` gives it (a schema stays on
+    the client when a server rejected it, but is part of the cache key): so a test can compute
+    the cache key of a request the server saw, and the fake answer it as it was asked."""
     fmt = body.get("response_format")
     json_mode = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
     schema = None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         schema = json.dumps(fmt["json_schema"]["schema"], sort_keys=True)
-    elif json_mode:
-        # after a server rejected json_schema, the schema stays on the client (plain JSON is
-        # asked for) but is part of the cache key: rebuild it from the prompt's cap
-        from hdeval.methods.hdeval.decompose import reply_schema
-
-        cap = re.search(r"at most (\d+) sub-criteria", body["messages"][-1]["content"])
-        schema = reply_schema(int(cap.group(1))) if cap else None
+    elif declared is not None:
+        schema = declared.json_schema
     return CompletionRequest(
         messages=tuple(Message(m["role"], m["content"]) for m in body["messages"]),
         temperature=float(body.get("temperature", 0.0)),
@@ -487,8 +556,29 @@ def completion_request(body: dict[str, Any], kind: str = "") -> CompletionReques
         seed=body.get("seed"),
         json_mode=json_mode,
         json_schema=schema,
-        kind=kind,
+        kind=declared.kind if declared is not None else "",
+        data=declared.data if declared is not None else {},
     )
+
+
+CHILD_BOOK = str(Path(__file__).resolve().parent / "child_book")
+
+
+def child_book_env(env: dict[str, str], folder: str) -> dict[str, str]:
+    """``env`` for child processes whose requests the test servers of this process answer: they
+    enter them in ``folder`` (``child_book/sitecustomize.py``), which this process reads."""
+    os.environ["HDEVAL_TEST_BOOK_DIR"] = folder
+    out = dict(env, HDEVAL_TEST_BOOK_DIR=folder)
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, [CHILD_BOOK, env.get("PYTHONPATH")]))
+    return out
+
+
+def fake_answer(book: RequestBook, body: dict[str, Any], fake: FakeBackend) -> Completion:
+    """What the fake LLM answers to a chat body (a server's, or a request file line's), from the
+    kind and data the book holds for its messages."""
+    declared = book.declared(body)
+    assert declared is not None, "no request built in this test (or its children) has these messages"
+    return fake.complete(completion_request(body, declared))
 
 
 def completion_body(c: Completion, model: str = "test-model") -> dict[str, Any]:
@@ -582,7 +672,8 @@ class FaultPicker(Protocol):
 class Answer:
     """One logged reply: ``outcome`` is ``ok`` for a complete completion the client received
     (as far as the server can tell), else the fault name, ``401``, ``limit`` (past
-    ``max_requests``) or ``stopped`` (held by :meth:`FaultServer.pause`)."""
+    ``max_requests``), ``stopped`` (held by :meth:`FaultServer.pause`) or ``unknown`` (messages
+    its :class:`RequestBook` does not hold)."""
 
     body: bytes
     kind: str
@@ -620,6 +711,7 @@ class FaultServer(LLMServer):
         self.lifetime = lifetime
         self.on_request = on_request
         self.fake = FakeBackend()
+        self.book = RequestBook()
         self.log: list[Answer] = []
         self._running = threading.Event()  # cleared by pause(): new requests wait unanswered
         self._running.set()
@@ -629,10 +721,16 @@ class FaultServer(LLMServer):
 
     # -- answering ----------------------------------------------------------------------------
 
+    def kind_of(self, req: RecordedRequest) -> str:
+        """The declared kind of the request a body was built from ("" when not built here)."""
+        declared = self.book.declared(req.json)
+        return declared.kind if declared is not None else ""
+
     def _answer(self, req: RecordedRequest) -> Reply:
         if req.path.rstrip("/") != "/v1/chat/completions" or not isinstance(req.json, dict):
             return Reply.error(404, f"no route {req.method} {req.path}")
-        kind = request_kind(req)
+        declared = self.book.declared(req.json)
+        kind = declared.kind if declared is not None else ""
         with self._lock:
             n = len(self.requests)
             seen = self._seen[req.body]
@@ -650,8 +748,12 @@ class FaultServer(LLMServer):
             # echo the key as some servers do: the worst case for a client's error messages
             presented = sent.removeprefix("Bearer ")
             return self._logged(req, kind, "401", Reply.error(401, f"Incorrect API key provided: {presented}"))
+        if declared is None:
+            return self._logged(req, kind, "unknown", Reply.error(
+                400, "the test server knows no request with these messages: it answers requests built "
+                     "in its own process while it runs"))
         fault = self.faults.pick(req.body, kind, seen) if self.faults is not None else None
-        completion = self.fake.complete(completion_request(req.json, kind))
+        completion = self.fake.complete(completion_request(req.json, declared))
         body = completion_body(completion, str(req.json.get("model", "test-model")))
         reply = self._fault_reply(fault, body, kind) if fault else Reply.json(body)
         if self.delay:
@@ -737,6 +839,7 @@ class FaultServer(LLMServer):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> "FaultServer":
+        self.book.__enter__()
         super().start()
         assert self._httpd is not None
         report = self._httpd.handle_error
@@ -760,6 +863,7 @@ class FaultServer(LLMServer):
             self._timer.cancel()
         self._running.set()  # release paused handlers
         super().stop()
+        self.book.__exit__(None, None, None)
 
     def __enter__(self) -> "FaultServer":
         return self.start()

@@ -42,6 +42,18 @@ def _prompt(request: CompletionRequest) -> str:
     return "\n".join(m.content for m in request.messages)
 
 
+def declared(request: CompletionRequest, name: str) -> str:
+    """A text the request declares it shows (its ``data``): what a simulated judge reads."""
+    value = request.data.get(name, "")
+    return value if isinstance(value, str) else ""
+
+
+def sample_key(request: CompletionRequest) -> str:
+    """The key of a pointwise request's per-sample draws: its declared sample, in the form the
+    simulations' thresholds were calibrated with."""
+    return f"<sample>\n{declared(request, 'sample')}\n"
+
+
 # ------------------------------------------------------------------ pairwise (DnA)
 def pairwise_rows(n: int = 120, seed: int = 0, tie_band: float = 0.6, human_noise: float = 0.3) -> list[dict]:
     """``n`` pairs, one per question; the human label is the sign of the latent difference plus
@@ -75,15 +87,15 @@ def pair_backend(fmt: str = "{a} {b}", noise: float = 0.8, json_replies: bool = 
     schema is answered with ``{"score_a": .., "score_b": ..}``."""
 
     def scores(request: CompletionRequest) -> tuple[int, int]:
-        prompt = _prompt(request)
-        q = latents(prompt)
-        aspect = re.search(r"^Aspect: (.+?):", prompt, re.M)
-        key = aspect.group(1) if aspect else "overall"
-        a_first = prompt.find("Answer one") < prompt.find("Answer two")
+        shown_a, shown_b = declared(request, "response_a"), declared(request, "response_b")
+        q = latents(shown_a) + latents(shown_b)
+        key = declared(request, "aspect") or "overall"
+        a_first = "Answer one" in shown_a
         first, second = (q[0], q[1]) if len(q) >= 2 else (5.0, 5.0)
         out = []
         for side, lat in (("1", first + first_bonus), ("2", second)):
-            v = lat + noise * unit_normal(key, side, prompt[-400:], str(a_first))
+            # the noise of one request: a reworded prompt is another request, as to a real judge
+            v = lat + noise * unit_normal(key, side, _prompt(request)[-400:], str(a_first))
             out.append(int(min(10, max(1, round(v)))))
         return out[0], out[1]
 
@@ -120,37 +132,38 @@ def pointwise_rows(n_docs: int = 40, per_doc: int = 3, seed: int = 0, human_nois
     return rows
 
 
-_CRITERION_NAME = re.compile(r'only on the criterion "([^"\n]*)"')
-
-
 def criterion_depth(name: str) -> int:
     """The fake decomposer names a child "<parent name>: <facet>": depth = parts of the name."""
     return name.count(":") + 1
 
 
 def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
-                      noise_criteria: tuple[str, ...] = (), misreading: float = 0.0) -> FakeBackend:
+                      noise_criteria: tuple[str, ...] = (), misreading: float = 0.0, seed: str = "",
+                      shared: float = 0.0) -> FakeBackend:
     """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
     criterion of the sample, a ``misreading`` shared by every criterion of the same aspect (the
     first part of its name) on the sample, and its own noise. Deeper criteria are pure noise
     (the judge's deeper questions carry no signal) unless ``deep_signal``; a criterion whose name
     ends in one of ``noise_criteria`` is pure noise at any depth. A sample that carries one
-    latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's."""
+    latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's.
+    A jury: judges with different ``seed`` draw their own errors; ``shared`` is a misreading
+    every judge makes alike (keyed by aspect and sample, not by seed), as judges of one era
+    share blind spots."""
 
     def reply(request: CompletionRequest, fake) -> Completion:
         prompt = _prompt(request)
-        m = _CRITERION_NAME.search(prompt)
-        name = m.group(1) if m else ""
-        sample = prompt[prompt.rfind("<sample>\n"):]  # the system text names the tags too
-        sample = sample[:sample.find("</sample>")]
+        name, sample = declared(request, "criterion_name"), sample_key(request)
         aspect = name.split(":")[0].strip()
         per_aspect = dict(_ASPECT_LATENT.findall(sample))
-        q = [float(per_aspect[aspect])] if aspect in per_aspect else latents(prompt)
+        q = [float(per_aspect[aspect])] if aspect in per_aspect else latents(sample)
         informative = (criterion_depth(name) == 1 or deep_signal) and not any(
             name.lower().endswith(n) for n in noise_criteria)
         if informative and q:
-            v = (q[0] + halo * unit_normal("halo", sample) + misreading * unit_normal("misread", aspect, sample)
-                 + noise * unit_normal("crit", name, sample))
+            own = (seed,) if seed else ()  # the default judge draws as before this option existed
+            v = (q[0] + halo * unit_normal(*own, "halo", sample)
+                 + misreading * unit_normal(*own, "misread", aspect, sample)
+                 + shared * unit_normal("shared", aspect, sample)
+                 + noise * unit_normal(*own, "crit", name, sample))
         else:
             v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
         return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)

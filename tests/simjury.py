@@ -5,7 +5,7 @@ pure noise, nothing; every judge counts its calls."""
 
 from __future__ import annotations
 
-from simjudge import _CRITERION_NAME, _prompt, latents, unit_normal
+from simjudge import _prompt, declared, latents, sample_key, unit_normal
 
 from hdeval.llm.backends.base import Completion, CompletionRequest
 from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
@@ -32,11 +32,8 @@ class SimJudge(FakeBackend):
         prompt = _prompt(request)
         if self.broken:  # a judge that answers, but nothing a score can be read from
             return Completion("I cannot help with that.", None, len(prompt) // 4, 6)
-        q = latents(prompt)
-        m = _CRITERION_NAME.search(prompt)
-        crit = m.group(1) if m else ""
-        sample = prompt[prompt.rfind("<sample>\n"):]
-        sample = sample[:sample.find("</sample>")]
+        crit, sample = declared(request, "criterion_name"), sample_key(request)
+        q = latents(sample)
         if self.noise is None or not q:
             v = 3 + 1.2 * unit_normal(self.name, "pure-noise", crit, sample)
         else:

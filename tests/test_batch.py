@@ -2,9 +2,8 @@
 
 :class:`BatchServer` is the fault-free :class:`llm_server.FaultServer` (answers like hdeval's
 fake LLM, on 127.0.0.1) plus ``/v1/files`` (upload, content) and ``/v1/batches`` (create,
-retrieve, list). A batch line carries no ``X-Hdeval-Kind`` header, so the server tells the
-prompt kind from the body: a decomposition asks for a JSON reply, a scoring request does not.
-Jobs answer "in_progress" to their first status check, then finish; tests script partial
+retrieve, list). A batch line is answered, as a chat call is, from the kind and data its
+request declared (the server's book of the requests built in the test). Jobs answer "in_progress" to their first status check, then finish; tests script partial
 failures, expiry and malformed result lines per request key.
 """
 
@@ -22,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from click.testing import CliRunner
 from conftest import artifact_view
-from llm_server import FaultServer, RecordedRequest, Reply, completion_body, completion_request
+from llm_server import FaultServer, RecordedRequest, Reply, completion_body, fake_answer
 
 from hdeval.cli import cli
 from hdeval.core.errors import BackendError, BudgetExceeded, CacheError
@@ -110,8 +109,7 @@ class BatchServer(FaultServer):
                 self.hollow_once.discard(cid)
                 out.append(json.dumps({"custom_id": cid, "response": {"status_code": 200, "body": {"choices": []}}}))
                 continue
-            kind = "decompose" if "response_format" in line["body"] else "score"
-            completion = self.fake.complete(completion_request(line["body"], kind))
+            completion = fake_answer(self.book, line["body"], self.fake)
             out.append(json.dumps({"id": f"r{n}", "custom_id": cid, "response": {
                 "status_code": 200, "body": completion_body(completion, line["body"]["model"])}, "error": None}))
         job = {"id": bid, "object": "batch", "input_file_id": body["input_file_id"], "status": "validating",

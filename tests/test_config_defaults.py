@@ -49,3 +49,61 @@ def test_concurrency_none_means_the_configured_default(monkeypatch):
     check_llm_options(concurrency=None, timeout=None, max_retries=None, max_calls=None)
     with pytest.raises(ConfigError, match="--concurrency must be at least 1, got 0"):
         check_llm_options(concurrency=0, timeout=None, max_retries=None, max_calls=None)
+
+
+def test_a_training_run_holds_the_llm_settings_declared_once():
+    # TrainConfig is made of LLMSettings' fields (not copies of them), and the run's LLMConfig is
+    # one merge of the run's model and server with those settings as they are
+    from hdeval.llm.config import LLMSettings
+    from hdeval.methods.run import llm_config
+    from hdeval.run.train import TrainConfig
+
+    assert issubclass(TrainConfig, LLMSettings)
+    given = dict(timeout=5.0, max_retries=1, concurrency=3, cache_dir="c", max_calls=7, batch=True)
+    llm = llm_config(TrainConfig(task="summeval", llm="fake", base_url="http://127.0.0.1:9/v1", **given))
+    assert (llm.model, llm.base_url) == ("fake", "http://127.0.0.1:9/v1")
+    assert {k: getattr(llm, k) for k in given} == given
+
+
+def test_run_settings_refuse_unknown_fields_and_take_none_as_not_set():
+    from hdeval.llm.config import LLMConfig
+    from hdeval.run.train import TrainConfig
+
+    plain = TrainConfig(task="summeval")
+    assert TrainConfig.from_options(task="summeval", seed=None, timeout=None, test_frac=None) == plain
+    assert TrainConfig(task="summeval", seed=None, concurrency=None) == plain
+    assert LLMConfig("fake", timeout=None, max_retries=None) == LLMConfig("fake")
+    for make, message in (
+        (lambda: TrainConfig(task="summeval", timeuot=5), "unknown option(s): --timeuot"),
+        (lambda: TrainConfig(task="summeval", seed="first"), "--seed must be a whole number, got 'first'"),
+        (lambda: LLMConfig("fake", concurrency="many"), "--concurrency must be a whole number, got 'many'"),
+        (lambda: LLMConfig("fake", retries=2), "unknown option(s): --retries"),
+        (lambda: plain.replace(batch=[1]), "--batch must be true or false, got [1]"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert str(err.value) == message
+
+
+def test_the_manifest_records_every_run_setting():
+    from hdeval.run.train import TrainConfig
+
+    config = TrainConfig(task="summeval", judges=("b",), jury="j.toml", prune_judges=True)
+    assert set(config.public()) == set(TrainConfig.model_fields)
+
+
+def test_train_help_shows_the_models_defaults():
+    from conftest import run_cli
+    from hdeval.llm.config import LLMSettings
+    from hdeval.run.train import TrainConfig
+
+    r = run_cli("train", "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    for model, names in ((TrainConfig, ("seed", "test_frac", "train_frac", "max_failure_rate")),
+                         (LLMSettings, ("timeout", "max_retries", "concurrency"))):
+        for name in names:
+            spec = model.model_fields[name]
+            flag = "--" + name.replace("_", "-")
+            assert f"{flag} {' '.join(spec.description.split())} [default: {spec.default}]" in text.replace(
+                f"{flag} INTEGER", flag).replace(f"{flag} FLOAT", flag), name

@@ -201,8 +201,7 @@ def test_train_records_rejections_in_the_manifest_and_warns_in_the_summary(toy, 
     from hdeval.llm.backends.fake import RESPONDERS
 
     def clarity_is_degenerate(request, fake):
-        text = "\n".join(m.content for m in request.messages)
-        if "(key: clarity)" in text:  # every attempt: the parent again
+        if request.data["criterion"] == "clarity":  # every attempt: the parent again
             return Completion(_reply(("clarity", "Clarity", "How clear the answer is, clearly.")))
         return RESPONDERS["decompose"](request, fake)
 
@@ -249,8 +248,7 @@ def test_a_rerun_takes_a_cached_degenerate_decomposition_as_final_and_pays_nothi
     asked = []
 
     def clarity_is_degenerate(request, fake):
-        text = "\n".join(m.content for m in request.messages)
-        if "(key: clarity)" in text:  # every attempt: the parent again
+        if request.data["criterion"] == "clarity":  # every attempt: the parent again
             asked.append(request)
             return Completion(_reply(("clarity", "Clarity", "How clear the answer is, clearly.")))
         return RESPONDERS["decompose"](request, fake)

@@ -18,6 +18,7 @@ from hdeval.data.samples import read_task_samples
 from hdeval.data.tasks import load_task
 from hdeval.llm.backends.base import Completion, TokenLogprob
 from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
+import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's DnA responders)
 from hdeval.methods.dna.decision import Learned, decide, weighted_totals
 from hdeval.methods.dna.replies import _read_cot, validate_aspects, validate_weights
 from hdeval.methods.registry import load_artifact
@@ -318,8 +319,7 @@ def test_malformed_weights_are_reasked_with_feedback_then_a_recorded_failure(fai
     good = RESPONDERS["dna_weights"]
 
     def weights(request, fake):
-        text = request.messages[1].content
-        if doomed in text:
+        if doomed in request.data["question"]:
             return Completion('{"weights": {"helpfulness": -5}}')  # never usable
         if len(request.messages) == 2:
             return Completion("Sure! helpfulness matters most.")  # first try: no JSON
@@ -362,7 +362,8 @@ def test_unreadable_scores_are_failures_not_crashes(faireval40, tmp_path):
     good = RESPONDERS["dna_score"]
 
     def score(request, fake):
-        if "Aspect: Accuracy" in request.messages[1].content and "time management" in request.messages[1].content:
+        shown = request.data["question"] + request.data["response_a"] + request.data["response_b"]
+        if request.data["aspect"] == "Accuracy" and "time management" in shown:
             return Completion("Both are fine.")
         return good(request, fake)
 
@@ -629,10 +630,17 @@ def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, optio
     ex = REPO / "examples"
     cfg = TrainConfig.from_options(task=str(ex / "pairs_task.toml"), data=str(ex / "pairs.jsonl"), method="dna",
                                    llm="fake", cache_dir=str(tmp_path / "cache"), method_options=options)
-    _, planned, _ = plan(cfg, backend=FakeBackend())
     rec = _Stages()
-    train(cfg, progress=rec, backend=FakeBackend())
-    drawn = sum(p.score_calls for p in planned if p.stage not in ("weights", "aspects"))
+    fitted = train(cfg, progress=rec, backend=FakeBackend())
+    if (fitted.metrics.get("position_probe") or {}).get("action") == "swapped":
+        # the fake favours the response shown first on some aspects: the run judged both orders
+        cfg = TrainConfig.from_options(task=str(ex / "pairs_task.toml"), data=str(ex / "pairs.jsonl"),
+                                       method="dna", llm="fake", cache_dir=str(tmp_path / "cache2"),
+                                       method_options={**options, "swap": True})
+    _, planned, _ = plan(cfg, backend=FakeBackend())
+    # the position probe (without --swap) is a line of its own, not a bar
+    drawn = sum(p.score_calls for p in planned
+                if p.stage not in ("weights", "aspects") and not p.stage.startswith("position probe"))
     assert rec.expected == [drawn] and drawn > 0
     assert drawn == sum(total for _, total, _ in rec.stages) == sum(done for _, _, done in rec.stages)
 
@@ -888,11 +896,48 @@ def test_a_judge_that_favours_the_first_response_gets_no_margin_that_loses_to_no
 
     rows = pairwise_rows(200, seed=0)
     biased = pair_backend(first_bonus=1.0)
-    dna = _sim_train(tmp_path, rows, backend=biased)
-    direct = _sim_train(tmp_path, rows, backend=pair_backend(first_bonus=1.0), dna_mode="direct")
+    # one order, as the issue ran it (without --swap or --no-swap the probe now adds --swap)
+    dna = _sim_train(tmp_path, rows, backend=biased, swap=False)
+    direct = _sim_train(tmp_path, rows, backend=pair_backend(first_bonus=1.0), dna_mode="direct", swap=False)
     tm = dna.metrics["tie_margin"]
     assert tm["train_w_ties"] >= tm["train_w_ties_at_0"]  # never worse on training than no margin
     assert tm["cv_w_ties"] is not None and tm["cv_w_ties_at_0"] is not None
     if tm["value"] > 0:
         assert tm["cv_w_ties"] >= tm["cv_w_ties_at_0"]
     assert dna.metrics["test"]["llm_weights"]["w_ties"] >= direct.metrics["test"]["direct"]["w_ties"]
+
+
+def _train_seen(tmp_path, rows, name, bonus, **options):
+    from simjudge import pair_backend, write_pairs
+
+    rec = _Stages()
+    data = write_pairs(tmp_path / f"{name}.jsonl", rows)
+    fitted = train(task="faireval", data=str(data), method="dna", llm="fake", cache_dir=str(tmp_path / name),
+                   backend=pair_backend(first_bonus=bonus), method_options=options, progress=rec)
+    return fitted, rec.lines
+
+
+@pytest.mark.slow
+def test_a_judge_that_favours_the_first_response_is_judged_in_both_orders_or_warned_about(tmp_path):
+    """Issue #39 item 3: a few training pairs judged in both orders measure the position bias; a
+    biased judge is then judged in both orders by default (--swap), or, when the user chose one
+    order, warned about; a fair judge keeps one order (half the calls)."""
+    from simjudge import pairwise_rows
+
+    rows = pairwise_rows(200, seed=0)
+    auto, lines = _train_seen(tmp_path, rows, "auto", 1.0)
+    probe = auto.metrics["position_probe"]
+    assert probe["pairs"] == 30 and probe["biased"] and probe["action"] == "swapped"
+    assert probe["first_position_advantage"] == pytest.approx(1.0, abs=0.2) and probe["flip_rate"] > 0.1
+    assert auto.settings.swap and auto.metrics["swap_flip_rate"] is not None
+    assert any(line.startswith("position bias: the response shown first gets +") for line in lines)
+    one, lines = _train_seen(tmp_path, rows, "one", 1.0, swap=False)
+    assert one.metrics["position_probe"]["action"] == "warned" and not one.settings.swap
+    assert any(line.startswith("warning: position bias") and "--swap" in line for line in lines)
+    # both orders average the bias away: held out, agreement with ties rises
+    assert auto.metrics["test"]["llm_weights"]["w_ties"] >= one.metrics["test"]["llm_weights"]["w_ties"] + 0.05
+    fair, lines = _train_seen(tmp_path, rows, "fair", 0.0)
+    assert fair.metrics["position_probe"]["action"] == "none" and not fair.settings.swap
+    assert not any("position bias" in line for line in lines)
+    # the probe's replies read back by the run's own scoring are one request each, not two
+    assert fair.metrics["usage"]["cache_hits"] == 0

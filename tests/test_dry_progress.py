@@ -5,6 +5,7 @@ one call, which is what the dry run's score-calls and the cost count."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from conftest import TOY_TASK, toy_rows, write_jsonl
 
 from hdeval.cli import cli
 from hdeval.cli.progress import TerminalProgress
+from hdeval.core.errors import HdevalError
 from hdeval.core.progress import Progress
 from hdeval.run.train import TrainConfig, plan, train
 
@@ -124,3 +126,40 @@ def test_pairwise_hdeval_tells_the_progress_the_dry_runs_total(tmp_path: Path) -
     # layer 1 (16 pairs x 2 responses x 2 aspects), layer 2 decomposed and scored, layer 3 too
     assert rec.stages[0][1] == 16 * 2 * 2 and len(rec.stages) == 5
     assert rec.done <= total
+
+
+class _Clocked(TerminalProgress):
+    """The terminal's progress line, its clock set after each call to one call a second, so the
+    ETA it prints reads as the number of calls it expects still to make."""
+
+    def __init__(self) -> None:
+        super().__init__(quiet=True)
+        self.etas: list[int] = []  # the stage ETA printed after each call, in seconds
+
+    def advance(self, n: int = 1, cached: bool = False) -> None:
+        super().advance(n, cached)
+        if not cached:
+            self.t0 = time.monotonic() - (self.done - self.hits)
+            eta = re.search(r", ETA (\d+)m(\d\d)s", self.line())
+            self.etas.append(int(eta[1]) * 60 + int(eta[2]) if eta else 0)
+
+
+def test_a_resumed_runs_eta_counts_only_the_calls_it_will_make(tmp_path: Path) -> None:
+    # a run stopped half way, then resumed: the resumed stage finds half its replies cached, and
+    # the last eight samples repeat one text (one call answers all eight); its ETA counts the
+    # calls left, neither the cached replies nor the repeats
+    task = tmp_path / "toy_task.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    rows = toy_rows()
+    for r in rows[-8:]:
+        r["source"], r["output"] = rows[-9]["source"], rows[-9]["output"]
+    run = dict(task=str(task), data=str(write_jsonl(tmp_path / "toy.jsonl", rows)), llm="fake",
+               method="direct", cache_dir=str(tmp_path / "c"), concurrency=1)
+    with pytest.raises(HdevalError, match="max-calls"):
+        train(**run, max_calls=30)
+    progress = _Clocked()
+    train(**run, progress=progress)
+    made = len(progress.etas)
+    assert made == (len(rows) - 8) * 2 - 30  # what the first run did not pay for, the repeats apart
+    # after the k-th call of the resumed run, made - k calls are left: the ETA says so, in seconds
+    assert progress.etas == [made - k for k in range(1, made + 1)]

@@ -60,8 +60,10 @@ def run(server: FaultServer, cache_dir: Path, **options: Any) -> Evaluator:
 
 
 
-def keys_of(answers: list[Answer], identity: str) -> set[str]:
-    return {request_key(identity, completion_request(json.loads(a.body))) for a in answers}
+def keys_of(server: FaultServer, answers: list[Answer], identity: str) -> set[str]:
+    """The cache keys of the requests behind ``answers`` (their schema as the client declared it)."""
+    bodies = [json.loads(a.body) for a in answers]
+    return {request_key(identity, completion_request(b, server.book.declared(b))) for b in bodies}
 
 
 def delivered(answers: list[Answer]) -> list[Answer]:
@@ -110,8 +112,9 @@ def fresh(server: FaultServer) -> Iterator[FaultServer]:
 def test_server_refuses_past_its_request_limit_and_stops_by_itself() -> None:
     from hdeval.llm.backends.base import CompletionRequest, Message
 
-    req = CompletionRequest((Message("user", "<sample>\nx\n</sample>\nScore:"),), kind="score")
     with FaultServer(max_requests=2, lifetime=1.0) as s:
+        # built while the server runs: its book learns the declared kind and data
+        req = CompletionRequest((Message("user", "Rate x."),), kind="score", data={"sample": "x", "criterion": "c"})
         with closing(OpenAICompatBackend(MODEL, base_url=s.url, api_key="k", timeout=2, max_retries=0)) as b:
             b.complete(req)
             b.complete(req)
@@ -191,7 +194,7 @@ def test_transport_faults_leave_the_result_unchanged_and_the_cache_exact(
     assert max(Counter(a.body for a in ok).values()) == 1
     # the cache holds exactly the completions the server delivered, each one parseable
     entries = cache_entries(cache)
-    assert set(entries) == keys_of(ok, reference["identity"])
+    assert set(entries) == keys_of(server, ok, reference["identity"])
     # retried calls succeeded: as many distinct completions as the fault-free run needed,
     # more only by the decomposition replies that were garbage and asked again
     feedback = sum(1 for a in ok if a.outcome in DECOMPOSE_GARBAGE)
@@ -232,7 +235,7 @@ def test_outage_stops_with_one_clear_message_and_a_rerun_resumes(
     assert "Traceback" not in result.output
     assert not out.exists()
     first = delivered(server.log[start:])
-    assert set(cache_entries(cache)) == keys_of(first, reference["identity"])
+    assert set(cache_entries(cache)) == keys_of(server, first, reference["identity"])
 
     # the outage ends; the same command finishes, asking only for what was never delivered
     server.on_request = None
@@ -417,7 +420,7 @@ def test_a_request_the_server_rejects_is_that_cells_failure_and_the_run_goes_on(
     assert table.loc[table.sample_id == ids[3], criteria].isna().all(axis=None)
     # nothing of the rejected requests is cached: the cache holds what was delivered
     identity = f"openai:{MODEL}@{server.url}"
-    assert set(cache_entries(cache)) == keys_of(delivered(answers), identity)
+    assert set(cache_entries(cache)) == keys_of(server, delivered(answers), identity)
     # a rerun asks again for exactly the rejected requests (a fixed server would answer them)
     again_from = len(server.log)
     result = CliRunner().invoke(cli, [*args[:-1], str(tmp_path / "again")])
@@ -447,7 +450,20 @@ def test_hostile_score_values_are_recorded_failures_end_to_end(
     assert nan_cells >= failing > 0
     assert ev.metrics["failure_rate"] == pytest.approx(nan_cells / table[criteria].size)
     assert 0 <= ev.metrics["usage"]["prompt_tokens"] < 10**9  # 1e999 was read as 0, not summed
-    assert view(ev)["tree"] == reference["view"]["tree"]
+    # nothing hostile leaks into a score: every layer-1 cell that did not fail holds the
+    # fault-free run's score, or the "4" a reply with hostile usage says (which layer-2 criteria
+    # are kept may change with the failed cells)
+    import io
+
+    import pandas as pd
+
+    layer1 = [c.key for c in ev.tree.layer(1)]
+    want = pd.read_csv(io.StringIO(reference["view"]["scores"])).set_index("sample_id")[layer1]
+    got = pd.read_csv(io.StringIO(table.to_csv(index=False))).set_index("sample_id")[layer1]
+    read = got.notna()
+    assert int((~read).sum().sum()) > 0 and read.sum().sum() > 0.8 * got.size
+    other = read & (got != want.loc[got.index])
+    assert int(other.sum().sum()) <= seen["usage-1e999"] and (got.to_numpy()[other.to_numpy()] == 4.0).all()
     # cached as delivered and read back the same: a rerun costs nothing and agrees
     server.faults = None
     before = len(server.log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,151 @@ def test_check_gates_a_pairwise_artifact_on_agreement(tmp_path: Path) -> None:
     low = run_cli("check", art, *gold, "--min-agreement", str(min(1.0, held_out + 0.01)), *cache)
     assert low.exit_code == 1 and "is below" in low.stderr
     one_error(run_cli("check", art, *gold, "--min-spearman", "0.5", *cache), "--min-agreement")
+
+
+def _in_a_fresh_interpreter(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HDEVAL_LLM", "HDEVAL_BASE_URL")}
+    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES.parent), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("command", [
+    ["apply", "{art}", "{missing}", "--llm", "fake", "-o", "{out}"],
+    ["apply", "{art}", "{missing}", "--llm", "gpt-4o-mini", "--export-requests", "{out}"],
+    ["check", "{art}", "--data", "{missing}", "--llm", "fake", "--min-spearman", "0.5"],
+])
+def test_a_missing_input_is_said_before_the_artifact_loads(qa_artifact: Path, tmp_path: Path,
+                                                           command: list[str]) -> None:
+    """#37 item 10: the artifact (and scikit-learn, skops) loaded first, 11 s at load 10."""
+    missing = tmp_path / "new.csv"
+    argv = [a.format(art=qa_artifact, missing=missing, out=tmp_path / "out.jsonl") for a in command]
+    code = (
+        "import sys\n"
+        "import hdeval.cli\n"
+        "try:\n"
+        f"    hdeval.cli.cli({argv!r}, prog_name='hdeval')\n"
+        "except SystemExit as e:\n"
+        "    print('EXIT', e.code)\n"
+        "print('LOADED', sorted(m for m in ('sklearn', 'skops', 'shap', 'matplotlib') if m in sys.modules))\n"
+    )
+    r = _in_a_fresh_interpreter(code, tmp_path)
+    assert r.stderr.startswith(f"error: cannot open data file {missing}"), r.stderr
+    assert "EXIT 2" in r.stdout and "LOADED []" in r.stdout, r.stdout
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_apply_report_and_check_do_not_load_the_openai_sdk_for_files() -> None:
+    """The openai SDK came with apply's output helpers (0.3-0.5 s of every apply and report, on
+    the fake or embedded LLM too); it loads when an OpenAI-compatible server is used."""
+    code = (
+        "import sys\n"
+        "import hdeval.cli.report, hdeval.run.apply, hdeval.run.check, hdeval.run.output\n"
+        "print('LOADED', sorted(m for m in ('openai', 'httpx') if m in sys.modules))\n"
+    )
+    r = _in_a_fresh_interpreter(code, EXAMPLES)
+    assert "LOADED []" in r.stdout, r.stdout + r.stderr
+
+
+
+NEW_RATINGS = (
+    "question,answer,clear,correct\n"
+    "What makes rain?,Water vapour condenses into drops heavy enough to fall.,5,5\n"
+    "What makes rain?,Clouds get tired.,3,1\n"
+    "Why do we have seasons?,The tilt of the axis changes how directly sunlight hits.,4,5\n"
+    "Why do we have seasons?,The Earth is closer to the Sun in summer.,4,2\n"
+)
+
+
+def test_the_columns_data_import_was_given_are_kept_for_apply(tmp_path: Path) -> None:
+    """#37 item 5: --source-col and the others served data import, then were forgotten: apply on a
+    new CSV of the same layout stopped at "no column 'source'"."""
+    mine = tmp_path / "mine.jsonl"
+    res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
+                  "--source-col", "question", "--output-col", "answer", "--score-col", "clarity=clear",
+                  "--score-col", "accuracy=correct", "-o", mine)
+    assert res.exit_code == 0, res.output
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--data", mine, "--method", "direct",
+                  "--llm", "fake", "-o", tmp_path / "art", "--cache-dir", tmp_path / "cache")
+    assert res.exit_code == 0, res.output
+    new = tmp_path / "new.csv"
+    new.write_text(NEW_RATINGS, encoding="utf-8")
+    res = run_cli("apply", tmp_path / "art", new, "--llm", "fake", "--cache-dir", tmp_path / "cache",
+                  "-o", tmp_path / "scored.jsonl")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 4 and all(set(r["scores"]) == {"clarity", "accuracy"} for r in rows)
+    assert not any(r["in_training"] for r in rows)
+    res = run_cli("check", tmp_path / "art", "--data", new, "--llm", "fake", "--cache-dir", tmp_path / "cache",
+                  "--min-spearman", "-1")  # the human scores come through the mapping too
+    assert res.exit_code == 0 and "Spearman" in res.output, res.output
+
+
+def test_a_recorded_mapping_that_is_no_mapping_is_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "mine.jsonl"
+    lines = (EXAMPLES / "qa.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["columns"] = {"scores": {"fluency": "f"}}  # the task has no aspect fluency
+    data.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n", encoding="utf-8")
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--data", data, "--method", "direct",
+                  "--llm", "fake", "-o", tmp_path / "art", "--cache-dir", tmp_path / "cache")
+    one_error(res, f"{data}: line 1: columns.scores", "fluency")
+    assert not (tmp_path / "art").exists()
+
+
+def _cache_with_runs_of(tmp_path: Path, *identities: str) -> Path:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "rates.json").write_text(json.dumps({i: {"seconds_per_1k_tokens": 1.0, "calls": 30}
+                                                  for i in identities}), encoding="utf-8")
+    return cache
+
+
+@pytest.mark.parametrize("llm, base_url, meant", [
+    ("gpt-4o-mnii", None, "gpt-4o-mini"),
+    ("GPT-4o-mini", None, "gpt-4o-mini"),
+    ("gpt-4o-mini", None, None),  # a model it has: nothing to say
+    ("gpt-4o", None, None),  # five edits away: another model, not a typo
+    ("qwen2.5-7b-instruct", "http://127.0.0.1:9/v1", "qwen2.5-7b-instruc"),
+    ("gpt-4o-mnii", "http://127.0.0.1:9/v1", None),  # seen at OpenAI, not at this server
+])
+def test_a_model_name_a_typo_away_from_one_the_cache_has_run_gets_did_you_mean(
+        tmp_path: Path, llm: str, base_url: str | None, meant: str | None) -> None:
+    """#37 item 7: only the built-ins were compared; a model the cache has replies of was not."""
+    cache = _cache_with_runs_of(tmp_path, "openai:gpt-4o-mini@https://api.openai.com/v1",
+                                "openai:qwen2.5-7b-instruc@http://127.0.0.1:9/v1+llama", "fake:v1")
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", llm, "--dry-run", "--cache-dir", cache,
+                  *(["--base-url", base_url] if base_url else []))
+    assert res.exit_code == 0, res.output  # a warning: a name one edit from another may be a real model
+    warned = [line for line in res.stderr.splitlines() if "did you mean" in line]
+    if meant is None:
+        assert warned == []
+    else:
+        assert warned == [f"warning: --llm {llm!r}: the reply cache has no run of that model at "
+                          f"{base_url or 'https://api.openai.com/v1'}; did you mean {meant!r}, which it has?"]
+
+
+@pytest.mark.parametrize("rates", ["huge", "fifo", "deep", "list", "control"])
+def test_a_hostile_rates_file_is_read_bounded_for_did_you_mean(tmp_path: Path, rates: str) -> None:
+    import os
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = cache / "rates.json"
+    if rates == "huge":  # a real entry, but past the bound: not read at all
+        path.write_text(json.dumps({"openai:gpt-4o-mini@https://api.openai.com/v1": {"pad": "x" * (1 << 20)}}))
+    elif rates == "fifo":  # opening it would wait for a writer forever
+        os.mkfifo(path)
+    elif rates == "deep":
+        path.write_text("[" * 200_000)
+    elif rates == "list":
+        path.write_text(json.dumps(["openai:gpt-4o-mini@https://api.openai.com/v1"]))
+    else:  # one edit from --llm, but no model's name: never printed
+        path.write_text(json.dumps({"openai:gpt-4o-mnii\x1b@https://api.openai.com/v1": {}}))
+    res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", "gpt-4o-mnii", "--dry-run",
+                  "--cache-dir", cache)
+    assert res.exit_code == 0, res.output
+    assert "did you mean" not in res.stderr

@@ -57,7 +57,8 @@ def test_training_output_is_unchanged(task, n, layers, agg, data_dir, tmp_path):
 
 def test_the_test_server_answers_exactly_like_the_fake_llm(data_dir, tmp_path):
     """The OpenAI-compatible path (HTTP, the real client, the server's responders chosen by the
-    X-Hdeval-Kind header) trains the very same evaluator as the in-process fake."""
+    kind and data of the requests built in the test, from its book) trains the very same evaluator as
+    the in-process fake."""
     from llm_server import FaultServer
 
     task, n, layers, agg = CASES[-1]

@@ -40,8 +40,8 @@ def new_samples(tmp_path: Path, n_docs: int = 6, name: str = "new.jsonl") -> Pat
     return write_jsonl(tmp_path / name, rows)
 
 
-# ---------------------------------------------------------------- item 4: outputs never destroy inputs
-def test_item4_apply_refuses_to_write_over_its_input(toy_artifact: Path, tmp_path: Path,
+# ---------------------------------------------------------------- outputs never destroy inputs
+def test_apply_refuses_to_write_over_its_input(toy_artifact: Path, tmp_path: Path,
                                                       fake_calls: list[int]) -> None:
     data = new_samples(tmp_path)
     before = data.read_bytes()
@@ -55,7 +55,7 @@ def test_item4_apply_refuses_to_write_over_its_input(toy_artifact: Path, tmp_pat
     assert data.read_bytes() == before and fake_calls == []
 
 
-def test_item4_apply_refuses_to_write_into_the_artifact(toy_artifact: Path, tmp_path: Path) -> None:
+def test_apply_refuses_to_write_into_the_artifact(toy_artifact: Path, tmp_path: Path) -> None:
     data = new_samples(tmp_path)
     inside = toy_artifact / "scores.csv"
     before = inside.read_bytes() if inside.exists() else None
@@ -63,7 +63,7 @@ def test_item4_apply_refuses_to_write_into_the_artifact(toy_artifact: Path, tmp_
     assert (inside.read_bytes() if inside.exists() else None) == before
 
 
-def test_item4_a_fifo_or_device_is_not_replaced_by_a_file(toy_artifact: Path, tmp_path: Path) -> None:
+def test_a_fifo_or_device_is_not_replaced_by_a_file(toy_artifact: Path, tmp_path: Path) -> None:
     data = new_samples(tmp_path)
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
@@ -77,7 +77,7 @@ def test_item4_a_fifo_or_device_is_not_replaced_by_a_file(toy_artifact: Path, tm
     assert len(ok.stdout.splitlines()) == 18
 
 
-def test_item4_export_training_refuses_to_write_over_its_corpus(tmp_path: Path) -> None:
+def test_export_training_refuses_to_write_over_its_corpus(tmp_path: Path) -> None:
     from test_paireval import TOY_DIALOGUE
 
     task = tmp_path / "dialogue.toml"
@@ -92,7 +92,7 @@ def test_item4_export_training_refuses_to_write_over_its_corpus(tmp_path: Path) 
               "not a regular file")
 
 
-def test_item4_data_import_and_merge_shards_refuse_their_inputs(toy_artifact: Path, tmp_path: Path) -> None:
+def test_data_import_and_merge_shards_refuse_their_inputs(toy_artifact: Path, tmp_path: Path) -> None:
     table = tmp_path / "table.jsonl"
     table.write_text("".join(json.dumps(r) + "\n" for r in toy_rows()), encoding="utf-8")
     task = tmp_path / "toy_task.toml"
@@ -108,7 +108,7 @@ def test_item4_data_import_and_merge_shards_refuse_their_inputs(toy_artifact: Pa
     assert part.read_bytes() == shard_text
 
 
-# ---------------------------------------------------------------- item 5: merge-shards checks the set
+# ---------------------------------------------------------------- merge-shards checks the set
 @pytest.fixture
 def shard_run(toy_artifact: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     """(part1, part2, the unsharded output) of one input scored by one artifact."""
@@ -131,7 +131,7 @@ def merge_refused(tmp_path: Path, *shards, fragment: str) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]
 
 
-def test_item5_a_complete_set_merges_into_exactly_the_unsharded_rows(shard_run, tmp_path: Path) -> None:
+def test_a_complete_set_merges_into_exactly_the_unsharded_rows(shard_run, tmp_path: Path) -> None:
     p1, p2, whole = shard_run
     result = run("merge-shards", tmp_path / "m.jsonl", p2, p1)
     assert result.exit_code == 0, result.output
@@ -139,19 +139,19 @@ def test_item5_a_complete_set_merges_into_exactly_the_unsharded_rows(shard_run, 
     assert "merged 18 rows of 2 shard(s)" in result.stderr
 
 
-def test_item5_an_empty_shard_of_a_failed_run_is_refused(shard_run, tmp_path: Path) -> None:
+def test_an_empty_shard_of_a_failed_run_is_refused(shard_run, tmp_path: Path) -> None:
     p1, p2, _ = shard_run
     failed = tmp_path / "failed.jsonl"
     failed.write_text("")  # `> part2.jsonl` of a run that died before writing
     merge_refused(tmp_path, p1, failed, fragment="empty")
 
 
-def test_item5_dev_null_as_a_shard_is_refused(shard_run, tmp_path: Path) -> None:
+def test_dev_null_as_a_shard_is_refused(shard_run, tmp_path: Path) -> None:
     p1, _, _ = shard_run
     merge_refused(tmp_path, p1, "/dev/null", fragment="not a regular file")
 
 
-def test_item5_a_shard_missing_its_last_row_is_refused(shard_run, tmp_path: Path) -> None:
+def test_a_shard_missing_its_last_row_is_refused(shard_run, tmp_path: Path) -> None:
     p1, p2, _ = shard_run
     lines = p2.read_text().splitlines(keepends=True)
     cut = tmp_path / "cut.jsonl"
@@ -161,7 +161,7 @@ def test_item5_a_shard_missing_its_last_row_is_refused(shard_run, tmp_path: Path
     merge_refused(tmp_path, p1, cut, fragment="no closing record")
 
 
-def test_item5_shards_of_two_artifacts_or_inputs_are_refused(shard_run, toy, tmp_path: Path) -> None:
+def test_shards_of_two_artifacts_or_inputs_are_refused(shard_run, toy, tmp_path: Path) -> None:
     p1, p2, _ = shard_run
     task, data = toy
     other = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="dt",
@@ -178,7 +178,7 @@ def test_item5_shards_of_two_artifacts_or_inputs_are_refused(shard_run, toy, tmp
     merge_refused(tmp_path, p1, r2, fragment="different inputs")
 
 
-def test_item5_a_crafted_shard_count_does_not_allocate(shard_run, tmp_path: Path) -> None:
+def test_a_crafted_shard_count_does_not_allocate(shard_run, tmp_path: Path) -> None:
     p1, _, _ = shard_run
     *rows, closing = [json.loads(line) for line in p1.read_text().splitlines()]
     big = 10**15
@@ -191,15 +191,15 @@ def test_item5_a_crafted_shard_count_does_not_allocate(shard_run, tmp_path: Path
     merge_refused(tmp_path, within, fragment="missing")
 
 
-# ---------------------------------------------------------------- item 11: input lines are bounded
-def test_item11_apply_reads_dev_zero_with_a_bound(toy_artifact: Path, tmp_path: Path,
+# ---------------------------------------------------------------- input lines are bounded
+def test_apply_reads_dev_zero_with_a_bound(toy_artifact: Path, tmp_path: Path,
                                                   fake_calls: list[int]) -> None:
     one_error(run("apply", toy_artifact, "/dev/zero", "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c"),
               "/dev/zero", "line 1", "longer than")
     assert fake_calls == [] and not (tmp_path / "s.jsonl").exists()
 
 
-def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+def test_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
     import hdeval.data.samples as data_mod
 
     monkeypatch.setattr(data_mod, "MAX_LINE_BYTES", 4096)
@@ -210,7 +210,7 @@ def test_item11_a_huge_line_in_a_file_is_named_by_line(toy_artifact: Path, tmp_p
               str(data), "line 3", "longer than")
 
 
-def test_item11_apply_input_nested_too_deeply_is_one_line(toy_artifact: Path, tmp_path: Path,
+def test_apply_input_nested_too_deeply_is_one_line(toy_artifact: Path, tmp_path: Path,
                                                         fake_calls: list[int]) -> None:
     # the task-name pre-scan read it before the validating pass: a RecursionError traceback
     data = new_samples(tmp_path)
@@ -221,7 +221,7 @@ def test_item11_apply_input_nested_too_deeply_is_one_line(toy_artifact: Path, tm
     assert fake_calls == [] and not (tmp_path / "s.jsonl").exists()
 
 
-# ---------------------------------------------------------------- item 7: apply's failure rate
+# ---------------------------------------------------------------- apply's failure rate
 @pytest.fixture
 def refusing_server():
     from llm_server import FaultServer, Reply
@@ -232,7 +232,7 @@ def refusing_server():
 
 
 @pytest.mark.parametrize("how", ["refused", "too large"])
-def test_item7_apply_whose_every_request_fails_exits_non_zero(how: str, refusing_server, toy_artifact: Path,
+def test_apply_whose_every_request_fails_exits_non_zero(how: str, refusing_server, toy_artifact: Path,
                                                                tmp_path: Path) -> None:
     from llm_server import Reply
 
@@ -252,7 +252,7 @@ def test_item7_apply_whose_every_request_fails_exits_non_zero(how: str, refusing
     assert "failed LLM-filled scores:" in result.stderr and "(100.0%" in result.stderr
 
 
-def test_item7_apply_prints_its_failure_rate_and_checks_the_option(toy_artifact: Path, tmp_path: Path) -> None:
+def test_apply_prints_its_failure_rate_and_checks_the_option(toy_artifact: Path, tmp_path: Path) -> None:
     data = new_samples(tmp_path, n_docs=2)
     result = run("apply", toy_artifact, data, "-o", tmp_path / "s.jsonl", "--cache-dir", tmp_path / "c")
     assert result.exit_code == 0, result.output
@@ -261,7 +261,7 @@ def test_item7_apply_prints_its_failure_rate_and_checks_the_option(toy_artifact:
               "--max-failure-rate must be between 0 and 1")
 
 
-# ---------------------------------------------------------------- item 6: a planted SQLite object is refused
+# ---------------------------------------------------------------- a planted SQLite object is refused
 PLANTED = {
     "trigger": ("CREATE TRIGGER poison AFTER INSERT ON Cache BEGIN UPDATE Cache SET value = "
                 "'{\"text\":\"5\"}' WHERE rowid = NEW.rowid; END", "trigger 'poison'"),
@@ -275,7 +275,7 @@ PLANTED = {
 
 
 @pytest.mark.parametrize("kind", list(PLANTED))
-def test_item6_a_cache_with_a_planted_sqlite_object_is_refused_and_named(kind: str, toy_artifact: Path,
+def test_a_cache_with_a_planted_sqlite_object_is_refused_and_named(kind: str, toy_artifact: Path,
                                                                          tmp_path: Path, fake_calls) -> None:
     import sqlite3
 
@@ -299,8 +299,8 @@ def test_item6_a_cache_with_a_planted_sqlite_object_is_refused_and_named(kind: s
     assert run("cache", "check", "--cache-dir", cache).exit_code == 0
 
 
-# ---------------------------------------------------------------- item 13: read-only cache, read-only commands
-def test_item13_check_and_stats_on_read_only_storage(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
+# ---------------------------------------------------------------- read-only cache, read-only commands
+def test_cache_check_and_stats_work_on_read_only_storage(toy_artifact: Path, tmp_path: Path, monkeypatch) -> None:
     import sqlite3
 
     cache = tmp_path / "ro-cache"
@@ -330,9 +330,9 @@ def test_item13_check_and_stats_on_read_only_storage(toy_artifact: Path, tmp_pat
     assert "cannot write" not in stats.output and f"{entries} entries" in stats.stdout
 
 
-# ---------------------------------------------------------------- item 9: deeply nested replies
+# ---------------------------------------------------------------- deeply nested replies
 @pytest.mark.parametrize("body", ["bare", "as content", "as json content"])
-def test_item9_a_reply_of_brackets_is_a_recorded_failure_not_a_traceback(body: str, refusing_server,
+def test_a_reply_of_brackets_is_a_recorded_failure_not_a_traceback(body: str, refusing_server,
                                                                          toy_artifact: Path, tmp_path: Path) -> None:
     from llm_server import Reply
 
@@ -352,7 +352,7 @@ def test_item9_a_reply_of_brackets_is_a_recorded_failure_not_a_traceback(body: s
     one_error(result)
 
 
-def test_item9_json_extraction_is_bounded() -> None:
+def test_json_extraction_from_a_reply_is_bounded() -> None:
     from hdeval.judge.fill import extract_json
 
     for text in ("{" + "[" * 200_000 + "}", "{" + '{"a":' * 100_000 + "1" + "}" * 100_001):
@@ -360,11 +360,11 @@ def test_item9_json_extraction_is_bounded() -> None:
             extract_json(text)
 
 
-# ---------------------------------------------------------------- item 8: lone surrogates in criterion text
+# ---------------------------------------------------------------- lone surrogates in criterion text
 LONE = "\ud800"
 
 
-def test_item8_a_tree_file_with_a_lone_surrogate_is_one_line(toy, tmp_path: Path) -> None:
+def test_a_tree_file_with_a_lone_surrogate_is_one_line(toy, tmp_path: Path) -> None:
     task, data = toy
     crit = lambda key, definition: {"key": key, "name": key.title(), "definition": definition,  # noqa: E731
                                     "parent": None, "layer": 1}
@@ -378,7 +378,7 @@ def test_item8_a_tree_file_with_a_lone_surrogate_is_one_line(toy, tmp_path: Path
     assert not (tmp_path / "art").exists()
 
 
-def test_item8_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusable(toy, tmp_path: Path) -> None:
+def test_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusable(toy, tmp_path: Path) -> None:
     from hdeval.llm.backends.base import Completion
     from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 
@@ -397,7 +397,7 @@ def test_item8_a_decomposition_reply_with_a_lone_surrogate_is_rejected_as_unusab
     assert retries and all("lone surrogate" in r.messages[-1].content for r in retries)  # said what to fix
 
 
-def test_item8_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(tmp_path: Path) -> None:
+def test_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(tmp_path: Path) -> None:
     from test_apply_stream import _pairs
     from test_dna import RESPONDERS, _responders
 
@@ -419,8 +419,8 @@ def test_item8_dynamic_dna_aspects_with_a_lone_surrogate_are_recorded_failures(t
     assert "lone surrogate" in str(caught.value) and "could not be judged" in str(caught.value)
 
 
-# ---------------------------------------------------------------- item 15: messages that say what to do
-def test_item15_export_training_on_a_pairwise_task_says_what_to_pass(tmp_path: Path) -> None:
+# ---------------------------------------------------------------- messages that say what to do
+def test_export_training_on_a_pairwise_task_says_what_to_pass(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"id": "p1", "doc_id": "q1", "source": "q", "output_a": "a",
                                                       "output_b": "b", "label": "a"}])
     line = one_error(run("paireval", "export-training", "--data", corpus, "--task", "faireval",
@@ -431,7 +431,7 @@ def test_item15_export_training_on_a_pairwise_task_says_what_to_pass(tmp_path: P
 @pytest.mark.parametrize("model, fragment", [("/dev/zero", "not a regular file"), ("DIR", "is a directory"),
                                              ("NOTGGUF", "not a GGUF model file"),
                                              ("/nonexistent.gguf", "not found")])
-def test_item15_llamacpp_says_what_is_wrong_with_the_model_path(model: str, fragment: str, toy,
+def test_llamacpp_says_what_is_wrong_with_the_model_path(model: str, fragment: str, toy,
                                                                 tmp_path: Path) -> None:
     from hdeval.core.errors import ConfigError
     from hdeval.core.paths import check_model_file

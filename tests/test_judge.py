@@ -207,7 +207,7 @@ def test_llm_config_rejects_unknown_fields_and_bad_values():
     with pytest.raises(ConfigError, match="unknown LLM option.*temprature"):
         LLMConfig.from_options(model="fake", temprature=0.3)
     with pytest.raises(ConfigError, match="--concurrency must be at least 1"):
-        LLMConfig(model="fake", concurrency=0).validate()
+        LLMConfig(model="fake", concurrency=0).check()
 
 
 def test_manifest_never_holds_credentials_or_query():

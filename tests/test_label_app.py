@@ -321,3 +321,32 @@ def test_a_jury_artifact_is_refused_before_serving(pool, toy, tmp_path):
                       "--artifact", art, "--llm", "fake", "--cache-dir", tmp_path / "cache", "--port", "0"),
               "--artifact", "jury")
     assert not (tmp_path / "l.db").exists()
+
+
+def test_unusable_decompositions_leave_the_aspects_and_labelling_goes_on(pool, tmp_path):
+    """A small model (--llm local's) answers the decomposition prompt with keys of dots: the pool's
+    scoring stopped there, and no sample could ever be labelled. Now the aspects alone are scored,
+    with a warning, as train keeps layer 1 when layer 2's decomposition fails."""
+    from hdeval.app.launch import prepare
+    from hdeval.llm.backends.base import Completion
+    from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
+    from hdeval.llm.config import LLMConfig
+
+    _, task_file, data, samples = pool
+    dots = '{"subcriteria": [{"key": "...", "name": "...", "definition": "..."}]}'
+    fake = FakeBackend(responders={**RESPONDERS, "decompose": lambda request, fake: Completion(dots)})
+    said: list[str] = []
+    app = prepare(task=str(task_file), data=data, labels=tmp_path / "l.db", port=0, notify=said.append,
+                  llm=LLMConfig(model="fake", cache_dir=str(tmp_path / "cache")), backend=fake)
+    try:
+        app.start_scoring().join(timeout=60)
+        state = app.session.scoring
+        assert state.done and state.error is None
+        assert state.criteria == ["clarity", "accuracy"]
+        assert np.isfinite(app.session.X).all() and app.session.X.shape == (len(samples), 2)
+        assert any(s.startswith("warning: could not decompose") and "the task's aspects alone" in s for s in said)
+        c = named(client(app.session))
+        assert c.post("/api/label", json={"sample_id": shown_id(c), "values": {"clarity": 3, "accuracy": 4}},
+                      headers=H).status_code == 200
+    finally:
+        app.close()

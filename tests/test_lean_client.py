@@ -35,15 +35,17 @@ def req(text: str = "Rate this text.", **kwargs: object) -> CompletionRequest:
     return CompletionRequest(messages=(Message("user", text),), **kwargs)
 
 
-def test_the_body_is_the_request_only_and_the_kind_travels_in_a_header(server: LLMServer) -> None:
+def test_the_body_is_the_request_only_and_its_declared_kind_and_data_stay_home(server: LLMServer) -> None:
     b = make(server)
-    body = b._params(req(kind="score", top_logprobs=5), True)
+    declared = {"kind": "score", "data": {"sample": "ZZSAMPLEZZ", "criterion": "ZZCRITZZ"}}
+    body = b._params(req(top_logprobs=5, **declared), True)
     # the Batch API writes this very object as a JSONL line: nothing but request fields
     assert set(body) == {"model", "messages", "temperature", "max_tokens", "logprobs", "top_logprobs"}
-    b.complete(req(kind="score"))
+    b.complete(req(**declared))
     (r,) = server.requests
-    assert r.headers["x-hdeval-kind"] == "score"
-    assert r.json == b._params(req(kind="score"), False)
+    assert r.json == b._params(req(), False)
+    sent = r.body.decode() + repr(r.headers)
+    assert not [w for w in ("zzsamplezz", "zzcritzz", "kind") if w in sent.lower()], r.headers
 
 
 def test_every_retry_sends_the_same_bytes(server: LLMServer) -> None:
@@ -53,7 +55,6 @@ def test_every_retry_sends_the_same_bytes(server: LLMServer) -> None:
     first, second, third = server.requests
     assert first.body == second.body == third.body
     assert json.loads(first.body)["messages"][0]["content"] == text  # UTF-8, not mangled
-    assert {r.headers["x-hdeval-kind"] for r in server.requests} == {"score"}
 
 
 @pytest.mark.parametrize("status", [400, 503])

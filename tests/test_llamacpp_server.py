@@ -9,6 +9,7 @@ the bundled model.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -31,8 +32,14 @@ from hdeval.run.train import train  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server_url():
+# One thread each: llama.cpp's threads wait for each other at every step, so on a shared machine
+# two of them stall whenever one is descheduled; both sides use the same, as their numbers must.
+THREADS = 1
+
+
+def start_server():
+    """llama.cpp's HTTP server on the embedded model, on 127.0.0.1, set up as the embedded runtime
+    sets up its own: (its URL, the server)."""
     import xllamacpp
 
     with socket.socket() as s:
@@ -44,7 +51,7 @@ def server_url():
     params.n_parallel = 1
     params.n_batch = 512  # as the embedded runtime: the same batches, the same numbers
     params.cache_ram_mib = CACHE_RAM_MIB
-    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = THREADS
     params.warmup = False
     params.verbosity = -1
     params.hostnames = ["127.0.0.1"]
@@ -55,18 +62,25 @@ def server_url():
     while True:
         try:
             httpx.get(url + "/models", timeout=2).raise_for_status()
-            break
+            return url, server
         except httpx.HTTPError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.fixture
+def server_url():
+    url, server = start_server()
     yield url
     del server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local():
-    b = XLlamaCppBackend.from_spec("local", n_threads=2)
+    """The embedded runtime, started for each test as the server is: both begin with an empty
+    prompt cache, and llama.cpp's numbers depend on which prompt prefixes it reuses."""
+    b = XLlamaCppBackend.from_spec("local", n_threads=THREADS)
     yield b
     b.close()
 
@@ -78,10 +92,10 @@ def _auto_dialect(monkeypatch):
 
 @pytest.fixture
 def toy(tmp_path):
-    """12 short dialogue samples over 6 conversations, one aspect."""
+    """8 short dialogue samples over 4 conversations, one aspect."""
     task = tmp_path / "toy_dialogue.toml"
     task.write_text(TOY_DIALOGUE.split("[[aspects]]\nkey = \"engagingness\"")[0], encoding="utf-8")
-    return str(task), str(write_jsonl(tmp_path / "toy.jsonl", toy_rows(n_docs=6, per_doc=2, aspects=("overall",))))
+    return str(task), str(write_jsonl(tmp_path / "toy.jsonl", toy_rows(n_docs=4, per_doc=2, aspects=("overall",))))
 
 
 def _both(method, task, data, url, local, tmp_path, **options):
@@ -110,38 +124,46 @@ def _agree(served, embedded, columns):
     return corr, unreadable, distinct, gap
 
 
-# One request sent to both gives the same probabilities to 4 decimals; over a run, the two
-# processes' numbers drift apart by up to ~0.06 on the 1-5 scale (llama.cpp's own numerics), which
-# is most of what the 135M model's scores span on a toy set: there only the differences are bounded.
+# The same requests in the same order, to a server and to the embedded runtime both just started,
+# give the same numbers: only a difference in what the server is asked (or in what it reused of
+# its cache) makes them differ, and it would show here.
+SAME = 1e-6
+
+
 def test_direct_through_the_server_scores_as_embedded(server_url, local, toy, tmp_path):
     served, embedded = _both("direct", *toy, server_url, local, tmp_path)
     assert served.llm_identity.endswith("+llama.cpp")  # recognised: the constraint was sent
     corr, unreadable, _, gap = _agree(served, embedded, ["overall"])
-    assert unreadable < 0.05 and gap <= 0.1
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
 
 
 def test_hdeval_two_layers_through_the_server_scores_as_embedded(server_url, local, toy, tmp_path):
     served, embedded = _both("hdeval", *toy, server_url, local, tmp_path, layers=2, children=2, aggregator="lr")
-    shared = [c for c in served.feature_keys if c in set(embedded.feature_keys)]
-    assert shared
+    # every criterion scored (the 135M model's decompositions are unusable, on both sides alike:
+    # layer 1's then stand, with the reason)
+    criteria = [c for c in served.score_table.columns if c not in ("sample_id", "split") and ":" not in c]
+    shared = [c for c in criteria if c in set(embedded.score_table.columns)]
+    assert shared == criteria and served.metrics.get("stopped") == embedded.metrics.get("stopped")
     corr, unreadable, _, gap = _agree(served, embedded, shared)
-    assert unreadable < 0.05 and gap <= 0.1
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95
 
 
-def test_paireval_and_yesno_through_the_server_give_distinct_embedded_scores(server_url, local, toy, tmp_path):
-    # the largest difference allowed: a share of what the embedded scores span (0.011, 0.084)
-    for method, options, most in (("paireval", {"comparisons": 1, "aggregator": "lr"}, 0.02),
-                                  ("direct-yesno", {}, 0.08)):
-        served, embedded = _both(method, *toy, server_url, local, tmp_path / method, **options)
-        corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
-        # distinct probabilities (never a 0.5 from one label alone), each near the embedded one
-        assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= most
+@pytest.mark.parametrize("method, options", [("paireval", {"comparisons": 1, "aggregator": "lr"}),
+                                             ("direct-yesno", {})])
+def test_label_probabilities_through_the_server_are_distinct_and_embedded(method, options, server_url, local, toy,
+                                                                          tmp_path):
+    served, embedded = _both(method, *toy, server_url, local, tmp_path, **options)
+    corr, unreadable, distinct, gap = _agree(served, embedded, ["overall"])
+    # distinct probabilities (never a 0.5 from one label alone), each the embedded one
+    assert served.metrics["failure_rate"] < 0.05 and distinct > 2 and gap <= SAME and corr >= 0.9
 
 
-def test_dna_through_the_server(server_url, local, tmp_path):
+def test_dna_through_the_server(server_url, tmp_path):
+    # four pairs, the fewest a split leaves two to train on: every kind of DnA call (weights, aspect
+    # scores) is made, each JSON reply read from the server
     data = str(write_jsonl(tmp_path / "pairs.jsonl", [
         {"id": f"p{i}", "doc_id": f"d{i}", "source": q, "output_a": a, "output_b": b, "label": "ab"[i % 2]}
-        for i, (q, a, b) in enumerate(PAIRS)]))
+        for i, (q, a, b) in enumerate(PAIRS[:4])]))
     served = train(task="faireval", data=data, method="dna", llm="SmolLM2-135M-Instruct.Q4_1.gguf",
                    base_url=server_url, cache_dir=str(tmp_path / "c"))
     m = served.metrics
@@ -155,8 +177,16 @@ def test_direct_on_topical_chat_through_the_server_scores_as_embedded(server_url
     data = shared_data_dir()
     if data is None or not (data / "topical_chat.jsonl").exists():
         pytest.skip("needs the topical_chat data set (HDEVAL_DATA_DIR)")
-    served, embedded = _both("direct", "topical_chat", str(data / "topical_chat.jsonl"), server_url, local, tmp_path,
-                             limit=8)
-    corr, unreadable, _, _ = _agree(served, embedded, list(served.score_table.columns.intersection(
+    # two responses to each of the two shortest conversations (the time is the prompts'): a split
+    # by conversation leaves one to train on
+    rows = [json.loads(line) for line in (data / "topical_chat.jsonl").open(encoding="utf-8")]
+    size = {}
+    for r in rows:
+        size[r["doc_id"]] = max(size.get(r["doc_id"], 0), len(r["source"]) + len(r.get("context") or ""))
+    docs = sorted(size, key=lambda d: (size[d], d))[:2]
+    subset = [r for d in docs for r in [r for r in rows if r["doc_id"] == d][:2]]
+    served, embedded = _both("direct", "topical_chat", str(write_jsonl(tmp_path / "tc.jsonl", subset)), server_url,
+                             local, tmp_path)
+    corr, unreadable, _, gap = _agree(served, embedded, list(served.score_table.columns.intersection(
         ["naturalness", "coherence", "engagingness", "groundedness", "understandability", "overall"])))
-    assert unreadable < 0.05 and corr >= 0.9
+    assert unreadable < 0.05 and gap <= SAME and corr >= 0.95

@@ -79,10 +79,7 @@ class EchoServer(BatchServer):
 
     def _route(self, req: RecordedRequest) -> Reply:
         url = urlsplit(req.path)
-        headers = dict(req.headers)
-        if isinstance(req.json, dict) and "x-hdeval-kind" not in headers:  # the Ray answerer sends no kind
-            headers["x-hdeval-kind"] = "decompose" if "response_format" in req.json else "score"
-        req = dataclasses.replace(req, path=url.path, headers=headers)  # the proxy's absolute form, query apart
+        req = dataclasses.replace(req, path=url.path)  # the proxy's absolute form, query apart
         self.last_echo = echo_of(dataclasses.replace(req, path=f"{url.path}?{url.query}"))
         if url.path.rstrip("/") == "/v1/chat/completions":
             if req.body not in self.first_seen:
@@ -90,7 +87,7 @@ class EchoServer(BatchServer):
                 return Reply.error(500, self.last_echo)
             reply = super()._route(req)
             body = reply.body
-            if req.headers.get("x-hdeval-kind") == "score" and isinstance(body, dict):
+            if self.kind_of(req) == "score" and isinstance(body, dict):
                 self.scored += 1
                 if self.scored % 5 == 0:
                     message = body["choices"][0]["message"]

@@ -40,6 +40,17 @@ PLUGIN = textwrap.dedent('''
     CLASH = Method(name="direct", summary="clash", shapes=("pointwise",), fit=_fit, load=lambda art: None)
     NOT_A_METHOD = 42
 
+    def OLD_OPTIONS():  # options declared as before they were pydantic models
+        from dataclasses import dataclass
+        from hdeval.methods.options import MethodOptions, option
+
+        @dataclass(frozen=True)
+        class OldOptions(MethodOptions):
+            level: int = option(2, "how old")
+
+        return Method(name="old", summary="old", shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                      options=OldOptions)
+
     BUILT = []
 
     def _backend(config, offline):
@@ -110,6 +121,9 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     ("CLASH", "method plug-in 'bad' (hdeval_toy_plugin:CLASH) skipped: it reuses the method name 'direct'"),
     ("NOT_A_METHOD", "method plug-in 'bad' (hdeval_toy_plugin:NOT_A_METHOD) skipped: it gave int, not a hdeval.methods"),
     ("MISSING", "method plug-in 'bad' (hdeval_toy_plugin:MISSING) skipped: it could not be loaded (AttributeError"),
+    ("OLD_OPTIONS", "method plug-in 'bad' (hdeval_toy_plugin:OLD_OPTIONS) skipped: it could not be loaded "
+                    "(TypeError: method 'old': its options model OldOptions is a dataclass; declare it as a plain "
+                    "subclass of MethodOptions"),
 ])
 def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target, message):
     plugin("hdeval.methods", "bad", target)

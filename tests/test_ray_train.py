@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import TOY_TASK, artifact_view, toy_rows, write_jsonl
-from llm_server import FaultServer, request_kind
+from llm_server import FaultServer
 
 from hdeval.cli import cli
 from hdeval.core.errors import ConfigError, DataError
@@ -26,19 +26,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 MODEL = "test-model"
 
 
-class BatchServer(FaultServer):
-    """The test server for lines a batch engine sends: no X-Hdeval-Kind header (a batch body has
-    none), so the prompt kind is read from the body (only decompositions ask for JSON)."""
-
-    def _answer(self, req):
-        if not request_kind(req) and isinstance(req.json, dict):
-            req.headers["x-hdeval-kind"] = "decompose" if isinstance(req.json.get("response_format"), dict) else "score"
-        return super()._answer(req)
-
-
 @pytest.fixture(scope="module")
 def server():
-    with BatchServer(lifetime=900) as s:
+    # the Ray workers send bodies built in this process: the server's book knows their kind and data
+    with FaultServer(lifetime=900) as s:
         yield s
 
 

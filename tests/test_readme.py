@@ -214,9 +214,9 @@ def test_builtin_task_downloads_its_data_on_first_use(fresh: Path, tmp_path: Pat
         notices = [line for line in r.stderr.splitlines() if "downloading it once" in line]
         assert len(notices) == 1 and "--offline" in notices[0]
         assert (home / "hdeval" / "data" / "sfres.jsonl").is_file() and (fresh / "art").is_dir()
-        # Second run: the file is there, nothing is fetched.
-        ok(hdeval("hdeval train --task sfres --llm fake --layers 1 -o art2", fresh, env))
-        assert len(srv.requests) == 1
+        # Second run: the file is there, nothing is fetched (a dry run fetches a missing file too).
+        r = ok(hdeval("hdeval train --task sfres --llm fake --layers 1 --dry-run", fresh, env))
+        assert r.stdout.startswith("dry run for task sfres: ") and len(srv.requests) == 1
 
 
 def test_failed_download_names_the_ways_forward(fresh: Path, tmp_path: Path) -> None:
@@ -243,9 +243,10 @@ def test_custom_task_finds_its_data_file_beside_the_task_file(fresh: Path, tmp_p
     r = ok(hdeval(f"hdeval train --task {task} --llm fake --layers 1 -o art", elsewhere,
                   child_env(HDEVAL_DATA_DIR=None)))
     assert str(fresh / "examples" / "qa.jsonl") in r.stderr  # "task qa: 24 samples from ..."
-    # Relative task path, other working directory: still found.
-    ok(hdeval("hdeval train --task ../work/examples/qa_task.toml --llm fake --layers 1 -o art2",
-              elsewhere, child_env(HDEVAL_DATA_DIR=None)))
+    # Relative task path, other working directory: still found (a dry run reads it as training does).
+    r = ok(hdeval("hdeval train --task ../work/examples/qa_task.toml --llm fake --layers 1 --dry-run",
+                  elsewhere, child_env(HDEVAL_DATA_DIR=None)))
+    assert "dry run for task qa: 24 samples" in r.stdout
 
 
 # ------------------------------------------------------------------ output a person can follow
@@ -586,6 +587,33 @@ def run_page(text: str, work: Path, tmp: Path, local: bool) -> int:
     return ran
 
 
+def test_readme_commands_parse_and_write_only_under_artifacts(fresh: Path, monkeypatch) -> None:
+    """The default run's share of the check below, which runs them (slow): every README command
+    is one the CLI takes as written (its options, their values, --llm named), and each file or
+    directory it writes lies under artifacts/, which .gitignore covers."""
+    import shlex
+
+    import click
+
+    from hdeval.cli import cli
+
+    monkeypatch.chdir(fresh)
+    commands = [c for kind, c in page_commands(README) if kind == "bash" and c.startswith("hdeval ")]
+    assert len(commands) >= 8
+    for command in commands:
+        assert not NEEDS_LLM.match(command) or "--llm" in command, f"a command without --llm: {command}"
+        name, *args = shlex.split(command.split(" #")[0])[1:]
+        with click.Context(cli, info_name="hdeval") as ctx:
+            cmd = cli.get_command(ctx, name)
+            assert cmd is not None, command
+            sub = cmd.make_context(name, args, parent=ctx)  # a bad option or value raises here
+            written = [sub.params.get(k) for k in ("output", "out", "export_requests")]
+            for path in filter(None, written):
+                assert Path(str(path)).parts[0] == "artifacts", f"{command} writes {path}"
+    assert "/artifacts/*" in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.slow  # 9 commands in new processes (~90 s at load 7); the test above parses them all
 def test_readme_commands_run_as_written(fresh: Path, tmp_path: Path) -> None:
     assert run_page(README, fresh, tmp_path, local=False) >= 8
     # what the quick start and "your own data" promise the user sees

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from conftest import cache_entries, calls_made, one_line_error, toy_rows, write_jsonl
-from llm_server import FaultServer, completion_body, completion_request
+from llm_server import FaultServer, completion_body, fake_answer
 
 from hdeval.cli import cli
 from hdeval.llm.backends.fake import FakeBackend
@@ -59,14 +59,14 @@ def llm(server) -> list[str]:
     return ["--llm", MODEL, "--base-url", server.url]
 
 
-def answer(requests: Path, results: Path) -> int:
+def answer(server: FaultServer, requests: Path, results: Path) -> int:
     """An engine: answers every request line as the test server (the fake LLM) would."""
     fake = FakeBackend(record=False)
     lines = []
     for text in requests.read_text(encoding="utf-8").splitlines():
         req = json.loads(text)
         assert req["method"] == "POST" and req["url"] == "/v1/chat/completions"
-        completion = fake.complete(completion_request(req["body"], "score"))
+        completion = fake_answer(server.book, req["body"], fake)
         lines.append({"id": "batch_req_" + req["custom_id"][:8], "custom_id": req["custom_id"],
                       "response": {"status_code": 200, "request_id": "r",
                                    "body": completion_body(completion, req["body"]["model"])},
@@ -92,7 +92,7 @@ def test_export_answer_import_then_apply_makes_no_call(art, server, new, tmp_pat
     exported = run("apply", art, new, "--export-requests", req, "--cache-dir", cache, *llm(server))
     assert exported.exit_code == 0, exported.stderr
     assert len(server.requests) == before  # exporting pays for nothing
-    n = answer(req, tmp_path / "results.jsonl")
+    n = answer(server, req, tmp_path / "results.jsonl")
     assert n == calls_made(direct)  # one line per request the direct run paid for
     assert f"wrote {n} requests" in exported.stderr
     keys = [json.loads(x)["custom_id"] for x in req.read_text().splitlines()]
@@ -175,7 +175,7 @@ def exported(art, server, new, tmp_path) -> tuple[Path, list[str], Path]:
     req = tmp_path / "requests.jsonl"
     result = run("apply", art, new, "--export-requests", req, "--cache-dir", tmp_path / "c", *llm(server))
     assert result.exit_code == 0, result.stderr
-    answer(req, tmp_path / "good.jsonl")
+    answer(server, req, tmp_path / "good.jsonl")
     return req, (tmp_path / "good.jsonl").read_text().splitlines(), tmp_path / "c"
 
 

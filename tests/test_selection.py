@@ -131,6 +131,37 @@ def test_assess_gives_a_held_out_figure_with_an_interval():
     assert a.low <= a.agreement <= a.high < 1
 
 
+@pytest.mark.slow  # every candidate cross-validated twice: some seconds
+def test_assess_keeps_the_aggregator_train_would_keep_simple_ones_included():
+    """The panel's re-fit chose among lr, dt, rf and nn only, while train's --aggregator auto also
+    weighs the simple candidates with the one-standard-error rule: on scores that are an aspect's
+    criteria averaged (plus noise), train keeps a simple kind and the panel showed another."""
+    from hdeval.learn.aggregate import SIMPLE_KINDS, choose_aggregator, fit_warnings
+    from hdeval.learn.selection import task_template
+    from hdeval.core.metrics import correlation
+    from hdeval.data.tasks import task_from_dict
+
+    task = task_from_dict({
+        "name": "t", "description": "d", "fields": [{"key": "output", "label": "Answer"}],
+        "aspects": [{"key": "clarity", "name": "Clarity", "definition": "c", "range": [1, 5]},
+                    {"key": "accuracy", "name": "Accuracy", "definition": "a", "range": [1, 5]}],
+    }, "test")
+    criteria = ["clarity", "clarity/short", "clarity/plain", "accuracy", "accuracy/facts", "accuracy/sources"]
+    rng = np.random.default_rng(4)
+    hidden = rng.uniform(1, 5, (60, 2))
+    X = np.clip(np.repeat(hidden, 3, axis=1) + rng.normal(0, 1.0, (60, 6)), 1, 5)
+    y = np.clip(np.rint(hidden + rng.normal(0, 0.5, (60, 2))), 1, 5)
+    g = [f"d{i // 3}" for i in range(60)]
+    template = task_template(task, criteria)
+    assert template.aspect_columns == [[0, 1, 2], [3, 4, 5]]
+    a = assess(X, y, g, template=template)
+    with fit_warnings():
+        kept, _, pick = choose_aggregator(template, X, y, g)  # train's chooser, on the same rows
+    assert pick is not None and a.aggregator == kept.kind and a.aggregator in SIMPLE_KINDS
+    figure = np.mean([correlation(y[:, j], kept.predictions[:, j], "spearman") for j in range(2)])
+    assert a.agreement == pytest.approx(figure)
+
+
 def test_assess_says_why_there_is_no_figure_yet():
     X, y, g = linear_pool(n=6)
     a = assess(X, y, g)

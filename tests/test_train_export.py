@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from conftest import TOY_TASK, artifact_view, calls_made, toy_rows, write_jsonl
-from llm_server import FaultServer, completion_body, completion_request
+from llm_server import FaultServer, completion_body, fake_answer
 
 from hdeval.cli import cli
 from hdeval.llm.backends.fake import FakeBackend
@@ -38,17 +38,15 @@ def toy(tmp_path: Path) -> list[str]:
     return ["--task", str(task), "--data", str(data), "--aggregator", "lr", "-q"]
 
 
-def answer(requests: Path, results: Path) -> list[str]:
+def answer(server: FaultServer, requests: Path, results: Path) -> list[str]:
     """An engine answering every request line as the fake LLM behind the test server would;
     the kinds of prompt it saw."""
     fake = FakeBackend(record=False)
     lines, kinds = [], []
     for text in requests.read_text(encoding="utf-8").splitlines():
         req = json.loads(text)
-        fmt = req["body"].get("response_format")
-        kind = "decompose" if isinstance(fmt, dict) else "score"  # only decompositions ask for JSON
-        kinds.append(kind)
-        completion = fake.complete(completion_request(req["body"], kind))
+        kinds.append(server.book.declared(req["body"]).kind)
+        completion = fake_answer(server.book, req["body"], fake)
         lines.append({"custom_id": req["custom_id"], "error": None,
                       "response": {"status_code": 200, "body": completion_body(completion, req["body"]["model"])}})
     write_jsonl(results, lines)
@@ -77,7 +75,7 @@ def test_export_stage_by_stage_then_train_makes_no_call(server, toy, tmp_path: P
         if "wrote" not in r.stderr:
             break
         assert not (tmp_path / "exported").exists()  # no artifact until every stage is cached
-        kinds = answer(req, tmp_path / "results.jsonl")
+        kinds = answer(server, req, tmp_path / "results.jsonl")
         stages.append((set(kinds), len(kinds)))
         assert f"wrote {len(kinds)} requests" in r.stderr and "rerun this same train command" in r.stderr
         imp = run("cache", "import", tmp_path / "results.jsonl", "--requests", req, "--cache-dir", cache)
@@ -129,7 +127,7 @@ def test_a_decomposition_re_ask_is_refused_with_one_line(server, toy, tmp_path: 
     for garbage in (False, True):  # layer 1's scores, then layer 2's decompositions, unusable
         r = run("train", *toy, *llm, "--export-requests", req)
         assert r.exit_code == 0 and "wrote" in r.stderr, r.stderr
-        kinds = answer(req, res)
+        kinds = answer(server, req, res)
         if garbage:
             assert set(kinds) == {"decompose"}
             rows = [json.loads(x) for x in res.read_text().splitlines()]

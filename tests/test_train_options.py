@@ -4,13 +4,14 @@ method's own default."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
+import pydantic
 import pytest
-from conftest import one_error, run_cli
 
+from conftest import one_error, run_cli
 from hdeval.core.errors import ConfigError
+from hdeval.methods.options import MethodOptions
 from hdeval.methods.registry import all_options, get_method, method_names
 from hdeval.run.train import TrainConfig
 
@@ -19,11 +20,11 @@ def test_every_method_has_a_frozen_options_model_whose_defaults_are_the_runs():
     for name in method_names():
         model = get_method(name).options
         built = get_method(name).build_options()
-        assert dataclasses.is_dataclass(model) and type(built) is model
+        assert issubclass(model, MethodOptions) and type(built) is model
         assert TrainConfig(task="summeval", method=name).options == built
-        if dataclasses.fields(model):
-            field = dataclasses.fields(model)[0].name
-            with pytest.raises(dataclasses.FrozenInstanceError):
+        if model.model_fields:
+            field = next(iter(model.model_fields))
+            with pytest.raises(pydantic.ValidationError, match="frozen"):
                 setattr(built, field, None)
 
 
@@ -88,10 +89,10 @@ def test_the_manifest_records_each_methods_own_options():
     every option of the method (given or not) under options; no other method's."""
     hd = TrainConfig.from_options(task="summeval", layers=2, scorer="pairwise", swap=True).public()
     assert list(hd)[:6] == ["task", "method", "options", "data", "aspects", "preset"]
-    assert hd["options"] == {**dataclasses.asdict(get_method("hdeval").build_options()),
+    assert hd["options"] == {**get_method("hdeval").build_options().model_dump(),
                              "layers": 2, "scorer": "pairwise"}
     dna = TrainConfig.from_options(task="faireval", method="dna", dna_mode="direct").public()
-    assert dna["options"] == {**dataclasses.asdict(get_method("dna").build_options()), "dna_mode": "direct"}
+    assert dna["options"] == {**get_method("dna").build_options().model_dump(), "dna_mode": "direct"}
     assert not {"layers", "aggregator", "tree", "decompose_llm", "method_options"} & set(dna)
     paireval = TrainConfig.from_options(task="summeval", method="paireval", aggregator="lr").public()
     assert paireval["options"]["aggregator"] == "lr" and "layers" not in paireval["options"]
@@ -221,8 +222,8 @@ def test_the_options_model_records_what_was_given_through_every_door():
 
 
 def test_replacing_options_keeps_what_was_given_and_checks_the_values(tmp_path, fake_calls):
-    # dataclasses.replace passes every field to the constructor: every option would count as
-    # given, and pairwise HD-Eval would refuse PairEval's options the caller never gave
+    # replace must not count every option as given (pairwise HD-Eval would refuse PairEval's
+    # options the caller never gave), and must check what it changes (model_copy would not)
     import pickle
     import re
 
@@ -262,24 +263,22 @@ def test_benchmark_refuses_a_paireval_option_for_pairwise_hdeval_before_any_call
 
 def test_a_method_declares_which_options_name_its_second_llm():
     # shared code opens the second LLM from the options the method names, whatever they are called
-    from dataclasses import dataclass
     from types import SimpleNamespace
     from typing import ClassVar
 
-    from hdeval.methods.options import MethodOptions, option
+    from hdeval.methods.options import option
     from hdeval.methods.run import decompose_llm_config
 
-    @dataclass(frozen=True)
     class JudgeOptions(MethodOptions):
         second_llm: ClassVar[tuple[str, str]] = ("judge_llm", "judge_base_url")
-        judge_llm: str | None = option(None, "the judging LLM", kind=str)
-        judge_base_url: str | None = option(None, "its server", kind=str)
+        judge_llm: str | None = option(None, "the judging LLM")
+        judge_base_url: str | None = option(None, "its server")
 
-    @dataclass(frozen=True)
     class Undeclared(MethodOptions):  # an option that happens to be called decompose_llm
-        decompose_llm: str | None = option(None, "not an LLM this method opens", kind=str)
+        decompose_llm: str | None = option(None, "not an LLM this method opens")
 
-    run = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None)
+    settings = dict(timeout=5.0, max_retries=0, concurrency=2, cache_dir=None, max_calls=None, batch=False)
+    run = dict(llm_settings=lambda: settings)
     judge = JudgeOptions.build({"judge_llm": "big", "judge_base_url": "http://127.0.0.1:9/v1"}, "judge")
     dc = decompose_llm_config(SimpleNamespace(options=judge, **run))
     assert (dc.model, dc.base_url, dc.timeout) == ("big", "http://127.0.0.1:9/v1", 5.0)
@@ -301,4 +300,6 @@ def test_an_options_model_made_directly_gets_the_same_checks_as_one_built_by_nam
         with pytest.raises(ConfigError, match=message):
             model(**bad)
         with pytest.raises(ConfigError, match=message):
-            dataclasses.replace(model(), **bad)
+            model().replace(**bad)
+        with pytest.raises(ConfigError, match=f"{model.__name__} takes no option"):  # unknown names
+            model(colour="blue")

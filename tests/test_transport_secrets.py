@@ -118,7 +118,7 @@ def test_a_query_in_the_base_url_stays_a_query_and_is_never_shown(server: LLMSer
 @pytest.mark.parametrize("timeout", [math.inf, 1e10, math.nan, 0.0, -1.0])
 def test_an_unbounded_timeout_is_refused_at_validation(timeout: float) -> None:
     with pytest.raises(ConfigError, match="--timeout must be above 0 and at most 3600 seconds"):
-        LLMConfig(model="fake", timeout=timeout).validate()
+        LLMConfig(model="fake", timeout=timeout).check()
 
 
 def test_the_cli_refuses_timeout_inf_with_one_line(tmp_path) -> None:

@@ -266,7 +266,7 @@ def test_cli_summary_names_the_criteria_from_the_file(toy, tmp_path: Path) -> No
 
 
 def test_cli_decompose_llm_on_a_server_gets_only_decompositions(toy, tmp_path: Path, monkeypatch) -> None:
-    from llm_server import FaultServer, request_kind
+    from llm_server import FaultServer
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key-never-recorded")
     with FaultServer(lifetime=120) as server:
@@ -274,7 +274,7 @@ def test_cli_decompose_llm_on_a_server_gets_only_decompositions(toy, tmp_path: P
                 "--max-retries", "0")
         r = cli_train(toy, tmp_path, *args, "-o", str(tmp_path / "art"))
         assert r.exit_code == 0, r.output
-        assert {request_kind(q) for q in server.requests} == {"decompose"} and server.calls == 2
+        assert {server.kind_of(q) for q in server.requests} == {"decompose"} and server.calls == 2
         text = (tmp_path / "art" / "manifest.json").read_text()
         assert "sk-test-key-never-recorded" not in text
         m = json.loads(text)

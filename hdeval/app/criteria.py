@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.core.errors import ConfigError
+from hdeval.core.errors import ConfigError, DecompositionError
 from hdeval.core.progress import Progress
 from hdeval.core.types import CriteriaTree, Criterion, PairSample, Sample, Task
 
@@ -30,6 +30,7 @@ class PoolCriteria:
         criteria: Sequence[Criterion],
         templates: dict[str, Any],
         source: str,
+        warning: str | None = None,
     ) -> None:
         self.task, self.tree, self.criteria, self.templates, self.source = (
             task,
@@ -38,6 +39,7 @@ class PoolCriteria:
             templates,
             source,
         )
+        self.warning = warning  # what the person should know about these criteria
 
     @property
     def keys(self) -> list[str]:
@@ -132,12 +134,25 @@ def artifact_criteria(ev: Any, task: Task) -> PoolCriteria:
 def first_decomposition(
     llm: Any, task: Task, children: int = DEFAULT_CHILDREN, progress: Progress | None = None
 ) -> PoolCriteria:
-    """The aspects and their first decomposition (layers 1 and 2), as ``train`` makes them."""
+    """The aspects and their first decomposition (layers 1 and 2), as ``train`` makes them. When
+    the LLM's decompositions are unusable (a tiny model's), the aspects alone, with a warning:
+    ``train`` keeps layer 1 the same way when layer 2's decomposition fails."""
     from hdeval.judge.prompts import load_templates
     from hdeval.methods.hdeval.decompose import decompose_nodes
 
     templates = load_templates()
     tree = CriteriaTree.from_aspects(task.aspects)
-    tree = decompose_nodes(llm, templates["decompose"], task, tree, tree.layer(1), children, progress)
-    criteria = [c for c in tree if c.layer <= 2]
-    return PoolCriteria(task, tree, criteria, templates, "the aspects and their first decomposition")
+    try:
+        deeper = decompose_nodes(llm, templates["decompose"], task, tree, tree.layer(1), children, progress)
+    except DecompositionError as exc:
+        return PoolCriteria(
+            task,
+            tree,
+            list(tree),
+            templates,
+            "the task's aspects",
+            f"warning: {exc}; the pool is scored on the task's aspects alone (layer 1), as `train "
+            "--layers 2` would keep them",
+        )
+    criteria = [c for c in deeper if c.layer <= 2]
+    return PoolCriteria(task, deeper, criteria, templates, "the aspects and their first decomposition")

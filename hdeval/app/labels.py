@@ -18,27 +18,31 @@ import hashlib
 import json
 import math
 import sqlite3
-import statistics
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from hdeval.core.errors import ConfigError, DataError
 from hdeval.core.types import PairSample, Sample, Task
+from hdeval.data.labels_db import (  # the reading side, below the data readers (train reads the file)
+    COLUMNS,
+    FORMAT,
+    PAIR_ASPECT,
+    PAIR_VALUES,
+    Rating,
+    current_ratings,
+    json_or_none,
+    labelled_samples,
+    read_meta,
+    read_rows,
+)
 
-FORMAT = 1
 # bounds on what a request may store: the page's note field, a rater's name
 MAX_NOTE = 2000
 MAX_RATER = 64
-# a pair's choice, as stored (the sign convention of hdeval.learn.selection)
-PAIR_ASPECT = "label"
-PAIR_VALUES = {"a": 1.0, "tie": 0.0, "b": -1.0}
-PAIR_CHOICES = {v: k for k, v in PAIR_VALUES.items()}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -67,20 +71,6 @@ CREATE TRIGGER IF NOT EXISTS labels_no_update BEFORE UPDATE ON labels
 CREATE TRIGGER IF NOT EXISTS labels_no_delete BEFORE DELETE ON labels
     BEGIN SELECT RAISE(ABORT, 'labels.db is append-only'); END;
 """
-_COLUMNS = (
-    "seq",
-    "sample_id",
-    "content_hash",
-    "aspect",
-    "action",
-    "value",
-    "rater",
-    "time",
-    "session",
-    "note",
-    "strategy",
-    "reason",
-)
 
 
 def content_hash(sample: Sample | PairSample) -> str:
@@ -95,18 +85,6 @@ def content_hash(sample: Sample | PairSample) -> str:
 def task_record(task: Task) -> dict[str, Any]:
     """What makes labels of one task: its name, shape and aspects with their ranges."""
     return {"name": task.name, "shape": task.shape, "aspects": [[a.key, a.low, a.high] for a in task.aspects]}
-
-
-@dataclass(frozen=True)
-class Rating:
-    """The latest label of one (sample, aspect, rater)."""
-
-    sample_id: str
-    content_hash: str
-    aspect: str
-    value: float
-    rater: str
-    seq: int
 
 
 class LabelStore:
@@ -154,7 +132,7 @@ class LabelStore:
             raise DataError(
                 f"--labels {self.path} has format {meta.get('format')!r}; this hdeval reads {FORMAT}"
             )
-        theirs = _json_or_none(meta.get("task"))
+        theirs = json_or_none(meta.get("task"))
         if not isinstance(theirs, dict) or theirs.get("name") != self.task.name:
             name = theirs.get("name") if isinstance(theirs, dict) else None
             raise DataError(
@@ -286,8 +264,8 @@ class LabelStore:
     def rows(self) -> list[dict[str, Any]]:
         """Every row, oldest first (the raw export)."""
         with self._lock:
-            cur = self._con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")
-            return [dict(zip(_COLUMNS, r)) for r in cur.fetchall()]
+            cur = self._con.execute(f"SELECT {', '.join(COLUMNS)} FROM labels ORDER BY seq")
+            return [dict(zip(COLUMNS, r)) for r in cur.fetchall()]
 
     def current(self) -> dict[tuple[str, str, str], Rating]:
         """(sample id, aspect, rater) -> its latest label, where that latest row is a label."""
@@ -315,18 +293,6 @@ class LabelStore:
             }
 
 
-def current_ratings(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Rating]:
-    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
-    for r in rows:
-        if r["action"] in ("label", "undo"):
-            latest[(r["sample_id"], r["aspect"], r["rater"])] = r
-    return {
-        k: Rating(r["sample_id"], r["content_hash"], r["aspect"], r["value"], r["rater"], r["seq"])
-        for k, r in latest.items()
-        if r["action"] == "label"
-    }
-
-
 def check_rater(name: Any) -> str:
     name = " ".join(str(name or "").split())
     if not name or len(name) > MAX_RATER:
@@ -342,91 +308,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _json_or_none(text: str | None) -> Any:
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
-
-
 # export
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """The task record of a labels file, read without opening it for writing."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such labels file")
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as exc:
-        raise DataError(f"{path} is not an hdeval labels file ({exc})") from None
-    task = _json_or_none(meta.get("task"))
-    if meta.get("format") != str(FORMAT) or not isinstance(task, dict):
-        raise DataError(f"{path} is not an hdeval labels file of format {FORMAT}")
-    return task
-
-
-def read_rows(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Every row and the stored contents, read only."""
-    con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
-    try:
-        rows = [
-            dict(zip(_COLUMNS, r))
-            for r in con.execute(f"SELECT {', '.join(_COLUMNS)} FROM labels ORDER BY seq")
-        ]
-        contents = {h: json.loads(c) for h, c in con.execute("SELECT content_hash, content FROM samples")}
-    finally:
-        con.close()
-    return rows, contents
-
-
-def majority_choice(values: Iterable[float]) -> float:
-    """The raters' choice on one pair (+1 A, 0 tie, -1 B): the most frequent; when two choices are
-    equally frequent (one person says A, another B), a tie (0)."""
-    counts = Counter(values)
-    top = max(counts.values())
-    best = [v for v, n in counts.items() if n == top]
-    return best[0] if len(best) == 1 else 0.0
-
-
-def labelled_samples(
-    rows: Iterable[Mapping[str, Any]], contents: Mapping[str, Mapping[str, Any]], pairwise: bool = False
-) -> list[dict[str, Any]]:
-    """One sample row per labelled content, in the sample format ``train`` reads: the content the
-    raters saw and ``scores``, each aspect's mean over the raters' standing labels (the tie rule
-    for scores), with ``raters`` the number of people behind them, and ``selection``: the strategy
-    that first showed it to a rater, when the app picked it (``hdeval estimate`` refuses labels
-    an active strategy picked, which are no random sample). ``pairwise``: the pair format,
-    ``label`` the majority of the raters' choices (:func:`majority_choice`)."""
-    rows = list(rows)
-    picked: dict[str, str] = {}
-    for r in sorted((r for r in rows if r["action"] == "label"), key=lambda r: r["seq"]):
-        if isinstance(r.get("strategy"), str) and r["strategy"] != "second rating":
-            picked.setdefault(r["content_hash"], r["strategy"])
-    by_content: dict[str, dict[str, list[float]]] = {}
-    raters: dict[str, set[str]] = {}
-    first: dict[str, int] = {}
-    for r in current_ratings(rows).values():
-        by_content.setdefault(r.content_hash, {}).setdefault(r.aspect, []).append(r.value)
-        raters.setdefault(r.content_hash, set()).add(r.rater)
-        first[r.content_hash] = min(first.get(r.content_hash, r.seq), r.seq)
-    out = []
-    for h in sorted(by_content, key=first.__getitem__):
-        row = dict(contents[h])
-        if pairwise:
-            row["label"] = PAIR_CHOICES[majority_choice(by_content[h].get(PAIR_ASPECT, []))]
-        else:
-            row["scores"] = {a: statistics.fmean(v) for a, v in sorted(by_content[h].items())}
-        row["raters"] = len(raters[h])
-        if h in picked:
-            row["selection"] = picked[h]
-        out.append(row)
-    return out
-
-
 def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw: bool = False) -> int:
     """Write ``out`` (JSONL, atomically): the labelled samples, or with ``raw`` every row of the
     file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""

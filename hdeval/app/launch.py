@@ -67,6 +67,8 @@ class LabelApp:
                 else first_decomposition(self.llm, task)
             )
             holder["c"] = crit
+            if crit.warning:
+                self.notify(crit.warning)
             n, c = len(self.session.samples), len(crit.criteria)
             calls, cached, tokens = crit.plan(self.llm, self.session.samples)
             what = "pairs (each response alone)" if task.shape == "pairwise" else "samples"
@@ -144,7 +146,7 @@ def prepare(
     check_options(strategy, double_share)
     samples = read_task_samples(data, the_task, require_labels=False)
     ev = check_artifact_task(artifact, the_task) if artifact is not None else None
-    llm.validate()
+    llm.check()
     closers: list[Callable[[], None]] = []
     try:
         store = LabelStore(labels, the_task)

@@ -81,8 +81,11 @@ class Guard:
 
         async def secured(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + SECURITY_HEADERS
+                # a route may set a stricter or its own policy (a report page's inline style)
+                own = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = list(message.get("headers", [])) + [
+                    h for h in SECURITY_HEADERS if h[0] not in own
+                ]
             await send(message)
 
         request = Request(scope)
@@ -105,9 +108,7 @@ class Guard:
         if self.token is not None:
             given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
             if not hmac.compare_digest(given.encode(), self.token.encode()):
-                return PlainTextResponse(
-                    "refused: open the URL with the token that `hdeval label` printed\n", 403
-                )
+                return PlainTextResponse("refused: open the URL with the token that hdeval printed\n", 403)
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
             site = request.headers.get("sec-fetch-site")
@@ -120,7 +121,7 @@ class Guard:
         return None
 
 
-def _templates() -> jinja2.Environment:
+def templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
@@ -162,7 +163,7 @@ def build_app(
     title: str = "",
 ) -> Any:
     """The ASGI app: the routes wrapped in the :class:`Guard`."""
-    env = _templates()
+    env = templates()
     task = session.task
 
     def rater_of(request: Request) -> tuple[str | None, str]:

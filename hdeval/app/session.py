@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from hdeval.app.labels import PAIR_ASPECT, LabelStore, Rating, content_hash, majority_choice
+from hdeval.app.labels import LabelStore, content_hash
 from hdeval.core.errors import ConfigError, DataError, HdevalError
 from hdeval.core.types import PairSample, Sample, Task
+from hdeval.data.labels_db import PAIR_ASPECT, Rating, majority_choice
 
 DEFAULT_DOUBLE_SHARE = 0.10
 DEFAULT_REFIT_EVERY = 5
@@ -53,6 +54,7 @@ class Fit:
     high: float | None
     reason: str | None
     seconds: float
+    aggregator: str | None = None  # the kind the re-fit kept (pointwise: as train's auto would)
 
 
 @dataclass
@@ -312,9 +314,14 @@ class LabelSession:
             rows, y = self.labelled()
             keep = self.scored[rows]
             X, y, groups = self.X[rows[keep]].copy(), y[keep], self.groups[rows[keep]]
+            criteria = list(self.scoring.criteria)
         start = time.perf_counter()
-        a = self.selection.assess(X, y, groups, seed=self.seed, pairwise=self.pairwise)
-        fit = Fit(int(a.n_labels), a.agreement, a.low, a.high, a.reason, time.perf_counter() - start)
+        # pointwise: the aggregator train would build for these criteria, so the panel keeps the kind it would
+        template = None if self.pairwise else self.selection.task_template(self.task, criteria, self.seed)
+        a = self.selection.assess(X, y, groups, seed=self.seed, pairwise=self.pairwise, template=template)
+        fit = Fit(
+            int(a.n_labels), a.agreement, a.low, a.high, a.reason, time.perf_counter() - start, a.aggregator
+        )
         with self._lock:
             self.fits.append(fit)
         return fit

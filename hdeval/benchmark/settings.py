@@ -41,11 +41,14 @@ DEFINITIONS = {
     "it empty). failure_rate: a method's share of test rows it failed on. 'own_rows': the method's "
     "figure on all its own test rows (those it did not fail on, whatever other methods failed), "
     "with its failure rate, beside the compared-rows figure used for every comparison.",
-    "bootstrap": "One estimate over all seeds: per resample, each seed's compared test documents are drawn "
-    "with replacement (seeded, within that seed) and the statistic is averaged over the seeds; "
-    "95% percentile interval of the average dataset-level Spearman (pairwise: both agreements), "
-    "and of its difference to the baseline method on the same resamples, with a two-sided "
-    "bootstrap p-value; p_floor = 2/(resamples+1) is the smallest it can be.",
+    "bootstrap": "One estimate over all seeds (their mean) with a 95% interval for the figure a new split "
+    "of new data of the same sizes gives on average: test_sd from the test documents of all seeds "
+    "drawn once with replacement (each seed keeping the drawn documents among its test rows, the "
+    "fitted evaluators fixed), training_sd from the spread between seeds less what their test sets "
+    "explain, scaled for the training documents the seeds share; mean ± t quantile (Welch-"
+    "Satterthwaite degrees of freedom) x the root of their summed squares. 'covers' says which parts "
+    "it holds: with one seed the test documents only. The difference to the baseline method is "
+    "taken the same way on the same drawn documents, with the two-sided p-value of the same t.",
     "usage": "requests: the LLM requests a setting's runs asked for, each paid or answered from the cache "
     "(what the method costs, whatever the cache held); calls: those this sweep paid for.",
     "reference": "majority class (pairwise): the training split's most frequent label for every test pair "
@@ -333,9 +336,10 @@ def _point_figures(
 ) -> dict[str, Any]:
     aspects = [a for a in mine[0]["dataset"] if a != "average"] + ["average"]
     seeds = [r["seed"] for r in mine]
+    trained = [r["n_train"] for r in mine]
     boot: dict[str, Any] = {
         "average_spearman": pooled_bootstrap_ci(
-            [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, seeds=seeds
+            [(ho.y, ho.pred, ho.doc_ids) for ho in hos], n_resamples=spec.resamples, train_sizes=trained
         )
     }
     bases = [held.get((BASELINE, None, frac, seed)) for seed in seeds]
@@ -343,7 +347,7 @@ def _point_figures(
         boot["vs_direct"] = pooled_paired_bootstrap(
             [(ho.y, ho.pred, b.pred, ho.doc_ids) for ho, b in zip(hos, bases)],  # type: ignore[union-attr]
             n_resamples=spec.resamples,
-            seeds=seeds,
+            train_sizes=trained,
         )
 
     def over_seeds(figure: str, keys: Sequence[str]) -> dict[str, Any]:
@@ -360,7 +364,7 @@ def _point_figures(
 def _pair_boot(
     spec: BenchmarkSpec,
     hos: Sequence[PairHeldOut],
-    seeds: Sequence[int],
+    trained: Sequence[int] | None,
     variant: str,
     bases: Sequence[PairHeldOut | None],
 ) -> dict[str, Any]:
@@ -372,7 +376,8 @@ def _pair_boot(
                 [(y, p, ho.doc_ids) for (y, p), ho in zip(arrays, hos)],
                 statistic=f,
                 n_resamples=spec.resamples,
-                seeds=seeds,
+                train_sizes=trained,
+                bounds=(0.0, 1.0),
             )
             for k, f in PAIR_STATISTICS.items()
         }
@@ -380,7 +385,9 @@ def _pair_boot(
     if bases and all(b is not None for b in bases):
         cases = [(y, p, pair_arrays(b)[1], ho.doc_ids) for (y, p), b, ho in zip(arrays, bases, hos)]
         out[PAIR_VS] = {
-            k: pooled_paired_bootstrap(cases, statistic=f, n_resamples=spec.resamples, seeds=seeds)
+            k: pooled_paired_bootstrap(
+                cases, statistic=f, n_resamples=spec.resamples, train_sizes=trained, bounds=(0.0, 1.0)
+            )
             for k, f in PAIR_STATISTICS.items()
         }
     return out
@@ -396,10 +403,12 @@ def _pair_figures(
 ) -> dict[str, Any]:
     variants = list(dict.fromkeys(v for r in mine for v in r["agreement"]))
     seeds = [r["seed"] for r in mine]
+    # the majority baseline has no training runs: its interval covers the test documents only
+    trained = [r["n_train"] for r in mine] if all("n_train" in r for r in mine) else None
     bases = [] if method == PAIR_BASELINE else [held.get((PAIR_BASELINE, None, frac, seed)) for seed in seeds]
-    boot = _pair_boot(spec, hos, seeds, "evaluator", bases)
+    boot = _pair_boot(spec, hos, trained, "evaluator", bases)
     if all("learned" in ho.predictions for ho in hos):  # DnA's learned aggregation, on the same resamples
-        boot["learned"] = _pair_boot(spec, hos, seeds, "learned", bases)
+        boot["learned"] = _pair_boot(spec, hos, trained, "learned", bases)
     return {
         "agreement": {
             v: {k: mean_std([(r["agreement"].get(v) or {}).get(k) for r in mine]) for k in PAIR_STATISTICS}

@@ -4,9 +4,10 @@ whole documents, summary-level correlation, ranking exact-match, mean/std over s
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 from hdeval.core.metrics import as2d as _as2d
 from hdeval.core.metrics import average_spearman as avg_spearman
@@ -32,54 +33,103 @@ def _doc_rows(groups: Sequence[str]) -> list[np.ndarray]:
     return [np.array(r) for r in group(range(len(groups)), lambda i: str(groups[i])).values()]
 
 
-def _resamples(groups: Sequence[str], n_resamples: int, seed: int):
-    """Row indices of ``n_resamples`` bootstrap samples of whole documents (seeded)."""
-    docs = _doc_rows(groups)
-    rng = np.random.default_rng(seed)
-    for _ in range(n_resamples):
-        yield np.concatenate([docs[d] for d in rng.integers(0, len(docs), len(docs))])
-
-
-def _interval(values: np.ndarray, level: float) -> tuple[float | None, float | None]:
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return None, None
-    tail = (1 - level) / 2 * 100
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)
-
-
 Case = tuple  # one seed's arrays: (y, pred, groups) or, paired, (y, pred, base, groups)
 
 
-def _pooled(
-    cases: Sequence[Case], seeds: Sequence[int], n_resamples: int, value: Callable[..., float]
-) -> tuple[float, np.ndarray]:
-    """``value`` averaged over the cases (seeds), and on each joint resample (each seed's own)."""
-    cases = [tuple(_as2d(a) for a in c[:-1]) + (c[-1],) for c in cases]
-    est = [value(*c[:-1]) for c in cases]
-    est = [v for v in est if math.isfinite(v)]
-    draws = zip(*(_resamples(c[-1], n_resamples, s) for c, s in zip(cases, seeds)))
-    stats = np.array([np.mean([value(*(a[i] for a in c[:-1])) for c, i in zip(cases, idx)]) for idx in draws])
-    return (float(np.mean(est)) if est else float("nan")), stats
+def _joint_resamples(cases: Sequence[Case], n_resamples: int, seed: int):
+    """Per resample, each case's row indices: the documents of all cases drawn once with
+    replacement (seeded), each case keeping the drawn documents among its own rows, as often as
+    they were drawn. The seeds' splits share documents: one draw for all keeps them dependent."""
+    docs = sorted({str(g) for c in cases for g in c[-1]})
+    where = {d: i for i, d in enumerate(docs)}
+    codes = [np.array([where[str(g)] for g in c[-1]], int) for c in cases]
+    rng = np.random.default_rng(seed)
+    for _ in range(n_resamples):
+        counts = np.bincount(rng.integers(0, len(docs), len(docs)), minlength=len(docs))
+        yield [np.repeat(np.arange(len(code)), counts[code]) for code in codes]
+
+
+def _new_split(
+    cases: Sequence[Case],
+    value: Callable[..., float],
+    n_resamples: int,
+    seed: int,
+    train_sizes: Sequence[int] | None,
+    level: float,
+) -> dict[str, Any]:
+    """The mean over seeds of ``value`` and a t interval for what it estimates: the expected
+    figure of a new split of new data of the same sizes. Its variance is the test documents'
+    part (:func:`_joint_resamples`, the fitted evaluators held fixed) plus the training part
+    (each seed's evaluator was fitted on other documents), the latter from the spread between
+    seeds less what their test sets explain. Seeds split the same documents, so their training
+    sets overlap: the spread between them shows only the non-shared share of the training
+    variability, scaled back up by that overlap. One seed shows no training variability."""
+    arrays = [tuple(_as2d(a) for a in c[:-1]) for c in cases]
+    per_seed = np.array([value(*a) for a in arrays], float)
+    ok = np.isfinite(per_seed)
+    est = float(np.mean(per_seed[ok])) if ok.any() else float("nan")
+    draws = np.array(
+        [
+            # a seed none of whose test documents was drawn has no figure on this resample
+            [value(*(a[i] for a in arr)) if len(i) else math.nan for arr, i in zip(arrays, idx)]
+            for idx in _joint_resamples(cases, n_resamples, seed)
+        ],
+        float,
+    ).reshape(n_resamples, len(cases))[:, ok]
+    means = np.nanmean(draws, axis=1) if ok.any() else np.array([])
+    means = means[np.isfinite(means)]
+    test_var = float(np.var(means, ddof=1)) if len(means) > 1 else float("nan")
+    out: dict[str, Any] = {"test_sd": _num(math.sqrt(test_var)) if math.isfinite(test_var) else None}
+    train_var, df = 0.0, math.inf
+    k = int(ok.sum())
+    if k > 1 and train_sizes is not None:
+        n_test = np.array([len(c[-1]) for c, good in zip(cases, ok) if good], float)
+        n_train = np.array([t for t, good in zip(train_sizes, ok) if good], float)
+        test_share = float(np.mean(n_test / (n_test + n_train)))
+        own = np.nanvar(draws, axis=0, ddof=1)  # each seed's test variance alone
+        between = float(np.var(per_seed[ok], ddof=1))
+        # between seeds of the same documents, a test set varies around all documents' figure by
+        # its own variance times (1 - test share); the rest of the spread is the training's
+        spread = max(0.0, between - float(np.nanmean(own)) * (1 - test_share))
+        # training sets of two splits share a (1 - test share) part of their documents
+        train_var = spread * ((1 - test_share) / test_share + 1 / k)
+        df = k - 1
+    total = (0.0 if not math.isfinite(test_var) else test_var) + train_var
+    if train_var > 0:  # Welch-Satterthwaite: the training part rests on k - 1 degrees of freedom
+        df = total**2 / (train_var**2 / df)
+    out["training_sd"] = _num(math.sqrt(train_var)) if k > 1 and train_sizes is not None else None
+    half = float(stats.t.ppf(0.5 + level / 2, df) if math.isfinite(df) else stats.norm.ppf(0.5 + level / 2))
+    sd = math.sqrt(total) if math.isfinite(test_var) else float("nan")
+    return {**out, "estimate": est, "sd": sd, "half": half * sd, "df": df}
+
+
+def _covers(result: Mapping[str, Any]) -> str:
+    return "test documents and training" if result["training_sd"] is not None else "test documents only"
 
 
 def pooled_bootstrap_ci(
     cases: Sequence[Case],
     statistic: Statistic = avg_spearman,
     n_resamples: int = N_RESAMPLES,
-    seeds: Sequence[int] = (0,),
+    seed: int = 0,
     level: float = LEVEL,
+    train_sizes: Sequence[int] | None = None,
+    bounds: tuple[float, float] = (-1.0, 1.0),
 ) -> dict[str, Any]:
-    """The mean over seeds of ``statistic(y, pred)`` with one percentile interval: each seed's
-    test documents resampled with replacement (``groups``: the doc_id of each row), the
-    statistic averaged over the seeds per resample. ``cases``: (y, pred, groups) per seed."""
-    est, stats = _pooled(cases, seeds, n_resamples, statistic)
-    lo, hi = _interval(stats, level)
+    """The mean over seeds of ``statistic(y, pred)`` with a ``level`` interval for the figure a
+    new split of new data would give on average (:func:`_new_split`). ``cases``: (y, pred,
+    groups) per seed, ``groups`` the doc_id of each row; ``train_sizes``: each seed's training
+    rows (without them, or with one seed, the interval covers the test documents only);
+    ``bounds``: the values the statistic can take, which the interval stays within."""
+    r = _new_split(cases, statistic, n_resamples, seed, train_sizes, level)
+    lo, hi = bounds
     return {
-        "estimate": _num(est),
-        "low": _num(lo),
-        "high": _num(hi),
+        "estimate": _num(r["estimate"]),
+        "low": _num(max(lo, r["estimate"] - r["half"])),
+        "high": _num(min(hi, r["estimate"] + r["half"])),
+        "test_sd": r["test_sd"],
+        "training_sd": r["training_sd"],
+        "covers": _covers(r),
         "level": level,
         "resamples": n_resamples,
     }
@@ -89,31 +139,36 @@ def pooled_paired_bootstrap(
     cases: Sequence[Case],
     statistic: Statistic = avg_spearman,
     n_resamples: int = N_RESAMPLES,
-    seeds: Sequence[int] = (0,),
+    seed: int = 0,
     level: float = LEVEL,
+    train_sizes: Sequence[int] | None = None,
+    bounds: tuple[float, float] = (-1.0, 1.0),
 ) -> dict[str, Any]:
-    """``statistic(y, pred) - statistic(y, base)`` averaged over seeds, on the same resampled
-    documents (``cases``: (y, pred, base, groups) per seed): the difference, its percentile
-    interval, and a two-sided bootstrap p-value (twice the smaller share of resampled
-    differences on either side of 0, with the +1 correction; 1 when the two are the same).
-    ``p_floor``: the smallest p-value these resamples can give, 2 / (resamples + 1)."""
+    """``statistic(y, pred) - statistic(y, base)`` averaged over seeds (``cases``: (y, pred,
+    base, groups) per seed), its interval as :func:`pooled_bootstrap_ci`'s (both evaluators on
+    the same resampled documents; ``bounds``: the statistic's, so a difference stays within
+    their width), and the two-sided p-value of the same t distribution."""
 
     def diff(y: np.ndarray, pred: np.ndarray, base: np.ndarray) -> float:
         return statistic(y, pred) - statistic(y, base)
 
-    est, diffs = _pooled(cases, seeds, n_resamples, diff)
-    lo, hi = _interval(diffs, level)
-    d = diffs[np.isfinite(diffs)]
+    r = _new_split(cases, diff, n_resamples, seed, train_sizes, level)
+    est, sd = r["estimate"], r["sd"]
     p = None
-    if len(d):
-        below, above = (np.sum(d <= 0) + 1) / (len(d) + 1), (np.sum(d >= 0) + 1) / (len(d) + 1)
-        p = min(1.0, 2 * min(below, above))
+    if math.isfinite(est) and math.isfinite(sd):
+        if sd > 0:
+            t = abs(est) / sd
+            p = float(2 * (stats.t.sf(t, r["df"]) if math.isfinite(r["df"]) else stats.norm.sf(t)))
+        else:
+            p = 1.0 if est == 0 else 0.0  # every resample gives the same difference
     return {
         "difference": _num(est),
-        "low": _num(lo),
-        "high": _num(hi),
+        "low": _num(max(bounds[0] - bounds[1], est - r["half"])),
+        "high": _num(min(bounds[1] - bounds[0], est + r["half"])),
         "p_value": _num(p),
-        "p_floor": _num(2 / (len(d) + 1)) if len(d) else None,
+        "test_sd": r["test_sd"],
+        "training_sd": r["training_sd"],
+        "covers": _covers(r),
         "level": level,
         "resamples": n_resamples,
     }

@@ -23,9 +23,15 @@ def _over(results: Mapping[str, Any]) -> str:
 
 
 def _pooled(results: Mapping[str, Any]) -> str:
+    what = (
+        "its test documents and its training (seeds' spread)"
+        if results["spec"]["seeds"] > 1
+        else "its test documents only (one seed shows no training variability: give --seeds 3 or more)"
+    )
     return (
-        f"CI: 95% bootstrap over test documents ({results['spec']['resamples']} resamples), pooled over "
-        "the seeds (one interval for the mean); Δ: the difference on the same resamples."
+        "CI: 95% interval for the figure a new split of new data would give on average, covering "
+        f"{what}; test documents drawn once for all seeds ({results['spec']['resamples']} "
+        "resamples); Δ: the difference, taken the same way."
     )
 
 
@@ -180,14 +186,17 @@ def _cost_table(results: Mapping[str, Any]) -> Table:
 
 
 def _delta(vs: Mapping[str, Any] | None) -> str:
-    """The difference, its interval and p-value; at the floor its resamples can reach, p is a bound."""
+    """The difference, its interval and p-value (below 0.001 printed as a bound; an older
+    results.json's bootstrap p at the floor its resamples could reach, as that bound)."""
     if not vs or vs["difference"] is None:
         return ""
     p, floor = vs.get("p_value"), vs.get("p_floor")
     at_floor = p is not None and floor is not None and p <= floor + 1e-9
-    return f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], " + (
-        f"p ≤ {_f(floor)}" if at_floor else f"p={_f(p)}"
-    )
+    if at_floor:
+        shown = f"p ≤ {_f(floor)}"
+    else:
+        shown = "p < 0.001" if p is not None and p < 0.001 else f"p={_f(p)}"
+    return f"{vs['difference']:+.3f} [{_f(vs['low'])}, {_f(vs['high'])}], " + shown
 
 
 def _pairwise_tables(results: Mapping[str, Any]) -> tuple[str, list[Table]]:

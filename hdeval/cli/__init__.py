@@ -101,6 +101,7 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
     from hdeval.cli.refit import refit
     from hdeval.cli.report import explain, report
     from hdeval.cli.train import train
+    from hdeval.cli.view import view
     from hdeval.methods.registry import builtin_methods
 
     for command in (
@@ -116,6 +117,7 @@ def _register() -> None:  # a function: the names would shadow the modules cli.a
         benchmark,
         estimate,
         label,
+        view,
         init,
         check,
         refit,

@@ -31,21 +31,54 @@ def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
     return close[0] if close else None
 
 
+def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
+    """(model, server) of a model the reply cache has recorded a run of at the server ``llm``
+    would go to, a typo away from ``llm`` (which it has no run of); None when there is none."""
+    if not llm or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
+        return None
+    from urllib.parse import urlsplit
+
+    from hdeval.core.urls import public_url
+    from hdeval.llm.eta import seen_models
+
+    seen = seen_models(cache_dir)
+    if base_url:
+        server = (public_url(base_url.strip()) or "").rstrip("/")
+        here = [m for m, url in seen if url.rstrip("/") == server]
+    else:  # OpenAI's API, whatever path the run recorded
+        here = [m for m, url in seen if (urlsplit(url).hostname or "").lower() == "api.openai.com"]
+        server = "https://api.openai.com/v1"
+    if llm in here:
+        return None
+    name = llm.strip().lower()
+    limit = 1 if len(name) <= 4 else 2
+    near = sorted((_edits(name, m.lower()), m) for m in here if abs(len(m) - len(name)) <= limit)
+    return (near[0][1], server) if near and near[0][0] <= limit else None
+
+
 def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Called for --llm and --base-url (both, given or not): the second checks the pair."""
+    """Called for --llm, --base-url and --cache-dir (each, given or not): the last checks them."""
     ctx.meta[f"hdeval.{param.name}"] = value
-    if {"hdeval.llm", "hdeval.base_url"} <= ctx.meta.keys():
-        given = ctx.meta["hdeval.llm"]
+    if {"hdeval.llm", "hdeval.base_url", "hdeval.cache_dir"} <= ctx.meta.keys():
+        given, base_url = ctx.meta["hdeval.llm"], ctx.meta["hdeval.base_url"]
         for llm in (
             given if isinstance(given, tuple) else (given,)
         ):  # train's --llm may be given more than once
-            guess = did_you_mean(llm, ctx.meta["hdeval.base_url"])
+            guess = did_you_mean(llm, base_url)
             if guess:
                 raise click.BadParameter(
                     f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
                     f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
                     ctx=ctx,
                     param_hint="--llm",
+                )
+            # a warning, not a refusal: gpt-4o and gpt-4 are both real models, one edit apart
+            seen = seen_model_near(llm, base_url, ctx.meta["hdeval.cache_dir"])
+            if seen:
+                click.echo(
+                    f"warning: --llm {llm!r}: the reply cache has no run of that model at {seen[1]}; "
+                    f"did you mean {seen[0]!r}, which it has?",
+                    err=True,
                 )
     return value
 
@@ -73,54 +106,57 @@ def llm_options(f, jury: bool = False):
         help="OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), "
         "http://localhost:11434/v1 (Ollama).",
     )(f)
-    from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+    from hdeval.llm.config import LLMSettings
 
-    f = click.option(
-        "--concurrency",
-        default=DEFAULT_CONCURRENCY,
-        show_default=True,
-        type=int,
-        help="LLM requests in flight.",
-    )(f)
-    f = click.option(
-        "--timeout",
-        default=DEFAULT_TIMEOUT,
-        show_default=True,
-        type=float,
-        help="Seconds per attempt of an LLM request (each retry gets its own).",
-    )(f)
-    f = click.option(
-        "--max-retries",
-        default=DEFAULT_MAX_RETRIES,
-        show_default=True,
-        type=int,
-        help="Retries per request on 429/5xx/timeouts.",
-    )(f)
+    for name, kind in (("concurrency", int), ("timeout", float), ("max_retries", int)):
+        spec = LLMSettings.model_fields[name]
+        f = click.option(
+            "--" + name.replace("_", "-"),
+            default=spec.default,
+            show_default=True,
+            type=kind,
+            help=spec.description,
+        )(f)
     f = click.option(
         "--cache-dir",
         envvar="HDEVAL_CACHE_DIR",
         default=None,
         type=click.Path(file_okay=False),
-        help="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir.",
+        callback=_check_llm_name,
+        help=LLMSettings.model_fields["cache_dir"].description,
     )(f)
     f = click.option(
-        "--max-calls",
-        default=None,
-        type=int,
-        help="Stop cleanly before making more than N new LLM calls (cached calls are free).",
+        "--max-calls", default=None, type=int, help=LLMSettings.model_fields["max_calls"].description
     )(f)
     return f
 
 
+class ModelOption(click.Option):
+    """An option whose default and help a pydantic model declares: read when help is shown, as
+    the model's module may be slow to import (``model`` is ``"module:Class"``). The option's value
+    stays None when not given, and None is "not set": the model's default applies."""
+
+    def __init__(self, *args: Any, model: str, **kwargs: Any) -> None:
+        super().__init__(*args, default=None, **kwargs)
+        self.model = model
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        import importlib
+
+        module, _, name = self.model.partition(":")
+        spec = getattr(importlib.import_module(module), name).model_fields[self.name]
+        self.help = self.help or spec.description
+        record = super().get_help_record(ctx)
+        if record is None or spec.default is None:
+            return record
+        return record[0], f"{record[1]}  [default: {spec.default}]"
+
+
 def batch_option(f):
     """``--batch`` (train, apply): scoring requests through the OpenAI Batch API."""
-    return click.option(
-        "--batch",
-        is_flag=True,
-        help="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
-        "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
-        "servers only).",
-    )(f)
+    from hdeval.llm.config import LLMSettings
+
+    return click.option("--batch", is_flag=True, help=LLMSettings.model_fields["batch"].description)(f)
 
 
 def method_options(f):

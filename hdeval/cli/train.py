@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -12,10 +11,12 @@ import click
 
 from hdeval.cli.artifacts import _notice_local, _resolved
 from hdeval.cli.boundary import guarded
-from hdeval.cli.options import batch_option, chosen_method_options, llm_options, method_options
+from hdeval.cli.options import ModelOption, batch_option, chosen_method_options, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress, _end_open_line
 from hdeval.core.errors import ConfigError, HdevalError
 from hdeval.core.urls import shown_identity
+
+_RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults and help
 
 
 @click.command()
@@ -32,24 +33,16 @@ from hdeval.core.urls import shown_identity
     default=None,
     help="A task's named setting, e.g. paper (the aspects the HD-Eval paper reports).",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--test-frac", default=0.5, show_default=True, type=float, help="Share of samples held out.")
-@click.option(
-    "--train-frac", default=0.5, show_default=True, type=float, help="Share of all samples used to train."
-)
+@click.option("--seed", cls=ModelOption, model=_RUN, type=int)
+@click.option("--test-frac", cls=ModelOption, model=_RUN, type=float)
+@click.option("--train-frac", cls=ModelOption, model=_RUN, type=float)
 @click.option(
     "--limit",
     default=None,
     type=int,
     help="Use about N samples for a quick run: whole documents until at least N.",
 )
-@click.option(
-    "--max-failure-rate",
-    default=0.2,
-    show_default=True,
-    type=float,
-    help="Stop when a larger share of criterion scores cannot be read.",
-)
+@click.option("--max-failure-rate", cls=ModelOption, model=_RUN, type=float)
 @click.option(
     "--out",
     "-o",
@@ -171,7 +164,7 @@ def train(
                 "(the default with OPENAI_API_KEY); pass --llm to estimate another",
                 err=True,
             )
-            config = dataclasses.replace(config, llm=DEFAULT_OPENAI_MODEL)
+            config = config.replace(llm=DEFAULT_OPENAI_MODEL)
         prep, plans, identity = plan(config)
         _print_plan(prep, plans, identity, config.batch, *prices)
         for line in _jury_plan_lines(config, plans):

@@ -11,6 +11,52 @@ def one_line(text: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# pydantic's error types -> what the value must be, in the words of the house's messages
+_MUST = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "text",
+    "list_type": "a list",
+    "tuple_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def validation_line(exc: Any, flags: bool = False) -> str:
+    """The first problem a pydantic ``ValidationError`` reports, as one line of the house's form,
+    without the file (the caller names it): ``FIELD must be KIND, got VALUE``, ``FIELD is
+    missing``, ``unknown field(s): A, B``. FIELD is the dotted path (``aspects.0.low``); with
+    ``flags``, a top-level field is named as its command-line option (``--max-retries``)."""
+    errors = exc.errors()
+
+    def name(loc: tuple) -> str:
+        path = ".".join(str(part) for part in loc)
+        return "--" + path.replace("_", "-") if flags and len(loc) == 1 else path
+
+    unknown = [name(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return f"unknown {'option' if flags else 'field'}(s): {', '.join(unknown)}"
+    first = errors[0]
+    field, kind, ctx = name(first["loc"]), first["type"], first.get("ctx") or {}
+    got = one_line(repr(first.get("input")), 60)
+    if kind == "missing":
+        return f"{field} is missing"
+    if kind in _MUST:
+        return f"{field} must be {_MUST[kind]}, got {got}"
+    if kind == "literal_error":
+        return f"{field} must be {ctx.get('expected')}, got {got}"
+    msg = str(first["msg"])
+    return f"{field}: {msg[:1].lower() + msg[1:]}" if field else msg
+
+
 class HdevalError(Exception):
     """Base class: a problem the user can fix, with a one-line message saying what and where."""
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 from hdeval.core.errors import ConfigError, DataError
 from hdeval.core.paths import user_data_dir
 from hdeval.core.types import PAIR_LABELS, PairSample, Sample, Task, has_lone_surrogate
+from hdeval.data.labels_db import is_labels_file, labelled_rows
 from hdeval.data.tasks import builtin_tasks
 
 MAX_REPORTED_ERRORS = 20
@@ -114,6 +115,7 @@ def _iter_task(
     aspects: Sequence[str] | None = None,
     seen: DictIds | DiskIds | None = None,
     keep: Callable[[str], bool] | None = None,
+    labels_file: bool = False,
 ) -> Iterator[Any]:
     """The samples (or pairs) of ``path`` one at a time, holding only the ids seen (for duplicates).
     Samples are yielded only while no line has been bad; the rest of the file is still checked,
@@ -157,7 +159,18 @@ def _iter_task(
     unit = "row" if fmt in ("json", "parquet") else "line"
     mapped = fmt is not None or bool(task.columns)
     derived: dict[str, int] = {}  # content ids handed out: a repeat of the same texts gets -2, -3, ...
-    rows = _jsonl_rows(path) if fmt is None else _table_rows(path, fmt)
+    if is_labels_file(path):  # hdeval label's labels.db: the samples export-labels would write
+        if not labels_file:
+            raise DataError(
+                f"{path} is a labels file of hdeval label, which this command does not read: write its "
+                f"samples with `hdeval data export-labels {path} -o labeled.jsonl` (train reads it as it is)"
+            )
+        unit, mapped = "labelled sample", False
+        rows: Iterator[tuple[int, str | None, dict | None]] = (
+            (i, None, row) for i, row in enumerate(labelled_rows(path, task.name, task.shape), 1)
+        )
+    else:
+        rows = _jsonl_rows(path) if fmt is None else _table_rows(path, fmt)
     for lineno, problem, item in rows:
         if item is not None:
             if mapped:
@@ -224,6 +237,42 @@ TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".parquet": "par
 def table_format(path: str | Path) -> str | None:
     """``csv``, ``tsv``, ``json`` (a list of objects) or ``parquet`` by the extension; None: JSONL."""
     return TABLE_FORMATS.get(Path(path).suffix.lower())
+
+
+def recorded_columns(path: str | Path, task: Task) -> Task:
+    """``task`` with the column mapping ``hdeval data import`` recorded in the JSONL file ``path``
+    (each row's ``columns``; the first row's is read) when the task maps none of its own, so the
+    artifact keeps it and ``apply`` reads new files of the user's layout. A ``columns`` that is no
+    mapping of this task's fields is a one-line :class:`DataError` naming the file's line 1."""
+    import dataclasses
+
+    from hdeval.data.tasks import parse_columns
+
+    if task.columns or task.shape != "pointwise" or table_format(path) is not None or is_labels_file(path):
+        return task
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            first = next((line for line in bounded_lines(fh, path) if line.strip()), None)
+    except OSError:
+        return task  # reading the samples says what is wrong with the file
+    _, row = parse_json_line(first.lstrip(BOM), 0) if first else (None, None)
+    if not isinstance(row, dict) or row.get("columns") is None:
+        return task
+    try:
+        columns = parse_columns(row["columns"], list(task.aspect_keys), f"{path}: line 1")
+    except ConfigError as exc:
+        raise DataError(str(exc)) from None
+    return dataclasses.replace(task, columns=columns)
+
+
+def check_readable(path: str | Path) -> None:
+    """A one-line :class:`DataError` when the data file cannot be opened: commands that load an
+    artifact say so first, not after the heavy libraries it needs have loaded."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise DataError(f"cannot open data file {path}: {exc}") from exc
 
 
 def data_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -674,14 +723,16 @@ def split_samples(samples: Sequence[S], test_frac: float, train_frac: float, see
 
 
 def read_task_samples(
-    path: str | Path, task: Task, require_labels: bool = True
+    path: str | Path, task: Task, require_labels: bool = True, labels_file: bool = False
 ) -> list[Sample] | list[PairSample]:
     """Read ``path`` with the reader of the task's shape (scores / labels required); errors are
     reported as by :func:`read_samples`. A pairwise file holds ``output_a``, ``output_b`` and
     ``label`` (a/b/tie); only rows matching the task's ``where`` are kept (the others are not
     checked beyond being JSON objects); with its ``skip_empty``, rows whose shown text or a
-    response is an empty string are left out."""
-    return list(_iter_task(path, task, require_labels))
+    response is an empty string are left out. ``labels_file``: ``path`` may also be the labels
+    file ``hdeval label`` writes, read as the samples ``hdeval data export-labels`` would write
+    (else such a file is refused with a one-line error)."""
+    return list(_iter_task(path, task, require_labels, labels_file=labels_file))
 
 
 def iter_task_chunks(
@@ -691,6 +742,7 @@ def iter_task_chunks(
     size: int = 1000,
     seen: DictIds | DiskIds | None = None,
     keep: Callable[[str], bool] | None = None,
+    labels_file: bool = False,
 ) -> Iterator[list[Sample] | list[PairSample]]:
     """Read ``path`` as :func:`read_task_samples` does, ``size`` samples at a time: memory
     holds one chunk (and the ids seen, unless ``seen`` keeps them elsewhere). Every line is
@@ -699,7 +751,7 @@ def iter_task_chunks(
     row is another reader's (a shard): skipped unchecked beyond its JSON and id."""
     if size < 1:
         raise ConfigError(f"chunk size must be at least 1, got {size}")
-    it = _iter_task(path, task, require_labels, None, seen, keep)
+    it = _iter_task(path, task, require_labels, None, seen, keep, labels_file)
     yield from iter(lambda: list(itertools.islice(it, size)), [])
 
 

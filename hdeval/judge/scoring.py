@@ -10,7 +10,7 @@ import numpy as np
 
 from hdeval.core.progress import Progress
 from hdeval.core.types import CriteriaTree, Criterion, Sample, ScoreMatrix, Task
-from hdeval.judge.prompts import Template, scoring_messages
+from hdeval.judge.prompts import Template, sample_block, scoring_messages
 from hdeval.llm.backends.base import Backend, Completion, CompletionRequest
 from hdeval.llm.backends.constraints import Scale
 
@@ -33,6 +33,11 @@ def scoring_request(
         top_logprobs=TOP_LOGPROBS,
         answer=Scale(*SCALE),
         kind="score",
+        data={
+            "sample": sample_block(task, sample),
+            "criterion": criterion.key,
+            "criterion_name": criterion.name,
+        },
     )
 
 

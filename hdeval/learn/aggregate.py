@@ -662,3 +662,31 @@ def one_standard_error(
             within[i] = tol
     kept = min(within, key=lambda i: (levels[i], -scores[i], i))
     return Choice(kept, best, within[kept])
+
+
+def compared_kinds(asked: str) -> tuple[str, ...]:
+    """The aggregators cross-validated on a layer: every candidate for ``auto``; for one asked
+    kind, it and the simpler linear ones (to warn when one of them did better)."""
+    if asked == "auto":
+        return CANDIDATES
+    simpler = CANDIDATES[: CANDIDATES.index(asked)] if asked in CANDIDATES else ()
+    return tuple(k for k in simpler if k in SIMPLE_KINDS + ("lr",)) + (asked,)
+
+
+def choose_aggregator(
+    template: Aggregator,
+    X: np.ndarray,
+    Y: np.ndarray,
+    groups: Sequence[str],
+    asked: str = "auto",
+    n_jobs: int | None = None,
+) -> tuple[CandidateCV, list[CandidateCV], Choice | None]:
+    """``train``'s choice of one layer's aggregator (``--aggregator``, ``asked``): the candidates
+    (:func:`compared_kinds`) cross-validated on the same grouped folds; for ``auto`` the one the
+    one-standard-error rule keeps (seeded by the template's ``random_state``), else the asked
+    one. Returns (the kept candidate, every candidate, the rule's choice or None). The labelling
+    app's panel re-fits with it, so it shows the aggregator ``train`` would keep."""
+    cands = cv_candidates(template, X, Y, groups, compared_kinds(asked), n_jobs)
+    pick = one_standard_error(cands, Y, groups, 0.0, template.random_state) if asked == "auto" else None
+    chosen = cands[pick.kept] if pick is not None else next(c for c in cands if c.kind == asked)
+    return chosen, cands, pick

@@ -29,7 +29,7 @@ from sklearn.base import clone
 
 from hdeval.core.errors import ConfigError
 from hdeval.core.metrics import correlation
-from hdeval.learn.aggregate import KINDS, Aggregator, cv_folds, fit_warnings, select_cv
+from hdeval.learn.aggregate import CANDIDATES, KINDS, Aggregator, choose_aggregator, cv_folds, fit_warnings
 from hdeval.learn.classify import cv_predictions, make_classifier
 from hdeval.learn.intervals import DEFAULT_LEVEL, normalised_quantile
 
@@ -61,6 +61,7 @@ class Assessment:
     low: float | None  # 90% interval of that figure (documents resampled)
     high: float | None
     reason: str | None  # why agreement is None
+    aggregator: str | None = None  # the kind chosen (pointwise: as train's --aggregator would keep)
 
 
 def pick(
@@ -264,48 +265,71 @@ def _k_center(
 
 
 def assess(
-    X: Any, y: Any, groups: Sequence[Any], *, pairwise: bool = False, seed: int = 0, aggregator: str = "auto"
+    X: Any,
+    y: Any,
+    groups: Sequence[Any],
+    *,
+    pairwise: bool = False,
+    seed: int = 0,
+    aggregator: str = "auto",
+    template: Aggregator | None = None,
 ) -> Assessment:
     """Held-out agreement of the evaluator the labels so far would train: out-of-fold
-    predictions grouped by document, ``aggregator`` chosen by grouped CV as ``train``'s
-    ``auto`` does; the mean Spearman over targets (pairwise: the share of verdicts that agree,
-    ties included) with a 90% interval from resampling documents."""
+    predictions grouped by document; the mean Spearman over targets (pairwise: the share of
+    verdicts that agree, ties included) with a 90% interval from resampling documents.
+
+    Pointwise, the aggregator is chosen by ``train``'s own chooser
+    (:func:`hdeval.aggregate.choose_aggregator`: every candidate, the simple ones included, and
+    the one-standard-error rule for ``auto``), on the rows with every target labelled, all
+    targets at once; ``template``: the task's aggregator (its aspects, ranges and each aspect's
+    columns, as ``train`` makes it); without, a plain regressor over ``X``. Pairwise, the
+    classifier (lr, dt, rf or nn) with the best cross-validated agreement."""
     X = _matrix(X, "X")
     Y = _targets(y, len(X))
     if len(groups) != len(X):
         raise ConfigError(f"groups has {len(groups)} entries but X has {len(X)} rows")
-    if aggregator not in KINDS + ("auto",):
-        raise ConfigError(f"unknown aggregator {aggregator!r}: choose from {', '.join(KINDS)} or auto")
+    known = KINDS if pairwise else CANDIDATES
+    if aggregator not in known + ("auto",):
+        raise ConfigError(f"unknown aggregator {aggregator!r}: choose from {', '.join(known)} or auto")
     kinds = KINDS if aggregator == "auto" else (aggregator,)
     g = np.asarray(groups, object)
     n = int(np.isfinite(Y).any(axis=1).sum())
     preds = np.full(Y.shape, np.nan)
-    for j in range(Y.shape[1]):
+    kept: str | None = None
+    if not pairwise:
+        ok = np.flatnonzero(np.isfinite(Y).all(axis=1))
+        varied = len(ok) and any(np.ptp(Y[ok, j]) > 0 for j in range(Y.shape[1]))
+        if len(ok) >= MIN_ASSESS_LABELS and len(set(g[ok])) >= 3 and varied:
+            base = template if template is not None else Aggregator("lr", random_state=seed)
+            with fit_warnings():  # a candidate kind that did not converge says nothing here
+                chosen = choose_aggregator(
+                    clone(base).set_params(random_state=seed),
+                    X[ok],
+                    Y[ok],
+                    [str(x) for x in g[ok]],
+                    aggregator,
+                    n_jobs=1,
+                )[0]
+            preds[ok] = np.asarray(chosen.predictions).reshape(len(ok), -1)
+            kept = chosen.kind
+    for j in range(Y.shape[1] if pairwise else 0):
         ok = np.flatnonzero(np.isfinite(Y[:, j]))
         if len(ok) < MIN_ASSESS_LABELS or len(set(g[ok])) < 3:
             continue
-        if pairwise:
-            labels = [PAIR_LABELS.get(float(v)) for v in Y[ok, j]]
-            if None in labels:
-                raise ConfigError("a pairwise label must be +1 (A better), 0 (tie) or -1 (B better)")
-            if len(set(labels)) < 2:
-                continue
-            best, best_acc = None, -1.0
-            for kind in kinds:
-                with fit_warnings():
-                    pred = cv_predictions(kind, X[ok], labels, list(g[ok]), seed)[0]
-                acc = np.mean([p == t for p, t in zip(pred, labels) if p is not None] or [float("nan")])
-                if acc > best_acc:
-                    best, best_acc = pred, float(acc)
-            codes = {v: k for k, v in PAIR_LABELS.items()}
-            preds[ok, j] = [codes[p] if p is not None else np.nan for p in best or []]
-        else:
-            if np.ptp(Y[ok, j]) == 0:
-                continue
-            template = Aggregator(kinds[0], random_state=seed)
-            with fit_warnings():  # a candidate kind that did not converge says nothing here
-                _, _, _, cv = select_cv(template, X[ok], Y[ok, j][:, None], list(g[ok]), kinds, n_jobs=1)
-            preds[ok, j] = np.asarray(cv).ravel()
+        labels = [PAIR_LABELS.get(float(v)) for v in Y[ok, j]]
+        if None in labels:
+            raise ConfigError("a pairwise label must be +1 (A better), 0 (tie) or -1 (B better)")
+        if len(set(labels)) < 2:
+            continue
+        best, best_acc = None, -1.0
+        for kind in kinds:
+            with fit_warnings():
+                pred = cv_predictions(kind, X[ok], labels, list(g[ok]), seed)[0]
+            acc = np.mean([p == t for p, t in zip(pred, labels) if p is not None] or [float("nan")])
+            if acc > best_acc:
+                best, best_acc, kept = pred, float(acc), kind
+        codes = {v: k for k, v in PAIR_LABELS.items()}
+        preds[ok, j] = [codes[p] if p is not None else np.nan for p in best or []]
     if not np.isfinite(preds).any():
         return Assessment(
             n,
@@ -326,7 +350,19 @@ def assess(
         if math.isfinite(v):
             boot.append(v)
     low, high = (float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))) if boot else (None, None)
-    return Assessment(n, float(value), low, high, None)
+    return Assessment(n, float(value), low, high, None, kept)
+
+
+def task_template(task: Any, criteria: Sequence[str], seed: int = 0) -> Aggregator:
+    """The aggregator ``train`` cross-validates for a pointwise ``task`` whose score table has the
+    ``criteria`` columns (HD-Eval's keys: an aspect, then ``aspect/child`` under it): the task's
+    aspects and ranges, each aspect's own column first, then its subtree's."""
+    keys = list(criteria)
+    columns = [
+        [i for i, k in enumerate(keys) if k == a] + [i for i, k in enumerate(keys) if k.startswith(f"{a}/")]
+        for a in task.aspect_keys
+    ]
+    return Aggregator.for_task("lr", task, seed, aspect_columns=columns)
 
 
 def _figure(Y: np.ndarray, P: np.ndarray, rows: np.ndarray, pairwise: bool) -> float:

@@ -25,7 +25,7 @@ def open_llm(config: LLMConfig, backend: Backend | None = None, offline: bool = 
     """
     if isinstance(backend, CachedBackend):
         return backend
-    config.validate()
+    config.check()
     owns = backend is None
     if owns:
         backend = make_backend(resolved(config), offline=offline)

@@ -3,11 +3,11 @@ once, here; :func:`hdeval.llm.client.open_llm` turns them into the one cached ba
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, fields
 from typing import Any
 
-from hdeval.core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hdeval.core.errors import ConfigError, validation_line
 from hdeval.core.urls import public_url
 
 # The defaults, in one place: the CLI's options and the Python API read them from here.
@@ -23,43 +23,43 @@ DIALECTS = ("auto", "openai", "llama.cpp", "vllm")
 DIALECT_ENV = "HDEVAL_LLM_DIALECT"
 
 
-@dataclass(frozen=True)
-class LLMConfig:
-    """Which LLM answers (``model`` and ``base_url``, in the cache key), and how requests to it are
-    made (the other fields). Unknown option names are rejected by :meth:`from_options`."""
+class LLMSettings(BaseModel):
+    """How requests to an LLM are made, declared once: :class:`LLMConfig` and a training run's
+    settings (:class:`hdeval.run.train.TrainConfig`) are both made of these fields, and the CLI's
+    options read their defaults and help from here. Unknown names are refused."""
 
-    # ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for options), ``local`` (the
-    # embedded default model, needs the ``local`` extra), ``llamacpp:/path/model.gguf``, or a model
-    # name served by an OpenAI-compatible API. None: resolved by :func:`resolve_llm` (HDEVAL_LLM,
-    # else OpenAI when OPENAI_API_KEY is set, else the local model when installed).
-    model: str | None = None
-    # OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), http://localhost:11434/v1 (Ollama).
-    base_url: str | None = None
-    timeout: float = (
-        DEFAULT_TIMEOUT  # seconds per attempt of a request, retries each get their own (not in the key)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: float = Field(
+        DEFAULT_TIMEOUT, description="Seconds per attempt of an LLM request (each retry gets its own)."
     )
-    max_retries: int = DEFAULT_MAX_RETRIES  # retries on 429/5xx/timeouts (not part of the cache key)
-    concurrency: int = DEFAULT_CONCURRENCY  # requests in flight
-    cache_dir: str | None = None  # reply cache; None: HDEVAL_CACHE_DIR or the per-user cache dir
-    max_calls: int | None = None  # stop cleanly before making more new (uncached) calls than this
-    # send each scoring stage's uncached requests through the OpenAI Batch API (half the price,
-    # results within 24 h; OpenAI-compatible backends only): see hdeval.llm.backends.batch
-    batch: bool = False
-    # how an OpenAI-compatible server is told a request's answer constraint: "auto" (asks the
-    # server's /models), "openai", "llama.cpp" or "vllm"; None: $HDEVAL_LLM_DIALECT, else "auto"
-    dialect: str | None = None
+    max_retries: int = Field(DEFAULT_MAX_RETRIES, description="Retries per request on 429/5xx/timeouts.")
+    concurrency: int = Field(DEFAULT_CONCURRENCY, description="LLM requests in flight.")
+    cache_dir: str | None = Field(
+        None, description="LLM reply cache. Default: HDEVAL_CACHE_DIR or the per-user cache dir."
+    )
+    max_calls: int | None = Field(
+        None, description="Stop cleanly before making more than N new LLM calls (cached calls are free)."
+    )
+    batch: bool = Field(  # see hdeval.llm.backends.batch
+        False,
+        description="Send each scoring stage's uncached requests through the OpenAI Batch API: half "
+        "the price, results within 24 h; a killed run resumes its jobs (OpenAI-compatible "
+        "servers only).",
+    )
 
-    @classmethod
-    def from_options(cls, **options: Any) -> "LLMConfig":
-        """Build from keyword options (e.g. the CLI's); an unknown name is a ConfigError."""
-        unknown = sorted(set(options) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown LLM option(s): {', '.join(unknown)}")
-        return cls(**{k: v for k, v in options.items() if v is not None or k in ("model", "base_url")})
+    def __init__(self, **given: Any) -> None:
+        try:  # None is "not set": the default
+            super().__init__(**{k: v for k, v in given.items() if v is not None})
+        except ValidationError as exc:
+            raise ConfigError(validation_line(exc, flags=True)) from None
 
-    def validate(self) -> None:
-        """The one check of the LLM options (the CLI, the Python API and benchmark all build an
-        LLMConfig): a one-line ConfigError naming the option."""
+    def llm_settings(self) -> dict[str, Any]:
+        """These settings by name, to make another model of them (the one merge of run -> LLM)."""
+        return {name: getattr(self, name) for name in LLMSettings.model_fields}
+
+    def check_llm_settings(self) -> None:
+        """The one check of the request settings: a one-line ConfigError naming the option."""
         checks = [
             (self.concurrency >= 1, f"--concurrency must be at least 1, got {self.concurrency}"),
             (
@@ -79,17 +79,52 @@ class LLMConfig:
                 self.max_calls is None or self.max_calls >= 0,
                 f"--max-calls must be 0 or more, got {self.max_calls}",
             ),
-            (
-                self.dialect in (None, *DIALECTS),
-                f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}",
-            ),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
 
+
+class LLMConfig(LLMSettings):
+    """Which LLM answers (``model`` and ``base_url``, in the cache key), and how requests to it are
+    made (the :class:`LLMSettings`). Unknown option names are refused."""
+
+    # ``fake`` (deterministic, offline; ``fake:garbage=0.2,logprobs=0`` for options), ``local`` (the
+    # embedded default model, needs the ``local`` extra), ``llamacpp:/path/model.gguf``, or a model
+    # name served by an OpenAI-compatible API. None: resolved by :func:`resolve_llm` (HDEVAL_LLM,
+    # else OpenAI when OPENAI_API_KEY is set, else the local model when installed).
+    model: str | None = None
+    # OpenAI-compatible server, e.g. http://localhost:8000/v1 (vLLM), http://localhost:11434/v1 (Ollama).
+    base_url: str | None = None
+    # how an OpenAI-compatible server is told a request's answer constraint: "auto" (asks the
+    # server's /models), "openai", "llama.cpp" or "vllm"; None: $HDEVAL_LLM_DIALECT, else "auto"
+    dialect: str | None = None
+
+    def __init__(self, model: str | None = None, base_url: str | None = None, **settings: Any) -> None:
+        # the model and its server may be given by position, as in LLMConfig("fake")
+        super().__init__(model=model, base_url=base_url, **settings)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "LLMConfig":
+        """Build from keyword options (e.g. the CLI's); None is "not set" (the default), and an
+        unknown name is a ConfigError."""
+        unknown = sorted(set(options) - set(cls.model_fields))
+        if unknown:
+            raise ConfigError(f"unknown LLM option(s): {', '.join(unknown)}")
+        return cls(**{k: v for k, v in options.items() if v is not None})
+
+    def check(self) -> None:
+        """The one check of the LLM options (the CLI, the Python API and benchmark all build an
+        LLMConfig): a one-line ConfigError naming the option."""
+        self.check_llm_settings()
+        if self.dialect not in (None, *DIALECTS):
+            raise ConfigError(
+                f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}"
+            )
+
     def replace(self, **changes: Any) -> "LLMConfig":
-        return dataclasses.replace(self, **changes)
+        """This config with some settings changed, checked as the constructor checks them."""
+        return type(self)(**{**self.model_dump(), **changes})
 
     def to_manifest(self) -> dict[str, Any]:
         """What an artifact records: the model and server, never a key or credentials."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,9 @@ LONG_RUN_SECONDS = 3600.0
 # A run shorter than this says little about the steady rate (model loading dominates).
 MIN_RECORDED_CALLS = 20
 _MAX_RATES_BYTES = 1 << 20  # the file sits in a cache dir that may be shared: read it bounded
+# What "did you mean" reads of it: a few hundred model names, each no longer than a real one.
+MAX_SEEN_MODELS = 500
+MAX_MODEL_NAME = 100
 
 # One sample scored on three criteria, laid out like the real scoring prompts (the sample first,
 # the criterion last) so the probe sees the same prefix reuse a run gets.
@@ -70,10 +75,11 @@ def _rates_path(cache_dir: str | os.PathLike | None) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        if path.stat().st_size > _MAX_RATES_BYTES:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_RATES_BYTES:  # a FIFO would block
             return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -95,6 +101,19 @@ def load_rate(cache_dir: str | os.PathLike | None, identity: str) -> Rate | None
         )
     what = f"the last run's {calls} calls" if isinstance(calls, int) else "an earlier run"
     return Rate(float(value), f"rate recorded from {what}")
+
+
+def seen_models(cache_dir: str | os.PathLike | None) -> list[tuple[str, str]]:
+    """(model, server URL) of the OpenAI-compatible LLMs this cache recorded a run's rate for: the
+    names ``--llm`` is checked against for a typo. The file is anyone's who shares the cache: read
+    bounded, and a name that is not a plausible model name is skipped."""
+    out = []
+    for identity in list(_read(_rates_path(cache_dir)))[:MAX_SEEN_MODELS]:
+        kind, _, rest = identity.partition(":")
+        model, at, url = rest.rpartition("@")
+        if kind == "openai" and at and 0 < len(model) <= MAX_MODEL_NAME and model.isprintable():
+            out.append((model, re.sub(r"\+[a-z_]+\Z", "", url)))  # without the dialect's +suffix
+    return out
 
 
 def _bounded(value: Any) -> float:

@@ -18,7 +18,6 @@ from typing import IO, Any, Iterator, Sequence
 
 from hdeval.core.errors import BudgetExceeded, CacheError, ConfigError, DataError, one_line
 from hdeval.llm.backends.base import Completion, CompletionRequest
-from hdeval.llm.backends.openai_compat import result_outcome
 
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
 MAX_LINES = 10_000_000  # lines of one request or result file
@@ -289,6 +288,9 @@ def read_results(
     or whose ``body.model`` is not the model its request (in ``models``) asked (with
     ``skip_other_models``: left out and counted instead). ``parser``: an OpenAI-compatible
     backend, which reads each body as it reads a direct reply (its secrets redacted)."""
+    # here, not at the top: apply and report import this module for its file helpers, and the
+    # OpenAI backend brings the openai SDK
+    from hdeval.llm.backends.openai_compat import result_outcome
     from hdeval.llm.cache.codec import MAX_ENTRY_CHARS
 
     path = Path(results)

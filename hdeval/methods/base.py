@@ -9,7 +9,7 @@ import importlib
 import json
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -295,6 +295,19 @@ class Reports(Protocol):
 
 
 @runtime_checkable
+class Banners(Protocol):
+    """``hdeval view`` can list this evaluator with its report's verdict banner and headline
+    figures, from the artifact alone: no LLM call, no plot, nothing written."""
+
+    def banner(self) -> Any:
+        """The :class:`hdeval.report.banner.Banner` its report draws on top."""
+
+    def headline(self) -> dict[str, float | None]:
+        """The held-out figures ``view`` shows and compares side by side: label -> value (None:
+        not recorded)."""
+
+
+@runtime_checkable
 class Explains(Protocol):
     """``hdeval explain`` and ``apply --explain`` can say why this evaluator gave its scores."""
 
@@ -334,6 +347,51 @@ class BenchmarkRecord(Protocol):
         """E.g. the criteria per layer; merged into the run's record in results.json."""
 
 
+def pointwise_headline(metrics: Mapping[str, Any], aspects: Sequence[str]) -> dict[str, float | None]:
+    """A pointwise evaluator's :meth:`Banners.headline`: the held-out correlations of
+    ``metrics["final"]``, their average and each aspect's Spearman."""
+
+    def figure(row: Any, key: str) -> float | None:
+        x = row.get(key) if isinstance(row, Mapping) else None
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    got = metrics.get("final")
+    final: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+    out = {f"held-out {k} (average)": figure(final.get("average"), k) for k in ("pearson", "spearman")}
+    out |= {f"held-out spearman: {a}": figure(final.get(a), "spearman") for a in aspects}
+    return out
+
+
+def pointwise_banner(ev: Fitted) -> Any:
+    """The banner of a pointwise evaluator that draws no report of its own: the LLM, the split
+    (``metrics["split"]``), the intervals and what to do next, as the reports' banners say them."""
+    from hdeval.report import banner as verdicts
+
+    def count(x: Any) -> int | None:
+        return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+    m = ev.metrics
+    got = m.get("split")
+    split: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+    n_train, n_test = count(split.get("train")), count(split.get("test"))
+    b = verdicts.Banner()
+    verdicts.llm_line(b, ev.llm_identity)
+    verdicts.split_line(b, n_train, n_test, None)
+    verdicts.outlook_lines(
+        b,
+        intervals=m.get("intervals"),
+        ranges={a.key: (a.low, a.high) for a in ev.task.aspects},
+        identity=ev.llm_identity,
+        evaluator=pointwise_headline(m, [])["held-out spearman (average)"],
+        direct=None,
+        n_train=n_train,
+        n_features=None,
+        n_test=n_test,
+        path=ev.path or "ARTIFACT",
+    )
+    return b
+
+
 def explain_refusal(ev: Fitted, artifact: Any, what: str) -> str:
     """The one line for ``what`` (``--explain``, ``hdeval explain``) asked of an evaluator that is
     not :class:`Explains`."""
@@ -363,6 +421,13 @@ class SinglePromptFitted(Fitted):
 
     def method_args(self) -> dict[str, Any]:
         return {}
+
+    def banner(self) -> Any:
+        """:class:`Banners`: nothing is fitted, so no layer, aggregator or baseline line."""
+        return pointwise_banner(self)
+
+    def headline(self) -> dict[str, float | None]:
+        return pointwise_headline(self.metrics, list(self.task.aspect_keys))
 
     def to_range(self, values: Any) -> Any:
         import numpy as np
@@ -611,6 +676,8 @@ class RunSettings(Protocol):
     @property
     def options(self) -> Any: ...  # the chosen method's MethodOptions subclass
 
+    def llm_settings(self) -> dict[str, Any]: ...  # the request settings (hdeval.llm.config.LLMSettings)
+
     def public(self) -> dict[str, Any]: ...
 
 
@@ -710,6 +777,12 @@ class Method:
     def __post_init__(self) -> None:
         if isinstance(self.options, Mapping):
             object.__setattr__(self, "options", options_model(self.name, self.options))
+        # a plug-in written when options models were dataclasses
+        if isinstance(self.options, type) and is_dataclass(self.options):
+            raise TypeError(
+                f"method {self.name!r}: its options model {self.options.__name__} is a dataclass; "
+                "declare it as a plain subclass of MethodOptions (a pydantic model), without @dataclass"
+            )
 
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""

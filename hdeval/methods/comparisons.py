@@ -77,7 +77,8 @@ def pair_question(aspect: Aspect) -> str:
 def label_request(
     template: Template, task: Task, labels: tuple[str, str], kind: str, **values: str
 ) -> CompletionRequest:
-    """A question about a conversation answered by one of two label words (read from the first token)."""
+    """A question about a conversation answered by one of two label words (read from the first token);
+    ``values`` fill the template and are the request's declared data."""
     shown = next((f.label for f in task.fields if f.key == RESPONSE_FIELD), "Response")
     messages = template.render({"task_description": task.description, "response_label": shown, **values})
     return CompletionRequest(
@@ -87,6 +88,7 @@ def label_request(
         top_logprobs=TOP_LOGPROBS,
         answer=Labels(labels),
         kind=kind,
+        data=values,
     )
 
 

@@ -1,6 +1,7 @@
 """The fake LLM's answers to comparison prompts (kind ``pair``): a deterministic stand-in for
 which response is better, with a mild first-position bias for the swap to undo; and to
-DIRECTEVAL's (kind ``yesno``), whose requests show the same blocks."""
+DIRECTEVAL's (kind ``yesno``). Both answer from the texts and question the request declares
+(:func:`hdeval.methods.comparisons.label_request`), never from the prompt's wording."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from hdeval.llm.backends.fake import FakeBackend, responder, stable_unit
 
 LABELS = ("A", "B")
 
-_BLOCK = re.compile(r"<sample>\n?(.*?)\n?</sample>", re.S)
 _WORD = re.compile(r"\w+")
 
 
@@ -40,22 +40,22 @@ def prompt_of(request: CompletionRequest) -> tuple[str, int]:
     return prompt, max(1, len(prompt) // 4)
 
 
-def label_responder(kind: str, labels: tuple[str, str], blocks: int):
-    """Registers, as the fake LLM's answer to prompts of ``kind`` showing at least ``blocks``
-    ``<sample>`` blocks, a label reply whose first label has the probability the decorated
-    function gives (from the blocks and the question after them)."""
+def label_responder(kind: str, labels: tuple[str, str], shown: tuple[str, ...]):
+    """Registers, as the fake LLM's answer to prompts of ``kind``, a label reply whose first
+    label has the probability the decorated function gives from the texts the request declares
+    it shows (its data's ``shown`` keys, in order) and its ``question``."""
 
     def register(probability):
         @responder(kind)
         def answer(request: CompletionRequest, fake: FakeBackend) -> Completion:
-            user = request.messages[-1].content
-            shown = _BLOCK.findall(user)
-            if len(shown) < blocks:
+            texts = [request.data.get(k) for k in shown]
+            question = request.data.get("question")
+            if not all(isinstance(t, str) for t in texts) or not isinstance(question, str):
                 return Completion("?", None, 1, 1)
-            n_prompt = max(1, sum(len(m.content) for m in request.messages) // 4)
-            if fake.garbage and stable_unit("garbage", user) < fake.garbage:
+            n_prompt = prompt_of(request)[1]
+            if fake.garbage and stable_unit("garbage", *texts, question) < fake.garbage:
                 return Completion("I cannot decide.", None, n_prompt, 4)
-            p = min(1 - 1e-6, max(1e-6, probability(shown, user[user.rfind("</sample>") :])))
+            p = min(1 - 1e-6, max(1e-6, probability(texts, question)))
             top = None
             if fake.logprobs and request.top_logprobs:
                 alts = sorted(
@@ -73,7 +73,7 @@ def label_responder(kind: str, labels: tuple[str, str], blocks: int):
 FAKE_FIRST_BIAS = 0.4
 
 
-@label_responder("pair", LABELS, 4)
+@label_responder("pair", LABELS, ("history_a", "response_a", "history_b", "response_b"))
 def _fake_pair(blocks: list[str], question: str) -> float:
     qa = fake_quality(blocks[0], blocks[1], question)
     qb = fake_quality(blocks[2], blocks[3], question)
@@ -84,6 +84,6 @@ def _fake_pair(blocks: list[str], question: str) -> float:
     return 1 / (1 + math.exp(-8 * (qa - qb + whim) - FAKE_FIRST_BIAS))
 
 
-@label_responder("yesno", ("Yes", "No"), 2)
+@label_responder("yesno", ("Yes", "No"), ("history", "response"))
 def _fake_yesno(blocks: list[str], question: str) -> float:
     return 1 / (1 + math.exp(-6 * (fake_quality(blocks[0], blocks[1], question) - 0.5)))

@@ -4,11 +4,14 @@ subclass whose fields, made with :func:`option`, are its options), how one optio
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass
-from dataclasses import replace as dataclass_replace
+import types
+import typing
+from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from hdeval.core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from hdeval.core.errors import ConfigError, validation_line
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,10 @@ class Option:
         return ("on" if self.default else "off") if isinstance(self.default, bool) else str(self.default)
 
 
-def option(default: Any, help: str, choices: tuple[str, ...] | None = None, kind: type | None = None) -> Any:
-    """A field of a method's options model: its one default, its help, its allowed values, and
-    (where the default is None) the type of a given value. The CLI offers it as ``--name``."""
-    return field(default=default, metadata={"help": help, "choices": choices, "kind": kind})
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A field of a method's options model: its one default, its help and its allowed values;
+    the field's type is its annotation. The CLI offers it as ``--name`` or ``-O name=VALUE``."""
+    return Field(default, description=help, json_schema_extra={"choices": list(choices)} if choices else None)
 
 
 def flag(name: str) -> str:
@@ -56,45 +59,69 @@ def convert_option(raw: str, spec: Option, where: str) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class MethodOptions:
-    """A method's options as one typed, frozen model. A method declares a subclass whose fields
-    (made with :func:`option`) are its options; :meth:`build` is the one way the CLI, the Python
-    API and ``benchmark`` make it, so every caller gets the same defaults and the same checks.
-    The model records which options were given (:meth:`given`): an option given at its default
-    is not one left out, and a method may refuse it."""
+class MethodOptions(BaseModel):
+    """A method's options as one typed, frozen pydantic model. A method declares a subclass whose
+    fields (annotated, made with :func:`option`) are its options; :meth:`build` is the one way the
+    CLI, the Python API and ``benchmark`` make it, so every caller gets the same defaults and the
+    same checks. Values are taken as they are (strict: no "2" for 2, no 1 for true); an unknown
+    name is refused. The options given (:meth:`given`, pydantic's ``model_fields_set``) are told
+    apart from those left out: one given at its default is not one left out, and a method may
+    refuse it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     # the options naming a second LLM the method opens (its model, its server), e.g. HD-Eval's
     # decomposing LLM: the run opens it from them without knowing their names
     second_llm: ClassVar[tuple[str, str] | None] = None
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "MethodOptions":
-        # __new__ sees the constructor's arguments; pickling and copying restore the record
-        self = super().__new__(cls)
-        names = [f.name for f in fields(cls)]
-        object.__setattr__(self, "_given", frozenset(names[: len(args)]) | frozenset(kwargs))
+    def __init__(self, **given: Any) -> None:
+        try:
+            super().__init__(**given)
+        except ValidationError as exc:
+            raise self._config_error(exc) from None
+
+    @model_validator(mode="after")
+    def _checked(self) -> "MethodOptions":
+        for name, spec in self.specs().items():
+            value = getattr(self, name)
+            if spec.choices and value not in spec.choices and (value is not None or spec.default is not None):
+                raise ConfigError(f"{flag(name)} must be one of {', '.join(spec.choices)}, got {value!r}")
+        self.check()
         return self
 
-    def __post_init__(self) -> None:
-        # every way of making the model (build, the constructor, replace) gets the same checks
-        for name, spec in self.specs().items():
-            # None is "not given" only where that is the default (build drops it); an artifact's
-            # null for an option that has a value is refused as any other wrong value
-            if (value := getattr(self, name)) is not None or spec.default is not None:
-                _check_value(name, value, spec)
-        self.validate()
-
-    def validate(self) -> None:
+    def check(self) -> None:
         """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
-        return {
-            f.name: Option(
-                f.default, f.metadata.get("help", ""), f.metadata.get("choices"), f.metadata.get("kind")
+        out = {}
+        for name, f in cls.model_fields.items():
+            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            choices = extra.get("choices")
+            out[name] = Option(
+                f.default,
+                f.description or "",
+                tuple(map(str, choices)) if isinstance(choices, list) else None,
+                _kind(f.annotation),
             )
-            for f in fields(cls)
-        }
+        return out
+
+    @classmethod
+    def _config_error(cls, exc: ValidationError) -> ConfigError:
+        """pydantic's report as today's one line: the unknown names, or the first wrong value."""
+        errors = exc.errors()
+        unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+        if unknown:
+            return ConfigError(
+                f"{cls.__name__} takes no option(s) {', '.join(unknown)} "
+                f"(its options: {', '.join(sorted(cls.model_fields)) or 'none'})"
+            )
+        name = str(errors[0]["loc"][0]) if errors[0]["loc"] else ""
+        spec = cls.specs().get(name)
+        if spec is not None and spec.choices:  # a choice's words, whatever the value's type
+            choices = ", ".join(spec.choices)
+            return ConfigError(f"{flag(name)} must be one of {choices}, got {errors[0]['input']!r}")
+        return ConfigError(validation_line(exc, flags=True))
 
     @classmethod
     def build(
@@ -103,16 +130,15 @@ class MethodOptions:
         """The model from options by name (None: not given); one line for a name the method does
         not take (naming the methods of ``others``, name -> options model, that take it) or a
         value of the wrong kind."""
-        specs = cls.specs()
         given = {k: v for k, v in given.items() if v is not None}
-        unknown = sorted(set(given) - set(specs))
+        unknown = sorted(set(given) - set(cls.model_fields))
         if unknown:
-            known = ", ".join(sorted(specs)) or "none"
+            known = ", ".join(sorted(cls.model_fields)) or "none"
             others = others or {}
             owned = "".join(
                 f"; {flag(name)} is an option of --method {' or '.join(owners)}"
                 for name in unknown
-                if (owners := [m for m in sorted(others) if name in others[m].specs()])
+                if (owners := [m for m in sorted(others) if name in others[m].model_fields])
             )
             raise ConfigError(
                 f"method {method!r} takes no option(s) {', '.join(unknown)} (its options: {known}){owned}"
@@ -132,7 +158,7 @@ class MethodOptions:
         LLM's server without credentials or query)."""
         from hdeval.core.urls import public_url
 
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = self.model_dump()
         if self.second_llm is not None and out.get(self.second_llm[1]):
             out[self.second_llm[1]] = public_url(out[self.second_llm[1]])
         return out
@@ -140,46 +166,23 @@ class MethodOptions:
     def given(self) -> dict[str, Any]:
         """The options the caller gave (to :meth:`build`, or the constructor), at their default
         or not, in field order."""
-        mine = getattr(self, "_given", frozenset())
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in mine}
+        return {
+            name: getattr(self, name) for name in type(self).model_fields if name in self.model_fields_set
+        }
 
     def replace(self, **changes: Any) -> "MethodOptions":
         """This model with some options changed, by name, checked as the constructor checks; the
-        options given stay given and the changed ones join them. (``dataclasses.replace`` passes
-        every field to the constructor, so it would count every option as given.)"""
-        specs = self.specs()
-        unknown = sorted(set(changes) - set(specs))
-        if unknown:
-            raise ConfigError(
-                f"{type(self).__name__} takes no option(s) {', '.join(unknown)} "
-                f"(its options: {', '.join(sorted(specs)) or 'none'})"
-            )
-        new = dataclass_replace(self, **changes)
-        object.__setattr__(new, "_given", frozenset(self.given()) | frozenset(changes))
-        return new
+        options given stay given and the changed ones join them (pydantic's ``model_copy`` would
+        not check them)."""
+        return type(self)(**{**self.given(), **changes})
 
 
-# an option's default's kind -> the values it takes (never a bool for a number) and their name
-_KINDS = (
-    (bool, bool, "true or false"),
-    (int, int, "a whole number"),
-    (float, (int, float), "a number"),
-    (str, str, "text"),
-    (type(None), str, "text"),
-)
-
-
-def _check_value(name: str, value: Any, spec: Option) -> None:
-    default, where = spec.default if spec.kind is None else spec.kind(), flag(name)
-    if spec.choices:
-        if value not in spec.choices:
-            raise ConfigError(f"{where} must be one of {', '.join(spec.choices)}, got {value!r}")
-        return
-    for kind, ok, words in _KINDS:
-        if isinstance(default, kind):
-            if not isinstance(value, ok) or (kind is not bool and isinstance(value, bool)):
-                raise ConfigError(f"{where} must be {words}, got {value!r}")
-            return
+def _kind(annotation: Any) -> type | None:
+    """The type of an option's value: its annotation without None (``int | None`` -> int)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = kinds[0] if len(kinds) == 1 else None
+    return annotation if isinstance(annotation, type) else None
 
 
 # Before artifact format 3 the manifest's config recorded HD-Eval's tree options flat for every
@@ -230,10 +233,10 @@ AGGREGATOR_HELP = (
 
 
 def options_model(method: str, options: Mapping[str, Option]) -> type[MethodOptions]:
-    """A plug-in's mapping name -> Option as an options model."""
-    return make_dataclass(
-        f"{method.title().replace('-', '')}Options",
-        [(name, Any, option(o.default, o.help, o.choices, o.kind)) for name, o in options.items()],
-        bases=(MethodOptions,),
-        frozen=True,
-    )
+    """A plug-in's mapping name -> Option as an options model (a None default takes text unless
+    the Option names its kind)."""
+    fields: dict[str, Any] = {}
+    for name, o in options.items():
+        kind = o.kind or (str if o.default is None else type(o.default))
+        fields[name] = (kind | None if o.default is None else kind, option(o.default, o.help, o.choices))
+    return create_model(f"{method.title().replace('-', '')}Options", __base__=MethodOptions, **fields)

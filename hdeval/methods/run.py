@@ -15,17 +15,9 @@ from hdeval.llm.config import LLMConfig
 
 
 def llm_config(config: Any) -> LLMConfig:
-    """The run's LLM settings as the one typed config every command uses."""
-    return LLMConfig(
-        config.llm,
-        config.base_url,
-        config.timeout,
-        config.max_retries,
-        config.concurrency,
-        config.cache_dir,
-        config.max_calls,
-        config.batch,
-    )
+    """The run's LLM settings as the one typed config every command uses: its model and server,
+    and its request settings (:class:`~hdeval.llm.config.LLMSettings`) as they are."""
+    return LLMConfig(model=config.llm, base_url=config.base_url, **config.llm_settings())
 
 
 def open_backend(config: Any, backend: Backend | None = None, offline: bool = False) -> CachedBackend:
@@ -55,9 +47,8 @@ def decompose_llm_config(config: Any) -> LLMConfig | None:
     if second is None:
         return None
     model, url, _ = second
-    return LLMConfig(
-        model, url, config.timeout, config.max_retries, config.concurrency, config.cache_dir, config.max_calls
-    )
+    settings = {**config.llm_settings(), "batch": False}  # the decomposing calls are never batched
+    return LLMConfig(model=model, base_url=url, **settings)
 
 
 def open_decompose_backend(

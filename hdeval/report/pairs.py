@@ -114,9 +114,18 @@ _AGREEMENT_HOW = (
 )
 
 
-def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
-    """DnA's banner lines and figures; its page's title and method line."""
-    m, s = ev.metrics, ev.settings
+def pair_banner(ev: Any, lines: Callable[[Any, verdicts.Banner], None]) -> verdicts.Banner:
+    """The banner a pair evaluator's page draws on top: the LLM, then the method's ``lines``
+    (:func:`dna_banner`, :func:`hdeval_banner`)."""
+    b = verdicts.Banner()
+    verdicts.llm_line(b, ev.llm_identity)
+    lines(ev, b)
+    return b
+
+
+def dna_banner(ev: Any, b: verdicts.Banner) -> None:
+    """DnA's banner lines, from its metrics alone."""
+    m = ev.metrics
     test_m = {k: v for k, v in (m.get("test") or {}).items() if isinstance(v, dict)}
     split = m.get("split") or {}
     learned = ev.learned
@@ -160,6 +169,13 @@ def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) 
                 else "given"
             ),
         )
+
+
+def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+    """DnA's banner lines and figures; its page's title and method line."""
+    m, s = ev.metrics, ev.settings
+    test_m = {k: v for k, v in (m.get("test") or {}).items() if isinstance(v, dict)}
+    dna_banner(ev, b)
     if test_m:
         figs.append(
             (
@@ -204,8 +220,8 @@ def dna_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) 
     return f"{ev.task.name} (DnA)", f"DnA, mode {s.mode}, aspects {s.aspect_source}"
 
 
-def hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
-    """Pairwise HD-Eval's banner lines and figures; its page's title and method line."""
+def hdeval_banner(ev: Any, b: verdicts.Banner) -> None:
+    """Pairwise HD-Eval's banner lines, from its metrics alone."""
     m = ev.metrics
     split = m.get("split") or {}
     verdicts.split_line(b, split.get("train"), split.get("test"), len(ev.feature_keys), rows="pairs")
@@ -214,6 +230,12 @@ def hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: lis
     verdicts.baseline_line(
         b, (m.get("final") or {}).get("wo_ties"), bases | _baselines(m), "held-out agreement w/o ties"
     )
+
+
+def hdeval_parts(ev: Any, data: Mapping[str, Any], b: verdicts.Banner, figs: list) -> tuple[str, str]:
+    """Pairwise HD-Eval's banner lines and figures; its page's title and method line."""
+    m = ev.metrics
+    hdeval_banner(ev, b)
     layers = m.get("layers") or {}
     if layers:
         figs.append(

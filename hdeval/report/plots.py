@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 STYLE = {
     "font.family": "sans-serif",
@@ -220,4 +220,33 @@ def share_bar(value: float, label: str) -> bytes:
     ax.text(min(_num(value), 0.9) + 0.01, 0, f"{_num(value):.2f}", va="center", fontsize=11)
     ax.set(xlim=(0, 1), xlabel="share of pairs")
     ax.set_yticks([0], [label])
+    return png(fig, tight=True)
+
+
+@styled
+def interval_dots(
+    rows: Sequence[tuple[str, float | None, float | None, float | None]],
+    xlabel: str,
+    title: str,
+    highlight: int | None = 0,
+) -> bytes:
+    """One dot per row (label, estimate, low, high) with its interval as a bar, top to bottom in
+    the given order; ``highlight``: the row drawn in the accent colour. Missing figures draw
+    nothing on their row."""
+    import math
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.36 * max(len(rows), 1)))
+    for i, (_, est, lo, hi) in enumerate(rows):
+        y = len(rows) - 1 - i
+        color = COLORS[1] if i == highlight else COLORS[0]
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
+            ax.plot([lo, hi], [y, y], color=color, lw=2.2, solid_capstyle="butt")
+        if est is not None and math.isfinite(est):
+            ax.plot([est], [y], "o", color=color, ms=6)
+    ax.set_yticks(range(len(rows)), [short(r[0], 44) for r in rows][::-1])
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set(xlabel=xlabel, title=title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.tick_params(labelsize=9)
     return png(fig, tight=True)

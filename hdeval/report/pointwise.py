@@ -14,6 +14,7 @@ from hdeval.learn.aggregate import numpy_global_rng
 from hdeval.report import banner, fmt_num, render
 from hdeval.report.banner import Banner
 from hdeval.report.plots import integer_ticks, png, pyplot, styled
+from hdeval.report.sections import Section
 
 LABEL_CHARS = 60
 TOP_BARS = 15  # criteria shown per bar chart / beeswarm; the rest are in report.json
@@ -246,9 +247,14 @@ def _interval_lines(b: Banner, m: Mapping[str, Any]) -> None:
 
 
 def render_html(
-    ev: Any, report: Any, samples: Sequence[Mapping[str, Any]] = (), samples_note: str | None = None
+    ev: Any,
+    report: Any,
+    samples: Sequence[Mapping[str, Any]] = (),
+    samples_note: str | None = None,
+    sections: Sequence[Section] = (),
 ) -> str:
-    """The report as one HTML page; plots are embedded PNGs, so the page needs nothing else."""
+    """The report as one HTML page; plots are embedded PNGs, so the page needs nothing else.
+    ``sections``: the evaluator's own, drawn after the held-out correlations."""
     d = report.data
     art = d["artifact"]
     aspects = [a["key"] for a in art["aspects"]] or list(ev.aggregator.aspects)
@@ -316,4 +322,5 @@ def render_html(
         eff_rows=_efficiency_rows(report.efficiency, labeler(ev, None)),
         samples=list(samples),
         samples_note=samples_note,
+        sections=list(sections),
     )

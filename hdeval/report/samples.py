@@ -126,7 +126,7 @@ def score_replies(
         ), {}
     want, items = set(wanted), {}
     try:
-        for chunk in iter_task_chunks(data, ev.task, require_labels=False):
+        for chunk in iter_task_chunks(data, ev.task, require_labels=False, labels_file=True):
             items.update((s.id, s) for s in chunk if s.id in want)
             if len(items) == len(want):
                 break

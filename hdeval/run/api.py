@@ -109,7 +109,7 @@ class TrainedEvaluator:
             config = LLMConfig(
                 model=llm, base_url=base_url, cache_dir=None if cache_dir is None else str(cache_dir)
             )
-            config.validate()
+            config.check()
             backend = open_llm(config)
         try:
             result = self.fitted.score(

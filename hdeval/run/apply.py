@@ -328,10 +328,13 @@ def prepare(
     """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
     the failure rate, the output (an existing one only if ``replace``) and the artifact;
     (evaluator, row trust, output format, chunk size)."""
+    from hdeval.data.samples import check_readable
+
     check_llm_options(**llm_options)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"{rate_option} must be between 0 and 1, got {max_failure_rate}")
     check_output(output, [input_file], cache_dir=llm_options.get("cache_dir"))
+    check_readable(input_file)
     fmt, size = output_format(output), chunk_size()
     ev, trust = load_checked(artifact, explain, max_interval_width, notify)
     # after loading: a directory that is no artifact is reported as that, not as an output clash,

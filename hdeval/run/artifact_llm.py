@@ -25,7 +25,7 @@ def check_llm_options(**options: Any) -> LLMConfig:
     """``apply``'s LLM options by name (``llm`` the model; None: the configured default) as one
     LLMConfig, checked by its one validator before any file is read."""
     config = LLMConfig.from_options(model=options.pop("llm", None), **options)
-    config.validate()
+    config.check()
     return config
 
 

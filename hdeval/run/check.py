@@ -39,6 +39,7 @@ def check_alignment(
     ``apply_options``: those of :func:`hdeval.run.apply.apply_file` (``llm``, ``cache_dir``,
     ``progress``, ``notify``, ...). A file without human scores, or whose every row is a training
     row, is a :class:`ConfigError`: no gate can be honest on it."""
+    from hdeval.data.samples import check_readable
     from hdeval.run.apply import apply_file, load_checked
 
     if (min_spearman is None) == (min_agreement is None):
@@ -46,6 +47,7 @@ def check_alignment(
     threshold = min_spearman if min_spearman is not None else min_agreement
     if not (isinstance(threshold, (int, float)) and -1 <= threshold <= 1):
         raise ConfigError(f"the threshold must be a number between -1 and 1, got {threshold!r}")
+    check_readable(data)
     ev, _ = load_checked(artifact, False, 0.5, apply_options.get("notify"))
     pairs = ev.task.shape == "pairwise"
     metric = "agreement" if pairs else "spearman"

@@ -33,7 +33,7 @@ def export_apply_requests(
     :func:`hdeval.run.apply.apply_file`. ``replace=False``: an existing ``export_file`` is
     refused; a file inside the reply cache always is."""
     from hdeval.artifact.directory import check_writable
-    from hdeval.data.samples import DiskIds
+    from hdeval.data.samples import DiskIds, check_readable
     from hdeval.methods.registry import load_artifact
     from hdeval.run.apply import ApplyInput, chunk_size
     from hdeval.run.artifact_llm import open_artifact_llm
@@ -46,6 +46,7 @@ def export_apply_requests(
     )
     near = Path(os.path.abspath(export_file)).parent
     check_writable(near)
+    check_readable(input_file)
     size = chunk_size()
     ev = load_artifact(artifact)
     refusal = ev.export_refusal()

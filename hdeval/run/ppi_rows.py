@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.core.errors import ConfigError, DataError
+from hdeval.data.labels_db import is_labels_file
 from hdeval.learn.ppi import MeanEstimate, Moments, difference, pair_value, ppi_mean
 
 __all__ = ["PROB_FIELD", "SELECTION_FIELD", "Estimates", "estimate_file"]
@@ -392,6 +393,12 @@ def estimate_file(
     if baseline is not None and by is None:
         raise ConfigError(
             f"--baseline {baseline} names a group to compare the others with: give --by FIELD too"
+        )
+    if is_labels_file(data):
+        raise DataError(
+            f"{data} is a labels file of hdeval label: write its samples with `hdeval data export-labels "
+            f"{data} -o labeled.jsonl` (then each says which strategy picked it: actively picked labels "
+            "are refused here, being no random sample)"
         )
     apply_output = is_apply_output(data)
     # an apply output needs only the artifact's task: its verified manifest, not the fitted model

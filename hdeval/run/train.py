@@ -4,17 +4,26 @@ the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from pydantic import Field, model_validator
 
 from hdeval.core.errors import ConfigError, DataError
 from hdeval.core.progress import Progress
 from hdeval.core.types import Sample, Task
-from hdeval.data.samples import Split, find_data, limit_samples, read_task_samples, split_samples
+from hdeval.data.samples import (
+    Split,
+    find_data,
+    limit_samples,
+    read_task_samples,
+    recorded_columns,
+    split_samples,
+)
 from hdeval.data.tasks import apply_preset, load_task, select_aspects
 from hdeval.llm.backends.base import Backend
-from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, LLMConfig
+from hdeval.llm.config import LLMConfig, LLMSettings
 from hdeval.methods.base import FitContext, check_shape
 from hdeval.methods.registry import all_options, get_method
 from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
@@ -26,10 +35,10 @@ MAX_SEED = 2**32 - 1
 _JURY_FIELDS = ("judges", "jury", "prune_judges")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """What every training run shares, plus the chosen method's options model. Unknown fields
-    are rejected; :meth:`from_options` takes every option by name."""
+class TrainConfig(LLMSettings):
+    """What every training run shares, plus the chosen method's options model: a frozen pydantic
+    model. The LLM request settings are :class:`~hdeval.llm.config.LLMSettings`' fields, declared
+    there once. Unknown fields are refused; :meth:`from_options` takes every option by name."""
 
     task: str  # built-in task name or path to a task .toml
     method: str = "hdeval"  # hdeval | direct | ... (see `hdeval methods`)
@@ -41,40 +50,42 @@ class TrainConfig:
     preset: str | None = None  # a task file's [presets.NAME]: its aspects, some with their own regressor
     llm: str | None = None  # see hdeval.llm.backends.factory.resolve_llm
     base_url: str | None = None  # OpenAI-compatible server, e.g. http://localhost:8000/v1
-    # the LLM settings as LLMConfig declares them (llm_config() builds it; it validates them)
-    timeout: float = DEFAULT_TIMEOUT
-    max_retries: int = DEFAULT_MAX_RETRIES
-    concurrency: int = DEFAULT_CONCURRENCY
-    cache_dir: str | None = None  # default: HDEVAL_CACHE_DIR or the per-user cache dir
-    seed: int = 0  # split, model and CV randomness
-    test_frac: float = 0.5  # share of samples held out for testing
-    train_frac: float = 0.5  # share of all samples used for training
+    seed: int = Field(0, description="Split, model and cross-validation randomness.")
+    test_frac: float = Field(0.5, description="Share of samples held out.")
+    train_frac: float = Field(0.5, description="Share of all samples used to train.")
     limit: int | None = None  # use only N samples (whole documents, seeded) for quick runs
-    max_failure_rate: float = 0.2  # stop when more criterion scores than this fail to parse
-    max_calls: int | None = None  # stop cleanly before making more new LLM calls than this
-    batch: bool = False  # scoring requests through the OpenAI Batch API (see LLMConfig.batch)
+    max_failure_rate: float = Field(
+        0.2, description="Stop when a larger share of criterion scores cannot be read."
+    )
     # a jury (HD-Eval pointwise): more judges besides ``llm`` (``--llm A --llm B``), or a jury
     # TOML file; recorded only when given, so other runs' manifests stay as they were
     judges: tuple[str, ...] = ()
     jury: str | None = None
     prune_judges: bool = False  # drop judges whose columns add nothing on grouped CV
 
-    def __post_init__(self) -> None:
-        method = get_method(self.method)
-        if self.options is None or isinstance(self.options, Mapping):
-            object.__setattr__(self, "options", method.build_options(self.options))
-        elif type(self.options) is not method.options:
+    @model_validator(mode="before")
+    @classmethod
+    def _method_options(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        method = get_method(data.get("method") or "hdeval")
+        options = data.get("options")
+        if options is None or isinstance(options, Mapping):
+            return {**data, "options": method.build_options(options)}
+        if type(options) is not method.options:
             raise ConfigError(
-                f"the options of method {self.method!r} are a {method.options.__name__}, "
-                f"not a {type(self.options).__name__}"
+                f"the options of method {method.name!r} are a {method.options.__name__}, "
+                f"not a {type(options).__name__}"
             )
+        return data
 
     @classmethod
     def from_options(cls, **options: Any) -> "TrainConfig":
         """Every option by name, the CLI's way: the shared ones are fields, the rest go to the
         chosen method's options model (``method_options``, a mapping, is merged in). None means
-        not given. A name no method takes, or one the chosen method does not, is a ConfigError."""
-        shared = {f.name for f in fields(cls)} - {"options"}
+        not given (the default). A name no method takes, or one the chosen method does not, is a
+        ConfigError."""
+        shared = set(cls.model_fields) - {"options"}
         given = dict(options.pop("method_options", None) or {})
         mine = {k: options.pop(k) for k in list(options) if k not in shared}
         unknown = sorted(k for k in mine if k not in all_options())
@@ -83,15 +94,15 @@ class TrainConfig:
         given.update({k: v for k, v in mine.items() if v is not None})
         if isinstance(options.get("aspects"), str):
             options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
-        return cls(options=given, **options)
+        return cls(options=given, **{k: v for k, v in options.items() if v is not None})
 
     def replace(self, **options: Any) -> "TrainConfig":
         """This config with some options changed, by name (shared or the method's)."""
-        shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        shared = {name: getattr(self, name) for name in type(self).model_fields if name != "options"}
         mine = self.options.given() if "method" not in options else {}  # omitted ones stay omitted
         return TrainConfig.from_options(**{**shared, **mine, **options})
 
-    def validate(self) -> None:
+    def check(self) -> None:
         checks = [
             (0 <= self.max_failure_rate <= 1, "--max-failure-rate must be between 0 and 1"),
             # numpy and scikit-learn take seeds in [0, 2**32): fail here, not after paid calls
@@ -101,7 +112,7 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
-        llm_config(self).validate()
+        llm_config(self).check()
         if self.judges or self.jury or self.prune_judges:
             check_jury_options(self)
 
@@ -116,22 +127,28 @@ class TrainConfig:
         return ()
 
     def public(self) -> dict[str, Any]:
-        """The run as the manifest records it (artifact format 3): the shared options, and every
-        option of the method under ``options`` (:meth:`MethodOptions.record`). Format 2's record
-        is read by :func:`hdeval.methods.options.recorded_options`."""
+        """The run as the manifest records it (artifact format 3): the shared options in the
+        order of ``_RECORD``, and every option of the method under ``options``
+        (:meth:`MethodOptions.record`). Format 2's record is read by
+        :func:`hdeval.methods.options.recorded_options`."""
         from hdeval.core.urls import public_url
 
-        d = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)  # in the fields' order
-            if f.name not in _JURY_FIELDS or getattr(self, f.name)
-        }
+        d = {name: getattr(self, name) for name in _RECORD if name not in _JURY_FIELDS or getattr(self, name)}
         return {
             **d,
             "options": self.options.record(),
             "aspects": list(self.aspects) if self.aspects else None,
             "base_url": public_url(self.base_url),
         }  # an artifact is shared: no user, password or query
+
+
+# the manifest's "config", key by key: the artifact format (golden files pin it), so it does not
+# follow the fields' order (the LLM settings are inherited, so they come first there)
+_RECORD = (
+    "task", "method", "options", "data", "aspects", "preset", "llm", "base_url", "timeout",
+    "max_retries", "concurrency", "cache_dir", "seed", "test_frac", "train_frac", "limit",
+    "max_failure_rate", "max_calls", "batch", *_JURY_FIELDS,
+)  # fmt: skip
 
 
 def check_jury_options(config: TrainConfig) -> None:
@@ -167,7 +184,7 @@ class Prepared:
 
 def prepare(config: TrainConfig) -> Prepared:
     """Validate options, load the task and every sample, split. No LLM call happens here."""
-    config.validate()
+    config.check()
     task = load_task(config.task)
     if config.preset:
         if config.aspects:
@@ -182,7 +199,8 @@ def prepare(config: TrainConfig) -> Prepared:
         )
     given = method.prepare(config, task) if method.prepare else None
     path = find_data(task, config.data)
-    samples = read_task_samples(path, task, require_labels=True)
+    task = recorded_columns(path, task)
+    samples = read_task_samples(path, task, require_labels=True, labels_file=True)
     samples = limit_samples(samples, config.limit, config.seed)
     try:
         split = split_samples(samples, config.test_frac, config.train_frac, config.seed)
@@ -223,7 +241,7 @@ def train(
     spec = (
         resolved(llm_config(config))
         if backend is None
-        else LLMConfig(config.llm or backend.identity, config.base_url)
+        else LLMConfig(model=config.llm or backend.identity, base_url=config.base_url)
     )
     with contextlib.ExitStack() as opened:  # closed in reverse: the decompose LLM first
         jury = None

@@ -228,6 +228,16 @@ def import_table(
         is not None
     }
 
+    # the columns named otherwise than their field, as a task's [columns] table: every row keeps
+    # it, so training records it and apply reads new files of this layout (hdeval.data.samples.recorded_columns)
+    mapped: dict[str, Any] = {
+        key: col
+        for key, col in (*text_cols.items(), ("id", id_col), ("doc_id", doc_col), ("system", system_col))
+        if col is not None and col != key
+    }
+    if any(col not in (a, f"scores.{a}") for a, col in score_cols.items()):
+        mapped["scores"] = {a: col for a, col in score_cols.items() if col not in (a, f"scores.{a}")}
+
     errors: list[str] = []
     observed: dict[str, list] = {}  # aspect -> [lowest, highest, scores outside the range, first rows]
     rows: list[dict] = []
@@ -290,6 +300,7 @@ def import_table(
                 "doc_id": doc,
                 "scores": scores,
                 "annotations": None,
+                **({"columns": mapped} if mapped else {}),
             }
         )
     scales = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from hdeval.llm.backends.constraints import Answer
 
@@ -33,8 +33,11 @@ class CompletionRequest:
     json_mode: bool = False
     # a JSON schema for the reply (canonical JSON text, so the request stays hashable)
     json_schema: str | None = None
-    # which prompt this is ("score", ...), for the fake LLM and test servers; not in the cache key
+    # which prompt this is ("score", ...) and what it was built from ({"sample": ..., "criterion":
+    # ...}), as the method declares them: the fake LLM answers from these, never from the wording.
+    # Never sent, not in the cache key
     kind: str = field(default="", compare=False)
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # never sent, only in the cache key: re-asking a request whose cached reply was unusable
     # keeps that reply cached for inspection; 0 leaves keys as they were
     attempt: int = 0

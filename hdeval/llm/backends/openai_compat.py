@@ -46,9 +46,6 @@ PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key bu
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
-# Test servers answer by prompt kind; only they get it, never a real server (tests/conftest.py)
-KIND_HEADER = "X-Hdeval-Kind"
-KIND_HEADER_ENV = "HDEVAL_TEST_KIND_HEADER"
 BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request line
 AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
 
@@ -501,7 +498,6 @@ class OpenAICompatBackend:
         if self._azure and "/deployments" not in parts.path:
             # AsyncAzureOpenAI adds the deployment only to a JSON body it builds; ours is built here
             self._chat_path = f"/deployments/{quote(model, safe='')}/chat/completions"
-        self._send_kind = os.environ.get(KIND_HEADER_ENV) == "1"
         # asked of the server once, when first needed (it joins the identity: a constrained reply
         # is not the unconstrained one); a dry run (``detect`` False) never asks
         self._dialect = None if dialect == "auto" else dialect
@@ -689,7 +685,7 @@ class OpenAICompatBackend:
 
     def request_line(self, key: str, request: CompletionRequest) -> bytes:
         """One OpenAI batch-format input line (``--batch``, request files): the body a normal call
-        sends (its X-Hdeval-Kind header apart), under ``custom_id`` = the cache key."""
+        sends, under ``custom_id`` = the cache key."""
         body = self._params(request, bool(request.top_logprobs) and self.logprobs_supported)
         return (
             json.dumps(
@@ -706,7 +702,6 @@ class OpenAICompatBackend:
         # built once, sent as is by every attempt: chat.completions.create would transform the
         # parameters again on each call, the largest cost of a call (benchmarks/bench_throughput.md)
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        options = {"headers": {KIND_HEADER: request.kind}} if self._send_kind and request.kind else {}
         malformed = [0]
 
         def stop(state: Any) -> bool:
@@ -739,7 +734,7 @@ class OpenAICompatBackend:
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retrying(self._attempt, body, options, logprobs, schema_sent, read)
+            return await retrying(self._attempt, body, logprobs, schema_sent, read)
         except _Transient as last:
             n = retrying.statistics["attempt_number"]
             tries = f"{n} attempt{'s' if n != 1 else ''}"
@@ -761,15 +756,12 @@ class OpenAICompatBackend:
                 )
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
-    async def _attempt(
-        self, body: bytes, options: Any, logprobs: bool, schema_sent: bool, read: Any
-    ) -> Completion:
-        """One attempt: ``body`` posted (``options``: the SDK's request options), the reply read
-        by ``read``."""
+    async def _attempt(self, body: bytes, logprobs: bool, schema_sent: bool, read: Any) -> Completion:
+        """One attempt: ``body`` posted, the reply read by ``read``."""
         if self._sdk is None:
             self._sdk = self.sdk_client(keepalive=self.concurrency, one_each=True)
         try:
-            post = self._sdk.post(self._chat_path, content=body, cast_to=httpx2.Response, options=options)
+            post = self._sdk.post(self._chat_path, content=body, cast_to=httpx2.Response)
             data = (await _within(self.timeout, post)).content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None

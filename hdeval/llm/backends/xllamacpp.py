@@ -77,14 +77,17 @@ class XLlamaCppBackend:
         params.hostnames = ["127.0.0.1"]
         params.port = 0
         params.api_keys = [secrets.token_hex(24)]
+        params.endpoint_metrics = True  # answered by the main loop: the start-up check below
         try:
             self._server: Any = xllamacpp.Server(params)
         except (RuntimeError, ValueError) as exc:
             raise ConfigError(f"cannot load GGUF model {path}: {exc}") from exc
         self._lock = threading.Lock()  # guards close() against calls in flight
-        # One tiny call first: it returns once the server's main loop runs; destroying a server
-        # whose loop has not started hangs for ever (xllamacpp 2026.10).
-        self._call((Message("user", "."),), max_tokens=1, temperature=0.0)
+        # Wait for the server's main loop, which answers the metrics: destroying a server whose
+        # loop has not started hangs for ever (xllamacpp 2026.10). Not a prompt: the first prompt
+        # finds the cache empty, as on a llama.cpp server just started, so both compute the same
+        # numbers from the same requests.
+        self._server.handle_metrics()
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> "XLlamaCppBackend":

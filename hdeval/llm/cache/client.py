@@ -287,10 +287,10 @@ class CachedBackend:
     ) -> list:
         """Complete ``requests``; results in input order.
 
-        Replies in the cache come first (counted on ``progress`` as cached); with ``batch``, the
-        rest go through the Batch API first; what is still missing is asked with at most
-        ``concurrency`` in flight, in order (a local model sees one sample's requests back to
-        back). With ``keep_rejected``, a request the server refused on its own account
+        Replies in the cache, and requests that repeat another (one call answers both), are
+        counted on ``progress`` as cached before any call; with ``batch``, the rest go through
+        the Batch API first; what is still missing is asked with at most ``concurrency`` in
+        flight, in order (a local model sees one sample's requests back to back). With ``keep_rejected``, a request the server refused on its own account
         (:class:`RequestRejected`, and a request that kept failing while others succeed) is
         returned in its place as the exception. Any other error (server down, budget, Ctrl-C)
         starts nothing new, lets the calls running finish (and be cached), and is raised.
@@ -327,8 +327,10 @@ class CachedBackend:
                     else:
                         todo.append(i)
             self.stats.hits += sum(k in found for k in keys)
-            if progress is not None and len(todo) < len(requests) - len(later):
-                progress.advance(len(requests) - len(todo) - len(later), cached=True)
+            # what needs no call is counted before the calls start, repeats included (their
+            # twin's call answers them), so a stage's "left" (and its ETA) is what will be paid
+            if progress is not None and len(todo) < len(requests):
+                progress.advance(len(requests) - len(todo), cached=True)
             errors: list[tuple[int, BaseException]] = []
             pending = iter(todo)
 
@@ -363,8 +365,6 @@ class CachedBackend:
                     got = replace(got, cached=True)
                     self.stats.hits += 1
                 out[i] = got
-                if progress is not None:
-                    progress.advance(1, cached=True)
             return out
         finally:
             # once no batch runs, the keys committed are forgotten: later lookups read the store

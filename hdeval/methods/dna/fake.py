@@ -1,5 +1,7 @@
 """The fake LLM's answers to DnA's prompts (kinds ``dna_*``): deterministic stand-ins for the
-aspects, weights and 1-10 scores, registered with the fake backend when DnA is used."""
+aspects, weights and 1-10 scores, registered with the fake backend when DnA is used. They answer
+from the question, responses, aspects and scores the request declares
+(:mod:`hdeval.methods.dna.prompts`), never from the prompt's wording."""
 
 from __future__ import annotations
 
@@ -11,10 +13,6 @@ from hdeval.llm.backends.base import Completion, CompletionRequest
 from hdeval.llm.backends.fake import responder, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
-_FAKE_SAMPLE = re.compile(r"<sample>\n(.*?)\n</sample>", re.S)
-_FAKE_K = re.compile(r"exactly (\d+) aspects")
-_FAKE_KEYS = re.compile(r"^Aspect keys: (.*)$", re.M)
-_FAKE_ASPECT = re.compile(r"^Aspect: (.+?):", re.M)
 _FAKE_FACETS = [
     "clarity",
     "correctness",
@@ -29,10 +27,9 @@ _FAKE_FACETS = [
 ]
 
 
-def _fake_sample(request: CompletionRequest) -> str:
-    user = next((m.content for m in request.messages if m.role == "user"), "")
-    m = _FAKE_SAMPLE.search(user)
-    return m.group(1) if m else user
+def _text(request: CompletionRequest, name: str) -> str:
+    value = request.data.get(name, "")
+    return value if isinstance(value, str) else ""
 
 
 def fake_quality(text: str, aspect: str) -> float:
@@ -47,7 +44,7 @@ def fake_quality(text: str, aspect: str) -> float:
 
 
 def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int]:
-    first, _, second = _fake_sample(request).partition("\n\nResponse A:\n")[2].partition("\n\nResponse B:\n")
+    first, second = _text(request, "response_a"), _text(request, "response_b")
     bias = 1.0 if stable_unit("dna-bias", aspect) < 0.4 else 0.0  # some aspects favour the first shown
     sa = min(10, max(1, round(fake_quality(first, aspect) + bias)))
     sb = min(10, max(1, round(fake_quality(second, aspect))))
@@ -56,10 +53,9 @@ def _fake_pair_scores(request: CompletionRequest, aspect: str) -> tuple[int, int
 
 @responder("dna_aspects")
 def _fake_aspects(request: CompletionRequest, fake) -> Completion:
-    prompt, n = prompt_of(request)
-    m = _FAKE_K.search(prompt)
-    k = int(m.group(1)) if m else 4
-    q = _fake_sample(request)
+    _, n = prompt_of(request)
+    k = int(request.data.get("k", 4))
+    q = _text(request, "question")
     start = int(stable_unit("dna-aspects", q) * len(_FAKE_FACETS))
     names = [_FAKE_FACETS[(start + i) % len(_FAKE_FACETS)] for i in range(k)]
     text = json.dumps(
@@ -70,13 +66,9 @@ def _fake_aspects(request: CompletionRequest, fake) -> Completion:
 
 @responder("dna_weights")
 def _fake_weights(request: CompletionRequest, fake) -> Completion:
-    prompt, n = prompt_of(request)
-    m = _FAKE_KEYS.search(prompt)
-    try:
-        keys = json.loads(m.group(1)) if m else []
-    except json.JSONDecodeError:
-        keys = []
-    q = _fake_sample(request)
+    _, n = prompt_of(request)
+    keys = list(request.data.get("aspect_keys", ()))
+    q = _text(request, "question")
     text = json.dumps({"weights": {k: 5 + round(40 * stable_unit("dna-weight", q, str(k))) for k in keys}})
     return Completion(text, None, n, max(1, len(text) // 4))
 
@@ -89,8 +81,7 @@ def _fake_two(request: CompletionRequest, sa: int, sb: int) -> Completion:
 
 @responder("dna_score")
 def _fake_score(request: CompletionRequest, fake) -> Completion:
-    m = _FAKE_ASPECT.search(prompt_of(request)[0])
-    return _fake_two(request, *_fake_pair_scores(request, m.group(1) if m else "aspect"))
+    return _fake_two(request, *_fake_pair_scores(request, _text(request, "aspect") or "aspect"))
 
 
 @responder("dna_direct")
@@ -109,12 +100,9 @@ def _fake_cot(request: CompletionRequest, fake) -> Completion:
     return Completion(text, None, n, len(text) // 4)
 
 
-_FAKE_AGG_LINE = re.compile(r"^- .+? \((\d+)%\): Response A ([\d.]+); Response B ([\d.]+)$", re.M)
-
-
 @responder("dna_prompt_agg")
 def _fake_prompt_agg(request: CompletionRequest, fake) -> Completion:
-    rows = [(float(w), float(a), float(b)) for w, a, b in _FAKE_AGG_LINE.findall(prompt_of(request)[0])]
+    rows = [(float(w), float(a), float(b)) for _, w, a, b in request.data.get("aspect_scores", ())]
     total = sum(w for w, _, _ in rows) or 1.0
     sa = sum(w * a for w, a, _ in rows) / total
     sb = sum(w * b for w, _, b in rows) / total

@@ -15,7 +15,7 @@ from hdeval.methods.base import FitContext, fit_message, run_record, score_table
 from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
-from hdeval.methods.dna.scoring import PairScoreResult, progress_units
+from hdeval.methods.dna.scoring import PROBE_PAIRS, PairScoreResult, probe_rows, progress_units
 
 
 def _split_metrics(
@@ -67,6 +67,43 @@ def _margin_words(info: dict[str, Any]) -> str:
     )
 
 
+BIAS_P = 0.05  # the first-position advantage is taken as real below this two-sided p-value
+
+
+def _p_text(p: float) -> str:
+    # a p-value that rounds to 0 is a bound, not a figure
+    return "p < 0.001" if p < 0.001 else f"p={p:.3g}"
+
+
+def _position_probe(ctx: FitContext, ev: DnaEvaluator, pairs: list[PairSample], tr: np.ndarray):
+    """Judge a few training pairs in both orders (the first order's requests are the run's own,
+    so only the swapped ones are new calls): how often the verdict at margin 0 changes with the
+    order, and the mean advantage in total points of the response shown first with its t-test
+    p-value. A noisy judge flips verdicts in either direction; a biased one in one direction,
+    which averaging both orders removes. Returns the probe's record for metrics.json."""
+    from scipy.stats import ttest_1samp
+
+    chosen = probe_rows(tr, ctx.config.seed)
+    both = dataclasses.replace(ev.settings, swap=True)
+    probe = DnaEvaluator(ev.task, ev.templates, both, ctx.llm_config, ctx.llm.identity, {})
+    res = probe.score([pairs[i] for i in chosen], backend=ctx.llm, concurrency=ctx.config.concurrency)
+    res.apply_margin(0.0)
+    got = list(res.consistent.values())
+    # A first, then B first: (A - B) shown in order minus (A - B) swapped is twice the first's edge
+    edge = np.array([((fa - fb) - (ra - rb)) / 2 for fa, fb, ra, rb in res.order_totals.values()], float)
+    edge = edge[np.isfinite(edge)]
+    p = float(ttest_1samp(edge, 0.0).pvalue) if len(edge) > 1 and np.ptp(edge) > 0 else None
+    if p is None and len(edge) > 1:
+        p = 1.0 if not edge.any() else 0.0  # every pair the same edge: none, or certain
+    return {
+        "pairs": len(got),
+        "flip_rate": round(1 - sum(got) / len(got), 6) if got else None,
+        "first_position_advantage": round(float(edge.mean()), 6) if len(edge) else None,
+        "p_value": None if p is None else round(p, 6),
+        "biased": p is not None and p < BIAS_P,
+    }
+
+
 def fit(ctx: FitContext) -> DnaEvaluator:
     from hdeval.learn.aggregate import cv_folds
 
@@ -75,8 +112,38 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     templates = load_dna_templates(settings.prompt_roles)
     fit_message(ctx, "pairs", f"dna mode {settings.mode}, ")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
+    tr, te, _ = split_rows(ctx, [p.id for p in pairs], [])
+    probe: dict[str, Any] | None = None
+    stats = getattr(ctx.llm, "stats", None)
+    reread = 0  # the probe's requests that the scoring below reads back from the cache
+    if not settings.swap and len(tr):
+        n_probe = min(len(tr), PROBE_PAIRS)
+        ctx.progress.message(f"position probe: {n_probe} training pairs judged in both orders")
+        before = None if stats is None else stats.calls + stats.hits
+        probe = _position_probe(ctx, ev, pairs, tr)
+        reread = 0 if before is None else stats.calls + stats.hits - before
+        probe["action"] = "none"
+        if probe["biased"]:
+            seen = (
+                f"position bias: the response shown first gets {probe['first_position_advantage']:+.2f} "
+                f"points on average ({_p_text(probe['p_value'])}) and the verdict changed on "
+                f"{probe['flip_rate']:.0%} of {probe['pairs']} training pairs judged in both orders"
+            )
+            if "swap" in ctx.options.given():  # the user chose one order: say what it costs
+                probe["action"] = "warned"
+                ctx.progress.message(f"warning: {seen}; --swap judges every pair in both orders")
+            else:
+                probe["action"] = "swapped"
+                settings = dataclasses.replace(settings, swap=True)
+                ev.settings = settings
+                ctx.progress.message(f"{seen}: judging every pair in both orders (--no-swap keeps one)")
+        if not settings.swap:  # one order: the probe's swapped requests are not asked again
+            reread -= progress_units(settings, n_probe, len(task.aspects))
     ctx.progress.expect(progress_units(settings, len(pairs), len(task.aspects)))  # the whole run's ETA
+    hits = 0 if stats is None else stats.hits
     res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
+    if stats is not None:  # a reply the probe asked and this scoring read back is one request, not two
+        stats.hits -= min(max(reread, 0), stats.hits - hits)
     rate = res.failure_rate
     if rate > ctx.config.max_failure_rate:
         pid = next(p.id for p, lab in zip(pairs, res.labels) if lab is None)
@@ -84,7 +151,6 @@ def fit(ctx: FitContext) -> DnaEvaluator:
             f"{rate:.0%} of pairs could not be judged (threshold {ctx.config.max_failure_rate:.0%}), "
             f"e.g. pair {pid}: {res.failures[pid][0]}; the replies are cached"
         )
-    tr, te, _ = split_rows(ctx, [p.id for p in pairs], [])
     primary = "llm_weights" if settings.mode == "dna" else settings.mode.replace("-", "_")
 
     # -- the tie margin: the user's, else learned on the training split's verdicts
@@ -170,6 +236,8 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     }
     if settings.uses_aspects:
         ev.metrics["mean_weights"] = _mean_weights(res, settings.dynamic)
+    if probe is not None:
+        ev.metrics["position_probe"] = probe
     if settings.swap:
         ev.metrics.update(_consistency(list(res.consistent.values())))
     else:

@@ -172,6 +172,21 @@ class DnaEvaluator(Fitted):
 
     write_report = write_pair_report
 
+    def banner(self) -> Any:
+        from hdeval.report.pairs import dna_banner, pair_banner
+
+        return pair_banner(self, dna_banner)
+
+    def headline(self) -> dict[str, float | None]:
+        test = self.metrics.get("test") or {}
+        out: dict[str, float | None] = {}
+        for key in (self.metrics.get("primary") or "llm_weights", "learned"):
+            if isinstance(test.get(key), dict):
+                out[f"held-out agreement w/o ties ({key.replace('_', ' ')})"] = test[key].get("wo_ties")
+                out[f"held-out agreement w/ ties ({key.replace('_', ' ')})"] = test[key].get("w_ties")
+        out["position consistency"] = self.metrics.get("position_consistency")
+        return out
+
     def reply_requests(self, items: Sequence[PairSample], columns: Sequence[str]) -> tuple[list, str | None]:
         """The per-aspect prompt (one prompt scores both responses), in the order the pair was
         shown first; predefined aspects only (dynamic ones are not in the artifact)."""

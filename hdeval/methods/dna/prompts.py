@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
 from hdeval.core.types import PairSample, Task
 from hdeval.judge.prompts import Template, load_template, neutralise
@@ -31,12 +31,19 @@ def question_block(task: Task, pair: PairSample) -> str:
     return "\n\n".join(parts)
 
 
-def pair_block(task: Task, pair: PairSample, swapped: bool = False) -> str:
+def shown_pair(task: Task, pair: PairSample, swapped: bool = False) -> dict[str, str]:
+    """The question and the two responses in the order shown (a scoring request's data)."""
     first, second = (pair.output_b, pair.output_a) if swapped else (pair.output_a, pair.output_b)
-    return (
-        f"{question_block(task, pair)}\n\nResponse A:\n{neutralise(first)}"
-        f"\n\nResponse B:\n{neutralise(second)}"
-    )
+    return {
+        "question": question_block(task, pair),
+        "response_a": neutralise(first),
+        "response_b": neutralise(second),
+    }
+
+
+def pair_block(task: Task, pair: PairSample, swapped: bool = False) -> str:
+    shown = shown_pair(task, pair, swapped)
+    return f"{shown['question']}\n\nResponse A:\n{shown['response_a']}\n\nResponse B:\n{shown['response_b']}"
 
 
 def load_dna_templates(roles: Sequence[str]) -> dict[str, Template]:
@@ -49,6 +56,7 @@ def _req(
     max_tokens: int,
     json_schema: str | None = None,
     answer: Scale | None = None,
+    data: dict[str, Any] | None = None,
 ) -> CompletionRequest:
     return CompletionRequest(
         template.render(values),
@@ -58,6 +66,7 @@ def _req(
         json_schema=json_schema,
         answer=answer,
         kind=template.name,
+        data=data or {},
     )
 
 
@@ -80,6 +89,7 @@ def aspects_request(template: Template, task: Task, p: PairSample, k: int) -> Co
         {"task_description": task.description, "question": question_block(task, p), "k": str(k)},
         600,
         json_schema=aspects_schema(k),
+        data={"question": question_block(task, p), "k": k},
     )
 
 
@@ -110,6 +120,7 @@ def weights_request(
         },
         400,
         json_schema=weights_schema([s.key for s in specs]),
+        data={"question": question_block(task, p), "aspect_keys": [s.key for s in specs]},
     )
 
 
@@ -129,6 +140,7 @@ def score_request(
             },
             8,
             answer=TWO_SCORES,
+            data={**shown_pair(task, p, swapped), "aspect": spec.name},
         )
     )
     return dataclasses.replace(req, top_logprobs=TOP_LOGPROBS) if logprobs else req
@@ -140,7 +152,10 @@ def overall_request(
     """A baseline's overall scores of both responses (``cot`` reasons in free text first)."""
     if role == "cot":
         return _req(
-            template, {"task_description": task.description, "pair": pair_block(task, p, swapped)}, 512
+            template,
+            {"task_description": task.description, "pair": pair_block(task, p, swapped)},
+            512,
+            data=shown_pair(task, p, swapped),
         )
     return structured_pair(
         _req(
@@ -148,5 +163,6 @@ def overall_request(
             {"task_description": task.description, "pair": pair_block(task, p, swapped)},
             8,
             answer=TWO_SCORES,
+            data=shown_pair(task, p, swapped),
         )
     )

@@ -27,6 +27,7 @@ from hdeval.methods.dna.prompts import (
     overall_request,
     pair_block,
     score_request,
+    shown_pair,
     weights_request,
 )
 from hdeval.methods.dna.replies import (
@@ -268,10 +269,12 @@ def run_pairs(
 
             def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
-                lines = "".join(
-                    f"- {s.name} ({w[j] * 100:.0f}%): Response A {first[j]:g}; Response B {second[j]:g}\n"
+                # as shown: the weight in whole percent, the scores as written
+                shown = [
+                    (s.name, f"{w[j] * 100:.0f}", f"{first[j]:g}", f"{second[j]:g}")
                     for j, s in enumerate(specs)
-                )
+                ]
+                lines = "".join(f"- {n} ({pct}%): Response A {a}; Response B {b}\n" for n, pct, a, b in shown)
                 return structured_pair(
                     _req(
                         tpl_p,
@@ -282,6 +285,10 @@ def run_pairs(
                         },
                         8,
                         answer=TWO_SCORES,
+                        data={
+                            **shown_pair(task, p, swapped),
+                            "aspect_scores": [[n, float(pct), float(a), float(b)] for n, pct, a, b in shown],
+                        },
                     )
                 )
 
@@ -386,6 +393,14 @@ def _mean_scores(m: ScoreMatrix, sid: str, cols: Sequence[str], swap: bool) -> t
 _PLAN_COMPLETION = {"aspects": 40, "weights": 8, "score": 2, "direct": 2, "cot": 300, "prompt_agg": 2}
 
 
+PROBE_PAIRS = 30  # training pairs judged in both orders when --swap is not on
+
+
+def probe_rows(train_rows: Sequence[int], seed: int) -> list[int]:
+    """The training pairs (row positions) the position probe judges in both orders, seeded."""
+    return sorted(np.random.default_rng(seed).permutation(np.asarray(train_rows, int))[:PROBE_PAIRS].tolist())
+
+
 def plan_dna(config, prep, backend=None) -> list:
     """DnA's calls per stage, without calling the LLM: exact where the requests are known before
     the run; with dynamic aspects the weights and scores depend on the proposed aspects, so k per
@@ -415,6 +430,14 @@ def plan_dna(config, prep, backend=None) -> list:
             )
         )
 
+    # without --swap, a few training pairs are judged in the swapped order too (fit's probe)
+    pos = {p.id: i for i, p in enumerate(pairs)}
+    probed = (
+        []
+        if settings.swap
+        else [pairs[i] for i in probe_rows([pos[s] for s in prep.split.train_ids], config.seed)]
+    )
+    probe_stage = f"position probe ({len(probed)} training pairs, swapped order; a bias found adds --swap)"
     with backend_for(config, backend, offline=True) as llm:
         if not settings.uses_aspects:
             role = settings.mode
@@ -428,6 +451,13 @@ def plan_dna(config, prep, backend=None) -> list:
                     for sw in orders
                 ],
             )
+            if probed:
+                exact(
+                    2,
+                    probe_stage,
+                    role,
+                    [overall_request(templates[role], task, p, True, role) for p in probed],
+                )
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
 
@@ -455,6 +485,8 @@ def plan_dna(config, prep, backend=None) -> list:
             estimated(
                 3, settings.scoring_stage(settings.k), "score", len(pairs) * settings.k * n_orders, s_chars
             )
+            if probed:
+                estimated(4, probe_stage, "score", len(probed) * settings.k, s_chars)
         else:
             exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
             exact(
@@ -463,9 +495,13 @@ def plan_dna(config, prep, backend=None) -> list:
                 "score",
                 [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders],
             )
+            if probed:
+                exact(3, probe_stage, "score", [score_req(p, spec, True) for p in probed for spec in fixed])
         if settings.mode == "prompt-agg":
             chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
                 settings.k if settings.dynamic else len(fixed)
             )
             estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg", len(pairs) * n_orders, chars)
+            if probed:
+                estimated(len(plans) + 1, probe_stage + ": aggregation", "prompt_agg", len(probed), chars)
         return plans

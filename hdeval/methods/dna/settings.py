@@ -98,7 +98,6 @@ class Settings:
             raise ArtifactError(f"{where}: {exc}") from None
 
 
-@dataclass(frozen=True)
 class DnaOptions(MethodOptions):
     dna_mode: str = option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES)
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
@@ -107,16 +106,19 @@ class DnaOptions(MethodOptions):
         None,
         "totals this close are a tie (default: learned on the training split, where humans tie pairs "
         "more often than they side with the judge)",
-        kind=float,
     )
-    swap: bool = option(False, "ask every pairwise prompt in both orders and average")
+    swap: bool = option(
+        False,
+        "ask every pairwise prompt in both orders and average (dna, not given: on when a probe of 30 "
+        "training pairs in both orders finds a position bias; --no-swap: one order, with a warning)",
+    )
     logprob_scores: bool = option(
         True,
         "weight each 1-10 aspect score by its token's top logprobs where the "
         "server returns them (else the reply text)",
     )
 
-    def validate(self) -> None:
+    def check(self) -> None:
         if not 1 <= self.k <= MAX_K:
             raise ConfigError(f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}")
         if self.tie_margin is not None and not (math.isfinite(self.tie_margin) and self.tie_margin >= 0):

@@ -77,6 +77,7 @@ def decomposition_request(
         json_mode=True,
         json_schema=reply_schema(max_children),
         kind="decompose",
+        data={"criterion": criterion.key, "criterion_name": criterion.name, "max_children": max_children},
     )
 
 

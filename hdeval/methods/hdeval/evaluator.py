@@ -37,6 +37,7 @@ from hdeval.methods.base import (
     Fitted,
     ScoreResult,
     check_metrics,
+    pointwise_headline,
     progress_stage,
     score_rows,
     usage_of,
@@ -392,6 +393,22 @@ class Evaluator(TreeEvaluator):
         from hdeval.methods.hdeval.summary import summary_lines
 
         return summary_lines(self, path)
+
+    def report_sections(self) -> tuple[dict[str, Any], list[Any]]:
+        """What this evaluator adds to the report: numbers for report.json (key -> value) and
+        sections of the page (:class:`hdeval.report.sections.Section`): a refitted artifact's swap."""
+        from hdeval.methods.hdeval.jury_report import refit_sections
+
+        return refit_sections(self)
+
+    def banner(self) -> Any:
+        from hdeval.methods.hdeval.report import banner_data
+        from hdeval.report.pointwise import verdict
+
+        return verdict(self, banner_data(self))
+
+    def headline(self) -> dict[str, float | None]:
+        return pointwise_headline(self.metrics, list(self.aggregator.aspects or ()))
 
     def write_report(self, out: Any, progress: Any = None, **options: Any) -> tuple[Any, str, list[str]]:
         from hdeval.methods.hdeval.report import write_report

@@ -2,7 +2,8 @@
 ``decompose`` gets a JSON list of sub-criteria, ``score`` a digit with a probability distribution
 over the digits 1-5 as top logprobs. Scores are a deterministic function of the sample text and
 the criterion, loosely tied to simple text features so that trained aggregators have something
-to learn. Reading the prompt's wording is this method's business, not the fake backend's."""
+to learn. Both answer from the request's declared data (:mod:`hdeval.judge.scoring`,
+:mod:`hdeval.methods.hdeval.decompose`), never from the prompt's wording."""
 
 from __future__ import annotations
 
@@ -14,18 +15,13 @@ from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
 from hdeval.llm.backends.fake import FakeBackend, responder, stable_hash, stable_unit
 from hdeval.methods.comparisons_fake import prompt_of
 
-_MAX_CHILDREN = re.compile(r"at most (\d+) sub-criteria")
-_CRITERION = re.compile(r"^Criterion to decompose: (.+?) \(key: ([^)]+)\)", re.M)
-_SAMPLE = re.compile(r"<sample>(.*?)</sample>", re.S)
-
 
 @responder("decompose")
 def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
-    prompt, n_prompt = prompt_of(request)
-    m = _MAX_CHILDREN.search(prompt)
-    n = int(m.group(1)) if m else 3
-    crit = _CRITERION.search(prompt)
-    name, key = (crit.group(1), crit.group(2)) if crit else ("criterion", "c")
+    _, n_prompt = prompt_of(request)
+    n = int(request.data.get("max_children", 3))
+    name = str(request.data.get("criterion_name", "criterion"))
+    key = str(request.data.get("criterion", "c"))
     facets = ["clarity", "accuracy", "coverage", "style", "detail", "focus", "order", "tone"]
     start = stable_hash(key) % len(facets)
     picked = [facets[(start + i) % len(facets)] for i in range(n)]
@@ -44,10 +40,10 @@ def decompose_reply(request: CompletionRequest, fake: FakeBackend) -> Completion
 @responder("score")
 def score_reply(request: CompletionRequest, fake: FakeBackend) -> Completion:
     prompt, n_prompt = prompt_of(request)
-    sample = _SAMPLE.search(prompt)
-    body = sample.group(1) if sample else prompt
-    criterion = prompt[sample.end() :] if sample else ""
-    if fake.garbage and stable_unit("garbage", prompt) < fake.garbage:
+    # a request that declares no sample (one built by hand) is rated as a whole
+    body = str(request.data.get("sample", prompt))
+    criterion = str(request.data.get("criterion", ""))
+    if fake.garbage and stable_unit("garbage", body, criterion) < fake.garbage:
         return Completion("I am not able to rate this text.", None, n_prompt, 8)
     words = re.findall(r"\w+", body.lower())
     uniq = len(set(words)) / max(1, len(words))

@@ -4,6 +4,7 @@ samples with only those, each with its own settings."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ from hdeval.core.errors import ArtifactError
 from hdeval.core.metrics import metric_table
 from hdeval.core.types import ScoreMatrix
 from hdeval.learn.aggregate import select_cv
-from hdeval.methods.base import CORRELATIONS, progress_stage, usage_of
+from hdeval.methods.base import CORRELATIONS, FIGURE, progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
 from hdeval.methods.jury import (
     Judge,
@@ -24,6 +25,15 @@ from hdeval.methods.jury import (
     open_jury,
     split_column,
 )
+
+# document resamples of the held-out figures' intervals; 1000 keep train's closing step under a
+# second for a jury of three on a few hundred rows
+RESAMPLES = 1000
+LEVEL = 0.95
+
+# a held-out figure with its interval, and the learned jury minus it with the difference's
+_BAND = {"low": FIGURE, "high": FIGURE}
+_ENTRY = {"spearman": FIGURE, **_BAND, "learned_minus": {"difference": FIGURE, **_BAND}}
 
 # a judge is dropped when the others' columns alone do at least this well on grouped CV: less
 # than this much cross-validated Spearman is fold noise on ~100 rows (the layer margin's reasoning)
@@ -62,10 +72,12 @@ def jury_fit(
     groups: Sequence[str],
     aspects: Sequence[str],
     progress: Any,
+    test_docs: Sequence[str] | None = None,
+    seed: int = 0,
 ) -> tuple[list[str], Any, Any, dict[str, Any]]:
     """The kept layer's evaluator with a jury: (its features, aggregator and out-of-fold training
     predictions, after ``--prune-judges``), and the jury's record for metrics.json, figures on
-    the held-out rows ``te``."""
+    the held-out rows ``te`` (``test_docs``: their documents, which the intervals resample)."""
     names = jury.names
     every = list(features)
     Xtr, Ytr = X[tr], Y[tr]
@@ -111,8 +123,10 @@ def jury_fit(
         Xk = X[:, kept_cols]
     else:
         Xk = X
-    final = metric_table(Y[te], agg.predict(Xk[te]), aspects)
+    learned = agg.predict(Xk[te])
+    final = metric_table(Y[te], learned, aspects)
     alone: dict[str, Any] = {}
+    preds: dict[tuple[str, ...], Any] = {("learned",): learned}
     firsts = []
     matrix = ScoreMatrix([str(i) for i in range(len(X))], every, X)  # every judge's columns
     for n in names:
@@ -120,12 +134,16 @@ def jury_fit(
         solo = _on(agg, own).fit(X[tr][:, own], Ytr)
         direct_idx = [matrix.criterion_keys.index(column(n, a)) for a in aspects]
         firsts.append(X[:, direct_idx])
+        preds[("judges", n, "direct")] = X[te][:, direct_idx]
+        preds[("judges", n, "hdeval")] = solo.predict(X[te][:, own])
         alone[n] = {
-            "direct": metric_table(Y[te], X[te][:, direct_idx], aspects),
-            "hdeval": metric_table(Y[te], solo.predict(X[te][:, own]), aspects),
+            "direct": metric_table(Y[te], preds[("judges", n, "direct")], aspects),
+            "hdeval": metric_table(Y[te], preds[("judges", n, "hdeval")], aspects),
         }
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row every judge failed stays NaN
         pooled = np.nanmean(np.stack(firsts), axis=0)
+    preds[("jury_mean",)] = pooled[te]
     errors, effective = error_correlation(matrix, names, Y, aspects, te)
     return (
         features,
@@ -141,6 +159,9 @@ def jury_fit(
                 "jury_mean": metric_table(Y[te], pooled[te], aspects),
                 "learned": final,
             },
+            "intervals": held_out_intervals(
+                Y[te], preds, list(test_docs) if test_docs is not None else [str(i) for i in te], seed
+            ),
             "agreement_alpha": agreement(matrix, names, np.arange(len(X))),
             "error_correlation": errors,
             "effective_judges": effective,
@@ -148,6 +169,52 @@ def jury_fit(
             "cost": jury.usage(),
         },
     )
+
+
+def held_out_intervals(
+    Y: Any, preds: Mapping[tuple[str, ...], Any], docs: Sequence[str], seed: int = 0
+) -> dict[str, Any]:
+    """Each evaluator's held-out average Spearman with a percentile interval, and the learned
+    jury minus it with the interval of the difference, from the same resamples of whole held-out
+    documents (a document's rows move together). ``preds``: path in ``baselines`` -> held-out
+    predictions; the result is nested the same way."""
+    from hdeval.core.metrics import average_spearman
+
+    keys = list(preds)
+    uniq = sorted(set(docs))
+    rows_of = [np.flatnonzero(np.asarray(docs) == d) for d in uniq]
+    rng = np.random.default_rng(seed)
+    draws = np.full((RESAMPLES, len(keys)), np.nan)
+    for b in range(RESAMPLES):
+        idx = np.concatenate([rows_of[j] for j in rng.integers(0, len(uniq), len(uniq))])
+        draws[b] = [average_spearman(Y[idx], np.asarray(preds[k], float)[idx]) for k in keys]
+    ref = keys.index(("learned",))
+    tail = (1 - LEVEL) / 2
+
+    def band(v: Any) -> dict[str, float | None]:
+        v = v[np.isfinite(v)]
+        if not len(v):
+            return {"low": None, "high": None}
+        lo, hi = np.quantile(v, [tail, 1 - tail])
+        return {"low": round(float(lo), 6), "high": round(float(hi), 6)}
+
+    def r(x: float) -> float | None:
+        return round(x, 6) if np.isfinite(x) else None
+
+    out: dict[str, Any] = {"level": LEVEL, "resamples": RESAMPLES, "documents": len(uniq)}
+    for i, k in enumerate(keys):
+        est = average_spearman(Y, np.asarray(preds[k], float))
+        node = out
+        for part in k[:-1]:
+            node = node.setdefault(part, {})
+        entry: dict[str, Any] = {"spearman": r(est), **band(draws[:, i])}
+        if i != ref:
+            entry["learned_minus"] = {
+                "difference": r(average_spearman(Y, np.asarray(preds[keys[ref]], float)) - est),
+                **band(draws[:, ref] - draws[:, i]),
+            }
+        node[k[-1]] = entry
+    return out
 
 
 def _count_in(backend: Any, clients: Any) -> None:
@@ -174,9 +241,18 @@ class JuryEvaluator(Evaluator):
     def feature_criteria(cls, features: Sequence[str]) -> list[str]:
         return list(dict.fromkeys(split_column(f)[1] for f in features))
 
-    def kept_judges(self) -> list[Judge]:
+    def all_judges(self) -> list[Judge]:
         state = self.manifest_extra.get("jury") or {}
-        return [Judge(**j) for j in state.get("judges", []) if j["name"] in state.get("kept", [])]
+        return [Judge(**j) for j in state.get("judges", [])]
+
+    def kept_judges(self) -> list[Judge]:
+        kept = (self.manifest_extra.get("jury") or {}).get("kept", [])
+        return [j for j in self.all_judges() if j.name in kept]
+
+    def report_sections(self) -> tuple[dict[str, Any], list[Any]]:
+        from hdeval.methods.hdeval.jury_report import jury_sections
+
+        return jury_sections(self)
 
     def metrics_shape(self) -> dict[str, Any]:
         return {
@@ -186,7 +262,21 @@ class JuryEvaluator(Evaluator):
                     "judges": {"*": {"*": CORRELATIONS}},
                     "jury_mean": CORRELATIONS,
                     "learned": CORRELATIONS,
-                }
+                },
+                # what the report reads besides (lists it checks where it reads them)
+                "intervals": {
+                    "level": FIGURE,
+                    "resamples": FIGURE,
+                    "documents": FIGURE,
+                    "learned": _ENTRY,
+                    "jury_mean": _ENTRY,
+                    "judges": {"*": {"*": _ENTRY}},
+                },
+                "agreement_alpha": {"*": FIGURE},
+                "error_correlation": {"*": {"*": FIGURE}},
+                "effective_judges": FIGURE,
+                "importance_cv_spearman": {"*": FIGURE},
+                "cost": {"*": {"*": FIGURE}},
             },
         }
 

@@ -25,9 +25,8 @@ from hdeval.judge.scoring import score_criteria, score_requests
 from hdeval.learn.aggregate import (
     CANDIDATES,
     FIXED_KINDS,
-    SIMPLE_KINDS,
     Aggregator,
-    cv_candidates,
+    choose_aggregator,
     default_jobs,
     fit_warnings,
     one_standard_error,
@@ -161,9 +160,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             if jury is not None:  # a criterion is a candidate through each judge's column of it
                 candidates = [column(n, k) for k in candidates for n in jury.names]
             pruning = 2 <= layer < config.options.layers and layer >= depth and bool(candidates)
-            cands = cv_candidates(template, X[tr], Y[tr], doc_groups, compared_kinds(asked))
-            pick = one_standard_error(cands, Y[tr], doc_groups, 0.0, config.seed) if asked == "auto" else None
-            chosen = cands[pick.kept] if pick is not None else next(c for c in cands if c.kind == asked)
+            chosen, cands, pick = choose_aggregator(template, X[tr], Y[tr], doc_groups, asked)
             template, kind, cv_pred = chosen.template, chosen.kind, chosen.predictions
             # selection fits every candidate kind: its warnings about models not kept (an nn
             # that did not converge while lr was chosen) say nothing about this evaluator
@@ -229,6 +226,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             doc_groups,
             aspects,
             progress,
+            test_docs=[samples[i].doc_id for i in te],
+            seed=config.seed,
         )
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
@@ -433,15 +432,6 @@ def choose_layer(
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
     return out
-
-
-def compared_kinds(asked: str) -> tuple[str, ...]:
-    """The aggregators cross-validated on a layer: every candidate for ``auto``; for one asked
-    kind, it and the simpler linear ones (to warn when one of them did better)."""
-    if asked == "auto":
-        return CANDIDATES
-    simpler = CANDIDATES[: CANDIDATES.index(asked)] if asked in CANDIDATES else ()
-    return tuple(k for k in simpler if k in SIMPLE_KINDS + ("lr",)) + (asked,)
 
 
 def aggregator_reason(r: LayerReport) -> str:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from hdeval.core.errors import ConfigError
 from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 
-@dataclass(frozen=True)
 class HDEvalOptions(MethodOptions):
     # the LLM that decomposes criteria, when another than the scoring one
     second_llm: ClassVar[tuple[str, str]] = ("decompose_llm", "decompose_base_url")
@@ -41,7 +39,7 @@ class HDEvalOptions(MethodOptions):
         True, "Also ask each pair in the swapped order and average (HD-Eval: with --scorer pairwise)."
     )
 
-    def validate(self) -> None:
+    def check(self) -> None:
         for name in ("layers", "children", "top_k"):
             value = getattr(self, name)
             if value < 1:

@@ -385,6 +385,18 @@ class PairwiseTreeEvaluator(TreeEvaluator):
 
     write_report = write_pair_report
 
+    def banner(self) -> Any:
+        from hdeval.report.pairs import hdeval_banner, pair_banner
+
+        return pair_banner(self, hdeval_banner)
+
+    def headline(self) -> dict[str, float | None]:
+        final = self.metrics.get("final") or {}
+        return {
+            "held-out agreement w/o ties": final.get("wo_ties"),
+            "held-out agreement w/ ties": final.get("w_ties"),
+        }
+
     def scored_samples(self, items: Sequence[PairSample]) -> list[Sample]:
         return side_samples(items)  # both responses, ids <pair>#a / #b
 

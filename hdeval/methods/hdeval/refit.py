@@ -73,7 +73,8 @@ def refit(
         **dict(sorted(baselines(ev.tree, tree_m, Y, te, aspects).items())),
         "failure_rate": m.failure_rate,
         "usage": usage_of(llm),
-        "refit": change,
+        # the judge it replaced, as the loaded artifact names it (already without credentials)
+        "refit": {**change, "from": ev.llm_identity},
     }
     used = np.flatnonzero(agg.used_features())
     metrics["intervals"] = fitted_intervals(

@@ -75,6 +75,29 @@ class Report:
     efficiency: list[EfficiencyPoint]
 
 
+def banner_data(ev: Any) -> dict[str, Any]:
+    """The fields of the report's numbers that its verdict banner reads (``artifact``'s LLM,
+    split and criteria count, the held-out correlations recomputed from ``scores.csv``), from the
+    score table alone: no SHAP, no refit, no plot."""
+    table = score_table(ev)
+    train, test = split_rows(ev, table, "train"), split_rows(ev, table, "test")
+    final = (
+        metric_table(test.Y, ev.aggregator.predict(test.X), list(ev.aggregator.aspects))
+        if len(test.X)
+        else None
+    )
+    return _clean(
+        {
+            "artifact": {
+                "llm": ev.llm_identity,
+                "needed_criteria": len(ev.needed_criteria),
+                "split": {"train": len(train.X), "test": len(test.X)},
+            },
+            "correlations": {"final_recomputed": final},
+        }
+    )
+
+
 def build_report(
     ev: Any,
     *,
@@ -295,5 +318,8 @@ def write_report(
 
     report = build_report(ev, **options)
     samples, note = disagreements(ev, data, cache_dir)
-    page = render_html(ev, report, samples, note)
+    # the evaluator's own sections (a jury's), their numbers in report.json under their keys
+    numbers, sections = ev.report_sections()
+    report.data.update(_clean(numbers))
+    page = render_html(ev, report, samples, note, sections)
     return write_report_files(out, report.data, page, allow_nan=False)

@@ -13,7 +13,7 @@ from hdeval.core.progress import Progress
 from hdeval.core.types import Sample, Task
 from hdeval.judge.prompts import Template, parse_template
 from hdeval.llm.config import LLMConfig
-from hdeval.methods.base import Fitted, ScoreResult, loaded, usage_of
+from hdeval.methods.base import Fitted, ScoreResult, loaded, pointwise_banner, pointwise_headline, usage_of
 from hdeval.methods.comparisons import (
     COMPARISONS,
     Example,
@@ -72,6 +72,12 @@ class PairEvalEvaluator(Fitted):
 
     def fitted_aggregator(self) -> str | None:
         return self.agg.kind
+
+    def banner(self) -> Any:
+        return pointwise_banner(self)
+
+    def headline(self) -> dict[str, float | None]:
+        return pointwise_headline(self.metrics, list(self.task.aspect_keys))
 
     def method_args(self) -> dict[str, Any]:
         if self.all_vs_all:

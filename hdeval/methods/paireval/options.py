@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggregator, option
 
 SOURCES = ("train", "file", "references")  # where PairEval's comparison examples come from
 
 
-@dataclass(frozen=True)
 class PairEvalOptions(MethodOptions):
     comparisons: int = option(3, "Comparison examples each response is compared with.")
     comparison_data: str = option(
@@ -31,7 +28,7 @@ class PairEvalOptions(MethodOptions):
         "(the paper's exhaustive comparison) instead of comparison examples.",
     )
 
-    def validate(self) -> None:
+    def check(self) -> None:
         from hdeval.methods.comparisons import check_comparisons
 
         check_comparisons(self.comparisons)

@@ -1,5 +1,7 @@
-"""Memory of ``apply`` flat in the input (issue #23 item 3): what used to grow per sample is on
-disk or forgotten once not needed, with the same results."""
+"""What ``apply``'s closing summary keeps: the correlations come from columns on disk, read and
+ranked one at a time, with the same figures as every row in memory; the client forgets the keys it
+committed. Their memory is measured by benchmarks/bench_apply_parts_memory.py and
+benchmarks/bench_apply_memory.py."""
 
 from __future__ import annotations
 
@@ -108,52 +110,16 @@ def test_the_streamed_correlations_are_the_same_figures_with_a_nan_a_constant_an
         assert set(read) <= {"human", "pred"}
 
 
-def test_the_closing_correlations_peak_at_about_50_bytes_a_row_not_80(tmp_path) -> None:
-    """Every row's pair is ranked at the end of apply: the columns are read when a figure needs
-    them and ranked one at a time, not held together and copied by scipy's rankdata (~81 bytes a
-    row at the peak: 16 MB on 200k rows)."""
-    import tracemalloc
-
-    n, aspects = 100_000, ["coherence"]
-    rng = np.random.default_rng(5)
-    human, pred = _columns(rng, n)
-    summary = _Summary(str(tmp_path), "held-out")
-    summary.add([SimpleNamespace(scores={"coherence": h}) for h in human.tolist()],
-                SimpleNamespace(aspects=aspects, predictions=pred[:, None]))
-    del human, pred
-    summary.correlations()  # scipy's first-call set-up is not what is measured
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        table = summary.correlations()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
-    assert table is not None and table["coherence"]["spearman"] is not None
-    assert peak / n < 56, f"{peak / n:.1f} bytes a row"
-
-
-def test_the_duplicate_id_index_holds_at_most_about_half_a_mebibyte_in_memory(tmp_path) -> None:
-    """SQLite's page cache of the on-disk id index is the memory it keeps: full by ~20k ids, so
-    the index stops growing apply's peak there (at 2 MiB it grew it up to ~100k ids)."""
-    import ctypes
-    import ctypes.util
-
-    import pytest
-
+def test_the_duplicate_id_index_names_the_first_line_of_an_id_seen_before(tmp_path) -> None:
+    """The index that replaced a dict of every id (its memory is in
+    benchmarks/bench_apply_parts_memory.py): a new id is new, a repeat names its first line,
+    an id that is not UTF-8 clean (a lone surrogate) is indexed too."""
     from hdeval.data.samples import DiskIds
 
-    name = ctypes.util.find_library("sqlite3")
-    try:
-        lib = ctypes.CDLL(name or "libsqlite3.so.0")
-        used = lib.sqlite3_memory_used
-    except (OSError, AttributeError):
-        pytest.skip("no shared SQLite library to ask its memory use")
-    used.restype = ctypes.c_int64
     with DiskIds(tmp_path) as ids:
-        before = used()
-        for i in range(60_000):
-            assert ids.first_line(f"sample-{i:08x}-{i * 7919 % 60_000}", i + 1) is None
-        grown = used() - before
-        assert ids.first_line("sample-00000005-39595", 99) == 6  # still an index: the first line is known
-    assert grown < 800 * 1024, f"{grown / 1024:.0f} KiB"
+        for i in range(5_000):
+            assert ids.first_line(f"sample-{i:08x}-{i * 7919 % 5_000}", i + 1) is None
+        assert ids.first_line("sample-00000005-4595", 99) == 6
+        assert ids.first_line("odd-\ud800", 7_000) is None
+        assert ids.first_line("odd-\ud800", 7_001) == 7_000
+        assert ids.first_line("odd-\ud801", 7_002) is None

@@ -1,0 +1,43 @@
+"""``hdeval view``: options -> :func:`hdeval.app.view.prepare_view` -> the server."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import webbrowser
+
+import click
+
+from hdeval.cli.boundary import guarded
+
+_stopped = functools.partial(guarded, interrupted="stopped")
+
+
+@click.command("view")
+@click.argument("folder", default=".", type=click.Path(file_okay=False))
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve on. Any other than 127.0.0.1, localhost or ::1 requires the printed token.",
+)
+@click.option("--port", default=8766, show_default=True, type=int, help="Port (0 picks a free one).")
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+@_stopped
+def view(folder, host, port, open_browser) -> None:
+    """Browse the artifacts under FOLDER (default: here) in a local web page: each one's verdict
+    banner and headline figures, its report, and two of them side by side. Offline: it makes no
+    LLM call and writes nothing into the artifacts."""
+    from hdeval.app.view import prepare_view
+
+    app = prepare_view(folder, host=host, port=port)
+    try:
+        n = len(app.catalogue.entries())
+        click.echo(f"{n} artifact{'' if n == 1 else 's'} under {app.catalogue.root}", err=True)
+        click.echo(f"open {app.url}", err=True)
+        click.echo(app.url)
+        if open_browser:
+            threading.Timer(0.5, webbrowser.open, (app.url,)).start()
+        app.serve()
+    finally:
+        app.close()
