@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llm_server import FaultMix, FaultServer, LLMServer
+from llm_server import FaultMix, FaultServer, LLMServer, Reply
 
 from hdeval.cli import cli
 from hdeval.llm.backends.base import CompletionRequest, Message
@@ -138,3 +139,21 @@ def test_a_cached_client_the_caller_passes_in_stays_open_for_the_next_run(toy, t
     finally:
         mine.close()
     mine.close()  # twice: harmless
+
+
+def test_the_connections_kept_open_are_at_most_the_concurrency() -> None:
+    # 8 requests at once, each held 0.3 s by the server: 8 connections; once answered, the
+    # backend keeps as many open for the next requests as its callers keep in flight, no more
+    with LLMServer() as server:
+        server.default = lambda r: Reply.ok("4", delay=0.3)
+        backend = OpenAICompatBackend("test-model", base_url=server.url, api_key=KEY, concurrency=3)
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                texts = list(pool.map(lambda i: backend.complete(req(f"sample {i}")).text, range(8)))
+            assert texts == ["4"] * 8 and server.calls == 8
+            assert server.wait_all_closed(timeout=0.3) == 3
+            assert backend.complete(req("again")).text == "4"  # on a kept connection
+            assert server.wait_all_closed(timeout=0.3) == 3
+        finally:
+            backend.close()
+        assert server.wait_all_closed() == 0

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from hdeval.core.errors import ConfigError
 from hdeval.llm.backends.base import Backend
-from hdeval.llm.config import DIALECT_ENV
+from hdeval.llm.config import DEFAULT_CONCURRENCY, DIALECT_ENV
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
@@ -98,6 +98,7 @@ def _openai(config: Any, offline: bool) -> Backend:
         max_retries=config.max_retries,
         dialect=getattr(config, "dialect", None) or os.environ.get(DIALECT_ENV) or "auto",
         detect=not offline,  # a dry run sends nothing
+        concurrency=getattr(config, "concurrency", None) or DEFAULT_CONCURRENCY,
     )
 
 

@@ -1,7 +1,9 @@
 """A backend for any OpenAI-compatible chat completions API (OpenAI, Azure OpenAI, vLLM, Ollama,
-llama.cpp's server ...), on the official ``openai`` SDK (``AsyncOpenAI``) and ``tenacity``. The
-SDK's retries are off: the policy here also retries malformed bodies and honours ``Retry-After``.
-Replies are read with bounds, redirects never followed, and every message and reply passes
+llama.cpp's server ...), on the official ``openai`` SDK and ``tenacity``. One ``AsyncOpenAI`` a
+backend posts each request's body, built once (the Batch API writes the same body); hdeval reads
+the reply's bytes itself. Every attempt runs inside the tenacity policy, the SDK's own retries off
+(the policy also retries malformed bodies and honours ``Retry-After``). Its HTTP client bounds
+replies, takes one response a request, never follows a redirect; every message and reply passes
 :class:`~hdeval.core.redaction.Redactor`.
 """
 
@@ -35,7 +37,7 @@ from hdeval.llm import aio
 from hdeval.llm.backends.base import Completion, CompletionRequest, chat_completion, token_count
 from hdeval.llm.backends.constraints import Labels, Scale, constraint_of, to_gbnf, to_openai_params
 from hdeval.llm.backends.llama_server import choose_completion, choose_params
-from hdeval.llm.config import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
+from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,12 @@ class _Unsupported(Exception):
 class ReplyTooLarge(httpx2.TransportError):
     """A reply body past the cap, raised while it is read; an httpx error, so the SDK hands it
     on as the cause of its connection error."""
+
+
+class StrayReply(httpx2.TransportError):
+    """A connection that held more than the reply just read: a response nobody asked for, which
+    HTTP/1.1 would hand to the next request on that connection as its reply. The connection is
+    closed; an httpx error, so the SDK hands it on as the cause of its connection error."""
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -285,6 +293,82 @@ def bound_reply(response: httpx2.Response, max_reply_bytes: int) -> None:
     response.stream = _BoundedStream(response.stream, cap, ok, encoding.replace("x-", ""))
 
 
+def _refuse_stray(stream: Any) -> None:
+    """Raise :class:`StrayReply` when the connection a reply body (``stream``, an httpx
+    transport's, read to its end) came on holds bytes past it (blank lines apart, which the HTTP/1.1
+    parser skips), after marking the connection failed so that closing the reply closes it. Bytes
+    arriving later, on an idle connection, make httpcore drop it before reuse. Connections of
+    other kinds (HTTP/2, through a proxy) are not checked."""
+    # the transport's stream -> httpcore's pool stream -> the connection -> its HTTP/1.1 part
+    pooled = getattr(getattr(stream, "_httpcore_stream", None), "_pool_request", None)
+    http11 = getattr(getattr(pooled, "connection", None), "_connection", None)
+    state = getattr(http11, "_h11_state", None)
+    if state is not None and state.trailing_data[0].strip():
+        state.send_failed()  # h11: this connection takes no further request
+        raise StrayReply("a response nobody asked for followed the reply on its connection")
+
+
+class _Lent(httpx2.AsyncByteStream):
+    """A reply body from one of :class:`_OneConnectionEach`'s transports, handed back to it when
+    the body is closed; read to its end, checked for a response nobody asked for."""
+
+    def __init__(self, inner: Any, give_back: Any) -> None:
+        self._inner = inner
+        self._give_back = give_back
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+        _refuse_stray(self._inner)
+
+    async def aclose(self) -> None:
+        give_back, self._give_back = self._give_back, None
+        try:
+            await self._inner.aclose()
+        finally:
+            if give_back is not None:
+                await give_back()
+
+
+class _OneConnectionEach(httpx2.AsyncBaseTransport):
+    """An HTTP transport that lends each request in flight a transport of its own, holding one
+    keep-alive connection: httpcore's pool looks at every connection it holds twice a request, so
+    each pool holds one. At most ``keep`` idle ones are kept (the run's concurrency)."""
+
+    def __init__(self, make: Any, keep: int) -> None:
+        self._make = make
+        self._keep = keep
+        self._idle: list[Any] = []
+        self._all: set[Any] = set()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._idle:
+            transport = self._idle.pop()
+        else:
+            transport = self._make()
+            self._all.add(transport)
+
+        async def give_back() -> None:
+            if len(self._idle) < self._keep:
+                self._idle.append(transport)
+            else:
+                self._all.discard(transport)
+                await transport.aclose()
+
+        try:
+            response = await transport.handle_async_request(request)
+        except BaseException:
+            await give_back()
+            raise
+        response.stream = _Lent(response.stream, give_back)
+        return response
+
+    async def aclose(self) -> None:
+        transports, self._all, self._idle = self._all, set(), []
+        for transport in transports:
+            await transport.aclose()
+
+
 def http_client(
     timeout: float | None,
     proxy: str | None,
@@ -292,13 +376,23 @@ def http_client(
     keepalive: int,
     verify: Any = True,
     sync: bool = False,
+    one_each: bool = False,
 ) -> Any:
     """The SDK's HTTP client (``sync``: a synchronous one): bounded replies, no redirects
-    followed, the proxy chosen here. ``verify``: an ``ssl.SSLContext`` shared by every client."""
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
+    followed, the proxy chosen here. ``keepalive`` connections stay open between requests; more in
+    flight open more rather than wait for one (a wait would count against the request's deadline).
+    ``one_each`` (async): a transport of one connection a request in flight, each reply checked
+    for a response nobody asked for. ``verify``: an ``ssl.SSLContext`` shared by every client."""
     client, transport = (
         (httpx2.Client, httpx2.HTTPTransport) if sync else (httpx2.AsyncClient, httpx2.AsyncHTTPTransport)
     )
+    made: Any  # a transport: the sync or the async kind
+    if one_each and not sync:
+        one = httpx2.Limits(max_connections=None, max_keepalive_connections=1)
+        made = _OneConnectionEach(lambda: transport(verify=verify, proxy=proxy, limits=one), keepalive)
+    else:
+        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive)
+        made = transport(verify=verify, proxy=proxy, limits=limits)
 
     def hook(response: httpx2.Response) -> None:
         bound_reply(response, max_reply_bytes)
@@ -307,7 +401,7 @@ def http_client(
         bound_reply(response, max_reply_bytes)
 
     return client(
-        transport=transport(verify=verify, proxy=proxy, limits=limits),
+        transport=made,
         trust_env=False,
         follow_redirects=False,
         timeout=httpx2.Timeout(timeout),
@@ -326,6 +420,7 @@ class OpenAICompatBackend:
     :meth:`acomplete` runs on :mod:`hdeval.llm.aio`'s loop; :meth:`complete` is its synchronous door.
     ``dialect`` (one of :data:`~hdeval.llm.config.DIALECTS`) is how the answer constraint is sent;
     "auto" asks the server's ``/models`` once, when first needed, unless ``detect`` is False.
+    ``concurrency``: the requests its callers keep in flight, the connections it keeps open.
     """
 
     def __init__(
@@ -342,6 +437,7 @@ class OpenAICompatBackend:
         max_reply_bytes: int = MAX_REPLY_BYTES,
         dialect: str = "openai",
         detect: bool = True,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
         if dialect not in DIALECTS:
             raise ConfigError(
@@ -369,6 +465,7 @@ class OpenAICompatBackend:
         self.backoff_cap = backoff_cap
         self.max_malformed_retries = max_malformed_retries
         self.max_reply_bytes = max_reply_bytes
+        self.concurrency = concurrency
         self._key = api_key
         self._url = url  # credentials and query included: for the Batch API's client, never shown
         self._redact = Redactor(api_key, url)
@@ -413,8 +510,7 @@ class OpenAICompatBackend:
         self._model_warned = False
         # False (never back) once the server rejects logprobs, or response_format json_schema
         self.logprobs_supported = self.schema_supported = True
-        self._sdks: list[Any] = []  # every SDK client made (on the loop, when needed)
-        self._idle: list[Any] = []  # those not serving a request now
+        self._sdk: Any = None  # the SDK client of every request, made on the loop when first needed
         self._tls: Any = None
 
     def __repr__(self) -> str:
@@ -489,14 +585,22 @@ class OpenAICompatBackend:
             stacklevel=2,
         )
 
-    def sdk_client(self, max_reply_bytes: int | None = None, socket_timeout: float | None = None) -> Any:
+    def sdk_client(
+        self,
+        max_reply_bytes: int | None = None,
+        socket_timeout: float | None = None,
+        keepalive: int = 1,
+        one_each: bool = False,
+    ) -> Any:
         """A new SDK client for this server (``AsyncOpenAI``, or ``AsyncAzureOpenAI`` for an Azure
-        host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off.
+        host), replies bounded by ``max_reply_bytes`` (default: this backend's), SDK retries off,
+        ``keepalive`` idle connections kept (``one_each``: see :func:`http_client`).
         ``socket_timeout`` also bounds each connect, read and write (the Batch API's downloads);
         without it no per-operation timer is armed: the caller's deadline covers the request."""
         if self._tls is None:
-            self._tls = httpx2.create_ssl_context()  # loading the CA store costs 0.1 s: once
-        http = http_client(socket_timeout, self._proxy, max_reply_bytes or self.max_reply_bytes, 1, self._tls)
+            self._tls = httpx2.create_ssl_context()  # the CA store, read once for all its clients
+        cap = max_reply_bytes or self.max_reply_bytes
+        http = http_client(socket_timeout, self._proxy, cap, keepalive, self._tls, one_each=one_each)
         common: dict[str, Any] = dict(
             api_key=self._key,
             max_retries=0,
@@ -531,13 +635,13 @@ class OpenAICompatBackend:
                 setattr(self, exc.flag, False)
 
     def close(self) -> None:
-        """Close the SDK clients' connections."""
-        if self._sdks:
+        """Close the SDK client's connections."""
+        if self._sdk is not None:
             aio.run(self.aclose())
 
     async def aclose(self) -> None:
-        sdks, self._sdks, self._idle = self._sdks, [], []
-        for sdk in sdks:
+        sdk, self._sdk = self._sdk, None
+        if sdk is not None:
             await sdk.close()
 
     def _params(self, request: CompletionRequest, logprobs: bool) -> dict[str, Any]:
@@ -595,7 +699,8 @@ class OpenAICompatBackend:
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
-        # built once, sent as is by every attempt
+        # built once, sent as is by every attempt: chat.completions.create would transform the
+        # parameters again on each call, the largest cost of a call (benchmarks/bench_throughput.md)
         body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         malformed = [0]
 
@@ -627,21 +732,9 @@ class OpenAICompatBackend:
             except BackendError as exc:
                 raise ValueError(str(exc)) from None
 
-        try:
-            # the first attempt outside tenacity (setting it up costs more than a call's own
-            # work); a failure is handed to it as its first attempt, so the policy is unchanged
-            return await self._attempt(body, logprobs, schema_sent, read)
-        except _Transient as exc:
-            first: list[_Transient] = [exc]
-
-        async def attempt() -> Completion:
-            if first:
-                raise first.pop()
-            return await self._attempt(body, logprobs, schema_sent, read)
-
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retrying(attempt)
+            return await retrying(self._attempt, body, logprobs, schema_sent, read)
         except _Transient as last:
             n = retrying.statistics["attempt_number"]
             tries = f"{n} attempt{'s' if n != 1 else ''}"
@@ -664,21 +757,12 @@ class OpenAICompatBackend:
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
     async def _attempt(self, body: bytes, logprobs: bool, schema_sent: bool, read: Any) -> Completion:
-        # an SDK client for this request alone: each holds one connection, so httpcore's pool,
-        # which checks every connection it holds on each request and reply, has one to check
-        if self._idle:
-            sdk = self._idle.pop()
-        else:
-            sdk = self.sdk_client()
-            self._sdks.append(sdk)
+        """One attempt: ``body`` posted, the reply read by ``read``."""
+        if self._sdk is None:
+            self._sdk = self.sdk_client(keepalive=self.concurrency, one_each=True)
         try:
-            post = sdk.post(
-                self._chat_path,
-                content=body,
-                cast_to=httpx2.Response,
-            )
-            response = await _within(self.timeout, post)
-            data = response.content
+            post = self._sdk.post(self._chat_path, content=body, cast_to=httpx2.Response)
+            data = (await _within(self.timeout, post)).content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
@@ -693,21 +777,13 @@ class OpenAICompatBackend:
                     f"the reply from {self.shown_url} is larger than {kb} KB, not a chat "
                     "completion; not read further"
                 ) from None
+            if isinstance(cause, StrayReply):
+                raise _Transient(
+                    "the server sent a response nobody asked for on the connection; closed it, asking again"
+                ) from None
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
-        finally:
-            # one request, one response: a connection holding more is closed with whatever it holds
-            stray = _holds_stray_reply(getattr(sdk, "_client", None))
-            if stray:
-                self._sdks.remove(sdk)
-                await sdk.close()
-            else:
-                self._idle.append(sdk)
-        if stray:
-            raise _Transient(
-                "the server sent a response nobody asked for on the connection; closed it, asking again"
-            )
         return self._parse(data, read)
 
     def _status_error(
@@ -786,19 +862,6 @@ def read_completion(data: Any, logprobs: bool, redact: Redactor) -> Completion:
     completion = chat_completion(data, logprobs)
     text = redact(completion.text)
     return completion if text == completion.text else dataclasses.replace(completion, text=text)
-
-
-def _holds_stray_reply(http: Any) -> bool:
-    """Whether an HTTP client's connection holds bytes past the reply just read, which the
-    HTTP/1.1 parser would hand to the next request as its reply (blank lines apart, which it
-    skips). Bytes arriving later, on an idle connection, make httpcore drop it before reuse.
-    Unknown connection kinds (HTTP/2, a SOCKS proxy): False."""
-    pool = getattr(getattr(http, "_transport", None), "_pool", None)
-    for conn in getattr(pool, "connections", ()):
-        state = getattr(getattr(conn, "_connection", None), "_h11_state", None)
-        if state is not None and state.trailing_data[0].strip():
-            return True
-    return False
 
 
 async def _within(seconds: float, aw: Awaitable[Any]) -> Any:
