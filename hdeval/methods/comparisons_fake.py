@@ -48,9 +48,10 @@ def label_responder(kind: str, labels: tuple[str, str], shown: tuple[str, ...]):
     def register(probability):
         @responder(kind)
         def answer(request: CompletionRequest, fake: FakeBackend) -> Completion:
-            texts = [request.data.get(k) for k in shown]
+            found = [request.data.get(k) for k in shown]
             question = request.data.get("question")
-            if not all(isinstance(t, str) for t in texts) or not isinstance(question, str):
+            texts = [t for t in found if isinstance(t, str)]
+            if len(texts) != len(found) or not isinstance(question, str):
                 return Completion("?", None, 1, 1)
             n_prompt = prompt_of(request)[1]
             if fake.garbage and stable_unit("garbage", *texts, question) < fake.garbage:
