@@ -10,7 +10,7 @@ from conftest import run_cli, write_jsonl
 from test_label_app_browser import Server, browsers, keys, servers, shown, start_as, wait  # noqa: F401
 from test_label_app_pairwise import PAIR_TOY, pair_rows
 
-from hdeval.data.samples import read_task_samples
+from hdeval.data.samples import read_task_samples, split_samples
 from hdeval.data.tasks import load_task
 
 pytestmark = pytest.mark.slow
@@ -57,5 +57,9 @@ def test_label_pairs_by_keyboard_export_and_train(tmp_path, servers, browsers): 
     assert r.exit_code == 0, r.output
     assert "LLM calls made: 0" in r.stderr  # the app scored each response as train does: the same cache entries
     metrics = json.loads((art / "metrics.json").read_text(encoding="utf-8"))
-    assert metrics["shape"] == "pairwise" and metrics["split"] == {"train": 8, "test": 4}  # the 12 pairs labelled
-    assert metrics["final"]["n"] == 4 and metrics["final"]["failed"] == 0
+    # the 12 pairs labelled, split by document as train splits them (which documents the app
+    # picked follows the fake LLM's scores)
+    split = split_samples(pairs, 0.3, 0.7, 0)
+    assert metrics["shape"] == "pairwise" and len(pairs) == 12
+    assert metrics["split"] == {"train": len(split.train_ids), "test": len(split.test_ids)}
+    assert metrics["final"]["n"] == len(split.test_ids) and metrics["final"]["failed"] == 0
