@@ -76,7 +76,7 @@ def test_a_huge_reply_is_not_read_to_its_end() -> None:
     with _Server(huge) as srv:
         got = _answer(srv.url)
     assert got["custom_id"] == "k" * 64 and got["response"] is None
-    assert "larger than a result line" in got["error"]["message"]
+    assert f"larger than {MAX_LINE_BYTES // 1024} KB" in got["error"]["message"]
     assert srv.sent < total / 2, f"the answerer read {srv.sent} bytes of a {total}-byte reply"
 
 
@@ -112,3 +112,25 @@ def test_a_normal_reply_is_written_as_a_batch_result_line() -> None:
     with _Server(ok) as srv:
         got = _answer(srv.url)
     assert got == {"custom_id": "k" * 64, "response": {"status_code": 200, "body": reply}, "error": None}
+
+
+def test_a_malformed_reply_is_asked_again_under_the_clients_retry_policy() -> None:
+    """The answerer retries as hdeval's client does: a reply that is not a chat completion is
+    asked for again (the SDK's own retries would have written it as a failed line)."""
+    good = {"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "3"}, "finish_reason": "stop"}]}
+
+    def flaky(h, srv):
+        data = b"not json" if srv.requests == 1 else json.dumps(good).encode()
+        h.send_response(200)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    with _Server(flaky) as srv:
+        answerer = RequestAnswerer(srv.url, timeout=20, max_retries=1, concurrency=1)
+        (out,) = answerer({"text": np.array([_line()], dtype=object)})["result"]
+    got = json.loads(out)
+    assert srv.requests == 2
+    assert got["error"] is None and got["response"] == {"status_code": 200, "body": good}

@@ -305,9 +305,11 @@ def apply_on_ray(
 class RequestAnswerer:
     """Answer batches of an exported request file's lines (``ray.data.read_text``'s ``text``
     column), for ``Dataset.map_batches``: each body goes to the OpenAI-compatible ``base_url``
-    through the ``openai`` SDK, ``concurrency`` in flight per worker, with the workers'
-    ``OPENAI_API_KEY``. Output batches have ``result``, one line of the OpenAI batch output
-    format per request: what ``hdeval cache import`` reads (and checks again)."""
+    through hdeval's own client (:meth:`~hdeval.llm.backends.openai_compat.OpenAICompatBackend.asend_body`:
+    its retry policy, replies bounded at a result line's size, no redirect followed, no secret
+    written), ``concurrency`` in flight per worker, with the workers' ``OPENAI_API_KEY``. Output
+    batches have ``result``, one line of the OpenAI batch output format per request: what
+    ``hdeval cache import`` reads (and checks again)."""
 
     def __init__(
         self,
@@ -317,82 +319,67 @@ class RequestAnswerer:
         max_retries: int = DEFAULT_MAX_RETRIES,
         concurrency: int = DEFAULT_CONCURRENCY,
     ):
-        import openai
-
-        from hdeval.core.redaction import Redactor
-        from hdeval.llm.backends.openai_compat import OpenAICompatBackend, http_client, proxy_for
+        from hdeval.llm.backends.openai_compat import OpenAICompatBackend
         from hdeval.llm.request_files import MAX_LINE_BYTES
 
-        key = os.environ.get("OPENAI_API_KEY") or "unused"
-        # the URL read as the backend reads it: checked, its query sent as a query, its
-        # user:password as Basic auth, the proxy the environment names for it
-        server = OpenAICompatBackend("answerer", base_url=base_url, api_key=key)
-        # the backends' HTTP client: a reply past a result line's size is dropped while read (the
-        # SDK's default reads it whole), and a redirect is not followed (the request stays at base_url)
-        http = http_client(timeout, proxy_for(base_url), MAX_LINE_BYTES, concurrency, sync=True)
-        self.client = openai.OpenAI(
-            base_url=server._sdk_url,
-            api_key=key,
+        # the model name is the request bodies' own; this one is never sent
+        self.server = OpenAICompatBackend(
+            "answerer",
+            base_url=base_url,
+            api_key=os.environ.get("OPENAI_API_KEY") or None,
             timeout=timeout,
             max_retries=max_retries,
-            http_client=http,
-            default_query=server._query or None,
-            default_headers=server._headers,
+            max_reply_bytes=MAX_LINE_BYTES,
+            concurrency=concurrency,
+            detect=False,
         )
-        # what it writes holds no secret in any form (a server echoing the key, the proxy's password)
-        self.redact = Redactor.from_env(base_url)
         self.concurrency = concurrency
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from concurrent.futures import ThreadPoolExecutor
-
         import numpy as np
+
+        from hdeval.llm import aio
 
         if "text" not in batch:
             raise DataError(
                 f"hdeval's request answerer reads a 'text' column of request lines; the batch has "
                 f"{', '.join(sorted(batch)) or 'no columns'}"
             )
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            out = list(pool.map(self._one, (str(t) for t in batch["text"])))
+        out = aio.run(self._all([str(t) for t in batch["text"]]))
         return {"result": np.array(out, dtype=object)}
 
-    def _one(self, text: str) -> str:
+    async def _all(self, texts: list[str]) -> list[str]:
+        import asyncio
+
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one(text: str) -> str:
+            async with slots:
+                return await self._one(text)
+
+        return list(await asyncio.gather(*(one(t) for t in texts)))
+
+    async def _one(self, text: str) -> str:
         """One request answered: a result line, with an error in place of a reply that is not a
-        chat completion (read by the client's own reader: bounded, any nesting), so one bad reply
-        never costs the batch's others."""
-        import httpx2
-        import openai
-
-        from hdeval.llm.backends.openai_compat import ReplyTooLarge, read_completion, read_reply
-        from hdeval.llm.request_files import MAX_LINE_BYTES
-
+        chat completion, so one bad reply never costs the batch's others."""
         row = json.loads(text)  # a file the driver checked (read_request_file)
-        key, body = row["custom_id"], row["body"]
-        response: dict[str, Any] | None = None
-        error: dict[str, Any] | None = None
-        try:  # the client bounds a reply at a result line's size (ReplyTooLarge, below)
-            reply = self.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
-            data = read_reply(reply.content)
-            read_completion(data, bool(body.get("logprobs")), self.redact)  # a chat completion, or ValueError
-            response = {"status_code": reply.status_code, "body": self.redact.json(data)}
-        except openai.APIStatusError as exc:
-            response = {"status_code": exc.status_code, "body": None}
-            error = {"message": " ".join(str(exc).split())[:300]}
-        except ValueError as exc:  # not JSON, nested too deep, not a chat completion
-            error = {"message": f"the reply is not a chat completion ({exc})"}
-        except openai.APIError as exc:  # unreachable, timed out
-            if isinstance(exc.__cause__, ReplyTooLarge):  # the SDK says only "Connection error."
-                error = {"message": f"a reply larger than a result line may be ({MAX_LINE_BYTES} bytes)"}
-            else:
-                error = {"message": " ".join(str(exc).split())[:300] or type(exc).__name__}
-        if error is not None:
-            error = {"message": self.redact(error["message"])}
+        status, reply = await self.server.asend_body(row["body"])
+        if isinstance(reply, dict):
+            response: dict[str, Any] | None = {"status_code": status, "body": reply}
+            error = None
+        else:
+            response = None if status is None else {"status_code": status, "body": None}
+            error = {"message": reply}
         return json.dumps(
-            {"custom_id": key, "response": response, "error": error},
+            {"custom_id": row["custom_id"], "response": response, "error": error},
             ensure_ascii=False,
             separators=(",", ":"),
         )
+
+    def __del__(self) -> None:
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.close()
 
 
 def answer_requests_on_ray(

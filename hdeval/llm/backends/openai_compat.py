@@ -88,6 +88,7 @@ class _Transient(Exception):
         self.retry_after = retry_after
         self.malformed = malformed
         self.unreachable = unreachable
+        self.attempts = 1  # set when retries ran out
 
 
 class _Unsupported(Exception):
@@ -699,24 +700,6 @@ class OpenAICompatBackend:
     async def _with_retries(self, request: CompletionRequest, logprobs: bool) -> Completion:
         params = self._params(request, logprobs)
         schema_sent = params.get("response_format", {}).get("type") == "json_schema"
-        # built once, sent as is by every attempt: chat.completions.create would transform the
-        # parameters again on each call, the largest cost of a call (benchmarks/bench_throughput.md)
-        body = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        malformed = [0]
-
-        def stop(state: Any) -> bool:
-            malformed[0] += bool(getattr(state.outcome.exception(), "malformed", False))
-            return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
-
-        def before_sleep(state: Any) -> None:
-            log.info(
-                "retrying %s in %.1fs (attempt %d): %s",
-                self.shown_url,
-                state.next_action.sleep,
-                state.attempt_number,
-                self._redact(str(state.outcome.exception())),
-            )
-
         one_word = self._one_word(request)
 
         def read(data: Any) -> Completion:
@@ -732,12 +715,10 @@ class OpenAICompatBackend:
             except BackendError as exc:
                 raise ValueError(str(exc)) from None
 
-        retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:
-            return await retrying(self._attempt, body, logprobs, schema_sent, read)
+            return await self._send(_body_bytes(params), logprobs, schema_sent, read)
         except _Transient as last:
-            n = retrying.statistics["attempt_number"]
-            tries = f"{n} attempt{'s' if n != 1 else ''}"
+            tries = _tries(last)
             if last.unreachable and self._proxy is not None:
                 msg = (
                     f"cannot reach the proxy {_shown(self._proxy)} that the environment (HTTP_PROXY/"
@@ -756,16 +737,79 @@ class OpenAICompatBackend:
                 )
             raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
 
-    async def _attempt(self, body: bytes, logprobs: bool, schema_sent: bool, read: Any) -> Completion:
-        """One attempt: ``body`` posted, the reply read by ``read``."""
+    async def _send(
+        self, body: bytes, logprobs: bool, schema_sent: bool, read: Any, seen: dict | None = None
+    ) -> Any:
+        """``body`` posted under the retry policy, the reply read by ``read``; the last
+        :class:`_Transient` raised when retries run out (its ``attempts`` set)."""
+        malformed = [0]
+
+        def stop(state: Any) -> bool:
+            malformed[0] += bool(getattr(state.outcome.exception(), "malformed", False))
+            return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
+
+        def before_sleep(state: Any) -> None:
+            log.info(
+                "retrying %s in %.1fs (attempt %d): %s",
+                self.shown_url,
+                state.next_action.sleep,
+                state.attempt_number,
+                self._redact(str(state.outcome.exception())),
+            )
+
+        retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
+        try:
+            return await retrying(self._attempt, body, logprobs, schema_sent, read, seen)
+        except _Transient as last:
+            last.attempts = retrying.statistics["attempt_number"]
+            raise
+
+    def send_body(self, body: Mapping[str, Any]) -> tuple[int | None, dict[str, Any] | str]:
+        """:meth:`asend_body`, waited for."""
+        return aio.run(self.asend_body(body))
+
+    async def asend_body(self, body: Mapping[str, Any]) -> tuple[int | None, dict[str, Any] | str]:
+        """Send one chat completions request body as it is (an exported request line's) through
+        this backend's client and retry policy, replies bounded by ``max_reply_bytes``. Returns
+        (HTTP status, the reply: a chat completion, with no secret of this backend's in it), or,
+        when it fails, (the HTTP status of an error reply or None, a one-line reason with no
+        secret): one request's failure, never raised."""
+        logprobs = bool(body.get("logprobs"))
+
+        def read(data: Any) -> dict[str, Any]:
+            read_completion(data, logprobs, self._redact)  # ValueError when not a chat completion
+            return data  # type: ignore[no-any-return]
+
+        seen: dict[str, Any] = {}
+        try:
+            data = await self._send(_body_bytes(dict(body)), False, False, read, seen)
+        except _Transient as last:
+            return seen.get("status"), self._redact(f"{last} (after {_tries(last)})")
+        except BackendError as exc:  # a redirect, a rejection, a reply too large
+            msg, detail = str(exc), seen.get("detail")
+            if isinstance(detail, str) and detail not in msg:  # the result line keeps the server's word
+                msg = f"{msg} (the server said: {detail})"
+            return seen.get("status"), self._redact(msg)
+        return seen.get("status"), self._redact.json(data)
+
+    async def _attempt(
+        self, body: bytes, logprobs: bool, schema_sent: bool, read: Any, seen: dict | None = None
+    ) -> Any:
+        """One attempt: ``body`` posted, the reply read by ``read``; ``seen["status"]``: the
+        HTTP status of an error reply or of a reply read, None for no reply (or none read)."""
         if self._sdk is None:
             self._sdk = self.sdk_client(keepalive=self.concurrency, one_each=True)
+        if seen is not None:
+            seen["status"] = seen["detail"] = None
         try:
             post = self._sdk.post(self._chat_path, content=body, cast_to=httpx2.Response)
-            data = (await _within(self.timeout, post)).content
+            reply = await _within(self.timeout, post)
+            data = reply.content
         except (asyncio.TimeoutError, openai.APITimeoutError):
             raise _Transient(f"no complete reply within the {self.timeout:g}s timeout") from None
         except openai.APIStatusError as exc:
+            if seen is not None:
+                seen["status"], seen["detail"] = exc.status_code, _error_detail(exc.status_code, exc.body)[1]
             raise self._status_error(
                 exc.status_code, exc.response.headers, exc.body, logprobs, schema_sent
             ) from None
@@ -784,7 +828,10 @@ class OpenAICompatBackend:
             unreachable = isinstance(cause, (httpx2.ConnectError, httpx2.ProxyError))
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "connection error"
             raise _Transient(f"connection error ({one_line(what)})", unreachable=unreachable) from None
-        return self._parse(data, read)
+        completion = self._parse(data, read, check_model=seen is None)
+        if seen is not None:
+            seen["status"] = reply.status_code
+        return completion
 
     def _status_error(
         self, status: int, headers: Mapping[str, str], body: Any, logprobs: bool, schema_sent: bool = False
@@ -830,17 +877,29 @@ class OpenAICompatBackend:
             msg = f"the server at {self.shown_url} rejected the request (HTTP {status}): {detail}"
         return BackendError(self._redact(msg))
 
-    def _parse(self, body: bytes, read: Any) -> Completion:
+    def _parse(self, body: bytes, read: Any, check_model: bool = True) -> Any:
         """``body`` read by ``read`` (data -> Completion), or as a chat completion with logprobs
-        when ``read`` is True (request files)."""
+        when ``read`` is True (request files); ``check_model``: say when another model answered."""
         try:
             data = read_reply(body)
             completion = read(data) if callable(read) else read_completion(data, bool(read), self._redact)
-            self._check_model(data)
+            if check_model:
+                self._check_model(data)
             return completion
         except ValueError:
             snippet = one_line(self._redact(body[:80].decode("utf-8", "replace"))) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
+
+
+def _body_bytes(params: dict[str, Any]) -> bytes:
+    # built once, sent as is by every attempt: chat.completions.create would transform the
+    # parameters again on each call, the largest cost of a call (benchmarks/bench_throughput.md)
+    return json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _tries(last: Exception) -> str:
+    n = getattr(last, "attempts", 1)
+    return f"{n} attempt{'s' if n != 1 else ''}"
 
 
 def read_reply(body: bytes) -> dict[str, Any]:
