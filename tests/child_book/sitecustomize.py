@@ -17,7 +17,8 @@ if _DIR and os.path.isdir(_DIR):
 
     if CompletionRequest is not None:
         _real_init = CompletionRequest.__init__
-        _path = os.path.join(_DIR, f"{os.getpid()}.jsonl")
+        # one file per process, never shared with a later process that reuses the pid
+        _path = os.path.join(_DIR, f"{os.getpid()}-{os.urandom(6).hex()}.jsonl")
 
         def _init(request, *args, **kwargs):
             _real_init(request, *args, **kwargs)
