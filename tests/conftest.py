@@ -61,9 +61,12 @@ def pytest_configure(config) -> None:
 
     from llm_server import child_book_env
 
-    book = tempfile.mkdtemp(prefix="hdeval-test-book-")
-    config.add_cleanup(lambda: shutil.rmtree(book, ignore_errors=True))
-    os.environ.update(child_book_env(dict(os.environ), book))
+    # a session inside this one (pytester runs this conftest in-process) keeps the outer book:
+    # its own would be deleted at its end while the outer session's children still write to it
+    if not os.path.isdir(os.environ.get("HDEVAL_TEST_BOOK_DIR", "")):
+        book = tempfile.mkdtemp(prefix="hdeval-test-book-")
+        config.add_cleanup(lambda: shutil.rmtree(book, ignore_errors=True))
+        os.environ.update(child_book_env(dict(os.environ), book))
     # A method registers its fake LLM's responders when its package is imported (the registry
     # imports them all on first use); tests that use the fake directly with HD-Eval's "score" or
     # "decompose" requests get HD-Eval's here.
