@@ -159,7 +159,7 @@ def test_no_command_writes_or_prints_a_secret_in_any_form(toy, tmp_path: Path, m
         lines = (out / "requests.jsonl").read_text().splitlines()
         results = answerer({"text": np.array(lines, dtype=object)})["result"]
         (out / "results.jsonl").write_text("".join(f"{x}\n" for x in results))
-        answerer.client.close()
+        answerer.close()
         runs.append(run_cli("cache", "import", out / "results.jsonl", "--requests", out / "requests.jsonl",
                             "--cache-dir", tmp_path / "c3"))
         assert runs[-1].exit_code == 0, runs[-1].output

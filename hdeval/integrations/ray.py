@@ -376,10 +376,14 @@ class RequestAnswerer:
             separators=(",", ":"),
         )
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Close the backend's connections (also done when the answerer is collected)."""
         server = getattr(self, "server", None)
         if server is not None:
             server.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def answer_requests_on_ray(
