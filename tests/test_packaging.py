@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -34,8 +35,10 @@ def test_wheel_carries_prompts_and_tasks_and_the_cli_finds_them(tmp_path):
         "sys.argv = ['hdeval', 'tasks']; "
         "from hdeval.cli import main; main()"
     )
+    # without the test session's request book, whose start-up hook would import the checkout's hdeval
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HDEVAL_TEST_BOOK_DIR")}
     out = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert str(site / "hdeval" / "_resources" / "tasks") in out.stdout
     assert "summeval (pointwise):" in out.stdout and "informativeness [1-6]" in out.stdout
