@@ -108,7 +108,7 @@ def run_one(server: LatencyServer, c: int, latency_ms: float, n: int, offset: in
     cache_dir = tempfile.mkdtemp(prefix="hdeval-bench-")
     try:
         cells = [Cell(f"s{i}", "coherence", (bench_request(offset + i),)) for i in range(n)]
-        config = LLMConfig(model="openai:m", base_url=server.base_url(latency_ms), concurrency=c,
+        config = LLMConfig(model="m", base_url=server.base_url(latency_ms), concurrency=c,
                            cache_dir=cache_dir, timeout=30.0)
         server_cpu0 = server.cpu()
         cpu0, t0 = time.process_time(), time.perf_counter()
