@@ -97,9 +97,11 @@ def _new_split(
         total += train_var
         # Satterthwaite: the training part is the spread between seeds (k - 1 degrees of freedom)
         # less a precise test part, so its uncertainty is the spread's, also where the difference
-        # is clipped at 0 (a small spread from 3 seeds is often chance, not a small training part)
+        # is clipped at 0 (a small spread from 3 seeds is often chance, not a small training part).
+        # Never fewer than the seeds give: where the test part explains the whole spread, the
+        # approximation would put a few tenths of a degree of freedom on it, an unbounded quantile.
         if between > 0 and total > 0:
-            df = total**2 / ((scale * between) ** 2 / (k - 1))
+            df = max(k - 1.0, total**2 / ((scale * between) ** 2 / (k - 1)))
     out["training_sd"] = _num(math.sqrt(train_var)) if k > 1 and train_sizes is not None else None
     half = float(stats.t.ppf(0.5 + level / 2, df) if math.isfinite(df) else stats.norm.ppf(0.5 + level / 2))
     sd = math.sqrt(total) if math.isfinite(test_var) else float("nan")
