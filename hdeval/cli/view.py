@@ -9,20 +9,14 @@ import webbrowser
 import click
 
 from hdeval.cli.boundary import guarded
+from hdeval.cli.options import server_options
 
 _stopped = functools.partial(guarded, interrupted="stopped")
 
 
 @click.command("view")
 @click.argument("folder", default=".", type=click.Path(file_okay=False))
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to serve on. Any other than 127.0.0.1, localhost or ::1 requires the printed token.",
-)
-@click.option("--port", default=8766, show_default=True, type=int, help="Port (0 picks a free one).")
-@click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+@server_options(port=8766)
 @_stopped
 def view(folder, host, port, open_browser) -> None:
     """Browse the artifacts under FOLDER (default: here) in a local web page: each one's verdict
