@@ -342,6 +342,27 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces its own files only
 
 
+def test_benchmark_reads_a_csv_as_train_does_and_its_help_says_so(tmp_path: Path) -> None:
+    from conftest import REPO
+
+    task = tmp_path / "task.toml"
+    r = CliRunner().invoke(cli, ["init", str(REPO / "examples" / "ratings.csv"), "-o", str(task),
+                                 "--source-col", "question", "--output-col", "answer"])
+    assert r.exit_code == 0, r.output
+    lines = (REPO / "examples" / "ratings.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    data = tmp_path / "mine.csv"  # 16 of the task's 24 rows: the file given, not the task's own
+    data.write_text("".join(lines[:17]), encoding="utf-8")
+    out = tmp_path / "bench"
+    r = CliRunner().invoke(cli, ["benchmark", "--task", str(task), "--data", str(data), "--methods", "direct",
+                                 "--seeds", "1", "--llm", "fake", "--cache-dir", str(tmp_path / "c"), "-q",
+                                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "results.json").read_text(encoding="utf-8"))["runs"][0]
+    assert run["n_train"] + run["n_test"] == 16 and run["usage"]["calls"] == 16 * 2
+    help_text = " ".join(CliRunner().invoke(cli, ["benchmark", "--help"]).output.split())
+    assert "Samples: JSONL, a CSV, TSV, JSON or Parquet table" in help_text
+
+
 def test_benchmark_refuses_an_output_it_did_not_write(tmp_path: Path, fake_calls: list[int]) -> None:
     out = tmp_path / "mine"
     out.mkdir()
