@@ -22,12 +22,19 @@ def view(folder, host, port, open_browser) -> None:
     """Browse the artifacts under FOLDER (default: here) in a local web page: each one's verdict
     banner and headline figures, its report, and two of them side by side. Offline: it makes no
     LLM call and writes nothing into the artifacts."""
-    from hdeval.app.view import prepare_view
+    from hdeval.app.view import MAX_ARTIFACTS, prepare_view
 
     app = prepare_view(folder, host=host, port=port)
     try:
-        n = len(app.catalogue.entries())
-        click.echo(f"{n} artifact{'' if n == 1 else 's'} under {app.catalogue.root}", err=True)
+        n, total = len(app.catalogue.entries()), app.catalogue.total
+        if total > n:
+            click.echo(
+                f"showing {n} of {total} artifacts under {app.catalogue.root} (at most {MAX_ARTIFACTS} "
+                "are listed: give a folder further down for the others)",
+                err=True,
+            )
+        else:
+            click.echo(f"{n} artifact{'' if n == 1 else 's'} under {app.catalogue.root}", err=True)
         click.echo(f"open {app.url}", err=True)
         click.echo(app.url)
         if open_browser:
