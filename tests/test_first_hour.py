@@ -561,6 +561,23 @@ def test_a_model_name_a_typo_away_from_one_the_cache_has_run_gets_did_you_mean(
                           f"{base_url or 'https://api.openai.com/v1'}; did you mean {meant!r}, which it has?"]
 
 
+@pytest.mark.parametrize("given", ["https://h.example/v1?api-version=1,2&key=S1,S2", "https://h.example/v1/",
+                                   "https://h.example/v1", "https://h.example/v1/?other=1"])
+def test_did_you_mean_finds_a_run_at_a_server_named_with_a_query_or_a_slash(tmp_path: Path, given: str) -> None:
+    """The run recorded at a URL whose query holds commas was filed under "https://h.example/v1,S2"
+    (a piece of the query, written to rates.json), which no --base-url matched."""
+    from hdeval.cli.options import seen_model_near
+    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+    from hdeval.llm.eta import record_rate
+
+    ran = OpenAICompatBackend(model="qwen2.5-7b-instruct", base_url="https://h.example/v1?api-version=1,2&key=S1,S2",
+                              api_key="k", dialect="vllm")
+    record_rate(tmp_path, ran.identity, calls=100, prompt_tokens=10_000, seconds=5.0)
+    assert "S1" not in (tmp_path / "rates.json").read_text(encoding="utf-8")
+    assert "S2" not in (tmp_path / "rates.json").read_text(encoding="utf-8")
+    assert seen_model_near("qwen2.5-7b-instruc", given, str(tmp_path)) == ("qwen2.5-7b-instruct", "https://h.example/v1")
+
+
 @pytest.mark.parametrize("rates", ["huge", "fifo", "deep", "list", "control"])
 def test_a_hostile_rates_file_is_read_bounded_for_did_you_mean(tmp_path: Path, rates: str) -> None:
     import os
