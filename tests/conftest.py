@@ -399,7 +399,7 @@ def cache_entries(cache_dir: Path) -> dict:
 
     with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
         found = {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
-    if (Path(cache_dir) / TABLE_DBNAME).is_file():  # the reply table (#23), read on its own
+    if (Path(cache_dir) / TABLE_DBNAME).is_file():  # the reply table, read on its own
         con = sqlite3.connect(Path(cache_dir) / TABLE_DBNAME)
         try:
             for key, value in con.execute("SELECT key, value FROM reply"):

@@ -304,7 +304,7 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
         assert [p["layer"] for p in e["points"]] == [1, 2]
         for p in e["points"]:
             counts = [x["criteria_per_layer"][str(p["layer"])] for x in seeds]
-            # on the compared rows, as the main table (issue #39 item 4)
+            # on the compared rows, as the main table
             spear = [x["layers_compared"][str(p["layer"])]["average"]["spearman"] for x in seeds]
             assert p["criteria"]["mean"] == pytest.approx(np.mean(counts)) and p["criteria"]["n"] == 2
             assert p["spearman"] == s["layers_compared"][str(p["layer"])]
@@ -870,7 +870,7 @@ def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
     assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]
 
 
-# ------------------------------------------------------------------ #20 item 3: one set of rows
+# ------------------------------------------------------------------ one set of rows
 def test_limit_never_cuts_the_last_document() -> None:
     from hdeval.core.types import Sample
     from hdeval.data.samples import limit_samples
@@ -921,7 +921,7 @@ def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_repo
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
     pred = fitted.held_out_predictions(t, test)
     assert hd["dataset"] == metric_table(y[~failed], pred[~failed], aspects)  # not its imputed rows
-    # issue #39 item 5: beside it, each method's figure on all its own rows and its failure rate
+    # beside it, each method's figure on all its own rows and its failure rate
     mine = ~tables["hdeval"][3]
     assert hd["own_rows"]["rows"] == int(mine.sum()) >= hd["rows"]["compared"]
     # direct, which fails on fewer rows, is also shown on the rows only HD-Eval failed on

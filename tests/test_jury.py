@@ -240,7 +240,7 @@ def test_a_judges_key_is_written_nowhere(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_learned_jury_beats_its_best_judge_and_its_mean_over_five_seeds(tmp_path: Path) -> None:
-    """Done means of #36 on simulated judges (benchmarks/bench_jury.md gives 10 seeds): the learned
+    """What a jury promises, on simulated judges (benchmarks/bench_jury.md gives 10 seeds): the learned
     jury's held-out Spearman is at least the best single judge's + 0.02 on average over seeds, and
     above the jury mean; with a pure-noise judge, --prune-judges drops it on every seed."""
     import numpy as np

@@ -1,4 +1,4 @@
-"""Engine-neutral request files (issue #23 item 2).
+"""Engine-neutral request files.
 
 ``apply --export-requests`` writes the uncached requests as OpenAI batch-format JSONL and pays
 for nothing; an engine answers the file (here: a small script answering like the fake LLM);
