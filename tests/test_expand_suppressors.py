@@ -1,4 +1,4 @@
-"""Issue #39 item 7: with a halo (an error every criterion of a sample shares), a pure-noise
+"""With a halo (an error every criterion of a sample shares), a pure-noise
 criterion carries the halo and nothing of the human score; the aggregator gives it a negative
 weight to subtract the halo from the others (a suppressor), its permutation importance is real, and
 pruning expands it. Decided by measurement (``benchmarks/bench_expand_suppressors.py``): skipping
