@@ -88,6 +88,16 @@ def test_thirty_skewed_labels_cover_at_the_nominal_level():
     assert 0.87 <= classical / 1000 <= 0.93
 
 
+def test_past_200_labels_or_at_a_small_alpha_the_interval_is_students_t():
+    rng = np.random.default_rng(12)
+    y, f = _piled_at_the_top(rng, 3000)
+    for n, alpha in ((BOOTSTRAP_MAX_LABELS + 1, 0.1), (30, 0.01)):
+        e = ppi_mean(y[:n], f[:n], f[n:], alpha=alpha)
+        half = scipy_t.ppf(1 - alpha / 2, n - 1) * e.se
+        assert (e.low, e.high) == pytest.approx((e.estimate - half, e.estimate + half), rel=1e-12)
+    assert ppi_mean(y[:30], f[:30], f[30:], alpha=0.1).crit is not None
+
+
 def test_moments_stand_for_the_unlabelled_rows():
     rng = np.random.default_rng(1)
     _, y, f = _population(rng, 600)
