@@ -1,4 +1,4 @@
-"""A message, not a traceback (issue #13): broken data files, task files and options each end
+"""A message, not a traceback: broken data files, task files and options each end
 in one ``error: ...`` line naming what is wrong and where, with a non-zero exit, before any
 LLM call; SIGTERM ends a run like Ctrl-C; odd characters in names do not break the report.
 """

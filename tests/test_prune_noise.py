@@ -1,4 +1,4 @@
-"""Pruning expands only criteria whose importance is real (issue #20 item 4): above its own
+"""Pruning expands only criteria whose importance is real: above its own
 spread across folds and above shuffled shadow copies of the candidates. A pure-noise criterion
 is never expanded, by any aggregator."""
 
