@@ -923,7 +923,7 @@ def test_a_judge_that_favours_the_first_response_gets_no_margin_that_loses_to_no
     assert dna.metrics["test"]["llm_weights"]["w_ties"] >= direct.metrics["test"]["direct"]["w_ties"]
 
 
-# --------------------------------------------------------------------------- position bias (#39 item 3)
+# --------------------------------------------------------------------------- position bias
 
 
 def test_the_position_probe_measures_the_first_shown_responses_advantage_not_the_flip_rate():
@@ -965,8 +965,8 @@ def _probe_run(tmp_path, rows, name, bonus, dna_mode="dna", **options):
 
 @pytest.mark.slow
 def test_a_judge_that_favours_the_first_response_is_judged_in_both_orders_with_a_warning(tmp_path):
-    """Issue #39 item 3: without --swap a judge that adds +1 to the response shown first is
-    found out by the position probe, said in one warning line, and every pair is judged in both
+    """Without --swap a judge that adds +1 to the response shown first is found out by the
+    position probe, said in one warning line, and every pair is judged in both
     orders; held out, DnA's agreement with ties is then not below its direct baseline's (pooled
     over 10 synthetic data sets of 200 pairs: one set's 100 held-out pairs move it by +-.05)."""
     from simjudge import pairwise_rows
@@ -985,6 +985,9 @@ def test_a_judge_that_favours_the_first_response_is_judged_in_both_orders_with_a
             assert "p < 0.001" in warned[0] and "both orders" in warned[0] and "--no-swap" in warned[0]
             # judged in both orders, as --swap does: the artifact scores new pairs so too
             assert ev.settings.swap and ev.metrics["swap_flip_rate"] is not None
+            # the margin, chosen by grouped CV with margin 0 a candidate, is never worse on training than 0
+            tm = ev.metrics["tie_margin"]
+            assert tm["train_w_ties"] >= tm["train_w_ties_at_0"] and tm["cv_w_ties_at_0"] is not None
             got[mode].append(ev.metrics["test"][ev.metrics["primary"]]["w_ties"])
     assert np.mean(got["dna"]) >= np.mean(got["direct"]), got
     # --no-swap: one order as asked, with the warning naming --swap
