@@ -1,5 +1,5 @@
 """The benchmark's 95% interval against a known truth: over 200 synthetic data sets, how often it
-holds the expected held-out agreement of a new split (issue #39, "Done means").
+holds the expected held-out agreement of a new split.
 
 Each data set has 60 documents of 3 outputs with human scores on 3 aspects; a simulated judge
 (``simcriteria``: halo, misreadings, pure-noise criteria) gives the criterion scores. A seed

@@ -1,4 +1,4 @@
-"""Honest intervals and training-row flags (issue #20 items 2 and 9; #21 item 5's warnings).
+"""Honest intervals and training-row flags.
 
 Every pointwise prediction gets a split-conformal interval calibrated on training residuals
 that no test row touches; ``apply`` writes it, flags rows too uncertain for an automatic
