@@ -90,6 +90,27 @@ def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
     assert once["low"] <= once["estimate"] <= once["high"]
 
 
+def test_the_new_split_interval_is_never_wider_than_a_t_interval_over_the_seeds():
+    # a method whose predictions do not depend on its training (as direct's): the seeds' figures
+    # differ by their test documents only, the spread the test part explains; the interval is at
+    # most the t interval of the seeds' degrees of freedom, never an unbounded quantile
+    from scipy.stats import t
+
+    for seed in range(5):
+        y, groups, rng = _noisy(n_docs=60, seed=seed)
+        pred = y + 1.5 * rng.normal(size=y.shape)
+        docs = np.array(groups)
+        cases, sizes = [], []
+        for _ in range(3):
+            test = np.isin(docs, [f"d{d}" for d in rng.permutation(60)[:24]])
+            cases.append((y[test], pred[test], list(docs[test])))
+            sizes.append(int((~test).sum()))
+        r = pooled_bootstrap_ci(cases, n_resamples=200, seed=seed, train_sizes=sizes)
+        sd = np.hypot(r["test_sd"], r["training_sd"])
+        assert -1 < r["low"] < r["estimate"] < r["high"] < 1
+        assert (r["high"] - r["low"]) / 2 <= t.ppf(0.975, 2) * sd + 1e-4, (seed, r)  # figures are rounded
+
+
 def test_a_figure_with_no_estimate_has_no_interval():
     # a constant prediction has no correlation on any seed: no figure, so no bounds either
     y, groups, _ = _noisy()
