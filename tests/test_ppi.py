@@ -98,6 +98,15 @@ def test_past_200_labels_or_at_a_small_alpha_the_interval_is_students_t():
     assert ppi_mean(y[:30], f[:30], f[30:], alpha=0.1).crit is not None
 
 
+def test_a_handful_of_labels_gets_students_t_where_the_resamples_have_no_spread():
+    # of 3 labels, a ninth of the resamples repeat one label: too many to studentise
+    y, f = np.array([1.0, 2.0, 5.0]), np.array([1.5, 2.5, 4.0])
+    for e in (ppi_mean(y, f, Moments(0, 0.0, 0.0)), ppi_mean(y, f, np.linspace(1, 5, 50))):
+        assert e.crit is None and e.classical_crit is None
+        half = scipy_t.ppf(0.95, 2) * e.se
+        assert (e.low, e.high) == pytest.approx((e.estimate - half, e.estimate + half), rel=1e-12)
+
+
 def test_moments_stand_for_the_unlabelled_rows():
     rng = np.random.default_rng(1)
     _, y, f = _population(rng, 600)

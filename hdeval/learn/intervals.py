@@ -130,7 +130,8 @@ def held_out_means(
     """The labels behind the test figures, per aspect, and what they say of the human mean: its
     interval at ``level`` (every test row is labelled, so the PPI++ estimate is the labels' mean
     and its interval the classical one of :func:`hdeval.learn.ppi.ppi_mean`, as ``hdeval
-    estimate`` gives it), beside the evaluator's mean on the same rows (its bias)."""
+    estimate`` gives it), beside the evaluator's mean on the same rows (its bias); None for an
+    aspect with fewer than 2 labels or labels that never vary."""
     from hdeval.learn.ppi import Moments, ppi_mean
 
     labels: dict[str, int] = {}
@@ -139,7 +140,9 @@ def held_out_means(
         ok = ~(np.isnan(y[:, j]) | np.isnan(pred[:, j]))
         n = int(ok.sum())
         labels[a] = n
-        if n < 2:
+        # labels that never vary give a zero-width interval, a certainty they cannot give:
+        # none, as hdeval estimate gives none
+        if n < 2 or np.ptp(y[ok, j]) == 0:
             means[a] = None
             continue
         e = ppi_mean(y[ok, j], pred[ok, j], Moments(0, 0.0, 0.0), alpha=1 - level)
