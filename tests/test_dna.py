@@ -130,8 +130,10 @@ def test_cli_train_on_faireval_slice_then_rerun_makes_no_calls(faireval40, tmp_p
     assert "held-out agreement with human labels: llm_weights w/o ties" in r.stdout
     assert "learned w/o ties" in r.stdout
     m = json.loads((out / "metrics.json").read_text())
-    # 20 test pairs, 4 predefined aspects: 20 weight prompts + 4 x 40 scoring prompts, each one call
-    assert m["usage"]["calls"] == 40 + 4 * 40
+    # 40 pairs, 4 predefined aspects: 40 weight prompts + 4 x 40 scoring prompts, each one call;
+    # the position probe finds the fake's bias on its 20 training pairs: every pair in both orders
+    assert m["position_probe"]["action"] == "swapped"
+    assert m["usage"]["calls"] == 40 + 2 * 4 * 40
     assert m["usage"]["cache_hits"] == 0  # each reply holds both sides: read twice, paid and counted once
     for split in ("test", "train"):
         for key in ("llm_weights", "learned"):
@@ -196,10 +198,11 @@ def test_artifact_scores_new_pairs_and_rescoring_is_free(faireval40, tmp_path):
     llm = open_llm(LLMConfig("fake", cache_dir=str(tmp_path / "cache2")), fake)
     try:
         res = art.score(pairs, backend=llm)
-        assert fake.calls == 2 + 2 * 4
+        assert art.settings.swap  # the position probe found the fake's bias: both orders
+        assert fake.calls == 2 + 2 * 2 * 4
         rows = art.output_rows(pairs, res)
         again = art.score(pairs, backend=llm)
-        assert fake.calls == 2 + 2 * 4  # all from the cache
+        assert fake.calls == 2 + 2 * 2 * 4  # all from the cache
     finally:
         llm.close()
     assert again.labels == res.labels
@@ -415,13 +418,20 @@ def test_learned_is_skipped_when_training_labels_lack_a_side(tmp_path):
     assert "learned.json" not in json.loads((ev.save(tmp_path / "art") / "manifest.json").read_text())["files"]
 
 
+PROBE = "position probe: aspect scores in the swapped order ({} per pair)"
+IF_BIAS = "aspect scores in the swapped order of the other pairs ({} per pair; only if the probe finds a position bias)"
+
+
 @pytest.mark.parametrize("options, stages", [
-    ({}, ["weights", "aspect scores (4 per pair x 1 order(s))"]),
+    ({}, ["weights", "aspect scores (4 per pair x 1 order(s))", PROBE.format(4), IF_BIAS.format(4)]),
     ({"swap": True}, ["weights", "aspect scores (4 per pair x 2 order(s))"]),
-    ({"aspect_source": "dynamic", "k": 3}, ["aspects", "weights", "aspect scores (3 per pair x 1 order(s))"]),
+    ({"swap": False}, ["weights", "aspect scores (4 per pair x 1 order(s))", PROBE.format(4)]),
+    ({"aspect_source": "dynamic", "k": 3}, ["aspects", "weights", "aspect scores (3 per pair x 1 order(s))",
+                                             PROBE.format(3), IF_BIAS.format(3)]),
     ({"dna_mode": "cot", "swap": True}, ["cot x 2 order(s)"]),
-    ({"dna_mode": "prompt-agg"}, ["weights", "aspect scores (4 per pair x 1 order(s))",
-                                  "prompt aggregation x 1 order(s)"]),
+    ({"dna_mode": "prompt-agg"}, ["weights", "aspect scores (4 per pair x 1 order(s))", PROBE.format(4),
+                                  IF_BIAS.format(4), "prompt aggregation x 1 order(s)",
+                                  "prompt aggregation in the swapped order (only if the probe finds a position bias)"]),
 ])
 def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path, options, stages):
     from hdeval.run.train import TrainConfig, plan
@@ -433,6 +443,10 @@ def test_dry_run_counts_the_calls_of_each_stage_a_run_makes(faireval40, tmp_path
     assert probe.calls == 0 and [p.stage for p in before] == stages
     assert all(p.cached in (0, None) and p.prompt_tokens > 0 and p.completion_tokens > 0 for p in before)
     ev = _train(tmp_path, faireval40, **options)
+    # a stage that runs only if the position probe finds a bias is an upper bound (the fake's is found)
+    assert [p.upper_bound for p in before] == ["only if the probe" in s for s in stages]
+    found = ev.metrics.get("position_probe", {}).get("action") == "swapped"
+    assert found == any(p.upper_bound for p in before)
     assert sum(p.score_calls for p in before) == ev.metrics["usage"]["calls"]
     _, after, _ = plan(cfg, backend=FakeBackend())
     # requests known before the run are now all cached; those that depend on replies stay unknown
@@ -451,7 +465,10 @@ def test_dry_run_cli_prints_the_dna_stages_and_writes_nothing(faireval40, tmp_pa
     assert lines[2].split()[:3] == ["weights", "40", "0"]
     assert lines[3].split()[:8] == ["aspect", "scores", "(4", "per", "pair", "x", "1", "order(s))"]
     assert lines[3].split()[8:10] == ["160", "0"]
-    assert "total: <= 200 LLM calls (0 already cached)" in r.stdout and "estimated cost" in r.stdout
+    # without --swap: the position probe's 20 training pairs, then the other 20 pairs only if it finds a bias
+    assert lines[4].startswith(PROBE.format(4)) and lines[4].split()[-4:-2] == ["80", "0"]
+    assert lines[5].startswith(IF_BIAS.format(4)) and lines[5].split()[-5:-2] == ["<=", "80", "0"]
+    assert "total: <= 360 LLM calls (0 already cached)" in r.stdout and "estimated cost" in r.stdout
     assert "decompose" not in r.stdout and not (tmp_path / "artifacts").exists()
 
 
@@ -609,11 +626,13 @@ def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faire
     fake = FakeBackend()
     train(cfg, progress=rec, backend=fake)
     calls = {p.stage: p.score_calls for p in planned}
-    # every stage drawn as a bar is a dry-run stage, counting calls (not "prompts" read twice)
-    assert [s[0] for s in rec.stages] == [f"{p.stage}, 40 pairs, calls" for p in planned
-                                         if p.stage not in ("weights", "aspects")]
+    # every stage drawn as a bar is a dry-run stage, counting calls (not "prompts" read twice); the
+    # position probe's stage and those it adds (the fake's bias is found) judge 20 pairs each
+    assert [s[0] for s in rec.stages] == [
+        f"{p.stage}, {20 if p.stage.startswith('position probe') or 'other pairs' in p.stage else 40} pairs, calls"
+        for p in planned if p.stage not in ("weights", "aspects")]
     for label, total, done in rec.stages:
-        assert total == done == calls[label.split(", 40 pairs")[0]]
+        assert total == done == calls[label.rsplit(", ", 2)[0]]
     if "weights" in calls:
         assert "weights: 40 calls, one per pair" in rec.lines
     assert sum(calls.values()) == fake.calls
@@ -622,9 +641,10 @@ def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faire
 @pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg", "swap": True},
                                      {"dna_mode": "cot"}, {"aspect_source": "dynamic", "k": 3}])
 def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, options):
-    """The whole run's ETA: before the first call the progress is told the calls of
-    every stage it will draw, the dry run's figure for those stages (the aspects and weights
-    calls are not drawn), and exactly what the stages then ran on replies that all parse."""
+    """The whole run's ETA: before the first call the progress is told the calls of every stage
+    it may draw, the dry run's figure for those stages (the aspects and weights calls are not
+    drawn), and exactly what the stages then ran on replies that all parse: the stages that run
+    only if the position probe finds a bias (upper bounds in the dry run) when it found one."""
     from hdeval.run.train import TrainConfig, plan
 
     ex = REPO / "examples"
@@ -632,10 +652,12 @@ def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, optio
                                    llm="fake", cache_dir=str(tmp_path / "cache"), method_options=options)
     _, planned, _ = plan(cfg, backend=FakeBackend())
     rec = _Stages()
-    train(cfg, progress=rec, backend=FakeBackend())
-    drawn = sum(p.score_calls for p in planned if p.stage not in ("weights", "aspects"))
-    assert rec.expected == [drawn] and drawn > 0
-    assert drawn == sum(total for _, total, _ in rec.stages) == sum(done for _, _, done in rec.stages)
+    fitted = train(cfg, progress=rec, backend=FakeBackend())
+    drawn = [p for p in planned if p.stage not in ("weights", "aspects")]
+    assert rec.expected[0] == sum(p.score_calls for p in drawn) > 0
+    found = fitted.metrics.get("position_probe", {}).get("action") == "swapped"
+    ran = sum(p.score_calls for p in drawn if found or not p.upper_bound)
+    assert ran == sum(total for _, total, _ in rec.stages) == sum(done for _, _, done in rec.stages)
 
 
 # --------------------------------------------------------------------------- the tie margin
@@ -846,8 +868,8 @@ def test_swap_flip_rate_is_the_share_of_verdicts_that_change_with_the_order(tmp_
     assert m["swap_flip_rate"] == 1.0 and m["test"]["swap_flip_rate"] == m["train"]["swap_flip_rate"] == 1.0
     assert m["swap_flip_rate"] == round(1 - m["position_consistency"], 6)
     assert "swap flip rate 1.0" in biased.summary_line()
-    # one order judged (the default, half the calls): no rate, and the run says why
-    one = _sim_train(tmp_path, rows, "one", backend=fickle, tie_margin=0.0)
+    # one order judged (--no-swap, half the calls): no rate, and the run says why
+    one = _sim_train(tmp_path, rows, "one", backend=fickle, tie_margin=0.0, swap=False)
     assert one.metrics["swap_flip_rate"] is None and "--swap" in one.metrics["swap_flip_note"]
     assert "swap_flip_rate" not in one.metrics["test"]
 
@@ -889,11 +911,121 @@ def test_a_judge_that_favours_the_first_response_gets_no_margin_that_loses_to_no
 
     rows = pairwise_rows(200, seed=0)
     biased = pair_backend(first_bonus=1.0)
-    dna = _sim_train(tmp_path, rows, backend=biased)
-    direct = _sim_train(tmp_path, rows, backend=pair_backend(first_bonus=1.0), dna_mode="direct")
+    # one order, as the issue ran it (without --swap or --no-swap the position probe adds the other)
+    dna = _sim_train(tmp_path, rows, backend=biased, swap=False)
+    direct = _sim_train(tmp_path, rows, backend=pair_backend(first_bonus=1.0), dna_mode="direct", swap=False)
     tm = dna.metrics["tie_margin"]
     assert tm["train_w_ties"] >= tm["train_w_ties_at_0"]  # never worse on training than no margin
     assert tm["cv_w_ties"] is not None and tm["cv_w_ties_at_0"] is not None
     if tm["value"] > 0:
         assert tm["cv_w_ties"] >= tm["cv_w_ties_at_0"]
     assert dna.metrics["test"]["llm_weights"]["w_ties"] >= direct.metrics["test"]["direct"]["w_ties"]
+
+
+# --------------------------------------------------------------------------- position bias
+
+
+def test_the_position_probe_measures_the_first_shown_responses_advantage_not_the_flip_rate():
+    from hdeval.methods.dna.decision import p_text, position_bias
+
+    rng = np.random.default_rng(0)
+    d = rng.normal(0, 1.5, 30)  # each pair's A - B as the judge sees it, before the order
+    noise = rng.normal(0, 0.5, (2, 30))
+    # (total A, total B) shown A first, then B first; the judge adds `bonus` to whatever is first
+    def totals(bonus):
+        return [(5 + x + e1 + bonus, 5.0, 5 + x + e2, 5.0 + bonus) for x, e1, e2 in zip(d, *noise)]
+
+    fair, biased = position_bias(totals(0.0)), position_bias(totals(1.0))
+    assert not fair["biased"] and fair["p_value"] > 0.05 and abs(fair["first_position_advantage"]) < 0.2
+    assert fair["flip_rate"] > 0  # a noisy fair judge flips verdicts too: the rate cannot decide
+    assert biased["biased"] and biased["p_value"] < 0.001 and biased["pairs"] == 30
+    assert biased["first_position_advantage"] == pytest.approx(1.0 + fair["first_position_advantage"])
+    # the same advantage on every pair is beyond doubt, none at all is no bias
+    same = position_bias([(6.0, 5.0, 5.0, 6.0)] * 5)
+    assert same["biased"] and same["p_value"] == 0.0 and same["first_position_advantage"] == 1.0
+    assert not position_bias([(6.0, 5.0, 6.0, 5.0)] * 5)["biased"]
+    # a pair that failed in one order is left out; one pair cannot be tested
+    one = position_bias([(6.0, 5.0, 5.0, 6.0), (math.nan, 5.0, 5.0, 6.0)])
+    assert one["pairs"] == 1 and one["p_value"] is None and not one["biased"]
+    assert (p_text(0.0), p_text(0.0004), p_text(0.0123), p_text(1.0)) == (
+        "p < 0.001", "p < 0.001", "p = 0.012", "p = 1.000")
+
+
+def _probe_run(tmp_path, rows, name, bonus, dna_mode="dna", **options):
+    from simjudge import pair_backend, write_pairs
+
+    rec = _Stages()
+    data = write_pairs(tmp_path / f"{name}.jsonl", rows)
+    fitted = train(task="faireval", data=str(data), method="dna", llm="fake", cache_dir=str(tmp_path / name),
+                   backend=pair_backend(first_bonus=bonus), dna_mode=dna_mode, method_options=options,
+                   progress=rec)
+    return fitted, rec
+
+
+@pytest.mark.slow
+def test_a_judge_that_favours_the_first_response_is_judged_in_both_orders_with_a_warning(tmp_path):
+    """Without --swap a judge that adds +1 to the response shown first is found out by the
+    position probe, said in one warning line, and every pair is judged in both
+    orders; held out, DnA's agreement with ties is then not below its direct baseline's (pooled
+    over 10 synthetic data sets of 200 pairs: one set's 100 held-out pairs move it by +-.05)."""
+    from simjudge import pairwise_rows
+
+    got = {"dna": [], "direct": []}
+    for seed in range(10):
+        rows = pairwise_rows(200, seed=seed)
+        for mode in got:
+            ev, rec = _probe_run(tmp_path, rows, f"{mode}{seed}", 1.0, dna_mode=mode)
+            probe = ev.metrics["position_probe"]
+            assert probe["biased"] and probe["action"] == "swapped" and probe["pairs"] == 30
+            assert probe["first_position_advantage"] == pytest.approx(1.0, abs=0.25)
+            warned = [line for line in rec.lines if "position bias" in line]
+            assert warned == [probe["warning"]], rec.lines
+            assert warned[0].startswith("warning: position bias: the response shown first gets +")
+            assert "p < 0.001" in warned[0] and "both orders" in warned[0] and "--no-swap" in warned[0]
+            # judged in both orders, as --swap does: the artifact scores new pairs so too
+            assert ev.settings.swap and ev.metrics["swap_flip_rate"] is not None
+            # the margin, chosen by grouped CV with margin 0 a candidate, is never worse on training than 0
+            tm = ev.metrics["tie_margin"]
+            assert tm["train_w_ties"] >= tm["train_w_ties_at_0"] and tm["cv_w_ties_at_0"] is not None
+            got[mode].append(ev.metrics["test"][ev.metrics["primary"]]["w_ties"])
+    assert np.mean(got["dna"]) >= np.mean(got["direct"]), got
+    # --no-swap: one order as asked, with the warning naming --swap
+    one, rec = _probe_run(tmp_path, pairwise_rows(200, seed=0), "one", 1.0, swap=False)
+    assert one.metrics["position_probe"]["action"] == "warned" and not one.settings.swap
+    warned = [line for line in rec.lines if "position bias" in line]
+    assert len(warned) == 1 and "--swap judges both orders" in warned[0]
+    assert one.metrics["swap_flip_rate"] is None
+
+
+@pytest.mark.slow
+def test_a_fair_noisy_judge_keeps_one_order_and_no_warning(tmp_path):
+    """The verdicts of a fair judge with noise flip with the order too (10-20% of the probed
+    pairs here): that alone must not make the run pay for both orders or warn."""
+    from simjudge import pairwise_rows
+
+    rows = pairwise_rows(200, seed=0)
+    for mode in ("dna", "direct"):
+        fair, rec = _probe_run(tmp_path, rows, f"fair-{mode}", 0.0, dna_mode=mode)
+        probe = fair.metrics["position_probe"]
+        assert probe["flip_rate"] >= 0.05 and not probe["biased"] and probe["action"] == "none"
+        assert probe["warning"] is None and not any("position bias" in line for line in rec.lines)
+        assert not fair.settings.swap and fair.metrics["swap_flip_rate"] is None
+        # the probe only measures: the verdicts are those of one order (--no-swap)
+        one, _ = _probe_run(tmp_path, rows, f"one-{mode}", 0.0, dna_mode=mode, swap=False)
+        assert fair.metrics["test"] == one.metrics["test"] and fair.metrics["tie_margin"] == one.metrics["tie_margin"]
+        assert list(fair.score_table["prediction"]) == list(one.score_table["prediction"])
+        per_pair = 4 if mode == "dna" else 1
+        assert fair.metrics["usage"]["calls"] == (200 if mode == "dna" else 0) + per_pair * (200 + 30)
+
+
+def test_the_position_warning_reaches_a_quiet_cli_run(faireval40, tmp_path):
+    # the fake LLM adds a point to the response shown first on some aspects (dna/fake.py)
+    r = run_cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "art", "-q")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: position bias")]
+    assert len(warned) == 1 and "both orders" in warned[0]
+    m = json.loads((tmp_path / "art" / "metrics.json").read_text())
+    assert m["position_probe"]["action"] == "swapped" and m["position_probe"]["warning"] == warned[0]
+    assert m["position_probe"]["pairs"] == m["split"]["train"] == 20  # fewer than 30: all of them
+    assert json.loads((tmp_path / "art" / "manifest.json").read_text())["method_args"]["swap"] is True

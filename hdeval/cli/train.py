@@ -342,13 +342,14 @@ def _print_plan(
         click.echo("layer  decompose  score-calls  cached  est.prompt-tok  est.completion-tok  requests")
     for p in plans:
         cached = "?" if p.cached is None else str(p.cached)
-        if staged:
+        bound = "<=" if p.upper_bound else "  "
+        if staged:  # an upper bound here: a stage that runs only if an earlier one calls for it
             click.echo(
-                f"{p.stage:<{width}}  {p.decompose_calls + p.score_calls:>9}  {cached:>6}  "
+                f"{p.stage:<{width}}  {bound}{p.decompose_calls + p.score_calls:>7}  {cached:>6}  "
                 f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}"
             )
         else:
-            bound, requests = "<=" if p.upper_bound else "  ", "?" if p.requests is None else str(p.requests)
+            requests = "?" if p.requests is None else str(p.requests)
             click.echo(
                 f"{p.layer:>5}  {p.decompose_calls:>9}  {bound}{p.score_calls:>9}  {cached:>6}  "
                 f"{p.prompt_tokens:>14}  {p.completion_tokens:>18}  {bound}{requests:>8}"

@@ -111,8 +111,59 @@ def learn_tie_margin(
     return margin, info
 
 
+BIAS_P = 0.05  # a first-position advantage with a two-sided p-value below this is acted on
+
+
+def p_text(p: float) -> str:
+    """A p-value as a line shows it: ``p < 0.001`` below that (0 included), else ``p = 0.012``."""
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def position_bias(order_totals: Sequence[tuple[float, float, float, float]]) -> dict[str, Any]:
+    """How the order a pair is shown in moves its verdict, from pairs judged in both orders:
+    each pair's (total A, total B) with A shown first, then with B shown first.
+
+    A judge that adds ``x`` to whatever it shows first gives (A - B) + x in the first order and
+    (A - B) - x in the second: half the difference is the first position's advantage, whose mean
+    a one-sample t-test checks against 0. The flip rate (verdicts at margin 0 that change with the
+    order) cannot decide alone: a fair but noisy judge flips verdicts too, in both directions."""
+    from scipy.stats import ttest_1samp
+
+    rows = np.array([t for t in order_totals if np.all(np.isfinite(t))], float).reshape(-1, 4)
+    # rounded: weighted sums of the same scores differ in their last bits, which is no spread
+    edge = np.round(((rows[:, 0] - rows[:, 1]) - (rows[:, 2] - rows[:, 3])) / 2, 9)
+    flips = [decide(fa, fb) != decide(ra, rb) for fa, fb, ra, rb in rows]
+    p: float | None = None
+    if len(edge) > 1:
+        if np.ptp(edge) > 0:
+            p = float(ttest_1samp(edge, 0.0).pvalue)
+        else:  # every pair the same advantage: none at all, or one beyond doubt
+            p = 1.0 if not edge.any() else 0.0
+    return {
+        "pairs": int(len(edge)),
+        "first_position_advantage": round(float(edge.mean()), 6) if len(edge) else None,
+        "p_value": None if p is None else round(p, 6),
+        "flip_rate": round(float(np.mean(flips)), 6) if flips else None,
+        "biased": p is not None and p < BIAS_P,
+        "threshold": f"p < {BIAS_P}",
+        "test": "one-sample t-test of the first-shown response's advantage in total points "
+        "(half of (A - B) shown first minus (A - B) shown second) against 0",
+    }
+
+
+def bias_words(probe: dict[str, Any]) -> str:
+    """The measured bias in words (for a warning line)."""
+    return (
+        f"position bias: the response shown first gets {probe['first_position_advantage']:+.2f} points on "
+        f"average ({p_text(probe['p_value'])}; the verdict changed with the order on "
+        f"{probe['flip_rate']:.0%} of {probe['pairs']} training pairs judged in both orders)"
+    )
+
+
 def weighted_totals(
-    scores_a: Sequence[float], scores_b: Sequence[float], weights: Sequence[float]
+    scores_a: Sequence[float] | np.ndarray,
+    scores_b: Sequence[float] | np.ndarray,
+    weights: Sequence[float] | np.ndarray,
 ) -> tuple[float, float]:
     """The external weighted sum of each response's aspect scores (weights sum to 1)."""
     w = np.asarray(weights, float)

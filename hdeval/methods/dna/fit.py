@@ -12,10 +12,10 @@ from hdeval.core.errors import ScoringError
 from hdeval.core.metrics import pair_agreement as agreement
 from hdeval.core.types import PairSample
 from hdeval.methods.base import FitContext, fit_message, run_record, score_table, split_rows, usage_of
-from hdeval.methods.dna.decision import fit_learned, learn_tie_margin
+from hdeval.methods.dna.decision import bias_words, fit_learned, learn_tie_margin
 from hdeval.methods.dna.fitted import DnaEvaluator
 from hdeval.methods.dna.prompts import load_dna_templates
-from hdeval.methods.dna.scoring import PairScoreResult, progress_units
+from hdeval.methods.dna.scoring import PairScoreResult, Probe, probe_ids, progress_units
 
 
 def _split_metrics(
@@ -67,6 +67,34 @@ def _margin_words(info: dict[str, Any]) -> str:
     )
 
 
+def _probe(ctx: FitContext, found: dict[str, Any]) -> Probe:
+    """Without --swap: a few training pairs judged in both orders say whether the judge favours
+    the response it shows first; if it does, every pair is judged in both orders (as --swap),
+    unless --no-swap was given, and a warning line says what was measured and what to do."""
+    one_order = ctx.options.one_order_chosen
+
+    def both_orders(record: dict[str, Any]) -> bool:
+        found.update(record, action="none", warning=None)
+        if not record["biased"]:
+            return False
+        if one_order:
+            found["action"] = "warned"
+            found["warning"] = (
+                f"warning: {bias_words(record)}; with --no-swap each pair is judged in one order, so the "
+                "verdicts lean towards the response shown first: --swap judges both orders and averages it away"
+            )
+        else:
+            found["action"] = "swapped"
+            found["warning"] = (
+                f"warning: {bias_words(record)}; every pair is judged in both orders too, which averages it "
+                "away (--swap does so from the start; --no-swap keeps one order)"
+            )
+        ctx.progress.message(found["warning"])
+        return not one_order
+
+    return Probe(frozenset(probe_ids(ctx.prep.split.train_ids, ctx.config.seed)), both_orders)
+
+
 def fit(ctx: FitContext) -> DnaEvaluator:
     from hdeval.learn.aggregate import cv_folds
 
@@ -75,8 +103,19 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     templates = load_dna_templates(settings.prompt_roles)
     fit_message(ctx, "pairs", f"dna mode {settings.mode}, ")
     ev = DnaEvaluator(task, templates, settings, ctx.llm_config, ctx.llm.identity, {})
-    ctx.progress.expect(progress_units(settings, len(pairs), len(task.aspects)))  # the whole run's ETA
-    res = ev.score(pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress)
+    found: dict[str, Any] = {}
+    probe = None if settings.swap or not split.train_ids else _probe(ctx, found)
+    n_probed = 0 if probe is None else len(probe.ids)
+    # the whole run's ETA: at most every stage the dry run lists
+    ctx.progress.expect(
+        progress_units(settings, len(pairs), len(task.aspects), n_probed, not ctx.options.one_order_chosen)
+    )
+    res = ev.score(
+        pairs, backend=ctx.llm, concurrency=ctx.config.concurrency, progress=ctx.progress, probe=probe
+    )
+    if res.swapped and not settings.swap:  # the probe found a bias: the artifact judges both orders
+        settings = dataclasses.replace(settings, swap=True)
+        ev.settings = settings
     rate = res.failure_rate
     if rate > ctx.config.max_failure_rate:
         pid = next(p.id for p, lab in zip(pairs, res.labels) if lab is None)
@@ -170,6 +209,8 @@ def fit(ctx: FitContext) -> DnaEvaluator:
     }
     if settings.uses_aspects:
         ev.metrics["mean_weights"] = _mean_weights(res, settings.dynamic)
+    if found:
+        ev.metrics["position_probe"] = found
     if settings.swap:
         ev.metrics.update(_consistency(list(res.consistent.values())))
     else:

@@ -15,7 +15,7 @@ from hdeval.methods.base import AGREEMENT, FIGURE, NUMBER, SPLIT, TEXT, Fitted, 
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
-from hdeval.methods.dna.scoring import SWAP, PairScoreResult, _col, _mean_scores, run_pairs
+from hdeval.methods.dna.scoring import SWAP, PairScoreResult, Probe, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
 from hdeval.methods.pair_report import write_pair_report
 
@@ -56,6 +56,7 @@ class DnaEvaluator(Fitted):
             "split": SPLIT,
             "position_consistency": FIGURE,
             "swap_flip_rate": FIGURE,
+            "position_probe": {"warning": TEXT},
             "mean_weights": {"*": weight},
             "learned": {"skipped": TEXT},
             "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE},
@@ -81,6 +82,7 @@ class DnaEvaluator(Fitted):
         cache_dir=None,
         concurrency: int | None = None,
         progress: Progress | None = None,
+        probe: Probe | None = None,
     ) -> PairScoreResult:
         samples = list(samples)
         if not samples:
@@ -88,7 +90,9 @@ class DnaEvaluator(Fitted):
         if not all(isinstance(s, PairSample) for s in samples):
             raise DataError("the dna method scores pairs (output_a / output_b), not single outputs")
         with self.llm_session(backend, cache_dir) as backend:
-            res = run_pairs(backend, self.task, self.templates, self.settings, samples, concurrency, progress)
+            res = run_pairs(
+                backend, self.task, self.templates, self.settings, samples, concurrency, progress, probe
+            )
             res.usage = usage_of(backend)
         if self.learned is not None and res.diffs is not None:
             res.learned_labels, res.learned_ab = self.learned.labels(res.diffs)
@@ -212,6 +216,13 @@ class DnaEvaluator(Fitted):
             for a in self.task.aspects
             if a.key in columns
         ], None
+
+    def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
+        lines = super().summary_lines(path)
+        probe = self.metrics.get("position_probe")
+        if isinstance(probe, dict) and isinstance(probe.get("warning"), str):
+            lines.insert(1, (probe["warning"], True))
+        return lines
 
     def summary_line(self) -> str:
         """One line for the CLI: the held-out agreement with the human labels."""

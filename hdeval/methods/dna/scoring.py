@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from hdeval.judge.fill import Cell, UnusableReply, ask_json_many, fill_matrix
 from hdeval.judge.prompts import Template
 from hdeval.llm.backends.base import CompletionRequest
 from hdeval.methods.base import ScoreResult, progress_stage, usage_of
-from hdeval.methods.dna.decision import decide, weighted_totals
+from hdeval.methods.dna.decision import decide, position_bias, weighted_totals
 from hdeval.methods.dna.prompts import (
     TWO_SCORES,
     _req,
@@ -64,6 +64,8 @@ class PairScoreResult(ScoreResult):
     diffs: np.ndarray | None = None  # predefined aspects: per-aspect A minus B (NaN = failed)
     # with swap: each pair's totals (a, b) as shown first, then as shown swapped
     order_totals: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None  # the position probe's record (position_bias), when one ran
+    swapped: bool = False  # every pair was judged in both orders (--swap, or the probe's finding)
 
     def apply_margin(self, tie_margin: float) -> None:
         """Re-decide every verdict that depends on the tie margin (the totals stay)."""
@@ -94,11 +96,54 @@ def _col(spec: AspectSpec, i: int, dynamic: bool) -> str:
     return f"aspect{i + 1}" if dynamic else spec.key
 
 
-def progress_units(settings: Settings, n_pairs: int, n_aspects: int) -> int:
+PROBE_PAIRS = 30  # training pairs the position probe judges in both orders (without --swap)
+IF_BIASED = "only if the probe finds a position bias"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Pairs judged in both orders after the first order, before the run decides whether every
+    pair is: ``both_orders`` gets :func:`position_bias`'s record and says."""
+
+    ids: frozenset[str]
+    both_orders: Callable[[dict[str, Any]], bool]
+
+
+def probe_ids(train_ids: Sequence[str], seed: int) -> list[str]:
+    """The training pairs the position probe judges in both orders: a seeded draw, so the dry
+    run and the run name the same ones."""
+    drawn = np.random.default_rng(seed).permutation(np.array(sorted(train_ids), dtype=object))
+    return [str(x) for x in drawn[:PROBE_PAIRS]]
+
+
+def _what(settings: Settings) -> str:
+    return "aspect scores" if settings.uses_aspects else settings.mode
+
+
+def probe_stage(settings: Settings, per_pair: int) -> str:
+    """The position probe's stage, as the dry run lists it and progress shows it."""
+    return f"position probe: {_what(settings)} in the swapped order ({per_pair} per pair)"
+
+
+def rest_stage(settings: Settings, per_pair: int) -> str:
+    """The stage that judges the pairs the probe did not in the swapped order, when it found a bias."""
+    return f"{_what(settings)} in the swapped order of the other pairs ({per_pair} per pair; {IF_BIASED})"
+
+
+AGG_REST_STAGE = f"prompt aggregation in the swapped order ({IF_BIASED})"
+
+
+def progress_units(
+    settings: Settings, n_pairs: int, n_aspects: int, probed: int = 0, may_swap: bool = False
+) -> int:
     """At most how many calls :func:`run_pairs` draws as progress stages (aspects and weights are
-    not drawn): each pair's aspect scores per order, plus prompt aggregation per order."""
+    not drawn): each pair's aspect scores per order, plus prompt aggregation per order; the
+    position probe's ``probed`` pairs in the swapped order, and when it ``may_swap``, the other
+    pairs' swapped order and its prompt aggregation."""
     per_pair = (settings.k if settings.dynamic else n_aspects) if settings.uses_aspects else 1
-    return n_pairs * settings.orders * (per_pair + (settings.mode == "prompt-agg"))
+    agg = int(settings.mode == "prompt-agg")
+    units = n_pairs * settings.orders * (per_pair + agg) + probed * per_pair
+    return units + ((n_pairs - probed) * per_pair + n_pairs * agg if probed and may_swap else 0)
 
 
 def _both_sides(
@@ -156,8 +201,14 @@ def run_pairs(
     pairs: Sequence[PairSample],
     concurrency: int | None = None,
     progress: Progress | None = None,
+    probe: Probe | None = None,
 ) -> PairScoreResult:
-    """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures."""
+    """Every stage of the chosen mode on ``pairs``; unusable replies become recorded failures.
+
+    With ``probe`` (and one order in ``settings``), the pairs it names are judged in the swapped
+    order too, as a stage of their own after the first order; when ``probe.both_orders`` says so,
+    the other pairs are then, and the result is what --swap gives, else what one order gives (the
+    probe's swapped scores only measure)."""
     ids = [p.id for p in pairs]
     failures: dict[str, list[str]] = {}
 
@@ -202,14 +253,12 @@ def run_pairs(
         )
 
     # -- the pairwise prompts: (column base, pair, swapped) -> request
-    orders = (False, True) if settings.swap else (False,)
-    cells_first: list[Cell] = []  # cells read from the first number of the reply
-    cells_second: list[Cell] = []
     base_cols: dict[str, list[str]] = {}
 
     def add(
-        pid: str, base: str, req_of, first: list[Cell] = cells_first, second: list[Cell] = cells_second
+        pid: str, base: str, req_of, first: list[Cell], second: list[Cell], orders: Sequence[bool]
     ) -> None:
+        # cells read from the first number of the reply go to ``first``
         for swapped in orders:
             req = req_of(swapped)
             sfx = SWAP if swapped else ""
@@ -217,26 +266,39 @@ def run_pairs(
             (second if swapped else first).append(Cell(pid, f"{base}:a{sfx}", (req,)))
             (first if swapped else second).append(Cell(pid, f"{base}:b{sfx}", (req,)))
 
-    scorable = [p for p in pairs if p.id not in failures]
-    if settings.uses_aspects:
-        tpl_s = templates["score"]
-        for p in scorable:
-            cols = []
-            for i, spec in enumerate(aspects[p.id]):
-                base = _col(spec, i, settings.dynamic)
-                cols.append(base)
+    def score_cells(todo: Sequence[PairSample], orders: Sequence[bool]) -> tuple[list[Cell], list[Cell]]:
+        first: list[Cell] = []
+        second: list[Cell] = []
+        for p in todo:
+            if settings.uses_aspects:
+                cols = []
+                for i, spec in enumerate(aspects[p.id]):
+                    base = _col(spec, i, settings.dynamic)
+                    cols.append(base)
+                    add(
+                        p.id,
+                        base,
+                        lambda sw, p=p, spec=spec: score_request(
+                            templates["score"], task, p, spec, sw, settings.logprobs
+                        ),
+                        first,
+                        second,
+                        orders,
+                    )
+                base_cols[p.id] = cols
+            else:
+                role = settings.mode
                 add(
                     p.id,
-                    base,
-                    lambda sw, p=p, spec=spec: score_request(tpl_s, task, p, spec, sw, settings.logprobs),
+                    "overall",
+                    lambda sw, p=p, role=role: overall_request(templates[role], task, p, sw, role),
+                    first,
+                    second,
+                    orders,
                 )
-            base_cols[p.id] = cols
-    else:
-        role = settings.mode
-        tpl_o = templates[role]
-        for p in scorable:
-            add(p.id, "overall", lambda sw, p=p: overall_request(tpl_o, task, p, sw, role))
-            base_cols[p.id] = ["overall"]
+                base_cols[p.id] = ["overall"]
+        return first, second
+
     reader = (
         _read_cot
         if settings.mode == "cot"
@@ -244,28 +306,49 @@ def run_pairs(
         if settings.uses_aspects and settings.logprobs
         else _read_pair
     )
+
+    def stage(label: str, todo: Sequence[PairSample], orders: Sequence[bool]) -> ScoreMatrix:
+        first, second = score_cells(todo, orders)
+        return _both_sides(
+            llm, ids, first, second, reader, concurrency, progress, f"{label}, {len(todo)} pairs, calls", fail
+        )
+
+    def totals_of(p: PairSample) -> tuple[list[str], np.ndarray]:
+        # the columns and weights of a pair's total (the probe of prompt-agg reads the aspect scores)
+        if settings.uses_aspects:
+            return base_cols[p.id], weights[p.id]
+        return ["overall"], np.ones(1)
+
+    scorable = [p for p in pairs if p.id not in failures]
     per_pair = (settings.k if settings.dynamic else len(task.aspects)) if settings.uses_aspects else 1
-    matrix = _both_sides(
-        llm,
-        ids,
-        cells_first,
-        cells_second,
-        reader,
-        concurrency,
-        progress,
-        f"{settings.scoring_stage(per_pair)}, {len(scorable)} pairs, calls",
-        fail,
-    )
+    swap = settings.swap
+    probe_record: dict[str, Any] | None = None
+    matrix = stage(settings.scoring_stage(per_pair), scorable, (False, True) if swap else (False,))
+    if probe is not None and not swap:
+        probed = [p for p in scorable if p.id in probe.ids and p.id not in failures]
+        seen = _merge(ids, [matrix, stage(probe_stage(settings, per_pair), probed, (True,))])
+        both = []
+        for p in probed:
+            cols, w = totals_of(p)
+            fa, fb = _order_scores(seen, p.id, cols, "")
+            ra, rb = _order_scores(seen, p.id, cols, SWAP)
+            both.append((*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w)))
+        probe_record = position_bias(both)
+        if probe.both_orders(probe_record):
+            swap = True
+            rest = [p for p in scorable if p.id not in probe.ids and p.id not in failures]
+            matrix = _merge(ids, [seen, stage(rest_stage(settings, per_pair), rest, (True,))])
+        elif progress is not None:  # what is left: prompt aggregation in one order
+            progress.expect(len(scorable) if settings.mode == "prompt-agg" else 0)
 
     # -- prompt aggregation: the aspect scores go back to the LLM
     if settings.mode == "prompt-agg":
         tpl_p = templates["prompt_agg"]
-        agg_a: list[Cell] = []
-        agg_b: list[Cell] = []
+        agg: list[tuple[str, Any]] = []
         for p in scorable:
             if p.id in failures:
                 continue
-            sa, sb = _mean_scores(matrix, p.id, base_cols[p.id], settings.swap)
+            sa, sb = _mean_scores(matrix, p.id, base_cols[p.id], swap)
 
             def agg_req(swapped: bool, p=p, sa=sa, sb=sb, specs=aspects[p.id], w=weights[p.id]):
                 first, second = (sb, sa) if swapped else (sa, sb)
@@ -292,19 +375,28 @@ def run_pairs(
                     )
                 )
 
-            add(p.id, "overall", agg_req, agg_a, agg_b)
-        extra = _both_sides(
-            llm,
-            ids,
-            agg_a,
-            agg_b,
-            _read_pair,
-            concurrency,
-            progress,
-            f"{settings.aggregation_stage}, {len(agg_a) // len(orders)} pairs, calls",
-            fail,
-        )
-        matrix = _merge(ids, [matrix, extra])
+            agg.append((p.id, agg_req))
+        # --swap: one stage of both orders; the probe's finding: the swapped order as a stage of its own
+        agg_stages = [(settings.aggregation_stage, (False, True) if settings.swap else (False,))]
+        if swap and not settings.swap:
+            agg_stages.append((AGG_REST_STAGE, (True,)))
+        for label, orders in agg_stages:
+            agg_a: list[Cell] = []
+            agg_b: list[Cell] = []
+            for pid, req_of in agg:
+                add(pid, "overall", req_of, agg_a, agg_b, orders)
+            extra = _both_sides(
+                llm,
+                ids,
+                agg_a,
+                agg_b,
+                _read_pair,
+                concurrency,
+                progress,
+                f"{label}, {len(agg)} pairs, calls",
+                fail,
+            )
+            matrix = _merge(ids, [matrix, extra])
 
     # -- aggregation
     totals = np.full((len(ids), 2), np.nan)
@@ -317,18 +409,18 @@ def run_pairs(
         if p.id in failures:
             continue
         if diffs is not None:
-            sa, sb = _mean_scores(matrix, p.id, keys, settings.swap)
+            sa, sb = _mean_scores(matrix, p.id, keys, swap)
             diffs[i] = sa - sb
         if settings.mode == "dna":
             cols, w = base_cols[p.id], weights[p.id]
         else:
             cols, w = ["overall"], np.ones(1)
-        sa, sb = _mean_scores(matrix, p.id, cols, settings.swap)
+        sa, sb = _mean_scores(matrix, p.id, cols, swap)
         ta, tb = weighted_totals(sa, sb, w)
         totals[i] = (ta, tb)
         labels[i] = ""  # decided below, by the tie margin
         labels_ab[i] = None if ta == tb else ("a" if ta > tb else "b")
-        if settings.swap:
+        if swap:
             fa, fb = _order_scores(matrix, p.id, cols, "")
             ra, rb = _order_scores(matrix, p.id, cols, SWAP)
             order_totals[p.id] = (*weighted_totals(fa, fb, w), *weighted_totals(ra, rb, w))
@@ -345,6 +437,8 @@ def run_pairs(
         failures=failures,
         diffs=diffs,
         order_totals=order_totals,
+        probe=probe_record,
+        swapped=swap,
     )
     # no margin yet (to be learned on the training split): decide at 0 until it is
     res.apply_margin(settings.tie_margin or 0.0)
@@ -396,26 +490,38 @@ _PLAN_COMPLETION = {"aspects": 40, "weights": 8, "score": 2, "direct": 2, "cot":
 def plan_dna(config, prep, backend=None) -> list:
     """DnA's calls per stage, without calling the LLM: exact where the requests are known before
     the run; with dynamic aspects the weights and scores depend on the proposed aspects, so k per
-    pair is counted, cache state unknown. Re-asks of unusable JSON replies are not counted."""
+    pair is counted, cache state unknown. Re-asks of unusable JSON replies are not counted.
+    Without --swap, the position probe's stage, and the stages a bias it finds adds (upper
+    bounds: they run only then; not with --no-swap, which keeps one order and warns)."""
+    import dataclasses
+
     from hdeval.methods.run import LayerPlan, backend_for, exact_plan, prompt_chars
 
     settings = config.options.settings()
     task, pairs = prep.task, list(prep.samples)
     templates = load_dna_templates(settings.prompt_roles)
     orders = (False, True) if settings.swap else (False,)
+    probed_ids = set() if settings.swap else set(probe_ids(prep.split.train_ids, config.seed))
+    probed = [p for p in pairs if p.id in probed_ids]
+    rest = (
+        [p for p in pairs if p.id not in probed_ids] if probed and not config.options.one_order_chosen else []
+    )
     plans: list = []
 
-    def exact(n: int, stage: str, role: str, reqs: list) -> None:
-        plans.append(exact_plan(llm, reqs, _PLAN_COMPLETION[role], n, stage))
+    def exact(n: int, stage: str, role: str, reqs: list, conditional: bool = False) -> None:
+        row = exact_plan(llm, reqs, _PLAN_COMPLETION[role], n, stage)
+        plans.append(dataclasses.replace(row, upper_bound=True) if conditional else row)
 
-    def estimated(n: int, stage: str, role: str, calls: int, chars_per_call: float) -> None:
+    def estimated(
+        n: int, stage: str, role: str, calls: int, chars_per_call: float, conditional: bool = False
+    ) -> None:
         plans.append(
             LayerPlan(
                 n,
                 0,
                 calls,
                 None,
-                False,
+                conditional,
                 int(calls * chars_per_call / 4),
                 calls * _PLAN_COMPLETION[role],
                 stage=stage,
@@ -425,16 +531,15 @@ def plan_dna(config, prep, backend=None) -> list:
     with backend_for(config, backend, offline=True) as llm:
         if not settings.uses_aspects:
             role = settings.mode
-            exact(
-                1,
-                settings.scoring_stage(1),
-                role,
-                [
-                    overall_request(templates[role], task, p, sw, role)  # as run_pairs asks
-                    for p in pairs
-                    for sw in orders
-                ],
-            )
+
+            def overall(todo: list[PairSample], sws: Sequence[bool]) -> list[CompletionRequest]:
+                return [overall_request(templates[role], task, p, sw, role) for p in todo for sw in sws]
+
+            exact(1, settings.scoring_stage(1), role, overall(pairs, orders))  # as run_pairs asks
+            if probed:
+                exact(2, probe_stage(settings, 1), role, overall(probed, (True,)))
+            if rest:
+                exact(3, rest_stage(settings, 1), role, overall(rest, (True,)), conditional=True)
             return plans
         fixed = [AspectSpec(a.key, a.name, a.definition) for a in task.aspects]
 
@@ -456,23 +561,31 @@ def plan_dna(config, prep, backend=None) -> list:
             generic = [
                 AspectSpec(f"aspect {i + 1:<5}", f"aspect {i + 1:<5}", "y" * 80) for i in range(settings.k)
             ]
-            w_chars = np.mean([prompt_chars(weights_req(p, generic)) for p in pairs])
-            s_chars = np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs])
+            w_chars = float(np.mean([prompt_chars(weights_req(p, generic)) for p in pairs]))
+            s_chars = float(np.mean([prompt_chars(score_req(p, generic[0], False)) for p in pairs]))
+            k = settings.k
             estimated(2, "weights", "weights", len(pairs), w_chars)
-            estimated(
-                3, settings.scoring_stage(settings.k), "score", len(pairs) * settings.k * n_orders, s_chars
-            )
+            estimated(3, settings.scoring_stage(k), "score", len(pairs) * k * n_orders, s_chars)
+            if probed:
+                estimated(4, probe_stage(settings, k), "score", len(probed) * k, s_chars)
+            if rest:
+                estimated(5, rest_stage(settings, k), "score", len(rest) * k, s_chars, conditional=True)
         else:
+
+            def scores(todo: list[PairSample], sws: Sequence[bool]) -> list[CompletionRequest]:
+                return [score_req(p, spec, sw) for p in todo for spec in fixed for sw in sws]
+
             exact(1, "weights", "weights", [weights_req(p, fixed) for p in pairs])
-            exact(
-                2,
-                settings.scoring_stage(len(fixed)),
-                "score",
-                [score_req(p, spec, sw) for p in pairs for spec in fixed for sw in orders],
-            )
+            exact(2, settings.scoring_stage(len(fixed)), "score", scores(pairs, orders))
+            if probed:
+                exact(3, probe_stage(settings, len(fixed)), "score", scores(probed, (True,)))
+            if rest:
+                exact(4, rest_stage(settings, len(fixed)), "score", scores(rest, (True,)), conditional=True)
         if settings.mode == "prompt-agg":
             chars = np.mean([prompt_chars(score_req(p, fixed[0], False)) for p in pairs]) + 60 * (
                 settings.k if settings.dynamic else len(fixed)
             )
             estimated(len(plans) + 1, settings.aggregation_stage, "prompt_agg", len(pairs) * n_orders, chars)
+            if rest:
+                estimated(len(plans) + 1, AGG_REST_STAGE, "prompt_agg", len(pairs), chars, conditional=True)
         return plans

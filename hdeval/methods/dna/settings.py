@@ -107,7 +107,12 @@ class DnaOptions(MethodOptions):
         "totals this close are a tie (default: learned on the training split, where humans tie pairs "
         "more often than they side with the judge)",
     )
-    swap: bool = option(False, "ask every pairwise prompt in both orders and average")
+    swap: bool = option(
+        False,
+        "ask every pairwise prompt in both orders and average (not given: one order, after a probe of "
+        "30 training pairs in both orders; a position bias it finds adds the other order for every "
+        "pair; --no-swap: one order, with a warning when it finds one)",
+    )
     logprob_scores: bool = option(
         True,
         "weight each 1-10 aspect score by its token's top logprobs where the "
@@ -119,6 +124,11 @@ class DnaOptions(MethodOptions):
             raise ConfigError(f"--k must be a whole number from 1 to {MAX_K}, got {self.k!r}")
         if self.tie_margin is not None and not (math.isfinite(self.tie_margin) and self.tie_margin >= 0):
             raise ConfigError(f"--tie-margin must be 0 or more, got {self.tie_margin!r}")
+
+    @property
+    def one_order_chosen(self) -> bool:
+        """--no-swap given: one order even when the position probe finds a bias (it warns)."""
+        return "swap" in self.given() and not self.swap
 
     def settings(self) -> Settings:
         return Settings(
