@@ -145,6 +145,40 @@ def calls_made(result) -> int:
     return int(line.split(":")[1].split(",")[0])
 
 
+@pytest.fixture
+def browsers():
+    """``browsers()``: a new headless chromium (Selenium), each quit at the end; skips without one."""
+    from browser import need_browser, new_browser
+
+    need_browser()
+    made = []
+
+    def new():
+        made.append(new_browser())
+        return made[-1]
+
+    yield new
+    for d in made:
+        d.quit()
+
+
+@pytest.fixture
+def servers():
+    """``servers(tmp_path, argv)``: ``hdeval ARGV`` serving a page (tests/browser.py's CliServer),
+    each stopped at the end."""
+    from browser import CliServer
+
+    started: list = []
+
+    def start(tmp_path: Path, argv: list[str], log: str = "server.log"):
+        started.append(CliServer(tmp_path, argv, log))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs for one test module; workers import this checkout's hdeval
@@ -365,7 +399,7 @@ def cache_entries(cache_dir: Path) -> dict:
 
     with diskcache.Cache(str(cache_dir), disk=JSONDisk) as c:
         found = {k: Completion.from_dict(json.loads(c[k])) for k in c.iterkeys()}
-    if (Path(cache_dir) / TABLE_DBNAME).is_file():  # the reply table (#23), read on its own
+    if (Path(cache_dir) / TABLE_DBNAME).is_file():  # the reply table, read on its own
         con = sqlite3.connect(Path(cache_dir) / TABLE_DBNAME)
         try:
             for key, value in con.execute("SELECT key, value FROM reply"):

@@ -83,24 +83,65 @@ def normal_scores(H: np.ndarray) -> np.ndarray:
     return np.column_stack([norm.ppf((rankdata(H[:, j]) - 0.5) / n) for j in range(H.shape[1])])
 
 
-def criteria(H: np.ndarray, judge: Judge, seed: int = 0) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """(criterion scores rows x columns on 1-5, the direct criterion's column per aspect, each
-    row's difficulty). Columns per aspect: direct, informative sub-criteria, pure noise."""
+@dataclass(frozen=True)
+class Sheet:
+    """What :func:`criteria_sheet` drew: the scores and the parts they were built from."""
+
+    scores: np.ndarray  # rows x columns on 1-5
+    direct: list[int]  # the direct criterion's column per aspect
+    kappa: np.ndarray  # each row's difficulty
+    aspect: list[int]  # each column's aspect
+    load: list[float]  # each column's load on its aspect's reading (0: pure noise)
+    reading: np.ndarray  # rows x aspects: what the judge reads (the human score misread)
+    halo: np.ndarray  # each row's halo
+
+
+def criteria_sheet(H: np.ndarray, judge: Judge, seed: int = 0) -> Sheet:
+    """The criterion scores of :func:`criteria` with the parts they were built from, so deeper
+    criteria (:func:`children`) can share them."""
     rng = np.random.default_rng(seed)
     z = normal_scores(H)
     n, m = z.shape
     kappa = np.exp(judge.hardness * rng.normal(size=n) - judge.hardness ** 2 / 2)
     halo = judge.halo * rng.normal(size=n)
-    cols, direct = [], []
+    cols, direct, aspect, load, readings = [], [], [], [], []
     common = rng.normal(size=n)  # the part of a sample's misreading all its aspects share
     rho = judge.misread_shared
     for a in range(m):
         miss = np.sqrt(rho) * common + np.sqrt(1 - rho) * rng.normal(size=n)
         reading = z[:, a] + judge.misread * kappa * miss
+        readings.append(reading)
         direct.append(len(cols))
         loads = [1.0] + list(rng.uniform(0.4, 1.0, size=judge.sub_criteria)) + [0.0] * judge.noise_criteria
         for w in loads:
             cols.append(w * reading + halo + judge.noise * kappa * rng.normal(size=n))
-    X = np.column_stack(cols)
-    X = np.clip(3 + 1.2 * X / X.std(axis=0), 1, 5)
-    return X, direct, kappa
+            aspect.append(a)
+            load.append(float(w))
+    return Sheet(_on_scale(np.column_stack(cols)), direct, kappa, aspect, load, np.column_stack(readings), halo)
+
+
+def _on_scale(X: np.ndarray) -> np.ndarray:
+    return np.clip(3 + 1.2 * X / X.std(axis=0), 1, 5)
+
+
+def criteria(H: np.ndarray, judge: Judge, seed: int = 0) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """(criterion scores rows x columns on 1-5, the direct criterion's column per aspect, each
+    row's difficulty). Columns per aspect: direct, informative sub-criteria, pure noise."""
+    s = criteria_sheet(H, judge, seed)
+    return s.scores, s.direct, s.kappa
+
+
+def children(sheet: Sheet, judge: Judge, parents: list[int], per_parent: int = 3, seed: int = 0) -> np.ndarray:
+    """The criteria a decomposition of each of ``parents`` (columns of ``sheet``) adds, ``per_parent``
+    each: a child reads what its parent reads at most as strongly (a pure-noise criterion's
+    children are pure noise too), with the same halo and its own noise. Rows x children, parent
+    by parent."""
+    rng = np.random.default_rng(seed)
+    n = len(sheet.halo)
+    cols = [
+        sheet.load[c] * rng.uniform(0.7, 1.0) * sheet.reading[:, sheet.aspect[c]] + sheet.halo
+        + judge.noise * sheet.kappa * rng.normal(size=n)
+        for c in parents
+        for _ in range(per_parent)
+    ]
+    return _on_scale(np.column_stack(cols)) if cols else np.zeros((n, 0))

@@ -177,7 +177,7 @@ def _noise_factor(uneven: float, name: str) -> float:
     return math.exp(uneven * unit_normal("noise-level", name)) if uneven else 1.0
 
 
-#: The realistic judge of issue #40: a halo (0.8) shared by all criteria of a sample, a
+#: A realistic judge: a halo (0.8) shared by all criteria of a sample, a
 #: misreading (2.0) shared by the criteria of one aspect, criterion noise 0.7. On SFHOT its
 #: direct scores' held-out Spearman is about .3.
 REALISTIC = {"noise": 0.7, "halo": 0.8, "misreading": 2.0, "deep_signal": True}

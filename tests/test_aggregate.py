@@ -165,7 +165,7 @@ def test_from_fitted_rebuilds_a_loaded_aggregator_that_clones_to_the_same_model(
         Aggregator.from_fitted("lr", ASPECTS, RANGES, [["fluency"]], 0, fitted.models_, X.shape[1])
 
 
-# --------------------------------------------------------------------------- nn tuning (#12.1)
+# --------------------------------------------------------------------------- nn tuning
 SMALL_GRID = {"alpha": (10.0, 0.1), "hidden_layer_sizes": ((8,), (16, 8))}
 
 
@@ -204,7 +204,7 @@ def test_auto_selection_scores_nn_with_its_tuned_parameters(small_grid):
     assert best.kind == max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
 
 
-# --------------------------------------------------------------------------- pruning (#12.4)
+# --------------------------------------------------------------------------- pruning
 def test_pruning_expands_only_criteria_with_positive_importance():
     from hdeval.methods.hdeval.prune import prune
 
@@ -224,7 +224,7 @@ def test_pruning_expands_only_criteria_with_positive_importance():
     assert none.selected == () and none.n_positive == 0
 
 
-# --------------------------------------------------------------------------- training (#12.2, #12.5)
+# --------------------------------------------------------------------------- training
 def test_subtree_means_average_each_aspect_with_its_own_descendants_only():
     from hdeval.core.types import CriteriaTree, Criterion, ScoreMatrix
     from hdeval.methods.hdeval.loop import subtree_means
@@ -268,7 +268,7 @@ def test_training_records_sklearn_warnings_in_the_layer_report_not_the_terminal(
     assert "mean_subtree" in ev.metrics and any("own-subtree mean" in m for m in messages)
 
 
-# --------------------------------------------------------------------------- fitting speed (#15.4)
+# --------------------------------------------------------------------------- fitting speed
 def test_parallel_fitting_gives_exactly_the_serial_results(small_grid):
     """Folds, kinds, grid points and pruning folds run as parallel jobs; every fit is seeded,
     so the numbers must not depend on the number of workers."""

@@ -1,4 +1,4 @@
-"""``apply`` streams and shards (issue #15 item 3).
+"""``apply`` streams and shards.
 
 * The input is validated whole before any LLM call, then read, scored and written a chunk at a
   time; the output appears only at the end (renamed into place), so a bad line, a failure or a

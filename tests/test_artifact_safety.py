@@ -250,6 +250,28 @@ def test_tree_structure_edit_is_refused(edit: str, artifact: Path, samples: Path
     assert expected in line, line
 
 
+@pytest.mark.parametrize("edit,expected", [
+    ("an unknown field", "tree.json: unknown field(s): criteria.0.weight"),
+    ("a layer as text", "tree.json: criteria.0.layer must be a whole number, got '1'"),
+    ("a name as a number", "tree.json: criteria.0.name must be text, got 7"),
+])
+def test_a_tree_edit_outside_its_format_is_one_line_naming_the_field(
+    edit: str, expected: str, artifact: Path, samples: Path, tmp_path: Path
+) -> None:
+    def change(tree: dict) -> None:
+        node = tree["criteria"][0]
+        if edit == "an unknown field":
+            node["weight"] = 2
+        elif edit == "a layer as text":
+            node["layer"] = str(node["layer"])
+        else:
+            node["name"] = 7
+
+    edit_json(artifact / "tree.json", change)
+    line = refused(apply(artifact, samples, tmp_path), tmp_path)
+    assert line.startswith(f"error: {artifact / 'tree.json'}: ") and line.endswith(expected), line
+
+
 def _holders(data: object) -> Iterator[tuple[list, dict]]:
     """(list, node) for every criterion-like dict in the tree JSON, whatever its nesting."""
     if isinstance(data, dict):

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing trusted blindly (issue #13 items 1 and 3, #14 item 8).
+"""Nothing lost, nothing trusted blindly.
 
 * ``train -o`` never deletes a directory that is not an artifact, replaces an artifact only
   with ``--force``, refuses the working directory and unwritable places before any LLM call,

@@ -1,4 +1,4 @@
-"""Issue #40: the kept aggregator is chosen among simple and learned candidates by grouped
+"""The kept aggregator is chosen among simple and learned candidates by grouped
 cross-validation on training documents, the simplest within one standard error of the best."""
 
 from __future__ import annotations

@@ -550,7 +550,7 @@ def test_a_lock_file_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> N
     assert not (tmp_path / "elsewhere").exists()
 
 
-# -- stuck states (#22.12, #22.15) ---------------------------------------------------------------
+# -- stuck states ---------------------------------------------------------------
 def test_a_poll_interval_of_zero_is_bounded(monkeypatch) -> None:
     monkeypatch.undo()
     monkeypatch.setenv(batch_mod.POLL_ENV, "0")

@@ -90,6 +90,27 @@ def test_bootstrap_resamples_whole_documents_and_is_seeded() -> None:
     assert once["low"] <= once["estimate"] <= once["high"]
 
 
+def test_the_new_split_interval_is_never_wider_than_a_t_interval_over_the_seeds():
+    # a method whose predictions do not depend on its training (as direct's): the seeds' figures
+    # differ by their test documents only, the spread the test part explains; the interval is at
+    # most the t interval of the seeds' degrees of freedom, never an unbounded quantile
+    from scipy.stats import t
+
+    for seed in range(5):
+        y, groups, rng = _noisy(n_docs=60, seed=seed)
+        pred = y + 1.5 * rng.normal(size=y.shape)
+        docs = np.array(groups)
+        cases, sizes = [], []
+        for _ in range(3):
+            test = np.isin(docs, [f"d{d}" for d in rng.permutation(60)[:24]])
+            cases.append((y[test], pred[test], list(docs[test])))
+            sizes.append(int((~test).sum()))
+        r = pooled_bootstrap_ci(cases, n_resamples=200, seed=seed, train_sizes=sizes)
+        sd = np.hypot(r["test_sd"], r["training_sd"])
+        assert -1 < r["low"] < r["estimate"] < r["high"] < 1
+        assert (r["high"] - r["low"]) / 2 <= t.ppf(0.975, 2) * sd + 1e-4, (seed, r)  # figures are rounded
+
+
 def test_a_figure_with_no_estimate_has_no_interval():
     # a constant prediction has no correlation on any seed: no figure, so no bounds either
     y, groups, _ = _noisy()
@@ -304,7 +325,7 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
         assert [p["layer"] for p in e["points"]] == [1, 2]
         for p in e["points"]:
             counts = [x["criteria_per_layer"][str(p["layer"])] for x in seeds]
-            # on the compared rows, as the main table (issue #39 item 4)
+            # on the compared rows, as the main table
             spear = [x["layers_compared"][str(p["layer"])]["average"]["spearman"] for x in seeds]
             assert p["criteria"]["mean"] == pytest.approx(np.mean(counts)) and p["criteria"]["n"] == 2
             assert p["spearman"] == s["layers_compared"][str(p["layer"])]
@@ -340,6 +361,27 @@ def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fa
     assert [s["usage"]["requests"] for s in again["settings"]] == [s["usage"]["requests"] for s in res["settings"]]
     assert all(s["usage"]["requests"] > 0 for s in again["settings"])  # hdeval-dt too, though lr ran first
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces its own files only
+
+
+def test_benchmark_reads_a_csv_as_train_does_and_its_help_says_so(tmp_path: Path) -> None:
+    from conftest import REPO
+
+    task = tmp_path / "task.toml"
+    r = CliRunner().invoke(cli, ["init", str(REPO / "examples" / "ratings.csv"), "-o", str(task),
+                                 "--source-col", "question", "--output-col", "answer"])
+    assert r.exit_code == 0, r.output
+    lines = (REPO / "examples" / "ratings.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    data = tmp_path / "mine.csv"  # 16 of the task's 24 rows: the file given, not the task's own
+    data.write_text("".join(lines[:17]), encoding="utf-8")
+    out = tmp_path / "bench"
+    r = CliRunner().invoke(cli, ["benchmark", "--task", str(task), "--data", str(data), "--methods", "direct",
+                                 "--seeds", "1", "--llm", "fake", "--cache-dir", str(tmp_path / "c"), "-q",
+                                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "results.json").read_text(encoding="utf-8"))["runs"][0]
+    assert run["n_train"] + run["n_test"] == 16 and run["usage"]["calls"] == 16 * 2
+    help_text = " ".join(CliRunner().invoke(cli, ["benchmark", "--help"]).output.split())
+    assert "Samples: JSONL, a CSV, TSV, JSON or Parquet table" in help_text
 
 
 def test_benchmark_refuses_an_output_it_did_not_write(tmp_path: Path, fake_calls: list[int]) -> None:
@@ -849,7 +891,7 @@ def test_run_artifact_names_tell_every_training_fraction_apart() -> None:
     assert spec.artifact_names() == ["dna-frac0.1234567-seed0", "dna-frac0.1234568-seed0", "dna-frac0.5-seed0"]
 
 
-# ------------------------------------------------------------------ #20 item 3: one set of rows
+# ------------------------------------------------------------------ one set of rows
 def test_limit_never_cuts_the_last_document() -> None:
     from hdeval.core.types import Sample
     from hdeval.data.samples import limit_samples
@@ -900,7 +942,7 @@ def test_failed_rows_are_left_out_for_every_method_and_each_failure_rate_is_repo
     y = test[[f"human:{a}" for a in aspects]].to_numpy(float)
     pred = fitted.held_out_predictions(t, test)
     assert hd["dataset"] == metric_table(y[~failed], pred[~failed], aspects)  # not its imputed rows
-    # issue #39 item 5: beside it, each method's figure on all its own rows and its failure rate
+    # beside it, each method's figure on all its own rows and its failure rate
     mine = ~tables["hdeval"][3]
     assert hd["own_rows"]["rows"] == int(mine.sum()) >= hd["rows"]["compared"]
     # direct, which fails on fewer rows, is also shown on the rows only HD-Eval failed on

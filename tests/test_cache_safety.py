@@ -244,7 +244,7 @@ def test_planted_settings_are_refused_and_repair_keeps_the_entries(tmp_path):
 @pytest.mark.parametrize("name, survivors", [("cache.db", 1), ("replies.db", 0)])
 def test_repair_of_a_garbage_database_keeps_it_aside(tmp_path, name, survivors):
     """Either database garbage: it is kept aside, and the reply in the other one (the reply
-    table holds every reply written since #23) is copied."""
+    table holds every reply a current hdeval writes) is copied."""
     cache = tmp_path / "cache"
     cb = CachedBackend(FakeBackend(), cache)
     cb.complete(_req())
@@ -265,7 +265,7 @@ def test_repair_recovers_what_a_partly_overwritten_database_still_holds(tmp_path
     cb = CachedBackend(FakeBackend(), cache)
     replies = {_key(f"q{i} " + "x" * 500): cb.complete(_req(f"q{i} " + "x" * 500)) for i in range(400)}
     cb.close()
-    db = cache / "replies.db"  # where the replies are (#23)
+    db = cache / "replies.db"  # where the replies are
     assert not (cache / "replies.db-wal").exists() or (cache / "replies.db-wal").stat().st_size == 0
     size = db.stat().st_size
     with db.open("r+b") as fh:  # a few pages in the middle overwritten

@@ -1,4 +1,4 @@
-"""How the cache stores its keys and which SQLite settings it runs with (issue #23 item 3): a
+"""How the cache stores its keys and which SQLite settings it runs with: a
 request hash is stored as its 32 raw bytes, a cache written with hex text keys keeps serving
 (its entries are never rewritten), and the store's memory does not grow with the cache file."""
 
@@ -36,7 +36,7 @@ def _keys(cache: Path) -> list[tuple[str, object]]:
 
 
 def _table(cache: Path) -> list[tuple[str, object]]:
-    """The reply table's keys (where replies are written since #23)."""
+    """The reply table's keys (where replies are written)."""
     con = sqlite3.connect(cache / "replies.db")
     try:
         return con.execute("SELECT typeof(key), key FROM reply ORDER BY key").fetchall()

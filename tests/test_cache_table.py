@@ -1,4 +1,4 @@
-"""The reply table (``replies.db``, issue #23 item 3): what it may hold is checked as diskcache's
+"""The reply table (``replies.db``): what it may hold is checked as diskcache's
 file is (anything the cache did not create is refused at open and named by ``cache check``), its
 values are read with bounds (a planted one is a miss with a warning), a corrupted table is one
 line naming it, and both files' entries are counted by ``cache stats``."""

@@ -1,4 +1,4 @@
-"""How the cache stores a reply (issue #23 item 3): a compact, compressed value holding every field
+"""How the cache stores a reply: a compact, compressed value holding every field
 scoring reads back; entries of the older format (JSON text) still read, so a rerun on an old
 cache pays nothing; a planted compact value is a miss with a warning, read with bounds."""
 
@@ -67,7 +67,7 @@ def test_a_reply_reads_back_exactly_from_its_compact_value(tmp_path: Path, name:
     cb = CachedBackend(Fixed(), tmp_path / "c")
     assert cb.complete(_req("q")) == reply
     cb.close()
-    assert _stored_rows(tmp_path / "c") == []  # in the reply table (#23), not diskcache's rows
+    assert _stored_rows(tmp_path / "c") == []  # in the reply table, not diskcache's rows
     con = sqlite3.connect(tmp_path / "c" / "replies.db")
     (key, value), = con.execute("SELECT key, value FROM reply").fetchall()
     con.close()

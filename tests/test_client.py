@@ -249,7 +249,7 @@ def test_two_threads_asking_the_same_request_pay_once(tmp_path) -> None:
 
 
 def test_a_request_that_keeps_failing_while_others_succeed_is_its_cells_failure(tmp_path) -> None:
-    """#22.14: one unlucky request exhausts its retries; the run goes on (it is not cached, so the
+    """One unlucky request exhausts its retries; the run goes on (it is not cached, so the
     next run asks again); only a streak of such requests stops the run."""
     def hook(text: str) -> None:
         if text in ("q5", "q9"):

@@ -104,13 +104,13 @@ def test_persistent_garbage_fails_naming_the_criterion():
         decompose(backend, load_templates()["decompose"], task, tree, node, 4)
 
 
-# ---------------------------------------------------------------- the quality gate (#20 item 8)
+# ---------------------------------------------------------------- the quality gate
 def _reply(*subs):
     return json.dumps({"subcriteria": [{"key": k, "name": n, "definition": d} for k, n, d in subs]})
 
 
 FLOW = ("flow", "Flow", "Sentences connect.")
-# the three degenerate replies the embedded model gave (issue #20)
+# the three degenerate replies the embedded model gave
 PARENT_COPY = _reply(("coherence", "Coherence", "The collective quality of all sentences."), FLOW)
 TWIN_SIBLINGS = _reply(("logical_order", "Logical order", "Ideas follow each other."),
                        ("logical_order_2", "Logical Order.", "Ideas come in a sensible order."))

@@ -622,7 +622,7 @@ def test_progress_counts_the_calls_the_dry_run_lists_under_its_stage_names(faire
 @pytest.mark.parametrize("options", [{}, {"swap": True}, {"dna_mode": "prompt-agg", "swap": True},
                                      {"dna_mode": "cot"}, {"aspect_source": "dynamic", "k": 3}])
 def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, options):
-    """The whole run's ETA (#21 item 5): before the first call the progress is told the calls of
+    """The whole run's ETA: before the first call the progress is told the calls of
     every stage it will draw, the dry run's figure for those stages (the aspects and weights
     calls are not drawn), and exactly what the stages then ran on replies that all parse."""
     from hdeval.run.train import TrainConfig, plan
@@ -638,7 +638,7 @@ def test_progress_is_told_the_whole_runs_calls_the_dry_run_lists(tmp_path, optio
     assert drawn == sum(total for _, total, _ in rec.stages) == sum(done for _, _, done in rec.stages)
 
 
-# --------------------------------------------------------------------------- the tie margin (#20 item 6)
+# --------------------------------------------------------------------------- the tie margin
 
 
 def test_learned_tie_margin_covers_the_close_pairs_humans_tie_and_records_how():
@@ -703,7 +703,7 @@ def test_learned_tie_margin_does_not_chase_the_training_splits_noise():
 
 
 def test_a_margin_is_never_worse_on_training_than_none():
-    """Issue #39 item 3: the logistic crossing can fall where the training pairs themselves
+    """The logistic crossing can fall where the training pairs themselves
     agree less with ties than without (0.35 against 0.425 here, as 0.414 against 0.525 with a
     judge that favours the first response); margin 0 is a candidate, chosen by grouped CV."""
     from hdeval.methods.dna.decision import learn_tie_margin
@@ -825,7 +825,7 @@ def test_a_margin_the_user_gives_is_kept_and_recorded_as_given(faireval40, tmp_p
     assert r.exit_code == 2 and "--tie-margin must be 0 or more" in r.output
 
 
-# --------------------------------------------------------------------------- swap flip rate (#20 item 9)
+# --------------------------------------------------------------------------- swap flip rate
 
 
 def _first_wins(request, fake):
@@ -868,7 +868,7 @@ def test_an_artifact_whose_llm_is_not_an_object_of_text_is_one_line_naming_the_m
 
 @pytest.mark.parametrize("mode", ["direct", "dna"])
 def test_each_cached_reply_is_counted_once(tmp_path, mode):
-    """Issue #39 item 6: each reply holds both sides' scores and is read once per side; a
+    """Each reply holds both sides' scores and is read once per side; a
     fully cached run counted every cache hit twice (1812 for 906 pairs)."""
     from simjudge import pair_backend, pairwise_rows, write_pairs
 
@@ -882,7 +882,7 @@ def test_each_cached_reply_is_counted_once(tmp_path, mode):
 
 @pytest.mark.slow
 def test_a_judge_that_favours_the_first_response_gets_no_margin_that_loses_to_none(tmp_path):
-    """Issue #39 item 3: with a +1 bonus for the response shown first and no --swap, a learned
+    """With a +1 bonus for the response shown first and no --swap, a learned
     margin made DnA's held-out agreement with ties worse than margin 0 and than its direct
     baseline. The margin is now kept only when cross-validation on training pairs says it helps."""
     from simjudge import pair_backend, pairwise_rows

@@ -1,5 +1,5 @@
-"""The dry run and the progress count the same thing, and both give the whole run's time
-(issue #21 item 5): "requests" are decompositions plus one scoring request per sample and
+"""The dry run and the progress count the same thing, and both give the whole run's time:
+"requests" are decompositions plus one scoring request per sample and
 criterion, what the progress bar counts; identical requests (samples with the same text) share
 one call, which is what the dry run's score-calls and the cost count."""
 

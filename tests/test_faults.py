@@ -173,7 +173,7 @@ def test_transport_faults_leave_the_result_unchanged_and_the_cache_exact(
             stops.append(msg)
             continue
         # a request that failed 7 times in a row while others succeeded is its cell's recorded
-        # failure (#22.14), not cached: the rerun asks for it, and only for it
+        # failure, not cached: the rerun asks for it, and only for it
         answered = server.log[start:]
         if not {a.body for a in answered} - {a.body for a in delivered(answered)}:
             break
@@ -388,7 +388,7 @@ def marked_slice(tmp_path: Path, marks: dict[int, str], n: int = 40) -> tuple[Pa
 def test_a_request_the_server_rejects_is_that_cells_failure_and_the_run_goes_on(
     fresh: FaultServer, tmp_path: Path
 ) -> None:
-    """#13.4: one over-long sample (400 context_length_exceeded) and one oversized reply
+    """One over-long sample (400 context_length_exceeded) and one oversized reply
     (past the 4 MB cap) used to stop ``train``; now they are recorded failures naming the
     sample, nothing of them is cached, and a rerun asks only for them again."""
     server = fresh
@@ -431,7 +431,7 @@ def test_a_request_the_server_rejects_is_that_cells_failure_and_the_run_goes_on(
 def test_hostile_score_values_are_recorded_failures_end_to_end(
     fresh: FaultServer, reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    """#13.5 through the real client: superscript and Arabic-Indic digits, logprobs of 1000,
+    """Odd numbers through the real client: superscript and Arabic-Indic digits, logprobs of 1000,
     Infinity and NaN, a 5000-digit number, a non-string content, usage 1e999."""
     from llm_server import SCORE_HOSTILE
 
@@ -473,7 +473,7 @@ def test_hostile_score_values_are_recorded_failures_end_to_end(
 
 
 def test_a_dripping_server_is_bounded_by_the_timeout(fresh: FaultServer, tmp_path: Path) -> None:
-    """#13.6: the first scoring reply drips a byte a second; ``timeout`` bounds the request
+    """The first scoring reply drips a byte a second; ``timeout`` bounds the request
     as a whole, the retry gets a normal reply, and the run finishes."""
 
     class DripOnce:

@@ -1,4 +1,4 @@
-"""A new user's first hour (#37): files never overwritten, nothing written inside the reply cache."""
+"""A new user's first hour: files never overwritten, nothing written inside the reply cache."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_the_default_cache_is_protected_too(tmp_path: Path, monkeypatch) -> None
 
 
 def test_rows_imported_later_never_take_a_training_rows_id(tmp_path: Path) -> None:
-    """#37 item 4: ids were <task>-00001... in every file, so new rows read as training rows."""
+    """Ids were <task>-00001... in every file, so new rows read as training rows."""
     train_csv = tmp_path / "train.csv"
     train_csv.write_text("question,answer,clear,correct\nWhy?,Because.,4,3\nHow?,Like this.,2,5\n", encoding="utf-8")
     new_csv = tmp_path / "new.csv"
@@ -177,7 +177,7 @@ def test_parquet_input_without_pyarrow_is_one_line_saying_how(tmp_path: Path, mo
 
 
 def test_a_wall_of_one_problem_is_one_line_with_a_count(tmp_path: Path) -> None:
-    """#37 item 6: the same missing score on every line was printed 20 times, the fix last."""
+    """The same missing score on every line was printed 20 times, the fix last."""
     from hdeval.core.errors import DataError
     from hdeval.data.samples import read_samples
     from hdeval.data.tasks import load_task
@@ -254,7 +254,7 @@ def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_pat
 
 
 def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
-    """#37 item 2: trained without --data (the task's data_file found beside it), the report said
+    """Trained without --data (the task's data_file found beside it), the report said
     the training data was not available and showed no sample text and no raw reply."""
     from hdeval.methods.registry import load_artifact
     from hdeval.report.samples import data_path, score_replies
@@ -269,7 +269,7 @@ def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
 
 
 def test_the_summary_says_what_its_numbers_mean_and_what_to_do(tmp_path: Path) -> None:
-    """#37 item 1: an unlabelled difference, unjudged intervals, lines said twice, no next step."""
+    """An unlabelled difference, unjudged intervals, lines said twice, no next step."""
     task = EXAMPLES / "qa_task.toml"
     res = run_cli("train", "--task", task, "--tree", EXAMPLES / "qa_tree.json", "--layers", "2", "--llm", "fake",
                   "-o", tmp_path / "art", "--cache-dir", tmp_path / "c")
@@ -308,7 +308,7 @@ def test_next_step_follows_the_figures() -> None:
 @pytest.mark.parametrize("typo, meant", [("fak", "fake"), ("Fake", None), ("locl", "local"), ("loacl", "local"),
                                          ("gpt-4o-mini", None), ("lake", "fake")])
 def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo: str, meant: str | None) -> None:
-    """#37 item 7: --llm fak became a paid OpenAI model named "fak"."""
+    """--llm fak became a paid OpenAI model named "fak"."""
     from hdeval.cli.options import did_you_mean
 
     assert did_you_mean(typo, None) == meant
@@ -326,7 +326,7 @@ def test_the_dry_run_says_where_calls_would_go() -> None:
 
 
 def test_importing_a_1_to_10_scale_into_1_to_5_says_so_in_one_short_line(tmp_path: Path) -> None:
-    """#37 item 6: a 1,936-character list of cells; now the column's range against the task's."""
+    """A 1,936-character list of cells; now the column's range against the task's."""
     data = tmp_path / "ten.csv"
     data.write_text("question,answer,clear,correct\n" + "".join(
         f"Q{i}?,A{i}.,{1 + i % 10},{1 + i % 5}\n" for i in range(40)), encoding="utf-8")
@@ -338,14 +338,14 @@ def test_importing_a_1_to_10_scale_into_1_to_5_says_so_in_one_short_line(tmp_pat
 
 
 def test_root_help_says_each_summary_whole() -> None:
-    """#37 item 10: `hdeval --help` cut its summaries mid-sentence with '...'."""
+    """`hdeval --help` cut its summaries mid-sentence with '...'."""
     res = run_cli("--help")
     assert res.exit_code == 0 and "..." not in res.stdout.split("Commands:")[1]
     assert "Score new samples with a trained evaluator (same criteria,\n" in res.stdout  # wrapped, not cut
 
 
 def test_the_benchmark_banner_never_ticks_a_method_the_baseline_beats() -> None:
-    """#37 item 8: "✓ best method hdeval-lr 0.067" beside "direct 0.232 ... does not beat it"."""
+    """The line "✓ best method hdeval-lr 0.067" stood beside "direct 0.232 ... does not beat it"."""
     from hdeval.report.bench import verdict
 
     def setting(method: str, value: float) -> dict:
@@ -412,7 +412,7 @@ def _in_a_fresh_interpreter(code: str, cwd: Path) -> subprocess.CompletedProcess
 ])
 def test_a_missing_input_is_said_before_the_artifact_loads(qa_artifact: Path, tmp_path: Path,
                                                            command: list[str]) -> None:
-    """#37 item 10: the artifact (and scikit-learn, skops) loaded first, 11 s at load 10."""
+    """The artifact (and scikit-learn, skops) was loaded first."""
     missing = tmp_path / "new.csv"
     argv = [a.format(art=qa_artifact, missing=missing, out=tmp_path / "out.jsonl") for a in command]
     code = (
@@ -453,7 +453,7 @@ NEW_RATINGS = (
 
 
 def test_the_columns_data_import_was_given_are_kept_for_apply(tmp_path: Path) -> None:
-    """#37 item 5: --source-col and the others served data import, then were forgotten: apply on a
+    """--source-col and the others served data import, then were forgotten: apply on a
     new CSV of the same layout stopped at "no column 'source'"."""
     mine = tmp_path / "mine.jsonl"
     res = run_cli("data", "import", EXAMPLES / "ratings.csv", "--task", EXAMPLES / "qa_task.toml",
@@ -547,7 +547,7 @@ def _cache_with_runs_of(tmp_path: Path, *identities: str) -> Path:
 ])
 def test_a_model_name_a_typo_away_from_one_the_cache_has_run_gets_did_you_mean(
         tmp_path: Path, llm: str, base_url: str | None, meant: str | None) -> None:
-    """#37 item 7: only the built-ins were compared; a model the cache has replies of was not."""
+    """Only the built-ins were compared; a model the cache has replies of was not."""
     cache = _cache_with_runs_of(tmp_path, "openai:gpt-4o-mini@https://api.openai.com/v1",
                                 "openai:qwen2.5-7b-instruc@http://127.0.0.1:9/v1+llama", "fake:v1")
     res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", llm, "--dry-run", "--cache-dir", cache,
@@ -559,6 +559,23 @@ def test_a_model_name_a_typo_away_from_one_the_cache_has_run_gets_did_you_mean(
     else:
         assert warned == [f"warning: --llm {llm!r}: the reply cache has no run of that model at "
                           f"{base_url or 'https://api.openai.com/v1'}; did you mean {meant!r}, which it has?"]
+
+
+@pytest.mark.parametrize("given", ["https://h.example/v1?api-version=1,2&key=S1,S2", "https://h.example/v1/",
+                                   "https://h.example/v1", "https://h.example/v1/?other=1"])
+def test_did_you_mean_finds_a_run_at_a_server_named_with_a_query_or_a_slash(tmp_path: Path, given: str) -> None:
+    """The run recorded at a URL whose query holds commas was filed under "https://h.example/v1,S2"
+    (a piece of the query, written to rates.json), which no --base-url matched."""
+    from hdeval.cli.options import seen_model_near
+    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+    from hdeval.llm.eta import record_rate
+
+    ran = OpenAICompatBackend(model="qwen2.5-7b-instruct", base_url="https://h.example/v1?api-version=1,2&key=S1,S2",
+                              api_key="k", dialect="vllm")
+    record_rate(tmp_path, ran.identity, calls=100, prompt_tokens=10_000, seconds=5.0)
+    assert "S1" not in (tmp_path / "rates.json").read_text(encoding="utf-8")
+    assert "S2" not in (tmp_path / "rates.json").read_text(encoding="utf-8")
+    assert seen_model_near("qwen2.5-7b-instruc", given, str(tmp_path)) == ("qwen2.5-7b-instruct", "https://h.example/v1")
 
 
 @pytest.mark.parametrize("rates", ["huge", "fifo", "deep", "list", "control"])

@@ -186,7 +186,7 @@ def test_many_broken_lines_are_listed_up_to_a_cap(tmp_path: Path, fake_calls: li
     result = train_cli(data, tmp_path / "cache", tmp_path / "artifact", "--llm", "fake")
     assert result.exit_code == 2, result.output
     line = result.stderr.strip()
-    # one problem on 63 lines: said once, with its first lines and a count (#37 item 6)
+    # one problem on 63 lines: said once, with its first lines and a count
     first = ", ".join(map(str, sorted(broken)[:3]))
     assert f"{len(broken)} bad line(s): lines {first} and {len(broken) - 3} more: " in line and len(line) < 300
     assert fake_calls == []

@@ -1,5 +1,5 @@
 """The benchmark's 95% interval against a known truth: over 200 synthetic data sets, how often it
-holds the expected held-out agreement of a new split (issue #39, "Done means").
+holds the expected held-out agreement of a new split.
 
 Each data set has 60 documents of 3 outputs with human scores on 3 aspects; a simulated judge
 (``simcriteria``: halo, misreadings, pure-noise criteria) gives the criterion scores. A seed
@@ -44,8 +44,17 @@ def _run(data: tuple, train_frac: float, rng: np.random.Generator):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("train_frac", [0.15, 0.5])
-def test_the_interval_covers_the_expected_figure_of_a_new_split(train_frac: float) -> None:
+@pytest.mark.parametrize(
+    ("train_frac", "highest"),
+    [
+        (0.15, 0.97),
+        (0.3, 0.97),
+        # with half the documents for training the training part's scaling (each training document
+        # counted as acting alone) overstates it, and the interval still errs a little wide
+        (0.5, 0.98),
+    ],
+)
+def test_the_interval_covers_the_expected_figure_of_a_new_split(train_frac: float, highest: float) -> None:
     rng = np.random.default_rng(39)
     truth = np.mean([average_spearman(*_run(_data_set(rng), train_frac, rng)[:2]) for _ in range(2000)])
     hits, test_only = [], []
@@ -60,8 +69,5 @@ def test_the_interval_covers_the_expected_figure_of_a_new_split(train_frac: floa
         test_only.append(abs(ci["estimate"] - truth) <= norm.ppf(0.975) * ci["test_sd"])
     coverage = float(np.mean(hits))
     print(f"train frac {train_frac}: truth {truth:.3f}, coverage {coverage:.3f}, test part alone {np.mean(test_only):.3f}")
-    if train_frac < 0.3:  # few labels, where the seeds' training variability is large
-        assert 0.93 <= coverage <= 0.97
-    else:  # the training part rests on 2 degrees of freedom: with little of it, the t quantile errs wide
-        assert coverage >= 0.93
+    assert 0.93 <= coverage <= highest
     assert np.mean(test_only) < coverage  # the test documents alone miss the training's part

@@ -1,4 +1,4 @@
-"""Honest intervals and training-row flags (issue #20 items 2 and 9; #21 item 5's warnings).
+"""Honest intervals and training-row flags.
 
 Every pointwise prediction gets a split-conformal interval calibrated on training residuals
 that no test row touches; ``apply`` writes it, flags rows too uncertain for an automatic
@@ -17,7 +17,7 @@ from simjudge import pointwise_backend, pointwise_rows, write_pointwise
 
 from hdeval.cli import cli
 from hdeval.core.errors import ArtifactError
-from hdeval.learn.intervals import half_widths, read_calibration
+from hdeval.learn.intervals import half_widths, held_out_means, read_calibration
 from hdeval.run.train import train
 
 
@@ -29,6 +29,18 @@ def test_the_half_width_is_the_finite_sample_conformal_quantile():
     assert half_widths(np.append(-np.arange(1.0, 10.0), np.nan)[:, None], 0.9) == ([9.0], [9])
     # 5 rows cannot promise 90%: no finite bound rather than a too-narrow one
     assert half_widths(np.arange(5.0)[:, None], 0.9) == ([None], [5])
+
+
+def test_held_out_labels_that_never_vary_give_no_human_mean_interval_as_estimate_says():
+    # four held-out labels all 3 say nothing of the spread: a [3, 3] "95%" interval would claim
+    # certainty (hdeval estimate and apply's summary give no interval there either)
+    y = np.array([[3.0, 1.0], [3.0, 4.0], [3.0, 2.0], [3.0, 5.0]])
+    pred = np.array([[2.5, 1.5], [3.5, 3.5], [3.0, 2.0], [2.8, 4.4]])
+    out = held_out_means(y, pred, ["flat", "varied"], 0.95)
+    assert out["labels"] == {"flat": 4, "varied": 4}
+    assert out["human_mean"]["flat"] is None
+    varied = out["human_mean"]["varied"]
+    assert varied["low"] < varied["estimate"] == 3.0 < varied["high"]
 
 
 @pytest.mark.parametrize("bad", [

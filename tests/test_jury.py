@@ -240,7 +240,7 @@ def test_a_judges_key_is_written_nowhere(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_learned_jury_beats_its_best_judge_and_its_mean_over_five_seeds(tmp_path: Path) -> None:
-    """Done means of #36 on simulated judges (benchmarks/bench_jury.md gives 10 seeds): the learned
+    """What a jury promises, on simulated judges (benchmarks/bench_jury.md gives 10 seeds): the learned
     jury's held-out Spearman is at least the best single judge's + 0.02 on average over seeds, and
     above the jury mean; with a pure-noise judge, --prune-judges drops it on every seed."""
     import numpy as np
@@ -401,3 +401,28 @@ def test_refit_progress_names_its_stage_and_its_total(tmp_path: Path) -> None:
     n_rows = len(ev.run["split"]["train"]) + len(ev.run["split"]["test"])
     assert seen.stages == [(f"scoring {n_rows} labelled samples x 2 criteria with fake:logprobs=0", n_rows * 2)]
     assert seen.done == n_rows * 2
+
+
+@pytest.mark.slow  # two layers trained, then refitted
+def test_a_refitted_artifacts_banner_names_the_layer_it_refitted(tmp_path: Path) -> None:
+    """A refit of an artifact that kept layer 2 said "layer 1, the last one trained"."""
+    from simjudge import pointwise_backend
+
+    from hdeval.llm.client import open_llm
+    from hdeval.llm.config import LLMConfig
+    from hdeval.methods.hdeval.refit import refit
+
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=20, seed=0))
+    deep = pointwise_backend(noise=1.2, deep_signal=True)  # layer 2's criteria carry signal: it is kept
+    ev = train(task=str(task), data=str(data), backend=deep, layers=2, aggregator="lr", cache_dir=str(tmp_path / "c"))
+    ev = load_artifact(ev.save(tmp_path / "art"))
+    assert ev.metrics["selection"]["kept_layer"] == 2
+    llm = open_llm(LLMConfig("fake:logprobs=0", cache_dir=str(tmp_path / "c")))
+    try:
+        new, _ = refit(ev, read_task_samples(data, load_task(str(task))), llm, LLMConfig("fake:logprobs=0"))
+    finally:
+        llm.close()
+    refitted = load_artifact(new.save(tmp_path / "art2"))
+    kept = [line.text for line in refitted.banner().lines if line.label == "layer kept"]
+    assert kept == ["layer 2: the layer the refitted artifact kept, its criteria now scored by the new judge"]
+    assert list(refitted.metrics["layers"]) == ["2"]

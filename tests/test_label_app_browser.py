@@ -6,36 +6,25 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-
+from browser import wait
 from conftest import REPO, TOY_TASK, run_cli, toy_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 # one reply cache for the module: the pool's criterion scores are paid once (fake calls, but many)
 CACHE: Path | None = None
 HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
-
-
-def _need_browser() -> None:
-    pytest.importorskip("selenium", reason="needs selenium (pip install -e '.[test]')")
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,102 +44,16 @@ def pool(tmp_path):
     return task, write_jsonl(tmp_path / "pool.jsonl", rows)
 
 
-class Server:
-    """`hdeval label` in a subprocess; ``url`` as it printed it."""
-
-    def __init__(self, tmp_path: Path, task: Path, data: Path, *args: str, cache: Path | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        self.log = (tmp_path / "server.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hdeval.cli", "label", "--task", str(task), "--data", str(data), "--labels",
-             str(tmp_path / "labels.db"), "--llm", "fake", "--cache-dir", str(cache or CACHE), "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=tmp_path)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            self.url = lines.get(timeout=60).decode().strip()
-        except queue.Empty:
-            self.stop()
-            raise AssertionError("hdeval label printed no URL in 60 s") from None
-        assert self.url.startswith("http://"), (self.url, (tmp_path / "server.log").read_text())
-        self.base = self.url.split("?")[0].rstrip("/")
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(self.base + "/static/app.css", timeout=2)
-                break
-            except urllib.error.HTTPError:
-                break  # it answers (a refusal without the token counts)
-            except OSError:
-                time.sleep(0.05)
-
-    def state(self, token: str | None = None) -> dict:
-        req = urllib.request.Request(self.base + "/api/state",
-                                     headers={"Cookie": f"hdeval_token={token}"} if token else {})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
+def start_label(servers, tmp_path: Path, task: Path, data: Path, *args: str, cache: Path | None = None):
+    """`hdeval label` on the fake LLM, its labels in tmp_path/labels.db."""
+    return servers(tmp_path, ["label", "--task", str(task), "--data", str(data), "--labels",
+                              str(tmp_path / "labels.db"), "--llm", "fake", "--cache-dir", str(cache or CACHE),
+                              "--port", "0", *args])
 
 
-@pytest.fixture
-def servers():
-    started: list[Server] = []
-    yield started
-    for s in started:
-        s.stop()
-
-
-@pytest.fixture
-def browsers():
-    _need_browser()
-    made = []
-
-    def new():
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        opts = webdriver.ChromeOptions()
-        opts.binary_location = CHROMIUM
-        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--window-size=1280,900", "--proxy-server=direct://", "--proxy-bypass-list=*"):
-            opts.add_argument(a)
-        d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-        d.set_page_load_timeout(30)
-        made.append(d)
-        return d
-
-    yield new
-    for d in made:
-        d.quit()
-
-
-def wait(cond, timeout=60.0, what="condition"):
-    try:
-        from selenium.common.exceptions import WebDriverException  # stale or missing elements among them
-
-        replaced: tuple = (WebDriverException,)
-    except ImportError:  # the browserless tests here run without selenium
-        replaced = ()
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = cond()
-        except replaced:
-            value = None  # the page was replaced meanwhile (the next sample): ask again
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
+def state(server, token: str | None = None) -> dict:
+    """The labelling app's /api/state."""
+    return server.get_json("/api/state", token)
 
 
 def shown(d) -> str | None:
@@ -186,8 +89,7 @@ def label_by_keys(d, digits: str) -> str:
 
 
 def test_label_ten_by_keyboard_undo_reload_and_inert_script(pool, tmp_path, servers, browsers):
-    server = Server(tmp_path, *pool)
-    servers.append(server)
+    server = start_label(servers, tmp_path, *pool)
     d = browsers()
     ids = [start_as(d, server.url, "ann")]
     # a sample's text holding <script> and an onerror handler is shown as text, never run
@@ -202,13 +104,13 @@ def test_label_ten_by_keyboard_undo_reload_and_inert_script(pool, tmp_path, serv
             d.switch_to.active_element.send_keys(Keys.ESCAPE)
         ids.append(label_by_keys(d, f"{1 + i % 5}{5 - i % 5}"))
     assert len(set(ids)) == 11
-    assert server.state()["labelled"] == 10
+    assert state(server)["labelled"] == 10
     keys(d, "u")  # undo: the last labelled sample comes back
     wait(lambda: shown(d) == ids[9], what="the undone sample")
-    assert server.state()["labelled"] == 9
+    assert state(server)["labelled"] == 9
     d.refresh()  # a reload shows the same sample, and loses nothing
     assert wait(lambda: shown(d)) == ids[9]
-    assert server.state()["labelled"] == 9
+    assert state(server)["labelled"] == 9
     assert d.execute_script("return window.__pwned === undefined")
     out = tmp_path / "raw.jsonl"
     assert run_cli("data", "export-labels", tmp_path / "labels.db", "-o", out, "--raw").exit_code == 0
@@ -218,8 +120,7 @@ def test_label_ten_by_keyboard_undo_reload_and_inert_script(pool, tmp_path, serv
 
 
 def test_two_raters_in_two_browsers(pool, tmp_path, servers, browsers):
-    server = Server(tmp_path, *pool, "--double-share", "1")
-    servers.append(server)
+    server = start_label(servers, tmp_path, *pool, "--double-share", "1")
     ann, bob = browsers(), browsers()
     a = start_as(ann, server.url, "ann")
     b = start_as(bob, server.url, "bob")
@@ -229,14 +130,13 @@ def test_two_raters_in_two_browsers(pool, tmp_path, servers, browsers):
     # every sample goes to two raters here: bob, who labelled after ann, is asked for ann's
     bob.refresh()
     assert wait(lambda: shown(bob)) == a
-    state = wait(lambda: (lambda s: s if s["labelled"] == 2 else None)(server.state()), what="two labels")
-    assert state["raters"] == ["ann", "bob"]
+    now = wait(lambda: (lambda s: s if s["labelled"] == 2 else None)(state(server)), what="two labels")
+    assert now["raters"] == ["ann", "bob"]
     assert "second opinion" in wait(lambda: bob.find_element("id", "reason").text)
 
 
 def test_kill_9_loses_no_acknowledged_label(pool, tmp_path, servers, browsers):
-    server = Server(tmp_path, *pool)
-    servers.append(server)
+    server = start_label(servers, tmp_path, *pool)
     d = browsers()
     start_as(d, server.url, "ann")
     done = [shown(d)]
@@ -244,9 +144,8 @@ def test_kill_9_loses_no_acknowledged_label(pool, tmp_path, servers, browsers):
         done.append(label_by_keys(d, digits))  # the next sample is shown: the label was acknowledged
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
-    again = Server(tmp_path, *pool)
-    servers.append(again)
-    assert again.state()["labelled"] == 3
+    again = start_label(servers, tmp_path, *pool)
+    assert state(again)["labelled"] == 3
     out = tmp_path / "labeled.jsonl"
     assert run_cli("data", "export-labels", tmp_path / "labels.db", "-o", out).exit_code == 0
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == done[:3]
@@ -255,8 +154,7 @@ def test_kill_9_loses_no_acknowledged_label(pool, tmp_path, servers, browsers):
 def test_a_non_loopback_bind_refuses_requests_without_the_token(pool, tmp_path, servers, browsers):
     # 127.0.0.2 is loopback (nothing leaves the machine) but not one of the names served without
     # a token: the token check runs as on a public address
-    server = Server(tmp_path, *pool, "--host", "127.0.0.2")
-    servers.append(server)
+    server = start_label(servers, tmp_path, *pool, "--host", "127.0.0.2")
     assert "?token=" in server.url
     for path in ("/", "/api/state", "/static/app.js"):
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -265,24 +163,23 @@ def test_a_non_loopback_bind_refuses_requests_without_the_token(pool, tmp_path, 
     d = browsers()
     start_as(d, server.url, "ann")  # the printed URL works, and its token becomes a cookie
     assert "token" not in d.current_url
-    assert server.state(server.url.split("token=")[1])["raters"] == []
+    assert state(server, server.url.split("token=")[1])["raters"] == []
 
 
 def test_export_then_train_gives_the_figure_the_panel_showed(pool, tmp_path, servers, browsers):
     from hdeval.learn.selection import assess
 
-    server = Server(tmp_path, *pool, "--refit-every", "12")  # re-fits at 2 labels (too few), then 14
-    servers.append(server)
+    server = start_label(servers, tmp_path, *pool, "--refit-every", "12")  # re-fits at 2 labels (too few), then 14
     d = browsers()
     start_as(d, server.url, "ann")
     rng = np.random.default_rng(3)
     for _ in range(14):
         label_by_keys(d, "".join(str(v) for v in rng.integers(1, 6, 2)))
-    state = wait(lambda: (lambda s: s if s["agreement"] and s["agreement"]["n_labels"] == 14 else None)(
-        server.state()), timeout=120, what="the re-fit on 14 labels")
+    now = wait(lambda: (lambda s: s if s["agreement"] and s["agreement"]["n_labels"] == 14 else None)(
+        state(server)), timeout=120, what="the re-fit on 14 labels")
     d.refresh()
     shown_figure = float(wait(lambda: d.find_element("id", "agreement").get_attribute("data-value")))
-    assert shown_figure == pytest.approx(state["agreement"]["value"])
+    assert shown_figure == pytest.approx(now["agreement"]["value"])
     out = tmp_path / "labeled.jsonl"
     assert run_cli("data", "export-labels", tmp_path / "labels.db", "-o", out).exit_code == 0
     art = tmp_path / "art"
@@ -298,8 +195,8 @@ def test_export_then_train_gives_the_figure_the_panel_showed(pool, tmp_path, ser
     criteria = [c for c in table.columns if c != "split" and not c.startswith("human:")]
     X = table[criteria].to_numpy(float)
     y = np.array([[row["scores"][a] for a in ("clarity", "accuracy")] for row in rows])
-    from hdeval.learn.selection import task_template
     from hdeval.data.tasks import load_task
+    from hdeval.learn.selection import task_template
 
     # the aggregator train makes for these criteria, chosen by train's own chooser
     again = assess(X, y, [row["doc_id"] for row in rows], template=task_template(load_task(pool[0]), criteria))
@@ -315,15 +212,14 @@ def test_the_docs_screenshots_come_from_the_real_page(tmp_path, servers, browser
     rows = toy_rows(12, 3)
     for r in rows:
         r.pop("scores")
-    server = Server(tmp_path, task, write_jsonl(tmp_path / "pool.jsonl", rows), "--refit-every", "4")
-    servers.append(server)
+    server = start_label(servers, tmp_path, task, write_jsonl(tmp_path / "pool.jsonl", rows), "--refit-every", "4")
     d = browsers()
     start_as(d, server.url, "ann")
     rng = np.random.default_rng(5)
     for n in (10, 14):  # re-fits at 2, 6 (too few for a figure), 10 and 14: two points on the curve
-        while server.state()["labelled"] < n:
+        while state(server)["labelled"] < n:
             label_by_keys(d, "".join(str(v) for v in rng.integers(1, 6, 2)))
-        wait(lambda: (lambda s: s["agreement"] and s["agreement"]["n_labels"] == n)(server.state()),
+        wait(lambda: (lambda s: s["agreement"] and s["agreement"]["n_labels"] == n)(state(server)),
              timeout=120, what=f"the re-fit on {n} labels")
     d.refresh()
     wait(lambda: d.find_element("id", "curve"))

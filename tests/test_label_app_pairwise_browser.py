@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from browser import wait
 from conftest import run_cli, write_jsonl
-from test_label_app_browser import Server, browsers, keys, servers, shown, start_as, wait  # noqa: F401
+from test_label_app_browser import keys, shown, start_as, start_label, state
 from test_label_app_pairwise import PAIR_TOY, pair_rows
 
 from hdeval.data.samples import read_task_samples, split_samples
@@ -23,14 +24,13 @@ def choose_by_key(d, key: str) -> str:
     return wait(lambda: (lambda s: s if s and s != before else None)(shown(d)), what="the next pair")
 
 
-def test_label_pairs_by_keyboard_export_and_train(tmp_path, servers, browsers):  # noqa: F811
+def test_label_pairs_by_keyboard_export_and_train(tmp_path, servers, browsers):
     task = tmp_path / "pairs.toml"
     task.write_text(PAIR_TOY, encoding="utf-8")
     rows = pair_rows(12, 2)
     for r in rows:
         r["output_a"] = HOSTILE + " " + r["output_a"]  # whichever pair is shown carries it
-    server = Server(tmp_path, task, write_jsonl(tmp_path / "pairs.jsonl", rows), cache=tmp_path / "cache")
-    servers.append(server)
+    server = start_label(servers, tmp_path, task, write_jsonl(tmp_path / "pairs.jsonl", rows), cache=tmp_path / "cache")
     d = browsers()
     first = start_as(d, server.url, "ann")
     assert HOSTILE in wait(lambda: d.find_element("css selector", '[data-field="output_a"]').text)
@@ -39,11 +39,11 @@ def test_label_pairs_by_keyboard_export_and_train(tmp_path, servers, browsers): 
     labelled = [first]
     for key in order:
         labelled.append(choose_by_key(d, key))
-    assert server.state()["labelled"] == len(order)
+    assert state(server)["labelled"] == len(order)
     keys(d, "u")  # undo: the last pair comes back, and is chosen again
     wait(lambda: shown(d) == labelled[-2], what="the undone pair")
     choose_by_key(d, "t")
-    assert server.state()["labelled"] == len(order)
+    assert state(server)["labelled"] == len(order)
     out = tmp_path / "labeled.jsonl"
     r = run_cli("data", "export-labels", tmp_path / "labels.db", "-o", out)
     assert r.exit_code == 0, r.output

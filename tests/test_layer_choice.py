@@ -1,4 +1,4 @@
-"""The kept HD-Eval evaluator is chosen on training data (issue #20 item 1), checked with a
+"""The kept HD-Eval evaluator is chosen on training data, checked with a
 simulated judge whose deeper criteria carry no signal, and one whose deeper criteria do."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_test_rows_decide_nothing_and_the_choice_is_saved_and_said(tmp_path):
 
 
 def test_a_baseline_that_beats_the_evaluator_is_named_and_why_it_is_not_kept_is_said(toy, tmp_path):
-    """Issue #20 item 1: mean_subtree may be recommended; the summary and metrics say plainly
+    """mean_subtree may be recommended; the summary and metrics say plainly
     why it is not the evaluator the artifact keeps."""
     from hdeval.core.types import ScoreMatrix
     from hdeval.methods.hdeval.loop import BASELINE_NOT_KEPT, LayerReport, choose_layer

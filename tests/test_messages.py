@@ -1,4 +1,4 @@
-"""A message, not a traceback (issue #13): broken data files, task files and options each end
+"""A message, not a traceback: broken data files, task files and options each end
 in one ``error: ...`` line naming what is wrong and where, with a non-zero exit, before any
 LLM call; SIGTERM ends a run like Ctrl-C; odd characters in names do not break the report.
 """
@@ -280,7 +280,8 @@ def _ok_bodies(answers) -> Counter[bytes]:
     return Counter(a.body for a in answers if a.outcome == "ok")
 
 
-@pytest.mark.parametrize("command", ["train", "apply"])
+# apply trains first, then runs twice: three CLI processes, so it runs with the slow tests
+@pytest.mark.parametrize("command", ["train", pytest.param("apply", marks=pytest.mark.slow)])
 def test_sigterm_ends_the_run_with_one_line_and_a_rerun_repeats_no_call(command: str, tmp_path: Path) -> None:
     task = tmp_path / "toy_task.toml"
     task.write_text(TOY_TASK, encoding="utf-8")

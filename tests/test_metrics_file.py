@@ -108,6 +108,10 @@ CASES = [
     ("dna", "primary a list", put("primary", [1]), "'primary' must be text or null, got [1]"),
     ("dna", "margin figure text", put("tie_margin.train_w_ties", "x"), f"'tie_margin.train_w_ties' must be {N}"),
     ("dna", "split text", put("split.test", "x"), f"'split.test' must be {N}"),
+    # fields every method writes, which no method's own shape lists: the Metrics model checks them
+    ("hdeval", "usage text", put("usage.calls", "many"), "'usage.calls': Input should be a valid integer"),
+    ("direct", "no split", drop("split"), "'split': Field required"),
+    ("paireval", "failure rate text", put("failure_rate", "low"), "'failure_rate': Input should be a valid number"),
 ]
 
 

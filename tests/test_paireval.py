@@ -434,7 +434,7 @@ def test_a_malformed_comparisons_file_is_refused_on_load(bad, dialogue, tmp_path
         load_artifact(path)
 
 
-# ---------------------------------------------------------------- the paper's settings (#20 item 7)
+# ---------------------------------------------------------------- the paper's settings
 def _with_references(data: Path, tmp_path: Path) -> Path:
     rows = [json.loads(l) for l in data.read_text().splitlines()]
     for r in rows:

@@ -64,7 +64,7 @@ def test_cli_train_on_faireval_slice_reports_agreement_per_layer_and_reruns_free
 
 
 def test_the_kept_layer_is_chosen_on_training_agreement_and_test_labels_decide_nothing(faireval40, tmp_path):
-    """Issue #20 item 1 for pairs: the deepest layer is no longer kept by default."""
+    """For pairs too, the deepest layer is not kept by default."""
     ev = _train(tmp_path / "a", faireval40, layers=3, top_k=2, aggregator="lr")
     m, layers = ev.metrics, ev.manifest_extra["layers"]
     sel = m["selection"]

@@ -1,4 +1,4 @@
-"""``apply`` on Ray Data (issue #23 item 1), on a local Ray cluster of 2 CPUs started once for
+"""``apply`` on Ray Data, on a local Ray cluster of 2 CPUs started once for
 this module: the output is byte-identical to a single-process ``hdeval apply``, the LLM is
 reached through the same cache keys (a single-process rerun on the Ray run's cache pays for
 nothing) and the same endpoint, and bad input or a bad artifact stops before any worker starts.

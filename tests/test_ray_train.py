@@ -1,4 +1,4 @@
-"""A training run's scoring stages on Ray (issue #23 item 1, training side), on a local Ray
+"""A training run's scoring stages on Ray, on a local Ray
 cluster of 2 CPUs: ``train --export-requests`` writes each stage's requests, Ray Data workers
 answer them from the same OpenAI-compatible endpoint (:func:`answer_requests_on_ray`),
 ``hdeval cache import`` reads the answers, and the rerun goes on; the final evaluator is the

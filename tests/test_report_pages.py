@@ -305,7 +305,7 @@ def test_raw_replies_are_read_without_writing_and_entries_hdeval_never_writes_ar
             c.set(k, encode_completion(r))
     con = sqlite3.connect(cache / DBNAME)
     # keys are stored as their 32 bytes: a pickled value (never unpickled), and one entry under
-    # the hex text key an hdeval before #23 wrote (still read)
+    # the hex text key an older hdeval wrote (still read)
     con.execute("UPDATE Cache SET mode = 4 WHERE key = ?", (bytes.fromhex(keys[1]),))
     con.execute("UPDATE Cache SET key = ? WHERE key = ?", (keys[2], bytes.fromhex(keys[2])))
     con.commit()

@@ -1,4 +1,4 @@
-"""Retrain speed (issue #15.4): what was made cheaper must give exactly what it gave before.
+"""Retrain speed: what was made cheaper must give exactly what it gave before.
 
 Pruning shuffles only the candidate columns; the ``nn`` aggregator fits with L-BFGS; fitting
 runs BLAS on one thread. Numbers that did not depend on the MLP must not change at all, and a

@@ -1,4 +1,4 @@
-"""A training stage builds its prompts as the client sends them (issue #23 item 3): the first
+"""A training stage builds its prompts as the client sends them: the first
 request goes out once one window of prompts is built, not every prompt of the stage, and the
 matrix is the same as scoring the whole stage at once."""
 

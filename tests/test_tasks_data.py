@@ -15,8 +15,8 @@ from hdeval.data.tasks import builtin_tasks, load_task, select_aspects
 def test_builtin_tasks_have_the_paper_aspects_and_ranges():
     assert set(builtin_tasks()) == {
         "summeval", "topical_chat", "sfres", "sfhot",  # HD-Eval paper
-        "convai2_usr", "fed_turn", "dailydialog_grade", "convai2_grade",  # PairEval (issue #10)
-        "llmbar", "llmbar_adversarial", "faireval", "llmeval2", "llmeval2_eli5",  # DnA (issue #11)
+        "convai2_usr", "fed_turn", "dailydialog_grade", "convai2_grade",  # PairEval
+        "llmbar", "llmbar_adversarial", "faireval", "llmeval2", "llmeval2_eli5",  # DnA
     }
     se = load_task("summeval")
     assert se.aspect_keys == ("coherence", "consistency", "fluency", "relevance")

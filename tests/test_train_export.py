@@ -1,4 +1,4 @@
-"""``train --export-requests`` (issue #23 item 2, training side): each rerun writes the next
+"""``train --export-requests``: each rerun writes the next
 stage's uncached requests as OpenAI batch-format JSONL and pays for nothing; an engine answers
 them (here: a script answering as the fake LLM does); after ``hdeval cache import`` the same
 command goes on to the next stage, and once every stage is cached it trains with 0 calls and

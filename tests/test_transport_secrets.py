@@ -1,4 +1,4 @@
-"""Secrets and odd values on the LLM call path (issue #22: 1, 2, 3, 10, 15): a key with a
+"""Secrets and odd values on the LLM call path: a key with a
 control character, Basic credentials and a URL query never shown in any form, a query kept as a
 query, bounded timeouts, a base URL with a space, an unreachable proxy named as such, and a
 Retry-After of 0 that does not turn backoff off."""

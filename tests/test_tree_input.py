@@ -219,6 +219,10 @@ BAD_TREES = {
     "bad-locked": ({"criteria": [crit("clarity", locked="yes"), crit("accuracy")]},
                    "criteria[0].locked: must be true or false"),
     "not-a-tree": ([1, 2], 'expected an object {"criteria": [...]}'),
+    "layer-as-text": ({"criteria": [crit("clarity", layer="1"), crit("accuracy")]},
+                      "criteria[0].layer: must be a whole number, not '1'"),
+    "too-long-a-name": ({"criteria": [crit("clarity", name="n" * 201), crit("accuracy")]},
+                        "criteria[0].name: longer than 200 characters"),
 }
 
 

@@ -50,6 +50,22 @@ def test_a_broken_artifact_is_listed_with_why_and_its_text_escaped(tmp_path):
     assert "script-src 'self'" in page.headers["content-security-policy"]
 
 
+def test_a_listing_cut_at_its_limit_says_how_many_there_are(tmp_path):
+    from hdeval.app.view import MAX_ARTIFACTS
+
+    manifest = json.dumps({"format": "hdeval-artifact", "format_version": 4})
+    for i in range(MAX_ARTIFACTS + 2):
+        (tmp_path / "runs" / f"a{i:04d}").mkdir(parents=True)
+        (tmp_path / "runs" / f"a{i:04d}" / "manifest.json").write_text(manifest, encoding="utf-8")
+    body = client(tmp_path).get("/").text
+    assert f"showing {MAX_ARTIFACTS} of {MAX_ARTIFACTS + 2} artifacts under this folder" in body
+    assert body.count('<section class="artifact') == MAX_ARTIFACTS
+    for i in range(2):  # two fewer: all listed, and nothing said of a limit
+        shutil.rmtree(tmp_path / "runs" / f"a{i:04d}")
+    body = client(tmp_path).get("/").text
+    assert f"{MAX_ARTIFACTS} artifacts under this folder" in body and "showing" not in body
+
+
 def test_an_empty_folder_says_so(tmp_path):
     assert "No hdeval artifact under" in client(tmp_path).get("/").text
 

@@ -5,46 +5,14 @@ screenshot of the listing (HDEVAL_UPDATE_SCREENSHOTS=1 refreshes it)."""
 from __future__ import annotations
 
 import os
-import queue
 import shutil
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
+from browser import wait
 from conftest import REPO, TOY_TASK, toy_rows, train_artifact, write_jsonl
-from test_label_app_browser import browsers, wait  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
-
-
-class ViewServer:
-    def __init__(self, tmp_path: Path, argv: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        self.log = (tmp_path / "view.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hdeval.cli", *argv],
-            stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=tmp_path)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()), daemon=True).start()
-        try:
-            self.url = lines.get(timeout=60).decode().strip()
-        except queue.Empty:
-            self.stop()
-            raise AssertionError("hdeval view printed no URL in 60 s") from None
-        assert self.url.startswith("http://"), (self.url, (tmp_path / "view.log").read_text())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
 
 
 @pytest.fixture
@@ -59,40 +27,37 @@ def runs(tmp_path) -> Path:
     return folder
 
 
-def test_browse_open_a_report_and_compare_two(tmp_path, runs, browsers):  # noqa: F811
+def test_browse_open_a_report_and_compare_two(tmp_path, runs, servers, browsers):
     from selenium.webdriver.support.ui import Select
 
     command = "hdeval view artifacts"  # docs/labelling.md's and docs/cli.md's, as written
     for page in ("labelling.md", "cli.md"):
         assert f"```sh\n{command}\n```" in (REPO / "docs" / page).read_text(encoding="utf-8")
     assert runs == tmp_path / "artifacts"
-    server = ViewServer(tmp_path, [*command.split()[1:], "--port", "0"])
-    try:
-        d = browsers()
-        d.get(server.url)
-        sections = wait(lambda: d.find_elements("css selector", "section.artifact"), what="the listing")
-        assert [s.get_attribute("data-name") for s in sections] == ["toy-direct", "toy-hd"]
-        assert all(s.find_elements("css selector", ".banner .headline") for s in sections)
-        shot = tmp_path / "view.png"
-        d.save_screenshot(str(shot))
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    server = servers(tmp_path, [*command.split()[1:], "--port", "0"], "view.log")
+    d = browsers()
+    d.get(server.url)
+    sections = wait(lambda: d.find_elements("css selector", "section.artifact"), what="the listing")
+    assert [s.get_attribute("data-name") for s in sections] == ["toy-direct", "toy-hd"]
+    assert all(s.find_elements("css selector", ".banner .headline") for s in sections)
+    shot = tmp_path / "view.png"
+    d.save_screenshot(str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-        d.find_element("css selector", "a.open-report").click()
-        wait(lambda: "hdeval report" in d.title, timeout=120, what="the report page")
-        assert d.find_elements("css selector", "img")  # its plots, embedded
-        d.back()
+    d.find_element("css selector", "a.open-report").click()
+    wait(lambda: "hdeval report" in d.title, timeout=120, what="the report page")
+    assert d.find_elements("css selector", "img")  # its plots, embedded
+    d.back()
 
-        wait(lambda: d.find_elements("css selector", "a.compare-from"), what="the listing again")[1].click()
-        Select(wait(lambda: d.find_element("id", "pick-b"), what="the compare form")).select_by_value("toy-direct")
-        d.find_element("css selector", "form.pick button").click()
-        table = wait(lambda: d.find_element("id", "compare-table"), what="the comparison")
-        assert "held-out spearman (average)" in table.text
-        assert d.find_element("id", "side-a").get_attribute("innerText").startswith("toy-hd")
-        assert d.find_element("id", "side-b").get_attribute("innerText").startswith("toy-direct")
-        compare = tmp_path / "view-compare.png"
-        d.save_screenshot(str(compare))
-        if os.environ.get("HDEVAL_UPDATE_SCREENSHOTS") == "1":
-            shutil.copy(shot, REPO / "docs" / "images" / "view.png")
-            shutil.copy(compare, REPO / "docs" / "images" / "view-compare.png")
-    finally:
-        server.stop()
+    wait(lambda: d.find_elements("css selector", "a.compare-from"), what="the listing again")[1].click()
+    Select(wait(lambda: d.find_element("id", "pick-b"), what="the compare form")).select_by_value("toy-direct")
+    d.find_element("css selector", "form.pick button").click()
+    table = wait(lambda: d.find_element("id", "compare-table"), what="the comparison")
+    assert "held-out spearman (average)" in table.text
+    assert d.find_element("id", "side-a").get_attribute("innerText").startswith("toy-hd")
+    assert d.find_element("id", "side-b").get_attribute("innerText").startswith("toy-direct")
+    compare = tmp_path / "view-compare.png"
+    d.save_screenshot(str(compare))
+    if os.environ.get("HDEVAL_UPDATE_SCREENSHOTS") == "1":
+        shutil.copy(shot, REPO / "docs" / "images" / "view.png")
+        shutil.copy(compare, REPO / "docs" / "images" / "view-compare.png")

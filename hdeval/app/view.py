@@ -61,24 +61,26 @@ class Entry:
         return self.error is None
 
 
-def find_artifacts(root: Path) -> list[Path]:
-    """The artifact directories under ``root`` (itself included), sorted; links are not
-    followed and an artifact's own folders are not searched."""
+def find_artifacts(root: Path) -> tuple[list[Path], int]:
+    """The first :data:`MAX_ARTIFACTS` artifact directories under ``root`` (itself included),
+    sorted, and how many there are in all; links are not followed and an artifact's own folders
+    are not searched."""
     from hdeval.artifact.directory import is_artifact
 
     found: list[Path] = []
+    total = 0
     for here, dirs, _ in os.walk(root, followlinks=False):
         at = Path(here)
         if is_artifact(at):
-            found.append(at)
+            total += 1
+            if len(found) < MAX_ARTIFACTS:
+                found.append(at)
             dirs[:] = []
         elif len(at.relative_to(root).parts) >= MAX_DEPTH:
             dirs[:] = []
         else:
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if len(found) >= MAX_ARTIFACTS:
-            break
-    return sorted(found)
+    return sorted(found), total
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -141,11 +143,14 @@ class Catalogue:
         self.shown = str(root)  # the folder as it was given, for the page's header
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
+        self.total = 0  # artifacts under the folder at the last listing, those not listed included
 
     def entries(self) -> list[Entry]:
+        """The listed artifacts: at most :data:`MAX_ARTIFACTS` (``total`` says how many there are)."""
         with self._lock:
             now: dict[str, Entry] = {}
-            for path in find_artifacts(self.root):
+            paths, self.total = find_artifacts(self.root)
+            for path in paths:
                 name = path.relative_to(self.root).as_posix()
                 old = self._entries.get(name)
                 try:
@@ -205,7 +210,8 @@ def build_view_app(
         return HTMLResponse(env.get_template(name).render(root=catalogue.shown, **values), status)
 
     def index(request: Request) -> Response:
-        return page("view_list.html.j2", entries=catalogue.entries())
+        entries = catalogue.entries()
+        return page("view_list.html.j2", entries=entries, total=catalogue.total, limit=MAX_ARTIFACTS)
 
     def report(request: Request) -> Response:
         entry = catalogue.get(request.query_params.get("a"))

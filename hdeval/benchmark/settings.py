@@ -46,7 +46,9 @@ DEFINITIONS = {
     "drawn once with replacement (each seed keeping the drawn documents among its test rows, the "
     "fitted evaluators fixed), training_sd from the spread between seeds less what their test sets "
     "explain, scaled for the training documents the seeds share; mean ± t quantile (Welch-"
-    "Satterthwaite degrees of freedom) x the root of their summed squares. 'covers' says which parts "
+    "Satterthwaite degrees of freedom, at least seeds - 1, the training part as uncertain as the spread "
+    "between seeds) "
+    "x the root of their summed squares. 'covers' says which parts "
     "it holds: with one seed the test documents only. The difference to the baseline method is "
     "taken the same way on the same drawn documents, with the two-sided p-value of the same t.",
     "usage": "requests: the LLM requests a setting's runs asked for, each paid or answered from the cache "

@@ -82,21 +82,26 @@ def _new_split(
     out: dict[str, Any] = {"test_sd": _num(math.sqrt(test_var)) if math.isfinite(test_var) else None}
     train_var, df = 0.0, math.inf
     k = int(ok.sum())
+    total = 0.0 if not math.isfinite(test_var) else test_var
     if k > 1 and train_sizes is not None:
         n_test = np.array([len(c[-1]) for c, good in zip(cases, ok) if good], float)
         n_train = np.array([t for t, good in zip(train_sizes, ok) if good], float)
         test_share = float(np.mean(n_test / (n_test + n_train)))
         own = np.nanvar(draws, axis=0, ddof=1)  # each seed's test variance alone
         between = float(np.var(per_seed[ok], ddof=1))
+        # training sets of two splits share a (1 - test share) part of their documents
+        scale = (1 - test_share) / test_share + 1 / k
         # between seeds of the same documents, a test set varies around all documents' figure by
         # its own variance times (1 - test share); the rest of the spread is the training's
-        spread = max(0.0, between - float(np.nanmean(own)) * (1 - test_share))
-        # training sets of two splits share a (1 - test share) part of their documents
-        train_var = spread * ((1 - test_share) / test_share + 1 / k)
-        df = k - 1
-    total = (0.0 if not math.isfinite(test_var) else test_var) + train_var
-    if train_var > 0:  # Welch-Satterthwaite: the training part rests on k - 1 degrees of freedom
-        df = total**2 / (train_var**2 / df)
+        train_var = max(0.0, between - float(np.nanmean(own)) * (1 - test_share)) * scale
+        total += train_var
+        # Satterthwaite: the training part is the spread between seeds (k - 1 degrees of freedom)
+        # less a precise test part, so its uncertainty is the spread's, also where the difference
+        # is clipped at 0 (a small spread from 3 seeds is often chance, not a small training part).
+        # Never fewer than the seeds give: where the test part explains the whole spread, the
+        # approximation would put a few tenths of a degree of freedom on it, an unbounded quantile.
+        if between > 0 and total > 0:
+            df = max(k - 1.0, total**2 / ((scale * between) ** 2 / (k - 1)))
     out["training_sd"] = _num(math.sqrt(train_var)) if k > 1 and train_sizes is not None else None
     half = float(stats.t.ppf(0.5 + level / 2, df) if math.isfinite(df) else stats.norm.ppf(0.5 + level / 2))
     sd = math.sqrt(total) if math.isfinite(test_var) else float("nan")

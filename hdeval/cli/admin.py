@@ -221,10 +221,10 @@ def cache_import_cmd(
       hdeval apply ART new.jsonl --llm MODEL --base-url URL -o scored.jsonl
     """
     from hdeval.core.paths import default_cache_dir
-    from hdeval.llm.request_files import import_results, result_parser
+    from hdeval.llm.request_files import import_results
 
     where = cache_dir or default_cache_dir()
-    report = import_results(results, requests_file, where, result_parser(), skip_other_models)
+    report = import_results(results, requests_file, where, skip_other_models)
     click.echo(f"imported {report.imported} replies into the cache {where}", err=True)
     if report.other_model:
         first = next(iter(report.other_model.values()))

@@ -23,7 +23,8 @@ def _csv(value: str) -> tuple[str, ...]:
     "--data",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Samples JSONL. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
+    help="Samples: JSONL, a CSV, TSV, JSON or Parquet table (through the task's [columns]), or "
+    "hdeval label's labels.db. Default: <task>.jsonl in HDEVAL_DATA_DIR or the per-user data dir.",
 )
 @click.option(
     "--methods",

@@ -10,7 +10,7 @@ import webbrowser
 import click
 
 from hdeval.cli.boundary import guarded
-from hdeval.cli.options import llm_options
+from hdeval.cli.options import llm_options, server_options
 
 # Ctrl-C is how the server is stopped: say what was kept
 _stopped = functools.partial(
@@ -41,14 +41,7 @@ _stopped = functools.partial(
     help="Score the pool on this HD-Eval artifact's criteria. Default: the task's aspects and their "
     "first decomposition, as `train --layers 2` makes them.",
 )
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to serve on. Any other than 127.0.0.1, localhost or ::1 requires the printed token.",
-)
-@click.option("--port", default=8765, show_default=True, type=int, help="Port (0 picks a free one).")
-@click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+@server_options(port=8765)
 @click.option(
     "--strategy",
     default=None,

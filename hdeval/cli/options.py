@@ -159,6 +159,24 @@ def batch_option(f):
     return click.option("--batch", is_flag=True, help=LLMSettings.model_fields["batch"].description)(f)
 
 
+def server_options(port: int):
+    """``--host``, ``--port`` and ``--open`` (label, view): where a local page is served."""
+
+    def add(f):
+        f = click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")(f)
+        f = click.option(
+            "--port", default=port, show_default=True, type=int, help="Port (0 picks a free one)."
+        )(f)
+        return click.option(
+            "--host",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address to serve on. Any other than 127.0.0.1, localhost or ::1 requires the printed token.",
+        )(f)
+
+    return add
+
+
 def method_options(f):
     """``--method``, ``-O/--method-option NAME=VALUE`` (any method's option, typed by the chosen
     method's own declaration) and one flag per built-in method's option, its help giving each

@@ -245,24 +245,6 @@ class CriteriaTree:
     def to_dict(self) -> dict[str, Any]:
         return {"criteria": [c.to_dict() for c in self._items]}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CriteriaTree":
-        crit = []
-        for i, c in enumerate(data["criteria"]):
-            for f in ("key", "name", "definition", "layer"):
-                if f not in c:
-                    raise ValueError(f"criterion #{i + 1} lacks field {f!r}")
-            crit.append(
-                Criterion(
-                    key=str(c["key"]),
-                    name=str(c["name"]),
-                    definition=str(c["definition"]),
-                    parent_key=c.get("parent"),
-                    layer=int(c["layer"]),
-                )
-            )
-        return cls(crit)
-
 
 @dataclass(frozen=True)
 class Failure:

@@ -21,7 +21,8 @@ def public_url(url: str | None) -> str | None:
     return urlunsplit(parts._replace(query="", fragment=""))
 
 
-_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s,]+")
+# a URL runs to a space or to the ", " that joins an identity's parts: a query may hold commas
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+?(?=,\s|\s|\Z)")
 
 
 def shown_identity(identity: str) -> str:

@@ -6,7 +6,6 @@ import dataclasses
 import math
 import re
 import sys
-import unicodedata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,28 +14,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from hdeval.core.errors import ConfigError
+from hdeval.core.errors import ConfigError, validation_line
 from hdeval.core.paths import resource_dir
 from hdeval.core.types import Aspect, Task, TaskField
 
-SAMPLE_FIELDS = ("source", "context", "output", "reference")
-_TOP_KEYS = {
-    "name",
-    "description",
-    "output_label",
-    "data_file",
-    "fields",
-    "aspects",
-    "shape",
-    "where",
-    "skip_empty",
-    "own_regressor",
-    "presets",
-    "columns",
-}
-#: what a task's ``[columns]`` table may map (as ``hdeval data import``'s ``--*-col`` options)
-COLUMN_KEYS = (*SAMPLE_FIELDS, "id", "doc_id", "system")
-SHAPES = ("pointwise", "pairwise")
 MAX_NAME = 100
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
@@ -82,56 +63,25 @@ def parse_task_file(path: Path) -> Task:
 
 
 def task_from_dict(raw: dict[str, Any], where: str) -> Task:
-    """A task from a task file's (or an artifact manifest's) table; every value is type-checked,
-    so a wrong one is a :class:`ConfigError` naming ``where`` and the field, never a crash later."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: the task must be a table, got {_kind(raw)}")
-    unknown = set(raw) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    """A task from a task file's (or an artifact manifest's) table, validated by the
+    :class:`~hdeval.data.task_file.TaskFile` model; a wrong value is a :class:`ConfigError`
+    naming ``where`` and the field, never a crash later."""
+    # pydantic is imported when a task is read: importing this module stays cheap
+    from pydantic import ValidationError
 
-    def text(d: dict, key: str, ctx: str, required: bool = True) -> str:
-        """The text at ``key``; "" when it is optional and missing or blank."""
-        value = d.get(key)
-        if not required and (value is None or isinstance(value, str) and not value.strip()):
-            return ""
-        if not isinstance(value, str):
-            what = "needs" if value is None else f"has {_kind(value)} as"
-            raise ConfigError(f"{where}: {ctx} {what} {key!r}; it must be non-empty text")
-        if not value.strip():
-            raise ConfigError(f"{where}: {ctx} needs a non-empty {key!r}")
-        lines_ok = key in ("definition", "description")  # prose: line ends and tabs are fine there
-        bad = next((c for c in value if _control(c) and not (lines_ok and c in "\t\n\r")), None)
-        if bad is not None:
-            raise ConfigError(
-                f"{where}: {ctx} {key!r} holds the control character {bad!r}; it must be plain text"
-            )
-        return value
+    from hdeval.data.task_file import SAMPLE_FIELDS, TaskFile
 
-    def tables(key: str, allowed: set[str]) -> list[dict]:
-        value = raw.get(key)
-        if not isinstance(value, list) or not value:
-            got = "it is missing" if value is None else f"got {_kind(value)}"
-            raise ConfigError(
-                f"{where}: {key!r} must be a list of tables ([[{key}]] sections), at least one; {got}"
-            )
-        for i, t in enumerate(value, 1):
-            if not isinstance(t, dict):
-                raise ConfigError(f"{where}: {key} #{i} must be a table ([[{key}]]), got {_kind(t)} {t!r}")
-            extra = set(t) - allowed
-            if extra:
-                raise ConfigError(
-                    f"{where}: {key} #{i} has unknown key(s) {', '.join(sorted(map(str, extra)))}"
-                )
-        return value
-
-    name = text(raw, "name", "the task")
+    try:
+        model = TaskFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_problem(exc, raw)}") from None
+    name = model.name
     if not _NAME.fullmatch(name):
         raise ConfigError(
             f"{where}: task name {name!r} must be at most {MAX_NAME} letters, digits, '_', "
             "'.' or '-', starting with a letter, digit or '_' (it names files and directories)"
         )
-    data_file = text(raw, "data_file", "the task", required=False) or f"{name}.jsonl"
+    data_file = model.data_file or f"{name}.jsonl"
     *folders, base = data_file.split("/")
     if not _NAME.fullmatch(base) or not all(_NAME.fullmatch(f) or f == ".." for f in folders):
         raise ConfigError(
@@ -139,128 +89,214 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             "from the task file's folder (looked up there, then by its name in HDEVAL_DATA_DIR "
             "and the user data dir)"
         )
-    fields = []
-    for i, f in enumerate(tables("fields", {"key", "label"}), 1):
-        key = text(f, "key", f"fields #{i}")
-        if key not in SAMPLE_FIELDS:
+    fields: list[TaskField] = []
+    for i, f in enumerate(model.fields, 1):
+        if f.key not in SAMPLE_FIELDS:
             raise ConfigError(
-                f"{where}: fields #{i} key {key!r} is not a sample field ({', '.join(SAMPLE_FIELDS)})"
+                f"{where}: fields #{i} key {f.key!r} is not a sample field ({', '.join(SAMPLE_FIELDS)})"
             )
-        if key in {x.key for x in fields}:
-            raise ConfigError(f"{where}: fields #{i}: field {key!r} is listed twice")
-        fields.append(TaskField(key, text(f, "label", f"fields #{i}")))
+        if f.key in {x.key for x in fields}:
+            raise ConfigError(f"{where}: fields #{i}: field {f.key!r} is listed twice")
+        fields.append(TaskField(f.key, f.label))
     if "output" not in {f.key for f in fields}:
         raise ConfigError(f"{where}: fields must include the 'output' field (the text under evaluation)")
-    aspects = []
-    seen: set[str] = set()
-    for i, a in enumerate(tables("aspects", {"key", "name", "definition", "range"}), 1):
-        key = text(a, "key", f"aspects #{i}")
-        if key in seen:
-            raise ConfigError(f"{where}: aspect {key!r} is defined twice")
-        if "/" in key or not key.strip():
-            raise ConfigError(f"{where}: aspect key {key!r} must be a non-empty name without '/'")
-        seen.add(key)
-        rng = a.get("range")
-        finite = isinstance(rng, list) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng
-        )
-        if not finite or len(rng) != 2 or rng[0] >= rng[1] or max(abs(rng[0]), abs(rng[1])) > MAX_SCORE:
-            raise ConfigError(
-                f"{where}: aspect {key!r} range must be [low, high], two numbers with low < high, "
-                f"each between -{MAX_SCORE:g} and {MAX_SCORE:g}; got {rng!r}"
-            )
-        shown = text(a, "name", f"aspect {key!r}", required=False) or key.capitalize()
+    aspects: list[Aspect] = []
+    for a, given in zip(model.aspects, raw["aspects"]):
+        if a.key in {x.key for x in aspects}:
+            raise ConfigError(f"{where}: aspect {a.key!r} is defined twice")
+        if "/" in a.key:
+            raise ConfigError(f"{where}: aspect key {a.key!r} must be a non-empty name without '/'")
+        rng = a.range
+        if not _range_ok(rng):
+            raise ConfigError(f"{where}: {_range_problem(a.key, given['range'])}")
         aspects.append(
             Aspect(
-                key=key,
-                name=shown,
-                definition=text(a, "definition", f"aspect {key!r}"),
-                low=float(rng[0]),
-                high=float(rng[1]),
+                key=a.key, name=a.name or a.key.capitalize(), definition=a.definition, low=rng[0], high=rng[1]
             )
         )
-    shape = raw.get("shape", "pointwise")
-    if shape not in SHAPES:
-        raise ConfigError(f"{where}: shape must be one of {', '.join(SHAPES)}, got {shape!r}")
-    skip_empty = raw.get("skip_empty", False)
-    if not isinstance(skip_empty, bool):
-        raise ConfigError(f"{where}: skip_empty must be true or false, got {skip_empty!r}")
-    row_filter = parse_where(raw.get("where"), where)
-    if shape == "pointwise" and (row_filter or skip_empty):
+    row_filter = tuple(
+        (key, tuple(value if isinstance(value, list) else [value]))
+        for key, value in (model.where or {}).items()
+    )
+    if model.shape == "pointwise" and (row_filter or model.skip_empty):
         raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
     keys = [a.key for a in aspects]
-    own = _aspect_list(raw.get("own_regressor", []), keys, f"{where}: own_regressor", empty_ok=True)
-    presets = parse_presets(raw.get("presets"), keys, where)
-    columns = parse_columns(raw.get("columns"), keys, where)
-    if columns and shape != "pointwise":
+    own = _aspect_list(model.own_regressor, keys, f"{where}: own_regressor", empty_ok=True)
+    presets = []
+    for preset, table in (model.presets or {}).items():
+        ctx = f"{where}: presets.{preset}"
+        chosen = _aspect_list(table.aspects, keys, f"{ctx}.aspects")
+        solo = _aspect_list(table.own_regressor, list(chosen), f"{ctx}.own_regressor", empty_ok=True)
+        presets.append((preset, chosen, solo))
+    columns = _columns(model.columns, raw.get("columns") or {}, keys, where)
+    if columns and model.shape != "pointwise":
         raise ConfigError(f"{where}: 'columns' is supported for pointwise tasks only")
     return Task(
         name=name,
-        description=text(raw, "description", "the task"),
-        output_label=text(raw, "output_label", "the task", required=False) or "Output",
+        description=model.description,
+        output_label=model.output_label or "Output",
         fields=tuple(fields),
         aspects=tuple(aspects),
         data_file=data_file,
-        shape=shape,
+        shape=model.shape,
         where=row_filter,
-        skip_empty=skip_empty,
+        skip_empty=model.skip_empty,
         own_regressor=own,
-        presets=presets,
+        presets=tuple(presets),
         columns=columns,
     )
+
+
+def _range_ok(rng: Any) -> bool:
+    numbers = isinstance(rng, list) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in rng
+    )
+    return numbers and len(rng) == 2 and rng[0] < rng[1] and max(abs(rng[0]), abs(rng[1])) <= MAX_SCORE
+
+
+def _range_problem(key: Any, rng: Any) -> str:
+    return (
+        f"aspect {key!r} range must be [low, high], two numbers with low < high, "
+        f"each between -{MAX_SCORE:g} and {MAX_SCORE:g}; got {rng!r}"
+    )
+
+
+def _columns(model: Any, raw: dict, aspects: list[str], where: str) -> tuple[tuple[str, str], ...]:
+    """The ``[columns]`` pairs, in the file's order: (field, column), a score as ``scores.ASPECT``."""
+    if model is None:
+        return ()
+    out: list[tuple[str, str]] = []
+    for key in raw:
+        if key != "scores":
+            out.append((key, getattr(model, key)))
+            continue
+        for aspect, col in model.scores.items():
+            if aspect not in aspects:
+                raise ConfigError(
+                    f"{where}: columns.scores: the task has no aspect {aspect!r} (aspects: {', '.join(aspects)})"
+                )
+            out.append((f"scores.{aspect}", col))
+    return tuple(out)
 
 
 def parse_columns(raw: Any, aspects: list[str], where: str) -> tuple[tuple[str, str], ...]:
     """The ``[columns]`` table: ``source = "question"``, ..., ``scores = {clarity = "clear"}``:
     which column of the data file feeds which field (the field's own name when not given)."""
+    from pydantic import ValidationError
+
+    from hdeval.data.task_file import ColumnsTable
+
     if raw is None:
         return ()
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: 'columns' must be a table ([columns]), got {_kind(raw)}")
-    out: list[tuple[str, str]] = []
-
-    def column(value: Any, ctx: str) -> str:
-        if not isinstance(value, str) or not value.strip() or "\x00" in value:
-            raise ConfigError(f"{where}: columns: {ctx} must name a column (non-empty text), got {value!r}")
-        return value
-
-    for key, value in raw.items():
-        if key == "scores":
-            if not isinstance(value, dict):
-                raise ConfigError(
-                    f'{where}: columns.scores must be a table of ASPECT = "COLUMN", got {_kind(value)}'
-                )
-            for aspect, col in value.items():
-                if aspect not in aspects:
-                    raise ConfigError(
-                        f"{where}: columns.scores: the task has no aspect {aspect!r} "
-                        f"(aspects: {', '.join(aspects)})"
-                    )
-                out.append((f"scores.{aspect}", column(col, f"scores.{aspect}")))
-        elif key in COLUMN_KEYS:
-            out.append((key, column(value, key)))
-        else:
-            raise ConfigError(
-                f"{where}: columns: unknown key {key!r} (keys: {', '.join(COLUMN_KEYS)}, scores)"
-            )
-    return tuple(out)
+    try:
+        model = ColumnsTable.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_problem(exc, {'columns': raw}, ('columns',))}") from None
+    return _columns(model, raw, aspects, where)
 
 
-def _control(c: str) -> bool:
-    """A control character (C0, DEL, C1) or a line or paragraph separator: never part of a name."""
-    return unicodedata.category(c) in ("Cc", "Zl", "Zp")
+def _problem(exc: Any, raw: Any, prefix: tuple = ()) -> str:
+    """The first problem of a :class:`TaskFile` ``ValidationError`` in the words of a task file's
+    messages, without the file: unknown keys first (with a close known key, if any), then the first
+    wrong value, named by its table (``fields #2``, ``aspect 'clarity'``, ``presets.NAME``) and key."""
+    from hdeval.data import task_file as tf
+
+    errors = [{**e, "loc": prefix + tuple(e["loc"])} for e in exc.errors()]
+    extras = [e for e in errors if e["type"] == "extra_forbidden"]
+    if extras:
+        parent = extras[0]["loc"][:-1]
+        unknown = sorted(str(e["loc"][-1]) for e in extras if e["loc"][:-1] == parent)
+        return _unknown(parent, unknown)
+    e = errors[0]
+    loc, kind, value = e["loc"], e["type"], e.get("input")
+    top = loc[0] if loc else None
+    if not loc:
+        return f"the task must be a table, got {_kind(raw)}"
+    if top in ("fields", "aspects"):
+        if len(loc) == 1:
+            got = "it is missing" if kind == "missing" else f"got {_kind(value)}"
+            return f"{top!r} must be a list of tables ([[{top}]] sections), at least one; {got}"
+        i = int(loc[1])
+        if len(loc) == 2:
+            return f"{top} #{i + 1} must be a table ([[{top}]]), got {_kind(value)} {value!r}"
+        table = raw[top][i]
+        if loc[2] == "range":
+            return _range_problem(table.get("key"), table.get("range"))
+        ctx = f"aspect {table.get('key')!r}" if top == "aspects" and loc[2] != "key" else f"{top} #{i + 1}"
+        return _text_problem(ctx, str(loc[2]), e)
+    if top in ("name", "description", "output_label", "data_file"):
+        return _text_problem("the task", top, e)
+    if top == "shape":
+        return f"shape must be one of {', '.join(tf.SHAPES)}, got {value!r}"
+    if top == "skip_empty":
+        return f"skip_empty must be true or false, got {value!r}"
+    if top == "where":
+        if len(loc) == 1:
+            return 'where must be a non-empty table such as { subset = "eli5" }'
+        return f"where.{loc[1]} must be a string, number or boolean, or a non-empty list of them"
+    if top == "own_regressor":
+        return f"own_regressor must be a list of aspect keys, got {raw.get('own_regressor')!r}"
+    if top == "presets":
+        presets = raw.get("presets")
+        if len(loc) == 1:
+            return f"presets must be [presets.NAME] tables, got {_kind(presets)}"
+        if len(loc) == 2:
+            return f"presets.{loc[1]} must be a table, got {_kind(value)}"
+        keys = "list of aspect keys" if loc[2] == "own_regressor" else "non-empty list of aspect keys"
+        return f"presets.{loc[1]}.{loc[2]} must be a {keys}, got {presets[loc[1]].get(loc[2])!r}"
+    if top == "columns":
+        if len(loc) == 1:
+            return f"'columns' must be a table ([columns]), got {_kind(value)}"
+        if loc[1] == "scores" and len(loc) == 2:
+            return f'columns.scores must be a table of ASPECT = "COLUMN", got {_kind(value)}'
+        name = f"scores.{loc[2]}" if loc[1] == "scores" else loc[1]
+        return f"columns: {name} must name a column (non-empty text), got {value!r}"
+    return validation_line(exc)
 
 
-def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:
-    """A list of distinct aspect keys of the task, or a ConfigError naming ``ctx``."""
-    if (
-        not isinstance(value, list)
-        or not all(isinstance(v, str) for v in value)
-        or (not value and not empty_ok)
-    ):
-        raise ConfigError(
-            f"{ctx} must be a {'' if empty_ok else 'non-empty '}list of aspect keys, got {value!r}"
+def _text_problem(ctx: str, key: str, error: dict) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return f"{ctx} needs {key!r}; it must be non-empty text"
+    if kind == "text_blank":
+        return f"{ctx} needs a non-empty {key!r}"
+    if kind == "text_control":
+        return f"{ctx} {key!r} holds the control character {error['ctx']['char']!r}; it must be plain text"
+    return f"{ctx} has {_kind(error.get('input'))} as {key!r}; it must be non-empty text"
+
+
+def _unknown(parent: tuple, keys: list[str]) -> str:
+    """Unknown keys of the table at ``parent``, with the known key closest to the first, if any."""
+    import difflib
+
+    from hdeval.data import task_file as tf
+
+    table = parent[0] if parent else ""
+    known = {
+        "": tf.TOP_KEYS,
+        "fields": tuple(tf.FieldTable.model_fields),
+        "aspects": tuple(tf.AspectTable.model_fields),
+        "presets": tuple(tf.PresetTable.model_fields),
+        "columns": (*tf.COLUMN_KEYS, "scores"),
+    }[table]
+    close = difflib.get_close_matches(keys[0], known, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(keys)
+    if table == "":
+        return f"unknown key(s) {listed}{hint}"
+    if table == "columns":
+        return f"columns: unknown key {keys[0]!r} (keys: {', '.join(known)}){hint}"
+    if table == "presets":
+        return (
+            f"presets.{parent[1]} has unknown key(s) {listed} (a preset has aspects and own_regressor){hint}"
         )
+    return f"{table} #{parent[1] + 1} has unknown key(s) {listed}{hint}"
+
+
+def _aspect_list(value: list[str], known: list[str], ctx: str, empty_ok: bool = False) -> tuple[str, ...]:
+    """A list of distinct aspect keys of the task, or a ConfigError naming ``ctx``."""
+    if not value and not empty_ok:
+        raise ConfigError(f"{ctx} must be a non-empty list of aspect keys, got {value!r}")
     unknown = [v for v in value if v not in known]
     if unknown:
         raise ConfigError(
@@ -271,34 +307,6 @@ def _aspect_list(value: Any, known: list[str], ctx: str, empty_ok: bool = False)
     return tuple(value)
 
 
-def parse_presets(
-    raw: Any, known: list[str], where: str
-) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
-    """``[presets.NAME]`` tables: ``aspects`` (the aspects trained on) and ``own_regressor`` (those
-    of them fitted alone, e.g. the paper's Topical-Chat groundedness)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{where}: presets must be [presets.NAME] tables, got {_kind(raw)}")
-    out = []
-    for name, table in raw.items():
-        ctx = f"{where}: presets.{name}"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{ctx} must be a table, got {_kind(table)}")
-        extra = set(table) - {"aspects", "own_regressor"}
-        if extra:
-            raise ConfigError(
-                f"{ctx} has unknown key(s) {', '.join(sorted(map(str, extra)))} "
-                "(a preset has aspects and own_regressor)"
-            )
-        aspects = _aspect_list(table.get("aspects"), known, f"{ctx}.aspects")
-        own = _aspect_list(
-            table.get("own_regressor", []), list(aspects), f"{ctx}.own_regressor", empty_ok=True
-        )
-        out.append((str(name), aspects, own))
-    return tuple(out)
-
-
 def apply_preset(task: Task, name: str) -> Task:
     """``--preset NAME``: the aspects (and own regressors) a task file's ``[presets.NAME]`` names."""
     known = {p[0]: p for p in task.presets}
@@ -307,25 +315,6 @@ def apply_preset(task: Task, name: str) -> Task:
         raise ConfigError(f"unknown preset {name!r} for task {task.name}: {choices}")
     _, aspects, own = known[name]
     return dataclasses.replace(select_aspects(task, aspects), own_regressor=own)
-
-
-def parse_where(raw: Any, where: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
-    """A ``where`` table, e.g. ``{ subset = "eli5" }`` or ``{ subset = ["a", "b"] }``: a row is
-    kept when, for every key, its value (``meta.<key>``, else the top-level field) is one of
-    the listed values."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f'{where}: where must be a non-empty table such as {{ subset = "eli5" }}')
-    out = []
-    for key, value in raw.items():
-        values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise ConfigError(
-                f"{where}: where.{key} must be a string, number or boolean, or a non-empty list of them"
-            )
-        out.append((str(key), tuple(values)))
-    return tuple(out)
 
 
 def _kind(value: Any) -> str:

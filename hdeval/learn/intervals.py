@@ -128,10 +128,11 @@ def held_out_means(
     y: np.ndarray, pred: np.ndarray, aspects: Sequence[str], level: float = DEFAULT_LEVEL
 ) -> dict[str, Any]:
     """The labels behind the test figures, per aspect, and what they say of the human mean: its
-    interval at ``level`` (every test row is labelled, so the PPI++ estimate is the labels' mean:
-    Student's t on ``n - 1``, as :func:`hdeval.learn.ppi.ppi_mean`), beside the evaluator's mean
-    on the same rows (its bias)."""
-    from scipy.stats import t
+    interval at ``level`` (every test row is labelled, so the PPI++ estimate is the labels' mean
+    and its interval the classical one of :func:`hdeval.learn.ppi.ppi_mean`, as ``hdeval
+    estimate`` gives it), beside the evaluator's mean on the same rows (its bias); None for an
+    aspect with fewer than 2 labels or labels that never vary."""
+    from hdeval.learn.ppi import Moments, ppi_mean
 
     labels: dict[str, int] = {}
     means: dict[str, dict[str, float] | None] = {}
@@ -139,17 +140,16 @@ def held_out_means(
         ok = ~(np.isnan(y[:, j]) | np.isnan(pred[:, j]))
         n = int(ok.sum())
         labels[a] = n
-        if n < 2:
+        # labels that never vary give a zero-width interval, a certainty they cannot give:
+        # none, as hdeval estimate gives none
+        if n < 2 or np.ptp(y[ok, j]) == 0:
             means[a] = None
             continue
-        m, half = (
-            float(y[ok, j].mean()),
-            float(t.ppf((1 + level) / 2, n - 1) * y[ok, j].std(ddof=1) / math.sqrt(n)),
-        )
+        e = ppi_mean(y[ok, j], pred[ok, j], Moments(0, 0.0, 0.0), alpha=1 - level)
         means[a] = {
-            "estimate": round(m, 6),
-            "low": round(m - half, 6),
-            "high": round(m + half, 6),
+            "estimate": round(e.estimate, 6),
+            "low": round(e.low, 6),
+            "high": round(e.high, 6),
             "evaluator_mean": round(float(pred[ok, j].mean()), 6),
         }
     return {"labels": labels, "human_mean": means}

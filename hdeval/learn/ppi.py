@@ -62,6 +62,14 @@ class Moments:
         return Moments(n, self.mean + delta * other.count / n, m2 / (n - 1) if n > 1 else 0.0)
 
 
+#: Resamples of the studentised bootstrap that sets the interval's critical values below
+#: :data:`BOOTSTRAP_MAX_LABELS` labels; fixed seed, so the same labels give the same interval.
+BOOTSTRAP_RESAMPLES = 1000
+#: Past this many labels the mean is close enough to normal that Student's t serves, and the
+#: resamples (resamples x labels values) would cost memory for nothing.
+BOOTSTRAP_MAX_LABELS = 200
+
+
 def _z(alpha: float, df: float | None = None) -> float:
     """The two-sided critical value: normal, or Student's t with ``df`` degrees of freedom."""
     from scipy.stats import norm, t
@@ -93,26 +101,39 @@ class MeanEstimate:
     fixed_var: float
     weighted: bool = False  # the labelled rows carried sampling probabilities
     df: float | None = None  # Student's t degrees of freedom of the intervals; None: normal
+    #: The studentised bootstrap's (lower, upper) quantiles of ``(estimate - mean) / se``, which
+    #: replace ``-t`` and ``+t`` (None: the symmetric quantile); ``classical_crit`` the same
+    #: for the classical interval.
+    crit: tuple[float, float] | None = None
+    classical_crit: tuple[float, float] | None = None
+
+    def _crit(self, crit: tuple[float, float] | None) -> tuple[float, float]:
+        if crit is not None:
+            return crit
+        z = _z(self.alpha, self.df)
+        return -z, z
 
     @property
     def half_width(self) -> float:
-        return _z(self.alpha, self.df) * self.se
+        """Half the interval's width (the interval itself may sit unevenly around the estimate)."""
+        lo, hi = self._crit(self.crit)
+        return (hi - lo) / 2 * self.se
 
     @property
     def low(self) -> float:
-        return self.estimate - self.half_width
+        return self.estimate - self._crit(self.crit)[1] * self.se
 
     @property
     def high(self) -> float:
-        return self.estimate + self.half_width
+        return self.estimate - self._crit(self.crit)[0] * self.se
 
     @property
     def classical_low(self) -> float:
-        return self.classical - _z(self.alpha, self.df) * self.classical_se
+        return self.classical - self._crit(self.classical_crit)[1] * self.classical_se
 
     @property
     def classical_high(self) -> float:
-        return self.classical + _z(self.alpha, self.df) * self.classical_se
+        return self.classical - self._crit(self.classical_crit)[0] * self.classical_se
 
     @property
     def effective_labels(self) -> float:
@@ -134,7 +155,8 @@ class MeanEstimate:
             raise ValueError(f"the margin must be positive, got {margin}")
         if self.half_width <= margin:
             return 0
-        target = (margin / _z(self.alpha, self.df)) ** 2 - self.fixed_var
+        lo, hi = self._crit(self.crit)
+        target = (margin / ((hi - lo) / 2)) ** 2 - self.fixed_var
         per_label = (self.se**2 - self.fixed_var) * self.n_labelled  # the variance that is ~ 1/labels
         if target <= 0 or per_label <= 0:
             return None
@@ -185,9 +207,12 @@ def ppi_mean(
     None tunes it (PPI++); 1 is plain PPI, 0 the classical mean. ``sampling_prob``: the
     probability with which each labelled row was chosen for labelling, when that was not one
     uniform random sample; the estimate then weights each label by its inverse.
-    ``small_sample``: the labelled rows' variances with ``n - 1`` and Student's t with ``n - 1``
-    degrees of freedom instead of the normal quantile (a little wider at a few dozen labels,
-    where skewed scores make the normal interval cover too little; the same past a few hundred).
+    ``small_sample``: the labelled rows' variances with ``n - 1`` and, instead of the normal
+    quantile, critical values from a studentised bootstrap of the labelled rows (``lam`` tuned
+    again in each resample; :func:`_bootstrap_t`) up to :data:`BOOTSTRAP_MAX_LABELS` labels and
+    Student's t with ``n - 1`` degrees of freedom past it. At a few dozen labels of skewed scores
+    (most at the top of the scale) the mean is not yet normal and a symmetric interval covers
+    too little: the bootstrap's interval reaches further on the side of the long tail.
 
     Without ``sampling_prob`` and ``small_sample`` this is ``ppi_py.ppi_mean_ci`` (same tuning,
     same interval)."""
@@ -208,6 +233,7 @@ def ppi_mean(
     _z(alpha)
     n, N = y.size, rest.count
     every = Moments.of(yhat).merge(rest)
+    tuned = lam is None and N > 0
     if lam is None:
         # the variance-minimising lam (PPI++ for a mean), as ppi_py computes it
         cov = float(np.mean((y - y.mean()) * (yhat - yhat.mean())))
@@ -218,8 +244,12 @@ def ppi_mean(
     fixed = lam * lam * rest.var * (N - 1) / N / N if N else 0.0  # ppi_py: ddof 0
     ddof = 1 if small_sample else 0
     se = math.sqrt(fixed + rect.var(ddof=ddof) / n)
+    estimate = lam * rest.mean + float(rect.mean())
+    crit = classical_crit = None
+    if small_sample and n <= BOOTSTRAP_MAX_LABELS:
+        crit, classical_crit = _bootstrap_t(y, yhat, rest, alpha, estimate, None if tuned else lam)
     return MeanEstimate(
-        estimate=lam * rest.mean + float(rect.mean()),
+        estimate=estimate,
         se=se,
         classical=float(y.mean()),
         classical_se=float(y.std(ddof=ddof) / math.sqrt(n)),
@@ -230,7 +260,50 @@ def ppi_mean(
         alpha=alpha,
         fixed_var=fixed,
         df=n - 1 if small_sample else None,
+        crit=crit,
+        classical_crit=classical_crit,
     )
+
+
+def _bootstrap_t(
+    y: np.ndarray, yhat: np.ndarray, rest: Moments, alpha: float, estimate: float, lam: float | None
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The studentised (bootstrap-t) critical values of the estimate and of the classical mean:
+    the ``alpha / 2`` and ``1 - alpha / 2`` quantiles of ``(estimate* - estimate) / se*`` over
+    resamples of the labelled rows (the unlabelled ones are many and stay as they are). ``lam``
+    None: tuned again in each resample, as :func:`ppi_mean` tunes it (its own noise belongs in
+    the interval). A None pair: the resamples cannot resolve ``alpha``, or too many have no
+    spread; the caller keeps Student's t."""
+    n, N = y.size, rest.count
+    if alpha / 2 * BOOTSTRAP_RESAMPLES < 10:
+        return None, None
+    idx = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+    yb, fb = y[idx], yhat[idx]
+    ym = yb.mean(axis=1)
+    yvar = yb.var(axis=1, ddof=1)
+    if lam is None:
+        fm = fb.mean(axis=1)
+        cov = ((yb - ym[:, None]) * (fb - fm[:, None])).mean(axis=1)
+        delta = rest.mean - fm
+        m2 = fb.var(axis=1, ddof=1) * (n - 1) + rest.var * (N - 1) + delta * delta * n * N / (n + N)
+        var = m2 / (n + N - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lams = np.where(var > 0, np.clip(cov / ((1 + n / N) * var), 0, 1), 0.0)
+    else:
+        lams = np.full(len(idx), lam)
+    rect = yb - lams[:, None] * fb
+    fixed = lams * lams * rest.var * (N - 1) / N / N if N else np.zeros(len(idx))
+    est = lams * rest.mean + rect.mean(axis=1)
+    se = np.sqrt(fixed + rect.var(axis=1, ddof=1) / n)
+
+    def crit(values: np.ndarray, centre: float, spread: np.ndarray) -> tuple[float, float] | None:
+        ok = spread > 0
+        if ok.mean() < 0.9:
+            return None
+        lo, hi = np.quantile((values[ok] - centre) / spread[ok], [alpha / 2, 1 - alpha / 2])
+        return float(lo), float(hi)
+
+    return crit(est, estimate, se), crit(ym, float(y.mean()), np.sqrt(yvar / n))
 
 
 def _weighted(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from hdeval.core.errors import BudgetExceeded, CacheError, ConfigError, DataError, one_line
+from hdeval.core.redaction import Redactor
 from hdeval.llm.backends.base import Completion, CompletionRequest
 
 MAX_LINE_BYTES = 8 * 2**20  # one result line: a chat completion with logprobs
@@ -279,18 +280,18 @@ class ImportReport:
 def read_results(
     results: str | Path,
     asked: dict[str, bool],
-    parser: Any,
+    redact: Redactor,
     models: dict[str, str] | None = None,
     skip_other_models: bool = False,
 ) -> tuple[dict[str, Completion], ImportReport]:
     """Every completion of a result file, checked line by line; one-line :class:`DataError`
     naming the file and line for anything that is not a result of one of ``asked``'s requests,
     or whose ``body.model`` is not the model its request (in ``models``) asked (with
-    ``skip_other_models``: left out and counted instead). ``parser``: an OpenAI-compatible
-    backend, which reads each body as it reads a direct reply (its secrets redacted)."""
+    ``skip_other_models``: left out and counted instead). Each body is read as the
+    OpenAI-compatible backend reads a direct reply, without any secret of ``redact``'s."""
     # here, not at the top: apply and report import this module for its file helpers, and the
     # OpenAI backend brings the openai SDK
-    from hdeval.llm.backends.openai_compat import result_outcome
+    from hdeval.llm.backends.openai_compat import read_completion, result_outcome
     from hdeval.llm.cache.codec import MAX_ENTRY_CHARS
 
     path = Path(results)
@@ -323,20 +324,20 @@ def read_results(
                 raise DataError(f"{where}: response.body is not an object (nothing imported)")
         body, why = result_outcome(row)
         if body is None:
-            report.failed[key] = parser._redact(why or "no response")
+            report.failed[key] = redact(why or "no response")
             continue
         want, got_model = (models or {}).get(key), body.get("model")
         if want is not None and isinstance(got_model, str) and not same_model(want, got_model):
             if skip_other_models:
-                report.other_model[key] = parser._redact(got_model)
+                report.other_model[key] = redact(got_model)
                 continue
             raise DataError(
-                f"{where}: response.body.model {one_line(parser._redact(got_model))[:80]!r} is not "
+                f"{where}: response.body.model {one_line(redact(got_model))[:80]!r} is not "
                 f"{want!r}, the model its request asked: another model's reply would be served as "
                 f"{want!r}'s (nothing imported; --skip-other-models imports the rest)"
             )
         try:
-            got[key] = parser._parse(json.dumps(body).encode(), asked[key])
+            got[key] = read_completion(body, asked[key], redact)
         except Exception as exc:  # the backend's own reading of a reply: not a chat completion
             raise DataError(
                 f"{where}: response.body is not a chat completion "
@@ -355,19 +356,20 @@ def import_results(
     results: str | Path,
     requests: str | Path,
     cache_dir: str | Path,
-    parser: Any,
     skip_other_models: bool = False,
 ) -> ImportReport:
     """Check ``results`` whole against ``requests`` (the file the export wrote), then write every
     completion into the cache in ``cache_dir`` in one transaction: all or nothing. A reply of
-    another model than its request's is refused, or with ``skip_other_models`` left out and counted."""
+    another model than its request's is refused, or with ``skip_other_models`` left out and counted.
+    The secrets the environment holds (the keys, the proxies' credentials) are redacted from what
+    is read."""
     from hdeval.llm.cache.codec import encode_completion
     from hdeval.llm.cache.guard import storage_error
     from hdeval.llm.cache.store import open_store
 
     models: dict[str, str] = {}
     asked = read_request_file(requests, models)
-    got, report = read_results(results, asked, parser, models, skip_other_models)
+    got, report = read_results(results, asked, Redactor.from_env(), models, skip_other_models)
     store = open_store(cache_dir)
     try:
         # one transaction: a failure part-way (a full disk) leaves the cache as it was
@@ -382,15 +384,3 @@ def import_results(
         store.close()
     report.imported = len(got)
     return report
-
-
-def result_parser() -> Any:
-    """A reader of chat completion bodies: the OpenAI-compatible backend's own, built offline
-    (it is never asked to send anything), redacting the secrets the environment holds (the
-    keys, the proxies' credentials) from what it reads."""
-    from hdeval.core.redaction import Redactor
-    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
-
-    parser = OpenAICompatBackend(model="import", base_url="http://127.0.0.1:9/v1", api_key="unused")
-    parser._redact = Redactor.from_env()
-    return parser

@@ -583,7 +583,10 @@ def loaded(
 def check_metrics(metrics: Any, shape: Mapping[str, Any], where: Any) -> dict[str, Any]:
     """``metrics`` (read from ``where``) when it is a JSON object whose fields match ``shape``;
     else a one-line ArtifactError naming the file and the field."""
+    from hdeval.methods.metrics_file import read_metrics
+
     _check_shape(metrics, dict(shape), str(where), "")
+    read_metrics(metrics, str(where))  # the fields every method writes; the dict itself is kept
     return metrics
 
 

@@ -47,7 +47,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
     from hdeval.llm.cache.store import TABLE_LOOKUP, stored_key
 
     directory = Path(cache_dir)
-    # the reply table first (where replies go since #23), then diskcache's rows
+    # the reply table first (where replies are written), then diskcache's rows (older caches)
     dbs = [directory / name for name in (TABLE_DBNAME, DBNAME) if (directory / name).is_file()]
     if not dbs:
         return (
@@ -64,7 +64,7 @@ def read_only_lookup(cache_dir: str | Path, keys: Sequence[str]) -> tuple[dict[s
                         if db.name == TABLE_DBNAME:
                             row = con.execute(TABLE_LOOKUP, (MAX_ENTRY_CHARS, stored_key(key))).fetchone()
                             text = None if row is None else table_value(*row)
-                        else:  # the compact key, or the hex text an hdeval before #23 stored
+                        else:  # the compact key, or the hex text older caches hold
                             sql = "SELECT mode, filename, value FROM Cache WHERE key IN (?, ?) AND raw = 1"
                             row = con.execute(sql, (stored_key(key), key)).fetchone()
                             text = None if row is None else read_value(directory, *row)

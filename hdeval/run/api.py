@@ -12,27 +12,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from hdeval.core.errors import ArtifactError, DataError
+from hdeval.methods.metrics_file import Metrics, read_metrics
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from hdeval.core.progress import Progress
     from hdeval.methods.base import Fitted
-
-
-class Metrics(BaseModel):
-    """An artifact's ``metrics.json``: the fields every method writes, typed; a method's own
-    (layers, intervals, selection, ...) are kept as they are (``model_extra``)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    split: dict[str, int]  # samples (or pairs) in the training and test splits
-    final: dict[str, Any] | None = None  # held-out figures: per aspect correlations, or pair agreement
-    failure_rate: float | None = None  # share of LLM-filled cells that could not be read
-    usage: dict[str, int] = {}  # calls, cache hits and tokens of the training run
 
 
 class TrainedEvaluator:
@@ -60,14 +47,7 @@ class TrainedEvaluator:
     @property
     def metrics(self) -> Metrics:
         """``metrics.json`` as the typed :class:`Metrics` model."""
-        try:
-            return Metrics.model_validate(self.fitted.metrics)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
-            raise ArtifactError(
-                f"{self.path or 'the evaluator'}/metrics.json: {field!r}: {err['msg']}"
-            ) from None
+        return read_metrics(self.fitted.metrics, f"{self.path or 'the evaluator'}/metrics.json")
 
     def __repr__(self) -> str:
         task = self.fitted.task

@@ -140,7 +140,7 @@ def _check_entry(
     """(key, completion) if the entry is readable and valid; counted into ``report`` either way."""
     try:
         if type(key) is bytes and len(key) == 32:
-            key = key.hex()  # the compact form (since #23)
+            key = key.hex()  # the compact form the store writes
         if not raw or type(key) is not str or not REQUEST_HASH.match(key):
             raise UnreadableEntry("a key that is not an hdeval request hash", foreign=True)
         completion = parse_completion(read())

@@ -23,7 +23,7 @@ import diskcache
 from hdeval.core.errors import CacheError
 
 DBNAME = "cache.db"
-# The compact reply table (#23): a request hash's 32 bytes -> encode_completion's bytes, in its
+# The compact reply table: a request hash's 32 bytes -> encode_completion's bytes, in its
 # own file beside diskcache's, so each file holds only what its owner creates.
 TABLE_DBNAME = "replies.db"
 TABLE_SQL = "CREATE TABLE reply(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
@@ -211,7 +211,7 @@ def refuse_foreign_schema(directory: Path) -> bool:
     """Before the cache opens (and writes to) its existing databases: one-line CacheError if one
     holds a trigger, view, table or index the cache never creates, or diskcache's file holds
     settings diskcache never writes (it turns ``sqlite_*`` settings into PRAGMAs). True if
-    diskcache's file holds text keys (hdeval's before #23)."""
+    diskcache's file holds text keys (an older hdeval's, before the reply table)."""
     legacy, unknown = False, []
     for name in DATABASES:
         db = directory / name

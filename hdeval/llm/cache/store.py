@@ -53,12 +53,12 @@ _STORE_SETTINGS = {
 
 
 class LegacyKey(str):
-    """A request hash as hdeval stored it before #23: its 64 hex characters as text."""
+    """A request hash as an older hdeval stored it: its 64 hex characters as text."""
 
 
 def stored_key(key: str) -> Any:
-    """How the store holds the request hash ``key`` since #23: its 32 raw bytes; any other
-    ``str`` key as text, as before."""
+    """How the store holds the request hash ``key``: its 32 raw bytes (an older hdeval stored its
+    hex text, :class:`LegacyKey`); any other ``str`` key as text."""
     return sqlite3.Binary(bytes.fromhex(key)) if REQUEST_HASH.match(key) else key
 
 

@@ -104,7 +104,8 @@ def quality_problem(
     tree: CriteriaTree,
     siblings: Sequence[tuple[str, str, str]],
 ) -> str | None:
-    """Why a sub-criterion is degenerate (the gate of #20 item 8), or None if it is usable.
+    """Why a sub-criterion is degenerate (it repeats its parent, shares a sibling's name or
+    definition, or is rubric boilerplate), or None if it is usable.
 
     ``siblings``: (name, normalised name, normalised definition) of the ones accepted before it."""
     n_name, n_def = _norm(name), _norm(definition)

@@ -233,9 +233,12 @@ class TreeEvaluator(Fitted):
         for name in (cls.model_file, TREE, METRICS, "prompts/score.toml"):
             if name not in files:
                 raise ArtifactError(f"{mpath}: no checksum recorded for {name}")
+        # the tree file's models: imported when an HD-Eval artifact is loaded, not with the CLI
+        from hdeval.methods.hdeval.tree_file import stored_tree
+
         try:
             task = task_from_dict(manifest["task"], where=str(mpath))
-            tree = CriteriaTree.from_dict(art.json(TREE))
+            tree = stored_tree(art.json(TREE), str(path / TREE))
             templates = {}
             for name in sorted(files):
                 member = Path(name)

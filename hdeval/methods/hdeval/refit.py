@@ -66,10 +66,16 @@ def refit(
     change = bootstrap_change(Y[te], old[te], new, [rows[i].doc_id for i in te], aspects, seed)
     final = metric_table(Y[te], new, aspects)
     tree_m = ScoreMatrix([s.id for s in rows], list(ev.feature_keys), X)
+    layer = kept_layer(ev.metrics)
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
         "final": final,
-        "layers": {"1": final},
+        # the criteria are the artifact's kept layer's: the refit is that layer, not layer 1
+        "layers": {str(layer): final},
+        "layer_choice": {
+            "layer": layer,
+            "reason": "the layer the refitted artifact kept, its criteria now scored by the new judge",
+        },
         **dict(sorted(baselines(ev.tree, tree_m, Y, te, aspects).items())),
         "failure_rate": m.failure_rate,
         "usage": usage_of(llm),
@@ -110,6 +116,20 @@ def refit(
         table,
     )
     return out, change
+
+
+def kept_layer(metrics: dict[str, Any]) -> int:
+    """The layer an HD-Eval artifact kept, as its metrics record it (a refit's included)."""
+    sel, choice = metrics.get("selection"), metrics.get("layer_choice")
+    for value in (
+        sel.get("kept_layer") if isinstance(sel, dict) else None,
+        choice.get("layer") if isinstance(choice, dict) else choice,
+        metrics.get("final_layer"),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    trained = [int(k) for k in (metrics.get("layers") or {}) if str(k).isdigit()]
+    return max(trained, default=1)
 
 
 class _Split:

@@ -8,9 +8,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
-from hdeval.core.errors import ConfigError, HdevalError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, validation_line
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
 
 MAX_TREE_BYTES = 1 << 20
@@ -89,16 +92,47 @@ def _from_artifact(path: Path, task: Task) -> GivenTree:
     return parse_tree(data, task, str(path / "tree.json"))
 
 
-def _text(value: Any, at: str, limit: int, control: re.Pattern[str]) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{at}: must be non-empty text")
-    if len(value) > limit:
-        raise ValueError(f"{at}: longer than {limit} characters")
-    if control.search(value):
-        raise ValueError(f"{at}: holds a control character")
-    if has_lone_surrogate(value):
-        raise ValueError(f"{at}: {LONE_SURROGATE_PROBLEM}")
-    return value.strip()
+def _text(limit: int, control: re.Pattern[str], strip: bool = True):
+    def check(value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("tree_text", "must be non-empty text")
+        if len(value) > limit:
+            raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": limit})
+        if control.search(value):
+            raise PydanticCustomError("tree_text", "holds a control character")
+        if has_lone_surrogate(value):
+            raise PydanticCustomError("tree_text", LONE_SURROGATE_PROBLEM)
+        if not strip and value != value.strip():
+            raise PydanticCustomError("tree_text", "has leading or trailing spaces")
+        return value.strip()
+
+    return AfterValidator(check)
+
+
+_Str = Annotated[str, Field(strict=True)]
+
+
+class TreeCriterion(BaseModel):
+    """One criterion of a tree file: its text bounded (the file is untrusted), where it hangs, and
+    whether decomposition may expand it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
+    name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
+    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINES)]
+    parent: Optional[_Str] = None
+    # optional: a criterion's layer follows from its parent; a given one must agree
+    layer: Optional[int] = None
+    locked: bool = False
+
+
+class TreeFile(BaseModel):
+    """A tree file: ``{"criteria": [...]}``, parents before their children."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    criteria: list[TreeCriterion] = Field(min_length=1, max_length=MAX_CRITERIA)
 
 
 def parse_tree(data: Any, task: Task, where: str) -> GivenTree:
@@ -109,39 +143,60 @@ def parse_tree(data: Any, task: Task, where: str) -> GivenTree:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _problem(exc: ValidationError) -> str:
+    """The first problem of the criterion listed first, in the tree file's words: unknown fields
+    before wrong values, as a reader fixes them."""
+
+    def rank(e: Any) -> tuple[int, int, str]:
+        loc = e["loc"]
+        item = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else -1
+        top = str(loc[0]) if len(loc) == 1 else ""  # unknown top-level fields: the first by name
+        return (item, 0 if e["type"] == "extra_forbidden" else 1, top)
+
+    e = min(exc.errors(), key=rank)  # min keeps the first of equal rank: the order of the fields
+    loc, kind, value = e["loc"], e["type"], e.get("input")
+    if len(loc) == 1 and loc[0] != "criteria":
+        return f'unknown field {loc[0]!r} (a tree file holds only "criteria")'
+    if len(loc) == 1:
+        if kind == "too_long":
+            return f"criteria: {len(value)} criteria, more than the {MAX_CRITERIA} a tree may hold"
+        return "criteria: must be a non-empty list"
+    at = f"criteria[{loc[1]}]"
+    if len(loc) == 2:
+        return f"{at}: must be an object"
+    field = f"{at}.{loc[2]}"
+    if kind == "extra_forbidden":
+        return f"{field}: unknown field (known: {', '.join(FIELDS)})"
+    if kind == "missing":
+        return f"{field}: missing"
+    if kind == "tree_text":
+        return f"{field}: {e['msg']}"
+    if loc[2] in ("key", "name", "definition"):
+        return f"{field}: must be non-empty text"
+    if loc[2] == "parent":
+        return f"{field}: {value!r} is not the key of a criterion listed before it"
+    if loc[2] == "locked":
+        return f"{field}: must be true or false, not {value!r}"
+    return f"{field}: must be a whole number, not {value!r}"
+
+
 def _parse(data: Any, task: Task, where: str) -> GivenTree:
     if not isinstance(data, dict) or "criteria" not in data:
         raise ValueError('not a criteria tree: expected an object {"criteria": [...]}')
-    extra = sorted(set(data) - {"criteria"})
-    if extra:
-        raise ValueError(f'unknown field {extra[0]!r} (a tree file holds only "criteria")')
-    items = data["criteria"]
-    if not isinstance(items, list) or not items:
-        raise ValueError("criteria: must be a non-empty list")
-    if len(items) > MAX_CRITERIA:
-        raise ValueError(f"criteria: {len(items)} criteria, more than the {MAX_CRITERIA} a tree may hold")
+    try:
+        given = TreeFile.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(_problem(exc)) from None
     aspects = list(task.aspect_keys)
     out: list[Criterion] = []
     index: dict[str, Criterion] = {}
     locked: set[str] = set()
-    for i, item in enumerate(items):
+    for i, item in enumerate(given.criteria):
         at = f"criteria[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{at}: must be an object")
-        unknown = [k for k in item if k not in FIELDS]
-        if unknown:
-            raise ValueError(f"{at}.{unknown[0]}: unknown field (known: {', '.join(FIELDS)})")
-        for f in ("key", "name", "definition"):
-            if f not in item:
-                raise ValueError(f"{at}.{f}: missing")
-        key = _text(item["key"], f"{at}.key", 200, _CONTROL)
-        if key != item["key"]:
-            raise ValueError(f"{at}.key: has leading or trailing spaces")
-        name = _text(item["name"], f"{at}.name", MAX_NAME, _CONTROL)
-        definition = _text(item["definition"], f"{at}.definition", MAX_DEFINITION, _CONTROL_BUT_LINES)
+        key = item.key
         if key in index:
             raise ValueError(f"{at}.key: {key!r} appears twice")
-        parent_key = item.get("parent")
+        parent_key = item.parent
         if parent_key is None:
             layer = 1
             if key not in aspects:
@@ -151,7 +206,7 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
                     "(the task's, or those of --aspects)"
                 )
         else:
-            if not isinstance(parent_key, str) or parent_key not in index:
+            if parent_key not in index:
                 raise ValueError(
                     f"{at}.parent: {parent_key!r} is not the key of a criterion listed before it"
                 )
@@ -164,18 +219,12 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
                 )
         if layer > MAX_DEPTH:
             raise ValueError(f"{at}: layer {layer} is deeper than the {MAX_DEPTH} layers a tree may have")
-        given_layer = item.get("layer")
-        if given_layer is not None and (
-            not isinstance(given_layer, int) or isinstance(given_layer, bool) or given_layer != layer
-        ):
-            raise ValueError(f"{at}.layer: {given_layer!r}, but its parent puts it on layer {layer}")
-        lock = item.get("locked", False)
-        if not isinstance(lock, bool):
-            raise ValueError(f"{at}.locked: must be true or false, not {lock!r}")
-        c = Criterion(key, name, definition, parent_key, layer)
+        if item.layer is not None and item.layer != layer:
+            raise ValueError(f"{at}.layer: {item.layer!r}, but its parent puts it on layer {layer}")
+        c = Criterion(key, item.name, item.definition, parent_key, layer)
         index[key] = c
         out.append(c)
-        if lock:
+        if item.locked:
             locked.add(key)
     missing = [a for a in aspects if a not in index]
     if missing:
@@ -184,3 +233,34 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
             f"add them, or train on the aspects the tree has with --aspects"
         )
     return GivenTree(CriteriaTree(out), frozenset(locked), where)
+
+
+class StoredCriterion(BaseModel):
+    """A criterion of an artifact's tree.json as ``Criterion.to_dict`` writes it. Its names and
+    definitions may be edited by hand; its size is bounded by the artifact's file limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    key: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    definition: Annotated[str, Field(min_length=1)]
+    parent: Optional[str] = None
+    layer: Annotated[int, Field(ge=1)]
+
+
+class StoredTree(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    criteria: list[StoredCriterion] = Field(min_length=1)
+
+
+def stored_tree(data: Any, where: str) -> CriteriaTree:
+    """An artifact's tree.json; a wrong one is one ArtifactError line naming the file and field."""
+    try:
+        tree = StoredTree.model_validate(data)
+    except ValidationError as exc:
+        raise ArtifactError(f"{where}: {validation_line(exc)}") from None
+    try:
+        return CriteriaTree(Criterion(c.key, c.name, c.definition, c.parent, c.layer) for c in tree.criteria)
+    except ValueError as exc:
+        raise ArtifactError(f"{where}: {exc}") from None
