@@ -41,6 +41,9 @@ JUDGES = {
     "realistic": None,  # simjudge.REALISTIC
     "independent": {"noise": 0.7, "halo": 0.0, "misreading": 0.0, "deep_signal": True},
     "deep-noise": {"noise": 0.7, "halo": 0.8, "misreading": 2.0, "deep_signal": False},
+    # independent errors, but each criterion with its own noise level (0.7 times a log-normal
+    # factor of spread 0.7): some criteria read their aspect better than others
+    "independent-uneven": {"noise": 0.7, "halo": 0.0, "misreading": 0.0, "deep_signal": True, "uneven": 0.7},
 }
 
 

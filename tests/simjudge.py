@@ -139,7 +139,7 @@ def criterion_depth(name: str) -> int:
 
 def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool = False,
                       noise_criteria: tuple[str, ...] = (), misreading: float = 0.0, seed: str = "",
-                      shared: float = 0.0) -> FakeBackend:
+                      shared: float = 0.0, uneven: float = 0.0) -> FakeBackend:
     """An HD-Eval judge: a layer-1 criterion reads the latent plus a halo shared by every
     criterion of the sample, a ``misreading`` shared by every criterion of the same aspect (the
     first part of its name) on the sample, and its own noise. Deeper criteria are pure noise
@@ -148,7 +148,9 @@ def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool =
     latent per aspect (``[[<aspect name>=...]]``, see ``real_rows``) is read on its aspect's.
     A jury: judges with different ``seed`` draw their own errors; ``shared`` is a misreading
     every judge makes alike (keyed by aspect and sample, not by seed), as judges of one era
-    share blind spots."""
+    share blind spots. ``uneven`` > 0 gives each criterion its own noise level, ``noise`` times
+    a log-normal factor (``exp(uneven * z)``, z drawn once per criterion name): some criteria
+    read their aspect better than others, so equal weights are no longer the best ones."""
 
     def reply(request: CompletionRequest, fake) -> Completion:
         prompt = _prompt(request)
@@ -163,12 +165,16 @@ def pointwise_backend(noise: float = 0.7, halo: float = 0.3, deep_signal: bool =
             v = (q[0] + halo * unit_normal(*own, "halo", sample)
                  + misreading * unit_normal(*own, "misread", aspect, sample)
                  + shared * unit_normal("shared", aspect, sample)
-                 + noise * unit_normal(*own, "crit", name, sample))
+                 + noise * _noise_factor(uneven, name) * unit_normal(*own, "crit", name, sample))
         else:
             v = 3 + 1.2 * unit_normal("pure-noise", name, sample)
         return Completion(str(int(min(5, max(1, round(v))))), None, len(prompt) // 4, 1)
 
     return FakeBackend(logprobs=False, responders={**RESPONDERS, "score": reply})
+
+
+def _noise_factor(uneven: float, name: str) -> float:
+    return math.exp(uneven * unit_normal("noise-level", name)) if uneven else 1.0
 
 
 #: A realistic judge: a halo (0.8) shared by all criteria of a sample, a
