@@ -254,6 +254,7 @@ def _bench(tmp_path: Path, out: Path, *extra: str):
     return CliRunner().invoke(cli, args)
 
 
+@pytest.mark.slow  # end to end, twice
 def test_benchmark_end_to_end_and_a_second_run_makes_no_calls(tmp_path: Path, fake_calls: list[int]) -> None:
     out = tmp_path / "bench"
     r = _bench(tmp_path, out)

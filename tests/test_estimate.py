@@ -68,6 +68,7 @@ def test_a_server_never_run_has_no_estimate_rather_than_a_guess(tmp_path: Path) 
     assert seconds == pytest.approx(60.0) and line.startswith("estimated time for the whole run (1 stage): at most 60 s for 500 uncached calls")
 
 
+@pytest.mark.slow  # three CLI processes
 def test_dry_run_prints_the_time_and_a_fake_run_records_its_rate(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     r = hdeval("train", *QA, "--layers", "2", "--llm", "gpt-4o-mini", "--dry-run", cwd=tmp_path, cache=cache)
@@ -87,6 +88,7 @@ needs_local = pytest.mark.skipif(
     reason="the local extra (a llama.cpp runtime) is not installed")
 
 
+@pytest.mark.slow  # reads the embedded model
 @needs_local
 def test_a_long_run_on_the_embedded_model_without_a_terminal_refuses_unless_yes(tmp_path: Path) -> None:
     embedded_model_or_skip()
