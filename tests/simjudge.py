@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from conftest import TOY_TASK as _TOY_TASK
 
-from hdeval.llm.backends.base import Completion, CompletionRequest, TokenLogprob
+from hdeval.llm.backends.base import Completion, CompletionRequest
 from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
 
 _LATENT = re.compile(r"\[\[q=(-?[0-9.]+)\]\]")
