@@ -89,6 +89,16 @@ def test_a_labels_file_of_another_task_is_refused(pool, tmp_path):
         LabelStore(tmp_path / "junk.db", task)
 
 
+def test_a_labels_file_in_a_new_folder_is_made_there(pool, tmp_path):
+    """`--labels artifacts/labels.db` in a folder without artifacts/ (the README's command); a
+    folder that cannot be made is one line naming the option."""
+    LabelStore(tmp_path / "artifacts" / "labels.db", pool[0]).close()
+    assert (tmp_path / "artifacts" / "labels.db").is_file()
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    with pytest.raises(DataError, match=r"^--labels .*blocker/labels.db: cannot make its folder"):
+        LabelStore(tmp_path / "blocker" / "labels.db", pool[0])
+
+
 def test_export_writes_samples_train_reads_with_the_raters_mean(pool, tmp_path):
     task, _, _, samples = pool
     db = tmp_path / "labels.db"

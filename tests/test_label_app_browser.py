@@ -238,9 +238,9 @@ def test_the_docs_commands_as_written(tmp_path):
     label (a few labels over HTTP, as the page sends them), stop, export, train."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     docs = (REPO / "docs" / "labelling.md").read_text(encoding="utf-8")
-    label = "hdeval label --task examples/qa_task.toml --data examples/qa.jsonl --labels labels.db --llm fake"
-    export = "hdeval data export-labels labels.db -o labeled.jsonl"
-    train = "hdeval train --task examples/qa_task.toml --data labeled.jsonl --layers 2 --llm fake"
+    label = "hdeval label --task examples/qa_task.toml --data examples/qa.jsonl --labels artifacts/labels.db --llm fake"
+    export = "hdeval data export-labels artifacts/labels.db -o artifacts/labeled.jsonl"
+    train = "hdeval train --task examples/qa_task.toml --data artifacts/labeled.jsonl --layers 2 --llm fake"
     assert label in readme and label in docs and export in docs and train in docs
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -276,5 +276,5 @@ def test_the_docs_commands_as_written(tmp_path):
     for command in (export, train):
         r = subprocess.run(hdeval + command.split()[1:], cwd=tmp_path, env=env, capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr.decode()
-    assert len((tmp_path / "labeled.jsonl").read_text().splitlines()) == 12
+    assert len((tmp_path / "artifacts" / "labeled.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "artifacts").is_dir()

@@ -598,8 +598,10 @@ def test_readme_commands_parse_and_write_only_under_artifacts(fresh: Path, monke
     from hdeval.cli import cli
 
     monkeypatch.chdir(fresh)
-    commands = [c for kind, c in page_commands(README) if kind == "bash" and c.startswith("hdeval ")]
-    assert len(commands) >= 8
+    # `sh` blocks too: they are not run (a server runs until stopped), but what they write counts
+    shown = README.replace("```sh\n", "```bash\n")
+    commands = [c for kind, c in page_commands(shown) if kind == "bash" and c.startswith("hdeval ")]
+    assert len(commands) >= 9 and any(c.startswith("hdeval label ") for c in commands)
     for command in commands:
         assert not NEEDS_LLM.match(command) or "--llm" in command, f"a command without --llm: {command}"
         name, *args = shlex.split(command.split(" #")[0])[1:]
@@ -607,7 +609,7 @@ def test_readme_commands_parse_and_write_only_under_artifacts(fresh: Path, monke
             cmd = cli.get_command(ctx, name)
             assert cmd is not None, command
             sub = cmd.make_context(name, args, parent=ctx)  # a bad option or value raises here
-            written = [sub.params.get(k) for k in ("output", "out", "export_requests")]
+            written = [sub.params.get(k) for k in ("output", "out", "export_requests", "labels")]
             for path in filter(None, written):
                 assert Path(str(path)).parts[0] == "artifacts", f"{command} writes {path}"
     assert "/artifacts/*" in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()

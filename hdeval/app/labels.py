@@ -96,6 +96,12 @@ class LabelStore:
         if self.path.exists() and not self.path.is_file():
             raise DataError(f"--labels {self.path} is not a file")
         try:
+            # a new labels file in a folder not made yet (`--labels artifacts/labels.db` in a fresh
+            # folder), as `train -o` makes its output's folder
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(f"--labels {self.path}: cannot make its folder: {exc.strerror}") from None
+        try:
             self._con = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as exc:
             raise DataError(f"--labels {self.path}: cannot open: {exc}") from None
