@@ -93,6 +93,11 @@ class ArtifactReader:
         return str(self.manifest.get("method") or "hdeval")
 
     @property
+    def layered(self) -> bool:
+        """Whether the manifest keeps the state apart (format 4 on); formats 1-3 share one level."""
+        return _layered(self.manifest)
+
+    @property
     def run(self) -> dict[str, Any]:
         """The run record: seed, split ids and the run's options (``config``), those it records."""
         m = self.manifest
@@ -436,32 +441,11 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
             "older: upgrade hdeval"
         )
     if _layered(manifest):  # format 4 on: the header, the run record and the state, nothing else
-        for section in ("state", "run"):
-            if not isinstance(manifest.get(section), dict):
-                raise ArtifactError(f"{mpath}: {section!r} must be a JSON object")
-        unknown = sorted(k for k in manifest if k not in HEADER_KEYS and k not in ("state", "run"))
-        if unknown:
-            raise ArtifactError(
-                f"{mpath}: unknown field {unknown[0][:80]!r} (a format-{version} manifest holds "
-                "the header, 'run' and 'state' only)"
-            )
-    run = manifest["run"] if _layered(manifest) else manifest
-    config = run.get("config", {})  # the run's options; methods read theirs from it
-    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
-        raise ArtifactError(
-            f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} is not an object"
-        )
-    files = manifest.get("files")
-    if not isinstance(files, dict) or len(files) > MAX_FILES:
-        raise ArtifactError(f"{mpath}: 'files' must map at most {MAX_FILES} file names to checksums")
+        files = _read_manifest(manifest, mpath).files
+    else:  # formats 1 to 3, read as they always were
+        files = _legacy_files(manifest, mpath)
     reader.manifest = manifest
     for name, digest in files.items():
-        if not isinstance(digest, str):
-            raise ArtifactError(f"{mpath}: the checksum of {name} is not a string")
-        try:
-            _safe_name(name)
-        except ArtifactError as exc:
-            raise ArtifactError(f"{mpath}: {exc} (in 'files')") from None
         f = reader.file(name)  # a regular file, not a link, within the size bound
         if sha256_file(f) != digest:
             if name in editable:
@@ -474,3 +458,36 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
                 f"{path}: {name} does not match its checksum in {MANIFEST} (modified or truncated)"
             )
     return reader
+
+
+def _legacy_files(manifest: dict[str, Any], mpath: Path) -> dict[str, str]:
+    """The checked ``files`` of a format 1-3 manifest (one level: header, run record and state)."""
+    config = manifest.get("config", {})  # the run's options; methods read theirs from it
+    if not isinstance(config, dict) or not isinstance(config.get("options", {}), dict):
+        raise ArtifactError(
+            f"{mpath}: {'config' if not isinstance(config, dict) else 'config.options'!r} is not an object"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict) or len(files) > MAX_FILES:
+        raise ArtifactError(f"{mpath}: 'files' must map at most {MAX_FILES} file names to checksums")
+    for name, digest in files.items():
+        if not isinstance(digest, str):
+            raise ArtifactError(f"{mpath}: the checksum of {name} is not a string")
+        try:
+            _safe_name(name)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{mpath}: {exc} (in 'files')") from None
+    return files
+
+
+def _read_manifest(manifest: dict[str, Any], mpath: Path) -> Any:
+    """A format-4 manifest as :class:`~hdeval.artifact.manifest_file.Manifest`, or one
+    ArtifactError line naming ``mpath`` and the first bad field."""
+    from pydantic import ValidationError
+
+    from hdeval.artifact.manifest_file import Manifest, error_line
+
+    try:
+        return Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        raise ArtifactError(f"{mpath}: {error_line(exc, manifest.get('format_version'))}") from None

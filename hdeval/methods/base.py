@@ -5,6 +5,7 @@ loading; :mod:`hdeval.methods.registry` finds the methods and loads artifacts)."
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 from abc import ABC, abstractmethod
@@ -143,19 +144,28 @@ class Fitted(ABC):
     @classmethod
     def read_state(cls, art: "ArtifactReader") -> "BaseModel":
         """``art.state`` validated by ``State`` (unknown fields refused); a one-line ArtifactError
-        naming the manifest and the first bad field."""
+        naming the manifest and the first bad field. A format 1-3 manifest kept the state beside
+        the header and the run record, where older hdeval wrote fields since dropped: those are
+        left out there, not refused."""
         from pydantic import ValidationError
 
         if cls.State is None:
             raise TypeError(f"{cls.__name__} declares no State model")
+        state: Any = art.state
         try:
-            return cls.State.model_validate(art.state)
+            try:
+                return cls.State.model_validate(state)
+            except ValidationError as exc:
+                extra = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+                legacy = not art.layered and "format_version" in art.manifest  # formats 1-3
+                if not legacy or not extra or len(extra) != len(exc.errors()):
+                    raise
+                return cls.State.model_validate(_without(state, extra))
         except ValidationError as exc:
             err = exc.errors()[0]
-            field = ".".join(str(x) for x in err["loc"]) or "(state)"
-            raise ArtifactError(
-                f"{art.path / 'manifest.json'}: state field {field!r}: {err['msg']}"
-            ) from None
+            field = ".".join(str(x) for x in err["loc"])[:80] or "(state)"
+            msg = err["msg"].removeprefix("Value error, ")
+            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {msg}") from None
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
@@ -470,6 +480,8 @@ class SinglePromptFitted(Fitted):
     def from_artifact(cls, art: "ArtifactReader") -> Any:
         from hdeval.judge.prompts import parse_template
 
+        if cls.State is not None:  # a subclass's state (its prompts' digests, and what it adds)
+            cls.read_state(art)
         file = f"prompts/{cls.prompt}.toml"
         return loaded(
             art,
@@ -578,6 +590,17 @@ def loaded(
     ev.warnings = list(art.warnings)
     ev.path = art.path
     return ev
+
+
+def _without(data: Any, locs: Sequence[tuple[Any, ...]]) -> Any:
+    """A copy of ``data`` (JSON) without the keys at ``locs`` (pydantic's error locations)."""
+    out = copy.deepcopy(data)
+    for loc in locs:
+        parent = out
+        for key in loc[:-1]:
+            parent = parent[key]
+        parent.pop(loc[-1], None)
+    return out
 
 
 def check_metrics(metrics: Any, shape: Mapping[str, Any], where: Any) -> dict[str, Any]:

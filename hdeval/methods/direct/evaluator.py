@@ -12,6 +12,7 @@ from hdeval.judge.prompts import load_templates
 from hdeval.judge.scoring import SCALE, score_criteria
 from hdeval.learn.intervals import fitted_intervals
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_message, fit_unlearned
+from hdeval.methods.state_file import PromptsState
 
 
 class DirectEvaluator(SinglePromptFitted):
@@ -21,6 +22,7 @@ class DirectEvaluator(SinglePromptFitted):
     prompt = "score"
     stage = "scoring"
     scale = SCALE
+    State = PromptsState  # the prompt's digest, nothing learned
 
     def benchmark_record(self) -> dict[str, Any]:
         return {"criteria": len(self.task.aspects)}  # one question per aspect

@@ -18,6 +18,7 @@ from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, Probe, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
 from hdeval.methods.pair_report import write_pair_report
+from hdeval.methods.state_file import PromptsState
 
 LEARNED = "learned.json"
 
@@ -26,6 +27,7 @@ class DnaEvaluator(Fitted):
     """A Decompose-and-Aggregate judge of pairs (optionally with a learned aggregator)."""
 
     method = "dna"
+    State = PromptsState  # the prompts' digests; the settings are method_args, the rest files
 
     def __init__(
         self,
@@ -251,6 +253,7 @@ class DnaEvaluator(Fitted):
 
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "DnaEvaluator":
+        cls.read_state(art)  # the prompts' digests: all a dna state holds
         where = str(art.path / "manifest.json")
         settings = Settings.from_dict(art.manifest.get("method_args"), where)
         files = [f"prompts/{PROMPT_FILES[r]}.toml" for r in settings.prompt_roles]

@@ -7,7 +7,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,7 @@ from hdeval.methods.base import (
     usage_of,
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
+from hdeval.methods.hdeval.state import PointwiseState
 from hdeval.methods.options import check_recorded_options, recorded_options
 
 TREE = "tree.json"
@@ -223,12 +224,14 @@ class TreeEvaluator(Fitted):
     def from_artifact(cls, art: ArtifactReader) -> Any:
         """Rebuild from a verified artifact and check that its parts fit together: task, tree,
         prompts, the feature order, the fitted model against its manifest section."""
-        path, manifest, state = art.path, art.manifest, art.state
+        path, manifest = art.path, art.manifest
         mpath = path / MANIFEST
         raw_task = manifest.get("task")
         shape = raw_task.get("shape", "pointwise") if isinstance(raw_task, dict) else None
         if art.method != "hdeval" or (shape != cls.shape and shape in ("pointwise", "pairwise")):
             raise cls.not_mine(path, art.method, shape if isinstance(shape, str) else "pointwise")
+        # the state as recorded (absent fields stay absent, so saving it again changes nothing)
+        state = cls.read_state(art).model_dump(exclude_unset=True)
         files = manifest["files"]
         for name in (cls.model_file, TREE, METRICS, "prompts/score.toml"):
             if name not in files:
@@ -277,7 +280,7 @@ class TreeEvaluator(Fitted):
             spec,
             llm.get("identity") or "",
             art.json(METRICS),
-            {k: v for k, v in art.state.items() if k in cls.extra_keys} | art.run,
+            {k: v for k, v in state.items() if k in cls.extra_keys} | art.run,
         )
         needed = state.get("needed_criteria")
         if needed is not None:  # when given, the features the model uses
@@ -337,6 +340,7 @@ class Evaluator(TreeEvaluator):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
+    State: ClassVar[type[PointwiseState]] = PointwiseState
 
     def metrics_shape(self) -> dict[str, Any]:
         return {
@@ -527,8 +531,9 @@ class Evaluator(TreeEvaluator):
     @classmethod
     def from_artifact(cls, art: ArtifactReader) -> "Evaluator":
         ev = super().from_artifact(art)
-        if art.state.get("scorer") is not None:
+        scorer = art.state.get("scorer")  # checked by State in super().from_artifact
+        if scorer is not None:
             from hdeval.methods.comparisons import PairwiseScorer
 
-            ev.scorer = PairwiseScorer.from_artifact(art, art.state["scorer"], ev.templates)
+            ev.scorer = PairwiseScorer.from_artifact(art, scorer, ev.templates)
         return ev

@@ -5,7 +5,7 @@ samples with only those, each with its own settings."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from sklearn.base import clone
@@ -16,6 +16,7 @@ from hdeval.core.types import ScoreMatrix
 from hdeval.learn.aggregate import select_cv
 from hdeval.methods.base import CORRELATIONS, FIGURE, progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
+from hdeval.methods.hdeval.state import JuryState, PointwiseState
 from hdeval.methods.jury import (
     Judge,
     agreement,
@@ -234,6 +235,7 @@ class JuryEvaluator(Evaluator):
     columns need, each with its own model, server and key variable, on the run's cache."""
 
     extra_keys = (*_EXTRA_KEYS, "jury")
+    State: ClassVar[type[PointwiseState]] = JuryState
     # judge name -> backend, instead of the LLMs the judges name (the Python API, tests)
     judge_backends: Mapping[str, Any] | None = None
 
@@ -393,13 +395,15 @@ class JuryEvaluator(Evaluator):
         from hdeval.methods.jury import judge_models
 
         ev = super().from_artifact(art)
-        state = art.state.get("jury")
+        checked = cls.read_state(art)  # as in super().from_artifact: no error here
+        assert isinstance(checked, JuryState)
+        record = checked.jury
         where = art.path / "manifest.json"
         JudgeSpec, _ = judge_models()
         try:
-            judges = [JudgeSpec.model_validate(j) for j in state["judges"]]
-            kept = state["kept"]
-            if not isinstance(kept, list) or not set(kept) <= {j.name for j in judges}:
+            judges = [JudgeSpec.model_validate(j) for j in record.judges]
+            kept = record.kept
+            if not set(kept) <= {j.name for j in judges}:
                 raise ValueError("'kept' names a judge that is not among 'judges'")
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
             first = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else exc

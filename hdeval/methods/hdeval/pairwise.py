@@ -58,6 +58,7 @@ from hdeval.methods.hdeval.loop import (
     pruning_lines,
     warning_notes,
 )
+from hdeval.methods.hdeval.state import PairwiseState
 from hdeval.methods.pair_report import write_pair_report
 
 MODEL = "classifier.skops"
@@ -356,6 +357,7 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     fitted = "classifier"
     model_file = MODEL
     extra_keys = _EXTRA_KEYS
+    State = PairwiseState
 
     @property
     def classes(self) -> list[str]:

@@ -23,9 +23,17 @@ from hdeval.methods.comparisons import (
     parse_examples,
 )
 from hdeval.methods.paireval.sources import comparison_text, overlap_text
+from hdeval.methods.state_file import AggregatorSpec, Name, PromptsState
 
 PAIR_PROMPT = "prompts/pair.toml"
 MODEL = "aggregator.skops"
+
+
+class PairEvalState(PromptsState):
+    """PairEval's state: the pair prompt's digest, the aggregator and where the examples came from."""
+
+    aggregator: AggregatorSpec
+    comparison_source: Name | None = None  # absent before it was recorded
 
 
 class PairEvalEvaluator(Fitted):
@@ -34,6 +42,7 @@ class PairEvalEvaluator(Fitted):
 
     method = "paireval"
     row_names = ("columns", "column")
+    State = PairEvalState
 
     def __init__(
         self,
@@ -151,6 +160,8 @@ class PairEvalEvaluator(Fitted):
         from hdeval.learn.aggregate import Aggregator
         from hdeval.methods.aggregator_file import TRUSTED_TYPES, check_models
 
+        state = cls.read_state(art)
+        assert isinstance(state, PairEvalState)
         args = art.manifest.get("method_args") or {}
         all_vs_all = args.get("all_vs_all", False) is True  # compared within each document: no examples
 
@@ -164,8 +175,8 @@ class PairEvalEvaluator(Fitted):
                 n, swap = args["comparisons"], args["swap"]
                 if not fits_examples(n, swap, pool):
                     raise ValueError("method_args 'comparisons' / 'swap' do not fit the recorded examples")
-            spec = art.state["aggregator"]
-            template = Aggregator.for_task(spec["kind"], task, int(spec["random_state"]))
+            spec = state.aggregator
+            template = Aggregator.for_task(spec.kind, task, spec.random_state)
             models = art.skops(MODEL, TRUSTED_TYPES)
             check_models(models, template.kind, template.groups, len(task.aspects), art.path / MODEL)
             agg = Aggregator.from_fitted(
@@ -192,7 +203,6 @@ class PairEvalEvaluator(Fitted):
 
         need = (PAIR_PROMPT, MODEL) if all_vs_all else (PAIR_PROMPT, COMPARISONS, MODEL)
         ev = loaded(art, need, build, (KeyError, TypeError, ValueError, ConfigError))
-        source = art.state.get("comparison_source")  # kept, so saving it again loses nothing
-        if isinstance(source, str):
-            ev.extra["comparison_source"] = source
+        if state.comparison_source is not None:  # kept, so saving it again loses nothing
+            ev.extra["comparison_source"] = state.comparison_source
         return ev

@@ -11,6 +11,7 @@ from hdeval.judge.prompts import Template, load_template
 from hdeval.llm.backends.base import CompletionRequest
 from hdeval.methods.base import FitContext, SinglePromptFitted, fit_unlearned
 from hdeval.methods.comparisons import MAX_TOKENS, Example, history_fields, label_request
+from hdeval.methods.state_file import PromptsState
 
 YES_NO = ("Yes", "No")
 
@@ -43,6 +44,7 @@ class YesNoEvaluator(SinglePromptFitted):
     row_names = ("columns", "column")
     prompt = "yesno"
     stage = "asking"
+    State = PromptsState  # the prompt's digest, nothing learned
 
     def ask(self, backend: Any, samples: list[Sample], concurrency: int | None, progress: Any) -> Any:
         history_fields(self.task)
