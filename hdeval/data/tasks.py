@@ -167,6 +167,10 @@ def _columns(model: Any, raw: dict, aspects: list[str], where: str) -> tuple[tup
         return ()
     out: list[tuple[str, str]] = []
     for key in raw:
+        if getattr(model, key) is None:
+            # an explicit null (an artifact manifest is JSON): the model reads it as "not given"
+            what = 'a table of ASPECT = "COLUMN"' if key == "scores" else "a column (non-empty text)"
+            raise ConfigError(f"{where}: columns: {key} must name {what}, got None")
         if key != "scores":
             out.append((key, getattr(model, key)))
             continue
