@@ -114,3 +114,15 @@ def test_an_artifact_whose_manifest_task_has_null_columns_is_refused_in_one_line
         load_artifact(art)
     msg = str(err.value)
     assert "manifest.json" in msg and "columns: scores" in msg and "\n" not in msg, msg
+
+
+def test_an_unknown_key_with_line_breaks_in_a_manifests_task_is_one_line() -> None:
+    import tomllib
+
+    from hdeval.data.tasks import task_from_dict
+
+    raw = {**tomllib.loads(TOY_TASK), "evil\nerror: all is well\x1b[2J": 1}
+    with pytest.raises(ConfigError) as err:
+        task_from_dict(raw, where="art/manifest.json")
+    msg = str(err.value)
+    assert msg.startswith("art/manifest.json: unknown key(s) ") and msg.isprintable(), msg
