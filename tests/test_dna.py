@@ -1029,3 +1029,32 @@ def test_the_position_warning_reaches_a_quiet_cli_run(faireval40, tmp_path):
     assert m["position_probe"]["action"] == "swapped" and m["position_probe"]["warning"] == warned[0]
     assert m["position_probe"]["pairs"] == m["split"]["train"] == 20  # fewer than 30: all of them
     assert json.loads((tmp_path / "art" / "manifest.json").read_text())["method_args"]["swap"] is True
+
+
+def test_a_probe_call_that_fails_does_not_cost_its_pair_the_verdict_of_one_order(tmp_path):
+    """Without a bias found the probe's swapped-order replies only measure: the verdicts are
+    those of one order. A probe reply that could not be read made its pair a failure, so the
+    pair lost the verdict its first-order reply gave (and the run could stop above the failure
+    rate for calls --no-swap never needed)."""
+    from simjudge import declared, pair_backend, pairwise_rows
+
+    rows = pairwise_rows(60, seed=1)
+    fair = pair_backend(noise=0.0)
+    read = fair.responders["dna_direct"]
+
+    def no_swapped_reply(request, fake):  # the swapped order, where response B is shown first
+        if "Answer one" in declared(request, "response_a"):
+            return read(request, fake)
+        return Completion("I would rather not say.", None, 10, 4)
+
+    flaky = FakeBackend(logprobs=False, honour_constraints=False,
+                        responders={**fair.responders, "dna_direct": no_swapped_reply})
+    (tmp_path / "clean").mkdir(), (tmp_path / "flaky").mkdir()  # each its own cache
+    clean = _sim_train(tmp_path / "clean", rows, backend=fair, dna_mode="direct", tie_margin=0.0)
+    assert clean.metrics["position_probe"]["action"] == "none"
+    got = _sim_train(tmp_path / "flaky", rows, backend=flaky, dna_mode="direct", tie_margin=0.0)
+    probe = got.metrics["position_probe"]
+    assert probe["action"] == "none" and probe["pairs"] == 0  # nothing measured, nothing acted on
+    assert got.metrics["failure_rate"] == 0.0, got.metrics["failure_rate"]
+    assert list(got.score_table["prediction"]) == list(clean.score_table["prediction"])
+    assert got.metrics["test"] == clean.metrics["test"]

@@ -81,3 +81,48 @@ def test_presets_where_and_columns_are_read_in_the_files_order(tmp_path: Path) -
     task = load_task(str(path))
     assert task.presets == (("short", ("accuracy", "clarity"), ("clarity",)),)
     assert task.columns == (("output", "reply"), ("source", "question"), ("scores.accuracy", "acc"))
+
+
+@pytest.mark.parametrize("columns,named", [({"scores": None}, "scores"), ({"output": None}, "output")])
+def test_a_null_column_in_a_manifests_task_is_one_line_not_a_crash(columns: dict, named: str) -> None:
+    # an artifact's manifest is JSON (untrusted: it may be edited), so unlike TOML it can hold null;
+    # the task's columns were read as "not given" and then used (an AttributeError, or None as a column)
+    import tomllib
+
+    from hdeval.data.tasks import task_from_dict
+
+    raw = {**tomllib.loads(TOY_TASK), "columns": columns}
+    with pytest.raises(ConfigError) as err:
+        task_from_dict(raw, where="art/manifest.json")
+    msg = str(err.value)
+    assert msg.startswith("art/manifest.json: columns") and named in msg and "\n" not in msg, msg
+
+
+def test_an_artifact_whose_manifest_task_has_null_columns_is_refused_in_one_line(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from hdeval.core.errors import HdevalError
+    from hdeval.methods.registry import load_artifact
+
+    art = tmp_path / "art"
+    shutil.copytree(Path(__file__).parent / "golden" / "dna_artifact_margin_v1", art)
+    manifest = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
+    manifest["task"]["columns"] = {"scores": None}
+    (art / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(HdevalError) as err:  # the CLI prints it as one line
+        load_artifact(art)
+    msg = str(err.value)
+    assert "manifest.json" in msg and "columns: scores" in msg and "\n" not in msg, msg
+
+
+def test_an_unknown_key_with_line_breaks_in_a_manifests_task_is_one_line() -> None:
+    import tomllib
+
+    from hdeval.data.tasks import task_from_dict
+
+    raw = {**tomllib.loads(TOY_TASK), "evil\nerror: all is well\x1b[2J": 1}
+    with pytest.raises(ConfigError) as err:
+        task_from_dict(raw, where="art/manifest.json")
+    msg = str(err.value)
+    assert msg.startswith("art/manifest.json: unknown key(s) ") and msg.isprintable(), msg

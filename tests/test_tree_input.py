@@ -314,3 +314,17 @@ def test_dry_run_prices_both_llms_and_counts_a_given_tree_exactly(toy, tmp_path:
     assert m, r.stdout
     total, scoring, decomposition = map(float, m.groups())
     assert decomposition > 0 and abs(total - scoring - decomposition) < 0.011
+
+
+@pytest.mark.parametrize("field", ["evil\nerror: nothing is wrong", "x\x1b[2Jy", "p\u2028q"])
+def test_an_artifacts_tree_json_with_a_multi_line_field_name_is_still_one_line(field: str) -> None:
+    # an artifact is untrusted: the name of a field it holds must not add lines (or terminal
+    # codes) to the error that names it
+    from hdeval.core.errors import ArtifactError
+    from hdeval.methods.hdeval.tree_file import stored_tree
+
+    crit = {"key": "clarity", "name": "Clarity", "definition": "Clear.", "layer": 1, field: 1}
+    with pytest.raises(ArtifactError) as err:
+        stored_tree({"criteria": [crit]}, "art/tree.json")
+    msg = str(err.value)
+    assert msg.startswith("art/tree.json: unknown field(s): criteria.0.") and msg.isprintable(), msg

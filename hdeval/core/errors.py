@@ -11,6 +11,13 @@ def one_line(text: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shown_name(name: Any) -> str:
+    """A key or field name read from a file, as a message names it: as it is when printable, else
+    its repr (a name from an untrusted file cannot add a line or a terminal code to the message)."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)
+
+
 # pydantic's error types -> what the value must be, in the words of the house's messages
 _MUST = {
     "int_type": "a whole number",
@@ -38,7 +45,7 @@ def validation_line(exc: Any, flags: bool = False) -> str:
     errors = exc.errors()
 
     def name(loc: tuple) -> str:
-        path = ".".join(str(part) for part in loc)
+        path = ".".join(shown_name(part) for part in loc)
         return "--" + path.replace("_", "-") if flags and len(loc) == 1 else path
 
     unknown = [name(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]

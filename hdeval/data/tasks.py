@@ -14,7 +14,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from hdeval.core.errors import ConfigError, validation_line
+from hdeval.core.errors import ConfigError, shown_name, validation_line
 from hdeval.core.paths import resource_dir
 from hdeval.core.types import Aspect, Task, TaskField
 
@@ -167,6 +167,10 @@ def _columns(model: Any, raw: dict, aspects: list[str], where: str) -> tuple[tup
         return ()
     out: list[tuple[str, str]] = []
     for key in raw:
+        if getattr(model, key) is None:
+            # an explicit null (an artifact manifest is JSON): the model reads it as "not given"
+            what = 'a table of ASPECT = "COLUMN"' if key == "scores" else "a column (non-empty text)"
+            raise ConfigError(f"{where}: columns: {key} must name {what}, got None")
         if key != "scores":
             out.append((key, getattr(model, key)))
             continue
@@ -233,7 +237,7 @@ def _problem(exc: Any, raw: Any, prefix: tuple = ()) -> str:
     if top == "where":
         if len(loc) == 1:
             return 'where must be a non-empty table such as { subset = "eli5" }'
-        return f"where.{loc[1]} must be a string, number or boolean, or a non-empty list of them"
+        return f"where.{shown_name(loc[1])} must be a string, number or boolean, or a non-empty list of them"
     if top == "own_regressor":
         return f"own_regressor must be a list of aspect keys, got {raw.get('own_regressor')!r}"
     if top == "presets":
@@ -241,9 +245,9 @@ def _problem(exc: Any, raw: Any, prefix: tuple = ()) -> str:
         if len(loc) == 1:
             return f"presets must be [presets.NAME] tables, got {_kind(presets)}"
         if len(loc) == 2:
-            return f"presets.{loc[1]} must be a table, got {_kind(value)}"
+            return f"presets.{shown_name(loc[1])} must be a table, got {_kind(value)}"
         keys = "list of aspect keys" if loc[2] == "own_regressor" else "non-empty list of aspect keys"
-        return f"presets.{loc[1]}.{loc[2]} must be a {keys}, got {presets[loc[1]].get(loc[2])!r}"
+        return f"presets.{shown_name(loc[1])}.{loc[2]} must be a {keys}, got {presets[loc[1]].get(loc[2])!r}"
     if top == "columns":
         if len(loc) == 1:
             return f"'columns' must be a table ([columns]), got {_kind(value)}"
@@ -272,6 +276,7 @@ def _unknown(parent: tuple, keys: list[str]) -> str:
     from hdeval.data import task_file as tf
 
     table = parent[0] if parent else ""
+    keys = [shown_name(k) for k in keys]  # a key of the file cannot add a line to the message
     known = {
         "": tf.TOP_KEYS,
         "fields": tuple(tf.FieldTable.model_fields),
@@ -287,9 +292,7 @@ def _unknown(parent: tuple, keys: list[str]) -> str:
     if table == "columns":
         return f"columns: unknown key {keys[0]!r} (keys: {', '.join(known)}){hint}"
     if table == "presets":
-        return (
-            f"presets.{parent[1]} has unknown key(s) {listed} (a preset has aspects and own_regressor){hint}"
-        )
+        return f"presets.{shown_name(parent[1])} has unknown key(s) {listed} (a preset has aspects and own_regressor){hint}"
     return f"{table} #{parent[1] + 1} has unknown key(s) {listed}{hint}"
 
 

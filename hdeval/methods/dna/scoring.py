@@ -307,10 +307,18 @@ def run_pairs(
         else _read_pair
     )
 
-    def stage(label: str, todo: Sequence[PairSample], orders: Sequence[bool]) -> ScoreMatrix:
+    def stage(label: str, todo: Sequence[PairSample], orders: Sequence[bool], on_fail=fail) -> ScoreMatrix:
         first, second = score_cells(todo, orders)
         return _both_sides(
-            llm, ids, first, second, reader, concurrency, progress, f"{label}, {len(todo)} pairs, calls", fail
+            llm,
+            ids,
+            first,
+            second,
+            reader,
+            concurrency,
+            progress,
+            f"{label}, {len(todo)} pairs, calls",
+            on_fail,
         )
 
     def totals_of(p: PairSample) -> tuple[list[str], np.ndarray]:
@@ -326,7 +334,14 @@ def run_pairs(
     matrix = stage(settings.scoring_stage(per_pair), scorable, (False, True) if swap else (False,))
     if probe is not None and not swap:
         probed = [p for p in scorable if p.id in probe.ids and p.id not in failures]
-        seen = _merge(ids, [matrix, stage(probe_stage(settings, per_pair), probed, (True,))])
+        # a probe reply that cannot be read fails its pair only if its order is then kept (as
+        # --swap): else it only measured, and the pair keeps its first order's verdict
+        missed: dict[str, list[str]] = {}
+
+        def probe_failed(pid: str, why: str) -> None:
+            missed.setdefault(pid, []).append(why)
+
+        seen = _merge(ids, [matrix, stage(probe_stage(settings, per_pair), probed, (True,), probe_failed)])
         both = []
         for p in probed:
             cols, w = totals_of(p)
@@ -336,6 +351,8 @@ def run_pairs(
         probe_record = position_bias(both)
         if probe.both_orders(probe_record):
             swap = True
+            for pid, whys in missed.items():
+                failures.setdefault(pid, []).extend(whys)
             rest = [p for p in scorable if p.id not in probe.ids and p.id not in failures]
             matrix = _merge(ids, [seen, stage(rest_stage(settings, per_pair), rest, (True,))])
         elif progress is not None:  # what is left: prompt aggregation in one order

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, validation_line
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, shown_name, validation_line
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
 
 MAX_TREE_BYTES = 1 << 20
@@ -164,7 +164,7 @@ def _problem(exc: ValidationError) -> str:
     at = f"criteria[{loc[1]}]"
     if len(loc) == 2:
         return f"{at}: must be an object"
-    field = f"{at}.{loc[2]}"
+    field = f"{at}.{shown_name(loc[2])}"
     if kind == "extra_forbidden":
         return f"{field}: unknown field (known: {', '.join(FIELDS)})"
     if kind == "missing":
