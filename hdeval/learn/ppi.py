@@ -389,8 +389,6 @@ def _weighted(
             se = max(se, spread)
         if classical_crit is not None:
             classical_se = max(classical_se, classical_spread)
-    else:
-        resample = None
     return MeanEstimate(
         estimate=est,
         se=se,
@@ -406,7 +404,7 @@ def _weighted(
         df=y.size - 1 if small_sample else None,
         crit=crit,
         classical_crit=classical_crit,
-        resample=resample,
+        resample=resample if small_sample and y.size <= BOOTSTRAP_MAX_LABELS else None,
     )
 
 
@@ -536,11 +534,12 @@ def difference(first: MeanEstimate, second: MeanEstimate) -> Difference:
     crit = classical_crit = None
     if first.resample is not None and second.resample is not None and _resolvable(alpha):
         rng = np.random.default_rng(1)
-        draws = [
-            e.resample(rng.integers(0, e.n_labelled, size=(BOOTSTRAP_RESAMPLES, e.n_labelled)))
-            for e in (first, second)
-        ]
-        (e1, s1, c1, cs1), (e2, s2, c2, cs2) = draws
+        e1, s1, c1, cs1 = first.resample(
+            rng.integers(0, first.n_labelled, (BOOTSTRAP_RESAMPLES, first.n_labelled))
+        )
+        e2, s2, c2, cs2 = second.resample(
+            rng.integers(0, second.n_labelled, (BOOTSTRAP_RESAMPLES, second.n_labelled))
+        )
         boot_se, boot_cse = np.hypot(s1, s2), np.hypot(cs1, cs2)
         with np.errstate(divide="ignore", invalid="ignore"):
             crit = _studentised((e1 - e2 - est) / boot_se, boot_se > 0, alpha)
