@@ -20,8 +20,8 @@ tie (or its label coded the same way).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -106,6 +106,11 @@ class MeanEstimate:
     #: for the classical interval.
     crit: tuple[float, float] | None = None
     classical_crit: tuple[float, float] | None = None
+    #: Given an array of resampled row indices (resamples x labelled rows), the estimate, its
+    #: standard error, the classical mean and its standard error in each resample, as the
+    #: estimate itself was computed: what :func:`difference` studentises; None past
+    #: :data:`BOOTSTRAP_MAX_LABELS` labels or without ``small_sample``.
+    resample: Callable[[np.ndarray], _Resampled] | None = field(default=None, repr=False, compare=False)
 
     def _crit(self, crit: tuple[float, float] | None) -> tuple[float, float]:
         if crit is not None:
@@ -246,8 +251,10 @@ def ppi_mean(
     se = math.sqrt(fixed + rect.var(ddof=ddof) / n)
     estimate = lam * rest.mean + float(rect.mean())
     crit = classical_crit = None
+    resample = None
     if small_sample and n <= BOOTSTRAP_MAX_LABELS:
-        crit, classical_crit = _bootstrap_t(y, yhat, rest, alpha, estimate, None if tuned else lam)
+        resample = _plain_resampler(y, yhat, rest, None if tuned else lam)
+        crit, classical_crit, _, _ = _bootstrap_t(y, resample, alpha, estimate, float(y.mean()))
     return MeanEstimate(
         estimate=estimate,
         se=se,
@@ -262,48 +269,82 @@ def ppi_mean(
         df=n - 1 if small_sample else None,
         crit=crit,
         classical_crit=classical_crit,
+        resample=resample,
     )
 
 
+#: Per resample: the estimate, its standard error, the classical mean, its standard error.
+_Resampled = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _plain_resampler(
+    y: np.ndarray, yhat: np.ndarray, rest: Moments, lam: float | None
+) -> Callable[[np.ndarray], _Resampled]:
+    """The unweighted estimate recomputed on resamples of the labelled rows (the unlabelled ones
+    are many and stay as they are). ``lam`` None: tuned again in each resample, as
+    :func:`ppi_mean` tunes it (its own noise belongs in the interval)."""
+    n, N = y.size, rest.count
+
+    def resample(idx: np.ndarray) -> _Resampled:
+        yb, fb = y[idx], yhat[idx]
+        ym = yb.mean(axis=1)
+        yvar = yb.var(axis=1, ddof=1)
+        if lam is None:
+            fm = fb.mean(axis=1)
+            cov = ((yb - ym[:, None]) * (fb - fm[:, None])).mean(axis=1)
+            delta = rest.mean - fm
+            m2 = fb.var(axis=1, ddof=1) * (n - 1) + rest.var * (N - 1) + delta * delta * n * N / (n + N)
+            var = m2 / (n + N - 1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lams = np.where(var > 0, np.clip(cov / ((1 + n / N) * var), 0, 1), 0.0)
+        else:
+            lams = np.full(len(idx), lam)
+        rect = yb - lams[:, None] * fb
+        fixed = lams * lams * rest.var * (N - 1) / N / N if N else np.zeros(len(idx))
+        est = lams * rest.mean + rect.mean(axis=1)
+        se = np.sqrt(fixed + rect.var(axis=1, ddof=1) / n)
+        return est, se, ym, np.sqrt(yvar / n)
+
+    return resample
+
+
+def _studentised(t: np.ndarray, ok: np.ndarray, alpha: float) -> tuple[float, float] | None:
+    """The ``alpha / 2`` and ``1 - alpha / 2`` quantiles of the studentised resamples ``t``
+    (``ok``: those with a spread); None when too many have none."""
+    if ok.mean() < 0.9:
+        return None
+    lo, hi = np.quantile(t[ok], [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def _resolvable(alpha: float) -> bool:
+    """Whether :data:`BOOTSTRAP_RESAMPLES` place the ``alpha / 2`` quantiles (10 beyond each)."""
+    return alpha / 2 * BOOTSTRAP_RESAMPLES >= 10
+
+
 def _bootstrap_t(
-    y: np.ndarray, yhat: np.ndarray, rest: Moments, alpha: float, estimate: float, lam: float | None
-) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    y: np.ndarray,
+    resample: Callable[[np.ndarray], _Resampled],
+    alpha: float,
+    estimate: float,
+    classical: float,
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None, float, float]:
     """The studentised (bootstrap-t) critical values of the estimate and of the classical mean:
     the ``alpha / 2`` and ``1 - alpha / 2`` quantiles of ``(estimate* - estimate) / se*`` over
-    resamples of the labelled rows (the unlabelled ones are many and stay as they are). ``lam``
-    None: tuned again in each resample, as :func:`ppi_mean` tunes it (its own noise belongs in
-    the interval). A None pair: the resamples cannot resolve ``alpha``, or too many have no
+    resamples of the labelled rows, then the standard deviations of ``estimate*`` and of
+    ``classical*``. A None pair: the resamples cannot resolve ``alpha``, or too many have no
     spread; the caller keeps Student's t."""
-    n, N = y.size, rest.count
-    if alpha / 2 * BOOTSTRAP_RESAMPLES < 10:
-        return None, None
-    idx = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
-    yb, fb = y[idx], yhat[idx]
-    ym = yb.mean(axis=1)
-    yvar = yb.var(axis=1, ddof=1)
-    if lam is None:
-        fm = fb.mean(axis=1)
-        cov = ((yb - ym[:, None]) * (fb - fm[:, None])).mean(axis=1)
-        delta = rest.mean - fm
-        m2 = fb.var(axis=1, ddof=1) * (n - 1) + rest.var * (N - 1) + delta * delta * n * N / (n + N)
-        var = m2 / (n + N - 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lams = np.where(var > 0, np.clip(cov / ((1 + n / N) * var), 0, 1), 0.0)
-    else:
-        lams = np.full(len(idx), lam)
-    rect = yb - lams[:, None] * fb
-    fixed = lams * lams * rest.var * (N - 1) / N / N if N else np.zeros(len(idx))
-    est = lams * rest.mean + rect.mean(axis=1)
-    se = np.sqrt(fixed + rect.var(axis=1, ddof=1) / n)
-
-    def crit(values: np.ndarray, centre: float, spread: np.ndarray) -> tuple[float, float] | None:
-        ok = spread > 0
-        if ok.mean() < 0.9:
-            return None
-        lo, hi = np.quantile((values[ok] - centre) / spread[ok], [alpha / 2, 1 - alpha / 2])
-        return float(lo), float(hi)
-
-    return crit(est, estimate, se), crit(ym, float(y.mean()), np.sqrt(yvar / n))
+    if not _resolvable(alpha):
+        return None, None, 0.0, 0.0
+    idx = np.random.default_rng(0).integers(0, y.size, size=(BOOTSTRAP_RESAMPLES, y.size))
+    est, se, cl, cl_se = resample(idx)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (
+            _studentised((est - estimate) / se, se > 0, alpha),
+            _studentised((cl - classical) / cl_se, cl_se > 0, alpha),
+            float(est.std(ddof=1)),
+            float(cl.std(ddof=1)),
+        )
 
 
 def _weighted(
@@ -319,73 +360,139 @@ def _weighted(
     the inverse-probability-weighted (Hajek) mean of ``human - lam * evaluator`` over the
     labelled rows. Its variance: the rows' own spread (``var(human) / n``) plus the sampling's,
     ``sum((1 - p) / p**2 * (r - mean r)**2) / (sum 1/p)**2`` (Poisson sampling); ``lam``
-    minimises the latter."""
+    minimises the latter.
+
+    ``small_sample``: up to :data:`BOOTSTRAP_MAX_LABELS` labels, critical values from a
+    studentised bootstrap of the labelled rows, each keeping its probability (so its weight),
+    with ``lam`` tuned again in each resample; past it Student's t on ``n - 1``. A few dozen
+    weighted labels carry fewer labels' worth of information than their count (a few rows of
+    low probability weigh as much as many others), and their variance estimate is noisy: the
+    t interval covered 0.74-0.83 for 90% at 30 labels (``benchmarks/ppi.md``)."""
     if prob.size != y.size:
         raise ValueError(f"{prob.size} sampling probabilities for {y.size} labelled rows")
     if not ((prob > 0) & (prob <= 1)).all():
         raise ValueError("a sampling probability is not in (0, 1]")
     _z(alpha)
     every = Moments.of(yhat).merge(rest)
-    w = 1 / prob
-    v = (1 - prob) * w * w  # each label's weight in the sampling variance
-
-    def wmean(x: np.ndarray, weights: np.ndarray = w) -> float:
-        return float((weights * x).sum() / weights.sum())
-
-    if lam is None:
-        lam = 0.0
-        if v.sum() > 0:
-            dy, df = y - wmean(y, v), yhat - wmean(yhat, v)
-            var_f = float((v * df * df).sum())
-            lam = float(np.clip((v * dy * df).sum() / var_f, 0, 1)) if var_f > 0 else 0.0
-    y_spread = wmean((y - wmean(y)) ** 2) / every.count  # the rows are a sample of a population too
-
-    def sampling_var(r: np.ndarray) -> float:
-        return float((v * (r - wmean(r)) ** 2).sum() / w.sum() ** 2)
-
-    rect = y - lam * yhat
+    resample = _weighted_resampler(y, yhat, prob, every, lam)
+    # the estimate itself is the resampler's on the identity resample: one formula, not two
+    one = np.arange(y.size)[None, :]
+    est, se, classical, classical_se = (float(a[0]) for a in resample(one))
+    lam_used = float(_weighted_lams(y[None, :], yhat[None, :], prob[None, :], lam)[0])
+    crit = classical_crit = None
+    if small_sample and y.size <= BOOTSTRAP_MAX_LABELS:
+        crit, classical_crit, spread, classical_spread = _bootstrap_t(y, resample, alpha, est, classical)
+        # the formula leaves out the noise of lam tuned on these few weighted labels (and of the
+        # weights' own sum), which the resampled estimates carry: at 30 labels their spread was
+        # ~1.3 times the formula's (benchmarks/ppi.md), so the larger of the two scales the interval
+        if crit is not None:
+            se = max(se, spread)
+        if classical_crit is not None:
+            classical_se = max(classical_se, classical_spread)
     return MeanEstimate(
-        estimate=lam * every.mean + wmean(rect),
-        se=math.sqrt(y_spread + sampling_var(rect)),
-        classical=wmean(y),
-        classical_se=math.sqrt(y_spread + sampling_var(y)),
+        estimate=est,
+        se=se,
+        classical=classical,
+        classical_se=classical_se,
         evaluator_mean=every.mean,
-        lam=lam,
+        lam=lam_used,
         n_labelled=int(y.size),
         n=every.count,
         alpha=alpha,
-        fixed_var=y_spread,
+        fixed_var=float(_y_spread(y[None, :], 1 / prob[None, :], every.count)[0]),
         weighted=True,
         df=y.size - 1 if small_sample else None,
+        crit=crit,
+        classical_crit=classical_crit,
+        resample=resample if small_sample and y.size <= BOOTSTRAP_MAX_LABELS else None,
     )
+
+
+def _wmean(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per row of ``x`` (resamples x labels), the mean weighted by ``w``."""
+    return (w * x).sum(axis=1) / w.sum(axis=1)
+
+
+def _y_spread(y: np.ndarray, w: np.ndarray, count: int) -> np.ndarray:
+    # the rows are a sample of a population too: var(human) / rows
+    return _wmean((y - _wmean(y, w)[:, None]) ** 2, w) / count
+
+
+def _weighted_lams(y: np.ndarray, yhat: np.ndarray, prob: np.ndarray, lam: float | None) -> np.ndarray:
+    """Per resample, the ``lam`` that minimises the sampling variance, in [0, 1] (or ``lam``)."""
+    if lam is not None:
+        return np.full(len(y), lam)
+    v = (1 - prob) / prob**2  # each label's weight in the sampling variance
+    total = v.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dy = y - ((v * y).sum(axis=1) / total)[:, None]
+        df = yhat - ((v * yhat).sum(axis=1) / total)[:, None]
+        var_f = (v * df * df).sum(axis=1)
+        lams = np.clip((v * dy * df).sum(axis=1) / var_f, 0, 1)
+    return np.where((total > 0) & (var_f > 0), lams, 0.0)
+
+
+def _weighted_resampler(
+    y: np.ndarray, yhat: np.ndarray, prob: np.ndarray, every: Moments, lam: float | None
+) -> Callable[[np.ndarray], _Resampled]:
+    def resample(idx: np.ndarray) -> _Resampled:
+        yb, fb, pb = y[idx], yhat[idx], prob[idx]
+        w = 1 / pb
+        v = (1 - pb) * w * w
+        lams = _weighted_lams(yb, fb, pb, lam)
+        spread = _y_spread(yb, w, every.count)
+
+        def sampling_var(r: np.ndarray) -> np.ndarray:
+            return (v * (r - _wmean(r, w)[:, None]) ** 2).sum(axis=1) / w.sum(axis=1) ** 2
+
+        rect = yb - lams[:, None] * fb
+        est = lams * every.mean + _wmean(rect, w)
+        return est, np.sqrt(spread + sampling_var(rect)), _wmean(yb, w), np.sqrt(spread + sampling_var(yb))
+
+    return resample
 
 
 @dataclass(frozen=True)
 class Difference:
     """``first - second`` of two estimates on disjoint rows (two systems), with its interval
-    and the classical one: the rows are independent, so the variances add."""
+    and the classical one: the rows are independent, so the variances add.
+
+    ``crit`` / ``classical_crit``: the studentised bootstrap's (lower, upper) quantiles of
+    ``(difference - true difference) / se`` (each group's labelled rows resampled on their own),
+    which replace ``-t`` and ``+t``; None: Student's t on ``df`` (Welch's degrees of freedom),
+    or the normal quantile when ``df`` is None."""
 
     estimate: float
     se: float
     classical: float
     classical_se: float
     alpha: float
+    df: float | None = None
+    crit: tuple[float, float] | None = None
+    classical_crit: tuple[float, float] | None = None
+    classical_df: float | None = None
+
+    def _crit(self, crit: tuple[float, float] | None, df: float | None) -> tuple[float, float]:
+        if crit is not None:
+            return crit
+        z = _z(self.alpha, df)
+        return -z, z
 
     @property
     def low(self) -> float:
-        return self.estimate - _z(self.alpha) * self.se
+        return self.estimate - self._crit(self.crit, self.df)[1] * self.se
 
     @property
     def high(self) -> float:
-        return self.estimate + _z(self.alpha) * self.se
+        return self.estimate - self._crit(self.crit, self.df)[0] * self.se
 
     @property
     def classical_low(self) -> float:
-        return self.classical - _z(self.alpha) * self.classical_se
+        return self.classical - self._crit(self.classical_crit, self.classical_df)[1] * self.classical_se
 
     @property
     def classical_high(self) -> float:
-        return self.classical + _z(self.alpha) * self.classical_se
+        return self.classical - self._crit(self.classical_crit, self.classical_df)[0] * self.classical_se
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -400,15 +507,53 @@ class Difference:
         }
 
 
+def _welch(se1: float, df1: float | None, se2: float, df2: float | None) -> float | None:
+    """Welch-Satterthwaite degrees of freedom of a sum of two variances (None: normal)."""
+    if df1 is None or df2 is None:
+        return None
+    v1, v2 = se1 * se1, se2 * se2
+    if v1 + v2 <= 0:
+        return float(df1 + df2)
+    return float((v1 + v2) ** 2 / (v1 * v1 / df1 + v2 * v2 / df2))
+
+
 def difference(first: MeanEstimate, second: MeanEstimate) -> Difference:
+    """``first - second`` with its interval. Up to :data:`BOOTSTRAP_MAX_LABELS` labels in each
+    (the estimates' default ``small_sample``), a studentised bootstrap: each group's labelled
+    rows resampled on their own (fixed seed), the difference and its standard error
+    recomputed; else Student's t on Welch's degrees of freedom (the normal quantile for
+    estimates made without ``small_sample``). The normal quantile covered 0.83-0.84 for 90%
+    at 10 labels a group (``benchmarks/ppi.md``)."""
     if first.alpha != second.alpha:
         raise ValueError(f"the two estimates have different levels ({first.alpha} and {second.alpha})")
+    alpha = first.alpha
+    est = first.estimate - second.estimate
+    se = math.hypot(first.se, second.se)
+    classical = first.classical - second.classical
+    classical_se = math.hypot(first.classical_se, second.classical_se)
+    crit = classical_crit = None
+    if first.resample is not None and second.resample is not None and _resolvable(alpha):
+        rng = np.random.default_rng(1)
+        e1, s1, c1, cs1 = first.resample(
+            rng.integers(0, first.n_labelled, (BOOTSTRAP_RESAMPLES, first.n_labelled))
+        )
+        e2, s2, c2, cs2 = second.resample(
+            rng.integers(0, second.n_labelled, (BOOTSTRAP_RESAMPLES, second.n_labelled))
+        )
+        boot_se, boot_cse = np.hypot(s1, s2), np.hypot(cs1, cs2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            crit = _studentised((e1 - e2 - est) / boot_se, boot_se > 0, alpha)
+            classical_crit = _studentised((c1 - c2 - classical) / boot_cse, boot_cse > 0, alpha)
     return Difference(
-        first.estimate - second.estimate,
-        math.hypot(first.se, second.se),
-        first.classical - second.classical,
-        math.hypot(first.classical_se, second.classical_se),
-        first.alpha,
+        est,
+        se,
+        classical,
+        classical_se,
+        alpha,
+        df=_welch(first.se, first.df, second.se, second.df),
+        crit=crit,
+        classical_crit=classical_crit,
+        classical_df=_welch(first.classical_se, first.df, second.classical_se, second.df),
     )
 
 

@@ -469,8 +469,9 @@ def estimate_file(
         notes.append(f"labels weighted by 1/{PROB_FIELD} (rows picked with unequal probabilities)")
         if min(r["n_labelled"] for r in weighted) < 100:
             notes.append(
-                "warning: with fewer than 100 weighted labels the intervals cover less than their level "
-                "(0.74-0.83 for 90% at 30 labels in benchmarks/ppi.md); label more, or a random sample"
+                "warning: with fewer than 100 weighted labels the classical interval may cover less than "
+                "its level (0.83-0.86 for 90% at 30-50 labels in benchmarks/ppi.md) and the PPI++ one "
+                "is about as wide; label more, or a random sample"
             )
     return Estimates(records, notes, alpha, rows)
 
