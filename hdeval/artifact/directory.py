@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval import __version__
+from hdeval.artifact.manifest_file import MAX_FILES, _safe_name
 from hdeval.core.errors import ArtifactError, ConfigError
 from hdeval.core.fetch import sha256_file
 
@@ -45,7 +46,6 @@ HEADER_KEYS = (
 RUN_KEYS = ("seed", "split", "config")
 # Bounds on what is read from an artifact (it is data from whoever sent it).
 MAX_ENTRIES = 10_000  # files + directories inside an artifact
-MAX_FILES = 1_000  # entries in the manifest's ``files``
 MAX_JSON_BYTES = 64 << 20  # manifest, tree, metrics, prompts: any text file
 MAX_FILE_BYTES = 2 << 30  # a model or score table
 # Names next to an artifact directory NAME used while it is replaced (see ``save_artifact``).
@@ -171,15 +171,6 @@ def _layered(manifest: dict[str, Any]) -> bool:
     """Whether ``manifest`` keeps the state and run record apart (format 4 on)."""
     version = manifest.get("format_version")
     return isinstance(version, int) and not isinstance(version, bool) and version >= 4
-
-
-def _safe_name(name: Any) -> str:
-    """A relative POSIX path inside the artifact: no absolute path, no '..', no backslash."""
-    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
-        raise ArtifactError(f"bad artifact file name {name!r}")
-    if any(part in ("", ".", "..") for part in name.split("/")):  # also a leading "/"
-        raise ArtifactError(f"artifact file {name!r} is outside the artifact directory")
-    return name
 
 
 def _refuse_links(path: Path) -> None:

@@ -8,8 +8,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from hdeval.artifact.directory import MAX_FILES, _safe_name
 from hdeval.core.errors import ArtifactError
+
+# bounds and names shared with the directory reader, which imports them from here (not the
+# other way round: the two would import each other)
+MAX_FILES = 1_000  # entries in the manifest's ``files``
+
+
+def _safe_name(name: Any) -> str:
+    """A relative POSIX path inside the artifact: no absolute path, no '..', no backslash."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        raise ArtifactError(f"bad artifact file name {name!r}")
+    if any(part in ("", ".", "..") for part in name.split("/")):  # also a leading "/"
+        raise ArtifactError(f"artifact file {name!r} is outside the artifact directory")
+    return name
 
 
 def _inside(name: str) -> str:
