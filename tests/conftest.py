@@ -357,6 +357,45 @@ definition = "How correct the answer is."
 range = [1, 5]
 """
 
+TOY_DIALOGUE = TOY_TASK.replace('name = "toy_qa"', 'name = "toy_dialogue"').replace(
+    'output_label = "Answer"', 'output_label = "Response"')
+
+
+def toy_pairs() -> list[dict]:
+    """18 pairs of answers to 18 questions, preferences a, b and tie in turn."""
+    return [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"Question {i}: how to rest?",
+             "output_a": "Sleep well and take breaks. " * (1 + i % 4), "output_b": "Rest." * (1 + i % 3),
+             "label": ("a", "b", "tie")[i % 3]} for i in range(18)]
+
+
+def edited_artifact(src: Path, tmp_path: Path, change) -> Path:
+    """A copy of the artifact ``src`` at <tmp_path>/art whose manifest ``change`` edited in place."""
+    art = tmp_path / "art"
+    shutil.copytree(src, art)
+    m = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
+    change(m)
+    (art / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
+    return art
+
+
+def refused_in_one_line(art: Path, data: Path, tmp_path: Path, *fragments: str) -> None:
+    """Loading ``art`` is one ArtifactError line naming its manifest and ``fragments``; so is apply,
+    which writes nothing."""
+    from hdeval.core.errors import ArtifactError
+    from hdeval.methods.registry import load_artifact
+
+    with pytest.raises(ArtifactError) as err:
+        load_artifact(art)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{art / 'manifest.json'}: "), line
+    for f in fragments:
+        assert f in line, line
+    out = tmp_path / "out.jsonl"
+    one_error(run_cli("apply", art, data, "-o", out, "--cache-dir", tmp_path / "c"),
+              "manifest.json", *fragments)
+    assert not out.exists()
+
+
 
 @pytest.fixture
 def toy(tmp_path) -> tuple[Path, Path]:

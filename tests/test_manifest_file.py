@@ -6,15 +6,11 @@ from the CLI."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TOY_TASK, one_error, run_cli, toy_rows, write_jsonl
+from conftest import TOY_TASK, edited_artifact, refused_in_one_line, toy_rows, write_jsonl
 
-from hdeval.core.errors import ArtifactError
-from hdeval.methods.registry import load_artifact
 from hdeval.run.train import train
 
 
@@ -32,26 +28,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
 def _edited(trained, tmp_path: Path, change) -> tuple[Path, Path]:
     """A copy of the artifact whose manifest ``change`` edited; (artifact, data)."""
     src, data = trained
-    art = tmp_path / "art"
-    shutil.copytree(src, art)
-    m = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
-    change(m)
-    (art / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
-    return art, data
-
-
-def _refused(art: Path, data: Path, tmp_path: Path, *fragments: str) -> None:
-    """Loading ``art`` is one ArtifactError line naming its manifest and ``fragments``; so is apply."""
-    with pytest.raises(ArtifactError) as err:
-        load_artifact(art)
-    line = str(err.value)
-    assert "\n" not in line and line.startswith(f"{art / 'manifest.json'}: "), line
-    for f in fragments:
-        assert f in line, line
-    out = tmp_path / "out.jsonl"
-    one_error(run_cli("apply", art, data, "-o", out, "--cache-dir", tmp_path / "c"),
-              "manifest.json", *fragments)
-    assert not out.exists()
+    return edited_artifact(src, tmp_path, change), data
 
 
 # ------------------------------------------------------------------ the manifest itself
@@ -70,4 +47,4 @@ def _refused(art: Path, data: Path, tmp_path: Path, *fragments: str) -> None:
 ])
 def test_a_hostile_manifest_is_one_line_naming_the_field(edit, says, trained, tmp_path):
     art, data = _edited(trained, tmp_path, edit)
-    _refused(art, data, tmp_path, says)
+    refused_in_one_line(art, data, tmp_path, says)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TOY_TASK, run_cli, toy_rows, write_jsonl
+from conftest import TOY_DIALOGUE, TOY_TASK, run_cli, toy_pairs, toy_rows, write_jsonl
 
 from hdeval.methods.base import Reports
 from hdeval.methods.registry import load_artifact
@@ -20,22 +20,12 @@ from hdeval.run.train import train
 # manifests, the run's temporary directory written as <tmp>.
 V2_CONFIGS = Path(__file__).parent / "golden" / "manifest_v2_configs.json"
 
-TOY_DIALOGUE = TOY_TASK.replace('name = "toy_qa"', 'name = "toy_dialogue"').replace(
-    'output_label = "Answer"', 'output_label = "Response"')
-
-
-def _pairs() -> list[dict]:
-    return [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"Question {i}: how to rest?",
-             "output_a": "Sleep well and take breaks. " * (1 + i % 4), "output_b": "Rest." * (1 + i % 3),
-             "label": ("a", "b", "tie")[i % 3]} for i in range(18)]
-
-
 # name: (task (a built-in name, or TOML text written to <tmp>/task.toml), rows, train options)
 CASES = {
     "hdeval": (TOY_TASK, toy_rows(), {"layers": 2, "children": 2, "aggregator": "lr"}),
     "paireval": (TOY_DIALOGUE, toy_rows(), {"method": "paireval", "comparisons": 2, "aggregator": "lr"}),
-    "dna": ("faireval", _pairs(), {"method": "dna", "swap": True}),
-    "hdeval-pairwise": ("faireval", _pairs(), {"layers": 1, "children": 2}),
+    "dna": ("faireval", toy_pairs(), {"method": "dna", "swap": True}),
+    "hdeval-pairwise": ("faireval", toy_pairs(), {"layers": 1, "children": 2}),
 }
 
 

@@ -7,26 +7,24 @@ refused), and every method's artifact loads, scores and saves its state unchange
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TOY_TASK, one_error, run_cli, toy_rows, write_jsonl
+from conftest import (
+    TOY_DIALOGUE,
+    TOY_TASK,
+    edited_artifact,
+    refused_in_one_line,
+    run_cli,
+    toy_pairs,
+    toy_rows,
+    write_jsonl,
+)
 from simjudge import pointwise_rows, write_pointwise
 
 from hdeval.core.errors import ArtifactError
 from hdeval.methods.registry import load_artifact
 from hdeval.run.train import train
-
-TOY_DIALOGUE = TOY_TASK.replace('name = "toy_qa"', 'name = "toy_dialogue"').replace(
-    'output_label = "Answer"', 'output_label = "Response"')
-
-
-def _pairs() -> list[dict]:
-    return [{"id": f"p{i}", "doc_id": f"q{i}", "source": f"Question {i}: how to rest?",
-             "output_a": "Sleep well and take breaks. " * (1 + i % 4), "output_b": "Rest." * (1 + i % 3),
-             "label": ("a", "b", "tie")[i % 3]} for i in range(18)]
-
 
 # name: (task (TOML text, or a built-in name), rows, train options); the jury is trained apart
 CASES = {
@@ -34,8 +32,8 @@ CASES = {
     "direct-yesno": (TOY_TASK, toy_rows(), {"method": "direct-yesno"}),
     "paireval": (TOY_DIALOGUE, toy_rows(), {"method": "paireval", "comparisons": 2, "aggregator": "lr"}),
     "hdeval": (TOY_TASK, toy_rows(), {"layers": 1, "children": 2, "aggregator": "lr"}),
-    "hdeval-pairwise": ("faireval", _pairs(), {"layers": 1, "children": 2}),
-    "dna": ("faireval", _pairs(), {"method": "dna", "swap": True}),
+    "hdeval-pairwise": ("faireval", toy_pairs(), {"layers": 1, "children": 2}),
+    "dna": ("faireval", toy_pairs(), {"method": "dna", "swap": True}),
 }
 METHODS = [*CASES, "jury"]
 # the per-method cases train an artifact each: only direct's run by default
@@ -76,33 +74,14 @@ def trained(tmp_path_factory):
 def _edited(trained, name: str, tmp_path: Path, change) -> tuple[Path, Path]:
     """A copy of ``name``'s artifact whose manifest ``change`` edited; (artifact, data)."""
     src, data = trained(name)
-    art = tmp_path / "art"
-    shutil.copytree(src, art)
-    m = json.loads((art / "manifest.json").read_text(encoding="utf-8"))
-    change(m)
-    (art / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
-    return art, data
-
-
-def _refused(art: Path, data: Path, tmp_path: Path, *fragments: str) -> None:
-    """Loading ``art`` is one ArtifactError line naming its manifest and ``fragments``; so is apply."""
-    with pytest.raises(ArtifactError) as err:
-        load_artifact(art)
-    line = str(err.value)
-    assert "\n" not in line and line.startswith(f"{art / 'manifest.json'}: "), line
-    for f in fragments:
-        assert f in line, line
-    out = tmp_path / "out.jsonl"
-    one_error(run_cli("apply", art, data, "-o", out, "--cache-dir", tmp_path / "c"),
-              "manifest.json", *fragments)
-    assert not out.exists()
+    return edited_artifact(src, tmp_path, change), data
 
 
 # ------------------------------------------------------------------ every method's state
 @pytest.mark.parametrize("name", [pytest.param(m, marks=SLOW[m]) for m in METHODS])
 def test_an_unknown_state_field_is_one_line_naming_it(name, trained, tmp_path):
     art, data = _edited(trained, name, tmp_path, lambda m: m["state"].update(weights=[1, 2]))
-    _refused(art, data, tmp_path, "state field 'weights': Extra inputs are not permitted")
+    refused_in_one_line(art, data, tmp_path, "state field 'weights': Extra inputs are not permitted")
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=SLOW[m]) for m in METHODS])
@@ -113,7 +92,7 @@ def test_a_wrongly_typed_state_field_is_one_line_naming_it(name, trained, tmp_pa
         change.field = f"prompts.{first}"
 
     art, data = _edited(trained, name, tmp_path, change)
-    _refused(art, data, tmp_path, f"state field {change.field!r}", "string")
+    refused_in_one_line(art, data, tmp_path, f"state field {change.field!r}", "string")
 
 
 @pytest.mark.parametrize("name, edit, field", [
@@ -139,7 +118,7 @@ def test_a_wrongly_typed_state_field_is_one_line_naming_it(name, trained, tmp_pa
 ])
 def test_a_hostile_state_value_is_one_line_naming_its_field(name, edit, field, trained, tmp_path):
     art, data = _edited(trained, name, tmp_path, lambda m: edit(m["state"]))
-    _refused(art, data, tmp_path, repr(field))
+    refused_in_one_line(art, data, tmp_path, repr(field))
 
 
 def test_a_format_3_manifest_keeps_a_field_an_older_hdeval_wrote(trained, tmp_path):
