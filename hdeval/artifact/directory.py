@@ -17,8 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from hdeval import __version__
-from hdeval.artifact.manifest_file import MAX_FILES, _safe_name
+from hdeval.artifact.manifest_file import MAX_FILES, Manifest, _safe_name, error_line
 from hdeval.core.errors import ArtifactError, ConfigError
 from hdeval.core.fetch import sha256_file
 
@@ -471,13 +473,9 @@ def _legacy_files(manifest: dict[str, Any], mpath: Path) -> dict[str, str]:
     return files
 
 
-def _read_manifest(manifest: dict[str, Any], mpath: Path) -> Any:
+def _read_manifest(manifest: dict[str, Any], mpath: Path) -> Manifest:
     """A format-4 manifest as :class:`~hdeval.artifact.manifest_file.Manifest`, or one
     ArtifactError line naming ``mpath`` and the first bad field."""
-    from pydantic import ValidationError
-
-    from hdeval.artifact.manifest_file import Manifest, error_line
-
     try:
         return Manifest.model_validate(manifest)
     except ValidationError as exc:
