@@ -154,14 +154,13 @@ def test_credentials_in_the_base_url_stay_out_of_every_methods_artifact(method: 
                                                                        tmp_path: Path) -> None:
     """The manifest's run record (``config.base_url``) of the methods other than HD-Eval kept
     the URL as typed, user and password included."""
-    from conftest import TOY_TASK, toy_rows, write_jsonl
-    from test_manifest_options import TOY_DIALOGUE, _pairs
+    from conftest import TOY_DIALOGUE, TOY_TASK, toy_pairs, toy_rows, write_jsonl
 
     password = f"pw-{secrets.token_hex(12)}"
     server.require_key = None
     url = server.url.replace("http://", f"http://gateway-user:{password}@")
     (tmp_path / "task.toml").write_text(TOY_DIALOGUE if method == "paireval" else TOY_TASK, encoding="utf-8")
-    task, rows = ("faireval", _pairs()) if method == "dna" else (str(tmp_path / "task.toml"), toy_rows())
+    task, rows = ("faireval", toy_pairs()) if method == "dna" else (str(tmp_path / "task.toml"), toy_rows())
     data = write_jsonl(tmp_path / "data.jsonl", rows)
     artifact = tmp_path / "artifact"
     result = CliRunner().invoke(cli, [
