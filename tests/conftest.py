@@ -378,6 +378,32 @@ def edited_artifact(src: Path, tmp_path: Path, change) -> Path:
     return art
 
 
+def edited_metrics(src: Path, dest: Path, change) -> Path:
+    """A copy of the artifact ``src`` at ``dest`` whose metrics.json is ``change(metrics)``, its
+    checksum in the manifest updated: only the metrics model can refuse it."""
+    from hdeval.artifact.directory import MANIFEST, sha256_file
+
+    shutil.copytree(src, dest)
+    metrics = json.loads((dest / "metrics.json").read_text(encoding="utf-8"))
+    (dest / "metrics.json").write_text(json.dumps(change(metrics)), encoding="utf-8")
+    manifest = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))
+    manifest["files"]["metrics.json"] = sha256_file(dest / "metrics.json")
+    (dest / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    return dest
+
+
+def set_field(path: str, value):
+    """A change of a JSON object that sets its field ``a.b.c`` to ``value``."""
+    def change(m: dict) -> dict:
+        *parents, last = path.split(".")
+        d = m
+        for p in parents:
+            d = d[p]
+        d[last] = value
+        return m
+    return change
+
+
 def refused_in_one_line(art: Path, data: Path, tmp_path: Path, *fragments: str) -> None:
     """Loading ``art`` is one ArtifactError line naming its manifest and ``fragments``; so is apply,
     which writes nothing."""

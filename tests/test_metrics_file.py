@@ -9,13 +9,11 @@ command took a metrics.json that is not an object as no figures at all.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, edited_metrics, run_cli, set_field
 
-from hdeval.artifact.directory import MANIFEST, sha256_file
 from hdeval.core.errors import ArtifactError
 from hdeval.methods.registry import load_artifact
 
@@ -45,27 +43,7 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def tampered(src: Path, dest: Path, change) -> Path:
-    """A copy of ``src`` whose metrics.json is ``change(metrics)``, resealed so that it loads."""
-    shutil.copytree(src, dest)
-    metrics = json.loads((dest / "metrics.json").read_text(encoding="utf-8"))
-    (dest / "metrics.json").write_text(json.dumps(change(metrics)), encoding="utf-8")
-    manifest = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))
-    manifest["files"]["metrics.json"] = sha256_file(dest / "metrics.json")
-    (dest / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
-    return dest
-
-
-def put(path: str, value):
-    """A change that sets the field ``a.b.c`` to ``value``."""
-    def change(m: dict) -> dict:
-        *parents, last = path.split(".")
-        d = m
-        for p in parents:
-            d = d[p]
-        d[last] = value
-        return m
-    return change
+tampered, put = edited_metrics, set_field
 
 
 def drop(key: str):

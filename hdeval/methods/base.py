@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field, is_dataclass
@@ -31,14 +30,6 @@ METRICS = "metrics.json"
 SCORES = "scores.csv"
 # plug-ins import the seam's option names from here, as they did before the model moved out
 Option, option = _options.Option, _options.option
-# What a metrics.json field read back from an artifact may hold (see check_metrics): a leaf, a
-# dict of key -> shape ("*": any key, "#": any layer number; a key ending in "!" must be there), or
-# a tuple of alternatives
-NUMBER, FIGURE, TEXT = "a finite number", "a finite number or null", "text or null"
-# aspect (and "average") -> pearson, spearman, kendall; "why" a figure is null
-CORRELATIONS = {"*": {"why": TEXT, "*": FIGURE}}
-AGREEMENT = {"w_ties": FIGURE, "wo_ties": FIGURE, "confusion": {"*": {"*": NUMBER}}}
-SPLIT = {"train": FIGURE, "test": FIGURE}
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -51,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hdeval.llm.backends.base import Backend
     from hdeval.llm.cache.client import CachedBackend
     from hdeval.llm.config import LLMConfig
+    from hdeval.methods.metrics_file import Metrics
 
 
 @dataclass
@@ -205,10 +197,13 @@ class Fitted(ABC):
         train = split.get("train") if isinstance(split, dict) else None
         return frozenset(x for x in train if isinstance(x, str)) if isinstance(train, list) else frozenset()
 
-    def metrics_shape(self) -> dict[str, Any]:
-        """The metrics fields the shared code and this evaluator's report read, and their shape
-        (checked on load: an artifact is untrusted); fields nothing reads are not listed."""
-        return {}
+    def metrics_model(self) -> "type[Metrics]":
+        """The pydantic model of this evaluator's ``metrics.json`` (:mod:`hdeval.methods.metrics_file`):
+        the fields the shared code and its report read, checked on load (an artifact is untrusted);
+        fields nothing reads are not declared. The default: the fields every method writes."""
+        from hdeval.methods.metrics_file import Metrics
+
+        return Metrics
 
     def interval_calibration(self) -> Any:
         """Pointwise: the prediction-interval calibration in ``metrics["intervals"]``, checked
@@ -583,7 +578,7 @@ def loaded(
             LLMConfig(model=llm.get("model") or "", base_url=llm.get("base_url")),
             str(llm.get("identity") or ""),
         )
-        ev.metrics = check_metrics(art.json(METRICS), ev.metrics_shape(), art.path / METRICS)
+        ev.metrics = check_metrics(art.json(METRICS), ev.metrics_model(), art.path / METRICS)
         ev.run = art.run
     except errors as exc:
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
@@ -603,50 +598,13 @@ def _without(data: Any, locs: Sequence[tuple[Any, ...]]) -> Any:
     return out
 
 
-def check_metrics(metrics: Any, shape: Mapping[str, Any], where: Any) -> dict[str, Any]:
-    """``metrics`` (read from ``where``) when it is a JSON object whose fields match ``shape``;
-    else a one-line ArtifactError naming the file and the field."""
+def check_metrics(metrics: Any, model: "type[Metrics]", where: Any) -> dict[str, Any]:
+    """``metrics`` (read from ``where``) when ``model`` takes it; else a one-line ArtifactError
+    naming the file and the field. The dict itself is kept: the report and apply read it."""
     from hdeval.methods.metrics_file import read_metrics
 
-    _check_shape(metrics, dict(shape), str(where), "")
-    read_metrics(metrics, str(where))  # the fields every method writes; the dict itself is kept
+    read_metrics(metrics, str(where), model)
     return metrics
-
-
-def _check_shape(value: Any, shape: Any, where: str, name: str) -> None:
-    if isinstance(shape, tuple):  # alternatives, e.g. a figure or a table: the one of the value's kind
-        shape = next((s for s in shape if isinstance(s, dict) == isinstance(value, dict)), shape[0])
-    if isinstance(shape, dict) and isinstance(value, dict):
-        for key in (k[:-1] for k in shape if k.endswith("!")):
-            if value.get(key) is None or value[key] == {}:
-                raise ArtifactError(
-                    f"{where}: {(name + '.' if name else '') + key!r} is missing, null or empty"
-                )
-        for key, v in value.items():
-            sub = shape.get(key, shape.get(key + "!", shape.get("*", shape.get("#"))))
-            if "#" in shape and not (key.isascii() and key.isdigit()):  # int() refuses "²"
-                raise ArtifactError(f"{where}: {name!r} must be keyed by layer number, got {key[:40]!r}")
-            if sub is not None:
-                _check_shape(v, sub, where, f"{name}.{key}" if name else key)
-        return
-    if (
-        value is None
-        and shape in (FIGURE, TEXT)
-        or shape == TEXT
-        and isinstance(value, str)
-        or (
-            shape in (NUMBER, FIGURE)
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and abs(value) < 1e300
-        )
-    ):  # NaN and infinities fail the comparison
-        return
-    got = json.dumps(value)
-    raise ArtifactError(
-        f"{where}: {repr(name) + ' ' if name else ''}must be "
-        f"{'a JSON object' if isinstance(shape, dict) else shape}, got {got[:40]}" + "..." * (len(got) > 40)
-    )
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import hdeval.methods.dna.fake  # noqa: F401  (registers the fake LLM's dna_* answers)
 from hdeval.artifact.directory import ArtifactReader, ArtifactWriter
@@ -11,16 +11,67 @@ from hdeval.core.errors import ArtifactError, DataError
 from hdeval.core.progress import Progress
 from hdeval.core.types import PairSample, Task
 from hdeval.judge.prompts import Template, parse_template
-from hdeval.methods.base import AGREEMENT, FIGURE, NUMBER, SPLIT, TEXT, Fitted, loaded, usage_of
+from hdeval.methods.base import Fitted, loaded, usage_of
 from hdeval.methods.dna.decision import Learned
 from hdeval.methods.dna.prompts import PROMPT_FILES, score_request
 from hdeval.methods.dna.replies import AspectSpec
 from hdeval.methods.dna.scoring import SWAP, PairScoreResult, Probe, _col, _mean_scores, run_pairs
 from hdeval.methods.dna.settings import Settings
+from hdeval.methods.metrics_file import (
+    ABSENT,
+    REQUIRED,
+    Figure,
+    FigureOrAgreement,
+    Metrics,
+    Number,
+    Table,
+    Text,
+)
 from hdeval.methods.pair_report import write_pair_report
 from hdeval.methods.state_file import PromptsState
 
 LEARNED = "learned.json"
+
+
+class ProbeNote(Table):
+    warning: Text = None
+
+
+class LearnedNote(Table):
+    skipped: Text = None  # why no aggregator was learned
+
+
+class TieMargin(Table):
+    value: Figure = None
+    train_w_ties: Figure = None
+    train_w_ties_at_0: Figure = None
+
+
+class DnaMetrics(Metrics):
+    """DnA's ``metrics.json``. ``test``: per aggregation its agreement, and with --swap the split's
+    position consistency (a figure)."""
+
+    test: Annotated[dict[str, FigureOrAgreement], REQUIRED]
+    primary: Text = None
+    position_consistency: Figure = None
+    swap_flip_rate: Figure = None
+    position_probe: ProbeNote = ABSENT
+    mean_weights: dict[str, Number] = ABSENT  # aspect -> the LLM's mean weight
+    learned: LearnedNote = ABSENT
+    tie_margin: TieMargin = ABSENT
+
+
+class DynamicWeight(Table):
+    """A dynamic aspect's weight: its mean over the pairs it was proposed for, and how many."""
+
+    mean: Annotated[Number, REQUIRED]
+    instances: Figure = None
+
+
+class DynamicDnaMetrics(DnaMetrics):
+    """DnA with --dynamic: aspects differ per pair, so each weight is a mean with its count."""
+
+    mean_weights: dict[str, DynamicWeight] = ABSENT  # type: ignore[assignment]
 
 
 class DnaEvaluator(Fitted):
@@ -49,20 +100,8 @@ class DnaEvaluator(Fitted):
     def method_args(self) -> dict[str, Any]:
         return self.settings.to_dict()
 
-    def metrics_shape(self) -> dict[str, Any]:
-        weight = {"mean!": NUMBER, "instances": FIGURE} if self.settings.dynamic else NUMBER
-        # test: per aggregation its agreement, and with --swap the split's position consistency
-        return {
-            "test!": {"*": (FIGURE, AGREEMENT)},
-            "primary": TEXT,
-            "split": SPLIT,
-            "position_consistency": FIGURE,
-            "swap_flip_rate": FIGURE,
-            "position_probe": {"warning": TEXT},
-            "mean_weights": {"*": weight},
-            "learned": {"skipped": TEXT},
-            "tie_margin": {"value": FIGURE, "train_w_ties": FIGURE, "train_w_ties_at_0": FIGURE},
-        }
+    def metrics_model(self) -> type[Metrics]:
+        return DynamicDnaMetrics if self.settings.dynamic else DnaMetrics
 
     def columns_needed(self) -> list[str]:
         s = self.settings

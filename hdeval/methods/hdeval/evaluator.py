@@ -7,7 +7,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,8 +30,6 @@ from hdeval.llm.backends.base import Backend
 from hdeval.llm.config import LLMConfig
 from hdeval.methods.aggregator_file import ESTIMATORS, TRUSTED_TYPES, check_models
 from hdeval.methods.base import (
-    CORRELATIONS,
-    FIGURE,
     METRICS,
     SCORES,
     Fitted,
@@ -44,6 +42,14 @@ from hdeval.methods.base import (
 )
 from hdeval.methods.hdeval.options import HDEvalOptions
 from hdeval.methods.hdeval.state import PointwiseState
+from hdeval.methods.metrics_file import (
+    ABSENT,
+    LAYER_KEYS,
+    REQUIRED,
+    Correlations,
+    FigureOrCorrelations,
+    Metrics,
+)
 from hdeval.methods.options import check_recorded_options, recorded_options
 
 TREE = "tree.json"
@@ -296,7 +302,7 @@ class TreeEvaluator(Fitted):
                 raise ArtifactError(
                     f"{mpath}: 'needed_criteria' does not match the criteria the {cls.fitted} uses"
                 )
-        check_metrics(ev.metrics, ev.metrics_shape(), path / METRICS)
+        check_metrics(ev.metrics, ev.metrics_model(), path / METRICS)
         ev.warnings, ev.path, ev.manifest_data = list(art.warnings), art.path, manifest
         return ev
 
@@ -336,21 +342,26 @@ class TreeEvaluator(Fitted):
             )
 
 
+class PointwiseMetrics(Metrics):
+    """Pointwise HD-Eval's ``metrics.json``: held-out correlations per aspect (and "average") of
+    the kept layer, of every layer, and of the baselines the report draws beside them."""
+
+    final: Annotated[Correlations, REQUIRED]
+    layers: Annotated[dict[str, Correlations], LAYER_KEYS, REQUIRED]  # layer number -> figures
+    direct_layer1: Correlations = ABSENT
+    mean_all_criteria: Correlations = ABSENT
+    mean_subtree: Correlations = ABSENT
+    baselines: dict[str, FigureOrCorrelations] = ABSENT
+
+
 class Evaluator(TreeEvaluator):
     """Criteria tree + fitted aggregator + everything needed to score new samples the same way."""
 
     scorer: Any = None  # None: 1-5 digit scores; else e.g. PairEval's PairwiseScorer (--scorer pairwise)
     State: ClassVar[type[PointwiseState]] = PointwiseState
 
-    def metrics_shape(self) -> dict[str, Any]:
-        return {
-            "final!": CORRELATIONS,
-            "layers!": {"#": CORRELATIONS},
-            "direct_layer1": CORRELATIONS,
-            "mean_all_criteria": CORRELATIONS,
-            "mean_subtree": CORRELATIONS,
-            "baselines": {"*": (FIGURE, CORRELATIONS)},
-        }
+    def metrics_model(self) -> type[Metrics]:
+        return PointwiseMetrics
 
     @property
     def aggregator(self) -> Aggregator:

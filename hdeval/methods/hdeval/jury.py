@@ -14,8 +14,8 @@ from hdeval.core.errors import ArtifactError
 from hdeval.core.metrics import metric_table
 from hdeval.core.types import ScoreMatrix
 from hdeval.learn.aggregate import select_cv
-from hdeval.methods.base import CORRELATIONS, FIGURE, progress_stage, usage_of
-from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator
+from hdeval.methods.base import progress_stage, usage_of
+from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator, PointwiseMetrics
 from hdeval.methods.hdeval.state import JuryState, PointwiseState
 from hdeval.methods.jury import (
     Judge,
@@ -26,15 +26,63 @@ from hdeval.methods.jury import (
     open_jury,
     split_column,
 )
+from hdeval.methods.metrics_file import ABSENT, Correlations, Figure, Metrics, Table
 
 # document resamples of the held-out figures' intervals; 1000 keep train's closing step under a
 # second for a jury of three on a few hundred rows
 RESAMPLES = 1000
 LEVEL = 0.95
 
-# a held-out figure with its interval, and the learned jury minus it with the difference's
-_BAND = {"low": FIGURE, "high": FIGURE}
-_ENTRY = {"spearman": FIGURE, **_BAND, "learned_minus": {"difference": FIGURE, **_BAND}}
+
+class Difference(Table):
+    """The learned jury minus a baseline: the difference and its interval."""
+
+    difference: Figure = None
+    low: Figure = None
+    high: Figure = None
+
+
+class Interval(Table):
+    """A held-out Spearman with its interval, and the learned jury minus it."""
+
+    spearman: Figure = None
+    low: Figure = None
+    high: Figure = None
+    learned_minus: Difference = ABSENT
+
+
+class JuryBaselines(Table):
+    judges: dict[str, dict[str, Correlations]] = ABSENT  # judge -> its columns -> figures
+    jury_mean: Correlations = ABSENT
+    learned: Correlations = ABSENT
+
+
+class JuryIntervals(Table):
+    level: Figure = None
+    resamples: Figure = None
+    documents: Figure = None
+    learned: Interval = ABSENT
+    jury_mean: Interval = ABSENT
+    judges: dict[str, dict[str, Interval]] = ABSENT
+
+
+class JuryFigures(Table):
+    """What the jury's report reads besides (lists it checks where it reads them)."""
+
+    baselines: JuryBaselines = ABSENT
+    intervals: JuryIntervals = ABSENT
+    agreement_alpha: dict[str, Figure] = ABSENT
+    error_correlation: dict[str, dict[str, Figure]] = ABSENT
+    effective_judges: Figure = None
+    importance_cv_spearman: dict[str, Figure] = ABSENT
+    cost: dict[str, dict[str, Figure]] = ABSENT
+
+
+class JuryMetrics(PointwiseMetrics):
+    """A jury's ``metrics.json``: pointwise HD-Eval's, and the jury's own figures."""
+
+    jury: JuryFigures = ABSENT
+
 
 # a judge is dropped when the others' columns alone do at least this well on grouped CV: less
 # than this much cross-validated Spearman is fold noise on ~100 rows (the layer margin's reasoning)
@@ -256,31 +304,8 @@ class JuryEvaluator(Evaluator):
 
         return jury_sections(self)
 
-    def metrics_shape(self) -> dict[str, Any]:
-        return {
-            **super().metrics_shape(),
-            "jury": {
-                "baselines": {
-                    "judges": {"*": {"*": CORRELATIONS}},
-                    "jury_mean": CORRELATIONS,
-                    "learned": CORRELATIONS,
-                },
-                # what the report reads besides (lists it checks where it reads them)
-                "intervals": {
-                    "level": FIGURE,
-                    "resamples": FIGURE,
-                    "documents": FIGURE,
-                    "learned": _ENTRY,
-                    "jury_mean": _ENTRY,
-                    "judges": {"*": {"*": _ENTRY}},
-                },
-                "agreement_alpha": {"*": FIGURE},
-                "error_correlation": {"*": {"*": FIGURE}},
-                "effective_judges": FIGURE,
-                "importance_cv_spearman": {"*": FIGURE},
-                "cost": {"*": {"*": FIGURE}},
-            },
-        }
+    def metrics_model(self) -> type[Metrics]:
+        return JuryMetrics
 
     def cost_line(self) -> str:
         names = ", ".join(j.name for j in self.kept_judges())

@@ -11,7 +11,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,7 @@ from hdeval.learn.classify import (
     select_classifier,
 )
 from hdeval.methods.aggregator_file import check_pipeline
-from hdeval.methods.base import AGREEMENT, NUMBER, SPLIT, FitContext, ScoreResult, run_record, usage_of
+from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.evaluator import TreeEvaluator
 from hdeval.methods.hdeval.loop import (
     LayerReport,
@@ -59,6 +59,7 @@ from hdeval.methods.hdeval.loop import (
     warning_notes,
 )
 from hdeval.methods.hdeval.state import PairwiseState
+from hdeval.methods.metrics_file import ABSENT, LAYER_KEYS, REQUIRED, Agreement, Metrics, Number
 from hdeval.methods.pair_report import write_pair_report
 
 MODEL = "classifier.skops"
@@ -350,6 +351,16 @@ class PairHdevalResult(ScoreResult):
         return {"hdeval": agreement(human, self.labels, self.labels_ab)}
 
 
+class PairwiseMetrics(Metrics):
+    """Pairwise HD-Eval's ``metrics.json``: held-out agreement with the human choices of the kept
+    layer, of every layer and of the one-criterion baseline; each criterion's importance."""
+
+    final: Annotated[Agreement, REQUIRED]  # type: ignore[assignment]  # pairs: not correlations
+    layers: Annotated[dict[str, Agreement], LAYER_KEYS] = ABSENT
+    direct_layer1: Agreement = ABSENT
+    importance: dict[str, Number] = ABSENT
+
+
 class PairwiseTreeEvaluator(TreeEvaluator):
     """Criteria tree + a classifier on per-criterion score differences of two responses."""
 
@@ -369,14 +380,8 @@ class PairwiseTreeEvaluator(TreeEvaluator):
     def calls_per_sample(self) -> int:
         return 2 * len(self.needed_criteria)
 
-    def metrics_shape(self) -> dict[str, Any]:
-        return {
-            "final!": AGREEMENT,
-            "layers": {"#": AGREEMENT},
-            "direct_layer1": AGREEMENT,
-            "split": SPLIT,
-            "importance": {"*": NUMBER},
-        }
+    def metrics_model(self) -> type[Metrics]:
+        return PairwiseMetrics
 
     def held_out_labels(self, test: Any) -> dict[str, tuple[list, list]]:
         """The classifier on the ``<criterion>:a`` minus ``<criterion>:b`` columns."""
