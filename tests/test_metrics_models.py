@@ -156,3 +156,14 @@ def test_a_huge_hostile_field_name_is_cut_and_cannot_add_a_line(work, tmp_path):
     line = str(err.value)
     assert "\n" not in line and len(line) < len(str(art)) + 300, line[:400]
     assert line.startswith(f"{art}/metrics.json: 'final.x\\nx\\n") and "...' must be a JSON object" in line
+
+
+def test_a_plug_in_still_declaring_metrics_shape_is_told_it_is_no_longer_read() -> None:
+    # the shape language was replaced by metrics_model(): an old plug-in's checks would go unseen
+    from hdeval.methods.base import Fitted
+
+    with pytest.warns(UserWarning, match=r"Old defines metrics_shape\(\), which hdeval no longer reads"):
+
+        class Old(Fitted):
+            def metrics_shape(self) -> dict:
+                return {"final!": {}}

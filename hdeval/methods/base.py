@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import warnings
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field, is_dataclass
@@ -86,6 +87,16 @@ class Fitted(ABC):
     row_names = ("criteria", "criterion")  # what apply's rows call the LLM-filled columns, and one
     # the pydantic model of the state ``write`` returns, checked on load (None: the method checks it)
     State: ClassVar["type[BaseModel] | None"] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a plug-in written before metrics_model() would otherwise lose its metrics checks unseen
+        if "metrics_shape" in cls.__dict__:
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__} defines metrics_shape(), which hdeval no longer "
+                "reads: its metrics.json is checked by metrics_model() (docs/plugins.md)",
+                stacklevel=2,
+            )
 
     def __init__(
         self,
