@@ -118,6 +118,13 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         (key, tuple(value if isinstance(value, list) else [value]))
         for key, value in (model.where or {}).items()
     )
+    for key, values in row_filter:
+        for value in values:
+            # NaN equals nothing (itself included), and no JSON value is inf: such a filter can never match
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(
+                    f"{where}: where.{shown_name(key)} = {value!r} can never match a row: use a finite number"
+                )
     if model.shape == "pointwise" and (row_filter or model.skip_empty):
         raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
     keys = [a.key for a in aspects]
