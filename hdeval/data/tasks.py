@@ -19,6 +19,7 @@ from hdeval.core.paths import resource_dir
 from hdeval.core.types import Aspect, Task, TaskField
 
 MAX_NAME = 100
+MAX_CRITERION_NAME = 200  # a criterion's key or name (as tree files and tree.json bound them)
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
 MAX_SCORE = 1e6
@@ -106,6 +107,12 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect {a.key!r} is defined twice")
         if "/" in a.key:
             raise ConfigError(f"{where}: aspect key {a.key!r} must be a non-empty name without '/'")
+        for field, text in (("key", a.key), ("name", a.name)):
+            # an aspect is a tree's first-layer criterion: its text must pass the tree's bounds on reload
+            if text is not None and len(text) > MAX_CRITERION_NAME:
+                raise ConfigError(
+                    f"{where}: aspect {a.key[:40]!r}: {field} is longer than {MAX_CRITERION_NAME} characters"
+                )
         rng = a.range
         if not _range_ok(rng):
             raise ConfigError(f"{where}: {_range_problem(a.key, given['range'])}")
