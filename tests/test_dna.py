@@ -1058,3 +1058,12 @@ def test_a_probe_call_that_fails_does_not_cost_its_pair_the_verdict_of_one_order
     assert got.metrics["failure_rate"] == 0.0, got.metrics["failure_rate"]
     assert list(got.score_table["prediction"]) == list(clean.score_table["prediction"])
     assert got.metrics["test"] == clean.metrics["test"]
+
+
+def test_the_position_warning_is_printed_once_without_quiet(faireval40, tmp_path):
+    # the run shows it as the probe finds it; the summary after training must not repeat it
+    r = run_cli("train", "--task", "faireval", "--data", faireval40, "--method", "dna", "--llm", "fake",
+                "--cache-dir", tmp_path / "cache", "-o", tmp_path / "art")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: position bias")]
+    assert len(warned) == 1 and "both orders" in warned[0], r.stderr

@@ -134,25 +134,49 @@ def test_no_import_circle_in_the_package():
 
 
 def private_imports(root: Path = PACKAGE) -> list[str]:
-    """``from hdeval.x.y import _name`` where the importing module lives in another package (folder)
-    than ``hdeval.x.y``: a private name is its package's own business."""
+    """A private name of another package (folder) than the importing module's: imported
+    (``from hdeval.x.y import _name``) or reached through an imported module
+    (``from hdeval.x import y; y._name``, ``import hdeval.x.y as y; y._name``,
+    ``import hdeval.x.y; hdeval.x.y._name``): a private name is its package's own business."""
+
+    def package_of(module: str) -> str:
+        if (root / Path(*module.split(".")[1:]) / "__init__.py").exists():
+            return module  # `from hdeval.pkg import _x`: pkg's own name
+        return module.rpartition(".")[0]
+
+    def is_module(module: str) -> bool:
+        rel = Path(*module.split(".")[1:])
+        return (root / rel).with_suffix(".py").exists() or (root / rel / "__init__.py").exists()
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
     found = []
     for path in sorted(root.rglob("*.py")):
         name = _module_name(path, root)
         package = name if _is_package(path) else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bound: dict[str, str] = {}  # a name (or dotted path) in this file -> the hdeval module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == root.name:
+                        bound[alias.asname or alias.name] = alias.name
             if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
                 continue
             if node.module.split(".")[0] != root.name:
                 continue
             source = node.module
-            if (root / Path(*source.split(".")[1:]) / "__init__.py").exists():
-                source_package = source  # `from hdeval.pkg import _x`: pkg's own name
-            else:
-                source_package = source.rpartition(".")[0]
             for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.startswith("__") and source_package != package:
+                if private(alias.name) and package_of(source) != package:
                     found.append(f"{path.relative_to(root.parent)}:{node.lineno} {source}.{alias.name}")
+                elif is_module(f"{source}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr):
+                module = bound.get(ast.unparse(node.value))
+                if module is not None and package_of(module) != package:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {module}.{node.attr}")
     return found
 
 
@@ -166,6 +190,26 @@ def test_the_private_import_check_sees_one(tmp_path):
     (pkg / "a" / "n.py").write_text("from hdeval.a.m import _secret\n")  # same package: allowed
     (pkg / "b" / "o.py").write_text("def f():\n    from hdeval.a.m import _secret\n")
     assert private_imports(pkg) == ["hdeval/b/o.py:2 hdeval.a.m._secret"]
+
+
+def test_the_private_import_check_sees_one_reached_through_a_module(tmp_path):
+    # `from hdeval.a import m; m._secret()` is the same breach as importing `_secret`
+    pkg = tmp_path / "hdeval"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "m.py").write_text("def _secret():\n    pass\n")
+    (pkg / "a" / "n.py").write_text("from hdeval.a import m\nm._secret()\n")  # same package: allowed
+    (pkg / "b" / "o.py").write_text("from hdeval.a import m\n\ndef f():\n    return m._secret()\n")
+    (pkg / "b" / "p.py").write_text("import hdeval.a.m as mm\nmm._secret()\n")
+    (pkg / "b" / "q.py").write_text("import hdeval.a.m\nhdeval.a.m._secret()\n")
+    (pkg / "b" / "r.py").write_text("from hdeval.a import m\nm.public()\nm.__name__\n")  # not private
+    assert private_imports(pkg) == [
+        "hdeval/b/o.py:4 hdeval.a.m._secret",
+        "hdeval/b/p.py:2 hdeval.a.m._secret",
+        "hdeval/b/q.py:2 hdeval.a.m._secret",
+    ]
 
 
 def test_no_module_imports_another_packages_private_names():

@@ -265,6 +265,13 @@ def test_where_in_task_file(tmp_path):
         read_task_samples(p, pair_task(tmp_path, 'where = { subset = "zzz" }'))
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", '["y", nan]'])
+def test_where_refuses_a_value_that_can_never_match(tmp_path, value):
+    # NaN equals nothing and JSON has no inf: the filter would drop every row, silently before
+    with pytest.raises(ConfigError, match=r"pairs\.toml: where\.score = .* can never match a row"):
+        pair_task(tmp_path, f"where = {{ score = {value} }}")
+
+
 # --------------------------------------------------------------------------- split
 
 

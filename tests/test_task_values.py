@@ -52,3 +52,16 @@ def test_an_absurd_range_is_refused(tmp_path: Path, rng: str) -> None:
 def test_a_0_to_100_scale_is_fine(tmp_path: Path) -> None:
     path = _task(tmp_path, "range = [1, 5]", "range = [0, 100]")
     assert load_task(str(path)).aspect("clarity").high == 100
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ('name = "Clarity"', f'name = "{"C" * 201}"', "name"),
+    ('key = "clarity"', f'key = "{"c" * 201}"', "key"),
+])
+def test_an_aspect_name_a_tree_json_would_refuse_is_refused(tmp_path: Path, old: str, new: str, field: str) -> None:
+    # an aspect is the tree's first-layer criterion: tree.json refuses names over 200 characters
+    path = _task(tmp_path, old, new)
+    with pytest.raises(ConfigError, match=f"{field} is longer than 200 characters") as err:
+        load_task(str(path))
+    assert str(err.value).startswith(f"{path}: aspect ")
+    assert load_task(str(_task(tmp_path, old, new.replace("C" * 201, "C" * 200).replace("c" * 201, "c" * 200))))

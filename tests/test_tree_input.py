@@ -328,3 +328,31 @@ def test_an_artifacts_tree_json_with_a_multi_line_field_name_is_still_one_line(f
         stored_tree({"criteria": [crit]}, "art/tree.json")
     msg = str(err.value)
     assert msg.startswith("art/tree.json: unknown field(s): criteria.0.") and msg.isprintable(), msg
+
+
+@pytest.mark.parametrize("name, problem", [("x" * 201, "longer than 200 characters"),
+                                           ("Clar\x1b[2Jity", "holds a control character")])
+def test_a_criterion_name_is_bounded_in_tree_json_and_in_a_tree_file(tmp_path, name: str, problem: str) -> None:
+    # explain, report and the summary print names on one line: a 1 MB name or a terminal code is refused
+    from hdeval.core.errors import ArtifactError
+    from hdeval.methods.hdeval.tree_file import stored_tree
+
+    crit = {"key": "clarity", "name": name, "definition": "Clear.", "layer": 1}
+    with pytest.raises(ArtifactError) as err:
+        stored_tree({"criteria": [crit]}, "art/tree.json")
+    msg = str(err.value)
+    assert msg.startswith("art/tree.json: criteria.0.name") and problem in msg and msg.isprintable(), msg
+    assert stored_tree({"criteria": [{**crit, "name": "x" * 200}]}, "art/tree.json").keys == ["clarity"]
+
+
+@pytest.mark.parametrize("name, problem", [("x" * 201, "longer than 200 characters"),
+                                           ("Clar\nity", "control character")])
+def test_decomposition_refuses_a_name_the_tree_json_would_refuse(name: str, problem: str) -> None:
+    # refused (and so re-asked with the reason), never written to tree.json to fail on reload
+    from hdeval.core.types import CriteriaTree, Criterion
+    from hdeval.methods.hdeval.decompose import validate_subcriteria
+
+    root = Criterion("clarity", "Clarity", "Clear.", None, 1)
+    reply = {"subcriteria": [{"name": name, "definition": "The wording is plain and short."}]}
+    with pytest.raises(ValueError, match=f"sub-criterion #1: its name .*{problem}"):
+        validate_subcriteria(reply, root, CriteriaTree([root]), 3, set())

@@ -57,6 +57,7 @@ class TerminalProgress(Progress):
         self._stop: threading.Event | None = None
         self.left: int | None = None  # units of the run not yet started (Progress.expect)
         self.later: int | None = None  # of which after the current stage
+        self.shown: set[str] = set()  # the messages printed (a summary need not repeat them)
         _LIVE.add(self)
 
     def expect(self, units: int) -> None:
@@ -101,6 +102,7 @@ class TerminalProgress(Progress):
         if not self.quiet:
             with self._lock:
                 _end_open_line()
+                self.shown.add(text)
             click.echo(text, err=True)
 
     def line(self) -> str:

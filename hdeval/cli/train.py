@@ -218,7 +218,8 @@ def train(
         err=True,
     )
     for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
-        click.echo(line, err=to_err)
+        if not (to_err and line in progress.shown):  # a warning the run already showed (shown again with -q)
+            click.echo(line, err=to_err)
 
 
 def _check_paths(options: dict) -> None:

@@ -19,6 +19,7 @@ from hdeval.core.paths import resource_dir
 from hdeval.core.types import Aspect, Task, TaskField
 
 MAX_NAME = 100
+MAX_CRITERION_NAME = 200  # a criterion's key or name (as tree files and tree.json bound them)
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
 MAX_SCORE = 1e6
@@ -106,6 +107,12 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect {a.key!r} is defined twice")
         if "/" in a.key:
             raise ConfigError(f"{where}: aspect key {a.key!r} must be a non-empty name without '/'")
+        for field, text in (("key", a.key), ("name", a.name)):
+            # an aspect is a tree's first-layer criterion: its text must pass the tree's bounds on reload
+            if text is not None and len(text) > MAX_CRITERION_NAME:
+                raise ConfigError(
+                    f"{where}: aspect {a.key[:40]!r}: {field} is longer than {MAX_CRITERION_NAME} characters"
+                )
         rng = a.range
         if not _range_ok(rng):
             raise ConfigError(f"{where}: {_range_problem(a.key, given['range'])}")
@@ -118,6 +125,13 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
         (key, tuple(value if isinstance(value, list) else [value]))
         for key, value in (model.where or {}).items()
     )
+    for key, values in row_filter:
+        for value in values:
+            # NaN equals nothing (itself included), and no JSON value is inf: such a filter can never match
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(
+                    f"{where}: where.{shown_name(key)} = {value!r} can never match a row: use a finite number"
+                )
     if model.shape == "pointwise" and (row_filter or model.skip_empty):
         raise ConfigError(f"{where}: 'where' and 'skip_empty' are supported for pairwise tasks only")
     keys = [a.key for a in aspects]

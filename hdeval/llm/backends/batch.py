@@ -102,7 +102,7 @@ class BatchAPI:
         server = OpenAICompatBackend("batch", base_url=base_url, api_key=api_key, timeout=timeout)
         self._sdk = server.sdk_client(max_reply_bytes=MAX_REPLY_BYTES, socket_timeout=timeout)
         self._files = server.sdk_client(max_reply_bytes=MAX_RESULT_BYTES, socket_timeout=timeout)
-        self._redact = server._redact  # the key, and the URL's credentials and query
+        self.redact = server.redact  # the key, and the URL's credentials and query
         self.display_url = server.shown_url
         self.timeout = timeout
         self.max_retries = max_retries
@@ -262,7 +262,7 @@ class BatchAPI:
                         else ""
                     )
                     raise BackendError(
-                        self._redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")
+                        self.redact(f"the Batch API ({where}) answered HTTP {status}: {detail}{hint}")
                     ) from None
                 wait = retry_after_seconds(exc.response.headers)
                 raise _Transient(f"HTTP {status}: {detail}", retry_after=wait) from None
@@ -278,7 +278,7 @@ class BatchAPI:
             return await retry_policy(retries, self.backoff_base, self.backoff_cap)(attempt)
         except _Transient as last:
             raise uncertain(
-                self._redact(
+                self.redact(
                     f"the Batch API ({where}) kept failing after {retries + 1} attempt(s), last: {last}; "
                     "every finished result is cached and the jobs are kept in the cache directory, so "
                     "rerunning the same command resumes"
@@ -685,7 +685,7 @@ class BatchStrategy:
                 why = f"no readable result ({unreadable[0]}{f', and {len(unreadable) - 1} more' if len(unreadable) > 1 else ''})"
             else:
                 why = (
-                    self.api._redact(_job_error(status))
+                    self.api.redact(_job_error(status))
                     or f"no result (the batch ended {one_line(str(status.get('status')))[:20]})"
                 )
             for k in missing:
@@ -709,12 +709,12 @@ class BatchStrategy:
         seen.add(key)
         body, why = result_outcome(row)
         if body is None:
-            self._failures[key] = self.api._redact(why) if why != "no response" else f"{where}: no response"
+            self._failures[key] = self.api.redact(why) if why != "no response" else f"{where}: no response"
             return None
         request = want.get(key)
         try:  # the reader of a normal call's reply
             self._save(
-                key, read_completion(body, request is None or bool(request.top_logprobs), self.api._redact)
+                key, read_completion(body, request is None or bool(request.top_logprobs), self.api.redact)
             )
         except (ValueError, RecursionError):  # this request's failure, recorded
             self._failures[key] = f"{where}: not a chat completion"

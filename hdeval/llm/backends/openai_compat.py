@@ -469,7 +469,7 @@ class OpenAICompatBackend:
         self.concurrency = concurrency
         self._key = api_key
         self._url = url  # credentials and query included: for the Batch API's client, never shown
-        self._redact = Redactor(api_key, url)
+        self.redact = Redactor(api_key, url)
         parts = urlsplit(url)
         self._query = dict(parse_qsl(parts.query))
         # the SDK joins paths to its base URL: it gets the URL without credentials or query
@@ -548,7 +548,7 @@ class OpenAICompatBackend:
             log.info(
                 "cannot ask %s which server it is (%s): no answer constraint sent",
                 self.shown_url,
-                self._redact(one_line(str(exc))),
+                self.redact(one_line(str(exc))),
             )
             return "openai"
         models = data.get("data") if isinstance(data, dict) else None
@@ -704,7 +704,7 @@ class OpenAICompatBackend:
 
         def read(data: Any) -> Completion:
             if one_word is None:
-                return read_completion(data, logprobs, self._redact)
+                return read_completion(data, logprobs, self.redact)
             usage = (
                 data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
             )
@@ -735,7 +735,7 @@ class OpenAICompatBackend:
                     f"LLM server at {self.shown_url} kept failing after {tries}, last error: {last}; "
                     f"{RESUME_HINT}"
                 )
-            raise (BackendError if last.unreachable else RetriesExhausted)(self._redact(msg)) from None
+            raise (BackendError if last.unreachable else RetriesExhausted)(self.redact(msg)) from None
 
     async def _send(
         self, body: bytes, logprobs: bool, schema_sent: bool, read: Any, seen: dict | None = None
@@ -754,7 +754,7 @@ class OpenAICompatBackend:
                 self.shown_url,
                 state.next_action.sleep,
                 state.attempt_number,
-                self._redact(str(state.outcome.exception())),
+                self.redact(str(state.outcome.exception())),
             )
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
@@ -777,20 +777,20 @@ class OpenAICompatBackend:
         logprobs = bool(body.get("logprobs"))
 
         def read(data: Any) -> dict[str, Any]:
-            read_completion(data, logprobs, self._redact)  # ValueError when not a chat completion
+            read_completion(data, logprobs, self.redact)  # ValueError when not a chat completion
             return data  # type: ignore[no-any-return]
 
         seen: dict[str, Any] = {}
         try:
             data = await self._send(_body_bytes(dict(body)), False, False, read, seen)
         except _Transient as last:
-            return seen.get("status"), self._redact(f"{last} (after {_tries(last)})")
+            return seen.get("status"), self.redact(f"{last} (after {_tries(last)})")
         except BackendError as exc:  # a redirect, a rejection, a reply too large
             msg, detail = str(exc), seen.get("detail")
             if isinstance(detail, str) and detail not in msg:  # the result line keeps the server's word
                 msg = f"{msg} (the server said: {detail})"
-            return seen.get("status"), self._redact(msg)
-        return seen.get("status"), self._redact.json(data)
+            return seen.get("status"), self.redact(msg)
+        return seen.get("status"), self.redact.json(data)
 
     async def _attempt(
         self, body: bytes, logprobs: bool, schema_sent: bool, read: Any, seen: dict | None = None
@@ -841,7 +841,7 @@ class OpenAICompatBackend:
             location = headers.get("location", "")
             where = f" to {one_line(_shown(location))}" if location else ""
             return BackendError(
-                self._redact(
+                self.redact(
                     f"the server at {self.shown_url} redirects (HTTP {status}){where}; hdeval does not follow "
                     "redirects: give the final address as --base-url"
                 )
@@ -858,9 +858,7 @@ class OpenAICompatBackend:
                 "schema_supported", "response_format json_schema; asking for plain JSON from now on"
             )
         if status in (413, 422) or (status == 400 and _REQUEST_PROBLEM.search(said)):
-            return RequestRejected(
-                self._redact(f"the server rejected this request (HTTP {status}): {detail}")
-            )
+            return RequestRejected(self.redact(f"the server rejected this request (HTTP {status}): {detail}"))
         if status == 401:
             msg = (
                 f"the server at {self.shown_url} rejected the API key (HTTP 401); "
@@ -875,19 +873,19 @@ class OpenAICompatBackend:
             )
         else:
             msg = f"the server at {self.shown_url} rejected the request (HTTP {status}): {detail}"
-        return BackendError(self._redact(msg))
+        return BackendError(self.redact(msg))
 
     def _parse(self, body: bytes, read: Any, check_model: bool = True) -> Any:
         """``body`` read by ``read`` (data -> Completion), or as a chat completion with logprobs
         when ``read`` is True (request files); ``check_model``: say when another model answered."""
         try:
             data = read_reply(body)
-            completion = read(data) if callable(read) else read_completion(data, bool(read), self._redact)
+            completion = read(data) if callable(read) else read_completion(data, bool(read), self.redact)
             if check_model:
                 self._check_model(data)
             return completion
         except ValueError:
-            snippet = one_line(self._redact(body[:80].decode("utf-8", "replace"))) or "<empty>"
+            snippet = one_line(self.redact(body[:80].decode("utf-8", "replace"))) or "<empty>"
             raise _Transient(f"malformed reply, not a chat completion: {snippet!r}", malformed=True) from None
 
 

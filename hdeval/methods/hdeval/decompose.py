@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from hdeval.core.errors import DecompositionError, RequestRejected
 from hdeval.core.progress import Progress
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
+from hdeval.data.tasks import MAX_CRITERION_NAME
 from hdeval.judge.fill import UnusableReply, ask_json
 from hdeval.judge.prompts import Template, decomposition_messages
 from hdeval.llm.backends.base import Backend, CompletionRequest
@@ -161,6 +162,11 @@ def validate_subcriteria(
                 f"sub-criterion #{i}: its key {given[:40]!r} holds no letter or digit to "
                 "make a key of; give a key of letters, digits and underscores"
             )
+        # refused as a malformed reply, not rewritten: tree.json (reloaded) bounds names so
+        if len(name) > MAX_CRITERION_NAME:
+            raise ValueError(f"sub-criterion #{i}: its name is longer than {MAX_CRITERION_NAME} characters")
+        if any(c < " " or c == "\x7f" for c in name):
+            raise ValueError(f"sub-criterion #{i}: its name holds a control character (a name is one line)")
         if has_lone_surrogate(name + definition):
             raise ValueError(f"sub-criterion #{i} {LONE_SURROGATE_PROBLEM}")
         text = (name.lower(), definition.lower())

@@ -57,7 +57,7 @@ MODEL = "aggregator.skops"
 MAX_HEADER_BYTES = 4 << 20  # the header line of scores.csv
 # the state an HD-Eval artifact keeps besides the model's (features, aggregator, prompts), and the
 # run record (seed, split, config), which a fit hands in with it
-_EXTRA_KEYS = ("layers", "data_file", "decompose_llm", "tree_input", "decomposition_rejections")
+_EXTRA_KEYS = ("layers", "data_file", "decompose_llm", "tree_input", "decomposition_rejections", "refit_from")
 _RUN_KEYS = ("seed", "split", "config")
 
 

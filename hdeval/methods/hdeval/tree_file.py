@@ -15,11 +15,12 @@ from pydantic_core import PydanticCustomError
 
 from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, shown_name, validation_line
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
+from hdeval.data.tasks import MAX_CRITERION_NAME
 
 MAX_TREE_BYTES = 1 << 20
 MAX_CRITERIA = 500
 MAX_DEPTH = 6
-MAX_NAME = 200
+MAX_NAME = MAX_CRITERION_NAME  # a criterion's key or name: one line, so no control character
 MAX_DEFINITION = 2000
 FIELDS = ("key", "name", "definition", "parent", "layer", "locked")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.-]{1,48}")
@@ -241,8 +242,9 @@ class StoredCriterion(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    key: Annotated[str, Field(min_length=1)]
-    name: Annotated[str, Field(min_length=1)]
+    # bounded as a tree file's are: explain, report and the summary print them on one line
+    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
+    name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
     definition: Annotated[str, Field(min_length=1)]
     parent: Optional[str] = None
     layer: Annotated[int, Field(ge=1)]
