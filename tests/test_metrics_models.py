@@ -81,14 +81,17 @@ def nan_at(path: str):
     return set_field(path, float("nan"))
 
 
-N, F = "a finite number or null", "a finite number"
+N, F, C = "a finite number or null", "a finite number", "a whole number (0 or more)"
 # (method, tampering, change, the whole message after "<artifact>/metrics.json: ")
 CASES = [
     # the fields every method writes: taken laxly before
     ("hdeval", "calls text", set_field("usage.calls", "5"), "'usage.calls': Input should be a valid integer"),
     ("hdeval", "calls true", set_field("usage.calls", True), "'usage.calls': Input should be a valid integer"),
-    ("paireval", "split count text", set_field("split.train", "12"), f"'split.train' must be {N}, got \"12\""),
-    ("direct", "split count a fraction", set_field("split.test", 2.5), "'split.test' must be a whole number, got 2.5"),
+    ("paireval", "split count text", set_field("split.train", "12"), f"'split.train' must be {C}, got \"12\""),
+    # a count's own words: a figure's ("or null") said null was taken, which a count refuses
+    ("paireval", "split count null", set_field("split.train", None), f"'split.train' must be {C}, got null"),
+    ("direct", "split count negative", set_field("split.train", -1), f"'split.train' must be {C}, got -1"),
+    ("direct", "split count a fraction", set_field("split.test", 2.5), f"'split.test' must be {C}, got 2.5"),
     ("direct", "failure rate NaN", nan_at("failure_rate"), "'failure_rate': Input should be a finite number"),
     ("direct", "failure rate text", set_field("failure_rate", "0.1"), "'failure_rate': Input should be a valid number"),
     # a method's own fields

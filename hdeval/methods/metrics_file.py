@@ -73,10 +73,10 @@ def _text(v: Any) -> Any:
 
 
 def _count(v: Any) -> Any:
-    _figure(v)  # the words of the other figures for text; then whole and not null
-    if isinstance(v, int) and v >= 0:
+    # its own words for every refusal: a figure's ("or null") would say null is taken
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
-    raise _refuse("a whole number", v)
+    raise _refuse("a whole number (0 or more)", v)
 
 
 Number = Annotated[float, PlainValidator(_number)]
