@@ -139,6 +139,22 @@ def run_cli(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def trained_and_refitted(tmp_path: Path) -> tuple[Path, Path]:
+    """An HD-Eval artifact trained with the fake judge on 16 simulated documents (``art``) and
+    its refit onto ``fake:logprobs=0`` (``art2``), both under ``tmp_path``, sharing one cache."""
+    from simjudge import pointwise_rows, write_pointwise
+
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=16, seed=2))
+    cache = ["--cache-dir", tmp_path / "c", "-q"]
+    res = run_cli("train", "--task", task, "--data", data, "--llm", "fake", "--layers", "1", "--aggregator", "lr",
+                  "-o", tmp_path / "art", *cache)
+    assert res.exit_code == 0, res.output
+    res = run_cli("refit", tmp_path / "art", "--llm", "fake:logprobs=0", "--data", data, "-o", tmp_path / "art2",
+                  *cache)
+    assert res.exit_code == 0, res.output
+    return tmp_path / "art", tmp_path / "art2"
+
+
 def calls_made(result) -> int:
     """The number of LLM calls a CLI run reports on its "LLM calls made:" line."""
     line = next(x for x in result.stderr.splitlines() if x.startswith("LLM calls made:"))

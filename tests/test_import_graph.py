@@ -180,13 +180,19 @@ def private_imports(root: Path = PACKAGE) -> list[str]:
     return found
 
 
-def test_the_private_import_check_sees_one(tmp_path):
+def _two_packages(tmp_path):
+    """A package ``hdeval`` with sub-packages ``a`` and ``b``; ``a/m.py`` defines ``_secret``."""
     pkg = tmp_path / "hdeval"
     for sub in ("a", "b"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "a" / "m.py").write_text("def _secret():\n    pass\n")
+    return pkg
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    pkg = _two_packages(tmp_path)
     (pkg / "a" / "n.py").write_text("from hdeval.a.m import _secret\n")  # same package: allowed
     (pkg / "b" / "o.py").write_text("def f():\n    from hdeval.a.m import _secret\n")
     assert private_imports(pkg) == ["hdeval/b/o.py:2 hdeval.a.m._secret"]
@@ -194,12 +200,7 @@ def test_the_private_import_check_sees_one(tmp_path):
 
 def test_the_private_import_check_sees_one_reached_through_a_module(tmp_path):
     # `from hdeval.a import m; m._secret()` is the same breach as importing `_secret`
-    pkg = tmp_path / "hdeval"
-    for sub in ("a", "b"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a" / "m.py").write_text("def _secret():\n    pass\n")
+    pkg = _two_packages(tmp_path)
     (pkg / "a" / "n.py").write_text("from hdeval.a import m\nm._secret()\n")  # same package: allowed
     (pkg / "b" / "o.py").write_text("from hdeval.a import m\n\ndef f():\n    return m._secret()\n")
     (pkg / "b" / "p.py").write_text("import hdeval.a.m as mm\nmm._secret()\n")

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, trained_and_refitted
 from simjudge import pointwise_rows, write_pointwise
 from simjury import jury
 
@@ -174,16 +174,9 @@ def test_a_jury_report_from_an_artifact_without_intervals_says_so(tmp_path: Path
 
 @pytest.mark.slow
 def test_a_refitted_artifacts_report_shows_the_swap_as_metrics_json_records_it(tmp_path: Path) -> None:
-    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=16, seed=2))
-    cache = ["--cache-dir", tmp_path / "c", "-q"]
-    res = run_cli("train", "--task", task, "--data", data, "--llm", "fake", "--layers", "1", "--aggregator", "lr",
-                  "-o", tmp_path / "art", *cache)
-    assert res.exit_code == 0, res.output
-    res = run_cli("refit", tmp_path / "art", "--llm", "fake:logprobs=0", "--data", data, "-o", tmp_path / "art2",
-                  *cache)
-    assert res.exit_code == 0, res.output
-    rec = json.loads((tmp_path / "art2" / "metrics.json").read_text(encoding="utf-8"))["refit"]
-    res = run_cli("report", tmp_path / "art2", "-o", tmp_path / "rep", "--max-samples", "10", "--repeats", "2",
+    art, art2 = trained_and_refitted(tmp_path)
+    rec = json.loads((art2 / "metrics.json").read_text(encoding="utf-8"))["refit"]
+    res = run_cli("report", art2, "-o", tmp_path / "rep", "--max-samples", "10", "--repeats", "2",
                   "--curve-points", "2")
     assert res.exit_code == 0, res.output
     html = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
@@ -192,7 +185,7 @@ def test_a_refitted_artifacts_report_shows_the_swap_as_metrics_json_records_it(t
     rows = list(page.table("judge", "held-out avg Spearman").values())
     assert [r[1] for r in rows] == [f3(rec["spearman_before"]), f3(rec["spearman_after"]),
                                     f"{f3(rec['change'])} [{f3(rec['interval'][0])}, {f3(rec['interval'][1])}]"]
-    before = json.loads((tmp_path / "art" / "manifest.json").read_text(encoding="utf-8"))["llm"]["identity"]
+    before = json.loads((art / "manifest.json").read_text(encoding="utf-8"))["llm"]["identity"]
     assert rec["from"] == before and rows[0][0] == f"before: {before}" and rows[1][0].startswith("after: fake")
     assert f"The new judge is {rec['verdict']} than {before}." in html
     assert json.loads((tmp_path / "rep" / "report.json").read_text(encoding="utf-8"))["refit"] == rec
