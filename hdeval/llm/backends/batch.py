@@ -476,9 +476,8 @@ class BatchStrategy:
     async def _unanswered(self, keys: Sequence[str]) -> list[str]:
         """Those of ``keys`` neither received now nor in the cache (read on the store's thread)."""
         rest = [k for k in keys if k not in self._received]
-        io = self._client._io
-        if rest and io is not None:
-            found = await asyncio.get_running_loop().run_in_executor(io, self._client._read_many, rest)
+        if rest:
+            found = await self._client.read_many(rest)
             rest = [k for k in rest if k not in found]
         return rest
 
@@ -490,9 +489,7 @@ class BatchStrategy:
 
     def _save(self, key: str, completion: Completion) -> None:
         """Count one result and hand it to the client's writer (a result file's lines share transactions)."""
-        self._client._reserved += 1
-        self._client.stats.add(completion)
-        self._commits.append(asyncio.ensure_future(self._client.commit(key, completion)))
+        self._commits.append(self._client.take(key, completion))
         self._received[key] = completion
 
     async def _wait(self) -> None:
@@ -553,10 +550,9 @@ class BatchStrategy:
             want = {k: want[k] for k in left}
 
     def _check_budget(self, n: int) -> None:
-        limit = self._client.max_calls
-        if limit is None:
+        limit, left = self._client.max_calls, self._client.calls_left()
+        if left is None:
             return
-        left = limit - self._client._reserved
         if n > left:
             raise BudgetExceeded(
                 f"--batch would submit {n} new requests, more than the {max(0, left)} left under --max-calls "

@@ -16,7 +16,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Awaitable, Iterable, Sequence
 
 import diskcache
 
@@ -298,13 +298,11 @@ class CachedBackend:
         self._same_process()
         self._batches += 1
         try:
-            loop = asyncio.get_running_loop()
             keys = [self.key(r) for r in requests]
             out: list[Any] = [None] * len(requests)
             found: dict[str, Completion] = {k: self._unsaved[k] for k in keys if k in self._unsaved}
             want = [k for k in dict.fromkeys(keys) if k not in found]
-            if self._io is not None and want:
-                found.update(await loop.run_in_executor(self._io, self._read_many, want))
+            found.update(await self.read_many(want))
             fresh: dict[str, Completion] = {}  # paid for through the Batch API just now
             if self.batch is not None and use_batch and self._io is not None:
                 miss = {k: r for k, r in zip(keys, requests) if k not in found}
@@ -439,6 +437,23 @@ class CachedBackend:
         if self._pool is None:  # a synchronous backend (a local model, the fake): in threads
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hdeval-llm")
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.inner.complete, request)
+
+    async def read_many(self, keys: Sequence[str]) -> dict[str, Completion]:
+        """The replies the store holds for ``keys`` (read on the store's thread; none without a store)."""
+        if not keys or self._io is None:
+            return {}
+        return await asyncio.get_running_loop().run_in_executor(self._io, self._read_many, keys)
+
+    def calls_left(self) -> int | None:
+        """How many more calls ``--max-calls`` allows now (None: no limit)."""
+        return None if self.max_calls is None else self.max_calls - self._reserved
+
+    def take(self, key: str, result: Completion) -> Awaitable[None]:
+        """Count a reply paid for another way (a Batch API result) as a call, and commit it;
+        the commit, to await."""
+        self._reserved += 1
+        self.stats.add(result)
+        return asyncio.ensure_future(self.commit(key, result))
 
     async def commit(self, key: str, result: Completion) -> None:
         """Store ``result`` under ``key`` through the one writer (also the Batch API strategy's
