@@ -345,6 +345,36 @@ def test_a_criterion_name_is_bounded_in_tree_json_and_in_a_tree_file(tmp_path, n
     assert stored_tree({"criteria": [{**crit, "name": "x" * 200}]}, "art/tree.json").keys == ["clarity"]
 
 
+@pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
+                                                 ("Clear.\x1b[2J", "holds a control character")])
+def test_a_definition_is_bounded_in_tree_json(definition: str, problem: str) -> None:
+    # an artifact is untrusted: a 1 MB definition would ride in every prompt apply sends
+    from hdeval.core.errors import ArtifactError
+    from hdeval.methods.hdeval.tree_file import stored_tree
+
+    crit = {"key": "clarity", "name": "Clarity", "definition": definition, "layer": 1}
+    with pytest.raises(ArtifactError) as err:
+        stored_tree({"criteria": [crit]}, "art/tree.json")
+    msg = str(err.value)
+    assert msg.startswith("art/tree.json: criteria.0.definition") and problem in msg and msg.isprintable(), msg
+    # a task's multi-line definition (its line ends and trailing newline too) is kept exactly
+    head = " Clear,\r\n\tand short. "
+    kept = head + "x" * (1999 - len(head)) + "\n"
+    assert stored_tree({"criteria": [{**crit, "definition": kept}]}, "art/tree.json")["clarity"].definition == kept
+
+
+@pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
+                                                 ("Plain\x00words.", "control character")])
+def test_decomposition_refuses_a_definition_the_tree_json_would_refuse(definition: str, problem: str) -> None:
+    from hdeval.core.types import CriteriaTree, Criterion
+    from hdeval.methods.hdeval.decompose import validate_subcriteria
+
+    root = Criterion("clarity", "Clarity", "Clear.", None, 1)
+    reply = {"subcriteria": [{"name": "Plain words", "definition": definition}]}
+    with pytest.raises(ValueError, match=f"sub-criterion #1: its definition .*{problem}"):
+        validate_subcriteria(reply, root, CriteriaTree([root]), 3, set())
+
+
 @pytest.mark.parametrize("name, problem", [("x" * 201, "longer than 200 characters"),
                                            ("Clar\nity", "control character")])
 def test_decomposition_refuses_a_name_the_tree_json_would_refuse(name: str, problem: str) -> None:

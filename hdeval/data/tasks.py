@@ -20,6 +20,9 @@ from hdeval.core.types import Aspect, Task, TaskField
 
 MAX_NAME = 100
 MAX_CRITERION_NAME = 200  # a criterion's key or name (as tree files and tree.json bound them)
+# a criterion's definition: every writer of a tree (task, tree file, decomposition) keeps to it,
+# so tree.json, which bounds it on reload, never refuses a tree hdeval wrote
+MAX_CRITERION_DEFINITION = 2000
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
 MAX_SCORE = 1e6
@@ -113,6 +116,10 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
                 raise ConfigError(
                     f"{where}: aspect {a.key[:40]!r}: {field} is longer than {MAX_CRITERION_NAME} characters"
                 )
+        if len(a.definition) > MAX_CRITERION_DEFINITION:
+            raise ConfigError(
+                f"{where}: aspect {a.key[:40]!r}: definition is longer than {MAX_CRITERION_DEFINITION} characters"
+            )
         rng = a.range
         if not _range_ok(rng):
             raise ConfigError(f"{where}: {_range_problem(a.key, given['range'])}")

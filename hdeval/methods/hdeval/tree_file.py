@@ -15,17 +15,19 @@ from pydantic_core import PydanticCustomError
 
 from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, shown_name, validation_line
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
-from hdeval.data.tasks import MAX_CRITERION_NAME
+from hdeval.data.tasks import MAX_CRITERION_DEFINITION, MAX_CRITERION_NAME
 
 MAX_TREE_BYTES = 1 << 20
 MAX_CRITERIA = 500
 MAX_DEPTH = 6
 MAX_NAME = MAX_CRITERION_NAME  # a criterion's key or name: one line, so no control character
-MAX_DEFINITION = 2000
+MAX_DEFINITION = MAX_CRITERION_DEFINITION
 FIELDS = ("key", "name", "definition", "parent", "layer", "locked")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.-]{1,48}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# what a task's definition may also hold (a TOML file's line ends): a stored tree keeps it
+_CONTROL_BUT_LINE_ENDS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -236,16 +238,28 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
     return GivenTree(CriteriaTree(out), frozenset(locked), where)
 
 
+def _stored_definition(value: str) -> str:
+    """Bounded, and kept exactly as written (not stripped): the prompts apply sends must be the
+    ones training sent."""
+    if not value.strip():
+        raise PydanticCustomError("tree_text", "must be non-empty text")
+    if len(value) > MAX_DEFINITION:
+        raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": MAX_DEFINITION})
+    if _CONTROL_BUT_LINE_ENDS.search(value):
+        raise PydanticCustomError("tree_text", "holds a control character")
+    return value
+
+
 class StoredCriterion(BaseModel):
     """A criterion of an artifact's tree.json as ``Criterion.to_dict`` writes it. Its names and
-    definitions may be edited by hand; its size is bounded by the artifact's file limit."""
+    definitions may be edited by hand; they are bounded as every writer of a tree bounds them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     # bounded as a tree file's are: explain, report and the summary print them on one line
     key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
     name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
-    definition: Annotated[str, Field(min_length=1)]
+    definition: Annotated[_Str, AfterValidator(_stored_definition)]
     parent: Optional[str] = None
     layer: Annotated[int, Field(ge=1)]
 
