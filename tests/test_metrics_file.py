@@ -87,7 +87,7 @@ CASES = [
     ("dna", "margin figure text", put("tie_margin.train_w_ties", "x"), f"'tie_margin.train_w_ties' must be {N}"),
     ("dna", "split text", put("split.test", "x"), f"'split.test' must be a whole number (0 or more)"),
     # fields every method writes, which no method's own shape lists: the Metrics model checks them
-    ("hdeval", "usage text", put("usage.calls", "many"), "'usage.calls': Input should be a valid integer"),
+    ("hdeval", "usage text", put("usage.calls", "many"), "'usage.calls' must be a whole number (0 or more)"),
     ("direct", "no split", drop("split"), "'split': Field required"),
     ("paireval", "failure rate text", put("failure_rate", "low"), "'failure_rate': Input should be a valid number"),
 ]

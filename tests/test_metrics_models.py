@@ -85,8 +85,10 @@ N, F, C = "a finite number or null", "a finite number", "a whole number (0 or mo
 # (method, tampering, change, the whole message after "<artifact>/metrics.json: ")
 CASES = [
     # the fields every method writes: taken laxly before
-    ("hdeval", "calls text", set_field("usage.calls", "5"), "'usage.calls': Input should be a valid integer"),
-    ("hdeval", "calls true", set_field("usage.calls", True), "'usage.calls': Input should be a valid integer"),
+    ("hdeval", "calls text", set_field("usage.calls", "5"), f"'usage.calls' must be {C}, got \"5\""),
+    ("hdeval", "calls true", set_field("usage.calls", True), f"'usage.calls' must be {C}, got true"),
+    # a count of calls or tokens is never negative (the report and the benchmark's totals add them)
+    ("direct", "tokens negative", set_field("usage.prompt_tokens", -40), f"'usage.prompt_tokens' must be {C}, got -40"),
     ("paireval", "split count text", set_field("split.train", "12"), f"'split.train' must be {C}, got \"12\""),
     # a count's own words: a figure's ("or null") said null was taken, which a count refuses
     ("paireval", "split count null", set_field("split.train", None), f"'split.train' must be {C}, got null"),

@@ -154,7 +154,7 @@ class Metrics(Table):
     final: dict[str, Any] | None = None  # held-out figures: a method's model types them
     # share of LLM-filled cells that could not be read
     failure_rate: Annotated[float, Field(allow_inf_nan=False)] | None = None
-    usage: dict[str, int] = {}  # calls, cache hits and tokens of the training run
+    usage: dict[str, Count] = {}  # calls, cache hits and tokens of the training run
 
 
 def _field(loc: tuple) -> str:
