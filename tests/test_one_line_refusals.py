@@ -23,6 +23,20 @@ def test_shown_identity_drops_credentials_queries_and_fragments_of_every_url():
     assert shown_identity(raw) == "openai:m@http://h:9/v1, decomposition LLM openai:x@https://g/v1"
 
 
+def test_a_shown_identity_keeps_its_dialect_when_the_url_has_a_query():
+    # the dialect sends scale constraints another way: a run on vllm and one on llama.cpp at the
+    # same Azure-style URL must not print (or record their speed) as the same LLM
+    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+    from hdeval.llm.config import shown_identity
+
+    for dialect in ("vllm", "llama.cpp"):
+        be = OpenAICompatBackend("m", base_url="http://u:pw@127.0.0.1:9/v1?api-key=SECRETQ#F", api_key="k",
+                                 dialect=dialect)
+        assert shown_identity(be.identity) == f"openai:m@http://127.0.0.1:9/v1+{dialect}"
+    # a query that merely ends like one is cut with the query when the identity names no dialect
+    assert shown_identity("openai:m@http://h/v1?key=S+x") == "openai:m@http://h/v1"
+
+
 def test_dna_weights_too_large_to_add_up_are_refused_not_zeroed():
     from hdeval.methods.dna.replies import validate_weights
 

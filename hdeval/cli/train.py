@@ -14,7 +14,7 @@ from hdeval.cli.boundary import guarded
 from hdeval.cli.options import ModelOption, batch_option, chosen_method_options, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress, _end_open_line
 from hdeval.core.errors import ConfigError, HdevalError
-from hdeval.core.urls import shown_identity
+from hdeval.llm.config import shown_identity
 
 _RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults and help
 

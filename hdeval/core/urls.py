@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -25,10 +26,20 @@ def public_url(url: str | None) -> str | None:
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+?(?=,\s|\s|\Z)")
 
 
-def shown_identity(identity: str) -> str:
+def shown_identity(identity: str, suffixes: Sequence[str] = ()) -> str:
     """A backend identity fit to print or write down: every URL in it as :func:`public_url`.
-    The raw identity (which may quote a query such as ``?api-key=...``) is for cache keys only."""
-    return _URL.sub(lambda m: public_url(m.group(0)) or "", identity) if identity else identity
+    The raw identity (which may quote a query such as ``?api-key=...``) is for cache keys only.
+    ``suffixes``: what an identity may append to its URL (the llm layer's ``+<dialect>``), kept
+    where the URL's query or fragment is cut (the suffix would otherwise go with it)."""
+
+    def shown(m: re.Match[str]) -> str:
+        url, tail = m.group(0), ""
+        if "?" in url or "#" in url:
+            tail = next((x for x in suffixes if url.endswith(x)), "")
+            url = url[: len(url) - len(tail)]
+        return (public_url(url) or "") + tail
+
+    return _URL.sub(shown, identity) if identity else identity
 
 
 def public_identity(identity: str, url: str | None) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hdeval.core import urls
 from hdeval.core.errors import ConfigError, validation_line
 from hdeval.core.urls import public_url
 
@@ -21,6 +22,12 @@ MAX_CONCURRENCY = 1024
 # how an OpenAI-compatible server is told a request's answer constraint (hdeval.llm.backends.openai_compat)
 DIALECTS = ("auto", "openai", "llama.cpp", "vllm")
 DIALECT_ENV = "HDEVAL_LLM_DIALECT"
+
+
+def shown_identity(identity: str) -> str:
+    """An LLM identity fit to print or write down: its URLs without credentials, query or fragment,
+    the dialect it names after them (``+vllm``) kept."""
+    return urls.shown_identity(identity, [f"+{d}" for d in DIALECTS])
 
 
 class LLMSettings(BaseModel):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hdeval.core.paths import default_cache_dir
-from hdeval.core.urls import shown_identity
+from hdeval.llm.config import shown_identity
 
 RATES_FILE = "rates.json"
 # Above this, a run on the embedded model asks first (refuses without a terminal unless --yes).

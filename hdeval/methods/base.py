@@ -522,7 +522,7 @@ def fit_unlearned(ctx: "FitContext", ev: SinglePromptFitted, what: str) -> tuple
 
 def fit_message(ctx: "FitContext", what: str, detail: str = "") -> None:
     """The line a fit starts with: the task, the data and its split, ``detail``, the LLM."""
-    from hdeval.core.urls import shown_identity
+    from hdeval.llm.config import shown_identity
 
     split = ctx.prep.split
     ctx.progress.message(

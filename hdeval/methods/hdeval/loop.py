@@ -19,7 +19,7 @@ from hdeval.core.errors import DecompositionError, ScoringError
 from hdeval.core.metrics import metric_table
 from hdeval.core.progress import Progress
 from hdeval.core.types import CriteriaTree, ScoreMatrix
-from hdeval.core.urls import public_identity, public_url, shown_identity
+from hdeval.core.urls import public_identity, public_url
 from hdeval.judge.prompts import load_templates, sample_block
 from hdeval.judge.scoring import score_criteria, score_requests
 from hdeval.learn.aggregate import (
@@ -34,7 +34,7 @@ from hdeval.learn.aggregate import (
 from hdeval.learn.intervals import fitted_intervals
 from hdeval.llm.backends.base import Backend
 from hdeval.llm.cache.client import CachedBackend
-from hdeval.llm.config import LLMConfig
+from hdeval.llm.config import LLMConfig, shown_identity
 from hdeval.methods.base import FitContext, run_record, score_table, usage_of
 from hdeval.methods.hdeval.decompose import DECOMPOSE_MAX_TOKENS, decompose_nodes, decomposition_request
 from hdeval.methods.hdeval.evaluator import Evaluator

@@ -30,7 +30,6 @@ from hdeval.core.types import (
     ScoreMatrix,
     Task,
 )
-from hdeval.core.urls import shown_identity
 from hdeval.judge.prompts import Template, load_templates
 from hdeval.judge.scoring import score_criteria
 from hdeval.learn.aggregate import fit_warnings, used_features
@@ -43,6 +42,7 @@ from hdeval.learn.classify import (
     prune_importance,
     select_classifier,
 )
+from hdeval.llm.config import shown_identity
 from hdeval.methods.aggregator_file import check_pipeline
 from hdeval.methods.base import FitContext, ScoreResult, run_record, usage_of
 from hdeval.methods.hdeval.evaluator import TreeEvaluator
