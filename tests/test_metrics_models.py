@@ -172,3 +172,28 @@ def test_a_plug_in_still_declaring_metrics_shape_is_told_it_is_no_longer_read() 
         class Old(Fitted):
             def metrics_shape(self) -> dict:
                 return {"final!": {}}
+
+
+def test_numpy_counts_in_memory_read_as_the_same_file_values(work):
+    # a method or a user fills metrics from pandas (numpy.int64); json.dump turns them into plain
+    # ints, so ev.metrics must take them too, and still refuse a bool where a count belongs
+    import numpy as np
+
+    from hdeval.run.api import TrainedEvaluator
+
+    ev = TrainedEvaluator(load_artifact(artifact(work, "hdeval")))
+    on_disk = ev.metrics
+    ev.fitted.metrics["usage"] = {k: np.int64(v) if type(v) is int else v
+                                  for k, v in ev.fitted.metrics["usage"].items()}
+    ev.fitted.metrics["split"] = {k: np.int64(v) if type(v) is int else v
+                                  for k, v in ev.fitted.metrics["split"].items()}
+    in_memory = ev.metrics
+    assert in_memory == on_disk
+    assert type(in_memory.usage["calls"]) is int
+    ev.fitted.metrics["usage"]["calls"] = np.int64(-1)
+    with pytest.raises(ArtifactError, match="'usage.calls' must be a whole number"):
+        ev.metrics
+    for bad in (True, np.bool_(True)):
+        ev.fitted.metrics["usage"]["calls"] = bad
+        with pytest.raises(ArtifactError, match="'usage.calls' must be a whole number"):
+            ev.metrics

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from typing import Annotated, Any
 
 from pydantic import (
@@ -45,8 +46,13 @@ def _refuse(must: str, value: Any) -> PydanticCustomError:
     return PydanticCustomError(OWN, f"must be {must}, got {_got(value)}")
 
 
+def _whole(v: Any) -> bool:
+    # numpy's integers (a pandas count) are Integral, not int; numpy's bool is neither
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def _is_number(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not (_whole(v) or isinstance(v, float)):
         return False
     try:
         return math.isfinite(v)
@@ -56,13 +62,13 @@ def _is_number(v: Any) -> bool:
 
 def _number(v: Any) -> Any:
     if _is_number(v):
-        return v
+        return int(v) if _whole(v) else v
     raise _refuse("a finite number", v)
 
 
 def _figure(v: Any) -> Any:
     if v is None or _is_number(v):
-        return v
+        return int(v) if _whole(v) else v
     raise _refuse("a finite number or null", v)
 
 
@@ -74,8 +80,8 @@ def _text(v: Any) -> Any:
 
 def _count(v: Any) -> Any:
     # its own words for every refusal: a figure's ("or null") would say null is taken
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return v
+    if _whole(v) and v >= 0:
+        return int(v)  # a plain int, as the same value read from the file
     raise _refuse("a whole number (0 or more)", v)
 
 
