@@ -346,7 +346,9 @@ def test_a_criterion_name_is_bounded_in_tree_json_and_in_a_tree_file(tmp_path, n
 
 
 @pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
-                                                 ("Clear.\x1b[2J", "holds a control character")])
+                                                 ("Clear.\x1b[2J", "holds a control character"),
+                                                 # apply's cache key (UTF-8) crashed on it
+                                                 ("Clear.\ud800", "surrogate")])
 def test_a_definition_is_bounded_in_tree_json(definition: str, problem: str) -> None:
     # an artifact is untrusted: a 1 MB definition would ride in every prompt apply sends
     from hdeval.core.errors import ArtifactError

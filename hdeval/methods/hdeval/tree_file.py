@@ -247,6 +247,8 @@ def _stored_definition(value: str) -> str:
         raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": MAX_DEFINITION})
     if _CONTROL_BUT_LINE_ENDS.search(value):
         raise PydanticCustomError("tree_text", "holds a control character")
+    if has_lone_surrogate(value):  # no prompt (nor its cache key) can be encoded with it
+        raise PydanticCustomError("tree_text", LONE_SURROGATE_PROBLEM)
     return value
 
 
