@@ -197,3 +197,20 @@ def test_numpy_counts_in_memory_read_as_the_same_file_values(work):
         ev.fitted.metrics["usage"]["calls"] = bad
         with pytest.raises(ArtifactError, match="'usage.calls' must be a whole number"):
             ev.metrics
+
+
+def test_numpy_counts_the_metrics_model_takes_are_saved_as_the_same_ints(work, tmp_path: Path):
+    # ev.metrics takes numpy counts (a pandas count), so saving must write them: a crash in
+    # json.dumps there made the in-memory evaluator one that cannot be saved
+    import numpy as np
+
+    from hdeval.run.api import TrainedEvaluator
+
+    fitted = load_artifact(artifact(work, "hdeval"))
+    plain = json.loads((artifact(work, "hdeval") / "metrics.json").read_text(encoding="utf-8"))
+    fitted.metrics["usage"] = {k: np.int64(v) if type(v) is int else v for k, v in fitted.metrics["usage"].items()}
+    fitted.metrics["split"] = {k: np.int64(v) if type(v) is int else v for k, v in fitted.metrics["split"].items()}
+    in_memory = TrainedEvaluator(fitted).metrics
+    fitted.save(tmp_path / "art")
+    assert json.loads((tmp_path / "art" / "metrics.json").read_text(encoding="utf-8")) == plain
+    assert TrainedEvaluator(load_artifact(tmp_path / "art")).metrics == in_memory

@@ -170,3 +170,29 @@ def test_credentials_in_the_base_url_stay_out_of_every_methods_artifact(method: 
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["run"]["config"]["base_url"] == server.url
     assert leaks(artifact, password) == []
+
+
+@pytest.mark.slow
+def test_refit_never_prints_the_query_of_the_new_judges_base_url(server: FaultServer, tmp_path: Path) -> None:
+    """Azure-style gateways take the key in the base URL's query; refit's closing line named the
+    new judge by its raw cache identity, query and key included."""
+    import dataclasses
+
+    from conftest import run_cli as run_in_process
+    from simjudge import pointwise_rows, write_pointwise
+
+    server.require_key = None
+    server.default = lambda req: server._default_reply(dataclasses.replace(req, path=req.path.split("?")[0]))
+    secret = f"QUERY-{secrets.token_hex(12)}"
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=16, seed=2))
+    cache = ["--cache-dir", tmp_path / "c", "-q"]
+    r = run_in_process("train", "--task", task, "--data", data, "--llm", "fake", "--layers", "1",
+                       "--aggregator", "lr", "-o", tmp_path / "art", *cache)
+    assert r.exit_code == 0, r.output
+    r = run_in_process("refit", tmp_path / "art", "--llm", MODEL, "--base-url", f"{server.url}?api-key={secret}",
+                       "--data", data, "-o", tmp_path / "art2", *cache)
+    assert r.exit_code == 0, r.output
+    assert server.calls > 0
+    assert f"with openai:{MODEL}@{server.url}: change" in r.output, r.output
+    assert secret not in r.output + r.stderr
+    assert leaks(tmp_path / "art2", secret) == []

@@ -346,7 +346,9 @@ def test_a_criterion_name_is_bounded_in_tree_json_and_in_a_tree_file(tmp_path, n
 
 
 @pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
-                                                 ("Clear.\x1b[2J", "holds a control character")])
+                                                 ("Clear.\x1b[2J", "holds a control character"),
+                                                 # apply's cache key (UTF-8) crashed on it
+                                                 ("Clear.\ud800", "surrogate")])
 def test_a_definition_is_bounded_in_tree_json(definition: str, problem: str) -> None:
     # an artifact is untrusted: a 1 MB definition would ride in every prompt apply sends
     from hdeval.core.errors import ArtifactError
@@ -386,3 +388,28 @@ def test_decomposition_refuses_a_name_the_tree_json_would_refuse(name: str, prob
     reply = {"subcriteria": [{"name": name, "definition": "The wording is plain and short."}]}
     with pytest.raises(ValueError, match=f"sub-criterion #1: its name .*{problem}"):
         validate_subcriteria(reply, root, CriteriaTree([root]), 3, set())
+
+
+def test_an_artifacts_tree_json_with_line_ends_a_decomposition_wrote_is_taken_by_tree(tmp_path: Path) -> None:
+    # decomposition and tree.json keep a definition's CR LF (a model's reply may hold one): --tree
+    # on that artifact's tree.json, edited or not, must take what hdeval itself wrote
+    from conftest import TOY_TASK
+
+    from hdeval.core.types import CriteriaTree, Criterion
+    from hdeval.data.tasks import load_task
+    from hdeval.methods.hdeval.decompose import validate_subcriteria
+    from hdeval.methods.hdeval.tree_file import parse_tree, stored_tree
+
+    (tmp_path / "task.toml").write_text(TOY_TASK, encoding="utf-8")
+    task = load_task(str(tmp_path / "task.toml"))
+    roots = [Criterion(a.key, a.name, a.definition, None, 1) for a in task.aspects]
+    kids = validate_subcriteria({"subcriteria": [{"name": "Plain words", "definition": "Plain words.\r\nNo jargon."}]},
+                                roots[0], CriteriaTree(roots), 3, set())
+    written = CriteriaTree(roots + kids).to_dict()
+    assert stored_tree(written, "art/tree.json")[kids[0].key].definition == "Plain words.\r\nNo jargon."
+    given = parse_tree(written, task, "art/tree.json")
+    assert given.tree[kids[0].key].definition == "Plain words.\r\nNo jargon."
+    # a terminal code stays refused in a tree file
+    bad = {"criteria": [*written["criteria"][:2], {**written["criteria"][2], "definition": "Plain.\x1b[2J"}]}
+    with pytest.raises(ConfigError, match=r"criteria\[2\]\.definition: holds a control character"):
+        parse_tree(bad, task, "art/tree.json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import numbers
 import os
 import platform
 import shutil
@@ -55,8 +56,18 @@ ASIDE = ".hdeval-old"  # .NAME.hdeval-old: the previous artifact, between two re
 NEW = ".hdeval-new-"  # .NAME.hdeval-new-PID: the artifact being written
 
 
+def _json_int(value: Any) -> int:
+    # numpy's integers (a count from pandas), which the metrics model takes as the ints they are;
+    # numpy's bool is not Integral and stays refused, as json refuses any other type
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps(data, indent=2, ensure_ascii=False, default=_json_int) + "\n", encoding="utf-8"
+    )
 
 
 class ArtifactWriter:

@@ -42,7 +42,7 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
     from hdeval.core.errors import ConfigError
     from hdeval.data.samples import read_task_samples
     from hdeval.llm.client import open_llm, resolved
-    from hdeval.llm.config import LLMConfig
+    from hdeval.llm.config import LLMConfig, shown_identity
     from hdeval.methods.hdeval.refit import refit as run_refit
     from hdeval.methods.registry import load_artifact
 
@@ -64,7 +64,7 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
     lo, hi = change["interval"]
     click.echo(
         f"held-out average spearman: {change['spearman_before']:.3f} with {ev.llm_identity}, "
-        f"{change['spearman_after']:.3f} with {client.identity}: change {change['change']:+.3f} "
+        f"{change['spearman_after']:.3f} with {shown_identity(client.identity)}: change {change['change']:+.3f} "
         f"(95% interval {lo:+.3f} to {hi:+.3f}, {change['documents']} documents)"
     )
     if change["verdict"] == "worse":

@@ -25,8 +25,8 @@ MAX_DEFINITION = MAX_CRITERION_DEFINITION
 FIELDS = ("key", "name", "definition", "parent", "layer", "locked")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.-]{1,48}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-# what a task's definition may also hold (a TOML file's line ends): a stored tree keeps it
+# a definition's controls but tab and line ends (CR LF too: a task's or a decomposition reply's),
+# the same in a tree file as in tree.json, so --tree takes any artifact's tree.json
 _CONTROL_BUT_LINE_ENDS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -123,7 +123,7 @@ class TreeCriterion(BaseModel):
 
     key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
     name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
-    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINES)]
+    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINE_ENDS)]
     parent: Optional[_Str] = None
     # optional: a criterion's layer follows from its parent; a given one must agree
     layer: Optional[int] = None
@@ -247,6 +247,8 @@ def _stored_definition(value: str) -> str:
         raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": MAX_DEFINITION})
     if _CONTROL_BUT_LINE_ENDS.search(value):
         raise PydanticCustomError("tree_text", "holds a control character")
+    if has_lone_surrogate(value):  # no prompt (nor its cache key) can be encoded with it
+        raise PydanticCustomError("tree_text", LONE_SURROGATE_PROBLEM)
     return value
 
 
