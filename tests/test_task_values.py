@@ -68,10 +68,10 @@ def test_an_aspect_name_a_tree_json_would_refuse_is_refused(tmp_path: Path, old:
 
 
 def test_an_aspect_definition_a_tree_json_would_refuse_is_refused(tmp_path: Path) -> None:
-    # tree.json bounds definitions at 2000 characters: a task must not write one it would refuse
-    long = "d" * 2001
+    # tree.json bounds definitions at 20,000 characters: a task must not write one it would refuse
+    long = "d" * 20_001
     path = _task(tmp_path, 'definition = "', f'definition = "{long}')
-    with pytest.raises(ConfigError, match="definition is longer than 2000 characters") as err:
+    with pytest.raises(ConfigError, match="definition is longer than 20000 characters") as err:
         load_task(str(path))
     assert str(err.value).startswith(f"{path}: aspect ")
 

@@ -345,7 +345,7 @@ def test_a_criterion_name_is_bounded_in_tree_json_and_in_a_tree_file(tmp_path, n
     assert stored_tree({"criteria": [{**crit, "name": "x" * 200}]}, "art/tree.json").keys == ["clarity"]
 
 
-@pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
+@pytest.mark.parametrize("definition, problem", [("x" * 20_001, "longer than 20000 characters"),
                                                  ("Clear.\x1b[2J", "holds a control character"),
                                                  # apply's cache key (UTF-8) crashed on it
                                                  ("Clear.\ud800", "surrogate")])
@@ -361,11 +361,11 @@ def test_a_definition_is_bounded_in_tree_json(definition: str, problem: str) -> 
     assert msg.startswith("art/tree.json: criteria.0.definition") and problem in msg and msg.isprintable(), msg
     # a task's multi-line definition (its line ends and trailing newline too) is kept exactly
     head = " Clear,\r\n\tand short. "
-    kept = head + "x" * (1999 - len(head)) + "\n"
+    kept = head + "x" * (19_999 - len(head)) + "\n"
     assert stored_tree({"criteria": [{**crit, "definition": kept}]}, "art/tree.json")["clarity"].definition == kept
 
 
-@pytest.mark.parametrize("definition, problem", [("x" * 2001, "longer than 2000 characters"),
+@pytest.mark.parametrize("definition, problem", [("x" * 20_001, "longer than 20000 characters"),
                                                  ("Plain\x00words.", "control character")])
 def test_decomposition_refuses_a_definition_the_tree_json_would_refuse(definition: str, problem: str) -> None:
     from hdeval.core.types import CriteriaTree, Criterion

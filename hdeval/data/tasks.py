@@ -21,8 +21,10 @@ from hdeval.core.types import Aspect, Task, TaskField
 MAX_NAME = 100
 MAX_CRITERION_NAME = 200  # a criterion's key or name (as tree files and tree.json bound them)
 # a criterion's definition: every writer of a tree (task, tree file, decomposition) keeps to it,
-# so tree.json, which bounds it on reload, never refuses a tree hdeval wrote
-MAX_CRITERION_DEFINITION = 2000
+# so tree.json, which bounds it on reload, never refuses a tree hdeval wrote. Far above a real
+# rubric (the longest shipped is 182 characters; a decomposition's reply is capped at 1,024
+# tokens), so no task or artifact written before the bound is refused, yet no megabyte prompt
+MAX_CRITERION_DEFINITION = 20_000
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
 MAX_SCORE = 1e6
