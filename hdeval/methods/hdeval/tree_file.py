@@ -95,7 +95,11 @@ def _from_artifact(path: Path, task: Task) -> GivenTree:
     return parse_tree(data, task, str(path / "tree.json"))
 
 
-def _text(limit: int, control: re.Pattern[str], strip: bool = True):
+def _text(limit: int, control: re.Pattern[str], edges: str = "strip"):
+    """A bounded text field. ``edges``: leading and trailing spaces are stripped ("strip"),
+    refused ("refuse", a key), or kept as written ("keep", a stored definition: the prompts apply
+    sends must be the ones training sent)."""
+
     def check(value: str) -> str:
         if not value.strip():
             raise PydanticCustomError("tree_text", "must be non-empty text")
@@ -103,11 +107,11 @@ def _text(limit: int, control: re.Pattern[str], strip: bool = True):
             raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": limit})
         if control.search(value):
             raise PydanticCustomError("tree_text", "holds a control character")
-        if has_lone_surrogate(value):
+        if has_lone_surrogate(value):  # no prompt (nor its cache key) can be encoded with it
             raise PydanticCustomError("tree_text", LONE_SURROGATE_PROBLEM)
-        if not strip and value != value.strip():
+        if edges == "refuse" and value != value.strip():
             raise PydanticCustomError("tree_text", "has leading or trailing spaces")
-        return value.strip()
+        return value if edges == "keep" else value.strip()
 
     return AfterValidator(check)
 
@@ -121,7 +125,7 @@ class TreeCriterion(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
+    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, edges="refuse")]
     name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
     definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINE_ENDS)]
     parent: Optional[_Str] = None
@@ -238,20 +242,6 @@ def _parse(data: Any, task: Task, where: str) -> GivenTree:
     return GivenTree(CriteriaTree(out), frozenset(locked), where)
 
 
-def _stored_definition(value: str) -> str:
-    """Bounded, and kept exactly as written (not stripped): the prompts apply sends must be the
-    ones training sent."""
-    if not value.strip():
-        raise PydanticCustomError("tree_text", "must be non-empty text")
-    if len(value) > MAX_DEFINITION:
-        raise PydanticCustomError("tree_text", "longer than {limit} characters", {"limit": MAX_DEFINITION})
-    if _CONTROL_BUT_LINE_ENDS.search(value):
-        raise PydanticCustomError("tree_text", "holds a control character")
-    if has_lone_surrogate(value):  # no prompt (nor its cache key) can be encoded with it
-        raise PydanticCustomError("tree_text", LONE_SURROGATE_PROBLEM)
-    return value
-
-
 class StoredCriterion(BaseModel):
     """A criterion of an artifact's tree.json as ``Criterion.to_dict`` writes it. Its names and
     definitions may be edited by hand; they are bounded as every writer of a tree bounds them."""
@@ -259,9 +249,9 @@ class StoredCriterion(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     # bounded as a tree file's are: explain, report and the summary print them on one line
-    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, strip=False)]
+    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, edges="refuse")]
     name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
-    definition: Annotated[_Str, AfterValidator(_stored_definition)]
+    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINE_ENDS, edges="keep")]
     parent: Optional[str] = None
     layer: Annotated[int, Field(ge=1)]
 
