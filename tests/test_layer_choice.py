@@ -110,3 +110,17 @@ def test_the_report_banner_names_the_layer_training_kept_and_why():
     banner = Banner()
     layer_line(banner, {"selection": {"kept_layer": 1, "reason": "layer 1 is not beaten"}}, ["1", "2", "3"])
     assert [(line.label, line.text) for line in banner.lines] == [("layer kept", "layer 1: layer 1 is not beaten")]
+
+
+def test_one_cross_validated_figure_per_evaluator(toy, tmp_path):
+    """metrics.json's cv_train, the layer choice and the aggregator choice gave two figures for
+    one evaluator (pooled raw out-of-fold predictions, and the per-fold standardised ones the
+    choice used): now all report the figure the choice used."""
+    task_file, data = toy
+    ev = train(task=str(task_file), data=str(data), llm="fake", layers=1, aggregator="auto",
+               cache_dir=str(tmp_path / "c"))
+    sel = ev.metrics["selection"]
+    kept = str(sel["kept_layer"])
+    chosen = sel["candidates_cv_spearman"][kept][sel["kept_aggregator"]]
+    assert ev.metrics["cv_train"][kept]["average"]["spearman"] == pytest.approx(chosen, abs=1e-3)
+    assert sel["cv_train_spearman"][kept] == pytest.approx(chosen, abs=1e-3)

@@ -170,7 +170,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
                 layer,
                 [c.key for c in new],
                 kind,
-                metric_table(Y[tr], cv_pred, aspects),
+                # the figures the choice used: each fold's predictions standardised (CandidateCV)
+                metric_table(Y[tr], chosen.ranked, aspects),
                 metric_table(Y[te], agg.predict(X[te]), aspects),
                 m.failure_rate,
                 {c.kind: _finite(c.spearman) for c in cands},
@@ -383,7 +384,8 @@ def choose_layer(
     last one on compete. With ``folds`` (layer -> kind -> its CandidateCV), the layer is chosen by
     the one-standard-error rule (the shallowest within one SE, at least LAYER_MARGIN, of the best);
     without, by LAYER_MARGIN alone (``groups``: the training rows' documents, for the standard error)."""
-    cv = {r.layer: r.cv_train["average"]["spearman"] for r in reports}
+    # the figure each layer's aggregator choice used (cv_train is built from the same predictions)
+    cv = {r.layer: _finite(r.cv_train["average"]["spearman"]) for r in reports}
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
     layers = [r.layer for r in eligible]
     kinds = {r.layer: r.aggregator for r in reports}
@@ -391,7 +393,6 @@ def choose_layer(
         pick = one_standard_error(
             [folds[r.layer][r.aggregator] for r in eligible], Y[tr], groups, LAYER_MARGIN, seed, levels=layers
         )
-        cv = {r.layer: r.selection_scores.get(r.aggregator) for r in reports}
         best = layers[pick.kept]
         top = layers[pick.best]
         if best == top:
@@ -523,21 +524,11 @@ BASELINE_NOT_KEPT = (
 
 
 def _selection_summary(choice: dict[str, Any]) -> str:
+    """What training says once the layer is chosen. The saved evaluator's summary then gives the
+    aggregator's reason, every candidate's figure and any warning: they are not said twice."""
     s = choice.get("strongest_baseline")
-    line = f"kept evaluator: layer {choice['kept_layer']} ({choice['reason']})"
-    kept = str(choice["kept_layer"])
-    scores = (choice.get("candidates_cv_spearman") or {}).get(kept) or {}
-    if choice.get("kept_aggregator"):
-        line += f"\nkept aggregator: {choice.get('aggregator_reason') or choice['kept_aggregator']}"
-    if len(scores) > 1:
-        line += (
-            "\ncandidates on layer "
-            + kept
-            + " (grouped CV Spearman on the training split): "
-            + ", ".join(f"{k} {_fmt(v).strip()}" for k, v in scores.items())
-        )
-    if choice.get("simpler_was_better"):
-        line += "\nwarning: " + choice["simpler_was_better"]
+    kind = f", aggregator {choice['kept_aggregator']}" if choice.get("kept_aggregator") else ""
+    line = f"kept evaluator: layer {choice['kept_layer']}{kind} ({choice['reason']})"
     if s is not None:
         line += (
             f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
@@ -546,8 +537,8 @@ def _selection_summary(choice: dict[str, Any]) -> str:
         if choice.get("baseline_beats_evaluator"):
             line += (
                 f"; it beats the kept evaluator's cross-validated figure "
-                f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but "
-                + BASELINE_NOT_KEPT
+                f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but a baseline "
+                "is not kept as the evaluator (metrics.json's selection.baseline_not_kept says why)"
             )
     return line
 
