@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import one_error, toy_rows, write_jsonl
+from conftest import copy_artifact, one_error, toy_rows, trained_toy_artifact, write_jsonl
 
 from hdeval.cli import cli
 from hdeval.run.train import train
@@ -24,12 +24,15 @@ def run(*args, env: dict | None = None, input: str | None = None) -> Result:
 
 
 
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> Path:
+    # training per test cost ~1.5 s of setup each; the tests only read it, each from its own copy
+    return trained_toy_artifact(tmp_path_factory.mktemp("toy"), layers=1, aggregator="lr")
+
+
 @pytest.fixture
-def toy_artifact(toy, tmp_path: Path) -> Path:
-    task, data = toy
-    ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
-               cache_dir=str(tmp_path / "train-cache"))
-    return ev.save(tmp_path / "art")
+def toy_artifact(trained_once: Path, toy, tmp_path: Path) -> Path:
+    return copy_artifact(trained_once, tmp_path)
 
 
 def new_samples(tmp_path: Path, n_docs: int = 6, name: str = "new.jsonl") -> Path:
