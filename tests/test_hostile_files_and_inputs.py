@@ -240,7 +240,10 @@ def test_apply_whose_every_request_fails_exits_non_zero(how: str, refusing_serve
     from llm_server import Reply
 
     if how == "too large":
-        refusing_server.default = lambda req: Reply.huge(80 << 20)
+        from hdeval.llm.backends.openai_compat import MAX_REPLY_BYTES
+
+        # twice the client's cap is as refused as 80 MB, without building 80 MB per request
+        refusing_server.default = lambda req: Reply.huge(2 * MAX_REPLY_BYTES)
     data = new_samples(tmp_path, n_docs=2)
     out = tmp_path / "s.jsonl"
     out.write_text("previous\n")
