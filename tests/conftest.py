@@ -224,6 +224,24 @@ def train_artifact(task: str, data: Path, tmp_path: Path, *args, llm=("--llm", "
     return out
 
 
+def trained_toy_artifact(folder: Path, **options) -> Path:
+    """The toy task trained with the fake LLM and ``options`` into ``folder / "art"`` (its task,
+    data and cache beside it): for a module-scoped fixture that trains once and hands each test
+    its own copy (``copy_artifact``)."""
+    from hdeval.run.train import train
+
+    task = folder / "toy_task.toml"
+    task.write_text(TOY_TASK, encoding="utf-8")
+    data = write_jsonl(folder / "toy.jsonl", toy_rows())
+    ev = train(task=str(task), data=str(data), llm="fake", cache_dir=str(folder / "train-cache"), **options)
+    return ev.save(folder / "art")
+
+
+def copy_artifact(artifact: Path, tmp_path: Path) -> Path:
+    """A test's own copy of a shared artifact, as ``tmp_path / "art"``: what it changes stays its own."""
+    return Path(shutil.copytree(artifact, tmp_path / "art"))
+
+
 def one_error(result, *fragments: str) -> str:
     """The one ``error:`` line of a refused CLI run (not a traceback), holding every fragment."""
     assert isinstance(result.exception, SystemExit), result.exception  # not a crash

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import one_error, toy_rows, write_jsonl
+from conftest import copy_artifact, one_error, toy_rows, trained_toy_artifact, write_jsonl
 
 from hdeval.cli import cli
 from hdeval.run.apply import CHUNK_ENV
@@ -63,12 +63,15 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
 
 
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> Path:
+    # training per test cost ~1.5 s of setup each; the tests only read it, each from its own copy
+    return trained_toy_artifact(tmp_path_factory.mktemp("toy"), layers=2, aggregator="lr")
+
+
 @pytest.fixture
-def toy_artifact(toy, tmp_path: Path) -> Path:
-    task, data = toy
-    ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr",
-               cache_dir=str(tmp_path / "train-cache"))
-    return ev.save(tmp_path / "art")
+def toy_artifact(trained_once: Path, toy, tmp_path: Path) -> Path:
+    return copy_artifact(trained_once, tmp_path)
 
 
 def _budget_for_one_and_a_half_chunks(artifact: Path) -> int:

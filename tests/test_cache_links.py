@@ -38,7 +38,8 @@ def test_a_database_linked_outside_the_cache_is_refused_not_written_through(tmp_
 
 def test_a_linked_write_ahead_log_is_refused_with_what_is_wrong(toy, tmp_path: Path) -> None:
     task, data = toy
-    art = train_artifact(str(task), data, tmp_path)
+    # any artifact will do: one layer with lr, not the default three with auto (5-8 s)
+    art = train_artifact(str(task), data, tmp_path, "--layers", 1, "--aggregator", "lr")
     cache = tmp_path / "cache"
     (cache / "replies.db-wal").unlink(missing_ok=True)
     target = tmp_path / "wal-target"

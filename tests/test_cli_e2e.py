@@ -68,8 +68,9 @@ def test_apply_prints_correlations_when_input_has_human_scores(toy, tmp_path):
     task, data = toy
     cache = str(tmp_path / "c")
     out = tmp_path / "art"
-    assert run("train", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "2",
-               "--aggregator", "rf", "--cache-dir", cache, "-o", str(out)).exit_code == 0
+    # the smallest artifact: apply's closing lines do not depend on its depth or model
+    assert run("train", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "1",
+               "--aggregator", "lr", "--cache-dir", cache, "-o", str(out)).exit_code == 0
     r = run("apply", str(out), str(data), "-o", str(tmp_path / "s.jsonl"), "--cache-dir", cache)
     assert r.exit_code == 0, r.output
     assert "correlation with the human scores" in r.stdout and "clarity" in r.stdout

@@ -73,7 +73,8 @@ def test_pairwise_layer_notes_do_not_take_in_what_other_threads_or_the_collector
     data = _pairs(tmp_path)
 
     def run(name):
-        return train(task="llmbar", data=str(data), method="hdeval", llm="fake", layers=2,
+        # one layer: each layer's fit is the same code, and two runs of two layers took 15 s
+        return train(task="llmbar", data=str(data), method="hdeval", llm="fake", layers=1,
                      cache_dir=str(tmp_path / name))
 
     # every layer keeps an MLP, which stops at its iteration limit on 24 pairs: the fit's own

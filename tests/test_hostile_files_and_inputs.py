@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import one_error, toy_rows, write_jsonl
+from conftest import copy_artifact, one_error, toy_rows, trained_toy_artifact, write_jsonl
 
 from hdeval.cli import cli
 from hdeval.run.train import train
@@ -24,12 +24,15 @@ def run(*args, env: dict | None = None, input: str | None = None) -> Result:
 
 
 
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> Path:
+    # training per test cost ~1.5 s of setup each; the tests only read it, each from its own copy
+    return trained_toy_artifact(tmp_path_factory.mktemp("toy"), layers=1, aggregator="lr")
+
+
 @pytest.fixture
-def toy_artifact(toy, tmp_path: Path) -> Path:
-    task, data = toy
-    ev = train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
-               cache_dir=str(tmp_path / "train-cache"))
-    return ev.save(tmp_path / "art")
+def toy_artifact(trained_once: Path, toy, tmp_path: Path) -> Path:
+    return copy_artifact(trained_once, tmp_path)
 
 
 def new_samples(tmp_path: Path, n_docs: int = 6, name: str = "new.jsonl") -> Path:
@@ -237,7 +240,10 @@ def test_apply_whose_every_request_fails_exits_non_zero(how: str, refusing_serve
     from llm_server import Reply
 
     if how == "too large":
-        refusing_server.default = lambda req: Reply.huge(80 << 20)
+        from hdeval.llm.backends.openai_compat import MAX_REPLY_BYTES
+
+        # twice the client's cap is as refused as 80 MB, without building 80 MB per request
+        refusing_server.default = lambda req: Reply.huge(2 * MAX_REPLY_BYTES)
     data = new_samples(tmp_path, n_docs=2)
     out = tmp_path / "s.jsonl"
     out.write_text("previous\n")

@@ -33,7 +33,8 @@ def test_train_refuses_an_id_that_is_not_text_or_a_whole_number(toy, tmp_path: P
 
 def test_apply_refuses_a_list_doc_id(toy, tmp_path: Path) -> None:
     task, data = toy
-    art = train_artifact(str(task), data, tmp_path)
+    # any artifact will do: one layer with lr, not the default three with auto (5-8 s)
+    art = train_artifact(str(task), data, tmp_path, "--layers", 1, "--aggregator", "lr")
     bad = _with(tmp_path, "doc_id", [1], line=7)
     out = tmp_path / "scored.jsonl"
     r = run_cli("apply", art, bad, "-o", out, "--llm", "fake", "--cache-dir", tmp_path / "cache")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -280,8 +281,11 @@ def _ok_bodies(answers) -> Counter[bytes]:
     return Counter(a.body for a in answers if a.outcome == "ok")
 
 
-# apply trains first, then runs twice: three CLI processes, so it runs with the slow tests
-@pytest.mark.parametrize("command", ["train", pytest.param("apply", marks=pytest.mark.slow)])
+# real CLI processes against a server (apply trains first, then runs twice): CI runs them; the
+# default run checks the one line and exit 143 in-process (test_sigterm_during_a_command_
+# exits_143_with_one_line) and the resume in test_cache.py (test_interrupted_run_resumes_...)
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "apply"])
 def test_sigterm_ends_the_run_with_one_line_and_a_rerun_repeats_no_call(command: str, tmp_path: Path) -> None:
     task = tmp_path / "toy_task.toml"
     task.write_text(TOY_TASK, encoding="utf-8")
@@ -337,6 +341,24 @@ def test_sigterm_ends_the_run_with_one_line_and_a_rerun_repeats_no_call(command:
         assert second, "the rerun had work left"
         repeated = sum(n - 1 for n in _ok_bodies(first + second).values())
         assert repeated == 0, f"{repeated} completions were paid for twice"
+
+
+def test_sigterm_during_a_command_exits_143_with_one_line(capsys) -> None:
+    from hdeval.cli import run_command
+
+    def work() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises before this ends
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info:
+        run_command(work)
+    assert info.value.code == 143
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"terminated \(SIGTERM\): every finished LLM call is cached; rerun .*", last), err
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_run_command_restores_the_sigterm_handler() -> None:
