@@ -25,6 +25,13 @@ MAX_CRITERION_NAME = 200  # a criterion's key or name (as tree files and tree.js
 # rubric (the longest shipped is 182 characters; a decomposition's reply is capped at 1,024
 # tokens), so no task or artifact written before the bound is refused, yet no megabyte prompt
 MAX_CRITERION_DEFINITION = 20_000
+# The control characters a tree (tree file, decomposition reply, tree.json) refuses. A task file
+# is stricter (C1 controls and U+2028/9 too, task_file.py): trees keep to C0 and DEL so that no
+# tree.json written before is refused. A criterion's key or name is one line: no control character
+NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# a definition's: none but tab and line ends (CR LF too: a task's or a decomposition reply's),
+# the same in a tree file as in tree.json, so --tree takes any artifact's tree.json
+DEFINITION_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # an aspect's scale ends, in absolute value: human rating scales are 1-5, 1-10 or 0-100; far past
 # that, a score's arithmetic (spreads, intervals, squares) loses its precision or overflows
 MAX_SCORE = 1e6

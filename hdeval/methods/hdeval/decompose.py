@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from hdeval.core.errors import DecompositionError, RequestRejected
 from hdeval.core.progress import Progress
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
-from hdeval.data.tasks import MAX_CRITERION_DEFINITION, MAX_CRITERION_NAME
+from hdeval.data.tasks import DEFINITION_CONTROL, MAX_CRITERION_DEFINITION, MAX_CRITERION_NAME, NAME_CONTROL
 from hdeval.judge.fill import UnusableReply, ask_json
 from hdeval.judge.prompts import Template, decomposition_messages
 from hdeval.llm.backends.base import Backend, CompletionRequest
@@ -165,13 +165,13 @@ def validate_subcriteria(
         # refused as a malformed reply, not rewritten: tree.json (reloaded) bounds names so
         if len(name) > MAX_CRITERION_NAME:
             raise ValueError(f"sub-criterion #{i}: its name is longer than {MAX_CRITERION_NAME} characters")
-        if any(c < " " or c == "\x7f" for c in name):
+        if NAME_CONTROL.search(name):
             raise ValueError(f"sub-criterion #{i}: its name holds a control character (a name is one line)")
         if len(definition) > MAX_CRITERION_DEFINITION:
             raise ValueError(
                 f"sub-criterion #{i}: its definition is longer than {MAX_CRITERION_DEFINITION} characters"
             )
-        if any((c < " " and c not in "\t\n\r") or c == "\x7f" for c in definition):
+        if DEFINITION_CONTROL.search(definition):
             raise ValueError(f"sub-criterion #{i}: its definition holds a control character")
         if has_lone_surrogate(name + definition):
             raise ValueError(f"sub-criterion #{i} {LONE_SURROGATE_PROBLEM}")

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, shown_name, validation_line
 from hdeval.core.types import LONE_SURROGATE_PROBLEM, CriteriaTree, Criterion, Task, has_lone_surrogate
-from hdeval.data.tasks import MAX_CRITERION_DEFINITION, MAX_CRITERION_NAME
+from hdeval.data.tasks import DEFINITION_CONTROL, MAX_CRITERION_DEFINITION, MAX_CRITERION_NAME, NAME_CONTROL
 
 MAX_TREE_BYTES = 1 << 20
 MAX_CRITERIA = 500
@@ -24,10 +24,6 @@ MAX_NAME = MAX_CRITERION_NAME  # a criterion's key or name: one line, so no cont
 MAX_DEFINITION = MAX_CRITERION_DEFINITION
 FIELDS = ("key", "name", "definition", "parent", "layer", "locked")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.-]{1,48}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# a definition's controls but tab and line ends (CR LF too: a task's or a decomposition reply's),
-# the same in a tree file as in tree.json, so --tree takes any artifact's tree.json
-_CONTROL_BUT_LINE_ENDS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -125,9 +121,9 @@ class TreeCriterion(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, edges="refuse")]
-    name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
-    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINE_ENDS)]
+    key: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL, edges="refuse")]
+    name: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL)]
+    definition: Annotated[_Str, _text(MAX_DEFINITION, DEFINITION_CONTROL)]
     parent: Optional[_Str] = None
     # optional: a criterion's layer follows from its parent; a given one must agree
     layer: Optional[int] = None
@@ -249,9 +245,9 @@ class StoredCriterion(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     # bounded as a tree file's are: explain, report and the summary print them on one line
-    key: Annotated[_Str, _text(MAX_NAME, _CONTROL, edges="refuse")]
-    name: Annotated[_Str, _text(MAX_NAME, _CONTROL)]
-    definition: Annotated[_Str, _text(MAX_DEFINITION, _CONTROL_BUT_LINE_ENDS, edges="keep")]
+    key: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL, edges="refuse")]
+    name: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL)]
+    definition: Annotated[_Str, _text(MAX_DEFINITION, DEFINITION_CONTROL, edges="keep")]
     parent: Optional[str] = None
     layer: Annotated[int, Field(ge=1)]
 
