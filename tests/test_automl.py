@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from simjudge import REALISTIC, pointwise_backend, pointwise_rows, real_rows, write_pointwise
 
+from hdeval.core.progress import Progress
 from hdeval.learn.aggregate import CANDIDATES, FIXED_KINDS, Aggregator, cv_candidates, one_standard_error
 from hdeval.methods.registry import load_artifact
 from hdeval.run.train import train
@@ -104,10 +105,22 @@ def test_aggregator_lr_warns_with_the_figures_when_a_simpler_candidate_did_bette
     criteria does better than lr on cross-validation; lr is kept as asked, and the run says so."""
     rows = pointwise_rows(40, seed=3)
     task, data = write_pointwise(tmp_path, rows)
+
+    class Said(Progress):
+        def __init__(self) -> None:
+            self.messages: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.messages.append(text)
+
+    said = Said()
     ev = train(task=str(task), data=str(data), llm="fake", layers=2, aggregator="lr", seed=3,
-               cache_dir=str(tmp_path / "c"), backend=pointwise_backend(noise=1.0, halo=0.0, deep_signal=True))
+               cache_dir=str(tmp_path / "c"), backend=pointwise_backend(noise=1.0, halo=0.0, deep_signal=True),
+               progress=said)
     sel = ev.metrics["selection"]
     assert ev.aggregator.kind == "lr"
+    # said while training too (a notebook's progress), once
+    assert said.messages.count(f"warning: {sel['simpler_was_better']}") == 1
     warned = sel.get("simpler_was_better")
     scores = sel["candidates_cv_spearman"][str(sel["kept_layer"])]
     better = [k for k, v in scores.items() if k != "lr" and v is not None and v > scores["lr"]]

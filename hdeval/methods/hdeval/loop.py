@@ -263,6 +263,8 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
         columns=[features[i] for i in used],
     )
     progress.message(_selection_summary(choice))
+    if choice.get("simpler_was_better"):  # its own message: the CLI's summary then skips its twin
+        progress.message(f"warning: {choice['simpler_was_better']}")
     # the intervals are judged once, in the summary train prints at the end
     progress.message(_baseline_summary(metrics))
     table = score_table(ids, matrix, split, Y, aspects)
@@ -384,8 +386,12 @@ def choose_layer(
     last one on compete. With ``folds`` (layer -> kind -> its CandidateCV), the layer is chosen by
     the one-standard-error rule (the shallowest within one SE, at least LAYER_MARGIN, of the best);
     without, by LAYER_MARGIN alone (``groups``: the training rows' documents, for the standard error)."""
-    # the figure each layer's aggregator choice used (cv_train is built from the same predictions)
-    cv = {r.layer: _finite(r.cv_train["average"]["spearman"]) for r in reports}
+    # the figure each layer's aggregator was chosen on, as recorded (cv_train's average is the same
+    # figure rounded twice; it stands in for a report that records no choice)
+    cv = {
+        r.layer: r.selection_scores.get(r.aggregator, _finite(r.cv_train["average"]["spearman"]))
+        for r in reports
+    }
     eligible = [r for r in reports if r.layer >= depth] or list(reports[-1:])
     layers = [r.layer for r in eligible]
     kinds = {r.layer: r.aggregator for r in reports}
@@ -525,7 +531,7 @@ BASELINE_NOT_KEPT = (
 
 def _selection_summary(choice: dict[str, Any]) -> str:
     """What training says once the layer is chosen. The saved evaluator's summary then gives the
-    aggregator's reason, every candidate's figure and any warning: they are not said twice."""
+    aggregator's reason and every candidate's figure: they are not said twice."""
     s = choice.get("strongest_baseline")
     kind = f", aggregator {choice['kept_aggregator']}" if choice.get("kept_aggregator") else ""
     line = f"kept evaluator: layer {choice['kept_layer']}{kind} ({choice['reason']})"
