@@ -350,15 +350,23 @@ def test_sigterm_during_a_command_exits_143_with_one_line(capsys) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(10)  # the handler raises before this ends
 
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as info:
-        run_command(work)
-    assert info.value.code == 143
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
-    assert re.fullmatch(r"terminated \(SIGTERM\): every finished LLM call is cached; rerun .*", last), err
-    assert signal.getsignal(signal.SIGTERM) is before
+    def unhandled(signum, frame) -> None:
+        raise AssertionError("run_command did not install its SIGTERM handler")
+
+    # the signal goes to pytest's own process: without run_command's handler it must fail this
+    # test, not end the whole run
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as info:
+            run_command(work)
+        assert info.value.code == 143
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        last = err.strip().splitlines()[-1]
+        assert re.fullmatch(r"terminated \(SIGTERM\): every finished LLM call is cached; rerun .*", last), err
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_run_command_restores_the_sigterm_handler() -> None:
