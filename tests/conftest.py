@@ -233,8 +233,10 @@ def trained_toy_artifact(folder: Path, **options) -> Path:
     task = folder / "toy_task.toml"
     task.write_text(TOY_TASK, encoding="utf-8")
     data = write_jsonl(folder / "toy.jsonl", toy_rows())
-    ev = train(task=str(task), data=str(data), llm="fake", cache_dir=str(folder / "train-cache"), **options)
-    return ev.save(folder / "art")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_env(mp, folder / "home")
+        ev = train(task=str(task), data=str(data), llm="fake", cache_dir=str(folder / "train-cache"), **options)
+        return ev.save(folder / "art")
 
 
 def copy_artifact(artifact: Path, tmp_path: Path) -> Path:
@@ -320,8 +322,12 @@ def no_leaked_resources(request):
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory, monkeypatch):
-    # A test never uses the developer's real cache, data dir, API key or default LLM.
-    home = tmp_path_factory.mktemp("home")
+    isolate_env(monkeypatch, tmp_path_factory.mktemp("home"))
+
+
+def isolate_env(monkeypatch, home: Path) -> None:
+    # A test never uses the developer's real cache, data dir, API key or default LLM (nor does a
+    # module-scoped fixture, which runs before the autouse one).
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("HDEVAL_MODEL_DIR", str(MODEL_DIR))
