@@ -203,3 +203,19 @@ def test_a_pairwise_task_refuses_a_pointwise_only_aggregator_before_any_call(tmp
               llm="fake", layers=1, aggregator="mean", cache_dir=str(tmp_path / "c"), backend=fake)
     assert "--aggregator mean" in str(err.value) and "lr, dt, rf, nn or auto" in str(err.value)
     assert "\n" not in str(err.value) and fake.calls == 0
+
+
+def test_a_judge_that_gives_every_sample_one_score_has_no_cross_validated_figure(tmp_path):
+    """A judge that answers 3 to everything ranks nothing: no candidate has a cross-validated
+    Spearman (a fold of one value up to rounding used to be standardised into an order)."""
+    from hdeval.llm.backends.base import Completion
+    from hdeval.llm.backends.fake import RESPONDERS, FakeBackend
+
+    rows = pointwise_rows(40, seed=5)
+    task, data = write_pointwise(tmp_path, rows)
+    flat = FakeBackend(logprobs=False, responders={**RESPONDERS, "score": lambda request, fake: Completion("3")})
+    ev = train(task=str(task), data=str(data), llm="fake", layers=1, seed=5, cache_dir=str(tmp_path / "c"),
+               backend=flat)
+    scores = ev.metrics["selection"]["candidates_cv_spearman"]["1"]
+    assert scores and all(v is None for v in scores.values()), scores
+    assert ev.metrics["cv_train"]["1"]["average"]["spearman"] is None

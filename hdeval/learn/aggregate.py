@@ -575,8 +575,11 @@ def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, n
     out = np.zeros(pred.shape)
     for _, va in folds:
         part = pred[va]
-        sd = part.std(axis=0)
-        out[va] = np.where(sd > 0, (part - part.mean(axis=0)) / np.where(sd > 0, sd, 1), 0.0)
+        # a fold whose predictions are one value up to rounding ranks nothing: its std can be 4e-16,
+        # not 0, and standardising that rounding would invent an order
+        spread = np.ptp(part, axis=0) > 1e-9 * np.maximum(1.0, np.abs(part).max(axis=0))
+        sd = np.where(spread, part.std(axis=0), 1.0)
+        out[va] = np.where(spread, (part - part.mean(axis=0)) / sd, 0.0)
     return out
 
 
