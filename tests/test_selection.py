@@ -158,8 +158,9 @@ def test_assess_keeps_the_aggregator_train_would_keep_simple_ones_included():
     with fit_warnings():
         kept, _, pick = choose_aggregator(template, X, y, g)  # train's chooser, on the same rows
     assert pick is not None and a.aggregator == kept.kind and a.aggregator in SIMPLE_KINDS
-    figure = np.mean([correlation(y[:, j], kept.predictions[:, j], "spearman") for j in range(2)])
-    assert a.agreement == pytest.approx(figure)
+    # the figure train records as cv_train for the same rows: each fold's predictions standardised
+    figure = np.mean([correlation(y[:, j], kept.ranked[:, j], "spearman") for j in range(2)])
+    assert a.agreement == pytest.approx(figure) == pytest.approx(kept.spearman)
 
 
 def test_assess_says_why_there_is_no_figure_yet():

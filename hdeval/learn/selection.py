@@ -275,7 +275,8 @@ def assess(
     template: Aggregator | None = None,
 ) -> Assessment:
     """Held-out agreement of the evaluator the labels so far would train: out-of-fold
-    predictions grouped by document; the mean Spearman over targets (pairwise: the share of
+    predictions grouped by document (pointwise: each fold's standardised, the figure ``train``
+    records as ``cv_train``); the mean Spearman over targets (pairwise: the share of
     verdicts that agree, ties included) with a 90% interval from resampling documents.
 
     Pointwise, the aggregator is chosen by ``train``'s own chooser
@@ -310,7 +311,8 @@ def assess(
                     aggregator,
                     n_jobs=1,
                 )[0]
-            preds[ok] = np.asarray(chosen.predictions).reshape(len(ok), -1)
+            # each fold standardised, as train's cv_train: the panel shows the figure train would
+            preds[ok] = np.asarray(chosen.ranked).reshape(len(ok), -1)
             kept = chosen.kind
     for j in range(Y.shape[1] if pairwise else 0):
         ok = np.flatnonzero(np.isfinite(Y[:, j]))
