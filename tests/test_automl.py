@@ -219,3 +219,6 @@ def test_a_judge_that_gives_every_sample_one_score_has_no_cross_validated_figure
     scores = ev.metrics["selection"]["candidates_cv_spearman"]["1"]
     assert scores and all(v is None for v in scores.values()), scores
     assert ev.metrics["cv_train"]["1"]["average"]["spearman"] is None
+    # and the layer's figures say why in words true of the scores the judge gave
+    why = ev.metrics["cv_train"]["1"][next(iter(ev.metrics["final"]))]["why"]
+    assert "fold predicts one value" in why, why

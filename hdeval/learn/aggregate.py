@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older scikit-learn: the estimator's ow
     _validate_data = None
 
 from hdeval.core.errors import ConfigError
-from hdeval.core.metrics import average_spearman, mean_spearman
+from hdeval.core.metrics import average_spearman, mean_spearman, metric_table
 from hdeval.core.types import Task
 
 KINDS = ("lr", "dt", "rf", "nn")  # the learned models (pairwise HD-Eval's classifiers too)
@@ -569,6 +569,17 @@ class CandidateCV:
     ranked: np.ndarray  # those standardised out-of-fold predictions (rows x aspects)
     predictions: np.ndarray  # the out-of-fold predictions as they are
     grid: dict[str, float] = field(default_factory=dict)  # nn: the score per grid point
+
+    def figures(self, Y: np.ndarray, aspects: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """metric_table of the figures it was chosen on (``ranked``); an aspect none of whose
+        folds ranks anything says so, not "every prediction is 0", which is true only of
+        the standardised values."""
+        table = metric_table(Y, self.ranked, aspects)
+        for j, a in enumerate(aspects):
+            enough = np.isfinite(Y[:, j]).sum() >= 3  # else the why counts samples: left as it is
+            if table[a].get("why") and enough and not np.ptp(self.ranked[:, j]) > 0:
+                table[a]["why"] = "every cross-validation fold predicts one value for all its samples"
+        return table
 
 
 def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

@@ -171,7 +171,7 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
                 [c.key for c in new],
                 kind,
                 # the figures the choice used: each fold's predictions standardised (CandidateCV)
-                metric_table(Y[tr], chosen.ranked, aspects),
+                chosen.figures(Y[tr], aspects),
                 metric_table(Y[te], agg.predict(X[te]), aspects),
                 m.failure_rate,
                 {c.kind: _finite(c.spearman) for c in cands},
