@@ -281,6 +281,13 @@ def test_parallel_fitting_gives_exactly_the_serial_results(small_grid):
     assert serial[0].get_params() == parallel[0].get_params()
     assert serial[1] == parallel[1] and serial[2] == parallel[2]
     np.testing.assert_array_equal(serial[3], parallel[3])
+    # train's chooser: the simple candidates too, through the same batch of jobs
+    from hdeval.learn.aggregate import SIMPLE_KINDS, cv_candidates
+
+    one, two = (cv_candidates(_task_agg("lr"), X, Y, docs, SIMPLE_KINDS, n_jobs=n) for n in (1, 2))
+    assert [(c.kind, c.spearman) for c in one] == [(c.kind, c.spearman) for c in two]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a.predictions, b.predictions)
     keys = [f"c{i}" for i in range(X.shape[1])]
     # a seeded tree shows the same as a seeded forest here, at a tenth of the fits (rf: 15 s)
     p1 = prune(_task_agg("dt"), X, Y, keys, keys[2:], docs, top_k=2, n_jobs=1)
