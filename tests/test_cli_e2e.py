@@ -109,6 +109,33 @@ def test_aspects_subset(toy, tmp_path):
     assert Evaluator.load(out).task.aspect_keys == ("accuracy",)
 
 
+def test_an_aspect_name_that_ends_in_a_space_is_applied_with_the_prompts_it_trained_with(toy, tmp_path):
+    """tree.json kept the name as trained, but reloading stripped it: apply then sent other
+    prompts than training had (other cache keys), and paid for every call again."""
+    task, data = toy
+    text = task.read_text(encoding="utf-8").replace('name = "Accuracy"', 'name = "Accuracy "')
+    task.write_text(text.replace('"How correct the answer is."', '"How correct the answer is.  \\r\\n"'),
+                    encoding="utf-8")
+    out, cache = tmp_path / "art", str(tmp_path / "c")
+    r = run("train", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "1",
+            "--cache-dir", cache, "-o", str(out), "-q")
+    assert r.exit_code == 0, r.output
+    r = run("apply", str(out), str(data), "-o", str(tmp_path / "s.jsonl"), "--cache-dir", cache)
+    assert r.exit_code == 0, r.output
+    assert "LLM calls made: 0" in r.stderr
+
+
+def test_an_aspect_key_with_edge_spaces_is_refused_before_training(toy, tmp_path):
+    """tree.json refuses such a key on reload: an artifact trained with it could never be used."""
+    task, data = toy
+    task.write_text(task.read_text(encoding="utf-8").replace('key = "clarity"', 'key = "clarity "'),
+                    encoding="utf-8")
+    r = CliRunner().invoke(cli, ["train", "--task", str(task), "--data", str(data), "--llm", "fake",
+                                 "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art")])
+    one_line_error(r, str(task), "aspect key 'clarity '", "leading or trailing spaces")
+    assert not (tmp_path / "art").exists()
+
+
 def test_tasks_and_cache_commands(tmp_path, toy):
     r = run("tasks")
     assert r.exit_code == 0

@@ -119,6 +119,8 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect {a.key!r} is defined twice")
         if "/" in a.key:
             raise ConfigError(f"{where}: aspect key {a.key!r} must be a non-empty name without '/'")
+        if a.key != a.key.strip():  # a tree's keys have none (tree.json refuses them on reload)
+            raise ConfigError(f"{where}: aspect key {a.key!r} has leading or trailing spaces")
         for field, text in (("key", a.key), ("name", a.name)):
             # an aspect is a tree's first-layer criterion: its text must pass the tree's bounds on reload
             if text is not None and len(text) > MAX_CRITERION_NAME:

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -91,7 +91,7 @@ def _from_artifact(path: Path, task: Task) -> GivenTree:
     return parse_tree(data, task, str(path / "tree.json"))
 
 
-def _text(limit: int, control: re.Pattern[str], edges: str = "strip"):
+def _text(limit: int, control: re.Pattern[str], edges: Literal["strip", "refuse", "keep"] = "strip"):
     """A bounded text field. ``edges``: leading and trailing spaces are stripped ("strip"),
     refused ("refuse", a key), or kept as written ("keep", a stored definition: the prompts apply
     sends must be the ones training sent)."""
@@ -246,7 +246,9 @@ class StoredCriterion(BaseModel):
 
     # bounded as a tree file's are: explain, report and the summary print them on one line
     key: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL, edges="refuse")]
-    name: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL)]
+    # kept as written, as the definition: a task's aspect name may end in a space, and a name
+    # stripped on reload would send apply's prompts (and cache keys) unlike training's
+    name: Annotated[_Str, _text(MAX_NAME, NAME_CONTROL, edges="keep")]
     definition: Annotated[_Str, _text(MAX_DEFINITION, DEFINITION_CONTROL, edges="keep")]
     parent: Optional[str] = None
     layer: Annotated[int, Field(ge=1)]
