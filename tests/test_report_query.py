@@ -9,7 +9,8 @@ from pathlib import Path
 from conftest import run_cli
 
 from hdeval.core.errors import ConfigError
-from hdeval.core.urls import keyed_identity, public_identity
+from hdeval.core.urls import public_identity
+from hdeval.llm.config import keyed_identity
 from hdeval.llm.backends.base import CompletionRequest
 from hdeval.llm.backends.fake import FakeBackend
 from hdeval.llm.cache.client import CachedBackend
@@ -22,8 +23,9 @@ def test_the_identity_cache_keys_were_made_with_comes_back_from_the_url_with_its
     for url in (FULL, "http://user:pw@127.0.0.1:9/v1/?a=b#frag", "http://127.0.0.1:9/v1"):
         from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
-        full = OpenAICompatBackend("m", base_url=url, api_key="k").identity
-        assert keyed_identity(public_identity(full, url), url) == full
+        for dialect in ("openai", "vllm", "llama.cpp"):  # the dialect's suffix follows the query
+            full = OpenAICompatBackend("m", base_url=url, api_key="k", dialect=dialect).identity
+            assert keyed_identity(public_identity(full, url), url) == full
     assert keyed_identity("openai:m@http://127.0.0.1:9/v1", "http://other:9/v1?q=1") == "openai:m@http://127.0.0.1:9/v1"
 
 

@@ -55,21 +55,25 @@ def public_identity(identity: str, url: str | None) -> str:
     )
 
 
-def keyed_identity(identity: str, url: str | None) -> str:
+def keyed_identity(identity: str, url: str | None, suffixes: Sequence[str] = ()) -> str:
     """The identity cache keys were made with, from ``identity`` as an artifact keeps it (see
     :func:`public_identity`) and ``url``, the base URL the user gives again with its query
     (Azure's ``?api-version=...``), which the artifact never holds. ``identity`` unchanged when
-    ``url`` has no query or names another server."""
+    ``url`` has no query or names another server. ``suffixes``: as for :func:`shown_identity`
+    (the query goes before a ``+<dialect>`` the identity ends with)."""
     if not url or not identity:
         return identity
     parts = urlsplit(url.strip())
     if not parts.query and not parts.fragment:
         return identity
+    tail = next((x for x in suffixes if identity.endswith(x)), "")
+    head = identity[: len(identity) - len(tail)]
     bare = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"), "", ""))
-    if not identity.endswith("@" + bare):
+    if not head.endswith("@" + bare):
         return identity
     return (
-        identity
+        head
         + (f"?{parts.query}" if parts.query else "")
         + (f"#{parts.fragment}" if parts.fragment else "")
+        + tail
     )

@@ -30,6 +30,12 @@ def shown_identity(identity: str) -> str:
     return urls.shown_identity(identity, [f"+{d}" for d in DIALECTS])
 
 
+def keyed_identity(identity: str, url: str | None) -> str:
+    """The identity a training run's cache keys were made with (:func:`hdeval.core.urls.keyed_identity`),
+    a dialect the identity names kept after the URL's query."""
+    return urls.keyed_identity(identity, url, [f"+{d}" for d in DIALECTS])
+
+
 class LLMSettings(BaseModel):
     """How requests to an LLM are made, declared once: :class:`LLMConfig` and a training run's
     settings (:class:`hdeval.run.train.TrainConfig`) are both made of these fields, and the CLI's

@@ -143,8 +143,8 @@ def replies(ev: Any, items: Sequence[Any], columns: Sequence[str], cache_dir: st
     (``ev.reply_requests``: the method rebuilds its own requests, so this page knows none),
     keyed as it says, e.g. (sample id, criterion) or (``<pair>#a``, criterion)."""
     from hdeval.core.paths import default_cache_dir
-    from hdeval.core.urls import keyed_identity
     from hdeval.llm.cache.client import request_key
+    from hdeval.llm.config import keyed_identity
 
     requests, note = ev.reply_requests(items, columns)
     if note is not None:
