@@ -200,3 +200,12 @@ def test_rows_and_k_must_be_whole_numbers_numpys_included():
         pick(X, [], np.zeros((0, 1)), exclude=["x"])
     with pytest.raises(ConfigError, match="k must be a whole number"):
         pick(X, [], np.zeros((0, 1)), k=2.0)
+
+
+def test_assess_of_a_judge_that_gives_every_row_one_score_says_why_not_nan():
+    """Each fold's predictions are one value: the panel got NaN, which its curve and its JSON
+    cannot carry (a ValueError, an HTTP 500); it gets no figure and a reason."""
+    X, y, g = linear_pool(n=40)
+    a = assess(np.full_like(X, 3.0), y, g)
+    assert a.agreement is None and a.low is None and a.high is None
+    assert "rank nothing" in a.reason

@@ -342,6 +342,10 @@ def assess(
             f"from 3 documents with differing labels, for some target",
         )
     value = _figure(Y, preds, np.arange(len(Y)), pairwise)
+    if not math.isfinite(value):  # e.g. a judge that gave every labelled row one score
+        return Assessment(
+            n, None, None, None, "no held-out figure: the predictions rank nothing on these labels", kept
+        )
     rng = np.random.default_rng(seed)
     docs = np.unique(g.astype(str))
     by_doc = {d: np.flatnonzero(g.astype(str) == d) for d in docs}
