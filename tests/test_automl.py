@@ -222,3 +222,13 @@ def test_a_judge_that_gives_every_sample_one_score_has_no_cross_validated_figure
     # and the layer's figures say why in words true of the scores the judge gave
     why = ev.metrics["cv_train"]["1"][next(iter(ev.metrics["final"]))]["why"]
     assert "fold predicts one value" in why, why
+    # its report says so too (comparing the stored and recomputed tables met the words and crashed)
+    from conftest import run_cli
+
+    art = ev.save(tmp_path / "art")
+    r = run_cli("report", str(art), "-o", str(tmp_path / "report"))
+    assert r.exit_code == 0, r.output
+    # and apply takes the artifact train wrote (its model reads no criterion: no adaptive widths)
+    r = run_cli("apply", str(art), str(data), "-o", str(tmp_path / "s.jsonl"), "--llm", "fake",
+                "--cache-dir", str(tmp_path / "c2"))
+    assert r.exit_code == 0, r.output

@@ -99,7 +99,9 @@ def fitted_intervals(
     :data:`MIN_ADAPTIVE_ROWS` training rows, also the adaptive calibration
     (:func:`adaptive_calibration`) under ``adaptive``."""
     cal = calibrate(Y[tr], calib_pred, aspects, source, level)
-    if X is not None and columns is not None and len(tr) >= MIN_ADAPTIVE_ROWS:
+    # a model that reads no criterion (every one constant, or weighed 0) has no difficulty to
+    # model: its intervals are the fixed ones, and an artifact never holds an empty column list
+    if X is not None and columns is not None and len(columns) and len(tr) >= MIN_ADAPTIVE_ROWS:
         cal["adaptive"] = adaptive_calibration(
             Y, calib_pred, tr, test_pred, te, X, columns, aspects, ranges, level
         )
