@@ -214,9 +214,13 @@ def test_a_judge_that_gives_every_sample_one_score_has_no_cross_validated_figure
     rows = pointwise_rows(40, seed=5)
     task, data = write_pointwise(tmp_path, rows)
     flat = FakeBackend(logprobs=False, responders={**RESPONDERS, "score": lambda request, fake: Completion("3")})
-    ev = train(task=str(task), data=str(data), llm="fake", layers=1, seed=5, cache_dir=str(tmp_path / "c"),
+    ev = train(task=str(task), data=str(data), llm="fake", layers=2, seed=5, cache_dir=str(tmp_path / "c"),
                backend=flat)
-    scores = ev.metrics["selection"]["candidates_cv_spearman"]["1"]
+    sel = ev.metrics["selection"]
+    # the reasons say what was done, not that a layer or a candidate was "best"
+    assert sel["kept_layer"] == 1 and sel["reason"].startswith("no layer has a cross-validated"), sel["reason"]
+    assert sel["aggregator_reason"] == "mean, the simplest candidate: none has a cross-validated training Spearman"
+    scores = sel["candidates_cv_spearman"]["1"]
     assert scores and all(v is None for v in scores.values()), scores
     assert ev.metrics["cv_train"]["1"]["average"]["spearman"] is None
     # and the layer's figures say why in words true of the scores the judge gave

@@ -413,6 +413,9 @@ def choose_layer(
         best, reason = best_layer(
             cv, layers, "Spearman", "the only layer that could be kept", lambda x: _fmt(x).strip()
         )
+    if len(layers) > 1 and all(cv[x] is None for x in layers):  # no "best" to speak of
+        best = layers[0]
+        reason = f"no layer has a cross-validated training Spearman: layer {best}, the shallowest, is kept"
     train_sp = {k: v["average"]["spearman"] for k, v in baselines(tree, matrix, Y, tr, aspects).items()}
     named = [k for k, v in train_sp.items() if v is not None]
     strongest = max(named, key=lambda k: train_sp[k]) if named else None
@@ -447,6 +450,8 @@ def aggregator_reason(r: LayerReport) -> str:
     mine = _fmt(scores.get(r.aggregator)).strip()
     if len(scores) <= 1 or r.aggregator not in scores:
         return f"{r.aggregator}, as asked (--aggregator {r.aggregator})"
+    if all(v is None for v in scores.values()):
+        return f"{r.aggregator}, the simplest candidate: none has a cross-validated training Spearman"
     if r.one_se:
         best = r.one_se["best"]
         return (
