@@ -320,14 +320,22 @@ def no_leaked_resources(request):
     assert not leaked, f"left open for the garbage collector: {leaked[:3]}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _isolated_module_env(tmp_path_factory):
+    # module-scoped fixtures (a trained artifact, a reference run) are set up before the per-test
+    # isolation below: the module gets an isolated home of its own first
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_env(mp, tmp_path_factory.mktemp("module-home"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory, monkeypatch):
     isolate_env(monkeypatch, tmp_path_factory.mktemp("home"))
 
 
 def isolate_env(monkeypatch, home: Path) -> None:
-    # A test never uses the developer's real cache, data dir, API key or default LLM (nor does a
-    # module-scoped fixture, which runs before the autouse one).
+    # A test never uses the developer's real cache, data dir, API key or default LLM.
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("HDEVAL_MODEL_DIR", str(MODEL_DIR))
