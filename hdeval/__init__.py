@@ -17,7 +17,7 @@ _LAZY = {
     "TrainedEvaluator": "hdeval.run.api",
     "Metrics": "hdeval.run.api",
     "TrainConfig": "hdeval.run.train",
-    "train": "hdeval.run.api",
+    "train": "hdeval.run.train",
     "HdevalError": "hdeval.core.errors",
     "Evaluator": "hdeval.methods.hdeval.evaluator",
 }

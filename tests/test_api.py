@@ -47,25 +47,6 @@ def test_load_scores_a_frame_a_list_of_dicts_and_a_path_alike(direct_artifact, t
     framed = pd.DataFrame(rows).set_index("id")  # the id as the frame's index is read too
     pd.testing.assert_frame_equal(by_path, ev.score(framed, llm="fake", cache_dir=tmp_path / "c"))
 
-def test_train_returns_what_load_returns_and_it_scores_a_frame_before_saving(tmp_path):
-    """A notebook trains, scores, saves: hdeval.train gave the method's Fitted, whose score
-    takes Sample objects, while hdeval.load gave a TrainedEvaluator that takes a DataFrame."""
-    import pandas as pd
-
-    ev = hdeval.train(task=str(EX / "qa_task.toml"), data=str(EX / "qa.jsonl"), llm="fake", method="direct",
-                      cache_dir=str(tmp_path / "c"))
-    assert isinstance(ev, hdeval.TrainedEvaluator) and ev.path is None
-    rows = [json.loads(line) for line in (EX / "new_qa.jsonl").read_text().splitlines()]
-    before = ev.score(pd.DataFrame(rows), cache_dir=tmp_path / "c")
-    saved = ev.save(tmp_path / "art")
-    assert saved == ev.path == tmp_path / "art"
-    again = hdeval.load(saved)
-    assert type(again) is type(ev) and again.metrics == ev.metrics
-    pd.testing.assert_frame_equal(again.score(pd.DataFrame(rows), cache_dir=tmp_path / "c"), before)
-    with pytest.raises(hdeval.HdevalError, match="already holds an hdeval artifact"):
-        ev.save(tmp_path / "art")  # an artifact there is replaced only with force=True
-
-
 
 @pytest.mark.parametrize("bad, message", [
     (42, "score takes a DataFrame, a list of dicts or a JSONL path, got int"),

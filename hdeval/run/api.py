@@ -1,10 +1,9 @@
-"""The notebook API: :func:`train` an evaluator or :func:`load` any method's artifact into a
-:class:`TrainedEvaluator`, whose ``score`` takes a DataFrame, a list of dicts or a JSONL path and
-returns a DataFrame. Bad input is an :class:`~hdeval.core.errors.HdevalError` naming what is wrong, never an AttributeError."""
+"""The notebook API: :func:`load` any method's artifact into a :class:`TrainedEvaluator`, whose
+``score`` takes a DataFrame, a list of dicts or a JSONL path and returns a DataFrame. Bad input
+is an :class:`~hdeval.core.errors.HdevalError` naming what is wrong, never an AttributeError."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hdeval.core.errors import ArtifactError, DataError
 from hdeval.methods.metrics_file import Metrics, read_metrics
-from hdeval.run.train import train as _fit
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -50,11 +48,6 @@ class TrainedEvaluator:
     def metrics(self) -> Metrics:
         """``metrics.json`` as the typed :class:`Metrics` model."""
         return read_metrics(self.fitted.metrics, f"{self.path or 'the evaluator'}/metrics.json")
-
-    def save(self, path: str | Path, force: bool = False) -> Path:
-        """Write the artifact to ``path`` atomically (see ``Fitted.save``): an existing artifact
-        there is replaced only with ``force``, a directory that is not an artifact never."""
-        return Path(self.fitted.save(path, force=force))
 
     def __repr__(self) -> str:
         task = self.fitted.task
@@ -107,17 +100,6 @@ class TrainedEvaluator:
             if backend is not None:
                 backend.close()
         return pd.json_normalize(rows, sep=".").set_index("id")
-
-
-def train(*args: Any, **options: Any) -> TrainedEvaluator:
-    """Train an evaluator, as ``hdeval train`` does (the options of
-    :func:`hdeval.run.train.train`), and return it as :func:`load` would: the same
-    :class:`TrainedEvaluator`, whose ``score`` takes a DataFrame, before or after ``save``."""
-    return TrainedEvaluator(_fit(*args, **options))
-
-
-# help(hdeval.train) shows every option by name, as help of the command-line's train would
-train.__signature__ = inspect.signature(_fit).replace(return_annotation="TrainedEvaluator")  # type: ignore[attr-defined]
 
 
 def load(path: str | Path) -> TrainedEvaluator:
