@@ -24,16 +24,20 @@ DIALECTS = ("auto", "openai", "llama.cpp", "vllm")
 DIALECT_ENV = "HDEVAL_LLM_DIALECT"
 
 
+# what an identity appends after its base URL (OpenAICompatBackend.identity): "+<dialect>"
+_SUFFIXES = tuple(f"+{d}" for d in DIALECTS)
+
+
 def shown_identity(identity: str) -> str:
     """An LLM identity fit to print or write down: its URLs without credentials, query or fragment,
     the dialect it names after them (``+vllm``) kept."""
-    return urls.shown_identity(identity, [f"+{d}" for d in DIALECTS])
+    return urls.shown_identity(identity, _SUFFIXES)
 
 
 def keyed_identity(identity: str, url: str | None) -> str:
     """The identity a training run's cache keys were made with (:func:`hdeval.core.urls.keyed_identity`),
     a dialect the identity names kept after the URL's query."""
-    return urls.keyed_identity(identity, url, [f"+{d}" for d in DIALECTS])
+    return urls.keyed_identity(identity, url, _SUFFIXES)
 
 
 class LLMSettings(BaseModel):
