@@ -582,16 +582,43 @@ class CandidateCV:
         return table
 
 
+def _standardised(part: np.ndarray) -> np.ndarray:
+    """The columns of ``part`` (finite) standardised, each on its own. A column of one value up
+    to rounding ranks nothing: its std can be 4e-16, not 0, and standardising that rounding would
+    invent an order, so it becomes 0."""
+    spread = np.ptp(part, axis=0) > 1e-9 * np.maximum(1.0, np.abs(part).max(axis=0))
+    sd = np.where(spread, part.std(axis=0), 1.0)
+    return np.where(spread, (part - part.mean(axis=0)) / sd, 0.0)
+
+
 def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     out = np.zeros(pred.shape)
     for _, va in folds:
         part = pred[va]
-        # a fold whose predictions are one value up to rounding ranks nothing: its std can be 4e-16,
-        # not 0, and standardising that rounding would invent an order
-        spread = np.ptp(part, axis=0) > 1e-9 * np.maximum(1.0, np.abs(part).max(axis=0))
-        sd = np.where(spread, part.std(axis=0), 1.0)
-        out[va] = np.where(spread, (part - part.mean(axis=0)) / sd, 0.0)
+        if not np.isnan(part).any():
+            out[va] = _standardised(part)
+            continue
+        for j in range(part.shape[1]):  # an unfitted baseline's failed score: left out, as figures leave it
+            ok = ~np.isnan(part[:, j])
+            out[va, j] = np.nan
+            if ok.any():
+                out[va[ok], j] = _standardised(part[ok, j : j + 1])[:, 0]
     return out
+
+
+def fold_ranked_spearman(
+    pred: np.ndarray, Y: np.ndarray, groups: Sequence[str], random_state: int = 0
+) -> float | None:
+    """The figure every candidate is chosen on (:class:`CandidateCV`'s), of predictions that
+    learn nothing, such as a baseline's mean of criteria: each of the same grouped folds
+    standardised on its own, then the mean Spearman over aspects; None where undefined. A
+    pooled in-sample figure is another statistic, and would not compare with the candidates'."""
+    Y2 = np.asarray(Y, float).reshape(len(Y), -1)
+    ranked = _per_fold_standardised(
+        np.asarray(pred, float).reshape(len(Y2), -1), cv_folds(groups, random_state)
+    )
+    score = mean_spearman(Y2, ranked)
+    return score if np.isfinite(score) else None
 
 
 def cv_candidates(

@@ -29,6 +29,7 @@ from hdeval.learn.aggregate import (
     choose_aggregator,
     default_jobs,
     fit_warnings,
+    fold_ranked_spearman,
     one_standard_error,
 )
 from hdeval.learn.intervals import fitted_intervals
@@ -381,7 +382,7 @@ def choose_layer(
 ) -> dict[str, Any]:
     """The evaluator to keep, decided on the training split only: each layer's grouped
     cross-validated average Spearman (of the aggregator its layer kept), and the unfitted
-    baselines on the training rows (they learn nothing, so their training figure is honest).
+    baselines' figures on the same folds, each ranked alone, beside their in-sample ones.
     Test rows decide nothing here. A tree given with --tree is kept whole: only layers from its
     last one on compete. With ``folds`` (layer -> kind -> its CandidateCV), the layer is chosen by
     the one-standard-error rule (the shallowest within one SE, at least LAYER_MARGIN, of the best);
@@ -416,9 +417,14 @@ def choose_layer(
     if len(layers) > 1 and all(cv[x] is None for x in layers):  # no "best" to speak of
         best = layers[0]
         reason = f"no layer has a cross-validated training Spearman: layer {best}, the shallowest, is kept"
-    train_sp = {k: v["average"]["spearman"] for k, v in baselines(tree, matrix, Y, tr, aspects).items()}
-    named = [k for k, v in train_sp.items() if v is not None]
-    strongest = max(named, key=lambda k: train_sp[k]) if named else None
+    preds = baseline_predictions(tree, matrix, tr, aspects)
+    train_sp = {k: metric_table(Y[tr], p, aspects)["average"]["spearman"] for k, p in preds.items()}
+    # compared with the evaluator on its own figure: the same folds, each ranked alone (without
+    # documents, as a direct call may have none, each row its own)
+    docs = list(groups) if len(groups) == len(tr) else [str(i) for i in range(len(tr))]
+    cv_sp = {k: fold_ranked_spearman(p, Y[tr], docs, seed) for k, p in preds.items()}
+    named = [k for k, v in cv_sp.items() if v is not None]
+    strongest = max(named, key=lambda k: cv_sp[k]) if named else None
     kept = next(r for r in reports if r.layer == best)
     out: dict[str, Any] = {
         "kept_layer": best,
@@ -432,12 +438,13 @@ def choose_layer(
         "cv_train_spearman": {str(k): v for k, v in cv.items()},
         "candidates_cv_spearman": {str(r.layer): dict(r.selection_scores) for r in reports},
         "baselines_train_spearman": train_sp,
+        "baselines_cv_spearman": {k: None if v is None else round(v, 4) for k, v in cv_sp.items()},
         "strongest_baseline": strongest,
     }
     better = simpler_was_better(kept)
     if better:
         out["simpler_was_better"] = better
-    if strongest is not None and cv[best] is not None and train_sp[strongest] > cv[best]:
+    if strongest is not None and cv[best] is not None and cv_sp[strongest] > cv[best]:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
@@ -527,10 +534,10 @@ def best_layer(
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
 BASELINE_NOT_KEPT = (
-    "a baseline is not kept as the evaluator: it averages every criterion explored, on every layer, with no "
-    "cross-validation (it learns nothing, so its training figure is its own); the candidates that were "
-    "cross-validated, the calibrated means of each layer's criteria among them, are in metrics.json's "
-    "selection.candidates_cv_spearman, and the baseline's held-out figure is next to the evaluator's"
+    "a baseline is not kept as the evaluator: it averages every criterion explored, on every layer, "
+    "so applying it would score them all; its figure (selection.baselines_cv_spearman) is on the same "
+    "cross-validation folds as the candidates', the calibrated means of each layer's criteria among "
+    "them (selection.candidates_cv_spearman), and its held-out figure is next to the evaluator's"
 )
 
 
@@ -543,7 +550,7 @@ def _selection_summary(choice: dict[str, Any]) -> str:
     if s is not None:
         line += (
             f"\nstrongest simple baseline on the training split: {s.replace('_', ' ')} "
-            f"(spearman {_fmt(choice['baselines_train_spearman'][s]).strip()})"
+            f"(cross-validated spearman {_fmt(choice['baselines_cv_spearman'][s]).strip()})"
         )
         if choice.get("baseline_beats_evaluator"):
             line += (
@@ -619,14 +626,23 @@ def baselines(
     """The unfitted baselines' figures on ``rows``: each aspect's own subtree mean (the stronger
     'w/o aggregator'), the plain mean of all criteria ('w/o aggregator'), and each aspect's own
     layer-1 score (G-Eval style)."""
+    return {
+        k: metric_table(Y[rows], p, aspects)
+        for k, p in baseline_predictions(tree, matrix, rows, aspects).items()
+    }
+
+
+def baseline_predictions(
+    tree: CriteriaTree, matrix: ScoreMatrix, rows: np.ndarray, aspects: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """What each unfitted baseline of :func:`baselines` predicts on ``rows`` (rows x aspects)."""
     with np.errstate(all="ignore"):
         mean = np.nanmean(matrix.values[rows], axis=1) if matrix.values.size else np.zeros(len(rows))
-    preds = {
+    return {
         "mean_subtree": subtree_means(tree, matrix, aspects)[rows],
         "mean_all_criteria": np.repeat(mean[:, None], len(aspects), axis=1),
-        "direct_layer1": matrix.columns(aspects)[rows],
+        "direct_layer1": matrix.columns(list(aspects))[rows],
     }
-    return {k: metric_table(Y[rows], p, aspects) for k, p in preds.items()}
 
 
 def kept_warnings(caught: Sequence[warnings.WarningMessage], kind: str) -> list:
