@@ -101,7 +101,8 @@ def test_a_jury_report_shows_metrics_json_figures_and_escapes_the_artifact(tmp_p
     page.feed(html)
     rec = metrics["jury"]
     base, iv = rec["baselines"], rec["intervals"]
-    assert rec["dropped"] == ["j3"]  # the pure-noise judge, as built
+    # the pure-noise judge, as built; j2 (noisier than j1) adds .011 here, within the margin, and goes too
+    assert rec["dropped"] == ["j3", "j2"]
 
     # each evaluator's held-out figures, interval and difference, as metrics.json has them
     rows = page.table("evaluator")
@@ -111,7 +112,7 @@ def test_a_jury_report_shows_metrics_json_figures_and_escapes_the_artifact(tmp_p
     assert base["learned"] == metrics["final"]
     expected = {"jury mean (PoLL's average pooling)": (base["jury_mean"], iv["jury_mean"])}
     for n in ("j1", "j2", "j3"):
-        tag = " (dropped by --prune-judges)" if n == "j3" else ""
+        tag = " (dropped by --prune-judges)" if n in rec["dropped"] else ""
         expected[f"{n} alone, direct{tag}"] = (base["judges"][n]["direct"], iv["judges"][n]["direct"])
         expected[f"{n} alone, HD-Eval{tag}"] = (base["judges"][n]["hdeval"], iv["judges"][n]["hdeval"])
     assert set(rows) == {"learned jury", *expected}
@@ -121,7 +122,7 @@ def test_a_jury_report_shows_metrics_json_figures_and_escapes_the_artifact(tmp_p
                                    f"{signed(d['difference'])} {band(d)}"], label
         assert d["low"] <= d["difference"] <= d["high"]
     per_aspect = page.table("held-out Spearman per aspect")
-    assert per_aspect["j2 alone, direct"][1:] == [f3(base["judges"]["j2"]["direct"][a]["spearman"])
+    assert per_aspect["j1 alone, direct"][1:] == [f3(base["judges"]["j1"]["direct"][a]["spearman"])
                                                  for a in ("clarity", "accuracy")]
     # the learned jury beats the pure-noise judge, and the report says so with an interval above 0
     assert iv["judges"]["j3"]["direct"]["learned_minus"]["low"] > 0
@@ -140,7 +141,7 @@ def test_a_jury_report_shows_metrics_json_figures_and_escapes_the_artifact(tmp_p
     judges_t = page.table("judge")
     for n in ("j1", "j2", "j3"):
         c = rec["cost"][n]
-        assert judges_t[n][2:8] == ["dropped" if n == "j3" else "kept", f"{c['calls']:,}", f"{c['hits']:,}",
+        assert judges_t[n][2:8] == ["dropped" if n in rec["dropped"] else "kept", f"{c['calls']:,}", f"{c['hits']:,}",
                                     f"{c['prompt_tokens']:,}", f"{c['completion_tokens']:,}",
                                     "n/a (no price)" if c["cost"] is None else f"{c['cost']:.4f}"]
         assert judges_t[n][8] == signed(rec["importance_cv_spearman"][n])

@@ -13,7 +13,7 @@ from sklearn.base import clone
 from hdeval.core.errors import ArtifactError
 from hdeval.core.metrics import metric_table
 from hdeval.core.types import ScoreMatrix
-from hdeval.learn.aggregate import select_cv
+from hdeval.learn.aggregate import cv_candidates
 from hdeval.methods.base import progress_stage, usage_of
 from hdeval.methods.hdeval.evaluator import _EXTRA_KEYS, Evaluator, PointwiseMetrics
 from hdeval.methods.hdeval.state import JuryState, PointwiseState
@@ -100,12 +100,11 @@ def _on(agg: Any, cols: Sequence[int]) -> Any:
     return out
 
 
-def _cv_spearman(
-    agg: Any, X: Any, Y: Any, groups: Sequence[str], aspects: Sequence[str], cols: Sequence[int]
-) -> tuple[Any, float]:
-    _, _, _, pred = select_cv(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))
-    sp = metric_table(Y, pred, aspects)["average"]["spearman"]
-    return pred, -1.0 if sp is None else float(sp)
+def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], cols: Sequence[int]) -> tuple[Any, float]:
+    """``agg`` on the columns ``cols`` cross-validated as train's choice is (the same folds, each
+    ranked alone): (its out-of-fold predictions, its figure; -1.0 when it has none, ranking nothing)."""
+    cand = cv_candidates(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))[0]
+    return cand.predictions, float(cand.spearman) if np.isfinite(cand.spearman) else -1.0
 
 
 def jury_fit(
@@ -134,14 +133,14 @@ def jury_fit(
     def cols(keep: Sequence[str]) -> list[int]:
         return sorted(i for n in keep for i in judge_columns(features, n))
 
-    _, full_cv = _cv_spearman(agg, Xtr, Ytr, groups, aspects, range(X.shape[1]))
+    _, full_cv = _cv_spearman(agg, Xtr, Ytr, groups, range(X.shape[1]))
     importance: dict[str, float | None] = {}
     for n in names:
         rest = [m for m in names if m != n]
         if not rest:
             importance[n] = None
             continue
-        _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
+        _, without = _cv_spearman(agg, Xtr, Ytr, groups, cols(rest))
         importance[n] = round(full_cv - without, 6)
     keep = list(names)
     dropped: list[str] = []
@@ -152,7 +151,7 @@ def jury_fit(
             ranked = sorted(keep, key=lambda n: importance[n] if importance[n] is not None else 0.0)
             for n in ranked:
                 rest = [m for m in keep if m != n]
-                _, without = _cv_spearman(agg, Xtr, Ytr, groups, aspects, cols(rest))
+                _, without = _cv_spearman(agg, Xtr, Ytr, groups, cols(rest))
                 if without >= base - PRUNE_MARGIN:
                     keep, base = rest, without
                     dropped.append(n)
@@ -166,7 +165,7 @@ def jury_fit(
             )
     kept_cols = cols(keep)
     if dropped:
-        cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, aspects, kept_cols)
+        cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, kept_cols)
         agg = _on(agg, kept_cols).fit(Xtr[:, kept_cols], Ytr)
         features = [features[i] for i in kept_cols]
         Xk = X[:, kept_cols]
