@@ -423,8 +423,8 @@ def choose_layer(
     # documents, as a direct call may have none, each row its own)
     docs = list(groups) if len(groups) == len(tr) else [str(i) for i in range(len(tr))]
     cv_sp = {k: fold_ranked_spearman(p, Y[tr], docs, seed) for k, p in preds.items()}
-    named = [k for k, v in cv_sp.items() if v is not None]
-    strongest = max(named, key=lambda k: cv_sp[k]) if named else None
+    named = {k: v for k, v in cv_sp.items() if v is not None}
+    strongest = max(named, key=lambda k: named[k]) if named else None
     kept = next(r for r in reports if r.layer == best)
     out: dict[str, Any] = {
         "kept_layer": best,
@@ -438,13 +438,14 @@ def choose_layer(
         "cv_train_spearman": {str(k): v for k, v in cv.items()},
         "candidates_cv_spearman": {str(r.layer): dict(r.selection_scores) for r in reports},
         "baselines_train_spearman": train_sp,
-        "baselines_cv_spearman": {k: None if v is None else round(v, 4) for k, v in cv_sp.items()},
+        "baselines_cv_spearman": cv_sp,
         "strongest_baseline": strongest,
     }
     better = simpler_was_better(kept)
     if better:
         out["simpler_was_better"] = better
-    if strongest is not None and cv[best] is not None and cv_sp[strongest] > cv[best]:
+    mine = cv[best]
+    if strongest is not None and mine is not None and named[strongest] > mine:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
         out["baseline_beats_evaluator"] = True
         out["baseline_not_kept"] = BASELINE_NOT_KEPT
