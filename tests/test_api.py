@@ -71,6 +71,15 @@ def test_load_of_something_that_is_no_artifact_is_one_hdeval_error(tmp_path):
             hdeval.load(bad)
 
 
+def test_saving_over_an_artifact_names_the_python_way_to_replace_it(tmp_path):
+    """A notebook user has no --force: the refusal names save(..., force=True), which works."""
+    ev = hdeval.train(task=str(EX / "qa_task.toml"), method="direct", llm="fake", cache_dir=str(tmp_path / "c"))
+    out = ev.save(tmp_path / "art")
+    with pytest.raises(hdeval.HdevalError, match=r"force=True"):
+        ev.save(out)
+    assert hdeval.load(ev.save(out, force=True)).method == "direct"
+
+
 CASES = {  # as tests/test_golden_methods.py trains them: (task, first rows, extra rows, train arguments)
     "direct-yesno": ("summeval", 60, None, ["--method", "direct-yesno"]),
     "paireval": ("summeval", 160, None, ["--method", "paireval"]),

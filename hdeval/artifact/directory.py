@@ -297,8 +297,8 @@ def check_destination(path: str | Path, force: bool = False) -> None:
         if is_artifact(path):
             if not force:
                 raise ConfigError(
-                    f"{path} already holds an hdeval artifact: pass --force to replace it, "
-                    "or choose another output directory"
+                    f"{path} already holds an hdeval artifact: pass --force (in Python, "
+                    "save(..., force=True)) to replace it, or choose another output directory"
                 )
         elif any(path.iterdir()):
             raise ConfigError(
