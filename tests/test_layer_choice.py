@@ -168,3 +168,19 @@ def test_a_baseline_s_failed_score_leaves_out_its_row_not_its_fold():
     # 0.92 and 0.93 (standardising each fold alone costs a near-perfect predictor .08 when pooled);
     # leaving out the folds of the three rows instead gave 0.45
     assert whole > 0.9 and abs(gapped - whole) < 0.03
+
+
+@pytest.mark.parametrize("n_docs", [4, 12])  # shuffled folds (fewer documents than folds), grouped ones
+def test_a_baseline_s_figure_is_computed_on_the_candidates_own_folds(n_docs):
+    """fold_ranked_spearman of a candidate's own out-of-fold predictions is the candidate's figure:
+    the two share folds, so a baseline and the evaluator are scored alike."""
+    from hdeval.learn.aggregate import Aggregator, cv_candidates, fold_ranked_spearman
+
+    rng = np.random.default_rng(n_docs)
+    n = n_docs * 5
+    X = rng.normal(size=(n, 3))
+    Y = (X @ [1.0, 0.5, 0.0] + rng.normal(0, 1, n))[:, None]
+    groups = [f"d{i % n_docs}" for i in range(n)]
+    template = Aggregator("lr", ["q"], [(-10.0, 10.0)], None, 7)
+    for cand in cv_candidates(template, X, Y, groups, ("mean", "lr")):
+        assert fold_ranked_spearman(cand.predictions, Y, groups, 7) == pytest.approx(cand.spearman, abs=1e-12)

@@ -595,11 +595,11 @@ def _per_fold_standardised(pred: np.ndarray, folds: Sequence[tuple[np.ndarray, n
     out = np.zeros(pred.shape)
     for _, va in folds:
         part = pred[va]
-        if not np.isnan(part).any():
+        if np.isfinite(part).all():
             out[va] = _standardised(part)
             continue
         for j in range(part.shape[1]):  # an unfitted baseline's failed score: left out, as figures leave it
-            ok = ~np.isnan(part[:, j])
+            ok = np.isfinite(part[:, j])
             out[va, j] = np.nan
             if ok.any():
                 out[va[ok], j] = _standardised(part[ok, j : j + 1])[:, 0]

@@ -422,7 +422,9 @@ def choose_layer(
     # compared with the evaluator on its own figure: the same folds, each ranked alone (without
     # documents, as a direct call may have none, each row its own)
     docs = list(groups) if len(groups) == len(tr) else [str(i) for i in range(len(tr))]
-    cv_sp = {k: fold_ranked_spearman(p, Y[tr], docs, seed) for k, p in preds.items()}
+    # rounded as the evaluator's figures are (_finite): compared unrounded with a rounded one, an
+    # equal baseline could "beat" it by float noise
+    cv_sp = {k: _finite(fold_ranked_spearman(p, Y[tr], docs, seed)) for k, p in preds.items()}
     named = {k: v for k, v in cv_sp.items() if v is not None}
     strongest = max(named, key=lambda k: named[k]) if named else None
     kept = next(r for r in reports if r.layer == best)
@@ -510,7 +512,7 @@ def aspect_columns(
     return out
 
 
-def _finite(x: float) -> float | None:
+def _finite(x: float | None) -> float | None:
     return round(float(x), 4) if x is not None and np.isfinite(x) else None
 
 
@@ -535,9 +537,10 @@ def best_layer(
 
 # Why a stronger unfitted baseline is reported but not kept as the evaluator.
 BASELINE_NOT_KEPT = (
-    "a baseline is not kept as the evaluator: it averages every criterion explored, on every layer, "
-    "so applying it would score them all; its figure (selection.baselines_cv_spearman) is on the same "
-    "cross-validation folds as the candidates', the calibrated means of each layer's criteria among "
+    "a baseline is not kept as the evaluator: it is no fitted model (mean_subtree and mean_all_criteria "
+    "average every criterion explored, on every layer; direct_layer1 takes the layer-1 scores as they "
+    "are, uncalibrated); its figure (selection.baselines_cv_spearman) is on the same cross-validation "
+    "folds as the candidates', the calibrated direct scores and means of each layer's criteria among "
     "them (selection.candidates_cv_spearman), and its held-out figure is next to the evaluator's"
 )
 
