@@ -155,6 +155,23 @@ def test_prune_judges_drops_pure_noise_and_apply_never_calls_it(tmp_path: Path) 
     assert res.predictions.shape == (12, 2)
 
 
+def test_baselines_are_compared_with_the_pruned_jury_the_artifact_keeps(tmp_path: Path) -> None:
+    """On this seed the mean of all criteria (.863) beats the three-judge evaluator the layer was
+    chosen with (.856), but not the two-judge one --prune-judges keeps: the verdict and the
+    figure said beside it are the kept evaluator's, the figure a jury of only those judges gets."""
+    ev, _, _ = _train_jury(tmp_path / "pruned", jury(0.9, 0.9, None), prune_judges=True, seed=4)
+    assert ev.metrics["jury"]["dropped"] == ["j3"]
+    sel = ev.metrics["selection"]
+    baseline = sel["baselines_cv_spearman"][sel["strongest_baseline"]]
+    assert sel["cv_train_spearman"]["1"] < baseline < sel["pruned_cv_spearman"]
+    assert "baseline_beats_evaluator" not in sel and "baseline_not_kept" not in sel
+    path = ev.save(tmp_path / "art")
+    assert all("beats the kept evaluator" not in line for line, _ in ev.summary_lines(path))
+
+    two, _, _ = _train_jury(tmp_path / "two", jury(0.9, 0.9), seed=4)
+    assert two.metrics["selection"]["cv_train_spearman"]["1"] == sel["pruned_cv_spearman"]
+
+
 def test_a_reloaded_jury_scores_its_training_samples_from_the_cache(tmp_path: Path) -> None:
     judges = jury(0.5, 1.0)
     ev, task, data = _train_jury(tmp_path, judges, n_docs=20)

@@ -202,6 +202,7 @@ def jury_fit(
             "judges": [j.name for j in jury.judges],
             "kept": keep,
             "dropped": dropped,
+            "pruned_cv_spearman": base if dropped and base != -1.0 else None,  # -1.0: no figure
             "baselines": {
                 "judges": alone,
                 "jury_mean": metric_table(Y[te], pooled[te], aspects),

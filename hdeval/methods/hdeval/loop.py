@@ -231,6 +231,12 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             test_docs=[samples[i].doc_id for i in te],
             seed=config.seed,
         )
+        pruned = jury_record.pop("pruned_cv_spearman", None)
+        if jury_record["dropped"]:
+            # the judges kept are another evaluator than the one the layer was chosen with: its
+            # baselines are compared with the figure of the one an artifact stores
+            choice["pruned_cv_spearman"] = _finite(pruned)
+            compare_baselines(choice, choice["pruned_cv_spearman"])
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
@@ -446,12 +452,21 @@ def choose_layer(
     better = simpler_was_better(kept)
     if better:
         out["simpler_was_better"] = better
-    mine = cv[best]
-    if strongest is not None and mine is not None and named[strongest] > mine:
+    return compare_baselines(out, cv[best])
+
+
+def compare_baselines(choice: dict[str, Any], mine: float | None) -> dict[str, Any]:
+    """``choice`` saying whether its strongest baseline beats the kept evaluator, whose
+    cross-validated figure is ``mine``; a verdict made before (on another figure) is replaced."""
+    choice.pop("baseline_beats_evaluator", None)
+    choice.pop("baseline_not_kept", None)
+    s = choice.get("strongest_baseline")
+    theirs = choice["baselines_cv_spearman"].get(s) if s is not None else None
+    if theirs is not None and mine is not None and theirs > mine:
         # a baseline is no fitted model an artifact stores: said, not silently dropped
-        out["baseline_beats_evaluator"] = True
-        out["baseline_not_kept"] = BASELINE_NOT_KEPT
-    return out
+        choice["baseline_beats_evaluator"] = True
+        choice["baseline_not_kept"] = BASELINE_NOT_KEPT
+    return choice
 
 
 def aggregator_reason(r: LayerReport) -> str:
@@ -545,6 +560,13 @@ BASELINE_NOT_KEPT = (
 )
 
 
+def _kept_cv(choice: dict[str, Any]) -> float | None:
+    """The kept evaluator's cross-validated figure: after --prune-judges, the pruned jury's."""
+    if "pruned_cv_spearman" in choice:
+        return choice["pruned_cv_spearman"]
+    return choice["cv_train_spearman"][str(choice["kept_layer"])]
+
+
 def _selection_summary(choice: dict[str, Any]) -> str:
     """What training says once the layer is chosen. The saved evaluator's summary then gives the
     aggregator's reason and every candidate's figure: they are not said twice."""
@@ -558,8 +580,8 @@ def _selection_summary(choice: dict[str, Any]) -> str:
         )
         if choice.get("baseline_beats_evaluator"):
             line += (
-                f"; it beats the kept evaluator's cross-validated figure "
-                f"({_fmt(choice['cv_train_spearman'][str(choice['kept_layer'])]).strip()}), but a baseline "
+                f"; it beats the kept evaluator's cross-validated figure ({_fmt(_kept_cv(choice)).strip()}), "
+                "but a baseline "
                 "is not kept as the evaluator (metrics.json's selection.baseline_not_kept says why)"
             )
     return line
