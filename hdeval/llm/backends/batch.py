@@ -422,9 +422,10 @@ class BatchStrategy:
         self._plain_identity = inner.identity  # as an older hdeval recorded it: its jobs are ours too
         self.cache_dir = Path(cache_dir)
         # the server an injected backend talks to, credentials and query included (never shown)
+        url, key = inner.endpoint()
         self.api = BatchAPI(
-            (config.base_url or inner._url).strip(),
-            inner._key,
+            (config.base_url or url).strip(),
+            key,
             timeout=config.timeout,
             max_retries=config.max_retries,
         )

@@ -468,7 +468,7 @@ class OpenAICompatBackend:
         self.max_reply_bytes = max_reply_bytes
         self.concurrency = concurrency
         self._key = api_key
-        self._url = url  # credentials and query included: for the Batch API's client, never shown
+        self._url = url  # credentials and query included: endpoint() gives it, never shown
         self.redact = Redactor(api_key, url)
         parts = urlsplit(url)
         self._query = dict(parse_qsl(parts.query))
@@ -516,6 +516,11 @@ class OpenAICompatBackend:
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend({self.model!r}@{self.shown_url!r})"
+
+    def endpoint(self) -> tuple[str, str]:
+        """(the server's URL, credentials and query included; the API key): for a second client
+        of the same server, such as the Batch API's. Never shown: messages use ``shown_url``."""
+        return self._url, self._key
 
     @property
     def identity(self) -> str:
