@@ -166,10 +166,26 @@ def test_baselines_are_compared_with_the_pruned_jury_the_artifact_keeps(tmp_path
     assert sel["cv_train_spearman"]["1"] < baseline < sel["pruned_cv_spearman"]
     assert "baseline_beats_evaluator" not in sel and "baseline_not_kept" not in sel
     path = ev.save(tmp_path / "art")
-    assert all("beats the kept evaluator" not in line for line, _ in ev.summary_lines(path))
+    lines = [line for line, _ in ev.summary_lines(path)]
+    assert all("beats the kept evaluator" not in line for line in lines)
+    # the aggregator's figures were the three judges': said so, as they are not the kept jury's
+    assert any(line.startswith("aggregator: ") and "before --prune-judges dropped j3" in line for line in lines)
 
+    # with --aggregator fixed (lr), as here, a jury of only the kept judges gets the same figure
     two, _, _ = _train_jury(tmp_path / "two", jury(0.9, 0.9), seed=4)
     assert two.metrics["selection"]["cv_train_spearman"]["1"] == sel["pruned_cv_spearman"]
+
+
+def test_pruning_can_also_make_a_baseline_beat_the_kept_jury() -> None:
+    """A judge is dropped at a cost of up to PRUNE_MARGIN: a baseline below the whole jury can
+    beat the pruned one, and the verdict then names the pruned figure."""
+    from hdeval.methods.hdeval.loop import BASELINE_NOT_KEPT, compare_baselines
+
+    choice = {"strongest_baseline": "mean_all_criteria", "baselines_cv_spearman": {"mean_all_criteria": 0.845}}
+    assert "baseline_beats_evaluator" not in compare_baselines(choice, 0.85)
+    after = compare_baselines(choice, 0.8412)
+    assert after["baseline_beats_evaluator"] and after["baseline_not_kept"] == BASELINE_NOT_KEPT
+    assert "baseline_beats_evaluator" not in compare_baselines(after, None)  # no figure: no verdict
 
 
 def test_a_reloaded_jury_scores_its_training_samples_from_the_cache(tmp_path: Path) -> None:

@@ -237,6 +237,10 @@ def run_hdeval(ctx: FitContext) -> Evaluator:
             # baselines are compared with the figure of the one an artifact stores
             choice["pruned_cv_spearman"] = _finite(pruned)
             compare_baselines(choice, choice["pruned_cv_spearman"])
+            before = before_pruning(jury_record["dropped"])
+            for key in ("aggregator_reason", "simpler_was_better"):
+                if choice.get(key):
+                    choice[key] += before
     layer_metrics = {str(r.layer): r.test for r in reports}
     metrics = {
         "split": {"train": len(tr), "test": len(te)},
@@ -558,6 +562,15 @@ BASELINE_NOT_KEPT = (
     "folds as the candidates', the calibrated direct scores and means of each layer's criteria among "
     "them (selection.candidates_cv_spearman), and its held-out figure is next to the evaluator's"
 )
+
+
+def before_pruning(dropped: Sequence[str]) -> str:
+    """What the aggregator's figures were measured on, once --prune-judges dropped judges: the
+    candidates competed on every judge's columns, not on the kept jury's."""
+    return (
+        f" (figures of every judge's columns, before --prune-judges dropped {', '.join(dropped)}; "
+        "the kept jury's is selection.pruned_cv_spearman)"
+    )
 
 
 def _kept_cv(choice: dict[str, Any]) -> float | None:
