@@ -12,30 +12,10 @@ import sys
 import warnings
 from pathlib import Path
 
+import diskcache
+import pytest
 
-def _one_blas_kernel() -> None:
-    """The golden digests hash training output to the last bit, and OpenBLAS chooses its kernel
-    by CPU: an AVX-512 machine (its SkylakeX kernel) gives other last bits than an AVX2 one
-    (Haswell, Zen) for the same code, and 4 golden cases changed. Every x86-64 machine with AVX2
-    gets the Haswell kernel in tests, set before numpy loads OpenBLAS; a value already set wins."""
-    if "numpy" in sys.modules or "OPENBLAS_CORETYPE" in os.environ:
-        return
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return
-    if "avx2" in flags:
-        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
-
-
-_one_blas_kernel()
-
-import diskcache  # noqa: E402
-import pytest  # noqa: E402
-
-from hdeval.core.paths import user_model_dir  # noqa: E402
+from hdeval.core.paths import user_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 # a news article and a good and a bad summary of it: real prompts for the local-model tests
@@ -75,7 +55,25 @@ def embedded_model_or_skip() -> Path:
         pytest.skip(f"the embedded model is not available here: {exc}")
 
 
+def _one_blas_kernel() -> None:
+    """The golden digests hash training output to the last bit, and OpenBLAS chooses its kernel
+    by CPU: an AVX-512 machine (its SkylakeX kernel) gives other last bits than an AVX2 one
+    (Haswell, Zen) for the same code, and 4 golden cases changed. Every x86-64 machine with AVX2
+    gets the Haswell kernel in tests, set before numpy loads OpenBLAS; a value already set wins."""
+    if "numpy" in sys.modules or "OPENBLAS_CORETYPE" in os.environ:
+        return
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return
+    if "avx2" in flags:
+        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+
+
 def pytest_configure(config) -> None:
+    _one_blas_kernel()  # first: no test module has loaded numpy yet
     # Child processes enter the requests they build (declared kind and data, never sent) in a
     # book the test servers read (tests/child_book/sitecustomize.py); set here, so module-scoped
     # fixtures and every subprocess see it.
