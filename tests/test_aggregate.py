@@ -364,3 +364,35 @@ def test_a_bad_hdeval_jobs_stops_training_before_any_llm_call(toy, monkeypatch, 
         train(task=str(task), data=str(data), llm="fake", layers=1, aggregator="lr",
               cache_dir=str(toy[0].parent / "cache"))
     assert fake_calls == []
+
+
+def test_overlapping_one_thread_users_leave_the_threads_as_they_found_them() -> None:
+    """The labelling app fits in one thread while it picks in another: neither may lift the limit
+    under the other, and the last one out restores the number there was before."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from hdeval.learn.aggregate import one_thread
+
+    def blas() -> list[int]:
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas()
+    inside, released = threading.Event(), threading.Event()
+    seen: list[list[int]] = []
+
+    def other() -> None:
+        with one_thread():
+            inside.set()
+            released.wait(10)
+
+    t = threading.Thread(target=other)
+    with one_thread():
+        t.start()
+        assert inside.wait(10)
+    seen.append(blas())  # the first user left; the other still holds the limit
+    released.set()
+    t.join(10)
+    assert seen == [[1] * len(before)]
+    assert blas() == before

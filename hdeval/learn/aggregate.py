@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import threadpoolctl
 from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
@@ -94,17 +95,46 @@ def default_jobs() -> int:
 
 
 _THREADPOOLS: ThreadpoolController | None = None
+_ONE_THREAD = threading.Lock()
+_one_thread_users = 0
+_one_thread_limiter: Any = None
+
+
+def _any_thread_may_set() -> None:
+    """threadpoolctl (3.6+) lets only the thread that last set OpenBLAS's process-wide pool
+    change it, until that thread's own ``with`` block ends, and ignores the others; here the
+    first of overlapping users sets the limit and the last lifts it, often another thread."""
+    clear = getattr(threadpoolctl.OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
 
 
 @contextmanager
 def one_thread() -> Iterator[None]:
     """BLAS and OpenMP limited to one thread while models are fitted: on matrices of a few
-    hundred rows threads only add hand-over and spinning (joblib already limits workers)."""
-    global _THREADPOOLS
-    if _THREADPOOLS is None:  # found once; every library it needs is loaded by now
-        _THREADPOOLS = ThreadpoolController()
-    with _THREADPOOLS.limit(limits=1):
+    hundred rows threads only add hand-over and spinning (joblib already limits workers).
+    The limit is the process's: held from the first of overlapping users (the labelling app
+    re-fits in one thread while it picks in another) to the last, so one leaving never lifts
+    it under another, and the last restores what there was before the first."""
+    global _THREADPOOLS, _one_thread_users, _one_thread_limiter
+    with _ONE_THREAD:
+        if _one_thread_users == 0:
+            if _THREADPOOLS is None:  # found once; every library it needs is loaded by now
+                _THREADPOOLS = ThreadpoolController()
+            _any_thread_may_set()
+            _one_thread_limiter = _THREADPOOLS.limit(limits=1)
+            _any_thread_may_set()
+        _one_thread_users += 1
+    try:
         yield
+    finally:
+        with _ONE_THREAD:
+            _one_thread_users -= 1
+            if _one_thread_users == 0:
+                _any_thread_may_set()
+                _one_thread_limiter.restore_original_limits()
+                _any_thread_may_set()
+                _one_thread_limiter = None
 
 
 @contextmanager

@@ -29,7 +29,15 @@ from sklearn.base import clone
 
 from hdeval.core.errors import ConfigError
 from hdeval.core.metrics import correlation
-from hdeval.learn.aggregate import CANDIDATES, KINDS, Aggregator, choose_aggregator, cv_folds, fit_warnings
+from hdeval.learn.aggregate import (
+    CANDIDATES,
+    KINDS,
+    Aggregator,
+    choose_aggregator,
+    cv_folds,
+    fit_warnings,
+    one_thread,
+)
 from hdeval.learn.classify import cv_predictions, make_classifier
 from hdeval.learn.intervals import DEFAULT_LEVEL, normalised_quantile
 
@@ -103,6 +111,25 @@ def pick(
         return [
             Pick(int(i), "chosen at random, so the labels stay a fair sample of the pool") for i in chosen
         ]
+    # the pool's products are small: BLAS threads only spin beside the app's own (one thread:
+    # 37 ms CPU on 10,000 rows, against 55-143 ms with two; benchmarks/bench_pick_speed.py)
+    with one_thread():
+        return _pick_informed(X, labelled, Y, free, k, strategy, groups, seed, pairwise, rng)
+
+
+def _pick_informed(
+    X: np.ndarray,
+    labelled: np.ndarray,
+    Y: np.ndarray,
+    free: np.ndarray,
+    k: int,
+    strategy: str,
+    groups: Sequence[Any] | None,
+    seed: int,
+    pairwise: bool,
+    rng: np.random.Generator,
+) -> list[Pick]:
+    """:func:`pick`'s choice for the strategies that read the samples' scores."""
     Z = _standardised(X)
     width = None
     if strategy in ("uncertainty", "hybrid"):
