@@ -111,8 +111,7 @@ def pick(
         return [
             Pick(int(i), "chosen at random, so the labels stay a fair sample of the pool") for i in chosen
         ]
-    # the pool's products are small: BLAS threads only spin beside the app's own (one thread:
-    # 37 ms CPU on 10,000 rows, against 55-143 ms with two; benchmarks/bench_pick_speed.py)
+    # the pool's products are too small to share out: BLAS threads only spin beside the app's
     with one_thread():
         return _pick_informed(X, labelled, Y, free, k, strategy, groups, seed, pairwise, rng)
 
