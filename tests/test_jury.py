@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from simjudge import pointwise_rows, write_pointwise
@@ -459,3 +460,91 @@ def test_a_refitted_artifacts_banner_names_the_layer_it_refitted(tmp_path: Path)
     kept = [line.text for line in refitted.banner().lines if line.label == "layer kept"]
     assert kept == ["layer 2: the layer the refitted artifact kept, its criteria now scored by the new judge"]
     assert list(refitted.metrics["layers"]) == ["2"]
+
+
+class _Constant:
+    """A judge that answers 3 to everything: its columns rank nothing."""
+
+    def __new__(cls, name: str):
+        from simjury import SimJudge
+
+        from hdeval.llm.backends.base import Completion
+
+        class Constant(SimJudge):
+            def _reply(self, request, fake):
+                return Completion("3", None, 10, 1)
+
+        return Constant(name, 0.0)
+
+
+def test_a_judge_that_ranks_nothing_gives_the_others_no_made_up_importance(tmp_path: Path) -> None:
+    """Without the good judge the jury's columns rank nothing: that is no figure, not -1, so the good
+    judge's importance is not its own figure plus one (it was 1.83, printed as +1.827)."""
+    judges = {"good": jury(0.7)["j1"], "lazy": _Constant("lazy")}
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=30, seed=0))
+    jf = _file(tmp_path, "".join(f'[[judge]]\nname = "{n}"\nllm = "fake"\n' for n in judges))
+    ev = train(task=str(task), data=str(data), jury=str(jf), judge_backends=judges, layers=1, aggregator="lr",
+               cache_dir=str(tmp_path / "cache"), seed=0, prune_judges=True)
+    rec = ev.metrics["jury"]
+    assert rec["importance_cv_spearman"]["good"] is None
+    assert rec["dropped"] == ["lazy"] and rec["kept"] == ["good"]
+
+
+@pytest.mark.slow  # nn's penalty tuned on three and on two judges' columns: some seconds
+def test_a_pruned_nn_jury_is_the_model_its_figure_is_of(tmp_path: Path) -> None:
+    """nn's penalty is tuned on the kept judges' columns for the figure said; the artifact stores
+    that model, as a jury of only those judges would, not the penalty tuned on all three."""
+    def run(where: str, judges):
+        (tmp_path / where).mkdir()
+        task, data = write_pointwise(tmp_path / where, pointwise_rows(n_docs=30, seed=1))
+        jf = _file(tmp_path / where, _tables(judges))
+        return train(task=str(task), data=str(data), jury=str(jf), judge_backends=judges, layers=1,
+                     aggregator="nn", cache_dir=str(tmp_path / where / "cache"), seed=1, **(
+                         {"prune_judges": True} if len(judges) == 3 else {}))
+
+    pruned = run("pruned", jury(0.9, 0.9, None))
+    assert pruned.metrics["jury"]["dropped"] == ["j3"]
+    two = run("two", jury(0.9, 0.9))
+    assert pruned.metrics["selection"]["pruned_cv_spearman"] == two.metrics["selection"]["cv_train_spearman"]["1"]
+    assert pruned.metrics["final"] == two.metrics["final"]
+
+
+def test_effective_judges_count_only_judges_whose_errors_are_defined() -> None:
+    from hdeval.core.types import ScoreMatrix
+    from hdeval.methods.jury import error_correlation
+
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(150, 2))
+    Y = np.clip(np.round(3 + q), 1, 5)
+    scores = {n: np.clip(np.round(3 + q + 0.7 * rng.normal(size=q.shape)), 1, 5) for n in ("a", "b")}
+    scores["lazy"] = np.full_like(Y, 3.0)
+    keys = [f"{n}:{a}" for n in scores for a in ("clarity", "accuracy")]
+    m = ScoreMatrix([str(i) for i in range(150)], keys, np.column_stack([scores[k.split(":")[0]][:, j]
+                                                                         for k, j in zip(keys, [0, 1] * 3)]))
+    rows = np.arange(150)
+    _, three = error_correlation(m, ["a", "b", "lazy"], Y, ["clarity", "accuracy"], rows)
+    _, two = error_correlation(m, ["a", "b"], Y, ["clarity", "accuracy"], rows)
+    assert three == two
+
+
+def test_no_interval_is_given_from_one_held_out_document() -> None:
+    from hdeval.methods.hdeval.jury import held_out_intervals
+
+    rng = np.random.default_rng(0)
+    Y = rng.normal(size=(6, 1))
+    preds = {("learned",): Y + rng.normal(size=Y.shape), ("jury_mean",): Y + 2 * rng.normal(size=Y.shape)}
+    out = held_out_intervals(Y, preds, ["doc1"] * 6)
+    assert out["documents"] == 1 and out["learned"]["spearman"] is not None
+    assert out["learned"]["low"] is None and out["jury_mean"]["learned_minus"]["low"] is None
+
+
+def test_the_report_counts_only_judges_whose_errors_are_defined(tmp_path: Path) -> None:
+    from hdeval.methods.hdeval.jury_report import jury_sections
+
+    judges = {**jury(0.7, 0.7), "lazy": _Constant("lazy")}
+    task, data = write_pointwise(tmp_path, pointwise_rows(n_docs=30, seed=0))
+    jf = _file(tmp_path, "".join(f'[[judge]]\nname = "{n}"\nllm = "fake"\n' for n in judges))
+    ev = train(task=str(task), data=str(data), jury=str(jf), judge_backends=judges, layers=1, aggregator="lr",
+               cache_dir=str(tmp_path / "cache"), seed=0)
+    line = jury_sections(ev)[1][1].lines[0]
+    assert line.startswith("2 judges behave like ") and "Not counted: lazy" in line

@@ -168,6 +168,24 @@ def test_assess_says_why_there_is_no_figure_yet():
     assert a.agreement is None and a.low is None and "too few labels" in a.reason
 
 
+def test_assess_gives_no_figure_until_whole_documents_can_be_held_out():
+    """With four documents the folds split rows, so a document is both fitted and held out: criteria
+    that only tell documents apart looked like a good evaluator (0.34-0.65 over five seeds)."""
+    rng = np.random.default_rng(0)
+    for n_docs in (4, 5):
+        g = np.repeat([f"d{i}" for i in range(n_docs)], 4)
+        doc = np.repeat(np.arange(n_docs), 4)
+        X = rng.normal(size=(n_docs, 3))[doc] + 0.05 * rng.normal(size=(len(g), 3))
+        y = rng.normal(size=n_docs)[doc] + 0.3 * rng.normal(size=len(g))
+        a = assess(X, y, list(g), aggregator="lr")
+        if n_docs == 4:
+            assert a.agreement is None and "from 5 documents" in a.reason
+        else:
+            assert a.agreement is not None
+    pw = assess(rng.normal(size=(16, 3)), np.tile([1.0, -1.0], 8), list(g[:16]), pairwise=True, aggregator="lr")
+    assert pw.agreement is None and "from 5 documents" in pw.reason
+
+
 def test_assess_pairwise_is_an_agreement_rate():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(90, 3))

@@ -32,6 +32,7 @@ from hdeval.core.metrics import correlation
 from hdeval.learn.aggregate import (
     CANDIDATES,
     KINDS,
+    N_FOLDS,
     Aggregator,
     choose_aggregator,
     cv_folds,
@@ -326,7 +327,8 @@ def assess(
     if not pairwise:
         ok = np.flatnonzero(np.isfinite(Y).all(axis=1))
         varied = len(ok) and any(np.ptp(Y[ok, j]) > 0 for j in range(Y.shape[1]))
-        if len(ok) >= MIN_ASSESS_LABELS and len(set(g[ok])) >= 3 and varied:
+        # cv_folds groups by document only from N_FOLDS documents on (fewer: rows, documents leak)
+        if len(ok) >= MIN_ASSESS_LABELS and len(set(g[ok])) >= N_FOLDS and varied:
             base = template if template is not None else Aggregator("lr", random_state=seed)
             with fit_warnings():  # a candidate kind that did not converge says nothing here
                 chosen = choose_aggregator(
@@ -342,7 +344,7 @@ def assess(
             kept = chosen.kind
     for j in range(Y.shape[1] if pairwise else 0):
         ok = np.flatnonzero(np.isfinite(Y[:, j]))
-        if len(ok) < MIN_ASSESS_LABELS or len(set(g[ok])) < 3:
+        if len(ok) < MIN_ASSESS_LABELS or len(set(g[ok])) < N_FOLDS:
             continue
         labels = [PAIR_LABELS.get(float(v)) for v in Y[ok, j]]
         if None in labels:
@@ -365,7 +367,7 @@ def assess(
             None,
             None,
             f"too few labels: a held-out figure needs at least {MIN_ASSESS_LABELS} labelled rows "
-            f"from 3 documents with differing labels, for some target",
+            f"from {N_FOLDS} documents with differing labels, for some target",
         )
     value = _figure(Y, preds, np.arange(len(Y)), pairwise)
     if not math.isfinite(value):  # e.g. a judge that gave every labelled row one score

@@ -363,7 +363,8 @@ def error_correlation(
             table[a][b] = round(r, 6) if np.isfinite(r) else None
             if a < b and np.isfinite(r):
                 pairs.append(r)
-    k = len(names)
+    # a judge none of whose errors is defined (one that gave every row one score) is no judge here
+    k = sum(1 for n in names if np.isfinite(errs[n]).sum() > 2)
     if k < 2 or not pairs:
         return table, None
     r = min(1.0, max(0.0, float(np.mean(pairs))))

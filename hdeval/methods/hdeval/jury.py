@@ -32,6 +32,7 @@ from hdeval.methods.metrics_file import ABSENT, Correlations, Figure, Metrics, T
 # second for a jury of three on a few hundred rows
 RESAMPLES = 1000
 LEVEL = 0.95
+MIN_DOCUMENTS = 5  # fewer held-out documents: no interval
 
 
 class Difference(Table):
@@ -100,11 +101,18 @@ def _on(agg: Any, cols: Sequence[int]) -> Any:
     return out
 
 
-def _cv_spearman(agg: Any, X: Any, Y: Any, groups: Sequence[str], cols: Sequence[int]) -> tuple[Any, float]:
+def _cv(agg: Any, X: Any, Y: Any, groups: Sequence[str], cols: Sequence[int]) -> Any:
     """``agg`` on the columns ``cols`` cross-validated as train's choice is (the same folds, each
-    ranked alone): (its out-of-fold predictions, its figure; -1.0 when it has none, ranking nothing)."""
-    cand = cv_candidates(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))[0]
-    return cand.predictions, float(cand.spearman) if np.isfinite(cand.spearman) else -1.0
+    ranked alone; an nn re-tuned on them): its CandidateCV."""
+    return cv_candidates(_on(agg, cols), X[:, list(cols)], Y, groups, (agg.kind,))[0]
+
+
+def _cv_spearman(
+    agg: Any, X: Any, Y: Any, groups: Sequence[str], cols: Sequence[int]
+) -> tuple[Any, float | None]:
+    """(its out-of-fold predictions, its figure; None when it has none, ranking nothing)."""
+    cand = _cv(agg, X, Y, groups, cols)
+    return cand.predictions, float(cand.spearman) if np.isfinite(cand.spearman) else None
 
 
 def jury_fit(
@@ -141,18 +149,18 @@ def jury_fit(
             importance[n] = None
             continue
         _, without = _cv_spearman(agg, Xtr, Ytr, groups, cols(rest))
-        importance[n] = round(full_cv - without, 6)
+        importance[n] = round(full_cv - without, 6) if full_cv is not None and without is not None else None
     keep = list(names)
     dropped: list[str] = []
     if config.prune_judges:
         base = full_cv
         while len(keep) > 1:
             # the judge that adds least first; its removal must cost less than PRUNE_MARGIN
-            ranked = sorted(keep, key=lambda n: importance[n] if importance[n] is not None else 0.0)
+            ranked = sorted(keep, key=lambda n: importance[n] if importance[n] is not None else float("inf"))
             for n in ranked:
                 rest = [m for m in keep if m != n]
                 _, without = _cv_spearman(agg, Xtr, Ytr, groups, cols(rest))
-                if without >= base - PRUNE_MARGIN:
+                if without is not None and (base is None or without >= base - PRUNE_MARGIN):
                     keep, base = rest, without
                     dropped.append(n)
                     break
@@ -165,8 +173,9 @@ def jury_fit(
             )
     kept_cols = cols(keep)
     if dropped:
-        cv_pred, _ = _cv_spearman(agg, Xtr, Ytr, groups, kept_cols)
-        agg = _on(agg, kept_cols).fit(Xtr[:, kept_cols], Ytr)
+        cand = _cv(agg, Xtr, Ytr, groups, kept_cols)
+        # the model the figure and the out-of-fold predictions are of (an nn: its grid point here)
+        cv_pred, agg = cand.predictions, clone(cand.template).fit(Xtr[:, kept_cols], Ytr)
         features = [features[i] for i in kept_cols]
         Xk = X[:, kept_cols]
     else:
@@ -202,7 +211,7 @@ def jury_fit(
             "judges": [j.name for j in jury.judges],
             "kept": keep,
             "dropped": dropped,
-            "pruned_cv_spearman": base if dropped and base != -1.0 else None,  # -1.0: no figure
+            "pruned_cv_spearman": base if dropped else None,
             "baselines": {
                 "judges": alone,
                 "jury_mean": metric_table(Y[te], pooled[te], aspects),
@@ -242,7 +251,7 @@ def held_out_intervals(
 
     def band(v: Any) -> dict[str, float | None]:
         v = v[np.isfinite(v)]
-        if not len(v):
+        if not len(v) or len(uniq) < MIN_DOCUMENTS:  # resampling one or two documents is no interval
             return {"low": None, "high": None}
         lo, hi = np.quantile(v, [tail, 1 - tail])
         return {"low": round(float(lo), 6), "high": round(float(hi), 6)}

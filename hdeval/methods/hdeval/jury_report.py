@@ -119,7 +119,8 @@ def jury_sections(ev: Any) -> tuple[dict[str, Any], list[Section]]:
     comparison = Section(
         "Jury: the learned jury against each judge alone and the jury mean",
         "Held-out correlation with the human scores, averaged over the aspects. The learned jury "
-        "is the aggregator over every (judge, criterion) column; a judge alone, direct: its own "
+        "is the aggregator over every (judge, criterion) column of the judges the artifact keeps "
+        "(all of them unless --prune-judges dropped some); a judge alone, direct: its own "
         "aspect scores as they are; a judge alone, HD-Eval: the same kind of aggregator fitted on "
         "its own columns only; the jury mean: the mean of the judges' aspect scores (no labels "
         "used). " + how_iv + " " + MAJORITY,
@@ -147,6 +148,9 @@ def jury_sections(ev: Any) -> tuple[dict[str, Any], list[Section]]:
     errors = rec.get("error_correlation")
     err_rows = [[a] + [fmt_num(_get(errors, a, b)) for b in names] for a in names]
     eff = _figure(rec.get("effective_judges"))
+    # a judge with no defined error (one score for every row) is not counted in the effective number
+    undefined = [n for n in names if all(_figure(_get(errors, n, m)) is None for m in names if m != n)]
+    counted = len(names) - len(undefined)
     relate = Section(
         "Jury: how the judges relate",
         "Agreement: Krippendorff's alpha (interval level) between the judges' scores of each "
@@ -158,7 +162,13 @@ def jury_sections(ev: Any) -> tuple[dict[str, Any], list[Section]]:
         "n / (1 + (n - 1) r), r the mean correlation between two judges' errors (clipped to 0..1): "
         "as many judges with independent errors would average away as much noise.",
         lines=[
-            f"{len(names)} judges behave like {fmt_num(eff, 2)} independent ones."
+            f"{counted} judges behave like {fmt_num(eff, 2)} independent ones."
+            + (
+                f" Not counted: {', '.join(undefined)}, whose errors are not defined (one score "
+                "for every row)."
+                if undefined
+                else ""
+            )
             if eff is not None
             else "The effective number of judges is not recorded (fewer than two judges, or too few rows)."
         ],
