@@ -140,6 +140,16 @@ def test_init_in_a_script_says_which_option_is_missing(tmp_path: Path) -> None:
     assert mine.read_text(encoding="utf-8") == "# my task\n"
 
 
+def test_init_says_which_line_lacks_a_score_and_the_option_that_leaves_it_out(tmp_path: Path) -> None:
+    data = tmp_path / "r.csv"
+    data.write_text("q,a,clear,correct\nWhy?,Because.,3,4\nHow?,So.,4,\nWhat?,That.,2,5\n", encoding="utf-8")
+    res = run_cli("init", data, "-o", tmp_path / "t.toml", "--output-col", "a")
+    one_error(res, "line 3: no score in column 'correct'", "--score-col clear")
+    assert not (tmp_path / "t.toml").exists()
+    res = run_cli("init", data, "-o", tmp_path / "t.toml", "--output-col", "a", "--score-col", "clear")
+    assert res.exit_code == 0 and "aspects clear [2, 4]" in res.stdout, res.output
+
+
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])
 def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None:
     """apply, train and report read a file through the task's [columns], whatever its format."""

@@ -112,7 +112,8 @@ def init(
     if not data.is_file():
         raise DataError(f"data file not found: {data}")
     ask = _on_a_terminal()
-    rows = [values for _, values in data_rows(data)]
+    numbered = list(data_rows(data))
+    rows = [values for _, values in numbered]
     if not rows:
         raise DataError(f"{data}: no rows")
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -171,6 +172,15 @@ def init(
     }
     used = {c for c in (*fields.values(), *others.values()) if c}
     aspects = _aspects(score_cols, columns, numeric, used, data, hint)
+    for col, _, _ in aspects.values():  # train reads only rows with every aspect's score
+        unscored = [n for n, r in numbered if r.get(col) is None or str(r[col]).strip() == ""]
+        if unscored:
+            rest = [c for c, _, _ in aspects.values() if c != col]
+            raise DataError(
+                f"{data}: line {unscored[0]}: no score in column {col!r} ({len(unscored)} line(s) "
+                "lack one): fill them in"
+                + (f", or leave the column out: {' '.join(f'--score-col {c}' for c in rest)}" if rest else "")
+            )
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", data.stem).strip("._-") or "task"
     name = name or (click.prompt("task name", default=stem, err=True) if ask else stem)
     shown = {key: col.replace("_", " ").strip().capitalize() for key, col in fields.items() if col}
