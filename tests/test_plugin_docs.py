@@ -52,14 +52,14 @@ def test_the_documented_plug_in_trains_applies_benchmarks_and_reports(tmp_path, 
         assert r.returncode == 0 and "warning: method plug-in" not in r.stderr, f"{line}\n{r.stderr[-2000:]}"
         out[line.split()[1]] = r.stdout
     assert "toycalib (pointwise data)" in out["methods"] and "-O shrink=VALUE (default 0.0)" in out["methods"]
-    manifest = json.loads((work / "toy" / "manifest.json").read_text())
+    manifest = json.loads((work / "artifacts" / "toy" / "manifest.json").read_text())
     assert manifest["method"] == "toycalib" and manifest["run"]["config"]["options"] == {"shrink": 0.1}
     assert set(manifest["state"]["lines"]) == {"coherence", "consistency", "fluency", "relevance"}
-    scored = [json.loads(x) for x in (work / "scored.jsonl").read_text().splitlines()]
+    scored = [json.loads(x) for x in (work / "artifacts" / "toy-scored.jsonl").read_text().splitlines()]
     assert len(scored) == 6 and all(1 <= v <= 5 for r in scored for v in r["scores"].values())
-    results = json.loads((work / "bench" / "results.json").read_text())
+    results = json.loads((work / "artifacts" / "bench-toy" / "results.json").read_text())
     assert sorted(s["method"] for s in results["settings"]) == ["direct", "toycalib"]
-    assert "toycalib: summeval" in (work / "toy" / "report" / "report.html").read_text()
+    assert "toycalib: summeval" in (work / "artifacts" / "toy" / "report" / "report.html").read_text()
 
 
 def test_a_tampered_state_of_the_documented_plug_in_is_one_line(tmp_path, monkeypatch):

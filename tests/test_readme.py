@@ -615,6 +615,32 @@ def test_readme_commands_parse_and_write_only_under_artifacts(fresh: Path, monke
     assert "/artifacts/*" in (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
 
 
+def test_the_docs_commands_in_turn_write_only_under_artifacts_and_never_twice() -> None:
+    """A user follows the README and then the pages in one clone: no command may find its output
+    already written by an earlier one (train, apply and export refuse that without --force), and
+    a clone stays clean. `hdeval label` reopens its labels file on purpose."""
+    import shlex
+
+    seen: dict[str, str] = {}
+    for page in [REPO / "README.md", *DOC_PAGES]:
+        shown = page.read_text(encoding="utf-8").replace("```sh\n", "```bash\n")
+        for kind, command in page_commands(shown):
+            if kind != "bash" or not command.startswith("hdeval "):
+                continue
+            words = shlex.split(command.split(" #")[0])
+            written = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-o", "--export-requests", "--cache-dir")]
+            made = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-o"] + (
+                [words[2]] if words[1] == "merge-shards" else []
+            )
+            for out in filter(lambda o: o != "-", written + made):
+                assert Path(out).parts[0] == "artifacts", f"{page.name}: {command} writes {out} outside artifacts/"
+            for out in filter(lambda o: o != "-", made):
+                # the same command again is the resume idiom (a staged run's second pass)
+                if out in seen and "--force" not in words and seen[out] != command:
+                    raise AssertionError(f"{page.name}: {command} writes {out}, as {seen[out]} did")
+                seen[out] = command
+
+
 @pytest.mark.slow  # 9 commands in new processes (~90 s at load 7); the test above parses them all
 def test_readme_commands_run_as_written(fresh: Path, tmp_path: Path) -> None:
     assert run_page(README, fresh, tmp_path, local=False) >= 8
