@@ -22,8 +22,8 @@ from hdeval.llm.backends.base import Completion, CompletionRequest, Message
 from hdeval.llm.backends.fake import FakeBackend
 from hdeval.llm.cache.check import check_cache
 from hdeval.llm.cache.client import CachedBackend, CacheWarning, request_key
-from hdeval.llm.cache.codec import MAX_ENTRY_CHARS
-from hdeval.llm.cache.store import ReplyStore
+from hdeval.llm.cache.codec import MAX_ENTRY_CHARS, encode_completion
+from hdeval.llm.cache.store import ReplyStore, open_store
 
 
 def _req(text: str = "hello") -> CompletionRequest:
@@ -235,6 +235,8 @@ def test_planted_settings_are_refused_and_repair_keeps_the_entries(tmp_path):
     with pytest.raises(CacheError, match="sqlite_writable_schema") as exc:
         CachedBackend(FakeBackend(), cache)
     assert str(cache / "cache.db") in str(exc.value) and "cache repair" in str(exc.value)
+    res = _cli("cache", "check", "--cache-dir", str(cache))  # something to repair: check says so
+    assert res.exit_code == 1 and "setting 'sqlite_writable_schema': not created" in res.stdout, res.output
     res = _cli("cache", "repair", "--cache-dir", str(cache))
     assert res.exit_code == 0 and "copied 1 readable" in res.stdout, res.output
     fake = FakeBackend()
@@ -278,6 +280,69 @@ def test_repair_recovers_what_a_partly_overwritten_database_still_holds(tmp_path
     recovered = cache_entries(cache)
     assert 0 < len(recovered) < len(replies)
     assert all(recovered[k] == replies[k] for k in recovered)
+
+
+# A run that stores replies and is then killed with SIGKILL: its write-ahead log stays behind.
+_KILLED_RUN = """
+import json, os, signal, sys
+from hdeval.llm.cache.store import open_store
+store = open_store(sys.argv[1])
+for key, value in json.load(sys.stdin).items():
+    store.set(key, bytes.fromhex(value))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _files(cache: Path) -> dict[str, object]:
+    """Every file of the cache directory and its bytes; a -shm file by its size only: SQLite's
+    index of the write-ahead log, whose read marks every reader (`cache check` too) updates."""
+    return {p.name: p.stat().st_size if p.name.endswith("-shm") else p.read_bytes() for p in cache.iterdir()}
+
+
+@pytest.mark.parametrize("logs", ["closed", "open", "killed"])
+def test_repair_leaves_a_healthy_cache_as_it_is(tmp_path, logs):
+    """`cache repair` moved a cache `cache check` found nothing wrong with aside all the same
+    (both databases renamed *.corrupt-<timestamp>, with -wal/-shm files): a healthy cache, closed,
+    open in another run or left by a killed one (its write-ahead log unmerged), keeps every file
+    and every entry as it was."""
+    import subprocess
+    import sys
+
+    import hdeval
+
+    cache = tmp_path / "cache"
+    cb = CachedBackend(FakeBackend(), cache)
+    replies = {_key(f"q{i}"): cb.complete(_req(f"q{i}")) for i in range(20)}
+    cb.close()
+    more = {_key(f"more {i}"): FakeBackend().complete(_req(f"more {i}")) for i in range(20)}
+    store = None
+    if logs == "open":
+        store = open_store(cache)
+        for key, reply in more.items():
+            store.set(key, encode_completion(reply))
+    elif logs == "killed":
+        values = json.dumps({key: encode_completion(reply).hex() for key, reply in more.items()})
+        env = {**os.environ, "PYTHONPATH": str(Path(hdeval.__file__).parents[1])}
+        done = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(cache)], input=values, text=True,
+                              capture_output=True, env=env, timeout=60)
+        assert done.returncode == -9, done.stderr
+    if logs != "closed":
+        assert (cache / "replies.db-wal").stat().st_size > 0 and (cache / "replies.db-shm").is_file()
+        replies.update(more)
+    else:
+        assert sorted(p.name for p in cache.iterdir()) == ["cache.db", "replies.db"]
+    before = _files(cache)
+    try:
+        res = _cli("cache", "repair", "--cache-dir", str(cache))
+        assert res.exit_code == 0, res.output
+        assert res.stdout.splitlines() == [
+            f"nothing to repair in {cache}: {len(replies)} readable entries, none unreadable or "
+            "foreign; the cache is left as it is"]
+        assert _files(cache) == before  # nothing moved aside, made or rewritten
+    finally:
+        if store is not None:
+            store.close()
+    assert cache_entries(cache) == replies
 
 
 # --------------------------------------------------------------------------- read-only, full disk

@@ -118,8 +118,13 @@ def test_a_cache_with_hex_text_keys_keeps_serving_beside_new_entries(tmp_path: P
     again.close()
     assert fake.calls == 1
     assert check_cache(cache).readable == 3
+    report = repair_cache(cache)  # nothing wrong with it: left as it is
+    assert report.readable == 3 and not report.kept_as and len(_keys(cache)) == 2 and len(_table(cache)) == 1
+    with diskcache.Cache(str(cache)) as c:  # an entry hdeval never writes: now there is something to repair
+        c.set("not a request hash", "x")
     report = repair_cache(cache)  # copies every readable entry, into the reply table
-    assert report.readable == 3 and _keys(cache) == [] and [t for t, _ in _table(cache)] == ["blob"] * 3
+    assert (report.readable, report.foreign) == (3, 1) and report.kept_as
+    assert _keys(cache) == [] and [t for t, _ in _table(cache)] == ["blob"] * 3
     final = CachedBackend(fake, cache)
     assert all(c.cached for c in final.complete_many([_req("old 1"), _req("new"), _req("old 2")]))
     final.close()

@@ -165,13 +165,20 @@ def cache_check_cmd(cache_dir: str | None) -> None:
 def cache_repair_cmd(cache_dir: str | None) -> None:
     """Copy every readable entry into a fresh cache; keep the old database aside.
 
-    The old databases are renamed *.db.corrupt-<timestamp> (never deleted). Run it while no
-    other hdeval command uses this cache.
+    The old databases are renamed *.db.corrupt-<timestamp> (never deleted). A cache `hdeval cache
+    check` finds nothing wrong with is left as it is. Run it while no other hdeval command uses
+    this cache.
     """
     from hdeval.core.paths import default_cache_dir
     from hdeval.llm.cache.check import repair_cache
 
     r = repair_cache(cache_dir or default_cache_dir())
+    if not r.kept_as:
+        click.echo(
+            f"nothing to repair in {r.path}: {r.readable} readable entries, none unreadable or foreign; "
+            "the cache is left as it is"
+        )
+        return
     damaged = f" (the old database was damaged: {r.database_error})" if r.database_error else ""
     click.echo(
         f"repaired {r.path}: copied {r.readable} readable entries into a fresh cache; "

@@ -27,6 +27,7 @@ from hdeval.llm.cache.codec import (
 from hdeval.llm.cache.guard import (
     DATABASES,
     DBNAME,
+    KNOWN_SETTINGS,
     TABLE_DBNAME,
     CacheCorrupted,
     _reason,
@@ -69,7 +70,7 @@ class CheckReport:
     foreign: int = 0  # entries hdeval never writes (pickled, binary, other keys)
     database_error: str | None = None  # the database could not be read (in part or at all)
     examples: list[str] = field(default_factory=list)
-    planted: dict[str, list[str]] = field(default_factory=dict)  # file -> objects the cache never creates
+    planted: dict[str, list[str]] = field(default_factory=dict)  # file -> what the cache never creates
     kept_as: str = ""  # repair: where the old databases are
 
     @property
@@ -155,16 +156,19 @@ def _check_entry(
     yield key, completion
 
 
-def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[str, Completion]]:
+def _entries(
+    directory: Path, db: Path, report: CheckReport, leave_no_files: bool = False
+) -> Iterator[tuple[str, Completion]]:
     """(key, completion) of every readable, valid entry of the database ``db`` (the reply table's,
     told by its name, or diskcache's, value files relative to ``directory``), read without
-    writing; every entry and database error is counted into ``report``."""
+    writing (with ``leave_no_files``, see :func:`ro_connect`); every entry and database error is
+    counted into ``report``."""
     if not db.is_file():
         return
     table = db.name.startswith(TABLE_DBNAME)
     before, report.database_error = report.database_error, None
     try:
-        with read_only(db) as (con, found, readable):
+        with read_only(db, leave_no_files=leave_no_files) as (con, found, readable):
             if found:  # listed by `cache check`; repair copies only the real table's entries
                 report.planted[db.name] = found
             for key, value, length in _table_rows(con, report) if table and readable else ():
@@ -172,6 +176,15 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
             for _, key, raw, mode, filename, value in () if table or not readable else _rows(con, report):
                 read = partial(read_value, directory, mode, filename, value)
                 yield from _check_entry(report, key, read, raw == 1)
+            if readable and not table:  # diskcache turns a stored ``sqlite_*`` setting into a PRAGMA
+                try:
+                    keys = [k for (k,) in con.execute("SELECT key FROM Settings")]
+                except sqlite3.Error as exc:
+                    report.database_error = report.database_error or _reason(exc)
+                else:
+                    odd = [f"setting {str(k)[:40]!r}" for k in keys if k not in KNOWN_SETTINGS]
+                    if odd:  # the store refuses to open the file: repair copies its entries
+                        report.planted.setdefault(db.name, []).extend(odd)
             if report.database_error is None:
                 status = con.execute("PRAGMA quick_check").fetchone()[0]
                 if status != "ok":
@@ -184,12 +197,13 @@ def _entries(directory: Path, db: Path, report: CheckReport) -> Iterator[tuple[s
         report.database_error = before or report.database_error
 
 
-def check_cache(cache_dir: str | Path) -> CheckReport:
-    """Count readable, unreadable and foreign entries of both databases; writes nothing."""
+def check_cache(cache_dir: str | Path, leave_no_files: bool = False) -> CheckReport:
+    """Count readable, unreadable and foreign entries of both databases; writes nothing (with
+    ``leave_no_files``, a database nothing has open is read immutable: no -wal/-shm file made)."""
     directory = Path(cache_dir)
     report = CheckReport(str(directory))
     for name in DATABASES:
-        for _ in _entries(directory, directory / name, report):
+        for _ in _entries(directory, directory / name, report, leave_no_files):
             pass
     return report
 
@@ -197,11 +211,17 @@ def check_cache(cache_dir: str | Path) -> CheckReport:
 def repair_cache(cache_dir: str | Path) -> CheckReport:
     """Move the databases aside as ``cache.db.corrupt-<timestamp>`` and ``replies.db.corrupt-<timestamp>``
     (never deleted) and copy every readable, valid entry of both into a fresh cache (the reply
-    table)."""
+    table). A cache ``check`` finds nothing wrong with is left as it is: its report is returned
+    with ``kept_as`` empty."""
     directory = Path(cache_dir)
     names = [name for name in DATABASES if (directory / name).is_file()]
     if not names:
         raise CacheError(f"no cache database at {directory / DBNAME}: nothing to repair")
+    # Read first, making no -wal/-shm file: only a damaged database, an unreadable or foreign
+    # entry, or a planted SQLite object or setting is reason to move the user's databases.
+    found = check_cache(directory, leave_no_files=True)
+    if found.ok and not found.planted:
+        return found
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tag, n = stamp, 1
     while any(
