@@ -157,6 +157,31 @@ def test_actively_selected_labels_are_refused_without_their_probabilities(work):
     assert r.exit_code == 2 and "line 6: field 'sampling_prob' is 0, not a probability" in r.stderr
 
 
+def test_samples_are_checked_before_any_llm_call(work, tmp_path):
+    """Samples whose labels an active strategy picked were scored first (160 LLM calls on an empty
+    cache) and refused after: every check that needs no scores now comes before the calls."""
+    rows = [json.loads(line) for line in work["rows"].read_text().splitlines()]
+    for row in rows:
+        if "scores" in row:
+            row["selection"] = "diversity"
+    cache = tmp_path / "cache"
+    opts = ("--llm", "fake", "--cache-dir", cache)
+    r = run_cli("estimate", work["art"], "--data", _write(tmp_path / "active.jsonl", rows), *opts)
+    assert r.exit_code == 2 and r.stdout == "" and "LLM calls" not in r.stderr
+    assert "active.jsonl: line 1: this label was picked by the 'diversity' strategy" in r.stderr
+    for i, row in enumerate(rows):
+        row.pop("selection", None)
+        if "scores" in row and i > 10:
+            row["sampling_prob"] = 0.5
+    r = run_cli("estimate", work["art"], "--data", _write(tmp_path / "mixed.jsonl", rows), *opts)
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "with and without 'sampling_prob'" in r.stderr
+    r = run_cli("estimate", work["art"], "--data", work["rows"], *opts, "--by", "topic")
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--by topic: no row of" in r.stderr
+    r = run_cli("estimate", work["art"], "--data", work["rows"], *opts, "--by", "system", "--baseline", "C")
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--baseline 'C' is no group" in r.stderr
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
 def test_labels_with_their_probabilities_are_weighted(work):
     def chosen(i, row):
         if "human" in row:
