@@ -370,6 +370,27 @@ def test_labels_that_all_agree_give_no_zero_width_interval(work):
     assert not [x for x in records if x["kind"] == "difference" and "D" in (x["group"], x["baseline"])]
 
 
+def test_a_baseline_without_an_estimate_says_why_there_are_no_differences(work):
+    """With the baseline's labels all equal there is no estimate of it, and the differences from
+    it vanished without a word from the table and the JSON."""
+    def base_agrees(i, row):
+        if row["system"] == "A" and "human" in row:
+            row["human"] = {**row["human"], "clarity": 5.0}
+    path = _edited(work, "base_agrees.jsonl", base_agrees)
+    records = _records(run_cli("estimate", work["art"], "--data", path, "--by", "system", "--json"))
+    diffs = {x["aspect"]: x for x in records if x["kind"] == "difference"}
+    assert set(diffs) == {"clarity", "accuracy"} and diffs["accuracy"]["estimate"] is not None
+    clarity = diffs["clarity"]
+    assert (clarity["group"], clarity["baseline"], clarity["estimate"]) == ("B", "A", None)
+    assert clarity["reason"] == "the baseline group A has no estimate (all 30 labels are 5: no spread to build an " \
+        "interval on)"
+    table = run_cli("estimate", work["art"], "--data", path, "--by", "system")
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[-1] == f"no clarity differences from group A: {clarity['reason']}"
+    assert any(" accuracy" in line and "B - A:" in line for line in lines)
+
+
 def test_samples_in_a_csv_are_estimated_as_their_jsonl(work):
     """A CSV samples file (any format apply reads) gives the same groups and figures as its JSONL."""
     import csv

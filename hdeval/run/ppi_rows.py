@@ -35,6 +35,8 @@ SELECTION_FIELD = "selection"
 #: The aspect name a pairwise task's estimate goes by.
 WIN_RATE = "win_rate"
 ALL = "all"
+#: A difference record's figures: None in one whose baseline has no estimate.
+_DIFFERENCE_FIGURES = ("estimate", "low", "high", "se", "classical", "classical_low", "classical_high")
 _ABSENT = object()  # an aspect missing from a row's scores (not the artifact's rows?)
 
 
@@ -501,8 +503,21 @@ def estimate_file(
                     fitted[(a, g)] = e
     if by is not None and len(groups) > 1:
         base = baseline or groups[0]
+        # no estimate of the baseline, no difference from it: a record per group says why
+        unbased = {r["aspect"]: r["reason"] for r in records if r["group"] == base and r["estimate"] is None}
         for a in aspects:
             for g in groups:
+                if g != base and a in unbased and (a, g) in cells:
+                    records.append(
+                        {
+                            "kind": "difference",
+                            "aspect": a,
+                            "group": g,
+                            "baseline": base,
+                            **dict.fromkeys(_DIFFERENCE_FIGURES),
+                            "reason": f"the baseline group {base} has no estimate ({unbased[a]})",
+                        }
+                    )
                 if g == base or (a, g) not in fitted or (a, base) not in fitted:
                     continue
                 d = difference(fitted[(a, g)], fitted[(a, base)])
