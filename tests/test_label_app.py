@@ -270,6 +270,23 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     assert not (tmp_path / "l.db").exists()
 
 
+def test_a_port_in_use_leaves_no_labels_file_behind(pool, tmp_path):
+    """With the port taken, `hdeval label` exited 2 with a clear error but had made the labels
+    file (and its folder) already."""
+    import socket
+
+    _, task_file, data, _ = pool
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        db = tmp_path / "new" / "l2.db"
+        one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", db, "--llm", "fake",
+                          "--cache-dir", tmp_path / "cache", "--port", port),
+                  f"--port {port} is in use")
+    assert not db.exists() and not db.parent.exists()
+
+
 @pytest.mark.slow
 def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
     from conftest import train_artifact
