@@ -104,7 +104,7 @@ def main() -> None:
         print("| strategy | labels | median | p95 | max |\n|---|---|---|---|---|")
         for strategy in (None, *selection.STRATEGIES):
             t = np.array(latency(samples, X, y, strategy, args.labels, tmp)) * 1000
-            name = strategy or f"app default (cold start diverse, then {selection.DEFAULT})"
+            name = strategy or f"app default ({selection.DEFAULT})"
             print(f"| {name} | {args.labels} | {np.median(t):.0f} | {np.percentile(t, 95):.0f} | {t.max():.0f} |")
         print("\nre-fit (selection.assess, aggregator chosen as train's auto), s:")
         print("| labels | seconds | agreement |\n|---|---|---|")

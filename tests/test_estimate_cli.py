@@ -157,6 +157,31 @@ def test_actively_selected_labels_are_refused_without_their_probabilities(work):
     assert r.exit_code == 2 and "line 6: field 'sampling_prob' is 0, not a probability" in r.stderr
 
 
+def test_samples_are_checked_before_any_llm_call(work, tmp_path):
+    """Samples whose labels an active strategy picked were scored first (160 LLM calls on an empty
+    cache) and refused after: every check that needs no scores now comes before the calls."""
+    rows = [json.loads(line) for line in work["rows"].read_text().splitlines()]
+    for row in rows:
+        if "scores" in row:
+            row["selection"] = "diversity"
+    cache = tmp_path / "cache"
+    opts = ("--llm", "fake", "--cache-dir", cache)
+    r = run_cli("estimate", work["art"], "--data", _write(tmp_path / "active.jsonl", rows), *opts)
+    assert r.exit_code == 2 and r.stdout == "" and "LLM calls" not in r.stderr
+    assert "active.jsonl: line 1: this label was picked by the 'diversity' strategy" in r.stderr
+    for i, row in enumerate(rows):
+        row.pop("selection", None)
+        if "scores" in row and i > 10:
+            row["sampling_prob"] = 0.5
+    r = run_cli("estimate", work["art"], "--data", _write(tmp_path / "mixed.jsonl", rows), *opts)
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "with and without 'sampling_prob'" in r.stderr
+    r = run_cli("estimate", work["art"], "--data", work["rows"], *opts, "--by", "topic")
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--by topic: no row of" in r.stderr
+    r = run_cli("estimate", work["art"], "--data", work["rows"], *opts, "--by", "system", "--baseline", "C")
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--baseline 'C' is no group" in r.stderr
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
+
+
 def test_labels_with_their_probabilities_are_weighted(work):
     def chosen(i, row):
         if "human" in row:
@@ -343,6 +368,27 @@ def test_labels_that_all_agree_give_no_zero_width_interval(work):
     d = [x for x in records if x["kind"] == "mean" and x["group"] == "D"]
     assert len(d) == 2 and all(x["estimate"] is None and "all 2 labels are 3" in x["reason"] for x in d)
     assert not [x for x in records if x["kind"] == "difference" and "D" in (x["group"], x["baseline"])]
+
+
+def test_a_baseline_without_an_estimate_says_why_there_are_no_differences(work):
+    """With the baseline's labels all equal there is no estimate of it, and the differences from
+    it vanished without a word from the table and the JSON."""
+    def base_agrees(i, row):
+        if row["system"] == "A" and "human" in row:
+            row["human"] = {**row["human"], "clarity": 5.0}
+    path = _edited(work, "base_agrees.jsonl", base_agrees)
+    records = _records(run_cli("estimate", work["art"], "--data", path, "--by", "system", "--json"))
+    diffs = {x["aspect"]: x for x in records if x["kind"] == "difference"}
+    assert set(diffs) == {"clarity", "accuracy"} and diffs["accuracy"]["estimate"] is not None
+    clarity = diffs["clarity"]
+    assert (clarity["group"], clarity["baseline"], clarity["estimate"]) == ("B", "A", None)
+    assert clarity["reason"] == "the baseline group A has no estimate (all 30 labels are 5: no spread to build an " \
+        "interval on)"
+    table = run_cli("estimate", work["art"], "--data", path, "--by", "system")
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[-1] == f"no clarity differences from group A: {clarity['reason']}"
+    assert any(" accuracy" in line and "B - A:" in line for line in lines)
 
 
 def test_samples_in_a_csv_are_estimated_as_their_jsonl(work):

@@ -270,6 +270,23 @@ def test_label_refuses_bad_input_in_one_line_before_serving(pool, tmp_path):
     assert not (tmp_path / "l.db").exists()
 
 
+def test_a_port_in_use_leaves_no_labels_file_behind(pool, tmp_path):
+    """With the port taken, `hdeval label` exited 2 with a clear error but had made the labels
+    file (and its folder) already."""
+    import socket
+
+    _, task_file, data, _ = pool
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        db = tmp_path / "new" / "l2.db"
+        one_error(run_cli("label", "--task", task_file, "--data", data, "--labels", db, "--llm", "fake",
+                          "--cache-dir", tmp_path / "cache", "--port", port),
+                  f"--port {port} is in use")
+    assert not db.exists() and not db.parent.exists()
+
+
 @pytest.mark.slow
 def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
     from conftest import train_artifact
@@ -300,8 +317,7 @@ def test_an_artifacts_criteria_score_the_pool(pool, toy, tmp_path):
 
 
 def test_export_says_which_strategy_picked_each_sample(pool, tmp_path):
-    """labels.db records the strategy that showed a sample (the first labels of a default session
-    come from 'diversity'), but the export dropped it: `hdeval estimate` then took actively picked
+    """labels.db records the strategy that showed a sample (e.g. 'diversity'), but the export dropped it: `hdeval estimate` then took actively picked
     labels for a random sample and gave an interval that does not hold."""
     task, _, _, samples = pool
     db = tmp_path / "labels.db"
@@ -316,6 +332,24 @@ def test_export_says_which_strategy_picked_each_sample(pool, tmp_path):
     assert rows[samples[0].id]["selection"] == "diversity" and rows[samples[4].id]["selection"] == "random"
     assert "selection" not in rows[samples[5].id]
     assert len(read_samples(out, task, require_scores=True)) == 3
+
+
+def test_a_default_session_picks_at_random_from_the_first_label(pool, tmp_path):
+    """The default strategy is random, but the app's first 8 picks were a diverse cold start with
+    no sampling probability: `hdeval estimate` then refused the labels of a default session.
+    A model-based strategy still starts diverse."""
+    task, _, _, samples = pool
+    s = session_of(task, samples, tmp_path / "labels.db", double_share=0.0)
+    for _ in range(10):
+        shown = s.next_for("ann")
+        assert shown.strategy == "random" and "at random" in shown.reason
+        s.label("ann", "s1", shown.sample.id, {"clarity": 3, "accuracy": 4})
+    out = tmp_path / "labeled.jsonl"
+    assert export_labels(tmp_path / "labels.db", out) == 10
+    assert {json.loads(line)["selection"] for line in out.read_text().splitlines()} == {"random"}
+    for strategy in ("uncertainty", "diversity", "hybrid"):
+        first = session_of(task, samples, tmp_path / f"{strategy}.db", strategy=strategy).next_for("ann")
+        assert first.strategy == strategy and "unlike those already labelled" in first.reason
 
 
 @pytest.mark.slow  # trains a jury artifact (4 s at a load average of 2)

@@ -149,6 +149,11 @@ def prepare(
     llm.check()
     closers: list[Callable[[], None]] = []
     try:
+        # the address and the LLM first: a port in use leaves no new labels file (nor its folder)
+        sock = bind(host, port)
+        closers.append(sock.close)
+        client = open_llm(llm, backend)
+        closers.append(client.close)
         store = LabelStore(labels, the_task)
         closers.append(store.close)
         session = LabelSession(
@@ -160,10 +165,6 @@ def prepare(
             refit_every=refit_every,
             seed=seed,
         )
-        sock = bind(host, port)
-        closers.append(sock.close)
-        client = open_llm(llm, backend)
-        closers.append(client.close)
     except BaseException:
         for close in reversed(closers):
             close()

@@ -97,10 +97,10 @@ class LabelSession:
             from hdeval.learn import selection
         check_options(strategy, double_share, selection)
         self.task, self.samples, self.store, self.selection = task, list(samples), store, selection
+        # the strategy picks from the first label on: before a model exists the model-based ones
+        # pick a diverse sample, random stays random (a default session's labels are then a fair
+        # sample, which `hdeval estimate` takes without sampling probabilities)
         self.strategy = strategy or selection.DEFAULT
-        # the first labels, before a model exists, come from a diverse sample, unless the control
-        # (or another strategy) was asked for by name
-        self.cold_strategy = strategy or "diversity"
         self.double_share, self.refit_every, self.seed = double_share, max(1, refit_every), seed
         self.index = {s.id: i for i, s in enumerate(self.samples)}
         self.hashes = [content_hash(s) for s in self.samples]
@@ -215,8 +215,7 @@ class LabelSession:
         exclude |= {self.index[sid] for sid, who in self._skipped if who == rater and sid in self.index}
         if len(exclude | set(rows.tolist())) >= len(self.samples):
             return None
-        cold = len(rows) < getattr(self.selection, "MIN_MODEL_LABELS", 8)
-        strategy = self.cold_strategy if cold else self.strategy
+        strategy = self.strategy
         picks = self.selection.pick(
             self.X,
             rows,

@@ -53,7 +53,7 @@ def _table(records: list[dict], alpha: float) -> list[str]:
                 else f"{margin} is out of reach by labelling these {r['n']} rows"
             )
         )
-    diffs = [r for r in records if r["kind"] == "difference"]
+    diffs = [r for r in records if r["kind"] == "difference" and r["estimate"] is not None]
     if diffs:
         out.append(
             f"differences from group {diffs[0]['baseline']} ({level} intervals; the groups' rows are disjoint):"
@@ -64,6 +64,10 @@ def _table(records: list[dict], alpha: float) -> list[str]:
                 f"[{r['low']:+.3f}, {r['high']:+.3f}]  classical {r['classical']:+.3f} "
                 f"[{r['classical_low']:+.3f}, {r['classical_high']:+.3f}]"
             )
+    # an aspect whose baseline has no estimate has no differences: one line says why
+    unbased = {r["aspect"]: r for r in records if r["kind"] == "difference" and r["estimate"] is None}
+    for a, r in unbased.items():
+        out.append(f"no {a} differences from group {r['baseline']}: {r['reason']}")
     return out
 
 

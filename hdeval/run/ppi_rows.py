@@ -35,6 +35,8 @@ SELECTION_FIELD = "selection"
 #: The aspect name a pairwise task's estimate goes by.
 WIN_RATE = "win_rate"
 ALL = "all"
+#: A difference record's figures: None in one whose baseline has no estimate.
+_DIFFERENCE_FIGURES = ("estimate", "low", "high", "se", "classical", "classical_low", "classical_high")
 _ABSENT = object()  # an aspect missing from a row's scores (not the artifact's rows?)
 
 
@@ -180,6 +182,79 @@ def _number(x: Any) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
 
+class _Picked:
+    """How the labelled rows were picked, checked one labelled row at a time: labels an active
+    strategy picked without their probabilities are refused, and so is a file mixing labelled
+    rows with and without them."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
+
+    def prob(self, prob: Any, selection: Any, line: int) -> float:
+        """The row's sampling probability (NaN: none given), once its row passes."""
+        where = f"{self.path}: line {line}"
+        if prob is None and selection not in (None, "random"):
+            raise DataError(
+                f"{where}: this label was picked by the {selection!r} strategy and carries no {PROB_FIELD!r}: "
+                "actively selected labels are no random sample, so no valid interval follows from them; "
+                f"give each labelled row its {PROB_FIELD} or label a random sample"
+            )
+        value = math.nan if prob is None else _prob(prob, where)
+        self.first.setdefault(prob is not None, line)
+        if len(self.first) == 2:
+            raise DataError(
+                f"{self.path}: line {max(self.first.values())}: labelled rows with and without {PROB_FIELD!r} "
+                f"(line {min(self.first.values())}): give every labelled row its probability of being picked, "
+                "or none (a uniform random sample)"
+            )
+        return value
+
+
+def _check_groups(
+    by: str | None, baseline: str | None, groups: list[str], data: str, apply_output: bool
+) -> None:
+    """Refuse ``--by`` a field no row has, and a ``--baseline`` that is none of the groups."""
+    if by is not None and groups == [_group_name(None)]:
+        # every row in one group "(none)" would pass for an estimate by FIELD
+        raise ConfigError(
+            f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
+            + (
+                "; an apply output keeps only id, doc_id and system of each sample: give --data "
+                "the samples file"
+                if apply_output
+                else ""
+            )
+        )
+    if baseline is not None and by is not None and baseline not in groups:
+        raise ConfigError(
+            f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
+            f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})"
+        )
+
+
+def _check_samples(data: str, ev: Any, side: _Side, by: str | None, baseline: str | None) -> None:
+    """Before any LLM call: the checks :func:`_collect` and :func:`estimate_file` make that need
+    no scores, on the samples ``data`` holds (read as apply reads them): how the labelled ones
+    outside the training split were picked, and the groups."""
+    from hdeval.data.samples import iter_task_chunks
+
+    task = ev.task
+    pairwise = task.shape == "pairwise"
+    training = ev.training_ids() if callable(getattr(ev, "training_ids", None)) else frozenset()
+    picked = _Picked(side.path)
+    groups: set[str] = set()
+    for chunk in iter_task_chunks(data, task, require_labels=False):
+        for s in chunk:
+            group, prob, selection, line = side.of.get(s.id, (ALL, None, None, s.line))
+            groups.add(_shown(group if type(group) is str else _group_name(group)))
+            if s.id in training:
+                continue
+            if pair_value(s.label) is not None if pairwise else bool(s.scores):
+                picked.prob(prob, selection, line)
+    _check_groups(by, baseline, sorted(groups), data, apply_output=False)
+
+
 def _collect(
     scored: str, side: _Side, aspects: list[str], pairwise: bool, notes: list[str]
 ) -> tuple[dict[tuple[str, str], _Cell], int]:
@@ -252,7 +327,7 @@ def _collect(
             )
     Y = np.full(P.shape, math.nan)
     prob_of = np.full(len(preds), math.nan)
-    first: dict[bool, int] = {}  # whether a labelled row has a probability -> its first line
+    picked = _Picked(side.path)
     for i, human, prob, selection, line in labelled:
         where = f"{side.path}: line {line}"
         if pairwise:
@@ -267,21 +342,7 @@ def _collect(
             raise DataError(f"{where}: 'human' must be an object of scores")
         if np.isnan(Y[i]).all():
             continue
-        if prob is None and selection not in (None, "random"):
-            raise DataError(
-                f"{where}: this label was picked by the {selection!r} strategy and carries no {PROB_FIELD!r}: "
-                "actively selected labels are no random sample, so no valid interval follows from them; "
-                f"give each labelled row its {PROB_FIELD} or label a random sample"
-            )
-        if prob is not None:
-            prob_of[i] = _prob(prob, where)
-        first.setdefault(prob is not None, line)
-        if len(first) == 2:
-            raise DataError(
-                f"{side.path}: line {max(first.values())}: labelled rows with and without {PROB_FIELD!r} (line "
-                f"{min(first.values())}): give every labelled row its probability of being picked, or none "
-                "(a uniform random sample)"
-            )
+        prob_of[i] = picked.prob(prob, selection, line)
     names, codes = np.unique(np.array(groups, dtype=object).astype(str), return_inverse=True)
     cells: dict[tuple[str, str], _Cell] = {}
     for j, a in enumerate(aspects):
@@ -422,6 +483,7 @@ def estimate_file(
         side = _Side(data, by, inline=False)
         for lineno, row in _sample_rows(data, task):
             side.add(row, lineno)
+        _check_samples(data, ev, side, by, baseline)  # refused before the LLM calls are paid for
         with tempfile.TemporaryDirectory(prefix=".hdeval-estimate-") as tmp:
             scored = os.path.join(tmp, "scored.jsonl")
             score(ev, data, scored)
@@ -431,22 +493,7 @@ def estimate_file(
     records: list[dict] = []
     fitted: dict[tuple[str, str], MeanEstimate] = {}
     groups = sorted({g for _, g in cells})
-    if by is not None and groups == [_group_name(None)]:
-        # every row in one group "(none)" would pass for an estimate by FIELD
-        raise ConfigError(
-            f"--by {by}: no row of {data} has a field {by!r} (in 'meta' or at the top level)"
-            + (
-                "; an apply output keeps only id, doc_id and system of each sample: give --data "
-                "the samples file"
-                if apply_output
-                else ""
-            )
-        )
-    if baseline is not None and by is not None and baseline not in groups:
-        raise ConfigError(
-            f"--baseline {baseline!r} is no group of {by!r} in {data} (groups: "
-            f"{', '.join(groups[:10])}{', ...' if len(groups) > 10 else ''})"
-        )
+    _check_groups(by, baseline, groups, data, apply_output)
     for a in aspects:
         for g in groups:
             if (a, g) in cells:
@@ -456,8 +503,21 @@ def estimate_file(
                     fitted[(a, g)] = e
     if by is not None and len(groups) > 1:
         base = baseline or groups[0]
+        # no estimate of the baseline, no difference from it: a record per group says why
+        unbased = {r["aspect"]: r["reason"] for r in records if r["group"] == base and r["estimate"] is None}
         for a in aspects:
             for g in groups:
+                if g != base and a in unbased and (a, g) in cells:
+                    records.append(
+                        {
+                            "kind": "difference",
+                            "aspect": a,
+                            "group": g,
+                            "baseline": base,
+                            **dict.fromkeys(_DIFFERENCE_FIGURES),
+                            "reason": f"the baseline group {base} has no estimate ({unbased[a]})",
+                        }
+                    )
                 if g == base or (a, g) not in fitted or (a, base) not in fitted:
                     continue
                 d = difference(fitted[(a, g)], fitted[(a, base)])
