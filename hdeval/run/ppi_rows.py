@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.types import PairSample
 from hdeval.data.labels_db import is_labels_file
 from hdeval.learn.ppi import MeanEstimate, Moments, difference, pair_value, ppi_mean
 
@@ -240,7 +241,6 @@ def _check_samples(data: str, ev: Any, side: _Side, by: str | None, baseline: st
     from hdeval.data.samples import iter_task_chunks
 
     task = ev.task
-    pairwise = task.shape == "pairwise"
     training = ev.training_ids() if callable(getattr(ev, "training_ids", None)) else frozenset()
     picked = _Picked(side.path)
     groups: set[str] = set()
@@ -250,7 +250,8 @@ def _check_samples(data: str, ev: Any, side: _Side, by: str | None, baseline: st
             groups.add(_shown(group if type(group) is str else _group_name(group)))
             if s.id in training:
                 continue
-            if pair_value(s.label) is not None if pairwise else bool(s.scores):
+            labelled = pair_value(s.label) is not None if isinstance(s, PairSample) else bool(s.scores)
+            if labelled:
                 picked.prob(prob, selection, line)
     _check_groups(by, baseline, sorted(groups), data, apply_output=False)
 
