@@ -77,6 +77,19 @@ def test_a_bad_label_budget_fails_before_any_call(tmp_path: Path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
 
 
+def test_a_full_label_figure_below_zero_gives_no_labels_needed_and_no_raw_warning(tmp_path: Path):
+    """On the example with the fake LLM the full-label agreement is below 0: 95% of it is no target,
+    and the summary said 'reaches 95% ... with more than 10 labels'; a resample with no seed's
+    figure leaked numpy's 'Mean of empty slice'."""
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    r = CliRunner().invoke(cli, ["benchmark", "--task", str(examples / "qa_task.toml"), "--methods",
+                                 "direct,hdeval", "--layers", "2", "--llm", "fake", "--label-budget", "10", "--repeats", "1",
+                                 "--cache-dir", str(tmp_path / "cache"), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert "no labels-to-95% figure: the full-label agreement (-0." in r.output
+    assert "reaches 95%" not in r.output and "empty slice" not in r.output
+
+
 @pytest.mark.slow
 def test_benchmark_draws_learning_curves_from_cached_scores(tmp_path: Path):
     if load_human("sfhot") is None:

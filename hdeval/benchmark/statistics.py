@@ -4,6 +4,7 @@ whole documents, summary-level correlation, ranking exact-match, mean/std over s
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -76,7 +77,9 @@ def _new_split(
         ],
         float,
     ).reshape(n_resamples, len(cases))[:, ok]
-    means = np.nanmean(draws, axis=1) if ok.any() else np.array([])
+    with warnings.catch_warnings():  # a resample with no seed's figure is left out just below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(draws, axis=1) if ok.any() else np.array([])
     means = means[np.isfinite(means)]
     test_var = float(np.var(means, ddof=1)) if len(means) > 1 else float("nan")
     out: dict[str, Any] = {"test_sd": _num(math.sqrt(test_var)) if math.isfinite(test_var) else None}

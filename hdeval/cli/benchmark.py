@@ -217,6 +217,14 @@ def benchmark(
         what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
         click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
     for run in results.get("learning_curves") or []:
+        full = run["summary"].get("full_label")
+        if not (isinstance(full, (int, float)) and full > 0):  # 95% of it is no target
+            shown = "none" if full is None else f"{full:.3f}"
+            click.echo(
+                f"{run['setting']} seed {run['seed']}: no labels-to-95% figure: the full-label "
+                f"agreement ({shown}) is not above 0"
+            )
+            continue
         for strat, row in run["summary"]["strategies"].items():
             need = row["labels_needed"]
             click.echo(
