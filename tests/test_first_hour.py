@@ -287,7 +287,7 @@ def test_the_summary_says_what_its_numbers_mean_and_what_to_do(tmp_path: Path) -
     out = res.stdout + res.stderr
     metrics = json.loads((tmp_path / "art" / "metrics.json").read_text())
     final, direct = metrics["final"]["average"]["spearman"], metrics["direct_layer1"]["average"]["spearman"]
-    assert f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})" in out
+    assert f"held-out Spearman: trained {final:.3f} vs direct layer-1 score {direct:.3f} (difference {final - direct:+.3f})" in out
     hw = metrics["intervals"]["half_width"]
     assert f"clarity ±{hw['clarity']:.2f}, accuracy ±{hw['accuracy']:.2f} on a 1-5 scale: too wide to use" in out
     assert "a --tree file's layers are kept whole" in out

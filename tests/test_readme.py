@@ -382,7 +382,7 @@ def test_train_summary_names_final_evaluator_baseline_and_next_step(toy, tmp_pat
     assert "90% prediction intervals: clarity ±" in r.stdout
     direct = metrics["direct_layer1"]["average"]["spearman"]
     final = metrics["final"]["average"]["spearman"]
-    assert f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})" \
+    assert f"held-out Spearman: trained {final:.3f} vs direct layer-1 score {direct:.3f} (difference {final - direct:+.3f})" \
         in r.stdout
     assert r.stdout.rstrip().splitlines()[-2:] == [
         f"next: hdeval report {art}", "then: train with a real LLM (--llm): the fake LLM's numbers only show the "

@@ -44,10 +44,13 @@ def summary_lines(ev: Any, path: Path) -> list[tuple[str, bool]]:
     direct = (m.get("direct_layer1") or {}).get("average", {}).get("spearman")
     final = avg["spearman"]
     if direct is not None and final is not None:
-        head = f"held-out Spearman: trained {final:.3f} vs direct {direct:.3f} (difference {final - direct:+.3f})"
+        head = (
+            f"held-out Spearman: trained {final:.3f} vs direct layer-1 score {direct:.3f} "
+            f"(difference {final - direct:+.3f})"
+        )
     else:
         head = f"held-out Spearman: trained {_num(final)}" + (
-            f" vs direct {direct:.3f}" if direct is not None else ""
+            f" vs direct layer-1 score {direct:.3f}" if direct is not None else ""
         )
     out.append(
         (
