@@ -62,6 +62,18 @@ def test_other_readers_refuse_a_labels_file_saying_how_to_export_it(labelled):
     assert f"hdeval data export-labels {db} -o" in str(got.value)
 
 
+def test_apply_refuses_a_labels_file_before_counting_its_lines(labelled, tmp_path):
+    """apply said 'up to 34 samples' (the database's lines) before refusing the file."""
+    from conftest import one_error, run_cli, trained_toy_artifact
+
+    _, _, db, _ = labelled
+    (tmp_path / "t").mkdir()
+    art = trained_toy_artifact(tmp_path / "t")
+    res = run_cli("apply", art, db, "-o", tmp_path / "x.jsonl", "--llm", "fake")
+    one_error(res, "is a labels file of hdeval label", f"hdeval data export-labels {db} -o")
+    assert "up to" not in res.output and not (tmp_path / "x.jsonl").exists()
+
+
 def test_train_refuses_another_tasks_labels_or_another_sqlite_file(labelled, tmp_path):
     task_file, _, db, _ = labelled
     other = tmp_path / "other.toml"

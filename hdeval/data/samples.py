@@ -161,10 +161,7 @@ def _iter_task(
     derived: dict[str, int] = {}  # content ids handed out: a repeat of the same texts gets -2, -3, ...
     if is_labels_file(path):  # hdeval label's labels.db: the samples export-labels would write
         if not labels_file:
-            raise DataError(
-                f"{path} is a labels file of hdeval label, which this command does not read: write its "
-                f"samples with `hdeval data export-labels {path} -o labeled.jsonl` (train reads it as it is)"
-            )
+            raise labels_file_refused(path)
         unit, mapped = "labelled sample", False
         rows: Iterator[tuple[int, str | None, dict | None]] = (
             (i, None, row) for i, row in enumerate(labelled_rows(path, task.name, task.shape), 1)
@@ -232,6 +229,14 @@ def _on_lines(unit: str, problem: str, count: int, first: list[int]) -> str:
 
 #: data files read as tables (one column per field) by their extension; any other name is JSONL
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".parquet": "parquet"}
+
+
+def labels_file_refused(path: str | Path) -> DataError:
+    """The one-line refusal of a labels file by a command that reads data files only."""
+    return DataError(
+        f"{path} is a labels file of hdeval label, which this command does not read: write its "
+        f"samples with `hdeval data export-labels {path} -o labeled.jsonl` (train reads it as it is)"
+    )
 
 
 def table_format(path: str | Path) -> str | None:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator
 from hdeval.core.errors import ConfigError, DataError, ScoringError
 from hdeval.core.fetch import sha256_file
 from hdeval.core.progress import Progress
+from hdeval.data.labels_db import is_labels_file
+from hdeval.data.samples import labels_file_refused
 from hdeval.methods.base import Explains, explain_refusal
 from hdeval.run.artifact_llm import Notify, check_llm_options, log_notify, open_artifact_llm
 from hdeval.run.output import OutputWriter, check_output, output_format
@@ -399,6 +401,8 @@ def apply_file(
             f"not {output} (merge-shards writes .csv or .parquet)"
         )
     near = None if output == "-" else os.path.dirname(os.path.abspath(output))  # the id index's place
+    if is_labels_file(input_file):  # before "up to N samples", which would count a database's lines
+        raise labels_file_refused(input_file)
     lines, input_sha = _scan_bytes(input_file, digest=which is not None)
     whole = getattr(ev, "whole_input", None)  # rows compared with each other (all-vs-all PairEval)
     if whole:
