@@ -548,3 +548,21 @@ def test_the_report_counts_only_judges_whose_errors_are_defined(tmp_path: Path) 
                cache_dir=str(tmp_path / "cache"), seed=0)
     line = jury_sections(ev)[1][1].lines[0]
     assert line.startswith("2 judges behave like ") and "Not counted: lazy" in line
+
+
+def test_a_difference_with_a_judge_that_failed_cells_is_on_the_cells_it_has() -> None:
+    """A judge whose failed calls left cells empty is scored on the rest; the learned jury minus it
+    is taken on those same cells, not the learned jury's every row against the judge's fewer."""
+    from hdeval.core.metrics import average_spearman
+    from hdeval.methods.hdeval.jury import held_out_intervals
+
+    rng = np.random.default_rng(0)
+    Y = rng.normal(size=(60, 2))
+    learned, judge = Y + 0.5 * rng.normal(size=Y.shape), Y + 0.5 * rng.normal(size=Y.shape)
+    judge[Y[:, 0] > 0.5, 0] = np.nan  # it failed on the high rows of one aspect
+    out = held_out_intervals(Y, {("learned",): learned, ("j",): judge}, [f"d{i // 3}" for i in range(60)])
+    same_cells = np.where(np.isfinite(judge), learned, np.nan)
+    want = average_spearman(Y, same_cells) - average_spearman(Y, judge)
+    assert out["j"]["learned_minus"]["difference"] == pytest.approx(want, abs=1e-6)
+    assert out["learned"]["spearman"] == pytest.approx(average_spearman(Y, learned), abs=1e-6)
+    assert out["j"]["learned_minus"]["low"] < want < out["j"]["learned_minus"]["high"]

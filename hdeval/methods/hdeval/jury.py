@@ -234,19 +234,30 @@ def held_out_intervals(
 ) -> dict[str, Any]:
     """Each evaluator's held-out average Spearman with a percentile interval, and the learned
     jury minus it with the interval of the difference, from the same resamples of whole held-out
-    documents (a document's rows move together). ``preds``: path in ``baselines`` -> held-out
+    documents (a document's rows move together); a difference is taken on the cells both have. ``preds``: path in ``baselines`` -> held-out
     predictions; the result is nested the same way."""
     from hdeval.core.metrics import average_spearman
 
     keys = list(preds)
+    ref = keys.index(("learned",))
+    learned = np.asarray(preds[keys[ref]], float)
+    # the learned jury beside an evaluator that failed some cells (a judge's failed calls): on the
+    # cells that evaluator has, so a difference compares the same rows
+    paired = {
+        i: np.where(np.isfinite(p), learned, np.nan)
+        for i, k in enumerate(keys)
+        if i != ref and not np.isfinite(p := np.asarray(preds[k], float))[np.isfinite(learned)].all()
+    }
     uniq = sorted(set(docs))
     rows_of = [np.flatnonzero(np.asarray(docs) == d) for d in uniq]
     rng = np.random.default_rng(seed)
     draws = np.full((RESAMPLES, len(keys)), np.nan)
+    paired_draws = {i: np.full(RESAMPLES, np.nan) for i in paired}
     for b in range(RESAMPLES):
         idx = np.concatenate([rows_of[j] for j in rng.integers(0, len(uniq), len(uniq))])
         draws[b] = [average_spearman(Y[idx], np.asarray(preds[k], float)[idx]) for k in keys]
-    ref = keys.index(("learned",))
+        for i, on in paired.items():
+            paired_draws[i][b] = average_spearman(Y[idx], on[idx])
     tail = (1 - LEVEL) / 2
 
     def band(v: Any) -> dict[str, float | None]:
@@ -267,9 +278,10 @@ def held_out_intervals(
             node = node.setdefault(part, {})
         entry: dict[str, Any] = {"spearman": r(est), **band(draws[:, i])}
         if i != ref:
+            mine = paired.get(i, learned)
             entry["learned_minus"] = {
-                "difference": r(average_spearman(Y, np.asarray(preds[keys[ref]], float)) - est),
-                **band(draws[:, ref] - draws[:, i]),
+                "difference": r(average_spearman(Y, mine) - est),
+                **band(paired_draws.get(i, draws[:, ref]) - draws[:, i]),
             }
         node[k[-1]] = entry
     return out
