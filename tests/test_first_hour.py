@@ -319,13 +319,26 @@ def test_next_step_follows_the_figures() -> None:
                                          ("gpt-4o-mini", None), ("lake", "fake")])
 def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo: str, meant: str | None) -> None:
     """--llm fak became a paid OpenAI model named "fak"."""
-    from hdeval.cli.options import did_you_mean
+    from hdeval.llm.backends.factory import did_you_mean
 
     assert did_you_mean(typo, None) == meant
     assert did_you_mean(typo, "http://127.0.0.1:8000/v1") is None  # a server's own model name
     if meant:
         res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", typo, "--dry-run")
         assert res.exit_code == 2 and f"did you mean {meant!r}?" in res.stderr
+
+
+def test_the_library_refuses_a_typo_of_a_builtin_llm_as_the_cli_does(monkeypatch) -> None:
+    """ev.score(..., llm="fakee") said only that OpenAI needs a key (and with one set, would have
+    sent the rows to a model named "fakee")."""
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.backends.factory import make_backend
+    from hdeval.llm.config import LLMConfig
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    with pytest.raises(ConfigError, match="did you mean 'fake'"):
+        make_backend(LLMConfig(model="fakee"))
+    assert make_backend(LLMConfig(model="fakee", base_url="http://127.0.0.1:9/v1"), offline=True) is not None
 
 
 def test_the_dry_run_says_where_calls_would_go() -> None:

@@ -8,27 +8,7 @@ from typing import Any
 
 import click
 
-#: the names that never go to a server: a name a typo away from one is refused, not sent to OpenAI
-BUILTIN_LLMS = ("fake", "local")
-
-
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance (the names compared are a few characters long)."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
-def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
-    """``--llm fak`` would go to OpenAI as a model named "fak": the built-in it is a typo of."""
-    if not llm or base_url or any(c in llm for c in ":/@"):
-        return None
-    name = llm.strip().lower()
-    close = [b for b in BUILTIN_LLMS if name != b and _edits(name, b) <= (1 if len(b) <= 4 else 2)]
-    return close[0] if close else None
+from hdeval.llm.backends.factory import BUILTIN_LLMS, did_you_mean, edits, typo_refusal
 
 
 def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
@@ -52,7 +32,7 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
         return None
     name = llm.strip().lower()
     limit = 1 if len(name) <= 4 else 2
-    near = sorted((_edits(name, m.lower()), m) for m in here if abs(len(m) - len(name)) <= limit)
+    near = sorted((edits(name, m.lower()), m) for m in here if abs(len(m) - len(name)) <= limit)
     return (near[0][1], server) if near and near[0][0] <= limit else None
 
 
@@ -67,8 +47,7 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
             guess = did_you_mean(llm, base_url)
             if guess:
                 raise click.BadParameter(
-                    f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: "
-                    f"did you mean {guess!r}? (a server's model of that name: give --base-url)",
+                    typo_refusal(llm, guess),
                     ctx=ctx,
                     param_hint="--llm",
                 )
