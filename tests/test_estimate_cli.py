@@ -179,6 +179,18 @@ def test_samples_are_checked_before_any_llm_call(work, tmp_path):
     assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--by topic: no row of" in r.stderr
     r = run_cli("estimate", work["art"], "--data", work["rows"], *opts, "--by", "system", "--baseline", "C")
     assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--baseline 'C' is no group" in r.stderr
+    # a group only the artifact's training rows have is no group of the estimate either
+    from hdeval.methods.registry import load_artifact
+
+    ids = load_artifact(work["art"]).training_ids()
+    trained = [r for r in map(json.loads, (work["dir"] / "train.jsonl").read_text().splitlines()) if r["id"] in ids]
+    trained = trained[:5]
+    assert len(trained) == 5
+    for row in trained:
+        row["system"] = "Z"
+    both = _write(tmp_path / "with-training.jsonl", trained + [json.loads(x) for x in work["rows"].read_text().splitlines()])
+    r = run_cli("estimate", work["art"], "--data", both, *opts, "--by", "system", "--baseline", "Z")
+    assert r.exit_code == 2 and "LLM calls" not in r.stderr and "--baseline 'Z' is no group" in r.stderr
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 

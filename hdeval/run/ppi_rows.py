@@ -247,9 +247,9 @@ def _check_samples(data: str, ev: Any, side: _Side, by: str | None, baseline: st
     for chunk in iter_task_chunks(data, task, require_labels=False):
         for s in chunk:
             group, prob, selection, line = side.of.get(s.id, (ALL, None, None, s.line))
-            groups.add(_shown(group if type(group) is str else _group_name(group)))
-            if s.id in training:
+            if s.id in training:  # as the estimate itself: training rows are no part of it
                 continue
+            groups.add(_shown(group if type(group) is str else _group_name(group)))
             labelled = pair_value(s.label) is not None if isinstance(s, PairSample) else bool(s.scores)
             if labelled:
                 picked.prob(prob, selection, line)
