@@ -367,32 +367,38 @@ def test_a_bad_hdeval_jobs_stops_training_before_any_llm_call(toy, monkeypatch, 
 
 
 def test_overlapping_one_thread_users_leave_the_threads_as_they_found_them() -> None:
-    """The labelling app fits in one thread while it picks in another: neither may lift the limit
-    under the other, and the last one out restores the number there was before."""
+    """The labelling app fits in one thread while it picks in another: neither may lift the BLAS
+    limit (the process's) under the other, the last one out restores it, and OpenMP's limit (each
+    thread's own) is set and restored in each thread."""
     import threading
 
     from threadpoolctl import threadpool_info
 
     from hdeval.learn.aggregate import one_thread
 
-    def blas() -> list[int]:
-        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    def threads(api: str) -> list[int]:
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == api]
 
-    before = blas()
+    before, omp_before = threads("blas"), threads("openmp")
     inside, released = threading.Event(), threading.Event()
-    seen: list[list[int]] = []
+    seen: dict[str, list[int]] = {}
 
     def other() -> None:
+        seen["openmp, the second user before"] = threads("openmp")
         with one_thread():
+            seen["openmp, the second user"] = threads("openmp")
             inside.set()
             released.wait(10)
+        seen["openmp, the second user after"] = threads("openmp")
 
     t = threading.Thread(target=other)
     with one_thread():
         t.start()
         assert inside.wait(10)
-    seen.append(blas())  # the first user left; the other still holds the limit
+    seen["blas, the first user gone"] = threads("blas")
     released.set()
     t.join(10)
-    assert seen == [[1] * len(before)]
-    assert blas() == before
+    assert seen["blas, the first user gone"] == [1] * len(before)
+    assert seen["openmp, the second user"] == [1] * len(omp_before)
+    assert threads("blas") == before and threads("openmp") == omp_before
+    assert seen["openmp, the second user after"] == seen["openmp, the second user before"]

@@ -113,20 +113,23 @@ def _any_thread_may_set() -> None:
 def one_thread() -> Iterator[None]:
     """BLAS and OpenMP limited to one thread while models are fitted: on matrices of a few
     hundred rows threads only add hand-over and spinning (joblib already limits workers).
-    The limit is the process's: held from the first of overlapping users (the labelling app
-    re-fits in one thread while it picks in another) to the last, so one leaving never lifts
-    it under another, and the last restores what there was before the first."""
+    BLAS's pool is the process's: its limit is held from the first of overlapping users (the
+    labelling app re-fits in one thread while it picks in another) to the last, so one leaving
+    never lifts it under another, and the last restores what there was before the first.
+    OpenMP's limit is each thread's own, so each user sets and restores its own."""
     global _THREADPOOLS, _one_thread_users, _one_thread_limiter
     with _ONE_THREAD:
+        if _THREADPOOLS is None:  # found once; every library it needs is loaded by now
+            _THREADPOOLS = ThreadpoolController()
         if _one_thread_users == 0:
-            if _THREADPOOLS is None:  # found once; every library it needs is loaded by now
-                _THREADPOOLS = ThreadpoolController()
             _any_thread_may_set()
-            _one_thread_limiter = _THREADPOOLS.limit(limits=1)
+            _one_thread_limiter = _THREADPOOLS.select(user_api="blas").limit(limits=1)
             _any_thread_may_set()
         _one_thread_users += 1
+        per_thread = _THREADPOOLS.select(user_api="openmp")
     try:
-        yield
+        with per_thread.limit(limits=1):
+            yield
     finally:
         with _ONE_THREAD:
             _one_thread_users -= 1
