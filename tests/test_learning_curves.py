@@ -88,6 +88,8 @@ def test_a_full_label_figure_below_zero_gives_no_labels_needed_and_no_raw_warnin
     assert r.exit_code == 0, r.output
     assert "no labels-to-95% figure: the full-label agreement (-0." in r.output
     assert "reaches 95%" not in r.output and "empty slice" not in r.output
+    md = (tmp_path / "b" / "results.md").read_text()  # the table said '>10' though 0.15 > -0.04
+    assert "Labels to 95% of it: n/a, as the full-label figure is not above 0." in md and ">10" not in md
 
 
 @pytest.mark.slow

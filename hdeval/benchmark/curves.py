@@ -268,9 +268,14 @@ def curve_tables(results: Mapping[str, Any]) -> list[tuple[str, list[str], list[
             f"held-out {run['metric']} against labels used, labelling from none in the "
             f"{run['train_rows']}-row training pool ({run['aggregator']} aggregator re-fitted at each "
             f"budget, {run['repeats']} repeats, mean [5th-95th percentile]); with every training label: "
-            f"{_num(full)}. Labels to 95% of it ({_num(REACH * full if full is not None else None)}): the "
-            f"first budget that reached it, median over repeats [90% CI]; '>{budgets[-1]}': not within "
-            f"the budgets."
+            f"{_num(full)}. "
+        )
+        target = isinstance(full, (int, float)) and full > 0  # 95% of a figure at or below 0 is none
+        intro += (
+            f"Labels to 95% of it ({_num(REACH * full)}): the first budget that reached it, median over "
+            f"repeats [90% CI]; '>{budgets[-1]}': not within the budgets."
+            if target
+            else "Labels to 95% of it: n/a, as the full-label figure is not above 0."
         )
         head = ["strategy", *[f"{b} labels" for b in budgets], "labels to 95%"]
         rows = []
@@ -285,13 +290,11 @@ def curve_tables(results: Mapping[str, Any]) -> list[tuple[str, list[str], list[
             def lab(x: float | None) -> str:
                 return f">{budgets[-1]}" if x is None else f"{x:g}"  # noqa: B023 (called within this iteration)
 
-            rows.append(
-                [
-                    strat,
-                    *cells,
-                    f"{lab(row['labels_needed'])} [{lab(row['labels_needed_low'])}, "
-                    f"{lab(row['labels_needed_high'])}]",
-                ]
+            needed = (
+                f"{lab(row['labels_needed'])} [{lab(row['labels_needed_low'])}, {lab(row['labels_needed_high'])}]"
+                if target
+                else "n/a"
             )
+            rows.append([strat, *cells, needed])
         tables.append((intro, head, rows))
     return tables
