@@ -148,6 +148,13 @@ def test_init_says_which_line_lacks_a_score_and_the_option_that_leaves_it_out(tm
     assert not (tmp_path / "t.toml").exists()
     res = run_cli("init", data, "-o", tmp_path / "t.toml", "--output-col", "a", "--score-col", "clear")
     assert res.exit_code == 0 and "aspects clear [2, 4]" in res.stdout, res.output
+    # the advice names only columns every row has; a JSON file's rows are rows, not lines
+    data.write_text("q,a,clear,correct,fluent\nWhy?,Because.,3,4,5\nHow?,So.,,,4\nWhat?,That.,2,5,3\n")
+    line = one_error(run_cli("init", data, "-o", tmp_path / "u.toml", "--output-col", "a"), "line 3")
+    assert line.endswith("keep only the columns every line has: --score-col fluent")
+    rows = [{"q": "Why?", "a": "B.", "s": 3}, {"q": "How?", "a": "S.", "s": None}, {"q": "W?", "a": "T.", "s": 2}]
+    (tmp_path / "r.json").write_text(json.dumps(rows), encoding="utf-8")
+    one_error(run_cli("init", tmp_path / "r.json", "-o", tmp_path / "v.toml", "--output-col", "a"), "r.json: row 2:")
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])

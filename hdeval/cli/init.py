@@ -103,7 +103,7 @@ def init(
       hdeval init examples/ratings.csv -o artifacts/task.toml --source-col question --output-col answer
       hdeval train --task artifacts/task.toml --llm fake
     """
-    from hdeval.data.samples import data_rows
+    from hdeval.data.samples import data_rows, table_format
     from hdeval.run.output import check_output
 
     check_output(out, [data], replace=force)
@@ -172,14 +172,23 @@ def init(
     }
     used = {c for c in (*fields.values(), *others.values()) if c}
     aspects = _aspects(score_cols, columns, numeric, used, data, hint)
-    for col, _, _ in aspects.values():  # train reads only rows with every aspect's score
-        unscored = [n for n, r in numbered if r.get(col) is None or str(r[col]).strip() == ""]
-        if unscored:
-            rest = [c for c, _, _ in aspects.values() if c != col]
+    # train reads only rows with every aspect's score
+    unscored = {
+        col: [n for n, r in numbered if r.get(col) is None or str(r[col]).strip() == ""]
+        for col, _, _ in aspects.values()
+    }
+    for col, where in unscored.items():
+        if where:
+            unit = "row" if table_format(data) in ("json", "parquet") else "line"
+            whole = [c for c, w in unscored.items() if not w]  # the columns every row has
             raise DataError(
-                f"{data}: line {unscored[0]}: no score in column {col!r} ({len(unscored)} line(s) "
-                "lack one): fill them in"
-                + (f", or leave the column out: {' '.join(f'--score-col {c}' for c in rest)}" if rest else "")
+                f"{data}: {unit} {where[0]}: no score in column {col!r} ({len(where)} {unit}(s) lack "
+                "one): fill them in"
+                + (
+                    f", or keep only the columns every {unit} has: {' '.join(f'--score-col {c}' for c in whole)}"
+                    if whole
+                    else ""
+                )
             )
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", data.stem).strip("._-") or "task"
     name = name or (click.prompt("task name", default=stem, err=True) if ask else stem)
