@@ -628,6 +628,8 @@ def test_the_docs_commands_in_turn_write_only_under_artifacts_and_never_twice() 
             if kind != "bash" or not command.startswith("hdeval "):
                 continue
             words = shlex.split(command.split(" #")[0])
+            # train's default output depends on what it keeps: a documented run names its own
+            assert words[1] != "train" or "-o" in words or "--dry-run" in words, f"{page.name}: {command}"
             written = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-o", "--export-requests", "--cache-dir")]
             made = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-o"] + (
                 [words[2]] if words[1] == "merge-shards" else []
