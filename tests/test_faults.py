@@ -27,6 +27,8 @@ from llm_server import (
     Answer,
     FaultMix,
     FaultServer,
+    LLMServer,
+    Reply,
     completion_request,
 )
 
@@ -40,6 +42,7 @@ from hdeval.run.train import train
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 MODEL = "test-model"
+PROBE_TEXT = "Reply with the word OK."  # OpenAICompatBackend.aprobe's request
 SLICE = {"task": "sfres", "limit": 40, "layers": 2, "aggregator": "lr", "concurrency": 8}
 # a transport fault costs one retry; with 30% faults and 6 retries a request fails for good
 # with probability 0.3**7: rare, and the test below copes with it either way
@@ -67,8 +70,12 @@ def keys_of(server: FaultServer, answers: list[Answer], identity: str) -> set[st
 
 
 def delivered(answers: list[Answer]) -> list[Answer]:
-    """Replies the client received whole: real completions and garbage alike are cached."""
-    return [a for a in answers if a.outcome in ("ok", *SCORE_GARBAGE, *DECOMPOSE_GARBAGE)]
+    """Replies the client received whole: real completions and garbage alike are cached (not the
+    probe a run sends before it takes a failing request for an outage: it is never cached)."""
+    return [
+        a for a in answers
+        if a.outcome in ("ok", *SCORE_GARBAGE, *DECOMPOSE_GARBAGE) and PROBE_TEXT.encode() not in a.body
+    ]
 
 
 def one_error_line(stderr: str) -> str:
@@ -498,3 +505,36 @@ def test_a_dripping_server_is_bounded_by_the_timeout(fresh: FaultServer, tmp_pat
     # for the whole body): the same request answered twice, once dripping, once properly
     assert [a.outcome for a in answers if a.body == server.faults.done] == ["drip", "ok"]
     assert ev.metrics["failure_rate"] == 0
+
+
+def test_requests_that_always_fail_are_recorded_on_a_rerun_too(tmp_path: Path) -> None:
+    """One sample's requests get a 500 every time. The first run records them as failed cells;
+    the rerun, every other request cached, met them before any success and stopped ('server kept
+    failing', exit 3) every time, though the server answered everything else. A tiny probe now
+    tells a server that is down from requests that fail alone."""
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    bad = "Because the ocean reflects onto it."
+
+    with LLMServer() as server:
+        plain = server.default
+        server.default = lambda req: Reply.error(500, "boom") if bad.encode() in req.body else plain(req)
+        args = ["train", "--task", str(examples / "qa_task.toml"), "--tree", str(examples / "qa_tree.json"),
+                "--layers", "2", "--aggregator", "lr", "--llm", MODEL, "--base-url", server.url,
+                "--max-retries", "1", "--cache-dir", str(tmp_path / "cache"), "-o", str(tmp_path / "art"), "-q"]
+        first = CliRunner().invoke(cli, args)
+        assert first.exit_code == 0, first.output
+        before = server.calls
+        again = CliRunner().invoke(cli, [*args, "--force"])
+        assert again.exit_code == 0, again.output
+        asked = [json.loads(r.body) for r in server.requests[before:]]
+        probes = [r for r in asked if r["messages"][-1]["content"] == PROBE_TEXT]
+        assert len(probes) == 1 and len(asked) > 1
+        assert all(bad in r["messages"][-1]["content"] for r in asked if r not in probes)
+        assert "LLM calls made: 1," in again.stderr  # the probe; the failing requests are not cached
+        assert "empty slice" not in first.stderr + again.stderr  # a row with no cell: no raw numpy warning
+        metrics = json.loads((tmp_path / "art" / "metrics.json").read_text())
+        assert 0 < metrics["failure_rate"] < 0.2
+
+        server.default = lambda req: Reply.error(503, "down")  # now the server is down: the run stops
+        down = CliRunner().invoke(cli, [*args, "--force"])
+        assert down.exit_code == 3 and "rerun" in down.stderr, down.output

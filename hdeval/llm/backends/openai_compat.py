@@ -34,7 +34,7 @@ from hdeval.core.errors import BackendError, ConfigError, RequestRejected, Retri
 from hdeval.core.redaction import Redactor
 from hdeval.core.urls import public_url
 from hdeval.llm import aio
-from hdeval.llm.backends.base import Completion, CompletionRequest, chat_completion, token_count
+from hdeval.llm.backends.base import Completion, CompletionRequest, Message, chat_completion, token_count
 from hdeval.llm.backends.constraints import Labels, Scale, constraint_of, to_gbnf, to_openai_params
 from hdeval.llm.backends.llama_server import choose_completion, choose_params
 from hdeval.llm.config import DEFAULT_CONCURRENCY, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, DIALECTS
@@ -639,6 +639,21 @@ class OpenAICompatBackend:
                 if getattr(self, exc.flag):
                     log.info("%s rejected %s", self.shown_url, exc)
                 setattr(self, exc.flag, False)
+
+    async def aprobe(self) -> Completion | None:
+        """The reply to one tiny chat completion (a few tokens, one attempt, no retry), None when
+        the server gives none: what a run asks before it takes requests that keep failing for a
+        server that is down, as it may be those requests alone."""
+        request = CompletionRequest((Message("user", "Reply with the word OK."),), max_tokens=1)
+        try:
+            return await self._attempt(  # type: ignore[no-any-return]
+                _body_bytes(self._params(request, False)),
+                False,
+                False,
+                lambda data: read_completion(data, False, self.redact),
+            )
+        except (Exception, asyncio.TimeoutError):
+            return None
 
     def close(self) -> None:
         """Close the SDK client's connections."""

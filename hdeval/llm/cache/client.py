@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -86,6 +87,8 @@ class CachedBackend:
     # requests in a row that exhaust their retries with no success between them: the server is
     # down (fewer are each that cell's recorded failure)
     STOP_STREAK = 3
+    # how long a probe's answer says the server is up (requests failing later probe again)
+    PROBE_SECONDS = 60.0
 
     def __init__(
         self,
@@ -113,6 +116,8 @@ class CachedBackend:
         self.warnings: list[str] = []
         self._reserved = 0
         self._streak = 0
+        self._answered_until = 0.0  # until when a probe's answer says the server is up
+        self._probe_lock: asyncio.Lock | None = None
         # everything below is touched on the LLM loop only
         self._inflight: dict[str, asyncio.Future] = {}
         self._unsaved: dict[str, Completion] = {}  # replies that could not be written
@@ -422,6 +427,14 @@ class CachedBackend:
                     f"{exc} (while other requests succeed: this one is recorded as failed, "
                     "and the next run asks again)"
                 ) from None
+            # no success yet (a rerun whose other requests are all cached) or a streak: the server
+            # may be down, or these requests alone may fail; one tiny request tells them apart
+            if await self._server_answers():
+                self._streak = 0
+                raise RequestRejected(
+                    f"{exc} (the server answers other requests: this one is recorded as failed, "
+                    "and the next run asks again)"
+                ) from None
             raise
         except BaseException:
             self._reserved -= 1
@@ -429,6 +442,29 @@ class CachedBackend:
         self._streak = 0
         self.stats.add(result)
         return result
+
+    async def _server_answers(self) -> bool:
+        """Whether the server answered a probe (:meth:`aprobe` of the backend, a paid call counted
+        as one) in the last :data:`PROBE_SECONDS`; False for a backend that has none, or when
+        ``--max-calls`` leaves no call for it."""
+        aprobe = getattr(self.inner, "aprobe", None)
+        if aprobe is None:
+            return False
+        if self._probe_lock is None:
+            self._probe_lock = asyncio.Lock()
+        async with self._probe_lock:  # requests failing side by side share one probe
+            if time.monotonic() < self._answered_until:
+                return True
+            if self.max_calls is not None and self._reserved >= self.max_calls:
+                return False
+            self._reserved += 1
+            got = await aprobe()
+            if got is None:
+                self._reserved -= 1
+                return False
+            self.stats.add(got)
+            self._answered_until = time.monotonic() + self.PROBE_SECONDS
+            return True
 
     async def _ask(self, request: CompletionRequest) -> Completion:
         acomplete = getattr(self.inner, "acomplete", None)

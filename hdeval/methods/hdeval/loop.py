@@ -675,7 +675,8 @@ def baseline_predictions(
     tree: CriteriaTree, matrix: ScoreMatrix, rows: np.ndarray, aspects: Sequence[str]
 ) -> dict[str, np.ndarray]:
     """What each unfitted baseline of :func:`baselines` predicts on ``rows`` (rows x aspects)."""
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # a row whose every cell failed has no mean: NaN, said nowhere else
+        warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(matrix.values[rows], axis=1) if matrix.values.size else np.zeros(len(rows))
     return {
         "mean_subtree": subtree_means(tree, matrix, aspects)[rows],
