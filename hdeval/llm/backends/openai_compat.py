@@ -410,6 +410,9 @@ def http_client(
     )
 
 
+PROBE_PROMPT = "Reply with the word OK."  # aprobe's prompt: short, any model can answer it
+
+
 class OpenAICompatBackend:
     """Chat completions over an OpenAI-compatible HTTP API.
 
@@ -640,17 +643,23 @@ class OpenAICompatBackend:
                     log.info("%s rejected %s", self.shown_url, exc)
                 setattr(self, exc.flag, False)
 
-    async def aprobe(self) -> Completion | None:
-        """The reply to one tiny chat completion (a few tokens, one attempt, no retry), None when
-        the server gives none: what a run asks before it takes requests that keep failing for a
-        server that is down, as it may be those requests alone."""
-        request = CompletionRequest((Message("user", "Reply with the word OK."),), max_tokens=1)
+    async def aprobe(self, like: CompletionRequest) -> Completion | None:
+        """The reply to ``like`` with a short prompt in place of its messages (its other
+        parameters kept: logprobs, a constraint, a schema), one attempt, no retry; None when the
+        server gives none. What a run asks before it takes requests that keep failing for a
+        server that is down: it may be those requests' prompts alone."""
+        request = dataclasses.replace(
+            like, messages=(Message("user", PROBE_PROMPT),), max_tokens=min(like.max_tokens or 16, 16)
+        )
+        logprobs = bool(request.top_logprobs) and self.logprobs_supported
+        params = self._params(request, logprobs)
+        schema_sent = params.get("response_format", {}).get("type") == "json_schema"
         try:
             return await self._attempt(  # type: ignore[no-any-return]
-                _body_bytes(self._params(request, False)),
-                False,
-                False,
-                lambda data: read_completion(data, False, self.redact),
+                _body_bytes(params),
+                logprobs,
+                schema_sent,
+                lambda data: read_completion(data, logprobs, self.redact),
             )
         except (Exception, asyncio.TimeoutError):
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -47,7 +48,7 @@ class CacheWarning(UserWarning):
 
 @dataclass
 class UsageStats:
-    calls: int = 0  # requests that reached the backend and succeeded
+    calls: int = 0  # requests that reached the backend and succeeded (probes included: paid)
     hits: int = 0  # requests answered from the cache
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -87,8 +88,6 @@ class CachedBackend:
     # requests in a row that exhaust their retries with no success between them: the server is
     # down (fewer are each that cell's recorded failure)
     STOP_STREAK = 3
-    # how long a probe's answer says the server is up (requests failing later probe again)
-    PROBE_SECONDS = 60.0
 
     def __init__(
         self,
@@ -116,7 +115,8 @@ class CachedBackend:
         self.warnings: list[str] = []
         self._reserved = 0
         self._streak = 0
-        self._answered_until = 0.0  # until when a probe's answer says the server is up
+        self._answered = 0  # requests of this run the server answered (cache hits and probes aside)
+        self._probe_answered = -math.inf  # when the server last answered a probe
         self._probe_lock: asyncio.Lock | None = None
         # everything below is touched on the LLM loop only
         self._inflight: dict[str, asyncio.Future] = {}
@@ -414,6 +414,7 @@ class CachedBackend:
                 "rerun with a higher limit to continue"
             )
         self._reserved += 1
+        started = time.monotonic()
         try:
             async with self._sem:
                 result = await self._ask(request)
@@ -422,48 +423,53 @@ class CachedBackend:
         except RetriesExhausted as exc:
             self._reserved -= 1
             self._streak += 1
-            if self._streak < self.STOP_STREAK and self.stats.calls > 0:
+            if self._streak < self.STOP_STREAK and self._answered > 0:
                 raise RequestRejected(
                     f"{exc} (while other requests succeed: this one is recorded as failed, "
                     "and the next run asks again)"
                 ) from None
             # no success yet (a rerun whose other requests are all cached) or a streak: the server
-            # may be down, or these requests alone may fail; one tiny request tells them apart
-            if await self._server_answers():
+            # may be down, or these requests alone may fail; a small request tells them apart
+            if await self._server_answers(request, started):
                 self._streak = 0
                 raise RequestRejected(
-                    f"{exc} (the server answers other requests: this one is recorded as failed, "
-                    "and the next run asks again)"
+                    f"{exc} (the server answers the same request with a short prompt: this one is "
+                    "recorded as failed, and the next run asks again)"
                 ) from None
             raise
         except BaseException:
             self._reserved -= 1
             raise
         self._streak = 0
+        self._answered += 1
         self.stats.add(result)
         return result
 
-    async def _server_answers(self) -> bool:
-        """Whether the server answered a probe (:meth:`aprobe` of the backend, a paid call counted
-        as one) in the last :data:`PROBE_SECONDS`; False for a backend that has none, or when
-        ``--max-calls`` leaves no call for it."""
+    async def _server_answers(self, request: CompletionRequest, started: float) -> bool:
+        """Whether the server answered a probe (the backend's :meth:`aprobe`: ``request`` with a
+        short prompt, a paid call counted as one) after ``started``, when the request that failed
+        was sent; False for a backend that has none, or when ``--max-calls`` leaves no call."""
         aprobe = getattr(self.inner, "aprobe", None)
         if aprobe is None:
             return False
         if self._probe_lock is None:
             self._probe_lock = asyncio.Lock()
         async with self._probe_lock:  # requests failing side by side share one probe
-            if time.monotonic() < self._answered_until:
+            if self._probe_answered >= started:
                 return True
             if self.max_calls is not None and self._reserved >= self.max_calls:
                 return False
             self._reserved += 1
-            got = await aprobe()
+            try:
+                got = await aprobe(request)
+            except BaseException:
+                self._reserved -= 1
+                raise
             if got is None:
                 self._reserved -= 1
                 return False
             self.stats.add(got)
-            self._answered_until = time.monotonic() + self.PROBE_SECONDS
+            self._probe_answered = time.monotonic()
             return True
 
     async def _ask(self, request: CompletionRequest) -> Completion:
@@ -488,6 +494,7 @@ class CachedBackend:
         """Count a reply paid for another way (a Batch API result) as a call, and commit it;
         the commit, to await."""
         self._reserved += 1
+        self._answered += 1
         self.stats.add(result)
         return asyncio.ensure_future(self.commit(key, result))
 
