@@ -42,7 +42,7 @@ from hdeval.run.train import train
 pytestmark = pytest.mark.usefixtures("no_leaked_resources")  # conftest: fails a test that leaks
 
 MODEL = "test-model"
-PROBE_TEXT = "Reply with the word OK."  # OpenAICompatBackend.aprobe's request
+PROBE_TEXT = "Reply with the word OK (as JSON if JSON is asked for)."  # aprobe's prompt
 SLICE = {"task": "sfres", "limit": 40, "layers": 2, "aggregator": "lr", "concurrency": 8}
 # a transport fault costs one retry; with 30% faults and 6 retries a request fails for good
 # with probability 0.3**7: rare, and the test below copes with it either way
@@ -577,3 +577,44 @@ def test_an_outage_after_requests_that_fail_alone_still_stops_the_run(tmp_path: 
         asked = [json.loads(r.body)["messages"][-1]["content"] for r in seen]
         assert asked.count(PROBE_TEXT) == 2  # q1-q3 fail alone (answered); q4-q6 find it down
         assert len(asked) <= 9, asked
+
+
+def test_a_json_mode_request_that_fails_alone_is_told_from_a_server_that_is_down(tmp_path: Path) -> None:
+    """OpenAI's JSON mode refuses a request whose messages never say JSON: the probe says it, so
+    a JSON request failing alone is not taken for an outage. A server that gives no answer gets
+    one probe, however many requests failed side by side."""
+    from hdeval.core.errors import RequestRejected, RetriesExhausted
+    from hdeval.llm.backends.base import CompletionRequest, Message
+    from hdeval.llm.cache.client import CachedBackend
+
+    def openai_rules(plain):
+        def reply(req):
+            body = json.loads(req.body)
+            said = " ".join(m["content"] for m in body["messages"]).lower()
+            if (body.get("response_format") or {}).get("type") == "json_object" and "json" not in said:
+                return Reply.error(400, "'messages' must contain the word 'json' in some form")
+            return Reply.error(500, "boom") if "bad" in said else plain(req)
+        return reply
+
+    with LLMServer() as server:
+        server.default = openai_rules(server.default)
+        inner = OpenAICompatBackend(MODEL, base_url=server.url, api_key="k", max_retries=0, backoff_base=0.01)
+        client = CachedBackend(inner, tmp_path / "a", concurrency=1, owns_inner=True)
+        try:  # the failing one first, as on a rerun: no success before it
+            asks = [CompletionRequest((Message("user", f"{w} json please"),), json_mode=True) for w in ("bad", "ok")]
+            out = client.complete_many(asks, keep_rejected=True)
+        finally:
+            client.close()
+        assert isinstance(out[0], RequestRejected) and not isinstance(out[1], RequestRejected)
+
+    with LLMServer() as server:
+        server.default = lambda req: Reply.error(503, "down")
+        inner = OpenAICompatBackend(MODEL, base_url=server.url, api_key="k", max_retries=0, backoff_base=0.01)
+        client = CachedBackend(inner, tmp_path / "b", concurrency=4, owns_inner=True)
+        try:
+            with pytest.raises(RetriesExhausted):
+                client.complete_many([CompletionRequest((Message("user", f"q{i}"),)) for i in range(8)])
+        finally:
+            client.close()
+        probes = [r for r in server.requests if PROBE_TEXT.encode() in r.body]
+        assert len(probes) == 1

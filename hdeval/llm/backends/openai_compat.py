@@ -410,7 +410,9 @@ def http_client(
     )
 
 
-PROBE_PROMPT = "Reply with the word OK."  # aprobe's prompt: short, any model can answer it
+# aprobe's prompt: short, any model can answer it; it says JSON, which OpenAI's JSON mode
+# refuses a request without
+PROBE_PROMPT = "Reply with the word OK (as JSON if JSON is asked for)."
 
 
 class OpenAICompatBackend:

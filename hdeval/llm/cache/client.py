@@ -117,6 +117,7 @@ class CachedBackend:
         self._streak = 0
         self._answered = 0  # requests of this run the server answered (cache hits and probes aside)
         self._probe_answered = -math.inf  # when the server last answered a probe
+        self._probe_unanswered = -math.inf  # when a probe last got no answer
         self._probe_lock: asyncio.Lock | None = None
         # everything below is touched on the LLM loop only
         self._inflight: dict[str, asyncio.Future] = {}
@@ -433,8 +434,8 @@ class CachedBackend:
             if await self._server_answers(request, started):
                 self._streak = 0
                 raise RequestRejected(
-                    f"{exc} (the server answers the same request with a short prompt: this one is "
-                    "recorded as failed, and the next run asks again)"
+                    f"{exc} (the server answers the same request with a short prompt: this one "
+                    "fails alone; the next run asks again)"
                 ) from None
             raise
         except BaseException:
@@ -457,6 +458,8 @@ class CachedBackend:
         async with self._probe_lock:  # requests failing side by side share one probe
             if self._probe_answered >= started:
                 return True
+            if self._probe_unanswered >= started:  # a server that gave no answer: no second probe
+                return False
             if self.max_calls is not None and self._reserved >= self.max_calls:
                 return False
             self._reserved += 1
@@ -467,6 +470,7 @@ class CachedBackend:
                 raise
             if got is None:
                 self._reserved -= 1
+                self._probe_unanswered = time.monotonic()
                 return False
             self.stats.add(got)
             self._probe_answered = time.monotonic()
