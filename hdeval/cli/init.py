@@ -103,7 +103,7 @@ def init(
       hdeval init examples/ratings.csv -o artifacts/task.toml --source-col question --output-col answer
       hdeval train --task artifacts/task.toml --llm fake
     """
-    from hdeval.data.samples import data_rows, table_format
+    from hdeval.data.samples import data_rows, row_unit
     from hdeval.run.output import check_output
 
     check_output(out, [data], replace=force)
@@ -179,7 +179,7 @@ def init(
     }
     for col, where in unscored.items():
         if where:
-            unit = "row" if table_format(data) in ("json", "parquet") else "line"
+            unit = row_unit(data)
             whole = [c for c, w in unscored.items() if not w]  # the columns every row has
             raise DataError(
                 f"{data}: {unit} {where[0]}: no score in column {col!r} ({len(where)} {unit}(s) lack "

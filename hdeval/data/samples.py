@@ -156,7 +156,7 @@ def _iter_task(
     n_bad = n_rows = 0
     seen = DictIds() if seen is None else seen
     fmt = table_format(path)
-    unit = "row" if fmt in ("json", "parquet") else "line"
+    unit = row_unit(path)
     mapped = fmt is not None or bool(task.columns)
     derived: dict[str, int] = {}  # content ids handed out: a repeat of the same texts gets -2, -3, ...
     if is_labels_file(path):  # hdeval label's labels.db: the samples export-labels would write
@@ -242,6 +242,12 @@ def labels_file_refused(path: str | Path) -> DataError:
 def table_format(path: str | Path) -> str | None:
     """``csv``, ``tsv``, ``json`` (a list of objects) or ``parquet`` by the extension; None: JSONL."""
     return TABLE_FORMATS.get(Path(path).suffix.lower())
+
+
+def row_unit(path: str | Path) -> str:
+    """What a message calls one record of ``path``: ``row`` in JSON and Parquet, whose records
+    are not lines, else ``line``."""
+    return "row" if table_format(path) in ("json", "parquet") else "line"
 
 
 def recorded_columns(path: str | Path, task: Task) -> Task:
