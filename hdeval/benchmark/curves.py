@@ -27,6 +27,14 @@ from hdeval.learn.selection import PAIR_LABELS, STRATEGIES, labels_to_reach, pic
 BATCH = 5
 #: Share of the full-label agreement a strategy must reach for "labels needed".
 REACH = 0.95
+
+
+def has_target(full: Any) -> bool:
+    """Whether :data:`REACH` of a full-label figure is something to reach: a number above 0 (a
+    share of agreement at or below 0 is none)."""
+    return isinstance(full, (int, float)) and math.isfinite(full) and full > 0
+
+
 DEFAULT_BUDGETS = (10, 20, 50, 100, 200)
 DEFAULT_SELECTION = ("random", "uncertainty", "hybrid")
 
@@ -144,7 +152,7 @@ def simulate(
                 value = _fit_score(X, Y, train[np.array(chosen)], test, spec.aggregator, r, pairwise, ranges)
                 per[strategy][b].append(value)
                 curve.append((b, value))
-            if not (math.isfinite(full) and full > 0):  # no agreement to reach a share of
+            if not has_target(full):
                 needed[strategy].append(None)
                 estimated[strategy].append(None)
                 continue
@@ -270,7 +278,7 @@ def curve_tables(results: Mapping[str, Any]) -> list[tuple[str, list[str], list[
             f"budget, {run['repeats']} repeats, mean [5th-95th percentile]); with every training label: "
             f"{_num(full)}. "
         )
-        target = isinstance(full, (int, float)) and full > 0  # 95% of a figure at or below 0 is none
+        target = has_target(full)
         intro += (
             f"Labels to 95% of it ({_num(REACH * full)}): the first budget that reached it, median over "
             f"repeats [90% CI]; '>{budgets[-1]}': not within the budgets."

@@ -217,8 +217,10 @@ def benchmark(
         what = "held-out agreement w/o ties" if pairwise else "held-out average spearman"
         click.echo(f"{name:<12} train-frac {s['train_frac']:<5g} {what} {mean}")
     for run in results.get("learning_curves") or []:
+        from hdeval.benchmark.curves import has_target
+
         full = run["summary"].get("full_label")
-        if not (isinstance(full, (int, float)) and full > 0):  # 95% of it is no target
+        if not has_target(full):
             shown = "none" if full is None else f"{full:.3f}"
             click.echo(
                 f"{run['setting']} seed {run['seed']}: no labels-to-95% figure: the full-label "
