@@ -234,19 +234,20 @@ def held_out_intervals(
 ) -> dict[str, Any]:
     """Each evaluator's held-out average Spearman with a percentile interval, and the learned
     jury minus it with the interval of the difference, from the same resamples of whole held-out
-    documents (a document's rows move together); a difference is taken on the cells both have. ``preds``: path in ``baselines`` -> held-out
-    predictions; the result is nested the same way."""
+    documents (a document's rows move together); a difference is taken on the cells both have.
+    ``preds``: path in ``baselines`` -> held-out predictions; the result is nested the same way."""
     from hdeval.core.metrics import average_spearman
 
     keys = list(preds)
+    arrays = [np.asarray(preds[k], float) for k in keys]  # once, not in each of the resamples
     ref = keys.index(("learned",))
-    learned = np.asarray(preds[keys[ref]], float)
+    learned = arrays[ref]
     # the learned jury beside an evaluator that failed some cells (a judge's failed calls): on the
     # cells that evaluator has, so a difference compares the same rows
     paired = {
         i: np.where(np.isfinite(p), learned, np.nan)
-        for i, k in enumerate(keys)
-        if i != ref and not np.isfinite(p := np.asarray(preds[k], float))[np.isfinite(learned)].all()
+        for i, p in enumerate(arrays)
+        if i != ref and not np.isfinite(p)[np.isfinite(learned)].all()
     }
     uniq = sorted(set(docs))
     rows_of = [np.flatnonzero(np.asarray(docs) == d) for d in uniq]
@@ -255,7 +256,7 @@ def held_out_intervals(
     paired_draws = {i: np.full(RESAMPLES, np.nan) for i in paired}
     for b in range(RESAMPLES):
         idx = np.concatenate([rows_of[j] for j in rng.integers(0, len(uniq), len(uniq))])
-        draws[b] = [average_spearman(Y[idx], np.asarray(preds[k], float)[idx]) for k in keys]
+        draws[b] = [average_spearman(Y[idx], p[idx]) for p in arrays]
         for i, on in paired.items():
             paired_draws[i][b] = average_spearman(Y[idx], on[idx])
     tail = (1 - LEVEL) / 2
@@ -272,7 +273,7 @@ def held_out_intervals(
 
     out: dict[str, Any] = {"level": LEVEL, "resamples": RESAMPLES, "documents": len(uniq)}
     for i, k in enumerate(keys):
-        est = average_spearman(Y, np.asarray(preds[k], float))
+        est = average_spearman(Y, arrays[i])
         node = out
         for part in k[:-1]:
             node = node.setdefault(part, {})
