@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from simjudge import pointwise_rows, write_pointwise
-from simjury import calls_of, jury
+from simjury import SimJudge, calls_of, jury
 
 from hdeval.cli import cli
 from hdeval.core.errors import ConfigError
 from hdeval.data.samples import read_task_samples
 from hdeval.data.tasks import load_task
+from hdeval.llm.backends.base import Completion
 from hdeval.methods.jury import read_jury
 from hdeval.methods.registry import load_artifact
 from hdeval.run.train import train
@@ -462,19 +463,14 @@ def test_a_refitted_artifacts_banner_names_the_layer_it_refitted(tmp_path: Path)
     assert list(refitted.metrics["layers"]) == ["2"]
 
 
-class _Constant:
+class _Constant(SimJudge):
     """A judge that answers 3 to everything: its columns rank nothing."""
 
-    def __new__(cls, name: str):
-        from simjury import SimJudge
+    def __init__(self, name: str):
+        super().__init__(name, 0.0)
 
-        from hdeval.llm.backends.base import Completion
-
-        class Constant(SimJudge):
-            def _reply(self, request, fake):
-                return Completion("3", None, 10, 1)
-
-        return Constant(name, 0.0)
+    def _reply(self, request, fake):
+        return Completion("3", None, 10, 1)
 
 
 def test_a_judge_that_ranks_nothing_gives_the_others_no_made_up_importance(tmp_path: Path) -> None:
