@@ -74,3 +74,35 @@ def test_an_artifact_whose_llm_model_is_not_text_is_one_line_not_a_traceback(tmp
     assert res.exit_code == 2 and not isinstance(res.exception, AttributeError), res.output
     assert res.stderr.strip().splitlines()[-1].startswith(f"error: {art}: malformed artifact ('llm' must hold text")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def _as_hdeval(*args):
+    from click.testing import CliRunner
+
+    from hdeval.cli import cli
+
+    return CliRunner().invoke(cli, list(args), prog_name="hdeval")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("train", "--no-such-option"), "error: No such option '--no-such-option'. Did you mean '--method-option'? (see 'hdeval train -h')"),
+        (("train", "--llm"), "error: Option '--llm' requires an argument. (see 'hdeval train -h')"),
+        (("apply",), "error: Missing argument 'ARTIFACT'. (see 'hdeval apply -h')"),
+        (("estimate", "a", "--data", "b", "--alpha", "abc"),
+         "error: Invalid value for '--alpha': 'abc' is not a valid float. (see 'hdeval estimate -h')"),
+        (("nosuch",), "error: No such command 'nosuch'. (see 'hdeval -h')"),
+        (("data", "nosuch"), "error: No such command 'nosuch'. (see 'hdeval data -h')"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_help_to_read(args, line):
+    # click's own is three lines (usage, a hint, the error), unlike every other refusal
+    r = _as_hdeval(*args)
+    assert r.exit_code == 2
+    assert r.output.strip() == line
+
+
+def test_no_arguments_still_shows_the_help_page():
+    r = _as_hdeval()
+    assert "Usage: hdeval" in r.output and "Commands:" in r.output

@@ -3,7 +3,9 @@ module per command group."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -62,6 +64,24 @@ class _Commands(click.Group):
             return self.commands[name]
         return self._plugin_commands().get(name)
 
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        with _one_line_usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None:  # the help to name when its options fail to parse (click gives no context)
+            ctx.meta[_PARSING] = f"{ctx.command_path} {cmd.name}"
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage_errors():  # a subcommand's options are parsed in here
+            return super().invoke(ctx)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Each command's summary is its first sentence, whole and wrapped (click's default cuts
         it at the terminal's width with "...", mid-sentence)."""
@@ -73,6 +93,39 @@ class _Commands(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+_PARSING = "hdeval.parsing"
+
+
+class _UsageLine(click.ClickException):
+    """A usage error as one line, like every other refusal (click's own is three: usage, a hint
+    and the error), naming the help to read; exit 2, as click's."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, help_command: str) -> None:
+        super().__init__(message)
+        self.help_command = help_command
+
+    def show(self, file: Any = None) -> None:
+        from hdeval.core.redaction import Redactor
+
+        text = " ".join(self.format_message().split())
+        click.echo(Redactor.from_env(None)(f"error: {text} (see '{self.help_command} -h')"), err=True)
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # the help page itself, not an error line
+    except click.UsageError as exc:
+        current = click.get_current_context(silent=True)
+        fallback = current.meta.get(_PARSING, current.command_path) if current is not None else "hdeval"
+        where = exc.ctx.command_path if exc.ctx is not None else fallback
+        raise _UsageLine(exc.format_message(), where) from exc
 
 
 def _first_sentence(text: str) -> str:
