@@ -257,6 +257,32 @@ def test_outage_stops_with_one_clear_message_and_a_rerun_resumes(
     assert artifact_view(out) == reference["view"]
 
 
+def test_a_long_rate_limit_wait_is_one_warning_line_not_silence(
+    fresh: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server asking to wait (Retry-After, up to a minute a retry) used to leave the CLI silent."""
+    from hdeval.llm.backends import openai_compat
+
+    class FirstScoresWait:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def pick(self, body: bytes, kind: str, seen_before: int) -> str | None:
+            self.n += kind == "score"
+            return "429-retry-after" if kind == "score" and self.n <= 4 else None
+
+    monkeypatch.setattr(openai_compat, "LONG_WAIT", 0.5)  # the server's 1 s counts as long
+    fresh.faults = FirstScoresWait()
+    result = CliRunner().invoke(cli, [
+        "train", "--task", "sfres", "--data", str(data_file()), "--limit", "8", "--layers", "1",
+        "--aggregator", "lr", "--llm", MODEL, "--base-url", fresh.url, "--cache-dir", str(tmp_path / "c"),
+        "--concurrency", "4", "-o", str(tmp_path / "art")])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if "asked to wait" in line]
+    assert said == [f"warning: the server at {fresh.url} asked to wait 1 s before retrying "
+                    "(rate limited (HTTP 429): rate limit reached); waiting"], result.stderr
+
+
 # -- garbage replies -------------------------------------------------------------------------
 
 

@@ -197,6 +197,27 @@ def test_429_with_retry_after_waits_then_succeeds(server: LLMServer) -> None:
     assert server.requests[1].at - server.requests[0].at >= 0.9
 
 
+def test_a_long_retry_wait_is_said_once_not_per_request(server: LLMServer, monkeypatch, caplog) -> None:
+    # up to a minute of silence per retry read as a hang; every request that waits must not say it
+    from hdeval.llm.backends import openai_compat
+
+    monkeypatch.setattr(openai_compat, "LONG_WAIT", 0.5)
+    server.plan(Reply.rate_limited(retry_after=1), Reply.rate_limited(retry_after=1))
+    backend = make(server, backoff_base=0.01)
+    with caplog.at_level("WARNING", logger="hdeval"):
+        assert backend.complete(req()).text == "4"
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"the server at {server.url} asked to wait 1 s before retrying "
+                    "(rate limited (HTTP 429): rate limit reached); waiting"]
+
+
+def test_a_short_retry_wait_is_not_a_warning(server: LLMServer, caplog) -> None:
+    server.plan(Reply.rate_limited(retry_after=1))
+    with caplog.at_level("WARNING", logger="hdeval"):
+        assert make(server, backoff_base=0.01).complete(req()).text == "4"
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_429_without_retry_after_uses_backoff(server: LLMServer) -> None:
     server.plan(Reply.rate_limited(), Reply.rate_limited())
     assert make(server).complete(req()).text == "4"

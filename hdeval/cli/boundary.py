@@ -4,6 +4,7 @@ library warnings one summarised line each, Ctrl-C and SIGTERM one line saying wh
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import sys
 import threading
@@ -34,6 +35,23 @@ def _show_warnings(seen: dict) -> None:
     seen.clear()
 
 
+class _WarningLines(logging.Handler):
+    """The library's logged warnings (a long retry wait, a download) as ``warning:`` lines that
+    end an open progress line first; without it Python's last-resort handler writes them onto it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = " ".join(record.getMessage().split())
+        except Exception:  # a bad format: what logging itself would print
+            self.handleError(record)
+            return
+        _end_open_line()
+        click.echo(f"warning: {_redacted(text)}", err=True)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM in the main thread: a KeyboardInterrupt, so every cleanup Ctrl-C gets runs for it too."""
 
@@ -58,6 +76,10 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
     what was kept (``interrupted``; exit 130 and 143, as the shell reports)."""
     seen: dict = {}
     previous = None
+    library = logging.getLogger("hdeval")
+    lines = None if any(isinstance(h, _WarningLines) for h in library.handlers) else _WarningLines()
+    if lines is not None:  # not again in a nested boundary: each warning once
+        library.addHandler(lines)
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -84,6 +106,8 @@ def run_command(fn: Callable[[], Any], interrupted: str = INTERRUPTED) -> Any:
         click.echo(f"\n{TERMINATED if terminated else interrupted}", err=True)
         sys.exit(128 + signal.SIGTERM if terminated else 130)
     finally:
+        if lines is not None:
+            library.removeHandler(lines)
         _stop_all_tickers()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

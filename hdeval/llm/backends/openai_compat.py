@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 PLACEHOLDER_KEY = "not-needed"  # local servers (vLLM, Ollama) ignore the key but the SDK wants one
 RETRY_AFTER_CAP = 60.0  # seconds; a server asking for longer still gets retried after this
+LONG_WAIT = 10.0  # seconds; a retry wait this long is a warning, not only a log line
+LONG_WAIT_REPEAT = 60.0  # seconds between two such warnings of one client
 RESUME_HINT = "every finished call is cached, so rerunning the same command resumes"
 MAX_REPLY_BYTES = 4 * 2**20  # a chat completion is a few KB; anything past this is not one
 BATCH_ENDPOINT = "/v1/chat/completions"  # the url of a batch-format request line
@@ -514,6 +516,7 @@ class OpenAICompatBackend:
             and (parts.hostname or "").lower() != "api.openai.com"
         )
         self._model_warned = False
+        self._long_wait_said = -LONG_WAIT_REPEAT  # when a long retry wait was last said
         # False (never back) once the server rejects logprobs, or response_format json_schema
         self.logprobs_supported = self.schema_supported = True
         self._sdk: Any = None  # the SDK client of every request, made on the loop when first needed
@@ -780,13 +783,18 @@ class OpenAICompatBackend:
             return state.attempt_number > self.max_retries or malformed[0] > self.max_malformed_retries
 
         def before_sleep(state: Any) -> None:
-            log.info(
-                "retrying %s in %.1fs (attempt %d): %s",
-                self.shown_url,
-                state.next_action.sleep,
-                state.attempt_number,
-                self.redact(str(state.outcome.exception())),
-            )
+            wait, why = state.next_action.sleep, self.redact(one_line(str(state.outcome.exception())))
+            log.info("retrying %s in %.1fs (attempt %d): %s", self.shown_url, wait, state.attempt_number, why)
+            now = time.monotonic()
+            if wait >= LONG_WAIT and now - self._long_wait_said >= LONG_WAIT_REPEAT:
+                # a minute of silence reads as a hang: say it (once a minute, not per request)
+                self._long_wait_said = now
+                log.warning(
+                    "the server at %s asked to wait %.0f s before retrying (%s); waiting",
+                    self.shown_url,
+                    wait,
+                    why,
+                )
 
         retrying = retry_policy(stop, self.backoff_base, self.backoff_cap, before_sleep)
         try:

@@ -184,9 +184,10 @@ def _both_sides(
             f"{len(doubts)} of {len(first)} replies had their scores read from the text, not weighted "
             f"by logprobs that do not line up with it (first: {doubts[0]})"
         )
-        log.warning(msg)
         if progress is not None:
             progress.message(msg)
+        else:  # the library never prints; a caller with no progress sees it on the logger
+            log.warning(msg)
     matrix = _merge(ids, [m1, m2])
     for f in matrix.failures:
         fail(f.sample_id, f"{f.criterion_key}: {f.reason}")
