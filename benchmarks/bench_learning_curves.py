@@ -26,7 +26,7 @@ DATASETS = ("sfhot", "topical_chat")
 
 
 def main() -> None:
-    from simcriteria import Judge, criteria, load_human
+    from simcriteria import Judge, criteria_sheet, load_human
     from sklearn.model_selection import GroupShuffleSplit
 
     from hdeval.benchmark.curves import CurveSpec, simulate, summarise
@@ -58,13 +58,16 @@ def main() -> None:
         if human is None:
             print(f"## {name}\n\nskipped: {name}.jsonl not in HDEVAL_DATA_DIR\n")
             continue
-        X, direct, _ = criteria(human.scores, judge, seed=args.judge_seed)
+        sheet = criteria_sheet(human.scores, judge, seed=args.judge_seed)
+        X, direct = sheet.scores, sheet.direct
+        # what train builds: each aspect's columns (its direct one first), read by direct and aspect_mean
+        columns = [[i for i, a in enumerate(sheet.aspect) if a == k] for k in range(human.scores.shape[1])]
+        template = Aggregator("lr", ranges=list(human.ranges), aspect_columns=columns)
         tr, te = next(GroupShuffleSplit(1, test_size=0.3, random_state=args.judge_seed)
                       .split(X, groups=human.groups))
         direct_rho = average_spearman(human.scores[te], X[te][:, direct])
-        agg = Aggregator(spec.aggregator, ranges=list(human.ranges)).fit(X[tr], human.scores[tr])
-        full = average_spearman(human.scores[te], agg.predict(X[te]))
-        res = simulate(X, human.scores, human.groups, tr, te, spec, ranges=list(human.ranges))
+        res = simulate(X, human.scores, human.groups, tr, te, spec, ranges=list(human.ranges), template=template)
+        full = res["full_label"]
         s = summarise(res)
         print(f"## {name}\n")
         print(f"{len(tr)} training rows, {len(te)} held-out rows, {X.shape[1]} criteria. Held-out average "

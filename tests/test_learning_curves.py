@@ -113,6 +113,33 @@ def test_benchmark_draws_learning_curves_from_cached_scores(tmp_path: Path):
     assert json.loads((tmp_path / "two" / "results.json").read_text())["calls"] == 0
 
 
+def test_an_auto_run_draws_the_curve_of_the_evaluator_train_would_keep(tmp_path: Path):
+    # it re-fitted lr at every budget: the one kind auto would rarely keep on 10 labels
+    if load_human("sfhot") is None:
+        pytest.skip("sfhot.jsonl not in HDEVAL_DATA_DIR")
+    r = CliRunner().invoke(cli, [
+        "benchmark", "--task", "sfhot", "--methods", "hdeval", "--aggregators", "auto", "--layers", "1",
+        "--limit", "120", "--llm", "fake", "--label-budget", "10,30", "--selection", "random", "--repeats", "1",
+        "--cache-dir", str(tmp_path / "cache"), "-q", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads((tmp_path / "out" / "results.json").read_text())["learning_curves"]
+    assert run["setting"] == "hdeval-auto" and run["aggregator"] == "auto"
+    assert "auto aggregator re-fitted at each" in (tmp_path / "out" / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_with_few_labels_the_auto_curve_is_above_the_lr_curve():
+    # the simpler candidates (direct, the means, shrinkage) are what few labels can fit
+    means = {"lr": [], "auto": []}
+    for seed in range(3):
+        X, H, g, tr, te = synthetic(seed=seed)
+        for kind in means:
+            res = simulate(X, H, g, tr, te, CurveSpec((10, 20), ("random",), 3, kind), ranges=[(1, 5), (1, 5)])
+            means[kind].append([np.mean(res["curves"]["random"][b]) for b in ("10", "20")])
+    lr, auto = np.mean(means["lr"], axis=0), np.mean(means["auto"], axis=0)
+    assert (auto > lr).all(), (lr, auto)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["sfhot", "topical_chat"])
 def test_the_default_strategy_is_the_measured_one(name):

@@ -16,17 +16,22 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from sklearn.base import clone
 
 from hdeval.core.errors import ConfigError
 from hdeval.core.metrics import agreement_w_ties, average_spearman, label_codes
-from hdeval.learn.aggregate import KINDS, Aggregator, fit_warnings
+from hdeval.learn.aggregate import CANDIDATES, KINDS, Aggregator, choose_aggregator, fit_warnings
 from hdeval.learn.classify import make_classifier
-from hdeval.learn.selection import PAIR_LABELS, STRATEGIES, labels_to_reach, pick
+from hdeval.learn.selection import PAIR_LABELS, STRATEGIES, labels_to_reach, pick, task_template
 
 #: Labels revealed per pick call: a person labels a handful before the evaluator is re-fitted.
 BATCH = 5
 #: Share of the full-label agreement a strategy must reach for "labels needed".
 REACH = 0.95
+#: What a curve can re-fit at each budget: one kind, or ``auto``, chosen among the candidates by
+#: grouped cross-validation on the labels so far, as ``train`` and ``hdeval label`` choose it.
+#: Pairwise runs re-fit one classifier kind (``auto``: lr).
+CURVE_KINDS = CANDIDATES + ("auto",)
 
 
 def has_target(full: Any) -> bool:
@@ -59,9 +64,9 @@ class CurveSpec:
             )
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1, got {self.repeats}")
-        if self.aggregator not in KINDS:
+        if self.aggregator not in CURVE_KINDS:
             raise ConfigError(
-                f"learning curves re-fit one aggregator kind ({', '.join(KINDS)}), got {self.aggregator!r}"
+                f"learning curves re-fit an aggregator kind ({', '.join(CURVE_KINDS)}), got {self.aggregator!r}"
             )
 
 
@@ -73,25 +78,34 @@ def _fit_score(
     kind: str,
     seed: int,
     pairwise: bool,
-    ranges: Sequence[tuple[float, float]] | None,
+    template: Aggregator,
+    groups: Any,
 ) -> float:
-    """Held-out figure of the aggregator fitted on ``rows``; NaN when it cannot be fitted yet."""
+    """Held-out figure of the aggregator fitted on ``rows`` (``auto``: the kind ``train``'s chooser
+    keeps on them, by grouped cross-validation); NaN when it cannot be fitted yet."""
     y = Y[rows]
     if pairwise:
         labels = [PAIR_LABELS.get(float(v)) for v in y[:, 0]]
         if len(set(labels)) < 2:
             return float("nan")
         with fit_warnings():
-            model = make_classifier(kind, seed).fit(X[rows], labels)
+            model = make_classifier(kind if kind in KINDS else "lr", seed).fit(X[rows], labels)
         pred = label_codes([str(p) for p in model.predict(X[test])])
         human = label_codes([PAIR_LABELS.get(float(v)) for v in Y[test, 0]])
         return agreement_w_ties(human, np.column_stack([pred, pred]))
     ok = np.isfinite(y).all(axis=1)
     if ok.sum() < 3:
         return float("nan")
-    agg = Aggregator(kind, ranges=ranges, random_state=seed)
+    fit_rows = rows[ok]
+    base = clone(template).set_params(random_state=seed)
     with fit_warnings():
-        agg.fit(X[rows[ok]], y[ok])
+        if kind == "auto":
+            chosen = choose_aggregator(
+                base, X[fit_rows], Y[fit_rows], [str(g) for g in groups[fit_rows]], n_jobs=1
+            )
+            agg = clone(chosen[0].template).fit(X[fit_rows], Y[fit_rows])
+        else:
+            agg = base.set_params(kind=kind).fit(X[fit_rows], Y[fit_rows])
     return average_spearman(Y[test], agg.predict(X[test]))
 
 
@@ -106,9 +120,12 @@ def simulate(
     pairwise: bool = False,
     ranges: Sequence[tuple[float, float]] | None = None,
     progress: Callable[[str], None] | None = None,
+    template: Aggregator | None = None,
 ) -> dict[str, Any]:
     """The learning curves of one run: ``X`` criterion scores and ``Y`` human scores (pairwise:
-    one column coded +1/0/-1) of every row, ``train``/``test`` its split. Returns the full-label
+    one column coded +1/0/-1) of every row, ``train``/``test`` its split; ``template``: the
+    unfitted aggregator ``train`` would build (its aspects, ranges and each aspect's columns, which
+    ``direct`` and ``aspect_mean`` read), else a plain one over ``ranges``. Returns the full-label
     figure, per strategy and budget the figure of every repeat, and per strategy the labels each
     repeat needed to reach :data:`REACH` of the full-label figure: ``needed``, the first budget
     whose figure reached it (None: none did), and ``estimated``, :func:`labels_to_reach` on the
@@ -124,7 +141,9 @@ def simulate(
             f"--label-budget: the training split has {len(train)} rows, fewer than the "
             f"smallest budget {min(spec.budgets)}"
         )
-    full = _fit_score(X, Y, train, test, spec.aggregator, 0, pairwise, ranges)
+    if template is None:
+        template = Aggregator("lr", ranges=ranges)
+    full = _fit_score(X, Y, train, test, spec.aggregator, 0, pairwise, template, groups)
     pool = X[train]
     per: dict[str, dict[int, list[float]]] = {s: {b: [] for b in budgets} for s in spec.strategies}
     needed: dict[str, list[int | None]] = {s: [] for s in spec.strategies}
@@ -149,7 +168,9 @@ def simulate(
                         pairwise=pairwise,
                     )
                     chosen += [p.index for p in got]
-                value = _fit_score(X, Y, train[np.array(chosen)], test, spec.aggregator, r, pairwise, ranges)
+                value = _fit_score(
+                    X, Y, train[np.array(chosen)], test, spec.aggregator, r, pairwise, template, groups
+                )
                 per[strategy][b].append(value)
                 curve.append((b, value))
             if not has_target(full):
@@ -246,13 +267,25 @@ def learning_curves(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The curves of each learned run ``(setting name, train frac, seed, fitted, doc_of,
-    aggregator)``: :func:`simulate` (re-fitting the run's own aggregator kind; ``auto``:
-    ``spec``'s) and :func:`summarise` of it, for results.json's ``learning_curves``."""
+    aggregator)``: :func:`simulate` (re-fitting the run's own aggregator kind, ``auto`` choosing
+    as ``train`` does) and :func:`summarise` of it, for results.json's ``learning_curves``."""
     out = []
     for name, frac, seed, fitted, doc_of, kind in runs:
         X, Y, groups, train, test, ranges = run_matrix(fitted, doc_of, pairwise)
-        own = dataclasses.replace(spec, aggregator=kind if kind in KINDS else spec.aggregator)
-        res = simulate(X, Y, groups, train, test, own, pairwise=pairwise, ranges=ranges, progress=progress)
+        own = dataclasses.replace(spec, aggregator=kind if kind in CURVE_KINDS else spec.aggregator)
+        template = None if pairwise else task_template(fitted.task, list(fitted.feature_keys), seed)
+        res = simulate(
+            X,
+            Y,
+            groups,
+            train,
+            test,
+            own,
+            pairwise=pairwise,
+            ranges=ranges,
+            progress=progress,
+            template=template,
+        )
         out.append(
             {"setting": name, "train_frac": frac, "seed": seed, **res, "summary": summarise(res, seed)}
         )

@@ -174,8 +174,7 @@ def benchmark(
             raise ConfigError(
                 f"--label-budget must be comma-separated whole numbers, got {label_budget!r}"
             ) from None
-        learned = [a for a in spec.aggregators if a != "auto"]
-        curves = CurveSpec(budgets, _csv(selection), repeats, learned[0] if learned else "lr")
+        curves = CurveSpec(budgets, _csv(selection), repeats, spec.aggregators[0])  # each run re-fits its own
         curves.validate()
         if not {"hdeval", "paireval"} & set(spec.methods):
             raise ConfigError(
