@@ -7,6 +7,7 @@ refused), and every method's artifact loads, scores and saves its state unchange
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,21 @@ def test_every_methods_artifact_loads_scores_and_saves_its_state_unchanged(name,
     again = ev.save(tmp_path / "again")
     old, new = (json.loads((p / "manifest.json").read_text()) for p in (src, again))
     assert new["state"] == old["state"] and new["run"] == old["run"]
+    # every file comes along: a re-save dropped scores.csv, which reports and SHAP read
+    assert set(new["files"]) == set(old["files"])
+    if "scores.csv" in old["files"]:
+        assert (again / "scores.csv").read_bytes() == (src / "scores.csv").read_bytes()
+
+
+def test_saving_a_loaded_artifact_over_itself_keeps_its_scores_and_refuses_a_changed_one(trained, tmp_path):
+    src, _ = trained("direct")
+    art = tmp_path / "art"
+    shutil.copytree(src, art)
+    before = (art / "scores.csv").read_bytes()
+    load_artifact(art).save(art, force=True)
+    assert (art / "scores.csv").read_bytes() == before
+    ev = load_artifact(art)
+    (art / "scores.csv").write_text("sample_id,split\nforged,train\n")  # after the load's check
+    with pytest.raises(ArtifactError, match=r"scores.csv changed or went missing since the artifact was loaded"):
+        ev.save(tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()

@@ -33,6 +33,8 @@ SCORES = "scores.csv"
 Option, option = _options.Option, _options.option
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     import numpy as np
     import pandas as pd
     from pydantic import BaseModel
@@ -118,6 +120,9 @@ class Fitted(ABC):
         self.score_table = score_table
         self.warnings: list[str] = []
         self.path: Any = None
+        # a loaded artifact's scores.csv (path, recorded sha256): read only when needed, so a save
+        # copies it rather than dropping it
+        self.scores_file: tuple[Path, str] | None = None
 
     @abstractmethod
     def score(
@@ -298,7 +303,27 @@ class Fitted(ABC):
         out.json(METRICS, self.metrics)
         if self.score_table is not None:
             self.score_table.to_csv(out.path(SCORES), index=False)
+        elif self.scores_file is not None:
+            self._copy_scores(out)
         return {"prompts": {name: t.digest for name, t in prompts.items()}}
+
+    def _copy_scores(self, out: "ArtifactWriter") -> None:
+        """The loaded artifact's scores.csv into ``out``, as it was checked at load: a file changed
+        since would carry a fresh checksum it never earned."""
+        import shutil
+
+        from hdeval.core.fetch import sha256_file
+
+        src, digest = self.scores_file  # type: ignore[misc]
+        try:
+            same = src.is_file() and not src.is_symlink() and sha256_file(src) == digest
+        except OSError:
+            same = False
+        if not same:
+            raise ArtifactError(
+                f"{src} changed or went missing since the artifact was loaded; load it again to save it"
+            )
+        shutil.copyfile(src, out.path(SCORES))
 
 
 # ---- optional capabilities: shared code asks `isinstance(ev, Reports)`, never a method's name
@@ -595,7 +620,16 @@ def loaded(
         raise ArtifactError(f"{art.path}: malformed artifact ({exc})") from exc
     ev.warnings = list(art.warnings)
     ev.path = art.path
+    remember_scores(ev, art.path, m.get("files"))
     return ev
+
+
+def remember_scores(ev: Any, path: "Path", files: Any) -> None:
+    """Note where a loaded artifact's checked ``scores.csv`` is (``files``: the manifest's
+    checksums), so saving the evaluator again copies it rather than dropping it."""
+    digest = files.get(SCORES) if isinstance(files, dict) else None
+    if ev.score_table is None and isinstance(digest, str):
+        ev.scores_file = (path / SCORES, digest)
 
 
 def _without(data: Any, locs: Sequence[tuple[Any, ...]]) -> Any:

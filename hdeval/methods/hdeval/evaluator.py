@@ -37,6 +37,7 @@ from hdeval.methods.base import (
     check_metrics,
     pointwise_headline,
     progress_stage,
+    remember_scores,
     score_rows,
     usage_of,
 )
@@ -304,6 +305,7 @@ class TreeEvaluator(Fitted):
                 )
         check_metrics(ev.metrics, ev.metrics_model(), path / METRICS)
         ev.warnings, ev.path, ev.manifest_data = list(art.warnings), art.path, manifest
+        remember_scores(ev, path, files)
         return ev
 
     @classmethod
