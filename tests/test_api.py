@@ -103,3 +103,22 @@ def test_every_built_in_method_loads_and_scores_a_frame(name, data_dir, tmp_path
     got = ev.score(pd.DataFrame(rows), llm="fake", cache_dir=tmp_path / "cache")
     assert isinstance(got, pd.DataFrame) and list(got.index) == [r["id"] for r in rows]
     assert isinstance(ev.metrics, hdeval.Metrics)
+
+
+def test_a_loaded_artifacts_own_server_is_called_only_when_named(tmp_path):
+    # the artifact is a file from anyone: as apply, score sends nothing where it says unasked;
+    # and base_url alone used to be ignored (the artifact's server was called instead)
+    from llm_server import LLMServer
+
+    with LLMServer() as server:
+        art = train_artifact(str(EX / "qa_task.toml"), EX / "qa.jsonl", tmp_path, "--method", "direct",
+                             llm=("--llm", "test-model", "--base-url", server.url))
+        ev = hdeval.load(art)
+        before = server.calls
+        with pytest.raises(hdeval.HdevalError, match=rf"the artifact names the LLM server {server.url}: .*"
+                                                     "pass base_url= to score"):
+            ev.score(EX / "new_qa.jsonl", cache_dir=tmp_path / "c2")
+        assert server.calls == before
+        out = ev.score(EX / "new_qa.jsonl", base_url=server.url, cache_dir=tmp_path / "c2")
+        assert server.calls > before and out["scores.clarity"].notna().all()
+        assert {r.json["model"] for r in server.requests[before:]} == {"test-model"}

@@ -123,6 +123,8 @@ class Fitted(ABC):
         # a loaded artifact's scores.csv (path, recorded sha256): read only when needed, so a save
         # copies it rather than dropping it
         self.scores_file: tuple[Path, str] | None = None
+        # loaded from an artifact: its recorded LLM server is the artifact's word, not the user's
+        self.from_artifact_file = False
 
     @abstractmethod
     def score(
@@ -254,6 +256,12 @@ class Fitted(ABC):
             return backend, False
         from hdeval.llm.client import open_llm
 
+        if self.from_artifact_file and self.llm.base_url:
+            # as apply asks before it sends anything where an artifact says (a file from anyone)
+            raise ConfigError(
+                f"the artifact names the LLM server {self.llm.base_url}: hdeval sends your samples "
+                "there only if you say so; pass base_url= to score (the CLI: --base-url)"
+            )
         return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 
     @contextmanager
@@ -625,8 +633,10 @@ def loaded(
 
 
 def remember_scores(ev: Any, path: "Path", files: Any) -> None:
-    """Note where a loaded artifact's checked ``scores.csv`` is (``files``: the manifest's
-    checksums), so saving the evaluator again copies it rather than dropping it."""
+    """Mark ``ev`` as loaded from the artifact at ``path`` and note where its checked
+    ``scores.csv`` is (``files``: the manifest's checksums), so saving the evaluator again copies
+    it rather than dropping it."""
+    ev.from_artifact_file = True
     digest = files.get(SCORES) if isinstance(files, dict) else None
     if ev.score_table is None and isinstance(digest, str):
         ev.scores_file = (path / SCORES, digest)

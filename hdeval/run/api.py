@@ -70,8 +70,9 @@ class TrainedEvaluator:
         """Score ``data`` (a DataFrame or a list of dicts with the task's fields, one row a sample or
         pair; or a JSONL file) and return one row per sample, indexed by id: the predicted
         ``scores.<aspect>`` (pairs: the verdict), the LLM-filled columns and the human scores the
-        input had. ``llm``/``base_url``: another LLM than the one it was trained with; the reply
-        cache is ``cache_dir`` or the default one. Bad input is one DataError naming the row."""
+        input had. ``llm``/``base_url``: another LLM or server than the one it was trained with
+        (``base_url`` alone: the trained model there; a loaded artifact's own server is used only
+        when named here); the reply cache is ``cache_dir`` or the default one. Bad input is one DataError naming the row."""
         import pandas as pd
 
         from hdeval.data.samples import read_task_samples
@@ -82,12 +83,15 @@ class TrainedEvaluator:
             else _records_samples(data, self.task)
         )
         backend = None
-        if llm is not None:
+        if llm is not None or base_url is not None:
             from hdeval.llm.client import open_llm
             from hdeval.llm.config import LLMConfig
 
+            # base_url alone: the trained model on that server (as apply's --base-url)
             config = LLMConfig(
-                model=llm, base_url=base_url, cache_dir=None if cache_dir is None else str(cache_dir)
+                model=self.fitted.llm.model if llm is None else llm,
+                base_url=base_url,
+                cache_dir=None if cache_dir is None else str(cache_dir),
             )
             config.check()
             backend = open_llm(config)
