@@ -56,6 +56,7 @@ def test_load_scores_a_frame_a_list_of_dicts_and_a_path_alike(direct_artifact, t
     ([{"id": "a", "source": "q"}], "the rows given: 1 bad row(s): row 1: field 'output'"),
     (pd.DataFrame({"id": ["a"], "source": ["q"], "output": [float("inf")]}), "row 1 holds an infinite number"),
     ([{"id": "a", "source": "q", "output": object()}], "row 1 holds a object, which is not JSON data"),
+    ([{"id": "a", "source": "q"}, {"id": "b", "source": "q"}], "2 bad row(s): rows 1, 2: field 'output'"),
 ])
 def test_bad_input_is_one_hdeval_error_before_any_call(direct_artifact, tmp_path, bad, message):
     ev = hdeval.load(direct_artifact)
@@ -63,6 +64,40 @@ def test_bad_input_is_one_hdeval_error_before_any_call(direct_artifact, tmp_path
         ev.score(bad, llm="fake", cache_dir=tmp_path / "c")
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "c").exists()  # nothing asked
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"concurrency": -1}, "score: concurrency must be a whole number of at least 1, got -1"),
+    ({"concurrency": "2"}, "score: concurrency must be a whole number of at least 1, got '2'"),
+    ({"concurrency": 0}, "score: concurrency must be a whole number of at least 1, got 0"),
+    ({"llm": 1}, "score: llm must be text, got 1"),
+])
+def test_bad_score_options_are_one_hdeval_error_before_any_call(direct_artifact, tmp_path, options, message):
+    # they ended in an AttributeError or a TypeError deep in the client, after the rows were read
+    ev = hdeval.load(direct_artifact)
+    with pytest.raises(hdeval.HdevalError, match=message):
+        ev.score(EX / "new_qa.jsonl", cache_dir=tmp_path / "c", **{"llm": "fake", **options})
+    assert not (tmp_path / "c").exists()
+
+
+def test_array_cells_are_lists_and_flat_score_columns_are_said_not_read(direct_artifact, tmp_path):
+    import numpy as np
+
+    rows = [json.loads(line) for line in (EX / "new_qa.jsonl").read_text().splitlines()]
+    ev = hdeval.load(direct_artifact)
+    framed = pd.DataFrame([{**r, "emb": np.zeros(3)} for r in rows])  # an embedding column
+    assert len(ev.score(framed, llm="fake", cache_dir=tmp_path / "c")) == len(rows)
+    flat = pd.json_normalize([{**r, "scores": {"clarity": 4, "accuracy": 3}} for r in rows])
+    with pytest.warns(UserWarning, match=r"does not read the columns scores.clarity, scores.accuracy as human"):
+        out = ev.score(flat, llm="fake", cache_dir=tmp_path / "c")
+    assert "human.clarity" not in out.columns
+
+
+def test_a_trained_evaluator_wraps_only_a_trained_evaluator(direct_artifact):
+    with pytest.raises(hdeval.HdevalError, match=r"got str; for an artifact's path use hdeval.load\(path\)"):
+        hdeval.TrainedEvaluator(str(direct_artifact))
+    ev = hdeval.load(direct_artifact)
+    assert hdeval.TrainedEvaluator(ev).fitted is ev.fitted
 
 
 def test_load_of_something_that_is_no_artifact_is_one_hdeval_error(tmp_path):

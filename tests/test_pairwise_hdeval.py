@@ -239,7 +239,7 @@ def test_a_direct_loader_names_the_artifact_it_was_given_and_the_generic_one(toy
                   cache_dir=str(tmp_path / "cache")).save(tmp_path / "point")
     direct = train(task=str(task), data=str(data), method="direct", llm="fake",
                    cache_dir=str(tmp_path / "cache")).save(tmp_path / "direct")
-    hint = "load it with hdeval.methods.registry.load_artifact(path) or score with hdeval apply"
+    hint = "load it with hdeval.load(path) or score with hdeval apply"
     cases = [
         (lambda: Evaluator.load(pair), f"{pair} holds a pairwise HD-Eval evaluator, and Evaluator reads "
                                        "pointwise HD-Eval ones only"),

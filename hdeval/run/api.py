@@ -26,6 +26,16 @@ class TrainedEvaluator:
     """A trained evaluator of any method, loaded from its artifact (:func:`load`)."""
 
     def __init__(self, fitted: "Fitted"):
+        from hdeval.core.errors import ConfigError
+        from hdeval.methods.base import Fitted
+
+        if isinstance(fitted, TrainedEvaluator):
+            fitted = fitted.fitted
+        if not isinstance(fitted, Fitted):
+            raise ConfigError(
+                f"TrainedEvaluator wraps a trained evaluator (what hdeval.train returns), got "
+                f"{type(fitted).__name__}; for an artifact's path use hdeval.load(path)"
+            )
         self.fitted = fitted  # the method's own evaluator (hdeval.methods.base.Fitted)
 
     @property
@@ -75,8 +85,16 @@ class TrainedEvaluator:
         when named here); the reply cache is ``cache_dir`` or the default one. Bad input is one DataError naming the row."""
         import pandas as pd
 
+        from hdeval.core.errors import ConfigError
         from hdeval.data.samples import read_task_samples
 
+        for name, value in (("llm", llm), ("base_url", base_url)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"score: {name} must be text, got {value!r}")
+        if concurrency is not None and (
+            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+        ):
+            raise ConfigError(f"score: concurrency must be a whole number of at least 1, got {concurrency!r}")
         samples = (
             read_task_samples(data, self.task, require_labels=False)
             if isinstance(data, (str, Path))
@@ -133,6 +151,7 @@ def _records_samples(data: Any, task: Any) -> list:
             text = (
                 str(exc).replace(f"{file}: ", "the rows given: ", 1).replace("bad line(s)", "bad row(s)", 1)
             )
+            text = re.sub(r"\blines (\d+)", r"rows \1", text)
             raise DataError(re.sub(r"\bline (\d+)", r"row \1", text)) from None
 
 
@@ -143,6 +162,16 @@ def _records(data: Any) -> list[dict[str, Any]]:
     except ImportError:  # pragma: no cover - a dependency
         pd = None
     if pd is not None and isinstance(data, pd.DataFrame):
+        flat = [c for c in data.columns if isinstance(c, str) and c.startswith(("scores.", "human."))]
+        if flat and "scores" not in data.columns:
+            import warnings
+
+            warnings.warn(
+                f"score does not read the columns {', '.join(map(str, flat[:3]))}"
+                f"{' ...' if len(flat) > 3 else ''} as human scores: give them as a 'scores' column "
+                "of dicts {aspect: score}, as the JSONL sample format has them",
+                stacklevel=3,
+            )
         data = data.reset_index(drop=not (data.index.name == "id" and "id" not in data.columns))
         data = data.astype(object).where(pd.notna(data), None).to_dict("records")
     if isinstance(data, Mapping) or not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
@@ -169,6 +198,8 @@ def _plain(value: Any, where: str) -> Any:
         if math.isinf(value):
             raise DataError(f"the rows given: {where} holds an infinite number")
         return None if math.isnan(value) else value
+    if getattr(value, "ndim", 0) and callable(getattr(value, "tolist", None)):  # a numpy array
+        return _plain(value.tolist(), where)
     item = getattr(value, "item", None)  # a numpy scalar
     if callable(item):
         return _plain(item(), where)

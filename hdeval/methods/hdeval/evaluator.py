@@ -223,7 +223,7 @@ class TreeEvaluator(Fitted):
         what = "HD-Eval" if method == "hdeval" else f"{method!r}"
         return ArtifactError(
             f"{path} holds a {shape} {what} evaluator, and {cls.__name__} reads {cls.shape} "
-            "HD-Eval ones only: load it with hdeval.methods.registry.load_artifact(path) or "
+            "HD-Eval ones only: load it with hdeval.load(path) or "
             "score with hdeval apply"
         )
 
