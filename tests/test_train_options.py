@@ -53,7 +53,7 @@ def test_train_takes_method_options_by_name(tmp_path):
     ({"method": "direct", "layers": 2}, "method 'direct' takes no option(s) layers (its options: none)"),
     ({"method": "dna", "tree": "t.json"}, "method 'dna' takes no option(s) tree (its options: aspect_source, "),
     ({"method": "paireval", "top_k": 2}, "method 'paireval' takes no option(s) top_k"),
-    ({"layrs": 2}, "unknown training option(s): layrs"),
+    ({"layrs": 2}, "unknown training option(s) for method 'hdeval': layrs (did you mean layers?)"),
     ({"layers": "2"}, "--layers must be a whole number, got '2'"),
     ({"swap": 1}, "--swap must be true or false, got 1"),
     ({"method": "dna", "tie_margin": "wide"}, "--tie-margin must be a number, got 'wide'"),
@@ -68,6 +68,18 @@ def test_a_bad_option_is_one_line_naming_it(options, message):
     with pytest.raises(ConfigError) as err:
         TrainConfig.from_options(task="summeval", **options)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_train_takes_paths_and_refuses_a_dict_for_its_config(tmp_path):
+    from pathlib import Path
+
+    from hdeval.run.train import train
+
+    ev = train(task=Path("examples/qa_task.toml"), data=Path("examples/qa.jsonl"), llm="fake", method="direct",
+               cache_dir=tmp_path / "c")
+    assert ev.method == "direct"
+    with pytest.raises(ConfigError, match=r"train takes a TrainConfig or options by name .*got dict"):
+        train({"task": "examples/qa_task.toml", "llm": "fake"})
 
 
 def test_the_cli_refuses_an_option_of_another_method_before_anything_else(tmp_path):

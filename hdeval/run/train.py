@@ -4,6 +4,7 @@ the LLM; the method's own ``fit`` and ``plan`` (see :mod:`hdeval.methods.base`) 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -90,8 +91,18 @@ class TrainConfig(LLMSettings):
         mine = {k: options.pop(k) for k in list(options) if k not in shared}
         unknown = sorted(k for k in mine if k not in all_options())
         if unknown:
-            raise ConfigError(f"unknown training option(s): {', '.join(unknown)}")
-        given.update({k: v for k, v in mine.items() if v is not None})
+            import difflib
+
+            method = options.get("method") or "hdeval"
+            known = sorted(shared | set(all_options()))
+            close = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"unknown training option(s) for method {method!r}: {', '.join(unknown)}{hint}")
+        # paths (task, data, a method's tree file) as load and score take them
+        options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
+        given.update(
+            {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in mine.items() if v is not None}
+        )
         if isinstance(options.get("aspects"), str):
             options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
         return cls(options=given, **{k: v for k, v in options.items() if v is not None})
@@ -230,6 +241,10 @@ def train(
     """
     if config is None:
         config = TrainConfig.from_options(**options)
+    elif not isinstance(config, TrainConfig):
+        raise ConfigError(
+            f"train takes a TrainConfig or options by name (train(task=..., llm=...)), got {type(config).__name__}"
+        )
     elif options:
         config = config.replace(**options)
     progress = progress or Progress()
