@@ -136,6 +136,19 @@ def test_an_aspect_key_with_edge_spaces_is_refused_before_training(toy, tmp_path
     assert not (tmp_path / "art").exists()
 
 
+@pytest.mark.parametrize("key", ["split", "sample_id", "human:accuracy"])
+def test_an_aspect_key_a_score_table_column_takes_is_refused_before_any_call(toy, tmp_path, key):
+    # 'split' ended in a traceback after every paid call; 'human:accuracy' beside 'accuracy' wrote
+    # an artifact whose every later use said "the manifest was edited"
+    task, data = toy
+    task.write_text(task.read_text(encoding="utf-8").replace('key = "clarity"', f'key = "{key}"'),
+                    encoding="utf-8")
+    r = CliRunner().invoke(cli, ["train", "--task", str(task), "--data", str(data), "--llm", "fake",
+                                 "--cache-dir", str(tmp_path / "c"), "-o", str(tmp_path / "art")])
+    one_line_error(r, str(task), f"aspect key {key!r} is taken")
+    assert not (tmp_path / "art").exists() and not (tmp_path / "c").exists()
+
+
 def test_tasks_and_cache_commands(tmp_path, toy):
     r = run("tasks")
     assert r.exit_code == 0

@@ -37,6 +37,8 @@ DEFINITION_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_SCORE = 1e6
 # A task name becomes part of file and directory names (artifacts/<name>-<kind>, <name>.jsonl):
 # never a path separator, never "." or ".." or a hidden name.
+#: Column names of an artifact's score table that an aspect key must not take.
+RESERVED_KEYS = ("sample_id", "pair_id", "split", "human")
 _NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
 
 
@@ -121,6 +123,12 @@ def task_from_dict(raw: dict[str, Any], where: str) -> Task:
             raise ConfigError(f"{where}: aspect key {a.key!r} must be a non-empty name without '/'")
         if a.key != a.key.strip():  # a tree's keys have none (tree.json refuses them on reload)
             raise ConfigError(f"{where}: aspect key {a.key!r} has leading or trailing spaces")
+        if ":" in a.key or a.key in RESERVED_KEYS:
+            # scores.csv's columns: sample_id, split, pair_id, human:<aspect>, <criterion>:a, judge:criterion
+            raise ConfigError(
+                f"{where}: aspect key {a.key!r} is taken: an aspect key holds no ':' and is none of "
+                f'{", ".join(RESERVED_KEYS)}; rename it (key = "...")'
+            )
         for field, text in (("key", a.key), ("name", a.name)):
             # an aspect is a tree's first-layer criterion: its text must pass the tree's bounds on reload
             if text is not None and len(text) > MAX_CRITERION_NAME:
