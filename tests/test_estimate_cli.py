@@ -235,6 +235,27 @@ def test_bad_options_and_files(work):
     assert r.exit_code == 2 and f"{broken}: line 2: not valid JSON" in r.stderr
 
 
+def test_a_row_given_twice_or_a_label_off_the_scale_is_refused(work):
+    # both used to pass: a labelled row appended five times counted as five more labels (a
+    # narrower, wrong interval), and a clarity of 500 on a 1-5 scale moved the estimate to 45
+    rows = [json.loads(line) for line in work["scored"].read_text().splitlines()]
+    labelled = next(i for i, r in enumerate(rows) if r.get("human"))
+    twice = _write(work["dir"] / "twice.jsonl", [*rows, rows[labelled]])
+    r = run_cli("estimate", work["art"], "--data", twice)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert (f"{twice}: line {len(rows) + 1}: id {rows[labelled]['id']!r} already used on line "
+            f"{labelled + 1}") in r.stderr
+    aspect = next(iter(rows[labelled]["human"]))
+
+    def off_scale(i, row):
+        if i == labelled:
+            row["human"] = {**row["human"], aspect: 500}
+
+    r = run_cli("estimate", work["art"], "--data", _edited(work, "off.jsonl", off_scale))
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"line {labelled + 1}: human score {aspect} = 500 is outside the task's range [" in r.stderr
+
+
 @pytest.mark.slow
 def test_pairwise_rows_give_the_win_rate_of_a_over_b(tmp_path):
     from conftest import REPO

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hdeval.core.errors import ConfigError, DataError
 from hdeval.core.types import PairSample
@@ -257,7 +257,12 @@ def _check_samples(data: str, ev: Any, side: _Side, by: str | None, baseline: st
 
 
 def _collect(
-    scored: str, side: _Side, aspects: list[str], pairwise: bool, notes: list[str]
+    scored: str,
+    side: _Side,
+    aspects: list[str],
+    pairwise: bool,
+    notes: list[str],
+    ranges: Sequence[tuple[float, float]] | None = None,
 ) -> tuple[dict[tuple[str, str], _Cell], int]:
     """Read apply's rows into cells (aspect x group); refuse labels that an active strategy
     picked without their probabilities, or a file mixing labelled rows with and without them.
@@ -269,9 +274,13 @@ def _collect(
     groups: list[str] = []
     labelled: list[tuple[int, Any, Any, Any, int]] = []  # row, human, sampling_prob, selection, line
     training = 0
+    first_line: dict[str, int] = {}  # a row given twice would count as two labels
     for lineno, row in _rows(scored):
         if "id" not in row and "shard" in row:
             continue  # a shard's closing record
+        rid = str(row.get("id"))
+        if first_line.setdefault(rid, lineno) != lineno:
+            raise DataError(f"{scored}: line {lineno}: id {rid!r} already used on line {first_line[rid]}")
         if row.get("in_training"):
             training += 1
             continue
@@ -338,6 +347,11 @@ def _collect(
                 h = human.get(a)
                 if h is not None and not _number(h):
                     raise DataError(f"{where}: human score {a} is {h!r}, not a finite number")
+                if h is not None and ranges is not None and not ranges[j][0] <= h <= ranges[j][1]:
+                    lo, hi = ranges[j]
+                    raise DataError(
+                        f"{where}: human score {a} = {h!r} is outside the task's range [{lo:g}, {hi:g}]"
+                    )
                 Y[i, j] = math.nan if h is None else float(h)
         else:
             raise DataError(f"{where}: 'human' must be an object of scores")
@@ -474,10 +488,11 @@ def estimate_file(
     task = ev.task
     pairwise = task.shape == "pairwise"
     aspects = [WIN_RATE] if pairwise else list(task.aspect_keys)
+    ranges = None if pairwise else [task.aspect(a).range for a in aspects]
     notes: list[str] = []
     notes.extend(f"warning: {w}" for w in ev.warnings)
     if apply_output:
-        cells, rows = _collect(data, _Side(data, by, inline=True), aspects, pairwise, notes)
+        cells, rows = _collect(data, _Side(data, by, inline=True), aspects, pairwise, notes, ranges)
     else:
         if score is None:
             raise ConfigError(f"{data} holds samples, not an apply output: score them first (hdeval apply)")
@@ -488,7 +503,7 @@ def estimate_file(
         with tempfile.TemporaryDirectory(prefix=".hdeval-estimate-") as tmp:
             scored = os.path.join(tmp, "scored.jsonl")
             score(ev, data, scored)
-            cells, rows = _collect(scored, side, aspects, pairwise, notes)
+            cells, rows = _collect(scored, side, aspects, pairwise, notes, ranges)
     if not rows:
         raise DataError(f"{data}: no rows to estimate on")
     records: list[dict] = []
