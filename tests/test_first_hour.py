@@ -157,6 +157,21 @@ def test_init_says_which_line_lacks_a_score_and_the_option_that_leaves_it_out(tm
     one_error(run_cli("init", tmp_path / "r.json", "-o", tmp_path / "v.toml", "--output-col", "a"), "r.json: row 2:")
 
 
+def test_init_names_a_score_cell_that_is_no_number_rather_than_drop_its_column(tmp_path: Path) -> None:
+    # the column used to vanish from the task, unsaid, for one 'n/a' (a blank cell was an error)
+    data = tmp_path / "r.csv"
+    data.write_text("q,a,clear,correct\nWhy?,Because.,n/a,4\nHow?,So.,4,2\nWhat?,That.,2,5\n", encoding="utf-8")
+    res = run_cli("init", data, "-o", tmp_path / "t.toml", "--output-col", "a")
+    line = one_error(res, "r.csv: line 2: column 'clear' holds 'n/a', not a number (1 line); fix it")
+    assert line.endswith("or leave the column out by naming the others with --score-col")
+    assert not (tmp_path / "t.toml").exists()
+    res = run_cli("init", data, "-o", tmp_path / "t.toml", "--output-col", "a", "--score-col", "correct")
+    assert res.exit_code == 0 and "aspects correct [2, 5]" in res.stdout, res.output
+    # an answer column of mostly numbers is a text field, not a score column with typos
+    data.write_text("q,a,correct\nSum?,42,4\nName?,Bob,2\nDiff?,7,5\n", encoding="utf-8")
+    assert run_cli("init", data, "-o", tmp_path / "u.toml", "--output-col", "a").exit_code == 0
+
+
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])
 def test_a_tasks_columns_read_csv_tsv_and_json(tmp_path: Path, fmt: str) -> None:
     """apply, train and report read a file through the task's [columns], whatever its format."""

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -171,6 +172,16 @@ def init(
         )
     }
     used = {c for c in (*fields.values(), *others.values()) if c}
+    for c in columns:  # a score column with one 'n/a' would otherwise vanish from the task unsaid
+        bad = None if c in numeric or c in used else _mostly_numbers(numbered, c)
+        named = any(item.partition("=")[2 if "=" in item else 0].strip() == c for item in score_cols)
+        if bad and (named or not score_cols):
+            (line, value), n, unit = bad[0], len(bad), row_unit(data)
+            raise DataError(
+                f"{data}: {unit} {line}: column {c!r} holds {str(value)[:40]!r}, not a number "
+                f"({n} {unit}{'s' if n > 1 else ''}); fix {'it' if n == 1 else 'them'}"
+                + ("" if named else ", or leave the column out by naming the others with --score-col")
+            )
     aspects = _aspects(score_cols, columns, numeric, used, data, hint)
     # train reads only rows with every aspect's score
     unscored = {
@@ -236,6 +247,17 @@ def _on_a_terminal() -> bool:
     return sys.stdin.isatty()
 
 
+def _number(v: Any) -> float | None:
+    """A cell as a finite number (text that reads as one counts), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        x = float(v.strip()) if isinstance(v, str) else float(v) if isinstance(v, (int, float)) else math.nan
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
 def _numeric_range(rows: list[dict], column: str) -> tuple[float, float] | None:
     """(min, max) of a column whose every value is a finite number (text that reads as one counts)."""
     values = []
@@ -243,22 +265,26 @@ def _numeric_range(rows: list[dict], column: str) -> tuple[float, float] | None:
         v = r.get(column)
         if v is None:
             continue
-        if isinstance(v, bool):
-            return None
-        try:
-            x = (
-                float(v.strip())
-                if isinstance(v, str)
-                else float(v)
-                if isinstance(v, (int, float))
-                else math.nan
-            )
-        except ValueError:
-            return None
-        if not math.isfinite(x):
+        x = _number(v)
+        if x is None:
             return None
         values.append(x)
     return (min(values), max(values)) if values else None
+
+
+def _mostly_numbers(numbered: list[tuple[int, dict]], column: str) -> list[tuple[int, Any]] | None:
+    """The (line, value) cells that are not numbers in a column most of whose filled cells are (a
+    score column with a typo or an 'n/a'); None for a column of text. Blank cells are neither."""
+    bad, good = [], 0
+    for line, r in numbered:
+        v = r.get(column)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue
+        if _number(v) is None:
+            bad.append((line, v))
+        else:
+            good += 1
+    return bad if bad and good > len(bad) else None
 
 
 def _aspects(
