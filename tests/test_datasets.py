@@ -203,7 +203,21 @@ def test_strict_count_rejects_a_different_row_count_and_writes_nothing(
     dest = tmp_path / "d"
     with pytest.raises(DataError, match=r"has 25 rows; the official UniEval file has 1181"):
         datasets.download_datasets(["sfres"], dest=dest, source_url=base_url(server), strict_count=True)
-    assert list(dest.iterdir()) == []
+    assert not dest.exists()  # the folder it made is gone again: nothing was written
+
+
+@needs_shared
+def test_a_file_url_is_read_from_this_machine(tmp_path: Path) -> None:
+    # --help and train's "no data" error advise file://; httpx refused it ("missing an 'http://'")
+    mirror = tmp_path / "mirror"
+    for path, name in LAYOUT.items():  # UniEval's layout, from the shared upstream samples
+        (mirror / path).parent.mkdir(parents=True, exist_ok=True)
+        (mirror / path).write_bytes((UPSTREAM / name).read_bytes())
+    (r,) = datasets.download_datasets(["sfres"], dest=tmp_path / "d", source_url=mirror.as_uri() + "/")
+    assert r.downloaded and r.rows == 25 and r.path == tmp_path / "d" / "sfres.jsonl"
+    with pytest.raises(DownloadError, match=r"sfres.json: not found; check --source-url"):
+        datasets.download_datasets(["sfres"], dest=tmp_path / "e" / "f", source_url=(tmp_path / "no").as_uri() + "/")
+    assert not (tmp_path / "e").exists()
 
 
 def test_official_source_is_strict_by_default() -> None:
@@ -244,7 +258,7 @@ def test_interrupted_download_leaves_no_file(tmp_path: Path) -> None:
         with pytest.raises(DownloadError, match=r"connection closed after \d+ of \d+ bytes") as exc:
             datasets.download_datasets(["sfres"], dest=dest, source_url=base_url(srv))
         assert srv.url + cut in str(exc.value)
-    assert list(dest.iterdir()) == []
+    assert not dest.exists()  # no file, and not the folder it made for one
 
 
 @needs_shared

@@ -29,7 +29,10 @@ def fetch_to_file(
     hint_404: str = "check the address",
 ) -> None:
     """Stream ``url`` into ``out``; raise :class:`DownloadError` unless every byte arrived (and,
-    with ``max_bytes``, no more than that many)."""
+    with ``max_bytes``, no more than that many). A ``file://`` URL is read from this machine."""
+    if url.lower().startswith("file:"):
+        _copy_local(url, out, on_bytes, max_bytes, hint_404)
+        return
     import httpx2  # here: sha256_file's users (every command) need no HTTP client
 
     done, total = 0, None
@@ -63,3 +66,38 @@ def fetch_to_file(
         ) from None
     except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
         raise DownloadError(f"cannot download {url}: {exc}") from None
+
+
+def _copy_local(
+    url: str, out: Path, on_bytes: Callable[[int, int | None], None], max_bytes: int | None, hint_404: str
+) -> None:
+    """A ``file://`` URL's file copied into ``out``, block by block, with the same bounds and
+    one-line errors as a download (httpx reads http(s) only)."""
+    import os
+    from urllib.parse import unquote, urlsplit
+    from urllib.request import url2pathname
+
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise DownloadError(
+            f"cannot download {url}: a file:// URL names a file on this machine (file:///path)"
+        )
+    path = Path(url2pathname(unquote(parts.path)))
+    try:
+        with open(path, "rb") as src:
+            if not os.path.isfile(path):
+                raise DownloadError(f"{url}: not a regular file; {hint_404}")
+            total, done = os.fstat(src.fileno()).st_size, 0
+            with out.open("wb") as fh:  # write errors propagate as OSError, as for a download
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    if max_bytes is not None and done + len(block) > max_bytes:
+                        raise DownloadError(f"{url}: larger than {max_bytes} bytes; refused")
+                    fh.write(block)
+                    done += len(block)
+                    on_bytes(done, total)
+    except FileNotFoundError:
+        raise DownloadError(f"{url}: not found; {hint_404}") from None
+    except IsADirectoryError:
+        raise DownloadError(f"{url}: a folder, not a file; {hint_404}") from None
+    except PermissionError as exc:
+        raise DownloadError(f"cannot read {url}: {exc.strerror}") from None

@@ -224,6 +224,7 @@ def download_dataset(
             report(DownloadEvent("skip", name, url=url, path=target, rows=rows))
             return DownloadResult(name, target, rows, downloaded=False)
 
+    made = [p for p in (dest, *dest.parents) if not p.exists()]  # removed again if nothing lands
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -271,6 +272,11 @@ def download_dataset(
         raise DataError(f"cannot write {target}: {exc}") from None
     finally:
         raw_tmp.unlink(missing_ok=True)
+        for folder in made if not target.exists() else ():  # the folders this call made, empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     report(DownloadEvent("done", name, url=url, path=target, rows=n))
     return DownloadResult(name, target, n, downloaded=True, warning=warning)
 
