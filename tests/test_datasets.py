@@ -558,3 +558,16 @@ def test_downloaded_files_train_end_to_end(name: str, server: FileServer, tmp_pa
     )
     assert res.exit_code == 0, res.output
     assert "held-out Spearman: trained" in res.stdout and art.is_dir()
+
+
+@pytest.mark.parametrize("name", ["x.parquet", "x.csv", "-"])
+def test_import_refuses_an_output_that_is_not_a_jsonl_file(tmp_path: Path, monkeypatch, name: str) -> None:
+    # it wrote JSONL under any name: train then read x.parquet as parquet ("magic bytes not
+    # found"), and '-o -' left a file named '-'
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "in.csv"
+    src.write_text("article,summary,coh\nA text.,A summary.,3\n", encoding="utf-8")
+    res = CliRunner().invoke(data, ["import", str(src), "--task", "summeval", "-o", name, "--source-col", "article",
+                                    "--output-col", "summary", "--score-col", "coherence=coh"])
+    assert res.exit_code == 2 and ("writes JSONL" in res.output or "writes a file" in res.output), res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

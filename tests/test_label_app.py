@@ -118,6 +118,23 @@ def test_export_writes_samples_train_reads_with_the_raters_mean(pool, tmp_path):
     assert {json.loads(line)["rater"] for line in out.read_text().splitlines()} == {"ann", "bob"}
 
 
+def test_export_refuses_a_file_that_is_not_jsonl_and_a_store_with_no_labels(pool, tmp_path):
+    # an empty file (exit 0) only failed later in train; '-o x.csv' wrote JSONL that train then
+    # read as broken CSV; '-o -' wrote a file named '-'
+    task, _, _, samples = pool
+    db = tmp_path / "labels.db"
+    LabelStore(db, task).close()
+    with pytest.raises(DataError, match=r"labels.db holds no labels yet: nothing written"):
+        export_labels(db, tmp_path / "e.jsonl")
+    assert not (tmp_path / "e.jsonl").exists()
+    with LabelStore(db, task) as store:
+        store.add(samples[0], {"clarity": 2, "accuracy": 4}, rater="ann", session="s")
+    for name in ("e.csv", "-"):
+        with pytest.raises(ConfigError, match=r"writes (JSONL|a file)"):
+            export_labels(db, tmp_path / name if name != "-" else name)
+        assert not (tmp_path / name).exists()
+
+
 def test_export_labels_command(pool, tmp_path):
     task, _, _, samples = pool
     with LabelStore(tmp_path / "labels.db", task) as store:

@@ -318,15 +318,18 @@ def _now() -> str:
 def export_labels(path: str | Path, out: str | Path, *, force: bool = False, raw: bool = False) -> int:
     """Write ``out`` (JSONL, atomically): the labelled samples, or with ``raw`` every row of the
     file. Refuses an existing ``out`` without ``force``. Returns the number of lines written."""
-    from hdeval.data.samples import write_jsonl
+    from hdeval.data.samples import jsonl_output, write_jsonl
 
     task = read_meta(path)
     out = Path(out)
+    jsonl_output(out)
     if out.exists() and not force:
         raise ConfigError(f"-o {out} exists; pass --force to overwrite it")
     if out.resolve() == Path(path).resolve():
         raise ConfigError(f"-o {out} is the labels file itself")
     rows, contents = read_rows(path)
     lines = rows if raw else labelled_samples(rows, contents, pairwise=task.get("shape") == "pairwise")
+    if not lines:  # an empty file would only fail later, in train ("no samples")
+        raise DataError(f"{path} holds no {'rows' if raw else 'labels'} yet: nothing written to {out}")
     write_jsonl(out, lines)
     return len(lines)

@@ -273,9 +273,11 @@ def import_cmd(
     number (1-based, header not counted; the file line too for CSV/JSONL). Text fields the
     task shows must be non-empty, and scores numeric and inside the task's range.
     """
+    from hdeval.data.samples import jsonl_output
     from hdeval.run.output import check_output
 
     check_output(out, [file, task_name if task_name.endswith(".toml") else None], replace=force)
+    jsonl_output(out)
     task = load_task(task_name)
     columns = ColumnMap(
         id=id_col,

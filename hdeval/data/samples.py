@@ -244,6 +244,16 @@ def table_format(path: str | Path) -> str | None:
     return TABLE_FORMATS.get(Path(path).suffix.lower())
 
 
+def jsonl_output(out: str | Path, option: str = "-o") -> None:
+    """Refuse an output name a JSONL writer would betray: another format's extension (the file
+    would then be read as that format and fail) or ``-`` (a file named "-", not standard output)."""
+    name = str(out)
+    if name == "-":
+        raise ConfigError(f"{option} -: this command writes a file; name one ending in .jsonl")
+    if not name.lower().endswith(".jsonl"):
+        raise ConfigError(f"{option} {name}: this command writes JSONL; name the file *.jsonl")
+
+
 def row_unit(path: str | Path) -> str:
     """What a message calls one record of ``path``: ``row`` in JSON and Parquet, whose records
     are not lines, else ``line``."""
