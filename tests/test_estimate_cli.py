@@ -235,6 +235,12 @@ def test_bad_options_and_files(work):
     assert r.exit_code == 2 and f"{broken}: line 2: not valid JSON" in r.stderr
 
 
+def test_by_a_field_that_holds_objects_is_refused_not_one_group_per_object(work):
+    r = run_cli("estimate", work["art"], "--data", work["scored"], "--by", "scores")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "--by scores: the field holds an object; group by a field of text or numbers" in r.stderr
+
+
 def test_a_row_given_twice_or_a_label_off_the_scale_is_refused(work):
     # both used to pass: a labelled row appended five times counted as five more labels (a
     # narrower, wrong interval), and a clarity of 500 on a 1-5 scale moved the estimate to 45

@@ -109,6 +109,9 @@ def test_data_import_and_merge_shards_refuse_their_inputs(toy_artifact: Path, tm
     shard_text = part.read_bytes()
     one_error(run("merge-shards", part, part), "input")
     assert part.read_bytes() == shard_text
+    # OUTPUT is an argument of merge-shards: the advice named apply's -o
+    line = one_error(run("merge-shards", tmp_path / "m.txt", part), "name the OUTPUT file .jsonl, .csv or .parquet")
+    assert line.endswith("or give - for JSONL on stdout") and not (tmp_path / "m.txt").exists()
 
 
 # ---------------------------------------------------------------- merge-shards checks the set

@@ -85,15 +85,17 @@ def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: st
         )
 
 
-def output_format(output: str) -> str:
-    """The format ``apply -o`` writes, from the extension; checked before any LLM call."""
+def output_format(output: str, option: str = "-o") -> str:
+    """The format ``apply -o`` (``merge-shards OUTPUT``) writes, from the extension; checked
+    before any LLM call."""
     if output == "-":
         return "jsonl"
     fmt = OUTPUT_FORMATS.get(Path(output).suffix.lower())
     if fmt is None:
+        named = f"{option} " if option.startswith("-") else ""
         raise ConfigError(
-            f"cannot tell the output format of {output}: use -o with .jsonl, .csv or "
-            ".parquet, or -o - for JSONL on stdout"
+            f"cannot tell the output format of {output}: name the {option} file .jsonl, .csv or "
+            f".parquet, or give {named}- for JSONL on stdout"
         )
     if fmt == "parquet":
         import importlib.util

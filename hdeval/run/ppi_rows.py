@@ -83,18 +83,25 @@ class _Side:
     def fields(self, row: dict, line: int) -> tuple[Any, Any, Any, int]:
         meta = row.get("meta")
         if not isinstance(meta, dict) or not meta:  # the usual case, read without a lookup per field
-            return (
+            got = (
                 row.get(self.by, None) if self.by else ALL,
                 row.get(PROB_FIELD),
                 row.get(SELECTION_FIELD),
                 line,
             )
-        return (
-            _field(row, self.by) if self.by else ALL,
-            _field(row, PROB_FIELD),
-            _field(row, SELECTION_FIELD),
-            line,
-        )
+        else:
+            got = (
+                _field(row, self.by) if self.by else ALL,
+                _field(row, PROB_FIELD),
+                _field(row, SELECTION_FIELD),
+                line,
+            )
+        if isinstance(got[0], (dict, list)):  # a group per distinct object would mean nothing
+            raise DataError(
+                f"{self.path}: line {line}: --by {self.by}: the field holds "
+                f"{'an object' if isinstance(got[0], dict) else 'a list'}; group by a field of text or numbers"
+            )
+        return got
 
     def add(self, row: dict, line: int) -> None:
         self.of[str(row.get("id"))] = self.fields(row, line)

@@ -166,7 +166,7 @@ class ShardFile:
 def merge_shards(output: str, shards: list[str] | tuple[str, ...]) -> tuple[int, int]:
     """Join the shard outputs into ``output`` in input order, atomically; (rows, N)."""
     check_output(output, list(shards), option="OUTPUT")
-    fmt = output_format(output)
+    fmt = output_format(output, "OUTPUT")
     for p in shards:
         if os.path.exists(p) and not os.path.isfile(p):
             raise DataError(f"{p} is not a regular file: not a shard output of `hdeval apply --shard K/N`")
