@@ -146,6 +146,17 @@ def test_damaged_artifact_is_refused(
     assert fake_calls == []  # refused before any LLM call
 
 
+def test_a_broken_prompt_the_checksum_agrees_with_exits_2_as_every_artifact_error(
+    artifact: Path, samples: Path, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    prompt = artifact / "prompts" / "score.toml"
+    prompt.write_text(prompt.read_text() + "\nnot = [valid\n")
+    rewrite_checksum(artifact, "prompts/score.toml")
+    result = apply(artifact, samples, tmp_path)
+    assert "prompts/score.toml: invalid TOML" in refused(result, tmp_path)
+    assert result.exit_code == 2 and fake_calls == []  # it was 1, unlike every other artifact error
+
+
 def test_newer_format_is_refused_naming_both_versions(artifact: Path, samples: Path, tmp_path: Path) -> None:
     edit_json(artifact / MANIFEST, lambda m: m.update(format_version=FORMAT_VERSION + 1, hdeval_version="9.0.0"))
     line = refused(apply(artifact, samples, tmp_path), tmp_path)

@@ -85,6 +85,8 @@ class DataError(HdevalError):
 class PromptError(HdevalError):
     """A prompt template is missing or refers to an unknown placeholder."""
 
+    exit_code = 2  # a file the user wrote or edited, as a bad task or data file
+
 
 class BackendError(HdevalError):
     """The LLM could not be reached or kept failing after retries; every call that finished is
