@@ -157,6 +157,15 @@ def test_init_says_which_line_lacks_a_score_and_the_option_that_leaves_it_out(tm
     one_error(run_cli("init", tmp_path / "r.json", "-o", tmp_path / "v.toml", "--output-col", "a"), "r.json: row 2:")
 
 
+def test_init_reads_a_file_already_in_hdevals_sample_format(tmp_path: Path) -> None:
+    # its scores are one 'scores' object per row: init said "no numeric column left", and its
+    # --score-col advice could not name them
+    res = run_cli("init", EXAMPLES / "qa.jsonl", "-o", tmp_path / "t.toml")
+    assert res.exit_code == 0, res.output
+    assert "aspects clarity [2, 5], accuracy [1, 5]; 24 rated rows" in res.stdout
+    assert run_cli("train", "--task", tmp_path / "t.toml", "--llm", "fake", "--dry-run").exit_code == 0
+
+
 def test_init_names_a_score_cell_that_is_no_number_rather_than_drop_its_column(tmp_path: Path) -> None:
     # the column used to vanish from the task, unsaid, for one 'n/a' (a blank cell was an error)
     data = tmp_path / "r.csv"

@@ -117,6 +117,11 @@ def init(
     rows = [values for _, values in numbered]
     if not rows:
         raise DataError(f"{data}: no rows")
+    for row in rows:  # a file already in hdeval's sample format: its 'scores' object's keys are the columns
+        nested = row.get("scores")
+        if isinstance(nested, dict):
+            del row["scores"]
+            row.update({k: v for k, v in nested.items() if isinstance(k, str) and k not in row})
     columns = list(dict.fromkeys(k for r in rows for k in r))
     numeric = {c: r for c in columns if (r := _numeric_range(rows, c)) is not None}
     hint = f"columns: {', '.join(columns)}"
