@@ -51,6 +51,10 @@ PLUGIN = textwrap.dedent('''
         return Method(name="old", summary="old", shapes=("pointwise",), fit=_fit, load=lambda art: None,
                       options=OldOptions)
 
+    def LONG():  # a long reason that ends with its fix
+        raise RuntimeError("the toy model file was not found in any of the folders the toy plug-in looks in, " * 2
+                           + "(fix: run toy-setup)")
+
     BUILT = []
 
     def _backend(config, offline):
@@ -132,6 +136,23 @@ def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target,
     assert [str(w.message)[:len(message)] for w in caught] == [message]
     assert "\n" not in str(caught[0].message)
     assert registry.get_method("direct").summary != "clash"  # the built-in keeps its name
+
+
+def test_a_long_skip_reason_keeps_its_fix_and_the_warning_points_at_the_caller(plugin):
+    # the reason was cut mid-word at 200 characters (and the CLI's line at 160), losing the fix;
+    # the warning pointed into hdeval's registry, not at the line that asked for the methods
+    plugin("hdeval.methods", "bad", "LONG")
+    with pytest.warns(registry.PluginWarning) as caught:
+        registry.method_names()
+    assert str(caught[0].message).endswith("(fix: run toy-setup))")
+    assert caught[0].filename == __file__
+    registry._loaded = False
+    from hdeval.cli import cli
+
+    listed = CliRunner().invoke(cli, ["methods"])
+    assert listed.exit_code == 0
+    assert [x for x in listed.output.splitlines() if x.startswith("warning:")][0].endswith(
+        "(fix: run toy-setup)) (PluginWarning)")
 
 
 def test_a_provider_from_an_entry_point_serves_its_model_names(plugin):

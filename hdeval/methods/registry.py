@@ -9,6 +9,7 @@ registry inside its error boundary only (``hdeval --help`` never loads a plug-in
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,7 +58,24 @@ def _load_plugins() -> None:
             _add_plugin(ep)
         except ConfigError as exc:
             _skipped[ep.name] = str(exc)
-            warnings.warn(str(exc), PluginWarning, stacklevel=2)
+            warnings.warn(str(exc), PluginWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning given by the function calling this at the first
+    frame outside hdeval and pydantic (which calls TrainConfig's validators): the caller's line,
+    whichever door of hdeval first loaded the registry."""
+    import os
+    import sys
+
+    import pydantic
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hdeval/
+    inside = (here + os.sep, os.path.dirname(os.path.abspath(pydantic.__file__)) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _add_plugin(ep) -> None:
@@ -67,7 +85,8 @@ def _add_plugin(ep) -> None:
         if callable(found) and not isinstance(found, Method):
             found = found()
     except Exception as exc:  # any error of a plug-in's own code, SyntaxError included
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        # cut at a word, and late enough that the fix a message ends with is kept
+        detail = textwrap.shorten(f"{type(exc).__name__}: {exc}", 400, placeholder=" ...")
         raise ConfigError(
             f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded ({detail})"
         ) from None
