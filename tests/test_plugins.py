@@ -51,6 +51,15 @@ PLUGIN = textwrap.dedent('''
         return Method(name="old", summary="old", shapes=("pointwise",), fit=_fit, load=lambda art: None,
                       options=OldOptions)
 
+    def PLAIN_OPTIONS():  # a plain pydantic model, not a MethodOptions
+        from pydantic import BaseModel
+
+        class PlainOptions(BaseModel):
+            level: int = 2
+
+        return Method(name="plain", summary="plain", shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                      options=PlainOptions)
+
     def LONG():  # a long reason that ends with its fix
         raise RuntimeError("the toy model file was not found in any of the folders the toy plug-in looks in, " * 2
                            + "(fix: run toy-setup)")
@@ -128,6 +137,9 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     ("OLD_OPTIONS", "method plug-in 'bad' (hdeval_toy_plugin:OLD_OPTIONS) skipped: it could not be loaded "
                     "(TypeError: method 'old': its options model OldOptions is a dataclass; declare it as a plain "
                     "subclass of MethodOptions"),
+    ("PLAIN_OPTIONS", "method plug-in 'bad' (hdeval_toy_plugin:PLAIN_OPTIONS) skipped: it could not be loaded "
+                      "(TypeError: method 'plain': its options model must be a subclass of "
+                      "hdeval.methods.options.MethodOptions, not PlainOptions)"),
 ])
 def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target, message):
     plugin("hdeval.methods", "bad", target)
@@ -136,6 +148,20 @@ def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target,
     assert [str(w.message)[:len(message)] for w in caught] == [message]
     assert "\n" not in str(caught[0].message)
     assert registry.get_method("direct").summary != "clash"  # the built-in keeps its name
+
+
+def test_a_plug_in_with_a_plain_pydantic_options_model_leaves_methods_listed(plugin):
+    # registered, it stopped `hdeval methods` and every train with "AttributeError: specs"
+    plugin("hdeval.methods", "bad", "PLAIN_OPTIONS")
+    plugin("hdeval.methods", "toy", "METHOD")
+    from hdeval.cli import cli
+
+    listed = CliRunner().invoke(cli, ["methods"])
+    assert listed.exit_code == 0, listed.output
+    assert "toy (pointwise data)" in listed.output and "dna (pairwise data)" in listed.output
+    warned = [line for line in listed.output.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "'bad'" in warned[0] and "not PlainOptions" in warned[0]
+    assert "plain" not in registry.method_names()
 
 
 def test_a_long_skip_reason_keeps_its_fix_and_the_warning_points_at_the_caller(plugin):

@@ -778,6 +778,18 @@ class Method:
                 f"method {self.name!r}: its options model {self.options.__name__} is a dataclass; "
                 "declare it as a plain subclass of MethodOptions (a pydantic model), without @dataclass"
             )
+        # another model (a plain pydantic one, an instance) has no specs() or build(): every
+        # command listing or training any method would stop on it
+        if not (isinstance(self.options, type) and issubclass(self.options, MethodOptions)):
+            got = (
+                self.options.__name__
+                if isinstance(self.options, type)
+                else f"an instance of {type(self.options).__name__}"
+            )
+            raise TypeError(
+                f"method {self.name!r}: its options model must be a subclass of "
+                f"hdeval.methods.options.MethodOptions, not {got}"
+            )
 
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:
         """This method's options model from options by name; ConfigError names a bad one."""
