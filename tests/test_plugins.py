@@ -60,6 +60,23 @@ PLUGIN = textwrap.dedent('''
         return Method(name="plain", summary="plain", shapes=("pointwise",), fit=_fit, load=lambda art: None,
                       options=PlainOptions)
 
+    from hdeval.methods.options import option
+
+    def _options(**fields):  # a method whose options model declares ``fields`` (name -> (type, field))
+        from pydantic import create_model
+        from hdeval.methods.options import MethodOptions
+
+        return Method(name="opts", summary="opts", shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                      options=create_model("OptsOptions", __base__=MethodOptions, **fields))
+
+    SEED_OPTION = lambda: _options(seed=(int, option(7, "named like the run's --seed")))
+    BAD_DEFAULT = lambda: _options(shrink=(float, option("x", "a default of the wrong type")))
+    BAD_CHOICE = lambda: _options(mode=(str, option("z", "a default outside its choices", ("a", "b"))))
+    NO_DEFAULT = lambda: _options(shrink=(float, ...))
+    KINDS = lambda: _options(flag=(bool, option(False, "a bool")), maybe=(float | None, option(None, "unset")),
+                             count=(int, option(2, "an int")), names=(list[str], option([], "a list")),
+                             ratio=(float, option(1, "a whole number is a number")))
+
     def LONG():  # a long reason that ends with its fix
         raise RuntimeError("the toy model file was not found in any of the folders the toy plug-in looks in, " * 2
                            + "(fix: run toy-setup)")
@@ -140,6 +157,14 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
     ("PLAIN_OPTIONS", "method plug-in 'bad' (hdeval_toy_plugin:PLAIN_OPTIONS) skipped: it could not be loaded "
                       "(TypeError: method 'plain': its options model must be a subclass of "
                       "hdeval.methods.options.MethodOptions, not PlainOptions)"),
+    ("SEED_OPTION", "method plug-in 'bad' (hdeval_toy_plugin:SEED_OPTION) skipped: method 'opts': option 'seed' "
+                    "has the name of a setting every run has: rename it (the two would be mixed up)"),
+    ("BAD_DEFAULT", "method plug-in 'bad' (hdeval_toy_plugin:BAD_DEFAULT) skipped: method 'opts': option 'shrink': "
+                    "its default 'x' is not of its type, float"),
+    ("BAD_CHOICE", "method plug-in 'bad' (hdeval_toy_plugin:BAD_CHOICE) skipped: method 'opts': option 'mode': "
+                   "its default 'z' is not one of its choices (a, b)"),
+    ("NO_DEFAULT", "method plug-in 'bad' (hdeval_toy_plugin:NO_DEFAULT) skipped: method 'opts': option 'shrink' "
+                   "has no default: declare it as shrink: TYPE = option(DEFAULT, HELP)"),
 ])
 def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target, message):
     plugin("hdeval.methods", "bad", target)
@@ -148,6 +173,23 @@ def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target,
     assert [str(w.message)[:len(message)] for w in caught] == [message]
     assert "\n" not in str(caught[0].message)
     assert registry.get_method("direct").summary != "clash"  # the built-in keeps its name
+
+
+def test_options_of_every_kind_declared_well_are_taken_and_the_built_in_ones_pass(plugin):
+    plugin("hdeval.methods", "good", "KINDS")
+    assert registry.get_method("opts").build_options({"ratio": 0.5}).ratio == 0.5
+    from hdeval.methods.options import declaration_problem
+
+    assert [declaration_problem(m.options) for m in registry.builtin_methods()] == [None] * 5
+
+
+def test_the_names_refused_to_plug_in_options_are_the_run_settings():
+    # a plug-in option named like one of these is mixed up with the run's (TrainConfig.replace)
+    from hdeval.llm.config import LLMSettings
+    from hdeval.methods.options import RUN_FIELDS
+    from hdeval.run.train import TrainConfig
+
+    assert {*RUN_FIELDS, *LLMSettings.model_fields} == {*TrainConfig.model_fields, "method_options"}
 
 
 def test_a_plug_in_with_a_plain_pydantic_options_model_leaves_methods_listed(plugin):

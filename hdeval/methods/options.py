@@ -177,6 +177,44 @@ class MethodOptions(BaseModel):
         return type(self)(**{**self.given(), **changes})
 
 
+# the settings every run shares besides the LLM's (hdeval.run.train.TrainConfig's fields, a floor
+# above: a test holds them equal) and the mapping that carries a method's options by name
+RUN_FIELDS = (
+    "task", "method", "options", "method_options", "data", "aspects", "preset", "llm", "base_url",
+    "seed", "test_frac", "train_frac", "limit", "max_failure_rate", "judges", "jury", "prune_judges",
+)  # fmt: skip
+
+
+def declaration_problem(model: type[MethodOptions]) -> str | None:
+    """What an options model declares that no run could use, in words naming the option (None:
+    nothing): an option without a default, a default of another type than the option's or outside
+    its own choices, or a name every run's settings have (TrainConfig would mix the two up)."""
+    from pydantic import TypeAdapter
+
+    from hdeval.llm.config import LLMSettings
+
+    shared = {*RUN_FIELDS, *LLMSettings.model_fields}
+    specs = model.specs()
+    for name, f in model.model_fields.items():
+        if name in shared:
+            return f"option {name!r} has the name of a setting every run has: rename it (the two would be mixed up)"
+        if f.is_required():
+            return f"option {name!r} has no default: declare it as {name}: TYPE = option(DEFAULT, HELP)"
+        default = f.get_default(call_default_factory=True)
+        kind: Any = f.annotation  # its type (a bound such as ge=1 is the runs' to check)
+        try:
+            TypeAdapter(kind).validate_python(default, strict=True)
+        except ValidationError:
+            shown = getattr(f.annotation, "__name__", None) or repr(f.annotation).replace("typing.", "")
+            return f"option {name!r}: its default {default!r} is not of its type, {shown}"
+        choices = specs[name].choices
+        if choices and default is not None and default not in choices:
+            return (
+                f"option {name!r}: its default {default!r} is not one of its choices ({', '.join(choices)})"
+            )
+    return None
+
+
 def _kind(annotation: Any) -> type | None:
     """The type of an option's value: its annotation without None (``int | None`` -> int)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from hdeval.core.errors import ArtifactError, ConfigError, HdevalError
 from hdeval.methods.base import METHODS, Method
-from hdeval.methods.options import Option, check_recorded_options
+from hdeval.methods.options import Option, check_recorded_options, declaration_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from hdeval.methods.base import Fitted
@@ -100,6 +100,12 @@ def _add_plugin(ep) -> None:
         if method.name in METHODS:
             raise ConfigError(
                 f"method plug-in {ep.name!r} ({ep.value}) skipped: it reuses the method name {method.name!r}"
+            )
+        # found here, not when a run builds the options: a bad default would pass unchecked
+        problem = declaration_problem(method.options)
+        if problem:
+            raise ConfigError(
+                f"method plug-in {ep.name!r} ({ep.value}) skipped: method {method.name!r}: {problem}"
             )
     METHODS.update({m.name: m for m in methods})
 
