@@ -77,6 +77,9 @@ PLUGIN = textwrap.dedent('''
                              count=(int, option(2, "an int")), names=(list[str], option([], "a list")),
                              ratio=(float, option(1, "a whole number is a number")))
 
+    SHAPES_TEXT = lambda: Method(name="text", summary="s", shapes="pointwise", fit=_fit, load=lambda art: None)
+    BAD_NAME = lambda: Method(name="Bad Name/x", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None)
+
     def LONG():  # a long reason that ends with its fix
         raise RuntimeError("the toy model file was not found in any of the folders the toy plug-in looks in, " * 2
                            + "(fix: run toy-setup)")
@@ -165,6 +168,10 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
                    "its default 'z' is not one of its choices (a, b)"),
     ("NO_DEFAULT", "method plug-in 'bad' (hdeval_toy_plugin:NO_DEFAULT) skipped: method 'opts': option 'shrink' "
                    "has no default: declare it as shrink: TYPE = option(DEFAULT, HELP)"),
+    ("SHAPES_TEXT", "method plug-in 'bad' (hdeval_toy_plugin:SHAPES_TEXT) skipped: it could not be loaded "
+                    "(TypeError: method 'text': shapes must be a tuple, e.g. ('pointwise',), got 'pointwise')"),
+    ("BAD_NAME", "method plug-in 'bad' (hdeval_toy_plugin:BAD_NAME) skipped: it could not be loaded (TypeError: "
+                 "method name 'Bad Name/x': give a letter, then letters, digits, '-' or '_' (at most 64))"),
 ])
 def test_a_bad_method_plug_in_is_skipped_with_one_line_naming_it(plugin, target, message):
     plugin("hdeval.methods", "bad", target)

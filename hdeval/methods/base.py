@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 import warnings
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from hdeval.methods.options import MethodOptions, options_model
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
+SHAPES = ("pointwise", "pairwise")  # a task's (hdeval.data.task_file's, too slow to load for --help)
 # plug-ins import the seam's option names from here, as they did before the model moved out
 Option, option = _options.Option, _options.option
 
@@ -770,6 +772,21 @@ class Method:
     jury: bool = False
 
     def __post_init__(self) -> None:
+        # the name is a --method value, a directory artifacts/<task>-<name> and, in benchmark's
+        # --methods a,b and --method-option METHOD.NAME=VALUE, a word
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", self.name):
+            raise TypeError(
+                f"method name {self.name!r}: give a letter, then letters, digits, '-' or '_' (at most 64)"
+            )
+        # a bare "pointwise" is no tuple of shapes: it would be taken as its letters
+        shapes = self.shapes
+        if isinstance(shapes, str) or not isinstance(shapes, (tuple, list)) or not shapes:
+            raise TypeError(
+                f"method {self.name!r}: shapes must be a tuple, e.g. ('pointwise',), got {shapes!r}"
+            )
+        if any(s not in SHAPES for s in shapes):
+            raise TypeError(f"method {self.name!r}: shapes are {' or '.join(SHAPES)}, got {shapes!r}")
+        object.__setattr__(self, "shapes", tuple(shapes))
         if isinstance(self.options, Mapping):
             object.__setattr__(self, "options", options_model(self.name, self.options))
         # a plug-in written when options models were dataclasses
