@@ -80,6 +80,30 @@ PLUGIN = textwrap.dedent('''
     SHAPES_TEXT = lambda: Method(name="text", summary="s", shapes="pointwise", fit=_fit, load=lambda art: None)
     BAD_NAME = lambda: Method(name="Bad Name/x", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None)
 
+    def _commands(kind):  # a method adding commands to the CLI: good ones, or a plug-in author's mistake
+        import click
+
+        def make(kit):
+            if kind == "raises":
+                raise RuntimeError("cannot make commands")
+            if kind == "wrong":
+                return ["not a command"]
+
+            @click.command("toyhello")
+            def hello():
+                click.echo("hello from the toy")
+
+            @click.command("train")
+            def clash():
+                click.echo("clash!")
+
+            return [hello, clash]
+
+        return Method(name=f"cmd{kind}", summary=kind, shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                      commands=make)
+
+    COMMANDS = lambda: [_commands("good"), _commands("raises"), _commands("wrong")]
+
     def LONG():  # a long reason that ends with its fix
         raise RuntimeError("the toy model file was not found in any of the folders the toy plug-in looks in, " * 2
                            + "(fix: run toy-setup)")
@@ -228,6 +252,27 @@ def test_a_long_skip_reason_keeps_its_fix_and_the_warning_points_at_the_caller(p
     assert listed.exit_code == 0
     assert [x for x in listed.output.splitlines() if x.startswith("warning:")][0].endswith(
         "(fix: run toy-setup)) (PluginWarning)")
+
+
+def test_a_plug_in_s_bad_commands_are_one_warning_line_each_and_help_works(plugin):
+    # a non-command item stopped `hdeval --help` with an AttributeError; a command named like a
+    # built-in one was dropped unsaid; a `commands` that raised was warned of twice by --help
+    plugin("hdeval.methods", "cmds", "COMMANDS")
+    from hdeval.cli import cli
+
+    helped = CliRunner().invoke(cli, ["--help"])
+    assert helped.exit_code == 0, helped.output
+    assert "toyhello" in helped.stdout and "train" in helped.stdout
+    assert helped.stderr.splitlines() == [
+        "warning: method plug-in 'cmdgood': its command 'train' is left out: hdeval has a command of that name",
+        "warning: method plug-in 'cmdraises': its commands could not be made (RuntimeError: cannot make commands)",
+        "warning: method plug-in 'cmdwrong': its commands could not be made (it gave str, not a named click "
+        "command)",
+    ]
+    ran = CliRunner().invoke(cli, ["toyhello"])
+    assert ran.exit_code == 0 and "hello from the toy" in ran.stdout
+    ran = CliRunner().invoke(cli, ["train", "--help"])  # the built-in train, not the plug-in's
+    assert ran.exit_code == 0 and "--method-option" in ran.stdout and "clash!" not in ran.output
 
 
 def test_a_provider_from_an_entry_point_serves_its_model_names(plugin):
