@@ -129,6 +129,11 @@ class BudgetExceeded(HdevalError):
     exit_code = 4
 
 
+class MethodError(HdevalError):
+    """A method's own code (a plug-in's, mostly) broke the seam: its ``fit`` or ``write`` gave
+    what hdeval cannot use or save; the message names the method and what it gave."""
+
+
 class ArtifactError(HdevalError):
     """An artifact directory is missing files, was modified, or comes from an incompatible version."""
 
