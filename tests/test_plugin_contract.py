@@ -32,6 +32,46 @@ VARIANTS = textwrap.dedent('''
 
     FIT_DICT = lambda: variant("fitdict", fit=fit_dict)
     FIT_NONE = lambda: variant("fitnone", fit=lambda ctx: None)
+
+    def as_variant(cls, change=lambda ev: None):  # the toy's fit, its evaluator of class cls
+        def fit(ctx):
+            ev = toy.fit(ctx)
+            new = cls.__new__(cls)
+            new.__dict__.update(ev.__dict__)
+            change(new)
+            return new
+
+        return variant(cls.method, fit=fit, load=cls.from_artifact)
+
+    class Float32State(toy.ToyEvaluator):  # write() returns numpy floats JSON cannot hold
+        method = "float32state"
+
+        def write(self, out):
+            return {**super().write(out), "lines": {k: [np.float32(a), b] for k, (a, b) in self.lines.items()}}
+
+    class SetState(toy.ToyEvaluator):  # no State model, and a set in the state
+        method, State = "setstate", None
+
+        def write(self, out):
+            return {**super().write(out), "tags": {"a", "b"}}
+
+    class BadState(toy.ToyEvaluator):  # a state its own State refuses
+        method = "badstate"
+
+        def write(self, out):
+            return {**super().write(out), "lines": "oops"}
+
+    class NoSplit(toy.ToyEvaluator):
+        method = "nosplit"
+
+    class Float32Metrics(toy.ToyEvaluator):
+        method = "float32metrics"
+
+    FLOAT32_STATE = lambda: as_variant(Float32State)
+    SET_STATE = lambda: as_variant(SetState)
+    BAD_STATE = lambda: as_variant(BadState)
+    NO_SPLIT = lambda: as_variant(NoSplit, lambda ev: ev.metrics.pop("split"))
+    FLOAT32_METRICS = lambda: as_variant(Float32Metrics, lambda ev: ev.metrics.update(failure_rate=np.float32(0)))
 ''')
 
 
@@ -84,4 +124,34 @@ def test_a_fit_returning_no_fitted_evaluator_is_one_line(plugin, sim, tmp_path, 
     r = cli_train(sim, method, tmp_path / "out")
     assert r.exit_code == 1, r.output
     assert r.stderr.splitlines() == [f"error: method '{method}': fit returned {got}, not a Fitted"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target, message", [
+    ("FLOAT32_STATE", r"method 'float32state': state\.lines\.\w+\[0\] is a numpy\.float32, which JSON cannot hold"),
+    ("SET_STATE", r"method 'setstate': state\.tags is a set, which JSON cannot hold"),
+    ("BAD_STATE", r"method 'badstate': its state would be refused on load: state field 'lines': Input should be a "
+                  r"valid dictionary"),
+    ("NO_SPLIT", r"method 'nosplit': its metrics\.json would be refused on load: 'split': Field required"),
+    ("FLOAT32_METRICS", r"method 'float32metrics': metrics\.failure_rate is a numpy\.float32, which JSON cannot hold"),
+])
+def test_what_load_would_refuse_is_refused_at_save_in_one_line(plugin, sim, tmp_path, target, message):
+    # a state or metrics its own loader refuses were saved; a value JSON cannot hold was a raw
+    # TypeError from the JSON encoder, after the method's files were written
+    plugin(target)
+    import hdeval
+
+    ev = hdeval.train(method=target.lower().replace("_", ""), **sim)
+    with pytest.raises(MethodError, match=rf"^{message}$"):
+        ev.save(tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "sim_qa.jsonl", "sim_qa.toml", "site"]
+
+
+def test_a_bad_state_stops_cli_train_in_one_line_and_writes_nothing(plugin, sim, tmp_path):
+    plugin("BAD_STATE")
+    r = cli_train(sim, "badstate", tmp_path / "out")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.splitlines() == [
+        "error: method 'badstate': its state would be refused on load: state field 'lines': Input should be a valid "
+        "dictionary (every LLM reply of this run is cached: rerunning costs no calls)"]
     assert not (tmp_path / "out").exists()

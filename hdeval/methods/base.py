@@ -24,7 +24,7 @@ from typing import (
     runtime_checkable,
 )
 
-from hdeval.core.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.errors import ArtifactError, ConfigError, DataError, MethodError
 from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
@@ -167,10 +167,7 @@ class Fitted(ABC):
                     raise
                 return cls.State.model_validate(_without(state, extra))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])[:80] or "(state)"
-            msg = err["msg"].removeprefix("Value error, ")
-            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {msg}") from None
+            raise ArtifactError(f"{art.path / 'manifest.json'}: {_state_problem(exc)}") from None
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
@@ -273,8 +270,41 @@ class Fitted(ABC):
             **self.llm.to_manifest(),
             "identity": public_identity(self.llm_identity, self.llm.base_url),
         }
-        self.path = save_artifact(self, path, section, force=force)
+        try:  # what the method gives is checked as load would check it, before anything is in place
+            self._check_saved()
+            self.path = save_artifact(self, path, section, force=force, check_state=self._saved_state)
+        except MethodError as exc:
+            raise MethodError(f"method {self.method!r}: {exc}") from None
         return self.path
+
+    def _check_saved(self) -> None:
+        """The metrics, run record and arguments as JSON data, the metrics as load reads them."""
+        from pydantic import ValidationError
+
+        from hdeval.artifact.directory import json_data
+        from hdeval.methods.metrics_file import metrics_problem
+
+        metrics = json_data(self.metrics, "metrics")
+        try:
+            self.metrics_model().model_validate(metrics)
+        except ValidationError as exc:
+            raise MethodError(f"its {METRICS} would be refused on load: {metrics_problem(exc)}") from None
+        json_data(self.public_run(), "run")
+        json_data(self.method_args(), "method_args")
+
+    def _saved_state(self, state: Any) -> Any:
+        """The state ``write`` returned, as JSON data that ``State`` (if declared) takes."""
+        from pydantic import ValidationError
+
+        from hdeval.artifact.directory import json_data
+
+        data = json_data(state, "state")
+        if self.State is not None:
+            try:
+                self.State.model_validate(data)
+            except ValidationError as exc:
+                raise MethodError(f"its state would be refused on load: {_state_problem(exc)}") from None
+        return data
 
     def public_run(self) -> dict[str, Any]:
         """The run record as the manifest keeps it: the server address without credentials."""
@@ -598,6 +628,13 @@ def loaded(
     ev.warnings = list(art.warnings)
     ev.path = art.path
     return ev
+
+
+def _state_problem(exc: Any) -> str:
+    """A state's first problem (a pydantic ValidationError) in one line naming the field."""
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err["loc"])[:80] or "(state)"
+    return f"state field {field!r}: {err['msg'].removeprefix('Value error, ')}"
 
 
 def _without(data: Any, locs: Sequence[tuple[Any, ...]]) -> Any:
