@@ -30,6 +30,49 @@ VARIANTS = textwrap.dedent('''
     def fit_dict(ctx):
         return {"not": "fitted"}
 
+    # a method written from the table of docs/plugins.md alone: the three members, its metrics
+    # only the split (usage and final are optional), and no run record of its own
+    from pydantic import BaseModel
+    from hdeval.core.types import ScoreMatrix
+    from hdeval.data.tasks import task_from_dict
+    from hdeval.llm.config import LLMConfig
+    from hdeval.methods.base import Fitted, ScoreResult
+
+    class MeanState(BaseModel):
+        means: dict[str, float]
+
+    class MeanEvaluator(Fitted):
+        method, State = "meanbase", MeanState
+        means = {}
+
+        def score(self, samples, backend=None, cache_dir=None, concurrency=None, progress=None):
+            ids, keys = [s.id for s in samples], list(self.task.aspect_keys)
+            pred = np.array([[self.means[k] for k in keys] for _ in ids])
+            return ScoreResult(ids, keys, pred, ScoreMatrix(ids, [], np.zeros((len(ids), 0))))
+
+        def write(self, out):
+            out.json("metrics.json", self.metrics)
+            return MeanState(means=self.means).model_dump()
+
+        @classmethod
+        def from_artifact(cls, art):
+            m = art.manifest
+            ev = cls(task_from_dict(m["task"], where=str(art.path)), None, LLMConfig(model=m["llm"]["model"]),
+                     m["llm"]["identity"], art.json("metrics.json"))
+            ev.means = dict(cls.read_state(art).means)
+            return ev
+
+    def fit_mean(ctx):
+        train = set(ctx.prep.split.train_ids)
+        split = {"train": len(ctx.prep.split.train_ids), "test": len(ctx.prep.split.test_ids)}
+        ev = MeanEvaluator(ctx.prep.task, None, ctx.llm_config, ctx.llm.identity, {"split": split})
+        ev.means = {k: float(np.mean([s.scores[k] for s in ctx.prep.samples if s.id in train]))
+                    for k in ctx.prep.task.aspect_keys}
+        return ev
+
+    MEAN = lambda: Method(name="meanbase", summary="the training mean", shapes=("pointwise",), fit=fit_mean,
+                          load=MeanEvaluator.from_artifact)
+
     FIT_DICT = lambda: variant("fitdict", fit=fit_dict)
     FIT_NONE = lambda: variant("fitnone", fit=lambda ctx: None)
 
@@ -61,12 +104,20 @@ VARIANTS = textwrap.dedent('''
         def write(self, out):
             return {**super().write(out), "lines": "oops"}
 
+    class NoUsage(toy.ToyEvaluator):
+        method = "nousage"
+
     class NoSplit(toy.ToyEvaluator):
         method = "nosplit"
 
     class Float32Metrics(toy.ToyEvaluator):
         method = "float32metrics"
 
+    class PartUsage(toy.ToyEvaluator):
+        method = "partusage"
+
+    NO_USAGE = lambda: as_variant(NoUsage, lambda ev: [ev.metrics.pop(k) for k in ("usage", "final")])
+    PART_USAGE = lambda: as_variant(PartUsage, lambda ev: ev.metrics.update(usage={"cache_hits": 3}))
     FLOAT32_STATE = lambda: as_variant(Float32State)
     SET_STATE = lambda: as_variant(SetState)
     BAD_STATE = lambda: as_variant(BadState)
@@ -155,3 +206,19 @@ def test_a_bad_state_stops_cli_train_in_one_line_and_writes_nothing(plugin, sim,
         "error: method 'badstate': its state would be refused on load: state field 'lines': Input should be a valid "
         "dictionary (every LLM reply of this run is cached: rerunning costs no calls)"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target, method, summary", [
+    ("MEAN", "meanbase", "held-out average: not recorded"),  # neither usage nor final
+    ("NO_USAGE", "nousage", "held-out average: not recorded"),
+    ("PART_USAGE", "partusage", "held-out average: pearson "),  # usage without its calls
+])
+def test_cli_train_of_a_method_without_usage_or_final_figures_says_what_it_has(plugin, sim, tmp_path, target,
+                                                                               method, summary):
+    # the docs call usage and final optional: train stopped with a KeyError after saving
+    plugin(target)
+    r = cli_train(sim, method, tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"{summary}") and f"\nartifact written to {tmp_path / 'out'}\n" in r.stdout
+    assert not [x for x in r.stderr.splitlines() if x.startswith("LLM calls made")]
+    assert (tmp_path / "out" / "manifest.json").is_file()

@@ -186,10 +186,13 @@ class Fitted(ABC):
         """The held-out figure after training, in one line."""
         from hdeval.core.metrics import why_null
 
-        avg = self.metrics["final"]["average"]
+        final = self.metrics.get("final")  # optional: a plug-in may record no held-out figures
+        avg = final.get("average") if isinstance(final, Mapping) else None
+        if not isinstance(final, Mapping) or not isinstance(avg, Mapping):
+            return "held-out average: not recorded"
         return (
-            f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
-            + why_null(self.metrics["final"])
+            f"held-out average: pearson {avg.get('pearson')}, spearman {avg.get('spearman')}, "
+            f"kendall {avg.get('kendall')}" + why_null(final)
         )
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
