@@ -4,7 +4,9 @@ nothing is written, and never an artifact hdeval's own loader then refuses."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +17,7 @@ from simjudge import pointwise_rows, write_pointwise
 from test_plugin_docs import _install
 
 import hdeval.methods.registry as registry
-from hdeval.core.errors import MethodError
+from hdeval.core.errors import ArtifactError, MethodError
 from hdeval.methods.base import METHODS
 
 VARIANTS = textwrap.dedent('''
@@ -72,6 +74,17 @@ VARIANTS = textwrap.dedent('''
 
     MEAN = lambda: Method(name="meanbase", summary="the training mean", shapes=("pointwise",), fit=fit_mean,
                           load=MeanEvaluator.from_artifact)
+
+    class LoadNone(MeanEvaluator):
+        method = "loadnone"
+
+    def fit_load_none(ctx):
+        ev = fit_mean(ctx)
+        ev.__class__ = LoadNone
+        return ev
+
+    LOAD_NONE = lambda: Method(name="loadnone", summary="s", shapes=("pointwise",), fit=fit_load_none,
+                               load=lambda art: None)
 
     FIT_DICT = lambda: variant("fitdict", fit=fit_dict)
     FIT_NONE = lambda: variant("fitnone", fit=lambda ctx: None)
@@ -222,3 +235,36 @@ def test_cli_train_of_a_method_without_usage_or_final_figures_says_what_it_has(p
     assert r.stdout.startswith(f"{summary}") and f"\nartifact written to {tmp_path / 'out'}\n" in r.stdout
     assert not [x for x in r.stderr.splitlines() if x.startswith("LLM calls made")]
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_a_method_with_only_the_three_members_gets_its_run_record_path_and_checked_metrics(plugin, sim, tmp_path):
+    # its artifact recorded "run": {} (apply could not tell its training samples); loaded, it had
+    # no path, warnings or run record, and its metrics.json was read unchecked
+    plugin("MEAN")
+    import hdeval
+
+    ev = hdeval.train(method="meanbase", **sim)
+    assert ev.run["seed"] == 0 and ev.run["split"]["train"] and ev.run["config"]["method"] == "meanbase"
+    out = ev.save(tmp_path / "out")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["run"]["split"] == ev.run["split"]
+    loaded = hdeval.load(out)
+    assert loaded.path == out and loaded.warnings == [] and loaded.fitted.run == manifest["run"]
+    assert loaded.fitted.training_ids() == frozenset(ev.run["split"]["train"])
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    (out / "metrics.json").write_text(json.dumps({**metrics, "split": {"train": "many"}}))
+    manifest["files"]["metrics.json"] = hashlib.sha256((out / "metrics.json").read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError) as err:
+        hdeval.load(out)
+    assert str(err.value) == f"{out / 'metrics.json'}: 'split.train' must be a whole number (0 or more), got \"many\""
+
+
+def test_a_load_returning_no_fitted_evaluator_is_one_line(plugin, sim, tmp_path):
+    plugin("LOAD_NONE")
+    import hdeval
+
+    out = hdeval.train(method="loadnone", **sim).save(tmp_path / "out")
+    with pytest.raises(MethodError, match=r"^method 'loadnone': load returned None, not a Fitted$"):
+        hdeval.load(out)

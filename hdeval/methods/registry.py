@@ -12,14 +12,10 @@ from __future__ import annotations
 import textwrap
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hdeval.core.errors import ArtifactError, ConfigError, HdevalError
-from hdeval.methods.base import METHODS, Method
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, MethodError
+from hdeval.methods.base import METHODS, METRICS, Fitted, Method, check_metrics
 from hdeval.methods.options import Option, check_recorded_options, declaration_problem
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hdeval.methods.base import Fitted
 
 ENTRY_POINT_GROUP = "hdeval.methods"
 _loaded = False
@@ -141,7 +137,7 @@ def all_options() -> dict[str, list[tuple[str, Option]]]:
     return out
 
 
-def load_artifact(path: str | Path) -> "Fitted":
+def load_artifact(path: str | Path) -> Fitted:
     """Open, verify and rebuild the fitted evaluator of whatever method wrote ``path``."""
     from hdeval.artifact.directory import MANIFEST, ArtifactReader, open_artifact, recover_artifact
 
@@ -158,4 +154,17 @@ def load_artifact(path: str | Path) -> "Fitted":
         raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
     reader = open_artifact(path, editable=method.editable)
     check_recorded_options(method.options, reader.run.get("config"), str(path / MANIFEST), name)
-    return method.load(reader)
+    ev = method.load(reader)
+    if not isinstance(ev, Fitted):
+        got = "None" if ev is None else type(ev).__name__
+        raise MethodError(f"method {name!r}: load returned {got}, not a Fitted")
+    # what methods.base.loaded gives the built-in methods, for a plug-in whose load left it out
+    if ev.path is None:
+        ev.path = reader.path
+    if not ev.warnings:
+        ev.warnings = list(reader.warnings)
+    if not ev.run:
+        ev.run = reader.run
+    # the metrics the shared code reads are checked whoever read them (docs/plugins.md)
+    ev.metrics = check_metrics(ev.metrics, ev.metrics_model(), path / METRICS)
+    return ev

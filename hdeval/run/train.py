@@ -24,7 +24,7 @@ from hdeval.data.samples import (
 from hdeval.data.tasks import apply_preset, load_task, select_aspects
 from hdeval.llm.backends.base import Backend
 from hdeval.llm.config import LLMConfig, LLMSettings
-from hdeval.methods.base import FitContext, Fitted, check_shape
+from hdeval.methods.base import FitContext, Fitted, check_shape, run_record
 from hdeval.methods.registry import all_options, get_method
 from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
 
@@ -267,16 +267,20 @@ def train(
                 )
             from hdeval.methods.run import fit_exporting
 
-            return _fitted(method.name, fit_exporting(method, ctx, export_requests))
-        return _fitted(method.name, method.fit(ctx))
+            return _fitted(method.name, fit_exporting(method, ctx, export_requests), ctx)
+        return _fitted(method.name, method.fit(ctx), ctx)
 
 
-def _fitted(method: str, fitted: Any) -> Fitted:
+def _fitted(method: str, fitted: Any, ctx: FitContext) -> Fitted:
     """What ``fit`` returned, when it is a fitted evaluator: anything else (a plug-in's dict)
-    would stop the run later, far from its cause, or be returned to a notebook as it is."""
+    would stop the run later, far from its cause, or be returned to a notebook as it is. The run
+    record is the run's when the method left it empty (a plug-in implementing only the seam's
+    three members): an artifact without one cannot tell apply its training samples."""
     if not isinstance(fitted, Fitted):
         got = "None" if fitted is None else type(fitted).__name__
         raise MethodError(f"method {method!r}: fit returned {got}, not a Fitted")
+    if not fitted.run:
+        fitted.run = run_record(ctx)
     return fitted
 
 
