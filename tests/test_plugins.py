@@ -77,6 +77,19 @@ PLUGIN = textwrap.dedent('''
                              count=(int, option(2, "an int")), names=(list[str], option([], "a list")),
                              ratio=(float, option(1, "a whole number is a number")))
 
+    def CHECKED():
+        from hdeval.methods.options import MethodOptions
+
+        class CheckedOptions(MethodOptions):
+            shrink: float = option(0.0, "checked with a ValueError")
+
+            def check(self):
+                if self.shrink > 1:
+                    raise ValueError(f"shrink must be at most 1, got {self.shrink}")
+
+        return Method(name="checked", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                      options=CheckedOptions)
+
     SHAPES_TEXT = lambda: Method(name="text", summary="s", shapes="pointwise", fit=_fit, load=lambda art: None)
     BAD_NAME = lambda: Method(name="Bad Name/x", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None)
 
@@ -170,8 +183,25 @@ def test_a_plug_in_method_option_is_checked_like_a_built_in_one(plugin):
 
     with pytest.raises(ConfigError, match=r"method 'toy' takes no option\(s\) comparisons \(its options: scorer, toy_level\)"):
         TrainConfig.from_options(task="summeval", method="toy", comparisons=3, llm="fake")
-    with pytest.raises(ConfigError, match=r"--toy-level must be a whole number, got 'high'"):
+    # a plug-in's options are -O NAME=VALUE on the command line (it has no --toy-level flag)
+    with pytest.raises(ConfigError, match=r"^-O toy_level must be a whole number, got 'high'$"):
         TrainConfig(task="summeval", method="toy", options={"toy_level": "high"}, llm="fake")
+    with pytest.raises(ConfigError, match=r"^-O scorer must be one of huber, l2, got 'x'$"):
+        TrainConfig(task="summeval", method="toy", options={"scorer": "x"}, llm="fake")
+    with pytest.raises(ConfigError, match=r"; -O toy_level is an option of --method toy$"):
+        TrainConfig.from_options(task="summeval", method="direct", toy_level=3, llm="fake")
+    with pytest.raises(ConfigError, match=r"^--layers must be a whole number, got 'x'$"):  # a built-in's: its flag
+        TrainConfig(task="summeval", method="hdeval", options={"layers": "x"}, llm="fake")
+
+
+def test_a_plug_in_check_raising_value_error_is_its_own_words(plugin):
+    # pydantic's "Value error, " came first, before the plug-in's words
+    plugin("hdeval.methods", "checked", "CHECKED")
+    from hdeval.run.train import TrainConfig
+
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(task="summeval", method="checked", options={"shrink": 2.0}, llm="fake")
+    assert str(err.value) == "shrink must be at most 1, got 2.0"
 
 
 @pytest.mark.parametrize("target, message", [

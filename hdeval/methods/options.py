@@ -73,6 +73,9 @@ class MethodOptions(BaseModel):
     # the options naming a second LLM the method opens (its model, its server), e.g. HD-Eval's
     # decomposing LLM: the run opens it from them without knowing their names
     second_llm: ClassVar[tuple[str, str] | None] = None
+    # whether the CLI offers these options as flags (--name): the built-in methods' only; a
+    # plug-in's are -O NAME=VALUE, and its messages name them so
+    cli_flags: ClassVar[bool] = False
 
     def __init__(self, **given: Any) -> None:
         try:
@@ -85,12 +88,20 @@ class MethodOptions(BaseModel):
         for name, spec in self.specs().items():
             value = getattr(self, name)
             if spec.choices and value not in spec.choices and (value is not None or spec.default is not None):
-                raise ConfigError(f"{flag(name)} must be one of {', '.join(spec.choices)}, got {value!r}")
+                raise ConfigError(
+                    f"{self.shown(name)} must be one of {', '.join(spec.choices)}, got {value!r}"
+                )
         self.check()
         return self
 
     def check(self) -> None:
-        """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
+        """Checks beyond a field's type and choices: a one-line ConfigError naming the option (as
+        :meth:`shown` names it)."""
+
+    @classmethod
+    def shown(cls, name: str) -> str:
+        """Option ``name`` as a message names it: its flag, or ``-O name`` for a plug-in's."""
+        return flag(name) if cls.cli_flags else f"-O {name}"
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
@@ -120,8 +131,8 @@ class MethodOptions(BaseModel):
         spec = cls.specs().get(name)
         if spec is not None and spec.choices:  # a choice's words, whatever the value's type
             choices = ", ".join(spec.choices)
-            return ConfigError(f"{flag(name)} must be one of {choices}, got {errors[0]['input']!r}")
-        return ConfigError(validation_line(exc, flags=True))
+            return ConfigError(f"{cls.shown(name)} must be one of {choices}, got {errors[0]['input']!r}")
+        return ConfigError(validation_line(exc, flags=cls.shown))
 
     @classmethod
     def build(
@@ -136,7 +147,7 @@ class MethodOptions(BaseModel):
             known = ", ".join(sorted(cls.model_fields)) or "none"
             others = others or {}
             owned = "".join(
-                f"; {flag(name)} is an option of --method {' or '.join(owners)}"
+                f"; {others[owners[0]].shown(name)} is an option of --method {' or '.join(owners)}"
                 for name in unknown
                 if (owners := [m for m in sorted(others) if name in others[m].model_fields])
             )
@@ -151,7 +162,7 @@ class MethodOptions(BaseModel):
         if self.second_llm is None or not getattr(self, self.second_llm[0]):
             return None
         model, url = self.second_llm
-        return getattr(self, model), getattr(self, url), flag(model)
+        return getattr(self, model), getattr(self, url), self.shown(model)
 
     def record(self) -> dict[str, Any]:
         """Every option, given or not, as the manifest's ``config.options`` records it (the second
