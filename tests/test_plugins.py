@@ -4,6 +4,7 @@ provider through ``hdeval.providers`` are used like the built-in ones."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 import hdeval.llm.backends.factory as factory
 import hdeval.methods.registry as registry
-from hdeval.core.errors import ConfigError
+from hdeval.core.errors import ArtifactError, ConfigError
 from hdeval.methods.base import METHODS
 
 PLUGIN = textwrap.dedent('''
@@ -303,6 +304,23 @@ def test_a_plug_in_s_bad_commands_are_one_warning_line_each_and_help_works(plugi
     assert ran.exit_code == 0 and "hello from the toy" in ran.stdout
     ran = CliRunner().invoke(cli, ["train", "--help"])  # the built-in train, not the plug-in's
     assert ran.exit_code == 0 and "--method-option" in ran.stdout and "clash!" not in ran.output
+
+
+def test_an_artifact_of_a_plug_in_not_installed_says_so(plugin, tmp_path):
+    # "(written by a newer hdeval?)" was the only guess offered
+    plugin("hdeval.methods", "bad", "MISSING")
+    for method in ("toycalib", "bad"):
+        (tmp_path / method).mkdir()
+        (tmp_path / method / "manifest.json").write_text(json.dumps({"format": "hdeval-artifact", "method": method}))
+    with pytest.warns(registry.PluginWarning), pytest.raises(ArtifactError) as err:
+        registry.load_artifact(tmp_path / "toycalib")
+    assert str(err.value) == (
+        f"{tmp_path / 'toycalib'}: unknown method 'toycalib': choose from direct, direct-yesno, dna, hdeval, paireval "
+        "(written by a newer hdeval, or by a method plug-in not installed here: entry-point group hdeval.methods)")
+    with pytest.raises(ArtifactError) as err:  # installed but skipped: the reason, not a guess
+        registry.load_artifact(tmp_path / "bad")
+    assert str(err.value).startswith(f"{tmp_path / 'bad'}: method plug-in 'bad' (hdeval_toy_plugin:MISSING) skipped: ")
+    assert "newer hdeval" not in str(err.value)
 
 
 def test_a_provider_from_an_entry_point_serves_its_model_names(plugin):

@@ -151,7 +151,12 @@ def load_artifact(path: str | Path) -> Fitted:
     try:
         method = get_method(name)
     except HdevalError as exc:
-        raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
+        if name in _skipped:  # its plug-in is installed, and the reason it was skipped says why
+            raise ArtifactError(f"{path}: {exc}") from None
+        raise ArtifactError(
+            f"{path}: {exc} (written by a newer hdeval, or by a method plug-in not installed here: "
+            f"entry-point group {ENTRY_POINT_GROUP})"
+        ) from None
     reader = open_artifact(path, editable=method.editable)
     check_recorded_options(method.options, reader.run.get("config"), str(path / MANIFEST), name)
     ev = method.load(reader)
