@@ -75,16 +75,18 @@ VARIANTS = textwrap.dedent('''
     MEAN = lambda: Method(name="meanbase", summary="the training mean", shapes=("pointwise",), fit=fit_mean,
                           load=MeanEvaluator.from_artifact)
 
-    class LoadNone(MeanEvaluator):
-        method = "loadnone"
+    def mean_as(name, load):  # the mean method under another name, loaded by load
+        cls = type(f"{name}Evaluator", (MeanEvaluator,), {"method": name})
 
-    def fit_load_none(ctx):
-        ev = fit_mean(ctx)
-        ev.__class__ = LoadNone
-        return ev
+        def fit(ctx):
+            ev = fit_mean(ctx)
+            ev.__class__ = cls
+            return ev
 
-    LOAD_NONE = lambda: Method(name="loadnone", summary="s", shapes=("pointwise",), fit=fit_load_none,
-                               load=lambda art: None)
+        return Method(name=name, summary="s", shapes=("pointwise",), fit=fit, load=load(cls))
+
+    LOAD_NONE = lambda: mean_as("loadnone", lambda cls: lambda art: None)
+    MEAN_LATER = lambda: mean_as("meanlater", lambda cls: lambda art: cls.from_artifact(art))  # its class unsaid
 
     FIT_DICT = lambda: variant("fitdict", fit=fit_dict)
     FIT_NONE = lambda: variant("fitnone", fit=lambda ctx: None)
@@ -268,3 +270,31 @@ def test_a_load_returning_no_fitted_evaluator_is_one_line(plugin, sim, tmp_path)
     out = hdeval.train(method="loadnone", **sim).save(tmp_path / "out")
     with pytest.raises(MethodError, match=r"^method 'loadnone': load returned None, not a Fitted$"):
         hdeval.load(out)
+
+
+def cli_benchmark(sim: dict[str, str], methods: str, out: Path):
+    from hdeval.cli import cli
+
+    return CliRunner().invoke(cli, ["benchmark", "--task", sim["task"], "--data", sim["data"], "--llm", "fake",
+                                    "--cache-dir", sim["cache_dir"], "--methods", methods, "-o", str(out)])
+
+
+def test_benchmark_refuses_a_method_without_held_out_scores_before_the_sweep(plugin, sim, tmp_path):
+    # the whole sweep ran, then it failed saying the evaluator "has no score table"
+    plugin("MEAN")
+    r = cli_benchmark(sim, "direct,meanbase", tmp_path / "bench")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [
+        "error: benchmark cannot compare method 'meanbase': its evaluator MeanEvaluator does not give HeldOutScores "
+        "(hdeval.methods.base: held_out_predictions(table, test); docs/plugins.md)"]
+    assert not (tmp_path / "bench" / "results.json").exists() and "run 1/2" not in r.output
+
+
+def test_benchmark_names_the_missing_capability_when_it_finds_out_after_a_run(plugin, sim, tmp_path):
+    # its load hides the evaluator's class: found after its run, for the right reason
+    plugin("MEAN_LATER")
+    r = cli_benchmark(sim, "meanlater", tmp_path / "bench")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines()[-1] == (
+        "error: benchmark cannot compare method 'meanlater': its evaluator meanlaterEvaluator does not give "
+        "HeldOutScores (hdeval.methods.base: held_out_predictions(table, test); docs/plugins.md)")
