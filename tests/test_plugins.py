@@ -91,6 +91,8 @@ PLUGIN = textwrap.dedent('''
         return Method(name="checked", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None,
                       options=CheckedOptions)
 
+    RAW_MAPPING = lambda: Method(name="raw", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None,
+                                 options={"shrink": 0.1})
     SHAPES_TEXT = lambda: Method(name="text", summary="s", shapes="pointwise", fit=_fit, load=lambda art: None)
     BAD_NAME = lambda: Method(name="Bad Name/x", summary="s", shapes=("pointwise",), fit=_fit, load=lambda art: None)
 
@@ -223,6 +225,8 @@ def test_a_plug_in_check_raising_value_error_is_its_own_words(plugin):
                    "its default 'z' is not one of its choices (a, b)"),
     ("NO_DEFAULT", "method plug-in 'bad' (hdeval_toy_plugin:NO_DEFAULT) skipped: method 'opts': option 'shrink' "
                    "has no default: declare it as shrink: TYPE = option(DEFAULT, HELP)"),
+    ("RAW_MAPPING", "method plug-in 'bad' (hdeval_toy_plugin:RAW_MAPPING) skipped: it could not be loaded "
+                    "(TypeError: method 'raw': option 'shrink' must be an Option(default, help), not float)"),
     ("SHAPES_TEXT", "method plug-in 'bad' (hdeval_toy_plugin:SHAPES_TEXT) skipped: it could not be loaded "
                     "(TypeError: method 'text': shapes must be a tuple, e.g. ('pointwise',), got 'pointwise')"),
     ("BAD_NAME", "method plug-in 'bad' (hdeval_toy_plugin:BAD_NAME) skipped: it could not be loaded (TypeError: "

@@ -828,6 +828,12 @@ class Method:
             raise TypeError(f"method {self.name!r}: shapes are {' or '.join(SHAPES)}, got {shapes!r}")
         object.__setattr__(self, "shapes", tuple(shapes))
         if isinstance(self.options, Mapping):
+            wrong = next((k for k, v in self.options.items() if not isinstance(v, Option)), None)
+            if wrong is not None:  # e.g. {"shrink": 0.1}: a value, not how the option is offered
+                raise TypeError(
+                    f"method {self.name!r}: option {wrong!r} must be an Option(default, help), "
+                    f"not {type(self.options[wrong]).__name__}"
+                )
             object.__setattr__(self, "options", options_model(self.name, self.options))
         # a plug-in written when options models were dataclasses
         if isinstance(self.options, type) and is_dataclass(self.options):
