@@ -90,6 +90,7 @@ VARIANTS = textwrap.dedent('''
 
     FIT_DICT = lambda: variant("fitdict", fit=fit_dict)
     FIT_NONE = lambda: variant("fitnone", fit=lambda ctx: None)
+    MISNAMED = lambda: variant("misnamed")  # the toy's evaluator, whose method is toycalib
 
     def as_variant(cls, change=lambda ev: None):  # the toy's fit, its evaluator of class cls
         def fit(ctx):
@@ -190,6 +191,17 @@ def test_a_fit_returning_no_fitted_evaluator_is_one_line(plugin, sim, tmp_path, 
     r = cli_train(sim, method, tmp_path / "out")
     assert r.exit_code == 1, r.output
     assert r.stderr.splitlines() == [f"error: method '{method}': fit returned {got}, not a Fitted"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fit_returning_another_method_s_evaluator_is_one_line(plugin, sim, tmp_path):
+    # its artifact named toycalib: load read it as toycalib's, or refused it where that is absent
+    plugin("MISNAMED")
+    r = cli_train(sim, "misnamed", tmp_path / "out")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.splitlines() == [
+        "error: method 'misnamed': fit returned a ToyEvaluator of method 'toycalib', whose load would read its "
+        "artifact (set method = 'misnamed' on the class)"]
     assert not (tmp_path / "out").exists()
 
 

@@ -279,6 +279,11 @@ def _fitted(method: str, fitted: Any, ctx: FitContext) -> Fitted:
     if not isinstance(fitted, Fitted):
         got = "None" if fitted is None else type(fitted).__name__
         raise MethodError(f"method {method!r}: fit returned {got}, not a Fitted")
+    if fitted.method != method:  # the manifest names fitted.method: its load would read the artifact
+        raise MethodError(
+            f"method {method!r}: fit returned a {type(fitted).__name__} of method {fitted.method!r}, "
+            f"whose load would read its artifact (set method = {method!r} on the class)"
+        )
     if not fitted.run:
         fitted.run = run_record(ctx)
     return fitted
