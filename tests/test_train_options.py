@@ -294,7 +294,7 @@ def test_a_method_declares_which_options_name_its_second_llm():
     judge = JudgeOptions.build({"judge_llm": "big", "judge_base_url": "http://127.0.0.1:9/v1"}, "judge")
     dc = decompose_llm_config(SimpleNamespace(options=judge, **run))
     assert (dc.model, dc.base_url, dc.timeout) == ("big", "http://127.0.0.1:9/v1", 5.0)
-    assert judge.second_llm_given() == ("big", "http://127.0.0.1:9/v1", "--judge-llm")
+    assert judge.second_llm_given() == ("big", "http://127.0.0.1:9/v1", "-O judge_llm")  # a plug-in option, named as -O gives it
     assert decompose_llm_config(SimpleNamespace(options=JudgeOptions(), **run)) is None
     assert decompose_llm_config(SimpleNamespace(options=Undeclared(decompose_llm="x"), **run)) is None
     hd = TrainConfig.from_options(task="summeval", decompose_llm="gpt-x")

@@ -16,13 +16,13 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
 from hdeval import __version__
 from hdeval.artifact.manifest_file import MAX_FILES, Manifest, _safe_name, error_line
-from hdeval.core.errors import ArtifactError, ConfigError
+from hdeval.core.errors import ArtifactError, ConfigError, MethodError
 from hdeval.core.fetch import sha256_file
 
 FORMAT = "hdeval-artifact"
@@ -70,6 +70,43 @@ def write_json(path: Path, data: Any) -> None:
     )
 
 
+def json_data(data: Any, where: str) -> Any:
+    """``data`` as it reads back from the JSON an artifact keeps; a value JSON cannot hold (a
+    numpy float32, a set) is a one-line MethodError naming its path under ``where``."""
+    try:
+        return json.loads(json.dumps(data, default=_json_int))
+    except (TypeError, ValueError):
+        raise _not_json_error(data, where) from None
+
+
+def _not_json_error(data: Any, where: str, file: str = "") -> MethodError:
+    found = _not_json(data, where)
+    what = f"{found}, which JSON cannot hold" if found else "it refers to itself, which JSON cannot hold"
+    return MethodError(f"{file}: {what}" if file else what)
+
+
+def _not_json(value: Any, path: str) -> str | None:
+    """The first value in ``value`` JSON cannot hold, by its path and type; None: there is none."""
+    if value is None or isinstance(value, (str, int, float, numbers.Integral)):  # as _json_int
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (key is None or isinstance(key, (str, int, float))):
+                return f"{path or 'the top level'} has a key of type {_type_name(key)}"
+            found = _not_json(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((f for i, x in enumerate(value) if (f := _not_json(x, f"{path}[{i}]"))), None)
+    return f"{path or 'the top level'} is a {_type_name(value)}"
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)  # numpy.bool, not bool: a message must not say JSON cannot hold a bool
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 class ArtifactWriter:
     """Where a method writes its files: a fresh temporary directory, renamed into place later."""
 
@@ -85,7 +122,10 @@ class ArtifactWriter:
         self.path(name).write_text(text, encoding="utf-8")
 
     def json(self, name: str, data: Any) -> None:
-        write_json(self.path(name), data)
+        try:
+            write_json(self.path(name), data)
+        except (TypeError, ValueError):  # a value JSON cannot hold: one line naming where it is
+            raise _not_json_error(data, "", file=name) from None
 
     def skops(self, name: str, obj: Any) -> None:
         import skops.io as sio
@@ -210,12 +250,19 @@ def is_artifact(path: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: bool = False) -> Path:
+def save_artifact(
+    fitted: Any,
+    path: str | Path,
+    llm: dict[str, Any],
+    force: bool = False,
+    check_state: Callable[[Any], Any] | None = None,
+) -> Path:
     """Write ``fitted`` to ``path`` atomically. ``path`` may be new, an empty directory, or (with
     ``force``) an existing hdeval artifact; any other directory is refused, ``force`` or not. The
     new artifact is written next to ``path`` and swapped in, so whenever the process stops,
     ``path`` holds either the old or the new artifact (see :func:`recover_artifact`). ``llm``: the
-    manifest's LLM section (model, base_url without credentials, identity)."""
+    manifest's LLM section (model, base_url without credentials, identity). ``check_state``: the
+    state ``fitted.write`` returned -> the state to record, raising before anything is in place."""
     import numpy as np
     import pandas as pd
     import sklearn
@@ -230,6 +277,8 @@ def save_artifact(fitted: Any, path: str | Path, llm: dict[str, Any], force: boo
     tmp.mkdir()
     try:
         state = fitted.write(ArtifactWriter(tmp))
+        if check_state is not None:
+            state = check_state(state)
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,

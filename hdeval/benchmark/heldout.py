@@ -45,6 +45,7 @@ def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> 
     """The test rows of a trained evaluator's score table (``scores.csv``) and what it predicts
     for them from its LLM-filled columns (pairwise: the method's ``held_out_labels``), without
     any LLM call."""
+    _check_capability(fitted, pairwise)  # before its score table: the reason it has none
     table = _score_table(fitted)
     test = table[table["split"] == "test"]
     ids = [str(s) for s in test["pair_id" if pairwise else "sample_id"]]
@@ -58,18 +59,42 @@ def held_out(fitted: Any, doc_of: Mapping[str, str], pairwise: bool = False) -> 
     ]
     docs, failed = [doc_of[s] for s in ids], test[cols].isna().any(axis=1).to_numpy()
     if pairwise:
-        if not isinstance(fitted, HeldOutLabels):
-            raise ConfigError(f"benchmark reads no held-out pair labels of method {fitted.method!r}")
         preds = fitted.held_out_labels(test)
         failed = failed | np.array([p is None for p in preds["evaluator"][0]], bool)
         train = [_pair_label(x) for x in table[table["split"] == "train"]["human"]]
         return PairHeldOut(ids, docs, [_pair_label(x) for x in test["human"]], preds, failed, train)
     aspects = list(fitted.task.aspect_keys)
-    if not isinstance(fitted, HeldOutScores):
-        raise ConfigError(f"benchmark reads no held-out scores of method {fitted.method!r}")
     pred = _as2d(fitted.held_out_predictions(table, test))
     failed = failed | ~np.isfinite(pred).all(axis=1)
     return HeldOut(ids, docs, aspects, test[[f"human:{a}" for a in aspects]].to_numpy(float), pred, failed)
+
+
+def check_held_out(method: Any, pairwise: bool) -> None:
+    """Before a sweep, a ConfigError when ``method`` (a registered Method) cannot give held-out
+    figures: known where its ``load`` is its evaluator class's ``from_artifact`` (a plug-in's, as
+    docs/plugins.md writes it); else :func:`held_out` finds out after its first run."""
+    evaluator = getattr(method.load, "__self__", None)
+    if isinstance(evaluator, type) and not issubclass(
+        evaluator, HeldOutLabels if pairwise else HeldOutScores
+    ):
+        raise ConfigError(_refusal(method.name, evaluator.__name__, pairwise))
+
+
+def _check_capability(fitted: Any, pairwise: bool) -> None:
+    if not isinstance(fitted, HeldOutLabels if pairwise else HeldOutScores):
+        raise ConfigError(_refusal(fitted.method, type(fitted).__name__, pairwise))
+
+
+def _refusal(method: str, evaluator: str, pairwise: bool) -> str:
+    need, member = (
+        ("HeldOutLabels", "held_out_labels(test)")
+        if pairwise
+        else ("HeldOutScores", "held_out_predictions(table, test)")
+    )
+    return (
+        f"benchmark cannot compare method {method!r}: its evaluator {evaluator} does not give "
+        f"{need} (hdeval.methods.base: {member}; docs/plugins.md)"
+    )
 
 
 def _score_table(fitted: Any):

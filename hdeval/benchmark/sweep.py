@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hdeval.benchmark.heldout import held_out
+from hdeval.benchmark.heldout import check_held_out, held_out
 from hdeval.benchmark.output import FORMAT, FORMAT_VERSION, RUNS
 from hdeval.benchmark.settings import (
     DEFINITIONS,
@@ -66,6 +66,8 @@ def run_benchmark(
 
     spec.validate()
     shape = check_shapes(spec)
+    for name in spec.methods:  # a method that cannot be compared, refused before any run pays
+        check_held_out(get_method(entries()[name].method), shape == "pairwise")
     progress = progress or Progress()
     plan = spec.runs()
     budget = spec.options.get("max_calls")

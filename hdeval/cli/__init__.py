@@ -4,6 +4,7 @@ module per command group."""
 from __future__ import annotations
 
 import contextlib
+import textwrap
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +34,13 @@ class _Commands(click.Group):
     """The built-in commands, then the commands plug-in methods add: loaded only when a name is
     not a built-in one, or for the list in ``--help``; a broken plug-in is one warning line."""
 
-    def _plugin_commands(self) -> dict[str, click.Command]:
+    def _plugin_commands(self, ctx: click.Context) -> dict[str, click.Command]:
+        # made once per invocation (--help lists them, then asks for each): each warning once
+        if _PLUGIN_COMMANDS not in ctx.meta:
+            ctx.meta[_PLUGIN_COMMANDS] = self._make_plugin_commands()
+        return ctx.meta[_PLUGIN_COMMANDS]
+
+    def _make_plugin_commands(self) -> dict[str, click.Command]:
         from hdeval.methods.registry import builtin_methods, methods
 
         builtin = {m.name for m in builtin_methods()}
@@ -43,26 +50,41 @@ class _Commands(click.Group):
         for w in caught:
             click.echo(f"warning: {w.message}", err=True)
         out: dict[str, click.Command] = {}
+
+        def warn(method: Any, text: str) -> None:
+            click.echo(f"warning: method plug-in {method.name!r}: {_one_line(text)}", err=True)
+
         for method in found:
             try:
                 made = list(method.commands(_Kit()))
             except Exception as exc:  # a plug-in's own code: skipped, as a broken plug-in is
-                click.echo(
-                    f"warning: method plug-in {method.name!r}: its commands could not be made "
-                    f"({type(exc).__name__}: {exc})",
-                    err=True,
-                )
+                warn(method, f"its commands could not be made ({type(exc).__name__}: {exc})")
                 continue
-            out.update({c.name: c for c in made if c.name and c.name not in self.commands})
+            wrong = next((c for c in made if not isinstance(c, click.Command) or not c.name), None)
+            if wrong is not None:  # a click command's name and help are read for --help
+                what = (
+                    "a click command without a name"
+                    if isinstance(wrong, click.Command)
+                    else type(wrong).__name__
+                )
+                warn(method, f"its commands could not be made (it gave {what}, not a named click command)")
+                continue
+            for command in made:
+                if command.name in self.commands or command.name in out:
+                    warn(
+                        method, f"its command {command.name!r} is left out: hdeval has a command of that name"
+                    )
+                else:
+                    out[command.name] = command
         return out
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *self._plugin_commands()})
+        return sorted({*self.commands, *self._plugin_commands(ctx)})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.commands:
             return self.commands[name]
-        return self._plugin_commands().get(name)
+        return self._plugin_commands(ctx).get(name)
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -96,6 +118,11 @@ class _Commands(click.Group):
 
 
 _PARSING = "hdeval.parsing"
+_PLUGIN_COMMANDS = "hdeval.plugin_commands"
+
+
+def _one_line(text: str) -> str:
+    return textwrap.shorten(text, 400, placeholder=" ...")
 
 
 class _UsageLine(click.ClickException):

@@ -7,6 +7,7 @@ import functools
 import logging
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from typing import Any, Callable
@@ -22,7 +23,8 @@ TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the
 
 def _count_warning(seen: dict, message, category, filename, lineno, file=None, line=None) -> None:
     text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
-    key = (category.__name__, text[:160])
+    # cut at a word, late enough to keep the fix a message ends with (a plug-in's, scikit-learn's)
+    key = (category.__name__, textwrap.shorten(text, 400, placeholder=" ..."))
     seen[key] = seen.get(key, 0) + 1
 
 

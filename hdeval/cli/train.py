@@ -211,12 +211,14 @@ def train(
         ev.save(path, force=force)
     except HdevalError as exc:
         raise type(exc)(f"{exc} (every LLM reply of this run is cached: rerunning costs no calls)") from None
-    u = ev.metrics["usage"]
-    click.echo(
-        f"LLM calls made: {u['calls']}, cache hits: {u['cache_hits']}, "
-        f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion",
-        err=True,
-    )
+    u = ev.metrics.get("usage")  # optional, as each count in it: a plug-in may count none
+    u = u if isinstance(u, dict) else {}
+    counts = [f"LLM calls made: {u['calls']}"] if "calls" in u else []
+    counts += [f"cache hits: {u['cache_hits']}"] if counts and "cache_hits" in u else []
+    if counts and "prompt_tokens" in u and "completion_tokens" in u:
+        counts.append(f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion")
+    if counts:
+        click.echo(", ".join(counts), err=True)
     for line, to_err in ev.summary_lines(path):  # the method's own summary of what was trained
         if not (to_err and line in progress.shown):  # a warning the run already showed (shown again with -q)
             click.echo(line, err=to_err)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
 def one_line(text: Any, limit: int = 200) -> str:
@@ -37,16 +37,19 @@ _MUST = {
 }
 
 
-def validation_line(exc: Any, flags: bool = False) -> str:
+def validation_line(exc: Any, flags: bool | Callable[[str], str] = False) -> str:
     """The first problem a pydantic ``ValidationError`` reports, as one line of the house's form,
     without the file (the caller names it): ``FIELD must be KIND, got VALUE``, ``FIELD is
     missing``, ``unknown field(s): A, B``. FIELD is the dotted path (``aspects.0.low``); with
-    ``flags``, a top-level field is named as its command-line option (``--max-retries``)."""
+    ``flags``, a top-level field is named as its command-line option (``--max-retries``), or as
+    ``flags(name)`` names it (a plug-in's ``-O name``)."""
     errors = exc.errors()
 
     def name(loc: tuple) -> str:
         path = ".".join(shown_name(part) for part in loc)
-        return "--" + path.replace("_", "-") if flags and len(loc) == 1 else path
+        if not flags or len(loc) != 1:
+            return path
+        return flags(path) if callable(flags) else "--" + path.replace("_", "-")
 
     unknown = [name(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
     if unknown:
@@ -60,7 +63,7 @@ def validation_line(exc: Any, flags: bool = False) -> str:
         return f"{field} must be {_MUST[kind]}, got {got}"
     if kind == "literal_error":
         return f"{field} must be {ctx.get('expected')}, got {got}"
-    msg = str(first["msg"])
+    msg = str(first["msg"]).removeprefix("Value error, ")  # a validator's ValueError: its own words
     return f"{field}: {msg[:1].lower() + msg[1:]}" if field else msg
 
 
@@ -129,6 +132,11 @@ class BudgetExceeded(HdevalError):
     """A run reached ``--max-calls`` before it was done; what finished is cached."""
 
     exit_code = 4
+
+
+class MethodError(HdevalError):
+    """A method's own code (a plug-in's, mostly) broke the seam: its ``fit`` or ``write`` gave
+    what hdeval cannot use or save; the message names the method and what it gave."""
 
 
 class ArtifactError(HdevalError):

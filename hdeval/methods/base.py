@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 import warnings
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -23,12 +24,13 @@ from typing import (
     runtime_checkable,
 )
 
-from hdeval.core.errors import ArtifactError, ConfigError, DataError
+from hdeval.core.errors import ArtifactError, ConfigError, DataError, MethodError
 from hdeval.methods import options as _options
 from hdeval.methods.options import MethodOptions, options_model
 
 METRICS = "metrics.json"
 SCORES = "scores.csv"
+SHAPES = ("pointwise", "pairwise")  # a task's (hdeval.data.task_file's, too slow to load for --help)
 # plug-ins import the seam's option names from here, as they did before the model moved out
 Option, option = _options.Option, _options.option
 
@@ -172,10 +174,7 @@ class Fitted(ABC):
                     raise
                 return cls.State.model_validate(_without(state, extra))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])[:80] or "(state)"
-            msg = err["msg"].removeprefix("Value error, ")
-            raise ArtifactError(f"{art.path / 'manifest.json'}: state field {field!r}: {msg}") from None
+            raise ArtifactError(f"{art.path / 'manifest.json'}: {_state_problem(exc)}") from None
 
     # ---- what the shared code asks of every fitted evaluator (overridden where a method differs)
     def artifact_suffix(self) -> str:
@@ -194,10 +193,13 @@ class Fitted(ABC):
         """The held-out figure after training, in one line."""
         from hdeval.core.metrics import why_null
 
-        avg = self.metrics["final"]["average"]
+        final = self.metrics.get("final")  # optional: a plug-in may record no held-out figures
+        avg = final.get("average") if isinstance(final, Mapping) else None
+        if not isinstance(final, Mapping) or not isinstance(avg, Mapping):
+            return "held-out average: not recorded"
         return (
-            f"held-out average: pearson {avg['pearson']}, spearman {avg['spearman']}, kendall {avg['kendall']}"
-            + why_null(self.metrics["final"])
+            f"held-out average: pearson {avg.get('pearson')}, spearman {avg.get('spearman')}, "
+            f"kendall {avg.get('kendall')}" + why_null(final)
         )
 
     def summary_lines(self, path: Any) -> list[tuple[str, bool]]:
@@ -284,8 +286,41 @@ class Fitted(ABC):
             **self.llm.to_manifest(),
             "identity": public_identity(self.llm_identity, self.llm.base_url),
         }
-        self.path = save_artifact(self, path, section, force=force)
+        try:  # what the method gives is checked as load would check it, before anything is in place
+            self._check_saved()
+            self.path = save_artifact(self, path, section, force=force, check_state=self._saved_state)
+        except MethodError as exc:
+            raise MethodError(f"method {self.method!r}: {exc}") from None
         return self.path
+
+    def _check_saved(self) -> None:
+        """The metrics, run record and arguments as JSON data, the metrics as load reads them."""
+        from pydantic import ValidationError
+
+        from hdeval.artifact.directory import json_data
+        from hdeval.methods.metrics_file import metrics_problem
+
+        metrics = json_data(self.metrics, "metrics")
+        try:
+            self.metrics_model().model_validate(metrics)
+        except ValidationError as exc:
+            raise MethodError(f"its {METRICS} would be refused on load: {metrics_problem(exc)}") from None
+        json_data(self.public_run(), "run")
+        json_data(self.method_args(), "method_args")
+
+    def _saved_state(self, state: Any) -> Any:
+        """The state ``write`` returned, as JSON data that ``State`` (if declared) takes."""
+        from pydantic import ValidationError
+
+        from hdeval.artifact.directory import json_data
+
+        data = json_data(state, "state")
+        if self.State is not None:
+            try:
+                self.State.model_validate(data)
+            except ValidationError as exc:
+                raise MethodError(f"its state would be refused on load: {_state_problem(exc)}") from None
+        return data
 
     def public_run(self) -> dict[str, Any]:
         """The run record as the manifest keeps it: the server address without credentials."""
@@ -642,6 +677,13 @@ def remember_scores(ev: Any, path: "Path", files: Any) -> None:
         ev.scores_file = (path / SCORES, digest)
 
 
+def _state_problem(exc: Any) -> str:
+    """A state's first problem (a pydantic ValidationError) in one line naming the field."""
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err["loc"])[:80] or "(state)"
+    return f"state field {field!r}: {err['msg'].removeprefix('Value error, ')}"
+
+
 def _without(data: Any, locs: Sequence[tuple[Any, ...]]) -> Any:
     """A copy of ``data`` (JSON) without the keys at ``locs`` (pydantic's error locations)."""
     out = copy.deepcopy(data)
@@ -814,13 +856,46 @@ class Method:
     jury: bool = False
 
     def __post_init__(self) -> None:
+        # the name is a --method value, a directory artifacts/<task>-<name> and, in benchmark's
+        # --methods a,b and --method-option METHOD.NAME=VALUE, a word
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", self.name):
+            raise TypeError(
+                f"method name {self.name!r}: give a letter, then letters, digits, '-' or '_' (at most 64)"
+            )
+        # a bare "pointwise" is no tuple of shapes: it would be taken as its letters
+        shapes = self.shapes
+        if isinstance(shapes, str) or not isinstance(shapes, (tuple, list)) or not shapes:
+            raise TypeError(
+                f"method {self.name!r}: shapes must be a tuple, e.g. ('pointwise',), got {shapes!r}"
+            )
+        if any(s not in SHAPES for s in shapes):
+            raise TypeError(f"method {self.name!r}: shapes are {' or '.join(SHAPES)}, got {shapes!r}")
+        object.__setattr__(self, "shapes", tuple(shapes))
         if isinstance(self.options, Mapping):
+            wrong = next((k for k, v in self.options.items() if not isinstance(v, Option)), None)
+            if wrong is not None:  # e.g. {"shrink": 0.1}: a value, not how the option is offered
+                raise TypeError(
+                    f"method {self.name!r}: option {wrong!r} must be an Option(default, help), "
+                    f"not {type(self.options[wrong]).__name__}"
+                )
             object.__setattr__(self, "options", options_model(self.name, self.options))
         # a plug-in written when options models were dataclasses
         if isinstance(self.options, type) and is_dataclass(self.options):
             raise TypeError(
                 f"method {self.name!r}: its options model {self.options.__name__} is a dataclass; "
                 "declare it as a plain subclass of MethodOptions (a pydantic model), without @dataclass"
+            )
+        # another model (a plain pydantic one, an instance) has no specs() or build(): every
+        # command listing or training any method would stop on it
+        if not (isinstance(self.options, type) and issubclass(self.options, MethodOptions)):
+            got = (
+                self.options.__name__
+                if isinstance(self.options, type)
+                else f"an instance of {type(self.options).__name__}"
+            )
+            raise TypeError(
+                f"method {self.name!r}: its options model must be a subclass of "
+                f"hdeval.methods.options.MethodOptions, not {got}"
             )
 
     def build_options(self, given: Mapping[str, Any] | None = None) -> MethodOptions:

@@ -73,6 +73,9 @@ class MethodOptions(BaseModel):
     # the options naming a second LLM the method opens (its model, its server), e.g. HD-Eval's
     # decomposing LLM: the run opens it from them without knowing their names
     second_llm: ClassVar[tuple[str, str] | None] = None
+    # whether the CLI offers these options as flags (--name): the built-in methods' only; a
+    # plug-in's are -O NAME=VALUE, and its messages name them so
+    cli_flags: ClassVar[bool] = False
 
     def __init__(self, **given: Any) -> None:
         try:
@@ -85,12 +88,20 @@ class MethodOptions(BaseModel):
         for name, spec in self.specs().items():
             value = getattr(self, name)
             if spec.choices and value not in spec.choices and (value is not None or spec.default is not None):
-                raise ConfigError(f"{flag(name)} must be one of {', '.join(spec.choices)}, got {value!r}")
+                raise ConfigError(
+                    f"{self.shown(name)} must be one of {', '.join(spec.choices)}, got {value!r}"
+                )
         self.check()
         return self
 
     def check(self) -> None:
-        """Checks beyond a field's type and choices: a one-line ConfigError naming the option."""
+        """Checks beyond a field's type and choices: a one-line ConfigError naming the option (as
+        :meth:`shown` names it)."""
+
+    @classmethod
+    def shown(cls, name: str) -> str:
+        """Option ``name`` as a message names it: its flag, or ``-O name`` for a plug-in's."""
+        return flag(name) if cls.cli_flags else f"-O {name}"
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
@@ -120,8 +131,8 @@ class MethodOptions(BaseModel):
         spec = cls.specs().get(name)
         if spec is not None and spec.choices:  # a choice's words, whatever the value's type
             choices = ", ".join(spec.choices)
-            return ConfigError(f"{flag(name)} must be one of {choices}, got {errors[0]['input']!r}")
-        return ConfigError(validation_line(exc, flags=True))
+            return ConfigError(f"{cls.shown(name)} must be one of {choices}, got {errors[0]['input']!r}")
+        return ConfigError(validation_line(exc, flags=cls.shown))
 
     @classmethod
     def build(
@@ -136,7 +147,7 @@ class MethodOptions(BaseModel):
             known = ", ".join(sorted(cls.model_fields)) or "none"
             others = others or {}
             owned = "".join(
-                f"; {flag(name)} is an option of --method {' or '.join(owners)}"
+                f"; {others[owners[0]].shown(name)} is an option of --method {' or '.join(owners)}"
                 for name in unknown
                 if (owners := [m for m in sorted(others) if name in others[m].model_fields])
             )
@@ -151,7 +162,7 @@ class MethodOptions(BaseModel):
         if self.second_llm is None or not getattr(self, self.second_llm[0]):
             return None
         model, url = self.second_llm
-        return getattr(self, model), getattr(self, url), flag(model)
+        return getattr(self, model), getattr(self, url), self.shown(model)
 
     def record(self) -> dict[str, Any]:
         """Every option, given or not, as the manifest's ``config.options`` records it (the second
@@ -175,6 +186,44 @@ class MethodOptions(BaseModel):
         options given stay given and the changed ones join them (pydantic's ``model_copy`` would
         not check them)."""
         return type(self)(**{**self.given(), **changes})
+
+
+# the settings every run shares besides the LLM's (hdeval.run.train.TrainConfig's fields, a floor
+# above: a test holds them equal) and the mapping that carries a method's options by name
+RUN_FIELDS = (
+    "task", "method", "options", "method_options", "data", "aspects", "preset", "llm", "base_url",
+    "seed", "test_frac", "train_frac", "limit", "max_failure_rate", "judges", "jury", "prune_judges",
+)  # fmt: skip
+
+
+def declaration_problem(model: type[MethodOptions]) -> str | None:
+    """What an options model declares that no run could use, in words naming the option (None:
+    nothing): an option without a default, a default of another type than the option's or outside
+    its own choices, or a name every run's settings have (TrainConfig would mix the two up)."""
+    from pydantic import TypeAdapter
+
+    from hdeval.llm.config import LLMSettings
+
+    shared = {*RUN_FIELDS, *LLMSettings.model_fields}
+    specs = model.specs()
+    for name, f in model.model_fields.items():
+        if name in shared:
+            return f"option {name!r} has the name of a setting every run has: rename it (the two would be mixed up)"
+        if f.is_required():
+            return f"option {name!r} has no default: declare it as {name}: TYPE = option(DEFAULT, HELP)"
+        default = f.get_default(call_default_factory=True)
+        kind: Any = f.annotation  # its type (a bound such as ge=1 is the runs' to check)
+        try:
+            TypeAdapter(kind).validate_python(default, strict=True)
+        except ValidationError:
+            shown = getattr(f.annotation, "__name__", None) or repr(f.annotation).replace("typing.", "")
+            return f"option {name!r}: its default {default!r} is not of its type, {shown}"
+        choices = specs[name].choices
+        if choices and default is not None and default not in choices:
+            return (
+                f"option {name!r}: its default {default!r} is not one of its choices ({', '.join(choices)})"
+            )
+    return None
 
 
 def _kind(annotation: Any) -> type | None:

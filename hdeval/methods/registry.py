@@ -9,16 +9,13 @@ registry inside its error boundary only (``hdeval --help`` never loads a plug-in
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hdeval.core.errors import ArtifactError, ConfigError, HdevalError
-from hdeval.methods.base import METHODS, Method
-from hdeval.methods.options import Option, check_recorded_options
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hdeval.methods.base import Fitted
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, MethodError
+from hdeval.methods.base import METHODS, METRICS, Fitted, Method, check_metrics, remember_scores
+from hdeval.methods.options import Option, check_recorded_options, declaration_problem
 
 ENTRY_POINT_GROUP = "hdeval.methods"
 _loaded = False
@@ -57,7 +54,24 @@ def _load_plugins() -> None:
             _add_plugin(ep)
         except ConfigError as exc:
             _skipped[ep.name] = str(exc)
-            warnings.warn(str(exc), PluginWarning, stacklevel=2)
+            warnings.warn(str(exc), PluginWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning given by the function calling this at the first
+    frame outside hdeval and pydantic (which calls TrainConfig's validators): the caller's line,
+    whichever door of hdeval first loaded the registry."""
+    import os
+    import sys
+
+    import pydantic
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hdeval/
+    inside = (here + os.sep, os.path.dirname(os.path.abspath(pydantic.__file__)) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _add_plugin(ep) -> None:
@@ -67,7 +81,8 @@ def _add_plugin(ep) -> None:
         if callable(found) and not isinstance(found, Method):
             found = found()
     except Exception as exc:  # any error of a plug-in's own code, SyntaxError included
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        # cut at a word, and late enough that the fix a message ends with is kept
+        detail = textwrap.shorten(f"{type(exc).__name__}: {exc}", 400, placeholder=" ...")
         raise ConfigError(
             f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded ({detail})"
         ) from None
@@ -81,6 +96,12 @@ def _add_plugin(ep) -> None:
         if method.name in METHODS:
             raise ConfigError(
                 f"method plug-in {ep.name!r} ({ep.value}) skipped: it reuses the method name {method.name!r}"
+            )
+        # found here, not when a run builds the options: a bad default would pass unchecked
+        problem = declaration_problem(method.options)
+        if problem:
+            raise ConfigError(
+                f"method plug-in {ep.name!r} ({ep.value}) skipped: method {method.name!r}: {problem}"
             )
     METHODS.update({m.name: m for m in methods})
 
@@ -116,7 +137,7 @@ def all_options() -> dict[str, list[tuple[str, Option]]]:
     return out
 
 
-def load_artifact(path: str | Path) -> "Fitted":
+def load_artifact(path: str | Path) -> Fitted:
     """Open, verify and rebuild the fitted evaluator of whatever method wrote ``path``."""
     from hdeval.artifact.directory import MANIFEST, ArtifactReader, open_artifact, recover_artifact
 
@@ -130,7 +151,27 @@ def load_artifact(path: str | Path) -> "Fitted":
     try:
         method = get_method(name)
     except HdevalError as exc:
-        raise ArtifactError(f"{path}: {exc} (written by a newer hdeval?)") from None
+        if name in _skipped:  # its plug-in is installed, and the reason it was skipped says why
+            raise ArtifactError(f"{path}: {exc}") from None
+        raise ArtifactError(
+            f"{path}: {exc} (written by a newer hdeval, or by a method plug-in not installed here: "
+            f"entry-point group {ENTRY_POINT_GROUP})"
+        ) from None
     reader = open_artifact(path, editable=method.editable)
     check_recorded_options(method.options, reader.run.get("config"), str(path / MANIFEST), name)
-    return method.load(reader)
+    ev = method.load(reader)
+    if not isinstance(ev, Fitted):
+        got = "None" if ev is None else type(ev).__name__
+        raise MethodError(f"method {name!r}: load returned {got}, not a Fitted")
+    # what methods.base.loaded gives the built-in methods, for a plug-in whose load left it out
+    if ev.path is None:
+        ev.path = reader.path
+    if not ev.warnings:
+        ev.warnings = list(reader.warnings)
+    if not ev.run:
+        ev.run = reader.run
+    if not ev.from_artifact_file:  # its recorded server is the file's word; its scores.csv kept on save
+        remember_scores(ev, reader.path, reader.manifest.get("files"))
+    # the metrics the shared code reads are checked whoever read them (docs/plugins.md)
+    ev.metrics = check_metrics(ev.metrics, ev.metrics_model(), path / METRICS)
+    return ev

@@ -7,11 +7,11 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from hdeval.core.errors import ConfigError, DataError
+from hdeval.core.errors import ConfigError, DataError, MethodError
 from hdeval.core.progress import Progress
 from hdeval.core.types import Sample, Task
 from hdeval.data.samples import (
@@ -25,12 +25,9 @@ from hdeval.data.samples import (
 from hdeval.data.tasks import apply_preset, load_task, select_aspects
 from hdeval.llm.backends.base import Backend
 from hdeval.llm.config import LLMConfig, LLMSettings
-from hdeval.methods.base import FitContext, check_shape
+from hdeval.methods.base import FitContext, Fitted, check_shape, run_record
 from hdeval.methods.registry import all_options, get_method
 from hdeval.methods.run import LayerPlan, backend_for, llm_config, open_decompose_backend
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hdeval.methods.base import Fitted
 
 MAX_SEED = 2**32 - 1
 _JURY_FIELDS = ("judges", "jury", "prune_judges")
@@ -230,7 +227,7 @@ def train(
     export_requests: str | Path | None = None,
     judge_backends: Mapping[str, Backend] | None = None,
     **options: Any,
-) -> "Fitted":
+) -> Fitted:
     """Train an evaluator of ``config.method``; see :class:`TrainConfig` for the options.
 
     ``train(task="summeval", llm="fake", layers=2, limit=64)`` or ``train(TrainConfig(...))``.
@@ -285,8 +282,26 @@ def train(
                 )
             from hdeval.methods.run import fit_exporting
 
-            return fit_exporting(method, ctx, export_requests)
-        return method.fit(ctx)
+            return _fitted(method.name, fit_exporting(method, ctx, export_requests), ctx)
+        return _fitted(method.name, method.fit(ctx), ctx)
+
+
+def _fitted(method: str, fitted: Any, ctx: FitContext) -> Fitted:
+    """What ``fit`` returned, when it is a fitted evaluator: anything else (a plug-in's dict)
+    would stop the run later, far from its cause, or be returned to a notebook as it is. The run
+    record is the run's when the method left it empty (a plug-in implementing only the seam's
+    three members): an artifact without one cannot tell apply its training samples."""
+    if not isinstance(fitted, Fitted):
+        got = "None" if fitted is None else type(fitted).__name__
+        raise MethodError(f"method {method!r}: fit returned {got}, not a Fitted")
+    if fitted.method != method:  # the manifest names fitted.method: its load would read the artifact
+        raise MethodError(
+            f"method {method!r}: fit returned a {type(fitted).__name__} of method {fitted.method!r}, "
+            f"whose load would read its artifact (set method = {method!r} on the class)"
+        )
+    if not fitted.run:
+        fitted.run = run_record(ctx)
+    return fitted
 
 
 def plan(config: TrainConfig, backend: Backend | None = None) -> tuple[Prepared, list[LayerPlan], str]:

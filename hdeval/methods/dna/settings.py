@@ -99,6 +99,7 @@ class Settings:
 
 
 class DnaOptions(MethodOptions):
+    cli_flags = True  # a built-in method's: its options are flags too (hdeval.cli.options)
     dna_mode: str = option("dna", "dna, or a same-LLM baseline: direct, cot, prompt-agg", MODES)
     aspect_source: str = option("predefined", "the task's aspects, or k per instance from the LLM", SOURCES)
     k: int = option(4, "aspects the LLM proposes per instance with --aspect-source dynamic")

@@ -9,6 +9,7 @@ from hdeval.methods.options import AGGREGATOR_HELP, MethodOptions, check_aggrega
 
 
 class HDEvalOptions(MethodOptions):
+    cli_flags = True  # a built-in method's: its options are flags too (hdeval.cli.options)
     # the LLM that decomposes criteria, when another than the scoring one
     second_llm: ClassVar[tuple[str, str]] = ("decompose_llm", "decompose_base_url")
 

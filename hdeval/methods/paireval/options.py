@@ -8,6 +8,7 @@ SOURCES = ("train", "file", "references")  # where PairEval's comparison example
 
 
 class PairEvalOptions(MethodOptions):
+    cli_flags = True  # a built-in method's: its options are flags too (hdeval.cli.options)
     comparisons: int = option(3, "Comparison examples each response is compared with.")
     comparison_data: str = option(
         "", "JSONL (the task's schema) to draw comparison examples from, instead of the training split."
