@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import click
 
-from hdeval.llm.backends.factory import BUILTIN_LLMS, did_you_mean, edits, typo_refusal
+from hdeval.llm.config import BUILTIN_LLMS, did_you_mean, edits, llm_problem, typo_refusal
 
 
 def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
     """(model, server) of a model the reply cache has recorded a run of at the server ``llm``
     would go to, a typo away from ``llm`` (which it has no run of); None when there is none."""
-    if not llm or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
+    if not llm or not llm.strip() or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
         return None
     from urllib.parse import urlsplit
 
@@ -41,9 +42,15 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
     ctx.meta[f"hdeval.{param.name}"] = value
     if {"hdeval.llm", "hdeval.base_url", "hdeval.cache_dir"} <= ctx.meta.keys():
         given, base_url = ctx.meta["hdeval.llm"], ctx.meta["hdeval.base_url"]
-        for llm in (
-            given if isinstance(given, tuple) else (given,)
-        ):  # train's --llm may be given more than once
+        llms = given if isinstance(given, tuple) else (given,)  # train's --llm may be given more than once
+        typed = ctx.get_parameter_source("llm") == click.core.ParameterSource.COMMANDLINE
+        if not typed and not os.environ.get("HDEVAL_LLM", "x").strip():
+            # click reads an empty variable as unset: the default LLM (OpenAI with a key) is no
+            # answer to HDEVAL_LLM=$LLM with LLM unset
+            raise click.UsageError("HDEVAL_LLM is empty: unset it or give a model name", ctx=ctx)
+        for llm in llms:
+            if llm is not None and not llm.strip():
+                raise click.UsageError(llm_problem(llm, base_url) or "--llm is empty", ctx=ctx)
             guess = did_you_mean(llm, base_url)
             if guess:
                 raise click.BadParameter(

@@ -80,8 +80,9 @@ class Judge:
         }
 
 
-def read_jury(path: str | Path) -> tuple[Judge, ...]:
-    """The judges of a jury TOML file; a one-line ConfigError naming the file and the field."""
+def read_jury(path: str | Path, base_url: str | None = None) -> tuple[Judge, ...]:
+    """The judges of a jury TOML file; a one-line ConfigError naming the file and the field.
+    ``base_url``: the run's server, a judge's without its own (its model names are the server's)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11
@@ -107,6 +108,12 @@ def read_jury(path: str | Path) -> tuple[Judge, ...]:
         err = exc.errors()[0]
         where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(".[", "[")
         raise ConfigError(f"{path}: {where or 'judge'}: {err['msg']}") from None
+    from hdeval.llm.config import llm_problem
+
+    for j in jury.judge:  # as --llm is checked: "FAKE" or "" would go to OpenAI
+        problem = llm_problem(j.llm, j.base_url or base_url, "llm")
+        if problem:
+            raise ConfigError(f"{path}: judge {j.name!r}: {problem}")
     return tuple(Judge(**j.model_dump()) for j in jury.judge)
 
 

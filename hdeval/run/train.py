@@ -132,7 +132,7 @@ class TrainConfig(LLMSettings):
         from hdeval.methods.jury import judges_of_llms, read_jury
 
         if self.jury:
-            return read_jury(self.jury)
+            return read_jury(self.jury, self.base_url)
         if self.judges:
             return judges_of_llms((self.llm or "", *self.judges), self.base_url)
         return ()
