@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from hdeval.llm.config import BUILTIN_LLMS, did_you_mean, edits, llm_problem, typo_refusal
+from hdeval.llm.config import BUILTIN_LLMS, base_url_problem, did_you_mean, edits, llm_problem, typo_refusal
 
 
 def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
@@ -17,8 +17,6 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
     would go to, a typo away from ``llm`` (which it has no run of); None when there is none."""
     if not llm or not llm.strip() or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
         return None
-    from urllib.parse import urlsplit
-
     from hdeval.core.urls import public_url
     from hdeval.llm.eta import seen_models
 
@@ -27,7 +25,7 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
         server = (public_url(base_url.strip()) or "").rstrip("/")
         here = [m for m, url in seen if url.rstrip("/") == server]
     else:  # OpenAI's API, whatever path the run recorded
-        here = [m for m, url in seen if (urlsplit(url).hostname or "").lower() == "api.openai.com"]
+        here = [m for m, url in seen if _host(url) == "api.openai.com"]
         server = "https://api.openai.com/v1"
     if llm in here:
         return None
@@ -35,6 +33,22 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
     limit = 1 if len(name) <= 4 else 2
     near = sorted((edits(name, m.lower()), m) for m in here if abs(len(m) - len(name)) <= limit)
     return (near[0][1], server) if near and near[0][0] <= limit else None
+
+
+def _host(url: str) -> str:
+    """The host of a URL the cache recorded ("" for one urllib cannot read: the file may be anyone's)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+def _given_as(ctx: click.Context, name: str, flag: str, env: str) -> str:
+    """How the user named option ``name``: its flag, or the environment variable it came from."""
+    from_env = ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT
+    return env if from_env else flag
 
 
 def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -48,6 +62,9 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
             # click reads an empty variable as unset: the default LLM (OpenAI with a key) is no
             # answer to HDEVAL_LLM=$LLM with LLM unset
             raise click.UsageError("HDEVAL_LLM is empty: unset it or give a model name", ctx=ctx)
+        problem = base_url_problem(base_url, _given_as(ctx, "base_url", "--base-url", "HDEVAL_BASE_URL"))
+        if problem:  # before anything reads it (the cache's did-you-mean below, the redactor)
+            raise click.UsageError(problem, ctx=ctx)
         for llm in llms:
             if llm is not None and not llm.strip():
                 raise click.UsageError(llm_problem(llm, base_url) or "--llm is empty", ctx=ctx)

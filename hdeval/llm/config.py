@@ -82,6 +82,17 @@ def llm_problem(llm: str | None, base_url: str | None, what: str = "--llm") -> s
     return f"{what} {typo_refusal(llm, guess)}" if guess else None
 
 
+def base_url_problem(url: str | None, what: str = "--base-url") -> str | None:
+    """Why ``url`` cannot be a server's base URL before anything is asked of it (empty, or not
+    readable as a URL), as one line that quotes none of it; None when it can."""
+    if url is None:
+        return None
+    if not url.strip():
+        return f"{what} is empty: give the server's URL, e.g. http://localhost:8000/v1"
+    reason = urls.unreadable(url)
+    return f"{what} is not a valid URL ({reason})" if reason else None
+
+
 # what an identity appends after its base URL (OpenAICompatBackend.identity): "+<dialect>"
 _SUFFIXES = tuple(f"+{d}" for d in DIALECTS)
 
@@ -192,7 +203,7 @@ class LLMConfig(LLMSettings):
         """The one check of the LLM options (the CLI, the Python API and benchmark all build an
         LLMConfig): a one-line ConfigError naming the option."""
         self.check_llm_settings()
-        problem = llm_problem(self.model, self.base_url)
+        problem = base_url_problem(self.base_url) or llm_problem(self.model, self.base_url)
         if problem:
             raise ConfigError(problem)
         if self.dialect not in (None, *DIALECTS):

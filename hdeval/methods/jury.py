@@ -108,10 +108,12 @@ def read_jury(path: str | Path, base_url: str | None = None) -> tuple[Judge, ...
         err = exc.errors()[0]
         where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(".[", "[")
         raise ConfigError(f"{path}: {where or 'judge'}: {err['msg']}") from None
-    from hdeval.llm.config import llm_problem
+    from hdeval.llm.config import base_url_problem, llm_problem
 
-    for j in jury.judge:  # as --llm is checked: "FAKE" or "" would go to OpenAI
-        problem = llm_problem(j.llm, j.base_url or base_url, "llm")
+    for j in jury.judge:  # as --llm and --base-url are checked: "FAKE" or "" would go to OpenAI
+        problem = base_url_problem(j.base_url, "base_url") or llm_problem(
+            j.llm, j.base_url or base_url, "llm"
+        )
         if problem:
             raise ConfigError(f"{path}: judge {j.name!r}: {problem}")
     return tuple(Judge(**j.model_dump()) for j in jury.judge)
