@@ -75,6 +75,9 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
                     ctx=ctx,
                     param_hint="--llm",
                 )
+            problem = llm_problem(llm, base_url)
+            if problem:
+                raise click.UsageError(problem, ctx=ctx)
             # a warning, not a refusal: gpt-4o and gpt-4 are both real models, one edit apart
             seen = seen_model_near(llm, base_url, ctx.meta["hdeval.cache_dir"])
             if seen:

@@ -79,7 +79,12 @@ def llm_problem(llm: str | None, base_url: str | None, what: str = "--llm") -> s
     if not llm.strip():
         return f"{what} is empty: give a model name (fake, local, gpt-4o-mini, ...)"
     guess = did_you_mean(llm, base_url)
-    return f"{what} {typo_refusal(llm, guess)}" if guess else None
+    if guess:
+        return f"{what} {typo_refusal(llm, guess)}"
+    head, colon, _ = llm.partition(":")
+    if colon and not base_url and head.strip().lower() == "local":  # else OpenAI's model "local:..."
+        return f"{what} {llm!r}: 'local' takes no options (another GGUF model: llamacpp:/path/model.gguf)"
+    return None
 
 
 def base_url_problem(url: str | None, what: str = "--base-url") -> str | None:
