@@ -87,6 +87,9 @@ def llm_problem(llm: str | None, base_url: str | None, what: str = "--llm") -> s
     return None
 
 
+BASE_URL_NEEDS_LLM = "--base-url needs --llm MODEL (the model that server runs)"
+
+
 def base_url_problem(url: str | None, what: str = "--base-url") -> str | None:
     """Why ``url`` cannot be a server's base URL before anything is asked of it (empty, or not
     readable as a URL), as one line that quotes none of it; None when it can."""
