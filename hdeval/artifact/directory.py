@@ -158,7 +158,9 @@ class ArtifactReader:
 
     def json(self, name: str) -> Any:
         try:
-            return json.loads(self.text(name))
+            # utf-8-sig: an editor may put a byte-order mark in front of a file it saves (tree.json);
+            # the checksum still covers the bytes as they are
+            return json.loads(self.text(name).removeprefix("\ufeff"))
         except (ValueError, RecursionError) as exc:  # ValueError: also an integer longer than int() reads
             raise ArtifactError(f"{self.path / name}: unreadable (not valid JSON: {exc})") from exc
 

@@ -98,7 +98,7 @@ def read_jury(path: str | Path, base_url: str | None = None) -> tuple[Judge, ...
     if len(raw) > MAX_JURY_BYTES:
         raise ConfigError(f"{path}: a jury file is at most {MAX_JURY_BYTES} bytes")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # an editor may put a byte-order mark in front
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not a TOML file ({exc})") from None
     _, JuryFile = judge_models()
