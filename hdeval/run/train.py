@@ -123,6 +123,14 @@ class TrainConfig(LLMSettings):
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.aspects is not None:  # --aspects ",," is no subset: it trained on every aspect
+            if not self.aspects:
+                raise ConfigError(
+                    "--aspects is empty: name the aspects to train on, e.g. --aspects clarity,accuracy"
+                )
+            twice = next((a for i, a in enumerate(self.aspects) if a in self.aspects[:i]), None)
+            if twice is not None:
+                raise ConfigError(f"--aspects names {twice!r} twice")
         llm_config(self).check()
         if self.judges or self.jury or self.prune_judges:
             check_jury_options(self)
