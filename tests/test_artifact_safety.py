@@ -128,6 +128,15 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     # valid JSON Python will not read: an integer longer than int() converts
     "manifest number too long": (lambda a: (a / MANIFEST).write_text('{"format_version": ' + "9" * 5000 + "}"),
                                  "manifest.json: unreadable"),
+    # an edited version is no newer hdeval's: it said "written by hdeval 0.1.0 (format 4) ... upgrade"
+    "format version a string": (lambda a: edit_json(a / MANIFEST, lambda m: m.update(format_version="4")),
+                                "manifest.json: 'format_version' must be a whole number, got '4'"),
+    "format version a float": (lambda a: edit_json(a / MANIFEST, lambda m: m.update(format_version=4.0)),
+                               "manifest.json: 'format_version' must be a whole number, got 4.0"),
+    "format version zero": (lambda a: edit_json(a / MANIFEST, lambda m: m.update(format_version=0)),
+                            "manifest.json: 'format_version' must be a whole number, got 0"),
+    "format version missing": (lambda a: edit_json(a / MANIFEST, lambda m: m.pop("format_version")),
+                               "manifest.json: 'format_version' is missing"),
     "checksum entry removed": (
         lambda a: edit_json(a / MANIFEST, lambda m: m["files"].pop("prompts/score.toml")),
         "no checksum recorded for prompts/score.toml",

@@ -133,3 +133,46 @@ def test_declared_kind_and_data_are_not_part_of_the_request_identity() -> None:
     assert shipped.data and not bare.data and not bare.kind
     assert shipped == bare and hash(shipped) == hash(bare)
     assert request_key("fake:v1", shipped) == request_key("fake:v1", bare)
+
+
+@pytest.mark.parametrize("spec, said", [
+    ("fake:garbage=abc", "--llm fake:garbage=abc: 'abc' is not a number"),
+    ("fake:garbage=", "--llm fake:garbage=: '' is not a number"),
+    ("fake:garbage=1.5", "garbage is a share of replies, from 0 to 1; got 1.5"),
+    ("fake:garbage=nan", "garbage is a share of replies, from 0 to 1; got nan"),
+    ("fake:logprobs=maybe", "logprobs is 0 or 1 (on or off), got 'maybe'"),
+    ("fake:nope=1", "unknown fake backend option 'nope'"),
+])
+def test_a_fake_option_of_the_wrong_kind_is_one_line(spec: str, said: str) -> None:
+    """fake:garbage=abc ended in float()'s ValueError traceback; logprobs=maybe was taken as on."""
+    from conftest import REPO, one_error, run_cli
+
+    from hdeval.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        FakeBackend.from_spec(spec)
+    assert said in str(refused.value)
+    res = run_cli("train", "--task", REPO / "examples" / "qa_task.toml", "--layers", "1", "--llm", spec, "--dry-run")
+    assert res.exit_code == 2
+    one_error(res, said)
+
+
+def test_the_fake_options_that_are_right_still_work() -> None:
+    assert FakeBackend.from_spec("fake:garbage=0.2,logprobs=0").identity == "fake:v1:garbage=0.2,logprobs=0"
+    assert FakeBackend.from_spec("fake:logprobs=off").logprobs is False
+    assert FakeBackend.from_spec("fake:logprobs").logprobs is True
+
+
+def test_local_with_options_is_refused_not_sent_to_openai() -> None:
+    """'local' takes no options: --llm local:x went to OpenAI as a model named "local:x"."""
+    from conftest import REPO, one_error, run_cli
+
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.config import LLMConfig
+
+    res = run_cli("train", "--task", REPO / "examples" / "qa_task.toml", "--layers", "1", "--llm", "local:x", "--dry-run")
+    assert res.exit_code == 2 and "openai:" not in res.output
+    one_error(res, "'local' takes no options")
+    with pytest.raises(ConfigError, match="'local' takes no options"):
+        LLMConfig(model="local:x").check()
+    LLMConfig(model="local:x", base_url="http://127.0.0.1:9/v1").check()  # a server's own model name

@@ -346,7 +346,7 @@ def test_next_step_follows_the_figures() -> None:
     assert interval_verdict({"a": 2.97}, {"a": (1, 5)}).endswith("too wide to use (wider than half the scale)")
 
 
-@pytest.mark.parametrize("typo, meant", [("fak", "fake"), ("Fake", None), ("locl", "local"), ("loacl", "local"),
+@pytest.mark.parametrize("typo, meant", [("fak", "fake"), ("Fake", "fake"), ("locl", "local"), ("loacl", "local"),
                                          ("gpt-4o-mini", None), ("lake", "fake")])
 def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo: str, meant: str | None) -> None:
     """--llm fak became a paid OpenAI model named "fak"."""
@@ -357,6 +357,71 @@ def test_an_llm_name_a_typo_away_from_a_builtin_is_refused(tmp_path: Path, typo:
     if meant:
         res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", typo, "--dry-run")
         assert res.exit_code == 2 and f"did you mean {meant!r}?" in res.stderr
+
+
+@pytest.mark.parametrize("given, meant", [
+    ("fake ", "fake"), (" fake", "fake"), ("FAKE", "fake"), ("Local", "local"), ("local\t", "local"),
+    ("Fake:garbage=0.1", "fake:garbage=0.1"), (" fake:logprobs=0", "fake:logprobs=0"),
+    ("LlamaCpp:/m.gguf", "llamacpp:/m.gguf"), ("fake", None), ("local", None), ("fake:garbage=0.1", None),
+    ("llamacpp:/m.gguf", None), ("ft:gpt-4o-mini:org::x1", None), ("FAKE-model", None),
+])
+def test_a_builtin_llm_in_another_case_or_with_spaces_is_refused_not_sent_to_openai(
+    monkeypatch, given: str, meant: str | None
+) -> None:
+    """--llm "fake " and --llm FAKE were OpenAI runs of models named "fake " and "FAKE"."""
+    from hdeval.llm.backends.factory import did_you_mean
+
+    assert did_you_mean(given, None) == meant
+    assert did_you_mean(given, "http://127.0.0.1:9/v1") is None  # a server's own model name
+    if meant:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+        res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", given, "--layers", "1", "--dry-run")
+        assert res.exit_code == 2 and "openai:" not in res.output
+        one_error(res, f"did you mean {meant!r}?")
+
+
+@pytest.mark.parametrize("llm", ["", " ", "\t"])
+def test_an_empty_llm_is_one_line_not_the_default_openai_model(monkeypatch, tmp_path: Path, llm: str) -> None:
+    """--llm "$LLM" with LLM unset gives --llm "": it ran gpt-4o-mini on OpenAI (with a key set)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    task = ["--task", EXAMPLES / "qa_task.toml", "--layers", "1", "--dry-run"]
+    res = run_cli("train", *task, "--llm", llm)
+    assert res.exit_code == 2 and "openai:" not in res.output
+    one_error(res, "--llm is empty")
+    one_error(run_cli("train", *task, "--llm", "fake", "--llm", llm), "--llm is empty")  # a jury
+    monkeypatch.setenv("HDEVAL_LLM", llm)
+    res = run_cli("train", *task)
+    assert res.exit_code == 2 and "openai:" not in res.output
+    one_error(res, "HDEVAL_LLM is empty")
+    assert run_cli("train", *task, "--llm", "fake").exit_code == 0  # --llm given: the variable is not read
+
+
+def test_the_library_refuses_an_empty_llm_or_a_builtin_in_another_case(monkeypatch, tmp_path: Path) -> None:
+    from hdeval import train
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.backends.factory import make_backend, resolve_llm
+    from hdeval.llm.config import LLMConfig
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    for llm, said in (("", "--llm is empty"), (" ", "--llm is empty"), ("FAKE", "did you mean 'fake'")):
+        with pytest.raises(ConfigError, match=said):
+            train(task=str(EXAMPLES / "qa_task.toml"), llm=llm, layers=1, cache_dir=str(tmp_path / "c"))
+        with pytest.raises(ConfigError, match=said):
+            make_backend(LLMConfig(model=llm), offline=True)
+    with pytest.raises(ConfigError, match="--llm is empty"):
+        resolve_llm("")
+    with pytest.raises(ConfigError, match="HDEVAL_LLM is empty"):
+        resolve_llm(None, {"HDEVAL_LLM": " ", "OPENAI_API_KEY": "sk-test-not-used"})
+    assert resolve_llm(None, {"OPENAI_API_KEY": "sk-test-not-used"}) == "gpt-4o-mini"
+
+
+def test_a_jury_file_judge_with_an_empty_llm_or_a_builtin_in_another_case_is_refused(tmp_path: Path) -> None:
+    for llm, said in (("FAKE", "did you mean 'fake'"), (" ", "llm is empty")):
+        jury = tmp_path / "jury.toml"
+        jury.write_text(f'[[judge]]\nname = "a"\nllm = "{llm}"\n[[judge]]\nname = "b"\nllm = "fake"\n')
+        res = run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--layers", "1", "--jury", jury, "--dry-run")
+        assert res.exit_code == 2
+        one_error(res, f"{jury}: judge 'a': ", said)
 
 
 def test_the_library_refuses_a_typo_of_a_builtin_llm_as_the_cli_does(monkeypatch) -> None:

@@ -4,7 +4,7 @@ DnA weights that overflow, requests that cannot be exported, an LLM model that i
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, one_error, run_cli, trained_toy_artifact
 
 
 def test_a_query_secret_in_the_base_url_is_never_printed_by_the_dry_run(tmp_path):
@@ -106,3 +106,75 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(args, line):
 def test_no_arguments_still_shows_the_help_page():
     r = _as_hdeval()
     assert "Usage: hdeval" in r.output and "Commands:" in r.output
+
+
+BAD_URLS = ["http://[bad/v1", "http://u:SECRETPW@[bad/v1", "http://[x/v1?api-key=SECRETQ"]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_base_url_urllib_cannot_read_is_one_line_without_its_credentials(tmp_path, url):
+    """'http://[bad/v1' ended in urllib's ValueError traceback (Invalid IPv6 URL), in the option's
+    check, in apply's identity, in the backend, and in the redactor reporting the error."""
+    task = ["--task", REPO / "examples" / "qa_task.toml", "--layers", "1", "--cache-dir", tmp_path / "c"]
+    for llm in (["--llm", "m1"], ["--llm", "fake"]):
+        r = run_cli("train", *task, *llm, "--base-url", url, "--dry-run")
+        assert r.exit_code == 2 and "SECRET" not in r.output
+        one_error(r, "--base-url is not a valid URL (Invalid IPv6 URL)")
+
+
+def test_apply_with_a_base_url_urllib_cannot_read_is_one_line_with_or_without_llm(tmp_path, monkeypatch):
+    art, data = trained_toy_artifact(tmp_path, layers=1), tmp_path / "toy.jsonl"
+    for url in BAD_URLS:
+        for llm in ([], ["--llm", "m1"]):
+            r = run_cli("apply", art, data, *llm, "--base-url", url, "-o", tmp_path / "o.jsonl")
+            assert r.exit_code == 2 and "SECRET" not in r.output
+            one_error(r, "--base-url is not a valid URL (Invalid IPv6 URL)")
+    monkeypatch.setenv("HDEVAL_BASE_URL", BAD_URLS[1])
+    r = run_cli("apply", art, data, "-o", tmp_path / "o.jsonl")
+    assert "SECRET" not in r.output
+    one_error(r, "HDEVAL_BASE_URL is not a valid URL (Invalid IPv6 URL)")
+
+
+def test_a_jury_judge_base_url_urllib_cannot_read_names_the_file_and_judge(tmp_path):
+    jury = tmp_path / "jury.toml"
+    jury.write_text('[[judge]]\nname = "a"\nllm = "m"\nbase_url = "http://u:SECRETPW@[x/v1"\n'
+                    '[[judge]]\nname = "b"\nllm = "fake"\n')
+    r = run_cli("train", "--task", REPO / "examples" / "qa_task.toml", "--layers", "1", "--jury", jury,
+                "--cache-dir", tmp_path / "c", "--dry-run")
+    assert r.exit_code == 2 and "SECRET" not in r.output
+    one_error(r, f"{jury}: judge 'a': base_url is not a valid URL (Invalid IPv6 URL)")
+
+
+def test_the_library_refuses_a_base_url_urllib_cannot_read_in_one_line(monkeypatch):
+    from hdeval.core.errors import ConfigError
+    from hdeval.llm.backends.openai_compat import OpenAICompatBackend
+    from hdeval.llm.config import LLMConfig
+
+    for url in BAD_URLS:
+        with pytest.raises(ConfigError, match=r"^--base-url is not a valid URL \(Invalid IPv6 URL\)$"):
+            LLMConfig(model="m", base_url=url).check()
+        with pytest.raises(ConfigError, match=r"^--base-url is not a valid URL \(Invalid IPv6 URL\)$"):
+            OpenAICompatBackend("m", base_url=url, api_key="k")
+    with pytest.raises(ConfigError, match="--base-url is empty"):
+        LLMConfig(model="m", base_url=" ").check()
+    monkeypatch.setenv("HTTPS_PROXY", "http://u:SECRETPW@[bad:1")
+    with pytest.raises(ConfigError, match=r"proxy .* is not a valid URL \(Invalid IPv6 URL\)") as refused:
+        OpenAICompatBackend("m", base_url="https://127.0.0.1:9/v1", api_key="k")
+    assert "SECRET" not in str(refused.value)
+
+
+def test_urls_urllib_cannot_read_are_shown_and_redacted_without_raising():
+    """The redactor ran on every error line with the command's --base-url: on 'http://[bad/v1' it
+    raised while an error was being reported (two chained tracebacks)."""
+    from hdeval.core.redaction import Redactor, url_secrets
+    from hdeval.core.urls import keyed_identity, public_identity, public_url, unreadable
+
+    url = "http://u:SECRETPW@[bad/v1?api-key=SECRETQ#FRAG"
+    assert unreadable(url) == "Invalid IPv6 URL" and unreadable("http://u:p@h:9/v1?k=v") is None
+    assert public_url(url) == "http://[bad/v1"
+    assert "SECRET" not in public_identity(f"openai:m@{url}", url)
+    assert keyed_identity("openai:m@http://[bad/v1", url)  # no raise
+    assert {"SECRETPW", "SECRETQ"} <= url_secrets(url)
+    text = Redactor(None, url)(f"error: {url} refused; key SECRETPW, query SECRETQ")
+    assert "SECRET" not in text
+    assert "SECRET" not in Redactor.from_env(url)(url)

@@ -315,3 +315,56 @@ def test_an_options_model_made_directly_gets_the_same_checks_as_one_built_by_nam
             model().replace(**bad)
         with pytest.raises(ConfigError, match=f"{model.__name__} takes no option"):  # unknown names
             model(colour="blue")
+
+
+def test_train_with_a_base_url_and_no_llm_says_it_needs_one(tmp_path, monkeypatch):
+    """train --base-url URL without --llm ignored the URL: it trained the embedded model (or, with
+    a key set, asked that server for gpt-4o-mini, a model it may not run)."""
+    from pathlib import Path
+
+    task = ["--task", Path(__file__).resolve().parent.parent / "examples" / "qa_task.toml", "--layers", "1",
+            "--cache-dir", tmp_path / "c", "--base-url", "http://127.0.0.1:9/v1"]
+    for extra in ([], ["--dry-run"]):
+        one_error(run_cli("train", *task, *extra, "-o", tmp_path / "art"), "--base-url needs --llm MODEL")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    res = run_cli("train", *task, "--dry-run")
+    assert res.exit_code == 2 and "gpt-4o-mini" not in res.output
+    one_error(res, "--base-url needs --llm MODEL")
+    from hdeval import train
+
+    with pytest.raises(ConfigError, match="--base-url needs --llm MODEL"):
+        train(task=str(task[1]), layers=1, base_url="http://127.0.0.1:9/v1", cache_dir=str(tmp_path / "c"))
+    monkeypatch.setenv("HDEVAL_LLM", "my-model")  # the model, named another way
+    assert run_cli("train", *task, "--dry-run").exit_code == 0
+
+
+@pytest.mark.parametrize("aspects, said", [
+    (",,", "--aspects is empty"), ("", "--aspects is empty"), (" , ", "--aspects is empty"),
+    ("clarity,clarity", "--aspects names 'clarity' twice"), ("clarity, accuracy,clarity", "names 'clarity' twice"),
+])
+def test_an_empty_or_repeated_aspects_list_is_one_line(tmp_path, aspects, said):
+    """--aspects ",," (or "") trained on every aspect, as if not given; clarity,clarity was recorded
+    as ['clarity', 'clarity']."""
+    from pathlib import Path
+
+    task = Path(__file__).resolve().parent.parent / "examples" / "qa_task.toml"
+    res = run_cli("train", "--task", task, "--layers", "1", "--llm", "fake", "--aspects", aspects,
+                  "--cache-dir", tmp_path / "c", "--dry-run")
+    assert res.exit_code == 2
+    one_error(res, said)
+    from hdeval import train
+
+    with pytest.raises(ConfigError, match=said):
+        train(task=str(task), llm="fake", layers=1, aspects=aspects, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ConfigError, match=said):
+        train(task=str(task), llm="fake", layers=1, cache_dir=str(tmp_path / "c"),
+              aspects=[a.strip() for a in aspects.split(",") if a.strip()])
+
+
+def test_a_subset_of_aspects_is_still_taken_and_recorded_once(tmp_path):
+    from pathlib import Path
+
+    task = Path(__file__).resolve().parent.parent / "examples" / "qa_task.toml"
+    config = TrainConfig.from_options(task=str(task), llm="fake", aspects=" accuracy ,")
+    config.check()
+    assert config.aspects == ("accuracy",) and config.public()["aspects"] == ["accuracy"]

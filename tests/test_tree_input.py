@@ -413,3 +413,30 @@ def test_an_artifacts_tree_json_with_line_ends_a_decomposition_wrote_is_taken_by
     bad = {"criteria": [*written["criteria"][:2], {**written["criteria"][2], "definition": "Plain.\x1b[2J"}]}
     with pytest.raises(ConfigError, match=r"criteria\[2\]\.definition: holds a control character"):
         parse_tree(bad, task, "art/tree.json")
+
+
+def test_a_tree_file_and_an_artifacts_tree_json_saved_with_a_bom_are_read(toy, tmp_path: Path) -> None:
+    """An editor that saves UTF-8 with a byte-order mark made tree.json 'not valid JSON (Unexpected
+    UTF-8 BOM)', where data and task files take one; the checksum still covers the bytes."""
+    from hdeval.methods.registry import load_artifact
+
+    tree = tmp_path / "tree.json"
+    tree.write_bytes(b"\xef\xbb\xbf" + json.dumps(TREE2).encode("utf-8"))
+    ev = run(toy, tmp_path, tree=str(tree), layers=2, backend=FakeBackend())
+    assert sorted(ev.feature_keys) == sorted(c["key"] for c in TREE2["criteria"])
+    art = ev.save(tmp_path / "art")
+    stored = art / "tree.json"
+    stored.write_bytes(b"\xef\xbb\xbf" + stored.read_bytes())  # re-saved by an editor, words unchanged
+    again = load_artifact(art)
+    assert again.tree == ev.tree
+    assert any("tree.json was edited after training" in w for w in again.warnings)  # the bytes differ
+    fake = FakeBackend()
+    assert run(toy, tmp_path, tree=str(art), layers=2, backend=fake).tree == ev.tree and fake.calls == 0
+
+
+def test_a_jury_file_saved_with_a_bom_is_read(tmp_path: Path) -> None:
+    from hdeval.methods.jury import read_jury
+
+    jury = tmp_path / "jury.toml"
+    jury.write_bytes(b"\xef\xbb\xbf" + b'[[judge]]\nname = "a"\nllm = "fake"\n[[judge]]\nname = "b"\nllm = "local"\n')
+    assert [j.name for j in read_jury(jury)] == ["a", "b"]

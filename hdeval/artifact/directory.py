@@ -198,7 +198,9 @@ class ArtifactReader:
 
     def json(self, name: str) -> Any:
         try:
-            return json.loads(self.text(name))
+            # utf-8-sig: an editor may put a byte-order mark in front of a file it saves (tree.json);
+            # the checksum still covers the bytes as they are
+            return json.loads(self.text(name).removeprefix("\ufeff"))
         except (ValueError, RecursionError) as exc:  # ValueError: also an integer longer than int() reads
             raise ArtifactError(f"{self.path / name}: unreadable (not valid JSON: {exc})") from exc
 
@@ -487,7 +489,12 @@ def open_artifact(path: str | Path, editable: tuple[str, ...] = ()) -> ArtifactR
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{mpath} is not an hdeval artifact manifest")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+    if "format_version" not in manifest:
+        raise ArtifactError(f"{mpath}: 'format_version' is missing")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        # "4" or 4.0 is an edited manifest, not one from a newer hdeval
+        raise ArtifactError(f"{mpath}: 'format_version' must be a whole number, got {version!r}")
+    if version > FORMAT_VERSION:
         raise ArtifactError(
             f"{path} was written by hdeval {manifest.get('hdeval_version', '?')} (artifact "
             f"format {version}); this hdeval {__version__} reads format {FORMAT_VERSION} or "

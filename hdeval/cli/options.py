@@ -3,21 +3,20 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import click
 
-from hdeval.llm.backends.factory import BUILTIN_LLMS, did_you_mean, edits, typo_refusal
+from hdeval.llm.config import BUILTIN_LLMS, base_url_problem, did_you_mean, edits, llm_problem, typo_refusal
 
 
 def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
     """(model, server) of a model the reply cache has recorded a run of at the server ``llm``
     would go to, a typo away from ``llm`` (which it has no run of); None when there is none."""
-    if not llm or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
+    if not llm or not llm.strip() or any(c in llm for c in ":@") or llm.strip().lower() in BUILTIN_LLMS:
         return None
-    from urllib.parse import urlsplit
-
     from hdeval.core.urls import public_url
     from hdeval.llm.eta import seen_models
 
@@ -26,7 +25,7 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
         server = (public_url(base_url.strip()) or "").rstrip("/")
         here = [m for m, url in seen if url.rstrip("/") == server]
     else:  # OpenAI's API, whatever path the run recorded
-        here = [m for m, url in seen if (urlsplit(url).hostname or "").lower() == "api.openai.com"]
+        here = [m for m, url in seen if _host(url) == "api.openai.com"]
         server = "https://api.openai.com/v1"
     if llm in here:
         return None
@@ -36,14 +35,39 @@ def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None
     return (near[0][1], server) if near and near[0][0] <= limit else None
 
 
+def _host(url: str) -> str:
+    """The host of a URL the cache recorded ("" for one urllib cannot read: the file may be anyone's)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+def _given_as(ctx: click.Context, name: str, flag: str, env: str) -> str:
+    """How the user named option ``name``: its flag, or the environment variable it came from."""
+    from_env = ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT
+    return env if from_env else flag
+
+
 def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Called for --llm, --base-url and --cache-dir (each, given or not): the last checks them."""
     ctx.meta[f"hdeval.{param.name}"] = value
     if {"hdeval.llm", "hdeval.base_url", "hdeval.cache_dir"} <= ctx.meta.keys():
         given, base_url = ctx.meta["hdeval.llm"], ctx.meta["hdeval.base_url"]
-        for llm in (
-            given if isinstance(given, tuple) else (given,)
-        ):  # train's --llm may be given more than once
+        llms = given if isinstance(given, tuple) else (given,)  # train's --llm may be given more than once
+        typed = ctx.get_parameter_source("llm") == click.core.ParameterSource.COMMANDLINE
+        if not typed and not os.environ.get("HDEVAL_LLM", "x").strip():
+            # click reads an empty variable as unset: the default LLM (OpenAI with a key) is no
+            # answer to HDEVAL_LLM=$LLM with LLM unset
+            raise click.UsageError("HDEVAL_LLM is empty: unset it or give a model name", ctx=ctx)
+        problem = base_url_problem(base_url, _given_as(ctx, "base_url", "--base-url", "HDEVAL_BASE_URL"))
+        if problem:  # before anything reads it (the cache's did-you-mean below, the redactor)
+            raise click.UsageError(problem, ctx=ctx)
+        for llm in llms:
+            if llm is not None and not llm.strip():
+                raise click.UsageError(llm_problem(llm, base_url) or "--llm is empty", ctx=ctx)
             guess = did_you_mean(llm, base_url)
             if guess:
                 raise click.BadParameter(
@@ -51,6 +75,9 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
                     ctx=ctx,
                     param_hint="--llm",
                 )
+            problem = llm_problem(llm, base_url)
+            if problem:
+                raise click.UsageError(problem, ctx=ctx)
             # a warning, not a refusal: gpt-4o and gpt-4 are both real models, one edit apart
             seen = seen_model_near(llm, base_url, ctx.meta["hdeval.cache_dir"])
             if seen:

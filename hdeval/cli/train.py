@@ -14,7 +14,7 @@ from hdeval.cli.boundary import guarded
 from hdeval.cli.options import ModelOption, batch_option, chosen_method_options, llm_options, method_options
 from hdeval.cli.progress import TerminalProgress, _end_open_line
 from hdeval.core.errors import ConfigError, HdevalError
-from hdeval.llm.config import shown_identity
+from hdeval.llm.config import BASE_URL_NEEDS_LLM, shown_identity
 
 _RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults and help
 
@@ -151,6 +151,8 @@ def train(
     config = TrainConfig.from_options(**options)
     if config.jury:  # the file names the judges: the first is the run's LLM (notices, the artifact)
         config = config.replace(llm=config.jury_judges()[0].llm)
+    if config.base_url is not None and config.llm is None:  # not --llm local, nor a dry run's default
+        raise ConfigError(BASE_URL_NEEDS_LLM)
     if config.data is None:
         fetch_missing_task_data(config.task, offline=offline)
     if dry_run and export_file is not None:

@@ -72,15 +72,28 @@ def _userinfo_forms(netloc: str) -> set[str]:
     return forms | secret_forms(password) | secret_forms(unquote(password))
 
 
+def _netloc_and_query(url: str) -> tuple[str, str]:
+    """A URL's authority and query; for one urllib refuses (``http://u:pw@[bad/v1``), cut by hand
+    and wide: everything before its last ``@`` is taken as the credentials, so the redactor that
+    reports the refusal never raises and leaves no part of them."""
+    try:
+        parts = urlsplit(url)
+        return parts.netloc, parts.query
+    except ValueError:
+        rest = url.partition("://")[2] or url
+        return rest, rest.partition("?")[2].partition("#")[0]
+
+
 def url_secrets(url: str | None) -> set[str]:
-    """The secret forms a URL holds: its ``user:password`` and its query (whole and each value)."""
+    """The secret forms a URL holds: its ``user:password`` and its query (whole and each value).
+    Never raises: a URL that cannot be parsed gives what can be cut from it."""
     if not url:
         return set()
-    parts = urlsplit(url.strip())
-    forms = _userinfo_forms(parts.netloc)
-    if parts.query:
-        forms |= {parts.query, unquote(parts.query)} | secret_forms(parts.query)
-        for _, value in parse_qsl(parts.query):
+    netloc, query = _netloc_and_query(url.strip())
+    forms = _userinfo_forms(netloc)
+    if query:
+        forms |= {query, unquote(query)} | secret_forms(query)
+        for _, value in parse_qsl(query):
             forms |= secret_forms(value)
     return forms
 
@@ -89,7 +102,7 @@ def proxy_secrets() -> set[str]:
     """The ``user:password`` forms of every proxy the environment names (``HTTP_PROXY`` ...)."""
     forms: set[str] = set()
     for proxy in urllib.request.getproxies_environment().values():
-        forms |= _userinfo_forms(urlsplit(proxy if "://" in proxy else "http://" + proxy).netloc)
+        forms |= _userinfo_forms(_netloc_and_query(proxy if "://" in proxy else "http://" + proxy)[0])
     return forms
 
 

@@ -4,7 +4,39 @@ from __future__ import annotations
 
 import re
 from typing import Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+
+def unreadable(url: str) -> str | None:
+    """Why urllib cannot split ``url`` into its parts, in words that quote none of it (its own
+    may quote the host part, credentials and all); None when it can."""
+    try:
+        urlsplit(url.strip())
+    except ValueError as exc:
+        text = str(exc)
+        if text == "Invalid IPv6 URL":
+            return text
+        if "NFKC" in text:
+            return "its host part holds characters that Unicode normalisation changes"
+        if "IPv4 or IPv6" in text:
+            return "its host in brackets is no IP address"
+        return "its host part cannot be read"
+    return None
+
+
+def _split(url: str) -> SplitResult:
+    """``urlsplit(url)``, or for a URL it refuses (``http://[bad/v1``) the same parts cut by hand:
+    what is shown or written of a URL never depends on the URL being valid."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            scheme, rest = "", url
+        rest, _, fragment = rest.partition("#")
+        rest, _, query = rest.partition("?")
+        netloc, slash, path = rest.partition("/") if sep else ("", "", rest)
+        return SplitResult(scheme, netloc, slash + path, query, fragment)
 
 
 def public_url(url: str | None) -> str | None:
@@ -18,7 +50,7 @@ def public_url(url: str | None) -> str | None:
     at = rest.rfind("@")
     if at >= 0:
         rest = rest[at + 1 :]
-    parts = urlsplit(f"{scheme}://{rest}" if sep else rest)
+    parts = _split(f"{scheme}://{rest}" if sep else rest)
     return urlunsplit(parts._replace(query="", fragment=""))
 
 
@@ -46,7 +78,7 @@ def public_identity(identity: str, url: str | None) -> str:
     """A backend identity without the query or fragment of ``url`` (which it may quote)."""
     if not url or not identity:
         return identity
-    parts = urlsplit(url)
+    parts = _split(url)
     for secret in (parts.query and "?" + parts.query, parts.fragment and "#" + parts.fragment):
         if secret:
             identity = identity.replace(secret, "")
@@ -63,7 +95,7 @@ def keyed_identity(identity: str, url: str | None, suffixes: Sequence[str] = ())
     (the query goes before a ``+<dialect>`` the identity ends with)."""
     if not url or not identity:
         return identity
-    parts = urlsplit(url.strip())
+    parts = _split(url.strip())
     if not parts.query and not parts.fragment:
         return identity
     tail = next((x for x in suffixes if identity.endswith(x)), "")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
+from hdeval.core.errors import ConfigError
 from hdeval.core.paths import default_cache_dir
 from hdeval.llm.backends.base import Backend
 from hdeval.llm.backends.factory import make_backend, resolve_llm
 from hdeval.llm.cache.client import CachedBackend
-from hdeval.llm.config import LLMConfig
+from hdeval.llm.config import BASE_URL_NEEDS_LLM, LLMConfig
 
 
 def resolved(config: LLMConfig) -> LLMConfig:
     """The same config with ``model`` resolved to a concrete name (``--llm``, ``HDEVAL_LLM``,
-    an API key, the embedded model)."""
+    an API key, the embedded model). A server with no model named for it is refused: the default
+    (the embedded model, or gpt-4o-mini) would ignore it or ask it for a model it may not run."""
+    if config.model is None and config.base_url is not None and not os.environ.get("HDEVAL_LLM"):
+        raise ConfigError(BASE_URL_NEEDS_LLM)
     return config.replace(model=resolve_llm(config.model))
 
 

@@ -24,6 +24,83 @@ DIALECTS = ("auto", "openai", "llama.cpp", "vllm")
 DIALECT_ENV = "HDEVAL_LLM_DIALECT"
 
 
+#: the names that never go to a server: a name a typo away from one is refused, not sent to OpenAI
+BUILTIN_LLMS = ("fake", "local")
+# the built-ins named with something after a colon: fake:OPTIONS, llamacpp:/path/model.gguf
+_PREFIXES = ("fake", "llamacpp")
+
+
+def edits(a: str, b: str) -> int:
+    """Levenshtein distance (the names compared are a few characters long)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _near(name: str, builtin: str) -> bool:
+    return edits(name, builtin) <= (1 if len(builtin) <= 4 else 2)
+
+
+def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
+    """The built-in ``llm`` was meant as, when it would go to OpenAI as a model of that name
+    instead: a typo of one (``fak``, ``locl``), one in another case or with spaces around it
+    (``FAKE``, ``"fake "``), or such a prefix (``Fake:garbage=0.1``). None with ``base_url``: a
+    server's own model name."""
+    if not llm or base_url or not llm.strip():
+        return None
+    head, colon, tail = llm.partition(":")
+    if colon:
+        name = head.strip().lower()
+        close = [p for p in _PREFIXES if head != p and _near(name, p)]
+        return f"{close[0]}:{tail}" if close else None
+    if any(c in llm for c in "/@"):
+        return None
+    name = llm.strip().lower()
+    close = [b for b in BUILTIN_LLMS if llm != b and _near(name, b)]
+    return close[0] if close else None
+
+
+def typo_refusal(llm: str, guess: str) -> str:
+    """Why a name a typo away from a built-in is not sent to OpenAI (the CLI's and the library's)."""
+    return (
+        f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: did you mean "
+        f"{guess!r}? (a server's model of that name: give --base-url)"
+    )
+
+
+def llm_problem(llm: str | None, base_url: str | None, what: str = "--llm") -> str | None:
+    """Why the model name ``llm`` is refused (empty, or a built-in's typo bound for OpenAI), as one
+    line naming ``what`` gave it; None when it is not."""
+    if llm is None:
+        return None
+    if not llm.strip():
+        return f"{what} is empty: give a model name (fake, local, gpt-4o-mini, ...)"
+    guess = did_you_mean(llm, base_url)
+    if guess:
+        return f"{what} {typo_refusal(llm, guess)}"
+    head, colon, _ = llm.partition(":")
+    if colon and not base_url and head.strip().lower() == "local":  # else OpenAI's model "local:..."
+        return f"{what} {llm!r}: 'local' takes no options (another GGUF model: llamacpp:/path/model.gguf)"
+    return None
+
+
+BASE_URL_NEEDS_LLM = "--base-url needs --llm MODEL (the model that server runs)"
+
+
+def base_url_problem(url: str | None, what: str = "--base-url") -> str | None:
+    """Why ``url`` cannot be a server's base URL before anything is asked of it (empty, or not
+    readable as a URL), as one line that quotes none of it; None when it can."""
+    if url is None:
+        return None
+    if not url.strip():
+        return f"{what} is empty: give the server's URL, e.g. http://localhost:8000/v1"
+    reason = urls.unreadable(url)
+    return f"{what} is not a valid URL ({reason})" if reason else None
+
+
 # what an identity appends after its base URL (OpenAICompatBackend.identity): "+<dialect>"
 _SUFFIXES = tuple(f"+{d}" for d in DIALECTS)
 
@@ -134,6 +211,9 @@ class LLMConfig(LLMSettings):
         """The one check of the LLM options (the CLI, the Python API and benchmark all build an
         LLMConfig): a one-line ConfigError naming the option."""
         self.check_llm_settings()
+        problem = base_url_problem(self.base_url) or llm_problem(self.model, self.base_url)
+        if problem:
+            raise ConfigError(problem)
         if self.dialect not in (None, *DIALECTS):
             raise ConfigError(
                 f"the LLM server dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}"

@@ -80,8 +80,9 @@ class Judge:
         }
 
 
-def read_jury(path: str | Path) -> tuple[Judge, ...]:
-    """The judges of a jury TOML file; a one-line ConfigError naming the file and the field."""
+def read_jury(path: str | Path, base_url: str | None = None) -> tuple[Judge, ...]:
+    """The judges of a jury TOML file; a one-line ConfigError naming the file and the field.
+    ``base_url``: the run's server, a judge's without its own (its model names are the server's)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11
@@ -97,7 +98,7 @@ def read_jury(path: str | Path) -> tuple[Judge, ...]:
     if len(raw) > MAX_JURY_BYTES:
         raise ConfigError(f"{path}: a jury file is at most {MAX_JURY_BYTES} bytes")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # an editor may put a byte-order mark in front
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not a TOML file ({exc})") from None
     _, JuryFile = judge_models()
@@ -107,6 +108,14 @@ def read_jury(path: str | Path) -> tuple[Judge, ...]:
         err = exc.errors()[0]
         where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(".[", "[")
         raise ConfigError(f"{path}: {where or 'judge'}: {err['msg']}") from None
+    from hdeval.llm.config import base_url_problem, llm_problem
+
+    for j in jury.judge:  # as --llm and --base-url are checked: "FAKE" or "" would go to OpenAI
+        problem = base_url_problem(j.base_url, "base_url") or llm_problem(
+            j.llm, j.base_url or base_url, "llm"
+        )
+        if problem:
+            raise ConfigError(f"{path}: judge {j.name!r}: {problem}")
     return tuple(Judge(**j.model_dump()) for j in jury.judge)
 
 

@@ -100,7 +100,7 @@ def _recorded(ev: Any, key: str) -> Any:
             return value
     path = Path(ev.path) / "manifest.json" if getattr(ev, "path", None) else None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8")) if path else None
+        manifest = json.loads(path.read_text(encoding="utf-8-sig")) if path else None
     except (OSError, ValueError):
         manifest = None
     return manifest.get(key) if isinstance(manifest, dict) else None

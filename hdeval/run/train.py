@@ -120,6 +120,14 @@ class TrainConfig(LLMSettings):
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        if self.aspects is not None:  # --aspects ",," is no subset: it trained on every aspect
+            if not self.aspects:
+                raise ConfigError(
+                    "--aspects is empty: name the aspects to train on, e.g. --aspects clarity,accuracy"
+                )
+            twice = next((a for i, a in enumerate(self.aspects) if a in self.aspects[:i]), None)
+            if twice is not None:
+                raise ConfigError(f"--aspects names {twice!r} twice")
         llm_config(self).check()
         if self.judges or self.jury or self.prune_judges:
             check_jury_options(self)
@@ -129,7 +137,7 @@ class TrainConfig(LLMSettings):
         from hdeval.methods.jury import judges_of_llms, read_jury
 
         if self.jury:
-            return read_jury(self.jury)
+            return read_jury(self.jury, self.base_url)
         if self.judges:
             return judges_of_llms((self.llm or "", *self.judges), self.base_url)
         return ()

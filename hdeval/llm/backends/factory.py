@@ -9,47 +9,30 @@ from typing import Any, Callable, Mapping
 
 from hdeval.core.errors import ConfigError
 from hdeval.llm.backends.base import Backend
-from hdeval.llm.config import DEFAULT_CONCURRENCY, DIALECT_ENV
+from hdeval.llm.config import (  # the names' checks live with the settings they check; importable here too
+    BUILTIN_LLMS,  # noqa: F401
+    DEFAULT_CONCURRENCY,
+    DIALECT_ENV,
+    did_you_mean,  # noqa: F401
+    edits,  # noqa: F401
+    llm_problem,
+    typo_refusal,  # noqa: F401
+)
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
-#: the names that never go to a server: a name a typo away from one is refused, not sent to OpenAI
-BUILTIN_LLMS = ("fake", "local")
-
-
-def edits(a: str, b: str) -> int:
-    """Levenshtein distance (the names compared are a few characters long)."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
-def did_you_mean(llm: str | None, base_url: str | None) -> str | None:
-    """``--llm fak`` would go to OpenAI as a model named "fak": the built-in it is a typo of."""
-    if not llm or base_url or any(c in llm for c in ":/@"):
-        return None
-    name = llm.strip().lower()
-    close = [b for b in BUILTIN_LLMS if name != b and edits(name, b) <= (1 if len(b) <= 4 else 2)]
-    return close[0] if close else None
-
-
-def typo_refusal(llm: str, guess: str) -> str:
-    """Why a name a typo away from a built-in is not sent to OpenAI (the CLI's and the library's)."""
-    return (
-        f"{llm!r} is no built-in LLM and would be sent to OpenAI as a model name: did you mean "
-        f"{guess!r}? (a server's model of that name: give --base-url)"
-    )
 
 
 def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> str:
     """Default LLM resolution: ``--llm``/``HDEVAL_LLM``; else OpenAI when ``OPENAI_API_KEY`` is
     set; else the embedded local model when the ``local`` extra is installed; else an error."""
     env = os.environ if env is None else env
-    if explicit:
+    if explicit is not None:  # "" is what --llm "$LLM" gives with LLM unset: never the default
+        if not explicit.strip():
+            raise ConfigError(llm_problem(explicit, None) or "--llm is empty")
         return explicit
-    if env.get("HDEVAL_LLM"):
+    if "HDEVAL_LLM" in env:
+        if not env["HDEVAL_LLM"].strip():
+            raise ConfigError("HDEVAL_LLM is empty: unset it or give a model name")
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
@@ -119,9 +102,9 @@ def _local(config: Any, offline: bool) -> Backend:
 def _openai(config: Any, offline: bool) -> Backend:
     from hdeval.llm.backends.openai_compat import OpenAICompatBackend
 
-    guess = did_you_mean(config.model, config.base_url)
-    if guess:  # as the CLI refuses it, for a caller of the library (ev.score(llm="fakee"))
-        raise ConfigError(f"llm {typo_refusal(config.model, guess)}")
+    problem = llm_problem(config.model, config.base_url)
+    if problem:  # as the CLI refuses it, for a caller of the library (ev.score(llm="fakee"))
+        raise ConfigError(problem)
 
     return OpenAICompatBackend(
         model=config.model,

@@ -37,6 +37,9 @@ def responder(kind: str) -> Callable[[Responder], Responder]:
     return register
 
 
+_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")  # "" : fake:logprobs
+
+
 @dataclass
 class FakeBackend:
     """``garbage``: share of scoring replies that are unparseable prose (such a fake does not
@@ -66,14 +69,25 @@ class FakeBackend:
 
     @classmethod
     def from_spec(cls, spec: str) -> "FakeBackend":
+        """``fake`` or ``fake:garbage=0.1,logprobs=0``; a bad option is one ConfigError naming it."""
         kwargs: dict = {}
         _, _, opts = spec.partition(":")
         for part in filter(None, opts.split(",")):
-            name, _, value = part.partition("=")
+            name, eq, value = part.partition("=")
             if name == "garbage":
-                kwargs["garbage"] = float(value)
+                try:
+                    share = float(value)
+                except ValueError:
+                    raise ConfigError(f"--llm {spec}: {value!r} is not a number") from None
+                if not 0 <= share <= 1:  # NaN fails too
+                    raise ConfigError(
+                        f"--llm {spec}: garbage is a share of replies, from 0 to 1; got {value}"
+                    )
+                kwargs["garbage"] = share
             elif name == "logprobs":
-                kwargs["logprobs"] = value not in ("0", "false", "no")
+                if value.lower() not in _ON + _OFF or (eq and not value):
+                    raise ConfigError(f"--llm {spec}: logprobs is 0 or 1 (on or off), got {value!r}")
+                kwargs["logprobs"] = value.lower() not in _OFF
             else:
                 raise ConfigError(f"unknown fake backend option {name!r} in --llm {spec}")
         return cls(record=False, **kwargs)

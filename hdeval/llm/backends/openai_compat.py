@@ -32,7 +32,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from hdeval import __version__
 from hdeval.core.errors import BackendError, ConfigError, RequestRejected, RetriesExhausted, one_line
 from hdeval.core.redaction import Redactor
-from hdeval.core.urls import public_url
+from hdeval.core.urls import public_url, unreadable
 from hdeval.llm import aio
 from hdeval.llm.backends.base import Completion, CompletionRequest, Message, chat_completion, token_count
 from hdeval.llm.backends.constraints import Labels, Scale, constraint_of, to_gbnf, to_openai_params
@@ -176,6 +176,9 @@ def check_url(url: str) -> None:
             "--base-url holds a space or a control character: give the URL alone "
             "(percent-encode a space in it as %20)"
         )
+    reason = unreadable(url)
+    if reason:
+        raise ConfigError(f"--base-url is not a valid URL ({reason})")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--base-url must be an http:// or https:// URL, got {_shown(url)!r}")
@@ -489,6 +492,12 @@ class OpenAICompatBackend:
             user, _, password = parts.netloc.rpartition("@")[0].partition(":")
             self._headers["Authorization"] = "Basic " + _basic(user, password)
         self._proxy = proxy_for(url)
+        bad_proxy = self._proxy is not None and unreadable(self._proxy)
+        if bad_proxy:
+            raise ConfigError(
+                f"the proxy the environment names for {self.shown_url} is not a valid URL ({bad_proxy}): "
+                "fix it (HTTPS_PROXY, HTTP_PROXY or ALL_PROXY) or add the host to NO_PROXY"
+            )
         if self._proxy is not None and urlsplit(self._proxy).scheme not in ("http", "https"):
             raise ConfigError(
                 f"the proxy the environment names for {self.shown_url} ({_shown(self._proxy)}) is not an "

@@ -48,6 +48,11 @@ class HDEvalOptions(MethodOptions):
         check_aggregator(self.aggregator)
         if self.decompose_base_url and not self.decompose_llm:
             raise ConfigError("--decompose-base-url needs --decompose-llm MODEL (the model that server runs)")
+        from hdeval.llm.config import llm_problem
+
+        problem = llm_problem(self.decompose_llm, self.decompose_base_url, "--decompose-llm")
+        if problem:  # as --llm: "" is no "the scoring LLM", "FAKE" no model to send to OpenAI
+            raise ConfigError(problem)
         from hdeval.methods.comparisons import check_comparisons
 
         check_comparisons(self.comparisons)

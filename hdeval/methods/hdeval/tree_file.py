@@ -61,7 +61,7 @@ def read_tree(path: str | Path, task: Task) -> GivenTree:
     if len(raw) > MAX_TREE_BYTES:
         raise ConfigError(f"{where}: the tree file is larger than {MAX_TREE_BYTES} bytes")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"))  # an editor may put a byte-order mark in front
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: the tree file is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
