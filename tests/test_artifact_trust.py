@@ -122,6 +122,33 @@ def test_train_replaces_an_artifact_only_with_force(toy, tmp_path: Path, fake_ca
     assert siblings(out) == []
 
 
+def test_force_replaces_an_artifact_only_when_it_holds_nothing_of_the_users(
+    toy, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    # --force used to swap the folder and delete the old one whole: notes, a data file, a
+    # cache kept inside the artifact went with it
+    out = tmp_path / "art"
+    assert run(*train_args(toy, tmp_path, out)).exit_code == 0
+    assert run("report", str(out), "-q").exit_code == 0  # report/ is hdeval's own
+    first, calls = created(out), len(fake_calls)
+    (out / "NOTES.txt").write_text("mine")
+    (out / "prompts" / "my-draft.toml").write_text("draft")
+    (out / "keep").mkdir()
+    line = one_error(run(*train_args(toy, tmp_path, out, "--force")), f"refusing to replace the artifact in {out}")
+    assert "NOTES.txt" in line and "keep/" in line and "prompts/my-draft.toml" in line
+    assert len(fake_calls) == calls  # before any LLM call
+    assert created(out) == first and (out / "NOTES.txt").read_text() == "mine"
+    assert (out / "prompts" / "my-draft.toml").read_text() == "draft" and (out / "keep").is_dir()
+    with pytest.raises(ConfigError, match="NOTES.txt"):  # the library's save as well
+        Evaluator.load(out).save(out, force=True)
+    for mine in ("NOTES.txt", "prompts/my-draft.toml", "keep"):
+        p = out / mine
+        p.rmdir() if p.is_dir() else p.unlink()
+    result = run(*train_args(toy, tmp_path, out, "--force"))
+    assert result.exit_code == 0, result.output
+    assert created(out) != first and not (out / "report").exists()
+
+
 def test_train_into_an_empty_directory_is_fine(toy, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert run(*train_args(toy, tmp_path, tmp_path / "empty")).exit_code == 0

@@ -24,7 +24,11 @@ from hdeval.cli.progress import TerminalProgress
 @click.option(
     "--out", "-o", required=True, type=click.Path(file_okay=False), help="The new artifact directory."
 )
-@click.option("--force", is_flag=True, help="Replace an existing artifact at --out.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing artifact at --out that holds only what hdeval wrote there.",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="The refit's and the bootstrap's seed.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options

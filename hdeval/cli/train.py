@@ -54,7 +54,8 @@ _RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace an existing artifact at --out (never a directory that is not an artifact).",
+    help="Replace an existing artifact at --out that holds only what hdeval wrote there (never "
+    "a directory that is not an artifact).",
 )
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
