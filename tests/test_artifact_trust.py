@@ -149,6 +149,53 @@ def test_force_replaces_an_artifact_only_when_it_holds_nothing_of_the_users(
     assert created(out) != first and not (out / "report").exists()
 
 
+@pytest.mark.parametrize("inside", ["--data", "--cache-dir", "--task", "--tree", "--jury", "--export-requests"])
+@pytest.mark.parametrize("exists", [False, True])
+def test_train_refuses_an_output_that_holds_what_the_run_reads(
+    inside: str, exists: bool, toy, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    # -o NEW --cache-dir NEW/cache paid for every call and then refused NEW (no longer empty)
+    # for good; -o ART --data ART/x.jsonl --force deleted the data it trained on
+    task, data = toy
+    out = tmp_path / "art"
+    if exists:
+        assert run(*train_args(toy, tmp_path, out)).exit_code == 0
+        first = created(out)
+    where = {"--data": out / "mine.jsonl", "--cache-dir": out / "cache", "--task": out / "task.toml",
+             "--tree": out / "tree.json", "--jury": out / "jury.toml", "--export-requests": out / "req.jsonl"}[inside]
+    if inside in ("--data", "--task"):  # files that must exist to be read
+        where.parent.mkdir(exist_ok=True)
+        where.write_bytes((data if inside == "--data" else task).read_bytes())
+    args = [a if a != str(tmp_path / "cache") or inside != "--cache-dir" else str(where)
+            for a in train_args(toy, tmp_path, out, "--force")]
+    if inside == "--task":
+        args[args.index("--task") + 1] = str(where)
+    elif inside != "--cache-dir":
+        args += [inside, str(where)]
+    calls = len(fake_calls)
+    one_error(run(*args), f"-o {out} holds {inside} {where}", f"keep {inside} outside it")
+    assert len(fake_calls) == calls  # before any LLM call
+    if exists:
+        assert created(out) == first
+    if inside in ("--data", "--task"):  # still there, untouched
+        assert where.read_bytes() == (data if inside == "--data" else task).read_bytes()
+    elif not exists:
+        assert not out.exists()
+
+
+def test_refit_and_benchmark_refuse_an_output_that_holds_their_cache(
+    toy, artifact: Path, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    task, data = toy
+    new = tmp_path / "new"
+    one_error(run("refit", str(artifact), "--llm", "fake:logprobs=0", "--data", str(data), "-o", str(new),
+                  "--cache-dir", str(new / "cache"), "-q"), f"-o {new} holds --cache-dir {new / 'cache'}")
+    one_error(run("benchmark", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "1",
+                  "--methods", "direct", "-o", str(new), "--cache-dir", str(new / "cache"), "-q"),
+              f"-o {new} holds --cache-dir {new / 'cache'}")
+    assert fake_calls == [] and not new.exists()
+
+
 def test_train_into_an_empty_directory_is_fine(toy, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert run(*train_args(toy, tmp_path, tmp_path / "empty")).exit_code == 0

@@ -49,9 +49,11 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
     from hdeval.llm.config import LLMConfig, shown_identity
     from hdeval.methods.hdeval.refit import refit as run_refit
     from hdeval.methods.registry import load_artifact
+    from hdeval.run.output import refuse_inputs_inside, run_inputs
 
     if not llm.get("llm"):
         raise ConfigError("refit needs --llm NEW: the judge to score the artifact's rows with")
+    refuse_inputs_inside(out, run_inputs({"data": data, **llm}, "data", "cache_dir"))
     check_destination(out, force=force)
     ev = load_artifact(artifact)
     samples = read_task_samples(data, ev.task, require_labels=True)

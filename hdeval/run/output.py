@@ -10,7 +10,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hdeval.core.errors import ConfigError
 from hdeval.llm.request_files import write_in_place
@@ -83,6 +83,51 @@ def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: st
             f"{option} {output} is inside the LLM reply cache {cache_dir or cache}; "
             "write the output elsewhere"
         )
+
+
+def refuse_inputs_inside(
+    out: str | Path, inputs: Mapping[str, str | Path | None], option: str = "-o"
+) -> None:
+    """Refuse an output directory ``out`` that is or holds one of the run's inputs (``inputs``:
+    the option naming it -> its path, None when not given), before anything is read or paid:
+    replacing the directory would delete the input, and what a run writes into it (the reply
+    cache) makes a new directory one an artifact may no longer be saved into. Both the path as
+    given and the one its links lead to are compared."""
+    outs = {os.path.abspath(out), os.path.realpath(out)}
+    for name, given in inputs.items():
+        if given is None or str(given) in ("", "-"):
+            continue
+        for where in {os.path.abspath(given), os.path.realpath(given)}:
+            if any(_within(where, base) for base in outs):
+                raise ConfigError(
+                    f"{option} {out} holds {name} {given}: the output directory holds only what "
+                    f"hdeval writes there; keep {name} outside it, or choose another {option}"
+                )
+
+
+def run_inputs(options: Mapping[str, Any], *names: str) -> dict[str, str | None]:
+    """The files and directories a train, refit or benchmark run reads, by option, from its
+    CLI ``options``, for :func:`refuse_inputs_inside`: ``--task`` only when it is a file (else a
+    built-in name), the reply cache whether given or the default one."""
+    from hdeval.core.paths import default_cache_dir
+
+    found: dict[str, str | None] = {}
+    for name in names:
+        value = options.get(name)
+        if name == "task" and not (value is not None and os.path.exists(value)):
+            continue
+        found["--" + name.replace("_", "-")] = None if value is None else os.fspath(value)
+    if "cache_dir" in names and options.get("cache_dir") is None:
+        del found["--cache-dir"]
+        found["the LLM reply cache"] = os.fspath(default_cache_dir())
+    return found
+
+
+def _within(path: str, base: str) -> bool:
+    try:
+        return os.path.commonpath([base, path]) == base
+    except ValueError:  # another drive
+        return False
 
 
 def output_format(output: str) -> str:
