@@ -475,6 +475,32 @@ def test_report_does_not_write_through_a_symlink(artifact: Path, tmp_path: Path)
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["report.html", "report.json"])
+def test_report_replaces_a_users_file_only_with_force(name: str, artifact: Path, tmp_path: Path,
+                                                      monkeypatch) -> None:
+    # report -o DIR used to overwrite DIR/report.html or report.json of the user's without a word
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / name).write_text("mine")
+    with monkeypatch.context() as m:  # refused before the artifact is even loaded: nothing computed
+        m.setattr("hdeval.cli.report.load_artifact", lambda *a, **k: pytest.fail("loaded the artifact"))
+        result = run("report", str(artifact), "-o", str(out), "-q")
+    one_error(result, f"refusing to replace {out / name}", "hdeval report did not write it", "--force")
+    assert result.exit_code == 2 and sorted(os.listdir(out)) == [name] and (out / name).read_text() == "mine"
+    result = run("report", str(artifact), "-o", str(out), "-q", "--force")
+    assert result.exit_code == 0, result.output
+    assert (out / name).read_text() != "mine"
+    result = run("report", str(artifact), "-o", str(out), "-q")  # its own files: replaced without --force
+    assert result.exit_code == 0, result.output
+    # ARTIFACT/report is hdeval's folder: a page written there before the marker is replaced too
+    own = artifact / "report"
+    own.mkdir()
+    (own / name).write_text("an older hdeval's report")
+    result = run("report", str(artifact), "-q")
+    assert result.exit_code == 0, result.output
+    assert (own / name).read_text() != "an older hdeval's report"
+
+
 def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Path) -> None:
     from hdeval.cli.report import _refuse_symlinked_output
 

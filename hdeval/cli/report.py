@@ -73,6 +73,12 @@ from hdeval.methods.base import Explains, Reports, explain_refusal, report_refus
     help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
     "the artifact does not keep: lets the per-sample view find the raw replies. Never written.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a report.html or report.json in --out that hdeval report did not write (one it "
+    "wrote, and any in ARTIFACT/report, is replaced without it).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @guarded
 def report(
@@ -86,6 +92,7 @@ def report(
     data: str | None,
     cache_dir: str | None,
     base_url: str | None,
+    force: bool,
     quiet: bool,
 ) -> None:
     """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
@@ -98,11 +105,16 @@ def report(
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.report import file_url
+    from hdeval.report import check_report_output, file_url
     from hdeval.run.output import refuse_in_cache
 
     if out:
         refuse_in_cache(out, cache_dir, "-o")
+    # before anything is computed: a report.html of the user's in -o is replaced only with
+    # --force; ARTIFACT/report is hdeval's own folder (it goes with the artifact on train --force)
+    own = Path(artifact) / "report"
+    target = Path(out) if out else own
+    check_report_output(target, force=force or os.path.abspath(target) == os.path.abspath(own))
     ev = load_artifact(artifact)
     if not isinstance(ev, Reports):
         raise ConfigError(report_refusal(ev, artifact))
