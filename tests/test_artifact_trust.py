@@ -501,6 +501,24 @@ def test_report_replaces_a_users_file_only_with_force(name: str, artifact: Path,
     assert (own / name).read_text() != "an older hdeval's report"
 
 
+@pytest.mark.parametrize("bad", ["missing", "malformed", "utf-16"])
+def test_report_data_given_by_name_must_be_readable(bad: str, toy, artifact: Path, tmp_path: Path,
+                                                    monkeypatch) -> None:
+    # an unreadable --data used to end in exit 0, its problem only a note inside the page
+    data = tmp_path / f"{bad}.jsonl"
+    if bad == "malformed":
+        data.write_text('{"id": "x", \n')
+    elif bad == "utf-16":
+        data.write_text(toy[1].read_text(encoding="utf-8"), encoding="utf-16")
+    out = tmp_path / "rep"
+    monkeypatch.setattr("hdeval.methods.hdeval.report.build_report",
+                        lambda *a, **k: pytest.fail("computed the report first"))
+    result = run("report", str(artifact), "-o", str(out), "--data", str(data), "-q")
+    one_error(result, str(data), {"missing": "cannot open", "malformed": "not valid JSON",
+                                  "utf-16": "not UTF-8"}[bad])
+    assert result.exit_code == 2 and not out.exists()
+
+
 def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Path) -> None:
     from hdeval.cli.report import _refuse_symlinked_output
 

@@ -56,8 +56,8 @@ from hdeval.methods.base import Explains, Reports, explain_refusal, report_refus
     "--data",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The training data, for the per-sample view's text and raw replies. Default: the file "
-    "the artifact was trained on, if it is still there.",
+    help="The training data, for the per-sample view's text and raw replies (a file that cannot "
+    "be read is an error). Default: the file the artifact was trained on, if it is still there.",
 )
 @click.option(
     "--cache-dir",
@@ -115,9 +115,18 @@ def report(
     own = Path(artifact) / "report"
     target = Path(out) if out else own
     check_report_output(target, force=force or os.path.abspath(target) == os.path.abspath(own))
+    if data is not None:  # given by name: a file that cannot be read is an error, not a note
+        from hdeval.data.samples import check_readable
+
+        check_readable(data)
     ev = load_artifact(artifact)
+    task = ev.task
     if not isinstance(ev, Reports):
         raise ConfigError(report_refusal(ev, artifact))
+    if data is not None:
+        from hdeval.report.samples import check_data
+
+        check_data(data, task)
     _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
     if base_url:  # the full URL of the server the artifact names, in memory only
         from hdeval.core.urls import public_url
