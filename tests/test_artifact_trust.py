@@ -519,6 +519,31 @@ def test_report_data_given_by_name_must_be_readable(bad: str, toy, artifact: Pat
     assert result.exit_code == 2 and not out.exists()
 
 
+def test_report_checks_it_can_write_before_computing(artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    # a read-only artifact (or -o) used to get importance, SHAP and the curve's refits computed,
+    # then "cannot write the report ... Permission denied"
+    monkeypatch.setattr("hdeval.methods.hdeval.report.build_report",
+                        lambda *a, **k: pytest.fail("computed the report first"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = run("report", str(artifact), "-o", str(a_file / "rep"), "-q")
+    one_error(result, f"cannot write the report to {a_file / 'rep'}", "is not a directory")
+    assert result.exit_code == 2
+    if os.geteuid() != 0:
+        artifact.chmod(0o555)
+        try:
+            result = run("report", str(artifact), "-q")
+        finally:
+            artifact.chmod(0o755)
+        one_error(result, f"cannot write the report to {artifact / 'report'}", "ermission denied")
+    else:  # root writes through permission bits; /sys refuses new entries even to root
+        if not Path("/sys").is_dir() or os.access("/sys", os.W_OK) and _can_create("/sys"):
+            pytest.skip("no read-only location to try")
+        result = run("report", str(artifact), "-o", "/sys/hdeval-report", "-q")
+        one_error(result, "cannot write the report to /sys/hdeval-report")
+    assert result.exit_code == 2 and not (artifact / "report").exists()
+
+
 def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Path) -> None:
     from hdeval.cli.report import _refuse_symlinked_output
 

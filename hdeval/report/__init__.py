@@ -74,10 +74,17 @@ def written_by_report(path: str | Path) -> bool:
 def check_report_output(out: str | Path, force: bool = False) -> None:
     """Raise a one-line ConfigError unless ``hdeval report`` may write its two files into
     ``out``: each is new, one it wrote before (:func:`written_by_report`), or ``force`` replaces
-    it. Nothing is created."""
+    it; and files can be written there (checked first: a report takes minutes to compute).
+    Nothing is created."""
+    from hdeval.artifact.directory import check_writable
+
     out = Path(out)
     if os.path.lexists(out) and not out.is_dir():
         raise ConfigError(f"cannot write the report to {out}: it exists and is not a directory")
+    try:
+        check_writable(out)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot write the report to {out}: {str(exc).split(': ', 1)[-1]}") from None
     for name in REPORT_FILES:
         f = out / name
         if not force and os.path.lexists(f) and not written_by_report(f):
@@ -85,3 +92,5 @@ def check_report_output(out: str | Path, force: bool = False) -> None:
                 f"refusing to replace {f}: hdeval report did not write it; pass --force to "
                 "replace it, or choose another -o"
             )
+        if os.path.isfile(f) and not os.access(f, os.W_OK):
+            raise ConfigError(f"cannot write the report to {out}: {f} is read-only")
