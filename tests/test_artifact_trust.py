@@ -709,6 +709,31 @@ def test_apply_output_is_atomic(artifact: Path, toy, tmp_path: Path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".scored")) == []
 
 
+@pytest.mark.parametrize("failure", ["bad line", "--max-calls 0", "failure rate"])
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_a_failed_apply_leaves_no_folder_it_made(failure: str, ext: str, artifact: Path, toy,
+                                                 tmp_path: Path) -> None:
+    # apply -o a/b/out.jsonl made a/b first and left them behind, empty, when the run failed
+    data, extra = toy[1], []
+    if failure == "bad line":
+        data = tmp_path / "bad.jsonl"
+        data.write_text(toy[1].read_text() + "{not json\n")
+    elif failure == "--max-calls 0":
+        extra = ["--max-calls", "0"]
+    else:
+        extra = ["--llm", "fake:garbage=1"]  # every reply unreadable
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for out in (tmp_path / "a" / "b" / f"out.{ext}", mine / "new" / f"out.{ext}"):
+        result = run("apply", str(artifact), str(data), "-o", str(out), "--cache-dir", str(tmp_path / "c"), *extra)
+        one_error(result, {"bad line": "not valid JSON", "--max-calls 0": "--max-calls 0",
+                           "failure rate": "could not be read"}[failure])
+    assert not (tmp_path / "a").exists()
+    assert mine.is_dir() and list(mine.iterdir()) == []  # a folder that was there stays
+    out = tmp_path / "a" / "b" / f"out.{ext}"
+    assert apply_to(artifact, toy, tmp_path, str(out)).exit_code == 0 and out.is_file()
+
+
 def test_apply_warns_when_the_input_is_of_another_task(artifact: Path, toy, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in toy[1].read_text().splitlines()]
     for r in rows:

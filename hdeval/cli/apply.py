@@ -112,7 +112,8 @@ def apply(
 
     The input is validated first (every bad line reported, nothing paid for), then read, scored
     and written 1,000 samples at a time: memory does not grow with the input. An apply that
-    fails or is stopped leaves no output file and leaves an existing one untouched; the LLM
+    fails or is stopped leaves no output file (nor a folder made for it) and leaves an existing
+    one untouched; the LLM
     calls it finished are cached, so rerunning it resumes.
 
     \b

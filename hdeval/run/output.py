@@ -171,8 +171,9 @@ class _Discarded(Exception):
 class OutputWriter:
     """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
     beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
-    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary file and never touches an
-    existing file at the destination. ``-``: JSONL on stdout, each chunk as it comes.
+    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary file, and the folders made for
+    it when they are empty again, and never touches an existing file at the destination. ``-``:
+    JSONL on stdout, each chunk as it comes.
 
     JSONL is written as it comes; CSV rows are spooled as JSON lines first (the header is the
     union of every row's columns, known only at the end) and converted a chunk at a time;
@@ -184,25 +185,43 @@ class OutputWriter:
         self.output, self.fmt, self.rows = output, fmt, 0
         self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
         self._files = contextlib.ExitStack()
+        self._made: list[Path] = []  # the folders made for the output, deepest first
         if output == "-":
             return
         self.path = Path(output)
+        folder = Path(os.path.abspath(self.path.parent))
+        while not os.path.lexists(folder) and folder != folder.parent:  # made here, deepest first
+            self._made.append(folder)
+            folder = folder.parent
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self._out = self._files.enter_context(write_in_place(self.path, keep_empty=True))
-        self._spool = (
-            self._out
-            if fmt == "jsonl"
-            else self._files.enter_context(tempfile.TemporaryFile(dir=self.path.parent))
-        )
+            self._out = self._files.enter_context(write_in_place(self.path, keep_empty=True))
+            self._spool = (
+                self._out
+                if fmt == "jsonl"
+                else self._files.enter_context(tempfile.TemporaryFile(dir=self.path.parent))
+            )
+        except BaseException as exc:
+            self._discard()
+            if isinstance(exc, OSError):
+                raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+            raise
 
     def __enter__(self) -> "OutputWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._files.__exit__(_Discarded, _Discarded(), None)  # after a commit: nothing left to do
+        self._discard()  # after a commit: nothing left to do
+
+    def _discard(self) -> None:
+        """The temporary files removed, then the folders made for the output, while empty."""
+        self._files.__exit__(_Discarded, _Discarded(), None)
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # something else was put there meanwhile: it stays, with its folders
+                break
+        self._made = []
 
     def write(self, rows: list[dict], counted: bool = True) -> None:
         """Append rows; ``counted=False`` for a line that is not a scored row (a shard's closing
@@ -240,3 +259,4 @@ class OutputWriter:
             except OSError as exc:
                 raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self._files.close()  # the temporary file renamed into place
+        self._made = []  # they hold the output now
