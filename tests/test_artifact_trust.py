@@ -734,6 +734,24 @@ def test_a_failed_apply_leaves_no_folder_it_made(failure: str, ext: str, artifac
     assert apply_to(artifact, toy, tmp_path, str(out)).exit_code == 0 and out.is_file()
 
 
+@pytest.mark.parametrize("top", ["-1", "0"])
+def test_top_is_one_rule_checked_before_any_call(top: str, artifact: Path, toy, tmp_path: Path,
+                                                 fake_calls: list[int]) -> None:
+    # apply --explain --top -1 was refused only after scoring, and --top 0 accepted there while
+    # explain --top 0 was refused
+    out = tmp_path / "out.jsonl"
+    for args in (["apply", str(artifact), str(toy[1]), "-o", str(out), "--explain", "--top", top],
+                 ["explain", str(artifact), "--sample", "toy-0-0", "--data", str(toy[1]), "--top", top]):
+        result = run(*args, "--cache-dir", str(tmp_path / "c"))
+        one_error(result, "--top", f"{top} is not in the range x>=1")
+        assert result.exit_code == 2
+    from hdeval.run.apply import apply_file
+
+    with pytest.raises(ConfigError, match="--top must be a whole number of criteria, at least 1"):
+        apply_file(str(artifact), str(toy[1]), str(out), explain=True, top=int(top), cache_dir=str(tmp_path / "c"))
+    assert fake_calls == [] and not out.exists()
+
+
 def test_apply_warns_when_the_input_is_of_another_task(artifact: Path, toy, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in toy[1].read_text().splitlines()]
     for r in rows:

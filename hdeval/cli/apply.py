@@ -67,7 +67,13 @@ from hdeval.core.errors import ConfigError
     is_flag=True,
     help="Add, per sample and aspect, the top contributing criteria with SHAP values.",
 )
-@click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
+@click.option(
+    "--top",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --explain: criteria per aspect (at least 1).",
+)
 @click.option(
     "--max-failure-rate",
     default=0.2,

@@ -179,7 +179,13 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
 @click.argument("artifact", type=click.Path())
 @click.option("--sample", "sample_id", required=True, help="Id of the sample to explain.")
 @click.option("--data", required=True, type=click.Path(dir_okay=False), help="JSONL file holding the sample.")
-@click.option("--top", default=5, show_default=True, type=int, help="Criteria shown per aspect.")
+@click.option(
+    "--top",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Criteria shown per aspect (at least 1).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
 @guarded
@@ -193,8 +199,6 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
     """
     from hdeval.data.samples import read_samples
 
-    if top < 1:
-        raise DataError(f"--top must be at least 1, got {top}")
     ev = load_artifact(artifact)
     if not isinstance(ev, Explains):
         raise ConfigError(explain_refusal(ev, artifact, "hdeval explain"))
