@@ -122,6 +122,80 @@ def test_train_replaces_an_artifact_only_with_force(toy, tmp_path: Path, fake_ca
     assert siblings(out) == []
 
 
+def test_force_replaces_an_artifact_only_when_it_holds_nothing_of_the_users(
+    toy, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    # --force used to swap the folder and delete the old one whole: notes, a data file, a
+    # cache kept inside the artifact went with it
+    out = tmp_path / "art"
+    assert run(*train_args(toy, tmp_path, out)).exit_code == 0
+    assert run("report", str(out), "-q").exit_code == 0  # report/ is hdeval's own
+    first, calls = created(out), len(fake_calls)
+    (out / "NOTES.txt").write_text("mine")
+    (out / "prompts" / "my-draft.toml").write_text("draft")
+    (out / "keep").mkdir()
+    line = one_error(run(*train_args(toy, tmp_path, out, "--force")), f"refusing to replace the artifact in {out}")
+    assert "NOTES.txt" in line and "keep/" in line and "prompts/my-draft.toml" in line
+    assert len(fake_calls) == calls  # before any LLM call
+    assert created(out) == first and (out / "NOTES.txt").read_text() == "mine"
+    assert (out / "prompts" / "my-draft.toml").read_text() == "draft" and (out / "keep").is_dir()
+    with pytest.raises(ConfigError, match="NOTES.txt"):  # the library's save as well
+        Evaluator.load(out).save(out, force=True)
+    for mine in ("NOTES.txt", "prompts/my-draft.toml", "keep"):
+        p = out / mine
+        p.rmdir() if p.is_dir() else p.unlink()
+    result = run(*train_args(toy, tmp_path, out, "--force"))
+    assert result.exit_code == 0, result.output
+    assert created(out) != first and not (out / "report").exists()
+
+
+@pytest.mark.parametrize("inside", ["--data", "--cache-dir", "--task", "--tree", "--jury", "--export-requests"])
+@pytest.mark.parametrize("exists", [False, True])
+def test_train_refuses_an_output_that_holds_what_the_run_reads(
+    inside: str, exists: bool, toy, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    # -o NEW --cache-dir NEW/cache paid for every call and then refused NEW (no longer empty)
+    # for good; -o ART --data ART/x.jsonl --force deleted the data it trained on
+    task, data = toy
+    out = tmp_path / "art"
+    if exists:
+        assert run(*train_args(toy, tmp_path, out)).exit_code == 0
+        first = created(out)
+    where = {"--data": out / "mine.jsonl", "--cache-dir": out / "cache", "--task": out / "task.toml",
+             "--tree": out / "tree.json", "--jury": out / "jury.toml", "--export-requests": out / "req.jsonl"}[inside]
+    if inside in ("--data", "--task"):  # files that must exist to be read
+        where.parent.mkdir(exist_ok=True)
+        where.write_bytes((data if inside == "--data" else task).read_bytes())
+    args = [a if a != str(tmp_path / "cache") or inside != "--cache-dir" else str(where)
+            for a in train_args(toy, tmp_path, out, "--force")]
+    if inside == "--task":
+        args[args.index("--task") + 1] = str(where)
+    elif inside != "--cache-dir":
+        args += [inside, str(where)]
+    calls = len(fake_calls)
+    one_error(run(*args), f"-o {out} holds {inside} {where}", f"keep {inside} outside it")
+    assert len(fake_calls) == calls  # before any LLM call
+    if exists:
+        assert created(out) == first
+    if inside in ("--data", "--task"):  # still there, untouched
+        assert where.read_bytes() == (data if inside == "--data" else task).read_bytes()
+    elif not exists:
+        assert not out.exists()
+
+
+def test_refit_and_benchmark_refuse_an_output_that_holds_their_cache(
+    toy, artifact: Path, tmp_path: Path, fake_calls: list[int]
+) -> None:
+    task, data = toy
+    new = tmp_path / "new"
+    one_error(run("refit", str(artifact), "--llm", "fake:logprobs=0", "--data", str(data), "-o", str(new),
+                  "--cache-dir", str(new / "cache"), "-q"), f"-o {new} holds --cache-dir {new / 'cache'}")
+    one_error(run("benchmark", "--task", str(task), "--data", str(data), "--llm", "fake", "--layers", "1",
+                  "--methods", "direct", "-o", str(new), "--cache-dir", str(new / "cache"), "-q"),
+              f"-o {new} holds --cache-dir {new / 'cache'}")
+    assert fake_calls == [] and not new.exists()
+
+
 def test_train_into_an_empty_directory_is_fine(toy, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert run(*train_args(toy, tmp_path, tmp_path / "empty")).exit_code == 0
@@ -401,6 +475,75 @@ def test_report_does_not_write_through_a_symlink(artifact: Path, tmp_path: Path)
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["report.html", "report.json"])
+def test_report_replaces_a_users_file_only_with_force(name: str, artifact: Path, tmp_path: Path,
+                                                      monkeypatch) -> None:
+    # report -o DIR used to overwrite DIR/report.html or report.json of the user's without a word
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / name).write_text("mine")
+    with monkeypatch.context() as m:  # refused before the artifact is even loaded: nothing computed
+        m.setattr("hdeval.cli.report.load_artifact", lambda *a, **k: pytest.fail("loaded the artifact"))
+        result = run("report", str(artifact), "-o", str(out), "-q")
+    one_error(result, f"refusing to replace {out / name}", "hdeval report did not write it", "--force")
+    assert result.exit_code == 2 and sorted(os.listdir(out)) == [name] and (out / name).read_text() == "mine"
+    result = run("report", str(artifact), "-o", str(out), "-q", "--force")
+    assert result.exit_code == 0, result.output
+    assert (out / name).read_text() != "mine"
+    result = run("report", str(artifact), "-o", str(out), "-q")  # its own files: replaced without --force
+    assert result.exit_code == 0, result.output
+    # ARTIFACT/report is hdeval's folder: a page written there before the marker is replaced too
+    own = artifact / "report"
+    own.mkdir()
+    (own / name).write_text("an older hdeval's report")
+    result = run("report", str(artifact), "-q")
+    assert result.exit_code == 0, result.output
+    assert (own / name).read_text() != "an older hdeval's report"
+
+
+@pytest.mark.parametrize("bad", ["missing", "malformed", "utf-16"])
+def test_report_data_given_by_name_must_be_readable(bad: str, toy, artifact: Path, tmp_path: Path,
+                                                    monkeypatch) -> None:
+    # an unreadable --data used to end in exit 0, its problem only a note inside the page
+    data = tmp_path / f"{bad}.jsonl"
+    if bad == "malformed":
+        data.write_text('{"id": "x", \n')
+    elif bad == "utf-16":
+        data.write_text(toy[1].read_text(encoding="utf-8"), encoding="utf-16")
+    out = tmp_path / "rep"
+    monkeypatch.setattr("hdeval.methods.hdeval.report.build_report",
+                        lambda *a, **k: pytest.fail("computed the report first"))
+    result = run("report", str(artifact), "-o", str(out), "--data", str(data), "-q")
+    one_error(result, str(data), {"missing": "cannot open", "malformed": "not valid JSON",
+                                  "utf-16": "not UTF-8"}[bad])
+    assert result.exit_code == 2 and not out.exists()
+
+
+def test_report_checks_it_can_write_before_computing(artifact: Path, tmp_path: Path, monkeypatch) -> None:
+    # a read-only artifact (or -o) used to get importance, SHAP and the curve's refits computed,
+    # then "cannot write the report ... Permission denied"
+    monkeypatch.setattr("hdeval.methods.hdeval.report.build_report",
+                        lambda *a, **k: pytest.fail("computed the report first"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = run("report", str(artifact), "-o", str(a_file / "rep"), "-q")
+    one_error(result, f"cannot write the report to {a_file / 'rep'}", "is not a directory")
+    assert result.exit_code == 2
+    if os.geteuid() != 0:
+        artifact.chmod(0o555)
+        try:
+            result = run("report", str(artifact), "-q")
+        finally:
+            artifact.chmod(0o755)
+        one_error(result, f"cannot write the report to {artifact / 'report'}", "ermission denied")
+    else:  # root writes through permission bits; /sys refuses new entries even to root
+        if not Path("/sys").is_dir() or os.access("/sys", os.W_OK) and _can_create("/sys"):
+            pytest.skip("no read-only location to try")
+        result = run("report", str(artifact), "-o", "/sys/hdeval-report", "-q")
+        one_error(result, "cannot write the report to /sys/hdeval-report")
+    assert result.exit_code == 2 and not (artifact / "report").exists()
+
+
 def test_report_files_that_are_symlinks_are_refused(artifact: Path, tmp_path: Path) -> None:
     from hdeval.cli.report import _refuse_symlinked_output
 
@@ -564,6 +707,49 @@ def test_apply_output_is_atomic(artifact: Path, toy, tmp_path: Path, monkeypatch
     one_error(apply_to(artifact, toy, tmp_path, str(out), "--force"), "No space left on device")
     assert out.read_text() == "previous results\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".scored")) == []
+
+
+@pytest.mark.parametrize("failure", ["bad line", "--max-calls 0", "failure rate"])
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_a_failed_apply_leaves_no_folder_it_made(failure: str, ext: str, artifact: Path, toy,
+                                                 tmp_path: Path) -> None:
+    # apply -o a/b/out.jsonl made a/b first and left them behind, empty, when the run failed
+    data, extra = toy[1], []
+    if failure == "bad line":
+        data = tmp_path / "bad.jsonl"
+        data.write_text(toy[1].read_text() + "{not json\n")
+    elif failure == "--max-calls 0":
+        extra = ["--max-calls", "0"]
+    else:
+        extra = ["--llm", "fake:garbage=1"]  # every reply unreadable
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for out in (tmp_path / "a" / "b" / f"out.{ext}", mine / "new" / f"out.{ext}"):
+        result = run("apply", str(artifact), str(data), "-o", str(out), "--cache-dir", str(tmp_path / "c"), *extra)
+        one_error(result, {"bad line": "not valid JSON", "--max-calls 0": "--max-calls 0",
+                           "failure rate": "could not be read"}[failure])
+    assert not (tmp_path / "a").exists()
+    assert mine.is_dir() and list(mine.iterdir()) == []  # a folder that was there stays
+    out = tmp_path / "a" / "b" / f"out.{ext}"
+    assert apply_to(artifact, toy, tmp_path, str(out)).exit_code == 0 and out.is_file()
+
+
+@pytest.mark.parametrize("top", ["-1", "0"])
+def test_top_is_one_rule_checked_before_any_call(top: str, artifact: Path, toy, tmp_path: Path,
+                                                 fake_calls: list[int]) -> None:
+    # apply --explain --top -1 was refused only after scoring, and --top 0 accepted there while
+    # explain --top 0 was refused
+    out = tmp_path / "out.jsonl"
+    for args in (["apply", str(artifact), str(toy[1]), "-o", str(out), "--explain", "--top", top],
+                 ["explain", str(artifact), "--sample", "toy-0-0", "--data", str(toy[1]), "--top", top]):
+        result = run(*args, "--cache-dir", str(tmp_path / "c"))
+        one_error(result, "--top", f"{top} is not in the range x>=1")
+        assert result.exit_code == 2
+    from hdeval.run.apply import apply_file
+
+    with pytest.raises(ConfigError, match="--top must be a whole number of criteria, at least 1"):
+        apply_file(str(artifact), str(toy[1]), str(out), explain=True, top=int(top), cache_dir=str(tmp_path / "c"))
+    assert fake_calls == [] and not out.exists()
 
 
 def test_apply_warns_when_the_input_is_of_another_task(artifact: Path, toy, tmp_path: Path) -> None:

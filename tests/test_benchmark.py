@@ -789,6 +789,12 @@ def test_keep_artifacts_saves_each_run_and_replaces_only_its_own(tmp_path: Path,
     # ... so a later --keep-artifacts --force may replace them
     r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force")
     assert r.exit_code == 0, r.output
+    # but not one a user put a file into: replacing it would delete the file (refused before any call)
+    (out / names[1] / "NOTES.txt").write_text("mine")
+    fake_calls.clear()
+    r = _keep_bench(tmp_path, out, "--keep-artifacts", "--force", "--cache-dir", str(tmp_path / "fresh"))
+    assert r.exit_code == 2 and f"refusing to replace the artifact in {out / names[1]}" in r.stderr, r.output
+    assert "NOTES.txt" in r.stderr and fake_calls == [] and (out / names[1] / "NOTES.txt").read_text() == "mine"
 
 
 def test_keep_artifacts_never_replaces_a_directory_it_did_not_write(tmp_path: Path, fake_calls: list[int]) -> None:

@@ -145,6 +145,36 @@ def test_a_planted_file_name_never_makes_hdeval_delete_outside_the_cache(tmp_pat
     assert victim.read_text() == "precious"
 
 
+def test_clear_changes_nothing_in_a_folder_that_is_not_a_cache(tmp_path):
+    # `cache clear --cache-dir DIR --yes` used to open (so create) a cache in any folder given
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("precious")
+    res = _cli("cache", "clear", "--cache-dir", str(mine), "--yes")
+    assert res.exit_code == 2 and "is not an LLM reply cache" in _error_line(res)
+    assert "chapter1.tex" in _error_line(res) and sorted(os.listdir(mine)) == ["chapter1.tex"]
+    for where in (tmp_path / "empty", tmp_path / "missing"):  # nothing cached yet: nothing to do
+        if where.name == "empty":
+            where.mkdir()
+        res = _cli("cache", "clear", "--cache-dir", str(where), "--yes")
+        assert res.exit_code == 0 and "nothing to delete" in res.stdout, res.output
+        assert (os.listdir(where) == []) if where.name == "empty" else not where.exists()
+
+
+def test_clear_without_a_terminal_says_to_pass_yes(tmp_path):
+    # with no terminal to ask, the question ended in a bare "Aborted!"
+    cache = tmp_path / "cache"
+    cb = CachedBackend(FakeBackend(), cache)
+    cb.complete(_req())
+    cb.close()
+    res = _cli("cache", "clear", "--cache-dir", str(cache))  # CliRunner's stdin is no terminal
+    assert res.exit_code == 2 and "Aborted" not in res.output
+    assert _error_line(res) == f"error: delete 1 cached LLM replies in {cache}: there is no terminal to ask; pass --yes to delete"
+    assert len(cache_entries(cache)) == 1
+    res = _cli("cache", "clear", "--cache-dir", str(cache), "--yes")
+    assert res.exit_code == 0 and "deleted 1 cached replies" in res.stdout and cache_entries(cache) == {}
+
+
 def test_a_cache_written_by_an_older_hdeval_still_hits(tmp_path):
     """Old hdeval stored json.dumps strings with diskcache's default Disk: inline below 32 KB,
     in a .val file above. Both read unchanged, with no call made."""

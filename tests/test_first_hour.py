@@ -279,8 +279,10 @@ def test_check_exits_1_below_its_threshold_and_0_above(qa_artifact: Path, tmp_pa
     assert res.passed and res.rows == 12 and res.value is not None
 
 
-def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_path: Path) -> None:
-    cache = ["--cache-dir", qa_artifact.parent / "cache", "--llm", "fake"]
+def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_path: Path,
+                                                       fake_calls: list[int]) -> None:
+    # an empty cache: each refusal comes before any LLM call (it used to come after scoring)
+    cache = ["--cache-dir", tmp_path / "empty-cache", "--llm", "fake"]
     one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "new_qa.jsonl", "--min-spearman", "0.5", *cache),
               "no human scores")
     one_error(run_cli("check", qa_artifact, "--data", EXAMPLES / "qa.jsonl", "--min-agreement", "0.5", *cache),
@@ -292,6 +294,15 @@ def test_check_refuses_a_gate_it_cannot_make_honestly(qa_artifact: Path, tmp_pat
                                 if json.loads(x)["id"] in split), encoding="utf-8")
     one_error(run_cli("check", qa_artifact, "--data", training, "--min-spearman", "0.5", *cache),
               "training split")
+    assert fake_calls == []
+    partly = tmp_path / "one_aspect_missing.jsonl"  # a held-out row without its accuracy score
+    rows = [json.loads(x) for x in (EXAMPLES / "qa.jsonl").read_text().splitlines()]
+    gap = next(r for r in rows if r["id"] not in split)
+    del gap["scores"]["accuracy"]
+    partly.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    one_error(run_cli("check", qa_artifact, "--data", partly, "--min-spearman", "0.5", *cache),
+              "no human scores for every aspect", f"sample {gap['id']} has none for accuracy")
+    assert fake_calls == []
 
 
 def test_report_finds_the_data_the_task_named(qa_artifact: Path) -> None:
@@ -512,6 +523,9 @@ def test_check_gates_a_pairwise_artifact_on_agreement(tmp_path: Path) -> None:
     low = run_cli("check", art, *gold, "--min-agreement", str(min(1.0, held_out + 0.01)), *cache)
     assert low.exit_code == 1 and "is below" in low.stderr
     one_error(run_cli("check", art, *gold, "--min-spearman", "0.5", *cache), "--min-agreement")
+    one_error(run_cli("check", art, "--data", EXAMPLES / "new_pairs.jsonl", "--min-agreement", "0.5", "--llm", "fake",
+                      "--cache-dir", tmp_path / "empty-cache"), "no human labels (a/b/tie)")
+    assert not (tmp_path / "empty-cache").exists()  # refused before the LLM (and its cache) was opened
 
 
 def _in_a_fresh_interpreter(code: str, cwd: Path) -> subprocess.CompletedProcess:

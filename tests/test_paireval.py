@@ -572,6 +572,14 @@ def test_apply_with_an_all_vs_all_artifact_scores_the_input_in_one_piece(dialogu
               "--cache-dir", str(tmp_path / "c"))
     one_line_error(res, "all-vs-all", "no --shard")
     assert not (tmp_path / "s2.jsonl").exists() and not (tmp_path / "s3.jsonl").exists()
+    # more lines than a chunk (blank ones) but samples that fit: the id index is made before the
+    # output's new folder, which used to be "cannot write the duplicate-id index in ...: No such file"
+    (tmp_path / "blank.jsonl").write_text(new.read_text() + "\n\n")
+    monkeypatch.setenv("HDEVAL_APPLY_CHUNK", "5")
+    res = run("apply", str(out), str(tmp_path / "blank.jsonl"), "-o", str(tmp_path / "new" / "s4.jsonl"),
+              "--cache-dir", str(tmp_path / "c"), "-q")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "new" / "s4.jsonl").read_text() == (tmp_path / "s.jsonl").read_text()
 
 
 def test_all_vs_all_refuses_comparisons_given_at_its_default(dialogue, tmp_path, fake_calls):

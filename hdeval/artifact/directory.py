@@ -54,6 +54,9 @@ MAX_FILE_BYTES = 2 << 30  # a model or score table
 # Names next to an artifact directory NAME used while it is replaced (see ``save_artifact``).
 ASIDE = ".hdeval-old"  # .NAME.hdeval-old: the previous artifact, between two renames
 NEW = ".hdeval-new-"  # .NAME.hdeval-new-PID: the artifact being written
+# What hdeval itself writes inside an artifact besides its files: `hdeval report`'s default output.
+REPORT, REPORT_FILES = "report", ("report.html", "report.json")
+SHOWN = 3  # entries a refusal names
 
 
 def _json_int(value: Any) -> int:
@@ -260,7 +263,8 @@ def save_artifact(
     check_state: Callable[[Any], Any] | None = None,
 ) -> Path:
     """Write ``fitted`` to ``path`` atomically. ``path`` may be new, an empty directory, or (with
-    ``force``) an existing hdeval artifact; any other directory is refused, ``force`` or not. The
+    ``force``) an existing hdeval artifact holding nothing but what hdeval wrote there
+    (:func:`foreign_entries`); any other directory is refused, ``force`` or not. The
     new artifact is written next to ``path`` and swapped in, so whenever the process stops,
     ``path`` holds either the old or the new artifact (see :func:`recover_artifact`). ``llm``: the
     manifest's LLM section (model, base_url without credentials, identity). ``check_state``: the
@@ -351,6 +355,14 @@ def check_destination(path: str | Path, force: bool = False) -> None:
                     f"{path} already holds an hdeval artifact: pass --force (in Python, "
                     "save(..., force=True)) to replace it, or choose another output directory"
                 )
+            foreign = foreign_entries(path)
+            if foreign:
+                more = f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else ""
+                raise ConfigError(
+                    f"refusing to replace the artifact in {path}: it also holds "
+                    f"{', '.join(foreign[:SHOWN])}{more}, which hdeval did not write there and "
+                    "replacing would delete; move them out, or choose another output directory"
+                )
         elif any(path.iterdir()):
             raise ConfigError(
                 f"refusing to write the artifact to {path}: it is a non-empty directory that "
@@ -358,6 +370,40 @@ def check_destination(path: str | Path, force: bool = False) -> None:
                 "that: choose a new directory"
             )
     check_writable(full.parent)
+
+
+def foreign_entries(path: Path) -> list[str]:
+    """What the artifact directory ``path`` holds besides what hdeval wrote there (the files its
+    manifest lists, the manifest, and ``report/``'s two files), as paths inside it: replacing
+    the artifact would delete them. A symbolic link is never hdeval's; a directory that holds
+    none of hdeval's files is named once, not walked. At most ``MAX_ENTRIES`` are looked at."""
+    try:
+        listed = ArtifactReader(path, {}, []).json(MANIFEST).get("files")
+    except (ArtifactError, AttributeError):
+        listed = None
+    known = {
+        *(listed if isinstance(listed, dict) else ()),
+        MANIFEST,
+        *(f"{REPORT}/{n}" for n in REPORT_FILES),
+    }
+    folders = {"/".join(name.split("/")[:i]) for name in known for i in range(1, name.count("/") + 1)}
+    found: list[str] = []
+    seen = 0
+    for root, dirs, files in os.walk(path):
+        base = Path(root).relative_to(path).as_posix()
+        for name in sorted(dirs) + sorted(files):
+            seen += 1
+            if seen > MAX_ENTRIES:
+                return found + ["..."]
+            rel = name if base == "." else f"{base}/{name}"
+            full = Path(root) / name
+            if name in dirs and not full.is_symlink() and rel in folders:
+                continue
+            if name in files and not full.is_symlink() and rel in known:
+                continue
+            found.append(rel + ("/" if name in dirs else ""))
+        dirs[:] = [d for d in dirs if (d if base == "." else f"{base}/{d}") in folders]
+    return found
 
 
 def check_writable(directory: str | Path) -> None:

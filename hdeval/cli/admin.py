@@ -78,12 +78,17 @@ def cache_stats_cmd(cache_dir: str | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @guarded
 def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
-    """Delete every cached reply (they cost money to make again)."""
+    """Delete every cached reply (they cost money to make again). Asks first; without a terminal,
+    pass --yes. A folder that is not a cache is left as it is."""
+    from hdeval.core.errors import ConfigError
     from hdeval.core.paths import default_cache_dir
-    from hdeval.llm.cache.check import clear_cache
+    from hdeval.llm.cache.check import clear_cache, holds_cache
     from hdeval.llm.cache.guard import DBNAME, CacheCorrupted, read_stats
 
     path = Path(cache_dir or default_cache_dir())
+    if not holds_cache(path):  # (a folder of something else: refused, left as it is)
+        click.echo(f"no LLM reply cache in {path}: nothing to delete")
+        return
     try:
         question = f"delete {read_stats(path)['entries']} cached LLM replies in {path}?"
     except CacheCorrupted:
@@ -91,9 +96,17 @@ def cache_clear_cmd(cache_dir: str | None, yes: bool) -> None:
             f"{path / DBNAME} is corrupted (`hdeval cache repair` could keep its readable "
             f"entries); delete it?"
         )
-    if not yes and not click.confirm(question, default=False):
-        click.echo("nothing deleted")
-        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"{question[:-1]}: there is no terminal to ask; pass --yes to delete")
+        try:
+            sure = click.confirm(question, default=False)
+        except click.Abort:  # Ctrl-C or Ctrl-D at the question
+            click.echo("\nnothing deleted", err=True)
+            sys.exit(1)
+        if not sure:
+            click.echo("nothing deleted")
+            return
     n = clear_cache(path)
     if n < 0:
         click.echo(f"deleted the corrupted cache databases in {path}; the next run starts an empty cache")

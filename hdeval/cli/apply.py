@@ -67,7 +67,13 @@ from hdeval.core.errors import ConfigError
     is_flag=True,
     help="Add, per sample and aspect, the top contributing criteria with SHAP values.",
 )
-@click.option("--top", default=3, show_default=True, type=int, help="With --explain: criteria per aspect.")
+@click.option(
+    "--top",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --explain: criteria per aspect (at least 1).",
+)
 @click.option(
     "--max-failure-rate",
     default=0.2,
@@ -112,7 +118,8 @@ def apply(
 
     The input is validated first (every bad line reported, nothing paid for), then read, scored
     and written 1,000 samples at a time: memory does not grow with the input. An apply that
-    fails or is stopped leaves no output file and leaves an existing one untouched; the LLM
+    fails or is stopped leaves no output file (nor a folder made for it) and leaves an existing
+    one untouched; the LLM
     calls it finished are cached, so rerunning it resumes.
 
     \b

@@ -180,7 +180,11 @@ def benchmark(
             raise ConfigError(
                 "--label-budget re-fits a learned aggregator: add hdeval or paireval to --methods"
             )
-    check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())  # before any LLM call
+    from hdeval.run.output import refuse_inputs_inside, run_inputs
+
+    # before any LLM call: a cache inside a new -o would make it a directory no benchmark is written to
+    refuse_inputs_inside(out, run_inputs({"task": task, **options}, "task", "data", "cache_dir"))
+    check_output_dir(out, force, spec.artifact_names() if keep_artifacts else ())
     if options.get("data") is None:
         fetch_missing_task_data(task, offline=offline)
     progress = TerminalProgress(quiet)

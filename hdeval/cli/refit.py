@@ -24,7 +24,11 @@ from hdeval.cli.progress import TerminalProgress
 @click.option(
     "--out", "-o", required=True, type=click.Path(file_okay=False), help="The new artifact directory."
 )
-@click.option("--force", is_flag=True, help="Replace an existing artifact at --out.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing artifact at --out that holds only what hdeval wrote there.",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="The refit's and the bootstrap's seed.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
@@ -45,9 +49,11 @@ def refit(artifact: str, data: str, out: str, force: bool, seed: int, quiet: boo
     from hdeval.llm.config import LLMConfig, shown_identity
     from hdeval.methods.hdeval.refit import refit as run_refit
     from hdeval.methods.registry import load_artifact
+    from hdeval.run.output import refuse_inputs_inside, run_inputs
 
     if not llm.get("llm"):
         raise ConfigError("refit needs --llm NEW: the judge to score the artifact's rows with")
+    refuse_inputs_inside(out, run_inputs({"data": data, **llm}, "data", "cache_dir"))
     check_destination(out, force=force)
     ev = load_artifact(artifact)
     samples = read_task_samples(data, ev.task, require_labels=True)

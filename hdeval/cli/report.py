@@ -56,8 +56,8 @@ from hdeval.methods.base import Explains, Reports, explain_refusal, report_refus
     "--data",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The training data, for the per-sample view's text and raw replies. Default: the file "
-    "the artifact was trained on, if it is still there.",
+    help="The training data, for the per-sample view's text and raw replies (a file that cannot "
+    "be read is an error). Default: the file the artifact was trained on, if it is still there.",
 )
 @click.option(
     "--cache-dir",
@@ -73,6 +73,12 @@ from hdeval.methods.base import Explains, Reports, explain_refusal, report_refus
     help="The server's URL as training was given it, with its query (Azure's ?api-version=...), which "
     "the artifact does not keep: lets the per-sample view find the raw replies. Never written.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a report.html or report.json in --out that hdeval report did not write (one it "
+    "wrote, and any in ARTIFACT/report, is replaced without it).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @guarded
 def report(
@@ -86,6 +92,7 @@ def report(
     data: str | None,
     cache_dir: str | None,
     base_url: str | None,
+    force: bool,
     quiet: bool,
 ) -> None:
     """Write an HTML + JSON report: a verdict banner, held-out correlation (pairs: agreement)
@@ -98,14 +105,28 @@ def report(
       hdeval report artifacts/summeval-rf            # -> artifacts/summeval-rf/report/report.html
       hdeval report artifacts/summeval-nn -o out/ --max-samples 100
     """
-    from hdeval.report import file_url
+    from hdeval.report import check_report_output, file_url
     from hdeval.run.output import refuse_in_cache
 
     if out:
         refuse_in_cache(out, cache_dir, "-o")
+    # before anything is computed: a report.html of the user's in -o is replaced only with
+    # --force; ARTIFACT/report is hdeval's own folder (it goes with the artifact on train --force)
+    own = Path(artifact) / "report"
+    target = Path(out) if out else own
+    check_report_output(target, force=force or os.path.abspath(target) == os.path.abspath(own))
+    if data is not None:  # given by name: a file that cannot be read is an error, not a note
+        from hdeval.data.samples import check_readable
+
+        check_readable(data)
     ev = load_artifact(artifact)
+    task = ev.task
     if not isinstance(ev, Reports):
         raise ConfigError(report_refusal(ev, artifact))
+    if data is not None:
+        from hdeval.report.samples import check_data
+
+        check_data(data, task)
     _refuse_symlinked_output(ev.path, Path(out) if out else ev.path / "report")
     if base_url:  # the full URL of the server the artifact names, in memory only
         from hdeval.core.urls import public_url
@@ -158,7 +179,13 @@ def _refuse_symlinked_output(artifact: Path, out: Path) -> None:
 @click.argument("artifact", type=click.Path())
 @click.option("--sample", "sample_id", required=True, help="Id of the sample to explain.")
 @click.option("--data", required=True, type=click.Path(dir_okay=False), help="JSONL file holding the sample.")
-@click.option("--top", default=5, show_default=True, type=int, help="Criteria shown per aspect.")
+@click.option(
+    "--top",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Criteria shown per aspect (at least 1).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @llm_options
 @guarded
@@ -172,8 +199,6 @@ def explain(artifact: str, sample_id: str, data: str, top: int, quiet: bool, **l
     """
     from hdeval.data.samples import read_samples
 
-    if top < 1:
-        raise DataError(f"--top must be at least 1, got {top}")
     ev = load_artifact(artifact)
     if not isinstance(ev, Explains):
         raise ConfigError(explain_refusal(ev, artifact, "hdeval explain"))

@@ -54,7 +54,8 @@ _RUN = "hdeval.run.train:TrainConfig"  # the run settings' model: their defaults
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace an existing artifact at --out (never a directory that is not an artifact).",
+    help="Replace an existing artifact at --out that holds only what hdeval wrote there (never "
+    "a directory that is not an artifact).",
 )
 @click.option("--dry-run", is_flag=True, help="Print calls, cache hits, tokens and cost; call no LLM.")
 @click.option("--price-in", default=None, type=float, help="With --dry-run: price per 1M prompt tokens.")
@@ -134,11 +135,19 @@ def train(
       hdeval train --task summeval --llm M --base-url URL --export-requests requests.jsonl
     """
     _check_paths(options)  # a mistyped task file, said before the scientific libraries load
+    from hdeval.run.output import run_inputs
+
+    # what the run reads (or writes, as the cache) must not lie inside the artifact's folder
+    inputs = {
+        **run_inputs(options, "task", "data", "cache_dir", "tree", "jury"),
+        "--export-requests": export_file,
+    }
     if out and not dry_run:  # a refused -o, found before the scientific libraries load
         from hdeval.artifact.directory import check_destination
-        from hdeval.run.output import refuse_in_cache
+        from hdeval.run.output import refuse_in_cache, refuse_inputs_inside
 
         refuse_in_cache(out, options.get("cache_dir"), "-o")
+        refuse_inputs_inside(out, inputs)
         check_destination(out, force=force)
     from hdeval.cli.data import fetch_missing_task_data
     from hdeval.run.train import TrainConfig, plan
@@ -175,7 +184,7 @@ def train(
         click.echo(_estimate(config, plans, identity)[1])
         return
     if not out:  # -o itself was checked first thing
-        _check_default_outputs(config, force)  # before any LLM call: never after paying for them
+        _check_default_outputs(config, force, inputs)  # before any LLM call: never after paying for them
     if export_file is not None:
         from hdeval.run.output import check_output
 
@@ -280,17 +289,20 @@ def _record_rate(config, ev, seconds: float) -> None:
         record_rate(config.cache_dir, identity, usage["calls"], usage.get("prompt_tokens", 0), seconds)
 
 
-def _check_default_outputs(config, force: bool) -> None:
+def _check_default_outputs(config, force: bool, inputs: dict[str, str | None]) -> None:
     """Without --out, refuse before any call every default the run may pick that save would refuse."""
     from hdeval.artifact.directory import check_destination
     from hdeval.data.tasks import load_task
     from hdeval.methods.registry import get_method
+    from hdeval.run.output import refuse_inputs_inside
 
     name = load_task(config.task).name
     method = get_method(config.method)
     kinds = method.artifact_suffixes(config) if method.artifact_suffixes else (config.method,)
     for kind in kinds:
-        check_destination(Path("artifacts") / f"{name}-{kind}", force=force)
+        default = Path("artifacts") / f"{name}-{kind}"
+        refuse_inputs_inside(default, inputs, "the artifact directory")
+        check_destination(default, force=force)
 
 
 def _jury_plan_lines(config, plans) -> list[str]:

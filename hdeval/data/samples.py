@@ -557,8 +557,9 @@ class DictIds(dict):
 
 
 class DiskIds(contextlib.AbstractContextManager):
-    """Ids seen, in an SQLite file in a private temporary directory (in ``near`` when given;
-    removed by :meth:`close`): memory stays within SQLite's page cache however many ids there
+    """Ids seen, in an SQLite file in a private temporary directory (in ``near`` when given, or
+    the nearest folder above it that exists, as an output's folder may be made later; removed by
+    :meth:`close`): memory stays within SQLite's page cache however many ids there
     are, where a dict costs ~170 bytes an id. Ids are stored as UTF-8 bytes (surrogates kept),
     so any id a reader accepts is indexed."""
 
@@ -570,6 +571,10 @@ class DiskIds(contextlib.AbstractContextManager):
         import sqlite3
         import tempfile
 
+        if near is not None:
+            near = Path(os.path.abspath(near))
+            while not near.is_dir() and near != near.parent:
+                near = near.parent
         try:
             self._dir = tempfile.TemporaryDirectory(prefix=".hdeval-ids-", suffix=".tmp", dir=near)
         except OSError as exc:

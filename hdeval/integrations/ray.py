@@ -260,6 +260,7 @@ def apply_on_ray(
         max_failure_rate=max_failure_rate,
         rate_option="max_failure_rate",
         llm_options=llm_options,
+        top=top,
     )
     if getattr(ev, "whole_input", None):  # rows compared with each other: batches would change scores
         raise ConfigError(f"{ev.whole_input}: apply_on_ray scores it in batches apart; use hdeval apply")

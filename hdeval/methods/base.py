@@ -476,6 +476,15 @@ def pointwise_banner(ev: Fitted) -> Any:
     return b
 
 
+def check_top(top: Any) -> None:
+    """The one rule for how many criteria an explanation names per aspect (``explain --top``,
+    ``apply --explain --top``, :meth:`Explains.explain`): a whole number, at least 1."""
+    from hdeval.core.errors import ConfigError
+
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ConfigError(f"--top must be a whole number of criteria, at least 1; got {top!r}")
+
+
 def explain_refusal(ev: Fitted, artifact: Any, what: str) -> str:
     """The one line for ``what`` (``--explain``, ``hdeval explain``) asked of an evaluator that is
     not :class:`Explains`."""

@@ -175,11 +175,18 @@ def write_pair_report(ev: Any, out: Any, progress: Any = None, **options: Any) -
 def write_report_files(
     out: Path, numbers: dict[str, Any], page: str, allow_nan: bool = True
 ) -> tuple[Path, Path]:
-    """``report.html`` and ``report.json`` written into ``out`` (made if missing); their paths."""
+    """``report.html`` and ``report.json`` written into ``out`` (made if missing); their paths.
+    report.json opens with ``"format": "hdeval-report"``, by which ``hdeval report`` knows it."""
+    from hdeval.report import REPORT_FORMAT
+
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(
-            json.dumps(numbers, indent=1, ensure_ascii=False, allow_nan=allow_nan) + "\n", encoding="utf-8"
+            json.dumps(
+                {"format": REPORT_FORMAT, **numbers}, indent=1, ensure_ascii=False, allow_nan=allow_nan
+            )
+            + "\n",
+            encoding="utf-8",
         )
         (out / "report.html").write_text(page, encoding="utf-8")
     except OSError as exc:

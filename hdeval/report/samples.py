@@ -106,6 +106,17 @@ def _recorded(ev: Any, key: str) -> Any:
     return manifest.get(key) if isinstance(manifest, dict) else None
 
 
+def check_data(path: str | Path, task: Any) -> None:
+    """A data file given for the per-sample view (``report --data``), read through once as
+    :func:`score_replies` reads it: one that cannot be read (missing, not the task's rows, not
+    UTF-8) is the reader's one-line DataError, before the report computes anything (a file the
+    report found by itself is only a note on the page)."""
+    from hdeval.data.samples import iter_task_chunks
+
+    for _chunk in iter_task_chunks(path, task, require_labels=False, labels_file=True):
+        pass
+
+
 def score_replies(
     ev: Any,
     wanted: Sequence[str],

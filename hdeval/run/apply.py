@@ -20,7 +20,7 @@ from hdeval.core.fetch import sha256_file
 from hdeval.core.progress import Progress
 from hdeval.data.labels_db import is_labels_file
 from hdeval.data.samples import labels_file_refused
-from hdeval.methods.base import Explains, explain_refusal
+from hdeval.methods.base import Explains, check_top, explain_refusal
 from hdeval.run.artifact_llm import Notify, check_llm_options, log_notify, open_artifact_llm
 from hdeval.run.output import OutputWriter, check_output, output_format
 from hdeval.run.ppi_rows import RowsSummary
@@ -326,13 +326,16 @@ def prepare(
     llm_options: dict,
     notify: Notify | None = None,
     replace: bool = True,
+    top: int = 3,
 ) -> tuple[Any, RowTrust, str, int]:
     """What apply and apply_on_ray check before the input is read or a call paid: the LLM options,
-    the failure rate, the output (an existing one only if ``replace``) and the artifact;
-    (evaluator, row trust, output format, chunk size)."""
+    the failure rate, ``top`` with ``explain``, the output (an existing one only if ``replace``)
+    and the artifact; (evaluator, row trust, output format, chunk size)."""
     from hdeval.data.samples import check_readable
 
     check_llm_options(**llm_options)
+    if explain:
+        check_top(top)
     if not (isinstance(max_failure_rate, (int, float)) and 0 <= max_failure_rate <= 1):
         raise ConfigError(f"{rate_option} must be between 0 and 1, got {max_failure_rate}")
     check_output(output, [input_file], cache_dir=llm_options.get("cache_dir"))
@@ -394,6 +397,7 @@ def apply_file(
         notify=notify,
         llm_options=llm_options,
         replace=replace,
+        top=top,
     )
     if which is not None and fmt != "jsonl":
         raise ConfigError(

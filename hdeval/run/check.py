@@ -38,7 +38,7 @@ def check_alignment(
     compare the agreement on the rows the artifact was not trained on with the threshold.
     ``apply_options``: those of :func:`hdeval.run.apply.apply_file` (``llm``, ``cache_dir``,
     ``progress``, ``notify``, ...). A file without human scores, or whose every row is a training
-    row, is a :class:`ConfigError`: no gate can be honest on it."""
+    row, is a :class:`ConfigError` before anything is scored: no gate can be honest on it."""
     from hdeval.data.samples import check_readable
     from hdeval.run.apply import apply_file, load_checked
 
@@ -56,6 +56,7 @@ def check_alignment(
             f"{ev.task.name} is a {'pairwise' if pairs else 'pointwise'} task: gate it with "
             f"{'--min-agreement' if pairs else '--min-spearman'}"
         )
+    _check_gold(ev, data, pairs)  # before any LLM call: a file no gate can be honest on
     with tempfile.TemporaryDirectory(prefix=".hdeval-check-") as scratch:
         res = apply_file(ev, str(data), str(Path(scratch) / "scored.jsonl"), **apply_options)
     held_out = res.scored - int(res.trust.get("in_training") or 0)
@@ -65,6 +66,7 @@ def check_alignment(
         value = None if not chosen else chosen.get("w_ties")
     else:
         value = ((res.correlations or {}).get("average") or {}).get("spearman")
+    # (_check_gold refused these before any call; kept for an evaluator whose rows differ)
     if held_out <= 0 and res.scored:
         raise ConfigError(
             f"every row of {data} is in the artifact's training split: a gate needs rows the "
@@ -92,3 +94,41 @@ def check_alignment(
         rows=held_out,
         line=line,
     )
+
+
+def _check_gold(ev: Any, data: str | Path, pairs: bool) -> None:
+    """Read ``data`` as apply will (every line validated, ids checked) and refuse, before anything
+    is scored, a file the gate's figure cannot come from: rows that are all in the artifact's
+    training split, a pointwise row without a human score for every aspect (apply's correlations
+    need them all), or pairs none of whose held-out rows has a label."""
+    from hdeval.data.samples import DiskIds, iter_task_chunks
+
+    training = ev.training_ids()
+    aspects = list(ev.task.aspect_keys)
+    rows = held_out = labelled = 0
+    with DiskIds() as seen:  # in the temporary folder: the gold file's may be read-only
+        for chunk in iter_task_chunks(data, ev.task, require_labels=False, seen=seen):
+            for s in chunk:
+                rows += 1
+                mine = s.id not in training
+                held_out += mine
+                if pairs:
+                    labelled += mine and getattr(s, "label", None) is not None
+                    continue
+                missing = [a for a in aspects if a not in getattr(s, "scores", {})]
+                if missing:
+                    raise ConfigError(
+                        f"{data} holds no human scores for every aspect ({', '.join(aspects)}): "
+                        f"sample {s.id} has none for {', '.join(missing)}; a gate compares the "
+                        "evaluator with them"
+                    )
+    if rows and not held_out:
+        raise ConfigError(
+            f"every row of {data} is in the artifact's training split: a gate needs rows the "
+            "evaluator was not fitted on"
+        )
+    if pairs and held_out and not labelled:
+        raise ConfigError(
+            f"{data} holds no human labels (a/b/tie) on rows the artifact was not trained on: a "
+            "gate compares the evaluator with them"
+        )

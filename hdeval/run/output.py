@@ -10,7 +10,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hdeval.core.errors import ConfigError
 from hdeval.llm.request_files import write_in_place
@@ -85,6 +85,51 @@ def refuse_in_cache(output: str | Path, cache_dir: str | Path | None, option: st
         )
 
 
+def refuse_inputs_inside(
+    out: str | Path, inputs: Mapping[str, str | Path | None], option: str = "-o"
+) -> None:
+    """Refuse an output directory ``out`` that is or holds one of the run's inputs (``inputs``:
+    the option naming it -> its path, None when not given), before anything is read or paid:
+    replacing the directory would delete the input, and what a run writes into it (the reply
+    cache) makes a new directory one an artifact may no longer be saved into. Both the path as
+    given and the one its links lead to are compared."""
+    outs = {os.path.abspath(out), os.path.realpath(out)}
+    for name, given in inputs.items():
+        if given is None or str(given) in ("", "-"):
+            continue
+        for where in {os.path.abspath(given), os.path.realpath(given)}:
+            if any(_within(where, base) for base in outs):
+                raise ConfigError(
+                    f"{option} {out} holds {name} {given}: the output directory holds only what "
+                    f"hdeval writes there; keep {name} outside it, or choose another {option}"
+                )
+
+
+def run_inputs(options: Mapping[str, Any], *names: str) -> dict[str, str | None]:
+    """The files and directories a train, refit or benchmark run reads, by option, from its
+    CLI ``options``, for :func:`refuse_inputs_inside`: ``--task`` only when it is a file (else a
+    built-in name), the reply cache whether given or the default one."""
+    from hdeval.core.paths import default_cache_dir
+
+    found: dict[str, str | None] = {}
+    for name in names:
+        value = options.get(name)
+        if name == "task" and not (value is not None and os.path.exists(value)):
+            continue
+        found["--" + name.replace("_", "-")] = None if value is None else os.fspath(value)
+    if "cache_dir" in names and options.get("cache_dir") is None:
+        del found["--cache-dir"]
+        found["the LLM reply cache"] = os.fspath(default_cache_dir())
+    return found
+
+
+def _within(path: str, base: str) -> bool:
+    try:
+        return os.path.commonpath([base, path]) == base
+    except ValueError:  # another drive
+        return False
+
+
 def output_format(output: str, option: str = "-o") -> str:
     """The format ``apply -o`` (``merge-shards OUTPUT``) writes, from the extension; checked
     before any LLM call."""
@@ -128,8 +173,9 @@ class _Discarded(Exception):
 class OutputWriter:
     """Scored rows written chunk by chunk, atomically: ``write`` appends rows to a temporary file
     beside the destination, ``commit`` renames it into place. Leaving the ``with`` block without
-    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary file and never touches an
-    existing file at the destination. ``-``: JSONL on stdout, each chunk as it comes.
+    ``commit`` (an error, Ctrl-C, SIGTERM) removes the temporary file, and the folders made for
+    it when they are empty again, and never touches an existing file at the destination. ``-``:
+    JSONL on stdout, each chunk as it comes.
 
     JSONL is written as it comes; CSV rows are spooled as JSON lines first (the header is the
     union of every row's columns, known only at the end) and converted a chunk at a time;
@@ -141,25 +187,43 @@ class OutputWriter:
         self.output, self.fmt, self.rows = output, fmt, 0
         self._columns: dict[str, None] = {}  # flat CSV/parquet columns in order of first appearance
         self._files = contextlib.ExitStack()
+        self._made: list[Path] = []  # the folders made for the output, deepest first
         if output == "-":
             return
         self.path = Path(output)
+        folder = Path(os.path.abspath(self.path.parent))
+        while not os.path.lexists(folder) and folder != folder.parent:  # made here, deepest first
+            self._made.append(folder)
+            folder = folder.parent
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
-        self._out = self._files.enter_context(write_in_place(self.path, keep_empty=True))
-        self._spool = (
-            self._out
-            if fmt == "jsonl"
-            else self._files.enter_context(tempfile.TemporaryFile(dir=self.path.parent))
-        )
+            self._out = self._files.enter_context(write_in_place(self.path, keep_empty=True))
+            self._spool = (
+                self._out
+                if fmt == "jsonl"
+                else self._files.enter_context(tempfile.TemporaryFile(dir=self.path.parent))
+            )
+        except BaseException as exc:
+            self._discard()
+            if isinstance(exc, OSError):
+                raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+            raise
 
     def __enter__(self) -> "OutputWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._files.__exit__(_Discarded, _Discarded(), None)  # after a commit: nothing left to do
+        self._discard()  # after a commit: nothing left to do
+
+    def _discard(self) -> None:
+        """The temporary files removed, then the folders made for the output, while empty."""
+        self._files.__exit__(_Discarded, _Discarded(), None)
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # something else was put there meanwhile: it stays, with its folders
+                break
+        self._made = []
 
     def write(self, rows: list[dict], counted: bool = True) -> None:
         """Append rows; ``counted=False`` for a line that is not a scored row (a shard's closing
@@ -197,3 +261,4 @@ class OutputWriter:
             except OSError as exc:
                 raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self._files.close()  # the temporary file renamed into place
+        self._made = []  # they hold the output now

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import diskcache
 
-from hdeval.core.errors import CacheError
+from hdeval.core.errors import CacheError, ConfigError
 from hdeval.llm.backends.base import Completion
 from hdeval.llm.cache.codec import (
     MAX_ENTRY_CHARS,
@@ -37,15 +37,41 @@ from hdeval.llm.cache.guard import (
 from hdeval.llm.cache.store import REQUEST_HASH, TABLE_VALUE, open_store
 
 
+def holds_cache(cache_dir: str | Path) -> bool:
+    """Whether ``cache_dir`` holds a reply cache (one of its databases); False when it is missing
+    or empty (nothing cached yet). A directory holding other things but no database is not a
+    cache: a one-line ConfigError, since clearing (or opening) it would plant one there."""
+    path = Path(cache_dir)
+    if any((path / name).is_file() for name in DATABASES):
+        return True
+    try:
+        entries = [e.name for e in itertools.islice(os.scandir(path), 3)]
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # a file, or no permission to look
+        raise ConfigError(
+            f"{path} is not an LLM reply cache ({exc.strerror or exc}): nothing deleted"
+        ) from None
+    if entries:
+        raise ConfigError(
+            f"{path} is not an LLM reply cache (it holds {', '.join(sorted(entries))}"
+            f"{', ...' if len(entries) == 3 else ''} but no {' or '.join(DATABASES)}): nothing deleted; "
+            "give the cache's folder with --cache-dir"
+        )
+    return False
+
+
 def clear_cache(cache_dir: str | Path) -> int:
     """Delete every cached reply; the number deleted.
 
     A corrupted database cannot be asked what it holds: then both database files (with their
     write-ahead logs) are deleted and ``-1`` returned. Value files are left alone (they may belong
-    to a copy kept aside by ``repair``) and nothing else in the directory is ever touched.
+    to a copy kept aside by ``repair``) and nothing else in the directory is ever touched. A
+    directory without a cache is left as it is (:func:`holds_cache`: 0 when missing or empty, a
+    ConfigError when it holds something else).
     """
     path = Path(cache_dir)
-    if not path.exists():
+    if not holds_cache(path):
         return 0
     try:
         with open_store(path) as c:

@@ -19,6 +19,7 @@ from hdeval.core.errors import ArtifactError, DataError
 from hdeval.core.metrics import metric_table
 from hdeval.core.types import CriteriaTree
 from hdeval.learn.aggregate import SIMPLE_KINDS, Aggregator, numpy_global_rng
+from hdeval.methods.base import check_top
 from hdeval.methods.hdeval.prune import N_REPEATS, aspect_importance
 
 if TYPE_CHECKING:
@@ -348,8 +349,7 @@ def explain_samples(
     The background for the linear and permutation explainers is (up to ``n_background``)
     training rows of the artifact's ``scores.csv``.
     """
-    if top < 0:
-        raise DataError(f"--top must be 0 or more, got {top}")
+    check_top(top)
     m = result.criteria
     keys = list(evaluator.feature_keys)
     missing = [k for k in keys if k not in m.criterion_keys]

@@ -32,9 +32,9 @@ from hdeval.methods.hdeval.explain import (
     tree_importance,
 )
 from hdeval.methods.hdeval.prune import N_REPEATS
+from hdeval.report import REPORT_FORMAT
 from hdeval.report import samples as sample_view
 
-REPORT_FORMAT = "hdeval-report"
 REPORT_VERSION = 1
 CURVE_POINTS = 20
 
