@@ -144,6 +144,8 @@ def test_force_replaces_an_artifact_only_when_it_holds_nothing_of_the_users(
     for mine in ("NOTES.txt", "prompts/my-draft.toml", "keep"):
         p = out / mine
         p.rmdir() if p.is_dir() else p.unlink()
+    (out / ".DS_Store").write_bytes(b"\0")  # what opening the folder in a file browser or Jupyter leaves
+    (out / ".ipynb_checkpoints").mkdir()
     result = run(*train_args(toy, tmp_path, out, "--force"))
     assert result.exit_code == 0, result.output
     assert created(out) != first and not (out / "report").exists()
@@ -181,6 +183,21 @@ def test_train_refuses_an_output_that_holds_what_the_run_reads(
         assert where.read_bytes() == (data if inside == "--data" else task).read_bytes()
     elif not exists:
         assert not out.exists()
+
+
+def test_retraining_into_a_folder_named_like_the_built_in_task_is_no_input_inside_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # '-o sfres' the second time: the folder sfres existed, so --task sfres was taken for a file in it
+    from conftest import data_file
+
+    data = data_file()
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--task", "sfres", "--data", str(data), "--limit", "20", "--llm", "fake", "--layers", "1",
+            "--cache-dir", str(tmp_path / "cache"), "-q", "-o", "sfres"]
+    assert run(*args).exit_code == 0
+    r = run(*args, "--force")
+    assert r.exit_code == 0, r.output
 
 
 def test_refit_and_benchmark_refuse_an_output_that_holds_their_cache(
@@ -492,6 +509,10 @@ def test_report_replaces_a_users_file_only_with_force(name: str, artifact: Path,
     assert (out / name).read_text() != "mine"
     result = run("report", str(artifact), "-o", str(out), "-q")  # its own files: replaced without --force
     assert result.exit_code == 0, result.output
+    # a page an hdeval before the marker wrote (or a plug-in's) beside hdeval's report.json is its own
+    (out / "report.html").write_text("<!doctype html><p>an older hdeval's page</p>")
+    result = run("report", str(artifact), "-o", str(out), "-q")
+    assert result.exit_code == 0, result.output
     # ARTIFACT/report is hdeval's folder: a page written there before the marker is replaced too
     own = artifact / "report"
     own.mkdir()
@@ -499,6 +520,12 @@ def test_report_replaces_a_users_file_only_with_force(name: str, artifact: Path,
     result = run("report", str(artifact), "-q")
     assert result.exit_code == 0, result.output
     assert (own / name).read_text() != "an older hdeval's report"
+
+
+def test_report_of_a_file_says_it_is_no_artifact(toy, tmp_path: Path) -> None:
+    # the new output check ran first: "cannot write the report to qa.jsonl/report: ... not a directory"
+    _, data = toy
+    one_error(run("report", str(data)), f"{data} is not an artifact directory")
 
 
 @pytest.mark.parametrize("bad", ["missing", "malformed", "utf-16"])

@@ -372,9 +372,14 @@ def check_destination(path: str | Path, force: bool = False) -> None:
     check_writable(full.parent)
 
 
+#: Entries tools drop into a folder they merely show: not the user's work, so --force may
+#: replace an artifact holding them (they go with it).
+TOOL_LITTER = frozenset({".DS_Store", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini", "__pycache__"})
+
+
 def foreign_entries(path: Path) -> list[str]:
     """What the artifact directory ``path`` holds besides what hdeval wrote there (the files its
-    manifest lists, the manifest, and ``report/``'s two files), as paths inside it: replacing
+    manifest lists, the manifest, ``report/``'s two files and :data:`TOOL_LITTER`), as paths inside it: replacing
     the artifact would delete them. A symbolic link is never hdeval's; a directory that holds
     none of hdeval's files is named once, not walked. At most ``MAX_ENTRIES`` are looked at."""
     try:
@@ -397,6 +402,8 @@ def foreign_entries(path: Path) -> list[str]:
                 return found + ["..."]
             rel = name if base == "." else f"{base}/{name}"
             full = Path(root) / name
+            if name in TOOL_LITTER and not full.is_symlink():
+                continue  # what a file browser or Jupyter leaves in any folder it shows
             if name in dirs and not full.is_symlink() and rel in folders:
                 continue
             if name in files and not full.is_symlink() and rel in known:

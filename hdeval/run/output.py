@@ -110,11 +110,14 @@ def run_inputs(options: Mapping[str, Any], *names: str) -> dict[str, str | None]
     CLI ``options``, for :func:`refuse_inputs_inside`: ``--task`` only when it is a file (else a
     built-in name), the reply cache whether given or the default one."""
     from hdeval.core.paths import default_cache_dir
+    from hdeval.data.tasks import builtin_tasks
 
     found: dict[str, str | None] = {}
     for name in names:
         value = options.get(name)
-        if name == "task" and not (value is not None and os.path.exists(value)):
+        # a built-in name is read from the package even when a folder of that name is here (an
+        # earlier run's -o sfhot): only a task file load_task would read counts
+        if name == "task" and (value is None or str(value) in builtin_tasks() or not os.path.isfile(value)):
             continue
         found["--" + name.replace("_", "-")] = None if value is None else os.fspath(value)
     if "cache_dir" in names and options.get("cache_dir") is None:
