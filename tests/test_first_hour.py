@@ -164,6 +164,14 @@ def test_init_reads_a_file_already_in_hdevals_sample_format(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     assert "aspects clarity [2, 5], accuracy [1, 5]; 24 rated rows" in res.stdout
     assert run_cli("train", "--task", tmp_path / "t.toml", "--llm", "fake", "--dry-run").exit_code == 0
+    # as hdeval's own data files are: a field no row fills ("context": null), means of three raters
+    rows = [{"id": f"r{i}", "doc_id": f"d{i // 2}", "source": f"Q{i}?", "context": None, "output": f"A{i}.",
+             "scores": {"coherence": [5 / 3, 2.0, 4 + 2 / 3, 3.0][i % 4]}} for i in range(8)]
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    res = run_cli("init", mine, "-o", tmp_path / "m.toml")
+    assert res.exit_code == 0, res.output  # context was taken as a field; 5/3 written as 1.66667, then refused
+    assert "fields source (source), output (output); aspects coherence [1.66667, 4.66667]" in res.stdout
 
 
 def test_init_names_a_score_cell_that_is_no_number_rather_than_drop_its_column(tmp_path: Path) -> None:
@@ -405,6 +413,20 @@ def test_an_empty_llm_is_one_line_not_the_default_openai_model(monkeypatch, tmp_
     assert res.exit_code == 2 and "openai:" not in res.output
     one_error(res, "HDEVAL_LLM is empty")
     assert run_cli("train", *task, "--llm", "fake").exit_code == 0  # --llm given: the variable is not read
+
+
+def test_an_empty_hdeval_llm_does_not_stop_commands_that_use_the_artifacts_llm(monkeypatch, tmp_path: Path) -> None:
+    # apply, check, estimate and explain ignore HDEVAL_LLM: a CI gate with HDEVAL_LLM=${{ vars.X }}
+    # and X unset was refused by them ("HDEVAL_LLM is empty") though nothing would use it
+    art = tmp_path / "art"
+    common = ["--cache-dir", tmp_path / "c", "-q"]
+    assert run_cli("train", "--task", EXAMPLES / "qa_task.toml", "--llm", "fake", "--layers", "1", "-o", art,
+                   *common).exit_code == 0
+    monkeypatch.setenv("HDEVAL_LLM", "")
+    res = run_cli("apply", art, EXAMPLES / "new_qa.jsonl", "-o", tmp_path / "out.jsonl", *common)
+    assert res.exit_code == 0, res.output
+    res = run_cli("check", art, "--data", EXAMPLES / "qa.jsonl", "--min-spearman", "-1", *common)
+    assert res.exit_code == 0, res.output
 
 
 def test_the_library_refuses_an_empty_llm_or_a_builtin_in_another_case(monkeypatch, tmp_path: Path) -> None:

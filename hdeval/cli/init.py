@@ -124,6 +124,8 @@ def init(
             row.update({k: v for k, v in nested.items() if isinstance(k, str) and k not in row})
     columns = list(dict.fromkeys(k for r in rows for k in r))
     numeric = {c: r for c in columns if (r := _numeric_range(rows, c)) is not None}
+    # a column no row fills (hdeval's own files carry "context": null) is no field to show
+    filled = {c for c in columns if any(r.get(c) not in (None, "") for r in rows)}
     hint = f"columns: {', '.join(columns)}"
 
     def pick(option: str, given: str | None, field: str, required: bool) -> str | None:
@@ -136,7 +138,7 @@ def init(
                 c
                 for n in _FIELD_NAMES.get(field, (field,))
                 for c in columns
-                if c.lower() == n and c not in numeric
+                if c.lower() == n and c not in numeric and c in filled
             ),
             None,
         )
@@ -367,7 +369,7 @@ def _task_toml(
             f"key = {_s(key)}",
             f"name = {_s(col.replace('_', ' ').strip().capitalize())}",
             f"definition = {_s(definitions[key])}",
-            f"range = [{low:g}, {high:g}]",
+            f"range = [{_exact(low)}, {_exact(high)}]",
             "",
         ]
     lines += [
@@ -379,6 +381,13 @@ def _task_toml(
     if scores:
         lines += ["", "[columns.scores]", *(f"{_s(key)} = {_s(col)}" for key, col in scores)]
     return "\n".join(lines) + "\n"
+
+
+def _exact(x: float) -> str:
+    """``x`` as TOML writes it back to the same float: 5 as 5, but 1.6666666666666667 whole (':g'
+    rounds it to 1.66667, which leaves the observed minimum outside the range)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 def _write(out: Path, text: str) -> None:

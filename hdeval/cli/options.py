@@ -51,6 +51,11 @@ def _given_as(ctx: click.Context, name: str, flag: str, env: str) -> str:
     return env if from_env else flag
 
 
+#: Commands that score with the artifact's own LLM unless --llm is typed (HDEVAL_LLM is ignored
+#: there with a note), so an empty HDEVAL_LLM sends nothing anywhere it was not meant to.
+ARTIFACT_LLM_COMMANDS = frozenset({"apply", "check", "estimate", "explain"})
+
+
 def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Called for --llm, --base-url and --cache-dir (each, given or not): the last checks them."""
     ctx.meta[f"hdeval.{param.name}"] = value
@@ -58,7 +63,8 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
         given, base_url = ctx.meta["hdeval.llm"], ctx.meta["hdeval.base_url"]
         llms = given if isinstance(given, tuple) else (given,)  # train's --llm may be given more than once
         typed = ctx.get_parameter_source("llm") == click.core.ParameterSource.COMMANDLINE
-        if not typed and not os.environ.get("HDEVAL_LLM", "x").strip():
+        own = ctx.command.name in ARTIFACT_LLM_COMMANDS  # these ignore HDEVAL_LLM: no default to fall to
+        if not typed and not own and not os.environ.get("HDEVAL_LLM", "x").strip():
             # click reads an empty variable as unset: the default LLM (OpenAI with a key) is no
             # answer to HDEVAL_LLM=$LLM with LLM unset
             raise click.UsageError("HDEVAL_LLM is empty: unset it or give a model name", ctx=ctx)
