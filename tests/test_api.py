@@ -151,9 +151,20 @@ def test_a_loaded_artifacts_own_server_is_called_only_when_named(tmp_path):
         ev = hdeval.load(art)
         before = server.calls
         with pytest.raises(hdeval.HdevalError, match=rf"the artifact names the LLM server {server.url}: .*"
-                                                     "pass base_url= to score"):
+                                                     r"hdeval.load\(path\).score\(rows, base_url=URL\)"):
             ev.score(EX / "new_qa.jsonl", cache_dir=tmp_path / "c2")
         assert server.calls == before
         out = ev.score(EX / "new_qa.jsonl", base_url=server.url, cache_dir=tmp_path / "c2")
         assert server.calls > before and out["scores.clarity"].notna().all()
         assert {r.json["model"] for r in server.requests[before:]} == {"test-model"}
+        # the method's own evaluator takes the server as a backend
+        from hdeval.llm.client import open_llm
+        from hdeval.llm.config import LLMConfig
+        from hdeval.methods.registry import load_artifact
+
+        samples = hdeval.data.samples.read_task_samples(EX / "new_qa.jsonl", ev.task, require_labels=False)
+        backend = open_llm(LLMConfig(model="test-model", base_url=server.url, cache_dir=str(tmp_path / "c3")))
+        try:
+            assert len(load_artifact(art).score(samples, backend=backend).to_frame()) == 3
+        finally:
+            backend.close()

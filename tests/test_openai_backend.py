@@ -211,6 +211,18 @@ def test_a_long_retry_wait_is_said_once_not_per_request(server: LLMServer, monke
                     "(rate limited (HTTP 429): rate limit reached); waiting"]
 
 
+def test_a_long_backoff_of_hdevals_own_is_not_put_on_the_server(server: LLMServer, monkeypatch, caplog) -> None:
+    # a 503 without Retry-After: the wait is hdeval's backoff, which the warning said the server asked for
+    from hdeval.llm.backends import openai_compat
+
+    monkeypatch.setattr(openai_compat, "LONG_WAIT", 0.0)
+    server.plan(Reply.error(503, "slow down"))
+    with caplog.at_level("WARNING", logger="hdeval"):
+        assert make(server, backoff_base=0.01).complete(req()).text == "4"
+    (said,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said.startswith(f"the server at {server.url} keeps failing: backing off ") and "asked" not in said
+
+
 def test_a_short_retry_wait_is_not_a_warning(server: LLMServer, caplog) -> None:
     server.plan(Reply.rate_limited(retry_after=1))
     with caplog.at_level("WARNING", logger="hdeval"):

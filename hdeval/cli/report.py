@@ -113,6 +113,10 @@ def report(
     # before anything is computed: a report.html of the user's in -o is replaced only with
     # --force; ARTIFACT/report is hdeval's own folder (it goes with the artifact on train --force)
     own = Path(artifact) / "report"
+    if not Path(artifact).is_dir():  # said as loading it says, not as a report folder it cannot make
+        from hdeval.core.errors import ArtifactError
+
+        raise ArtifactError(f"{artifact} is not an artifact directory")
     target = Path(out) if out else own
     check_report_output(target, force=force or os.path.abspath(target) == os.path.abspath(own))
     if data is not None:  # given by name: a file that cannot be read is an error, not a note

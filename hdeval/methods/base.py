@@ -262,7 +262,8 @@ class Fitted(ABC):
             # as apply asks before it sends anything where an artifact says (a file from anyone)
             raise ConfigError(
                 f"the artifact names the LLM server {self.llm.base_url}: hdeval sends your samples "
-                "there only if you say so; pass base_url= to score (the CLI: --base-url)"
+                "there only if you say so; name it: hdeval.load(path).score(rows, base_url=URL), "
+                "a backend= for this score, or --base-url on the command line"
             )
         return open_llm(self.llm.replace(cache_dir=str(cache_dir) if cache_dir else None)), True
 

@@ -61,14 +61,18 @@ def file_url(path: str | Path) -> str:
 
 def written_by_report(path: str | Path) -> bool:
     """Whether ``path`` (a report.html or report.json) is a file ``hdeval report`` wrote: its
-    marker is in its first 4 KiB."""
-    mark = _MARKS.get(Path(path).name)
+    marker is in its first 4 KiB. A report.html without its own (written before it had one, or
+    by a method plug-in's page) counts when the report.json beside it is hdeval's."""
+    path = Path(path)
+    mark = _MARKS.get(path.name)
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
     except OSError:
         return False
-    return mark is not None and mark.search(head) is not None
+    if mark is not None and mark.search(head) is not None:
+        return True
+    return path.name == "report.html" and written_by_report(path.with_name("report.json"))
 
 
 def check_report_output(out: str | Path, force: bool = False) -> None:

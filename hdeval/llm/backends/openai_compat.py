@@ -798,9 +798,11 @@ class OpenAICompatBackend:
             if wait >= LONG_WAIT and now - self._long_wait_said >= LONG_WAIT_REPEAT:
                 # a minute of silence reads as a hang: say it (once a minute, not per request)
                 self._long_wait_said = now
+                asked = getattr(state.outcome.exception(), "retry_after", None) is not None
                 log.warning(
-                    "the server at %s asked to wait %.0f s before retrying (%s); waiting",
+                    "the server at %s %s %.0f s before retrying (%s); waiting",
                     self.shown_url,
+                    "asked to wait" if asked else "keeps failing: backing off",
                     wait,
                     why,
                 )
