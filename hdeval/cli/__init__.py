@@ -4,7 +4,6 @@ module per command group."""
 from __future__ import annotations
 
 import contextlib
-import textwrap
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -12,8 +11,9 @@ from typing import Any
 import click
 
 from hdeval import __version__
-from hdeval.cli.boundary import guarded, run_command
+from hdeval.cli.boundary import _redacted, guarded, run_command
 from hdeval.cli.progress import TerminalProgress
+from hdeval.core.errors import one_line_at_word
 
 __all__ = ["TerminalProgress", "cli", "main", "run_command"]
 
@@ -52,7 +52,7 @@ class _Commands(click.Group):
         out: dict[str, click.Command] = {}
 
         def warn(method: Any, text: str) -> None:
-            click.echo(f"warning: method plug-in {method.name!r}: {_one_line(text)}", err=True)
+            click.echo(f"warning: method plug-in {method.name!r}: {one_line_at_word(text)}", err=True)
 
         for method in found:
             try:
@@ -121,10 +121,6 @@ _PARSING = "hdeval.parsing"
 _PLUGIN_COMMANDS = "hdeval.plugin_commands"
 
 
-def _one_line(text: str) -> str:
-    return textwrap.shorten(text, 400, placeholder=" ...")
-
-
 class _UsageLine(click.ClickException):
     """A usage error as one line, like every other refusal (click's own is three: usage, a hint
     and the error), naming the help to read; exit 2, as click's."""
@@ -136,10 +132,8 @@ class _UsageLine(click.ClickException):
         self.help_command = help_command
 
     def show(self, file: Any = None) -> None:
-        from hdeval.core.redaction import Redactor
-
         text = " ".join(self.format_message().split())
-        click.echo(Redactor.from_env(None)(f"error: {text} (see '{self.help_command} -h')"), err=True)
+        click.echo(f"error: {_redacted(text)} (see '{self.help_command} -h')", err=True)
 
 
 @contextlib.contextmanager

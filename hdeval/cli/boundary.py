@@ -7,7 +7,6 @@ import functools
 import logging
 import signal
 import sys
-import textwrap
 import threading
 import warnings
 from typing import Any, Callable
@@ -15,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from hdeval.cli.progress import _end_open_line, _set_line_open, _stop_all_tickers
-from hdeval.core.errors import HdevalError
+from hdeval.core.errors import HdevalError, one_line_at_word
 
 INTERRUPTED = "interrupted: every finished LLM call is cached; rerun the same command to resume"
 TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the same command to resume"
@@ -24,7 +23,7 @@ TERMINATED = "terminated (SIGTERM): every finished LLM call is cached; rerun the
 def _count_warning(seen: dict, message, category, filename, lineno, file=None, line=None) -> None:
     text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
     # cut at a word, late enough to keep the fix a message ends with (a plug-in's, scikit-learn's)
-    key = (category.__name__, textwrap.shorten(text, 400, placeholder=" ..."))
+    key = (category.__name__, one_line_at_word(text))
     seen[key] = seen.get(key, 0) + 1
 
 

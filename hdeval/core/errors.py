@@ -11,6 +11,15 @@ def one_line(text: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def one_line_at_word(text: Any, limit: int = 400) -> str:
+    """``text`` with its white space folded and, past ``limit`` characters, cut at a word (" ..."):
+    for a message whose end says the fix (a plug-in's, a library's warning), which a cut
+    mid-word at :func:`one_line`'s 200 would lose."""
+    import textwrap
+
+    return textwrap.shorten(str(text), limit, placeholder=" ...")
+
+
 def shown_name(name: Any) -> str:
     """A key or field name read from a file, as a message names it: as it is when printable, else
     its repr (a name from an untrusted file cannot add a line or a terminal code to the message)."""

@@ -9,11 +9,10 @@ registry inside its error boundary only (``hdeval --help`` never loads a plug-in
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 from pathlib import Path
 
-from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, MethodError
+from hdeval.core.errors import ArtifactError, ConfigError, HdevalError, MethodError, one_line_at_word
 from hdeval.methods.base import METHODS, METRICS, Fitted, Method, check_metrics, remember_scores
 from hdeval.methods.options import Option, check_recorded_options, declaration_problem
 
@@ -82,7 +81,7 @@ def _add_plugin(ep) -> None:
             found = found()
     except Exception as exc:  # any error of a plug-in's own code, SyntaxError included
         # cut at a word, and late enough that the fix a message ends with is kept
-        detail = textwrap.shorten(f"{type(exc).__name__}: {exc}", 400, placeholder=" ...")
+        detail = one_line_at_word(f"{type(exc).__name__}: {exc}")
         raise ConfigError(
             f"method plug-in {ep.name!r} ({ep.value}) skipped: it could not be loaded ({detail})"
         ) from None
