@@ -9,7 +9,15 @@ from typing import Any
 
 import click
 
-from hdeval.llm.config import BUILTIN_LLMS, base_url_problem, did_you_mean, edits, llm_problem, typo_refusal
+from hdeval.llm.config import (
+    BUILTIN_LLMS,
+    HDEVAL_LLM_EMPTY,
+    base_url_problem,
+    did_you_mean,
+    edits,
+    llm_problem,
+    typo_refusal,
+)
 
 
 def seen_model_near(llm: str | None, base_url: str | None, cache_dir: str | None) -> tuple[str, str] | None:
@@ -65,16 +73,12 @@ def _check_llm_name(ctx: click.Context, param: click.Parameter, value: str | Non
         typed = ctx.get_parameter_source("llm") == click.core.ParameterSource.COMMANDLINE
         own = ctx.command.name in ARTIFACT_LLM_COMMANDS  # these ignore HDEVAL_LLM: no default to fall to
         if not typed and not own and not os.environ.get("HDEVAL_LLM", "x").strip():
-            # click reads an empty variable as unset: the default LLM (OpenAI with a key) is no
-            # answer to HDEVAL_LLM=$LLM with LLM unset
-            raise click.UsageError("HDEVAL_LLM is empty: unset it or give a model name", ctx=ctx)
+            raise click.UsageError(HDEVAL_LLM_EMPTY, ctx=ctx)
         problem = base_url_problem(base_url, _given_as(ctx, "base_url", "--base-url", "HDEVAL_BASE_URL"))
         if problem:  # before anything reads it (the cache's did-you-mean below, the redactor)
             raise click.UsageError(problem, ctx=ctx)
         for llm in llms:
-            if llm is not None and not llm.strip():
-                raise click.UsageError(llm_problem(llm, base_url) or "--llm is empty", ctx=ctx)
-            guess = did_you_mean(llm, base_url)
+            guess = did_you_mean(llm, base_url)  # None for an empty name: llm_problem says that
             if guess:
                 raise click.BadParameter(
                     typo_refusal(llm, guess),

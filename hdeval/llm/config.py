@@ -88,6 +88,9 @@ def llm_problem(llm: str | None, base_url: str | None, what: str = "--llm") -> s
 
 
 BASE_URL_NEEDS_LLM = "--base-url needs --llm MODEL (the model that server runs)"
+# click reads an empty variable as unset: the default LLM (OpenAI with a key) is no answer to
+# HDEVAL_LLM=$LLM with LLM unset
+HDEVAL_LLM_EMPTY = "HDEVAL_LLM is empty: unset it or give a model name"
 
 
 def base_url_problem(url: str | None, what: str = "--base-url") -> str | None:

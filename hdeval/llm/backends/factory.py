@@ -13,6 +13,7 @@ from hdeval.llm.config import (  # the names' checks live with the settings they
     BUILTIN_LLMS,  # noqa: F401
     DEFAULT_CONCURRENCY,
     DIALECT_ENV,
+    HDEVAL_LLM_EMPTY,
     did_you_mean,  # noqa: F401
     edits,  # noqa: F401
     llm_problem,
@@ -28,11 +29,11 @@ def resolve_llm(explicit: str | None, env: Mapping[str, str] | None = None) -> s
     env = os.environ if env is None else env
     if explicit is not None:  # "" is what --llm "$LLM" gives with LLM unset: never the default
         if not explicit.strip():
-            raise ConfigError(llm_problem(explicit, None) or "--llm is empty")
+            raise ConfigError(str(llm_problem(explicit, None)))  # says it is empty
         return explicit
     if "HDEVAL_LLM" in env:
         if not env["HDEVAL_LLM"].strip():
-            raise ConfigError("HDEVAL_LLM is empty: unset it or give a model name")
+            raise ConfigError(HDEVAL_LLM_EMPTY)
         return env["HDEVAL_LLM"]
     if env.get("OPENAI_API_KEY"):
         return DEFAULT_OPENAI_MODEL
