@@ -84,6 +84,8 @@ class TrainConfig(LLMSettings):
         not given (the default). A name no method takes, or one the chosen method does not, is a
         ConfigError."""
         shared = set(cls.model_fields) - {"options"}
+        # paths (task, data, a method's tree file) as load and score take them
+        options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
         given = dict(options.pop("method_options", None) or {})
         mine = {k: options.pop(k) for k in list(options) if k not in shared}
         unknown = sorted(k for k in mine if k not in all_options())
@@ -95,11 +97,7 @@ class TrainConfig(LLMSettings):
             close = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"unknown training option(s) for method {method!r}: {', '.join(unknown)}{hint}")
-        # paths (task, data, a method's tree file) as load and score take them
-        options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
-        given.update(
-            {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in mine.items() if v is not None}
-        )
+        given.update({k: v for k, v in mine.items() if v is not None})
         if isinstance(options.get("aspects"), str):
             options["aspects"] = tuple(a.strip() for a in options["aspects"].split(",") if a.strip())
         return cls(options=given, **{k: v for k, v in options.items() if v is not None})
