@@ -68,10 +68,7 @@ def check_alignment(
         value = ((res.correlations or {}).get("average") or {}).get("spearman")
     # (_check_gold refused these before any call; kept for an evaluator whose rows differ)
     if held_out <= 0 and res.scored:
-        raise ConfigError(
-            f"every row of {data} is in the artifact's training split: a gate needs rows the "
-            "evaluator was not fitted on"
-        )
+        raise _all_training(data)
     if value is None and not (res.agreement or res.correlations):
         what = "labels (a/b/tie)" if pairs else f"scores for every aspect ({', '.join(ev.task.aspect_keys)})"
         raise ConfigError(f"{data} holds no human {what}: a gate compares the evaluator with them")
@@ -123,12 +120,16 @@ def _check_gold(ev: Any, data: str | Path, pairs: bool) -> None:
                         "evaluator with them"
                     )
     if rows and not held_out:
-        raise ConfigError(
-            f"every row of {data} is in the artifact's training split: a gate needs rows the "
-            "evaluator was not fitted on"
-        )
+        raise _all_training(data)
     if pairs and held_out and not labelled:
         raise ConfigError(
             f"{data} holds no human labels (a/b/tie) on rows the artifact was not trained on: a "
             "gate compares the evaluator with them"
         )
+
+
+def _all_training(data: str | Path) -> ConfigError:
+    return ConfigError(
+        f"every row of {data} is in the artifact's training split: a gate needs rows the "
+        "evaluator was not fitted on"
+    )
